@@ -1,0 +1,392 @@
+/* api.c — the public C API (include/kiln.h): thin wrappers that name the
+ * op for error messages, check host-side arguments, and call the vm layer.
+ * No tensor semantics live here; see vm/ and docs/SEMANTICS.md. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln.h"
+#include "../../vm/blas.h"
+#include "../../vm/composite.h"
+#include "../../vm/cpu.h"
+#include "../../vm/format.h"
+#include "../../vm/ops.h"
+#include "../../vm/pool.h"
+#include "../../vm/rng.h"
+#include "../../vm/state.h"
+
+#ifndef KILN_VERSION_STRING
+#define KILN_VERSION_STRING "0.0.0"
+#endif
+
+#define API(name) vm_set_api(#name)
+
+/* --- errors and lifetime ---------------------------------------------------- */
+
+const char *kiln_last_error(void) { return vm_thread()->message; }
+kiln_status kiln_last_status(void) { return vm_thread()->status; }
+void kiln_clear_error(void) { vm_clear_error(); }
+
+kiln_tensor *kiln_retain(kiln_tensor *t) { return vm_retain(t); }
+void kiln_release(kiln_tensor *t) { vm_release(t); }
+
+/* --- creation ------------------------------------------------------------------ */
+
+static bool check_dtype(kiln_dtype dt) {
+  if (vm_dtype_valid((int)dt)) return true;
+  vm_error(KILN_ERR_DTYPE, "invalid dtype %d", (int)dt);
+  return false;
+}
+
+kiln_tensor *kiln_from_data(const void *data, kiln_dtype dt, int ndim, const int64_t *shape) {
+  API(kiln_from_data);
+  if (!check_dtype(dt)) return NULL;
+  vm_tensor *t = vm_tensor_new(dt, ndim, shape);
+  if (!t) return NULL;
+  if (t->numel > 0 && !data) {
+    vm_error(KILN_ERR_ARG, "data is NULL for %lld elements", (long long)t->numel);
+    vm_release(t);
+    return NULL;
+  }
+  if (t->numel) memcpy(vm_data(t), data, (size_t)t->numel * vm_dtype_size(dt));
+  return t;
+}
+
+static kiln_tensor *full(double v, kiln_dtype dt, int ndim, const int64_t *shape) {
+  vm_attr attr = {.dtype = dt, .ndim = ndim, .scalar = {v}};
+  if (!vm_check_dims_arg(ndim, shape)) return NULL;
+  if (ndim) memcpy(attr.shape, shape, (size_t)ndim * sizeof *shape);
+  return vm_op(VM_OP_full, 0, NULL, &attr);
+}
+
+kiln_tensor *kiln_scalar(double v, kiln_dtype dt) {
+  API(kiln_scalar);
+  return full(v, dt, 0, NULL);
+}
+kiln_tensor *kiln_zeros(kiln_dtype dt, int ndim, const int64_t *shape) {
+  API(kiln_zeros);
+  return full(0, dt, ndim, shape);
+}
+kiln_tensor *kiln_ones(kiln_dtype dt, int ndim, const int64_t *shape) {
+  API(kiln_ones);
+  return full(1, dt, ndim, shape);
+}
+kiln_tensor *kiln_full(double v, kiln_dtype dt, int ndim, const int64_t *shape) {
+  API(kiln_full);
+  return full(v, dt, ndim, shape);
+}
+
+kiln_tensor *kiln_arange(double start, double stop, double step, kiln_dtype dt) {
+  API(kiln_arange);
+  if (!isfinite(start) || !isfinite(stop) || !isfinite(step) || step == 0) {
+    vm_error(KILN_ERR_ARG, "bad range start %g, stop %g, step %g", start, stop, step);
+    return NULL;
+  }
+  double count = ceil((stop - start) / step);
+  if (count < 0) count = 0;
+  if (count > (double)(INT64_MAX / 8)) {
+    vm_error(KILN_ERR_SHAPE, "range of %g elements is too large", count);
+    return NULL;
+  }
+  vm_attr attr = {.dtype = dt, .ndim = 1, .shape = {(int64_t)count}, .scalar = {start, step}};
+  return vm_op(VM_OP_arange, 0, NULL, &attr);
+}
+
+void kiln_manual_seed(uint64_t seed) { vm_rng_seed(seed); }
+
+static kiln_tensor *random_tensor(vm_opcode op, kiln_dtype dt, int ndim, const int64_t *shape) {
+  int64_t numel;
+  if (!check_dtype(dt) || !vm_check_dims_arg(ndim, shape) || !vm_check_shape(ndim, shape, &numel))
+    return NULL;
+  if (!vm_dtype_is_float(dt)) {
+    vm_error(KILN_ERR_DTYPE, "dtype %s is not a float dtype", vm_dtype_name(dt));
+    return NULL;
+  }
+  vm_attr attr = {.dtype = dt, .ndim = ndim};
+  if (ndim) memcpy(attr.shape, shape, (size_t)ndim * sizeof *shape);
+  vm_rng_reserve(vm_rng_blocks(numel, dt), &attr.seed, &attr.counter);
+  return vm_op(op, 0, NULL, &attr);
+}
+
+kiln_tensor *kiln_rand(kiln_dtype dt, int ndim, const int64_t *shape) {
+  API(kiln_rand);
+  return random_tensor(VM_OP_rand, dt, ndim, shape);
+}
+kiln_tensor *kiln_randn(kiln_dtype dt, int ndim, const int64_t *shape) {
+  API(kiln_randn);
+  return random_tensor(VM_OP_randn, dt, ndim, shape);
+}
+
+/* --- inspection ------------------------------------------------------------------- */
+
+static bool have(const kiln_tensor *t, const char *api) {
+  vm_set_api(api);
+  if (t) return true;
+  vm_null_input(0);
+  return false;
+}
+
+int kiln_ndim(const kiln_tensor *t) { return have(t, "kiln_ndim") ? t->ndim : KILN_ERR_ARG; }
+const int64_t *kiln_shape(const kiln_tensor *t) { return have(t, "kiln_shape") ? t->shape : NULL; }
+int64_t kiln_numel(const kiln_tensor *t) { return have(t, "kiln_numel") ? t->numel : KILN_ERR_ARG; }
+kiln_dtype kiln_dtype_of(const kiln_tensor *t) {
+  return have(t, "kiln_dtype_of") ? t->dtype : (kiln_dtype)KILN_ERR_ARG;
+}
+kiln_device kiln_device_of(const kiln_tensor *t) {
+  have(t, "kiln_device_of");
+  return KILN_CPU;
+}
+
+int kiln_to_buffer(kiln_tensor *t, void *dst, size_t dst_bytes) {
+  if (!have(t, "kiln_to_buffer")) return KILN_ERR_ARG;
+  size_t need = (size_t)t->numel * vm_dtype_size(t->dtype);
+  if (need > 0 && !dst) return vm_error(KILN_ERR_ARG, "destination is NULL");
+  if (dst_bytes < need)
+    return vm_error(KILN_ERR_ARG, "buffer of %zu bytes is smaller than the %zu bytes of a %s tensor",
+                    dst_bytes, need, vm_dtype_name(t->dtype));
+  vm_tensor *c = vm_contiguous(t);
+  if (!c) return vm_thread()->status;
+  if (need) memcpy(dst, vm_data(c), need);
+  vm_release(c);
+  return KILN_OK;
+}
+
+double kiln_item(kiln_tensor *t) {
+  if (!have(t, "kiln_item")) return NAN;
+  if (t->numel != 1) {
+    char buf[VM_SHAPE_BUF];
+    vm_error(KILN_ERR_SHAPE, "a tensor of shape %s has %lld elements, not 1",
+             vm_shape_str(buf, t->ndim, t->shape), (long long)t->numel);
+    return NAN;
+  }
+  return vm_load_f64(vm_data(t), t->dtype, 0);
+}
+
+int kiln_print(kiln_tensor *t, FILE *f) {
+  if (!have(t, "kiln_print")) return KILN_ERR_ARG;
+  return vm_format(t, f) ? KILN_OK : vm_thread()->status;
+}
+
+/* --- elementwise ------------------------------------------------------------------ */
+
+#define UNARY_API(name)                         \
+  kiln_tensor *kiln_##name(kiln_tensor *a) {    \
+    API(kiln_##name);                           \
+    return vm_unary(VM_OP_##name, a);           \
+  }
+UNARY_API(neg)
+UNARY_API(abs)
+UNARY_API(exp)
+UNARY_API(log)
+UNARY_API(sqrt)
+UNARY_API(rsqrt)
+UNARY_API(sin)
+UNARY_API(cos)
+UNARY_API(tanh)
+UNARY_API(sigmoid)
+UNARY_API(erf)
+UNARY_API(log1p)
+UNARY_API(expm1)
+UNARY_API(floor)
+UNARY_API(ceil)
+UNARY_API(round)
+UNARY_API(sign)
+UNARY_API(logical_not)
+
+kiln_tensor *kiln_relu(kiln_tensor *a) {
+  API(kiln_relu);
+  return vm_relu(a);
+}
+kiln_tensor *kiln_gelu(kiln_tensor *a) {
+  API(kiln_gelu);
+  return vm_gelu(a);
+}
+
+#define BINARY_API(name)                                      \
+  kiln_tensor *kiln_##name(kiln_tensor *a, kiln_tensor *b) {  \
+    API(kiln_##name);                                         \
+    return vm_binary(VM_OP_##name, a, b);                     \
+  }
+BINARY_API(add)
+BINARY_API(sub)
+BINARY_API(mul)
+BINARY_API(div)
+BINARY_API(pow)
+BINARY_API(maximum)
+BINARY_API(minimum)
+BINARY_API(eq)
+BINARY_API(ne)
+BINARY_API(lt)
+BINARY_API(le)
+BINARY_API(gt)
+BINARY_API(ge)
+BINARY_API(logical_and)
+BINARY_API(logical_or)
+
+#define SCALAR_API(name)                                          \
+  kiln_tensor *kiln_##name##_scalar(kiln_tensor *a, double s) {   \
+    API(kiln_##name##_scalar);                                    \
+    return vm_binary_scalar(VM_OP_##name, a, s, false);           \
+  }
+SCALAR_API(add)
+SCALAR_API(sub)
+SCALAR_API(mul)
+SCALAR_API(div)
+SCALAR_API(pow)
+
+kiln_tensor *kiln_where(kiln_tensor *cond, kiln_tensor *a, kiln_tensor *b) {
+  API(kiln_where);
+  vm_tensor *in[3] = {cond, a, b};
+  return vm_op(VM_OP_where, 3, in, NULL);
+}
+
+kiln_tensor *kiln_clamp(kiln_tensor *a, double lo, double hi) {
+  API(kiln_clamp);
+  return vm_clamp(a, lo, hi);
+}
+
+kiln_tensor *kiln_cast(kiln_tensor *a, kiln_dtype dt) {
+  API(kiln_cast);
+  return vm_cast(a, dt);
+}
+
+/* --- reductions ------------------------------------------------------------------ */
+
+#define REDUCE_API(name)                                                                  \
+  kiln_tensor *kiln_##name(kiln_tensor *a, int naxes, const int *axes, bool keepdim) {    \
+    API(kiln_##name);                                                                     \
+    return vm_reduce(VM_OP_##name, a, naxes, axes, keepdim);                              \
+  }
+REDUCE_API(sum)
+REDUCE_API(max)
+REDUCE_API(min)
+REDUCE_API(prod)
+
+kiln_tensor *kiln_mean(kiln_tensor *a, int naxes, const int *axes, bool keepdim) {
+  API(kiln_mean);
+  return vm_mean(a, naxes, axes, keepdim);
+}
+
+kiln_tensor *kiln_argmax(kiln_tensor *a, int axis, bool keepdim) {
+  API(kiln_argmax);
+  return vm_reduce(VM_OP_argmax, a, 1, &axis, keepdim);
+}
+kiln_tensor *kiln_argmin(kiln_tensor *a, int axis, bool keepdim) {
+  API(kiln_argmin);
+  return vm_reduce(VM_OP_argmin, a, 1, &axis, keepdim);
+}
+
+kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b) {
+  API(kiln_matmul);
+  return vm_binary(VM_OP_matmul, a, b);
+}
+
+/* --- shape ops ------------------------------------------------------------------ */
+
+kiln_tensor *kiln_reshape(kiln_tensor *a, int ndim, const int64_t *shape) {
+  API(kiln_reshape);
+  return vm_reshape(a, ndim, shape);
+}
+kiln_tensor *kiln_permute(kiln_tensor *a, const int *perm) {
+  API(kiln_permute);
+  return vm_permute(a, perm);
+}
+kiln_tensor *kiln_transpose(kiln_tensor *a, int d0, int d1) {
+  API(kiln_transpose);
+  return vm_transpose(a, d0, d1);
+}
+kiln_tensor *kiln_expand(kiln_tensor *a, int ndim, const int64_t *shape) {
+  API(kiln_expand);
+  return vm_expand(a, ndim, shape);
+}
+kiln_tensor *kiln_squeeze(kiln_tensor *a, int axis) {
+  API(kiln_squeeze);
+  return vm_squeeze(a, axis);
+}
+kiln_tensor *kiln_unsqueeze(kiln_tensor *a, int axis) {
+  API(kiln_unsqueeze);
+  return vm_unsqueeze(a, axis);
+}
+kiln_tensor *kiln_slice(kiln_tensor *a, int axis, int64_t start, int64_t stop, int64_t step) {
+  API(kiln_slice);
+  return vm_slice(a, axis, start, stop, step);
+}
+kiln_tensor *kiln_concat(int n, kiln_tensor *const *ts, int axis) {
+  API(kiln_concat);
+  return vm_concat(n, ts, axis);
+}
+kiln_tensor *kiln_stack(int n, kiln_tensor *const *ts, int axis) {
+  API(kiln_stack);
+  return vm_stack(n, ts, axis);
+}
+kiln_tensor *kiln_index_select(kiln_tensor *a, int axis, kiln_tensor *idx) {
+  API(kiln_index_select);
+  return vm_index_op(VM_OP_index_select, a, axis, idx, NULL);
+}
+kiln_tensor *kiln_gather(kiln_tensor *a, int axis, kiln_tensor *idx) {
+  API(kiln_gather);
+  return vm_index_op(VM_OP_gather, a, axis, idx, NULL);
+}
+kiln_tensor *kiln_scatter_add(kiln_tensor *a, int axis, kiln_tensor *idx, kiln_tensor *src) {
+  API(kiln_scatter_add);
+  return vm_index_op(VM_OP_scatter_add, a, axis, idx, src);
+}
+
+/* --- composites ------------------------------------------------------------------ */
+
+kiln_tensor *kiln_softmax(kiln_tensor *a, int axis) {
+  API(kiln_softmax);
+  return vm_softmax(a, axis);
+}
+kiln_tensor *kiln_log_softmax(kiln_tensor *a, int axis) {
+  API(kiln_log_softmax);
+  return vm_log_softmax(a, axis);
+}
+kiln_tensor *kiln_logsumexp(kiln_tensor *a, int axis, bool keepdim) {
+  API(kiln_logsumexp);
+  return vm_logsumexp(a, axis, keepdim);
+}
+kiln_tensor *kiln_layer_norm(kiln_tensor *x, kiln_tensor *w, kiln_tensor *b, double eps) {
+  API(kiln_layer_norm);
+  return vm_layer_norm(x, w, b, eps);
+}
+kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *target) {
+  API(kiln_cross_entropy);
+  return vm_cross_entropy(logits, target);
+}
+kiln_tensor *kiln_mse_loss(kiln_tensor *a, kiln_tensor *b) {
+  API(kiln_mse_loss);
+  return vm_mse_loss(a, b);
+}
+
+int kiln_assign(kiln_tensor *dst, kiln_tensor *src) {
+  API(kiln_assign);
+  return vm_assign(dst, src);
+}
+int kiln_sub_scaled_(kiln_tensor *dst, kiln_tensor *src, double alpha) {
+  API(kiln_sub_scaled_);
+  return vm_sub_scaled(dst, src, alpha);
+}
+
+/* --- runtime ------------------------------------------------------------------ */
+
+void kiln_get_stats(kiln_stats *out) {
+  if (!out) return;
+  vm_counters *c = &vm_process()->stats;
+  memset(out, 0, sizeof *out);
+  out->ops_recorded = atomic_load(&c->ops_recorded);
+  out->eager_ops = atomic_load(&c->eager_ops);
+  out->kernels_launched = atomic_load(&c->kernels_launched);
+}
+
+void kiln_reset_stats(void) {
+  vm_counters *c = &vm_process()->stats;
+  atomic_store(&c->ops_recorded, 0);
+  atomic_store(&c->eager_ops, 0);
+  atomic_store(&c->kernels_launched, 0);
+}
+
+const char *kiln_version(void) { return KILN_VERSION_STRING; }
+int kiln_num_threads(void) { return vm_pool_threads(); }
+const char *kiln_blas_core(void) { return vm_blas_get()->core; }
+const char *kiln_cpu_isa(void) { return vm_cpu_isa(); }

@@ -1,0 +1,189 @@
+/* kiln.h — the public C API of Kiln, a tracing JIT tensor runtime.
+ *
+ * The contract is ../shared/API.md: names and meanings here never change.
+ * Errors: functions returning a pointer return NULL on failure, functions
+ * returning int return a negative kiln_status; the message is thread-local.
+ * An op given a NULL tensor returns NULL and keeps the first error. */
+#ifndef KILN_H
+#define KILN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define KILN_API __attribute__((visibility("default")))
+#else
+#define KILN_API
+#endif
+
+typedef struct kiln_tensor kiln_tensor; /* opaque, reference counted */
+
+typedef enum { KILN_BOOL, KILN_I32, KILN_I64, KILN_F32, KILN_F64 } kiln_dtype;
+typedef enum { KILN_CPU, KILN_CUDA } kiln_device;
+#define KILN_MAX_DIMS 8
+
+typedef enum {
+  KILN_OK = 0,
+  KILN_ERR_ARG = -1,
+  KILN_ERR_SHAPE = -2,
+  KILN_ERR_DTYPE = -3,
+  KILN_ERR_OOM = -4,
+  KILN_ERR_DEVICE = -5,
+  KILN_ERR_STATE = -6,
+  KILN_ERR_INTERNAL = -7
+} kiln_status;
+
+/* errors */
+KILN_API const char *kiln_last_error(void);
+KILN_API kiln_status kiln_last_status(void);
+KILN_API void kiln_clear_error(void);
+
+/* lifetime: every returned tensor is owned by the caller (refcount 1) */
+KILN_API kiln_tensor *kiln_retain(kiln_tensor *t);
+KILN_API void kiln_release(kiln_tensor *t); /* NULL is fine */
+
+/* creation (data is copied) */
+KILN_API kiln_tensor *kiln_from_data(const void *data, kiln_dtype dt, int ndim,
+                                     const int64_t *shape);
+KILN_API kiln_tensor *kiln_scalar(double v, kiln_dtype dt); /* 0-d */
+KILN_API kiln_tensor *kiln_zeros(kiln_dtype dt, int ndim, const int64_t *shape);
+KILN_API kiln_tensor *kiln_ones(kiln_dtype dt, int ndim, const int64_t *shape);
+KILN_API kiln_tensor *kiln_full(double v, kiln_dtype dt, int ndim, const int64_t *shape);
+KILN_API kiln_tensor *kiln_arange(double start, double stop, double step, kiln_dtype dt);
+KILN_API void kiln_manual_seed(uint64_t seed);
+KILN_API kiln_tensor *kiln_rand(kiln_dtype dt, int ndim, const int64_t *shape);  /* U[0,1) */
+KILN_API kiln_tensor *kiln_randn(kiln_dtype dt, int ndim, const int64_t *shape); /* N(0,1) */
+
+/* inspection (shape/dtype never force evaluation) */
+KILN_API int kiln_ndim(const kiln_tensor *t);
+KILN_API const int64_t *kiln_shape(const kiln_tensor *t);
+KILN_API int64_t kiln_numel(const kiln_tensor *t);
+KILN_API kiln_dtype kiln_dtype_of(const kiln_tensor *t);
+KILN_API kiln_device kiln_device_of(const kiln_tensor *t);
+/* these force evaluation */
+KILN_API int kiln_to_buffer(kiln_tensor *t, void *dst, size_t dst_bytes); /* row-major */
+KILN_API double kiln_item(kiln_tensor *t); /* one-element tensors; NAN + error otherwise */
+KILN_API int kiln_print(kiln_tensor *t, FILE *f);
+
+/* elementwise unary: same signature for every op below.  Float math on an
+   integer or bool tensor gives float32, as in PyTorch. */
+KILN_API kiln_tensor *kiln_neg(kiln_tensor *a);
+KILN_API kiln_tensor *kiln_abs(kiln_tensor *a);
+KILN_API kiln_tensor *kiln_exp(kiln_tensor *a);
+KILN_API kiln_tensor *kiln_log(kiln_tensor *a);
+KILN_API kiln_tensor *kiln_sqrt(kiln_tensor *a);
+KILN_API kiln_tensor *kiln_rsqrt(kiln_tensor *a);
+KILN_API kiln_tensor *kiln_sin(kiln_tensor *a);
+KILN_API kiln_tensor *kiln_cos(kiln_tensor *a);
+KILN_API kiln_tensor *kiln_tanh(kiln_tensor *a);
+KILN_API kiln_tensor *kiln_sigmoid(kiln_tensor *a);
+KILN_API kiln_tensor *kiln_relu(kiln_tensor *a);
+KILN_API kiln_tensor *kiln_gelu(kiln_tensor *a); /* exact (erf) form */
+KILN_API kiln_tensor *kiln_erf(kiln_tensor *a);
+KILN_API kiln_tensor *kiln_log1p(kiln_tensor *a);
+KILN_API kiln_tensor *kiln_expm1(kiln_tensor *a);
+KILN_API kiln_tensor *kiln_floor(kiln_tensor *a);
+KILN_API kiln_tensor *kiln_ceil(kiln_tensor *a);
+KILN_API kiln_tensor *kiln_round(kiln_tensor *a); /* half to even */
+KILN_API kiln_tensor *kiln_sign(kiln_tensor *a);
+KILN_API kiln_tensor *kiln_logical_not(kiln_tensor *a);
+
+/* elementwise binary: numpy broadcasting; promotion bool < i32 < i64 < f32 < f64.
+   div is true division (integers give float32). */
+KILN_API kiln_tensor *kiln_add(kiln_tensor *a, kiln_tensor *b);
+KILN_API kiln_tensor *kiln_sub(kiln_tensor *a, kiln_tensor *b);
+KILN_API kiln_tensor *kiln_mul(kiln_tensor *a, kiln_tensor *b);
+KILN_API kiln_tensor *kiln_div(kiln_tensor *a, kiln_tensor *b);
+KILN_API kiln_tensor *kiln_pow(kiln_tensor *a, kiln_tensor *b);
+KILN_API kiln_tensor *kiln_maximum(kiln_tensor *a, kiln_tensor *b);
+KILN_API kiln_tensor *kiln_minimum(kiln_tensor *a, kiln_tensor *b);
+KILN_API kiln_tensor *kiln_eq(kiln_tensor *a, kiln_tensor *b);
+KILN_API kiln_tensor *kiln_ne(kiln_tensor *a, kiln_tensor *b);
+KILN_API kiln_tensor *kiln_lt(kiln_tensor *a, kiln_tensor *b);
+KILN_API kiln_tensor *kiln_le(kiln_tensor *a, kiln_tensor *b);
+KILN_API kiln_tensor *kiln_gt(kiln_tensor *a, kiln_tensor *b);
+KILN_API kiln_tensor *kiln_ge(kiln_tensor *a, kiln_tensor *b);
+KILN_API kiln_tensor *kiln_logical_and(kiln_tensor *a, kiln_tensor *b);
+KILN_API kiln_tensor *kiln_logical_or(kiln_tensor *a, kiln_tensor *b);
+
+/* tensor op host scalar.  The scalar is a runtime value, never part of a trace
+   key, and does not widen a float tensor; with an integer or bool tensor a
+   (double) scalar gives float32, as `int_tensor * 2.0` does in PyTorch. */
+KILN_API kiln_tensor *kiln_add_scalar(kiln_tensor *a, double s);
+KILN_API kiln_tensor *kiln_sub_scalar(kiln_tensor *a, double s);
+KILN_API kiln_tensor *kiln_mul_scalar(kiln_tensor *a, double s);
+KILN_API kiln_tensor *kiln_div_scalar(kiln_tensor *a, double s);
+KILN_API kiln_tensor *kiln_pow_scalar(kiln_tensor *a, double s);
+
+KILN_API kiln_tensor *kiln_where(kiln_tensor *cond, kiln_tensor *a, kiln_tensor *b);
+KILN_API kiln_tensor *kiln_clamp(kiln_tensor *a, double lo, double hi);
+KILN_API kiln_tensor *kiln_cast(kiln_tensor *a, kiln_dtype dt);
+
+/* reductions: naxes == 0 means all axes; negative axes count from the end */
+KILN_API kiln_tensor *kiln_sum(kiln_tensor *a, int naxes, const int *axes, bool keepdim);
+KILN_API kiln_tensor *kiln_mean(kiln_tensor *a, int naxes, const int *axes, bool keepdim);
+KILN_API kiln_tensor *kiln_max(kiln_tensor *a, int naxes, const int *axes, bool keepdim);
+KILN_API kiln_tensor *kiln_min(kiln_tensor *a, int naxes, const int *axes, bool keepdim);
+KILN_API kiln_tensor *kiln_prod(kiln_tensor *a, int naxes, const int *axes, bool keepdim);
+KILN_API kiln_tensor *kiln_argmax(kiln_tensor *a, int axis, bool keepdim); /* i64 */
+KILN_API kiln_tensor *kiln_argmin(kiln_tensor *a, int axis, bool keepdim); /* i64 */
+
+/* linear algebra: numpy matmul semantics incl. batch broadcasting */
+KILN_API kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b);
+
+/* shape ops are views where possible (no copy) */
+KILN_API kiln_tensor *kiln_reshape(kiln_tensor *a, int ndim, const int64_t *shape); /* one -1 ok */
+KILN_API kiln_tensor *kiln_permute(kiln_tensor *a, const int *perm);
+KILN_API kiln_tensor *kiln_transpose(kiln_tensor *a, int d0, int d1);
+KILN_API kiln_tensor *kiln_expand(kiln_tensor *a, int ndim, const int64_t *shape);
+KILN_API kiln_tensor *kiln_squeeze(kiln_tensor *a, int axis);
+KILN_API kiln_tensor *kiln_unsqueeze(kiln_tensor *a, int axis);
+KILN_API kiln_tensor *kiln_slice(kiln_tensor *a, int axis, int64_t start, int64_t stop,
+                                 int64_t step);
+KILN_API kiln_tensor *kiln_concat(int n, kiln_tensor *const *ts, int axis);
+KILN_API kiln_tensor *kiln_stack(int n, kiln_tensor *const *ts, int axis);
+KILN_API kiln_tensor *kiln_index_select(kiln_tensor *a, int axis, kiln_tensor *idx); /* idx i64 1-d */
+KILN_API kiln_tensor *kiln_gather(kiln_tensor *a, int axis, kiln_tensor *idx);
+/* out = a, with src[i...] added at out[..., idx[i...], ...] along axis (the adjoint of gather) */
+KILN_API kiln_tensor *kiln_scatter_add(kiln_tensor *a, int axis, kiln_tensor *idx,
+                                       kiln_tensor *src);
+
+/* neural-network composites (built from primitives) */
+KILN_API kiln_tensor *kiln_softmax(kiln_tensor *a, int axis);
+KILN_API kiln_tensor *kiln_log_softmax(kiln_tensor *a, int axis);
+KILN_API kiln_tensor *kiln_logsumexp(kiln_tensor *a, int axis, bool keepdim);
+KILN_API kiln_tensor *kiln_layer_norm(kiln_tensor *x, kiln_tensor *w, kiln_tensor *b, double eps);
+/* over the last axis; w and b may be NULL (no affine part) */
+KILN_API kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *target_i64); /* mean */
+KILN_API kiln_tensor *kiln_mse_loss(kiln_tensor *a, kiln_tensor *b);                   /* mean */
+
+/* in-place (functionalized: the handle now names the new value; other handles
+   and views taken before keep the old value) */
+KILN_API int kiln_assign(kiln_tensor *dst, kiln_tensor *src); /* shapes must match */
+KILN_API int kiln_sub_scaled_(kiln_tensor *dst, kiln_tensor *src, double alpha); /* dst -= alpha*src */
+
+/* runtime */
+typedef struct {
+  uint64_t ops_recorded, flushes, traces_seen, cache_hits, cache_misses, compiles,
+      compile_failures, disk_hits, eager_ops, kernels_launched;
+  double compile_ms, flush_ms;
+} kiln_stats;
+KILN_API void kiln_get_stats(kiln_stats *out); /* process-wide */
+KILN_API void kiln_reset_stats(void);
+KILN_API const char *kiln_version(void);
+
+/* machine: what this process runs with */
+KILN_API int kiln_num_threads(void);             /* kernel worker threads (KILN_THREADS) */
+KILN_API const char *kiln_blas_core(void);       /* OpenBLAS kernel in use, "" if none */
+KILN_API const char *kiln_cpu_isa(void);         /* "x86-64-v4", "x86-64-v3", ... */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KILN_H */

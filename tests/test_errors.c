@@ -1,0 +1,646 @@
+/* test_errors.c — the bad-input catalogue of API.md: NULL inputs (and the
+ * first error kept along a chain), wrong dtypes, mismatched shapes, axes out
+ * of range, negative / overflowing sizes, allocations too large, buffers too
+ * small, bad dtype values, invalid reshape/permute/expand/slice/concat
+ * arguments, and kiln_clear_error.
+ *
+ * Status used for each kind of bad input (exact):
+ *   NULL tensor or pointer argument, an axis argument out of range or
+ *   repeated (reductions, permute, transpose, slice, concat, ...), slice or
+ *   arange step 0, a tensor count n <= 0, a buffer too small .. KILN_ERR_ARG
+ *   shapes, sizes and ranks (incompatible shapes, negative or overflowing
+ *   sizes, ndim outside [0, 8], kiln_item on numel != 1) ..... KILN_ERR_SHAPE
+ *   a dtype an op does not accept, or not a kiln_dtype value .. KILN_ERR_DTYPE
+ *   a size that fits in int64 bytes but cannot be allocated ... KILN_ERR_OOM */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <stdint.h>
+
+#include "ktest.h"
+
+/* Under AddressSanitizer a malloc of petabytes aborts the process unless
+ * allocator_may_return_null is set; the OOM test needs malloc to fail. */
+const char *__asan_default_options(void);
+__attribute__((used, visibility("default"))) const char *__asan_default_options(void) {
+  return "allocator_may_return_null=1";
+}
+
+#define S(...) ((const int64_t[]){__VA_ARGS__})
+#define V(...) ((const double[]){__VA_ARGS__})
+
+/* an int-returning call fails with exactly `status` and a message with needle */
+#define CHECK_STATUS(expr, status, needle)                           \
+  do {                                                               \
+    kiln_clear_error();                                              \
+    int rc_ = (expr);                                                \
+    CHECK_EQ_INT(rc_, status);                                       \
+    CHECK_EQ_INT(kiln_last_status(), status);                        \
+    CHECK_STR_CONTAINS(kiln_last_error(), needle);                   \
+    kiln_clear_error();                                              \
+  } while (0)
+
+/* 0, 1, ... n-1 as f32 in the given shape */
+static kiln_tensor *iota(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  float *v = malloc((size_t)(n ? n : 1) * sizeof(float));
+  for (int64_t i = 0; i < n; i++) v[i] = (float)i;
+  kiln_tensor *t = kiln_from_data(v, KILN_F32, ndim, shape);
+  free(v);
+  CHECK(t != NULL);
+  return t;
+}
+
+static kiln_tensor *bools(int64_t n) {
+  kiln_tensor *t = kiln_zeros(KILN_BOOL, 1, S(n));
+  CHECK(t != NULL);
+  return t;
+}
+
+typedef kiln_tensor *(*unary_fn)(kiln_tensor *);
+typedef kiln_tensor *(*binary_fn)(kiln_tensor *, kiln_tensor *);
+typedef kiln_tensor *(*scalar_fn)(kiln_tensor *, double);
+typedef kiln_tensor *(*reduce_fn)(kiln_tensor *, int, const int *, bool);
+typedef kiln_tensor *(*arg_fn)(kiln_tensor *, int, bool);
+
+#define NAMED(f) {#f, f}
+static const struct { const char *name; unary_fn fn; } unary_ops[] = {
+    NAMED(kiln_neg),   NAMED(kiln_abs),     NAMED(kiln_exp),     NAMED(kiln_log),
+    NAMED(kiln_sqrt),  NAMED(kiln_rsqrt),   NAMED(kiln_sin),     NAMED(kiln_cos),
+    NAMED(kiln_tanh),  NAMED(kiln_sigmoid), NAMED(kiln_relu),    NAMED(kiln_gelu),
+    NAMED(kiln_erf),   NAMED(kiln_log1p),   NAMED(kiln_expm1),   NAMED(kiln_floor),
+    NAMED(kiln_ceil),  NAMED(kiln_round),   NAMED(kiln_sign),    NAMED(kiln_logical_not),
+};
+static const struct { const char *name; binary_fn fn; } binary_ops[] = {
+    NAMED(kiln_add),     NAMED(kiln_sub),         NAMED(kiln_mul),        NAMED(kiln_div),
+    NAMED(kiln_pow),     NAMED(kiln_maximum),     NAMED(kiln_minimum),    NAMED(kiln_eq),
+    NAMED(kiln_ne),      NAMED(kiln_lt),          NAMED(kiln_le),         NAMED(kiln_gt),
+    NAMED(kiln_ge),      NAMED(kiln_logical_and), NAMED(kiln_logical_or), NAMED(kiln_matmul),
+    NAMED(kiln_mse_loss), NAMED(kiln_cross_entropy),
+};
+static const struct { const char *name; scalar_fn fn; } scalar_ops[] = {
+    NAMED(kiln_add_scalar), NAMED(kiln_sub_scalar), NAMED(kiln_mul_scalar),
+    NAMED(kiln_div_scalar), NAMED(kiln_pow_scalar),
+};
+static const struct { const char *name; reduce_fn fn; } reduce_ops[] = {
+    NAMED(kiln_sum), NAMED(kiln_mean), NAMED(kiln_max), NAMED(kiln_min), NAMED(kiln_prod),
+};
+static const struct { const char *name; arg_fn fn; } arg_ops[] = {
+    NAMED(kiln_argmax), NAMED(kiln_argmin), NAMED(kiln_logsumexp),
+};
+#define COUNT(a) (int)(sizeof(a) / sizeof(a[0]))
+
+/* ------------------------------------------------------------ NULL inputs */
+
+TEST(null_input_to_every_unary_op_is_an_arg_error_naming_the_op) {
+  for (int i = 0; i < COUNT(unary_ops); i++)
+    CHECK_ERROR(unary_ops[i].fn(NULL), KILN_ERR_ARG, unary_ops[i].name);
+}
+
+TEST(null_input_to_every_binary_op_in_either_position) {
+  kiln_tensor *a = iota(1, S(3));
+  for (int i = 0; i < COUNT(binary_ops); i++) {
+    CHECK_ERROR(binary_ops[i].fn(NULL, a), KILN_ERR_ARG, binary_ops[i].name);
+    CHECK_ERROR(binary_ops[i].fn(a, NULL), KILN_ERR_ARG, binary_ops[i].name);
+    CHECK_ERROR(binary_ops[i].fn(NULL, NULL), KILN_ERR_ARG, binary_ops[i].name);
+  }
+  kiln_release(a);
+}
+
+TEST(null_input_to_scalar_ops_reductions_and_composites) {
+  int ax[1] = {0};
+  for (int i = 0; i < COUNT(scalar_ops); i++)
+    CHECK_ERROR(scalar_ops[i].fn(NULL, 2.0), KILN_ERR_ARG, scalar_ops[i].name);
+  for (int i = 0; i < COUNT(reduce_ops); i++) {
+    CHECK_ERROR(reduce_ops[i].fn(NULL, 0, NULL, false), KILN_ERR_ARG, reduce_ops[i].name);
+    CHECK_ERROR(reduce_ops[i].fn(NULL, 1, ax, true), KILN_ERR_ARG, reduce_ops[i].name);
+  }
+  for (int i = 0; i < COUNT(arg_ops); i++)
+    CHECK_ERROR(arg_ops[i].fn(NULL, 0, false), KILN_ERR_ARG, arg_ops[i].name);
+  CHECK_ERROR(kiln_softmax(NULL, 0), KILN_ERR_ARG, "kiln_softmax");
+  CHECK_ERROR(kiln_log_softmax(NULL, 0), KILN_ERR_ARG, "kiln_log_softmax");
+  CHECK_ERROR(kiln_clamp(NULL, 0, 1), KILN_ERR_ARG, "kiln_clamp");
+  CHECK_ERROR(kiln_cast(NULL, KILN_F64), KILN_ERR_ARG, "kiln_cast");
+  CHECK_ERROR(kiln_layer_norm(NULL, NULL, NULL, 1e-5), KILN_ERR_ARG, "kiln_layer_norm");
+}
+
+TEST(null_input_to_where_in_each_position) {
+  kiln_tensor *c = bools(3), *a = iota(1, S(3));
+  CHECK_ERROR(kiln_where(NULL, a, a), KILN_ERR_ARG, "kiln_where");
+  CHECK_ERROR(kiln_where(c, NULL, a), KILN_ERR_ARG, "kiln_where");
+  CHECK_ERROR(kiln_where(c, a, NULL), KILN_ERR_ARG, "kiln_where");
+  kiln_release(a);
+  kiln_release(c);
+}
+
+TEST(null_input_to_shape_and_index_ops) {
+  kiln_tensor *a = iota(2, S(2, 3));
+  kiln_tensor *idx = kiln_zeros(KILN_I64, 1, S(2));
+  kiln_tensor *idx2 = kiln_zeros(KILN_I64, 2, S(2, 3));
+  const int perm[2] = {1, 0};
+  CHECK_ERROR(kiln_reshape(NULL, 1, S(6)), KILN_ERR_ARG, "kiln_reshape");
+  CHECK_ERROR(kiln_permute(NULL, perm), KILN_ERR_ARG, "kiln_permute");
+  CHECK_ERROR(kiln_transpose(NULL, 0, 1), KILN_ERR_ARG, "kiln_transpose");
+  CHECK_ERROR(kiln_expand(NULL, 2, S(2, 3)), KILN_ERR_ARG, "kiln_expand");
+  CHECK_ERROR(kiln_squeeze(NULL, 0), KILN_ERR_ARG, "kiln_squeeze");
+  CHECK_ERROR(kiln_unsqueeze(NULL, 0), KILN_ERR_ARG, "kiln_unsqueeze");
+  CHECK_ERROR(kiln_slice(NULL, 0, 0, 1, 1), KILN_ERR_ARG, "kiln_slice");
+  kiln_tensor *with_null[2] = {a, NULL};
+  CHECK_ERROR(kiln_concat(2, with_null, 0), KILN_ERR_ARG, "kiln_concat");
+  CHECK_ERROR(kiln_stack(2, with_null, 0), KILN_ERR_ARG, "kiln_stack");
+  CHECK_ERROR(kiln_concat(2, NULL, 0), KILN_ERR_ARG, "kiln_concat");
+  CHECK_ERROR(kiln_stack(2, NULL, 0), KILN_ERR_ARG, "kiln_stack");
+  CHECK_ERROR(kiln_index_select(NULL, 0, idx), KILN_ERR_ARG, "kiln_index_select");
+  CHECK_ERROR(kiln_index_select(a, 0, NULL), KILN_ERR_ARG, "kiln_index_select");
+  CHECK_ERROR(kiln_gather(NULL, 0, idx2), KILN_ERR_ARG, "kiln_gather");
+  CHECK_ERROR(kiln_gather(a, 0, NULL), KILN_ERR_ARG, "kiln_gather");
+  CHECK_ERROR(kiln_scatter_add(NULL, 0, idx2, a), KILN_ERR_ARG, "kiln_scatter_add");
+  CHECK_ERROR(kiln_scatter_add(a, 0, NULL, a), KILN_ERR_ARG, "kiln_scatter_add");
+  CHECK_ERROR(kiln_scatter_add(a, 0, idx2, NULL), KILN_ERR_ARG, "kiln_scatter_add");
+  kiln_release(idx2);
+  kiln_release(idx);
+  kiln_release(a);
+}
+
+TEST(null_pointer_arguments_to_creation_and_shape_ops) {
+  float data[6] = {0};
+  kiln_tensor *a = iota(2, S(2, 3));
+  CHECK_ERROR(kiln_from_data(NULL, KILN_F32, 1, S(3)), KILN_ERR_ARG, "kiln_from_data");
+  CHECK_ERROR(kiln_from_data(data, KILN_F32, 2, NULL), KILN_ERR_ARG, "kiln_from_data");
+  CHECK_ERROR(kiln_zeros(KILN_F32, 2, NULL), KILN_ERR_ARG, "kiln_zeros");
+  CHECK_ERROR(kiln_ones(KILN_F32, 1, NULL), KILN_ERR_ARG, "kiln_ones");
+  CHECK_ERROR(kiln_full(1, KILN_F32, 1, NULL), KILN_ERR_ARG, "kiln_full");
+  CHECK_ERROR(kiln_rand(KILN_F32, 1, NULL), KILN_ERR_ARG, "kiln_rand");
+  CHECK_ERROR(kiln_randn(KILN_F32, 1, NULL), KILN_ERR_ARG, "kiln_randn");
+  CHECK_ERROR(kiln_reshape(a, 2, NULL), KILN_ERR_ARG, "kiln_reshape");
+  CHECK_ERROR(kiln_permute(a, NULL), KILN_ERR_ARG, "kiln_permute");
+  CHECK_ERROR(kiln_expand(a, 2, NULL), KILN_ERR_ARG, "kiln_expand");
+  kiln_tensor *two[2] = {a, a};
+  CHECK_ERROR(kiln_sum(a, 2, NULL, false), KILN_ERR_ARG, "kiln_sum");
+  kiln_tensor *ok = kiln_concat(2, two, 0); /* the same tensor twice is fine */
+  CHECK(ok != NULL);
+  kiln_release(ok);
+  kiln_release(a);
+}
+
+TEST(null_input_to_int_returning_functions) {
+  kiln_tensor *a = iota(1, S(3));
+  float buf[3];
+  FILE *f = tmpfile();
+  CHECK_STATUS(kiln_to_buffer(NULL, buf, sizeof buf), KILN_ERR_ARG, "kiln_to_buffer");
+  CHECK_STATUS(kiln_to_buffer(a, NULL, sizeof buf), KILN_ERR_ARG, "kiln_to_buffer");
+  if (f) CHECK_STATUS(kiln_print(NULL, f), KILN_ERR_ARG, "kiln_print");
+  CHECK_STATUS(kiln_print(a, NULL), KILN_ERR_ARG, "kiln_print");
+  CHECK_STATUS(kiln_assign(NULL, a), KILN_ERR_ARG, "kiln_assign");
+  CHECK_STATUS(kiln_assign(a, NULL), KILN_ERR_ARG, "kiln_assign");
+  CHECK_STATUS(kiln_sub_scaled_(NULL, a, 1.0), KILN_ERR_ARG, "kiln_sub_scaled_");
+  CHECK_STATUS(kiln_sub_scaled_(a, NULL, 1.0), KILN_ERR_ARG, "kiln_sub_scaled_");
+  kiln_clear_error();
+  CHECK(isnan(kiln_item(NULL)));
+  CHECK_EQ_INT(kiln_last_status(), KILN_ERR_ARG);
+  CHECK_STR_CONTAINS(kiln_last_error(), "kiln_item");
+  kiln_clear_error();
+  CHECK_TENSOR(a, 1, S(3), V(0, 1, 2), 0); /* failed assigns left it alone */
+  if (f) fclose(f);
+  kiln_release(a);
+}
+
+TEST(null_chain_returns_null_and_keeps_the_first_error) {
+  kiln_tensor *a = iota(1, S(3)), *b = iota(1, S(3));
+  CHECK_ERROR(kiln_add(kiln_mul(a, NULL), b), KILN_ERR_ARG, "kiln_mul");
+  /* the message is exactly the first one, not rewritten by later ops */
+  kiln_clear_error();
+  kiln_tensor *m = kiln_mul(a, NULL);
+  CHECK(m == NULL);
+  char first[512];
+  snprintf(first, sizeof first, "%s", kiln_last_error());
+  kiln_tensor *r = kiln_sum(kiln_exp(kiln_add(m, b)), 0, NULL, false);
+  CHECK(r == NULL);
+  CHECK_EQ_INT(kiln_last_status(), KILN_ERR_ARG);
+  CHECK(strcmp(kiln_last_error(), first) == 0);
+  kiln_release(r);
+  kiln_clear_error();
+  kiln_release(b);
+  kiln_release(a);
+}
+
+TEST(shape_error_chain_keeps_the_first_error) {
+  kiln_tensor *a = iota(2, S(2, 3)), *b = iota(1, S(4));
+  CHECK_ERROR(kiln_neg(kiln_mul_scalar(kiln_add(a, b), 2)), KILN_ERR_SHAPE, "kiln_add");
+  kiln_clear_error();
+  int rc = kiln_assign(a, kiln_add(a, b));
+  CHECK(rc < 0);
+  CHECK_EQ_INT(kiln_last_status(), KILN_ERR_SHAPE);
+  CHECK_STR_CONTAINS(kiln_last_error(), "kiln_add");
+  kiln_clear_error();
+  CHECK(isnan(kiln_item(kiln_sum(kiln_add(a, b), 0, NULL, false))));
+  CHECK_EQ_INT(kiln_last_status(), KILN_ERR_SHAPE);
+  CHECK_STR_CONTAINS(kiln_last_error(), "kiln_add");
+  kiln_clear_error();
+  kiln_release(b);
+  kiln_release(a);
+}
+
+/* ------------------------------------------------------------ wrong dtype */
+
+TEST(ops_reject_dtypes_they_do_not_accept) {
+  kiln_tensor *b = bools(3), *f = iota(1, S(3));
+  kiln_tensor *bm = kiln_zeros(KILN_BOOL, 2, S(2, 2));
+  kiln_tensor *logits = iota(2, S(2, 3));
+  kiln_tensor *ftarget = iota(1, S(2));
+  CHECK_ERROR(kiln_sub(b, b), KILN_ERR_DTYPE, "kiln_sub");
+  CHECK_ERROR(kiln_pow(b, b), KILN_ERR_DTYPE, "kiln_pow");
+  CHECK_ERROR(kiln_neg(b), KILN_ERR_DTYPE, "kiln_neg");
+  CHECK_ERROR(kiln_relu(b), KILN_ERR_DTYPE, "kiln_relu");
+  CHECK_ERROR(kiln_clamp(b, 0, 1), KILN_ERR_DTYPE, "kiln_clamp");
+  CHECK_ERROR(kiln_matmul(bm, bm), KILN_ERR_DTYPE, "kiln_matmul");
+  CHECK_ERROR(kiln_where(f, f, f), KILN_ERR_DTYPE, "kiln_where");
+  CHECK_ERROR(kiln_cross_entropy(logits, ftarget), KILN_ERR_DTYPE, "kiln_cross_entropy");
+  CHECK_ERROR(kiln_index_select(logits, 0, ftarget), KILN_ERR_DTYPE, "kiln_index_select");
+  kiln_release(ftarget);
+  kiln_release(logits);
+  kiln_release(bm);
+  kiln_release(f);
+  kiln_release(b);
+}
+
+TEST(values_that_are_not_a_dtype_are_dtype_errors) {
+  const kiln_dtype bad[2] = {(kiln_dtype)42, (kiln_dtype)-1};
+  float data[2] = {1, 2};
+  kiln_tensor *a = iota(1, S(2));
+  for (int i = 0; i < 2; i++) {
+    kiln_dtype dt = bad[i];
+    CHECK_ERROR(kiln_zeros(dt, 1, S(2)), KILN_ERR_DTYPE, "kiln_zeros");
+    CHECK_ERROR(kiln_ones(dt, 1, S(2)), KILN_ERR_DTYPE, "kiln_ones");
+    CHECK_ERROR(kiln_full(1, dt, 1, S(2)), KILN_ERR_DTYPE, "kiln_full");
+    CHECK_ERROR(kiln_scalar(1, dt), KILN_ERR_DTYPE, "kiln_scalar");
+    CHECK_ERROR(kiln_arange(0, 3, 1, dt), KILN_ERR_DTYPE, "kiln_arange");
+    CHECK_ERROR(kiln_rand(dt, 1, S(2)), KILN_ERR_DTYPE, "kiln_rand");
+    CHECK_ERROR(kiln_randn(dt, 1, S(2)), KILN_ERR_DTYPE, "kiln_randn");
+    CHECK_ERROR(kiln_from_data(data, dt, 1, S(2)), KILN_ERR_DTYPE, "kiln_from_data");
+    CHECK_ERROR(kiln_cast(a, dt), KILN_ERR_DTYPE, "kiln_cast");
+  }
+  kiln_release(a);
+}
+
+/* ------------------------------------------------------- mismatched shapes */
+
+TEST(mismatched_shapes_name_the_op_and_both_shapes) {
+  kiln_tensor *a23 = iota(2, S(2, 3)), *b4 = iota(1, S(4)), *c32 = iota(2, S(3, 2));
+  kiln_tensor *d45 = iota(2, S(4, 5));
+  CHECK_ERROR(kiln_add(a23, b4), KILN_ERR_SHAPE, "kiln_add");
+  CHECK_ERROR(kiln_add(a23, b4), KILN_ERR_SHAPE, "[2,3]");
+  CHECK_ERROR(kiln_add(a23, b4), KILN_ERR_SHAPE, "[4]");
+  CHECK_ERROR(kiln_mul(a23, c32), KILN_ERR_SHAPE, "kiln_mul");
+  CHECK_ERROR(kiln_mul(a23, c32), KILN_ERR_SHAPE, "[3,2]");
+  CHECK_ERROR(kiln_matmul(a23, d45), KILN_ERR_SHAPE, "kiln_matmul");
+  CHECK_ERROR(kiln_matmul(a23, d45), KILN_ERR_SHAPE, "[2,3]");
+  CHECK_ERROR(kiln_matmul(a23, d45), KILN_ERR_SHAPE, "[4,5]");
+  CHECK_ERROR(kiln_lt(b4, c32), KILN_ERR_SHAPE, "kiln_lt");
+  CHECK_ERROR(kiln_mse_loss(a23, c32), KILN_ERR_SHAPE, "kiln_mse_loss");
+  kiln_release(d45);
+  kiln_release(c32);
+  kiln_release(b4);
+  kiln_release(a23);
+}
+
+TEST(more_shape_mismatches) {
+  kiln_tensor *a23 = iota(2, S(2, 3)), *v3 = iota(1, S(3)), *v4 = iota(1, S(4));
+  kiln_tensor *s = kiln_scalar(1, KILN_F32);
+  kiln_tensor *c4 = bools(4);
+  kiln_tensor *t3 = kiln_zeros(KILN_I64, 1, S(3));
+  kiln_tensor *t2 = kiln_zeros(KILN_I64, 1, S(2));
+  CHECK_ERROR(kiln_matmul(v3, v4), KILN_ERR_SHAPE, "kiln_matmul");
+  CHECK_ERROR(kiln_matmul(s, a23), KILN_ERR_SHAPE, "kiln_matmul");
+  CHECK_ERROR(kiln_where(c4, a23, a23), KILN_ERR_SHAPE, "kiln_where");
+  CHECK_ERROR(kiln_layer_norm(a23, v4, NULL, 1e-5), KILN_ERR_SHAPE, "kiln_layer_norm");
+  CHECK_ERROR(kiln_layer_norm(a23, v3, v4, 1e-5), KILN_ERR_SHAPE, "kiln_layer_norm");
+  CHECK_ERROR(kiln_cross_entropy(a23, t3), KILN_ERR_SHAPE, "kiln_cross_entropy");
+  kiln_tensor *ok = kiln_cross_entropy(a23, t2);
+  CHECK(ok != NULL);
+  kiln_release(ok);
+  kiln_release(t2);
+  kiln_release(t3);
+  kiln_release(c4);
+  kiln_release(s);
+  kiln_release(v4);
+  kiln_release(v3);
+  kiln_release(a23);
+}
+
+/* ------------------------------------------------------- axis out of range */
+
+TEST(axis_out_of_range_or_repeated_is_an_arg_error) {
+  kiln_tensor *a = iota(2, S(2, 3));
+  kiln_tensor *a2[2] = {a, a};
+  const int ax2[1] = {2}, axm3[1] = {-3}, rep[2] = {0, 0}, rep_neg[2] = {1, -1};
+  for (int i = 0; i < COUNT(reduce_ops); i++) {
+    CHECK_ERROR(reduce_ops[i].fn(a, 1, ax2, false), KILN_ERR_ARG, reduce_ops[i].name);
+    CHECK_ERROR(reduce_ops[i].fn(a, 1, axm3, true), KILN_ERR_ARG, reduce_ops[i].name);
+    CHECK_ERROR(reduce_ops[i].fn(a, 2, rep, false), KILN_ERR_ARG, reduce_ops[i].name);
+    CHECK_ERROR(reduce_ops[i].fn(a, 2, rep_neg, false), KILN_ERR_ARG, reduce_ops[i].name);
+  }
+  for (int i = 0; i < COUNT(arg_ops); i++) {
+    CHECK_ERROR(arg_ops[i].fn(a, 2, false), KILN_ERR_ARG, arg_ops[i].name);
+    CHECK_ERROR(arg_ops[i].fn(a, -3, true), KILN_ERR_ARG, arg_ops[i].name);
+  }
+  CHECK_ERROR(kiln_softmax(a, 2), KILN_ERR_ARG, "kiln_softmax");
+  CHECK_ERROR(kiln_log_softmax(a, -3), KILN_ERR_ARG, "kiln_log_softmax");
+  CHECK_ERROR(kiln_transpose(a, 0, 2), KILN_ERR_ARG, "kiln_transpose");
+  CHECK_ERROR(kiln_transpose(a, -3, 1), KILN_ERR_ARG, "kiln_transpose");
+  CHECK_ERROR(kiln_squeeze(a, 2), KILN_ERR_ARG, "kiln_squeeze");
+  CHECK_ERROR(kiln_unsqueeze(a, 3), KILN_ERR_ARG, "kiln_unsqueeze");
+  CHECK_ERROR(kiln_unsqueeze(a, -4), KILN_ERR_ARG, "kiln_unsqueeze");
+  CHECK_ERROR(kiln_slice(a, 2, 0, 1, 1), KILN_ERR_ARG, "kiln_slice");
+  CHECK_ERROR(kiln_slice(a, -3, 0, 1, 1), KILN_ERR_ARG, "kiln_slice");
+  CHECK_ERROR(kiln_concat(2, a2, 2), KILN_ERR_ARG, "kiln_concat");
+  CHECK_ERROR(kiln_concat(2, a2, -3), KILN_ERR_ARG, "kiln_concat");
+  CHECK_ERROR(kiln_stack(2, a2, 3), KILN_ERR_ARG, "kiln_stack");
+  CHECK_ERROR(kiln_stack(2, a2, -4), KILN_ERR_ARG, "kiln_stack");
+  kiln_release(a);
+}
+
+TEST(empty_max_and_argmax_are_shape_errors) {
+  kiln_tensor *e = kiln_zeros(KILN_F32, 1, S(0));
+  CHECK_ERROR(kiln_max(e, 0, NULL, false), KILN_ERR_SHAPE, "kiln_max");
+  CHECK_ERROR(kiln_min(e, 0, NULL, false), KILN_ERR_SHAPE, "kiln_min");
+  CHECK_ERROR(kiln_argmax(e, 0, false), KILN_ERR_SHAPE, "kiln_argmax");
+  CHECK_ERROR(kiln_argmin(e, 0, false), KILN_ERR_SHAPE, "kiln_argmin");
+  kiln_release(e);
+}
+
+/* ----------------------------------------------- negative / overflowing sizes */
+
+TEST(negative_sizes_are_shape_errors) {
+  float data[4] = {0};
+  CHECK_ERROR(kiln_zeros(KILN_F32, 1, S(-1)), KILN_ERR_SHAPE, "kiln_zeros");
+  CHECK_ERROR(kiln_zeros(KILN_F32, 2, S(2, -3)), KILN_ERR_SHAPE, "kiln_zeros");
+  CHECK_ERROR(kiln_zeros(KILN_F32, 2, S(-2, -2)), KILN_ERR_SHAPE, "kiln_zeros");
+  CHECK_ERROR(kiln_ones(KILN_I32, 1, S(-5)), KILN_ERR_SHAPE, "kiln_ones");
+  CHECK_ERROR(kiln_full(1, KILN_F64, 1, S(-5)), KILN_ERR_SHAPE, "kiln_full");
+  CHECK_ERROR(kiln_rand(KILN_F32, 1, S(-1)), KILN_ERR_SHAPE, "kiln_rand");
+  CHECK_ERROR(kiln_randn(KILN_F32, 1, S(-1)), KILN_ERR_SHAPE, "kiln_randn");
+  CHECK_ERROR(kiln_from_data(data, KILN_F32, 1, S(-4)), KILN_ERR_SHAPE, "kiln_from_data");
+  kiln_tensor *a = iota(2, S(2, 1));
+  CHECK_ERROR(kiln_expand(a, 2, S(2, -2)), KILN_ERR_SHAPE, "kiln_expand");
+  CHECK_ERROR(kiln_reshape(a, 2, S(-2, -1)), KILN_ERR_SHAPE, "kiln_reshape");
+  kiln_release(a);
+}
+
+TEST(ndim_outside_zero_to_eight_is_a_shape_error) {
+  const int64_t ones9[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+  float data[1] = {0};
+  CHECK_ERROR(kiln_zeros(KILN_F32, 9, ones9), KILN_ERR_SHAPE, "kiln_zeros");
+  CHECK_ERROR(kiln_zeros(KILN_F32, -1, ones9), KILN_ERR_SHAPE, "kiln_zeros");
+  CHECK_ERROR(kiln_ones(KILN_F32, 9, ones9), KILN_ERR_SHAPE, "kiln_ones");
+  CHECK_ERROR(kiln_rand(KILN_F32, 9, ones9), KILN_ERR_SHAPE, "kiln_rand");
+  CHECK_ERROR(kiln_from_data(data, KILN_F32, 9, ones9), KILN_ERR_SHAPE, "kiln_from_data");
+  CHECK_ERROR(kiln_from_data(data, KILN_F32, -2, ones9), KILN_ERR_SHAPE, "kiln_from_data");
+  kiln_tensor *a = kiln_zeros(KILN_F32, 8, ones9); /* 8 dims is the maximum */
+  CHECK(a != NULL);
+  CHECK_ERROR(kiln_reshape(a, 9, ones9), KILN_ERR_SHAPE, "kiln_reshape");
+  CHECK_ERROR(kiln_reshape(a, -1, ones9), KILN_ERR_SHAPE, "kiln_reshape");
+  CHECK_ERROR(kiln_expand(a, 9, ones9), KILN_ERR_SHAPE, "kiln_expand");
+  CHECK_ERROR(kiln_unsqueeze(a, 0), KILN_ERR_SHAPE, "kiln_unsqueeze");
+  kiln_tensor *two[2] = {a, a};
+  CHECK_ERROR(kiln_stack(2, two, 0), KILN_ERR_SHAPE, "kiln_stack");
+  kiln_release(a);
+}
+
+TEST(overflowing_sizes_are_shape_errors) {
+  const int64_t big = (int64_t)1 << 40;
+  CHECK_ERROR(kiln_zeros(KILN_F32, 2, S(big, big)), KILN_ERR_SHAPE, "kiln_zeros");
+  CHECK_ERROR(kiln_ones(KILN_F32, 3, S(1 << 30, 1 << 30, 1 << 30)), KILN_ERR_SHAPE, "kiln_ones");
+  CHECK_ERROR(kiln_zeros(KILN_I32, 2, S(INT64_MAX, 2)), KILN_ERR_SHAPE, "kiln_zeros");
+  CHECK_ERROR(kiln_rand(KILN_F32, 2, S(big, big)), KILN_ERR_SHAPE, "kiln_rand");
+  /* numel fits in int64 but the byte count does not */
+  CHECK_ERROR(kiln_zeros(KILN_F64, 1, S((int64_t)1 << 61)), KILN_ERR_SHAPE, "kiln_zeros");
+  CHECK_ERROR(kiln_full(1, KILN_F32, 1, S((int64_t)1 << 62)), KILN_ERR_SHAPE, "kiln_full");
+  CHECK_ERROR(kiln_arange(0, 1e30, 1, KILN_F32), KILN_ERR_SHAPE, "kiln_arange");
+  kiln_tensor *a = kiln_zeros(KILN_F32, 2, S(1, 1));
+  CHECK_ERROR(kiln_expand(a, 2, S(big, big)), KILN_ERR_SHAPE, "kiln_expand");
+  CHECK_ERROR(kiln_reshape(a, 2, S(big, big)), KILN_ERR_SHAPE, "kiln_reshape");
+  kiln_release(a);
+}
+
+/* zeros of this many elements: NULL with KILN_ERR_OOM when called, or, if
+ * creation is lazy, KILN_ERR_OOM when the first element is read */
+static void check_oom(kiln_dtype dt, int64_t n) {
+  kiln_clear_error();
+  kiln_tensor *t = kiln_zeros(dt, 1, S(n));
+  if (!t) {
+    CHECK_EQ_INT(kiln_last_status(), KILN_ERR_OOM);
+    CHECK_STR_CONTAINS(kiln_last_error(), "kiln_zeros");
+  } else {
+    kiln_tensor *first = kiln_slice(t, 0, 0, 1, 1);
+    double v[1];
+    int rc = first ? kiln_to_buffer(first, v, sizeof v) : -1;
+    CHECK_EQ_INT(rc, KILN_ERR_OOM);
+    CHECK_EQ_INT(kiln_last_status(), KILN_ERR_OOM);
+    CHECK(strlen(kiln_last_error()) > 0);
+    kiln_release(first);
+    kiln_release(t);
+  }
+  kiln_clear_error();
+}
+
+TEST(allocation_too_large_is_oom) {
+  check_oom(KILN_F32, (int64_t)1 << 50); /* 4 PiB */
+  check_oom(KILN_F64, (int64_t)1 << 58); /* 2 EiB: fits in int64 bytes */
+  /* the runtime still works afterwards */
+  kiln_tensor *ok = kiln_ones(KILN_F32, 1, S(4));
+  CHECK_TENSOR(ok, 1, S(4), V(1, 1, 1, 1), 0);
+  kiln_release(ok);
+}
+
+/* -------------------------------------------------------------- host reads */
+
+TEST(buffer_too_small_is_an_arg_error) {
+  kiln_tensor *a = iota(2, S(2, 3));
+  float buf[6];
+  CHECK_STATUS(kiln_to_buffer(a, buf, sizeof buf - 1), KILN_ERR_ARG, "kiln_to_buffer");
+  CHECK_STATUS(kiln_to_buffer(a, buf, 4), KILN_ERR_ARG, "kiln_to_buffer");
+  CHECK_STATUS(kiln_to_buffer(a, buf, 0), KILN_ERR_ARG, "kiln_to_buffer");
+  CHECK(kiln_to_buffer(a, buf, sizeof buf) >= 0);
+  kiln_release(a);
+}
+
+TEST(item_on_multi_element_tensor_is_nan_and_shape_error) {
+  kiln_tensor *a = iota(2, S(2, 3));
+  kiln_tensor *e = kiln_zeros(KILN_F32, 2, S(1, 0));
+  kiln_clear_error();
+  CHECK(isnan(kiln_item(a)));
+  CHECK_EQ_INT(kiln_last_status(), KILN_ERR_SHAPE);
+  CHECK_STR_CONTAINS(kiln_last_error(), "kiln_item");
+  kiln_clear_error();
+  CHECK(isnan(kiln_item(e)));
+  CHECK_EQ_INT(kiln_last_status(), KILN_ERR_SHAPE);
+  CHECK_STR_CONTAINS(kiln_last_error(), "kiln_item");
+  kiln_clear_error();
+  kiln_release(e);
+  kiln_release(a);
+}
+
+/* -------------------------------------------- invalid shape-op arguments */
+
+TEST(reshape_to_incompatible_size_or_two_minus_ones) {
+  kiln_tensor *a = iota(2, S(2, 3));
+  CHECK_ERROR(kiln_reshape(a, 1, S(4)), KILN_ERR_SHAPE, "kiln_reshape");
+  CHECK_ERROR(kiln_reshape(a, 2, S(4, 2)), KILN_ERR_SHAPE, "kiln_reshape");
+  CHECK_ERROR(kiln_reshape(a, 2, S(-1, -1)), KILN_ERR_SHAPE, "kiln_reshape");
+  CHECK_ERROR(kiln_reshape(a, 3, S(-1, 3, -1)), KILN_ERR_SHAPE, "kiln_reshape");
+  CHECK_ERROR(kiln_reshape(a, 2, S(-1, 4)), KILN_ERR_SHAPE, "kiln_reshape");
+  CHECK_ERROR(kiln_reshape(a, 2, S(0, -1)), KILN_ERR_SHAPE, "kiln_reshape");
+  CHECK_ERROR(kiln_reshape(a, 0, S(0)), KILN_ERR_SHAPE, "kiln_reshape");
+  kiln_release(a);
+}
+
+TEST(permute_with_repeated_or_out_of_range_axis) {
+  kiln_tensor *a = iota(3, S(2, 3, 4));
+  const int rep[3] = {0, 0, 1}, rep2[3] = {2, 1, 2}, oor[3] = {0, 1, 3}, neg[3] = {0, 1, -4};
+  CHECK_ERROR(kiln_permute(a, rep), KILN_ERR_ARG, "kiln_permute");
+  CHECK_ERROR(kiln_permute(a, rep2), KILN_ERR_ARG, "kiln_permute");
+  CHECK_ERROR(kiln_permute(a, oor), KILN_ERR_ARG, "kiln_permute");
+  CHECK_ERROR(kiln_permute(a, neg), KILN_ERR_ARG, "kiln_permute");
+  kiln_release(a);
+}
+
+TEST(expand_to_incompatible_shape) {
+  kiln_tensor *v = iota(1, S(3));
+  kiln_tensor *m = iota(2, S(2, 1));
+  CHECK_ERROR(kiln_expand(v, 2, S(2, 4)), KILN_ERR_SHAPE, "kiln_expand");
+  CHECK_ERROR(kiln_expand(m, 1, S(2)), KILN_ERR_SHAPE, "kiln_expand");
+  CHECK_ERROR(kiln_expand(m, 2, S(3, 4)), KILN_ERR_SHAPE, "kiln_expand");
+  kiln_release(m);
+  kiln_release(v);
+}
+
+TEST(slice_with_step_zero_is_an_arg_error) {
+  kiln_tensor *a = iota(1, S(5));
+  CHECK_ERROR(kiln_slice(a, 0, 0, 5, 0), KILN_ERR_ARG, "kiln_slice");
+  CHECK_ERROR(kiln_arange(0, 5, 0, KILN_F32), KILN_ERR_ARG, "kiln_arange");
+  kiln_release(a);
+}
+
+TEST(concat_and_stack_of_mismatched_shapes_or_no_tensors) {
+  kiln_tensor *a = iota(2, S(2, 3)), *b = iota(2, S(2, 4)), *v = iota(1, S(3));
+  kiln_tensor *s = kiln_scalar(1, KILN_F32);
+  kiln_tensor *ab[2] = {a, b}, *av[2] = {a, v}, *ss[2] = {s, s};
+  CHECK_ERROR(kiln_concat(2, ab, 0), KILN_ERR_SHAPE, "kiln_concat");
+  CHECK_ERROR(kiln_concat(2, av, 0), KILN_ERR_SHAPE, "kiln_concat");
+  CHECK_ERROR(kiln_concat(2, ss, 0), KILN_ERR_SHAPE, "kiln_concat");
+  CHECK_ERROR(kiln_stack(2, ab, 0), KILN_ERR_SHAPE, "kiln_stack");
+  CHECK_ERROR(kiln_stack(2, av, 1), KILN_ERR_SHAPE, "kiln_stack");
+  CHECK_ERROR(kiln_concat(0, ab, 0), KILN_ERR_ARG, "kiln_concat");
+  CHECK_ERROR(kiln_concat(-1, ab, 0), KILN_ERR_ARG, "kiln_concat");
+  CHECK_ERROR(kiln_stack(0, ab, 0), KILN_ERR_ARG, "kiln_stack");
+  kiln_tensor *ok = kiln_concat(2, ab, 1); /* sizes differ only along the axis */
+  CHECK(ok != NULL);
+  if (ok) CHECK_EQ_INT(kiln_shape(ok)[1], 7);
+  kiln_release(ok);
+  kiln_release(s);
+  kiln_release(v);
+  kiln_release(b);
+  kiln_release(a);
+}
+
+/* ------------------------------------------------------------ error state */
+
+TEST(clear_error_resets_status_and_message) {
+  kiln_tensor *a = iota(1, S(2));
+  kiln_tensor *r = kiln_reshape(a, 1, S(3));
+  CHECK(r == NULL);
+  CHECK_EQ_INT(kiln_last_status(), KILN_ERR_SHAPE);
+  CHECK(strlen(kiln_last_error()) > 0);
+  kiln_clear_error();
+  CHECK_EQ_INT(kiln_last_status(), KILN_OK);
+  CHECK(kiln_last_error() != NULL);
+  CHECK(kiln_last_error() && strcmp(kiln_last_error(), "") == 0);
+  kiln_release(a);
+}
+
+TEST(error_message_names_the_values) {
+  kiln_tensor *a = iota(2, S(2, 3));
+  kiln_clear_error();
+  kiln_tensor *r = kiln_reshape(a, 2, S(5, 7));
+  CHECK(r == NULL);
+  CHECK_STR_CONTAINS(kiln_last_error(), "kiln_reshape");
+  CHECK_STR_CONTAINS(kiln_last_error(), "[5,7]");
+  kiln_clear_error();
+  r = kiln_transpose(a, 0, 17);
+  CHECK(r == NULL);
+  CHECK_STR_CONTAINS(kiln_last_error(), "17");
+  kiln_clear_error();
+  kiln_release(a);
+}
+
+static void *error_in_other_thread(void *arg) {
+  (void)arg;
+  static int status_seen_before;
+  status_seen_before = kiln_last_status(); /* main's error must not leak in */
+  kiln_tensor *a = kiln_zeros(KILN_F32, 1, S(2)), *b = kiln_zeros(KILN_F32, 1, S(3));
+  kiln_tensor *r = kiln_add(a, b);
+  static int results[3];
+  results[0] = status_seen_before;
+  results[1] = r == NULL;
+  results[2] = kiln_last_status();
+  kiln_release(a);
+  kiln_release(b);
+  return results;
+}
+
+TEST(errors_are_thread_local) {
+  kiln_tensor *a = iota(1, S(2));
+  kiln_clear_error();
+  CHECK(kiln_slice(a, 0, 0, 1, 0) == NULL); /* main: ARG error set */
+  pthread_t th;
+  CHECK(pthread_create(&th, NULL, error_in_other_thread, NULL) == 0);
+  void *res = NULL;
+  pthread_join(th, &res);
+  const int *r = res;
+  CHECK(r != NULL);
+  if (r) {
+    CHECK_EQ_INT(r[0], KILN_OK);
+    CHECK(r[1]);
+    CHECK_EQ_INT(r[2], KILN_ERR_SHAPE);
+  }
+  CHECK_EQ_INT(kiln_last_status(), KILN_ERR_ARG); /* the thread's error stayed there */
+  CHECK_STR_CONTAINS(kiln_last_error(), "kiln_slice");
+  kiln_clear_error();
+  kiln_release(a);
+}
+
+int main(void) {
+  RUN(null_input_to_every_unary_op_is_an_arg_error_naming_the_op);
+  RUN(null_input_to_every_binary_op_in_either_position);
+  RUN(null_input_to_scalar_ops_reductions_and_composites);
+  RUN(null_input_to_where_in_each_position);
+  RUN(null_input_to_shape_and_index_ops);
+  RUN(null_pointer_arguments_to_creation_and_shape_ops);
+  RUN(null_input_to_int_returning_functions);
+  RUN(null_chain_returns_null_and_keeps_the_first_error);
+  RUN(shape_error_chain_keeps_the_first_error);
+  RUN(ops_reject_dtypes_they_do_not_accept);
+  RUN(values_that_are_not_a_dtype_are_dtype_errors);
+  RUN(mismatched_shapes_name_the_op_and_both_shapes);
+  RUN(more_shape_mismatches);
+  RUN(axis_out_of_range_or_repeated_is_an_arg_error);
+  RUN(empty_max_and_argmax_are_shape_errors);
+  RUN(negative_sizes_are_shape_errors);
+  RUN(ndim_outside_zero_to_eight_is_a_shape_error);
+  RUN(overflowing_sizes_are_shape_errors);
+  RUN(allocation_too_large_is_oom);
+  RUN(buffer_too_small_is_an_arg_error);
+  RUN(item_on_multi_element_tensor_is_nan_and_shape_error);
+  RUN(reshape_to_incompatible_size_or_two_minus_ones);
+  RUN(permute_with_repeated_or_out_of_range_axis);
+  RUN(expand_to_incompatible_shape);
+  RUN(slice_with_step_zero_is_an_arg_error);
+  RUN(concat_and_stack_of_mismatched_shapes_or_no_tensors);
+  RUN(clear_error_resets_status_and_message);
+  RUN(error_message_names_the_values);
+  RUN(errors_are_thread_local);
+  return ktest_done();
+}

@@ -1,0 +1,51 @@
+/* blas.c — finds and loads OpenBLAS at run time.  Unless the user set
+ * OPENBLAS_CORETYPE, Kiln sets it from its own CPU detection first: on these
+ * machines OpenBLAS's detection picks generic kernels, 4-5x slower. */
+#include "blas.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "state.h"
+
+#ifndef KILN_OPENBLAS_PATH
+#define KILN_OPENBLAS_PATH "libopenblas.so.0"
+#endif
+
+static vm_blas blas;
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+
+static void blas_load(void) {
+  const char *core = vm_cpu_blas_core();
+  if (core && !getenv("OPENBLAS_CORETYPE")) setenv("OPENBLAS_CORETYPE", core, 0);
+  const char *candidates[] = {getenv("KILN_OPENBLAS"), KILN_OPENBLAS_PATH, "libopenblas.so.0",
+                              "libopenblas.so"};
+  void *h = NULL;
+  for (size_t i = 0; !h && i < sizeof candidates / sizeof *candidates; i++)
+    if (candidates[i] && *candidates[i]) h = dlopen(candidates[i], RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    snprintf(blas.error, sizeof blas.error, "cannot load OpenBLAS (%s): %s", KILN_OPENBLAS_PATH,
+             dlerror());
+    return;
+  }
+  blas.sgemm = (vm_sgemm_fn)dlsym(h, "cblas_sgemm");
+  blas.dgemm = (vm_dgemm_fn)dlsym(h, "cblas_dgemm");
+  if (!blas.sgemm || !blas.dgemm) {
+    snprintf(blas.error, sizeof blas.error, "OpenBLAS has no cblas_sgemm/cblas_dgemm");
+    return;
+  }
+  char *(*corename)(void) = (char *(*)(void))dlsym(h, "openblas_get_corename");
+  void (*set_threads)(int) = (void (*)(int))dlsym(h, "openblas_set_num_threads");
+  if (corename) snprintf(blas.core, sizeof blas.core, "%s", corename());
+  if (set_threads) set_threads(vm_process()->threads);
+  blas.loaded = true;
+}
+
+const vm_blas *vm_blas_get(void) {
+  pthread_once(&blas_once, blas_load);
+  return &blas;
+}

@@ -1,0 +1,377 @@
+/* composite.c — composite ops written in primitives, plus the view helpers
+ * that normalize user arguments (negative axes, Python slice bounds) into
+ * primitive attributes.  Temporaries live in a scope released at the end;
+ * a NULL anywhere flows through vm_op and keeps the first error. */
+#include "composite.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "state.h"
+
+typedef struct {
+  vm_tensor *held[24];
+  int n;
+} scope;
+
+static vm_tensor *keep(scope *s, vm_tensor *t) {
+  if (t) s->held[s->n++] = t;
+  return t;
+}
+
+/* releases the scope's temporaries and returns a new reference to result */
+static vm_tensor *finish(scope *s, vm_tensor *result) {
+  vm_retain(result);
+  for (int i = 0; i < s->n; i++) vm_release(s->held[i]);
+  return result;
+}
+
+static bool null_arg(const vm_tensor *a) {
+  if (a) return false;
+  vm_null_input(0);
+  return true;
+}
+
+static bool reject_bool_arg(const vm_tensor *a) {
+  if (a->dtype != KILN_BOOL) return false;
+  vm_error(KILN_ERR_DTYPE, "bool tensors are not supported; cast them first");
+  return true;
+}
+
+/* a, or a cast to f32 when it is not a float tensor */
+static vm_tensor *as_float(scope *s, vm_tensor *a) {
+  return vm_dtype_is_float(a->dtype) ? a : keep(s, vm_cast(a, KILN_F32));
+}
+
+vm_tensor *vm_relu(vm_tensor *a) {
+  if (null_arg(a) || reject_bool_arg(a)) return NULL;
+  return vm_binary_scalar(VM_OP_maximum, a, 0, !vm_dtype_is_float(a->dtype));
+}
+
+vm_tensor *vm_gelu(vm_tensor *a) { /* 0.5 x (1 + erf(x / sqrt 2)) */
+  if (null_arg(a)) return NULL;
+  scope s = {0};
+  vm_tensor *x = as_float(&s, a);
+  vm_tensor *e = keep(&s, vm_unary(VM_OP_erf, keep(&s, vm_binary_scalar(VM_OP_mul, x, M_SQRT1_2, false))));
+  vm_tensor *h = keep(&s, vm_binary_scalar(VM_OP_mul, keep(&s, vm_binary_scalar(VM_OP_add, e, 1, false)), 0.5, false));
+  return finish(&s, keep(&s, vm_binary(VM_OP_mul, x, h)));
+}
+
+vm_tensor *vm_clamp(vm_tensor *a, double lo, double hi) {
+  if (null_arg(a) || reject_bool_arg(a)) return NULL;
+  if (isnan(lo) || isnan(hi)) {
+    vm_error(KILN_ERR_ARG, "bounds must not be NaN (lo %g, hi %g)", lo, hi);
+    return NULL;
+  }
+  bool is_int = !vm_dtype_is_float(a->dtype);
+  if (is_int) { /* the integers within [lo, hi] */
+    lo = ceil(lo);
+    hi = floor(hi);
+  }
+  scope s = {0};
+  vm_tensor *low = keep(&s, vm_binary_scalar(VM_OP_maximum, a, lo, is_int));
+  return finish(&s, keep(&s, vm_binary_scalar(VM_OP_minimum, low, hi, is_int)));
+}
+
+vm_tensor *vm_mean(vm_tensor *a, int naxes, const int *axes, bool keepdim) {
+  if (null_arg(a)) return NULL;
+  scope s = {0};
+  vm_tensor *x = as_float(&s, a);
+  vm_tensor *sum = keep(&s, vm_reduce(VM_OP_sum, x, naxes, axes, keepdim));
+  if (!sum) return finish(&s, NULL);
+  int64_t count = sum->numel ? x->numel / sum->numel : 0;
+  if (sum->numel == 0) { /* count from the shape when the result is empty */
+    count = 1;
+    for (int i = 0; i < (naxes ? naxes : x->ndim); i++) {
+      int ax = naxes ? axes[i] : i;
+      vm_norm_axis(&ax, x->ndim);
+      count *= x->shape[ax];
+    }
+  }
+  return finish(&s, keep(&s, vm_binary_scalar(VM_OP_div, sum, (double)count, false)));
+}
+
+vm_tensor *vm_log_softmax(vm_tensor *a, int axis) {
+  if (null_arg(a)) return NULL;
+  scope s = {0};
+  vm_tensor *x = as_float(&s, a);
+  vm_tensor *m = keep(&s, vm_reduce(VM_OP_max, x, 1, &axis, true));
+  vm_tensor *shifted = keep(&s, vm_binary(VM_OP_sub, x, m));
+  vm_tensor *sum = keep(&s, vm_reduce(VM_OP_sum, keep(&s, vm_unary(VM_OP_exp, shifted)), 1, &axis, true));
+  return finish(&s, keep(&s, vm_binary(VM_OP_sub, shifted, keep(&s, vm_unary(VM_OP_log, sum)))));
+}
+
+vm_tensor *vm_softmax(vm_tensor *a, int axis) {
+  if (null_arg(a)) return NULL;
+  scope s = {0};
+  vm_tensor *x = as_float(&s, a);
+  vm_tensor *m = keep(&s, vm_reduce(VM_OP_max, x, 1, &axis, true));
+  vm_tensor *e = keep(&s, vm_unary(VM_OP_exp, keep(&s, vm_binary(VM_OP_sub, x, m))));
+  vm_tensor *sum = keep(&s, vm_reduce(VM_OP_sum, e, 1, &axis, true));
+  return finish(&s, keep(&s, vm_binary(VM_OP_div, e, sum)));
+}
+
+vm_tensor *vm_logsumexp(vm_tensor *a, int axis, bool keepdim) {
+  if (null_arg(a)) return NULL;
+  scope s = {0};
+  vm_tensor *x = as_float(&s, a);
+  vm_tensor *m = keep(&s, vm_reduce(VM_OP_max, x, 1, &axis, true));
+  /* an infinite max (all -inf, or +inf) is not subtracted: exp(-inf - -inf) is NaN */
+  vm_tensor *inf = keep(&s, vm_binary_scalar(VM_OP_eq, keep(&s, vm_unary(VM_OP_abs, m)), INFINITY, false));
+  vm_tensor *zero = keep(&s, vm_weak_scalar(0, false));
+  vm_tensor *where_in[3] = {inf, zero, m};
+  vm_tensor *msafe = keep(&s, inf && zero && m ? vm_op(VM_OP_where, 3, where_in, NULL) : NULL);
+  vm_tensor *e = keep(&s, vm_unary(VM_OP_exp, keep(&s, vm_binary(VM_OP_sub, x, msafe))));
+  vm_tensor *lse = keep(&s, vm_binary(VM_OP_add, keep(&s, vm_unary(VM_OP_log,
+                        keep(&s, vm_reduce(VM_OP_sum, e, 1, &axis, true)))), msafe));
+  if (keepdim || !lse) return finish(&s, lse);
+  return finish(&s, keep(&s, vm_squeeze(lse, axis)));
+}
+
+static bool check_affine(const vm_tensor *p, int64_t d, const char *what) {
+  if (!p || (p->ndim == 1 && p->shape[0] == d)) return true;
+  char buf[VM_SHAPE_BUF];
+  vm_error(KILN_ERR_SHAPE, "%s has shape %s, expected [%lld]", what,
+           vm_shape_str(buf, p->ndim, p->shape), (long long)d);
+  return false;
+}
+
+vm_tensor *vm_layer_norm(vm_tensor *x, vm_tensor *w, vm_tensor *b, double eps) {
+  if (null_arg(x)) return NULL;
+  if (x->ndim == 0) {
+    vm_error(KILN_ERR_SHAPE, "input must have at least 1 dimension");
+    return NULL;
+  }
+  int64_t d = x->shape[x->ndim - 1];
+  if (!check_affine(w, d, "weight") || !check_affine(b, d, "bias")) return NULL;
+  scope s = {0};
+  int last = -1;
+  vm_tensor *xf = as_float(&s, x);
+  vm_tensor *xc = keep(&s, vm_binary(VM_OP_sub, xf, keep(&s, vm_mean(xf, 1, &last, true))));
+  vm_tensor *var = keep(&s, vm_mean(keep(&s, vm_binary(VM_OP_mul, xc, xc)), 1, &last, true));
+  vm_tensor *inv = keep(&s, vm_unary(VM_OP_rsqrt, keep(&s, vm_binary_scalar(VM_OP_add, var, eps, false))));
+  vm_tensor *y = keep(&s, vm_binary(VM_OP_mul, xc, inv));
+  if (w) y = keep(&s, vm_binary(VM_OP_mul, y, w));
+  if (b) y = keep(&s, vm_binary(VM_OP_add, y, b));
+  return finish(&s, y);
+}
+
+vm_tensor *vm_cross_entropy(vm_tensor *logits, vm_tensor *target) {
+  if (!logits || !target) {
+    vm_null_input(logits ? 1 : 0);
+    return NULL;
+  }
+  char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
+  if (!vm_dtype_is_int(target->dtype)) {
+    vm_error(KILN_ERR_DTYPE, "target must be int64 or int32 class indices, not %s",
+             vm_dtype_name(target->dtype));
+    return NULL;
+  }
+  if (logits->ndim != 2 || target->ndim != 1 || target->shape[0] != logits->shape[0]) {
+    vm_error(KILN_ERR_SHAPE, "logits %s and target %s: expected [N,C] and [N]",
+             vm_shape_str(b1, logits->ndim, logits->shape),
+             vm_shape_str(b2, target->ndim, target->shape));
+    return NULL;
+  }
+  scope s = {0};
+  vm_tensor *ls = keep(&s, vm_log_softmax(logits, 1));
+  vm_tensor *idx = keep(&s, vm_unsqueeze(target, 1));
+  vm_tensor *picked = keep(&s, vm_index_op(VM_OP_gather, ls, 1, idx, NULL));
+  vm_tensor *mean = keep(&s, vm_mean(picked, 0, NULL, false));
+  return finish(&s, keep(&s, vm_unary(VM_OP_neg, mean)));
+}
+
+vm_tensor *vm_mse_loss(vm_tensor *a, vm_tensor *b) {
+  scope s = {0};
+  vm_tensor *d = keep(&s, vm_binary(VM_OP_sub, a, b));
+  vm_tensor *sq = keep(&s, vm_binary(VM_OP_mul, d, d));
+  return finish(&s, keep(&s, vm_mean(sq, 0, NULL, false)));
+}
+
+/* --- views --------------------------------------------------------------- */
+
+vm_tensor *vm_permute(vm_tensor *a, const int *perm) {
+  if (null_arg(a)) return NULL;
+  vm_attr attr = {0};
+  if (a->ndim && !perm) {
+    vm_error(KILN_ERR_ARG, "perm is NULL");
+    return NULL;
+  }
+  for (int d = 0; d < a->ndim; d++) {
+    attr.perm[d] = perm[d];
+    if (attr.perm[d] < 0 && attr.perm[d] >= -a->ndim) attr.perm[d] += a->ndim;
+  }
+  return vm_op(VM_OP_permute, 1, &a, &attr);
+}
+
+vm_tensor *vm_transpose(vm_tensor *a, int d0, int d1) {
+  if (null_arg(a) || !vm_norm_axis(&d0, a->ndim) || !vm_norm_axis(&d1, a->ndim)) return NULL;
+  int perm[KILN_MAX_DIMS];
+  for (int d = 0; d < a->ndim; d++) perm[d] = d;
+  if (a->ndim) {
+    perm[d0] = d1;
+    perm[d1] = d0;
+  }
+  return vm_permute(a, perm);
+}
+
+vm_tensor *vm_squeeze(vm_tensor *a, int axis) {
+  if (null_arg(a) || !vm_norm_axis(&axis, a->ndim)) return NULL;
+  if (a->shape[axis] != 1) {
+    vm_error(KILN_ERR_SHAPE, "cannot squeeze axis %d of size %lld", axis, (long long)a->shape[axis]);
+    return NULL;
+  }
+  int64_t shape[KILN_MAX_DIMS];
+  int n = 0;
+  for (int d = 0; d < a->ndim; d++)
+    if (d != axis) shape[n++] = a->shape[d];
+  return vm_reshape(a, n, shape);
+}
+
+vm_tensor *vm_unsqueeze(vm_tensor *a, int axis) {
+  if (null_arg(a) || !vm_norm_axis(&axis, a->ndim + 1)) return NULL;
+  if (a->ndim == KILN_MAX_DIMS) {
+    vm_error(KILN_ERR_SHAPE, "a tensor already has the maximum of %d dimensions", KILN_MAX_DIMS);
+    return NULL;
+  }
+  int64_t shape[KILN_MAX_DIMS];
+  int n = 0;
+  for (int d = 0; d <= a->ndim; d++) {
+    if (d == axis) shape[n++] = 1;
+    if (d < a->ndim) shape[n++] = a->shape[d];
+  }
+  return vm_reshape(a, n, shape);
+}
+
+/* Python's slice.indices: clamps bounds into the axis */
+vm_tensor *vm_slice(vm_tensor *a, int axis, int64_t start, int64_t stop, int64_t step) {
+  if (null_arg(a)) return NULL;
+  if (a->ndim == 0) {
+    vm_error(KILN_ERR_SHAPE, "cannot slice a 0-d tensor");
+    return NULL;
+  }
+  if (!vm_norm_axis(&axis, a->ndim)) return NULL;
+  if (step == 0) {
+    vm_error(KILN_ERR_ARG, "slice step must not be 0");
+    return NULL;
+  }
+  int64_t len = a->shape[axis];
+  int64_t lo = step > 0 ? 0 : -1, hi = step > 0 ? len : len - 1;
+  if (start < 0) start = start < -len ? lo : start + len;
+  if (stop < 0) stop = stop < -len ? lo : stop + len;
+  if (start > hi) start = hi;
+  if (stop > hi) stop = hi;
+  if (start < lo) start = lo;
+  if (stop < lo) stop = lo;
+  vm_attr attr = {.axis = axis, .start = start, .stop = stop, .step = step};
+  return vm_op(VM_OP_slice, 1, &a, &attr);
+}
+
+vm_tensor *vm_concat(int n, vm_tensor *const *ts, int axis) {
+  if (n < 1 || !ts) {
+    vm_error(KILN_ERR_ARG, "needs at least one tensor, got %d", n);
+    return NULL;
+  }
+  for (int i = 0; i < n; i++)
+    if (!ts[i]) {
+      vm_null_input(i);
+      return NULL;
+    }
+  if (ts[0]->ndim == 0) {
+    vm_error(KILN_ERR_SHAPE, "cannot concatenate 0-d tensors");
+    return NULL;
+  }
+  if (!vm_norm_axis(&axis, ts[0]->ndim)) return NULL;
+  vm_attr attr = {.axis = axis};
+  return vm_op(VM_OP_concat, n, ts, &attr);
+}
+
+vm_tensor *vm_stack(int n, vm_tensor *const *ts, int axis) {
+  if (n < 1 || !ts) {
+    vm_error(KILN_ERR_ARG, "needs at least one tensor, got %d", n);
+    return NULL;
+  }
+  if (!ts[0]) {
+    vm_null_input(0);
+    return NULL;
+  }
+  if (!vm_norm_axis(&axis, ts[0]->ndim + 1)) return NULL;
+  vm_tensor **parts = calloc((size_t)n, sizeof *parts);
+  if (!parts) {
+    vm_error(KILN_ERR_OOM, "out of memory");
+    return NULL;
+  }
+  bool ok = true;
+  for (int i = 0; i < n && ok; i++) {
+    if (ts[i] && ts[i]->ndim != ts[0]->ndim) {
+      char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
+      vm_error(KILN_ERR_SHAPE, "tensor %d has shape %s, expected %s", i,
+               vm_shape_str(b1, ts[i]->ndim, ts[i]->shape), vm_shape_str(b2, ts[0]->ndim, ts[0]->shape));
+      ok = false;
+    } else {
+      ok = (parts[i] = vm_unsqueeze(ts[i], axis)) != NULL;
+    }
+  }
+  vm_tensor *r = ok ? vm_concat(n, parts, axis) : NULL;
+  for (int i = 0; i < n; i++) vm_release(parts[i]);
+  free(parts);
+  return r;
+}
+
+vm_tensor *vm_index_op(vm_opcode op, vm_tensor *a, int axis, vm_tensor *idx, vm_tensor *src) {
+  vm_tensor *in[3] = {a, idx, src};
+  int n = op == VM_OP_scatter_add ? 3 : 2;
+  for (int i = 0; i < n; i++)
+    if (!in[i]) {
+      vm_null_input(i);
+      return NULL;
+    }
+  if (!vm_norm_axis(&axis, a->ndim)) return NULL;
+  vm_attr attr = {.axis = axis};
+  return vm_op(op, n, in, &attr);
+}
+
+/* --- functionalized in-place updates -------------------------------------- */
+
+static int rebind_to(vm_tensor *dst, vm_tensor *value) {
+  if (!value) return vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
+  vm_tensor *v = value->dtype == dst->dtype ? vm_retain(value) : vm_cast(value, dst->dtype);
+  if (!v) return vm_thread()->status;
+  vm_tensor_rebind(dst, v);
+  vm_release(v);
+  return KILN_OK;
+}
+
+static bool same_shape(const vm_tensor *a, const vm_tensor *b) {
+  if (a->ndim == b->ndim && !memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof(int64_t)))
+    return true;
+  char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
+  vm_error(KILN_ERR_SHAPE, "destination shape %s and source shape %s differ",
+           vm_shape_str(b1, a->ndim, a->shape), vm_shape_str(b2, b->ndim, b->shape));
+  return false;
+}
+
+int vm_assign(vm_tensor *dst, vm_tensor *src) {
+  if (!dst || !src) {
+    vm_null_input(dst ? 1 : 0);
+    return vm_thread()->status;
+  }
+  if (!same_shape(dst, src)) return KILN_ERR_SHAPE;
+  if (dst == src) return KILN_OK;
+  return rebind_to(dst, src);
+}
+
+int vm_sub_scaled(vm_tensor *dst, vm_tensor *src, double alpha) {
+  if (!dst || !src) {
+    vm_null_input(dst ? 1 : 0);
+    return vm_thread()->status;
+  }
+  scope s = {0};
+  vm_tensor *step = keep(&s, vm_binary_scalar(VM_OP_mul, src, alpha, false));
+  vm_tensor *value = keep(&s, vm_binary(VM_OP_sub, dst, step));
+  int rc = value ? (same_shape(dst, value) ? rebind_to(dst, value) : KILN_ERR_SHAPE)
+                 : vm_thread()->status;
+  finish(&s, NULL);
+  return rc;
+}

@@ -1,0 +1,32 @@
+/* composite.h — ops built from primitives at record time (DESIGN §2):
+ * autodiff and the code generators only ever see their primitives. */
+#ifndef VM_COMPOSITE_H
+#define VM_COMPOSITE_H
+
+#include "ops.h"
+
+vm_tensor *vm_relu(vm_tensor *a);
+vm_tensor *vm_gelu(vm_tensor *a);
+vm_tensor *vm_clamp(vm_tensor *a, double lo, double hi);
+vm_tensor *vm_mean(vm_tensor *a, int naxes, const int *axes, bool keepdim);
+vm_tensor *vm_softmax(vm_tensor *a, int axis);
+vm_tensor *vm_log_softmax(vm_tensor *a, int axis);
+vm_tensor *vm_logsumexp(vm_tensor *a, int axis, bool keepdim);
+vm_tensor *vm_layer_norm(vm_tensor *x, vm_tensor *w, vm_tensor *b, double eps);
+vm_tensor *vm_cross_entropy(vm_tensor *logits, vm_tensor *target);
+vm_tensor *vm_mse_loss(vm_tensor *a, vm_tensor *b);
+
+vm_tensor *vm_permute(vm_tensor *a, const int *perm);
+vm_tensor *vm_transpose(vm_tensor *a, int d0, int d1);
+vm_tensor *vm_squeeze(vm_tensor *a, int axis);
+vm_tensor *vm_unsqueeze(vm_tensor *a, int axis);
+vm_tensor *vm_slice(vm_tensor *a, int axis, int64_t start, int64_t stop, int64_t step);
+vm_tensor *vm_concat(int n, vm_tensor *const *ts, int axis);
+vm_tensor *vm_stack(int n, vm_tensor *const *ts, int axis);
+vm_tensor *vm_index_op(vm_opcode op, vm_tensor *a, int axis, vm_tensor *idx, vm_tensor *src);
+
+/* functionalized in-place updates: rebind dst's handle to the new value */
+int vm_assign(vm_tensor *dst, vm_tensor *src);
+int vm_sub_scaled(vm_tensor *dst, vm_tensor *src, double alpha);
+
+#endif

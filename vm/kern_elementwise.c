@@ -1,0 +1,342 @@
+/* kern_elementwise.c — the interpreter's elementwise kernels: one row
+ * function per (op, compute dtype), generated from per-op expressions, with
+ * unit-stride and scalar-broadcast fast paths GCC vectorizes; plus casts and
+ * the leaf fills (full, arange).  Semantics: docs/SEMANTICS.md. */
+#include <string.h>
+#include <tgmath.h>
+
+#include "kernels.h"
+#include "pool.h"
+#include "rng.h"
+#include "state.h"
+
+/* --- row templates ------------------------------------------------------ */
+
+#define UNARY_ROW(fname, TI, TO, EXPR)                                     \
+  static void fname(void *ctx, char **p, const int64_t *s, int64_t n) {    \
+    (void)ctx;                                                             \
+    TO *restrict o = (TO *)p[0];                                           \
+    const TI *restrict a = (const TI *)p[1];                               \
+    int64_t so = s[0], sa = s[1];                                          \
+    if (so == 1 && sa == 1) {                                              \
+      for (int64_t i = 0; i < n; i++) {                                    \
+        TI x = a[i];                                                       \
+        o[i] = (TO)(EXPR);                                                 \
+      }                                                                    \
+    } else {                                                               \
+      for (int64_t i = 0; i < n; i++) {                                    \
+        TI x = a[i * sa];                                                  \
+        o[i * so] = (TO)(EXPR);                                            \
+      }                                                                    \
+    }                                                                      \
+  }
+
+#define BINARY_LOOP(T, TO, XV, YV, EXPR) \
+  for (int64_t i = 0; i < n; i++) {      \
+    T x = XV, y = YV;                    \
+    o[i * so] = (TO)(EXPR);              \
+  }
+
+#define BINARY_ROW(fname, T, TO, EXPR)                                     \
+  static void fname(void *ctx, char **p, const int64_t *s, int64_t n) {    \
+    (void)ctx;                                                             \
+    TO *restrict o = (TO *)p[0];                                           \
+    const T *restrict a = (const T *)p[1], *restrict b = (const T *)p[2];  \
+    int64_t sa = s[1], sb = s[2], so = 1;                                  \
+    if (s[0] != 1) {                                                       \
+      so = s[0];                                                           \
+      BINARY_LOOP(T, TO, a[i * sa], b[i * sb], EXPR)                       \
+    } else if (sa == 1 && sb == 1) {                                       \
+      BINARY_LOOP(T, TO, a[i], b[i], EXPR)                                 \
+    } else if (sa == 1 && sb == 0) {                                       \
+      const T y0 = *b;                                                     \
+      BINARY_LOOP(T, TO, a[i], y0, EXPR)                                   \
+    } else if (sa == 0 && sb == 1) {                                       \
+      const T x0 = *a;                                                     \
+      BINARY_LOOP(T, TO, x0, b[i], EXPR)                                   \
+    } else {                                                               \
+      BINARY_LOOP(T, TO, a[i * sa], b[i * sb], EXPR)                       \
+    }                                                                      \
+  }
+
+#define WHERE_ROW(fname, T)                                                \
+  static void fname(void *ctx, char **p, const int64_t *s, int64_t n) {    \
+    (void)ctx;                                                             \
+    T *restrict o = (T *)p[0];                                             \
+    const bool *restrict c = (const bool *)p[1];                           \
+    const T *restrict a = (const T *)p[2], *restrict b = (const T *)p[3];  \
+    int64_t so = s[0], sc = s[1], sa = s[2], sb = s[3];                    \
+    if (so == 1 && sc == 1 && sa == 1 && sb == 1) {                        \
+      for (int64_t i = 0; i < n; i++) o[i] = c[i] ? a[i] : b[i];           \
+    } else {                                                               \
+      for (int64_t i = 0; i < n; i++) o[i * so] = c[i * sc] ? a[i * sa] : b[i * sb]; \
+    }                                                                      \
+  }
+
+/* --- per-op expressions (x, y: operands; T: compute type; U: unsigned) --- */
+
+static inline int64_t int_pow(int64_t base, int64_t e) {
+  if (e < 0) return base == 1 ? 1 : base == -1 ? ((e & 1) ? -1 : 1) : 0;
+  uint64_t r = 1, b = (uint64_t)base;
+  while (e) {
+    if (e & 1) r *= b;
+    b *= b;
+    e >>= 1;
+  }
+  return (int64_t)r;
+}
+
+/* X(op, expression) lists, one per dtype class */
+#define FLOAT_UNARY(X)                                \
+  X(copy, x)                                          \
+  X(neg, -x)                                          \
+  X(abs, fabs(x))                                     \
+  X(sign, x != x ? x : (T)((x > 0) - (x < 0)))        \
+  X(floor, floor(x))                                  \
+  X(ceil, ceil(x))                                    \
+  X(round, nearbyint(x))                              \
+  X(exp, exp(x))                                      \
+  X(log, log(x))                                      \
+  X(sqrt, sqrt(x))                                    \
+  X(rsqrt, (T)1 / sqrt(x))                            \
+  X(sin, sin(x))                                      \
+  X(cos, cos(x))                                      \
+  X(tanh, tanh(x))                                    \
+  X(sigmoid, (T)1 / ((T)1 + exp(-x)))                 \
+  X(erf, erf(x))                                      \
+  X(log1p, log1p(x))                                  \
+  X(expm1, expm1(x))
+
+#define INT_UNARY(X)                                  \
+  X(copy, x)                                          \
+  X(neg, (T)((U)0 - (U)x))                            \
+  X(abs, x < 0 ? (T)((U)0 - (U)x) : x)                \
+  X(sign, (T)((x > 0) - (x < 0)))                     \
+  X(floor, x)                                         \
+  X(ceil, x)                                          \
+  X(round, x)
+
+#define BOOL_UNARY(X)                                 \
+  X(copy, x)                                          \
+  X(abs, x)                                           \
+  X(sign, x)                                          \
+  X(floor, x)                                         \
+  X(ceil, x)                                          \
+  X(round, x)                                         \
+  X(logical_not, !x)
+
+#define FLOAT_BINARY(X)                               \
+  X(add, x + y)                                       \
+  X(sub, x - y)                                       \
+  X(mul, x * y)                                       \
+  X(div, x / y)                                       \
+  X(pow, pow(x, y))                                   \
+  X(maximum, (x != x || x > y) ? x : y)               \
+  X(minimum, (x != x || x < y) ? x : y)
+
+#define INT_BINARY(X)                                 \
+  X(add, (T)((U)x + (U)y))                            \
+  X(sub, (T)((U)x - (U)y))                            \
+  X(mul, (T)((U)x * (U)y))                            \
+  X(pow, (T)int_pow(x, y))                            \
+  X(maximum, x > y ? x : y)                           \
+  X(minimum, x < y ? x : y)
+
+#define BOOL_BINARY(X)                                \
+  X(add, x | y)                                       \
+  X(mul, x & y)                                       \
+  X(maximum, x | y)                                   \
+  X(minimum, x & y)                                   \
+  X(logical_and, x & y)                               \
+  X(logical_or, x | y)
+
+#define COMPARE(X) X(eq, x == y) X(ne, x != y) X(lt, x < y) X(le, x <= y) X(gt, x > y) X(ge, x >= y)
+
+/* --- instantiation ------------------------------------------------------ */
+
+#define CAT_(a, b) a##_##b
+#define CAT(a, b) CAT_(a, b)
+#define DEF_UNARY(op, expr) UNARY_ROW(CAT(op, SFX), T, T, expr)
+#define DEF_BINARY(op, expr) BINARY_ROW(CAT(op, SFX), T, T, expr)
+#define DEF_COMPARE(op, expr) BINARY_ROW(CAT(op, SFX), T, bool, expr)
+
+#define T float
+#define SFX f32
+FLOAT_UNARY(DEF_UNARY)
+FLOAT_BINARY(DEF_BINARY)
+COMPARE(DEF_COMPARE)
+WHERE_ROW(where_f32, float)
+#undef T
+#undef SFX
+#define T double
+#define SFX f64
+FLOAT_UNARY(DEF_UNARY)
+FLOAT_BINARY(DEF_BINARY)
+COMPARE(DEF_COMPARE)
+WHERE_ROW(where_f64, double)
+#undef T
+#undef SFX
+#define T int32_t
+#define U uint32_t
+#define SFX i32
+INT_UNARY(DEF_UNARY)
+INT_BINARY(DEF_BINARY)
+COMPARE(DEF_COMPARE)
+WHERE_ROW(where_i32, int32_t)
+#undef T
+#undef U
+#undef SFX
+#define T int64_t
+#define U uint64_t
+#define SFX i64
+INT_UNARY(DEF_UNARY)
+INT_BINARY(DEF_BINARY)
+COMPARE(DEF_COMPARE)
+WHERE_ROW(where_i64, int64_t)
+#undef T
+#undef U
+#undef SFX
+#define T bool
+#define SFX b8
+BOOL_UNARY(DEF_UNARY)
+BOOL_BINARY(DEF_BINARY)
+COMPARE(DEF_COMPARE)
+WHERE_ROW(where_b8, bool)
+#undef T
+#undef SFX
+
+/* table: rows[op][compute dtype]; NULL where the op rejects the dtype
+   (inference refused it before a kernel is looked up) */
+#define ENTRY(op, expr) [VM_OP_##op][DT] = CAT(op, SFX),
+static const vm_row_fn rows[VM_OP_COUNT][VM_NUM_DTYPES] = {
+#define DT KILN_F32
+#define SFX f32
+    FLOAT_UNARY(ENTRY) FLOAT_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
+#undef DT
+#undef SFX
+#define DT KILN_F64
+#define SFX f64
+    FLOAT_UNARY(ENTRY) FLOAT_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
+#undef DT
+#undef SFX
+#define DT KILN_I32
+#define SFX i32
+    INT_UNARY(ENTRY) INT_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
+#undef DT
+#undef SFX
+#define DT KILN_I64
+#define SFX i64
+    INT_UNARY(ENTRY) INT_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
+#undef DT
+#undef SFX
+#define DT KILN_BOOL
+#define SFX b8
+    BOOL_UNARY(ENTRY) BOOL_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
+#undef DT
+#undef SFX
+};
+
+bool vm_k_elementwise(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *in) {
+  kiln_dtype dt = in[n == 3 ? 1 : 0]->dtype;
+  vm_row_fn row = rows[op][dt];
+  if (!row) {
+    vm_error(KILN_ERR_INTERNAL, "no %s kernel for %s", vm_op_table[op].name, vm_dtype_name(dt));
+    return false;
+  }
+  vm_tensor *ops[4] = {out, in[0], n > 1 ? in[1] : NULL, n > 2 ? in[2] : NULL};
+  vm_iter it;
+  vm_iter_init(&it, n + 1, ops);
+  vm_iter_run(&it, row, NULL);
+  return true;
+}
+
+/* --- casts: every (from, to) pair; float -> int saturates, NaN -> 0 ------ */
+
+#define TO_INT(TO, MIN, MAX) \
+  (x != x ? (TO)0 : x <= (MIN) ? (TO)(MIN) : x >= (MAX) ? (TO)(MAX) : (TO)x)
+
+UNARY_ROW(cast_f32_i32, float, int32_t, TO_INT(int32_t, INT32_MIN, INT32_MAX))
+UNARY_ROW(cast_f64_i32, double, int32_t, TO_INT(int32_t, INT32_MIN, INT32_MAX))
+UNARY_ROW(cast_f32_i64, float, int64_t, TO_INT(int64_t, INT64_MIN, INT64_MAX))
+UNARY_ROW(cast_f64_i64, double, int64_t, TO_INT(int64_t, INT64_MIN, INT64_MAX))
+
+#define PLAIN_CASTS(X)                                                       \
+  X(b8, bool, i32, int32_t) X(b8, bool, i64, int64_t) X(b8, bool, f32, float) \
+  X(b8, bool, f64, double) X(i32, int32_t, i64, int64_t)                     \
+  X(i32, int32_t, f32, float) X(i32, int32_t, f64, double)                   \
+  X(i64, int64_t, i32, int32_t) X(i64, int64_t, f32, float)                  \
+  X(i64, int64_t, f64, double) X(f32, float, f64, double) X(f64, double, f32, float)
+#define TO_BOOL_CASTS(X) X(i32, int32_t) X(i64, int64_t) X(f32, float) X(f64, double)
+
+#define DEF_PLAIN(fs, FT, ts, TT) UNARY_ROW(cast_##fs##_##ts, FT, TT, x)
+#define DEF_TO_BOOL(fs, FT) UNARY_ROW(cast_##fs##_b8, FT, bool, x != 0)
+PLAIN_CASTS(DEF_PLAIN)
+TO_BOOL_CASTS(DEF_TO_BOOL)
+
+static vm_row_fn cast_row(kiln_dtype from, kiln_dtype to) {
+  static const vm_row_fn table[VM_NUM_DTYPES][VM_NUM_DTYPES] = {
+      [KILN_BOOL] = {[KILN_I32] = cast_b8_i32, [KILN_I64] = cast_b8_i64,
+                     [KILN_F32] = cast_b8_f32, [KILN_F64] = cast_b8_f64},
+      [KILN_I32] = {[KILN_BOOL] = cast_i32_b8, [KILN_I64] = cast_i32_i64,
+                    [KILN_F32] = cast_i32_f32, [KILN_F64] = cast_i32_f64},
+      [KILN_I64] = {[KILN_BOOL] = cast_i64_b8, [KILN_I32] = cast_i64_i32,
+                    [KILN_F32] = cast_i64_f32, [KILN_F64] = cast_i64_f64},
+      [KILN_F32] = {[KILN_BOOL] = cast_f32_b8, [KILN_I32] = cast_f32_i32,
+                    [KILN_I64] = cast_f32_i64, [KILN_F64] = cast_f32_f64},
+      [KILN_F64] = {[KILN_BOOL] = cast_f64_b8, [KILN_I32] = cast_f64_i32,
+                    [KILN_I64] = cast_f64_i64, [KILN_F32] = cast_f64_f32},
+  };
+  return from == to ? rows[VM_OP_copy][from] : table[from][to];
+}
+
+bool vm_k_cast(vm_tensor *out, const vm_tensor *in) {
+  vm_tensor *ops[2] = {out, (vm_tensor *)in};
+  vm_iter it;
+  vm_iter_init(&it, 2, ops);
+  vm_iter_run(&it, cast_row(in->dtype, out->dtype), NULL);
+  return true;
+}
+
+/* --- leaves ------------------------------------------------------------- */
+
+typedef struct {
+  void *data;
+  kiln_dtype dt;
+  double a, b; /* full: value; arange: start, step */
+} fill_job;
+
+#define FILL_CASE(DT, T, VALUE)                           \
+  case DT: {                                              \
+    T *o = (T *)j->data;                                  \
+    for (int64_t i = begin; i < end; i++) o[i] = VALUE;   \
+    break;                                                \
+  }
+
+static void fill_full(void *p, int64_t begin, int64_t end) {
+  fill_job *j = p;
+  char one[8];
+  vm_store_f64(one, j->dt, 0, j->a);
+  switch (j->dt) {
+    FILL_CASE(KILN_BOOL, bool, *(bool *)one)
+    FILL_CASE(KILN_I32, int32_t, *(int32_t *)one)
+    FILL_CASE(KILN_I64, int64_t, *(int64_t *)one)
+    FILL_CASE(KILN_F32, float, *(float *)one)
+    FILL_CASE(KILN_F64, double, *(double *)one)
+  }
+}
+
+static void fill_arange(void *p, int64_t begin, int64_t end) {
+  fill_job *j = p;
+  for (int64_t i = begin; i < end; i++) vm_store_f64(j->data, j->dt, i, j->a + (double)i * j->b);
+}
+
+bool vm_k_leaf(vm_opcode op, vm_tensor *out, const vm_attr *attr) {
+  fill_job job = {vm_data(out), out->dtype, attr->scalar[0], attr->scalar[1]};
+  switch (op) {
+    case VM_OP_full: vm_parallel_for(out->numel, 1 << 16, fill_full, &job); return true;
+    case VM_OP_arange: vm_parallel_for(out->numel, 1 << 16, fill_arange, &job); return true;
+    case VM_OP_rand:
+    case VM_OP_randn: vm_rng_fill(out, op == VM_OP_randn, attr->seed, attr->counter); return true;
+    default: return false;
+  }
+}

@@ -1,0 +1,179 @@
+/* kern_matmul.c — numpy matmul for the interpreter: batch broadcasting,
+ * floats through OpenBLAS gemm (transposed views passed as transposes, not
+ * copied; a batch over a shared right operand folded into one gemm), and
+ * integers through a plain loop with wrapping arithmetic. */
+#include <limits.h>
+#include <string.h>
+
+#include "blas.h"
+#include "kernels.h"
+#include "state.h"
+
+/* a matrix operand: rows x cols with element strides, per batch element */
+typedef struct {
+  int64_t rows, cols, srow, scol;
+  int64_t bstride[KILN_MAX_DIMS]; /* over the output's batch dims */
+  const char *base;
+} mat;
+
+typedef struct {
+  int nb;
+  int64_t bshape[KILN_MAX_DIMS];
+} batch;
+
+/* how BLAS can read m: returns false when its layout needs a copy */
+static bool blas_layout(const mat *m, int *trans, int64_t *ld) {
+  int64_t r = m->rows, c = m->cols;
+  if ((m->scol == 1 || c == 1) && (r == 1 || m->srow >= (c > 1 ? c : 1))) {
+    *trans = VM_BLAS_NO_TRANS;
+    *ld = r == 1 ? (c > 1 ? c : 1) : m->srow;
+    return true;
+  }
+  if ((m->srow == 1 || r == 1) && (c == 1 || m->scol >= (r > 1 ? r : 1))) {
+    *trans = VM_BLAS_TRANS;
+    *ld = c == 1 ? (r > 1 ? r : 1) : m->scol;
+    return true;
+  }
+  return false;
+}
+
+/* views t as a matrix operand (1-d: a row on the left, a column on the right) */
+static void as_mat(const vm_tensor *t, bool left, const batch *b, mat *m) {
+  int nd = t->ndim;
+  if (nd == 1) {
+    m->rows = left ? 1 : t->shape[0];
+    m->cols = left ? t->shape[0] : 1;
+    m->srow = left ? 0 : t->strides[0];
+    m->scol = left ? t->strides[0] : 0;
+  } else {
+    m->rows = t->shape[nd - 2];
+    m->cols = t->shape[nd - 1];
+    m->srow = t->strides[nd - 2];
+    m->scol = t->strides[nd - 1];
+  }
+  int tb = nd > 2 ? nd - 2 : 0, lead = b->nb - tb;
+  for (int d = 0; d < b->nb; d++) {
+    int src = d - lead;
+    m->bstride[d] = (src < 0 || t->shape[src] == 1) ? 0 : t->strides[src];
+  }
+  m->base = vm_data(t);
+}
+
+static int64_t batch_offset(const batch *b, const int64_t *strides, int64_t flat) {
+  int64_t off = 0;
+  for (int d = b->nb - 1; d >= 0; d--) {
+    off += (flat % b->bshape[d]) * strides[d];
+    flat /= b->bshape[d];
+  }
+  return off;
+}
+
+#define INT_GEMM(T, U)                                                          \
+  static void gemm_##T(const mat *a, const mat *b, T *c, int64_t M, int64_t N,  \
+                       int64_t K, const T *A, const T *B) {                     \
+    for (int64_t i = 0; i < M; i++) {                                           \
+      T *restrict crow = c + i * N;                                             \
+      for (int64_t j = 0; j < N; j++) crow[j] = 0;                              \
+      for (int64_t k = 0; k < K; k++) {                                         \
+        U aik = (U)A[i * a->srow + k * a->scol];                                \
+        const T *brow = B + k * b->srow;                                        \
+        for (int64_t j = 0; j < N; j++)                                         \
+          crow[j] = (T)((U)crow[j] + aik * (U)brow[j * b->scol]);               \
+      }                                                                         \
+    }                                                                           \
+  }
+INT_GEMM(int32_t, uint32_t)
+INT_GEMM(int64_t, uint64_t)
+
+static bool float_gemm(kiln_dtype dt, const mat *a, const mat *b, char *c, int64_t M,
+                       int64_t N, int64_t K, const char *A, const char *B) {
+  const vm_blas *blas = vm_blas_get();
+  if (!blas->loaded) {
+    vm_error(KILN_ERR_INTERNAL, "%s", blas->error);
+    return false;
+  }
+  int ta, tb;
+  int64_t lda, ldb;
+  if (!blas_layout(a, &ta, &lda) || !blas_layout(b, &tb, &ldb)) {
+    vm_error(KILN_ERR_INTERNAL, "matmul operand layout not supported by BLAS");
+    return false;
+  }
+  if (M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX || ldb > INT_MAX) {
+    vm_error(KILN_ERR_SHAPE, "matrix dimensions %lld x %lld x %lld exceed BLAS's int range",
+             (long long)M, (long long)K, (long long)N);
+    return false;
+  }
+  int ldc = N > 1 ? (int)N : 1;
+  if (dt == KILN_F32)
+    blas->sgemm(VM_BLAS_ROW_MAJOR, ta, tb, (int)M, (int)N, (int)K, 1.0f, (const float *)A,
+                (int)lda, (const float *)B, (int)ldb, 0.0f, (float *)c, ldc);
+  else
+    blas->dgemm(VM_BLAS_ROW_MAJOR, ta, tb, (int)M, (int)N, (int)K, 1.0, (const double *)A,
+                (int)lda, (const double *)B, (int)ldb, 0.0, (double *)c, ldc);
+  return true;
+}
+
+static bool matmul_batched(vm_tensor *out, const vm_tensor *at, const vm_tensor *bt) {
+  batch bat = {0};
+  int extra = (at->ndim > 1) + (bt->ndim > 1);
+  bat.nb = out->ndim - extra;
+  for (int d = 0; d < bat.nb; d++) bat.bshape[d] = out->shape[d];
+  mat a, b;
+  as_mat(at, true, &bat, &a);
+  as_mat(bt, false, &bat, &b);
+  int64_t M = a.rows, N = b.cols, K = a.cols, nbatch = 1;
+  for (int d = 0; d < bat.nb; d++) nbatch *= bat.bshape[d];
+  kiln_dtype dt = out->dtype;
+  int64_t es = (int64_t)vm_dtype_size(dt);
+  char *c = vm_data(out);
+  if (out->numel == 0) return true;
+  if (K == 0) {
+    memset(c, 0, (size_t)(out->numel * es));
+    return true;
+  }
+  /* every batch shares b and a's batches are evenly spaced rows: one gemm */
+  bool b_shared = true, a_rows = a.scol == 1 && a.srow == K;
+  for (int d = 0; d < bat.nb; d++) b_shared = b_shared && b.bstride[d] == 0;
+  int64_t step = M * K;
+  for (int d = bat.nb - 1; d >= 0 && a_rows; d--) {
+    a_rows = a.bstride[d] == step;
+    step *= bat.bshape[d];
+  }
+  if (b_shared && a_rows && vm_dtype_is_float(dt) && nbatch > 1) {
+    mat a2 = a;
+    a2.rows = M * nbatch;
+    return float_gemm(dt, &a2, &b, c, M * nbatch, N, K, a.base, b.base);
+  }
+  for (int64_t i = 0; i < nbatch; i++) {
+    const char *A = a.base + batch_offset(&bat, a.bstride, i) * es;
+    const char *B = b.base + batch_offset(&bat, b.bstride, i) * es;
+    char *C = c + i * M * N * es;
+    switch (dt) {
+      case KILN_I32: gemm_int32_t(&a, &b, (int32_t *)C, M, N, K, (const int32_t *)A, (const int32_t *)B); break;
+      case KILN_I64: gemm_int64_t(&a, &b, (int64_t *)C, M, N, K, (const int64_t *)A, (const int64_t *)B); break;
+      default:
+        if (!float_gemm(dt, &a, &b, C, M, N, K, A, B)) return false;
+    }
+  }
+  return true;
+}
+
+/* an operand BLAS cannot read as it is becomes contiguous first */
+static vm_tensor *blas_ready(vm_tensor *t, bool left) {
+  if (!vm_dtype_is_float(t->dtype)) return vm_retain(t);
+  batch none = {0};
+  mat m;
+  as_mat(t, left, &none, &m);
+  int trans;
+  int64_t ld;
+  if (blas_layout(&m, &trans, &ld)) return vm_retain(t);
+  return vm_unary(VM_OP_copy, t);
+}
+
+bool vm_k_matmul(vm_tensor *out, const vm_tensor *a, const vm_tensor *b) {
+  vm_tensor *ra = blas_ready((vm_tensor *)a, true), *rb = blas_ready((vm_tensor *)b, false);
+  bool ok = ra && rb && matmul_batched(out, ra, rb);
+  vm_release(ra);
+  vm_release(rb);
+  return ok;
+}

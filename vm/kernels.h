@@ -1,0 +1,37 @@
+/* kernels.h — the eager CPU kernels (the interpreter's engines), one entry
+ * per op kind.  Inputs arrive already converted to the op's compute dtype
+ * (vm_op does that); outputs are fresh contiguous tensors.  A kernel returns
+ * false with the error set only for value-dependent failures (an index out of
+ * range); everything shape- or dtype-related was checked before. */
+#ifndef VM_KERNELS_H
+#define VM_KERNELS_H
+
+#include "ops.h"
+
+bool vm_k_leaf(vm_opcode op, vm_tensor *out, const vm_attr *attr);
+bool vm_k_elementwise(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *in);
+bool vm_k_cast(vm_tensor *out, const vm_tensor *in);
+bool vm_k_reduce(vm_opcode op, vm_tensor *out, const vm_tensor *in, const vm_attr *attr);
+bool vm_k_matmul(vm_tensor *out, const vm_tensor *a, const vm_tensor *b);
+bool vm_k_index(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *in, const vm_attr *attr);
+bool vm_k_concat(vm_tensor *out, int n, vm_tensor *const *in, int axis);
+
+/* Strided iteration shared by the kernels: operand 0 is the output, the
+   rest are inputs broadcast to its shape (stride 0 on broadcast dims).
+   Dimensions are coalesced where every operand allows it. */
+typedef struct vm_iter {
+  int nops, ndim;
+  int64_t shape[KILN_MAX_DIMS];
+  int64_t strides[4][KILN_MAX_DIMS]; /* in elements */
+  char *base[4];
+  int esize[4];
+} vm_iter;
+
+void vm_iter_init(vm_iter *it, int nops, vm_tensor *const *ops);
+/* calls row(ctx, ptrs, inner_strides, count) over the flat range [begin, end) */
+typedef void (*vm_row_fn)(void *ctx, char **ptrs, const int64_t *strides, int64_t count);
+void vm_iter_range(const vm_iter *it, int64_t begin, int64_t end, vm_row_fn row, void *ctx);
+/* runs the whole iteration, in parallel for large tensors */
+void vm_iter_run(const vm_iter *it, vm_row_fn row, void *ctx);
+
+#endif

@@ -1,0 +1,602 @@
+/* ops.c — the op table, shape/dtype inference for every primitive, and the
+ * eager dispatcher vm_op: check, infer, convert inputs, run the kernel.
+ * Owns every user-facing shape/dtype error; kernels never report those. */
+#include "ops.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "state.h"
+
+const vm_op_info vm_op_table[VM_OP_COUNT] = {
+#define X(name, kind, rule, flags) [VM_OP_##name] = {#name, VM_KIND_##kind, VM_DT_##rule, flags},
+#include "ops.def"
+#undef X
+};
+
+bool vm_norm_axis(int *axis, int ndim) {
+  int a = *axis;
+  if (a < -ndim || a >= ndim) {
+    vm_error(KILN_ERR_ARG, "axis %d is out of range for a tensor of %d dimensions", a, ndim);
+    return false;
+  }
+  *axis = a < 0 ? a + ndim : a;
+  return true;
+}
+
+bool vm_check_dims_arg(int ndim, const int64_t *shape) {
+  if (ndim < 0 || ndim > KILN_MAX_DIMS) {
+    vm_error(KILN_ERR_SHAPE, "ndim %d is out of range [0, %d]", ndim, KILN_MAX_DIMS);
+    return false;
+  }
+  if (ndim > 0 && !shape) {
+    vm_error(KILN_ERR_ARG, "shape is NULL for ndim %d", ndim);
+    return false;
+  }
+  return true;
+}
+
+bool vm_broadcast_shapes(int na, const int64_t *sa, int nb, const int64_t *sb, int *nout,
+                         int64_t *out) {
+  int n = na > nb ? na : nb;
+  for (int i = 0; i < n; i++) {
+    int64_t x = i < na ? sa[na - 1 - i] : 1, y = i < nb ? sb[nb - 1 - i] : 1;
+    if (x != y && x != 1 && y != 1) {
+      char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
+      vm_error(KILN_ERR_SHAPE, "shapes %s and %s cannot broadcast", vm_shape_str(b1, na, sa),
+               vm_shape_str(b2, nb, sb));
+      return false;
+    }
+    out[n - 1 - i] = x == 1 ? y : x;
+  }
+  *nout = n;
+  return true;
+}
+
+/* a host scalar (weak) never widens a float tensor; a float scalar with an
+   integer tensor gives f32; an integer scalar keeps the tensor's integers */
+static kiln_dtype promote_weak(const vm_tensor *a, const vm_tensor *b) {
+  if (a->weak == b->weak) return vm_promote(a->dtype, b->dtype);
+  const vm_tensor *t = a->weak ? b : a, *s = a->weak ? a : b;
+  if (vm_dtype_is_float(t->dtype)) return t->dtype;
+  if (vm_dtype_is_float(s->dtype)) return KILN_F32;
+  return t->dtype == KILN_BOOL ? KILN_I64 : t->dtype;
+}
+
+static bool reject_bool(vm_opcode op, kiln_dtype dt) {
+  if ((vm_op_table[op].flags & VM_F_NO_BOOL) && dt == KILN_BOOL) {
+    vm_error(KILN_ERR_DTYPE, "bool tensors are not supported by %s; cast them first",
+             vm_op_table[op].name);
+    return true;
+  }
+  return false;
+}
+
+static void elementwise_dtypes(vm_opcode op, kiln_dtype p, vm_meta *m) {
+  m->compute = p;
+  m->dtype = p;
+  switch (vm_op_table[op].rule) {
+    case VM_DT_FLOAT:
+    case VM_DT_TRUEDIV:
+      m->compute = m->dtype = vm_dtype_is_float(p) ? p : KILN_F32;
+      break;
+    case VM_DT_COMPARE: m->dtype = KILN_BOOL; break;
+    case VM_DT_LOGICAL: m->compute = m->dtype = KILN_BOOL; break;
+    default: break;
+  }
+}
+
+static bool infer_elementwise(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr,
+                              vm_meta *m) {
+  const vm_tensor *a = in[n == 3 ? 1 : 0];
+  m->ndim = in[0]->ndim;
+  memcpy(m->shape, in[0]->shape, sizeof m->shape);
+  for (int i = 1; i < n; i++)
+    if (!vm_broadcast_shapes(m->ndim, m->shape, in[i]->ndim, in[i]->shape, &m->ndim, m->shape))
+      return false;
+  kiln_dtype p = a->dtype;
+  if (n == 2) p = promote_weak(in[0], in[1]);
+  if (n == 3) {
+    if (in[0]->dtype != KILN_BOOL) {
+      vm_error(KILN_ERR_DTYPE, "the condition must be bool, not %s", vm_dtype_name(in[0]->dtype));
+      return false;
+    }
+    p = promote_weak(in[1], in[2]);
+  }
+  if (reject_bool(op, p)) return false;
+  if (op == VM_OP_cast) {
+    if (!vm_dtype_valid(attr->dtype)) {
+      vm_error(KILN_ERR_DTYPE, "invalid dtype %d", (int)attr->dtype);
+      return false;
+    }
+    m->dtype = attr->dtype;
+    m->compute = a->dtype;
+    return true;
+  }
+  elementwise_dtypes(op, p, m);
+  return true;
+}
+
+static int64_t reduced_count(const vm_tensor *a, uint32_t mask) {
+  int64_t c = 1;
+  for (int d = 0; d < a->ndim; d++)
+    if (mask & (1u << d)) c *= a->shape[d];
+  return c;
+}
+
+static bool infer_reduce(vm_opcode op, const vm_tensor *a, const vm_attr *attr, vm_meta *m) {
+  uint32_t mask = attr->axes_mask;
+  m->ndim = 0;
+  int64_t out_numel = 1;
+  for (int d = 0; d < a->ndim; d++) {
+    bool reduced = mask & (1u << d);
+    if (reduced && !attr->keepdim) continue;
+    m->shape[m->ndim++] = reduced ? 1 : a->shape[d];
+    out_numel *= reduced ? 1 : a->shape[d];
+  }
+  bool needs_element = op == VM_OP_max || op == VM_OP_min || op == VM_OP_argmax ||
+                       op == VM_OP_argmin;
+  if (needs_element && out_numel > 0 && reduced_count(a, mask) == 0) {
+    char buf[VM_SHAPE_BUF];
+    vm_error(KILN_ERR_SHAPE, "cannot reduce over zero elements (shape %s)",
+             vm_shape_str(buf, a->ndim, a->shape));
+    return false;
+  }
+  switch (vm_op_table[op].rule) {
+    case VM_DT_SUM:
+      m->dtype = m->compute = vm_dtype_is_float(a->dtype) ? a->dtype : KILN_I64;
+      break;
+    case VM_DT_INDEX:
+      m->dtype = KILN_I64;
+      m->compute = a->dtype;
+      break;
+    default: m->dtype = m->compute = a->dtype;
+  }
+  return true;
+}
+
+static bool infer_matmul(const vm_tensor *a, const vm_tensor *b, vm_meta *m) {
+  char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
+  if (a->ndim == 0 || b->ndim == 0) {
+    vm_error(KILN_ERR_SHAPE, "operands must have at least 1 dimension, got shapes %s and %s",
+             vm_shape_str(b1, a->ndim, a->shape), vm_shape_str(b2, b->ndim, b->shape));
+    return false;
+  }
+  kiln_dtype p = vm_promote(a->dtype, b->dtype);
+  if (reject_bool(VM_OP_matmul, p)) return false;
+  int64_t k_a = a->shape[a->ndim - 1];
+  int64_t k_b = b->ndim == 1 ? b->shape[0] : b->shape[b->ndim - 2];
+  if (k_a != k_b) {
+    vm_error(KILN_ERR_SHAPE, "shapes %s and %s: inner dimensions %lld and %lld differ",
+             vm_shape_str(b1, a->ndim, a->shape), vm_shape_str(b2, b->ndim, b->shape),
+             (long long)k_a, (long long)k_b);
+    return false;
+  }
+  int nba = a->ndim > 2 ? a->ndim - 2 : 0, nbb = b->ndim > 2 ? b->ndim - 2 : 0;
+  if (!vm_broadcast_shapes(nba, a->shape, nbb, b->shape, &m->ndim, m->shape)) return false;
+  if (a->ndim >= 2) m->shape[m->ndim++] = a->shape[a->ndim - 2];
+  if (b->ndim >= 2) m->shape[m->ndim++] = b->shape[b->ndim - 1];
+  m->dtype = m->compute = p;
+  return true;
+}
+
+static bool check_index_dtype(const vm_tensor *idx) {
+  if (!vm_dtype_is_int(idx->dtype)) {
+    vm_error(KILN_ERR_DTYPE, "indices must be int32 or int64, not %s", vm_dtype_name(idx->dtype));
+    return false;
+  }
+  return true;
+}
+
+/* gather/scatter_add: idx has a's ndim and no larger size outside axis */
+static bool check_gather_shapes(const vm_tensor *a, const vm_tensor *idx, int axis) {
+  char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
+  bool ok = idx->ndim == a->ndim;
+  for (int d = 0; ok && d < a->ndim; d++) ok = d == axis || idx->shape[d] <= a->shape[d];
+  if (!ok)
+    vm_error(KILN_ERR_SHAPE, "index shape %s does not fit input shape %s along axis %d",
+             vm_shape_str(b1, idx->ndim, idx->shape), vm_shape_str(b2, a->ndim, a->shape), axis);
+  return ok;
+}
+
+static bool infer_index(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr,
+                        vm_meta *m) {
+  const vm_tensor *a = in[0], *idx = in[1];
+  int axis = attr->axis;
+  if (a->ndim == 0) {
+    vm_error(KILN_ERR_SHAPE, "cannot index a 0-d tensor");
+    return false;
+  }
+  if (axis < 0 || axis >= a->ndim || n != (op == VM_OP_scatter_add ? 3 : 2)) {
+    vm_error(KILN_ERR_ARG, "axis %d is out of range for a tensor of %d dimensions", axis, a->ndim);
+    return false;
+  }
+  if (!check_index_dtype(idx)) return false;
+  m->dtype = m->compute = a->dtype;
+  if (op == VM_OP_index_select) {
+    if (idx->ndim != 1) {
+      vm_error(KILN_ERR_SHAPE, "indices must be 1-d, got %d dimensions", idx->ndim);
+      return false;
+    }
+    m->ndim = a->ndim;
+    memcpy(m->shape, a->shape, sizeof m->shape);
+    m->shape[axis] = idx->shape[0];
+    return true;
+  }
+  if (!check_gather_shapes(a, idx, axis)) return false;
+  if (op == VM_OP_gather) {
+    m->ndim = idx->ndim;
+    memcpy(m->shape, idx->shape, sizeof m->shape);
+    return true;
+  }
+  const vm_tensor *src = in[2];
+  bool same = n == 3 && src->ndim == idx->ndim &&
+              !memcmp(src->shape, idx->shape, (size_t)idx->ndim * sizeof(int64_t));
+  if (!same) {
+    char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
+    vm_error(KILN_ERR_SHAPE, "source shape %s must equal index shape %s",
+             vm_shape_str(b1, src->ndim, src->shape), vm_shape_str(b2, idx->ndim, idx->shape));
+    return false;
+  }
+  m->ndim = a->ndim;
+  memcpy(m->shape, a->shape, sizeof m->shape);
+  return true;
+}
+
+static bool infer_concat(int n, vm_tensor *const *in, int axis, vm_meta *m) {
+  const vm_tensor *first = in[0];
+  if (n < 1 || first->ndim == 0 || axis < 0 || axis >= first->ndim) {
+    vm_error(KILN_ERR_ARG, "cannot concatenate %d tensors of %d dimensions along axis %d", n,
+             n ? first->ndim : 0, axis);
+    return false;
+  }
+  m->ndim = first->ndim;
+  memcpy(m->shape, first->shape, sizeof m->shape);
+  m->dtype = first->dtype;
+  m->shape[axis] = 0;
+  for (int i = 0; i < n; i++) {
+    const vm_tensor *t = in[i];
+    bool ok = t->ndim == first->ndim;
+    for (int d = 0; ok && d < t->ndim; d++) ok = d == axis || t->shape[d] == first->shape[d];
+    if (!ok) {
+      char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
+      vm_error(KILN_ERR_SHAPE, "tensor %d has shape %s, which does not match %s outside axis %d",
+               i, vm_shape_str(b1, t->ndim, t->shape), vm_shape_str(b2, first->ndim, first->shape),
+               axis);
+      return false;
+    }
+    m->shape[axis] += t->shape[axis];
+    m->dtype = vm_promote(m->dtype, t->dtype);
+  }
+  m->compute = m->dtype;
+  return true;
+}
+
+static bool infer_view(vm_opcode op, const vm_tensor *a, const vm_attr *attr, vm_meta *m) {
+  char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
+  m->dtype = m->compute = a->dtype;
+  m->ndim = a->ndim;
+  memcpy(m->shape, a->shape, sizeof m->shape);
+  switch (op) {
+    case VM_OP_reshape: {
+      int64_t numel;
+      if (!vm_check_shape(attr->ndim, attr->shape, &numel)) return false;
+      if (numel != a->numel) {
+        vm_error(KILN_ERR_SHAPE, "cannot reshape %s (%lld elements) into %s",
+                 vm_shape_str(b1, a->ndim, a->shape), (long long)a->numel,
+                 vm_shape_str(b2, attr->ndim, attr->shape));
+        return false;
+      }
+      m->ndim = attr->ndim;
+      memcpy(m->shape, attr->shape, sizeof m->shape);
+      return true;
+    }
+    case VM_OP_expand: {
+      int lead = attr->ndim - a->ndim;
+      bool ok = lead >= 0 && attr->ndim <= KILN_MAX_DIMS;
+      for (int d = 0; ok && d < attr->ndim; d++) {
+        int64_t want = attr->shape[d], have = d >= lead ? a->shape[d - lead] : 1;
+        if (want == -1 && d >= lead) want = have;
+        ok = want >= 0 && (have == want || have == 1);
+        m->shape[d] = want;
+      }
+      if (!ok) {
+        vm_error(KILN_ERR_SHAPE, "cannot expand shape %s to %s",
+                 vm_shape_str(b1, a->ndim, a->shape),
+                 vm_shape_str(b2, attr->ndim < 0 ? 0 : attr->ndim, attr->shape));
+        return false;
+      }
+      m->ndim = attr->ndim;
+      int64_t numel;
+      return vm_check_shape(m->ndim, m->shape, &numel);
+    }
+    case VM_OP_permute: {
+      uint32_t seen = 0;
+      for (int d = 0; d < a->ndim; d++) {
+        int p = attr->perm[d];
+        if (p < 0 || p >= a->ndim || (seen & (1u << p))) {
+          vm_error(KILN_ERR_ARG, "permutation entry %d (position %d) is out of range or repeated "
+                   "for %d dimensions", p, d, a->ndim);
+          return false;
+        }
+        seen |= 1u << p;
+        m->shape[d] = a->shape[p];
+      }
+      return true;
+    }
+    case VM_OP_slice: {
+      if (attr->axis < 0 || attr->axis >= a->ndim || attr->step == 0) {
+        vm_error(KILN_ERR_ARG, "bad slice (axis %d, step %lld) for shape %s", attr->axis,
+                 (long long)attr->step, vm_shape_str(b1, a->ndim, a->shape));
+        return false;
+      }
+      int64_t span = attr->stop - attr->start, step = attr->step;
+      m->shape[attr->axis] = step > 0 ? (span > 0 ? (span + step - 1) / step : 0)
+                                      : (span < 0 ? (-span - step - 1) / -step : 0);
+      return true;
+    }
+    default: return false;
+  }
+}
+
+static bool infer_leaf(vm_opcode op, const vm_attr *attr, vm_meta *m) {
+  int64_t numel;
+  if (!vm_dtype_valid(attr->dtype)) {
+    vm_error(KILN_ERR_DTYPE, "invalid dtype %d", (int)attr->dtype);
+    return false;
+  }
+  if (!vm_check_shape(attr->ndim, attr->shape, &numel)) return false;
+  if ((op == VM_OP_rand || op == VM_OP_randn) && !vm_dtype_is_float(attr->dtype)) {
+    vm_error(KILN_ERR_DTYPE, "dtype %s is not a float dtype", vm_dtype_name(attr->dtype));
+    return false;
+  }
+  m->dtype = m->compute = attr->dtype;
+  m->ndim = attr->ndim;
+  memcpy(m->shape, attr->shape, sizeof m->shape);
+  return true;
+}
+
+bool vm_infer(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr, vm_meta *m) {
+  memset(m, 0, sizeof *m);
+  switch (vm_op_table[op].kind) {
+    case VM_KIND_LEAF: return infer_leaf(op, attr, m);
+    case VM_KIND_UNARY:
+      if (op != VM_OP_cast && reject_bool(op, in[0]->dtype)) return false;
+      return infer_elementwise(op, 1, in, attr, m);
+    case VM_KIND_BINARY: return infer_elementwise(op, 2, in, attr, m);
+    case VM_KIND_TERNARY: return infer_elementwise(op, 3, in, attr, m);
+    case VM_KIND_REDUCE: return infer_reduce(op, in[0], attr, m);
+    case VM_KIND_MATMUL: return infer_matmul(in[0], in[1], m);
+    case VM_KIND_VIEW: return infer_view(op, in[0], attr, m);
+    case VM_KIND_INDEX: return infer_index(op, n, in, attr, m);
+    case VM_KIND_CONCAT: return infer_concat(n, in, attr->axis, m);
+  }
+  return false;
+}
+
+/* --- eager execution --------------------------------------------------- */
+
+/* Strides that let shape `ns` view a's storage (PyTorch's computeStride);
+   false when the layout needs a copy. */
+static bool reshape_strides(const vm_tensor *a, int nn, const int64_t *ns, int64_t *out) {
+  if (a->numel == 0 || a->ndim == 0) {
+    vm_contiguous_strides(nn, ns, out);
+    return true;
+  }
+  int view_d = nn - 1;
+  int64_t chunk_stride = a->strides[a->ndim - 1], tensor_numel = 1, view_numel = 1;
+  for (int d = a->ndim - 1; d >= 0; d--) {
+    tensor_numel *= a->shape[d];
+    bool chunk_ends = d == 0 || (a->shape[d - 1] != 1 &&
+                                 a->strides[d - 1] != tensor_numel * chunk_stride);
+    if (!chunk_ends) continue;
+    while (view_d >= 0 && (view_numel < tensor_numel || ns[view_d] == 1)) {
+      out[view_d] = view_numel * chunk_stride;
+      view_numel *= ns[view_d];
+      view_d--;
+    }
+    if (view_numel != tensor_numel) return false;
+    if (d > 0) {
+      chunk_stride = a->strides[d - 1];
+      tensor_numel = view_numel = 1;
+    }
+  }
+  return view_d == -1;
+}
+
+static vm_tensor *make_view(vm_opcode op, vm_tensor *a, const vm_attr *attr, const vm_meta *m) {
+  int64_t strides[KILN_MAX_DIMS] = {0};
+  int64_t offset = a->offset;
+  switch (op) {
+    case VM_OP_reshape: {
+      if (reshape_strides(a, m->ndim, m->shape, strides)) break;
+      vm_tensor *dense = vm_unary(VM_OP_copy, a); /* this layout cannot be viewed */
+      if (!dense) return NULL;
+      vm_contiguous_strides(m->ndim, m->shape, strides);
+      vm_tensor *v = vm_tensor_view(dense, m->ndim, m->shape, strides, 0);
+      vm_release(dense);
+      return v;
+    }
+    case VM_OP_permute:
+      for (int d = 0; d < a->ndim; d++) strides[d] = a->strides[attr->perm[d]];
+      break;
+    case VM_OP_expand: {
+      int lead = m->ndim - a->ndim;
+      for (int d = 0; d < m->ndim; d++) {
+        int src = d - lead;
+        strides[d] = (src < 0 || a->shape[src] != m->shape[d]) ? 0 : a->strides[src];
+      }
+      break;
+    }
+    case VM_OP_slice:
+      memcpy(strides, a->strides, sizeof strides);
+      if (m->shape[attr->axis] > 0) offset += attr->start * a->strides[attr->axis];
+      strides[attr->axis] *= attr->step;
+      break;
+    default: return NULL;
+  }
+  return vm_tensor_view(a, m->ndim, m->shape, strides, offset);
+}
+
+/* Brings input i to dtype dt (a retained reference either way). */
+static vm_tensor *as_dtype(vm_tensor *t, kiln_dtype dt) {
+  if (t->dtype == dt) return vm_retain(t);
+  return vm_cast(t, dt);
+}
+
+static bool run_kernel(vm_opcode op, vm_tensor *out, int n, vm_tensor **args, const vm_attr *attr) {
+  switch (vm_op_table[op].kind) {
+    case VM_KIND_LEAF: return vm_k_leaf(op, out, attr);
+    case VM_KIND_UNARY:
+      if (op == VM_OP_cast) return vm_k_cast(out, args[0]);
+      return vm_k_elementwise(op, out, n, args);
+    case VM_KIND_BINARY:
+    case VM_KIND_TERNARY: return vm_k_elementwise(op, out, n, args);
+    case VM_KIND_REDUCE: return vm_k_reduce(op, out, args[0], attr);
+    case VM_KIND_MATMUL: return vm_k_matmul(out, args[0], args[1]);
+    case VM_KIND_INDEX: return vm_k_index(op, out, n, args, attr);
+    case VM_KIND_CONCAT: return vm_k_concat(out, n, args, attr->axis);
+    case VM_KIND_VIEW: break;
+  }
+  return false;
+}
+
+/* the dtype input i must have when the kernel runs */
+static kiln_dtype input_dtype(vm_opcode op, int i, const vm_tensor *t, const vm_meta *m) {
+  switch (vm_op_table[op].kind) {
+    case VM_KIND_UNARY: return op == VM_OP_cast ? t->dtype : m->compute;
+    case VM_KIND_TERNARY: return i == 0 ? KILN_BOOL : m->compute;
+    case VM_KIND_INDEX: return i == 1 ? KILN_I64 : m->compute;
+    default: return m->compute;
+  }
+}
+
+vm_tensor *vm_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr) {
+  static const vm_attr no_attr;
+  if (!attr) attr = &no_attr;
+  for (int i = 0; i < n; i++)
+    if (!in[i]) {
+      vm_null_input(i);
+      return NULL;
+    }
+  vm_meta m;
+  if (!vm_infer(op, n, in, attr, &m)) return NULL;
+  vm_counters *c = &vm_process()->stats;
+  atomic_fetch_add_explicit(&c->ops_recorded, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&c->eager_ops, 1, memory_order_relaxed);
+  if (vm_op_table[op].kind == VM_KIND_VIEW) return make_view(op, in[0], attr, &m);
+
+  vm_tensor *few[8] = {0};
+  vm_tensor **args = n <= 8 ? few : calloc((size_t)n, sizeof *args);
+  vm_tensor *out = NULL;
+  bool ok = args != NULL;
+  if (!ok) vm_error(KILN_ERR_OOM, "out of memory");
+  for (int i = 0; ok && i < n; i++) ok = (args[i] = as_dtype(in[i], input_dtype(op, i, in[i], &m)));
+  if (ok) out = vm_tensor_new(m.dtype, m.ndim, m.shape);
+  if (out) {
+    atomic_fetch_add_explicit(&c->kernels_launched, 1, memory_order_relaxed);
+    if (!run_kernel(op, out, n, args, attr)) {
+      vm_release(out);
+      out = NULL;
+    }
+  }
+  for (int i = 0; args && i < n; i++) vm_release(args[i]);
+  if (args != few) free(args);
+  return out;
+}
+
+/* --- conveniences ------------------------------------------------------ */
+
+vm_tensor *vm_unary(vm_opcode op, vm_tensor *a) { return vm_op(op, 1, &a, NULL); }
+
+vm_tensor *vm_binary(vm_opcode op, vm_tensor *a, vm_tensor *b) {
+  vm_tensor *in[2] = {a, b};
+  return vm_op(op, 2, in, NULL);
+}
+
+vm_tensor *vm_binary_scalar(vm_opcode op, vm_tensor *a, double s, bool is_int) {
+  if (!a) {
+    vm_null_input(0);
+    return NULL;
+  }
+  vm_tensor *sc = vm_weak_scalar(s, is_int);
+  vm_tensor *r = sc ? vm_binary(op, a, sc) : NULL;
+  vm_release(sc);
+  return r;
+}
+
+vm_tensor *vm_cast(vm_tensor *a, kiln_dtype dt) {
+  vm_attr attr = {.dtype = dt};
+  return vm_op(VM_OP_cast, 1, &a, &attr);
+}
+
+vm_tensor *vm_reduce(vm_opcode op, vm_tensor *a, int naxes, const int *axes, bool keepdim) {
+  if (!a) {
+    vm_null_input(0);
+    return NULL;
+  }
+  vm_attr attr = {.keepdim = keepdim};
+  if (naxes < 0 || naxes > a->ndim || (naxes > 0 && !axes)) {
+    vm_error(KILN_ERR_ARG, "naxes %d is invalid for a tensor of %d dimensions", naxes, a->ndim);
+    return NULL;
+  }
+  if (naxes == 0) attr.axes_mask = a->ndim ? (1u << a->ndim) - 1 : 0;
+  for (int i = 0; i < naxes; i++) {
+    int ax = axes[i];
+    if (!vm_norm_axis(&ax, a->ndim)) return NULL;
+    if (attr.axes_mask & (1u << ax)) {
+      vm_error(KILN_ERR_ARG, "axis %d appears more than once", axes[i]);
+      return NULL;
+    }
+    attr.axes_mask |= 1u << ax;
+  }
+  return vm_op(op, 1, &a, &attr);
+}
+
+vm_tensor *vm_reshape(vm_tensor *a, int ndim, const int64_t *shape) {
+  if (!a) {
+    vm_null_input(0);
+    return NULL;
+  }
+  char buf[VM_SHAPE_BUF], buf2[VM_SHAPE_BUF];
+  vm_attr attr = {.ndim = ndim};
+  if (!vm_check_dims_arg(ndim, shape)) return NULL;
+  int infer_at = -1;
+  int64_t known = 1;
+  for (int d = 0; d < ndim; d++) {
+    attr.shape[d] = shape[d];
+    if (shape[d] == -1 && infer_at < 0) {
+      infer_at = d;
+    } else if (shape[d] < 0) {
+      vm_error(KILN_ERR_SHAPE, "invalid size %lld in shape %s (only one -1 is allowed)",
+               (long long)shape[d], vm_shape_str(buf, ndim, shape));
+      return NULL;
+    } else if (__builtin_mul_overflow(known, shape[d], &known)) {
+      vm_error(KILN_ERR_SHAPE, "shape %s is too large", vm_shape_str(buf, ndim, shape));
+      return NULL;
+    }
+  }
+  if (infer_at >= 0) {
+    if (known == 0 || a->numel % known != 0) {
+      vm_error(KILN_ERR_SHAPE, "cannot reshape %s (%lld elements) into %s",
+               vm_shape_str(buf, a->ndim, a->shape), (long long)a->numel,
+               vm_shape_str(buf2, ndim, shape));
+      return NULL;
+    }
+    attr.shape[infer_at] = a->numel / known;
+  }
+  return vm_op(VM_OP_reshape, 1, &a, &attr);
+}
+
+vm_tensor *vm_expand(vm_tensor *a, int ndim, const int64_t *shape) {
+  vm_attr attr = {.ndim = ndim};
+  if (!vm_check_dims_arg(ndim, shape)) return NULL;
+  if (ndim) memcpy(attr.shape, shape, (size_t)ndim * sizeof *shape);
+  return vm_op(VM_OP_expand, 1, &a, &attr);
+}
+
+vm_tensor *vm_contiguous(vm_tensor *a) {
+  if (a && vm_is_contiguous(a)) return vm_retain(a);
+  return vm_unary(VM_OP_copy, a);
+}

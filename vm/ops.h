@@ -1,0 +1,95 @@
+/* ops.h — the primitive op table (generated from ops.def), op attributes,
+ * and vm_op: validate an op call, infer its result, and run it eagerly.
+ * Every op, primitive or composite, enters the runtime through here. */
+#ifndef VM_OPS_H
+#define VM_OPS_H
+
+#include "tensor.h"
+
+typedef enum {
+#define X(name, kind, rule, flags) VM_OP_##name,
+#include "ops.def"
+#undef X
+  VM_OP_COUNT
+} vm_opcode;
+
+typedef enum {
+  VM_KIND_LEAF, VM_KIND_UNARY, VM_KIND_BINARY, VM_KIND_TERNARY, VM_KIND_REDUCE,
+  VM_KIND_MATMUL, VM_KIND_VIEW, VM_KIND_INDEX, VM_KIND_CONCAT
+} vm_kind;
+
+typedef enum {
+  VM_DT_ATTR,     /* attr.dtype */
+  VM_DT_SAME,     /* the input's dtype */
+  VM_DT_FLOAT,    /* the input's if float, else f32 */
+  VM_DT_PROMOTE,  /* the promoted dtype of the inputs */
+  VM_DT_TRUEDIV,  /* promoted, but integer/bool -> f32 */
+  VM_DT_COMPARE,  /* bool, computed in the promoted dtype */
+  VM_DT_LOGICAL,  /* bool, inputs read as "nonzero" */
+  VM_DT_WHERE,    /* promoted(a, b); cond must be bool */
+  VM_DT_SUM,      /* integer/bool -> i64, floats keep theirs */
+  VM_DT_INDEX     /* i64 */
+} vm_dtype_rule;
+
+#define VM_F_NO_BOOL 1u
+
+typedef struct vm_op_info {
+  const char *name;
+  vm_kind kind;
+  vm_dtype_rule rule;
+  unsigned flags;
+} vm_op_info;
+
+extern const vm_op_info vm_op_table[VM_OP_COUNT];
+
+/* Attributes of one op call.  Fields that change the generated code (axes,
+   shapes, permutation, slice bounds, dtype) are key material for the trace
+   layer; host scalars and RNG counters are runtime parameters. */
+typedef struct vm_attr {
+  kiln_dtype dtype;               /* cast, leaves */
+  int ndim;                       /* leaves, reshape, expand */
+  int64_t shape[KILN_MAX_DIMS];
+  int perm[KILN_MAX_DIMS];        /* permute */
+  int axis;                       /* slice, index ops, concat, argmax/argmin */
+  uint32_t axes_mask;             /* reductions: bit d set = axis d reduced */
+  bool keepdim;
+  int64_t start, stop, step;      /* slice, already normalized */
+  double scalar[2];               /* full: value; arange: start, step */
+  uint64_t seed, counter;         /* rand, randn */
+} vm_attr;
+
+/* Result description computed by shape/dtype inference. */
+typedef struct vm_meta {
+  kiln_dtype dtype;     /* of the result */
+  kiln_dtype compute;   /* dtype the inputs are brought to before the kernel */
+  int ndim;
+  int64_t shape[KILN_MAX_DIMS];
+} vm_meta;
+
+/* Runs op on inputs in[0..n): checks them (errors name the op and values),
+   and returns a new tensor or NULL with the error set. attr may be NULL for
+   ops without attributes. */
+vm_tensor *vm_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr);
+
+/* Shape and dtype inference alone (also used by the trace layer). */
+bool vm_infer(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr, vm_meta *out);
+
+/* conveniences over vm_op */
+vm_tensor *vm_unary(vm_opcode op, vm_tensor *a);
+vm_tensor *vm_binary(vm_opcode op, vm_tensor *a, vm_tensor *b);
+vm_tensor *vm_binary_scalar(vm_opcode op, vm_tensor *a, double s, bool is_int);
+vm_tensor *vm_cast(vm_tensor *a, kiln_dtype dt);
+vm_tensor *vm_reduce(vm_opcode op, vm_tensor *a, int naxes, const int *axes, bool keepdim);
+vm_tensor *vm_reshape(vm_tensor *a, int ndim, const int64_t *shape);
+vm_tensor *vm_expand(vm_tensor *a, int ndim, const int64_t *shape);
+vm_tensor *vm_contiguous(vm_tensor *a); /* a itself (retained) if already contiguous */
+
+/* ndim in [0, KILN_MAX_DIMS] and shape non-NULL when needed (user arguments) */
+bool vm_check_dims_arg(int ndim, const int64_t *shape);
+/* normalizes a possibly negative axis for ndim dims; error if out of range */
+bool vm_norm_axis(int *axis, int ndim);
+/* numpy broadcasting of two shapes into out; error naming both if impossible */
+bool vm_broadcast_shapes(int na, const int64_t *sa, int nb, const int64_t *sb, int *nout,
+                         int64_t *out);
+
+#endif

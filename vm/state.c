@@ -1,0 +1,77 @@
+/* state.c — process and thread state, errors, environment settings. */
+#include "state.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static vm_process_state process;
+static pthread_once_t process_once = PTHREAD_ONCE_INIT;
+static _Thread_local vm_thread_state thread_state = {KILN_OK, "", "kiln"};
+
+long vm_env_long(const char *name, long dflt) {
+  const char *s = getenv(name);
+  if (!s || !*s) return dflt;
+  char *end;
+  long v = strtol(s, &end, 10);
+  return *end ? dflt : v;
+}
+
+static int cpus_available(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+static void process_init(void) {
+  long threads = vm_env_long("KILN_THREADS", 0);
+  if (threads <= 0) threads = cpus_available();
+  if (threads > 256) threads = 256;
+  process.threads = (int)threads;
+  process.rng_seed = 67280421310721ull; /* fixed default: reproducible runs */
+  process.rng_counter = 0;
+  atomic_flag_clear(&process.rng_lock);
+}
+
+vm_process_state *vm_process(void) {
+  pthread_once(&process_once, process_init);
+  return &process;
+}
+
+vm_thread_state *vm_thread(void) { return &thread_state; }
+
+kiln_status vm_error(kiln_status status, const char *fmt, ...) {
+  vm_thread_state *ts = &thread_state;
+  ts->status = status;
+  int n = snprintf(ts->message, sizeof ts->message, "%s: ", ts->api ? ts->api : "kiln");
+  if (n < 0 || n >= (int)sizeof ts->message) n = 0;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(ts->message + n, sizeof ts->message - (size_t)n, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+void vm_null_input(int argument_index) {
+  if (thread_state.status == KILN_OK)
+    vm_error(KILN_ERR_ARG, "argument %d is NULL", argument_index + 1);
+}
+
+void vm_clear_error(void) {
+  thread_state.status = KILN_OK;
+  thread_state.message[0] = '\0';
+}
+
+const char *vm_shape_str(char *buf, int ndim, const int64_t *shape) {
+  int n = 0;
+  buf[n++] = '[';
+  for (int d = 0; d < ndim; d++)
+    n += snprintf(buf + n, (size_t)(VM_SHAPE_BUF - n), d ? ",%lld" : "%lld", (long long)shape[d]);
+  buf[n++] = ']';
+  buf[n] = '\0';
+  return buf;
+}

@@ -1,0 +1,56 @@
+/* state.h — the one process-wide struct and the one per-thread struct
+ * (STYLE: nothing else is global), plus the error helper every layer uses.
+ * Owns: settings read from the environment, stats counters, the current
+ * error.  Does not own the thread pool's or BLAS's internals. */
+#ifndef VM_STATE_H
+#define VM_STATE_H
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kiln.h"
+
+#define VM_ERROR_LEN 512
+
+typedef struct vm_thread_state {
+  kiln_status status;          /* of the first error since the last clear */
+  char message[VM_ERROR_LEN];  /* "" when status is KILN_OK */
+  const char *api;             /* public name of the op being called ("kiln_add") */
+} vm_thread_state;
+
+typedef struct vm_counters {
+  atomic_uint_fast64_t ops_recorded, eager_ops, kernels_launched;
+} vm_counters;
+
+typedef struct vm_process_state {
+  int threads;                 /* KILN_THREADS or the CPUs we may run on */
+  vm_counters stats;
+  /* RNG: Philox key and the next unused counter block */
+  uint64_t rng_seed, rng_counter;
+  atomic_flag rng_lock;
+} vm_process_state;
+
+vm_process_state *vm_process(void); /* initialized on first use, thread-safe */
+vm_thread_state *vm_thread(void);
+
+/* Records an error as status + "api: message" and returns status.  A NULL
+   input is not a new error: vm_null_input keeps the error that produced the
+   NULL, so a chain of ops reports its first failure. */
+kiln_status vm_error(kiln_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void vm_null_input(int argument_index);
+void vm_clear_error(void);
+
+/* the public name errors are reported under; set by bindings/c on entry */
+static inline void vm_set_api(const char *name) { vm_thread()->api = name; }
+
+/* formats a shape as "[2,3]" into buf (at least 8*21+3 bytes) */
+const char *vm_shape_str(char *buf, int ndim, const int64_t *shape);
+#define VM_SHAPE_BUF 192
+
+/* integer environment variable, or dflt when unset or malformed */
+long vm_env_long(const char *name, long dflt);
+
+#endif

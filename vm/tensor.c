@@ -1,0 +1,148 @@
+/* tensor.c — storage allocation, tensor headers, reference counting. */
+#include "tensor.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "state.h"
+
+bool vm_check_shape(int ndim, const int64_t *shape, int64_t *numel_out) {
+  char buf[VM_SHAPE_BUF];
+  if (ndim < 0 || ndim > KILN_MAX_DIMS) {
+    vm_error(KILN_ERR_SHAPE, "ndim %d is out of range [0, %d]", ndim, KILN_MAX_DIMS);
+    return false;
+  }
+  if (ndim > 0 && !shape) {
+    vm_error(KILN_ERR_ARG, "shape is NULL for ndim %d", ndim);
+    return false;
+  }
+  int64_t numel = 1;
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] < 0) {
+      vm_error(KILN_ERR_SHAPE, "negative size %lld in shape %s", (long long)shape[d],
+               vm_shape_str(buf, ndim, shape));
+      return false;
+    }
+    if (__builtin_mul_overflow(numel, shape[d], &numel)) {
+      vm_error(KILN_ERR_SHAPE, "shape %s has more elements than fit in int64",
+               vm_shape_str(buf, ndim, shape));
+      return false;
+    }
+  }
+  if (numel > INT64_MAX / 8) {
+    vm_error(KILN_ERR_SHAPE, "shape %s is too large", vm_shape_str(buf, ndim, shape));
+    return false;
+  }
+  *numel_out = numel;
+  return true;
+}
+
+void vm_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
+  int64_t s = 1;
+  for (int d = ndim - 1; d >= 0; d--) {
+    strides[d] = s;
+    s *= shape[d] ? shape[d] : 1;
+  }
+}
+
+static vm_tensor *header_new(kiln_dtype dt, int ndim, const int64_t *shape, int64_t numel) {
+  vm_tensor *t = calloc(1, sizeof *t);
+  if (!t) {
+    vm_error(KILN_ERR_OOM, "out of memory for a tensor header");
+    return NULL;
+  }
+  atomic_init(&t->refs, 1);
+  t->dtype = dt;
+  t->ndim = ndim;
+  t->numel = numel;
+  if (ndim) memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+  return t;
+}
+
+static vm_storage *storage_new(size_t nbytes) {
+  vm_storage *s = malloc(sizeof *s);
+  void *data = NULL;
+  if (!s || posix_memalign(&data, 64, nbytes ? nbytes : 64) != 0) {
+    free(s);
+    vm_error(KILN_ERR_OOM, "out of memory allocating %zu bytes", nbytes);
+    return NULL;
+  }
+  atomic_init(&s->refs, 1);
+  s->data = data;
+  s->nbytes = nbytes;
+  return s;
+}
+
+static void storage_release(vm_storage *s) {
+  if (s && atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) == 1) {
+    free(s->data);
+    free(s);
+  }
+}
+
+vm_tensor *vm_tensor_new(kiln_dtype dt, int ndim, const int64_t *shape) {
+  int64_t numel;
+  if (!vm_check_shape(ndim, shape, &numel)) return NULL;
+  vm_tensor *t = header_new(dt, ndim, shape, numel);
+  if (!t) return NULL;
+  vm_contiguous_strides(ndim, shape, t->strides);
+  t->storage = storage_new((size_t)numel * vm_dtype_size(dt));
+  if (!t->storage) {
+    free(t);
+    return NULL;
+  }
+  return t;
+}
+
+vm_tensor *vm_tensor_view(const vm_tensor *base, int ndim, const int64_t *shape,
+                          const int64_t *strides, int64_t offset) {
+  int64_t numel = 1;
+  for (int d = 0; d < ndim; d++) numel *= shape[d];
+  vm_tensor *t = header_new(base->dtype, ndim, shape, numel);
+  if (!t) return NULL;
+  if (ndim) memcpy(t->strides, strides, (size_t)ndim * sizeof *strides);
+  t->offset = offset;
+  t->storage = base->storage;
+  atomic_fetch_add_explicit(&t->storage->refs, 1, memory_order_relaxed);
+  return t;
+}
+
+vm_tensor *vm_weak_scalar(double v, bool is_int) {
+  vm_tensor *t = vm_tensor_new(is_int ? KILN_I64 : KILN_F64, 0, NULL);
+  if (!t) return NULL;
+  vm_store_f64(t->storage->data, t->dtype, 0, v);
+  t->weak = true;
+  return t;
+}
+
+vm_tensor *vm_retain(vm_tensor *t) {
+  if (t) atomic_fetch_add_explicit(&t->refs, 1, memory_order_relaxed);
+  return t;
+}
+
+void vm_release(vm_tensor *t) {
+  if (t && atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) == 1) {
+    storage_release(t->storage);
+    free(t);
+  }
+}
+
+void vm_tensor_rebind(vm_tensor *dst, const vm_tensor *src) {
+  vm_storage *old = dst->storage;
+  atomic_fetch_add_explicit(&src->storage->refs, 1, memory_order_relaxed);
+  dst->storage = src->storage;
+  memcpy(dst->strides, src->strides, sizeof dst->strides);
+  dst->offset = src->offset;
+  storage_release(old);
+}
+
+bool vm_is_contiguous(const vm_tensor *t) {
+  int64_t s = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    if (t->shape[d] != 1 && t->strides[d] != s) return false;
+    s *= t->shape[d];
+  }
+  return true;
+}
+
+const void *vm_storage_id(const vm_tensor *t) { return t ? t->storage : NULL; }

@@ -1,0 +1,61 @@
+/* tensor.h — Kiln's tensor: a view (dtype, shape, strides, offset) onto a
+ * reference-counted storage.  Owns allocation, lifetime and view geometry;
+ * computing values is the op layer's job (vm/ops.h). */
+#ifndef VM_TENSOR_H
+#define VM_TENSOR_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dtype.h"
+#include "kiln.h"
+
+typedef struct vm_storage {
+  atomic_long refs;
+  void *data;     /* 64-byte aligned */
+  size_t nbytes;
+} vm_storage;
+
+struct kiln_tensor {
+  atomic_long refs;
+  kiln_dtype dtype;
+  int ndim;
+  bool weak;                      /* a host scalar: does not widen (dtype.h) */
+  int64_t numel;
+  int64_t shape[KILN_MAX_DIMS];
+  int64_t strides[KILN_MAX_DIMS]; /* in elements; 0 for broadcast dims */
+  int64_t offset;                 /* in elements, into storage */
+  vm_storage *storage;
+};
+typedef struct kiln_tensor vm_tensor;
+
+/* Checks ndim and sizes (error naming the values on failure) and computes
+   the element count.  Returns false with the error set. */
+bool vm_check_shape(int ndim, const int64_t *shape, int64_t *numel_out);
+
+/* A new contiguous tensor with uninitialized storage; NULL + error on OOM. */
+vm_tensor *vm_tensor_new(kiln_dtype dt, int ndim, const int64_t *shape);
+/* A new tensor header viewing base's storage with the given geometry. */
+vm_tensor *vm_tensor_view(const vm_tensor *base, int ndim, const int64_t *shape,
+                          const int64_t *strides, int64_t offset);
+/* 0-d host scalar (weak): f64 when !is_int, i64 when is_int */
+vm_tensor *vm_weak_scalar(double v, bool is_int);
+
+vm_tensor *vm_retain(vm_tensor *t);
+void vm_release(vm_tensor *t);
+
+/* Rebinds dst's handle to src's value (storage + geometry); dst keeps its
+   identity, so every holder of the handle sees the new value. */
+void vm_tensor_rebind(vm_tensor *dst, const vm_tensor *src);
+
+static inline void *vm_data(const vm_tensor *t) {
+  return (char *)t->storage->data + t->offset * (int64_t)vm_dtype_size(t->dtype);
+}
+bool vm_is_contiguous(const vm_tensor *t);
+void vm_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+
+/* for tests: the storage a tensor's data lives in (views share it) */
+const void *vm_storage_id(const vm_tensor *t);
+
+#endif
