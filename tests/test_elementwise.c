@@ -790,6 +790,9 @@ TEST(clamp_integers_uses_ceil_lo_floor_hi_and_keeps_dtype) {
   EXPECT_V(kiln_clamp(V(I32, -3, 3, 1), -2.0, 2.0), I32, 0, -2, 2, 1);
   EXPECT_V(kiln_clamp(V(I64, 5e9, -5e9, 7), -1e9, 1e9), I64, 0, 1e9, -1e9, 7);
   EXPECT_V(kiln_clamp(V(I64, 5, -5), -0.5, 0.5), I64, 0, 0, 0);
+  /* ceil/floor, not truncation or rounding: [1.5, 4.5] is [2, 4]; [-4.5, -1.5] is [-4, -2] */
+  EXPECT_V(kiln_clamp(V(I32, 0, 1, 2, 3, 5, 9), 1.5, 4.5), I32, 0, 2, 2, 2, 3, 4, 4);
+  EXPECT_V(kiln_clamp(V(I64, -5, -3, -1, 0), -4.5, -1.5), I64, 0, -4, -3, -2, -2);
 }
 
 TEST(clamp_bool_is_dtype_error) {
