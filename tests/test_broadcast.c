@@ -181,10 +181,13 @@ static void expect_impl(int line, const char *what, kiln_tensor *r, kiln_dtype d
   kiln_release(r);
 }
 
-#define EXPECT(expr, dt, shape, tol, ...)                                                     \
-  expect_impl(__LINE__, #expr, (expr), dt, NDIM(shape), shape, NV(__VA_ARGS__), D(__VA_ARGS__), \
+#define EXPECT_AT(what, expr, dt, shape, tol, ...)                                          \
+  expect_impl(__LINE__, what, (expr), dt, NDIM(shape), shape, NV(__VA_ARGS__), D(__VA_ARGS__), \
               tol)
-#define EXPECT_V(expr, dt, tol, ...) EXPECT(expr, dt, S(NV(__VA_ARGS__)), tol, __VA_ARGS__)
+/* EXPECT(kiln_add(a, b), F32, S(2, 2), tol, 1, 2, 3, 4); EXPECT_V: 1-d of that many values */
+#define EXPECT(expr, dt, shape, tol, ...) EXPECT_AT(#expr, expr, dt, shape, tol, __VA_ARGS__)
+#define EXPECT_V(expr, dt, tol, ...) \
+  EXPECT_AT(#expr, expr, dt, S(NV(__VA_ARGS__)), tol, __VA_ARGS__)
 #define EXPECT_0D(expr, dt, tol, value) \
   expect_impl(__LINE__, #expr, (expr), dt, 0, S(0), 1, D(value), tol)
 #define EXPECT_EMPTY(expr, dt, shape) \
