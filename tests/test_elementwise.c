@@ -648,7 +648,8 @@ TEST(pow_floats_specials) {
     kiln_dtype dt = k ? F64 : F32;
     kiln_tensor *a = V(dt, 2, 4, -8, 0, NAN, 1, -2, -2, 0, INFINITY, 2, 9, -INFINITY);
     kiln_tensor *b = V(dt, 3, 0.5, 1.0 / 3, 0, 0, NAN, 3, 2, -1, -1, -1, 0.5, 3);
-    EXPECT_V(kiln_pow(a, b), dt, 0, 8, 2, NAN, 1, 1, 1, -8, 4, INFINITY, 0, 0.5, 3, -INFINITY);
+    EXPECT_V(kiln_pow(a, b), dt, dt == F32 ? TOL32 : TOL64, 8, 2, NAN, 1, 1, 1, -8, 4, INFINITY, 0,
+             0.5, 3, -INFINITY);
   }
   EXPECT_V(kiln_pow(V(F64, 2, 10, 0.5), V(F64, 0.5, -2.5, 1.7)), F64, TOL64, sqrt(2.0),
            pow(10, -2.5), pow(0.5, 1.7));

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../trace/record.h"
 #include "state.h"
 
 typedef struct {
@@ -338,7 +339,7 @@ static int rebind_to(vm_tensor *dst, vm_tensor *value) {
   if (!value) return vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
   vm_tensor *v = value->dtype == dst->dtype ? vm_retain(value) : vm_cast(value, dst->dtype);
   if (!v) return vm_thread()->status;
-  vm_tensor_rebind(dst, v);
+  tr_store(dst, v);
   vm_release(v);
   return KILN_OK;
 }

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "../trace/record.h"
 #include "ops.h"
 #include "state.h"
 
@@ -164,7 +165,8 @@ bool vm_format(vm_tensor *t, FILE *f) {
     vm_error(KILN_ERR_ARG, "the FILE is NULL");
     return false;
   }
-  vm_tensor *c = vm_contiguous(t);
+  vm_tensor *v = tr_value(t);
+  vm_tensor *c = v ? vm_value_contiguous(v) : NULL;
   if (!c) return false;
   printer p = {c, MODE_FIXED, 0, c->numel > SUMMARY_THRESHOLD, f};
   fputs("tensor(", f);

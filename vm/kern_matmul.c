@@ -167,7 +167,7 @@ static vm_tensor *blas_ready(vm_tensor *t, bool left) {
   int trans;
   int64_t ld;
   if (blas_layout(&m, &trans, &ld)) return vm_retain(t);
-  return vm_unary(VM_OP_copy, t);
+  return vm_value_copy(t);
 }
 
 bool vm_k_matmul(vm_tensor *out, const vm_tensor *a, const vm_tensor *b) {

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../trace/record.h"
 #include "kernels.h"
 #include "state.h"
 
@@ -352,6 +353,7 @@ static bool infer_leaf(vm_opcode op, const vm_attr *attr, vm_meta *m) {
     return false;
   }
   m->dtype = m->compute = attr->dtype;
+  m->weak = op == VM_OP_full && attr->weak;
   m->ndim = attr->ndim;
   memcpy(m->shape, attr->shape, sizeof m->shape);
   return true;
@@ -411,7 +413,7 @@ static vm_tensor *make_view(vm_opcode op, vm_tensor *a, const vm_attr *attr, con
   switch (op) {
     case VM_OP_reshape: {
       if (reshape_strides(a, m->ndim, m->shape, strides)) break;
-      vm_tensor *dense = vm_unary(VM_OP_copy, a); /* this layout cannot be viewed */
+      vm_tensor *dense = vm_value_copy(a); /* this layout cannot be viewed */
       if (!dense) return NULL;
       vm_contiguous_strides(m->ndim, m->shape, strides);
       vm_tensor *v = vm_tensor_view(dense, m->ndim, m->shape, strides, 0);
@@ -439,13 +441,8 @@ static vm_tensor *make_view(vm_opcode op, vm_tensor *a, const vm_attr *attr, con
   return vm_tensor_view(a, m->ndim, m->shape, strides, offset);
 }
 
-/* Brings input i to dtype dt (a retained reference either way). */
-static vm_tensor *as_dtype(vm_tensor *t, kiln_dtype dt) {
-  if (t->dtype == dt) return vm_retain(t);
-  return vm_cast(t, dt);
-}
-
-static bool run_kernel(vm_opcode op, vm_tensor *out, int n, vm_tensor **args, const vm_attr *attr) {
+static bool run_kernel(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *args,
+                       const vm_attr *attr) {
   switch (vm_op_table[op].kind) {
     case VM_KIND_LEAF: return vm_k_leaf(op, out, attr);
     case VM_KIND_UNARY:
@@ -462,12 +459,49 @@ static bool run_kernel(vm_opcode op, vm_tensor *out, int n, vm_tensor **args, co
   return false;
 }
 
+/* errors found while running (an index out of range) name the op that
+   failed, not the read that flushed it */
+static const char *const public_names[VM_OP_COUNT] = {
+#define X(name, kind, rule, flags) [VM_OP_##name] = "kiln_" #name,
+#include "ops.def"
+#undef X
+};
+
+vm_tensor *vm_exec(vm_opcode op, int n, vm_tensor *const *values, const vm_attr *attr,
+                   const vm_meta *m) {
+  atomic_fetch_add_explicit(&vm_process()->stats.eager_ops, 1, memory_order_relaxed);
+  if (vm_op_table[op].kind == VM_KIND_VIEW) return make_view(op, values[0], attr, m);
+  vm_tensor *out = vm_tensor_new(m->dtype, m->ndim, m->shape);
+  if (!out) return NULL;
+  atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
+  const char *api = vm_thread()->api;
+  vm_set_api(public_names[op]);
+  bool ok = run_kernel(op, out, n, values, attr);
+  vm_set_api(api);
+  if (!ok) {
+    vm_release(out);
+    return NULL;
+  }
+  return out;
+}
+
+vm_tensor *vm_value_copy(vm_tensor *v) {
+  vm_meta m = {.dtype = v->dtype, .compute = v->dtype, .ndim = v->ndim};
+  memcpy(m.shape, v->shape, sizeof m.shape);
+  return vm_exec(VM_OP_copy, 1, &v, NULL, &m);
+}
+
+vm_tensor *vm_value_contiguous(vm_tensor *v) {
+  return vm_is_contiguous(v) ? vm_retain(v) : vm_value_copy(v);
+}
+
 /* the dtype input i must have when the kernel runs */
 static kiln_dtype input_dtype(vm_opcode op, int i, const vm_tensor *t, const vm_meta *m) {
   switch (vm_op_table[op].kind) {
     case VM_KIND_UNARY: return op == VM_OP_cast ? t->dtype : m->compute;
     case VM_KIND_TERNARY: return i == 0 ? KILN_BOOL : m->compute;
     case VM_KIND_INDEX: return i == 1 ? KILN_I64 : m->compute;
+    case VM_KIND_VIEW: return t->dtype;
     default: return m->compute;
   }
 }
@@ -482,25 +516,18 @@ vm_tensor *vm_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr)
     }
   vm_meta m;
   if (!vm_infer(op, n, in, attr, &m)) return NULL;
-  vm_counters *c = &vm_process()->stats;
-  atomic_fetch_add_explicit(&c->ops_recorded, 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(&c->eager_ops, 1, memory_order_relaxed);
-  if (vm_op_table[op].kind == VM_KIND_VIEW) return make_view(op, in[0], attr, &m);
-
+  /* inputs of another dtype get explicit cast nodes: the recorded graph is
+     exactly what runs, for the interpreter and the code generators alike */
   vm_tensor *few[8] = {0};
   vm_tensor **args = n <= 8 ? few : calloc((size_t)n, sizeof *args);
   vm_tensor *out = NULL;
   bool ok = args != NULL;
   if (!ok) vm_error(KILN_ERR_OOM, "out of memory");
-  for (int i = 0; ok && i < n; i++) ok = (args[i] = as_dtype(in[i], input_dtype(op, i, in[i], &m)));
-  if (ok) out = vm_tensor_new(m.dtype, m.ndim, m.shape);
-  if (out) {
-    atomic_fetch_add_explicit(&c->kernels_launched, 1, memory_order_relaxed);
-    if (!run_kernel(op, out, n, args, attr)) {
-      vm_release(out);
-      out = NULL;
-    }
+  for (int i = 0; ok && i < n; i++) {
+    kiln_dtype want = input_dtype(op, i, in[i], &m);
+    ok = (args[i] = in[i]->dtype == want ? vm_retain(in[i]) : vm_cast(in[i], want)) != NULL;
   }
+  if (ok) out = tr_record(op, n, args, attr, &m);
   for (int i = 0; args && i < n; i++) vm_release(args[i]);
   if (args != few) free(args);
   return out;
@@ -596,7 +623,4 @@ vm_tensor *vm_expand(vm_tensor *a, int ndim, const int64_t *shape) {
   return vm_op(VM_OP_expand, 1, &a, &attr);
 }
 
-vm_tensor *vm_contiguous(vm_tensor *a) {
-  if (a && vm_is_contiguous(a)) return vm_retain(a);
-  return vm_unary(VM_OP_copy, a);
-}
+

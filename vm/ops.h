@@ -53,6 +53,7 @@ typedef struct vm_attr {
   int axis;                       /* slice, index ops, concat, argmax/argmin */
   uint32_t axes_mask;             /* reductions: bit d set = axis d reduced */
   bool keepdim;
+  bool weak;                      /* full: a host scalar (does not widen) */
   int64_t start, stop, step;      /* slice, already normalized */
   double scalar[2];               /* full: value; arange: start, step */
   uint64_t seed, counter;         /* rand, randn */
@@ -61,15 +62,25 @@ typedef struct vm_attr {
 /* Result description computed by shape/dtype inference. */
 typedef struct vm_meta {
   kiln_dtype dtype;     /* of the result */
+  bool weak;            /* the result is a host scalar */
   kiln_dtype compute;   /* dtype the inputs are brought to before the kernel */
   int ndim;
   int64_t shape[KILN_MAX_DIMS];
 } vm_meta;
 
-/* Runs op on inputs in[0..n): checks them (errors name the op and values),
-   and returns a new tensor or NULL with the error set. attr may be NULL for
-   ops without attributes. */
+/* The entry of every op: checks the inputs (errors name the op and the
+   values), infers the result, and records it into the calling thread's
+   pending graph (trace/record.h).  Returns a new pending handle, or NULL with
+   the error set.  attr may be NULL for ops without attributes. */
 vm_tensor *vm_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr);
+
+/* The interpreter's step: runs op eagerly on materialized *values* (already
+   in the dtypes the op computes in) and returns a new value, or NULL with
+   the error set (value-dependent failures such as an index out of range). */
+vm_tensor *vm_exec(vm_opcode op, int n, vm_tensor *const *values, const vm_attr *attr,
+                   const vm_meta *m);
+vm_tensor *vm_value_copy(vm_tensor *v);       /* contiguous copy of a value */
+vm_tensor *vm_value_contiguous(vm_tensor *v); /* v itself (retained) if contiguous */
 
 /* Shape and dtype inference alone (also used by the trace layer). */
 bool vm_infer(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr, vm_meta *out);
@@ -82,7 +93,6 @@ vm_tensor *vm_cast(vm_tensor *a, kiln_dtype dt);
 vm_tensor *vm_reduce(vm_opcode op, vm_tensor *a, int naxes, const int *axes, bool keepdim);
 vm_tensor *vm_reshape(vm_tensor *a, int ndim, const int64_t *shape);
 vm_tensor *vm_expand(vm_tensor *a, int ndim, const int64_t *shape);
-vm_tensor *vm_contiguous(vm_tensor *a); /* a itself (retained) if already contiguous */
 
 /* ndim in [0, KILN_MAX_DIMS] and shape non-NULL when needed (user arguments) */
 bool vm_check_dims_arg(int ndim, const int64_t *shape);

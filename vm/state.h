@@ -22,6 +22,8 @@ typedef struct vm_thread_state {
 
 typedef struct vm_counters {
   atomic_uint_fast64_t ops_recorded, eager_ops, kernels_launched;
+  atomic_uint_fast64_t flushes, traces_seen, cache_hits, cache_misses, plans_built;
+  atomic_uint_fast64_t flush_us; /* microseconds */
 } vm_counters;
 
 typedef struct vm_process_state {
@@ -49,6 +51,10 @@ static inline void vm_set_api(const char *name) { vm_thread()->api = name; }
 /* formats a shape as "[2,3]" into buf (at least 8*21+3 bytes) */
 const char *vm_shape_str(char *buf, int ndim, const int64_t *shape);
 #define VM_SHAPE_BUF 192
+
+static inline void vm_add_ms(atomic_uint_fast64_t *us, double ms) {
+  atomic_fetch_add_explicit(us, (uint_fast64_t)(ms * 1000.0), memory_order_relaxed);
+}
 
 /* integer environment variable, or dflt when unset or malformed */
 long vm_env_long(const char *name, long dflt);

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../trace/record.h"
+#include "ops.h"
 #include "state.h"
 
 bool vm_check_shape(int ndim, const int64_t *shape, int64_t *numel_out) {
@@ -172,11 +174,8 @@ vm_tensor *vm_tensor_view(const vm_tensor *base, int ndim, const int64_t *shape,
 }
 
 vm_tensor *vm_weak_scalar(double v, bool is_int) {
-  vm_tensor *t = vm_tensor_new(is_int ? KILN_I64 : KILN_F64, 0, NULL);
-  if (!t) return NULL;
-  vm_store_f64(t->storage->data, t->dtype, 0, v);
-  t->weak = true;
-  return t;
+  vm_attr attr = {.dtype = is_int ? KILN_I64 : KILN_F64, .weak = true, .scalar = {v}};
+  return vm_op(VM_OP_full, 0, NULL, &attr);
 }
 
 vm_tensor *vm_retain(vm_tensor *t) {
@@ -186,18 +185,10 @@ vm_tensor *vm_retain(vm_tensor *t) {
 
 void vm_release(vm_tensor *t) {
   if (t && atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) == 1) {
+    if (t->node) tr_handle_free(t);
     storage_release(t->storage);
     free(t);
   }
-}
-
-void vm_tensor_rebind(vm_tensor *dst, const vm_tensor *src) {
-  vm_storage *old = dst->storage;
-  atomic_fetch_add_explicit(&src->storage->refs, 1, memory_order_relaxed);
-  dst->storage = src->storage;
-  memcpy(dst->strides, src->strides, sizeof dst->strides);
-  dst->offset = src->offset;
-  storage_release(old);
 }
 
 bool vm_is_contiguous(const vm_tensor *t) {
@@ -209,4 +200,9 @@ bool vm_is_contiguous(const vm_tensor *t) {
   return true;
 }
 
-const void *vm_storage_id(const vm_tensor *t) { return t ? t->storage : NULL; }
+const void *vm_storage_id(const vm_tensor *t) {
+  if (!t) return NULL;
+  if (!t->node) return t->storage;
+  vm_tensor *v = tr_value((vm_tensor *)t);
+  return v ? v->storage : NULL;
+}

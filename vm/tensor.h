@@ -17,8 +17,14 @@ typedef struct vm_storage {
   size_t nbytes;
 } vm_storage;
 
+/* Two roles, one struct.  A *handle* (what users hold, what ops take) names
+   a trace node (trace/graph.h) and carries its dtype and shape; its storage
+   is NULL.  A *value* (what kernels read and write) has storage and strides
+   and no node; values live inside materialized trace nodes and never reach
+   users. */
 struct kiln_tensor {
   atomic_long refs;
+  struct tr_node *node;           /* handles only */
   kiln_dtype dtype;
   int ndim;
   bool weak;                      /* a host scalar: does not widen (dtype.h) */
@@ -39,15 +45,12 @@ vm_tensor *vm_tensor_new(kiln_dtype dt, int ndim, const int64_t *shape);
 /* A new tensor header viewing base's storage with the given geometry. */
 vm_tensor *vm_tensor_view(const vm_tensor *base, int ndim, const int64_t *shape,
                           const int64_t *strides, int64_t offset);
-/* 0-d host scalar (weak): f64 when !is_int, i64 when is_int */
+/* 0-d host scalar handle (weak): f64 when !is_int, i64 when is_int */
 vm_tensor *vm_weak_scalar(double v, bool is_int);
 
 vm_tensor *vm_retain(vm_tensor *t);
 void vm_release(vm_tensor *t);
 
-/* Rebinds dst's handle to src's value (storage + geometry); dst keeps its
-   identity, so every holder of the handle sees the new value. */
-void vm_tensor_rebind(vm_tensor *dst, const vm_tensor *src);
 
 static inline void *vm_data(const vm_tensor *t) {
   return (char *)t->storage->data + t->offset * (int64_t)vm_dtype_size(t->dtype);
@@ -55,7 +58,8 @@ static inline void *vm_data(const vm_tensor *t) {
 bool vm_is_contiguous(const vm_tensor *t);
 void vm_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
 
-/* for tests: the storage a tensor's data lives in (views share it) */
+/* for tests: the storage a handle's value lives in (views share it);
+   evaluates the handle */
 const void *vm_storage_id(const vm_tensor *t);
 
 #endif

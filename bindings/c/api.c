@@ -14,6 +14,7 @@
 #include "../../vm/pool.h"
 #include "../../vm/rng.h"
 #include "../../vm/state.h"
+#include "../../trace/record.h"
 
 #ifndef KILN_VERSION_STRING
 #define KILN_VERSION_STRING "0.0.0"
@@ -49,7 +50,7 @@ kiln_tensor *kiln_from_data(const void *data, kiln_dtype dt, int ndim, const int
     return NULL;
   }
   if (t->numel) memcpy(vm_data(t), data, (size_t)t->numel * vm_dtype_size(dt));
-  return t;
+  return tr_handle_from_value(t);
 }
 
 static kiln_tensor *full(double v, kiln_dtype dt, int ndim, const int64_t *shape) {
@@ -144,7 +145,8 @@ int kiln_to_buffer(kiln_tensor *t, void *dst, size_t dst_bytes) {
   if (dst_bytes < need)
     return vm_error(KILN_ERR_ARG, "buffer of %zu bytes is smaller than the %zu bytes of a %s tensor",
                     dst_bytes, need, vm_dtype_name(t->dtype));
-  vm_tensor *c = vm_contiguous(t);
+  vm_tensor *v = tr_value(t);
+  vm_tensor *c = v ? vm_value_contiguous(v) : NULL;
   if (!c) return vm_thread()->status;
   if (need) memcpy(dst, vm_data(c), need);
   vm_release(c);
@@ -159,7 +161,8 @@ double kiln_item(kiln_tensor *t) {
              vm_shape_str(buf, t->ndim, t->shape), (long long)t->numel);
     return NAN;
   }
-  return vm_load_f64(vm_data(t), t->dtype, 0);
+  vm_tensor *v = tr_value(t);
+  return v ? vm_load_f64(vm_data(v), v->dtype, 0) : NAN;
 }
 
 int kiln_print(kiln_tensor *t, FILE *f) {
@@ -370,6 +373,11 @@ int kiln_sub_scaled_(kiln_tensor *dst, kiln_tensor *src, double alpha) {
 
 /* --- runtime ------------------------------------------------------------------ */
 
+int kiln_sync(void) {
+  API(kiln_sync);
+  return tr_sync();
+}
+
 void kiln_get_stats(kiln_stats *out) {
   if (!out) return;
   vm_counters *c = &vm_process()->stats;
@@ -377,13 +385,19 @@ void kiln_get_stats(kiln_stats *out) {
   out->ops_recorded = atomic_load(&c->ops_recorded);
   out->eager_ops = atomic_load(&c->eager_ops);
   out->kernels_launched = atomic_load(&c->kernels_launched);
+  out->flushes = atomic_load(&c->flushes);
+  out->traces_seen = atomic_load(&c->traces_seen);
+  out->cache_hits = atomic_load(&c->cache_hits);
+  out->cache_misses = atomic_load(&c->cache_misses);
+  out->flush_ms = (double)atomic_load(&c->flush_us) / 1000.0;
 }
 
 void kiln_reset_stats(void) {
   vm_counters *c = &vm_process()->stats;
-  atomic_store(&c->ops_recorded, 0);
-  atomic_store(&c->eager_ops, 0);
-  atomic_store(&c->kernels_launched, 0);
+  atomic_uint_fast64_t *all[] = {&c->ops_recorded, &c->eager_ops, &c->kernels_launched,
+                                 &c->flushes, &c->traces_seen, &c->cache_hits,
+                                 &c->cache_misses, &c->plans_built, &c->flush_us};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) atomic_store(all[i], 0);
 }
 
 const char *kiln_version(void) { return KILN_VERSION_STRING; }

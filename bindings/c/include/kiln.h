@@ -169,6 +169,7 @@ KILN_API int kiln_assign(kiln_tensor *dst, kiln_tensor *src); /* shapes must mat
 KILN_API int kiln_sub_scaled_(kiln_tensor *dst, kiln_tensor *src, double alpha); /* dst -= alpha*src */
 
 /* runtime */
+KILN_API int kiln_sync(void); /* evaluate everything pending on this thread */
 typedef struct {
   uint64_t ops_recorded, flushes, traces_seen, cache_hits, cache_misses, compiles,
       compile_failures, disk_hits, eager_ops, kernels_launched;

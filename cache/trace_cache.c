@@ -1,0 +1,195 @@
+/* trace_cache.c — key -> entry with LRU eviction and a recompile budget per
+ * key family (a trace whose shapes keep changing stops being planned). */
+#include "trace_cache.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uthash.h>
+
+#include "../vm/state.h"
+
+#define CACHE_MAX_ENTRIES 4096
+
+typedef struct entry {
+  uint64_t key[2];
+  uint8_t *bytes;
+  size_t len;
+  uint64_t sightings;
+  void *plan;
+  struct entry *lru_prev, *lru_next;
+  UT_hash_handle hh;
+} entry;
+
+typedef struct family {
+  uint64_t key[2];
+  int planned;
+  UT_hash_handle hh;
+} family;
+
+static struct {
+  pthread_mutex_t lock;
+  entry *table;
+  family *families;
+  entry lru; /* sentinel: lru.lru_next is the most recent */
+  int count;
+  cache_plan_ops ops;
+  int hot, budget;
+  bool ready;
+} cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void init_locked(void) {
+  if (cache.ready) return;
+  cache.lru.lru_next = cache.lru.lru_prev = &cache.lru;
+  long hot = vm_env_long("KILN_HOT", 2);
+  long budget = vm_env_long("KILN_RECOMPILE_BUDGET", 8);
+  cache.hot = hot < 1 ? 1 : (int)hot;
+  cache.budget = budget < 0 ? 0 : (int)budget;
+  cache.ready = true;
+}
+
+int cache_hot_threshold(void) {
+  pthread_mutex_lock(&cache.lock);
+  init_locked();
+  int h = cache.hot;
+  pthread_mutex_unlock(&cache.lock);
+  return h;
+}
+
+int cache_family_budget(void) {
+  pthread_mutex_lock(&cache.lock);
+  init_locked();
+  int b = cache.budget;
+  pthread_mutex_unlock(&cache.lock);
+  return b;
+}
+
+void cache_set_plan_ops(const cache_plan_ops *ops) {
+  pthread_mutex_lock(&cache.lock);
+  cache.ops = *ops;
+  pthread_mutex_unlock(&cache.lock);
+}
+
+static void lru_unlink(entry *e) {
+  e->lru_prev->lru_next = e->lru_next;
+  e->lru_next->lru_prev = e->lru_prev;
+}
+
+static void lru_push_front(entry *e) {
+  e->lru_next = cache.lru.lru_next;
+  e->lru_prev = &cache.lru;
+  cache.lru.lru_next->lru_prev = e;
+  cache.lru.lru_next = e;
+}
+
+static void entry_free(entry *e) {
+  if (e->plan && cache.ops.release) cache.ops.release(e->plan);
+  free(e->bytes);
+  free(e);
+}
+
+/* the entry with these bytes; hash collisions chain through the bytes */
+static entry *find(const uint64_t key[2], const uint8_t *bytes, size_t len) {
+  entry *e = NULL;
+  HASH_FIND(hh, cache.table, key, sizeof e->key, e);
+  if (e && (e->len != len || memcmp(e->bytes, bytes, len) != 0)) return NULL;
+  return e;
+}
+
+void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, const uint64_t fam[2],
+                 cache_sighting *out) {
+  memset(out, 0, sizeof *out);
+  pthread_mutex_lock(&cache.lock);
+  init_locked();
+  entry *e = find(key, bytes, len), *same_hash = NULL;
+  HASH_FIND(hh, cache.table, key, sizeof(uint64_t) * 2, same_hash);
+  if (!e && same_hash) { /* a collision: the newcomer runs uncached */
+    out->new_key = true;
+    out->sightings = 1;
+    pthread_mutex_unlock(&cache.lock);
+    return;
+  }
+  if (!e) {
+    e = calloc(1, sizeof *e);
+    uint8_t *copy = malloc(len ? len : 1);
+    if (!e || !copy) {
+      free(e);
+      free(copy);
+      pthread_mutex_unlock(&cache.lock);
+      out->sightings = 1;
+      return;
+    }
+    memcpy(e->key, key, sizeof e->key);
+    memcpy(copy, bytes, len);
+    e->bytes = copy;
+    e->len = len;
+    HASH_ADD(hh, cache.table, key, sizeof e->key, e);
+    lru_push_front(e);
+    cache.count++;
+    out->new_key = true;
+    while (cache.count > CACHE_MAX_ENTRIES) {
+      entry *old = cache.lru.lru_prev;
+      lru_unlink(old);
+      HASH_DELETE(hh, cache.table, old);
+      cache.count--;
+      entry_free(old);
+    }
+  } else {
+    lru_unlink(e);
+    lru_push_front(e);
+  }
+  out->sightings = ++e->sightings;
+  if (e->plan) {
+    out->plan = e->plan;
+    if (cache.ops.retain) cache.ops.retain(e->plan);
+  } else if (e->sightings == (uint64_t)cache.hot) {
+    family *f = NULL;
+    HASH_FIND(hh, cache.families, fam, sizeof f->key, f);
+    if (!f && (f = calloc(1, sizeof *f))) {
+      memcpy(f->key, fam, sizeof f->key);
+      HASH_ADD(hh, cache.families, key, sizeof f->key, f);
+    }
+    if (f && f->planned >= cache.budget) {
+      out->over_budget = true;
+    } else {
+      if (f) f->planned++;
+      out->make_plan = true;
+    }
+  }
+  pthread_mutex_unlock(&cache.lock);
+}
+
+void cache_publish(const uint64_t key[2], const uint8_t *bytes, size_t len, void *plan) {
+  pthread_mutex_lock(&cache.lock);
+  entry *e = find(key, bytes, len);
+  if (e && !e->plan) {
+    e->plan = plan;
+    if (cache.ops.retain) cache.ops.retain(plan);
+  }
+  pthread_mutex_unlock(&cache.lock);
+}
+
+int cache_entries(void) {
+  pthread_mutex_lock(&cache.lock);
+  int n = cache.count;
+  pthread_mutex_unlock(&cache.lock);
+  return n;
+}
+
+void cache_clear(void) {
+  pthread_mutex_lock(&cache.lock);
+  init_locked();
+  entry *e, *tmp;
+  HASH_ITER(hh, cache.table, e, tmp) {
+    HASH_DELETE(hh, cache.table, e);
+    entry_free(e);
+  }
+  family *f, *ftmp;
+  HASH_ITER(hh, cache.families, f, ftmp) {
+    HASH_DELETE(hh, cache.families, f);
+    free(f);
+  }
+  cache.lru.lru_next = cache.lru.lru_prev = &cache.lru;
+  cache.count = 0;
+  pthread_mutex_unlock(&cache.lock);
+}

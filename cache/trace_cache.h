@@ -1,0 +1,39 @@
+/* trace_cache.h — the trace cache (DESIGN §4): canonical key -> entry
+ * (sightings, plan, stats).  uthash, bounded (LRU), one lock.  Plans are
+ * opaque here: the trace layer registers how to retain and release them. */
+#ifndef CACHE_TRACE_CACHE_H
+#define CACHE_TRACE_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct cache_plan_ops {
+  void (*retain)(void *plan);
+  void (*release)(void *plan);
+} cache_plan_ops;
+
+void cache_set_plan_ops(const cache_plan_ops *ops);
+
+typedef struct cache_sighting {
+  void *plan;          /* retained plan, or NULL (run on the interpreter) */
+  bool make_plan;      /* this sighting made the trace hot: plan it now */
+  bool over_budget;    /* hot, but its family used up its recompile budget */
+  bool new_key;
+  uint64_t sightings;  /* including this one */
+} cache_sighting;
+
+/* Counts a sighting of the trace with canonical bytes (hash key, family
+   hash fam); a hash collision with different bytes is a different entry. */
+void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, const uint64_t fam[2],
+                 cache_sighting *out);
+/* Publishes the plan of a key (the cache takes a reference). */
+void cache_publish(const uint64_t key[2], const uint8_t *bytes, size_t len, void *plan);
+int cache_entries(void);
+void cache_clear(void); /* drops every entry (tests) */
+
+/* settings */
+int cache_hot_threshold(void);   /* KILN_HOT, default 2 */
+int cache_family_budget(void);   /* KILN_RECOMPILE_BUDGET, default 8 */
+
+#endif

@@ -1,0 +1,178 @@
+/* bench.c — the helpers of bench.h. */
+#include "bench.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* kiln_sync() is in API.md but not yet in the library: call it when it is */
+extern int kiln_sync(void) __attribute__((weak));
+
+static void usage(const char *prog, int code) {
+  fprintf(code ? stderr : stdout,
+          "usage: %s [--smoke] [--reps N] [--warmup N] [--label NAME] [--openblas]\n"
+          "  --smoke      tiny sizes, 1 repetition (checks that it runs, measures nothing)\n"
+          "  --reps N     timed runs; the median is reported\n"
+          "  --warmup N   untimed runs first\n"
+          "  --label NAME contender name (default: kiln-eager if KILN_JIT=0, else kiln)\n"
+          "  --openblas   perf_w6 only: also time OpenBLAS cblas_sgemm called directly\n",
+          prog);
+  exit(code);
+}
+
+static int positive_int(const char *prog, const char *s) {
+  char *end;
+  long v = s ? strtol(s, &end, 10) : 0;
+  if (!s || *end || v < 0 || v > 1000000) usage(prog, 2);
+  return (int)v;
+}
+
+void bench_parse(int argc, char **argv, bench_opts *o, int default_reps, int default_warmup) {
+  const char *jit = getenv("KILN_JIT");
+  o->smoke = false;
+  o->reps = default_reps;
+  o->warmup = default_warmup;
+  o->label = jit && strcmp(jit, "0") == 0 ? "kiln-eager" : "kiln";
+  o->openblas = false;
+  int reps = -1, warmup = -1;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--smoke")) o->smoke = true;
+    else if (!strcmp(argv[i], "--reps")) reps = positive_int(argv[0], i + 1 < argc ? argv[++i] : NULL);
+    else if (!strcmp(argv[i], "--warmup")) warmup = positive_int(argv[0], i + 1 < argc ? argv[++i] : NULL);
+    else if (!strcmp(argv[i], "--label") && i + 1 < argc) o->label = argv[++i];
+    else if (!strcmp(argv[i], "--openblas")) o->openblas = true;
+    else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) usage(argv[0], 0);
+    else usage(argv[0], 2);
+  }
+  if (o->smoke) {
+    o->reps = 1;
+    o->warmup = 1;
+  }
+  if (reps >= 0) o->reps = reps;
+  if (warmup >= 0) o->warmup = warmup;
+  if (o->reps < 1) o->reps = 1;
+}
+
+double bench_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+double bench_median(const double *v, int n) {
+  if (n <= 0) return NAN;
+  double *s = malloc(sizeof *s * (size_t)n);
+  if (!s) abort();
+  memcpy(s, v, sizeof *s * (size_t)n);
+  qsort(s, (size_t)n, sizeof *s, cmp_double);
+  double m = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+  free(s);
+  return m;
+}
+
+double bench_min(const double *v, int n) {
+  double m = INFINITY;
+  for (int i = 0; i < n; i++)
+    if (v[i] < m) m = v[i];
+  return m;
+}
+
+void *bench_ok(void *p, const char *what) {
+  if (!p) {
+    fprintf(stderr, "perf: %s failed: %s\n", what, kiln_last_error());
+    exit(1);
+  }
+  return p;
+}
+
+void bench_ok_status(int status, const char *what) {
+  if (status < 0) {
+    fprintf(stderr, "perf: %s failed: %s\n", what, kiln_last_error());
+    exit(1);
+  }
+}
+
+void bench_force(kiln_tensor *t) {
+  if (kiln_sync) bench_ok_status(kiln_sync(), "kiln_sync");
+  if (!t) bench_ok(NULL, "the timed computation");
+}
+
+void bench_fill_sin(float *x, int64_t n, double freq, double phase, double amp) {
+  for (int64_t i = 0; i < n; i++) x[i] = (float)(amp * sin((double)i * freq + phase));
+}
+
+void bench_fill_hash(float *x, int64_t n, uint32_t seed, double amp) {
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t h = (uint32_t)((uint64_t)i + (uint64_t)seed * 0x9E3779B9u);
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    h *= 0x846ca68bu;
+    h ^= h >> 16;
+    double u = (double)(h >> 8) / 16777216.0;
+    x[i] = (float)(amp * (2.0 * u - 1.0));
+  }
+}
+
+float *bench_alloc_f32(int64_t n) {
+  float *p = malloc(sizeof *p * (size_t)(n > 0 ? n : 1));
+  if (!p) {
+    fprintf(stderr, "perf: out of memory (%lld floats)\n", (long long)n);
+    exit(1);
+  }
+  return p;
+}
+
+void bench_summary_f32(char *out, size_t cap, const float *v, int64_t n) {
+  double sum = 0, abs_sum = 0, wsum = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double x = v[i];
+    sum += x;
+    abs_sum += fabs(x);
+    wsum += x * (double)(i % 17 - 8);
+  }
+  int64_t mid = n / 2 + 5 < n ? n / 2 + 5 : n - 1, idx[4] = {0, n / 7, mid, n - 1};
+  snprintf(out, cap, "n=%lld,sum=%.9g,abs=%.9g,wsum=%.9g,s0=%.9g,s1=%.9g,s2=%.9g,s3=%.9g",
+           (long long)n, sum, abs_sum, wsum, (double)v[idx[0]], (double)v[idx[1]],
+           (double)v[idx[2]], (double)v[idx[3]]);
+}
+
+void bench_summary_tensor(char *out, size_t cap, kiln_tensor *t) {
+  bench_ok(t, "result");
+  int64_t n = kiln_numel(t);
+  float *buf = bench_alloc_f32(n);
+  bench_ok_status(kiln_to_buffer(t, buf, sizeof *buf * (size_t)n), "kiln_to_buffer");
+  bench_summary_f32(out, cap, buf, n);
+  free(buf);
+}
+
+void bench_result_with(const char *workload, const char *contender, const double *times, int n,
+                       const char *extra, const char *check, int threads, const char *isa,
+                       const char *blas) {
+  printf("@result\tworkload=%s\tcontender=%s\ttime_s=%.9g\tmin_s=%.9g\treps=%d\tthreads=%d\t"
+         "isa=%s\tblas=%s%s%s\tcheck=%s\n",
+         workload, contender, bench_median(times, n), bench_min(times, n), n, threads,
+         isa && *isa ? isa : "unknown", blas && *blas ? blas : "none", extra && *extra ? "\t" : "",
+         extra ? extra : "", check ? check : "");
+  fflush(stdout);
+}
+
+void bench_result(const char *workload, const char *contender, const double *times, int n,
+                  const char *extra, const char *check) {
+  bench_result_with(workload, contender, times, n, extra, check, kiln_num_threads(),
+                    kiln_cpu_isa(), kiln_blas_core());
+}
+
+void bench_na(const char *workload, const char *contender, const char *note) {
+  printf("@na\tworkload=%s\tcontender=%s\tthreads=%d\tisa=%s\tblas=%s\tnote=%s\n", workload,
+         contender, kiln_num_threads(), kiln_cpu_isa(),
+         *kiln_blas_core() ? kiln_blas_core() : "none", note);
+  fflush(stdout);
+}

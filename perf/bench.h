@@ -1,0 +1,70 @@
+/* bench.h — what every perf/ program shares: options, timing, the
+ * deterministic inputs that the peers (perf/peers.py) reproduce exactly, the
+ * result summary both sides compare, and the line format scripts/bench reads.
+ *
+ * Every program prints lines of tab-separated key=value fields:
+ *   @result  workload=W1  contender=kiln  time_s=<median seconds per unit>  ...
+ *   @na      workload=W8  contender=kiln  note=<why there is no number>
+ *   @limit   (perf_stream only) the STREAM-triad bandwidth
+ * and anything else it prints is for people. */
+#ifndef KILN_PERF_BENCH_H
+#define KILN_PERF_BENCH_H
+
+#include <kiln.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+  bool smoke;        /* tiny sizes, one repetition */
+  int reps, warmup;  /* timed runs, untimed runs before them */
+  const char *label; /* contender name: "kiln-eager" when KILN_JIT=0, else "kiln" */
+  bool openblas;     /* perf_w6: also time OpenBLAS sgemm called directly */
+} bench_opts;
+
+/* parses --smoke --reps N --warmup N --label NAME --openblas; exits on --help
+   or a bad argument */
+void bench_parse(int argc, char **argv, bench_opts *o, int default_reps, int default_warmup);
+
+double bench_now(void);                  /* seconds, monotonic */
+double bench_median(const double *v, int n);
+double bench_min(const double *v, int n);
+
+/* dies with Kiln's error message when p is NULL (or an int status is < 0) */
+void *bench_ok(void *p, const char *what);
+void bench_ok_status(int status, const char *what);
+
+/* makes sure t's value is computed: today every Kiln op computes eagerly; when
+   the library gains kiln_sync() (API.md) it is called through a weak symbol */
+void bench_force(kiln_tensor *t);
+
+/* x[i] = (float)(amp * sin(i * freq + phase)), i in double: numpy computes
+   (amp * np.sin(np.arange(n) * freq + phase)).astype(np.float32) */
+void bench_fill_sin(float *x, int64_t n, double freq, double phase, double amp);
+/* x[i] = (float)(amp * (2 u - 1)), u = (h(k) >> 8) / 2^24, k = (uint32)(i + seed * 0x9E3779B9),
+   h = the "lowbias32" integer hash (x ^= x>>16; x *= 0x7feb352d; x ^= x>>15;
+   x *= 0x846ca68b; x ^= x>>16): exact in any language with uint32 arithmetic.
+   Sinusoids are too regular for weight matrices (their dot products cancel). */
+void bench_fill_hash(float *x, int64_t n, uint32_t seed, double amp);
+float *bench_alloc_f32(int64_t n);
+
+/* the summary of a float32 result that both sides compute in double:
+   n, sum, abs (sum of |v|), wsum (sum of v * ((i % 17) - 8)) and four
+   sampled values s0..s3 at i = 0, n/7, min(n/2+5, n-1), n-1 */
+void bench_summary_f32(char *out, size_t cap, const float *v, int64_t n);
+
+/* copies t out and summarizes it */
+void bench_summary_tensor(char *out, size_t cap, kiln_tensor *t);
+
+/* prints an @result line.  time_s: the median of times[] (seconds per unit of
+   work: one evaluation, one op for W5, one step for W7); extra: further
+   key=value fields separated by tabs (may be ""); check: the summary. */
+void bench_result(const char *workload, const char *contender, const double *times, int n,
+                  const char *extra, const char *check);
+/* the same with the machine fields given (for contenders that are not Kiln) */
+void bench_result_with(const char *workload, const char *contender, const double *times, int n,
+                       const char *extra, const char *check, int threads, const char *isa,
+                       const char *blas);
+void bench_na(const char *workload, const char *contender, const char *note);
+
+#endif

@@ -1,0 +1,591 @@
+#!/usr/bin/env python3
+"""perf/peers.py -- the peers of Kiln's benchmarks, run by scripts/bench.
+
+    peers.py --contender {numpy,torch,jax} --threads T [--smoke] W1 W2 ...
+
+Runs the same workloads as perf/w*.c, on the same inputs (the formulas of
+perf/bench.c, reproduced exactly), with the same repetition counts, and prints
+the same tab-separated lines (@result / @na) with the same result summary, so
+scripts/bench can compare the values.  `torch` also reports torch.compile where
+the installed PyTorch has it.  Any failure becomes an @na line: a peer never
+fails the run.  Thread settings (OMP/OPENBLAS/MKL_NUM_THREADS, OPENBLAS_CORETYPE)
+come from the environment scripts/bench sets; torch.set_num_threads and XLA's
+flags are set here.
+"""
+import argparse
+import math
+import os
+import sys
+import time
+import traceback
+
+# (timed repetitions, untimed warm-up runs): the defaults of perf/w*.c
+REPS = {"W1": (7, 2), "W2": (9, 2), "W3": (9, 2), "W4": (9, 2), "W5": (7, 1),
+        "W6": (9, 2), "W7": (7, 0)}
+W5_OPS, W5_CHAINS = 100, 500
+ARGS = None
+np = None
+
+
+# --- the inputs and the summary of perf/bench.c ----------------------------------
+
+def fill_sin(n, freq, phase, amp):
+    """bench_fill_sin: (float)(amp * sin(i * freq + phase)), i in double"""
+    return (amp * np.sin(np.arange(n, dtype=np.float64) * freq + phase)).astype(np.float32)
+
+
+def fill_hash(n, seed, amp):
+    """bench_fill_hash: amp * (2u - 1), u from the lowbias32 hash of i + seed*0x9E3779B9"""
+    k = (np.arange(n, dtype=np.uint64) + np.uint64(seed * 0x9E3779B9)) & np.uint64(0xFFFFFFFF)
+    h = k.astype(np.uint32)
+    h ^= h >> np.uint32(16)
+    h *= np.uint32(0x7FEB352D)
+    h ^= h >> np.uint32(15)
+    h *= np.uint32(0x846CA68B)
+    h ^= h >> np.uint32(16)
+    u = (h >> np.uint32(8)).astype(np.float64) / 16777216.0
+    return (amp * (2.0 * u - 1.0)).astype(np.float32)
+
+
+def summary(values):
+    """bench_summary_f32"""
+    v = np.asarray(values, dtype=np.float32).ravel().astype(np.float64)
+    n = v.size
+    w = (np.arange(n) % 17 - 8).astype(np.float64)
+    mid = n // 2 + 5 if n // 2 + 5 < n else n - 1
+    idx = [0, n // 7, mid, n - 1]
+    return ("n=%d,sum=%.9g,abs=%.9g,wsum=%.9g,s0=%.9g,s1=%.9g,s2=%.9g,s3=%.9g"
+            % (n, v.sum(), np.abs(v).sum(), (v * w).sum(), v[idx[0]], v[idx[1]], v[idx[2]], v[idx[3]]))
+
+
+# --- sizes (perf/w*.c) -----------------------------------------------------------
+
+def sizes():
+    s = ARGS.smoke
+    return {
+        "W1": 4096 if s else 1 << 24,
+        "W2": (64, 128) if s else (4096, 1024),
+        "W3": (64, 128) if s else (4096, 1024),
+        "W4": 4096 if s else 1 << 24,
+        "W6": 64 if s else 1024,
+        "W7": (16, 64, 32, 32, 10) if s else (512, 784, 1024, 1024, 10),
+    }
+
+
+def inputs(w):
+    z = sizes()
+    if w == "W1":
+        n = z["W1"]
+        return fill_sin(n, 0.001, 0.0, 1.0), fill_sin(n, 0.0007, 0.5, 1.5)
+    if w == "W2":
+        r, c = z["W2"]
+        return (fill_sin(r * c, 0.01, 0.0, 4.0).reshape(r, c),)
+    if w == "W3":
+        r, c = z["W3"]
+        return (fill_sin(r * c, 0.003, 0.2, 2.0).reshape(r, c), fill_sin(c, 0.9, 0.0, 0.5),
+                fill_sin(c, 0.45, 1.0, 0.1))
+    if w == "W4":
+        return (fill_sin(z["W4"], 0.001, 0.0, 1.0),)
+    if w == "W5":
+        return ((np.arange(16, dtype=np.float64) * 0.1).astype(np.float32),)
+    if w == "W6":
+        n = z["W6"]
+        return fill_sin(n * n, 0.0013, 0.0, 1.0).reshape(n, n), fill_sin(n * n, 0.0021, 0.7, 1.0).reshape(n, n)
+    if w == "W7":
+        b, d, h1, h2, c = z["W7"]
+        x = fill_hash(b * d, 1, 1.0).reshape(b, d)
+        params = [fill_hash(d * h1, 2, math.sqrt(6.0 / d)).reshape(d, h1), fill_hash(h1, 3, 0.01),
+                  fill_hash(h1 * h2, 4, math.sqrt(6.0 / h1)).reshape(h1, h2), fill_hash(h2, 5, 0.01),
+                  fill_hash(h2 * c, 6, math.sqrt(6.0 / h2)).reshape(h2, c), fill_hash(c, 7, 0.01)]
+        target = (np.arange(b, dtype=np.int64) * 7 + 3) % c
+        return x, params, target
+    raise KeyError(w)
+
+
+W7_LR = 0.05
+
+
+# --- output ----------------------------------------------------------------------
+
+MACHINE = {"threads": 1, "isa": "unknown", "blas": "unknown"}
+
+
+def emit(kind, workload, contender, fields):
+    f = {"workload": workload, "contender": contender}
+    f.update(fields)
+    for k in ("threads", "isa", "blas"):
+        f.setdefault(k, MACHINE[k])
+    note = f.pop("note", None)
+    check = f.pop("check", None)
+    parts = ["@" + kind] + ["%s=%s" % (k, v) for k, v in f.items()]
+    if note is not None:
+        parts.append("note=" + str(note).replace("\t", " ").replace("\n", " "))
+    if check is not None:
+        parts.append("check=" + check)
+    print("\t".join(parts), flush=True)
+
+
+def na(workload, contender, note):
+    emit("na", workload, contender, {"note": note})
+
+
+def timed(fn, reps, warmup, per=1.0):
+    """median and min of reps timed calls after warmup untimed ones; returns (median, min, last)"""
+    out = None
+    for _ in range(warmup):
+        out = fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append((time.perf_counter() - t0) / per)
+    s = sorted(times)
+    m = s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
+    return m, s[0], out
+
+
+def result(workload, contender, med, mn, reps, check, **extra):
+    f = {"time_s": "%.9g" % med, "min_s": "%.9g" % mn, "reps": reps}
+    f.update(extra)
+    f["check"] = check
+    emit("result", workload, contender, f)
+
+
+def reps_of(w):
+    return (1, 1) if ARGS.smoke else REPS[w]
+
+
+def w5_chains():
+    return 1 if ARGS.smoke else W5_CHAINS
+
+
+def extra_bytes(w):
+    z = sizes()
+    if w == "W1":
+        return {"bytes": "%.0f" % (12.0 * z["W1"]), "elems": z["W1"]}
+    if w in ("W2", "W3"):
+        n = z[w][0] * z[w][1]
+        return {"bytes": "%.0f" % (8.0 * n), "elems": n}
+    if w == "W4":
+        return {"bytes": "%.0f" % (4.0 * z["W4"]), "elems": z["W4"]}
+    if w == "W6":
+        return {"flops": "%.0f" % (2.0 * z["W6"] ** 3)}
+    return {}
+
+
+def w7_check(step_once, params_np):
+    """runs steps 1 and 2 through step_once(), which returns (loss, params as numpy)"""
+    before = [p.copy() for p in params_np]
+    loss1, after = step_once()
+    d = [float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).sum()) for a, b in zip(after, before)]
+    loss2, _ = step_once()
+    return ("loss1=%.9g,loss2=%.9g,dw1=%.9g,db1=%.9g,dw2=%.9g,db2=%.9g,dw3=%.9g,db3=%.9g"
+            % (loss1, loss2, d[0], d[1], d[2], d[3], d[4], d[5]))
+
+
+# --- numpy -----------------------------------------------------------------------
+
+def numpy_machine():
+    MACHINE["threads"] = ARGS.threads
+    try:
+        from numpy.core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+        best = [t for t in ("AVX512_SPR", "AVX512_ICL", "AVX512_CNL", "AVX512_CLX", "AVX512_SKX",
+                            "AVX512F", "AVX2", "SSE42")
+                if t in __cpu_dispatch__ and __cpu_features__.get(t)]
+        MACHINE["isa"] = "numpy-" + (best[0] if best else "baseline")
+    except Exception:
+        MACHINE["isa"] = "unknown"
+    MACHINE["blas"] = blas_from_threadpoolctl() or numpy_config_blas()
+
+
+def blas_from_threadpoolctl():
+    try:
+        from threadpoolctl import threadpool_info
+    except Exception:
+        return None
+    for lib in threadpool_info():
+        if lib.get("user_api") == "blas":
+            arch = lib.get("architecture") or "?"
+            MACHINE["threads"] = lib.get("num_threads", MACHINE["threads"])
+            return "%s:%s" % (lib.get("internal_api", "blas"), arch)
+    return None
+
+
+def numpy_config_blas():
+    try:
+        cfg = np.__config__
+        info = getattr(cfg, "blas_opt_info", None) or getattr(cfg, "blas_ilp64_opt_info", None)
+        if info and info.get("libraries"):
+            return "%s:unknown-core" % info["libraries"][0]
+    except Exception:
+        pass
+    return "unknown"
+
+
+def run_numpy(workloads):
+    numpy_machine()
+    c = "numpy"
+    for w in workloads:
+        try:
+            reps, warm = reps_of(w)
+            if w == "W1":
+                x, y = inputs(w)
+
+                def f():
+                    t = x * y
+                    t += 0.5
+                    np.tanh(t, out=t)
+                    s = np.negative(x)
+                    np.exp(s, out=s)
+                    s += 1.0
+                    t /= s                      # tanh(...) * sigmoid(x)
+                    u = y * y
+                    u *= 0.25
+                    t -= u
+                    return t
+                med, mn, out = timed(f, reps, warm)
+                result(w, c, med, mn, reps, summary(out), note="in-place ufuncs", **extra_bytes(w))
+            elif w == "W2":
+                (x,) = inputs(w)
+
+                def f():
+                    e = x - x.max(axis=1, keepdims=True)
+                    np.exp(e, out=e)
+                    e /= e.sum(axis=1, keepdims=True)
+                    return e
+                med, mn, out = timed(f, reps, warm)
+                result(w, c, med, mn, reps, summary(out), **extra_bytes(w))
+            elif w == "W3":
+                x, wt, b = inputs(w)
+
+                def f():
+                    xc = x - x.mean(axis=1, keepdims=True)
+                    var = np.einsum("ij,ij->i", xc, xc)[:, None] / np.float32(x.shape[1])
+                    xc *= 1.0 / np.sqrt(var + np.float32(1e-5))
+                    xc *= wt
+                    xc += b
+                    return xc
+                med, mn, out = timed(f, reps, warm)
+                result(w, c, med, mn, reps, summary(out), **extra_bytes(w))
+            elif w == "W4":
+                (x,) = inputs(w)
+                med, mn, out = timed(lambda: float(np.dot(x, x)), reps, warm)
+                result(w, c, med, mn, reps, "value=%.9g" % out, note="np.dot(x, x)", **extra_bytes(w))
+            elif w == "W5":
+                (x0,) = inputs(w)
+
+                def f():
+                    for _ in range(w5_chains()):
+                        x = x0
+                        for k in range(W5_OPS):
+                            x = x + 0.01 if k % 2 else x * 1.01
+                        out = x.tolist()
+                    return out
+                med, mn, out = timed(f, reps, warm, per=w5_chains() * W5_OPS)
+                result(w, c, med, mn, reps, summary(out), ops=W5_OPS, chains=w5_chains())
+            elif w == "W6":
+                a, b = inputs(w)
+                med, mn, out = timed(lambda: a @ b, reps, warm)
+                result(w, c, med, mn, reps, summary(out), **extra_bytes(w))
+            elif w == "W7":
+                run_numpy_w7(reps, warm)
+            elif w == "W8":
+                na("W8:W1", c, "numpy compiles nothing")
+                na("W8:W7", c, "numpy compiles nothing")
+        except Exception as e:  # a peer never fails the run
+            na(w, c, "error: %s" % e)
+            traceback.print_exc(file=sys.stderr)
+
+
+def run_numpy_w7(reps, warm):
+    x, params, target = inputs("W7")
+    bsz, classes = x.shape[0], params[5].shape[0]
+    onehot = np.zeros((bsz, classes), np.float32)
+    onehot[np.arange(bsz), target] = 1.0
+
+    def step():
+        w1, b1, w2, b2, w3, b3 = params
+        h1 = np.maximum(x @ w1 + b1, 0)
+        h2 = np.maximum(h1 @ w2 + b2, 0)
+        logits = h2 @ w3 + b3
+        m = logits.max(axis=1, keepdims=True)
+        e = np.exp(logits - m)
+        s = e.sum(axis=1, keepdims=True)
+        loss = float(np.mean(np.log(s[:, 0]) + m[:, 0] - logits[np.arange(bsz), target]))
+        g3 = (e / s - onehot) * np.float32(1.0 / bsz)
+        g2 = (g3 @ w3.T) * (h2 > 0)
+        g1 = (g2 @ w2.T) * (h1 > 0)
+        grads = [x.T @ g1, g1.sum(0), h1.T @ g2, g2.sum(0), h2.T @ g3, g3.sum(0)]
+        for p, g in zip(params, grads):
+            p -= np.float32(W7_LR) * g
+        return loss
+
+    check = w7_check(lambda: (step(), params), params)
+    med, mn, _ = timed(step, reps, warm)
+    result("W7", "numpy", med, mn, reps, check, batch=bsz, note="hand-written backward (numpy has no autodiff)")
+
+
+# --- PyTorch ---------------------------------------------------------------------
+
+def run_torch(workloads):
+    c, cc = "torch", "torch.compile"
+    try:
+        import torch
+        import torch.nn.functional as F
+    except Exception as e:
+        for w in workloads:
+            for name in (c, cc):
+                for ww in (["W8:W1", "W8:W7"] if w == "W8" else [w]):
+                    na(ww, name, "PyTorch not installed for %s (%s)" % (sys.executable, e.__class__.__name__))
+        return
+    torch.set_num_threads(ARGS.threads)
+    MACHINE["threads"] = torch.get_num_threads()
+    cap = "unknown"
+    try:
+        for line in torch.__config__.show().splitlines():
+            if "CPU capability usage" in line:
+                cap = line.split(":", 1)[1].strip()
+    except Exception:
+        pass
+    MACHINE["isa"] = "torch-" + cap
+    MACHINE["blas"] = blas_from_threadpoolctl() or "unknown"
+    has_compile = hasattr(torch, "compile")
+    no_compile = "PyTorch %s has no torch.compile (2.0+)" % torch.__version__
+    torch.set_grad_enabled(False)
+
+    def both(w, fn, args, check_of, per=1.0, **extra):
+        """eager, then torch.compile of the same function"""
+        reps, warm = reps_of(w)
+        med, mn, out = timed(lambda: fn(*args), reps, warm, per)
+        result(w, c, med, mn, reps, check_of(out), **extra)
+        if not has_compile:
+            na(w, cc, no_compile)
+            return
+        try:
+            cfn = torch.compile(fn)
+            med, mn, out = timed(lambda: cfn(*args), reps, warm + 1, per)
+            result(w, cc, med, mn, reps, check_of(out), **extra)
+        except Exception as e:
+            na(w, cc, "torch.compile failed: %s" % str(e).splitlines()[0][:200])
+
+    t = torch.from_numpy
+    for w in workloads:
+        try:
+            if w == "W1":
+                x, y = map(t, inputs(w))
+                both(w, lambda x, y: torch.tanh(x * y + 0.5) * torch.sigmoid(x) - y * y * 0.25, (x, y),
+                     lambda o: summary(o.numpy()), **extra_bytes(w))
+            elif w == "W2":
+                (x,) = map(t, inputs(w))
+                both(w, lambda x: torch.softmax(x, 1), (x,), lambda o: summary(o.numpy()), **extra_bytes(w))
+            elif w == "W3":
+                x, wt, b = map(t, inputs(w))
+                both(w, lambda x, wt, b: F.layer_norm(x, (x.shape[1],), wt, b, 1e-5), (x, wt, b),
+                     lambda o: summary(o.numpy()), **extra_bytes(w))
+            elif w == "W4":
+                (x,) = map(t, inputs(w))
+                both(w, lambda x: torch.dot(x, x).item(), (x,), lambda o: "value=%.9g" % o,
+                     note="torch.dot(x, x)", **extra_bytes(w))
+            elif w == "W5":
+                (x0,) = map(t, inputs(w))
+
+                def chain(x0):
+                    for _ in range(w5_chains()):
+                        x = x0
+                        for k in range(W5_OPS):
+                            x = x + 0.01 if k % 2 else x * 1.01
+                        out = x.tolist()
+                    return out
+                reps, warm = reps_of(w)
+                med, mn, out = timed(lambda: chain(x0), reps, warm, w5_chains() * W5_OPS)
+                result(w, c, med, mn, reps, summary(out), ops=W5_OPS, chains=w5_chains())
+                na(w, cc, no_compile if not has_compile else
+                   "not measured: a compiled chain is not per-op dispatch")
+            elif w == "W6":
+                a, b = map(t, inputs(w))
+                both(w, torch.mm, (a, b), lambda o: summary(o.numpy()), **extra_bytes(w))
+            elif w == "W7":
+                run_torch_w7(torch, F, has_compile, no_compile)
+            elif w == "W8":
+                na("W8:W1", c, "eager PyTorch compiles nothing")
+                na("W8:W7", c, "eager PyTorch compiles nothing")
+                na("W8:W1", cc, no_compile if not has_compile else "not measured yet")
+                na("W8:W7", cc, no_compile if not has_compile else "not measured yet")
+        except Exception as e:
+            na(w, c, "error: %s" % e)
+            traceback.print_exc(file=sys.stderr)
+
+
+def run_torch_w7(torch, F, has_compile, no_compile):
+    x_np, params_np, target_np = inputs("W7")
+    x, target = torch.from_numpy(x_np), torch.from_numpy(target_np)
+    params = [torch.from_numpy(p.copy()).requires_grad_(True) for p in params_np]
+
+    def step():
+        with torch.enable_grad():
+            w1, b1, w2, b2, w3, b3 = params
+            h1 = torch.relu(x @ w1 + b1)
+            h2 = torch.relu(h1 @ w2 + b2)
+            loss = F.cross_entropy(h2 @ w3 + b3, target)
+            loss.backward()
+        with torch.no_grad():
+            for p in params:
+                p.sub_(p.grad, alpha=W7_LR)
+                p.grad = None
+        return loss
+
+    def once():
+        loss = step().item()
+        return loss, [p.detach().numpy().copy() for p in params]
+
+    check = w7_check(once, [p.detach().numpy() for p in params])
+    reps, warm = reps_of("W7")
+    med, mn, _ = timed(step, reps, warm)
+    result("W7", "torch", med, mn, reps, check, batch=x_np.shape[0], note="autograd")
+    na("W7", "torch.compile", no_compile if not has_compile else "not measured yet")
+
+
+# --- JAX -------------------------------------------------------------------------
+
+def run_jax(workloads):
+    c = "jax.jit"
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "intra_op_parallelism_threads" not in flags:
+        flags += " --xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=%d" % ARGS.threads
+    os.environ["XLA_FLAGS"] = flags.strip()
+    try:
+        import jax
+        import jax.numpy as jnp
+    except Exception as e:
+        for w in workloads:
+            for ww in (["W8:W1", "W8:W7"] if w == "W8" else [w]):
+                na(ww, c, "JAX not installed for %s (%s)" % (sys.executable, e.__class__.__name__))
+        return
+    MACHINE["threads"] = ARGS.threads
+    MACHINE["isa"] = "xla-host-native"
+    MACHINE["blas"] = "xla-builtin"  # XLA:CPU's own dot kernels (Eigen), not OpenBLAS
+
+    def ready(o):
+        return jax.block_until_ready(o)
+
+    def run(w, fn, args, check_of, **extra):
+        reps, warm = reps_of(w)
+        jf = jax.jit(fn)
+        dargs = [jnp.asarray(a) for a in args]
+        med, mn, out = timed(lambda: ready(jf(*dargs)), reps, warm + 1)
+        result(w, c, med, mn, reps, check_of(np.asarray(out)), **extra)
+
+    def w1(x, y):
+        return jnp.tanh(x * y + 0.5) * jax.nn.sigmoid(x) - y * y * 0.25
+
+    def w3(x, wt, b):
+        mu = jnp.mean(x, axis=1, keepdims=True)
+        xc = x - mu
+        var = jnp.mean(xc * xc, axis=1, keepdims=True)
+        return xc * jax.lax.rsqrt(var + 1e-5) * wt + b
+
+    def w7_parts():
+        x_np, params_np, target_np = inputs("W7")
+
+        def loss_fn(params, x, target):
+            w1_, b1, w2, b2, w3_, b3 = params
+            h1 = jax.nn.relu(x @ w1_ + b1)
+            h2 = jax.nn.relu(h1 @ w2 + b2)
+            ls = jax.nn.log_softmax(h2 @ w3_ + b3, axis=1)
+            return -jnp.mean(jnp.take_along_axis(ls, target[:, None], axis=1))
+
+        def step(params, x, target):
+            loss, grads = jax.value_and_grad(loss_fn)(params, x, target)
+            return loss, [p - W7_LR * g for p, g in zip(params, grads)]
+        return step, x_np, params_np, target_np
+
+    for w in workloads:
+        try:
+            if w == "W1":
+                run(w, w1, inputs(w), summary, **extra_bytes(w))
+            elif w == "W2":
+                run(w, lambda x: jax.nn.softmax(x, axis=1), inputs(w), summary, **extra_bytes(w))
+            elif w == "W3":
+                run(w, w3, inputs(w), summary, **extra_bytes(w))
+            elif w == "W4":
+                run(w, lambda x: jnp.sum(x * x), inputs(w), lambda o: "value=%.9g" % float(o), **extra_bytes(w))
+            elif w == "W5":
+                (x0,) = inputs(w)
+
+                def chain(x):
+                    for k in range(W5_OPS):
+                        x = x + 0.01 if k % 2 else x * 1.01
+                    return x
+                jf = jax.jit(chain)
+                dx = jnp.asarray(x0)
+
+                def f():
+                    for _ in range(w5_chains()):
+                        out = np.asarray(jf(dx))
+                    return out
+                reps, warm = reps_of(w)
+                med, mn, out = timed(f, reps, warm + 1, w5_chains() * W5_OPS)
+                result(w, c, med, mn, reps, summary(out), ops=W5_OPS, chains=w5_chains(),
+                       note="the whole 100-op chain is one jitted call")
+            elif w == "W6":
+                run(w, jnp.matmul, inputs(w), summary, **extra_bytes(w))
+            elif w == "W7":
+                step, x_np, params_np, target_np = w7_parts()
+                jstep = jax.jit(step, donate_argnums=(0,))
+                x, target = jnp.asarray(x_np), jnp.asarray(target_np)
+                state = {"p": [jnp.array(p) for p in params_np]}  # copies: they are donated
+
+                def one():
+                    loss, state["p"] = jstep(state["p"], x, target)
+                    return ready(loss)
+
+                def once():
+                    loss = float(one())
+                    return loss, [np.asarray(p) for p in state["p"]]
+                check = w7_check(once, [p.copy() for p in params_np])
+                reps, warm = reps_of(w)
+                med, mn, _ = timed(one, reps, warm)
+                result(w, c, med, mn, reps, check, batch=x_np.shape[0], note="jax.value_and_grad + jit")
+            elif w == "W8":
+                # ms from first sight (trace + lower) to an executable, fresh functions
+                x, y = [jnp.asarray(a) for a in inputs("W1")]
+                t0 = time.perf_counter()
+                jax.jit(lambda x, y: w1(x, y)).lower(x, y).compile()
+                dt = time.perf_counter() - t0
+                result("W8:W1", c, dt, dt, 1, "", note="trace + lower + compile, first time in this process")
+                step, x_np, params_np, target_np = w7_parts()
+                args = ([jnp.asarray(p) for p in params_np], jnp.asarray(x_np), jnp.asarray(target_np))
+                t0 = time.perf_counter()
+                jax.jit(lambda p, x, t: step(p, x, t)).lower(*args).compile()
+                dt = time.perf_counter() - t0
+                result("W8:W7", c, dt, dt, 1, "", note="trace + lower + compile, first time in this process")
+        except Exception as e:
+            na(w, c, "error: %s" % str(e).splitlines()[0][:200])
+            traceback.print_exc(file=sys.stderr)
+
+
+def main():
+    global ARGS, np
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--contender", required=True, choices=["numpy", "torch", "jax"])
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("workloads", nargs="*", default=["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8"])
+    ARGS = ap.parse_args()
+    try:
+        import numpy
+        np = numpy
+    except Exception as e:
+        names = {"numpy": ["numpy"], "torch": ["torch", "torch.compile"], "jax": ["jax.jit"]}[ARGS.contender]
+        for w in ARGS.workloads:
+            for ww in (["W8:W1", "W8:W7"] if w == "W8" else [w]):
+                for name in names:
+                    na(ww, name, "numpy not installed for %s" % sys.executable)
+        return 0
+    {"numpy": run_numpy, "torch": run_torch, "jax": run_jax}[ARGS.contender](ARGS.workloads)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,331 @@
+#!/usr/bin/env python3
+"""perf/report.py -- turns the lines the perf/ programs and perf/peers.py
+printed (@limit, @result, @na, @fail) into the table scripts/bench prints, a
+CSV, and a PNG bar chart (matplotlib, when it is installed).
+
+    report.py RAW --csv OUT.csv [--png OUT.png] [--header TEXT]
+
+Exit status: 0, or 1 if a Kiln program failed or kiln-eager and kiln disagree.
+Uses the standard library only, apart from matplotlib for the chart.
+"""
+import argparse
+import csv
+import math
+import sys
+
+ORDER = ["kiln-eager", "kiln", "openblas", "numpy", "torch", "torch.compile", "jax.jit"]
+WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8:W1", "W8:W7"]
+TITLES = {
+    "W1": "W1 tanh(x*y+0.5)*sigmoid(x)-y*y*0.25, 2^24",
+    "W2": "W2 softmax rows, 4096x1024",
+    "W3": "W3 layer_norm rows, 4096x1024",
+    "W4": "W4 sum(x*x), 2^24",
+    "W5": "W5 100 scalar ops on 16 elements",
+    "W6": "W6 matmul 1024^3",
+    "W7": "W7 MLP train step, batch 512",
+    "W8": "W8 compile: first sight to plan",
+}
+# how a row's median is shown: unit, value from the median seconds, higher is better
+UNITS = {"W1": "ms", "W2": "ms", "W3": "ms", "W4": "ms", "W5": "us/op", "W6": "GFLOP/s",
+         "W7": "steps/s", "W8": "ms"}
+MEMORY_BOUND = {"W1", "W2", "W3", "W4"}
+# agreement tolerance of the result summaries, relative (see agree())
+TOLERANCE = {"W1": 1e-4, "W2": 1e-4, "W3": 1e-4, "W4": 1e-4, "W5": 1e-5, "W6": 1e-4, "W7": 1e-3}
+
+
+def base(w):
+    return w.split(":")[0]
+
+
+def parse(path):
+    limit, rows, fails = None, [], []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if not line.startswith("@"):
+                continue
+            kind, *fields = line.split("\t")
+            d = {}
+            for fld in fields:
+                k, _, v = fld.partition("=")
+                d[k] = v
+            if kind == "@limit":
+                limit = d
+            elif kind in ("@result", "@na", "@fail"):
+                d["kind"] = kind[1:]
+                rows.append(d)
+    return limit, rows
+
+
+def parse_check(s):
+    out = {}
+    for part in (s or "").split(","):
+        k, _, v = part.partition("=")
+        if k and v:
+            try:
+                out[k] = float(v)
+            except ValueError:
+                pass
+    return out
+
+
+def agree(w, a, b):
+    """returns the fields on which two summaries disagree"""
+    tol = TOLERANCE.get(base(w), 1e-3)
+    bad = []
+    keys = [k for k in a if k in b]
+    if "abs" in a and "abs" in b:  # bench_summary_f32: scale sums by the L1 norm
+        if a.get("n") != b.get("n"):
+            return ["n"]
+        l1 = max(a["abs"], b["abs"], 1e-30)
+        mean_mag = l1 / max(a["n"], 1)
+        for k in keys:
+            if k == "n":
+                continue
+            if k in ("sum", "wsum"):
+                ok = abs(a[k] - b[k]) <= tol * l1
+            else:
+                ok = abs(a[k] - b[k]) <= tol * max(abs(a[k]), abs(b[k])) + tol * mean_mag
+            if not ok:
+                bad.append(k)
+    else:
+        for k in keys:
+            if abs(a[k] - b[k]) > tol * max(abs(a[k]), abs(b[k])) + 1e-30:
+                bad.append(k)
+    if not keys:
+        bad.append("no common fields")
+    return bad
+
+
+def fnum(v, digits=3):
+    if v is None or (isinstance(v, float) and (math.isnan(v) or math.isinf(v))):
+        return ""
+    if v == 0:
+        return "0"
+    mag = math.floor(math.log10(abs(v)))
+    if mag >= digits:
+        return "%.0f" % v
+    return "%.*f" % (max(0, digits - 1 - mag), v)
+
+
+def build(limit, raw):
+    gbs = float(limit["best_gbs"]) if limit and limit.get("best_gbs") else None
+    table = []
+    for d in raw:
+        w, c = d.get("workload", "?"), d.get("contender", "?")
+        r = {"workload": w, "contender": c, "status": d["kind"], "note": d.get("note", ""),
+             "threads": d.get("threads", ""), "isa": d.get("isa", ""), "blas": d.get("blas", ""),
+             "reps": d.get("reps", ""), "check": d.get("check", ""), "time_s": None,
+             "value": None, "unit": UNITS.get(base(w), ""), "limit_s": None, "of_limit": None,
+             "kiln_speedup": None, "bytes": d.get("bytes", ""), "flops": d.get("flops", "")}
+        if d["kind"] == "result":
+            r["status"] = "ok"
+            t = float(d["time_s"])
+            r["time_s"] = t
+            u = base(w)
+            if u == "W5":
+                r["value"] = t * 1e6
+            elif u == "W6":
+                r["value"] = float(d["flops"]) / t / 1e9 if d.get("flops") else None
+            elif u == "W7":
+                r["value"] = 1.0 / t
+            else:
+                r["value"] = t * 1e3
+            if u in MEMORY_BOUND and gbs and d.get("bytes"):
+                r["limit_s"] = float(d["bytes"]) / (gbs * 1e9)
+                r["of_limit"] = r["limit_s"] / t
+        elif d["kind"] == "fail":
+            r["status"] = "FAILED"
+        table.append(r)
+
+    # ratios to kiln, and the agreement of results with Kiln's
+    failed_kiln = False
+    for w in sorted({r["workload"] for r in table}):
+        rows = [r for r in table if r["workload"] == w]
+        kiln = next((r for r in rows if r["contender"] == "kiln" and r["status"] == "ok"), None)
+        ref = kiln if kiln and kiln["check"] else next((r for r in rows if r["status"] == "ok" and r["check"]), None)
+        for r in rows:
+            if r["status"] == "FAILED" and r["contender"].startswith("kiln"):
+                failed_kiln = True
+            if r["status"] != "ok":
+                continue
+            if kiln and kiln["time_s"]:
+                r["kiln_speedup"] = r["time_s"] / kiln["time_s"]
+            if ref is None or r is ref or not r["check"]:
+                r["agree"] = "reference" if r is ref else ""
+                continue
+            bad = agree(w, parse_check(ref["check"]), parse_check(r["check"]))
+            if bad:
+                r["status"] = "MISMATCH"
+                r["agree"] = "MISMATCH vs %s on %s" % (ref["contender"], ",".join(bad))
+            else:
+                r["agree"] = "agrees with %s" % ref["contender"]
+    key = {c: i for i, c in enumerate(ORDER)}
+    wkey = {w: i for i, w in enumerate(WORKLOADS)}
+    table.sort(key=lambda r: (wkey.get(r["workload"], 99), r["workload"], key.get(r["contender"], 99), r["contender"]))
+    kiln_mismatch = any(r["status"] == "MISMATCH" and r["contender"].startswith("kiln") for r in table)
+    return table, failed_kiln or kiln_mismatch
+
+
+def median_text(r):
+    if r["status"] in ("n/a", "na"):
+        return "n/a"
+    if r["status"] == "FAILED":
+        return "FAILED"
+    return "%s %s" % (fnum(r["value"], 4), r["unit"])
+
+
+def print_table(table, limit, header):
+    if header:
+        print(header)
+    if limit:
+        print("limit: STREAM triad %s GB/s best (median %s GB/s), %s threads, 3 x %s MiB arrays"
+              % (limit.get("best_gbs"), limit.get("median_gbs"), limit.get("threads"), limit.get("array_mib")))
+    print("of limit = (bytes that must move / triad bandwidth) / time: 1.00 is at the limit (W1-W4 only)")
+    print("vs kiln  = this contender's time / kiln's time: above 1, Kiln is faster; below 1, slower")
+    print()
+    cols = ["workload", "contender", "median", "of limit", "vs kiln", "check", "threads", "isa", "blas"]
+    lines = []
+    for r in table:
+        status = r["status"]
+        chk = {"ok": "ok", "MISMATCH": "MISMATCH", "FAILED": "FAILED", "na": "n/a"}.get(status, status)
+        if status == "ok" and r.get("agree") == "reference":
+            chk = "ref"
+        elif status == "ok" and not r.get("agree"):
+            chk = "-"
+        lines.append([r["workload"], r["contender"], "n/a" if status == "na" else median_text(r),
+                      fnum(r["of_limit"], 3) if r["of_limit"] is not None else ("" if status == "na" else "-"),
+                      fnum(r["kiln_speedup"], 3) if r["kiln_speedup"] is not None else "",
+                      chk, str(r["threads"]), r["isa"], r["blas"]])
+    width = [max(len(c), *(len(l[i]) for l in lines)) if lines else len(c) for i, c in enumerate(cols)]
+    fmt = "  ".join("%%-%ds" % wd for wd in width)
+    print(fmt % tuple(cols))
+    print("  ".join("-" * wd for wd in width))
+    prev = None
+    for r, l in zip(table, lines):
+        if prev is not None and base(r["workload"]) != prev:
+            print()
+        prev = base(r["workload"])
+        print(fmt % tuple(l))
+    notes = [(r["workload"], r["contender"], r["note"]) for r in table if r["note"]]
+    mism = [(r["workload"], r["contender"], r["agree"]) for r in table if r["status"] == "MISMATCH"]
+    if mism:
+        print("\nmismatches:")
+        for w, c, a in mism:
+            print("  %-6s %-14s %s" % (w, c, a))
+    if notes:
+        print("\nnotes:")
+        for w, c, n in notes:
+            print("  %-6s %-14s %s" % (w, c, n))
+
+
+def write_csv(table, limit, path):
+    fields = ["workload", "contender", "status", "median", "unit", "time_s", "reps", "limit_s",
+              "of_limit", "kiln_speedup", "threads", "isa", "blas", "triad_gbs", "bytes", "flops",
+              "agreement", "check", "note"]
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        wr = csv.writer(f)
+        wr.writerow(fields)
+        for r in table:
+            wr.writerow([r["workload"], r["contender"], "n/a" if r["status"] == "na" else r["status"],
+                         "%.6g" % r["value"] if r["value"] is not None else "", r["unit"],
+                         "%.6g" % r["time_s"] if r["time_s"] is not None else "", r["reps"],
+                         "%.6g" % r["limit_s"] if r["limit_s"] is not None else "",
+                         "%.4f" % r["of_limit"] if r["of_limit"] is not None else "",
+                         "%.4f" % r["kiln_speedup"] if r["kiln_speedup"] is not None else "",
+                         r["threads"], r["isa"], r["blas"], limit.get("best_gbs", "") if limit else "",
+                         r["bytes"], r["flops"], r.get("agree", ""), r["check"], r["note"]])
+
+
+COLORS = {"kiln-eager": "#f4a261", "kiln": "#e76f51", "openblas": "#6c757d", "numpy": "#2a9d8f",
+          "torch": "#457b9d", "torch.compile": "#1d3557", "jax.jit": "#8e7dbe"}
+
+
+def plot(table, limit, path, header):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:
+        print("chart: matplotlib is not available (%s); no PNG written" % e.__class__.__name__)
+        return False
+    panels = [w for w in ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8"]
+              if any(base(r["workload"]) == w for r in table)]
+    if not panels:
+        return False
+    ncols = 2 if len(panels) > 1 else 1
+    nrows = (len(panels) + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(7.5 * ncols, 3.1 * nrows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, w in zip(axes.flat, panels):
+        rows = [r for r in table if base(r["workload"]) == w]
+        labels, vals, colors, texts, hatches = [], [], [], [], []
+        for r in rows:
+            lab = r["contender"] + ((" (" + r["workload"].split(":")[1] + ")") if ":" in r["workload"] else "")
+            labels.append(lab)
+            ok = r["value"] is not None and r["status"] in ("ok", "MISMATCH")
+            vals.append(r["value"] if ok else 0.0)
+            colors.append("#d62828" if r["status"] == "MISMATCH" else COLORS.get(r["contender"], "#999999"))
+            hatches.append("//" if r["status"] == "MISMATCH" else "")
+            if not ok:
+                texts.append("n/a" if r["status"] == "na" else r["status"])
+            else:
+                t = "%s" % fnum(r["value"], 3)
+                if r["of_limit"] is not None:
+                    t += "  (%s of limit)" % fnum(r["of_limit"], 2)
+                if r["status"] == "MISMATCH":
+                    t += "  MISMATCH"
+                texts.append(t)
+        y = list(range(len(rows)))[::-1]
+        bars = ax.barh(y, vals, color=colors, edgecolor="black", linewidth=0.4)
+        for b, h in zip(bars, hatches):
+            b.set_hatch(h)
+        vmax = max(vals) if any(vals) else 1.0
+        lim_ms = None
+        if w in MEMORY_BOUND:
+            lim = next((r["limit_s"] for r in rows if r["limit_s"]), None)
+            if lim:
+                lim_ms = lim * 1e3
+                ax.axvline(lim_ms, color="black", linestyle="--", linewidth=1)
+                ax.text(lim_ms, len(rows) - 0.45, " limit %s ms" % fnum(lim_ms, 2), fontsize=7, va="bottom")
+        for yy, v, t in zip(y, vals, texts):
+            ax.text(v + vmax * 0.01, yy, t, va="center", fontsize=8)
+        ax.set_yticks(y)
+        ax.set_yticklabels(labels, fontsize=8)
+        ax.set_xlim(0, vmax * 1.45)
+        better = "higher is better" if UNITS[w] in ("GFLOP/s", "steps/s") else "lower is better"
+        ax.set_title("%s\n%s, %s" % (TITLES[w], UNITS[w], better), fontsize=9)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.grid(axis="x", alpha=0.3)
+    sup = header.splitlines()[0] if header else "Kiln benchmarks"
+    if limit:
+        sup += "  |  STREAM triad %s GB/s, %s threads" % (limit.get("best_gbs"), limit.get("threads"))
+    fig.suptitle(sup, fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("raw")
+    ap.add_argument("--csv", required=True)
+    ap.add_argument("--png")
+    ap.add_argument("--header", default="")
+    a = ap.parse_args()
+    limit, raw = parse(a.raw)
+    table, bad = build(limit, raw)
+    print_table(table, limit, a.header)
+    write_csv(table, limit, a.csv)
+    print("\ncsv: %s" % a.csv)
+    if a.png and plot(table, limit, a.png, a.header):
+        print("chart: %s" % a.png)
+    if bad:
+        print("report: a Kiln program failed, or kiln-eager and kiln disagree", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+/* workloads.h — the Kiln side of the workloads that more than one program
+ * runs (W1's expression and W7's training step are also what W8 compiles).
+ * perf/peers.py builds the same inputs with the same formulas. */
+#ifndef KILN_PERF_WORKLOADS_H
+#define KILN_PERF_WORKLOADS_H
+
+#include <kiln.h>
+#include <stdbool.h>
+
+/* W1: tanh(x*y + 0.5) * sigmoid(x) - y*y*0.25.  Inputs:
+   x[i] = sin(0.001 i), y[i] = 1.5 sin(0.0007 i + 0.5) (bench_fill_sin) */
+#define W1_X_FREQ 0.001
+#define W1_Y_FREQ 0.0007
+#define W1_Y_PHASE 0.5
+#define W1_Y_AMP 1.5
+kiln_tensor *wl_w1(kiln_tensor *x, kiln_tensor *y);
+
+/* W7: an MLP B x D -> H1 -> H2 -> C, relu, mean cross-entropy, plain SGD.
+   Weights are stored [in, out] so the forward pass is x @ W + b. */
+typedef struct {
+  int64_t batch, d_in, h1, h2, classes;
+  double lr;
+  kiln_tensor *x, *target, *onehot, *zero;
+  kiln_tensor *w1, *b1, *w2, *b2, *w3, *b3;
+} wl_mlp;
+
+void wl_mlp_init(wl_mlp *m, bool smoke);
+/* one training step: forward, a hand-written backward pass from Kiln ops
+   (Kiln has no autodiff yet), SGD update of the six parameters in place
+   (kiln_sub_scaled_).  Returns the loss of the forward pass (caller releases). */
+kiln_tensor *wl_mlp_step(wl_mlp *m);
+void wl_mlp_free(wl_mlp *m);
+
+#endif

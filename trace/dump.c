@@ -1,0 +1,214 @@
+/* dump.c — KILN_LOG, KILN_DUMP and KILN_STATS. */
+#include "dump.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../vm/state.h"
+
+static const char *group_kind_name(tr_group_kind k) {
+  static const char *names[] = {"elementwise", "reduce", "matmul", "data"};
+  return names[k];
+}
+
+static void put_ref(FILE *f, int ref) {
+  if (ref >= 0)
+    fprintf(f, "%%%d", ref);
+  else
+    fprintf(f, "L%d", -1 - ref);
+}
+
+static void put_meta(FILE *f, const vm_meta *m) {
+  fprintf(f, "%s[", vm_dtype_name(m->dtype));
+  for (int d = 0; d < m->ndim; d++) fprintf(f, d ? ",%lld" : "%lld", (long long)m->shape[d]);
+  fputc(']', f);
+}
+
+static void put_attrs(FILE *f, const tr_pnode *p) {
+  const vm_attr *a = &p->attr;
+  switch (vm_op_table[p->op].kind) {
+    case VM_KIND_REDUCE: fprintf(f, " axes=0x%x keepdim=%d", a->axes_mask, a->keepdim); break;
+    case VM_KIND_VIEW:
+      if (p->op == VM_OP_permute) {
+        fprintf(f, " perm=(");
+        for (int d = 0; d < p->meta.ndim; d++) fprintf(f, d ? ",%d" : "%d", a->perm[d]);
+        fputc(')', f);
+      } else if (p->op == VM_OP_slice) {
+        fprintf(f, " axis=%d %lld:%lld:%lld", a->axis, (long long)a->start, (long long)a->stop,
+                (long long)a->step);
+      }
+      break;
+    case VM_KIND_INDEX:
+    case VM_KIND_CONCAT: fprintf(f, " axis=%d", a->axis); break;
+    case VM_KIND_LEAF:
+      if (p->op == VM_OP_full) fprintf(f, " value=$%d%s", p->src, a->weak ? " weak" : "");
+      if (p->op == VM_OP_arange) fprintf(f, " start,step=$%d", p->src);
+      if (p->op == VM_OP_rand || p->op == VM_OP_randn) fprintf(f, " counter=$%d", p->src);
+      break;
+    default: break;
+  }
+}
+
+void tr_write_ir(FILE *f, const tr_trace *t, const tr_plan *plan, tr_key key) {
+  fprintf(f, "# kiln trace %016llx%016llx: %d nodes, %d leaves -> plan of %d nodes in %d groups\n",
+          (unsigned long long)key.hi, (unsigned long long)key.lo, t->n, t->nleaves, plan->n,
+          plan->ngroups);
+  fprintf(f, "# passes: simplified %d, cse %d, dce %d, folded %d; %d buffers\n",
+          plan->passes.simplified, plan->passes.cse, plan->passes.dce, plan->passes.folded,
+          plan->nbuffers);
+  fprintf(f, "# $i: a runtime parameter bound from the flush's node i\n");
+  for (int j = 0; j < t->nleaves; j++) {
+    const vm_tensor *v = t->leaves[j]->value;
+    fprintf(f, "L%d : ", j);
+    put_meta(f, &t->leaves[j]->meta);
+    fprintf(f, "%s\n", vm_is_contiguous(v) ? "" : " (strided)");
+  }
+  for (int g = 0; g < plan->ngroups; g++) {
+    const tr_group *grp = &plan->groups[g];
+    fprintf(f, "\ngroup %d %s {\n", g, group_kind_name(grp->kind));
+    for (int i = grp->first; i <= grp->last; i++) {
+      const tr_pnode *p = &plan->nodes[i];
+      fprintf(f, "  %%%d = %s(", i, vm_op_table[p->op].name);
+      for (int k = 0; k < p->nin; k++) {
+        if (k) fputs(", ", f);
+        put_ref(f, tr_pnode_input(p, k));
+      }
+      fputc(')', f);
+      put_attrs(f, p);
+      fputs(" : ", f);
+      put_meta(f, &p->meta);
+      if (p->fold) fputs(" folded", f);
+      if (p->buffer >= 0) fprintf(f, " -> buf%d", p->buffer);
+      fputc('\n', f);
+    }
+    fputs("}\n", f);
+  }
+  fputs("\noutputs:", f);
+  for (int c = 0; c < t->n; c++)
+    if (t->is_output[c]) {
+      fputc(' ', f);
+      put_ref(f, plan->outputs[c]);
+    }
+  fputc('\n', f);
+}
+
+static void write_dot(FILE *f, const tr_trace *t, const tr_plan *plan) {
+  static const char *colors[] = {"#a6cee3", "#b2df8a", "#fb9a99", "#fdbf6f",
+                                 "#cab2d6", "#ffff99", "#1f78b4", "#33a02c"};
+  fprintf(f, "digraph kiln {\n  rankdir=TB;\n  node [shape=box, style=filled, fontname=\"monospace\"];\n");
+  for (int j = 0; j < t->nleaves; j++) fprintf(f, "  L%d [label=\"L%d\", fillcolor=\"#eeeeee\"];\n", j, j);
+  for (int g = 0; g < plan->ngroups; g++) {
+    const tr_group *grp = &plan->groups[g];
+    fprintf(f, "  subgraph cluster_%d {\n    label=\"group %d (%s)\";\n", g, g,
+            group_kind_name(grp->kind));
+    for (int i = grp->first; i <= grp->last; i++) {
+      const tr_pnode *p = &plan->nodes[i];
+      fprintf(f, "    n%d [label=\"%%%d %s\\n", i, i, vm_op_table[p->op].name);
+      put_meta(f, &p->meta);
+      fprintf(f, "\", fillcolor=\"%s\"];\n", colors[g % 8]);
+    }
+    fputs("  }\n", f);
+  }
+  for (int i = 0; i < plan->n; i++)
+    for (int k = 0; k < plan->nodes[i].nin; k++) {
+      int r = tr_pnode_input(&plan->nodes[i], k);
+      if (r >= 0)
+        fprintf(f, "  n%d -> n%d;\n", r, i);
+      else
+        fprintf(f, "  L%d -> n%d;\n", -1 - r, i);
+    }
+  fputs("}\n", f);
+}
+
+static pthread_mutex_t dump_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void tr_dump_plan(const tr_trace *t, const tr_plan *plan, tr_key key) {
+  const char *dir = getenv("KILN_DUMP");
+  if (!dir || !*dir) return;
+  pthread_mutex_lock(&dump_lock);
+  if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+    fprintf(stderr, "kiln: KILN_DUMP: cannot create %s: %s\n", dir, strerror(errno));
+    pthread_mutex_unlock(&dump_lock);
+    return;
+  }
+  char path[4096], name[40];
+  snprintf(name, sizeof name, "%016llx%016llx", (unsigned long long)key.hi, (unsigned long long)key.lo);
+  snprintf(path, sizeof path, "%s/trace-%s.txt", dir, name);
+  FILE *f = fopen(path, "w");
+  if (f) {
+    tr_write_ir(f, t, plan, key);
+    fclose(f);
+  }
+  snprintf(path, sizeof path, "%s/trace-%s.dot", dir, name);
+  if ((f = fopen(path, "w"))) {
+    write_dot(f, t, plan);
+    fclose(f);
+  }
+  snprintf(path, sizeof path, "%s/manifest.tsv", dir);
+  if ((f = fopen(path, "a"))) {
+    fprintf(f, "%s\t%d\t%d\t%d\t", name, t->n, plan->n, plan->ngroups);
+    for (int i = 0; i < plan->n; i++) fprintf(f, i ? ",%s" : "%s", vm_op_table[plan->nodes[i].op].name);
+    fputc('\n', f);
+    fclose(f);
+  }
+  pthread_mutex_unlock(&dump_lock);
+}
+
+static int log_level(void) {
+  const char *s = getenv("KILN_LOG");
+  if (!s) return 0;
+  if (!strcmp(s, "debug")) return 2;
+  return !strcmp(s, "info") ? 1 : 0;
+}
+
+void tr_log_flush(const tr_trace *t, tr_flush_reason why, tr_key key, const cache_sighting *seen,
+                  bool planned, double ms, int rc) {
+  int level = log_level();
+  if (!level) return;
+  int outs = 0;
+  for (int i = 0; i < t->n; i++) outs += t->is_output[i];
+  fprintf(stderr, "kiln: flush (%s) %d nodes -> %d outputs, key %016llx: %s, seen %llu%s%s, %s, %.3f ms%s\n",
+          tr_flush_reason_name(why), t->n, outs, (unsigned long long)key.hi,
+          seen->new_key ? "miss" : "hit", (unsigned long long)seen->sightings,
+          seen->make_plan ? ", planned now" : "", seen->over_budget ? ", family over budget" : "",
+          planned ? "plan" : "interpreter", ms, rc ? " FAILED" : "");
+  if (level < 2) return;
+  for (int i = 0; i < t->n; i++) {
+    const tr_node *n = t->nodes[i];
+    fprintf(stderr, "kiln:   %%%d = %s(", i, vm_op_table[n->op].name);
+    for (int k = 0; k < n->nin; k++) {
+      if (k) fputs(", ", stderr);
+      put_ref(stderr, t->refs[i][k]);
+    }
+    fputs(") : ", stderr);
+    put_meta(stderr, &n->meta);
+    fputs(t->is_output[i] ? " output\n" : "\n", stderr);
+  }
+}
+
+/* KILN_STATS=1: the table at exit */
+static void print_stats(void) {
+  kiln_stats s;
+  kiln_get_stats(&s);
+  fprintf(stderr,
+          "kiln stats\n"
+          "  ops recorded     %llu\n  flushes          %llu (%.1f ms)\n"
+          "  traces seen      %llu\n  cache hits       %llu\n  cache misses     %llu\n"
+          "  hit rate         %.1f%%\n  compiles         %llu (%.1f ms, %llu failed)\n"
+          "  eager ops        %llu\n  kernels launched %llu\n",
+          (unsigned long long)s.ops_recorded, (unsigned long long)s.flushes, s.flush_ms,
+          (unsigned long long)s.traces_seen, (unsigned long long)s.cache_hits,
+          (unsigned long long)s.cache_misses,
+          s.cache_hits + s.cache_misses ? 100.0 * (double)s.cache_hits / (double)(s.cache_hits + s.cache_misses) : 0.0,
+          (unsigned long long)s.compiles, s.compile_ms, (unsigned long long)s.compile_failures,
+          (unsigned long long)s.eager_ops, (unsigned long long)s.kernels_launched);
+}
+
+__attribute__((constructor)) static void stats_at_exit(void) {
+  const char *s = getenv("KILN_STATS");
+  if (s && !strcmp(s, "1")) atexit(print_stats);
+}

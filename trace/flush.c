@@ -1,0 +1,244 @@
+/* flush.c — one flush: collect what the targets need, decide the outputs
+ * (targets + pending stores + nodes a pending node outside still reads;
+ * every other intermediate stays recomputable), key it, consult the cache,
+ * run the plan or the plain trace on the interpreter, and commit. */
+#include "flush.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../cache/trace_cache.h"
+#include "../vm/state.h"
+#include "dump.h"
+#include "key.h"
+#include "plan.h"
+
+const char *tr_flush_reason_name(tr_flush_reason why) {
+  static const char *names[] = {"read", "sync", "depth", "nodes", "memory"};
+  return names[why];
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+/* --- collecting the trace ------------------------------------------------- */
+
+typedef struct {
+  tr_trace t;
+  int cap_nodes, cap_leaves;
+  /* leaf pointer -> index (open addressing); leaves may be shared between
+     threads, so nothing is written into them */
+  tr_node **leaf_keys;
+  int *leaf_vals;
+  int leaf_slots;
+  int epoch;
+  bool oom;
+} collector;
+
+static bool grow(void **p, int *cap, int need, size_t size) {
+  if (need <= *cap) return true;
+  int c = *cap ? *cap * 2 : 64;
+  while (c < need) c *= 2;
+  void *q = realloc(*p, (size_t)c * size);
+  if (!q) return false;
+  *p = q;
+  *cap = c;
+  return true;
+}
+
+static int leaf_index(collector *c, tr_node *leaf) {
+  if (c->t.nleaves * 2 >= c->leaf_slots) { /* rehash */
+    int slots = c->leaf_slots ? c->leaf_slots * 2 : 64;
+    tr_node **keys = calloc((size_t)slots, sizeof *keys);
+    int *vals = calloc((size_t)slots, sizeof *vals);
+    if (!keys || !vals) {
+      free(keys);
+      free(vals);
+      c->oom = true;
+      return 0;
+    }
+    for (int i = 0; i < c->leaf_slots; i++) {
+      if (!c->leaf_keys[i]) continue;
+      size_t h = ((uintptr_t)c->leaf_keys[i] >> 4) & (size_t)(slots - 1);
+      while (keys[h]) h = (h + 1) & (size_t)(slots - 1);
+      keys[h] = c->leaf_keys[i];
+      vals[h] = c->leaf_vals[i];
+    }
+    free(c->leaf_keys);
+    free(c->leaf_vals);
+    c->leaf_keys = keys;
+    c->leaf_vals = vals;
+    c->leaf_slots = slots;
+  }
+  size_t h = ((uintptr_t)leaf >> 4) & (size_t)(c->leaf_slots - 1);
+  while (c->leaf_keys[h] && c->leaf_keys[h] != leaf) h = (h + 1) & (size_t)(c->leaf_slots - 1);
+  if (c->leaf_keys[h]) return c->leaf_vals[h];
+  if (!grow((void **)&c->t.leaves, &c->cap_leaves, c->t.nleaves + 1, sizeof(tr_node *))) {
+    c->oom = true;
+    return 0;
+  }
+  int j = c->t.nleaves++;
+  c->t.leaves[j] = tr_node_retain(leaf);
+  c->leaf_keys[h] = leaf;
+  c->leaf_vals[h] = j;
+  return j;
+}
+
+/* post-order DFS: inputs in argument order, so the order is a function of
+   the program alone */
+static void visit(collector *c, tr_node *n) {
+  if (c->oom || n->state == TR_MATERIALIZED || n->visit == c->epoch) return;
+  n->visit = c->epoch;
+  for (int k = 0; k < n->nin; k++) visit(c, n->in[k]);
+  if (c->oom) return;
+  if (!grow((void **)&c->t.nodes, &c->cap_nodes, c->t.n + 1, sizeof(tr_node *))) {
+    c->oom = true;
+    return;
+  }
+  n->index = c->t.n;
+  n->inside_uses = 0;
+  c->t.nodes[c->t.n++] = tr_node_retain(n);
+}
+
+static bool collect(collector *c, tr_graph *g, tr_node **targets, int ntargets) {
+  c->epoch = ++g->visit_epoch;
+  for (int i = 0; i < ntargets; i++) visit(c, targets[i]);
+  for (int i = 0; i < g->nstores; i++) visit(c, g->stores[i]);
+  tr_trace *t = &c->t;
+  t->refs = calloc((size_t)(t->n ? t->n : 1), sizeof *t->refs);
+  t->is_output = calloc((size_t)(t->n ? t->n : 1), sizeof *t->is_output);
+  if (c->oom || !t->refs || !t->is_output) return false;
+  for (int i = 0; i < t->n; i++) {
+    tr_node *n = t->nodes[i];
+    t->refs[i] = malloc((size_t)(n->nin ? n->nin : 1) * sizeof(int));
+    if (!t->refs[i]) return false;
+    for (int k = 0; k < n->nin; k++) {
+      tr_node *x = n->in[k];
+      if (x->state == TR_MATERIALIZED) {
+        t->refs[i][k] = -1 - leaf_index(c, x);
+      } else {
+        t->refs[i][k] = x->index;
+        if (n->state == TR_PENDING) x->inside_uses++;
+      }
+    }
+  }
+  for (int i = 0; i < ntargets; i++)
+    if (targets[i]->state != TR_MATERIALIZED) t->is_output[targets[i]->index] = true;
+  for (int i = 0; i < g->nstores; i++)
+    if (g->stores[i]->state != TR_MATERIALIZED) t->is_output[g->stores[i]->index] = true;
+  for (int i = 0; i < t->n; i++) /* read by a pending node outside this trace */
+    if (t->nodes[i]->pending_uses > t->nodes[i]->inside_uses) t->is_output[i] = true;
+  return !c->oom;
+}
+
+static void collector_free(collector *c) {
+  tr_trace *t = &c->t;
+  for (int i = 0; i < t->n; i++) {
+    if (t->refs) free(t->refs[i]);
+    tr_node_release(t->nodes[i]);
+  }
+  for (int j = 0; j < t->nleaves; j++) tr_node_release(t->leaves[j]);
+  free(t->refs);
+  free(t->nodes);
+  free(t->leaves);
+  free(t->is_output);
+  free(c->leaf_keys);
+  free(c->leaf_vals);
+}
+
+/* --- committing ------------------------------------------------------------ */
+
+static void commit(tr_graph *g, tr_trace *t, vm_tensor **vals) {
+  for (int i = 0; i < t->n; i++) {
+    tr_node *n = t->nodes[i];
+    if (n->state == TR_PENDING) tr_node_unlink(n);
+    if (t->is_output[i]) {
+      n->value = vals[i];
+      vals[i] = NULL;
+      n->state = TR_MATERIALIZED;
+    } else {
+      n->state = TR_RECOMPUTABLE;
+    }
+  }
+  /* materialized nodes no longer need their inputs (the flush still holds
+     every node of the trace, so nothing is freed under our feet) */
+  for (int i = 0; i < t->n; i++) {
+    tr_node *n = t->nodes[i];
+    if (n->state != TR_MATERIALIZED || n->nin == 0) continue;
+    for (int k = 0; k < n->nin; k++) tr_node_release(n->in[k]);
+    if (n->in != n->in_small) free(n->in);
+    n->in = n->in_small;
+    n->nin = 0;
+  }
+  (void)g;
+}
+
+static void drop_stores(tr_graph *g) {
+  for (int i = 0; i < g->nstores; i++) tr_node_release(g->stores[i]);
+  g->nstores = 0;
+}
+
+static void plan_ops_once(void) {
+  static const cache_plan_ops ops = {tr_plan_retain, tr_plan_release};
+  cache_set_plan_ops(&ops);
+}
+
+int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, plan_ops_once);
+  double t0 = now_ms();
+  collector c = {0};
+  if (!collect(&c, g, targets, ntargets)) {
+    collector_free(&c);
+    drop_stores(g);
+    return vm_error(KILN_ERR_OOM, "out of memory collecting a trace");
+  }
+  tr_trace *t = &c.t;
+  if (t->n == 0) {
+    collector_free(&c);
+    drop_stores(g);
+    return KILN_OK;
+  }
+  vm_counters *st = &vm_process()->stats;
+  tr_bytes bytes, fam_bytes;
+  tr_key_bytes(t, true, &bytes);
+  tr_key_bytes(t, false, &fam_bytes);
+  tr_plan *plan = NULL;
+  cache_sighting seen = {0};
+  tr_key key = {0, 0};
+  bool cached = !bytes.failed && !fam_bytes.failed;
+  if (cached) {
+    key = tr_key_hash(&bytes);
+    tr_key fam = tr_key_hash(&fam_bytes);
+    cache_sight((uint64_t[]){key.lo, key.hi}, bytes.data, bytes.len,
+                (uint64_t[]){fam.lo, fam.hi}, &seen);
+    atomic_fetch_add_explicit(seen.new_key ? &st->cache_misses : &st->cache_hits, 1,
+                              memory_order_relaxed);
+    if (seen.new_key) atomic_fetch_add_explicit(&st->traces_seen, 1, memory_order_relaxed);
+    plan = seen.plan;
+    if (seen.make_plan && tr_planning_enabled() && (plan = tr_plan_build(t))) {
+      cache_publish((uint64_t[]){key.lo, key.hi}, bytes.data, bytes.len, plan);
+      atomic_fetch_add_explicit(&st->plans_built, 1, memory_order_relaxed);
+      tr_dump_plan(t, plan, key);
+    }
+  }
+  vm_tensor **vals = calloc((size_t)t->n, sizeof *vals);
+  int rc = vals ? tr_run(plan, t, vals) : vm_error(KILN_ERR_OOM, "out of memory");
+  if (rc == KILN_OK) commit(g, t, vals);
+  for (int i = 0; vals && i < t->n; i++) vm_release(vals[i]);
+  free(vals);
+  double ms = now_ms() - t0;
+  tr_log_flush(t, why, key, &seen, plan != NULL, ms, rc);
+  if (plan) tr_plan_release(plan);
+  atomic_fetch_add_explicit(&st->flushes, 1, memory_order_relaxed);
+  vm_add_ms(&st->flush_us, ms);
+  tr_bytes_free(&bytes);
+  tr_bytes_free(&fam_bytes);
+  collector_free(&c);
+  drop_stores(g);
+  return rc;
+}

@@ -1,0 +1,105 @@
+/* key.c — canonical serialization of a flushed trace and its XXH3-128. */
+#include "key.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+static void put(tr_bytes *b, const void *p, size_t n) {
+  if (b->failed) return;
+  if (b->len + n > b->cap) {
+    size_t cap = b->cap ? b->cap * 2 : 512;
+    while (cap < b->len + n) cap *= 2;
+    uint8_t *grown = realloc(b->data, cap);
+    if (!grown) {
+      b->failed = true;
+      return;
+    }
+    b->data = grown;
+    b->cap = cap;
+  }
+  memcpy(b->data + b->len, p, n);
+  b->len += n;
+}
+
+static void put_i64(tr_bytes *b, int64_t v) { put(b, &v, sizeof v); }
+static void put_u8(tr_bytes *b, unsigned v) {
+  uint8_t x = (uint8_t)v;
+  put(b, &x, 1);
+}
+
+int tr_scalar_class(double v) {
+  if (v == 0) return signbit(v) ? 3 : 1;
+  return v == 1 ? 2 : 0;
+}
+
+/* dense (row-major contiguous), broadcast (a stride-0 dim), or strided */
+static int layout_class(const vm_tensor *v) {
+  if (vm_is_contiguous(v)) return 0;
+  for (int d = 0; d < v->ndim; d++)
+    if (v->strides[d] == 0 && v->shape[d] > 1) return 1;
+  return 2;
+}
+
+static void put_shape(tr_bytes *b, int ndim, const int64_t *shape, bool with_shapes) {
+  put_u8(b, (unsigned)ndim);
+  if (with_shapes)
+    for (int d = 0; d < ndim; d++) put_i64(b, shape[d]);
+}
+
+/* the attributes that change the code an op runs */
+static void put_attr(tr_bytes *b, const tr_node *n, bool with_shapes) {
+  const vm_attr *a = &n->attr;
+  put_u8(b, a->dtype);
+  put_u8(b, a->weak);
+  put_u8(b, a->keepdim);
+  put_i64(b, a->axes_mask);
+  put_i64(b, a->axis);
+  for (int d = 0; d < KILN_MAX_DIMS; d++) put_u8(b, (unsigned)a->perm[d]);
+  if (with_shapes) {
+    put_i64(b, a->start);
+    put_i64(b, a->stop);
+  }
+  put_i64(b, a->step);
+  if (n->op == VM_OP_full) put_u8(b, (unsigned)tr_scalar_class(a->scalar[0]));
+}
+
+void tr_key_bytes(const tr_trace *t, bool with_shapes, tr_bytes *b) {
+  memset(b, 0, sizeof *b);
+  put_u8(b, 1); /* format version */
+  put_u8(b, KILN_CPU);
+  put_i64(b, t->nleaves);
+  for (int j = 0; j < t->nleaves; j++) {
+    const vm_tensor *v = t->leaves[j]->value;
+    put_u8(b, v->dtype);
+    put_shape(b, v->ndim, v->shape, with_shapes);
+    put_u8(b, (unsigned)layout_class(v));
+    int alias = -1; /* the first leaf sharing this one's storage */
+    for (int k = 0; k < j && alias < 0; k++)
+      if (t->leaves[k]->value->storage == v->storage) alias = k;
+    put_i64(b, alias);
+  }
+  put_i64(b, t->n);
+  for (int i = 0; i < t->n; i++) {
+    const tr_node *n = t->nodes[i];
+    put_u8(b, n->op);
+    put_u8(b, n->meta.dtype);
+    put_u8(b, n->meta.weak);
+    put_shape(b, n->meta.ndim, n->meta.shape, with_shapes);
+    put_attr(b, n, with_shapes);
+    put_u8(b, (unsigned)n->nin);
+    for (int k = 0; k < n->nin; k++) put_i64(b, t->refs[i][k]);
+    put_u8(b, t->is_output[i]);
+  }
+}
+
+tr_key tr_key_hash(const tr_bytes *b) {
+  XXH128_hash_t h = XXH3_128bits(b->data, b->len);
+  return (tr_key){h.low64, h.high64};
+}
+
+void tr_bytes_free(tr_bytes *b) {
+  free(b->data);
+  memset(b, 0, sizeof *b);
+}

@@ -1,0 +1,137 @@
+/* node.c — trace node lifetime and the per-thread pending graph.  Nodes are
+ * reference counted (handles, consumers, store lists, running flushes); a
+ * pending node also sits in its thread's pending list, which it leaves when
+ * it is flushed or freed.  All pending-graph state is changed under the
+ * graph's (recursive) lock, so a handle may be read or released on any
+ * thread. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph.h"
+
+static pthread_key_t graph_key;
+static pthread_once_t graph_key_once = PTHREAD_ONCE_INIT;
+
+static void graph_release(tr_graph *g) {
+  if (g && atomic_fetch_sub_explicit(&g->refs, 1, memory_order_acq_rel) == 1) {
+    pthread_mutex_destroy(&g->lock);
+    free(g->stores);
+    free(g);
+  }
+}
+
+/* at thread exit: pending nodes still alive keep the graph; stores are
+   dropped with it (their handles still name their nodes) */
+static void graph_thread_exit(void *p) {
+  tr_graph *g = p;
+  tr_graph_lock(g);
+  tr_node **stores = g->stores;
+  int n = g->nstores;
+  g->stores = NULL;
+  g->nstores = g->cap_stores = 0;
+  tr_graph_unlock(g);
+  for (int i = 0; i < n; i++) tr_node_release(stores[i]);
+  free(stores);
+  graph_release(g);
+}
+
+static void graph_key_init(void) { pthread_key_create(&graph_key, graph_thread_exit); }
+
+tr_graph *tr_thread_graph(void) {
+  pthread_once(&graph_key_once, graph_key_init);
+  tr_graph *g = pthread_getspecific(graph_key);
+  if (g) return g;
+  g = calloc(1, sizeof *g);
+  if (!g) return NULL;
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+  pthread_mutex_init(&g->lock, &attr);
+  pthread_mutexattr_destroy(&attr);
+  atomic_init(&g->refs, 1);
+  g->head.next = g->head.prev = &g->head;
+  pthread_setspecific(graph_key, g);
+  return g;
+}
+
+void tr_graph_lock(tr_graph *g) { pthread_mutex_lock(&g->lock); }
+void tr_graph_unlock(tr_graph *g) { pthread_mutex_unlock(&g->lock); }
+
+tr_node *tr_node_retain(tr_node *n) {
+  if (n) atomic_fetch_add_explicit(&n->refs, 1, memory_order_relaxed);
+  return n;
+}
+
+tr_node *tr_node_from_value(vm_tensor *value) {
+  tr_node *n = calloc(1, sizeof *n);
+  if (!n) {
+    vm_release(value);
+    return NULL;
+  }
+  atomic_init(&n->refs, 1);
+  n->op = VM_OP_input;
+  n->meta.dtype = n->meta.compute = value->dtype;
+  n->meta.ndim = value->ndim;
+  memcpy(n->meta.shape, value->shape, sizeof n->meta.shape);
+  n->attr.dtype = value->dtype;
+  n->attr.ndim = value->ndim;
+  memcpy(n->attr.shape, value->shape, sizeof n->attr.shape);
+  n->in = n->in_small;
+  n->value = value;
+  n->state = TR_MATERIALIZED;
+  return n;
+}
+
+static int64_t node_bytes(const tr_node *n) {
+  if (vm_op_table[n->op].kind == VM_KIND_VIEW) return 0;
+  int64_t c = 1;
+  for (int d = 0; d < n->meta.ndim; d++) c *= n->meta.shape[d];
+  return c * (int64_t)vm_dtype_size(n->meta.dtype);
+}
+
+void tr_node_unlink(tr_node *n) {
+  tr_graph *g = n->graph;
+  if (!n->prev) return; /* not in the list */
+  n->prev->next = n->next;
+  n->next->prev = n->prev;
+  n->prev = n->next = NULL;
+  g->pending--;
+  g->pending_bytes -= node_bytes(n);
+  for (int i = 0; i < n->nin; i++)
+    if (n->in[i]->state != TR_MATERIALIZED) n->in[i]->pending_uses--;
+}
+
+tr_graph *tr_graph_retain(tr_graph *g) {
+  atomic_fetch_add_explicit(&g->refs, 1, memory_order_relaxed);
+  return g;
+}
+
+void tr_graph_release(tr_graph *g) { graph_release(g); }
+
+void tr_node_release(tr_node *n) {
+  if (!n || atomic_fetch_sub_explicit(&n->refs, 1, memory_order_acq_rel) != 1) return;
+  tr_graph *g = n->graph;
+  if (g) { /* leave the pending list, and give back the owner reference */
+    tr_graph_lock(g);
+    if (n->state == TR_PENDING) tr_node_unlink(n);
+    tr_graph_unlock(g);
+    graph_release(g);
+  }
+  for (int i = 0; i < n->nin; i++) tr_node_release(n->in[i]);
+  if (n->in != n->in_small) free(n->in);
+  vm_release(n->value);
+  free(n);
+}
+
+void tr_graph_append(tr_graph *g, tr_node *n) {
+  atomic_fetch_add_explicit(&g->refs, 1, memory_order_relaxed);
+  n->graph = g;
+  n->prev = g->head.prev;
+  n->next = &g->head;
+  g->head.prev->next = n;
+  g->head.prev = n;
+  g->pending++;
+  g->pending_bytes += node_bytes(n);
+  for (int i = 0; i < n->nin; i++)
+    if (n->in[i]->state != TR_MATERIALIZED) n->in[i]->pending_uses++;
+}

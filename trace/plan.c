@@ -1,0 +1,475 @@
+/* plan.c — building a plan from a trace (passes, partitioning, buffer
+ * assignment) and running plans or plain traces on the interpreter.
+ * Every rewrite here is exact: a plan's results are bit for bit those of
+ * running the trace node by node. */
+#include "plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../vm/state.h"
+#include "key.h"
+
+bool tr_planning_enabled(void) { return vm_env_long("KILN_JIT", 1) != 0; }
+
+void tr_plan_retain(void *p) { atomic_fetch_add_explicit(&((tr_plan *)p)->refs, 1, memory_order_relaxed); }
+
+void tr_plan_release(void *p) {
+  tr_plan *plan = p;
+  if (!plan || atomic_fetch_sub_explicit(&plan->refs, 1, memory_order_acq_rel) != 1) return;
+  for (int i = 0; i < plan->n; i++) free(plan->nodes[i].more);
+  free(plan->nodes);
+  free(plan->outputs);
+  free(plan->groups);
+  free(plan->buffer_bytes);
+  free(plan);
+}
+
+static bool is_param_leaf(vm_opcode op) {
+  return op == VM_OP_full || op == VM_OP_arange || op == VM_OP_rand || op == VM_OP_randn;
+}
+
+static bool is_elementwise(vm_opcode op) {
+  vm_kind k = vm_op_table[op].kind;
+  return k == VM_KIND_UNARY || k == VM_KIND_BINARY || k == VM_KIND_TERNARY;
+}
+
+static int64_t numel_of(const vm_meta *m) {
+  int64_t c = 1;
+  for (int d = 0; d < m->ndim; d++) c *= m->shape[d];
+  return c;
+}
+
+static bool same_shape(const vm_meta *a, const vm_meta *b) {
+  return a->ndim == b->ndim && !memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof(int64_t));
+}
+
+/* --- building --------------------------------------------------------------- */
+
+typedef struct {
+  const tr_trace *t;
+  tr_pnode *p;
+  int n;
+  int *alias; /* plan ref a node was rewritten to (itself if not) */
+} builder;
+
+static const vm_meta *ref_meta(const builder *b, int ref) {
+  if (ref >= 0) return &b->p[ref].meta;
+  return &b->t->leaves[-1 - ref]->meta;
+}
+
+static int resolve(const builder *b, int ref) { return ref >= 0 ? b->alias[ref] : ref; }
+
+/* the scalar class of a full node (it is part of the key, so it holds for
+   every flush this plan serves); -1 when ref is not a full node */
+static int full_class(const builder *b, int ref) {
+  if (ref < 0 || b->p[ref].op != VM_OP_full) return -1;
+  return tr_scalar_class(b->p[ref].attr.scalar[0]);
+}
+
+static bool exact_widening(kiln_dtype from, kiln_dtype to) {
+  if (from == to) return true;
+  if (from == KILN_BOOL) return true;
+  if (from == KILN_I32) return to == KILN_I64 || to == KILN_F64;
+  return from == KILN_F32 && to == KILN_F64;
+}
+
+/* Exact algebraic identities; returns the ref node i reduces to, or i. */
+static int simplify(builder *b, int i) {
+  tr_pnode *p = &b->p[i];
+  int x = p->nin > 0 ? p->in[0] : 0, y = p->nin > 1 ? p->in[1] : 0;
+  const vm_meta *mx = p->nin > 0 ? ref_meta(b, x) : NULL;
+  bool keeps = mx && mx->dtype == p->meta.dtype && same_shape(mx, &p->meta);
+  switch (p->op) {
+    case VM_OP_neg: /* neg(neg x) */
+      if (x >= 0 && b->p[x].op == VM_OP_neg) return b->p[x].in[0];
+      break;
+    case VM_OP_copy: return x;
+    case VM_OP_cast: /* cast(x, own dtype); cast(cast(x, wider), back) */
+      if (keeps) return x;
+      if (x >= 0 && b->p[x].op == VM_OP_cast) {
+        int inner = b->p[x].in[0];
+        if (ref_meta(b, inner)->dtype == p->meta.dtype &&
+            exact_widening(p->meta.dtype, b->p[x].meta.dtype))
+          return inner;
+      }
+      break;
+    case VM_OP_reshape:
+      if (keeps) return x;
+      if (x >= 0 && b->p[x].op == VM_OP_reshape) p->in[0] = b->p[x].in[0];
+      break;
+    case VM_OP_expand:
+      if (keeps) return x;
+      break;
+    case VM_OP_permute: {
+      bool identity = true;
+      for (int d = 0; d < p->meta.ndim; d++) identity = identity && p->attr.perm[d] == d;
+      if (identity) return x;
+      if (x >= 0 && b->p[x].op == VM_OP_permute) { /* compose */
+        int composed[KILN_MAX_DIMS];
+        for (int d = 0; d < p->meta.ndim; d++) composed[d] = b->p[x].attr.perm[p->attr.perm[d]];
+        memcpy(p->attr.perm, composed, sizeof composed);
+        p->in[0] = b->p[x].in[0];
+        return simplify(b, i);
+      }
+      break;
+    }
+    case VM_OP_slice:
+      if (keeps && p->attr.start == 0 && p->attr.step == 1) return x;
+      break;
+    case VM_OP_mul: /* x * 1, 1 * x */
+      if (keeps && full_class(b, y) == 2) return x;
+      if (full_class(b, x) == 2) {
+        const vm_meta *my = ref_meta(b, y);
+        if (my->dtype == p->meta.dtype && same_shape(my, &p->meta)) return y;
+      }
+      break;
+    case VM_OP_div: /* x / 1 */
+    case VM_OP_pow: /* x ** 1 */
+      if (keeps && full_class(b, y) == 2) return x;
+      break;
+    case VM_OP_sub: /* x - (+0) */
+      if (keeps && full_class(b, y) == 1) return x;
+      break;
+    case VM_OP_add: /* x + (-0) */
+      if (keeps && full_class(b, y) == 3) return x;
+      break;
+    default: break;
+  }
+  return i;
+}
+
+/* attribute bytes two nodes must share to be the same computation */
+static bool same_node(const tr_pnode *a, const tr_pnode *b) {
+  if (a->op != b->op || a->nin != b->nin || a->nin > 3) return false;
+  if (a->meta.dtype != b->meta.dtype || !same_shape(&a->meta, &b->meta)) return false;
+  for (int k = 0; k < a->nin; k++)
+    if (a->in[k] != b->in[k]) return false;
+  const vm_attr *x = &a->attr, *y = &b->attr;
+  return x->dtype == y->dtype && x->axes_mask == y->axes_mask && x->keepdim == y->keepdim &&
+         x->axis == y->axis && x->start == y->start && x->stop == y->stop && x->step == y->step &&
+         !memcmp(x->perm, y->perm, sizeof x->perm);
+}
+
+static uint64_t node_hash(const tr_pnode *p) {
+  uint64_t h = (uint64_t)p->op * 0x9E3779B97F4A7C15ull;
+  for (int k = 0; k < p->nin && k < 3; k++) h = (h ^ (uint64_t)(int64_t)p->in[k]) * 0x100000001B3ull;
+  h ^= (uint64_t)p->attr.axes_mask * 31 + (uint64_t)p->attr.axis * 7 + (uint64_t)p->meta.ndim;
+  return h;
+}
+
+/* common subexpressions: a pure node equal to an earlier one is that one */
+static int cse(builder *b, int i, int *table, int slots) {
+  tr_pnode *p = &b->p[i];
+  if (is_param_leaf(p->op) || p->nin > 3) return i;
+  size_t h = node_hash(p) & (size_t)(slots - 1);
+  while (table[h] >= 0) {
+    if (same_node(&b->p[table[h]], p)) return table[h];
+    h = (h + 1) & (size_t)(slots - 1);
+  }
+  table[h] = i;
+  return i;
+}
+
+/* --- partitioning (DESIGN §5) ------------------------------------------------- */
+
+static void partition(tr_plan *plan) {
+  plan->ngroups = 0;
+  tr_group *cur = NULL;
+  vm_meta cur_shape = {0};  /* the group's iteration space (or the reduction's result) */
+  for (int i = 0; i < plan->n; i++) {
+    tr_pnode *p = &plan->nodes[i];
+    vm_kind kind = vm_op_table[p->op].kind;
+    bool join = false;
+    if (cur && (kind == VM_KIND_UNARY || kind == VM_KIND_BINARY || kind == VM_KIND_TERNARY ||
+                kind == VM_KIND_VIEW || kind == VM_KIND_LEAF)) {
+      /* elementwise work joins a loop nest over its own shape, or a
+         reduction's epilogue of the reduction's result shape */
+      join = (cur->kind == TR_GROUP_ELEMENTWISE || cur->kind == TR_GROUP_REDUCE) &&
+             same_shape(&cur_shape, &p->meta);
+      if (join && cur->kind == TR_GROUP_REDUCE)
+        for (int k = 0; k < p->nin; k++) { /* an epilogue reads results, never the reduced loop */
+          int r = tr_pnode_input(p, k);
+          if (r >= cur->first && r <= cur->last && vm_op_table[plan->nodes[r].op].kind != VM_KIND_REDUCE &&
+              !same_shape(&plan->nodes[r].meta, &cur_shape))
+            join = false;
+        }
+    } else if (cur && kind == VM_KIND_REDUCE && cur->kind == TR_GROUP_ELEMENTWISE) {
+      int r = p->in[0]; /* producers fuse into the reduction's input loop */
+      join = r >= cur->first && same_shape(&cur_shape, &plan->nodes[r].meta);
+    }
+    if (join) {
+      cur->last = i;
+      if (kind == VM_KIND_REDUCE) {
+        cur->kind = TR_GROUP_REDUCE;
+        cur_shape = p->meta;
+      }
+    } else {
+      cur = &plan->groups[plan->ngroups++];
+      cur->first = cur->last = i;
+      cur->kind = kind == VM_KIND_MATMUL                                  ? TR_GROUP_MATMUL
+                  : kind == VM_KIND_INDEX || kind == VM_KIND_CONCAT       ? TR_GROUP_DATA
+                  : kind == VM_KIND_REDUCE                                ? TR_GROUP_REDUCE
+                                                                          : TR_GROUP_ELEMENTWISE;
+      cur_shape = p->meta;
+      if (kind == VM_KIND_MATMUL || kind == VM_KIND_INDEX || kind == VM_KIND_CONCAT) cur = NULL;
+    }
+    p->group = plan->ngroups - 1;
+  }
+}
+
+/* buffers: a group output (read by a later group, or a plan output) owns a
+   buffer; buffers whose last reader has run are reused by later outputs */
+static bool assign_buffers(tr_plan *plan, const bool *escapes) {
+  int n = plan->n;
+  size_t slots = n > 0 ? (size_t)n : 1;
+  int *slot_free_after = malloc(slots * sizeof(int));
+  plan->buffer_bytes = calloc(slots, sizeof(int64_t));
+  if (!slot_free_after || !plan->buffer_bytes) {
+    free(slot_free_after);
+    return false;
+  }
+  plan->nbuffers = 0;
+  for (int i = 0; i < n; i++) {
+    tr_pnode *p = &plan->nodes[i];
+    p->buffer = -1;
+    bool group_output = escapes[i] || (p->last_use > i && plan->nodes[p->last_use].group != p->group);
+    if (!group_output || vm_op_table[p->op].kind == VM_KIND_VIEW) continue;
+    int64_t bytes = numel_of(&p->meta) * (int64_t)vm_dtype_size(p->meta.dtype);
+    int g = p->group, found = -1;
+    for (int s = 0; s < plan->nbuffers && found < 0 && !escapes[i]; s++)
+      if (slot_free_after[s] < plan->groups[g].first && plan->buffer_bytes[s] >= bytes) found = s;
+    if (found < 0) {
+      found = plan->nbuffers++;
+      plan->buffer_bytes[found] = bytes;
+    }
+    p->buffer = found;
+    int end = escapes[i] ? n : plan->groups[plan->nodes[p->last_use].group].last;
+    slot_free_after[found] = end;
+  }
+  free(slot_free_after);
+  return true;
+}
+
+tr_plan *tr_plan_build(const tr_trace *t) {
+  int n = t->n;
+  tr_plan *plan = calloc(1, sizeof *plan);
+  builder b = {t, calloc((size_t)n, sizeof(tr_pnode)), n, malloc((size_t)n * sizeof(int))};
+  int slots = 64;
+  while (slots < 2 * n) slots *= 2;
+  int *table = malloc((size_t)slots * sizeof(int));
+  bool *live = calloc((size_t)n, sizeof(bool));
+  int *renumber = malloc((size_t)n * sizeof(int));
+  bool ok = plan && b.p && b.alias && table && live && renumber;
+  if (ok) memset(table, -1, (size_t)slots * sizeof(int));
+  /* copy, rewriting inputs through earlier rewrites, then simplify and CSE */
+  for (int i = 0; ok && i < n; i++) {
+    const tr_node *src = t->nodes[i];
+    tr_pnode *p = &b.p[i];
+    p->op = src->op;
+    p->attr = src->attr;
+    p->meta = src->meta;
+    p->nin = src->nin;
+    p->src = i;
+    if (src->nin > 3 && !(p->more = malloc((size_t)(src->nin - 3) * sizeof(int)))) ok = false;
+    for (int k = 0; ok && k < src->nin; k++) {
+      int r = resolve(&b, t->refs[i][k]);
+      if (k < 3) p->in[k] = r; else p->more[k - 3] = r;
+    }
+    if (!ok) break;
+    int r = simplify(&b, i);
+    if (r != i) plan->passes.simplified++;
+    if (r == i) {
+      r = cse(&b, i, table, slots);
+      if (r != i) plan->passes.cse++;
+    }
+    b.alias[i] = r;
+  }
+  /* DCE: keep what the outputs need */
+  for (int i = n - 1; ok && i >= 0; i--) {
+    if (t->is_output[i] && b.alias[i] >= 0) live[b.alias[i]] = true;
+    if (!live[i] || b.alias[i] != i) continue;
+    for (int k = 0; k < b.p[i].nin; k++) {
+      int r = tr_pnode_input(&b.p[i], k);
+      if (r >= 0) live[r] = true;
+    }
+  }
+  int m = 0;
+  for (int i = 0; ok && i < n; i++) {
+    if (live[i] && b.alias[i] == i) renumber[i] = m++;
+    else if (b.alias[i] == i) plan->passes.dce++;
+  }
+  bool *escapes = ok ? calloc((size_t)(m ? m : 1), sizeof(bool)) : NULL;
+  if (ok) {
+    plan->nodes = calloc((size_t)(m ? m : 1), sizeof(tr_pnode));
+    plan->outputs = malloc((size_t)n * sizeof(int));
+    plan->groups = calloc((size_t)(m ? m : 1), sizeof(tr_group));
+    ok = plan->nodes && plan->outputs && plan->groups && escapes;
+  }
+  for (int i = 0; ok && i < n; i++) {
+    if (!live[i] || b.alias[i] != i) {
+      free(b.p[i].more);
+      continue;
+    }
+    tr_pnode *p = &plan->nodes[renumber[i]];
+    *p = b.p[i];
+    for (int k = 0; k < p->nin; k++) {
+      int r = tr_pnode_input(p, k), nr = r >= 0 ? renumber[r] : r;
+      if (k < 3) p->in[k] = nr; else p->more[k - 3] = nr;
+    }
+    /* constant folding: elementwise work on uniform values runs at 0-d */
+    bool uniform = is_elementwise(p->op) && p->nin > 0;
+    for (int k = 0; uniform && k < p->nin; k++) {
+      int r = tr_pnode_input(p, k);
+      uniform = r >= 0 && (plan->nodes[r].op == VM_OP_full || plan->nodes[r].fold);
+    }
+    if (uniform) {
+      p->fold = true;
+      plan->passes.folded++;
+    }
+  }
+  if (ok) {
+    plan->n = m;
+    plan->ncanon = n;
+    for (int i = 0; i < n; i++) {
+      int r = b.alias[i];
+      plan->outputs[i] = t->is_output[i] ? (r >= 0 ? renumber[r] : r) : 0;
+      if (t->is_output[i] && r >= 0) escapes[renumber[r]] = true;
+    }
+    for (int i = 0; i < m; i++) plan->nodes[i].last_use = i;
+    for (int i = 0; i < m; i++)
+      for (int k = 0; k < plan->nodes[i].nin; k++) {
+        int r = tr_pnode_input(&plan->nodes[i], k);
+        if (r >= 0) plan->nodes[r].last_use = i;
+      }
+    partition(plan);
+    ok = assign_buffers(plan, escapes);
+  }
+  free(b.p);
+  free(b.alias);
+  free(table);
+  free(live);
+  free(renumber);
+  free(escapes);
+  if (!ok) {
+    if (plan) {
+      atomic_init(&plan->refs, 1);
+      tr_plan_release(plan);
+    }
+    vm_error(KILN_ERR_OOM, "out of memory building a plan");
+    return NULL;
+  }
+  atomic_init(&plan->refs, 1);
+  return plan;
+}
+
+/* --- running on the interpreter --------------------------------------------------- */
+
+/* a 0-d view of a uniform value (all strides 0), for folded nodes */
+static vm_tensor *scalar_view(vm_tensor *v) { return vm_tensor_view(v, 0, NULL, NULL, v->offset); }
+
+static vm_tensor *expand_view(vm_tensor *v0, const vm_meta *m) {
+  int64_t zeros[KILN_MAX_DIMS] = {0};
+  return vm_tensor_view(v0, m->ndim, m->shape, zeros, v0->offset);
+}
+
+static vm_tensor *run_pnode(const tr_pnode *p, const vm_attr *attr, vm_tensor *const *ins) {
+  if (p->op == VM_OP_full || p->fold) { /* uniform: compute one element, broadcast it */
+    vm_meta m0 = p->meta;
+    m0.ndim = 0;
+    vm_attr a0 = *attr;
+    a0.ndim = 0;
+    vm_tensor *scalars[3] = {NULL, NULL, NULL}, *v0 = NULL;
+    bool ok = true;
+    for (int k = 0; k < p->nin && ok; k++) ok = (scalars[k] = scalar_view(ins[k])) != NULL;
+    if (ok) v0 = vm_exec(p->op, p->nin, scalars, &a0, &m0);
+    for (int k = 0; k < p->nin; k++) vm_release(scalars[k]);
+    if (!v0) return NULL;
+    vm_tensor *v = expand_view(v0, &p->meta);
+    vm_release(v0);
+    return v;
+  }
+  return vm_exec(p->op, p->nin, ins, attr, &p->meta);
+}
+
+static vm_tensor *input_value(vm_tensor **vals, const tr_trace *t, int ref) {
+  return ref >= 0 ? vals[ref] : t->leaves[-1 - ref]->value;
+}
+
+static int run_plan(const tr_plan *plan, const tr_trace *t, vm_tensor **out) {
+  vm_tensor **vals = calloc((size_t)(plan->n ? plan->n : 1), sizeof *vals);
+  bool *escapes = calloc((size_t)(plan->n ? plan->n : 1), sizeof *escapes);
+  if (!vals || !escapes) {
+    free(vals);
+    free(escapes);
+    return vm_error(KILN_ERR_OOM, "out of memory");
+  }
+  for (int c = 0; c < t->n; c++)
+    if (t->is_output[c] && plan->outputs[c] >= 0) escapes[plan->outputs[c]] = true;
+  int rc = KILN_OK;
+  for (int i = 0; i < plan->n && rc == KILN_OK; i++) {
+    const tr_pnode *p = &plan->nodes[i];
+    vm_tensor *few[3], **ins = p->nin <= 3 ? few : malloc((size_t)p->nin * sizeof *ins);
+    if (!ins) {
+      rc = vm_error(KILN_ERR_OOM, "out of memory");
+      break;
+    }
+    for (int k = 0; k < p->nin; k++) ins[k] = input_value(vals, t, tr_pnode_input(p, k));
+    vm_attr attr = p->attr; /* this flush's host scalars and RNG counters */
+    const vm_attr *now = &t->nodes[p->src]->attr;
+    memcpy(attr.scalar, now->scalar, sizeof attr.scalar);
+    attr.seed = now->seed;
+    attr.counter = now->counter;
+    vals[i] = run_pnode(p, &attr, ins);
+    if (ins != few) free(ins);
+    if (!vals[i]) rc = vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
+    for (int k = 0; k < p->nin; k++) { /* free what no later node reads */
+      int r = tr_pnode_input(p, k);
+      if (r >= 0 && plan->nodes[r].last_use == i && vals[r] && !escapes[r]) {
+        vm_release(vals[r]);
+        vals[r] = NULL;
+      }
+    }
+  }
+  for (int c = 0; c < t->n && rc == KILN_OK; c++)
+    if (t->is_output[c]) out[c] = vm_retain(input_value(vals, t, plan->outputs[c]));
+  for (int i = 0; i < plan->n; i++) vm_release(vals[i]);
+  free(vals);
+  free(escapes);
+  return rc;
+}
+
+static int run_trace(const tr_trace *t, vm_tensor **vals) {
+  int *last = malloc((size_t)t->n * sizeof(int));
+  if (!last) return vm_error(KILN_ERR_OOM, "out of memory");
+  for (int i = 0; i < t->n; i++) last[i] = i;
+  for (int i = 0; i < t->n; i++)
+    for (int k = 0; k < t->nodes[i]->nin; k++)
+      if (t->refs[i][k] >= 0) last[t->refs[i][k]] = i;
+  int rc = KILN_OK;
+  for (int i = 0; i < t->n && rc == KILN_OK; i++) {
+    const tr_node *n = t->nodes[i];
+    vm_tensor *few[3], **ins = n->nin <= 3 ? few : malloc((size_t)n->nin * sizeof *ins);
+    if (!ins) {
+      rc = vm_error(KILN_ERR_OOM, "out of memory");
+      break;
+    }
+    for (int k = 0; k < n->nin; k++) ins[k] = input_value(vals, t, t->refs[i][k]);
+    vals[i] = vm_exec(n->op, n->nin, ins, &n->attr, &n->meta);
+    if (ins != few) free(ins);
+    if (!vals[i]) rc = vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
+    for (int k = 0; k < n->nin; k++) {
+      int r = t->refs[i][k];
+      if (r >= 0 && last[r] == i && !t->is_output[r] && vals[r]) {
+        vm_release(vals[r]);
+        vals[r] = NULL;
+      }
+    }
+  }
+  free(last);
+  return rc;
+}
+
+int tr_run(const tr_plan *plan, const tr_trace *t, vm_tensor **vals) {
+  return plan ? run_plan(plan, t, vals) : run_trace(t, vals);
+}

@@ -1,0 +1,68 @@
+/* plan.h — an optimized, backend-neutral plan for a trace key (DESIGN §5):
+ * the trace after DCE, CSE, constant folding and algebraic simplification,
+ * partitioned into kernel groups, with buffers assigned by liveness.  A
+ * plan refers to its trace only by canonical indices, so one plan serves
+ * every flush with the same key; host scalars and RNG counters are bound
+ * from the flush's own nodes when it runs.  Plans are immutable once
+ * published. */
+#ifndef TR_PLAN_H
+#define TR_PLAN_H
+
+#include "flush.h"
+
+typedef enum {
+  TR_GROUP_ELEMENTWISE, /* one loop nest over the output: elementwise ops, views, fills */
+  TR_GROUP_REDUCE,      /* producers fused into the input loop, epilogue on the result */
+  TR_GROUP_MATMUL,      /* a BLAS call */
+  TR_GROUP_DATA         /* gather / scatter / concat */
+} tr_group_kind;
+
+typedef struct tr_pnode {
+  vm_opcode op;
+  vm_attr attr;
+  vm_meta meta;
+  int nin;
+  int in[3];       /* >= 0 a plan node, < 0 leaf -(j+1); concat uses `more` */
+  int *more;       /* inputs beyond 3 (concat) */
+  int src;         /* canonical node whose scalars/RNG counters bind here */
+  bool fold;       /* constant-folded: computed on 0-d values, then expanded */
+  int group;
+  int buffer;      /* buffer slot of a group output, -1 otherwise */
+  int last_use;    /* last plan node reading it */
+} tr_pnode;
+
+typedef struct tr_group {
+  tr_group_kind kind;
+  int first, last; /* plan nodes [first, last] in order */
+} tr_group;
+
+typedef struct tr_pass_stats {
+  int cse, dce, folded, simplified;
+} tr_pass_stats;
+
+typedef struct tr_plan {
+  atomic_long refs;
+  tr_pnode *nodes;
+  int n;
+  int *outputs;    /* for each canonical node: the plan ref holding its value (outputs only) */
+  int ncanon;
+  tr_group *groups;
+  int ngroups;
+  int64_t *buffer_bytes;
+  int nbuffers;
+  tr_pass_stats passes;
+} tr_plan;
+
+static inline int tr_pnode_input(const tr_pnode *p, int k) { return k < 3 ? p->in[k] : p->more[k - 3]; }
+
+tr_plan *tr_plan_build(const tr_trace *t); /* NULL on OOM */
+bool tr_planning_enabled(void);            /* false with KILN_JIT=0: the plain interpreter */
+void tr_plan_retain(void *plan);
+void tr_plan_release(void *plan);
+
+/* Runs plan (or, with plan NULL, the trace node by node) on the
+   interpreter; fills vals[i] for every output node i of t.  Returns KILN_OK
+   or an error status. */
+int tr_run(const tr_plan *plan, const tr_trace *t, vm_tensor **vals);
+
+#endif

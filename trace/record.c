@@ -1,0 +1,176 @@
+/* record.c — recording ops into the calling thread's pending graph, the
+ * flush triggers of DESIGN §3 (host reads, kiln_sync, a depth cap and a node
+ * cap with deterministic cut points, memory pressure), and in-place stores. */
+#include "record.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../vm/state.h"
+#include "flush.h"
+#include "graph.h"
+
+#define TR_DEPTH_CAP 64
+#define TR_NODE_CAP 4096
+#define TR_PENDING_BYTES_CAP ((int64_t)1 << 30)
+
+static vm_tensor *handle_new(tr_node *n) {
+  vm_tensor *t = calloc(1, sizeof *t);
+  if (!t) {
+    vm_error(KILN_ERR_OOM, "out of memory for a tensor handle");
+    tr_node_release(n);
+    return NULL;
+  }
+  atomic_init(&t->refs, 1);
+  t->dtype = n->meta.dtype;
+  t->ndim = n->meta.ndim;
+  t->weak = n->meta.weak;
+  memcpy(t->shape, n->meta.shape, sizeof t->shape);
+  t->numel = 1;
+  for (int d = 0; d < t->ndim; d++) t->numel *= t->shape[d];
+  t->node = n; /* takes the caller's reference */
+  atomic_fetch_add_explicit(&n->handles, 1, memory_order_relaxed);
+  return t;
+}
+
+vm_tensor *tr_handle_from_value(vm_tensor *value) {
+  tr_node *n = tr_node_from_value(value);
+  if (!n) {
+    vm_error(KILN_ERR_OOM, "out of memory for a trace node");
+    return NULL;
+  }
+  return handle_new(n);
+}
+
+void tr_handle_free(vm_tensor *t) {
+  atomic_fetch_sub_explicit(&t->node->handles, 1, memory_order_relaxed);
+  tr_node_release(t->node);
+}
+
+/* flushes the pending nodes of its own graph that x needs */
+static bool materialize_node(tr_node *x, tr_flush_reason why) {
+  if (x->state == TR_MATERIALIZED) return true;
+  tr_graph *g = tr_graph_retain(x->graph);
+  tr_graph_lock(g);
+  int rc = x->state == TR_MATERIALIZED ? KILN_OK : tr_flush(g, &x, 1, why);
+  tr_graph_unlock(g);
+  tr_graph_release(g);
+  return rc == KILN_OK;
+}
+
+vm_tensor *tr_value(vm_tensor *t) {
+  return materialize_node(t->node, TR_FLUSH_READ) ? t->node->value : NULL;
+}
+
+static void flush_all(tr_graph *g, tr_flush_reason why) {
+  int64_t cap = g->pending, n = 0;
+  tr_node **targets = malloc((size_t)(cap ? cap : 1) * sizeof *targets);
+  if (!targets) return;
+  for (tr_node *p = g->head.next; p != &g->head; p = p->next) {
+    long r = atomic_load(&p->refs);
+    /* a node whose last reference is going away right now is not a target */
+    while (r > 0 && !atomic_compare_exchange_weak(&p->refs, &r, r + 1)) {
+    }
+    if (r == 0) continue;
+    if (atomic_load(&p->handles) > 0)
+      targets[n++] = p;
+    else
+      tr_node_release(p);
+  }
+  tr_flush(g, targets, (int)n, why);
+  for (int64_t i = 0; i < n; i++) tr_node_release(targets[i]);
+  free(targets);
+}
+
+int tr_sync(void) {
+  tr_graph *g = tr_thread_graph();
+  if (!g) return vm_error(KILN_ERR_OOM, "out of memory");
+  vm_clear_error();
+  tr_graph_lock(g);
+  flush_all(g, TR_FLUSH_SYNC);
+  tr_graph_unlock(g);
+  return vm_thread()->status;
+}
+
+vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr,
+                     const vm_meta *m) {
+  tr_graph *g = tr_thread_graph();
+  if (!g) {
+    vm_error(KILN_ERR_OOM, "out of memory");
+    return NULL;
+  }
+  atomic_fetch_add_explicit(&vm_process()->stats.ops_recorded, 1, memory_order_relaxed);
+  /* an unmaterialized input recorded by another thread is evaluated there
+     first: a pending graph never reaches into another thread's */
+  for (int i = 0; i < n; i++) {
+    tr_node *x = in[i]->node;
+    if (x->state != TR_MATERIALIZED && x->graph != g && !materialize_node(x, TR_FLUSH_READ))
+      return NULL;
+  }
+  tr_graph_lock(g);
+  if (g->pending >= TR_NODE_CAP) flush_all(g, TR_FLUSH_NODES);
+  if (g->pending_bytes >= TR_PENDING_BYTES_CAP) flush_all(g, TR_FLUSH_MEMORY);
+  int depth = 0;
+  for (int i = 0; i < n; i++)
+    if (in[i]->node->state != TR_MATERIALIZED && in[i]->node->depth > depth)
+      depth = in[i]->node->depth;
+  if (depth + 1 > TR_DEPTH_CAP) { /* cut: the inputs become this trace's outputs */
+    tr_node *cut[8];
+    int ncut = 0;
+    for (int i = 0; i < n && ncut < 8; i++)
+      if (in[i]->node->state != TR_MATERIALIZED) cut[ncut++] = in[i]->node;
+    if (tr_flush(g, cut, ncut, TR_FLUSH_DEPTH) != KILN_OK) {
+      tr_graph_unlock(g);
+      return NULL;
+    }
+    depth = 0;
+    for (int i = 0; i < n; i++)
+      if (in[i]->node->state != TR_MATERIALIZED && in[i]->node->depth > depth)
+        depth = in[i]->node->depth;
+  }
+  tr_node *node = calloc(1, sizeof *node);
+  tr_node **ins = n <= 3 ? NULL : malloc((size_t)n * sizeof *ins);
+  if (!node || (n > 3 && !ins)) {
+    tr_graph_unlock(g);
+    free(node);
+    free(ins);
+    vm_error(KILN_ERR_OOM, "out of memory for a trace node");
+    return NULL;
+  }
+  atomic_init(&node->refs, 1);
+  node->op = op;
+  node->attr = *attr;
+  node->meta = *m;
+  node->nin = n;
+  node->in = ins ? ins : node->in_small;
+  for (int i = 0; i < n; i++) node->in[i] = tr_node_retain(in[i]->node);
+  node->depth = depth + 1;
+  node->state = TR_PENDING;
+  tr_graph_append(g, node);
+  tr_graph_unlock(g);
+  return handle_new(node);
+}
+
+void tr_store(vm_tensor *dst, vm_tensor *src) {
+  tr_node *n = tr_node_retain(src->node), *old = dst->node;
+  atomic_fetch_add_explicit(&n->handles, 1, memory_order_relaxed);
+  dst->node = n;
+  atomic_fetch_sub_explicit(&old->handles, 1, memory_order_relaxed);
+  tr_node_release(old);
+  if (n->state == TR_MATERIALIZED) return;
+  tr_graph *g = n->graph;
+  tr_graph_lock(g);
+  if (g->nstores == g->cap_stores) {
+    int cap = g->cap_stores ? 2 * g->cap_stores : 16;
+    tr_node **grown = realloc(g->stores, (size_t)cap * sizeof *grown);
+    if (!grown) { /* cannot queue: evaluate the store now */
+      tr_graph_unlock(g);
+      materialize_node(n, TR_FLUSH_MEMORY);
+      return;
+    }
+    g->stores = grown;
+    g->cap_stores = cap;
+  }
+  g->stores[g->nstores++] = tr_node_retain(n);
+  tr_graph_unlock(g);
+}

@@ -1,0 +1,33 @@
+/* record.h — the trace layer's face to vm/ and the bindings: recording ops
+ * into the calling thread's pending graph, and getting values out of it.
+ * DESIGN §3.  A tensor handle (what users hold) always names a trace node;
+ * the node is pending until a flush materializes it into a value tensor
+ * (storage + strides) that kernels read.  Values are never user-visible. */
+#ifndef TR_RECORD_H
+#define TR_RECORD_H
+
+#include "../vm/ops.h"
+
+/* Records op (inputs are handles in the op's compute dtypes, meta from
+   vm_infer) and returns a new pending handle, or NULL with the error set. */
+vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr,
+                     const vm_meta *m);
+
+/* A handle for a materialized value (takes the caller's reference). */
+vm_tensor *tr_handle_from_value(vm_tensor *value);
+
+/* The value of handle t, flushing what it needs first: a borrowed reference
+   valid while t names the same node, or NULL with the error set. */
+vm_tensor *tr_value(vm_tensor *t);
+
+/* Rebinds dst's handle to src's value and queues the store (a pending store
+   is materialized by the next flush).  dtype and shape must already match. */
+void tr_store(vm_tensor *dst, vm_tensor *src);
+
+/* Flushes everything pending on this thread (kiln_sync). */
+int tr_sync(void);
+
+/* vm_release's half for handles: drops the handle's node reference. */
+void tr_handle_free(vm_tensor *t);
+
+#endif
