@@ -4,6 +4,7 @@
  * run the plan or the plain trace on the interpreter, and commit. */
 #include "flush.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -168,7 +169,7 @@ static void commit(tr_graph *g, tr_trace *t, vm_tensor **vals) {
      every node of the trace, so nothing is freed under our feet) */
   for (int i = 0; i < t->n; i++) {
     tr_node *n = t->nodes[i];
-    if (n->state != TR_MATERIALIZED || n->nin == 0) continue;
+    if (n->state != TR_MATERIALIZED || n->nin == 0 || (n->requires_grad && !n->slot)) continue;
     for (int k = 0; k < n->nin; k++) tr_node_release(n->in[k]);
     if (n->in != n->in_small) free(n->in);
     n->in = n->in_small;
@@ -181,6 +182,62 @@ static void drop_stores(tr_graph *g) {
   for (int i = 0; i < g->nstores; i++) tr_node_release(g->stores[i]);
   g->nstores = 0;
 }
+
+/* keeps what this flush did for trace/inspect.h */
+static void remember(tr_graph *g, const tr_trace *t, tr_flush_reason why, const tr_bytes *bytes,
+                     const tr_bytes *fam_bytes, const cache_sighting *seen, const tr_plan *plan,
+                     tr_key key, int rc) {
+  if (!g->last && !(g->last = calloc(1, sizeof *g->last))) return;
+  tr_flush_info *info = g->last;
+  memset(info, 0, sizeof *info);
+  tr_key fam = fam_bytes->failed ? (tr_key){0, 0} : tr_key_hash(fam_bytes);
+  info->key[0] = key.lo;
+  info->key[1] = key.hi;
+  info->family[0] = fam.lo;
+  info->family[1] = fam.hi;
+  info->nodes = t->n;
+  info->leaves = t->nleaves;
+  for (int i = 0; i < t->n; i++) info->outputs += t->is_output[i];
+  info->reason = tr_flush_reason_name(why);
+  info->new_key = seen->new_key;
+  info->planned = plan != NULL;
+  info->sightings = seen->sightings;
+  info->status = rc;
+  (void)bytes;
+  if (!plan) return;
+  info->plan_nodes = plan->n;
+  info->plan_groups = plan->ngroups;
+  info->plan_buffers = plan->nbuffers;
+  info->simplified = plan->passes.simplified;
+  info->cse = plan->passes.cse;
+  info->dce = plan->passes.dce;
+  info->folded = plan->passes.folded;
+  if (getenv("KILN_INSPECT_IR")) { /* tests ask for the text */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (f) {
+      tr_write_ir(f, t, plan, key);
+      fclose(f);
+      free(g->last_ir);
+      g->last_ir = text;
+    }
+  }
+}
+
+bool tr_last_flush(tr_flush_info *out) {
+  tr_graph *g = tr_thread_graph();
+  if (!g || !g->last) return false;
+  *out = *g->last;
+  return true;
+}
+
+const char *tr_last_plan_ir(void) {
+  tr_graph *g = tr_thread_graph();
+  return g && g->last_ir ? g->last_ir : "";
+}
+
+void tr_cache_reset(void) { cache_clear(); }
 
 static void plan_ops_once(void) {
   static const cache_plan_ops ops = {tr_plan_retain, tr_plan_release};
@@ -233,6 +290,7 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   free(vals);
   double ms = now_ms() - t0;
   tr_log_flush(t, why, key, &seen, plan != NULL, ms, rc);
+  remember(g, t, why, &bytes, &fam_bytes, &seen, plan, key, rc);
   if (plan) tr_plan_release(plan);
   atomic_fetch_add_explicit(&st->flushes, 1, memory_order_relaxed);
   vm_add_ms(&st->flush_us, ms);

@@ -10,10 +10,18 @@
 #include <stdatomic.h>
 
 #include "../vm/ops.h"
+#include "inspect.h"
 
 typedef enum { TR_PENDING, TR_RECOMPUTABLE, TR_MATERIALIZED } tr_state;
 
 typedef struct tr_graph tr_graph;
+
+/* Where a leaf variable's gradient accumulates (autodiff/, DESIGN §7): held
+   by the user's handle and by the leaf node the handle names. */
+typedef struct tr_grad_slot {
+  atomic_long refs;
+  vm_tensor *grad; /* a handle, or NULL */
+} tr_grad_slot;
 
 typedef struct tr_node {
   atomic_long refs;        /* handles, consumer nodes, the store list, flushes */
@@ -25,6 +33,9 @@ typedef struct tr_node {
   struct tr_node **in;     /* in_small or heap */
   struct tr_node *in_small[3];
   vm_tensor *value;        /* MATERIALIZED only */
+  bool requires_grad;      /* tracked by autodiff: keeps its inputs after materializing */
+  tr_grad_slot *slot;      /* a leaf variable's gradient slot (a reference) */
+  uint64_t seq;            /* creation order (a topological order for autodiff) */
   tr_state state;
   int depth;               /* longest path of pending nodes ending here */
   int pending_uses;        /* PENDING consumers (under the graph lock) */
@@ -43,6 +54,8 @@ struct tr_graph {
   tr_node **stores;        /* handles' nodes rebound by stores since the last flush */
   int nstores, cap_stores;
   int visit_epoch;
+  struct tr_flush_info *last;  /* what the last flush did (trace/inspect.h) */
+  char *last_ir;               /* its plan's IR, when inspection asked for it */
 };
 
 tr_graph *tr_thread_graph(void); /* the calling thread's; created on first use */
@@ -52,6 +65,10 @@ void tr_graph_release(tr_graph *g);
 void tr_graph_append(tr_graph *g, tr_node *n);
 void tr_graph_lock(tr_graph *g);
 void tr_graph_unlock(tr_graph *g);
+
+tr_grad_slot *tr_slot_new(void);
+tr_grad_slot *tr_slot_retain(tr_grad_slot *s);
+void tr_slot_release(tr_grad_slot *s);
 
 tr_node *tr_node_retain(tr_node *n);
 void tr_node_release(tr_node *n);

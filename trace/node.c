@@ -16,6 +16,8 @@ static void graph_release(tr_graph *g) {
   if (g && atomic_fetch_sub_explicit(&g->refs, 1, memory_order_acq_rel) == 1) {
     pthread_mutex_destroy(&g->lock);
     free(g->stores);
+    free(g->last);
+    free(g->last_ir);
     free(g);
   }
 }
@@ -56,6 +58,24 @@ tr_graph *tr_thread_graph(void) {
 
 void tr_graph_lock(tr_graph *g) { pthread_mutex_lock(&g->lock); }
 void tr_graph_unlock(tr_graph *g) { pthread_mutex_unlock(&g->lock); }
+
+tr_grad_slot *tr_slot_new(void) {
+  tr_grad_slot *s = calloc(1, sizeof *s);
+  if (s) atomic_init(&s->refs, 1);
+  return s;
+}
+
+tr_grad_slot *tr_slot_retain(tr_grad_slot *s) {
+  if (s) atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+  return s;
+}
+
+void tr_slot_release(tr_grad_slot *s) {
+  if (s && atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) == 1) {
+    vm_release(s->grad);
+    free(s);
+  }
+}
 
 tr_node *tr_node_retain(tr_node *n) {
   if (n) atomic_fetch_add_explicit(&n->refs, 1, memory_order_relaxed);
@@ -120,6 +140,7 @@ void tr_node_release(tr_node *n) {
   for (int i = 0; i < n->nin; i++) tr_node_release(n->in[i]);
   if (n->in != n->in_small) free(n->in);
   vm_release(n->value);
+  tr_slot_release(n->slot);
   free(n);
 }
 

@@ -45,7 +45,10 @@ vm_tensor *tr_handle_from_value(vm_tensor *value) {
 void tr_handle_free(vm_tensor *t) {
   atomic_fetch_sub_explicit(&t->node->handles, 1, memory_order_relaxed);
   tr_node_release(t->node);
+  tr_slot_release(t->slot);
 }
+
+vm_tensor *tr_handle_of_node(tr_node *n) { return handle_new(tr_node_retain(n)); }
 
 /* flushes the pending nodes of its own graph that x needs */
 static bool materialize_node(tr_node *x, tr_flush_reason why) {
@@ -138,6 +141,10 @@ vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *a
     return NULL;
   }
   atomic_init(&node->refs, 1);
+  static atomic_uint_fast64_t next_seq;
+  node->seq = atomic_fetch_add_explicit(&next_seq, 1, memory_order_relaxed) + 1;
+  if (vm_thread()->no_grad == 0)
+    for (int i = 0; i < n; i++) node->requires_grad |= in[i]->node->requires_grad;
   node->op = op;
   node->attr = *attr;
   node->meta = *m;
@@ -153,10 +160,27 @@ vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *a
 
 void tr_store(vm_tensor *dst, vm_tensor *src) {
   tr_node *n = tr_node_retain(src->node), *old = dst->node;
+  if (dst->slot) { /* a leaf variable stays one: its new value is a fresh leaf */
+    n->requires_grad = true;
+    if (!n->slot) n->slot = tr_slot_retain(dst->slot);
+  }
   atomic_fetch_add_explicit(&n->handles, 1, memory_order_relaxed);
   dst->node = n;
   atomic_fetch_sub_explicit(&old->handles, 1, memory_order_relaxed);
   tr_node_release(old);
+  tr_queue_store(dst);
+}
+
+void tr_handle_set_node(vm_tensor *t, tr_node *n) {
+  tr_node *old = t->node;
+  atomic_fetch_add_explicit(&n->handles, 1, memory_order_relaxed);
+  t->node = n; /* takes the caller's reference */
+  atomic_fetch_sub_explicit(&old->handles, 1, memory_order_relaxed);
+  tr_node_release(old);
+}
+
+void tr_queue_store(vm_tensor *t) {
+  tr_node *n = t->node;
   if (n->state == TR_MATERIALIZED) return;
   tr_graph *g = n->graph;
   tr_graph_lock(g);

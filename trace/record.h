@@ -24,10 +24,19 @@ vm_tensor *tr_value(vm_tensor *t);
    is materialized by the next flush).  dtype and shape must already match. */
 void tr_store(vm_tensor *dst, vm_tensor *src);
 
+/* Queues t's node as a pending store (materialized by the next flush). */
+void tr_queue_store(vm_tensor *t);
+
 /* Flushes everything pending on this thread (kiln_sync). */
 int tr_sync(void);
 
 /* vm_release's half for handles: drops the handle's node reference. */
 void tr_handle_free(vm_tensor *t);
+
+/* a new handle naming node n (autodiff walks nodes and needs handles) */
+struct tr_node;
+vm_tensor *tr_handle_of_node(struct tr_node *n);
+/* points handle t at node n (takes the reference), no store queued */
+void tr_handle_set_node(vm_tensor *t, struct tr_node *n);
 
 #endif

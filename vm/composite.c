@@ -9,24 +9,8 @@
 #include <string.h>
 
 #include "../trace/record.h"
+#include "scope.h"
 #include "state.h"
-
-typedef struct {
-  vm_tensor *held[24];
-  int n;
-} scope;
-
-static vm_tensor *keep(scope *s, vm_tensor *t) {
-  if (t) s->held[s->n++] = t;
-  return t;
-}
-
-/* releases the scope's temporaries and returns a new reference to result */
-static vm_tensor *finish(scope *s, vm_tensor *result) {
-  vm_retain(result);
-  for (int i = 0; i < s->n; i++) vm_release(s->held[i]);
-  return result;
-}
 
 static bool null_arg(const vm_tensor *a) {
   if (a) return false;
@@ -41,7 +25,7 @@ static bool reject_bool_arg(const vm_tensor *a) {
 }
 
 /* a, or a cast to f32 when it is not a float tensor */
-static vm_tensor *as_float(scope *s, vm_tensor *a) {
+static vm_tensor *as_float(vm_scope *s, vm_tensor *a) {
   return vm_dtype_is_float(a->dtype) ? a : keep(s, vm_cast(a, KILN_F32));
 }
 
@@ -52,7 +36,7 @@ vm_tensor *vm_relu(vm_tensor *a) {
 
 vm_tensor *vm_gelu(vm_tensor *a) { /* 0.5 x (1 + erf(x / sqrt 2)) */
   if (null_arg(a)) return NULL;
-  scope s = {0};
+  vm_scope s = {0};
   vm_tensor *x = as_float(&s, a);
   vm_tensor *e = keep(&s, vm_unary(VM_OP_erf, keep(&s, vm_binary_scalar(VM_OP_mul, x, M_SQRT1_2, false))));
   vm_tensor *h = keep(&s, vm_binary_scalar(VM_OP_mul, keep(&s, vm_binary_scalar(VM_OP_add, e, 1, false)), 0.5, false));
@@ -70,14 +54,14 @@ vm_tensor *vm_clamp(vm_tensor *a, double lo, double hi) {
     lo = ceil(lo);
     hi = floor(hi);
   }
-  scope s = {0};
+  vm_scope s = {0};
   vm_tensor *low = keep(&s, vm_binary_scalar(VM_OP_maximum, a, lo, is_int));
   return finish(&s, keep(&s, vm_binary_scalar(VM_OP_minimum, low, hi, is_int)));
 }
 
 vm_tensor *vm_mean(vm_tensor *a, int naxes, const int *axes, bool keepdim) {
   if (null_arg(a)) return NULL;
-  scope s = {0};
+  vm_scope s = {0};
   vm_tensor *x = as_float(&s, a);
   vm_tensor *sum = keep(&s, vm_reduce(VM_OP_sum, x, naxes, axes, keepdim));
   if (!sum) return finish(&s, NULL);
@@ -95,7 +79,7 @@ vm_tensor *vm_mean(vm_tensor *a, int naxes, const int *axes, bool keepdim) {
 
 vm_tensor *vm_log_softmax(vm_tensor *a, int axis) {
   if (null_arg(a)) return NULL;
-  scope s = {0};
+  vm_scope s = {0};
   vm_tensor *x = as_float(&s, a);
   vm_tensor *m = keep(&s, vm_reduce(VM_OP_max, x, 1, &axis, true));
   vm_tensor *shifted = keep(&s, vm_binary(VM_OP_sub, x, m));
@@ -105,7 +89,7 @@ vm_tensor *vm_log_softmax(vm_tensor *a, int axis) {
 
 vm_tensor *vm_softmax(vm_tensor *a, int axis) {
   if (null_arg(a)) return NULL;
-  scope s = {0};
+  vm_scope s = {0};
   vm_tensor *x = as_float(&s, a);
   vm_tensor *m = keep(&s, vm_reduce(VM_OP_max, x, 1, &axis, true));
   vm_tensor *e = keep(&s, vm_unary(VM_OP_exp, keep(&s, vm_binary(VM_OP_sub, x, m))));
@@ -115,7 +99,7 @@ vm_tensor *vm_softmax(vm_tensor *a, int axis) {
 
 vm_tensor *vm_logsumexp(vm_tensor *a, int axis, bool keepdim) {
   if (null_arg(a)) return NULL;
-  scope s = {0};
+  vm_scope s = {0};
   vm_tensor *x = as_float(&s, a);
   vm_tensor *m = keep(&s, vm_reduce(VM_OP_max, x, 1, &axis, true));
   /* an infinite max (all -inf, or +inf) is not subtracted: exp(-inf - -inf) is NaN */
@@ -146,7 +130,7 @@ vm_tensor *vm_layer_norm(vm_tensor *x, vm_tensor *w, vm_tensor *b, double eps) {
   }
   int64_t d = x->shape[x->ndim - 1];
   if (!check_affine(w, d, "weight") || !check_affine(b, d, "bias")) return NULL;
-  scope s = {0};
+  vm_scope s = {0};
   int last = -1;
   vm_tensor *xf = as_float(&s, x);
   vm_tensor *xc = keep(&s, vm_binary(VM_OP_sub, xf, keep(&s, vm_mean(xf, 1, &last, true))));
@@ -175,7 +159,7 @@ vm_tensor *vm_cross_entropy(vm_tensor *logits, vm_tensor *target) {
              vm_shape_str(b2, target->ndim, target->shape));
     return NULL;
   }
-  scope s = {0};
+  vm_scope s = {0};
   vm_tensor *ls = keep(&s, vm_log_softmax(logits, 1));
   vm_tensor *idx = keep(&s, vm_unsqueeze(target, 1));
   vm_tensor *picked = keep(&s, vm_index_op(VM_OP_gather, ls, 1, idx, NULL));
@@ -184,10 +168,16 @@ vm_tensor *vm_cross_entropy(vm_tensor *logits, vm_tensor *target) {
 }
 
 vm_tensor *vm_mse_loss(vm_tensor *a, vm_tensor *b) {
-  scope s = {0};
+  vm_scope s = {0};
   vm_tensor *d = keep(&s, vm_binary(VM_OP_sub, a, b));
   vm_tensor *sq = keep(&s, vm_binary(VM_OP_mul, d, d));
   return finish(&s, keep(&s, vm_mean(sq, 0, NULL, false)));
+}
+
+vm_tensor *vm_arange_i64(int64_t start, int64_t step, int64_t count) {
+  vm_attr attr = {.dtype = KILN_I64, .ndim = 1, .shape = {count},
+                  .scalar = {(double)start, (double)step}};
+  return vm_op(VM_OP_arange, 0, NULL, &attr);
 }
 
 /* --- views --------------------------------------------------------------- */
@@ -335,9 +325,19 @@ vm_tensor *vm_index_op(vm_opcode op, vm_tensor *a, int axis, vm_tensor *idx, vm_
 
 /* --- functionalized in-place updates -------------------------------------- */
 
+/* A store: dst's handle now names value (cast to dst's dtype).  A leaf
+   variable (dst->slot) gets a node of its own, computed without tracking,
+   so its update never becomes part of a gradient graph. */
 static int rebind_to(vm_tensor *dst, vm_tensor *value) {
   if (!value) return vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
-  vm_tensor *v = value->dtype == dst->dtype ? vm_retain(value) : vm_cast(value, dst->dtype);
+  vm_tensor *v;
+  if (dst->slot) {
+    vm_thread()->no_grad++;
+    v = value->dtype == dst->dtype ? vm_unary(VM_OP_copy, value) : vm_cast(value, dst->dtype);
+    vm_thread()->no_grad--;
+  } else {
+    v = value->dtype == dst->dtype ? vm_retain(value) : vm_cast(value, dst->dtype);
+  }
   if (!v) return vm_thread()->status;
   tr_store(dst, v);
   vm_release(v);
@@ -368,9 +368,11 @@ int vm_sub_scaled(vm_tensor *dst, vm_tensor *src, double alpha) {
     vm_null_input(dst ? 1 : 0);
     return vm_thread()->status;
   }
-  scope s = {0};
+  vm_scope s = {0};
+  if (dst->slot) vm_thread()->no_grad++; /* an optimizer step is not differentiated */
   vm_tensor *step = keep(&s, vm_binary_scalar(VM_OP_mul, src, alpha, false));
   vm_tensor *value = keep(&s, vm_binary(VM_OP_sub, dst, step));
+  if (dst->slot) vm_thread()->no_grad--;
   int rc = value ? (same_shape(dst, value) ? rebind_to(dst, value) : KILN_ERR_SHAPE)
                  : vm_thread()->status;
   finish(&s, NULL);

@@ -10,7 +10,7 @@
 
 static vm_process_state process;
 static pthread_once_t process_once = PTHREAD_ONCE_INIT;
-static _Thread_local vm_thread_state thread_state = {KILN_OK, "", "kiln"};
+static _Thread_local vm_thread_state thread_state = {.status = KILN_OK, .api = "kiln"};
 
 long vm_env_long(const char *name, long dflt) {
   const char *s = getenv(name);

@@ -18,6 +18,7 @@ typedef struct vm_thread_state {
   kiln_status status;          /* of the first error since the last clear */
   char message[VM_ERROR_LEN];  /* "" when status is KILN_OK */
   const char *api;             /* public name of the op being called ("kiln_add") */
+  int no_grad;                 /* depth of kiln_no_grad_push scopes */
 } vm_thread_state;
 
 typedef struct vm_counters {

@@ -185,7 +185,7 @@ vm_tensor *vm_retain(vm_tensor *t) {
 
 void vm_release(vm_tensor *t) {
   if (t && atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) == 1) {
-    if (t->node) tr_handle_free(t);
+    if (t->node) tr_handle_free(t); /* also drops t->slot */
     storage_release(t->storage);
     free(t);
   }

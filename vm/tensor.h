@@ -25,6 +25,7 @@ typedef struct vm_storage {
 struct kiln_tensor {
   atomic_long refs;
   struct tr_node *node;           /* handles only */
+  struct tr_grad_slot *slot;      /* handles of leaf variables (autodiff) */
   kiln_dtype dtype;
   int ndim;
   bool weak;                      /* a host scalar: does not widen (dtype.h) */

@@ -14,6 +14,7 @@
 #include "../../vm/pool.h"
 #include "../../vm/rng.h"
 #include "../../vm/state.h"
+#include "../../autodiff/ad.h"
 #include "../../trace/record.h"
 
 #ifndef KILN_VERSION_STRING
@@ -369,6 +370,39 @@ int kiln_assign(kiln_tensor *dst, kiln_tensor *src) {
 int kiln_sub_scaled_(kiln_tensor *dst, kiln_tensor *src, double alpha) {
   API(kiln_sub_scaled_);
   return vm_sub_scaled(dst, src, alpha);
+}
+
+/* --- autodiff ------------------------------------------------------------------ */
+
+int kiln_set_requires_grad(kiln_tensor *t, bool on) {
+  API(kiln_set_requires_grad);
+  return ad_set_requires_grad(t, on);
+}
+bool kiln_requires_grad(const kiln_tensor *t) { return ad_requires_grad(t); }
+int kiln_backward(kiln_tensor *loss, kiln_tensor *grad) {
+  API(kiln_backward);
+  return ad_backward(loss, grad);
+}
+kiln_tensor *kiln_grad(kiln_tensor *leaf) {
+  API(kiln_grad);
+  return ad_grad(leaf);
+}
+int kiln_zero_grad(kiln_tensor *leaf) {
+  API(kiln_zero_grad);
+  return ad_zero_grad(leaf);
+}
+int kiln_grad_of(int nout, kiln_tensor *const *outs, kiln_tensor *const *gouts, int nin,
+                 kiln_tensor *const *ins, kiln_tensor **grads, bool create_graph) {
+  API(kiln_grad_of);
+  return ad_grad_of(nout, outs, gouts, nin, ins, grads, create_graph);
+}
+kiln_tensor *kiln_detach(kiln_tensor *t) {
+  API(kiln_detach);
+  return ad_detach(t);
+}
+void kiln_no_grad_push(void) { vm_thread()->no_grad++; }
+void kiln_no_grad_pop(void) {
+  if (vm_thread()->no_grad > 0) vm_thread()->no_grad--;
 }
 
 /* --- runtime ------------------------------------------------------------------ */

@@ -168,6 +168,20 @@ KILN_API kiln_tensor *kiln_mse_loss(kiln_tensor *a, kiln_tensor *b);            
 KILN_API int kiln_assign(kiln_tensor *dst, kiln_tensor *src); /* shapes must match */
 KILN_API int kiln_sub_scaled_(kiln_tensor *dst, kiln_tensor *src, double alpha); /* dst -= alpha*src */
 
+/* autodiff (reverse mode on the recorded graph; gradients are ordinary
+   pending ops, so they are fused and cached like the forward pass) */
+KILN_API int kiln_set_requires_grad(kiln_tensor *t, bool on); /* leaves, float dtypes */
+KILN_API bool kiln_requires_grad(const kiln_tensor *t);
+KILN_API int kiln_backward(kiln_tensor *loss, kiln_tensor *grad /* NULL: ones, scalar loss */);
+KILN_API kiln_tensor *kiln_grad(kiln_tensor *leaf); /* new reference; NULL, no error, if none */
+KILN_API int kiln_zero_grad(kiln_tensor *leaf);
+KILN_API int kiln_grad_of(int nout, kiln_tensor *const *outs, kiln_tensor *const *gouts, int nin,
+                          kiln_tensor *const *ins, kiln_tensor **grads,
+                          bool create_graph); /* functional; grads[i] new references */
+KILN_API kiln_tensor *kiln_detach(kiln_tensor *t);
+KILN_API void kiln_no_grad_push(void); /* nestable */
+KILN_API void kiln_no_grad_pop(void);
+
 /* runtime */
 KILN_API int kiln_sync(void); /* evaluate everything pending on this thread */
 typedef struct {

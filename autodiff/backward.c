@@ -1,0 +1,268 @@
+/* backward.c — requires_grad bookkeeping, the backward traversal, and the
+ * autodiff API.  Leaf variables are handles with a gradient slot; the node
+ * a leaf names is a graph leaf (backward stops there).  Gradients are
+ * pending ops; accumulating into a leaf's .grad is a store. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../trace/record.h"
+#include "../vm/composite.h"
+#include "../vm/state.h"
+#include "ad.h"
+
+static bool have(const vm_tensor *t, int index) {
+  if (t) return true;
+  vm_null_input(index);
+  return false;
+}
+
+bool ad_requires_grad(const vm_tensor *t) { return t && t->node->requires_grad; }
+
+/* a fresh node holding t's current value (materialized), tracked or not */
+static tr_node *fresh_leaf(vm_tensor *t, bool track) {
+  vm_tensor *v = tr_value(t);
+  if (!v) return NULL;
+  tr_node *n = tr_node_from_value(vm_retain(v));
+  if (!n) {
+    vm_error(KILN_ERR_OOM, "out of memory");
+    return NULL;
+  }
+  n->requires_grad = track;
+  return n;
+}
+
+int ad_set_requires_grad(vm_tensor *t, bool on) {
+  if (!have(t, 0)) return KILN_ERR_ARG;
+  if (!vm_dtype_is_float(t->dtype))
+    return vm_error(KILN_ERR_DTYPE, "only float tensors can require gradients, not %s",
+                    vm_dtype_name(t->dtype));
+  if (on == (t->slot != NULL)) return KILN_OK;
+  if (t->node->requires_grad && !t->slot)
+    return vm_error(KILN_ERR_STATE, "only leaf tensors can change requires_grad; this one is "
+                                    "computed from tensors that require grad (use kiln_detach)");
+  tr_node *n = fresh_leaf(t, on);
+  if (!n) return vm_thread()->status;
+  if (on) {
+    if (!(t->slot = tr_slot_new())) {
+      tr_node_release(n);
+      return vm_error(KILN_ERR_OOM, "out of memory");
+    }
+    n->slot = tr_slot_retain(t->slot);
+  } else {
+    tr_slot_release(t->slot);
+    t->slot = NULL;
+  }
+  tr_handle_set_node(t, n);
+  return KILN_OK;
+}
+
+vm_tensor *ad_detach(vm_tensor *t) {
+  if (!have(t, 0)) return NULL;
+  if (!t->node->requires_grad) return tr_handle_of_node(t->node);
+  if (t->node->state == TR_MATERIALIZED) {
+    tr_node *n = fresh_leaf(t, false);
+    return n ? tr_handle_of_node(n) : NULL; /* handle takes a second reference */
+  }
+  vm_thread()->no_grad++;
+  vm_tensor *r = vm_unary(VM_OP_copy, t);
+  vm_thread()->no_grad--;
+  return r;
+}
+
+/* --- the traversal ----------------------------------------------------------- */
+
+typedef struct {
+  tr_node **nodes; /* tracked nodes reachable from the outputs */
+  vm_tensor **grads;
+  int n, cap;
+} tape;
+
+static int tape_find(const tape *tp, const tr_node *x) {
+  for (int i = tp->n - 1; i >= 0; i--) /* small tapes; index by a map if this shows up */
+    if (tp->nodes[i] == x) return i;
+  return -1;
+}
+
+static bool tape_collect(tape *tp, tr_node *x) {
+  if (!x->requires_grad || tape_find(tp, x) >= 0) return true;
+  if (tp->n == tp->cap) {
+    int cap = tp->cap ? 2 * tp->cap : 64;
+    tr_node **nodes = realloc(tp->nodes, (size_t)cap * sizeof *nodes);
+    if (!nodes) return false;
+    tp->nodes = nodes;
+    vm_tensor **grads = realloc(tp->grads, (size_t)cap * sizeof *grads);
+    if (!grads) return false;
+    tp->grads = grads;
+    tp->cap = cap;
+  }
+  tp->nodes[tp->n] = x;
+  tp->grads[tp->n++] = NULL;
+  if (x->slot) return true; /* a leaf variable: the walk stops here */
+  for (int k = 0; k < x->nin; k++)
+    if (!tape_collect(tp, x->in[k])) return false;
+  return true;
+}
+
+static int by_seq_desc(const void *a, const void *b) {
+  const tr_node *x = *(tr_node *const *)a, *y = *(tr_node *const *)b;
+  return x->seq < y->seq ? 1 : x->seq > y->seq ? -1 : 0;
+}
+
+static bool accumulate(vm_tensor **slot, vm_tensor *g) {
+  if (!*slot) {
+    *slot = vm_retain(g);
+    return true;
+  }
+  vm_tensor *sum = vm_binary(VM_OP_add, *slot, g);
+  vm_release(*slot);
+  *slot = sum;
+  return sum != NULL;
+}
+
+/* propagates one node's gradient to its inputs */
+static bool step(tape *tp, int i) {
+  tr_node *n = tp->nodes[i];
+  vm_tensor *xs[8], **x = n->nin <= 8 ? xs : calloc((size_t)n->nin, sizeof *x);
+  if (!x) return false;
+  for (int k = 0; k < n->nin; k++) x[k] = tr_handle_of_node(n->in[k]);
+  vm_tensor *y = tr_handle_of_node(n);
+  ad_ctx c = {n->op, &n->attr, x, y, tp->grads[i]};
+  bool ok = y != NULL;
+  for (int k = 0; ok && k < n->nin; k++) {
+    if (!x[k] || !n->in[k]->requires_grad) continue;
+    vm_tensor *gk = NULL;
+    ok = ad_vjp(&c, k, &gk);
+    int j = tape_find(tp, n->in[k]);
+    if (ok && gk && j >= 0) ok = accumulate(&tp->grads[j], gk);
+    vm_release(gk);
+  }
+  for (int k = 0; k < n->nin; k++) vm_release(x[k]);
+  vm_release(y);
+  if (x != xs) free(x);
+  return ok;
+}
+
+static vm_tensor *ones_like(const vm_tensor *t) {
+  vm_attr attr = {.dtype = t->dtype, .ndim = t->ndim, .scalar = {1.0}};
+  memcpy(attr.shape, t->shape, sizeof attr.shape);
+  return vm_op(VM_OP_full, 0, NULL, &attr);
+}
+
+/* the seed gradient of out: gout (checked, cast) or ones for one element */
+static vm_tensor *seed(const vm_tensor *out, vm_tensor *gout) {
+  char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
+  if (!gout) {
+    if (out->numel != 1) {
+      vm_error(KILN_ERR_SHAPE, "the output has shape %s; pass its gradient (only 1-element "
+               "outputs get ones)", vm_shape_str(b1, out->ndim, out->shape));
+      return NULL;
+    }
+    return ones_like(out);
+  }
+  if (gout->ndim != out->ndim || memcmp(gout->shape, out->shape, (size_t)out->ndim * sizeof(int64_t))) {
+    vm_error(KILN_ERR_SHAPE, "gradient shape %s does not match output shape %s",
+             vm_shape_str(b1, gout->ndim, gout->shape), vm_shape_str(b2, out->ndim, out->shape));
+    return NULL;
+  }
+  return gout->dtype == out->dtype ? vm_retain(gout) : vm_cast(gout, out->dtype);
+}
+
+/* runs the tape for outs; fills tp with every tracked node's gradient */
+static int run(tape *tp, int nout, vm_tensor *const *outs, vm_tensor *const *gouts,
+               bool create_graph) {
+  for (int k = 0; k < nout; k++) {
+    if (!have(outs[k], k)) return KILN_ERR_ARG;
+    if (!outs[k]->node->requires_grad)
+      return vm_error(KILN_ERR_STATE, "output %d does not require grad (no input it depends on "
+                      "requires grad, or it was computed under no_grad)", k);
+    if (!tape_collect(tp, outs[k]->node)) return vm_error(KILN_ERR_OOM, "out of memory");
+  }
+  qsort(tp->nodes, (size_t)tp->n, sizeof *tp->nodes, by_seq_desc);
+  if (!create_graph) vm_thread()->no_grad++;
+  bool ok = true;
+  for (int k = 0; ok && k < nout; k++) {
+    vm_tensor *g = seed(outs[k], gouts ? gouts[k] : NULL);
+    ok = g && accumulate(&tp->grads[tape_find(tp, outs[k]->node)], g);
+    vm_release(g);
+  }
+  for (int i = 0; ok && i < tp->n; i++)
+    if (tp->grads[i] && !tp->nodes[i]->slot) ok = step(tp, i);
+  if (!create_graph) vm_thread()->no_grad--;
+  return ok ? KILN_OK : (vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL);
+}
+
+static void tape_free(tape *tp) {
+  for (int i = 0; i < tp->n; i++) vm_release(tp->grads[i]);
+  free(tp->nodes);
+  free(tp->grads);
+}
+
+int ad_backward(vm_tensor *loss, vm_tensor *grad) {
+  vm_clear_error();
+  tape tp = {0};
+  int rc = run(&tp, 1, &loss, grad ? &grad : NULL, false);
+  for (int i = 0; rc == KILN_OK && i < tp.n; i++) { /* accumulate into leaves: stores */
+    tr_grad_slot *slot = tp.nodes[i]->slot;
+    if (!slot || !tp.grads[i]) continue;
+    if (!slot->grad) {
+      slot->grad = vm_retain(tp.grads[i]);
+      tr_queue_store(slot->grad);
+    } else {
+      vm_tensor *sum = vm_binary(VM_OP_add, slot->grad, tp.grads[i]);
+      if (!sum) {
+        rc = vm_thread()->status;
+        break;
+      }
+      tr_store(slot->grad, sum);
+      vm_release(sum);
+    }
+  }
+  tape_free(&tp);
+  return rc;
+}
+
+int ad_grad_of(int nout, vm_tensor *const *outs, vm_tensor *const *gouts, int nin,
+               vm_tensor *const *ins, vm_tensor **grads, bool create_graph) {
+  vm_clear_error();
+  if (nout < 1 || nin < 1 || !outs || !ins || !grads)
+    return vm_error(KILN_ERR_ARG, "needs at least one output and one input (nout %d, nin %d)", nout, nin);
+  for (int i = 0; i < nin; i++) {
+    grads[i] = NULL;
+    if (!have(ins[i], i)) return KILN_ERR_ARG;
+  }
+  tape tp = {0};
+  int rc = run(&tp, nout, outs, gouts, create_graph);
+  for (int i = 0; rc == KILN_OK && i < nin; i++) {
+    int j = ins[i]->node->requires_grad ? tape_find(&tp, ins[i]->node) : -1;
+    vm_tensor *g = j >= 0 ? tp.grads[j] : NULL;
+    grads[i] = g ? vm_retain(g) : NULL;
+    if (!grads[i]) { /* the outputs do not depend on it: zeros */
+      vm_attr attr = {.dtype = ins[i]->dtype, .ndim = ins[i]->ndim};
+      memcpy(attr.shape, ins[i]->shape, sizeof attr.shape);
+      grads[i] = vm_op(VM_OP_full, 0, NULL, &attr);
+      if (!grads[i]) rc = vm_thread()->status;
+    }
+  }
+  if (rc != KILN_OK)
+    for (int i = 0; i < nin; i++) {
+      vm_release(grads[i]);
+      grads[i] = NULL;
+    }
+  tape_free(&tp);
+  return rc;
+}
+
+vm_tensor *ad_grad(vm_tensor *leaf) {
+  if (!have(leaf, 0)) return NULL;
+  if (!leaf->slot || !leaf->slot->grad) return NULL;
+  return tr_handle_of_node(leaf->slot->grad->node);
+}
+
+int ad_zero_grad(vm_tensor *leaf) {
+  if (!have(leaf, 0)) return KILN_ERR_ARG;
+  if (leaf->slot) {
+    vm_release(leaf->slot->grad);
+    leaf->slot->grad = NULL;
+  }
+  return KILN_OK;
+}

@@ -1,0 +1,235 @@
+/* vjp.c — one vector-Jacobian rule per primitive of vm/ops.def, keyed by
+ * the op enum (DESIGN §2, §7).  A rule takes the gradient g of a node's
+ * output and returns the gradient of input k in that input's shape, built
+ * from ordinary ops — so gradients are pending nodes like any other, fused
+ * and cached with the forward pass.  NULL with no error: no gradient. */
+#include "ad.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../vm/composite.h"
+#include "../vm/scope.h"
+#include "../vm/state.h"
+
+#define U(op, a) keep(s, vm_unary(VM_OP_##op, (a)))
+#define B(op, a, b) keep(s, vm_binary(VM_OP_##op, (a), (b)))
+#define BS(op, a, v) keep(s, vm_binary_scalar(VM_OP_##op, (a), (v), false))
+
+/* g summed over the dims it was broadcast along, in x's shape */
+vm_tensor *ad_sum_to(vm_tensor *g, const vm_tensor *x) {
+  if (!g) return NULL;
+  if (g->ndim == x->ndim && !memcmp(g->shape, x->shape, (size_t)x->ndim * sizeof(int64_t)))
+    return vm_retain(g);
+  int axes[KILN_MAX_DIMS], n = 0, lead = g->ndim - x->ndim;
+  for (int d = 0; d < g->ndim; d++)
+    if (d < lead || (x->shape[d - lead] == 1 && g->shape[d] != 1)) axes[n++] = d;
+  vm_tensor *r = n ? vm_reduce(VM_OP_sum, g, n, axes, true) : vm_retain(g);
+  vm_tensor *out = vm_reshape(r, x->ndim, x->shape);
+  vm_release(r);
+  return out;
+}
+
+/* g (of a reduction's result) reshaped to keepdim form and expanded to x */
+static vm_tensor *expand_back(vm_scope *s, const ad_ctx *c, vm_tensor *g) {
+  const vm_tensor *x = c->x[0];
+  int64_t keep_shape[KILN_MAX_DIMS];
+  for (int d = 0; d < x->ndim; d++)
+    keep_shape[d] = (c->attr->axes_mask & (1u << d)) ? 1 : x->shape[d];
+  vm_tensor *gk = keep(s, vm_reshape(g, x->ndim, keep_shape));
+  return keep(s, vm_expand(gk, x->ndim, x->shape));
+}
+
+static vm_tensor *one_minus(vm_scope *s, vm_tensor *a) { /* 1 - a */
+  return BS(add, BS(mul, a, -1.0), 1.0);
+}
+
+static vm_tensor *rule_unary(vm_scope *s, const ad_ctx *c, int k) {
+  (void)k;
+  vm_tensor *x = c->x[0], *y = c->y, *g = c->g;
+  switch (c->op) {
+    case VM_OP_copy: return g;
+    case VM_OP_cast: return vm_dtype_is_float(x->dtype) ? keep(s, vm_cast(g, x->dtype)) : NULL;
+    case VM_OP_neg: return U(neg, g);
+    case VM_OP_abs: return B(mul, g, U(sign, x));
+    case VM_OP_exp: return B(mul, g, y);
+    case VM_OP_log: return B(div, g, x);
+    case VM_OP_sqrt: return B(div, BS(mul, g, 0.5), y);
+    case VM_OP_rsqrt: return B(mul, g, BS(mul, B(mul, B(mul, y, y), y), -0.5));
+    case VM_OP_sin: return B(mul, g, U(cos, x));
+    case VM_OP_cos: return U(neg, B(mul, g, U(sin, x)));
+    case VM_OP_tanh: return B(mul, g, one_minus(s, B(mul, y, y)));
+    case VM_OP_sigmoid: return B(mul, g, B(mul, y, one_minus(s, y)));
+    case VM_OP_erf: /* 2/sqrt(pi) exp(-x^2) */
+      return B(mul, g, BS(mul, U(exp, U(neg, B(mul, x, x))), 1.1283791670955126));
+    case VM_OP_log1p: return B(div, g, BS(add, x, 1.0));
+    case VM_OP_expm1: return B(mul, g, BS(add, y, 1.0));
+    default: return NULL; /* sign, floor, ceil, round, logical_not: zero almost everywhere */
+  }
+}
+
+/* 1 where pick(a, b), 0.5 on ties, 0 elsewhere (maximum/minimum split ties) */
+static vm_tensor *choice_mask(vm_scope *s, vm_opcode pick, vm_tensor *a, vm_tensor *b, kiln_dtype dt) {
+  vm_tensor *win = keep(s, vm_cast(keep(s, vm_binary(pick, a, b)), dt));
+  vm_tensor *tie = keep(s, vm_cast(B(eq, a, b), dt));
+  return B(add, win, BS(mul, tie, 0.5));
+}
+
+static vm_tensor *rule_binary(vm_scope *s, const ad_ctx *c, int k) {
+  vm_tensor *a = c->x[0], *b = c->x[1], *y = c->y, *g = c->g;
+  switch (c->op) {
+    case VM_OP_add: return g;
+    case VM_OP_sub: return k == 0 ? g : U(neg, g);
+    case VM_OP_mul: return B(mul, g, k == 0 ? b : a);
+    case VM_OP_div: return k == 0 ? B(div, g, b) : U(neg, B(div, B(mul, g, y), b));
+    case VM_OP_pow:
+      if (k == 0) return B(mul, g, B(mul, b, B(pow, a, BS(sub, b, 1.0))));
+      return B(mul, g, B(mul, y, U(log, a)));
+    case VM_OP_maximum:
+      return B(mul, g, choice_mask(s, VM_OP_gt, k == 0 ? a : b, k == 0 ? b : a, g->dtype));
+    case VM_OP_minimum:
+      return B(mul, g, choice_mask(s, VM_OP_lt, k == 0 ? a : b, k == 0 ? b : a, g->dtype));
+    default: return NULL; /* comparisons and logical ops */
+  }
+}
+
+static vm_tensor *rule_where(vm_scope *s, const ad_ctx *c, int k) {
+  if (k == 0) return NULL;
+  vm_tensor *zero = keep(s, vm_weak_scalar(0, false));
+  vm_tensor *in[3] = {c->x[0], k == 1 ? c->g : zero, k == 1 ? zero : c->g};
+  return keep(s, vm_op(VM_OP_where, 3, in, NULL));
+}
+
+static vm_tensor *rule_reduce(vm_scope *s, const ad_ctx *c, int k) {
+  (void)k;
+  vm_tensor *x = c->x[0];
+  vm_tensor *g = expand_back(s, c, c->g);
+  switch (c->op) {
+    case VM_OP_sum: return g;
+    case VM_OP_prod: return B(div, B(mul, g, expand_back(s, c, c->y)), x);
+    case VM_OP_max:
+    case VM_OP_min: { /* split evenly between the positions holding the extreme */
+      vm_tensor *hit = keep(s, vm_cast(B(eq, x, expand_back(s, c, c->y)), x->dtype));
+      int axes[KILN_MAX_DIMS], n = 0;
+      for (int d = 0; d < x->ndim; d++)
+        if (c->attr->axes_mask & (1u << d)) axes[n++] = d;
+      vm_tensor *count = keep(s, n ? vm_reduce(VM_OP_sum, hit, n, axes, true) : vm_retain(hit));
+      return B(div, B(mul, g, hit), count);
+    }
+    default: return NULL; /* argmax, argmin */
+  }
+}
+
+static vm_tensor *rule_matmul(vm_scope *s, const ad_ctx *c, int k) {
+  vm_tensor *a = c->x[0], *b = c->x[1];
+  vm_tensor *a2 = a->ndim == 1 ? keep(s, vm_unsqueeze(a, 0)) : a;
+  vm_tensor *b2 = b->ndim == 1 ? keep(s, vm_unsqueeze(b, 1)) : b;
+  if (!a2 || !b2) return NULL;
+  /* g in the 2-d-operand form: batch + [rows of a2, cols of b2] */
+  int64_t gshape[KILN_MAX_DIMS];
+  int gnd = c->g->ndim - (a->ndim > 1) - (b->ndim > 1);
+  memcpy(gshape, c->g->shape, (size_t)gnd * sizeof(int64_t));
+  gshape[gnd] = a2->shape[a2->ndim - 2];
+  gshape[gnd + 1] = b2->shape[b2->ndim - 1];
+  vm_tensor *g2 = keep(s, vm_reshape(c->g, gnd + 2, gshape));
+  vm_tensor *full_grad = k == 0 ? B(matmul, g2, keep(s, vm_transpose(b2, -1, -2)))
+                                : B(matmul, keep(s, vm_transpose(a2, -1, -2)), g2);
+  vm_tensor *x2 = k == 0 ? a2 : b2, *x = k == 0 ? a : b;
+  vm_tensor *summed = keep(s, ad_sum_to(full_grad, x2));
+  return keep(s, vm_reshape(summed, x->ndim, x->shape));
+}
+
+/* an index tensor for `axis` broadcast to shape (of g): positions idx_1d[j] */
+static vm_tensor *axis_index(vm_scope *s, vm_tensor *idx_1d, int axis, const vm_tensor *g) {
+  int64_t shape[KILN_MAX_DIMS];
+  for (int d = 0; d < g->ndim; d++) shape[d] = d == axis ? g->shape[d] : 1;
+  vm_tensor *r = keep(s, vm_reshape(idx_1d, g->ndim, shape));
+  return keep(s, vm_expand(r, g->ndim, g->shape));
+}
+
+static vm_tensor *zeros_like(vm_scope *s, const vm_tensor *x) {
+  vm_attr attr = {.dtype = x->dtype, .ndim = x->ndim};
+  memcpy(attr.shape, x->shape, sizeof attr.shape);
+  return keep(s, vm_op(VM_OP_full, 0, NULL, &attr));
+}
+
+static vm_tensor *scatter_into_zeros(vm_scope *s, const vm_tensor *x, int axis, vm_tensor *idx,
+                                     vm_tensor *g) {
+  return keep(s, vm_index_op(VM_OP_scatter_add, zeros_like(s, x), axis, idx, g));
+}
+
+static vm_tensor *rule_view(vm_scope *s, const ad_ctx *c, int k) {
+  (void)k;
+  vm_tensor *x = c->x[0], *g = c->g;
+  const vm_attr *at = c->attr;
+  switch (c->op) {
+    case VM_OP_reshape: return keep(s, vm_reshape(g, x->ndim, x->shape));
+    case VM_OP_expand: return keep(s, ad_sum_to(g, x));
+    case VM_OP_permute: {
+      int inverse[KILN_MAX_DIMS];
+      for (int d = 0; d < x->ndim; d++) inverse[at->perm[d]] = d;
+      return keep(s, vm_permute(g, inverse));
+    }
+    case VM_OP_slice: { /* scatter g back to the positions start, start+step, ... */
+      vm_tensor *pos = keep(s, vm_arange_i64(at->start, at->step, g->shape[at->axis]));
+      return scatter_into_zeros(s, x, at->axis, axis_index(s, pos, at->axis, g), g);
+    }
+    default: return NULL;
+  }
+}
+
+static vm_tensor *rule_index(vm_scope *s, const ad_ctx *c, int k) {
+  vm_tensor *a = c->x[0], *idx = c->x[1], *g = c->g;
+  int axis = c->attr->axis;
+  switch (c->op) {
+    case VM_OP_index_select:
+      return k == 0 ? scatter_into_zeros(s, a, axis, axis_index(s, idx, axis, g), g) : NULL;
+    case VM_OP_gather: return k == 0 ? scatter_into_zeros(s, a, axis, idx, g) : NULL;
+    case VM_OP_scatter_add:
+      if (k == 0) return g;
+      return k == 2 ? keep(s, vm_index_op(VM_OP_gather, g, axis, idx, NULL)) : NULL;
+    default: return NULL;
+  }
+}
+
+static vm_tensor *rule_concat(vm_scope *s, const ad_ctx *c, int k) {
+  int axis = c->attr->axis;
+  int64_t at = 0;
+  for (int i = 0; i < k; i++) at += c->x[i]->shape[axis];
+  return keep(s, vm_slice(c->g, axis, at, at + c->x[k]->shape[axis], 1));
+}
+
+typedef vm_tensor *(*vjp_rule)(vm_scope *s, const ad_ctx *c, int k);
+
+static vjp_rule rule_for(vm_opcode op) {
+  switch (vm_op_table[op].kind) {
+    case VM_KIND_UNARY: return rule_unary;
+    case VM_KIND_BINARY: return rule_binary;
+    case VM_KIND_TERNARY: return rule_where;
+    case VM_KIND_REDUCE: return rule_reduce;
+    case VM_KIND_MATMUL: return rule_matmul;
+    case VM_KIND_VIEW: return rule_view;
+    case VM_KIND_INDEX: return rule_index;
+    case VM_KIND_CONCAT: return rule_concat;
+    case VM_KIND_LEAF: return NULL;
+  }
+  return NULL;
+}
+
+bool ad_vjp(const ad_ctx *c, int k, vm_tensor **out) {
+  *out = NULL;
+  vjp_rule rule = rule_for(c->op);
+  if (!rule || !vm_dtype_is_float(c->x[k]->dtype) || !vm_dtype_is_float(c->g->dtype)) return true;
+  vm_scope s = {0};
+  vm_tensor *r = rule(&s, c, k);
+  if (!r && vm_thread()->status != KILN_OK) { /* callers start with a clear error */
+    finish(&s, NULL);
+    return false;
+  }
+  /* a gradient always has its input's shape and dtype */
+  vm_tensor *shaped = r ? keep(&s, ad_sum_to(r, c->x[k])) : NULL;
+  if (shaped && shaped->dtype != c->x[k]->dtype) shaped = keep(&s, vm_cast(shaped, c->x[k]->dtype));
+  *out = finish(&s, shaped);
+  return !r || *out;
+}
