@@ -61,7 +61,9 @@ vm_tensor *ad_detach(vm_tensor *t) {
   if (!t->node->requires_grad) return tr_handle_of_node(t->node);
   if (t->node->state == TR_MATERIALIZED) {
     tr_node *n = fresh_leaf(t, false);
-    return n ? tr_handle_of_node(n) : NULL; /* handle takes a second reference */
+    vm_tensor *h = n ? tr_handle_of_node(n) : NULL;
+    tr_node_release(n); /* the handle holds its own reference */
+    return h;
   }
   vm_thread()->no_grad++;
   vm_tensor *r = vm_unary(VM_OP_copy, t);

@@ -94,11 +94,42 @@ static vm_tensor *rule_binary(vm_scope *s, const ad_ctx *c, int k) {
   }
 }
 
+static vm_tensor *where3(vm_scope *s, vm_tensor *c, vm_tensor *a, vm_tensor *b);
+
 static vm_tensor *rule_where(vm_scope *s, const ad_ctx *c, int k) {
   if (k == 0) return NULL;
   vm_tensor *zero = keep(s, vm_weak_scalar(0, false));
-  vm_tensor *in[3] = {c->x[0], k == 1 ? c->g : zero, k == 1 ? zero : c->g};
-  return keep(s, vm_op(VM_OP_where, 3, in, NULL));
+  return where3(s, c->x[0], k == 1 ? c->g : zero, k == 1 ? zero : c->g);
+}
+
+static vm_tensor *where3(vm_scope *s, vm_tensor *c, vm_tensor *a, vm_tensor *b) {
+  vm_tensor *in[3] = {c, a, b};
+  return c && a && b ? keep(s, vm_op(VM_OP_where, 3, in, NULL)) : NULL;
+}
+
+/* sum over the reduced axes, keepdim, expanded back to x's shape */
+static vm_tensor *reduce_back(vm_scope *s, const ad_ctx *c, vm_opcode op, vm_tensor *v) {
+  const vm_tensor *x = c->x[0];
+  int axes[KILN_MAX_DIMS], n = 0;
+  for (int d = 0; d < x->ndim; d++)
+    if (c->attr->axes_mask & (1u << d)) axes[n++] = d;
+  vm_tensor *r = keep(s, n ? vm_reduce(op, v, n, axes, true) : vm_retain(v));
+  return r ? keep(s, vm_expand(r, x->ndim, x->shape)) : NULL;
+}
+
+/* d prod / d x_i = product of the others: y / x_i without zeros; with one
+   zero in a group only that position gets the others' product; with more,
+   nothing */
+static vm_tensor *prod_grad(vm_scope *s, const ad_ctx *c, vm_tensor *g) {
+  vm_tensor *x = c->x[0];
+  vm_tensor *zero = keep(s, vm_weak_scalar(0, false)), *one = keep(s, vm_weak_scalar(1, false));
+  vm_tensor *is_zero = BS(eq, x, 0.0);
+  vm_tensor *safe = where3(s, is_zero, one, x);
+  vm_tensor *others = reduce_back(s, c, VM_OP_prod, safe); /* product of the nonzeros */
+  vm_tensor *zeros = reduce_back(s, c, VM_OP_sum, keep(s, vm_cast(is_zero, x->dtype)));
+  vm_tensor *no_zero = B(div, others, safe);
+  vm_tensor *lone = where3(s, B(logical_and, BS(eq, zeros, 1.0), is_zero), others, zero);
+  return B(mul, g, where3(s, BS(eq, zeros, 0.0), no_zero, lone));
 }
 
 static vm_tensor *rule_reduce(vm_scope *s, const ad_ctx *c, int k) {
@@ -107,15 +138,11 @@ static vm_tensor *rule_reduce(vm_scope *s, const ad_ctx *c, int k) {
   vm_tensor *g = expand_back(s, c, c->g);
   switch (c->op) {
     case VM_OP_sum: return g;
-    case VM_OP_prod: return B(div, B(mul, g, expand_back(s, c, c->y)), x);
+    case VM_OP_prod: return prod_grad(s, c, g);
     case VM_OP_max:
     case VM_OP_min: { /* split evenly between the positions holding the extreme */
       vm_tensor *hit = keep(s, vm_cast(B(eq, x, expand_back(s, c, c->y)), x->dtype));
-      int axes[KILN_MAX_DIMS], n = 0;
-      for (int d = 0; d < x->ndim; d++)
-        if (c->attr->axes_mask & (1u << d)) axes[n++] = d;
-      vm_tensor *count = keep(s, n ? vm_reduce(VM_OP_sum, hit, n, axes, true) : vm_retain(hit));
-      return B(div, B(mul, g, hit), count);
+      return B(div, B(mul, g, hit), reduce_back(s, c, VM_OP_sum, hit));
     }
     default: return NULL; /* argmax, argmin */
   }

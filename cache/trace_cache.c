@@ -96,8 +96,7 @@ static entry *find(const uint64_t key[2], const uint8_t *bytes, size_t len) {
   return e;
 }
 
-void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, const uint64_t fam[2],
-                 cache_sighting *out) {
+void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, cache_sighting *out) {
   memset(out, 0, sizeof *out);
   pthread_mutex_lock(&cache.lock);
   init_locked();
@@ -143,20 +142,24 @@ void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, const 
     out->plan = e->plan;
     if (cache.ops.retain) cache.ops.retain(e->plan);
   } else if (e->sightings == (uint64_t)cache.hot) {
-    family *f = NULL;
-    HASH_FIND(hh, cache.families, fam, sizeof f->key, f);
-    if (!f && (f = calloc(1, sizeof *f))) {
-      memcpy(f->key, fam, sizeof f->key);
-      HASH_ADD(hh, cache.families, key, sizeof f->key, f);
-    }
-    if (f && f->planned >= cache.budget) {
-      out->over_budget = true;
-    } else {
-      if (f) f->planned++;
-      out->make_plan = true;
-    }
+    out->hot = true;
   }
   pthread_mutex_unlock(&cache.lock);
+}
+
+bool cache_admit(const uint64_t fam[2]) {
+  pthread_mutex_lock(&cache.lock);
+  init_locked();
+  family *f = NULL;
+  HASH_FIND(hh, cache.families, fam, sizeof f->key, f);
+  if (!f && (f = calloc(1, sizeof *f))) {
+    memcpy(f->key, fam, sizeof f->key);
+    HASH_ADD(hh, cache.families, key, sizeof f->key, f);
+  }
+  bool ok = !f || f->planned < cache.budget;
+  if (ok && f) f->planned++;
+  pthread_mutex_unlock(&cache.lock);
+  return ok;
 }
 
 void cache_publish(const uint64_t key[2], const uint8_t *bytes, size_t len, void *plan) {

@@ -17,16 +17,19 @@ void cache_set_plan_ops(const cache_plan_ops *ops);
 
 typedef struct cache_sighting {
   void *plan;          /* retained plan, or NULL (run on the interpreter) */
-  bool make_plan;      /* this sighting made the trace hot: plan it now */
+  bool hot;            /* this sighting made the trace hot: ask cache_admit */
+  bool make_plan;      /* admitted: plan it now (set by the caller) */
   bool over_budget;    /* hot, but its family used up its recompile budget */
   bool new_key;
   uint64_t sightings;  /* including this one */
 } cache_sighting;
 
-/* Counts a sighting of the trace with canonical bytes (hash key, family
-   hash fam); a hash collision with different bytes is a different entry. */
-void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, const uint64_t fam[2],
-                 cache_sighting *out);
+/* Counts a sighting of the trace with canonical bytes (hash key); a hash
+   collision with different bytes is never mistaken for a hit. */
+void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, cache_sighting *out);
+/* A hot trace of key family fam may be planned while the family is within
+   its recompile budget; counts it if so. */
+bool cache_admit(const uint64_t fam[2]);
 /* Publishes the plan of a key (the cache takes a reference). */
 void cache_publish(const uint64_t key[2], const uint8_t *bytes, size_t len, void *plan);
 int cache_entries(void);

@@ -172,7 +172,8 @@ static const struct { const char *name; scalar_fn f; } SCALAR[] = {
 
 /* sum, mean, prod first: they accept empty reductions */
 static const struct { const char *name; reduce_fn f; } REDUCE[] = {
-    {"sum", kiln_sum}, {"mean", kiln_mean}, {"prod", kiln_prod}, {"max", kiln_max}, {"min", kiln_min},
+    {"sum", kiln_sum}, {"mean", kiln_mean}, {"prod", kiln_prod},
+    {"max", kiln_max}, {"min", kiln_min},
 };
 #define N_REDUCE ((int)(sizeof REDUCE / sizeof REDUCE[0]))
 

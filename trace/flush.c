@@ -37,6 +37,7 @@ typedef struct {
   int *leaf_vals;
   int leaf_slots;
   int epoch;
+  int *edges; /* storage of every refs[i] */
   bool oom;
 } collector;
 
@@ -110,13 +111,17 @@ static bool collect(collector *c, tr_graph *g, tr_node **targets, int ntargets) 
   for (int i = 0; i < ntargets; i++) visit(c, targets[i]);
   for (int i = 0; i < g->nstores; i++) visit(c, g->stores[i]);
   tr_trace *t = &c->t;
-  t->refs = calloc((size_t)(t->n ? t->n : 1), sizeof *t->refs);
-  t->is_output = calloc((size_t)(t->n ? t->n : 1), sizeof *t->is_output);
-  if (c->oom || !t->refs || !t->is_output) return false;
-  for (int i = 0; i < t->n; i++) {
+  size_t edges = 0;
+  for (int i = 0; i < t->n; i++) edges += (size_t)t->nodes[i]->nin;
+  size_t count = t->n > 0 ? (size_t)t->n : 1;
+  t->refs = calloc(count, sizeof *t->refs);
+  t->is_output = calloc(count, sizeof *t->is_output);
+  c->edges = malloc((edges ? edges : 1) * sizeof(int));
+  if (c->oom || !t->refs || !t->is_output || !c->edges) return false;
+  for (int i = 0, *next = c->edges; i < t->n; i++) {
     tr_node *n = t->nodes[i];
-    t->refs[i] = malloc((size_t)(n->nin ? n->nin : 1) * sizeof(int));
-    if (!t->refs[i]) return false;
+    t->refs[i] = next;
+    next += n->nin;
     for (int k = 0; k < n->nin; k++) {
       tr_node *x = n->in[k];
       if (x->state == TR_MATERIALIZED) {
@@ -139,7 +144,6 @@ static bool collect(collector *c, tr_graph *g, tr_node **targets, int ntargets) 
 static void collector_free(collector *c) {
   tr_trace *t = &c->t;
   for (int i = 0; i < t->n; i++) {
-    if (t->refs) free(t->refs[i]);
     tr_node_release(t->nodes[i]);
   }
   for (int j = 0; j < t->nleaves; j++) tr_node_release(t->leaves[j]);
@@ -149,6 +153,7 @@ static void collector_free(collector *c) {
   free(t->is_output);
   free(c->leaf_keys);
   free(c->leaf_vals);
+  free(c->edges);
 }
 
 /* --- committing ------------------------------------------------------------ */
@@ -190,7 +195,7 @@ static void remember(tr_graph *g, const tr_trace *t, tr_flush_reason why, const 
   if (!g->last && !(g->last = calloc(1, sizeof *g->last))) return;
   tr_flush_info *info = g->last;
   memset(info, 0, sizeof *info);
-  tr_key fam = fam_bytes->failed ? (tr_key){0, 0} : tr_key_hash(fam_bytes);
+  tr_key fam = fam_bytes->failed || !fam_bytes->data ? (tr_key){0, 0} : tr_key_hash(fam_bytes);
   info->key[0] = key.lo;
   info->key[1] = key.hi;
   info->family[0] = fam.lo;
@@ -261,23 +266,25 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
     return KILN_OK;
   }
   vm_counters *st = &vm_process()->stats;
-  tr_bytes bytes, fam_bytes;
+  tr_bytes bytes, fam_bytes = {0};
   tr_key_bytes(t, true, &bytes);
-  tr_key_bytes(t, false, &fam_bytes);
   tr_plan *plan = NULL;
   cache_sighting seen = {0};
   tr_key key = {0, 0};
-  bool cached = !bytes.failed && !fam_bytes.failed;
-  if (cached) {
+  if (!bytes.failed) {
     key = tr_key_hash(&bytes);
-    tr_key fam = tr_key_hash(&fam_bytes);
-    cache_sight((uint64_t[]){key.lo, key.hi}, bytes.data, bytes.len,
-                (uint64_t[]){fam.lo, fam.hi}, &seen);
+    cache_sight((uint64_t[]){key.lo, key.hi}, bytes.data, bytes.len, &seen);
     atomic_fetch_add_explicit(seen.new_key ? &st->cache_misses : &st->cache_hits, 1,
                               memory_order_relaxed);
     if (seen.new_key) atomic_fetch_add_explicit(&st->traces_seen, 1, memory_order_relaxed);
     plan = seen.plan;
-    if (seen.make_plan && tr_planning_enabled() && (plan = tr_plan_build(t))) {
+    if (seen.hot && tr_planning_enabled()) { /* the family's recompile budget decides */
+      tr_key_bytes(t, false, &fam_bytes);
+      tr_key fam = fam_bytes.failed ? (tr_key){0, 0} : tr_key_hash(&fam_bytes);
+      seen.make_plan = cache_admit((uint64_t[]){fam.lo, fam.hi});
+      seen.over_budget = !seen.make_plan;
+    }
+    if (seen.make_plan && (plan = tr_plan_build(t))) {
       cache_publish((uint64_t[]){key.lo, key.hi}, bytes.data, bytes.len, plan);
       atomic_fetch_add_explicit(&st->plans_built, 1, memory_order_relaxed);
       tr_dump_plan(t, plan, key);
@@ -285,11 +292,14 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   }
   vm_tensor **vals = calloc((size_t)t->n, sizeof *vals);
   int rc = vals ? tr_run(plan, t, vals) : vm_error(KILN_ERR_OOM, "out of memory");
-  if (rc == KILN_OK) commit(g, t, vals);
+  double ms = now_ms() - t0;
+  tr_log_flush(t, why, key, &seen, plan != NULL, ms, rc); /* before commit drops inputs */
+  if (rc == KILN_OK) {
+    commit(g, t, vals);
+    g->flush_epoch++;
+  }
   for (int i = 0; vals && i < t->n; i++) vm_release(vals[i]);
   free(vals);
-  double ms = now_ms() - t0;
-  tr_log_flush(t, why, key, &seen, plan != NULL, ms, rc);
   remember(g, t, why, &bytes, &fam_bytes, &seen, plan, key, rc);
   if (plan) tr_plan_release(plan);
   atomic_fetch_add_explicit(&st->flushes, 1, memory_order_relaxed);

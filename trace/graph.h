@@ -37,7 +37,8 @@ typedef struct tr_node {
   tr_grad_slot *slot;      /* a leaf variable's gradient slot (a reference) */
   uint64_t seq;            /* creation order (a topological order for autodiff) */
   tr_state state;
-  int depth;               /* longest path of pending nodes ending here */
+  int depth;               /* longest unmaterialized path ending here, as of depth_epoch */
+  uint64_t depth_epoch;    /* the owner graph's flush count when depth was computed */
   int pending_uses;        /* PENDING consumers (under the graph lock) */
   tr_graph *graph;         /* the recording thread's graph (a reference); NULL for leaves */
   struct tr_node *prev, *next; /* the owner's pending list */
@@ -54,6 +55,7 @@ struct tr_graph {
   tr_node **stores;        /* handles' nodes rebound by stores since the last flush */
   int nstores, cap_stores;
   int visit_epoch;
+  uint64_t flush_epoch;        /* flushes committed: depths older than this are stale */
   struct tr_flush_info *last;  /* what the last flush did (trace/inspect.h) */
   char *last_ir;               /* its plan's IR, when inspection asked for it */
 };

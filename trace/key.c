@@ -48,21 +48,45 @@ static void put_shape(tr_bytes *b, int ndim, const int64_t *shape, bool with_sha
     for (int d = 0; d < ndim; d++) put_i64(b, shape[d]);
 }
 
-/* the attributes that change the code an op runs */
-static void put_attr(tr_bytes *b, const tr_node *n, bool with_shapes) {
+/* one node's fixed-size record: op, result and the attributes that change
+   the code it runs (written in one piece: keys are built on every flush) */
+typedef struct {
+  uint8_t op, dtype, weak, ndim, nin, output, keepdim, attr_dtype;
+  uint8_t attr_weak, scalar_class, perm[KILN_MAX_DIMS];
+  uint32_t axes_mask;
+  int32_t axis;
+  int64_t start, stop, step;
+} node_record;
+
+static void put_node(tr_bytes *b, const tr_trace *t, int i, bool with_shapes) {
+  const tr_node *n = t->nodes[i];
   const vm_attr *a = &n->attr;
-  put_u8(b, a->dtype);
-  put_u8(b, a->weak);
-  put_u8(b, a->keepdim);
-  put_i64(b, a->axes_mask);
-  put_i64(b, a->axis);
-  for (int d = 0; d < KILN_MAX_DIMS; d++) put_u8(b, (unsigned)a->perm[d]);
-  if (with_shapes) {
-    put_i64(b, a->start);
-    put_i64(b, a->stop);
+  node_record r;
+  memset(&r, 0, sizeof r);
+  r.op = (uint8_t)n->op;
+  r.dtype = (uint8_t)n->meta.dtype;
+  r.weak = n->meta.weak;
+  r.ndim = (uint8_t)n->meta.ndim;
+  r.nin = (uint8_t)n->nin;
+  r.output = t->is_output[i];
+  r.keepdim = a->keepdim;
+  r.attr_dtype = (uint8_t)a->dtype;
+  r.attr_weak = a->weak;
+  r.scalar_class = n->op == VM_OP_full ? (uint8_t)tr_scalar_class(a->scalar[0]) : 0;
+  for (int d = 0; d < KILN_MAX_DIMS; d++) r.perm[d] = (uint8_t)a->perm[d];
+  r.axes_mask = a->axes_mask;
+  r.axis = a->axis;
+  r.start = with_shapes ? a->start : 0;
+  r.stop = with_shapes ? a->stop : 0;
+  r.step = a->step;
+  put(b, &r, sizeof r);
+  if (with_shapes) put(b, n->meta.shape, (size_t)n->meta.ndim * sizeof(int64_t));
+  int32_t refs[8];
+  for (int k = 0; k < n->nin; k += 8) {
+    int m = n->nin - k < 8 ? n->nin - k : 8;
+    for (int q = 0; q < m; q++) refs[q] = t->refs[i][k + q];
+    put(b, refs, (size_t)m * sizeof(int32_t));
   }
-  put_i64(b, a->step);
-  if (n->op == VM_OP_full) put_u8(b, (unsigned)tr_scalar_class(a->scalar[0]));
 }
 
 void tr_key_bytes(const tr_trace *t, bool with_shapes, tr_bytes *b) {
@@ -81,17 +105,7 @@ void tr_key_bytes(const tr_trace *t, bool with_shapes, tr_bytes *b) {
     put_i64(b, alias);
   }
   put_i64(b, t->n);
-  for (int i = 0; i < t->n; i++) {
-    const tr_node *n = t->nodes[i];
-    put_u8(b, n->op);
-    put_u8(b, n->meta.dtype);
-    put_u8(b, n->meta.weak);
-    put_shape(b, n->meta.ndim, n->meta.shape, with_shapes);
-    put_attr(b, n, with_shapes);
-    put_u8(b, (unsigned)n->nin);
-    for (int k = 0; k < n->nin; k++) put_i64(b, t->refs[i][k]);
-    put_u8(b, t->is_output[i]);
-  }
+  for (int i = 0; i < t->n; i++) put_node(b, t, i, with_shapes);
 }
 
 tr_key tr_key_hash(const tr_bytes *b) {

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../vm/state.h"
 #include "graph.h"
 
 static pthread_key_t graph_key;
@@ -83,7 +84,7 @@ tr_node *tr_node_retain(tr_node *n) {
 }
 
 tr_node *tr_node_from_value(vm_tensor *value) {
-  tr_node *n = calloc(1, sizeof *n);
+  tr_node *n = vm_block_alloc(VM_BLOCK_NODE, sizeof *n);
   if (!n) {
     vm_release(value);
     return NULL;
@@ -141,7 +142,7 @@ void tr_node_release(tr_node *n) {
   if (n->in != n->in_small) free(n->in);
   vm_release(n->value);
   tr_slot_release(n->slot);
-  free(n);
+  vm_block_free(VM_BLOCK_NODE, n);
 }
 
 void tr_graph_append(tr_graph *g, tr_node *n) {

@@ -63,8 +63,15 @@ static int resolve(const builder *b, int ref) { return ref >= 0 ? b->alias[ref] 
 /* the scalar class of a full node (it is part of the key, so it holds for
    every flush this plan serves); -1 when ref is not a full node */
 static int full_class(const builder *b, int ref) {
-  if (ref < 0 || b->p[ref].op != VM_OP_full) return -1;
-  return tr_scalar_class(b->p[ref].attr.scalar[0]);
+  if (ref < 0) return -1;
+  const tr_pnode *p = &b->p[ref];
+  if (p->op == VM_OP_full) return tr_scalar_class(p->attr.scalar[0]);
+  if (p->op != VM_OP_cast) return -1;
+  /* a host scalar cast to the tensor's dtype: 0 and 1 stay exact; -0 stays
+     -0 only in a float dtype */
+  int c = full_class(b, p->in[0]);
+  if (c == 3 && !vm_dtype_is_float(p->meta.dtype)) return 1;
+  return c;
 }
 
 static bool exact_widening(kiln_dtype from, kiln_dtype to) {
@@ -74,8 +81,9 @@ static bool exact_widening(kiln_dtype from, kiln_dtype to) {
   return from == KILN_F32 && to == KILN_F64;
 }
 
-/* Exact algebraic identities; returns the ref node i reduces to, or i. */
-static int simplify(builder *b, int i) {
+/* Exact algebraic identities; returns the ref node i reduces to, or i
+   (*rewired is set when i itself was rewritten onto other inputs). */
+static int simplify(builder *b, int i, bool *rewired) {
   tr_pnode *p = &b->p[i];
   int x = p->nin > 0 ? p->in[0] : 0, y = p->nin > 1 ? p->in[1] : 0;
   const vm_meta *mx = p->nin > 0 ? ref_meta(b, x) : NULL;
@@ -96,7 +104,11 @@ static int simplify(builder *b, int i) {
       break;
     case VM_OP_reshape:
       if (keeps) return x;
-      if (x >= 0 && b->p[x].op == VM_OP_reshape) p->in[0] = b->p[x].in[0];
+      if (x >= 0 && b->p[x].op == VM_OP_reshape) {
+        p->in[0] = b->p[x].in[0];
+        *rewired = true;
+        return simplify(b, i, rewired);
+      }
       break;
     case VM_OP_expand:
       if (keeps) return x;
@@ -110,7 +122,8 @@ static int simplify(builder *b, int i) {
         for (int d = 0; d < p->meta.ndim; d++) composed[d] = b->p[x].attr.perm[p->attr.perm[d]];
         memcpy(p->attr.perm, composed, sizeof composed);
         p->in[0] = b->p[x].in[0];
-        return simplify(b, i);
+        *rewired = true;
+        return simplify(b, i, rewired);
       }
       break;
     }
@@ -277,8 +290,9 @@ tr_plan *tr_plan_build(const tr_trace *t) {
       if (k < 3) p->in[k] = r; else p->more[k - 3] = r;
     }
     if (!ok) break;
-    int r = simplify(&b, i);
-    if (r != i) plan->passes.simplified++;
+    bool rewired = false;
+    int r = simplify(&b, i, &rewired);
+    if (r != i || rewired) plan->passes.simplified++;
     if (r == i) {
       r = cse(&b, i, table, slots);
       if (r != i) plan->passes.cse++;

@@ -15,7 +15,7 @@
 #define TR_PENDING_BYTES_CAP ((int64_t)1 << 30)
 
 static vm_tensor *handle_new(tr_node *n) {
-  vm_tensor *t = calloc(1, sizeof *t);
+  vm_tensor *t = vm_block_alloc(VM_BLOCK_TENSOR, sizeof *t);
   if (!t) {
     vm_error(KILN_ERR_OOM, "out of memory for a tensor handle");
     tr_node_release(n);
@@ -65,6 +65,24 @@ vm_tensor *tr_value(vm_tensor *t) {
   return materialize_node(t->node, TR_FLUSH_READ) ? t->node->value : NULL;
 }
 
+/* The length of the longest chain of unmaterialized nodes ending at n.
+   Flushes materialize nodes after their consumers were recorded, so a
+   stored depth is recomputed once per flush epoch (memoized). */
+static int current_depth(tr_graph *g, tr_node *n) {
+  if (n->state == TR_MATERIALIZED) return 0;
+  if (n->depth_epoch == g->flush_epoch + 1) return n->depth;
+  int d = 0;
+  for (int k = 0; k < n->nin; k++) {
+    int dk = current_depth(g, n->in[k]);
+    if (dk > d) d = dk;
+  }
+  n->depth = d + 1;
+  n->depth_epoch = g->flush_epoch + 1;
+  return n->depth;
+}
+
+/* everything pending that nothing pending reads (and, through them, all the
+   rest): which intermediates users still hold does not matter */
 static void flush_all(tr_graph *g, tr_flush_reason why) {
   int64_t cap = g->pending, n = 0;
   tr_node **targets = malloc((size_t)(cap ? cap : 1) * sizeof *targets);
@@ -75,7 +93,7 @@ static void flush_all(tr_graph *g, tr_flush_reason why) {
     while (r > 0 && !atomic_compare_exchange_weak(&p->refs, &r, r + 1)) {
     }
     if (r == 0) continue;
-    if (atomic_load(&p->handles) > 0)
+    if (p->pending_uses == 0)
       targets[n++] = p;
     else
       tr_node_release(p);
@@ -114,9 +132,10 @@ vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *a
   if (g->pending >= TR_NODE_CAP) flush_all(g, TR_FLUSH_NODES);
   if (g->pending_bytes >= TR_PENDING_BYTES_CAP) flush_all(g, TR_FLUSH_MEMORY);
   int depth = 0;
-  for (int i = 0; i < n; i++)
-    if (in[i]->node->state != TR_MATERIALIZED && in[i]->node->depth > depth)
-      depth = in[i]->node->depth;
+  for (int i = 0; i < n; i++) {
+    int d = in[i]->node->graph == g ? current_depth(g, in[i]->node) : 0;
+    if (d > depth) depth = d;
+  }
   if (depth + 1 > TR_DEPTH_CAP) { /* cut: the inputs become this trace's outputs */
     tr_node *cut[8];
     int ncut = 0;
@@ -127,15 +146,16 @@ vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *a
       return NULL;
     }
     depth = 0;
-    for (int i = 0; i < n; i++)
-      if (in[i]->node->state != TR_MATERIALIZED && in[i]->node->depth > depth)
-        depth = in[i]->node->depth;
+    for (int i = 0; i < n; i++) {
+      int d = in[i]->node->graph == g ? current_depth(g, in[i]->node) : 0;
+      if (d > depth) depth = d;
+    }
   }
-  tr_node *node = calloc(1, sizeof *node);
+  tr_node *node = vm_block_alloc(VM_BLOCK_NODE, sizeof *node);
   tr_node **ins = n <= 3 ? NULL : malloc((size_t)n * sizeof *ins);
   if (!node || (n > 3 && !ins)) {
     tr_graph_unlock(g);
-    free(node);
+    vm_block_free(VM_BLOCK_NODE, node);
     free(ins);
     vm_error(KILN_ERR_OOM, "out of memory for a trace node");
     return NULL;
@@ -152,6 +172,7 @@ vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *a
   node->in = ins ? ins : node->in_small;
   for (int i = 0; i < n; i++) node->in[i] = tr_node_retain(in[i]->node);
   node->depth = depth + 1;
+  node->depth_epoch = g->flush_epoch + 1;
   node->state = TR_PENDING;
   tr_graph_append(g, node);
   tr_graph_unlock(g);

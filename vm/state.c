@@ -66,6 +66,58 @@ void vm_clear_error(void) {
   thread_state.message[0] = '\0';
 }
 
+/* --- block caches --------------------------------------------------------- */
+
+#if defined(__SANITIZE_ADDRESS__)
+#define VM_CACHE_BLOCKS 0 /* let AddressSanitizer see every use after free */
+#else
+#define VM_CACHE_BLOCKS 1
+#endif
+
+static pthread_key_t blocks_key;
+static pthread_once_t blocks_once = PTHREAD_ONCE_INIT;
+
+static void blocks_thread_exit(void *p) {
+  vm_thread_state *ts = p;
+  for (int k = 0; k < VM_BLOCK_KINDS; k++) {
+    while (ts->free_blocks[k]) {
+      void *b = ts->free_blocks[k];
+      ts->free_blocks[k] = *(void **)b;
+      free(b);
+    }
+    ts->free_count[k] = 0;
+  }
+}
+
+static void blocks_key_init(void) { pthread_key_create(&blocks_key, blocks_thread_exit); }
+
+void *vm_block_alloc(int kind, size_t size) {
+  vm_thread_state *ts = &thread_state;
+  void *b = ts->free_blocks[kind];
+  if (!b) return calloc(1, size);
+  ts->free_blocks[kind] = *(void **)b;
+  ts->free_count[kind]--;
+  memset(b, 0, size);
+  return b;
+}
+
+void vm_block_free(int kind, void *p) {
+  vm_thread_state *ts = &thread_state;
+  if (!p) return;
+  if (!VM_CACHE_BLOCKS || ts->free_count[kind] >= VM_BLOCK_CACHE) {
+    free(p);
+    return;
+  }
+  if (!ts->cleanup_registered) { /* free the cache when the thread exits */
+    pthread_once(&blocks_once, blocks_key_init);
+    pthread_setspecific(blocks_key, ts);
+    ts->cleanup_registered = true;
+  }
+  *(void **)p = ts->free_blocks[kind];
+  ts->free_blocks[kind] = p;
+  ts->free_count[kind]++;
+}
+
 const char *vm_shape_str(char *buf, int ndim, const int64_t *shape) {
   int n = 0;
   buf[n++] = '[';

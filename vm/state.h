@@ -14,11 +14,19 @@
 
 #define VM_ERROR_LEN 512
 
+/* per-thread caches of freed fixed-size blocks (tensor headers, trace
+   nodes): recording an op allocates a few of each */
+enum { VM_BLOCK_TENSOR, VM_BLOCK_NODE, VM_BLOCK_KINDS };
+#define VM_BLOCK_CACHE 256
+
 typedef struct vm_thread_state {
   kiln_status status;          /* of the first error since the last clear */
   char message[VM_ERROR_LEN];  /* "" when status is KILN_OK */
   const char *api;             /* public name of the op being called ("kiln_add") */
   int no_grad;                 /* depth of kiln_no_grad_push scopes */
+  void *free_blocks[VM_BLOCK_KINDS];  /* singly linked through the first word */
+  int free_count[VM_BLOCK_KINDS];
+  bool cleanup_registered;
 } vm_thread_state;
 
 typedef struct vm_counters {
@@ -56,6 +64,11 @@ const char *vm_shape_str(char *buf, int ndim, const int64_t *shape);
 static inline void vm_add_ms(atomic_uint_fast64_t *us, double ms) {
   atomic_fetch_add_explicit(us, (uint_fast64_t)(ms * 1000.0), memory_order_relaxed);
 }
+
+/* a zeroed block of `size` bytes of kind (always the same size per kind),
+   from this thread's cache when it has one; NULL on OOM */
+void *vm_block_alloc(int kind, size_t size);
+void vm_block_free(int kind, void *p);
 
 /* integer environment variable, or dflt when unset or malformed */
 long vm_env_long(const char *name, long dflt);

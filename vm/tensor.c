@@ -49,7 +49,7 @@ void vm_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
 }
 
 static vm_tensor *header_new(kiln_dtype dt, int ndim, const int64_t *shape, int64_t numel) {
-  vm_tensor *t = calloc(1, sizeof *t);
+  vm_tensor *t = vm_block_alloc(VM_BLOCK_TENSOR, sizeof *t);
   if (!t) {
     vm_error(KILN_ERR_OOM, "out of memory for a tensor header");
     return NULL;
@@ -124,7 +124,24 @@ static void block_free(void *p, size_t bytes) {
   free(p);
 }
 
+/* small buffers live in the same allocation as their storage header */
+#define VM_INLINE_BYTES 1024
+#define VM_HEADER_BYTES 64
+
 static vm_storage *storage_new(size_t nbytes) {
+  if (nbytes <= VM_INLINE_BYTES) {
+    void *block = NULL;
+    if (posix_memalign(&block, 64, VM_HEADER_BYTES + (nbytes ? nbytes : 64)) != 0) {
+      vm_error(KILN_ERR_OOM, "out of memory allocating %zu bytes", nbytes);
+      return NULL;
+    }
+    vm_storage *s = block;
+    atomic_init(&s->refs, 1);
+    s->data = (char *)block + VM_HEADER_BYTES;
+    s->nbytes = nbytes;
+    s->inline_data = true;
+    return s;
+  }
   vm_storage *s = malloc(sizeof *s);
   size_t bytes = block_size(nbytes);
   void *data = s ? block_alloc(bytes) : NULL;
@@ -136,12 +153,13 @@ static vm_storage *storage_new(size_t nbytes) {
   atomic_init(&s->refs, 1);
   s->data = data;
   s->nbytes = bytes;
+  s->inline_data = false;
   return s;
 }
 
 static void storage_release(vm_storage *s) {
   if (s && atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) == 1) {
-    block_free(s->data, s->nbytes);
+    if (!s->inline_data) block_free(s->data, s->nbytes);
     free(s);
   }
 }
@@ -154,7 +172,7 @@ vm_tensor *vm_tensor_new(kiln_dtype dt, int ndim, const int64_t *shape) {
   vm_contiguous_strides(ndim, shape, t->strides);
   t->storage = storage_new((size_t)numel * vm_dtype_size(dt));
   if (!t->storage) {
-    free(t);
+    vm_block_free(VM_BLOCK_TENSOR, t);
     return NULL;
   }
   return t;
@@ -187,7 +205,7 @@ void vm_release(vm_tensor *t) {
   if (t && atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) == 1) {
     if (t->node) tr_handle_free(t); /* also drops t->slot */
     storage_release(t->storage);
-    free(t);
+    vm_block_free(VM_BLOCK_TENSOR, t);
   }
 }
 

@@ -15,6 +15,7 @@ typedef struct vm_storage {
   atomic_long refs;
   void *data;     /* 64-byte aligned */
   size_t nbytes;
+  bool inline_data; /* data follows this header in one allocation */
 } vm_storage;
 
 /* Two roles, one struct.  A *handle* (what users hold, what ops take) names
