@@ -7,17 +7,15 @@
 #include <string.h>
 #include <time.h>
 
-/* kiln_sync() is in API.md but not yet in the library: call it when it is */
-extern int kiln_sync(void) __attribute__((weak));
-
 static void usage(const char *prog, int code) {
   fprintf(code ? stderr : stdout,
-          "usage: %s [--smoke] [--reps N] [--warmup N] [--label NAME] [--openblas]\n"
+          "usage: %s [--smoke] [--reps N] [--warmup N] [--label NAME] [--openblas] [--autodiff]\n"
           "  --smoke      tiny sizes, 1 repetition (checks that it runs, measures nothing)\n"
           "  --reps N     timed runs; the median is reported\n"
           "  --warmup N   untimed runs first\n"
           "  --label NAME contender name (default: kiln-eager if KILN_JIT=0, else kiln)\n"
-          "  --openblas   perf_w6 only: also time OpenBLAS cblas_sgemm called directly\n",
+          "  --openblas   perf_w6 only: also time OpenBLAS cblas_sgemm called directly\n"
+          "  --autodiff   perf_w7 only: gradients from kiln_backward (label kiln-autodiff)\n",
           prog);
   exit(code);
 }
@@ -36,15 +34,26 @@ void bench_parse(int argc, char **argv, bench_opts *o, int default_reps, int def
   o->warmup = default_warmup;
   o->label = jit && strcmp(jit, "0") == 0 ? "kiln-eager" : "kiln";
   o->openblas = false;
+  o->autodiff = false;
+  const char *label = NULL;
   int reps = -1, warmup = -1;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--smoke")) o->smoke = true;
-    else if (!strcmp(argv[i], "--reps")) reps = positive_int(argv[0], i + 1 < argc ? argv[++i] : NULL);
-    else if (!strcmp(argv[i], "--warmup")) warmup = positive_int(argv[0], i + 1 < argc ? argv[++i] : NULL);
-    else if (!strcmp(argv[i], "--label") && i + 1 < argc) o->label = argv[++i];
-    else if (!strcmp(argv[i], "--openblas")) o->openblas = true;
-    else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) usage(argv[0], 0);
-    else usage(argv[0], 2);
+    if (!strcmp(argv[i], "--smoke"))
+      o->smoke = true;
+    else if (!strcmp(argv[i], "--reps"))
+      reps = positive_int(argv[0], i + 1 < argc ? argv[++i] : NULL);
+    else if (!strcmp(argv[i], "--warmup"))
+      warmup = positive_int(argv[0], i + 1 < argc ? argv[++i] : NULL);
+    else if (!strcmp(argv[i], "--label") && i + 1 < argc)
+      label = argv[++i];
+    else if (!strcmp(argv[i], "--openblas"))
+      o->openblas = true;
+    else if (!strcmp(argv[i], "--autodiff"))
+      o->autodiff = true;
+    else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+      usage(argv[0], 0);
+    else
+      usage(argv[0], 2);
   }
   if (o->smoke) {
     o->reps = 1;
@@ -53,6 +62,9 @@ void bench_parse(int argc, char **argv, bench_opts *o, int default_reps, int def
   if (reps >= 0) o->reps = reps;
   if (warmup >= 0) o->warmup = warmup;
   if (o->reps < 1) o->reps = 1;
+  if (o->autodiff)
+    o->label = strcmp(o->label, "kiln-eager") ? "kiln-autodiff" : "kiln-eager-autodiff";
+  if (label) o->label = label;
 }
 
 double bench_now(void) {
@@ -100,8 +112,8 @@ void bench_ok_status(int status, const char *what) {
 }
 
 void bench_force(kiln_tensor *t) {
-  if (kiln_sync) bench_ok_status(kiln_sync(), "kiln_sync");
   if (!t) bench_ok(NULL, "the timed computation");
+  bench_ok_status(kiln_sync(), "kiln_sync");
 }
 
 void bench_fill_sin(float *x, int64_t n, double freq, double phase, double amp) {
@@ -156,18 +168,19 @@ void bench_summary_tensor(char *out, size_t cap, kiln_tensor *t) {
 void bench_result_with(const char *workload, const char *contender, const double *times, int n,
                        const char *extra, const char *check, int threads, const char *isa,
                        const char *blas) {
-  printf("@result\tworkload=%s\tcontender=%s\ttime_s=%.9g\tmin_s=%.9g\treps=%d\tthreads=%d\t"
-         "isa=%s\tblas=%s%s%s\tcheck=%s\n",
-         workload, contender, bench_median(times, n), bench_min(times, n), n, threads,
-         isa && *isa ? isa : "unknown", blas && *blas ? blas : "none", extra && *extra ? "\t" : "",
-         extra ? extra : "", check ? check : "");
+  printf(
+      "@result\tworkload=%s\tcontender=%s\ttime_s=%.9g\tmin_s=%.9g\treps=%d\tthreads=%d\t"
+      "isa=%s\tblas=%s%s%s\tcheck=%s\n",
+      workload, contender, bench_median(times, n), bench_min(times, n), n, threads,
+      isa && *isa ? isa : "unknown", blas && *blas ? blas : "none", extra && *extra ? "\t" : "",
+      extra ? extra : "", check ? check : "");
   fflush(stdout);
 }
 
 void bench_result(const char *workload, const char *contender, const double *times, int n,
                   const char *extra, const char *check) {
-  bench_result_with(workload, contender, times, n, extra, check, kiln_num_threads(),
-                    kiln_cpu_isa(), kiln_blas_core());
+  bench_result_with(workload, contender, times, n, extra, check, kiln_num_threads(), kiln_cpu_isa(),
+                    kiln_blas_core());
 }
 
 void bench_na(const char *workload, const char *contender, const char *note) {

@@ -20,13 +20,14 @@ typedef struct {
   int reps, warmup;  /* timed runs, untimed runs before them */
   const char *label; /* contender name: "kiln-eager" when KILN_JIT=0, else "kiln" */
   bool openblas;     /* perf_w6: also time OpenBLAS sgemm called directly */
+  bool autodiff;     /* perf_w7: gradients from kiln_backward, not written by hand */
 } bench_opts;
 
-/* parses --smoke --reps N --warmup N --label NAME --openblas; exits on --help
+/* parses --smoke --reps N --warmup N --label NAME --openblas --autodiff; exits on --help
    or a bad argument */
 void bench_parse(int argc, char **argv, bench_opts *o, int default_reps, int default_warmup);
 
-double bench_now(void);                  /* seconds, monotonic */
+double bench_now(void); /* seconds, monotonic */
 double bench_median(const double *v, int n);
 double bench_min(const double *v, int n);
 
@@ -34,8 +35,7 @@ double bench_min(const double *v, int n);
 void *bench_ok(void *p, const char *what);
 void bench_ok_status(int status, const char *what);
 
-/* makes sure t's value is computed: today every Kiln op computes eagerly; when
-   the library gains kiln_sync() (API.md) it is called through a weak symbol */
+/* makes sure t's value is computed (Kiln records ops lazily): kiln_sync() */
 void bench_force(kiln_tensor *t);
 
 /* x[i] = (float)(amp * sin(i * freq + phase)), i in double: numpy computes

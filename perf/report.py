@@ -13,7 +13,7 @@ import csv
 import math
 import sys
 
-ORDER = ["kiln-eager", "kiln", "openblas", "numpy", "torch", "torch.compile", "jax.jit"]
+ORDER = ["kiln-eager", "kiln", "kiln-autodiff", "openblas", "numpy", "torch", "torch.compile", "jax.jit"]
 WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8:W1", "W8:W7"]
 TITLES = {
     "W1": "W1 tanh(x*y+0.5)*sigmoid(x)-y*y*0.25, 2^24",
@@ -237,8 +237,9 @@ def write_csv(table, limit, path):
                          r["bytes"], r["flops"], r.get("agree", ""), r["check"], r["note"]])
 
 
-COLORS = {"kiln-eager": "#f4a261", "kiln": "#e76f51", "openblas": "#6c757d", "numpy": "#2a9d8f",
-          "torch": "#457b9d", "torch.compile": "#1d3557", "jax.jit": "#8e7dbe"}
+COLORS = {"kiln-eager": "#f4a261", "kiln": "#e76f51", "kiln-autodiff": "#c1121f",
+          "openblas": "#6c757d", "numpy": "#2a9d8f", "torch": "#457b9d",
+          "torch.compile": "#1d3557", "jax.jit": "#8e7dbe"}
 
 
 def plot(table, limit, path, header):

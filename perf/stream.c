@@ -92,10 +92,11 @@ int main(int argc, char **argv) {
   double median = moved / bench_median(t.times, o.reps) / 1e9;
   /* after the measurement: loads OpenBLAS, whose core the peers are given */
   const char *core = kiln_blas_core();
-  printf("@limit\tthreads=%d\tisa=%s\tblas=%s\tarray_mib=%.0f\tbytes=%.0f\treps=%d\t"
-         "best_gbs=%.3f\tmedian_gbs=%.3f\n",
-         threads, kiln_cpu_isa(), *core ? core : "none", (double)bytes / 1048576.0, moved, o.reps,
-         best, median);
+  printf(
+      "@limit\tthreads=%d\tisa=%s\tblas=%s\tarray_mib=%.0f\tbytes=%.0f\treps=%d\t"
+      "best_gbs=%.3f\tmedian_gbs=%.3f\n",
+      threads, kiln_cpu_isa(), *core ? core : "none", (double)bytes / 1048576.0, moved, o.reps,
+      best, median);
   printf("STREAM triad: %d threads, 3 x %.0f MiB, best %.2f GB/s, median %.2f GB/s\n", threads,
          (double)bytes / 1048576.0, best, median);
   pthread_barrier_destroy(&t.barrier);

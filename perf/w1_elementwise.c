@@ -8,7 +8,7 @@
 
 int main(int argc, char **argv) {
   bench_opts o;
-  bench_parse(argc, argv, &o, 7, 2);
+  bench_parse(argc, argv, &o, 9, 2);
   int64_t n = o.smoke ? 4096 : (int64_t)1 << 24;
   float *buf = bench_alloc_f32(n);
   bench_fill_sin(buf, n, W1_X_FREQ, 0.0, 1.0);

@@ -8,7 +8,7 @@
 
 int main(int argc, char **argv) {
   bench_opts o;
-  bench_parse(argc, argv, &o, 9, 2);
+  bench_parse(argc, argv, &o, 15, 2);
   int64_t shape[2] = {o.smoke ? 64 : 4096, o.smoke ? 128 : 1024}, n = shape[0] * shape[1];
   float *buf = bench_alloc_f32(n);
   bench_fill_sin(buf, n, 0.003, 0.2, 2.0);

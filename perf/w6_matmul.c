@@ -56,7 +56,7 @@ static void time_openblas(const bench_opts *o, int64_t n, const float *a, const 
 
 int main(int argc, char **argv) {
   bench_opts o;
-  bench_parse(argc, argv, &o, 9, 2);
+  bench_parse(argc, argv, &o, 15, 2);
   int64_t n = o.smoke ? 64 : 1024, shape[2] = {n, n};
   double flops = 2.0 * (double)n * (double)n * (double)n;
   float *a = bench_alloc_f32(n * n), *b = bench_alloc_f32(n * n);

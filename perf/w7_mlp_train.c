@@ -1,9 +1,10 @@
 /* w7_mlp_train.c — W7: one training step of an MLP, batch 512,
  * 784-1024-1024-10, relu, mean cross-entropy, SGD (lr 0.05): steps/s.
- * Kiln has no autodiff yet: the backward pass is written by hand from Kiln
- * ops (workloads.c).  The first two steps are the warm-up and give the check:
- * the loss of steps 1 and 2 and, per layer, the squared size of step 1's
- * update, sum((W_after - W_before)^2).  Inputs: bench_fill_hash (workloads.c). */
+ * The kiln rows use a backward pass written by hand from Kiln ops
+ * (workloads.c; written when Kiln had no autodiff); with --autodiff the
+ * gradients come from kiln_backward instead (row kiln-autodiff).  The first two steps are the
+ * warm-up and give the check: the loss of steps 1 and 2 and, per layer, the squared size of step
+ * 1's update, sum((W_after - W_before)^2).  Inputs: bench_fill_hash (workloads.c). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -31,14 +32,19 @@ static double delta2(kiln_tensor *after, const float *before) {
 
 int main(int argc, char **argv) {
   bench_opts o;
-  bench_parse(argc, argv, &o, 7, 0);
+  bench_parse(argc, argv, &o, 9, 0);
   wl_mlp m;
   wl_mlp_init(&m, o.smoke);
+  kiln_tensor *(*step)(wl_mlp *) = wl_mlp_step;
+  if (o.autodiff) {
+    wl_mlp_track(&m);
+    step = wl_mlp_step_autodiff;
+  }
 
   kiln_tensor *params[6] = {m.w1, m.b1, m.w2, m.b2, m.w3, m.b3};
   float *before[6];
   for (int i = 0; i < 6; i++) before[i] = copy_out(params[i]);
-  kiln_tensor *loss = wl_mlp_step(&m);
+  kiln_tensor *loss = step(&m);
   double loss1 = kiln_item(loss);
   kiln_release(loss);
   /* kiln_sub_scaled_ rebinds the handles: m.w1 ... now name the new values */
@@ -48,15 +54,15 @@ int main(int argc, char **argv) {
     d[i] = delta2(now[i], before[i]);
     free(before[i]);
   }
-  loss = wl_mlp_step(&m);
+  loss = step(&m);
   double loss2 = kiln_item(loss);
   kiln_release(loss);
 
-  for (int r = 0; r < o.warmup; r++) kiln_release(wl_mlp_step(&m));
+  for (int r = 0; r < o.warmup; r++) kiln_release(step(&m));
   double *times = calloc((size_t)o.reps, sizeof *times);
   for (int r = 0; r < o.reps; r++) {
     double t0 = bench_now();
-    loss = wl_mlp_step(&m);
+    loss = step(&m);
     bench_force(loss);
     times[r] = bench_now() - t0;
     kiln_release(loss);
@@ -65,8 +71,9 @@ int main(int argc, char **argv) {
   snprintf(check, sizeof check,
            "loss1=%.9g,loss2=%.9g,dw1=%.9g,db1=%.9g,dw2=%.9g,db2=%.9g,dw3=%.9g,db3=%.9g", loss1,
            loss2, d[0], d[1], d[2], d[3], d[4], d[5]);
-  snprintf(extra, sizeof extra, "batch=%lld\tnote=backward pass hand-written from Kiln ops (no autodiff yet)",
-           (long long)m.batch);
+  snprintf(extra, sizeof extra, "batch=%lld\tnote=%s", (long long)m.batch,
+           o.autodiff ? "gradients from kiln_backward (Kiln's autodiff)"
+                      : "backward pass hand-written from Kiln ops");
   bench_result("W7", o.label, times, o.reps, extra, check);
   wl_mlp_free(&m);
   free(times);

@@ -17,8 +17,10 @@ static void report(const char *workload, const bench_opts *o, const kiln_stats *
       snprintf(note, sizeof note, "the interpreter (KILN_JIT=0) compiles nothing by design");
     else
       snprintf(note, sizeof note,
-               "no JIT in this Kiln yet: nothing compiled after %d runs (compiles=%llu)", runs,
-               (unsigned long long)s->compiles);
+               "no JIT in this Kiln yet: nothing compiled after %d runs (compiles=%llu, "
+               "traces_seen=%llu, flushes=%llu)",
+               runs, (unsigned long long)s->compiles, (unsigned long long)s->traces_seen,
+               (unsigned long long)s->flushes);
     bench_na(workload, o->label, note);
     return;
   }

@@ -41,8 +41,8 @@ static kiln_tensor *tensor_hash(int64_t rows, int64_t cols, uint32_t seed, doubl
   float *buf = bench_alloc_f32(n);
   bench_fill_hash(buf, n, seed, amp);
   int64_t shape[2] = {rows, cols};
-  kiln_tensor *t = rows ? kiln_from_data(buf, KILN_F32, 2, shape)
-                        : kiln_from_data(buf, KILN_F32, 1, &shape[1]);
+  kiln_tensor *t =
+      rows ? kiln_from_data(buf, KILN_F32, 2, shape) : kiln_from_data(buf, KILN_F32, 1, &shape[1]);
   free(buf);
   return bench_ok(t, "kiln_from_data");
 }
@@ -71,13 +71,16 @@ void wl_mlp_init(wl_mlp *m, bool smoke) {
     oh[i * m->classes + t[i]] = 1.0f;
   }
   m->target = bench_ok(kiln_from_data(t, KILN_I64, 1, &m->batch), "target");
-  m->onehot = bench_ok(kiln_from_data(oh, KILN_F32, 2, (int64_t[]){m->batch, m->classes}), "onehot");
+  m->onehot =
+      bench_ok(kiln_from_data(oh, KILN_F32, 2, (int64_t[]){m->batch, m->classes}), "onehot");
   m->zero = bench_ok(kiln_scalar(0.0, KILN_F32), "zero");
   free(t);
   free(oh);
 }
 
-static kiln_tensor *tr(arena *a, kiln_tensor *t) { return keep(a, kiln_transpose(t, 0, 1), "transpose"); }
+static kiln_tensor *tr(arena *a, kiln_tensor *t) {
+  return keep(a, kiln_transpose(t, 0, 1), "transpose");
+}
 
 /* dL/dz = g where the layer's relu output h was > 0, else 0 */
 static kiln_tensor *relu_back(arena *a, const wl_mlp *m, kiln_tensor *g, kiln_tensor *h) {
@@ -90,16 +93,25 @@ static kiln_tensor *sum_rows(arena *a, kiln_tensor *t) {
   return keep(a, kiln_sum(t, 1, &axis0, false), "sum");
 }
 
+/* the forward pass: the logits; h1 and h2 (relu outputs) through *h1o, *h2o */
+static kiln_tensor *forward(arena *a, wl_mlp *m, kiln_tensor **h1o, kiln_tensor **h2o) {
+  kiln_tensor *z1 = keep(a, kiln_add(keep(a, kiln_matmul(m->x, m->w1), "matmul"), m->b1), "add");
+  kiln_tensor *h1 = keep(a, kiln_relu(z1), "relu");
+  kiln_tensor *z2 = keep(a, kiln_add(keep(a, kiln_matmul(h1, m->w2), "matmul"), m->b2), "add");
+  kiln_tensor *h2 = keep(a, kiln_relu(z2), "relu");
+  *h1o = h1;
+  *h2o = h2;
+  return keep(a, kiln_add(keep(a, kiln_matmul(h2, m->w3), "matmul"), m->b3), "add");
+}
+
 kiln_tensor *wl_mlp_step(wl_mlp *m) {
   arena a = {0};
-  /* forward */
-  kiln_tensor *h1 = keep(&a, kiln_relu(keep(&a, kiln_add(keep(&a, kiln_matmul(m->x, m->w1), "matmul"), m->b1), "add")), "relu");
-  kiln_tensor *h2 = keep(&a, kiln_relu(keep(&a, kiln_add(keep(&a, kiln_matmul(h1, m->w2), "matmul"), m->b2), "add")), "relu");
-  kiln_tensor *logits = keep(&a, kiln_add(keep(&a, kiln_matmul(h2, m->w3), "matmul"), m->b3), "add");
+  kiln_tensor *h1, *h2, *logits = forward(&a, m, &h1, &h2);
   kiln_tensor *loss = bench_ok(kiln_cross_entropy(logits, m->target), "cross_entropy");
   /* backward, by hand: d loss / d logits = (softmax - onehot) / batch */
   kiln_tensor *p = keep(&a, kiln_softmax(logits, 1), "softmax");
-  kiln_tensor *g3 = keep(&a, kiln_mul_scalar(keep(&a, kiln_sub(p, m->onehot), "sub"), 1.0 / (double)m->batch), "mul");
+  kiln_tensor *g3 = keep(
+      &a, kiln_mul_scalar(keep(&a, kiln_sub(p, m->onehot), "sub"), 1.0 / (double)m->batch), "mul");
   kiln_tensor *dw3 = keep(&a, kiln_matmul(tr(&a, h2), g3), "matmul");
   kiln_tensor *db3 = sum_rows(&a, g3);
   kiln_tensor *g2 = relu_back(&a, m, keep(&a, kiln_matmul(g3, tr(&a, m->w3)), "matmul"), h2);
@@ -119,8 +131,30 @@ kiln_tensor *wl_mlp_step(wl_mlp *m) {
   return loss;
 }
 
+void wl_mlp_track(wl_mlp *m) {
+  kiln_tensor *params[] = {m->w1, m->b1, m->w2, m->b2, m->w3, m->b3};
+  for (int i = 0; i < 6; i++)
+    bench_ok_status(kiln_set_requires_grad(params[i], true), "requires_grad");
+}
+
+kiln_tensor *wl_mlp_step_autodiff(wl_mlp *m) {
+  arena a = {0};
+  kiln_tensor *h1, *h2, *logits = forward(&a, m, &h1, &h2);
+  kiln_tensor *loss = bench_ok(kiln_cross_entropy(logits, m->target), "cross_entropy");
+  bench_ok_status(kiln_backward(loss, NULL), "kiln_backward");
+  kiln_tensor *params[] = {m->w1, m->b1, m->w2, m->b2, m->w3, m->b3};
+  for (int i = 0; i < 6; i++) {
+    kiln_tensor *g = bench_ok(kiln_grad(params[i]), "kiln_grad");
+    bench_ok_status(kiln_sub_scaled_(params[i], g, m->lr), "sub_scaled_");
+    kiln_release(g);
+    bench_ok_status(kiln_zero_grad(params[i]), "zero_grad");
+  }
+  release_all(&a);
+  return loss;
+}
+
 void wl_mlp_free(wl_mlp *m) {
-  kiln_tensor *all[] = {m->x, m->target, m->onehot, m->zero, m->w1, m->b1,
-                        m->w2, m->b2, m->w3, m->b3};
+  kiln_tensor *all[] = {m->x,  m->target, m->onehot, m->zero, m->w1,
+                        m->b1, m->w2,     m->b2,     m->w3,   m->b3};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) kiln_release(all[i]);
 }

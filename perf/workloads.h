@@ -16,6 +16,8 @@
 kiln_tensor *wl_w1(kiln_tensor *x, kiln_tensor *y);
 
 /* W7: an MLP B x D -> H1 -> H2 -> C, relu, mean cross-entropy, plain SGD.
+   (The hand-written backward pass was written when Kiln had no autodiff; it
+   stays as the W7 kiln rows the issue asked for, next to kiln-autodiff.)
    Weights are stored [in, out] so the forward pass is x @ W + b. */
 typedef struct {
   int64_t batch, d_in, h1, h2, classes;
@@ -29,6 +31,10 @@ void wl_mlp_init(wl_mlp *m, bool smoke);
    (Kiln has no autodiff yet), SGD update of the six parameters in place
    (kiln_sub_scaled_).  Returns the loss of the forward pass (caller releases). */
 kiln_tensor *wl_mlp_step(wl_mlp *m);
+/* the same step with the gradients from Kiln's autodiff (kiln_backward);
+   call wl_mlp_track() once first to mark the parameters as requiring grad */
+void wl_mlp_track(wl_mlp *m);
+kiln_tensor *wl_mlp_step_autodiff(wl_mlp *m);
 void wl_mlp_free(wl_mlp *m);
 
 #endif
