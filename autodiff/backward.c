@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../trace/ptrmap.h"
 #include "../trace/record.h"
 #include "../vm/composite.h"
 #include "../vm/state.h"
@@ -77,16 +78,12 @@ typedef struct {
   tr_node **nodes; /* tracked nodes reachable from the outputs */
   vm_tensor **grads;
   int n, cap;
+  tr_ptrmap index; /* node -> position in nodes (after sorting) */
 } tape;
 
-static int tape_find(const tape *tp, const tr_node *x) {
-  for (int i = tp->n - 1; i >= 0; i--) /* small tapes; index by a map if this shows up */
-    if (tp->nodes[i] == x) return i;
-  return -1;
-}
+static int tape_find(const tape *tp, const tr_node *x) { return tr_ptrmap_get(&tp->index, x); }
 
-static bool tape_collect(tape *tp, tr_node *x) {
-  if (!x->requires_grad || tape_find(tp, x) >= 0) return true;
+static bool tape_add(tape *tp, tr_node *x) {
   if (tp->n == tp->cap) {
     int cap = tp->cap ? 2 * tp->cap : 64;
     tr_node **nodes = realloc(tp->nodes, (size_t)cap * sizeof *nodes);
@@ -97,11 +94,25 @@ static bool tape_collect(tape *tp, tr_node *x) {
     tp->grads = grads;
     tp->cap = cap;
   }
+  if (!tr_ptrmap_put(&tp->index, x, tp->n)) return false;
   tp->nodes[tp->n] = x;
   tp->grads[tp->n++] = NULL;
-  if (x->slot) return true; /* a leaf variable: the walk stops here */
-  for (int k = 0; k < x->nin; k++)
-    if (!tape_collect(tp, x->in[k])) return false;
+  return true;
+}
+
+/* every tracked node reachable from root, stopping at leaf variables (an
+   explicit stack: graphs can be far deeper than the C stack) */
+static bool tape_collect(tape *tp, tr_node *root) {
+  if (!root->requires_grad || tape_find(tp, root) >= 0) return true;
+  if (!tape_add(tp, root)) return false;
+  for (int next = tp->n - 1; next < tp->n; next++) {
+    tr_node *x = tp->nodes[next];
+    if (x->slot) continue; /* a leaf variable: the walk stops here */
+    for (int k = 0; k < x->nin; k++) {
+      tr_node *in = x->in[k];
+      if (in->requires_grad && tape_find(tp, in) < 0 && !tape_add(tp, in)) return false;
+    }
+  }
   return true;
 }
 
@@ -180,6 +191,8 @@ static int run(tape *tp, int nout, vm_tensor *const *outs, vm_tensor *const *gou
     if (!tape_collect(tp, outs[k]->node)) return vm_error(KILN_ERR_OOM, "out of memory");
   }
   qsort(tp->nodes, (size_t)tp->n, sizeof *tp->nodes, by_seq_desc);
+  for (int i = 0; i < tp->n; i++) /* positions after sorting */
+    if (!tr_ptrmap_put(&tp->index, tp->nodes[i], i)) return vm_error(KILN_ERR_OOM, "out of memory");
   if (!create_graph) vm_thread()->no_grad++;
   bool ok = true;
   for (int k = 0; ok && k < nout; k++) {
@@ -197,6 +210,7 @@ static void tape_free(tape *tp) {
   for (int i = 0; i < tp->n; i++) vm_release(tp->grads[i]);
   free(tp->nodes);
   free(tp->grads);
+  tr_ptrmap_free(&tp->index);
 }
 
 int ad_backward(vm_tensor *loss, vm_tensor *grad) {

@@ -15,9 +15,15 @@
  * 3. Higher order: d2/dx2 (2x^3+8) = 12 at x = 1, Hessian-vector products
  *    against hand-derived ones, and gradchecks of create_graph gradients.
  * 4. .grad accumulation, zero_grad, no_grad, detach, requires_grad
- *    propagation, grad_of's contract, and the errors.
- * 5. Backward after the forward was already flushed.
- * 6. Backward, in-place update (kiln_sub_scaled_), zero_grad, backward.
+ *    propagation, grad_of's contract, and the errors; also mixed dtypes,
+ *    scatter_add, shift-invariant softmax-family gradients at +1000, a
+ *    300-step chain (longer than the pending-graph cap) and a leaf as loss.
+ * 5. Backward after the forward was already flushed (item, sync, a read of
+ *    an intermediate).
+ * 6. Backward, in-place update (kiln_sub_scaled_), zero_grad, backward; an
+ *    update inside no_grad; a loss built before the update.
+ *
+ * Everything created is released (the tests run under ASan/LeakSanitizer).
  */
 #include <stdbool.h>
 #include <stdint.h>

@@ -14,6 +14,7 @@
 #include "dump.h"
 #include "key.h"
 #include "plan.h"
+#include "ptrmap.h"
 
 const char *tr_flush_reason_name(tr_flush_reason why) {
   static const char *names[] = {"read", "sync", "depth", "nodes", "memory"};
@@ -31,11 +32,9 @@ static double now_ms(void) {
 typedef struct {
   tr_trace t;
   int cap_nodes, cap_leaves;
-  /* leaf pointer -> index (open addressing); leaves may be shared between
-     threads, so nothing is written into them */
-  tr_node **leaf_keys;
-  int *leaf_vals;
-  int leaf_slots;
+  /* leaf -> index; leaves may be shared between threads, so nothing is
+     written into them */
+  tr_ptrmap leaf_map;
   int epoch;
   int *edges; /* storage of every refs[i] */
   bool oom;
@@ -53,40 +52,15 @@ static bool grow(void **p, int *cap, int need, size_t size) {
 }
 
 static int leaf_index(collector *c, tr_node *leaf) {
-  if (c->t.nleaves * 2 >= c->leaf_slots) { /* rehash */
-    int slots = c->leaf_slots ? c->leaf_slots * 2 : 64;
-    tr_node **keys = calloc((size_t)slots, sizeof *keys);
-    int *vals = calloc((size_t)slots, sizeof *vals);
-    if (!keys || !vals) {
-      free(keys);
-      free(vals);
-      c->oom = true;
-      return 0;
-    }
-    for (int i = 0; i < c->leaf_slots; i++) {
-      if (!c->leaf_keys[i]) continue;
-      size_t h = ((uintptr_t)c->leaf_keys[i] >> 4) & (size_t)(slots - 1);
-      while (keys[h]) h = (h + 1) & (size_t)(slots - 1);
-      keys[h] = c->leaf_keys[i];
-      vals[h] = c->leaf_vals[i];
-    }
-    free(c->leaf_keys);
-    free(c->leaf_vals);
-    c->leaf_keys = keys;
-    c->leaf_vals = vals;
-    c->leaf_slots = slots;
-  }
-  size_t h = ((uintptr_t)leaf >> 4) & (size_t)(c->leaf_slots - 1);
-  while (c->leaf_keys[h] && c->leaf_keys[h] != leaf) h = (h + 1) & (size_t)(c->leaf_slots - 1);
-  if (c->leaf_keys[h]) return c->leaf_vals[h];
-  if (!grow((void **)&c->t.leaves, &c->cap_leaves, c->t.nleaves + 1, sizeof(tr_node *))) {
+  int j = tr_ptrmap_get(&c->leaf_map, leaf);
+  if (j >= 0) return j;
+  if (!grow((void **)&c->t.leaves, &c->cap_leaves, c->t.nleaves + 1, sizeof(tr_node *)) ||
+      !tr_ptrmap_put(&c->leaf_map, leaf, c->t.nleaves)) {
     c->oom = true;
     return 0;
   }
-  int j = c->t.nleaves++;
+  j = c->t.nleaves++;
   c->t.leaves[j] = tr_node_retain(leaf);
-  c->leaf_keys[h] = leaf;
-  c->leaf_vals[h] = j;
   return j;
 }
 
@@ -151,8 +125,7 @@ static void collector_free(collector *c) {
   free(t->nodes);
   free(t->leaves);
   free(t->is_output);
-  free(c->leaf_keys);
-  free(c->leaf_vals);
+  tr_ptrmap_free(&c->leaf_map);
   free(c->edges);
 }
 
