@@ -8,7 +8,8 @@ KILN_JOBS="${KILN_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 
 # Debian packages Kiln builds and tests with
 KILN_APT_PACKAGES=(build-essential cmake pkg-config libopenblas-dev libxxhash-dev uthash-dev
-  libgccjit-12-dev zlib1g-dev)
+  libgccjit-12-dev zlib1g-dev
+  ruby-dev rake rake-compiler ruby-minitest) # the Ruby gem (bindings/ruby)
 
 kiln_missing_packages() {
   local missing=()

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "../cache/trace_cache.h"
+#include "../jit_cpu/jit.h"
 #include "../vm/state.h"
 #include "dump.h"
 #include "key.h"
@@ -258,6 +259,16 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
       seen.over_budget = !seen.make_plan;
     }
     if (seen.make_plan && (plan = tr_plan_build(t))) {
+      if (cpu_jit_enabled()) { /* compile its kernels, here or in the background */
+        if (cpu_async()) {
+          cpu_compile_async(plan, t);
+        } else {
+          cpu_leaf *leaves = cpu_leaves_of(t);
+          cpu_plan *cp = leaves ? cpu_compile(plan, leaves) : NULL;
+          free(leaves);
+          atomic_store(&plan->jit, cp);
+        }
+      }
       cache_publish((uint64_t[]){key.lo, key.hi}, bytes.data, bytes.len, plan);
       atomic_fetch_add_explicit(&st->plans_built, 1, memory_order_relaxed);
       tr_dump_plan(t, plan, key);

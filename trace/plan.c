@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../jit_cpu/jit.h"
 #include "../vm/state.h"
 #include "key.h"
 
@@ -22,6 +23,8 @@ void tr_plan_release(void *p) {
   free(plan->outputs);
   free(plan->groups);
   free(plan->buffer_bytes);
+  free(plan->escapes);
+  cpu_plan_free(atomic_load(&plan->jit));
   free(plan);
 }
 
@@ -308,11 +311,27 @@ tr_plan *tr_plan_build(const tr_trace *t) {
       if (r >= 0) live[r] = true;
     }
   }
+  /* uniform values (fills, and elementwise work on fills only) go first:
+     they then never split the loop nests of the nodes that read them */
   int m = 0;
+  bool *uniform = ok ? calloc((size_t)n, sizeof(bool)) : NULL;
+  ok = ok && uniform;
   for (int i = 0; ok && i < n; i++) {
-    if (live[i] && b.alias[i] == i) renumber[i] = m++;
-    else if (b.alias[i] == i) plan->passes.dce++;
+    const tr_pnode *p = &b.p[i];
+    bool u = p->op == VM_OP_full || (is_elementwise(p->op) && p->nin > 0);
+    for (int k = 0; u && p->op != VM_OP_full && k < p->nin; k++) {
+      int r = tr_pnode_input(p, k);
+      u = r >= 0 && uniform[r];
+    }
+    uniform[i] = u;
   }
+  for (int pass = 0; ok && pass < 2; pass++)
+    for (int i = 0; i < n; i++) {
+      if (uniform[i] != (pass == 0)) continue;
+      if (live[i] && b.alias[i] == i) renumber[i] = m++;
+      else if (b.alias[i] == i) plan->passes.dce++;
+    }
+  free(uniform);
   bool *escapes = ok ? calloc((size_t)(m ? m : 1), sizeof(bool)) : NULL;
   if (ok) {
     plan->nodes = calloc((size_t)(m ? m : 1), sizeof(tr_pnode));
@@ -364,7 +383,8 @@ tr_plan *tr_plan_build(const tr_trace *t) {
   free(table);
   free(live);
   free(renumber);
-  free(escapes);
+  if (ok) plan->escapes = escapes;
+  else free(escapes);
   if (!ok) {
     if (plan) {
       atomic_init(&plan->refs, 1);
@@ -410,46 +430,59 @@ static vm_tensor *input_value(vm_tensor **vals, const tr_trace *t, int ref) {
   return ref >= 0 ? vals[ref] : t->leaves[-1 - ref]->value;
 }
 
+static int run_node(const tr_plan *plan, const tr_trace *t, int i, vm_tensor **vals) {
+  const tr_pnode *p = &plan->nodes[i];
+  vm_tensor *few[3], **ins = p->nin <= 3 ? few : malloc((size_t)p->nin * sizeof *ins);
+  if (!ins) return vm_error(KILN_ERR_OOM, "out of memory");
+  for (int k = 0; k < p->nin; k++) ins[k] = input_value(vals, t, tr_pnode_input(p, k));
+  vm_attr attr = p->attr; /* this flush's host scalars and RNG counters */
+  const vm_attr *now = &t->nodes[p->src]->attr;
+  memcpy(attr.scalar, now->scalar, sizeof attr.scalar);
+  attr.seed = now->seed;
+  attr.counter = now->counter;
+  vals[i] = run_pnode(p, &attr, ins);
+  if (ins != few) free(ins);
+  if (vals[i]) return KILN_OK;
+  return vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
+}
+
+/* A group runs as one compiled kernel when it has one and its inputs have
+   the layout the kernel was compiled for; otherwise node by node.  Views
+   always run on the interpreter (they move no data): a kernel reads them as
+   strided inputs. */
+static int run_group(const tr_plan *plan, const cpu_plan *jit, const tr_trace *t, int g,
+                     vm_tensor **vals) {
+  const tr_group *grp = &plan->groups[g];
+  const cpu_kernel *k = jit && g < jit->ngroups && jit->kernels[g].fn ? &jit->kernels[g] : NULL;
+  int rc = KILN_OK;
+  if (k) {
+    for (int i = grp->first; i <= grp->last && rc == KILN_OK; i++)
+      if (vm_op_table[plan->nodes[i].op].kind == VM_KIND_VIEW) rc = run_node(plan, t, i, vals);
+    if (rc == KILN_OK && cpu_run_group(k, plan, t, g, vals, &rc)) return rc;
+  }
+  for (int i = grp->first; i <= grp->last && rc == KILN_OK; i++)
+    if (!vals[i]) rc = run_node(plan, t, i, vals);
+  return rc;
+}
+
 static int run_plan(const tr_plan *plan, const tr_trace *t, vm_tensor **out) {
   vm_tensor **vals = calloc((size_t)(plan->n ? plan->n : 1), sizeof *vals);
-  bool *escapes = calloc((size_t)(plan->n ? plan->n : 1), sizeof *escapes);
-  if (!vals || !escapes) {
-    free(vals);
-    free(escapes);
-    return vm_error(KILN_ERR_OOM, "out of memory");
-  }
-  for (int c = 0; c < t->n; c++)
-    if (t->is_output[c] && plan->outputs[c] >= 0) escapes[plan->outputs[c]] = true;
+  if (!vals) return vm_error(KILN_ERR_OOM, "out of memory");
+  const cpu_plan *jit = atomic_load_explicit(&plan->jit, memory_order_acquire);
   int rc = KILN_OK;
-  for (int i = 0; i < plan->n && rc == KILN_OK; i++) {
-    const tr_pnode *p = &plan->nodes[i];
-    vm_tensor *few[3], **ins = p->nin <= 3 ? few : malloc((size_t)p->nin * sizeof *ins);
-    if (!ins) {
-      rc = vm_error(KILN_ERR_OOM, "out of memory");
-      break;
-    }
-    for (int k = 0; k < p->nin; k++) ins[k] = input_value(vals, t, tr_pnode_input(p, k));
-    vm_attr attr = p->attr; /* this flush's host scalars and RNG counters */
-    const vm_attr *now = &t->nodes[p->src]->attr;
-    memcpy(attr.scalar, now->scalar, sizeof attr.scalar);
-    attr.seed = now->seed;
-    attr.counter = now->counter;
-    vals[i] = run_pnode(p, &attr, ins);
-    if (ins != few) free(ins);
-    if (!vals[i]) rc = vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
-    for (int k = 0; k < p->nin; k++) { /* free what no later node reads */
-      int r = tr_pnode_input(p, k);
-      if (r >= 0 && plan->nodes[r].last_use == i && vals[r] && !escapes[r]) {
+  for (int g = 0; g < plan->ngroups && rc == KILN_OK; g++) {
+    rc = run_group(plan, jit, t, g, vals);
+    int last = plan->groups[g].last;
+    for (int r = 0; r <= last; r++) /* free what no later group reads */
+      if (vals[r] && plan->nodes[r].last_use <= last && !plan->escapes[r]) {
         vm_release(vals[r]);
         vals[r] = NULL;
       }
-    }
   }
   for (int c = 0; c < t->n && rc == KILN_OK; c++)
     if (t->is_output[c]) out[c] = vm_retain(input_value(vals, t, plan->outputs[c]));
   for (int i = 0; i < plan->n; i++) vm_release(vals[i]);
   free(vals);
-  free(escapes);
   return rc;
 }
 

@@ -50,7 +50,9 @@ typedef struct tr_plan {
   int ngroups;
   int64_t *buffer_bytes;
   int nbuffers;
+  bool *escapes;   /* per plan node: its value leaves the plan (an output) */
   tr_pass_stats passes;
+  _Atomic(struct cpu_plan *) jit; /* compiled kernels, once ready (jit_cpu/) */
 } tr_plan;
 
 static inline int tr_pnode_input(const tr_pnode *p, int k) { return k < 3 ? p->in[k] : p->more[k - 3]; }

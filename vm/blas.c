@@ -19,9 +19,15 @@
 static vm_blas blas;
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
 
-static void blas_load(void) {
+/* OPENBLAS_CORETYPE is set when the library loads, before any thread of
+   ours exists: setenv while another thread reads the environment (the JIT's
+   compiler does, constantly) can crash glibc's getenv */
+__attribute__((constructor)) static void blas_choose_core(void) {
   const char *core = vm_cpu_blas_core();
   if (core && !getenv("OPENBLAS_CORETYPE")) setenv("OPENBLAS_CORETYPE", core, 0);
+}
+
+static void blas_load(void) {
   const char *candidates[] = {getenv("KILN_OPENBLAS"), KILN_OPENBLAS_PATH, "libopenblas.so.0",
                               "libopenblas.so"};
   void *h = NULL;

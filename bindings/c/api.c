@@ -424,13 +424,18 @@ void kiln_get_stats(kiln_stats *out) {
   out->cache_hits = atomic_load(&c->cache_hits);
   out->cache_misses = atomic_load(&c->cache_misses);
   out->flush_ms = (double)atomic_load(&c->flush_us) / 1000.0;
+  out->compiles = atomic_load(&c->compiles);
+  out->compile_failures = atomic_load(&c->compile_failures);
+  out->disk_hits = atomic_load(&c->disk_hits);
+  out->compile_ms = (double)atomic_load(&c->compile_us) / 1000.0;
 }
 
 void kiln_reset_stats(void) {
   vm_counters *c = &vm_process()->stats;
   atomic_uint_fast64_t *all[] = {&c->ops_recorded, &c->eager_ops, &c->kernels_launched,
                                  &c->flushes, &c->traces_seen, &c->cache_hits,
-                                 &c->cache_misses, &c->plans_built, &c->flush_us};
+                                 &c->cache_misses, &c->plans_built, &c->flush_us, &c->compiles,
+                                 &c->compile_failures, &c->disk_hits, &c->compile_us};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) atomic_store(all[i], 0);
 }
 

@@ -1,0 +1,69 @@
+/* disk.h — the on-disk kernel cache (DESIGN §4): content hash -> compiled
+ * kernel object (a shared library from gcc_jit_context_compile_to_file),
+ * kept across processes in KILN_CACHE_DIR.  Each file is the shared object
+ * followed by a trailer (magic, format version, hash, payload length, XXH3-64
+ * of the payload); a file is only dlopen'd after its trailer and checksum
+ * verify, and a bad file is deleted, never trusted.  Files are written to a
+ * temp file, fsync'd and renamed into place, so concurrent writers (threads
+ * or processes) are safe.  The total size is bounded: least recently used
+ * files (by mtime; a load touches its file) go first.
+ *
+ * The checksum guards against corruption, not tampering: whoever can write
+ * the cache directory can run code in every process that uses it (Kiln
+ * creates the directory 0700 and its files 0600).
+ *
+ * Every function is thread-safe, holds no state between calls (the
+ * environment is read on each call) and never fails loudly: an I/O problem
+ * just yields NULL/false (reported once per process on stderr when KILN_LOG is
+ * set); it never sets the thread's kiln error. */
+#ifndef CACHE_DISK_H
+#define CACHE_DISK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* bumped whenever the file layout or the meaning of its contents changes;
+   part of every file name and trailer */
+#define CACHE_DISK_FORMAT 1
+/* trailer: "KILNKC", u16 format, u64 h[0], u64 h[1], u64 payload length,
+   u64 XXH3-64 of the payload; little-endian, at the very end of the file */
+#define CACHE_DISK_TRAILER_SIZE 40
+#define CACHE_DISK_DEFAULT_MAX_MB 512
+
+/* KILN_CACHE=0 disables the disk cache entirely (nothing is read or written). */
+bool cache_disk_enabled(void);
+
+/* The directory: KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln (when absolute),
+   else $HOME/.cache/kiln; created on demand (mkdir -p; the last component
+   0700).  NULL when disabled or unusable (cannot be created, not a directory).
+   The string lives in a per-thread buffer, valid until this thread's next
+   call; the environment is re-read on every call. */
+const char *cache_disk_dir(void);
+
+/* If a valid file for content hash h exists, dlopen's it (RTLD_NOW |
+   RTLD_LOCAL) and returns the handle: the caller dlsym's its functions and
+   dlclose's it.  A corrupt, truncated or mismatched file (or one dlopen
+   rejects) is deleted and NULL returned.  A hit touches the file (LRU). */
+void *cache_disk_load(const uint64_t h[2]);
+
+/* Stores the shared object at so_path (the caller's file; it is read, not
+   moved or deleted) as the file for h: payload + trailer go to a temp file in
+   the cache directory, which is fsync'd and renamed atomically to its final
+   name "kernel-v<FORMAT>-<32 hex>.so".  Then enforces the size bound
+   (KILN_CACHE_MAX_BYTES if set, else KILN_CACHE_MAX_MB, default 512): deletes
+   the least recently used kernel files (other than this one) until the total
+   is within it, and temp files left behind by crashed writers (older than an
+   hour).  Returns true on success.  Two processes storing the same h at once
+   both succeed and leave one valid file. */
+bool cache_disk_store(const uint64_t h[2], const char *so_path);
+
+/* "<dir>/kernel-v<FORMAT>-<h[0] as 16 hex><h[1] as 16 hex>.so", or "" when
+   the cache is disabled or unusable (for tests and tools). */
+void cache_disk_path(const uint64_t h[2], char *out, size_t out_len);
+
+/* the size bound in bytes (KILN_CACHE_MAX_BYTES, else KILN_CACHE_MAX_MB MiB;
+   values <= 0 mean the default) */
+uint64_t cache_disk_max_bytes(void);
+
+#endif

@@ -1,0 +1,284 @@
+/* codegen.c — kernel groups -> libgccjit functions.  An elementwise group
+ * becomes one function over the group's iteration space:
+ *
+ *   for each row in [begin, end):            (rows of the coalesced space)
+ *     offsets of every input from the row's multi-index
+ *     for j in the row:                      (the inner loop GCC vectorizes)
+ *       load inputs (unit stride, broadcast, or strided, as compiled for)
+ *       evaluate the group's nodes in order; store its outputs
+ *
+ * Views inside a group are evaluated by the interpreter first (they move no
+ * data) and arrive as strided inputs.  Selects are small if-blocks, which
+ * GCC if-converts (libgccjit has no ?:).  The description of every kernel
+ * is hashed for the caches (compile.c). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen.h"
+
+/* --- types and small helpers -------------------------------------------------- */
+
+void cg_init_types(cg_ctx *c) {
+  gcc_jit_context *x = c->ctx;
+  c->t_void = gcc_jit_context_get_type(x, GCC_JIT_TYPE_VOID);
+  c->t_bool = gcc_jit_context_get_type(x, GCC_JIT_TYPE_BOOL);
+  c->t_int = gcc_jit_context_get_type(x, GCC_JIT_TYPE_INT);
+  c->t_i32 = gcc_jit_context_get_type(x, GCC_JIT_TYPE_INT32_T);
+  c->t_i64 = gcc_jit_context_get_type(x, GCC_JIT_TYPE_INT64_T);
+  c->t_u32 = gcc_jit_context_get_type(x, GCC_JIT_TYPE_UINT32_T);
+  c->t_u64 = gcc_jit_context_get_type(x, GCC_JIT_TYPE_UINT64_T);
+  c->t_f32 = gcc_jit_context_get_type(x, GCC_JIT_TYPE_FLOAT);
+  c->t_f64 = gcc_jit_context_get_type(x, GCC_JIT_TYPE_DOUBLE);
+  c->t_voidp = gcc_jit_context_get_type(x, GCC_JIT_TYPE_VOID_PTR);
+  c->t_voidpp = gcc_jit_type_get_pointer(c->t_voidp);
+  c->t_i64p = gcc_jit_type_get_pointer(gcc_jit_type_get_const(c->t_i64));
+}
+
+gcc_jit_type *cg_type(cg_ctx *c, kiln_dtype dt) {
+  switch (dt) {
+    case KILN_BOOL: return c->t_bool;
+    case KILN_I32: return c->t_i32;
+    case KILN_I64: return c->t_i64;
+    case KILN_F32: return c->t_f32;
+    case KILN_F64: return c->t_f64;
+  }
+  return c->t_f32;
+}
+
+static gcc_jit_type *unsigned_of(cg_ctx *c, kiln_dtype dt) {
+  return dt == KILN_I32 ? c->t_u32 : c->t_u64;
+}
+
+static gcc_jit_rvalue *num(cg_ctx *c, gcc_jit_type *t, double v) {
+  return gcc_jit_context_new_rvalue_from_double(c->ctx, t, v);
+}
+
+static gcc_jit_rvalue *bin(cg_ctx *c, enum gcc_jit_binary_op op, gcc_jit_type *t,
+                           gcc_jit_rvalue *a, gcc_jit_rvalue *b) {
+  return gcc_jit_context_new_binary_op(c->ctx, NULL, op, t, a, b);
+}
+
+static gcc_jit_rvalue *cmp(cg_ctx *c, enum gcc_jit_comparison op, gcc_jit_rvalue *a,
+                           gcc_jit_rvalue *b) {
+  return gcc_jit_context_new_comparison(c->ctx, NULL, op, a, b);
+}
+
+static gcc_jit_rvalue *cast(cg_ctx *c, gcc_jit_rvalue *v, gcc_jit_type *t) {
+  return gcc_jit_context_new_cast(c->ctx, NULL, v, t);
+}
+
+static gcc_jit_lvalue *local(cg_ctx *c, gcc_jit_type *t, const char *name) {
+  char buf[48];
+  snprintf(buf, sizeof buf, "%s%d", name, c->nlocals++);
+  return gcc_jit_function_new_local(c->fn, NULL, t, buf);
+}
+
+static gcc_jit_block *block(cg_ctx *c, const char *name) {
+  char buf[48];
+  snprintf(buf, sizeof buf, "%s%d", name, c->nblocks++);
+  return gcc_jit_function_new_block(c->fn, buf);
+}
+
+static void assign(cg_ctx *c, gcc_jit_lvalue *l, gcc_jit_rvalue *r) {
+  gcc_jit_block_add_assignment(c->cur, NULL, l, r);
+}
+
+/* if (cond) { lv = then_value; } — a small block GCC if-converts */
+static void assign_if(cg_ctx *c, gcc_jit_rvalue *cond, gcc_jit_lvalue *lv, gcc_jit_rvalue *value) {
+  gcc_jit_block *then = block(c, "then"), *join = block(c, "join");
+  gcc_jit_block_end_with_conditional(c->cur, NULL, cond, then, join);
+  gcc_jit_block_add_assignment(then, NULL, lv, value);
+  gcc_jit_block_end_with_jump(then, NULL, join);
+  c->cur = join;
+}
+
+static gcc_jit_rvalue *builtin1(cg_ctx *c, const char *name, gcc_jit_rvalue *x) {
+  gcc_jit_function *f = gcc_jit_context_get_builtin_function(c->ctx, name);
+  return gcc_jit_context_new_call(c->ctx, NULL, f, 1, &x);
+}
+
+/* --- elementwise expressions ------------------------------------------------------ */
+
+/* float -> integer as the interpreter does it: NaN -> 0, out of range
+   saturates, otherwise truncation (never C's undefined conversion) */
+static gcc_jit_rvalue *saturating_to_int(cg_ctx *c, gcc_jit_rvalue *x, kiln_dtype from,
+                                         kiln_dtype to) {
+  gcc_jit_type *ft = cg_type(c, from), *it = cg_type(c, to);
+  double lo = to == KILN_I32 ? -2147483648.0 : -9223372036854775808.0;
+  double hi = to == KILN_I32 ? 2147483647.0 : 9223372036854775807.0;
+  long max = to == KILN_I32 ? INT32_MAX : INT64_MAX;
+  gcc_jit_lvalue *v = local(c, ft, "satv"), *res = local(c, it, "satr");
+  gcc_jit_lvalue *big = local(c, c->t_bool, "big");
+  assign(c, v, x);
+  assign_if(c, cmp(c, GCC_JIT_COMPARISON_NE, x, x), v, num(c, ft, 0)); /* NaN -> 0 */
+  assign_if(c, cmp(c, GCC_JIT_COMPARISON_LE, gcc_jit_lvalue_as_rvalue(v), num(c, ft, lo)), v,
+            num(c, ft, lo)); /* -2^31 / -2^63 convert exactly */
+  assign(c, big, cmp(c, GCC_JIT_COMPARISON_GE, gcc_jit_lvalue_as_rvalue(v), num(c, ft, hi)));
+  assign_if(c, gcc_jit_lvalue_as_rvalue(big), v, num(c, ft, 0));
+  assign(c, res, cast(c, gcc_jit_lvalue_as_rvalue(v), it));
+  assign_if(c, gcc_jit_lvalue_as_rvalue(big), res, gcc_jit_context_new_rvalue_from_long(c->ctx, it, max));
+  return gcc_jit_lvalue_as_rvalue(res);
+}
+
+static gcc_jit_rvalue *emit_cast(cg_ctx *c, gcc_jit_rvalue *x, kiln_dtype from, kiln_dtype to) {
+  if (from == to) return x;
+  if (to == KILN_BOOL) return cmp(c, GCC_JIT_COMPARISON_NE, x, gcc_jit_context_zero(c->ctx, cg_type(c, from)));
+  if (from == KILN_BOOL) return cast(c, cast(c, x, c->t_int), cg_type(c, to)); /* libgccjit: bool -> int only */
+  if (vm_dtype_is_float(from) && vm_dtype_is_int(to)) return saturating_to_int(c, x, from, to);
+  return cast(c, x, cg_type(c, to));
+}
+
+static gcc_jit_rvalue *wrap_int(cg_ctx *c, enum gcc_jit_binary_op op, kiln_dtype dt,
+                                gcc_jit_rvalue *a, gcc_jit_rvalue *b) {
+  gcc_jit_type *u = unsigned_of(c, dt);
+  return cast(c, bin(c, op, u, cast(c, a, u), cast(c, b, u)), cg_type(c, dt));
+}
+
+/* pick_value(cond, a, b): a if cond else b, as a local assigned in an if-block */
+static gcc_jit_rvalue *pick_value(cg_ctx *c, gcc_jit_type *t, gcc_jit_rvalue *cond, gcc_jit_rvalue *a,
+                              gcc_jit_rvalue *b) {
+  gcc_jit_lvalue *r = local(c, t, "sel");
+  assign(c, r, b);
+  assign_if(c, cond, r, a);
+  return gcc_jit_lvalue_as_rvalue(r);
+}
+
+static gcc_jit_rvalue *emit_unary(cg_ctx *c, vm_opcode op, kiln_dtype dt, gcc_jit_rvalue *x) {
+  gcc_jit_type *t = cg_type(c, dt);
+  bool fl = vm_dtype_is_float(dt), f64 = dt == KILN_F64;
+  switch (op) {
+    case VM_OP_copy: return x;
+    case VM_OP_neg:
+      if (fl) return gcc_jit_context_new_unary_op(c->ctx, NULL, GCC_JIT_UNARY_OP_MINUS, t, x);
+      return wrap_int(c, GCC_JIT_BINARY_OP_MINUS, dt, gcc_jit_context_zero(c->ctx, t), x);
+    case VM_OP_abs:
+      if (dt == KILN_BOOL) return x;
+      if (fl) return builtin1(c, f64 ? "__builtin_fabs" : "__builtin_fabsf", x);
+      return pick_value(c, t, cmp(c, GCC_JIT_COMPARISON_LT, x, gcc_jit_context_zero(c->ctx, t)),
+                    wrap_int(c, GCC_JIT_BINARY_OP_MINUS, dt, gcc_jit_context_zero(c->ctx, t), x), x);
+    case VM_OP_sign: {
+      if (dt == KILN_BOOL) return x;
+      gcc_jit_rvalue *zero = gcc_jit_context_zero(c->ctx, t);
+      gcc_jit_rvalue *s = bin(c, GCC_JIT_BINARY_OP_MINUS, c->t_int,
+                              cast(c, cmp(c, GCC_JIT_COMPARISON_GT, x, zero), c->t_int),
+                              cast(c, cmp(c, GCC_JIT_COMPARISON_LT, x, zero), c->t_int));
+      gcc_jit_rvalue *r = cast(c, s, t);
+      return fl ? pick_value(c, t, cmp(c, GCC_JIT_COMPARISON_NE, x, x), x, r) : r;
+    }
+    case VM_OP_floor:
+    case VM_OP_ceil:
+    case VM_OP_round: {
+      if (!fl) return x;
+      static const char *names[3][2] = {{"__builtin_floorf", "__builtin_floor"},
+                                        {"__builtin_ceilf", "__builtin_ceil"},
+                                        {"__builtin_nearbyintf", "__builtin_nearbyint"}};
+      int which = op == VM_OP_floor ? 0 : op == VM_OP_ceil ? 1 : 2;
+      return builtin1(c, names[which][f64], x);
+    }
+    case VM_OP_logical_not:
+      return gcc_jit_context_new_unary_op(c->ctx, NULL, GCC_JIT_UNARY_OP_LOGICAL_NEGATE, c->t_bool, x);
+    case VM_OP_exp: return cg_math(c, CG_EXP, f64, x, NULL);
+    case VM_OP_log: return cg_math(c, CG_LOG, f64, x, NULL);
+    case VM_OP_sqrt: return cg_math(c, CG_SQRT, f64, x, NULL);
+    case VM_OP_rsqrt: return cg_math(c, CG_RSQRT, f64, x, NULL);
+    case VM_OP_sin: return cg_math(c, CG_SIN, f64, x, NULL);
+    case VM_OP_cos: return cg_math(c, CG_COS, f64, x, NULL);
+    case VM_OP_tanh: return cg_math(c, CG_TANH, f64, x, NULL);
+    case VM_OP_sigmoid: return cg_math(c, CG_SIGMOID, f64, x, NULL);
+    case VM_OP_erf: return cg_math(c, CG_ERF, f64, x, NULL);
+    case VM_OP_log1p: return cg_math(c, CG_LOG1P, f64, x, NULL);
+    case VM_OP_expm1: return cg_math(c, CG_EXPM1, f64, x, NULL);
+    default: return NULL;
+  }
+}
+
+static gcc_jit_rvalue *emit_binary(cg_ctx *c, vm_opcode op, kiln_dtype dt, gcc_jit_rvalue *x,
+                                   gcc_jit_rvalue *y) {
+  gcc_jit_type *t = cg_type(c, dt);
+  bool fl = vm_dtype_is_float(dt), b8 = dt == KILN_BOOL;
+  static const enum gcc_jit_comparison cmps[] = {GCC_JIT_COMPARISON_EQ, GCC_JIT_COMPARISON_NE,
+                                                 GCC_JIT_COMPARISON_LT, GCC_JIT_COMPARISON_LE,
+                                                 GCC_JIT_COMPARISON_GT, GCC_JIT_COMPARISON_GE};
+  switch (op) {
+    case VM_OP_add:
+      if (b8) return bin(c, GCC_JIT_BINARY_OP_LOGICAL_OR, t, x, y);
+      return fl ? bin(c, GCC_JIT_BINARY_OP_PLUS, t, x, y) : wrap_int(c, GCC_JIT_BINARY_OP_PLUS, dt, x, y);
+    case VM_OP_sub:
+      return fl ? bin(c, GCC_JIT_BINARY_OP_MINUS, t, x, y) : wrap_int(c, GCC_JIT_BINARY_OP_MINUS, dt, x, y);
+    case VM_OP_mul:
+      if (b8) return bin(c, GCC_JIT_BINARY_OP_LOGICAL_AND, t, x, y);
+      return fl ? bin(c, GCC_JIT_BINARY_OP_MULT, t, x, y) : wrap_int(c, GCC_JIT_BINARY_OP_MULT, dt, x, y);
+    case VM_OP_div: return fl ? bin(c, GCC_JIT_BINARY_OP_DIVIDE, t, x, y) : NULL;
+    case VM_OP_pow: return fl ? cg_math(c, CG_POW, dt == KILN_F64, x, y) : NULL;
+    case VM_OP_maximum:
+    case VM_OP_minimum: {
+      if (b8) return bin(c, op == VM_OP_maximum ? GCC_JIT_BINARY_OP_LOGICAL_OR : GCC_JIT_BINARY_OP_LOGICAL_AND, t, x, y);
+      gcc_jit_rvalue *pick = cmp(c, op == VM_OP_maximum ? GCC_JIT_COMPARISON_GT : GCC_JIT_COMPARISON_LT, x, y);
+      gcc_jit_rvalue *r = pick_value(c, t, pick, x, y);
+      return fl ? pick_value(c, t, cmp(c, GCC_JIT_COMPARISON_NE, x, x), x, r) : r; /* NaN wins */
+    }
+    case VM_OP_eq: case VM_OP_ne: case VM_OP_lt: case VM_OP_le: case VM_OP_gt: case VM_OP_ge:
+      return cmp(c, cmps[op - VM_OP_eq], x, y);
+    case VM_OP_logical_and: return bin(c, GCC_JIT_BINARY_OP_LOGICAL_AND, c->t_bool, x, y);
+    case VM_OP_logical_or: return bin(c, GCC_JIT_BINARY_OP_LOGICAL_OR, c->t_bool, x, y);
+    default: return NULL;
+  }
+}
+
+/* the value of plan node p given its inputs' values (NULL: not supported) */
+gcc_jit_rvalue *cg_node(cg_ctx *c, const tr_pnode *p, const kiln_dtype *in_dt, gcc_jit_rvalue **in) {
+  switch (vm_op_table[p->op].kind) {
+    case VM_KIND_UNARY:
+      if (p->op == VM_OP_cast) return emit_cast(c, in[0], in_dt[0], p->meta.dtype);
+      return emit_unary(c, p->op, in_dt[0], in[0]);
+    case VM_KIND_BINARY: return emit_binary(c, p->op, in_dt[0], in[0], in[1]);
+    case VM_KIND_TERNARY: return pick_value(c, cg_type(c, p->meta.dtype), in[0], in[1], in[2]);
+    default: return NULL;
+  }
+}
+
+bool cg_supported(const tr_pnode *p, const kiln_dtype *in_dt) {
+  vm_kind k = vm_op_table[p->op].kind;
+  if (p->op == VM_OP_full) return true;
+  if (k != VM_KIND_UNARY && k != VM_KIND_BINARY && k != VM_KIND_TERNARY) return false;
+  if (p->op == VM_OP_pow && !vm_dtype_is_float(in_dt[0])) return false;
+  if (p->op == VM_OP_div && !vm_dtype_is_float(in_dt[0])) return false;
+  return true;
+}
+
+/* --- math ----------------------------------------------------------------------------- */
+
+static gcc_jit_rvalue *libm_call(cg_ctx *c, cg_fn fn, bool f64, gcc_jit_rvalue *x, gcc_jit_rvalue *y) {
+  static const char *names[CG_FN_COUNT][2] = {
+      [CG_EXP] = {"expf", "exp"},     [CG_LOG] = {"logf", "log"},       [CG_TANH] = {"tanhf", "tanh"},
+      [CG_SIN] = {"sinf", "sin"},     [CG_COS] = {"cosf", "cos"},       [CG_LOG1P] = {"log1pf", "log1p"},
+      [CG_EXPM1] = {"expm1f", "expm1"}, [CG_ERF] = {"erff", "erf"},     [CG_POW] = {"powf", "pow"}};
+  gcc_jit_type *t = f64 ? c->t_f64 : c->t_f32;
+  gcc_jit_function **slot = &c->libm[fn][f64];
+  if (!*slot) {
+    gcc_jit_param *ps[2] = {gcc_jit_context_new_param(c->ctx, NULL, t, "a"),
+                            gcc_jit_context_new_param(c->ctx, NULL, t, "b")};
+    *slot = gcc_jit_context_new_function(c->ctx, NULL, GCC_JIT_FUNCTION_IMPORTED, t, names[fn][f64],
+                                         fn == CG_POW ? 2 : 1, ps, 0);
+  }
+  gcc_jit_rvalue *args[2] = {x, y};
+  return gcc_jit_context_new_call(c->ctx, NULL, *slot, fn == CG_POW ? 2 : 1, args);
+}
+
+gcc_jit_rvalue *cg_math(cg_ctx *c, cg_fn fn, bool f64, gcc_jit_rvalue *x, gcc_jit_rvalue *y) {
+  gcc_jit_type *t = f64 ? c->t_f64 : c->t_f32;
+  gcc_jit_rvalue *one = num(c, t, 1.0);
+  switch (fn) {
+    case CG_SQRT: return builtin1(c, f64 ? "__builtin_sqrt" : "__builtin_sqrtf", x);
+    case CG_RSQRT: return bin(c, GCC_JIT_BINARY_OP_DIVIDE, t, one, cg_math(c, CG_SQRT, f64, x, NULL));
+    case CG_SIGMOID: { /* 1 / (1 + exp(-x)), as the interpreter computes it */
+      gcc_jit_rvalue *e = cg_math(c, CG_EXP, f64, gcc_jit_context_new_unary_op(c->ctx, NULL, GCC_JIT_UNARY_OP_MINUS, t, x), NULL);
+      return bin(c, GCC_JIT_BINARY_OP_DIVIDE, t, one, bin(c, GCC_JIT_BINARY_OP_PLUS, t, one, e));
+    }
+    default: return libm_call(c, fn, f64, x, y);
+  }
+}
+
+void cg_math_release(cg_ctx *c) { (void)c; }

@@ -1,0 +1,489 @@
+/* compile.c — compiling a plan's groups in one libgccjit context, the
+ * in-memory cache of compiled code by kernel-description hash, and running
+ * a compiled group on the thread pool.  The target is chosen once from the
+ * detected CPU: -march=x86-64-vN (libgccjit 12 rejects -march=native). */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <uthash.h>
+#include <xxhash.h>
+
+#include "../trace/key.h"
+#include "../vm/cpu.h"
+#include "../vm/pool.h"
+#include "../vm/state.h"
+#include "kernel.h"
+
+#define CPU_FORMAT_VERSION 1
+
+bool cpu_jit_enabled(void) { return vm_env_long("KILN_JIT", 1) != 0; }
+bool cpu_async(void) { return vm_env_long("KILN_ASYNC", 1) != 0; }
+
+cpu_leaf *cpu_leaves_of(const tr_trace *t) {
+  cpu_leaf *l = malloc((size_t)(t->nleaves > 0 ? t->nleaves : 1) * sizeof *l);
+  for (int j = 0; l && j < t->nleaves; j++) {
+    l[j].meta = t->leaves[j]->meta;
+    l[j].contiguous = vm_is_contiguous(t->leaves[j]->value);
+  }
+  return l;
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+/* --- compiled code, shared by every plan with the same kernels ------------------ */
+
+typedef struct code_entry {
+  uint64_t key[2];
+  gcc_jit_result *result; /* lives as long as the process */
+  UT_hash_handle hh;
+} code_entry;
+
+static struct {
+  pthread_mutex_t lock;
+  code_entry *table;
+} code_cache = {PTHREAD_MUTEX_INITIALIZER, NULL};
+
+/* --- describing the kernels (their hash is the cache key) -------------------------- */
+
+typedef struct {
+  uint8_t *data;
+  size_t len, cap;
+} desc_buf;
+
+static void desc_put(desc_buf *d, const void *p, size_t n) {
+  if (d->len + n > d->cap) {
+    size_t cap = d->cap ? d->cap * 2 : 1024;
+    while (cap < d->len + n) cap *= 2;
+    uint8_t *g = realloc(d->data, cap);
+    if (!g) return;
+    d->data = g;
+    d->cap = cap;
+  }
+  memcpy(d->data + d->len, p, n);
+  d->len += n;
+}
+
+static void describe(desc_buf *d, const tr_plan *plan, int g, const cpu_leaf *leaves,
+                     const kernel_shape *ks) {
+  const tr_group *grp = &plan->groups[g];
+  int32_t head[4] = {g, ks->nin, ks->nout, ks->nparams};
+  desc_put(d, head, sizeof head);
+  for (int q = 0; q < ks->nin; q++) {
+    int r = ks->ins[q];
+    int32_t in[3] = {r, (int32_t)(r >= 0 ? plan->nodes[r].meta.dtype : leaves[-1 - r].meta.dtype),
+                     ks->stride_class[q]};
+    desc_put(d, in, sizeof in);
+  }
+  desc_put(d, ks->outs, (size_t)ks->nout * sizeof(int));
+  desc_put(d, ks->params, (size_t)ks->nparams * sizeof(int));
+  for (int i = grp->first; i <= grp->last; i++) {
+    const tr_pnode *p = &plan->nodes[i];
+    int32_t node[8] = {i, p->op, p->meta.dtype, p->nin, p->in[0], p->in[1], p->in[2],
+                       ks->compute[i - grp->first]};
+    desc_put(d, node, sizeof node);
+  }
+}
+
+static const char *target_march(void) {
+  const char *isa = vm_cpu_isa();
+  return strcmp(isa, "generic") ? isa : NULL;
+}
+
+static void set_options(gcc_jit_context *ctx) {
+  gcc_jit_context_set_int_option(ctx, GCC_JIT_INT_OPTION_OPTIMIZATION_LEVEL, 3);
+  /* the embedded driver calls putenv while it assembles and links, which
+     races with getenv on every other thread of the process (seen crashing
+     here); the external driver does that work in a child process */
+  gcc_jit_context_set_bool_use_external_driver(ctx, 1);
+  char march[64];
+  const char *isa = target_march();
+  if (isa) {
+    snprintf(march, sizeof march, "-march=%s", isa);
+    gcc_jit_context_add_command_line_option(ctx, march);
+  }
+  gcc_jit_context_add_command_line_option(ctx, "-fno-math-errno");
+  /* elementwise results must match the interpreter's rounding: no FMA contraction */
+  gcc_jit_context_add_command_line_option(ctx, "-ffp-contract=off");
+}
+
+static void log_once(const char *what, const char *detail) {
+  static atomic_flag said = ATOMIC_FLAG_INIT;
+  if (!atomic_flag_test_and_set(&said))
+    fprintf(stderr, "kiln: the CPU JIT %s (%s); traces keep running on the interpreter\n", what,
+            detail ? detail : "no detail");
+}
+
+static void dump_kernels(gcc_jit_context *ctx, const uint64_t key[2]) {
+  const char *dir = getenv("KILN_DUMP");
+  if (!dir || !*dir) return;
+  mkdir(dir, 0777);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/kernels-%016llx%016llx.c", dir, (unsigned long long)key[1],
+           (unsigned long long)key[0]);
+  gcc_jit_context_dump_to_file(ctx, path, 0);
+  snprintf(path, sizeof path, "%s/kernels-%016llx%016llx-reproducer.c", dir,
+           (unsigned long long)key[1], (unsigned long long)key[0]);
+  gcc_jit_context_dump_reproducer_to_file(ctx, path);
+}
+
+/* set once libgccjit has run a compile: it sets up (and registers the exit
+   teardown of) its state during the first one */
+static atomic_bool gccjit_warm;
+
+static gcc_jit_result *compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_shape **shapes,
+                                       const uint64_t key[2]) {
+  gcc_jit_context *ctx = gcc_jit_context_acquire();
+  if (!ctx) return NULL;
+  set_options(ctx);
+  cg_ctx c = {.ctx = ctx};
+  cg_init_types(&c);
+  bool ok = true;
+  for (int g = 0; ok && g < plan->ngroups; g++) {
+    if (!shapes[g]) continue;
+    char name[32];
+    snprintf(name, sizeof name, "kiln_k%d", g);
+    c.nlocals = c.nblocks = 0;
+    ok = kernel_emit(&c, plan, g, leaves, shapes[g], name);
+  }
+  gcc_jit_result *result = ok ? gcc_jit_context_compile(ctx) : NULL;
+  if (ok) atomic_store(&gccjit_warm, true);
+  if (!result) log_once("could not compile a plan", gcc_jit_context_get_first_error(ctx));
+  if (result) dump_kernels(ctx, key);
+  cg_math_release(&c);
+  gcc_jit_context_release(ctx);
+  return result;
+}
+
+cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
+  double t0 = now_ms();
+  bool *escapes = calloc((size_t)(plan->n > 0 ? plan->n : 1), sizeof *escapes);
+  kernel_shape **shapes = calloc((size_t)(plan->ngroups > 0 ? plan->ngroups : 1), sizeof *shapes);
+  cpu_plan *cp = calloc(1, sizeof *cp);
+  cp = cp && escapes && shapes ? cp : (free(cp), NULL);
+  if (cp) cp->kernels = calloc((size_t)(plan->ngroups > 0 ? plan->ngroups : 1), sizeof *cp->kernels);
+  if (!cp || !cp->kernels) {
+    if (cp) free(cp->kernels);
+    free(cp);
+    free(escapes);
+    free(shapes);
+    return NULL;
+  }
+  cp->ngroups = plan->ngroups;
+  memcpy(escapes, plan->escapes, (size_t)plan->n * sizeof *escapes);
+  desc_buf desc = {0};
+  uint32_t version[6] = {CPU_FORMAT_VERSION, (uint32_t)gcc_jit_version_major(),
+                         (uint32_t)gcc_jit_version_minor(), (uint32_t)gcc_jit_version_patchlevel(), 0, 0};
+  desc_put(&desc, version, sizeof version);
+  desc_put(&desc, KILN_VERSION_STRING, sizeof KILN_VERSION_STRING);
+  const char *isa = target_march();
+  if (isa) desc_put(&desc, isa, strlen(isa));
+  int count = 0;
+  for (int g = 0; g < plan->ngroups; g++) {
+    kernel_shape *ks = malloc(sizeof *ks);
+    if (ks && kernel_plan(plan, g, escapes, leaves, ks)) {
+      shapes[g] = ks;
+      describe(&desc, plan, g, leaves, ks);
+      count++;
+    } else {
+      free(ks);
+    }
+  }
+  gcc_jit_result *result = NULL;
+  if (count > 0 && desc.data) {
+    XXH128_hash_t h = XXH3_128bits(desc.data, desc.len);
+    uint64_t key[2] = {h.low64, h.high64};
+    pthread_mutex_lock(&code_cache.lock);
+    code_entry *e = NULL;
+    HASH_FIND(hh, code_cache.table, key, sizeof key, e);
+    if (e) result = e->result;
+    pthread_mutex_unlock(&code_cache.lock);
+    if (!result && (result = compile_kernels(plan, leaves, shapes, key))) {
+      vm_counters *st = &vm_process()->stats;
+      atomic_fetch_add_explicit(&st->compiles, 1, memory_order_relaxed);
+      vm_add_ms(&st->compile_us, now_ms() - t0);
+      if ((e = calloc(1, sizeof *e))) {
+        memcpy(e->key, key, sizeof key);
+        e->result = result;
+        pthread_mutex_lock(&code_cache.lock);
+        code_entry *twin = NULL;
+        HASH_FIND(hh, code_cache.table, key, sizeof key, twin);
+        if (!twin) HASH_ADD(hh, code_cache.table, key, sizeof e->key, e);
+        else free(e);
+        pthread_mutex_unlock(&code_cache.lock);
+      }
+    } else if (!result) {
+      atomic_fetch_add_explicit(&vm_process()->stats.compile_failures, 1, memory_order_relaxed);
+    }
+  }
+  for (int g = 0; result && g < plan->ngroups; g++) {
+    kernel_shape *ks = shapes[g];
+    if (!ks) continue;
+    char name[32];
+    snprintf(name, sizeof name, "kiln_k%d", g);
+    cpu_kernel *k = &cp->kernels[g];
+    k->fn = (cpu_kernel_fn)gcc_jit_result_get_code(result, name);
+    k->nin = ks->nin;
+    k->nout = ks->nout;
+    k->nparams = ks->nparams;
+    k->ins = malloc((size_t)(ks->nin + 1) * sizeof(int));
+    k->outs = malloc((size_t)(ks->nout + 1) * sizeof(int));
+    k->params = malloc((size_t)(ks->nparams + 1) * sizeof(int));
+    k->in_stride = malloc((size_t)(ks->nin + 1));
+    if (!k->ins || !k->outs || !k->params || !k->in_stride) {
+      k->fn = NULL;
+      continue;
+    }
+    memcpy(k->ins, ks->ins, (size_t)ks->nin * sizeof(int));
+    memcpy(k->outs, ks->outs, (size_t)ks->nout * sizeof(int));
+    memcpy(k->params, ks->params, (size_t)ks->nparams * sizeof(int));
+    memcpy(k->in_stride, ks->stride_class, (size_t)ks->nin);
+    if (k->fn) cp->compiled++;
+  }
+  for (int g = 0; g < plan->ngroups; g++) free(shapes[g]);
+  free(shapes);
+  free(escapes);
+  free(desc.data);
+  cp->compile_ms = now_ms() - t0;
+  if (!cp->compiled) {
+    cpu_plan_free(cp);
+    return NULL;
+  }
+  return cp;
+}
+
+void cpu_plan_free(cpu_plan *cp) {
+  if (!cp) return;
+  for (int g = 0; g < cp->ngroups; g++) {
+    free(cp->kernels[g].ins);
+    free(cp->kernels[g].outs);
+    free(cp->kernels[g].params);
+    free(cp->kernels[g].in_stride);
+  }
+  free(cp->kernels);
+  free(cp);
+}
+
+/* --- running a compiled group ------------------------------------------------------ */
+
+typedef struct {
+  cpu_kernel_fn fn;
+  void **bufs;
+  const int64_t *meta;
+  const void *params;
+} run_job;
+
+static void run_range(void *p, int64_t begin, int64_t end) {
+  run_job *j = p;
+  j->fn(j->bufs, j->meta, j->params, begin, end);
+}
+
+#define RUN_GRAIN (1 << 14)
+
+bool cpu_run_group(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, int g,
+                   vm_tensor **vals, int *rc) {
+  (void)g;
+  const vm_meta *om = &plan->nodes[k->outs[0]].meta;
+  int nd = om->ndim, nin = k->nin;
+  int64_t shape[KILN_MAX_DIMS], strides[KERNEL_MAX_IO][KILN_MAX_DIMS];
+  vm_tensor *ins[KERNEL_MAX_IO];
+  for (int q = 0; q < nin; q++) {
+    int r = k->ins[q];
+    vm_tensor *v = r >= 0 ? vals[r] : t->leaves[-1 - r]->value;
+    if (!v || v->ndim > nd) return false;
+    ins[q] = v;
+    int lead = nd - v->ndim;
+    for (int d = 0; d < nd; d++) {
+      int src = d - lead;
+      strides[q][d] = (src < 0 || v->shape[src] == 1) ? 0 : v->strides[src];
+    }
+  }
+  /* coalesce: drop size-1 dims, merge dims every input (and the contiguous
+     outputs) steps through as one */
+  int n = 0;
+  int64_t out_stride[KILN_MAX_DIMS];
+  vm_contiguous_strides(nd, om->shape, out_stride);
+  int64_t cs[KERNEL_MAX_IO][KILN_MAX_DIMS], co[KILN_MAX_DIMS];
+  for (int d = 0; d < nd; d++) {
+    if (om->shape[d] == 1) continue;
+    bool merge = n > 0 && co[n - 1] == out_stride[d] * om->shape[d];
+    for (int q = 0; merge && q < nin; q++) merge = cs[q][n - 1] == strides[q][d] * om->shape[d];
+    if (merge) {
+      shape[n - 1] *= om->shape[d];
+      co[n - 1] = out_stride[d];
+      for (int q = 0; q < nin; q++) cs[q][n - 1] = strides[q][d];
+      continue;
+    }
+    shape[n] = om->shape[d];
+    co[n] = out_stride[d];
+    for (int q = 0; q < nin; q++) cs[q][n] = strides[q][d];
+    n++;
+  }
+  if (n == 0) {
+    shape[0] = 1;
+    for (int q = 0; q < nin; q++) cs[q][0] = 0;
+    n = 1;
+  }
+  for (int q = 0; q < nin; q++) { /* the layout the kernel was compiled for */
+    int64_t inner = cs[q][n - 1];
+    if ((k->in_stride[q] == 0 && inner != 0 && shape[n - 1] > 1) || (k->in_stride[q] == 1 && inner != 1 && shape[n - 1] > 1))
+      return false;
+  }
+  int64_t meta[1 + KILN_MAX_DIMS * (KERNEL_MAX_IO + 1)];
+  meta[0] = n;
+  memcpy(meta + 1, shape, (size_t)n * sizeof(int64_t));
+  for (int q = 0; q < nin; q++) memcpy(meta + 1 + n * (q + 1), cs[q], (size_t)n * sizeof(int64_t));
+  uint64_t params[KERNEL_MAX_IO];
+  for (int s = 0; s < k->nparams; s++) {
+    const tr_pnode *p = &plan->nodes[k->params[s]];
+    params[s] = 0;
+    vm_store_f64(&params[s], p->meta.dtype, 0, t->nodes[p->src]->attr.scalar[0]);
+  }
+  void *bufs[2 * KERNEL_MAX_IO];
+  vm_tensor *outs[KERNEL_MAX_IO] = {0};
+  for (int q = 0; q < k->nout; q++) {
+    const vm_meta *m = &plan->nodes[k->outs[q]].meta;
+    if (!(outs[q] = vm_tensor_new(m->dtype, m->ndim, m->shape))) {
+      for (int u = 0; u < q; u++) vm_release(outs[u]);
+      *rc = vm_thread()->status;
+      return true;
+    }
+    bufs[q] = vm_data(outs[q]);
+  }
+  for (int q = 0; q < nin; q++) bufs[k->nout + q] = vm_data(ins[q]);
+  int64_t total = 1;
+  for (int d = 0; d < n; d++) total *= shape[d];
+  for (int q = 0; q < k->nout; q++)
+    if (outs[q]->numel != total) { /* every output spans the iteration space */
+      for (int u = 0; u < k->nout; u++) vm_release(outs[u]);
+      return false;
+    }
+  run_job job = {k->fn, bufs, meta, params};
+  vm_parallel_for(total, RUN_GRAIN, run_range, &job);
+  atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
+  for (int q = 0; q < k->nout; q++) vals[k->outs[q]] = outs[q];
+  return true;
+}
+
+/* --- the background compiler ------------------------------------------------------- */
+
+typedef struct compile_job {
+  tr_plan *plan; /* retained */
+  cpu_leaf *leaves;
+  struct compile_job *next;
+} compile_job;
+
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t wake, idle;
+  compile_job *head, *tail;
+  bool started, busy, stopping;
+} compiler = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
+              NULL, NULL, false, false, false};
+
+static void compiler_stop(void);
+static void compile_now(compile_job *job);
+
+static void *compiler_main(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&compiler.lock);
+  for (;;) {
+    while (!compiler.head && !compiler.stopping) pthread_cond_wait(&compiler.wake, &compiler.lock);
+    if (compiler.stopping) break;
+    compile_job *job = compiler.head;
+    compiler.head = job->next;
+    if (!compiler.head) compiler.tail = NULL;
+    compiler.busy = true;
+    pthread_mutex_unlock(&compiler.lock);
+    compile_now(job);
+    /* exit handlers run last-registered first, and libgccjit registers
+       teardown of its own while it compiles: ours must come after them all
+       so that it runs first and waits for a compile in flight */
+    atexit(compiler_stop);
+    pthread_mutex_lock(&compiler.lock);
+    compiler.busy = false;
+    pthread_cond_broadcast(&compiler.idle);
+  }
+  pthread_mutex_unlock(&compiler.lock);
+  return NULL;
+}
+
+/* At exit, a compile still running would find libgccjit torn down under
+   it (seen: crashes inside libgccjit during _dl_fini): let it finish, drop
+   the queue, and stop the thread. */
+static void compiler_stop(void) {
+  pthread_mutex_lock(&compiler.lock);
+  compiler.stopping = true;
+  pthread_cond_broadcast(&compiler.wake);
+  while (compiler.busy) pthread_cond_wait(&compiler.idle, &compiler.lock);
+  compile_job *job = compiler.head;
+  compiler.head = compiler.tail = NULL;
+  pthread_mutex_unlock(&compiler.lock);
+  while (job) {
+    compile_job *next = job->next;
+    tr_plan_release(job->plan);
+    free(job->leaves);
+    free(job);
+    job = next;
+  }
+}
+
+static void compile_now(compile_job *job) {
+  cpu_plan *cp = cpu_compile(job->plan, job->leaves);
+  cpu_plan *none = NULL;
+  if (!atomic_compare_exchange_strong(&job->plan->jit, &none, cp)) cpu_plan_free(cp);
+  tr_plan_release(job->plan);
+  free(job->leaves);
+  free(job);
+}
+
+static void start_compiler_locked(void) {
+  pthread_t th;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  compiler.started = pthread_create(&th, &attr, compiler_main, NULL) == 0;
+  pthread_attr_destroy(&attr);
+}
+
+void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
+  compile_job *job = calloc(1, sizeof *job);
+  if (!job || !(job->leaves = cpu_leaves_of(t))) {
+    free(job);
+    return;
+  }
+  tr_plan_retain(plan);
+  job->plan = plan;
+  pthread_mutex_lock(&compiler.lock);
+  if (!compiler.started) {
+    /* Compiles run here until libgccjit has run one: it sets up, and
+       registers the exit teardown of, its state during the first, and our
+       exit handler (which waits for a background compile) must be
+       registered after that to run before it (exit crashed otherwise). */
+    pthread_mutex_unlock(&compiler.lock);
+    compile_now(job);
+    pthread_mutex_lock(&compiler.lock);
+    if (!compiler.started && !compiler.stopping && atomic_load(&gccjit_warm)) {
+      atexit(compiler_stop);
+      start_compiler_locked();
+    }
+    pthread_mutex_unlock(&compiler.lock);
+    return;
+  }
+  if (compiler.stopping) {
+    pthread_mutex_unlock(&compiler.lock);
+    compile_now(job);
+    return;
+  }
+  if (compiler.tail) compiler.tail->next = job;
+  else compiler.head = job;
+  compiler.tail = job;
+  pthread_cond_signal(&compiler.wake);
+  pthread_mutex_unlock(&compiler.lock);
+}

@@ -1,0 +1,55 @@
+/* jit.h — the CPU JIT (DESIGN §6): a plan's kernel groups compiled with
+ * libgccjit into native loops, run on the thread pool.  Groups the code
+ * generator does not handle (matmul, gathers, reductions for now) keep
+ * running on the interpreter, so every plan can be compiled. */
+#ifndef CPU_JIT_H
+#define CPU_JIT_H
+
+#include "../trace/plan.h"
+
+typedef void (*cpu_kernel_fn)(void **bufs, const int64_t *meta, const void *params,
+                              int64_t begin, int64_t end);
+
+typedef struct cpu_kernel {
+  cpu_kernel_fn fn;      /* NULL: this group runs on the interpreter */
+  int nout, nin, nparams;
+  int *outs;             /* plan nodes written (group outputs) */
+  int *ins;              /* plan refs read (leaves, earlier groups, views) */
+  uint8_t *in_stride;    /* inner stride each input was compiled for: 0, 1 or 2 (any) */
+  int *params;           /* plan nodes (full) whose value is a runtime parameter */
+} cpu_kernel;
+
+typedef struct cpu_plan {
+  cpu_kernel *kernels;   /* one per plan group */
+  int ngroups, compiled; /* compiled: groups with a kernel */
+  void *result;          /* gcc_jit_result or dlopen handle that owns the code */
+  bool from_disk;
+  double compile_ms;
+} cpu_plan;
+
+/* what the code generator needs to know of a plan's leaves (kept apart from
+   the flush, so compiles can run on a background thread) */
+typedef struct cpu_leaf {
+  vm_meta meta;
+  bool contiguous;
+} cpu_leaf;
+
+bool cpu_jit_enabled(void); /* KILN_JIT != 0 */
+bool cpu_async(void);       /* KILN_ASYNC != 0: compile on the background thread */
+/* Compiles plan; NULL if nothing could be compiled (the plan then runs on
+   the interpreter; errors are logged once, never raised). */
+cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves);
+/* Compiles plan on the background compiler thread and publishes the result
+   in plan->jit when done (the plan keeps running on the interpreter until
+   then).  Takes copies of what it needs. */
+void cpu_compile_async(tr_plan *plan, const tr_trace *t);
+/* the leaf descriptions of trace t (malloc'd, nleaves entries) */
+cpu_leaf *cpu_leaves_of(const tr_trace *t);
+void cpu_plan_free(cpu_plan *cp);
+
+/* Runs group g with its kernel if the inputs have the layout it was
+   compiled for; false (nothing done) otherwise.  vals: the plan's values. */
+bool cpu_run_group(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, int g,
+                   vm_tensor **vals, int *rc);
+
+#endif

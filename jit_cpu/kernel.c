@@ -1,0 +1,270 @@
+/* kernel.c — builds the libgccjit function of one elementwise group (the
+ * loop structure described in codegen.c) and its description for hashing.
+ * Kernel ABI:
+ *   void k(void **bufs, const int64_t *meta, const void *params,
+ *          int64_t begin, int64_t end)
+ *   bufs   = outputs (contiguous, the group's shape), then inputs
+ *   meta   = nd, shape[nd], then per input strides[nd] (elements), all
+ *            coalesced by the caller
+ *   params = 8-byte slots holding each full node's value in its dtype
+ *   [begin, end) = a range of flat indices of the iteration space */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernel.h"
+
+static gcc_jit_rvalue *rv(gcc_jit_lvalue *l) { return gcc_jit_lvalue_as_rvalue(l); }
+
+static gcc_jit_lvalue *new_local(cg_ctx *c, gcc_jit_type *t, const char *name, int i) {
+  char buf[48];
+  snprintf(buf, sizeof buf, "%s_%d", name, i);
+  return gcc_jit_function_new_local(c->fn, NULL, t, buf);
+}
+
+static gcc_jit_rvalue *i64v(cg_ctx *c, long v) {
+  return gcc_jit_context_new_rvalue_from_long(c->ctx, c->t_i64, v);
+}
+
+static gcc_jit_rvalue *add64(cg_ctx *c, gcc_jit_rvalue *a, gcc_jit_rvalue *b) {
+  return gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_PLUS, c->t_i64, a, b);
+}
+
+static gcc_jit_rvalue *mul64(cg_ctx *c, gcc_jit_rvalue *a, gcc_jit_rvalue *b) {
+  return gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MULT, c->t_i64, a, b);
+}
+
+static gcc_jit_rvalue *meta_at(cg_ctx *c, gcc_jit_rvalue *meta, gcc_jit_rvalue *index) {
+  return rv(gcc_jit_context_new_array_access(c->ctx, NULL, meta, index));
+}
+
+static gcc_jit_block *new_block(cg_ctx *c, const char *name) {
+  char buf[48];
+  snprintf(buf, sizeof buf, "%s_b%d", name, c->nblocks++);
+  return gcc_jit_function_new_block(c->fn, buf);
+}
+
+/* the group's inputs, outputs and params; false if it has a node the code
+   generator does not handle */
+bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
+                 kernel_shape *ks) {
+  const tr_group *grp = &plan->groups[g];
+  memset(ks, 0, sizeof *ks);
+  if (grp->kind != TR_GROUP_ELEMENTWISE || grp->last - grp->first >= KERNEL_MAX_NODES) return false;
+  for (int i = grp->first; i <= grp->last; i++) {
+    const tr_pnode *p = &plan->nodes[i];
+    bool is_view = vm_op_table[p->op].kind == VM_KIND_VIEW;
+    ks->compute[i - grp->first] = !is_view;
+    if (is_view) continue;
+    kiln_dtype in_dt[3];
+    for (int k = 0; k < p->nin; k++) {
+      int r = tr_pnode_input(p, k);
+      in_dt[k] = r >= 0 ? plan->nodes[r].meta.dtype : leaves[-1 - r].meta.dtype;
+      /* an input computed inside the group must be computed by the kernel */
+      if (r >= grp->first && r <= grp->last && vm_op_table[plan->nodes[r].op].kind == VM_KIND_VIEW &&
+          plan->nodes[r].nin > 0 && tr_pnode_input(&plan->nodes[r], 0) >= grp->first)
+        return false;
+      bool internal = r >= grp->first && r <= grp->last && ks->compute[r - grp->first];
+      if (internal) continue;
+      bool seen = false;
+      for (int q = 0; q < ks->nin && !seen; q++) seen = ks->ins[q] == r;
+      if (!seen) {
+        if (ks->nin == KERNEL_MAX_IO) return false;
+        ks->ins[ks->nin++] = r;
+      }
+    }
+    if (!cg_supported(p, in_dt)) return false;
+    if (p->op == VM_OP_full) {
+      if (ks->nparams == KERNEL_MAX_IO) return false;
+      ks->params[ks->nparams++] = i;
+    }
+    bool out = escapes[i] || (p->last_use > grp->last);
+    if (out) {
+      if (ks->nout == KERNEL_MAX_IO) return false;
+      ks->outs[ks->nout++] = i;
+    }
+  }
+  if (ks->nout == 0) return false;
+  /* inner strides the kernel assumes: broadcast along the last dim -> 0,
+     a fresh or contiguous value of the full row -> 1, anything else -> any */
+  const vm_meta *gm = &plan->nodes[grp->last].meta;
+  int64_t inner = gm->ndim ? gm->shape[gm->ndim - 1] : 1;
+  for (int q = 0; q < ks->nin; q++) {
+    int r = ks->ins[q];
+    const vm_meta *m = r >= 0 ? &plan->nodes[r].meta : &leaves[-1 - r].meta;
+    int64_t last = m->ndim ? m->shape[m->ndim - 1] : 1;
+    bool dense = r < 0 ? leaves[-1 - r].contiguous
+                       : vm_op_table[plan->nodes[r].op].kind != VM_KIND_VIEW;
+    ks->stride_class[q] = (last == 1 && inner > 1) ? 0 : dense ? 1 : 2;
+  }
+  return true;
+}
+
+/* emits the kernel function of group g named `name` */
+bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
+                 const char *name) {
+  const tr_group *grp = &plan->groups[g];
+  gcc_jit_param *prm[5] = {
+      gcc_jit_context_new_param(c->ctx, NULL, c->t_voidpp, "bufs"),
+      gcc_jit_context_new_param(c->ctx, NULL, c->t_i64p, "meta"),
+      gcc_jit_context_new_param(c->ctx, NULL, c->t_voidp, "params"),
+      gcc_jit_context_new_param(c->ctx, NULL, c->t_i64, "begin"),
+      gcc_jit_context_new_param(c->ctx, NULL, c->t_i64, "end")};
+  c->fn = gcc_jit_context_new_function(c->ctx, NULL, GCC_JIT_FUNCTION_EXPORTED, c->t_void, name, 5,
+                                       prm, 0);
+  gcc_jit_rvalue *bufs = gcc_jit_param_as_rvalue(prm[0]), *meta = gcc_jit_param_as_rvalue(prm[1]);
+  gcc_jit_rvalue *params = gcc_jit_param_as_rvalue(prm[2]);
+  gcc_jit_block *entry = new_block(c, "entry"), *rows = new_block(c, "rows"),
+                *row_body = new_block(c, "row"), *dims = new_block(c, "dims"),
+                *dim_body = new_block(c, "dim"), *setup = new_block(c, "setup"),
+                *inner_cond = new_block(c, "icond"), *inner_body = new_block(c, "ibody"),
+                *row_next = new_block(c, "rnext"), *done = new_block(c, "done");
+  gcc_jit_lvalue *nd = new_local(c, c->t_i64, "nd", 0), *inner = new_local(c, c->t_i64, "inner", 0),
+                 *flat = new_local(c, c->t_i64, "flat", 0), *row = new_local(c, c->t_i64, "row", 0),
+                 *j0 = new_local(c, c->t_i64, "j0", 0), *j1 = new_local(c, c->t_i64, "j1", 0),
+                 *d = new_local(c, c->t_i64, "d", 0), *r = new_local(c, c->t_i64, "r", 0),
+                 *idx = new_local(c, c->t_i64, "idx", 0), *j = new_local(c, c->t_i64, "j", 0);
+  gcc_jit_lvalue *in_ptr[KERNEL_MAX_IO], *off[KERNEL_MAX_IO], *step[KERNEL_MAX_IO],
+      *hoist[KERNEL_MAX_IO], *out_ptr[KERNEL_MAX_IO];
+  kiln_dtype in_dt[KERNEL_MAX_IO];
+  /* entry: typed pointers, nd, inner */
+  c->cur = entry;
+  gcc_jit_block_add_assignment(entry, NULL, nd, meta_at(c, meta, i64v(c, 0)));
+  gcc_jit_block_add_assignment(entry, NULL, inner, meta_at(c, meta, rv(nd)));
+  for (int q = 0; q < ks->nout; q++) {
+    gcc_jit_type *pt = gcc_jit_type_get_pointer(cg_type(c, plan->nodes[ks->outs[q]].meta.dtype));
+    out_ptr[q] = new_local(c, pt, "out", q);
+    gcc_jit_block_add_assignment(entry, NULL, out_ptr[q],
+        gcc_jit_context_new_cast(c->ctx, NULL, rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, q))), pt));
+  }
+  for (int q = 0; q < ks->nin; q++) {
+    int ref = ks->ins[q];
+    in_dt[q] = ref >= 0 ? plan->nodes[ref].meta.dtype : leaves[-1 - ref].meta.dtype;
+    gcc_jit_type *pt = gcc_jit_type_get_pointer(gcc_jit_type_get_const(cg_type(c, in_dt[q])));
+    in_ptr[q] = new_local(c, pt, "in", q);
+    off[q] = new_local(c, c->t_i64, "off", q);
+    step[q] = new_local(c, c->t_i64, "step", q);
+    hoist[q] = new_local(c, cg_type(c, in_dt[q]), "x", q);
+    gcc_jit_block_add_assignment(entry, NULL, in_ptr[q],
+        gcc_jit_context_new_cast(c->ctx, NULL, rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, ks->nout + q))), pt));
+  }
+  gcc_jit_block_add_assignment(entry, NULL, flat, gcc_jit_param_as_rvalue(prm[3]));
+  gcc_jit_block_end_with_jump(entry, NULL, rows);
+  /* rows: while (flat < end) */
+  gcc_jit_block_end_with_conditional(rows, NULL,
+      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(flat), gcc_jit_param_as_rvalue(prm[4])),
+      row_body, done);
+  /* row: row, j0, j1, offsets from the row's multi-index */
+  c->cur = row_body;
+  gcc_jit_block_add_assignment(row_body, NULL, row,
+      gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_DIVIDE, c->t_i64, rv(flat), rv(inner)));
+  gcc_jit_block_add_assignment(row_body, NULL, j0,
+      gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(flat), mul64(c, rv(row), rv(inner))));
+  gcc_jit_block_add_assignment(row_body, NULL, j1,
+      add64(c, rv(j0), gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, gcc_jit_param_as_rvalue(prm[4]), rv(flat))));
+  {
+    gcc_jit_block *clip = new_block(c, "clip"), *after = new_block(c, "after");
+    gcc_jit_block_end_with_conditional(row_body, NULL,
+        gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_GT, rv(j1), rv(inner)), clip, after);
+    gcc_jit_block_add_assignment(clip, NULL, j1, rv(inner));
+    gcc_jit_block_end_with_jump(clip, NULL, after);
+    for (int q = 0; q < ks->nin; q++) gcc_jit_block_add_assignment(after, NULL, off[q], i64v(c, 0));
+    gcc_jit_block_add_assignment(after, NULL, r, rv(row));
+    gcc_jit_block_add_assignment(after, NULL, d,
+        gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(nd), i64v(c, 2)));
+    gcc_jit_block_end_with_jump(after, NULL, dims);
+  }
+  gcc_jit_block_end_with_conditional(dims, NULL,
+      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_GE, rv(d), i64v(c, 0)), dim_body, setup);
+  {
+    gcc_jit_rvalue *size = meta_at(c, meta, add64(c, rv(d), i64v(c, 1)));
+    gcc_jit_block_add_assignment(dim_body, NULL, idx,
+        gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MODULO, c->t_i64, rv(r), size));
+    gcc_jit_block_add_assignment(dim_body, NULL, r,
+        gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_DIVIDE, c->t_i64, rv(r), size));
+    for (int q = 0; q < ks->nin; q++) {
+      /* strides of input q start at 1 + nd + q*nd */
+      gcc_jit_rvalue *at = add64(c, add64(c, i64v(c, 1), mul64(c, rv(nd), i64v(c, q + 1))), rv(d));
+      gcc_jit_block_add_assignment_op(dim_body, NULL, off[q], GCC_JIT_BINARY_OP_PLUS,
+                                      mul64(c, rv(idx), meta_at(c, meta, at)));
+    }
+    gcc_jit_block_add_assignment_op(dim_body, NULL, d, GCC_JIT_BINARY_OP_MINUS, i64v(c, 1));
+    gcc_jit_block_end_with_jump(dim_body, NULL, dims);
+  }
+  /* setup: hoisted broadcast values and generic strides */
+  for (int q = 0; q < ks->nin; q++) {
+    gcc_jit_rvalue *at = add64(c, i64v(c, 1), mul64(c, rv(nd), i64v(c, q + 2)));
+    gcc_jit_block_add_assignment(setup, NULL, step[q], meta_at(c, meta, add64(c, at, i64v(c, -1))));
+    if (ks->stride_class[q] == 0)
+      gcc_jit_block_add_assignment(setup, NULL, hoist[q],
+          rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(in_ptr[q]), rv(off[q]))));
+  }
+  gcc_jit_block_add_assignment(setup, NULL, j, rv(j0));
+  gcc_jit_block_end_with_jump(setup, NULL, inner_cond);
+  gcc_jit_block_end_with_conditional(inner_cond, NULL,
+      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(j), rv(j1)), inner_body, row_next);
+  /* the inner body: loads, the group's nodes, stores */
+  c->cur = inner_body;
+  gcc_jit_rvalue *in_val[KERNEL_MAX_IO];
+  for (int q = 0; q < ks->nin; q++) {
+    gcc_jit_rvalue *index = ks->stride_class[q] == 1 ? add64(c, rv(off[q]), rv(j))
+                                                     : add64(c, rv(off[q]), mul64(c, rv(j), rv(step[q])));
+    in_val[q] = ks->stride_class[q] == 0 ? rv(hoist[q])
+                                         : rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(in_ptr[q]), index));
+  }
+  int n = grp->last - grp->first + 1;
+  gcc_jit_lvalue **node_val = calloc((size_t)n, sizeof *node_val);
+  bool ok = node_val != NULL;
+  for (int i = grp->first; ok && i <= grp->last; i++) {
+    const tr_pnode *p = &plan->nodes[i];
+    if (!ks->compute[i - grp->first]) continue;
+    gcc_jit_rvalue *args[3];
+    kiln_dtype adt[3];
+    for (int k = 0; k < p->nin; k++) {
+      int ref = tr_pnode_input(p, k);
+      bool internal = ref >= grp->first && ref <= grp->last && ks->compute[ref - grp->first];
+      if (internal) {
+        args[k] = rv(node_val[ref - grp->first]);
+        adt[k] = plan->nodes[ref].meta.dtype;
+      } else {
+        int q = 0;
+        while (ks->ins[q] != ref) q++;
+        args[k] = in_val[q];
+        adt[k] = in_dt[q];
+      }
+    }
+    gcc_jit_rvalue *value;
+    if (p->op == VM_OP_full) {
+      int slot = 0;
+      while (ks->params[slot] != i) slot++;
+      gcc_jit_type *pt = gcc_jit_type_get_pointer(gcc_jit_type_get_const(cg_type(c, p->meta.dtype)));
+      gcc_jit_rvalue *base = gcc_jit_context_new_cast(c->ctx, NULL, params, pt);
+      /* slot * 8 bytes = slot * (8 / size) elements */
+      long per = 8 / (long)vm_dtype_size(p->meta.dtype);
+      value = rv(gcc_jit_context_new_array_access(c->ctx, NULL, base, i64v(c, slot * per)));
+    } else {
+      value = cg_node(c, p, adt, args);
+    }
+    if (!value) {
+      ok = false;
+      break;
+    }
+    node_val[i - grp->first] = new_local(c, cg_type(c, p->meta.dtype), "v", i);
+    gcc_jit_block_add_assignment(c->cur, NULL, node_val[i - grp->first], value);
+  }
+  if (ok) {
+    gcc_jit_rvalue *at = add64(c, mul64(c, rv(row), rv(inner)), rv(j));
+    for (int q = 0; q < ks->nout; q++)
+      gcc_jit_block_add_assignment(c->cur, NULL,
+          gcc_jit_context_new_array_access(c->ctx, NULL, rv(out_ptr[q]), at),
+          rv(node_val[ks->outs[q] - grp->first]));
+    gcc_jit_block_add_assignment_op(c->cur, NULL, j, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
+    gcc_jit_block_end_with_jump(c->cur, NULL, inner_cond);
+  }
+  free(node_val);
+  gcc_jit_block_add_assignment_op(row_next, NULL, flat, GCC_JIT_BINARY_OP_PLUS,
+      gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(j1), rv(j0)));
+  gcc_jit_block_end_with_jump(row_next, NULL, rows);
+  gcc_jit_block_end_with_void_return(done, NULL);
+  return ok;
+}

@@ -1,0 +1,25 @@
+/* kernel.h — internal to jit_cpu/: which nodes of a group a kernel
+ * computes, what it reads and writes, and the emitter. */
+#ifndef CPU_KERNEL_H
+#define CPU_KERNEL_H
+
+#include "codegen.h"
+
+#define KERNEL_MAX_IO 32
+#define KERNEL_MAX_NODES 4096
+
+typedef struct kernel_shape {
+  int nin, nout, nparams;
+  int ins[KERNEL_MAX_IO];          /* plan refs read */
+  uint8_t stride_class[KERNEL_MAX_IO];
+  int outs[KERNEL_MAX_IO];         /* plan nodes written */
+  int params[KERNEL_MAX_IO];       /* full nodes */
+  bool compute[KERNEL_MAX_NODES];  /* per node of the group: computed by the kernel */
+} kernel_shape;
+
+bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
+                 kernel_shape *ks);
+bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
+                 const char *name);
+
+#endif
