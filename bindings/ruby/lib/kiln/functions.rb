@@ -1,0 +1,165 @@
+# frozen_string_literal: true
+
+# Kiln's module functions: constructors, functional ops, autodiff scopes.
+# Kiln.manual_seed, Kiln.stats, Kiln.reset_stats, Kiln.sync, Kiln.num_threads,
+# Kiln.blas_core, Kiln.cpu_isa and Kiln.library_version are C functions.
+module Kiln
+  class << self
+    # Kiln.tensor([[1, 2], [3, 4]]) — Integer -> :int64, Float -> :float32,
+    # true/false -> :bool (mixed: the widest); a number gives a 0-d tensor.
+    # Ragged arrays raise Kiln::ShapeError.
+    def tensor(data, dtype: nil, requires_grad: false)
+      t = if data.is_a?(Tensor)
+            d = data.detach
+            dtype.nil? || Kiln.dtype(dtype) == d.dtype ? d : d._cast(dtype)
+          else
+            _tensor(data, dtype)
+          end
+      t.requires_grad = true if requires_grad
+      t
+    end
+
+    # Kiln.zeros(2, 3), Kiln.zeros([2, 3]), Kiln.zeros(dtype: :int64) (0-d)
+    def zeros(*shape, dtype: :float32, requires_grad: false)
+      with_grad(_zeros(dtype, shape_arg(shape)), requires_grad)
+    end
+
+    def ones(*shape, dtype: :float32, requires_grad: false)
+      with_grad(_ones(dtype, shape_arg(shape)), requires_grad)
+    end
+
+    # Kiln.full([2, 2], 7) — the dtype follows the value (Integer -> :int64,
+    # Float -> :float32, true/false -> :bool) unless given
+    def full(shape, value, dtype: nil, requires_grad: false)
+      shape = [shape] if shape.is_a?(Integer)
+      with_grad(_full(value, dtype || dtype_of(value), shape), requires_grad)
+    end
+
+    def zeros_like(other, dtype: nil, requires_grad: false)
+      zeros(other.shape, dtype: dtype || other.dtype, requires_grad: requires_grad)
+    end
+
+    def ones_like(other, dtype: nil, requires_grad: false)
+      ones(other.shape, dtype: dtype || other.dtype, requires_grad: requires_grad)
+    end
+
+    def full_like(other, value, dtype: nil, requires_grad: false)
+      full(other.shape, value, dtype: dtype || other.dtype, requires_grad: requires_grad)
+    end
+
+    # uniform on [0, 1)
+    def rand(*shape, dtype: :float32, requires_grad: false)
+      with_grad(_rand(dtype, shape_arg(shape)), requires_grad)
+    end
+
+    # standard normal
+    def randn(*shape, dtype: :float32, requires_grad: false)
+      with_grad(_randn(dtype, shape_arg(shape)), requires_grad)
+    end
+
+    # arange(stop), arange(start, stop, step = 1); Integers give :int64, any Float :float32
+    def arange(start, stop = nil, step = 1, dtype: nil, requires_grad: false)
+      start, stop = 0, start if stop.nil?
+      dtype ||= [start, stop, step].all?(Integer) ? :int64 : :float32
+      with_grad(_arange(start, stop, step, dtype), requires_grad)
+    end
+
+    # the dtype Symbol for a name (:float32, "float32", :float, :double, :long, ...)
+    def dtype(name)
+      _dtype(name)
+    end
+
+    # Records no gradients inside the block (nestable).
+    def no_grad
+      _no_grad_push
+      begin
+        yield
+      ensure
+        _no_grad_pop
+      end
+    end
+
+    # cond ? a : b elementwise; a and b may be Ruby numbers
+    def where(cond, a, b)
+      cond = _tensor(cond, :bool) unless cond.is_a?(Tensor)
+      unless a.is_a?(Tensor) || b.is_a?(Tensor)
+        a = _tensor(a, nil)
+      end
+      a = b._scalar_like(a) unless a.is_a?(Tensor)
+      b = a._scalar_like(b) unless b.is_a?(Tensor)
+      cond._where(a, b)
+    end
+
+    def cat(tensors, dim: 0, axis: nil)
+      _concat(tensors.to_a, axis || dim)
+    end
+    alias concat cat
+
+    def stack(tensors, dim: 0, axis: nil)
+      _stack(tensors.to_a, axis || dim)
+    end
+
+    def matmul(a, b)
+      a.matmul(b)
+    end
+
+    def maximum(a, b)
+      a.maximum(b)
+    end
+
+    def minimum(a, b)
+      a.minimum(b)
+    end
+
+    def softmax(x, dim: -1, axis: nil)
+      x.softmax(axis || dim)
+    end
+
+    def log_softmax(x, dim: -1, axis: nil)
+      x.log_softmax(axis || dim)
+    end
+
+    # mean cross-entropy of logits [N, C] against int64 class indices [N]
+    def cross_entropy(logits, target)
+      logits.cross_entropy(target)
+    end
+
+    def mse_loss(input, target)
+      input.mse_loss(target)
+    end
+
+    def layer_norm(x, weight = nil, bias = nil, eps: 1e-5)
+      x.layer_norm(weight, bias, eps: eps)
+    end
+
+    # Functional gradients (kiln_grad_of): d(sum of outputs . grad_outputs) /
+    # d inputs, an Array with one Tensor per input (nil where Kiln gives none;
+    # an input the outputs do not use gets zeros).  Nothing accumulates into
+    # .grad.  create_graph: true records the gradient computation itself.
+    def grad(outputs, inputs, grad_outputs: nil, create_graph: false)
+      outs = outputs.is_a?(Tensor) ? [outputs] : outputs.to_a
+      ins = inputs.is_a?(Tensor) ? [inputs] : inputs.to_a
+      gouts = grad_outputs.is_a?(Tensor) ? [grad_outputs] : grad_outputs&.to_a
+      _grad_of(outs, gouts, ins, create_graph ? true : false)
+    end
+
+    private
+
+    def with_grad(t, on)
+      t.requires_grad = true if on
+      t
+    end
+
+    def shape_arg(shape)
+      shape.size == 1 && shape[0].is_a?(Array) ? shape[0] : shape
+    end
+
+    def dtype_of(value)
+      case value
+      when Integer then :int64
+      when true, false then :bool
+      else :float32
+      end
+    end
+  end
+end
