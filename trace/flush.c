@@ -37,6 +37,8 @@ typedef struct {
      written into them */
   tr_ptrmap leaf_map;
   int epoch;
+  int fail_status;      /* a target that failed in an earlier flush */
+  const char *fail_msg;
   int *edges; /* storage of every refs[i] */
   bool oom;
 } collector;
@@ -67,23 +69,39 @@ static int leaf_index(collector *c, tr_node *leaf) {
 
 /* post-order DFS: inputs in argument order, so the order is a function of
    the program alone */
-static void visit(collector *c, tr_node *n) {
-  if (c->oom || n->state == TR_MATERIALIZED || n->visit == c->epoch) return;
+/* false when n cannot be evaluated: it (or an input) failed before; it is
+   then marked FAILED itself and left out */
+static bool visit(collector *c, tr_node *n) {
+  if (n->state == TR_FAILED) return false;
+  if (c->oom || n->state == TR_MATERIALIZED || n->visit == c->epoch) return true;
   n->visit = c->epoch;
-  for (int k = 0; k < n->nin; k++) visit(c, n->in[k]);
-  if (c->oom) return;
+  for (int k = 0; k < n->nin; k++)
+    if (!visit(c, n->in[k])) {
+      tr_node_fail(n, n->in[k]->fail_status, n->in[k]->fail_msg);
+      return false;
+    }
+  if (c->oom) return true;
   if (!grow((void **)&c->t.nodes, &c->cap_nodes, c->t.n + 1, sizeof(tr_node *))) {
     c->oom = true;
-    return;
+    return true;
   }
   n->index = c->t.n;
   n->inside_uses = 0;
   c->t.nodes[c->t.n++] = tr_node_retain(n);
+  return true;
+}
+
+static bool in_trace(const tr_node *n) {
+  return n->state == TR_PENDING || n->state == TR_RECOMPUTABLE;
 }
 
 static bool collect(collector *c, tr_graph *g, tr_node **targets, int ntargets) {
   c->epoch = ++g->visit_epoch;
-  for (int i = 0; i < ntargets; i++) visit(c, targets[i]);
+  for (int i = 0; i < ntargets; i++)
+    if (!visit(c, targets[i]) && !c->fail_status) { /* the first failed target's error */
+      c->fail_status = targets[i]->fail_status;
+      c->fail_msg = targets[i]->fail_msg;
+    }
   for (int i = 0; i < g->nstores; i++) visit(c, g->stores[i]);
   tr_trace *t = &c->t;
   size_t edges = 0;
@@ -108,9 +126,9 @@ static bool collect(collector *c, tr_graph *g, tr_node **targets, int ntargets) 
     }
   }
   for (int i = 0; i < ntargets; i++)
-    if (targets[i]->state != TR_MATERIALIZED) t->is_output[targets[i]->index] = true;
+    if (in_trace(targets[i])) t->is_output[targets[i]->index] = true;
   for (int i = 0; i < g->nstores; i++)
-    if (g->stores[i]->state != TR_MATERIALIZED) t->is_output[g->stores[i]->index] = true;
+    if (in_trace(g->stores[i])) t->is_output[g->stores[i]->index] = true;
   for (int i = 0; i < t->n; i++) /* read by a pending node outside this trace */
     if (t->nodes[i]->pending_uses > t->nodes[i]->inside_uses) t->is_output[i] = true;
   return !c->oom;
@@ -234,10 +252,12 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
     return vm_error(KILN_ERR_OOM, "out of memory collecting a trace");
   }
   tr_trace *t = &c.t;
+  int earlier = c.fail_status;
+  if (earlier) vm_error(earlier, "%s", c.fail_msg);
   if (t->n == 0) {
     collector_free(&c);
     drop_stores(g);
-    return KILN_OK;
+    return earlier ? earlier : KILN_OK;
   }
   vm_counters *st = &vm_process()->stats;
   tr_bytes bytes, fam_bytes = {0};
@@ -275,12 +295,19 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
     }
   }
   vm_tensor **vals = calloc((size_t)t->n, sizeof *vals);
-  int rc = vals ? tr_run(plan, t, vals) : vm_error(KILN_ERR_OOM, "out of memory");
+  int failed = -1;
+  int rc = vals ? tr_run(plan, t, vals, &failed) : vm_error(KILN_ERR_OOM, "out of memory");
   double ms = now_ms() - t0;
   tr_log_flush(t, why, key, &seen, plan != NULL, ms, rc); /* before commit drops inputs */
   if (rc == KILN_OK) {
     commit(g, t, vals);
     g->flush_epoch++;
+  } else if (failed >= 0) { /* it and what depends on it fail from now on */
+    tr_node_fail(t->nodes[failed], rc, vm_thread()->message);
+    for (int i = failed + 1; i < t->n; i++)
+      for (int k = 0; k < t->nodes[i]->nin; k++)
+        if (t->refs[i][k] >= 0 && t->nodes[t->refs[i][k]]->state == TR_FAILED)
+          tr_node_fail(t->nodes[i], rc, vm_thread()->message);
   }
   for (int i = 0; vals && i < t->n; i++) vm_release(vals[i]);
   free(vals);
@@ -292,5 +319,5 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   tr_bytes_free(&fam_bytes);
   collector_free(&c);
   drop_stores(g);
-  return rc;
+  return rc != KILN_OK ? rc : earlier;
 }

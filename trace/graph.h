@@ -12,7 +12,9 @@
 #include "../vm/ops.h"
 #include "inspect.h"
 
-typedef enum { TR_PENDING, TR_RECOMPUTABLE, TR_MATERIALIZED } tr_state;
+/* FAILED: evaluating it failed (an index out of range); reading it reports
+   that error, and flushes of other values leave it alone */
+typedef enum { TR_PENDING, TR_RECOMPUTABLE, TR_MATERIALIZED, TR_FAILED } tr_state;
 
 typedef struct tr_graph tr_graph;
 
@@ -33,6 +35,8 @@ typedef struct tr_node {
   struct tr_node **in;     /* in_small or heap */
   struct tr_node *in_small[3];
   vm_tensor *value;        /* MATERIALIZED only */
+  int fail_status;         /* FAILED only: the error */
+  char *fail_msg;
   bool requires_grad;      /* tracked by autodiff: keeps its inputs after materializing */
   tr_grad_slot *slot;      /* a leaf variable's gradient slot (a reference) */
   uint64_t seq;            /* creation order (a topological order for autodiff) */
@@ -78,5 +82,7 @@ void tr_node_release(tr_node *n);
 tr_node *tr_node_from_value(vm_tensor *value);
 /* leaves the pending list (PENDING -> another state); owner graph locked */
 void tr_node_unlink(tr_node *n);
+/* marks n FAILED with status and message (leaving the pending list) */
+void tr_node_fail(tr_node *n, int status, const char *msg);
 
 #endif

@@ -122,6 +122,14 @@ void tr_node_unlink(tr_node *n) {
     if (n->in[i]->state != TR_MATERIALIZED) n->in[i]->pending_uses--;
 }
 
+void tr_node_fail(tr_node *n, int status, const char *msg) {
+  if (n->state == TR_FAILED) return;
+  if (n->state == TR_PENDING) tr_node_unlink(n);
+  n->state = TR_FAILED;
+  n->fail_status = status ? status : KILN_ERR_INTERNAL;
+  n->fail_msg = strdup(msg ? msg : "evaluation failed");
+}
+
 tr_graph *tr_graph_retain(tr_graph *g) {
   atomic_fetch_add_explicit(&g->refs, 1, memory_order_relaxed);
   return g;
@@ -141,6 +149,7 @@ void tr_node_release(tr_node *n) {
   for (int i = 0; i < n->nin; i++) tr_node_release(n->in[i]);
   if (n->in != n->in_small) free(n->in);
   vm_release(n->value);
+  free(n->fail_msg);
   tr_slot_release(n->slot);
   vm_block_free(VM_BLOCK_NODE, n);
 }

@@ -451,7 +451,7 @@ static int run_node(const tr_plan *plan, const tr_trace *t, int i, vm_tensor **v
    always run on the interpreter (they move no data): a kernel reads them as
    strided inputs. */
 static int run_group(const tr_plan *plan, const cpu_plan *jit, const tr_trace *t, int g,
-                     vm_tensor **vals) {
+                     vm_tensor **vals, int *failed) {
   const tr_group *grp = &plan->groups[g];
   const cpu_kernel *k = jit && g < jit->ngroups && jit->kernels[g].fn ? &jit->kernels[g] : NULL;
   int rc = KILN_OK;
@@ -461,17 +461,17 @@ static int run_group(const tr_plan *plan, const cpu_plan *jit, const tr_trace *t
     if (rc == KILN_OK && cpu_run_group(k, plan, t, g, vals, &rc)) return rc;
   }
   for (int i = grp->first; i <= grp->last && rc == KILN_OK; i++)
-    if (!vals[i]) rc = run_node(plan, t, i, vals);
+    if (!vals[i] && (rc = run_node(plan, t, i, vals)) != KILN_OK) *failed = plan->nodes[i].src;
   return rc;
 }
 
-static int run_plan(const tr_plan *plan, const tr_trace *t, vm_tensor **out) {
+static int run_plan(const tr_plan *plan, const tr_trace *t, vm_tensor **out, int *failed) {
   vm_tensor **vals = calloc((size_t)(plan->n ? plan->n : 1), sizeof *vals);
   if (!vals) return vm_error(KILN_ERR_OOM, "out of memory");
   const cpu_plan *jit = atomic_load_explicit(&plan->jit, memory_order_acquire);
   int rc = KILN_OK;
   for (int g = 0; g < plan->ngroups && rc == KILN_OK; g++) {
-    rc = run_group(plan, jit, t, g, vals);
+    rc = run_group(plan, jit, t, g, vals, failed);
     int last = plan->groups[g].last;
     for (int r = 0; r <= last; r++) /* free what no later group reads */
       if (vals[r] && plan->nodes[r].last_use <= last && !plan->escapes[r]) {
@@ -486,7 +486,7 @@ static int run_plan(const tr_plan *plan, const tr_trace *t, vm_tensor **out) {
   return rc;
 }
 
-static int run_trace(const tr_trace *t, vm_tensor **vals) {
+static int run_trace(const tr_trace *t, vm_tensor **vals, int *failed) {
   int *last = malloc((size_t)t->n * sizeof(int));
   if (!last) return vm_error(KILN_ERR_OOM, "out of memory");
   for (int i = 0; i < t->n; i++) last[i] = i;
@@ -504,7 +504,10 @@ static int run_trace(const tr_trace *t, vm_tensor **vals) {
     for (int k = 0; k < n->nin; k++) ins[k] = input_value(vals, t, t->refs[i][k]);
     vals[i] = vm_exec(n->op, n->nin, ins, &n->attr, &n->meta);
     if (ins != few) free(ins);
-    if (!vals[i]) rc = vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
+    if (!vals[i]) {
+      rc = vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
+      *failed = i;
+    }
     for (int k = 0; k < n->nin; k++) {
       int r = t->refs[i][k];
       if (r >= 0 && last[r] == i && !t->is_output[r] && vals[r]) {
@@ -517,6 +520,6 @@ static int run_trace(const tr_trace *t, vm_tensor **vals) {
   return rc;
 }
 
-int tr_run(const tr_plan *plan, const tr_trace *t, vm_tensor **vals) {
-  return plan ? run_plan(plan, t, vals) : run_trace(t, vals);
+int tr_run(const tr_plan *plan, const tr_trace *t, vm_tensor **vals, int *failed) {
+  return plan ? run_plan(plan, t, vals, failed) : run_trace(t, vals, failed);
 }

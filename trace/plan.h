@@ -65,6 +65,6 @@ void tr_plan_release(void *plan);
 /* Runs plan (or, with plan NULL, the trace node by node) on the
    interpreter; fills vals[i] for every output node i of t.  Returns KILN_OK
    or an error status. */
-int tr_run(const tr_plan *plan, const tr_trace *t, vm_tensor **vals);
+int tr_run(const tr_plan *plan, const tr_trace *t, vm_tensor **vals, int *failed);
 
 #endif

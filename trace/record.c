@@ -53,6 +53,10 @@ vm_tensor *tr_handle_of_node(tr_node *n) { return handle_new(tr_node_retain(n));
 /* flushes the pending nodes of its own graph that x needs */
 static bool materialize_node(tr_node *x, tr_flush_reason why) {
   if (x->state == TR_MATERIALIZED) return true;
+  if (x->state == TR_FAILED) {
+    vm_error(x->fail_status, "%s", x->fail_msg);
+    return false;
+  }
   tr_graph *g = tr_graph_retain(x->graph);
   tr_graph_lock(g);
   int rc = x->state == TR_MATERIALIZED ? KILN_OK : tr_flush(g, &x, 1, why);
@@ -69,7 +73,7 @@ vm_tensor *tr_value(vm_tensor *t) {
    Flushes materialize nodes after their consumers were recorded, so a
    stored depth is recomputed once per flush epoch (memoized). */
 static int current_depth(tr_graph *g, tr_node *n) {
-  if (n->state == TR_MATERIALIZED) return 0;
+  if (n->state == TR_MATERIALIZED || n->state == TR_FAILED) return 0;
   if (n->depth_epoch == g->flush_epoch + 1) return n->depth;
   int d = 0;
   for (int k = 0; k < n->nin; k++) {
