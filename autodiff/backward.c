@@ -37,10 +37,10 @@ int ad_set_requires_grad(vm_tensor *t, bool on) {
   if (!vm_dtype_is_float(t->dtype))
     return vm_error(KILN_ERR_DTYPE, "only float tensors can require gradients, not %s",
                     vm_dtype_name(t->dtype));
-  if (on == (t->slot != NULL)) return KILN_OK;
   if (t->node->requires_grad && !t->slot)
     return vm_error(KILN_ERR_STATE, "only leaf tensors can change requires_grad; this one is "
                                     "computed from tensors that require grad (use kiln_detach)");
+  if (on == (t->slot != NULL)) return KILN_OK;
   tr_node *n = fresh_leaf(t, on);
   if (!n) return vm_thread()->status;
   if (on) {

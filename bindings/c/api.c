@@ -15,6 +15,7 @@
 #include "../../vm/rng.h"
 #include "../../vm/state.h"
 #include "../../autodiff/ad.h"
+#include "../../jit_gpu/device.h"
 #include "../../trace/record.h"
 
 #ifndef KILN_VERSION_STRING
@@ -403,6 +404,31 @@ kiln_tensor *kiln_detach(kiln_tensor *t) {
 void kiln_no_grad_push(void) { vm_thread()->no_grad++; }
 void kiln_no_grad_pop(void) {
   if (vm_thread()->no_grad > 0) vm_thread()->no_grad--;
+}
+
+/* --- devices ------------------------------------------------------------------ */
+
+bool kiln_device_available(kiln_device d) {
+  if (d == KILN_CPU) return true;
+  return d == KILN_CUDA && gpu_available();
+}
+
+kiln_tensor *kiln_to_device(kiln_tensor *t, kiln_device d) {
+  API(kiln_to_device);
+  if (!t) {
+    vm_null_input(0);
+    return NULL;
+  }
+  if (d == KILN_CPU) return tr_handle_of_node(t->node);
+  if (d != KILN_CUDA) {
+    vm_error(KILN_ERR_ARG, "invalid device %d", (int)d);
+    return NULL;
+  }
+  if (!gpu_available())
+    vm_error(KILN_ERR_DEVICE, "no CUDA device is available: %s", gpu_unavailable_reason());
+  else
+    vm_error(KILN_ERR_DEVICE, "CUDA tensors are not implemented in this build yet");
+  return NULL;
 }
 
 /* --- runtime ------------------------------------------------------------------ */

@@ -182,6 +182,12 @@ KILN_API kiln_tensor *kiln_detach(kiln_tensor *t);
 KILN_API void kiln_no_grad_push(void); /* nestable */
 KILN_API void kiln_no_grad_pop(void);
 
+/* devices: tensors live on the CPU; kiln_device_available(KILN_CUDA) tells
+   whether a CUDA driver and device are present (CUDA tensors themselves
+   are not implemented yet: kiln_to_device(t, KILN_CUDA) reports that) */
+KILN_API bool kiln_device_available(kiln_device d);
+KILN_API kiln_tensor *kiln_to_device(kiln_tensor *t, kiln_device d);
+
 /* runtime */
 KILN_API int kiln_sync(void); /* evaluate everything pending on this thread */
 typedef struct {
