@@ -73,7 +73,7 @@ static void desc_put(desc_buf *d, const void *p, size_t n) {
 static void describe(desc_buf *d, const tr_plan *plan, int g, const cpu_leaf *leaves,
                      const kernel_shape *ks) {
   const tr_group *grp = &plan->groups[g];
-  int32_t head[4] = {g, ks->nin, ks->nout, ks->nparams};
+  int32_t head[5] = {g, ks->nin, ks->nout, ks->nparams, ks->reduce};
   desc_put(d, head, sizeof head);
   for (int q = 0; q < ks->nin; q++) {
     int r = ks->ins[q];
@@ -88,6 +88,10 @@ static void describe(desc_buf *d, const tr_plan *plan, int g, const cpu_leaf *le
     int32_t node[8] = {i, p->op, p->meta.dtype, p->nin, p->in[0], p->in[1], p->in[2],
                        ks->compute[i - grp->first]};
     desc_put(d, node, sizeof node);
+    if (i == ks->reduce) {
+      int32_t axes[2] = {(int32_t)p->attr.axes_mask, p->attr.keepdim};
+      desc_put(d, axes, sizeof axes);
+    }
   }
 }
 
@@ -144,13 +148,23 @@ static gcc_jit_result *compile_kernels(const tr_plan *plan, const cpu_leaf *leav
   set_options(ctx);
   cg_ctx c = {.ctx = ctx};
   cg_init_types(&c);
-  bool ok = true;
+  bool ok = true, reductions = false;
   for (int g = 0; ok && g < plan->ngroups; g++) {
     if (!shapes[g]) continue;
     char name[32];
     snprintf(name, sizeof name, "kiln_k%d", g);
     c.nlocals = c.nblocks = 0;
-    ok = kernel_emit(&c, plan, g, leaves, shapes[g], name);
+    if (shapes[g]->reduce >= 0) {
+      ok = kernel_emit_reduce(&c, plan, g, leaves, shapes[g], name);
+      reductions = true;
+    } else {
+      ok = kernel_emit(&c, plan, g, leaves, shapes[g], name);
+    }
+  }
+  if (reductions) { /* lets GCC vectorize reduction loops with partial sums (DESIGN §5) */
+    gcc_jit_context_add_command_line_option(ctx, "-fassociative-math");
+    gcc_jit_context_add_command_line_option(ctx, "-fno-signed-zeros");
+    gcc_jit_context_add_command_line_option(ctx, "-fno-trapping-math");
   }
   gcc_jit_result *result = ok ? gcc_jit_context_compile(ctx) : NULL;
   if (ok) atomic_store(&gccjit_warm, true);
@@ -232,6 +246,7 @@ cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
     k->nin = ks->nin;
     k->nout = ks->nout;
     k->nparams = ks->nparams;
+    k->reduce = ks->reduce;
     k->ins = malloc((size_t)(ks->nin + 1) * sizeof(int));
     k->outs = malloc((size_t)(ks->nout + 1) * sizeof(int));
     k->params = malloc((size_t)(ks->nparams + 1) * sizeof(int));
@@ -286,9 +301,91 @@ static void run_range(void *p, int64_t begin, int64_t end) {
 
 #define RUN_GRAIN (1 << 14)
 
+/* one stride for a run of dims (kept or reduced) when they collapse, or
+   false; dims of size 1 do not count */
+static bool collapse(const int64_t *shape, const int64_t *stride, int nd, uint32_t mask, bool reduced,
+                     int64_t *out) {
+  int64_t s = 0, span = 0;
+  bool any = false;
+  for (int d = nd - 1; d >= 0; d--) {
+    if (shape[d] == 1 || (bool)(mask & (1u << d)) != reduced) continue;
+    if (!any) {
+      s = stride[d];
+      span = stride[d] * shape[d];
+      any = true;
+    } else {
+      if (stride[d] != span) return false;
+      span = stride[d] * shape[d];
+    }
+  }
+  *out = s;
+  return true;
+}
+
+static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
+                       int *rc) {
+  const tr_pnode *red = &plan->nodes[k->reduce];
+  int ref = red->in[0];
+  const vm_meta *rin = ref >= 0 ? &plan->nodes[ref].meta : &t->leaves[-1 - ref]->meta;
+  int64_t rows, count;
+  if (!kernel_reduce_split(red, rin, &rows, &count)) return false;
+  int nd = rin->ndim;
+  int64_t meta[2 + 2 * KERNEL_MAX_IO];
+  meta[0] = rows;
+  meta[1] = count;
+  void *bufs[2 * KERNEL_MAX_IO];
+  for (int q = 0; q < k->nin; q++) {
+    int r = k->ins[q];
+    vm_tensor *v = r >= 0 ? vals[r] : t->leaves[-1 - r]->value;
+    if (!v || v->ndim > nd) return false;
+    int64_t strides[KILN_MAX_DIMS];
+    int lead = nd - v->ndim;
+    for (int d = 0; d < nd; d++) {
+      int src = d - lead;
+      strides[d] = (src < 0 || v->shape[src] == 1) ? 0 : v->strides[src];
+    }
+    int64_t s_row, s_in;
+    if (!collapse(rin->shape, strides, nd, red->attr.axes_mask, false, &s_row) ||
+        !collapse(rin->shape, strides, nd, red->attr.axes_mask, true, &s_in))
+      return false;
+    if (count > 1 && ((k->in_stride[q] == 0 && s_in != 0) || (k->in_stride[q] == 1 && s_in != 1)))
+      return false;
+    meta[2 + 2 * q] = s_row;
+    meta[3 + 2 * q] = s_in;
+    bufs[k->nout + q] = vm_data(v);
+  }
+  uint64_t params[KERNEL_MAX_IO];
+  for (int s = 0; s < k->nparams; s++) {
+    const tr_pnode *p = &plan->nodes[k->params[s]];
+    params[s] = 0;
+    vm_store_f64(&params[s], p->meta.dtype, 0, t->nodes[p->src]->attr.scalar[0]);
+  }
+  vm_tensor *outs[KERNEL_MAX_IO] = {0};
+  for (int q = 0; q < k->nout; q++) {
+    const vm_meta *m = &plan->nodes[k->outs[q]].meta;
+    outs[q] = vm_tensor_new(m->dtype, m->ndim, m->shape);
+    bool fits = outs[q] && outs[q]->numel == (k->outs[q] == k->reduce ? rows : rows * count);
+    if (!fits) {
+      for (int u = 0; u <= q; u++) vm_release(outs[u]);
+      if (!outs[q] && vm_thread()->status) {
+        *rc = vm_thread()->status;
+        return true;
+      }
+      return false;
+    }
+    bufs[q] = vm_data(outs[q]);
+  }
+  run_job job = {k->fn, bufs, meta, params};
+  vm_parallel_for(rows, RUN_GRAIN / (count > 0 ? count : 1) + 1, run_range, &job);
+  atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
+  for (int q = 0; q < k->nout; q++) vals[k->outs[q]] = outs[q];
+  return true;
+}
+
 bool cpu_run_group(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, int g,
                    vm_tensor **vals, int *rc) {
   (void)g;
+  if (k->reduce >= 0) return run_reduce(k, plan, t, vals, rc);
   const vm_meta *om = &plan->nodes[k->outs[0]].meta;
   int nd = om->ndim, nin = k->nin;
   int64_t shape[KILN_MAX_DIMS], strides[KERNEL_MAX_IO][KILN_MAX_DIMS];

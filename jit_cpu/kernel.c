@@ -8,6 +8,7 @@
  *            coalesced by the caller
  *   params = 8-byte slots holding each full node's value in its dtype
  *   [begin, end) = a range of flat indices of the iteration space */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,12 +51,32 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
                  kernel_shape *ks) {
   const tr_group *grp = &plan->groups[g];
   memset(ks, 0, sizeof *ks);
-  if (grp->kind != TR_GROUP_ELEMENTWISE || grp->last - grp->first >= KERNEL_MAX_NODES) return false;
+  ks->reduce = -1;
+  if (grp->last - grp->first >= KERNEL_MAX_NODES) return false;
+  if (grp->kind == TR_GROUP_REDUCE) { /* producers + the reduction; the epilogue stays interpreted */
+    for (int i = grp->first; i <= grp->last && ks->reduce < 0; i++)
+      if (vm_op_table[plan->nodes[i].op].kind == VM_KIND_REDUCE) ks->reduce = i;
+    const tr_pnode *r = &plan->nodes[ks->reduce];
+    int ref = r->in[0];
+    const vm_meta *rin = ref >= 0 ? &plan->nodes[ref].meta : &leaves[-1 - ref].meta;
+    int64_t rows, count;
+    bool ok_op = r->op == VM_OP_sum || r->op == VM_OP_prod || r->op == VM_OP_max || r->op == VM_OP_min;
+    if (!ok_op || rin->dtype == KILN_BOOL || !kernel_reduce_split(r, rin, &rows, &count)) return false;
+  } else if (grp->kind != TR_GROUP_ELEMENTWISE) {
+    return false;
+  }
+  int last_computed = ks->reduce >= 0 ? ks->reduce : grp->last;
   for (int i = grp->first; i <= grp->last; i++) {
     const tr_pnode *p = &plan->nodes[i];
     bool is_view = vm_op_table[p->op].kind == VM_KIND_VIEW;
-    ks->compute[i - grp->first] = !is_view;
-    if (is_view) continue;
+    ks->compute[i - grp->first] = !is_view && i <= last_computed;
+    if (!ks->compute[i - grp->first]) continue;
+    if (ks->reduce >= 0 && i < ks->reduce) { /* producers run over the reduction's input */
+      int ref = plan->nodes[ks->reduce].in[0];
+      const vm_meta *rin = ref >= 0 ? &plan->nodes[ref].meta : &leaves[-1 - ref].meta;
+      if (p->meta.ndim != rin->ndim || memcmp(p->meta.shape, rin->shape, (size_t)rin->ndim * sizeof(int64_t)))
+        return false;
+    }
     kiln_dtype in_dt[3];
     for (int k = 0; k < p->nin; k++) {
       int r = tr_pnode_input(p, k);
@@ -73,12 +94,12 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
         ks->ins[ks->nin++] = r;
       }
     }
-    if (!cg_supported(p, in_dt)) return false;
+    if (i != ks->reduce && !cg_supported(p, in_dt)) return false;
     if (p->op == VM_OP_full) {
       if (ks->nparams == KERNEL_MAX_IO) return false;
       ks->params[ks->nparams++] = i;
     }
-    bool out = escapes[i] || (p->last_use > grp->last);
+    bool out = escapes[i] || p->last_use > last_computed || i == ks->reduce;
     if (out) {
       if (ks->nout == KERNEL_MAX_IO) return false;
       ks->outs[ks->nout++] = i;
@@ -88,6 +109,10 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
   /* inner strides the kernel assumes: broadcast along the last dim -> 0,
      a fresh or contiguous value of the full row -> 1, anything else -> any */
   const vm_meta *gm = &plan->nodes[grp->last].meta;
+  if (ks->reduce >= 0) { /* the inner loop runs over the reduced axes */
+    int ref = plan->nodes[ks->reduce].in[0];
+    gm = ref >= 0 ? &plan->nodes[ref].meta : &leaves[-1 - ref].meta;
+  }
   int64_t inner = gm->ndim ? gm->shape[gm->ndim - 1] : 1;
   for (int q = 0; q < ks->nin; q++) {
     int r = ks->ins[q];
@@ -267,4 +292,231 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, 
   gcc_jit_block_end_with_jump(row_next, NULL, rows);
   gcc_jit_block_end_with_void_return(done, NULL);
   return ok;
+}
+
+/* --- reduce kernels -----------------------------------------------------------------
+ * A reduction over trailing axes with its elementwise producers fused in:
+ *   for each kept row o in [begin, end):
+ *     acc = identity
+ *     for r in [0, count): inputs at (o, r); producers; stores of producers
+ *                          read elsewhere; acc = comb(acc, value)
+ *     out[o] = acc
+ * meta = rows, count, then per input (row stride, inner stride); the caller
+ * checked both collapse to one stride. */
+
+#define REDUCE_BLOCK 4096
+
+bool kernel_reduce_split(const tr_pnode *r, const vm_meta *in, int64_t *rows, int64_t *count) {
+  bool seen_reduced = false;
+  *rows = *count = 1;
+  for (int d = 0; d < in->ndim; d++) {
+    bool reduced = r->attr.axes_mask & (1u << d);
+    if (in->shape[d] == 1) continue;
+    if (reduced) {
+      seen_reduced = true;
+      *count *= in->shape[d];
+    } else {
+      if (seen_reduced) return false; /* a kept axis after a reduced one */
+      *rows *= in->shape[d];
+    }
+  }
+  return true;
+}
+
+static gcc_jit_rvalue *combine(cg_ctx *c, vm_opcode op, kiln_dtype dt, gcc_jit_rvalue *acc,
+                               gcc_jit_rvalue *v) {
+  gcc_jit_type *t = cg_type(c, dt);
+  bool fl = vm_dtype_is_float(dt);
+  switch (op) {
+    case VM_OP_sum:
+    case VM_OP_prod: {
+      enum gcc_jit_binary_op bop = op == VM_OP_sum ? GCC_JIT_BINARY_OP_PLUS : GCC_JIT_BINARY_OP_MULT;
+      if (fl) return gcc_jit_context_new_binary_op(c->ctx, NULL, bop, t, acc, v);
+      gcc_jit_type *u = c->t_u64; /* integer sums/products wrap */
+      return gcc_jit_context_new_cast(c->ctx, NULL,
+          gcc_jit_context_new_binary_op(c->ctx, NULL, bop, u, gcc_jit_context_new_cast(c->ctx, NULL, acc, u),
+                                        gcc_jit_context_new_cast(c->ctx, NULL, v, u)), t);
+    }
+    default: { /* max / min, NaN wins: the interpreter's (acc != acc || acc >= v) ? acc : v */
+      tr_pnode fake = {.op = op == VM_OP_max ? VM_OP_maximum : VM_OP_minimum};
+      gcc_jit_rvalue *args[2] = {acc, v};
+      kiln_dtype dts[2] = {dt, dt};
+      return cg_node(c, &fake, dts, args);
+    }
+  }
+}
+
+static gcc_jit_rvalue *identity(cg_ctx *c, vm_opcode op, kiln_dtype dt) {
+  gcc_jit_type *t = cg_type(c, dt);
+  double v = op == VM_OP_sum ? 0 : op == VM_OP_prod ? 1 : 0;
+  if (op == VM_OP_max || op == VM_OP_min) {
+    bool mx = op == VM_OP_max;
+    if (vm_dtype_is_float(dt)) return gcc_jit_context_new_rvalue_from_double(c->ctx, t, mx ? -INFINITY : INFINITY);
+    long lim = dt == KILN_I32 ? (mx ? INT32_MIN : INT32_MAX) : (mx ? INT64_MIN : INT64_MAX);
+    return gcc_jit_context_new_rvalue_from_long(c->ctx, t, lim);
+  }
+  if (vm_dtype_is_float(dt)) return gcc_jit_context_new_rvalue_from_double(c->ctx, t, v);
+  return gcc_jit_context_new_rvalue_from_long(c->ctx, t, (long)v);
+}
+
+bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
+                        const kernel_shape *ks, const char *name) {
+  const tr_group *grp = &plan->groups[g];
+  const tr_pnode *red = &plan->nodes[ks->reduce];
+  gcc_jit_param *prm[5] = {
+      gcc_jit_context_new_param(c->ctx, NULL, c->t_voidpp, "bufs"),
+      gcc_jit_context_new_param(c->ctx, NULL, c->t_i64p, "meta"),
+      gcc_jit_context_new_param(c->ctx, NULL, c->t_voidp, "params"),
+      gcc_jit_context_new_param(c->ctx, NULL, c->t_i64, "begin"),
+      gcc_jit_context_new_param(c->ctx, NULL, c->t_i64, "end")};
+  c->fn = gcc_jit_context_new_function(c->ctx, NULL, GCC_JIT_FUNCTION_EXPORTED, c->t_void, name, 5,
+                                       prm, 0);
+  gcc_jit_rvalue *bufs = gcc_jit_param_as_rvalue(prm[0]), *meta = gcc_jit_param_as_rvalue(prm[1]);
+  gcc_jit_rvalue *params = gcc_jit_param_as_rvalue(prm[2]);
+  gcc_jit_block *entry = new_block(c, "entry"), *rows = new_block(c, "rows"),
+                *row = new_block(c, "row"), *outer = new_block(c, "outer"),
+                *blk_init = new_block(c, "blk"), *icond = new_block(c, "icond"),
+                *ibody = new_block(c, "ibody"), *blk_done = new_block(c, "blkdone"),
+                *finish = new_block(c, "finish"), *done = new_block(c, "done");
+  /* float sums and products accumulate in f64, in blocks of REDUCE_BLOCK
+     folded into the row's total: accurate (numpy's pairwise sum is the
+     reference) and still one vectorized pass */
+  kiln_dtype out_dt = red->meta.dtype;
+  bool arith = red->op == VM_OP_sum || red->op == VM_OP_prod;
+  kiln_dtype acc_dt = arith && out_dt == KILN_F32 ? KILN_F64 : out_dt;
+  gcc_jit_lvalue *count = new_local(c, c->t_i64, "count", 0), *o = new_local(c, c->t_i64, "o", 0),
+                 *r = new_local(c, c->t_i64, "r", 0), *rend = new_local(c, c->t_i64, "rend", 0),
+                 *acc = new_local(c, cg_type(c, acc_dt), "acc", 0),
+                 *blk = new_local(c, cg_type(c, acc_dt), "blk", 0);
+  gcc_jit_lvalue *in_ptr[KERNEL_MAX_IO], *base[KERNEL_MAX_IO], *step[KERNEL_MAX_IO],
+      *hoist[KERNEL_MAX_IO], *out_ptr[KERNEL_MAX_IO];
+  kiln_dtype in_dt[KERNEL_MAX_IO];
+  gcc_jit_block_add_assignment(entry, NULL, count, meta_at(c, meta, i64v(c, 1)));
+  for (int q = 0; q < ks->nout; q++) {
+    gcc_jit_type *pt = gcc_jit_type_get_pointer(cg_type(c, plan->nodes[ks->outs[q]].meta.dtype));
+    out_ptr[q] = new_local(c, pt, "out", q);
+    gcc_jit_block_add_assignment(entry, NULL, out_ptr[q],
+        gcc_jit_context_new_cast(c->ctx, NULL, rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, q))), pt));
+  }
+  for (int q = 0; q < ks->nin; q++) {
+    int ref = ks->ins[q];
+    in_dt[q] = ref >= 0 ? plan->nodes[ref].meta.dtype : leaves[-1 - ref].meta.dtype;
+    gcc_jit_type *pt = gcc_jit_type_get_pointer(gcc_jit_type_get_const(cg_type(c, in_dt[q])));
+    in_ptr[q] = new_local(c, pt, "in", q);
+    base[q] = new_local(c, c->t_i64, "base", q);
+    step[q] = new_local(c, c->t_i64, "step", q);
+    hoist[q] = new_local(c, cg_type(c, in_dt[q]), "x", q);
+    gcc_jit_block_add_assignment(entry, NULL, in_ptr[q],
+        gcc_jit_context_new_cast(c->ctx, NULL, rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, ks->nout + q))), pt));
+    gcc_jit_block_add_assignment(entry, NULL, step[q], meta_at(c, meta, i64v(c, 3 + 2 * q)));
+  }
+  gcc_jit_block_add_assignment(entry, NULL, o, gcc_jit_param_as_rvalue(prm[3]));
+  gcc_jit_block_end_with_jump(entry, NULL, rows);
+  gcc_jit_block_end_with_conditional(rows, NULL,
+      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(o), gcc_jit_param_as_rvalue(prm[4])),
+      row, done);
+  gcc_jit_block_add_assignment(row, NULL, acc, identity(c, red->op, acc_dt));
+  for (int q = 0; q < ks->nin; q++) {
+    gcc_jit_block_add_assignment(row, NULL, base[q], mul64(c, rv(o), meta_at(c, meta, i64v(c, 2 + 2 * q))));
+    if (ks->stride_class[q] == 0)
+      gcc_jit_block_add_assignment(row, NULL, hoist[q],
+          rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(in_ptr[q]), rv(base[q]))));
+  }
+  gcc_jit_block_add_assignment(row, NULL, r, i64v(c, 0));
+  gcc_jit_block_end_with_jump(row, NULL, outer);
+  gcc_jit_block_end_with_conditional(outer, NULL,
+      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rv(count)), blk_init, finish);
+  gcc_jit_block_add_assignment(blk_init, NULL, blk, identity(c, red->op, acc_dt));
+  gcc_jit_block_add_assignment(blk_init, NULL, rend, add64(c, rv(r), i64v(c, REDUCE_BLOCK)));
+  {
+    gcc_jit_block *clip = new_block(c, "clip"), *go = new_block(c, "go");
+    gcc_jit_block_end_with_conditional(blk_init, NULL,
+        gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_GT, rv(rend), rv(count)), clip, go);
+    gcc_jit_block_add_assignment(clip, NULL, rend, rv(count));
+    gcc_jit_block_end_with_jump(clip, NULL, go);
+    gcc_jit_block_end_with_jump(go, NULL, icond);
+  }
+  gcc_jit_block_end_with_conditional(icond, NULL,
+      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rv(rend)), ibody, blk_done);
+  c->cur = blk_done;
+  gcc_jit_rvalue *folded = combine(c, red->op, acc_dt, rv(acc), rv(blk)); /* may add blocks */
+  gcc_jit_block_add_assignment(c->cur, NULL, acc, folded);
+  gcc_jit_block_end_with_jump(c->cur, NULL, outer);
+  c->cur = ibody;
+  gcc_jit_rvalue *in_val[KERNEL_MAX_IO];
+  for (int q = 0; q < ks->nin; q++) {
+    gcc_jit_rvalue *index = ks->stride_class[q] == 1 ? add64(c, rv(base[q]), rv(r))
+                                                     : add64(c, rv(base[q]), mul64(c, rv(r), rv(step[q])));
+    in_val[q] = ks->stride_class[q] == 0 ? rv(hoist[q])
+                                         : rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(in_ptr[q]), index));
+  }
+  int n = ks->reduce - grp->first;
+  gcc_jit_lvalue **node_val = calloc((size_t)n + 1, sizeof *node_val);
+  bool ok = node_val != NULL;
+  gcc_jit_rvalue *reduced_value = NULL;
+  for (int i = grp->first; ok && i <= ks->reduce; i++) {
+    const tr_pnode *p = &plan->nodes[i];
+    if (!ks->compute[i - grp->first]) continue;
+    gcc_jit_rvalue *args[3];
+    kiln_dtype adt[3];
+    for (int k = 0; k < p->nin; k++) {
+      int ref = tr_pnode_input(p, k);
+      bool internal = ref >= grp->first && ref <= grp->last && ks->compute[ref - grp->first];
+      if (internal) {
+        args[k] = rv(node_val[ref - grp->first]);
+        adt[k] = plan->nodes[ref].meta.dtype;
+      } else {
+        int q = 0;
+        while (ks->ins[q] != ref) q++;
+        args[k] = in_val[q];
+        adt[k] = in_dt[q];
+      }
+    }
+    if (i == ks->reduce) {
+      reduced_value = args[0];
+      break;
+    }
+    gcc_jit_rvalue *value;
+    if (p->op == VM_OP_full) {
+      int slot = 0;
+      while (ks->params[slot] != i) slot++;
+      gcc_jit_type *pt = gcc_jit_type_get_pointer(gcc_jit_type_get_const(cg_type(c, p->meta.dtype)));
+      long per = 8 / (long)vm_dtype_size(p->meta.dtype);
+      value = rv(gcc_jit_context_new_array_access(c->ctx, NULL,
+                                                  gcc_jit_context_new_cast(c->ctx, NULL, params, pt),
+                                                  i64v(c, slot * per)));
+    } else {
+      value = cg_node(c, p, adt, args);
+    }
+    if (!value) {
+      ok = false;
+      break;
+    }
+    node_val[i - grp->first] = new_local(c, cg_type(c, p->meta.dtype), "v", i);
+    gcc_jit_block_add_assignment(c->cur, NULL, node_val[i - grp->first], value);
+  }
+  if (ok && reduced_value) {
+    gcc_jit_rvalue *at = add64(c, mul64(c, rv(o), rv(count)), rv(r));
+    for (int q = 0; q < ks->nout; q++) /* producers read elsewhere */
+      if (ks->outs[q] != ks->reduce)
+        gcc_jit_block_add_assignment(c->cur, NULL,
+            gcc_jit_context_new_array_access(c->ctx, NULL, rv(out_ptr[q]), at),
+            rv(node_val[ks->outs[q] - grp->first]));
+    gcc_jit_rvalue *v = acc_dt == out_dt ? reduced_value
+                                         : gcc_jit_context_new_cast(c->ctx, NULL, reduced_value, cg_type(c, acc_dt));
+    gcc_jit_rvalue *next = combine(c, red->op, acc_dt, rv(blk), v); /* may add blocks */
+    gcc_jit_block_add_assignment(c->cur, NULL, blk, next);
+    gcc_jit_block_add_assignment_op(c->cur, NULL, r, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
+    gcc_jit_block_end_with_jump(c->cur, NULL, icond);
+    int qr = 0;
+    while (ks->outs[qr] != ks->reduce) qr++;
+    gcc_jit_block_add_assignment(finish, NULL,
+        gcc_jit_context_new_array_access(c->ctx, NULL, rv(out_ptr[qr]), rv(o)),
+        gcc_jit_context_new_cast(c->ctx, NULL, rv(acc), cg_type(c, out_dt)));
+    gcc_jit_block_add_assignment_op(finish, NULL, o, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
+    gcc_jit_block_end_with_jump(finish, NULL, rows);
+  }
+  free(node_val);
+  gcc_jit_block_end_with_void_return(done, NULL);
+  return ok && reduced_value;
 }

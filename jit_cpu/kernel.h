@@ -15,7 +15,14 @@ typedef struct kernel_shape {
   int outs[KERNEL_MAX_IO];         /* plan nodes written */
   int params[KERNEL_MAX_IO];       /* full nodes */
   bool compute[KERNEL_MAX_NODES];  /* per node of the group: computed by the kernel */
+  int reduce;                      /* the reduction node of a reduce kernel, or -1 */
 } kernel_shape;
+
+bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
+                        const kernel_shape *ks, const char *name);
+/* the reduction's input as (kept rows, reduced count) when the reduced axes
+   are its trailing non-trivial dims; false otherwise */
+bool kernel_reduce_split(const tr_pnode *r, const vm_meta *in, int64_t *rows, int64_t *count);
 
 bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
                  kernel_shape *ks);

@@ -454,13 +454,18 @@ static int run_group(const tr_plan *plan, const cpu_plan *jit, const tr_trace *t
                      vm_tensor **vals, int *failed) {
   const tr_group *grp = &plan->groups[g];
   const cpu_kernel *k = jit && g < jit->ngroups && jit->kernels[g].fn ? &jit->kernels[g] : NULL;
-  int rc = KILN_OK;
+  int rc = KILN_OK, first = grp->first;
   if (k) {
     for (int i = grp->first; i <= grp->last && rc == KILN_OK; i++)
       if (vm_op_table[plan->nodes[i].op].kind == VM_KIND_VIEW) rc = run_node(plan, t, i, vals);
-    if (rc == KILN_OK && cpu_run_group(k, plan, t, g, vals, &rc)) return rc;
+    if (rc == KILN_OK && cpu_run_group(k, plan, t, g, vals, &rc)) {
+      /* the kernel computed everything up to its reduction; an epilogue
+         (nodes of the reduction's result shape) stays interpreted */
+      if (k->reduce < 0 || rc != KILN_OK) return rc;
+      first = k->reduce + 1;
+    }
   }
-  for (int i = grp->first; i <= grp->last && rc == KILN_OK; i++)
+  for (int i = first; i <= grp->last && rc == KILN_OK; i++)
     if (!vals[i] && (rc = run_node(plan, t, i, vals)) != KILN_OK) *failed = plan->nodes[i].src;
   return rc;
 }
