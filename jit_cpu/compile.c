@@ -2,7 +2,9 @@
  * in-memory cache of compiled code by kernel-description hash, and running
  * a compiled group on the thread pool.  The target is chosen once from the
  * detected CPU: -march=x86-64-vN (libgccjit 12 rejects -march=native). */
+#include <dlfcn.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +13,7 @@
 #include <uthash.h>
 #include <xxhash.h>
 
+#include "../cache/disk.h"
 #include "../trace/key.h"
 #include "../vm/cpu.h"
 #include "../vm/pool.h"
@@ -39,11 +42,22 @@ static double now_ms(void) {
 
 /* --- compiled code, shared by every plan with the same kernels ------------------ */
 
+/* compiled code: an in-memory libgccjit result, or a shared object loaded
+   from the disk cache; either lives as long as the process */
+typedef struct code {
+  gcc_jit_result *result;
+  void *dl;
+} code;
+
 typedef struct code_entry {
   uint64_t key[2];
-  gcc_jit_result *result; /* lives as long as the process */
+  code code;
   UT_hash_handle hh;
 } code_entry;
+
+static void *code_symbol(const code *c, const char *name) {
+  return c->dl ? dlsym(c->dl, name) : gcc_jit_result_get_code(c->result, name);
+}
 
 static struct {
   pthread_mutex_t lock;
@@ -141,8 +155,25 @@ static void dump_kernels(gcc_jit_context *ctx, const uint64_t key[2]) {
    teardown of) its state during the first one */
 static atomic_bool gccjit_warm;
 
-static gcc_jit_result *compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_shape **shapes,
-                                       const uint64_t key[2]) {
+/* compiles to a shared object and stores it in the disk cache; the code is
+   then loaded from there.  false: fall back to an in-memory compile */
+static bool compile_to_disk(gcc_jit_context *ctx, const uint64_t key[2], code *out) {
+  if (!cache_disk_enabled() || !cache_disk_dir()) return false;
+  const char *tmpdir = getenv("TMPDIR");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/kiln-kernel-XXXXXX.so", tmpdir && *tmpdir ? tmpdir : "/tmp");
+  int fd = mkstemps(path, 3);
+  if (fd < 0) return false;
+  close(fd);
+  gcc_jit_context_compile_to_file(ctx, GCC_JIT_OUTPUT_KIND_DYNAMIC_LIBRARY, path);
+  bool ok = !gcc_jit_context_get_first_error(ctx) && cache_disk_store(key, path);
+  unlink(path);
+  if (ok) out->dl = cache_disk_load(key);
+  return out->dl != NULL;
+}
+
+static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_shape **shapes,
+                            const uint64_t key[2], code *out) {
   gcc_jit_context *ctx = gcc_jit_context_acquire();
   if (!ctx) return NULL;
   set_options(ctx);
@@ -166,13 +197,14 @@ static gcc_jit_result *compile_kernels(const tr_plan *plan, const cpu_leaf *leav
     gcc_jit_context_add_command_line_option(ctx, "-fno-signed-zeros");
     gcc_jit_context_add_command_line_option(ctx, "-fno-trapping-math");
   }
-  gcc_jit_result *result = ok ? gcc_jit_context_compile(ctx) : NULL;
+  if (ok && !compile_to_disk(ctx, key, out)) out->result = gcc_jit_context_compile(ctx);
   if (ok) atomic_store(&gccjit_warm, true);
-  if (!result) log_once("could not compile a plan", gcc_jit_context_get_first_error(ctx));
-  if (result) dump_kernels(ctx, key);
+  bool compiled = out->result || out->dl;
+  if (!compiled) log_once("could not compile a plan", gcc_jit_context_get_first_error(ctx));
+  if (compiled) dump_kernels(ctx, key);
   cg_math_release(&c);
   gcc_jit_context_release(ctx);
-  return result;
+  return compiled;
 }
 
 cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
@@ -209,22 +241,36 @@ cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
       free(ks);
     }
   }
-  gcc_jit_result *result = NULL;
+  code result = {0};
+  bool have = false;
   if (count > 0 && desc.data) {
     XXH128_hash_t h = XXH3_128bits(desc.data, desc.len);
     uint64_t key[2] = {h.low64, h.high64};
     pthread_mutex_lock(&code_cache.lock);
     code_entry *e = NULL;
     HASH_FIND(hh, code_cache.table, key, sizeof key, e);
-    if (e) result = e->result;
+    if (e) {
+      result = e->code;
+      have = true;
+    }
     pthread_mutex_unlock(&code_cache.lock);
-    if (!result && (result = compile_kernels(plan, leaves, shapes, key))) {
-      vm_counters *st = &vm_process()->stats;
+    vm_counters *st = &vm_process()->stats;
+    bool fresh = false;
+    if (!have && (result.dl = cache_disk_load(key))) { /* compiled by an earlier process */
+      have = fresh = true;
+      atomic_fetch_add_explicit(&st->disk_hits, 1, memory_order_relaxed);
+    }
+    if (!have && (have = compile_kernels(plan, leaves, shapes, key, &result))) {
+      fresh = true;
       atomic_fetch_add_explicit(&st->compiles, 1, memory_order_relaxed);
       vm_add_ms(&st->compile_us, now_ms() - t0);
+    } else if (!have) {
+      atomic_fetch_add_explicit(&st->compile_failures, 1, memory_order_relaxed);
+    }
+    if (fresh) {
       if ((e = calloc(1, sizeof *e))) {
         memcpy(e->key, key, sizeof key);
-        e->result = result;
+        e->code = result;
         pthread_mutex_lock(&code_cache.lock);
         code_entry *twin = NULL;
         HASH_FIND(hh, code_cache.table, key, sizeof key, twin);
@@ -232,17 +278,15 @@ cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
         else free(e);
         pthread_mutex_unlock(&code_cache.lock);
       }
-    } else if (!result) {
-      atomic_fetch_add_explicit(&vm_process()->stats.compile_failures, 1, memory_order_relaxed);
     }
   }
-  for (int g = 0; result && g < plan->ngroups; g++) {
+  for (int g = 0; have && g < plan->ngroups; g++) {
     kernel_shape *ks = shapes[g];
     if (!ks) continue;
     char name[32];
     snprintf(name, sizeof name, "kiln_k%d", g);
     cpu_kernel *k = &cp->kernels[g];
-    k->fn = (cpu_kernel_fn)gcc_jit_result_get_code(result, name);
+    k->fn = (cpu_kernel_fn)code_symbol(&result, name);
     k->nin = ks->nin;
     k->nout = ks->nout;
     k->nparams = ks->nparams;

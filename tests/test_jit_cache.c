@@ -1,0 +1,142 @@
+/* test_jit_cache.c — the kernel caches end to end, across processes: a warm
+ * disk cache compiles nothing; a corrupted cache file is recovered from; two
+ * processes sharing one cache directory both succeed; KILN_CACHE=0 writes
+ * nothing.  The work runs in child processes of this binary ("work" mode),
+ * each with its own environment. */
+#include <dirent.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ktest.h"
+
+static char self[4096];
+
+/* child: a fused elementwise + reduction program, seen twice so it is
+   planned and compiled; prints its result bits and the stats */
+static int work(void) {
+  int64_t n = 1 << 16, shape[1] = {n};
+  kiln_tensor *x = kiln_arange(0, (double)n, 1, KILN_F32);
+  double total = 0;
+  for (int it = 0; it < 3; it++) {
+    kiln_tensor *a = kiln_mul_scalar(x, 1e-4), *b = kiln_tanh(a), *c = kiln_mul(b, b),
+                *s = kiln_sum(c, 0, NULL, false);
+    total = kiln_item(s);
+    kiln_tensor *all[] = {a, b, c, s};
+    for (int i = 0; i < 4; i++) kiln_release(all[i]);
+  }
+  (void)shape;
+  kiln_release(x);
+  kiln_stats st;
+  kiln_get_stats(&st);
+  printf("%a %llu %llu\n", total, (unsigned long long)st.compiles, (unsigned long long)st.disk_hits);
+  return 0;
+}
+
+typedef struct {
+  double total;
+  unsigned long long compiles, disk_hits;
+  int ok;
+} result;
+
+static result run_child(const char *env) {
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd, "env %s KILN_HOT=2 KILN_ASYNC=0 '%s' work", env, self);
+  result r = {0, 0, 0, 0};
+  FILE *p = popen(cmd, "r");
+  if (!p) return r;
+  r.ok = fscanf(p, "%la %llu %llu", &r.total, &r.compiles, &r.disk_hits) == 3;
+  r.ok = pclose(p) == 0 && r.ok;
+  return r;
+}
+
+static int count_files(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strncmp(e->d_name, "kernel-", 7) == 0) n++;
+  closedir(d);
+  return n;
+}
+
+static void corrupt_all(const char *dir) {
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    if (strncmp(e->d_name, "kernel-", 7) != 0) continue;
+    char path[8192];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    FILE *f = fopen(path, "r+b");
+    if (!f) continue;
+    fseek(f, 200, SEEK_SET); /* inside the ELF payload */
+    int ch = fgetc(f);
+    fseek(f, 200, SEEK_SET);
+    fputc(ch ^ 0x5a, f);
+    fclose(f);
+  }
+  if (d) closedir(d);
+}
+
+TEST(warm_disk_cache_compiles_nothing) {
+  char dir[] = "/tmp/kiln-cache-test-XXXXXX", env[256];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(env, sizeof env, "KILN_CACHE_DIR=%s", dir);
+  result cold = run_child(env), warm = run_child(env);
+  CHECK(cold.ok && warm.ok);
+  CHECK(cold.compiles >= 1);
+  CHECK_EQ_INT(cold.disk_hits, 0);
+  CHECK(count_files(dir) >= 1);
+  CHECK_EQ_INT(warm.compiles, 0);
+  CHECK(warm.disk_hits >= 1);
+  CHECK(warm.total == cold.total);
+  /* a corrupted file is deleted and recompiled, with the same result */
+  corrupt_all(dir);
+  result again = run_child(env);
+  CHECK(again.ok);
+  CHECK(again.compiles >= 1);
+  CHECK(again.total == cold.total);
+  result after = run_child(env);
+  CHECK(after.ok && after.compiles == 0 && after.disk_hits >= 1);
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
+TEST(two_processes_share_a_cache_directory) {
+  char dir[] = "/tmp/kiln-cache-test-XXXXXX", cmd[12000];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(cmd, sizeof cmd,
+           "env KILN_CACHE_DIR=%s KILN_ASYNC=0 '%s' work > %s/a.out & pa=$!;"
+           " env KILN_CACHE_DIR=%s KILN_ASYNC=0 '%s' work > %s/b.out & pb=$!;"
+           " wait $pa && wait $pb && [ \"$(cut -d' ' -f1 %s/a.out)\" = \"$(cut -d' ' -f1 %s/b.out)\" ]",
+           dir, self, dir, dir, self, dir, dir, dir);
+  CHECK(system(cmd) == 0); /* both succeeded, with the same result */
+  CHECK(count_files(dir) >= 1);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
+TEST(cache_off_writes_nothing) {
+  char dir[] = "/tmp/kiln-cache-test-XXXXXX", env[256];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(env, sizeof env, "KILN_CACHE=0 KILN_CACHE_DIR=%s", dir);
+  result r = run_child(env), r2 = run_child(env);
+  CHECK(r.ok && r2.ok);
+  CHECK(r.compiles >= 1 && r2.compiles >= 1); /* nothing was kept between them */
+  CHECK_EQ_INT(r2.disk_hits, 0);
+  CHECK_EQ_INT(count_files(dir), 0);
+  rmdir(dir);
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "work")) return work();
+  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) return 1;
+  self[len] = 0;
+  RUN(warm_disk_cache_compiles_nothing);
+  RUN(two_processes_share_a_cache_directory);
+  RUN(cache_off_writes_nothing);
+  return ktest_done();
+}
