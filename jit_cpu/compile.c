@@ -129,6 +129,7 @@ static void set_options(gcc_jit_context *ctx) {
   gcc_jit_context_add_command_line_option(ctx, "-fno-math-errno");
   /* elementwise results must match the interpreter's rounding: no FMA contraction */
   gcc_jit_context_add_command_line_option(ctx, "-ffp-contract=off");
+  gcc_jit_context_add_driver_option(ctx, "-lm"); /* f64 math calls libm; shared objects need it */
 }
 
 static void log_once(const char *what, const char *detail) {
