@@ -17,6 +17,11 @@
 #include <string.h>
 
 #include "codegen.h"
+#include "math.h"
+
+_Static_assert((int)CG_EXP == (int)CPU_EXP && (int)CG_POW == (int)CPU_POW &&
+                   (int)CG_FN_COUNT == (int)CPU_FN_COUNT,
+               "cg_fn mirrors cpu_fn");
 
 /* --- types and small helpers -------------------------------------------------- */
 
@@ -268,6 +273,10 @@ static gcc_jit_rvalue *libm_call(cg_ctx *c, cg_fn fn, bool f64, gcc_jit_rvalue *
 }
 
 gcc_jit_rvalue *cg_math(cg_ctx *c, cg_fn fn, bool f64, gcc_jit_rvalue *x, gcc_jit_rvalue *y) {
+  if (c->math) { /* the vectorizable library (f32) / libm (f64): jit_cpu/math.h */
+    if (!f64 && fn != CG_SQRT && fn != CG_RSQRT) c->inline_math = true;
+    return cpu_math_call(c->math, (cpu_fn)fn, f64, x, y);
+  }
   gcc_jit_type *t = f64 ? c->t_f64 : c->t_f32;
   gcc_jit_rvalue *one = num(c, t, 1.0);
   switch (fn) {
@@ -281,4 +290,7 @@ gcc_jit_rvalue *cg_math(cg_ctx *c, cg_fn fn, bool f64, gcc_jit_rvalue *x, gcc_ji
   }
 }
 
-void cg_math_release(cg_ctx *c) { (void)c; }
+void cg_math_release(cg_ctx *c) {
+  cpu_math_free(c->math);
+  c->math = NULL;
+}

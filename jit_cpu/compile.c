@@ -19,6 +19,7 @@
 #include "../vm/pool.h"
 #include "../vm/state.h"
 #include "kernel.h"
+#include "math.h"
 
 #define CPU_FORMAT_VERSION 1
 
@@ -180,6 +181,7 @@ static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_
   set_options(ctx);
   cg_ctx c = {.ctx = ctx};
   cg_init_types(&c);
+  c.math = cpu_math_new(ctx);
   bool ok = true, reductions = false;
   for (int g = 0; ok && g < plan->ngroups; g++) {
     if (!shapes[g]) continue;
@@ -193,7 +195,8 @@ static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_
       ok = kernel_emit(&c, plan, g, leaves, shapes[g], name);
     }
   }
-  if (reductions) { /* lets GCC vectorize reduction loops with partial sums (DESIGN §5) */
+  if (reductions && !c.inline_math) { /* lets GCC vectorize reduction loops (DESIGN §5);
+                                          the math library's range reductions forbid it */
     gcc_jit_context_add_command_line_option(ctx, "-fassociative-math");
     gcc_jit_context_add_command_line_option(ctx, "-fno-signed-zeros");
     gcc_jit_context_add_command_line_option(ctx, "-fno-trapping-math");
