@@ -165,7 +165,7 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, 
   for (int q = 0; q < ks->nin; q++) {
     int ref = ks->ins[q];
     in_dt[q] = ref >= 0 ? plan->nodes[ref].meta.dtype : leaves[-1 - ref].meta.dtype;
-    gcc_jit_type *pt = gcc_jit_type_get_pointer(gcc_jit_type_get_const(cg_type(c, in_dt[q])));
+    gcc_jit_type *pt = gcc_jit_type_get_pointer(cg_type(c, in_dt[q])) /* not const: loads must have the plain type (a const bool is no condition) */;
     in_ptr[q] = new_local(c, pt, "in", q);
     off[q] = new_local(c, c->t_i64, "off", q);
     step[q] = new_local(c, c->t_i64, "step", q);
@@ -401,7 +401,7 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
   for (int q = 0; q < ks->nin; q++) {
     int ref = ks->ins[q];
     in_dt[q] = ref >= 0 ? plan->nodes[ref].meta.dtype : leaves[-1 - ref].meta.dtype;
-    gcc_jit_type *pt = gcc_jit_type_get_pointer(gcc_jit_type_get_const(cg_type(c, in_dt[q])));
+    gcc_jit_type *pt = gcc_jit_type_get_pointer(cg_type(c, in_dt[q])) /* not const: loads must have the plain type (a const bool is no condition) */;
     in_ptr[q] = new_local(c, pt, "in", q);
     base[q] = new_local(c, c->t_i64, "base", q);
     step[q] = new_local(c, c->t_i64, "step", q);
