@@ -88,7 +88,7 @@ static void desc_put(desc_buf *d, const void *p, size_t n) {
 static void describe(desc_buf *d, const tr_plan *plan, int g, const cpu_leaf *leaves,
                      const kernel_shape *ks) {
   const tr_group *grp = &plan->groups[g];
-  int32_t head[5] = {g, ks->nin, ks->nout, ks->nparams, ks->reduce};
+  int32_t head[6] = {g, ks->nin, ks->nout, ks->nparams, ks->reduce, ks->resume};
   desc_put(d, head, sizeof head);
   for (int q = 0; q < ks->nin; q++) {
     int r = ks->ins[q];
@@ -295,6 +295,7 @@ cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
     k->nout = ks->nout;
     k->nparams = ks->nparams;
     k->reduce = ks->reduce;
+    k->resume = ks->resume;
     k->ins = malloc((size_t)(ks->nin + 1) * sizeof(int));
     k->outs = malloc((size_t)(ks->nout + 1) * sizeof(int));
     k->params = malloc((size_t)(ks->nparams + 1) * sizeof(int));

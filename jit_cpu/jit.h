@@ -18,6 +18,7 @@ typedef struct cpu_kernel {
   uint8_t *in_stride;    /* inner stride each input was compiled for: 0, 1 or 2 (any) */
   int *params;           /* plan nodes (full) whose value is a runtime parameter */
   int reduce;            /* the reduction node of a reduce kernel, -1 for elementwise */
+  int resume;            /* the group's nodes from here on run on the interpreter after it */
 } cpu_kernel;
 
 typedef struct cpu_plan {

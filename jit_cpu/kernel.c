@@ -62,17 +62,39 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
     int64_t rows, count;
     bool ok_op = r->op == VM_OP_sum || r->op == VM_OP_prod || r->op == VM_OP_max || r->op == VM_OP_min;
     if (!ok_op || rin->dtype == KILN_BOOL || !kernel_reduce_split(r, rin, &rows, &count)) return false;
+    /* A reduction loop only vectorizes with reassociation, which the math
+       library's range reductions forbid: when producers need it (softmax's
+       exp), the kernel computes the producers (vectorized, stored) and the
+       interpreter's vectorized pairwise reduction folds them. */
+    for (int i = grp->first; i < ks->reduce; i++) {
+      const tr_pnode *p = &plan->nodes[i];
+      bool approx = p->op == VM_OP_exp || p->op == VM_OP_log || p->op == VM_OP_tanh ||
+                    p->op == VM_OP_sigmoid || p->op == VM_OP_sin || p->op == VM_OP_cos ||
+                    p->op == VM_OP_erf || p->op == VM_OP_log1p || p->op == VM_OP_expm1 ||
+                    p->op == VM_OP_pow;
+      if (approx && p->meta.dtype == KILN_F32) {
+        ks->resume = ks->reduce;
+        ks->reduce = -1;
+        break;
+      }
+    }
+    if (ks->reduce >= 0) ks->resume = ks->reduce + 1;
+    if (ks->resume == grp->first) return false; /* nothing before the reduction */
   } else if (grp->kind != TR_GROUP_ELEMENTWISE) {
     return false;
+  } else {
+    ks->resume = grp->last + 1;
   }
-  int last_computed = ks->reduce >= 0 ? ks->reduce : grp->last;
+  int last_computed = ks->resume - 1;
   for (int i = grp->first; i <= grp->last; i++) {
     const tr_pnode *p = &plan->nodes[i];
     bool is_view = vm_op_table[p->op].kind == VM_KIND_VIEW;
     ks->compute[i - grp->first] = !is_view && i <= last_computed;
     if (!ks->compute[i - grp->first]) continue;
-    if (ks->reduce >= 0 && i < ks->reduce) { /* producers run over the reduction's input */
-      int ref = plan->nodes[ks->reduce].in[0];
+    if (grp->kind == TR_GROUP_REDUCE && i != ks->reduce) {
+      /* producers run over the reduction's input */
+      const tr_pnode *red = &plan->nodes[ks->reduce >= 0 ? ks->reduce : ks->resume];
+      int ref = red->in[0];
       const vm_meta *rin = ref >= 0 ? &plan->nodes[ref].meta : &leaves[-1 - ref].meta;
       if (p->meta.ndim != rin->ndim || memcmp(p->meta.shape, rin->shape, (size_t)rin->ndim * sizeof(int64_t)))
         return false;
@@ -109,8 +131,8 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
   /* inner strides the kernel assumes: broadcast along the last dim -> 0,
      a fresh or contiguous value of the full row -> 1, anything else -> any */
   const vm_meta *gm = &plan->nodes[grp->last].meta;
-  if (ks->reduce >= 0) { /* the inner loop runs over the reduced axes */
-    int ref = plan->nodes[ks->reduce].in[0];
+  if (grp->kind == TR_GROUP_REDUCE) { /* the inner loop runs over the reduced axes */
+    int ref = plan->nodes[ks->reduce >= 0 ? ks->reduce : ks->resume].in[0];
     gm = ref >= 0 ? &plan->nodes[ref].meta : &leaves[-1 - ref].meta;
   }
   int64_t inner = gm->ndim ? gm->shape[gm->ndim - 1] : 1;

@@ -16,6 +16,7 @@ typedef struct kernel_shape {
   int params[KERNEL_MAX_IO];       /* full nodes */
   bool compute[KERNEL_MAX_NODES];  /* per node of the group: computed by the kernel */
   int reduce;                      /* the reduction node of a reduce kernel, or -1 */
+  int resume;                      /* the group's nodes from here on stay interpreted */
 } kernel_shape;
 
 bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,

@@ -459,10 +459,11 @@ static int run_group(const tr_plan *plan, const cpu_plan *jit, const tr_trace *t
     for (int i = grp->first; i <= grp->last && rc == KILN_OK; i++)
       if (vm_op_table[plan->nodes[i].op].kind == VM_KIND_VIEW) rc = run_node(plan, t, i, vals);
     if (rc == KILN_OK && cpu_run_group(k, plan, t, g, vals, &rc)) {
-      /* the kernel computed everything up to its reduction; an epilogue
-         (nodes of the reduction's result shape) stays interpreted */
-      if (k->reduce < 0 || rc != KILN_OK) return rc;
-      first = k->reduce + 1;
+      /* the kernel computed the group up to `resume`; the rest (a
+         reduction's epilogue, or a reduction it leaves to the interpreter)
+         runs here */
+      if (rc != KILN_OK) return rc;
+      first = k->resume;
     }
   }
   for (int i = first; i <= grp->last && rc == KILN_OK; i++)
