@@ -90,6 +90,11 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
     const tr_pnode *p = &plan->nodes[i];
     bool is_view = vm_op_table[p->op].kind == VM_KIND_VIEW;
     ks->compute[i - grp->first] = !is_view && i <= last_computed;
+    /* views run before the kernel, so they may only view values from
+       outside it */
+    if (is_view && p->nin > 0 && p->in[0] >= grp->first && p->in[0] < i &&
+        ks->compute[p->in[0] - grp->first])
+      return false;
     if (!ks->compute[i - grp->first]) continue;
     if (grp->kind == TR_GROUP_REDUCE && i != ks->reduce) {
       /* producers run over the reduction's input */
