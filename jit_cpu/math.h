@@ -29,7 +29,7 @@
  *   EXP      1      0.76      inf for x > 88.7228, 0 below -103.97
  *   LOG      1      0.83      log(±0) = -inf, log(x < 0) = NaN, log(inf) = inf
  *   TANH     1      0.78      tanh(±inf) = ±1, tanh(-0) = -0
- *   SIGMOID  1.5    1.12      vs 1/(1+exp(-x)) computed exactly.  Below
+ *   SIGMOID  1.5    1.15      vs 1/(1+exp(-x)) computed exactly.  Below
  *                             x = -88.7 it returns the tiny true value where
  *                             the interpreter's float formula gives 0
  *                             (difference < 1.2e-38)
@@ -40,11 +40,11 @@
  *                             up to |x| ~ 2^48; results always stay in
  *                             [-1, 1]; sin/cos(±inf) = NaN
  *   LOG1P    1      0.84      log1p(-1) = -inf, log1p(x < -1) = NaN, keeps -0
- *   EXPM1    1.5    0.98      expm1(-inf) = -1, overflow to inf, keeps -0
- *   ERF      1.5    1.19      erf(±inf) = ±1, keeps -0
+ *   EXPM1    1.5    1.01      expm1(-inf) = -1, overflow to inf, keeps -0
+ *   ERF      1.5    1.24      erf(±inf) = ±1, keeps -0
  *   SQRT     0.5    0.5       the sqrtf instruction: identical to the
  *                             interpreter
- *   RSQRT    1.5    1.47      1/sqrtf(x): identical to the interpreter
+ *   RSQRT    1.5    1.49      1/sqrtf(x): identical to the interpreter
  *   POW      1      0.50      (random pairs; not exhaustive) powf's C99
  *                             Annex F special cases: pow(x, ±0) = 1,
  *                             pow(1, y) = 1 even for NaN y, pow(-1, ±inf) =
