@@ -62,21 +62,14 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
     int64_t rows, count;
     bool ok_op = r->op == VM_OP_sum || r->op == VM_OP_prod || r->op == VM_OP_max || r->op == VM_OP_min;
     if (!ok_op || rin->dtype == KILN_BOOL || !kernel_reduce_split(r, rin, &rows, &count)) return false;
-    /* A reduction loop only vectorizes with reassociation, which the math
-       library's range reductions forbid: when producers need it (softmax's
-       exp), the kernel computes the producers (vectorized, stored) and the
-       interpreter's vectorized pairwise reduction folds them. */
-    for (int i = grp->first; i < ks->reduce; i++) {
-      const tr_pnode *p = &plan->nodes[i];
-      bool approx = p->op == VM_OP_exp || p->op == VM_OP_log || p->op == VM_OP_tanh ||
-                    p->op == VM_OP_sigmoid || p->op == VM_OP_sin || p->op == VM_OP_cos ||
-                    p->op == VM_OP_erf || p->op == VM_OP_log1p || p->op == VM_OP_expm1 ||
-                    p->op == VM_OP_pow;
-      if (approx && p->meta.dtype == KILN_F32) {
-        ks->resume = ks->reduce;
-        ks->reduce = -1;
-        break;
-      }
+    /* A float reduction loop only vectorizes with reassociation, which the
+       context cannot allow (it changed elementwise results and breaks the
+       math library's range reductions): the kernel computes the producers,
+       vectorized and stored, and the interpreter's vectorized pairwise
+       reduction folds them.  Integer reductions fold in the kernel. */
+    if (vm_dtype_is_float(r->meta.dtype)) {
+      ks->resume = ks->reduce;
+      ks->reduce = -1;
     }
     if (ks->reduce >= 0) ks->resume = ks->reduce + 1;
     if (ks->resume == grp->first) return false; /* nothing before the reduction */
@@ -91,10 +84,8 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
     bool is_view = vm_op_table[p->op].kind == VM_KIND_VIEW;
     ks->compute[i - grp->first] = !is_view && i <= last_computed;
     /* views run before the kernel, so they may only view values from
-       outside it */
-    if (is_view && p->nin > 0 && p->in[0] >= grp->first && p->in[0] < i &&
-        ks->compute[p->in[0] - grp->first])
-      return false;
+       outside the group */
+    if (is_view && p->nin > 0 && p->in[0] >= grp->first && p->in[0] < i) return false;
     if (!ks->compute[i - grp->first]) continue;
     if (grp->kind == TR_GROUP_REDUCE && i != ks->reduce) {
       /* producers run over the reduction's input */
