@@ -58,6 +58,9 @@ static void *worker_main(void *arg) {
   for (;;) {
     while (pool.generation == seen) pthread_cond_wait(&pool.wake, &pool.lock);
     seen = pool.generation;
+    /* a job that already finished is closed: joining it late would take
+       chunks from the counter of the next job with this one's function */
+    if (!pool.fn) continue;
     vm_chunk_fn fn = pool.fn;
     void *ctx = pool.ctx;
     int64_t n = pool.n, chunks = pool.chunks;
