@@ -143,6 +143,88 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
   return true;
 }
 
+/* the typed pointers and per-input locals both kernel shapes use */
+typedef struct {
+  gcc_jit_lvalue *in_ptr[KERNEL_MAX_IO], *off[KERNEL_MAX_IO], *step[KERNEL_MAX_IO],
+      *hoist[KERNEL_MAX_IO], *out_ptr[KERNEL_MAX_IO];
+  kiln_dtype in_dt[KERNEL_MAX_IO];
+} kernel_io;
+
+/* in `entry`: out_ptr[q] = bufs[q], in_ptr[q] = bufs[nout + q], typed */
+static void emit_io(cg_ctx *c, gcc_jit_block *entry, gcc_jit_rvalue *bufs, const tr_plan *plan,
+                    const cpu_leaf *leaves, const kernel_shape *ks, kernel_io *io) {
+  for (int q = 0; q < ks->nout; q++) {
+    gcc_jit_type *pt = gcc_jit_type_get_pointer(cg_type(c, plan->nodes[ks->outs[q]].meta.dtype));
+    io->out_ptr[q] = new_local(c, pt, "out", q);
+    gcc_jit_block_add_assignment(entry, NULL, io->out_ptr[q],
+        gcc_jit_context_new_cast(c->ctx, NULL, rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, q))), pt));
+  }
+  for (int q = 0; q < ks->nin; q++) {
+    int ref = ks->ins[q];
+    io->in_dt[q] = ref >= 0 ? plan->nodes[ref].meta.dtype : leaves[-1 - ref].meta.dtype;
+    /* not const: loads must have the plain type (a const bool is no condition) */
+    gcc_jit_type *pt = gcc_jit_type_get_pointer(cg_type(c, io->in_dt[q]));
+    io->in_ptr[q] = new_local(c, pt, "in", q);
+    io->off[q] = new_local(c, c->t_i64, "off", q);
+    io->step[q] = new_local(c, c->t_i64, "step", q);
+    io->hoist[q] = new_local(c, cg_type(c, io->in_dt[q]), "x", q);
+    gcc_jit_block_add_assignment(entry, NULL, io->in_ptr[q],
+        gcc_jit_context_new_cast(c->ctx, NULL, rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, ks->nout + q))), pt));
+  }
+}
+
+/* the inputs' values at inner index j (unit stride, hoisted, or strided) */
+static void emit_loads(cg_ctx *c, const kernel_shape *ks, const kernel_io *io, gcc_jit_rvalue *j,
+                       gcc_jit_rvalue **in_val) {
+  for (int q = 0; q < ks->nin; q++) {
+    gcc_jit_rvalue *index = ks->stride_class[q] == 1 ? add64(c, rv(io->off[q]), j)
+                                                     : add64(c, rv(io->off[q]), mul64(c, j, rv(io->step[q])));
+    in_val[q] = ks->stride_class[q] == 0 ? rv(io->hoist[q])
+                                         : rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->in_ptr[q]), index));
+  }
+}
+
+/* evaluates the group's computed nodes up to (not including) `stop` into
+   locals node_val[i - first]; a node's inputs are group locals or loads */
+static bool emit_nodes(cg_ctx *c, const tr_plan *plan, const tr_group *grp, const kernel_shape *ks,
+                       const kernel_io *io, gcc_jit_rvalue **in_val, gcc_jit_rvalue *params, int stop,
+                       gcc_jit_lvalue **node_val) {
+  for (int i = grp->first; i < stop; i++) {
+    const tr_pnode *p = &plan->nodes[i];
+    if (!ks->compute[i - grp->first]) continue;
+    gcc_jit_rvalue *args[3];
+    kiln_dtype adt[3];
+    for (int k = 0; k < p->nin; k++) {
+      int ref = tr_pnode_input(p, k);
+      bool internal = ref >= grp->first && ref <= grp->last && ks->compute[ref - grp->first];
+      if (internal) {
+        args[k] = rv(node_val[ref - grp->first]);
+        adt[k] = plan->nodes[ref].meta.dtype;
+      } else {
+        int q = 0;
+        while (ks->ins[q] != ref) q++;
+        args[k] = in_val[q];
+        adt[k] = io->in_dt[q];
+      }
+    }
+    gcc_jit_rvalue *value;
+    if (p->op == VM_OP_full) { /* a runtime parameter: 8-byte slot `slot` */
+      int slot = 0;
+      while (ks->params[slot] != i) slot++;
+      gcc_jit_type *pt = gcc_jit_type_get_pointer(gcc_jit_type_get_const(cg_type(c, p->meta.dtype)));
+      long per = 8 / (long)vm_dtype_size(p->meta.dtype);
+      value = rv(gcc_jit_context_new_array_access(c->ctx, NULL, gcc_jit_context_new_cast(c->ctx, NULL, params, pt),
+                                                  i64v(c, slot * per)));
+    } else {
+      value = cg_node(c, p, adt, args);
+    }
+    if (!value) return false;
+    node_val[i - grp->first] = new_local(c, cg_type(c, p->meta.dtype), "v", i);
+    gcc_jit_block_add_assignment(c->cur, NULL, node_val[i - grp->first], value);
+  }
+  return true;
+}
+
 /* emits the kernel function of group g named `name` */
 bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
                  const char *name) {
@@ -167,30 +249,12 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, 
                  *j0 = new_local(c, c->t_i64, "j0", 0), *j1 = new_local(c, c->t_i64, "j1", 0),
                  *d = new_local(c, c->t_i64, "d", 0), *r = new_local(c, c->t_i64, "r", 0),
                  *idx = new_local(c, c->t_i64, "idx", 0), *j = new_local(c, c->t_i64, "j", 0);
-  gcc_jit_lvalue *in_ptr[KERNEL_MAX_IO], *off[KERNEL_MAX_IO], *step[KERNEL_MAX_IO],
-      *hoist[KERNEL_MAX_IO], *out_ptr[KERNEL_MAX_IO];
-  kiln_dtype in_dt[KERNEL_MAX_IO];
+  kernel_io io;
   /* entry: typed pointers, nd, inner */
   c->cur = entry;
   gcc_jit_block_add_assignment(entry, NULL, nd, meta_at(c, meta, i64v(c, 0)));
   gcc_jit_block_add_assignment(entry, NULL, inner, meta_at(c, meta, rv(nd)));
-  for (int q = 0; q < ks->nout; q++) {
-    gcc_jit_type *pt = gcc_jit_type_get_pointer(cg_type(c, plan->nodes[ks->outs[q]].meta.dtype));
-    out_ptr[q] = new_local(c, pt, "out", q);
-    gcc_jit_block_add_assignment(entry, NULL, out_ptr[q],
-        gcc_jit_context_new_cast(c->ctx, NULL, rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, q))), pt));
-  }
-  for (int q = 0; q < ks->nin; q++) {
-    int ref = ks->ins[q];
-    in_dt[q] = ref >= 0 ? plan->nodes[ref].meta.dtype : leaves[-1 - ref].meta.dtype;
-    gcc_jit_type *pt = gcc_jit_type_get_pointer(cg_type(c, in_dt[q])) /* not const: loads must have the plain type (a const bool is no condition) */;
-    in_ptr[q] = new_local(c, pt, "in", q);
-    off[q] = new_local(c, c->t_i64, "off", q);
-    step[q] = new_local(c, c->t_i64, "step", q);
-    hoist[q] = new_local(c, cg_type(c, in_dt[q]), "x", q);
-    gcc_jit_block_add_assignment(entry, NULL, in_ptr[q],
-        gcc_jit_context_new_cast(c->ctx, NULL, rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, ks->nout + q))), pt));
-  }
+  emit_io(c, entry, bufs, plan, leaves, ks, &io);
   gcc_jit_block_add_assignment(entry, NULL, flat, gcc_jit_param_as_rvalue(prm[3]));
   gcc_jit_block_end_with_jump(entry, NULL, rows);
   /* rows: while (flat < end) */
@@ -211,7 +275,7 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, 
         gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_GT, rv(j1), rv(inner)), clip, after);
     gcc_jit_block_add_assignment(clip, NULL, j1, rv(inner));
     gcc_jit_block_end_with_jump(clip, NULL, after);
-    for (int q = 0; q < ks->nin; q++) gcc_jit_block_add_assignment(after, NULL, off[q], i64v(c, 0));
+    for (int q = 0; q < ks->nin; q++) gcc_jit_block_add_assignment(after, NULL, io.off[q], i64v(c, 0));
     gcc_jit_block_add_assignment(after, NULL, r, rv(row));
     gcc_jit_block_add_assignment(after, NULL, d,
         gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(nd), i64v(c, 2)));
@@ -228,7 +292,7 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, 
     for (int q = 0; q < ks->nin; q++) {
       /* strides of input q start at 1 + nd + q*nd */
       gcc_jit_rvalue *at = add64(c, add64(c, i64v(c, 1), mul64(c, rv(nd), i64v(c, q + 1))), rv(d));
-      gcc_jit_block_add_assignment_op(dim_body, NULL, off[q], GCC_JIT_BINARY_OP_PLUS,
+      gcc_jit_block_add_assignment_op(dim_body, NULL, io.off[q], GCC_JIT_BINARY_OP_PLUS,
                                       mul64(c, rv(idx), meta_at(c, meta, at)));
     }
     gcc_jit_block_add_assignment_op(dim_body, NULL, d, GCC_JIT_BINARY_OP_MINUS, i64v(c, 1));
@@ -237,10 +301,10 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, 
   /* setup: hoisted broadcast values and generic strides */
   for (int q = 0; q < ks->nin; q++) {
     gcc_jit_rvalue *at = add64(c, i64v(c, 1), mul64(c, rv(nd), i64v(c, q + 2)));
-    gcc_jit_block_add_assignment(setup, NULL, step[q], meta_at(c, meta, add64(c, at, i64v(c, -1))));
+    gcc_jit_block_add_assignment(setup, NULL, io.step[q], meta_at(c, meta, add64(c, at, i64v(c, -1))));
     if (ks->stride_class[q] == 0)
-      gcc_jit_block_add_assignment(setup, NULL, hoist[q],
-          rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(in_ptr[q]), rv(off[q]))));
+      gcc_jit_block_add_assignment(setup, NULL, io.hoist[q],
+          rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
   }
   gcc_jit_block_add_assignment(setup, NULL, j, rv(j0));
   gcc_jit_block_end_with_jump(setup, NULL, inner_cond);
@@ -249,57 +313,14 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, 
   /* the inner body: loads, the group's nodes, stores */
   c->cur = inner_body;
   gcc_jit_rvalue *in_val[KERNEL_MAX_IO];
-  for (int q = 0; q < ks->nin; q++) {
-    gcc_jit_rvalue *index = ks->stride_class[q] == 1 ? add64(c, rv(off[q]), rv(j))
-                                                     : add64(c, rv(off[q]), mul64(c, rv(j), rv(step[q])));
-    in_val[q] = ks->stride_class[q] == 0 ? rv(hoist[q])
-                                         : rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(in_ptr[q]), index));
-  }
-  int n = grp->last - grp->first + 1;
-  gcc_jit_lvalue **node_val = calloc((size_t)n, sizeof *node_val);
-  bool ok = node_val != NULL;
-  for (int i = grp->first; ok && i <= grp->last; i++) {
-    const tr_pnode *p = &plan->nodes[i];
-    if (!ks->compute[i - grp->first]) continue;
-    gcc_jit_rvalue *args[3];
-    kiln_dtype adt[3];
-    for (int k = 0; k < p->nin; k++) {
-      int ref = tr_pnode_input(p, k);
-      bool internal = ref >= grp->first && ref <= grp->last && ks->compute[ref - grp->first];
-      if (internal) {
-        args[k] = rv(node_val[ref - grp->first]);
-        adt[k] = plan->nodes[ref].meta.dtype;
-      } else {
-        int q = 0;
-        while (ks->ins[q] != ref) q++;
-        args[k] = in_val[q];
-        adt[k] = in_dt[q];
-      }
-    }
-    gcc_jit_rvalue *value;
-    if (p->op == VM_OP_full) {
-      int slot = 0;
-      while (ks->params[slot] != i) slot++;
-      gcc_jit_type *pt = gcc_jit_type_get_pointer(gcc_jit_type_get_const(cg_type(c, p->meta.dtype)));
-      gcc_jit_rvalue *base = gcc_jit_context_new_cast(c->ctx, NULL, params, pt);
-      /* slot * 8 bytes = slot * (8 / size) elements */
-      long per = 8 / (long)vm_dtype_size(p->meta.dtype);
-      value = rv(gcc_jit_context_new_array_access(c->ctx, NULL, base, i64v(c, slot * per)));
-    } else {
-      value = cg_node(c, p, adt, args);
-    }
-    if (!value) {
-      ok = false;
-      break;
-    }
-    node_val[i - grp->first] = new_local(c, cg_type(c, p->meta.dtype), "v", i);
-    gcc_jit_block_add_assignment(c->cur, NULL, node_val[i - grp->first], value);
-  }
+  emit_loads(c, ks, &io, rv(j), in_val);
+  gcc_jit_lvalue **node_val = calloc((size_t)(grp->last - grp->first + 1), sizeof *node_val);
+  bool ok = node_val && emit_nodes(c, plan, grp, ks, &io, in_val, params, grp->last + 1, node_val);
   if (ok) {
     gcc_jit_rvalue *at = add64(c, mul64(c, rv(row), rv(inner)), rv(j));
     for (int q = 0; q < ks->nout; q++)
       gcc_jit_block_add_assignment(c->cur, NULL,
-          gcc_jit_context_new_array_access(c->ctx, NULL, rv(out_ptr[q]), at),
+          gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[q]), at),
           rv(node_val[ks->outs[q] - grp->first]));
     gcc_jit_block_add_assignment_op(c->cur, NULL, j, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
     gcc_jit_block_end_with_jump(c->cur, NULL, inner_cond);
@@ -406,28 +427,11 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
                  *r = new_local(c, c->t_i64, "r", 0), *rend = new_local(c, c->t_i64, "rend", 0),
                  *acc = new_local(c, cg_type(c, acc_dt), "acc", 0),
                  *blk = new_local(c, cg_type(c, acc_dt), "blk", 0);
-  gcc_jit_lvalue *in_ptr[KERNEL_MAX_IO], *base[KERNEL_MAX_IO], *step[KERNEL_MAX_IO],
-      *hoist[KERNEL_MAX_IO], *out_ptr[KERNEL_MAX_IO];
-  kiln_dtype in_dt[KERNEL_MAX_IO];
+  kernel_io io; /* io.off holds each input's row base */
   gcc_jit_block_add_assignment(entry, NULL, count, meta_at(c, meta, i64v(c, 1)));
-  for (int q = 0; q < ks->nout; q++) {
-    gcc_jit_type *pt = gcc_jit_type_get_pointer(cg_type(c, plan->nodes[ks->outs[q]].meta.dtype));
-    out_ptr[q] = new_local(c, pt, "out", q);
-    gcc_jit_block_add_assignment(entry, NULL, out_ptr[q],
-        gcc_jit_context_new_cast(c->ctx, NULL, rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, q))), pt));
-  }
-  for (int q = 0; q < ks->nin; q++) {
-    int ref = ks->ins[q];
-    in_dt[q] = ref >= 0 ? plan->nodes[ref].meta.dtype : leaves[-1 - ref].meta.dtype;
-    gcc_jit_type *pt = gcc_jit_type_get_pointer(cg_type(c, in_dt[q])) /* not const: loads must have the plain type (a const bool is no condition) */;
-    in_ptr[q] = new_local(c, pt, "in", q);
-    base[q] = new_local(c, c->t_i64, "base", q);
-    step[q] = new_local(c, c->t_i64, "step", q);
-    hoist[q] = new_local(c, cg_type(c, in_dt[q]), "x", q);
-    gcc_jit_block_add_assignment(entry, NULL, in_ptr[q],
-        gcc_jit_context_new_cast(c->ctx, NULL, rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, ks->nout + q))), pt));
-    gcc_jit_block_add_assignment(entry, NULL, step[q], meta_at(c, meta, i64v(c, 3 + 2 * q)));
-  }
+  emit_io(c, entry, bufs, plan, leaves, ks, &io);
+  for (int q = 0; q < ks->nin; q++)
+    gcc_jit_block_add_assignment(entry, NULL, io.step[q], meta_at(c, meta, i64v(c, 3 + 2 * q)));
   gcc_jit_block_add_assignment(entry, NULL, o, gcc_jit_param_as_rvalue(prm[3]));
   gcc_jit_block_end_with_jump(entry, NULL, rows);
   gcc_jit_block_end_with_conditional(rows, NULL,
@@ -435,10 +439,10 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
       row, done);
   gcc_jit_block_add_assignment(row, NULL, acc, identity(c, red->op, acc_dt));
   for (int q = 0; q < ks->nin; q++) {
-    gcc_jit_block_add_assignment(row, NULL, base[q], mul64(c, rv(o), meta_at(c, meta, i64v(c, 2 + 2 * q))));
+    gcc_jit_block_add_assignment(row, NULL, io.off[q], mul64(c, rv(o), meta_at(c, meta, i64v(c, 2 + 2 * q))));
     if (ks->stride_class[q] == 0)
-      gcc_jit_block_add_assignment(row, NULL, hoist[q],
-          rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(in_ptr[q]), rv(base[q]))));
+      gcc_jit_block_add_assignment(row, NULL, io.hoist[q],
+          rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
   }
   gcc_jit_block_add_assignment(row, NULL, r, i64v(c, 0));
   gcc_jit_block_end_with_jump(row, NULL, outer);
@@ -462,63 +466,24 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
   gcc_jit_block_end_with_jump(c->cur, NULL, outer);
   c->cur = ibody;
   gcc_jit_rvalue *in_val[KERNEL_MAX_IO];
-  for (int q = 0; q < ks->nin; q++) {
-    gcc_jit_rvalue *index = ks->stride_class[q] == 1 ? add64(c, rv(base[q]), rv(r))
-                                                     : add64(c, rv(base[q]), mul64(c, rv(r), rv(step[q])));
-    in_val[q] = ks->stride_class[q] == 0 ? rv(hoist[q])
-                                         : rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(in_ptr[q]), index));
-  }
-  int n = ks->reduce - grp->first;
-  gcc_jit_lvalue **node_val = calloc((size_t)n + 1, sizeof *node_val);
-  bool ok = node_val != NULL;
+  emit_loads(c, ks, &io, rv(r), in_val);
+  gcc_jit_lvalue **node_val = calloc((size_t)(ks->reduce - grp->first + 1), sizeof *node_val);
+  bool ok = node_val && emit_nodes(c, plan, grp, ks, &io, in_val, params, ks->reduce, node_val);
   gcc_jit_rvalue *reduced_value = NULL;
-  for (int i = grp->first; ok && i <= ks->reduce; i++) {
-    const tr_pnode *p = &plan->nodes[i];
-    if (!ks->compute[i - grp->first]) continue;
-    gcc_jit_rvalue *args[3];
-    kiln_dtype adt[3];
-    for (int k = 0; k < p->nin; k++) {
-      int ref = tr_pnode_input(p, k);
-      bool internal = ref >= grp->first && ref <= grp->last && ks->compute[ref - grp->first];
-      if (internal) {
-        args[k] = rv(node_val[ref - grp->first]);
-        adt[k] = plan->nodes[ref].meta.dtype;
-      } else {
-        int q = 0;
-        while (ks->ins[q] != ref) q++;
-        args[k] = in_val[q];
-        adt[k] = in_dt[q];
-      }
-    }
-    if (i == ks->reduce) {
-      reduced_value = args[0];
-      break;
-    }
-    gcc_jit_rvalue *value;
-    if (p->op == VM_OP_full) {
-      int slot = 0;
-      while (ks->params[slot] != i) slot++;
-      gcc_jit_type *pt = gcc_jit_type_get_pointer(gcc_jit_type_get_const(cg_type(c, p->meta.dtype)));
-      long per = 8 / (long)vm_dtype_size(p->meta.dtype);
-      value = rv(gcc_jit_context_new_array_access(c->ctx, NULL,
-                                                  gcc_jit_context_new_cast(c->ctx, NULL, params, pt),
-                                                  i64v(c, slot * per)));
-    } else {
-      value = cg_node(c, p, adt, args);
-    }
-    if (!value) {
-      ok = false;
-      break;
-    }
-    node_val[i - grp->first] = new_local(c, cg_type(c, p->meta.dtype), "v", i);
-    gcc_jit_block_add_assignment(c->cur, NULL, node_val[i - grp->first], value);
+  if (ok) { /* the reduction's input: a group local or a load */
+    int ref = red->in[0];
+    bool internal = ref >= grp->first && ref <= grp->last && ks->compute[ref - grp->first];
+    int q = 0;
+    if (!internal)
+      while (ks->ins[q] != ref) q++;
+    reduced_value = internal ? rv(node_val[ref - grp->first]) : in_val[q];
   }
   if (ok && reduced_value) {
     gcc_jit_rvalue *at = add64(c, mul64(c, rv(o), rv(count)), rv(r));
     for (int q = 0; q < ks->nout; q++) /* producers read elsewhere */
       if (ks->outs[q] != ks->reduce)
         gcc_jit_block_add_assignment(c->cur, NULL,
-            gcc_jit_context_new_array_access(c->ctx, NULL, rv(out_ptr[q]), at),
+            gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[q]), at),
             rv(node_val[ks->outs[q] - grp->first]));
     gcc_jit_rvalue *v = acc_dt == out_dt ? reduced_value
                                          : gcc_jit_context_new_cast(c->ctx, NULL, reduced_value, cg_type(c, acc_dt));
@@ -529,7 +494,7 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
     int qr = 0;
     while (ks->outs[qr] != ks->reduce) qr++;
     gcc_jit_block_add_assignment(finish, NULL,
-        gcc_jit_context_new_array_access(c->ctx, NULL, rv(out_ptr[qr]), rv(o)),
+        gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[qr]), rv(o)),
         gcc_jit_context_new_cast(c->ctx, NULL, rv(acc), cg_type(c, out_dt)));
     gcc_jit_block_add_assignment_op(finish, NULL, o, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
     gcc_jit_block_end_with_jump(finish, NULL, rows);
