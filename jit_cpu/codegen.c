@@ -274,7 +274,6 @@ static gcc_jit_rvalue *libm_call(cg_ctx *c, cg_fn fn, bool f64, gcc_jit_rvalue *
 
 gcc_jit_rvalue *cg_math(cg_ctx *c, cg_fn fn, bool f64, gcc_jit_rvalue *x, gcc_jit_rvalue *y) {
   if (c->math) { /* the vectorizable library (f32) / libm (f64): jit_cpu/math.h */
-    if (!f64 && fn != CG_SQRT && fn != CG_RSQRT) c->inline_math = true;
     return cpu_math_call(c->math, (cpu_fn)fn, f64, x, y);
   }
   gcc_jit_type *t = f64 ? c->t_f64 : c->t_f32;

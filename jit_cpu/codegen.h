@@ -21,7 +21,6 @@ typedef struct cg_ctx {
   gcc_jit_type *t_void, *t_bool, *t_int, *t_i32, *t_i64, *t_u32, *t_u64, *t_f32, *t_f64;
   gcc_jit_type *t_voidp, *t_voidpp, *t_i64p;
   struct cpu_math *math;  /* vectorizable approximations, when available */
-  bool inline_math;       /* f32 approximations were emitted: no reassociation allowed */
   gcc_jit_function *libm[CG_FN_COUNT][2];
 } cg_ctx;
 

@@ -182,24 +182,19 @@ static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_
   cg_ctx c = {.ctx = ctx};
   cg_init_types(&c);
   c.math = cpu_math_new(ctx);
-  bool ok = true, reductions = false;
+  /* No -fassociative-math / -fno-signed-zeros, although reduction loops
+     then do not vectorize: they apply to the whole context and changed the
+     results of elementwise kernels beside a reduction ((x + 2^24) - 2^24
+     folded to x; the sign of zeros), which the JIT fuzzer caught. */
+  bool ok = true;
   for (int g = 0; ok && g < plan->ngroups; g++) {
     if (!shapes[g]) continue;
     char name[32];
     snprintf(name, sizeof name, "kiln_k%d", g);
     c.nlocals = c.nblocks = 0;
-    if (shapes[g]->reduce >= 0) {
-      ok = kernel_emit_reduce(&c, plan, g, leaves, shapes[g], name);
-      reductions = true;
-    } else {
-      ok = kernel_emit(&c, plan, g, leaves, shapes[g], name);
-    }
+    ok = shapes[g]->reduce >= 0 ? kernel_emit_reduce(&c, plan, g, leaves, shapes[g], name)
+                                : kernel_emit(&c, plan, g, leaves, shapes[g], name);
   }
-  /* no -fassociative-math / -fno-signed-zeros, even though reduction loops
-     then do not vectorize: they apply to the whole context and changed the
-     results of elementwise kernels beside them ((x + 2^24) - 2^24 folded to
-     x; the sign of zeros), which the JIT fuzzer caught */
-  (void)reductions;
   if (ok && !compile_to_disk(ctx, key, out)) out->result = gcc_jit_context_compile(ctx);
   if (ok) atomic_store(&gccjit_warm, true);
   bool compiled = out->result || out->dl;
