@@ -174,10 +174,41 @@ static bool compile_to_disk(gcc_jit_context *ctx, const uint64_t key[2], code *o
   return out->dl != NULL;
 }
 
+/* The disk cache key: the kernels' own source as libgccjit prints it, with
+   the description key (versions, flags, ISA).  The description alone missed
+   changes to the code generator, and a stale object gave wrong results. */
+static bool source_key(gcc_jit_context *ctx, const uint64_t key[2], uint64_t out[2]) {
+  const char *tmpdir = getenv("TMPDIR");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/kiln-source-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
+  int fd = mkstemp(path);
+  if (fd < 0) return false;
+  close(fd);
+  gcc_jit_context_dump_to_file(ctx, path, 0);
+  FILE *f = fopen(path, "rb");
+  XXH3_state_t *st = XXH3_createState();
+  bool ok = f && st && XXH3_128bits_reset(st) == XXH_OK &&
+            XXH3_128bits_update(st, key, 2 * sizeof *key) == XXH_OK;
+  char buf[1 << 14];
+  size_t n;
+  while (ok && (n = fread(buf, 1, sizeof buf, f)) > 0) ok = XXH3_128bits_update(st, buf, n) == XXH_OK;
+  if (ok) {
+    XXH128_hash_t h = XXH3_128bits_digest(st);
+    out[0] = h.low64;
+    out[1] = h.high64;
+  }
+  if (f) fclose(f);
+  XXH3_freeState(st);
+  unlink(path);
+  return ok;
+}
+
+/* builds the plan's kernels; loads them from the disk cache if an earlier
+   process compiled the same source (*from_disk), else compiles them */
 static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_shape **shapes,
-                            const uint64_t key[2], code *out) {
+                            const uint64_t key[2], code *out, bool *from_disk) {
   gcc_jit_context *ctx = gcc_jit_context_acquire();
-  if (!ctx) return NULL;
+  if (!ctx) return false;
   set_options(ctx);
   cg_ctx c = {.ctx = ctx};
   cg_init_types(&c);
@@ -195,7 +226,15 @@ static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_
     ok = shapes[g]->reduce >= 0 ? kernel_emit_reduce(&c, plan, g, leaves, shapes[g], name)
                                 : kernel_emit(&c, plan, g, leaves, shapes[g], name);
   }
-  if (ok && !compile_to_disk(ctx, key, out)) out->result = gcc_jit_context_compile(ctx);
+  uint64_t disk_key[2];
+  bool keyed = ok && cache_disk_enabled() && source_key(ctx, key, disk_key);
+  *from_disk = keyed && (out->dl = cache_disk_load(disk_key)) != NULL;
+  if (*from_disk) { /* compiled by an earlier process */
+    cg_math_release(&c);
+    gcc_jit_context_release(ctx);
+    return true;
+  }
+  if (ok && !(keyed && compile_to_disk(ctx, disk_key, out))) out->result = gcc_jit_context_compile(ctx);
   if (ok) atomic_store(&gccjit_warm, true);
   bool compiled = out->result || out->dl;
   if (!compiled) log_once("could not compile a plan", gcc_jit_context_get_first_error(ctx));
@@ -253,15 +292,15 @@ cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
     }
     pthread_mutex_unlock(&code_cache.lock);
     vm_counters *st = &vm_process()->stats;
-    bool fresh = false;
-    if (!have && (result.dl = cache_disk_load(key))) { /* compiled by an earlier process */
-      have = fresh = true;
-      atomic_fetch_add_explicit(&st->disk_hits, 1, memory_order_relaxed);
-    }
-    if (!have && (have = compile_kernels(plan, leaves, shapes, key, &result))) {
+    bool fresh = false, from_disk = false;
+    if (!have && (have = compile_kernels(plan, leaves, shapes, key, &result, &from_disk))) {
       fresh = true;
-      atomic_fetch_add_explicit(&st->compiles, 1, memory_order_relaxed);
-      vm_add_ms(&st->compile_us, now_ms() - t0);
+      if (from_disk) {
+        atomic_fetch_add_explicit(&st->disk_hits, 1, memory_order_relaxed);
+      } else {
+        atomic_fetch_add_explicit(&st->compiles, 1, memory_order_relaxed);
+        vm_add_ms(&st->compile_us, now_ms() - t0);
+      }
     } else if (!have) {
       atomic_fetch_add_explicit(&st->compile_failures, 1, memory_order_relaxed);
     }

@@ -225,18 +225,24 @@ static bool emit_nodes(cg_ctx *c, const tr_plan *plan, const tr_group *grp, cons
   return true;
 }
 
+/* starts c->fn: void name(void **bufs, const int64_t *meta, const void *params,
+   int64_t begin, int64_t end), the ABI of every kernel */
+static void new_kernel_fn(cg_ctx *c, const char *name, gcc_jit_param *prm[5]) {
+  prm[0] = gcc_jit_context_new_param(c->ctx, NULL, c->t_voidpp, "bufs");
+  prm[1] = gcc_jit_context_new_param(c->ctx, NULL, c->t_i64p, "meta");
+  prm[2] = gcc_jit_context_new_param(c->ctx, NULL, c->t_voidp, "params");
+  prm[3] = gcc_jit_context_new_param(c->ctx, NULL, c->t_i64, "begin");
+  prm[4] = gcc_jit_context_new_param(c->ctx, NULL, c->t_i64, "end");
+  c->fn = gcc_jit_context_new_function(c->ctx, NULL, GCC_JIT_FUNCTION_EXPORTED, c->t_void, name, 5,
+                                       prm, 0);
+}
+
 /* emits the kernel function of group g named `name` */
 bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
                  const char *name) {
   const tr_group *grp = &plan->groups[g];
-  gcc_jit_param *prm[5] = {
-      gcc_jit_context_new_param(c->ctx, NULL, c->t_voidpp, "bufs"),
-      gcc_jit_context_new_param(c->ctx, NULL, c->t_i64p, "meta"),
-      gcc_jit_context_new_param(c->ctx, NULL, c->t_voidp, "params"),
-      gcc_jit_context_new_param(c->ctx, NULL, c->t_i64, "begin"),
-      gcc_jit_context_new_param(c->ctx, NULL, c->t_i64, "end")};
-  c->fn = gcc_jit_context_new_function(c->ctx, NULL, GCC_JIT_FUNCTION_EXPORTED, c->t_void, name, 5,
-                                       prm, 0);
+  gcc_jit_param *prm[5];
+  new_kernel_fn(c, name, prm);
   gcc_jit_rvalue *bufs = gcc_jit_param_as_rvalue(prm[0]), *meta = gcc_jit_param_as_rvalue(prm[1]);
   gcc_jit_rvalue *params = gcc_jit_param_as_rvalue(prm[2]);
   gcc_jit_block *entry = new_block(c, "entry"), *rows = new_block(c, "rows"),
@@ -402,14 +408,8 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
                         const kernel_shape *ks, const char *name) {
   const tr_group *grp = &plan->groups[g];
   const tr_pnode *red = &plan->nodes[ks->reduce];
-  gcc_jit_param *prm[5] = {
-      gcc_jit_context_new_param(c->ctx, NULL, c->t_voidpp, "bufs"),
-      gcc_jit_context_new_param(c->ctx, NULL, c->t_i64p, "meta"),
-      gcc_jit_context_new_param(c->ctx, NULL, c->t_voidp, "params"),
-      gcc_jit_context_new_param(c->ctx, NULL, c->t_i64, "begin"),
-      gcc_jit_context_new_param(c->ctx, NULL, c->t_i64, "end")};
-  c->fn = gcc_jit_context_new_function(c->ctx, NULL, GCC_JIT_FUNCTION_EXPORTED, c->t_void, name, 5,
-                                       prm, 0);
+  gcc_jit_param *prm[5];
+  new_kernel_fn(c, name, prm);
   gcc_jit_rvalue *bufs = gcc_jit_param_as_rvalue(prm[0]), *meta = gcc_jit_param_as_rvalue(prm[1]);
   gcc_jit_rvalue *params = gcc_jit_param_as_rvalue(prm[2]);
   gcc_jit_block *entry = new_block(c, "entry"), *rows = new_block(c, "rows"),
