@@ -130,6 +130,8 @@ static void set_options(gcc_jit_context *ctx) {
   gcc_jit_context_add_command_line_option(ctx, "-fno-math-errno");
   /* elementwise results must match the interpreter's rounding: no FMA contraction */
   gcc_jit_context_add_command_line_option(ctx, "-ffp-contract=off");
+  const char *dbg = getenv("KILN_JIT_DEBUG_FLAG");
+  if (dbg) gcc_jit_context_add_command_line_option(ctx, dbg);
   gcc_jit_context_add_driver_option(ctx, "-lm"); /* f64 math calls libm; shared objects need it */
 }
 
@@ -404,6 +406,38 @@ static bool collapse(const int64_t *shape, const int64_t *stride, int nd, uint32
   return true;
 }
 
+/* folds the chunk partials part[o * nchunks + ch] of each row o into
+   out[o], in chunk order, as the kernel folds (NaN wins for max/min,
+   integers wrap, f32 sums and products in f64) */
+static void fold_partials(vm_opcode op, kiln_dtype dt, const void *part, int64_t nchunks, int64_t rows,
+                          void *out) {
+  bool fl = vm_dtype_is_float(dt);
+  for (int64_t o = 0; o < rows; o++) {
+    double facc = op == VM_OP_prod ? 1 : 0;
+    uint64_t iacc = op == VM_OP_prod ? 1 : 0;
+    for (int64_t ch = 0; ch < nchunks; ch++) {
+      int64_t at = o * nchunks + ch;
+      if (fl) {
+        double x = vm_load_f64(part, dt, at);
+        if (ch == 0 && (op == VM_OP_max || op == VM_OP_min)) facc = x;
+        else if (op == VM_OP_sum) facc += x;
+        else if (op == VM_OP_prod) facc *= x;
+        else if (!(facc != facc || (op == VM_OP_max ? facc >= x : facc <= x))) facc = x;
+      } else {
+        int64_t x = dt == KILN_I32 ? ((const int32_t *)part)[at] : ((const int64_t *)part)[at];
+        int64_t a = dt == KILN_I32 ? (int32_t)iacc : (int64_t)iacc;
+        if (ch == 0 && (op == VM_OP_max || op == VM_OP_min)) iacc = (uint64_t)x;
+        else if (op == VM_OP_sum) iacc += (uint64_t)x;
+        else if (op == VM_OP_prod) iacc *= (uint64_t)x;
+        else if (op == VM_OP_max ? x > a : x < a) iacc = (uint64_t)x;
+      }
+    }
+    if (fl) vm_store_f64(out, dt, o, facc);
+    else if (dt == KILN_I32) ((int32_t *)out)[o] = (int32_t)(uint32_t)iacc;
+    else ((int64_t *)out)[o] = (int64_t)iacc;
+  }
+}
+
 static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
                        int *rc) {
   const tr_pnode *red = &plan->nodes[k->reduce];
@@ -411,10 +445,16 @@ static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
   const vm_meta *rin = ref >= 0 ? &plan->nodes[ref].meta : &t->leaves[-1 - ref]->meta;
   int64_t rows, count;
   if (!kernel_reduce_split(red, rin, &rows, &count)) return false;
+  /* long rows split into chunks: a fixed size, so results do not depend
+     on the thread count */
+  int64_t chunk = count > KERNEL_REDUCE_CHUNK ? KERNEL_REDUCE_CHUNK : count > 0 ? count : 1;
+  int64_t nchunks = count > KERNEL_REDUCE_CHUNK ? (count + chunk - 1) / chunk : 1;
   int nd = rin->ndim;
-  int64_t meta[2 + 2 * KERNEL_MAX_IO];
+  int64_t meta[4 + 2 * KERNEL_MAX_IO];
   meta[0] = rows;
   meta[1] = count;
+  meta[2] = chunk;
+  meta[3] = nchunks;
   void *bufs[2 * KERNEL_MAX_IO];
   for (int q = 0; q < k->nin; q++) {
     int r = k->ins[q];
@@ -432,8 +472,8 @@ static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
       return false;
     if (count > 1 && ((k->in_stride[q] == 0 && s_in != 0) || (k->in_stride[q] == 1 && s_in != 1)))
       return false;
-    meta[2 + 2 * q] = s_row;
-    meta[3 + 2 * q] = s_in;
+    meta[4 + 2 * q] = s_row;
+    meta[5 + 2 * q] = s_in;
     bufs[k->nout + q] = vm_data(v);
   }
   uint64_t params[KERNEL_MAX_IO];
@@ -442,14 +482,22 @@ static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
     params[s] = 0;
     vm_store_f64(&params[s], p->meta.dtype, 0, t->nodes[p->src]->attr.scalar[0]);
   }
-  vm_tensor *outs[KERNEL_MAX_IO] = {0};
+  vm_tensor *outs[KERNEL_MAX_IO] = {0}, *partials = NULL;
+  int qr = -1;
   for (int q = 0; q < k->nout; q++) {
     const vm_meta *m = &plan->nodes[k->outs[q]].meta;
     outs[q] = vm_tensor_new(m->dtype, m->ndim, m->shape);
     bool fits = outs[q] && outs[q]->numel == (k->outs[q] == k->reduce ? rows : rows * count);
+    if (fits && k->outs[q] == k->reduce) {
+      qr = q;
+      if (nchunks > 1) {
+        int64_t np = rows * nchunks;
+        fits = (partials = vm_tensor_new(m->dtype, 1, &np)) != NULL;
+      }
+    }
     if (!fits) {
       for (int u = 0; u <= q; u++) vm_release(outs[u]);
-      if (!outs[q] && vm_thread()->status) {
+      if ((!outs[q] || (qr == q && !partials)) && vm_thread()->status) {
         *rc = vm_thread()->status;
         return true;
       }
@@ -457,9 +505,15 @@ static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
     }
     bufs[q] = vm_data(outs[q]);
   }
+  if (partials) bufs[qr] = vm_data(partials);
   run_job job = {k->fn, bufs, meta, params};
-  vm_parallel_for(rows, RUN_GRAIN / (count > 0 ? count : 1) + 1, run_range, &job);
+  int64_t per_item = chunk < count ? chunk : count;
+  vm_parallel_for(rows * nchunks, RUN_GRAIN / (per_item > 0 ? per_item : 1) + 1, run_range, &job);
   atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
+  if (partials) {
+    fold_partials(red->op, red->meta.dtype, vm_data(partials), nchunks, rows, vm_data(outs[qr]));
+    vm_release(partials);
+  }
   for (int q = 0; q < k->nout; q++) vals[k->outs[q]] = outs[q];
   return true;
 }

@@ -62,17 +62,7 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
     int64_t rows, count;
     bool ok_op = r->op == VM_OP_sum || r->op == VM_OP_prod || r->op == VM_OP_max || r->op == VM_OP_min;
     if (!ok_op || rin->dtype == KILN_BOOL || !kernel_reduce_split(r, rin, &rows, &count)) return false;
-    /* A float reduction loop only vectorizes with reassociation, which the
-       context cannot allow (it changed elementwise results and breaks the
-       math library's range reductions): the kernel computes the producers,
-       vectorized and stored, and the interpreter's vectorized pairwise
-       reduction folds them.  Integer reductions fold in the kernel. */
-    if (vm_dtype_is_float(r->meta.dtype)) {
-      ks->resume = ks->reduce;
-      ks->reduce = -1;
-    }
-    if (ks->reduce >= 0) ks->resume = ks->reduce + 1;
-    if (ks->resume == grp->first) return false; /* nothing before the reduction */
+    ks->resume = ks->reduce + 1;
   } else if (grp->kind != TR_GROUP_ELEMENTWISE) {
     return false;
   } else {
@@ -89,7 +79,7 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
     if (!ks->compute[i - grp->first]) continue;
     if (grp->kind == TR_GROUP_REDUCE && i != ks->reduce) {
       /* producers run over the reduction's input */
-      const tr_pnode *red = &plan->nodes[ks->reduce >= 0 ? ks->reduce : ks->resume];
+      const tr_pnode *red = &plan->nodes[ks->reduce];
       int ref = red->in[0];
       const vm_meta *rin = ref >= 0 ? &plan->nodes[ref].meta : &leaves[-1 - ref].meta;
       if (p->meta.ndim != rin->ndim || memcmp(p->meta.shape, rin->shape, (size_t)rin->ndim * sizeof(int64_t)))
@@ -128,7 +118,7 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
      a fresh or contiguous value of the full row -> 1, anything else -> any */
   const vm_meta *gm = &plan->nodes[grp->last].meta;
   if (grp->kind == TR_GROUP_REDUCE) { /* the inner loop runs over the reduced axes */
-    int ref = plan->nodes[ks->reduce >= 0 ? ks->reduce : ks->resume].in[0];
+    int ref = plan->nodes[ks->reduce].in[0];
     gm = ref >= 0 ? &plan->nodes[ref].meta : &leaves[-1 - ref].meta;
   }
   int64_t inner = gm->ndim ? gm->shape[gm->ndim - 1] : 1;
@@ -340,16 +330,32 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, 
 }
 
 /* --- reduce kernels -----------------------------------------------------------------
- * A reduction over trailing axes with its elementwise producers fused in:
- *   for each kept row o in [begin, end):
- *     acc = identity
- *     for r in [0, count): inputs at (o, r); producers; stores of producers
- *                          read elsewhere; acc = comb(acc, value)
- *     out[o] = acc
- * meta = rows, count, then per input (row stride, inner stride); the caller
- * checked both collapse to one stride. */
+ * A reduction over trailing axes with its elementwise producers fused in.
+ * The kernel's range counts (kept row, chunk) pairs v = o * nchunks + ch;
+ * each chunk folds reduced positions [ch * chunk, min(count, (ch+1) * chunk))
+ * and writes its value to out[v].  One chunk per row (chunk = count) writes
+ * the rows' results; more chunks write partials that the caller folds in
+ * chunk order, so a reduction over one long row still runs on every thread
+ * and its result does not depend on how many there are.
+ *
+ *   per chunk: acc = identity
+ *     per block of REDUCE_BLOCK positions:
+ *       lanes[0..L) = identity
+ *       per step of L positions: for l in [0, L): value at r + l;
+ *                                lanes[l] = comb(lanes[l], value)
+ *       the block's tail:        lanes[0] = comb(lanes[0], value)
+ *       acc = comb(acc, tree fold of lanes)
+ *     out[v] = acc
+ *
+ * The lanes are explicit partial accumulators: the loop over l is a plain
+ * map that GCC vectorizes without reassociating anything, so float sums
+ * vectorize under strict IEEE semantics (the context never allows
+ * -fassociative-math).  f32 sums and products accumulate in f64.
+ * meta = rows, count, chunk, nchunks, then per input (row stride, inner
+ * stride); the caller checked both collapse to one stride. */
 
 #define REDUCE_BLOCK 4096
+#define REDUCE_LANE_BYTES 256 /* four 512-bit vectors of partial sums */
 
 bool kernel_reduce_split(const tr_pnode *r, const vm_meta *in, int64_t *rows, int64_t *count) {
   bool seen_reduced = false;
@@ -366,6 +372,11 @@ bool kernel_reduce_split(const tr_pnode *r, const vm_meta *in, int64_t *rows, in
     }
   }
   return true;
+}
+
+kiln_dtype kernel_reduce_acc_dtype(vm_opcode op, kiln_dtype out) {
+  bool arith = op == VM_OP_sum || op == VM_OP_prod;
+  return arith && out == KILN_F32 ? KILN_F64 : out;
 }
 
 static gcc_jit_rvalue *combine(cg_ctx *c, vm_opcode op, kiln_dtype dt, gcc_jit_rvalue *acc,
@@ -404,6 +415,58 @@ static gcc_jit_rvalue *identity(cg_ctx *c, vm_opcode op, kiln_dtype dt) {
   return gcc_jit_context_new_rvalue_from_long(c->ctx, t, (long)v);
 }
 
+static gcc_jit_rvalue *min64(cg_ctx *c, gcc_jit_block *b, gcc_jit_lvalue *tmp, gcc_jit_rvalue *x,
+                             gcc_jit_rvalue *lim) {
+  /* tmp = x < lim ? x : lim, as straight-line code in block b */
+  gcc_jit_block_add_assignment(b, NULL, tmp, x);
+  gcc_jit_rvalue *lt = gcc_jit_context_new_cast(c->ctx, NULL,
+      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(tmp), lim), c->t_i64);
+  /* lim + (x - lim) * (x < lim) */
+  gcc_jit_rvalue *diff = gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(tmp), lim);
+  return add64(c, lim, mul64(c, diff, lt));
+}
+
+/* one reduced position r of the current chunk: the producers, the stores of
+   producers read elsewhere, and the value the reduction folds (NULL on
+   failure); row_at = o * count */
+static gcc_jit_rvalue *emit_position(cg_ctx *c, const tr_plan *plan, const tr_group *grp, const kernel_shape *ks,
+                                     const kernel_io *io, gcc_jit_rvalue *params, gcc_jit_rvalue *r,
+                                     gcc_jit_rvalue *row_at, kiln_dtype acc_dt) {
+  const tr_pnode *red = &plan->nodes[ks->reduce];
+  gcc_jit_rvalue *in_val[KERNEL_MAX_IO];
+  emit_loads(c, ks, io, r, in_val);
+  gcc_jit_lvalue **node_val = calloc((size_t)(ks->reduce - grp->first + 1), sizeof *node_val);
+  if (!node_val || !emit_nodes(c, plan, grp, ks, io, in_val, params, ks->reduce, node_val)) {
+    free(node_val);
+    return NULL;
+  }
+  int ref = red->in[0];
+  bool internal = ref >= grp->first && ref <= grp->last && ks->compute[ref - grp->first];
+  gcc_jit_rvalue *value;
+  if (internal) {
+    value = rv(node_val[ref - grp->first]);
+  } else {
+    int q = 0;
+    while (ks->ins[q] != ref) q++;
+    value = in_val[q];
+  }
+  gcc_jit_rvalue *at = add64(c, row_at, r);
+  for (int q = 0; q < ks->nout; q++) /* producers read elsewhere */
+    if (ks->outs[q] != ks->reduce)
+      gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->out_ptr[q]), at),
+                                   rv(node_val[ks->outs[q] - grp->first]));
+  free(node_val);
+  return acc_dt == red->meta.dtype ? value : gcc_jit_context_new_cast(c->ctx, NULL, value, cg_type(c, acc_dt));
+}
+
+static gcc_jit_rvalue *lane(cg_ctx *c, gcc_jit_lvalue *lanes, gcc_jit_rvalue *l) {
+  return rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), l));
+}
+
+static void cond_loop(gcc_jit_block *from, gcc_jit_rvalue *test, gcc_jit_block *body, gcc_jit_block *exit) {
+  gcc_jit_block_end_with_conditional(from, NULL, test, body, exit);
+}
+
 bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
                         const kernel_shape *ks, const char *name) {
   const tr_group *grp = &plan->groups[g];
@@ -412,94 +475,102 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
   new_kernel_fn(c, name, prm);
   gcc_jit_rvalue *bufs = gcc_jit_param_as_rvalue(prm[0]), *meta = gcc_jit_param_as_rvalue(prm[1]);
   gcc_jit_rvalue *params = gcc_jit_param_as_rvalue(prm[2]);
-  gcc_jit_block *entry = new_block(c, "entry"), *rows = new_block(c, "rows"),
-                *row = new_block(c, "row"), *outer = new_block(c, "outer"),
-                *blk_init = new_block(c, "blk"), *icond = new_block(c, "icond"),
-                *ibody = new_block(c, "ibody"), *blk_done = new_block(c, "blkdone"),
-                *finish = new_block(c, "finish"), *done = new_block(c, "done");
-  /* float sums and products accumulate in f64, in blocks of REDUCE_BLOCK
-     folded into the row's total: accurate (numpy's pairwise sum is the
-     reference) and still one vectorized pass */
-  kiln_dtype out_dt = red->meta.dtype;
-  bool arith = red->op == VM_OP_sum || red->op == VM_OP_prod;
-  kiln_dtype acc_dt = arith && out_dt == KILN_F32 ? KILN_F64 : out_dt;
-  gcc_jit_lvalue *count = new_local(c, c->t_i64, "count", 0), *o = new_local(c, c->t_i64, "o", 0),
-                 *r = new_local(c, c->t_i64, "r", 0), *rend = new_local(c, c->t_i64, "rend", 0),
-                 *acc = new_local(c, cg_type(c, acc_dt), "acc", 0),
-                 *blk = new_local(c, cg_type(c, acc_dt), "blk", 0);
+  gcc_jit_block *entry = new_block(c, "entry"), *rows = new_block(c, "rows"), *row = new_block(c, "row"),
+                *outer = new_block(c, "outer"), *blk_init = new_block(c, "blk"), *vcond = new_block(c, "vcond"),
+                *vinit = new_block(c, "vinit"), *lcond = new_block(c, "lcond"), *lbody = new_block(c, "lbody"),
+                *vnext = new_block(c, "vnext"), *tcond = new_block(c, "tcond"), *tbody = new_block(c, "tbody"),
+                *blk_done = new_block(c, "blkdone"), *finish = new_block(c, "finish"), *done = new_block(c, "done");
+  kiln_dtype out_dt = red->meta.dtype, acc_dt = kernel_reduce_acc_dtype(red->op, out_dt);
+  long nlanes = REDUCE_LANE_BYTES / (long)vm_dtype_size(acc_dt);
+  gcc_jit_type *acc_t = cg_type(c, acc_dt);
+  gcc_jit_lvalue *count = new_local(c, c->t_i64, "count", 0), *chunk = new_local(c, c->t_i64, "chunk", 0),
+                 *nchunks = new_local(c, c->t_i64, "nchunks", 0), *v = new_local(c, c->t_i64, "v", 0),
+                 *o = new_local(c, c->t_i64, "o", 0), *r = new_local(c, c->t_i64, "r", 0),
+                 *rlim = new_local(c, c->t_i64, "rlim", 0), *rend = new_local(c, c->t_i64, "rend", 0),
+                 *row_at = new_local(c, c->t_i64, "rowat", 0), *l = new_local(c, c->t_i64, "l", 0),
+                 *tmp = new_local(c, c->t_i64, "tmp", 0), *acc = new_local(c, acc_t, "acc", 0),
+                 *lanes = new_local(c, gcc_jit_context_new_array_type(c->ctx, NULL, acc_t, (int)nlanes), "lanes", 0);
   kernel_io io; /* io.off holds each input's row base */
   gcc_jit_block_add_assignment(entry, NULL, count, meta_at(c, meta, i64v(c, 1)));
+  gcc_jit_block_add_assignment(entry, NULL, chunk, meta_at(c, meta, i64v(c, 2)));
+  gcc_jit_block_add_assignment(entry, NULL, nchunks, meta_at(c, meta, i64v(c, 3)));
   emit_io(c, entry, bufs, plan, leaves, ks, &io);
   for (int q = 0; q < ks->nin; q++)
-    gcc_jit_block_add_assignment(entry, NULL, io.step[q], meta_at(c, meta, i64v(c, 3 + 2 * q)));
-  gcc_jit_block_add_assignment(entry, NULL, o, gcc_jit_param_as_rvalue(prm[3]));
+    gcc_jit_block_add_assignment(entry, NULL, io.step[q], meta_at(c, meta, i64v(c, 5 + 2 * q)));
+  gcc_jit_block_add_assignment(entry, NULL, v, gcc_jit_param_as_rvalue(prm[3]));
   gcc_jit_block_end_with_jump(entry, NULL, rows);
-  gcc_jit_block_end_with_conditional(rows, NULL,
-      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(o), gcc_jit_param_as_rvalue(prm[4])),
-      row, done);
+  cond_loop(rows, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(v), gcc_jit_param_as_rvalue(prm[4])),
+            row, done);
+  /* row: o, the chunk's positions, the inputs' row bases */
+  gcc_jit_block_add_assignment(row, NULL, o,
+      gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_DIVIDE, c->t_i64, rv(v), rv(nchunks)));
+  gcc_jit_block_add_assignment(row, NULL, r,
+      mul64(c, gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(v),
+                                             mul64(c, rv(o), rv(nchunks))), rv(chunk)));
+  gcc_jit_block_add_assignment(row, NULL, rlim, min64(c, row, tmp, add64(c, rv(r), rv(chunk)), rv(count)));
+  gcc_jit_block_add_assignment(row, NULL, row_at, mul64(c, rv(o), rv(count)));
   gcc_jit_block_add_assignment(row, NULL, acc, identity(c, red->op, acc_dt));
   for (int q = 0; q < ks->nin; q++) {
-    gcc_jit_block_add_assignment(row, NULL, io.off[q], mul64(c, rv(o), meta_at(c, meta, i64v(c, 2 + 2 * q))));
+    gcc_jit_block_add_assignment(row, NULL, io.off[q], mul64(c, rv(o), meta_at(c, meta, i64v(c, 4 + 2 * q))));
     if (ks->stride_class[q] == 0)
       gcc_jit_block_add_assignment(row, NULL, io.hoist[q],
           rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
   }
-  gcc_jit_block_add_assignment(row, NULL, r, i64v(c, 0));
   gcc_jit_block_end_with_jump(row, NULL, outer);
-  gcc_jit_block_end_with_conditional(outer, NULL,
-      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rv(count)), blk_init, finish);
-  gcc_jit_block_add_assignment(blk_init, NULL, blk, identity(c, red->op, acc_dt));
-  gcc_jit_block_add_assignment(blk_init, NULL, rend, add64(c, rv(r), i64v(c, REDUCE_BLOCK)));
-  {
-    gcc_jit_block *clip = new_block(c, "clip"), *go = new_block(c, "go");
-    gcc_jit_block_end_with_conditional(blk_init, NULL,
-        gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_GT, rv(rend), rv(count)), clip, go);
-    gcc_jit_block_add_assignment(clip, NULL, rend, rv(count));
-    gcc_jit_block_end_with_jump(clip, NULL, go);
-    gcc_jit_block_end_with_jump(go, NULL, icond);
-  }
-  gcc_jit_block_end_with_conditional(icond, NULL,
-      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rv(rend)), ibody, blk_done);
+  cond_loop(outer, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rv(rlim)),
+            blk_init, finish);
+  /* a block: lanes reset, its end */
+  for (long k = 0; k < nlanes; k++)
+    gcc_jit_block_add_assignment(blk_init, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), i64v(c, k)),
+                                 identity(c, red->op, acc_dt));
+  gcc_jit_block_add_assignment(blk_init, NULL, rend,
+                               min64(c, blk_init, tmp, add64(c, rv(r), i64v(c, REDUCE_BLOCK)), rv(rlim)));
+  gcc_jit_block_end_with_jump(blk_init, NULL, vcond);
+  /* full steps of L positions: the vectorized lane loop */
+  cond_loop(vcond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LE,
+                                                     add64(c, rv(r), i64v(c, nlanes)), rv(rend)),
+            vinit, tcond);
+  gcc_jit_block_add_assignment(vinit, NULL, l, i64v(c, 0));
+  gcc_jit_block_end_with_jump(vinit, NULL, lcond);
+  cond_loop(lcond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(l), i64v(c, nlanes)),
+            lbody, vnext);
+  c->cur = lbody;
+  gcc_jit_rvalue *val = emit_position(c, plan, grp, ks, &io, params, add64(c, rv(r), rv(l)), rv(row_at), acc_dt);
+  if (!val) return false;
+  gcc_jit_rvalue *next = combine(c, red->op, acc_dt, lane(c, lanes, rv(l)), val); /* may add blocks */
+  gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), rv(l)), next);
+  gcc_jit_block_add_assignment_op(c->cur, NULL, l, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
+  gcc_jit_block_end_with_jump(c->cur, NULL, lcond);
+  gcc_jit_block_add_assignment_op(vnext, NULL, r, GCC_JIT_BINARY_OP_PLUS, i64v(c, nlanes));
+  gcc_jit_block_end_with_jump(vnext, NULL, vcond);
+  /* the block's tail, one position at a time into lane 0 */
+  cond_loop(tcond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rv(rend)),
+            tbody, blk_done);
+  c->cur = tbody;
+  val = emit_position(c, plan, grp, ks, &io, params, rv(r), rv(row_at), acc_dt);
+  if (!val) return false;
+  next = combine(c, red->op, acc_dt, lane(c, lanes, i64v(c, 0)), val);
+  gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), i64v(c, 0)), next);
+  gcc_jit_block_add_assignment_op(c->cur, NULL, r, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
+  gcc_jit_block_end_with_jump(c->cur, NULL, tcond);
+  /* block done: a tree fold of the lanes into acc */
   c->cur = blk_done;
-  gcc_jit_rvalue *folded = combine(c, red->op, acc_dt, rv(acc), rv(blk)); /* may add blocks */
-  gcc_jit_block_add_assignment(c->cur, NULL, acc, folded);
+  for (long w = nlanes / 2; w >= 1; w /= 2)
+    for (long k = 0; k < w; k++) {
+      gcc_jit_rvalue *folded = combine(c, red->op, acc_dt, lane(c, lanes, i64v(c, k)), lane(c, lanes, i64v(c, k + w)));
+      gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), i64v(c, k)),
+                                   folded);
+    }
+  next = combine(c, red->op, acc_dt, rv(acc), lane(c, lanes, i64v(c, 0)));
+  gcc_jit_block_add_assignment(c->cur, NULL, acc, next);
   gcc_jit_block_end_with_jump(c->cur, NULL, outer);
-  c->cur = ibody;
-  gcc_jit_rvalue *in_val[KERNEL_MAX_IO];
-  emit_loads(c, ks, &io, rv(r), in_val);
-  gcc_jit_lvalue **node_val = calloc((size_t)(ks->reduce - grp->first + 1), sizeof *node_val);
-  bool ok = node_val && emit_nodes(c, plan, grp, ks, &io, in_val, params, ks->reduce, node_val);
-  gcc_jit_rvalue *reduced_value = NULL;
-  if (ok) { /* the reduction's input: a group local or a load */
-    int ref = red->in[0];
-    bool internal = ref >= grp->first && ref <= grp->last && ks->compute[ref - grp->first];
-    int q = 0;
-    if (!internal)
-      while (ks->ins[q] != ref) q++;
-    reduced_value = internal ? rv(node_val[ref - grp->first]) : in_val[q];
-  }
-  if (ok && reduced_value) {
-    gcc_jit_rvalue *at = add64(c, mul64(c, rv(o), rv(count)), rv(r));
-    for (int q = 0; q < ks->nout; q++) /* producers read elsewhere */
-      if (ks->outs[q] != ks->reduce)
-        gcc_jit_block_add_assignment(c->cur, NULL,
-            gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[q]), at),
-            rv(node_val[ks->outs[q] - grp->first]));
-    gcc_jit_rvalue *v = acc_dt == out_dt ? reduced_value
-                                         : gcc_jit_context_new_cast(c->ctx, NULL, reduced_value, cg_type(c, acc_dt));
-    gcc_jit_rvalue *next = combine(c, red->op, acc_dt, rv(blk), v); /* may add blocks */
-    gcc_jit_block_add_assignment(c->cur, NULL, blk, next);
-    gcc_jit_block_add_assignment_op(c->cur, NULL, r, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
-    gcc_jit_block_end_with_jump(c->cur, NULL, icond);
-    int qr = 0;
-    while (ks->outs[qr] != ks->reduce) qr++;
-    gcc_jit_block_add_assignment(finish, NULL,
-        gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[qr]), rv(o)),
-        gcc_jit_context_new_cast(c->ctx, NULL, rv(acc), cg_type(c, out_dt)));
-    gcc_jit_block_add_assignment_op(finish, NULL, o, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
-    gcc_jit_block_end_with_jump(finish, NULL, rows);
-  }
-  free(node_val);
+  /* the chunk's value */
+  int qr = 0;
+  while (ks->outs[qr] != ks->reduce) qr++;
+  gcc_jit_block_add_assignment(finish, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[qr]), rv(v)),
+                               gcc_jit_context_new_cast(c->ctx, NULL, rv(acc), cg_type(c, out_dt)));
+  gcc_jit_block_add_assignment_op(finish, NULL, v, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
+  gcc_jit_block_end_with_jump(finish, NULL, rows);
   gcc_jit_block_end_with_void_return(done, NULL);
-  return ok && reduced_value;
+  return true;
 }

@@ -24,6 +24,10 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
 /* the reduction's input as (kept rows, reduced count) when the reduced axes
    are its trailing non-trivial dims; false otherwise */
 bool kernel_reduce_split(const tr_pnode *r, const vm_meta *in, int64_t *rows, int64_t *count);
+/* the dtype a reduce kernel accumulates in (f64 for f32 sums and products) */
+kiln_dtype kernel_reduce_acc_dtype(vm_opcode op, kiln_dtype out);
+/* reduced positions per chunk when a row is split (a multiple of the block) */
+#define KERNEL_REDUCE_CHUNK ((int64_t)1 << 16)
 
 bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
                  kernel_shape *ks);

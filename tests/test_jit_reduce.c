@@ -1,0 +1,200 @@
+/* test_jit_reduce.c — compiled reduce kernels (jit_cpu/kernel.c) against
+ * values computed here in double / exact integers: sum, prod, max and min
+ * with an elementwise producer fused in, every dtype a kernel folds, rows
+ * short and long, so that the lane loop, its tail, the block fold and the
+ * split of long rows into chunks (folded by the caller) all run.  Every
+ * program runs twice (KILN_HOT=1 plans it on first sight; the second run
+ * hits the cached plan) and must have launched compiled kernels.  NaN must
+ * win in max/min wherever it sits, and a long row's result must not depend
+ * on the thread count (a child with KILN_THREADS=1 prints the same bits). */
+#include <stdint.h>
+#include <unistd.h>
+
+#include "ktest.h"
+
+typedef enum { R_SUM, R_PROD, R_MAX, R_MIN } rop;
+static const char *const rop_name[] = {"sum", "prod", "max", "min"};
+
+static kiln_tensor *reduce(rop op, kiln_tensor *t, int naxes, const int *axes) {
+  switch (op) {
+    case R_SUM: return kiln_sum(t, naxes, axes, false);
+    case R_PROD: return kiln_prod(t, naxes, axes, false);
+    case R_MAX: return kiln_max(t, naxes, axes, false);
+    default: return kiln_min(t, naxes, axes, false);
+  }
+}
+
+/* the producer fused into the kernel: x * x + x (prod, floats only:
+   x * 1e-9 + 1.0001, which keeps long products finite) */
+static double produce(rop op, double x) { return op == R_PROD ? x * 1e-9 + 1.0001 : x * x + x; }
+
+static kiln_tensor *produce_t(rop op, kiln_tensor *x) {
+  kiln_tensor *a = op == R_PROD ? kiln_mul_scalar(x, 1e-9) : kiln_mul(x, x);
+  kiln_tensor *b = op == R_PROD ? kiln_add_scalar(a, 1.0001) : kiln_add(a, x);
+  kiln_release(a);
+  return b;
+}
+
+static void fill(kiln_dtype dt, void *buf, int64_t n, uint64_t seed) {
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < n; i++) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    int v = (int)(s % 2001) - 1000; /* small integers: exact in every dtype */
+    switch (dt) {
+      case KILN_F32: ((float *)buf)[i] = (float)v / 64; break;
+      case KILN_F64: ((double *)buf)[i] = (double)v / 64; break;
+      case KILN_I32: ((int32_t *)buf)[i] = v; break;
+      default: ((int64_t *)buf)[i] = v; break;
+    }
+  }
+}
+
+static double at(kiln_dtype dt, const void *buf, int64_t i) {
+  switch (dt) {
+    case KILN_F32: return ((const float *)buf)[i];
+    case KILN_F64: return ((const double *)buf)[i];
+    case KILN_I32: return ((const int32_t *)buf)[i];
+    default: return (double)((const int64_t *)buf)[i];
+  }
+}
+
+static const char *dt_name(kiln_dtype dt) {
+  return dt == KILN_F32 ? "f32" : dt == KILN_F64 ? "f64" : dt == KILN_I32 ? "i32" : "i64";
+}
+
+static size_t dsize(kiln_dtype dt) { return dt == KILN_F64 || dt == KILN_I64 ? 8 : 4; }
+
+/* one case: x of shape (rows, count) (or (rows, a, count / a) reduced over
+   the last two axes), reduced over the trailing axes after the producer */
+static void check_case(rop op, kiln_dtype dt, int64_t rows, int64_t count, bool three_d, int nan_at) {
+  if (op == R_PROD && !(dt == KILN_F32 || dt == KILN_F64)) return;
+  int64_t n = rows * count;
+  void *buf = malloc((size_t)n * dsize(dt));
+  fill(dt, buf, n, (uint64_t)(rows * 31 + count + op));
+  if (nan_at >= 0 && nan_at < n) {
+    if (dt == KILN_F32) ((float *)buf)[nan_at] = NAN;
+    if (dt == KILN_F64) ((double *)buf)[nan_at] = NAN;
+  }
+  int64_t shape3[3] = {rows, 2, count / 2}, shape2[2] = {rows, count};
+  bool use3 = three_d && count % 2 == 0;
+  int axes3[2] = {1, 2}, axes2[1] = {1};
+  kiln_tensor *x = kiln_from_data(buf, dt, use3 ? 3 : 2, use3 ? shape3 : shape2);
+  for (int rep = 0; rep < 2; rep++) {
+    kiln_stats before, after;
+    kiln_get_stats(&before);
+    kiln_tensor *p = produce_t(op, x);
+    kiln_tensor *r = reduce(op, p, use3 ? 2 : 1, use3 ? axes3 : axes2);
+    kiln_release(p);
+    kiln_dtype odt = kiln_dtype_of(r);
+    void *got = malloc((size_t)rows * dsize(odt));
+    CHECK(kiln_to_buffer(r, got, (size_t)rows * dsize(odt)) == 0);
+    kiln_get_stats(&after);
+    if (after.kernels_launched == before.kernels_launched)
+      KTEST_FAIL("%s %s rows=%lld count=%lld: no compiled kernel ran", rop_name[op], dt_name(dt),
+                 (long long)rows, (long long)count);
+    for (int64_t o = 0; o < rows; o++) {
+      double want = op == R_PROD ? 1 : op == R_SUM ? 0 : NAN;
+      long double lsum = 0;
+      bool nan = false;
+      for (int64_t k = 0; k < count; k++) {
+        double x = at(dt, buf, o * count + k), v = produce(op, x);
+        if (dt == KILN_F32) /* the producer runs in f32 */
+          v = op == R_PROD ? (double)((float)(x * (float)1e-9) + (float)1.0001) : (double)((float)(x * x) + (float)x);
+        if (v != v) nan = true;
+        if (op == R_SUM) lsum += v;
+        else if (op == R_PROD) want *= v;
+        else if (k == 0 || (op == R_MAX ? v > want : v < want)) want = v;
+      }
+      if (op == R_SUM) want = (double)lsum;
+      if (nan) want = NAN;
+      double g = at(odt, got, o);
+      double tol = dt == KILN_F32 ? 1e-6 : dt == KILN_F64 ? 1e-13 : 0;
+      if (op == R_PROD) tol *= 1 + 1e-3 * (double)count; /* rounding of each product step */
+      double err = fabs(g - want), scale = fmax(1, fabs(want));
+      bool ok = (isnan(g) && isnan(want)) || err <= tol * scale;
+      if (!ok) {
+        KTEST_FAIL("%s %s rows=%lld count=%lld%s row %lld: %.17g, want %.17g", rop_name[op],
+                   dt_name(dt), (long long)rows, (long long)count, use3 ? " (3-d)" : "",
+                   (long long)o, g, want);
+        break;
+      }
+    }
+    free(got);
+    kiln_release(r);
+  }
+  kiln_release(x);
+  free(buf);
+}
+
+TEST(reductions_match_reference) {
+  const kiln_dtype dts[] = {KILN_F32, KILN_F64, KILN_I32, KILN_I64};
+  /* rows x count: tails only, lane steps + tail, several blocks, split rows */
+  const int64_t shapes[][2] = {{7, 5}, {33, 100}, {4, 4096 * 3 + 17}, {1, 200003}, {3, 70000}, {2, 1 << 17}};
+  for (int op = 0; op < 4; op++)
+    for (int d = 0; d < 4; d++)
+      for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        check_case((rop)op, dts[d], shapes[s][0], shapes[s][1], s % 2 == 1, -1);
+}
+
+TEST(nan_wins_everywhere) {
+  /* NaN in the lane loop, in a tail, in a later chunk of a split row */
+  const int nan_at[] = {3, 64 * 5 + 1, 200003 - 2, 150000};
+  for (int op = R_SUM; op <= R_MIN; op++)
+    for (size_t i = 0; i < sizeof nan_at / sizeof *nan_at; i++) {
+      check_case((rop)op, KILN_F32, 1, 200003, false, nan_at[i]);
+      check_case((rop)op, KILN_F64, 1, 200003, false, nan_at[i]);
+    }
+}
+
+static char self[4096];
+
+/* child: the bits of a long f32 sum */
+static int work(void) {
+  int64_t n = 3000001;
+  kiln_manual_seed(5);
+  kiln_tensor *x = kiln_randn(KILN_F32, 1, &n);
+  float v = 0;
+  for (int rep = 0; rep < 2; rep++) {
+    kiln_tensor *s = kiln_mul(x, x), *t = kiln_sum(s, 0, NULL, false);
+    v = (float)kiln_item(t);
+    kiln_release(s);
+    kiln_release(t);
+  }
+  kiln_release(x);
+  printf("%a\n", (double)v);
+  return 0;
+}
+
+static double child_sum(const char *threads) {
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd, "env KILN_THREADS=%s KILN_HOT=1 KILN_ASYNC=0 '%s' work", threads, self);
+  FILE *p = popen(cmd, "r");
+  double v = NAN;
+  if (!p || fscanf(p, "%la", &v) != 1) v = NAN;
+  if (p) pclose(p);
+  return v;
+}
+
+TEST(long_rows_independent_of_threads) {
+  double one = child_sum("1"), two = child_sum("2"), four = child_sum("4");
+  CHECK(!isnan(one));
+  CHECK(one == two);
+  CHECK(one == four);
+}
+
+int main(int argc, char **argv) {
+  if (argc >= 2 && !strcmp(argv[1], "work")) return work();
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return 1;
+  self[n] = 0;
+  /* before any Kiln call: plan every trace on first sight, compile inline */
+  setenv("KILN_HOT", "1", 1);
+  setenv("KILN_ASYNC", "0", 1);
+  unsetenv("KILN_JIT");
+  RUN(reductions_match_reference);
+  RUN(nan_wins_everywhere);
+  RUN(long_rows_independent_of_threads);
+  return ktest_done();
+}
