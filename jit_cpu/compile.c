@@ -25,6 +25,8 @@
 
 bool cpu_jit_enabled(void) { return vm_env_long("KILN_JIT", 1) != 0; }
 bool cpu_async(void) { return vm_env_long("KILN_ASYNC", 1) != 0; }
+/* KILN_ROW_FUSION=0: no row kernels (each group compiles on its own) */
+static bool rows_off(void) { return vm_env_long("KILN_ROW_FUSION", 1) == 0; }
 
 cpu_leaf *cpu_leaves_of(const tr_trace *t) {
   cpu_leaf *l = malloc((size_t)(t->nleaves > 0 ? t->nleaves : 1) * sizeof *l);
@@ -88,7 +90,7 @@ static void desc_put(desc_buf *d, const void *p, size_t n) {
 static void describe(desc_buf *d, const tr_plan *plan, int g, const cpu_leaf *leaves,
                      const kernel_shape *ks) {
   const tr_group *grp = &plan->groups[g];
-  int32_t head[6] = {g, ks->nin, ks->nout, ks->nparams, ks->reduce, ks->resume};
+  int32_t head[8] = {g, ks->nin, ks->nout, ks->nparams, ks->reduce, ks->resume, ks->last_group, ks->rowwise};
   desc_put(d, head, sizeof head);
   for (int q = 0; q < ks->nin; q++) {
     int r = ks->ins[q];
@@ -98,12 +100,12 @@ static void describe(desc_buf *d, const tr_plan *plan, int g, const cpu_leaf *le
   }
   desc_put(d, ks->outs, (size_t)ks->nout * sizeof(int));
   desc_put(d, ks->params, (size_t)ks->nparams * sizeof(int));
-  for (int i = grp->first; i <= grp->last; i++) {
+  for (int i = grp->first; i <= ks->last_node; i++) {
     const tr_pnode *p = &plan->nodes[i];
-    int32_t node[8] = {i, p->op, p->meta.dtype, p->nin, p->in[0], p->in[1], p->in[2],
-                       ks->compute[i - grp->first]};
+    int32_t node[9] = {i, p->op, p->meta.dtype, p->nin, p->in[0], p->in[1], p->in[2],
+                       ks->compute[i - grp->first], ks->per_elem[i - grp->first]};
     desc_put(d, node, sizeof node);
-    if (i == ks->reduce) {
+    if (vm_op_table[p->op].kind == VM_KIND_REDUCE) {
       int32_t axes[2] = {(int32_t)p->attr.axes_mask, p->attr.keepdim};
       desc_put(d, axes, sizeof axes);
     }
@@ -225,8 +227,9 @@ static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_
     char name[32];
     snprintf(name, sizeof name, "kiln_k%d", g);
     c.nlocals = c.nblocks = 0;
-    ok = shapes[g]->reduce >= 0 ? kernel_emit_reduce(&c, plan, g, leaves, shapes[g], name)
-                                : kernel_emit(&c, plan, g, leaves, shapes[g], name);
+    ok = shapes[g]->rowwise      ? kernel_emit_rows(&c, plan, g, leaves, shapes[g], name)
+         : shapes[g]->reduce >= 0 ? kernel_emit_reduce(&c, plan, g, leaves, shapes[g], name)
+                                  : kernel_emit(&c, plan, g, leaves, shapes[g], name);
   }
   uint64_t disk_key[2];
   bool keyed = ok && cache_disk_enabled() && source_key(ctx, key, disk_key);
@@ -246,7 +249,48 @@ static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_
   return compiled;
 }
 
+/* whether `name` is an executable file in a directory of PATH */
+static bool on_path(const char *name) {
+  const char *path = getenv("PATH");
+  if (!path || !*path) path = "/usr/local/bin:/usr/bin:/bin"; /* execvp's default */
+  char dir[4096];
+  while (*path) {
+    size_t n = strcspn(path, ":");
+    if (n > 0 && n < sizeof dir - 1 - strlen(name) - 1) {
+      memcpy(dir, path, n);
+      dir[n] = 0;
+      strcat(dir, "/");
+      strcat(dir, name);
+      if (access(dir, X_OK) == 0) return true;
+    }
+    path += n + (path[n] == ':');
+  }
+  return false;
+}
+
+/* libgccjit compiles through the system assembler and linker (binutils):
+   without them every compile would fail, so the JIT is off for the process,
+   with one clear message */
+static bool toolchain_found;
+
+static void toolchain_check(void) {
+  const char *missing = !on_path("as") ? "the assembler 'as'" : !on_path("ld") ? "the linker 'ld'" : NULL;
+  toolchain_found = missing == NULL;
+  if (missing)
+    fprintf(stderr,
+            "kiln: the CPU JIT is off: %s is not on PATH (libgccjit needs binutils: apt-get install "
+            "binutils); traces run on the interpreter\n",
+            missing);
+}
+
+static bool toolchain_present(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, toolchain_check);
+  return toolchain_found;
+}
+
 cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
+  if (!toolchain_present()) return NULL;
   double t0 = now_ms();
   bool *escapes = calloc((size_t)(plan->n > 0 ? plan->n : 1), sizeof *escapes);
   kernel_shape **shapes = calloc((size_t)(plan->ngroups > 0 ? plan->ngroups : 1), sizeof *shapes);
@@ -272,10 +316,12 @@ cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
   int count = 0;
   for (int g = 0; g < plan->ngroups; g++) {
     kernel_shape *ks = malloc(sizeof *ks);
-    if (ks && kernel_plan(plan, g, escapes, leaves, ks)) {
+    int last = ks && !rows_off() ? kernel_plan_rows(plan, g, escapes, leaves, ks) : -1;
+    if (ks && (last > g || kernel_plan(plan, g, escapes, leaves, ks))) {
       shapes[g] = ks;
       describe(&desc, plan, g, leaves, ks);
       count++;
+      g = ks->last_group; /* a row kernel covers the groups up to there */
     } else {
       free(ks);
     }
@@ -331,6 +377,8 @@ cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
     k->nparams = ks->nparams;
     k->reduce = ks->reduce;
     k->resume = ks->resume;
+    k->last_group = ks->last_group;
+    k->rowwise = ks->rowwise;
     k->ins = malloc((size_t)(ks->nin + 1) * sizeof(int));
     k->outs = malloc((size_t)(ks->nout + 1) * sizeof(int));
     k->params = malloc((size_t)(ks->nparams + 1) * sizeof(int));
@@ -518,9 +566,68 @@ static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
   return true;
 }
 
+/* a row kernel: rows x count as for a reduction (its first one) */
+static bool run_rows(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals, int *rc) {
+  const tr_pnode *red = &plan->nodes[k->reduce];
+  int ref = red->in[0];
+  const vm_meta *rin = ref >= 0 ? &plan->nodes[ref].meta : &t->leaves[-1 - ref]->meta;
+  int64_t rows, count;
+  if (!kernel_reduce_split(red, rin, &rows, &count)) return false;
+  int nd = rin->ndim;
+  int64_t meta[2 + 2 * KERNEL_MAX_IO];
+  meta[0] = rows;
+  meta[1] = count;
+  void *bufs[2 * KERNEL_MAX_IO];
+  for (int q = 0; q < k->nin; q++) {
+    int r = k->ins[q];
+    vm_tensor *v = r >= 0 ? vals[r] : t->leaves[-1 - r]->value;
+    if (!v || v->ndim > nd) return false;
+    int64_t strides[KILN_MAX_DIMS];
+    int lead = nd - v->ndim;
+    for (int d = 0; d < nd; d++) {
+      int src = d - lead;
+      strides[d] = (src < 0 || v->shape[src] == 1) ? 0 : v->strides[src];
+    }
+    int64_t s_row, s_in;
+    if (!collapse(rin->shape, strides, nd, red->attr.axes_mask, false, &s_row) ||
+        !collapse(rin->shape, strides, nd, red->attr.axes_mask, true, &s_in))
+      return false;
+    if ((k->in_stride[q] == 0 && s_in != 0) || (k->in_stride[q] == 1 && s_in != 1)) return false;
+    meta[2 + 2 * q] = s_row;
+    meta[3 + 2 * q] = s_in;
+    bufs[k->nout + q] = vm_data(v);
+  }
+  uint64_t params[KERNEL_MAX_IO];
+  for (int s = 0; s < k->nparams; s++) {
+    const tr_pnode *p = &plan->nodes[k->params[s]];
+    params[s] = 0;
+    vm_store_f64(&params[s], p->meta.dtype, 0, t->nodes[p->src]->attr.scalar[0]);
+  }
+  vm_tensor *outs[KERNEL_MAX_IO] = {0};
+  for (int q = 0; q < k->nout; q++) {
+    const vm_meta *m = &plan->nodes[k->outs[q]].meta;
+    outs[q] = vm_tensor_new(m->dtype, m->ndim, m->shape);
+    if (!outs[q] || (outs[q]->numel != rows && outs[q]->numel != rows * count)) {
+      for (int u = 0; u <= q; u++) vm_release(outs[u]);
+      if (!outs[q] && vm_thread()->status) {
+        *rc = vm_thread()->status;
+        return true;
+      }
+      return false;
+    }
+    bufs[q] = vm_data(outs[q]);
+  }
+  run_job job = {k->fn, bufs, meta, params};
+  vm_parallel_for(rows, RUN_GRAIN / (count > 0 ? count : 1) + 1, run_range, &job);
+  atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
+  for (int q = 0; q < k->nout; q++) vals[k->outs[q]] = outs[q];
+  return true;
+}
+
 bool cpu_run_group(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, int g,
                    vm_tensor **vals, int *rc) {
   (void)g;
+  if (k->rowwise) return run_rows(k, plan, t, vals, rc);
   if (k->reduce >= 0) return run_reduce(k, plan, t, vals, rc);
   const vm_meta *om = &plan->nodes[k->outs[0]].meta;
   int nd = om->ndim, nin = k->nin;

@@ -19,6 +19,8 @@ typedef struct cpu_kernel {
   int *params;           /* plan nodes (full) whose value is a runtime parameter */
   int reduce;            /* the reduction node of a reduce kernel, -1 for elementwise */
   int resume;            /* the group's nodes from here on run on the interpreter after it */
+  int last_group;        /* a row kernel runs groups g..last_group (else last_group = g) */
+  bool rowwise;
 } cpu_kernel;
 
 typedef struct cpu_plan {

@@ -68,6 +68,8 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
   } else {
     ks->resume = grp->last + 1;
   }
+  ks->last_group = g;
+  ks->last_node = grp->last;
   int last_computed = ks->resume - 1;
   for (int i = grp->first; i <= grp->last; i++) {
     const tr_pnode *p = &plan->nodes[i];
@@ -175,19 +177,22 @@ static void emit_loads(cg_ctx *c, const kernel_shape *ks, const kernel_io *io, g
 }
 
 /* evaluates the group's computed nodes up to (not including) `stop` into
-   locals node_val[i - first]; a node's inputs are group locals or loads */
+   locals node_val[i - first] (only those with want[i - first], when want is
+   given; the others must already hold their values); a node's inputs are
+   group locals or loads */
 static bool emit_nodes(cg_ctx *c, const tr_plan *plan, const tr_group *grp, const kernel_shape *ks,
                        const kernel_io *io, gcc_jit_rvalue **in_val, gcc_jit_rvalue *params, int stop,
-                       gcc_jit_lvalue **node_val) {
+                       const bool *want, const char *prefix, gcc_jit_lvalue **node_val) {
   for (int i = grp->first; i < stop; i++) {
     const tr_pnode *p = &plan->nodes[i];
-    if (!ks->compute[i - grp->first]) continue;
+    if (!ks->compute[i - grp->first] || (want && !want[i - grp->first])) continue;
     gcc_jit_rvalue *args[3];
     kiln_dtype adt[3];
     for (int k = 0; k < p->nin; k++) {
       int ref = tr_pnode_input(p, k);
       bool internal = ref >= grp->first && ref <= grp->last && ks->compute[ref - grp->first];
       if (internal) {
+        if (!node_val[ref - grp->first]) return false;
         args[k] = rv(node_val[ref - grp->first]);
         adt[k] = plan->nodes[ref].meta.dtype;
       } else {
@@ -209,7 +214,7 @@ static bool emit_nodes(cg_ctx *c, const tr_plan *plan, const tr_group *grp, cons
       value = cg_node(c, p, adt, args);
     }
     if (!value) return false;
-    node_val[i - grp->first] = new_local(c, cg_type(c, p->meta.dtype), "v", i);
+    node_val[i - grp->first] = new_local(c, cg_type(c, p->meta.dtype), prefix, i);
     gcc_jit_block_add_assignment(c->cur, NULL, node_val[i - grp->first], value);
   }
   return true;
@@ -311,7 +316,7 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, 
   gcc_jit_rvalue *in_val[KERNEL_MAX_IO];
   emit_loads(c, ks, &io, rv(j), in_val);
   gcc_jit_lvalue **node_val = calloc((size_t)(grp->last - grp->first + 1), sizeof *node_val);
-  bool ok = node_val && emit_nodes(c, plan, grp, ks, &io, in_val, params, grp->last + 1, node_val);
+  bool ok = node_val && emit_nodes(c, plan, grp, ks, &io, in_val, params, grp->last + 1, NULL, "v", node_val);
   if (ok) {
     gcc_jit_rvalue *at = add64(c, mul64(c, rv(row), rv(inner)), rv(j));
     for (int q = 0; q < ks->nout; q++)
@@ -426,17 +431,38 @@ static gcc_jit_rvalue *min64(cg_ctx *c, gcc_jit_block *b, gcc_jit_lvalue *tmp, g
   return add64(c, lim, mul64(c, diff, lt));
 }
 
-/* one reduced position r of the current chunk: the producers, the stores of
-   producers read elsewhere, and the value the reduction folds (NULL on
-   failure); row_at = o * count */
-static gcc_jit_rvalue *emit_position(cg_ctx *c, const tr_plan *plan, const tr_group *grp, const kernel_shape *ks,
-                                     const kernel_io *io, gcc_jit_rvalue *params, gcc_jit_rvalue *r,
-                                     gcc_jit_rvalue *row_at, kiln_dtype acc_dt) {
-  const tr_pnode *red = &plan->nodes[ks->reduce];
+/* one reduced position r of a reduce kernel's chunk: the producers, the
+   stores of producers read elsewhere, and the value the reduction folds
+   (NULL on failure) */
+typedef struct {
+  const tr_plan *plan;
+  const tr_group *grp;
+  const kernel_shape *ks;
+  const kernel_io *io;
+  gcc_jit_rvalue *params, *row_at; /* row_at = o * count */
+  int reduce;                      /* the reduction node */
+  bool store;                      /* store the producers read elsewhere */
+  const bool *want;                /* the nodes this pass evaluates (NULL: all up to reduce) */
+  gcc_jit_lvalue **node_val;       /* row-level values, kept between passes */
+  int npass;
+} position_ctx;
+
+/* the value the reduction at pc->reduce folds at position r, cast to
+   acc_dt; prefix names the locals of this copy of the producers */
+static gcc_jit_rvalue *emit_position(cg_ctx *c, position_ctx *pc, gcc_jit_rvalue *r, kiln_dtype acc_dt,
+                                     const char *prefix) {
+  const tr_group *grp = pc->grp;
+  const kernel_shape *ks = pc->ks;
+  const tr_pnode *red = &pc->plan->nodes[pc->reduce];
   gcc_jit_rvalue *in_val[KERNEL_MAX_IO];
-  emit_loads(c, ks, io, r, in_val);
-  gcc_jit_lvalue **node_val = calloc((size_t)(ks->reduce - grp->first + 1), sizeof *node_val);
-  if (!node_val || !emit_nodes(c, plan, grp, ks, io, in_val, params, ks->reduce, node_val)) {
+  emit_loads(c, ks, pc->io, r, in_val);
+  size_t n = (size_t)(grp->last - grp->first + 1);
+  gcc_jit_lvalue **node_val = calloc(n, sizeof *node_val);
+  if (!node_val) return NULL;
+  if (pc->node_val) memcpy(node_val, pc->node_val, n * sizeof *node_val);
+  char name[16];
+  snprintf(name, sizeof name, "%s%d", prefix, pc->npass);
+  if (!emit_nodes(c, pc->plan, grp, ks, pc->io, in_val, pc->params, pc->reduce, pc->want, name, node_val)) {
     free(node_val);
     return NULL;
   }
@@ -450,10 +476,10 @@ static gcc_jit_rvalue *emit_position(cg_ctx *c, const tr_plan *plan, const tr_gr
     while (ks->ins[q] != ref) q++;
     value = in_val[q];
   }
-  gcc_jit_rvalue *at = add64(c, row_at, r);
-  for (int q = 0; q < ks->nout; q++) /* producers read elsewhere */
-    if (ks->outs[q] != ks->reduce)
-      gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->out_ptr[q]), at),
+  gcc_jit_rvalue *at = add64(c, pc->row_at, r);
+  for (int q = 0; pc->store && q < ks->nout; q++) /* producers read elsewhere */
+    if (ks->outs[q] != pc->reduce)
+      gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(pc->io->out_ptr[q]), at),
                                    rv(node_val[ks->outs[q] - grp->first]));
   free(node_val);
   return acc_dt == red->meta.dtype ? value : gcc_jit_context_new_cast(c->ctx, NULL, value, cg_type(c, acc_dt));
@@ -467,6 +493,71 @@ static void cond_loop(gcc_jit_block *from, gcc_jit_rvalue *test, gcc_jit_block *
   gcc_jit_block_end_with_conditional(from, NULL, test, body, exit);
 }
 
+/* From c->cur: acc = fold of positions [r, rlim) (r advances to rlim), in
+   blocks of REDUCE_BLOCK, each through the lane loop; ends with c->cur
+   after the fold.  `tag` keeps this fold's locals and blocks apart from
+   other folds of the same function. */
+static bool emit_fold(cg_ctx *c, position_ctx *pc, gcc_jit_lvalue *acc, gcc_jit_lvalue *r, gcc_jit_rvalue *rlim,
+                      int tag) {
+  const tr_pnode *red = &pc->plan->nodes[pc->reduce];
+  kiln_dtype acc_dt = kernel_reduce_acc_dtype(red->op, red->meta.dtype);
+  long nlanes = REDUCE_LANE_BYTES / (long)vm_dtype_size(acc_dt);
+  gcc_jit_type *acc_t = cg_type(c, acc_dt);
+  gcc_jit_lvalue *rend = new_local(c, c->t_i64, "rend", tag), *l = new_local(c, c->t_i64, "l", tag),
+                 *tmp = new_local(c, c->t_i64, "tmp", tag),
+                 *lanes = new_local(c, gcc_jit_context_new_array_type(c->ctx, NULL, acc_t, (int)nlanes), "lanes", tag);
+  gcc_jit_block *outer = new_block(c, "outer"), *blk_init = new_block(c, "blk"), *vcond = new_block(c, "vcond"),
+                *vinit = new_block(c, "vinit"), *lcond = new_block(c, "lcond"), *lbody = new_block(c, "lbody"),
+                *vnext = new_block(c, "vnext"), *tcond = new_block(c, "tcond"), *tbody = new_block(c, "tbody"),
+                *blk_done = new_block(c, "blkdone"), *after = new_block(c, "folded");
+  gcc_jit_block_add_assignment(c->cur, NULL, acc, identity(c, red->op, acc_dt));
+  gcc_jit_block_end_with_jump(c->cur, NULL, outer);
+  cond_loop(outer, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rlim), blk_init, after);
+  /* a block: lanes reset, its end */
+  for (long k = 0; k < nlanes; k++)
+    gcc_jit_block_add_assignment(blk_init, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), i64v(c, k)),
+                                 identity(c, red->op, acc_dt));
+  gcc_jit_block_add_assignment(blk_init, NULL, rend, min64(c, blk_init, tmp, add64(c, rv(r), i64v(c, REDUCE_BLOCK)), rlim));
+  gcc_jit_block_end_with_jump(blk_init, NULL, vcond);
+  /* full steps of L positions: the vectorized lane loop */
+  cond_loop(vcond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LE, add64(c, rv(r), i64v(c, nlanes)), rv(rend)),
+            vinit, tcond);
+  gcc_jit_block_add_assignment(vinit, NULL, l, i64v(c, 0));
+  gcc_jit_block_end_with_jump(vinit, NULL, lcond);
+  cond_loop(lcond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(l), i64v(c, nlanes)), lbody, vnext);
+  c->cur = lbody;
+  gcc_jit_rvalue *val = emit_position(c, pc, add64(c, rv(r), rv(l)), acc_dt, "v");
+  if (!val) return false;
+  gcc_jit_rvalue *next = combine(c, red->op, acc_dt, lane(c, lanes, rv(l)), val); /* may add blocks */
+  gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), rv(l)), next);
+  gcc_jit_block_add_assignment_op(c->cur, NULL, l, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
+  gcc_jit_block_end_with_jump(c->cur, NULL, lcond);
+  gcc_jit_block_add_assignment_op(vnext, NULL, r, GCC_JIT_BINARY_OP_PLUS, i64v(c, nlanes));
+  gcc_jit_block_end_with_jump(vnext, NULL, vcond);
+  /* the block's tail, one position at a time into lane 0 */
+  cond_loop(tcond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rv(rend)), tbody, blk_done);
+  c->cur = tbody;
+  val = emit_position(c, pc, rv(r), acc_dt, "t");
+  if (!val) return false;
+  next = combine(c, red->op, acc_dt, lane(c, lanes, i64v(c, 0)), val);
+  gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), i64v(c, 0)), next);
+  gcc_jit_block_add_assignment_op(c->cur, NULL, r, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
+  gcc_jit_block_end_with_jump(c->cur, NULL, tcond);
+  /* block done: a tree fold of the lanes into acc */
+  c->cur = blk_done;
+  for (long w = nlanes / 2; w >= 1; w /= 2)
+    for (long k = 0; k < w; k++) {
+      gcc_jit_rvalue *folded = combine(c, red->op, acc_dt, lane(c, lanes, i64v(c, k)), lane(c, lanes, i64v(c, k + w)));
+      gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), i64v(c, k)),
+                                   folded);
+    }
+  next = combine(c, red->op, acc_dt, rv(acc), lane(c, lanes, i64v(c, 0)));
+  gcc_jit_block_add_assignment(c->cur, NULL, acc, next);
+  gcc_jit_block_end_with_jump(c->cur, NULL, outer);
+  c->cur = after;
+  return true;
+}
+
 bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
                         const kernel_shape *ks, const char *name) {
   const tr_group *grp = &plan->groups[g];
@@ -474,22 +565,14 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
   gcc_jit_param *prm[5];
   new_kernel_fn(c, name, prm);
   gcc_jit_rvalue *bufs = gcc_jit_param_as_rvalue(prm[0]), *meta = gcc_jit_param_as_rvalue(prm[1]);
-  gcc_jit_rvalue *params = gcc_jit_param_as_rvalue(prm[2]);
   gcc_jit_block *entry = new_block(c, "entry"), *rows = new_block(c, "rows"), *row = new_block(c, "row"),
-                *outer = new_block(c, "outer"), *blk_init = new_block(c, "blk"), *vcond = new_block(c, "vcond"),
-                *vinit = new_block(c, "vinit"), *lcond = new_block(c, "lcond"), *lbody = new_block(c, "lbody"),
-                *vnext = new_block(c, "vnext"), *tcond = new_block(c, "tcond"), *tbody = new_block(c, "tbody"),
-                *blk_done = new_block(c, "blkdone"), *finish = new_block(c, "finish"), *done = new_block(c, "done");
+                *done = new_block(c, "done");
   kiln_dtype out_dt = red->meta.dtype, acc_dt = kernel_reduce_acc_dtype(red->op, out_dt);
-  long nlanes = REDUCE_LANE_BYTES / (long)vm_dtype_size(acc_dt);
-  gcc_jit_type *acc_t = cg_type(c, acc_dt);
   gcc_jit_lvalue *count = new_local(c, c->t_i64, "count", 0), *chunk = new_local(c, c->t_i64, "chunk", 0),
                  *nchunks = new_local(c, c->t_i64, "nchunks", 0), *v = new_local(c, c->t_i64, "v", 0),
                  *o = new_local(c, c->t_i64, "o", 0), *r = new_local(c, c->t_i64, "r", 0),
-                 *rlim = new_local(c, c->t_i64, "rlim", 0), *rend = new_local(c, c->t_i64, "rend", 0),
-                 *row_at = new_local(c, c->t_i64, "rowat", 0), *l = new_local(c, c->t_i64, "l", 0),
-                 *tmp = new_local(c, c->t_i64, "tmp", 0), *acc = new_local(c, acc_t, "acc", 0),
-                 *lanes = new_local(c, gcc_jit_context_new_array_type(c->ctx, NULL, acc_t, (int)nlanes), "lanes", 0);
+                 *rlim = new_local(c, c->t_i64, "rlim", 0), *row_at = new_local(c, c->t_i64, "rowat", 0),
+                 *tmp = new_local(c, c->t_i64, "tmp", 0), *acc = new_local(c, cg_type(c, acc_dt), "acc", 0);
   kernel_io io; /* io.off holds each input's row base */
   gcc_jit_block_add_assignment(entry, NULL, count, meta_at(c, meta, i64v(c, 1)));
   gcc_jit_block_add_assignment(entry, NULL, chunk, meta_at(c, meta, i64v(c, 2)));
@@ -509,68 +592,289 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
                                              mul64(c, rv(o), rv(nchunks))), rv(chunk)));
   gcc_jit_block_add_assignment(row, NULL, rlim, min64(c, row, tmp, add64(c, rv(r), rv(chunk)), rv(count)));
   gcc_jit_block_add_assignment(row, NULL, row_at, mul64(c, rv(o), rv(count)));
-  gcc_jit_block_add_assignment(row, NULL, acc, identity(c, red->op, acc_dt));
   for (int q = 0; q < ks->nin; q++) {
     gcc_jit_block_add_assignment(row, NULL, io.off[q], mul64(c, rv(o), meta_at(c, meta, i64v(c, 4 + 2 * q))));
     if (ks->stride_class[q] == 0)
       gcc_jit_block_add_assignment(row, NULL, io.hoist[q],
           rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
   }
-  gcc_jit_block_end_with_jump(row, NULL, outer);
-  cond_loop(outer, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rv(rlim)),
-            blk_init, finish);
-  /* a block: lanes reset, its end */
-  for (long k = 0; k < nlanes; k++)
-    gcc_jit_block_add_assignment(blk_init, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), i64v(c, k)),
-                                 identity(c, red->op, acc_dt));
-  gcc_jit_block_add_assignment(blk_init, NULL, rend,
-                               min64(c, blk_init, tmp, add64(c, rv(r), i64v(c, REDUCE_BLOCK)), rv(rlim)));
-  gcc_jit_block_end_with_jump(blk_init, NULL, vcond);
-  /* full steps of L positions: the vectorized lane loop */
-  cond_loop(vcond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LE,
-                                                     add64(c, rv(r), i64v(c, nlanes)), rv(rend)),
-            vinit, tcond);
-  gcc_jit_block_add_assignment(vinit, NULL, l, i64v(c, 0));
-  gcc_jit_block_end_with_jump(vinit, NULL, lcond);
-  cond_loop(lcond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(l), i64v(c, nlanes)),
-            lbody, vnext);
-  c->cur = lbody;
-  gcc_jit_rvalue *val = emit_position(c, plan, grp, ks, &io, params, add64(c, rv(r), rv(l)), rv(row_at), acc_dt);
-  if (!val) return false;
-  gcc_jit_rvalue *next = combine(c, red->op, acc_dt, lane(c, lanes, rv(l)), val); /* may add blocks */
-  gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), rv(l)), next);
-  gcc_jit_block_add_assignment_op(c->cur, NULL, l, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
-  gcc_jit_block_end_with_jump(c->cur, NULL, lcond);
-  gcc_jit_block_add_assignment_op(vnext, NULL, r, GCC_JIT_BINARY_OP_PLUS, i64v(c, nlanes));
-  gcc_jit_block_end_with_jump(vnext, NULL, vcond);
-  /* the block's tail, one position at a time into lane 0 */
-  cond_loop(tcond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rv(rend)),
-            tbody, blk_done);
-  c->cur = tbody;
-  val = emit_position(c, plan, grp, ks, &io, params, rv(r), rv(row_at), acc_dt);
-  if (!val) return false;
-  next = combine(c, red->op, acc_dt, lane(c, lanes, i64v(c, 0)), val);
-  gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), i64v(c, 0)), next);
-  gcc_jit_block_add_assignment_op(c->cur, NULL, r, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
-  gcc_jit_block_end_with_jump(c->cur, NULL, tcond);
-  /* block done: a tree fold of the lanes into acc */
-  c->cur = blk_done;
-  for (long w = nlanes / 2; w >= 1; w /= 2)
-    for (long k = 0; k < w; k++) {
-      gcc_jit_rvalue *folded = combine(c, red->op, acc_dt, lane(c, lanes, i64v(c, k)), lane(c, lanes, i64v(c, k + w)));
-      gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), i64v(c, k)),
-                                   folded);
-    }
-  next = combine(c, red->op, acc_dt, rv(acc), lane(c, lanes, i64v(c, 0)));
-  gcc_jit_block_add_assignment(c->cur, NULL, acc, next);
-  gcc_jit_block_end_with_jump(c->cur, NULL, outer);
+  c->cur = row;
+  position_ctx pc = {.plan = plan, .grp = grp, .ks = ks, .io = &io, .params = gcc_jit_param_as_rvalue(prm[2]),
+                     .row_at = rv(row_at), .reduce = ks->reduce, .store = true};
+  if (!emit_fold(c, &pc, acc, r, rv(rlim), 0)) return false;
   /* the chunk's value */
   int qr = 0;
   while (ks->outs[qr] != ks->reduce) qr++;
-  gcc_jit_block_add_assignment(finish, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[qr]), rv(v)),
+  gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[qr]), rv(v)),
                                gcc_jit_context_new_cast(c->ctx, NULL, rv(acc), cg_type(c, out_dt)));
-  gcc_jit_block_add_assignment_op(finish, NULL, v, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
-  gcc_jit_block_end_with_jump(finish, NULL, rows);
+  gcc_jit_block_add_assignment_op(c->cur, NULL, v, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
+  gcc_jit_block_end_with_jump(c->cur, NULL, rows);
   gcc_jit_block_end_with_void_return(done, NULL);
   return true;
+}
+
+/* --- row kernels ---------------------------------------------------------------------
+ * kernel.h says what they fuse.  Per kept row o in [begin, end):
+ *   the row-level nodes before the first reduction
+ *   per reduction k: a fold pass over the row (emit_fold) evaluating the
+ *     per-element nodes its input needs; then the row-level nodes up to
+ *     the next reduction
+ *   a last pass storing the per-element values read after the run
+ *   the row-level values read after the run: out[o]
+ * meta = rows, count, then per input (row stride, inner stride), as for
+ * reduce kernels. */
+
+static const vm_meta *ref_meta(const tr_plan *plan, const cpu_leaf *leaves, int ref) {
+  return ref >= 0 ? &plan->nodes[ref].meta : &leaves[-1 - ref].meta;
+}
+
+static bool shape_is(const vm_meta *m, int nd, const int64_t *shape) {
+  return m->ndim == nd && !memcmp(m->shape, shape, (size_t)nd * sizeof *shape);
+}
+
+static bool all_ones(const vm_meta *m, int nd) {
+  if (m->ndim > nd) return false;
+  for (int d = 0; d < m->ndim; d++)
+    if (m->shape[d] != 1) return false;
+  return true;
+}
+
+/* m, broadcast to R, is constant along the reduced axes */
+static bool const_along(const vm_meta *m, const vm_meta *R, uint32_t axes) {
+  int lead = R->ndim - m->ndim;
+  for (int d = 0; d < R->ndim; d++)
+    if ((axes & (1u << d)) && R->shape[d] > 1 && d - lead >= 0 && m->shape[d - lead] > 1) return false;
+  return true;
+}
+
+typedef struct {
+  const vm_meta *R;
+  uint32_t axes;
+  int64_t rk[KILN_MAX_DIMS]; /* R with the reduced axes 1 */
+} row_space;
+
+/* the kernel shape of groups g..gb as a row kernel; false if it cannot be one */
+static bool rows_fill(const tr_plan *plan, int g, int gb, const bool *escapes, const cpu_leaf *leaves,
+                      const row_space *sp, kernel_shape *ks) {
+  memset(ks, 0, sizeof *ks);
+  int first = plan->groups[g].first, last = plan->groups[gb].last;
+  if (last - first >= KERNEL_MAX_NODES) return false;
+  int nd = sp->R->ndim;
+  ks->rowwise = true;
+  ks->last_group = gb;
+  ks->last_node = last;
+  ks->resume = last + 1;
+  ks->reduce = -1;
+  for (int i = first; i <= last; i++) {
+    const tr_pnode *p = &plan->nodes[i];
+    bool is_red = vm_op_table[p->op].kind == VM_KIND_REDUCE, varies = false;
+    ks->compute[i - first] = true;
+    if (is_red && ks->reduce < 0) ks->reduce = i;
+    kiln_dtype in_dt[3];
+    for (int k = 0; k < p->nin; k++) {
+      int ref = tr_pnode_input(p, k);
+      const vm_meta *m = ref_meta(plan, leaves, ref);
+      in_dt[k] = m->dtype;
+      if (ref >= first && ref <= last) {
+        varies |= ks->per_elem[ref - first];
+        continue;
+      }
+      varies |= !const_along(m, sp->R, sp->axes);
+      bool seen = false;
+      for (int q = 0; q < ks->nin && !seen; q++) seen = ks->ins[q] == ref;
+      if (!seen) {
+        if (ks->nin == KERNEL_MAX_IO) return false;
+        ks->ins[ks->nin++] = ref;
+      }
+    }
+    if (is_red) {
+      if (!varies) return false; /* a reduction of a row-constant value */
+    } else {
+      if (!cg_supported(p, in_dt)) return false;
+      ks->per_elem[i - first] = varies;
+      if (p->op == VM_OP_full) {
+        if (ks->nparams == KERNEL_MAX_IO) return false;
+        ks->params[ks->nparams++] = i;
+      }
+    }
+    bool shaped = ks->per_elem[i - first] ? shape_is(&p->meta, nd, sp->R->shape) : shape_is(&p->meta, nd, sp->rk);
+    if (!shaped && (ks->per_elem[i - first] || !all_ones(&p->meta, nd))) return false;
+    if (escapes[i] || p->last_use > last) { /* read after the run: stored */
+      if (!shaped || ks->nout == KERNEL_MAX_IO) return false;
+      ks->outs[ks->nout++] = i;
+    }
+  }
+  if (ks->nout == 0) return false;
+  for (int q = 0; q < ks->nin; q++) {
+    int r = ks->ins[q];
+    bool dense = r < 0 ? leaves[-1 - r].contiguous : vm_op_table[plan->nodes[r].op].kind != VM_KIND_VIEW;
+    ks->stride_class[q] = const_along(ref_meta(plan, leaves, r), sp->R, sp->axes) ? 0 : dense ? 1 : 2;
+  }
+  return true;
+}
+
+int kernel_plan_rows(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
+                     kernel_shape *ks) {
+  const tr_group *g0 = &plan->groups[g];
+  if (g0->kind != TR_GROUP_REDUCE) return -1;
+  int red0 = g0->first;
+  while (red0 <= g0->last && vm_op_table[plan->nodes[red0].op].kind != VM_KIND_REDUCE) red0++;
+  if (red0 > g0->last) return -1;
+  const tr_pnode *r0 = &plan->nodes[red0];
+  row_space sp = {.R = ref_meta(plan, leaves, r0->in[0]), .axes = r0->attr.axes_mask};
+  int64_t rows, count;
+  if (!r0->attr.keepdim || !kernel_reduce_split(r0, sp.R, &rows, &count) || count < 2) return -1;
+  int nd = sp.R->ndim;
+  for (int d = 0; d < nd; d++) sp.rk[d] = (sp.axes & (1u << d)) ? 1 : sp.R->shape[d];
+  /* the longest run of groups whose nodes all fit */
+  int gmax = g - 1;
+  for (int h = g; h < plan->ngroups; h++) {
+    const tr_group *grp = &plan->groups[h];
+    bool ok = grp->kind == TR_GROUP_REDUCE || grp->kind == TR_GROUP_ELEMENTWISE;
+    for (int i = grp->first; ok && i <= grp->last; i++) {
+      const tr_pnode *p = &plan->nodes[i];
+      vm_kind kind = vm_op_table[p->op].kind;
+      if (kind == VM_KIND_VIEW) ok = false;
+      if (kind == VM_KIND_REDUCE) {
+        const vm_meta *in = ref_meta(plan, leaves, p->in[0]);
+        ok = (p->op == VM_OP_sum || p->op == VM_OP_prod || p->op == VM_OP_max || p->op == VM_OP_min) &&
+             p->attr.axes_mask == sp.axes && p->attr.keepdim && shape_is(in, nd, sp.R->shape) &&
+             in->dtype != KILN_BOOL;
+      }
+      ok = ok && (shape_is(&p->meta, nd, sp.R->shape) || shape_is(&p->meta, nd, sp.rk) || all_ones(&p->meta, nd));
+    }
+    if (!ok) break;
+    gmax = h;
+  }
+  for (int gb = gmax; gb >= g + 1; gb--)
+    if (rows_fill(plan, g, gb, escapes, leaves, &sp, ks)) return gb;
+  return -1;
+}
+
+/* marks in want the per-element nodes node i needs (i itself included) */
+static void need(const tr_plan *plan, const kernel_shape *ks, int first, int i, bool *want) {
+  if (i < first || i > ks->last_node || !ks->per_elem[i - first] || want[i - first]) return;
+  want[i - first] = true;
+  const tr_pnode *p = &plan->nodes[i];
+  for (int k = 0; k < p->nin; k++) need(plan, ks, first, tr_pnode_input(p, k), want);
+}
+
+/* the row-level nodes in [from, stop) not yet evaluated */
+static bool emit_row_level(cg_ctx *c, const tr_plan *plan, const tr_group *span, const kernel_shape *ks,
+                           const kernel_io *io, gcc_jit_rvalue *params, int from, int stop, bool *want,
+                           gcc_jit_lvalue **node_val) {
+  int n = span->last - span->first + 1;
+  memset(want, 0, (size_t)n);
+  for (int i = from; i < stop; i++)
+    want[i - span->first] = !ks->per_elem[i - span->first] &&
+                            vm_op_table[plan->nodes[i].op].kind != VM_KIND_REDUCE;
+  gcc_jit_rvalue *in_val[KERNEL_MAX_IO];
+  emit_loads(c, ks, io, i64v(c, 0), in_val); /* only hoisted inputs are read */
+  return emit_nodes(c, plan, span, ks, io, in_val, params, stop, want, "w", node_val);
+}
+
+bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
+                      const char *name) {
+  tr_group span = {.kind = TR_GROUP_REDUCE, .first = plan->groups[g].first, .last = ks->last_node};
+  int n = span.last - span.first + 1;
+  gcc_jit_param *prm[5];
+  new_kernel_fn(c, name, prm);
+  gcc_jit_rvalue *bufs = gcc_jit_param_as_rvalue(prm[0]), *meta = gcc_jit_param_as_rvalue(prm[1]),
+                 *params = gcc_jit_param_as_rvalue(prm[2]);
+  gcc_jit_block *entry = new_block(c, "entry"), *rows = new_block(c, "rows"), *row = new_block(c, "row"),
+                *done = new_block(c, "done");
+  gcc_jit_lvalue *count = new_local(c, c->t_i64, "count", 0), *o = new_local(c, c->t_i64, "o", 0),
+                 *r = new_local(c, c->t_i64, "r", 0), *row_at = new_local(c, c->t_i64, "rowat", 0);
+  kernel_io io;
+  gcc_jit_block_add_assignment(entry, NULL, count, meta_at(c, meta, i64v(c, 1)));
+  emit_io(c, entry, bufs, plan, leaves, ks, &io);
+  for (int q = 0; q < ks->nin; q++)
+    gcc_jit_block_add_assignment(entry, NULL, io.step[q], meta_at(c, meta, i64v(c, 3 + 2 * q)));
+  gcc_jit_block_add_assignment(entry, NULL, o, gcc_jit_param_as_rvalue(prm[3]));
+  gcc_jit_block_end_with_jump(entry, NULL, rows);
+  cond_loop(rows, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(o), gcc_jit_param_as_rvalue(prm[4])),
+            row, done);
+  gcc_jit_block_add_assignment(row, NULL, row_at, mul64(c, rv(o), rv(count)));
+  for (int q = 0; q < ks->nin; q++) {
+    gcc_jit_block_add_assignment(row, NULL, io.off[q], mul64(c, rv(o), meta_at(c, meta, i64v(c, 2 + 2 * q))));
+    if (ks->stride_class[q] == 0)
+      gcc_jit_block_add_assignment(row, NULL, io.hoist[q],
+          rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
+  }
+  c->cur = row;
+  gcc_jit_lvalue **node_val = calloc((size_t)n, sizeof *node_val);
+  bool *want = calloc((size_t)n, 1);
+  if (!node_val || !want) {
+    free(node_val);
+    free(want);
+    return false;
+  }
+  bool ok = true;
+  /* the reductions in order, each with the row-level nodes before it */
+  int from = span.first, npass = 0;
+  for (int i = span.first; ok && i <= span.last; i++) {
+    const tr_pnode *red = &plan->nodes[i];
+    if (vm_op_table[red->op].kind != VM_KIND_REDUCE) continue;
+    ok = emit_row_level(c, plan, &span, ks, &io, params, from, i, want, node_val);
+    from = i + 1;
+    memset(want, 0, (size_t)n);
+    need(plan, ks, span.first, tr_pnode_input(red, 0), want);
+    kiln_dtype acc_dt = kernel_reduce_acc_dtype(red->op, red->meta.dtype);
+    gcc_jit_lvalue *acc = new_local(c, cg_type(c, acc_dt), "acc", i);
+    position_ctx pc = {.plan = plan, .grp = &span, .ks = ks, .io = &io, .params = params, .row_at = rv(row_at),
+                       .reduce = i, .want = want, .node_val = node_val, .npass = npass++};
+    if (ok) gcc_jit_block_add_assignment(c->cur, NULL, r, i64v(c, 0));
+    ok = ok && emit_fold(c, &pc, acc, r, rv(count), i + 1);
+    if (ok) {
+      node_val[i - span.first] = new_local(c, cg_type(c, red->meta.dtype), "red", i);
+      gcc_jit_block_add_assignment(c->cur, NULL, node_val[i - span.first],
+                                   gcc_jit_context_new_cast(c->ctx, NULL, rv(acc), cg_type(c, red->meta.dtype)));
+    }
+  }
+  ok = ok && emit_row_level(c, plan, &span, ks, &io, params, from, span.last + 1, want, node_val);
+  /* the last pass: per-element values read after the run */
+  memset(want, 0, (size_t)n);
+  bool stores = false;
+  for (int q = 0; ok && q < ks->nout; q++)
+    if (ks->per_elem[ks->outs[q] - span.first]) {
+      need(plan, ks, span.first, ks->outs[q], want);
+      stores = true;
+    }
+  if (ok && stores) {
+    gcc_jit_block *cond = new_block(c, "scond"), *body = new_block(c, "sbody"), *after = new_block(c, "safter");
+    gcc_jit_block_add_assignment(c->cur, NULL, r, i64v(c, 0));
+    gcc_jit_block_end_with_jump(c->cur, NULL, cond);
+    cond_loop(cond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rv(count)), body, after);
+    c->cur = body;
+    gcc_jit_rvalue *in_val[KERNEL_MAX_IO];
+    emit_loads(c, ks, &io, rv(r), in_val);
+    gcc_jit_lvalue **pass_val = malloc((size_t)n * sizeof *pass_val);
+    ok = pass_val != NULL;
+    if (ok) memcpy(pass_val, node_val, (size_t)n * sizeof *pass_val);
+    ok = ok && emit_nodes(c, plan, &span, ks, &io, in_val, params, span.last + 1, want, "s", pass_val);
+    gcc_jit_rvalue *at = add64(c, rv(row_at), rv(r));
+    for (int q = 0; ok && q < ks->nout; q++)
+      if (ks->per_elem[ks->outs[q] - span.first])
+        gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[q]), at),
+                                     rv(pass_val[ks->outs[q] - span.first]));
+    free(pass_val);
+    if (ok) {
+      gcc_jit_block_add_assignment_op(c->cur, NULL, r, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
+      gcc_jit_block_end_with_jump(c->cur, NULL, cond);
+    }
+    c->cur = after;
+  }
+  /* row-level values read after the run */
+  for (int q = 0; ok && q < ks->nout; q++)
+    if (!ks->per_elem[ks->outs[q] - span.first])
+      gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[q]), rv(o)),
+                                   rv(node_val[ks->outs[q] - span.first]));
+  if (ok) {
+    gcc_jit_block_add_assignment_op(c->cur, NULL, o, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
+    gcc_jit_block_end_with_jump(c->cur, NULL, rows);
+  }
+  gcc_jit_block_end_with_void_return(done, NULL);
+  free(node_val);
+  free(want);
+  return ok;
 }

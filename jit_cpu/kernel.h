@@ -17,7 +17,23 @@ typedef struct kernel_shape {
   bool compute[KERNEL_MAX_NODES];  /* per node of the group: computed by the kernel */
   int reduce;                      /* the reduction node of a reduce kernel, or -1 */
   int resume;                      /* the group's nodes from here on stay interpreted */
+  int last_group, last_node;       /* the last plan group and node the kernel covers */
+  bool rowwise;                    /* a row kernel (kernel_plan_rows) */
+  bool per_elem[KERNEL_MAX_NODES]; /* row kernels: the node varies along the reduced axes */
 } kernel_shape;
+
+/* A row kernel fuses a run of groups g..gb — reductions over the trailing
+ * axes of one shape R (keepdim), their epilogues, and elementwise groups
+ * over R or over the reduced shape — into one loop over the kept rows:
+ * per row, a pass over the reduced positions for each reduction (its
+ * producers recomputed in the pass), the row-level nodes in between, and a
+ * last pass that stores the values read after the run.  A row stays in
+ * cache across its passes, so softmax or layer_norm read their input from
+ * memory once.  Returns gb (>= g + 1), or -1 when no such run starts at g. */
+int kernel_plan_rows(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
+                     kernel_shape *ks);
+bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
+                      const char *name);
 
 bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
                         const kernel_shape *ks, const char *name);

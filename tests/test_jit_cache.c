@@ -1,7 +1,8 @@
 /* test_jit_cache.c — the kernel caches end to end, across processes: a warm
  * disk cache compiles nothing; a corrupted cache file is recovered from; two
  * processes sharing one cache directory both succeed; KILN_CACHE=0 writes
- * nothing.  The work runs in child processes of this binary ("work" mode),
+ * nothing; without binutils on PATH the JIT is off with one message.  The
+ * work runs in child processes of this binary ("work" mode),
  * each with its own environment. */
 #include <dirent.h>
 #include <stdint.h>
@@ -130,6 +131,37 @@ TEST(cache_off_writes_nothing) {
   rmdir(dir);
 }
 
+/* without binutils on PATH the JIT says so once and the program still
+   computes the same result on the interpreter */
+TEST(missing_toolchain_is_reported_once) {
+  char dir[] = "/tmp/kiln-cache-test-XXXXXX", env[512], log[600], cmd[9000];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(env, sizeof env, "KILN_CACHE_DIR=%s", dir);
+  result ref = run_child(env);
+  snprintf(log, sizeof log, "%s/stderr", dir);
+  snprintf(env, sizeof env, "PATH=%s KILN_CACHE_DIR=%s", dir, dir);
+  snprintf(cmd, sizeof cmd, "env %s KILN_HOT=2 KILN_ASYNC=0 '%s' work 2>'%s'", env, self, log);
+  FILE *p = popen(cmd, "r");
+  result r = {0, 0, 0, 0};
+  if (p) {
+    r.ok = fscanf(p, "%la %llu %llu", &r.total, &r.compiles, &r.disk_hits) == 3;
+    r.ok = pclose(p) == 0 && r.ok;
+  }
+  CHECK(ref.ok && r.ok);
+  CHECK_EQ_INT(r.compiles, 0);
+  CHECK_CLOSE(r.total, ref.total, 1e-5);
+  char text[4096] = {0};
+  FILE *f = fopen(log, "r");
+  size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+  if (f) fclose(f);
+  text[n] = 0;
+  CHECK_STR_CONTAINS(text, "the CPU JIT is off: the assembler 'as' is not on PATH");
+  const char *second = strstr(text, "CPU JIT is off");
+  CHECK(second && !strstr(second + 1, "CPU JIT is off")); /* once */
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "work")) return work();
   ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -138,5 +170,6 @@ int main(int argc, char **argv) {
   RUN(warm_disk_cache_compiles_nothing);
   RUN(two_processes_share_a_cache_directory);
   RUN(cache_off_writes_nothing);
+  RUN(missing_toolchain_is_reported_once);
   return ktest_done();
 }

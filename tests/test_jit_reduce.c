@@ -6,7 +6,10 @@
  * program runs twice (KILN_HOT=1 plans it on first sight; the second run
  * hits the cached plan) and must have launched compiled kernels.  NaN must
  * win in max/min wherever it sits, and a long row's result must not depend
- * on the thread count (a child with KILN_THREADS=1 prints the same bits). */
+ * on the thread count (a child with KILN_THREADS=1 prints the same bits).
+ * Row kernels (softmax, layer_norm: reductions, their epilogues and the
+ * elementwise tail fused per row) match double-precision references and
+ * run as one launch. */
 #include <stdint.h>
 #include <unistd.h>
 
@@ -148,6 +151,78 @@ TEST(nan_wins_everywhere) {
     }
 }
 
+/* softmax and layer_norm over the last axis become one row kernel (one
+   launch); their values match the math done here in double, also when an
+   intermediate (the row max, the centred input) is read after the run */
+static void softmax_case(int64_t rows, int64_t cols, bool keep_max) {
+  int64_t shape[2] = {rows, cols}, n = rows * cols;
+  float *x = malloc((size_t)n * sizeof *x), *got = malloc((size_t)n * sizeof *got), mx[64];
+  fill(KILN_F32, x, n, (uint64_t)(rows + cols));
+  kiln_tensor *t = kiln_from_data(x, KILN_F32, 2, shape);
+  int axis1[1] = {1};
+  for (int rep = 0; rep < 3; rep++) {
+    kiln_stats before, after;
+    kiln_get_stats(&before);
+    kiln_tensor *y = kiln_softmax(t, 1), *m = keep_max ? kiln_max(t, 1, axis1, true) : NULL;
+    CHECK(kiln_to_buffer(y, got, (size_t)n * sizeof *got) == 0);
+    if (m) CHECK(kiln_to_buffer(m, mx, (size_t)rows * sizeof *mx) == 0);
+    kiln_get_stats(&after);
+    if (rep > 0 && !keep_max) CHECK_EQ_INT(after.kernels_launched - before.kernels_launched, 1);
+    for (int64_t o = 0; o < rows; o++) {
+      double hi = -INFINITY, s = 0;
+      for (int64_t k = 0; k < cols; k++) hi = fmax(hi, x[o * cols + k]);
+      for (int64_t k = 0; k < cols; k++) s += exp((double)x[o * cols + k] - hi);
+      for (int64_t k = 0; k < cols; k++) CHECK_CLOSE(got[o * cols + k], exp((double)x[o * cols + k] - hi) / s, 1e-6);
+      if (m) CHECK_CLOSE(mx[o], hi, 0);
+    }
+    kiln_release(y);
+    kiln_release(m);
+  }
+  kiln_release(t);
+  free(x);
+  free(got);
+}
+
+TEST(row_kernels_softmax) {
+  softmax_case(64, 1000, false);
+  softmax_case(5, 3, false);
+  softmax_case(37, 4096 + 33, true);
+}
+
+TEST(row_kernels_layer_norm) {
+  int64_t rows = 48, cols = 777, shape[2] = {rows, cols}, n = rows * cols;
+  float *x = malloc((size_t)n * sizeof *x), *got = malloc((size_t)n * sizeof *got), w[777], b[777];
+  fill(KILN_F32, x, n, 11);
+  fill(KILN_F32, w, cols, 12);
+  fill(KILN_F32, b, cols, 13);
+  kiln_tensor *t = kiln_from_data(x, KILN_F32, 2, shape), *wt = kiln_from_data(w, KILN_F32, 1, &cols),
+              *bt = kiln_from_data(b, KILN_F32, 1, &cols);
+  for (int rep = 0; rep < 3; rep++) {
+    kiln_stats before, after;
+    kiln_get_stats(&before);
+    kiln_tensor *y = kiln_layer_norm(t, wt, bt, 1e-5);
+    CHECK(kiln_to_buffer(y, got, (size_t)n * sizeof *got) == 0);
+    kiln_get_stats(&after);
+    /* the three constants' group, then the row kernel */
+    if (rep > 0) CHECK(after.kernels_launched - before.kernels_launched <= 2);
+    for (int64_t o = 0; o < rows; o++) {
+      double mean = 0, var = 0;
+      for (int64_t k = 0; k < cols; k++) mean += x[o * cols + k];
+      mean /= (double)cols;
+      for (int64_t k = 0; k < cols; k++) var += (x[o * cols + k] - mean) * (x[o * cols + k] - mean);
+      var /= (double)cols;
+      for (int64_t k = 0; k < cols; k++)
+        CHECK_CLOSE(got[o * cols + k], (x[o * cols + k] - mean) / sqrt(var + 1e-5) * w[k] + b[k], 2e-5);
+    }
+    kiln_release(y);
+  }
+  kiln_release(t);
+  kiln_release(wt);
+  kiln_release(bt);
+  free(x);
+  free(got);
+}
+
 static char self[4096];
 
 /* child: the bits of a long f32 sum */
@@ -196,5 +271,7 @@ int main(int argc, char **argv) {
   RUN(reductions_match_reference);
   RUN(nan_wins_everywhere);
   RUN(long_rows_independent_of_threads);
+  RUN(row_kernels_softmax);
+  RUN(row_kernels_layer_norm);
   return ktest_done();
 }

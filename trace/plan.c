@@ -451,19 +451,22 @@ static int run_node(const tr_plan *plan, const tr_trace *t, int i, vm_tensor **v
    always run on the interpreter (they move no data): a kernel reads them as
    strided inputs. */
 static int run_group(const tr_plan *plan, const cpu_plan *jit, const tr_trace *t, int g,
-                     vm_tensor **vals, int *failed) {
+                     vm_tensor **vals, int *failed, int *last_group) {
   const tr_group *grp = &plan->groups[g];
   const cpu_kernel *k = jit && g < jit->ngroups && jit->kernels[g].fn ? &jit->kernels[g] : NULL;
   int rc = KILN_OK, first = grp->first;
+  *last_group = g;
   if (k) {
     for (int i = grp->first; i <= grp->last && rc == KILN_OK; i++)
       if (vm_op_table[plan->nodes[i].op].kind == VM_KIND_VIEW) rc = run_node(plan, t, i, vals);
     if (rc == KILN_OK && cpu_run_group(k, plan, t, g, vals, &rc)) {
       /* the kernel computed the group up to `resume`; the rest (a
-         reduction's epilogue, or a reduction it leaves to the interpreter)
-         runs here */
+         reduction's epilogue) runs here.  A row kernel computed groups
+         g..last_group (their values read later) */
       if (rc != KILN_OK) return rc;
       first = k->resume;
+      *last_group = k->last_group;
+      if (k->last_group > g) return KILN_OK;
     }
   }
   for (int i = first; i <= grp->last && rc == KILN_OK; i++)
@@ -477,7 +480,7 @@ static int run_plan(const tr_plan *plan, const tr_trace *t, vm_tensor **out, int
   const cpu_plan *jit = atomic_load_explicit(&plan->jit, memory_order_acquire);
   int rc = KILN_OK;
   for (int g = 0; g < plan->ngroups && rc == KILN_OK; g++) {
-    rc = run_group(plan, jit, t, g, vals, failed);
+    rc = run_group(plan, jit, t, g, vals, failed, &g);
     int last = plan->groups[g].last;
     for (int r = 0; r <= last; r++) /* free what no later group reads */
       if (vals[r] && plan->nodes[r].last_use <= last && !plan->escapes[r]) {
