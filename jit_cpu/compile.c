@@ -132,8 +132,10 @@ static void set_options(gcc_jit_context *ctx) {
   gcc_jit_context_add_command_line_option(ctx, "-fno-math-errno");
   /* elementwise results must match the interpreter's rounding: no FMA contraction */
   gcc_jit_context_add_command_line_option(ctx, "-ffp-contract=off");
-  const char *dbg = getenv("KILN_JIT_DEBUG_FLAG");
-  if (dbg) gcc_jit_context_add_command_line_option(ctx, dbg);
+  /* KILN_JIT_OPT_INFO=1: GCC reports each loop it vectorized (or, with 2,
+     each it could not) on stderr; diagnostics only, the code is the same */
+  long info = vm_env_long("KILN_JIT_OPT_INFO", 0);
+  if (info > 0) gcc_jit_context_add_command_line_option(ctx, info > 1 ? "-fopt-info-vec-all" : "-fopt-info-vec");
   gcc_jit_context_add_driver_option(ctx, "-lm"); /* f64 math calls libm; shared objects need it */
 }
 
@@ -216,7 +218,8 @@ static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_
   set_options(ctx);
   cg_ctx c = {.ctx = ctx};
   cg_init_types(&c);
-  c.math = cpu_math_new(ctx);
+  const char *isa = target_march();
+  c.math = cpu_math_new(ctx, isa && (!strcmp(isa, "x86-64-v3") || !strcmp(isa, "x86-64-v4")));
   /* No -fassociative-math / -fno-signed-zeros, although reduction loops
      then do not vectorize: they apply to the whole context and changed the
      results of elementwise kernels beside a reduction ((x + 2^24) - 2^24
@@ -774,6 +777,25 @@ static void compiler_stop(void) {
   }
 }
 
+/* one compile of an empty function with the JIT's options, on this thread */
+static void warm_gccjit(void) {
+  if (atomic_load(&gccjit_warm) || !toolchain_present()) return;
+  gcc_jit_context *ctx = gcc_jit_context_acquire();
+  if (!ctx) return;
+  set_options(ctx);
+  gcc_jit_type *v = gcc_jit_context_get_type(ctx, GCC_JIT_TYPE_VOID);
+  gcc_jit_function *f = gcc_jit_context_new_function(ctx, NULL, GCC_JIT_FUNCTION_EXPORTED, v, "kiln_warm", 0, NULL, 0);
+  gcc_jit_block_end_with_void_return(gcc_jit_function_new_block(f, "entry"), NULL);
+  gcc_jit_result *r = gcc_jit_context_compile(ctx);
+  if (r) {
+    atomic_store(&gccjit_warm, true);
+    gcc_jit_result_release(r);
+  } else {
+    log_once("could not compile", gcc_jit_context_get_first_error(ctx));
+  }
+  gcc_jit_context_release(ctx);
+}
+
 static void compile_now(compile_job *job) {
   cpu_plan *cp = cpu_compile(job->plan, job->leaves);
   cpu_plan *none = NULL;
@@ -801,20 +823,25 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
   tr_plan_retain(plan);
   job->plan = plan;
   pthread_mutex_lock(&compiler.lock);
-  if (!compiler.started) {
-    /* Compiles run here until libgccjit has run one: it sets up, and
-       registers the exit teardown of, its state during the first, and our
-       exit handler (which waits for a background compile) must be
-       registered after that to run before it (exit crashed otherwise). */
+  if (!compiler.started && !compiler.stopping) {
+    /* libgccjit sets up, and registers the exit teardown of, its state
+       during its first compile; our exit handler (which waits for a
+       background compile) must be registered after that, to run before it
+       (exit crashed otherwise).  So the first time, a trivial context is
+       compiled here (tens of ms, not the plan's compile), then the thread
+       starts. */
     pthread_mutex_unlock(&compiler.lock);
-    compile_now(job);
+    warm_gccjit();
     pthread_mutex_lock(&compiler.lock);
     if (!compiler.started && !compiler.stopping && atomic_load(&gccjit_warm)) {
       atexit(compiler_stop);
       start_compiler_locked();
     }
-    pthread_mutex_unlock(&compiler.lock);
-    return;
+    if (!compiler.started) { /* no thread: compile here */
+      pthread_mutex_unlock(&compiler.lock);
+      compile_now(job);
+      return;
+    }
   }
   if (compiler.stopping) {
     pthread_mutex_unlock(&compiler.lock);

@@ -3,10 +3,15 @@
  * built with bit casts, selects as branch-free bit operations).
  * Accuracy and special values: math.h.  Polynomials: Cephes (log, tanh near
  * 0) and Chebyshev/minimax fits made for Kiln (exp, erf, expm1, sin, cos).
- * Where a result is a difference or quotient that would amplify the error of
- * a float intermediate (tanh, sigmoid, expm1, erf), exp is carried in
- * double-float precision (exp_core_f2) and the final step is split exactly
- * (Fast2Sum), so that errors stay below ~1 ulp without FMA.
+ * Where a result is a difference that would amplify the error of a float
+ * intermediate (expm1, erf), exp is carried in double-float precision
+ * (exp_core_f2) and the final step is split exactly (Fast2Sum), so that
+ * errors stay below ~1 ulp without FMA.  tanh and sigmoid, the activations
+ * whose cost shows in fused elementwise kernels, trade half an ulp to one ulp
+ * of that for about half the instructions: a plain exp and one division.
+ * On targets with FMA (x86-64-v3 and up) polynomials and exp's range
+ * reduction use explicit fma instructions (fmadd()): the user's own
+ * arithmetic is never contracted (-ffp-contract=off), the library's may be.
  *
  * How the IR is written, so that GCC vectorizes it after inlining:
  *  - no calls (sqrt is the builtin, an instruction under -fno-math-errno);
@@ -34,6 +39,7 @@ struct cpu_math {
   gcc_jit_function *fn[2][CPU_FN_COUNT];
   gcc_jit_function *libm[CPU_FN_COUNT]; /* imported double functions */
   gcc_jit_function *sqrt_builtin[2];
+  bool fma; /* the target has fused multiply-add: helpers use it explicitly */
 };
 
 static const char *const names[CPU_FN_COUNT] = {
@@ -44,7 +50,7 @@ static const char *const names[CPU_FN_COUNT] = {
 
 /* documented f32 bounds (math.h); tests/test_jit_math.c asserts them */
 static const double ulp_bounds[CPU_FN_COUNT] = {
-    [CPU_EXP] = 1,   [CPU_LOG] = 1,   [CPU_TANH] = 1,  [CPU_SIGMOID] = 1.5,
+    [CPU_EXP] = 1,   [CPU_LOG] = 1,   [CPU_TANH] = 1.5, [CPU_SIGMOID] = 2.5,
     [CPU_SIN] = 1,   [CPU_COS] = 1,   [CPU_LOG1P] = 1, [CPU_EXPM1] = 1.5,
     [CPU_ERF] = 1.5, [CPU_SQRT] = 0.5, [CPU_RSQRT] = 1.5, [CPU_POW] = 1};
 
@@ -57,10 +63,11 @@ double cpu_math_ulp_bound(cpu_fn fn, bool f64) {
   return f64 ? 0 : ulp_bounds[fn];
 }
 
-cpu_math *cpu_math_new(gcc_jit_context *ctx) {
+cpu_math *cpu_math_new(gcc_jit_context *ctx, bool fma) {
   cpu_math *m = calloc(1, sizeof *m);
   if (!m) return NULL;
   m->ctx = ctx;
+  m->fma = fma;
   m->f32 = gcc_jit_context_get_type(ctx, GCC_JIT_TYPE_FLOAT);
   m->f64 = gcc_jit_context_get_type(ctx, GCC_JIT_TYPE_DOUBLE);
   m->i32 = gcc_jit_context_get_type(ctx, GCC_JIT_TYPE_INT32_T);
@@ -185,10 +192,19 @@ static void when_01(em *e, R *flag, LV *dst, R *v) {
    vectorizer cannot convert to a mask */
 static void when(em *e, R *cond, LV *dst, R *v) { when_01(e, cond, dst, v); }
 
+/* a * b + c: one rounding (the fma instruction) when the target has it,
+   else two */
+static R *fmadd(em *e, R *a, R *b, R *c) {
+  if (!e->m->fma) return add(e, mul(e, a, b), c);
+  gcc_jit_function *f = gcc_jit_context_get_builtin_function(e->c, ty(a) == e->m->f64 ? "__builtin_fma" : "__builtin_fmaf");
+  R *args[3] = {a, b, c};
+  return gcc_jit_context_new_call(e->c, NULL, f, 3, args);
+}
+
 /* c[0]*x^(n-1) + ... + c[n-1], Horner */
 static R *horner(em *e, R *x, const double *c, int n) {
   R *p = like(e, x, c[0]);
-  for (int i = 1; i < n; i++) p = add(e, mul(e, p, x), like(e, x, c[i]));
+  for (int i = 1; i < n; i++) p = fmadd(e, p, x, like(e, x, c[i]));
   return let(e, p);
 }
 #define HORNER(e, x, arr) horner(e, x, arr, (int)(sizeof arr / sizeof arr[0]))
@@ -268,9 +284,34 @@ static R *exp_core_f2(em *e, R *x, R **lo_out) {
   return let(e, mul(e, mul(e, y, s1), s2));
 }
 
-static R *exp_core_f(em *e, R *x) { return exp_core_f2(e, x, NULL); }
+/* e^x as exp_core_f2 without the rounding error, shorter with fma: r = x -
+   n ln2 by two fmas (the first exact), e^r = (1 + r) + r^2 p(r) with 1 + r
+   split exactly and the small part in one fma.  wide: n may leave [-126, 127] (two scale factors,
+   denormal and infinite results); else one factor. */
+static R *exp_core_f(em *e, R *x, bool wide) {
+  if (!e->m->fma) return exp_core_f2(e, x, NULL);
+  x = let(e, x);
+  static const double P[] = {1.9890988187398762e-4, 1.393364742398262e-3, 8.33331048488617e-3,
+                             4.166646674275398e-2,  0.1666666716337204,   0.5};
+  R *magic = kf(e, 12582912.0); /* 1.5 * 2^23 */
+  R *t = let(e, fmadd(e, x, kf(e, 1.44269504088896341), magic));
+  R *n = let(e, sub(e, t, magic));
+  R *ni = let(e, cast(e, sub(e, fbits(e, t), ku(e, 0x4B400000u)), e->m->i32));
+  R *r = let(e, fmadd(e, n, kf(e, -0.693359375), x));
+  r = let(e, fmadd(e, n, kf(e, 2.12194440e-4), r));
+  R *p = HORNER(e, r, P);
+  /* 1 + r split exactly (Fast2Sum, |r| < 1): only the last addition
+     rounds at the scale of y */
+  R *hi = let(e, add(e, kf(e, 1), r));
+  R *lo = add(e, sub(e, kf(e, 1), hi), r);
+  R *y = let(e, add(e, hi, fmadd(e, mul(e, r, r), p, lo)));
+  if (!wide) return let(e, mul(e, y, pow2i_f(e, ni)));
+  R *n1 = let(e, shr(e, ni, ki(e, 1)));
+  R *n2 = let(e, sub(e, ni, n1));
+  return let(e, mul(e, mul(e, y, pow2i_f(e, n1)), pow2i_f(e, n2)));
+}
 
-static R *exp_f(em *e, R *x) { return exp_core_f(e, clampf(e, x, -104, 89)); }
+static R *exp_f(em *e, R *x) { return exp_core_f(e, clampf(e, x, -104, 89), true); }
 
 /* log of a float; Cephes logf: x = 2^k m with m in [sqrt(1/2), sqrt(2)),
    f = m - 1 exactly, log(1+f) = f - f^2/2 + f^3 P(f), k ln2 in two parts.
@@ -332,11 +373,10 @@ static R *log_core_f(em *e, R *x, bool denormals, R *x1p) {
 static R *log_f(em *e, R *x) { return log_core_f(e, x, true, NULL); }
 
 /* tanh: |x| < 0.625: x + x^3 P(x^2) (Cephes); else 1 - 2/(E + 1) with
-   E = e^{2|x|} carried to double-float precision (E_hi + E_lo, d + d_lo =
-   E + 1 exactly), the quotient corrected to first order:
-   2/(d + d_lo) ~ q - q^2 d_lo / 2 with q = 2/d, and 1 - q split exactly so
-   that only the last addition rounds.  Computed on |x|, sign
-   copied back (keeps -0) */
+   E = e^{2|x|}: there tanh >= 0.55 and 2/(E + 1) <= 0.45, so the error of
+   the quotient (exp's, the addition's and the division's roundings, about
+   2 ulps of a number below 0.45) is about 1 ulp of the result.  Computed on
+   |x|, sign copied back (keeps -0) */
 static R *tanh_f(em *e, R *x) {
   static const double P[] = {-5.70498872745E-3, 2.06390887954E-2, -5.37397155531E-2,
                              1.33314422036E-1, -3.33332819422E-1};
@@ -346,36 +386,22 @@ static R *tanh_f(em *e, R *x) {
   R *small = let(e, add(e, mul(e, mul(e, p, z), ax), ax));
   LV *a = var(e, ax);
   when(e, gt(e, ax, kf(e, 10)), a, kf(e, 10)); /* tanh(10) == 1 in float */
-  R *ex_lo;
-  R *ex = exp_core_f2(e, add(e, rv(a), rv(a)), &ex_lo);
-  R *d = let(e, add(e, ex, kf(e, 1)));
-  R *d_lo = add(e, add(e, sub(e, ex, d), kf(e, 1)), ex_lo); /* Fast2Sum: ex >= 1 */
-  R *q = let(e, dv(e, kf(e, 2), d));
-  R *corr = mul(e, mul(e, q, q), mul(e, kf(e, 0.5), d_lo)); /* 2/(d + d_lo) = q - corr */
-  R *s = let(e, sub(e, kf(e, 1), q));
-  R *s_err = sub(e, sub(e, kf(e, 1), s), q); /* exact (Fast2Sum): 1 - q = s + s_err */
-  LV *res = var(e, add(e, s, add(e, s_err, corr)));
+  R *ex = exp_core_f(e, add(e, rv(a), rv(a)), false);
+  LV *res = var(e, sub(e, kf(e, 1), dv(e, kf(e, 2), add(e, ex, kf(e, 1)))));
   when(e, lt(e, ax, kf(e, 0.625)), res, small);
   return with_sign_of(e, rv(res), x);
 }
 
 /* sigmoid: with t = e^{-|x|} (never overflows): 1/(1+t) for x >= 0, t/(1+t)
-   for x < 0.  t is carried to double-float precision (t + t_lo), d = 1 + t
-   is rounded and err its exact rounding error (Fast2Sum, t <= 1) plus t_lo,
-   and both quotients get the first-order correction:
-   1/(d + err) ~ rd - rd^2 err,  (t + t_lo)/(d + err) ~ q + (t_lo - q err)/d */
+   for x < 0, one division of the selected numerator.  t <= 1, so exp's
+   error reaches a result >= 1/2 halved, and a tiny one (t/(1+t) ~ t) as is */
 static R *sigmoid_f(em *e, R *x) {
   LV *a = var(e, neg(e, fab(e, x)));
   when(e, lt(e, rv(a), kf(e, -104)), a, kf(e, -104));
-  R *t_lo;
-  R *t = exp_core_f2(e, rv(a), &t_lo);
-  R *d = let(e, add(e, kf(e, 1), t));
-  R *err = let(e, add(e, add(e, sub(e, kf(e, 1), d), t), t_lo));
-  R *rd = let(e, dv(e, kf(e, 1), d));
-  LV *res = var(e, sub(e, rd, mul(e, rd, mul(e, err, rd))));
-  R *q = let(e, dv(e, t, d));
-  when(e, lt(e, x, kf(e, 0)), res, add(e, q, mul(e, sub(e, t_lo, mul(e, q, err)), rd)));
-  return rv(res);
+  R *t = exp_core_f(e, rv(a), true);
+  LV *num = var(e, kf(e, 1));
+  when(e, lt(e, x, kf(e, 0)), num, t);
+  return let(e, dv(e, rv(num), add(e, kf(e, 1), t)));
 }
 
 /* expm1:

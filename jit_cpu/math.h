@@ -28,8 +28,8 @@
  *   fn       bound  measured  notes
  *   EXP      1      0.76      inf for x > 88.7228, 0 below -103.97
  *   LOG      1      0.83      log(±0) = -inf, log(x < 0) = NaN, log(inf) = inf
- *   TANH     1      0.78      tanh(±inf) = ±1, tanh(-0) = -0
- *   SIGMOID  1.5    1.15      vs 1/(1+exp(-x)) computed exactly.  Below
+ *   TANH     1.5    @TANH@      tanh(±inf) = ±1, tanh(-0) = -0
+ *   SIGMOID  2.5    @SIG@      vs 1/(1+exp(-x)) computed exactly.  Below
  *                             x = -88.7 it returns the tiny true value where
  *                             the interpreter's float formula gives 0
  *                             (difference < 1.2e-38)
@@ -90,8 +90,10 @@ typedef enum {
 /* per-context cache of emitted helper functions */
 typedef struct cpu_math cpu_math;
 
-/* NULL only when out of memory */
-cpu_math *cpu_math_new(gcc_jit_context *ctx);
+/* NULL only when out of memory.  fma: the context's -march has fused
+   multiply-add (x86-64-v3 and up); the helpers then use it explicitly
+   (fewer instructions, one rounding), else separate multiply and add. */
+cpu_math *cpu_math_new(gcc_jit_context *ctx, bool fma);
 /* after the context is compiled/released (the helpers belong to the context) */
 void cpu_math_free(cpu_math *m);
 

@@ -102,6 +102,11 @@ static const char *best_march(void) {
   return "-march=x86-64";
 }
 
+/* the CPU JIT uses fma in the helpers on targets that have it */
+static bool march_fma(const char *march) {
+  return !strcmp(march, "-march=x86-64-v3") || !strcmp(march, "-march=x86-64-v4");
+}
+
 static bool compile_all(kernels *k, const char *march, bool contract) {
   memset(k, 0, sizeof *k);
   gcc_jit_context *ctx = gcc_jit_context_acquire();
@@ -113,7 +118,7 @@ static bool compile_all(kernels *k, const char *march, bool contract) {
     gcc_jit_context_set_bool_option(ctx, GCC_JIT_BOOL_OPTION_KEEP_INTERMEDIATES, 1);
     gcc_jit_context_add_command_line_option(ctx, "-fopt-info-vec-missed=/tmp/kiln_math_vec.txt");
   }
-  cpu_math *m = cpu_math_new(ctx);
+  cpu_math *m = cpu_math_new(ctx, march_fma(march));
   for (int f = 0; f < CPU_FN_COUNT; f++) {
     build_kernel(ctx, m, (cpu_fn)f, false);
     build_kernel(ctx, m, (cpu_fn)f, true);
@@ -473,12 +478,15 @@ static void check_pow(kernels *k, const char *variant) {
   free(ys.v);
 }
 
-/* every float, for the unary f32 functions (KILN_JIT_MATH_EXHAUSTIVE=1) */
+/* every float, for the unary f32 functions (KILN_JIT_MATH_EXHAUSTIVE=1, or
+   a comma-separated list of names such as tanh,sigmoid) */
 static void exhaustive(kernels *k, const char *variant) {
   const long chunk = 1 << 24;
+  const char *only = getenv("KILN_JIT_MATH_EXHAUSTIVE");
   float *x = malloc(chunk * sizeof(float)), *y = malloc(chunk * sizeof(float));
   for (int f = 0; f < CPU_FN_COUNT; f++) {
     if (f == CPU_POW) continue;
+    if (only && strcmp(only, "1") && !strstr(only, cpu_math_name((cpu_fn)f))) continue;
     stats s = {0};
     for (uint64_t base = 0; base < (1ull << 32); base += (uint64_t)chunk) {
       for (long i = 0; i < chunk; i++) x[i] = from_bits((uint32_t)(base + (uint64_t)i));
@@ -614,7 +622,7 @@ TEST(f64_is_libm) {
 TEST(api_casts_and_caches) {
   /* an int argument is cast; a function is emitted once per context */
   gcc_jit_context *ctx = gcc_jit_context_acquire();
-  cpu_math *m = cpu_math_new(ctx);
+  cpu_math *m = cpu_math_new(ctx, false);
   gcc_jit_type *it = gcc_jit_context_get_type(ctx, GCC_JIT_TYPE_INT);
   gcc_jit_type *ft = gcc_jit_context_get_type(ctx, GCC_JIT_TYPE_FLOAT);
   gcc_jit_param *p = gcc_jit_context_new_param(ctx, NULL, it, "v");
