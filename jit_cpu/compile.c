@@ -90,7 +90,8 @@ static void desc_put(desc_buf *d, const void *p, size_t n) {
 static void describe(desc_buf *d, const tr_plan *plan, int g, const cpu_leaf *leaves,
                      const kernel_shape *ks) {
   const tr_group *grp = &plan->groups[g];
-  int32_t head[8] = {g, ks->nin, ks->nout, ks->nparams, ks->reduce, ks->resume, ks->last_group, ks->rowwise};
+  int32_t head[9] = {g, ks->nin, ks->nout, ks->nparams, ks->reduce, ks->resume, ks->last_group, ks->rowwise,
+                     ks->nstash};
   desc_put(d, head, sizeof head);
   for (int q = 0; q < ks->nin; q++) {
     int r = ks->ins[q];
@@ -102,8 +103,8 @@ static void describe(desc_buf *d, const tr_plan *plan, int g, const cpu_leaf *le
   desc_put(d, ks->params, (size_t)ks->nparams * sizeof(int));
   for (int i = grp->first; i <= ks->last_node; i++) {
     const tr_pnode *p = &plan->nodes[i];
-    int32_t node[9] = {i, p->op, p->meta.dtype, p->nin, p->in[0], p->in[1], p->in[2],
-                       ks->compute[i - grp->first], ks->per_elem[i - grp->first]};
+    int32_t node[10] = {i, p->op, p->meta.dtype, p->nin, p->in[0], p->in[1], p->in[2],
+                        ks->compute[i - grp->first], ks->per_elem[i - grp->first], ks->stash[i - grp->first]};
     desc_put(d, node, sizeof node);
     if (vm_op_table[p->op].kind == VM_KIND_REDUCE) {
       int32_t axes[2] = {(int32_t)p->attr.axes_mask, p->attr.keepdim};
@@ -382,6 +383,7 @@ cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
     k->resume = ks->resume;
     k->last_group = ks->last_group;
     k->rowwise = ks->rowwise;
+    k->nstash = ks->nstash;
     k->ins = malloc((size_t)(ks->nin + 1) * sizeof(int));
     k->outs = malloc((size_t)(ks->nout + 1) * sizeof(int));
     k->params = malloc((size_t)(ks->nparams + 1) * sizeof(int));
@@ -427,11 +429,26 @@ typedef struct {
   void **bufs;
   const int64_t *meta;
   const void *params;
+  int nbufs;            /* with a scratch row: the buffers before it */
+  size_t scratch_bytes; /* a row kernel's scratch row, one per call (0: none) */
+  atomic_bool failed;   /* a scratch row could not be allocated */
 } run_job;
 
 static void run_range(void *p, int64_t begin, int64_t end) {
   run_job *j = p;
-  j->fn(j->bufs, j->meta, j->params, begin, end);
+  if (!j->scratch_bytes) {
+    j->fn(j->bufs, j->meta, j->params, begin, end);
+    return;
+  }
+  void *bufs[2 * KERNEL_MAX_IO + 1];
+  memcpy(bufs, j->bufs, (size_t)j->nbufs * sizeof *bufs);
+  bufs[j->nbufs] = malloc(j->scratch_bytes);
+  if (!bufs[j->nbufs]) { /* this range computes nothing: the caller reports it */
+    atomic_store(&j->failed, true);
+    return;
+  }
+  j->fn(bufs, j->meta, j->params, begin, end);
+  free(bufs[j->nbufs]);
 }
 
 #define RUN_GRAIN (1 << 14)
@@ -557,7 +574,7 @@ static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
     bufs[q] = vm_data(outs[q]);
   }
   if (partials) bufs[qr] = vm_data(partials);
-  run_job job = {k->fn, bufs, meta, params};
+  run_job job = {.fn = k->fn, .bufs = bufs, .meta = meta, .params = params};
   int64_t per_item = chunk < count ? chunk : count;
   vm_parallel_for(rows * nchunks, RUN_GRAIN / (per_item > 0 ? per_item : 1) + 1, run_range, &job);
   atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
@@ -620,9 +637,16 @@ static bool run_rows(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t
     }
     bufs[q] = vm_data(outs[q]);
   }
-  run_job job = {k->fn, bufs, meta, params};
+  run_job job = {.fn = k->fn, .bufs = bufs, .meta = meta, .params = params, .nbufs = k->nout + k->nin,
+                 .scratch_bytes = (size_t)k->nstash * 8 * (size_t)count};
   vm_parallel_for(rows, RUN_GRAIN / (count > 0 ? count : 1) + 1, run_range, &job);
   atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
+  if (atomic_load(&job.failed)) {
+    for (int q = 0; q < k->nout; q++) vm_release(outs[q]);
+    *rc = vm_error(KILN_ERR_OOM, "out of memory (a row kernel's scratch row of %lld bytes)",
+                   (long long)job.scratch_bytes);
+    return true;
+  }
   for (int q = 0; q < k->nout; q++) vals[k->outs[q]] = outs[q];
   return true;
 }
@@ -707,7 +731,7 @@ bool cpu_run_group(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, 
       for (int u = 0; u < k->nout; u++) vm_release(outs[u]);
       return false;
     }
-  run_job job = {k->fn, bufs, meta, params};
+  run_job job = {.fn = k->fn, .bufs = bufs, .meta = meta, .params = params};
   vm_parallel_for(total, RUN_GRAIN, run_range, &job);
   atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
   for (int q = 0; q < k->nout; q++) vals[k->outs[q]] = outs[q];

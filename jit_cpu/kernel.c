@@ -445,7 +445,34 @@ typedef struct {
   const bool *want;                /* the nodes this pass evaluates (NULL: all up to reduce) */
   gcc_jit_lvalue **node_val;       /* row-level values, kept between passes */
   int npass;
+  const bool *avail;               /* row kernels: values kept in the scratch row: loaded */
+  const bool *store_now;           /* and those this pass computes first: stored */
+  gcc_jit_lvalue **stash_ptr;      /* typed pointer to each kept value's scratch slot */
 } position_ctx;
+
+/* a kept value's scratch element r */
+static gcc_jit_lvalue *stash_at(cg_ctx *c, gcc_jit_lvalue *ptr, gcc_jit_rvalue *r) {
+  return gcc_jit_context_new_array_access(c->ctx, NULL, rv(ptr), r);
+}
+
+/* before a pass's nodes: kept values from the scratch row */
+static void load_kept(cg_ctx *c, const tr_plan *plan, const tr_group *grp, const bool *avail,
+                      gcc_jit_lvalue **stash_ptr, gcc_jit_rvalue *r, const char *prefix,
+                      gcc_jit_lvalue **node_val) {
+  for (int i = grp->first; avail && i <= grp->last; i++)
+    if (avail[i - grp->first]) {
+      node_val[i - grp->first] = new_local(c, cg_type(c, plan->nodes[i].meta.dtype), prefix, i);
+      gcc_jit_block_add_assignment(c->cur, NULL, node_val[i - grp->first], rv(stash_at(c, stash_ptr[i - grp->first], r)));
+    }
+}
+
+/* after them: the kept values this pass computed first */
+static void store_kept(cg_ctx *c, const tr_group *grp, const bool *store_now, gcc_jit_lvalue **stash_ptr,
+                       gcc_jit_rvalue *r, gcc_jit_lvalue **node_val) {
+  for (int i = grp->first; store_now && i <= grp->last; i++)
+    if (store_now[i - grp->first])
+      gcc_jit_block_add_assignment(c->cur, NULL, stash_at(c, stash_ptr[i - grp->first], r), rv(node_val[i - grp->first]));
+}
 
 /* the value the reduction at pc->reduce folds at position r, cast to
    acc_dt; prefix names the locals of this copy of the producers */
@@ -460,12 +487,15 @@ static gcc_jit_rvalue *emit_position(cg_ctx *c, position_ctx *pc, gcc_jit_rvalue
   gcc_jit_lvalue **node_val = calloc(n, sizeof *node_val);
   if (!node_val) return NULL;
   if (pc->node_val) memcpy(node_val, pc->node_val, n * sizeof *node_val);
-  char name[16];
+  char name[16], kept[16];
   snprintf(name, sizeof name, "%s%d", prefix, pc->npass);
+  snprintf(kept, sizeof kept, "k%s%d", prefix, pc->npass);
+  load_kept(c, pc->plan, grp, pc->avail, pc->stash_ptr, r, kept, node_val);
   if (!emit_nodes(c, pc->plan, grp, ks, pc->io, in_val, pc->params, pc->reduce, pc->want, name, node_val)) {
     free(node_val);
     return NULL;
   }
+  store_kept(c, grp, pc->store_now, pc->stash_ptr, r, node_val);
   int ref = red->in[0];
   bool internal = ref >= grp->first && ref <= grp->last && ks->compute[ref - grp->first];
   gcc_jit_rvalue *value;
@@ -653,6 +683,8 @@ typedef struct {
   int64_t rk[KILN_MAX_DIMS]; /* R with the reduced axes 1 */
 } row_space;
 
+static void plan_stash(const tr_plan *plan, kernel_shape *ks, int first);
+
 /* the kernel shape of groups g..gb as a row kernel; false if it cannot be one */
 static bool rows_fill(const tr_plan *plan, int g, int gb, const bool *escapes, const cpu_leaf *leaves,
                       const row_space *sp, kernel_shape *ks) {
@@ -710,6 +742,7 @@ static bool rows_fill(const tr_plan *plan, int g, int gb, const bool *escapes, c
     bool dense = r < 0 ? leaves[-1 - r].contiguous : vm_op_table[plan->nodes[r].op].kind != VM_KIND_VIEW;
     ks->stride_class[q] = const_along(ref_meta(plan, leaves, r), sp->R, sp->axes) ? 0 : dense ? 1 : 2;
   }
+  plan_stash(plan, ks, first);
   return true;
 }
 
@@ -751,12 +784,53 @@ int kernel_plan_rows(const tr_plan *plan, int g, const bool *escapes, const cpu_
   return -1;
 }
 
-/* marks in want the per-element nodes node i needs (i itself included) */
-static void need(const tr_plan *plan, const kernel_shape *ks, int first, int i, bool *want) {
+/* marks in want the per-element nodes node i needs (i itself included),
+   except values kept in the scratch row (avail) */
+static void need(const tr_plan *plan, const kernel_shape *ks, int first, int i, const bool *avail, bool *want) {
   if (i < first || i > ks->last_node || !ks->per_elem[i - first] || want[i - first]) return;
+  if (avail && avail[i - first]) return;
   want[i - first] = true;
   const tr_pnode *p = &plan->nodes[i];
-  for (int k = 0; k < p->nin; k++) need(plan, ks, first, tr_pnode_input(p, k), want);
+  for (int k = 0; k < p->nin; k++) need(plan, ks, first, tr_pnode_input(p, k), avail, want);
+}
+
+/* the op's cost counts as high: worth keeping rather than recomputing */
+static bool costly(const tr_pnode *p) {
+  switch (p->op) {
+    case VM_OP_exp: case VM_OP_log: case VM_OP_tanh: case VM_OP_sigmoid: case VM_OP_sin: case VM_OP_cos:
+    case VM_OP_log1p: case VM_OP_expm1: case VM_OP_erf: case VM_OP_pow: case VM_OP_div:
+      return true;
+    default:
+      return false;
+  }
+}
+
+/* which costly per-element values more than one pass needs: those get a
+   scratch slot (ks->stash), at most KERNEL_MAX_STASH */
+static void plan_stash(const tr_plan *plan, kernel_shape *ks, int first) {
+  int n = ks->last_node - first + 1;
+  uint8_t *uses = calloc((size_t)n, 1);
+  bool *want = calloc((size_t)n, 1);
+  if (!uses || !want) {
+    free(uses);
+    free(want);
+    return;
+  }
+  for (int pass = first; pass <= ks->last_node + 1; pass++) { /* each reduction, then the stores */
+    memset(want, 0, (size_t)n);
+    if (pass <= ks->last_node) {
+      if (vm_op_table[plan->nodes[pass].op].kind != VM_KIND_REDUCE) continue;
+      need(plan, ks, first, tr_pnode_input(&plan->nodes[pass], 0), NULL, want);
+    } else {
+      for (int q = 0; q < ks->nout; q++)
+        if (ks->per_elem[ks->outs[q] - first]) need(plan, ks, first, ks->outs[q], NULL, want);
+    }
+    for (int i = 0; i < n; i++) uses[i] += want[i];
+  }
+  for (int i = 0; i < n && ks->nstash < KERNEL_MAX_STASH; i++)
+    if (uses[i] > 1 && costly(&plan->nodes[first + i])) ks->stash[i] = (int8_t)(++ks->nstash);
+  free(uses);
+  free(want);
 }
 
 /* the row-level nodes in [from, stop) not yet evaluated */
@@ -802,14 +876,21 @@ bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *lea
           rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
   }
   c->cur = row;
-  gcc_jit_lvalue **node_val = calloc((size_t)n, sizeof *node_val);
-  bool *want = calloc((size_t)n, 1);
-  if (!node_val || !want) {
-    free(node_val);
-    free(want);
-    return false;
+  gcc_jit_lvalue **node_val = calloc((size_t)n, sizeof *node_val), **stash_ptr = calloc((size_t)n, sizeof *stash_ptr);
+  bool *want = calloc((size_t)n, 1), *avail = calloc((size_t)n, 1), *store_now = calloc((size_t)n, 1);
+  bool ok = node_val && stash_ptr && want && avail && store_now;
+  /* the scratch row's slots: bufs[nout + nin] + slot * 8 * count (set per row: cheap) */
+  for (int i = 0; ok && i < n; i++) {
+    if (!ks->stash[i]) continue;
+    gcc_jit_type *pt = gcc_jit_type_get_pointer(cg_type(c, plan->nodes[span.first + i].meta.dtype));
+    gcc_jit_rvalue *base = rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, ks->nout + ks->nin)));
+    gcc_jit_lvalue *bytes = gcc_jit_context_new_array_access(c->ctx, NULL,
+        gcc_jit_context_new_cast(c->ctx, NULL, base, gcc_jit_type_get_pointer(gcc_jit_context_get_type(c->ctx, GCC_JIT_TYPE_CHAR))),
+        mul64(c, rv(count), i64v(c, 8L * (ks->stash[i] - 1))));
+    stash_ptr[i] = new_local(c, pt, "kept", span.first + i);
+    gcc_jit_block_add_assignment(c->cur, NULL, stash_ptr[i],
+                                 gcc_jit_context_new_cast(c->ctx, NULL, gcc_jit_lvalue_get_address(bytes, NULL), pt));
   }
-  bool ok = true;
   /* the reductions in order, each with the row-level nodes before it */
   int from = span.first, npass = 0;
   for (int i = span.first; ok && i <= span.last; i++) {
@@ -818,11 +899,13 @@ bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *lea
     ok = emit_row_level(c, plan, &span, ks, &io, params, from, i, want, node_val);
     from = i + 1;
     memset(want, 0, (size_t)n);
-    need(plan, ks, span.first, tr_pnode_input(red, 0), want);
+    need(plan, ks, span.first, tr_pnode_input(red, 0), avail, want);
+    for (int k = 0; k < n; k++) store_now[k] = want[k] && ks->stash[k];
     kiln_dtype acc_dt = kernel_reduce_acc_dtype(red->op, red->meta.dtype);
     gcc_jit_lvalue *acc = new_local(c, cg_type(c, acc_dt), "acc", i);
     position_ctx pc = {.plan = plan, .grp = &span, .ks = ks, .io = &io, .params = params, .row_at = rv(row_at),
-                       .reduce = i, .want = want, .node_val = node_val, .npass = npass++};
+                       .reduce = i, .want = want, .node_val = node_val, .npass = npass++,
+                       .avail = avail, .store_now = store_now, .stash_ptr = stash_ptr};
     if (ok) gcc_jit_block_add_assignment(c->cur, NULL, r, i64v(c, 0));
     ok = ok && emit_fold(c, &pc, acc, r, rv(count), i + 1);
     if (ok) {
@@ -830,16 +913,19 @@ bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *lea
       gcc_jit_block_add_assignment(c->cur, NULL, node_val[i - span.first],
                                    gcc_jit_context_new_cast(c->ctx, NULL, rv(acc), cg_type(c, red->meta.dtype)));
     }
+    for (int k = 0; k < n; k++) avail[k] |= store_now[k];
   }
   ok = ok && emit_row_level(c, plan, &span, ks, &io, params, from, span.last + 1, want, node_val);
   /* the last pass: per-element values read after the run */
-  memset(want, 0, (size_t)n);
   bool stores = false;
-  for (int q = 0; ok && q < ks->nout; q++)
-    if (ks->per_elem[ks->outs[q] - span.first]) {
-      need(plan, ks, span.first, ks->outs[q], want);
-      stores = true;
-    }
+  if (ok) {
+    memset(want, 0, (size_t)n);
+    for (int q = 0; q < ks->nout; q++)
+      if (ks->per_elem[ks->outs[q] - span.first]) {
+        need(plan, ks, span.first, ks->outs[q], avail, want);
+        stores = true;
+      }
+  }
   if (ok && stores) {
     gcc_jit_block *cond = new_block(c, "scond"), *body = new_block(c, "sbody"), *after = new_block(c, "safter");
     gcc_jit_block_add_assignment(c->cur, NULL, r, i64v(c, 0));
@@ -850,7 +936,10 @@ bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *lea
     emit_loads(c, ks, &io, rv(r), in_val);
     gcc_jit_lvalue **pass_val = malloc((size_t)n * sizeof *pass_val);
     ok = pass_val != NULL;
-    if (ok) memcpy(pass_val, node_val, (size_t)n * sizeof *pass_val);
+    if (ok) {
+      memcpy(pass_val, node_val, (size_t)n * sizeof *pass_val);
+      load_kept(c, plan, &span, avail, stash_ptr, rv(r), "ks", pass_val);
+    }
     ok = ok && emit_nodes(c, plan, &span, ks, &io, in_val, params, span.last + 1, want, "s", pass_val);
     gcc_jit_rvalue *at = add64(c, rv(row_at), rv(r));
     for (int q = 0; ok && q < ks->nout; q++)
@@ -875,6 +964,9 @@ bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *lea
   }
   gcc_jit_block_end_with_void_return(done, NULL);
   free(node_val);
+  free(stash_ptr);
   free(want);
+  free(avail);
+  free(store_now);
   return ok;
 }

@@ -20,7 +20,13 @@ typedef struct kernel_shape {
   int last_group, last_node;       /* the last plan group and node the kernel covers */
   bool rowwise;                    /* a row kernel (kernel_plan_rows) */
   bool per_elem[KERNEL_MAX_NODES]; /* row kernels: the node varies along the reduced axes */
+  int8_t stash[KERNEL_MAX_NODES];  /* row kernels: scratch slot + 1 of a value kept between passes */
+  int nstash;
 } kernel_shape;
+
+/* row kernels keep at most this many per-element values in a row scratch
+   (8 bytes x count each) instead of recomputing them in later passes */
+#define KERNEL_MAX_STASH 4
 
 /* A row kernel fuses a run of groups g..gb — reductions over the trailing
  * axes of one shape R (keepdim), their epilogues, and elementwise groups
@@ -29,7 +35,10 @@ typedef struct kernel_shape {
  * producers recomputed in the pass), the row-level nodes in between, and a
  * last pass that stores the values read after the run.  A row stays in
  * cache across its passes, so softmax or layer_norm read their input from
- * memory once.  Returns gb (>= g + 1), or -1 when no such run starts at g. */
+ * memory once.  A costly value (a transcendental function, a division)
+ * needed by several passes is computed once per row and kept in a scratch
+ * row (bufs[nout + nin], KERNEL_MAX_STASH slots of 8 x count bytes, one
+ * per call of the kernel) instead of being recomputed.  Returns gb (>= g + 1), or -1 when no such run starts at g. */
 int kernel_plan_rows(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
                      kernel_shape *ks);
 bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
