@@ -756,7 +756,12 @@ int kernel_plan_rows(const tr_plan *plan, int g, const bool *escapes, const cpu_
   const tr_pnode *r0 = &plan->nodes[red0];
   row_space sp = {.R = ref_meta(plan, leaves, r0->in[0]), .axes = r0->attr.axes_mask};
   int64_t rows, count;
-  if (!r0->attr.keepdim || !kernel_reduce_split(r0, sp.R, &rows, &count) || count < 2) return -1;
+  /* rows longer than a chunk would not stay in cache between passes, and
+     a row kernel cannot split a row across threads: those compile group by
+     group (plans are specialized to shapes, so this is decided once) */
+  if (!r0->attr.keepdim || !kernel_reduce_split(r0, sp.R, &rows, &count) || count < 2 ||
+      count > KERNEL_REDUCE_CHUNK)
+    return -1;
   int nd = sp.R->ndim;
   for (int d = 0; d < nd; d++) sp.rk[d] = (sp.axes & (1u << d)) ? 1 : sp.R->shape[d];
   /* the longest run of groups whose nodes all fit */
