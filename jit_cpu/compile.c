@@ -90,8 +90,8 @@ static void desc_put(desc_buf *d, const void *p, size_t n) {
 static void describe(desc_buf *d, const tr_plan *plan, int g, const cpu_leaf *leaves,
                      const kernel_shape *ks) {
   const tr_group *grp = &plan->groups[g];
-  int32_t head[9] = {g, ks->nin, ks->nout, ks->nparams, ks->reduce, ks->resume, ks->last_group, ks->rowwise,
-                     ks->nstash};
+  int32_t head[10] = {g, ks->nin, ks->nout, ks->nparams, ks->reduce, ks->resume, ks->last_group, ks->rowwise,
+                      ks->nstash, ks->cols};
   desc_put(d, head, sizeof head);
   for (int q = 0; q < ks->nin; q++) {
     int r = ks->ins[q];
@@ -232,6 +232,7 @@ static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_
     snprintf(name, sizeof name, "kiln_k%d", g);
     c.nlocals = c.nblocks = 0;
     ok = shapes[g]->rowwise      ? kernel_emit_rows(&c, plan, g, leaves, shapes[g], name)
+         : shapes[g]->cols        ? kernel_emit_reduce_cols(&c, plan, g, leaves, shapes[g], name)
          : shapes[g]->reduce >= 0 ? kernel_emit_reduce(&c, plan, g, leaves, shapes[g], name)
                                   : kernel_emit(&c, plan, g, leaves, shapes[g], name);
   }
@@ -321,7 +322,7 @@ cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
   for (int g = 0; g < plan->ngroups; g++) {
     kernel_shape *ks = malloc(sizeof *ks);
     int last = ks && !rows_off() ? kernel_plan_rows(plan, g, escapes, leaves, ks) : -1;
-    if (ks && (last > g || kernel_plan(plan, g, escapes, leaves, ks))) {
+    if (ks && (last >= g || kernel_plan(plan, g, escapes, leaves, ks))) {
       shapes[g] = ks;
       describe(&desc, plan, g, leaves, ks);
       count++;
@@ -383,6 +384,7 @@ cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
     k->resume = ks->resume;
     k->last_group = ks->last_group;
     k->rowwise = ks->rowwise;
+    k->cols = ks->cols;
     k->nstash = ks->nstash;
     k->ins = malloc((size_t)(ks->nin + 1) * sizeof(int));
     k->outs = malloc((size_t)(ks->nout + 1) * sizeof(int));
@@ -586,6 +588,88 @@ static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
   return true;
 }
 
+/* one stride for the dims d in [d0, d1) (size 1 ignored) when they collapse */
+static bool collapse_range(const int64_t *shape, const int64_t *stride, int d0, int d1, int64_t *out) {
+  int64_t s = 0, span = 0;
+  bool any = false;
+  for (int d = d1 - 1; d >= d0; d--) {
+    if (shape[d] == 1) continue;
+    if (any && stride[d] != span) return false;
+    if (!any) s = stride[d];
+    any = true;
+    span = stride[d] * shape[d];
+  }
+  *out = s;
+  return true;
+}
+
+/* a column reduction: outer x count x inner */
+static bool run_reduce_cols(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
+                            int *rc) {
+  const tr_pnode *red = &plan->nodes[k->reduce];
+  int ref = red->in[0];
+  const vm_meta *rin = ref >= 0 ? &plan->nodes[ref].meta : &t->leaves[-1 - ref]->meta;
+  int64_t outer, count, inner;
+  if (!kernel_reduce_split3(red, rin, &outer, &count, &inner)) return false;
+  int nd = rin->ndim, first = nd, last = -1; /* the reduced run [first, last] */
+  for (int d = 0; d < nd; d++)
+    if ((red->attr.axes_mask & (1u << d)) && rin->shape[d] > 1) {
+      if (first == nd) first = d;
+      last = d;
+    }
+  if (last < 0) return false;
+  int64_t nblocks = (inner + KERNEL_COLS - 1) / KERNEL_COLS;
+  int64_t meta[4 + 3 * KERNEL_MAX_IO] = {outer, count, inner, nblocks};
+  void *bufs[2 * KERNEL_MAX_IO];
+  for (int q = 0; q < k->nin; q++) {
+    int r = k->ins[q];
+    vm_tensor *v = r >= 0 ? vals[r] : t->leaves[-1 - r]->value;
+    if (!v || v->ndim > nd) return false;
+    int64_t strides[KILN_MAX_DIMS];
+    int lead = nd - v->ndim;
+    for (int d = 0; d < nd; d++) {
+      int src = d - lead;
+      strides[d] = (src < 0 || v->shape[src] == 1) ? 0 : v->strides[src];
+    }
+    int64_t s_out, s_red, s_in;
+    if (!collapse_range(rin->shape, strides, 0, first, &s_out) ||
+        !collapse_range(rin->shape, strides, first, last + 1, &s_red) ||
+        !collapse_range(rin->shape, strides, last + 1, nd, &s_in))
+      return false;
+    if ((k->in_stride[q] == 0 && s_in != 0) || (k->in_stride[q] == 1 && s_in != 1)) return false;
+    meta[4 + 3 * q] = s_out;
+    meta[5 + 3 * q] = s_red;
+    meta[6 + 3 * q] = s_in;
+    bufs[k->nout + q] = vm_data(v);
+  }
+  uint64_t params[KERNEL_MAX_IO];
+  for (int s = 0; s < k->nparams; s++) {
+    const tr_pnode *p = &plan->nodes[k->params[s]];
+    params[s] = 0;
+    vm_store_f64(&params[s], p->meta.dtype, 0, t->nodes[p->src]->attr.scalar[0]);
+  }
+  vm_tensor *outs[KERNEL_MAX_IO] = {0};
+  for (int q = 0; q < k->nout; q++) {
+    const vm_meta *m = &plan->nodes[k->outs[q]].meta;
+    outs[q] = vm_tensor_new(m->dtype, m->ndim, m->shape);
+    if (!outs[q] || outs[q]->numel != (k->outs[q] == k->reduce ? outer * inner : outer * count * inner)) {
+      for (int u = 0; u <= q; u++) vm_release(outs[u]);
+      if (!outs[q] && vm_thread()->status) {
+        *rc = vm_thread()->status;
+        return true;
+      }
+      return false;
+    }
+    bufs[q] = vm_data(outs[q]);
+  }
+  run_job job = {.fn = k->fn, .bufs = bufs, .meta = meta, .params = params};
+  int64_t per_item = count * (inner < KERNEL_COLS ? inner : KERNEL_COLS);
+  vm_parallel_for(outer * nblocks, RUN_GRAIN / (per_item > 0 ? per_item : 1) + 1, run_range, &job);
+  atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
+  for (int q = 0; q < k->nout; q++) vals[k->outs[q]] = outs[q];
+  return true;
+}
+
 /* a row kernel: rows x count as for a reduction (its first one) */
 static bool run_rows(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals, int *rc) {
   const tr_pnode *red = &plan->nodes[k->reduce];
@@ -655,6 +739,7 @@ bool cpu_run_group(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, 
                    vm_tensor **vals, int *rc) {
   (void)g;
   if (k->rowwise) return run_rows(k, plan, t, vals, rc);
+  if (k->cols) return run_reduce_cols(k, plan, t, vals, rc);
   if (k->reduce >= 0) return run_reduce(k, plan, t, vals, rc);
   const vm_meta *om = &plan->nodes[k->outs[0]].meta;
   int nd = om->ndim, nin = k->nin;

@@ -21,6 +21,7 @@ typedef struct cpu_kernel {
   int resume;            /* the group's nodes from here on run on the interpreter after it */
   int last_group;        /* a row kernel runs groups g..last_group (else last_group = g) */
   bool rowwise;
+  bool cols;             /* a column reduction (kept axes on both sides of the reduced ones) */
   int nstash;            /* row kernels: scratch slots (8 x count bytes each) per call */
 } cpu_kernel;
 

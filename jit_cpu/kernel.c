@@ -61,7 +61,12 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
     const vm_meta *rin = ref >= 0 ? &plan->nodes[ref].meta : &leaves[-1 - ref].meta;
     int64_t rows, count;
     bool ok_op = r->op == VM_OP_sum || r->op == VM_OP_prod || r->op == VM_OP_max || r->op == VM_OP_min;
-    if (!ok_op || rin->dtype == KILN_BOOL || !kernel_reduce_split(r, rin, &rows, &count)) return false;
+    if (!ok_op || rin->dtype == KILN_BOOL) return false;
+    if (!kernel_reduce_split(r, rin, &rows, &count)) {
+      int64_t outer, inner;
+      if (!kernel_reduce_split3(r, rin, &outer, &count, &inner)) return false;
+      ks->cols = true;
+    }
     ks->resume = ks->reduce + 1;
   } else if (grp->kind != TR_GROUP_ELEMENTWISE) {
     return false;
@@ -643,6 +648,169 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
   return true;
 }
 
+/* --- column reductions ----------------------------------------------------------------
+ * A reduction whose kept axes surround it (sum over axis 0 of a matrix: a
+ * bias gradient) as outer x count x inner.  Work items are (o, block of
+ * KERNEL_COLS inner positions); per item:
+ *   acc[0..w) = identity
+ *   per block of REDUCE_BLOCK reduced positions r:
+ *     blk[0..w) = identity
+ *     for r: for b in the item's columns: blk[b] = comb(blk[b], value(o, r, b))
+ *     acc[b] = comb(acc[b], blk[b])
+ *   out[o * inner + b] = acc[b]
+ * The loop over b is a map over contiguous columns, so it vectorizes with
+ * no reassociation; each column folds its positions in order.
+ * meta = outer, count, inner, nblocks, then per input (outer stride,
+ * reduced stride, inner stride). */
+
+bool kernel_reduce_split3(const tr_pnode *r, const vm_meta *in, int64_t *outer, int64_t *count,
+                          int64_t *inner) {
+  int stage = 0; /* 0: kept before, 1: reduced, 2: kept after */
+  *outer = *count = *inner = 1;
+  for (int d = 0; d < in->ndim; d++) {
+    if (in->shape[d] == 1) continue;
+    bool reduced = r->attr.axes_mask & (1u << d);
+    if (reduced) {
+      if (stage == 2) return false;
+      stage = 1;
+      *count *= in->shape[d];
+    } else if (stage == 0) {
+      *outer *= in->shape[d];
+    } else {
+      stage = 2;
+      *inner *= in->shape[d];
+    }
+  }
+  return true;
+}
+
+/* for (var = from; var < to; var++) { body }: returns the body block (c->cur
+   set to it); close_loop ends it, leaving c->cur after the loop */
+typedef struct {
+  gcc_jit_block *cond, *after;
+  gcc_jit_lvalue *var;
+} counted_loop;
+
+static counted_loop open_loop(cg_ctx *c, gcc_jit_lvalue *var, gcc_jit_rvalue *from, gcc_jit_rvalue *to,
+                              const char *name) {
+  counted_loop L = {new_block(c, name), new_block(c, name), var};
+  gcc_jit_block *body = new_block(c, name);
+  gcc_jit_block_add_assignment(c->cur, NULL, var, from);
+  gcc_jit_block_end_with_jump(c->cur, NULL, L.cond);
+  cond_loop(L.cond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(var), to), body, L.after);
+  c->cur = body;
+  return L;
+}
+
+static void close_loop(cg_ctx *c, counted_loop *L) {
+  gcc_jit_block_add_assignment_op(c->cur, NULL, L->var, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
+  gcc_jit_block_end_with_jump(c->cur, NULL, L->cond);
+  c->cur = L->after;
+}
+
+bool kernel_emit_reduce_cols(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
+                             const kernel_shape *ks, const char *name) {
+  const tr_group *grp = &plan->groups[g];
+  const tr_pnode *red = &plan->nodes[ks->reduce];
+  gcc_jit_param *prm[5];
+  new_kernel_fn(c, name, prm);
+  gcc_jit_rvalue *bufs = gcc_jit_param_as_rvalue(prm[0]), *meta = gcc_jit_param_as_rvalue(prm[1]);
+  kiln_dtype out_dt = red->meta.dtype, acc_dt = kernel_reduce_acc_dtype(red->op, out_dt);
+  gcc_jit_type *acc_t = cg_type(c, acc_dt), *arr_t = gcc_jit_context_new_array_type(c->ctx, NULL, acc_t, KERNEL_COLS);
+  gcc_jit_block *entry = new_block(c, "entry"), *items = new_block(c, "items"), *item = new_block(c, "item"),
+                *done = new_block(c, "done");
+  gcc_jit_lvalue *count = new_local(c, c->t_i64, "count", 0), *inner = new_local(c, c->t_i64, "inner", 0),
+                 *nblocks = new_local(c, c->t_i64, "nblocks", 0), *v = new_local(c, c->t_i64, "v", 0),
+                 *o = new_local(c, c->t_i64, "o", 0), *b0 = new_local(c, c->t_i64, "b0", 0),
+                 *w = new_local(c, c->t_i64, "w", 0), *r = new_local(c, c->t_i64, "r", 0),
+                 *rend = new_local(c, c->t_i64, "rend", 0), *b = new_local(c, c->t_i64, "b", 0),
+                 *k = new_local(c, c->t_i64, "k", 0), *tmp = new_local(c, c->t_i64, "tmp", 0),
+                 *row_at = new_local(c, c->t_i64, "rowat", 0), *acc = new_local(c, arr_t, "acc", 0),
+                 *blk = new_local(c, arr_t, "blk", 0);
+  kernel_io io;
+  gcc_jit_block_add_assignment(entry, NULL, count, meta_at(c, meta, i64v(c, 1)));
+  gcc_jit_block_add_assignment(entry, NULL, inner, meta_at(c, meta, i64v(c, 2)));
+  gcc_jit_block_add_assignment(entry, NULL, nblocks, meta_at(c, meta, i64v(c, 3)));
+  emit_io(c, entry, bufs, plan, leaves, ks, &io);
+  for (int q = 0; q < ks->nin; q++)
+    gcc_jit_block_add_assignment(entry, NULL, io.step[q], meta_at(c, meta, i64v(c, 6 + 3 * q)));
+  gcc_jit_block_add_assignment(entry, NULL, v, gcc_jit_param_as_rvalue(prm[3]));
+  gcc_jit_block_end_with_jump(entry, NULL, items);
+  cond_loop(items, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(v), gcc_jit_param_as_rvalue(prm[4])),
+            item, done);
+  /* the item: o, its columns [b0, b0 + w) */
+  c->cur = item;
+  gcc_jit_block_add_assignment(item, NULL, o,
+      gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_DIVIDE, c->t_i64, rv(v), rv(nblocks)));
+  gcc_jit_block_add_assignment(item, NULL, b0,
+      mul64(c, gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(v),
+                                             mul64(c, rv(o), rv(nblocks))), i64v(c, KERNEL_COLS)));
+  gcc_jit_rvalue *left = gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(inner), rv(b0));
+  gcc_jit_block_add_assignment(item, NULL, w, min64(c, item, tmp, left, i64v(c, KERNEL_COLS)));
+  counted_loop L = open_loop(c, k, i64v(c, 0), rv(w), "ainit");
+  gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(acc), rv(k)),
+                               identity(c, red->op, acc_dt));
+  close_loop(c, &L);
+  /* blocks of reduced positions */
+  gcc_jit_block *outer = new_block(c, "outer"), *blk_init = new_block(c, "blk"), *finish = new_block(c, "finish");
+  gcc_jit_block_add_assignment(c->cur, NULL, r, i64v(c, 0));
+  gcc_jit_block_end_with_jump(c->cur, NULL, outer);
+  cond_loop(outer, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rv(count)), blk_init, finish);
+  c->cur = blk_init;
+  gcc_jit_block_add_assignment(c->cur, NULL, rend, min64(c, c->cur, tmp, add64(c, rv(r), i64v(c, REDUCE_BLOCK)), rv(count)));
+  L = open_loop(c, k, i64v(c, 0), rv(w), "binit");
+  gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(blk), rv(k)),
+                               identity(c, red->op, acc_dt));
+  close_loop(c, &L);
+  /* for r in the block: the inputs' bases at (o, r), then the columns */
+  gcc_jit_block *rcond = new_block(c, "rcond"), *rbody = new_block(c, "rbody"), *blk_done = new_block(c, "blkdone");
+  gcc_jit_block_end_with_jump(c->cur, NULL, rcond);
+  cond_loop(rcond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rv(rend)), rbody, blk_done);
+  c->cur = rbody;
+  for (int q = 0; q < ks->nin; q++) {
+    gcc_jit_block_add_assignment(c->cur, NULL, io.off[q],
+        add64(c, mul64(c, rv(o), meta_at(c, meta, i64v(c, 4 + 3 * q))),
+              add64(c, mul64(c, rv(r), meta_at(c, meta, i64v(c, 5 + 3 * q))),
+                    mul64(c, rv(b0), meta_at(c, meta, i64v(c, 6 + 3 * q))))));
+    if (ks->stride_class[q] == 0)
+      gcc_jit_block_add_assignment(c->cur, NULL, io.hoist[q],
+          rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
+  }
+  gcc_jit_block_add_assignment(c->cur, NULL, row_at,
+      add64(c, mul64(c, add64(c, mul64(c, rv(o), rv(count)), rv(r)), rv(inner)), rv(b0)));
+  L = open_loop(c, b, i64v(c, 0), rv(w), "cols");
+  position_ctx pc = {.plan = plan, .grp = grp, .ks = ks, .io = &io, .params = gcc_jit_param_as_rvalue(prm[2]),
+                     .row_at = rv(row_at), .reduce = ks->reduce, .store = true};
+  gcc_jit_rvalue *val = emit_position(c, &pc, rv(b), acc_dt, "v");
+  if (!val) return false;
+  gcc_jit_rvalue *next = combine(c, red->op, acc_dt, rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(blk), rv(b))), val);
+  gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(blk), rv(b)), next);
+  close_loop(c, &L);
+  gcc_jit_block_add_assignment_op(c->cur, NULL, r, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
+  gcc_jit_block_end_with_jump(c->cur, NULL, rcond);
+  /* the block folds into acc */
+  c->cur = blk_done;
+  L = open_loop(c, k, i64v(c, 0), rv(w), "bfold");
+  next = combine(c, red->op, acc_dt, rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(acc), rv(k))),
+                 rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(blk), rv(k))));
+  gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(acc), rv(k)), next);
+  close_loop(c, &L);
+  gcc_jit_block_end_with_jump(c->cur, NULL, outer);
+  /* the item's results */
+  c->cur = finish;
+  int qr = 0;
+  while (ks->outs[qr] != ks->reduce) qr++;
+  L = open_loop(c, k, i64v(c, 0), rv(w), "store");
+  gcc_jit_block_add_assignment(c->cur, NULL,
+      gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[qr]), add64(c, mul64(c, rv(o), rv(inner)), add64(c, rv(b0), rv(k)))),
+      gcc_jit_context_new_cast(c->ctx, NULL, rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(acc), rv(k))), cg_type(c, out_dt)));
+  close_loop(c, &L);
+  gcc_jit_block_add_assignment_op(c->cur, NULL, v, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
+  gcc_jit_block_end_with_jump(c->cur, NULL, items);
+  gcc_jit_block_end_with_void_return(done, NULL);
+  return true;
+}
+
 /* --- row kernels ---------------------------------------------------------------------
  * kernel.h says what they fuse.  Per kept row o in [begin, end):
  *   the row-level nodes before the first reduction
@@ -784,7 +952,10 @@ int kernel_plan_rows(const tr_plan *plan, int g, const bool *escapes, const cpu_
     if (!ok) break;
     gmax = h;
   }
-  for (int gb = gmax; gb >= g + 1; gb--)
+  /* one group alone is worth a row kernel when it has an epilogue (which
+     then runs in the kernel, not on the interpreter) */
+  int lowest = red0 < g0->last ? g : g + 1;
+  for (int gb = gmax; gb >= lowest; gb--)
     if (rows_fill(plan, g, gb, escapes, leaves, &sp, ks)) return gb;
   return -1;
 }

@@ -19,6 +19,7 @@ typedef struct kernel_shape {
   int resume;                      /* the group's nodes from here on stay interpreted */
   int last_group, last_node;       /* the last plan group and node the kernel covers */
   bool rowwise;                    /* a row kernel (kernel_plan_rows) */
+  bool cols;                       /* a column reduction (kernel_emit_reduce_cols) */
   bool per_elem[KERNEL_MAX_NODES]; /* row kernels: the node varies along the reduced axes */
   int8_t stash[KERNEL_MAX_NODES];  /* row kernels: scratch slot + 1 of a value kept between passes */
   int nstash;
@@ -35,10 +36,11 @@ typedef struct kernel_shape {
  * producers recomputed in the pass), the row-level nodes in between, and a
  * last pass that stores the values read after the run.  A row stays in
  * cache across its passes, so softmax or layer_norm read their input from
- * memory once.  A costly value (a transcendental function, a division)
+ * memory once.  A single reduce group with an epilogue is a row kernel too
+ * (its epilogue then runs compiled).  A costly value (a transcendental function, a division)
  * needed by several passes is computed once per row and kept in a scratch
  * row (bufs[nout + nin], KERNEL_MAX_STASH slots of 8 x count bytes, one
- * per call of the kernel) instead of being recomputed.  Returns gb (>= g + 1), or -1 when no such run starts at g. */
+ * per call of the kernel) instead of being recomputed.  Returns gb (>= g), or -1 when no such run starts at g. */
 int kernel_plan_rows(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
                      kernel_shape *ks);
 bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
@@ -49,6 +51,14 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
 /* the reduction's input as (kept rows, reduced count) when the reduced axes
    are its trailing non-trivial dims; false otherwise */
 bool kernel_reduce_split(const tr_pnode *r, const vm_meta *in, int64_t *rows, int64_t *count);
+/* the reduction's input as (outer kept, reduced count, inner kept) when
+   the reduced axes are one run of its non-trivial dims; false otherwise */
+bool kernel_reduce_split3(const tr_pnode *r, const vm_meta *in, int64_t *outer, int64_t *count,
+                          int64_t *inner);
+/* inner positions per work item of a column reduction */
+#define KERNEL_COLS 256
+bool kernel_emit_reduce_cols(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
+                             const kernel_shape *ks, const char *name);
 /* the dtype a reduce kernel accumulates in (f64 for f32 sums and products) */
 kiln_dtype kernel_reduce_acc_dtype(vm_opcode op, kiln_dtype out);
 /* reduced positions per chunk when a row is split (a multiple of the block) */

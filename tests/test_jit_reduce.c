@@ -7,6 +7,7 @@
  * hits the cached plan) and must have launched compiled kernels.  NaN must
  * win in max/min wherever it sits, and a long row's result must not depend
  * on the thread count (a child with KILN_THREADS=1 prints the same bits).
+ * Column reductions (kept axes on both sides: sum over axis 0) likewise.
  * Row kernels (softmax, layer_norm: reductions, their epilogues and the
  * elementwise tail fused per row) match double-precision references and
  * run as one launch. */
@@ -141,6 +142,79 @@ TEST(reductions_match_reference) {
         check_case((rop)op, dts[d], shapes[s][0], shapes[s][1], s % 2 == 1, -1);
 }
 
+/* x of shape (outer, count, inner) (2-d (count, inner) when outer is 1)
+   reduced over the middle axis: column reductions */
+static void check_cols(rop op, kiln_dtype dt, int64_t outer, int64_t count, int64_t inner, int64_t nan_at) {
+  if (op == R_PROD && !(dt == KILN_F32 || dt == KILN_F64)) return;
+  int64_t n = outer * count * inner;
+  void *buf = malloc((size_t)n * dsize(dt));
+  fill(dt, buf, n, (uint64_t)(outer * 7 + count * 3 + inner + op));
+  if (nan_at >= 0 && nan_at < n) {
+    if (dt == KILN_F32) ((float *)buf)[nan_at] = NAN;
+    if (dt == KILN_F64) ((double *)buf)[nan_at] = NAN;
+  }
+  int64_t shape3[3] = {outer, count, inner}, shape2[2] = {count, inner};
+  int axis = outer == 1 ? 0 : 1;
+  kiln_tensor *x = kiln_from_data(buf, dt, outer == 1 ? 2 : 3, outer == 1 ? shape2 : shape3);
+  for (int rep = 0; rep < 2; rep++) {
+    kiln_stats before, after;
+    kiln_get_stats(&before);
+    kiln_tensor *p = produce_t(op, x), *r = reduce(op, p, 1, &axis);
+    kiln_release(p);
+    kiln_dtype odt = kiln_dtype_of(r);
+    void *got = malloc((size_t)(outer * inner) * dsize(odt));
+    CHECK(kiln_to_buffer(r, got, (size_t)(outer * inner) * dsize(odt)) == 0);
+    kiln_get_stats(&after);
+    if (after.kernels_launched == before.kernels_launched)
+      KTEST_FAIL("cols %s %s %lldx%lldx%lld: no compiled kernel ran", rop_name[op], dt_name(dt), (long long)outer,
+                 (long long)count, (long long)inner);
+    for (int64_t o = 0; o < outer; o++)
+      for (int64_t b = 0; b < inner; b++) {
+        double want = op == R_PROD ? 1 : op == R_SUM ? 0 : NAN;
+        long double lsum = 0;
+        bool nan = false;
+        for (int64_t k = 0; k < count; k++) {
+          double xv = at(dt, buf, (o * count + k) * inner + b), v = produce(op, xv);
+          if (dt == KILN_F32)
+            v = op == R_PROD ? (double)((float)(xv * (float)1e-9) + (float)1.0001) : (double)((float)(xv * xv) + (float)xv);
+          if (v != v) nan = true;
+          if (op == R_SUM) lsum += v;
+          else if (op == R_PROD) want *= v;
+          else if (k == 0 || (op == R_MAX ? v > want : v < want)) want = v;
+        }
+        if (op == R_SUM) want = (double)lsum;
+        if (nan) want = NAN;
+        double g = at(odt, got, o * inner + b);
+        double tol = dt == KILN_F32 ? 1e-6 : dt == KILN_F64 ? 1e-13 : 0;
+        if (op == R_PROD) tol *= 1 + 1e-3 * (double)count;
+        if (!((isnan(g) && isnan(want)) || fabs(g - want) <= tol * fmax(1, fabs(want)))) {
+          KTEST_FAIL("cols %s %s %lldx%lldx%lld at (%lld, %lld): %.17g, want %.17g", rop_name[op], dt_name(dt),
+                     (long long)outer, (long long)count, (long long)inner, (long long)o, (long long)b, g, want);
+          o = outer;
+          break;
+        }
+      }
+    free(got);
+    kiln_release(r);
+  }
+  kiln_release(x);
+  free(buf);
+}
+
+TEST(column_reductions_match_reference) {
+  const kiln_dtype dts[] = {KILN_F32, KILN_F64, KILN_I32, KILN_I64};
+  /* outer x count x inner: partial column blocks, several reduced blocks, an outer axis */
+  const int64_t shapes[][3] = {{1, 1000, 300}, {1, 9000, 7}, {4, 300, 70}, {3, 5, 600}};
+  for (int op = 0; op < 4; op++)
+    for (int d = 0; d < 4; d++)
+      for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        check_cols((rop)op, dts[d], shapes[s][0], shapes[s][1], shapes[s][2], -1);
+  for (int op = R_SUM; op <= R_MIN; op++) {
+    check_cols((rop)op, KILN_F32, 1, 1000, 300, 999 * 300 + 299); /* NaN in the last row, last column */
+    check_cols((rop)op, KILN_F64, 4, 300, 70, 70 * 150 + 3);
+  }
+}
+
 TEST(nan_wins_everywhere) {
   /* NaN in the lane loop, in a tail, in a later chunk of a split row */
   const int nan_at[] = {3, 64 * 5 + 1, 200003 - 2, 150000};
@@ -271,6 +345,7 @@ int main(int argc, char **argv) {
   unsetenv("KILN_JIT");
   RUN(reductions_match_reference);
   RUN(nan_wins_everywhere);
+  RUN(column_reductions_match_reference);
   RUN(long_rows_independent_of_threads);
   RUN(row_kernels_softmax);
   RUN(row_kernels_layer_norm);
