@@ -26,10 +26,10 @@
  * infinite results are exactly libm's, signs included.
  *
  *   fn       bound  measured  notes
- *   EXP      1      0.76      inf for x > 88.7228, 0 below -103.97
+ *   EXP      1      0.78      inf for x > 88.7228, 0 below -103.97
  *   LOG      1      0.83      log(±0) = -inf, log(x < 0) = NaN, log(inf) = inf
- *   TANH     1.5    @TANH@      tanh(±inf) = ±1, tanh(-0) = -0
- *   SIGMOID  2.5    @SIG@      vs 1/(1+exp(-x)) computed exactly.  Below
+ *   TANH     1.5    1.35      tanh(±inf) = ±1, tanh(-0) = -0
+ *   SIGMOID  2.5    2.41      vs 1/(1+exp(-x)) computed exactly.  Below
  *                             x = -88.7 it returns the tiny true value where
  *                             the interpreter's float formula gives 0
  *                             (difference < 1.2e-38)
