@@ -923,6 +923,13 @@ static void start_compiler_locked(void) {
   pthread_attr_destroy(&attr);
 }
 
+void cpu_compile_wait(void) {
+  pthread_mutex_lock(&compiler.lock);
+  while (compiler.started && !compiler.stopping && (compiler.head || compiler.busy))
+    pthread_cond_wait(&compiler.idle, &compiler.lock);
+  pthread_mutex_unlock(&compiler.lock);
+}
+
 void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
   compile_job *job = calloc(1, sizeof *job);
   if (!job || !(job->leaves = cpu_leaves_of(t))) {

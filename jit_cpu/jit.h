@@ -49,6 +49,8 @@ cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves);
    in plan->jit when done (the plan keeps running on the interpreter until
    then).  Takes copies of what it needs. */
 void cpu_compile_async(tr_plan *plan, const tr_trace *t);
+/* blocks until the background compiler's queue is empty and it is idle */
+void cpu_compile_wait(void);
 /* the leaf descriptions of trace t (malloc'd, nleaves entries) */
 cpu_leaf *cpu_leaves_of(const tr_trace *t);
 void cpu_plan_free(cpu_plan *cp);

@@ -39,6 +39,7 @@ static void time_openblas(const bench_opts *o, int64_t n, const float *a, const 
   float *c = bench_alloc_f32(n * n);
   double *times = calloc((size_t)o->reps, sizeof *times);
   for (int r = -o->warmup; r < o->reps; r++) {
+    if (r == 0) kiln_jit_wait();
     double t0 = bench_now();
     sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_NO_TRANS, (int)n, (int)n, (int)n, 1.0f, a, (int)n,
           b, (int)n, 0.0f, c, (int)n);
@@ -68,6 +69,7 @@ int main(int argc, char **argv) {
   double *times = calloc((size_t)o.reps, sizeof *times);
   kiln_tensor *out = NULL;
   for (int r = -o.warmup; r < o.reps; r++) {
+    if (r == 0) kiln_jit_wait();
     kiln_release(out);
     double t0 = bench_now();
     out = kiln_matmul(ta, tb);

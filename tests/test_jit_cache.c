@@ -34,6 +34,32 @@ static int work(void) {
   return 0;
 }
 
+/* child: with the default background compiler, a hot trace runs compiled
+   once kiln_jit_wait() returns; prints "1" when it did */
+static int async_work(void) {
+  kiln_tensor *x = kiln_arange(0, 1 << 15, 1, KILN_F32);
+  kiln_sync(); /* x is a leaf of the trace below, not part of it */
+  double first = 0, last = 0;
+  for (int it = 0; it < 3; it++) {
+    kiln_tensor *a = kiln_mul_scalar(x, 1e-4), *b = kiln_tanh(a), *s = kiln_sum(b, 0, NULL, false);
+    last = kiln_item(s);
+    if (it == 0) first = last;
+    kiln_tensor *all[] = {a, b, s};
+    for (int i = 0; i < 3; i++) kiln_release(all[i]);
+  }
+  kiln_jit_wait();
+  kiln_stats before, after;
+  kiln_get_stats(&before);
+  kiln_tensor *a = kiln_mul_scalar(x, 1e-4), *b = kiln_tanh(a), *s = kiln_sum(b, 0, NULL, false);
+  last = kiln_item(s);
+  kiln_get_stats(&after);
+  kiln_tensor *all[] = {a, b, s, x};
+  for (int i = 0; i < 4; i++) kiln_release(all[i]);
+  /* compiled: no op ran on the interpreter (eager_ops counts those) */
+  printf("%d\n", after.eager_ops == before.eager_ops && fabs(last - first) <= 1e-5 * fabs(first));
+  return 0;
+}
+
 typedef struct {
   double total;
   unsigned long long compiles, disk_hits;
@@ -162,8 +188,23 @@ TEST(missing_toolchain_is_reported_once) {
   CHECK(system(cmd) == 0);
 }
 
+/* kiln_jit_wait waits for the background compiler */
+TEST(jit_wait_then_compiled) {
+  char dir[] = "/tmp/kiln-cache-test-XXXXXX", cmd[9000];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(cmd, sizeof cmd, "env KILN_CACHE_DIR=%s '%s' async", dir, self);
+  FILE *p = popen(cmd, "r");
+  int ok = 0;
+  CHECK(p && fscanf(p, "%d", &ok) == 1);
+  if (p) CHECK(pclose(p) == 0);
+  CHECK_EQ_INT(ok, 1);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "work")) return work();
+  if (argc > 1 && !strcmp(argv[1], "async")) return async_work();
   ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
   if (len <= 0) return 1;
   self[len] = 0;
@@ -171,5 +212,6 @@ int main(int argc, char **argv) {
   RUN(two_processes_share_a_cache_directory);
   RUN(cache_off_writes_nothing);
   RUN(missing_toolchain_is_reported_once);
+  RUN(jit_wait_then_compiled);
   return ktest_done();
 }

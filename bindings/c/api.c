@@ -15,6 +15,7 @@
 #include "../../vm/rng.h"
 #include "../../vm/state.h"
 #include "../../autodiff/ad.h"
+#include "../../jit_cpu/jit.h"
 #include "../../jit_gpu/device.h"
 #include "../../trace/record.h"
 
@@ -437,6 +438,8 @@ int kiln_sync(void) {
   API(kiln_sync);
   return tr_sync();
 }
+
+void kiln_jit_wait(void) { cpu_compile_wait(); }
 
 void kiln_get_stats(kiln_stats *out) {
   if (!out) return;

@@ -190,6 +190,9 @@ KILN_API kiln_tensor *kiln_to_device(kiln_tensor *t, kiln_device d);
 
 /* runtime */
 KILN_API int kiln_sync(void); /* evaluate everything pending on this thread */
+/* wait until the background compiler has finished every compile queued so
+   far (hot traces then run compiled); benchmarks call it after warm-up */
+KILN_API void kiln_jit_wait(void);
 typedef struct {
   uint64_t ops_recorded, flushes, traces_seen, cache_hits, cache_misses, compiles,
       compile_failures, disk_hits, eager_ops, kernels_launched;

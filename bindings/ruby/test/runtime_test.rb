@@ -23,6 +23,18 @@ class RuntimeTest < Minitest::Test
     assert_tensor [4.0, 4.0, 4.0, 4.0], x
   end
 
+  def test_jit_wait_then_compiled
+    x = Kiln.arange(0, 4096, dtype: :float32)
+    Kiln.sync # x is a leaf of the trace below
+    step = -> { ((x * 0.001).tanh * 2 + 1).sum.item }
+    want = step.call
+    2.times { step.call } # hot: queued for the background compiler
+    assert_nil Kiln.jit_wait
+    before = Kiln.stats[:eager_ops]
+    assert_in_delta want, step.call, want.abs * 1e-5
+    assert_equal before, Kiln.stats[:eager_ops] # compiled: nothing ran on the interpreter
+  end
+
   def test_reset_stats_and_machine_info
     Kiln.ones(2).sum.item
     Kiln.reset_stats

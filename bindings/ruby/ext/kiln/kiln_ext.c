@@ -446,6 +446,19 @@ static VALUE m_sync(VALUE mod) {
   return Qnil;
 }
 
+static void *jit_wait_fn(void *p) {
+  (void)p;
+  kiln_jit_wait();
+  return NULL;
+}
+
+/* Kiln.jit_wait: until the background compiler is idle (without the GVL) */
+static VALUE m_jit_wait(VALUE mod) {
+  (void)mod;
+  rb_thread_call_without_gvl(jit_wait_fn, NULL, NULL, NULL);
+  return Qnil;
+}
+
 static VALUE m_no_grad_push(VALUE mod) {
   kiln_no_grad_push();
   return Qnil;
@@ -490,6 +503,7 @@ void Init_kiln_ext(void) {
   rb_define_singleton_method(rk_mKiln, "stats", m_stats, 0);
   rb_define_singleton_method(rk_mKiln, "reset_stats", m_reset_stats, 0);
   rb_define_singleton_method(rk_mKiln, "sync", m_sync, 0);
+  rb_define_singleton_method(rk_mKiln, "jit_wait", m_jit_wait, 0);
   rb_define_singleton_method(rk_mKiln, "library_version", m_version, 0);
   rb_define_singleton_method(rk_mKiln, "num_threads", m_num_threads, 0);
   rb_define_singleton_method(rk_mKiln, "blas_core", m_blas_core, 0);

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 # Kiln's module functions: constructors, functional ops, autodiff scopes.
-# Kiln.manual_seed, Kiln.stats, Kiln.reset_stats, Kiln.sync, Kiln.num_threads,
+# Kiln.manual_seed, Kiln.stats, Kiln.reset_stats, Kiln.sync, Kiln.jit_wait, Kiln.num_threads,
 # Kiln.blas_core, Kiln.cpu_isa and Kiln.library_version are C functions.
 module Kiln
   class << self
