@@ -352,6 +352,7 @@ cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
         atomic_fetch_add_explicit(&st->disk_hits, 1, memory_order_relaxed);
       } else {
         atomic_fetch_add_explicit(&st->compiles, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&st->kernels_compiled, (uint_fast64_t)count, memory_order_relaxed);
         vm_add_ms(&st->compile_us, now_ms() - t0);
       }
     } else if (!have) {

@@ -23,7 +23,7 @@ TITLES = {
     "W5": "W5 100 scalar ops on 16 elements",
     "W6": "W6 matmul 1024^3",
     "W7": "W7 MLP train step, batch 512",
-    "W8": "W8 compile: first sight to plan",
+    "W8": "W8 compile: ms per kernel (first sight to compiled plan)",
 }
 # how a row's median is shown: unit, value from the median seconds, higher is better
 UNITS = {"W1": "ms", "W2": "ms", "W3": "ms", "W4": "ms", "W5": "us/op", "W6": "GFLOP/s",

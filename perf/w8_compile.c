@@ -1,4 +1,4 @@
-/* w8_compile.c — W8: compile time per compiled plan for W1's expression and
+/* w8_compile.c — W8: compile time per kernel (and per plan) for W1's expression and
  * W7's training step (compiles inline, KILN_ASYNC=0, into a fresh disk
  * cache), then a second process on the same cache (a warm start) must
  * compile nothing.  The interpreter (kiln-eager) never compiles. */
@@ -24,9 +24,14 @@ static void report(const char *workload, const bench_opts *o, const kiln_stats *
     bench_na(workload, o->label, note);
     return;
   }
-  double per_kernel = s->compile_ms / 1e3 / (double)s->compiles;
-  char extra[128];
-  snprintf(extra, sizeof extra, "plans=%llu", (unsigned long long)s->compiles);
+  /* BENCHMARKS.md's target is per kernel: a plan's kernels compile
+     together in one libgccjit context, so this is the plans' compile time
+     over the kernels they hold */
+  double kernels = kiln_stat("kernels_compiled");
+  double per_kernel = s->compile_ms / 1e3 / (kernels > 0 ? kernels : (double)s->compiles);
+  char extra[160];
+  snprintf(extra, sizeof extra, "plans=%llu\tkernels=%.0f\tms_per_plan=%.1f", (unsigned long long)s->compiles, kernels,
+           s->compile_ms / (double)s->compiles);
   bench_result(workload, o->label, &per_kernel, 1, extra, "");
 }
 

@@ -612,6 +612,26 @@ TEST(errors_are_thread_local) {
   kiln_release(a);
 }
 
+TEST(stat_by_name) {
+  kiln_tensor *x = kiln_ones(KILN_F32, 1, (int64_t[]){4});
+  kiln_tensor *y = kiln_add_scalar(x, 1), *first = kiln_slice(y, 0, 0, 1, 1);
+  CHECK_CLOSE(kiln_item(first), 2, 0);
+  kiln_release(first);
+  kiln_stats st;
+  kiln_get_stats(&st);
+  CHECK_EQ_INT(kiln_stat("flushes"), st.flushes);
+  CHECK_EQ_INT(kiln_stat("eager_ops"), st.eager_ops);
+  CHECK(kiln_stat("kernels_compiled") >= 0);
+  kiln_clear_error();
+  CHECK(isnan(kiln_stat("no_such_counter")));
+  CHECK_EQ_INT(kiln_last_status(), KILN_ERR_ARG);
+  CHECK_STR_CONTAINS(kiln_last_error(), "no counter named 'no_such_counter'");
+  kiln_clear_error();
+  CHECK(isnan(kiln_stat(NULL)));
+  kiln_release(x);
+  kiln_release(y);
+}
+
 int main(void) {
   RUN(null_input_to_every_unary_op_is_an_arg_error_naming_the_op);
   RUN(null_input_to_every_binary_op_in_either_position);
@@ -642,5 +662,6 @@ int main(void) {
   RUN(clear_error_resets_status_and_message);
   RUN(error_message_names_the_values);
   RUN(errors_are_thread_local);
+  RUN(stat_by_name);
   return ktest_done();
 }

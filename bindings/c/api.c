@@ -2,6 +2,7 @@
  * op for error messages, check host-side arguments, and call the vm layer.
  * No tensor semantics live here; see vm/ and docs/SEMANTICS.md. */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -464,8 +465,30 @@ void kiln_reset_stats(void) {
   atomic_uint_fast64_t *all[] = {&c->ops_recorded, &c->eager_ops, &c->kernels_launched,
                                  &c->flushes, &c->traces_seen, &c->cache_hits,
                                  &c->cache_misses, &c->plans_built, &c->flush_us, &c->compiles,
-                                 &c->compile_failures, &c->disk_hits, &c->compile_us};
+                                 &c->compile_failures, &c->disk_hits, &c->compile_us, &c->kernels_compiled};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) atomic_store(all[i], 0);
+}
+
+double kiln_stat(const char *name) {
+  API(kiln_stat);
+  vm_counters *c = &vm_process()->stats;
+  static const struct {
+    const char *name;
+    size_t offset;
+    double scale;
+  } table[] = {
+#define COUNTER(n) {#n, offsetof(vm_counters, n), 1}
+      COUNTER(ops_recorded), COUNTER(eager_ops), COUNTER(kernels_launched), COUNTER(flushes),
+      COUNTER(traces_seen), COUNTER(cache_hits), COUNTER(cache_misses), COUNTER(plans_built),
+      COUNTER(compiles), COUNTER(compile_failures), COUNTER(disk_hits), COUNTER(kernels_compiled),
+      {"compile_ms", offsetof(vm_counters, compile_us), 1e-3}, {"flush_ms", offsetof(vm_counters, flush_us), 1e-3},
+#undef COUNTER
+  };
+  for (size_t i = 0; name && i < sizeof table / sizeof *table; i++)
+    if (!strcmp(name, table[i].name))
+      return (double)atomic_load((atomic_uint_fast64_t *)((char *)c + table[i].offset)) * table[i].scale;
+  vm_error(KILN_ERR_ARG, "kiln_stat: no counter named '%s'", name ? name : "(null)");
+  return NAN;
 }
 
 const char *kiln_version(void) { return KILN_VERSION_STRING; }
