@@ -528,6 +528,30 @@ static void cond_loop(gcc_jit_block *from, gcc_jit_rvalue *test, gcc_jit_block *
   gcc_jit_block_end_with_conditional(from, NULL, test, body, exit);
 }
 
+/* for (var = from; var < to; var++) { body }: returns the body block (c->cur
+   set to it); close_loop ends it, leaving c->cur after the loop */
+typedef struct {
+  gcc_jit_block *cond, *after;
+  gcc_jit_lvalue *var;
+} counted_loop;
+
+static counted_loop open_loop(cg_ctx *c, gcc_jit_lvalue *var, gcc_jit_rvalue *from, gcc_jit_rvalue *to,
+                              const char *name) {
+  counted_loop L = {new_block(c, name), new_block(c, name), var};
+  gcc_jit_block *body = new_block(c, name);
+  gcc_jit_block_add_assignment(c->cur, NULL, var, from);
+  gcc_jit_block_end_with_jump(c->cur, NULL, L.cond);
+  cond_loop(L.cond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(var), to), body, L.after);
+  c->cur = body;
+  return L;
+}
+
+static void close_loop(cg_ctx *c, counted_loop *L) {
+  gcc_jit_block_add_assignment_op(c->cur, NULL, L->var, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
+  gcc_jit_block_end_with_jump(c->cur, NULL, L->cond);
+  c->cur = L->after;
+}
+
 /* From c->cur: acc = fold of positions [r, rlim) (r advances to rlim), in
    blocks of REDUCE_BLOCK, each through the lane loop; ends with c->cur
    after the fold.  `tag` keeps this fold's locals and blocks apart from
@@ -682,30 +706,6 @@ bool kernel_reduce_split3(const tr_pnode *r, const vm_meta *in, int64_t *outer, 
     }
   }
   return true;
-}
-
-/* for (var = from; var < to; var++) { body }: returns the body block (c->cur
-   set to it); close_loop ends it, leaving c->cur after the loop */
-typedef struct {
-  gcc_jit_block *cond, *after;
-  gcc_jit_lvalue *var;
-} counted_loop;
-
-static counted_loop open_loop(cg_ctx *c, gcc_jit_lvalue *var, gcc_jit_rvalue *from, gcc_jit_rvalue *to,
-                              const char *name) {
-  counted_loop L = {new_block(c, name), new_block(c, name), var};
-  gcc_jit_block *body = new_block(c, name);
-  gcc_jit_block_add_assignment(c->cur, NULL, var, from);
-  gcc_jit_block_end_with_jump(c->cur, NULL, L.cond);
-  cond_loop(L.cond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(var), to), body, L.after);
-  c->cur = body;
-  return L;
-}
-
-static void close_loop(cg_ctx *c, counted_loop *L) {
-  gcc_jit_block_add_assignment_op(c->cur, NULL, L->var, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
-  gcc_jit_block_end_with_jump(c->cur, NULL, L->cond);
-  c->cur = L->after;
 }
 
 bool kernel_emit_reduce_cols(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
@@ -1076,7 +1076,36 @@ bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *lea
     from = i + 1;
     memset(want, 0, (size_t)n);
     need(plan, ks, span.first, tr_pnode_input(red, 0), avail, want);
-    for (int k = 0; k < n; k++) store_now[k] = want[k] && ks->stash[k];
+    bool keep_now = false;
+    for (int k = 0; k < n; k++) keep_now |= store_now[k] = want[k] && ks->stash[k];
+    if (ok && keep_now) {
+      /* the values this pass keeps are computed and stored by a map loop of
+         their own first; the fold then loads them.  A store inside the
+         fold's lane loop made GCC re-check aliasing and re-broadcast the
+         constants every few positions (a third of softmax's time). */
+      memset(want, 0, (size_t)n);
+      for (int k = 0; k < n; k++)
+        if (store_now[k]) need(plan, ks, span.first, span.first + k, avail, want);
+      gcc_jit_lvalue *pr = new_local(c, c->t_i64, "pre", i);
+      counted_loop L = open_loop(c, pr, i64v(c, 0), rv(count), "keep");
+      gcc_jit_rvalue *in_val[KERNEL_MAX_IO];
+      emit_loads(c, ks, &io, rv(pr), in_val);
+      gcc_jit_lvalue **pass_val = malloc((size_t)n * sizeof *pass_val);
+      char name[16];
+      snprintf(name, sizeof name, "p%d", npass);
+      ok = pass_val != NULL;
+      if (ok) {
+        memcpy(pass_val, node_val, (size_t)n * sizeof *pass_val);
+        ok = emit_nodes(c, plan, &span, ks, &io, in_val, params, span.last + 1, want, name, pass_val);
+      }
+      if (ok) store_kept(c, &span, store_now, stash_ptr, rv(pr), pass_val);
+      free(pass_val);
+      close_loop(c, &L);
+      for (int k = 0; k < n; k++) avail[k] |= store_now[k];
+      memset(store_now, 0, (size_t)n);
+      memset(want, 0, (size_t)n);
+      need(plan, ks, span.first, tr_pnode_input(red, 0), avail, want);
+    }
     kiln_dtype acc_dt = kernel_reduce_acc_dtype(red->op, red->meta.dtype);
     gcc_jit_lvalue *acc = new_local(c, cg_type(c, acc_dt), "acc", i);
     position_ctx pc = {.plan = plan, .grp = &span, .ks = ks, .io = &io, .params = params, .row_at = rv(row_at),
