@@ -226,11 +226,14 @@ static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_
      results of elementwise kernels beside a reduction ((x + 2^24) - 2^24
      folded to x; the sign of zeros), which the JIT fuzzer caught. */
   bool ok = true;
+  char gave_up[160] = "";
   for (int g = 0; ok && g < plan->ngroups; g++) {
     if (!shapes[g]) continue;
     char name[32];
     snprintf(name, sizeof name, "kiln_k%d", g);
     c.nlocals = c.nblocks = 0;
+    snprintf(gave_up, sizeof gave_up, "the code generator gave up on group %d, a%s kernel", g,
+             shapes[g]->rowwise ? " row" : shapes[g]->cols ? " column-reduce" : shapes[g]->reduce >= 0 ? " reduce" : "n elementwise");
     ok = shapes[g]->rowwise      ? kernel_emit_rows(&c, plan, g, leaves, shapes[g], name)
          : shapes[g]->cols        ? kernel_emit_reduce_cols(&c, plan, g, leaves, shapes[g], name)
          : shapes[g]->reduce >= 0 ? kernel_emit_reduce(&c, plan, g, leaves, shapes[g], name)
@@ -247,7 +250,7 @@ static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_
   if (ok && !(keyed && compile_to_disk(ctx, disk_key, out))) out->result = gcc_jit_context_compile(ctx);
   if (ok) atomic_store(&gccjit_warm, true);
   bool compiled = out->result || out->dl;
-  if (!compiled) log_once("could not compile a plan", gcc_jit_context_get_first_error(ctx));
+  if (!compiled) log_once("could not compile a plan", ok ? gcc_jit_context_get_first_error(ctx) : gave_up);
   if (compiled) dump_kernels(ctx, key);
   cg_math_release(&c);
   gcc_jit_context_release(ctx);
@@ -456,24 +459,133 @@ static void run_range(void *p, int64_t begin, int64_t end) {
 
 #define RUN_GRAIN (1 << 14)
 
-/* one stride for a run of dims (kept or reduced) when they collapse, or
-   false; dims of size 1 do not count */
-static bool collapse(const int64_t *shape, const int64_t *stride, int nd, uint32_t mask, bool reduced,
-                     int64_t *out) {
+/* --- what every runner does --------------------------------------------------------- */
+
+/* input q's value and its strides broadcast to nd dims (0 along broadcast
+   dims); NULL when it has more dims */
+static vm_tensor *input_strides(const cpu_kernel *k, const tr_trace *t, vm_tensor **vals, int q, int nd,
+                                int64_t *strides) {
+  int r = k->ins[q];
+  vm_tensor *v = r >= 0 ? vals[r] : t->leaves[-1 - r]->value;
+  if (!v || v->ndim > nd) return NULL;
+  int lead = nd - v->ndim;
+  for (int d = 0; d < nd; d++) {
+    int src = d - lead;
+    strides[d] = (src < 0 || v->shape[src] == 1) ? 0 : v->strides[src];
+  }
+  return v;
+}
+
+/* the inner stride an input has now fits the one its kernel was compiled for */
+static bool inner_fits(const cpu_kernel *k, int q, int64_t inner_stride) {
+  return !(k->in_stride[q] == 0 && inner_stride != 0) && !(k->in_stride[q] == 1 && inner_stride != 1);
+}
+
+/* this flush's host scalars: one 8-byte slot per full node */
+static void kernel_params(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, uint64_t *params) {
+  for (int s = 0; s < k->nparams; s++) {
+    const tr_pnode *p = &plan->nodes[k->params[s]];
+    params[s] = 0;
+    vm_store_f64(&params[s], p->meta.dtype, 0, t->nodes[p->src]->attr.scalar[0]);
+  }
+}
+
+/* allocates the kernel's outputs into outs/bufs; each must hold `small`
+   elements (the reduction's result, when by_reduce) or `big` (any output
+   when !by_reduce may hold either).  1: done; 0: a layout the kernel cannot
+   write (nothing allocated: the group runs on the interpreter); -1: out of
+   memory (*rc set) */
+static int alloc_outputs(const cpu_kernel *k, const tr_plan *plan, int64_t small, int64_t big, bool by_reduce,
+                         vm_tensor **outs, void **bufs, int *rc) {
+  for (int q = 0; q < k->nout; q++) {
+    const vm_meta *m = &plan->nodes[k->outs[q]].meta;
+    outs[q] = vm_tensor_new(m->dtype, m->ndim, m->shape);
+    bool fits = outs[q] && (by_reduce ? outs[q]->numel == (k->outs[q] == k->reduce ? small : big)
+                                      : outs[q]->numel == small || outs[q]->numel == big);
+    if (!fits) {
+      bool oom = !outs[q];
+      for (int u = 0; u <= q; u++) vm_release(outs[u]);
+      if (oom) *rc = vm_thread()->status ? vm_thread()->status : vm_error(KILN_ERR_OOM, "out of memory");
+      return oom ? -1 : 0;
+    }
+    bufs[q] = vm_data(outs[q]);
+  }
+  return 1;
+}
+
+/* runs the kernel over [0, n) on the pool and publishes its outputs (or,
+   when a row kernel's scratch row could not be allocated, releases them
+   and sets *rc) */
+static void launch(run_job *job, int64_t n, int64_t grain, const cpu_kernel *k, vm_tensor **outs, vm_tensor **vals,
+                   int *rc) {
+  vm_parallel_for(n, grain, run_range, job);
+  atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
+  if (atomic_load(&job->failed)) {
+    for (int q = 0; q < k->nout; q++) vm_release(outs[q]);
+    *rc = vm_error(KILN_ERR_OOM, "out of memory (a row kernel's scratch row of %zu bytes)", job->scratch_bytes);
+    return;
+  }
+  for (int q = 0; q < k->nout; q++) vals[k->outs[q]] = outs[q];
+}
+
+/* one stride for the dims d in [d0, d1) (size 1 ignored) when they collapse */
+static bool collapse_range(const int64_t *shape, const int64_t *stride, int d0, int d1, int64_t *out) {
   int64_t s = 0, span = 0;
   bool any = false;
-  for (int d = nd - 1; d >= 0; d--) {
-    if (shape[d] == 1 || (bool)(mask & (1u << d)) != reduced) continue;
-    if (!any) {
-      s = stride[d];
-      span = stride[d] * shape[d];
-      any = true;
-    } else {
-      if (stride[d] != span) return false;
-      span = stride[d] * shape[d];
-    }
+  for (int d = d1 - 1; d >= d0; d--) {
+    if (shape[d] == 1) continue;
+    if (any && stride[d] != span) return false;
+    if (!any) s = stride[d];
+    any = true;
+    span = stride[d] * shape[d];
   }
   *out = s;
+  return true;
+}
+
+/* the reduced run [*first, *last] of a reduction over input shape rin */
+static bool reduced_run(const tr_pnode *red, const vm_meta *rin, int *first, int *last) {
+  *first = rin->ndim;
+  *last = -1;
+  for (int d = 0; d < rin->ndim; d++)
+    if ((red->attr.axes_mask & (1u << d)) && rin->shape[d] > 1) {
+      if (*first == rin->ndim) *first = d;
+      *last = d;
+    }
+  return true;
+}
+
+/* per input, its strides over the reduction input's dims split at the
+   reduced run: (outer, reduced, inner) into meta3 (3 per input) or, for
+   trailing reductions, (rows, reduced) into meta2 (2 per input); bufs get
+   the inputs' data.  false: a layout the kernel was not compiled for */
+static bool split_strides(const cpu_kernel *k, const tr_trace *t, vm_tensor **vals, const tr_pnode *red,
+                          const vm_meta *rin, int64_t count, int per_input, int64_t *meta, void **bufs) {
+  int first, last, nd = rin->ndim;
+  reduced_run(red, rin, &first, &last);
+  if (last < 0) { /* nothing reduced: every dim is a kept one */
+    first = nd;
+    last = nd - 1;
+  }
+  for (int q = 0; q < k->nin; q++) {
+    int64_t strides[KILN_MAX_DIMS], s_out, s_red, s_in;
+    vm_tensor *v = input_strides(k, t, vals, q, nd, strides);
+    if (!v || !collapse_range(rin->shape, strides, 0, first, &s_out) ||
+        !collapse_range(rin->shape, strides, first, last + 1, &s_red) ||
+        !collapse_range(rin->shape, strides, last + 1, nd, &s_in))
+      return false;
+    if (per_input == 2) { /* trailing: nothing after the reduced run */
+      if (count > 1 && !inner_fits(k, q, s_red)) return false;
+      meta[2 * q] = s_out;
+      meta[2 * q + 1] = s_red;
+    } else {
+      if (!inner_fits(k, q, s_in)) return false;
+      meta[3 * q] = s_out;
+      meta[3 * q + 1] = s_red;
+      meta[3 * q + 2] = s_in;
+    }
+    bufs[k->nout + q] = vm_data(v);
+  }
   return true;
 }
 
@@ -509,98 +621,42 @@ static void fold_partials(vm_opcode op, kiln_dtype dt, const void *part, int64_t
   }
 }
 
+/* a reduction over trailing axes: rows x count, long rows in chunks */
 static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
                        int *rc) {
   const tr_pnode *red = &plan->nodes[k->reduce];
-  int ref = red->in[0];
-  const vm_meta *rin = ref >= 0 ? &plan->nodes[ref].meta : &t->leaves[-1 - ref]->meta;
+  const vm_meta *rin = red->in[0] >= 0 ? &plan->nodes[red->in[0]].meta : &t->leaves[-1 - red->in[0]]->meta;
   int64_t rows, count;
   if (!kernel_reduce_split(red, rin, &rows, &count)) return false;
-  /* long rows split into chunks: a fixed size, so results do not depend
+  /* long rows split into chunks of a fixed size, so results do not depend
      on the thread count */
   int64_t chunk = count > KERNEL_REDUCE_CHUNK ? KERNEL_REDUCE_CHUNK : count > 0 ? count : 1;
   int64_t nchunks = count > KERNEL_REDUCE_CHUNK ? (count + chunk - 1) / chunk : 1;
-  int nd = rin->ndim;
-  int64_t meta[4 + 2 * KERNEL_MAX_IO];
-  meta[0] = rows;
-  meta[1] = count;
-  meta[2] = chunk;
-  meta[3] = nchunks;
-  void *bufs[2 * KERNEL_MAX_IO];
-  for (int q = 0; q < k->nin; q++) {
-    int r = k->ins[q];
-    vm_tensor *v = r >= 0 ? vals[r] : t->leaves[-1 - r]->value;
-    if (!v || v->ndim > nd) return false;
-    int64_t strides[KILN_MAX_DIMS];
-    int lead = nd - v->ndim;
-    for (int d = 0; d < nd; d++) {
-      int src = d - lead;
-      strides[d] = (src < 0 || v->shape[src] == 1) ? 0 : v->strides[src];
-    }
-    int64_t s_row, s_in;
-    if (!collapse(rin->shape, strides, nd, red->attr.axes_mask, false, &s_row) ||
-        !collapse(rin->shape, strides, nd, red->attr.axes_mask, true, &s_in))
-      return false;
-    if (count > 1 && ((k->in_stride[q] == 0 && s_in != 0) || (k->in_stride[q] == 1 && s_in != 1)))
-      return false;
-    meta[4 + 2 * q] = s_row;
-    meta[5 + 2 * q] = s_in;
-    bufs[k->nout + q] = vm_data(v);
-  }
+  int64_t meta[4 + 2 * KERNEL_MAX_IO] = {rows, count, chunk, nchunks};
+  void *bufs[2 * KERNEL_MAX_IO + 1];
   uint64_t params[KERNEL_MAX_IO];
-  for (int s = 0; s < k->nparams; s++) {
-    const tr_pnode *p = &plan->nodes[k->params[s]];
-    params[s] = 0;
-    vm_store_f64(&params[s], p->meta.dtype, 0, t->nodes[p->src]->attr.scalar[0]);
-  }
   vm_tensor *outs[KERNEL_MAX_IO] = {0}, *partials = NULL;
-  int qr = -1;
-  for (int q = 0; q < k->nout; q++) {
-    const vm_meta *m = &plan->nodes[k->outs[q]].meta;
-    outs[q] = vm_tensor_new(m->dtype, m->ndim, m->shape);
-    bool fits = outs[q] && outs[q]->numel == (k->outs[q] == k->reduce ? rows : rows * count);
-    if (fits && k->outs[q] == k->reduce) {
-      qr = q;
-      if (nchunks > 1) {
-        int64_t np = rows * nchunks;
-        fits = (partials = vm_tensor_new(m->dtype, 1, &np)) != NULL;
-      }
+  if (!split_strides(k, t, vals, red, rin, count, 2, meta + 4, bufs)) return false;
+  kernel_params(k, plan, t, params);
+  int got = alloc_outputs(k, plan, rows, rows * count, true, outs, bufs, rc);
+  if (got <= 0) return got < 0;
+  int qr = 0;
+  while (k->outs[qr] != k->reduce) qr++;
+  if (nchunks > 1) { /* the chunks' values, folded below */
+    int64_t np = rows * nchunks;
+    if (!(partials = vm_tensor_new(red->meta.dtype, 1, &np))) {
+      for (int q = 0; q < k->nout; q++) vm_release(outs[q]);
+      *rc = vm_thread()->status ? vm_thread()->status : vm_error(KILN_ERR_OOM, "out of memory");
+      return true;
     }
-    if (!fits) {
-      for (int u = 0; u <= q; u++) vm_release(outs[u]);
-      if ((!outs[q] || (qr == q && !partials)) && vm_thread()->status) {
-        *rc = vm_thread()->status;
-        return true;
-      }
-      return false;
-    }
-    bufs[q] = vm_data(outs[q]);
+    bufs[qr] = vm_data(partials);
   }
-  if (partials) bufs[qr] = vm_data(partials);
   run_job job = {.fn = k->fn, .bufs = bufs, .meta = meta, .params = params};
-  int64_t per_item = chunk < count ? chunk : count;
-  vm_parallel_for(rows * nchunks, RUN_GRAIN / (per_item > 0 ? per_item : 1) + 1, run_range, &job);
-  atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
+  launch(&job, rows * nchunks, RUN_GRAIN / chunk + 1, k, outs, vals, rc);
   if (partials) {
     fold_partials(red->op, red->meta.dtype, vm_data(partials), nchunks, rows, vm_data(outs[qr]));
     vm_release(partials);
   }
-  for (int q = 0; q < k->nout; q++) vals[k->outs[q]] = outs[q];
-  return true;
-}
-
-/* one stride for the dims d in [d0, d1) (size 1 ignored) when they collapse */
-static bool collapse_range(const int64_t *shape, const int64_t *stride, int d0, int d1, int64_t *out) {
-  int64_t s = 0, span = 0;
-  bool any = false;
-  for (int d = d1 - 1; d >= d0; d--) {
-    if (shape[d] == 1) continue;
-    if (any && stride[d] != span) return false;
-    if (!any) s = stride[d];
-    any = true;
-    span = stride[d] * shape[d];
-  }
-  *out = s;
   return true;
 }
 
@@ -608,154 +664,56 @@ static bool collapse_range(const int64_t *shape, const int64_t *stride, int d0, 
 static bool run_reduce_cols(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
                             int *rc) {
   const tr_pnode *red = &plan->nodes[k->reduce];
-  int ref = red->in[0];
-  const vm_meta *rin = ref >= 0 ? &plan->nodes[ref].meta : &t->leaves[-1 - ref]->meta;
+  const vm_meta *rin = red->in[0] >= 0 ? &plan->nodes[red->in[0]].meta : &t->leaves[-1 - red->in[0]]->meta;
   int64_t outer, count, inner;
   if (!kernel_reduce_split3(red, rin, &outer, &count, &inner)) return false;
-  int nd = rin->ndim, first = nd, last = -1; /* the reduced run [first, last] */
-  for (int d = 0; d < nd; d++)
-    if ((red->attr.axes_mask & (1u << d)) && rin->shape[d] > 1) {
-      if (first == nd) first = d;
-      last = d;
-    }
-  if (last < 0) return false;
   int64_t nblocks = (inner + KERNEL_COLS - 1) / KERNEL_COLS;
   int64_t meta[4 + 3 * KERNEL_MAX_IO] = {outer, count, inner, nblocks};
-  void *bufs[2 * KERNEL_MAX_IO];
-  for (int q = 0; q < k->nin; q++) {
-    int r = k->ins[q];
-    vm_tensor *v = r >= 0 ? vals[r] : t->leaves[-1 - r]->value;
-    if (!v || v->ndim > nd) return false;
-    int64_t strides[KILN_MAX_DIMS];
-    int lead = nd - v->ndim;
-    for (int d = 0; d < nd; d++) {
-      int src = d - lead;
-      strides[d] = (src < 0 || v->shape[src] == 1) ? 0 : v->strides[src];
-    }
-    int64_t s_out, s_red, s_in;
-    if (!collapse_range(rin->shape, strides, 0, first, &s_out) ||
-        !collapse_range(rin->shape, strides, first, last + 1, &s_red) ||
-        !collapse_range(rin->shape, strides, last + 1, nd, &s_in))
-      return false;
-    if ((k->in_stride[q] == 0 && s_in != 0) || (k->in_stride[q] == 1 && s_in != 1)) return false;
-    meta[4 + 3 * q] = s_out;
-    meta[5 + 3 * q] = s_red;
-    meta[6 + 3 * q] = s_in;
-    bufs[k->nout + q] = vm_data(v);
-  }
+  void *bufs[2 * KERNEL_MAX_IO + 1];
   uint64_t params[KERNEL_MAX_IO];
-  for (int s = 0; s < k->nparams; s++) {
-    const tr_pnode *p = &plan->nodes[k->params[s]];
-    params[s] = 0;
-    vm_store_f64(&params[s], p->meta.dtype, 0, t->nodes[p->src]->attr.scalar[0]);
-  }
   vm_tensor *outs[KERNEL_MAX_IO] = {0};
-  for (int q = 0; q < k->nout; q++) {
-    const vm_meta *m = &plan->nodes[k->outs[q]].meta;
-    outs[q] = vm_tensor_new(m->dtype, m->ndim, m->shape);
-    if (!outs[q] || outs[q]->numel != (k->outs[q] == k->reduce ? outer * inner : outer * count * inner)) {
-      for (int u = 0; u <= q; u++) vm_release(outs[u]);
-      if (!outs[q] && vm_thread()->status) {
-        *rc = vm_thread()->status;
-        return true;
-      }
-      return false;
-    }
-    bufs[q] = vm_data(outs[q]);
-  }
+  if (!split_strides(k, t, vals, red, rin, count, 3, meta + 4, bufs)) return false;
+  kernel_params(k, plan, t, params);
+  int got = alloc_outputs(k, plan, outer * inner, outer * count * inner, true, outs, bufs, rc);
+  if (got <= 0) return got < 0;
   run_job job = {.fn = k->fn, .bufs = bufs, .meta = meta, .params = params};
   int64_t per_item = count * (inner < KERNEL_COLS ? inner : KERNEL_COLS);
-  vm_parallel_for(outer * nblocks, RUN_GRAIN / (per_item > 0 ? per_item : 1) + 1, run_range, &job);
-  atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
-  for (int q = 0; q < k->nout; q++) vals[k->outs[q]] = outs[q];
+  launch(&job, outer * nblocks, RUN_GRAIN / (per_item > 0 ? per_item : 1) + 1, k, outs, vals, rc);
   return true;
 }
 
-/* a row kernel: rows x count as for a reduction (its first one) */
+/* a row kernel: rows x count as for its first reduction; its outputs are
+   row-level (rows) or per element (rows x count) */
 static bool run_rows(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals, int *rc) {
   const tr_pnode *red = &plan->nodes[k->reduce];
-  int ref = red->in[0];
-  const vm_meta *rin = ref >= 0 ? &plan->nodes[ref].meta : &t->leaves[-1 - ref]->meta;
+  const vm_meta *rin = red->in[0] >= 0 ? &plan->nodes[red->in[0]].meta : &t->leaves[-1 - red->in[0]]->meta;
   int64_t rows, count;
   if (!kernel_reduce_split(red, rin, &rows, &count)) return false;
-  int nd = rin->ndim;
-  int64_t meta[2 + 2 * KERNEL_MAX_IO];
-  meta[0] = rows;
-  meta[1] = count;
-  void *bufs[2 * KERNEL_MAX_IO];
-  for (int q = 0; q < k->nin; q++) {
-    int r = k->ins[q];
-    vm_tensor *v = r >= 0 ? vals[r] : t->leaves[-1 - r]->value;
-    if (!v || v->ndim > nd) return false;
-    int64_t strides[KILN_MAX_DIMS];
-    int lead = nd - v->ndim;
-    for (int d = 0; d < nd; d++) {
-      int src = d - lead;
-      strides[d] = (src < 0 || v->shape[src] == 1) ? 0 : v->strides[src];
-    }
-    int64_t s_row, s_in;
-    if (!collapse(rin->shape, strides, nd, red->attr.axes_mask, false, &s_row) ||
-        !collapse(rin->shape, strides, nd, red->attr.axes_mask, true, &s_in))
-      return false;
-    if ((k->in_stride[q] == 0 && s_in != 0) || (k->in_stride[q] == 1 && s_in != 1)) return false;
-    meta[2 + 2 * q] = s_row;
-    meta[3 + 2 * q] = s_in;
-    bufs[k->nout + q] = vm_data(v);
-  }
+  int64_t meta[2 + 2 * KERNEL_MAX_IO] = {rows, count};
+  void *bufs[2 * KERNEL_MAX_IO + 1];
   uint64_t params[KERNEL_MAX_IO];
-  for (int s = 0; s < k->nparams; s++) {
-    const tr_pnode *p = &plan->nodes[k->params[s]];
-    params[s] = 0;
-    vm_store_f64(&params[s], p->meta.dtype, 0, t->nodes[p->src]->attr.scalar[0]);
-  }
   vm_tensor *outs[KERNEL_MAX_IO] = {0};
-  for (int q = 0; q < k->nout; q++) {
-    const vm_meta *m = &plan->nodes[k->outs[q]].meta;
-    outs[q] = vm_tensor_new(m->dtype, m->ndim, m->shape);
-    if (!outs[q] || (outs[q]->numel != rows && outs[q]->numel != rows * count)) {
-      for (int u = 0; u <= q; u++) vm_release(outs[u]);
-      if (!outs[q] && vm_thread()->status) {
-        *rc = vm_thread()->status;
-        return true;
-      }
-      return false;
-    }
-    bufs[q] = vm_data(outs[q]);
-  }
+  if (!split_strides(k, t, vals, red, rin, count, 2, meta + 2, bufs)) return false;
+  kernel_params(k, plan, t, params);
+  int got = alloc_outputs(k, plan, rows, rows * count, false, outs, bufs, rc);
+  if (got <= 0) return got < 0;
   run_job job = {.fn = k->fn, .bufs = bufs, .meta = meta, .params = params, .nbufs = k->nout + k->nin,
                  .scratch_bytes = (size_t)k->nstash * 8 * (size_t)count};
-  vm_parallel_for(rows, RUN_GRAIN / (count > 0 ? count : 1) + 1, run_range, &job);
-  atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
-  if (atomic_load(&job.failed)) {
-    for (int q = 0; q < k->nout; q++) vm_release(outs[q]);
-    *rc = vm_error(KILN_ERR_OOM, "out of memory (a row kernel's scratch row of %lld bytes)",
-                   (long long)job.scratch_bytes);
-    return true;
-  }
-  for (int q = 0; q < k->nout; q++) vals[k->outs[q]] = outs[q];
+  launch(&job, rows, RUN_GRAIN / (count > 0 ? count : 1) + 1, k, outs, vals, rc);
   return true;
 }
 
-bool cpu_run_group(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, int g,
-                   vm_tensor **vals, int *rc) {
-  (void)g;
-  if (k->rowwise) return run_rows(k, plan, t, vals, rc);
-  if (k->cols) return run_reduce_cols(k, plan, t, vals, rc);
-  if (k->reduce >= 0) return run_reduce(k, plan, t, vals, rc);
+/* an elementwise kernel over its outputs' shape, dims coalesced */
+static bool run_elementwise(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
+                            int *rc) {
   const vm_meta *om = &plan->nodes[k->outs[0]].meta;
   int nd = om->ndim, nin = k->nin;
   int64_t shape[KILN_MAX_DIMS], strides[KERNEL_MAX_IO][KILN_MAX_DIMS];
-  vm_tensor *ins[KERNEL_MAX_IO];
+  void *bufs[2 * KERNEL_MAX_IO + 1];
   for (int q = 0; q < nin; q++) {
-    int r = k->ins[q];
-    vm_tensor *v = r >= 0 ? vals[r] : t->leaves[-1 - r]->value;
-    if (!v || v->ndim > nd) return false;
-    ins[q] = v;
-    int lead = nd - v->ndim;
-    for (int d = 0; d < nd; d++) {
-      int src = d - lead;
-      strides[q][d] = (src < 0 || v->shape[src] == 1) ? 0 : v->strides[src];
-    }
+    vm_tensor *v = input_strides(k, t, vals, q, nd, strides[q]);
+    if (!v) return false;
+    bufs[k->nout + q] = vm_data(v);
   }
   /* coalesce: drop size-1 dims, merge dims every input (and the contiguous
      outputs) steps through as one */
@@ -783,45 +741,31 @@ bool cpu_run_group(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, 
     for (int q = 0; q < nin; q++) cs[q][0] = 0;
     n = 1;
   }
-  for (int q = 0; q < nin; q++) { /* the layout the kernel was compiled for */
-    int64_t inner = cs[q][n - 1];
-    if ((k->in_stride[q] == 0 && inner != 0 && shape[n - 1] > 1) || (k->in_stride[q] == 1 && inner != 1 && shape[n - 1] > 1))
-      return false;
-  }
+  for (int q = 0; q < nin; q++) /* the layout the kernel was compiled for */
+    if (shape[n - 1] > 1 && !inner_fits(k, q, cs[q][n - 1])) return false;
   int64_t meta[1 + KILN_MAX_DIMS * (KERNEL_MAX_IO + 1)];
   meta[0] = n;
   memcpy(meta + 1, shape, (size_t)n * sizeof(int64_t));
   for (int q = 0; q < nin; q++) memcpy(meta + 1 + n * (q + 1), cs[q], (size_t)n * sizeof(int64_t));
-  uint64_t params[KERNEL_MAX_IO];
-  for (int s = 0; s < k->nparams; s++) {
-    const tr_pnode *p = &plan->nodes[k->params[s]];
-    params[s] = 0;
-    vm_store_f64(&params[s], p->meta.dtype, 0, t->nodes[p->src]->attr.scalar[0]);
-  }
-  void *bufs[2 * KERNEL_MAX_IO];
-  vm_tensor *outs[KERNEL_MAX_IO] = {0};
-  for (int q = 0; q < k->nout; q++) {
-    const vm_meta *m = &plan->nodes[k->outs[q]].meta;
-    if (!(outs[q] = vm_tensor_new(m->dtype, m->ndim, m->shape))) {
-      for (int u = 0; u < q; u++) vm_release(outs[u]);
-      *rc = vm_thread()->status;
-      return true;
-    }
-    bufs[q] = vm_data(outs[q]);
-  }
-  for (int q = 0; q < nin; q++) bufs[k->nout + q] = vm_data(ins[q]);
   int64_t total = 1;
   for (int d = 0; d < n; d++) total *= shape[d];
-  for (int q = 0; q < k->nout; q++)
-    if (outs[q]->numel != total) { /* every output spans the iteration space */
-      for (int u = 0; u < k->nout; u++) vm_release(outs[u]);
-      return false;
-    }
+  uint64_t params[KERNEL_MAX_IO];
+  kernel_params(k, plan, t, params);
+  vm_tensor *outs[KERNEL_MAX_IO] = {0};
+  int got = alloc_outputs(k, plan, total, total, false, outs, bufs, rc); /* every output spans the space */
+  if (got <= 0) return got < 0;
   run_job job = {.fn = k->fn, .bufs = bufs, .meta = meta, .params = params};
-  vm_parallel_for(total, RUN_GRAIN, run_range, &job);
-  atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
-  for (int q = 0; q < k->nout; q++) vals[k->outs[q]] = outs[q];
+  launch(&job, total, RUN_GRAIN, k, outs, vals, rc);
   return true;
+}
+
+bool cpu_run_group(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, int g,
+                   vm_tensor **vals, int *rc) {
+  (void)g;
+  if (k->rowwise) return run_rows(k, plan, t, vals, rc);
+  if (k->cols) return run_reduce_cols(k, plan, t, vals, rc);
+  if (k->reduce >= 0) return run_reduce(k, plan, t, vals, rc);
+  return run_elementwise(k, plan, t, vals, rc);
 }
 
 /* --- the background compiler ------------------------------------------------------- */

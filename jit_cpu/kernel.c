@@ -1096,6 +1096,9 @@ bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *lea
       ok = pass_val != NULL;
       if (ok) {
         memcpy(pass_val, node_val, (size_t)n * sizeof *pass_val);
+        char kept[16];
+        snprintf(kept, sizeof kept, "kp%d", npass);
+        load_kept(c, plan, &span, avail, stash_ptr, rv(pr), kept, pass_val); /* kept by earlier passes */
         ok = emit_nodes(c, plan, &span, ks, &io, in_val, params, span.last + 1, want, name, pass_val);
       }
       if (ok) store_kept(c, &span, store_now, stash_ptr, rv(pr), pass_val);

@@ -37,10 +37,11 @@ typedef struct kernel_shape {
  * last pass that stores the values read after the run.  A row stays in
  * cache across its passes, so softmax or layer_norm read their input from
  * memory once.  A single reduce group with an epilogue is a row kernel too
- * (its epilogue then runs compiled).  A costly value (a transcendental function, a division)
- * needed by several passes is computed once per row and kept in a scratch
- * row (bufs[nout + nin], KERNEL_MAX_STASH slots of 8 x count bytes, one
- * per call of the kernel) instead of being recomputed.  Returns gb (>= g), or -1 when no such run starts at g. */
+ * (its epilogue then runs compiled).  A costly value (a transcendental
+ * function, a division) needed by several passes is computed once per row
+ * and kept in a scratch row (bufs[nout + nin], KERNEL_MAX_STASH slots of
+ * 8 x count bytes, one per call of the kernel) instead of being recomputed.
+ * Returns gb (>= g), or -1 when no such run starts at g. */
 int kernel_plan_rows(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
                      kernel_shape *ks);
 bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,

@@ -274,6 +274,37 @@ TEST(row_kernels_softmax) {
   softmax_case(3, 70001, true); /* rows too long for a row kernel: group by group */
 }
 
+/* a kept value (x / 3, a division both the max and the exp pass need)
+   feeding another (the exp): the second one's map loop loads the first
+   (a plan once failed to compile here, found by the fuzzer) */
+TEST(row_kernels_kept_values_chain) {
+  int64_t rows = 17, cols = 300, shape[2] = {rows, cols}, n = rows * cols;
+  float *x = malloc((size_t)n * sizeof *x), *got = malloc((size_t)n * sizeof *got);
+  fill(KILN_F32, x, n, 21);
+  kiln_tensor *t = kiln_from_data(x, KILN_F32, 2, shape);
+  for (int rep = 0; rep < 3; rep++) {
+    kiln_stats before, after;
+    kiln_get_stats(&before);
+    kiln_tensor *d = kiln_div_scalar(t, 3), *y = kiln_softmax(d, 1);
+    CHECK(kiln_to_buffer(y, got, (size_t)n * sizeof *got) == 0);
+    kiln_get_stats(&after);
+    if (rep > 0) CHECK_EQ_INT(after.eager_ops - before.eager_ops, 0); /* compiled, all of it */
+    CHECK_EQ_INT(after.compile_failures, 0);
+    for (int64_t o = 0; o < rows; o++) {
+      double hi = -INFINITY, sum = 0;
+      for (int64_t k = 0; k < cols; k++) hi = fmax(hi, (double)(x[o * cols + k] / 3.0f));
+      for (int64_t k = 0; k < cols; k++) sum += exp((double)(x[o * cols + k] / 3.0f) - hi);
+      for (int64_t k = 0; k < cols; k++)
+        CHECK_CLOSE(got[o * cols + k], exp((double)(x[o * cols + k] / 3.0f) - hi) / sum, 1e-6);
+    }
+    kiln_release(d);
+    kiln_release(y);
+  }
+  kiln_release(t);
+  free(x);
+  free(got);
+}
+
 TEST(row_kernels_layer_norm) {
   int64_t rows = 48, cols = 777, shape[2] = {rows, cols}, n = rows * cols;
   float *x = malloc((size_t)n * sizeof *x), *got = malloc((size_t)n * sizeof *got), w[777], b[777];
@@ -359,5 +390,6 @@ int main(int argc, char **argv) {
   RUN(long_rows_independent_of_threads);
   RUN(row_kernels_softmax);
   RUN(row_kernels_layer_norm);
+  RUN(row_kernels_kept_values_chain);
   return ktest_done();
 }

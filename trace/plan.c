@@ -480,7 +480,9 @@ static int run_plan(const tr_plan *plan, const tr_trace *t, vm_tensor **out, int
   const cpu_plan *jit = atomic_load_explicit(&plan->jit, memory_order_acquire);
   int rc = KILN_OK;
   for (int g = 0; g < plan->ngroups && rc == KILN_OK; g++) {
-    rc = run_group(plan, jit, t, g, vals, failed, &g);
+    int through = g; /* a row kernel runs several groups */
+    rc = run_group(plan, jit, t, g, vals, failed, &through);
+    g = through;
     int last = plan->groups[g].last;
     for (int r = 0; r <= last; r++) /* free what no later group reads */
       if (vals[r] && plan->nodes[r].last_use <= last && !plan->escapes[r]) {
