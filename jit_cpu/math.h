@@ -21,7 +21,10 @@
  * f32 accuracy: max error in ulps of the float result against the exact
  * value (double libm); "bound" is what cpu_math_ulp_bound() returns and
  * tests/test_jit_math.c asserts, "measured" the worst case over every float
- * (exhaustive check, with and without FMA contraction).  Denormal inputs and
+ * (exhaustive check, with and without FMA contraction, and on baseline
+ * x86-64 where the helpers have no fma; with fma, x86-64-v3+, the maxima
+ * are exp 0.78, log 0.83, tanh 1.35, sigmoid 2.41, sin/cos 0.51, log1p
+ * 0.84, expm1 0.99, erf 1.05).  Denormal inputs and
  * results are handled (no flush to zero); NaN in gives NaN out; zero and
  * infinite results are exactly libm's, signs included.
  *
