@@ -213,7 +213,7 @@ static bool source_key(gcc_jit_context *ctx, const uint64_t key[2], uint64_t out
 /* builds the plan's kernels; loads them from the disk cache if an earlier
    process compiled the same source (*from_disk), else compiles them */
 static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_shape **shapes,
-                            const uint64_t key[2], code *out, bool *from_disk) {
+                            const uint64_t key[2], bool disk_only, code *out, bool *from_disk) {
   gcc_jit_context *ctx = gcc_jit_context_acquire();
   if (!ctx) return false;
   set_options(ctx);
@@ -242,10 +242,10 @@ static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_
   uint64_t disk_key[2];
   bool keyed = ok && cache_disk_enabled() && source_key(ctx, key, disk_key);
   *from_disk = keyed && (out->dl = cache_disk_load(disk_key)) != NULL;
-  if (*from_disk) { /* compiled by an earlier process */
+  if (*from_disk || disk_only) { /* compiled by an earlier process, or only that was asked */
     cg_math_release(&c);
     gcc_jit_context_release(ctx);
-    return true;
+    return *from_disk;
   }
   if (ok && !(keyed && compile_to_disk(ctx, disk_key, out))) out->result = gcc_jit_context_compile(ctx);
   if (ok) atomic_store(&gccjit_warm, true);
@@ -297,7 +297,9 @@ static bool toolchain_present(void) {
   return toolchain_found;
 }
 
-cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
+/* the plan's kernels from the memory or disk cache, else (unless disk_only)
+   compiled */
+static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, bool disk_only) {
   if (!toolchain_present()) return NULL;
   double t0 = now_ms();
   bool *escapes = calloc((size_t)(plan->n > 0 ? plan->n : 1), sizeof *escapes);
@@ -349,7 +351,7 @@ cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
     pthread_mutex_unlock(&code_cache.lock);
     vm_counters *st = &vm_process()->stats;
     bool fresh = false, from_disk = false;
-    if (!have && (have = compile_kernels(plan, leaves, shapes, key, &result, &from_disk))) {
+    if (!have && (have = compile_kernels(plan, leaves, shapes, key, disk_only, &result, &from_disk))) {
       fresh = true;
       if (from_disk) {
         atomic_fetch_add_explicit(&st->disk_hits, 1, memory_order_relaxed);
@@ -358,7 +360,7 @@ cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
         atomic_fetch_add_explicit(&st->kernels_compiled, (uint_fast64_t)count, memory_order_relaxed);
         vm_add_ms(&st->compile_us, now_ms() - t0);
       }
-    } else if (!have) {
+    } else if (!have && !disk_only) {
       atomic_fetch_add_explicit(&st->compile_failures, 1, memory_order_relaxed);
     }
     if (fresh) {
@@ -415,6 +417,8 @@ cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
   }
   return cp;
 }
+
+cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) { return compile_plan(plan, leaves, false); }
 
 void cpu_plan_free(cpu_plan *cp) {
   if (!cp) return;
@@ -888,10 +892,21 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
     /* libgccjit sets up, and registers the exit teardown of, its state
        during its first compile; our exit handler (which waits for a
        background compile) must be registered after that, to run before it
-       (exit crashed otherwise).  So the first time, a trivial context is
-       compiled here (tens of ms, not the plan's compile), then the thread
-       starts. */
+       (exit crashed otherwise).  So before the first compile, a trivial
+       context is compiled here (~35 ms, not the plan's compile), then the
+       thread starts.  Until then, plans an earlier process compiled load
+       from the disk cache right here (no compiler runs), so a warm start
+       pays for no compiler at all. */
     pthread_mutex_unlock(&compiler.lock);
+    cpu_plan *cached = atomic_load(&gccjit_warm) ? NULL : compile_plan(job->plan, job->leaves, true);
+    if (cached) {
+      cpu_plan *none = NULL;
+      if (!atomic_compare_exchange_strong(&job->plan->jit, &none, cached)) cpu_plan_free(cached);
+      tr_plan_release(job->plan);
+      free(job->leaves);
+      free(job);
+      return;
+    }
     warm_gccjit();
     pthread_mutex_lock(&compiler.lock);
     if (!compiler.started && !compiler.stopping && atomic_load(&gccjit_warm)) {
