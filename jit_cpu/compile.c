@@ -3,6 +3,8 @@
  * a compiled group on the thread pool.  The target is chosen once from the
  * detected CPU: -march=x86-64-vN (libgccjit 12 rejects -march=native). */
 #include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
 #include <pthread.h>
 #include <unistd.h>
 #include <stdio.h>
@@ -181,9 +183,75 @@ static bool compile_to_disk(gcc_jit_context *ctx, const uint64_t key[2], code *o
   return out->dl != NULL;
 }
 
-/* The disk cache key: the kernels' own source as libgccjit prints it, with
-   the description key (versions, flags, ISA).  The description alone missed
-   changes to the code generator, and a stale object gave wrong results. */
+/* The disk cache key.  The description key (versions, flags, ISA, the
+   kernels' node lists) alone missed changes to the code generator, and a
+   stale object gave wrong results; so it is joined with the GNU build ID of
+   the object this code is in (libkiln.so, or the program it is linked
+   into), which every rebuild changes.  Then a lookup needs no libgccjit
+   context at all.  Without a build ID, the key hashes the kernels' own
+   source as libgccjit prints it (source_key). */
+typedef struct {
+  uintptr_t addr;
+  uint8_t id[64];
+  size_t len;
+} build_id_search;
+
+static int find_build_id(struct dl_phdr_info *info, size_t size, void *arg) {
+  (void)size;
+  build_id_search *s = arg;
+  bool ours = false;
+  for (int i = 0; i < info->dlpi_phnum && !ours; i++) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+    ours = ph->p_type == PT_LOAD && s->addr >= lo && s->addr < lo + ph->p_memsz;
+  }
+  if (!ours) return 0;
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    if (ph->p_type != PT_NOTE) continue;
+    size_t align = ph->p_align >= 8 ? 8 : 4;
+    const uint8_t *p = (const uint8_t *)(info->dlpi_addr + ph->p_vaddr), *end = p + ph->p_memsz;
+    while ((size_t)(end - p) >= sizeof(ElfW(Nhdr))) {
+      const ElfW(Nhdr) *nh = (const void *)p;
+      const uint8_t *name = p + sizeof *nh, *desc = name + ((nh->n_namesz + align - 1) & ~(align - 1));
+      if (desc + nh->n_descsz > end) break;
+      if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 && !memcmp(name, "GNU", 4) &&
+          nh->n_descsz > 0 && nh->n_descsz <= sizeof s->id) {
+        memcpy(s->id, desc, nh->n_descsz);
+        s->len = nh->n_descsz;
+        return 1;
+      }
+      p = desc + ((nh->n_descsz + align - 1) & ~(align - 1));
+    }
+  }
+  return 1; /* our object, without a build ID */
+}
+
+static build_id_search self_id;
+static void find_self_id(void) {
+  self_id.addr = (uintptr_t)&find_self_id;
+  dl_iterate_phdr(find_build_id, &self_id);
+}
+
+/* the disk key of description key `key` from this build's ID; false when
+   the object has none */
+static bool identity_key(const uint64_t key[2], uint64_t out[2]) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, find_self_id);
+  /* KILN_CACHE_BY_SOURCE=1: key by the source, as builds without an ID do
+     (tests/test_jit_cache.c runs both) */
+  if (!self_id.len || vm_env_long("KILN_CACHE_BY_SOURCE", 0)) return false;
+  uint8_t buf[16 + sizeof self_id.id + 8];
+  memcpy(buf, key, 16);
+  memcpy(buf + 16, self_id.id, self_id.len);
+  memcpy(buf + 16 + self_id.len, "build-id", 8);
+  XXH128_hash_t h = XXH3_128bits(buf, 16 + self_id.len + 8);
+  out[0] = h.low64;
+  out[1] = h.high64;
+  return true;
+}
+
+/* the key from the kernels' printed source, for builds without an ID */
 static bool source_key(gcc_jit_context *ctx, const uint64_t key[2], uint64_t out[2]) {
   const char *tmpdir = getenv("TMPDIR");
   char path[4096];
@@ -213,7 +281,8 @@ static bool source_key(gcc_jit_context *ctx, const uint64_t key[2], uint64_t out
 /* builds the plan's kernels; loads them from the disk cache if an earlier
    process compiled the same source (*from_disk), else compiles them */
 static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_shape **shapes,
-                            const uint64_t key[2], bool disk_only, code *out, bool *from_disk) {
+                            const uint64_t key[2], const uint64_t *id_key, bool disk_only, code *out,
+                            bool *from_disk) {
   gcc_jit_context *ctx = gcc_jit_context_acquire();
   if (!ctx) return false;
   set_options(ctx);
@@ -240,8 +309,14 @@ static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_
                                   : kernel_emit(&c, plan, g, leaves, shapes[g], name);
   }
   uint64_t disk_key[2];
-  bool keyed = ok && cache_disk_enabled() && source_key(ctx, key, disk_key);
-  *from_disk = keyed && (out->dl = cache_disk_load(disk_key)) != NULL;
+  bool keyed = ok && cache_disk_enabled();
+  if (keyed && id_key) { /* the caller looked it up already */
+    memcpy(disk_key, id_key, sizeof disk_key);
+    *from_disk = false;
+  } else {
+    keyed = keyed && source_key(ctx, key, disk_key);
+    *from_disk = keyed && (out->dl = cache_disk_load(disk_key)) != NULL;
+  }
   if (*from_disk || disk_only) { /* compiled by an earlier process, or only that was asked */
     cg_math_release(&c);
     gcc_jit_context_release(ctx);
@@ -351,7 +426,16 @@ static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, bool 
     pthread_mutex_unlock(&code_cache.lock);
     vm_counters *st = &vm_process()->stats;
     bool fresh = false, from_disk = false;
-    if (!have && (have = compile_kernels(plan, leaves, shapes, key, disk_only, &result, &from_disk))) {
+    /* a build with an ID looks its disk cache up without building the kernels */
+    uint64_t id_key[2];
+    bool by_id = identity_key(key, id_key);
+    if (!have && by_id && cache_disk_enabled() && cache_disk_dir() && (result.dl = cache_disk_load(id_key))) {
+      have = from_disk = fresh = true;
+      atomic_fetch_add_explicit(&st->disk_hits, 1, memory_order_relaxed);
+    } else if (!have && by_id && disk_only) {
+      /* not on disk: nothing to load */
+    } else if (!have && (have = compile_kernels(plan, leaves, shapes, key, by_id ? id_key : NULL, disk_only, &result,
+                                                &from_disk))) {
       fresh = true;
       if (from_disk) {
         atomic_fetch_add_explicit(&st->disk_hits, 1, memory_order_relaxed);

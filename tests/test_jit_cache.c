@@ -106,10 +106,12 @@ static void corrupt_all(const char *dir) {
   if (d) closedir(d);
 }
 
-TEST(warm_disk_cache_compiles_nothing) {
+/* keyed by this build's ID (by_source false) or by the kernels' printed
+   source, as builds without an ID are */
+static void warm_cache_case(bool by_source) {
   char dir[] = "/tmp/kiln-cache-test-XXXXXX", env[256];
   CHECK(mkdtemp(dir) != NULL);
-  snprintf(env, sizeof env, "KILN_CACHE_DIR=%s", dir);
+  snprintf(env, sizeof env, "KILN_CACHE_DIR=%s KILN_CACHE_BY_SOURCE=%d", dir, by_source);
   result cold = run_child(env), warm = run_child(env);
   CHECK(cold.ok && warm.ok);
   CHECK(cold.compiles >= 1);
@@ -129,6 +131,11 @@ TEST(warm_disk_cache_compiles_nothing) {
   char cmd[512];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   CHECK(system(cmd) == 0);
+}
+
+TEST(warm_disk_cache_compiles_nothing) {
+  warm_cache_case(false);
+  warm_cache_case(true);
 }
 
 TEST(two_processes_share_a_cache_directory) {
