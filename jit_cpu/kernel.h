@@ -5,7 +5,10 @@
 
 #include "codegen.h"
 
-#define KERNEL_MAX_IO 32
+/* buffers a kernel reads or writes (and params it takes): a trace with many
+   host scalars has a constants group writing one 0-d buffer per scalar and
+   a kernel reading them all (W5: 100); at 32 such plans ran interpreted */
+#define KERNEL_MAX_IO 256
 #define KERNEL_MAX_NODES 4096
 
 typedef struct kernel_shape {

@@ -10,7 +10,8 @@
  * Column reductions (kept axes on both sides: sum over axis 0) likewise.
  * Row kernels (softmax, layer_norm: reductions, their epilogues and the
  * elementwise tail fused per row) match double-precision references and
- * run as one kernel (beside the constants'). */
+ * run as one kernel (beside the constants').  A chain of 100 host scalars
+ * compiles whole. */
 #include <stdint.h>
 #include <unistd.h>
 
@@ -339,6 +340,37 @@ TEST(row_kernels_layer_norm) {
   free(got);
 }
 
+/* a chain of 100 scalar ops (W5's shape): 100 host scalars, each a
+   runtime parameter and a 0-d buffer of the plan's constants group, all
+   compiled (there was a limit of 32 buffers per kernel, and such plans ran
+   on the interpreter) */
+TEST(many_host_scalars_compile) {
+  int64_t n = 16;
+  kiln_tensor *x = kiln_arange(0, (double)n, 1, KILN_F32);
+  CHECK(kiln_sync() == 0);
+  for (int rep = 0; rep < 3; rep++) {
+    kiln_stats before, after;
+    kiln_get_stats(&before);
+    kiln_tensor *y = kiln_retain(x);
+    double want[16];
+    for (int64_t i = 0; i < n; i++) want[i] = (float)i;
+    for (int k = 0; k < 100; k++) {
+      double c = 1.0 + 0.001 * (k + rep);
+      kiln_tensor *z = k % 2 ? kiln_mul_scalar(y, c) : kiln_add_scalar(y, c);
+      for (int64_t i = 0; i < n; i++) want[i] = k % 2 ? (float)(want[i] * (float)c) : (float)(want[i] + (float)c);
+      kiln_release(y);
+      y = z;
+    }
+    float got[16];
+    CHECK(kiln_to_buffer(y, got, sizeof got) == 0);
+    kiln_get_stats(&after);
+    if (rep > 0) CHECK_EQ_INT(after.eager_ops - before.eager_ops, 0);
+    for (int64_t i = 0; i < n; i++) CHECK_CLOSE(got[i], want[i], 1e-6);
+    kiln_release(y);
+  }
+  kiln_release(x);
+}
+
 static char self[4096];
 
 /* child: the bits of a long f32 sum */
@@ -391,5 +423,6 @@ int main(int argc, char **argv) {
   RUN(row_kernels_softmax);
   RUN(row_kernels_layer_norm);
   RUN(row_kernels_kept_values_chain);
+  RUN(many_host_scalars_compile);
   return ktest_done();
 }
