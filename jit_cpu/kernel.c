@@ -1023,6 +1023,29 @@ static bool emit_row_level(cg_ctx *c, const tr_plan *plan, const tr_group *span,
   return emit_nodes(c, plan, span, ks, io, in_val, params, stop, want, "w", node_val);
 }
 
+/* a row kernel's map loop at position r: the wanted per-element nodes,
+   with values kept by earlier passes loaded from the scratch row, into a
+   copy of the row's values (malloc'd: the caller frees; NULL on failure) */
+static gcc_jit_lvalue **row_position(cg_ctx *c, const tr_plan *plan, const tr_group *span, const kernel_shape *ks,
+                                     const kernel_io *io, gcc_jit_rvalue *params, gcc_jit_lvalue **node_val,
+                                     const bool *avail, gcc_jit_lvalue **stash_ptr, const bool *want,
+                                     gcc_jit_rvalue *r, const char *prefix) {
+  int n = span->last - span->first + 1;
+  gcc_jit_lvalue **pass_val = malloc((size_t)n * sizeof *pass_val);
+  if (!pass_val) return NULL;
+  memcpy(pass_val, node_val, (size_t)n * sizeof *pass_val);
+  gcc_jit_rvalue *in_val[KERNEL_MAX_IO];
+  emit_loads(c, ks, io, r, in_val);
+  char kept[20];
+  snprintf(kept, sizeof kept, "k%s", prefix);
+  load_kept(c, plan, span, avail, stash_ptr, r, kept, pass_val);
+  if (!emit_nodes(c, plan, span, ks, io, in_val, params, span->last + 1, want, prefix, pass_val)) {
+    free(pass_val);
+    return NULL;
+  }
+  return pass_val;
+}
+
 bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
                       const char *name) {
   tr_group span = {.kind = TR_GROUP_REDUCE, .first = plan->groups[g].first, .last = ks->last_node};
@@ -1088,19 +1111,11 @@ bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *lea
         if (store_now[k]) need(plan, ks, span.first, span.first + k, avail, want);
       gcc_jit_lvalue *pr = new_local(c, c->t_i64, "pre", i);
       counted_loop L = open_loop(c, pr, i64v(c, 0), rv(count), "keep");
-      gcc_jit_rvalue *in_val[KERNEL_MAX_IO];
-      emit_loads(c, ks, &io, rv(pr), in_val);
-      gcc_jit_lvalue **pass_val = malloc((size_t)n * sizeof *pass_val);
       char name[16];
       snprintf(name, sizeof name, "p%d", npass);
+      gcc_jit_lvalue **pass_val = row_position(c, plan, &span, ks, &io, params, node_val, avail, stash_ptr, want,
+                                               rv(pr), name);
       ok = pass_val != NULL;
-      if (ok) {
-        memcpy(pass_val, node_val, (size_t)n * sizeof *pass_val);
-        char kept[16];
-        snprintf(kept, sizeof kept, "kp%d", npass);
-        load_kept(c, plan, &span, avail, stash_ptr, rv(pr), kept, pass_val); /* kept by earlier passes */
-        ok = emit_nodes(c, plan, &span, ks, &io, in_val, params, span.last + 1, want, name, pass_val);
-      }
       if (ok) store_kept(c, &span, store_now, stash_ptr, rv(pr), pass_val);
       free(pass_val);
       close_loop(c, &L);
@@ -1135,31 +1150,17 @@ bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *lea
       }
   }
   if (ok && stores) {
-    gcc_jit_block *cond = new_block(c, "scond"), *body = new_block(c, "sbody"), *after = new_block(c, "safter");
-    gcc_jit_block_add_assignment(c->cur, NULL, r, i64v(c, 0));
-    gcc_jit_block_end_with_jump(c->cur, NULL, cond);
-    cond_loop(cond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rv(count)), body, after);
-    c->cur = body;
-    gcc_jit_rvalue *in_val[KERNEL_MAX_IO];
-    emit_loads(c, ks, &io, rv(r), in_val);
-    gcc_jit_lvalue **pass_val = malloc((size_t)n * sizeof *pass_val);
+    counted_loop L = open_loop(c, r, i64v(c, 0), rv(count), "store");
+    gcc_jit_lvalue **pass_val = row_position(c, plan, &span, ks, &io, params, node_val, avail, stash_ptr, want,
+                                             rv(r), "s");
     ok = pass_val != NULL;
-    if (ok) {
-      memcpy(pass_val, node_val, (size_t)n * sizeof *pass_val);
-      load_kept(c, plan, &span, avail, stash_ptr, rv(r), "ks", pass_val);
-    }
-    ok = ok && emit_nodes(c, plan, &span, ks, &io, in_val, params, span.last + 1, want, "s", pass_val);
     gcc_jit_rvalue *at = add64(c, rv(row_at), rv(r));
     for (int q = 0; ok && q < ks->nout; q++)
       if (ks->per_elem[ks->outs[q] - span.first])
         gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[q]), at),
                                      rv(pass_val[ks->outs[q] - span.first]));
     free(pass_val);
-    if (ok) {
-      gcc_jit_block_add_assignment_op(c->cur, NULL, r, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
-      gcc_jit_block_end_with_jump(c->cur, NULL, cond);
-    }
-    c->cur = after;
+    close_loop(c, &L);
   }
   /* row-level values read after the run */
   for (int q = 0; ok && q < ks->nout; q++)

@@ -71,6 +71,34 @@ static const char *dt_name(kiln_dtype dt) {
 
 static size_t dsize(kiln_dtype dt) { return dt == KILN_F64 || dt == KILN_I64 ? 8 : 4; }
 
+/* the reduction, in double (a long double sum), of the producer over
+   count values of buf from index base, stride apart; the producer rounds
+   as the kernel's f32 arithmetic does; NaN if any value is NaN */
+static double reference(rop op, kiln_dtype dt, const void *buf, int64_t base, int64_t stride, int64_t count) {
+  double want = op == R_PROD ? 1 : op == R_SUM ? 0 : NAN;
+  long double lsum = 0;
+  bool nan = false;
+  for (int64_t k = 0; k < count; k++) {
+    double x = at(dt, buf, base + k * stride), v = produce(op, x);
+    if (dt == KILN_F32) /* the producer runs in f32 */
+      v = op == R_PROD ? (double)((float)(x * (float)1e-9) + (float)1.0001) : (double)((float)(x * x) + (float)x);
+    if (v != v) nan = true;
+    if (op == R_SUM) lsum += v;
+    else if (op == R_PROD) want *= v;
+    else if (k == 0 || (op == R_MAX ? v > want : v < want)) want = v;
+  }
+  if (op == R_SUM) want = (double)lsum;
+  return nan ? NAN : want;
+}
+
+/* got within the tolerance of want: relative 1e-6 (f32) / 1e-13 (f64),
+   widened for products by their rounding per step; integers exact */
+static bool close_to(double got, double want, rop op, kiln_dtype dt, int64_t count) {
+  double tol = dt == KILN_F32 ? 1e-6 : dt == KILN_F64 ? 1e-13 : 0;
+  if (op == R_PROD) tol *= 1 + 1e-3 * (double)count;
+  return (isnan(got) && isnan(want)) || fabs(got - want) <= tol * fmax(1, fabs(want));
+}
+
 /* one case: x of shape (rows, count) (or (rows, a, count / a) reduced over
    the last two axes), reduced over the trailing axes after the producer */
 static void check_case(rop op, kiln_dtype dt, int64_t rows, int64_t count, bool three_d, int nan_at) {
@@ -105,26 +133,8 @@ static void check_case(rop op, kiln_dtype dt, int64_t rows, int64_t count, bool 
                  (unsigned long long)(after.eager_ops - before.eager_ops),
                  (unsigned long long)(after.kernels_launched - before.kernels_launched));
     for (int64_t o = 0; o < rows; o++) {
-      double want = op == R_PROD ? 1 : op == R_SUM ? 0 : NAN;
-      long double lsum = 0;
-      bool nan = false;
-      for (int64_t k = 0; k < count; k++) {
-        double x = at(dt, buf, o * count + k), v = produce(op, x);
-        if (dt == KILN_F32) /* the producer runs in f32 */
-          v = op == R_PROD ? (double)((float)(x * (float)1e-9) + (float)1.0001) : (double)((float)(x * x) + (float)x);
-        if (v != v) nan = true;
-        if (op == R_SUM) lsum += v;
-        else if (op == R_PROD) want *= v;
-        else if (k == 0 || (op == R_MAX ? v > want : v < want)) want = v;
-      }
-      if (op == R_SUM) want = (double)lsum;
-      if (nan) want = NAN;
-      double g = at(odt, got, o);
-      double tol = dt == KILN_F32 ? 1e-6 : dt == KILN_F64 ? 1e-13 : 0;
-      if (op == R_PROD) tol *= 1 + 1e-3 * (double)count; /* rounding of each product step */
-      double err = fabs(g - want), scale = fmax(1, fabs(want));
-      bool ok = (isnan(g) && isnan(want)) || err <= tol * scale;
-      if (!ok) {
+      double want = reference(op, dt, buf, o * count, 1, count), g = at(odt, got, o);
+      if (!close_to(g, want, op, dt, count)) {
         KTEST_FAIL("%s %s rows=%lld count=%lld%s row %lld: %.17g, want %.17g", rop_name[op],
                    dt_name(dt), (long long)rows, (long long)count, use3 ? " (3-d)" : "",
                    (long long)o, g, want);
@@ -178,24 +188,8 @@ static void check_cols(rop op, kiln_dtype dt, int64_t outer, int64_t count, int6
                  (unsigned long long)(after.kernels_launched - before.kernels_launched));
     for (int64_t o = 0; o < outer; o++)
       for (int64_t b = 0; b < inner; b++) {
-        double want = op == R_PROD ? 1 : op == R_SUM ? 0 : NAN;
-        long double lsum = 0;
-        bool nan = false;
-        for (int64_t k = 0; k < count; k++) {
-          double xv = at(dt, buf, (o * count + k) * inner + b), v = produce(op, xv);
-          if (dt == KILN_F32)
-            v = op == R_PROD ? (double)((float)(xv * (float)1e-9) + (float)1.0001) : (double)((float)(xv * xv) + (float)xv);
-          if (v != v) nan = true;
-          if (op == R_SUM) lsum += v;
-          else if (op == R_PROD) want *= v;
-          else if (k == 0 || (op == R_MAX ? v > want : v < want)) want = v;
-        }
-        if (op == R_SUM) want = (double)lsum;
-        if (nan) want = NAN;
-        double g = at(odt, got, o * inner + b);
-        double tol = dt == KILN_F32 ? 1e-6 : dt == KILN_F64 ? 1e-13 : 0;
-        if (op == R_PROD) tol *= 1 + 1e-3 * (double)count;
-        if (!((isnan(g) && isnan(want)) || fabs(g - want) <= tol * fmax(1, fabs(want)))) {
+        double want = reference(op, dt, buf, o * count * inner + b, inner, count), g = at(odt, got, o * inner + b);
+        if (!close_to(g, want, op, dt, count)) {
           KTEST_FAIL("cols %s %s %lldx%lldx%lld at (%lld, %lld): %.17g, want %.17g", rop_name[op], dt_name(dt),
                      (long long)outer, (long long)count, (long long)inner, (long long)o, (long long)b, g, want);
           o = outer;
