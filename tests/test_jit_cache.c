@@ -1,7 +1,8 @@
 /* test_jit_cache.c — the kernel caches end to end, across processes: a warm
  * disk cache compiles nothing; a corrupted cache file is recovered from; two
  * processes sharing one cache directory both succeed; KILN_CACHE=0 writes
- * nothing; without binutils on PATH the JIT is off with one message.  The
+ * nothing; without binutils on PATH the JIT is off with one message;
+ * KILN_JIT_OPT_INFO=1 reports vectorized loops; kiln_jit_wait.  The
  * work runs in child processes of this binary ("work" mode),
  * each with its own environment. */
 #include <dirent.h>
@@ -195,6 +196,29 @@ TEST(missing_toolchain_is_reported_once) {
   CHECK(system(cmd) == 0);
 }
 
+/* KILN_JIT_OPT_INFO=1 passes GCC's vectorization report through to
+   stderr while compiling (the reduction's lane loop is vectorized); off by
+   default */
+TEST(opt_info_reports_vectorized_loops) {
+  char dir[] = "/tmp/kiln-cache-test-XXXXXX", cmd[9000], log[600];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(log, sizeof log, "%s/stderr", dir);
+  for (int on = 0; on <= 1; on++) {
+    snprintf(cmd, sizeof cmd, "env KILN_CACHE=0 KILN_JIT_OPT_INFO=%d KILN_HOT=2 KILN_ASYNC=0 '%s' work >/dev/null 2>'%s'",
+             on, self, log);
+    CHECK(system(cmd) == 0);
+    char text[1 << 15] = {0};
+    FILE *f = fopen(log, "r");
+    size_t got = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f) fclose(f);
+    text[got] = 0;
+    if (on) CHECK_STR_CONTAINS(text, "loop vectorized");
+    else CHECK(!strstr(text, "vectorized"));
+  }
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
 /* kiln_jit_wait waits for the background compiler; a warm start needs no wait */
 TEST(jit_wait_then_compiled) {
   char dir[] = "/tmp/kiln-cache-test-XXXXXX", cmd[9000];
@@ -229,5 +253,6 @@ int main(int argc, char **argv) {
   RUN(cache_off_writes_nothing);
   RUN(missing_toolchain_is_reported_once);
   RUN(jit_wait_then_compiled);
+  RUN(opt_info_reports_vectorized_loops);
   return ktest_done();
 }
