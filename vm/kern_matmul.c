@@ -104,6 +104,7 @@ static bool float_gemm(kiln_dtype dt, const mat *a, const mat *b, char *c, int64
     return false;
   }
   int ldc = N > 1 ? (int)N : 1;
+  atomic_fetch_add_explicit(&vm_process()->stats.blas_calls, 1, memory_order_relaxed);
   if (dt == KILN_F32)
     blas->sgemm(VM_BLAS_ROW_MAJOR, ta, tb, (int)M, (int)N, (int)K, 1.0f, (const float *)A,
                 (int)lda, (const float *)B, (int)ldb, 0.0f, (float *)c, ldc);

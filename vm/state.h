@@ -34,6 +34,7 @@ typedef struct vm_counters {
   atomic_uint_fast64_t flushes, traces_seen, cache_hits, cache_misses, plans_built;
   atomic_uint_fast64_t compiles, compile_failures, disk_hits, compile_us;
   atomic_uint_fast64_t kernels_compiled; /* kernels in freshly compiled plans */
+  atomic_uint_fast64_t blas_calls;       /* gemm calls into BLAS (matmuls run) */
   atomic_uint_fast64_t flush_us; /* microseconds */
 } vm_counters;
 
