@@ -63,12 +63,13 @@ static const vm_meta *ref_meta(const builder *b, int ref) {
 
 static int resolve(const builder *b, int ref) { return ref >= 0 ? b->alias[ref] : ref; }
 
-/* the scalar class of a full node (it is part of the key, so it holds for
-   every flush this plan serves); -1 when ref is not a full node */
+/* the scalar class of a literal full node (its value is part of the key,
+   so it holds for every flush this plan serves); -1 when ref is not one.  A
+   host scalar is a parameter: never simplified, whatever its value. */
 static int full_class(const builder *b, int ref) {
   if (ref < 0) return -1;
   const tr_pnode *p = &b->p[ref];
-  if (p->op == VM_OP_full) return tr_scalar_class(p->attr.scalar[0]);
+  if (p->op == VM_OP_full) return p->attr.host ? -1 : tr_scalar_class(p->attr.scalar[0]);
   if (p->op != VM_OP_cast) return -1;
   /* a host scalar cast to the tensor's dtype: 0 and 1 stay exact; -0 stays
      -0 only in a float dtype */

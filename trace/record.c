@@ -117,6 +117,33 @@ int tr_sync(void) {
   return vm_thread()->status;
 }
 
+int tr_eval(int n, vm_tensor *const *ts) {
+  vm_clear_error();
+  if (n < 0 || (n > 0 && !ts)) return vm_error(KILN_ERR_ARG, "n is %d and ts is %s", n, ts ? "set" : "NULL");
+  for (int i = 0; i < n; i++)
+    if (!ts[i]) return vm_error(KILN_ERR_ARG, "tensor %d is NULL", i);
+  tr_graph *g = tr_thread_graph();
+  tr_node **mine = malloc((size_t)(n ? n : 1) * sizeof *mine);
+  if (!g || !mine) {
+    free(mine);
+    return vm_error(KILN_ERR_OOM, "out of memory");
+  }
+  int nmine = 0, rc = KILN_OK;
+  for (int i = 0; i < n && rc == KILN_OK; i++) {
+    tr_node *x = ts[i]->node;
+    if (x->state == TR_MATERIALIZED) continue;
+    if (x->graph == g && x->state != TR_FAILED) mine[nmine++] = x;
+    else if (!materialize_node(x, TR_FLUSH_EVAL)) rc = vm_thread()->status;
+  }
+  if (rc == KILN_OK && nmine) {
+    tr_graph_lock(g);
+    rc = tr_flush(g, mine, nmine, TR_FLUSH_EVAL);
+    tr_graph_unlock(g);
+  }
+  free(mine);
+  return rc;
+}
+
 vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr,
                      const vm_meta *m) {
   tr_graph *g = tr_thread_graph();

@@ -29,6 +29,9 @@ void tr_queue_store(vm_tensor *t);
 
 /* Flushes everything pending on this thread (kiln_sync). */
 int tr_sync(void);
+/* Computes ts[0..n) and keeps their values (kiln_eval): one flush for
+   those recorded on this thread, one per other thread's graph. */
+int tr_eval(int n, vm_tensor *const *ts);
 
 /* vm_release's half for handles: drops the handle's node reference. */
 void tr_handle_free(vm_tensor *t);

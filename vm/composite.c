@@ -29,9 +29,16 @@ static vm_tensor *as_float(vm_scope *s, vm_tensor *a) {
   return vm_dtype_is_float(a->dtype) ? a : keep(s, vm_cast(a, KILN_F32));
 }
 
+/* where(x <= 0, 0, x): NaN stays NaN, -0 becomes +0, and the gradient is
+   0 at 0 (as PyTorch's: a zero-initialized model trains the same) */
 vm_tensor *vm_relu(vm_tensor *a) {
   if (null_arg(a) || reject_bool_arg(a)) return NULL;
-  return vm_binary_scalar(VM_OP_maximum, a, 0, !vm_dtype_is_float(a->dtype));
+  bool is_int = !vm_dtype_is_float(a->dtype);
+  vm_scope s = {0};
+  vm_tensor *off = keep(&s, vm_binary_scalar(VM_OP_le, a, 0, is_int));
+  vm_tensor *zero = keep(&s, vm_weak_scalar(0, is_int));
+  vm_tensor *in[3] = {off, zero, a};
+  return finish(&s, keep(&s, off && zero ? vm_op(VM_OP_where, 3, in, NULL) : NULL));
 }
 
 vm_tensor *vm_gelu(vm_tensor *a) { /* 0.5 x (1 + erf(x / sqrt 2)) */
@@ -54,9 +61,17 @@ vm_tensor *vm_clamp(vm_tensor *a, double lo, double hi) {
     lo = ceil(lo);
     hi = floor(hi);
   }
+  /* y = where(x < lo, lo, x), then where(y > hi, hi, y): NaN passes
+     through, lo > hi gives hi, and the gradient passes at the bounds
+     themselves (PyTorch's rules) */
   vm_scope s = {0};
-  vm_tensor *low = keep(&s, vm_binary_scalar(VM_OP_maximum, a, lo, is_int));
-  return finish(&s, keep(&s, vm_binary_scalar(VM_OP_minimum, low, hi, is_int)));
+  vm_tensor *vlo = keep(&s, vm_host_scalar(lo, is_int)), *vhi = keep(&s, vm_host_scalar(hi, is_int));
+  vm_tensor *below = keep(&s, vm_binary(VM_OP_lt, a, vlo));
+  vm_tensor *in_lo[3] = {below, vlo, a};
+  vm_tensor *low = keep(&s, below && vlo ? vm_op(VM_OP_where, 3, in_lo, NULL) : NULL);
+  vm_tensor *above = keep(&s, vm_binary(VM_OP_gt, low, vhi));
+  vm_tensor *in_hi[3] = {above, vhi, low};
+  return finish(&s, keep(&s, above && vhi ? vm_op(VM_OP_where, 3, in_hi, NULL) : NULL));
 }
 
 vm_tensor *vm_mean(vm_tensor *a, int naxes, const int *axes, bool keepdim) {
@@ -140,7 +155,7 @@ vm_tensor *vm_layer_norm(vm_tensor *x, vm_tensor *w, vm_tensor *b, double eps) {
   vm_tensor *xf = as_float(&s, x);
   vm_tensor *xc = keep(&s, vm_binary(VM_OP_sub, xf, keep(&s, vm_mean(xf, 1, &last, true))));
   vm_tensor *var = keep(&s, vm_mean(keep(&s, vm_binary(VM_OP_mul, xc, xc)), 1, &last, true));
-  vm_tensor *inv = keep(&s, vm_unary(VM_OP_rsqrt, keep(&s, vm_binary_scalar(VM_OP_add, var, eps, false))));
+  vm_tensor *inv = keep(&s, vm_unary(VM_OP_rsqrt, keep(&s, vm_binary_host_scalar(VM_OP_add, var, eps, false))));
   vm_tensor *y = keep(&s, vm_binary(VM_OP_mul, xc, inv));
   if (w) y = keep(&s, vm_binary(VM_OP_mul, y, w));
   if (b) y = keep(&s, vm_binary(VM_OP_add, y, b));
@@ -375,7 +390,7 @@ int vm_sub_scaled(vm_tensor *dst, vm_tensor *src, double alpha) {
   }
   vm_scope s = {0};
   if (dst->slot) vm_thread()->no_grad++; /* an optimizer step is not differentiated */
-  vm_tensor *step = keep(&s, vm_binary_scalar(VM_OP_mul, src, alpha, false));
+  vm_tensor *step = keep(&s, vm_binary_host_scalar(VM_OP_mul, src, alpha, false));
   vm_tensor *value = keep(&s, vm_binary(VM_OP_sub, dst, step));
   if (dst->slot) vm_thread()->no_grad--;
   int rc = value ? (same_shape(dst, value) ? rebind_to(dst, value) : KILN_ERR_SHAPE)

@@ -190,6 +190,9 @@ KILN_API kiln_tensor *kiln_to_device(kiln_tensor *t, kiln_device d);
 
 /* runtime */
 KILN_API int kiln_sync(void); /* evaluate everything pending on this thread */
+/* evaluate these and keep their values (the explicit "compute and keep";
+   the automatic rules of README "How it runs" make it rarely needed) */
+KILN_API int kiln_eval(int n, kiln_tensor *const *ts);
 /* wait until the background compiler has finished every compile queued so
    far (hot traces then run compiled); benchmarks call it after warm-up */
 KILN_API void kiln_jit_wait(void);
