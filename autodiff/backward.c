@@ -217,6 +217,8 @@ int ad_backward(vm_tensor *loss, vm_tensor *grad) {
   vm_clear_error();
   tape tp = {0};
   int rc = run(&tp, 1, &loss, grad ? &grad : NULL, false);
+  for (int i = 0; rc == KILN_OK && i < tp.n; i++) /* its saved values are spent */
+    if (!tp.nodes[i]->slot) tr_mark_grad_done(tp.nodes[i]);
   for (int i = 0; rc == KILN_OK && i < tp.n; i++) { /* accumulate into leaves: stores */
     tr_grad_slot *slot = tp.nodes[i]->slot;
     if (!slot || !tp.grads[i]) continue;
@@ -277,6 +279,9 @@ vm_tensor *ad_grad(vm_tensor *leaf) {
 int ad_zero_grad(vm_tensor *leaf) {
   if (!have(leaf, 0)) return KILN_ERR_ARG;
   if (leaf->slot) {
+    /* a gradient no flush has stored yet need not be: handles the user
+       took with kiln_grad still name its (pending) value */
+    if (leaf->slot->grad) tr_unqueue_store(leaf->slot->grad);
     vm_release(leaf->slot->grad);
     leaf->slot->grad = NULL;
   }

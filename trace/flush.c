@@ -99,6 +99,12 @@ static bool in_trace(const tr_node *n) {
   return n->state == TR_PENDING || n->state == TR_RECOMPUTABLE;
 }
 
+/* a fill, or a fill cast: cheaper to recompute than to keep */
+static bool is_fill(const tr_node *n) {
+  if (n->op == VM_OP_cast && n->nin == 1) n = n->in[0];
+  return n->op == VM_OP_full;
+}
+
 /* A value an earlier flush computed without keeping is needed again: keep
    it this time (it is computed at most twice), and tell that flush's key,
    so its next runs keep it at once.  Only the frontier: recomputed values
@@ -118,7 +124,7 @@ static void keep_computed_before(collector *c, tr_node **targets, int ntargets) 
     if (in_trace(targets[i])) wanted[targets[i]->index] = true;
   for (int i = 0; i < t->n; i++) {
     const tr_node *n = t->nodes[i];
-    if (n->state != TR_RECOMPUTABLE || !wanted[i] || n->op == VM_OP_full) continue;
+    if (n->state != TR_RECOMPUTABLE || !wanted[i] || is_fill(n)) continue;
     t->is_output[i] = true;
     if (!n->origin_pos) continue;
     if (!grow((void **)&c->recomputed, &c->cap_recomputed, c->nrecomputed + 1, sizeof(int))) {
@@ -147,11 +153,12 @@ static bool vjp_reads_input(const tr_node *n, int k) {
 static void keep_saved_for_backward(tr_trace *t) {
   for (int i = 0; i < t->n; i++) {
     const tr_node *n = t->nodes[i];
-    if (!n->requires_grad || n->slot) continue; /* untracked, or a leaf variable */
+    /* untracked, a leaf variable, or its backward already recorded */
+    if (!n->requires_grad || n->slot || n->grad_done) continue;
     if (vm_op_table[n->op].flags & VM_F_SAVE_OUT) t->is_output[i] = true;
     for (int k = 0; k < n->nin; k++) {
       int r = t->refs[i][k];
-      if (r >= 0 && t->nodes[r]->op != VM_OP_full && vjp_reads_input(n, k)) t->is_output[r] = true;
+      if (r >= 0 && !is_fill(t->nodes[r]) && vjp_reads_input(n, k)) t->is_output[r] = true;
     }
   }
 }

@@ -38,6 +38,7 @@ typedef struct tr_node {
   int fail_status;         /* FAILED only: the error */
   char *fail_msg;
   bool requires_grad;      /* tracked by autodiff: keeps its inputs after materializing */
+  bool grad_done;          /* kiln_backward went through it: nothing is saved for it */
   tr_grad_slot *slot;      /* a leaf variable's gradient slot (a reference) */
   uint64_t seq;            /* creation order (a topological order for autodiff) */
   uint64_t origin[2];      /* RECOMPUTABLE: the key of the flush that computed it */

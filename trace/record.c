@@ -231,6 +231,23 @@ void tr_handle_set_node(vm_tensor *t, tr_node *n) {
   tr_node_release(old);
 }
 
+void tr_unqueue_store(vm_tensor *t) {
+  tr_node *n = t->node;
+  if (n->state != TR_PENDING) return;
+  tr_graph *g = n->graph;
+  tr_graph_lock(g);
+  for (int i = g->nstores - 1; i >= 0; i--)
+    if (g->stores[i] == n) {
+      memmove(&g->stores[i], &g->stores[i + 1], (size_t)(g->nstores - i - 1) * sizeof *g->stores);
+      g->nstores--;
+      tr_node_release(n);
+      break;
+    }
+  tr_graph_unlock(g);
+}
+
+void tr_mark_grad_done(tr_node *n) { n->grad_done = true; }
+
 void tr_queue_store(vm_tensor *t) {
   tr_node *n = t->node;
   if (n->state == TR_MATERIALIZED) return;

@@ -92,11 +92,21 @@ vm_tensor *vm_mean(vm_tensor *a, int naxes, const int *axes, bool keepdim) {
   return finish(&s, keep(&s, vm_binary_scalar(VM_OP_div, sum, (double)count, false)));
 }
 
+/* the max along axis, subtracted for stability: it cancels exactly, so it
+   is computed outside autodiff (its gradient would be a chain of ops that
+   sums to zero) */
+static vm_tensor *stability_shift(vm_tensor *x, int axis) {
+  vm_thread()->no_grad++;
+  vm_tensor *m = vm_reduce(VM_OP_max, x, 1, &axis, true);
+  vm_thread()->no_grad--;
+  return m;
+}
+
 vm_tensor *vm_log_softmax(vm_tensor *a, int axis) {
   if (null_arg(a)) return NULL;
   vm_scope s = {0};
   vm_tensor *x = as_float(&s, a);
-  vm_tensor *m = keep(&s, vm_reduce(VM_OP_max, x, 1, &axis, true));
+  vm_tensor *m = keep(&s, stability_shift(x, axis));
   vm_tensor *shifted = keep(&s, vm_binary(VM_OP_sub, x, m));
   vm_tensor *sum = keep(&s, vm_reduce(VM_OP_sum, keep(&s, vm_unary(VM_OP_exp, shifted)), 1, &axis, true));
   return finish(&s, keep(&s, vm_binary(VM_OP_sub, shifted, keep(&s, vm_unary(VM_OP_log, sum)))));
@@ -106,7 +116,7 @@ vm_tensor *vm_softmax(vm_tensor *a, int axis) {
   if (null_arg(a)) return NULL;
   vm_scope s = {0};
   vm_tensor *x = as_float(&s, a);
-  vm_tensor *m = keep(&s, vm_reduce(VM_OP_max, x, 1, &axis, true));
+  vm_tensor *m = keep(&s, stability_shift(x, axis));
   vm_tensor *e = keep(&s, vm_unary(VM_OP_exp, keep(&s, vm_binary(VM_OP_sub, x, m))));
   vm_tensor *sum = keep(&s, vm_reduce(VM_OP_sum, e, 1, &axis, true));
   /* e * (1 / sum), as PyTorch computes it: one division per row, a
@@ -121,7 +131,7 @@ vm_tensor *vm_logsumexp(vm_tensor *a, int axis, bool keepdim) {
   if (null_arg(a)) return NULL;
   vm_scope s = {0};
   vm_tensor *x = as_float(&s, a);
-  vm_tensor *m = keep(&s, vm_reduce(VM_OP_max, x, 1, &axis, true));
+  vm_tensor *m = keep(&s, stability_shift(x, axis));
   /* an infinite max (all -inf, or +inf) is not subtracted: exp(-inf - -inf) is NaN */
   vm_tensor *inf = keep(&s, vm_binary_scalar(VM_OP_eq, keep(&s, vm_unary(VM_OP_abs, m)), INFINITY, false));
   vm_tensor *zero = keep(&s, vm_weak_scalar(0, false));
