@@ -272,7 +272,13 @@ int ad_grad_of(int nout, vm_tensor *const *outs, vm_tensor *const *gouts, int ni
 
 vm_tensor *ad_grad(vm_tensor *leaf) {
   if (!have(leaf, 0)) return NULL;
-  if (!leaf->slot || !leaf->slot->grad) return NULL;
+  if (!leaf->slot && leaf->node->requires_grad) {
+    vm_error(KILN_ERR_STATE, "this tensor is not a leaf (it is computed from tensors that "
+             "require grad), so no gradient accumulates in it; use kiln_grad_of for the "
+             "gradient of an intermediate");
+    return NULL;
+  }
+  if (!leaf->slot || !leaf->slot->grad) return NULL; /* none yet: no error */
   return tr_handle_of_node(leaf->slot->grad->node);
 }
 

@@ -186,6 +186,8 @@ void tr_log_flush(const tr_trace *t, tr_flush_reason why, tr_key key, const cach
     }
     fputs(") : ", stderr);
     put_meta(stderr, &n->meta);
+    /* recomputed: an earlier flush computed it without keeping it */
+    fputs(n->state == TR_RECOMPUTABLE ? " recomputed" : "", stderr);
     fputs(t->is_output[i] ? " output\n" : "\n", stderr);
   }
 }

@@ -331,6 +331,9 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
     return earlier ? earlier : KILN_OK;
   }
   vm_counters *st = &vm_process()->stats;
+  int recomputed = 0;
+  for (int i = 0; i < t->n; i++)
+    recomputed += t->nodes[i]->state == TR_RECOMPUTABLE && !is_fill(t->nodes[i]);
   for (int i = 0; i < c.nrecomputed; i++) { /* their flushes learn to keep them */
     const tr_node *n = t->nodes[c.recomputed[i]];
     cache_learn(n->origin, n->origin_pos - 1);
@@ -388,6 +391,8 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   for (int i = 0; vals && i < t->n; i++) vm_release(vals[i]);
   free(vals);
   remember(g, t, why, &bytes, &fam_bytes, &seen, plan, key, rc);
+  if (g->last) g->last->recomputed = recomputed;
+  atomic_fetch_add_explicit(&st->recomputed, (uint_fast64_t)recomputed, memory_order_relaxed);
   if (plan) tr_plan_release(plan);
   atomic_fetch_add_explicit(&st->flushes, 1, memory_order_relaxed);
   vm_add_ms(&st->flush_us, ms);

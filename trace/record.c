@@ -10,7 +10,9 @@
 #include "flush.h"
 #include "graph.h"
 
-#define TR_DEPTH_CAP 64
+/* deep enough that a backward pass (a transformer block's is ~130) is one
+   trace; chains past it are cut at deterministic points */
+#define TR_DEPTH_CAP 256
 #define TR_NODE_CAP 4096
 #define TR_PENDING_BYTES_CAP ((int64_t)1 << 30)
 

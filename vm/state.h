@@ -35,6 +35,7 @@ typedef struct vm_counters {
   atomic_uint_fast64_t compiles, compile_failures, disk_hits, compile_us;
   atomic_uint_fast64_t kernels_compiled; /* kernels in freshly compiled plans */
   atomic_uint_fast64_t blas_calls;       /* gemm calls into BLAS (matmuls run) */
+  atomic_uint_fast64_t recomputed;       /* values evaluated again (fills aside, DESIGN §3) */
   atomic_uint_fast64_t flush_us; /* microseconds */
 } vm_counters;
 
