@@ -76,8 +76,9 @@ static void run_rows(const opts *o, const char *suffix) {
   snprintf(label, sizeof label, "kiln-two-threads%s", suffix);
   bench_result("two_models", label, con, o->reps, extra, "");
   double ms = bench_median(seq, o->reps), mc = bench_median(con, o->reps);
-  printf("KILN_THREADS=%d: sequential %.3f s, two threads %.3f s, two threads / sequential = %.2f\n",
-         kiln_num_threads(), ms, mc, mc / ms);
+  printf(
+      "KILN_THREADS=%d: sequential %.3f s, two threads %.3f s, two threads / sequential = %.2f\n",
+      kiln_num_threads(), ms, mc, mc / ms);
   fflush(stdout);
   free(seq);
   free(con);
@@ -87,14 +88,21 @@ int main(int argc, char **argv) {
   opts o = {.reps = 5, .steps = 20, .batch = 128, .hidden = 256};
   bool child = false;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--child")) child = true;
-    else if (!strcmp(argv[i], "--smoke")) o.reps = 1, o.steps = 2, o.batch = 16, o.hidden = 32;
-    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) o.reps = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--steps") && i + 1 < argc) o.steps = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--batch") && i + 1 < argc) o.batch = atoll(argv[++i]);
-    else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) o.hidden = atoll(argv[++i]);
+    if (!strcmp(argv[i], "--child"))
+      child = true;
+    else if (!strcmp(argv[i], "--smoke"))
+      o.reps = 1, o.steps = 2, o.batch = 16, o.hidden = 32;
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+      o.reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
+      o.steps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
+      o.batch = atoll(argv[++i]);
+    else if (!strcmp(argv[i], "--hidden") && i + 1 < argc)
+      o.hidden = atoll(argv[++i]);
     else {
-      fprintf(stderr, "usage: %s [--smoke] [--reps N] [--steps N] [--batch N] [--hidden N]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--smoke] [--reps N] [--steps N] [--batch N] [--hidden N]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -121,8 +129,10 @@ int main(int argc, char **argv) {
       waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
     fprintf(stderr, "%s: the KILN_THREADS=1 run failed\n", argv[0]);
   free(child_argv);
-  if (saved_copy) setenv("KILN_THREADS", saved_copy, 1);
-  else unsetenv("KILN_THREADS");
+  if (saved_copy)
+    setenv("KILN_THREADS", saved_copy, 1);
+  else
+    unsetenv("KILN_THREADS");
   free(saved_copy);
   run_rows(&o, "");
   return status == 0 ? 0 : 1;

@@ -198,7 +198,8 @@ static int child(const char *result_path) {
   RUN(one_thread_alone_uses_the_workers);
   RUN(models_trained_on_2_and_4_threads_match_one_thread_bit_for_bit);
   FILE *f = fopen(result_path, "wb");
-  if (!f || fwrite(&reference, sizeof reference, 1, f) != 1) KTEST_FAIL("cannot write %s", result_path);
+  if (!f || fwrite(&reference, sizeof reference, 1, f) != 1)
+    KTEST_FAIL("cannot write %s", result_path);
   if (f) fclose(f);
   return ktest_done();
 }

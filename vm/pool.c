@@ -8,8 +8,10 @@
  * - Before, one job ran at a time and a second caller ran its job inline
  *   beside the workers: KILN_THREADS workers + N callers on KILN_THREADS
  *   cores, so workers were preempted mid-chunk and their callers waited for
- *   them (a convoy).  Measured: two models on two threads took 2.3x as long
- *   as one after the other.
+ *   them (a convoy); OpenBLAS's own threads came on top (kern_matmul.c now
+ *   runs gemms in blocks here instead).  Measured (perf_threads_two_models,
+ *   2 cores): two models on two threads took 4-10x as long as one after the
+ *   other; with tokens, 1.0-1.1x.
  * - A user thread takes one token for the whole of a flush (tr_run calls
  *   vm_pool_enter/leave) and for any parallel call outside one.  Holding it
  *   across the serial parts of a flush too keeps those from oversubscribing;
@@ -20,6 +22,9 @@
  *   for one: callers (FIFO, by ticket) come first, so a busy pool shrinks
  *   each flush's helpers rather than delaying a flush.  A worker gives its
  *   token back after each job.
+ * - Tokens bound whole flushes, not single parallel calls: a token per call
+ *   would leave the serial kernels between calls outside the budget.  The
+ *   cost is one uncontended lock per flush (W5 unchanged).
  * - Any number of jobs may be open, one per caller: with KILN_THREADS=4 and
  *   two user threads, the two free tokens help whichever job has chunks
  *   left, instead of idling because "the" job slot is taken.
@@ -41,23 +46,23 @@ typedef struct pool_job {
   vm_chunk_fn fn;
   void *ctx;
   int64_t n, chunks;
-  atomic_int_fast64_t next; /* next chunk to claim */
-  int64_t completed;        /* chunks finished (under pool.lock) */
-  int helpers;              /* workers inside this job (under pool.lock) */
+  atomic_int_fast64_t next;      /* next chunk to claim */
+  int64_t completed;             /* chunks finished (under pool.lock) */
+  int helpers;                   /* workers inside this job (under pool.lock) */
   struct pool_job *prev, *after; /* the open list (under pool.lock) */
 } pool_job;
 
 typedef struct vm_pool {
   pthread_mutex_t lock;
-  pthread_cond_t work;    /* workers: a job opened or a token came back */
-  pthread_cond_t tokens;  /* callers: a token came back */
-  pthread_cond_t done;    /* callers: a worker left a job */
+  pthread_cond_t work;   /* workers: a job opened or a token came back */
+  pthread_cond_t tokens; /* callers: a token came back */
+  pthread_cond_t done;   /* callers: a worker left a job */
   int nworkers;
-  int free_tokens;        /* of vm_process()->threads */
-  uint64_t next_ticket;   /* callers take tickets ... */
-  uint64_t serving;       /* ... and get tokens in ticket order */
-  pool_job *open;         /* jobs that may still have chunks to claim */
-  atomic_int running;     /* threads inside kernel work now (kernel_threads_max) */
+  int free_tokens;      /* of vm_process()->threads */
+  uint64_t next_ticket; /* callers take tickets ... */
+  uint64_t serving;     /* ... and get tokens in ticket order */
+  pool_job *open;       /* jobs that may still have chunks to claim */
+  atomic_int running;   /* threads inside kernel work now (kernel_threads_max) */
 } vm_pool;
 
 static vm_pool pool = {.lock = PTHREAD_MUTEX_INITIALIZER,
@@ -82,7 +87,9 @@ static void running_enter(void) {
   }
 }
 
-static void running_leave(void) { atomic_fetch_sub(&pool.running, 1); }
+static void running_leave(void) {
+  atomic_fetch_sub(&pool.running, 1);
+}
 
 /* takes chunks of job until none are left; returns how many it ran.  While
    in here the thread is "in a chunk": its nested parallel calls run inline */
@@ -102,7 +109,9 @@ static int64_t run_chunks(pool_job *job) {
   return mine;
 }
 
-static bool callers_waiting(void) { return pool.next_ticket != pool.serving; }
+static bool callers_waiting(void) {
+  return pool.next_ticket != pool.serving;
+}
 
 /* an open job with a chunk left to claim, or NULL (under pool.lock) */
 static pool_job *claimable_job(void) {
@@ -157,10 +166,12 @@ void vm_pool_enter(void) {
   pthread_once(&pool_once, pool_start);
   pthread_mutex_lock(&pool.lock);
   uint64_t ticket = pool.next_ticket++;
-  while (ticket != pool.serving || pool.free_tokens == 0) pthread_cond_wait(&pool.tokens, &pool.lock);
+  while (ticket != pool.serving || pool.free_tokens == 0)
+    pthread_cond_wait(&pool.tokens, &pool.lock);
   pool.serving++;
   pool.free_tokens--;
-  if (callers_waiting() && pool.free_tokens > 0) pthread_cond_broadcast(&pool.tokens); /* the next ticket */
+  if (callers_waiting() && pool.free_tokens > 0)
+    pthread_cond_broadcast(&pool.tokens); /* the next ticket */
   pthread_mutex_unlock(&pool.lock);
 }
 
@@ -192,11 +203,14 @@ static void open_job(pool_job *job) {
    job, then wait for the workers still running its chunks */
 static void close_job(pool_job *job, int64_t mine) {
   pthread_mutex_lock(&pool.lock);
-  if (job->prev) job->prev->after = job->after;
-  else pool.open = job->after;
+  if (job->prev)
+    job->prev->after = job->after;
+  else
+    pool.open = job->after;
   if (job->after) job->after->prev = job->prev;
   job->completed += mine;
-  while (job->completed < job->chunks || job->helpers > 0) pthread_cond_wait(&pool.done, &pool.lock);
+  while (job->completed < job->chunks || job->helpers > 0)
+    pthread_cond_wait(&pool.done, &pool.lock);
   pthread_mutex_unlock(&pool.lock);
 }
 
