@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../jit_cpu/jit.h"
+#include "../vm/pool.h"
 #include "../vm/state.h"
 #include "key.h"
 
@@ -532,6 +533,11 @@ static int run_trace(const tr_trace *t, vm_tensor **vals, int *failed) {
   return rc;
 }
 
+/* the whole flush runs under one kernel token (vm/pool.h): its serial
+   parts count against KILN_THREADS as much as its parallel ones */
 int tr_run(const tr_plan *plan, const tr_trace *t, vm_tensor **vals, int *failed) {
-  return plan ? run_plan(plan, t, vals, failed) : run_trace(t, vals, failed);
+  vm_pool_enter();
+  int rc = plan ? run_plan(plan, t, vals, failed) : run_trace(t, vals, failed);
+  vm_pool_leave();
+  return rc;
 }

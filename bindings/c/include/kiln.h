@@ -205,9 +205,11 @@ KILN_API void kiln_get_stats(kiln_stats *out); /* process-wide */
 KILN_API void kiln_reset_stats(void);
 /* one counter by name: any field of kiln_stats, or "kernels_compiled"
    (kernels in plans compiled, not loaded from disk), "plans_built" or
-   "blas_calls" (gemm calls into BLAS: one per matmul, or per batch) or
+   "blas_calls" (gemm calls into BLAS: one per matmul, or per batch),
    "recomputed" (values a flush evaluated although an earlier flush had
-   computed them: the execution model keeps that to once per value);
+   computed them: the execution model keeps that to once per value) or
+   "kernel_threads_max" (the most threads, user threads and workers together,
+   seen running Kiln's kernels at once: at most kiln_num_threads());
    NAN and an error for an unknown name.  New counters appear here without
    changing kiln_stats. */
 KILN_API double kiln_stat(const char *name);
