@@ -4,8 +4,9 @@
  * forged checksum trailer, is never run — in a 0777 directory, a shared
  * sticky directory, a directory of another user (root only: chown to
  * nobody), behind a symlinked directory, as a hard link, as a symlink, or
- * swapped in after the checks; results stay right and a sticky directory
- * full of junk still caches.  Dumps go into a 0700 directory and never
+ * swapped in after the checks; results stay right, a sticky directory
+ * full of junk still caches, and loading through reused descriptor
+ * numbers still gives each file its own object.  Dumps go into a 0700 directory and never
  * follow planted symlinks.  Temp files of killed writers (ours and
  * libgccjit's) are reclaimed. */
 #include <dirent.h>
@@ -292,6 +293,27 @@ TEST(file_swapped_after_checks_is_not_loaded) {
   }
 }
 
+/* Loading through "/proc/self/fd/N": the dynamic loader returns an object
+   already loaded under the same name, and descriptor numbers are reused;
+   a second file loaded while the first stays open must still be itself. */
+TEST(reused_descriptor_numbers_load_the_right_object) {
+  char dir[PATH_MAX], seven[PATH_MAX + 16];
+  make_dir(dir, "fd-reuse", 0700);
+  snprintf(seven, sizeof seven, "%s/seven.so", work);
+  CHECK(compile_so("int kiln_test_answer(void) { return 7; }\n", seven));
+  setenv("KILN_CACHE_DIR", dir, 1);
+  const uint64_t h2[2] = {0x1111111111111111ull, 0x2222222222222222ull};
+  CHECK(cache_disk_store(H1, good_so) && cache_disk_store(h2, seven));
+  void *first = cache_disk_load(H1); /* kept loaded */
+  CHECK(first != NULL);
+  for (int i = 0; i < 3; i++) CHECK_EQ_INT(load_answer(h2), 7);
+  void *again = cache_disk_load(H1);
+  int (*fn)(void) = again ? (int (*)(void))dlsym(again, "kiln_test_answer") : NULL;
+  CHECK(fn && fn() == 42);
+  if (again) dlclose(again);
+  if (first) dlclose(first);
+}
+
 /* end to end: a program run with a 0777 cache directory in which every
    kernel file it would load was planted (the names are predictable: run
    the same program with the same library) computes the right result and
@@ -524,6 +546,7 @@ int main(int argc, char **argv) {
   RUN(hard_linked_file_is_not_loaded);
   RUN(symlinked_file_is_not_loaded);
   RUN(file_swapped_after_checks_is_not_loaded);
+  RUN(reused_descriptor_numbers_load_the_right_object);
   RUN(program_with_planted_cache_computes_right_and_runs_nothing);
   RUN(dump_dir_is_private_and_follows_no_symlink);
   RUN(killed_writers_temp_file_is_reclaimed_at_startup);
