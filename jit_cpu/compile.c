@@ -677,34 +677,22 @@ static bool split_strides(const cpu_kernel *k, const tr_trace *t, vm_tensor **va
   return true;
 }
 
-/* folds the chunk partials part[o * nchunks + ch] of each row o into
-   out[o], in chunk order, as the kernel folds (NaN wins for max/min,
-   integers wrap, f32 sums and products in f64) */
-static void fold_partials(vm_opcode op, kiln_dtype dt, const void *part, int64_t nchunks, int64_t rows,
-                          void *out) {
-  bool fl = vm_dtype_is_float(dt);
+/* folds integer chunk partials part[o * nchunks + ch] of each row o into
+   out[o] (wrapping; float partials fold in vm_fold_partials) */
+static void fold_int_partials(vm_opcode op, kiln_dtype dt, const void *part, int64_t nchunks, int64_t rows,
+                              void *out) {
   for (int64_t o = 0; o < rows; o++) {
-    double facc = op == VM_OP_prod ? 1 : 0;
     uint64_t iacc = op == VM_OP_prod ? 1 : 0;
     for (int64_t ch = 0; ch < nchunks; ch++) {
       int64_t at = o * nchunks + ch;
-      if (fl) {
-        double x = vm_load_f64(part, dt, at);
-        if (ch == 0 && (op == VM_OP_max || op == VM_OP_min)) facc = x;
-        else if (op == VM_OP_sum) facc += x;
-        else if (op == VM_OP_prod) facc *= x;
-        else if (!(facc != facc || (op == VM_OP_max ? facc >= x : facc <= x))) facc = x;
-      } else {
-        int64_t x = dt == KILN_I32 ? ((const int32_t *)part)[at] : ((const int64_t *)part)[at];
-        int64_t a = dt == KILN_I32 ? (int32_t)iacc : (int64_t)iacc;
-        if (ch == 0 && (op == VM_OP_max || op == VM_OP_min)) iacc = (uint64_t)x;
-        else if (op == VM_OP_sum) iacc += (uint64_t)x;
-        else if (op == VM_OP_prod) iacc *= (uint64_t)x;
-        else if (op == VM_OP_max ? x > a : x < a) iacc = (uint64_t)x;
-      }
+      int64_t x = dt == KILN_I32 ? ((const int32_t *)part)[at] : ((const int64_t *)part)[at];
+      int64_t a = dt == KILN_I32 ? (int32_t)iacc : (int64_t)iacc;
+      if (ch == 0 && (op == VM_OP_max || op == VM_OP_min)) iacc = (uint64_t)x;
+      else if (op == VM_OP_sum) iacc += (uint64_t)x;
+      else if (op == VM_OP_prod) iacc *= (uint64_t)x;
+      else if (op == VM_OP_max ? x > a : x < a) iacc = (uint64_t)x;
     }
-    if (fl) vm_store_f64(out, dt, o, facc);
-    else if (dt == KILN_I32) ((int32_t *)out)[o] = (int32_t)(uint32_t)iacc;
+    if (dt == KILN_I32) ((int32_t *)out)[o] = (int32_t)(uint32_t)iacc;
     else ((int64_t *)out)[o] = (int64_t)iacc;
   }
 }
@@ -742,7 +730,10 @@ static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
   run_job job = {.fn = k->fn, .bufs = bufs, .meta = meta, .params = params};
   launch(&job, rows * nchunks, RUN_GRAIN / chunk + 1, k, outs, vals, rc);
   if (partials) {
-    fold_partials(red->op, red->meta.dtype, vm_data(partials), nchunks, rows, vm_data(outs[qr]));
+    if (vm_dtype_is_float(red->meta.dtype)) /* the interpreter's fold (vm/fold.h) */
+      vm_fold_partials(red->op, red->meta.dtype, vm_data(partials), nchunks, rows, vm_data(outs[qr]));
+    else
+      fold_int_partials(red->op, red->meta.dtype, vm_data(partials), nchunks, rows, vm_data(outs[qr]));
     vm_release(partials);
   }
   return true;

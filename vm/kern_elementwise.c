@@ -5,6 +5,7 @@
 #include <string.h>
 #include <tgmath.h>
 
+#include "fold.h"
 #include "kernels.h"
 #include "pool.h"
 #include "rng.h"
@@ -131,8 +132,8 @@ static inline int64_t int_pow(int64_t base, int64_t e) {
   X(mul, x * y)                                       \
   X(div, x / y)                                       \
   X(pow, pow(x, y))                                   \
-  X(maximum, (x != x || x > y) ? x : y)               \
-  X(minimum, (x != x || x < y) ? x : y)
+  X(maximum, VM_FMAX(x, y))                           \
+  X(minimum, VM_FMIN(x, y))
 
 #define INT_BINARY(X)                                 \
   X(add, (T)((U)x + (U)y))                            \
