@@ -289,7 +289,7 @@ static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_
   cg_ctx c = {.ctx = ctx};
   cg_init_types(&c);
   const char *isa = target_march();
-  c.math = cpu_math_new(ctx, isa && (!strcmp(isa, "x86-64-v3") || !strcmp(isa, "x86-64-v4")));
+  c.math = cpu_math_new(ctx, isa && vm_cpu_fma()); /* the interpreter's variant too */
   /* No -fassociative-math / -fno-signed-zeros, although reduction loops
      then do not vectorize: they apply to the whole context and changed the
      results of elementwise kernels beside a reduction ((x + 2^24) - 2^24

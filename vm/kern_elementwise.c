@@ -240,6 +240,7 @@ static const vm_row_fn rows[VM_OP_COUNT][VM_NUM_DTYPES] = {
 bool vm_k_elementwise(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *in) {
   kiln_dtype dt = in[n == 3 ? 1 : 0]->dtype;
   vm_row_fn row = rows[op][dt];
+  if (dt == KILN_F32 && vm_math_row_f32(op)) row = vm_math_row_f32(op); /* the kernels' math */
   if (!row) {
     vm_error(KILN_ERR_INTERNAL, "no %s kernel for %s", vm_op_table[op].name, vm_dtype_name(dt));
     return false;
