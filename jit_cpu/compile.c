@@ -860,8 +860,24 @@ static struct {
   pthread_cond_t wake, idle;
   compile_job *head, *tail;
   bool started, busy, stopping;
+  /* testing: KILN_COMPILE_DELAY_MS=max[,seed] sleeps a random 0..max ms
+     before each background compile, so compiles finish at random moments
+     (tests/test_bitwise_training.c: results must not change) */
+  int delay_max_ms;
+  uint64_t delay_state;
 } compiler = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-              NULL, NULL, false, false, false};
+              NULL, NULL, false, false, false, 0, 0};
+
+static void compile_delay(void) {
+  if (compiler.delay_max_ms <= 0) return;
+  uint64_t z = (compiler.delay_state += 0x9E3779B97F4A7C15ull); /* splitmix64 */
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  long us = (long)(z % ((uint64_t)compiler.delay_max_ms * 1000 + 1));
+  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+  nanosleep(&ts, NULL);
+}
 
 static void compiler_stop(void);
 static void compile_now(compile_job *job);
@@ -877,6 +893,7 @@ static void *compiler_main(void *arg) {
     if (!compiler.head) compiler.tail = NULL;
     compiler.busy = true;
     pthread_mutex_unlock(&compiler.lock);
+    compile_delay();
     compile_now(job);
     /* exit handlers run last-registered first, and libgccjit registers
        teardown of its own while it compiles: ours must come after them all
@@ -939,6 +956,12 @@ static void compile_now(compile_job *job) {
 }
 
 static void start_compiler_locked(void) {
+  const char *delay = getenv("KILN_COMPILE_DELAY_MS"); /* read here, on the caller's thread */
+  if (delay && *delay) {
+    char *end;
+    compiler.delay_max_ms = (int)strtol(delay, &end, 10);
+    compiler.delay_state = *end == ',' ? strtoull(end + 1, NULL, 10) : 1;
+  }
   pthread_t th;
   pthread_attr_t attr;
   pthread_attr_init(&attr);
