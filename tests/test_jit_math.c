@@ -344,7 +344,7 @@ static void check_special_f32(cpu_fn fn, float x, float got) {
     if (!in_domain(fn, x)) return;
   }
   float want = interp_f32(fn, x, 0);
-  if (fn == CPU_SIGMOID) want = (float)ref1(fn, x); /* the interpreter flushes tiny results */
+  if (fn == CPU_SIGMOID) want = (float)ref1(fn, x); /* the float formula flushes tiny results */
   bool ok;
   if (isnan(want) || isnan(got)) ok = isnan(want) && isnan(got);
   else if (isinf(want) || want == 0 || isinf(got) || got == 0 || isinf(x))
