@@ -289,7 +289,7 @@ static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_
   cg_ctx c = {.ctx = ctx};
   cg_init_types(&c);
   const char *isa = target_march();
-  c.math = cpu_math_new(ctx, isa && (!strcmp(isa, "x86-64-v3") || !strcmp(isa, "x86-64-v4")));
+  c.math = cpu_math_new(ctx, isa && vm_cpu_fma()); /* the interpreter's variant too */
   /* No -fassociative-math / -fno-signed-zeros, although reduction loops
      then do not vectorize: they apply to the whole context and changed the
      results of elementwise kernels beside a reduction ((x + 2^24) - 2^24
@@ -736,34 +736,22 @@ static bool split_strides(const cpu_kernel *k, const tr_trace *t, vm_tensor **va
   return true;
 }
 
-/* folds the chunk partials part[o * nchunks + ch] of each row o into
-   out[o], in chunk order, as the kernel folds (NaN wins for max/min,
-   integers wrap, f32 sums and products in f64) */
-static void fold_partials(vm_opcode op, kiln_dtype dt, const void *part, int64_t nchunks, int64_t rows,
-                          void *out) {
-  bool fl = vm_dtype_is_float(dt);
+/* folds integer chunk partials part[o * nchunks + ch] of each row o into
+   out[o] (wrapping; float partials fold in vm_fold_partials) */
+static void fold_int_partials(vm_opcode op, kiln_dtype dt, const void *part, int64_t nchunks, int64_t rows,
+                              void *out) {
   for (int64_t o = 0; o < rows; o++) {
-    double facc = op == VM_OP_prod ? 1 : 0;
     uint64_t iacc = op == VM_OP_prod ? 1 : 0;
     for (int64_t ch = 0; ch < nchunks; ch++) {
       int64_t at = o * nchunks + ch;
-      if (fl) {
-        double x = vm_load_f64(part, dt, at);
-        if (ch == 0 && (op == VM_OP_max || op == VM_OP_min)) facc = x;
-        else if (op == VM_OP_sum) facc += x;
-        else if (op == VM_OP_prod) facc *= x;
-        else if (!(facc != facc || (op == VM_OP_max ? facc >= x : facc <= x))) facc = x;
-      } else {
-        int64_t x = dt == KILN_I32 ? ((const int32_t *)part)[at] : ((const int64_t *)part)[at];
-        int64_t a = dt == KILN_I32 ? (int32_t)iacc : (int64_t)iacc;
-        if (ch == 0 && (op == VM_OP_max || op == VM_OP_min)) iacc = (uint64_t)x;
-        else if (op == VM_OP_sum) iacc += (uint64_t)x;
-        else if (op == VM_OP_prod) iacc *= (uint64_t)x;
-        else if (op == VM_OP_max ? x > a : x < a) iacc = (uint64_t)x;
-      }
+      int64_t x = dt == KILN_I32 ? ((const int32_t *)part)[at] : ((const int64_t *)part)[at];
+      int64_t a = dt == KILN_I32 ? (int32_t)iacc : (int64_t)iacc;
+      if (ch == 0 && (op == VM_OP_max || op == VM_OP_min)) iacc = (uint64_t)x;
+      else if (op == VM_OP_sum) iacc += (uint64_t)x;
+      else if (op == VM_OP_prod) iacc *= (uint64_t)x;
+      else if (op == VM_OP_max ? x > a : x < a) iacc = (uint64_t)x;
     }
-    if (fl) vm_store_f64(out, dt, o, facc);
-    else if (dt == KILN_I32) ((int32_t *)out)[o] = (int32_t)(uint32_t)iacc;
+    if (dt == KILN_I32) ((int32_t *)out)[o] = (int32_t)(uint32_t)iacc;
     else ((int64_t *)out)[o] = (int64_t)iacc;
   }
 }
@@ -801,7 +789,10 @@ static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
   run_job job = {.fn = k->fn, .bufs = bufs, .meta = meta, .params = params};
   launch(&job, rows * nchunks, RUN_GRAIN / chunk + 1, k, outs, vals, rc);
   if (partials) {
-    fold_partials(red->op, red->meta.dtype, vm_data(partials), nchunks, rows, vm_data(outs[qr]));
+    if (vm_dtype_is_float(red->meta.dtype)) /* the interpreter's fold (vm/fold.h) */
+      vm_fold_partials(red->op, red->meta.dtype, vm_data(partials), nchunks, rows, vm_data(outs[qr]));
+    else
+      fold_int_partials(red->op, red->meta.dtype, vm_data(partials), nchunks, rows, vm_data(outs[qr]));
     vm_release(partials);
   }
   return true;
@@ -928,8 +919,24 @@ static struct {
   pthread_cond_t wake, idle;
   compile_job *head, *tail;
   bool started, busy, stopping;
+  /* testing: KILN_COMPILE_DELAY_MS=max[,seed] sleeps a random 0..max ms
+     before each background compile, so compiles finish at random moments
+     (tests/test_bitwise_training.c: results must not change) */
+  int delay_max_ms;
+  uint64_t delay_state;
 } compiler = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-              NULL, NULL, false, false, false};
+              NULL, NULL, false, false, false, 0, 0};
+
+static void compile_delay(void) {
+  if (compiler.delay_max_ms <= 0) return;
+  uint64_t z = (compiler.delay_state += 0x9E3779B97F4A7C15ull); /* splitmix64 */
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  long us = (long)(z % ((uint64_t)compiler.delay_max_ms * 1000 + 1));
+  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+  nanosleep(&ts, NULL);
+}
 
 static void compiler_stop(void);
 static void compile_now(compile_job *job);
@@ -945,6 +952,7 @@ static void *compiler_main(void *arg) {
     if (!compiler.head) compiler.tail = NULL;
     compiler.busy = true;
     pthread_mutex_unlock(&compiler.lock);
+    compile_delay();
     compile_now(job);
     /* exit handlers run last-registered first, and libgccjit registers
        teardown of its own while it compiles: ours must come after them all
@@ -1007,6 +1015,12 @@ static void compile_now(compile_job *job) {
 }
 
 static void start_compiler_locked(void) {
+  const char *delay = getenv("KILN_COMPILE_DELAY_MS"); /* read here, on the caller's thread */
+  if (delay && *delay) {
+    char *end;
+    compiler.delay_max_ms = (int)strtol(delay, &end, 10);
+    compiler.delay_state = *end == ',' ? strtoull(end + 1, NULL, 10) : 1;
+  }
   pthread_t th;
   pthread_attr_t attr;
   pthread_attr_init(&attr);
