@@ -163,7 +163,23 @@ static void keep_saved_for_backward(tr_trace *t) {
   }
 }
 
-static bool collect(collector *c, tr_graph *g, tr_node **targets, int ntargets) {
+/* A flush forced by a cap (depth, nodes, memory) cuts a computation in the
+   middle: what it computed that pending ops still read is on the cut and
+   is needed next, so it is kept (else the next flush would recompute the
+   whole cut trace: a GRU's backward, cut by the depth cap, recomputed ~1000
+   nodes per cut).  Only cap flushes look at pending readers: a read or a
+   sync keeps nothing because of them, so garbage a GC has not collected
+   never changes their outputs. */
+static void keep_read_across_cut(tr_trace *t) {
+  for (int i = 0; i < t->n; i++) t->nodes[i]->inside_uses = 0;
+  for (int i = 0; i < t->n; i++)
+    for (int k = 0; t->nodes[i]->state == TR_PENDING && k < t->nodes[i]->nin; k++)
+      if (t->refs[i][k] >= 0) t->nodes[t->refs[i][k]]->inside_uses++;
+  for (int i = 0; i < t->n; i++)
+    if (t->nodes[i]->pending_uses > t->nodes[i]->inside_uses && !is_fill(t->nodes[i])) t->is_output[i] = true;
+}
+
+static bool collect(collector *c, tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) {
   c->epoch = ++g->visit_epoch;
   for (int i = 0; i < ntargets; i++)
     if (!visit(c, targets[i]) && !c->fail_status) { /* the first failed target's error */
@@ -198,6 +214,7 @@ static bool collect(collector *c, tr_graph *g, tr_node **targets, int ntargets) 
     if (in_trace(g->stores[i])) t->is_output[g->stores[i]->index] = true;
   keep_computed_before(c, targets, ntargets);
   keep_saved_for_backward(t);
+  if (why == TR_FLUSH_DEPTH || why == TR_FLUSH_NODES || why == TR_FLUSH_MEMORY) keep_read_across_cut(t);
   return !c->oom;
 }
 
@@ -317,7 +334,7 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   pthread_once(&once, plan_ops_once);
   double t0 = now_ms();
   collector c = {0};
-  if (!collect(&c, g, targets, ntargets)) {
+  if (!collect(&c, g, targets, ntargets, why)) {
     collector_free(&c);
     drop_stores(g);
     return vm_error(KILN_ERR_OOM, "out of memory collecting a trace");

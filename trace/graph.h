@@ -50,7 +50,7 @@ typedef struct tr_node {
   tr_graph *graph;         /* the recording thread's graph (a reference); NULL for leaves */
   struct tr_node *prev, *next; /* the owner's pending list */
   /* scratch for one flush (under the graph lock) */
-  int visit, index;
+  int visit, index, inside_uses;
 } tr_node;
 
 struct tr_graph {
