@@ -294,6 +294,48 @@ TEST(backward_never_recomputes_forward) {
   kiln_release(x);
 }
 
+/* a recurrence 300 steps deep: forward and backward are cut by the depth
+   cap into several flushes; what a cut computed and later flushes read is
+   kept, so the backward recomputes (almost) nothing: without it every cut
+   recomputed the trace behind it */
+TEST(deep_backward_cut_by_the_cap_recomputes_little) {
+  enum { N = 8, STEPS = 300 };
+  float wv[N], xv[N];
+  for (int i = 0; i < N; i++) {
+    wv[i] = 0.9f - 0.01f * (float)i;
+    xv[i] = 0.1f * (float)(i + 1);
+  }
+  kiln_tensor *w = f32(wv, 1, (int64_t[]){N}), *x = f32(xv, 1, (int64_t[]){N});
+  CHECK(kiln_set_requires_grad(w, true) == KILN_OK);
+  kiln_tensor *h = kiln_retain(x);
+  for (int t = 0; t < STEPS; t++) {
+    kiln_tensor *hw = kiln_mul(h, w), *pre = kiln_add(hw, x);
+    rebind(&h, kiln_tanh(pre));
+    kiln_release(hw);
+    kiln_release(pre);
+  }
+  kiln_tensor *loss = kiln_sum(h, 0, NULL, false);
+  double l = kiln_item(loss);
+  CHECK(isfinite(l));
+  kiln_stats s0;
+  kiln_get_stats(&s0);
+  double r0 = kiln_stat("recomputed");
+  CHECK(kiln_backward(loss, NULL) == KILN_OK);
+  kiln_tensor *g = kiln_grad(w);
+  CHECK(g && kiln_eval(1, &g) == KILN_OK);
+  kiln_stats s1;
+  kiln_get_stats(&s1);
+  double recomputed = kiln_stat("recomputed") - r0, recorded = (double)(s1.ops_recorded - s0.ops_recorded);
+  CHECK(s1.flushes - s0.flushes >= 3); /* the backward was cut */
+  if (recomputed > 0.02 * recorded)
+    KTEST_FAIL("backward: %g values recomputed of %g recorded", recomputed, recorded);
+  kiln_release(g);
+  kiln_release(loss);
+  kiln_release(h);
+  kiln_release(w);
+  kiln_release(x);
+}
+
 /* --- an autodiff step is as small as the hand-written one ----------------------- */
 
 enum { MB = 32, MI = 24, MH = 16, MC = 5 };
@@ -489,6 +531,7 @@ int main(void) {
   RUN(eval_computes_and_keeps);
   RUN(backward_never_recomputes_forward);
   RUN(autodiff_step_is_as_small_as_hand_written);
+  RUN(deep_backward_cut_by_the_cap_recomputes_little);
   RUN(derivatives_at_kinks_follow_pytorch);
   RUN(autodiff_nulls_carry_a_message);
   return ktest_done();
