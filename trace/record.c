@@ -269,3 +269,17 @@ void tr_queue_store(vm_tensor *t) {
   g->stores[g->nstores++] = tr_node_retain(n);
   tr_graph_unlock(g);
 }
+
+/* t's value when it is already materialized (no flush), else NULL: lets an
+   op check values that are known at the call (labels, indices) eagerly */
+vm_tensor *tr_peek_value(vm_tensor *t) {
+  tr_node *x = t->node;
+  if (!x) return NULL;
+  if (!x->graph) return x->state == TR_MATERIALIZED ? x->value : NULL;
+  tr_graph *g = tr_graph_retain(x->graph);
+  tr_graph_lock(g);
+  vm_tensor *v = x->state == TR_MATERIALIZED ? x->value : NULL;
+  tr_graph_unlock(g);
+  tr_graph_release(g);
+  return v;
+}

@@ -19,6 +19,8 @@ vm_tensor *tr_handle_from_value(vm_tensor *value);
 /* The value of handle t, flushing what it needs first: a borrowed reference
    valid while t names the same node, or NULL with the error set. */
 vm_tensor *tr_value(vm_tensor *t);
+/* t's value if it is materialized already (never flushes), else NULL */
+vm_tensor *tr_peek_value(vm_tensor *t);
 
 /* Rebinds dst's handle to src's value and queues the store (a pending store
    is materialized by the next flush).  dtype and shape must already match. */

@@ -11,6 +11,8 @@
 #include "../../vm/composite.h"
 #include "../../vm/cpu.h"
 #include "../../vm/format.h"
+#include "../../vm/layers.h"
+#include "../../vm/safetensors.h"
 #include "../../vm/ops.h"
 #include "../../vm/pool.h"
 #include "../../vm/rng.h"
@@ -366,6 +368,86 @@ kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *target) {
 kiln_tensor *kiln_mse_loss(kiln_tensor *a, kiln_tensor *b) {
   API(kiln_mse_loss);
   return vm_mse_loss(a, b);
+}
+
+/* --- issue 18: creation, statistics, layers, losses, saving ----------------- */
+
+kiln_tensor *kiln_linspace(double start, double stop, int64_t n, kiln_dtype dt) {
+  API(kiln_linspace);
+  return vm_linspace(start, stop, n, dt);
+}
+kiln_tensor *kiln_eye(int64_t n, kiln_dtype dt) {
+  API(kiln_eye);
+  return vm_eye(n, dt);
+}
+kiln_tensor *kiln_randint(int64_t low, int64_t high, kiln_dtype dt, int ndim, const int64_t *shape) {
+  API(kiln_randint);
+  return vm_randint(low, high, dt, ndim, shape);
+}
+kiln_tensor *kiln_randperm(int64_t n) {
+  API(kiln_randperm);
+  return vm_randperm(n);
+}
+kiln_tensor *kiln_clone(kiln_tensor *a) {
+  API(kiln_clone);
+  return vm_clone(a);
+}
+kiln_tensor *kiln_var(kiln_tensor *a, int naxes, const int *axes, int correction, bool keepdim) {
+  API(kiln_var);
+  return vm_var(a, naxes, axes, correction, keepdim);
+}
+kiln_tensor *kiln_std(kiln_tensor *a, int naxes, const int *axes, int correction, bool keepdim) {
+  API(kiln_std);
+  return vm_std(a, naxes, axes, correction, keepdim);
+}
+kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *w, kiln_tensor *b, const int stride[2],
+                         const int padding[2], const int dilation[2], int groups) {
+  API(kiln_conv2d);
+  return vm_conv2d(x, w, b, stride, padding, dilation, groups);
+}
+kiln_tensor *kiln_max_pool2d(kiln_tensor *x, const int kernel[2], const int stride[2],
+                             const int padding[2]) {
+  API(kiln_max_pool2d);
+  return vm_pool2d(x, true, kernel, stride, padding);
+}
+kiln_tensor *kiln_avg_pool2d(kiln_tensor *x, const int kernel[2], const int stride[2],
+                             const int padding[2]) {
+  API(kiln_avg_pool2d);
+  return vm_pool2d(x, false, kernel, stride, padding);
+}
+kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *running_mean, kiln_tensor *running_var,
+                             kiln_tensor *w, kiln_tensor *b, bool training, double momentum,
+                             double eps) {
+  API(kiln_batch_norm);
+  return vm_batch_norm(x, running_mean, running_var, w, b, training, momentum, eps);
+}
+kiln_tensor *kiln_dropout(kiln_tensor *x, double p, bool training) {
+  API(kiln_dropout);
+  return vm_dropout(x, p, training);
+}
+kiln_tensor *kiln_embedding(kiln_tensor *weight, kiln_tensor *idx) {
+  API(kiln_embedding);
+  return vm_embedding(weight, idx);
+}
+kiln_tensor *kiln_one_hot(kiln_tensor *idx, int64_t num_classes, kiln_dtype dt) {
+  API(kiln_one_hot);
+  return vm_one_hot(idx, num_classes, dt);
+}
+kiln_tensor *kiln_nll_loss(kiln_tensor *log_probs, kiln_tensor *target) {
+  API(kiln_nll_loss);
+  return vm_nll_loss(log_probs, target);
+}
+kiln_tensor *kiln_bce_with_logits(kiln_tensor *logits, kiln_tensor *target) {
+  API(kiln_bce_with_logits);
+  return vm_bce_with_logits(logits, target);
+}
+int kiln_save(const char *path, int n, const char *const *names, kiln_tensor *const *ts) {
+  API(kiln_save);
+  return vm_save(path, n, names, ts);
+}
+int kiln_load(const char *path, int cap, char **names, kiln_tensor **ts) {
+  API(kiln_load);
+  return vm_load(path, cap, names, ts);
 }
 
 int kiln_assign(kiln_tensor *dst, kiln_tensor *src) {

@@ -163,6 +163,48 @@ KILN_API kiln_tensor *kiln_layer_norm(kiln_tensor *x, kiln_tensor *w, kiln_tenso
 KILN_API kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *target_i64); /* mean */
 KILN_API kiln_tensor *kiln_mse_loss(kiln_tensor *a, kiln_tensor *b);                   /* mean */
 
+/* more creation */
+KILN_API kiln_tensor *kiln_linspace(double start, double stop, int64_t n, kiln_dtype dt);
+KILN_API kiln_tensor *kiln_eye(int64_t n, kiln_dtype dt);
+KILN_API kiln_tensor *kiln_randint(int64_t low, int64_t high, kiln_dtype dt, int ndim,
+                                   const int64_t *shape);
+KILN_API kiln_tensor *kiln_randperm(int64_t n); /* i64; a host shuffle on the Philox stream */
+KILN_API kiln_tensor *kiln_clone(kiln_tensor *a); /* a materialized copy */
+
+/* more reductions and scans */
+KILN_API kiln_tensor *kiln_var(kiln_tensor *a, int naxes, const int *axes, int correction,
+                               bool keepdim);
+KILN_API kiln_tensor *kiln_std(kiln_tensor *a, int naxes, const int *axes, int correction,
+                               bool keepdim);
+
+/* layers for real models (NCHW; differentiable).  conv2d: stride NULL = 1,
+   padding NULL = 0, dilation NULL = 1; pooling: stride NULL = the kernel,
+   padding NULL = 0 (at most half the kernel); avg_pool2d counts the padding */
+KILN_API kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *w /* [Cout, Cin/groups, kh, kw] */,
+                                  kiln_tensor *b /* NULL ok */, const int stride[2],
+                                  const int padding[2], const int dilation[2], int groups);
+KILN_API kiln_tensor *kiln_max_pool2d(kiln_tensor *x, const int kernel[2], const int stride[2],
+                                      const int padding[2]);
+KILN_API kiln_tensor *kiln_avg_pool2d(kiln_tensor *x, const int kernel[2], const int stride[2],
+                                      const int padding[2]);
+KILN_API kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *running_mean,
+                                      kiln_tensor *running_var, kiln_tensor *w, kiln_tensor *b,
+                                      bool training, double momentum, double eps);
+/* over axis 1; in training the running stats are updated in place (stores) */
+KILN_API kiln_tensor *kiln_dropout(kiln_tensor *x, double p, bool training);
+KILN_API kiln_tensor *kiln_embedding(kiln_tensor *weight, kiln_tensor *idx_i64); /* idx of any shape */
+KILN_API kiln_tensor *kiln_one_hot(kiln_tensor *idx_i64, int64_t num_classes, kiln_dtype dt);
+KILN_API kiln_tensor *kiln_nll_loss(kiln_tensor *log_probs, kiln_tensor *target_i64); /* mean */
+KILN_API kiln_tensor *kiln_bce_with_logits(kiln_tensor *logits, kiln_tensor *target); /* mean */
+/* losses require equal shapes (or the class-index form): no silent broadcast */
+
+/* saving: the safetensors format (readable by PyTorch, numpy, JAX tools) */
+KILN_API int kiln_save(const char *path, int n, const char *const *names, kiln_tensor *const *ts);
+KILN_API int kiln_load(const char *path, int cap, char **names /* malloc'd, caller frees */,
+                       kiln_tensor **ts);
+/* returns the count (or a negative status); a malformed file is an error;
+   cap 0 with names and ts NULL asks for the count alone */
+
 /* in-place (functionalized: the handle now names the new value; other handles
    and views taken before keep the old value) */
 KILN_API int kiln_assign(kiln_tensor *dst, kiln_tensor *src); /* shapes must match */

@@ -1,0 +1,754 @@
+/* test_layers.c — the ops of issue 18 other than saving: linspace, eye,
+ * randint, randperm, clone, var/std, one_hot, embedding, nll_loss,
+ * bce_with_logits, dropout, batch_norm, conv2d, max/avg pooling.
+ * Values against references written here (exact where IEEE-exact),
+ * gradients against central finite differences in f64, bad input against
+ * messages naming the op and the values.  Everything is released (ASan). */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ktest.h"
+
+#define F32 KILN_F32
+#define F64 KILN_F64
+#define I64 KILN_I64
+#define S(...) ((const int64_t[]){__VA_ARGS__})
+#define D(...) ((const double[]){__VA_ARGS__})
+
+static uint64_t g_seed = 0x1234567ull;
+static double unif(void) { /* splitmix64 -> [0, 1) */
+  uint64_t z = (g_seed += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+}
+static void fill(double *v, int64_t n, double lo, double hi) {
+  for (int64_t i = 0; i < n; i++) v[i] = lo + (hi - lo) * unif();
+}
+static int64_t numel_of(int nd, const int64_t *s) {
+  int64_t n = 1;
+  for (int i = 0; i < nd; i++) n *= s[i];
+  return n;
+}
+static kiln_tensor *f64t(int nd, const int64_t *s, const double *v) {
+  return kiln_from_data(v, F64, nd, s);
+}
+static kiln_tensor *i64t(int nd, const int64_t *s, const int64_t *v) {
+  return kiln_from_data(v, I64, nd, s);
+}
+
+/* ---- the gradient checker: loss = sum(f(x) * W), W fixed ------------------ */
+
+typedef kiln_tensor *(*build_fn)(kiln_tensor *const *x, const void *ctx); /* new reference */
+
+typedef struct {
+  int nd;
+  int64_t shape[KILN_MAX_DIMS];
+  double *v;
+  bool diff;
+} gin;
+
+static double loss_at(build_fn f, const void *ctx, int nin, const gin *in, kiln_tensor **x,
+                      bool track, double *wbuf, int64_t *nout) {
+  for (int i = 0; i < nin; i++) {
+    x[i] = f64t(in[i].nd, in[i].shape, in[i].v);
+    if (track && in[i].diff) kiln_set_requires_grad(x[i], true);
+  }
+  kiln_tensor *out = f(x, ctx);
+  if (!out) return NAN;
+  *nout = kiln_numel(out);
+  for (int64_t k = 0; k < *nout; k++) wbuf[k] = 0.5 + 0.37 * (double)(k % 7) - 0.11 * (double)(k % 3);
+  kiln_tensor *w = f64t(kiln_ndim(out), kiln_shape(out), wbuf);
+  kiln_tensor *p = kiln_mul(out, w);
+  kiln_tensor *l = kiln_sum(p, 0, NULL, false);
+  kiln_release(out);
+  kiln_release(w);
+  kiln_release(p);
+  if (track) {
+    x[nin] = l;
+    return 0;
+  }
+  double r = kiln_item(l);
+  kiln_release(l);
+  return r;
+}
+
+static void release_all(kiln_tensor **x, int n) {
+  for (int i = 0; i < n; i++) kiln_release(x[i]), x[i] = NULL;
+}
+
+#define GRADCHECK(f, ctx, nin, in) gradcheck(__LINE__, #f, f, ctx, nin, in)
+static void gradcheck(int line, const char *what, build_fn f, const void *ctx, int nin, gin *in) {
+  kiln_tensor *x[8] = {0};
+  double *wbuf = malloc(1 << 20);
+  int64_t nout = 0;
+  loss_at(f, ctx, nin, in, x, true, wbuf, &nout);
+  kiln_tensor *loss = x[nin];
+  if (!loss) {
+    KTEST_FAIL("line %d (%s): the builder failed: %s", line, what, kiln_last_error());
+    release_all(x, nin + 1);
+    free(wbuf);
+    return;
+  }
+  kiln_tensor *dx[8], *g[8] = {0};
+  int nd = 0, which[8];
+  for (int i = 0; i < nin; i++)
+    if (in[i].diff) which[nd] = i, dx[nd++] = x[i];
+  int rc = kiln_grad_of(1, &loss, NULL, nd, dx, g, false);
+  if (rc != 0) KTEST_FAIL("line %d (%s): kiln_grad_of -> %d: %s", line, what, rc, kiln_last_error());
+  for (int k = 0; rc == 0 && k < nd; k++) {
+    int i = which[k];
+    int64_t n = numel_of(in[i].nd, in[i].shape);
+    double *ga = ktest_values(g[k]);
+    int reports = 0;
+    for (int64_t e = 0; e < n; e++) {
+      double v0 = in[i].v[e], h = 1e-6;
+      kiln_tensor *y[8] = {0};
+      kiln_no_grad_push();
+      in[i].v[e] = v0 + h;
+      double lp = loss_at(f, ctx, nin, in, y, false, wbuf, &nout);
+      release_all(y, nin);
+      in[i].v[e] = v0 - h;
+      double lm = loss_at(f, ctx, nin, in, y, false, wbuf, &nout);
+      release_all(y, nin);
+      in[i].v[e] = v0;
+      kiln_no_grad_pop();
+      double fd = (lp - lm) / (2 * h);
+      if (!(fabs(ga[e] - fd) <= 1e-5 * fmax(1.0, fabs(fd))) && reports++ < 4)
+        KTEST_FAIL("line %d (%s): d/dx%d[%lld] = %.12g, finite differences %.12g", line, what, i,
+                   (long long)e, ga[e], fd);
+    }
+    free(ga);
+  }
+  for (int k = 0; k < nd; k++) kiln_release(g[k]);
+  release_all(x, nin + 1);
+  free(wbuf);
+}
+
+static gin rin(int nd, const int64_t *s, double lo, double hi, bool diff) {
+  gin g = {.nd = nd, .diff = diff};
+  memcpy(g.shape, s, (size_t)nd * sizeof *s);
+  int64_t n = numel_of(nd, s);
+  g.v = malloc((size_t)(n ? n : 1) * sizeof(double));
+  fill(g.v, n, lo, hi);
+  return g;
+}
+static void free_gins(gin *g, int n) {
+  for (int i = 0; i < n; i++) free(g[i].v);
+}
+
+/* ---- creation ------------------------------------------------------------- */
+
+TEST(linspace_values_and_ends_exact) {
+  kiln_tensor *t = kiln_linspace(0, 1, 5, F64);
+  CHECK_TENSOR(t, 1, S(5), D(0, 0.25, 0.5, 0.75, 1), 0);
+  kiln_release(t);
+  t = kiln_linspace(-1, 0.3, 7, F64); /* the end is exact, not start + 6*step */
+  double *v = ktest_values(t);
+  CHECK(v[0] == -1 && v[6] == 0.3);
+  free(v);
+  kiln_release(t);
+  t = kiln_linspace(2, 5, 1, F32);
+  CHECK_TENSOR(t, 1, S(1), D(2), 0);
+  CHECK_EQ_INT(kiln_dtype_of(t), F32);
+  kiln_release(t);
+  t = kiln_linspace(2, 5, 0, F32);
+  CHECK(t && kiln_numel(t) == 0);
+  kiln_release(t);
+  t = kiln_linspace(0, 10, 6, I64);
+  CHECK_TENSOR(t, 1, S(6), D(0, 2, 4, 6, 8, 10), 0);
+  kiln_release(t);
+  CHECK_ERROR(kiln_linspace(0, 1, -1, F32), KILN_ERR_ARG, "kiln_linspace");
+}
+
+TEST(eye_values) {
+  kiln_tensor *t = kiln_eye(3, F32);
+  CHECK_TENSOR(t, 2, S(3, 3), D(1, 0, 0, 0, 1, 0, 0, 0, 1), 0);
+  kiln_release(t);
+  t = kiln_eye(2, I64);
+  CHECK_EQ_INT(kiln_dtype_of(t), I64);
+  CHECK_TENSOR(t, 2, S(2, 2), D(1, 0, 0, 1), 0);
+  kiln_release(t);
+  t = kiln_eye(0, F64);
+  CHECK(t && kiln_numel(t) == 0);
+  kiln_release(t);
+  CHECK_ERROR(kiln_eye(-2, F32), KILN_ERR_ARG, "kiln_eye: n -2");
+}
+
+TEST(randint_range_and_reproducible) {
+  kiln_manual_seed(7);
+  kiln_tensor *a = kiln_randint(-3, 4, I64, 1, S(2000));
+  kiln_manual_seed(7);
+  kiln_tensor *b = kiln_randint(-3, 4, I64, 1, S(2000));
+  double *va = ktest_values(a), *vb = ktest_values(b);
+  int seen[7] = {0};
+  for (int i = 0; i < 2000; i++) {
+    CHECK(va[i] == vb[i]);
+    CHECK(va[i] >= -3 && va[i] < 4 && va[i] == floor(va[i]));
+    if (va[i] >= -3 && va[i] < 4) seen[(int)va[i] + 3]++;
+  }
+  for (int k = 0; k < 7; k++) CHECK(seen[k] > 200); /* ~286 each */
+  free(va);
+  free(vb);
+  kiln_release(a);
+  kiln_release(b);
+  a = kiln_randint(0, 10, KILN_I32, 2, S(3, 4));
+  CHECK(a && kiln_dtype_of(a) == KILN_I32 && kiln_numel(a) == 12);
+  kiln_release(a);
+  CHECK_ERROR(kiln_randint(5, 5, I64, 1, S(3)), KILN_ERR_ARG, "kiln_randint: bad range [5, 5)");
+  CHECK_ERROR(kiln_randint(0, 2, KILN_BOOL, 1, S(3)), KILN_ERR_DTYPE, "kiln_randint");
+}
+
+TEST(randperm_is_a_reproducible_permutation) {
+  kiln_manual_seed(11);
+  kiln_tensor *a = kiln_randperm(100);
+  kiln_manual_seed(11);
+  kiln_tensor *b = kiln_randperm(100);
+  kiln_tensor *c = kiln_randperm(100); /* the stream moved on */
+  CHECK_EQ_INT(kiln_dtype_of(a), I64);
+  double *va = ktest_values(a), *vb = ktest_values(b), *vc = ktest_values(c);
+  int seen[100] = {0}, same = 0, fixed = 0;
+  for (int i = 0; i < 100; i++) {
+    CHECK(va[i] == vb[i]);
+    if (va[i] >= 0 && va[i] < 100) seen[(int)va[i]]++;
+    same += va[i] == vc[i];
+    fixed += va[i] == i;
+  }
+  for (int i = 0; i < 100; i++) CHECK_EQ_INT(seen[i], 1);
+  CHECK(same < 20 && fixed < 20);
+  free(va), free(vb), free(vc);
+  kiln_release(a), kiln_release(b), kiln_release(c);
+  a = kiln_randperm(0);
+  CHECK(a && kiln_numel(a) == 0);
+  kiln_release(a);
+  a = kiln_randperm(1);
+  CHECK_TENSOR(a, 1, S(1), D(0), 0);
+  kiln_release(a);
+  CHECK_ERROR(kiln_randperm(-1), KILN_ERR_ARG, "kiln_randperm: n -1");
+}
+
+static kiln_tensor *b_clone(kiln_tensor *const *x, const void *ctx) {
+  (void)ctx;
+  kiln_tensor *c = kiln_clone(x[0]);
+  kiln_tensor *r = kiln_mul(c, x[0]);
+  kiln_release(c);
+  return r;
+}
+
+TEST(clone_copies_and_passes_gradients) {
+  kiln_tensor *a = f64t(1, S(3), D(1, 2, 3));
+  kiln_tensor *c = kiln_clone(a);
+  CHECK(c && c != a);
+  CHECK_TENSOR(c, 1, S(3), D(1, 2, 3), 0);
+  kiln_tensor *one = kiln_ones(F64, 1, S(3));
+  CHECK_EQ_INT(kiln_assign(a, one), 0); /* the clone keeps the old value */
+  CHECK_TENSOR(c, 1, S(3), D(1, 2, 3), 0);
+  kiln_release(a), kiln_release(c), kiln_release(one);
+  gin in[1] = {rin(2, S(2, 3), -2, 2, true)};
+  GRADCHECK(b_clone, NULL, 1, in);
+  free_gins(in, 1);
+}
+
+/* ---- var / std ------------------------------------------------------------- */
+
+typedef struct {
+  int naxes, axes[4], correction;
+  bool keepdim, std;
+} var_ctx;
+
+static kiln_tensor *b_var(kiln_tensor *const *x, const void *ctx) {
+  const var_ctx *c = ctx;
+  return c->std ? kiln_std(x[0], c->naxes, c->axes, c->correction, c->keepdim)
+                : kiln_var(x[0], c->naxes, c->axes, c->correction, c->keepdim);
+}
+
+TEST(var_std_values_and_gradients) {
+  kiln_tensor *a = f64t(1, S(4), D(1, 2, 3, 4));
+  kiln_tensor *v1 = kiln_var(a, 0, NULL, 1, false), *v0 = kiln_var(a, 0, NULL, 0, false);
+  CHECK_CLOSE(kiln_item(v1), 5.0 / 3.0, 1e-15);
+  CHECK_EQ_INT(kiln_item(v0) == 1.25, 1); /* exact */
+  kiln_tensor *s0 = kiln_std(a, 0, NULL, 0, false);
+  CHECK_CLOSE(kiln_item(s0), sqrt(1.25), 1e-15);
+  kiln_release(v1), kiln_release(v0), kiln_release(s0), kiln_release(a);
+  /* rows of a matrix, keepdim */
+  a = f64t(2, S(2, 3), D(1, 2, 3, 2, 4, 9));
+  int ax = 1;
+  kiln_tensor *r = kiln_var(a, 1, &ax, 1, true);
+  CHECK_TENSOR(r, 2, S(2, 1), D(1, 13), 1e-15);
+  kiln_release(r);
+  ax = -2; /* columns, negative axis */
+  r = kiln_var(a, 1, &ax, 0, false);
+  CHECK_TENSOR(r, 1, S(3), D(0.25, 1, 9), 1e-15);
+  kiln_release(r);
+  /* one value with correction 1: 0/0 = NaN, as PyTorch */
+  kiln_tensor *one = f64t(1, S(1), D(3));
+  r = kiln_var(one, 0, NULL, 1, false);
+  CHECK(isnan(kiln_item(r)));
+  kiln_release(r), kiln_release(one);
+  CHECK_ERROR(kiln_var(a, 0, NULL, -1, false), KILN_ERR_ARG, "kiln_var: correction -1");
+  ax = 5;
+  CHECK_ERROR(kiln_std(a, 1, &ax, 1, false), KILN_ERR_ARG, "kiln_std: axis 5");
+  kiln_release(a);
+  gin in[1] = {rin(3, S(2, 3, 4), -2, 2, true)};
+  var_ctx c1 = {0, {0}, 1, false, false}, c2 = {2, {0, 2}, 0, true, true}, c3 = {1, {1}, 1, false, true};
+  GRADCHECK(b_var, &c1, 1, in);
+  GRADCHECK(b_var, &c2, 1, in);
+  GRADCHECK(b_var, &c3, 1, in);
+  free_gins(in, 1);
+}
+
+/* ---- one_hot, embedding, losses ----------------------------------------- */
+
+TEST(one_hot_values_and_errors) {
+  kiln_tensor *idx = i64t(2, S(2, 2), (const int64_t[]){0, 2, 1, 2});
+  kiln_tensor *h = kiln_one_hot(idx, 3, F32);
+  CHECK_EQ_INT(kiln_dtype_of(h), F32);
+  CHECK_TENSOR(h, 3, S(2, 2, 3), D(1, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 1), 0);
+  kiln_release(h);
+  h = kiln_one_hot(idx, 4, KILN_BOOL);
+  CHECK_TENSOR(h, 3, S(2, 2, 4), D(1, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0), 0);
+  kiln_release(h);
+  CHECK_ERROR(kiln_one_hot(idx, 2, F32), KILN_ERR_ARG, "kiln_one_hot: class index 2");
+  CHECK_ERROR(kiln_one_hot(idx, 0, F32), KILN_ERR_ARG, "num_classes 0");
+  kiln_tensor *f = kiln_ones(F32, 1, S(2));
+  CHECK_ERROR(kiln_one_hot(f, 3, F32), KILN_ERR_DTYPE, "kiln_one_hot: idx must be int64");
+  kiln_release(f);
+  /* a pending index out of range is reported when evaluated */
+  kiln_tensor *neg = kiln_neg(idx);
+  h = kiln_one_hot(neg, 3, F32);
+  CHECK(h != NULL);
+  if (h) {
+    double *v = malloc(12 * sizeof(float));
+    CHECK(kiln_to_buffer(h, v, 12 * sizeof(float)) < 0);
+    CHECK_STR_CONTAINS(kiln_last_error(), "index -2 is out of range");
+    free(v);
+  }
+  kiln_clear_error();
+  kiln_release(h), kiln_release(neg), kiln_release(idx);
+}
+
+static kiln_tensor *b_embedding(kiln_tensor *const *x, const void *ctx) {
+  return kiln_embedding(x[0], (kiln_tensor *)ctx);
+}
+
+TEST(embedding_values_gradients_errors) {
+  kiln_tensor *w = f64t(2, S(3, 2), D(10, 11, 20, 21, 30, 31));
+  kiln_tensor *idx = i64t(2, S(2, 2), (const int64_t[]){2, 0, 2, 1});
+  kiln_tensor *e = kiln_embedding(w, idx);
+  CHECK_TENSOR(e, 3, S(2, 2, 2), D(30, 31, 10, 11, 30, 31, 20, 21), 0);
+  kiln_release(e);
+  kiln_tensor *i0 = kiln_from_data((const int64_t[]){1}, I64, 0, NULL); /* 0-d index */
+  e = kiln_embedding(w, i0);
+  CHECK_TENSOR(e, 1, S(2), D(20, 21), 0);
+  kiln_release(e), kiln_release(i0);
+  /* repeated rows accumulate: d sum(E) / dw = counts */
+  CHECK_EQ_INT(kiln_set_requires_grad(w, true), 0);
+  e = kiln_embedding(w, idx);
+  kiln_tensor *l = kiln_sum(e, 0, NULL, false);
+  CHECK_EQ_INT(kiln_backward(l, NULL), 0);
+  kiln_tensor *g = kiln_grad(w);
+  CHECK_TENSOR(g, 2, S(3, 2), D(1, 1, 1, 1, 2, 2), 0);
+  kiln_release(g), kiln_release(l), kiln_release(e);
+  kiln_tensor *bad = i64t(1, S(2), (const int64_t[]){0, 3});
+  CHECK_ERROR(kiln_embedding(w, bad), KILN_ERR_ARG, "kiln_embedding: index 3 (at flat position 1) is out of range [0, 3)");
+  kiln_release(bad), kiln_release(w);
+  gin in[1] = {rin(2, S(4, 3), -1, 1, true)};
+  GRADCHECK(b_embedding, idx, 1, in);
+  free_gins(in, 1);
+  kiln_release(idx);
+}
+
+static kiln_tensor *b_nll(kiln_tensor *const *x, const void *ctx) {
+  kiln_tensor *ls = kiln_log_softmax(x[0], 1);
+  kiln_tensor *r = kiln_nll_loss(ls, (kiln_tensor *)ctx);
+  kiln_release(ls);
+  return r;
+}
+
+TEST(nll_loss_values_gradients_errors) {
+  kiln_tensor *lp = f64t(2, S(3, 4), D(-1, -2, -3, -4, -0.5, -1.5, -2.5, -3.5, -9, -8, -7, -6));
+  kiln_tensor *t = i64t(1, S(3), (const int64_t[]){3, 0, 1});
+  kiln_tensor *l = kiln_nll_loss(lp, t);
+  CHECK_CLOSE(kiln_item(l), (4 + 0.5 + 8) / 3.0, 1e-15);
+  kiln_release(l);
+  kiln_tensor *bad = i64t(1, S(3), (const int64_t[]){3, 4, 1});
+  CHECK_ERROR(kiln_nll_loss(lp, bad), KILN_ERR_ARG, "kiln_nll_loss: label 4");
+  kiln_release(bad);
+  bad = i64t(1, S(3), (const int64_t[]){-1, 0, 1});
+  CHECK_ERROR(kiln_nll_loss(lp, bad), KILN_ERR_ARG, "kiln_nll_loss: label -1");
+  kiln_release(bad);
+  bad = i64t(1, S(2), (const int64_t[]){0, 1});
+  CHECK_ERROR(kiln_nll_loss(lp, bad), KILN_ERR_SHAPE, "kiln_nll_loss: log_probs [3,4] and target [2]");
+  kiln_release(bad);
+  kiln_tensor *ft = kiln_zeros(F32, 1, S(3));
+  CHECK_ERROR(kiln_nll_loss(lp, ft), KILN_ERR_DTYPE, "kiln_nll_loss: target must be int64");
+  kiln_release(ft), kiln_release(lp);
+  gin in[1] = {rin(2, S(3, 4), -2, 2, true)};
+  GRADCHECK(b_nll, t, 1, in);
+  free_gins(in, 1);
+  kiln_release(t);
+}
+
+static kiln_tensor *b_bce(kiln_tensor *const *x, const void *ctx) {
+  (void)ctx;
+  return kiln_bce_with_logits(x[0], x[1]);
+}
+
+TEST(bce_with_logits_stable_values_gradients_errors) {
+  const double xs[6] = {-2, -0.5, 0, 0.75, 3, 1000}, ts[6] = {0, 1, 0.5, 1, 0.25, 1};
+  kiln_tensor *x = f64t(1, S(6), xs), *t = f64t(1, S(6), ts);
+  kiln_tensor *l = kiln_bce_with_logits(x, t);
+  double ref = 0;
+  for (int i = 0; i < 5; i++) { /* the naive form is fine away from overflow */
+    double p = 1 / (1 + exp(-xs[i]));
+    ref += -(ts[i] * log(p) + (1 - ts[i]) * log(1 - p));
+  }
+  ref += 0; /* x = 1000, t = 1: the loss is 0 (log1p(exp(-1000)) underflows) */
+  CHECK_CLOSE(kiln_item(l), ref / 6, 1e-14);
+  kiln_release(l);
+  /* large negative logits with t = 1: |x|, not inf */
+  kiln_tensor *xn = f64t(1, S(1), D(-1000)), *t1 = f64t(1, S(1), D(1));
+  l = kiln_bce_with_logits(xn, t1);
+  CHECK_CLOSE(kiln_item(l), 1000, 1e-15);
+  kiln_release(l), kiln_release(xn), kiln_release(t1);
+  /* gradient = (sigmoid(x) - t) / n everywhere, x = 0 included */
+  CHECK_EQ_INT(kiln_set_requires_grad(x, true), 0);
+  l = kiln_bce_with_logits(x, t);
+  CHECK_EQ_INT(kiln_backward(l, NULL), 0);
+  kiln_tensor *g = kiln_grad(x);
+  double expect[6];
+  for (int i = 0; i < 6; i++) expect[i] = (1 / (1 + exp(-xs[i])) - ts[i]) / 6;
+  CHECK_TENSOR(g, 1, S(6), expect, 1e-15);
+  kiln_release(g), kiln_release(l);
+  kiln_tensor *t2 = kiln_zeros(F64, 2, S(1, 6));
+  CHECK_ERROR(kiln_bce_with_logits(x, t2), KILN_ERR_SHAPE,
+              "kiln_bce_with_logits: logits shape [6] and target shape [1,6] must be equal");
+  kiln_release(t2), kiln_release(x), kiln_release(t);
+  gin in[2] = {rin(2, S(3, 2), -3, 3, true), rin(2, S(3, 2), 0, 1, true)};
+  GRADCHECK(b_bce, NULL, 2, in);
+  free_gins(in, 2);
+}
+
+/* ---- dropout ------------------------------------------------------------------ */
+
+TEST(dropout_masks_scale_reproducible) {
+  int64_t n = 4000;
+  double *xv = malloc((size_t)n * sizeof *xv);
+  for (int64_t i = 0; i < n; i++) xv[i] = 1 + (double)(i % 5);
+  kiln_tensor *x = f64t(1, &n, xv);
+  kiln_tensor *same = kiln_dropout(x, 0.3, false);
+  CHECK(same != NULL);
+  CHECK_TENSOR(same, 1, &n, xv, 0);
+  kiln_release(same);
+  same = kiln_dropout(x, 0, true);
+  CHECK_TENSOR(same, 1, &n, xv, 0);
+  kiln_release(same);
+  kiln_manual_seed(5);
+  kiln_tensor *a = kiln_dropout(x, 0.25, true);
+  kiln_manual_seed(5);
+  kiln_tensor *b = kiln_dropout(x, 0.25, true);
+  double *va = ktest_values(a), *vb = ktest_values(b);
+  int64_t zeros = 0;
+  for (int64_t i = 0; i < n; i++) {
+    CHECK(va[i] == vb[i]);
+    CHECK(va[i] == 0 || va[i] == xv[i] * (1 / 0.75)); /* x * (1/(1-p)), as PyTorch */
+    zeros += va[i] == 0;
+  }
+  CHECK(zeros > 850 && zeros < 1150); /* ~1000 */
+  /* the gradient is the mask scaled by 1/(1-p) */
+  CHECK_EQ_INT(kiln_set_requires_grad(x, true), 0);
+  kiln_manual_seed(5);
+  kiln_tensor *c = kiln_dropout(x, 0.25, true);
+  kiln_tensor *l = kiln_sum(c, 0, NULL, false);
+  CHECK_EQ_INT(kiln_backward(l, NULL), 0);
+  kiln_tensor *g = kiln_grad(x);
+  double *vg = ktest_values(g);
+  for (int64_t i = 0; i < n; i++) CHECK(vg[i] == (va[i] == 0 ? 0 : 1 / 0.75));
+  free(va), free(vb), free(vg), free(xv);
+  kiln_release(a), kiln_release(b), kiln_release(c), kiln_release(l), kiln_release(g);
+  CHECK_ERROR(kiln_dropout(x, 1.0, true), KILN_ERR_ARG, "kiln_dropout: p 1 is outside [0, 1)");
+  CHECK_ERROR(kiln_dropout(x, -0.1, true), KILN_ERR_ARG, "kiln_dropout: p -0.1");
+  kiln_release(x);
+}
+
+/* ---- batch_norm ------------------------------------------------------------------- */
+
+typedef struct {
+  bool training, affine;
+} bn_ctx;
+
+static kiln_tensor *b_bn(kiln_tensor *const *x, const void *ctx) {
+  const bn_ctx *c = ctx;
+  kiln_tensor *rm = kiln_zeros(F64, 1, S(3)), *rv = kiln_ones(F64, 1, S(3));
+  kiln_tensor *r = kiln_batch_norm(x[0], rm, rv, c->affine ? x[1] : NULL, c->affine ? x[2] : NULL,
+                                   c->training, 0.1, 1e-5);
+  kiln_release(rm), kiln_release(rv);
+  return r;
+}
+
+TEST(batch_norm_training_eval_running_stats) {
+  /* x [4, 3, 2]: per channel 8 values */
+  double xv[24];
+  for (int i = 0; i < 24; i++) xv[i] = (double)((i * 7) % 11) - 3 + 0.25 * (i % 3);
+  kiln_tensor *x = f64t(3, S(4, 3, 2), xv);
+  kiln_tensor *rm = kiln_zeros(F64, 1, S(3)), *rv = kiln_ones(F64, 1, S(3));
+  kiln_tensor *w = f64t(1, S(3), D(1, 2, 0.5)), *b = f64t(1, S(3), D(0, -1, 3));
+  kiln_tensor *y = kiln_batch_norm(x, rm, rv, w, b, true, 0.1, 1e-5);
+  double mean[3] = {0}, var[3] = {0}, ref[24];
+  for (int i = 0; i < 24; i++) mean[(i / 2) % 3] += xv[i] / 8;
+  for (int i = 0; i < 24; i++) var[(i / 2) % 3] += (xv[i] - mean[(i / 2) % 3]) * (xv[i] - mean[(i / 2) % 3]) / 8;
+  const double wv[3] = {1, 2, 0.5}, bv[3] = {0, -1, 3};
+  for (int i = 0; i < 24; i++) {
+    int c = (i / 2) % 3;
+    ref[i] = (xv[i] - mean[c]) / sqrt(var[c] + 1e-5) * wv[c] + bv[c];
+  }
+  CHECK_TENSOR(y, 3, S(4, 3, 2), ref, 1e-12);
+  double erm[3], erv[3];
+  for (int c = 0; c < 3; c++) erm[c] = 0.1 * mean[c], erv[c] = 0.9 + 0.1 * var[c] * 8 / 7;
+  CHECK_TENSOR(rm, 1, S(3), erm, 1e-14); /* updated in place, unbiased variance */
+  CHECK_TENSOR(rv, 1, S(3), erv, 1e-14);
+  kiln_release(y);
+  /* eval: the running stats */
+  y = kiln_batch_norm(x, rm, rv, w, b, false, 0.1, 1e-5);
+  for (int i = 0; i < 24; i++) {
+    int c = (i / 2) % 3;
+    ref[i] = (xv[i] - erm[c]) / sqrt(erv[c] + 1e-5) * wv[c] + bv[c];
+  }
+  CHECK_TENSOR(y, 3, S(4, 3, 2), ref, 1e-12);
+  CHECK_TENSOR(rm, 1, S(3), erm, 1e-14); /* unchanged in eval */
+  kiln_release(y);
+  kiln_tensor *w4 = kiln_ones(F64, 1, S(4));
+  CHECK_ERROR(kiln_batch_norm(x, rm, rv, w4, NULL, true, 0.1, 1e-5), KILN_ERR_SHAPE,
+              "kiln_batch_norm: weight has shape [4], expected [3]");
+  CHECK_ERROR(kiln_batch_norm(x, NULL, NULL, NULL, NULL, false, 0.1, 1e-5), KILN_ERR_ARG,
+              "kiln_batch_norm: running_mean and running_var");
+  kiln_tensor *one = kiln_ones(F64, 2, S(1, 3));
+  CHECK_ERROR(kiln_batch_norm(one, rm, rv, NULL, NULL, true, 0.1, 1e-5), KILN_ERR_SHAPE,
+              "more than 1 value per channel");
+  kiln_release(one), kiln_release(w4);
+  kiln_release(x), kiln_release(rm), kiln_release(rv), kiln_release(w), kiln_release(b);
+  gin in[3] = {rin(3, S(4, 3, 2), -2, 2, true), rin(1, S(3), 0.5, 1.5, true), rin(1, S(3), -1, 1, true)};
+  bn_ctx tr = {true, true}, ev = {false, true}, plain = {true, false};
+  GRADCHECK(b_bn, &tr, 3, in);
+  GRADCHECK(b_bn, &ev, 3, in);
+  GRADCHECK(b_bn, &plain, 1, in);
+  free_gins(in, 3);
+}
+
+/* ---- conv2d and pooling ------------------------------------------------------------ */
+
+typedef struct {
+  int stride[2], padding[2], dilation[2], groups;
+  bool bias;
+} conv_ctx;
+
+static void ref_conv(const double *x, const int64_t *xs, const double *w, const int64_t *ws,
+                     const double *b, const conv_ctx *c, double *out, int64_t *oh_, int64_t *ow_) {
+  int64_t n = xs[0], cin = xs[1], h = xs[2], wd = xs[3], cout = ws[0], kh = ws[2], kw = ws[3];
+  int64_t oh = (h + 2 * c->padding[0] - c->dilation[0] * (kh - 1) - 1) / c->stride[0] + 1;
+  int64_t ow = (wd + 2 * c->padding[1] - c->dilation[1] * (kw - 1) - 1) / c->stride[1] + 1;
+  int64_t cg = cin / c->groups, og = cout / c->groups;
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t o = 0; o < cout; o++)
+      for (int64_t y = 0; y < oh; y++)
+        for (int64_t z = 0; z < ow; z++) {
+          double acc = b ? b[o] : 0;
+          int64_t grp = o / og;
+          for (int64_t ci = 0; ci < cg; ci++)
+            for (int64_t p = 0; p < kh; p++)
+              for (int64_t q = 0; q < kw; q++) {
+                int64_t ih = y * c->stride[0] - c->padding[0] + p * c->dilation[0];
+                int64_t iw = z * c->stride[1] - c->padding[1] + q * c->dilation[1];
+                if (ih < 0 || ih >= h || iw < 0 || iw >= wd) continue;
+                acc += x[((i * cin + grp * cg + ci) * h + ih) * wd + iw] *
+                       w[((o * cg + ci) * kh + p) * kw + q];
+              }
+          out[((i * cout + o) * oh + y) * ow + z] = acc;
+        }
+  *oh_ = oh, *ow_ = ow;
+}
+
+static kiln_tensor *b_conv(kiln_tensor *const *x, const void *ctx) {
+  const conv_ctx *c = ctx;
+  return kiln_conv2d(x[0], x[1], c->bias ? x[2] : NULL, c->stride, c->padding, c->dilation, c->groups);
+}
+
+static void conv_case(const int64_t *xs, const int64_t *ws, conv_ctx c, bool grad) {
+  gin in[3] = {rin(4, xs, -1, 1, true), rin(4, ws, -1, 1, true), rin(1, S(ws[0]), -1, 1, true)};
+  kiln_tensor *x[3];
+  for (int i = 0; i < 3; i++) x[i] = f64t(in[i].nd, in[i].shape, in[i].v);
+  kiln_tensor *y = b_conv(x, &c);
+  int64_t oh, ow;
+  double *ref = malloc((size_t)(xs[0] * ws[0] * xs[2] * xs[3] * 4 + 16) * sizeof(double));
+  ref_conv(in[0].v, xs, in[1].v, ws, c.bias ? in[2].v : NULL, &c, ref, &oh, &ow);
+  CHECK_TENSOR(y, 4, S(xs[0], ws[0], oh, ow), ref, 1e-13);
+  /* the f32 path agrees too */
+  kiln_tensor *x32 = kiln_cast(x[0], F32), *w32 = kiln_cast(x[1], F32), *b32 = kiln_cast(x[2], F32);
+  kiln_tensor *y32 = kiln_conv2d(x32, w32, c.bias ? b32 : NULL, c.stride, c.padding, c.dilation, c.groups);
+  CHECK(y32 && kiln_dtype_of(y32) == F32);
+  CHECK_TENSOR(y32, 4, S(xs[0], ws[0], oh, ow), ref, 1e-5);
+  kiln_release(x32), kiln_release(w32), kiln_release(b32), kiln_release(y32);
+  free(ref);
+  kiln_release(y);
+  for (int i = 0; i < 3; i++) kiln_release(x[i]);
+  if (grad) GRADCHECK(b_conv, &c, c.bias ? 3 : 2, in);
+  free_gins(in, 3);
+}
+
+TEST(conv2d_values_and_gradients) {
+  conv_ctx plain = {{1, 1}, {0, 0}, {1, 1}, 1, true};
+  conv_case(S(2, 3, 5, 6), S(4, 3, 3, 3), plain, true);
+  conv_ctx padded = {{2, 1}, {1, 2}, {1, 1}, 1, false};
+  conv_case(S(2, 2, 6, 5), S(3, 2, 3, 2), padded, true);
+  conv_ctx dilated = {{1, 2}, {2, 1}, {2, 1}, 1, true};
+  conv_case(S(1, 2, 7, 6), S(2, 2, 3, 3), dilated, true);
+  conv_ctx grouped = {{1, 1}, {1, 1}, {1, 1}, 2, true};
+  conv_case(S(2, 4, 5, 5), S(6, 2, 3, 3), grouped, true);
+  conv_ctx depthwise = {{2, 2}, {1, 1}, {1, 1}, 3, false};
+  conv_case(S(1, 3, 6, 6), S(3, 1, 3, 3), depthwise, true);
+  conv_ctx pointwise = {{1, 1}, {0, 0}, {1, 1}, 1, true};
+  conv_case(S(3, 5, 4, 4), S(2, 5, 1, 1), pointwise, false);
+  /* NULL stride/padding/dilation mean 1/0/1 */
+  kiln_tensor *x = kiln_ones(F64, 4, S(1, 1, 3, 3)), *w = kiln_ones(F64, 4, S(1, 1, 2, 2));
+  kiln_tensor *y = kiln_conv2d(x, w, NULL, NULL, NULL, NULL, 1);
+  CHECK_TENSOR(y, 4, S(1, 1, 2, 2), D(4, 4, 4, 4), 0);
+  kiln_release(y);
+  kiln_release(x), kiln_release(w);
+}
+
+TEST(conv2d_errors) {
+  kiln_tensor *x = kiln_ones(F32, 4, S(2, 4, 5, 5)), *w = kiln_ones(F32, 4, S(6, 2, 3, 3));
+  kiln_tensor *x3 = kiln_ones(F32, 3, S(4, 5, 5)), *b = kiln_ones(F32, 1, S(5));
+  int one[2] = {1, 1}, zero[2] = {0, 0}, neg[2] = {-1, 0}, big[2] = {4, 4};
+  CHECK_ERROR(kiln_conv2d(x3, w, NULL, one, zero, one, 2), KILN_ERR_SHAPE,
+              "kiln_conv2d: input must be 4-d [N,C,H,W], got shape [4,5,5]");
+  CHECK_ERROR(kiln_conv2d(x, w, NULL, one, neg, one, 2), KILN_ERR_ARG, "padding [-1,0]");
+  CHECK_ERROR(kiln_conv2d(x, w, NULL, zero, zero, one, 2), KILN_ERR_ARG, "stride [0,0]");
+  CHECK_ERROR(kiln_conv2d(x, w, NULL, one, zero, one, 3), KILN_ERR_ARG,
+              "kiln_conv2d: groups 3 must be >= 1 and divide the input channels 4");
+  CHECK_ERROR(kiln_conv2d(x, w, NULL, one, zero, one, 1), KILN_ERR_SHAPE,
+              "weight [6,2,3,3] needs 4 input channels per group");
+  CHECK_ERROR(kiln_conv2d(x, w, b, one, zero, one, 2), KILN_ERR_SHAPE, "bias has shape [5], expected [6]");
+  CHECK_ERROR(kiln_conv2d(x, w, NULL, one, zero, big, 2), KILN_ERR_SHAPE, "smaller than the 9x9 window");
+  kiln_tensor *xi = kiln_ones(I64, 4, S(2, 4, 5, 5));
+  CHECK_ERROR(kiln_conv2d(xi, w, NULL, one, zero, one, 2), KILN_ERR_DTYPE, "input must be a float tensor, not int64");
+  kiln_release(xi), kiln_release(x), kiln_release(w), kiln_release(x3), kiln_release(b);
+}
+
+typedef struct {
+  bool max;
+  int kernel[2], stride[2], padding[2];
+} pool_ctx;
+
+static kiln_tensor *b_pool(kiln_tensor *const *x, const void *ctx) {
+  const pool_ctx *c = ctx;
+  return c->max ? kiln_max_pool2d(x[0], c->kernel, c->stride, c->padding)
+                : kiln_avg_pool2d(x[0], c->kernel, c->stride, c->padding);
+}
+
+static void pool_case(const int64_t *xs, pool_ctx c) {
+  gin in[1] = {rin(4, xs, -1, 1, true)};
+  kiln_tensor *x = f64t(4, xs, in[0].v);
+  kiln_tensor *y = b_pool(&x, &c);
+  int64_t oh = (xs[2] + 2 * c.padding[0] - c.kernel[0]) / c.stride[0] + 1;
+  int64_t ow = (xs[3] + 2 * c.padding[1] - c.kernel[1]) / c.stride[1] + 1;
+  int64_t nc = xs[0] * xs[1];
+  double *ref = malloc((size_t)(nc * oh * ow) * sizeof(double));
+  for (int64_t p = 0; p < nc; p++)
+    for (int64_t a = 0; a < oh; a++)
+      for (int64_t b = 0; b < ow; b++) {
+        double acc = c.max ? -INFINITY : 0;
+        for (int i = 0; i < c.kernel[0]; i++)
+          for (int j = 0; j < c.kernel[1]; j++) {
+            int64_t ih = a * c.stride[0] - c.padding[0] + i, iw = b * c.stride[1] - c.padding[1] + j;
+            if (ih < 0 || ih >= xs[2] || iw < 0 || iw >= xs[3]) continue;
+            double v = in[0].v[(p * xs[2] + ih) * xs[3] + iw];
+            acc = c.max ? fmax(acc, v) : acc + v;
+          }
+        ref[(p * oh + a) * ow + b] = c.max ? acc : acc / (c.kernel[0] * c.kernel[1]);
+      }
+  CHECK_TENSOR(y, 4, S(xs[0], xs[1], oh, ow), ref, 1e-15);
+  free(ref);
+  kiln_release(y), kiln_release(x);
+  GRADCHECK(b_pool, &c, 1, in);
+  free_gins(in, 1);
+}
+
+TEST(pooling_values_and_gradients) {
+  pool_case(S(2, 3, 6, 6), (pool_ctx){true, {2, 2}, {2, 2}, {0, 0}});
+  pool_case(S(1, 2, 7, 5), (pool_ctx){true, {3, 3}, {2, 1}, {1, 1}});
+  pool_case(S(2, 2, 6, 6), (pool_ctx){false, {2, 2}, {2, 2}, {0, 0}});
+  pool_case(S(1, 2, 5, 7), (pool_ctx){false, {3, 2}, {2, 2}, {1, 1}});
+  /* max: the gradient goes to the first maximum only (PyTorch), NaN wins */
+  kiln_tensor *x = f64t(4, S(1, 1, 2, 2), D(1, 3, 3, 2));
+  CHECK_EQ_INT(kiln_set_requires_grad(x, true), 0);
+  int k[2] = {2, 2};
+  kiln_tensor *y = kiln_max_pool2d(x, k, NULL, NULL);
+  CHECK_TENSOR(y, 4, S(1, 1, 1, 1), D(3), 0);
+  kiln_tensor *seed = kiln_ones(F64, 4, S(1, 1, 1, 1));
+  CHECK_EQ_INT(kiln_backward(y, seed), 0);
+  kiln_release(seed);
+  kiln_tensor *g = kiln_grad(x);
+  CHECK_TENSOR(g, 4, S(1, 1, 2, 2), D(0, 1, 0, 0), 0);
+  kiln_release(g), kiln_release(y), kiln_release(x);
+  x = f64t(4, S(1, 1, 2, 2), D(1, NAN, 3, 2));
+  y = kiln_max_pool2d(x, k, NULL, NULL);
+  CHECK(isnan(kiln_item(y)));
+  kiln_release(y);
+  int pad[2] = {2, 0}, one[2] = {1, 1}, zero[2] = {0, 0};
+  CHECK_ERROR(kiln_max_pool2d(x, k, one, pad), KILN_ERR_ARG,
+              "kiln_max_pool2d: padding [2,0] must be at most half the kernel [2,2]");
+  CHECK_ERROR(kiln_avg_pool2d(x, zero, one, zero), KILN_ERR_ARG, "kiln_avg_pool2d: bad pooling arguments");
+  kiln_tensor *x2 = kiln_ones(F64, 2, S(2, 2));
+  CHECK_ERROR(kiln_avg_pool2d(x2, k, NULL, NULL), KILN_ERR_SHAPE, "kiln_avg_pool2d: input must be 4-d");
+  kiln_release(x2), kiln_release(x);
+}
+
+/* a small CNN step (conv-relu-pool-linear) runs repeatedly: the traces
+   settle, compile, and give the interpreter's values */
+TEST(cnn_step_repeats_with_the_same_values) {
+  double first = NAN;
+  for (int step = 0; step < 4; step++) {
+    kiln_manual_seed(3);
+    kiln_tensor *x = kiln_randn(F32, 4, S(4, 1, 8, 8)), *w = kiln_randn(F32, 4, S(4, 1, 3, 3));
+    kiln_tensor *fc = kiln_randn(F32, 2, S(64, 10));
+    kiln_set_requires_grad(w, true);
+    kiln_set_requires_grad(fc, true);
+    int one[2] = {1, 1}, k[2] = {2, 2};
+    kiln_tensor *c = kiln_conv2d(x, w, NULL, one, one, one, 1);
+    kiln_tensor *r = kiln_relu(c), *p = kiln_max_pool2d(r, k, NULL, NULL);
+    kiln_tensor *flat = kiln_reshape(p, 2, S(4, -1)), *logits = kiln_matmul(flat, fc);
+    kiln_tensor *t = i64t(1, S(4), (const int64_t[]){1, 2, 3, 4});
+    kiln_tensor *l = kiln_cross_entropy(logits, t);
+    CHECK_EQ_INT(kiln_backward(l, NULL), 0);
+    kiln_tensor *g = kiln_grad(w);
+    kiln_tensor *gs = kiln_sum(g, 0, NULL, false);
+    double v = kiln_item(l) + kiln_item(gs);
+    if (step == 0) first = v;
+    CHECK(v == first && isfinite(v));
+    kiln_tensor *all[] = {x, w, fc, c, r, p, flat, logits, t, l, g, gs};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) kiln_release(all[i]);
+  }
+}
+
+int main(void) {
+  RUN(linspace_values_and_ends_exact);
+  RUN(eye_values);
+  RUN(randint_range_and_reproducible);
+  RUN(randperm_is_a_reproducible_permutation);
+  RUN(clone_copies_and_passes_gradients);
+  RUN(var_std_values_and_gradients);
+  RUN(one_hot_values_and_errors);
+  RUN(embedding_values_gradients_errors);
+  RUN(nll_loss_values_gradients_errors);
+  RUN(bce_with_logits_stable_values_gradients_errors);
+  RUN(dropout_masks_scale_reproducible);
+  RUN(batch_norm_training_eval_running_stats);
+  RUN(conv2d_values_and_gradients);
+  RUN(conv2d_errors);
+  RUN(pooling_values_and_gradients);
+  RUN(cnn_step_repeats_with_the_same_values);
+  return ktest_done();
+}

@@ -1,0 +1,654 @@
+/* safetensors.c — kiln_save / kiln_load (the safetensors format) and the
+ * small strict JSON parser its header needs.  A file is untrusted input:
+ * the header length is bounded, the JSON is parsed strictly (RFC 8259, a
+ * depth limit), and every dtype, shape, size and offset is checked —
+ * sizes with overflow checks, offsets inside the data, the tensors tiling
+ * the data section exactly (no overlap, no gap) — before a byte of data is
+ * read.  Any violation is a KILN_ERR_ARG naming the problem. */
+#include "safetensors.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../trace/record.h"
+#include "state.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "safetensors.c assumes a little-endian host (the format's byte order)"
+#endif
+
+#define ST_MAX_HEADER (100u << 20) /* the reference implementation's limit */
+#define ST_MAX_DEPTH 64
+
+static const struct {
+  const char *name;
+  kiln_dtype dtype;
+} st_dtypes[] = {{"F32", KILN_F32}, {"F64", KILN_F64}, {"I32", KILN_I32},
+                 {"I64", KILN_I64}, {"BOOL", KILN_BOOL}};
+
+static const char *st_dtype_name(kiln_dtype dt) {
+  for (size_t i = 0; i < sizeof st_dtypes / sizeof *st_dtypes; i++)
+    if (st_dtypes[i].dtype == dt) return st_dtypes[i].name;
+  return NULL;
+}
+
+/* --- a growable byte buffer ------------------------------------------------ */
+
+typedef struct {
+  char *p;
+  size_t len, cap;
+  bool oom;
+} st_buf;
+
+static void buf_put(st_buf *b, const char *s, size_t n) {
+  if (b->oom) return;
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + n + 1) cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) {
+      b->oom = true;
+      return;
+    }
+    b->p = p;
+    b->cap = cap;
+  }
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+  b->p[b->len] = '\0';
+}
+
+static void buf_str(st_buf *b, const char *s) { buf_put(b, s, strlen(s)); }
+
+static void buf_fmt_u64(st_buf *b, uint64_t v) {
+  char tmp[24];
+  snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
+  buf_str(b, tmp);
+}
+
+static void buf_json_string(st_buf *b, const char *s) {
+  buf_put(b, "\"", 1);
+  for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+    if (*c == '"' || *c == '\\') {
+      char e[2] = {'\\', (char)*c};
+      buf_put(b, e, 2);
+    } else if (*c < 0x20) {
+      char e[8];
+      snprintf(e, sizeof e, "\\u%04x", *c);
+      buf_str(b, e);
+    } else {
+      buf_put(b, (const char *)c, 1);
+    }
+  }
+  buf_put(b, "\"", 1);
+}
+
+/* --- saving ------------------------------------------------------------------ */
+
+static bool check_save_args(int n, const char *const *names, vm_tensor *const *ts) {
+  if (n < 0 || (n > 0 && (!names || !ts))) {
+    vm_error(KILN_ERR_ARG, "bad arguments: n %d with names %p and tensors %p", n, (void *)names,
+             (void *)ts);
+    return false;
+  }
+  for (int i = 0; i < n; i++) {
+    if (!ts[i]) {
+      vm_error(KILN_ERR_ARG, "tensor %d is NULL", i);
+      return false;
+    }
+    if (!names[i] || !names[i][0] || !strcmp(names[i], "__metadata__")) {
+      vm_error(KILN_ERR_ARG, "name %d is %s", i,
+               !names[i] ? "NULL" : !names[i][0] ? "empty" : "the reserved \"__metadata__\"");
+      return false;
+    }
+    for (int j = 0; j < i; j++)
+      if (!strcmp(names[i], names[j])) {
+        vm_error(KILN_ERR_ARG, "name \"%s\" is given twice (tensors %d and %d)", names[i], j, i);
+        return false;
+      }
+  }
+  return true;
+}
+
+int vm_save(const char *path, int n, const char *const *names, vm_tensor *const *ts) {
+  if (!path) return vm_error(KILN_ERR_ARG, "path is NULL");
+  if (!check_save_args(n, names, ts)) return KILN_ERR_ARG;
+  vm_tensor **vals = calloc((size_t)(n ? n : 1), sizeof *vals);
+  st_buf h = {0};
+  int rc = KILN_OK;
+  FILE *f = NULL;
+  if (!vals) return vm_error(KILN_ERR_OOM, "out of memory");
+  uint64_t offset = 0;
+  buf_str(&h, "{");
+  for (int i = 0; i < n && rc == KILN_OK; i++) {
+    vm_tensor *v = tr_value(ts[i]);
+    vals[i] = v ? vm_value_contiguous(v) : NULL;
+    if (!vals[i]) {
+      rc = vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
+      break;
+    }
+    uint64_t bytes = (uint64_t)vals[i]->numel * vm_dtype_size(vals[i]->dtype);
+    buf_json_string(&h, names[i]);
+    buf_str(&h, ":{\"dtype\":\"");
+    buf_str(&h, st_dtype_name(vals[i]->dtype));
+    buf_str(&h, "\",\"shape\":[");
+    for (int d = 0; d < vals[i]->ndim; d++) {
+      if (d) buf_str(&h, ",");
+      buf_fmt_u64(&h, (uint64_t)vals[i]->shape[d]);
+    }
+    buf_str(&h, "],\"data_offsets\":[");
+    buf_fmt_u64(&h, offset);
+    buf_str(&h, ",");
+    offset += bytes;
+    buf_fmt_u64(&h, offset);
+    buf_str(&h, "]}");
+    if (i + 1 < n) buf_str(&h, ",");
+  }
+  buf_str(&h, "}");
+  while (!h.oom && h.len % 8) buf_str(&h, " "); /* data starts 8-byte aligned */
+  if (rc == KILN_OK && h.oom) rc = vm_error(KILN_ERR_OOM, "out of memory");
+  if (rc == KILN_OK && !(f = fopen(path, "wb")))
+    rc = vm_error(KILN_ERR_ARG, "cannot open '%s' for writing: %s", path, strerror(errno));
+  if (rc == KILN_OK) {
+    unsigned char len[8];
+    for (int k = 0; k < 8; k++) len[k] = (unsigned char)((uint64_t)h.len >> (8 * k));
+    bool ok = fwrite(len, 1, 8, f) == 8 && fwrite(h.p, 1, h.len, f) == h.len;
+    for (int i = 0; ok && i < n; i++) {
+      size_t bytes = (size_t)vals[i]->numel * vm_dtype_size(vals[i]->dtype);
+      ok = !bytes || fwrite(vm_data(vals[i]), 1, bytes, f) == bytes;
+    }
+    if (fclose(f) != 0) ok = false;
+    if (!ok) rc = vm_error(KILN_ERR_ARG, "writing '%s' failed: %s", path, strerror(errno));
+  }
+  for (int i = 0; i < n; i++) vm_release(vals[i]);
+  free(vals);
+  free(h.p);
+  return rc;
+}
+
+/* --- a strict JSON parser (a small DOM) ---------------------------------------- */
+
+typedef enum { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ } j_type;
+
+typedef struct j_val {
+  j_type type;
+  char *str;           /* J_STR: decoded, NUL-terminated (no NULs inside) */
+  bool uint_ok;        /* J_NUM: a non-negative integer that fits in u64 */
+  uint64_t u;
+  int n;               /* J_ARR, J_OBJ: children */
+  struct j_val *items;
+  char **keys;         /* J_OBJ */
+} j_val;
+
+typedef struct {
+  const char *s;
+  size_t len, pos;
+  const char *err;
+} j_parser;
+
+static void j_free(j_val *v) {
+  free(v->str);
+  for (int i = 0; i < v->n; i++) {
+    j_free(&v->items[i]);
+    if (v->keys) free(v->keys[i]);
+  }
+  free(v->items);
+  free(v->keys);
+  memset(v, 0, sizeof *v);
+}
+
+static bool j_fail(j_parser *p, const char *why) {
+  if (!p->err) p->err = why;
+  return false;
+}
+
+static void j_ws(j_parser *p) {
+  while (p->pos < p->len && (p->s[p->pos] == ' ' || p->s[p->pos] == '\t' ||
+                             p->s[p->pos] == '\n' || p->s[p->pos] == '\r'))
+    p->pos++;
+}
+
+static int j_hex4(j_parser *p) {
+  if (p->len - p->pos < 4) return -1;
+  int v = 0;
+  for (int k = 0; k < 4; k++) {
+    char c = p->s[p->pos++];
+    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+            : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    if (d < 0) return -1;
+    v = v * 16 + d;
+  }
+  return v;
+}
+
+static void j_utf8(st_buf *b, uint32_t cp) {
+  char o[4];
+  size_t n;
+  if (cp < 0x80) o[0] = (char)cp, n = 1;
+  else if (cp < 0x800) o[0] = (char)(0xC0 | cp >> 6), o[1] = (char)(0x80 | (cp & 63)), n = 2;
+  else if (cp < 0x10000)
+    o[0] = (char)(0xE0 | cp >> 12), o[1] = (char)(0x80 | ((cp >> 6) & 63)),
+    o[2] = (char)(0x80 | (cp & 63)), n = 3;
+  else
+    o[0] = (char)(0xF0 | cp >> 18), o[1] = (char)(0x80 | ((cp >> 12) & 63)),
+    o[2] = (char)(0x80 | ((cp >> 6) & 63)), o[3] = (char)(0x80 | (cp & 63)), n = 4;
+  buf_put(b, o, n);
+}
+
+/* at the opening quote; the decoded string into *out (malloc'd) */
+static bool j_string(j_parser *p, char **out) {
+  st_buf b = {0};
+  buf_put(&b, "", 0);
+  p->pos++;
+  for (;;) {
+    if (p->pos >= p->len) {
+      free(b.p);
+      return j_fail(p, "unterminated string");
+    }
+    unsigned char c = (unsigned char)p->s[p->pos++];
+    if (c == '"') break;
+    if (c < 0x20) {
+      free(b.p);
+      return j_fail(p, "control character in a string");
+    }
+    if (c != '\\') {
+      buf_put(&b, (const char *)&c, 1);
+      continue;
+    }
+    if (p->pos >= p->len) break;
+    char e = p->s[p->pos++];
+    const char *simple = strchr("\"\\/bfnrt", e);
+    if (e && simple) {
+      static const char map[] = "\"\\/\b\f\n\r\t";
+      buf_put(&b, &map[simple - "\"\\/bfnrt"], 1);
+      continue;
+    }
+    int cp = e == 'u' ? j_hex4(p) : -1;
+    if (cp >= 0xD800 && cp < 0xDC00) { /* a surrogate pair */
+      int lo = p->len - p->pos >= 2 && p->s[p->pos] == '\\' && p->s[p->pos + 1] == 'u'
+                   ? (p->pos += 2, j_hex4(p)) : -1;
+      cp = lo >= 0xDC00 && lo < 0xE000 ? 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00) : -1;
+    } else if (cp >= 0xDC00 && cp < 0xE000) {
+      cp = -1;
+    }
+    if (cp <= 0) { /* \u0000 would truncate a C string: refused too */
+      free(b.p);
+      return j_fail(p, "bad escape in a string");
+    }
+    j_utf8(&b, (uint32_t)cp);
+  }
+  if (b.oom) {
+    free(b.p);
+    return j_fail(p, "out of memory");
+  }
+  *out = b.p;
+  return true;
+}
+
+static bool j_number(j_parser *p, j_val *v) {
+  size_t start = p->pos;
+  bool neg = false, integral = true, overflow = false;
+  uint64_t u = 0;
+  if (p->s[p->pos] == '-') neg = true, p->pos++;
+  if (p->pos >= p->len || p->s[p->pos] < '0' || p->s[p->pos] > '9') return j_fail(p, "bad number");
+  if (p->s[p->pos] == '0') {
+    p->pos++;
+  } else {
+    while (p->pos < p->len && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') {
+      uint64_t d = (uint64_t)(p->s[p->pos++] - '0');
+      if (u > (UINT64_MAX - d) / 10) overflow = true;
+      else u = u * 10 + d;
+    }
+  }
+  if (p->pos < p->len && p->s[p->pos] == '.') {
+    integral = false;
+    p->pos++;
+    if (p->pos >= p->len || p->s[p->pos] < '0' || p->s[p->pos] > '9') return j_fail(p, "bad number");
+    while (p->pos < p->len && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') p->pos++;
+  }
+  if (p->pos < p->len && (p->s[p->pos] == 'e' || p->s[p->pos] == 'E')) {
+    integral = false;
+    p->pos++;
+    if (p->pos < p->len && (p->s[p->pos] == '+' || p->s[p->pos] == '-')) p->pos++;
+    if (p->pos >= p->len || p->s[p->pos] < '0' || p->s[p->pos] > '9') return j_fail(p, "bad number");
+    while (p->pos < p->len && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') p->pos++;
+  }
+  (void)start;
+  v->type = J_NUM;
+  v->uint_ok = integral && !neg && !overflow;
+  v->u = u;
+  return true;
+}
+
+static bool j_value(j_parser *p, j_val *v, int depth);
+
+/* objects and arrays: children appended one by one */
+static bool j_push(j_parser *p, j_val *v, char *key, int *cap) {
+  if (v->n == *cap) {
+    int nc = *cap ? *cap * 2 : 4;
+    j_val *items = realloc(v->items, (size_t)nc * sizeof *items);
+    if (items) v->items = items;
+    char **keys = v->type == J_OBJ ? realloc(v->keys, (size_t)nc * sizeof *keys) : NULL;
+    if (keys) v->keys = keys;
+    if (!items || (v->type == J_OBJ && !keys)) {
+      free(key);
+      return j_fail(p, "out of memory");
+    }
+    *cap = nc;
+  }
+  memset(&v->items[v->n], 0, sizeof *v->items);
+  if (v->type == J_OBJ) v->keys[v->n] = key;
+  v->n++;
+  return true;
+}
+
+static bool j_container(j_parser *p, j_val *v, int depth) {
+  bool obj = p->s[p->pos] == '{';
+  char close = obj ? '}' : ']';
+  v->type = obj ? J_OBJ : J_ARR;
+  int cap = 0;
+  p->pos++;
+  j_ws(p);
+  if (p->pos < p->len && p->s[p->pos] == close) {
+    p->pos++;
+    return true;
+  }
+  for (;;) {
+    char *key = NULL;
+    if (obj) {
+      j_ws(p);
+      if (p->pos >= p->len || p->s[p->pos] != '"') return j_fail(p, "expected a string key");
+      if (!j_string(p, &key)) return false;
+      j_ws(p);
+      if (p->pos >= p->len || p->s[p->pos] != ':') {
+        free(key);
+        return j_fail(p, "expected ':'");
+      }
+      p->pos++;
+    }
+    if (!j_push(p, v, key, &cap) || !j_value(p, &v->items[v->n - 1], depth + 1)) return false;
+    j_ws(p);
+    if (p->pos >= p->len) return j_fail(p, "unterminated object or array");
+    char c = p->s[p->pos++];
+    if (c == close) return true;
+    if (c != ',') return j_fail(p, "expected ',' or a closing bracket");
+  }
+}
+
+static bool j_literal(j_parser *p, const char *word, j_val *v, j_type t) {
+  size_t n = strlen(word);
+  if (p->len - p->pos < n || memcmp(p->s + p->pos, word, n)) return j_fail(p, "unexpected character");
+  p->pos += n;
+  v->type = t;
+  return true;
+}
+
+static bool j_value(j_parser *p, j_val *v, int depth) {
+  if (depth > ST_MAX_DEPTH) return j_fail(p, "nesting too deep");
+  j_ws(p);
+  if (p->pos >= p->len) return j_fail(p, "unexpected end");
+  char c = p->s[p->pos];
+  if (c == '{' || c == '[') return j_container(p, v, depth);
+  if (c == '"') {
+    v->type = J_STR;
+    return j_string(p, &v->str);
+  }
+  if (c == '-' || (c >= '0' && c <= '9')) return j_number(p, v);
+  if (c == 't') return j_literal(p, "true", v, J_BOOL);
+  if (c == 'f') return j_literal(p, "false", v, J_BOOL);
+  if (c == 'n') return j_literal(p, "null", v, J_NULL);
+  return j_fail(p, "unexpected character");
+}
+
+static bool j_parse(const char *s, size_t len, j_val *out) {
+  j_parser p = {s, len, 0, NULL};
+  memset(out, 0, sizeof *out);
+  bool ok = j_value(&p, out, 0);
+  if (ok) {
+    j_ws(&p);
+    if (p.pos != len) ok = j_fail(&p, "trailing characters after the header object");
+  }
+  if (!ok) {
+    vm_error(KILN_ERR_ARG, "the header is not valid JSON: %s at byte %zu", p.err, p.pos);
+    j_free(out);
+  }
+  return ok;
+}
+
+/* --- loading --------------------------------------------------------------------- */
+
+typedef struct {
+  const char *name;     /* borrowed from the DOM */
+  kiln_dtype dtype;
+  int ndim;
+  int64_t shape[KILN_MAX_DIMS];
+  uint64_t begin, end;
+} st_entry;
+
+static const j_val *j_get(const j_val *obj, const char *key) {
+  for (int i = 0; i < obj->n; i++)
+    if (!strcmp(obj->keys[i], key)) return &obj->items[i];
+  return NULL;
+}
+
+static bool bad_entry(const char *name, const char *what) {
+  vm_error(KILN_ERR_ARG, "tensor \"%s\": %s", name, what);
+  return false;
+}
+
+/* one tensor's description: known keys only, each of the right type */
+static bool parse_entry(const char *name, const j_val *v, uint64_t data_size, st_entry *e) {
+  memset(e, 0, sizeof *e);
+  e->name = name;
+  if (v->type != J_OBJ) return bad_entry(name, "its description is not an object");
+  for (int i = 0; i < v->n; i++)
+    if (strcmp(v->keys[i], "dtype") && strcmp(v->keys[i], "shape") &&
+        strcmp(v->keys[i], "data_offsets")) {
+      vm_error(KILN_ERR_ARG, "tensor \"%s\": unknown key \"%s\"", name, v->keys[i]);
+      return false;
+    }
+  const j_val *dt = j_get(v, "dtype"), *sh = j_get(v, "shape"), *off = j_get(v, "data_offsets");
+  if (!dt || !sh || !off) return bad_entry(name, "dtype, shape and data_offsets are required");
+  if (dt->type != J_STR) return bad_entry(name, "dtype is not a string");
+  size_t k = 0, nd = sizeof st_dtypes / sizeof *st_dtypes;
+  while (k < nd && strcmp(dt->str, st_dtypes[k].name)) k++;
+  if (k == nd) {
+    vm_error(KILN_ERR_ARG, "tensor \"%s\": unsupported dtype \"%s\" (F32, F64, I32, I64, BOOL)",
+             name, dt->str);
+    return false;
+  }
+  e->dtype = st_dtypes[k].dtype;
+  if (sh->type != J_ARR || sh->n > KILN_MAX_DIMS)
+    return bad_entry(name, "shape is not an array of at most 8 sizes");
+  e->ndim = sh->n;
+  uint64_t numel = 1;
+  for (int d = 0; d < sh->n; d++) {
+    const j_val *x = &sh->items[d];
+    if (x->type != J_NUM || !x->uint_ok || x->u > (uint64_t)INT64_MAX)
+      return bad_entry(name, "a shape entry is not a non-negative integer");
+    e->shape[d] = (int64_t)x->u;
+    if (x->u && numel > UINT64_MAX / x->u) return bad_entry(name, "its element count overflows");
+    numel *= x->u;
+  }
+  uint64_t bytes;
+  if (__builtin_mul_overflow(numel, (uint64_t)vm_dtype_size(e->dtype), &bytes) ||
+      numel > (uint64_t)INT64_MAX)
+    return bad_entry(name, "its byte size overflows");
+  if (off->type != J_ARR || off->n != 2 || off->items[0].type != J_NUM ||
+      off->items[1].type != J_NUM || !off->items[0].uint_ok || !off->items[1].uint_ok)
+    return bad_entry(name, "data_offsets is not a pair of non-negative integers");
+  e->begin = off->items[0].u;
+  e->end = off->items[1].u;
+  if (e->begin > e->end || e->end > data_size) {
+    vm_error(KILN_ERR_ARG, "tensor \"%s\": data_offsets [%llu, %llu] are outside the %llu-byte "
+             "data section", name, (unsigned long long)e->begin, (unsigned long long)e->end,
+             (unsigned long long)data_size);
+    return false;
+  }
+  if (e->end - e->begin != bytes) {
+    vm_error(KILN_ERR_ARG, "tensor \"%s\": data_offsets [%llu, %llu] hold %llu bytes, but a %s "
+             "tensor of %llu elements needs %llu", name, (unsigned long long)e->begin,
+             (unsigned long long)e->end, (unsigned long long)(e->end - e->begin), dt->str,
+             (unsigned long long)numel, (unsigned long long)bytes);
+    return false;
+  }
+  return true;
+}
+
+static int cmp_entry(const void *a, const void *b) {
+  const st_entry *x = *(const st_entry *const *)a, *y = *(const st_entry *const *)b;
+  if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+  return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* the tensors tile [0, data_size) exactly: no overlap, no gap */
+static bool check_tiling(st_entry *e, int n, uint64_t data_size) {
+  st_entry **order = malloc((size_t)(n ? n : 1) * sizeof *order);
+  if (!order) return vm_error(KILN_ERR_OOM, "out of memory"), false;
+  for (int i = 0; i < n; i++) order[i] = &e[i];
+  qsort(order, (size_t)n, sizeof *order, cmp_entry);
+  uint64_t at = 0;
+  bool ok = true;
+  for (int i = 0; ok && i < n; i++) {
+    if (order[i]->begin != at) {
+      vm_error(KILN_ERR_ARG, "tensor \"%s\" starts at byte %llu of the data, where %llu was "
+               "expected (%s)", order[i]->name, (unsigned long long)order[i]->begin,
+               (unsigned long long)at, order[i]->begin < at ? "overlapping ranges" : "a gap");
+      ok = false;
+    }
+    at = order[i]->end;
+  }
+  if (ok && at != data_size) {
+    vm_error(KILN_ERR_ARG, "the tensors cover %llu bytes of a %llu-byte data section",
+             (unsigned long long)at, (unsigned long long)data_size);
+    ok = false;
+  }
+  free(order);
+  return ok;
+}
+
+/* parses and validates the header into entries (borrowing names from dom) */
+static int read_header(FILE *f, const char *path, uint64_t *hlen_out, uint64_t *data_size,
+                       j_val *dom, st_entry **entries_out, int *n_out) {
+  struct stat st;
+  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode))
+    return vm_error(KILN_ERR_ARG, "'%s' is not a regular file", path);
+  uint64_t size = (uint64_t)st.st_size;
+  unsigned char len[8];
+  if (size < 8 || fread(len, 1, 8, f) != 8)
+    return vm_error(KILN_ERR_ARG, "'%s' (%llu bytes) is too short for the 8-byte header length",
+                    path, (unsigned long long)size);
+  uint64_t hlen = 0;
+  for (int k = 7; k >= 0; k--) hlen = hlen << 8 | len[k];
+  if (hlen > ST_MAX_HEADER)
+    return vm_error(KILN_ERR_ARG, "header length %llu exceeds the limit of %u bytes",
+                    (unsigned long long)hlen, ST_MAX_HEADER);
+  if (hlen < 2 || hlen > size - 8)
+    return vm_error(KILN_ERR_ARG, "header length %llu does not fit the %llu-byte file '%s'",
+                    (unsigned long long)hlen, (unsigned long long)size, path);
+  char *text = malloc((size_t)hlen);
+  if (!text) return vm_error(KILN_ERR_OOM, "out of memory for a %llu-byte header",
+                             (unsigned long long)hlen);
+  if (fread(text, 1, (size_t)hlen, f) != hlen) {
+    free(text);
+    return vm_error(KILN_ERR_ARG, "'%s' is truncated inside its header", path);
+  }
+  bool ok = j_parse(text, (size_t)hlen, dom);
+  free(text);
+  if (!ok) return KILN_ERR_ARG;
+  if (dom->type != J_OBJ) return vm_error(KILN_ERR_ARG, "the header is not a JSON object");
+  *hlen_out = hlen;
+  *data_size = size - 8 - hlen;
+  st_entry *e = calloc((size_t)(dom->n ? dom->n : 1), sizeof *e);
+  if (!e) return vm_error(KILN_ERR_OOM, "out of memory");
+  int n = 0;
+  for (int i = 0; i < dom->n; i++) {
+    for (int j = 0; j < i; j++)
+      if (!strcmp(dom->keys[i], dom->keys[j])) {
+        free(e);
+        return vm_error(KILN_ERR_ARG, "the name \"%s\" appears twice in the header", dom->keys[i]);
+      }
+    if (!strcmp(dom->keys[i], "__metadata__")) { /* string to string, else ignored */
+      const j_val *m = &dom->items[i];
+      bool strings = m->type == J_OBJ;
+      for (int k = 0; strings && k < m->n; k++) strings = m->items[k].type == J_STR;
+      if (!strings) {
+        free(e);
+        return vm_error(KILN_ERR_ARG, "__metadata__ is not an object of strings");
+      }
+      continue;
+    }
+    if (!parse_entry(dom->keys[i], &dom->items[i], *data_size, &e[n])) {
+      free(e);
+      return KILN_ERR_ARG;
+    }
+    n++;
+  }
+  if (!check_tiling(e, n, *data_size)) {
+    free(e);
+    return KILN_ERR_ARG;
+  }
+  *entries_out = e;
+  *n_out = n;
+  return KILN_OK;
+}
+
+static vm_tensor *read_tensor(FILE *f, const char *path, uint64_t data_start, const st_entry *e) {
+  vm_tensor *t = vm_tensor_new(e->dtype, e->ndim, e->shape);
+  if (!t) return NULL;
+  size_t bytes = (size_t)(e->end - e->begin);
+  if (bytes && (fseeko(f, (off_t)(data_start + e->begin), SEEK_SET) != 0 ||
+                fread(vm_data(t), 1, bytes, f) != bytes)) {
+    vm_error(KILN_ERR_ARG, "reading tensor \"%s\" from '%s' failed (truncated?)", e->name, path);
+    vm_release(t);
+    return NULL;
+  }
+  if (e->dtype == KILN_BOOL) { /* bool bytes become 0/1 (DESIGN §11) */
+    unsigned char *p = vm_data(t);
+    for (size_t i = 0; i < bytes; i++) p[i] = p[i] != 0;
+  }
+  return tr_handle_from_value(t);
+}
+
+int vm_load(const char *path, int cap, char **names, vm_tensor **ts) {
+  if (!path) return vm_error(KILN_ERR_ARG, "path is NULL");
+  bool count_only = cap == 0 && !names && !ts;
+  if (cap < 0 || (!count_only && (!names || !ts)))
+    return vm_error(KILN_ERR_ARG, "bad arguments: cap %d with names %p and tensors %p", cap,
+                    (void *)names, (void *)ts);
+  FILE *f = fopen(path, "rb");
+  if (!f) return vm_error(KILN_ERR_ARG, "cannot open '%s': %s", path, strerror(errno));
+  j_val dom = {0};
+  st_entry *e = NULL;
+  int n = 0;
+  uint64_t hlen = 0, data_size = 0;
+  int rc = read_header(f, path, &hlen, &data_size, &dom, &e, &n);
+  if (rc == KILN_OK && !count_only && n > cap)
+    rc = vm_error(KILN_ERR_ARG, "'%s' holds %d tensors, more than cap %d", path, n, cap);
+  int done = 0;
+  for (; rc == KILN_OK && !count_only && done < n; done++) {
+    names[done] = strdup(e[done].name);
+    ts[done] = names[done] ? read_tensor(f, path, 8 + hlen, &e[done]) : NULL;
+    if (!names[done] && vm_thread()->status == KILN_OK) vm_error(KILN_ERR_OOM, "out of memory");
+    if (!ts[done]) {
+      rc = vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
+      free(names[done]);
+      names[done] = NULL;
+      break;
+    }
+  }
+  if (rc != KILN_OK)
+    for (int i = 0; i < done; i++) {
+      free(names[i]);
+      vm_release(ts[i]);
+      names[i] = NULL;
+      ts[i] = NULL;
+    }
+  fclose(f);
+  free(e);
+  j_free(&dom);
+  return rc == KILN_OK ? n : rc;
+}
