@@ -706,6 +706,42 @@ TEST(pooling_values_and_gradients) {
   kiln_release(x2), kiln_release(x);
 }
 
+/* index_select and scatter_add take fast paths for contiguous operands
+   (runs of consecutive indices copied / added as blocks): they must give
+   the general loops' values bit for bit, repeats and runs included */
+TEST(index_fast_paths_match_the_general_loops) {
+  const int64_t idx[12] = {0, 1, 2, 3, 10, 11, 12, 5, 5, 6, 49, 48};
+  float av[150], wide[300], src[36];
+  for (int i = 0; i < 150; i++) av[i] = (float)sin(i * 0.37) * 3;
+  for (int i = 0; i < 150; i++) wide[2 * i] = av[i], wide[2 * i + 1] = -1;
+  for (int i = 0; i < 36; i++) src[i] = (float)cos(i * 0.91) / 7;
+  kiln_tensor *a = kiln_from_data(av, F32, 2, S(3, 50));
+  kiln_tensor *w = kiln_from_data(wide, F32, 2, S(3, 100));
+  kiln_tensor *strided = kiln_slice(w, 1, 0, 100, 2); /* a's values, not contiguous */
+  kiln_tensor *i1 = i64t(1, S(12), idx);
+  kiln_tensor *fast = kiln_index_select(a, 1, i1), *slow = kiln_index_select(strided, 1, i1);
+  float vf[36], vs[36];
+  CHECK_EQ_INT(kiln_to_buffer(fast, vf, sizeof vf), 0);
+  CHECK_EQ_INT(kiln_to_buffer(slow, vs, sizeof vs), 0);
+  CHECK(!memcmp(vf, vs, sizeof vf));
+  for (int r = 0; r < 3; r++)
+    for (int k = 0; k < 12; k++) CHECK(vf[r * 12 + k] == av[r * 50 + idx[k]]);
+  /* scatter_add: an expanded 1-d index (fast) vs the same index materialized */
+  int64_t full_idx[36];
+  for (int i = 0; i < 36; i++) full_idx[i] = idx[i % 12];
+  kiln_tensor *row = kiln_reshape(i1, 2, S(1, 12)), *ex = kiln_expand(row, 2, S(3, 12));
+  kiln_tensor *mat = i64t(2, S(3, 12), full_idx), *sv = kiln_from_data(src, F32, 2, S(3, 12));
+  kiln_tensor *base = kiln_from_data(av, F32, 2, S(3, 50));
+  kiln_tensor *sf = kiln_scatter_add(base, 1, ex, sv), *ss = kiln_scatter_add(base, 1, mat, sv);
+  float of[150], os[150];
+  CHECK_EQ_INT(kiln_to_buffer(sf, of, sizeof of), 0);
+  CHECK_EQ_INT(kiln_to_buffer(ss, os, sizeof os), 0);
+  CHECK(!memcmp(of, os, sizeof of));
+  CHECK(of[50 + 5] == (av[55] + src[12 + 7]) + src[12 + 8]); /* the repeat, in k order */
+  kiln_tensor *all[] = {a, w, strided, i1, fast, slow, row, ex, mat, sv, base, sf, ss};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) kiln_release(all[i]);
+}
+
 /* a small CNN step (conv-relu-pool-linear) runs repeatedly: the traces
    settle, compile, and give the interpreter's values */
 TEST(cnn_step_repeats_with_the_same_values) {
@@ -749,6 +785,7 @@ int main(void) {
   RUN(conv2d_values_and_gradients);
   RUN(conv2d_errors);
   RUN(pooling_values_and_gradients);
+  RUN(index_fast_paths_match_the_general_loops);
   RUN(cnn_step_repeats_with_the_same_values);
   return ktest_done();
 }

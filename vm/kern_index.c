@@ -4,10 +4,34 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "pool.h"
 #include "state.h"
+
+static bool index_out_of_range(int64_t v, int64_t size, int axis) {
+  vm_error(KILN_ERR_ARG, "index %lld is out of range for axis %d of size %lld", (long long)v, axis,
+           (long long)size);
+  return false;
+}
+
+/* the one dimension an index varies along when every other stride is 0
+   (a 1-d index, or one expanded from it: index_select's VJP), else -1 */
+static int single_varying_dim(const vm_tensor *idx) {
+  int dim = -2;
+  for (int d = 0; d < idx->ndim; d++)
+    if (idx->shape[d] != 1 && idx->strides[d] != 0) dim = dim == -2 ? d : -1;
+  return dim == -2 ? (idx->ndim ? 0 : -1) : dim;
+}
 
 /* checks every index in idx (i64, any layout) against size */
 static bool check_indices(const vm_tensor *idx, int64_t size, int axis) {
+  int vd = single_varying_dim(idx);
+  if (vd >= 0 && idx->numel) { /* each distinct index once */
+    const int64_t *b = vm_data(idx);
+    for (int64_t k = 0; k < idx->shape[vd]; k++)
+      if (b[k * idx->strides[vd]] < 0 || b[k * idx->strides[vd]] >= size)
+        return index_out_of_range(b[k * idx->strides[vd]], size, axis);
+    return true;
+  }
   vm_iter it;
   vm_tensor *ops[1] = {(vm_tensor *)idx};
   vm_iter_init(&it, 1, ops);
@@ -87,17 +111,119 @@ static void scatter_add(vm_tensor *out, const vm_tensor *idx, const vm_tensor *s
   }
 }
 
+/* --- fast paths for contiguous operands (conv's im2col gather and its
+   col2im scatter-add, embeddings): rows of `inner` elements, run in
+   parallel over rows; the same values, in the same order per output
+   element, as the general loops above. */
+
+static int64_t prod_dims(const int64_t *shape, int from, int to) {
+  int64_t p = 1;
+  for (int d = from; d < to; d++) p *= shape[d];
+  return p;
+}
+
+typedef struct {
+  char *out;
+  const char *a;
+  const int64_t *idx;
+  int64_t idx_stride, picks, a_axis, inner;
+  size_t es;
+} select_job;
+
+/* the length (<= max) of the run of consecutive indices starting at idx[k] */
+static int64_t run_length(const int64_t *idx, int64_t stride, int64_t k, int64_t max) {
+  int64_t first = idx[k * stride], r = 1;
+  while (r < max && idx[(k + r) * stride] == first + r) r++;
+  return r;
+}
+
+/* out[o, j, :] = a[o, idx[j], :] for the rows t = o * picks + j; single
+   elements (inner == 1) go by runs of consecutive indices (im2col's rows) */
+static void select_rows(void *p, int64_t begin, int64_t end) {
+  const select_job *j = p;
+  size_t es = j->es, row = (size_t)j->inner * es;
+  int64_t o = begin / j->picks, k = begin % j->picks;
+  for (int64_t t = begin; t < end;) {
+    int64_t max = j->picks - k < end - t ? j->picks - k : end - t;
+    int64_t r = j->inner == 1 ? run_length(j->idx, j->idx_stride, k, max) : 1;
+    const char *src = j->a + ((o * j->a_axis + j->idx[k * j->idx_stride]) * j->inner) * (int64_t)es;
+    memcpy(j->out + t * (int64_t)row, src, (size_t)r * row);
+    t += r;
+    k += r;
+    if (k == j->picks) k = 0, o++;
+  }
+}
+
+static bool index_select_fast(vm_tensor *out, const vm_tensor *a, const vm_tensor *idx, int axis) {
+  if (!vm_is_contiguous(out) || !vm_is_contiguous(a) || idx->ndim != 1) return false;
+  select_job j = {vm_data(out), vm_data(a), vm_data(idx), idx->strides[0], idx->shape[0],
+                  a->shape[axis], prod_dims(a->shape, axis + 1, a->ndim), vm_dtype_size(a->dtype)};
+  int64_t rows = prod_dims(a->shape, 0, axis) * j.picks;
+  if (rows) vm_parallel_for(rows, j.inner >= 256 ? 16 : 1 << 14, select_rows, &j);
+  return true;
+}
+
+typedef struct {
+  char *out;
+  const char *src;
+  const int64_t *idx;
+  int64_t idx_stride, picks, out_axis, inner;
+  kiln_dtype dt;
+} scatter_job;
+
+/* runs of consecutive indices add as one vector loop: the positions of a
+   run are distinct, and each output element still sums in k order */
+#define SCATTER_ROWS(T)                                                                        \
+  for (int64_t o = begin; o < end; o++)                                                        \
+    for (int64_t k = 0; k < j->picks;) {                                                       \
+      int64_t r = j->inner == 1 ? run_length(j->idx, j->idx_stride, k, j->picks - k) : 1;      \
+      T *restrict dst = (T *)j->out + (o * j->out_axis + j->idx[k * j->idx_stride]) * j->inner; \
+      const T *restrict src = (const T *)j->src + (o * j->picks + k) * j->inner;               \
+      for (int64_t i = 0; i < r * j->inner; i++) dst[i] += src[i];                             \
+      k += r;                                                                                  \
+    }
+
+/* out[o, idx[k], :] += src[o, k, :]: each outer row o owns its output row */
+static void scatter_rows(void *p, int64_t begin, int64_t end) {
+  const scatter_job *j = p;
+  if (j->dt == KILN_F32) {
+    SCATTER_ROWS(float)
+  } else {
+    SCATTER_ROWS(double)
+  }
+}
+
+/* scatter_add whose index is one 1-d index along axis, expanded (stride 0)
+   over the other dimensions: index_select's VJP */
+static bool scatter_add_fast(vm_tensor *out, const vm_tensor *idx, const vm_tensor *src, int axis) {
+  if ((out->dtype != KILN_F32 && out->dtype != KILN_F64) || !vm_is_contiguous(out) ||
+      !vm_is_contiguous(src))
+    return false;
+  for (int d = 0; d < idx->ndim; d++)
+    if (d != axis && idx->strides[d] != 0 && idx->shape[d] != 1) return false;
+  for (int d = 0; d < idx->ndim; d++)
+    if (d != axis && idx->shape[d] != out->shape[d]) return false;
+  scatter_job j = {vm_data(out), vm_data(src), vm_data(idx), idx->strides[axis], idx->shape[axis],
+                   out->shape[axis], prod_dims(out->shape, axis + 1, out->ndim), out->dtype};
+  int64_t outer = prod_dims(out->shape, 0, axis);
+  if (outer && j.picks && j.inner)
+    vm_parallel_for(outer, 1, scatter_rows, &j);
+  return true;
+}
+
 bool vm_k_index(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *in, const vm_attr *attr) {
   (void)n;
   const vm_tensor *a = in[0], *idx = in[1];
   int axis = attr->axis;
   if (!check_indices(idx, a->shape[axis], axis)) return false;
   switch (op) {
-    case VM_OP_index_select: gather_like(out, a, idx, axis, false); return true;
+    case VM_OP_index_select:
+      if (!index_select_fast(out, a, idx, axis)) gather_like(out, a, idx, axis, false);
+      return true;
     case VM_OP_gather: gather_like(out, a, idx, axis, true); return true;
     case VM_OP_scatter_add:
       if (!vm_k_elementwise(VM_OP_copy, out, 1, (vm_tensor *const *)in)) return false;
-      scatter_add(out, idx, in[2], axis);
+      if (!scatter_add_fast(out, idx, in[2], axis)) scatter_add(out, idx, in[2], axis);
       return true;
     default: return false;
   }
