@@ -7,7 +7,7 @@ Runs the same workloads as perf/w*.c, on the same inputs (the formulas of
 perf/bench.c, reproduced exactly), with the same repetition counts, and prints
 the same tab-separated lines (@result / @na) with the same result summary, so
 scripts/bench can compare the values.  `torch` also reports torch.compile where
-the installed PyTorch has it (and torch.optim.Adam for W12).  W10-W12 (training
+the installed PyTorch has it (and torch.optim.Adam for W12).  W10-W12, W14 (training
 loops with autograd) are PyTorch's only; numpy and JAX print nothing for them.  Any failure becomes an @na line: a peer never
 fails the run.  Thread settings (OMP/OPENBLAS/MKL_NUM_THREADS, OPENBLAS_CORETYPE)
 come from the environment scripts/bench sets; torch.set_num_threads and XLA's
@@ -24,7 +24,7 @@ import traceback
 REPS = {"W1": (9, 2), "W2": (15, 2), "W3": (15, 2), "W4": (15, 2), "W5": (7, 1),
         "W6": (15, 2), "W7": (9, 0),
         "W10": (3, 1),    # epochs (of sizes()["W10"][5] steps each), not steps
-        "W11": (11, 2), "W12": (30, 10)}
+        "W11": (11, 2), "W12": (30, 10), "W14": (5, 2)}
 W5_OPS, W5_CHAINS = 100, 500
 ARGS = None
 np = None
@@ -97,6 +97,7 @@ def sizes():
         "W10": (16, 8, 16, 4, 8, 3) if s else (64, 32, 128, 32, 36, 15),
         "W11": (2, 8, 32, 4) if s else (8, 64, 128, 4),   # B, S, D, heads
         "W12": (16, 64, 32, 10) if s else (128, 784, 256, 10),  # batch, in, hidden, classes
+        "W14": (2, 8, 12) if s else (32, 64, 56),  # batch, channels in = out, height = width
     }
 
 
@@ -154,6 +155,10 @@ def inputs(w):
                   tensor_hash((h, c), 64, math.sqrt(6.0 / h)), tensor_hash((c,), 65, 0.01)]
         target = (np.arange(b, dtype=np.int64) * 7 + 3) % c
         return x, params, target
+    if w == "W14":  # perf/w14_conv2d.c: x, w, b
+        n, c, hw = z["W14"]
+        return (fill_hash(n * c * hw * hw, 1, 1.0).reshape(n, c, hw, hw),
+                fill_hash(c * c * 9, 2, 0.05).reshape(c, c, 3, 3), fill_hash(c, 3, 0.1))
     raise KeyError(w)
 
 
@@ -498,12 +503,33 @@ def run_torch(workloads):
                 run_torch_w11(torch, F, has_compile, no_compile)
             elif w == "W12":
                 run_torch_w12(torch, F, has_compile, no_compile)
+            elif w == "W14":
+                run_torch_w14(torch, F, has_compile, no_compile)
             elif w == "W8":
                 na("W8:W1", cc, no_compile if not has_compile else "not measured yet")
                 na("W8:W7", cc, no_compile if not has_compile else "not measured yet")
         except Exception as e:
             na(w, c, "error: %s" % e)
             traceback.print_exc(file=sys.stderr)
+
+
+def run_torch_w14(torch, F, has_compile, no_compile):
+    """perf/w14_conv2d.c: conv2d 3x3 pad 1 forward, backward of the sum into x, w, b"""
+    x, w, b = [torch.from_numpy(a.copy()).requires_grad_(True) for a in inputs("W14")]
+
+    def step():
+        with torch.enable_grad():
+            F.conv2d(x, w, b, 1, 1).sum().backward()
+        grads = (x.grad, w.grad, b.grad)
+        gw = w.grad.numpy().copy()
+        for p in (x, w, b):
+            p.grad = None
+        del grads
+        return gw
+    reps, warm = reps_of("W14")
+    med, mn, gw = timed(step, reps, warm)
+    result("W14", "torch", med, mn, reps, summary(gw))
+    na("W14", "torch.compile", no_compile if not has_compile else "not measured yet")
 
 
 def run_torch_w7(torch, F, has_compile, no_compile):
@@ -872,7 +898,7 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("workloads", nargs="*",
-                    default=["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W10", "W11", "W12"])
+                    default=["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W10", "W11", "W12", "W14"])
     ARGS = ap.parse_args()
     try:
         import numpy

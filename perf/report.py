@@ -16,7 +16,7 @@ import sys
 ORDER = ["kiln-eager", "kiln", "kiln-autodiff", "openblas", "numpy", "torch", "torch.optim", "torch.compile",
          "jax.jit"]
 WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8:W1", "W8:W7", "W8:warm", "W10", "W11", "W12", "W13",
-             "W13:exit"]
+             "W13:exit", "W14"]
 TITLES = {
     "W1": "W1 tanh(x*y+0.5)*sigmoid(x)-y*y*0.25, 2^24",
     "W2": "W2 softmax rows, 4096x1024",
@@ -31,11 +31,12 @@ TITLES = {
     "W12": "W12 MLP 784-256-10 with hand-written Adam, batch 128",
     "W13": "W13 the demo (mlp_digits) from a cold cache: whole process",
     "W13:exit": "W13 exit: main's return to process end",
+    "W14": "W14 conv2d 3x3 fwd+bwd (x, w, b), batch 32, 64->64 channels, 56x56",
 }
 # how a row's median is shown: unit, value from the median seconds, higher is better
 UNITS = {"W1": "ms", "W2": "ms", "W3": "ms", "W4": "ms", "W5": "us/op", "W6": "GFLOP/s",
          "W7": "steps/s", "W8": "ms", "W10": "steps/s", "W11": "ms", "W12": "ms", "W13": "s",
-         "W13:exit": "ms"}
+         "W13:exit": "ms", "W14": "ms"}
 # higher-is-better units: the value is 1 / time or work / time
 RATE_UNITS = ("GFLOP/s", "steps/s")
 # the fields of a row's line shown under the table (and in the CSV's details)

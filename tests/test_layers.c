@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ktest.h"
 
@@ -296,6 +297,65 @@ TEST(var_std_values_and_gradients) {
   GRADCHECK(b_var, &c1, 1, in);
   GRADCHECK(b_var, &c2, 1, in);
   GRADCHECK(b_var, &c3, 1, in);
+  free_gins(in, 1);
+}
+
+/* ---- cumsum ---------------------------------------------------------------- */
+
+static kiln_tensor *b_cumsum(kiln_tensor *const *x, const void *ctx) {
+  return kiln_cumsum(x[0], *(const int *)ctx);
+}
+
+TEST(cumsum_values_dtypes_gradients) {
+  kiln_tensor *a = f64t(2, S(2, 5), D(1, 2, 3, 4, 5, 0.5, -1, 0.25, 8, 1));
+  kiln_tensor *r = kiln_cumsum(a, 1);
+  CHECK_TENSOR(r, 2, S(2, 5), D(1, 3, 6, 10, 15, 0.5, -0.5, -0.25, 7.75, 8.75), 0);
+  kiln_release(r);
+  r = kiln_cumsum(a, -2);
+  CHECK_TENSOR(r, 2, S(2, 5), D(1, 2, 3, 4, 5, 1.5, 1, 3.25, 12, 6), 0);
+  kiln_release(r), kiln_release(a);
+  /* only additions: inf and NaN as in a sequential sum */
+  a = f64t(1, S(5), D(1, INFINITY, 2, -INFINITY, 3));
+  r = kiln_cumsum(a, 0);
+  CHECK_TENSOR(r, 1, S(5), D(1, INFINITY, INFINITY, NAN, NAN), 0);
+  kiln_release(r), kiln_release(a);
+  int32_t iv[4] = {2000000000, 2000000000, -5, 1};
+  a = kiln_from_data(iv, KILN_I32, 1, S(4));
+  r = kiln_cumsum(a, 0);
+  CHECK_EQ_INT(kiln_dtype_of(r), I64);
+  CHECK_TENSOR(r, 1, S(4), D(2e9, 4e9, 3999999995, 3999999996), 0);
+  kiln_release(r), kiln_release(a);
+  unsigned char bv[6] = {1, 0, 1, 1, 0, 1};
+  a = kiln_from_data(bv, KILN_BOOL, 1, S(6));
+  r = kiln_cumsum(a, 0);
+  CHECK_TENSOR(r, 1, S(6), D(1, 1, 2, 3, 3, 4), 0);
+  kiln_release(r), kiln_release(a);
+  a = kiln_zeros(KILN_F32, 2, S(3, 0));
+  r = kiln_cumsum(a, 1);
+  CHECK(r && kiln_numel(r) == 0 && kiln_dtype_of(r) == F32);
+  kiln_release(r);
+  /* a long axis: 1000 ones */
+  kiln_release(a);
+  a = kiln_ones(KILN_F32, 1, S(1000));
+  r = kiln_cumsum(a, 0);
+  double *v = ktest_values(r);
+  for (int i = 0; i < 1000; i++)
+    if (v[i] != i + 1) {
+      KTEST_FAIL("cumsum(ones)[%d] = %g", i, v[i]);
+      break;
+    }
+  free(v);
+  kiln_release(r), kiln_release(a);
+  kiln_tensor *z = kiln_scalar(1, F32);
+  CHECK_ERROR(kiln_cumsum(z, 0), KILN_ERR_SHAPE, "kiln_cumsum: a 0-d tensor has no axis 0");
+  kiln_release(z);
+  a = kiln_ones(F32, 2, S(2, 2));
+  CHECK_ERROR(kiln_cumsum(a, 2), KILN_ERR_ARG, "kiln_cumsum: axis 2 is out of range");
+  kiln_release(a);
+  gin in[1] = {rin(2, S(3, 9), -2, 2, true)};
+  int ax1 = 1, ax0 = 0;
+  GRADCHECK(b_cumsum, &ax1, 1, in);
+  GRADCHECK(b_cumsum, &ax0, 1, in);
   free_gins(in, 1);
 }
 
@@ -769,13 +829,132 @@ TEST(cnn_step_repeats_with_the_same_values) {
   }
 }
 
-int main(void) {
+/* ---- compiled vs interpreter -------------------------------------------------
+   The same training steps (conv, batch_norm, relu, dropout, both pools,
+   cumsum, embedding, one_hot, nll and bce losses, backward) run in two
+   child processes, KILN_JIT=0 and KILN_JIT=1 KILN_HOT=1 KILN_ASYNC=0 with
+   an empty cache (every trace compiled at first sight); they print the raw
+   bytes of every result and must agree bit for bit. */
+
+static void print_bytes(kiln_tensor *t) {
+  int64_t n = kiln_numel(t);
+  size_t es = kiln_dtype_of(t) == F64 || kiln_dtype_of(t) == I64 ? 8 : 4;
+  unsigned char *b = malloc((size_t)n * es + 1);
+  if (kiln_to_buffer(t, b, (size_t)n * es) == 0)
+    for (size_t i = 0; i < (size_t)n * es; i++) printf("%02x", b[i]);
+  else
+    printf("error:%s", kiln_last_error());
+  printf("\n");
+  free(b);
+}
+
+static int child_steps(void) {
+  int one[2] = {1, 1}, k2[2] = {2, 2};
+  kiln_manual_seed(1);
+  kiln_tensor *w = kiln_randn(F32, 4, S(6, 3, 3, 3)), *b = kiln_randn(F32, 1, S(6));
+  kiln_tensor *gamma = kiln_ones(F32, 1, S(6)), *beta = kiln_zeros(F32, 1, S(6));
+  kiln_tensor *rm = kiln_zeros(F32, 1, S(6)), *rv = kiln_ones(F32, 1, S(6));
+  kiln_tensor *fc = kiln_randn(F32, 2, S(150, 5)), *emb = kiln_randn(F32, 2, S(7, 5));
+  kiln_tensor *params[] = {w, b, gamma, beta, fc, emb};
+  for (int i = 0; i < 6; i++) kiln_set_requires_grad(params[i], true);
+  const int64_t tv[4] = {0, 3, 4, 1}, iv[4] = {6, 0, 2, 2};
+  kiln_tensor *t = i64t(1, S(4), tv), *ids = i64t(1, S(4), iv);
+  for (int step = 0; step < 3; step++) {
+    kiln_tensor *x = kiln_randn(F32, 4, S(4, 3, 8, 8));
+    kiln_tensor *c = kiln_conv2d(x, w, b, one, one, one, 1);
+    kiln_tensor *n = kiln_batch_norm(c, rm, rv, gamma, beta, true, 0.1, 1e-5);
+    kiln_tensor *r = kiln_relu(n), *d = kiln_dropout(r, 0.2, true);
+    kiln_tensor *p = kiln_max_pool2d(d, k2, NULL, NULL), *a = kiln_avg_pool2d(p, k2, one, one);
+    kiln_tensor *flat = kiln_reshape(a, 2, S(4, 150)), *cs = kiln_cumsum(flat, 1);
+    kiln_tensor *scaled = kiln_mul_scalar(cs, 0.01), *logits0 = kiln_matmul(scaled, fc);
+    kiln_tensor *e = kiln_embedding(emb, ids), *logits = kiln_add(logits0, e);
+    kiln_tensor *ls = kiln_log_softmax(logits, 1), *nll = kiln_nll_loss(ls, t);
+    kiln_tensor *oh = kiln_one_hot(t, 5, F32), *bce = kiln_bce_with_logits(logits, oh);
+    kiln_tensor *loss = kiln_add(nll, bce);
+    if (kiln_backward(loss, NULL) != 0) printf("backward failed: %s\n", kiln_last_error());
+    print_bytes(loss);
+    for (int i = 0; i < 6; i++) {
+      kiln_tensor *g = kiln_grad(params[i]);
+      print_bytes(g);
+      kiln_sub_scaled_(params[i], g, 0.05);
+      kiln_release(g);
+      kiln_zero_grad(params[i]);
+    }
+    print_bytes(rm);
+    print_bytes(rv);
+    kiln_tensor *tmp[] = {x, c, n, r, d, p, a, flat, cs, scaled, logits0, e, logits, ls, nll, oh, bce, loss};
+    for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) kiln_release(tmp[i]);
+  }
+  printf("compiles=%g\n", kiln_stat("kernels_compiled") > 0 ? 1.0 : 0.0);
+  for (int i = 0; i < 6; i++) kiln_release(params[i]);
+  kiln_release(rm), kiln_release(rv), kiln_release(t), kiln_release(ids);
+  return 0;
+}
+
+/* runs this program as a child with env prefix `env`; its stdout, malloc'd */
+static char *run_child(const char *env) {
+  char self[512], cmd[1200];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return NULL;
+  self[n] = 0;
+  snprintf(cmd, sizeof cmd, "env %s '%s' --child-steps", env, self);
+  FILE *f = popen(cmd, "r");
+  if (!f) return NULL;
+  size_t cap = 1 << 16, len = 0;
+  char *out = malloc(cap);
+  size_t got;
+  while ((got = fread(out + len, 1, cap - len - 1, f)) > 0) {
+    len += got;
+    if (cap - len < 4096) out = realloc(out, cap *= 2);
+  }
+  out[len] = 0;
+  if (pclose(f) != 0) {
+    free(out);
+    return NULL;
+  }
+  return out;
+}
+
+TEST(compiled_steps_match_the_interpreter_bit_for_bit) {
+  char dir[] = "/tmp/kiln-layers-cache-XXXXXX", env[256];
+  if (!mkdtemp(dir)) {
+    KTEST_FAIL("mkdtemp failed");
+    return;
+  }
+  char *ref = run_child("KILN_JIT=0");
+  snprintf(env, sizeof env, "KILN_JIT=1 KILN_HOT=1 KILN_ASYNC=0 KILN_CACHE_DIR=%s", dir);
+  char *jit = run_child(env);
+  CHECK(ref && jit);
+  if (ref && jit) {
+    char *rl = strstr(ref, "compiles="), *jl = strstr(jit, "compiles=");
+    CHECK(rl && jl && !strncmp(rl, "compiles=0", 10) && !strncmp(jl, "compiles=1", 10));
+    if (rl) *rl = 0;
+    if (jl) *jl = 0;
+    CHECK(!strstr(ref, "error") && !strstr(ref, "failed"));
+    if (strcmp(ref, jit)) {
+      size_t i = 0;
+      while (ref[i] && ref[i] == jit[i]) i++;
+      int line = 1;
+      for (size_t k = 0; k < i; k++) line += ref[k] == '\n';
+      KTEST_FAIL("compiled and interpreted results differ (first at output line %d)", line);
+    }
+  }
+  free(ref);
+  free(jit);
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "--child-steps")) return child_steps();
   RUN(linspace_values_and_ends_exact);
   RUN(eye_values);
   RUN(randint_range_and_reproducible);
   RUN(randperm_is_a_reproducible_permutation);
   RUN(clone_copies_and_passes_gradients);
   RUN(var_std_values_and_gradients);
+  RUN(cumsum_values_dtypes_gradients);
   RUN(one_hot_values_and_errors);
   RUN(embedding_values_gradients_errors);
   RUN(nll_loss_values_gradients_errors);
@@ -787,5 +966,6 @@ int main(void) {
   RUN(pooling_values_and_gradients);
   RUN(index_fast_paths_match_the_general_loops);
   RUN(cnn_step_repeats_with_the_same_values);
+  RUN(compiled_steps_match_the_interpreter_bit_for_bit);
   return ktest_done();
 }

@@ -230,6 +230,45 @@ vm_tensor *vm_std(vm_tensor *a, int naxes, const int *axes, int correction, bool
   return r;
 }
 
+/* --- cumsum --------------------------------------------------------------- */
+
+/* y shifted by s positions along axis, zeros shifted in: concat(zeros,
+   y[0 : n - s]) */
+static vm_tensor *shift_in_zeros(vm_tensor *y, int axis, int64_t s) {
+  vm_attr zattr = {.dtype = y->dtype, .ndim = y->ndim};
+  memcpy(zattr.shape, y->shape, sizeof zattr.shape);
+  zattr.shape[axis] = s;
+  vm_scope sc = {0};
+  vm_tensor *parts[2] = {keep(&sc, vm_op(VM_OP_full, 0, NULL, &zattr)),
+                         keep(&sc, vm_slice(y, axis, 0, y->shape[axis] - s, 1))};
+  return finish(&sc, keep(&sc, parts[0] && parts[1] ? vm_concat(2, parts, axis) : NULL));
+}
+
+/* An inclusive scan in log2(n) steps of y += shift(y, 2^k) (Hillis-Steele):
+   only additions (no products with 0, so inf and NaN behave as in a
+   sequential sum), all elementwise ops the JIT fuses, a pairwise-like
+   summation order, and a gradient (the reverse scan) from the VJPs of
+   slice, concat and add.  Integers and bool sum in i64, floats keep their
+   dtype (as kiln_sum). */
+vm_tensor *vm_cumsum(vm_tensor *a, int axis) {
+  if (null_arg(a, 0)) return NULL;
+  if (a->ndim == 0) {
+    vm_error(KILN_ERR_SHAPE, "a 0-d tensor has no axis %d", axis);
+    return NULL;
+  }
+  if (!vm_norm_axis(&axis, a->ndim)) return NULL;
+  vm_tensor *y = vm_dtype_is_float(a->dtype) ? vm_unary(VM_OP_copy, a) : vm_cast(a, KILN_I64);
+  int64_t n = a->shape[axis];
+  for (int64_t s = 1; y && s < n; s *= 2) {
+    vm_tensor *shifted = shift_in_zeros(y, axis, s);
+    vm_tensor *next = shifted ? vm_binary(VM_OP_add, y, shifted) : NULL;
+    vm_release(shifted);
+    vm_release(y);
+    y = next;
+  }
+  return y;
+}
+
 /* --- window ops: conv2d and pooling ------------------------------------ */
 
 typedef struct {

@@ -13,6 +13,7 @@ vm_tensor *vm_randperm(int64_t n);
 vm_tensor *vm_clone(vm_tensor *a);
 
 vm_tensor *vm_var(vm_tensor *a, int naxes, const int *axes, int correction, bool keepdim);
+vm_tensor *vm_cumsum(vm_tensor *a, int axis);
 vm_tensor *vm_std(vm_tensor *a, int naxes, const int *axes, int correction, bool keepdim);
 
 vm_tensor *vm_conv2d(vm_tensor *x, vm_tensor *w, vm_tensor *b, const int stride[2],

@@ -400,6 +400,10 @@ kiln_tensor *kiln_std(kiln_tensor *a, int naxes, const int *axes, int correction
   API(kiln_std);
   return vm_std(a, naxes, axes, correction, keepdim);
 }
+kiln_tensor *kiln_cumsum(kiln_tensor *a, int axis) {
+  API(kiln_cumsum);
+  return vm_cumsum(a, axis);
+}
 kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *w, kiln_tensor *b, const int stride[2],
                          const int padding[2], const int dilation[2], int groups) {
   API(kiln_conv2d);

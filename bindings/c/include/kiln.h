@@ -176,6 +176,7 @@ KILN_API kiln_tensor *kiln_var(kiln_tensor *a, int naxes, const int *axes, int c
                                bool keepdim);
 KILN_API kiln_tensor *kiln_std(kiln_tensor *a, int naxes, const int *axes, int correction,
                                bool keepdim);
+KILN_API kiln_tensor *kiln_cumsum(kiln_tensor *a, int axis); /* integers and bool -> i64 */
 
 /* layers for real models (NCHW; differentiable).  conv2d: stride NULL = 1,
    padding NULL = 0, dilation NULL = 1; pooling: stride NULL = the kernel,
