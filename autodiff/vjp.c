@@ -255,7 +255,8 @@ static vjp_rule rule_for(vm_opcode op) {
     case VM_KIND_VIEW: return rule_view;
     case VM_KIND_INDEX: return rule_index;
     case VM_KIND_CONCAT: return rule_concat;
-    case VM_KIND_LEAF: return NULL;
+    case VM_KIND_LEAF:
+    case VM_KIND_SORT: return NULL; /* indices: sort's values get gather's VJP */
   }
   return NULL;
 }

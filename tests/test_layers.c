@@ -359,6 +359,80 @@ TEST(cumsum_values_dtypes_gradients) {
   free_gins(in, 1);
 }
 
+/* ---- sort / topk ------------------------------------------------------------ */
+
+typedef struct {
+  bool topk, flag;
+  int64_t k;
+  int axis;
+} sort_ctx;
+
+static kiln_tensor *b_sort(kiln_tensor *const *x, const void *ctx) {
+  const sort_ctx *c = ctx;
+  return c->topk ? kiln_topk(x[0], c->k, c->axis, c->flag, NULL)
+                 : kiln_sort(x[0], c->axis, c->flag, NULL);
+}
+
+TEST(sort_topk_stable_nan_indices_gradients) {
+  kiln_tensor *a = f64t(1, S(8), D(3, 1, NAN, 2, 1, -0.0, 0.0, 3));
+  kiln_tensor *idx = NULL, *v = kiln_sort(a, 0, false, &idx);
+  CHECK_TENSOR(v, 1, S(8), D(-0.0, 0, 1, 1, 2, 3, 3, NAN), 0);
+  CHECK_TENSOR(idx, 1, S(8), D(5, 6, 1, 4, 3, 0, 7, 2), 0); /* ties keep their order */
+  CHECK_EQ_INT(kiln_dtype_of(idx), I64);
+  kiln_release(v), kiln_release(idx);
+  v = kiln_sort(a, -1, true, &idx); /* descending: NaN first, ties still stable */
+  CHECK_TENSOR(v, 1, S(8), D(NAN, 3, 3, 2, 1, 1, -0.0, 0), 0);
+  CHECK_TENSOR(idx, 1, S(8), D(2, 0, 7, 3, 1, 4, 5, 6), 0);
+  kiln_release(v), kiln_release(idx);
+  v = kiln_topk(a, 3, 0, true, &idx);
+  CHECK_TENSOR(v, 1, S(3), D(NAN, 3, 3), 0);
+  CHECK_TENSOR(idx, 1, S(3), D(2, 0, 7), 0);
+  kiln_release(v), kiln_release(idx);
+  v = kiln_topk(a, 2, 0, false, NULL);
+  CHECK_TENSOR(v, 1, S(2), D(-0.0, 0), 0);
+  kiln_release(v);
+  v = kiln_topk(a, 0, 0, true, &idx);
+  CHECK(v && kiln_numel(v) == 0 && idx && kiln_numel(idx) == 0);
+  kiln_release(v), kiln_release(idx);
+  CHECK_ERROR(kiln_topk(a, 9, 0, true, NULL), KILN_ERR_ARG, "kiln_topk: k 9 is out of range [0, 8] for axis 0");
+  CHECK_ERROR(kiln_topk(a, -1, 0, true, NULL), KILN_ERR_ARG, "kiln_topk: k -1");
+  CHECK_ERROR(kiln_sort(a, 1, false, NULL), KILN_ERR_ARG, "kiln_sort: axis 1 is out of range");
+  kiln_release(a);
+  /* integers along axis 0 of a matrix (columns), and a long row */
+  int32_t iv[6] = {5, -1, 7, 2, -1, 0};
+  a = kiln_from_data(iv, KILN_I32, 2, S(3, 2));
+  v = kiln_sort(a, 0, false, &idx);
+  CHECK_EQ_INT(kiln_dtype_of(v), KILN_I32);
+  CHECK_TENSOR(v, 2, S(3, 2), D(-1, -1, 5, 0, 7, 2), 0);
+  CHECK_TENSOR(idx, 2, S(3, 2), D(2, 0, 0, 2, 1, 1), 0);
+  kiln_release(v), kiln_release(idx), kiln_release(a);
+  int64_t n = 5000;
+  double *big = malloc((size_t)n * sizeof *big);
+  for (int64_t i = 0; i < n; i++) big[i] = (double)((i * 7919) % 1000); /* 5 copies of each */
+  a = f64t(1, &n, big);
+  v = kiln_sort(a, 0, false, &idx);
+  double *vv = ktest_values(v), *vi = ktest_values(idx);
+  for (int64_t i = 1; i < n; i++) {
+    if (!(vv[i - 1] <= vv[i]) || (vv[i - 1] == vv[i] && !(vi[i - 1] < vi[i]))) {
+      KTEST_FAIL("position %lld is out of order or unstable", (long long)i);
+      break;
+    }
+  }
+  for (int64_t i = 0; i < n; i++) CHECK(big[(int64_t)vi[i]] == vv[i]);
+  free(vv), free(vi), free(big);
+  kiln_release(v), kiln_release(idx), kiln_release(a);
+  kiln_tensor *z = kiln_scalar(1, F32);
+  CHECK_ERROR(kiln_sort(z, 0, false, NULL), KILN_ERR_SHAPE, "kiln_sort: a 0-d tensor has no axis 0");
+  kiln_release(z);
+  gin in[1] = {rin(2, S(3, 7), -2, 2, true)};
+  sort_ctx c1 = {false, false, 0, 1}, c2 = {false, true, 0, 0}, c3 = {true, true, 3, 1}, c4 = {true, false, 2, 0};
+  GRADCHECK(b_sort, &c1, 1, in);
+  GRADCHECK(b_sort, &c2, 1, in);
+  GRADCHECK(b_sort, &c3, 1, in);
+  GRADCHECK(b_sort, &c4, 1, in);
+  free_gins(in, 1);
+}
+
 /* ---- one_hot, embedding, losses ----------------------------------------- */
 
 TEST(one_hot_values_and_errors) {
@@ -870,7 +944,9 @@ static int child_steps(void) {
     kiln_tensor *e = kiln_embedding(emb, ids), *logits = kiln_add(logits0, e);
     kiln_tensor *ls = kiln_log_softmax(logits, 1), *nll = kiln_nll_loss(ls, t);
     kiln_tensor *oh = kiln_one_hot(t, 5, F32), *bce = kiln_bce_with_logits(logits, oh);
-    kiln_tensor *loss = kiln_add(nll, bce);
+    kiln_tensor *top = kiln_topk(logits, 2, 1, true, NULL), *topsum = kiln_sum(top, 0, NULL, false);
+    kiln_tensor *top_scaled = kiln_mul_scalar(topsum, 0.01), *loss0 = kiln_add(nll, bce);
+    kiln_tensor *loss = kiln_add(loss0, top_scaled);
     if (kiln_backward(loss, NULL) != 0) printf("backward failed: %s\n", kiln_last_error());
     print_bytes(loss);
     for (int i = 0; i < 6; i++) {
@@ -882,7 +958,8 @@ static int child_steps(void) {
     }
     print_bytes(rm);
     print_bytes(rv);
-    kiln_tensor *tmp[] = {x, c, n, r, d, p, a, flat, cs, scaled, logits0, e, logits, ls, nll, oh, bce, loss};
+    kiln_tensor *tmp[] = {x, c, n, r, d, p, a, flat, cs, scaled, logits0, e, logits, ls, nll, oh, bce,
+                          top, topsum, top_scaled, loss0, loss};
     for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) kiln_release(tmp[i]);
   }
   printf("compiles=%g\n", kiln_stat("kernels_compiled") > 0 ? 1.0 : 0.0);
@@ -955,6 +1032,7 @@ int main(int argc, char **argv) {
   RUN(clone_copies_and_passes_gradients);
   RUN(var_std_values_and_gradients);
   RUN(cumsum_values_dtypes_gradients);
+  RUN(sort_topk_stable_nan_indices_gradients);
   RUN(one_hot_values_and_errors);
   RUN(embedding_values_gradients_errors);
   RUN(nll_loss_values_gradients_errors);

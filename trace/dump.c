@@ -51,6 +51,7 @@ static void put_attrs(FILE *f, const tr_pnode *p) {
       break;
     case VM_KIND_INDEX:
     case VM_KIND_CONCAT: fprintf(f, " axis=%d", a->axis); break;
+    case VM_KIND_SORT: fprintf(f, " axis=%d descending=%d", a->axis, a->keepdim); break;
     case VM_KIND_LEAF:
       if (p->op == VM_OP_full) fprintf(f, " value=$%d%s", p->src, a->weak ? " weak" : "");
       if (p->op == VM_OP_arange) fprintf(f, " start,step=$%d", p->src);

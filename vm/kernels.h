@@ -15,6 +15,7 @@ bool vm_k_reduce(vm_opcode op, vm_tensor *out, const vm_tensor *in, const vm_att
 bool vm_k_matmul(vm_tensor *out, const vm_tensor *a, const vm_tensor *b);
 bool vm_k_index(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *in, const vm_attr *attr);
 bool vm_k_concat(vm_tensor *out, int n, vm_tensor *const *in, int axis);
+bool vm_k_argsort(vm_tensor *out, const vm_tensor *a, int axis, bool descending);
 
 /* Strided iteration shared by the kernels: operand 0 is the output, the
    rest are inputs broadcast to its shape (stride 0 on broadcast dims).

@@ -269,6 +269,53 @@ vm_tensor *vm_cumsum(vm_tensor *a, int axis) {
   return y;
 }
 
+/* --- sort / topk ---------------------------------------------------------- */
+
+static vm_tensor *argsort(vm_tensor *a, int axis, bool descending) {
+  vm_attr attr = {.axis = axis, .keepdim = descending};
+  return vm_op(VM_OP_argsort, 1, &a, &attr);
+}
+
+static bool sort_axis(vm_tensor *a, int *axis) {
+  if (a->ndim == 0) {
+    vm_error(KILN_ERR_SHAPE, "a 0-d tensor has no axis %d", *axis);
+    return false;
+  }
+  return vm_norm_axis(axis, a->ndim);
+}
+
+/* the values gathered with the first k of the (stable) sorting permutation:
+   gather's VJP scatters the gradient back to where each value came from */
+static vm_tensor *sorted_prefix(vm_tensor *a, int axis, bool descending, int64_t k,
+                                vm_tensor **indices) {
+  if (indices) *indices = NULL;
+  vm_scope s = {0};
+  vm_tensor *idx = keep(&s, argsort(a, axis, descending));
+  if (idx && k < a->shape[axis]) idx = keep(&s, vm_slice(idx, axis, 0, k, 1));
+  vm_tensor *v = keep(&s, idx ? vm_index_op(VM_OP_gather, a, axis, idx, NULL) : NULL);
+  if (v && indices) *indices = vm_retain(idx);
+  return finish(&s, v);
+}
+
+/* stable; NaN is the largest value (last ascending, first descending) */
+vm_tensor *vm_sort(vm_tensor *a, int axis, bool descending, vm_tensor **indices) {
+  if (indices) *indices = NULL;
+  if (null_arg(a, 0) || !sort_axis(a, &axis)) return NULL;
+  return sorted_prefix(a, axis, descending, a->shape[axis], indices);
+}
+
+/* the k largest (or smallest) along axis, in sorted order */
+vm_tensor *vm_topk(vm_tensor *a, int64_t k, int axis, bool largest, vm_tensor **indices) {
+  if (indices) *indices = NULL;
+  if (null_arg(a, 0) || !sort_axis(a, &axis)) return NULL;
+  if (k < 0 || k > a->shape[axis]) {
+    vm_error(KILN_ERR_ARG, "k %lld is out of range [0, %lld] for axis %d", (long long)k,
+             (long long)a->shape[axis], axis);
+    return NULL;
+  }
+  return sorted_prefix(a, axis, largest, k, indices);
+}
+
 /* --- window ops: conv2d and pooling ------------------------------------ */
 
 typedef struct {

@@ -14,6 +14,8 @@ vm_tensor *vm_clone(vm_tensor *a);
 
 vm_tensor *vm_var(vm_tensor *a, int naxes, const int *axes, int correction, bool keepdim);
 vm_tensor *vm_cumsum(vm_tensor *a, int axis);
+vm_tensor *vm_sort(vm_tensor *a, int axis, bool descending, vm_tensor **indices);
+vm_tensor *vm_topk(vm_tensor *a, int64_t k, int axis, bool largest, vm_tensor **indices);
 vm_tensor *vm_std(vm_tensor *a, int naxes, const int *axes, int correction, bool keepdim);
 
 vm_tensor *vm_conv2d(vm_tensor *x, vm_tensor *w, vm_tensor *b, const int stride[2],

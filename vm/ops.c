@@ -359,6 +359,19 @@ static bool infer_leaf(vm_opcode op, const vm_attr *attr, vm_meta *m) {
   return true;
 }
 
+/* argsort: i64 indices of the input's shape, along an existing axis */
+static bool infer_sort(const vm_tensor *a, int axis, vm_meta *m) {
+  if (a->ndim == 0 || axis < 0 || axis >= a->ndim) {
+    vm_error(KILN_ERR_ARG, "axis %d is out of range for a tensor of %d dimensions", axis, a->ndim);
+    return false;
+  }
+  m->ndim = a->ndim;
+  memcpy(m->shape, a->shape, sizeof m->shape);
+  m->dtype = KILN_I64;
+  m->compute = a->dtype;
+  return true;
+}
+
 bool vm_infer(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr, vm_meta *m) {
   memset(m, 0, sizeof *m);
   switch (vm_op_table[op].kind) {
@@ -373,6 +386,7 @@ bool vm_infer(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr, vm
     case VM_KIND_VIEW: return infer_view(op, in[0], attr, m);
     case VM_KIND_INDEX: return infer_index(op, n, in, attr, m);
     case VM_KIND_CONCAT: return infer_concat(n, in, attr->axis, m);
+    case VM_KIND_SORT: return infer_sort(in[0], attr->axis, m);
   }
   return false;
 }
@@ -454,6 +468,7 @@ static bool run_kernel(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *ar
     case VM_KIND_MATMUL: return vm_k_matmul(out, args[0], args[1]);
     case VM_KIND_INDEX: return vm_k_index(op, out, n, args, attr);
     case VM_KIND_CONCAT: return vm_k_concat(out, n, args, attr->axis);
+    case VM_KIND_SORT: return vm_k_argsort(out, args[0], attr->axis, attr->keepdim);
     case VM_KIND_VIEW: break;
   }
   return false;

@@ -15,7 +15,7 @@ typedef enum {
 
 typedef enum {
   VM_KIND_LEAF, VM_KIND_UNARY, VM_KIND_BINARY, VM_KIND_TERNARY, VM_KIND_REDUCE,
-  VM_KIND_MATMUL, VM_KIND_VIEW, VM_KIND_INDEX, VM_KIND_CONCAT
+  VM_KIND_MATMUL, VM_KIND_VIEW, VM_KIND_INDEX, VM_KIND_CONCAT, VM_KIND_SORT
 } vm_kind;
 
 typedef enum {
@@ -58,7 +58,7 @@ typedef struct vm_attr {
   int perm[KILN_MAX_DIMS];        /* permute */
   int axis;                       /* slice, index ops, concat, argmax/argmin */
   uint32_t axes_mask;             /* reductions: bit d set = axis d reduced */
-  bool keepdim;
+  bool keepdim;                   /* reductions; argsort: descending */
   bool weak;                      /* full: a scalar (does not widen) */
   bool host;                      /* full: a value the host passed: a runtime
                                      parameter, never key material, never

@@ -404,6 +404,14 @@ kiln_tensor *kiln_cumsum(kiln_tensor *a, int axis) {
   API(kiln_cumsum);
   return vm_cumsum(a, axis);
 }
+kiln_tensor *kiln_sort(kiln_tensor *a, int axis, bool descending, kiln_tensor **indices) {
+  API(kiln_sort);
+  return vm_sort(a, axis, descending, indices);
+}
+kiln_tensor *kiln_topk(kiln_tensor *a, int64_t k, int axis, bool largest, kiln_tensor **indices) {
+  API(kiln_topk);
+  return vm_topk(a, k, axis, largest, indices);
+}
 kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *w, kiln_tensor *b, const int stride[2],
                          const int padding[2], const int dilation[2], int groups) {
   API(kiln_conv2d);

@@ -177,6 +177,11 @@ KILN_API kiln_tensor *kiln_var(kiln_tensor *a, int naxes, const int *axes, int c
 KILN_API kiln_tensor *kiln_std(kiln_tensor *a, int naxes, const int *axes, int correction,
                                bool keepdim);
 KILN_API kiln_tensor *kiln_cumsum(kiln_tensor *a, int axis); /* integers and bool -> i64 */
+/* stable; NaN counts as the largest value; values differentiable, indices i64 */
+KILN_API kiln_tensor *kiln_sort(kiln_tensor *a, int axis, bool descending,
+                                kiln_tensor **indices /* may be NULL */);
+KILN_API kiln_tensor *kiln_topk(kiln_tensor *a, int64_t k, int axis, bool largest,
+                                kiln_tensor **indices /* may be NULL */);
 
 /* layers for real models (NCHW; differentiable).  conv2d: stride NULL = 1,
    padding NULL = 0, dilation NULL = 1; pooling: stride NULL = the kernel,
