@@ -769,6 +769,13 @@ TEST(conv2d_errors) {
   kiln_tensor *xi = kiln_ones(I64, 4, S(2, 4, 5, 5));
   CHECK_ERROR(kiln_conv2d(xi, w, NULL, one, zero, one, 2), KILN_ERR_DTYPE, "input must be a float tensor, not int64");
   kiln_release(xi), kiln_release(x), kiln_release(w), kiln_release(x3), kiln_release(b);
+  /* sizes whose window count overflows are refused before anything is built */
+  kiln_tensor *huge = kiln_zeros(F32, 4, S(1, 2, INT64_C(1) << 29, INT64_C(1) << 29));
+  kiln_tensor *w1 = kiln_zeros(F32, 4, S(1, 2, 3, 3)); /* 9 * 2^59 windows */
+  CHECK(huge != NULL);
+  if (huge) CHECK_ERROR(kiln_conv2d(huge, w1, NULL, one, one, one, 1), KILN_ERR_SHAPE, "too many");
+  if (huge) CHECK_ERROR(kiln_max_pool2d(huge, (int[]){1, 1}, NULL, NULL), KILN_ERR_SHAPE, "too many");
+  kiln_release(huge), kiln_release(w1);
 }
 
 typedef struct {

@@ -322,6 +322,7 @@ typedef struct {
   int64_t n, c, h, w;     /* input */
   int64_t kh, kw, sh, sw, ph, pw, dh, dw;
   int64_t oh, ow;         /* output */
+  int64_t count;          /* c * kh * kw * oh * ow: the window index's length */
 } window_geom;
 
 static bool pair_arg(const int *v, int fallback, int64_t out[2]) {
@@ -342,6 +343,17 @@ static bool window_output(window_geom *g) {
   }
   g->oh = spanh / g->sh + 1;
   g->ow = spanw / g->sw + 1;
+  /* every product the window ops form divides count: check it once */
+  int64_t count;
+  if (__builtin_mul_overflow(g->c, g->kh, &count) || __builtin_mul_overflow(count, g->kw, &count) ||
+      __builtin_mul_overflow(count, g->oh, &count) || __builtin_mul_overflow(count, g->ow, &count) ||
+      __builtin_mul_overflow(count, g->n ? g->n : 1, &g->count) || g->count > (INT64_C(1) << 40)) {
+    vm_error(KILN_ERR_SHAPE, "the windows of %lld x %lld x %lld x %lld x %lld x %lld elements are "
+             "too many", (long long)g->n, (long long)g->c, (long long)g->kh, (long long)g->kw,
+             (long long)g->oh, (long long)g->ow);
+    return false;
+  }
+  g->count = count;
   return true;
 }
 
@@ -365,14 +377,7 @@ static bool window_args(window_geom *g, const char *kind) {
    pooling.  Built from shapes alone: the same call shapes give the same
    index, and the trace key sees only its shape. */
 static vm_tensor *window_index(const window_geom *g, bool output_major, int64_t *count_out) {
-  int64_t count;
-  if (__builtin_mul_overflow(g->c * g->kh * g->kw, g->oh * g->ow, &count) ||
-      count > (INT64_C(1) << 40)) {
-    vm_error(KILN_ERR_SHAPE, "the window index of %lld x %lld x %lld x %lld x %lld is too large",
-             (long long)g->c, (long long)g->kh, (long long)g->kw, (long long)g->oh,
-             (long long)g->ow);
-    return NULL;
-  }
+  int64_t count = g->count; /* overflow-checked by window_output */
   vm_tensor *t = vm_tensor_new(KILN_I64, 1, &count);
   if (!t) return NULL;
   int64_t *p = vm_data(t), pad = g->c * g->h * g->w, k = 0;
