@@ -634,7 +634,7 @@ vm_tensor *vm_dropout(vm_tensor *x, double p, bool training) {
     return NULL;
   }
   if (!require_float(x, "input")) return NULL;
-  if (!training || p == 0) return vm_retain(x);
+  if (!training || p == 0) return tr_handle_of_node(x->node); /* x's value, a handle of its own */
   vm_attr attr = {.dtype = x->dtype, .ndim = x->ndim};
   memcpy(attr.shape, x->shape, sizeof attr.shape);
   vm_rng_reserve(vm_rng_blocks(x->numel, x->dtype), &attr.seed, &attr.counter);
