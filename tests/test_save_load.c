@@ -141,6 +141,17 @@ TEST(save_errors) {
   CHECK_STR_CONTAINS(kiln_last_error(), "kiln_save: name \"x\" is given twice");
   CHECK(kiln_save(path_of("e.safetensors"), 1, meta, two) == KILN_ERR_ARG);
   CHECK(kiln_save(path_of("e.safetensors"), 1, empty, two) == KILN_ERR_ARG);
+  const char *latin1[1] = {"caf\xe9"};
+  CHECK(kiln_save(path_of("e.safetensors"), 1, latin1, two) == KILN_ERR_ARG);
+  CHECK_STR_CONTAINS(kiln_last_error(), "kiln_save: name 0 is not valid UTF-8 (byte 3)");
+  const char *utf8[1] = {"caf\xc3\xa9 \xf0\x9f\x98\x80"};
+  CHECK_EQ_INT(kiln_save(path_of("e.safetensors"), 1, utf8, two), KILN_OK);
+  char *back[1] = {0};
+  kiln_tensor *bt[1] = {0};
+  CHECK_EQ_INT(kiln_load(path_of("e.safetensors"), 1, back, bt), 1);
+  CHECK(back[0] && !strcmp(back[0], utf8[0]));
+  free(back[0]);
+  kiln_release(bt[0]);
   CHECK(kiln_save("/nonexistent-dir/x.safetensors", 1, dup, two) == KILN_ERR_ARG);
   CHECK_STR_CONTAINS(kiln_last_error(), "cannot open");
   kiln_release(t);
@@ -220,6 +231,9 @@ TEST(hostile_files_are_rejected) {
   BAD("{} x", real, d, 0, "trailing characters");
   BAD("{\"a\":01}", real, d, 0, "not valid JSON");
   BAD("{\"a\tb\":{}}", real, d, 0, "control character");
+  BAD("{\"a\xff\":{}}", real, d, 0, "not valid UTF-8 (byte 3)");
+  BAD("{\"a\xc0\xaf\":{}}", real, d, 0, "not valid UTF-8"); /* overlong '/' */
+  BAD("{\"a\xed\xa0\x80\":{}}", real, d, 0, "not valid UTF-8"); /* a surrogate */
   {
     char deep[300];
     memset(deep, '[', 200);

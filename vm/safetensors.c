@@ -86,6 +86,26 @@ static void buf_json_string(st_buf *b, const char *s) {
   buf_put(b, "\"", 1);
 }
 
+/* the length of the valid UTF-8 prefix of s[0, n) (RFC 3629: no overlong
+   forms, no surrogates, nothing above U+10FFFF): JSON text is UTF-8 */
+static size_t utf8_valid_prefix(const unsigned char *s, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    unsigned c = s[i];
+    size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (!len || n - i < len) return i;
+    uint32_t cp = len == 1 ? c : c & (0x7Fu >> len);
+    for (size_t k = 1; k < len; k++) {
+      if ((s[i + k] & 0xC0) != 0x80) return i;
+      cp = cp << 6 | (s[i + k] & 0x3F);
+    }
+    static const uint32_t min_of[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min_of[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000)) return i;
+    i += len;
+  }
+  return n;
+}
+
 /* --- saving ------------------------------------------------------------------ */
 
 static bool check_save_args(int n, const char *const *names, vm_tensor *const *ts) {
@@ -102,6 +122,12 @@ static bool check_save_args(int n, const char *const *names, vm_tensor *const *t
     if (!names[i] || !names[i][0] || !strcmp(names[i], "__metadata__")) {
       vm_error(KILN_ERR_ARG, "name %d is %s", i,
                !names[i] ? "NULL" : !names[i][0] ? "empty" : "the reserved \"__metadata__\"");
+      return false;
+    }
+    size_t len = strlen(names[i]);
+    if (utf8_valid_prefix((const unsigned char *)names[i], len) != len) {
+      vm_error(KILN_ERR_ARG, "name %d is not valid UTF-8 (byte %zu)", i,
+               utf8_valid_prefix((const unsigned char *)names[i], len));
       return false;
     }
     for (int j = 0; j < i; j++)
@@ -555,6 +581,11 @@ static int read_header(FILE *f, const char *path, uint64_t *hlen_out, uint64_t *
   if (fread(text, 1, (size_t)hlen, f) != hlen) {
     free(text);
     return vm_error(KILN_ERR_ARG, "'%s' is truncated inside its header", path);
+  }
+  size_t valid = utf8_valid_prefix((const unsigned char *)text, (size_t)hlen);
+  if (valid != hlen) {
+    free(text);
+    return vm_error(KILN_ERR_ARG, "the header is not valid UTF-8 (byte %zu)", valid);
   }
   bool ok = j_parse(text, (size_t)hlen, dom);
   free(text);
