@@ -327,6 +327,22 @@ TEST(to_buffer_too_small_is_an_arg_error) {
   kiln_release(t);
 }
 
+TEST(memory_in_use_counts_live_storages) {
+  kiln_sync();
+  size_t before = kiln_memory_in_use();
+  float *src = calloc(1 << 20, sizeof *src); /* 4 MiB */
+  kiln_tensor *t = kiln_from_data(src, KILN_F32, 1, S(1 << 20));
+  free(src);
+  CHECK(kiln_memory_in_use() >= before + (4u << 20));
+  kiln_tensor *u = kiln_add_scalar(t, 1.0);
+  CHECK(kiln_eval(1, &u) >= 0);
+  CHECK(kiln_memory_in_use() >= before + (8u << 20));
+  kiln_release(u);
+  kiln_release(t);
+  kiln_sync();
+  CHECK(kiln_memory_in_use() < before + (1u << 20));
+}
+
 /* --------------------------------------------------------------- refcounts */
 
 TEST(retain_returns_same_handle_and_keeps_it_alive) {
@@ -512,6 +528,7 @@ int main(void) {
   RUN(item_of_multi_element_tensor_is_nan_and_shape_error);
   RUN(to_buffer_exact_and_larger_buffers);
   RUN(to_buffer_too_small_is_an_arg_error);
+  RUN(memory_in_use_counts_live_storages);
   RUN(retain_returns_same_handle_and_keeps_it_alive);
   RUN(results_and_views_keep_their_inputs_alive);
   RUN(release_null_is_a_no_op);

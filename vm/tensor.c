@@ -128,6 +128,17 @@ static void block_free(void *p, size_t bytes) {
 #define VM_INLINE_BYTES 1024
 #define VM_HEADER_BYTES 64
 
+/* bytes held by live storages (headers included; not the freed-block cache):
+   kiln_memory_in_use(), which lets a garbage-collected host (Ruby) see the
+   memory its tensor handles keep alive */
+static atomic_size_t live_bytes;
+
+static size_t storage_bytes(const vm_storage *s) {
+  return s->inline_data ? VM_HEADER_BYTES + (s->nbytes ? s->nbytes : 64) : sizeof *s + s->nbytes;
+}
+
+size_t vm_memory_in_use(void) { return atomic_load_explicit(&live_bytes, memory_order_relaxed); }
+
 static vm_storage *storage_new(size_t nbytes) {
   if (nbytes <= VM_INLINE_BYTES) {
     void *block = NULL;
@@ -140,6 +151,7 @@ static vm_storage *storage_new(size_t nbytes) {
     s->data = (char *)block + VM_HEADER_BYTES;
     s->nbytes = nbytes;
     s->inline_data = true;
+    atomic_fetch_add_explicit(&live_bytes, storage_bytes(s), memory_order_relaxed);
     return s;
   }
   vm_storage *s = malloc(sizeof *s);
@@ -154,11 +166,13 @@ static vm_storage *storage_new(size_t nbytes) {
   s->data = data;
   s->nbytes = bytes;
   s->inline_data = false;
+  atomic_fetch_add_explicit(&live_bytes, storage_bytes(s), memory_order_relaxed);
   return s;
 }
 
 static void storage_release(vm_storage *s) {
   if (s && atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) == 1) {
+    atomic_fetch_sub_explicit(&live_bytes, storage_bytes(s), memory_order_relaxed);
     if (!s->inline_data) block_free(s->data, s->nbytes);
     free(s);
   }

@@ -66,5 +66,6 @@ void vm_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
 /* for tests: the storage a handle's value lives in (views share it);
    evaluates the handle */
 const void *vm_storage_id(const vm_tensor *t);
+size_t vm_memory_in_use(void); /* bytes held by live storages */
 
 #endif

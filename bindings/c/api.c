@@ -501,6 +501,7 @@ double kiln_stat(const char *name) {
 }
 
 const char *kiln_version(void) { return KILN_VERSION_STRING; }
+size_t kiln_memory_in_use(void) { return vm_memory_in_use(); }
 int kiln_num_threads(void) { return vm_pool_threads(); }
 const char *kiln_blas_core(void) { return vm_blas_get()->core; }
 const char *kiln_cpu_isa(void) { return vm_cpu_isa(); }

@@ -213,6 +213,9 @@ KILN_API void kiln_reset_stats(void);
    NAN and an error for an unknown name.  New counters appear here without
    changing kiln_stats. */
 KILN_API double kiln_stat(const char *name);
+/* bytes held by live tensor storages, process-wide (freed-block caches not
+   included): what a garbage-collected host reports to its collector */
+KILN_API size_t kiln_memory_in_use(void);
 KILN_API const char *kiln_version(void);
 
 /* machine: what this process runs with */

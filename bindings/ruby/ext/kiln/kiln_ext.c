@@ -115,17 +115,44 @@ VALUE rk_alloc(void) {
   return obj;
 }
 
+static void gc_report(rk_tensor *r);
+
 VALUE rk_finish(VALUE obj, kiln_tensor *t) {
   if (!t) rk_raise_kiln("kiln");
   rk_tensor *r = RTYPEDDATA_DATA(obj);
+  /* an integer or bool result (.long, argmax, a comparison) has no gradient:
+     cut it from the graph, so it never reports requires_grad and a float
+     made from it again is a constant (torch's behaviour) */
+  if (!rk_dtype_is_float(kiln_dtype_of(t)) && kiln_requires_grad(t)) {
+    kiln_clear_error();
+    kiln_tensor *d = kiln_detach(t);
+    kiln_release(t);
+    if (!d) rk_raise_kiln("kiln_detach");
+    t = d;
+  }
   r->t = t;
+  gc_report(r);
   return obj;
 }
 
+/* Ruby's GC is told what Kiln holds: each handle reports the bytes of its
+   value (numel * itemsize, also what ObjectSpace.memsize_of says) when it
+   is made, with rb_gc_adjust_memory_usage, and gives them back when it is
+   freed.  A pending result counts before it is computed: a flush computes
+   every result a live handle names at once (2048 ops' worth of 256 KiB
+   results = 512 MiB), so waiting for kiln_memory_in_use() to grow would be
+   too late for the GC to have freed the handles nobody reads. */
+static void gc_report(rk_tensor *r) {
+  int64_t numel = kiln_numel(r->t);
+  size_t bytes = numel > 0 ? (size_t)numel * rk_dtype_size(kiln_dtype_of(r->t)) : 0;
+  r->gc_bytes = bytes;
+  if (bytes) rb_gc_adjust_memory_usage((ssize_t)bytes);
+}
+
+/* Conversion buffers are counted by rk_finish (the value's bytes): nothing to add. */
 void rk_account(VALUE obj, size_t bytes) {
-  rk_tensor *r = RTYPEDDATA_DATA(obj);
-  r->gc_bytes += bytes;
-  rb_gc_adjust_memory_usage((ssize_t)bytes);
+  (void)obj;
+  (void)bytes;
 }
 
 int rk_is_tensor(VALUE v) { return rb_typeddata_is_kind_of(v, &tensor_type); }
@@ -395,8 +422,11 @@ static VALUE m_grad_of(VALUE mod, VALUE outs, VALUE gouts, VALUE ins, VALUE crea
     rk_raise_kiln("kiln_grad_of");
   }
   for (long i = 0; i < ni; i++) {
-    if (gr[i])
-      ((rk_tensor *)RTYPEDDATA_DATA(RARRAY_AREF(res, i)))->t = gr[i];
+    if (gr[i]) {
+      rk_tensor *r = RTYPEDDATA_DATA(RARRAY_AREF(res, i));
+      r->t = gr[i];
+      gc_report(r);
+    }
     else
       rb_ary_store(res, i, Qnil);
   }
@@ -475,6 +505,8 @@ static VALUE m_no_grad_pop(VALUE mod) {
 
 static VALUE m_dtype(VALUE mod, VALUE name) { return rk_dtype_sym(rk_dtype(name)); }
 
+static VALUE m_memory_in_use(VALUE mod) { return SIZET2NUM(kiln_memory_in_use()); }
+
 static VALUE m_version(VALUE mod) { return rb_str_new_cstr(kiln_version()); }
 static VALUE m_num_threads(VALUE mod) { return INT2NUM(kiln_num_threads()); }
 static VALUE m_blas_core(VALUE mod) { return rb_str_new_cstr(kiln_blas_core()); }
@@ -510,6 +542,7 @@ void Init_kiln_ext(void) {
   rb_define_singleton_method(rk_mKiln, "sync", m_sync, 0);
   rb_define_singleton_method(rk_mKiln, "jit_wait", m_jit_wait, 0);
   rb_define_singleton_method(rk_mKiln, "library_version", m_version, 0);
+  rb_define_singleton_method(rk_mKiln, "memory_in_use", m_memory_in_use, 0);
   rb_define_singleton_method(rk_mKiln, "num_threads", m_num_threads, 0);
   rb_define_singleton_method(rk_mKiln, "blas_core", m_blas_core, 0);
   rb_define_singleton_method(rk_mKiln, "cpu_isa", m_cpu_isa, 0);
