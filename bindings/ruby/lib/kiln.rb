@@ -12,6 +12,7 @@
 # add keyword arguments and the Ruby conveniences.
 require_relative "kiln/version"
 require "kiln/kiln_ext"
+require_relative "kiln/ext_check"
 require_relative "kiln/errors"
 require_relative "kiln/scalar"
 require_relative "kiln/tensor"
