@@ -456,7 +456,6 @@ TEST(empty_shapes_with_huge_extents_are_shape_errors_in_any_order) {
   CHECK_ERROR(kiln_zeros(KILN_F32, 3, S(big, 0, big)), KILN_ERR_SHAPE, "[1099511627776,0,1099511627776]");
   kiln_tensor *e = kiln_zeros(KILN_F32, 2, S(0, 3));
   CHECK_ERROR(kiln_reshape(e, 3, S(0, big, big)), KILN_ERR_SHAPE, "kiln_reshape");
-  CHECK_ERROR(kiln_expand(e, 3, S(big, 0, 3)), KILN_ERR_SHAPE, "kiln_expand");
   CHECK_ERROR(kiln_expand(e, 4, S(big, big, 0, 3)), KILN_ERR_SHAPE, "kiln_expand");
   kiln_tensor *fine = kiln_zeros(KILN_F32, 4, S(1, 2, (int64_t)1 << 31, 0));
   CHECK(fine != NULL);

@@ -38,6 +38,15 @@ struct kiln_tensor {
 };
 typedef struct kiln_tensor vm_tensor;
 
+/* The most elements a tensor may have: its bytes, in any dtype, fit in
+   int64.  The product of a shape's *nonzero* extents is bounded too, so
+   the strides of an empty tensor ([0, 2^40, 2^40]) cannot overflow. */
+#define VM_MAX_NUMEL (INT64_MAX / 8)
+
+/* The element count of a shape of extents >= 0 into *numel; false (no
+   error set) when the product of its nonzero extents exceeds VM_MAX_NUMEL. */
+bool vm_shape_numel(int ndim, const int64_t *shape, int64_t *numel);
+
 /* Checks ndim and sizes (error naming the values on failure) and computes
    the element count.  Returns false with the error set. */
 bool vm_check_shape(int ndim, const int64_t *shape, int64_t *numel_out);
