@@ -288,12 +288,14 @@ static int gen_shape(int64_t shape[9], bool small) {
 #define DATA_BYTES 4096
 static unsigned char data_buf[DATA_BYTES];
 
+/* whether kiln_from_data can only read within data_buf: the shape is
+   invalid (an error before any read), empty, or small enough */
 static bool fits_buffer(int nd, const int64_t *shape, size_t esize) {
   __int128 n = 1;
   for (int d = 0; d < nd && d < 9; d++) {
-    if (shape[d] < 0) return true; /* an error, data never read */
-    n *= shape[d];
-    if (n > ((__int128)1 << 70)) n = (__int128)1 << 70;
+    if (shape[d] <= 0) return true; /* an error, or no element: data never read */
+    n *= shape[d] > ((int64_t)1 << 62) ? (int64_t)1 << 62 : shape[d]; /* both <= 2^62 */
+    if (n > ((__int128)1 << 62)) n = (__int128)1 << 62;
   }
   return n * (__int128)esize <= DATA_BYTES || n > ((__int128)1 << 60);
 }
@@ -367,7 +369,7 @@ static void call_view(void) {
       call_name = "kiln_expand";
       int n = coin(80) ? nd + rn(3) : gen_ndim();
       for (int d = 0; d < 9; d++) {
-        int src = d - (n - nd);
+        int64_t src = (int64_t)d - ((int64_t)n - nd);
         int64_t have = a && src >= 0 && src < nd ? kiln_shape(a)[src] : 1;
         shape[d] = coin(60) ? (have == 1 ? gen_size() : have) : coin(50) ? -1 : gen_size();
       }
