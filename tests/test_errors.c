@@ -600,6 +600,28 @@ TEST(concat_and_stack_of_mismatched_shapes_or_no_tensors) {
   kiln_release(a);
 }
 
+/* found by test_api_fuzz: a failure stored in a node and raised again by a
+   later read carried the op's prefix twice ("kiln_x: kiln_x: ...") */
+TEST(failed_evaluation_read_again_names_the_op_once) {
+  kiln_tensor *a = iota(1, S(4));
+  kiln_tensor *idx = kiln_from_data((const int64_t[]){1, 9}, KILN_I64, 1, S(2));
+  kiln_tensor *g = kiln_index_select(a, 0, idx);
+  kiln_tensor *h = kiln_mul(g, g);
+  float out[2];
+  for (int k = 0; k < 3; k++) {
+    kiln_clear_error();
+    CHECK_EQ_INT(kiln_to_buffer(k == 1 ? h : g, out, sizeof out), KILN_ERR_ARG);
+    CHECK_STR_CONTAINS(kiln_last_error(), "kiln_index_select: index 9 is out of range");
+    CHECK(strstr(kiln_last_error(), "kiln_index_select: kiln_") == NULL);
+    CHECK(strncmp(kiln_last_error(), "kiln_index_select: ", 19) == 0);
+  }
+  kiln_clear_error();
+  kiln_release(h);
+  kiln_release(g);
+  kiln_release(idx);
+  kiln_release(a);
+}
+
 /* ------------------------------------------------------------ error state */
 
 TEST(clear_error_resets_status_and_message) {
@@ -716,6 +738,7 @@ int main(void) {
   RUN(expand_to_incompatible_shape);
   RUN(slice_with_step_zero_is_an_arg_error);
   RUN(concat_and_stack_of_mismatched_shapes_or_no_tensors);
+  RUN(failed_evaluation_read_again_names_the_op_once);
   RUN(clear_error_resets_status_and_message);
   RUN(error_message_names_the_values);
   RUN(errors_are_thread_local);

@@ -457,6 +457,27 @@ TEST(huge_step_slices_of_2d_and_of_other_views) {
   kiln_release(m);
 }
 
+/* an empty result needs none of its inputs' values: an empty slice of an
+   index_select whose indices are out of range reads fine, because the
+   index_select is never evaluated for it (it used to be, and failed) */
+TEST(empty_result_evaluates_none_of_its_inputs) {
+  kiln_tensor *x = iota(KILN_F32, 2, S(30, 40));
+  kiln_tensor *bad = kiln_from_data((const int64_t[]){0, 99}, KILN_I64, 1, S(2));
+  kiln_tensor *y = kiln_index_select(x, 0, bad); /* [2,40], fails if evaluated */
+  kiln_tensor *e = kiln_slice(y, 1, 5, 5, 1), *z = kiln_mul(e, e);
+  CHECK(z && kiln_numel(z) == 0 && kiln_shape(z)[0] == 2 && kiln_shape(z)[1] == 0);
+  float none;
+  CHECK_EQ_INT(kiln_to_buffer(z, &none, 0), 0);
+  CHECK_EQ_INT(kiln_to_buffer(e, &none, 0), 0);
+  kiln_release(y); /* nothing pending needs it now */
+  CHECK_EQ_INT(kiln_sync(), 0);
+  kiln_clear_error();
+  kiln_release(z);
+  kiln_release(e);
+  kiln_release(bad);
+  kiln_release(x);
+}
+
 TEST(slice_along_each_axis_of_2d) {
   kiln_tensor *m = iota(KILN_F32, 2, S(3, 4)); /* m[i][j] = 4i + j */
   CHECK_VIEW(kiln_slice(m, 1, 0, 4, 2), 2, S(3, 2), V(0, 2, 4, 6, 8, 10));
@@ -833,6 +854,7 @@ int main(void) {
   RUN(slice_empty_results);
   RUN(slice_at_int64_extremes_matches_python);
   RUN(huge_step_slices_of_2d_and_of_other_views);
+  RUN(empty_result_evaluates_none_of_its_inputs);
   RUN(slice_along_each_axis_of_2d);
   RUN(slice_middle_axis_of_3d);
   RUN(chain_transpose_slice_slice_unsqueeze_expand_then_reshape);

@@ -67,6 +67,12 @@ static inline void *vm_data(const vm_tensor *t) {
   return (char *)t->storage->data + t->offset * (int64_t)vm_dtype_size(t->dtype);
 }
 bool vm_is_contiguous(const vm_tensor *t);
+/* whether dim (stride_outer) steps as size elements of stride_inner: the
+   test that merges two dims, false (no merge) if the product overflows */
+static inline bool vm_dims_merge(int64_t stride_outer, int64_t stride_inner, int64_t size) {
+  int64_t span;
+  return !__builtin_mul_overflow(stride_inner, size, &span) && stride_outer == span;
+}
 void vm_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
 
 /* for tests: the storage a handle's value lives in (views share it);
