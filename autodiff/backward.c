@@ -217,6 +217,8 @@ int ad_backward(vm_tensor *loss, vm_tensor *grad) {
   vm_clear_error();
   tape tp = {0};
   int rc = run(&tp, 1, &loss, grad ? &grad : NULL, false);
+  for (int i = 0; rc == KILN_OK && i < tp.n; i++) /* its saved values are spent */
+    if (!tp.nodes[i]->slot) tr_mark_grad_done(tp.nodes[i]);
   for (int i = 0; rc == KILN_OK && i < tp.n; i++) { /* accumulate into leaves: stores */
     tr_grad_slot *slot = tp.nodes[i]->slot;
     if (!slot || !tp.grads[i]) continue;
@@ -270,13 +272,22 @@ int ad_grad_of(int nout, vm_tensor *const *outs, vm_tensor *const *gouts, int ni
 
 vm_tensor *ad_grad(vm_tensor *leaf) {
   if (!have(leaf, 0)) return NULL;
-  if (!leaf->slot || !leaf->slot->grad) return NULL;
+  if (!leaf->slot && leaf->node->requires_grad) {
+    vm_error(KILN_ERR_STATE, "this tensor is not a leaf (it is computed from tensors that "
+             "require grad), so no gradient accumulates in it; use kiln_grad_of for the "
+             "gradient of an intermediate");
+    return NULL;
+  }
+  if (!leaf->slot || !leaf->slot->grad) return NULL; /* none yet: no error */
   return tr_handle_of_node(leaf->slot->grad->node);
 }
 
 int ad_zero_grad(vm_tensor *leaf) {
   if (!have(leaf, 0)) return KILN_ERR_ARG;
   if (leaf->slot) {
+    /* a gradient no flush has stored yet need not be: handles the user
+       took with kiln_grad still name its (pending) value */
+    if (leaf->slot->grad) tr_unqueue_store(leaf->slot->grad);
     vm_release(leaf->slot->grad);
     leaf->slot->grad = NULL;
   }

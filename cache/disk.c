@@ -1,6 +1,9 @@
-/* disk.c — the on-disk kernel cache: verified shared objects, atomic writes
- * (mkstemp + fsync + rename), LRU size bound by mtime.  No global state but a
- * "logged once" flag: every call re-reads the environment. */
+/* disk.c — the on-disk kernel cache: a private directory checked on its
+ * descriptor, verified shared objects loaded from the very descriptor that
+ * was checked, atomic writes (temp file + fsync + rename), temp files named
+ * by their writer's pid and reclaimed once it is gone, LRU size bound by
+ * mtime.  No global state but "said once" and "reclaimed once" flags: every
+ * call re-reads the environment. */
 #include "disk.h"
 
 #include <dirent.h>
@@ -9,17 +12,21 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <link.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "../vm/private_dir.h"
 #include "../vm/state.h"
 
 #define DISK_MAGIC "KILNKC"
@@ -27,25 +34,41 @@
 #define DISK_PREFIX "kernel-v"
 #define DISK_TMP_PREFIX ".kernel-tmp-"
 #define DISK_CHUNK (64 * 1024)
-#define DISK_STALE_TMP_SECONDS 3600
+/* a temp file whose writer cannot be told dead (no pid in its name, or a
+   pid now reused) goes after this long; no write takes minutes */
+#define DISK_STALE_TMP_SECONDS 600
 /* room kept after the directory for "/kernel-v<n>-<32 hex>.so" */
 #define DISK_NAME_ROOM 64
 
-/* ---- logging: the first problem only, and only when KILN_LOG is set ---- */
+/* ---- logging: KILN_LOG shows the first problem; a refused directory is
+   always said, once ---- */
 
 static atomic_flag disk_logged = ATOMIC_FLAG_INIT;
+static atomic_flag disk_warned = ATOMIC_FLAG_INIT;
+
+static void disk_say(atomic_flag *once, const char *head, const char *tail, const char *fmt, va_list ap) {
+  if (atomic_flag_test_and_set(once)) return;
+  char msg[PATH_MAX + 512];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  fprintf(stderr, "kiln: %s%s%s\n", head, msg, tail);
+}
 
 static void disk_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void disk_log(const char *fmt, ...) {
   const char *lv = getenv("KILN_LOG");
   if (!lv || !*lv) return;
-  if (atomic_flag_test_and_set(&disk_logged)) return;
-  char msg[PATH_MAX + 256];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  disk_say(&disk_logged, "disk cache: ", " (further disk cache problems are not reported)", fmt, ap);
   va_end(ap);
-  fprintf(stderr, "kiln: disk cache: %s (further disk cache problems are not reported)\n", msg);
+}
+
+static void disk_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void disk_warn(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  disk_say(&disk_warned, "", "", fmt, ap);
+  va_end(ap);
 }
 
 /* ---- settings ---- */
@@ -68,53 +91,82 @@ uint64_t cache_disk_max_bytes(void) {
 
 /* ---- the directory ---- */
 
-static bool is_dir(const char *path) {
-  struct stat st;
-  return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-/* mkdir -p; path is modified temporarily */
-static bool ensure_dir(char *path) {
-  if (is_dir(path)) return true;
-  for (char *p = path + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = '\0';
-    int rc = mkdir(path, 0755);
-    int err = errno;
-    *p = '/';
-    if (rc != 0 && err != EEXIST) {
-      disk_log("cannot create %s: %s", path, strerror(err));
-      return false;
-    }
-  }
-  if (mkdir(path, 0700) != 0 && errno != EEXIST) {
-    disk_log("cannot create %s: %s", path, strerror(errno));
-    return false;
-  }
-  if (!is_dir(path)) {
-    disk_log("%s is not a directory", path);
-    return false;
-  }
-  return true;
-}
+/* The directory is opened and checked once per call and every file in it
+   is reached through that descriptor (openat and friends), so a path
+   renamed or re-pointed meanwhile changes nothing. */
+typedef struct disk_dir {
+  int fd;
+  char path[PATH_MAX];
+} disk_dir;
 
 static _Thread_local char dir_buf[PATH_MAX];
 
-const char *cache_disk_dir(void) {
-  if (!cache_disk_enabled()) return NULL;
+/* the configured path into out (trailing slashes dropped); false when none */
+static bool configured_dir(char *out, size_t out_len) {
   const char *env;
   int n;
   if ((env = getenv("KILN_CACHE_DIR")) && *env)
-    n = snprintf(dir_buf, sizeof dir_buf, "%s", env);
+    n = snprintf(out, out_len, "%s", env);
   else if ((env = getenv("XDG_CACHE_HOME")) && env[0] == '/')
-    n = snprintf(dir_buf, sizeof dir_buf, "%s/kiln", env);
+    n = snprintf(out, out_len, "%s/kiln", env);
   else if ((env = getenv("HOME")) && *env)
-    n = snprintf(dir_buf, sizeof dir_buf, "%s/.cache/kiln", env);
+    n = snprintf(out, out_len, "%s/.cache/kiln", env);
   else
-    return NULL;
-  if (n <= 0 || n >= (int)sizeof dir_buf - DISK_NAME_ROOM) return NULL;
-  while (n > 1 && dir_buf[n - 1] == '/') dir_buf[--n] = '\0';
-  return ensure_dir(dir_buf) ? dir_buf : NULL;
+    return false;
+  if (n <= 0 || n >= (int)out_len - DISK_NAME_ROOM) return false;
+  while (n > 1 && out[n - 1] == '/') out[--n] = '\0';
+  return true;
+}
+
+/* a world-writable sticky directory (a shared /tmp-like place) */
+static bool shared_sticky(const char *path) {
+  struct stat st;
+  return lstat(path, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX) && (st.st_mode & S_IWOTH);
+}
+
+static void reclaim_once(int dir_fd);
+
+/* Opens the cache directory: it must be a real directory owned by the
+   effective user and writable by no one else.  A shared sticky directory
+   (KILN_CACHE_DIR=/tmp) holds a private "kiln-<euid>" directory instead,
+   checked the same way; another user's junk in the shared directory is
+   never looked at.  Anything else untrusted turns the disk cache off for
+   the call, with one warning per process. */
+static bool dir_open(disk_dir *d) {
+  d->fd = -1;
+  if (!cache_disk_enabled() || !configured_dir(d->path, sizeof d->path)) return false;
+  vm_dir_status status;
+  const char *why = NULL;
+  d->fd = vm_private_dir_open(d->path, true, &status, &why);
+  if (d->fd < 0 && status == VM_DIR_UNTRUSTED && shared_sticky(d->path)) {
+    size_t n = strlen(d->path);
+    snprintf(d->path + n, sizeof d->path - n, "/kiln-%lu", (unsigned long)geteuid());
+    d->fd = vm_private_dir_open(d->path, true, &status, &why);
+  }
+  if (d->fd < 0) {
+    if (status == VM_DIR_UNTRUSTED)
+      disk_warn("the disk cache is off: %s is %s (it must be a directory owned by you and writable by no "
+                "one else; set KILN_CACHE_DIR to one); kernels are compiled and kept in memory only",
+                d->path, why);
+    else
+      disk_log("cannot use %s: %s", d->path, why);
+    return false;
+  }
+  reclaim_once(d->fd);
+  return true;
+}
+
+static void dir_close(disk_dir *d) {
+  if (d->fd >= 0) close(d->fd);
+  d->fd = -1;
+}
+
+const char *cache_disk_dir(void) {
+  disk_dir d;
+  if (!dir_open(&d)) return NULL;
+  dir_close(&d);
+  snprintf(dir_buf, sizeof dir_buf, "%s", d.path);
+  return dir_buf;
 }
 
 static void file_name(const uint64_t h[2], char *out, size_t out_len) {
@@ -250,62 +302,181 @@ static int verify(int fd, const struct stat *st, const uint64_t h[2], const char
   return rc;
 }
 
-/* deletes path if it is still the file we examined (a writer may have just
-   renamed a fresh one into place) */
-static void discard(const char *path, const struct stat *seen, const char *why) {
+/* Deletes `name` if it is still the entry we examined (a writer may have
+   just renamed a fresh file into place); seen NULL: only if it is a
+   symbolic link.  The directory is ours, so we can always unlink in it:
+   junk never makes every later run recompile. */
+static void discard(const disk_dir *d, const char *name, const struct stat *seen, const char *why) {
   struct stat now;
-  if (stat(path, &now) == 0 && now.st_dev == seen->st_dev && now.st_ino == seen->st_ino) {
-    if (unlink(path) != 0 && errno != ENOENT) {
-      disk_log("cannot delete bad file %s (%s): %s", path, why, strerror(errno));
-      return;
-    }
+  if (fstatat(d->fd, name, &now, AT_SYMLINK_NOFOLLOW) != 0) return;
+  bool same = seen ? now.st_dev == seen->st_dev && now.st_ino == seen->st_ino : S_ISLNK(now.st_mode);
+  if (!same) return;
+  if (unlinkat(d->fd, name, 0) != 0 && errno != ENOENT) {
+    disk_log("cannot delete bad file %s/%s (%s): %s", d->path, name, why, strerror(errno));
+    return;
   }
-  disk_log("deleted bad file %s: %s", path, why);
+  disk_log("deleted bad file %s/%s: %s", d->path, name, why);
 }
+
+/* ---- loading the checked descriptor itself ---- */
+
+typedef struct {
+  const char *name;
+  bool taken;
+} name_search;
+
+static int name_in_use(struct dl_phdr_info *info, size_t size, void *arg) {
+  (void)size;
+  name_search *s = arg;
+  if (info->dlpi_name && !strcmp(info->dlpi_name, s->name)) s->taken = true;
+  return s->taken;
+}
+
+/* whether the mapping holding addr comes from the file st describes */
+static bool mapped_from(const void *addr, const struct stat *st) {
+  FILE *f = fopen("/proc/self/maps", "re");
+  if (!f) return false;
+  char line[PATH_MAX + 256];
+  bool same = false, whole = true; /* whole: this read starts a line */
+  while (fgets(line, sizeof line, f)) {
+    bool start = whole;
+    whole = strchr(line, '\n') != NULL;
+    unsigned long lo, hi, ino;
+    unsigned maj, mnr;
+    if (!start || sscanf(line, "%lx-%lx %*s %*s %x:%x %lu", &lo, &hi, &maj, &mnr, &ino) != 5) continue;
+    if ((uintptr_t)addr < lo || (uintptr_t)addr >= hi) continue;
+    same = maj == major(st->st_dev) && mnr == minor(st->st_dev) && ino == st->st_ino;
+    break;
+  }
+  fclose(f);
+  return same;
+}
+
+enum { LOAD_OK, LOAD_BAD, LOAD_ENV }; /* LOAD_ENV: not the file's fault */
+
+/* dlopen's the file open on fd through "/proc/self/fd/N", so the object
+   mapped is the file that was checked, whatever its name points to now.
+   The dynamic loader also matches names it has loaded before: a number
+   whose name an earlier object still carries is skipped (another
+   descriptor for the file is used), and the object returned must be
+   mapped from this very file. */
+static void *dlopen_fd(int fd, const struct stat *st, int *rc, const char **why) {
+  int use = fd, spare = -1;
+  void *handle = NULL;
+  *rc = LOAD_ENV;
+  *why = "every descriptor name tried was in use";
+  for (int attempt = 0; attempt < 16 && !handle; attempt++) {
+    char name[64];
+    snprintf(name, sizeof name, "/proc/self/fd/%d", use);
+    name_search s = {name, false};
+    dl_iterate_phdr(name_in_use, &s);
+    if (!s.taken) {
+      struct stat via;
+      if (stat(name, &via) != 0 || via.st_dev != st->st_dev || via.st_ino != st->st_ino) {
+        *why = "/proc/self/fd is not available";
+        break;
+      }
+      handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (!handle) {
+        const char *err = dlerror();
+        *rc = LOAD_BAD;
+        *why = err ? err : "dlopen failed";
+        break;
+      }
+      struct link_map *lm = NULL;
+      if (dlinfo(handle, RTLD_DI_LINKMAP, &lm) != 0 || !lm ||
+          (strcmp(lm->l_name, name) != 0 && !mapped_from(lm->l_ld, st))) {
+        dlclose(handle); /* an older object known by this name as well */
+        handle = NULL;
+      }
+    }
+    if (handle) break;
+    int next = fcntl(fd, F_DUPFD_CLOEXEC, use + 1);
+    if (spare >= 0) close(spare);
+    spare = next;
+    if (next < 0) {
+      *why = "no descriptor left to load through";
+      break;
+    }
+    use = next;
+  }
+  if (spare >= 0) close(spare);
+  if (handle) *rc = LOAD_OK, *why = NULL;
+  return handle;
+}
+
+/* ---- load ---- */
 
 void *cache_disk_load(const uint64_t h[2]) {
   if (!h) return NULL;
-  char path[PATH_MAX];
-  cache_disk_path(h, path, sizeof path);
-  if (!path[0]) return NULL;
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  disk_dir d;
+  if (!dir_open(&d)) return NULL;
+  char name[DISK_NAME_ROOM];
+  file_name(h, name, sizeof name);
+  /* O_NONBLOCK: a FIFO under this name must not hang the open */
+  int fd = openat(d.fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
-    if (errno == ELOOP) {
-      struct stat st;
-      if (lstat(path, &st) == 0) discard(path, &st, "a symbolic link");
-    } else if (errno != ENOENT) {
-      disk_log("cannot open %s: %s", path, strerror(errno));
-    }
+    if (errno == ELOOP)
+      discard(&d, name, NULL, "a symbolic link");
+    else if (errno != ENOENT)
+      disk_log("cannot open %s/%s: %s", d.path, name, strerror(errno));
+    dir_close(&d);
     return NULL;
   }
+  void *handle = NULL;
   struct stat st;
-  if (fstat(fd, &st) != 0) {
-    disk_log("cannot stat %s: %s", path, strerror(errno));
-    close(fd);
-    return NULL;
-  }
   const char *why = NULL;
-  int v = verify(fd, &st, h, &why);
-  if (v != VERIFY_OK) {
-    if (v == VERIFY_BAD)
-      discard(path, &st, why);
-    else
-      disk_log("cannot read %s: %s", path, why);
-    close(fd);
-    return NULL;
+  if (fstat(fd, &st) != 0) {
+    disk_log("cannot stat %s/%s: %s", d.path, name, strerror(errno));
+  } else if (!vm_private_file_check(&st, &why)) {
+    discard(&d, name, &st, why);
+  } else {
+    int v = verify(fd, &st, h, &why);
+    if (v == VERIFY_BAD) discard(&d, name, &st, why);
+    if (v == VERIFY_IO) disk_log("cannot read %s/%s: %s", d.path, name, why);
+    int rc = LOAD_ENV;
+    if (v == VERIFY_OK) handle = dlopen_fd(fd, &st, &rc, &why);
+    if (v == VERIFY_OK && rc == LOAD_BAD) discard(&d, name, &st, why);
+    if (v == VERIFY_OK && rc == LOAD_ENV)
+      disk_warn("the disk cache cannot load %s/%s: %s; kernels are compiled and kept in memory", d.path,
+                name, why);
   }
-  /* Verified through fd; the loader opens the path again.  Files only ever
-     appear there by rename of a complete file for the same hash. */
-  void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!handle) {
-    const char *err = dlerror();
-    discard(path, &st, err ? err : "dlopen failed");
-    close(fd);
-    return NULL;
-  }
-  touch_fd(fd);
+  if (handle) touch_fd(fd);
   close(fd);
+  dir_close(&d);
   return handle;
+}
+
+/* ---- temp files: named by their writer's pid, reclaimed once it is gone ---- */
+
+/* whether temp file `name` (DISK_TMP_PREFIX "<pid>-...") is a leftover:
+   its writer is dead, or (no pid, or a pid reused) it is old */
+static bool stale_temp(const char *name, const struct stat *st, time_t now) {
+  const char *p = name + strlen(DISK_TMP_PREFIX);
+  char *end;
+  long pid = strtol(p, &end, 10);
+  bool named = end != p && *end == '-' && pid > 0 && pid <= INT_MAX;
+  if (named && pid != (long)getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH) return true;
+  return now - st->st_mtim.tv_sec > DISK_STALE_TMP_SECONDS;
+}
+
+/* Creates a temp file in the directory: DISK_TMP_PREFIX "<pid>-<12 hex><suffix>",
+   mode 0600, O_EXCL; its name into name_out.  -1 on failure. */
+static int temp_create(const disk_dir *d, const char *suffix, char *name_out, size_t name_len) {
+  static atomic_uint_fast64_t counter;
+  for (int attempt = 0; attempt < 64; attempt++) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t seed[4] = {(uint64_t)ts.tv_sec, (uint64_t)ts.tv_nsec, (uint64_t)getpid(),
+                        atomic_fetch_add(&counter, 1)};
+    uint64_t r = XXH3_64bits(seed, sizeof seed) & 0xffffffffffffull;
+    int n = snprintf(name_out, name_len, DISK_TMP_PREFIX "%ld-%012" PRIx64 "%s", (long)getpid(), r,
+                     suffix ? suffix : "");
+    if (n <= 0 || (size_t)n >= name_len) return -1;
+    int fd = openat(d->fd, name_out, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+  return -1;
 }
 
 /* ---- eviction ---- */
@@ -328,15 +499,17 @@ static bool has_suffix(const char *s, const char *suffix) {
   return n >= m && !strcmp(s + n - m, suffix);
 }
 
-/* Deletes least recently used kernel files (any format version; never
-   `keep`) until the total size is at most max, and stale temp files. */
-static void evict(const char *dir, const char *keep, uint64_t max) {
-  DIR *d = opendir(dir);
+/* Deletes leftover temp files and, when `keep` is given, least recently
+   used kernel files (any format version; never `keep`) until the total
+   size is at most max. */
+static void evict(int dir_fd, const char *dir, const char *keep, uint64_t max) {
+  int dfd = dup(dir_fd);
+  DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
   if (!d) {
+    if (dfd >= 0) close(dfd);
     disk_log("cannot list %s: %s", dir, strerror(errno));
     return;
   }
-  int dfd = dirfd(d);
   disk_file *files = NULL;
   size_t n = 0, cap = 0;
   uint64_t total = 0;
@@ -344,15 +517,16 @@ static void evict(const char *dir, const char *keep, uint64_t max) {
   struct dirent *e;
   while ((e = readdir(d))) {
     const char *name = e->d_name;
-    bool kernel = !strncmp(name, DISK_PREFIX, strlen(DISK_PREFIX)) && has_suffix(name, ".so");
+    bool kernel = keep && !strncmp(name, DISK_PREFIX, strlen(DISK_PREFIX)) && has_suffix(name, ".so");
     bool tmp = !strncmp(name, DISK_TMP_PREFIX, strlen(DISK_TMP_PREFIX));
     if (!kernel && !tmp) continue;
     struct stat st;
-    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
     if (tmp) {
-      if (now - st.st_mtim.tv_sec > DISK_STALE_TMP_SECONDS) (void)unlinkat(dfd, name, 0);
+      if (stale_temp(name, &st, now)) (void)unlinkat(dfd, name, 0);
       continue;
     }
+    if (!S_ISREG(st.st_mode)) continue;
     total += (uint64_t)st.st_size;
     if (!strcmp(name, keep)) continue;
     if (n == cap) {
@@ -380,28 +554,24 @@ static void evict(const char *dir, const char *keep, uint64_t max) {
   closedir(d);
 }
 
+/* at start-up (the first time a process opens a cache directory): the
+   temp files of writers that are gone */
+static atomic_flag disk_reclaimed = ATOMIC_FLAG_INIT;
+
+static void reclaim_once(int dir_fd) {
+  if (!atomic_flag_test_and_set(&disk_reclaimed)) evict(dir_fd, "the cache directory", NULL, UINT64_MAX);
+}
+
 /* ---- store ---- */
 
-bool cache_disk_store(const uint64_t h[2], const char *so_path) {
-  if (!h || !so_path) return false;
-  const char *d = cache_disk_dir();
-  if (!d) return false;
-  char dir[PATH_MAX], name[DISK_NAME_ROOM];
-  char final[PATH_MAX + 2 * DISK_NAME_ROOM], tmp[PATH_MAX + 2 * DISK_NAME_ROOM];
-  snprintf(dir, sizeof dir, "%s", d);
+/* copies the shared object open on `in` into a temp file with its trailer,
+   then renames it to the name for h */
+static bool store_from(const disk_dir *d, const uint64_t h[2], int in, const char *from) {
+  char name[DISK_NAME_ROOM], tmp[DISK_NAME_ROOM];
   file_name(h, name, sizeof name);
-  snprintf(final, sizeof final, "%s/%s", dir, name);
-  snprintf(tmp, sizeof tmp, "%s/" DISK_TMP_PREFIX "XXXXXX", dir);
-
-  int in = open(so_path, O_RDONLY | O_CLOEXEC);
-  if (in < 0) {
-    disk_log("cannot open %s: %s", so_path, strerror(errno));
-    return false;
-  }
-  int out = mkostemp(tmp, O_CLOEXEC);
+  int out = temp_create(d, NULL, tmp, sizeof tmp);
   if (out < 0) {
-    disk_log("cannot create a temp file in %s: %s", dir, strerror(errno));
-    close(in);
+    disk_log("cannot create a temp file in %s: %s", d->path, strerror(errno));
     return false;
   }
   uint8_t *buf = malloc(DISK_CHUNK);
@@ -437,16 +607,89 @@ bool cache_disk_store(const uint64_t h[2], const char *so_path) {
   if (!fail && fsync(out) != 0) err = errno, fail = "fsync failed";
   if (!fail) touch_fd(out);
   if (close(out) != 0 && !fail) err = errno, fail = "close failed";
-  if (!fail && rename(tmp, final) != 0) err = errno, fail = "rename failed";
+  if (!fail && renameat(d->fd, tmp, d->fd, name) != 0) err = errno, fail = "rename failed";
   XXH3_freeState(xs);
   free(buf);
-  close(in);
   if (fail) {
-    (void)unlink(tmp);
-    disk_log("cannot store %s from %s: %s%s%s%s", final, so_path, fail, err ? " (" : "",
+    (void)unlinkat(d->fd, tmp, 0);
+    disk_log("cannot store %s/%s from %s: %s%s%s%s", d->path, name, from, fail, err ? " (" : "",
              err ? strerror(err) : "", err ? ")" : "");
     return false;
   }
-  evict(dir, name, cache_disk_max_bytes());
+  evict(d->fd, d->path, name, cache_disk_max_bytes());
   return true;
+}
+
+bool cache_disk_store(const uint64_t h[2], const char *so_path) {
+  if (!h || !so_path) return false;
+  disk_dir d;
+  if (!dir_open(&d)) return false;
+  int in = open(so_path, O_RDONLY | O_CLOEXEC);
+  bool ok = false;
+  if (in < 0)
+    disk_log("cannot open %s: %s", so_path, strerror(errno));
+  else
+    ok = store_from(&d, h, in, so_path);
+  if (in >= 0) close(in);
+  dir_close(&d);
+  return ok;
+}
+
+/* ---- scratch files for the compiler ---- */
+
+bool cache_disk_scratch_open(cache_disk_scratch *s, const char *suffix) {
+  disk_dir d;
+  s->dir_fd = -1;
+  s->name[0] = s->path[0] = '\0';
+  if (!dir_open(&d)) return false;
+  int fd = temp_create(&d, suffix, s->name, sizeof s->name);
+  int n = fd >= 0 ? snprintf(s->path, sizeof s->path, "%s/%s", d.path, s->name) : -1;
+  if (fd >= 0) close(fd);
+  if (n <= 0 || (size_t)n >= sizeof s->path) {
+    if (fd >= 0) (void)unlinkat(d.fd, s->name, 0);
+    disk_log("cannot create a scratch file in %s: %s", d.path, fd < 0 ? strerror(errno) : "path too long");
+    dir_close(&d);
+    s->name[0] = s->path[0] = '\0';
+    return false;
+  }
+  s->dir_fd = d.fd;
+  return true;
+}
+
+int cache_disk_scratch_read(const cache_disk_scratch *s) {
+  if (s->dir_fd < 0) return -1;
+  int fd = openat(s->dir_fd, s->name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  struct stat st;
+  /* the compiler's output mode is its own (ld makes it executable): only
+     what it is and whose it is matter in a private directory */
+  if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || st.st_nlink != 1)) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+}
+
+bool cache_disk_store_scratch(const uint64_t h[2], const cache_disk_scratch *s) {
+  if (!h || !s || s->dir_fd < 0) return false;
+  int in = cache_disk_scratch_read(s);
+  if (in < 0) {
+    disk_log("cannot read back %s", s->path);
+    return false;
+  }
+  disk_dir d = {.fd = s->dir_fd};
+  size_t n = strlen(s->path) - strlen(s->name) - 1;
+  memcpy(d.path, s->path, n);
+  d.path[n] = '\0';
+  bool ok = store_from(&d, h, in, s->path);
+  close(in);
+  return ok;
+}
+
+void cache_disk_scratch_close(cache_disk_scratch *s) {
+  if (s->dir_fd >= 0) {
+    (void)unlinkat(s->dir_fd, s->name, 0);
+    close(s->dir_fd);
+  }
+  s->dir_fd = -1;
+  s->name[0] = s->path[0] = '\0';
 }

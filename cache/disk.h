@@ -1,16 +1,23 @@
-/* disk.h — the on-disk kernel cache (DESIGN §4): content hash -> compiled
- * kernel object (a shared library from gcc_jit_context_compile_to_file),
- * kept across processes in KILN_CACHE_DIR.  Each file is the shared object
- * followed by a trailer (magic, format version, hash, payload length, XXH3-64
- * of the payload); a file is only dlopen'd after its trailer and checksum
- * verify, and a bad file is deleted, never trusted.  Files are written to a
- * temp file, fsync'd and renamed into place, so concurrent writers (threads
- * or processes) are safe.  The total size is bounded: least recently used
- * files (by mtime; a load touches its file) go first.
+/* disk.h — the on-disk kernel cache (DESIGN §4, §11): content hash ->
+ * compiled kernel object (a shared library from
+ * gcc_jit_context_compile_to_file), kept across processes in KILN_CACHE_DIR.
+ * Each file is the shared object followed by a trailer (magic, format
+ * version, hash, payload length, XXH3-64 of the payload).  Files are written
+ * to a temp file, fsync'd and renamed into place, so concurrent writers
+ * (threads or processes) are safe.  The total size is bounded: least
+ * recently used files (by mtime; a load touches its file) go first.
  *
- * The checksum guards against corruption, not tampering: whoever can write
- * the cache directory can run code in every process that uses it (Kiln
- * creates the directory 0700 and its files 0600).
+ * The cache holds code Kiln executes, so it trusts the directory only, not
+ * the checksum (which guards against corruption: it has no secret).  The
+ * directory is created 0700 and used only when it is a real directory (not
+ * a symlink) owned by the effective user and writable by no one else; a
+ * shared sticky directory (/tmp) holds a private "kiln-<euid>" directory
+ * instead; anything else turns the disk cache off with one warning.  A
+ * file is opened O_NOFOLLOW through the directory's descriptor, must be a
+ * regular file of the user's with one link, its checksum is verified on
+ * that descriptor, and that very descriptor is what gets loaded
+ * ("/proc/self/fd/N").  A file failing any check is deleted, never trusted.
+ * Temp files carry their writer's pid and are reclaimed once it is gone.
  *
  * Every function is thread-safe, holds no state between calls (the
  * environment is read on each call) and never fails loudly: an I/O problem
@@ -35,14 +42,16 @@
 bool cache_disk_enabled(void);
 
 /* The directory: KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln (when absolute),
-   else $HOME/.cache/kiln; created on demand (mkdir -p; the last component
-   0700).  NULL when disabled or unusable (cannot be created, not a directory).
+   else $HOME/.cache/kiln (in a shared sticky directory: its "kiln-<euid>");
+   created on demand (mkdir -p, 0700).  NULL when disabled or unusable
+   (cannot be created, not a directory, not private: see above).  The
+   first call of a process reclaims temp files of writers that are gone.
    The string lives in a per-thread buffer, valid until this thread's next
    call; the environment is re-read on every call. */
 const char *cache_disk_dir(void);
 
 /* If a valid file for content hash h exists, dlopen's it (RTLD_NOW |
-   RTLD_LOCAL) and returns the handle: the caller dlsym's its functions and
+   RTLD_LOCAL, through the descriptor that was checked) and returns the handle: the caller dlsym's its functions and
    dlclose's it.  A corrupt, truncated or mismatched file (or one dlopen
    rejects) is deleted and NULL returned.  A hit touches the file (LRU). */
 void *cache_disk_load(const uint64_t h[2]);
@@ -53,10 +62,29 @@ void *cache_disk_load(const uint64_t h[2]);
    name "kernel-v<FORMAT>-<32 hex>.so".  Then enforces the size bound
    (KILN_CACHE_MAX_BYTES if set, else KILN_CACHE_MAX_MB, default 512): deletes
    the least recently used kernel files (other than this one) until the total
-   is within it, and temp files left behind by crashed writers (older than an
-   hour).  Returns true on success.  Two processes storing the same h at once
+   is within it, and temp files left behind by killed writers (their pid is
+   gone, or they are older than ten minutes).  Returns true on success.  Two processes storing the same h at once
    both succeed and leave one valid file. */
 bool cache_disk_store(const uint64_t h[2], const char *so_path);
+
+/* A scratch file in the cache directory for the compiler to write (its
+   output, a source dump): "<dir>/.kernel-tmp-<pid>-<12 hex><suffix>",
+   created empty (0600, O_EXCL), with the directory's descriptor kept so
+   it is read back through it, never by path.  Named by the pid, so one
+   left by a killed process is reclaimed.  false when the disk cache is off
+   or unusable. */
+typedef struct cache_disk_scratch {
+  int dir_fd;
+  char name[64];
+  char path[4096]; /* for the compiler, which takes a path */
+} cache_disk_scratch;
+bool cache_disk_scratch_open(cache_disk_scratch *s, const char *suffix);
+/* opens it for reading: -1 unless a regular file of the user's with one link */
+int cache_disk_scratch_read(const cache_disk_scratch *s);
+/* stores its contents as the file for h (as cache_disk_store) */
+bool cache_disk_store_scratch(const uint64_t h[2], const cache_disk_scratch *s);
+/* deletes it and closes the directory */
+void cache_disk_scratch_close(cache_disk_scratch *s);
 
 /* "<dir>/kernel-v<FORMAT>-<h[0] as 16 hex><h[1] as 16 hex>.so", or "" when
    the cache is disabled or unusable (for tests and tools). */

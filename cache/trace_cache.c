@@ -10,6 +10,7 @@
 #include "../vm/state.h"
 
 #define CACHE_MAX_ENTRIES 4096
+#define CACHE_MAX_RELEARN 3 /* plans per key: the first, and two relearned */
 
 typedef struct entry {
   uint64_t key[2];
@@ -17,6 +18,11 @@ typedef struct entry {
   size_t len;
   uint64_t sightings;
   void *plan;
+  int plan_learned;   /* learned outputs when the plan was built */
+  int plans;          /* plans published for this key */
+  int nodes;          /* canonical nodes of the trace */
+  int learned;        /* outputs learned (bits set in keep) */
+  uint8_t *keep;      /* per node: keep it (learned), or NULL */
   struct entry *lru_prev, *lru_next;
   UT_hash_handle hh;
 } entry;
@@ -84,6 +90,7 @@ static void lru_push_front(entry *e) {
 
 static void entry_free(entry *e) {
   if (e->plan && cache.ops.release) cache.ops.release(e->plan);
+  free(e->keep);
   free(e->bytes);
   free(e);
 }
@@ -96,7 +103,8 @@ static entry *find(const uint64_t key[2], const uint8_t *bytes, size_t len) {
   return e;
 }
 
-void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, cache_sighting *out) {
+void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, int nodes,
+                 bool *outputs, cache_sighting *out) {
   memset(out, 0, sizeof *out);
   pthread_mutex_lock(&cache.lock);
   init_locked();
@@ -120,6 +128,7 @@ void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, cache_
     }
     memcpy(e->key, key, sizeof e->key);
     memcpy(copy, bytes, len);
+    e->nodes = nodes;
     e->bytes = copy;
     e->len = len;
     HASH_ADD(hh, cache.table, key, sizeof e->key, e);
@@ -138,9 +147,14 @@ void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, cache_
     lru_push_front(e);
   }
   out->sightings = ++e->sightings;
-  if (e->plan) {
+  out->learned = e->learned;
+  for (int i = 0; e->keep && i < e->nodes && i < nodes; i++)
+    if (e->keep[i]) outputs[i] = true;
+  if (e->plan && e->plan_learned == e->learned) {
     out->plan = e->plan;
     if (cache.ops.retain) cache.ops.retain(e->plan);
+  } else if (e->plan) { /* its outputs changed since it was planned */
+    out->replan = true;
   } else if (e->sightings == (uint64_t)cache.hot) {
     out->hot = true;
   }
@@ -162,12 +176,29 @@ bool cache_admit(const uint64_t fam[2]) {
   return ok;
 }
 
-void cache_publish(const uint64_t key[2], const uint8_t *bytes, size_t len, void *plan) {
+void cache_publish(const uint64_t key[2], const uint8_t *bytes, size_t len, int learned, void *plan) {
   pthread_mutex_lock(&cache.lock);
   entry *e = find(key, bytes, len);
-  if (e && !e->plan) {
+  if (e && (!e->plan || e->plan_learned < learned)) {
+    if (e->plan && cache.ops.release) cache.ops.release(e->plan);
     e->plan = plan;
+    e->plan_learned = learned;
+    e->plans++;
     if (cache.ops.retain) cache.ops.retain(plan);
+  }
+  pthread_mutex_unlock(&cache.lock);
+}
+
+void cache_learn(const uint64_t key[2], int index) {
+  pthread_mutex_lock(&cache.lock);
+  entry *e = NULL;
+  HASH_FIND(hh, cache.table, key, sizeof e->key, e);
+  /* a key planned CACHE_MAX_RELEARN times keeps the outputs it has: its
+     plan (and compiled code) stays; learning is only ever a hint */
+  if (e && index >= 0 && index < e->nodes && e->plans < CACHE_MAX_RELEARN &&
+      (e->keep || (e->keep = calloc((size_t)e->nodes, 1))) && !e->keep[index]) {
+    e->keep[index] = 1;
+    e->learned++;
   }
   pthread_mutex_unlock(&cache.lock);
 }

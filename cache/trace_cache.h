@@ -18,20 +18,30 @@ void cache_set_plan_ops(const cache_plan_ops *ops);
 typedef struct cache_sighting {
   void *plan;          /* retained plan, or NULL (run on the interpreter) */
   bool hot;            /* this sighting made the trace hot: ask cache_admit */
+  bool replan;         /* planned before, but it learned outputs since: plan
+                          it again (no admission needed) */
+  int learned;         /* outputs learned so far (see cache_learn) */
   bool make_plan;      /* admitted: plan it now (set by the caller) */
   bool over_budget;    /* hot, but its family used up its recompile budget */
   bool new_key;
   uint64_t sightings;  /* including this one */
 } cache_sighting;
 
-/* Counts a sighting of the trace with canonical bytes (hash key); a hash
-   collision with different bytes is never mistaken for a hit. */
-void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, cache_sighting *out);
+/* Counts a sighting of the trace with canonical bytes (hash key) of
+   `nodes` nodes; a hash collision with different bytes is never mistaken
+   for a hit.  Sets outputs[i] for every node the key learned to keep. */
+void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, int nodes,
+                 bool *outputs, cache_sighting *out);
+/* A later flush had to recompute node `index` of key's trace: the next runs
+   of that key keep it (DESIGN §3: a plan learns).  Bounded per key: past
+   CACHE_MAX_RELEARN plans for one key it stops learning. */
+void cache_learn(const uint64_t key[2], int index);
 /* A hot trace of key family fam may be planned while the family is within
    its recompile budget; counts it if so. */
 bool cache_admit(const uint64_t fam[2]);
-/* Publishes the plan of a key (the cache takes a reference). */
-void cache_publish(const uint64_t key[2], const uint8_t *bytes, size_t len, void *plan);
+/* Publishes the plan of a key, built with the outputs it had learned
+   (cache_sighting.learned); the cache takes a reference. */
+void cache_publish(const uint64_t key[2], const uint8_t *bytes, size_t len, int learned, void *plan);
 int cache_entries(void);
 void cache_clear(void); /* drops every entry (tests) */
 

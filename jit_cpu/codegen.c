@@ -221,6 +221,13 @@ static gcc_jit_rvalue *emit_binary(cg_ctx *c, vm_opcode op, kiln_dtype dt, gcc_j
     case VM_OP_minimum: {
       if (b8) return bin(c, op == VM_OP_maximum ? GCC_JIT_BINARY_OP_LOGICAL_OR : GCC_JIT_BINARY_OP_LOGICAL_AND, t, x, y);
       gcc_jit_rvalue *pick = cmp(c, op == VM_OP_maximum ? GCC_JIT_COMPARISON_GT : GCC_JIT_COMPARISON_LT, x, y);
+      if (fl) { /* equal values: -0 < +0 (vm/fold.h's VM_FMAX / VM_FMIN) */
+        gcc_jit_type *it = dt == KILN_F64 ? c->t_i64 : c->t_i32;
+        gcc_jit_rvalue *ysign = cmp(c, op == VM_OP_maximum ? GCC_JIT_COMPARISON_LT : GCC_JIT_COMPARISON_GE,
+                                    gcc_jit_context_new_bitcast(c->ctx, NULL, y, it), gcc_jit_context_zero(c->ctx, it));
+        gcc_jit_rvalue *tie = bin(c, GCC_JIT_BINARY_OP_BITWISE_AND, c->t_bool, cmp(c, GCC_JIT_COMPARISON_EQ, x, y), ysign);
+        pick = bin(c, GCC_JIT_BINARY_OP_BITWISE_OR, c->t_bool, pick, tie);
+      }
       gcc_jit_rvalue *r = pick_value(c, t, pick, x, y);
       return fl ? pick_value(c, t, cmp(c, GCC_JIT_COMPARISON_NE, x, x), x, r) : r; /* NaN wins */
     }

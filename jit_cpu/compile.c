@@ -2,7 +2,9 @@
  * in-memory cache of compiled code by kernel-description hash, and running
  * a compiled group on the thread pool.  The target is chosen once from the
  * detected CPU: -march=x86-64-vN (libgccjit 12 rejects -march=native). */
+#include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <elf.h>
 #include <link.h>
 #include <pthread.h>
@@ -16,6 +18,7 @@
 #include <xxhash.h>
 
 #include "../cache/disk.h"
+#include "../trace/dump.h"
 #include "../trace/key.h"
 #include "../vm/cpu.h"
 #include "../vm/pool.h"
@@ -150,16 +153,15 @@ static void log_once(const char *what, const char *detail) {
 }
 
 static void dump_kernels(gcc_jit_context *ctx, const uint64_t key[2]) {
-  const char *dir = getenv("KILN_DUMP");
-  if (!dir || !*dir) return;
-  mkdir(dir, 0777);
-  char path[4096];
-  snprintf(path, sizeof path, "%s/kernels-%016llx%016llx.c", dir, (unsigned long long)key[1],
+  int dfd = tr_dump_dir_open();
+  if (dfd < 0) return;
+  char name[96], path[4096];
+  snprintf(name, sizeof name, "kernels-%016llx%016llx.c", (unsigned long long)key[1], (unsigned long long)key[0]);
+  if (tr_dump_path(dfd, name, path, sizeof path)) gcc_jit_context_dump_to_file(ctx, path, 0);
+  snprintf(name, sizeof name, "kernels-%016llx%016llx-reproducer.c", (unsigned long long)key[1],
            (unsigned long long)key[0]);
-  gcc_jit_context_dump_to_file(ctx, path, 0);
-  snprintf(path, sizeof path, "%s/kernels-%016llx%016llx-reproducer.c", dir,
-           (unsigned long long)key[1], (unsigned long long)key[0]);
-  gcc_jit_context_dump_reproducer_to_file(ctx, path);
+  if (tr_dump_path(dfd, name, path, sizeof path)) gcc_jit_context_dump_reproducer_to_file(ctx, path);
+  close(dfd);
 }
 
 /* set once libgccjit has run a compile: it sets up (and registers the exit
@@ -167,18 +169,16 @@ static void dump_kernels(gcc_jit_context *ctx, const uint64_t key[2]) {
 static atomic_bool gccjit_warm;
 
 /* compiles to a shared object and stores it in the disk cache; the code is
-   then loaded from there.  false: fall back to an in-memory compile */
+   then loaded from there.  The compiler writes into a scratch file in the
+   cache directory (named by this process, so a kill leaves nothing that
+   the next start does not reclaim), read back through the directory's
+   descriptor.  false: fall back to an in-memory compile */
 static bool compile_to_disk(gcc_jit_context *ctx, const uint64_t key[2], code *out) {
-  if (!cache_disk_enabled() || !cache_disk_dir()) return false;
-  const char *tmpdir = getenv("TMPDIR");
-  char path[4096];
-  snprintf(path, sizeof path, "%s/kiln-kernel-XXXXXX.so", tmpdir && *tmpdir ? tmpdir : "/tmp");
-  int fd = mkstemps(path, 3);
-  if (fd < 0) return false;
-  close(fd);
-  gcc_jit_context_compile_to_file(ctx, GCC_JIT_OUTPUT_KIND_DYNAMIC_LIBRARY, path);
-  bool ok = !gcc_jit_context_get_first_error(ctx) && cache_disk_store(key, path);
-  unlink(path);
+  cache_disk_scratch scratch;
+  if (!cache_disk_scratch_open(&scratch, ".so")) return false;
+  gcc_jit_context_compile_to_file(ctx, GCC_JIT_OUTPUT_KIND_DYNAMIC_LIBRARY, scratch.path);
+  bool ok = !gcc_jit_context_get_first_error(ctx) && cache_disk_store_scratch(key, &scratch);
+  cache_disk_scratch_close(&scratch);
   if (ok) out->dl = cache_disk_load(key);
   return out->dl != NULL;
 }
@@ -251,16 +251,16 @@ static bool identity_key(const uint64_t key[2], uint64_t out[2]) {
   return true;
 }
 
-/* the key from the kernels' printed source, for builds without an ID */
+/* the key from the kernels' printed source, for builds without an ID (the
+   source is dumped to a scratch file of the disk cache, which a key is
+   only needed for) */
 static bool source_key(gcc_jit_context *ctx, const uint64_t key[2], uint64_t out[2]) {
-  const char *tmpdir = getenv("TMPDIR");
-  char path[4096];
-  snprintf(path, sizeof path, "%s/kiln-source-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
-  int fd = mkstemp(path);
-  if (fd < 0) return false;
-  close(fd);
-  gcc_jit_context_dump_to_file(ctx, path, 0);
-  FILE *f = fopen(path, "rb");
+  cache_disk_scratch scratch;
+  if (!cache_disk_scratch_open(&scratch, ".c")) return false;
+  gcc_jit_context_dump_to_file(ctx, scratch.path, 0);
+  int fd = cache_disk_scratch_read(&scratch);
+  FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+  if (!f && fd >= 0) close(fd);
   XXH3_state_t *st = XXH3_createState();
   bool ok = f && st && XXH3_128bits_reset(st) == XXH_OK &&
             XXH3_128bits_update(st, key, 2 * sizeof *key) == XXH_OK;
@@ -274,7 +274,7 @@ static bool source_key(gcc_jit_context *ctx, const uint64_t key[2], uint64_t out
   }
   if (f) fclose(f);
   XXH3_freeState(st);
-  unlink(path);
+  cache_disk_scratch_close(&scratch);
   return ok;
 }
 
@@ -289,7 +289,7 @@ static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_
   cg_ctx c = {.ctx = ctx};
   cg_init_types(&c);
   const char *isa = target_march();
-  c.math = cpu_math_new(ctx, isa && (!strcmp(isa, "x86-64-v3") || !strcmp(isa, "x86-64-v4")));
+  c.math = cpu_math_new(ctx, isa && vm_cpu_fma()); /* the interpreter's variant too */
   /* No -fassociative-math / -fno-signed-zeros, although reduction loops
      then do not vectorize: they apply to the whole context and changed the
      results of elementwise kernels beside a reduction ((x + 2^24) - 2^24
@@ -356,7 +356,66 @@ static bool on_path(const char *name) {
    with one clear message */
 static bool toolchain_found;
 
+/* libgccjit compiles in a directory "libgccjit-XXXXXX" of its temp
+   directory (TMPDIR, TMP, TEMP, else /tmp, read once by libgccjit) and
+   removes it when done; a process killed meanwhile leaves it.  Its name
+   says nothing of its process, and libgccjit reads TMPDIR only once, at
+   its first compile (pointing it elsewhere would mean setenv racing with
+   getenv on the user's threads), so leftovers are told by age: ours, only
+   libgccjit's files ("fake.*"), nothing touched for ten minutes (no
+   compile takes that long).  Run once per process, before its first
+   compile. */
+#define GCCJIT_STALE_SECONDS 600
+
+static const char *gccjit_tmpdir(void) {
+  const char *vars[] = {"TMPDIR", "TMP", "TEMP"};
+  for (int i = 0; i < 3; i++) {
+    const char *v = getenv(vars[i]);
+    struct stat st;
+    if (v && *v && stat(v, &st) == 0 && S_ISDIR(st.st_mode) && access(v, W_OK | X_OK) == 0) return v;
+  }
+  return "/tmp";
+}
+
+/* whether directory `name` in parent_fd is a stale libgccjit temp dir; removes it if so */
+static void reclaim_gccjit_dir(int parent_fd, const char *name, time_t now) {
+  int fd = openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0) return;
+  DIR *d = fstat(fd, &st) == 0 && st.st_uid == geteuid() && now - st.st_mtime > GCCJIT_STALE_SECONDS ? fdopendir(fd) : NULL;
+  if (!d) {
+    close(fd);
+    return;
+  }
+  bool stale = true;
+  struct dirent *e;
+  while (stale && (e = readdir(d))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    stale = !strncmp(e->d_name, "fake.", 5) && fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISREG(st.st_mode) && now - st.st_mtime > GCCJIT_STALE_SECONDS;
+  }
+  if (stale) {
+    rewinddir(d);
+    while ((e = readdir(d)))
+      if (!strncmp(e->d_name, "fake.", 5)) (void)unlinkat(fd, e->d_name, 0);
+    (void)unlinkat(parent_fd, name, AT_REMOVEDIR);
+  }
+  closedir(d);
+}
+
+static void reclaim_gccjit_leftovers(void) {
+  DIR *d = opendir(gccjit_tmpdir());
+  if (!d) return;
+  time_t now = time(NULL);
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (!strncmp(e->d_name, "libgccjit-", 10) && strlen(e->d_name) == 16)
+      reclaim_gccjit_dir(dirfd(d), e->d_name, now);
+  closedir(d);
+}
+
 static void toolchain_check(void) {
+  reclaim_gccjit_leftovers();
   const char *missing = !on_path("as") ? "the assembler 'as'" : !on_path("ld") ? "the linker 'ld'" : NULL;
   toolchain_found = missing == NULL;
   if (missing)
@@ -679,34 +738,22 @@ static bool split_strides(const cpu_kernel *k, const tr_trace *t, vm_tensor **va
   return true;
 }
 
-/* folds the chunk partials part[o * nchunks + ch] of each row o into
-   out[o], in chunk order, as the kernel folds (NaN wins for max/min,
-   integers wrap, f32 sums and products in f64) */
-static void fold_partials(vm_opcode op, kiln_dtype dt, const void *part, int64_t nchunks, int64_t rows,
-                          void *out) {
-  bool fl = vm_dtype_is_float(dt);
+/* folds integer chunk partials part[o * nchunks + ch] of each row o into
+   out[o] (wrapping; float partials fold in vm_fold_partials) */
+static void fold_int_partials(vm_opcode op, kiln_dtype dt, const void *part, int64_t nchunks, int64_t rows,
+                              void *out) {
   for (int64_t o = 0; o < rows; o++) {
-    double facc = op == VM_OP_prod ? 1 : 0;
     uint64_t iacc = op == VM_OP_prod ? 1 : 0;
     for (int64_t ch = 0; ch < nchunks; ch++) {
       int64_t at = o * nchunks + ch;
-      if (fl) {
-        double x = vm_load_f64(part, dt, at);
-        if (ch == 0 && (op == VM_OP_max || op == VM_OP_min)) facc = x;
-        else if (op == VM_OP_sum) facc += x;
-        else if (op == VM_OP_prod) facc *= x;
-        else if (!(facc != facc || (op == VM_OP_max ? facc >= x : facc <= x))) facc = x;
-      } else {
-        int64_t x = dt == KILN_I32 ? ((const int32_t *)part)[at] : ((const int64_t *)part)[at];
-        int64_t a = dt == KILN_I32 ? (int32_t)iacc : (int64_t)iacc;
-        if (ch == 0 && (op == VM_OP_max || op == VM_OP_min)) iacc = (uint64_t)x;
-        else if (op == VM_OP_sum) iacc += (uint64_t)x;
-        else if (op == VM_OP_prod) iacc *= (uint64_t)x;
-        else if (op == VM_OP_max ? x > a : x < a) iacc = (uint64_t)x;
-      }
+      int64_t x = dt == KILN_I32 ? ((const int32_t *)part)[at] : ((const int64_t *)part)[at];
+      int64_t a = dt == KILN_I32 ? (int32_t)iacc : (int64_t)iacc;
+      if (ch == 0 && (op == VM_OP_max || op == VM_OP_min)) iacc = (uint64_t)x;
+      else if (op == VM_OP_sum) iacc += (uint64_t)x;
+      else if (op == VM_OP_prod) iacc *= (uint64_t)x;
+      else if (op == VM_OP_max ? x > a : x < a) iacc = (uint64_t)x;
     }
-    if (fl) vm_store_f64(out, dt, o, facc);
-    else if (dt == KILN_I32) ((int32_t *)out)[o] = (int32_t)(uint32_t)iacc;
+    if (dt == KILN_I32) ((int32_t *)out)[o] = (int32_t)(uint32_t)iacc;
     else ((int64_t *)out)[o] = (int64_t)iacc;
   }
 }
@@ -744,7 +791,10 @@ static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
   run_job job = {.fn = k->fn, .bufs = bufs, .meta = meta, .params = params};
   launch(&job, rows * nchunks, RUN_GRAIN / chunk + 1, k, outs, vals, rc);
   if (partials) {
-    fold_partials(red->op, red->meta.dtype, vm_data(partials), nchunks, rows, vm_data(outs[qr]));
+    if (vm_dtype_is_float(red->meta.dtype)) /* the interpreter's fold (vm/fold.h) */
+      vm_fold_partials(red->op, red->meta.dtype, vm_data(partials), nchunks, rows, vm_data(outs[qr]));
+    else
+      fold_int_partials(red->op, red->meta.dtype, vm_data(partials), nchunks, rows, vm_data(outs[qr]));
     vm_release(partials);
   }
   return true;
@@ -871,8 +921,24 @@ static struct {
   pthread_cond_t wake, idle;
   compile_job *head, *tail;
   bool started, busy, stopping;
+  /* testing: KILN_COMPILE_DELAY_MS=max[,seed] sleeps a random 0..max ms
+     before each background compile, so compiles finish at random moments
+     (tests/test_bitwise_training.c: results must not change) */
+  int delay_max_ms;
+  uint64_t delay_state;
 } compiler = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-              NULL, NULL, false, false, false};
+              NULL, NULL, false, false, false, 0, 0};
+
+static void compile_delay(void) {
+  if (compiler.delay_max_ms <= 0) return;
+  uint64_t z = (compiler.delay_state += 0x9E3779B97F4A7C15ull); /* splitmix64 */
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  long us = (long)(z % ((uint64_t)compiler.delay_max_ms * 1000 + 1));
+  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+  nanosleep(&ts, NULL);
+}
 
 static void compiler_stop(void);
 static void compile_now(compile_job *job);
@@ -888,6 +954,7 @@ static void *compiler_main(void *arg) {
     if (!compiler.head) compiler.tail = NULL;
     compiler.busy = true;
     pthread_mutex_unlock(&compiler.lock);
+    compile_delay();
     compile_now(job);
     /* exit handlers run last-registered first, and libgccjit registers
        teardown of its own while it compiles: ours must come after them all
@@ -950,6 +1017,12 @@ static void compile_now(compile_job *job) {
 }
 
 static void start_compiler_locked(void) {
+  const char *delay = getenv("KILN_COMPILE_DELAY_MS"); /* read here, on the caller's thread */
+  if (delay && *delay) {
+    char *end;
+    compiler.delay_max_ms = (int)strtol(delay, &end, 10);
+    compiler.delay_state = *end == ',' ? strtoull(end + 1, NULL, 10) : 1;
+  }
   pthread_t th;
   pthread_attr_t attr;
   pthread_attr_init(&attr);

@@ -364,8 +364,8 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, 
  * meta = rows, count, chunk, nchunks, then per input (row stride, inner
  * stride); the caller checked both collapse to one stride. */
 
-#define REDUCE_BLOCK 4096
-#define REDUCE_LANE_BYTES 256 /* four 512-bit vectors of partial sums */
+#define REDUCE_BLOCK VM_FOLD_BLOCK /* the fold order: vm/fold.h */
+#define REDUCE_LANE_BYTES VM_FOLD_LANE_BYTES
 
 bool kernel_reduce_split(const tr_pnode *r, const vm_meta *in, int64_t *rows, int64_t *count) {
   bool seen_reduced = false;

@@ -3,6 +3,7 @@
 #ifndef CPU_KERNEL_H
 #define CPU_KERNEL_H
 
+#include "../vm/fold.h"
 #include "codegen.h"
 
 /* buffers a kernel reads or writes (and params it takes): a trace with many
@@ -66,7 +67,7 @@ bool kernel_emit_reduce_cols(cg_ctx *c, const tr_plan *plan, int g, const cpu_le
 /* the dtype a reduce kernel accumulates in (f64 for f32 sums and products) */
 kiln_dtype kernel_reduce_acc_dtype(vm_opcode op, kiln_dtype out);
 /* reduced positions per chunk when a row is split (a multiple of the block) */
-#define KERNEL_REDUCE_CHUNK ((int64_t)1 << 16)
+#define KERNEL_REDUCE_CHUNK VM_FOLD_CHUNK
 
 bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
                  kernel_shape *ks);

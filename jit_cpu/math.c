@@ -23,7 +23,10 @@
  *    exact constants, so FMA contraction (-ffp-contract=fast) cannot break
  *    them; the accuracy holds with and without it.
  * sin, cos and pow work in double internally: they vectorize from
- * x86-64-v2 up (64-bit lane compares), and stay scalar on baseline x86-64. */
+ * x86-64-v2 up (64-bit lane compares), and stay scalar on baseline x86-64.
+ *
+ * vm/vmath.h is every function here written in C, step for step, for the
+ * interpreter (bit for bit, DESIGN §5): change both together. */
 #include "math.h"
 
 #include <stdint.h>

@@ -48,10 +48,17 @@ static kiln_tensor *tensor_hash(int64_t rows, int64_t cols, uint32_t seed, doubl
 }
 
 void wl_mlp_init(wl_mlp *m, bool smoke) {
-  m->batch = smoke ? 16 : 512;
-  m->d_in = smoke ? 64 : 784;
-  m->h1 = smoke ? 32 : 1024;
-  m->h2 = smoke ? 32 : 1024;
+  if (smoke)
+    wl_mlp_init_dims(m, 16, 64, 32, 32);
+  else
+    wl_mlp_init_dims(m, 512, 784, 1024, 1024);
+}
+
+void wl_mlp_init_dims(wl_mlp *m, int64_t batch, int64_t d_in, int64_t h1, int64_t h2) {
+  m->batch = batch;
+  m->d_in = d_in;
+  m->h1 = h1;
+  m->h2 = h2;
   m->classes = 10;
   m->lr = 0.05;
   /* the formulas perf/peers.py uses too */

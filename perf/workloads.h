@@ -27,6 +27,8 @@ typedef struct {
 } wl_mlp;
 
 void wl_mlp_init(wl_mlp *m, bool smoke);
+/* the same inputs' formulas at other sizes (perf_threads_two_models) */
+void wl_mlp_init_dims(wl_mlp *m, int64_t batch, int64_t d_in, int64_t h1, int64_t h2);
 /* one training step: forward, a hand-written backward pass from Kiln ops
    (Kiln has no autodiff yet), SGD update of the six parameters in place
    (kiln_sub_scaled_).  Returns the loss of the forward pass (caller releases). */

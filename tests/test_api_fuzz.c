@@ -520,8 +520,15 @@ static void call_read(void) {
       return;
     }
     default:
-      call_name = "kiln_sync";
-      status_result(kiln_sync());
+      if (coin(50)) {
+        call_name = "kiln_sync";
+        status_result(kiln_sync());
+      } else { /* small tensors only: evaluating a big one is legitimate but slow */
+        call_name = "kiln_eval";
+        kiln_tensor *ts[3] = {arg_small(), arg_small(), arg_small()};
+        int n = coin(90) ? rn(4) : -1;
+        status_result(kiln_eval(n, coin(5) ? NULL : ts));
+      }
       return;
   }
 }

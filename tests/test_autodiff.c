@@ -1646,7 +1646,7 @@ TEST(grad_large_logits_stable) {
   kiln_release(tgt), kiln_release(w), kiln_release(w3);
 }
 
-/* a chain longer than the pending-graph cap (depth 64): the forward and the
+/* a chain longer than the pending-graph cap (depth 256): the forward and the
    backward are both cut into several flushes; y <- 0.99 y + 0.01 sin(y) */
 TEST(backward_through_a_deep_graph) {
   static const double xv[4] = {0.3, -1.2, 2.0, 0.7};

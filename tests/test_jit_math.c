@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "../jit_cpu/math.h"
+#include "../vm/kernels.h"
 #include "ktest.h"
 
 /* libgccjit leaks a little on every compile (DESIGN §6); under
@@ -168,7 +169,7 @@ static double ref1(cpu_fn fn, double x) {
   }
 }
 
-/* the interpreter's f32 expression (vm/kern_elementwise.c) */
+/* libm's float functions: the reference for special values */
 static float interp_f32(cpu_fn fn, float x, float y) {
   switch (fn) {
     case CPU_EXP: return expf(x);
@@ -343,7 +344,7 @@ static void check_special_f32(cpu_fn fn, float x, float got) {
     if (!in_domain(fn, x)) return;
   }
   float want = interp_f32(fn, x, 0);
-  if (fn == CPU_SIGMOID) want = (float)ref1(fn, x); /* the interpreter flushes tiny results */
+  if (fn == CPU_SIGMOID) want = (float)ref1(fn, x); /* the float formula flushes tiny results */
   bool ok;
   if (isnan(want) || isnan(got)) ok = isnan(want) && isnan(got);
   else if (isinf(want) || want == 0 || isinf(got) || got == 0 || isinf(x))
@@ -617,6 +618,50 @@ TEST(accuracy_f32) {
   }
 }
 
+
+/* the interpreter's f32 math (vm/vmath.h, built into vm/kern_math.c) must
+   be the compiled IR, bit for bit, for each fma setting the JIT uses: the
+   JIT's own options on this CPU and baseline x86-64 (NaN payloads aside) */
+static vm_opcode op_of(cpu_fn fn) {
+  static const vm_opcode ops[CPU_FN_COUNT] = {
+      [CPU_EXP] = VM_OP_exp,     [CPU_LOG] = VM_OP_log,     [CPU_TANH] = VM_OP_tanh,
+      [CPU_SIGMOID] = VM_OP_sigmoid, [CPU_SIN] = VM_OP_sin, [CPU_COS] = VM_OP_cos,
+      [CPU_LOG1P] = VM_OP_log1p, [CPU_EXPM1] = VM_OP_expm1, [CPU_ERF] = VM_OP_erf,
+      [CPU_SQRT] = VM_OP_sqrt,   [CPU_RSQRT] = VM_OP_rsqrt, [CPU_POW] = VM_OP_pow};
+  return ops[fn];
+}
+
+static void check_interpreter_equal(kernels *k, bool fma, const char *variant) {
+  for (int f = 0; f < CPU_FN_COUNT; f++) {
+    if (f == CPU_SQRT || f == CPU_RSQRT) continue; /* instructions: checked above */
+    vec a = samples_for((cpu_fn)f);
+    long n = a.n;
+    float *y = malloc((size_t)n * sizeof(float)), *x2 = malloc((size_t)n * sizeof(float));
+    for (long i = 0; i < n; i++) /* pow: exponents from the same samples, shuffled */
+      x2[i] = f == CPU_POW ? (i % 7 == 0 ? (float)(int)(i % 9 - 4) : a.v[(i * 7919) % n] * 0x1p-100f * (float)(i % 3)) : 0;
+    if (f == CPU_POW) ((kpow32)k->f32[f])(a.v, x2, y, n);
+    else ((kf32)k->f32[f])(a.v, y, n);
+    long bad = 0;
+    for (long i = 0; i < n; i++) {
+      float want = vm_math_f32(op_of((cpu_fn)f), fma, a.v[i], x2[i]);
+      if (to_bits(want) == to_bits(y[i]) || (isnan(want) && isnan(y[i]))) continue;
+      if (bad++ < 5)
+        KTEST_FAIL("%s f32 (%s): compiled %a, interpreter %a at x=%a y=%a", cpu_math_name((cpu_fn)f),
+                   variant, y[i], want, a.v[i], x2[i]);
+    }
+    printf("  %-8s f32 %-8s interpreter == compiled on %ld samples%s\n", cpu_math_name((cpu_fn)f),
+           variant, n, bad ? " (NOT)" : "");
+    free(y);
+    free(x2);
+    free(a.v);
+  }
+}
+
+TEST(interpreter_bitwise_equal) {
+  if (K[V_NOCONTRACT].res) check_interpreter_equal(&K[V_NOCONTRACT], march_fma(best_march()), "jit");
+  if (K[V_BASE].res) check_interpreter_equal(&K[V_BASE], false, "x86-64");
+}
+
 TEST(f64_is_libm) {
   if (!K[V_NOCONTRACT].res) return;
   for (int f = 0; f < CPU_FN_COUNT; f++)
@@ -663,6 +708,7 @@ TEST(throughput_printed) {
 int main(void) {
   RUN(compiles);
   RUN(accuracy_f32);
+  RUN(interpreter_bitwise_equal);
   RUN(f64_is_libm);
   RUN(api_casts_and_caches);
   RUN(throughput_printed);

@@ -1,9 +1,21 @@
 /* test_threads.c — the API is thread-safe for distinct tensors: several user
- * threads run large ops (which use the kernel pool) at once and get exactly
- * the results a single thread gets; errors stay per thread. */
+ * threads run large ops and train small models (which use the kernel pool)
+ * at once and get exactly the results a single thread gets; errors stay per
+ * thread; and the kernel pool is shared: however many user threads flush at
+ * once, no more than KILN_THREADS threads run kernels (kiln_stat
+ * "kernel_threads_max").  KILN_THREADS is read once per process, so the
+ * test runs itself again under KILN_THREADS=1, 2 and 4 (DESIGN.md §9) and
+ * checks that all three train to the same bits. */
 #include <pthread.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "ktest.h"
+
+extern char **environ;
+static const char *self_path; /* argv[0], for the children */
 
 #define WORKERS 4
 #define N (1 << 18)
@@ -32,13 +44,68 @@ static double pipeline(int seed) {
   return r;
 }
 
+/* --- a small model: 256 x 128 -> 256 (relu) -> 10, cross-entropy, SGD ---- */
+
+enum { BATCH = 256, D_IN = 128, HIDDEN = 256, CLASSES = 10, STEPS = 6 };
+
+typedef struct {
+  float w1[D_IN * HIDDEN], w2[HIDDEN * CLASSES];
+  float loss;
+} trained;
+
+/* deterministic values without the process-wide RNG (whose counter other
+   threads advance) */
+static kiln_tensor *filled(int64_t rows, int64_t cols, double phase, double amp) {
+  float *buf = malloc(sizeof *buf * (size_t)(rows * cols));
+  for (int64_t i = 0; i < rows * cols; i++) buf[i] = (float)(amp * sin(0.7 * (double)i + phase));
+  kiln_tensor *t = kiln_from_data(buf, KILN_F32, 2, (int64_t[]){rows, cols});
+  free(buf);
+  return t;
+}
+
+static void train(trained *out) {
+  kiln_tensor *x = filled(BATCH, D_IN, 0.1, 1.0);
+  kiln_tensor *w1 = filled(D_IN, HIDDEN, 0.2, 0.15), *w2 = filled(HIDDEN, CLASSES, 0.3, 0.1);
+  int64_t labels[BATCH];
+  for (int i = 0; i < BATCH; i++) labels[i] = (i * 7 + 3) % CLASSES;
+  kiln_tensor *target = kiln_from_data(labels, KILN_I64, 1, (int64_t[]){BATCH});
+  kiln_set_requires_grad(w1, true);
+  kiln_set_requires_grad(w2, true);
+  for (int step = 0; step < STEPS; step++) {
+    kiln_tensor *z = kiln_matmul(x, w1), *h = kiln_relu(z), *logits = kiln_matmul(h, w2);
+    kiln_tensor *loss = kiln_cross_entropy(logits, target);
+    kiln_backward(loss, NULL);
+    kiln_tensor *params[2] = {w1, w2};
+    for (int p = 0; p < 2; p++) {
+      kiln_tensor *g = kiln_grad(params[p]);
+      kiln_sub_scaled_(params[p], g, 0.5);
+      kiln_release(g);
+      kiln_zero_grad(params[p]);
+    }
+    if (step == STEPS - 1) out->loss = (float)kiln_item(loss);
+    kiln_release(z);
+    kiln_release(h);
+    kiln_release(logits);
+    kiln_release(loss);
+  }
+  kiln_to_buffer(w1, out->w1, sizeof out->w1);
+  kiln_to_buffer(w2, out->w2, sizeof out->w2);
+  kiln_release(x);
+  kiln_release(w1);
+  kiln_release(w2);
+  kiln_release(target);
+}
+
+/* --- user threads ------------------------------------------------------------ */
+
 typedef struct {
   int seed;
   double result;
   int error_kept;
+  trained *model;
 } work;
 
-static void *worker(void *p) {
+static void *pipeline_worker(void *p) {
   work *w = p;
   kiln_clear_error();
   for (int rep = 0; rep < 5; rep++) w->result = pipeline(w->seed);
@@ -48,16 +115,32 @@ static void *worker(void *p) {
   return NULL;
 }
 
+static void *train_worker(void *p) {
+  work *w = p;
+  train(w->model);
+  w->error_kept = kiln_last_status() == KILN_OK;
+  return NULL;
+}
+
+static void run_threads(int n, void *(*fn)(void *), work *w) {
+  pthread_t th[WORKERS];
+  for (int i = 0; i < n; i++) pthread_create(&th[i], NULL, fn, &w[i]);
+  for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+}
+
+static void check_budget(const char *what, int users) {
+  double seen = kiln_stat("kernel_threads_max");
+  if (seen > kiln_num_threads() || seen < 1)
+    KTEST_FAIL("%s on %d threads: %g threads ran kernels at once, KILN_THREADS is %d", what, users,
+               seen, kiln_num_threads());
+}
+
 TEST(concurrent_pipelines_match_single_thread_results) {
   double expected[WORKERS];
   for (int i = 0; i < WORKERS; i++) expected[i] = pipeline(i * 1000);
-  pthread_t th[WORKERS];
   work w[WORKERS];
-  for (int i = 0; i < WORKERS; i++) {
-    w[i] = (work){i * 1000, 0, 0};
-    pthread_create(&th[i], NULL, worker, &w[i]);
-  }
-  for (int i = 0; i < WORKERS; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < WORKERS; i++) w[i] = (work){.seed = i * 1000};
+  run_threads(WORKERS, pipeline_worker, w);
   for (int i = 0; i < WORKERS; i++) {
     CHECK(w[i].result == expected[i]);
     CHECK(w[i].error_kept);
@@ -65,7 +148,101 @@ TEST(concurrent_pipelines_match_single_thread_results) {
   CHECK_EQ_INT(kiln_last_status(), KILN_OK); /* the main thread saw no error */
 }
 
-int main(void) {
+TEST(large_ops_on_2_and_4_threads_never_exceed_kiln_threads) {
+  for (int users = 2; users <= WORKERS; users += 2) {
+    kiln_reset_stats();
+    work w[WORKERS];
+    for (int i = 0; i < users; i++) w[i] = (work){.seed = i * 1000};
+    run_threads(users, pipeline_worker, w);
+    check_budget("large elementwise/reduction ops", users);
+  }
+}
+
+/* the pool is still used: one thread's large ops get help from the workers
+   (each op has a chunk per thread; over 40 ops a worker joins at least once) */
+TEST(one_thread_alone_uses_the_workers) {
+  kiln_reset_stats();
+  for (int rep = 0; rep < 10; rep++) pipeline(rep);
+  double seen = kiln_stat("kernel_threads_max");
+  CHECK(seen >= (kiln_num_threads() > 1 ? 2 : 1) && seen <= kiln_num_threads());
+}
+
+static trained reference; /* the model trained by the main thread alone */
+
+TEST(models_trained_on_2_and_4_threads_match_one_thread_bit_for_bit) {
+  /* compiled kernels may round differently from the interpreter: warm up
+     until the steps run compiled, then every run below runs the same code */
+  for (int warm = 0; warm < 2; warm++) train(&reference);
+  kiln_jit_wait();
+  train(&reference);
+  CHECK(isfinite(reference.loss) && reference.loss > 0);
+  static trained models[WORKERS];
+  for (int users = 2; users <= WORKERS; users += 2) {
+    kiln_reset_stats();
+    work w[WORKERS];
+    for (int i = 0; i < users; i++) w[i] = (work){.model = &models[i]};
+    run_threads(users, train_worker, w);
+    check_budget("training", users);
+    for (int i = 0; i < users; i++) {
+      CHECK(w[i].error_kept);
+      CHECK(memcmp(&models[i], &reference, sizeof reference) == 0);
+    }
+  }
+}
+
+/* --- KILN_THREADS = 1, 2, 4: one child process each -------------------------- */
+
+static int child(const char *result_path) {
   RUN(concurrent_pipelines_match_single_thread_results);
+  RUN(large_ops_on_2_and_4_threads_never_exceed_kiln_threads);
+  RUN(one_thread_alone_uses_the_workers);
+  RUN(models_trained_on_2_and_4_threads_match_one_thread_bit_for_bit);
+  FILE *f = fopen(result_path, "wb");
+  if (!f || fwrite(&reference, sizeof reference, 1, f) != 1)
+    KTEST_FAIL("cannot write %s", result_path);
+  if (f) fclose(f);
+  return ktest_done();
+}
+
+static void spawn_child(const char *self, int threads, const char *path, trained *out) {
+  char env_threads[32];
+  snprintf(env_threads, sizeof env_threads, "%d", threads);
+  setenv("KILN_THREADS", env_threads, 1); /* this parent never starts Kiln: no threads yet */
+  char *argv[] = {(char *)self, "--child", (char *)path, NULL};
+  pid_t pid;
+  int status = -1;
+  if (posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ) != 0 ||
+      waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    KTEST_FAIL("KILN_THREADS=%d: the child failed (status %d)", threads, status);
+    return;
+  }
+  FILE *f = fopen(path, "rb");
+  if (!f || fread(out, sizeof *out, 1, f) != 1) KTEST_FAIL("KILN_THREADS=%d: no result", threads);
+  if (f) fclose(f);
+}
+
+TEST(kiln_threads_1_2_4_each_keep_the_budget_and_train_to_the_same_bits) {
+  static const int counts[] = {1, 2, 4};
+  static trained models[3];
+  char path[] = "/tmp/kiln_test_threads_XXXXXX";
+  int fd = mkstemp(path);
+  if (fd < 0) {
+    KTEST_FAIL("mkstemp");
+    return;
+  }
+  close(fd);
+  for (int i = 0; i < 3; i++) {
+    printf("--- KILN_THREADS=%d\n", counts[i]);
+    fflush(stdout);
+    spawn_child(self_path, counts[i], path, &models[i]);
+  }
+  unlink(path);
+  for (int i = 1; i < 3; i++) CHECK(memcmp(&models[i], &models[0], sizeof models[0]) == 0);
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && !strcmp(argv[1], "--child")) return child(argv[2]);
+  self_path = argv[0];
+  RUN(kiln_threads_1_2_4_each_keep_the_budget_and_train_to_the_same_bits);
   return ktest_done();
 }

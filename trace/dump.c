@@ -1,13 +1,20 @@
-/* dump.c — KILN_LOG, KILN_DUMP and KILN_STATS. */
+/* dump.c — KILN_LOG, KILN_DUMP and KILN_STATS.  The dump directory is
+ * private (created 0700, checked on its descriptor) and every dump file is
+ * created in it with O_EXCL | O_NOFOLLOW, so nothing planted there is
+ * followed or appended to (DESIGN §11). */
 #include "dump.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "../vm/private_dir.h"
 #include "../vm/state.h"
 
 static const char *group_kind_name(tr_group_kind k) {
@@ -124,37 +131,82 @@ static void write_dot(FILE *f, const tr_trace *t, const tr_plan *plan) {
   fputs("}\n", f);
 }
 
+/* ---- the dump directory ---- */
+
+int tr_dump_dir_open(void) {
+  static atomic_flag warned = ATOMIC_FLAG_INIT;
+  const char *dir = getenv("KILN_DUMP");
+  if (!dir || !*dir) return -1;
+  vm_dir_status status;
+  const char *why = NULL;
+  int fd = vm_private_dir_open(dir, true, &status, &why);
+  if (fd < 0 && !atomic_flag_test_and_set(&warned))
+    fprintf(stderr, "kiln: KILN_DUMP: nothing is dumped: %s is %s%s\n", dir, why,
+            status == VM_DIR_UNTRUSTED ? " (it must be a directory owned by you and writable by no one else)" : "");
+  return fd;
+}
+
+FILE *tr_dump_create(int dir_fd, const char *name) {
+  int fd = vm_private_file_create(dir_fd, name);
+  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+  if (!f && fd >= 0) close(fd);
+  return f;
+}
+
+bool tr_dump_path(int dir_fd, const char *name, char *out, size_t out_len) {
+  int fd = vm_private_file_create(dir_fd, name);
+  if (fd < 0) return false;
+  close(fd);
+  return vm_fd_path(dir_fd, name, out, out_len);
+}
+
+/* the manifest, appended to by every process dumping here: opened without
+   following a link and checked on the descriptor; a bad one is replaced */
+static FILE *open_manifest(int dir_fd) {
+  int fd = openat(dir_fd, "manifest.tsv", O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+  struct stat st;
+  const char *why;
+  if (fd >= 0 && (fstat(fd, &st) != 0 || !vm_private_file_check(&st, &why))) {
+    close(fd);
+    fd = -1;
+  }
+  if (fd < 0) return tr_dump_create(dir_fd, "manifest.tsv");
+  FILE *f = fdopen(fd, "a");
+  if (!f) close(fd);
+  return f;
+}
+
 static pthread_mutex_t dump_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void tr_dump_plan(const tr_trace *t, const tr_plan *plan, tr_key key) {
   const char *dir = getenv("KILN_DUMP");
   if (!dir || !*dir) return;
   pthread_mutex_lock(&dump_lock);
-  if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
-    fprintf(stderr, "kiln: KILN_DUMP: cannot create %s: %s\n", dir, strerror(errno));
+  int dfd = tr_dump_dir_open();
+  if (dfd < 0) {
     pthread_mutex_unlock(&dump_lock);
     return;
   }
-  char path[4096], name[40];
+  char path[64], name[40];
   snprintf(name, sizeof name, "%016llx%016llx", (unsigned long long)key.hi, (unsigned long long)key.lo);
-  snprintf(path, sizeof path, "%s/trace-%s.txt", dir, name);
-  FILE *f = fopen(path, "w");
+  snprintf(path, sizeof path, "trace-%s.txt", name);
+  FILE *f = tr_dump_create(dfd, path);
   if (f) {
     tr_write_ir(f, t, plan, key);
     fclose(f);
   }
-  snprintf(path, sizeof path, "%s/trace-%s.dot", dir, name);
-  if ((f = fopen(path, "w"))) {
+  snprintf(path, sizeof path, "trace-%s.dot", name);
+  if ((f = tr_dump_create(dfd, path))) {
     write_dot(f, t, plan);
     fclose(f);
   }
-  snprintf(path, sizeof path, "%s/manifest.tsv", dir);
-  if ((f = fopen(path, "a"))) {
+  if ((f = open_manifest(dfd))) {
     fprintf(f, "%s\t%d\t%d\t%d\t", name, t->n, plan->n, plan->ngroups);
     for (int i = 0; i < plan->n; i++) fprintf(f, i ? ",%s" : "%s", vm_op_table[plan->nodes[i].op].name);
     fputc('\n', f);
     fclose(f);
   }
+  close(dfd);
   pthread_mutex_unlock(&dump_lock);
 }
 
@@ -186,6 +238,8 @@ void tr_log_flush(const tr_trace *t, tr_flush_reason why, tr_key key, const cach
     }
     fputs(") : ", stderr);
     put_meta(stderr, &n->meta);
+    /* recomputed: an earlier flush computed it without keeping it */
+    fputs(n->state == TR_RECOMPUTABLE ? " recomputed" : "", stderr);
     fputs(t->is_output[i] ? " output\n" : "\n", stderr);
   }
 }

@@ -1,12 +1,24 @@
 /* dump.h — observability (DESIGN §8): KILN_LOG flush lines, KILN_DUMP files
  * per planned trace (readable IR with groups, Graphviz, a manifest line),
- * and the KILN_STATS table at exit.  None of it changes a key. */
+ * and the KILN_STATS table at exit.  None of it changes a key.  Dumps go
+ * into a private directory only (DESIGN §11). */
 #ifndef TR_DUMP_H
 #define TR_DUMP_H
 
 #include "../cache/trace_cache.h"
 #include "key.h"
 #include "plan.h"
+
+/* The KILN_DUMP directory, created 0700 and used only when private (a real
+   directory owned by the effective user, writable by no one else; else one
+   warning per process): a descriptor the caller closes, or -1. */
+int tr_dump_dir_open(void);
+/* creates dump file `name` in it (O_EXCL | O_NOFOLLOW, 0600; an earlier
+   file of that name is replaced, never followed): NULL on failure */
+FILE *tr_dump_create(int dir_fd, const char *name);
+/* creates `name` the same way and gives a path that reaches it through the
+   directory's descriptor, for writers that take a path (libgccjit) */
+bool tr_dump_path(int dir_fd, const char *name, char *out, size_t out_len);
 
 void tr_dump_plan(const tr_trace *t, const tr_plan *plan, tr_key key);
 void tr_log_flush(const tr_trace *t, tr_flush_reason why, tr_key key, const cache_sighting *seen,

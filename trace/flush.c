@@ -1,7 +1,10 @@
 /* flush.c — one flush: collect what the targets need, decide the outputs
- * (targets + pending stores + nodes a pending node outside still reads;
+ * (DESIGN §3: targets, pending stores, values saved for backward, values an
+ * earlier flush computed without keeping, and what the key learned to keep;
  * every other intermediate stays recomputable), key it, consult the cache,
- * run the plan or the plain trace on the interpreter, and commit. */
+ * run the plan or the plain trace on the interpreter, and commit.  None of
+ * these rules looks at which handles are alive, so the outputs — and the
+ * key — are a function of the program, not of when a GC runs. */
 #include "flush.h"
 
 #include <stdio.h>
@@ -18,7 +21,7 @@
 #include "ptrmap.h"
 
 const char *tr_flush_reason_name(tr_flush_reason why) {
-  static const char *names[] = {"read", "sync", "depth", "nodes", "memory"};
+  static const char *names[] = {"read", "sync", "depth", "nodes", "memory", "eval"};
   return names[why];
 }
 
@@ -40,6 +43,8 @@ typedef struct {
   int fail_status;      /* a target that failed in an earlier flush */
   const char *fail_msg;
   int *edges; /* storage of every refs[i] */
+  int *recomputed; /* nodes an earlier flush left recomputable (trace indices) */
+  int nrecomputed, cap_recomputed;
   bool oom;
 } collector;
 
@@ -86,13 +91,76 @@ static bool visit(collector *c, tr_node *n) {
     return true;
   }
   n->index = c->t.n;
-  n->inside_uses = 0;
   c->t.nodes[c->t.n++] = tr_node_retain(n);
   return true;
 }
 
 static bool in_trace(const tr_node *n) {
   return n->state == TR_PENDING || n->state == TR_RECOMPUTABLE;
+}
+
+/* a fill, or a fill cast: cheaper to recompute than to keep */
+static bool is_fill(const tr_node *n) {
+  if (n->op == VM_OP_cast && n->nin == 1) n = n->in[0];
+  return n->op == VM_OP_full;
+}
+
+/* A value an earlier flush computed without keeping is needed again: keep
+   it this time (it is computed at most twice), and tell that flush's key,
+   so its next runs keep it at once.  Only the frontier: recomputed values
+   that a new node (or the flush itself) reads, not the chain behind them,
+   and never a fill. */
+static void keep_computed_before(collector *c, tr_node **targets, int ntargets) {
+  tr_trace *t = &c->t;
+  bool *wanted = calloc((size_t)(t->n ? t->n : 1), sizeof *wanted);
+  if (!wanted) {
+    c->oom = true;
+    return;
+  }
+  for (int i = 0; i < t->n; i++)
+    for (int k = 0; t->nodes[i]->state == TR_PENDING && k < t->nodes[i]->nin; k++)
+      if (t->refs[i][k] >= 0) wanted[t->refs[i][k]] = true;
+  for (int i = 0; i < ntargets; i++)
+    if (in_trace(targets[i])) wanted[targets[i]->index] = true;
+  for (int i = 0; i < t->n; i++) {
+    const tr_node *n = t->nodes[i];
+    if (n->state != TR_RECOMPUTABLE || !wanted[i] || is_fill(n)) continue;
+    t->is_output[i] = true;
+    if (!n->origin_pos) continue;
+    if (!grow((void **)&c->recomputed, &c->cap_recomputed, c->nrecomputed + 1, sizeof(int))) {
+      c->oom = true;
+      break;
+    }
+    c->recomputed[c->nrecomputed++] = i;
+  }
+  free(wanted);
+}
+
+/* does the VJP of tracked node n read input k? (vm/ops.def's SAVE flags) */
+static bool vjp_reads_input(const tr_node *n, int k) {
+  unsigned f = vm_op_table[n->op].flags;
+  if ((f & VM_F_SAVE_IN) || (k == 0 && (f & VM_F_SAVE_IN0)) || (k == 1 && (f & VM_F_SAVE_IN1)))
+    return true;
+  if (!(f & VM_F_SAVE_OTHER)) return false;
+  for (int q = 0; q < n->nin; q++) /* mul, matmul: the other operand's gradient */
+    if (q != k && n->in[q]->requires_grad) return true;
+  return false;
+}
+
+/* Values a VJP will read, while grad mode was on when they were recorded:
+   a backward pass then never recomputes its forward (PyTorch's saved
+   tensors).  Fills are cheaper to recompute than to keep. */
+static void keep_saved_for_backward(tr_trace *t) {
+  for (int i = 0; i < t->n; i++) {
+    const tr_node *n = t->nodes[i];
+    /* untracked, a leaf variable, or its backward already recorded */
+    if (!n->requires_grad || n->slot || n->grad_done) continue;
+    if (vm_op_table[n->op].flags & VM_F_SAVE_OUT) t->is_output[i] = true;
+    for (int k = 0; k < n->nin; k++) {
+      int r = t->refs[i][k];
+      if (r >= 0 && !is_fill(t->nodes[r]) && vjp_reads_input(n, k)) t->is_output[r] = true;
+    }
+  }
 }
 
 static bool collect(collector *c, tr_graph *g, tr_node **targets, int ntargets) {
@@ -121,7 +189,6 @@ static bool collect(collector *c, tr_graph *g, tr_node **targets, int ntargets) 
         t->refs[i][k] = -1 - leaf_index(c, x);
       } else {
         t->refs[i][k] = x->index;
-        if (n->state == TR_PENDING) x->inside_uses++;
       }
     }
   }
@@ -129,8 +196,8 @@ static bool collect(collector *c, tr_graph *g, tr_node **targets, int ntargets) 
     if (in_trace(targets[i])) t->is_output[targets[i]->index] = true;
   for (int i = 0; i < g->nstores; i++)
     if (in_trace(g->stores[i])) t->is_output[g->stores[i]->index] = true;
-  for (int i = 0; i < t->n; i++) /* read by a pending node outside this trace */
-    if (t->nodes[i]->pending_uses > t->nodes[i]->inside_uses) t->is_output[i] = true;
+  keep_computed_before(c, targets, ntargets);
+  keep_saved_for_backward(t);
   return !c->oom;
 }
 
@@ -146,11 +213,12 @@ static void collector_free(collector *c) {
   free(t->is_output);
   tr_ptrmap_free(&c->leaf_map);
   free(c->edges);
+  free(c->recomputed);
 }
 
 /* --- committing ------------------------------------------------------------ */
 
-static void commit(tr_graph *g, tr_trace *t, vm_tensor **vals) {
+static void commit(tr_graph *g, tr_trace *t, vm_tensor **vals, tr_key key, bool keyed) {
   for (int i = 0; i < t->n; i++) {
     tr_node *n = t->nodes[i];
     if (n->state == TR_PENDING) tr_node_unlink(n);
@@ -158,8 +226,11 @@ static void commit(tr_graph *g, tr_trace *t, vm_tensor **vals) {
       n->value = vals[i];
       vals[i] = NULL;
       n->state = TR_MATERIALIZED;
-    } else {
+    } else { /* if a later flush needs it, it tells this key (cache_learn) */
       n->state = TR_RECOMPUTABLE;
+      n->origin[0] = key.lo;
+      n->origin[1] = key.hi;
+      n->origin_pos = keyed ? i + 1 : 0;
     }
   }
   /* materialized nodes no longer need their inputs (the flush still holds
@@ -260,6 +331,13 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
     return earlier ? earlier : KILN_OK;
   }
   vm_counters *st = &vm_process()->stats;
+  int recomputed = 0;
+  for (int i = 0; i < t->n; i++)
+    recomputed += t->nodes[i]->state == TR_RECOMPUTABLE && !is_fill(t->nodes[i]);
+  for (int i = 0; i < c.nrecomputed; i++) { /* their flushes learn to keep them */
+    const tr_node *n = t->nodes[c.recomputed[i]];
+    cache_learn(n->origin, n->origin_pos - 1);
+  }
   tr_bytes bytes, fam_bytes = {0};
   tr_key_bytes(t, true, &bytes);
   tr_plan *plan = NULL;
@@ -267,7 +345,7 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   tr_key key = {0, 0};
   if (!bytes.failed) {
     key = tr_key_hash(&bytes);
-    cache_sight((uint64_t[]){key.lo, key.hi}, bytes.data, bytes.len, &seen);
+    cache_sight((uint64_t[]){key.lo, key.hi}, bytes.data, bytes.len, t->n, t->is_output, &seen);
     atomic_fetch_add_explicit(seen.new_key ? &st->cache_misses : &st->cache_hits, 1,
                               memory_order_relaxed);
     if (seen.new_key) atomic_fetch_add_explicit(&st->traces_seen, 1, memory_order_relaxed);
@@ -278,6 +356,7 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
       seen.make_plan = cache_admit((uint64_t[]){fam.lo, fam.hi});
       seen.over_budget = !seen.make_plan;
     }
+    if (seen.replan && tr_planning_enabled()) seen.make_plan = true;
     if (seen.make_plan && (plan = tr_plan_build(t))) {
       if (cpu_jit_enabled()) { /* compile its kernels, here or in the background */
         if (cpu_async()) {
@@ -289,7 +368,7 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
           atomic_store(&plan->jit, cp);
         }
       }
-      cache_publish((uint64_t[]){key.lo, key.hi}, bytes.data, bytes.len, plan);
+      cache_publish((uint64_t[]){key.lo, key.hi}, bytes.data, bytes.len, seen.learned, plan);
       atomic_fetch_add_explicit(&st->plans_built, 1, memory_order_relaxed);
       tr_dump_plan(t, plan, key);
     }
@@ -300,7 +379,7 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   double ms = now_ms() - t0;
   tr_log_flush(t, why, key, &seen, plan != NULL, ms, rc); /* before commit drops inputs */
   if (rc == KILN_OK) {
-    commit(g, t, vals);
+    commit(g, t, vals, key, !bytes.failed);
     g->flush_epoch++;
   } else if (failed >= 0) { /* it and what depends on it fail from now on */
     tr_node_fail(t->nodes[failed], rc, vm_thread()->message);
@@ -312,6 +391,8 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   for (int i = 0; vals && i < t->n; i++) vm_release(vals[i]);
   free(vals);
   remember(g, t, why, &bytes, &fam_bytes, &seen, plan, key, rc);
+  if (g->last) g->last->recomputed = recomputed;
+  atomic_fetch_add_explicit(&st->recomputed, (uint_fast64_t)recomputed, memory_order_relaxed);
   if (plan) tr_plan_release(plan);
   atomic_fetch_add_explicit(&st->flushes, 1, memory_order_relaxed);
   vm_add_ms(&st->flush_us, ms);

@@ -7,7 +7,7 @@
 #include "graph.h"
 
 typedef enum {
-  TR_FLUSH_READ, TR_FLUSH_SYNC, TR_FLUSH_DEPTH, TR_FLUSH_NODES, TR_FLUSH_MEMORY
+  TR_FLUSH_READ, TR_FLUSH_SYNC, TR_FLUSH_DEPTH, TR_FLUSH_NODES, TR_FLUSH_MEMORY, TR_FLUSH_EVAL
 } tr_flush_reason;
 
 const char *tr_flush_reason_name(tr_flush_reason why);

@@ -38,8 +38,11 @@ typedef struct tr_node {
   int fail_status;         /* FAILED only: the error */
   char *fail_msg;
   bool requires_grad;      /* tracked by autodiff: keeps its inputs after materializing */
+  bool grad_done;          /* kiln_backward went through it: nothing is saved for it */
   tr_grad_slot *slot;      /* a leaf variable's gradient slot (a reference) */
   uint64_t seq;            /* creation order (a topological order for autodiff) */
+  uint64_t origin[2];      /* RECOMPUTABLE: the key of the flush that computed it */
+  int origin_pos;          /* ... and its canonical index there + 1 (0: none) */
   tr_state state;
   int depth;               /* longest unmaterialized path ending here, as of depth_epoch */
   uint64_t depth_epoch;    /* the owner graph's flush count when depth was computed */
@@ -47,7 +50,7 @@ typedef struct tr_node {
   tr_graph *graph;         /* the recording thread's graph (a reference); NULL for leaves */
   struct tr_node *prev, *next; /* the owner's pending list */
   /* scratch for one flush (under the graph lock) */
-  int visit, index, inside_uses;
+  int visit, index;
 } tr_node;
 
 struct tr_graph {

@@ -10,7 +10,8 @@ typedef struct tr_flush_info {
   uint64_t key[2];        /* XXH3-128 of the canonical bytes (lo, hi) */
   uint64_t family[2];     /* the same with extents erased */
   int nodes, leaves, outputs;
-  const char *reason;     /* "read", "sync", "depth", "nodes", "memory" */
+  int recomputed;         /* nodes an earlier flush computed (fills aside) */
+  const char *reason;     /* "read", "sync", "depth", "nodes", "memory", "eval" */
   bool new_key;
   bool planned;           /* ran a cached plan (else the plain interpreter) */
   uint64_t sightings;

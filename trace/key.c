@@ -52,10 +52,12 @@ static void put_shape(tr_bytes *b, int ndim, const int64_t *shape, bool with_sha
    the code it runs (written in one piece: keys are built on every flush) */
 typedef struct {
   uint8_t op, dtype, weak, ndim, nin, output, keepdim, attr_dtype;
-  uint8_t attr_weak, scalar_class, perm[KILN_MAX_DIMS];
+  uint8_t attr_weak, host, perm[KILN_MAX_DIMS];
   uint32_t axes_mask;
   int32_t axis;
   int64_t start, stop, step;
+  double literal; /* a full node's value when the library wrote it; a host
+                     scalar's value is a parameter, never key (DESIGN §4) */
 } node_record;
 
 static void put_node(tr_bytes *b, const tr_trace *t, int i, bool with_shapes) {
@@ -72,7 +74,8 @@ static void put_node(tr_bytes *b, const tr_trace *t, int i, bool with_shapes) {
   r.keepdim = a->keepdim;
   r.attr_dtype = (uint8_t)a->dtype;
   r.attr_weak = a->weak;
-  r.scalar_class = n->op == VM_OP_full ? (uint8_t)tr_scalar_class(a->scalar[0]) : 0;
+  r.host = a->host;
+  if (n->op == VM_OP_full && !a->host) r.literal = a->scalar[0];
   for (int d = 0; d < KILN_MAX_DIMS; d++) r.perm[d] = (uint8_t)a->perm[d];
   r.axes_mask = a->axes_mask;
   r.axis = a->axis;

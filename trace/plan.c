@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../jit_cpu/jit.h"
+#include "../vm/pool.h"
 #include "../vm/state.h"
 #include "key.h"
 
@@ -63,12 +64,13 @@ static const vm_meta *ref_meta(const builder *b, int ref) {
 
 static int resolve(const builder *b, int ref) { return ref >= 0 ? b->alias[ref] : ref; }
 
-/* the scalar class of a full node (it is part of the key, so it holds for
-   every flush this plan serves); -1 when ref is not a full node */
+/* the scalar class of a literal full node (its value is part of the key,
+   so it holds for every flush this plan serves); -1 when ref is not one.  A
+   host scalar is a parameter: never simplified, whatever its value. */
 static int full_class(const builder *b, int ref) {
   if (ref < 0) return -1;
   const tr_pnode *p = &b->p[ref];
-  if (p->op == VM_OP_full) return tr_scalar_class(p->attr.scalar[0]);
+  if (p->op == VM_OP_full) return p->attr.host ? -1 : tr_scalar_class(p->attr.scalar[0]);
   if (p->op != VM_OP_cast) return -1;
   /* a host scalar cast to the tensor's dtype: 0 and 1 stay exact; -0 stays
      -0 only in a float dtype */
@@ -531,6 +533,11 @@ static int run_trace(const tr_trace *t, vm_tensor **vals, int *failed) {
   return rc;
 }
 
+/* the whole flush runs under one kernel token (vm/pool.h): its serial
+   parts count against KILN_THREADS as much as its parallel ones */
 int tr_run(const tr_plan *plan, const tr_trace *t, vm_tensor **vals, int *failed) {
-  return plan ? run_plan(plan, t, vals, failed) : run_trace(t, vals, failed);
+  vm_pool_enter();
+  int rc = plan ? run_plan(plan, t, vals, failed) : run_trace(t, vals, failed);
+  vm_pool_leave();
+  return rc;
 }

@@ -11,7 +11,9 @@
 #include "flush.h"
 #include "graph.h"
 
-#define TR_DEPTH_CAP 64
+/* deep enough that a backward pass (a transformer block's is ~130) is one
+   trace; chains past it are cut at deterministic points */
+#define TR_DEPTH_CAP 256
 #define TR_NODE_CAP 4096
 #define TR_PENDING_BYTES_CAP ((int64_t)1 << 30)
 
@@ -117,6 +119,33 @@ int tr_sync(void) {
   flush_all(g, TR_FLUSH_SYNC);
   tr_graph_unlock(g);
   return vm_thread()->status;
+}
+
+int tr_eval(int n, vm_tensor *const *ts) {
+  vm_clear_error();
+  if (n < 0 || (n > 0 && !ts)) return vm_error(KILN_ERR_ARG, "n is %d and ts is %s", n, ts ? "set" : "NULL");
+  for (int i = 0; i < n; i++)
+    if (!ts[i]) return vm_error(KILN_ERR_ARG, "tensor %d is NULL", i);
+  tr_graph *g = tr_thread_graph();
+  tr_node **mine = malloc((size_t)(n ? n : 1) * sizeof *mine);
+  if (!g || !mine) {
+    free(mine);
+    return vm_error(KILN_ERR_OOM, "out of memory");
+  }
+  int nmine = 0, rc = KILN_OK;
+  for (int i = 0; i < n && rc == KILN_OK; i++) {
+    tr_node *x = ts[i]->node;
+    if (x->state == TR_MATERIALIZED) continue;
+    if (x->graph == g && x->state != TR_FAILED) mine[nmine++] = x;
+    else if (!materialize_node(x, TR_FLUSH_EVAL)) rc = vm_thread()->status;
+  }
+  if (rc == KILN_OK && nmine) {
+    tr_graph_lock(g);
+    rc = tr_flush(g, mine, nmine, TR_FLUSH_EVAL);
+    tr_graph_unlock(g);
+  }
+  free(mine);
+  return rc;
 }
 
 static bool grad_flows(int n, vm_tensor *const *in) {
@@ -238,6 +267,23 @@ void tr_handle_set_node(vm_tensor *t, tr_node *n) {
   atomic_fetch_sub_explicit(&old->handles, 1, memory_order_relaxed);
   tr_node_release(old);
 }
+
+void tr_unqueue_store(vm_tensor *t) {
+  tr_node *n = t->node;
+  if (n->state != TR_PENDING) return;
+  tr_graph *g = n->graph;
+  tr_graph_lock(g);
+  for (int i = g->nstores - 1; i >= 0; i--)
+    if (g->stores[i] == n) {
+      memmove(&g->stores[i], &g->stores[i + 1], (size_t)(g->nstores - i - 1) * sizeof *g->stores);
+      g->nstores--;
+      tr_node_release(n);
+      break;
+    }
+  tr_graph_unlock(g);
+}
+
+void tr_mark_grad_done(tr_node *n) { n->grad_done = true; }
 
 void tr_queue_store(vm_tensor *t) {
   tr_node *n = t->node;

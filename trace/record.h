@@ -26,9 +26,19 @@ void tr_store(vm_tensor *dst, vm_tensor *src);
 
 /* Queues t's node as a pending store (materialized by the next flush). */
 void tr_queue_store(vm_tensor *t);
+/* Takes t's node off the pending stores (a gradient zeroed before any flush
+   needed it: nothing names it as a store any more). */
+void tr_unqueue_store(vm_tensor *t);
+/* Marks the tracked nodes of a finished backward pass: a later flush keeps
+   nothing for them (DESIGN §3, saved for backward). */
+struct tr_node;
+void tr_mark_grad_done(struct tr_node *n);
 
 /* Flushes everything pending on this thread (kiln_sync). */
 int tr_sync(void);
+/* Computes ts[0..n) and keeps their values (kiln_eval): one flush for
+   those recorded on this thread, one per other thread's graph. */
+int tr_eval(int n, vm_tensor *const *ts);
 
 /* vm_release's half for handles: drops the handle's node reference. */
 void tr_handle_free(vm_tensor *t);

@@ -47,7 +47,9 @@ static void blas_load(void) {
   char *(*corename)(void) = (char *(*)(void))dlsym(h, "openblas_get_corename");
   void (*set_threads)(int) = (void (*)(int))dlsym(h, "openblas_set_num_threads");
   if (corename) snprintf(blas.core, sizeof blas.core, "%s", corename());
-  if (set_threads) set_threads(vm_process()->threads);
+  /* one thread: kern_matmul.c runs gemms in blocks on Kiln's pool, so
+     that BLAS shares KILN_THREADS with every other kernel */
+  if (set_threads) set_threads(1);
   blas.loaded = true;
 }
 

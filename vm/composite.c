@@ -29,9 +29,16 @@ static vm_tensor *as_float(vm_scope *s, vm_tensor *a) {
   return vm_dtype_is_float(a->dtype) ? a : keep(s, vm_cast(a, KILN_F32));
 }
 
+/* where(x <= 0, 0, x): NaN stays NaN, -0 becomes +0, and the gradient is
+   0 at 0 (as PyTorch's: a zero-initialized model trains the same) */
 vm_tensor *vm_relu(vm_tensor *a) {
   if (null_arg(a) || reject_bool_arg(a)) return NULL;
-  return vm_binary_scalar(VM_OP_maximum, a, 0, !vm_dtype_is_float(a->dtype));
+  bool is_int = !vm_dtype_is_float(a->dtype);
+  vm_scope s = {0};
+  vm_tensor *off = keep(&s, vm_binary_scalar(VM_OP_le, a, 0, is_int));
+  vm_tensor *zero = keep(&s, vm_weak_scalar(0, is_int));
+  vm_tensor *in[3] = {off, zero, a};
+  return finish(&s, keep(&s, off && zero ? vm_op(VM_OP_where, 3, in, NULL) : NULL));
 }
 
 vm_tensor *vm_gelu(vm_tensor *a) { /* 0.5 x (1 + erf(x / sqrt 2)) */
@@ -54,9 +61,17 @@ vm_tensor *vm_clamp(vm_tensor *a, double lo, double hi) {
     lo = ceil(lo);
     hi = floor(hi);
   }
+  /* y = where(x < lo, lo, x), then where(y > hi, hi, y): NaN passes
+     through, lo > hi gives hi, and the gradient passes at the bounds
+     themselves (PyTorch's rules) */
   vm_scope s = {0};
-  vm_tensor *low = keep(&s, vm_binary_scalar(VM_OP_maximum, a, lo, is_int));
-  return finish(&s, keep(&s, vm_binary_scalar(VM_OP_minimum, low, hi, is_int)));
+  vm_tensor *vlo = keep(&s, vm_host_scalar(lo, is_int)), *vhi = keep(&s, vm_host_scalar(hi, is_int));
+  vm_tensor *below = keep(&s, vm_binary(VM_OP_lt, a, vlo));
+  vm_tensor *in_lo[3] = {below, vlo, a};
+  vm_tensor *low = keep(&s, below && vlo ? vm_op(VM_OP_where, 3, in_lo, NULL) : NULL);
+  vm_tensor *above = keep(&s, vm_binary(VM_OP_gt, low, vhi));
+  vm_tensor *in_hi[3] = {above, vhi, low};
+  return finish(&s, keep(&s, above && vhi ? vm_op(VM_OP_where, 3, in_hi, NULL) : NULL));
 }
 
 vm_tensor *vm_mean(vm_tensor *a, int naxes, const int *axes, bool keepdim) {
@@ -77,6 +92,16 @@ vm_tensor *vm_mean(vm_tensor *a, int naxes, const int *axes, bool keepdim) {
   return finish(&s, keep(&s, vm_binary_scalar(VM_OP_div, sum, (double)count, false)));
 }
 
+/* the max along axis, subtracted for stability: it cancels exactly, so it
+   is computed outside autodiff (its gradient would be a chain of ops that
+   sums to zero) */
+static vm_tensor *stability_shift(vm_tensor *x, int axis) {
+  vm_thread()->no_grad++;
+  vm_tensor *m = vm_reduce(VM_OP_max, x, 1, &axis, true);
+  vm_thread()->no_grad--;
+  return m;
+}
+
 /* An input without elements gives an empty result of its shape (in float)
    at once: no row statistics are computed for rows that have no elements
    ([1,2,2^31,0] has 2^32 of them).  It stays a function of a, so gradients
@@ -93,7 +118,7 @@ vm_tensor *vm_log_softmax(vm_tensor *a, int axis) {
   vm_scope s = {0};
   vm_tensor *x = as_float(&s, a);
   if (x && a->numel == 0) return finish(&s, valid_axis(axis, a->ndim) ? empty_result(&s, x) : NULL);
-  vm_tensor *m = keep(&s, vm_reduce(VM_OP_max, x, 1, &axis, true));
+  vm_tensor *m = keep(&s, stability_shift(x, axis));
   vm_tensor *shifted = keep(&s, vm_binary(VM_OP_sub, x, m));
   vm_tensor *sum = keep(&s, vm_reduce(VM_OP_sum, keep(&s, vm_unary(VM_OP_exp, shifted)), 1, &axis, true));
   return finish(&s, keep(&s, vm_binary(VM_OP_sub, shifted, keep(&s, vm_unary(VM_OP_log, sum)))));
@@ -104,7 +129,7 @@ vm_tensor *vm_softmax(vm_tensor *a, int axis) {
   vm_scope s = {0};
   vm_tensor *x = as_float(&s, a);
   if (x && a->numel == 0) return finish(&s, valid_axis(axis, a->ndim) ? empty_result(&s, x) : NULL);
-  vm_tensor *m = keep(&s, vm_reduce(VM_OP_max, x, 1, &axis, true));
+  vm_tensor *m = keep(&s, stability_shift(x, axis));
   vm_tensor *e = keep(&s, vm_unary(VM_OP_exp, keep(&s, vm_binary(VM_OP_sub, x, m))));
   vm_tensor *sum = keep(&s, vm_reduce(VM_OP_sum, e, 1, &axis, true));
   /* e * (1 / sum), as PyTorch computes it: one division per row, a
@@ -119,7 +144,7 @@ vm_tensor *vm_logsumexp(vm_tensor *a, int axis, bool keepdim) {
   if (null_arg(a)) return NULL;
   vm_scope s = {0};
   vm_tensor *x = as_float(&s, a);
-  vm_tensor *m = keep(&s, vm_reduce(VM_OP_max, x, 1, &axis, true));
+  vm_tensor *m = keep(&s, stability_shift(x, axis));
   /* an infinite max (all -inf, or +inf) is not subtracted: exp(-inf - -inf) is NaN */
   vm_tensor *inf = keep(&s, vm_binary_scalar(VM_OP_eq, keep(&s, vm_unary(VM_OP_abs, m)), INFINITY, false));
   vm_tensor *zero = keep(&s, vm_weak_scalar(0, false));
@@ -145,7 +170,7 @@ static vm_tensor *normalize_last(vm_scope *s, vm_tensor *xf, double eps) {
   int last = -1;
   vm_tensor *xc = keep(s, vm_binary(VM_OP_sub, xf, keep(s, vm_mean(xf, 1, &last, true))));
   vm_tensor *var = keep(s, vm_mean(keep(s, vm_binary(VM_OP_mul, xc, xc)), 1, &last, true));
-  vm_tensor *inv = keep(s, vm_unary(VM_OP_rsqrt, keep(s, vm_binary_scalar(VM_OP_add, var, eps, false))));
+  vm_tensor *inv = keep(s, vm_unary(VM_OP_rsqrt, keep(s, vm_binary_host_scalar(VM_OP_add, var, eps, false))));
   return keep(s, vm_binary(VM_OP_mul, xc, inv));
 }
 
@@ -417,7 +442,7 @@ int vm_sub_scaled(vm_tensor *dst, vm_tensor *src, double alpha) {
   }
   vm_scope s = {0};
   if (dst->slot) vm_thread()->no_grad++; /* an optimizer step is not differentiated */
-  vm_tensor *step = keep(&s, vm_binary_scalar(VM_OP_mul, src, alpha, false));
+  vm_tensor *step = keep(&s, vm_binary_host_scalar(VM_OP_mul, src, alpha, false));
   vm_tensor *value = keep(&s, vm_binary(VM_OP_sub, dst, step));
   if (dst->slot) vm_thread()->no_grad--;
   int rc = value ? (same_shape(dst, value) ? rebind_to(dst, value) : KILN_ERR_SHAPE)

@@ -1,6 +1,8 @@
 /* cpu.c — CPU feature detection (cpuid through GCC's builtins). */
 #include "cpu.h"
 
+#include <string.h>
+
 const char *vm_cpu_isa(void) {
 #if defined(__x86_64__)
   __builtin_cpu_init();
@@ -11,6 +13,11 @@ const char *vm_cpu_isa(void) {
 #else
   return "generic";
 #endif
+}
+
+bool vm_cpu_fma(void) {
+  const char *isa = vm_cpu_isa();
+  return !strcmp(isa, "x86-64-v3") || !strcmp(isa, "x86-64-v4");
 }
 
 const char *vm_cpu_blas_core(void) {

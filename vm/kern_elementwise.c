@@ -5,6 +5,7 @@
 #include <string.h>
 #include <tgmath.h>
 
+#include "fold.h"
 #include "kernels.h"
 #include "pool.h"
 #include "rng.h"
@@ -131,8 +132,8 @@ static inline int64_t int_pow(int64_t base, int64_t e) {
   X(mul, x * y)                                       \
   X(div, x / y)                                       \
   X(pow, pow(x, y))                                   \
-  X(maximum, (x != x || x > y) ? x : y)               \
-  X(minimum, (x != x || x < y) ? x : y)
+  X(maximum, VM_FMAX(x, y))                           \
+  X(minimum, VM_FMIN(x, y))
 
 #define INT_BINARY(X)                                 \
   X(add, (T)((U)x + (U)y))                            \
@@ -239,6 +240,7 @@ static const vm_row_fn rows[VM_OP_COUNT][VM_NUM_DTYPES] = {
 bool vm_k_elementwise(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *in) {
   kiln_dtype dt = in[n == 3 ? 1 : 0]->dtype;
   vm_row_fn row = rows[op][dt];
+  if (dt == KILN_F32 && vm_math_row_f32(op)) row = vm_math_row_f32(op); /* the kernels' math */
   if (!row) {
     vm_error(KILN_ERR_INTERNAL, "no %s kernel for %s", vm_op_table[op].name, vm_dtype_name(dt));
     return false;

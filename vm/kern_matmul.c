@@ -1,12 +1,14 @@
 /* kern_matmul.c — numpy matmul for the interpreter: batch broadcasting,
  * floats through OpenBLAS gemm (transposed views passed as transposes, not
  * copied; a batch over a shared right operand folded into one gemm), and
- * integers through a plain loop with wrapping arithmetic. */
+ * integers through a plain loop with wrapping arithmetic.  Gemms run in
+ * blocks on the kernel pool, OpenBLAS itself single-threaded. */
 #include <limits.h>
 #include <string.h>
 
 #include "blas.h"
 #include "kernels.h"
+#include "pool.h"
 #include "state.h"
 
 /* a matrix operand: rows x cols with element strides, per batch element */
@@ -85,6 +87,58 @@ static int64_t batch_offset(const batch *b, const int64_t *strides, int64_t flat
 INT_GEMM(int32_t, uint32_t)
 INT_GEMM(int64_t, uint64_t)
 
+/* A gemm runs on the kernel pool in blocks of C's rows (or columns, when C
+   is wider than tall), each block one single-threaded BLAS call: OpenBLAS's
+   own threads would run beside the pool's and other user threads' (two
+   models on two threads ran 10x slower than one after the other), and could
+   not count against KILN_THREADS.  The blocks depend only on M, N, K, never
+   on the thread count, so neither do the results. */
+#define GEMM_BLOCK_DIM 128         /* rows per block at least: each block packs all of B */
+#define GEMM_BLOCK_WORK (1 << 22)  /* multiply-adds per block at least */
+#define GEMM_BLOCKS_MAX 16
+
+typedef struct {
+  const vm_blas *blas;
+  kiln_dtype dt;
+  int ta, tb;
+  bool by_rows;
+  int64_t M, N, K, lda, ldb, ldc, es;
+  const char *A, *B;
+  char *C;
+} gemm_job;
+
+static int64_t gemm_blocks(int64_t M, int64_t N, int64_t K) {
+  double by_work = (double)M * (double)N * (double)K / GEMM_BLOCK_WORK;
+  int64_t blocks = (M >= N ? M : N) / GEMM_BLOCK_DIM;
+  if (blocks > GEMM_BLOCKS_MAX) blocks = GEMM_BLOCKS_MAX;
+  if ((double)blocks > by_work) blocks = (int64_t)by_work;
+  return blocks > 1 ? blocks : 1;
+}
+
+/* C[b:e, :] (by rows) or C[:, b:e] as one BLAS call */
+static void gemm_block(void *ctx, int64_t chunk, int64_t b, int64_t e) {
+  (void)chunk;
+  const gemm_job *j = ctx;
+  const char *A = j->A, *B = j->B;
+  char *C = j->C;
+  int64_t m = j->M, n = j->N;
+  if (j->by_rows) { /* row i of op(A) starts at i*lda, or at i when A is transposed */
+    A += (j->ta == VM_BLAS_NO_TRANS ? b * j->lda : b) * j->es;
+    C += b * j->ldc * j->es;
+    m = e - b;
+  } else { /* column k of op(B) starts at k, or at k*ldb when B is transposed */
+    B += (j->tb == VM_BLAS_NO_TRANS ? b : b * j->ldb) * j->es;
+    C += b * j->es;
+    n = e - b;
+  }
+  if (j->dt == KILN_F32)
+    j->blas->sgemm(VM_BLAS_ROW_MAJOR, j->ta, j->tb, (int)m, (int)n, (int)j->K, 1.0f, (const float *)A,
+                   (int)j->lda, (const float *)B, (int)j->ldb, 0.0f, (float *)C, (int)j->ldc);
+  else
+    j->blas->dgemm(VM_BLAS_ROW_MAJOR, j->ta, j->tb, (int)m, (int)n, (int)j->K, 1.0, (const double *)A,
+                   (int)j->lda, (const double *)B, (int)j->ldb, 0.0, (double *)C, (int)j->ldc);
+}
+
 static bool float_gemm(kiln_dtype dt, const mat *a, const mat *b, char *c, int64_t M,
                        int64_t N, int64_t K, const char *A, const char *B) {
   const vm_blas *blas = vm_blas_get();
@@ -103,14 +157,10 @@ static bool float_gemm(kiln_dtype dt, const mat *a, const mat *b, char *c, int64
              (long long)M, (long long)K, (long long)N);
     return false;
   }
-  int ldc = N > 1 ? (int)N : 1;
   atomic_fetch_add_explicit(&vm_process()->stats.blas_calls, 1, memory_order_relaxed);
-  if (dt == KILN_F32)
-    blas->sgemm(VM_BLAS_ROW_MAJOR, ta, tb, (int)M, (int)N, (int)K, 1.0f, (const float *)A,
-                (int)lda, (const float *)B, (int)ldb, 0.0f, (float *)c, ldc);
-  else
-    blas->dgemm(VM_BLAS_ROW_MAJOR, ta, tb, (int)M, (int)N, (int)K, 1.0, (const double *)A,
-                (int)lda, (const double *)B, (int)ldb, 0.0, (double *)c, ldc);
+  gemm_job job = {blas, dt, ta, tb, M >= N, M, N, K, lda, ldb, N > 1 ? N : 1,
+                  (int64_t)vm_dtype_size(dt), A, B, c};
+  vm_parallel_chunks(job.by_rows ? M : N, gemm_blocks(M, N, K), gemm_block, &job);
   return true;
 }
 

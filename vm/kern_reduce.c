@@ -1,17 +1,19 @@
 /* kern_reduce.c — the interpreter's reductions (sum, prod, max, min) and
- * arg-reductions (argmax, argmin).  The input's dims split into kept (K) and
- * reduced (R) lists, each coalesced; then:
+ * arg-reductions (argmax, argmin).  Float reductions fold in the order
+ * vm/fold.h defines, the compiled kernels' order, whatever the layout and
+ * the thread count; integer ones (exact) as suits the layout.  The input's
+ * dims split into kept (K) and reduced (R) lists, each coalesced; then:
  *   - R's innermost dim is unit-stride (row reductions): each output reduces
- *     runs of R, float sums pairwise (numpy's accuracy);
+ *     runs of R;
  *   - else K's innermost dim is unit-stride (column reductions): rows of R
  *     are accumulated into a block of outputs, vectorized across outputs;
  *   - a single output over many elements is split into fixed-size chunks
- *     whose partials are combined in order, so the result never depends on
- *     the thread count. */
+ *     whose partials are combined in order. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fold.h"
 #include "kernels.h"
 #include "pool.h"
 #include "state.h"
@@ -52,25 +54,6 @@ static int64_t dims_offset(const dims *d, int64_t f) {
 /* --- per-op, per-dtype pieces -------------------------------------------
    INIT: identity; COMB(a, v): fold one value; RUN: reduce n values at stride s */
 
-#define PAIRWISE_BLOCK 128
-
-#define SUM_RUN(fname, T)                                                  \
-  static T fname(const T *x, int64_t n, int64_t s) {                       \
-    if (n > PAIRWISE_BLOCK) {                                              \
-      int64_t h = (n / 2 + 15) & ~(int64_t)15;                             \
-      return fname(x, h, s) + fname(x + h * s, n - h, s);                  \
-    }                                                                      \
-    T acc[16] = {0};                                                       \
-    int64_t i = 0;                                                         \
-    if (s == 1)                                                            \
-      for (; i + 16 <= n; i += 16)                                         \
-        for (int k = 0; k < 16; k++) acc[k] += x[i + k];                   \
-    for (; i < n; i++) acc[i & 15] += x[i * s];                            \
-    for (int w = 8; w > 0; w /= 2)                                         \
-      for (int k = 0; k < w; k++) acc[k] += acc[k + w];                    \
-    return acc[0];                                                         \
-  }
-
 #define LOOP_RUN(fname, T, INIT, COMB)                                     \
   static T fname(const T *x, int64_t n, int64_t s) {                       \
     T acc = INIT;                                                          \
@@ -81,30 +64,18 @@ static int64_t dims_offset(const dims *d, int64_t f) {
     return acc;                                                            \
   }
 
-#define ADD(a, v) ((a) + (v))
-#define MUL(a, v) ((a) * (v))
 #define IADD(a, v) ((int64_t)((uint64_t)(a) + (uint64_t)(v)))
 #define IMUL(a, v) ((int64_t)((uint64_t)(a) * (uint64_t)(v)))
-#define FMAX(a, v) (((a) != (a) || (a) >= (v)) ? (a) : (v))
-#define FMIN(a, v) (((a) != (a) || (a) <= (v)) ? (a) : (v))
 #define IMAX(a, v) ((a) >= (v) ? (a) : (v))
 #define IMIN(a, v) ((a) <= (v) ? (a) : (v))
 
-/* X(op, suffix, T, dtype, INIT, COMB, pairwise) */
+/* integer and bool reducers (exact: any order): X(op, suffix, T, dtype, INIT, COMB, pairwise) */
 #define REDUCERS(X)                                                  \
-  X(sum, f32, float, KILN_F32, 0.0f, ADD, 1)                         \
-  X(sum, f64, double, KILN_F64, 0.0, ADD, 1)                         \
   X(sum, i64, int64_t, KILN_I64, 0, IADD, 0)                         \
-  X(prod, f32, float, KILN_F32, 1.0f, MUL, 0)                        \
-  X(prod, f64, double, KILN_F64, 1.0, MUL, 0)                        \
   X(prod, i64, int64_t, KILN_I64, 1, IMUL, 0)                        \
-  X(max, f32, float, KILN_F32, -INFINITY, FMAX, 0)                   \
-  X(max, f64, double, KILN_F64, -INFINITY, FMAX, 0)                  \
   X(max, i32, int32_t, KILN_I32, INT32_MIN, IMAX, 0)                 \
   X(max, i64, int64_t, KILN_I64, INT64_MIN, IMAX, 0)                 \
   X(max, b8, bool, KILN_BOOL, false, IMAX, 0)                        \
-  X(min, f32, float, KILN_F32, INFINITY, FMIN, 0)                    \
-  X(min, f64, double, KILN_F64, INFINITY, FMIN, 0)                   \
   X(min, i32, int32_t, KILN_I32, INT32_MAX, IMIN, 0)                 \
   X(min, i64, int64_t, KILN_I64, INT64_MAX, IMIN, 0)                 \
   X(min, b8, bool, KILN_BOOL, true, IMIN, 0)
@@ -170,22 +141,13 @@ struct reduce_job {
   static const reducer op##_reducer_##sfx = {op##_range_##sfx, op##_cols_##sfx,  \
                                              op##_init_##sfx, op##_comb_##sfx};
 
-/* pairwise runs exist for float sums; other reducers reference a stub */
-SUM_RUN(sum_pairwise_f32, float)
-SUM_RUN(sum_pairwise_f64, double)
 #define NO_PAIRWISE(op, sfx, T) \
   static inline T op##_pairwise_##sfx(const T *x, int64_t n, int64_t s) { (void)x; (void)n; (void)s; return 0; }
 NO_PAIRWISE(sum, i64, int64_t)
-NO_PAIRWISE(prod, f32, float)
-NO_PAIRWISE(prod, f64, double)
 NO_PAIRWISE(prod, i64, int64_t)
-NO_PAIRWISE(max, f32, float)
-NO_PAIRWISE(max, f64, double)
 NO_PAIRWISE(max, i32, int32_t)
 NO_PAIRWISE(max, i64, int64_t)
 NO_PAIRWISE(max, b8, bool)
-NO_PAIRWISE(min, f32, float)
-NO_PAIRWISE(min, f64, double)
 NO_PAIRWISE(min, i32, int32_t)
 NO_PAIRWISE(min, i64, int64_t)
 NO_PAIRWISE(min, b8, bool)
@@ -252,8 +214,271 @@ static void cols_range(void *p, int64_t begin, int64_t end) {
 
 static bool argreduce(vm_opcode op, vm_tensor *out, const vm_tensor *in, const vm_attr *attr);
 
+/* --- float reductions, in the order of vm/fold.h ------------------------------
+   The order is fixed by the logical axes, never by the layout or the thread
+   count; the layout only picks how the values are reached. */
+
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+/* vector code for AVX2 machines too (the folds are maps: no reassociation) */
+#define VECTOR_CLONES __attribute__((target_clones("default", "arch=x86-64-v3")))
+#else
+#define VECTOR_CLONES
+#endif
+
+#define FOLD_COLS 512 /* columns of one column-order work item */
+
+typedef struct fold_job fold_job;
+typedef struct {
+  /* dst (T) = the lane-order fold of positions [p0, p0 + n) of R from base */
+  void (*lanes)(const fold_job *j, const char *base, int64_t p0, int64_t n, char *dst);
+  /* dst (T) = the column-order fold of all of R from base */
+  void (*ordered)(const fold_job *j, const char *base, char *dst);
+  /* the column-order outputs (o, [b0, b0 + w)) of the vectorized layout */
+  void (*cols)(const fold_job *j, int64_t o, int64_t b0, int64_t w);
+} fold_reducer;
+
+struct fold_job {
+  const fold_reducer *f;
+  dims K, R; /* kept (output order) and reduced dims */
+  dims O;    /* column layout: the kept dims before R; I is one dim */
+  int64_t inner, inner_stride, nblocks;
+  int64_t count, chunk, nchunks;
+  const char *x;
+  char *out, *part;
+  size_t esize;
+};
+
+/* the element offsets of positions p0.. of R, as runs of its last dim:
+   calls body with (offset of the run's start, run length, position) */
+#define FOR_RUNS(R, p0, n, OFF, LEN, K, BODY)                                 \
+  {                                                                           \
+    int64_t idx_[KILN_MAX_DIMS], f_ = (p0);                                   \
+    int last_ = (R)->n - 1;                                                   \
+    for (int d_ = last_; d_ >= 0; d_--) {                                     \
+      idx_[d_] = f_ % (R)->size[d_];                                          \
+      f_ /= (R)->size[d_];                                                    \
+    }                                                                         \
+    for (int64_t K = 0; K < (n);) {                                           \
+      int64_t OFF = 0;                                                        \
+      for (int d_ = 0; d_ <= last_; d_++) OFF += idx_[d_] * (R)->stride[d_];  \
+      int64_t LEN = (R)->size[last_] - idx_[last_];                           \
+      if (LEN > (n) - K) LEN = (n) - K;                                       \
+      BODY;                                                                   \
+      K += LEN;                                                               \
+      idx_[last_] += LEN;                                                     \
+      for (int d_ = last_; d_ > 0 && idx_[d_] == (R)->size[d_]; d_--) {       \
+        idx_[d_] = 0;                                                         \
+        idx_[d_ - 1]++;                                                       \
+      }                                                                       \
+    }                                                                         \
+  }
+
+#define DEF_FOLD(op, sfx, T, A, INIT, COMB)                                                \
+  /* one block (n <= VM_FOLD_BLOCK) through the lanes, tree-folded */                      \
+  VECTOR_CLONES static A op##_block_##sfx(const T *x, int64_t n, int64_t s) {               \
+    enum { L = VM_FOLD_LANE_BYTES / sizeof(A) };                                            \
+    A lanes[L];                                                                             \
+    for (int l = 0; l < L; l++) lanes[l] = INIT;                                            \
+    int64_t r = 0;                                                                          \
+    if (s == 1)                                                                             \
+      for (; r + L <= n; r += L)                                                            \
+        for (int l = 0; l < L; l++) lanes[l] = COMB(lanes[l], (A)x[r + l]);                 \
+    else                                                                                    \
+      for (; r + L <= n; r += L)                                                            \
+        for (int l = 0; l < L; l++) lanes[l] = COMB(lanes[l], (A)x[(r + l) * s]);           \
+    for (; r < n; r++) lanes[0] = COMB(lanes[0], (A)x[r * s]);                              \
+    for (int w = L / 2; w >= 1; w /= 2)                                                     \
+      for (int k = 0; k < w; k++) lanes[k] = COMB(lanes[k], lanes[k + w]);                  \
+    return lanes[0];                                                                        \
+  }                                                                                         \
+  /* positions [p0, p0 + n) of R, n <= VM_FOLD_BLOCK, copied in order */                    \
+  static void op##_gather_##sfx(const dims *R, const T *base, int64_t p0, int64_t n, T *buf) { \
+    FOR_RUNS(R, p0, n, off, len, k, {                                                       \
+      const T *src = base + off;                                                            \
+      int64_t s = R->stride[last_];                                                         \
+      for (int64_t i = 0; i < len; i++) buf[k + i] = src[i * s];                            \
+    })                                                                                      \
+  }                                                                                         \
+  static void op##_lanes_##sfx(const fold_job *j, const char *b, int64_t p0, int64_t n,    \
+                               char *dst) {                                                 \
+    const T *base = (const T *)b;                                                           \
+    const dims *R = &j->R;                                                                  \
+    int64_t s = R->n ? R->stride[R->n - 1] : 0;                                             \
+    A acc = INIT;                                                                           \
+    T buf[R->n > 1 ? VM_FOLD_BLOCK : 1];                                                    \
+    for (int64_t p = p0; p < p0 + n; p += VM_FOLD_BLOCK) {                                  \
+      int64_t len = p0 + n - p < VM_FOLD_BLOCK ? p0 + n - p : VM_FOLD_BLOCK;               \
+      if (R->n > 1) {                                                                       \
+        op##_gather_##sfx(R, base, p, len, buf);                                            \
+        acc = COMB(acc, op##_block_##sfx(buf, len, 1));                                     \
+      } else {                                                                              \
+        acc = COMB(acc, op##_block_##sfx(base + p * s, len, s));                            \
+      }                                                                                     \
+    }                                                                                       \
+    *(T *)dst = (T)acc;                                                                     \
+  }                                                                                         \
+  static void op##_ordered_##sfx(const fold_job *j, const char *b, char *dst) {             \
+    const T *base = (const T *)b;                                                           \
+    const dims *R = &j->R;                                                                  \
+    A acc = INIT;                                                                           \
+    T buf[VM_FOLD_BLOCK];                                                                   \
+    for (int64_t p = 0; p < j->count; p += VM_FOLD_BLOCK) {                                 \
+      int64_t len = j->count - p < VM_FOLD_BLOCK ? j->count - p : VM_FOLD_BLOCK;           \
+      if (R->n) op##_gather_##sfx(R, base, p, len, buf);                                    \
+      else buf[0] = base[0];                                                                \
+      A blk = INIT;                                                                         \
+      for (int64_t i = 0; i < len; i++) blk = COMB(blk, (A)buf[i]);                         \
+      acc = COMB(acc, blk);                                                                 \
+    }                                                                                       \
+    *(T *)dst = (T)acc;                                                                     \
+  }                                                                                         \
+  VECTOR_CLONES static void op##_cols_##sfx(const fold_job *j, int64_t o, int64_t b0,      \
+                                            int64_t w) {                                    \
+    A acc[FOLD_COLS], blk[FOLD_COLS];                                                       \
+    int64_t si = j->inner_stride;                                                           \
+    const T *x = (const T *)j->x + dims_offset(&j->O, o) + b0 * si;                         \
+    for (int64_t b = 0; b < w; b++) acc[b] = INIT;                                          \
+    for (int64_t r0 = 0; r0 < j->count; r0 += VM_FOLD_BLOCK) {                              \
+      int64_t r1 = j->count - r0 < VM_FOLD_BLOCK ? j->count : r0 + VM_FOLD_BLOCK;          \
+      for (int64_t b = 0; b < w; b++) blk[b] = INIT;                                        \
+      for (int64_t r = r0; r < r1; r++) {                                                   \
+        const T *restrict xr = x + dims_offset(&j->R, r);                                   \
+        if (si == 1)                                                                        \
+          for (int64_t b = 0; b < w; b++) blk[b] = COMB(blk[b], (A)xr[b]);                  \
+        else                                                                                \
+          for (int64_t b = 0; b < w; b++) blk[b] = COMB(blk[b], (A)xr[b * si]);             \
+      }                                                                                     \
+      for (int64_t b = 0; b < w; b++) acc[b] = COMB(acc[b], blk[b]);                        \
+    }                                                                                       \
+    T *out = (T *)j->out + o * j->inner + b0;                                               \
+    for (int64_t b = 0; b < w; b++) out[b] = (T)acc[b];                                     \
+  }                                                                                         \
+  static const fold_reducer op##_fold_##sfx = {op##_lanes_##sfx, op##_ordered_##sfx,       \
+                                               op##_cols_##sfx};
+
+#define FADD(a, v) ((a) + (v))
+#define FMUL(a, v) ((a) * (v))
+DEF_FOLD(sum, f32, float, double, 0.0, FADD)
+DEF_FOLD(sum, f64, double, double, 0.0, FADD)
+DEF_FOLD(prod, f32, float, double, 1.0, FMUL)
+DEF_FOLD(prod, f64, double, double, 1.0, FMUL)
+DEF_FOLD(max, f32, float, float, -INFINITY, VM_FMAX)
+DEF_FOLD(max, f64, double, double, -INFINITY, VM_FMAX)
+DEF_FOLD(min, f32, float, float, INFINITY, VM_FMIN)
+DEF_FOLD(min, f64, double, double, INFINITY, VM_FMIN)
+
+static const fold_reducer *find_fold(vm_opcode op, kiln_dtype dt) {
+  bool f64 = dt == KILN_F64;
+  switch (op) {
+    case VM_OP_sum: return f64 ? &sum_fold_f64 : &sum_fold_f32;
+    case VM_OP_prod: return f64 ? &prod_fold_f64 : &prod_fold_f32;
+    case VM_OP_max: return f64 ? &max_fold_f64 : &max_fold_f32;
+    case VM_OP_min: return f64 ? &min_fold_f64 : &min_fold_f32;
+    default: return NULL;
+  }
+}
+
+void vm_fold_partials(vm_opcode op, kiln_dtype dt, const void *part, int64_t nchunks, int64_t rows,
+                      void *out) {
+  for (int64_t o = 0; o < rows; o++) {
+    double acc = op == VM_OP_sum ? 0 : op == VM_OP_prod ? 1 : op == VM_OP_max ? -INFINITY : INFINITY;
+    for (int64_t c = 0; c < nchunks; c++) {
+      double x = dt == KILN_F64 ? ((const double *)part)[o * nchunks + c]
+                                : (double)((const float *)part)[o * nchunks + c];
+      switch (op) {
+        case VM_OP_sum: acc += x; break;
+        case VM_OP_prod: acc *= x; break;
+        case VM_OP_max: acc = VM_FMAX(acc, x); break;
+        default: acc = VM_FMIN(acc, x); break;
+      }
+    }
+    if (dt == KILN_F64) ((double *)out)[o] = acc;
+    else ((float *)out)[o] = (float)acc;
+  }
+}
+
+static void lanes_items(void *p, int64_t begin, int64_t end) {
+  const fold_job *j = p;
+  int64_t es = (int64_t)j->esize;
+  for (int64_t v = begin; v < end; v++) {
+    int64_t o = v / j->nchunks, p0 = (v % j->nchunks) * j->chunk;
+    int64_t n = j->count - p0 < j->chunk ? j->count - p0 : j->chunk;
+    char *dst = j->nchunks > 1 ? j->part + v * es : j->out + o * es;
+    j->f->lanes(j, j->x + dims_offset(&j->K, o) * es, p0, n, dst);
+  }
+}
+
+static void ordered_items(void *p, int64_t begin, int64_t end) {
+  const fold_job *j = p;
+  int64_t es = (int64_t)j->esize;
+  for (int64_t o = begin; o < end; o++) j->f->ordered(j, j->x + dims_offset(&j->K, o) * es, j->out + o * es);
+}
+
+static void cols_items(void *p, int64_t begin, int64_t end) {
+  const fold_job *j = p;
+  for (int64_t v = begin; v < end; v++) {
+    int64_t o = v / j->nblocks, b0 = (v % j->nblocks) * FOLD_COLS;
+    j->f->cols(j, o, b0, j->inner - b0 < FOLD_COLS ? j->inner - b0 : FOLD_COLS);
+  }
+}
+
+static bool float_reduce(vm_opcode op, vm_tensor *out, const vm_tensor *in, const vm_attr *attr) {
+  fold_job j = {.f = find_fold(op, in->dtype), .x = vm_data(in), .out = vm_data(out),
+                .esize = vm_dtype_size(in->dtype)};
+  if (!j.f) {
+    vm_error(KILN_ERR_INTERNAL, "no %s kernel for %s", vm_op_table[op].name, vm_dtype_name(in->dtype));
+    return false;
+  }
+  /* the logical pattern: kept dims before the reduced ones (O), reduced
+     (R), kept after (I); a reduced dim after I is neither order's layout */
+  dims I = {0};
+  int stage = 0; /* 0: O, 1: R, 2: I */
+  bool trailing = true, split = true;
+  for (int d = 0; d < in->ndim; d++) {
+    if (in->shape[d] == 1) continue;
+    if (attr->axes_mask & (1u << d)) {
+      dims_push(&j.R, in->shape[d], in->strides[d]);
+      if (stage == 2) split = false;
+      stage = 1;
+    } else {
+      dims_push(&j.K, in->shape[d], in->strides[d]);
+      if (stage == 0) {
+        dims_push(&j.O, in->shape[d], in->strides[d]);
+      } else {
+        dims_push(&I, in->shape[d], in->strides[d]);
+        stage = 2;
+        trailing = false;
+      }
+    }
+  }
+  int64_t nout = dims_count(&j.K);
+  j.count = dims_count(&j.R);
+  if (nout == 0) return true;
+  if (trailing) { /* the lane order, long rows in chunks */
+    j.chunk = j.count > VM_FOLD_CHUNK ? VM_FOLD_CHUNK : j.count > 0 ? j.count : 1;
+    j.nchunks = j.count > VM_FOLD_CHUNK ? (j.count + VM_FOLD_CHUNK - 1) / VM_FOLD_CHUNK : 1;
+    if (j.nchunks > 1 && !(j.part = malloc((size_t)(nout * j.nchunks) * j.esize))) {
+      vm_error(KILN_ERR_OOM, "out of memory");
+      return false;
+    }
+    vm_parallel_for(nout * j.nchunks, ROWS_GRAIN / j.chunk + 1, lanes_items, &j);
+    if (j.part) vm_fold_partials(op, in->dtype, j.part, j.nchunks, nout, j.out);
+    free(j.part);
+  } else if (split && I.n == 1) { /* the column order, vectorized across columns */
+    j.inner = I.size[0];
+    j.inner_stride = I.stride[0];
+    j.nblocks = (j.inner + FOLD_COLS - 1) / FOLD_COLS;
+    int64_t per_item = j.count * (j.inner < FOLD_COLS ? j.inner : FOLD_COLS);
+    vm_parallel_for(dims_count(&j.O) * j.nblocks, ROWS_GRAIN / (per_item + 1) + 1, cols_items, &j);
+  } else { /* the column order, an output at a time */
+    vm_parallel_for(nout, ROWS_GRAIN / (j.count + 1) + 1, ordered_items, &j);
+  }
+  return true;
+}
+
 bool vm_k_reduce(vm_opcode op, vm_tensor *out, const vm_tensor *in, const vm_attr *attr) {
   if (op == VM_OP_argmax || op == VM_OP_argmin) return argreduce(op, out, in, attr);
+  if (vm_dtype_is_float(in->dtype)) return float_reduce(op, out, in, attr);
   reduce_job j = {.r = find_reducer(op, in->dtype), .x = vm_data(in), .out = vm_data(out),
                   .esize = vm_dtype_size(in->dtype)};
   if (!j.r) {

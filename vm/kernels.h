@@ -34,4 +34,10 @@ void vm_iter_range(const vm_iter *it, int64_t begin, int64_t end, vm_row_fn row,
 /* runs the whole iteration, in parallel for large tensors */
 void vm_iter_run(const vm_iter *it, vm_row_fn row, void *ctx);
 
+/* f32 transcendentals (kern_math.c): the row computing op (exp, log, tanh,
+   sigmoid, sin, cos, erf, log1p, expm1, pow) as compiled kernels do on this
+   machine, or NULL for other ops; one value, with or without fma (tests) */
+vm_row_fn vm_math_row_f32(vm_opcode op);
+float vm_math_f32(vm_opcode op, bool fma, float x, float y);
+
 #endif

@@ -580,15 +580,23 @@ vm_tensor *vm_binary(vm_opcode op, vm_tensor *a, vm_tensor *b) {
   return vm_op(op, 2, in, NULL);
 }
 
-vm_tensor *vm_binary_scalar(vm_opcode op, vm_tensor *a, double s, bool is_int) {
+static vm_tensor *binary_with_scalar(vm_opcode op, vm_tensor *a, double s, bool is_int, bool host) {
   if (!a) {
     vm_null_input(0);
     return NULL;
   }
-  vm_tensor *sc = vm_weak_scalar(s, is_int);
+  vm_tensor *sc = host ? vm_host_scalar(s, is_int) : vm_weak_scalar(s, is_int);
   vm_tensor *r = sc ? vm_binary(op, a, sc) : NULL;
   vm_release(sc);
   return r;
+}
+
+vm_tensor *vm_binary_scalar(vm_opcode op, vm_tensor *a, double s, bool is_int) {
+  return binary_with_scalar(op, a, s, is_int, false);
+}
+
+vm_tensor *vm_binary_host_scalar(vm_opcode op, vm_tensor *a, double s, bool is_int) {
+  return binary_with_scalar(op, a, s, is_int, true);
 }
 
 vm_tensor *vm_cast(vm_tensor *a, kiln_dtype dt) {

@@ -32,6 +32,12 @@ typedef enum {
 } vm_dtype_rule;
 
 #define VM_F_NO_BOOL 1u
+/* what the op's VJP reads (ops.def explains) */
+#define VM_F_SAVE_IN 2u
+#define VM_F_SAVE_IN0 4u
+#define VM_F_SAVE_IN1 8u
+#define VM_F_SAVE_OTHER 16u
+#define VM_F_SAVE_OUT 32u
 
 typedef struct vm_op_info {
   const char *name;
@@ -53,7 +59,10 @@ typedef struct vm_attr {
   int axis;                       /* slice, index ops, concat, argmax/argmin */
   uint32_t axes_mask;             /* reductions: bit d set = axis d reduced */
   bool keepdim;
-  bool weak;                      /* full: a host scalar (does not widen) */
+  bool weak;                      /* full: a scalar (does not widen) */
+  bool host;                      /* full: a value the host passed: a runtime
+                                     parameter, never key material, never
+                                     simplified (DESIGN §4); else a literal */
   int64_t start, stop, step;      /* slice, already normalized */
   double scalar[2];               /* full: value; arange: start, step */
   uint64_t seed, counter;         /* rand, randn */
@@ -90,7 +99,11 @@ bool vm_infer(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr, vm
 /* conveniences over vm_op */
 vm_tensor *vm_unary(vm_opcode op, vm_tensor *a);
 vm_tensor *vm_binary(vm_opcode op, vm_tensor *a, vm_tensor *b);
+/* a scalar the library writes (a literal: its value is key material, and
+   exact identities such as x * 1 fold it away) */
 vm_tensor *vm_binary_scalar(vm_opcode op, vm_tensor *a, double s, bool is_int);
+/* a scalar the user passed (a runtime parameter: one key for every value) */
+vm_tensor *vm_binary_host_scalar(vm_opcode op, vm_tensor *a, double s, bool is_int);
 vm_tensor *vm_cast(vm_tensor *a, kiln_dtype dt);
 vm_tensor *vm_reduce(vm_opcode op, vm_tensor *a, int naxes, const int *axes, bool keepdim);
 vm_tensor *vm_reshape(vm_tensor *a, int ndim, const int64_t *shape);

@@ -1,8 +1,37 @@
-/* pool.c — a small pthread pool for kernels.  One job at a time: the caller
- * publishes (fn, ctx, chunk count), workers and the caller take chunks from
- * an atomic counter, the caller waits until every chunk is done and every
- * worker has let go of the job.  A caller that finds the pool busy (another
- * thread's job, or a nested call from a worker) runs its job inline. */
+/* pool.c — the kernel thread pool, shared fairly by every user thread.
+ * Owns: the workers, the list of open jobs, and the budget of KILN_THREADS
+ * "kernel tokens".  A thread runs kernel work only while it holds a token,
+ * so however many user threads flush at once, at most KILN_THREADS threads
+ * (callers and workers together) run kernels.
+ *
+ * Why tokens, and why several open jobs:
+ * - Before, one job ran at a time and a second caller ran its job inline
+ *   beside the workers: KILN_THREADS workers + N callers on KILN_THREADS
+ *   cores, so workers were preempted mid-chunk and their callers waited for
+ *   them (a convoy); OpenBLAS's own threads came on top (kern_matmul.c now
+ *   runs gemms in blocks here instead).  Measured (perf_threads_two_models,
+ *   2 cores): two models on two threads took 4-10x as long as one after the
+ *   other; with tokens, 1.0-1.1x.
+ * - A user thread takes one token for the whole of a flush (tr_run calls
+ *   vm_pool_enter/leave) and for any parallel call outside one.  Holding it
+ *   across the serial parts of a flush too keeps those from oversubscribing;
+ *   nested enters only count depth, so they cannot deadlock.  A thread never
+ *   waits for another thread while it holds a token (kernels take only leaf
+ *   locks), so the budget cannot deadlock either.
+ * - Workers join a job only when a token is free and no caller is waiting
+ *   for one: callers (FIFO, by ticket) come first, so a busy pool shrinks
+ *   each flush's helpers rather than delaying a flush.  A worker gives its
+ *   token back after each job.
+ * - Tokens bound whole flushes, not single parallel calls: a token per call
+ *   would leave the serial kernels between calls outside the budget.  The
+ *   cost is one uncontended lock per flush (W5 unchanged).
+ * - Any number of jobs may be open, one per caller: with KILN_THREADS=4 and
+ *   two user threads, the two free tokens help whichever job has chunks
+ *   left, instead of idling because "the" job slot is taken.
+ * - Chunk boundaries depend only on (n, chunks), never on who runs a chunk,
+ *   so results do not depend on the thread count or on contention.
+ * - A call made from inside a chunk (a worker's or a caller's) runs inline:
+ *   that thread already holds a token and must not wait on the pool. */
 #include "pool.h"
 
 #include <pthread.h>
@@ -12,24 +41,33 @@
 
 #include "state.h"
 
-typedef struct vm_pool {
-  pthread_mutex_t submit; /* held by the thread whose job is running */
-  pthread_mutex_t lock;
-  pthread_cond_t wake, done;
-  int nworkers;
-  uint64_t generation;    /* bumped per job */
-  int active;             /* workers holding the current job */
-  int64_t completed;      /* chunks finished */
-  /* the current job */
+/* one vm_parallel_chunks call; lives on its caller's stack */
+typedef struct pool_job {
   vm_chunk_fn fn;
   void *ctx;
   int64_t n, chunks;
-  atomic_int_fast64_t next;
+  atomic_int_fast64_t next;      /* next chunk to claim */
+  int64_t completed;             /* chunks finished (under pool.lock) */
+  int helpers;                   /* workers inside this job (under pool.lock) */
+  struct pool_job *prev, *after; /* the open list (under pool.lock) */
+} pool_job;
+
+typedef struct vm_pool {
+  pthread_mutex_t lock;
+  pthread_cond_t work;   /* workers: a job opened or a token came back */
+  pthread_cond_t tokens; /* callers: a token came back */
+  pthread_cond_t done;   /* callers: a worker left a job */
+  int nworkers;
+  int free_tokens;      /* of vm_process()->threads */
+  uint64_t next_ticket; /* callers take tickets ... */
+  uint64_t serving;     /* ... and get tokens in ticket order */
+  pool_job *open;       /* jobs that may still have chunks to claim */
+  atomic_int running;   /* threads inside kernel work now (kernel_threads_max) */
 } vm_pool;
 
-static vm_pool pool = {.submit = PTHREAD_MUTEX_INITIALIZER,
-                       .lock = PTHREAD_MUTEX_INITIALIZER,
-                       .wake = PTHREAD_COND_INITIALIZER,
+static vm_pool pool = {.lock = PTHREAD_MUTEX_INITIALIZER,
+                       .work = PTHREAD_COND_INITIALIZER,
+                       .tokens = PTHREAD_COND_INITIALIZER,
                        .done = PTHREAD_COND_INITIALIZER};
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 
@@ -39,48 +77,77 @@ static void chunk_bounds(int64_t n, int64_t chunks, int64_t c, int64_t *b, int64
   *e = *b + q + (c < r ? 1 : 0);
 }
 
-/* takes chunks of the current job until none are left; returns how many */
-static int64_t run_chunks(vm_chunk_fn fn, void *ctx, int64_t n, int64_t chunks) {
+/* the stats' high-water mark of threads running kernels at once: the test
+   of the budget (tests/test_threads.c) reads it as kiln_stat */
+static void running_enter(void) {
+  uint_fast64_t now = (uint_fast64_t)atomic_fetch_add(&pool.running, 1) + 1;
+  atomic_uint_fast64_t *max = &vm_process()->stats.kernel_threads_max;
+  uint_fast64_t seen = atomic_load_explicit(max, memory_order_relaxed);
+  while (now > seen && !atomic_compare_exchange_weak(max, &seen, now)) {
+  }
+}
+
+static void running_leave(void) {
+  atomic_fetch_sub(&pool.running, 1);
+}
+
+/* takes chunks of job until none are left; returns how many it ran.  While
+   in here the thread is "in a chunk": its nested parallel calls run inline */
+static int64_t run_chunks(pool_job *job) {
+  vm_thread_state *ts = vm_thread();
   int64_t mine = 0, c;
-  while ((c = atomic_fetch_add(&pool.next, 1)) < chunks) {
+  ts->pool_in_chunk = true;
+  running_enter();
+  while ((c = atomic_fetch_add(&job->next, 1)) < job->chunks) {
     int64_t b, e;
-    chunk_bounds(n, chunks, c, &b, &e);
-    fn(ctx, c, b, e);
+    chunk_bounds(job->n, job->chunks, c, &b, &e);
+    job->fn(job->ctx, c, b, e);
     mine++;
   }
+  running_leave();
+  ts->pool_in_chunk = false;
   return mine;
+}
+
+static bool callers_waiting(void) {
+  return pool.next_ticket != pool.serving;
+}
+
+/* an open job with a chunk left to claim, or NULL (under pool.lock) */
+static pool_job *claimable_job(void) {
+  for (pool_job *j = pool.open; j; j = j->after)
+    if (atomic_load(&j->next) < j->chunks) return j;
+  return NULL;
 }
 
 static void *worker_main(void *arg) {
   (void)arg;
-  uint64_t seen = 0;
   pthread_mutex_lock(&pool.lock);
   for (;;) {
-    while (pool.generation == seen) pthread_cond_wait(&pool.wake, &pool.lock);
-    seen = pool.generation;
-    /* a job that already finished is closed: joining it late would take
-       chunks from the counter of the next job with this one's function */
-    if (!pool.fn) continue;
-    vm_chunk_fn fn = pool.fn;
-    void *ctx = pool.ctx;
-    int64_t n = pool.n, chunks = pool.chunks;
-    pool.active++;
+    pool_job *job;
+    while (pool.free_tokens == 0 || callers_waiting() || !(job = claimable_job()))
+      pthread_cond_wait(&pool.work, &pool.lock);
+    pool.free_tokens--;
+    job->helpers++;
     pthread_mutex_unlock(&pool.lock);
-    int64_t mine = run_chunks(fn, ctx, n, chunks);
+    int64_t mine = run_chunks(job);
     pthread_mutex_lock(&pool.lock);
-    pool.active--;
-    pool.completed += mine;
-    pthread_cond_signal(&pool.done);
+    job->completed += mine;
+    job->helpers--;
+    pool.free_tokens++;
+    pthread_cond_broadcast(&pool.done);
+    if (callers_waiting()) pthread_cond_broadcast(&pool.tokens);
   }
   return NULL;
 }
 
 static void pool_start(void) {
-  int want = vm_process()->threads - 1;
+  int threads = vm_process()->threads;
+  pool.free_tokens = threads;
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  for (int i = 0; i < want; i++) {
+  for (int i = 0; i < threads - 1; i++) {
     pthread_t th;
     if (pthread_create(&th, &attr, worker_main, NULL) != 0) break;
     pool.nworkers++;
@@ -93,11 +160,64 @@ int vm_pool_threads(void) {
   return pool.nworkers + 1;
 }
 
+void vm_pool_enter(void) {
+  vm_thread_state *ts = vm_thread();
+  if (ts->pool_depth++ > 0 || ts->pool_in_chunk) return; /* holds one already */
+  pthread_once(&pool_once, pool_start);
+  pthread_mutex_lock(&pool.lock);
+  uint64_t ticket = pool.next_ticket++;
+  while (ticket != pool.serving || pool.free_tokens == 0)
+    pthread_cond_wait(&pool.tokens, &pool.lock);
+  pool.serving++;
+  pool.free_tokens--;
+  if (callers_waiting() && pool.free_tokens > 0)
+    pthread_cond_broadcast(&pool.tokens); /* the next ticket */
+  pthread_mutex_unlock(&pool.lock);
+}
+
+void vm_pool_leave(void) {
+  vm_thread_state *ts = vm_thread();
+  if (--ts->pool_depth > 0 || ts->pool_in_chunk) return;
+  pthread_mutex_lock(&pool.lock);
+  pool.free_tokens++;
+  if (callers_waiting())
+    pthread_cond_broadcast(&pool.tokens);
+  else if (claimable_job())
+    pthread_cond_signal(&pool.work);
+  pthread_mutex_unlock(&pool.lock);
+}
+
+static void open_job(pool_job *job) {
+  pthread_mutex_lock(&pool.lock);
+  job->after = pool.open;
+  if (pool.open) pool.open->prev = job;
+  pool.open = job;
+  /* wake as many workers as could help now; others join as tokens return */
+  int helpers = callers_waiting() ? 0 : pool.free_tokens;
+  if (helpers > job->chunks - 1) helpers = (int)(job->chunks - 1);
+  for (int i = 0; i < helpers; i++) pthread_cond_signal(&pool.work);
+  pthread_mutex_unlock(&pool.lock);
+}
+
+/* every chunk is claimed once the caller's run_chunks returns: unlink the
+   job, then wait for the workers still running its chunks */
+static void close_job(pool_job *job, int64_t mine) {
+  pthread_mutex_lock(&pool.lock);
+  if (job->prev)
+    job->prev->after = job->after;
+  else
+    pool.open = job->after;
+  if (job->after) job->after->prev = job->prev;
+  job->completed += mine;
+  while (job->completed < job->chunks || job->helpers > 0)
+    pthread_cond_wait(&pool.done, &pool.lock);
+  pthread_mutex_unlock(&pool.lock);
+}
+
 void vm_parallel_chunks(int64_t n, int64_t chunks, vm_chunk_fn fn, void *ctx) {
   if (n <= 0 || chunks <= 0) return;
   if (chunks > n) chunks = n;
-  bool pooled = chunks > 1 && vm_pool_threads() > 1 && pthread_mutex_trylock(&pool.submit) == 0;
-  if (!pooled) {
+  if (vm_thread()->pool_in_chunk) { /* nested: this thread holds a token already */
     for (int64_t c = 0; c < chunks; c++) {
       int64_t b, e;
       chunk_bounds(n, chunks, c, &b, &e);
@@ -105,26 +225,16 @@ void vm_parallel_chunks(int64_t n, int64_t chunks, vm_chunk_fn fn, void *ctx) {
     }
     return;
   }
-  pthread_mutex_lock(&pool.lock);
-  pool.fn = fn;
-  pool.ctx = ctx;
-  pool.n = n;
-  pool.chunks = chunks;
-  pool.completed = 0;
-  atomic_store(&pool.next, 0);
-  pool.generation++;
-  pthread_cond_broadcast(&pool.wake);
-  pthread_mutex_unlock(&pool.lock);
-
-  int64_t mine = run_chunks(fn, ctx, n, chunks);
-
-  pthread_mutex_lock(&pool.lock);
-  pool.completed += mine;
-  while (pool.completed < chunks || pool.active > 0) pthread_cond_wait(&pool.done, &pool.lock);
-  pool.fn = NULL;
-  pool.ctx = NULL;
-  pthread_mutex_unlock(&pool.lock);
-  pthread_mutex_unlock(&pool.submit);
+  vm_pool_enter();
+  pool_job job = {.fn = fn, .ctx = ctx, .n = n, .chunks = chunks};
+  atomic_init(&job.next, 0);
+  if (chunks == 1 || vm_pool_threads() == 1) {
+    run_chunks(&job);
+  } else {
+    open_job(&job);
+    close_job(&job, run_chunks(&job));
+  }
+  vm_pool_leave();
 }
 
 typedef struct {
@@ -144,10 +254,7 @@ void vm_parallel_for(int64_t n, int64_t grain, vm_range_fn fn, void *ctx) {
   int64_t chunks = n / grain;
   int threads = vm_pool_threads();
   if (chunks > threads) chunks = threads;
-  if (chunks <= 1) {
-    fn(ctx, 0, n);
-    return;
-  }
+  if (chunks < 1) chunks = 1;
   range_job job = {fn, ctx};
   vm_parallel_chunks(n, chunks, range_adapter, &job);
 }

@@ -27,6 +27,8 @@ typedef struct vm_thread_state {
   void *free_blocks[VM_BLOCK_KINDS];  /* singly linked through the first word */
   int free_count[VM_BLOCK_KINDS];
   bool cleanup_registered;
+  int pool_depth;              /* nested vm_pool_enter calls: >0 holds a kernel token */
+  bool pool_in_chunk;          /* running a chunk of a parallel job (vm/pool.c) */
 } vm_thread_state;
 
 typedef struct vm_counters {
@@ -35,7 +37,11 @@ typedef struct vm_counters {
   atomic_uint_fast64_t compiles, compile_failures, disk_hits, compile_us;
   atomic_uint_fast64_t kernels_compiled; /* kernels in freshly compiled plans */
   atomic_uint_fast64_t blas_calls;       /* gemm calls into BLAS (matmuls run) */
+  atomic_uint_fast64_t recomputed;       /* values evaluated again (fills aside, DESIGN §3) */
   atomic_uint_fast64_t flush_us; /* microseconds */
+  /* high-water mark of threads running kernel work at once (vm/pool.c);
+     never above `threads` */
+  atomic_uint_fast64_t kernel_threads_max;
 } vm_counters;
 
 typedef struct vm_process_state {

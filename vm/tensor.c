@@ -205,6 +205,11 @@ vm_tensor *vm_weak_scalar(double v, bool is_int) {
   return vm_op(VM_OP_full, 0, NULL, &attr);
 }
 
+vm_tensor *vm_host_scalar(double v, bool is_int) {
+  vm_attr attr = {.dtype = is_int ? KILN_I64 : KILN_F64, .weak = true, .host = true, .scalar = {v}};
+  return vm_op(VM_OP_full, 0, NULL, &attr);
+}
+
 vm_tensor *vm_retain(vm_tensor *t) {
   if (t) atomic_fetch_add_explicit(&t->refs, 1, memory_order_relaxed);
   return t;

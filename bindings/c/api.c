@@ -64,8 +64,10 @@ kiln_tensor *kiln_from_data(const void *data, kiln_dtype dt, int ndim, const int
   return tr_handle_from_value(t);
 }
 
-static kiln_tensor *full(double v, kiln_dtype dt, int ndim, const int64_t *shape) {
-  vm_attr attr = {.dtype = dt, .ndim = ndim, .scalar = {v}};
+/* host: v is the user's value (a runtime parameter); zeros and ones are
+   literals of the function called */
+static kiln_tensor *full(double v, bool host, kiln_dtype dt, int ndim, const int64_t *shape) {
+  vm_attr attr = {.dtype = dt, .ndim = ndim, .host = host, .scalar = {v}};
   if (!vm_check_dims_arg(ndim, shape)) return NULL;
   if (ndim) memcpy(attr.shape, shape, (size_t)ndim * sizeof *shape);
   return vm_op(VM_OP_full, 0, NULL, &attr);
@@ -73,19 +75,19 @@ static kiln_tensor *full(double v, kiln_dtype dt, int ndim, const int64_t *shape
 
 kiln_tensor *kiln_scalar(double v, kiln_dtype dt) {
   API(kiln_scalar);
-  return full(v, dt, 0, NULL);
+  return full(v, true, dt, 0, NULL);
 }
 kiln_tensor *kiln_zeros(kiln_dtype dt, int ndim, const int64_t *shape) {
   API(kiln_zeros);
-  return full(0, dt, ndim, shape);
+  return full(0, false, dt, ndim, shape);
 }
 kiln_tensor *kiln_ones(kiln_dtype dt, int ndim, const int64_t *shape) {
   API(kiln_ones);
-  return full(1, dt, ndim, shape);
+  return full(1, false, dt, ndim, shape);
 }
 kiln_tensor *kiln_full(double v, kiln_dtype dt, int ndim, const int64_t *shape) {
   API(kiln_full);
-  return full(v, dt, ndim, shape);
+  return full(v, true, dt, ndim, shape);
 }
 
 kiln_tensor *kiln_arange(double start, double stop, double step, kiln_dtype dt) {
@@ -240,7 +242,7 @@ BINARY_API(logical_or)
 #define SCALAR_API(name)                                          \
   kiln_tensor *kiln_##name##_scalar(kiln_tensor *a, double s) {   \
     API(kiln_##name##_scalar);                                    \
-    return vm_binary_scalar(VM_OP_##name, a, s, false);           \
+    return vm_binary_host_scalar(VM_OP_##name, a, s, false);      \
   }
 SCALAR_API(add)
 SCALAR_API(sub)
@@ -447,6 +449,11 @@ int kiln_sync(void) {
   return tr_sync();
 }
 
+int kiln_eval(int n, kiln_tensor *const *ts) {
+  API(kiln_eval);
+  return tr_eval(n, ts);
+}
+
 void kiln_jit_wait(void) { cpu_compile_wait(); }
 
 void kiln_get_stats(kiln_stats *out) {
@@ -473,7 +480,7 @@ void kiln_reset_stats(void) {
                                  &c->flushes, &c->traces_seen, &c->cache_hits,
                                  &c->cache_misses, &c->plans_built, &c->flush_us, &c->compiles,
                                  &c->compile_failures, &c->disk_hits, &c->compile_us, &c->kernels_compiled,
-                                 &c->blas_calls};
+                                 &c->blas_calls, &c->recomputed, &c->kernel_threads_max};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) atomic_store(all[i], 0);
 }
 
@@ -489,7 +496,7 @@ double kiln_stat(const char *name) {
       COUNTER(ops_recorded), COUNTER(eager_ops), COUNTER(kernels_launched), COUNTER(flushes),
       COUNTER(traces_seen), COUNTER(cache_hits), COUNTER(cache_misses), COUNTER(plans_built),
       COUNTER(compiles), COUNTER(compile_failures), COUNTER(disk_hits), COUNTER(kernels_compiled),
-      COUNTER(blas_calls),
+      COUNTER(blas_calls), COUNTER(recomputed), COUNTER(kernel_threads_max),
       {"compile_ms", offsetof(vm_counters, compile_us), 1e-3}, {"flush_ms", offsetof(vm_counters, flush_us), 1e-3},
 #undef COUNTER
   };

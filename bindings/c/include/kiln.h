@@ -190,6 +190,9 @@ KILN_API kiln_tensor *kiln_to_device(kiln_tensor *t, kiln_device d);
 
 /* runtime */
 KILN_API int kiln_sync(void); /* evaluate everything pending on this thread */
+/* evaluate these and keep their values (the explicit "compute and keep";
+   the automatic rules of README "How it runs" make it rarely needed) */
+KILN_API int kiln_eval(int n, kiln_tensor *const *ts);
 /* wait until the background compiler has finished every compile queued so
    far (hot traces then run compiled); benchmarks call it after warm-up */
 KILN_API void kiln_jit_wait(void);
@@ -202,7 +205,11 @@ KILN_API void kiln_get_stats(kiln_stats *out); /* process-wide */
 KILN_API void kiln_reset_stats(void);
 /* one counter by name: any field of kiln_stats, or "kernels_compiled"
    (kernels in plans compiled, not loaded from disk), "plans_built" or
-   "blas_calls" (gemm calls into BLAS: one per matmul, or per batch);
+   "blas_calls" (gemm calls into BLAS: one per matmul, or per batch),
+   "recomputed" (values a flush evaluated although an earlier flush had
+   computed them: the execution model keeps that to once per value) or
+   "kernel_threads_max" (the most threads, user threads and workers together,
+   seen running Kiln's kernels at once: at most kiln_num_threads());
    NAN and an error for an unknown name.  New counters appear here without
    changing kiln_stats. */
 KILN_API double kiln_stat(const char *name);

@@ -1,0 +1,391 @@
+/* test_execution.c — the execution model as training loops meet it
+ * (DESIGN §3, §4, §7): state rebound every step settles into one trace, a
+ * value the program holds is computed at most twice, backward never
+ * recomputes its forward (counted in BLAS calls and in trace nodes),
+ * kiln_eval keeps what it computes, derivatives at kinks follow PyTorch,
+ * and every NULL of the autodiff API carries a message.  Counts, never
+ * times. */
+#include <stdint.h>
+
+#include "../trace/inspect.h"
+#include "ktest.h"
+
+static tr_flush_info last_flush(void) {
+  tr_flush_info info;
+  memset(&info, 0, sizeof info);
+  if (!tr_last_flush(&info)) KTEST_FAIL("tr_last_flush: no flush recorded");
+  return info;
+}
+
+static bool same_key(const tr_flush_info *a, const tr_flush_info *b) {
+  return a->key[0] == b->key[0] && a->key[1] == b->key[1];
+}
+
+static kiln_tensor *f32(const float *v, int ndim, const int64_t *shape) {
+  kiln_tensor *t = kiln_from_data(v, KILN_F32, ndim, shape);
+  CHECK(t != NULL);
+  return t;
+}
+
+static void rebind(kiln_tensor **slot, kiln_tensor *value) { /* x = value, as users write it */
+  kiln_release(*slot);
+  *slot = value;
+}
+
+/* temporaries of one step, released together (what a GC'd language does) */
+typedef struct {
+  kiln_tensor *t[64];
+  int n;
+} arena;
+
+static kiln_tensor *tmp(arena *a, kiln_tensor *t) {
+  CHECK(t != NULL && a->n < 64);
+  if (a->n < 64) a->t[a->n++] = t;
+  return t;
+}
+
+static void arena_free(arena *a) {
+  for (int i = 0; i < a->n; i++) kiln_release(a->t[i]);
+  a->n = 0;
+}
+
+/* --- state rebound every step ------------------------------------------------- */
+
+/* m = 0.9*m + g, the handle replaced each step, read only through sum(m):
+   once settled, every step is the same key, its flush has the same few
+   nodes (not one step's more per step), and the values are right */
+TEST(rebound_state_settles_into_one_trace) {
+  enum { N = 8, STEPS = 40 };
+  float zero[N] = {0};
+  kiln_tensor *m = f32(zero, 1, (int64_t[]){N});
+  double ref[N] = {0};
+  tr_flush_info first = {0};
+  int new_keys_late = 0, max_nodes_late = 0;
+  kiln_stats s0;
+  kiln_get_stats(&s0);
+  for (int step = 0; step < STEPS; step++) {
+    float gv[N];
+    for (int i = 0; i < N; i++) gv[i] = (float)(step % 7) * 0.25f + (float)i;
+    kiln_tensor *g = f32(gv, 1, (int64_t[]){N}), *decayed = kiln_mul_scalar(m, 0.9);
+    rebind(&m, kiln_add(decayed, g));
+    kiln_release(decayed);
+    kiln_release(g);
+    kiln_tensor *s = kiln_sum(m, 0, NULL, false);
+    double got = kiln_item(s);
+    kiln_release(s);
+    tr_flush_info info = last_flush();
+    double want = 0;
+    for (int i = 0; i < N; i++) {
+      ref[i] = (double)(float)((float)(0.9f * (float)ref[i]) + gv[i]);
+      want += ref[i];
+    }
+    CHECK_CLOSE(got, want, 1e-6);
+    if (step == 6) first = info;
+    if (step > 6) {
+      new_keys_late += info.new_key || !same_key(&info, &first);
+      if (info.nodes > max_nodes_late) max_nodes_late = info.nodes;
+    }
+  }
+  kiln_stats s1;
+  kiln_get_stats(&s1);
+  CHECK_EQ_INT(new_keys_late, 0);
+  CHECK(max_nodes_late <= 6); /* mul, its scalar, add, sum: nothing from earlier steps */
+  CHECK(s1.traces_seen - s0.traces_seen <= 4);
+  kiln_release(m);
+}
+
+/* Adam written as users write it: m, v rebound each step, bias correction
+   with host scalars that change every step, the update as a store */
+TEST(adam_written_naturally_settles) {
+  enum { N = 16, STEPS = 30 };
+  float w0[N], xs[N];
+  for (int i = 0; i < N; i++) {
+    w0[i] = 0.05f * (float)(i % 7) - 0.1f;
+    xs[i] = 0.1f * (float)(i + 1);
+  }
+  kiln_tensor *w = f32(w0, 1, (int64_t[]){N}), *x = f32(xs, 1, (int64_t[]){N});
+  CHECK(kiln_set_requires_grad(w, true) == KILN_OK);
+  kiln_tensor *m = kiln_zeros(KILN_F32, 1, (int64_t[]){N}), *v = kiln_zeros(KILN_F32, 1, (int64_t[]){N});
+  const double b1 = 0.9, b2 = 0.999, lr = 0.01, eps = 1e-8;
+  tr_flush_info settled = {0};
+  int late_new = 0, late_unplanned = 0, first_late = 12;
+  double first_loss = 0, prev_loss = INFINITY;
+  for (int t = 1; t <= STEPS; t++) {
+    arena a = {0};
+    kiln_tensor *d = tmp(&a, kiln_sub(tmp(&a, kiln_mul(w, x)), x)); /* loss = mean((w*x - x)^2) */
+    kiln_tensor *loss = tmp(&a, kiln_mean(tmp(&a, kiln_mul(d, d)), 0, NULL, false));
+    double l = kiln_item(loss);
+    tr_flush_info info = last_flush();
+    CHECK(l <= prev_loss + 1e-9); /* it trains */
+    if (t == 1) first_loss = l;
+    prev_loss = l;
+    CHECK(kiln_backward(loss, NULL) == KILN_OK);
+    kiln_tensor *g = tmp(&a, kiln_grad(w));
+    rebind(&m, kiln_add(tmp(&a, kiln_mul_scalar(m, b1)), tmp(&a, kiln_mul_scalar(g, 1 - b1))));
+    rebind(&v, kiln_add(tmp(&a, kiln_mul_scalar(v, b2)),
+                        tmp(&a, kiln_mul_scalar(tmp(&a, kiln_mul(g, g)), 1 - b2))));
+    kiln_tensor *mhat = tmp(&a, kiln_div_scalar(m, 1 - pow(b1, t)));
+    kiln_tensor *vhat = tmp(&a, kiln_div_scalar(v, 1 - pow(b2, t)));
+    kiln_tensor *upd = tmp(&a, kiln_div(mhat, tmp(&a, kiln_add_scalar(tmp(&a, kiln_sqrt(vhat)), eps))));
+    CHECK(kiln_sub_scaled_(w, upd, lr) == KILN_OK);
+    CHECK(kiln_zero_grad(w) == KILN_OK);
+    arena_free(&a);
+    if (t == first_late) settled = info;
+    if (t > first_late) {
+      late_new += info.new_key || !same_key(&info, &settled);
+      late_unplanned += !info.planned;
+    }
+  }
+  CHECK_EQ_INT(late_new, 0);
+  CHECK_EQ_INT(late_unplanned, 0);
+  CHECK(prev_loss < 0.9 * first_loss);
+  kiln_release(m);
+  kiln_release(v);
+  kiln_release(w);
+  kiln_release(x);
+}
+
+/* x = randn; sum(x) read three times: x is computed at most twice (the
+   second read keeps it), and every read gives the same value */
+TEST(held_value_computed_at_most_twice) {
+  CHECK(kiln_sync() == KILN_OK); /* earlier tests' pending stores */
+  kiln_manual_seed(7);
+  kiln_tensor *x = kiln_randn(KILN_F32, 2, (int64_t[]){64, 64});
+  double v[3];
+  int nodes[3];
+  for (int r = 0; r < 3; r++) {
+    kiln_tensor *s = kiln_sum(x, 0, NULL, false);
+    v[r] = kiln_item(s);
+    nodes[r] = last_flush().nodes;
+    kiln_release(s);
+  }
+  CHECK_EQ_INT(nodes[0], 2); /* randn, sum */
+  CHECK_EQ_INT(nodes[1], 2); /* randn again (kept now), sum */
+  CHECK_EQ_INT(nodes[2], 1); /* sum of the kept value */
+  CHECK(v[0] == v[1] && v[1] == v[2]);
+  kiln_release(x);
+}
+
+TEST(eval_computes_and_keeps) {
+  float xs[4] = {1, 2, 3, 4};
+  kiln_tensor *x = f32(xs, 1, (int64_t[]){4});
+  kiln_tensor *e = kiln_exp(x), *t = kiln_tanh(x);
+  kiln_tensor *both[2] = {e, t};
+  CHECK(kiln_eval(2, both) == KILN_OK);
+  tr_flush_info info = last_flush();
+  CHECK(!strcmp(info.reason, "eval"));
+  CHECK_EQ_INT(info.outputs, 2);
+  kiln_tensor *s = kiln_sum(e, 0, NULL, false);
+  double got = kiln_item(s);
+  CHECK_EQ_INT(last_flush().nodes, 1); /* e is a leaf now */
+  double want = 0;
+  for (int i = 0; i < 4; i++) want += exp(xs[i]);
+  CHECK_CLOSE(got, want, 1e-6);
+  CHECK(kiln_eval(0, NULL) == KILN_OK);
+  CHECK(kiln_eval(1, (kiln_tensor *[]){NULL}) == KILN_ERR_ARG);
+  CHECK(strstr(kiln_last_error(), "kiln_eval") != NULL);
+  kiln_release(s);
+  kiln_release(e);
+  kiln_release(t);
+  kiln_release(x);
+}
+
+/* --- backward never recomputes its forward -------------------------------------- */
+
+enum { TB = 2, TS = 8, TD = 16, TH = 2 };
+
+typedef struct {
+  kiln_tensor *wq, *wk, *wv, *wo, *w1, *w2, *g1, *b1, *g2, *b2;
+} block;
+
+static kiln_tensor *param(int64_t r, int64_t c, float scale, int salt) {
+  int64_t n = r * c;
+  float *v = malloc((size_t)n * sizeof *v);
+  for (int64_t i = 0; i < n; i++) v[i] = scale * sinf((float)(i * 7 + salt) * 0.37f);
+  kiln_tensor *t = c == 1 ? f32(v, 1, (int64_t[]){r}) : f32(v, 2, (int64_t[]){r, c});
+  free(v);
+  CHECK(kiln_set_requires_grad(t, true) == KILN_OK);
+  return t;
+}
+
+static double blas_calls(void) { return kiln_stat("blas_calls"); }
+
+/* pre-LN block: x + attn(ln(x)), then + mlp(ln(.)); heads batched */
+static kiln_tensor *block_forward(const block *p, kiln_tensor *x /* [B*S, D] */) {
+  arena a = {0};
+  kiln_tensor *h = tmp(&a, kiln_layer_norm(x, p->g1, p->b1, 1e-5));
+  kiln_tensor *q = tmp(&a, kiln_matmul(h, p->wq)), *k = tmp(&a, kiln_matmul(h, p->wk)), *v = tmp(&a, kiln_matmul(h, p->wv));
+  int64_t heads[4] = {TB, TS, TH, TD / TH};
+  int perm[4] = {0, 2, 1, 3};
+  kiln_tensor *qh = tmp(&a, kiln_permute(tmp(&a, kiln_reshape(q, 4, heads)), perm));
+  kiln_tensor *kh = tmp(&a, kiln_permute(tmp(&a, kiln_reshape(k, 4, heads)), perm));
+  kiln_tensor *vh = tmp(&a, kiln_permute(tmp(&a, kiln_reshape(v, 4, heads)), perm));
+  kiln_tensor *scores = tmp(&a, kiln_mul_scalar(tmp(&a, kiln_matmul(qh, tmp(&a, kiln_transpose(kh, 2, 3)))), 0.5));
+  kiln_tensor *att = tmp(&a, kiln_matmul(tmp(&a, kiln_softmax(scores, -1)), vh)); /* [B,H,S,Dh] */
+  kiln_tensor *merged = tmp(&a, kiln_reshape(tmp(&a, kiln_permute(att, perm)), 2, (int64_t[]){TB * TS, TD}));
+  kiln_tensor *r1 = tmp(&a, kiln_add(x, tmp(&a, kiln_matmul(merged, p->wo))));
+  kiln_tensor *h2 = tmp(&a, kiln_layer_norm(r1, p->g2, p->b2, 1e-5));
+  kiln_tensor *mlp = tmp(&a, kiln_matmul(tmp(&a, kiln_gelu(tmp(&a, kiln_matmul(h2, p->w1)))), p->w2));
+  kiln_tensor *out = kiln_add(r1, mlp);
+  arena_free(&a);
+  return out;
+}
+
+static kiln_tensor *block_loss(const block *p, kiln_tensor *x) {
+  kiln_tensor *y = block_forward(p, x), *sq = kiln_mul(y, y);
+  kiln_tensor *loss = kiln_mean(sq, 0, NULL, false);
+  kiln_release(sq);
+  kiln_release(y);
+  return loss;
+}
+
+/* the loss is read before backward, as users do: the backward flush runs
+   only the nodes backward recorded, and exactly the matmuls it needs (two
+   per forward matmul) */
+TEST(backward_never_recomputes_forward) {
+  block p = {param(TD, TD, 0.3f, 1), param(TD, TD, 0.3f, 2), param(TD, TD, 0.3f, 3),
+             param(TD, TD, 0.3f, 4), param(TD, 4 * TD, 0.2f, 5), param(4 * TD, TD, 0.2f, 6),
+             param(TD, 1, 0.1f, 7),  param(TD, 1, 0.1f, 8),  param(TD, 1, 0.1f, 9),
+             param(TD, 1, 0.1f, 10)};
+  float *xv = malloc(TB * TS * TD * sizeof *xv);
+  for (int i = 0; i < TB * TS * TD; i++) xv[i] = cosf((float)i * 0.21f);
+  kiln_tensor *x = f32(xv, 2, (int64_t[]){TB * TS, TD});
+  free(xv);
+  kiln_tensor *params[10] = {p.wq, p.wk, p.wv, p.wo, p.w1, p.w2, p.g1, p.b1, p.g2, p.b2};
+  for (int it = 0; it < 3; it++) { /* cold, planned, cached */
+    kiln_no_grad_push();
+    double c0 = blas_calls();
+    kiln_tensor *l0 = block_loss(&p, x);
+    double l0v = kiln_item(l0);
+    double fwd = blas_calls() - c0;
+    kiln_release(l0);
+    kiln_no_grad_pop();
+
+    c0 = blas_calls();
+    kiln_tensor *loss = block_loss(&p, x);
+    double lv = kiln_item(loss);
+    CHECK_CLOSE(lv, l0v, 1e-5);
+    double after_forward = blas_calls();
+    CHECK_EQ_INT(after_forward - c0, fwd);
+    kiln_stats r0;
+    kiln_get_stats(&r0);
+    CHECK(kiln_backward(loss, NULL) == KILN_OK);
+    kiln_tensor *grads[10];
+    for (int i = 0; i < 10; i++) grads[i] = kiln_grad(params[i]);
+    kiln_stats r1;
+    kiln_get_stats(&r1);
+    CHECK(kiln_eval(10, grads) == KILN_OK);
+    tr_flush_info bw = last_flush();
+    /* the backward flush evaluates what backward recorded, and of the
+       forward at most its constants: no forward value a second time */
+    CHECK_EQ_INT(bw.recomputed, 0);
+    CHECK(bw.nodes > 0 && bw.nodes <= (int)(r1.ops_recorded - r0.ops_recorded) + 16);
+    double bwd = blas_calls() - after_forward;
+    CHECK_EQ_INT(bwd, 2 * fwd); /* dA and dB of each forward matmul, nothing else */
+    CHECK(fwd >= 8);
+    for (int i = 0; i < 10; i++) {
+      CHECK(grads[i] != NULL);
+      kiln_release(grads[i]);
+      CHECK(kiln_zero_grad(params[i]) == KILN_OK);
+    }
+    kiln_release(loss);
+  }
+  for (int i = 0; i < 10; i++) kiln_release(params[i]);
+  kiln_release(x);
+}
+
+/* --- derivatives at kinks (PyTorch's) ------------------------------------------ */
+
+static void grad_of_unary(kiln_tensor *(*f)(kiln_tensor *), const float *xs, int n, float *out) {
+  kiln_tensor *x = f32(xs, 1, (int64_t[]){n});
+  CHECK(kiln_set_requires_grad(x, true) == KILN_OK);
+  kiln_tensor *y = f(x), *s = kiln_sum(y, 0, NULL, false);
+  CHECK(kiln_backward(s, NULL) == KILN_OK);
+  kiln_tensor *g = kiln_grad(x);
+  CHECK(g && kiln_to_buffer(g, out, (size_t)n * sizeof *out) == KILN_OK);
+  kiln_release(g);
+  kiln_release(s);
+  kiln_release(y);
+  kiln_release(x);
+}
+
+static kiln_tensor *clamp_m1_1(kiln_tensor *x) { return kiln_clamp(x, -1, 1); }
+
+TEST(derivatives_at_kinks_follow_pytorch) {
+  const float xs[6] = {-2, -1, -0.0f, 0, 1, 2};
+  float g[6];
+  grad_of_unary(kiln_relu, xs, 6, g);
+  const float relu_want[6] = {0, 0, 0, 0, 1, 1}; /* relu'(0) = 0 */
+  for (int i = 0; i < 6; i++) CHECK(g[i] == relu_want[i]);
+  grad_of_unary(clamp_m1_1, xs, 6, g);
+  const float clamp_want[6] = {0, 1, 1, 1, 1, 0}; /* passes at the bounds */
+  for (int i = 0; i < 6; i++) CHECK(g[i] == clamp_want[i]);
+  /* forward values: relu(-0) = +0, NaN stays NaN, clamp with lo > hi gives hi */
+  const float odd[3] = {-0.0f, NAN, 3};
+  kiln_tensor *x = f32(odd, 1, (int64_t[]){3});
+  kiln_tensor *r = kiln_relu(x), *c = kiln_clamp(x, 2, 1), *c2 = kiln_clamp(x, -1, 1);
+  float rv[3], cv[3], c2v[3];
+  CHECK(kiln_to_buffer(r, rv, sizeof rv) == KILN_OK);
+  CHECK(kiln_to_buffer(c, cv, sizeof cv) == KILN_OK);
+  CHECK(kiln_to_buffer(c2, c2v, sizeof c2v) == KILN_OK);
+  CHECK(rv[0] == 0 && !signbit(rv[0]) && isnan(rv[1]) && rv[2] == 3);
+  CHECK(cv[0] == 1 && isnan(cv[1]) && cv[2] == 1);
+  CHECK(c2v[0] == 0 && isnan(c2v[1]) && c2v[2] == 1);
+  kiln_release(r);
+  kiln_release(c);
+  kiln_release(c2);
+  kiln_release(x);
+  /* maximum splits a tie evenly, as torch.maximum */
+  const float a[2] = {1, 2}, b[2] = {1, 1};
+  kiln_tensor *ta = f32(a, 1, (int64_t[]){2}), *tb = f32(b, 1, (int64_t[]){2});
+  CHECK(kiln_set_requires_grad(ta, true) == KILN_OK);
+  kiln_tensor *mx = kiln_maximum(ta, tb), *s = kiln_sum(mx, 0, NULL, false);
+  CHECK(kiln_backward(s, NULL) == KILN_OK);
+  kiln_tensor *ga = kiln_grad(ta);
+  float gav[2];
+  CHECK(ga && kiln_to_buffer(ga, gav, sizeof gav) == KILN_OK);
+  CHECK(gav[0] == 0.5f && gav[1] == 1);
+  kiln_release(ga);
+  kiln_release(s);
+  kiln_release(mx);
+  kiln_release(ta);
+  kiln_release(tb);
+}
+
+/* --- errors --------------------------------------------------------------------- */
+
+TEST(autodiff_nulls_carry_a_message) {
+  float xs[2] = {1, 2};
+  kiln_tensor *x = f32(xs, 1, (int64_t[]){2});
+  CHECK(kiln_set_requires_grad(x, true) == KILN_OK);
+  kiln_tensor *y = kiln_mul_scalar(x, 3);
+  kiln_clear_error();
+  CHECK(kiln_grad(y) == NULL); /* not a leaf */
+  CHECK(kiln_last_status() == KILN_ERR_STATE);
+  CHECK(strstr(kiln_last_error(), "kiln_grad") && strstr(kiln_last_error(), "leaf"));
+  kiln_clear_error();
+  CHECK(kiln_grad(x) == NULL); /* a leaf without a gradient yet: no error */
+  CHECK(kiln_last_status() == KILN_OK);
+  CHECK(kiln_grad(NULL) == NULL && kiln_last_status() == KILN_ERR_ARG && *kiln_last_error());
+  CHECK(kiln_detach(NULL) == NULL && *kiln_last_error());
+  kiln_tensor *plain = f32(xs, 1, (int64_t[]){2});
+  CHECK(kiln_backward(plain, NULL) < 0 && strstr(kiln_last_error(), "kiln_backward"));
+  CHECK(kiln_backward(y, NULL) < 0 && strstr(kiln_last_error(), "kiln_backward")); /* 2 elements */
+  kiln_tensor *gs[1];
+  CHECK(kiln_grad_of(0, NULL, NULL, 1, &x, gs, false) < 0 && strstr(kiln_last_error(), "kiln_grad_of"));
+  CHECK(kiln_set_requires_grad(y, false) < 0 && strstr(kiln_last_error(), "leaf"));
+  kiln_release(plain);
+  kiln_release(y);
+  kiln_release(x);
+}
+
+int main(void) {
+  RUN(rebound_state_settles_into_one_trace);
+  RUN(adam_written_naturally_settles);
+  RUN(held_value_computed_at_most_twice);
+  RUN(eval_computes_and_keeps);
+  RUN(backward_never_recomputes_forward);
+  RUN(derivatives_at_kinks_follow_pytorch);
+  RUN(autodiff_nulls_carry_a_message);
+  return ktest_done();
+}
