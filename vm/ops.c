@@ -336,9 +336,11 @@ static bool infer_view(vm_opcode op, const vm_tensor *a, const vm_attr *attr, vm
       return true;
     }
     case VM_OP_slice: {
+      /* bounds as vm_slice clamps them: [0, len] going up, [-1, len-1] down */
       int64_t len = attr->axis >= 0 && attr->axis < a->ndim ? a->shape[attr->axis] : 0;
-      if (attr->axis < 0 || attr->axis >= a->ndim || attr->step == 0 || attr->start < -1 ||
-          attr->start > len || attr->stop < -1 || attr->stop > len) {
+      int64_t lo = attr->step > 0 ? 0 : -1, hi = attr->step > 0 ? len : len - 1;
+      if (attr->axis < 0 || attr->axis >= a->ndim || attr->step == 0 || attr->start < lo ||
+          attr->start > hi || attr->stop < lo || attr->stop > hi) {
         vm_error(KILN_ERR_ARG, "bad slice (axis %d, start %lld, stop %lld, step %lld) for shape %s",
                  attr->axis, (long long)attr->start, (long long)attr->stop,
                  (long long)attr->step, vm_shape_str(b1, a->ndim, a->shape));
