@@ -148,8 +148,24 @@ static vm_tensor *rule_reduce(vm_scope *s, const ad_ctx *c, int k) {
   }
 }
 
+/* x (batch..., M, K) as one (batch*M, K) matrix */
+static vm_tensor *fold_batch(vm_scope *s, vm_tensor *x) {
+  int64_t rows = 1;
+  for (int d = 0; d < x->ndim - 1; d++) rows *= x->shape[d];
+  return keep(s, vm_reshape(x, 2, (int64_t[]){rows, x->shape[x->ndim - 1]}));
+}
+
 static vm_tensor *rule_matmul(vm_scope *s, const ad_ctx *c, int k) {
   vm_tensor *a = c->x[0], *b = c->x[1];
+  /* a batched input times a matrix (a linear layer on [B, S, D]): the
+     matrix's gradient is one GEMM over the folded batch, a^T g with the
+     batch sum done by the GEMM's inner dimension, not a GEMM per batch and
+     a reduction */
+  if (k == 1 && b->ndim == 2 && a->ndim > 2)
+    return B(matmul, keep(s, vm_transpose(fold_batch(s, a), 0, 1)), fold_batch(s, c->g));
+  if (k == 0 && b->ndim == 2 && a->ndim > 2) /* and a's gradient one GEMM too */
+    return keep(s, vm_reshape(B(matmul, fold_batch(s, c->g), keep(s, vm_transpose(b, 0, 1))),
+                              a->ndim, a->shape));
   vm_tensor *a2 = a->ndim == 1 ? keep(s, vm_unsqueeze(a, 0)) : a;
   vm_tensor *b2 = b->ndim == 1 ? keep(s, vm_unsqueeze(b, 1)) : b;
   if (!a2 || !b2) return NULL;

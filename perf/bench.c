@@ -120,14 +120,18 @@ void bench_fill_sin(float *x, int64_t n, double freq, double phase, double amp) 
   for (int64_t i = 0; i < n; i++) x[i] = (float)(amp * sin((double)i * freq + phase));
 }
 
+uint32_t bench_hash_u32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x7feb352du;
+  h ^= h >> 15;
+  h *= 0x846ca68bu;
+  h ^= h >> 16;
+  return h;
+}
+
 void bench_fill_hash(float *x, int64_t n, uint32_t seed, double amp) {
   for (int64_t i = 0; i < n; i++) {
-    uint32_t h = (uint32_t)((uint64_t)i + (uint64_t)seed * 0x9E3779B9u);
-    h ^= h >> 16;
-    h *= 0x7feb352du;
-    h ^= h >> 15;
-    h *= 0x846ca68bu;
-    h ^= h >> 16;
+    uint32_t h = bench_hash_u32((uint32_t)((uint64_t)i + (uint64_t)seed * 0x9E3779B9u));
     double u = (double)(h >> 8) / 16777216.0;
     x[i] = (float)(amp * (2.0 * u - 1.0));
   }
@@ -140,6 +144,45 @@ float *bench_alloc_f32(int64_t n) {
     exit(1);
   }
   return p;
+}
+
+kiln_tensor *bench_tensor_hash(int ndim, const int64_t *shape, uint32_t seed, double amp,
+                               float offset) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  float *buf = bench_alloc_f32(n);
+  bench_fill_hash(buf, n, seed, amp);
+  if (offset != 0.0f)
+    for (int64_t i = 0; i < n; i++) buf[i] = offset + buf[i];
+  kiln_tensor *t = kiln_from_data(buf, KILN_F32, ndim, shape);
+  free(buf);
+  return bench_ok(t, "kiln_from_data");
+}
+
+kiln_tensor *bench_keep(bench_scope *s, kiln_tensor *t, const char *what) {
+  bench_ok(t, what);
+  if (s->n == s->cap) {
+    int cap = s->cap ? 2 * s->cap : 64;
+    kiln_tensor **nt = realloc(s->t, sizeof *nt * (size_t)cap);
+    if (!nt) {
+      fprintf(stderr, "perf: out of memory\n");
+      exit(1);
+    }
+    s->t = nt;
+    s->cap = cap;
+  }
+  return s->t[s->n++] = t;
+}
+
+void bench_scope_release(bench_scope *s) {
+  while (s->n > 0) kiln_release(s->t[--s->n]);
+}
+
+void bench_scope_free(bench_scope *s) {
+  bench_scope_release(s);
+  free(s->t);
+  s->t = NULL;
+  s->cap = 0;
 }
 
 void bench_summary_f32(char *out, size_t cap, const float *v, int64_t n) {

@@ -47,6 +47,23 @@ void bench_fill_sin(float *x, int64_t n, double freq, double phase, double amp);
    Sinusoids are too regular for weight matrices (their dot products cancel). */
 void bench_fill_hash(float *x, int64_t n, uint32_t seed, double amp);
 float *bench_alloc_f32(int64_t n);
+/* the lowbias32 hash of bench_fill_hash, on its own: token streams and
+   sequence lengths (W10) that the peers reproduce with uint32 arithmetic */
+uint32_t bench_hash_u32(uint32_t k);
+/* an f32 tensor of the given shape filled by bench_fill_hash(seed, amp), plus
+   `offset` added in float (offset 0: none); dies on error */
+kiln_tensor *bench_tensor_hash(int ndim, const int64_t *shape, uint32_t seed, double amp,
+                               float offset);
+
+/* temporaries of one step, released together (grows as needed) */
+typedef struct {
+  kiln_tensor **t;
+  int n, cap;
+} bench_scope;
+/* remembers t (dies with Kiln's error when t is NULL) and returns it */
+kiln_tensor *bench_keep(bench_scope *s, kiln_tensor *t, const char *what);
+void bench_scope_release(bench_scope *s); /* releases all, keeps the storage */
+void bench_scope_free(bench_scope *s);
 
 /* the summary of a float32 result that both sides compute in double:
    n, sum, abs (sum of |v|), wsum (sum of v * ((i % 17) - 8)) and four

@@ -7,7 +7,8 @@ Runs the same workloads as perf/w*.c, on the same inputs (the formulas of
 perf/bench.c, reproduced exactly), with the same repetition counts, and prints
 the same tab-separated lines (@result / @na) with the same result summary, so
 scripts/bench can compare the values.  `torch` also reports torch.compile where
-the installed PyTorch has it.  Any failure becomes an @na line: a peer never
+the installed PyTorch has it (and torch.optim.Adam for W12).  W10-W12 (training
+loops with autograd) are PyTorch's only; numpy and JAX print nothing for them.  Any failure becomes an @na line: a peer never
 fails the run.  Thread settings (OMP/OPENBLAS/MKL_NUM_THREADS, OPENBLAS_CORETYPE)
 come from the environment scripts/bench sets; torch.set_num_threads and XLA's
 flags are set here.
@@ -21,7 +22,9 @@ import traceback
 
 # (timed repetitions, untimed warm-up runs): the defaults of perf/w*.c
 REPS = {"W1": (9, 2), "W2": (15, 2), "W3": (15, 2), "W4": (15, 2), "W5": (7, 1),
-        "W6": (15, 2), "W7": (9, 0)}
+        "W6": (15, 2), "W7": (9, 0),
+        "W10": (3, 1),    # epochs (of sizes()["W10"][5] steps each), not steps
+        "W11": (11, 2), "W12": (30, 10)}
 W5_OPS, W5_CHAINS = 100, 500
 ARGS = None
 np = None
@@ -47,6 +50,27 @@ def fill_hash(n, seed, amp):
     return (amp * (2.0 * u - 1.0)).astype(np.float32)
 
 
+def hash_u32(k):
+    """bench_hash_u32: the lowbias32 hash of one uint32"""
+    m = 0xFFFFFFFF
+    k &= m
+    k ^= k >> 16
+    k = (k * 0x7FEB352D) & m
+    k ^= k >> 15
+    k = (k * 0x846CA68B) & m
+    k ^= k >> 16
+    return k
+
+
+def tensor_hash(shape, seed, amp, offset=0.0):
+    """bench_tensor_hash: fill_hash over the shape, plus offset added in float32"""
+    n = int(np.prod(shape))
+    a = fill_hash(n, seed, amp).reshape(shape)
+    if offset:
+        a = np.float32(offset) + a
+    return a
+
+
 def summary(values):
     """bench_summary_f32"""
     v = np.asarray(values, dtype=np.float32).ravel().astype(np.float64)
@@ -69,6 +93,10 @@ def sizes():
         "W4": 4096 if s else 1 << 24,
         "W6": 64 if s else 1024,
         "W7": (16, 64, 32, 32, 10) if s else (512, 784, 1024, 1024, 10),
+        # V, E, H, B, length span (5 .. 5+span-1), steps per epoch
+        "W10": (16, 8, 16, 4, 8, 3) if s else (64, 32, 128, 32, 36, 15),
+        "W11": (2, 8, 32, 4) if s else (8, 64, 128, 4),   # B, S, D, heads
+        "W12": (16, 64, 32, 10) if s else (128, 784, 256, 10),  # batch, in, hidden, classes
     }
 
 
@@ -99,10 +127,57 @@ def inputs(w):
                   fill_hash(h2 * c, 6, math.sqrt(6.0 / h2)).reshape(h2, c), fill_hash(c, 7, 0.01)]
         target = (np.arange(b, dtype=np.int64) * 7 + 3) % c
         return x, params, target
+    if w == "W10":  # perf/w10_gru_lm.c: Emb, Wx, bx, Wh, bh, Wout, bout
+        V, E, H, B, span, epoch = z["W10"]
+        a = 1.0 / math.sqrt(H)
+        return [tensor_hash((V, E), 21, 1.0), tensor_hash((E, 3 * H), 22, a), tensor_hash((3 * H,), 23, a),
+                tensor_hash((H, 3 * H), 24, a), tensor_hash((3 * H,), 25, a), tensor_hash((H, V), 26, a),
+                tensor_hash((V,), 27, 0.01)]
+    if w == "W11":  # perf/w11_transformer.c: x, then the 16 parameters in its order
+        B, S, D, heads = z["W11"]
+        F = 4 * D
+        a, af = 1.0 / math.sqrt(D), 1.0 / math.sqrt(F)
+        x = tensor_hash((B, S, D), 40, 1.0)
+        params = [tensor_hash((D,), 41, 0.1, 1.0), tensor_hash((D,), 42, 0.1),
+                  tensor_hash((D, D), 43, a), tensor_hash((D,), 44, 0.01),
+                  tensor_hash((D, D), 45, a), tensor_hash((D,), 46, 0.01),
+                  tensor_hash((D, D), 47, a), tensor_hash((D,), 48, 0.01),
+                  tensor_hash((D, D), 49, a), tensor_hash((D,), 50, 0.01),
+                  tensor_hash((D,), 51, 0.1, 1.0), tensor_hash((D,), 52, 0.1),
+                  tensor_hash((D, F), 53, a), tensor_hash((F,), 54, 0.01),
+                  tensor_hash((F, D), 55, af), tensor_hash((D,), 56, 0.01)]
+        return x, params
+    if w == "W12":  # perf/w12_adam.c
+        b, d, h, c = z["W12"]
+        x = tensor_hash((b, d), 61, 1.0)
+        params = [tensor_hash((d, h), 62, math.sqrt(6.0 / d)), tensor_hash((h,), 63, 0.01),
+                  tensor_hash((h, c), 64, math.sqrt(6.0 / h)), tensor_hash((c,), 65, 0.01)]
+        target = (np.arange(b, dtype=np.int64) * 7 + 3) % c
+        return x, params, target
     raise KeyError(w)
 
 
+def w10_len(step):
+    """perf/w10_gru_lm.c seq_len"""
+    span = sizes()["W10"][4]
+    return 5 + hash_u32(step + 0x5EED) % span
+
+
+def w10_tokens(step, L):
+    """perf/w10_gru_lm.c make_tokens: [L+1, B] int64"""
+    V, _, _, B = sizes()["W10"][:4]
+    tok = np.empty((L + 1, B), np.int64)
+    for b in range(B):
+        x = hash_u32(step * 7919 + b) % V
+        for p in range(L + 1):
+            tok[p, b] = x
+            x = (5 * x + 7) % V
+    return tok
+
+
 W7_LR = 0.05
+W10_LR, W11_LR = 0.5, 0.01
+W12_ADAM = (1e-3, 0.9, 0.999, 1e-8)  # lr, b1, b2, eps
 
 
 # --- output ----------------------------------------------------------------------
@@ -333,7 +408,7 @@ def run_torch(workloads):
         import torch.nn.functional as F
     except Exception as e:
         for w in workloads:
-            for name in (c, cc):
+            for name in (c, cc) + (("torch.optim",) if w == "W12" else ()):
                 if w == "W8" and name == c:
                     continue
                 for ww in (["W8:W1", "W8:W7"] if w == "W8" else [w]):
@@ -349,7 +424,17 @@ def run_torch(workloads):
     except Exception:
         pass
     MACHINE["isa"] = "torch-" + cap
-    MACHINE["blas"] = blas_from_threadpoolctl() or "unknown"
+    blas = None
+    try:  # pip wheels link MKL statically: threadpoolctl would show numpy's BLAS instead
+        import re
+        m = re.search(r"BLAS_INFO=([^,\s]+)", torch.__config__.show())
+        if m:
+            blas = "torch:" + m.group(1)
+    except Exception:
+        pass
+    if blas is None or blas == "torch:open":
+        blas = blas_from_threadpoolctl() or blas or "unknown"
+    MACHINE["blas"] = blas
     has_compile = hasattr(torch, "compile")
     no_compile = "PyTorch %s has no torch.compile (2.0+)" % torch.__version__
     torch.set_grad_enabled(False)
@@ -407,6 +492,12 @@ def run_torch(workloads):
                 both(w, torch.mm, (a, b), lambda o: summary(o.numpy()), **extra_bytes(w))
             elif w == "W7":
                 run_torch_w7(torch, F, has_compile, no_compile)
+            elif w == "W10":
+                run_torch_w10(torch, F, has_compile, no_compile)
+            elif w == "W11":
+                run_torch_w11(torch, F, has_compile, no_compile)
+            elif w == "W12":
+                run_torch_w12(torch, F, has_compile, no_compile)
             elif w == "W8":
                 na("W8:W1", cc, no_compile if not has_compile else "not measured yet")
                 na("W8:W7", cc, no_compile if not has_compile else "not measured yet")
@@ -442,6 +533,216 @@ def run_torch_w7(torch, F, has_compile, no_compile):
     med, mn, _ = timed(step, reps, warm)
     result("W7", "torch", med, mn, reps, check, batch=x_np.shape[0], note="autograd")
     na("W7", "torch.compile", no_compile if not has_compile else "not measured yet")
+
+
+def first_line(e):
+    return (str(e).strip().splitlines() or [e.__class__.__name__])[0][:200]
+
+
+def run_torch_w10(torch, F, has_compile, no_compile):
+    """perf/w10_gru_lm.c: the GRU written per time step, autograd, SGD; epochs of
+    fresh lengths, the first one the warm-up; seconds per step, median of epochs.
+    torch.compile: the GRU cell compiled with static shapes (one graph whatever
+    the length; compiling the whole unrolled model would recompile per length)
+    and the output layer + loss over the stacked states compiled with dynamic=True."""
+    V, E, H, B, span, epoch = sizes()["W10"]
+    reps, warm = (1, 1) if ARGS.smoke else REPS["W10"]
+
+    def cell(xt, h, wx, bx, wh, bh):
+        gx = xt @ wx + bx
+        gh = h @ wh + bh
+        r = torch.sigmoid(gx[:, :H] + gh[:, :H])
+        z = torch.sigmoid(gx[:, H:2 * H] + gh[:, H:2 * H])
+        n = torch.tanh(gx[:, 2 * H:] + r * gh[:, 2 * H:])
+        return n + z * (h - n)
+
+    def head(hs_all, wout, bout, targets):  # hs_all: the hidden states stacked, [L*B, H]
+        return F.cross_entropy(hs_all @ wout + bout, targets)
+
+    def run(name, cell_fn, head_fn, note):
+        params = [torch.from_numpy(p.copy()).requires_grad_(True) for p in inputs("W10")]
+        emb_w, wx, bx, wh, bh, wout, bout = params
+        state = {"step": 0}
+
+        def train_step():
+            step = state["step"]
+            state["step"] += 1
+            L = w10_len(step)
+            tok = torch.from_numpy(w10_tokens(step, L))
+            with torch.enable_grad():
+                inputs_, targets = tok[:L].reshape(-1), tok[1:].reshape(-1)
+                emb = emb_w.index_select(0, inputs_).reshape(L, B, E)
+                h = torch.zeros(B, H)
+                hs = []
+                for t in range(L):
+                    h = cell_fn(emb[t], h, wx, bx, wh, bh)
+                    hs.append(h)
+                loss = head_fn(torch.stack(hs).reshape(L * B, H), wout, bout, targets)
+                value = loss.item()
+                loss.backward()
+            with torch.no_grad():
+                for p in params:
+                    p.sub_(p.grad, alpha=W10_LR)
+                    p.grad = None
+            return value, L
+
+        losses, tokens = [], 0
+        t0 = time.perf_counter()
+        first = 0.0
+        for e in range(warm):
+            for _ in range(epoch):
+                v, L = train_step()
+                tokens += L
+                losses.append(v)
+                if e == 0:
+                    first += v / epoch
+        cold = (time.perf_counter() - t0) / (warm * epoch)
+        times, last = [], 0.0
+        for _ in range(reps):
+            t1 = time.perf_counter()
+            s = 0.0
+            for _ in range(epoch):
+                v, L = train_step()
+                tokens += L
+                s += v
+            times.append((time.perf_counter() - t1) / epoch)
+            last = s / epoch
+        srt = sorted(times)
+        med = srt[len(srt) // 2] if len(srt) % 2 else 0.5 * (srt[len(srt) // 2 - 1] + srt[len(srt) // 2])
+        result("W10", name, med, srt[0], reps, "loss1=%.9g,loss2=%.9g" % (losses[0], losses[1]),
+               steps=state["step"], tokens=tokens, batch=B, hidden=H, lengths="5..%d" % (4 + span),
+               cold_s_per_step="%.6g" % cold, loss_first_epoch="%.4f" % first,
+               loss_last_epoch="%.4f" % last, note=note)
+
+    run("torch", cell, head, "autograd, GRU cell per time step")
+    if not has_compile:
+        na("W10", "torch.compile", no_compile)
+        return
+    try:
+        run("torch.compile", torch.compile(cell), torch.compile(head, dynamic=True),
+            "torch.compile(cell) static shapes + torch.compile(output layer + loss, dynamic=True); cold_s_per_step includes compiling")
+    except Exception as e:
+        na("W10", "torch.compile", "torch.compile failed: %s" % first_line(e))
+        traceback.print_exc(file=sys.stderr)
+
+
+def run_torch_w11(torch, F, has_compile, no_compile):
+    """perf/w11_transformer.c: pre-LN block, loss read, backward, SGD"""
+    B, S, D, heads = sizes()["W11"]
+    dh = D // heads
+    x_np, params_np = inputs("W11")
+    x = torch.from_numpy(x_np)
+
+    def forward_loss(x, p):
+        ln1w, ln1b, wq, bq, wk, bk, wv, bv, wo, bo, ln2w, ln2b, w1, b1, w2, b2 = p
+        h = F.layer_norm(x, (D,), ln1w, ln1b, 1e-5)
+
+        def split(t):
+            return t.reshape(B, S, heads, dh).permute(0, 2, 1, 3)
+        q, k, v = split(h @ wq + bq), split(h @ wk + bk), split(h @ wv + bv)
+        att = torch.softmax((q @ k.transpose(2, 3)) * (1.0 / math.sqrt(dh)), dim=3)
+        o = (att @ v).permute(0, 2, 1, 3).reshape(B, S, D)
+        x1 = x + (o @ wo + bo)
+        f = F.gelu(F.layer_norm(x1, (D,), ln2w, ln2b, 1e-5) @ w1 + b1)
+        y = x1 + (f @ w2 + b2)
+        return (y * y).mean()
+
+    def run(name, fn, note):
+        params = [torch.from_numpy(p.copy()).requires_grad_(True) for p in params_np]
+        with torch.no_grad():
+            loss0 = fn(x, params).item()
+
+        def iteration():
+            with torch.enable_grad():
+                loss = fn(x, params)
+                value = loss.item()
+                loss.backward()
+            with torch.no_grad():
+                for p in params:
+                    p.sub_(p.grad, alpha=W11_LR)
+                    p.grad = None
+            return value
+        loss1, loss2 = iteration(), iteration()
+        reps, warm = reps_of("W11")
+        med, mn, last = timed(iteration, reps, warm)
+        result("W11", name, med, mn, reps, "loss0=%.9g,loss1=%.9g,loss2=%.9g" % (loss0, loss1, loss2),
+               batch=B, seq=S, dim=D, heads=heads, loss_last="%.6g" % last, note=note)
+
+    run("torch", forward_loss, "autograd, fwd+bwd+SGD")
+    if not has_compile:
+        na("W11", "torch.compile", no_compile)
+        return
+    try:
+        run("torch.compile", torch.compile(forward_loss), "torch.compile(forward + loss); backward by AOTAutograd")
+    except Exception as e:
+        na("W11", "torch.compile", "torch.compile failed: %s" % first_line(e))
+        traceback.print_exc(file=sys.stderr)
+
+
+def run_torch_w12(torch, F, has_compile, no_compile):
+    """perf/w12_adam.c: the same hand-written Adam (row torch), and torch.optim.Adam"""
+    x_np, params_np, target_np = inputs("W12")
+    x, target = torch.from_numpy(x_np), torch.from_numpy(target_np)
+    lr, b1, b2, eps = W12_ADAM
+
+    def loss_of(p):
+        h = torch.relu(x @ p[0] + p[1])
+        return F.cross_entropy(h @ p[2] + p[3], target)
+
+    def run(name, make_update, note):
+        params = [torch.from_numpy(p.copy()).requires_grad_(True) for p in params_np]
+        update = make_update(params)
+        note_text = note() if callable(note) else note
+
+        def step():
+            with torch.enable_grad():
+                loss = loss_of(params)
+                value = loss.item()
+                loss.backward()
+            update()
+            return value
+        loss1, loss2 = step(), step()
+        reps, warm = reps_of("W12")
+        med, mn, last = timed(step, reps, warm)
+        result("W12", name, med, mn, reps, "loss1=%.9g,loss2=%.9g" % (loss1, loss2),
+               steps=reps + warm + 2, batch=x_np.shape[0], loss_last="%.6g" % last, note=note_text)
+
+    def hand_written(params):
+        st = {"t": 0, "m": [torch.zeros_like(p) for p in params], "v": [torch.zeros_like(p) for p in params]}
+
+        def update():
+            with torch.no_grad():
+                st["t"] += 1
+                bc1, bc2 = 1.0 - b1 ** st["t"], 1.0 - b2 ** st["t"]
+                for i, p in enumerate(params):
+                    g = p.grad
+                    st["m"][i] = b1 * st["m"][i] + (1 - b1) * g       # rebound, as in the C program
+                    st["v"][i] = b2 * st["v"][i] + (1 - b2) * (g * g)
+                    upd = (st["m"][i] / bc1) / (torch.sqrt(st["v"][i] / bc2) + eps)
+                    p.sub_(upd, alpha=lr)
+                    p.grad = None
+        return update
+
+    def optim(params):
+        try:
+            opt = torch.optim.Adam(params, lr=lr, betas=(b1, b2), eps=eps, fused=True)
+            optim.kind = "fused=True"
+        except Exception:
+            opt = torch.optim.Adam(params, lr=lr, betas=(b1, b2), eps=eps)
+            optim.kind = "default"
+
+        def update():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return update
+
+    run("torch", hand_written, "the same hand-written Adam, eager")
+    try:
+        run("torch.optim", optim, lambda: "torch.optim.Adam(%s)" % optim.kind)
+    except Exception as e:
+        na("W12", "torch.optim", "torch.optim.Adam failed: %s" % first_line(e))
+        traceback.print_exc(file=sys.stderr)
+    na("W12", "torch.compile", no_compile if not has_compile else "not measured: the peer is eager Adam")
 
 
 # --- JAX -------------------------------------------------------------------------
@@ -570,7 +871,8 @@ def main():
     ap.add_argument("--contender", required=True, choices=["numpy", "torch", "jax"])
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("workloads", nargs="*", default=["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8"])
+    ap.add_argument("workloads", nargs="*",
+                    default=["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W10", "W11", "W12"])
     ARGS = ap.parse_args()
     try:
         import numpy

@@ -13,8 +13,10 @@ import csv
 import math
 import sys
 
-ORDER = ["kiln-eager", "kiln", "kiln-autodiff", "openblas", "numpy", "torch", "torch.compile", "jax.jit"]
-WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8:W1", "W8:W7"]
+ORDER = ["kiln-eager", "kiln", "kiln-autodiff", "openblas", "numpy", "torch", "torch.optim", "torch.compile",
+         "jax.jit"]
+WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8:W1", "W8:W7", "W8:warm", "W10", "W11", "W12", "W13",
+             "W13:exit"]
 TITLES = {
     "W1": "W1 tanh(x*y+0.5)*sigmoid(x)-y*y*0.25, 2^24",
     "W2": "W2 softmax rows, 4096x1024",
@@ -24,13 +26,39 @@ TITLES = {
     "W6": "W6 matmul 1024^3",
     "W7": "W7 MLP train step, batch 512",
     "W8": "W8 compile: ms per kernel (first sight to compiled plan)",
+    "W10": "W10 GRU LM, autodiff + SGD, lengths 5..40, batch 32, hidden 128",
+    "W11": "W11 pre-LN transformer block fwd+bwd+SGD (4 heads, dim 128, seq 64, batch 8)",
+    "W12": "W12 MLP 784-256-10 with hand-written Adam, batch 128",
+    "W13": "W13 the demo (mlp_digits) from a cold cache: whole process",
+    "W13:exit": "W13 exit: main's return to process end",
 }
 # how a row's median is shown: unit, value from the median seconds, higher is better
 UNITS = {"W1": "ms", "W2": "ms", "W3": "ms", "W4": "ms", "W5": "us/op", "W6": "GFLOP/s",
-         "W7": "steps/s", "W8": "ms"}
+         "W7": "steps/s", "W8": "ms", "W10": "steps/s", "W11": "ms", "W12": "ms", "W13": "s",
+         "W13:exit": "ms"}
+# higher-is-better units: the value is 1 / time or work / time
+RATE_UNITS = ("GFLOP/s", "steps/s")
+# the fields of a row's line shown under the table (and in the CSV's details)
+DETAILS = {
+    "W10": ["compile_ms", "kernels", "plans", "disk_hits", "traces_seen", "traces_timed", "cold_s_per_step",
+            "loss_first_epoch", "loss_last_epoch", "steps"],
+    "W11": ["blas_per_iter", "blas_fwd", "compile_ms", "kernels", "disk_hits", "traces_seen"],
+    "W12": ["traces_timed", "compiles_timed", "compile_ms", "kernels", "disk_hits", "loss_last"],
+    "W13": ["train_s", "exit_ms", "compiles", "compile_ms"],
+}
 MEMORY_BOUND = {"W1", "W2", "W3", "W4"}
 # agreement tolerance of the result summaries, relative (see agree())
-TOLERANCE = {"W1": 1e-4, "W2": 1e-4, "W3": 1e-4, "W4": 1e-4, "W5": 1e-5, "W6": 1e-4, "W7": 1e-3}
+TOLERANCE = {"W1": 1e-4, "W2": 1e-4, "W3": 1e-4, "W4": 1e-4, "W5": 1e-5, "W6": 1e-4, "W7": 1e-3,
+             "W10": 1e-3, "W11": 1e-3, "W12": 1e-3, "W13": 0.02}
+
+
+def unit_of(w):
+    return UNITS.get(w, UNITS.get(base(w), ""))
+
+
+def panel_of(w):
+    """the chart panel a row goes to: its base workload, W13's exit time on its own"""
+    return w if w in UNITS else base(w)
 
 
 def base(w):
@@ -116,8 +144,9 @@ def build(limit, raw):
         r = {"workload": w, "contender": c, "status": d["kind"], "note": d.get("note", ""),
              "threads": d.get("threads", ""), "isa": d.get("isa", ""), "blas": d.get("blas", ""),
              "reps": d.get("reps", ""), "check": d.get("check", ""), "time_s": None,
-             "value": None, "unit": UNITS.get(base(w), ""), "limit_s": None, "of_limit": None,
-             "kiln_speedup": None, "bytes": d.get("bytes", ""), "flops": d.get("flops", "")}
+             "value": None, "unit": unit_of(w), "limit_s": None, "of_limit": None,
+             "kiln_speedup": None, "bytes": d.get("bytes", ""), "flops": d.get("flops", ""),
+             "details": ";".join("%s=%s" % (k, d[k]) for k in DETAILS.get(base(w), []) if k in d)}
         if d["kind"] == "result":
             r["status"] = "ok"
             t = float(d["time_s"])
@@ -127,8 +156,10 @@ def build(limit, raw):
                 r["value"] = t * 1e6
             elif u == "W6":
                 r["value"] = float(d["flops"]) / t / 1e9 if d.get("flops") else None
-            elif u == "W7":
+            elif u in ("W7", "W10"):
                 r["value"] = 1.0 / t
+            elif w == "W13":
+                r["value"] = t
             else:
                 r["value"] = t * 1e3
             if u in MEMORY_BOUND and gbs and d.get("bytes"):
@@ -207,12 +238,17 @@ def print_table(table, limit, header):
             print()
         prev = base(r["workload"])
         print(fmt % tuple(l))
+    details = [(r["workload"], r["contender"], r["details"]) for r in table if r.get("details")]
     notes = [(r["workload"], r["contender"], r["note"]) for r in table if r["note"]]
     mism = [(r["workload"], r["contender"], r["agree"]) for r in table if r["status"] == "MISMATCH"]
     if mism:
         print("\nmismatches:")
         for w, c, a in mism:
             print("  %-6s %-14s %s" % (w, c, a))
+    if details:
+        print("\ndetails (W10-W13):")
+        for w, c, dt in details:
+            print("  %-8s %-14s %s" % (w, c, dt.replace(";", "  ")))
     if notes:
         print("\nnotes:")
         for w, c, n in notes:
@@ -222,7 +258,7 @@ def print_table(table, limit, header):
 def write_csv(table, limit, path):
     fields = ["workload", "contender", "status", "median", "unit", "time_s", "reps", "limit_s",
               "of_limit", "kiln_speedup", "threads", "isa", "blas", "triad_gbs", "bytes", "flops",
-              "agreement", "check", "note"]
+              "agreement", "check", "details", "note"]
     with open(path, "w", newline="", encoding="utf-8") as f:
         wr = csv.writer(f)
         wr.writerow(fields)
@@ -234,11 +270,12 @@ def write_csv(table, limit, path):
                          "%.4f" % r["of_limit"] if r["of_limit"] is not None else "",
                          "%.4f" % r["kiln_speedup"] if r["kiln_speedup"] is not None else "",
                          r["threads"], r["isa"], r["blas"], limit.get("best_gbs", "") if limit else "",
-                         r["bytes"], r["flops"], r.get("agree", ""), r["check"], r["note"]])
+                         r["bytes"], r["flops"], r.get("agree", ""), r["check"], r.get("details", ""),
+                         r["note"]])
 
 
 COLORS = {"kiln-eager": "#f4a261", "kiln": "#e76f51", "kiln-autodiff": "#c1121f",
-          "openblas": "#6c757d", "numpy": "#2a9d8f", "torch": "#457b9d",
+          "openblas": "#6c757d", "numpy": "#2a9d8f", "torch": "#457b9d", "torch.optim": "#a8dadc",
           "torch.compile": "#1d3557", "jax.jit": "#8e7dbe"}
 
 
@@ -250,8 +287,8 @@ def plot(table, limit, path, header):
     except Exception as e:
         print("chart: matplotlib is not available (%s); no PNG written" % e.__class__.__name__)
         return False
-    panels = [w for w in ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8"]
-              if any(base(r["workload"]) == w for r in table)]
+    panels = [w for w in ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W10", "W11", "W12", "W13", "W13:exit"]
+              if any(panel_of(r["workload"]) == w for r in table)]
     if not panels:
         return False
     ncols = 2 if len(panels) > 1 else 1
@@ -260,10 +297,11 @@ def plot(table, limit, path, header):
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
     for ax, w in zip(axes.flat, panels):
-        rows = [r for r in table if base(r["workload"]) == w]
+        rows = [r for r in table if panel_of(r["workload"]) == w]
         labels, vals, colors, texts, hatches = [], [], [], [], []
         for r in rows:
-            lab = r["contender"] + ((" (" + r["workload"].split(":")[1] + ")") if ":" in r["workload"] else "")
+            lab = r["contender"] + ((" (" + r["workload"].split(":")[1] + ")")
+                                    if ":" in r["workload"] and r["workload"] != w else "")
             labels.append(lab)
             ok = r["value"] is not None and r["status"] in ("ok", "MISMATCH")
             vals.append(r["value"] if ok else 0.0)
@@ -295,7 +333,7 @@ def plot(table, limit, path, header):
         ax.set_yticks(y)
         ax.set_yticklabels(labels, fontsize=8)
         ax.set_xlim(0, vmax * 1.45)
-        better = "higher is better" if UNITS[w] in ("GFLOP/s", "steps/s") else "lower is better"
+        better = "higher is better" if UNITS[w] in RATE_UNITS else "lower is better"
         ax.set_title("%s\n%s, %s" % (TITLES[w], UNITS[w], better), fontsize=9)
         ax.tick_params(axis="x", labelsize=7)
         ax.grid(axis="x", alpha=0.3)

@@ -91,11 +91,9 @@ INT_GEMM(int64_t, uint64_t)
    is wider than tall), each block one single-threaded BLAS call: OpenBLAS's
    own threads would run beside the pool's and other user threads' (two
    models on two threads ran 10x slower than one after the other), and could
-   not count against KILN_THREADS.  The blocks depend only on M, N, K, never
-   on the thread count, so neither do the results. */
+   not count against KILN_THREADS.  How many blocks: gemm_blocks. */
 #define GEMM_BLOCK_DIM 128         /* rows per block at least: each block packs all of B */
 #define GEMM_BLOCK_WORK (1 << 22)  /* multiply-adds per block at least */
-#define GEMM_BLOCKS_MAX 16
 
 typedef struct {
   const vm_blas *blas;
@@ -107,11 +105,21 @@ typedef struct {
   char *C;
 } gemm_job;
 
+/* Blocks of the split dimension, in units of GEMM_UNIT rows (columns).  As
+   few as there are threads: each block is a BLAS call that packs the other
+   operand again (8 blocks of a 1024^3 sgemm cost a quarter of its time).
+   The count may follow the thread count because BLAS splits M and N, never
+   K: every element of C is the same k-ordered sum whichever block computes
+   it (test_threads checks trained weights bit for bit across counts), and
+   units of 64 keep the micro-kernel tails where an unsplit call has them. */
+#define GEMM_UNIT 64
 static int64_t gemm_blocks(int64_t M, int64_t N, int64_t K) {
   double by_work = (double)M * (double)N * (double)K / GEMM_BLOCK_WORK;
+  int64_t units = ((M >= N ? M : N) + GEMM_UNIT - 1) / GEMM_UNIT;
   int64_t blocks = (M >= N ? M : N) / GEMM_BLOCK_DIM;
-  if (blocks > GEMM_BLOCKS_MAX) blocks = GEMM_BLOCKS_MAX;
+  if (blocks > vm_pool_threads()) blocks = vm_pool_threads();
   if ((double)blocks > by_work) blocks = (int64_t)by_work;
+  if (blocks > units) blocks = units;
   return blocks > 1 ? blocks : 1;
 }
 
@@ -121,7 +129,9 @@ static void gemm_block(void *ctx, int64_t chunk, int64_t b, int64_t e) {
   const gemm_job *j = ctx;
   const char *A = j->A, *B = j->B;
   char *C = j->C;
-  int64_t m = j->M, n = j->N;
+  int64_t m = j->M, n = j->N, extent = j->by_rows ? m : n;
+  b *= GEMM_UNIT; /* units -> rows (columns) */
+  e = e * GEMM_UNIT < extent ? e * GEMM_UNIT : extent;
   if (j->by_rows) { /* row i of op(A) starts at i*lda, or at i when A is transposed */
     A += (j->ta == VM_BLAS_NO_TRANS ? b * j->lda : b) * j->es;
     C += b * j->ldc * j->es;
@@ -160,7 +170,8 @@ static bool float_gemm(kiln_dtype dt, const mat *a, const mat *b, char *c, int64
   atomic_fetch_add_explicit(&vm_process()->stats.blas_calls, 1, memory_order_relaxed);
   gemm_job job = {blas, dt, ta, tb, M >= N, M, N, K, lda, ldb, N > 1 ? N : 1,
                   (int64_t)vm_dtype_size(dt), A, B, c};
-  vm_parallel_chunks(job.by_rows ? M : N, gemm_blocks(M, N, K), gemm_block, &job);
+  int64_t extent = job.by_rows ? M : N;
+  vm_parallel_chunks((extent + GEMM_UNIT - 1) / GEMM_UNIT, gemm_blocks(M, N, K), gemm_block, &job);
   return true;
 }
 

@@ -587,7 +587,11 @@ static vm_tensor *binary_with_scalar(vm_opcode op, vm_tensor *a, double s, bool 
     vm_null_input(0);
     return NULL;
   }
-  vm_tensor *sc = host ? vm_host_scalar(s, is_int) : vm_weak_scalar(s, is_int);
+  /* with a float tensor the scalar is made in its dtype: rounding the
+     value once there is exactly what the cast the op would insert does,
+     and a recorded op saves a node */
+  kiln_dtype dt = is_int ? KILN_I64 : vm_dtype_is_float(a->dtype) && !a->weak ? a->dtype : KILN_F64;
+  vm_tensor *sc = vm_weak_scalar_of(s, dt, host);
   vm_tensor *r = sc ? vm_binary(op, a, sc) : NULL;
   vm_release(sc);
   return r;

@@ -200,14 +200,17 @@ vm_tensor *vm_tensor_view(const vm_tensor *base, int ndim, const int64_t *shape,
   return t;
 }
 
-vm_tensor *vm_weak_scalar(double v, bool is_int) {
-  vm_attr attr = {.dtype = is_int ? KILN_I64 : KILN_F64, .weak = true, .scalar = {v}};
+vm_tensor *vm_weak_scalar_of(double v, kiln_dtype dt, bool host) {
+  vm_attr attr = {.dtype = dt, .weak = true, .host = host, .scalar = {v}};
   return vm_op(VM_OP_full, 0, NULL, &attr);
 }
 
+vm_tensor *vm_weak_scalar(double v, bool is_int) {
+  return vm_weak_scalar_of(v, is_int ? KILN_I64 : KILN_F64, false);
+}
+
 vm_tensor *vm_host_scalar(double v, bool is_int) {
-  vm_attr attr = {.dtype = is_int ? KILN_I64 : KILN_F64, .weak = true, .host = true, .scalar = {v}};
-  return vm_op(VM_OP_full, 0, NULL, &attr);
+  return vm_weak_scalar_of(v, is_int ? KILN_I64 : KILN_F64, true);
 }
 
 vm_tensor *vm_retain(vm_tensor *t) {

@@ -59,6 +59,8 @@ vm_tensor *vm_tensor_view(const vm_tensor *base, int ndim, const int64_t *shape,
 /* 0-d host scalar handle (weak): f64 when !is_int, i64 when is_int */
 vm_tensor *vm_weak_scalar(double v, bool is_int);   /* a literal of the library */
 vm_tensor *vm_host_scalar(double v, bool is_int);   /* a value the user passed */
+/* either, made directly in dtype dt (a float tensor's own: no cast node) */
+vm_tensor *vm_weak_scalar_of(double v, kiln_dtype dt, bool host);
 
 vm_tensor *vm_retain(vm_tensor *t);
 void vm_release(vm_tensor *t);
