@@ -141,6 +141,10 @@ TEST(from_data_bool_bytes_are_normalized_to_0_and_1) {
   CHECK_EQ_INT(kiln_item(mx), 1);
   kiln_tensor *s2 = kiln_from_data(raw_bool_bytes + 2, KILN_BOOL, 0, NULL); /* 0-d, byte 2 */
   CHECK_EQ_INT(kiln_item(s2), 1);
+  /* host values become bools as != 0 (full, scalar, arange) */
+  CHECK_MADE(kiln_full(255, KILN_BOOL, 1, S(2)), KILN_BOOL, 1, S(2), V(1, 1), 0);
+  CHECK_MADE(kiln_scalar(-2, KILN_BOOL), KILN_BOOL, 0, S(0), V(1), 0);
+  CHECK_MADE(kiln_arange(0, 3, 1, KILN_BOOL), KILN_BOOL, 1, S(3), V(0, 1, 1), 0);
   kiln_release(s2);
   kiln_release(mx);
   kiln_release(zeros);
