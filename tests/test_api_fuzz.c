@@ -26,7 +26,7 @@
  * above about 1 GiB fail (ASan's max_allocation_size_mb, or RLIMIT_AS
  * without ASan), so such a request is a quick KILN_ERR_OOM.
  *
- * Default: seeds 1-4, 10000 calls each (ctest).  Longer runs:
+ * Default: seeds 1-4, 6000 calls each (ctest).  Longer runs:
  *   KILN_API_FUZZ_CALLS=200000 KILN_API_FUZZ_SEED=7 ./test_api_fuzz
  * A failure prints the seed and the call number; KILN_API_FUZZ_TRACE=1
  * prints every call. */
@@ -696,9 +696,9 @@ static void fuzz_one_seed(long calls) {
   printf("api fuzz: seed %llu, %ld calls\n", (unsigned long long)seed, calls);
 }
 
-/* by default seeds 1-4, 10000 calls each (a few seconds under ASan) */
+/* by default seeds 1-4, 6000 calls each (a few seconds under ASan) */
 TEST(api_fuzz_hostile_calls) {
-  long calls = env_long("KILN_API_FUZZ_CALLS", 10000);
+  long calls = env_long("KILN_API_FUZZ_CALLS", 6000);
   long only = env_long("KILN_API_FUZZ_SEED", 0);
   trace_calls = env_long("KILN_API_FUZZ_TRACE", 0) != 0;
   for (long s = only ? only : 1; s <= (only ? only : 4); s++) {
