@@ -665,8 +665,10 @@ static int alloc_outputs(const cpu_kernel *k, const tr_plan *plan, int64_t small
    and sets *rc) */
 static void launch(run_job *job, int64_t n, int64_t grain, const cpu_kernel *k, vm_tensor **outs, vm_tensor **vals,
                    int *rc) {
-  vm_parallel_for(n, grain, run_range, job);
-  atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
+  if (n > 0) { /* an empty range launches nothing: empty tensors do no work */
+    vm_parallel_for(n, grain, run_range, job);
+    atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
+  }
   if (atomic_load(&job->failed)) {
     for (int q = 0; q < k->nout; q++) vm_release(outs[q]);
     *rc = vm_error(KILN_ERR_OOM, "out of memory (a row kernel's scratch row of %zu bytes)", job->scratch_bytes);
@@ -684,7 +686,7 @@ static bool collapse_range(const int64_t *shape, const int64_t *stride, int d0, 
     if (any && stride[d] != span) return false;
     if (!any) s = stride[d];
     any = true;
-    span = stride[d] * shape[d];
+    if (__builtin_mul_overflow(stride[d], shape[d], &span)) return false;
   }
   *out = s;
   return true;
@@ -861,8 +863,8 @@ static bool run_elementwise(const cpu_kernel *k, const tr_plan *plan, const tr_t
   int64_t cs[KERNEL_MAX_IO][KILN_MAX_DIMS], co[KILN_MAX_DIMS];
   for (int d = 0; d < nd; d++) {
     if (om->shape[d] == 1) continue;
-    bool merge = n > 0 && co[n - 1] == out_stride[d] * om->shape[d];
-    for (int q = 0; merge && q < nin; q++) merge = cs[q][n - 1] == strides[q][d] * om->shape[d];
+    bool merge = n > 0 && vm_dims_merge(co[n - 1], out_stride[d], om->shape[d]);
+    for (int q = 0; merge && q < nin; q++) merge = vm_dims_merge(cs[q][n - 1], strides[q][d], om->shape[d]);
     if (merge) {
       shape[n - 1] *= om->shape[d];
       co[n - 1] = out_stride[d];

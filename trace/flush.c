@@ -341,7 +341,7 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   }
   tr_trace *t = &c.t;
   int earlier = c.fail_status;
-  if (earlier) vm_error(earlier, "%s", c.fail_msg);
+  if (earlier) vm_error_again(earlier, c.fail_msg);
   if (t->n == 0) {
     collector_free(&c);
     drop_stores(g);

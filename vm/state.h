@@ -61,6 +61,9 @@ vm_thread_state *vm_thread(void);
 kiln_status vm_error(kiln_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void vm_null_input(int argument_index);
+/* Records an error whose message already names its op (a stored failure
+   raised again by a later read): no second "api: " prefix. */
+kiln_status vm_error_again(kiln_status status, const char *message);
 void vm_clear_error(void);
 
 /* the public name errors are reported under; set by bindings/c on entry */

@@ -43,6 +43,12 @@ static bool check_dtype(kiln_dtype dt) {
   return false;
 }
 
+/* bool data is normalized on entry (DESIGN §11): any nonzero byte is true,
+   stored as 1, so kernels, compiled or not, only ever see 0 and 1 */
+static void normalize_bools(unsigned char *b, int64_t n) {
+  for (int64_t i = 0; i < n; i++) b[i] = b[i] != 0;
+}
+
 kiln_tensor *kiln_from_data(const void *data, kiln_dtype dt, int ndim, const int64_t *shape) {
   API(kiln_from_data);
   if (!check_dtype(dt)) return NULL;
@@ -54,6 +60,7 @@ kiln_tensor *kiln_from_data(const void *data, kiln_dtype dt, int ndim, const int
     return NULL;
   }
   if (t->numel) memcpy(vm_data(t), data, (size_t)t->numel * vm_dtype_size(dt));
+  if (dt == KILN_BOOL) normalize_bools(vm_data(t), t->numel);
   return tr_handle_from_value(t);
 }
 
