@@ -29,6 +29,7 @@ typedef struct vm_thread_state {
   bool cleanup_registered;
   int pool_depth;              /* nested vm_pool_enter calls: >0 holds a kernel token */
   bool pool_in_chunk;          /* running a chunk of a parallel job (vm/pool.c) */
+  volatile int *cancel;        /* kiln_set_cancel_flag: nonzero stops evaluations */
 } vm_thread_state;
 
 typedef struct vm_counters {

@@ -455,6 +455,7 @@ int kiln_eval(int n, kiln_tensor *const *ts) {
 }
 
 void kiln_jit_wait(void) { cpu_compile_wait(); }
+void kiln_set_cancel_flag(volatile int *flag) { vm_thread()->cancel = flag; }
 
 void kiln_get_stats(kiln_stats *out) {
   if (!out) return;

@@ -196,6 +196,12 @@ KILN_API int kiln_eval(int n, kiln_tensor *const *ts);
 /* wait until the background compiler has finished every compile queued so
    far (hot traces then run compiled); benchmarks call it after warm-up */
 KILN_API void kiln_jit_wait(void);
+/* Interrupts: while *flag is nonzero, evaluations on the calling thread stop
+   at the next kernel boundary with KILN_ERR_STATE ("interrupted"); nothing
+   is lost (pending values and in-place updates stay pending).  Another
+   thread or a signal handler may set *flag; NULL clears it.  Bindings use it
+   for Ctrl-C (Ruby's unblocking function). */
+KILN_API void kiln_set_cancel_flag(volatile int *flag);
 typedef struct {
   uint64_t ops_recorded, flushes, traces_seen, cache_hits, cache_misses, compiles,
       compile_failures, disk_hits, eager_ops, kernels_launched;

@@ -265,6 +265,7 @@ typedef struct {
   FILE *f;
   int rc;
   double d;
+  volatile int cancel; /* set by the unblocking function (Ctrl-C, Timeout) */
 } nogvl_args;
 
 static void *to_buffer_fn(void *p) {
@@ -298,29 +299,54 @@ static void *backward_fn(void *p) {
   return NULL;
 }
 
+/* Interrupts: the unblocking function sets the evaluating thread's cancel
+   flag, Kiln stops at the next kernel boundary (nothing is lost), and Ruby
+   then raises the pending Interrupt / Timeout::Error here, before the
+   caller would raise Kiln's "interrupted" error. */
+typedef struct {
+  void *(*fn)(void *);
+  nogvl_args *a;
+} cancelable;
+
+static void cancel_ubf(void *p) { ((nogvl_args *)p)->cancel = 1; }
+
+static void *cancelable_fn(void *p) {
+  cancelable *c = p;
+  kiln_set_cancel_flag(&c->a->cancel);
+  void *r = c->fn(c->a);
+  kiln_set_cancel_flag(NULL);
+  return r;
+}
+
+static void run_cancelable(void *(*fn)(void *), nogvl_args *a) {
+  cancelable c = {fn, a};
+  rb_thread_call_without_gvl(cancelable_fn, &c, cancel_ubf, a);
+  if (a->cancel) rb_thread_check_ints();
+}
+
 int rk_nogvl_to_buffer(kiln_tensor *t, void *dst, size_t n) {
   nogvl_args a = {.t = t, .dst = dst, .n = n};
-  rb_thread_call_without_gvl(to_buffer_fn, &a, NULL, NULL);
+  run_cancelable(to_buffer_fn, &a);
   return a.rc;
 }
 double rk_nogvl_item(kiln_tensor *t) {
   nogvl_args a = {.t = t};
-  rb_thread_call_without_gvl(item_fn, &a, NULL, NULL);
+  run_cancelable(item_fn, &a);
   return a.d;
 }
 int rk_nogvl_print(kiln_tensor *t, FILE *f) {
   nogvl_args a = {.t = t, .f = f};
-  rb_thread_call_without_gvl(print_fn, &a, NULL, NULL);
+  run_cancelable(print_fn, &a);
   return a.rc;
 }
 int rk_nogvl_sync(void) {
   nogvl_args a = {0};
-  rb_thread_call_without_gvl(sync_fn, &a, NULL, NULL);
+  run_cancelable(sync_fn, &a);
   return a.rc;
 }
 int rk_nogvl_backward(kiln_tensor *loss, kiln_tensor *grad) {
   nogvl_args a = {.t = loss, .g = grad};
-  rb_thread_call_without_gvl(backward_fn, &a, NULL, NULL);
+  run_cancelable(backward_fn, &a);
   return a.rc;
 }
 
