@@ -322,16 +322,33 @@ static void discard(const disk_dir *d, const char *name, const struct stat *seen
 
 /* ---- loading the checked descriptor itself ---- */
 
+/* the descriptor numbers N of loaded objects named "/proc/self/fd/N" */
 typedef struct {
-  const char *name;
-  bool taken;
-} name_search;
+  int *fds;
+  size_t n, cap;
+} fd_names;
 
-static int name_in_use(struct dl_phdr_info *info, size_t size, void *arg) {
+static int collect_fd_name(struct dl_phdr_info *info, size_t size, void *arg) {
   (void)size;
-  name_search *s = arg;
-  if (info->dlpi_name && !strcmp(info->dlpi_name, s->name)) s->taken = true;
-  return s->taken;
+  fd_names *s = arg;
+  int n;
+  char tail;
+  if (!info->dlpi_name || sscanf(info->dlpi_name, "/proc/self/fd/%d%c", &n, &tail) != 1) return 0;
+  if (s->n == s->cap) {
+    size_t cap = s->cap ? 2 * s->cap : 64;
+    int *g = realloc(s->fds, cap * sizeof *g);
+    if (!g) return 1;
+    s->fds = g;
+    s->cap = cap;
+  }
+  s->fds[s->n++] = n;
+  return 0;
+}
+
+static bool fd_name_taken(const fd_names *s, int fd) {
+  for (size_t i = 0; i < s->n; i++)
+    if (s->fds[i] == fd) return true;
+  return false;
 }
 
 /* whether the mapping holding addr comes from the file st describes */
@@ -367,12 +384,14 @@ static void *dlopen_fd(int fd, const struct stat *st, int *rc, const char **why)
   void *handle = NULL;
   *rc = LOAD_ENV;
   *why = "every descriptor name tried was in use";
-  for (int attempt = 0; attempt < 16 && !handle; attempt++) {
+  /* the names in use, once: with many objects loaded (one per compiled
+     batch) the free numbers can lie past many taken ones */
+  fd_names taken = {0};
+  dl_iterate_phdr(collect_fd_name, &taken);
+  for (int attempt = 0; attempt < 16 + (int)taken.n && !handle; attempt++) {
     char name[64];
     snprintf(name, sizeof name, "/proc/self/fd/%d", use);
-    name_search s = {name, false};
-    dl_iterate_phdr(name_in_use, &s);
-    if (!s.taken) {
+    if (!fd_name_taken(&taken, use)) {
       struct stat via;
       if (stat(name, &via) != 0 || via.st_dev != st->st_dev || via.st_ino != st->st_ino) {
         *why = "/proc/self/fd is not available";
@@ -403,6 +422,7 @@ static void *dlopen_fd(int fd, const struct stat *st, int *rc, const char **why)
     use = next;
   }
   if (spare >= 0) close(spare);
+  free(taken.fds);
   if (handle) *rc = LOAD_OK, *why = NULL;
   return handle;
 }

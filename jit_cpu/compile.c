@@ -562,12 +562,16 @@ static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, bool 
     cpu_kentry **made = calloc((size_t)left, sizeof *made);
     int compiled = 0;
     for (int m = 0; batch && m < left; m++) batch[m] = descs[miss[m]];
-    if (batch && made) compiled = compile_batch(batch, left, keyed ? disk_keys : NULL, made);
+    /* KILN_COMPILE_BATCH=0 (a measuring knob): each kernel in a context
+       of its own, as one object each */
+    int per = vm_env_long("KILN_COMPILE_BATCH", 1) ? left : 1, batches = 0;
+    for (int m = 0; batch && made && m < left; m += per, batches++)
+      compiled += compile_batch(batch + m, left - m < per ? left - m : per, keyed ? disk_keys + m : NULL, made + m);
     for (int m = 0; made && m < left; m++) got[miss[m]] = made[m];
     free(batch);
     free(made);
     if (compiled > 0) {
-      atomic_fetch_add_explicit(&st->compiles, 1, memory_order_relaxed);
+      atomic_fetch_add_explicit(&st->compiles, (uint_fast64_t)batches, memory_order_relaxed);
       atomic_fetch_add_explicit(&st->kernels_compiled, (uint_fast64_t)compiled, memory_order_relaxed);
       vm_add_ms(&st->compile_us, now_ms() - t0);
     } else {
