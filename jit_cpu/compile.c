@@ -511,10 +511,18 @@ static bool same_kernel(const kernel_desc *a, const kernel_desc *b) {
   return a->len == b->len && !memcmp(a->key, b->key, sizeof a->key) && !memcmp(a->bytes, b->bytes, a->len);
 }
 
+/* how far compile_plan may go for a missing kernel */
+typedef enum {
+  FIND_IN_MEMORY, /* the kernel cache only (the caller's thread: a hash and a lookup per kernel) */
+  FIND_ON_DISK,   /* and the disk cache (a warm start, before any compile) */
+  FIND_OR_COMPILE
+} find_mode;
+
 /* The plan's kernels from the kernel cache, else the disk cache, else
-   (unless disk_only) compiled: the missing ones of the plan together.
-   NULL when none could be had (or, disk_only, when some are missing). */
-static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, bool disk_only) {
+   compiled: the missing ones of the plan together.  NULL when none could
+   be had, or when some are missing and mode forbids compiling them. */
+static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_mode mode) {
+  bool disk_only = mode != FIND_OR_COMPILE;
   if (!toolchain_present()) return NULL;
   double t0 = now_ms();
   int ng = plan->ngroups > 0 ? plan->ngroups : 1;
@@ -540,6 +548,11 @@ static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, bool 
     if (!twin) miss[nmiss++] = g;
   }
   /* the disk cache, kernel by kernel (a build with an ID builds no context) */
+  if (nmiss > 0 && mode == FIND_IN_MEMORY) { /* the rest is the compiler's */
+    for (int g = 0; g < plan->ngroups; g++) cpu_kcache_release(got[g]);
+    memset(got, 0, (size_t)ng * sizeof *got);
+    goto done;
+  }
   bool keyed = nmiss > 0 && cache_disk_enabled() && cache_disk_dir();
   int left = 0;
   for (int m = 0; m < nmiss; m++) {
@@ -600,7 +613,9 @@ done:
   return cp;
 }
 
-cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) { return compile_plan(plan, leaves, false); }
+cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
+  return compile_plan(plan, leaves, FIND_OR_COMPILE);
+}
 
 void cpu_plan_free(cpu_plan *cp) {
   if (!cp) return;
@@ -1082,6 +1097,16 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
     free(job);
     return;
   }
+  /* a plan whose kernels are all compiled already (another trace has
+     them: an RNN at a new length) is ready now, not after the queue */
+  cpu_plan *known = cpu_kcache_kernels() > 0 ? compile_plan(plan, job->leaves, FIND_IN_MEMORY) : NULL;
+  if (known) {
+    cpu_plan *none = NULL;
+    if (!atomic_compare_exchange_strong(&plan->jit, &none, known)) cpu_plan_free(known);
+    free(job->leaves);
+    free(job);
+    return;
+  }
   tr_plan_retain(plan);
   job->plan = plan;
   pthread_mutex_lock(&compiler.lock);
@@ -1095,7 +1120,7 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
        from the disk cache right here (no compiler runs), so a warm start
        pays for no compiler at all. */
     pthread_mutex_unlock(&compiler.lock);
-    cpu_plan *cached = atomic_load(&gccjit_warm) ? NULL : compile_plan(job->plan, job->leaves, true);
+    cpu_plan *cached = atomic_load(&gccjit_warm) ? NULL : compile_plan(job->plan, job->leaves, FIND_ON_DISK);
     if (cached) {
       cpu_plan *none = NULL;
       if (!atomic_compare_exchange_strong(&job->plan->jit, &none, cached)) cpu_plan_free(cached);
