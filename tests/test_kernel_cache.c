@@ -2,7 +2,9 @@
  * traces that share kernels compile each once (a new trace built from
  * known kernels compiles nothing; an RNN unrolled over more lengths
  * compiles no more kernels); a second process loads them from the disk
- * cache and compiles nothing; under a small trace-cache bound, evicted
+ * cache and compiles nothing; with the background compiler, a new trace of
+ * known kernels runs compiled once hot, with no wait; under a small
+ * trace-cache bound, evicted
  * plans release their kernels and the code objects holding them are
  * unloaded (resident code stays bounded); every result is bit for bit the
  * interpreter's (KILN_JIT=0).  The work runs in child processes of this
@@ -75,6 +77,32 @@ static int rnn_main(int from, int mid, int to) {
   kiln_get_stats(&st);
   printf("then %.0f %.0f %llu %llu\n", kiln_stat("kernels_compiled"), kiln_stat("kernel_cache_hits"),
          (unsigned long long)st.disk_hits, (unsigned long long)st.compiles);
+  kiln_release(in.W);
+  kiln_release(in.U);
+  kiln_release(in.b);
+  kiln_release(in.h0);
+  for (int t = 0; t < 16; t++) kiln_release(in.xs[t]);
+  return 0;
+}
+
+/* child "rnn-ready": with the background compiler, lengths 3..5 compile
+   and are waited for; then length 6, a new trace of known kernels, runs
+   compiled as soon as it is hot, with no wait and no compile; prints
+   "ready <ops its third run ran on the interpreter> <compiles added>" */
+static int rnn_ready_main(void) {
+  rnn_inputs in;
+  rnn_inputs_make(&in);
+  for (int len = 3; len <= 5; len++)
+    for (int rep = 0; rep < 3; rep++) rnn(&in, len);
+  kiln_jit_wait();
+  kiln_stats before, after;
+  rnn(&in, 6);
+  rnn(&in, 6); /* hot: planned, its kernels all found */
+  kiln_get_stats(&before);
+  rnn(&in, 6);
+  kiln_get_stats(&after);
+  printf("ready %llu %llu\n", (unsigned long long)(after.eager_ops - before.eager_ops),
+         (unsigned long long)(after.compiles - before.compiles));
   kiln_release(in.W);
   kiln_release(in.U);
   kiln_release(in.b);
@@ -203,6 +231,20 @@ TEST(rnn_over_more_lengths_compiles_no_more_kernels) {
   CHECK(kf == k2);
 }
 
+TEST(new_trace_of_known_kernels_runs_compiled_without_waiting) {
+  char out[256], ref[256];
+  CHECK(run_child("KILN_CACHE=0 KILN_ASYNC=1", "rnn-ready", out, sizeof out));
+  CHECK(run_child("KILN_CACHE=0 KILN_JIT=0", "rnn-ready", ref, sizeof ref));
+  unsigned long long eager = 0, compiles = 1, eager_ref = 0, unused;
+  CHECK(sscanf(out, "ready %llu %llu", &eager, &compiles) == 2);
+  CHECK(sscanf(ref, "ready %llu %llu", &eager_ref, &unused) == 2);
+  /* the elementwise and reduce ops ran compiled: only the matmuls (12) and
+     views stay on the interpreter */
+  CHECK(eager_ref >= 40);
+  CHECK(eager + 20 <= eager_ref);
+  CHECK_EQ_INT((long)compiles, 0);
+}
+
 TEST(warm_process_loads_kernels_and_compiles_none) {
   char dir[] = "/tmp/kiln-kcache-test-XXXXXX", env[512];
   make_dir(dir);
@@ -254,10 +296,12 @@ TEST(evicted_plans_unload_their_code) {
 int main(int argc, char **argv) {
   if (argc > 4 && !strcmp(argv[1], "rnn")) return rnn_main(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
   if (argc > 2 && !strcmp(argv[1], "unload")) return unload_main(atoi(argv[2]));
+  if (argc > 1 && !strcmp(argv[1], "rnn-ready")) return rnn_ready_main();
   ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
   if (len <= 0) return 1;
   self[len] = 0;
   RUN(rnn_over_more_lengths_compiles_no_more_kernels);
+  RUN(new_trace_of_known_kernels_runs_compiled_without_waiting);
   RUN(warm_process_loads_kernels_and_compiles_none);
   RUN(evicted_plans_unload_their_code);
   return ktest_done();
