@@ -36,7 +36,10 @@ typedef struct vm_counters {
   atomic_uint_fast64_t ops_recorded, eager_ops, kernels_launched;
   atomic_uint_fast64_t flushes, traces_seen, cache_hits, cache_misses, plans_built;
   atomic_uint_fast64_t compiles, compile_failures, disk_hits, compile_us;
-  atomic_uint_fast64_t kernels_compiled; /* kernels in freshly compiled plans */
+  atomic_uint_fast64_t kernels_compiled; /* kernels compiled (each once per process) */
+  atomic_uint_fast64_t kernel_cache_hits; /* kernels of new plans found compiled in memory */
+  atomic_uint_fast64_t code_objects;      /* compiled code objects loaded now (a gauge) */
+  atomic_uint_fast64_t code_unloads;      /* code objects unloaded (no kernel of theirs cached) */
   atomic_uint_fast64_t blas_calls;       /* gemm calls into BLAS (matmuls run) */
   atomic_uint_fast64_t recomputed;       /* values evaluated again (fills aside, DESIGN §3) */
   atomic_uint_fast64_t flush_us; /* microseconds */

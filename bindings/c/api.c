@@ -480,7 +480,7 @@ void kiln_reset_stats(void) {
   atomic_uint_fast64_t *all[] = {&c->ops_recorded, &c->eager_ops, &c->kernels_launched,
                                  &c->flushes, &c->traces_seen, &c->cache_hits,
                                  &c->cache_misses, &c->plans_built, &c->flush_us, &c->compiles,
-                                 &c->compile_failures, &c->disk_hits, &c->compile_us, &c->kernels_compiled,
+                                 &c->compile_failures, &c->disk_hits, &c->compile_us, &c->kernels_compiled, &c->kernel_cache_hits, &c->code_unloads,
                                  &c->blas_calls, &c->recomputed, &c->kernel_threads_max};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) atomic_store(all[i], 0);
 }
@@ -497,6 +497,7 @@ double kiln_stat(const char *name) {
       COUNTER(ops_recorded), COUNTER(eager_ops), COUNTER(kernels_launched), COUNTER(flushes),
       COUNTER(traces_seen), COUNTER(cache_hits), COUNTER(cache_misses), COUNTER(plans_built),
       COUNTER(compiles), COUNTER(compile_failures), COUNTER(disk_hits), COUNTER(kernels_compiled),
+      COUNTER(kernel_cache_hits), COUNTER(code_objects), COUNTER(code_unloads),
       COUNTER(blas_calls), COUNTER(recomputed), COUNTER(kernel_threads_max),
       {"compile_ms", offsetof(vm_counters, compile_us), 1e-3}, {"flush_ms", offsetof(vm_counters, flush_us), 1e-3},
 #undef COUNTER

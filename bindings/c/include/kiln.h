@@ -210,7 +210,11 @@ typedef struct {
 KILN_API void kiln_get_stats(kiln_stats *out); /* process-wide */
 KILN_API void kiln_reset_stats(void);
 /* one counter by name: any field of kiln_stats, or "kernels_compiled"
-   (kernels in plans compiled, not loaded from disk), "plans_built" or
+   (kernels compiled, not loaded from disk; a kernel is compiled once per
+   process, whichever traces share it), "kernel_cache_hits" (kernels of
+   newly compiled plans that were already compiled), "code_objects" (compiled
+   code objects loaded now; unloaded once no cached kernel is in them),
+   "code_unloads", "plans_built" or
    "blas_calls" (gemm calls into BLAS: one per matmul, or per batch),
    "recomputed" (values a flush evaluated although an earlier flush had
    computed them: the execution model keeps that to once per value) or
