@@ -72,6 +72,11 @@ static void set_options(gcc_jit_context *ctx) {
   gcc_jit_context_add_command_line_option(ctx, "-fno-math-errno");
   /* elementwise results must match the interpreter's rounding: no FMA contraction */
   gcc_jit_context_add_command_line_option(ctx, "-ffp-contract=off");
+  /* a fused kernel reads and writes many buffers (GELU kept for backward:
+     5 inputs, 4 outputs); GCC vectorizes only after checking at run time
+     that they do not overlap, and by default gives up past 10 pairs to
+     check, leaving the loop scalar (libgccjit 12 has no `restrict`) */
+  gcc_jit_context_add_command_line_option(ctx, "--param=vect-max-version-for-alias-checks=256");
   /* KILN_JIT_OPT_INFO=1: GCC reports each loop it vectorized (or, with 2,
      each it could not) on stderr; diagnostics only, the code is the same */
   long info = vm_env_long("KILN_JIT_OPT_INFO", 0);
