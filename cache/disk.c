@@ -169,10 +169,12 @@ const char *cache_disk_dir(void) {
   return dir_buf;
 }
 
-static void file_name(const uint64_t h[2], char *out, size_t out_len) {
-  snprintf(out, out_len, DISK_PREFIX "%d-%016" PRIx64 "%016" PRIx64 ".so", CACHE_DISK_FORMAT, h[0],
-           h[1]);
+/* ext: ".so" for shared objects, ".idx" for index records */
+static void file_name_ext(const uint64_t h[2], const char *ext, char *out, size_t out_len) {
+  snprintf(out, out_len, DISK_PREFIX "%d-%016" PRIx64 "%016" PRIx64 "%s", CACHE_DISK_FORMAT, h[0], h[1], ext);
 }
+
+static void file_name(const uint64_t h[2], char *out, size_t out_len) { file_name_ext(h, ".so", out, out_len); }
 
 void cache_disk_path(const uint64_t h[2], char *out, size_t out_len) {
   if (!out || !out_len) return;
@@ -320,16 +322,33 @@ static void discard(const disk_dir *d, const char *name, const struct stat *seen
 
 /* ---- loading the checked descriptor itself ---- */
 
+/* the descriptor numbers N of loaded objects named "/proc/self/fd/N" */
 typedef struct {
-  const char *name;
-  bool taken;
-} name_search;
+  int *fds;
+  size_t n, cap;
+} fd_names;
 
-static int name_in_use(struct dl_phdr_info *info, size_t size, void *arg) {
+static int collect_fd_name(struct dl_phdr_info *info, size_t size, void *arg) {
   (void)size;
-  name_search *s = arg;
-  if (info->dlpi_name && !strcmp(info->dlpi_name, s->name)) s->taken = true;
-  return s->taken;
+  fd_names *s = arg;
+  int n;
+  char tail;
+  if (!info->dlpi_name || sscanf(info->dlpi_name, "/proc/self/fd/%d%c", &n, &tail) != 1) return 0;
+  if (s->n == s->cap) {
+    size_t cap = s->cap ? 2 * s->cap : 64;
+    int *g = realloc(s->fds, cap * sizeof *g);
+    if (!g) return 1;
+    s->fds = g;
+    s->cap = cap;
+  }
+  s->fds[s->n++] = n;
+  return 0;
+}
+
+static bool fd_name_taken(const fd_names *s, int fd) {
+  for (size_t i = 0; i < s->n; i++)
+    if (s->fds[i] == fd) return true;
+  return false;
 }
 
 /* whether the mapping holding addr comes from the file st describes */
@@ -365,12 +384,14 @@ static void *dlopen_fd(int fd, const struct stat *st, int *rc, const char **why)
   void *handle = NULL;
   *rc = LOAD_ENV;
   *why = "every descriptor name tried was in use";
-  for (int attempt = 0; attempt < 16 && !handle; attempt++) {
+  /* the names in use, once: with many objects loaded (one per compiled
+     batch) the free numbers can lie past many taken ones */
+  fd_names taken = {0};
+  dl_iterate_phdr(collect_fd_name, &taken);
+  for (int attempt = 0; attempt < 16 + (int)taken.n && !handle; attempt++) {
     char name[64];
     snprintf(name, sizeof name, "/proc/self/fd/%d", use);
-    name_search s = {name, false};
-    dl_iterate_phdr(name_in_use, &s);
-    if (!s.taken) {
+    if (!fd_name_taken(&taken, use)) {
       struct stat via;
       if (stat(name, &via) != 0 || via.st_dev != st->st_dev || via.st_ino != st->st_ino) {
         *why = "/proc/self/fd is not available";
@@ -401,8 +422,58 @@ static void *dlopen_fd(int fd, const struct stat *st, int *rc, const char **why)
     use = next;
   }
   if (spare >= 0) close(spare);
+  free(taken.fds);
   if (handle) *rc = LOAD_OK, *why = NULL;
   return handle;
+}
+
+/* opens file `name` of d for reading and checks it as every cache file is
+   checked (not a link, a regular file of the user's with one link, the
+   trailer and checksum of h); a bad file is deleted.  -1 when absent or bad */
+static int open_verified(const disk_dir *d, const char *name, const uint64_t h[2], struct stat *st) {
+  int fd = openat(d->fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) {
+    if (errno == ELOOP)
+      discard(d, name, NULL, "a symbolic link");
+    else if (errno != ENOENT)
+      disk_log("cannot open %s/%s: %s", d->path, name, strerror(errno));
+    return -1;
+  }
+  const char *why = NULL;
+  int v = VERIFY_IO;
+  if (fstat(fd, st) != 0) {
+    disk_log("cannot stat %s/%s: %s", d->path, name, strerror(errno));
+  } else if (!vm_private_file_check(st, &why)) {
+    discard(d, name, st, why);
+  } else {
+    v = verify(fd, st, h, &why);
+    if (v == VERIFY_BAD) discard(d, name, st, why);
+    if (v == VERIFY_IO) disk_log("cannot read %s/%s: %s", d->path, name, why);
+  }
+  if (v != VERIFY_OK) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+size_t cache_disk_index_get(const uint64_t h[2], void *buf, size_t cap) {
+  if (!h || !buf) return 0;
+  disk_dir d;
+  if (!dir_open(&d)) return 0;
+  char name[DISK_NAME_ROOM];
+  file_name_ext(h, ".idx", name, sizeof name);
+  struct stat st;
+  int fd = open_verified(&d, name, h, &st);
+  size_t got = 0;
+  if (fd >= 0) {
+    uint64_t len = (uint64_t)st.st_size - CACHE_DISK_TRAILER_SIZE;
+    if (len <= cap && pread_full(fd, buf, (size_t)len, 0) == (ssize_t)len) got = (size_t)len;
+    if (got) touch_fd(fd);
+    close(fd);
+  }
+  dir_close(&d);
+  return got;
 }
 
 /* ---- load ---- */
@@ -517,7 +588,8 @@ static void evict(int dir_fd, const char *dir, const char *keep, uint64_t max) {
   struct dirent *e;
   while ((e = readdir(d))) {
     const char *name = e->d_name;
-    bool kernel = keep && !strncmp(name, DISK_PREFIX, strlen(DISK_PREFIX)) && has_suffix(name, ".so");
+    bool kernel = keep && !strncmp(name, DISK_PREFIX, strlen(DISK_PREFIX)) &&
+                  (has_suffix(name, ".so") || has_suffix(name, ".idx"));
     bool tmp = !strncmp(name, DISK_TMP_PREFIX, strlen(DISK_TMP_PREFIX));
     if (!kernel && !tmp) continue;
     struct stat st;
@@ -566,9 +638,10 @@ static void reclaim_once(int dir_fd) {
 
 /* copies the shared object open on `in` into a temp file with its trailer,
    then renames it to the name for h */
-static bool store_from(const disk_dir *d, const uint64_t h[2], int in, const char *from) {
+static bool store_from(const disk_dir *d, const uint64_t h[2], int in, const char *from, const char *ext) {
   char name[DISK_NAME_ROOM], tmp[DISK_NAME_ROOM];
-  file_name(h, name, sizeof name);
+  bool elf = !strcmp(ext, ".so");
+  file_name_ext(h, ext, name, sizeof name);
   int out = temp_create(d, NULL, tmp, sizeof tmp);
   if (out < 0) {
     disk_log("cannot create a temp file in %s: %s", d->path, strerror(errno));
@@ -587,7 +660,7 @@ static bool store_from(const disk_dir *d, const uint64_t h[2], int in, const cha
       break;
     }
     if (r == 0) break;
-    if (len == 0 && (r < 4 || memcmp(buf, "\177ELF", 4) != 0)) {
+    if (elf && len == 0 && (r < 4 || memcmp(buf, "\177ELF", 4) != 0)) {
       fail = "not an ELF shared object";
       break;
     }
@@ -629,7 +702,7 @@ bool cache_disk_store(const uint64_t h[2], const char *so_path) {
   if (in < 0)
     disk_log("cannot open %s: %s", so_path, strerror(errno));
   else
-    ok = store_from(&d, h, in, so_path);
+    ok = store_from(&d, h, in, so_path, ".so");
   if (in >= 0) close(in);
   dir_close(&d);
   return ok;
@@ -680,7 +753,7 @@ bool cache_disk_store_scratch(const uint64_t h[2], const cache_disk_scratch *s) 
   size_t n = strlen(s->path) - strlen(s->name) - 1;
   memcpy(d.path, s->path, n);
   d.path[n] = '\0';
-  bool ok = store_from(&d, h, in, s->path);
+  bool ok = store_from(&d, h, in, s->path, ".so");
   close(in);
   return ok;
 }
@@ -692,4 +765,20 @@ void cache_disk_scratch_close(cache_disk_scratch *s) {
   }
   s->dir_fd = -1;
   s->name[0] = s->path[0] = '\0';
+}
+
+bool cache_disk_index_put(const uint64_t h[2], const void *data, size_t len) {
+  if (!h || !data || !len) return false;
+  disk_dir d;
+  if (!dir_open(&d)) return false;
+  char tmp[DISK_NAME_ROOM];
+  int fd = temp_create(&d, ".rec", tmp, sizeof tmp);
+  bool ok = fd >= 0 && write_full(fd, data, len) && lseek(fd, 0, SEEK_SET) == 0 &&
+            store_from(&d, h, fd, "an index record", ".idx");
+  if (fd >= 0) {
+    close(fd);
+    (void)unlinkat(d.fd, tmp, 0);
+  }
+  dir_close(&d);
+  return ok;
 }

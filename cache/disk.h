@@ -86,6 +86,15 @@ bool cache_disk_store_scratch(const uint64_t h[2], const cache_disk_scratch *s);
 /* deletes it and closes the directory */
 void cache_disk_scratch_close(cache_disk_scratch *s);
 
+/* Index records: small blobs (at most a few hundred bytes) under hash h,
+   "kernel-v<FORMAT>-<32 hex>.idx", written and checked exactly as shared
+   objects are (temp file + rename, trailer and checksum, O_NOFOLLOW, a
+   private regular file with one link; a bad one is deleted) and evicted
+   with them (LRU).  The CPU JIT maps a kernel's key to the object that
+   holds it.  get: the record's length (0: none) into buf (at most cap). */
+bool cache_disk_index_put(const uint64_t h[2], const void *data, size_t len);
+size_t cache_disk_index_get(const uint64_t h[2], void *buf, size_t cap);
+
 /* "<dir>/kernel-v<FORMAT>-<h[0] as 16 hex><h[1] as 16 hex>.so", or "" when
    the cache is disabled or unusable (for tests and tools). */
 void cache_disk_path(const uint64_t h[2], char *out, size_t out_len);

@@ -9,6 +9,8 @@
 
 #include "../vm/state.h"
 
+/* entries kept (KILN_TRACE_CACHE_MAX); an evicted entry releases its plan,
+   and with it the plan's references to compiled kernels */
 #define CACHE_MAX_ENTRIES 4096
 #define CACHE_MAX_RELEARN 3 /* plans per key: the first, and two relearned */
 
@@ -40,7 +42,7 @@ static struct {
   entry lru; /* sentinel: lru.lru_next is the most recent */
   int count;
   cache_plan_ops ops;
-  int hot, budget;
+  int hot, budget, max_entries;
   bool ready;
 } cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -51,6 +53,8 @@ static void init_locked(void) {
   long budget = vm_env_long("KILN_RECOMPILE_BUDGET", 8);
   cache.hot = hot < 1 ? 1 : (int)hot;
   cache.budget = budget < 0 ? 0 : (int)budget;
+  long max = vm_env_long("KILN_TRACE_CACHE_MAX", CACHE_MAX_ENTRIES);
+  cache.max_entries = max < 1 ? 1 : max > (1L << 24) ? 1 << 24 : (int)max;
   cache.ready = true;
 }
 
@@ -135,7 +139,7 @@ void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, int no
     lru_push_front(e);
     cache.count++;
     out->new_key = true;
-    while (cache.count > CACHE_MAX_ENTRIES) {
+    while (cache.count > cache.max_entries) {
       entry *old = cache.lru.lru_prev;
       lru_unlink(old);
       HASH_DELETE(hh, cache.table, old);

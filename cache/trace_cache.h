@@ -1,5 +1,6 @@
 /* trace_cache.h — the trace cache (DESIGN §4): canonical key -> entry
- * (sightings, plan, stats).  uthash, bounded (LRU), one lock.  Plans are
+ * (sightings, plan, stats).  uthash, bounded (LRU, KILN_TRACE_CACHE_MAX
+ * keys, default 4096; an evicted key releases its plan), one lock.  Plans are
  * opaque here: the trace layer registers how to retain and release them. */
 #ifndef CACHE_TRACE_CACHE_H
 #define CACHE_TRACE_CACHE_H

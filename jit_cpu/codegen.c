@@ -9,8 +9,8 @@
  *
  * Views inside a group are evaluated by the interpreter first (they move no
  * data) and arrive as strided inputs.  Selects are small if-blocks, which
- * GCC if-converts (libgccjit has no ?:).  The description of every kernel
- * is hashed for the caches (compile.c). */
+ * GCC if-converts (libgccjit has no ?:).  Every kernel is emitted from its
+ * own description (kdesc.c), whose hash keys the kernel cache. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

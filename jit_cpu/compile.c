@@ -1,7 +1,10 @@
-/* compile.c — compiling a plan's groups in one libgccjit context, the
- * in-memory cache of compiled code by kernel-description hash, and running
- * a compiled group on the thread pool.  The target is chosen once from the
- * detected CPU: -march=x86-64-vN (libgccjit 12 rejects -march=native). */
+/* compile.c — turning a plan into references to compiled kernels: each
+ * kernel looked up by its own description in the kernel cache (kcache.c),
+ * then in the disk cache (an index record per kernel naming the object that
+ * holds it), and the plan's missing kernels compiled together in one
+ * libgccjit context; running a compiled group on the thread pool; the
+ * background compiler.  The target is chosen once from the detected CPU:
+ * -march=x86-64-vN (libgccjit 12 rejects -march=native). */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -23,6 +26,7 @@
 #include "../vm/cpu.h"
 #include "../vm/pool.h"
 #include "../vm/state.h"
+#include "kcache.h"
 #include "kernel.h"
 #include "math.h"
 
@@ -48,76 +52,6 @@ static double now_ms(void) {
   return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
-/* --- compiled code, shared by every plan with the same kernels ------------------ */
-
-/* compiled code: an in-memory libgccjit result, or a shared object loaded
-   from the disk cache; either lives as long as the process */
-typedef struct code {
-  gcc_jit_result *result;
-  void *dl;
-} code;
-
-typedef struct code_entry {
-  uint64_t key[2];
-  code code;
-  UT_hash_handle hh;
-} code_entry;
-
-static void *code_symbol(const code *c, const char *name) {
-  return c->dl ? dlsym(c->dl, name) : gcc_jit_result_get_code(c->result, name);
-}
-
-static struct {
-  pthread_mutex_t lock;
-  code_entry *table;
-} code_cache = {PTHREAD_MUTEX_INITIALIZER, NULL};
-
-/* --- describing the kernels (their hash is the cache key) -------------------------- */
-
-typedef struct {
-  uint8_t *data;
-  size_t len, cap;
-} desc_buf;
-
-static void desc_put(desc_buf *d, const void *p, size_t n) {
-  if (d->len + n > d->cap) {
-    size_t cap = d->cap ? d->cap * 2 : 1024;
-    while (cap < d->len + n) cap *= 2;
-    uint8_t *g = realloc(d->data, cap);
-    if (!g) return;
-    d->data = g;
-    d->cap = cap;
-  }
-  memcpy(d->data + d->len, p, n);
-  d->len += n;
-}
-
-static void describe(desc_buf *d, const tr_plan *plan, int g, const cpu_leaf *leaves,
-                     const kernel_shape *ks) {
-  const tr_group *grp = &plan->groups[g];
-  int32_t head[10] = {g, ks->nin, ks->nout, ks->nparams, ks->reduce, ks->resume, ks->last_group, ks->rowwise,
-                      ks->nstash, ks->cols};
-  desc_put(d, head, sizeof head);
-  for (int q = 0; q < ks->nin; q++) {
-    int r = ks->ins[q];
-    int32_t in[3] = {r, (int32_t)(r >= 0 ? plan->nodes[r].meta.dtype : leaves[-1 - r].meta.dtype),
-                     ks->stride_class[q]};
-    desc_put(d, in, sizeof in);
-  }
-  desc_put(d, ks->outs, (size_t)ks->nout * sizeof(int));
-  desc_put(d, ks->params, (size_t)ks->nparams * sizeof(int));
-  for (int i = grp->first; i <= ks->last_node; i++) {
-    const tr_pnode *p = &plan->nodes[i];
-    int32_t node[10] = {i, p->op, p->meta.dtype, p->nin, p->in[0], p->in[1], p->in[2],
-                        ks->compute[i - grp->first], ks->per_elem[i - grp->first], ks->stash[i - grp->first]};
-    desc_put(d, node, sizeof node);
-    if (vm_op_table[p->op].kind == VM_KIND_REDUCE) {
-      int32_t axes[2] = {(int32_t)p->attr.axes_mask, p->attr.keepdim};
-      desc_put(d, axes, sizeof axes);
-    }
-  }
-}
-
 static const char *target_march(void) {
   const char *isa = vm_cpu_isa();
   return strcmp(isa, "generic") ? isa : NULL;
@@ -138,6 +72,11 @@ static void set_options(gcc_jit_context *ctx) {
   gcc_jit_context_add_command_line_option(ctx, "-fno-math-errno");
   /* elementwise results must match the interpreter's rounding: no FMA contraction */
   gcc_jit_context_add_command_line_option(ctx, "-ffp-contract=off");
+  /* a fused kernel reads and writes many buffers (GELU kept for backward:
+     5 inputs, 4 outputs); GCC vectorizes only after checking at run time
+     that they do not overlap, and by default gives up past 10 pairs to
+     check, leaving the loop scalar (libgccjit 12 has no `restrict`) */
+  gcc_jit_context_add_command_line_option(ctx, "--param=vect-max-version-for-alias-checks=256");
   /* KILN_JIT_OPT_INFO=1: GCC reports each loop it vectorized (or, with 2,
      each it could not) on stderr; diagnostics only, the code is the same */
   long info = vm_env_long("KILN_JIT_OPT_INFO", 0);
@@ -152,15 +91,25 @@ static void log_once(const char *what, const char *detail) {
             detail ? detail : "no detail");
 }
 
-static void dump_kernels(gcc_jit_context *ctx, const uint64_t key[2]) {
+/* KILN_DUMP: each kernel compiled, as its own context ("kernel-<symbol>.c"
+   and a libgccjit reproducer), so a dump shows one kernel per file however
+   its batch was compiled */
+static bool ctx_open(cg_ctx *c);
+static void ctx_close(cg_ctx *c);
+static void dump_kernel(const kernel_desc *d) {
   int dfd = tr_dump_dir_open();
   if (dfd < 0) return;
-  char name[96], path[4096];
-  snprintf(name, sizeof name, "kernels-%016llx%016llx.c", (unsigned long long)key[1], (unsigned long long)key[0]);
-  if (tr_dump_path(dfd, name, path, sizeof path)) gcc_jit_context_dump_to_file(ctx, path, 0);
-  snprintf(name, sizeof name, "kernels-%016llx%016llx-reproducer.c", (unsigned long long)key[1],
-           (unsigned long long)key[0]);
-  if (tr_dump_path(dfd, name, path, sizeof path)) gcc_jit_context_dump_reproducer_to_file(ctx, path);
+  cg_ctx c;
+  if (ctx_open(&c)) {
+    if (kernel_desc_emit(&c, d)) {
+      char name[96], path[4096];
+      snprintf(name, sizeof name, "kernel-%s.c", d->name);
+      if (tr_dump_path(dfd, name, path, sizeof path)) gcc_jit_context_dump_to_file(c.ctx, path, 0);
+      snprintf(name, sizeof name, "kernel-%s-reproducer.c", d->name);
+      if (tr_dump_path(dfd, name, path, sizeof path)) gcc_jit_context_dump_reproducer_to_file(c.ctx, path);
+    }
+    ctx_close(&c);
+  }
   close(dfd);
 }
 
@@ -173,14 +122,13 @@ static atomic_bool gccjit_warm;
    cache directory (named by this process, so a kill leaves nothing that
    the next start does not reclaim), read back through the directory's
    descriptor.  false: fall back to an in-memory compile */
-static bool compile_to_disk(gcc_jit_context *ctx, const uint64_t key[2], code *out) {
+static void *compile_to_disk(gcc_jit_context *ctx, const uint64_t key[2]) {
   cache_disk_scratch scratch;
-  if (!cache_disk_scratch_open(&scratch, ".so")) return false;
+  if (!cache_disk_scratch_open(&scratch, ".so")) return NULL;
   gcc_jit_context_compile_to_file(ctx, GCC_JIT_OUTPUT_KIND_DYNAMIC_LIBRARY, scratch.path);
   bool ok = !gcc_jit_context_get_first_error(ctx) && cache_disk_store_scratch(key, &scratch);
   cache_disk_scratch_close(&scratch);
-  if (ok) out->dl = cache_disk_load(key);
-  return out->dl != NULL;
+  return ok ? cache_disk_load(key) : NULL;
 }
 
 /* The disk cache key.  The description key (versions, flags, ISA, the
@@ -188,8 +136,10 @@ static bool compile_to_disk(gcc_jit_context *ctx, const uint64_t key[2], code *o
    stale object gave wrong results; so it is joined with the GNU build ID of
    the object this code is in (libkiln.so, or the program it is linked
    into), which every rebuild changes.  Then a lookup needs no libgccjit
-   context at all.  Without a build ID, the key hashes the kernels' own
-   source as libgccjit prints it (source_key). */
+   context at all.  Without a build ID, the key hashes the kernel's own
+   source as libgccjit prints it (source_key).  Disk keys are per kernel;
+   the file a key names is an index record pointing at the object (one
+   per compiled batch) that holds the kernel. */
 typedef struct {
   uintptr_t addr;
   uint8_t id[64];
@@ -276,60 +226,6 @@ static bool source_key(gcc_jit_context *ctx, const uint64_t key[2], uint64_t out
   XXH3_freeState(st);
   cache_disk_scratch_close(&scratch);
   return ok;
-}
-
-/* builds the plan's kernels; loads them from the disk cache if an earlier
-   process compiled the same source (*from_disk), else compiles them */
-static bool compile_kernels(const tr_plan *plan, const cpu_leaf *leaves, kernel_shape **shapes,
-                            const uint64_t key[2], const uint64_t *id_key, bool disk_only, code *out,
-                            bool *from_disk) {
-  gcc_jit_context *ctx = gcc_jit_context_acquire();
-  if (!ctx) return false;
-  set_options(ctx);
-  cg_ctx c = {.ctx = ctx};
-  cg_init_types(&c);
-  const char *isa = target_march();
-  c.math = cpu_math_new(ctx, isa && vm_cpu_fma()); /* the interpreter's variant too */
-  /* No -fassociative-math / -fno-signed-zeros, although reduction loops
-     then do not vectorize: they apply to the whole context and changed the
-     results of elementwise kernels beside a reduction ((x + 2^24) - 2^24
-     folded to x; the sign of zeros), which the JIT fuzzer caught. */
-  bool ok = true;
-  char gave_up[160] = "";
-  for (int g = 0; ok && g < plan->ngroups; g++) {
-    if (!shapes[g]) continue;
-    char name[32];
-    snprintf(name, sizeof name, "kiln_k%d", g);
-    c.nlocals = c.nblocks = 0;
-    snprintf(gave_up, sizeof gave_up, "the code generator gave up on group %d, a%s kernel", g,
-             shapes[g]->rowwise ? " row" : shapes[g]->cols ? " column-reduce" : shapes[g]->reduce >= 0 ? " reduce" : "n elementwise");
-    ok = shapes[g]->rowwise      ? kernel_emit_rows(&c, plan, g, leaves, shapes[g], name)
-         : shapes[g]->cols        ? kernel_emit_reduce_cols(&c, plan, g, leaves, shapes[g], name)
-         : shapes[g]->reduce >= 0 ? kernel_emit_reduce(&c, plan, g, leaves, shapes[g], name)
-                                  : kernel_emit(&c, plan, g, leaves, shapes[g], name);
-  }
-  uint64_t disk_key[2];
-  bool keyed = ok && cache_disk_enabled();
-  if (keyed && id_key) { /* the caller looked it up already */
-    memcpy(disk_key, id_key, sizeof disk_key);
-    *from_disk = false;
-  } else {
-    keyed = keyed && source_key(ctx, key, disk_key);
-    *from_disk = keyed && (out->dl = cache_disk_load(disk_key)) != NULL;
-  }
-  if (*from_disk || disk_only) { /* compiled by an earlier process, or only that was asked */
-    cg_math_release(&c);
-    gcc_jit_context_release(ctx);
-    return *from_disk;
-  }
-  if (ok && !(keyed && compile_to_disk(ctx, disk_key, out))) out->result = gcc_jit_context_compile(ctx);
-  if (ok) atomic_store(&gccjit_warm, true);
-  bool compiled = out->result || out->dl;
-  if (!compiled) log_once("could not compile a plan", ok ? gcc_jit_context_get_first_error(ctx) : gave_up);
-  if (compiled) dump_kernels(ctx, key);
-  cg_math_release(&c);
-  gcc_jit_context_release(ctx);
-  return compiled;
 }
 
 /* whether `name` is an executable file in a directory of PATH */
@@ -431,141 +327,305 @@ static bool toolchain_present(void) {
   return toolchain_found;
 }
 
-/* the plan's kernels from the memory or disk cache, else (unless disk_only)
-   compiled */
-static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, bool disk_only) {
+/* --- a plan's kernels: memory, disk, or compiled together ---------------------------- */
+
+/* a new libgccjit context with the JIT's options, its types and the math
+   library (in the interpreter's variant) */
+static bool ctx_open(cg_ctx *c) {
+  memset(c, 0, sizeof *c);
+  c->ctx = gcc_jit_context_acquire();
+  if (!c->ctx) return false;
+  set_options(c->ctx);
+  cg_init_types(c);
+  const char *isa = target_march();
+  c->math = cpu_math_new(c->ctx, isa && vm_cpu_fma());
+  /* No -fassociative-math / -fno-signed-zeros, although reduction loops
+     then do not vectorize: they apply to the whole context and changed the
+     results of elementwise kernels beside a reduction ((x + 2^24) - 2^24
+     folded to x; the sign of zeros), which the JIT fuzzer caught. */
+  return true;
+}
+
+static void ctx_close(cg_ctx *c) {
+  cg_math_release(c);
+  gcc_jit_context_release(c->ctx);
+}
+
+/* what every kernel key starts with: the format, libgccjit's version,
+   Kiln's, the target and its math variant */
+static size_t key_salt(uint8_t *out, size_t cap) {
+  uint32_t version[6] = {CPU_FORMAT_VERSION, (uint32_t)gcc_jit_version_major(),
+                         (uint32_t)gcc_jit_version_minor(), (uint32_t)gcc_jit_version_patchlevel(),
+                         (uint32_t)vm_cpu_fma(), 0};
+  const char *isa = target_march();
+  int n = snprintf((char *)out + sizeof version, cap - sizeof version, "%s/%s", KILN_VERSION_STRING,
+                   isa ? isa : "generic");
+  memcpy(out, version, sizeof version);
+  return sizeof version + (size_t)(n > 0 ? n : 0);
+}
+
+/* the disk key of a kernel: by build ID, else by its printed source (a
+   context of its own, only dumped) */
+static bool kernel_disk_key(const kernel_desc *d, uint64_t out[2]) {
+  if (identity_key(d->key, out)) return true;
+  cg_ctx c;
+  if (!ctx_open(&c)) return false;
+  bool ok = kernel_desc_emit(&c, d) && source_key(c.ctx, d->key, out);
+  ctx_close(&c);
+  return ok;
+}
+
+/* the disk cache's record for a kernel: the object (batch) holding it */
+typedef struct {
+  char magic[8];
+  uint64_t batch[2];
+  char name[40];
+} kernel_index;
+#define KERNEL_INDEX_MAGIC "KILNIX01"
+
+/* the kernel from the disk cache (its object loaded, or found loaded) */
+static cpu_kentry *load_kernel(const kernel_desc *d, const uint64_t disk_key[2]) {
+  kernel_index rec;
+  if (cache_disk_index_get(disk_key, &rec, sizeof rec) != sizeof rec || memcmp(rec.magic, KERNEL_INDEX_MAGIC, 8) ||
+      strncmp(rec.name, d->name, sizeof rec.name))
+    return NULL;
+  cpu_code *code = cpu_code_find(rec.batch);
+  if (!code) {
+    void *dl = cache_disk_load(rec.batch);
+    if (!dl) return NULL;
+    if (!(code = cpu_code_new(NULL, dl, rec.batch))) {
+      dlclose(dl);
+      return NULL;
+    }
+  }
+  cpu_kernel_fn fn = (cpu_kernel_fn)cpu_code_symbol(code, d->name);
+  cpu_kentry *e = fn ? cpu_kcache_put(d->key, d->bytes, d->len, code, fn) : NULL;
+  cpu_code_release(code);
+  return e;
+}
+
+/* Compiles kernels d[0..n) in one context (one `as` + `ld` run: the
+   ~20 ms floor is paid once per batch, not per kernel), into the disk
+   cache as one object plus an index record per kernel when every kernel
+   has a disk key (disk_keys), else in memory.  Fills out[i] (NULL: that
+   kernel runs on the interpreter); returns how many compiled. */
+static int compile_batch(kernel_desc **d, int n, uint64_t (*disk_keys)[2], cpu_kentry **out) {
+  bool *skip = calloc((size_t)n, 1);
+  cg_ctx c;
+  bool open = skip && ctx_open(&c);
+  int emitted = 0;
+  /* a kernel the code generator gives up on leaves its function half
+     built: start again without it */
+  for (int i = 0; open && i < n; i++) {
+    if (skip[i] || kernel_desc_emit(&c, d[i])) continue;
+    char why[160];
+    snprintf(why, sizeof why, "the code generator gave up on a%s %s kernel",
+             strcmp(kernel_desc_kind(d[i]), "elementwise") ? "" : "n", kernel_desc_kind(d[i]));
+    log_once("could not compile a kernel", why);
+    skip[i] = true;
+    ctx_close(&c);
+    open = ctx_open(&c);
+    i = -1;
+  }
+  for (int i = 0; open && i < n; i++) emitted += !skip[i];
+  cpu_code *code = NULL;
+  if (open && emitted) {
+    uint64_t batch[2];
+    if (disk_keys) { /* the batch's own disk key, from its kernels' */
+      XXH3_state_t *st = XXH3_createState();
+      bool ok = st && XXH3_128bits_reset(st) == XXH_OK;
+      for (int i = 0; ok && i < n; i++)
+        if (!skip[i]) ok = XXH3_128bits_update(st, disk_keys[i], 16) == XXH_OK;
+      ok = ok && XXH3_128bits_update(st, "batch", 5) == XXH_OK;
+      if (ok) {
+        XXH128_hash_t h = XXH3_128bits_digest(st);
+        batch[0] = h.low64;
+        batch[1] = h.high64;
+      }
+      XXH3_freeState(st);
+      void *dl = ok ? compile_to_disk(c.ctx, batch) : NULL;
+      if (dl && !(code = cpu_code_new(NULL, dl, batch))) dlclose(dl);
+      for (int i = 0; code && i < n; i++) {
+        if (skip[i]) continue;
+        kernel_index rec = {.batch = {batch[0], batch[1]}};
+        memcpy(rec.magic, KERNEL_INDEX_MAGIC, 8);
+        snprintf(rec.name, sizeof rec.name, "%s", d[i]->name);
+        cache_disk_index_put(disk_keys[i], &rec, sizeof rec);
+      }
+    }
+    if (!code) { /* no disk cache (or it failed): in memory */
+      gcc_jit_result *r = gcc_jit_context_compile(c.ctx);
+      if (r && !(code = cpu_code_new(r, NULL, NULL))) gcc_jit_result_release(r);
+    }
+    atomic_store(&gccjit_warm, true);
+    if (!code) log_once("could not compile a plan's kernels", gcc_jit_context_get_first_error(c.ctx));
+  }
+  if (open) ctx_close(&c);
+  int compiled = 0;
+  for (int i = 0; code && i < n; i++) {
+    if (skip[i]) continue;
+    cpu_kernel_fn fn = (cpu_kernel_fn)cpu_code_symbol(code, d[i]->name);
+    out[i] = fn ? cpu_kcache_put(d[i]->key, d[i]->bytes, d[i]->len, code, fn) : NULL;
+    compiled += out[i] != NULL;
+    if (out[i]) dump_kernel(d[i]);
+  }
+  cpu_code_release(code);
+  free(skip);
+  return compiled;
+}
+
+/* the plan-level half of group g's kernel: what it reads and writes */
+static bool kernel_bind(cpu_kernel *k, const kernel_shape *ks) {
+  k->nin = ks->nin;
+  k->nout = ks->nout;
+  k->nparams = ks->nparams;
+  k->reduce = ks->reduce;
+  k->resume = ks->resume;
+  k->last_group = ks->last_group;
+  k->rowwise = ks->rowwise;
+  k->cols = ks->cols;
+  k->nstash = ks->nstash;
+  k->ins = malloc((size_t)(ks->nin + 1) * sizeof(int));
+  k->outs = malloc((size_t)(ks->nout + 1) * sizeof(int));
+  k->params = malloc((size_t)(ks->nparams + 1) * sizeof(int));
+  k->in_stride = malloc((size_t)(ks->nin + 1));
+  if (!k->ins || !k->outs || !k->params || !k->in_stride) return false;
+  memcpy(k->ins, ks->ins, (size_t)ks->nin * sizeof(int));
+  memcpy(k->outs, ks->outs, (size_t)ks->nout * sizeof(int));
+  memcpy(k->params, ks->params, (size_t)ks->nparams * sizeof(int));
+  memcpy(k->in_stride, ks->stride_class, (size_t)ks->nin);
+  return true;
+}
+
+/* the plan's kernel descriptions (descs[g] for each group a kernel
+   starts at) and their plan-level halves in cp */
+static void plan_kernels(const tr_plan *plan, const cpu_leaf *leaves, cpu_plan *cp, kernel_desc **descs) {
+  uint8_t salt[256];
+  size_t salt_len = key_salt(salt, sizeof salt);
+  kernel_shape *ks = malloc(sizeof *ks);
+  for (int g = 0; ks && g < plan->ngroups; g++) {
+    int last = !rows_off() ? kernel_plan_rows(plan, g, plan->escapes, leaves, ks) : -1;
+    if (last < g && !kernel_plan(plan, g, plan->escapes, leaves, ks)) continue;
+    if (kernel_bind(&cp->kernels[g], ks)) descs[g] = kernel_desc_new(plan, g, leaves, ks, salt, salt_len);
+    g = ks->last_group; /* a row kernel covers the groups up to there */
+  }
+  free(ks);
+}
+
+static bool same_kernel(const kernel_desc *a, const kernel_desc *b) {
+  return a->len == b->len && !memcmp(a->key, b->key, sizeof a->key) && !memcmp(a->bytes, b->bytes, a->len);
+}
+
+/* how far compile_plan may go for a missing kernel */
+typedef enum {
+  FIND_IN_MEMORY, /* the kernel cache only (the caller's thread: a hash and a lookup per kernel) */
+  FIND_ON_DISK,   /* and the disk cache (a warm start, before any compile) */
+  FIND_OR_COMPILE
+} find_mode;
+
+/* The plan's kernels from the kernel cache, else the disk cache, else
+   compiled: the missing ones of the plan together.  NULL when none could
+   be had, or when some are missing and mode forbids compiling them. */
+static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_mode mode) {
+  bool disk_only = mode != FIND_OR_COMPILE;
   if (!toolchain_present()) return NULL;
   double t0 = now_ms();
-  bool *escapes = calloc((size_t)(plan->n > 0 ? plan->n : 1), sizeof *escapes);
-  kernel_shape **shapes = calloc((size_t)(plan->ngroups > 0 ? plan->ngroups : 1), sizeof *shapes);
+  int ng = plan->ngroups > 0 ? plan->ngroups : 1;
   cpu_plan *cp = calloc(1, sizeof *cp);
-  cp = cp && escapes && shapes ? cp : (free(cp), NULL);
-  if (cp) cp->kernels = calloc((size_t)(plan->ngroups > 0 ? plan->ngroups : 1), sizeof *cp->kernels);
-  if (!cp || !cp->kernels) {
-    if (cp) free(cp->kernels);
-    free(cp);
-    free(escapes);
-    free(shapes);
-    return NULL;
-  }
+  kernel_desc **descs = calloc((size_t)ng, sizeof *descs);
+  cpu_kentry **got = calloc((size_t)ng, sizeof *got);
+  int *miss = calloc((size_t)ng, sizeof *miss);
+  uint64_t(*disk_keys)[2] = calloc((size_t)ng, sizeof *disk_keys);
+  if (cp) cp->kernels = calloc((size_t)ng, sizeof *cp->kernels);
+  vm_counters *st = &vm_process()->stats;
+  int hits = 0, nmiss = 0;
+  if (!cp || !cp->kernels || !descs || !got || !miss || !disk_keys) goto done;
   cp->ngroups = plan->ngroups;
-  memcpy(escapes, plan->escapes, (size_t)plan->n * sizeof *escapes);
-  desc_buf desc = {0};
-  uint32_t version[6] = {CPU_FORMAT_VERSION, (uint32_t)gcc_jit_version_major(),
-                         (uint32_t)gcc_jit_version_minor(), (uint32_t)gcc_jit_version_patchlevel(), 0, 0};
-  desc_put(&desc, version, sizeof version);
-  desc_put(&desc, KILN_VERSION_STRING, sizeof KILN_VERSION_STRING);
-  const char *isa = target_march();
-  if (isa) desc_put(&desc, isa, strlen(isa));
-  int count = 0;
+  plan_kernels(plan, leaves, cp, descs);
   for (int g = 0; g < plan->ngroups; g++) {
-    kernel_shape *ks = malloc(sizeof *ks);
-    int last = ks && !rows_off() ? kernel_plan_rows(plan, g, escapes, leaves, ks) : -1;
-    if (ks && (last >= g || kernel_plan(plan, g, escapes, leaves, ks))) {
-      shapes[g] = ks;
-      describe(&desc, plan, g, leaves, ks);
-      count++;
-      g = ks->last_group; /* a row kernel covers the groups up to there */
-    } else {
-      free(ks);
-    }
-  }
-  code result = {0};
-  bool have = false;
-  if (count > 0 && desc.data) {
-    XXH128_hash_t h = XXH3_128bits(desc.data, desc.len);
-    uint64_t key[2] = {h.low64, h.high64};
-    pthread_mutex_lock(&code_cache.lock);
-    code_entry *e = NULL;
-    HASH_FIND(hh, code_cache.table, key, sizeof key, e);
-    if (e) {
-      result = e->code;
-      have = true;
-    }
-    pthread_mutex_unlock(&code_cache.lock);
-    vm_counters *st = &vm_process()->stats;
-    bool fresh = false, from_disk = false;
-    /* a build with an ID looks its disk cache up without building the kernels */
-    uint64_t id_key[2];
-    bool by_id = identity_key(key, id_key);
-    if (!have && by_id && cache_disk_enabled() && cache_disk_dir() && (result.dl = cache_disk_load(id_key))) {
-      have = from_disk = fresh = true;
-      atomic_fetch_add_explicit(&st->disk_hits, 1, memory_order_relaxed);
-    } else if (!have && by_id && disk_only) {
-      /* not on disk: nothing to load */
-    } else if (!have && (have = compile_kernels(plan, leaves, shapes, key, by_id ? id_key : NULL, disk_only, &result,
-                                                &from_disk))) {
-      fresh = true;
-      if (from_disk) {
-        atomic_fetch_add_explicit(&st->disk_hits, 1, memory_order_relaxed);
-      } else {
-        atomic_fetch_add_explicit(&st->compiles, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&st->kernels_compiled, (uint_fast64_t)count, memory_order_relaxed);
-        vm_add_ms(&st->compile_us, now_ms() - t0);
-      }
-    } else if (!have && !disk_only) {
-      atomic_fetch_add_explicit(&st->compile_failures, 1, memory_order_relaxed);
-    }
-    if (fresh) {
-      if ((e = calloc(1, sizeof *e))) {
-        memcpy(e->key, key, sizeof key);
-        e->code = result;
-        pthread_mutex_lock(&code_cache.lock);
-        code_entry *twin = NULL;
-        HASH_FIND(hh, code_cache.table, key, sizeof key, twin);
-        if (!twin) HASH_ADD(hh, code_cache.table, key, sizeof e->key, e);
-        else free(e);
-        pthread_mutex_unlock(&code_cache.lock);
-      }
-    }
-  }
-  for (int g = 0; have && g < plan->ngroups; g++) {
-    kernel_shape *ks = shapes[g];
-    if (!ks) continue;
-    char name[32];
-    snprintf(name, sizeof name, "kiln_k%d", g);
-    cpu_kernel *k = &cp->kernels[g];
-    k->fn = (cpu_kernel_fn)code_symbol(&result, name);
-    k->nin = ks->nin;
-    k->nout = ks->nout;
-    k->nparams = ks->nparams;
-    k->reduce = ks->reduce;
-    k->resume = ks->resume;
-    k->last_group = ks->last_group;
-    k->rowwise = ks->rowwise;
-    k->cols = ks->cols;
-    k->nstash = ks->nstash;
-    k->ins = malloc((size_t)(ks->nin + 1) * sizeof(int));
-    k->outs = malloc((size_t)(ks->nout + 1) * sizeof(int));
-    k->params = malloc((size_t)(ks->nparams + 1) * sizeof(int));
-    k->in_stride = malloc((size_t)(ks->nin + 1));
-    if (!k->ins || !k->outs || !k->params || !k->in_stride) {
-      k->fn = NULL;
+    if (!descs[g]) continue;
+    if ((got[g] = cpu_kcache_get(descs[g]->key, descs[g]->bytes, descs[g]->len))) {
+      hits++;
       continue;
     }
-    memcpy(k->ins, ks->ins, (size_t)ks->nin * sizeof(int));
-    memcpy(k->outs, ks->outs, (size_t)ks->nout * sizeof(int));
-    memcpy(k->params, ks->params, (size_t)ks->nparams * sizeof(int));
-    memcpy(k->in_stride, ks->stride_class, (size_t)ks->nin);
-    if (k->fn) cp->compiled++;
+    bool twin = false; /* the same kernel twice in one plan is compiled once */
+    for (int m = 0; m < nmiss && !twin; m++) twin = same_kernel(descs[miss[m]], descs[g]);
+    if (!twin) miss[nmiss++] = g;
   }
-  for (int g = 0; g < plan->ngroups; g++) free(shapes[g]);
-  free(shapes);
-  free(escapes);
-  free(desc.data);
-  cp->compile_ms = now_ms() - t0;
-  if (!cp->compiled) {
+  /* the disk cache, kernel by kernel (a build with an ID builds no context) */
+  if (nmiss > 0 && mode == FIND_IN_MEMORY) { /* the rest is the compiler's */
+    for (int g = 0; g < plan->ngroups; g++) cpu_kcache_release(got[g]);
+    memset(got, 0, (size_t)ng * sizeof *got);
+    goto done;
+  }
+  bool keyed = nmiss > 0 && cache_disk_enabled() && cache_disk_dir();
+  int left = 0;
+  for (int m = 0; m < nmiss; m++) {
+    int g = miss[m];
+    bool has_key = keyed && kernel_disk_key(descs[g], disk_keys[left]);
+    if (has_key && (got[g] = load_kernel(descs[g], disk_keys[left]))) {
+      atomic_fetch_add_explicit(&st->disk_hits, 1, memory_order_relaxed);
+      continue;
+    }
+    keyed = keyed && has_key;
+    miss[left++] = g;
+  }
+  if (left > 0 && disk_only) { /* not all on disk: the compiler does the rest */
+    for (int g = 0; g < plan->ngroups; g++) cpu_kcache_release(got[g]);
+    memset(got, 0, (size_t)ng * sizeof *got);
+    goto done;
+  }
+  if (left > 0) {
+    kernel_desc **batch = malloc((size_t)left * sizeof *batch);
+    cpu_kentry **made = calloc((size_t)left, sizeof *made);
+    int compiled = 0;
+    for (int m = 0; batch && m < left; m++) batch[m] = descs[miss[m]];
+    /* KILN_COMPILE_BATCH=0 (a measuring knob): each kernel in a context
+       of its own, as one object each */
+    int per = vm_env_long("KILN_COMPILE_BATCH", 1) ? left : 1, batches = 0;
+    for (int m = 0; batch && made && m < left; m += per, batches++)
+      compiled += compile_batch(batch + m, left - m < per ? left - m : per, keyed ? disk_keys + m : NULL, made + m);
+    for (int m = 0; made && m < left; m++) got[miss[m]] = made[m];
+    free(batch);
+    free(made);
+    if (compiled > 0) {
+      atomic_fetch_add_explicit(&st->compiles, (uint_fast64_t)batches, memory_order_relaxed);
+      atomic_fetch_add_explicit(&st->kernels_compiled, (uint_fast64_t)compiled, memory_order_relaxed);
+      vm_add_ms(&st->compile_us, now_ms() - t0);
+    } else {
+      atomic_fetch_add_explicit(&st->compile_failures, 1, memory_order_relaxed);
+    }
+  }
+  for (int g = 0; g < plan->ngroups; g++) /* twins of a kernel compiled just now */
+    if (descs[g] && !got[g]) got[g] = cpu_kcache_get(descs[g]->key, descs[g]->bytes, descs[g]->len);
+  atomic_fetch_add_explicit(&st->kernel_cache_hits, (uint_fast64_t)hits, memory_order_relaxed);
+  for (int g = 0; g < plan->ngroups; g++) {
+    cp->kernels[g].entry = got[g];
+    cp->kernels[g].fn = cpu_kentry_fn(got[g]);
+    cp->compiled += cp->kernels[g].fn != NULL;
+  }
+done:
+  for (int g = 0; descs && g < plan->ngroups; g++) kernel_desc_free(descs[g]);
+  free(descs);
+  free(got);
+  free(miss);
+  free(disk_keys);
+  if (cp) cp->compile_ms = now_ms() - t0;
+  if (cp && !cp->compiled) {
     cpu_plan_free(cp);
     return NULL;
   }
   return cp;
 }
 
-cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) { return compile_plan(plan, leaves, false); }
+cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
+  return compile_plan(plan, leaves, FIND_OR_COMPILE);
+}
 
 void cpu_plan_free(cpu_plan *cp) {
   if (!cp) return;
-  for (int g = 0; g < cp->ngroups; g++) {
+  for (int g = 0; cp->kernels && g < cp->ngroups; g++) {
+    cpu_kcache_release(cp->kernels[g].entry);
     free(cp->kernels[g].ins);
     free(cp->kernels[g].outs);
     free(cp->kernels[g].params);
@@ -665,8 +725,10 @@ static int alloc_outputs(const cpu_kernel *k, const tr_plan *plan, int64_t small
    and sets *rc) */
 static void launch(run_job *job, int64_t n, int64_t grain, const cpu_kernel *k, vm_tensor **outs, vm_tensor **vals,
                    int *rc) {
-  vm_parallel_for(n, grain, run_range, job);
-  atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
+  if (n > 0) { /* an empty range launches nothing: empty tensors do no work */
+    vm_parallel_for(n, grain, run_range, job);
+    atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
+  }
   if (atomic_load(&job->failed)) {
     for (int q = 0; q < k->nout; q++) vm_release(outs[q]);
     *rc = vm_error(KILN_ERR_OOM, "out of memory (a row kernel's scratch row of %zu bytes)", job->scratch_bytes);
@@ -684,7 +746,7 @@ static bool collapse_range(const int64_t *shape, const int64_t *stride, int d0, 
     if (any && stride[d] != span) return false;
     if (!any) s = stride[d];
     any = true;
-    span = stride[d] * shape[d];
+    if (__builtin_mul_overflow(stride[d], shape[d], &span)) return false;
   }
   *out = s;
   return true;
@@ -861,8 +923,8 @@ static bool run_elementwise(const cpu_kernel *k, const tr_plan *plan, const tr_t
   int64_t cs[KERNEL_MAX_IO][KILN_MAX_DIMS], co[KILN_MAX_DIMS];
   for (int d = 0; d < nd; d++) {
     if (om->shape[d] == 1) continue;
-    bool merge = n > 0 && co[n - 1] == out_stride[d] * om->shape[d];
-    for (int q = 0; merge && q < nin; q++) merge = cs[q][n - 1] == strides[q][d] * om->shape[d];
+    bool merge = n > 0 && vm_dims_merge(co[n - 1], out_stride[d], om->shape[d]);
+    for (int q = 0; merge && q < nin; q++) merge = vm_dims_merge(cs[q][n - 1], strides[q][d], om->shape[d]);
     if (merge) {
       shape[n - 1] *= om->shape[d];
       co[n - 1] = out_stride[d];
@@ -1042,6 +1104,16 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
     free(job);
     return;
   }
+  /* a plan whose kernels are all compiled already (another trace has
+     them: an RNN at a new length) is ready now, not after the queue */
+  cpu_plan *known = cpu_kcache_kernels() > 0 ? compile_plan(plan, job->leaves, FIND_IN_MEMORY) : NULL;
+  if (known) {
+    cpu_plan *none = NULL;
+    if (!atomic_compare_exchange_strong(&plan->jit, &none, known)) cpu_plan_free(known);
+    free(job->leaves);
+    free(job);
+    return;
+  }
   tr_plan_retain(plan);
   job->plan = plan;
   pthread_mutex_lock(&compiler.lock);
@@ -1055,7 +1127,7 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
        from the disk cache right here (no compiler runs), so a warm start
        pays for no compiler at all. */
     pthread_mutex_unlock(&compiler.lock);
-    cpu_plan *cached = atomic_load(&gccjit_warm) ? NULL : compile_plan(job->plan, job->leaves, true);
+    cpu_plan *cached = atomic_load(&gccjit_warm) ? NULL : compile_plan(job->plan, job->leaves, FIND_ON_DISK);
     if (cached) {
       cpu_plan *none = NULL;
       if (!atomic_compare_exchange_strong(&job->plan->jit, &none, cached)) cpu_plan_free(cached);

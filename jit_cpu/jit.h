@@ -23,13 +23,14 @@ typedef struct cpu_kernel {
   bool rowwise;
   bool cols;             /* a column reduction (kept axes on both sides of the reduced ones) */
   int nstash;            /* row kernels: scratch slots (8 x count bytes each) per call */
+  struct cpu_kentry *entry; /* the kernel cache's entry fn belongs to (a reference) */
 } cpu_kernel;
 
+/* a plan's kernels: references to the process-wide kernel cache
+   (jit_cpu/kcache.h), released with the plan */
 typedef struct cpu_plan {
   cpu_kernel *kernels;   /* one per plan group */
   int ngroups, compiled; /* compiled: groups with a kernel */
-  void *result;          /* gcc_jit_result or dlopen handle that owns the code */
-  bool from_disk;
   double compile_ms;
 } cpu_plan;
 

@@ -1,5 +1,6 @@
-/* kernel.c — builds the libgccjit function of one elementwise group (the
- * loop structure described in codegen.c) and its description for hashing.
+/* kernel.c — plans the kernel of a group (kernel_plan*) and builds its
+ * libgccjit function (kernel_emit*: the loop structure described in
+ * codegen.c), the latter from the kernel's own description (kdesc.c).
  * Kernel ABI:
  *   void k(void **bufs, const int64_t *meta, const void *params,
  *          int64_t begin, int64_t end)

@@ -74,4 +74,34 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
 bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
                  const char *name);
 
+/* A kernel's own description (DESIGN §4): its nodes alone, numbered from
+ * its first node, its inputs as -(q+1) in the order it reads them, and its
+ * kernel_shape in the same numbering — no plan-global index, no group
+ * number, no extent.  The emitters run on this local plan, which is built
+ * from nothing but the fields the key bytes hold (a node's op, dtype and
+ * inputs; per input its dtype and stride class; outputs, params, the
+ * reduction, computed / per-element / kept flags, the kernel kind), so
+ * two kernels with equal bytes generate the same code: a wrong cache hit
+ * cannot happen by a field the key misses. */
+typedef struct kernel_desc {
+  tr_plan plan;       /* nodes and one group, local numbering */
+  tr_group group;
+  cpu_leaf *leaves;   /* its inputs (dtype only) */
+  kernel_shape ks;    /* local numbering */
+  uint8_t *bytes;     /* salt + the description: what the key hashes */
+  size_t len;
+  uint64_t key[2];    /* XXH3-128 of bytes */
+  char name[40];      /* the function's symbol: "kiln_<32 hex of key>" */
+} kernel_desc;
+
+/* the description of the kernel ks of group g; salt (versions, target)
+   goes first into the bytes.  NULL when it cannot be described (OOM, an
+   input the shape does not list) */
+kernel_desc *kernel_desc_new(const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
+                             const void *salt, size_t salt_len);
+bool kernel_desc_emit(cg_ctx *c, const kernel_desc *d);
+/* what kind of kernel it is, for messages */
+const char *kernel_desc_kind(const kernel_desc *d);
+void kernel_desc_free(kernel_desc *d);
+
 #endif

@@ -327,6 +327,33 @@ TEST(incompatible_shapes_error_names_op_and_shapes) {
               "kiln_where");
 }
 
+/* issue 13: a broadcast of [2^32] against [2^32,1] has 2^64 elements; it
+   used to wrap to numel 0.  Past int64 or past 2^60 elements (the largest
+   size whose bytes fit in int64) the op reports a shape error at the call. */
+TEST(broadcast_result_too_large_is_a_shape_error_naming_op_and_shapes) {
+  kiln_tensor *one = own(kiln_zeros(F32, 1, S(1)));
+  kiln_tensor *row = own(kiln_expand(one, 1, S((int64_t)1 << 32)));
+  kiln_tensor *col = own(kiln_expand(one, 2, S((int64_t)1 << 32, 1)));
+  CHECK(row && col);
+  CHECK_ERROR(kiln_add(row, col), KILN_ERR_SHAPE, "kiln_add");
+  CHECK_ERROR(kiln_add(row, col), KILN_ERR_SHAPE, "[4294967296] and [4294967296,1]");
+  CHECK_ERROR(kiln_mul(col, row), KILN_ERR_SHAPE, "kiln_mul");
+  kiln_tensor *cond = own(kiln_expand(own(kiln_zeros(BOOL_, 1, S(1))), 1, S((int64_t)1 << 32)));
+  CHECK_ERROR(kiln_where(cond, col, one), KILN_ERR_SHAPE, "kiln_where");
+  /* 2^31 x 2^31 = 2^62 fits in int64, its bytes do not */
+  kiln_tensor *r31 = own(kiln_expand(one, 1, S((int64_t)1 << 31)));
+  kiln_tensor *c31 = own(kiln_expand(one, 2, S((int64_t)1 << 31, 1)));
+  CHECK_ERROR(kiln_sub(r31, c31), KILN_ERR_SHAPE, "kiln_sub");
+  CHECK_ERROR(kiln_matmul(c31, own(kiln_expand(one, 2, S(1, (int64_t)1 << 31)))),
+              KILN_ERR_SHAPE, "kiln_matmul");
+  /* batch dims of a matmul broadcast the same way */
+  kiln_tensor *m = own(kiln_zeros(F32, 2, S(1, 1)));
+  kiln_tensor *ba = own(kiln_expand(m, 4, S((int64_t)1 << 32, 1, 1, 1)));
+  kiln_tensor *bb = own(kiln_expand(m, 3, S((int64_t)1 << 32, 1, 1)));
+  CHECK_ERROR(kiln_matmul(ba, bb), KILN_ERR_SHAPE, "kiln_matmul");
+  CHECK_EQ_INT(kiln_numel(own(kiln_add(row, one))), (int64_t)1 << 32); /* still fine */
+}
+
 /* ---- non-contiguous operands ---- */
 
 TEST(expanded_input_matches_contiguous_copy) {
@@ -684,6 +711,7 @@ int main(void) {
   RUN_T(trailing_vector_4_against_2x3x4_and_2x1x4_with_3x1);
   RUN_T(size_zero_dims_broadcast_to_empty_results);
   RUN_T(incompatible_shapes_error_names_op_and_shapes);
+  RUN_T(broadcast_result_too_large_is_a_shape_error_naming_op_and_shapes);
 
   RUN_T(expanded_input_matches_contiguous_copy);
   RUN_T(transposed_and_permuted_inputs_match_contiguous_copy);

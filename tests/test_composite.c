@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "ktest.h"
 
@@ -409,6 +410,54 @@ TEST(layer_norm_3d_normalizes_last_axis_only) {
            F32, S(2, 2, 3), 1e-5, want);
 }
 
+/* issue 13: layer_norm of zeros([1,2,2^31,0]) asked for 16 GiB: the row
+   statistics (2^32 means and variances of empty rows) were computed although
+   the result has no elements.  Empty inputs give empty results at once; the
+   process must not grow (a 16 GiB NaN fill would show in ru_maxrss). */
+static void expect_empty(kiln_tensor *t, kiln_dtype dt, int nd, const int64_t *shape) {
+  CHECK(t != NULL);
+  if (!t) return;
+  CHECK_EQ_INT(kiln_dtype_of(t), dt);
+  CHECK_EQ_INT(kiln_ndim(t), nd);
+  for (int d = 0; d < nd && d < kiln_ndim(t); d++) CHECK_EQ_INT(kiln_shape(t)[d], shape[d]);
+  float none;
+  CHECK_EQ_INT(kiln_to_buffer(t, &none, 0), 0);
+  kiln_release(t);
+}
+
+static long max_rss_mib(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1024;
+}
+
+TEST(layer_norm_softmax_of_empty_rows_allocate_nothing_large) {
+  long before = max_rss_mib();
+  const int64_t *shape = S(1, 2, (int64_t)1 << 31, 0);
+  kiln_tensor *x = own(kiln_zeros(F32, 4, shape));
+  kiln_tensor *w = own(kiln_zeros(F32, 1, S(0)));
+  kiln_tensor *outs[4] = {kiln_layer_norm(x, NULL, NULL, 1e-5), kiln_layer_norm(x, w, w, 1e-5),
+                          kiln_softmax(x, -1), kiln_log_softmax(x, 3)};
+  for (int i = 0; i < 4; i++) {
+    CHECK(outs[i] != NULL);
+    if (!outs[i]) continue;
+    CHECK_EQ_INT(kiln_ndim(outs[i]), 4);
+    for (int d = 0; d < 4; d++) CHECK_EQ_INT(kiln_shape(outs[i])[d], shape[d]);
+    CHECK_EQ_INT(kiln_numel(outs[i]), 0);
+  }
+  CHECK_EQ_INT(kiln_sync(), 0);
+  float none;
+  for (int i = 0; i < 4; i++) {
+    if (outs[i]) CHECK_EQ_INT(kiln_to_buffer(outs[i], &none, 0), 0);
+    kiln_release(outs[i]);
+  }
+  /* rows of zero length along another axis, and an empty batch */
+  kiln_tensor *rows = own(kiln_zeros(F64, 2, S(3, 0)));
+  expect_empty(kiln_softmax(rows, 1), F64, 2, S(3, 0));
+  expect_empty(kiln_layer_norm(own(kiln_zeros(F64, 2, S(0, 5))), NULL, NULL, 1e-5), F64, 2, S(0, 5));
+  CHECK(max_rss_mib() - before < 512);
+}
+
 TEST(layer_norm_wrong_weight_or_bias_size_is_shape_error) {
   kiln_tensor *x = makev(F32, 2, S(3, 4), 12, LN_X);
   kiln_tensor *w3 = V(F32, 1, 1, 1);
@@ -462,6 +511,57 @@ TEST(cross_entropy_wrong_target_shape_is_shape_error) {
   kiln_tensor *t31 = own(kiln_from_data(CE_T, I64, 2, S(3, 1)));
   CHECK_ERROR(kiln_cross_entropy(logits, t2), KILN_ERR_SHAPE, "kiln_cross_entropy");
   CHECK_ERROR(kiln_cross_entropy(logits, t31), KILN_ERR_SHAPE, "kiln_cross_entropy");
+}
+
+/* issue 13: losses broadcast mismatched shapes silently ([38400,1,1] vs
+   [38400,1] made 38400^2 values); now equal shapes are required */
+TEST(mse_loss_of_mismatched_shapes_is_a_shape_error_naming_both) {
+  kiln_tensor *a = own(kiln_zeros(F32, 2, S(3, 4))), *b = own(kiln_zeros(F32, 1, S(4)));
+  CHECK_ERROR(kiln_mse_loss(a, b), KILN_ERR_SHAPE, "kiln_mse_loss");
+  CHECK_ERROR(kiln_mse_loss(a, b), KILN_ERR_SHAPE, "[3,4] and [4]");
+  CHECK_ERROR(kiln_mse_loss(b, a), KILN_ERR_SHAPE, "[4] and [3,4]");
+  kiln_tensor *p = own(kiln_zeros(F32, 3, S(38400, 1, 1))), *q = own(kiln_zeros(F32, 2, S(38400, 1)));
+  CHECK_ERROR(kiln_mse_loss(p, q), KILN_ERR_SHAPE, "[38400,1,1] and [38400,1]");
+  CHECK_ERROR(kiln_mse_loss(own(kiln_scalar(1, F32)), b), KILN_ERR_SHAPE, "kiln_mse_loss");
+  /* equal shapes, mixed float dtypes: promoted as before; empty: NaN */
+  EXPECT_0D(kiln_mse_loss(V(F32, 1, 2), V(F64, 2, 2)), F64, 0, 0.5);
+  EXPECT_0D(kiln_mse_loss(EMPTY(F32, S(0, 3)), EMPTY(F32, S(0, 3))), F32, 0, NAN);
+}
+
+TEST(cross_entropy_rejects_other_target_dtypes_and_shapes_clearly) {
+  kiln_tensor *logits = makev(F32, 2, S(3, 4), 12, CE_X);
+  CHECK_ERROR(kiln_cross_entropy(logits, V(F32, 3, 0, 1)), KILN_ERR_DTYPE, "kiln_cross_entropy");
+  CHECK_ERROR(kiln_cross_entropy(logits, V(BOOL_, 1, 0, 1)), KILN_ERR_DTYPE, "bool");
+  kiln_tensor *probs = own(kiln_zeros(F32, 2, S(3, 4))); /* probabilities: not this form */
+  CHECK_ERROR(kiln_cross_entropy(logits, probs), KILN_ERR_DTYPE, "kiln_cross_entropy");
+  kiln_tensor *t3 = own(kiln_from_data(CE_T, I64, 1, S(3)));
+  CHECK_ERROR(kiln_cross_entropy(own(kiln_zeros(F32, 1, S(4))), t3), KILN_ERR_SHAPE, "[N,C]");
+  CHECK_ERROR(kiln_cross_entropy(own(kiln_zeros(F32, 3, S(3, 4, 1))), t3), KILN_ERR_SHAPE,
+              "[3,4,1]");
+  CHECK_ERROR(kiln_cross_entropy(logits, own(kiln_scalar(1, I64))), KILN_ERR_SHAPE, "[N]");
+  CHECK_ERROR(kiln_cross_entropy(V(I64, 1, 2), t3), KILN_ERR_SHAPE, "kiln_cross_entropy");
+  /* an empty batch is the mean of nothing: NaN, as PyTorch */
+  kiln_tensor *t0 = own(kiln_from_data(CE_T, I64, 1, S(0)));
+  EXPECT_0D(kiln_cross_entropy(own(kiln_zeros(F32, 2, S(0, 4))), t0), F32, 0, NAN);
+}
+
+/* a label outside [0, C) is reported, when the loss is evaluated, as an
+   error of kiln_cross_entropy naming the label (not of an internal gather) */
+TEST(cross_entropy_label_out_of_range_names_the_op_and_the_label) {
+  kiln_tensor *logits = makev(F32, 2, S(3, 4), 12, CE_X);
+  const int64_t bad[2][3] = {{3, 0, 7}, {3, -1, 0}};
+  const char *label[2] = {"7", "-1"};
+  for (int k = 0; k < 2; k++) {
+    kiln_clear_error();
+    kiln_tensor *loss = kiln_cross_entropy(logits, own(kiln_from_data(bad[k], I64, 1, S(3))));
+    double v = loss ? kiln_item(loss) : 0;
+    CHECK(isnan(v));
+    CHECK_STR_CONTAINS(kiln_last_error(), "kiln_cross_entropy");
+    CHECK_STR_CONTAINS(kiln_last_error(), label[k]);
+    CHECK_EQ_INT(kiln_last_status(), KILN_ERR_ARG);
+    kiln_release(loss);
+  }
+  kiln_clear_error();
 }
 
 /* ---- mse_loss, mean ---- */
@@ -565,10 +665,14 @@ int main(void) {
   RUN_T(layer_norm_eps_is_added_to_variance_inside_sqrt);
   RUN_T(layer_norm_3d_normalizes_last_axis_only);
   RUN_T(layer_norm_wrong_weight_or_bias_size_is_shape_error);
+  RUN_T(layer_norm_softmax_of_empty_rows_allocate_nothing_large);
 
   RUN_T(cross_entropy_hand_computed_f32_f64);
   RUN_T(cross_entropy_large_logits_are_stable);
   RUN_T(cross_entropy_wrong_target_shape_is_shape_error);
+  RUN_T(mse_loss_of_mismatched_shapes_is_a_shape_error_naming_both);
+  RUN_T(cross_entropy_rejects_other_target_dtypes_and_shapes_clearly);
+  RUN_T(cross_entropy_label_out_of_range_names_the_op_and_the_label);
 
   RUN_T(mse_loss_is_mean_squared_difference_f32_f64);
   RUN_T(mean_all_axes_keepdim_negative_axis);

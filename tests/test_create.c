@@ -117,6 +117,64 @@ TEST(from_data_high_rank_and_empty) {
   kiln_release(e);
 }
 
+/* issue 13: bool data kept its raw bytes, so sum({0,1,2,255}) was 258, a
+   cast gave 255, logical_not(2) was 3, and logical_and(2, 1) was 0
+   interpreted and 1 compiled.  Bytes become 0/1 on entry. */
+static const unsigned char raw_bool_bytes[8] = {0, 1, 2, 255, 128, 0, 7, 1};
+
+TEST(from_data_bool_bytes_are_normalized_to_0_and_1) {
+  kiln_tensor *b = kiln_from_data(raw_bool_bytes, KILN_BOOL, 1, S(8));
+  unsigned char got[8];
+  CHECK(kiln_to_buffer(b, got, sizeof got) == 0);
+  const unsigned char want[8] = {0, 1, 1, 1, 1, 0, 1, 1};
+  CHECK(memcmp(got, want, sizeof want) == 0);
+  kiln_tensor *sum = kiln_sum(b, 0, NULL, false);
+  CHECK_EQ_INT(kiln_item(sum), 6);
+  CHECK_MADE(kiln_cast(b, KILN_I32), KILN_I32, 1, S(8), V(0, 1, 1, 1, 1, 0, 1, 1), 0);
+  CHECK_MADE(kiln_cast(b, KILN_F64), KILN_F64, 1, S(8), V(0, 1, 1, 1, 1, 0, 1, 1), 0);
+  CHECK_MADE(kiln_logical_not(b), KILN_BOOL, 1, S(8), V(1, 0, 0, 0, 0, 1, 0, 0), 0);
+  kiln_tensor *ones = kiln_ones(KILN_BOOL, 1, S(8)), *zeros = kiln_zeros(KILN_BOOL, 1, S(8));
+  CHECK_MADE(kiln_eq(b, ones), KILN_BOOL, 1, S(8), V(0, 1, 1, 1, 1, 0, 1, 1), 0);
+  CHECK_MADE(kiln_logical_or(b, zeros), KILN_BOOL, 1, S(8), V(0, 1, 1, 1, 1, 0, 1, 1), 0);
+  CHECK_MADE(kiln_mul(b, ones), KILN_BOOL, 1, S(8), V(0, 1, 1, 1, 1, 0, 1, 1), 0);
+  kiln_tensor *mx = kiln_max(b, 0, NULL, false);
+  CHECK_EQ_INT(kiln_item(mx), 1);
+  kiln_tensor *s2 = kiln_from_data(raw_bool_bytes + 2, KILN_BOOL, 0, NULL); /* 0-d, byte 2 */
+  CHECK_EQ_INT(kiln_item(s2), 1);
+  /* host values become bools as != 0 (full, scalar, arange) */
+  CHECK_MADE(kiln_full(255, KILN_BOOL, 1, S(2)), KILN_BOOL, 1, S(2), V(1, 1), 0);
+  CHECK_MADE(kiln_scalar(-2, KILN_BOOL), KILN_BOOL, 0, S(0), V(1), 0);
+  CHECK_MADE(kiln_arange(0, 3, 1, KILN_BOOL), KILN_BOOL, 1, S(3), V(0, 1, 1), 0);
+  kiln_release(s2);
+  kiln_release(mx);
+  kiln_release(zeros);
+  kiln_release(ones);
+  kiln_release(sum);
+  kiln_release(b);
+}
+
+/* the same trace on the interpreter and then compiled (KILN_HOT sightings,
+   then kiln_jit_wait): logical_and(2, 1) is true both times */
+TEST(bool_logic_on_nonzero_bytes_same_interpreted_and_compiled) {
+  kiln_tensor *b = kiln_from_data(raw_bool_bytes, KILN_BOOL, 1, S(8));
+  kiln_tensor *ones = kiln_ones(KILN_BOOL, 1, S(8));
+  for (int rep = 0; rep < 4; rep++) {
+    kiln_tensor *and_ = kiln_logical_and(b, ones), *not_ = kiln_logical_not(b);
+    kiln_tensor *none = kiln_logical_and(and_, not_);
+    kiln_tensor *both = kiln_logical_or(none, and_);
+    kiln_tensor *n = kiln_sum(both, 0, NULL, false);
+    kiln_release(none);
+    kiln_release(not_);
+    CHECK_MADE(and_, KILN_BOOL, 1, S(8), V(0, 1, 1, 1, 1, 0, 1, 1), 0);
+    CHECK_EQ_INT(kiln_item(n), 6);
+    kiln_release(n);
+    kiln_release(both);
+    kiln_jit_wait();
+  }
+  kiln_release(ones);
+  kiln_release(b);
+}
+
 TEST(scalar_every_dtype) {
   const int64_t *one = S(0); /* unused for 0-d */
   kiln_tensor *t;
@@ -327,6 +385,22 @@ TEST(to_buffer_too_small_is_an_arg_error) {
   kiln_release(t);
 }
 
+TEST(memory_in_use_counts_live_storages) {
+  kiln_sync();
+  size_t before = kiln_memory_in_use();
+  float *src = calloc(1 << 20, sizeof *src); /* 4 MiB */
+  kiln_tensor *t = kiln_from_data(src, KILN_F32, 1, S(1 << 20));
+  free(src);
+  CHECK(kiln_memory_in_use() >= before + (4u << 20));
+  kiln_tensor *u = kiln_add_scalar(t, 1.0);
+  CHECK(kiln_eval(1, &u) >= 0);
+  CHECK(kiln_memory_in_use() >= before + (8u << 20));
+  kiln_release(u);
+  kiln_release(t);
+  kiln_sync();
+  CHECK(kiln_memory_in_use() < before + (1u << 20));
+}
+
 /* --------------------------------------------------------------- refcounts */
 
 TEST(retain_returns_same_handle_and_keeps_it_alive) {
@@ -496,6 +570,8 @@ int main(void) {
   RUN(from_data_copies_the_source);
   RUN(from_data_zero_d_with_null_shape);
   RUN(from_data_high_rank_and_empty);
+  RUN(from_data_bool_bytes_are_normalized_to_0_and_1);
+  RUN(bool_logic_on_nonzero_bytes_same_interpreted_and_compiled);
   RUN(scalar_every_dtype);
   RUN(scalar_to_integer_truncates_toward_zero);
   RUN(zeros_ones_full_every_dtype);
@@ -512,6 +588,7 @@ int main(void) {
   RUN(item_of_multi_element_tensor_is_nan_and_shape_error);
   RUN(to_buffer_exact_and_larger_buffers);
   RUN(to_buffer_too_small_is_an_arg_error);
+  RUN(memory_in_use_counts_live_storages);
   RUN(retain_returns_same_handle_and_keeps_it_alive);
   RUN(results_and_views_keep_their_inputs_alive);
   RUN(release_null_is_a_no_op);

@@ -425,6 +425,60 @@ TEST(overflowing_sizes_are_shape_errors) {
   kiln_release(a);
 }
 
+/* issue 13: a concat's size is a sum; nine tensors of 2^60-1 elements
+   summed past INT64_MAX into a negative extent ([-2^63]-like shapes), and two
+   of them (2^61 elements) were only refused when the data was allocated */
+TEST(concat_and_stack_whose_size_overflows_are_shape_errors_at_the_call) {
+  kiln_tensor *one = kiln_zeros(KILN_F32, 1, S(1));
+  kiln_tensor *big = kiln_expand(one, 1, S(INT64_MAX / 8)); /* the largest size */
+  CHECK(big != NULL);
+  kiln_tensor *many[9] = {big, big, big, big, big, big, big, big, big};
+  CHECK_ERROR(kiln_concat(9, many, 0), KILN_ERR_SHAPE, "kiln_concat");
+  CHECK_ERROR(kiln_concat(8, many, 0), KILN_ERR_SHAPE, "kiln_concat");
+  CHECK_ERROR(kiln_concat(2, many, 0), KILN_ERR_SHAPE, "[1152921504606846975]");
+  CHECK_ERROR(kiln_concat(2, many, -1), KILN_ERR_SHAPE, "kiln_concat");
+  CHECK_ERROR(kiln_stack(9, many, 0), KILN_ERR_SHAPE, "kiln_stack");
+  CHECK_ERROR(kiln_stack(2, many, 1), KILN_ERR_SHAPE, "kiln_stack");
+  kiln_tensor *ok = kiln_concat(1, many, 0);
+  CHECK(ok != NULL);
+  if (ok) CHECK_EQ_INT(kiln_numel(ok), INT64_MAX / 8);
+  kiln_release(ok);
+  kiln_release(big);
+  kiln_release(one);
+}
+
+/* sizes with a zero extent: the other extents still have to fit (their
+   product gives the strides), whatever their order */
+TEST(empty_shapes_with_huge_extents_are_shape_errors_in_any_order) {
+  const int64_t big = (int64_t)1 << 40;
+  CHECK_ERROR(kiln_zeros(KILN_F32, 3, S(0, big, big)), KILN_ERR_SHAPE, "kiln_zeros");
+  CHECK_ERROR(kiln_zeros(KILN_F32, 3, S(big, big, 0)), KILN_ERR_SHAPE, "kiln_zeros");
+  CHECK_ERROR(kiln_zeros(KILN_F32, 3, S(big, 0, big)), KILN_ERR_SHAPE, "[1099511627776,0,1099511627776]");
+  kiln_tensor *e = kiln_zeros(KILN_F32, 2, S(0, 3));
+  CHECK_ERROR(kiln_reshape(e, 3, S(0, big, big)), KILN_ERR_SHAPE, "kiln_reshape");
+  CHECK_ERROR(kiln_expand(e, 4, S(big, big, 0, 3)), KILN_ERR_SHAPE, "kiln_expand");
+  kiln_tensor *fine = kiln_zeros(KILN_F32, 4, S(1, 2, (int64_t)1 << 31, 0));
+  CHECK(fine != NULL);
+  if (fine) CHECK_EQ_INT(kiln_numel(fine), 0);
+  kiln_release(fine);
+  kiln_release(e);
+}
+
+/* the byte count of a reshape/expand result fits too, and arange's count */
+TEST(reshape_expand_and_arange_sizes_past_2_pow_60_are_shape_errors) {
+  kiln_tensor *a = kiln_zeros(KILN_F32, 2, S(1, 1));
+  CHECK_ERROR(kiln_expand(a, 2, S((int64_t)1 << 31, (int64_t)1 << 31)), KILN_ERR_SHAPE,
+              "kiln_expand");
+  CHECK_ERROR(kiln_expand(a, 3, S(INT64_MAX, INT64_MAX, 1)), KILN_ERR_SHAPE, "kiln_expand");
+  CHECK_ERROR(kiln_reshape(a, 3, S(INT64_MAX, 2, -1)), KILN_ERR_SHAPE, "kiln_reshape");
+  CHECK_ERROR(kiln_reshape(a, 2, S(INT64_MIN, -1)), KILN_ERR_SHAPE, "kiln_reshape");
+  CHECK_ERROR(kiln_arange(0, 9.2e18, 1, KILN_I64), KILN_ERR_SHAPE, "kiln_arange");
+  CHECK_ERROR(kiln_arange(-1e308, 1e308, 1e-300, KILN_F64), KILN_ERR_SHAPE, "kiln_arange");
+  CHECK_ERROR(kiln_rand(KILN_F32, 2, S((int64_t)1 << 31, (int64_t)1 << 31)), KILN_ERR_SHAPE,
+              "kiln_rand");
+  kiln_release(a);
+}
+
 /* zeros of this many elements: NULL with KILN_ERR_OOM when called, or, if
  * creation is lazy, KILN_ERR_OOM when the first element is read */
 static void check_oom(kiln_dtype dt, int64_t n) {
@@ -546,6 +600,28 @@ TEST(concat_and_stack_of_mismatched_shapes_or_no_tensors) {
   kiln_release(a);
 }
 
+/* found by test_api_fuzz: a failure stored in a node and raised again by a
+   later read carried the op's prefix twice ("kiln_x: kiln_x: ...") */
+TEST(failed_evaluation_read_again_names_the_op_once) {
+  kiln_tensor *a = iota(1, S(4));
+  kiln_tensor *idx = kiln_from_data((const int64_t[]){1, 9}, KILN_I64, 1, S(2));
+  kiln_tensor *g = kiln_index_select(a, 0, idx);
+  kiln_tensor *h = kiln_mul(g, g);
+  float out[2];
+  for (int k = 0; k < 3; k++) {
+    kiln_clear_error();
+    CHECK_EQ_INT(kiln_to_buffer(k == 1 ? h : g, out, sizeof out), KILN_ERR_ARG);
+    CHECK_STR_CONTAINS(kiln_last_error(), "kiln_index_select: index 9 is out of range");
+    CHECK(strstr(kiln_last_error(), "kiln_index_select: kiln_") == NULL);
+    CHECK(strncmp(kiln_last_error(), "kiln_index_select: ", 19) == 0);
+  }
+  kiln_clear_error();
+  kiln_release(h);
+  kiln_release(g);
+  kiln_release(idx);
+  kiln_release(a);
+}
+
 /* ------------------------------------------------------------ error state */
 
 TEST(clear_error_resets_status_and_message) {
@@ -651,6 +727,9 @@ int main(void) {
   RUN(negative_sizes_are_shape_errors);
   RUN(ndim_outside_zero_to_eight_is_a_shape_error);
   RUN(overflowing_sizes_are_shape_errors);
+  RUN(concat_and_stack_whose_size_overflows_are_shape_errors_at_the_call);
+  RUN(empty_shapes_with_huge_extents_are_shape_errors_in_any_order);
+  RUN(reshape_expand_and_arange_sizes_past_2_pow_60_are_shape_errors);
   RUN(allocation_too_large_is_oom);
   RUN(buffer_too_small_is_an_arg_error);
   RUN(item_on_multi_element_tensor_is_nan_and_shape_error);
@@ -659,6 +738,7 @@ int main(void) {
   RUN(expand_to_incompatible_shape);
   RUN(slice_with_step_zero_is_an_arg_error);
   RUN(concat_and_stack_of_mismatched_shapes_or_no_tensors);
+  RUN(failed_evaluation_read_again_names_the_op_once);
   RUN(clear_error_resets_status_and_message);
   RUN(error_message_names_the_values);
   RUN(errors_are_thread_local);

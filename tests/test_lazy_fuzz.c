@@ -532,8 +532,8 @@ static bool gen_kind(state *st, uint64_t *g, int kind, oprec *r) {
       break;
     case K_BINARY:
     case K_MSE: {
-      FOR_SLOTS(st, g, j) {
-        if (compatible(A, P[j], &no, so)) {
+      FOR_SLOTS(st, g, j) { /* losses take equal shapes, other binaries broadcast */
+        if (kind == K_MSE ? same_shape(A, P[j]) : compatible(A, P[j], &no, so)) {
           b = j;
           break;
         }
@@ -897,7 +897,7 @@ static bool gen_kind(state *st, uint64_t *g, int kind, oprec *r) {
     case K_XENT: {
       a = -1;
       FOR_SLOTS(st, g, j) {
-        if (ND(P[j]) == 2 && SH(P[j])[1] > 0) {
+        if (ND(P[j]) == 2 && SH(P[j])[1] > 0 && DT(P[j]) != KILN_BOOL) {
           a = j;
           break;
         }

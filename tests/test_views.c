@@ -382,6 +382,102 @@ TEST(slice_empty_results) {
   kiln_release(a);
 }
 
+/* Python's slice.indices(len) and the length of range(start, stop, step),
+   in 128-bit arithmetic: the reference for the extreme-value slices */
+static int64_t python_slice(int64_t len, int64_t *start, int64_t stop, int64_t step) {
+  __int128 lo = step > 0 ? 0 : -1, hi = step > 0 ? len : len - 1;
+  __int128 b = *start, e = stop;
+  if (b < 0) b = b + len < lo ? lo : b + len; else if (b > hi) b = hi;
+  if (e < 0) e = e + len < lo ? lo : e + len; else if (e > hi) e = hi;
+  *start = (int64_t)b;
+  if (step > 0) return e > b ? (int64_t)((e - b - 1) / step + 1) : 0;
+  return b > e ? (int64_t)((b - e - 1) / -(__int128)step + 1) : 0;
+}
+
+static const int64_t slice_extremes[] = {
+    INT64_MIN, INT64_MIN + 1, -((int64_t)1 << 62), -11, -10, -9, -3, -1, 0, 1, 2, 9, 10, 11,
+    (int64_t)1 << 62, INT64_MAX - 1, INT64_MAX};
+#define N_EXTREMES (int)(sizeof slice_extremes / sizeof slice_extremes[0])
+
+/* issue 13: slice(0, 10, INT64_MAX) had 0 elements and huge steps gave
+   negative extents (the length computation overflowed) */
+TEST(slice_at_int64_extremes_matches_python) {
+  kiln_tensor *a = iota(KILN_I64, 1, S(10));
+  CHECK_VIEW(kiln_slice(a, 0, 0, 10, INT64_MAX), 1, S(1), V(0));
+  CHECK_VIEW(kiln_slice(a, 0, INT64_MAX, INT64_MIN, INT64_MIN), 1, S(1), V(9));
+  CHECK_VIEW(kiln_slice(a, 0, INT64_MIN, INT64_MAX, INT64_MAX - 1), 1, S(1), V(0));
+  CHECK_VIEW(kiln_slice(a, 0, 9, INT64_MIN, -((int64_t)1 << 62)), 1, S(1), V(9));
+  int64_t got[10];
+  for (int i = 0; i < N_EXTREMES; i++)
+    for (int j = 0; j < N_EXTREMES; j++)
+      for (int k = 0; k < N_EXTREMES; k++) {
+        int64_t start = slice_extremes[i], stop = slice_extremes[j], step = slice_extremes[k];
+        if (step == 0) continue;
+        int64_t first = start, n = python_slice(10, &first, stop, step);
+        kiln_tensor *s = kiln_slice(a, 0, start, stop, step);
+        CHECK(s != NULL);
+        if (!s) continue;
+        if (kiln_numel(s) != n || kiln_shape(s)[0] != n) {
+          KTEST_FAIL("slice(%lld, %lld, %lld) has %lld elements, expected %lld", (long long)start,
+                     (long long)stop, (long long)step, (long long)kiln_numel(s), (long long)n);
+        } else if (kiln_to_buffer(s, got, sizeof got) < 0) {
+          KTEST_FAIL("slice(%lld, %lld, %lld): %s", (long long)start, (long long)stop,
+                     (long long)step, kiln_last_error());
+        } else {
+          for (int64_t q = 0; q < n; q++)
+            if (got[q] != first + q * step) KTEST_FAIL("slice(%lld, %lld, %lld)[%lld] = %lld",
+                  (long long)start, (long long)stop, (long long)step, (long long)q, (long long)got[q]);
+        }
+        kiln_release(s);
+      }
+  kiln_release(a);
+}
+
+/* a huge step along an outer axis times its stride overflowed the view's
+   stride; slices of such slices, and of reversed views, stay exact */
+TEST(huge_step_slices_of_2d_and_of_other_views) {
+  kiln_tensor *m = iota(KILN_F32, 2, S(10, 3)); /* m[i][j] = 3i + j */
+  CHECK_VIEW(kiln_slice(m, 0, 0, 10, INT64_MAX), 2, S(1, 3), V(0, 1, 2));
+  CHECK_VIEW(kiln_slice(m, 0, -1, INT64_MIN, INT64_MIN), 2, S(1, 3), V(27, 28, 29));
+  kiln_tensor *r = kiln_slice(m, 0, 9, INT64_MIN, -4); /* rows 9, 5, 1 */
+  CHECK_VIEW(kiln_slice(r, 0, 1, INT64_MAX, INT64_MAX), 2, S(1, 3), V(15, 16, 17));
+  kiln_tensor *t = kiln_transpose(r, 0, 1); /* [3,3] */
+  CHECK_VIEW(kiln_slice(t, 1, INT64_MAX, INT64_MIN, INT64_MIN + 1), 2, S(3, 1), V(3, 4, 5));
+  kiln_tensor *e = kiln_slice(t, 0, 0, 0, INT64_MAX); /* empty */
+  CHECK(e && kiln_numel(e) == 0);
+  CHECK_VIEW(kiln_slice(e, 1, 0, 3, INT64_MAX), 2, S(0, 1), V(0));
+  kiln_tensor *col = kiln_slice(m, 1, 2, INT64_MIN, INT64_MIN); /* column 2 */
+  kiln_tensor *sum = kiln_sum(col, 0, NULL, false);
+  CHECK_TENSOR(sum, 0, S(0), V(155), 0);
+  kiln_release(sum);
+  kiln_release(col);
+  kiln_release(e);
+  kiln_release(t);
+  kiln_release(r);
+  kiln_release(m);
+}
+
+/* an empty result needs none of its inputs' values: an empty slice of an
+   index_select whose indices are out of range reads fine, because the
+   index_select is never evaluated for it (it used to be, and failed) */
+TEST(empty_result_evaluates_none_of_its_inputs) {
+  kiln_tensor *x = iota(KILN_F32, 2, S(30, 40));
+  kiln_tensor *bad = kiln_from_data((const int64_t[]){0, 99}, KILN_I64, 1, S(2));
+  kiln_tensor *y = kiln_index_select(x, 0, bad); /* [2,40], fails if evaluated */
+  kiln_tensor *e = kiln_slice(y, 1, 5, 5, 1), *z = kiln_mul(e, e);
+  CHECK(z && kiln_numel(z) == 0 && kiln_shape(z)[0] == 2 && kiln_shape(z)[1] == 0);
+  float none;
+  CHECK_EQ_INT(kiln_to_buffer(z, &none, 0), 0);
+  CHECK_EQ_INT(kiln_to_buffer(e, &none, 0), 0);
+  kiln_release(y); /* nothing pending needs it now */
+  CHECK_EQ_INT(kiln_sync(), 0);
+  kiln_clear_error();
+  kiln_release(z);
+  kiln_release(e);
+  kiln_release(bad);
+  kiln_release(x);
+}
+
 TEST(slice_along_each_axis_of_2d) {
   kiln_tensor *m = iota(KILN_F32, 2, S(3, 4)); /* m[i][j] = 4i + j */
   CHECK_VIEW(kiln_slice(m, 1, 0, 4, 2), 2, S(3, 2), V(0, 2, 4, 6, 8, 10));
@@ -759,6 +855,9 @@ int main(void) {
   RUN(slice_negative_steps_walk_backwards);
   RUN(slice_bounds_clamped_like_python);
   RUN(slice_empty_results);
+  RUN(slice_at_int64_extremes_matches_python);
+  RUN(huge_step_slices_of_2d_and_of_other_views);
+  RUN(empty_result_evaluates_none_of_its_inputs);
   RUN(slice_along_each_axis_of_2d);
   RUN(slice_middle_axis_of_3d);
   RUN(chain_transpose_slice_slice_unsqueeze_expand_then_reshape);

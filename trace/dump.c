@@ -254,13 +254,15 @@ static void print_stats(void) {
           "  ops recorded     %llu\n  flushes          %llu (%.1f ms)\n"
           "  traces seen      %llu\n  cache hits       %llu\n  cache misses     %llu\n"
           "  hit rate         %.1f%%\n  compiles         %llu (%.1f ms, %llu failed)\n"
-          "  kernels compiled %.0f\n  disk cache hits  %llu\n  eager ops        %llu\n  kernels launched %llu\n",
+          "  kernels compiled %.0f (%.0f found compiled, %.0f code objects loaded, %.0f unloaded)\n"
+          "  disk cache hits  %llu\n  eager ops        %llu\n  kernels launched %llu\n",
           (unsigned long long)s.ops_recorded, (unsigned long long)s.flushes, s.flush_ms,
           (unsigned long long)s.traces_seen, (unsigned long long)s.cache_hits,
           (unsigned long long)s.cache_misses,
           s.cache_hits + s.cache_misses ? 100.0 * (double)s.cache_hits / (double)(s.cache_hits + s.cache_misses) : 0.0,
           (unsigned long long)s.compiles, s.compile_ms, (unsigned long long)s.compile_failures,
-          kiln_stat("kernels_compiled"), (unsigned long long)s.disk_hits, (unsigned long long)s.eager_ops,
+          kiln_stat("kernels_compiled"), kiln_stat("kernel_cache_hits"), kiln_stat("code_objects"),
+          kiln_stat("code_unloads"), (unsigned long long)s.disk_hits, (unsigned long long)s.eager_ops,
           (unsigned long long)s.kernels_launched);
 }
 

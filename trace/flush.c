@@ -341,7 +341,7 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   }
   tr_trace *t = &c.t;
   int earlier = c.fail_status;
-  if (earlier) vm_error(earlier, "%s", c.fail_msg);
+  if (earlier) vm_error_again(earlier, c.fail_msg);
   if (t->n == 0) {
     collector_free(&c);
     drop_stores(g);
@@ -416,6 +416,8 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   tr_bytes_free(&bytes);
   tr_bytes_free(&fam_bytes);
   collector_free(&c);
-  drop_stores(g);
+  /* a flush stopped without a failed value (interrupted, out of memory)
+     keeps its stores queued: the next flush materializes them */
+  if (rc == KILN_OK || failed >= 0) drop_stores(g);
   return rc != KILN_OK ? rc : earlier;
 }

@@ -103,11 +103,16 @@ tr_node *tr_node_from_value(vm_tensor *value) {
   return n;
 }
 
+/* the bytes a pending node will allocate, counted at most 2^40 so that the
+   sum over a graph's pending nodes stays far from overflowing */
 static int64_t node_bytes(const tr_node *n) {
   if (vm_op_table[n->op].kind == VM_KIND_VIEW) return 0;
-  int64_t c = 1;
-  for (int d = 0; d < n->meta.ndim; d++) c *= n->meta.shape[d];
-  return c * (int64_t)vm_dtype_size(n->meta.dtype);
+  const int64_t most = (int64_t)1 << 40;
+  int64_t c, bytes;
+  if (!vm_shape_numel(n->meta.ndim, n->meta.shape, &c) ||
+      __builtin_mul_overflow(c, (int64_t)vm_dtype_size(n->meta.dtype), &bytes) || bytes > most)
+    return most;
+  return bytes;
 }
 
 void tr_node_unlink(tr_node *n) {

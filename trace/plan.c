@@ -451,6 +451,15 @@ static int run_node(const tr_plan *plan, const tr_trace *t, int i, vm_tensor **v
   return vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
 }
 
+/* kiln_set_cancel_flag: checked between kernels; nothing is committed, so
+   what was pending stays pending */
+static int interrupted(void) {
+  volatile int *flag = vm_thread()->cancel;
+  if (!flag || !*flag) return KILN_OK;
+  return vm_error(KILN_ERR_STATE, "interrupted: the evaluation stopped at a kernel boundary; "
+                                  "nothing was lost (pending values stay pending)");
+}
+
 /* A group runs as one compiled kernel when it has one and its inputs have
    the layout the kernel was compiled for; otherwise node by node.  Views
    always run on the interpreter (they move no data): a kernel reads them as
@@ -474,7 +483,7 @@ static int run_group(const tr_plan *plan, const cpu_plan *jit, const tr_trace *t
       if (k->last_group > g) return KILN_OK;
     }
   }
-  for (int i = first; i <= grp->last && rc == KILN_OK; i++)
+  for (int i = first; i <= grp->last && rc == KILN_OK && (rc = interrupted()) == KILN_OK; i++)
     if (!vals[i] && (rc = run_node(plan, t, i, vals)) != KILN_OK) *failed = plan->nodes[i].src;
   return rc;
 }
@@ -484,7 +493,7 @@ static int run_plan(const tr_plan *plan, const tr_trace *t, vm_tensor **out, int
   if (!vals) return vm_error(KILN_ERR_OOM, "out of memory");
   const cpu_plan *jit = atomic_load_explicit(&plan->jit, memory_order_acquire);
   int rc = KILN_OK;
-  for (int g = 0; g < plan->ngroups && rc == KILN_OK; g++) {
+  for (int g = 0; g < plan->ngroups && rc == KILN_OK && (rc = interrupted()) == KILN_OK; g++) {
     int through = g; /* a row kernel runs several groups */
     rc = run_group(plan, jit, t, g, vals, failed, &through);
     g = through;
@@ -510,7 +519,7 @@ static int run_trace(const tr_trace *t, vm_tensor **vals, int *failed) {
     for (int k = 0; k < t->nodes[i]->nin; k++)
       if (t->refs[i][k] >= 0) last[t->refs[i][k]] = i;
   int rc = KILN_OK;
-  for (int i = 0; i < t->n && rc == KILN_OK; i++) {
+  for (int i = 0; i < t->n && rc == KILN_OK && (rc = interrupted()) == KILN_OK; i++) {
     const tr_node *n = t->nodes[i];
     vm_tensor *few[3], **ins = n->nin <= 3 ? few : malloc((size_t)n->nin * sizeof *ins);
     if (!ins) {

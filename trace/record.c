@@ -3,6 +3,7 @@
  * cap with deterministic cut points, memory pressure), and in-place stores. */
 #include "record.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,8 +29,9 @@ static vm_tensor *handle_new(tr_node *n) {
   t->ndim = n->meta.ndim;
   t->weak = n->meta.weak;
   memcpy(t->shape, n->meta.shape, sizeof t->shape);
-  t->numel = 1;
-  for (int d = 0; d < t->ndim; d++) t->numel *= t->shape[d];
+  bool fits = vm_shape_numel(t->ndim, t->shape, &t->numel);
+  assert(fits); /* n's shape was checked by vm_infer or is a value's */
+  (void)fits;
   t->node = n; /* takes the caller's reference */
   atomic_fetch_add_explicit(&n->handles, 1, memory_order_relaxed);
   return t;
@@ -56,7 +58,7 @@ vm_tensor *tr_handle_of_node(tr_node *n) { return handle_new(tr_node_retain(n));
 static bool materialize_node(tr_node *x, tr_flush_reason why) {
   if (x->state == TR_MATERIALIZED) return true;
   if (x->state == TR_FAILED) {
-    vm_error(x->fail_status, "%s", x->fail_msg);
+    vm_error_again(x->fail_status, x->fail_msg);
     return false;
   }
   tr_graph *g = tr_graph_retain(x->graph);
@@ -146,8 +148,40 @@ int tr_eval(int n, vm_tensor *const *ts) {
   return rc;
 }
 
+static bool grad_flows(int n, vm_tensor *const *in) {
+  if (vm_thread()->no_grad) return false;
+  for (int i = 0; i < n; i++)
+    if (in[i]->node->requires_grad) return true;
+  return false;
+}
+
+/* A result with no elements needs none of its inputs' values: unless a
+   gradient must flow through it, it is recorded as an empty leaf, so no
+   flush evaluates anything upstream for it (the empty result of
+   x - mean(x) once made a flush compute 2^32 row means). */
+static bool as_empty_leaf(vm_opcode op, int n, vm_tensor *const *in, const vm_meta *m,
+                          vm_attr *attr, vm_meta *meta) {
+  int64_t numel = 1;
+  if (vm_op_table[op].kind == VM_KIND_LEAF || !vm_shape_numel(m->ndim, m->shape, &numel) ||
+      numel != 0 || grad_flows(n, in))
+    return false;
+  *attr = (vm_attr){.dtype = m->dtype, .ndim = m->ndim};
+  memcpy(attr->shape, m->shape, sizeof attr->shape);
+  *meta = *m;
+  meta->compute = m->dtype;
+  return true;
+}
+
 vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr,
                      const vm_meta *m) {
+  vm_attr empty_attr;
+  vm_meta empty_meta;
+  if (as_empty_leaf(op, n, in, m, &empty_attr, &empty_meta)) {
+    op = VM_OP_full;
+    n = 0;
+    attr = &empty_attr;
+    m = &empty_meta;
+  }
   tr_graph *g = tr_thread_graph();
   if (!g) {
     vm_error(KILN_ERR_OOM, "out of memory");
@@ -200,6 +234,7 @@ vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *a
     for (int i = 0; i < n; i++) node->requires_grad |= in[i]->node->requires_grad;
   node->op = op;
   node->attr = *attr;
+  node->attr.api = vm_thread()->api;
   node->meta = *m;
   node->nin = n;
   node->in = ins ? ins : node->in_small;

@@ -86,7 +86,7 @@ vm_tensor *vm_mean(vm_tensor *a, int naxes, const int *axes, bool keepdim) {
     for (int i = 0; i < (naxes ? naxes : x->ndim); i++) {
       int ax = naxes ? axes[i] : i;
       vm_norm_axis(&ax, x->ndim);
-      count *= x->shape[ax];
+      if (__builtin_mul_overflow(count, x->shape[ax], &count)) count = INT64_MAX; /* unreachable: shapes are checked */
     }
   }
   return finish(&s, keep(&s, vm_binary_scalar(VM_OP_div, sum, (double)count, false)));
@@ -102,10 +102,22 @@ static vm_tensor *stability_shift(vm_tensor *x, int axis) {
   return m;
 }
 
+/* An input without elements gives an empty result of its shape (in float)
+   at once: no row statistics are computed for rows that have no elements
+   ([1,2,2^31,0] has 2^32 of them).  It stays a function of a, so gradients
+   still reach a. */
+static vm_tensor *empty_result(vm_scope *s, vm_tensor *x) {
+  return keep(s, vm_binary_scalar(VM_OP_mul, x, 0, false));
+}
+
+/* an axis argument must be valid even when the input is empty */
+static bool valid_axis(int axis, int ndim) { return vm_norm_axis(&axis, ndim); }
+
 vm_tensor *vm_log_softmax(vm_tensor *a, int axis) {
   if (null_arg(a)) return NULL;
   vm_scope s = {0};
   vm_tensor *x = as_float(&s, a);
+  if (x && a->numel == 0) return finish(&s, valid_axis(axis, a->ndim) ? empty_result(&s, x) : NULL);
   vm_tensor *m = keep(&s, stability_shift(x, axis));
   vm_tensor *shifted = keep(&s, vm_binary(VM_OP_sub, x, m));
   vm_tensor *sum = keep(&s, vm_reduce(VM_OP_sum, keep(&s, vm_unary(VM_OP_exp, shifted)), 1, &axis, true));
@@ -116,6 +128,7 @@ vm_tensor *vm_softmax(vm_tensor *a, int axis) {
   if (null_arg(a)) return NULL;
   vm_scope s = {0};
   vm_tensor *x = as_float(&s, a);
+  if (x && a->numel == 0) return finish(&s, valid_axis(axis, a->ndim) ? empty_result(&s, x) : NULL);
   vm_tensor *m = keep(&s, stability_shift(x, axis));
   vm_tensor *e = keep(&s, vm_unary(VM_OP_exp, keep(&s, vm_binary(VM_OP_sub, x, m))));
   vm_tensor *sum = keep(&s, vm_reduce(VM_OP_sum, e, 1, &axis, true));
@@ -152,6 +165,15 @@ static bool check_affine(const vm_tensor *p, int64_t d, const char *what) {
   return false;
 }
 
+/* (x - mean) / sqrt(var + eps) over the last axis */
+static vm_tensor *normalize_last(vm_scope *s, vm_tensor *xf, double eps) {
+  int last = -1;
+  vm_tensor *xc = keep(s, vm_binary(VM_OP_sub, xf, keep(s, vm_mean(xf, 1, &last, true))));
+  vm_tensor *var = keep(s, vm_mean(keep(s, vm_binary(VM_OP_mul, xc, xc)), 1, &last, true));
+  vm_tensor *inv = keep(s, vm_unary(VM_OP_rsqrt, keep(s, vm_binary_host_scalar(VM_OP_add, var, eps, false))));
+  return keep(s, vm_binary(VM_OP_mul, xc, inv));
+}
+
 vm_tensor *vm_layer_norm(vm_tensor *x, vm_tensor *w, vm_tensor *b, double eps) {
   if (null_arg(x)) return NULL;
   if (x->ndim == 0) {
@@ -161,15 +183,30 @@ vm_tensor *vm_layer_norm(vm_tensor *x, vm_tensor *w, vm_tensor *b, double eps) {
   int64_t d = x->shape[x->ndim - 1];
   if (!check_affine(w, d, "weight") || !check_affine(b, d, "bias")) return NULL;
   vm_scope s = {0};
-  int last = -1;
   vm_tensor *xf = as_float(&s, x);
-  vm_tensor *xc = keep(&s, vm_binary(VM_OP_sub, xf, keep(&s, vm_mean(xf, 1, &last, true))));
-  vm_tensor *var = keep(&s, vm_mean(keep(&s, vm_binary(VM_OP_mul, xc, xc)), 1, &last, true));
-  vm_tensor *inv = keep(&s, vm_unary(VM_OP_rsqrt, keep(&s, vm_binary_host_scalar(VM_OP_add, var, eps, false))));
-  vm_tensor *y = keep(&s, vm_binary(VM_OP_mul, xc, inv));
+  vm_tensor *y = x->numel == 0 ? empty_result(&s, xf) : normalize_last(&s, xf, eps);
   if (w) y = keep(&s, vm_binary(VM_OP_mul, y, w));
   if (b) y = keep(&s, vm_binary(VM_OP_add, y, b));
   return finish(&s, y);
+}
+
+/* the class-index form: logits [N,C] (any dtype but bool), target [N] of
+   int32/int64 class indices; a label outside [0, C) is reported when the
+   loss is evaluated, as an error of the loss naming the label */
+static bool check_class_target(const vm_tensor *logits, const vm_tensor *target) {
+  char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
+  if (!vm_dtype_is_int(target->dtype)) {
+    vm_error(KILN_ERR_DTYPE, "target must be int64 or int32 class indices, not %s "
+             "(the class-index form: logits [N,C], target [N])", vm_dtype_name(target->dtype));
+    return false;
+  }
+  if (logits->ndim != 2 || target->ndim != 1 || target->shape[0] != logits->shape[0]) {
+    vm_error(KILN_ERR_SHAPE, "logits %s and target %s: expected [N,C] and [N]",
+             vm_shape_str(b1, logits->ndim, logits->shape),
+             vm_shape_str(b2, target->ndim, target->shape));
+    return false;
+  }
+  return !reject_bool_arg(logits);
 }
 
 vm_tensor *vm_cross_entropy(vm_tensor *logits, vm_tensor *target) {
@@ -177,18 +214,7 @@ vm_tensor *vm_cross_entropy(vm_tensor *logits, vm_tensor *target) {
     vm_null_input(logits ? 1 : 0);
     return NULL;
   }
-  char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
-  if (!vm_dtype_is_int(target->dtype)) {
-    vm_error(KILN_ERR_DTYPE, "target must be int64 or int32 class indices, not %s",
-             vm_dtype_name(target->dtype));
-    return NULL;
-  }
-  if (logits->ndim != 2 || target->ndim != 1 || target->shape[0] != logits->shape[0]) {
-    vm_error(KILN_ERR_SHAPE, "logits %s and target %s: expected [N,C] and [N]",
-             vm_shape_str(b1, logits->ndim, logits->shape),
-             vm_shape_str(b2, target->ndim, target->shape));
-    return NULL;
-  }
+  if (!check_class_target(logits, target)) return NULL;
   vm_scope s = {0};
   vm_tensor *ls = keep(&s, vm_log_softmax(logits, 1));
   vm_tensor *idx = keep(&s, vm_unsqueeze(target, 1));
@@ -197,7 +223,23 @@ vm_tensor *vm_cross_entropy(vm_tensor *logits, vm_tensor *target) {
   return finish(&s, keep(&s, vm_unary(VM_OP_neg, mean)));
 }
 
+/* losses compare like with like: no silent broadcast ([38400,1,1] against
+   [38400,1] would be 38400^2 differences) */
+static bool same_loss_shapes(const vm_tensor *a, const vm_tensor *b) {
+  if (a->ndim == b->ndim && !memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof(int64_t)))
+    return true;
+  char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
+  vm_error(KILN_ERR_SHAPE, "shapes %s and %s differ (a loss needs equal shapes; it does not "
+           "broadcast)", vm_shape_str(b1, a->ndim, a->shape), vm_shape_str(b2, b->ndim, b->shape));
+  return false;
+}
+
 vm_tensor *vm_mse_loss(vm_tensor *a, vm_tensor *b) {
+  if (!a || !b) {
+    vm_null_input(a ? 1 : 0);
+    return NULL;
+  }
+  if (!same_loss_shapes(a, b)) return NULL;
   vm_scope s = {0};
   vm_tensor *d = keep(&s, vm_binary(VM_OP_sub, a, b));
   vm_tensor *sq = keep(&s, vm_binary(VM_OP_mul, d, d));

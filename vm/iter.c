@@ -31,7 +31,7 @@ void vm_iter_init(vm_iter *it, int nops, vm_tensor *const *ops) {
     if (n > 0) {
       bool merge = true;
       for (int k = 0; k < nops && merge; k++)
-        merge = it->strides[k][n - 1] == strides[k][d] * shape[d];
+        merge = vm_dims_merge(it->strides[k][n - 1], strides[k][d], shape[d]);
       if (merge) {
         it->shape[n - 1] *= shape[d];
         for (int k = 0; k < nops; k++) it->strides[k][n - 1] = strides[k][d];

@@ -25,7 +25,7 @@ typedef struct {
 
 static void dims_push(dims *d, int64_t size, int64_t stride) {
   if (size == 1) return;
-  if (d->n > 0 && d->stride[d->n - 1] == stride * size) {
+  if (d->n > 0 && vm_dims_merge(d->stride[d->n - 1], stride, size)) {
     d->size[d->n - 1] *= size;
     d->stride[d->n - 1] = stride;
     return;

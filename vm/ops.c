@@ -119,26 +119,26 @@ static bool infer_elementwise(vm_opcode op, int n, vm_tensor *const *in, const v
   return true;
 }
 
-static int64_t reduced_count(const vm_tensor *a, uint32_t mask) {
-  int64_t c = 1;
+/* whether a reduced axis has size 0 (the reduction folds no elements) */
+static bool reduces_nothing(const vm_tensor *a, uint32_t mask) {
   for (int d = 0; d < a->ndim; d++)
-    if (mask & (1u << d)) c *= a->shape[d];
-  return c;
+    if ((mask & (1u << d)) && a->shape[d] == 0) return true;
+  return false;
 }
 
 static bool infer_reduce(vm_opcode op, const vm_tensor *a, const vm_attr *attr, vm_meta *m) {
   uint32_t mask = attr->axes_mask;
   m->ndim = 0;
-  int64_t out_numel = 1;
+  bool out_empty = false;
   for (int d = 0; d < a->ndim; d++) {
     bool reduced = mask & (1u << d);
     if (reduced && !attr->keepdim) continue;
     m->shape[m->ndim++] = reduced ? 1 : a->shape[d];
-    out_numel *= reduced ? 1 : a->shape[d];
+    out_empty |= !reduced && a->shape[d] == 0;
   }
   bool needs_element = op == VM_OP_max || op == VM_OP_min || op == VM_OP_argmax ||
                        op == VM_OP_argmin;
-  if (needs_element && out_numel > 0 && reduced_count(a, mask) == 0) {
+  if (needs_element && !out_empty && reduces_nothing(a, mask)) {
     char buf[VM_SHAPE_BUF];
     vm_error(KILN_ERR_SHAPE, "cannot reduce over zero elements (shape %s)",
              vm_shape_str(buf, a->ndim, a->shape));
@@ -267,11 +267,20 @@ static bool infer_concat(int n, vm_tensor *const *in, int axis, vm_meta *m) {
                axis);
       return false;
     }
-    m->shape[axis] += t->shape[axis];
+    if (__builtin_add_overflow(m->shape[axis], t->shape[axis], &m->shape[axis]))
+      m->shape[axis] = INT64_MAX; /* too large: check_result_size reports it */
     m->dtype = vm_promote(m->dtype, t->dtype);
   }
   m->compute = m->dtype;
   return true;
+}
+
+/* the length of range(start, stop, step) for bounds already clamped into
+   [-1, len]: exact for any nonzero step, INT64_MIN and INT64_MAX included
+   (stop - start cannot overflow; nothing is added to step) */
+static int64_t slice_length(int64_t start, int64_t stop, int64_t step) {
+  if (step > 0) return stop > start ? (stop - start - 1) / step + 1 : 0;
+  return start > stop ? 1 - (start - stop - 1) / step : 0; /* step < 0: the quotient is <= 0 */
 }
 
 static bool infer_view(vm_opcode op, const vm_tensor *a, const vm_attr *attr, vm_meta *m) {
@@ -327,14 +336,17 @@ static bool infer_view(vm_opcode op, const vm_tensor *a, const vm_attr *attr, vm
       return true;
     }
     case VM_OP_slice: {
-      if (attr->axis < 0 || attr->axis >= a->ndim || attr->step == 0) {
-        vm_error(KILN_ERR_ARG, "bad slice (axis %d, step %lld) for shape %s", attr->axis,
+      /* bounds as vm_slice clamps them: [0, len] going up, [-1, len-1] down */
+      int64_t len = attr->axis >= 0 && attr->axis < a->ndim ? a->shape[attr->axis] : 0;
+      int64_t lo = attr->step > 0 ? 0 : -1, hi = attr->step > 0 ? len : len - 1;
+      if (attr->axis < 0 || attr->axis >= a->ndim || attr->step == 0 || attr->start < lo ||
+          attr->start > hi || attr->stop < lo || attr->stop > hi) {
+        vm_error(KILN_ERR_ARG, "bad slice (axis %d, start %lld, stop %lld, step %lld) for shape %s",
+                 attr->axis, (long long)attr->start, (long long)attr->stop,
                  (long long)attr->step, vm_shape_str(b1, a->ndim, a->shape));
         return false;
       }
-      int64_t span = attr->stop - attr->start, step = attr->step;
-      m->shape[attr->axis] = step > 0 ? (span > 0 ? (span + step - 1) / step : 0)
-                                      : (span < 0 ? (-span - step - 1) / -step : 0);
+      m->shape[attr->axis] = slice_length(attr->start, attr->stop, attr->step);
       return true;
     }
     default: return false;
@@ -372,8 +384,26 @@ static bool infer_sort(const vm_tensor *a, int axis, vm_meta *m) {
   return true;
 }
 
-bool vm_infer(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr, vm_meta *m) {
-  memset(m, 0, sizeof *m);
+/* Every result's size fits (vm_shape_numel): a broadcast, matmul, concat
+   or expand past 2^60 elements is a shape error naming the input shapes. */
+static bool check_result_size(int n, vm_tensor *const *in, const vm_meta *m) {
+  int64_t numel;
+  if (vm_shape_numel(m->ndim, m->shape, &numel)) return true;
+  char list[4 * VM_SHAPE_BUF + 32] = "", buf[VM_SHAPE_BUF];
+  size_t used = 0;
+  for (int i = 0; i < n && i < 4; i++) {
+    const char *sep = i == 0 ? "" : (i == n - 1 || i == 3) ? " and " : ", ";
+    const char *shape = i == 3 && n > 4 ? "more" : vm_shape_str(buf, in[i]->ndim, in[i]->shape);
+    used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", sep, shape);
+  }
+  char out[VM_SHAPE_BUF];
+  vm_error(KILN_ERR_SHAPE, "shape%s %s give%s a result of shape %s, more than 2^60 elements",
+           n == 1 ? "" : "s", list, n == 1 ? "s" : "", vm_shape_str(out, m->ndim, m->shape));
+  return false;
+}
+
+static bool infer_kind(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr,
+                       vm_meta *m) {
   switch (vm_op_table[op].kind) {
     case VM_KIND_LEAF: return infer_leaf(op, attr, m);
     case VM_KIND_UNARY:
@@ -389,6 +419,12 @@ bool vm_infer(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr, vm
     case VM_KIND_SORT: return infer_sort(in[0], attr->axis, m);
   }
   return false;
+}
+
+bool vm_infer(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr, vm_meta *m) {
+  memset(m, 0, sizeof *m);
+  if (!infer_kind(op, n, in, attr, m)) return false;
+  return vm_op_table[op].kind == VM_KIND_LEAF || check_result_size(n, in, m);
 }
 
 /* --- eager execution --------------------------------------------------- */
@@ -448,7 +484,9 @@ static vm_tensor *make_view(vm_opcode op, vm_tensor *a, const vm_attr *attr, con
     case VM_OP_slice:
       memcpy(strides, a->strides, sizeof strides);
       if (m->shape[attr->axis] > 0) offset += attr->start * a->strides[attr->axis];
-      strides[attr->axis] *= attr->step;
+      /* along an axis of 0 or 1 elements the step is never taken (and a
+         huge one would overflow); with 2 or more, |step| < len bounds it */
+      if (m->shape[attr->axis] > 1) strides[attr->axis] *= attr->step;
       break;
     default: return NULL;
   }
@@ -474,8 +512,9 @@ static bool run_kernel(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *ar
   return false;
 }
 
-/* errors found while running (an index out of range) name the op that
-   failed, not the read that flushed it */
+/* errors found while running (an index out of range) name the public call
+   that recorded the op (kiln_cross_entropy for its gather), or else the
+   op, never the read that flushed it */
 static const char *const public_names[VM_OP_COUNT] = {
 #define X(name, kind, rule, flags) [VM_OP_##name] = "kiln_" #name,
 #include "ops.def"
@@ -488,9 +527,10 @@ vm_tensor *vm_exec(vm_opcode op, int n, vm_tensor *const *values, const vm_attr 
   if (vm_op_table[op].kind == VM_KIND_VIEW) return make_view(op, values[0], attr, m);
   vm_tensor *out = vm_tensor_new(m->dtype, m->ndim, m->shape);
   if (!out) return NULL;
+  if (out->numel == 0) return out; /* nothing to compute */
   atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
   const char *api = vm_thread()->api;
-  vm_set_api(public_names[op]);
+  vm_set_api(attr && attr->api ? attr->api : public_names[op]);
   bool ok = run_kernel(op, out, n, values, attr);
   vm_set_api(api);
   if (!ok) {

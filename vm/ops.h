@@ -66,6 +66,8 @@ typedef struct vm_attr {
   int64_t start, stop, step;      /* slice, already normalized */
   double scalar[2];               /* full: value; arange: start, step */
   uint64_t seed, counter;         /* rand, randn */
+  const char *api;                /* the public call that recorded the op: names errors
+                                     found while running it (never key material) */
 } vm_attr;
 
 /* Result description computed by shape/dtype inference. */

@@ -56,6 +56,12 @@ kiln_status vm_error(kiln_status status, const char *fmt, ...) {
   return status;
 }
 
+kiln_status vm_error_again(kiln_status status, const char *message) {
+  thread_state.status = status;
+  snprintf(thread_state.message, sizeof thread_state.message, "%s", message ? message : "");
+  return status;
+}
+
 void vm_null_input(int argument_index) {
   if (thread_state.status == KILN_OK)
     vm_error(KILN_ERR_ARG, "argument %d is NULL", argument_index + 1);

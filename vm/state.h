@@ -29,13 +29,17 @@ typedef struct vm_thread_state {
   bool cleanup_registered;
   int pool_depth;              /* nested vm_pool_enter calls: >0 holds a kernel token */
   bool pool_in_chunk;          /* running a chunk of a parallel job (vm/pool.c) */
+  volatile int *cancel;        /* kiln_set_cancel_flag: nonzero stops evaluations */
 } vm_thread_state;
 
 typedef struct vm_counters {
   atomic_uint_fast64_t ops_recorded, eager_ops, kernels_launched;
   atomic_uint_fast64_t flushes, traces_seen, cache_hits, cache_misses, plans_built;
   atomic_uint_fast64_t compiles, compile_failures, disk_hits, compile_us;
-  atomic_uint_fast64_t kernels_compiled; /* kernels in freshly compiled plans */
+  atomic_uint_fast64_t kernels_compiled; /* kernels compiled (each once per process) */
+  atomic_uint_fast64_t kernel_cache_hits; /* kernels of new plans found compiled in memory */
+  atomic_uint_fast64_t code_objects;      /* compiled code objects loaded now (a gauge) */
+  atomic_uint_fast64_t code_unloads;      /* code objects unloaded (no kernel of theirs cached) */
   atomic_uint_fast64_t blas_calls;       /* gemm calls into BLAS (matmuls run) */
   atomic_uint_fast64_t recomputed;       /* values evaluated again (fills aside, DESIGN §3) */
   atomic_uint_fast64_t flush_us; /* microseconds */
@@ -61,6 +65,9 @@ vm_thread_state *vm_thread(void);
 kiln_status vm_error(kiln_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void vm_null_input(int argument_index);
+/* Records an error whose message already names its op (a stored failure
+   raised again by a later read): no second "api: " prefix. */
+kiln_status vm_error_again(kiln_status status, const char *message);
 void vm_clear_error(void);
 
 /* the public name errors are reported under; set by bindings/c on entry */

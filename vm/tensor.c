@@ -1,6 +1,7 @@
 /* tensor.c — storage allocation, tensor headers, reference counting. */
 #include "tensor.h"
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +9,19 @@
 #include "../trace/record.h"
 #include "ops.h"
 #include "state.h"
+
+bool vm_shape_numel(int ndim, const int64_t *shape, int64_t *numel) {
+  int64_t nonzero = 1;
+  bool empty = false;
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] == 0) empty = true;
+    else if (shape[d] < 0 || __builtin_mul_overflow(nonzero, shape[d], &nonzero) ||
+             nonzero > VM_MAX_NUMEL)
+      return false;
+  }
+  *numel = empty ? 0 : nonzero;
+  return true;
+}
 
 bool vm_check_shape(int ndim, const int64_t *shape, int64_t *numel_out) {
   char buf[VM_SHAPE_BUF];
@@ -19,24 +33,17 @@ bool vm_check_shape(int ndim, const int64_t *shape, int64_t *numel_out) {
     vm_error(KILN_ERR_ARG, "shape is NULL for ndim %d", ndim);
     return false;
   }
-  int64_t numel = 1;
-  for (int d = 0; d < ndim; d++) {
+  for (int d = 0; d < ndim; d++)
     if (shape[d] < 0) {
       vm_error(KILN_ERR_SHAPE, "negative size %lld in shape %s", (long long)shape[d],
                vm_shape_str(buf, ndim, shape));
       return false;
     }
-    if (__builtin_mul_overflow(numel, shape[d], &numel)) {
-      vm_error(KILN_ERR_SHAPE, "shape %s has more elements than fit in int64",
-               vm_shape_str(buf, ndim, shape));
-      return false;
-    }
-  }
-  if (numel > INT64_MAX / 8) {
-    vm_error(KILN_ERR_SHAPE, "shape %s is too large", vm_shape_str(buf, ndim, shape));
+  if (!vm_shape_numel(ndim, shape, numel_out)) {
+    vm_error(KILN_ERR_SHAPE, "shape %s is too large (its nonzero sizes multiply past 2^60)",
+             vm_shape_str(buf, ndim, shape));
     return false;
   }
-  *numel_out = numel;
   return true;
 }
 
@@ -128,6 +135,17 @@ static void block_free(void *p, size_t bytes) {
 #define VM_INLINE_BYTES 1024
 #define VM_HEADER_BYTES 64
 
+/* bytes held by live storages (headers included; not the freed-block cache):
+   kiln_memory_in_use(), which lets a garbage-collected host (Ruby) see the
+   memory its tensor handles keep alive */
+static atomic_size_t live_bytes;
+
+static size_t storage_bytes(const vm_storage *s) {
+  return s->inline_data ? VM_HEADER_BYTES + (s->nbytes ? s->nbytes : 64) : sizeof *s + s->nbytes;
+}
+
+size_t vm_memory_in_use(void) { return atomic_load_explicit(&live_bytes, memory_order_relaxed); }
+
 static vm_storage *storage_new(size_t nbytes) {
   if (nbytes <= VM_INLINE_BYTES) {
     void *block = NULL;
@@ -140,6 +158,7 @@ static vm_storage *storage_new(size_t nbytes) {
     s->data = (char *)block + VM_HEADER_BYTES;
     s->nbytes = nbytes;
     s->inline_data = true;
+    atomic_fetch_add_explicit(&live_bytes, storage_bytes(s), memory_order_relaxed);
     return s;
   }
   vm_storage *s = malloc(sizeof *s);
@@ -154,11 +173,13 @@ static vm_storage *storage_new(size_t nbytes) {
   s->data = data;
   s->nbytes = bytes;
   s->inline_data = false;
+  atomic_fetch_add_explicit(&live_bytes, storage_bytes(s), memory_order_relaxed);
   return s;
 }
 
 static void storage_release(vm_storage *s) {
   if (s && atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) == 1) {
+    atomic_fetch_sub_explicit(&live_bytes, storage_bytes(s), memory_order_relaxed);
     if (!s->inline_data) block_free(s->data, s->nbytes);
     free(s);
   }
@@ -180,8 +201,10 @@ vm_tensor *vm_tensor_new(kiln_dtype dt, int ndim, const int64_t *shape) {
 
 vm_tensor *vm_tensor_view(const vm_tensor *base, int ndim, const int64_t *shape,
                           const int64_t *strides, int64_t offset) {
-  int64_t numel = 1;
-  for (int d = 0; d < ndim; d++) numel *= shape[d];
+  int64_t numel = 0;
+  bool fits = vm_shape_numel(ndim, shape, &numel);
+  assert(fits); /* views have the shape of a checked op result */
+  (void)fits;
   vm_tensor *t = header_new(base->dtype, ndim, shape, numel);
   if (!t) return NULL;
   if (ndim) memcpy(t->strides, strides, (size_t)ndim * sizeof *strides);

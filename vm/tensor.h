@@ -38,6 +38,15 @@ struct kiln_tensor {
 };
 typedef struct kiln_tensor vm_tensor;
 
+/* The most elements a tensor may have: its bytes, in any dtype, fit in
+   int64.  The product of a shape's *nonzero* extents is bounded too, so
+   the strides of an empty tensor ([0, 2^40, 2^40]) cannot overflow. */
+#define VM_MAX_NUMEL (INT64_MAX / 8)
+
+/* The element count of a shape of extents >= 0 into *numel; false (no
+   error set) when the product of its nonzero extents exceeds VM_MAX_NUMEL. */
+bool vm_shape_numel(int ndim, const int64_t *shape, int64_t *numel);
+
 /* Checks ndim and sizes (error naming the values on failure) and computes
    the element count.  Returns false with the error set. */
 bool vm_check_shape(int ndim, const int64_t *shape, int64_t *numel_out);
@@ -61,10 +70,17 @@ static inline void *vm_data(const vm_tensor *t) {
   return (char *)t->storage->data + t->offset * (int64_t)vm_dtype_size(t->dtype);
 }
 bool vm_is_contiguous(const vm_tensor *t);
+/* whether dim (stride_outer) steps as size elements of stride_inner: the
+   test that merges two dims, false (no merge) if the product overflows */
+static inline bool vm_dims_merge(int64_t stride_outer, int64_t stride_inner, int64_t size) {
+  int64_t span;
+  return !__builtin_mul_overflow(stride_inner, size, &span) && stride_outer == span;
+}
 void vm_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
 
 /* for tests: the storage a handle's value lives in (views share it);
    evaluates the handle */
 const void *vm_storage_id(const vm_tensor *t);
+size_t vm_memory_in_use(void); /* bytes held by live storages */
 
 #endif

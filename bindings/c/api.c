@@ -45,6 +45,12 @@ static bool check_dtype(kiln_dtype dt) {
   return false;
 }
 
+/* bool data is normalized on entry (DESIGN §11): any nonzero byte is true,
+   stored as 1, so kernels, compiled or not, only ever see 0 and 1 */
+static void normalize_bools(unsigned char *b, int64_t n) {
+  for (int64_t i = 0; i < n; i++) b[i] = b[i] != 0;
+}
+
 kiln_tensor *kiln_from_data(const void *data, kiln_dtype dt, int ndim, const int64_t *shape) {
   API(kiln_from_data);
   if (!check_dtype(dt)) return NULL;
@@ -56,6 +62,7 @@ kiln_tensor *kiln_from_data(const void *data, kiln_dtype dt, int ndim, const int
     return NULL;
   }
   if (t->numel) memcpy(vm_data(t), data, (size_t)t->numel * vm_dtype_size(dt));
+  if (dt == KILN_BOOL) normalize_bools(vm_data(t), t->numel);
   return tr_handle_from_value(t);
 }
 
@@ -542,6 +549,7 @@ int kiln_eval(int n, kiln_tensor *const *ts) {
 }
 
 void kiln_jit_wait(void) { cpu_compile_wait(); }
+void kiln_set_cancel_flag(volatile int *flag) { vm_thread()->cancel = flag; }
 
 void kiln_get_stats(kiln_stats *out) {
   if (!out) return;
@@ -566,7 +574,7 @@ void kiln_reset_stats(void) {
   atomic_uint_fast64_t *all[] = {&c->ops_recorded, &c->eager_ops, &c->kernels_launched,
                                  &c->flushes, &c->traces_seen, &c->cache_hits,
                                  &c->cache_misses, &c->plans_built, &c->flush_us, &c->compiles,
-                                 &c->compile_failures, &c->disk_hits, &c->compile_us, &c->kernels_compiled,
+                                 &c->compile_failures, &c->disk_hits, &c->compile_us, &c->kernels_compiled, &c->kernel_cache_hits, &c->code_unloads,
                                  &c->blas_calls, &c->recomputed, &c->kernel_threads_max};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) atomic_store(all[i], 0);
 }
@@ -583,6 +591,7 @@ double kiln_stat(const char *name) {
       COUNTER(ops_recorded), COUNTER(eager_ops), COUNTER(kernels_launched), COUNTER(flushes),
       COUNTER(traces_seen), COUNTER(cache_hits), COUNTER(cache_misses), COUNTER(plans_built),
       COUNTER(compiles), COUNTER(compile_failures), COUNTER(disk_hits), COUNTER(kernels_compiled),
+      COUNTER(kernel_cache_hits), COUNTER(code_objects), COUNTER(code_unloads),
       COUNTER(blas_calls), COUNTER(recomputed), COUNTER(kernel_threads_max),
       {"compile_ms", offsetof(vm_counters, compile_us), 1e-3}, {"flush_ms", offsetof(vm_counters, flush_us), 1e-3},
 #undef COUNTER
@@ -595,6 +604,7 @@ double kiln_stat(const char *name) {
 }
 
 const char *kiln_version(void) { return KILN_VERSION_STRING; }
+size_t kiln_memory_in_use(void) { return vm_memory_in_use(); }
 int kiln_num_threads(void) { return vm_pool_threads(); }
 const char *kiln_blas_core(void) { return vm_blas_get()->core; }
 const char *kiln_cpu_isa(void) { return vm_cpu_isa(); }

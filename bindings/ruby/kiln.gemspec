@@ -13,6 +13,9 @@ Gem::Specification.new do |spec|
     gem install kiln -- --with-kiln-dir=PREFIX).
   DESC
   spec.authors = ["The Kiln authors"]
+  # No license or homepage yet: the repository carries no LICENSE file and no
+  # public address.  Set spec.license / spec.homepage (and spec.metadata's
+  # source_code_uri) when the project chooses them.
   spec.required_ruby_version = ">= 3.0"
 
   spec.files = Dir["lib/**/*.rb", "ext/kiln/*.{c,h,rb}", "test/**/*.rb", "README.md",

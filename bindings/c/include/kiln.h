@@ -244,6 +244,12 @@ KILN_API int kiln_eval(int n, kiln_tensor *const *ts);
 /* wait until the background compiler has finished every compile queued so
    far (hot traces then run compiled); benchmarks call it after warm-up */
 KILN_API void kiln_jit_wait(void);
+/* Interrupts: while *flag is nonzero, evaluations on the calling thread stop
+   at the next kernel boundary with KILN_ERR_STATE ("interrupted"); nothing
+   is lost (pending values and in-place updates stay pending).  Another
+   thread or a signal handler may set *flag; NULL clears it.  Bindings use it
+   for Ctrl-C (Ruby's unblocking function). */
+KILN_API void kiln_set_cancel_flag(volatile int *flag);
 typedef struct {
   uint64_t ops_recorded, flushes, traces_seen, cache_hits, cache_misses, compiles,
       compile_failures, disk_hits, eager_ops, kernels_launched;
@@ -252,7 +258,11 @@ typedef struct {
 KILN_API void kiln_get_stats(kiln_stats *out); /* process-wide */
 KILN_API void kiln_reset_stats(void);
 /* one counter by name: any field of kiln_stats, or "kernels_compiled"
-   (kernels in plans compiled, not loaded from disk), "plans_built" or
+   (kernels compiled, not loaded from disk; a kernel is compiled once per
+   process, whichever traces share it), "kernel_cache_hits" (kernels of
+   newly compiled plans that were already compiled), "code_objects" (compiled
+   code objects loaded now; unloaded once no cached kernel is in them),
+   "code_unloads", "plans_built" or
    "blas_calls" (gemm calls into BLAS: one per matmul, or per batch),
    "recomputed" (values a flush evaluated although an earlier flush had
    computed them: the execution model keeps that to once per value) or
@@ -261,6 +271,9 @@ KILN_API void kiln_reset_stats(void);
    NAN and an error for an unknown name.  New counters appear here without
    changing kiln_stats. */
 KILN_API double kiln_stat(const char *name);
+/* bytes held by live tensor storages, process-wide (freed-block caches not
+   included): what a garbage-collected host reports to its collector */
+KILN_API size_t kiln_memory_in_use(void);
 KILN_API const char *kiln_version(void);
 
 /* machine: what this process runs with */

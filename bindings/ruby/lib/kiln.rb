@@ -12,7 +12,10 @@
 # add keyword arguments and the Ruby conveniences.
 require_relative "kiln/version"
 require "kiln/kiln_ext"
+require_relative "kiln/ext_check"
 require_relative "kiln/errors"
 require_relative "kiln/scalar"
 require_relative "kiln/tensor"
 require_relative "kiln/functions"
+require_relative "kiln/nn"
+require_relative "kiln/optim"

@@ -39,7 +39,7 @@ class ConversionTest < Minitest::Test
     assert_equal :float64, x.dtype
     assert_equal 3, x.ndim
     assert_equal 24, x.numel
-    assert_equal 24, x.size
+    assert_equal [2, 3, 4], x.size
     assert_equal :cpu, x.device
     ops_before = Kiln.stats[:flushes]
     y = (x * 2).sum(dim: 1)

@@ -78,13 +78,22 @@ class OpsTest < Minitest::Test
     assert_tensor [[false, true], [false, false]], @x.eq(Kiln.tensor([[0.0, 2.0], [0.0, 0.0]]))
   end
 
-  def test_equality_is_whole_tensor
-    assert_equal Kiln.tensor([[1, 2], [3, 4]]), @x # values after promotion
-    refute_equal Kiln.tensor([[1.0, 2.0], [3.0, 5.0]]), @x
-    refute_equal Kiln.tensor([1.0, 2.0, 3.0, 4.0]), @x # shape differs
-    refute @x == [[1.0, 2.0], [3.0, 4.0]]
-    assert @x != nil
-    refute @x.eql?(Kiln.tensor([[1.0, 2.0], [3.0, 4.0]])) # eql?/hash stay identity
+  def test_equality_is_elementwise_like_torch_rb
+    assert_tensor [[true, true], [true, false]], @x == Kiln.tensor([[1, 2], [3, 5]])
+    assert_tensor [[false, true], [false, false]], @x == 2
+    assert_tensor [[true, false], [true, true]], @x != 2
+    assert_tensor [[true, true], [true, true]], @x == [[1.0, 2.0], [3.0, 4.0]]
+    assert_equal false, @x == nil # not a tensor-like: plain false
+    assert_equal true, @x != "x"
+    # torch.equal: the whole tensor
+    assert @x.equal(Kiln.tensor([[1, 2], [3, 4]])) # values after promotion
+    refute @x.equal(Kiln.tensor([[1.0, 2.0], [3.0, 5.0]]))
+    refute @x.equal(Kiln.tensor([1.0, 2.0, 3.0, 4.0])) # shape differs
+    # eql?/hash stay identity: tensors are Hash keys by object
+    refute @x.eql?(Kiln.tensor([[1.0, 2.0], [3.0, 4.0]]))
+    h = { @x => 1 }
+    assert_equal 1, h[@x]
+    assert_nil h[Kiln.tensor([[1.0, 2.0], [3.0, 4.0]])]
   end
 
   def test_logical
@@ -169,8 +178,14 @@ class OpsTest < Minitest::Test
     assert_tensor 2.5, @x.mean
     assert_tensor [1.5, 3.5], @x.mean(dim: 1)
     assert_tensor 4.0, @x.max
-    assert_tensor [3.0, 4.0], @x.max(dim: 0)
-    assert_tensor [1.0, 3.0], @x.min(dim: 1)
+    values, indices = @x.max(dim: 0)
+    assert_tensor [3.0, 4.0], values
+    assert_tensor [1, 1], indices, dtype: :int64
+    values, indices = @x.min(1)
+    assert_tensor [1.0, 3.0], values
+    assert_tensor [0, 0], indices
+    assert_tensor [3.0, 4.0], @x.amax(dim: 0)
+    assert_tensor 4.0, @x.max(dim: [0, 1]) # a list of axes: the values
     assert_tensor 1.0, @x.min
     assert_tensor 24.0, @x.prod
     assert_tensor [2.0, 12.0], @x.prod(dim: 1)

@@ -41,7 +41,7 @@ static void check(VALUE v, int depth, layout *L) {
                "elements had numbers",
                depth);
     else
-      rk_raise(rk_eDTypeError,
+      rb_raise(rb_eTypeError,
                "Kiln.tensor: %" PRIsVALUE " (%s) is not a number or true/false", rb_inspect(v),
                kind_name(v));
     return;

@@ -115,17 +115,44 @@ VALUE rk_alloc(void) {
   return obj;
 }
 
+static void gc_report(rk_tensor *r);
+
 VALUE rk_finish(VALUE obj, kiln_tensor *t) {
   if (!t) rk_raise_kiln("kiln");
   rk_tensor *r = RTYPEDDATA_DATA(obj);
+  /* an integer or bool result (.long, argmax, a comparison) has no gradient:
+     cut it from the graph, so it never reports requires_grad and a float
+     made from it again is a constant (torch's behaviour) */
+  if (!rk_dtype_is_float(kiln_dtype_of(t)) && kiln_requires_grad(t)) {
+    kiln_clear_error();
+    kiln_tensor *d = kiln_detach(t);
+    kiln_release(t);
+    if (!d) rk_raise_kiln("kiln_detach");
+    t = d;
+  }
   r->t = t;
+  gc_report(r);
   return obj;
 }
 
+/* Ruby's GC is told what Kiln holds: each handle reports the bytes of its
+   value (numel * itemsize, also what ObjectSpace.memsize_of says) when it
+   is made, with rb_gc_adjust_memory_usage, and gives them back when it is
+   freed.  A pending result counts before it is computed: a flush computes
+   every result a live handle names at once (2048 ops' worth of 256 KiB
+   results = 512 MiB), so waiting for kiln_memory_in_use() to grow would be
+   too late for the GC to have freed the handles nobody reads. */
+static void gc_report(rk_tensor *r) {
+  int64_t numel = kiln_numel(r->t);
+  size_t bytes = numel > 0 ? (size_t)numel * rk_dtype_size(kiln_dtype_of(r->t)) : 0;
+  r->gc_bytes = bytes;
+  if (bytes) rb_gc_adjust_memory_usage((ssize_t)bytes);
+}
+
+/* Conversion buffers are counted by rk_finish (the value's bytes): nothing to add. */
 void rk_account(VALUE obj, size_t bytes) {
-  rk_tensor *r = RTYPEDDATA_DATA(obj);
-  r->gc_bytes += bytes;
-  rb_gc_adjust_memory_usage((ssize_t)bytes);
+  (void)obj;
+  (void)bytes;
 }
 
 int rk_is_tensor(VALUE v) { return rb_typeddata_is_kind_of(v, &tensor_type); }
@@ -238,6 +265,7 @@ typedef struct {
   FILE *f;
   int rc;
   double d;
+  volatile int cancel; /* set by the unblocking function (Ctrl-C, Timeout) */
 } nogvl_args;
 
 static void *to_buffer_fn(void *p) {
@@ -271,29 +299,54 @@ static void *backward_fn(void *p) {
   return NULL;
 }
 
+/* Interrupts: the unblocking function sets the evaluating thread's cancel
+   flag, Kiln stops at the next kernel boundary (nothing is lost), and Ruby
+   then raises the pending Interrupt / Timeout::Error here, before the
+   caller would raise Kiln's "interrupted" error. */
+typedef struct {
+  void *(*fn)(void *);
+  nogvl_args *a;
+} cancelable;
+
+static void cancel_ubf(void *p) { ((nogvl_args *)p)->cancel = 1; }
+
+static void *cancelable_fn(void *p) {
+  cancelable *c = p;
+  kiln_set_cancel_flag(&c->a->cancel);
+  void *r = c->fn(c->a);
+  kiln_set_cancel_flag(NULL);
+  return r;
+}
+
+static void run_cancelable(void *(*fn)(void *), nogvl_args *a) {
+  cancelable c = {fn, a};
+  rb_thread_call_without_gvl(cancelable_fn, &c, cancel_ubf, a);
+  if (a->cancel) rb_thread_check_ints();
+}
+
 int rk_nogvl_to_buffer(kiln_tensor *t, void *dst, size_t n) {
   nogvl_args a = {.t = t, .dst = dst, .n = n};
-  rb_thread_call_without_gvl(to_buffer_fn, &a, NULL, NULL);
+  run_cancelable(to_buffer_fn, &a);
   return a.rc;
 }
 double rk_nogvl_item(kiln_tensor *t) {
   nogvl_args a = {.t = t};
-  rb_thread_call_without_gvl(item_fn, &a, NULL, NULL);
+  run_cancelable(item_fn, &a);
   return a.d;
 }
 int rk_nogvl_print(kiln_tensor *t, FILE *f) {
   nogvl_args a = {.t = t, .f = f};
-  rb_thread_call_without_gvl(print_fn, &a, NULL, NULL);
+  run_cancelable(print_fn, &a);
   return a.rc;
 }
 int rk_nogvl_sync(void) {
   nogvl_args a = {0};
-  rb_thread_call_without_gvl(sync_fn, &a, NULL, NULL);
+  run_cancelable(sync_fn, &a);
   return a.rc;
 }
 int rk_nogvl_backward(kiln_tensor *loss, kiln_tensor *grad) {
   nogvl_args a = {.t = loss, .g = grad};
-  rb_thread_call_without_gvl(backward_fn, &a, NULL, NULL);
+  run_cancelable(backward_fn, &a);
   return a.rc;
 }
 
@@ -395,8 +448,11 @@ static VALUE m_grad_of(VALUE mod, VALUE outs, VALUE gouts, VALUE ins, VALUE crea
     rk_raise_kiln("kiln_grad_of");
   }
   for (long i = 0; i < ni; i++) {
-    if (gr[i])
-      ((rk_tensor *)RTYPEDDATA_DATA(RARRAY_AREF(res, i)))->t = gr[i];
+    if (gr[i]) {
+      rk_tensor *r = RTYPEDDATA_DATA(RARRAY_AREF(res, i));
+      r->t = gr[i];
+      gc_report(r);
+    }
     else
       rb_ary_store(res, i, Qnil);
   }
@@ -434,8 +490,8 @@ static VALUE m_stats(VALUE mod) {
 #undef U64
 #undef DBL
   /* counters beyond kiln_stats, by name */
-  static const char *more[] = {"kernels_compiled", "plans_built", "blas_calls", "recomputed",
-                               "kernel_threads_max"};
+  static const char *more[] = {"kernels_compiled", "kernel_cache_hits", "code_objects", "code_unloads",
+                               "plans_built", "blas_calls", "recomputed", "kernel_threads_max"};
   for (size_t i = 0; i < sizeof more / sizeof *more; i++)
     rb_hash_aset(h, ID2SYM(rb_intern(more[i])), ULL2NUM((unsigned long long)kiln_stat(more[i])));
   return h;
@@ -475,6 +531,8 @@ static VALUE m_no_grad_pop(VALUE mod) {
 
 static VALUE m_dtype(VALUE mod, VALUE name) { return rk_dtype_sym(rk_dtype(name)); }
 
+static VALUE m_memory_in_use(VALUE mod) { return SIZET2NUM(kiln_memory_in_use()); }
+
 static VALUE m_version(VALUE mod) { return rb_str_new_cstr(kiln_version()); }
 static VALUE m_num_threads(VALUE mod) { return INT2NUM(kiln_num_threads()); }
 static VALUE m_blas_core(VALUE mod) { return rb_str_new_cstr(kiln_blas_core()); }
@@ -510,6 +568,7 @@ void Init_kiln_ext(void) {
   rb_define_singleton_method(rk_mKiln, "sync", m_sync, 0);
   rb_define_singleton_method(rk_mKiln, "jit_wait", m_jit_wait, 0);
   rb_define_singleton_method(rk_mKiln, "library_version", m_version, 0);
+  rb_define_singleton_method(rk_mKiln, "memory_in_use", m_memory_in_use, 0);
   rb_define_singleton_method(rk_mKiln, "num_threads", m_num_threads, 0);
   rb_define_singleton_method(rk_mKiln, "blas_core", m_blas_core, 0);
   rb_define_singleton_method(rk_mKiln, "cpu_isa", m_cpu_isa, 0);

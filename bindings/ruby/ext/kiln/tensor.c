@@ -111,6 +111,7 @@ static VALUE t_detach(VALUE self) {
 /* --- in place (functionalized: this handle names the new value) ------------------- */
 
 static VALUE t_sub_scaled(VALUE self, VALUE src, VALUE alpha) {
+  rb_check_frozen(self);
   kiln_tensor *t = rk_get(self), *s = rk_get(src);
   double a = rk_num(alpha, "alpha");
   kiln_clear_error();
@@ -120,6 +121,7 @@ static VALUE t_sub_scaled(VALUE self, VALUE src, VALUE alpha) {
 }
 
 static VALUE t_assign(VALUE self, VALUE src) {
+  rb_check_frozen(self);
   kiln_tensor *t = rk_get(self), *s = rk_get(src);
   kiln_clear_error();
   rk_check_status(kiln_assign(t, s));
@@ -132,6 +134,55 @@ static VALUE t_scalar_like(VALUE self, VALUE num) {
   kiln_tensor *t = rk_get(self);
   VALUE obj = rk_alloc();
   return rk_finish(obj, rk_scalar_for(num, t));
+}
+
+/* Tensor#to_binary: the elements, row-major, as raw native-endian bytes
+   (little-endian on every platform Kiln runs on) in an ASCII-8BIT String,
+   like Numo::NArray#to_binary.  Large results are written straight into the
+   String's buffer. */
+static VALUE t_to_binary(VALUE self) {
+  kiln_tensor *t = rk_get(self);
+  int64_t n = kiln_numel(t);
+  size_t bytes = (size_t)(n > 0 ? n : 0) * rk_dtype_size(kiln_dtype_of(t));
+  if (bytes == 0) {
+    kiln_clear_error();
+    rk_check_status(rk_nogvl_sync());
+    return rb_str_new(NULL, 0);
+  }
+  if (bytes <= 4096) { /* may be embedded in the String object, which GC compaction moves */
+    char buf[4096];
+    rk_check_status(rk_nogvl_to_buffer(t, buf, bytes));
+    RB_GC_GUARD(self);
+    return rb_str_new(buf, (long)bytes);
+  }
+  VALUE str = rb_str_buf_new((long)bytes); /* a heap buffer: it does not move */
+  rk_check_status(rk_nogvl_to_buffer(t, RSTRING_PTR(str), bytes));
+  rb_str_set_len(str, (long)bytes);
+  RB_GC_GUARD(self);
+  return str;
+}
+
+/* Kiln._from_binary(str, dtype, shape): copies the bytes */
+static VALUE m_from_binary(VALUE mod, VALUE str, VALUE dtype, VALUE shape) {
+  StringValue(str);
+  kiln_dtype dt = rk_dtype(dtype);
+  int64_t s[RK_MAX_ARGS];
+  int nd = rk_shape(shape, s);
+  if (nd > KILN_MAX_DIMS) rk_raise(rk_eShapeError, "Kiln.from_binary: %d dimensions (Kiln allows %d)", nd, KILN_MAX_DIMS);
+  int64_t numel = 1;
+  for (int i = 0; i < nd; i++) {
+    if (s[i] < 0 || __builtin_mul_overflow(numel, s[i], &numel))
+      rk_raise(rk_eShapeError, "Kiln.from_binary: bad shape %" PRIsVALUE, rb_inspect(shape));
+  }
+  size_t want = (size_t)numel * rk_dtype_size(dt);
+  if ((size_t)RSTRING_LEN(str) != want)
+    rb_raise(rb_eArgError, "Kiln.from_binary: %ld bytes given, shape %" PRIsVALUE " of %" PRIsVALUE " needs %zu",
+             RSTRING_LEN(str), rb_inspect(shape), rb_inspect(dtype), want);
+  VALUE obj = rk_alloc();
+  kiln_clear_error();
+  VALUE r = rk_finish(obj, kiln_from_data(RSTRING_PTR(str), dt, nd, s));
+  RB_GC_GUARD(str);
+  return r;
 }
 
 void rk_init_tensor(void) {
@@ -152,4 +203,6 @@ void rk_init_tensor(void) {
   rb_define_method(c, "sub_scaled!", t_sub_scaled, 2);
   rb_define_method(c, "assign!", t_assign, 1);
   rb_define_method(c, "_scalar_like", t_scalar_like, 1);
+  rb_define_method(c, "to_binary", t_to_binary, 0);
+  rb_define_singleton_method(rk_mKiln, "_from_binary", m_from_binary, 3);
 }

@@ -64,6 +64,14 @@ module Kiln
       with_grad(_arange(start, stop, step, dtype), requires_grad)
     end
 
+    # A tensor from raw native-endian (little-endian) bytes, as
+    # Numo::NArray#to_binary writes them: Kiln.from_binary(a.to_binary,
+    # :float32, a.shape).  The bytes are copied once.
+    def from_binary(str, dtype, shape)
+      shape = [shape] if shape.is_a?(Integer)
+      _from_binary(str, dtype, shape.to_a)
+    end
+
     # the dtype Symbol for a name (:float32, "float32", :float, :double, :long, ...)
     def dtype(name)
       _dtype(name)
@@ -79,9 +87,20 @@ module Kiln
       end
     end
 
-    # cond ? a : b elementwise; a and b may be Ruby numbers
+    # cond ? a : b elementwise; a and b may be Ruby numbers, cond a bool
+    # Tensor or a nested Array of true/false
     def where(cond, a, b)
+      unless cond.is_a?(Tensor) || cond.is_a?(Array) || cond == true || cond == false
+        raise TypeError, "Kiln.where: cond must be a Tensor or an Array of true/false, not #{cond.inspect}"
+      end
+      [a, b].each do |v|
+        next if v.is_a?(Tensor) || v.is_a?(Numeric) || v.is_a?(Array) || v == true || v == false
+
+        raise TypeError, "Kiln.where: #{v.inspect} (#{v.class}) is not a Tensor, Array or number"
+      end
       cond = _tensor(cond, :bool) unless cond.is_a?(Tensor)
+      a = _tensor(a, nil) if a.is_a?(Array)
+      b = _tensor(b, nil) if b.is_a?(Array)
       unless a.is_a?(Tensor) || b.is_a?(Tensor)
         a = _tensor(a, nil)
       end
@@ -90,13 +109,15 @@ module Kiln
       cond._where(a, b)
     end
 
-    def cat(tensors, dim: 0, axis: nil)
-      _concat(tensors.to_a, axis || dim)
+    # Kiln.cat(list, 0), Kiln.cat(list, dim: 0) or axis: (one of them)
+    def cat(tensors, pos = nil, dim: nil, axis: nil)
+      _concat(tensors.to_a, join_axis("cat", pos, dim, axis))
     end
     alias concat cat
+    alias concatenate cat
 
-    def stack(tensors, dim: 0, axis: nil)
-      _stack(tensors.to_a, axis || dim)
+    def stack(tensors, pos = nil, dim: nil, axis: nil)
+      _stack(tensors.to_a, join_axis("stack", pos, dim, axis))
     end
 
     def matmul(a, b)
@@ -120,6 +141,9 @@ module Kiln
     end
 
     # mean cross-entropy of logits [N, C] against int64 class indices [N]
+    # (An Array target is checked here, so a bad label names this call; a
+    # Tensor target's labels are checked when the loss is evaluated, and the
+    # error then names the kernel that found it, kiln_gather.)
     def cross_entropy(logits, target)
       logits.cross_entropy(target)
     end
@@ -144,6 +168,13 @@ module Kiln
     end
 
     private
+
+    def join_axis(name, pos, dim, axis)
+      given = [pos, dim, axis].compact
+      raise ArgumentError, "Kiln.#{name}: give the axis once (positionally, dim: or axis:)" if given.size > 1
+
+      given.empty? ? 0 : given[0]
+    end
 
     def with_grad(t, on)
       t.requires_grad = true if on

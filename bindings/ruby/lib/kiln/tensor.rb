@@ -17,6 +17,8 @@ module Kiln
   class Tensor
     DTYPES = %i[bool int32 int64 float32 float64].freeze
 
+    alias _cross_entropy cross_entropy # the C method; cross_entropy below checks Array targets
+
     class << self
       # Kiln::Tensor.new(data, ...) is Kiln.tensor(data, ...)
       def new(data, **kwargs)
@@ -45,15 +47,66 @@ module Kiln
       q.text(inspect)
     end
 
-    # true when other is a Tensor of the same shape with equal elements
+    # Elementwise, as in torch-rb: `a == b` is a bool tensor (a Tensor, Array,
+    # number or true/false on the right; anything else gives false, so
+    # `t == nil` stays a plain false).  `!=` is `ne`.  eql? and hash are
+    # identity (Object's), so tensors work as Hash keys and in Sets by object;
+    # `equal(other)` is torch's whole-tensor comparison (same shape, equal
+    # elements), a Ruby true/false.
     def ==(other)
+      case other
+      when Tensor, Numeric, Array, true, false then eq(other)
+      else false
+      end
+    end
+
+    def !=(other)
+      case other
+      when Tensor, Numeric, Array, true, false then ne(other)
+      else true
+      end
+    end
+
+    # torch.equal: true when other is a Tensor of the same shape with equal
+    # elements (after promotion)
+    def equal(other)
       return true if equal?(other)
       return false unless other.is_a?(Tensor) && shape == other.shape
 
       eq(other).all?
     end
 
-    alias size numel
+    # torch-rb: size is the shape; size(dim) one extent (negative counts from the end)
+    def size(dim = nil)
+      s = shape
+      return s if dim.nil?
+
+      raise TypeError, "size: dim must be an Integer, not #{dim.inspect}" unless dim.is_a?(Integer)
+
+      d = dim.negative? ? dim + s.size : dim
+      raise IndexError, "size: dim #{dim} is out of range for a tensor of #{s.size} dimensions" unless d >= 0 && d < s.size
+
+      s[d]
+    end
+
+    # the number of dimensions (torch-rb's dim)
+    def dim
+      ndim
+    end
+    alias ndimension dim
+
+    def nelement
+      numel
+    end
+
+    def each(&block)
+      return enum_for(:each) { ndim.zero? ? 0 : shape[0] } unless block
+      raise TypeError, "iteration over a 0-d tensor" if ndim.zero?
+
+      shape[0].times { |i| yield self[i] }
+      self
+    end
+    include Enumerable
 
     def to_f
       v = item
@@ -151,16 +204,27 @@ module Kiln
       _mean(reduce_axes(dims, dim, axis), keep?(keepdim, keepdims))
     end
 
-    # the largest values (over all axes, or dim:); max(other_tensor) is maximum
+    # torch-rb: max() is a 0-d tensor; max(1) / max(dim: 1) is [values, indices]
+    # (indices int64, as argmax); max(other_tensor) is maximum.  A list of
+    # axes (max(dim: [0, 1])) gives the values only (torch has no such form).
     def max(*dims, dim: nil, axis: nil, keepdim: nil, keepdims: nil)
       return maximum(dims[0]) if dims.size == 1 && dims[0].is_a?(Tensor)
 
-      _max(reduce_axes(dims, dim, axis), keep?(keepdim, keepdims))
+      extreme(:_max, :_argmax, reduce_axes(dims, dim, axis), keep?(keepdim, keepdims))
     end
 
     def min(*dims, dim: nil, axis: nil, keepdim: nil, keepdims: nil)
       return minimum(dims[0]) if dims.size == 1 && dims[0].is_a?(Tensor)
 
+      extreme(:_min, :_argmin, reduce_axes(dims, dim, axis), keep?(keepdim, keepdims))
+    end
+
+    # values only, over any axes (Kiln's amax / amin)
+    def amax(*dims, dim: nil, axis: nil, keepdim: nil, keepdims: nil)
+      _max(reduce_axes(dims, dim, axis), keep?(keepdim, keepdims))
+    end
+
+    def amin(*dims, dim: nil, axis: nil, keepdim: nil, keepdims: nil)
       _min(reduce_axes(dims, dim, axis), keep?(keepdim, keepdims))
     end
 
@@ -256,7 +320,9 @@ module Kiln
     # x[index_tensor] (int32/int64, 1-d) selects rows like index_select(0, index).
     def [](*index)
       raise ArgumentError, "Kiln::Tensor#[] needs an index" if index.empty?
-      return index_select(0, index[0]) if index.size == 1 && index[0].is_a?(Tensor)
+      if index.size == 1 && index[0].is_a?(Tensor)
+        return index[0].dtype == :bool ? masked_select_rows(index[0]) : index_select(0, index[0])
+      end
       raise IndexError, "too many indices (#{index.size}) for a tensor of #{ndim} dimensions" if index.size > ndim
 
       t = self
@@ -286,6 +352,157 @@ module Kiln
       t
     end
 
+    # t[i, j] = v, t[0, 1..2] = tensor_or_number, t[mask] = v (a bool mask of
+    # t's shape, or of its leading axes; v a number or broadcastable to t).
+    # Functional underneath: the new value is computed (where / scatter_add)
+    # and this handle rebound to it with assign!, as sub_scaled! does, so
+    # views taken before keep the old value.
+    def []=(*index, value)
+      raise FrozenError, "can't modify frozen #{self.class}: #{inspect}" if frozen?
+      raise ArgumentError, "Kiln::Tensor#[]= needs an index" if index.empty?
+
+      if index.size == 1 && index[0].is_a?(Tensor) && index[0].dtype == :bool
+        mask = index[0]
+        mask = mask.reshape(mask.shape + [1] * (ndim - mask.ndim)) if mask.ndim < ndim
+        return assign!(Kiln.where(mask, same_dtype(value), self))
+      end
+      if index.size == 1 && index[0].is_a?(Tensor)
+        pos = index[0] # rows, as index_select(0, pos)
+        rows = Kiln.arange(numel).reshape(shape)
+        pos = rows.index_select(0, pos)
+      else
+        pos = Kiln.arange(numel).reshape(shape)[*index]
+      end
+      flat_pos = pos.reshape(-1)
+      v = same_dtype(value)
+      v = v.expand(pos.shape) unless v.shape == pos.shape
+      work = dtype == :bool ? :int32 : dtype
+      hit = Kiln.zeros(numel, dtype: :int32).scatter_add(0, flat_pos, Kiln.ones(flat_pos.numel, dtype: :int32)) > 0
+      vals = Kiln.zeros(numel, dtype: work).scatter_add(0, flat_pos, v.reshape(-1)._cast(work))
+      vals = vals._cast(dtype) if work != dtype
+      assign!(Kiln.where(hit, vals, reshape(-1)).reshape(shape))
+    end
+
+    # --- in place (this handle is rebound to the new value; see assign!) --------
+
+    # self += other * alpha
+    def add!(other, alpha: 1)
+      if other.is_a?(Tensor) && other.shape == shape && other.dtype == dtype && floating_point?
+        return sub_scaled!(other, -alpha)
+      end
+
+      assign!(same_dtype(alpha == 1 ? self + other : self + other * alpha))
+    end
+
+    def sub!(other, alpha: 1)
+      add!(other, alpha: -alpha)
+    end
+
+    def mul!(other)
+      assign!(same_dtype(self * other))
+    end
+
+    def div!(other)
+      assign!(same_dtype(self / other))
+    end
+
+    def zero!
+      assign!(Kiln.zeros(shape, dtype: dtype))
+    end
+
+    def fill!(value)
+      assign!(Kiln.full(shape, value, dtype: dtype))
+    end
+
+    # p.copy!(src): the values of src (cast to self's dtype, broadcast to its shape)
+    def copy!(src)
+      assign!(same_dtype(src))
+    end
+
+    # --- arithmetic and linear algebra ----------------------------------------------
+
+    # torch's remainder: x - floor(x / y) * y (the sign of y); integer tensors
+    # stay integer (computed in float64, exact for |x| < 2**53)
+    def %(other)
+      other_float = other.is_a?(Float) || (other.is_a?(Tensor) && other.floating_point?)
+      return _cast(other.is_a?(Tensor) ? other.dtype : :float32) % other if !floating_point? && other_float
+      return self - (self / other).floor * other if floating_point?
+
+      x = _cast(:float64)
+      y = other.is_a?(Tensor) ? other._cast(:float64) : other
+      (x - (x / y).floor * y)._cast(other.is_a?(Tensor) && other.dtype == :int64 ? :int64 : dtype)
+    end
+    alias remainder %
+
+    # inner product of two 1-d tensors (0-d result)
+    def dot(other)
+      raise Kiln::ShapeError, "dot: 1-d tensors expected, got #{shape} and #{other.shape}" unless ndim == 1 && other.ndim == 1
+
+      matmul(other)
+    end
+
+    def mm(other)
+      raise Kiln::ShapeError, "mm: 2-d tensors expected, got #{shape} and #{other.shape}" unless ndim == 2 && other.ndim == 2
+
+      matmul(other)
+    end
+
+    def bmm(other)
+      raise Kiln::ShapeError, "bmm: 3-d tensors expected, got #{shape} and #{other.shape}" unless ndim == 3 && other.ndim == 3
+
+      matmul(other)
+    end
+
+    # torch's chunk: n pieces of ceil(size / n) along dim (the last smaller; fewer
+    # pieces when the size does not fill n)
+    def chunk(chunks, dim = 0)
+      raise ArgumentError, "chunk: chunks must be a positive Integer" unless chunks.is_a?(Integer) && chunks.positive?
+
+      split((size(dim) + chunks - 1) / chunks, dim).then { |parts| parts.empty? ? [self] : parts }
+    end
+
+    # split(size, dim) pieces of that size (the last smaller); split([2, 3], dim)
+    # pieces of those sizes (which must add up to the axis' size).  Views.
+    def split(split_size_or_sections, dim = 0)
+      n = size(dim)
+      d = dim.negative? ? dim + ndim : dim
+      sizes = if split_size_or_sections.is_a?(Array)
+                unless split_size_or_sections.sum == n
+                  raise Kiln::ShapeError, "split: sections #{split_size_or_sections} do not add up to #{n}"
+                end
+
+                split_size_or_sections
+              else
+                step = split_size_or_sections
+                raise ArgumentError, "split: size must be a positive Integer" unless step.is_a?(Integer) && step.positive?
+
+                Array.new((n + step - 1) / step) { |i| [step, n - i * step].min }
+              end
+      start = 0
+      sizes.map do |k|
+        part = _slice(d, start, start + k, 1)
+        start += k
+        part
+      end
+    end
+
+    # mean cross-entropy against class indices; an Array target is checked here
+    # (a label out of range names Kiln.cross_entropy, not the kernel)
+    def cross_entropy(target)
+      if target.is_a?(Array)
+        classes = ndim == 2 ? shape[1] : nil
+        target.flatten.each do |label|
+          raise TypeError, "Kiln.cross_entropy: label #{label.inspect} is not an Integer" unless label.is_a?(Integer)
+          next if classes.nil? || (label >= 0 && label < classes)
+
+          e = Kiln::Error.new("Kiln.cross_entropy: label #{label} is out of range for #{classes} classes")
+          e.instance_variable_set(:@status, :arg)
+          raise e
+        end
+      end
+      _cross_entropy(target)
+    end
+
     # Tensors are values: a "copy" is a new handle to the same value.
     def dup
       _reshape(shape)
@@ -293,6 +510,27 @@ module Kiln
     alias clone dup
 
     private
+
+    # value as a tensor of self's dtype (numbers become a 0-d tensor)
+    def same_dtype(value)
+      v = value.is_a?(Tensor) ? value : Kiln.tensor(value)
+      v.dtype == dtype ? v : v._cast(dtype)
+    end
+
+    # t[mask]: the selected elements (mask of t's shape) or rows (mask of t's
+    # leading axes), flattened.  The result's size depends on the mask's
+    # values, so the mask is read (evaluated) here, as torch does.
+    def masked_select_rows(mask)
+      unless mask.ndim <= ndim && mask.shape == shape[0, mask.ndim]
+        raise Kiln::ShapeError, "Kiln::Tensor#[]: mask of shape #{mask.shape} does not match #{shape}"
+      end
+
+      flat = mask.reshape(-1).to_a
+      idx = []
+      flat.each_with_index { |m, i| idx << i if m }
+      rest = shape[mask.ndim..]
+      reshape([flat.size] + rest).index_select(0, Kiln.tensor(idx, dtype: :int64))
+    end
 
     def keep?(keepdim, keepdims)
       raise ArgumentError, "give keepdim: or keepdims:, not both" if !keepdim.nil? && !keepdims.nil?
@@ -318,6 +556,12 @@ module Kiln
       raise ArgumentError, "give the axis once (positionally, dim: or axis:)" if given.size > 1
 
       given.empty? ? default : given.first
+    end
+
+    def extreme(value_op, index_op, axes, keepdim)
+      return send(value_op, axes, keepdim) if axes.nil? || axes.is_a?(Array)
+
+      [send(value_op, axes, keepdim), send(index_op, axes, keepdim)]
     end
 
     def arg_reduce(op, dim, keepdim)

@@ -1,0 +1,38 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require "timeout"
+
+# Ctrl-C and Timeout reach a long evaluation: it stops at the next kernel
+# boundary (the unblocking function sets Kiln's cancel flag), Ruby raises
+# the interrupt, and nothing is lost: the value is still there to compute.
+# On the interpreter (KILN_JIT=0), so every op is a kernel boundary and
+# every run of the chain takes the same time; 240 ops of 3 MB, under the
+# depth and memory caps, so nothing is evaluated before the read.
+class InterruptTest < Minitest::Test
+  def long_chain
+    Kiln.manual_seed(5)
+    x = Kiln.rand(800, 1000)
+    60.times { |i| x = (x * (1.0 + i * 1e-6)).tanh.sigmoid + 0.001 }
+    x.sum
+  end
+
+  def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+  def test_timeout_interrupts_an_evaluation_and_loses_nothing
+    jit = ENV["KILN_JIT"]
+    ENV["KILN_JIT"] = "0"
+    t0 = now
+    reference = long_chain.item
+    whole = now - t0
+    skip "the evaluation took #{whole.round(3)} s: too short to interrupt" if whole < 0.06
+    total = long_chain
+    t0 = now
+    assert_raises(Timeout::Error) { Timeout.timeout(0.02) { total.item } }
+    elapsed = now - t0
+    assert_operator elapsed, :<, 0.02 + (whole - 0.02) * 0.6, "stopped at a kernel boundary (whole: #{whole} s)"
+    assert_equal reference, total.item # computed now, from the same pending graph
+  ensure
+    ENV["KILN_JIT"] = jit
+  end
+end

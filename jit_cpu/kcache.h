@@ -1,0 +1,47 @@
+/* kcache.h — internal to jit_cpu/: the process-wide kernel cache (DESIGN
+ * §4, the second level): a kernel's own description -> its compiled
+ * function, and the code objects (a libgccjit result or a shared object
+ * from the disk cache) that hold compiled functions.  Plans hold
+ * references to kernels; a kernel no plan references stays cached, least
+ * recently used first out, up to KILN_KERNEL_CACHE_MAX of them; a code
+ * object none of whose kernels is cached any more is unloaded. */
+#ifndef CPU_KCACHE_H
+#define CPU_KCACHE_H
+
+#include <libgccjit.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "jit.h"
+
+typedef struct cpu_code cpu_code;
+typedef struct cpu_kentry cpu_kentry;
+
+/* a new code object owning result (or dl, a dlopen handle); the caller
+   holds one reference, dropped with cpu_code_release once it has put the
+   object's kernels in the cache.  batch: the disk key it was loaded or
+   stored under (NULL: none), so that a second lookup finds it loaded */
+cpu_code *cpu_code_new(gcc_jit_result *result, void *dl, const uint64_t *batch);
+/* the loaded code object with disk key batch, retained; NULL if none */
+cpu_code *cpu_code_find(const uint64_t batch[2]);
+void *cpu_code_symbol(cpu_code *code, const char *name);
+void cpu_code_release(cpu_code *code);
+
+/* the cached kernel with this key and description bytes, retained (one
+   reference per holder); NULL when not cached */
+cpu_kentry *cpu_kcache_get(const uint64_t key[2], const uint8_t *bytes, size_t len);
+/* caches fn of code under key, retained for the caller; if another thread
+   cached the key meanwhile, that entry is returned instead */
+cpu_kentry *cpu_kcache_put(const uint64_t key[2], const uint8_t *bytes, size_t len, cpu_code *code,
+                           cpu_kernel_fn fn);
+cpu_kernel_fn cpu_kentry_fn(const cpu_kentry *e);
+void cpu_kcache_release(cpu_kentry *e);
+
+/* kernels cached, and code objects loaded (tests, stats) */
+long cpu_kcache_kernels(void);
+long cpu_kcache_code_objects(void);
+/* drops every unreferenced kernel (and so unloads their code when no plan
+   still uses it); tests */
+void cpu_kcache_trim(void);
+
+#endif
