@@ -160,11 +160,20 @@ TEST(large_ops_on_2_and_4_threads_never_exceed_kiln_threads) {
 
 /* the pool is still used: one thread's large ops get help from the workers
    (each op has a chunk per thread; over 40 ops a worker joins at least once) */
+/* a worker joining a job is a matter of scheduling (a loaded machine may
+   run every chunk on the caller before a worker wakes), so this repeats
+   the work until one did, within a generous bound; the upper bound is the
+   guarantee and holds on every repetition */
 TEST(one_thread_alone_uses_the_workers) {
   kiln_reset_stats();
-  for (int rep = 0; rep < 10; rep++) pipeline(rep);
-  double seen = kiln_stat("kernel_threads_max");
-  CHECK(seen >= (kiln_num_threads() > 1 ? 2 : 1) && seen <= kiln_num_threads());
+  int want = kiln_num_threads() > 1 ? 2 : 1;
+  double seen = 0;
+  for (int rep = 0; rep < 200 && seen < want; rep++) {
+    pipeline(rep);
+    seen = kiln_stat("kernel_threads_max");
+    CHECK(seen <= kiln_num_threads());
+  }
+  CHECK(seen >= want);
 }
 
 static trained reference; /* the model trained by the main thread alone */
