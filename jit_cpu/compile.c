@@ -768,8 +768,39 @@ static bool reduced_run(const tr_pnode *red, const vm_meta *rin, int *first, int
    reduced run: (outer, reduced, inner) into meta3 (3 per input) or, for
    trailing reductions, (rows, reduced) into meta2 (2 per input); bufs get
    the inputs' data.  false: a layout the kernel was not compiled for */
+/* contiguous copies of inputs a reduction kernel could not read in place
+   (held until the kernel ran) */
+typedef struct {
+  vm_tensor *t[KERNEL_MAX_IO];
+  int n;
+} input_copies;
+
+static void release_copies(input_copies *c) {
+  while (c->n > 0) vm_release(c->t[--c->n]);
+}
+
+/* v seen with strides over shape, as a contiguous copy (strides set to its
+   own): a broadcast input (a bias under a sum over every axis, strides
+   (0, 1)) has no single stride along the reduced run, and a copy lets the
+   kernel run instead of the interpreter; it reads the same values in the
+   same order, so the result is the same */
+static vm_tensor *contiguous_copy(vm_tensor *v, const vm_meta *rin, int64_t *strides, input_copies *c) {
+  if (c->n == KERNEL_MAX_IO) return NULL;
+  vm_tensor *view = vm_tensor_view(v, rin->ndim, rin->shape, strides, v->offset);
+  vm_tensor *copy = view ? vm_value_copy(view) : NULL;
+  vm_release(view);
+  if (!copy) {
+    vm_clear_error();
+    return NULL;
+  }
+  c->t[c->n++] = copy;
+  for (int d = 0; d < rin->ndim; d++) strides[d] = rin->shape[d] == 1 ? 0 : copy->strides[d];
+  return copy;
+}
+
 static bool split_strides(const cpu_kernel *k, const tr_trace *t, vm_tensor **vals, const tr_pnode *red,
-                          const vm_meta *rin, int64_t count, int per_input, int64_t *meta, void **bufs) {
+                          const vm_meta *rin, int64_t count, int per_input, int64_t *meta, void **bufs,
+                          input_copies *copies) {
   int first, last, nd = rin->ndim;
   reduced_run(red, rin, &first, &last);
   if (last < 0) { /* nothing reduced: every dim is a kept one */
@@ -779,16 +810,26 @@ static bool split_strides(const cpu_kernel *k, const tr_trace *t, vm_tensor **va
   for (int q = 0; q < k->nin; q++) {
     int64_t strides[KILN_MAX_DIMS], s_out, s_red, s_in;
     vm_tensor *v = input_strides(k, t, vals, q, nd, strides);
+    if (v && !collapse_range(rin->shape, strides, first, last + 1, &s_red))
+      v = contiguous_copy(v, rin, strides, copies);
     if (!v || !collapse_range(rin->shape, strides, 0, first, &s_out) ||
         !collapse_range(rin->shape, strides, first, last + 1, &s_red) ||
-        !collapse_range(rin->shape, strides, last + 1, nd, &s_in))
+        !collapse_range(rin->shape, strides, last + 1, nd, &s_in)) {
+      release_copies(copies);
       return false;
+    }
     if (per_input == 2) { /* trailing: nothing after the reduced run */
-      if (count > 1 && !inner_fits(k, q, s_red)) return false;
+      if (count > 1 && !inner_fits(k, q, s_red)) {
+        release_copies(copies);
+        return false;
+      }
       meta[2 * q] = s_out;
       meta[2 * q + 1] = s_red;
     } else {
-      if (!inner_fits(k, q, s_in)) return false;
+      if (!inner_fits(k, q, s_in)) {
+        release_copies(copies);
+        return false;
+      }
       meta[3 * q] = s_out;
       meta[3 * q + 1] = s_red;
       meta[3 * q + 2] = s_in;
@@ -833,16 +874,21 @@ static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
   void *bufs[2 * KERNEL_MAX_IO + 1];
   uint64_t params[KERNEL_MAX_IO];
   vm_tensor *outs[KERNEL_MAX_IO] = {0}, *partials = NULL;
-  if (!split_strides(k, t, vals, red, rin, count, 2, meta + 4, bufs)) return false;
+  input_copies copies = {.n = 0};
+  if (!split_strides(k, t, vals, red, rin, count, 2, meta + 4, bufs, &copies)) return false;
   kernel_params(k, plan, t, params);
   int got = alloc_outputs(k, plan, rows, rows * count, true, outs, bufs, rc);
-  if (got <= 0) return got < 0;
+  if (got <= 0) {
+    release_copies(&copies);
+    return got < 0;
+  }
   int qr = 0;
   while (k->outs[qr] != k->reduce) qr++;
   if (nchunks > 1) { /* the chunks' values, folded below */
     int64_t np = rows * nchunks;
     if (!(partials = vm_tensor_new(red->meta.dtype, 1, &np))) {
       for (int q = 0; q < k->nout; q++) vm_release(outs[q]);
+      release_copies(&copies);
       *rc = vm_thread()->status ? vm_thread()->status : vm_error(KILN_ERR_OOM, "out of memory");
       return true;
     }
@@ -850,6 +896,7 @@ static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
   }
   run_job job = {.fn = k->fn, .bufs = bufs, .meta = meta, .params = params};
   launch(&job, rows * nchunks, RUN_GRAIN / chunk + 1, k, outs, vals, rc);
+  release_copies(&copies);
   if (partials) {
     if (vm_dtype_is_float(red->meta.dtype)) /* the interpreter's fold (vm/fold.h) */
       vm_fold_partials(red->op, red->meta.dtype, vm_data(partials), nchunks, rows, vm_data(outs[qr]));
@@ -872,13 +919,18 @@ static bool run_reduce_cols(const cpu_kernel *k, const tr_plan *plan, const tr_t
   void *bufs[2 * KERNEL_MAX_IO + 1];
   uint64_t params[KERNEL_MAX_IO];
   vm_tensor *outs[KERNEL_MAX_IO] = {0};
-  if (!split_strides(k, t, vals, red, rin, count, 3, meta + 4, bufs)) return false;
+  input_copies copies = {.n = 0};
+  if (!split_strides(k, t, vals, red, rin, count, 3, meta + 4, bufs, &copies)) return false;
   kernel_params(k, plan, t, params);
   int got = alloc_outputs(k, plan, outer * inner, outer * count * inner, true, outs, bufs, rc);
-  if (got <= 0) return got < 0;
+  if (got <= 0) {
+    release_copies(&copies);
+    return got < 0;
+  }
   run_job job = {.fn = k->fn, .bufs = bufs, .meta = meta, .params = params};
   int64_t per_item = count * (inner < KERNEL_COLS ? inner : KERNEL_COLS);
   launch(&job, outer * nblocks, RUN_GRAIN / (per_item > 0 ? per_item : 1) + 1, k, outs, vals, rc);
+  release_copies(&copies);
   return true;
 }
 
@@ -893,13 +945,18 @@ static bool run_rows(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t
   void *bufs[2 * KERNEL_MAX_IO + 1];
   uint64_t params[KERNEL_MAX_IO];
   vm_tensor *outs[KERNEL_MAX_IO] = {0};
-  if (!split_strides(k, t, vals, red, rin, count, 2, meta + 2, bufs)) return false;
+  input_copies copies = {.n = 0};
+  if (!split_strides(k, t, vals, red, rin, count, 2, meta + 2, bufs, &copies)) return false;
   kernel_params(k, plan, t, params);
   int got = alloc_outputs(k, plan, rows, rows * count, false, outs, bufs, rc);
-  if (got <= 0) return got < 0;
+  if (got <= 0) {
+    release_copies(&copies);
+    return got < 0;
+  }
   run_job job = {.fn = k->fn, .bufs = bufs, .meta = meta, .params = params, .nbufs = k->nout + k->nin,
                  .scratch_bytes = (size_t)k->nstash * 8 * (size_t)count};
   launch(&job, rows, RUN_GRAIN / (count > 0 ? count : 1) + 1, k, outs, vals, rc);
+  release_copies(&copies);
   return true;
 }
 

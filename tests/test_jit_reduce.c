@@ -302,6 +302,50 @@ TEST(row_kernels_kept_values_chain) {
   free(got);
 }
 
+/* sum over every axis (and a column sum) of x + bias: the bias has no
+   single stride along the reduced run (strides 0, 1), so the kernel reads a
+   contiguous copy of it instead of leaving the group to the interpreter
+   (it ran on the interpreter before: sum(gelu(x + b)) was slower compiled);
+   equal bit for bit to KILN_JIT=0 */
+TEST(reduction_over_a_broadcast_input_runs_compiled) {
+  int64_t rows = 300, cols = 257, n = rows * cols;
+  float *x = malloc((size_t)n * sizeof *x), bias[257];
+  fill(KILN_F32, x, n, 31);
+  fill(KILN_F32, bias, cols, 32);
+  kiln_tensor *t = kiln_from_data(x, KILN_F32, 2, (int64_t[]){rows, cols});
+  kiln_tensor *b = kiln_from_data(bias, KILN_F32, 1, (int64_t[]){cols});
+  float got[3][2];
+  for (int rep = 0; rep < 3; rep++) {
+    if (rep == 2) setenv("KILN_JIT", "0", 1); /* the reference */
+    for (int which = 0; which < 2; which++) { /* over every axis; over axis 0 (columns) */
+      kiln_stats before, after;
+      kiln_get_stats(&before);
+      kiln_tensor *xb = kiln_add(t, b), *e = kiln_tanh(xb);
+      kiln_tensor *r = which ? kiln_sum(e, 1, (int[]){0}, false) : kiln_sum(e, 0, NULL, false);
+      float all[257];
+      CHECK(kiln_to_buffer(r, all, (size_t)(which ? cols : 1) * sizeof(float)) == 0);
+      got[rep][which] = all[which ? 5 : 0];
+      kiln_get_stats(&after);
+      /* compiled: at most the bias's contiguous copy runs outside the kernel
+         (before, the whole group ran on the interpreter: 3 ops) */
+      if (rep == 1 && after.eager_ops - before.eager_ops > 1)
+        KTEST_FAIL("sum %d: %llu ops on the interpreter", which,
+                   (unsigned long long)(after.eager_ops - before.eager_ops));
+      kiln_release(xb);
+      kiln_release(e);
+      kiln_release(r);
+    }
+  }
+  unsetenv("KILN_JIT");
+  CHECK(!memcmp(got[1], got[2], sizeof got[1])); /* compiled == interpreter, bit for bit */
+  double ref = 0;
+  for (int64_t i = 0; i < n; i++) ref += tanh((double)(x[i] + bias[i % cols]));
+  CHECK_CLOSE(got[1][0], ref, 1e-4);
+  kiln_release(t);
+  kiln_release(b);
+  free(x);
+}
+
 TEST(row_kernels_layer_norm) {
   int64_t rows = 48, cols = 777, shape[2] = {rows, cols}, n = rows * cols;
   float *x = malloc((size_t)n * sizeof *x), *got = malloc((size_t)n * sizeof *got), w[777], b[777];
@@ -466,5 +510,6 @@ int main(int argc, char **argv) {
   RUN(row_kernels_layer_norm);
   RUN(row_kernels_kept_values_chain);
   RUN(many_host_scalars_compile);
+  RUN(reduction_over_a_broadcast_input_runs_compiled);
   return ktest_done();
 }
