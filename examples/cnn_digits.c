@@ -28,14 +28,6 @@ typedef struct {
   kiln_tensor *p[NPARAM]; /* the NAMES, in order */
 } cnn;
 
-/* He-normal weights of the given shape (fan_in inputs per output) */
-static kiln_tensor *he(int ndim, const int64_t *shape, int64_t fan_in) {
-  kiln_tensor *r = CK(kiln_randn(KILN_F32, ndim, shape));
-  kiln_tensor *w = CK(kiln_mul_scalar(r, sqrt(2.0 / (double)fan_in)));
-  kiln_release(r);
-  return w;
-}
-
 static cnn cnn_init(void) {
   kiln_manual_seed(0);
   cnn m;

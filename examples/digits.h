@@ -1,7 +1,8 @@
 /* digits.h — what the digits examples share (mlp_digits.c, cnn_digits.c):
  * error checks every Kiln call goes through, a scope of temporaries, a
- * deterministic PRNG for splits and shuffles, and the data set reader
- * (data/digits.csv.gz: 64 pixels 0..16 and a label per line).  Define
+ * deterministic PRNG for splits and shuffles, He initialization, and the
+ * data set reader (data/digits.csv.gz: 64 pixels 0..16 and a label per
+ * line).  Define
  * DIGITS_PROG (the program's name, for messages) before including it. */
 #ifndef DIGITS_H
 #define DIGITS_H
@@ -162,6 +163,14 @@ static inline void to_tensors(const dataset *d, const int64_t *idx, int64_t n, k
   *y = CK(kiln_from_data(ys, KILN_I64, 1, (int64_t[]){n}));
   free(xs);
   free(ys);
+}
+
+/* He-normal weights of the given shape (fan_in inputs per output) */
+static inline kiln_tensor *he(int ndim, const int64_t *shape, int64_t fan_in) {
+  kiln_tensor *r = CK(kiln_randn(KILN_F32, ndim, shape));
+  kiln_tensor *w = CK(kiln_mul_scalar(r, sqrt(2.0 / (double)fan_in)));
+  kiln_release(r);
+  return w;
 }
 
 #endif

@@ -45,11 +45,8 @@ typedef struct {
   kiln_tensor *p[4]; /* w1 [64,H], b1 [H], w2 [H,10], b2 [10] */
 } mlp;
 
-static kiln_tensor *init_weight(int64_t fan_in, int64_t fan_out) { /* He init */
-  kiln_tensor *r = CK(kiln_randn(KILN_F32, 2, (int64_t[]){fan_in, fan_out}));
-  kiln_tensor *w = CK(kiln_mul_scalar(r, sqrt(2.0 / (double)fan_in)));
-  kiln_release(r);
-  return w;
+static kiln_tensor *init_weight(int64_t fan_in, int64_t fan_out) {
+  return he(2, (int64_t[]){fan_in, fan_out}, fan_in);
 }
 
 static mlp mlp_init(void) {

@@ -116,6 +116,17 @@ void bench_force(kiln_tensor *t) {
   bench_ok_status(kiln_sync(), "kiln_sync");
 }
 
+void bench_sgd_step(kiln_tensor *const *params, int n, double lr) {
+  kiln_no_grad_push();
+  for (int i = 0; i < n; i++) {
+    kiln_tensor *g = bench_ok(kiln_grad(params[i]), "kiln_grad");
+    bench_ok_status(kiln_sub_scaled_(params[i], g, lr), "kiln_sub_scaled_");
+    kiln_release(g);
+    bench_ok_status(kiln_zero_grad(params[i]), "kiln_zero_grad");
+  }
+  kiln_no_grad_pop();
+}
+
 void bench_fill_sin(float *x, int64_t n, double freq, double phase, double amp) {
   for (int64_t i = 0; i < n; i++) x[i] = (float)(amp * sin((double)i * freq + phase));
 }

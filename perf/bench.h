@@ -37,6 +37,9 @@ void bench_ok_status(int status, const char *what);
 
 /* makes sure t's value is computed (Kiln records ops lazily): kiln_sync() */
 void bench_force(kiln_tensor *t);
+/* after kiln_backward: params[i] -= lr * grad, then zero_grad, for each of
+   the n parameters (SGD as a user writes it) */
+void bench_sgd_step(kiln_tensor *const *params, int n, double lr);
 
 /* x[i] = (float)(amp * sin(i * freq + phase)), i in double: numpy computes
    (amp * np.sin(np.arange(n) * freq + phase)).astype(np.float32) */

@@ -133,14 +133,7 @@ static double train_step(gru *m, int step) {
   double value = kiln_item(loss); /* the user prints the loss */
   if (isnan(value)) bench_ok(NULL, "kiln_item(loss)");
   bench_ok_status(kiln_backward(loss, NULL), "kiln_backward");
-  kiln_no_grad_push();
-  for (int i = 0; i < NPARAM; i++) {
-    kiln_tensor *g = bench_ok(kiln_grad(m->p[i]), "kiln_grad");
-    bench_ok_status(kiln_sub_scaled_(m->p[i], g, m->lr), "kiln_sub_scaled_");
-    kiln_release(g);
-    bench_ok_status(kiln_zero_grad(m->p[i]), "kiln_zero_grad");
-  }
-  kiln_no_grad_pop();
+  bench_sgd_step(m->p, NPARAM, m->lr);
   bench_scope_free(&s);
   return value;
 }

@@ -150,12 +150,7 @@ kiln_tensor *wl_mlp_step_autodiff(wl_mlp *m) {
   kiln_tensor *loss = bench_ok(kiln_cross_entropy(logits, m->target), "cross_entropy");
   bench_ok_status(kiln_backward(loss, NULL), "kiln_backward");
   kiln_tensor *params[] = {m->w1, m->b1, m->w2, m->b2, m->w3, m->b3};
-  for (int i = 0; i < 6; i++) {
-    kiln_tensor *g = bench_ok(kiln_grad(params[i]), "kiln_grad");
-    bench_ok_status(kiln_sub_scaled_(params[i], g, m->lr), "sub_scaled_");
-    kiln_release(g);
-    bench_ok_status(kiln_zero_grad(params[i]), "zero_grad");
-  }
+  bench_sgd_step(params, 6, m->lr);
   release_all(&a);
   return loss;
 }
