@@ -26,6 +26,7 @@
 #include "../vm/cpu.h"
 #include "../vm/pool.h"
 #include "../vm/state.h"
+#include "jitc.h"
 #include "kcache.h"
 #include "kernel.h"
 #include "math.h"
@@ -116,20 +117,6 @@ static void dump_kernel(const kernel_desc *d) {
 /* set once libgccjit has run a compile: it sets up (and registers the exit
    teardown of) its state during the first one */
 static atomic_bool gccjit_warm;
-
-/* compiles to a shared object and stores it in the disk cache; the code is
-   then loaded from there.  The compiler writes into a scratch file in the
-   cache directory (named by this process, so a kill leaves nothing that
-   the next start does not reclaim), read back through the directory's
-   descriptor.  false: fall back to an in-memory compile */
-static void *compile_to_disk(gcc_jit_context *ctx, const uint64_t key[2]) {
-  cache_disk_scratch scratch;
-  if (!cache_disk_scratch_open(&scratch, ".so")) return NULL;
-  gcc_jit_context_compile_to_file(ctx, GCC_JIT_OUTPUT_KIND_DYNAMIC_LIBRARY, scratch.path);
-  bool ok = !gcc_jit_context_get_first_error(ctx) && cache_disk_store_scratch(key, &scratch);
-  cache_disk_scratch_close(&scratch);
-  return ok ? cache_disk_load(key) : NULL;
-}
 
 /* The disk cache key.  The description key (versions, flags, ISA, the
    kernels' node lists) alone missed changes to the code generator, and a
@@ -404,73 +391,107 @@ static cpu_kentry *load_kernel(const kernel_desc *d, const uint64_t disk_key[2])
   return e;
 }
 
-/* Compiles kernels d[0..n) in one context (one `as` + `ld` run: the
-   ~20 ms floor is paid once per batch, not per kernel), into the disk
-   cache as one object plus an index record per kernel when every kernel
-   has a disk key (disk_keys), else in memory.  Fills out[i] (NULL: that
-   kernel runs on the interpreter); returns how many compiled. */
-static int compile_batch(kernel_desc **d, int n, uint64_t (*disk_keys)[2], cpu_kentry **out) {
-  bool *skip = calloc((size_t)n, 1);
+/* the disk key of a batch: from its kernels' disk keys (those emitted) */
+static bool batch_key(const uint64_t (*disk_keys)[2], const bool *emitted, int n, uint64_t batch[2]) {
+  XXH3_state_t *st = XXH3_createState();
+  bool ok = st && XXH3_128bits_reset(st) == XXH_OK;
+  for (int i = 0; ok && i < n; i++)
+    if (emitted[i]) ok = XXH3_128bits_update(st, disk_keys[i], 16) == XXH_OK;
+  ok = ok && XXH3_128bits_update(st, "batch", 5) == XXH_OK;
+  if (ok) {
+    XXH128_hash_t h = XXH3_128bits_digest(st);
+    batch[0] = h.low64;
+    batch[1] = h.high64;
+  }
+  XXH3_freeState(st);
+  return ok;
+}
+
+/* Emits kernels d[0..n) into one context (one `as` + `ld` run: the ~20 ms
+   floor is paid once per batch, not per kernel) and compiles it: with
+   disk keys, into the disk cache as one object plus an index record per
+   kernel; without (or if that fails and in_memory), in memory (*result).
+   emitted[i]: kernel i is in the object.  Returns whether anything was
+   compiled; why: the first error, for a message.  Runs in the compiler
+   process (jitc.c) and, as the fallback, in the user's. */
+bool cpu_build_batch(kernel_desc **d, int n, const uint64_t (*disk_keys)[2], bool in_memory, bool *emitted,
+                     gcc_jit_result **result, char *why, size_t why_len) {
+  *result = NULL;
+  why[0] = 0;
   cg_ctx c;
-  bool open = skip && ctx_open(&c);
-  int emitted = 0;
+  bool open = ctx_open(&c);
+  int count = 0;
+  for (int i = 0; i < n; i++) emitted[i] = true;
   /* a kernel the code generator gives up on leaves its function half
      built: start again without it */
   for (int i = 0; open && i < n; i++) {
-    if (skip[i] || kernel_desc_emit(&c, d[i])) continue;
-    char why[160];
-    snprintf(why, sizeof why, "the code generator gave up on a%s %s kernel",
-             strcmp(kernel_desc_kind(d[i]), "elementwise") ? "" : "n", kernel_desc_kind(d[i]));
-    log_once("could not compile a kernel", why);
-    skip[i] = true;
+    if (!emitted[i] || kernel_desc_emit(&c, d[i])) continue;
+    if (!why[0])
+      snprintf(why, why_len, "the code generator gave up on a%s %s kernel",
+               strcmp(kernel_desc_kind(d[i]), "elementwise") ? "" : "n", kernel_desc_kind(d[i]));
+    emitted[i] = false;
     ctx_close(&c);
     open = ctx_open(&c);
     i = -1;
   }
-  for (int i = 0; open && i < n; i++) emitted += !skip[i];
-  cpu_code *code = NULL;
-  if (open && emitted) {
-    uint64_t batch[2];
-    if (disk_keys) { /* the batch's own disk key, from its kernels' */
-      XXH3_state_t *st = XXH3_createState();
-      bool ok = st && XXH3_128bits_reset(st) == XXH_OK;
-      for (int i = 0; ok && i < n; i++)
-        if (!skip[i]) ok = XXH3_128bits_update(st, disk_keys[i], 16) == XXH_OK;
-      ok = ok && XXH3_128bits_update(st, "batch", 5) == XXH_OK;
-      if (ok) {
-        XXH128_hash_t h = XXH3_128bits_digest(st);
-        batch[0] = h.low64;
-        batch[1] = h.high64;
-      }
-      XXH3_freeState(st);
-      void *dl = ok ? compile_to_disk(c.ctx, batch) : NULL;
-      if (dl && !(code = cpu_code_new(NULL, dl, batch))) dlclose(dl);
-      for (int i = 0; code && i < n; i++) {
-        if (skip[i]) continue;
-        kernel_index rec = {.batch = {batch[0], batch[1]}};
-        memcpy(rec.magic, KERNEL_INDEX_MAGIC, 8);
-        snprintf(rec.name, sizeof rec.name, "%s", d[i]->name);
-        cache_disk_index_put(disk_keys[i], &rec, sizeof rec);
-      }
+  if (!open) snprintf(why, why_len, "libgccjit could not make a context");
+  for (int i = 0; open && i < n; i++) count += emitted[i];
+  bool stored = false;
+  uint64_t batch[2];
+  if (open && count && disk_keys && batch_key(disk_keys, emitted, n, batch)) {
+    cache_disk_scratch scratch;
+    if (cache_disk_scratch_open(&scratch, ".so")) {
+      gcc_jit_context_compile_to_file(c.ctx, GCC_JIT_OUTPUT_KIND_DYNAMIC_LIBRARY, scratch.path);
+      stored = !gcc_jit_context_get_first_error(c.ctx) && cache_disk_store_scratch(batch, &scratch);
+      cache_disk_scratch_close(&scratch);
     }
-    if (!code) { /* no disk cache (or it failed): in memory */
-      gcc_jit_result *r = gcc_jit_context_compile(c.ctx);
-      if (r && !(code = cpu_code_new(r, NULL, NULL))) gcc_jit_result_release(r);
+    for (int i = 0; stored && i < n; i++) {
+      if (!emitted[i]) continue;
+      kernel_index rec = {.batch = {batch[0], batch[1]}};
+      memcpy(rec.magic, KERNEL_INDEX_MAGIC, 8);
+      snprintf(rec.name, sizeof rec.name, "%s", d[i]->name);
+      cache_disk_index_put(disk_keys[i], &rec, sizeof rec);
     }
-    atomic_store(&gccjit_warm, true);
-    if (!code) log_once("could not compile a plan's kernels", gcc_jit_context_get_first_error(c.ctx));
+  }
+  if (open && count && !stored && (in_memory || !disk_keys)) *result = gcc_jit_context_compile(c.ctx);
+  if (open && count && !stored && !*result && !why[0]) {
+    const char *e = gcc_jit_context_get_first_error(c.ctx);
+    snprintf(why, why_len, "%s", e ? e : "the disk cache could not store the object");
   }
   if (open) ctx_close(&c);
+  if (!stored && !*result)
+    for (int i = 0; i < n; i++) emitted[i] = false;
+  for (int i = 0; i < n; i++)
+    if (emitted[i]) dump_kernel(d[i]);
+  return stored || *result;
+}
+
+/* Compiles kernels d[0..n) in this process (cpu_build_batch) and caches
+   them.  Fills out[i] (NULL: that kernel runs on the interpreter); returns
+   how many compiled. */
+static int compile_batch(kernel_desc **d, int n, uint64_t (*disk_keys)[2], cpu_kentry **out) {
+  bool *emitted = calloc((size_t)n, 1);
+  if (!emitted) return 0;
+  gcc_jit_result *result = NULL;
+  char why[256];
+  bool built = cpu_build_batch(d, n, (const uint64_t(*)[2])disk_keys, true, emitted, &result, why, sizeof why);
+  atomic_store(&gccjit_warm, true);
+  if (why[0]) log_once(built ? "could not compile a kernel" : "could not compile a plan's kernels", why);
+  cpu_code *code = NULL;
+  if (result && !(code = cpu_code_new(result, NULL, NULL))) gcc_jit_result_release(result);
   int compiled = 0;
-  for (int i = 0; code && i < n; i++) {
-    if (skip[i]) continue;
-    cpu_kernel_fn fn = (cpu_kernel_fn)cpu_code_symbol(code, d[i]->name);
-    out[i] = fn ? cpu_kcache_put(d[i]->key, d[i]->bytes, d[i]->len, code, fn) : NULL;
+  for (int i = 0; built && i < n; i++) {
+    if (!emitted[i]) continue;
+    if (code) {
+      cpu_kernel_fn fn = (cpu_kernel_fn)cpu_code_symbol(code, d[i]->name);
+      out[i] = fn ? cpu_kcache_put(d[i]->key, d[i]->bytes, d[i]->len, code, fn) : NULL;
+    } else { /* stored: load it from there */
+      out[i] = load_kernel(d[i], disk_keys[i]);
+    }
     compiled += out[i] != NULL;
-    if (out[i]) dump_kernel(d[i]);
   }
   cpu_code_release(code);
-  free(skip);
+  free(emitted);
   return compiled;
 }
 
@@ -578,16 +599,29 @@ static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_
   if (left > 0) {
     kernel_desc **batch = malloc((size_t)left * sizeof *batch);
     cpu_kentry **made = calloc((size_t)left, sizeof *made);
-    int compiled = 0;
+    bool *stored = calloc((size_t)left, 1);
+    int compiled = 0, batches = 0;
     for (int m = 0; batch && m < left; m++) batch[m] = descs[miss[m]];
-    /* KILN_COMPILE_BATCH=0 (a measuring knob): each kernel in a context
-       of its own, as one object each */
-    int per = vm_env_long("KILN_COMPILE_BATCH", 1) ? left : 1, batches = 0;
-    for (int m = 0; batch && made && m < left; m += per, batches++)
-      compiled += compile_batch(batch + m, left - m < per ? left - m : per, keyed ? disk_keys + m : NULL, made + m);
+    uint8_t salt[256];
+    size_t salt_len = key_salt(salt, sizeof salt);
+    char why[256];
+    if (batch && made && stored && keyed && jitc_available() &&
+        jitc_compile(batch, left, (const uint64_t(*)[2])disk_keys, salt_len, stored, &batches, why, sizeof why)) {
+      if (why[0]) log_once("could not compile a kernel", why);
+      /* the compiler process stored them: load them as any cached kernel */
+      for (int m = 0; m < left; m++)
+        if (stored[m]) compiled += (made[m] = load_kernel(batch[m], disk_keys[m])) != NULL;
+    } else {
+      /* KILN_COMPILE_BATCH=0 (a measuring knob): each kernel in a context
+         of its own, as one object each */
+      int per = vm_env_long("KILN_COMPILE_BATCH", 1) ? left : 1;
+      for (int m = 0; batch && made && m < left; m += per, batches++)
+        compiled += compile_batch(batch + m, left - m < per ? left - m : per, keyed ? disk_keys + m : NULL, made + m);
+    }
     for (int m = 0; made && m < left; m++) got[miss[m]] = made[m];
     free(batch);
     free(made);
+    free(stored);
     if (compiled > 0) {
       atomic_fetch_add_explicit(&st->compiles, (uint_fast64_t)batches, memory_order_relaxed);
       atomic_fetch_add_explicit(&st->kernels_compiled, (uint_fast64_t)compiled, memory_order_relaxed);
@@ -1075,8 +1109,9 @@ static void *compiler_main(void *arg) {
     compile_now(job);
     /* exit handlers run last-registered first, and libgccjit registers
        teardown of its own while it compiles: ours must come after them all
-       so that it runs first and waits for a compile in flight */
-    atexit(compiler_stop);
+       so that it runs first and waits for a compile in flight.  Only for
+       compiles in this process: the compiler process needs no waiting */
+    if (atomic_load(&gccjit_warm)) atexit(compiler_stop);
     pthread_mutex_lock(&compiler.lock);
     compiler.busy = false;
     pthread_cond_broadcast(&compiler.idle);
@@ -1180,9 +1215,10 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
        background compile) must be registered after that, to run before it
        (exit crashed otherwise).  So before the first compile, a trivial
        context is compiled here (~35 ms, not the plan's compile), then the
-       thread starts.  Until then, plans an earlier process compiled load
-       from the disk cache right here (no compiler runs), so a warm start
-       pays for no compiler at all. */
+       thread starts (none of this with the compiler process: jitc.h).
+       Until then, plans an earlier process compiled load from the disk
+       cache right here (no compiler runs), so a warm start pays for no
+       compiler at all. */
     pthread_mutex_unlock(&compiler.lock);
     cpu_plan *cached = atomic_load(&gccjit_warm) ? NULL : compile_plan(job->plan, job->leaves, FIND_ON_DISK);
     if (cached) {
@@ -1193,10 +1229,12 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
       free(job);
       return;
     }
-    warm_gccjit();
+    /* with the compiler process, this process never runs libgccjit */
+    bool outside = jitc_available();
+    if (!outside) warm_gccjit();
     pthread_mutex_lock(&compiler.lock);
-    if (!compiler.started && !compiler.stopping && atomic_load(&gccjit_warm)) {
-      atexit(compiler_stop);
+    if (!compiler.started && !compiler.stopping && (outside || atomic_load(&gccjit_warm))) {
+      if (!outside) atexit(compiler_stop);
       start_compiler_locked();
     }
     if (!compiler.started) { /* no thread: compile here */

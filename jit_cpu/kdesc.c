@@ -120,6 +120,15 @@ static void serialize(bytes_buf *b, const kernel_desc *d) {
   }
 }
 
+/* the key (XXH3-128 of the bytes) and the function's symbol from it */
+static void name_it(kernel_desc *d) {
+  XXH128_hash_t h = XXH3_128bits(d->bytes, d->len);
+  d->key[0] = h.low64;
+  d->key[1] = h.high64;
+  snprintf(d->name, sizeof d->name, "kiln_%016llx%016llx", (unsigned long long)d->key[1],
+           (unsigned long long)d->key[0]);
+}
+
 kernel_desc *kernel_desc_new(const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
                              const void *salt, size_t salt_len) {
   kernel_desc *d = calloc(1, sizeof *d);
@@ -131,14 +140,102 @@ kernel_desc *kernel_desc_new(const tr_plan *plan, int g, const cpu_leaf *leaves,
   if (b.failed || !b.data) goto fail;
   d->bytes = b.data;
   d->len = b.len;
-  XXH128_hash_t h = XXH3_128bits(b.data, b.len);
-  d->key[0] = h.low64;
-  d->key[1] = h.high64;
-  snprintf(d->name, sizeof d->name, "kiln_%016llx%016llx", (unsigned long long)d->key[1],
-           (unsigned long long)d->key[0]);
+  name_it(d);
   return d;
 fail:
   free(b.data);
+  kernel_desc_free(d);
+  return NULL;
+}
+
+/* the bytes' fields in order (serialize writes them) */
+typedef struct {
+  const uint8_t *p, *end;
+} bytes_reader;
+
+static bool get_i32(bytes_reader *r, int32_t *out, size_t n) {
+  if ((size_t)(r->end - r->p) < n * sizeof *out) return false;
+  memcpy(out, r->p, n * sizeof *out);
+  r->p += n * sizeof *out;
+  return true;
+}
+
+static bool in_range(int32_t v, int32_t lo, int32_t hi) { return v >= lo && v <= hi; }
+
+kernel_desc *kernel_desc_parse(const uint8_t *bytes, size_t len, size_t salt_len) {
+  if (salt_len > len) return NULL;
+  kernel_desc *d = calloc(1, sizeof *d);
+  bytes_reader r = {bytes + salt_len, bytes + len};
+  int32_t head[10];
+  if (!d || !get_i32(&r, head, 10)) goto fail;
+  int n = head[0];
+  kernel_shape *ks = &d->ks;
+  if (!in_range(n, 1, KERNEL_MAX_NODES) || !in_range(head[2], 0, KERNEL_MAX_IO) ||
+      !in_range(head[3], 0, KERNEL_MAX_IO) || !in_range(head[4], 0, KERNEL_MAX_IO) ||
+      !in_range(head[5], -1, n - 1) || !in_range(head[6], 0, n) || !in_range(head[9], 0, KERNEL_MAX_STASH))
+    goto fail;
+  ks->nin = head[2];
+  ks->nout = head[3];
+  ks->nparams = head[4];
+  ks->reduce = head[5];
+  ks->resume = head[6];
+  ks->rowwise = head[7] != 0;
+  ks->cols = head[8] != 0;
+  ks->nstash = head[9];
+  ks->last_group = 0;
+  ks->last_node = n - 1;
+  d->leaves = calloc((size_t)(ks->nin > 0 ? ks->nin : 1), sizeof *d->leaves);
+  tr_pnode *nodes = d->plan.nodes = calloc((size_t)n, sizeof *nodes);
+  if (!d->leaves || !nodes) goto fail;
+  for (int q = 0; q < ks->nin; q++) {
+    int32_t in[2];
+    if (!get_i32(&r, in, 2) || !in_range(in[0], 0, KILN_F64) || !in_range(in[1], 0, 255)) goto fail;
+    d->leaves[q].meta.dtype = (kiln_dtype)in[0];
+    ks->ins[q] = -(q + 1);
+    ks->stride_class[q] = (uint8_t)in[1];
+  }
+  if (!get_i32(&r, ks->outs, (size_t)ks->nout) || !get_i32(&r, ks->params, (size_t)ks->nparams)) goto fail;
+  for (int q = 0; q < ks->nout; q++)
+    if (!in_range(ks->outs[q], 0, n - 1)) goto fail;
+  for (int s = 0; s < ks->nparams; s++)
+    if (!in_range(ks->params[s], 0, n - 1)) goto fail;
+  for (int k = 0; k < n; k++) {
+    int32_t node[9];
+    if (!get_i32(&r, node, 9) || !in_range(node[3], 0, VM_OP_COUNT - 1) ||
+        !in_range(node[4], 0, KILN_F64) || !in_range(node[5], 0, 3) ||
+        !in_range(node[2], 0, KERNEL_MAX_STASH))
+      goto fail;
+    ks->compute[k] = node[0] != 0;
+    ks->per_elem[k] = node[1] != 0;
+    ks->stash[k] = (int8_t)node[2];
+    nodes[k].op = (vm_opcode)node[3];
+    nodes[k].meta.dtype = (kiln_dtype)node[4];
+    nodes[k].nin = node[5];
+    for (int j = 0; j < 3; j++) {
+      /* a node's input: an earlier node of the kernel, or input -(q+1) */
+      if (j < node[5] && !in_range(node[6 + j], -ks->nin, k - 1)) goto fail;
+      nodes[k].in[j] = node[6 + j];
+    }
+  }
+  if (r.p != r.end) goto fail;
+  d->group = (tr_group){.kind = head[1], .first = 0, .last = n - 1};
+  d->plan.n = n;
+  d->plan.groups = &d->group;
+  d->plan.ngroups = 1;
+  /* the description must be exactly what serialize writes for it */
+  bytes_buf b = {0};
+  put(&b, bytes, salt_len);
+  serialize(&b, d);
+  bool same = !b.failed && b.len == len && !memcmp(b.data, bytes, len);
+  if (!same) {
+    free(b.data);
+    goto fail;
+  }
+  d->bytes = b.data;
+  d->len = b.len;
+  name_it(d);
+  return d;
+fail:
   kernel_desc_free(d);
   return NULL;
 }

@@ -99,6 +99,11 @@ typedef struct kernel_desc {
    input the shape does not list) */
 kernel_desc *kernel_desc_new(const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
                              const void *salt, size_t salt_len);
+/* the description whose bytes (salt_len bytes of salt first) are these,
+   rebuilt from them alone (the compiler process receives nothing else);
+   NULL when they are not exactly what kernel_desc_new writes for some
+   kernel */
+kernel_desc *kernel_desc_parse(const uint8_t *bytes, size_t len, size_t salt_len);
 bool kernel_desc_emit(cg_ctx *c, const kernel_desc *d);
 /* what kind of kernel it is, for messages */
 const char *kernel_desc_kind(const kernel_desc *d);

@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ktest.h"
@@ -32,7 +33,34 @@ static int work(void) {
   kiln_release(x);
   kiln_stats st;
   kiln_get_stats(&st);
-  printf("%a %llu %llu\n", total, (unsigned long long)st.compiles, (unsigned long long)st.disk_hits);
+  printf("%a %llu %llu %.0f %.0f %llu\n", total, (unsigned long long)st.compiles, (unsigned long long)st.disk_hits,
+         kiln_stat("compiler_processes"), kiln_stat("kernels_compiled"), (unsigned long long)st.compile_failures);
+  return 0;
+}
+
+static double mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+/* child: a hot trace queued for the background compiler, then main
+   returns at once; prints the monotonic time it returned at */
+static int exit_work(void) {
+  kiln_tensor *x = kiln_arange(0, 1 << 12, 1, KILN_F32);
+  kiln_sync();
+  for (int it = 0; it < 3; it++) {
+    kiln_tensor *a = kiln_mul_scalar(x, 1e-4), *b = kiln_tanh(a), *c = kiln_mul(b, b),
+                *s = kiln_sum(c, 0, NULL, false);
+    (void)kiln_item(s);
+    kiln_tensor *all[] = {a, b, c, s};
+    for (int i = 0; i < 4; i++) kiln_release(all[i]);
+  }
+  kiln_release(x);
+  struct timespec pause = {0, 200 * 1000000}; /* the compiler process is running by now */
+  nanosleep(&pause, NULL);
+  printf("%.3f %.0f\n", mono_ms(), kiln_stat("compiler_processes"));
+  fflush(stdout);
   return 0;
 }
 
@@ -65,18 +93,24 @@ static int async_work(bool wait) {
 typedef struct {
   double total;
   unsigned long long compiles, disk_hits;
+  double processes, kernels;
+  unsigned long long failures;
   int ok;
 } result;
+
+static result read_result(FILE *p) {
+  result r = {0};
+  if (!p) return r;
+  r.ok = fscanf(p, "%la %llu %llu %lf %lf %llu", &r.total, &r.compiles, &r.disk_hits, &r.processes, &r.kernels,
+                &r.failures) == 6;
+  r.ok = pclose(p) == 0 && r.ok;
+  return r;
+}
 
 static result run_child(const char *env) {
   char cmd[8192];
   snprintf(cmd, sizeof cmd, "env %s KILN_HOT=2 KILN_ASYNC=0 '%s' work", env, self);
-  result r = {0, 0, 0, 0};
-  FILE *p = popen(cmd, "r");
-  if (!p) return r;
-  r.ok = fscanf(p, "%la %llu %llu", &r.total, &r.compiles, &r.disk_hits) == 3;
-  r.ok = pclose(p) == 0 && r.ok;
-  return r;
+  return read_result(popen(cmd, "r"));
 }
 
 static int count_files(const char *dir) {
@@ -176,12 +210,7 @@ TEST(missing_toolchain_is_reported_once) {
   snprintf(log, sizeof log, "%s/stderr", dir);
   snprintf(env, sizeof env, "PATH=%s KILN_CACHE_DIR=%s", dir, dir);
   snprintf(cmd, sizeof cmd, "env %s KILN_HOT=2 KILN_ASYNC=0 '%s' work 2>'%s'", env, self, log);
-  FILE *p = popen(cmd, "r");
-  result r = {0, 0, 0, 0};
-  if (p) {
-    r.ok = fscanf(p, "%la %llu %llu", &r.total, &r.compiles, &r.disk_hits) == 3;
-    r.ok = pclose(p) == 0 && r.ok;
-  }
+  result r = read_result(popen(cmd, "r"));
   CHECK(ref.ok && r.ok);
   CHECK_EQ_INT(r.compiles, 0);
   CHECK_CLOSE(r.total, ref.total, 1e-5);
@@ -242,8 +271,133 @@ TEST(jit_wait_then_compiled) {
   CHECK(system(cmd) == 0);
 }
 
+static int count_suffix(const char *dir, const char *suffix) {
+  DIR *d = opendir(dir);
+  int n = 0;
+  struct dirent *e;
+  size_t ls = strlen(suffix);
+  while (d && (e = readdir(d))) {
+    size_t l = strlen(e->d_name);
+    n += !strncmp(e->d_name, "kernel-", 7) && l > ls && !strcmp(e->d_name + l - ls, suffix);
+  }
+  if (d) closedir(d);
+  return n;
+}
+
+static char *read_text(const char *path, char *text, size_t cap) {
+  FILE *f = fopen(path, "r");
+  size_t n = f ? fread(text, 1, cap - 1, f) : 0;
+  if (f) fclose(f);
+  text[n] = 0;
+  return text;
+}
+
+/* kernels compile in kiln-jitc processes (jit_cpu/jitc.h), with results
+   equal to compiling in this process (KILN_COMPILER=thread) and to the
+   interpreter */
+TEST(compiles_run_in_the_compiler_process) {
+  char dir[] = "/tmp/kiln-cache-test-XXXXXX", env[512];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(env, sizeof env, "KILN_CACHE_DIR=%s", dir);
+  result outside = run_child(env);
+  CHECK(outside.ok);
+  CHECK(outside.processes >= 1);
+  CHECK(outside.kernels >= 1);
+  CHECK_EQ_INT(outside.failures, 0);
+  CHECK(count_suffix(dir, ".idx") >= 1 && count_suffix(dir, ".so") >= 1);
+  snprintf(env, sizeof env, "KILN_CACHE_DIR=%s/in KILN_COMPILER=thread", dir);
+  result inside = run_child(env);
+  CHECK(inside.ok && inside.processes == 0 && inside.kernels >= 1);
+  snprintf(env, sizeof env, "KILN_CACHE_DIR=%s/eager KILN_JIT=0", dir);
+  result eager = run_child(env);
+  CHECK(eager.ok && eager.kernels == 0);
+  CHECK(outside.total == inside.total && outside.total == eager.total);
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
+/* the compiler process dying mid-compile costs that compile: the program
+   goes on, on the interpreter, with the same result, and says so once */
+TEST(compiler_crash_costs_a_compile) {
+  char dir[] = "/tmp/kiln-cache-test-XXXXXX", env[512], log[600], cmd[9000], text[8192];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(env, sizeof env, "KILN_CACHE_DIR=%s/ref KILN_JIT=0", dir);
+  result ref = run_child(env);
+  snprintf(log, sizeof log, "%s/stderr", dir);
+  snprintf(cmd, sizeof cmd, "env KILN_CACHE_DIR=%s KILN_JITC_FAULT=crash KILN_HOT=2 KILN_ASYNC=0 '%s' work 2>'%s'",
+           dir, self, log);
+  result r = read_result(popen(cmd, "r"));
+  CHECK(ref.ok && r.ok);
+  CHECK(r.processes >= 1);
+  CHECK_EQ_INT(r.kernels, 0);
+  CHECK(r.failures >= 1);
+  CHECK(r.total == ref.total);
+  CHECK_STR_CONTAINS(read_text(log, text, sizeof text), "the compiler process died of signal 6");
+  CHECK_EQ_INT(count_suffix(dir, ".idx"), 0);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
+/* a kiln-jitc from other sources refuses; the library says so once and
+   compiles in its own process, with the same result */
+TEST(stale_compiler_process_is_refused) {
+  char dir[] = "/tmp/kiln-cache-test-XXXXXX", log[600], fake[600], cmd[9000], text[8192];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(fake, sizeof fake, "%s/kiln-jitc", dir);
+  FILE *f = fopen(fake, "w");
+  CHECK(f != NULL);
+  if (!f) return;
+  fputs("#!/bin/sh\ncat >/dev/null\necho 'KILNJC-STALE: built from sources 0000, the library from 1111'\nexit 3\n", f);
+  fclose(f);
+  CHECK(chmod(fake, 0700) == 0);
+  snprintf(log, sizeof log, "%s/stderr", dir);
+  snprintf(cmd, sizeof cmd, "env KILN_CACHE_DIR=%s/c KILN_JITC='%s' KILN_HOT=2 KILN_ASYNC=0 '%s' work 2>'%s'", dir,
+           fake, self, log);
+  result r = read_result(popen(cmd, "r"));
+  snprintf(cmd, sizeof cmd, "KILN_CACHE_DIR=%s/ref KILN_JIT=0", dir);
+  result ref = run_child(cmd);
+  CHECK(r.ok && ref.ok);
+  CHECK(r.kernels >= 1); /* compiled here instead */
+  CHECK(r.total == ref.total);
+  CHECK_STR_CONTAINS(read_text(log, text, sizeof text), "was built from other sources than this library");
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
+/* exit never waits for a compile: a process whose compile is in flight
+   (the compiler process sleeps 1.5 s first) ends at once; the compile
+   finishes into the cache on its own, and the next process loads it */
+TEST(exit_does_not_wait_for_a_compile) {
+  char dir[] = "/tmp/kiln-cache-test-XXXXXX", cmd[9000];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(cmd, sizeof cmd, "exec env KILN_CACHE_DIR=%s KILN_JITC_FAULT=sleep:1500 KILN_HOT=2 '%s' exit", dir, self);
+  FILE *p = popen(cmd, "r");
+  double returned = 0, processes = 0;
+  CHECK(p && fscanf(p, "%lf %lf", &returned, &processes) == 2);
+  int status = p ? pclose(p) : -1;
+  double ended = mono_ms();
+  CHECK_EQ_INT(status, 0);
+  CHECK(processes >= 1);
+  CHECK(ended - returned < 500); /* the compile had over 1 s to go */
+  CHECK_EQ_INT(count_suffix(dir, ".idx"), 0); /* still in flight */
+  for (int i = 0; i < 300 && count_suffix(dir, ".idx") == 0; i++) {
+    struct timespec ts = {0, 100 * 1000000};
+    nanosleep(&ts, NULL);
+  }
+  CHECK(count_suffix(dir, ".idx") >= 1);
+  /* the orphaned compile left a valid cache: the same work loads it */
+  char env[512];
+  snprintf(env, sizeof env, "KILN_CACHE_DIR=%s", dir);
+  result warm = run_child(env);
+  CHECK(warm.ok && warm.disk_hits >= 1 && warm.kernels == 0 && warm.processes == 0);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "work")) return work();
+  if (argc > 1 && !strcmp(argv[1], "exit")) return exit_work();
   if (argc > 1 && !strcmp(argv[1], "async")) return async_work(true);
   if (argc > 1 && !strcmp(argv[1], "async-nowait")) return async_work(false);
   ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -255,5 +409,9 @@ int main(int argc, char **argv) {
   RUN(missing_toolchain_is_reported_once);
   RUN(jit_wait_then_compiled);
   RUN(opt_info_reports_vectorized_loops);
+  RUN(compiles_run_in_the_compiler_process);
+  RUN(compiler_crash_costs_a_compile);
+  RUN(stale_compiler_process_is_refused);
+  RUN(exit_does_not_wait_for_a_compile);
   return ktest_done();
 }

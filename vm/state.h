@@ -46,6 +46,8 @@ typedef struct vm_counters {
   /* high-water mark of threads running kernel work at once (vm/pool.c);
      never above `threads` */
   atomic_uint_fast64_t kernel_threads_max;
+  atomic_uint_fast64_t compiler_processes; /* kiln-jitc processes spawned (jit_cpu/jitc.h) */
+  atomic_uint_fast64_t compiles_declined;  /* plans the payoff rule left interpreted (DESIGN §4) */
 } vm_counters;
 
 typedef struct vm_process_state {
