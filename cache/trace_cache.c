@@ -25,6 +25,9 @@ typedef struct entry {
   int nodes;          /* canonical nodes of the trace */
   int learned;        /* outputs learned (bits set in keep) */
   uint8_t *keep;      /* per node: keep it (learned), or NULL */
+  bool refused;       /* its family was over budget when it was hot: never planned */
+  double interp_ms;   /* total time of its runs on the interpreter */
+  uint64_t interp_runs;
   struct entry *lru_prev, *lru_next;
   UT_hash_handle hh;
 } entry;
@@ -43,6 +46,7 @@ static struct {
   int count;
   cache_plan_ops ops;
   int hot, budget, max_entries;
+  double compiled_ms, interp_ms; /* cache_compiled_ratio: decayed sums over compiled runs */
   bool ready;
 } cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -159,9 +163,18 @@ void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, int no
     if (cache.ops.retain) cache.ops.retain(e->plan);
   } else if (e->plan) { /* its outputs changed since it was planned */
     out->replan = true;
-  } else if (e->sightings == (uint64_t)cache.hot) {
+  } else if (e->sightings >= (uint64_t)cache.hot && !e->refused) {
     out->hot = true;
   }
+  out->interp_ms = e->interp_runs ? e->interp_ms / (double)e->interp_runs : 0;
+  pthread_mutex_unlock(&cache.lock);
+}
+
+void cache_refuse(const uint64_t key[2]) {
+  pthread_mutex_lock(&cache.lock);
+  entry *e = NULL;
+  HASH_FIND(hh, cache.table, key, sizeof e->key, e);
+  if (e) e->refused = true;
   pthread_mutex_unlock(&cache.lock);
 }
 
@@ -207,6 +220,30 @@ void cache_learn(const uint64_t key[2], int index) {
   pthread_mutex_unlock(&cache.lock);
 }
 
+void cache_note_run(const uint64_t key[2], double ms, bool compiled) {
+  pthread_mutex_lock(&cache.lock);
+  entry *e = NULL;
+  HASH_FIND(hh, cache.table, key, sizeof e->key, e);
+  if (e && !compiled) {
+    e->interp_ms += ms;
+    e->interp_runs++;
+  } else if (e && e->interp_runs && e->interp_ms > 0) {
+    /* time-weighted: a long trace's runs say more than a 20 us one's noise */
+    double interp = e->interp_ms / (double)e->interp_runs;
+    cache.compiled_ms = 0.95 * cache.compiled_ms + ms;
+    cache.interp_ms = 0.95 * cache.interp_ms + interp;
+  }
+  pthread_mutex_unlock(&cache.lock);
+}
+
+double cache_compiled_ratio(void) {
+  pthread_mutex_lock(&cache.lock);
+  /* seeded with 10 ms of made-up evidence at one half */
+  double r = (cache.compiled_ms + 5) / (cache.interp_ms + 10);
+  pthread_mutex_unlock(&cache.lock);
+  return r;
+}
+
 int cache_entries(void) {
   pthread_mutex_lock(&cache.lock);
   int n = cache.count;
@@ -229,5 +266,6 @@ void cache_clear(void) {
   }
   cache.lru.lru_next = cache.lru.lru_prev = &cache.lru;
   cache.count = 0;
+  cache.compiled_ms = cache.interp_ms = 0;
   pthread_mutex_unlock(&cache.lock);
 }

@@ -18,14 +18,17 @@ void cache_set_plan_ops(const cache_plan_ops *ops);
 
 typedef struct cache_sighting {
   void *plan;          /* retained plan, or NULL (run on the interpreter) */
-  bool hot;            /* this sighting made the trace hot: ask cache_admit */
+  bool hot;            /* seen KILN_HOT times or more and not planned: the payoff
+                          rule, then cache_admit, decide whether to plan it */
   bool replan;         /* planned before, but it learned outputs since: plan
                           it again (no admission needed) */
   int learned;         /* outputs learned so far (see cache_learn) */
   bool make_plan;      /* admitted: plan it now (set by the caller) */
   bool over_budget;    /* hot, but its family used up its recompile budget */
+  bool declined;       /* hot, but its compile does not pay yet (set by the caller) */
   bool new_key;
   uint64_t sightings;  /* including this one */
+  double interp_ms;    /* mean time of its runs on the interpreter so far (0: none yet) */
 } cache_sighting;
 
 /* Counts a sighting of the trace with canonical bytes (hash key) of
@@ -40,9 +43,21 @@ void cache_learn(const uint64_t key[2], int index);
 /* A hot trace of key family fam may be planned while the family is within
    its recompile budget; counts it if so. */
 bool cache_admit(const uint64_t fam[2]);
+/* key was refused admission: it is never hot again */
+void cache_refuse(const uint64_t key[2]);
 /* Publishes the plan of a key, built with the outputs it had learned
    (cache_sighting.learned); the cache takes a reference. */
 void cache_publish(const uint64_t key[2], const uint8_t *bytes, size_t len, int learned, void *plan);
+/* The time one run of key took: on the interpreter (no plan), or with
+   compiled code (then the ratio of that time to the key's interpreter time
+   feeds cache_compiled_ratio).  Runs of a plan still waiting for its
+   compile are not noted. */
+void cache_note_run(const uint64_t key[2], double ms, bool compiled);
+/* what compiled code takes of the interpreter's time, measured over the
+   process's compiled runs (their time over their keys' interpreter time,
+   older runs weighing less; 0.5 before any) */
+double cache_compiled_ratio(void);
+
 int cache_entries(void);
 void cache_clear(void); /* drops every entry (tests) */
 

@@ -537,6 +537,53 @@ static bool same_kernel(const kernel_desc *a, const kernel_desc *b) {
   return a->len == b->len && !memcmp(a->key, b->key, sizeof a->key) && !memcmp(a->bytes, b->bytes, a->len);
 }
 
+/* What compiling a plan costs, measured: a line ms = floor + per_node x
+   nodes fitted (least squares, older compiles weighing less) to this
+   process's compiles, so both the fixed price of a compile (spawning the
+   compiler, `as`, `ld`, loading) and the price of a big plan are known.
+   Two made-up compiles (1 node: 30 ms, 100 nodes: 80 ms) seed it and are
+   outweighed within a few real ones. */
+static pthread_mutex_t cost_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  bool seeded;
+  double s0, s1, s2, t0, t1; /* sums of w, w n, w n^2, w ms, w n ms */
+} cost;
+
+static void cost_add_locked(double n, double ms, double decay) {
+  cost.s0 = decay * cost.s0 + 1;
+  cost.s1 = decay * cost.s1 + n;
+  cost.s2 = decay * cost.s2 + n * n;
+  cost.t0 = decay * cost.t0 + ms;
+  cost.t1 = decay * cost.t1 + n * ms;
+}
+
+static void cost_seed_locked(void) {
+  if (cost.seeded) return;
+  cost.seeded = true;
+  cost_add_locked(1, 30, 1);
+  cost_add_locked(100, 80, 1);
+}
+
+static void note_compile_cost(double ms, int nodes) {
+  if (nodes <= 0 || !(ms >= 0)) return;
+  pthread_mutex_lock(&cost_lock);
+  cost_seed_locked();
+  cost_add_locked(nodes, ms, 0.8);
+  pthread_mutex_unlock(&cost_lock);
+}
+
+double cpu_compile_cost_ms(int nodes) {
+  pthread_mutex_lock(&cost_lock);
+  cost_seed_locked();
+  double det = cost.s0 * cost.s2 - cost.s1 * cost.s1;
+  double per = det > 1e-9 ? (cost.s0 * cost.t1 - cost.s1 * cost.t0) / det : 0;
+  if (per < 0) per = 0;
+  double floor = (cost.t0 - per * cost.s1) / cost.s0;
+  if (floor < 0) floor = 0;
+  pthread_mutex_unlock(&cost_lock);
+  return floor + per * nodes;
+}
+
 /* how far compile_plan may go for a missing kernel */
 typedef enum {
   FIND_IN_MEMORY, /* the kernel cache only (the caller's thread: a hash and a lookup per kernel) */
@@ -623,6 +670,7 @@ static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_
     free(made);
     free(stored);
     if (compiled > 0) {
+      note_compile_cost(now_ms() - t0, plan->n);
       atomic_fetch_add_explicit(&st->compiles, (uint_fast64_t)batches, memory_order_relaxed);
       atomic_fetch_add_explicit(&st->kernels_compiled, (uint_fast64_t)compiled, memory_order_relaxed);
       vm_add_ms(&st->compile_us, now_ms() - t0);

@@ -227,7 +227,7 @@ void tr_log_flush(const tr_trace *t, tr_flush_reason why, tr_key key, const cach
   fprintf(stderr, "kiln: flush (%s) %d nodes -> %d outputs, key %016llx: %s, seen %llu%s%s, %s, %.3f ms%s\n",
           tr_flush_reason_name(why), t->n, outs, (unsigned long long)key.hi,
           seen->new_key ? "miss" : "hit", (unsigned long long)seen->sightings,
-          seen->make_plan ? ", planned now" : "", seen->over_budget ? ", family over budget" : "",
+          seen->make_plan ? ", planned now" : "", seen->over_budget ? ", family over budget" : seen->declined ? ", compile does not pay yet" : "",
           planned ? "plan" : "interpreter", ms, rc ? " FAILED" : "");
   if (level < 2) return;
   for (int i = 0; i < t->n; i++) {
@@ -255,7 +255,9 @@ static void print_stats(void) {
           "  traces seen      %llu\n  cache hits       %llu\n  cache misses     %llu\n"
           "  hit rate         %.1f%%\n  compiles         %llu (%.1f ms, %llu failed)\n"
           "  kernels compiled %.0f (%.0f found compiled, %.0f code objects loaded, %.0f unloaded)\n"
-          "  disk cache hits  %llu\n  eager ops        %llu\n  kernels launched %llu\n",
+          "  disk cache hits  %llu\n  eager ops        %llu\n  kernels launched %llu\n"
+          "  plans built      %.0f (%.1f ms, %.2f us per node)\n"
+          "  compiler         %.0f processes, %.0f plans declined by the payoff rule\n",
           (unsigned long long)s.ops_recorded, (unsigned long long)s.flushes, s.flush_ms,
           (unsigned long long)s.traces_seen, (unsigned long long)s.cache_hits,
           (unsigned long long)s.cache_misses,
@@ -263,7 +265,9 @@ static void print_stats(void) {
           (unsigned long long)s.compiles, s.compile_ms, (unsigned long long)s.compile_failures,
           kiln_stat("kernels_compiled"), kiln_stat("kernel_cache_hits"), kiln_stat("code_objects"),
           kiln_stat("code_unloads"), (unsigned long long)s.disk_hits, (unsigned long long)s.eager_ops,
-          (unsigned long long)s.kernels_launched);
+          (unsigned long long)s.kernels_launched, kiln_stat("plans_built"), kiln_stat("plan_ms"),
+          kiln_stat("plan_nodes") > 0 ? 1e3 * kiln_stat("plan_ms") / kiln_stat("plan_nodes") : 0.0,
+          kiln_stat("compiler_processes"), kiln_stat("compiles_declined"));
 }
 
 __attribute__((constructor)) static void stats_at_exit(void) {

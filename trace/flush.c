@@ -329,6 +329,20 @@ static void plan_ops_once(void) {
   cache_set_plan_ops(&ops);
 }
 
+/* The payoff rule (DESIGN §4): a hot key is planned and compiled once
+   what compiling saves is expected to exceed what it costs.  Saving per
+   run: the key's measured interpreter time times what compiled code saves
+   of it (measured over this process's compiled runs); runs still to come:
+   as many as so far (a key seen n times is expected to run n more times);
+   cost: the compile of its nodes (measured per node).  A key that does
+   not pay yet is asked again at its next sightings, as its runs add up;
+   KILN_HOT stays the floor, and KILN_PAYOFF=0 compiles every hot key. */
+static bool pays(const cache_sighting *seen, int nodes) {
+  if (!vm_env_long("KILN_PAYOFF", 1)) return true;
+  double saving = seen->interp_ms * (1 - cache_compiled_ratio());
+  return saving * (double)seen->sightings >= cpu_compile_cost_ms(nodes);
+}
+
 int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, plan_ops_once);
@@ -367,13 +381,18 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
                               memory_order_relaxed);
     if (seen.new_key) atomic_fetch_add_explicit(&st->traces_seen, 1, memory_order_relaxed);
     plan = seen.plan;
-    if (seen.hot && tr_planning_enabled()) { /* the family's recompile budget decides */
+    if (seen.hot && tr_planning_enabled() && !pays(&seen, t->n)) {
+      seen.declined = true;
+      atomic_fetch_add_explicit(&st->compiles_declined, 1, memory_order_relaxed);
+    } else if (seen.hot && tr_planning_enabled()) { /* the family's recompile budget decides */
       tr_key_bytes(t, false, &fam_bytes);
       tr_key fam = fam_bytes.failed ? (tr_key){0, 0} : tr_key_hash(&fam_bytes);
       seen.make_plan = cache_admit((uint64_t[]){fam.lo, fam.hi});
       seen.over_budget = !seen.make_plan;
+      if (seen.over_budget) cache_refuse((uint64_t[]){key.lo, key.hi});
     }
     if (seen.replan && tr_planning_enabled()) seen.make_plan = true;
+    double p0 = seen.make_plan ? now_ms() : 0;
     if (seen.make_plan && (plan = tr_plan_build(t))) {
       if (cpu_jit_enabled()) { /* compile its kernels, here or in the background */
         if (cpu_async()) {
@@ -387,6 +406,8 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
       }
       cache_publish((uint64_t[]){key.lo, key.hi}, bytes.data, bytes.len, seen.learned, plan);
       atomic_fetch_add_explicit(&st->plans_built, 1, memory_order_relaxed);
+      vm_add_ms(&st->plan_us, now_ms() - p0);
+      atomic_fetch_add_explicit(&st->plan_nodes, (uint_fast64_t)t->n, memory_order_relaxed);
       tr_dump_plan(t, plan, key);
     }
   }
@@ -394,6 +415,8 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   int failed = -1;
   int rc = vals ? tr_run(plan, t, vals, &failed) : vm_error(KILN_ERR_OOM, "out of memory");
   double ms = now_ms() - t0;
+  if (rc == KILN_OK && !bytes.failed && (!plan || atomic_load(&plan->jit)))
+    cache_note_run((uint64_t[]){key.lo, key.hi}, ms, plan != NULL);
   tr_log_flush(t, why, key, &seen, plan != NULL, ms, rc); /* before commit drops inputs */
   if (rc == KILN_OK) {
     commit(g, t, vals, key, !bytes.failed);

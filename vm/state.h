@@ -48,6 +48,7 @@ typedef struct vm_counters {
   atomic_uint_fast64_t kernel_threads_max;
   atomic_uint_fast64_t compiler_processes; /* kiln-jitc processes spawned (jit_cpu/jitc.h) */
   atomic_uint_fast64_t compiles_declined;  /* plans the payoff rule left interpreted (DESIGN §4) */
+  atomic_uint_fast64_t plan_us, plan_nodes; /* planning new keys: time on the caller's thread, trace nodes */
 } vm_counters;
 
 typedef struct vm_process_state {

@@ -576,7 +576,7 @@ void kiln_reset_stats(void) {
                                  &c->cache_misses, &c->plans_built, &c->flush_us, &c->compiles,
                                  &c->compile_failures, &c->disk_hits, &c->compile_us, &c->kernels_compiled, &c->kernel_cache_hits, &c->code_unloads,
                                  &c->blas_calls, &c->recomputed, &c->kernel_threads_max,
-                                 &c->compiler_processes, &c->compiles_declined};
+                                 &c->compiler_processes, &c->compiles_declined, &c->plan_us, &c->plan_nodes};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) atomic_store(all[i], 0);
 }
 
@@ -594,7 +594,8 @@ double kiln_stat(const char *name) {
       COUNTER(compiles), COUNTER(compile_failures), COUNTER(disk_hits), COUNTER(kernels_compiled),
       COUNTER(kernel_cache_hits), COUNTER(code_objects), COUNTER(code_unloads),
       COUNTER(blas_calls), COUNTER(recomputed), COUNTER(kernel_threads_max),
-      COUNTER(compiler_processes), COUNTER(compiles_declined),
+      COUNTER(compiler_processes), COUNTER(compiles_declined), COUNTER(plan_nodes),
+      {"plan_ms", offsetof(vm_counters, plan_us), 1e-3},
       {"compile_ms", offsetof(vm_counters, compile_us), 1e-3}, {"flush_ms", offsetof(vm_counters, flush_us), 1e-3},
 #undef COUNTER
   };

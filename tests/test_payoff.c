@@ -1,0 +1,85 @@
+/* test_payoff.c — the payoff rule (DESIGN §4): a hot key is compiled once
+ * its measured interpreter time, run after run, is expected to save more
+ * than the compile costs.  A trace too small to ever pay is seen again and
+ * again and never planned or compiled (a storm of such keys ends by
+ * itself); a heavy trace compiles as soon as it is hot; KILN_PAYOFF=0
+ * compiles every hot key; results do not depend on it.  (The other tests
+ * run with KILN_PAYOFF=0, so that their traces compile at KILN_HOT.) */
+#include "ktest.h"
+
+static double stat(const char *name) { return kiln_stat(name); }
+
+/* a few cheap ops on 16 elements: microseconds a run */
+static double tiny_run(kiln_tensor *x) {
+  kiln_tensor *a = kiln_mul_scalar(x, 0.5), *b = kiln_add_scalar(a, 1.0), *c = kiln_mul(b, b),
+              *s = kiln_sum(c, 0, NULL, false);
+  double v = kiln_item(s);
+  kiln_tensor *all[] = {a, b, c, s};
+  for (int i = 0; i < 4; i++) kiln_release(all[i]);
+  return v;
+}
+
+/* transcendental functions over 2^22 elements: tens of milliseconds a run */
+static double heavy_run(kiln_tensor *x) {
+  kiln_tensor *a = kiln_tanh(x), *b = kiln_exp(a), *c = kiln_sin(b), *d = kiln_mul(c, a),
+              *s = kiln_sum(d, 0, NULL, false);
+  double v = kiln_item(s);
+  kiln_tensor *all[] = {a, b, c, d, s};
+  for (int i = 0; i < 5; i++) kiln_release(all[i]);
+  return v;
+}
+
+static kiln_tensor *input(int64_t n) {
+  kiln_tensor *r = kiln_arange(0, (double)n, 1, KILN_F32), *x = kiln_mul_scalar(r, 1.0 / (double)n);
+  kiln_release(r);
+  kiln_sync(); /* a leaf of the traces below */
+  return x;
+}
+
+TEST(a_trace_that_cannot_pay_is_never_compiled) {
+  setenv("KILN_PAYOFF", "1", 1);
+  setenv("KILN_HOT", "2", 1);
+  kiln_reset_stats();
+  kiln_tensor *x = input(16);
+  double first = tiny_run(x);
+  for (int i = 0; i < 20; i++) CHECK(tiny_run(x) == first);
+  /* hot from its second sighting on, declined at every one of them */
+  CHECK_EQ_INT(stat("plans_built"), 0);
+  CHECK_EQ_INT(stat("kernels_compiled"), 0);
+  CHECK(stat("compiles_declined") >= 20);
+  /* the same program with the rule off compiles it at its second sighting */
+  setenv("KILN_PAYOFF", "0", 1);
+  kiln_tensor *y = input(17); /* another shape: a new key */
+  double f2 = tiny_run(y);
+  tiny_run(y);
+  CHECK_EQ_INT(stat("plans_built"), 1);
+  kiln_jit_wait();
+  CHECK(tiny_run(y) == f2);
+  kiln_release(x);
+  kiln_release(y);
+}
+
+TEST(a_trace_that_pays_compiles_when_hot) {
+  setenv("KILN_PAYOFF", "1", 1);
+  setenv("KILN_HOT", "2", 1);
+  kiln_reset_stats();
+  kiln_tensor *x = input((int64_t)1 << 22);
+  double first = heavy_run(x);
+  /* its interpreter time pays for its few nodes within a few sightings
+     (compiling them costs about as much as one or two runs) */
+  for (int i = 0; i < 7 && stat("plans_built") == 0; i++) heavy_run(x);
+  CHECK_EQ_INT(stat("plans_built"), 1);
+  CHECK(stat("compiles_declined") <= 5);
+  kiln_jit_wait();
+  CHECK(stat("kernels_compiled") + stat("disk_hits") >= 1); /* compiled, or compiled before */
+  double eager = stat("eager_ops");
+  CHECK(heavy_run(x) == first); /* compiled now, the same bits */
+  CHECK(stat("eager_ops") == eager);
+  kiln_release(x);
+}
+
+int main(void) {
+  RUN(a_trace_that_pays_compiles_when_hot);
+  RUN(a_trace_that_cannot_pay_is_never_compiled);
+  return ktest_done();
+}
