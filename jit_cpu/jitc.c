@@ -255,12 +255,12 @@ bool jitc_compile(kernel_desc **d, int n, const uint64_t (*disk_keys)[2], size_t
     shutdown(kids[b].fd, SHUT_WR);
   }
   bool stale = false;
-  static char out[16384]; /* one compiler thread reads answers at a time */
-  static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
-  pthread_mutex_lock(&out_lock);
+  size_t cap = 16384;
+  char *out = malloc(cap), none = 0;
+  if (!out) out = &none, cap = 1;
   for (int b = 0; b < started; b++) {
     int status;
-    finish(&kids[b], out, sizeof out, &status);
+    finish(&kids[b], out, cap, &status);
     if (status == JITC_STALE || strstr(out, "KILNJC-STALE")) {
       stale = true;
       continue;
@@ -276,7 +276,7 @@ bool jitc_compile(kernel_desc **d, int n, const uint64_t (*disk_keys)[2], size_t
     say_once(&said_crash, "the compiler process %s; its kernels run on the interpreter", what);
     atomic_fetch_add_explicit(&vm_process()->stats.compile_failures, 1, memory_order_relaxed);
   }
-  pthread_mutex_unlock(&out_lock);
+  if (out != &none) free(out);
   free(kids);
   *batches = started;
   if (stale) {
