@@ -584,6 +584,10 @@ double cpu_compile_cost_ms(int nodes) {
   return floor + per * nodes;
 }
 
+/* set on the compiler thread when it was started for the compiler process
+   (jitc.h): no in-process compile may run there */
+static _Thread_local bool on_outside_compiler;
+
 /* how far compile_plan may go for a missing kernel */
 typedef enum {
   FIND_IN_MEMORY, /* the kernel cache only (the caller's thread: a hash and a lookup per kernel) */
@@ -658,6 +662,11 @@ static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_
       /* the compiler process stored them: load them as any cached kernel */
       for (int m = 0; m < left; m++)
         if (stored[m]) compiled += (made[m] = load_kernel(batch[m], disk_keys[m])) != NULL;
+    } else if (on_outside_compiler) {
+      /* the compiler thread started for the compiler process registered
+         no exit handler: libgccjit here could be torn down under a compile
+         at exit (seen crashing).  These kernels stay interpreted. */
+      log_once("could not compile in its compiler process", "the kernels run on the interpreter");
     } else {
       /* KILN_COMPILE_BATCH=0 (a measuring knob): each kernel in a context
          of its own, as one object each */
@@ -1143,7 +1152,7 @@ static void compiler_stop(void);
 static void compile_now(compile_job *job);
 
 static void *compiler_main(void *arg) {
-  (void)arg;
+  on_outside_compiler = arg != NULL;
   pthread_mutex_lock(&compiler.lock);
   for (;;) {
     while (!compiler.head && !compiler.stopping) pthread_cond_wait(&compiler.wake, &compiler.lock);
@@ -1216,7 +1225,7 @@ static void compile_now(compile_job *job) {
   free(job);
 }
 
-static void start_compiler_locked(void) {
+static void start_compiler_locked(bool outside) {
   const char *delay = getenv("KILN_COMPILE_DELAY_MS"); /* read here, on the caller's thread */
   if (delay && *delay) {
     char *end;
@@ -1227,7 +1236,7 @@ static void start_compiler_locked(void) {
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  compiler.started = pthread_create(&th, &attr, compiler_main, NULL) == 0;
+  compiler.started = pthread_create(&th, &attr, compiler_main, outside ? (void *)1 : NULL) == 0;
   pthread_attr_destroy(&attr);
 }
 
@@ -1283,7 +1292,7 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
     pthread_mutex_lock(&compiler.lock);
     if (!compiler.started && !compiler.stopping && (outside || atomic_load(&gccjit_warm))) {
       if (!outside) atexit(compiler_stop);
-      start_compiler_locked();
+      start_compiler_locked(outside);
     }
     if (!compiler.started) { /* no thread: compile here */
       pthread_mutex_unlock(&compiler.lock);
