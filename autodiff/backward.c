@@ -74,9 +74,20 @@ vm_tensor *ad_detach(vm_tensor *t) {
 
 /* --- the traversal ----------------------------------------------------------- */
 
+/* the gradient of one slice of a node, not yet scattered back (see
+   join_slices) */
+typedef struct slice_piece {
+  int axis;
+  int64_t start, step;
+  vm_tensor *g;
+  bool joined; /* into the concat (join_slices) */
+  struct slice_piece *next;
+} slice_piece;
+
 typedef struct {
   tr_node **nodes; /* tracked nodes reachable from the outputs */
   vm_tensor **grads;
+  slice_piece **pieces; /* per node: gradients of its slices, joined when its turn comes */
   int n, cap;
   tr_ptrmap index; /* node -> position in nodes (after sorting) */
 } tape;
@@ -92,10 +103,14 @@ static bool tape_add(tape *tp, tr_node *x) {
     vm_tensor **grads = realloc(tp->grads, (size_t)cap * sizeof *grads);
     if (!grads) return false;
     tp->grads = grads;
+    slice_piece **pieces = realloc(tp->pieces, (size_t)cap * sizeof *pieces);
+    if (!pieces) return false;
+    tp->pieces = pieces;
     tp->cap = cap;
   }
   if (!tr_ptrmap_put(&tp->index, x, tp->n)) return false;
   tp->nodes[tp->n] = x;
+  tp->pieces[tp->n] = NULL;
   tp->grads[tp->n++] = NULL;
   return true;
 }
@@ -132,6 +147,114 @@ static bool accumulate(vm_tensor **slot, vm_tensor *g) {
   return sum != NULL;
 }
 
+/* --- slices' gradients -------------------------------------------------------
+ *
+ * The VJP of one slice is its gradient scattered into zeros of the sliced
+ * tensor's shape.  A program that slices a tensor into many parts (the time
+ * steps of an RNN's input, x[t]; the gates of a GRU or LSTM, h[:, g*H:(g+1)*H])
+ * would then build one full-size tensor per part and add them all up:
+ * quadratic in the number of parts (a 40-step GRU spent most of its
+ * backward there).  So a slice's gradient is kept aside, and when the
+ * sliced node's turn comes (every reader has run: the tape is in reverse
+ * creation order), the kept pieces that are runs of consecutive positions
+ * along one axis and do not overlap are joined by one concat, zeros filling
+ * the gaps; any other piece takes the one-slice VJP.  The sum is the same
+ * value: each position gets its one piece (or zero), with nothing but
+ * exact additions of zero left out. */
+static bool defer_slice(tape *tp, int j, const vm_attr *attr, vm_tensor *g) {
+  slice_piece *p = malloc(sizeof *p);
+  if (!p) {
+    vm_error(KILN_ERR_OOM, "out of memory");
+    return false;
+  }
+  *p = (slice_piece){attr->axis, attr->start, attr->step, vm_retain(g), false, tp->pieces[j]};
+  tp->pieces[j] = p;
+  return true;
+}
+
+static int64_t piece_len(const slice_piece *p) { return p->g->shape[p->axis]; }
+
+static bool contiguous_piece(const slice_piece *p) { return p->step == 1 || piece_len(p) == 1; }
+
+static int by_start(const void *a, const void *b) {
+  const slice_piece *x = *(slice_piece *const *)a, *y = *(slice_piece *const *)b;
+  return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* zeros of x's shape with `len` positions along axis */
+static vm_tensor *zeros_along(const vm_tensor *x, int axis, int64_t len) {
+  vm_attr attr = {.dtype = x->dtype, .ndim = x->ndim};
+  memcpy(attr.shape, x->shape, sizeof attr.shape);
+  attr.shape[axis] = len;
+  return vm_op(VM_OP_full, 0, NULL, &attr);
+}
+
+/* one piece the usual way: its slice's VJP */
+static bool piece_vjp(vm_tensor **slot, vm_tensor *x, const slice_piece *p) {
+  vm_attr attr = {.axis = p->axis, .start = p->start, .step = p->step};
+  attr.stop = p->start + p->step * piece_len(p);
+  ad_ctx c = {VM_OP_slice, &attr, &x, NULL, p->g};
+  vm_tensor *gx = NULL;
+  bool ok = ad_vjp(&c, 0, &gx) && gx && accumulate(slot, gx);
+  vm_release(gx);
+  return ok;
+}
+
+/* joins node j's kept pieces into its gradient */
+static bool join_slices(tape *tp, int j) {
+  slice_piece *list = tp->pieces[j];
+  tp->pieces[j] = NULL;
+  if (!list) return true;
+  vm_tensor *x = tr_handle_of_node(tp->nodes[j]);
+  int n = 0;
+  for (slice_piece *p = list; p; p = p->next) n++;
+  slice_piece **all = malloc((size_t)n * sizeof *all), **run = malloc((size_t)n * sizeof *run);
+  vm_tensor **parts = calloc((size_t)(2 * n + 1), sizeof *parts);
+  bool ok = x && all && run && parts;
+  if (!ok && x) vm_error(KILN_ERR_OOM, "out of memory");
+  int nall = 0, nrun = 0, nparts = 0, axis = -1, best = 0;
+  for (slice_piece *p = list; ok && p; p = p->next) all[nall++] = p; /* latest slice first */
+  for (int a = 0; a < nall; a++) { /* the axis most runs lie along */
+    int count = 0;
+    for (int b = 0; b < nall; b++) count += contiguous_piece(all[b]) && all[b]->axis == all[a]->axis;
+    if (contiguous_piece(all[a]) && count > best) best = count, axis = all[a]->axis;
+  }
+  for (int a = 0; a < nall; a++)
+    if (contiguous_piece(all[a]) && all[a]->axis == axis) run[nrun++] = all[a];
+  if (ok && nrun > 0) {
+    qsort(run, (size_t)nrun, sizeof *run, by_start);
+    int64_t at = 0;
+    for (int r = 0; ok && r < nrun; r++) {
+      slice_piece *p = run[r];
+      if (p->start < at) continue; /* overlaps the one before: taken alone below */
+      if (p->start > at) ok = (parts[nparts++] = zeros_along(x, axis, p->start - at)) != NULL;
+      parts[nparts++] = vm_retain(p->g);
+      at = p->start + piece_len(p);
+      p->joined = true;
+    }
+    if (ok && at < x->shape[axis]) ok = (parts[nparts++] = zeros_along(x, axis, x->shape[axis] - at)) != NULL;
+    vm_tensor *whole = ok ? (nparts == 1 ? vm_retain(parts[0]) : vm_concat(nparts, parts, axis)) : NULL;
+    ok = whole && accumulate(&tp->grads[j], whole);
+    vm_release(whole);
+  }
+  /* the rest (strided, along another axis, overlapping): one by one, in the
+     order the slices were taken */
+  for (int a = nall - 1; ok && a >= 0; a--)
+    if (!all[a]->joined) ok = piece_vjp(&tp->grads[j], x, all[a]);
+  for (int k = 0; k < nparts; k++) vm_release(parts[k]);
+  free(parts);
+  free(run);
+  free(all);
+  vm_release(x);
+  while (list) {
+    slice_piece *next = list->next;
+    vm_release(list->g);
+    free(list);
+    list = next;
+  }
+  return ok;
+}
+
 /* propagates one node's gradient to its inputs */
 static bool step(tape *tp, int i) {
   tr_node *n = tp->nodes[i];
@@ -143,9 +266,13 @@ static bool step(tape *tp, int i) {
   bool ok = y != NULL;
   for (int k = 0; ok && k < n->nin; k++) {
     if (!x[k] || !n->in[k]->requires_grad) continue;
+    int j = tape_find(tp, n->in[k]);
+    if (n->op == VM_OP_slice && j >= 0) { /* joined with its siblings later */
+      ok = defer_slice(tp, j, &n->attr, c.g);
+      continue;
+    }
     vm_tensor *gk = NULL;
     ok = ad_vjp(&c, k, &gk);
-    int j = tape_find(tp, n->in[k]);
     if (ok && gk && j >= 0) ok = accumulate(&tp->grads[j], gk);
     vm_release(gk);
   }
@@ -200,14 +327,24 @@ static int run(tape *tp, int nout, vm_tensor *const *outs, vm_tensor *const *gou
     ok = g && accumulate(&tp->grads[tape_find(tp, outs[k]->node)], g);
     vm_release(g);
   }
-  for (int i = 0; ok && i < tp->n; i++)
-    if (tp->grads[i] && !tp->nodes[i]->slot) ok = step(tp, i);
+  for (int i = 0; ok && i < tp->n; i++) {
+    ok = join_slices(tp, i); /* every reader of node i has run */
+    if (ok && tp->grads[i] && !tp->nodes[i]->slot) ok = step(tp, i);
+  }
   if (!create_graph) vm_thread()->no_grad--;
   return ok ? KILN_OK : (vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL);
 }
 
 static void tape_free(tape *tp) {
-  for (int i = 0; i < tp->n; i++) vm_release(tp->grads[i]);
+  for (int i = 0; i < tp->n; i++) {
+    vm_release(tp->grads[i]);
+    for (slice_piece *p = tp->pieces[i], *next; p; p = next) {
+      next = p->next;
+      vm_release(p->g);
+      free(p);
+    }
+  }
+  free(tp->pieces);
   free(tp->nodes);
   free(tp->grads);
   tr_ptrmap_free(&tp->index);

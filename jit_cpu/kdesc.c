@@ -3,6 +3,7 @@
  * plan that the emitters of kernel.c run on (so what is compiled depends on
  * the key's bytes only).  Nothing here knows the plan around the kernel
  * once the description is built. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,7 +74,7 @@ static bool localize(kernel_desc *d, const tr_plan *plan, int g, const cpu_leaf 
     d->leaves[q].meta.dtype = r >= 0 ? plan->nodes[r].meta.dtype : leaves[-1 - r].meta.dtype;
   }
   kernel_shape *lk = &d->ks;
-  memset(lk, 0, sizeof *lk);
+  kernel_shape_clear(lk, n);
   lk->nin = ks->nin;
   lk->nout = ks->nout;
   lk->nparams = ks->nparams;
@@ -131,7 +132,9 @@ static void name_it(kernel_desc *d) {
 
 kernel_desc *kernel_desc_new(const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
                              const void *salt, size_t salt_len) {
-  kernel_desc *d = calloc(1, sizeof *d);
+  kernel_desc *d = malloc(sizeof *d); /* localize sets the shape */
+  if (d) memset(d, 0, offsetof(kernel_desc, ks));
+  if (d) memset((char *)d + offsetof(kernel_desc, bytes), 0, sizeof *d - offsetof(kernel_desc, bytes));
   if (!d) return NULL;
   bytes_buf b = {0};
   if (!localize(d, plan, g, leaves, ks)) goto fail;

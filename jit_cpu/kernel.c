@@ -51,7 +51,7 @@ static gcc_jit_block *new_block(cg_ctx *c, const char *name) {
 bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
                  kernel_shape *ks) {
   const tr_group *grp = &plan->groups[g];
-  memset(ks, 0, sizeof *ks);
+  kernel_shape_clear(ks, grp->last - grp->first + 1);
   ks->reduce = -1;
   if (grp->last - grp->first >= KERNEL_MAX_NODES) return false;
   if (grp->kind == TR_GROUP_REDUCE) { /* producers + the reduction; the epilogue stays interpreted */
@@ -857,8 +857,8 @@ static void plan_stash(const tr_plan *plan, kernel_shape *ks, int first);
 /* the kernel shape of groups g..gb as a row kernel; false if it cannot be one */
 static bool rows_fill(const tr_plan *plan, int g, int gb, const bool *escapes, const cpu_leaf *leaves,
                       const row_space *sp, kernel_shape *ks) {
-  memset(ks, 0, sizeof *ks);
   int first = plan->groups[g].first, last = plan->groups[gb].last;
+  kernel_shape_clear(ks, last - first + 1);
   if (last - first >= KERNEL_MAX_NODES) return false;
   int nd = sp->R->ndim;
   ks->rowwise = true;

@@ -3,6 +3,8 @@
 #ifndef CPU_KERNEL_H
 #define CPU_KERNEL_H
 
+#include <string.h>
+
 #include "../vm/fold.h"
 #include "codegen.h"
 
@@ -28,6 +30,22 @@ typedef struct kernel_shape {
   int8_t stash[KERNEL_MAX_NODES];  /* row kernels: scratch slot + 1 of a value kept between passes */
   int nstash;
 } kernel_shape;
+
+/* empties ks for a kernel over n nodes: the counts and flags, and the
+   per-node arrays' first n entries only (the arrays are sized for the
+   largest kernel, some 15 KiB; clearing all of them for every group of
+   every new plan was a tenth of a varying-length RNN's step) */
+static inline void kernel_shape_clear(kernel_shape *ks, int n) {
+  if (n < 0) n = 0;
+  if (n > KERNEL_MAX_NODES) n = KERNEL_MAX_NODES;
+  ks->nin = ks->nout = ks->nparams = 0;
+  ks->reduce = ks->resume = ks->last_group = ks->last_node = 0;
+  ks->rowwise = ks->cols = false;
+  ks->nstash = 0;
+  memset(ks->compute, 0, (size_t)n * sizeof *ks->compute);
+  memset(ks->per_elem, 0, (size_t)n * sizeof *ks->per_elem);
+  memset(ks->stash, 0, (size_t)n * sizeof *ks->stash);
+}
 
 /* row kernels keep at most this many per-element values in a row scratch
    (8 bytes x count each) instead of recomputing them in later passes */

@@ -850,6 +850,89 @@ TEST(grad_concat_stack) {
   GC("stack x, x", f_join, &c[7], R(1, S(4), -1, 1));
 }
 
+/* ---- slices of one tensor: their gradients join (backward.c) ---- */
+
+/* the sum of a's elements, owned by the pool */
+static kiln_tensor *tsum(kiln_tensor *a) { return T(sum_all(a)); }
+
+static kiln_tensor *f_slices(kiln_tensor *const *x, const void *c) {
+  int v = *(const int *)c;
+  switch (v) {
+    case 0: { /* an RNN over the time steps of x [5,2,3] */
+      kiln_tensor *h = NULL;
+      for (int t = 0; t < 5; t++) {
+        kiln_tensor *xt = T(kiln_squeeze(T(kiln_slice(x[0], 0, t, t + 1, 1)), 0));
+        h = T(kiln_tanh(h ? T(kiln_add(T(kiln_mul(h, x[1])), xt)) : xt));
+      }
+      return h;
+    }
+    case 1: { /* gates of x [2,6] */
+      kiln_tensor *a = T(kiln_slice(x[0], 1, 0, 2, 1)), *b = T(kiln_slice(x[0], 1, 2, 4, 1));
+      kiln_tensor *g = T(kiln_slice(x[0], 1, 4, 6, 1));
+      return T(kiln_add(T(kiln_mul(T(kiln_sigmoid(a)), T(kiln_tanh(g)))), T(kiln_mul(b, b))));
+    }
+    case 2: { /* a gap, an overlap, a stride, another axis and a dense use of x [4,6] */
+      kiln_tensor *p1 = T(kiln_slice(x[0], 0, 0, 1, 1)), *p2 = T(kiln_slice(x[0], 0, 2, 4, 1));
+      kiln_tensor *p3 = T(kiln_slice(x[0], 0, 1, 3, 1)), *p4 = T(kiln_slice(x[0], 1, 0, 6, 2));
+      kiln_tensor *p5 = T(kiln_slice(x[0], 1, 3, 4, 1)), *p6 = T(kiln_slice(x[0], 0, 3, 4, 1));
+      kiln_tensor *s = tsum(T(kiln_mul(p1, p1)));
+      s = T(kiln_add(s, tsum(T(kiln_sin(p2)))));
+      s = T(kiln_add(s, tsum(T(kiln_mul(T(kiln_mul(p3, p3)), p3)))));
+      s = T(kiln_add(s, tsum(T(kiln_tanh(p4)))));
+      s = T(kiln_add(s, tsum(T(kiln_exp(p5)))));
+      s = T(kiln_add(s, tsum(T(kiln_mul(p6, p6)))));
+      return T(kiln_add(s, tsum(T(kiln_mul(x[0], x[0])))));
+    }
+    case 3: { /* rows of an intermediate, stacked back reversed */
+      kiln_tensor *y = T(kiln_add_scalar(T(kiln_mul_scalar(x[0], 2.0)), 1.0)), *rows[3];
+      for (int r = 0; r < 3; r++) rows[2 - r] = T(kiln_tanh(T(kiln_slice(y, 0, r, r + 1, 1))));
+      return T(kiln_mul(T(kiln_concat(3, rows, 0)), y));
+    }
+    default: { /* reversed (step -1) and forward slices of x [4] */
+      kiln_tensor *r = T(kiln_slice(x[0], 0, 3, -100, -1)), *f = T(kiln_slice(x[0], 0, 0, 2, 1));
+      return T(kiln_add(tsum(T(kiln_mul(r, T(kiln_exp(r))))), tsum(T(kiln_mul(f, f)))));
+    }
+  }
+}
+
+TEST(grad_sibling_slices) {
+  static const int c[5] = {0, 1, 2, 3, 4};
+  GC("RNN over slices of x [5,2,3]", f_slices, &c[0], R(3, S(5, 2, 3), -1, 1), R(2, S(2, 3), -1, 1));
+  GC("gates: three slices of [2,6]", f_slices, &c[1], R(2, S(2, 6), -1, 1));
+  GC("gap, overlap, stride, two axes, dense", f_slices, &c[2], R(2, S(4, 6), -1, 1));
+  GC("rows of an intermediate", f_slices, &c[3], R(2, S(3, 4), -1, 1));
+  GC("reversed and forward slices", f_slices, &c[4], R(1, S(4), -1, 1));
+}
+
+/* slicing a tensor into T parts costs a backward linear in T: the parts'
+   gradients join in one concat, not T full-size scatters added up */
+TEST(sliced_backward_is_linear) {
+  enum { STEPS = 40 };
+  int mark = g_npool;
+  kiln_tensor *x = T(fixed_tensor(2, S(STEPS, 8), 7, -1, 1));
+  CHECK_EQ_INT(kiln_set_requires_grad(x, true), KILN_OK);
+  kiln_tensor *loss = NULL;
+  for (int t = 0; t < STEPS; t++) {
+    kiln_tensor *s = tsum(T(kiln_slice(x, 0, t, t + 1, 1)));
+    loss = loss ? T(kiln_add(loss, s)) : s;
+  }
+  double before = kiln_stat("ops_recorded");
+  CHECK_EQ_INT(kiln_backward(loss, NULL), KILN_OK);
+  double ops = kiln_stat("ops_recorded") - before;
+  /* per part: its sum's VJP (an expand); then the join: a concat (old: an
+     arange, reshape, expand, zeros, scatter_add and an add per part) */
+  if (ops > 2 * STEPS + 8) KTEST_FAIL("backward recorded %.0f ops for %d slices", ops, STEPS);
+  kiln_tensor *g = T(kiln_grad(x));
+  double v[STEPS * 8];
+  CHECK_EQ_INT(kiln_to_buffer(g, v, sizeof v), KILN_OK);
+  for (int i = 0; i < STEPS * 8; i++)
+    if (v[i] != 1.0) {
+      KTEST_FAIL("grad[%d] = %g, expected 1", i, v[i]);
+      break;
+    }
+  pool_release_to(mark);
+}
+
 /* ---- index_select / gather ---- */
 
 typedef struct {
@@ -1958,6 +2041,8 @@ int main(void) {
   RUN(grad_matmul);
   RUN(grad_views);
   RUN(grad_concat_stack);
+  RUN(grad_sibling_slices);
+  RUN(sliced_backward_is_linear);
   RUN(grad_index_select_gather);
   RUN(grad_softmax_family);
   RUN(grad_layer_norm);

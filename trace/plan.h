@@ -51,6 +51,8 @@ typedef struct tr_plan {
   int64_t *buffer_bytes;
   int nbuffers;
   bool *escapes;   /* per plan node: its value leaves the plan (an output) */
+  int *release;    /* the non-escaping nodes by the group of their last use: */
+  int *release_at; /* group g frees release[release_at[g] .. release_at[g+1]) */
   tr_pass_stats passes;
   _Atomic(struct cpu_plan *) jit; /* compiled kernels, once ready (jit_cpu/) */
 } tr_plan;

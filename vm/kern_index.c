@@ -206,8 +206,9 @@ static bool scatter_add_fast(vm_tensor *out, const vm_tensor *idx, const vm_tens
   scatter_job j = {vm_data(out), vm_data(src), vm_data(idx), idx->strides[axis], idx->shape[axis],
                    out->shape[axis], prod_dims(out->shape, axis + 1, out->ndim), out->dtype};
   int64_t outer = prod_dims(out->shape, 0, axis);
+  int64_t per_row = j.picks * j.inner; /* elements an outer row adds */
   if (outer && j.picks && j.inner)
-    vm_parallel_for(outer, 1, scatter_rows, &j);
+    vm_parallel_for(outer, per_row >= (1 << 14) ? 1 : (1 << 14) / per_row, scatter_rows, &j);
   return true;
 }
 
