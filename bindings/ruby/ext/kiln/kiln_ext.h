@@ -68,5 +68,6 @@ int rk_nogvl_backward(kiln_tensor *loss, kiln_tensor *grad);
 void rk_init_convert(void);
 void rk_init_ops(void);
 void rk_init_tensor(void);
+void rk_init_layers(void);
 
 #endif /* KILN_EXT_H */

@@ -77,6 +77,61 @@ module Kiln
       _dtype(name)
     end
 
+    # the n x n identity
+    def eye(n, dtype: :float32, requires_grad: false)
+      with_grad(_eye(n, dtype), requires_grad)
+    end
+
+    # steps values from start to stop, both included
+    def linspace(start, stop, steps, dtype: :float32, requires_grad: false)
+      with_grad(_linspace(start, stop, steps, dtype), requires_grad)
+    end
+
+    # Kiln.randint(10, [2, 3]) or Kiln.randint(5, 10, [2, 3]): uniform on [low, high)
+    def randint(low, high = nil, size = nil, dtype: :int64)
+      low, high, size = 0, low, high if size.nil?
+      raise ArgumentError, "Kiln.randint: give the size (an Array or Integer)" if size.nil?
+
+      _randint(low, high, dtype, size.is_a?(Integer) ? [size] : size.to_a)
+    end
+
+    # a random permutation of 0...n (:int64)
+    def randperm(n)
+      _randperm(n)
+    end
+
+    # Saves a Tensor, a Hash of name => Tensor (a state_dict), or an Array
+    # of Tensors (named "0", "1", ...) in the safetensors format, readable by
+    # PyTorch, numpy and JAX tools and by kiln_load.  Whatever is pending is
+    # evaluated first.
+    def save(obj, path)
+      names, tensors = case obj
+                       when Tensor then [["tensor"], [obj]]
+                       when Hash then [obj.keys.map(&:to_s), obj.values]
+                       when Array then [obj.each_index.map(&:to_s), obj]
+                       else
+                         raise TypeError, "Kiln.save: a Tensor, a Hash of name => Tensor or an Array " \
+                                          "of Tensors, not #{obj.class}"
+                       end
+      tensors.each_with_index do |t, i|
+        next if t.is_a?(Tensor)
+
+        raise TypeError, "Kiln.save: #{names[i].inspect} is a #{t.class}, not a Kiln::Tensor"
+      end
+      _save(path.to_s, names, tensors.map(&:detach))
+      nil
+    end
+
+    # Loads what Kiln.save wrote: a Tensor saved alone comes back as that
+    # Tensor; a file of several tensors as a Hash of name => Tensor (file
+    # order), which model.load_state_dict takes.
+    def load(path)
+      pairs = _load(path.to_s)
+      return pairs[0][1] if pairs.size == 1 && pairs[0][0] == "tensor"
+
+      pairs.to_h
+    end
+
     # Records no gradients inside the block (nestable).
     def no_grad
       _no_grad_push

@@ -265,6 +265,145 @@ module Kiln
       end
     end
 
+    # 2-d convolution over NCHW input; weight [out, in/groups, kh, kw].
+    # Initialized like torch-rb: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for
+    # weight and bias, fan_in = in/groups x kh x kw.
+    class Conv2d < Module
+      attr_reader :weight, :bias
+
+      def initialize(in_channels, out_channels, kernel_size, stride: 1, padding: 0, dilation: 1,
+                     groups: 1, bias: true, padding_mode: "zeros")
+        super()
+        raise ArgumentError, "Kiln::NN::Conv2d: only padding_mode: \"zeros\"" unless padding_mode.to_s == "zeros"
+        unless (in_channels % groups).zero? && (out_channels % groups).zero?
+          raise ArgumentError, "Kiln::NN::Conv2d: channels (#{in_channels}, #{out_channels}) must divide by groups (#{groups})"
+        end
+
+        @in_channels = in_channels
+        @out_channels = out_channels
+        @kernel_size = F.pair(kernel_size)
+        @stride = F.pair(stride)
+        @padding = F.pair(padding)
+        @dilation = F.pair(dilation)
+        @groups = groups
+        fan_in = (in_channels / groups) * @kernel_size[0] * @kernel_size[1]
+        bound = 1.0 / Math.sqrt(fan_in)
+        @weight = uniform_parameter([out_channels, in_channels / groups] + @kernel_size, bound)
+        @bias = bias ? uniform_parameter([out_channels], bound) : nil
+      end
+
+      def forward(x)
+        F.conv2d(x, @weight, @bias, stride: @stride, padding: @padding, dilation: @dilation, groups: @groups)
+      end
+
+      def extra_inspect
+        "#{@in_channels}, #{@out_channels}, kernel_size: #{@kernel_size.inspect}, stride: #{@stride.inspect}" \
+          "#{@padding == [0, 0] ? '' : ", padding: #{@padding.inspect}"}#{@groups == 1 ? '' : ", groups: #{@groups}"}"
+      end
+    end
+
+    class MaxPool2d < Module
+      def initialize(kernel_size, stride: nil, padding: 0)
+        super()
+        @kernel_size = kernel_size
+        @stride = stride
+        @padding = padding
+      end
+
+      def forward(x)
+        F.max_pool2d(x, @kernel_size, stride: @stride, padding: @padding)
+      end
+
+      def extra_inspect
+        "kernel_size: #{@kernel_size.inspect}, stride: #{(@stride || @kernel_size).inspect}, padding: #{@padding.inspect}"
+      end
+    end
+
+    # counts the padding in the average, as torch's default count_include_pad: true
+    class AvgPool2d < MaxPool2d
+      def forward(x)
+        F.avg_pool2d(x, @kernel_size, stride: @stride, padding: @padding)
+      end
+    end
+
+    # batch norm over axis 1 of NCHW input: batch statistics in training (the
+    # running ones updated in place, momentum as torch's), the running ones
+    # in eval.  weight 1, bias 0, running_mean 0, running_var 1 to start.
+    class BatchNorm2d < Module
+      attr_reader :weight, :bias, :running_mean, :running_var
+
+      def initialize(num_features, eps: 1e-5, momentum: 0.1, affine: true, track_running_stats: true)
+        super()
+        @num_features = num_features
+        @eps = eps
+        @momentum = momentum
+        if affine
+          @weight = constant_parameter([num_features], 1.0)
+          @bias = constant_parameter([num_features], 0.0)
+        end
+        return unless track_running_stats
+
+        register_buffer(:running_mean, Kiln.zeros(num_features))
+        register_buffer(:running_var, Kiln.ones(num_features))
+      end
+
+      def forward(x)
+        raise Kiln::ShapeError, "Kiln::NN::BatchNorm2d: expected 4-d input [N, C, H, W], got #{x.shape.inspect}" unless x.dim == 4
+
+        F.batch_norm(x, @running_mean, @running_var, weight: @weight, bias: @bias,
+                                                      training: training? || @running_mean.nil?,
+                                                      momentum: @momentum, eps: @eps)
+      end
+
+      def extra_inspect
+        "#{@num_features}, eps: #{@eps}, momentum: #{@momentum}"
+      end
+    end
+
+    # zeroes each element with probability p in training (scaling the rest by
+    # 1/(1-p)); the identity in eval.  Kiln's RNG: Kiln.manual_seed repeats it.
+    class Dropout < Module
+      def initialize(p: 0.5)
+        super()
+        raise ArgumentError, "Kiln::NN::Dropout: p must be in [0, 1], got #{p}" unless p.is_a?(Numeric) && p >= 0 && p <= 1
+
+        @p = p
+      end
+
+      def forward(x)
+        F.dropout(x, p: @p, training: training?)
+      end
+
+      def extra_inspect
+        "p: #{@p}"
+      end
+    end
+
+    # a lookup table: rows of weight [num_embeddings, embedding_dim] for
+    # int64 indices of any shape; weight N(0, 1) as torch-rb
+    class Embedding < Module
+      attr_reader :weight
+
+      def initialize(num_embeddings, embedding_dim, padding_idx: nil)
+        super()
+        raise ArgumentError, "Kiln::NN::Embedding: padding_idx is not supported" unless padding_idx.nil?
+
+        @num_embeddings = num_embeddings
+        @embedding_dim = embedding_dim
+        @weight = Kiln.randn(num_embeddings, embedding_dim).detach
+        Kiln.sync
+        @weight.requires_grad = true
+      end
+
+      def forward(input)
+        F.embedding(input, @weight)
+      end
+
+      def extra_inspect
+        "#{@num_embeddings}, #{@embedding_dim}"
+      end
+    end
+
     class ReLU < Module
       def forward(x)
         x.relu
@@ -385,6 +524,29 @@ module Kiln
       end
     end
 
+    # mean negative log-likelihood of log-probabilities [N, C] at class indices [N]
+    class NLLLoss < Module
+      def initialize(reduction: "mean")
+        super()
+        raise ArgumentError, "Kiln::NN::NLLLoss: only reduction: \"mean\"" unless reduction.to_s == "mean"
+      end
+
+      def forward(input, target)
+        F.nll_loss(input, target)
+      end
+    end
+
+    class BCEWithLogitsLoss < Module
+      def initialize(reduction: "mean")
+        super()
+        raise ArgumentError, "Kiln::NN::BCEWithLogitsLoss: only reduction: \"mean\"" unless reduction.to_s == "mean"
+      end
+
+      def forward(input, target)
+        F.binary_cross_entropy_with_logits(input, target)
+      end
+    end
+
     class MSELoss < Module
       def initialize(reduction: "mean")
         super()
@@ -445,6 +607,60 @@ module Kiln
         when "none" then (input - target)**2
         else raise ArgumentError, "mse_loss: reduction is mean, sum or none"
         end
+      end
+
+      def conv2d(input, weight, bias = nil, stride: 1, padding: 0, dilation: 1, groups: 1)
+        input._conv2d(weight, bias, pair(stride), pair(padding), pair(dilation), groups)
+      end
+
+      def max_pool2d(input, kernel_size, stride: nil, padding: 0)
+        input._max_pool2d(pair(kernel_size), stride.nil? ? nil : pair(stride), pair(padding))
+      end
+
+      def avg_pool2d(input, kernel_size, stride: nil, padding: 0)
+        input._avg_pool2d(pair(kernel_size), stride.nil? ? nil : pair(stride), pair(padding))
+      end
+
+      # running_mean / running_var may be nil in training (batch statistics
+      # only); given, they are updated in place when training
+      def batch_norm(input, running_mean, running_var, weight: nil, bias: nil, training: false,
+                     momentum: 0.1, eps: 1e-5)
+        input._batch_norm(running_mean, running_var, weight, bias, training ? true : false, momentum, eps)
+      end
+
+      def dropout(input, p: 0.5, training: true)
+        raise ArgumentError, "dropout: p must be in [0, 1], got #{p}" unless p.is_a?(Numeric) && p >= 0 && p <= 1
+
+        input._dropout(p, training ? true : false)
+      end
+
+      def embedding(input, weight)
+        weight._embedding(input)
+      end
+
+      def one_hot(tensor, num_classes = -1)
+        tensor.one_hot(num_classes)
+      end
+
+      # mean negative log-likelihood of log-probabilities [N, C] at int64 class indices [N]
+      def nll_loss(input, target, reduction: "mean")
+        raise ArgumentError, "nll_loss: only reduction: \"mean\"" unless reduction.to_s == "mean"
+
+        input.nll_loss(target)
+      end
+
+      def binary_cross_entropy_with_logits(input, target, reduction: "mean")
+        raise ArgumentError, "binary_cross_entropy_with_logits: only reduction: \"mean\"" unless reduction.to_s == "mean"
+
+        input.binary_cross_entropy_with_logits(target)
+      end
+
+      # an Integer n as [n, n]; an Array of two as it is
+      def pair(v)
+        return [v, v] if v.is_a?(Integer)
+        return v.to_a if v.respond_to?(:to_a) && v.to_a.size == 2 && v.to_a.all?(Integer)
+
+        raise ArgumentError, "expected an Integer or two Integers, got #{v.inspect}"
       end
 
       # normalized_shape: the last axis' size (Kiln normalizes one trailing axis)

@@ -271,6 +271,46 @@ module Kiln
     end
 
     # over the last axis; weight and bias are optional tensors of that size
+    # [values, indices] along dim (stable; NaN sorts as the largest value)
+    def sort(pos = nil, dim: nil, axis: nil, descending: false)
+      _sort(one_axis(pos, dim, axis, -1), descending ? true : false)
+    end
+
+    def argsort(pos = nil, dim: nil, axis: nil, descending: false)
+      sort(pos, dim: dim, axis: axis, descending: descending)[1]
+    end
+
+    # [values, indices] of the k largest (largest: false: smallest) along dim, in order
+    def topk(k, pos = nil, dim: nil, axis: nil, largest: true, sorted: true)
+      raise ArgumentError, "topk: sorted: false is not supported (results are always sorted)" unless sorted
+
+      _topk(k, one_axis(pos, dim, axis, -1), largest ? true : false)
+    end
+
+    # variance with Bessel's correction by default (correction: 1, or
+    # unbiased: false for 0), as torch-rb
+    def var(*dims, dim: nil, axis: nil, keepdim: nil, keepdims: nil, unbiased: nil, correction: nil)
+      _var(reduce_axes(dims, dim, axis), moment_correction(unbiased, correction), keep?(keepdim, keepdims))
+    end
+
+    def std(*dims, dim: nil, axis: nil, keepdim: nil, keepdims: nil, unbiased: nil, correction: nil)
+      _std(reduce_axes(dims, dim, axis), moment_correction(unbiased, correction), keep?(keepdim, keepdims))
+    end
+
+    # integers and bool sum into :int64
+    def cumsum(pos = nil, dim: nil, axis: nil)
+      d = one_axis(pos, dim, axis, nil)
+      raise ArgumentError, "cumsum: give the axis (positionally, dim: or axis:)" if d.nil?
+
+      _cumsum(d)
+    end
+
+    # class indices (:int64) -> one-hot rows; num_classes -1: the largest index + 1
+    def one_hot(num_classes = -1, dtype: :int64)
+      num_classes = max.item.to_i + 1 if num_classes == -1
+      _one_hot(num_classes, dtype)
+    end
+
     def layer_norm(weight = nil, bias = nil, eps: 1e-5)
       _layer_norm(weight, bias, eps)
     end
@@ -530,6 +570,13 @@ module Kiln
       flat.each_with_index { |m, i| idx << i if m }
       rest = shape[mask.ndim..]
       reshape([flat.size] + rest).index_select(0, Kiln.tensor(idx, dtype: :int64))
+    end
+
+    def moment_correction(unbiased, correction)
+      raise ArgumentError, "give unbiased: or correction:, not both" if !unbiased.nil? && !correction.nil?
+      return correction unless correction.nil?
+
+      unbiased == false ? 0 : 1
     end
 
     def keep?(keepdim, keepdims)
