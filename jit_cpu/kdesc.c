@@ -132,10 +132,11 @@ static void name_it(kernel_desc *d) {
 
 kernel_desc *kernel_desc_new(const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
                              const void *salt, size_t salt_len) {
-  kernel_desc *d = malloc(sizeof *d); /* localize sets the shape */
-  if (d) memset(d, 0, offsetof(kernel_desc, ks));
-  if (d) memset((char *)d + offsetof(kernel_desc, bytes), 0, sizeof *d - offsetof(kernel_desc, bytes));
+  kernel_desc *d = malloc(sizeof *d);
   if (!d) return NULL;
+  /* all but the shape, whose 15 KiB localize clears as far as it is used */
+  memset(d, 0, offsetof(kernel_desc, ks));
+  memset((char *)d + offsetof(kernel_desc, bytes), 0, sizeof *d - offsetof(kernel_desc, bytes));
   bytes_buf b = {0};
   if (!localize(d, plan, g, leaves, ks)) goto fail;
   put(&b, salt, salt_len);
