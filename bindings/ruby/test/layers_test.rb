@@ -95,6 +95,10 @@ class LayersTest < Minitest::Test
     t = Kiln.tensor([1.0, 0.0])
     expect = (Math.log(1 + Math.exp(-0.5)) + Math.log(1 + Math.exp(-1.0))) / 2
     assert_in_delta expect, NN::BCEWithLogitsLoss.new.call(x, t).item, 1e-6
+    [NN::CrossEntropyLoss, NN::NLLLoss, NN::BCEWithLogitsLoss].each do |loss|
+      assert_kiln_error(ArgumentError, /#{loss.name}: only reduction: "mean"/) { loss.new(reduction: "sum") }
+    end
+    assert_kiln_error(ArgumentError, /nll_loss: only reduction/) { F.nll_loss(logits, target, reduction: :none) }
   end
 
   def test_sort_topk_var_std_cumsum

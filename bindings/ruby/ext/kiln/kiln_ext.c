@@ -231,6 +231,13 @@ int rk_axes(VALUE ary, int *axes) {
   return (int)n;
 }
 
+int rk_axes_arg(VALUE axes, int *ax) {
+  if (NIL_P(axes)) return 0;
+  if (!RB_INTEGER_TYPE_P(axes)) return rk_axes(axes, ax);
+  ax[0] = rk_int(axes, "dim");
+  return 1;
+}
+
 /* The dtype a Ruby number takes next to tensor x when it must be a tensor
    (comparisons, maximum, where, reflected operators): it never widens x, as
    Kiln's weak scalars do not.  Float with a float x: x's dtype; Float with an

@@ -48,6 +48,7 @@ double rk_num(VALUE v, const char *what);       /* Integer or Float */
 #define RK_MAX_ARGS 64                          /* longest shape / axis list passed on */
 int rk_shape(VALUE ary, int64_t *shape);        /* Array of Integers -> ndim */
 int rk_axes(VALUE ary, int *axes);              /* Array of Integers -> count */
+int rk_axes_arg(VALUE axes, int *ax);           /* nil (all: 0), an Integer or an Array -> count */
 
 /* a tensor made from a Ruby number, in the dtype a binary op with x uses */
 kiln_tensor *rk_scalar_for(VALUE num, kiln_tensor *x);
@@ -63,6 +64,12 @@ double rk_nogvl_item(kiln_tensor *t);
 int rk_nogvl_print(kiln_tensor *t, FILE *f);
 int rk_nogvl_sync(void);
 int rk_nogvl_backward(kiln_tensor *loss, kiln_tensor *grad);
+
+/* --- shared method bodies (ops.c) ------------------------------------------------ */
+VALUE rk_unary(VALUE self, kiln_tensor *(*fn)(kiln_tensor *));
+VALUE rk_index_arg(VALUE v); /* an Array becomes an :int64 Tensor; anything else as it is */
+/* self.fn(target): an Array target is converted (as an index when index) */
+VALUE rk_with_target(VALUE self, VALUE target, bool index, kiln_tensor *(*fn)(kiln_tensor *, kiln_tensor *));
 
 /* --- method tables ----------------------------------------------------------------- */
 void rk_init_convert(void);

@@ -80,14 +80,10 @@ static VALUE t_dropout(VALUE self, VALUE p, VALUE training) {
   return rk_finish(obj, kiln_dropout(x, q, RTEST(training)));
 }
 
-static VALUE as_index(VALUE idx) {
-  return RB_TYPE_P(idx, T_ARRAY) ? rk_from_ruby(idx, ID2SYM(rb_intern("int64"))) : idx;
-}
-
 /* weight._embedding(indices): rows of weight, shaped like indices + [dim] */
 static VALUE t_embedding(VALUE self, VALUE idx) {
   kiln_tensor *w = rk_get(self);
-  idx = as_index(idx);
+  idx = rk_index_arg(idx);
   kiln_tensor *i = rk_get(idx);
   VALUE obj = rk_alloc();
   kiln_clear_error();
@@ -105,26 +101,9 @@ static VALUE t_one_hot(VALUE self, VALUE classes, VALUE dtype) {
   return rk_finish(obj, kiln_one_hot(i, n, dt));
 }
 
-static VALUE t_nll_loss(VALUE self, VALUE target) {
-  kiln_tensor *x = rk_get(self);
-  target = as_index(target);
-  kiln_tensor *y = rk_get(target);
-  VALUE obj = rk_alloc();
-  kiln_clear_error();
-  VALUE r = rk_finish(obj, kiln_nll_loss(x, y));
-  RB_GC_GUARD(target);
-  return r;
-}
-
+static VALUE t_nll_loss(VALUE self, VALUE target) { return rk_with_target(self, target, true, kiln_nll_loss); }
 static VALUE t_bce_with_logits(VALUE self, VALUE target) {
-  kiln_tensor *x = rk_get(self);
-  if (RB_TYPE_P(target, T_ARRAY)) target = rk_from_ruby(target, Qnil);
-  kiln_tensor *y = rk_get(target);
-  VALUE obj = rk_alloc();
-  kiln_clear_error();
-  VALUE r = rk_finish(obj, kiln_bce_with_logits(x, y));
-  RB_GC_GUARD(target);
-  return r;
+  return rk_with_target(self, target, false, kiln_bce_with_logits);
 }
 
 /* --- sort, topk, var/std, cumsum, clone ------------------------------------------ */
@@ -163,13 +142,7 @@ typedef kiln_tensor *(*moment_fn)(kiln_tensor *, int, const int *, int, bool);
 /* axes nil (all), an Integer or an Array */
 static VALUE moment(VALUE self, VALUE axes, VALUE correction, VALUE keepdim, moment_fn fn) {
   kiln_tensor *a = rk_get(self);
-  int ax[RK_MAX_ARGS], n = 0;
-  if (RB_INTEGER_TYPE_P(axes)) {
-    ax[0] = rk_int(axes, "dim");
-    n = 1;
-  } else if (!NIL_P(axes)) {
-    n = rk_axes(axes, ax);
-  }
+  int ax[RK_MAX_ARGS], n = rk_axes_arg(axes, ax);
   int c = rk_int(correction, "correction");
   VALUE obj = rk_alloc();
   kiln_clear_error();
@@ -186,12 +159,7 @@ static VALUE t_cumsum(VALUE self, VALUE axis) {
   return rk_finish(obj, kiln_cumsum(a, ax));
 }
 
-static VALUE t_clone(VALUE self) {
-  kiln_tensor *a = rk_get(self);
-  VALUE obj = rk_alloc();
-  kiln_clear_error();
-  return rk_finish(obj, kiln_clone(a));
-}
+static VALUE t_clone(VALUE self) { return rk_unary(self, kiln_clone); }
 
 /* --- constructors ------------------------------------------------------------------ */
 

@@ -4,13 +4,12 @@
  * clears Kiln's error, and raises Kiln's message when the call fails. */
 #include "kiln_ext.h"
 
-typedef kiln_tensor *(*unary_fn)(kiln_tensor *);
 typedef kiln_tensor *(*binary_fn)(kiln_tensor *, kiln_tensor *);
 typedef kiln_tensor *(*scalar_fn)(kiln_tensor *, double);
 
 /* --- elementwise ----------------------------------------------------------------- */
 
-static VALUE unary(VALUE self, unary_fn fn) {
+VALUE rk_unary(VALUE self, kiln_tensor *(*fn)(kiln_tensor *)) {
   kiln_tensor *a = rk_get(self);
   VALUE obj = rk_alloc();
   kiln_clear_error();
@@ -51,7 +50,7 @@ static VALUE binary(VALUE self, VALUE other, binary_fn tt, scalar_fn ts) {
 }
 
 #define UNARY(name)                                                    \
-  static VALUE t_##name(VALUE self) { return unary(self, kiln_##name); }
+  static VALUE t_##name(VALUE self) { return rk_unary(self, kiln_##name); }
 UNARY(neg)
 UNARY(abs)
 UNARY(exp)
@@ -133,13 +132,7 @@ typedef kiln_tensor *(*reduce_fn)(kiln_tensor *, int, const int *, bool);
 /* axes: nil (all), an Integer, or an Array of Integers */
 static VALUE reduce(VALUE self, VALUE axes, VALUE keepdim, reduce_fn fn) {
   kiln_tensor *a = rk_get(self);
-  int ax[RK_MAX_ARGS], n = 0;
-  if (RB_INTEGER_TYPE_P(axes)) {
-    ax[0] = rk_int(axes, "dim");
-    n = 1;
-  } else if (!NIL_P(axes)) {
-    n = rk_axes(axes, ax);
-  }
+  int ax[RK_MAX_ARGS], n = rk_axes_arg(axes, ax);
   VALUE obj = rk_alloc();
   kiln_clear_error();
   return rk_finish(obj, fn(a, n, ax, RTEST(keepdim)));
@@ -240,7 +233,7 @@ typedef kiln_tensor *(*index_fn)(kiln_tensor *, int, kiln_tensor *);
 static VALUE index_op(VALUE self, VALUE axis, VALUE idx, index_fn fn) {
   kiln_tensor *a = rk_get(self);
   int ax = rk_int(axis, "dim");
-  if (RB_TYPE_P(idx, T_ARRAY)) idx = rk_from_ruby(idx, ID2SYM(rb_intern("int64")));
+  idx = rk_index_arg(idx);
   kiln_tensor *i = rk_get(idx);
   VALUE obj = rk_alloc();
   kiln_clear_error();
@@ -304,27 +297,26 @@ static VALUE t_layer_norm(VALUE self, VALUE w, VALUE b, VALUE eps) {
   return r;
 }
 
-static VALUE t_cross_entropy(VALUE self, VALUE target) {
+/* a Tensor, or an Array: converted as an index (Kiln.tensor's rules, :int64) */
+VALUE rk_index_arg(VALUE v) {
+  return RB_TYPE_P(v, T_ARRAY) ? rk_from_ruby(v, ID2SYM(rb_intern("int64"))) : v;
+}
+
+VALUE rk_with_target(VALUE self, VALUE target, bool index, binary_fn fn) {
   kiln_tensor *x = rk_get(self);
-  if (RB_TYPE_P(target, T_ARRAY)) target = rk_from_ruby(target, ID2SYM(rb_intern("int64")));
+  if (RB_TYPE_P(target, T_ARRAY)) target = index ? rk_index_arg(target) : rk_from_ruby(target, Qnil);
   kiln_tensor *y = rk_get(target);
   VALUE obj = rk_alloc();
   kiln_clear_error();
-  VALUE r = rk_finish(obj, kiln_cross_entropy(x, y));
+  VALUE r = rk_finish(obj, fn(x, y));
   RB_GC_GUARD(target);
   return r;
 }
 
-static VALUE t_mse_loss(VALUE self, VALUE other) {
-  kiln_tensor *x = rk_get(self);
-  if (RB_TYPE_P(other, T_ARRAY)) other = rk_from_ruby(other, Qnil);
-  kiln_tensor *y = rk_get(other);
-  VALUE obj = rk_alloc();
-  kiln_clear_error();
-  VALUE r = rk_finish(obj, kiln_mse_loss(x, y));
-  RB_GC_GUARD(other);
-  return r;
+static VALUE t_cross_entropy(VALUE self, VALUE target) {
+  return rk_with_target(self, target, true, kiln_cross_entropy);
 }
+static VALUE t_mse_loss(VALUE self, VALUE other) { return rk_with_target(self, other, false, kiln_mse_loss); }
 
 void rk_init_ops(void) {
   VALUE c = rk_cTensor;

@@ -512,39 +512,30 @@ module Kiln
       end
     end
 
-    # mean cross-entropy of logits [N, C] against int64 class indices [N]
-    class CrossEntropyLoss < Module
+    # a loss Kiln reduces by the mean only: forward is F.<function>
+    class MeanLoss < Module
       def initialize(reduction: "mean")
         super()
-        raise ArgumentError, "Kiln::NN::CrossEntropyLoss: only reduction: \"mean\"" unless reduction.to_s == "mean"
+        F.mean_only!(self.class.name, reduction)
       end
 
       def forward(input, target)
-        F.cross_entropy(input, target)
+        F.send(self.class::FUNCTION, input, target)
       end
+    end
+
+    # mean cross-entropy of logits [N, C] against int64 class indices [N]
+    class CrossEntropyLoss < MeanLoss
+      FUNCTION = :cross_entropy
     end
 
     # mean negative log-likelihood of log-probabilities [N, C] at class indices [N]
-    class NLLLoss < Module
-      def initialize(reduction: "mean")
-        super()
-        raise ArgumentError, "Kiln::NN::NLLLoss: only reduction: \"mean\"" unless reduction.to_s == "mean"
-      end
-
-      def forward(input, target)
-        F.nll_loss(input, target)
-      end
+    class NLLLoss < MeanLoss
+      FUNCTION = :nll_loss
     end
 
-    class BCEWithLogitsLoss < Module
-      def initialize(reduction: "mean")
-        super()
-        raise ArgumentError, "Kiln::NN::BCEWithLogitsLoss: only reduction: \"mean\"" unless reduction.to_s == "mean"
-      end
-
-      def forward(input, target)
-        F.binary_cross_entropy_with_logits(input, target)
-      end
+    class BCEWithLogitsLoss < MeanLoss
+      FUNCTION = :binary_cross_entropy_with_logits
     end
 
     class MSELoss < Module
@@ -595,8 +586,7 @@ module Kiln
       end
 
       def cross_entropy(input, target, reduction: "mean")
-        raise ArgumentError, "cross_entropy: only reduction: \"mean\"" unless reduction.to_s == "mean"
-
+        mean_only!("cross_entropy", reduction)
         input.cross_entropy(target)
       end
 
@@ -644,15 +634,18 @@ module Kiln
 
       # mean negative log-likelihood of log-probabilities [N, C] at int64 class indices [N]
       def nll_loss(input, target, reduction: "mean")
-        raise ArgumentError, "nll_loss: only reduction: \"mean\"" unless reduction.to_s == "mean"
-
+        mean_only!("nll_loss", reduction)
         input.nll_loss(target)
       end
 
       def binary_cross_entropy_with_logits(input, target, reduction: "mean")
-        raise ArgumentError, "binary_cross_entropy_with_logits: only reduction: \"mean\"" unless reduction.to_s == "mean"
-
+        mean_only!("binary_cross_entropy_with_logits", reduction)
         input.binary_cross_entropy_with_logits(target)
+      end
+
+      # the losses Kiln reduces by the mean only
+      def mean_only!(name, reduction)
+        raise ArgumentError, "#{name}: only reduction: \"mean\"" unless reduction.to_s == "mean"
       end
 
       # an Integer n as [n, n]; an Array of two as it is
