@@ -183,7 +183,7 @@ static int by_start(const void *a, const void *b) {
 
 /* zeros of x's shape with `len` positions along axis */
 static vm_tensor *zeros_along(const vm_tensor *x, int axis, int64_t len) {
-  vm_attr attr = {.dtype = x->dtype, .ndim = x->ndim};
+  vm_attr attr = {.dtype = x->dtype, .ndim = x->ndim, .device = x->device};
   memcpy(attr.shape, x->shape, sizeof attr.shape);
   attr.shape[axis] = len;
   return vm_op(VM_OP_full, 0, NULL, &attr);
@@ -283,7 +283,7 @@ static bool step(tape *tp, int i) {
 }
 
 static vm_tensor *ones_like(const vm_tensor *t) {
-  vm_attr attr = {.dtype = t->dtype, .ndim = t->ndim, .scalar = {1.0}};
+  vm_attr attr = {.dtype = t->dtype, .ndim = t->ndim, .scalar = {1.0}, .device = t->device};
   memcpy(attr.shape, t->shape, sizeof attr.shape);
   return vm_op(VM_OP_full, 0, NULL, &attr);
 }
@@ -392,7 +392,7 @@ int ad_grad_of(int nout, vm_tensor *const *outs, vm_tensor *const *gouts, int ni
     vm_tensor *g = j >= 0 ? tp.grads[j] : NULL;
     grads[i] = g ? vm_retain(g) : NULL;
     if (!grads[i]) { /* the outputs do not depend on it: zeros */
-      vm_attr attr = {.dtype = ins[i]->dtype, .ndim = ins[i]->ndim};
+      vm_attr attr = {.dtype = ins[i]->dtype, .ndim = ins[i]->ndim, .device = ins[i]->device};
       memcpy(attr.shape, ins[i]->shape, sizeof attr.shape);
       grads[i] = vm_op(VM_OP_full, 0, NULL, &attr);
       if (!grads[i]) rc = vm_thread()->status;

@@ -192,7 +192,7 @@ static vm_tensor *axis_index(vm_scope *s, vm_tensor *idx_1d, int axis, const vm_
 }
 
 static vm_tensor *zeros_like(vm_scope *s, const vm_tensor *x) {
-  vm_attr attr = {.dtype = x->dtype, .ndim = x->ndim};
+  vm_attr attr = {.dtype = x->dtype, .ndim = x->ndim, .device = x->device};
   memcpy(attr.shape, x->shape, sizeof attr.shape);
   return keep(s, vm_op(VM_OP_full, 0, NULL, &attr));
 }
@@ -215,7 +215,7 @@ static vm_tensor *rule_view(vm_scope *s, const ad_ctx *c, int k) {
       return keep(s, vm_permute(g, inverse));
     }
     case VM_OP_slice: { /* scatter g back to the positions start, start+step, ... */
-      vm_tensor *pos = keep(s, vm_arange_i64(at->start, at->step, g->shape[at->axis]));
+      vm_tensor *pos = keep(s, vm_arange_i64(at->start, at->step, g->shape[at->axis], (kiln_device)g->device));
       return scatter_into_zeros(s, x, at->axis, axis_index(s, pos, at->axis, g), g);
     }
     default: return NULL;

@@ -1218,7 +1218,7 @@ static void warm_gccjit(void) {
 
 static void compile_now(compile_job *job) {
   cpu_plan *cp = cpu_compile(job->plan, job->leaves);
-  cpu_plan *none = NULL;
+  void *none = NULL;
   if (!atomic_compare_exchange_strong(&job->plan->jit, &none, cp)) cpu_plan_free(cp);
   tr_plan_release(job->plan);
   free(job->leaves);
@@ -1257,7 +1257,7 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
      them: an RNN at a new length) is ready now, not after the queue */
   cpu_plan *known = cpu_kcache_kernels() > 0 ? compile_plan(plan, job->leaves, FIND_IN_MEMORY) : NULL;
   if (known) {
-    cpu_plan *none = NULL;
+    void *none = NULL;
     if (!atomic_compare_exchange_strong(&plan->jit, &none, known)) cpu_plan_free(known);
     free(job->leaves);
     free(job);
@@ -1279,7 +1279,7 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
     pthread_mutex_unlock(&compiler.lock);
     cpu_plan *cached = atomic_load(&gccjit_warm) ? NULL : compile_plan(job->plan, job->leaves, FIND_ON_DISK);
     if (cached) {
-      cpu_plan *none = NULL;
+      void *none = NULL;
       if (!atomic_compare_exchange_strong(&job->plan->jit, &none, cached)) cpu_plan_free(cached);
       tr_plan_release(job->plan);
       free(job->leaves);

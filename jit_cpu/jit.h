@@ -6,6 +6,7 @@
 #define CPU_JIT_H
 
 #include "../trace/plan.h"
+#include "../vm/backend.h"
 
 typedef void (*cpu_kernel_fn)(void **bufs, const int64_t *meta, const void *params,
                               int64_t begin, int64_t end);
@@ -40,6 +41,9 @@ typedef struct cpu_leaf {
   vm_meta meta;
   bool contiguous;
 } cpu_leaf;
+
+/* the CPU's backend table (jit_cpu/backend.c), registered by the binding */
+extern const vm_backend cpu_backend;
 
 bool cpu_jit_enabled(void); /* KILN_JIT != 0 */
 bool cpu_async(void);       /* KILN_ASYNC != 0: compile on the background thread */

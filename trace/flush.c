@@ -13,7 +13,7 @@
 #include <time.h>
 
 #include "../cache/trace_cache.h"
-#include "../jit_cpu/jit.h"
+#include "../vm/backend.h"
 #include "../vm/state.h"
 #include "dump.h"
 #include "key.h"
@@ -337,10 +337,25 @@ static void plan_ops_once(void) {
    cost: the compile of its nodes (measured per node).  A key that does
    not pay yet is asked again at its next sightings, as its runs add up;
    KILN_HOT stays the floor, and KILN_PAYOFF=0 compiles every hot key. */
-static bool pays(const cache_sighting *seen, int nodes) {
+static bool pays(const vm_backend *be, const cache_sighting *seen, int nodes) {
   if (!vm_env_long("KILN_PAYOFF", 1)) return true;
   double saving = seen->interp_ms * (1 - cache_compiled_ratio());
-  return saving * (double)seen->sightings >= cpu_compile_cost_ms(nodes);
+  return saving * (double)seen->sightings >= be->compile_cost_ms(nodes);
+}
+
+/* where trace t runs: the device of its nodes, 0-d weak scalars (which go
+   anywhere) aside; two devices make it mixed (run node by node) */
+static void trace_device(tr_trace *t) {
+  bool found = false;
+  t->device = KILN_CPU;
+  t->mixed = false;
+  for (int i = 0; i < t->n; i++) {
+    const vm_meta *m = &t->nodes[i]->meta;
+    if (m->weak && m->ndim == 0) continue;
+    if (!found) t->device = (kiln_device)m->device;
+    else if (m->device != t->device) t->mixed = true;
+    found = true;
+  }
 }
 
 int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) {
@@ -354,6 +369,10 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
     return vm_error(KILN_ERR_OOM, "out of memory collecting a trace");
   }
   tr_trace *t = &c.t;
+  trace_device(t);
+  /* the device's backend; a mixed trace is never planned */
+  const vm_backend *be = t->mixed ? NULL : vm_backend_of(t->device);
+  bool planning = be && tr_planning_enabled();
   int earlier = c.fail_status;
   if (earlier) vm_error_again(earlier, c.fail_msg);
   if (t->n == 0) {
@@ -381,29 +400,21 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
                               memory_order_relaxed);
     if (seen.new_key) atomic_fetch_add_explicit(&st->traces_seen, 1, memory_order_relaxed);
     plan = seen.plan;
-    if (seen.hot && tr_planning_enabled() && !pays(&seen, t->n)) {
+    bool compiles = planning && be->jit_enabled && be->jit_enabled();
+    if (seen.hot && planning && compiles && !pays(be, &seen, t->n)) {
       seen.declined = true;
       atomic_fetch_add_explicit(&st->compiles_declined, 1, memory_order_relaxed);
-    } else if (seen.hot && tr_planning_enabled()) { /* the family's recompile budget decides */
+    } else if (seen.hot && planning) { /* the family's recompile budget decides */
       tr_key_bytes(t, false, &fam_bytes);
       tr_key fam = fam_bytes.failed ? (tr_key){0, 0} : tr_key_hash(&fam_bytes);
       seen.make_plan = cache_admit((uint64_t[]){fam.lo, fam.hi});
       seen.over_budget = !seen.make_plan;
       if (seen.over_budget) cache_refuse((uint64_t[]){key.lo, key.hi});
     }
-    if (seen.replan && tr_planning_enabled()) seen.make_plan = true;
+    if (seen.replan && planning) seen.make_plan = true;
     double p0 = seen.make_plan ? now_ms() : 0;
-    if (seen.make_plan && (plan = tr_plan_build(t))) {
-      if (cpu_jit_enabled()) { /* compile its kernels, here or in the background */
-        if (cpu_async()) {
-          cpu_compile_async(plan, t);
-        } else {
-          cpu_leaf *leaves = cpu_leaves_of(t);
-          cpu_plan *cp = leaves ? cpu_compile(plan, leaves) : NULL;
-          free(leaves);
-          atomic_store(&plan->jit, cp);
-        }
-      }
+    if (seen.make_plan && (plan = tr_plan_build(t, be))) {
+      if (compiles) be->compile(plan, t); /* here or in the background */
       cache_publish((uint64_t[]){key.lo, key.hi}, bytes.data, bytes.len, seen.learned, plan);
       atomic_fetch_add_explicit(&st->plans_built, 1, memory_order_relaxed);
       vm_add_ms(&st->plan_us, now_ms() - p0);

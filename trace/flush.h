@@ -22,6 +22,8 @@ typedef struct tr_trace {
   tr_node **leaves;
   int nleaves;
   bool *is_output;
+  kiln_device device; /* where its nodes run (0-d weak scalars go anywhere) */
+  bool mixed;         /* nodes on two devices: node by node, never planned */
 } tr_trace;
 
 /* Flushes targets (and all pending stores) of graph g, which the caller has

@@ -52,7 +52,7 @@ static void put_shape(tr_bytes *b, int ndim, const int64_t *shape, bool with_sha
    the code it runs (written in one piece: keys are built on every flush) */
 typedef struct {
   uint8_t op, dtype, weak, ndim, nin, output, keepdim, attr_dtype;
-  uint8_t attr_weak, host, perm[KILN_MAX_DIMS];
+  uint8_t attr_weak, host, device, perm[KILN_MAX_DIMS];
   uint32_t axes_mask;
   int32_t axis;
   int64_t start, stop, step;
@@ -75,6 +75,7 @@ static void put_node(tr_bytes *b, const tr_trace *t, int i, bool with_shapes) {
   r.attr_dtype = (uint8_t)a->dtype;
   r.attr_weak = a->weak;
   r.host = a->host;
+  r.device = n->meta.device;
   if (n->op == VM_OP_full && !a->host) r.literal = a->scalar[0];
   for (int d = 0; d < KILN_MAX_DIMS; d++) r.perm[d] = (uint8_t)a->perm[d];
   r.axes_mask = a->axes_mask;
@@ -95,11 +96,12 @@ static void put_node(tr_bytes *b, const tr_trace *t, int i, bool with_shapes) {
 void tr_key_bytes(const tr_trace *t, bool with_shapes, tr_bytes *b) {
   memset(b, 0, sizeof *b);
   put_u8(b, 1); /* format version */
-  put_u8(b, KILN_CPU);
+  put_u8(b, (unsigned)t->device + (t->mixed ? 16u : 0u));
   put_i64(b, t->nleaves);
   for (int j = 0; j < t->nleaves; j++) {
     const vm_tensor *v = t->leaves[j]->value;
     put_u8(b, v->dtype);
+    put_u8(b, v->storage->device);
     put_shape(b, v->ndim, v->shape, with_shapes);
     put_u8(b, (unsigned)layout_class(v));
     int alias = -1; /* the first leaf sharing this one's storage */

@@ -92,6 +92,7 @@ tr_node *tr_node_from_value(vm_tensor *value) {
   atomic_init(&n->refs, 1);
   n->op = VM_OP_input;
   n->meta.dtype = n->meta.compute = value->dtype;
+  n->meta.device = value->storage->device;
   n->meta.ndim = value->ndim;
   memcpy(n->meta.shape, value->shape, sizeof n->meta.shape);
   n->attr.dtype = value->dtype;

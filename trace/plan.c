@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../jit_cpu/jit.h"
+#include "../vm/backend.h"
 #include "../vm/pool.h"
 #include "../vm/state.h"
 #include "key.h"
@@ -27,7 +27,8 @@ void tr_plan_release(void *p) {
   free(plan->escapes);
   free(plan->release);
   free(plan->release_at);
-  cpu_plan_free(atomic_load(&plan->jit));
+  void *jit = atomic_load(&plan->jit);
+  if (jit) plan->backend->plan_free(jit);
   free(plan);
 }
 
@@ -290,9 +291,10 @@ static bool release_lists(tr_plan *plan, const bool *escapes) {
   return true;
 }
 
-tr_plan *tr_plan_build(const tr_trace *t) {
+tr_plan *tr_plan_build(const tr_trace *t, const vm_backend *be) {
   int n = t->n;
   tr_plan *plan = calloc(1, sizeof *plan);
+  if (plan) plan->backend = be;
   builder b = {t, calloc((size_t)n, sizeof(tr_pnode)), n, malloc((size_t)n * sizeof(int))};
   int slots = 64;
   while (slots < 2 * n) slots *= 2;
@@ -430,7 +432,8 @@ static vm_tensor *expand_view(vm_tensor *v0, const vm_meta *m) {
   return vm_tensor_view(v0, m->ndim, m->shape, zeros, v0->offset);
 }
 
-static vm_tensor *run_pnode(const tr_pnode *p, const vm_attr *attr, vm_tensor *const *ins) {
+static vm_tensor *run_pnode(const vm_backend *be, const tr_pnode *p, const vm_attr *attr,
+                            vm_tensor *const *ins) {
   if (p->op == VM_OP_full || p->fold) { /* uniform: compute one element, broadcast it */
     vm_meta m0 = p->meta;
     m0.ndim = 0;
@@ -439,14 +442,14 @@ static vm_tensor *run_pnode(const tr_pnode *p, const vm_attr *attr, vm_tensor *c
     vm_tensor *scalars[3] = {NULL, NULL, NULL}, *v0 = NULL;
     bool ok = true;
     for (int k = 0; k < p->nin && ok; k++) ok = (scalars[k] = scalar_view(ins[k])) != NULL;
-    if (ok) v0 = vm_exec(p->op, p->nin, scalars, &a0, &m0);
+    if (ok) v0 = be->exec(p->op, p->nin, scalars, &a0, &m0);
     for (int k = 0; k < p->nin; k++) vm_release(scalars[k]);
     if (!v0) return NULL;
     vm_tensor *v = expand_view(v0, &p->meta);
     vm_release(v0);
     return v;
   }
-  return vm_exec(p->op, p->nin, ins, attr, &p->meta);
+  return be->exec(p->op, p->nin, ins, attr, &p->meta);
 }
 
 static vm_tensor *input_value(vm_tensor **vals, const tr_trace *t, int ref) {
@@ -463,7 +466,9 @@ static int run_node(const tr_plan *plan, const tr_trace *t, int i, vm_tensor **v
   memcpy(attr.scalar, now->scalar, sizeof attr.scalar);
   attr.seed = now->seed;
   attr.counter = now->counter;
-  vals[i] = run_pnode(p, &attr, ins);
+  /* each node on its own device's backend: a trace's 0-d weak scalars are
+     the host's (backends take them as inputs from there) */
+  vals[i] = run_pnode(vm_backend_of((kiln_device)p->meta.device), p, &attr, ins);
   if (ins != few) free(ins);
   if (vals[i]) return KILN_OK;
   return vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
@@ -482,23 +487,24 @@ static int interrupted(void) {
    the layout the kernel was compiled for; otherwise node by node.  Views
    always run on the interpreter (they move no data): a kernel reads them as
    strided inputs. */
-static int run_group(const tr_plan *plan, const cpu_plan *jit, const tr_trace *t, int g,
+static int run_group(const tr_plan *plan, const void *jit, const tr_trace *t, int g,
                      vm_tensor **vals, int *failed, int *last_group) {
   const tr_group *grp = &plan->groups[g];
-  const cpu_kernel *k = jit && g < jit->ngroups && jit->kernels[g].fn ? &jit->kernels[g] : NULL;
+  const vm_backend *be = plan->backend;
   int rc = KILN_OK, first = grp->first;
   *last_group = g;
-  if (k) {
+  if (jit && be->has_kernel(jit, g)) {
     for (int i = grp->first; i <= grp->last && rc == KILN_OK; i++)
       if (vm_op_table[plan->nodes[i].op].kind == VM_KIND_VIEW) rc = run_node(plan, t, i, vals);
-    if (rc == KILN_OK && cpu_run_group(k, plan, t, g, vals, &rc)) {
+    int resume, through;
+    if (rc == KILN_OK && be->run_group(jit, plan, t, g, vals, &rc, &resume, &through)) {
       /* the kernel computed the group up to `resume`; the rest (a
          reduction's epilogue) runs here.  A row kernel computed groups
-         g..last_group (their values read later) */
+         g..through (their values read later) */
       if (rc != KILN_OK) return rc;
-      first = k->resume;
-      *last_group = k->last_group;
-      if (k->last_group > g) return KILN_OK;
+      first = resume;
+      *last_group = through;
+      if (through > g) return KILN_OK;
     }
   }
   for (int i = first; i <= grp->last && rc == KILN_OK && (rc = interrupted()) == KILN_OK; i++)
@@ -509,7 +515,7 @@ static int run_group(const tr_plan *plan, const cpu_plan *jit, const tr_trace *t
 static int run_plan(const tr_plan *plan, const tr_trace *t, vm_tensor **out, int *failed) {
   vm_tensor **vals = calloc((size_t)(plan->n ? plan->n : 1), sizeof *vals);
   if (!vals) return vm_error(KILN_ERR_OOM, "out of memory");
-  const cpu_plan *jit = atomic_load_explicit(&plan->jit, memory_order_acquire);
+  const void *jit = atomic_load_explicit(&plan->jit, memory_order_acquire);
   int rc = KILN_OK, first_unfreed = 0;
   for (int g = 0; g < plan->ngroups && rc == KILN_OK && (rc = interrupted()) == KILN_OK; g++) {
     int through = g; /* a row kernel runs several groups */
@@ -545,7 +551,8 @@ static int run_trace(const tr_trace *t, vm_tensor **vals, int *failed) {
       break;
     }
     for (int k = 0; k < n->nin; k++) ins[k] = input_value(vals, t, t->refs[i][k]);
-    vals[i] = vm_exec(n->op, n->nin, ins, &n->attr, &n->meta);
+    const vm_backend *be = vm_backend_of((kiln_device)n->meta.device); /* as in run_node */
+    vals[i] = be->exec(n->op, n->nin, ins, &n->attr, &n->meta);
     if (ins != few) free(ins);
     if (!vals[i]) {
       rc = vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;

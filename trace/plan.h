@@ -54,12 +54,14 @@ typedef struct tr_plan {
   int *release;    /* the non-escaping nodes by the group of their last use: */
   int *release_at; /* group g frees release[release_at[g] .. release_at[g+1]) */
   tr_pass_stats passes;
-  _Atomic(struct cpu_plan *) jit; /* compiled kernels, once ready (jit_cpu/) */
+  const struct vm_backend *backend; /* of the trace's device: runs it */
+  _Atomic(void *) jit; /* the backend's compiled kernels, once ready */
 } tr_plan;
 
 static inline int tr_pnode_input(const tr_pnode *p, int k) { return k < 3 ? p->in[k] : p->more[k - 3]; }
 
-tr_plan *tr_plan_build(const tr_trace *t); /* NULL on OOM */
+/* the plan of trace t, run by backend be (NULL on OOM) */
+tr_plan *tr_plan_build(const tr_trace *t, const struct vm_backend *be);
 bool tr_planning_enabled(void);            /* false with KILN_JIT=0: the plain interpreter */
 void tr_plan_retain(void *plan);
 void tr_plan_release(void *plan);

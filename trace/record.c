@@ -28,6 +28,7 @@ static vm_tensor *handle_new(tr_node *n) {
   t->dtype = n->meta.dtype;
   t->ndim = n->meta.ndim;
   t->weak = n->meta.weak;
+  t->device = n->meta.device;
   memcpy(t->shape, n->meta.shape, sizeof t->shape);
   bool fits = vm_shape_numel(t->ndim, t->shape, &t->numel);
   assert(fits); /* n's shape was checked by vm_infer or is a value's */

@@ -246,9 +246,9 @@ vm_tensor *vm_mse_loss(vm_tensor *a, vm_tensor *b) {
   return finish(&s, keep(&s, vm_mean(sq, 0, NULL, false)));
 }
 
-vm_tensor *vm_arange_i64(int64_t start, int64_t step, int64_t count) {
+vm_tensor *vm_arange_i64(int64_t start, int64_t step, int64_t count, kiln_device d) {
   vm_attr attr = {.dtype = KILN_I64, .ndim = 1, .shape = {count},
-                  .scalar = {(double)start, (double)step}};
+                  .scalar = {(double)start, (double)step}, .device = (uint8_t)d};
   return vm_op(VM_OP_arange, 0, NULL, &attr);
 }
 

@@ -16,7 +16,7 @@ vm_tensor *vm_layer_norm(vm_tensor *x, vm_tensor *w, vm_tensor *b, double eps);
 vm_tensor *vm_cross_entropy(vm_tensor *logits, vm_tensor *target);
 vm_tensor *vm_mse_loss(vm_tensor *a, vm_tensor *b);
 
-vm_tensor *vm_arange_i64(int64_t start, int64_t step, int64_t count);
+vm_tensor *vm_arange_i64(int64_t start, int64_t step, int64_t count, kiln_device d);
 vm_tensor *vm_permute(vm_tensor *a, const int *perm);
 vm_tensor *vm_transpose(vm_tensor *a, int d0, int d1);
 vm_tensor *vm_squeeze(vm_tensor *a, int axis);

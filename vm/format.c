@@ -166,7 +166,7 @@ bool vm_format(vm_tensor *t, FILE *f) {
     return false;
   }
   vm_tensor *v = tr_value(t);
-  vm_tensor *c = v ? vm_value_contiguous(v) : NULL;
+  vm_tensor *c = v ? vm_value_host_contiguous(v) : NULL;
   if (!c) return false;
   printer p = {c, MODE_FIXED, 0, c->numel > SUMMARY_THRESHOLD, f};
   fputs("tensor(", f);

@@ -41,7 +41,7 @@ static bool require_index(const vm_tensor *a, const char *what) {
    are); pending indices are checked by the index primitive at the flush. */
 static bool check_index_values(vm_tensor *idx, int64_t size, const char *what) {
   vm_tensor *v = tr_peek_value(idx);
-  if (!v) return true;
+  if (!v || v->storage->device != KILN_CPU) return true; /* checked by the kernel */
   vm_tensor *c = vm_value_contiguous(v);
   if (!c) return false;
   bool ok = true;
@@ -69,8 +69,17 @@ static bool same_shapes(const vm_tensor *a, const vm_tensor *b, const char *an, 
 
 /* --- creation ------------------------------------------------------------ */
 
+/* made on the default device (KILN_DEVICE), as every creation op */
+static bool new_tensor_device(vm_attr *attr) {
+  kiln_device d;
+  if (!vm_default_device(&d)) return false;
+  attr->device = (uint8_t)d;
+  return true;
+}
+
 static vm_tensor *arange_f64(int64_t n) {
   vm_attr attr = {.dtype = KILN_F64, .ndim = 1, .shape = {n}, .scalar = {0, 1}};
+  if (!new_tensor_device(&attr)) return NULL;
   return vm_op(VM_OP_arange, 0, NULL, &attr);
 }
 
@@ -109,8 +118,10 @@ vm_tensor *vm_eye(int64_t n, kiln_dtype dt) {
     vm_error(KILN_ERR_ARG, "n %lld is negative", (long long)n);
     return NULL;
   }
+  kiln_device d;
+  if (!vm_default_device(&d)) return NULL;
   vm_scope s = {0};
-  vm_tensor *i = keep(&s, vm_arange_i64(0, 1, n));
+  vm_tensor *i = keep(&s, vm_arange_i64(0, 1, n, d));
   vm_tensor *col = keep(&s, vm_reshape(i, 2, (int64_t[]){n, 1}));
   vm_tensor *row = keep(&s, vm_reshape(i, 2, (int64_t[]){1, n}));
   return finish(&s, keep(&s, vm_cast(keep(&s, vm_binary(VM_OP_eq, col, row)), dt)));
@@ -120,6 +131,7 @@ static vm_tensor *uniform_f64(int ndim, const int64_t *shape) {
   int64_t numel;
   if (!vm_check_dims_arg(ndim, shape) || !vm_check_shape(ndim, shape, &numel)) return NULL;
   vm_attr attr = {.dtype = KILN_F64, .ndim = ndim};
+  if (!new_tensor_device(&attr)) return NULL;
   if (ndim) memcpy(attr.shape, shape, (size_t)ndim * sizeof *shape);
   vm_rng_reserve(vm_rng_blocks(numel, KILN_F64), &attr.seed, &attr.counter);
   return vm_op(VM_OP_rand, 0, NULL, &attr);
@@ -178,7 +190,12 @@ vm_tensor *vm_randperm(int64_t n) {
     p[i] = p[j];
     p[j] = tmp;
   }
-  return tr_handle_from_value(t);
+  kiln_device d;
+  if (!vm_default_device(&d)) {
+    vm_release(t);
+    return NULL;
+  }
+  return vm_handle_from_host(t, d);
 }
 
 /* a new value node (values are immutable, so a copy is all a clone is) */
@@ -235,7 +252,7 @@ vm_tensor *vm_std(vm_tensor *a, int naxes, const int *axes, int correction, bool
 /* y shifted by s positions along axis, zeros shifted in: concat(zeros,
    y[0 : n - s]) */
 static vm_tensor *shift_in_zeros(vm_tensor *y, int axis, int64_t s) {
-  vm_attr zattr = {.dtype = y->dtype, .ndim = y->ndim};
+  vm_attr zattr = {.dtype = y->dtype, .ndim = y->ndim, .device = y->device};
   memcpy(zattr.shape, y->shape, sizeof zattr.shape);
   zattr.shape[axis] = s;
   vm_scope sc = {0};
@@ -376,7 +393,8 @@ static bool window_args(window_geom *g, const char *kind) {
    (c, i, j, oh, ow) for convolution, output-major (c, oh, ow, i, j) for
    pooling.  Built from shapes alone: the same call shapes give the same
    index, and the trace key sees only its shape. */
-static vm_tensor *window_index(const window_geom *g, bool output_major, int64_t *count_out) {
+static vm_tensor *window_index(const window_geom *g, bool output_major, kiln_device d,
+                               int64_t *count_out) {
   int64_t count = g->count; /* overflow-checked by window_output */
   vm_tensor *t = vm_tensor_new(KILN_I64, 1, &count);
   if (!t) return NULL;
@@ -404,7 +422,7 @@ static vm_tensor *window_index(const window_geom *g, bool output_major, int64_t 
     }
   }
   *count_out = count;
-  return tr_handle_from_value(t);
+  return vm_handle_from_host(t, d);
 }
 
 /* x [N,C,H,W] -> its windows [N, count] (a recorded index_select over
@@ -412,11 +430,12 @@ static vm_tensor *window_index(const window_geom *g, bool output_major, int64_t 
 static vm_tensor *gather_windows(vm_scope *s, vm_tensor *x, const window_geom *g,
                                  bool output_major, double pad_value) {
   int64_t count;
-  vm_tensor *idx = keep(s, window_index(g, output_major, &count));
+  vm_tensor *idx = keep(s, window_index(g, output_major, (kiln_device)x->device, &count));
   if (!idx) return NULL;
   vm_tensor *flat = keep(s, vm_reshape(x, 2, (int64_t[]){g->n, g->c * g->h * g->w}));
   if (g->ph || g->pw) {
-    vm_attr attr = {.dtype = x->dtype, .ndim = 2, .shape = {g->n, 1}, .scalar = {pad_value}};
+    vm_attr attr = {.dtype = x->dtype, .ndim = 2, .shape = {g->n, 1}, .scalar = {pad_value},
+                    .device = x->device};
     vm_tensor *parts[2] = {flat, keep(s, vm_op(VM_OP_full, 0, NULL, &attr))};
     flat = keep(s, flat && parts[1] ? vm_concat(2, parts, 1) : NULL);
   }
@@ -635,7 +654,7 @@ vm_tensor *vm_dropout(vm_tensor *x, double p, bool training) {
   }
   if (!require_float(x, "input")) return NULL;
   if (!training || p == 0) return tr_handle_of_node(x->node); /* x's value, a handle of its own */
-  vm_attr attr = {.dtype = x->dtype, .ndim = x->ndim};
+  vm_attr attr = {.dtype = x->dtype, .ndim = x->ndim, .device = x->device};
   memcpy(attr.shape, x->shape, sizeof attr.shape);
   vm_rng_reserve(vm_rng_blocks(x->numel, x->dtype), &attr.seed, &attr.counter);
   vm_scope s = {0};
@@ -690,7 +709,7 @@ vm_tensor *vm_one_hot(vm_tensor *idx, int64_t num_classes, kiln_dtype dt) {
   if (!check_index_values(idx, num_classes, "class index")) return NULL;
   int64_t n = idx->numel;
   vm_scope s = {0};
-  vm_tensor *classes = keep(&s, vm_arange_i64(0, 1, num_classes));
+  vm_tensor *classes = keep(&s, vm_arange_i64(0, 1, num_classes, (kiln_device)idx->device));
   vm_tensor *flat = keep(&s, vm_reshape(idx, 1, &n));
   vm_tensor *checked = keep(&s, flat ? vm_index_op(VM_OP_index_select, classes, 0, flat, NULL) : NULL);
   vm_tensor *col = keep(&s, checked ? vm_reshape(checked, 2, (int64_t[]){n, 1}) : NULL);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../trace/record.h"
+#include "backend.h"
 #include "kernels.h"
 #include "state.h"
 
@@ -366,6 +367,7 @@ static bool infer_leaf(vm_opcode op, const vm_attr *attr, vm_meta *m) {
   }
   m->dtype = m->compute = attr->dtype;
   m->weak = op == VM_OP_full && attr->weak;
+  m->device = attr->device;
   m->ndim = attr->ndim;
   memcpy(m->shape, attr->shape, sizeof m->shape);
   return true;
@@ -421,9 +423,49 @@ static bool infer_kind(vm_opcode op, int n, vm_tensor *const *in, const vm_attr 
   return false;
 }
 
+static bool movable_scalar(const vm_tensor *t) { return t->weak && t->ndim == 0; }
+
+bool vm_infer_device(int n, vm_tensor *const *in, kiln_device *d) {
+  int first = -1;
+  for (int i = 0; i < n; i++)
+    if (!movable_scalar(in[i]) && (first < 0 || in[i]->device != in[first]->device)) {
+      if (first < 0) {
+        first = i;
+        continue;
+      }
+      vm_error(KILN_ERR_DEVICE,
+               "input %d is on %s and input %d on %s: an op's tensors must be on one "
+               "device (move one with kiln_to_device)", first,
+               vm_device_name((kiln_device)in[first]->device), i, vm_device_name((kiln_device)in[i]->device));
+      return false;
+    }
+  *d = (kiln_device)(first >= 0 ? in[first]->device : n > 0 ? in[0]->device : KILN_CPU);
+  return true;
+}
+
+bool vm_default_device(kiln_device *d) {
+  static _Atomic int cached = -1; /* -2: KILN_DEVICE names no device */
+  int c = atomic_load_explicit(&cached, memory_order_relaxed);
+  if (c == -1) {
+    const char *s = getenv("KILN_DEVICE");
+    c = !s || !*s || !strcmp(s, "cpu") ? KILN_CPU : !strcmp(s, "cuda") ? KILN_CUDA : -2;
+    atomic_store_explicit(&cached, c, memory_order_relaxed);
+  }
+  if (c == -2) {
+    vm_error(KILN_ERR_ARG, "KILN_DEVICE=%s names no device (cpu or cuda)", getenv("KILN_DEVICE"));
+    return false;
+  }
+  *d = (kiln_device)c;
+  return true;
+}
+
 bool vm_infer(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr, vm_meta *m) {
   memset(m, 0, sizeof *m);
+  kiln_device d = KILN_CPU;
+  if (vm_op_table[op].kind != VM_KIND_LEAF && !vm_infer_device(n, in, &d)) return false;
   if (!infer_kind(op, n, in, attr, m)) return false;
+  if (vm_op_table[op].kind != VM_KIND_LEAF) m->device = (uint8_t)d;
+  if (m->device != KILN_CPU && !vm_backend_usable((kiln_device)m->device)) return false;
   return vm_op_table[op].kind == VM_KIND_LEAF || check_result_size(n, in, m);
 }
 
@@ -541,9 +583,16 @@ vm_tensor *vm_exec(vm_opcode op, int n, vm_tensor *const *values, const vm_attr 
 }
 
 vm_tensor *vm_value_copy(vm_tensor *v) {
-  vm_meta m = {.dtype = v->dtype, .compute = v->dtype, .ndim = v->ndim};
+  vm_meta m = {.dtype = v->dtype, .compute = v->dtype, .device = v->storage->device, .ndim = v->ndim};
   memcpy(m.shape, v->shape, sizeof m.shape);
-  return vm_exec(VM_OP_copy, 1, &v, NULL, &m);
+  return vm_backend_of((kiln_device)m.device)->exec(VM_OP_copy, 1, &v, NULL, &m);
+}
+
+vm_tensor *vm_value_host_contiguous(vm_tensor *v) {
+  vm_tensor *h = vm_value_on_host(v);
+  vm_tensor *c = h ? vm_value_contiguous(h) : NULL;
+  vm_release(h);
+  return c;
 }
 
 vm_tensor *vm_value_contiguous(vm_tensor *v) {

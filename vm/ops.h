@@ -60,6 +60,7 @@ typedef struct vm_attr {
   uint32_t axes_mask;             /* reductions: bit d set = axis d reduced */
   bool keepdim;                   /* reductions; argsort: descending */
   bool weak;                      /* full: a scalar (does not widen) */
+  uint8_t device;                 /* leaves: the kiln_device they are made on */
   bool host;                      /* full: a value the host passed: a runtime
                                      parameter, never key material, never
                                      simplified (DESIGN §4); else a literal */
@@ -75,6 +76,7 @@ typedef struct vm_meta {
   kiln_dtype dtype;     /* of the result */
   bool weak;            /* the result is a host scalar */
   kiln_dtype compute;   /* dtype the inputs are brought to before the kernel */
+  uint8_t device;       /* kiln_device the result lives on (its inputs' one) */
   int ndim;
   int64_t shape[KILN_MAX_DIMS];
 } vm_meta;
@@ -92,8 +94,18 @@ vm_tensor *vm_exec(vm_opcode op, int n, vm_tensor *const *values, const vm_attr 
                    const vm_meta *m);
 vm_tensor *vm_value_copy(vm_tensor *v);       /* contiguous copy of a value */
 vm_tensor *vm_value_contiguous(vm_tensor *v); /* v itself (retained) if contiguous */
+/* a contiguous host copy of v (v itself, retained, when it is one already):
+   what the host reads values through */
+vm_tensor *vm_value_host_contiguous(vm_tensor *v);
 
 /* Shape and dtype inference alone (also used by the trace layer). */
+/* the device of an op over in[0..n): that of its inputs, which must agree
+   (0-d weak scalars go anywhere: vm_op moves them); false + KILN_ERR_DEVICE
+   naming both devices otherwise */
+bool vm_infer_device(int n, vm_tensor *const *in, kiln_device *d);
+/* where new tensors go: KILN_DEVICE (cpu, cuda), read once; false +
+   KILN_ERR_ARG when it names no device */
+bool vm_default_device(kiln_device *d);
 bool vm_infer(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr, vm_meta *out);
 
 /* conveniences over vm_op */

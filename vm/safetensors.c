@@ -151,7 +151,7 @@ int vm_save(const char *path, int n, const char *const *names, vm_tensor *const 
   buf_str(&h, "{");
   for (int i = 0; i < n && rc == KILN_OK; i++) {
     vm_tensor *v = tr_value(ts[i]);
-    vals[i] = v ? vm_value_contiguous(v) : NULL;
+    vals[i] = v ? vm_value_host_contiguous(v) : NULL;
     if (!vals[i]) {
       rc = vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
       break;
@@ -641,7 +641,12 @@ static vm_tensor *read_tensor(FILE *f, const char *path, uint64_t data_start, co
     unsigned char *p = vm_data(t);
     for (size_t i = 0; i < bytes; i++) p[i] = p[i] != 0;
   }
-  return tr_handle_from_value(t);
+  kiln_device d;
+  if (!vm_default_device(&d)) {
+    vm_release(t);
+    return NULL;
+  }
+  return vm_handle_from_host(t, d);
 }
 
 int vm_load(const char *path, int cap, char **names, vm_tensor **ts) {

@@ -54,6 +54,8 @@ typedef struct vm_counters {
 typedef struct vm_process_state {
   int threads;                 /* KILN_THREADS or the CPUs we may run on */
   vm_counters stats;
+  /* the backend of each kiln_device (vm/backend.h): set before main, read-only after */
+  const struct vm_backend *backends[4];
   /* RNG: Philox key and the next unused counter block */
   uint64_t rng_seed, rng_counter;
   atomic_flag rng_lock;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "../trace/record.h"
+#include "backend.h"
 #include "ops.h"
 #include "state.h"
 
@@ -66,6 +67,7 @@ static vm_tensor *header_new(kiln_dtype dt, int ndim, const int64_t *shape, int6
   t->dtype = dt;
   t->ndim = ndim;
   t->numel = numel;
+  t->device = KILN_CPU;
   if (ndim) memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
   return t;
 }
@@ -173,6 +175,7 @@ static vm_storage *storage_new(size_t nbytes) {
     s->data = (char *)block + VM_HEADER_BYTES;
     s->nbytes = nbytes;
     s->inline_data = true;
+    s->device = KILN_CPU;
     atomic_fetch_add_explicit(&live_bytes, storage_bytes(s), memory_order_relaxed);
     return s;
   }
@@ -188,6 +191,7 @@ static vm_storage *storage_new(size_t nbytes) {
   s->data = data;
   s->nbytes = bytes;
   s->inline_data = false;
+  s->device = KILN_CPU;
   atomic_fetch_add_explicit(&live_bytes, storage_bytes(s), memory_order_relaxed);
   return s;
 }
@@ -195,7 +199,8 @@ static vm_storage *storage_new(size_t nbytes) {
 static void storage_release(vm_storage *s) {
   if (s && atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) == 1) {
     atomic_fetch_sub_explicit(&live_bytes, storage_bytes(s), memory_order_relaxed);
-    if (!s->inline_data) block_free(s->data, s->nbytes);
+    if (s->device != KILN_CPU) vm_backend_of(s->device)->free(s->data, s->nbytes);
+    else if (!s->inline_data) block_free(s->data, s->nbytes);
     free(s);
   }
 }
@@ -214,6 +219,96 @@ vm_tensor *vm_tensor_new(kiln_dtype dt, int ndim, const int64_t *shape) {
   return t;
 }
 
+/* device storage: a header here, the data the backend's */
+static vm_storage *device_storage_new(const vm_backend *b, size_t nbytes) {
+  vm_storage *s = malloc(sizeof *s);
+  void *data = s ? b->alloc(nbytes ? nbytes : 1) : NULL;
+  if (!data) {
+    if (!s) vm_error(KILN_ERR_OOM, "out of memory allocating a storage header");
+    free(s);
+    return NULL;
+  }
+  atomic_init(&s->refs, 1);
+  s->data = data;
+  s->nbytes = nbytes ? nbytes : 1;
+  s->inline_data = false;
+  s->device = b->device;
+  atomic_fetch_add_explicit(&live_bytes, storage_bytes(s), memory_order_relaxed);
+  return s;
+}
+
+vm_tensor *vm_tensor_new_on(kiln_device d, kiln_dtype dt, int ndim, const int64_t *shape) {
+  if (d == KILN_CPU) return vm_tensor_new(dt, ndim, shape);
+  const vm_backend *b = vm_backend_usable(d);
+  int64_t numel;
+  if (!b || !vm_check_shape(ndim, shape, &numel)) return NULL;
+  vm_tensor *t = header_new(dt, ndim, shape, numel);
+  if (!t) return NULL;
+  vm_contiguous_strides(ndim, shape, t->strides);
+  t->device = (uint8_t)d;
+  t->storage = device_storage_new(b, (size_t)numel * vm_dtype_size(dt));
+  if (!t->storage) {
+    vm_block_free(VM_BLOCK_TENSOR, t);
+    return NULL;
+  }
+  return t;
+}
+
+/* the byte span [lo, hi) of storage a view reads, relative to element 0 */
+static void view_span(const vm_tensor *v, int64_t *lo, int64_t *hi) {
+  int64_t first = 0, last = 0;
+  for (int d = 0; d < v->ndim; d++) {
+    int64_t reach = (v->shape[d] - 1) * v->strides[d];
+    if (reach < 0) first += reach;
+    else last += reach;
+  }
+  int64_t es = (int64_t)vm_dtype_size(v->dtype);
+  *lo = (v->offset + first) * es;
+  *hi = (v->offset + last + 1) * es;
+}
+
+/* Copies the span of storage v views between devices, keeping v's
+   geometry: a strided view moves the bytes between its first and last
+   element, and the copy views them as v did. */
+static vm_tensor *value_moved(vm_tensor *v, kiln_device to) {
+  if (v->numel == 0) return vm_tensor_new_on(to, v->dtype, v->ndim, v->shape);
+  int64_t lo, hi;
+  view_span(v, &lo, &hi);
+  int64_t es = (int64_t)vm_dtype_size(v->dtype), n = (hi - lo) / es;
+  vm_tensor *flat = vm_tensor_new_on(to, v->dtype, 1, &n);
+  if (!flat) return NULL;
+  const char *src = (const char *)v->storage->data + lo;
+  kiln_device from = (kiln_device)v->storage->device;
+  bool ok = from == KILN_CPU ? vm_backend_of(to)->from_host(flat->storage->data, src, (size_t)(hi - lo))
+                             : vm_backend_of(from)->to_host(flat->storage->data, src, (size_t)(hi - lo));
+  vm_tensor *out = ok ? vm_tensor_view(flat, v->ndim, v->shape, v->strides, v->offset - lo / es) : NULL;
+  vm_release(flat);
+  return out;
+}
+
+vm_tensor *vm_value_on_host(vm_tensor *v) { return vm_value_to_device(v, KILN_CPU); }
+
+vm_tensor *vm_value_to_device(vm_tensor *v, kiln_device d) {
+  if (v->storage->device == d) return vm_retain(v);
+  if (v->storage->device != KILN_CPU && d != KILN_CPU) { /* through the host */
+    vm_tensor *h = value_moved(v, KILN_CPU);
+    vm_tensor *out = h ? value_moved(h, d) : NULL;
+    vm_release(h);
+    return out;
+  }
+  if (d != KILN_CPU && !vm_backend_usable(d)) return NULL;
+  return value_moved(v, d);
+}
+
+vm_tensor *vm_handle_from_host(vm_tensor *v, kiln_device d) {
+  if (v && d != KILN_CPU) {
+    vm_tensor *w = vm_value_to_device(v, d);
+    vm_release(v);
+    v = w;
+  }
+  return v ? tr_handle_from_value(v) : NULL;
+}
+
 vm_tensor *vm_tensor_view(const vm_tensor *base, int ndim, const int64_t *shape,
                           const int64_t *strides, int64_t offset) {
   int64_t numel = 0;
@@ -224,6 +319,7 @@ vm_tensor *vm_tensor_view(const vm_tensor *base, int ndim, const int64_t *shape,
   if (!t) return NULL;
   if (ndim) memcpy(t->strides, strides, (size_t)ndim * sizeof *strides);
   t->offset = offset;
+  t->device = base->device;
   t->storage = base->storage;
   atomic_fetch_add_explicit(&t->storage->refs, 1, memory_order_relaxed);
   return t;

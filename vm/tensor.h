@@ -16,6 +16,8 @@ typedef struct vm_storage {
   void *data;     /* 64-byte aligned */
   size_t nbytes;
   bool inline_data; /* data follows this header in one allocation */
+  kiln_device device; /* where data lives: other devices' data is theirs
+                         (vm/backend.h), never read by the host */
 } vm_storage;
 
 /* Two roles, one struct.  A *handle* (what users hold, what ops take) names
@@ -30,6 +32,7 @@ struct kiln_tensor {
   kiln_dtype dtype;
   int ndim;
   bool weak;                      /* a host scalar: does not widen (dtype.h) */
+  uint8_t device;                 /* kiln_device: the node's (handles), the storage's (values) */
   int64_t numel;
   int64_t shape[KILN_MAX_DIMS];
   int64_t strides[KILN_MAX_DIMS]; /* in elements; 0 for broadcast dims */
@@ -53,6 +56,18 @@ bool vm_check_shape(int ndim, const int64_t *shape, int64_t *numel_out);
 
 /* A new contiguous tensor with uninitialized storage; NULL + error on OOM. */
 vm_tensor *vm_tensor_new(kiln_dtype dt, int ndim, const int64_t *shape);
+/* the same on device d (through its backend's allocator: NULL + error
+   when the device is unavailable or out of memory) */
+vm_tensor *vm_tensor_new_on(kiln_device d, kiln_dtype dt, int ndim, const int64_t *shape);
+/* A host copy of value v's elements (v itself, retained, when it is on the
+   CPU already), with v's geometry; NULL + error on failure.  What every
+   reader of values on the host goes through. */
+vm_tensor *vm_value_on_host(vm_tensor *v);
+/* v's value copied to device d (v itself, retained, when it is there) */
+vm_tensor *vm_value_to_device(vm_tensor *v, kiln_device d);
+/* a handle for host value v (takes the reference) on device d: how data
+   made on the host (kiln_from_data, loads, index tables) reaches a device */
+vm_tensor *vm_handle_from_host(vm_tensor *v, kiln_device d);
 /* A new tensor header viewing base's storage with the given geometry. */
 vm_tensor *vm_tensor_view(const vm_tensor *base, int ndim, const int64_t *shape,
                           const int64_t *strides, int64_t offset);

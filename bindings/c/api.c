@@ -19,7 +19,7 @@
 #include "../../vm/state.h"
 #include "../../autodiff/ad.h"
 #include "../../jit_cpu/jit.h"
-#include "../../jit_gpu/device.h"
+#include "../../jit_gpu/backend.h"
 #include "../../trace/record.h"
 
 #ifndef KILN_VERSION_STRING
@@ -63,14 +63,27 @@ kiln_tensor *kiln_from_data(const void *data, kiln_dtype dt, int ndim, const int
   }
   if (t->numel) memcpy(vm_data(t), data, (size_t)t->numel * vm_dtype_size(dt));
   if (dt == KILN_BOOL) normalize_bools(vm_data(t), t->numel);
-  return tr_handle_from_value(t);
+  kiln_device d;
+  if (!vm_default_device(&d)) {
+    vm_release(t);
+    return NULL;
+  }
+  return vm_handle_from_host(t, d);
+}
+
+/* creation ops make tensors on the default device (KILN_DEVICE) */
+static bool new_tensor_device(vm_attr *attr) {
+  kiln_device d;
+  if (!vm_default_device(&d)) return false;
+  attr->device = (uint8_t)d;
+  return true;
 }
 
 /* host: v is the user's value (a runtime parameter); zeros and ones are
    literals of the function called */
 static kiln_tensor *full(double v, bool host, kiln_dtype dt, int ndim, const int64_t *shape) {
   vm_attr attr = {.dtype = dt, .ndim = ndim, .host = host, .scalar = {v}};
-  if (!vm_check_dims_arg(ndim, shape)) return NULL;
+  if (!vm_check_dims_arg(ndim, shape) || !new_tensor_device(&attr)) return NULL;
   if (ndim) memcpy(attr.shape, shape, (size_t)ndim * sizeof *shape);
   return vm_op(VM_OP_full, 0, NULL, &attr);
 }
@@ -105,6 +118,7 @@ kiln_tensor *kiln_arange(double start, double stop, double step, kiln_dtype dt) 
     return NULL;
   }
   vm_attr attr = {.dtype = dt, .ndim = 1, .shape = {(int64_t)count}, .scalar = {start, step}};
+  if (!new_tensor_device(&attr)) return NULL;
   return vm_op(VM_OP_arange, 0, NULL, &attr);
 }
 
@@ -119,6 +133,7 @@ static kiln_tensor *random_tensor(vm_opcode op, kiln_dtype dt, int ndim, const i
     return NULL;
   }
   vm_attr attr = {.dtype = dt, .ndim = ndim};
+  if (!new_tensor_device(&attr)) return NULL;
   if (ndim) memcpy(attr.shape, shape, (size_t)ndim * sizeof *shape);
   vm_rng_reserve(vm_rng_blocks(numel, dt), &attr.seed, &attr.counter);
   return vm_op(op, 0, NULL, &attr);
@@ -149,8 +164,7 @@ kiln_dtype kiln_dtype_of(const kiln_tensor *t) {
   return have(t, "kiln_dtype_of") ? t->dtype : (kiln_dtype)KILN_ERR_ARG;
 }
 kiln_device kiln_device_of(const kiln_tensor *t) {
-  have(t, "kiln_device_of");
-  return KILN_CPU;
+  return have(t, "kiln_device_of") ? (kiln_device)t->device : KILN_CPU;
 }
 
 int kiln_to_buffer(kiln_tensor *t, void *dst, size_t dst_bytes) {
@@ -161,7 +175,7 @@ int kiln_to_buffer(kiln_tensor *t, void *dst, size_t dst_bytes) {
     return vm_error(KILN_ERR_ARG, "buffer of %zu bytes is smaller than the %zu bytes of a %s tensor",
                     dst_bytes, need, vm_dtype_name(t->dtype));
   vm_tensor *v = tr_value(t);
-  vm_tensor *c = v ? vm_value_contiguous(v) : NULL;
+  vm_tensor *c = v ? vm_value_host_contiguous(v) : NULL;
   if (!c) return vm_thread()->status;
   if (need) memcpy(dst, vm_data(c), need);
   vm_release(c);
@@ -177,7 +191,10 @@ double kiln_item(kiln_tensor *t) {
     return NAN;
   }
   vm_tensor *v = tr_value(t);
-  return v ? vm_load_f64(vm_data(v), v->dtype, 0) : NAN;
+  vm_tensor *h = v ? vm_value_on_host(v) : NULL;
+  double x = h ? vm_load_f64(vm_data(h), h->dtype, 0) : NAN;
+  vm_release(h);
+  return x;
 }
 
 int kiln_print(kiln_tensor *t, FILE *f) {
@@ -513,9 +530,23 @@ void kiln_no_grad_pop(void) {
 
 /* --- devices ------------------------------------------------------------------ */
 
+/* the backends, registered before main (vm/backend.h): the binding is the
+   one layer that knows them all */
+__attribute__((constructor)) static void register_backends(void) {
+  vm_backend_register(&cpu_backend);
+  vm_backend_register(&gpu_backend);
+}
+
 bool kiln_device_available(kiln_device d) {
-  if (d == KILN_CPU) return true;
-  return d == KILN_CUDA && gpu_available();
+  const vm_backend *b = vm_backend_of(d);
+  return b && (!b->unavailable || !b->unavailable());
+}
+
+const char *kiln_device_info(kiln_device d) {
+  const vm_backend *b = vm_backend_of(d);
+  if (!b) return "no such device";
+  const char *why = b->unavailable ? b->unavailable() : NULL;
+  return why ? why : b->info();
 }
 
 kiln_tensor *kiln_to_device(kiln_tensor *t, kiln_device d) {
@@ -524,16 +555,15 @@ kiln_tensor *kiln_to_device(kiln_tensor *t, kiln_device d) {
     vm_null_input(0);
     return NULL;
   }
-  if (d == KILN_CPU) return tr_handle_of_node(t->node);
-  if (d != KILN_CUDA) {
+  if (!vm_backend_of(d)) {
     vm_error(KILN_ERR_ARG, "invalid device %d", (int)d);
     return NULL;
   }
-  if (!gpu_available())
-    vm_error(KILN_ERR_DEVICE, "no CUDA device is available: %s", gpu_unavailable_reason());
-  else
-    vm_error(KILN_ERR_DEVICE, "CUDA tensors are not implemented in this build yet");
-  return NULL;
+  if (d == (kiln_device)t->device) return tr_handle_of_node(t->node);
+  if (!vm_backend_usable(d)) return NULL;
+  vm_tensor *v = tr_value(t); /* an explicit transfer: evaluated here */
+  vm_tensor *moved = v ? vm_value_to_device(v, d) : NULL;
+  return moved ? tr_handle_from_value(moved) : NULL;
 }
 
 /* --- runtime ------------------------------------------------------------------ */
@@ -548,7 +578,12 @@ int kiln_eval(int n, kiln_tensor *const *ts) {
   return tr_eval(n, ts);
 }
 
-void kiln_jit_wait(void) { cpu_compile_wait(); }
+void kiln_jit_wait(void) {
+  for (int d = KILN_CPU; d <= KILN_CUDA; d++) {
+    const vm_backend *b = vm_backend_of((kiln_device)d);
+    if (b && b->compile_wait) b->compile_wait();
+  }
+}
 void kiln_set_cancel_flag(volatile int *flag) { vm_thread()->cancel = flag; }
 
 void kiln_get_stats(kiln_stats *out) {

@@ -230,11 +230,16 @@ KILN_API kiln_tensor *kiln_detach(kiln_tensor *t);
 KILN_API void kiln_no_grad_push(void); /* nestable */
 KILN_API void kiln_no_grad_pop(void);
 
-/* devices: tensors live on the CPU; kiln_device_available(KILN_CUDA) tells
-   whether a CUDA driver and device are present (CUDA tensors themselves
-   are not implemented yet: kiln_to_device(t, KILN_CUDA) reports that) */
+/* devices: explicit transfers; an op over tensors on two devices is a
+   KILN_ERR_DEVICE naming both.  kiln_device_available(KILN_CUDA) tells
+   whether a CUDA driver and device are present; KILN_DEVICE=cuda makes new
+   tensors there; asking for a device that is not there is KILN_ERR_DEVICE
+   with the reason */
 KILN_API bool kiln_device_available(kiln_device d);
-KILN_API kiln_tensor *kiln_to_device(kiln_tensor *t, kiln_device d);
+/* "NVIDIA H100 80GB HBM3, sm_90, ..." / "CPU, x86-64-v3, 2 threads", or
+   why the device is not available */
+KILN_API const char *kiln_device_info(kiln_device d);
+KILN_API kiln_tensor *kiln_to_device(kiln_tensor *t, kiln_device d); /* a copy, or t's value */
 
 /* runtime */
 KILN_API int kiln_sync(void); /* evaluate everything pending on this thread */

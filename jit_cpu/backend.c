@@ -1,0 +1,60 @@
+/* backend.c — the CPU's entry in the backend table (vm/backend.h): vm's
+ * eager kernels are its interpreter, this folder's libgccjit kernels its
+ * compiled path.  CPU storage is vm/tensor.c's own. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../vm/backend.h"
+#include "../vm/cpu.h"
+#include "../vm/state.h"
+#include "jit.h"
+
+static const char *cpu_info(void) {
+  static _Thread_local char buf[128];
+  snprintf(buf, sizeof buf, "CPU, %s, %d threads", vm_cpu_isa(), vm_process()->threads);
+  return buf;
+}
+
+static void cpu_compile_plan(tr_plan *plan, const tr_trace *t) {
+  if (cpu_async()) {
+    cpu_compile_async(plan, t);
+    return;
+  }
+  cpu_leaf *leaves = cpu_leaves_of(t);
+  cpu_plan *cp = leaves ? cpu_compile(plan, leaves) : NULL;
+  free(leaves);
+  void *none = NULL;
+  if (!atomic_compare_exchange_strong(&plan->jit, &none, cp)) cpu_plan_free(cp);
+}
+
+static void cpu_plan_release(void *compiled) { cpu_plan_free(compiled); }
+
+static const cpu_kernel *group_kernel(const void *compiled, int g) {
+  const cpu_plan *cp = compiled;
+  return g < cp->ngroups && cp->kernels[g].fn ? &cp->kernels[g] : NULL;
+}
+
+static bool cpu_has_kernel(const void *compiled, int g) { return group_kernel(compiled, g) != NULL; }
+
+static bool cpu_group(const void *compiled, const tr_plan *plan, const tr_trace *t, int g,
+                      vm_tensor **vals, int *rc, int *resume, int *last_group) {
+  const cpu_kernel *k = group_kernel(compiled, g);
+  if (!k || !cpu_run_group(k, plan, t, g, vals, rc)) return false;
+  *resume = k->resume;
+  *last_group = k->last_group;
+  return true;
+}
+
+const vm_backend cpu_backend = {
+  .device = KILN_CPU,
+  .name = "cpu",
+  .info = cpu_info,
+  .exec = vm_exec,
+  .jit_enabled = cpu_jit_enabled,
+  .compile_cost_ms = cpu_compile_cost_ms,
+  .compile = cpu_compile_plan,
+  .compile_wait = cpu_compile_wait,
+  .plan_free = cpu_plan_release,
+  .has_kernel = cpu_has_kernel,
+  .run_group = cpu_group,
+};
