@@ -272,6 +272,8 @@ typedef struct {
   FILE *f;
   int rc;
   double d;
+  kiln_device device;
+  kiln_tensor *result;
   volatile int cancel; /* set by the unblocking function (Ctrl-C, Timeout) */
 } nogvl_args;
 
@@ -297,6 +299,12 @@ static void *sync_fn(void *p) {
   nogvl_args *a = p;
   kiln_clear_error();
   a->rc = kiln_sync();
+  return NULL;
+}
+static void *to_device_fn(void *p) {
+  nogvl_args *a = p;
+  kiln_clear_error();
+  a->result = kiln_to_device(a->t, a->device);
   return NULL;
 }
 static void *backward_fn(void *p) {
@@ -331,6 +339,11 @@ static void run_cancelable(void *(*fn)(void *), nogvl_args *a) {
   if (a->cancel) rb_thread_check_ints();
 }
 
+kiln_tensor *rk_nogvl_to_device(kiln_tensor *t, kiln_device d) {
+  nogvl_args a = {.t = t, .device = d};
+  run_cancelable(to_device_fn, &a);
+  return a.result;
+}
 int rk_nogvl_to_buffer(kiln_tensor *t, void *dst, size_t n) {
   nogvl_args a = {.t = t, .dst = dst, .n = n};
   run_cancelable(to_buffer_fn, &a);

@@ -61,6 +61,7 @@ VALUE rk_item(VALUE self);
 /* --- GVL-free wrappers (kiln_ext.c) ------------------------------------------------ */
 int rk_nogvl_to_buffer(kiln_tensor *t, void *dst, size_t n);
 double rk_nogvl_item(kiln_tensor *t);
+kiln_tensor *rk_nogvl_to_device(kiln_tensor *t, kiln_device d); /* evaluates t */
 int rk_nogvl_print(kiln_tensor *t, FILE *f);
 int rk_nogvl_sync(void);
 int rk_nogvl_backward(kiln_tensor *loss, kiln_tensor *grad);

@@ -22,6 +22,35 @@ static VALUE t_shape(VALUE self) {
 static VALUE t_dtype(VALUE self) { return rk_dtype_sym(kiln_dtype_of(rk_get(self))); }
 static VALUE t_ndim(VALUE self) { return INT2NUM(kiln_ndim(rk_get(self))); }
 static VALUE t_numel(VALUE self) { return LL2NUM(kiln_numel(rk_get(self))); }
+/* :cpu / :cuda (or "cpu" / "cuda") to a kiln_device; ArgumentError otherwise */
+static kiln_device device_arg(VALUE dev) {
+  VALUE s = rb_obj_as_string(dev);
+  if (!strcmp(StringValueCStr(s), "cpu")) return KILN_CPU;
+  if (!strcmp(StringValueCStr(s), "cuda")) return KILN_CUDA;
+  rb_raise(rb_eArgError, "unknown device %" PRIsVALUE " (:cpu or :cuda)", rb_inspect(dev));
+}
+
+/* t._to_device(dev): a copy on dev (t's value itself when it is there);
+   Kiln::Error (:device) with the reason when dev is not available */
+static VALUE t_to_device(VALUE self, VALUE dev) {
+  kiln_tensor *t = rk_get(self);
+  kiln_device d = device_arg(dev);
+  VALUE obj = rk_alloc();
+  kiln_tensor *r = rk_nogvl_to_device(t, d);
+  RB_GC_GUARD(self);
+  return rk_finish(obj, r);
+}
+
+/* Kiln::CUDA.available? / Kiln::CUDA.info / Kiln.device_info(dev) */
+static VALUE m_cuda_available(VALUE mod) {
+  (void)mod;
+  return kiln_device_available(KILN_CUDA) ? Qtrue : Qfalse;
+}
+static VALUE m_device_info(VALUE mod, VALUE dev) {
+  (void)mod;
+  return rb_utf8_str_new_cstr(kiln_device_info(device_arg(dev)));
+}
+
 static VALUE t_device(VALUE self) {
   return kiln_device_of(rk_get(self)) == KILN_CUDA ? ID2SYM(rb_intern("cuda"))
                                                    : ID2SYM(rb_intern("cpu"));
@@ -192,6 +221,10 @@ void rk_init_tensor(void) {
   rb_define_method(c, "ndim", t_ndim, 0);
   rb_define_method(c, "numel", t_numel, 0);
   rb_define_method(c, "device", t_device, 0);
+  rb_define_method(c, "_to_device", t_to_device, 1);
+  VALUE cuda = rb_define_module_under(rk_mKiln, "CUDA");
+  rb_define_singleton_method(cuda, "available?", m_cuda_available, 0);
+  rb_define_singleton_method(rk_mKiln, "device_info", m_device_info, 1);
   rb_define_method(c, "_print", t_print, 0);
   rb_define_method(c, "requires_grad", t_requires_grad, 0);
   rb_define_method(c, "requires_grad?", t_requires_grad, 0);

@@ -124,8 +124,30 @@ module Kiln
       _cast(dtype)
     end
 
-    def to(dtype)
-      _cast(dtype)
+    # t.to(:float64), t.to(:cuda), t.to(:cpu), t.to("cuda", :float64) —
+    # devices and dtypes, as torch's Tensor#to
+    DEVICES = %i[cpu cuda].freeze
+
+    def to(*args, device: nil, dtype: nil)
+      args.each do |a|
+        if DEVICES.include?(a.to_s.to_sym) then device = a
+        else dtype = a
+        end
+      end
+      t = device ? _to_device(device) : self
+      dtype ? t._cast(dtype) : t
+    end
+
+    def cuda
+      _to_device(:cuda)
+    end
+
+    def cpu
+      _to_device(:cpu)
+    end
+
+    def cuda?
+      device == :cuda
     end
 
     def float
@@ -653,6 +675,18 @@ module Kiln
         end
       end
       [b, e]
+    end
+  end
+end
+
+module Kiln
+  # Kiln::CUDA.available? — whether a CUDA driver and device are present;
+  # Kiln::CUDA.info — the device ("NVIDIA H100 ..., sm_90, ...") or why there
+  # is none.  Tensors move with t.cuda / t.cpu / t.to(:cuda); KILN_DEVICE=cuda
+  # makes new tensors there.
+  module CUDA
+    def self.info
+      Kiln.device_info(:cuda)
     end
   end
 end
