@@ -571,7 +571,7 @@ static bool has_suffix(const char *s, const char *suffix) {
 }
 
 /* Deletes leftover temp files and, when `keep` is given, least recently
-   used kernel files (any format version; never `keep`) until the total
+   used kernel files (.so, .idx, .blob; any format version; never `keep`) until the total
    size is at most max. */
 static void evict(int dir_fd, const char *dir, const char *keep, uint64_t max) {
   int dfd = dup(dir_fd);
@@ -589,7 +589,7 @@ static void evict(int dir_fd, const char *dir, const char *keep, uint64_t max) {
   while ((e = readdir(d))) {
     const char *name = e->d_name;
     bool kernel = keep && !strncmp(name, DISK_PREFIX, strlen(DISK_PREFIX)) &&
-                  (has_suffix(name, ".so") || has_suffix(name, ".idx"));
+                  (has_suffix(name, ".so") || has_suffix(name, ".idx") || has_suffix(name, ".blob"));
     bool tmp = !strncmp(name, DISK_TMP_PREFIX, strlen(DISK_TMP_PREFIX));
     if (!kernel && !tmp) continue;
     struct stat st;
@@ -781,4 +781,49 @@ bool cache_disk_index_put(const uint64_t h[2], const void *data, size_t len) {
   }
   dir_close(&d);
   return ok;
+}
+
+/* ---- blobs (compiled GPU code) ---- */
+
+bool cache_disk_blob_put(const uint64_t h[2], const void *data, size_t len) {
+  if (!h || !data || !len || len > CACHE_DISK_BLOB_MAX) return false;
+  disk_dir d;
+  if (!dir_open(&d)) return false;
+  char tmp[DISK_NAME_ROOM];
+  int fd = temp_create(&d, ".rec", tmp, sizeof tmp);
+  bool ok = fd >= 0 && write_full(fd, data, len) && lseek(fd, 0, SEEK_SET) == 0 &&
+            store_from(&d, h, fd, "a blob", ".blob");
+  if (fd >= 0) {
+    close(fd);
+    (void)unlinkat(d.fd, tmp, 0);
+  }
+  dir_close(&d);
+  return ok;
+}
+
+void *cache_disk_blob_get(const uint64_t h[2], size_t *len) {
+  if (len) *len = 0;
+  if (!h || !len) return NULL;
+  disk_dir d;
+  if (!dir_open(&d)) return NULL;
+  char name[DISK_NAME_ROOM];
+  file_name_ext(h, ".blob", name, sizeof name);
+  struct stat st;
+  int fd = open_verified(&d, name, h, &st);
+  void *data = NULL;
+  if (fd >= 0) {
+    uint64_t n = (uint64_t)st.st_size - CACHE_DISK_TRAILER_SIZE;
+    data = n <= CACHE_DISK_BLOB_MAX ? malloc((size_t)n) : NULL;
+    if (data && pread_full(fd, data, (size_t)n, 0) == (ssize_t)n) {
+      *len = (size_t)n;
+      touch_fd(fd);
+    } else {
+      if (data) disk_log("cannot read %s/%s", d.path, name);
+      free(data);
+      data = NULL;
+    }
+    close(fd);
+  }
+  dir_close(&d);
+  return data;
 }

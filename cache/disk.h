@@ -95,6 +95,19 @@ void cache_disk_scratch_close(cache_disk_scratch *s);
 bool cache_disk_index_put(const uint64_t h[2], const void *data, size_t len);
 size_t cache_disk_index_get(const uint64_t h[2], void *buf, size_t cap);
 
+/* Blobs: opaque payloads (compiled GPU code: cubins, PTX) under hash h,
+   "kernel-v<FORMAT>-<32 hex>.blob", written and checked exactly as shared
+   objects are (temp file + fsync + rename, trailer and checksum,
+   O_NOFOLLOW, a private regular file with one link; a bad one is deleted)
+   and evicted with them (LRU).  put: false when it could not be stored
+   (len 0 is refused).  get: the payload (malloc'd; the caller frees it)
+   and its length, read from the very descriptor that was checked; NULL
+   when there is none, it is bad or larger than CACHE_DISK_BLOB_MAX, or
+   the cache is off.  A hit touches the file. */
+#define CACHE_DISK_BLOB_MAX ((size_t)256 << 20)
+bool cache_disk_blob_put(const uint64_t h[2], const void *data, size_t len);
+void *cache_disk_blob_get(const uint64_t h[2], size_t *len);
+
 /* "<dir>/kernel-v<FORMAT>-<h[0] as 16 hex><h[1] as 16 hex>.so", or "" when
    the cache is disabled or unusable (for tests and tools). */
 void cache_disk_path(const uint64_t h[2], char *out, size_t out_len);

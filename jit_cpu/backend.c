@@ -1,6 +1,7 @@
 /* backend.c — the CPU's entry in the backend table (vm/backend.h): vm's
  * eager kernels are its interpreter, this folder's libgccjit kernels its
- * compiled path.  CPU storage is vm/tensor.c's own. */
+ * compiled path (absent in a build without libgccjit: KILN_CPU_JIT=OFF).
+ * CPU storage is vm/tensor.c's own. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -10,10 +11,13 @@
 #include "jit.h"
 
 static const char *cpu_info(void) {
-  static _Thread_local char buf[128];
-  snprintf(buf, sizeof buf, "CPU, %s, %d threads", vm_cpu_isa(), vm_process()->threads);
+  static _Thread_local char buf[160];
+  snprintf(buf, sizeof buf, "CPU, %s, %d threads, %s", vm_cpu_isa(), vm_process()->threads,
+           KILN_HAVE_CPU_JIT ? "libgccjit JIT" : "no JIT (built without libgccjit)");
   return buf;
 }
+
+#if KILN_HAVE_CPU_JIT
 
 static void cpu_compile_plan(tr_plan *plan, const tr_trace *t) {
   if (cpu_async()) {
@@ -45,11 +49,14 @@ static bool cpu_group(const void *compiled, const tr_plan *plan, const tr_trace 
   return true;
 }
 
+#endif
+
 const vm_backend cpu_backend = {
   .device = KILN_CPU,
   .name = "cpu",
   .info = cpu_info,
   .exec = vm_exec,
+#if KILN_HAVE_CPU_JIT
   .jit_enabled = cpu_jit_enabled,
   .compile_cost_ms = cpu_compile_cost_ms,
   .compile = cpu_compile_plan,
@@ -57,4 +64,5 @@ const vm_backend cpu_backend = {
   .plan_free = cpu_plan_release,
   .has_kernel = cpu_has_kernel,
   .run_group = cpu_group,
+#endif
 };

@@ -85,6 +85,10 @@ static const char *ktest_current;
     kiln_clear_error();                                              \
   } while (0)
 
+/* whether this build has the CPU JIT (KILN_CPU_JIT=OFF builds run every
+   CPU trace on the interpreter: checks of compiled kernels do not apply) */
+static inline bool ktest_cpu_jit(void) { return !strstr(kiln_device_info(KILN_CPU), "no JIT"); }
+
 static inline int ktest_done(void) {
   printf("%d passed, %d failed\n", ktest_passed, ktest_failed);
   return ktest_failed ? 1 : 0;

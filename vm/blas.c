@@ -27,7 +27,46 @@ __attribute__((constructor)) static void blas_choose_core(void) {
   if (core && !getenv("OPENBLAS_CORETYPE")) setenv("OPENBLAS_CORETYPE", core, 0);
 }
 
+/* Without OpenBLAS (a machine with no package for it), matmul still works:
+   a plain row-major gemm, far slower, with the same k-ordered sums per
+   element of C.  kiln_device_info and KILN_LOG say which one runs. */
+#define REFERENCE_GEMM(name, T)                                                              \
+  static void name(int order, int ta, int tb, int m, int n, int k, T alpha, const T *a, int lda, \
+                   const T *b, int ldb, T beta, T *c, int ldc) {                             \
+    (void)order;                                                                             \
+    for (int i = 0; i < m; i++) {                                                            \
+      T *crow = c + (size_t)i * (size_t)ldc;                                                 \
+      for (int j = 0; j < n; j++) crow[j] = beta == 0 ? 0 : beta * crow[j];                   \
+      for (int p = 0; p < k; p++) {                                                          \
+        T aip = alpha * (ta == VM_BLAS_NO_TRANS ? a[(size_t)i * (size_t)lda + (size_t)p]      \
+                                                : a[(size_t)p * (size_t)lda + (size_t)i]);    \
+        if (tb == VM_BLAS_NO_TRANS) {                                                        \
+          const T *brow = b + (size_t)p * (size_t)ldb;                                       \
+          for (int j = 0; j < n; j++) crow[j] += aip * brow[j];                              \
+        } else {                                                                             \
+          for (int j = 0; j < n; j++) crow[j] += aip * b[(size_t)j * (size_t)ldb + (size_t)p]; \
+        }                                                                                    \
+      }                                                                                      \
+    }                                                                                        \
+  }
+REFERENCE_GEMM(reference_sgemm, float)
+REFERENCE_GEMM(reference_dgemm, double)
+
+static void use_reference(void) {
+  blas.sgemm = reference_sgemm;
+  blas.dgemm = reference_dgemm;
+  snprintf(blas.core, sizeof blas.core, "reference gemm");
+  blas.loaded = true;
+  if (getenv("KILN_LOG")) fprintf(stderr, "kiln: %s; matmul runs Kiln's reference gemm\n", blas.error);
+}
+
 static void blas_load(void) {
+  const char *want = getenv("KILN_OPENBLAS");
+  if (want && !strcmp(want, "none")) { /* tests run the reference on purpose */
+    snprintf(blas.error, sizeof blas.error, "KILN_OPENBLAS=none");
+    use_reference();
+    return;
+  }
   const char *candidates[] = {getenv("KILN_OPENBLAS"), KILN_OPENBLAS_PATH, "libopenblas.so.0",
                               "libopenblas.so"};
   void *h = NULL;
@@ -36,12 +75,14 @@ static void blas_load(void) {
   if (!h) {
     snprintf(blas.error, sizeof blas.error, "cannot load OpenBLAS (%s): %s", KILN_OPENBLAS_PATH,
              dlerror());
+    use_reference();
     return;
   }
   blas.sgemm = (vm_sgemm_fn)dlsym(h, "cblas_sgemm");
   blas.dgemm = (vm_dgemm_fn)dlsym(h, "cblas_dgemm");
   if (!blas.sgemm || !blas.dgemm) {
     snprintf(blas.error, sizeof blas.error, "OpenBLAS has no cblas_sgemm/cblas_dgemm");
+    use_reference();
     return;
   }
   char *(*corename)(void) = (char *(*)(void))dlsym(h, "openblas_get_corename");

@@ -1,0 +1,66 @@
+/* cuda.h — the CUDA runtime of the GPU backend (DESIGN §6): libcuda.so.1
+ * through dlopen and every driver symbol through cuGetProcAddress (one
+ * table); the primary context; a stream per user thread; device memory
+ * through the caching allocator (jit_gpu/alloc.h); pinned staging for host
+ * copies; op kernels compiled once per key with NVRTC and launched.  Every
+ * failure is a KILN_ERR_DEVICE (or KILN_ERR_OOM) naming cuGetErrorName. */
+#ifndef GPU_CUDA_H
+#define GPU_CUDA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "alloc.h"
+#include "opgen.h"
+
+/* NULL when CUDA tensors can be used here; otherwise why not, one sentence
+   ("no CUDA driver (libcuda.so.1: ...)", "cuGetProcAddress has no
+   cuMemAlloc_v2", ...).  Initializes on first call (thread-safe). */
+const char *gpu_unavailable(void);
+/* "NVIDIA H100 80GB HBM3, sm_90, 79.1 GiB, driver 13.0, NVRTC 13.0"
+   (or the reason it is unavailable) */
+const char *gpu_info(void);
+int gpu_compute_capability(void); /* 90 for sm_90; 0 when unavailable */
+
+/* device memory: NULL + error (KILN_ERR_OOM after the cache was freed and
+   the allocation retried once) */
+void *gpu_mem_alloc(size_t nbytes);
+void gpu_mem_free(void *p, size_t nbytes);
+/* copies; those that reach the host wait for the calling thread's stream */
+bool gpu_copy_to_host(void *dst, const void *src, size_t nbytes);
+bool gpu_copy_from_host(void *dst, const void *src, size_t nbytes);
+bool gpu_copy_on_device(void *dst, const void *src, size_t nbytes);
+/* runs one op call's launches on the calling thread's stream, compiling
+   (memory cache, then disk cache, then NVRTC) what is missing */
+bool gpu_run_op_plan(const gpu_op_plan *p);
+/* waits for the calling thread's stream */
+bool gpu_synchronize(void);
+
+/* ---- added beside the contract above (jit_gpu/cuda.c) ---- */
+
+/* Sets nbytes of device memory to zero, on the calling thread's stream. */
+bool gpu_mem_zero(void *dst, size_t nbytes);
+/* The calling thread's stream will touch the device block p (one from
+   gpu_mem_alloc, possibly made by another thread): its free then waits for
+   this stream as well (jit_gpu/alloc.h, the reuse rule).  Call it for
+   every operand of work on a thread other than the one that allocated
+   it; cheap, and harmless when p is the calling thread's own. */
+void gpu_mem_record_use(const void *p);
+/* Returns every cached device block to the driver (after waiting for the
+   device); false + error when the wait failed. */
+bool gpu_mem_trim(void);
+/* the allocator's counters; false (zeros) when CUDA is unavailable */
+bool gpu_mem_stats(gpu_alloc_stats *s);
+/* The calling thread's stream (a CUstream), created on first use with the
+   primary context made current on this thread; NULL + error when CUDA is
+   unavailable. */
+void *gpu_stream(void);
+/* Per-thread state of jit_gpu/blas.c (its cuBLAS handle), kept beside the
+   stream: the calling thread's slot (NULL + error when CUDA is
+   unavailable).  At thread exit cuda.c calls the registered exit function
+   on a non-NULL slot value first, then synchronizes and destroys the
+   stream. */
+void **gpu_thread_blas_slot(void);
+void gpu_set_blas_thread_exit(void (*fn)(void *state));
+
+#endif

@@ -1,0 +1,125 @@
+/* opgen.h — the GPU interpreter's kernels (DESIGN §6): every primitive as
+ * CUDA C generated from the one op table, one kernel per (op, dtypes,
+ * layout class), shape-generic (extents and strides arrive in gpu_args at
+ * launch).  Host code only: what to compile and how to launch it for a
+ * given call; jit_gpu/cuda.c compiles, caches and launches.  matmul on
+ * floats goes to cuBLAS (jit_gpu/blas.c), not here. */
+#ifndef GPU_OPGEN_H
+#define GPU_OPGEN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../vm/ops.h"
+
+#define GPU_MAX_OPERANDS 4
+
+/* The by-value argument of every generated kernel.  Its CUDA twin is
+   emitted into every source with static_asserts on its size and field
+   offsets, so host and device can never disagree silently. */
+typedef struct gpu_args {
+  void *ptr[GPU_MAX_OPERANDS];                     /* operand 0 is the output; element 0 of each view */
+  int64_t stride[GPU_MAX_OPERANDS][KILN_MAX_DIMS]; /* in elements, per iteration dim */
+  int64_t shape[KILN_MAX_DIMS];                    /* the iteration's extents */
+  int64_t n;                                       /* elements (or rows) the launch covers */
+  int64_t extent[4];                               /* family-specific sizes (documented in opgen.c) */
+  double scalar[2];                                /* full: value; arange: start, step */
+  uint64_t seed, counter;                          /* rand, randn: the Philox key and first block */
+  int32_t ndim;
+  int32_t axis;
+  int32_t flag;                                    /* family-specific (argsort: descending) */
+  int32_t pad;
+} gpu_args;
+
+/* What makes one compiled kernel.  Two calls with equal keys run the same
+   code; only gpu_args differ. */
+typedef struct gpu_op_key {
+  uint16_t op;          /* vm_opcode */
+  uint8_t variant;      /* family-specific: reduce pass, ... */
+  uint8_t nin;
+  uint8_t out_dtype;    /* kiln_dtype */
+  uint8_t in_dtype[3];
+  uint8_t contiguous;   /* bit k: operand k is contiguous (the layout class) */
+} gpu_op_key;
+
+typedef struct gpu_launch {
+  gpu_op_key key;
+  gpu_args args;
+  uint32_t grid[3], block[3];
+  uint32_t shared_bytes;
+  uint8_t scratch_mask; /* bit k: args.ptr[k] is an offset into the call's scratch buffer */
+} gpu_launch;
+
+/* One op call: launches in order, on one stream, sharing one scratch buffer
+   of scratch_bytes (allocated by the runner, freed after the last launch). */
+typedef struct gpu_op_plan {
+  int nlaunch;
+  gpu_launch *launch;   /* malloc'd */
+  size_t scratch_bytes;
+} gpu_op_plan;
+
+/* the kernel's entry name, unique per key ("k_add_f32_f32_f32_c7", ...) */
+void gpu_op_key_name(const gpu_op_key *k, char *buf, size_t cap);
+/* its CUDA C source (malloc'd; NULL + error on OOM): no #includes, one
+   extern "C" __global__ entry named gpu_op_key_name(k) */
+char *gpu_op_source(const gpu_op_key *k);
+/* How to run op on materialized device values.  out is allocated,
+   contiguous, of m's dtype and shape, and has at least one element;
+   inputs arrive in the op's compute dtypes, as for the CPU interpreter
+   (vm/kernels.h).  Views never come here.  False + error set when the op
+   cannot run on the GPU. */
+bool gpu_op_plan_make(vm_opcode op, int n, vm_tensor *const *in, vm_tensor *out,
+                      const vm_attr *attr, gpu_op_plan *p);
+void gpu_op_plan_free(gpu_op_plan *p);
+/* Every key gpu_op_plan_make can produce (NVRTC compiles each in CI).
+   Writes at most cap keys; returns how many there are. */
+int gpu_op_keys(gpu_op_key *keys, int cap);
+
+/* --- additions: variants, batches, index errors (opgen.c documents the
+   gpu_args fields each family uses) --------------------------------------- */
+
+/* gpu_op_key.variant: reductions fold in vm/fold.h's order (lane order for
+   trailing reductions, column order otherwise), in one pass or two through
+   scratch; index ops have a data kernel and an index check */
+enum {
+  GPU_VAR_MAIN = 0,     /* every other family */
+  GPU_RED_LANE = 0,     /* items of <= VM_FOLD_CHUNK positions, lane order */
+  GPU_RED_LANE_JOIN,    /* the chunk partials of each output, in order, in double */
+  GPU_RED_COL,          /* column order, a thread per output */
+  GPU_RED_COL_PART,     /* column order, a thread per VM_FOLD_BLOCK block */
+  GPU_RED_COL_JOIN,     /* the block partials of each output, in order */
+  GPU_IDX_DATA = 0,
+  GPU_IDX_CHECK         /* every index against the axis length (op: index_select) */
+};
+
+/* whether gpu_op_source can generate k (the planner's check) */
+bool gpu_op_key_supported(const gpu_op_key *k);
+/* One translation unit holding n keys' entries (the shared definitions
+   once): NVRTC's cost is per program, so compiling several kernels at once
+   is cheaper.  malloc'd; NULL + error on OOM or an unsupported key. */
+char *gpu_op_source_batch(const gpu_op_key *keys, int n);
+
+/* Index ops cannot raise an error on the device.  Their plans zero a
+   gpu_index_check at GPU_INDEX_CHECK_OFFSET of scratch (launch 0), check
+   every index (launch 1: it records the first one out of range in
+   row-major order over the index) and then run the data kernels, which
+   clamp indices into [0, size) so no access leaves an operand.  After the
+   last launch the runner copies the record back and calls
+   gpu_index_check_report; on false the result is garbage and is dropped. */
+typedef struct gpu_index_check {
+  uint64_t first; /* 0: every index in range; else ~position of the first one out of range */
+  int64_t value;  /* that index */
+  int64_t size;   /* the axis length it was checked against */
+  uint32_t done;  /* blocks of the check that finished (the check's own bookkeeping) */
+  int32_t axis;
+} gpu_index_check;
+#define GPU_INDEX_CHECK_OFFSET 0
+/* whether plans of op carry a gpu_index_check in their scratch */
+bool gpu_op_checks_indices(vm_opcode op);
+/* the same asked of a plan (a runner that has no op at hand) */
+bool gpu_op_plan_has_index_check(const gpu_op_plan *p);
+/* true if every index was in range; else false with the interpreter's error
+   ("index 7 is out of range for axis 0 of size 5") */
+bool gpu_index_check_report(const gpu_index_check *rec);
+
+#endif

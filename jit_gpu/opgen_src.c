@@ -1,0 +1,971 @@
+/* opgen_src.c — the CUDA C of the GPU interpreter's kernels (DESIGN §6):
+ * one extern "C" __global__ entry per gpu_op_key, generated from per-op
+ * expression tables, after a prelude that defines gpu_args (with
+ * static_asserts of its host layout) and the device helpers.  Semantics are
+ * the CPU interpreter's (vm/kern_*.c), bit for bit where IEEE fixes the
+ * result; f32/f64 transcendentals are CUDA's and differ by a few ulps.
+ * What each family reads from gpu_args: opgen.c.  No #includes; no fast math
+ * (nvrtc.c also turns off fma contraction). */
+#include <assert.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../vm/fold.h"
+#include "../vm/state.h"
+#include "opgen.h"
+
+/* --- a growing string -------------------------------------------------------- */
+
+typedef struct {
+  char *s;
+  size_t len, cap;
+  bool oom;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n) {
+  if (b->oom) return;
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + n + 1) cap *= 2;
+    char *p = realloc(b->s, cap);
+    if (!p) {
+      b->oom = true;
+      return;
+    }
+    b->s = p;
+    b->cap = cap;
+  }
+  memcpy(b->s + b->len, s, n);
+  b->len += n;
+  b->s[b->len] = '\0';
+}
+
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+  char small[512];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(small, sizeof small, fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  if ((size_t)n < sizeof small) {
+    sb_put(b, small, (size_t)n);
+    return;
+  }
+  char *big = malloc((size_t)n + 1);
+  if (!big) {
+    b->oom = true;
+    return;
+  }
+  va_start(ap, fmt);
+  vsnprintf(big, (size_t)n + 1, fmt, ap);
+  va_end(ap);
+  sb_put(b, big, (size_t)n);
+  free(big);
+}
+
+/* tmpl with each $NAME replaced by its value in vars ({"NAME", value, ...,
+   NULL}), itself substituted; names are [A-Z0-9_]+ */
+static void sb_subst(sbuf *b, const char *tmpl, const char *const *vars) {
+  while (*tmpl) {
+    const char *d = strchr(tmpl, '$');
+    if (!d) {
+      sb_put(b, tmpl, strlen(tmpl));
+      return;
+    }
+    sb_put(b, tmpl, (size_t)(d - tmpl));
+    const char *e = d + 1;
+    while ((*e >= 'A' && *e <= 'Z') || (*e >= '0' && *e <= '9') || *e == '_') e++;
+    size_t n = (size_t)(e - d - 1);
+    const char *val = NULL;
+    for (int i = 0; vars[i]; i += 2)
+      if (strlen(vars[i]) == n && !memcmp(vars[i], d + 1, n)) val = vars[i + 1];
+    assert(val && "a template names an unknown variable");
+    if (val && strchr(val, '$')) sb_subst(b, val, vars); /* values may name variables too */
+    else if (val) sb_put(b, val, strlen(val));
+    tmpl = e;
+  }
+}
+
+/* --- dtypes -------------------------------------------------------------------- */
+
+static const char *const ctype[VM_NUM_DTYPES] = {"u8", "i32", "i64", "float", "double"};
+static const char *const utype[VM_NUM_DTYPES] = {"u8", "u32", "u64", "float", "double"};
+static const char *const dsfx[VM_NUM_DTYPES] = {"b8", "i32", "i64", "f32", "f64"};
+/* the suffix of a C math function for the dtype: expf / exp */
+static const char *fsfx(kiln_dtype dt) { return dt == KILN_F32 ? "f" : ""; }
+
+typedef enum { CLS_FLOAT, CLS_INT, CLS_BOOL } dclass;
+static dclass class_of(kiln_dtype dt) {
+  return vm_dtype_is_float(dt) ? CLS_FLOAT : dt == KILN_BOOL ? CLS_BOOL : CLS_INT;
+}
+
+/* --- the per-op expression tables (x, y: operands of type T; U: T's
+   unsigned twin; $F: the math suffix).  NULL: the op rejects that dtype
+   class (vm/kern_elementwise.c has the same rows). -------------------------------- */
+
+typedef struct {
+  const char *f, *i, *b; /* float, integer, bool */
+} op_exprs;
+
+static const op_exprs elementwise[VM_OP_COUNT] = {
+    [VM_OP_copy] = {"x", "x", "x"},
+    [VM_OP_neg] = {"-x", "(T)((U)0 - (U)x)", NULL},
+    [VM_OP_abs] = {"fabs$F(x)", "x < 0 ? (T)((U)0 - (U)x) : x", "x"},
+    [VM_OP_sign] = {"x != x ? x : (T)((x > 0) - (x < 0))", "(T)((x > 0) - (x < 0))", "x"},
+    [VM_OP_floor] = {"floor$F(x)", "x", "x"},
+    [VM_OP_ceil] = {"ceil$F(x)", "x", "x"},
+    [VM_OP_round] = {"rint$F(x)", "x", "x"}, /* half to even, as nearbyint */
+    [VM_OP_exp] = {"exp$F(x)", NULL, NULL},
+    [VM_OP_log] = {"log$F(x)", NULL, NULL},
+    [VM_OP_sqrt] = {"sqrt$F(x)", NULL, NULL},
+    [VM_OP_rsqrt] = {"(T)1 / sqrt$F(x)", NULL, NULL}, /* not rsqrt: that is approximate */
+    [VM_OP_sin] = {"sin$F(x)", NULL, NULL},
+    [VM_OP_cos] = {"cos$F(x)", NULL, NULL},
+    [VM_OP_tanh] = {"tanh$F(x)", NULL, NULL},
+    [VM_OP_sigmoid] = {"(T)1 / ((T)1 + exp$F(-x))", NULL, NULL},
+    [VM_OP_erf] = {"erf$F(x)", NULL, NULL},
+    [VM_OP_log1p] = {"log1p$F(x)", NULL, NULL},
+    [VM_OP_expm1] = {"expm1$F(x)", NULL, NULL},
+    [VM_OP_logical_not] = {NULL, NULL, "(T)!x"},
+    [VM_OP_add] = {"x + y", "(T)((U)x + (U)y)", "(T)(x | y)"},
+    [VM_OP_sub] = {"x - y", "(T)((U)x - (U)y)", NULL},
+    [VM_OP_mul] = {"x * y", "(T)((U)x * (U)y)", "(T)(x & y)"},
+    [VM_OP_div] = {"x / y", NULL, NULL},
+    [VM_OP_pow] = {"pow$F(x, y)", "(T)k_int_pow(x, y)", NULL},
+    [VM_OP_maximum] = {"k_fmax(x, y)", "x > y ? x : y", "(T)(x | y)"},
+    [VM_OP_minimum] = {"k_fmin(x, y)", "x < y ? x : y", "(T)(x & y)"},
+    [VM_OP_eq] = {"x == y", "x == y", "x == y"},
+    [VM_OP_ne] = {"x != y", "x != y", "x != y"},
+    [VM_OP_lt] = {"x < y", "x < y", "x < y"},
+    [VM_OP_le] = {"x <= y", "x <= y", "x <= y"},
+    [VM_OP_gt] = {"x > y", "x > y", "x > y"},
+    [VM_OP_ge] = {"x >= y", "x >= y", "x >= y"},
+    [VM_OP_logical_and] = {NULL, NULL, "(T)(x & y)"},
+    [VM_OP_logical_or] = {NULL, NULL, "(T)(x | y)"},
+    [VM_OP_where] = {"c ? x : y", "c ? x : y", "c ? x : y"},
+};
+
+static const char *elementwise_expr(vm_opcode op, kiln_dtype dt) {
+  const op_exprs *e = &elementwise[op];
+  switch (class_of(dt)) {
+    case CLS_FLOAT: return e->f;
+    case CLS_INT: return e->i;
+    default: return e->b;
+  }
+}
+
+/* cast: float -> int saturates and NaN -> 0; anything -> bool is != 0
+   (vm/kern_elementwise.c TO_INT and TO_BOOL) */
+static void cast_expr(sbuf *b, kiln_dtype from, kiln_dtype to) {
+  static const char *const lo[VM_NUM_DTYPES] = {[KILN_I32] = "(-2147483647 - 1)",
+                                                [KILN_I64] = "(-9223372036854775807LL - 1)"};
+  static const char *const hi[VM_NUM_DTYPES] = {[KILN_I32] = "2147483647",
+                                                [KILN_I64] = "9223372036854775807LL"};
+  if (to == KILN_BOOL)
+    sb_printf(b, "(TO)(x != 0)");
+  else if (vm_dtype_is_float(from) && vm_dtype_is_int(to))
+    sb_printf(b, "x != x ? (TO)0 : x <= (T)%s ? (TO)%s : x >= (T)%s ? (TO)%s : (TO)x", lo[to], lo[to],
+              hi[to], hi[to]);
+  else
+    sb_printf(b, "(TO)x");
+}
+
+/* --- reductions: accumulator type, identity, combine ---------------------------- */
+
+/* the accumulator of vm/fold.h: f64 for f32 sum/prod, else the dtype */
+static kiln_dtype accum_dtype(vm_opcode op, kiln_dtype dt) {
+  return dt == KILN_F32 && (op == VM_OP_sum || op == VM_OP_prod) ? KILN_F64 : dt;
+}
+
+static const char *reduce_init(vm_opcode op, kiln_dtype a) {
+  static const char *const max_init[VM_NUM_DTYPES] = {
+      "(u8)0", "(-2147483647 - 1)", "(-9223372036854775807LL - 1)", "-__int_as_float(0x7f800000)",
+      "-__longlong_as_double(0x7ff0000000000000LL)"};
+  static const char *const min_init[VM_NUM_DTYPES] = {
+      "(u8)1", "2147483647", "9223372036854775807LL", "__int_as_float(0x7f800000)",
+      "__longlong_as_double(0x7ff0000000000000LL)"};
+  switch (op) {
+    case VM_OP_sum: return "0";
+    case VM_OP_prod: return "1";
+    case VM_OP_max: return max_init[a];
+    default: return min_init[a];
+  }
+}
+
+static const char *reduce_comb(vm_opcode op) {
+  switch (op) {
+    case VM_OP_sum: return "k_sum";
+    case VM_OP_prod: return "k_prod";
+    case VM_OP_max: return "k_max";
+    default: return "k_min";
+  }
+}
+
+/* --- which keys exist ------------------------------------------------------------- */
+
+static bool reduce_dtype_ok(vm_opcode op, kiln_dtype dt) {
+  switch (op) {
+    case VM_OP_sum:
+    case VM_OP_prod: return dt == KILN_I64 || vm_dtype_is_float(dt); /* integers sum in i64 */
+    default: return true;
+  }
+}
+
+bool gpu_op_key_supported(const gpu_op_key *k) {
+  if (k->op >= VM_OP_COUNT || !vm_dtype_valid(k->out_dtype)) return false;
+  for (int i = 0; i < k->nin; i++)
+    if (i >= 3 || !vm_dtype_valid(k->in_dtype[i])) return false;
+  vm_opcode op = (vm_opcode)k->op;
+  kiln_dtype out = (kiln_dtype)k->out_dtype, in0 = (kiln_dtype)k->in_dtype[0];
+  kiln_dtype in1 = (kiln_dtype)k->in_dtype[1], in2 = (kiln_dtype)k->in_dtype[2];
+  switch (vm_op_table[op].kind) {
+    case VM_KIND_LEAF:
+      if (k->nin || k->variant || op == VM_OP_input) return false;
+      return op == VM_OP_full || op == VM_OP_arange || vm_dtype_is_float(out);
+    case VM_KIND_UNARY:
+      if (k->nin != 1 || k->variant) return false;
+      if (op == VM_OP_cast) return in0 != out;
+      return elementwise_expr(op, in0) &&
+             out == (op == VM_OP_logical_not ? KILN_BOOL : in0);
+    case VM_KIND_BINARY: {
+      if (k->nin != 2 || k->variant || in0 != in1 || !elementwise_expr(op, in0)) return false;
+      vm_dtype_rule r = vm_op_table[op].rule;
+      return out == (r == VM_DT_COMPARE || r == VM_DT_LOGICAL ? KILN_BOOL : in0);
+    }
+    case VM_KIND_TERNARY:
+      return k->nin == 3 && !k->variant && in0 == KILN_BOOL && in1 == in2 && out == in1;
+    case VM_KIND_REDUCE:
+      if (k->nin != 1) return false;
+      if (op == VM_OP_argmax || op == VM_OP_argmin) return out == KILN_I64 && k->variant == 0;
+      return out == in0 && reduce_dtype_ok(op, in0) && k->variant <= GPU_RED_COL_JOIN;
+    case VM_KIND_MATMUL:
+      return k->nin == 2 && !k->variant && vm_dtype_is_int(out) && in0 == out && in1 == out;
+    case VM_KIND_INDEX:
+      if (k->variant == GPU_IDX_CHECK)
+        return op == VM_OP_index_select && k->nin == 1 && in0 == KILN_I64 && out == KILN_I64;
+      if (k->variant != GPU_IDX_DATA || in0 != out || in1 != KILN_I64) return false;
+      return op == VM_OP_scatter_add ? k->nin == 3 && in2 == out : k->nin == 2;
+    case VM_KIND_CONCAT: return k->nin == 1 && !k->variant && in0 == out;
+    case VM_KIND_SORT: return k->nin == 1 && !k->variant && out == KILN_I64;
+    case VM_KIND_VIEW: return false;
+  }
+  return false;
+}
+
+/* --- the prelude: types, gpu_args with its layout asserts, helpers ---------------- */
+
+static const char prelude_helpers[] =
+    "__device__ __forceinline__ float k_fmax(float x, float y) {\n"
+    "  return (x != x || x > y || (x == y && (__float_as_uint(y) >> 31))) ? x : y;\n"
+    "}\n"
+    "__device__ __forceinline__ double k_fmax(double x, double y) {\n"
+    "  return (x != x || x > y || (x == y && __double_as_longlong(y) < 0)) ? x : y;\n"
+    "}\n"
+    "__device__ __forceinline__ float k_fmin(float x, float y) {\n"
+    "  return (x != x || x < y || (x == y && !(__float_as_uint(y) >> 31))) ? x : y;\n"
+    "}\n"
+    "__device__ __forceinline__ double k_fmin(double x, double y) {\n"
+    "  return (x != x || x < y || (x == y && __double_as_longlong(y) >= 0)) ? x : y;\n"
+    "}\n"
+    "/* vm/kern_elementwise.c int_pow */\n"
+    "__device__ __forceinline__ i64 k_int_pow(i64 base, i64 e) {\n"
+    "  if (e < 0) return base == 1 ? 1 : base == -1 ? ((e & 1) ? -1 : 1) : 0;\n"
+    "  u64 r = 1, b = (u64)base;\n"
+    "  while (e) {\n"
+    "    if (e & 1) r *= b;\n"
+    "    b *= b;\n"
+    "    e >>= 1;\n"
+    "  }\n"
+    "  return (i64)r;\n"
+    "}\n"
+    "/* vm/dtype.c vm_store_f64: a double stored into each dtype */\n"
+    "__device__ __forceinline__ i64 k_saturate(double v, double lo, double hi) {\n"
+    "  if (v != v) return 0;\n"
+    "  if (v <= lo) return (i64)lo;\n"
+    "  if (v >= hi) return v >= 9.2233720368547758e18 ? 9223372036854775807LL : (i64)hi;\n"
+    "  return (i64)v;\n"
+    "}\n"
+    "__device__ __forceinline__ u8 k_from_f64_b8(double v) { return v != 0; }\n"
+    "__device__ __forceinline__ i32 k_from_f64_i32(double v) {\n"
+    "  return (i32)k_saturate(v, -2147483648.0, 2147483647.0);\n"
+    "}\n"
+    "__device__ __forceinline__ i64 k_from_f64_i64(double v) {\n"
+    "  return k_saturate(v, -9.2233720368547758e18, 9.2233720368547758e18);\n"
+    "}\n"
+    "__device__ __forceinline__ float k_from_f64_f32(double v) { return (float)v; }\n"
+    "__device__ __forceinline__ double k_from_f64_f64(double v) { return v; }\n"
+    "/* reduction steps (vm/kern_reduce.c): integers wrap */\n"
+    "__device__ __forceinline__ double k_sum(double a, double v) { return a + v; }\n"
+    "__device__ __forceinline__ i64 k_sum(i64 a, i64 v) { return (i64)((u64)a + (u64)v); }\n"
+    "__device__ __forceinline__ double k_prod(double a, double v) { return a * v; }\n"
+    "__device__ __forceinline__ i64 k_prod(i64 a, i64 v) { return (i64)((u64)a * (u64)v); }\n"
+    "__device__ __forceinline__ float k_max(float a, float v) { return k_fmax(a, v); }\n"
+    "__device__ __forceinline__ double k_max(double a, double v) { return k_fmax(a, v); }\n"
+    "__device__ __forceinline__ float k_min(float a, float v) { return k_fmin(a, v); }\n"
+    "__device__ __forceinline__ double k_min(double a, double v) { return k_fmin(a, v); }\n"
+    "#define K_INT_MAXMIN(T)                                                          \\\n"
+    "  __device__ __forceinline__ T k_max(T a, T v) { return a >= v ? a : v; } \\\n"
+    "  __device__ __forceinline__ T k_min(T a, T v) { return a <= v ? a : v; }\n"
+    "K_INT_MAXMIN(u8)\n"
+    "K_INT_MAXMIN(i32)\n"
+    "K_INT_MAXMIN(i64)\n"
+    "__device__ __forceinline__ double k_shfl_down(double v, int w) { return __shfl_down_sync(0xffffffffu, v, w); }\n"
+    "__device__ __forceinline__ float k_shfl_down(float v, int w) { return __shfl_down_sync(0xffffffffu, v, w); }\n"
+    "__device__ __forceinline__ i64 k_shfl_down(i64 v, int w) { return __shfl_down_sync(0xffffffffu, v, w); }\n"
+    "__device__ __forceinline__ u64 k_shfl_down(u64 v, int w) { return __shfl_down_sync(0xffffffffu, v, w); }\n"
+    "__device__ __forceinline__ i32 k_shfl_down(i32 v, int w) { return __shfl_down_sync(0xffffffffu, v, w); }\n"
+    "__device__ __forceinline__ u8 k_shfl_down(u8 v, int w) {\n"
+    "  return (u8)__shfl_down_sync(0xffffffffu, (int)v, w);\n"
+    "}\n"
+    "/* argmax/argmin (vm/kern_reduce.c arg_scan): the first NaN, else the\n"
+    "   first extremum; i < 0 is no candidate.  Associative, so any tree. */\n"
+    "template <class T> __device__ __forceinline__ void k_argcomb(T &bv, i64 &bi, T v, i64 i, bool is_max) {\n"
+    "  if (i < 0) return;\n"
+    "  bool take;\n"
+    "  if (bi < 0) {\n"
+    "    take = true;\n"
+    "  } else {\n"
+    "    bool vn = !(v == v), bn = !(bv == bv);\n"
+    "    if (vn || bn) take = vn && (!bn || i < bi);\n"
+    "    else take = is_max ? (v > bv || (v == bv && i < bi)) : (v < bv || (v == bv && i < bi));\n"
+    "  }\n"
+    "  if (take) {\n"
+    "    bv = v;\n"
+    "    bi = i;\n"
+    "  }\n"
+    "}\n"
+    "/* argsort (vm/kern_sort.c): x strictly before y; NaN is the largest */\n"
+    "template <class T> __device__ __forceinline__ bool k_before(T x, T y, bool desc) {\n"
+    "  bool xn = !(x == x), yn = !(y == y);\n"
+    "  return desc ? (x > y || (xn && !yn)) : (x < y || (!xn && yn));\n"
+    "}\n"
+    "/* vm/rng.c: Philox4x32-10 */\n"
+    "__device__ __forceinline__ void k_philox(u32 k0, u32 k1, u32 c0, u32 c1, u32 c2, u32 c3, u32 *o) {\n"
+    "  for (int r = 0; r < 10; r++) {\n"
+    "    u32 hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;\n"
+    "    u32 hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;\n"
+    "    u32 n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;\n"
+    "    c1 = lo1;\n"
+    "    c3 = lo0;\n"
+    "    c0 = n0;\n"
+    "    c2 = n2;\n"
+    "    k0 += 0x9E3779B9u;\n"
+    "    k1 += 0xBB67AE85u;\n"
+    "  }\n"
+    "  o[0] = c0;\n"
+    "  o[1] = c1;\n"
+    "  o[2] = c2;\n"
+    "  o[3] = c3;\n"
+    "}\n"
+    "__device__ __forceinline__ double k_unit53(u32 hi, u32 lo) {\n"
+    "  return (double)((((u64)hi << 32) | lo) >> 11) * 0x1p-53;\n"
+    "}\n"
+    "/* element offsets of the row-major index i over dims [0, ndim): operand\n"
+    "   k's for each bit k of MASK, added to off[k] */\n"
+    "template <int MASK> __device__ __forceinline__ void k_offsets(const gpu_args &a, i64 i, i64 (&off)[4]) {\n"
+    "#pragma unroll\n"
+    "  for (int d = K_MAX_DIMS - 1; d >= 0; d--) {\n"
+    "    if (MASK && d < a.ndim) {\n"
+    "      i64 s = a.shape[d], q = i / s, c = i - q * s;\n"
+    "      i = q;\n"
+    "#pragma unroll\n"
+    "      for (int k = 0; k < 4; k++)\n"
+    "        if (MASK & (1 << k)) off[k] += c * a.stride[k][d];\n"
+    "    }\n"
+    "  }\n"
+    "}\n"
+    "/* operand k's offset of the row-major index i over dims [d0, d1) */\n"
+    "__device__ __forceinline__ i64 k_offset(const gpu_args &a, int k, i64 i, int d0, int d1) {\n"
+    "  i64 off = 0;\n"
+    "#pragma unroll\n"
+    "  for (int d = K_MAX_DIMS - 1; d >= 0; d--) {\n"
+    "    if (d >= d0 && d < d1) {\n"
+    "      i64 s = a.shape[d], q = i / s;\n"
+    "      off += (i - q * s) * a.stride[k][d];\n"
+    "      i = q;\n"
+    "    }\n"
+    "  }\n"
+    "  return off;\n"
+    "}\n";
+
+#define ASSERT_FIELD(b, T, f)                                                               \
+  sb_printf(b, "static_assert(__INTADDR__(&((" #T " *)0)->" #f ") == %zu, \"" #T "." #f    \
+               ": host and device layouts differ\");\n",                                    \
+            offsetof(T, f))
+
+static void emit_prelude(sbuf *b) {
+  sb_printf(b,
+            "/* Kiln GPU interpreter kernels (jit_gpu/opgen_src.c) */\n"
+            "#ifndef KILN_GPU_PRELUDE\n"
+            "#define KILN_GPU_PRELUDE\n"
+            "typedef int i32;\n"
+            "typedef unsigned int u32;\n"
+            "typedef long long i64;\n"
+            "typedef unsigned long long u64;\n"
+            "typedef unsigned char u8; /* bool: 0 or 1 */\n"
+            "#define K_MAX_DIMS %d\n"
+            "struct gpu_args {\n"
+            "  void *ptr[%d];\n"
+            "  i64 stride[%d][K_MAX_DIMS];\n"
+            "  i64 shape[K_MAX_DIMS];\n"
+            "  i64 n;\n"
+            "  i64 extent[4];\n"
+            "  double scalar[2];\n"
+            "  u64 seed, counter;\n"
+            "  i32 ndim;\n"
+            "  i32 axis;\n"
+            "  i32 flag;\n"
+            "  i32 pad;\n"
+            "};\n"
+            "struct gpu_index_check {\n"
+            "  u64 first;\n"
+            "  i64 value;\n"
+            "  i64 size;\n"
+            "  u32 done;\n"
+            "  i32 axis;\n"
+            "};\n",
+            KILN_MAX_DIMS, GPU_MAX_OPERANDS, GPU_MAX_OPERANDS);
+  /* NVRTC's front end (EDG) has no offsetof without <cstddef>; __INTADDR__
+     is what EDG's own offsetof expands to, and it is a constant expression */
+  sb_printf(b, "static_assert(sizeof(gpu_args) == %zu, \"gpu_args: host and device layouts differ\");\n",
+            sizeof(gpu_args));
+  ASSERT_FIELD(b, gpu_args, ptr);
+  ASSERT_FIELD(b, gpu_args, stride);
+  ASSERT_FIELD(b, gpu_args, shape);
+  ASSERT_FIELD(b, gpu_args, n);
+  ASSERT_FIELD(b, gpu_args, extent);
+  ASSERT_FIELD(b, gpu_args, scalar);
+  ASSERT_FIELD(b, gpu_args, seed);
+  ASSERT_FIELD(b, gpu_args, counter);
+  ASSERT_FIELD(b, gpu_args, ndim);
+  ASSERT_FIELD(b, gpu_args, axis);
+  ASSERT_FIELD(b, gpu_args, flag);
+  ASSERT_FIELD(b, gpu_args, pad);
+  sb_printf(b, "static_assert(sizeof(gpu_index_check) == %zu, \"gpu_index_check: layouts differ\");\n",
+            sizeof(gpu_index_check));
+  ASSERT_FIELD(b, gpu_index_check, first);
+  ASSERT_FIELD(b, gpu_index_check, value);
+  ASSERT_FIELD(b, gpu_index_check, size);
+  ASSERT_FIELD(b, gpu_index_check, done);
+  ASSERT_FIELD(b, gpu_index_check, axis);
+  sb_put(b, prelude_helpers, sizeof prelude_helpers - 1);
+  sb_printf(b, "#endif /* KILN_GPU_PRELUDE */\n");
+}
+
+/* --- kernels ---------------------------------------------------------------------- */
+
+#define GRID_STRIDE "for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < a.n; i += (i64)gridDim.x * blockDim.x)"
+
+/* gpu_args stays in the parameter bank: __grid_constant__ (sm_70 and up;
+   NVRTC 13 knows nothing older) lets helpers take its address without a
+   per-thread copy to local memory */
+static void kernel_open(sbuf *b, const char *name) {
+  sb_printf(b, "\nextern \"C\" __global__ void __launch_bounds__(256) %s(const __grid_constant__ gpu_args a) {\n",
+            name);
+}
+
+/* unary, binary, where, cast, concat: out[i] = EXPR over the operands */
+static void emit_elementwise(sbuf *b, const gpu_op_key *k, const char *name) {
+  vm_opcode op = (vm_opcode)k->op;
+  kiln_dtype out = (kiln_dtype)k->out_dtype;
+  kiln_dtype t = (kiln_dtype)k->in_dtype[k->nin == 3 ? 1 : 0]; /* the compute type */
+  kernel_open(b, name);
+  sb_printf(b, "  typedef %s T;\n  typedef %s U;\n  typedef %s TO;\n", ctype[t], utype[t], ctype[out]);
+  sb_printf(b, "  TO *out = (TO *)a.ptr[0];\n");
+  for (int i = 0; i < k->nin; i++)
+    sb_printf(b, "  const %s *in%d = (const %s *)a.ptr[%d];\n", ctype[k->in_dtype[i]], i,
+              ctype[k->in_dtype[i]], i + 1);
+  unsigned strided = ~(unsigned)k->contiguous & ((1u << (k->nin + 1)) - 1);
+  sb_printf(b, "  " GRID_STRIDE " {\n");
+  sb_printf(b, "    i64 off[4] = {%s, %s, %s, %s};\n", strided & 1 ? "0" : "i",
+            strided & 2 ? "0" : "i", strided & 4 ? "0" : "i", strided & 8 ? "0" : "i");
+  if (strided) sb_printf(b, "    k_offsets<%u>(a, i, off);\n", strided);
+  if (k->nin == 3)
+    sb_printf(b, "    const u8 c = in0[off[1]];\n    const T x = in1[off[2]], y = in2[off[3]];\n");
+  else if (k->nin == 2)
+    sb_printf(b, "    const T x = in0[off[1]], y = in1[off[2]];\n");
+  else
+    sb_printf(b, "    const T x = in0[off[1]];\n");
+  sb_printf(b, "    out[off[0]] = (TO)(");
+  if (op == VM_OP_cast) {
+    cast_expr(b, t, out);
+  } else if (op == VM_OP_concat) {
+    sb_printf(b, "x");
+  } else {
+    const char *vars[] = {"F", fsfx(t), NULL};
+    sb_subst(b, elementwise_expr(op, t), vars);
+  }
+  sb_printf(b, ");\n  }\n}\n");
+}
+
+/* full, arange (vm_store_f64 of the value), rand, randn (vm/rng.c): a
+   thread per Philox block, a.n blocks, a.extent[0] values */
+static void emit_leaf(sbuf *b, const gpu_op_key *k, const char *name) {
+  vm_opcode op = (vm_opcode)k->op;
+  kiln_dtype dt = (kiln_dtype)k->out_dtype;
+  kernel_open(b, name);
+  sb_printf(b, "  typedef %s TO;\n  TO *out = (TO *)a.ptr[0];\n", ctype[dt]);
+  if (op == VM_OP_full) {
+    sb_printf(b, "  const TO v = k_from_f64_%s(a.scalar[0]);\n  " GRID_STRIDE " out[i] = v;\n}\n",
+              dsfx[dt]);
+    return;
+  }
+  if (op == VM_OP_arange) {
+    sb_printf(b, "  " GRID_STRIDE " out[i] = k_from_f64_%s(a.scalar[0] + (double)i * a.scalar[1]);\n}\n",
+              dsfx[dt]);
+    return;
+  }
+  bool normal = op == VM_OP_randn, f64 = dt == KILN_F64;
+  sb_printf(b,
+            "  const u32 k0 = (u32)a.seed, k1 = (u32)(a.seed >> 32);\n"
+            "  const double two_pi = 6.283185307179586476925;\n"
+            "  const i64 count = a.extent[0];\n"
+            "  (void)two_pi;\n"
+            "  " GRID_STRIDE " {\n"
+            "    u64 c = a.counter + (u64)i;\n"
+            "    u32 r[4];\n"
+            "    k_philox(k0, k1, (u32)c, (u32)(c >> 32), 0, 0, r);\n");
+  if (!f64 && !normal)
+    sb_printf(b, "    float v[4];\n"
+                 "    for (int q = 0; q < 4; q++) v[q] = (float)(r[q] >> 8) * 0x1p-24f;\n");
+  else if (!f64)
+    sb_printf(b, "    float v[4];\n"
+                 "    for (int q = 0; q < 4; q += 2) {\n"
+                 "      double u1 = ((r[q] >> 8) + 1.0) * 0x1p-24, u2 = (r[q + 1] >> 8) * 0x1p-24;\n"
+                 "      double rad = sqrt(-2.0 * log(u1));\n"
+                 "      v[q] = (float)(rad * cos(two_pi * u2));\n"
+                 "      v[q + 1] = (float)(rad * sin(two_pi * u2));\n"
+                 "    }\n");
+  else if (!normal)
+    sb_printf(b, "    double v[2] = {k_unit53(r[0], r[1]), k_unit53(r[2], r[3])};\n");
+  else
+    sb_printf(b, "    double u1 = 1.0 - k_unit53(r[0], r[1]), u2 = k_unit53(r[2], r[3]);\n"
+                 "    double rad = sqrt(-2.0 * log(u1));\n"
+                 "    double v[2] = {rad * cos(two_pi * u2), rad * sin(two_pi * u2)};\n");
+  sb_printf(b, "    for (int q = 0; q < %d && i * %d + q < count; q++) out[i * %d + q] = v[q];\n  }\n}\n",
+            f64 ? 2 : 4, f64 ? 2 : 4, f64 ? 2 : 4);
+}
+
+/* the lane order (vm/fold.h): an item is (output o, chunk c) of at most
+   a.extent[1] positions, folded by W = a.extent[3] warps, G = 8 / W items
+   per block.  Fold blocks of VM_FOLD_BLOCK positions: lane l of L = 256 /
+   sizeof(A) folds positions r + l (a warp holds L / 32 lanes per thread),
+   the block's tail goes into lane 0, then the tree w = L/2 .. 1; the
+   item's acc joins its blocks in order.  Writes (T)acc at out[item]. */
+static const char lane_kernel[] =
+    "  typedef $T T;\n"
+    "  typedef $A A;\n"
+    "  __shared__ A part[8][$NBLK];\n"
+    "  T *out = (T *)a.ptr[0];\n"
+    "  const T *x = (const T *)a.ptr[1];\n"
+    "  const int W = (int)a.extent[3], G = (int)(blockDim.x >> 5) / W;\n"
+    "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / W, wig = warp % W;\n"
+    "  const i64 count = a.extent[0], chunk = a.extent[1], nchunks = a.extent[2];\n"
+    "  const bool one_r = a.ndim - a.axis <= 1;\n"
+    "  const i64 rs = a.ndim > a.axis ? a.stride[1][a.axis] : 0;\n"
+    "  auto pos = [&](i64 p) -> i64 { return $CONTIG ? p : one_r ? p * rs : k_offset(a, 1, p, a.axis, a.ndim); };\n"
+    "  for (i64 first = (i64)blockIdx.x * G; first < a.n; first += (i64)gridDim.x * G) {\n"
+    "    const i64 item = first + group;\n"
+    "    const bool active = group < G && item < a.n;\n"
+    "    i64 nb = 0;\n"
+    "    if (active) {\n"
+    "      const i64 o = item / nchunks, p0 = (item - o * nchunks) * chunk;\n"
+    "      const i64 len = count - p0 < chunk ? count - p0 : chunk;\n"
+    "      const i64 base = $CONTIG ? o * count : k_offset(a, 1, o, 0, a.axis);\n"
+    "      const T *xb = x + base;\n"
+    "      nb = (len + $BLOCK - 1) / $BLOCK;\n"
+    "      for (i64 bk = wig; bk < nb; bk += W) {\n"
+    "        const i64 pb = p0 + bk * $BLOCK, blen = p0 + len - pb < $BLOCK ? p0 + len - pb : $BLOCK;\n"
+    "        A l0 = $INIT;\n"
+    "$L1_DECL"
+    "        i64 r = 0;\n"
+    "        for (; r + $L <= blen; r += $L) {\n"
+    "          l0 = $COMB(l0, (A)xb[pos(pb + r + lane)]);\n"
+    "$L1_STEP"
+    "        }\n"
+    "        if (lane == 0)\n"
+    "          for (; r < blen; r++) l0 = $COMB(l0, (A)xb[pos(pb + r)]);\n"
+    "$L1_JOIN"
+    "        for (int w = 16; w >= 1; w >>= 1) l0 = $COMB(l0, k_shfl_down(l0, w));\n"
+    "        if (lane == 0) part[group][bk] = l0;\n"
+    "      }\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "    if (active && wig == 0 && lane == 0) {\n"
+    "      A acc = $INIT;\n"
+    "      for (i64 bk = 0; bk < nb; bk++) acc = $COMB(acc, part[group][bk]);\n"
+    "      out[item] = (T)acc;\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "  }\n"
+    "}\n";
+
+/* an output's a.extent[2] partials (a.ptr[1], [output][partial]) joined in
+   order from the identity: the lane order's chunks in double for floats
+   (vm_fold_partials), the column order's blocks in A */
+static const char join_kernel[] =
+    "  typedef $T T;\n"
+    "  typedef $J J;\n"
+    "  typedef $P P;\n"
+    "  T *out = (T *)a.ptr[0];\n"
+    "  const P *part = (const P *)a.ptr[1];\n"
+    "  const i64 np = a.extent[2];\n"
+    "  " GRID_STRIDE " {\n"
+    "    J acc = $INIT;\n"
+    "    for (i64 c = 0; c < np; c++) acc = $COMB(acc, (J)part[i * np + c]);\n"
+    "    out[i] = (T)acc;\n"
+    "  }\n"
+    "}\n";
+
+/* the column order: each output (COL) or each (output, fold block) item
+   (COL_PART, a.extent[1] positions per item, a.extent[2] items per output)
+   folds its positions in order from the identity, VM_FOLD_BLOCK at a time */
+static const char col_kernel[] =
+    "  typedef $T T;\n"
+    "  typedef $A A;\n"
+    "  typedef $OUT O;\n"
+    "  O *out = (O *)a.ptr[0];\n"
+    "  const T *x = (const T *)a.ptr[1];\n"
+    "  const i64 count = a.extent[0], span = a.extent[1], per = a.extent[2];\n"
+    "  const bool one_r = a.ndim - a.axis <= 1;\n"
+    "  const i64 rs = a.ndim > a.axis ? a.stride[1][a.axis] : 0;\n"
+    "  " GRID_STRIDE " {\n"
+    "    const i64 o = i / per, p0 = (i - o * per) * span;\n"
+    "    const i64 p1 = count - p0 < span ? count : p0 + span;\n"
+    "    const T *xb = x + k_offset(a, 1, o, 0, a.axis);\n"
+    "    A acc = $INIT;\n"
+    "    for (i64 pb = p0; pb < p1; pb += $BLOCK) {\n"
+    "      const i64 pe = p1 - pb < $BLOCK ? p1 : pb + $BLOCK;\n"
+    "      A blk = $INIT;\n"
+    "      if (one_r)\n"
+    "        for (i64 p = pb; p < pe; p++) blk = $COMB(blk, (A)xb[p * rs]);\n"
+    "      else\n"
+    "        for (i64 p = pb; p < pe; p++) blk = $COMB(blk, (A)xb[k_offset(a, 1, p, a.axis, a.ndim)]);\n"
+    "      acc = $COMB(acc, blk);\n"
+    "    }\n"
+    "    out[i] = (O)acc;\n"
+    "  }\n"
+    "}\n";
+
+static void emit_reduce(sbuf *b, const gpu_op_key *k, const char *name) {
+  vm_opcode op = (vm_opcode)k->op;
+  kiln_dtype t = (kiln_dtype)k->in_dtype[0], acc = accum_dtype(op, t);
+  char block[32], lanes[32], nblk[32];
+  snprintf(block, sizeof block, "%d", VM_FOLD_BLOCK);
+  snprintf(nblk, sizeof nblk, "%d", (int)(VM_FOLD_CHUNK / VM_FOLD_BLOCK));
+  kernel_open(b, name);
+  if (k->variant == GPU_RED_LANE) {
+    /* lanes per thread: L = 256 / sizeof(A) lanes over 32 threads.  The
+       order matters for floats only; integers take one lane per thread */
+    int per_thread = vm_dtype_is_float(t) ? VM_FOLD_LANE_BYTES / (int)vm_dtype_size(acc) / 32 : 1;
+    snprintf(lanes, sizeof lanes, "%d", 32 * per_thread);
+    bool two = per_thread == 2;
+    const char *vars[] = {"T", ctype[t], "A", ctype[acc], "NBLK", nblk, "BLOCK", block,
+                          "INIT", reduce_init(op, acc), "COMB", reduce_comb(op), "L", lanes,
+                          "CONTIG", k->contiguous & 2 ? "true" : "false",
+                          "L1_DECL", two ? "        A l1 = $INIT;\n" : "",
+                          "L1_STEP", two ? "          l1 = $COMB(l1, (A)xb[pos(pb + r + lane + 32)]);\n" : "",
+                          "L1_JOIN", two ? "        l0 = $COMB(l0, l1);\n" : "", NULL};
+    sb_subst(b, lane_kernel, vars);
+    return;
+  }
+  if (k->variant == GPU_RED_LANE_JOIN || k->variant == GPU_RED_COL_JOIN) {
+    /* lane partials are T, joined in double for floats; column partials are A */
+    kiln_dtype join = vm_dtype_is_float(t) ? KILN_F64 : t;
+    kiln_dtype part = k->variant == GPU_RED_LANE_JOIN ? t : acc;
+    if (k->variant == GPU_RED_COL_JOIN) join = acc;
+    const char *vars[] = {"T", ctype[t], "J", ctype[join], "P", ctype[part],
+                          "INIT", reduce_init(op, join), "COMB", reduce_comb(op), NULL};
+    sb_subst(b, join_kernel, vars);
+    return;
+  }
+  /* COL writes T outputs, COL_PART A partials */
+  kiln_dtype o = k->variant == GPU_RED_COL ? t : acc;
+  const char *vars[] = {"T", ctype[t], "A", ctype[acc], "OUT", ctype[o], "BLOCK", block,
+                        "INIT", reduce_init(op, acc), "COMB", reduce_comb(op), NULL};
+  sb_subst(b, col_kernel, vars);
+}
+
+/* argmax/argmin over dim a.axis (length a.shape[axis], stride
+   a.stride[1][axis]) of each output; W = a.extent[3] warps per output */
+static const char arg_kernel[] =
+    "  typedef $T T;\n"
+    "  __shared__ T sv[8];\n"
+    "  __shared__ i64 si[8];\n"
+    "  i64 *out = (i64 *)a.ptr[0];\n"
+    "  const T *x = (const T *)a.ptr[1];\n"
+    "  const int W = (int)a.extent[3], G = (int)(blockDim.x >> 5) / W;\n"
+    "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / W, wig = warp % W;\n"
+    "  const i64 n = a.shape[a.axis], s = a.stride[1][a.axis];\n"
+    "  for (i64 first = (i64)blockIdx.x * G; first < a.n; first += (i64)gridDim.x * G) {\n"
+    "    const i64 o = first + group;\n"
+    "    const bool active = group < G && o < a.n;\n"
+    "    T bv = 0;\n"
+    "    i64 bi = -1;\n"
+    "    if (active) {\n"
+    "      const T *xb = x + ($CONTIG ? o * n : k_offset(a, 1, o, 0, a.axis));\n"
+    "      for (i64 p = (i64)wig * 32 + lane; p < n; p += (i64)W * 32) k_argcomb(bv, bi, xb[p * s], p, $MAX);\n"
+    "    }\n"
+    "    for (int w = 16; w >= 1; w >>= 1) {\n"
+    "      T ov = k_shfl_down(bv, w);\n"
+    "      i64 oi = k_shfl_down(bi, w);\n"
+    "      k_argcomb(bv, bi, ov, oi, $MAX);\n"
+    "    }\n"
+    "    if (lane == 0) {\n"
+    "      sv[warp] = bv;\n"
+    "      si[warp] = bi;\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "    if (active && wig == 0 && lane == 0) {\n"
+    "      for (int w = 1; w < W; w++) k_argcomb(bv, bi, sv[warp + w], si[warp + w], $MAX);\n"
+    "      out[o] = bi;\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "  }\n"
+    "}\n";
+
+/* argsort: a block per row (rows over dims [0, axis)), the row along dim
+   a.axis.  Element i goes to position #(j: v[j] strictly before v[i]) +
+   #(j < i: neither before the other): exactly the stable order of
+   vm/kern_sort.c.  O(n^2) per row, read through shared-memory tiles: fine
+   for the rows models sort (top-k, small vocabularies); a long row wants
+   a merge sort (a later kernel). */
+static const char sort_kernel[] =
+    "  typedef $T T;\n"
+    "  __shared__ T tile[1024];\n"
+    "  i64 *out = (i64 *)a.ptr[0];\n"
+    "  const T *x = (const T *)a.ptr[1];\n"
+    "  const i64 n = a.shape[a.axis], sin = a.stride[1][a.axis], sout = a.stride[0][a.axis];\n"
+    "  const bool desc = a.flag != 0;\n"
+    "  for (i64 row = blockIdx.x; row < a.n; row += gridDim.x) {\n"
+    "    const T *xr = x + ($CONTIG ? k_offset(a, 0, row, 0, a.axis) : k_offset(a, 1, row, 0, a.axis));\n"
+    "    i64 *orow = out + k_offset(a, 0, row, 0, a.axis);\n"
+    "    for (i64 i0 = 0; i0 < n; i0 += blockDim.x) {\n"
+    "      const i64 i = i0 + threadIdx.x;\n"
+    "      const bool have = i < n;\n"
+    "      const T vi = have ? xr[i * sin] : (T)0;\n"
+    "      i64 rank = 0;\n"
+    "      for (i64 j0 = 0; j0 < n; j0 += 1024) {\n"
+    "        const int m = n - j0 < 1024 ? (int)(n - j0) : 1024;\n"
+    "        __syncthreads();\n"
+    "        for (int t = threadIdx.x; t < m; t += blockDim.x) tile[t] = xr[(j0 + t) * sin];\n"
+    "        __syncthreads();\n"
+    "        if (have)\n"
+    "          for (int t = 0; t < m; t++) {\n"
+    "            const T vj = tile[t];\n"
+    "            rank += k_before(vj, vi, desc) || (j0 + t < i && !k_before(vi, vj, desc));\n"
+    "          }\n"
+    "      }\n"
+    "      if (have) orow[rank * sout] = i;\n"
+    "    }\n"
+    "  }\n"
+    "}\n";
+
+/* integer matmul (vm/kern_matmul.c INT_GEMM): a thread per output element
+   of batch x M x N; batch dims [0, ndim) with A's strides in stride[1],
+   B's in stride[2]; A's row/col strides at stride[1][6..7], B's at
+   stride[2][6..7]; extent = {M, N, K}.  Wrapping k-ordered sums. */
+static const char matmul_kernel[] =
+    "  typedef $T T;\n"
+    "  typedef $U U;\n"
+    "  T *out = (T *)a.ptr[0];\n"
+    "  const T *A = (const T *)a.ptr[1], *B = (const T *)a.ptr[2];\n"
+    "  const i64 M = a.extent[0], N = a.extent[1], K = a.extent[2];\n"
+    "  const i64 sar = a.stride[1][6], sac = a.stride[1][7], sbr = a.stride[2][6], sbc = a.stride[2][7];\n"
+    "  " GRID_STRIDE " {\n"
+    "    const i64 j = i % N, r = i / N, m = r % M, bt = r / M;\n"
+    "    const T *ar = A + k_offset(a, 1, bt, 0, a.ndim) + m * sar;\n"
+    "    const T *bc = B + k_offset(a, 2, bt, 0, a.ndim) + j * sbc;\n"
+    "    U acc = 0;\n"
+    "    for (i64 q = 0; q < K; q++) acc += (U)ar[q * sac] * (U)bc[q * sbr];\n"
+    "    out[i] = (T)acc;\n"
+    "  }\n"
+    "}\n";
+
+/* index_select / gather: out (contiguous) over dims [0, ndim); a's strides
+   in stride[1], the index's in stride[2] (index_select: only dim axis);
+   the index value (clamped into [0, a.extent[0])) replaces the axis
+   coordinate */
+static const char gather_kernel[] =
+    "  typedef $T T;\n"
+    "  T *out = (T *)a.ptr[0];\n"
+    "  const T *x = (const T *)a.ptr[1];\n"
+    "  const i64 *idx = (const i64 *)a.ptr[2];\n"
+    "  const i64 size = a.extent[0];\n"
+    "  " GRID_STRIDE " {\n"
+    "    i64 rem = i, xo = 0, io = 0;\n"
+    "#pragma unroll\n"
+    "    for (int d = K_MAX_DIMS - 1; d >= 0; d--) {\n"
+    "      if (d < a.ndim) {\n"
+    "        const i64 s = a.shape[d], q = rem / s, c = rem - q * s;\n"
+    "        rem = q;\n"
+    "        io += c * a.stride[2][d];\n"
+    "        if (d != a.axis) xo += c * a.stride[1][d];\n"
+    "      }\n"
+    "    }\n"
+    "    i64 v = idx[io];\n"
+    "    v = v < 0 ? 0 : v >= size ? size - 1 : v;\n"
+    "    out[i] = x[xo + v * a.stride[1][a.axis]];\n"
+    "  }\n"
+    "}\n";
+
+/* scatter_add: out[c] = a[c] + the src elements whose index (at the same
+   coordinates, axis coordinate k) equals c's axis coordinate, added in k
+   order — each output element sums exactly as vm/kern_index.c does, with
+   no atomics.  stride[0][d] holds the index's extent along d (out is
+   contiguous); a, idx, src strides in stride[1..3].  O(numel(out) x
+   extent along axis): a sort-based kernel is the fast path to add. */
+static const char scatter_kernel[] =
+    "  typedef $T T;\n"
+    "  typedef $U U;\n"
+    "  T *out = (T *)a.ptr[0];\n"
+    "  const T *x = (const T *)a.ptr[1], *src = (const T *)a.ptr[3];\n"
+    "  const i64 *idx = (const i64 *)a.ptr[2];\n"
+    "  const i64 K = a.stride[0][a.axis], is = a.stride[2][a.axis], ss = a.stride[3][a.axis];\n"
+    "  " GRID_STRIDE " {\n"
+    "    i64 rem = i, xo = 0, io = 0, so = 0, cax = 0;\n"
+    "    bool inside = true;\n"
+    "#pragma unroll\n"
+    "    for (int d = K_MAX_DIMS - 1; d >= 0; d--) {\n"
+    "      if (d < a.ndim) {\n"
+    "        const i64 s = a.shape[d], q = rem / s, c = rem - q * s;\n"
+    "        rem = q;\n"
+    "        xo += c * a.stride[1][d];\n"
+    "        if (d == a.axis) {\n"
+    "          cax = c;\n"
+    "        } else {\n"
+    "          inside = inside && c < a.stride[0][d];\n"
+    "          io += c * a.stride[2][d];\n"
+    "          so += c * a.stride[3][d];\n"
+    "        }\n"
+    "      }\n"
+    "    }\n"
+    "    T acc = x[xo];\n"
+    "    if (inside)\n"
+    "      for (i64 q = 0; q < K; q++)\n"
+    "        if (idx[io + q * is] == cax) acc = $ADD;\n"
+    "    out[i] = acc;\n"
+    "  }\n"
+    "}\n";
+
+/* the index check: every index (a.n of them, over dims [0, ndim) with
+   strides stride[1]) against [0, a.extent[0]); the first one out of range
+   in row-major order goes into the gpu_index_check at a.ptr[0], its value
+   written by the last block to finish */
+static const char check_kernel[] =
+    "  __shared__ u64 worst[8];\n"
+    "  __shared__ bool last;\n"
+    "  gpu_index_check *rec = (gpu_index_check *)a.ptr[0];\n"
+    "  const i64 *idx = (const i64 *)a.ptr[1];\n"
+    "  const i64 size = a.extent[0];\n"
+    "  u64 bad = 0; /* ~position: the largest is the first */\n"
+    "  " GRID_STRIDE " {\n"
+    "    const i64 v = idx[$CONTIG ? i : k_offset(a, 1, i, 0, a.ndim)];\n"
+    "    if ((v < 0 || v >= size) && ~(u64)i > bad) bad = ~(u64)i;\n"
+    "  }\n"
+    "  for (int w = 16; w >= 1; w >>= 1) {\n"
+    "    const u64 o = k_shfl_down(bad, w);\n"
+    "    bad = o > bad ? o : bad;\n"
+    "  }\n"
+    "  if ((threadIdx.x & 31) == 0) worst[threadIdx.x >> 5] = bad;\n"
+    "  __syncthreads();\n"
+    "  if (threadIdx.x == 0) {\n"
+    "    for (int w = 1; w < (int)(blockDim.x >> 5); w++) bad = worst[w] > bad ? worst[w] : bad;\n"
+    "    if (bad) atomicMax(&rec->first, bad);\n"
+    "    __threadfence();\n"
+    "    last = atomicAdd(&rec->done, 1u) == gridDim.x - 1;\n"
+    "  }\n"
+    "  __syncthreads();\n"
+    "  if (last && threadIdx.x == 0) {\n"
+    "    __threadfence();\n"
+    "    const u64 first = atomicAdd(&rec->first, 0ull);\n"
+    "    if (first) {\n"
+    "      const i64 p = (i64)~first;\n"
+    "      rec->value = idx[$CONTIG ? p : k_offset(a, 1, p, 0, a.ndim)];\n"
+    "    }\n"
+    "    rec->size = size;\n"
+    "    rec->axis = a.axis;\n"
+    "  }\n"
+    "}\n";
+
+static void emit_index(sbuf *b, const gpu_op_key *k, const char *name) {
+  kiln_dtype t = (kiln_dtype)k->out_dtype;
+  kernel_open(b, name);
+  if (k->variant == GPU_IDX_CHECK) {
+    const char *vars[] = {"CONTIG", k->contiguous & 2 ? "true" : "false", NULL};
+    sb_subst(b, check_kernel, vars);
+    return;
+  }
+  if (k->op != VM_OP_scatter_add) {
+    const char *vars[] = {"T", ctype[t], NULL};
+    sb_subst(b, gather_kernel, vars);
+    return;
+  }
+  const char *add = t == KILN_BOOL ? "(T)(acc | src[so + q * ss])"
+                    : vm_dtype_is_float(t) ? "acc + src[so + q * ss]"
+                                           : "(T)((U)acc + (U)src[so + q * ss])";
+  const char *vars[] = {"T", ctype[t], "U", utype[t], "ADD", add, NULL};
+  sb_subst(b, scatter_kernel, vars);
+}
+
+static void emit_kernel(sbuf *b, const gpu_op_key *k) {
+  char name[96];
+  gpu_op_key_name(k, name, sizeof name);
+  vm_opcode op = (vm_opcode)k->op;
+  kiln_dtype t = (kiln_dtype)k->in_dtype[0];
+  switch (vm_op_table[op].kind) {
+    case VM_KIND_LEAF: emit_leaf(b, k, name); return;
+    case VM_KIND_UNARY:
+    case VM_KIND_BINARY:
+    case VM_KIND_TERNARY:
+    case VM_KIND_CONCAT: emit_elementwise(b, k, name); return;
+    case VM_KIND_REDUCE:
+      if (op == VM_OP_argmax || op == VM_OP_argmin) {
+        kernel_open(b, name);
+        const char *vars[] = {"T", ctype[t], "CONTIG", k->contiguous & 2 ? "true" : "false", "MAX",
+                              op == VM_OP_argmax ? "true" : "false", NULL};
+        sb_subst(b, arg_kernel, vars);
+      } else {
+        emit_reduce(b, k, name);
+      }
+      return;
+    case VM_KIND_MATMUL: {
+      kernel_open(b, name);
+      const char *vars[] = {"T", ctype[t], "U", utype[t], NULL};
+      sb_subst(b, matmul_kernel, vars);
+      return;
+    }
+    case VM_KIND_INDEX: emit_index(b, k, name); return;
+    case VM_KIND_SORT: {
+      kernel_open(b, name);
+      const char *vars[] = {"T", ctype[t], "CONTIG", k->contiguous & 2 ? "true" : "false", NULL};
+      sb_subst(b, sort_kernel, vars);
+      return;
+    }
+    case VM_KIND_VIEW: return;
+  }
+}
+
+char *gpu_op_source_batch(const gpu_op_key *keys, int n) {
+  for (int i = 0; i < n; i++)
+    if (!gpu_op_key_supported(&keys[i])) {
+      char name[96];
+      gpu_op_key_name(&keys[i], name, sizeof name);
+      vm_error(KILN_ERR_INTERNAL, "no GPU kernel for key %s", name);
+      return NULL;
+    }
+  sbuf b = {0};
+  emit_prelude(&b);
+  for (int i = 0; i < n; i++) emit_kernel(&b, &keys[i]);
+  if (b.oom) {
+    free(b.s);
+    vm_error(KILN_ERR_OOM, "out of memory generating GPU kernel source");
+    return NULL;
+  }
+  return b.s;
+}
+
+char *gpu_op_source(const gpu_op_key *k) { return gpu_op_source_batch(k, 1); }

@@ -1,0 +1,452 @@
+/* test_gpu_ops.c — the GPU "interpreter" against the CPU interpreter: every
+ * primitive x dtype, reductions over every axis pattern and odd sizes,
+ * matmul shapes with transposed views and batches, data movement, RNG
+ * streams, gradients, a short training run, and bad input (mixed devices,
+ * out of memory).  Exact where IEEE arithmetic is exact; transcendentals
+ * within TRANSCENDENTAL_RTOL (CUDA's libdevice and Kiln's CPU polynomials
+ * are each within a few ulps); sums within SUM_RTOL (another order of
+ * adds).  Without a CUDA device every test skips, saying so: run
+ * scripts/gpu-check where there is one. */
+#include "ktest.h"
+
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../vm/rng.h"
+#include "../vm/tensor.h"
+
+#define TRANSCENDENTAL_RTOL_F32 4e-6
+#define TRANSCENDENTAL_RTOL_F64 1e-13
+#define SUM_RTOL_F32 2e-5
+#define SUM_RTOL_F64 1e-12
+
+static const kiln_dtype ALL[] = {KILN_BOOL, KILN_I32, KILN_I64, KILN_F32, KILN_F64};
+static const kiln_dtype NUMERIC[] = {KILN_I32, KILN_I64, KILN_F32, KILN_F64};
+static const kiln_dtype FLOATS[] = {KILN_F32, KILN_F64};
+#define COUNT(a) (int)(sizeof a / sizeof *a)
+
+static uint64_t rng_state = 88172645463325252ull;
+static double uniform(void) {
+  rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+  return (double)(rng_state >> 11) * 0x1p-53;
+}
+
+/* a CPU tensor of dt with values in [lo, hi) (integers: rounded; bools: 0/1) */
+static kiln_tensor *random_cpu(kiln_dtype dt, int ndim, const int64_t *shape, double lo, double hi) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= shape[d];
+  double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+  for (int64_t i = 0; i < n; i++) v[i] = lo + (hi - lo) * uniform();
+  kiln_tensor *f = kiln_from_data(v, KILN_F64, ndim, shape);
+  free(v);
+  kiln_tensor *t = dt == KILN_BOOL ? kiln_gt(f, kiln_scalar(0.5 * (lo + hi), KILN_F64)) : kiln_cast(f, dt);
+  kiln_release(f);
+  return t;
+}
+
+/* t's elements as doubles (evaluated, read through the host) */
+static double *read_f64(kiln_tensor *t, int64_t *n) {
+  kiln_tensor *h = kiln_to_device(t, KILN_CPU), *c = h ? kiln_cast(h, KILN_F64) : NULL;
+  *n = c ? kiln_numel(c) : 0;
+  double *v = malloc((size_t)(*n ? *n : 1) * sizeof *v);
+  if (!c || kiln_to_buffer(c, v, (size_t)*n * sizeof *v) != KILN_OK) *n = -1;
+  kiln_release(h);
+  kiln_release(c);
+  return v;
+}
+
+/* cpu vs gpu, elementwise within rtol (0: exact; NaN equals NaN) */
+static void check_same(const char *what, kiln_tensor *cpu, kiln_tensor *gpu, double rtol) {
+  if (!cpu || !gpu) {
+    KTEST_FAIL("%s: cpu %p gpu %p (%s)", what, (void *)cpu, (void *)gpu, kiln_last_error());
+    kiln_clear_error();
+    return;
+  }
+  if (kiln_device_of(gpu) != KILN_CUDA) KTEST_FAIL("%s: the result is not on the GPU", what);
+  if (kiln_dtype_of(cpu) != kiln_dtype_of(gpu)) KTEST_FAIL("%s: dtypes differ", what);
+  int64_t nc, ng;
+  double *a = read_f64(cpu, &nc), *b = read_f64(gpu, &ng);
+  if (nc != ng || nc < 0) KTEST_FAIL("%s: %lld vs %lld elements (%s)", what, (long long)nc, (long long)ng, kiln_last_error());
+  for (int64_t i = 0; nc == ng && i < nc; i++) {
+    bool same = (isnan(a[i]) && isnan(b[i])) || a[i] == b[i] ||
+                (rtol > 0 && fabs(a[i] - b[i]) <= rtol * fmax(fabs(a[i]), 1e-30) + 1e-300);
+    if (!same) {
+      KTEST_FAIL("%s: element %lld: cpu %.17g gpu %.17g", what, (long long)i, a[i], b[i]);
+      break;
+    }
+  }
+  free(a);
+  free(b);
+}
+
+static kiln_tensor *gpu(kiln_tensor *t) { return kiln_to_device(t, KILN_CUDA); }
+
+typedef kiln_tensor *(*unary_fn)(kiln_tensor *);
+typedef kiln_tensor *(*binary_fn)(kiln_tensor *, kiln_tensor *);
+
+static void unary_case(const char *name, unary_fn f, kiln_dtype dt, double lo, double hi, double rtol) {
+  char what[96];
+  snprintf(what, sizeof what, "%s(%d)", name, (int)dt);
+  int64_t shape[2] = {37, 129};
+  kiln_tensor *x = random_cpu(dt, 2, shape, lo, hi), *xg = gpu(x);
+  kiln_tensor *yc = f(x), *yg = xg ? f(xg) : NULL;
+  check_same(what, yc, yg, rtol);
+  /* a strided (transposed) input takes the other layout class */
+  kiln_tensor *xt = kiln_transpose(x, 0, 1), *xgt = xg ? kiln_transpose(xg, 0, 1) : NULL;
+  kiln_tensor *tc = f(xt), *tg = xgt ? f(xgt) : NULL;
+  snprintf(what, sizeof what, "%s(%d) transposed", name, (int)dt);
+  check_same(what, tc, tg, rtol);
+  kiln_tensor *all[] = {x, xg, yc, yg, xt, xgt, tc, tg};
+  for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
+}
+
+TEST(every_unary_op_and_dtype) {
+  struct { const char *name; unary_fn f; bool floats_only; double lo, hi; bool exact; } ops[] = {
+    {"neg", kiln_neg, false, -50, 50, true},     {"abs", kiln_abs, false, -50, 50, true},
+    {"sign", kiln_sign, false, -5, 5, true},     {"floor", kiln_floor, false, -9, 9, true},
+    {"ceil", kiln_ceil, false, -9, 9, true},     {"round", kiln_round, false, -9, 9, true},
+    {"sqrt", kiln_sqrt, true, 0, 100, true},     {"rsqrt", kiln_rsqrt, true, 0.01, 100, false},
+    {"exp", kiln_exp, true, -20, 20, false},     {"log", kiln_log, true, 0.001, 100, false},
+    {"sin", kiln_sin, true, -10, 10, false},     {"cos", kiln_cos, true, -10, 10, false},
+    {"tanh", kiln_tanh, true, -8, 8, false},     {"sigmoid", kiln_sigmoid, true, -20, 20, false},
+    {"erf", kiln_erf, true, -4, 4, false},       {"log1p", kiln_log1p, true, -0.9, 50, false},
+    {"expm1", kiln_expm1, true, -5, 5, false},   {"relu", kiln_relu, false, -5, 5, true},
+    {"logical_not", kiln_logical_not, false, -1, 1, true},
+  };
+  for (int k = 0; k < COUNT(ops); k++)
+    for (int d = 0; d < COUNT(ALL); d++) {
+      kiln_dtype dt = ALL[d];
+      if (dt == KILN_BOOL && strcmp(ops[k].name, "logical_not") && strcmp(ops[k].name, "abs")) continue;
+      if (ops[k].floats_only && dt != KILN_F32 && dt != KILN_F64) continue;
+      double rtol = ops[k].exact ? 0 : dt == KILN_F32 ? TRANSCENDENTAL_RTOL_F32 : TRANSCENDENTAL_RTOL_F64;
+      unary_case(ops[k].name, ops[k].f, dt, ops[k].lo, ops[k].hi, rtol);
+    }
+}
+
+TEST(every_binary_op_and_dtype_with_broadcasts) {
+  struct { const char *name; binary_fn f; bool no_bool; double lo, hi; bool exact; } ops[] = {
+    {"add", kiln_add, false, -50, 50, true},       {"sub", kiln_sub, true, -50, 50, true},
+    {"mul", kiln_mul, false, -50, 50, true},       {"div", kiln_div, true, 1, 50, true},
+    {"pow", kiln_pow, true, 0.5, 3, false},        {"maximum", kiln_maximum, false, -5, 5, true},
+    {"minimum", kiln_minimum, false, -5, 5, true}, {"eq", kiln_eq, false, -3, 3, true},
+    {"ne", kiln_ne, false, -3, 3, true},           {"lt", kiln_lt, false, -3, 3, true},
+    {"le", kiln_le, false, -3, 3, true},           {"gt", kiln_gt, false, -3, 3, true},
+    {"ge", kiln_ge, false, -3, 3, true},           {"logical_and", kiln_logical_and, false, -1, 1, true},
+    {"logical_or", kiln_logical_or, false, -1, 1, true},
+  };
+  const int64_t sa[3] = {5, 1, 67}, sb[3] = {1, 9, 67}; /* both operands broadcast */
+  for (int k = 0; k < COUNT(ops); k++)
+    for (int d = 0; d < COUNT(ALL); d++) {
+      kiln_dtype dt = ALL[d];
+      if (dt == KILN_BOOL && ops[k].no_bool) continue;
+      char what[96];
+      snprintf(what, sizeof what, "%s(%d)", ops[k].name, (int)dt);
+      kiln_tensor *a = random_cpu(dt, 3, sa, ops[k].lo, ops[k].hi), *b = random_cpu(dt, 3, sb, ops[k].lo, ops[k].hi);
+      kiln_tensor *ag = gpu(a), *bg = gpu(b);
+      kiln_tensor *c = ops[k].f(a, b), *g = ag && bg ? ops[k].f(ag, bg) : NULL;
+      double rtol = ops[k].exact ? 0 : dt == KILN_F32 ? TRANSCENDENTAL_RTOL_F32 : TRANSCENDENTAL_RTOL_F64;
+      check_same(what, c, g, rtol);
+      kiln_tensor *all[] = {a, b, ag, bg, c, g};
+      for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
+    }
+}
+
+TEST(where_and_casts_between_every_dtype) {
+  const int64_t s[2] = {33, 65};
+  kiln_tensor *cond = random_cpu(KILN_BOOL, 2, s, 0, 1), *cg = gpu(cond);
+  for (int d = 0; d < COUNT(ALL); d++) {
+    kiln_tensor *a = random_cpu(ALL[d], 2, s, -40, 40), *b = random_cpu(ALL[d], 2, s, -40, 40);
+    kiln_tensor *ag = gpu(a), *bg = gpu(b);
+    kiln_tensor *w = kiln_where(cond, a, b), *wg = kiln_where(cg, ag, bg);
+    check_same("where", w, wg, 0);
+    for (int e = 0; e < COUNT(ALL); e++) {
+      char what[64];
+      snprintf(what, sizeof what, "cast %d -> %d", (int)ALL[d], (int)ALL[e]);
+      kiln_tensor *x = kiln_cast(a, ALL[e]), *xg = kiln_cast(ag, ALL[e]);
+      check_same(what, x, xg, 0);
+      kiln_release(x);
+      kiln_release(xg);
+    }
+    kiln_tensor *all[] = {a, b, ag, bg, w, wg};
+    for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
+  }
+  kiln_release(cond);
+  kiln_release(cg);
+}
+
+TEST(reductions_over_every_axis_pattern) {
+  const int64_t s[3] = {3, 35, 129};
+  typedef kiln_tensor *(*reduce_fn)(kiln_tensor *, int, const int *, bool);
+  struct { const char *name; reduce_fn f; } ops[] = {{"sum", kiln_sum}, {"prod", kiln_prod}, {"max", kiln_max}, {"min", kiln_min}};
+  for (int d = 0; d < COUNT(NUMERIC); d++) {
+    kiln_dtype dt = NUMERIC[d];
+    kiln_tensor *x = random_cpu(dt, 3, s, 0.5, 1.5), *xg = gpu(x);
+    for (int k = 0; k < COUNT(ops); k++)
+      for (int mask = 1; mask < 8; mask++) {
+        int axes[3], n = 0;
+        for (int a = 0; a < 3; a++)
+          if (mask >> a & 1) axes[n++] = a;
+        char what[64];
+        snprintf(what, sizeof what, "%s(%d) mask %d", ops[k].name, (int)dt, mask);
+        kiln_tensor *c = ops[k].f(x, n, axes, mask & 1), *g = ops[k].f(xg, n, axes, mask & 1);
+        bool sums = k < 2 && (dt == KILN_F32 || dt == KILN_F64);
+        check_same(what, c, g, sums ? (dt == KILN_F32 ? SUM_RTOL_F32 : SUM_RTOL_F64) * (k == 1 ? 100 : 1) : 0);
+        kiln_release(c);
+        kiln_release(g);
+      }
+    for (int axis = 0; axis < 3; axis++) {
+      kiln_tensor *c = kiln_argmax(x, axis, false), *g = kiln_argmax(xg, axis, false);
+      check_same("argmax", c, g, 0);
+      kiln_release(c), kiln_release(g);
+      c = kiln_argmin(x, axis, true), g = kiln_argmin(xg, axis, true);
+      check_same("argmin", c, g, 0);
+      kiln_release(c), kiln_release(g);
+    }
+    kiln_release(x);
+    kiln_release(xg);
+  }
+  /* long reductions (two passes) and odd sizes */
+  const int64_t sizes[] = {1, 31, 1025, 100003, 1 << 22};
+  for (int i = 0; i < COUNT(sizes); i++)
+    for (int d = 0; d < COUNT(FLOATS); d++) {
+      kiln_tensor *x = random_cpu(FLOATS[d], 1, &sizes[i], -1, 1), *xg = gpu(x);
+      kiln_tensor *c = kiln_sum(x, 0, NULL, false), *g = kiln_sum(xg, 0, NULL, false);
+      check_same("long sum", c, g, FLOATS[d] == KILN_F32 ? 1e-4 : 1e-11);
+      kiln_release(c), kiln_release(g);
+      c = kiln_max(x, 0, NULL, false), g = kiln_max(xg, 0, NULL, false);
+      check_same("long max", c, g, 0);
+      kiln_release(c), kiln_release(g), kiln_release(x), kiln_release(xg);
+    }
+}
+
+TEST(matmul_shapes_transposes_and_batches) {
+  const int64_t dims[][3] = {{1, 1, 1}, {7, 5, 3}, {64, 64, 64}, {129, 33, 257}, {300, 700, 1}};
+  for (int d = 0; d < COUNT(NUMERIC); d++)
+    for (int i = 0; i < COUNT(dims); i++) {
+      kiln_dtype dt = NUMERIC[d];
+      const int64_t sa[2] = {dims[i][0], dims[i][1]}, sb[2] = {dims[i][1], dims[i][2]}, sbt[2] = {dims[i][2], dims[i][1]};
+      kiln_tensor *a = random_cpu(dt, 2, sa, -3, 3), *b = random_cpu(dt, 2, sb, -3, 3), *bt = random_cpu(dt, 2, sbt, -3, 3);
+      kiln_tensor *ag = gpu(a), *bg = gpu(b), *btg = gpu(bt);
+      double rtol = dt == KILN_F32 ? 1e-5 : dt == KILN_F64 ? 1e-13 : 0;
+      kiln_tensor *c = kiln_matmul(a, b), *g = kiln_matmul(ag, bg);
+      check_same("matmul", c, g, rtol);
+      kiln_tensor *t1 = kiln_transpose(bt, 0, 1), *t1g = kiln_transpose(btg, 0, 1);
+      kiln_tensor *c2 = kiln_matmul(a, t1), *g2 = kiln_matmul(ag, t1g);
+      check_same("matmul with a transposed view", c2, g2, rtol);
+      kiln_tensor *all[] = {a, b, bt, ag, bg, btg, c, g, t1, t1g, c2, g2};
+      for (int k = 0; k < COUNT(all); k++) kiln_release(all[k]);
+    }
+  const int64_t sa[3] = {4, 33, 17}, sb[3] = {4, 17, 9}, sb1[2] = {17, 9};
+  kiln_tensor *a = random_cpu(KILN_F32, 3, sa, -1, 1), *b = random_cpu(KILN_F32, 3, sb, -1, 1), *b1 = random_cpu(KILN_F32, 2, sb1, -1, 1);
+  kiln_tensor *ag = gpu(a), *bg = gpu(b), *b1g = gpu(b1);
+  kiln_tensor *c = kiln_matmul(a, b), *g = kiln_matmul(ag, bg), *c1 = kiln_matmul(a, b1), *g1 = kiln_matmul(ag, b1g);
+  check_same("batched matmul", c, g, 1e-5);
+  check_same("broadcast batch matmul", c1, g1, 1e-5);
+  kiln_tensor *all[] = {a, b, b1, ag, bg, b1g, c, g, c1, g1};
+  for (int k = 0; k < COUNT(all); k++) kiln_release(all[k]);
+}
+
+TEST(gathers_scatters_concat_and_sorts) {
+  const int64_t s[2] = {17, 40}, si[1] = {23}, sg[2] = {17, 11};
+  for (int d = 0; d < COUNT(NUMERIC); d++) {
+    kiln_dtype dt = NUMERIC[d];
+    kiln_tensor *x = random_cpu(dt, 2, s, -9, 9), *xg = gpu(x);
+    kiln_tensor *idx = random_cpu(KILN_I64, 1, si, 0, 16.99), *idxg = gpu(idx);
+    kiln_tensor *gi = random_cpu(KILN_I64, 2, sg, 0, 39.99), *gig = gpu(gi);
+    kiln_tensor *c = kiln_index_select(x, 0, idx), *g = kiln_index_select(xg, 0, idxg);
+    check_same("index_select", c, g, 0);
+    kiln_release(c), kiln_release(g);
+    c = kiln_gather(x, 1, gi), g = kiln_gather(xg, 1, gig);
+    check_same("gather", c, g, 0);
+    kiln_tensor *src = random_cpu(dt, 2, sg, -9, 9), *srcg = gpu(src);
+    kiln_tensor *sc = kiln_scatter_add(x, 1, gi, src), *sgp = kiln_scatter_add(xg, 1, gig, srcg);
+    check_same("scatter_add (deterministic, no atomics)", sc, sgp, dt == KILN_F32 ? 1e-6 : dt == KILN_F64 ? 1e-14 : 0);
+    kiln_tensor *parts[3] = {x, src, x}, *partsg[3] = {xg, srcg, xg};
+    kiln_tensor *cc = kiln_concat(3, parts, 1), *cg = kiln_concat(3, partsg, 1);
+    check_same("concat", cc, cg, 0);
+    kiln_tensor *ids = NULL, *idsg = NULL;
+    kiln_tensor *vals = kiln_sort(x, 1, d % 2 == 0, &ids), *valsg = kiln_sort(xg, 1, d % 2 == 0, &idsg);
+    check_same("sort values", vals, valsg, 0);
+    check_same("sort indices (stable)", ids, idsg, 0);
+    kiln_tensor *all[] = {x, xg, idx, idxg, gi, gig, c, g, src, srcg, sc, sgp, cc, cg, vals, ids, valsg, idsg};
+    for (int k = 0; k < COUNT(all); k++) kiln_release(all[k]);
+  }
+}
+
+/* an index out of range on the GPU is an error at the flush, as on the CPU */
+TEST(out_of_range_index_is_an_error) {
+  const int64_t s[2] = {4, 3};
+  kiln_tensor *x = gpu(kiln_ones(KILN_F32, 2, s));
+  kiln_tensor *bad = gpu(kiln_from_data((int64_t[]){1, 9}, KILN_I64, 1, (int64_t[]){2}));
+  kiln_tensor *y = kiln_index_select(x, 0, bad);
+  double buf[8];
+  CHECK(y == NULL || kiln_to_buffer(y, buf, sizeof buf) != KILN_OK);
+  CHECK(strstr(kiln_last_error(), "out of range"));
+  kiln_clear_error();
+  kiln_release(x), kiln_release(bad), kiln_release(y);
+}
+
+/* dropout draws its mask on the input's device: the same Philox stream as
+   the CPU, so the same seed keeps the same elements */
+TEST(rng_streams_match_the_cpu) {
+  const int64_t s[1] = {4099};
+  kiln_tensor *x = kiln_ones(KILN_F32, 1, s), *xg = gpu(x);
+  kiln_manual_seed(1234);
+  kiln_tensor *c = kiln_dropout(x, 0.5, true);
+  kiln_manual_seed(1234);
+  kiln_tensor *g = kiln_dropout(xg, 0.5, true);
+  check_same("dropout mask", c, g, 0);
+  kiln_release(x), kiln_release(xg), kiln_release(c), kiln_release(g);
+}
+
+static kiln_tensor *mlp_loss(kiln_tensor *x, kiln_tensor *w1, kiln_tensor *w2, kiln_tensor *labels) {
+  kiln_tensor *h = kiln_matmul(x, w1), *r = kiln_relu(h), *o = kiln_matmul(r, w2);
+  kiln_tensor *l = kiln_cross_entropy(o, labels);
+  kiln_release(h), kiln_release(r), kiln_release(o);
+  return l;
+}
+
+TEST(gradients_and_a_training_run_match_the_cpu) {
+  const int64_t sx[2] = {64, 20}, s1[2] = {20, 32}, s2[2] = {32, 5}, sl[1] = {64};
+  kiln_tensor *x = random_cpu(KILN_F32, 2, sx, -1, 1), *labels = random_cpu(KILN_I64, 1, sl, 0, 4.99);
+  kiln_tensor *w[2][2] = {{random_cpu(KILN_F32, 2, s1, -0.3, 0.3), random_cpu(KILN_F32, 2, s2, -0.3, 0.3)}};
+  w[1][0] = gpu(w[0][0]);
+  w[1][1] = gpu(w[0][1]);
+  kiln_tensor *xs[2] = {x, gpu(x)}, *ls[2] = {labels, gpu(labels)};
+  double losses[2][30];
+  for (int dev = 0; dev < 2; dev++) {
+    kiln_set_requires_grad(w[dev][0], true);
+    kiln_set_requires_grad(w[dev][1], true);
+    for (int step = 0; step < 30; step++) {
+      kiln_tensor *l = mlp_loss(xs[dev], w[dev][0], w[dev][1], ls[dev]);
+      losses[dev][step] = kiln_item(l);
+      kiln_backward(l, NULL);
+      if (step == 0 && dev == 1) {
+        kiln_tensor *gc = kiln_grad(w[0][0]), *gg = kiln_grad(w[1][0]);
+        check_same("first-layer gradient", gc, gg, 1e-4);
+        kiln_release(gc), kiln_release(gg);
+      }
+      for (int k = 0; k < 2; k++) {
+        kiln_tensor *g = kiln_grad(w[dev][k]);
+        kiln_sub_scaled_(w[dev][k], g, 0.5);
+        kiln_release(g);
+        kiln_zero_grad(w[dev][k]);
+      }
+      kiln_release(l);
+    }
+  }
+  for (int step = 0; step < 30; step++) CHECK_CLOSE(losses[1][step], losses[0][step], 1e-4);
+  CHECK(losses[1][29] < 0.8 * losses[1][0]);
+  for (int dev = 0; dev < 2; dev++) {
+    kiln_release(w[dev][0]), kiln_release(w[dev][1]);
+    kiln_release(xs[dev]), kiln_release(ls[dev]);
+  }
+}
+
+TEST(bad_input_is_a_clear_error) {
+  const int64_t s[1] = {3};
+  kiln_tensor *c = kiln_ones(KILN_F32, 1, s), *g = gpu(c);
+  CHECK_ERROR(kiln_add(c, g), KILN_ERR_DEVICE, "input 0 is on cpu and input 1 on cuda");
+  CHECK_ERROR(kiln_matmul(g, c), KILN_ERR_DEVICE, "input 0 is on cuda and input 1 on cpu");
+  /* 2^40 floats: more than any GPU; the cache is freed, the retry fails */
+  const int64_t huge[2] = {1 << 20, 1 << 20};
+  kiln_tensor *z = kiln_zeros(KILN_F32, 2, huge), *zg = z ? gpu(z) : NULL;
+  kiln_tensor *e = zg ? kiln_exp(zg) : NULL;
+  double one;
+  CHECK(!e || kiln_to_buffer(e, &one, sizeof one) != KILN_OK);
+  CHECK(kiln_last_status() == KILN_ERR_OOM || kiln_last_status() == KILN_ERR_SHAPE);
+  kiln_clear_error();
+  kiln_tensor *after = kiln_add(g, g); /* and the device still works */
+  kiln_tensor *two = kiln_mul_scalar(c, 2);
+  check_same("after an out-of-memory error", two, after, 0);
+  kiln_tensor *all[] = {c, g, z, zg, e, after, two};
+  for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
+}
+
+/* DESIGN §6 target: the op-by-op path costs at most 10 us per op */
+TEST(overhead_per_op) {
+  const int64_t s[1] = {256};
+  kiln_tensor *x = gpu(kiln_ones(KILN_F32, 1, s));
+  for (int rep = 0; rep < 2; rep++) { /* the first compiles the kernel */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    kiln_tensor *y = kiln_retain(x);
+    for (int i = 0; i < 1000; i++) {
+      kiln_tensor *z = kiln_add_scalar(y, 1);
+      kiln_release(y);
+      y = z;
+    }
+    double v = 0;
+    kiln_tensor *one = kiln_slice(y, 0, 0, 1, 1), *h = kiln_to_device(one, KILN_CPU);
+    kiln_to_buffer(h, &(float){0}, sizeof(float));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    v = kiln_item(h);
+    double us = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / 1e3 / 1000;
+    if (rep == 1) {
+      printf("test_gpu_ops: %.2f us per op on the op-by-op path\n", us);
+      CHECK(us <= 10);
+    }
+    CHECK_CLOSE(v, 1001, 0);
+    kiln_release(y), kiln_release(one), kiln_release(h);
+  }
+  kiln_release(x);
+}
+
+/* KILN_DEVICE=cuda: rand/randn made on the GPU give the CPU's Philox numbers */
+static int child_rng(void) {
+  kiln_manual_seed(77);
+  kiln_tensor *u = kiln_rand(KILN_F32, 1, (int64_t[]){1001});
+  kiln_tensor *n = kiln_randn(KILN_F64, 1, (int64_t[]){1001});
+  if (!u || !n || kiln_device_of(u) != KILN_CUDA) return 2;
+  vm_tensor *ru = vm_tensor_new(KILN_F32, 1, (int64_t[]){1001}), *rn = vm_tensor_new(KILN_F64, 1, (int64_t[]){1001});
+  vm_rng_fill(ru, false, 77, 0);
+  vm_rng_fill(rn, true, 77, vm_rng_blocks(1001, KILN_F32));
+  int64_t k;
+  double *gu = read_f64(u, &k), *gn = read_f64(n, &k);
+  int bad = 0;
+  for (int i = 0; i < 1001; i++) {
+    bad += gu[i] != ((float *)vm_data(ru))[i]; /* uniforms: bit for bit */
+    bad += fabs(gn[i] - ((double *)vm_data(rn))[i]) > 1e-12 * fmax(1, fabs(gn[i]));
+  }
+  return bad ? 3 : 0;
+}
+
+TEST(rand_on_the_gpu_matches_the_cpu_stream) {
+  char self[4096];
+  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) return;
+  self[len] = '\0';
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("KILN_DEVICE", "cuda", 1);
+    execl(self, self, "--rng", (char *)NULL);
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+int main(int argc, char **argv) {
+  if (argc == 2 && !strcmp(argv[1], "--rng")) return child_rng();
+  if (!kiln_device_available(KILN_CUDA)) {
+    printf("test_gpu_ops: no CUDA device here (%s); GPU tests skipped: run scripts/gpu-check on a GPU machine\n",
+           kiln_device_info(KILN_CUDA));
+    return ktest_done();
+  }
+  printf("test_gpu_ops: %s\n", kiln_device_info(KILN_CUDA));
+  RUN(every_unary_op_and_dtype);
+  RUN(every_binary_op_and_dtype_with_broadcasts);
+  RUN(where_and_casts_between_every_dtype);
+  RUN(reductions_over_every_axis_pattern);
+  RUN(matmul_shapes_transposes_and_batches);
+  RUN(gathers_scatters_concat_and_sorts);
+  RUN(out_of_range_index_is_an_error);
+  RUN(rng_streams_match_the_cpu);
+  RUN(gradients_and_a_training_run_match_the_cpu);
+  RUN(bad_input_is_a_clear_error);
+  RUN(overhead_per_op);
+  RUN(rand_on_the_gpu_matches_the_cpu_stream);
+  return ktest_done();
+}
