@@ -98,10 +98,7 @@ static int child_with_device(const char *self, const char *value, const char *mo
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
-static int as_child(const char *mode) {
-  kiln_tensor *x = kiln_zeros(KILN_F32, 1, (int64_t[]){4});
-  kiln_tensor *y = kiln_from_data((float[]){1, 2}, KILN_F32, 1, (int64_t[]){2});
-  kiln_tensor *r = kiln_rand(KILN_F32, 1, (int64_t[]){4});
+static int child_checks(const char *mode, kiln_tensor *x, kiln_tensor *y, kiln_tensor *r) {
   if (!strcmp(mode, "--cuda")) { /* here only without a GPU: a clear error at the call */
     if (kiln_device_available(KILN_CUDA)) return x && y && r && kiln_device_of(x) == KILN_CUDA ? 0 : 1;
     return !x && !y && !r && kiln_last_status() == KILN_ERR_DEVICE &&
@@ -113,6 +110,15 @@ static int as_child(const char *mode) {
                    strstr(kiln_last_error(), "KILN_DEVICE=tpu names no device (cpu or cuda)")
                ? 0 : 3;
   return x && y && r && kiln_device_of(x) == KILN_CPU && kiln_device_of(y) == KILN_CPU ? 0 : 4;
+}
+
+static int as_child(const char *mode) {
+  kiln_tensor *x = kiln_zeros(KILN_F32, 1, (int64_t[]){4});
+  kiln_tensor *y = kiln_from_data((float[]){1, 2}, KILN_F32, 1, (int64_t[]){2});
+  kiln_tensor *r = kiln_rand(KILN_F32, 1, (int64_t[]){4});
+  int rc = child_checks(mode, x, y, r);
+  kiln_release(x), kiln_release(y), kiln_release(r);
+  return rc;
 }
 
 static char self[4096];
