@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "../vm/fold.h"
+#include "../vm/kernels.h"
 #include "../vm/rng.h"
 #include "../vm/state.h"
 #include "opgen.h"
@@ -166,29 +167,6 @@ static unsigned contiguous_mask(const geom *g, int nops) {
   return mask;
 }
 
-/* the reduction's dim lists, as vm/kern_reduce.c pushes them */
-typedef struct {
-  int n;
-  int64_t size[KILN_MAX_DIMS], stride[KILN_MAX_DIMS];
-} dims;
-
-static void dims_push(dims *d, int64_t size, int64_t stride) {
-  if (size == 1) return;
-  if (d->n > 0 && vm_dims_merge(d->stride[d->n - 1], stride, size)) {
-    d->size[d->n - 1] *= size;
-    d->stride[d->n - 1] = stride;
-    return;
-  }
-  d->size[d->n] = size;
-  d->stride[d->n] = stride;
-  d->n++;
-}
-
-static int64_t dims_count(const dims *d) {
-  int64_t c = 1;
-  for (int i = 0; i < d->n; i++) c *= d->size[i];
-  return c;
-}
 
 /* --- launches ---------------------------------------------------------------------- */
 
@@ -288,7 +266,7 @@ static int warps_for(int64_t blocks) {
 }
 
 /* kept dims then reduced ones into a (stride[1]); the kept count is axis */
-static void reduce_geom(gpu_args *a, const dims *K, const dims *R) {
+static void reduce_geom(gpu_args *a, const vm_dims *K, const vm_dims *R) {
   a->ndim = K->n + R->n;
   a->axis = K->n;
   for (int i = 0; i < K->n; i++) {
@@ -313,13 +291,13 @@ static bool reduce_contiguous(const gpu_args *a) {
 
 static bool plan_argreduce(vm_opcode op, const vm_tensor *in, vm_tensor *out, const vm_attr *attr,
                            gpu_op_plan *p) {
-  dims K = {0}, R = {.n = 1, .size = {1}, .stride = {0}};
+  vm_dims K = {0}, R = {.n = 1, .size = {1}, .stride = {0}};
   for (int d = 0; d < in->ndim; d++) {
     if (attr->axes_mask & (1u << d)) { /* the last reduced axis, as vm/kern_reduce.c */
       R.size[0] = in->shape[d];
       R.stride[0] = in->strides[d];
     } else {
-      dims_push(&K, in->shape[d], in->strides[d]);
+      vm_dims_push(&K, in->shape[d], in->strides[d]);
     }
   }
   gpu_args tmp = {0};
@@ -329,7 +307,7 @@ static bool plan_argreduce(vm_opcode op, const vm_tensor *in, vm_tensor *out, co
   gpu_launch *l = plan_add(p, &k);
   if (!l) return false;
   l->args = tmp;
-  int64_t nout = dims_count(&K), n = R.size[0];
+  int64_t nout = vm_dims_count(&K), n = R.size[0];
   int w = nout >= 1024 ? 1 : warps_for((n + 31) / 32);
   l->args.ptr[0] = vm_data(out);
   l->args.ptr[1] = vm_data(in);
@@ -421,21 +399,21 @@ static bool plan_reduce(vm_opcode op, const vm_tensor *in, vm_tensor *out, const
                         gpu_op_plan *p) {
   if (op == VM_OP_argmax || op == VM_OP_argmin) return plan_argreduce(op, in, out, attr, p);
   /* the logical pattern decides the order, as vm/kern_reduce.c float_reduce */
-  dims K = {0}, R = {0};
+  vm_dims K = {0}, R = {0};
   bool trailing = true, seen_reduced = false;
   for (int d = 0; d < in->ndim; d++) {
     if (in->shape[d] == 1) continue;
     if (attr->axes_mask & (1u << d)) {
-      dims_push(&R, in->shape[d], in->strides[d]);
+      vm_dims_push(&R, in->shape[d], in->strides[d]);
       seen_reduced = true;
     } else {
-      dims_push(&K, in->shape[d], in->strides[d]);
+      vm_dims_push(&K, in->shape[d], in->strides[d]);
       if (seen_reduced) trailing = false;
     }
   }
   gpu_args g = {0};
   reduce_geom(&g, &K, &R);
-  int64_t nout = dims_count(&K), count = dims_count(&R);
+  int64_t nout = vm_dims_count(&K), count = vm_dims_count(&R);
   return trailing ? plan_lane(op, in, out, &g, nout, count, p)
                   : plan_col(op, in, out, &g, nout, count, p);
 }

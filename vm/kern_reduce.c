@@ -18,31 +18,8 @@
 #include "pool.h"
 #include "state.h"
 
-typedef struct {
-  int n;
-  int64_t size[KILN_MAX_DIMS], stride[KILN_MAX_DIMS];
-} dims;
-
-static void dims_push(dims *d, int64_t size, int64_t stride) {
-  if (size == 1) return;
-  if (d->n > 0 && vm_dims_merge(d->stride[d->n - 1], stride, size)) {
-    d->size[d->n - 1] *= size;
-    d->stride[d->n - 1] = stride;
-    return;
-  }
-  d->size[d->n] = size;
-  d->stride[d->n] = stride;
-  d->n++;
-}
-
-static int64_t dims_count(const dims *d) {
-  int64_t c = 1;
-  for (int i = 0; i < d->n; i++) c *= d->size[i];
-  return c;
-}
-
 /* element offset of the flat (row-major) index f */
-static int64_t dims_offset(const dims *d, int64_t f) {
+static int64_t dims_offset(const vm_dims *d, int64_t f) {
   int64_t off = 0;
   for (int i = d->n - 1; i >= 0; i--) {
     off += (f % d->size[i]) * d->stride[i];
@@ -92,7 +69,7 @@ typedef struct {
 
 struct reduce_job {
   const reducer *r;
-  dims K, R;
+  vm_dims K, R;
   const char *x;
   char *out;
   size_t esize;
@@ -108,10 +85,10 @@ struct reduce_job {
   static void op##_range_##sfx(const reduce_job *j, const char *xc, int64_t b,   \
                                int64_t e, void *accp) {                          \
     const T *x = (const T *)xc;                                                  \
-    const dims *R = &j->R;                                                       \
+    const vm_dims *R = &j->R;                                                    \
     int64_t inner = R->n ? R->size[R->n - 1] : 1;                                \
     int64_t s = R->n ? R->stride[R->n - 1] : 0;                                  \
-    dims outer = *R;                                                             \
+    vm_dims outer = *R;                                                          \
     if (outer.n) outer.n--;                                                      \
     T acc = *(T *)accp;                                                          \
     for (int64_t f = b; f < e;) {                                                \
@@ -170,7 +147,7 @@ static const reducer *find_reducer(vm_opcode op, kiln_dtype dt) {
 
 static void rows_range(void *p, int64_t begin, int64_t end) {
   const reduce_job *j = p;
-  int64_t count = dims_count(&j->R);
+  int64_t count = vm_dims_count(&j->R);
   for (int64_t o = begin; o < end; o++) {
     char *acc = j->out + o * (int64_t)j->esize;
     j->r->init(acc, 1);
@@ -192,9 +169,9 @@ static void single_chunk(void *p, int64_t chunk, int64_t b, int64_t e) {
 static void cols_range(void *p, int64_t begin, int64_t end) {
   const reduce_job *j = p;
   int64_t m = j->K.size[j->K.n - 1], blocks = (m + COLS_WIDTH - 1) / COLS_WIDTH;
-  dims Kouter = j->K;
+  vm_dims Kouter = j->K;
   Kouter.n--;
-  int64_t rcount = dims_count(&j->R);
+  int64_t rcount = vm_dims_count(&j->R);
   int64_t es = (int64_t)j->esize;
   char partial[COLS_WIDTH * 8];
   for (int64_t t = begin; t < end; t++) {
@@ -239,8 +216,8 @@ typedef struct {
 
 struct fold_job {
   const fold_reducer *f;
-  dims K, R; /* kept (output order) and reduced dims */
-  dims O;    /* column layout: the kept dims before R; I is one dim */
+  vm_dims K, R; /* kept (output order) and reduced dims */
+  vm_dims O;    /* column layout: the kept dims before R; I is one dim */
   int64_t inner, inner_stride, nblocks;
   int64_t count, chunk, nchunks;
   const char *x;
@@ -292,7 +269,7 @@ struct fold_job {
     return lanes[0];                                                                        \
   }                                                                                         \
   /* positions [p0, p0 + n) of R, n <= VM_FOLD_BLOCK, copied in order */                    \
-  static void op##_gather_##sfx(const dims *R, const T *base, int64_t p0, int64_t n, T *buf) { \
+  static void op##_gather_##sfx(const vm_dims *R, const T *base, int64_t p0, int64_t n, T *buf) { \
     FOR_RUNS(R, p0, n, off, len, k, {                                                       \
       const T *src = base + off;                                                            \
       int64_t s = R->stride[last_];                                                         \
@@ -302,7 +279,7 @@ struct fold_job {
   static void op##_lanes_##sfx(const fold_job *j, const char *b, int64_t p0, int64_t n,    \
                                char *dst) {                                                 \
     const T *base = (const T *)b;                                                           \
-    const dims *R = &j->R;                                                                  \
+    const vm_dims *R = &j->R;                                                               \
     int64_t s = R->n ? R->stride[R->n - 1] : 0;                                             \
     A acc = INIT;                                                                           \
     T buf[R->n > 1 ? VM_FOLD_BLOCK : 1];                                                    \
@@ -319,7 +296,7 @@ struct fold_job {
   }                                                                                         \
   static void op##_ordered_##sfx(const fold_job *j, const char *b, char *dst) {             \
     const T *base = (const T *)b;                                                           \
-    const dims *R = &j->R;                                                                  \
+    const vm_dims *R = &j->R;                                                               \
     A acc = INIT;                                                                           \
     T buf[VM_FOLD_BLOCK];                                                                   \
     for (int64_t p = 0; p < j->count; p += VM_FOLD_BLOCK) {                                 \
@@ -431,28 +408,28 @@ static bool float_reduce(vm_opcode op, vm_tensor *out, const vm_tensor *in, cons
   }
   /* the logical pattern: kept dims before the reduced ones (O), reduced
      (R), kept after (I); a reduced dim after I is neither order's layout */
-  dims I = {0};
+  vm_dims I = {0};
   int stage = 0; /* 0: O, 1: R, 2: I */
   bool trailing = true, split = true;
   for (int d = 0; d < in->ndim; d++) {
     if (in->shape[d] == 1) continue;
     if (attr->axes_mask & (1u << d)) {
-      dims_push(&j.R, in->shape[d], in->strides[d]);
+      vm_dims_push(&j.R, in->shape[d], in->strides[d]);
       if (stage == 2) split = false;
       stage = 1;
     } else {
-      dims_push(&j.K, in->shape[d], in->strides[d]);
+      vm_dims_push(&j.K, in->shape[d], in->strides[d]);
       if (stage == 0) {
-        dims_push(&j.O, in->shape[d], in->strides[d]);
+        vm_dims_push(&j.O, in->shape[d], in->strides[d]);
       } else {
-        dims_push(&I, in->shape[d], in->strides[d]);
+        vm_dims_push(&I, in->shape[d], in->strides[d]);
         stage = 2;
         trailing = false;
       }
     }
   }
-  int64_t nout = dims_count(&j.K);
-  j.count = dims_count(&j.R);
+  int64_t nout = vm_dims_count(&j.K);
+  j.count = vm_dims_count(&j.R);
   if (nout == 0) return true;
   if (trailing) { /* the lane order, long rows in chunks */
     j.chunk = j.count > VM_FOLD_CHUNK ? VM_FOLD_CHUNK : j.count > 0 ? j.count : 1;
@@ -469,7 +446,7 @@ static bool float_reduce(vm_opcode op, vm_tensor *out, const vm_tensor *in, cons
     j.inner_stride = I.stride[0];
     j.nblocks = (j.inner + FOLD_COLS - 1) / FOLD_COLS;
     int64_t per_item = j.count * (j.inner < FOLD_COLS ? j.inner : FOLD_COLS);
-    vm_parallel_for(dims_count(&j.O) * j.nblocks, ROWS_GRAIN / (per_item + 1) + 1, cols_items, &j);
+    vm_parallel_for(vm_dims_count(&j.O) * j.nblocks, ROWS_GRAIN / (per_item + 1) + 1, cols_items, &j);
   } else { /* the column order, an output at a time */
     vm_parallel_for(nout, ROWS_GRAIN / (j.count + 1) + 1, ordered_items, &j);
   }
@@ -488,11 +465,11 @@ bool vm_k_reduce(vm_opcode op, vm_tensor *out, const vm_tensor *in, const vm_att
   }
   for (int d = 0; d < in->ndim; d++) {
     if (attr->axes_mask & (1u << d))
-      dims_push(&j.R, in->shape[d], in->strides[d]);
+      vm_dims_push(&j.R, in->shape[d], in->strides[d]);
     else
-      dims_push(&j.K, in->shape[d], in->strides[d]);
+      vm_dims_push(&j.K, in->shape[d], in->strides[d]);
   }
-  int64_t nout = dims_count(&j.K), rcount = dims_count(&j.R);
+  int64_t nout = vm_dims_count(&j.K), rcount = vm_dims_count(&j.R);
   if (nout == 0) return true;
   if (rcount == 0 || j.R.n == 0) { /* nothing or one element per output */
     rows_range(&j, 0, nout);
@@ -524,7 +501,7 @@ bool vm_k_reduce(vm_opcode op, vm_tensor *out, const vm_tensor *in, const vm_att
 /* --- argmax / argmin ---------------------------------------------------------- */
 
 typedef struct {
-  dims K;
+  vm_dims K;
   int64_t n, s; /* the reduced axis */
   const char *x;
   int64_t *out;
@@ -575,10 +552,10 @@ static bool argreduce(vm_opcode op, vm_tensor *out, const vm_tensor *in, const v
       j.n = in->shape[d];
       j.s = in->strides[d];
     } else {
-      dims_push(&j.K, in->shape[d], in->strides[d]);
+      vm_dims_push(&j.K, in->shape[d], in->strides[d]);
     }
   }
-  int64_t nout = dims_count(&j.K);
+  int64_t nout = vm_dims_count(&j.K);
   if (nout == 0) return true;
   vm_parallel_for(nout, ROWS_GRAIN / (j.n + 1) + 1, arg_range, &j);
   return true;

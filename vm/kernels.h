@@ -17,6 +17,33 @@ bool vm_k_index(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *in, const
 bool vm_k_concat(vm_tensor *out, int n, vm_tensor *const *in, int axis);
 bool vm_k_argsort(vm_tensor *out, const vm_tensor *a, int axis, bool descending);
 
+/* A list of (size, stride) dims, size-1 dims dropped and a dim merged into
+   the one before it where their strides allow: how a reduction sees its
+   kept and its reduced dims (vm/kern_reduce.c; jit_gpu/opgen.c plans the
+   GPU's reductions over the same lists, so both fold in one order). */
+typedef struct vm_dims {
+  int n;
+  int64_t size[KILN_MAX_DIMS], stride[KILN_MAX_DIMS];
+} vm_dims;
+
+static inline void vm_dims_push(vm_dims *d, int64_t size, int64_t stride) {
+  if (size == 1) return;
+  if (d->n > 0 && vm_dims_merge(d->stride[d->n - 1], stride, size)) {
+    d->size[d->n - 1] *= size;
+    d->stride[d->n - 1] = stride;
+    return;
+  }
+  d->size[d->n] = size;
+  d->stride[d->n] = stride;
+  d->n++;
+}
+
+static inline int64_t vm_dims_count(const vm_dims *d) {
+  int64_t c = 1;
+  for (int i = 0; i < d->n; i++) c *= d->size[i];
+  return c;
+}
+
 /* Strided iteration shared by the kernels: operand 0 is the output, the
    rest are inputs broadcast to its shape (stride 0 on broadcast dims).
    Dimensions are coalesced where every operand allows it. */
