@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../vm/gemm.h"
 #include "../vm/state.h"
 #include "cuda.h"
 
@@ -161,71 +162,14 @@ static blas_thread *blas_thread_get(void) {
   return bt;
 }
 
-/* ---- numpy matmul as gemms (the geometry follows vm/kern_matmul.c) ---- */
-
-/* a matrix operand: rows x cols with element strides, per batch element */
-typedef struct {
-  int64_t rows, cols, srow, scol;
-  int64_t bstride[KILN_MAX_DIMS]; /* over the output's batch dims */
-  const char *base;
-} mat;
-
-typedef struct {
-  int nb;
-  int64_t bshape[KILN_MAX_DIMS];
-} batch;
-
-/* how a row-major BLAS reads m (trans: as its transpose); false when its
-   layout needs a copy */
-static bool blas_layout(const mat *m, bool *trans, int64_t *ld) {
-  int64_t r = m->rows, c = m->cols;
-  if ((m->scol == 1 || c == 1) && (r == 1 || m->srow >= (c > 1 ? c : 1))) {
-    *trans = false;
-    *ld = r == 1 ? (c > 1 ? c : 1) : m->srow;
-    return true;
-  }
-  if ((m->srow == 1 || r == 1) && (c == 1 || m->scol >= (r > 1 ? r : 1))) {
-    *trans = true;
-    *ld = c == 1 ? (r > 1 ? r : 1) : m->scol;
-    return true;
-  }
-  return false;
-}
-
-/* views t as a matrix operand (1-d: a row on the left, a column on the right) */
-static void as_mat(const vm_tensor *t, bool left, const batch *b, mat *m) {
-  int nd = t->ndim;
-  if (nd == 1) {
-    m->rows = left ? 1 : t->shape[0];
-    m->cols = left ? t->shape[0] : 1;
-    m->srow = left ? 0 : t->strides[0];
-    m->scol = left ? t->strides[0] : 0;
-  } else {
-    m->rows = t->shape[nd - 2];
-    m->cols = t->shape[nd - 1];
-    m->srow = t->strides[nd - 2];
-    m->scol = t->strides[nd - 1];
-  }
-  int tb = nd > 2 ? nd - 2 : 0, lead = b->nb - tb;
-  for (int d = 0; d < b->nb; d++) {
-    int src = d - lead;
-    m->bstride[d] = (src < 0 || t->shape[src] == 1) ? 0 : t->strides[src];
-  }
-  m->base = t->storage ? vm_data(t) : NULL;
-}
+/* ---- numpy matmul as gemms (the geometry is vm/gemm.h's) ---- */
 
 bool gpu_blas_operand_ok(const vm_tensor *t, bool left) {
-  if (!t || t->ndim < 1) return false;
-  batch none = {0};
-  mat m;
-  as_mat(t, left, &none, &m);
-  bool trans;
-  int64_t ld;
-  return blas_layout(&m, &trans, &ld);
+  return t && t->ndim >= 1 && vm_blas_operand_ok(t, left);
 }
 
 /* offset (elements) of flat index `flat` over batch dims [from, to) */
-static int64_t batch_offset(const batch *b, const int64_t *strides, int from, int to,
+static int64_t batch_offset(const vm_batch *b, const int64_t *strides, int from, int to,
                             int64_t flat) {
   int64_t off = 0;
   for (int d = to - 1; d >= from; d--) {
@@ -237,7 +181,7 @@ static int64_t batch_offset(const batch *b, const int64_t *strides, int from, in
 
 /* whether batch dims [from, nb) step through m as one stride (into *step):
    element i of their flattening at i * step */
-static bool uniform_batch(const batch *b, const int64_t *strides, int from, int64_t *step) {
+static bool uniform_batch(const vm_batch *b, const int64_t *strides, int from, int64_t *step) {
   int64_t unit = 0, span = 1;
   bool have = false;
   for (int d = b->nb - 1; d >= from; d--) {
@@ -313,32 +257,22 @@ bool gpu_blas_matmul(vm_tensor *out, const vm_tensor *at, const vm_tensor *bt) {
              "gpu_blas_matmul: needs operands of at least one dim and a contiguous output");
     return false;
   }
-  batch bat = {0};
-  bat.nb = out->ndim - (at->ndim > 1) - (bt->ndim > 1);
-  for (int d = 0; d < bat.nb; d++) bat.bshape[d] = out->shape[d];
-  mat a, b;
-  as_mat(at, true, &bat, &a);
-  as_mat(bt, false, &bat, &b);
-  int64_t M = a.rows, N = b.cols, K = a.cols, nbatch = 1;
-  for (int d = 0; d < bat.nb; d++) nbatch *= bat.bshape[d];
+  vm_gemm_geom geo;
+  vm_gemm_geom_of(out, at, bt, &geo);
+  const vm_batch bat = geo.bat;
+  const vm_mat a = geo.a, b = geo.b;
+  int64_t M = geo.M, N = geo.N, K = geo.K, nbatch = geo.nbatch;
   int64_t es = (int64_t)vm_dtype_size(dt);
   if (out->numel == 0) return true;
   if (K == 0) return gpu_mem_zero(vm_data(out), (size_t)(out->numel * es));
   gemm_call g = {NULL, dt, false, false, M, N, K, 0, 0, es};
-  if (!blas_layout(&a, &g.ta, &g.lda)) return bad_operand("a", at);
-  if (!blas_layout(&b, &g.tb, &g.ldb)) return bad_operand("b", bt);
+  if (!vm_mat_blas_layout(&a, &g.ta, &g.lda)) return bad_operand("a", at);
+  if (!vm_mat_blas_layout(&b, &g.tb, &g.ldb)) return bad_operand("b", bt);
   if (!(g.bt = blas_thread_get())) return false;
   char *c = vm_data(out);
 
   /* every batch shares b and a's batches are evenly spaced rows: one gemm */
-  bool b_shared = true, a_rows = a.scol == 1 && a.srow == K;
-  for (int d = 0; d < bat.nb; d++) b_shared = b_shared && b.bstride[d] == 0;
-  int64_t step = M * K;
-  for (int d = bat.nb - 1; d >= 0 && a_rows; d--) {
-    a_rows = a.bstride[d] == step;
-    step *= bat.bshape[d];
-  }
-  if (b_shared && a_rows && nbatch > 1 && M * nbatch <= INT_MAX) {
+  if (vm_gemm_batch_is_rows(&geo) && M * nbatch <= INT_MAX) {
     g.ta = false;
     g.lda = K;
     return gemm(&g, M * nbatch, a.base, 0, b.base, 0, c, 1);

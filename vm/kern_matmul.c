@@ -7,40 +7,29 @@
 #include <string.h>
 
 #include "blas.h"
+#include "gemm.h"
 #include "kernels.h"
 #include "pool.h"
 #include "state.h"
 
-/* a matrix operand: rows x cols with element strides, per batch element */
-typedef struct {
-  int64_t rows, cols, srow, scol;
-  int64_t bstride[KILN_MAX_DIMS]; /* over the output's batch dims */
-  const char *base;
-} mat;
+/* --- the geometry (gemm.h) ------------------------------------------------------ */
 
-typedef struct {
-  int nb;
-  int64_t bshape[KILN_MAX_DIMS];
-} batch;
-
-/* how BLAS can read m: returns false when its layout needs a copy */
-static bool blas_layout(const mat *m, int *trans, int64_t *ld) {
+bool vm_mat_blas_layout(const vm_mat *m, bool *trans, int64_t *ld) {
   int64_t r = m->rows, c = m->cols;
   if ((m->scol == 1 || c == 1) && (r == 1 || m->srow >= (c > 1 ? c : 1))) {
-    *trans = VM_BLAS_NO_TRANS;
+    *trans = false;
     *ld = r == 1 ? (c > 1 ? c : 1) : m->srow;
     return true;
   }
   if ((m->srow == 1 || r == 1) && (c == 1 || m->scol >= (r > 1 ? r : 1))) {
-    *trans = VM_BLAS_TRANS;
+    *trans = true;
     *ld = c == 1 ? (r > 1 ? r : 1) : m->scol;
     return true;
   }
   return false;
 }
 
-/* views t as a matrix operand (1-d: a row on the left, a column on the right) */
-static void as_mat(const vm_tensor *t, bool left, const batch *b, mat *m) {
+void vm_mat_of(const vm_tensor *t, bool left, const vm_batch *b, vm_mat *m) {
   int nd = t->ndim;
   if (nd == 1) {
     m->rows = left ? 1 : t->shape[0];
@@ -58,10 +47,50 @@ static void as_mat(const vm_tensor *t, bool left, const batch *b, mat *m) {
     int src = d - lead;
     m->bstride[d] = (src < 0 || t->shape[src] == 1) ? 0 : t->strides[src];
   }
-  m->base = vm_data(t);
+  m->base = t->storage ? vm_data(t) : NULL;
 }
 
-static int64_t batch_offset(const batch *b, const int64_t *strides, int64_t flat) {
+bool vm_blas_operand_ok(const vm_tensor *t, bool left) {
+  vm_batch none = {0};
+  vm_mat m;
+  vm_mat_of(t, left, &none, &m);
+  bool trans;
+  int64_t ld;
+  return vm_mat_blas_layout(&m, &trans, &ld);
+}
+
+void vm_gemm_geom_of(const vm_tensor *out, const vm_tensor *a, const vm_tensor *b, vm_gemm_geom *g) {
+  memset(&g->bat, 0, sizeof g->bat);
+  g->bat.nb = out->ndim - (a->ndim > 1) - (b->ndim > 1);
+  for (int d = 0; d < g->bat.nb; d++) g->bat.bshape[d] = out->shape[d];
+  vm_mat_of(a, true, &g->bat, &g->a);
+  vm_mat_of(b, false, &g->bat, &g->b);
+  g->M = g->a.rows, g->N = g->b.cols, g->K = g->a.cols, g->nbatch = 1;
+  for (int d = 0; d < g->bat.nb; d++) g->nbatch *= g->bat.bshape[d];
+}
+
+bool vm_gemm_batch_is_rows(const vm_gemm_geom *g) {
+  bool b_shared = true, a_rows = g->a.scol == 1 && g->a.srow == g->K;
+  for (int d = 0; d < g->bat.nb; d++) b_shared = b_shared && g->b.bstride[d] == 0;
+  int64_t step = g->M * g->K;
+  for (int d = g->bat.nb - 1; d >= 0 && a_rows; d--) {
+    a_rows = g->a.bstride[d] == step;
+    step *= g->bat.bshape[d];
+  }
+  return b_shared && a_rows && g->nbatch > 1;
+}
+
+/* --- the interpreter's matmul ------------------------------------------------------ */
+
+/* the row-major BLAS call's transpose flag and leading dim for m */
+static bool blas_layout(const vm_mat *m, int *trans, int64_t *ld) {
+  bool t;
+  if (!vm_mat_blas_layout(m, &t, ld)) return false;
+  *trans = t ? VM_BLAS_TRANS : VM_BLAS_NO_TRANS;
+  return true;
+}
+
+static int64_t batch_offset(const vm_batch *b, const int64_t *strides, int64_t flat) {
   int64_t off = 0;
   for (int d = b->nb - 1; d >= 0; d--) {
     off += (flat % b->bshape[d]) * strides[d];
@@ -71,7 +100,7 @@ static int64_t batch_offset(const batch *b, const int64_t *strides, int64_t flat
 }
 
 #define INT_GEMM(T, U)                                                          \
-  static void gemm_##T(const mat *a, const mat *b, T *c, int64_t M, int64_t N,  \
+  static void gemm_##T(const vm_mat *a, const vm_mat *b, T *c, int64_t M, int64_t N,  \
                        int64_t K, const T *A, const T *B) {                     \
     for (int64_t i = 0; i < M; i++) {                                           \
       T *restrict crow = c + i * N;                                             \
@@ -149,7 +178,7 @@ static void gemm_block(void *ctx, int64_t chunk, int64_t b, int64_t e) {
                    (int)j->lda, (const double *)B, (int)j->ldb, 0.0, (double *)C, (int)j->ldc);
 }
 
-static bool float_gemm(kiln_dtype dt, const mat *a, const mat *b, char *c, int64_t M,
+static bool float_gemm(kiln_dtype dt, const vm_mat *a, const vm_mat *b, char *c, int64_t M,
                        int64_t N, int64_t K, const char *A, const char *B) {
   const vm_blas *blas = vm_blas_get();
   if (!blas->loaded) {
@@ -176,15 +205,11 @@ static bool float_gemm(kiln_dtype dt, const mat *a, const mat *b, char *c, int64
 }
 
 static bool matmul_batched(vm_tensor *out, const vm_tensor *at, const vm_tensor *bt) {
-  batch bat = {0};
-  int extra = (at->ndim > 1) + (bt->ndim > 1);
-  bat.nb = out->ndim - extra;
-  for (int d = 0; d < bat.nb; d++) bat.bshape[d] = out->shape[d];
-  mat a, b;
-  as_mat(at, true, &bat, &a);
-  as_mat(bt, false, &bat, &b);
-  int64_t M = a.rows, N = b.cols, K = a.cols, nbatch = 1;
-  for (int d = 0; d < bat.nb; d++) nbatch *= bat.bshape[d];
+  vm_gemm_geom g;
+  vm_gemm_geom_of(out, at, bt, &g);
+  const vm_batch bat = g.bat;
+  const vm_mat a = g.a, b = g.b;
+  int64_t M = g.M, N = g.N, K = g.K, nbatch = g.nbatch;
   kiln_dtype dt = out->dtype;
   int64_t es = (int64_t)vm_dtype_size(dt);
   char *c = vm_data(out);
@@ -193,16 +218,8 @@ static bool matmul_batched(vm_tensor *out, const vm_tensor *at, const vm_tensor 
     memset(c, 0, (size_t)(out->numel * es));
     return true;
   }
-  /* every batch shares b and a's batches are evenly spaced rows: one gemm */
-  bool b_shared = true, a_rows = a.scol == 1 && a.srow == K;
-  for (int d = 0; d < bat.nb; d++) b_shared = b_shared && b.bstride[d] == 0;
-  int64_t step = M * K;
-  for (int d = bat.nb - 1; d >= 0 && a_rows; d--) {
-    a_rows = a.bstride[d] == step;
-    step *= bat.bshape[d];
-  }
-  if (b_shared && a_rows && vm_dtype_is_float(dt) && nbatch > 1) {
-    mat a2 = a;
+  if (vm_gemm_batch_is_rows(&g) && vm_dtype_is_float(dt)) { /* one gemm */
+    vm_mat a2 = a;
     a2.rows = M * nbatch;
     return float_gemm(dt, &a2, &b, c, M * nbatch, N, K, a.base, b.base);
   }
@@ -222,13 +239,7 @@ static bool matmul_batched(vm_tensor *out, const vm_tensor *at, const vm_tensor 
 
 /* an operand BLAS cannot read as it is becomes contiguous first */
 static vm_tensor *blas_ready(vm_tensor *t, bool left) {
-  if (!vm_dtype_is_float(t->dtype)) return vm_retain(t);
-  batch none = {0};
-  mat m;
-  as_mat(t, left, &none, &m);
-  int trans;
-  int64_t ld;
-  if (blas_layout(&m, &trans, &ld)) return vm_retain(t);
+  if (!vm_dtype_is_float(t->dtype) || vm_blas_operand_ok(t, left)) return vm_retain(t);
   return vm_value_copy(t);
 }
 
