@@ -29,5 +29,7 @@ int ad_zero_grad(vm_tensor *leaf);
 int ad_grad_of(int nout, vm_tensor *const *outs, vm_tensor *const *gouts, int nin,
                vm_tensor *const *ins, vm_tensor **grads, bool create_graph);
 vm_tensor *ad_detach(vm_tensor *t);
+/* kiln_dist_average_grads (dist.c) */
+int ad_average_grads(int n, vm_tensor *const *params);
 
 #endif

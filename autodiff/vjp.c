@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../vm/composite.h"
+#include "../vm/dist.h"
 #include "../vm/scope.h"
 #include "../vm/state.h"
 
@@ -243,6 +244,19 @@ static vm_tensor *rule_concat(vm_scope *s, const ad_ctx *c, int k) {
   return keep(s, vm_slice(c->g, axis, at, at + c->x[k]->shape[axis], 1));
 }
 
+/* every rank's output is the reduction of every rank's input: the
+   gradient of a sum (mean) is the sum (mean) of the ranks' gradients */
+static vm_tensor *rule_collective(vm_scope *s, const ad_ctx *c, int k) {
+  (void)k;
+  if (c->op != VM_OP_all_reduce || c->attr->axis == VM_REDUCE_MAX) {
+    vm_error(KILN_ERR_ARG, "%s%s has no gradient (all_reduce with sum or mean has one)",
+             vm_op_table[c->op].name, c->op == VM_OP_all_reduce ? " with max" : "");
+    return NULL;
+  }
+  vm_attr attr = {.axis = c->attr->axis, .counter = vm_dist_next_seq()};
+  return keep(s, vm_op(VM_OP_all_reduce, 1, &c->g, &attr));
+}
+
 typedef vm_tensor *(*vjp_rule)(vm_scope *s, const ad_ctx *c, int k);
 
 static vjp_rule rule_for(vm_opcode op) {
@@ -255,6 +269,7 @@ static vjp_rule rule_for(vm_opcode op) {
     case VM_KIND_VIEW: return rule_view;
     case VM_KIND_INDEX: return rule_index;
     case VM_KIND_CONCAT: return rule_concat;
+    case VM_KIND_COLLECTIVE: return rule_collective;
     case VM_KIND_LEAF:
     case VM_KIND_SORT: return NULL; /* indices: sort's values get gather's VJP */
   }

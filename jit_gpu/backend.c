@@ -47,7 +47,9 @@ static bool run_generated(vm_opcode op, int n, vm_tensor **ins, vm_tensor *out, 
 
 static vm_tensor *gpu_exec(vm_opcode op, int n, vm_tensor *const *values, const vm_attr *attr,
                            const vm_meta *m) {
-  if (vm_op_table[op].kind == VM_KIND_VIEW) return vm_exec(op, n, values, attr, m); /* geometry only */
+  /* views are geometry only; collectives go through the host (vm/dist.h) */
+  if (vm_op_table[op].kind == VM_KIND_VIEW || vm_op_table[op].kind == VM_KIND_COLLECTIVE)
+    return vm_exec(op, n, values, attr, m);
   atomic_fetch_add_explicit(&vm_process()->stats.eager_ops, 1, memory_order_relaxed);
   vm_tensor *few[4], **ins = n <= 4 ? few : malloc((size_t)n * sizeof *ins);
   if (!ins) {

@@ -612,7 +612,8 @@ bool gpu_op_plan_make(vm_opcode op, int n, vm_tensor *const *in, vm_tensor *out,
     case VM_KIND_INDEX: ok = n == (op == VM_OP_scatter_add ? 3 : 2) && plan_index(op, n, in, out, attr, p); break;
     case VM_KIND_CONCAT: ok = n >= 1 && plan_concat(n, in, out, attr->axis, p); break;
     case VM_KIND_SORT: ok = n == 1 && plan_sort(in[0], out, attr, p); break;
-    case VM_KIND_VIEW: break;
+    case VM_KIND_VIEW:
+    case VM_KIND_COLLECTIVE: break; /* geometry; the distributed engine (vm/dist.h) */
   }
   if (!ok) {
     if (vm_thread()->status == KILN_OK)
@@ -682,7 +683,8 @@ static void add_family(key_list *L, vm_opcode op, kiln_dtype dt) {
       for (unsigned m = 0; m < 4; m++) add_key(L, make_key(op, 0, dt, 1, &dt, m));
       break;
     case VM_KIND_SORT: add_elementwise(L, op, KILN_I64, 1, &dt); break;
-    case VM_KIND_VIEW: break;
+    case VM_KIND_VIEW:
+    case VM_KIND_COLLECTIVE: break;
   }
 }
 

@@ -250,7 +250,8 @@ bool gpu_op_key_supported(const gpu_op_key *k) {
       return op == VM_OP_scatter_add ? k->nin == 3 && in2 == out : k->nin == 2;
     case VM_KIND_CONCAT: return k->nin == 1 && !k->variant && in0 == out;
     case VM_KIND_SORT: return k->nin == 1 && !k->variant && out == KILN_I64;
-    case VM_KIND_VIEW: return false;
+    case VM_KIND_VIEW:
+    case VM_KIND_COLLECTIVE: return false;
   }
   return false;
 }
@@ -945,7 +946,8 @@ static void emit_kernel(sbuf *b, const gpu_op_key *k) {
       sb_subst(b, sort_kernel, vars);
       return;
     }
-    case VM_KIND_VIEW: return;
+    case VM_KIND_VIEW:
+    case VM_KIND_COLLECTIVE: return;
   }
 }
 

@@ -9,6 +9,7 @@ KILN_JOBS="${KILN_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 # Debian packages Kiln builds and tests with
 KILN_APT_PACKAGES=(build-essential cmake pkg-config libopenblas-dev libxxhash-dev uthash-dev
   libgccjit-12-dev zlib1g-dev
+  openmpi-bin # data-parallel training: mpirun and libmpi, loaded at run time
   ruby-dev rake rake-compiler ruby-minitest) # the Ruby gem (bindings/ruby)
 
 kiln_missing_packages() {

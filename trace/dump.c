@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../vm/dist.h"
 #include "../vm/private_dir.h"
 #include "../vm/state.h"
 
@@ -52,6 +53,7 @@ static void put_attrs(FILE *f, const tr_pnode *p) {
     case VM_KIND_INDEX:
     case VM_KIND_CONCAT: fprintf(f, " axis=%d", a->axis); break;
     case VM_KIND_SORT: fprintf(f, " axis=%d descending=%d", a->axis, a->keepdim); break;
+    case VM_KIND_COLLECTIVE: fprintf(f, " op=%s seq=$%d", vm_reduce_name(a->axis), p->src); break;
     case VM_KIND_LEAF:
       if (p->op == VM_OP_full) fprintf(f, " value=$%d%s", p->src, a->weak ? " weak" : "");
       if (p->op == VM_OP_arange) fprintf(f, " start,step=$%d", p->src);

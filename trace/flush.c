@@ -179,8 +179,14 @@ static void keep_read_across_cut(tr_trace *t) {
     if (t->nodes[i]->pending_uses > t->nodes[i]->inside_uses && !is_fill(t->nodes[i])) t->is_output[i] = true;
 }
 
+static bool is_effect(const tr_node *n) { return vm_op_table[n->op].flags & VM_F_EFFECT; }
+
 static bool collect(collector *c, tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) {
   c->epoch = ++g->visit_epoch;
+  /* ordered effects (collectives) first, in recording order: the trace's
+     order, which every backend runs, then issues them as every rank does */
+  for (int i = 0; i < g->nstores; i++)
+    if (is_effect(g->stores[i])) visit(c, g->stores[i]);
   for (int i = 0; i < ntargets; i++)
     if (!visit(c, targets[i]) && !c->fail_status) { /* the first failed target's error */
       c->fail_status = targets[i]->fail_status;

@@ -182,7 +182,7 @@ static uint64_t node_hash(const tr_pnode *p) {
 /* common subexpressions: a pure node equal to an earlier one is that one */
 static int cse(builder *b, int i, int *table, int slots) {
   tr_pnode *p = &b->p[i];
-  if (is_param_leaf(p->op) || p->nin > 3) return i;
+  if (is_param_leaf(p->op) || p->nin > 3 || vm_op_table[p->op].kind == VM_KIND_COLLECTIVE) return i;
   size_t h = node_hash(p) & (size_t)(slots - 1);
   while (table[h] >= 0) {
     if (same_node(&b->p[table[h]], p)) return table[h];
@@ -230,12 +230,12 @@ static void partition(tr_plan *plan) {
       cur->first = cur->last = i;
       cur->kind = kind == VM_KIND_MATMUL                                  ? TR_GROUP_MATMUL
                   : kind == VM_KIND_INDEX || kind == VM_KIND_CONCAT ||
-                            kind == VM_KIND_SORT                          ? TR_GROUP_DATA
+                            kind == VM_KIND_SORT || kind == VM_KIND_COLLECTIVE ? TR_GROUP_DATA
                   : kind == VM_KIND_REDUCE                                ? TR_GROUP_REDUCE
                                                                           : TR_GROUP_ELEMENTWISE;
       cur_shape = p->meta;
       if (kind == VM_KIND_MATMUL || kind == VM_KIND_INDEX || kind == VM_KIND_CONCAT ||
-          kind == VM_KIND_SORT)
+          kind == VM_KIND_SORT || kind == VM_KIND_COLLECTIVE)
         cur = NULL;
     }
     p->group = plan->ngroups - 1;

@@ -14,7 +14,7 @@ typedef enum {
   TR_GROUP_ELEMENTWISE, /* one loop nest over the output: elementwise ops, views, fills */
   TR_GROUP_REDUCE,      /* producers fused into the input loop, epilogue on the result */
   TR_GROUP_MATMUL,      /* a BLAS call */
-  TR_GROUP_DATA         /* gather / scatter / concat */
+  TR_GROUP_DATA         /* gather / scatter / concat / sort / a collective: the backend's exec */
 } tr_group_kind;
 
 typedef struct tr_pnode {

@@ -17,6 +17,19 @@
 #define TR_NODE_CAP 4096
 #define TR_PENDING_BYTES_CAP ((int64_t)1 << 30)
 
+/* appends n to g's store queue (g locked); false when out of memory */
+static bool queue_locked(tr_graph *g, tr_node *n) {
+  if (g->nstores == g->cap_stores) {
+    int cap = g->cap_stores ? 2 * g->cap_stores : 16;
+    tr_node **grown = realloc(g->stores, (size_t)cap * sizeof *grown);
+    if (!grown) return false;
+    g->stores = grown;
+    g->cap_stores = cap;
+  }
+  g->stores[g->nstores++] = tr_node_retain(n);
+  return true;
+}
+
 static vm_tensor *handle_new(tr_node *n) {
   vm_tensor *t = vm_block_alloc(VM_BLOCK_TENSOR, sizeof *t);
   if (!t) {
@@ -163,7 +176,8 @@ static bool grad_flows(int n, vm_tensor *const *in) {
 static bool as_empty_leaf(vm_opcode op, int n, vm_tensor *const *in, const vm_meta *m,
                           vm_attr *attr, vm_meta *meta) {
   int64_t numel = 1;
-  if (vm_op_table[op].kind == VM_KIND_LEAF || !vm_shape_numel(m->ndim, m->shape, &numel) ||
+  if (vm_op_table[op].kind == VM_KIND_LEAF || vm_op_table[op].kind == VM_KIND_COLLECTIVE ||
+      !vm_shape_numel(m->ndim, m->shape, &numel) ||
       numel != 0 || grad_flows(n, in))
     return false;
   *attr = (vm_attr){.dtype = m->dtype, .ndim = m->ndim};
@@ -244,6 +258,14 @@ vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *a
   node->depth_epoch = g->flush_epoch + 1;
   node->state = TR_PENDING;
   tr_graph_append(g, node);
+  /* an ordered effect (a collective) is queued like a store: the next
+     flush runs it, whatever its targets */
+  if ((vm_op_table[op].flags & VM_F_EFFECT) && !queue_locked(g, node)) {
+    tr_graph_unlock(g);
+    tr_node_release(node);
+    vm_error(KILN_ERR_OOM, "out of memory for a trace node");
+    return NULL;
+  }
   tr_graph_unlock(g);
   return handle_new(node);
 }
@@ -291,18 +313,11 @@ void tr_queue_store(vm_tensor *t) {
   if (n->state == TR_MATERIALIZED) return;
   tr_graph *g = n->graph;
   tr_graph_lock(g);
-  if (g->nstores == g->cap_stores) {
-    int cap = g->cap_stores ? 2 * g->cap_stores : 16;
-    tr_node **grown = realloc(g->stores, (size_t)cap * sizeof *grown);
-    if (!grown) { /* cannot queue: evaluate the store now */
-      tr_graph_unlock(g);
-      materialize_node(n, TR_FLUSH_MEMORY);
-      return;
-    }
-    g->stores = grown;
-    g->cap_stores = cap;
+  if (!queue_locked(g, n)) { /* cannot queue: evaluate the store now */
+    tr_graph_unlock(g);
+    materialize_node(n, TR_FLUSH_MEMORY);
+    return;
   }
-  g->stores[g->nstores++] = tr_node_retain(n);
   tr_graph_unlock(g);
 }
 

@@ -8,6 +8,7 @@
 
 #include "../trace/record.h"
 #include "backend.h"
+#include "dist.h"
 #include "kernels.h"
 #include "state.h"
 
@@ -386,6 +387,42 @@ static bool infer_sort(const vm_tensor *a, int axis, vm_meta *m) {
   return true;
 }
 
+/* collectives (vm/dist.h): all_reduce and all_reduce_wait keep their
+   input's shape; all_reduce_start packs its inputs, of one dtype,
+   flattened, into one buffer */
+static bool infer_collective(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr,
+                             vm_meta *m) {
+  if (!vm_dist_ready()) return false;
+  kiln_dtype dt = in[0]->dtype;
+  if (attr->axis < 0 || attr->axis >= VM_REDUCE_COUNT) {
+    vm_error(KILN_ERR_ARG, "op %d is not a kiln_reduce_op (KILN_REDUCE_SUM, _MEAN or _MAX)", attr->axis);
+    return false;
+  }
+  if (attr->axis == VM_REDUCE_MEAN && !vm_dtype_is_float(dt)) {
+    vm_error(KILN_ERR_DTYPE, "the mean of %s values is not exact: reduce with sum, then divide",
+             vm_dtype_name(dt));
+    return false;
+  }
+  m->dtype = m->compute = dt;
+  if (op != VM_OP_all_reduce_start) {
+    m->ndim = in[0]->ndim;
+    memcpy(m->shape, in[0]->shape, sizeof m->shape);
+    return true;
+  }
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) {
+    if (in[i]->dtype != dt) {
+      vm_error(KILN_ERR_DTYPE, "tensor %d is %s and tensor 0 %s: a bucket holds one dtype", i,
+               vm_dtype_name(in[i]->dtype), vm_dtype_name(dt));
+      return false;
+    }
+    total += in[i]->numel;
+  }
+  m->ndim = 1;
+  m->shape[0] = total;
+  return true;
+}
+
 /* Every result's size fits (vm_shape_numel): a broadcast, matmul, concat
    or expand past 2^60 elements is a shape error naming the input shapes. */
 static bool check_result_size(int n, vm_tensor *const *in, const vm_meta *m) {
@@ -419,6 +456,7 @@ static bool infer_kind(vm_opcode op, int n, vm_tensor *const *in, const vm_attr 
     case VM_KIND_INDEX: return infer_index(op, n, in, attr, m);
     case VM_KIND_CONCAT: return infer_concat(n, in, attr->axis, m);
     case VM_KIND_SORT: return infer_sort(in[0], attr->axis, m);
+    case VM_KIND_COLLECTIVE: return infer_collective(op, n, in, attr, m);
   }
   return false;
 }
@@ -465,6 +503,10 @@ bool vm_infer(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr, vm
   if (vm_op_table[op].kind != VM_KIND_LEAF && !vm_infer_device(n, in, &d)) return false;
   if (!infer_kind(op, n, in, attr, m)) return false;
   if (vm_op_table[op].kind != VM_KIND_LEAF) m->device = (uint8_t)d;
+  /* a gradient bucket is packed and reduced on the host; its wait puts
+     the values back on the gradients' device (attr.device) */
+  if (op == VM_OP_all_reduce_start) m->device = KILN_CPU;
+  if (op == VM_OP_all_reduce_wait) m->device = attr->device;
   if (m->device != KILN_CPU && !vm_backend_usable((kiln_device)m->device)) return false;
   return vm_op_table[op].kind == VM_KIND_LEAF || check_result_size(n, in, m);
 }
@@ -549,7 +591,8 @@ static bool run_kernel(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *ar
     case VM_KIND_INDEX: return vm_k_index(op, out, n, args, attr);
     case VM_KIND_CONCAT: return vm_k_concat(out, n, args, attr->axis);
     case VM_KIND_SORT: return vm_k_argsort(out, args[0], attr->axis, attr->keepdim);
-    case VM_KIND_VIEW: break;
+    case VM_KIND_VIEW:
+    case VM_KIND_COLLECTIVE: break; /* vm_exec runs them */
   }
   return false;
 }
@@ -567,11 +610,17 @@ vm_tensor *vm_exec(vm_opcode op, int n, vm_tensor *const *values, const vm_attr 
                    const vm_meta *m) {
   atomic_fetch_add_explicit(&vm_process()->stats.eager_ops, 1, memory_order_relaxed);
   if (vm_op_table[op].kind == VM_KIND_VIEW) return make_view(op, values[0], attr, m);
+  const char *api = vm_thread()->api;
+  if (vm_op_table[op].kind == VM_KIND_COLLECTIVE) {
+    vm_set_api(attr && attr->api ? attr->api : public_names[op]);
+    vm_tensor *v = vm_dist_exec(op, n, values, attr, m);
+    vm_set_api(api);
+    return v;
+  }
   vm_tensor *out = vm_tensor_new(m->dtype, m->ndim, m->shape);
   if (!out) return NULL;
   if (out->numel == 0) return out; /* nothing to compute */
   atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
-  const char *api = vm_thread()->api;
   vm_set_api(attr && attr->api ? attr->api : public_names[op]);
   bool ok = run_kernel(op, out, n, values, attr);
   vm_set_api(api);

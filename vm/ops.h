@@ -15,7 +15,7 @@ typedef enum {
 
 typedef enum {
   VM_KIND_LEAF, VM_KIND_UNARY, VM_KIND_BINARY, VM_KIND_TERNARY, VM_KIND_REDUCE,
-  VM_KIND_MATMUL, VM_KIND_VIEW, VM_KIND_INDEX, VM_KIND_CONCAT, VM_KIND_SORT
+  VM_KIND_MATMUL, VM_KIND_VIEW, VM_KIND_INDEX, VM_KIND_CONCAT, VM_KIND_SORT, VM_KIND_COLLECTIVE
 } vm_kind;
 
 typedef enum {
@@ -38,6 +38,8 @@ typedef enum {
 #define VM_F_SAVE_IN1 8u
 #define VM_F_SAVE_OTHER 16u
 #define VM_F_SAVE_OUT 32u
+/* an ordered effect (ops.def) */
+#define VM_F_EFFECT 64u
 
 typedef struct vm_op_info {
   const char *name;

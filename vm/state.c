@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dist.h"
+
 static vm_process_state process;
 static pthread_once_t process_once = PTHREAD_ONCE_INIT;
 static _Thread_local vm_thread_state thread_state = {.status = KILN_OK, .api = "kiln"};
@@ -29,7 +31,10 @@ static int cpus_available(void) {
 
 static void process_init(void) {
   long threads = vm_env_long("KILN_THREADS", 0);
-  if (threads <= 0) threads = cpus_available();
+  /* N ranks of an MPI job on one machine share its cores */
+  int ranks_here = vm_dist_local_size();
+  if (threads <= 0) threads = cpus_available() / (ranks_here > 1 ? ranks_here : 1);
+  if (threads <= 0) threads = 1;
   if (threads > 256) threads = 256;
   process.threads = (int)threads;
   process.rng_seed = 67280421310721ull; /* fixed default: reproducible runs */

@@ -49,6 +49,9 @@ typedef struct vm_counters {
   atomic_uint_fast64_t compiler_processes; /* kiln-jitc processes spawned (jit_cpu/jitc.h) */
   atomic_uint_fast64_t compiles_declined;  /* plans the payoff rule left interpreted (DESIGN §4) */
   atomic_uint_fast64_t plan_us, plan_nodes; /* planning new keys: time on the caller's thread, trace nodes */
+  /* collectives (vm/dist.h): payloads reduced, their bytes, the time from
+     issuing a payload to its completion, and the time callers waited */
+  atomic_uint_fast64_t all_reduces, all_reduce_bytes, all_reduce_us, all_reduce_wait_us;
 } vm_counters;
 
 typedef struct vm_process_state {
@@ -56,6 +59,7 @@ typedef struct vm_process_state {
   vm_counters stats;
   /* the backend of each kiln_device (vm/backend.h): set before main, read-only after */
   const struct vm_backend *backends[4];
+  struct vm_dist *dist;        /* the distributed engine once kiln_dist_init ran (vm/dist.c) */
   /* RNG: Philox key and the next unused counter block */
   uint64_t rng_seed, rng_counter;
   atomic_flag rng_lock;

@@ -10,6 +10,7 @@
 #include "../../vm/blas.h"
 #include "../../vm/composite.h"
 #include "../../vm/cpu.h"
+#include "../../vm/dist.h"
 #include "../../vm/format.h"
 #include "../../vm/layers.h"
 #include "../../vm/safetensors.h"
@@ -519,6 +520,38 @@ int kiln_grad_of(int nout, kiln_tensor *const *outs, kiln_tensor *const *gouts, 
   API(kiln_grad_of);
   return ad_grad_of(nout, outs, gouts, nin, ins, grads, create_graph);
 }
+/* --- data-parallel training (vm/dist.h, autodiff/dist.c) ------------------------- */
+
+int kiln_dist_init(void) {
+  API(kiln_dist_init);
+  return vm_dist_init();
+}
+int kiln_dist_rank(void) {
+  API(kiln_dist_rank);
+  return vm_dist_rank();
+}
+int kiln_dist_size(void) {
+  API(kiln_dist_size);
+  return vm_dist_size();
+}
+kiln_tensor *kiln_all_reduce(kiln_tensor *t, kiln_reduce_op op) {
+  API(kiln_all_reduce);
+  vm_attr attr = {.axis = (int)op, .counter = vm_dist_next_seq()};
+  return vm_op(VM_OP_all_reduce, 1, &t, &attr);
+}
+int kiln_dist_average_grads(int n, kiln_tensor *const *params) {
+  API(kiln_dist_average_grads);
+  return ad_average_grads(n, params);
+}
+int kiln_dist_finalize(void) {
+  API(kiln_dist_finalize);
+  if (!vm_dist_ready()) return vm_thread()->status;
+  int rc = tr_sync(); /* what this thread recorded runs first: nothing is lost */
+  API(kiln_dist_finalize);
+  int done = vm_dist_finalize();
+  return rc != KILN_OK ? rc : done;
+}
+
 kiln_tensor *kiln_detach(kiln_tensor *t) {
   API(kiln_detach);
   return ad_detach(t);
@@ -630,6 +663,9 @@ double kiln_stat(const char *name) {
       COUNTER(kernel_cache_hits), COUNTER(code_objects), COUNTER(code_unloads),
       COUNTER(blas_calls), COUNTER(recomputed), COUNTER(kernel_threads_max),
       COUNTER(compiler_processes), COUNTER(compiles_declined), COUNTER(plan_nodes),
+      COUNTER(all_reduces), COUNTER(all_reduce_bytes),
+      {"all_reduce_ms", offsetof(vm_counters, all_reduce_us), 1e-3},
+      {"all_reduce_wait_ms", offsetof(vm_counters, all_reduce_wait_us), 1e-3},
       {"plan_ms", offsetof(vm_counters, plan_us), 1e-3},
       {"compile_ms", offsetof(vm_counters, compile_us), 1e-3}, {"flush_ms", offsetof(vm_counters, flush_us), 1e-3},
 #undef COUNTER

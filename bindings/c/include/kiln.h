@@ -241,6 +241,36 @@ KILN_API bool kiln_device_available(kiln_device d);
 KILN_API const char *kiln_device_info(kiln_device d);
 KILN_API kiln_tensor *kiln_to_device(kiln_tensor *t, kiln_device d); /* a copy, or t's value */
 
+/* data-parallel training (DESIGN §10).  Start the program with mpirun
+   (`mpirun -np 4 ./train`); Open MPI's libmpi.so.40 is loaded at run time
+   (KILN_MPI_LIB overrides the path), so a Kiln built without MPI has these
+   calls too: without mpirun or libmpi they return KILN_ERR_STATE saying how
+   to enable them.  kiln_all_reduce is a recorded op (the reduction over the
+   ranks, each rank getting the result): it sits in traces and their keys
+   like any other, and runs in the next evaluation of the thread that
+   recorded it, whatever that evaluation's targets — collectives must run
+   once each, in the same order on every rank, so record them on one thread
+   per process.  Ranks that disagree on a collective's shape, dtype or op get
+   a KILN_ERR_SHAPE naming both; a collective with no answer within
+   KILN_DIST_TIMEOUT seconds (300) aborts the whole job with a message
+   instead of hanging.  sum and mean are differentiable (the gradient is
+   reduced the same way); mean needs a float dtype; bool sums saturate.
+   kiln_dist_average_grads replaces every param's gradient (after
+   kiln_backward) by its mean over the ranks, in buckets (at most
+   KILN_DIST_BUCKET_MB MiB, 25) whose reductions start as soon as backward
+   has produced them, overlapping the rest of backward; a param without a
+   gradient contributes zeros.  An evaluation interrupted or failing after
+   a collective ran cannot be replayed (its rerun is KILN_ERR_STATE): end
+   the job.  kiln_dist_finalize evaluates what is pending, then leaves the
+   job; call it before exit on every rank. */
+typedef enum { KILN_REDUCE_SUM, KILN_REDUCE_MEAN, KILN_REDUCE_MAX } kiln_reduce_op;
+KILN_API int kiln_dist_init(void); /* joins the job started by mpirun; KILN_ERR_STATE if none */
+KILN_API int kiln_dist_rank(void); /* KILN_ERR_STATE (negative) before kiln_dist_init */
+KILN_API int kiln_dist_size(void);
+KILN_API kiln_tensor *kiln_all_reduce(kiln_tensor *t, kiln_reduce_op op); /* a recorded op */
+KILN_API int kiln_dist_average_grads(int n, kiln_tensor *const *params); /* after backward */
+KILN_API int kiln_dist_finalize(void);
+
 /* runtime */
 KILN_API int kiln_sync(void); /* evaluate everything pending on this thread */
 /* evaluate these and keep their values (the explicit "compute and keep";
@@ -271,6 +301,10 @@ KILN_API void kiln_reset_stats(void);
    "blas_calls" (gemm calls into BLAS: one per matmul, or per batch),
    "recomputed" (values a flush evaluated although an earlier flush had
    computed them: the execution model keeps that to once per value) or
+   "all_reduces", "all_reduce_bytes", "all_reduce_ms" (payloads reduced
+   over the ranks, their bytes, the time from issuing each to its end) or
+   "all_reduce_wait_ms" (the time evaluations waited for them: what
+   overlap did not hide), or
    "kernel_threads_max" (the most threads, user threads and workers together,
    seen running Kiln's kernels at once: at most kiln_num_threads());
    NAN and an error for an unknown name.  New counters appear here without
