@@ -17,9 +17,9 @@
  * plain value dependencies, evaluated where the stores need them: at the
  * end.
  *
- * A bucket holds one dtype, at most KILN_DIST_BUCKET_MB (default 25) MiB,
- * and — so that a small model still has something to overlap — at most a
- * quarter of all the gradients' bytes, but not less than 1 MiB.  A
+ * A bucket holds one dtype and at most 25 MiB and — so that a small model
+ * still has something to overlap — at most a quarter of all the gradients'
+ * bytes, but not less than 1 MiB; KILN_DIST_BUCKET_MB=N sets N MiB instead.  A
  * parameter without a gradient this step contributes zeros, so every rank
  * reduces the same buckets. */
 #include <stdlib.h>
@@ -61,8 +61,9 @@ static int check_params(int n, vm_tensor *const *params) {
 static int64_t bucket_cap(int n, vm_tensor *const *params) {
   int64_t total = 0;
   for (int i = 0; i < n; i++) total += params[i]->numel * (int64_t)vm_dtype_size(params[i]->dtype);
-  long mb = vm_env_long("KILN_DIST_BUCKET_MB", 25);
-  int64_t cap = (mb > 0 ? mb : 25) << 20, quarter = total / 4;
+  long mb = vm_env_long("KILN_DIST_BUCKET_MB", 0);
+  if (mb > 0) return (int64_t)mb << 20; /* the user's size, as it is */
+  int64_t cap = (int64_t)25 << 20, quarter = total / 4;
   if (quarter < cap) cap = quarter > ((int64_t)1 << 20) ? quarter : (int64_t)1 << 20;
   return cap;
 }
