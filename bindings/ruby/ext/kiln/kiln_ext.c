@@ -597,4 +597,5 @@ void Init_kiln_ext(void) {
   rk_init_tensor();
   rk_init_ops();
   rk_init_layers();
+  rk_init_dist();
 }

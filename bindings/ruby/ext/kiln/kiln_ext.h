@@ -77,5 +77,6 @@ void rk_init_convert(void);
 void rk_init_ops(void);
 void rk_init_tensor(void);
 void rk_init_layers(void);
+void rk_init_dist(void);
 
 #endif /* KILN_EXT_H */
