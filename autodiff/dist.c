@@ -23,7 +23,6 @@
  * parameter without a gradient this step contributes zeros, so every rank
  * reduces the same buckets. */
 #include <stdlib.h>
-#include <string.h>
 
 #include "../trace/record.h"
 #include "../vm/backend.h"
@@ -37,10 +36,7 @@ typedef struct {
 } bucket;
 
 static vm_tensor *grad_or_zeros(vm_tensor *p) {
-  if (p->slot->grad) return vm_retain(p->slot->grad);
-  vm_attr attr = {.dtype = p->dtype, .ndim = p->ndim, .device = p->device};
-  memcpy(attr.shape, p->shape, sizeof attr.shape);
-  return vm_op(VM_OP_full, 0, NULL, &attr);
+  return p->slot->grad ? vm_retain(p->slot->grad) : vm_zeros_like(p);
 }
 
 static int check_params(int n, vm_tensor *const *params) {

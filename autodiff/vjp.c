@@ -192,11 +192,7 @@ static vm_tensor *axis_index(vm_scope *s, vm_tensor *idx_1d, int axis, const vm_
   return keep(s, vm_expand(r, g->ndim, g->shape));
 }
 
-static vm_tensor *zeros_like(vm_scope *s, const vm_tensor *x) {
-  vm_attr attr = {.dtype = x->dtype, .ndim = x->ndim, .device = x->device};
-  memcpy(attr.shape, x->shape, sizeof attr.shape);
-  return keep(s, vm_op(VM_OP_full, 0, NULL, &attr));
-}
+static vm_tensor *zeros_like(vm_scope *s, const vm_tensor *x) { return keep(s, vm_zeros_like(x)); }
 
 static vm_tensor *scatter_into_zeros(vm_scope *s, const vm_tensor *x, int axis, vm_tensor *idx,
                                      vm_tensor *g) {

@@ -29,6 +29,12 @@
 enum { HIDDEN = 128, BATCH = 64, EPOCHS = 25 };
 static const double LR = 0.2;
 
+/* logits = relu(x @ w1 + b1) @ w2 + b2; temporaries go to s */
+static kiln_tensor *forward(kiln_tensor *const *p, kiln_tensor *x, scope *s) {
+  kiln_tensor *h = KEEP(s, kiln_relu(KEEP(s, kiln_add(KEEP(s, kiln_matmul(x, p[0])), p[1]))));
+  return KEEP(s, kiln_add(KEEP(s, kiln_matmul(h, p[2])), p[3]));
+}
+
 int main(int argc, char **argv) {
   CKI(kiln_dist_init());
   int rank = CKI(kiln_dist_rank()), size = CKI(kiln_dist_size());
@@ -64,8 +70,7 @@ int main(int argc, char **argv) {
       kiln_tensor *idx = KEEP(&s, kiln_from_data(order + lo, KILN_I64, 1, (int64_t[]){hi - lo}));
       kiln_tensor *xb = KEEP(&s, kiln_index_select(xtr, 0, idx));
       kiln_tensor *yb = KEEP(&s, kiln_index_select(ytr, 0, idx));
-      kiln_tensor *h = KEEP(&s, kiln_relu(KEEP(&s, kiln_add(KEEP(&s, kiln_matmul(xb, p[0])), p[1]))));
-      kiln_tensor *logits = KEEP(&s, kiln_add(KEEP(&s, kiln_matmul(h, p[2])), p[3]));
+      kiln_tensor *logits = forward(p, xb, &s);
       /* this rank's share of the global batch's mean loss, times the
          ranks: their average is then exactly the global batch's mean */
       kiln_tensor *ce = KEEP(&s, kiln_cross_entropy(logits, yb));
@@ -94,8 +99,7 @@ int main(int argc, char **argv) {
     kiln_release(loss_sum);
     kiln_no_grad_push();
     scope s = {.n = 0};
-    kiln_tensor *h = KEEP(&s, kiln_relu(KEEP(&s, kiln_add(KEEP(&s, kiln_matmul(xte, p[0])), p[1]))));
-    kiln_tensor *logits = KEEP(&s, kiln_add(KEEP(&s, kiln_matmul(h, p[2])), p[3]));
+    kiln_tensor *logits = forward(p, xte, &s);
     kiln_tensor *hit = KEEP(&s, kiln_eq(KEEP(&s, kiln_argmax(logits, 1, false)), yte));
     acc = CKD(kiln_item(KEEP(&s, kiln_mean(KEEP(&s, kiln_cast(hit, KILN_F32)), 0, NULL, false))));
     scope_release(&s);

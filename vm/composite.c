@@ -308,6 +308,12 @@ vm_tensor *vm_unsqueeze(vm_tensor *a, int axis) {
 }
 
 /* Python's slice.indices: clamps bounds into the axis */
+vm_tensor *vm_zeros_like(const vm_tensor *x) {
+  vm_attr attr = {.dtype = x->dtype, .ndim = x->ndim, .device = x->device};
+  memcpy(attr.shape, x->shape, sizeof attr.shape);
+  return vm_op(VM_OP_full, 0, NULL, &attr);
+}
+
 vm_tensor *vm_slice(vm_tensor *a, int axis, int64_t start, int64_t stop, int64_t step) {
   if (null_arg(a)) return NULL;
   if (a->ndim == 0) {

@@ -22,6 +22,8 @@ vm_tensor *vm_transpose(vm_tensor *a, int d0, int d1);
 vm_tensor *vm_squeeze(vm_tensor *a, int axis);
 vm_tensor *vm_unsqueeze(vm_tensor *a, int axis);
 vm_tensor *vm_slice(vm_tensor *a, int axis, int64_t start, int64_t stop, int64_t step);
+/* zeros of x's dtype and shape, on x's device */
+vm_tensor *vm_zeros_like(const vm_tensor *x);
 vm_tensor *vm_concat(int n, vm_tensor *const *ts, int axis);
 vm_tensor *vm_stack(int n, vm_tensor *const *ts, int axis);
 vm_tensor *vm_index_op(vm_opcode op, vm_tensor *a, int axis, vm_tensor *idx, vm_tensor *src);

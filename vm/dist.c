@@ -97,7 +97,7 @@ typedef struct dist_req {
   rq_state state;
   int status;              /* KILN_OK, or why it failed (state DONE) */
   char msg[VM_ERROR_LEN];
-  double t_submit, t_data, t_done;
+  double t_submit, t_data;  /* queued; taken by the engine */
 } dist_req;
 
 typedef struct vm_dist {
@@ -107,7 +107,7 @@ typedef struct vm_dist {
   pthread_cond_t wake;     /* the engine: new work, or stop */
   pthread_cond_t done;     /* waiters: a request finished; init finished */
   dist_req *head, *tail;   /* live requests (not yet claimed by their waiter) */
-  bool stop, started, init_done;
+  bool stop, init_done;
   int init_status;
   char init_msg[VM_ERROR_LEN];
   mpi_handle check_comm, data_comm;
@@ -219,21 +219,18 @@ static bool mpi_failed(vm_dist *e, const dist_req *r, const char *what, int rc) 
   abort_job(e, msg);
 }
 
-static void finish(vm_dist *e, dist_req *r, int status, const char *msg) {
+/* r ran (engine's lock held): r->status says how; wakes its waiter */
+static void finish(vm_dist *e, dist_req *r) {
   r->state = RQ_DONE;
-  r->status = status;
-  if (msg) snprintf(r->msg, sizeof r->msg, "%s", msg);
-  r->t_done = now_s();
-  if (status == KILN_OK) {
+  if (r->status == KILN_OK) {
     vm_counters *st = &vm_process()->stats;
     atomic_fetch_add_explicit(&st->all_reduces, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&st->all_reduce_bytes,
                               (uint_fast64_t)r->count * vm_dtype_size(r->dtype), memory_order_relaxed);
-    add_us(&st->all_reduce_us, r->t_done - r->t_data);
+    add_us(&st->all_reduce_us, now_s() - r->t_data);
   }
   pthread_cond_broadcast(&e->done);
 }
-
 
 /* the ranks' signatures: MAX of (v, -v) gives max and -min of each word;
    false + r's error when they differ */
@@ -324,7 +321,8 @@ static void *engine_main(void *arg) {
     r->t_data = now_s();
     bool ok = agreed(e, r) && reduce(e, r);
     pthread_mutex_lock(&e->lock);
-    finish(e, r, ok ? KILN_OK : r->status, NULL);
+    if (ok) r->status = KILN_OK;
+    finish(e, r);
   }
   pthread_mutex_unlock(&e->lock);
   m->Comm_free(&e->check_comm);
