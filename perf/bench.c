@@ -243,3 +243,33 @@ void bench_na(const char *workload, const char *contender, const char *note) {
          *kiln_blas_core() ? kiln_blas_core() : "none", note);
   fflush(stdout);
 }
+
+void bench_adam_step(bench_adam *a, int n, kiln_tensor *const *p, kiln_tensor **m, kiln_tensor **v,
+                     bench_scope *s) {
+  kiln_no_grad_push();
+  a->t++;
+  double bc1 = 1.0 - pow(a->b1, a->t), bc2 = 1.0 - pow(a->b2, a->t);
+  for (int i = 0; i < n; i++) {
+    kiln_tensor *g = bench_keep(s, kiln_grad(p[i]), "kiln_grad");
+    /* m = b1*m + (1-b1)*g: a new handle; the old state is released */
+    kiln_tensor *mi = bench_ok(kiln_add(bench_keep(s, kiln_mul_scalar(m[i], a->b1), "mul"),
+                                        bench_keep(s, kiln_mul_scalar(g, 1.0 - a->b1), "mul")),
+                               "add");
+    kiln_release(m[i]);
+    m[i] = mi;
+    kiln_tensor *g2 = bench_keep(s, kiln_mul(g, g), "mul");
+    kiln_tensor *vi = bench_ok(kiln_add(bench_keep(s, kiln_mul_scalar(v[i], a->b2), "mul"),
+                                        bench_keep(s, kiln_mul_scalar(g2, 1.0 - a->b2), "mul")),
+                               "add");
+    kiln_release(v[i]);
+    v[i] = vi;
+    kiln_tensor *mhat = bench_keep(s, kiln_div_scalar(mi, bc1), "div");
+    kiln_tensor *vhat = bench_keep(s, kiln_div_scalar(vi, bc2), "div");
+    kiln_tensor *den =
+        bench_keep(s, kiln_add_scalar(bench_keep(s, kiln_sqrt(vhat), "sqrt"), a->eps), "add");
+    kiln_tensor *upd = bench_keep(s, kiln_div(mhat, den), "div");
+    bench_ok_status(kiln_sub_scaled_(p[i], upd, a->lr), "kiln_sub_scaled_");
+    bench_ok_status(kiln_zero_grad(p[i]), "kiln_zero_grad");
+  }
+  kiln_no_grad_pop();
+}

@@ -68,6 +68,17 @@ kiln_tensor *bench_keep(bench_scope *s, kiln_tensor *t, const char *what);
 void bench_scope_release(bench_scope *s); /* releases all, keeps the storage */
 void bench_scope_free(bench_scope *s);
 
+/* Adam as users write it (W12, W14's CNN), under kiln_no_grad_push: per
+   parameter m = b1*m + (1-b1)*g and v = b2*v + (1-b2)*g*g rebound (new
+   handles, the old released), p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+   through kiln_sub_scaled_, then zero_grad; temporaries go to s */
+typedef struct {
+  double lr, b1, b2, eps;
+  int t; /* steps taken */
+} bench_adam;
+void bench_adam_step(bench_adam *a, int n, kiln_tensor *const *p, kiln_tensor **m, kiln_tensor **v,
+                     bench_scope *s);
+
 /* the summary of a float32 result that both sides compute in double:
    n, sum, abs (sum of |v|), wsum (sum of v * ((i % 17) - 8)) and four
    sampled values s0..s3 at i = 0, n/7, min(n/2+5, n-1), n-1 */

@@ -24,7 +24,7 @@ import traceback
 REPS = {"W1": (9, 2), "W2": (15, 2), "W3": (15, 2), "W4": (15, 2), "W5": (7, 1),
         "W6": (15, 2), "W7": (9, 0),
         "W10": (3, 1),    # epochs (of sizes()["W10"][5] steps each), not steps
-        "W11": (11, 2), "W12": (30, 10), "W14": (5, 2)}
+        "W11": (11, 2), "W12": (30, 10), "W14": (5, 2), "W14:cnn": (200, 50)}
 W5_OPS, W5_CHAINS = 100, 500
 ARGS = None
 np = None
@@ -413,10 +413,11 @@ def run_torch(workloads):
         import torch.nn.functional as F
     except Exception as e:
         for w in workloads:
-            for name in (c, cc) + (("torch.optim",) if w == "W12" else ()):
+            for name in (c, cc) + (("torch.optim",) if w in ("W12", "W14") else ()):
                 if w == "W8" and name == c:
                     continue
-                for ww in (["W8:W1", "W8:W7"] if w == "W8" else [w]):
+                subs = {"W8": ["W8:W1", "W8:W7"], "W14": ["W14", "W14:cnn"]}.get(w, [w])
+                for ww in subs:
                     na(ww, name, "PyTorch not installed for %s (%s)" % (sys.executable, e.__class__.__name__))
         return
     torch.set_num_threads(ARGS.threads)
@@ -530,6 +531,74 @@ def run_torch_w14(torch, F, has_compile, no_compile):
     med, mn, gw = timed(step, reps, warm)
     result("W14", "torch", med, mn, reps, summary(gw))
     na("W14", "torch.compile", no_compile if not has_compile else "not measured yet")
+    run_torch_w14_cnn(torch, F)
+
+
+def w14_cnn_inputs():
+    """perf/w14_cnn.c: x [64, 64], labels, conv1.w, conv1.b, conv2.w, conv2.b, fc.w, fc.b"""
+    n = 64
+    x = tensor_hash((n, 64), 70, 0.5, 0.5)
+    target = (np.arange(n, dtype=np.int64) * 7 + 3) % 10
+    params = [tensor_hash((16, 1, 3, 3), 71, math.sqrt(6.0 / 9)), tensor_hash((16,), 72, 0.01),
+              tensor_hash((32, 16, 3, 3), 73, math.sqrt(6.0 / 144)), tensor_hash((32,), 74, 0.01),
+              tensor_hash((128, 10), 75, math.sqrt(6.0 / 128)), tensor_hash((10,), 76, 0.01)]
+    return x, target, params
+
+
+def run_torch_w14_cnn(torch, F):
+    """perf/w14_cnn.c: the digits CNN step with the same hand-written Adam (row torch),
+    and with torch.optim.Adam (row torch.optim)"""
+    x_np, target_np, params_np = w14_cnn_inputs()
+    x, target = torch.from_numpy(x_np), torch.from_numpy(target_np)
+    lr, b1, b2, eps = 3e-3, 0.9, 0.999, 1e-8
+
+    def loss_of(p):
+        h = x.reshape(64, 1, 8, 8)
+        h = F.max_pool2d(torch.relu(F.conv2d(h, p[0], p[1], 1, 1)), 2)
+        h = F.max_pool2d(torch.relu(F.conv2d(h, p[2], p[3], 1, 1)), 2)
+        return F.cross_entropy(h.reshape(64, 128) @ p[4] + p[5], target)
+
+    def run(name, make_update, note):
+        params = [torch.from_numpy(p.copy()).requires_grad_(True) for p in params_np]
+        update = make_update(params)
+
+        def step():
+            with torch.enable_grad():
+                loss = loss_of(params)
+                value = loss.item()
+                loss.backward()
+            update()
+            return value
+        loss1, loss2 = step(), step()
+        reps, warm = reps_of("W14:cnn")
+        med, mn, last = timed(step, reps, warm)
+        result("W14:cnn", name, med, mn, reps, "loss1=%.9g,loss2=%.9g" % (loss1, loss2),
+               steps=reps + warm + 2, batch=64, loss_last="%.6g" % last, note=note)
+
+    def hand_written(params):
+        st = {"t": 0, "m": [torch.zeros_like(p) for p in params], "v": [torch.zeros_like(p) for p in params]}
+
+        def update():
+            with torch.no_grad():
+                st["t"] += 1
+                bc1, bc2 = 1.0 - b1 ** st["t"], 1.0 - b2 ** st["t"]
+                for i, p in enumerate(params):
+                    g = p.grad
+                    st["m"][i] = b1 * st["m"][i] + (1 - b1) * g
+                    st["v"][i] = b2 * st["v"][i] + (1 - b2) * (g * g)
+                    p.sub_((st["m"][i] / bc1) / (torch.sqrt(st["v"][i] / bc2) + eps), alpha=lr)
+                    p.grad = None
+        return update
+
+    def optim(params):
+        opt = torch.optim.Adam(params, lr=lr, betas=(b1, b2), eps=eps)
+
+        def update():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return update
+    run("torch", hand_written, "the same hand-written Adam as Kiln's")
+    run("torch.optim", optim, "torch.optim.Adam (default: foreach)")
 
 
 def run_torch_w7(torch, F, has_compile, no_compile):

@@ -22,8 +22,7 @@ enum { NP = 4 };
 
 typedef struct {
   int64_t batch, d_in, hidden, classes;
-  double lr, b1, b2, eps;
-  int t;
+  bench_adam adam;
   kiln_tensor *x, *target;
   kiln_tensor *p[NP], *m[NP], *v[NP]; /* w1 [in,h], b1 [h], w2 [h,c], b2 [c] */
 } model;
@@ -33,11 +32,7 @@ static void model_init(model *md, bool smoke) {
   md->d_in = smoke ? 64 : 784;
   md->hidden = smoke ? 32 : 256;
   md->classes = 10;
-  md->lr = 1e-3;
-  md->b1 = 0.9;
-  md->b2 = 0.999;
-  md->eps = 1e-8;
-  md->t = 0;
+  md->adam = (bench_adam){.lr = 1e-3, .b1 = 0.9, .b2 = 0.999, .eps = 1e-8};
   md->x = bench_tensor_hash(2, (int64_t[]){md->batch, md->d_in}, 61, 1.0, 0);
   md->p[0] =
       bench_tensor_hash(2, (int64_t[]){md->d_in, md->hidden}, 62, sqrt(6.0 / (double)md->d_in), 0);
@@ -69,32 +64,7 @@ static double step(model *md) {
   if (isnan(value)) bench_ok(NULL, "kiln_item(loss)");
   bench_ok_status(kiln_backward(loss, NULL), "kiln_backward");
 
-  kiln_no_grad_push();
-  md->t++;
-  double bc1 = 1.0 - pow(md->b1, md->t), bc2 = 1.0 - pow(md->b2, md->t);
-  for (int i = 0; i < NP; i++) {
-    kiln_tensor *g = bench_keep(&s, kiln_grad(md->p[i]), "kiln_grad");
-    /* m = b1*m + (1-b1)*g: a new handle; the old state is released */
-    kiln_tensor *m = bench_ok(kiln_add(bench_keep(&s, kiln_mul_scalar(md->m[i], md->b1), "mul"),
-                                       bench_keep(&s, kiln_mul_scalar(g, 1.0 - md->b1), "mul")),
-                              "add");
-    kiln_release(md->m[i]);
-    md->m[i] = m;
-    kiln_tensor *g2 = bench_keep(&s, kiln_mul(g, g), "mul");
-    kiln_tensor *v = bench_ok(kiln_add(bench_keep(&s, kiln_mul_scalar(md->v[i], md->b2), "mul"),
-                                       bench_keep(&s, kiln_mul_scalar(g2, 1.0 - md->b2), "mul")),
-                              "add");
-    kiln_release(md->v[i]);
-    md->v[i] = v;
-    kiln_tensor *mhat = bench_keep(&s, kiln_div_scalar(m, bc1), "div");
-    kiln_tensor *vhat = bench_keep(&s, kiln_div_scalar(v, bc2), "div");
-    kiln_tensor *den =
-        bench_keep(&s, kiln_add_scalar(bench_keep(&s, kiln_sqrt(vhat), "sqrt"), md->eps), "add");
-    kiln_tensor *upd = bench_keep(&s, kiln_div(mhat, den), "div");
-    bench_ok_status(kiln_sub_scaled_(md->p[i], upd, md->lr), "kiln_sub_scaled_");
-    bench_ok_status(kiln_zero_grad(md->p[i]), "kiln_zero_grad");
-  }
-  kiln_no_grad_pop();
+  bench_adam_step(&md->adam, NP, md->p, md->m, md->v, &s);
   bench_scope_free(&s);
   return value;
 }
@@ -130,7 +100,7 @@ int main(int argc, char **argv) {
            "compile_ms=%.1f\tkernels=%.0f\tdisk_hits=%.0f\ttraces_seen=%.0f\tnote=%.0f new traces "
            "and %.0f "
            "compiles over the %d timed steps (after %d warm-up steps)",
-           traces, compiles, md.t, (long long)md.batch, loss, kiln_stat("compile_ms"),
+           traces, compiles, md.adam.t, (long long)md.batch, loss, kiln_stat("compile_ms"),
            kiln_stat("kernels_compiled"), kiln_stat("disk_hits"), kiln_stat("traces_seen"), traces,
            compiles, o.reps, o.warmup + 2);
   bench_result("W12", o.label, times, o.reps, extra, check);

@@ -1894,6 +1894,150 @@ static void directed_pool_stress(FILE *out) {
   kiln_release(y);
 }
 
+/* The layers of real models (conv2d with stride / padding / dilation /
+   groups, max and avg pooling, batch_norm in training and eval, dropout,
+   cumsum, var, sort, topk, embedding, one_hot, nll_loss, bce_with_logits)
+   and their gradients, in seeded random geometries: each program feeds a
+   fusable elementwise prelude into them and sums what they give into one
+   loss, so compiled kernels border their index and matmul ops on both
+   sides; it runs twice (the second time from cached plans).  Every value
+   and gradient must be bit-identical to the interpreter's. */
+enum { LAYER_PROGRAMS = 12 };
+
+static kiln_tensor *lay_keep(kiln_tensor **keep, int *n, kiln_tensor *t) {
+  if (*n < 96) keep[(*n)++] = t;
+  return t;
+}
+
+static kiln_tensor *index_leaf(uint64_t *g, int nd, const int64_t *shape, int64_t bound) {
+  int64_t n = shape_numel(nd, shape), v[64];
+  for (int64_t i = 0; i < n && i < 64; i++) v[i] = rn(g, (int)bound);
+  return kiln_from_data(v, KILN_I64, nd, shape);
+}
+
+static int64_t out_len(int64_t in, int64_t k, int64_t st, int64_t pad, int64_t dil) {
+  return (in + 2 * pad - dil * (k - 1) - 1) / st + 1;
+}
+
+static void layer_program(FILE *out, int prog_no, int rep) {
+  uint64_t g = 0x1a7e5u + 7919u * (uint64_t)prog_no;
+  kiln_tensor *keep[96];
+  int nk = 0;
+#define K(t) lay_keep(keep, &nk, (t))
+  kiln_dtype dt = coin(&g, 70) ? KILN_F32 : KILN_F64;
+  int groups = rr(&g, 1, 2), st[2], pad[2], dil[2], pk[2], pst[2], ppad[2];
+  int64_t n = rr(&g, 1, 3), cin = groups * rr(&g, 1, 2), cout = groups * rr(&g, 1, 3);
+  int64_t hw[2] = {rr(&g, 4, 9), rr(&g, 4, 9)}, kk[2] = {rr(&g, 1, 3), rr(&g, 1, 3)};
+  for (int d = 0; d < 2; d++) {
+    st[d] = rr(&g, 1, 2), dil[d] = rr(&g, 1, 2), pad[d] = rr(&g, 0, 1);
+    while (out_len(hw[d], kk[d], st[d], pad[d], dil[d]) < 2) pad[d]++;
+    pk[d] = rr(&g, 1, 2), pst[d] = rr(&g, 1, 2), ppad[d] = pk[d] / 2 ? rr(&g, 0, 1) : 0;
+  }
+  bool max_pool = coin(&g, 60), bias = coin(&g, 70), train = coin(&g, 70), drop_train = coin(&g, 50);
+  int cum_axis = rr(&g, 0, 3), corr = rr(&g, 0, 1);
+  bool desc = coin(&g, 50);
+  char text[400];
+  snprintf(text, sizeof text,
+           "%s x[%lld,%lld,%lld,%lld] conv %lldx%lld->%lld groups %d stride %d,%d pad %d,%d dil %d,%d "
+           "bias %d; %s pool %dx%d stride %d,%d pad %d,%d; batch_norm train %d; dropout train %d",
+           DT_NAME[dt], (long long)n, (long long)cin, (long long)hw[0], (long long)hw[1],
+           (long long)kk[0], (long long)kk[1], (long long)cout, groups, st[0], st[1], pad[0], pad[1],
+           dil[0], dil[1], bias, max_pool ? "max" : "avg", pk[0], pk[1], pst[0], pst[1], ppad[0],
+           ppad[1], train, drop_train);
+  fprintf(out, "P layers-%d %d\nO %s\n", prog_no, rep, text);
+  fflush(out);
+  char name[64];
+#define EMIT(t, what)                                                       \
+  do {                                                                      \
+    snprintf(name, sizeof name, "layers%d.%d.%s", prog_no, rep, what);      \
+    CHECK((t) && emit(out, name, (t), 0));                                  \
+  } while (0)
+  uint64_t vs = 0x5eed0000u + 131u * (uint64_t)prog_no + (uint64_t)rep; /* new values on rep 1 */
+  kiln_tensor *x = K(make_leaf(dt, 4, (int64_t[]){n, cin, hw[0], hw[1]}, VK_MOD, vs));
+  kiln_tensor *w = K(make_leaf(dt, 4, (int64_t[]){cout, cin / groups, kk[0], kk[1]}, VK_MOD, vs + 1));
+  kiln_tensor *b = bias ? K(make_leaf(dt, 1, &cout, VK_MOD, vs + 2)) : NULL;
+  kiln_tensor *gw = K(make_leaf(dt, 1, &cout, VK_POS, vs + 3)), *gb = K(make_leaf(dt, 1, &cout, VK_MOD, vs + 4));
+  kiln_tensor *rm = K(kiln_zeros(dt, 1, &cout)), *rv = K(kiln_ones(dt, 1, &cout));
+  kiln_tensor *leaves[] = {x, w, b, gw, gb};
+  for (int i = 0; i < 5; i++)
+    if (leaves[i]) kiln_set_requires_grad(leaves[i], true);
+  kiln_stats s0;
+  snap(&s0);
+  kiln_manual_seed(1000 + (uint64_t)prog_no);
+  kiln_tensor *xs = K(kiln_sub_scalar(K(kiln_mul_scalar(x, 1.5)), 0.25));
+  kiln_tensor *c = K(kiln_conv2d(xs, w, b, st, pad, dil, groups));
+  kiln_tensor *a = K(kiln_tanh(c));
+  kiln_tensor *p = K(max_pool ? kiln_max_pool2d(a, pk, pst, ppad) : kiln_avg_pool2d(a, pk, pst, ppad));
+  kiln_tensor *bn = K(kiln_batch_norm(p, rm, rv, gw, gb, train, 0.1, 1e-5));
+  kiln_tensor *d = K(kiln_dropout(bn, 0.3, drop_train));
+  kiln_tensor *cs = K(kiln_cumsum(d, cum_axis));
+  int vax[1] = {1};
+  kiln_tensor *v = K(kiln_var(d, 1, vax, corr, true));
+  kiln_tensor *flat = K(kiln_reshape(d, 2, (int64_t[]){n, -1}));
+  kiln_tensor *sidx = NULL, *tidx = NULL;
+  kiln_tensor *sorted = K(kiln_sort(flat, 1, desc, &sidx));
+  K(sidx);
+  int64_t kt = kiln_numel(flat) / n > 2 ? 2 : 1;
+  kiln_tensor *top = K(kiln_topk(flat, kt, 1, !desc, &tidx));
+  K(tidx);
+  /* embedding, one_hot and the losses on their own leaves */
+  int64_t V = rr(&g, 2, 6), D = rr(&g, 1, 4), ishape[2] = {rr(&g, 1, 3), rr(&g, 1, 3)};
+  int64_t B = rr(&g, 1, 4), C = rr(&g, 2, 5);
+  kiln_tensor *E = K(make_leaf(dt, 2, (int64_t[]){V, D}, VK_MOD, vs + 5));
+  kiln_tensor *z = K(make_leaf(dt, 2, (int64_t[]){B, C}, VK_MOD, vs + 6));
+  kiln_tensor *q = K(make_leaf(dt, 2, (int64_t[]){B, C}, VK_MOD, vs + 7));
+  kiln_set_requires_grad(E, true);
+  kiln_set_requires_grad(z, true);
+  kiln_tensor *idx = K(index_leaf(&g, 2, ishape, V)), *target = K(index_leaf(&g, 1, &B, C));
+  kiln_tensor *emb = K(kiln_embedding(E, idx));
+  kiln_tensor *oh = K(kiln_one_hot(idx, V, dt));
+  kiln_tensor *nll = K(kiln_nll_loss(K(kiln_log_softmax(z, 1)), target));
+  kiln_tensor *bce = K(kiln_bce_with_logits(z, K(kiln_sigmoid(q))));
+  kiln_tensor *terms[] = {K(kiln_sum(K(kiln_mul(cs, cs)), 0, NULL, false)),
+                          K(kiln_sum(v, 0, NULL, false)),
+                          K(kiln_sum(K(kiln_mul_scalar(sorted, 0.5)), 0, NULL, false)),
+                          K(kiln_sum(top, 0, NULL, false)),
+                          K(kiln_sum(K(kiln_mul(emb, emb)), 0, NULL, false)), nll, bce};
+  kiln_tensor *loss = terms[0];
+  for (int i = 1; i < 7; i++) loss = K(kiln_add(loss, terms[i]));
+  CHECK(loss && kiln_backward(loss, NULL) == KILN_OK);
+  EMIT(c, "conv");
+  EMIT(p, "pool");
+  EMIT(bn, "batch_norm");
+  EMIT(d, "dropout");
+  EMIT(cs, "cumsum");
+  EMIT(v, "var");
+  EMIT(sorted, "sort");
+  EMIT(sidx, "sort.indices");
+  EMIT(top, "topk");
+  EMIT(tidx, "topk.indices");
+  EMIT(emb, "embedding");
+  EMIT(oh, "one_hot");
+  EMIT(loss, "loss");
+  EMIT(rm, "running_mean");
+  EMIT(rv, "running_var");
+  const char *gname[] = {"grad.x", "grad.w", "grad.b", "grad.bn_w", "grad.bn_b"};
+  for (int i = 0; i < 5; i++) {
+    if (!leaves[i]) continue;
+    kiln_tensor *gr = K(kiln_grad(leaves[i]));
+    EMIT(gr, gname[i]);
+  }
+  kiln_tensor *ge = K(kiln_grad(E)), *gz = K(kiln_grad(z));
+  EMIT(ge, "grad.embedding");
+  EMIT(gz, "grad.logits");
+  snprintf(name, sizeof name, "layers-%d.%d", prog_no, rep);
+  mark(out, name, &s0, rep ? NEED_KERNEL : NEED_NOTHING);
+  for (int i = 0; i < nk; i++) kiln_release(keep[i]);
+#undef K
+#undef EMIT
+}
+
+static void directed_layers(FILE *out) {
+  ktest_current = "directed layers";
+  for (int i = 0; i < LAYER_PROGRAMS; i++)
+    for (int rep = 0; rep < 2; rep++) layer_program(out, i, rep);
+}
+
 static void print_stats(FILE *out) {
   kiln_stats st;
   kiln_get_stats(&st);
@@ -1923,6 +2067,7 @@ static int child_main(int argc, char **argv) {
     directed_next_to_reduction(out);
     directed_view_next_to_reduction(out); /* these two crashed: last */
     directed_pool_stress(out);
+    directed_layers(out);
   } else if (argc >= 5 && !strcmp(argv[2], "fuzz")) {
     uint64_t first = strtoull(argv[3], NULL, 10), count = strtoull(argv[4], NULL, 10);
     static oprec recs[MAXRECS];

@@ -135,6 +135,32 @@ int tr_sync(void) {
   return vm_thread()->status;
 }
 
+static size_t graph_pending_bytes(tr_graph *g) {
+  tr_graph_lock(g);
+  int64_t b = g->pending_bytes;
+  tr_graph_unlock(g);
+  return b > 0 ? (size_t)b : 0;
+}
+
+size_t tr_pending_bytes(vm_tensor *t) {
+  if (!t) {
+    tr_graph *g = tr_thread_graph();
+    return g ? graph_pending_bytes(g) : 0;
+  }
+  tr_node *x = t->node;
+  switch (x->state) {
+    case TR_MATERIALIZED:
+    case TR_FAILED: return 0;
+    case TR_PENDING: break;
+    case TR_RECOMPUTABLE: return SIZE_MAX;
+  }
+  /* the owner's whole pending list bounds what the flush computes */
+  tr_graph *g = tr_graph_retain(x->graph);
+  size_t b = graph_pending_bytes(g);
+  tr_graph_release(g);
+  return b;
+}
+
 int tr_eval(int n, vm_tensor *const *ts) {
   vm_clear_error();
   if (n < 0 || (n > 0 && !ts)) return vm_error(KILN_ERR_ARG, "n is %d and ts is %s", n, ts ? "set" : "NULL");

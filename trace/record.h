@@ -38,6 +38,10 @@ void tr_mark_grad_done(struct tr_node *n);
 
 /* Flushes everything pending on this thread (kiln_sync). */
 int tr_sync(void);
+/* Bytes of results an evaluation that reads t would compute now (t NULL:
+   tr_sync's): 0 when t's value is at hand, SIZE_MAX when unknown
+   (a recomputation).  A measure of how long a read blocks. */
+size_t tr_pending_bytes(vm_tensor *t);
 /* Computes ts[0..n) and keeps their values (kiln_eval): one flush for
    those recorded on this thread, one per other thread's graph. */
 int tr_eval(int n, vm_tensor *const *ts);

@@ -1,6 +1,7 @@
 /* kern_index.c — data movement for the interpreter: index_select, gather,
  * scatter_add (gather's adjoint) and concat.  Index values are checked here,
  * the only place they are known: an index outside [0, size) is an error. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -30,6 +31,12 @@ static bool check_indices(const vm_tensor *idx, int64_t size, int axis) {
     for (int64_t k = 0; k < idx->shape[vd]; k++)
       if (b[k * idx->strides[vd]] < 0 || b[k * idx->strides[vd]] >= size)
         return index_out_of_range(b[k * idx->strides[vd]], size, axis);
+    return true;
+  }
+  if (vm_is_contiguous(idx)) {
+    const int64_t *b = vm_data(idx);
+    for (int64_t k = 0; k < idx->numel; k++)
+      if (b[k] < 0 || b[k] >= size) return index_out_of_range(b[k], size, axis);
     return true;
   }
   vm_iter it;
@@ -154,12 +161,61 @@ static void select_rows(void *p, int64_t begin, int64_t end) {
   }
 }
 
+/* The runs of consecutive values of a 1-d index (im2col's: as long as a
+   window row): found once per call, not once per outer row.  runs[2r] is
+   the run's first position in the index, runs[2r+1] its length; NULL
+   (the caller then goes without) when memory is short. */
+static int64_t *index_runs(const int64_t *idx, int64_t stride, int64_t picks, int64_t *nruns) {
+  int64_t *runs = malloc(sizeof *runs * 2 * (size_t)(picks ? picks : 1)), n = 0;
+  if (!runs) return NULL;
+  for (int64_t k = 0; k < picks; n++) {
+    int64_t r = run_length(idx, stride, k, picks - k);
+    runs[2 * n] = k, runs[2 * n + 1] = r;
+    k += r;
+  }
+  *nruns = n;
+  return runs;
+}
+
+typedef struct {
+  const select_job *j;
+  const int64_t *runs;
+  int64_t nruns;
+} runs_job;
+
+/* select_rows for single elements by precomputed runs, over outer rows */
+static void select_runs(void *p, int64_t begin, int64_t end) {
+  const runs_job *rj = p;
+  const select_job *j = rj->j;
+  size_t es = j->es;
+  for (int64_t o = begin; o < end; o++) {
+    const char *a = j->a + o * j->a_axis * (int64_t)es;
+    char *out = j->out + o * j->picks * (int64_t)es;
+    for (int64_t r = 0; r < rj->nruns; r++) {
+      int64_t k = rj->runs[2 * r], len = rj->runs[2 * r + 1];
+      const char *src = a + j->idx[k * j->idx_stride] * (int64_t)es;
+      if (es == 4)
+        for (int64_t i = 0; i < len; i++) memcpy(out + 4 * (k + i), src + 4 * i, 4);
+      else
+        memcpy(out + k * (int64_t)es, src, (size_t)len * es);
+    }
+  }
+}
+
 static bool index_select_fast(vm_tensor *out, const vm_tensor *a, const vm_tensor *idx, int axis) {
   if (!vm_is_contiguous(out) || !vm_is_contiguous(a) || idx->ndim != 1) return false;
   select_job j = {vm_data(out), vm_data(a), vm_data(idx), idx->strides[0], idx->shape[0],
                   a->shape[axis], prod_dims(a->shape, axis + 1, a->ndim), vm_dtype_size(a->dtype)};
-  int64_t rows = prod_dims(a->shape, 0, axis) * j.picks;
-  if (rows) vm_parallel_for(rows, j.inner >= 256 ? 16 : 1 << 14, select_rows, &j);
+  int64_t outer = prod_dims(a->shape, 0, axis), rows = outer * j.picks;
+  if (!rows) return true;
+  runs_job rj = {&j, NULL, 0};
+  if (j.inner == 1 && outer > 1) rj.runs = index_runs(j.idx, j.idx_stride, j.picks, &rj.nruns);
+  if (rj.runs) {
+    vm_parallel_for(outer, (1 << 14) / j.picks + 1, select_runs, &rj);
+    free((void *)rj.runs);
+  } else {
+    vm_parallel_for(rows, j.inner >= 256 ? 16 : 1 << 14, select_rows, &j);
+  }
   return true;
 }
 
@@ -193,6 +249,32 @@ static void scatter_rows(void *p, int64_t begin, int64_t end) {
   }
 }
 
+typedef struct {
+  const scatter_job *j;
+  const int64_t *runs;
+  int64_t nruns;
+} scatter_runs_job;
+
+#define SCATTER_RUNS(T)                                                                  \
+  for (int64_t o = begin; o < end; o++)                                                  \
+    for (int64_t r = 0; r < rj->nruns; r++) {                                            \
+      int64_t k = rj->runs[2 * r], len = rj->runs[2 * r + 1];                            \
+      T *restrict dst = (T *)j->out + o * j->out_axis + j->idx[k * j->idx_stride];       \
+      const T *restrict src = (const T *)j->src + o * j->picks + k;                      \
+      for (int64_t i = 0; i < len; i++) dst[i] += src[i];                                \
+    }
+
+/* scatter_rows for single elements by precomputed runs (the same order) */
+static void scatter_runs(void *p, int64_t begin, int64_t end) {
+  const scatter_runs_job *rj = p;
+  const scatter_job *j = rj->j;
+  if (j->dt == KILN_F32) {
+    SCATTER_RUNS(float)
+  } else {
+    SCATTER_RUNS(double)
+  }
+}
+
 /* scatter_add whose index is one 1-d index along axis, expanded (stride 0)
    over the other dimensions: index_select's VJP */
 static bool scatter_add_fast(vm_tensor *out, const vm_tensor *idx, const vm_tensor *src, int axis) {
@@ -207,8 +289,84 @@ static bool scatter_add_fast(vm_tensor *out, const vm_tensor *idx, const vm_tens
                    out->shape[axis], prod_dims(out->shape, axis + 1, out->ndim), out->dtype};
   int64_t outer = prod_dims(out->shape, 0, axis);
   int64_t per_row = j.picks * j.inner; /* elements an outer row adds */
-  if (outer && j.picks && j.inner)
-    vm_parallel_for(outer, per_row >= (1 << 14) ? 1 : (1 << 14) / per_row, scatter_rows, &j);
+  if (!outer || !j.picks || !j.inner) return true;
+  int64_t grain = per_row >= (1 << 14) ? 1 : (1 << 14) / per_row;
+  scatter_runs_job rj = {&j, NULL, 0};
+  if (j.inner == 1 && outer > 1) rj.runs = index_runs(j.idx, j.idx_stride, j.picks, &rj.nruns);
+  if (rj.runs) {
+    vm_parallel_for(outer, grain, scatter_runs, &rj);
+    free((void *)rj.runs);
+  } else {
+    vm_parallel_for(outer, grain, scatter_rows, &j);
+  }
+  return true;
+}
+
+/* gather and its adjoint with every operand contiguous (pooling's argmax
+   pick, cross-entropy's, topk's): out[o, k, i] = a[o, idx[o, k, i], i] over
+   outer o, the axis k and inner i — and scatter_add's out[o, idx[o,k,i], i]
+   += src[o, k, i], in the general loop's order (each output element sums
+   in k order) */
+typedef struct {
+  char *out;
+  const char *a;
+  const int64_t *idx;
+  int64_t picks, a_axis, inner; /* idx's (and out's / src's) axis size; a's / out's */
+  kiln_dtype dt;
+} elem_job;
+
+static void gather_elems(void *p, int64_t begin, int64_t end) {
+  const elem_job *j = p;
+  size_t es = vm_dtype_size(j->dt);
+  int64_t per = j->picks * j->inner;
+  for (int64_t o = begin; o < end; o++) {
+    const int64_t *ix = j->idx + o * per;
+    const char *a = j->a + o * j->a_axis * j->inner * (int64_t)es;
+    char *out = j->out + o * per * (int64_t)es;
+    for (int64_t k = 0, f = 0; k < j->picks; k++)
+      for (int64_t i = 0; i < j->inner; i++, f++) {
+        if (es == 4)
+          memcpy(out + 4 * f, a + 4 * (ix[f] * j->inner + i), 4);
+        else
+          copy_elem(out + f * (int64_t)es, a + (ix[f] * j->inner + i) * (int64_t)es, es);
+      }
+  }
+}
+
+#define SCATTER_ELEMS(T)                                                   \
+  for (int64_t o = begin; o < end; o++) {                                  \
+    const int64_t *ix = j->idx + o * per;                                  \
+    T *restrict out = (T *)j->out + o * j->a_axis * j->inner;              \
+    const T *restrict src = (const T *)j->a + o * per;                     \
+    for (int64_t k = 0, f = 0; k < j->picks; k++)                          \
+      for (int64_t i = 0; i < j->inner; i++, f++) out[ix[f] * j->inner + i] += src[f]; \
+  }
+
+static void scatter_elems(void *p, int64_t begin, int64_t end) {
+  const elem_job *j = p;
+  int64_t per = j->picks * j->inner;
+  if (j->dt == KILN_F32) {
+    SCATTER_ELEMS(float)
+  } else {
+    SCATTER_ELEMS(double)
+  }
+}
+
+/* a: gather's source (scatter_add's output), idx and o: the other two */
+static bool elems_fast(bool scatter, vm_tensor *out, const vm_tensor *a, const vm_tensor *idx,
+                       const vm_tensor *src, int axis) {
+  const vm_tensor *big = scatter ? out : a, *small = scatter ? src : out;
+  if (!vm_is_contiguous(big) || !vm_is_contiguous(small) || !vm_is_contiguous(idx)) return false;
+  if (scatter && big->dtype != KILN_F32 && big->dtype != KILN_F64) return false;
+  for (int d = 0; d < idx->ndim; d++)
+    if (idx->shape[d] != small->shape[d] || (d != axis && idx->shape[d] != big->shape[d])) return false;
+  elem_job j = {scatter ? vm_data(out) : vm_data(out), scatter ? vm_data(src) : vm_data(a),
+                vm_data(idx), idx->shape[axis], big->shape[axis],
+                prod_dims(idx->shape, axis + 1, idx->ndim), big->dtype};
+  int64_t outer = prod_dims(idx->shape, 0, axis), per = j.picks * j.inner;
+  if (outer && per)
+    vm_parallel_for(outer, per >= (1 << 15) ? 1 : (1 << 15) / per + 1,
+                    scatter ? scatter_elems : gather_elems, &j);
   return true;
 }
 
@@ -221,10 +379,13 @@ bool vm_k_index(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *in, const
     case VM_OP_index_select:
       if (!index_select_fast(out, a, idx, axis)) gather_like(out, a, idx, axis, false);
       return true;
-    case VM_OP_gather: gather_like(out, a, idx, axis, true); return true;
+    case VM_OP_gather:
+      if (!elems_fast(false, out, a, idx, NULL, axis)) gather_like(out, a, idx, axis, true);
+      return true;
     case VM_OP_scatter_add:
       if (!vm_k_elementwise(VM_OP_copy, out, 1, (vm_tensor *const *)in)) return false;
-      if (!scatter_add_fast(out, idx, in[2], axis)) scatter_add(out, idx, in[2], axis);
+      if (!scatter_add_fast(out, idx, in[2], axis) && !elems_fast(true, out, NULL, idx, in[2], axis))
+        scatter_add(out, idx, in[2], axis);
       return true;
     default: return false;
   }

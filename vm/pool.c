@@ -31,13 +31,25 @@
  * - Chunk boundaries depend only on (n, chunks), never on who runs a chunk,
  *   so results do not depend on the thread count or on contention.
  * - A call made from inside a chunk (a worker's or a caller's) runs inline:
- *   that thread already holds a token and must not wait on the pool. */
+ *   that thread already holds a token and must not wait on the pool.
+ * - Waking a sleeping thread is the expensive part of a small job: on these
+ *   VMs a futex wake (an IPI to an idle vCPU) and the sleeper's wake-up cost
+ *   tens of µs, more than the chunks of a [64, 2304] im2col (the digits CNN
+ *   step spent 17% of its time there).  So a worker that finds no job spins
+ *   for up to KILN_POOL_SPIN_US (50 µs; 0: never) watching the pool's epoch
+ *   before it sleeps, and open_job wakes only the sleepers it needs beyond
+ *   the spinners; a caller whose job has helpers spins as long for them to
+ *   leave before it sleeps.  Flushes run kernels back to back, so the next
+ *   job usually comes within the window; a spinner holds no token, and
+ *   yields its core while it spins, so a busy machine loses little. */
 #include "pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "state.h"
 
@@ -48,7 +60,7 @@ typedef struct pool_job {
   int64_t n, chunks;
   atomic_int_fast64_t next;      /* next chunk to claim */
   int64_t completed;             /* chunks finished (under pool.lock) */
-  int helpers;                   /* workers inside this job (under pool.lock) */
+  atomic_int helpers;            /* workers inside this job (changed under pool.lock) */
   struct pool_job *prev, *after; /* the open list (under pool.lock) */
 } pool_job;
 
@@ -62,6 +74,10 @@ typedef struct vm_pool {
   uint64_t next_ticket; /* callers take tickets ... */
   uint64_t serving;     /* ... and get tokens in ticket order */
   pool_job *open;       /* jobs that may still have chunks to claim */
+  int sleepers;         /* workers waiting on work (under pool.lock) */
+  atomic_int spinners;  /* workers spinning for work */
+  atomic_uint epoch;    /* bumped when work may have appeared */
+  int64_t spin_ns;      /* KILN_POOL_SPIN_US */
   atomic_int running;   /* threads inside kernel work now (kernel_threads_max) */
 } vm_pool;
 
@@ -120,13 +136,55 @@ static pool_job *claimable_job(void) {
   return NULL;
 }
 
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+/* spins (yielding the core now and then) until *word differs from seen or
+   the spin time is over; true when it changed */
+static bool spin_while_equal(atomic_uint *word, unsigned seen) {
+  int64_t until = now_ns() + pool.spin_ns;
+  for (int i = 1;; i++) {
+    if (atomic_load_explicit(word, memory_order_acquire) != seen) return true;
+    cpu_relax();
+    if (i % 64 == 0) {
+      if (now_ns() > until) return false;
+      sched_yield();
+    }
+  }
+}
+
+static void bump_epoch(void) { atomic_fetch_add_explicit(&pool.epoch, 1, memory_order_release); }
+
 static void *worker_main(void *arg) {
   (void)arg;
   pthread_mutex_lock(&pool.lock);
   for (;;) {
     pool_job *job;
-    while (pool.free_tokens == 0 || callers_waiting() || !(job = claimable_job()))
+    bool spin = pool.spin_ns > 0;
+    while (pool.free_tokens == 0 || callers_waiting() || !(job = claimable_job())) {
+      if (spin) { /* once per wait: then sleep */
+        unsigned seen = atomic_load(&pool.epoch);
+        atomic_fetch_add(&pool.spinners, 1);
+        pthread_mutex_unlock(&pool.lock);
+        spin = spin_while_equal(&pool.epoch, seen);
+        pthread_mutex_lock(&pool.lock);
+        atomic_fetch_sub(&pool.spinners, 1);
+        continue;
+      }
+      pool.sleepers++;
       pthread_cond_wait(&pool.work, &pool.lock);
+      pool.sleepers--;
+      spin = pool.spin_ns > 0;
+    }
     pool.free_tokens--;
     job->helpers++;
     pthread_mutex_unlock(&pool.lock);
@@ -135,6 +193,7 @@ static void *worker_main(void *arg) {
     job->completed += mine;
     job->helpers--;
     pool.free_tokens++;
+    bump_epoch();
     pthread_cond_broadcast(&pool.done);
     if (callers_waiting()) pthread_cond_broadcast(&pool.tokens);
   }
@@ -143,6 +202,9 @@ static void *worker_main(void *arg) {
 
 static void pool_start(void) {
   int threads = vm_process()->threads;
+  const char *spin = getenv("KILN_POOL_SPIN_US");
+  pool.spin_ns = spin && *spin ? (int64_t)(atof(spin) * 1000) : 50000;
+  if (pool.spin_ns < 0) pool.spin_ns = 0;
   pool.free_tokens = threads;
   pthread_attr_t attr;
   pthread_attr_init(&attr);
@@ -180,9 +242,10 @@ void vm_pool_leave(void) {
   if (--ts->pool_depth > 0 || ts->pool_in_chunk) return;
   pthread_mutex_lock(&pool.lock);
   pool.free_tokens++;
+  bump_epoch();
   if (callers_waiting())
     pthread_cond_broadcast(&pool.tokens);
-  else if (claimable_job())
+  else if (claimable_job() && atomic_load(&pool.spinners) == 0)
     pthread_cond_signal(&pool.work);
   pthread_mutex_unlock(&pool.lock);
 }
@@ -192,9 +255,13 @@ static void open_job(pool_job *job) {
   job->after = pool.open;
   if (pool.open) pool.open->prev = job;
   pool.open = job;
-  /* wake as many workers as could help now; others join as tokens return */
+  /* wake as many workers as could help now, less those spinning (they see
+     the epoch); others join as tokens return */
   int helpers = callers_waiting() ? 0 : pool.free_tokens;
   if (helpers > job->chunks - 1) helpers = (int)(job->chunks - 1);
+  bump_epoch();
+  helpers -= atomic_load(&pool.spinners);
+  if (helpers > pool.sleepers) helpers = pool.sleepers;
   for (int i = 0; i < helpers; i++) pthread_cond_signal(&pool.work);
   pthread_mutex_unlock(&pool.lock);
 }
@@ -202,6 +269,13 @@ static void open_job(pool_job *job) {
 /* every chunk is claimed once the caller's run_chunks returns: unlink the
    job, then wait for the workers still running its chunks */
 static void close_job(pool_job *job, int64_t mine) {
+  if (pool.spin_ns > 0 && atomic_load(&job->helpers) > 0) { /* they are finishing chunks */
+    int64_t until = now_ns() + pool.spin_ns;
+    for (int i = 1; atomic_load_explicit(&job->helpers, memory_order_acquire) > 0; i++) {
+      cpu_relax();
+      if (i % 64 == 0 && now_ns() > until) break;
+    }
+  }
   pthread_mutex_lock(&pool.lock);
   if (job->prev)
     job->prev->after = job->after;
@@ -228,6 +302,7 @@ void vm_parallel_chunks(int64_t n, int64_t chunks, vm_chunk_fn fn, void *ctx) {
   vm_pool_enter();
   pool_job job = {.fn = fn, .ctx = ctx, .n = n, .chunks = chunks};
   atomic_init(&job.next, 0);
+  atomic_init(&job.helpers, 0);
   if (chunks == 1 || vm_pool_threads() == 1) {
     run_chunks(&job);
   } else {

@@ -679,6 +679,7 @@ double kiln_stat(const char *name) {
 
 const char *kiln_version(void) { return KILN_VERSION_STRING; }
 size_t kiln_memory_in_use(void) { return vm_memory_in_use(); }
+size_t kiln_pending_bytes(const kiln_tensor *t) { return tr_pending_bytes((vm_tensor *)t); }
 int kiln_num_threads(void) { return vm_pool_threads(); }
 const char *kiln_blas_core(void) { return vm_blas_get()->core; }
 const char *kiln_cpu_isa(void) { return vm_cpu_isa(); }

@@ -313,6 +313,11 @@ KILN_API double kiln_stat(const char *name);
 /* bytes held by live tensor storages, process-wide (freed-block caches not
    included): what a garbage-collected host reports to its collector */
 KILN_API size_t kiln_memory_in_use(void);
+/* bytes of results that reading t would compute now (t NULL: what kiln_sync
+   would): 0 when t's value is at hand, SIZE_MAX when it is not known.  How
+   long a read will take, cheaply: bindings run small evaluations without
+   giving up their interpreter's lock, which costs more than they do */
+KILN_API size_t kiln_pending_bytes(const kiln_tensor *t);
 KILN_API const char *kiln_version(void);
 
 /* machine: what this process runs with */

@@ -122,18 +122,33 @@ class ConstructionTest < Minitest::Test
     t = Kiln.zeros(1000, dtype: :float64)
     assert_operator ObjectSpace.memsize_of(t), :>=, 8000
     data = Array.new(100_000, 1.5)
-    GC.start # finish sweeping, so no dfree runs while we measure
-    GC.disable
-    begin
-      before = GC.stat(:malloc_increase_bytes)
-      u = Kiln.tensor(data)
-      grew = GC.stat(:malloc_increase_bytes) - before
-    ensure
-      GC.enable
-    end
-    # the 400 kB Kiln copied into are reported to Ruby's GC (rb_gc_adjust_memory_usage
-    # of kiln_memory_in_use's changes; less what was freed meanwhile)
-    assert_operator grew, :>=, 350_000
+    GC.start
+    before = Kiln.gc_held_bytes
+    u = Kiln.tensor(data)
+    # the 400 kB Kiln copied into count for the GC pacer, and memsize_of says so
+    assert_operator Kiln.gc_held_bytes - before, :>=, 400_000
     assert_operator ObjectSpace.memsize_of(u), :>=, 400_000
+    u = nil # rubocop:disable Lint/UselessAssignment
+    GC.start
+    assert_operator Kiln.gc_held_bytes, :<, before + 400_000
+  end
+
+  # The pacer runs a GC when the handles hold twice what they held after the
+  # last one (64 MiB at least), not for every large op as Ruby's malloc limit
+  # would (W1 from Ruby: 8 GCs per evaluation before, 40 of 240 major).
+  def test_gc_pacer_collects_never_read_results_without_a_gc_per_op
+    x = Kiln.rand(1 << 20) # 4 MiB
+    Kiln.sync
+    GC.start
+    gcs = GC.count
+    held = []
+    100.times do
+      x * 2.0 # 4 MiB nobody reads
+      held << Kiln.gc_held_bytes
+    end
+    ran = GC.count - gcs
+    assert_operator ran, :>=, 2, "400 MiB of never-read results ran no GC"
+    assert_operator ran, :<=, 20, "a GC for (nearly) every op: #{ran} for 100"
+    assert_operator held.max, :<, 200 << 20, "the handles held #{held.max >> 20} MiB at most"
   end
 end

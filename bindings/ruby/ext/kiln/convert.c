@@ -147,7 +147,6 @@ VALUE rk_from_ruby(VALUE data, VALUE dtype) {
   kiln_tensor *t = kiln_from_data(buf, dt, L.ndim, L.shape);
   ALLOCV_END(tmp);
   rk_finish(obj, t);
-  rk_account(obj, bytes); /* Kiln holds a buffer of this size for it */
   RB_GC_GUARD(data);
   return obj;
 }

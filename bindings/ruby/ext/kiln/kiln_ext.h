@@ -22,7 +22,7 @@ extern VALUE rk_mKiln, rk_cTensor, rk_eError, rk_eShapeError, rk_eDTypeError;
 
 typedef struct {
   kiln_tensor *t;   /* owned reference; NULL only while being constructed */
-  size_t gc_bytes;  /* bytes reported with rb_gc_adjust_memory_usage (the value's size) */
+  size_t gc_bytes;  /* bytes it counts for the GC pacer (the value's size) */
 } rk_tensor;
 
 /* --- kiln_ext.c: errors, the Tensor type, dtypes, argument helpers -------------- */
@@ -34,7 +34,6 @@ VALUE rk_alloc(void);                           /* a Tensor wrapper holding NULL
 VALUE rk_finish(VALUE obj, kiln_tensor *t);     /* raises if t is NULL */
 kiln_tensor *rk_get(VALUE obj);                 /* TypeError unless a live Tensor */
 int rk_is_tensor(VALUE v);
-void rk_account(VALUE obj, size_t bytes);       /* a no-op: rk_finish reports each value's bytes */
 int rk_check_status(int rc);                    /* raises if rc < 0, returns rc */
 
 kiln_dtype rk_dtype(VALUE sym);                 /* :float32 ... -> kiln_dtype */
