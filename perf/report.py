@@ -16,7 +16,7 @@ import sys
 ORDER = ["kiln-eager", "kiln", "kiln-autodiff", "openblas", "numpy", "torch", "torch.optim", "torch.compile",
          "jax.jit"]
 WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8:W1", "W8:W7", "W8:warm", "W10", "W11", "W12", "W13",
-             "W13:exit", "W14"]
+             "W13:exit", "W14", "W14:cnn"]
 TITLES = {
     "W1": "W1 tanh(x*y+0.5)*sigmoid(x)-y*y*0.25, 2^24",
     "W2": "W2 softmax rows, 4096x1024",
@@ -32,11 +32,12 @@ TITLES = {
     "W13": "W13 the demo (mlp_digits) from a cold cache: whole process",
     "W13:exit": "W13 exit: main's return to process end",
     "W14": "W14 conv2d 3x3 fwd+bwd (x, w, b), batch 32, 64->64 channels, 56x56",
+    "W14:cnn": "W14 the digits CNN training step (conv-relu-pool x2, linear, Adam), batch 64",
 }
 # how a row's median is shown: unit, value from the median seconds, higher is better
 UNITS = {"W1": "ms", "W2": "ms", "W3": "ms", "W4": "ms", "W5": "us/op", "W6": "GFLOP/s",
          "W7": "steps/s", "W8": "ms", "W10": "steps/s", "W11": "ms", "W12": "ms", "W13": "s",
-         "W13:exit": "ms", "W14": "ms"}
+         "W13:exit": "ms", "W14": "ms", "W14:cnn": "ms"}
 # higher-is-better units: the value is 1 / time or work / time
 RATE_UNITS = ("GFLOP/s", "steps/s")
 # the fields of a row's line shown under the table (and in the CSV's details)
@@ -50,7 +51,7 @@ DETAILS = {
 MEMORY_BOUND = {"W1", "W2", "W3", "W4"}
 # agreement tolerance of the result summaries, relative (see agree())
 TOLERANCE = {"W1": 1e-4, "W2": 1e-4, "W3": 1e-4, "W4": 1e-4, "W5": 1e-5, "W6": 1e-4, "W7": 1e-3,
-             "W10": 1e-3, "W11": 1e-3, "W12": 1e-3, "W13": 0.02}
+             "W10": 1e-3, "W11": 1e-3, "W12": 1e-3, "W13": 0.02, "W14": 1e-3}
 
 
 def unit_of(w):
@@ -256,13 +257,27 @@ def print_table(table, limit, header):
             print("  %-6s %-14s %s" % (w, c, n))
 
 
-def write_csv(table, limit, path):
+def earlier_rows(path, fields, replaced):
+    """the rows of an earlier CSV whose workloads this run did not measure"""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, csv.Error):
+        return []
+    return [[r.get(k, "") for k in fields] for r in rows if base(r.get("workload", "")) not in replaced]
+
+
+def write_csv(table, limit, path, run):
+    """this run's rows, after the rows of the workloads it did not run (kept
+    from the file's earlier runs, which their run column names)"""
     fields = ["workload", "contender", "status", "median", "unit", "time_s", "reps", "limit_s",
               "of_limit", "kiln_speedup", "threads", "isa", "blas", "triad_gbs", "bytes", "flops",
-              "agreement", "check", "details", "note"]
+              "agreement", "check", "details", "note", "run"]
+    kept = earlier_rows(path, fields, {base(r["workload"]) for r in table})
     with open(path, "w", newline="", encoding="utf-8") as f:
         wr = csv.writer(f)
         wr.writerow(fields)
+        wr.writerows(kept)
         for r in table:
             wr.writerow([r["workload"], r["contender"], "n/a" if r["status"] == "na" else r["status"],
                          "%.6g" % r["value"] if r["value"] is not None else "", r["unit"],
@@ -272,7 +287,7 @@ def write_csv(table, limit, path):
                          "%.4f" % r["kiln_speedup"] if r["kiln_speedup"] is not None else "",
                          r["threads"], r["isa"], r["blas"], limit.get("best_gbs", "") if limit else "",
                          r["bytes"], r["flops"], r.get("agree", ""), r["check"], r.get("details", ""),
-                         r["note"]])
+                         r["note"], run])
 
 
 COLORS = {"kiln-eager": "#f4a261", "kiln": "#e76f51", "kiln-autodiff": "#c1121f",
@@ -288,7 +303,8 @@ def plot(table, limit, path, header):
     except Exception as e:
         print("chart: matplotlib is not available (%s); no PNG written" % e.__class__.__name__)
         return False
-    panels = [w for w in ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W10", "W11", "W12", "W13", "W13:exit"]
+    panels = [w for w in ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W10", "W11", "W12", "W13", "W13:exit", "W14",
+                        "W14:cnn"]
               if any(panel_of(r["workload"]) == w for r in table)]
     if not panels:
         return False
@@ -358,7 +374,7 @@ def main():
     limit, raw = parse(a.raw)
     table, bad = build(limit, raw)
     print_table(table, limit, a.header)
-    write_csv(table, limit, a.csv)
+    write_csv(table, limit, a.csv, a.header)
     print("\ncsv: %s" % a.csv)
     if a.png and plot(table, limit, a.png, a.header):
         print("chart: %s" % a.png)

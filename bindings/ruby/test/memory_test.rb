@@ -2,9 +2,8 @@
 
 require_relative "test_helper"
 
-# Kiln's memory is reported to Ruby's GC (issue 17, item 1): the extension
-# passes kiln_memory_in_use()'s changes to rb_gc_adjust_memory_usage after
-# each op, read and release, so a loop whose results are never read makes
+# Ruby's GC is paced by the bytes Kiln holds for live handles (issue 17,
+# item 1; kiln_ext.c: gc_pace), so a loop whose results are never read makes
 # the GC run and free them.
 class MemoryTest < Minitest::Test
   RSS_GROWTH_BOUND = 256 << 20 # without the reporting: 0.8-2.3 GB (issue 17)
