@@ -37,7 +37,8 @@
  *   tens of µs, more than the chunks of a [64, 2304] im2col (the digits CNN
  *   step spent 17% of its time there).  So a worker that finds no job spins
  *   for up to KILN_POOL_SPIN_US (50 µs; 0: never) watching the pool's epoch
- *   before it sleeps, and open_job wakes only the sleepers it needs beyond
+ *   before it sleeps (a few windows at most when the epoch moves without
+ *   bringing it a job), and open_job wakes only the sleepers it needs beyond
  *   the spinners; a caller whose job has helpers spins as long for them to
  *   leave before it sleeps.  Flushes run kernels back to back, so the next
  *   job usually comes within the window; a spinner holds no token, and
@@ -169,21 +170,24 @@ static void *worker_main(void *arg) {
   pthread_mutex_lock(&pool.lock);
   for (;;) {
     pool_job *job;
-    bool spin = pool.spin_ns > 0;
+    /* spin windows left: one per change of the epoch that brought no job,
+       at most 4 (200 µs) since the last job or wake-up, then sleep */
+    int windows = pool.spin_ns > 0 ? 4 : 0;
     while (pool.free_tokens == 0 || callers_waiting() || !(job = claimable_job())) {
-      if (spin) { /* once per wait: then sleep */
+      if (windows > 0) {
         unsigned seen = atomic_load(&pool.epoch);
         atomic_fetch_add(&pool.spinners, 1);
         pthread_mutex_unlock(&pool.lock);
-        spin = spin_while_equal(&pool.epoch, seen);
+        bool changed = spin_while_equal(&pool.epoch, seen);
         pthread_mutex_lock(&pool.lock);
         atomic_fetch_sub(&pool.spinners, 1);
+        windows = changed ? windows - 1 : 0;
         continue;
       }
       pool.sleepers++;
       pthread_cond_wait(&pool.work, &pool.lock);
       pool.sleepers--;
-      spin = pool.spin_ns > 0;
+      windows = pool.spin_ns > 0 ? 4 : 0;
     }
     pool.free_tokens--;
     job->helpers++;
