@@ -184,6 +184,32 @@ static vm_tensor *rule_matmul(vm_scope *s, const ad_ctx *c, int k) {
   return keep(s, vm_reshape(summed, x->ndim, x->shape));
 }
 
+/* Convolutions: y = conv2d(x, w) is linear in x and in w, and its two
+   adjoints are each other's (<h, conv2d_input(dy, w)> = <conv2d(h, w), dy>
+   = <conv2d_weight(h, dy), w>), so every rule is one of the three ops with
+   the node's geometry and the shape of the input it differentiates. */
+static vm_tensor *conv_op(vm_scope *s, const ad_ctx *c, vm_opcode op, vm_tensor *a, vm_tensor *b,
+                          const vm_tensor *shape_of) {
+  vm_attr attr = *c->attr;
+  attr.ndim = shape_of->ndim;
+  memcpy(attr.shape, shape_of->shape, sizeof attr.shape);
+  attr.api = NULL;
+  vm_tensor *in[2] = {a, b};
+  return a && b ? keep(s, vm_op(op, 2, in, &attr)) : NULL;
+}
+
+static vm_tensor *rule_conv(vm_scope *s, const ad_ctx *c, int k) {
+  vm_tensor *a = c->x[0], *b = c->x[1], *g = c->g;
+  switch (c->op) {
+    case VM_OP_conv2d: /* (x, w) */
+      return k == 0 ? conv_op(s, c, VM_OP_conv2d_input, g, b, a) : conv_op(s, c, VM_OP_conv2d_weight, a, g, b);
+    case VM_OP_conv2d_input: /* (dy, w) -> dx */
+      return k == 0 ? conv_op(s, c, VM_OP_conv2d, g, b, a) : conv_op(s, c, VM_OP_conv2d_weight, g, a, b);
+    default: /* conv2d_weight (x, dy) -> dw */
+      return k == 0 ? conv_op(s, c, VM_OP_conv2d_input, b, g, a) : conv_op(s, c, VM_OP_conv2d, a, g, b);
+  }
+}
+
 /* an index tensor for `axis` broadcast to shape (of g): positions idx_1d[j] */
 static vm_tensor *axis_index(vm_scope *s, vm_tensor *idx_1d, int axis, const vm_tensor *g) {
   int64_t shape[KILN_MAX_DIMS];
@@ -266,6 +292,7 @@ static vjp_rule rule_for(vm_opcode op) {
     case VM_KIND_INDEX: return rule_index;
     case VM_KIND_CONCAT: return rule_concat;
     case VM_KIND_COLLECTIVE: return rule_collective;
+    case VM_KIND_CONV: return rule_conv;
     case VM_KIND_LEAF:
     case VM_KIND_SORT: return NULL; /* indices: sort's values get gather's VJP */
   }

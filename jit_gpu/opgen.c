@@ -613,7 +613,8 @@ bool gpu_op_plan_make(vm_opcode op, int n, vm_tensor *const *in, vm_tensor *out,
     case VM_KIND_CONCAT: ok = n >= 1 && plan_concat(n, in, out, attr->axis, p); break;
     case VM_KIND_SORT: ok = n == 1 && plan_sort(in[0], out, attr, p); break;
     case VM_KIND_VIEW:
-    case VM_KIND_COLLECTIVE: break; /* geometry; the distributed engine (vm/dist.h) */
+    case VM_KIND_COLLECTIVE: /* geometry; the distributed engine (vm/dist.h) */
+    case VM_KIND_CONV: break; /* the CPU's primitive (GPU convolutions are composed) */
   }
   if (!ok) {
     if (vm_thread()->status == KILN_OK)
@@ -684,7 +685,8 @@ static void add_family(key_list *L, vm_opcode op, kiln_dtype dt) {
       break;
     case VM_KIND_SORT: add_elementwise(L, op, KILN_I64, 1, &dt); break;
     case VM_KIND_VIEW:
-    case VM_KIND_COLLECTIVE: break;
+    case VM_KIND_COLLECTIVE:
+    case VM_KIND_CONV: break;
   }
 }
 

@@ -251,7 +251,8 @@ bool gpu_op_key_supported(const gpu_op_key *k) {
     case VM_KIND_CONCAT: return k->nin == 1 && !k->variant && in0 == out;
     case VM_KIND_SORT: return k->nin == 1 && !k->variant && out == KILN_I64;
     case VM_KIND_VIEW:
-    case VM_KIND_COLLECTIVE: return false;
+    case VM_KIND_COLLECTIVE:
+    case VM_KIND_CONV: return false;
   }
   return false;
 }
@@ -947,7 +948,8 @@ static void emit_kernel(sbuf *b, const gpu_op_key *k) {
       return;
     }
     case VM_KIND_VIEW:
-    case VM_KIND_COLLECTIVE: return;
+    case VM_KIND_COLLECTIVE:
+    case VM_KIND_CONV: return;
   }
 }
 

@@ -731,6 +731,63 @@ static void conv_case(const int64_t *xs, const int64_t *ws, conv_ctx c, bool gra
   free_gins(in, 3);
 }
 
+static conv_ctx padded_1(void) { return (conv_ctx){{1, 1}, {1, 1}, {1, 1}, 1, false}; }
+
+/* m = sum(gx * A) + sum(gw * B) for (gx, gw) the gradients of
+   sum(conv2d(x, w) * R) taken with create_graph: it differentiates the
+   convolution's adjoints (conv2d_input, conv2d_weight) once more */
+static double second_order(const gin *in, const double *R, const double *A, const double *Bv,
+                           const conv_ctx *c, double *dx, double *dw) {
+  kiln_tensor *x = f64t(4, in[0].shape, in[0].v), *w = f64t(4, in[1].shape, in[1].v);
+  kiln_set_requires_grad(x, true), kiln_set_requires_grad(w, true);
+  kiln_tensor *y = kiln_conv2d(x, w, NULL, c->stride, c->padding, c->dilation, c->groups);
+  kiln_tensor *r = f64t(4, kiln_shape(y), R), *yr = kiln_mul(y, r), *l = kiln_sum(yr, 0, NULL, false);
+  kiln_tensor *xw[2] = {x, w}, *g[2] = {0};
+  CHECK(kiln_grad_of(1, &l, NULL, 2, xw, g, true) == KILN_OK);
+  kiln_tensor *a = f64t(4, in[0].shape, A), *b = f64t(4, in[1].shape, Bv);
+  kiln_tensor *ga = kiln_mul(g[0], a), *gb = kiln_mul(g[1], b);
+  kiln_tensor *sa = kiln_sum(ga, 0, NULL, false), *sb = kiln_sum(gb, 0, NULL, false), *m = kiln_add(sa, sb);
+  double v = kiln_item(m);
+  if (dx) {
+    kiln_tensor *d[2] = {0};
+    CHECK(kiln_grad_of(1, &m, NULL, 2, xw, d, false) == KILN_OK);
+    CHECK(kiln_to_buffer(d[0], dx, sizeof(double) * (size_t)kiln_numel(x)) == KILN_OK);
+    CHECK(kiln_to_buffer(d[1], dw, sizeof(double) * (size_t)kiln_numel(w)) == KILN_OK);
+    kiln_release(d[0]), kiln_release(d[1]);
+  }
+  kiln_tensor *all[] = {x, w, y, r, yr, l, g[0], g[1], a, b, ga, gb, sa, sb, m};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kiln_release(all[i]);
+  return v;
+}
+
+TEST(conv2d_second_order_gradients) {
+  conv_ctx c = {{2, 1}, {1, 1}, {1, 2}, 2, false};
+  int64_t xs[4] = {2, 4, 6, 5}, ws[4] = {4, 2, 2, 3};
+  gin in[2] = {rin(4, xs, -1, 1, true), rin(4, ws, -1, 1, true)};
+  int64_t nx = numel_of(4, xs), nw = numel_of(4, ws), ny = 2 * 4 * 4 * 3; /* oh 4, ow 3 */
+  double *R = malloc(sizeof(double) * (size_t)ny), *A = malloc(sizeof(double) * (size_t)nx);
+  double *Bv = malloc(sizeof(double) * (size_t)nw), *dx = malloc(sizeof(double) * (size_t)nx);
+  double *dw = malloc(sizeof(double) * (size_t)nw);
+  fill(R, ny, -1, 1), fill(A, nx, -1, 1), fill(Bv, nw, -1, 1);
+  second_order(in, R, A, Bv, &c, dx, dw);
+  for (int k = 0; k < 2; k++) {
+    int64_t n = k ? nw : nx;
+    for (int64_t e = 0; e < n; e++) {
+      double v0 = in[k].v[e], h = 1e-5;
+      in[k].v[e] = v0 + h;
+      double lp = second_order(in, R, A, Bv, &c, NULL, NULL);
+      in[k].v[e] = v0 - h;
+      double lm = second_order(in, R, A, Bv, &c, NULL, NULL);
+      in[k].v[e] = v0;
+      double fd = (lp - lm) / (2 * h), got = k ? dw[e] : dx[e];
+      if (!(fabs(got - fd) <= 1e-6 * fmax(1.0, fabs(fd))))
+        KTEST_FAIL("d m / d%s[%lld] = %.12g, finite differences %.12g", k ? "w" : "x", (long long)e, got, fd);
+    }
+  }
+  free(R), free(A), free(Bv), free(dx), free(dw);
+  free_gins(in, 2);
+}
+
 TEST(conv2d_values_and_gradients) {
   conv_ctx plain = {{1, 1}, {0, 0}, {1, 1}, 1, true};
   conv_case(S(2, 3, 5, 6), S(4, 3, 3, 3), plain, true);
@@ -744,6 +801,12 @@ TEST(conv2d_values_and_gradients) {
   conv_case(S(1, 3, 6, 6), S(3, 1, 3, 3), depthwise, true);
   conv_ctx pointwise = {{1, 1}, {0, 0}, {1, 1}, 1, true};
   conv_case(S(3, 5, 4, 4), S(2, 5, 1, 1), pointwise, false);
+  /* more output positions than one tile of vm/kern_conv.c (256), tiles
+     ending mid-row; strided, dilated and grouped too */
+  conv_case(S(2, 3, 21, 23), S(4, 3, 3, 3), padded_1(), false);
+  conv_ctx wide = {{2, 1}, {2, 1}, {2, 1}, 2, true};
+  conv_case(S(1, 4, 40, 37), S(2, 2, 3, 2), wide, false);
+  conv_case(S(1, 2, 17, 19), S(2, 2, 3, 3), padded_1(), true);
   /* NULL stride/padding/dilation mean 1/0/1 */
   kiln_tensor *x = kiln_ones(F64, 4, S(1, 1, 3, 3)), *w = kiln_ones(F64, 4, S(1, 1, 2, 2));
   kiln_tensor *y = kiln_conv2d(x, w, NULL, NULL, NULL, NULL, 1);
@@ -879,7 +942,20 @@ TEST(index_fast_paths_match_the_general_loops) {
   CHECK_EQ_INT(kiln_to_buffer(ss, os, sizeof os), 0);
   CHECK(!memcmp(of, os, sizeof of));
   CHECK(of[50 + 5] == (av[55] + src[12 + 7]) + src[12 + 8]); /* the repeat, in k order */
-  kiln_tensor *all[] = {a, w, strided, i1, fast, slow, row, ex, mat, sv, base, sf, ss};
+  /* gather and scatter_add with an elementwise index: every operand
+     contiguous (the fast path) vs a strided source (the general loop) */
+  kiln_tensor *gf = kiln_gather(a, 1, mat), *gs = kiln_gather(strided, 1, mat);
+  CHECK_EQ_INT(kiln_to_buffer(gf, vf, sizeof vf), 0);
+  CHECK_EQ_INT(kiln_to_buffer(gs, vs, sizeof vs), 0);
+  CHECK(!memcmp(vf, vs, sizeof vf));
+  for (int i = 0; i < 36; i++) CHECK(vf[i] == av[(i / 12) * 50 + full_idx[i]]);
+  float src2[72];
+  for (int i = 0; i < 36; i++) src2[2 * i] = src[i], src2[2 * i + 1] = 99;
+  kiln_tensor *sw = kiln_from_data(src2, F32, 2, S(3, 24)), *sstr = kiln_slice(sw, 1, 0, 24, 2);
+  kiln_tensor *sg = kiln_scatter_add(base, 1, mat, sstr);
+  CHECK_EQ_INT(kiln_to_buffer(sg, os, sizeof os), 0);
+  CHECK(!memcmp(of, os, sizeof of));
+  kiln_tensor *all[] = {a, w, strided, i1, fast, slow, row, ex, mat, sv, base, sf, ss, gf, gs, sw, sstr, sg};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) kiln_release(all[i]);
 }
 
@@ -1047,6 +1123,7 @@ int main(int argc, char **argv) {
   RUN(dropout_masks_scale_reproducible);
   RUN(batch_norm_training_eval_running_stats);
   RUN(conv2d_values_and_gradients);
+  RUN(conv2d_second_order_gradients);
   RUN(conv2d_errors);
   RUN(pooling_values_and_gradients);
   RUN(index_fast_paths_match_the_general_loops);

@@ -54,6 +54,10 @@ static void put_attrs(FILE *f, const tr_pnode *p) {
     case VM_KIND_CONCAT: fprintf(f, " axis=%d", a->axis); break;
     case VM_KIND_SORT: fprintf(f, " axis=%d descending=%d", a->axis, a->keepdim); break;
     case VM_KIND_COLLECTIVE: fprintf(f, " op=%s seq=$%d", vm_reduce_name(a->axis), p->src); break;
+    case VM_KIND_CONV:
+      fprintf(f, " stride=%d,%d padding=%d,%d dilation=%d,%d groups=%d", a->perm[0], a->perm[1],
+              a->perm[2], a->perm[3], a->perm[4], a->perm[5], a->axis);
+      break;
     case VM_KIND_LEAF:
       if (p->op == VM_OP_full) fprintf(f, " value=$%d%s", p->src, a->weak ? " weak" : "");
       if (p->op == VM_OP_arange) fprintf(f, " start,step=$%d", p->src);

@@ -229,13 +229,13 @@ static void partition(tr_plan *plan) {
       cur = &plan->groups[plan->ngroups++];
       cur->first = cur->last = i;
       cur->kind = kind == VM_KIND_MATMUL                                  ? TR_GROUP_MATMUL
-                  : kind == VM_KIND_INDEX || kind == VM_KIND_CONCAT ||
-                            kind == VM_KIND_SORT || kind == VM_KIND_COLLECTIVE ? TR_GROUP_DATA
+                  : kind == VM_KIND_INDEX || kind == VM_KIND_CONCAT || kind == VM_KIND_SORT ||
+                            kind == VM_KIND_COLLECTIVE || kind == VM_KIND_CONV ? TR_GROUP_DATA
                   : kind == VM_KIND_REDUCE                                ? TR_GROUP_REDUCE
                                                                           : TR_GROUP_ELEMENTWISE;
       cur_shape = p->meta;
       if (kind == VM_KIND_MATMUL || kind == VM_KIND_INDEX || kind == VM_KIND_CONCAT ||
-          kind == VM_KIND_SORT || kind == VM_KIND_COLLECTIVE)
+          kind == VM_KIND_SORT || kind == VM_KIND_COLLECTIVE || kind == VM_KIND_CONV)
         cur = NULL;
     }
     p->group = plan->ngroups - 1;

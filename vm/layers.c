@@ -1,11 +1,14 @@
 /* layers.c — the ops real models need beyond the basics (issue 18):
  * linspace/eye/randint/randperm/clone, var/std, conv2d, pooling,
  * batch_norm, dropout, embedding, one_hot and the nll/bce losses.  Every
- * one is a composite of existing primitives recorded at call time, so
- * autodiff (their gradients are the primitives' VJPs), the trace key and
- * the code generators need nothing new.  Window ops (conv, pooling) gather
- * their windows with one index_select whose index is built here, on the
- * host, from the shapes alone (see vm_conv2d). */
+ * one but the CPU's convolution is a composite of existing primitives
+ * recorded at call time, so autodiff (their gradients are the primitives'
+ * VJPs), the trace key and the code generators need nothing new.  Window
+ * ops (pooling; convolution off the CPU) gather their windows with one
+ * index_select whose index is built here, on the host, from the shapes
+ * alone.  On the CPU, conv2d is a primitive of its own (ops.def,
+ * vm/kern_conv.c): the composed im2col moved the batch's whole column
+ * matrix through memory (see vm_conv2d). */
 #include "layers.h"
 
 #include <math.h>
@@ -450,7 +453,20 @@ static bool check_rank(const vm_tensor *t, int ndim, const char *what, const cha
   return false;
 }
 
-/* Convolution as im2col + GEMM: the windows of every image are gathered by
+/* On the CPU a convolution is its own primitive (vm/kern_conv.c: im2col
+   tile by tile in cache, not the batch's column matrix through memory);
+   the key keeps its geometry in bytes (attr.perm), so larger strides,
+   paddings or dilations take the composed path below */
+static bool conv_primitive_fits(const vm_tensor *x, const vm_tensor *w, const window_geom *g) {
+  if (x->device != KILN_CPU || w->device != KILN_CPU) return false;
+  if (!vm_dtype_is_float(x->dtype) || !vm_dtype_is_float(w->dtype)) return false;
+  int64_t v[] = {g->sh, g->sw, g->ph, g->pw, g->dh, g->dw};
+  for (int i = 0; i < 6; i++)
+    if (v[i] > 255) return false;
+  return true;
+}
+
+/* Convolution as im2col + GEMM (other devices): the windows of every image are gathered by
    one index_select into [N, C*kh*kw, OH*OW] (groups: [N, G, C/G*kh*kw,
    OH*OW]) and multiplied by the weight viewed as [Cout, C*kh*kw] — the
    GEMM goes to BLAS.  The gradients are the primitives': matmul's VJP for
@@ -492,8 +508,14 @@ vm_tensor *vm_conv2d(vm_tensor *x, vm_tensor *w, vm_tensor *b, const int stride[
   if (!window_args(&g, "convolution")) return NULL;
   int64_t k = cin / groups * g.kh * g.kw, l = g.oh * g.ow, G = groups;
   vm_scope s = {0};
-  vm_tensor *cols = gather_windows(&s, x, &g, false, 0.0), *out;
-  if (groups == 1) {
+  vm_tensor *cols = NULL, *out;
+  if (conv_primitive_fits(x, w, &g)) {
+    vm_attr attr = {.axis = groups, .perm = {(int)g.sh, (int)g.sw, (int)g.ph, (int)g.pw, (int)g.dh, (int)g.dw}};
+    vm_tensor *in[2] = {x, w};
+    out = keep(&s, vm_op(VM_OP_conv2d, 2, in, &attr));
+  } else if (!(cols = gather_windows(&s, x, &g, false, 0.0))) {
+    out = NULL;
+  } else if (groups == 1) {
     cols = keep(&s, vm_reshape(cols, 3, (int64_t[]){g.n, k, l}));
     vm_tensor *wm = keep(&s, vm_reshape(w, 2, (int64_t[]){cout, k}));
     out = keep(&s, cols && wm ? vm_binary(VM_OP_matmul, wm, cols) : NULL);

@@ -423,6 +423,45 @@ static bool infer_collective(vm_opcode op, int n, vm_tensor *const *in, const vm
   return true;
 }
 
+/* conv2d / conv2d_input / conv2d_weight (vm/kern_conv.c): the geometry
+   is vm_conv2d's, checked there against the user's arguments; here the
+   operands are checked to agree with it (float, CPU, 4-d) */
+static bool infer_conv(vm_opcode op, vm_tensor *const *in, const vm_attr *attr, vm_meta *m) {
+  kiln_dtype p = vm_promote(in[0]->dtype, in[1]->dtype);
+  if (!vm_dtype_is_float(p)) {
+    vm_error(KILN_ERR_DTYPE, "convolution operands must be float, not %s", vm_dtype_name(p));
+    return false;
+  }
+  if (in[0]->device != KILN_CPU || in[1]->device != KILN_CPU) {
+    vm_error(KILN_ERR_DEVICE, "the convolution primitive runs on the CPU");
+    return false;
+  }
+  /* x, w and y: two are inputs, the third the result */
+  const int64_t *xs = op == VM_OP_conv2d_input ? attr->shape : in[0]->shape;
+  const int64_t *ws = op == VM_OP_conv2d_weight ? attr->shape : in[1]->shape;
+  const vm_tensor *dy = op == VM_OP_conv2d_input ? in[0] : op == VM_OP_conv2d_weight ? in[1] : NULL;
+  int64_t g = attr->axis, st[2] = {attr->perm[0], attr->perm[1]}, pd[2] = {attr->perm[2], attr->perm[3]};
+  int64_t dl[2] = {attr->perm[4], attr->perm[5]}, o[2];
+  bool ok = in[0]->ndim == 4 && in[1]->ndim == 4 && g >= 1 && xs[1] % g == 0 && ws[0] % g == 0 &&
+            ws[1] == xs[1] / g && (op == VM_OP_conv2d || attr->ndim == 4);
+  for (int d = 0; ok && d < 2; d++) {
+    ok = st[d] >= 1 && dl[d] >= 1 && pd[d] >= 0;
+    o[d] = ok ? (xs[2 + d] + 2 * pd[d] - dl[d] * (ws[2 + d] - 1) - 1) / st[d] + 1 : 0;
+    ok = ok && xs[2 + d] + 2 * pd[d] - dl[d] * (ws[2 + d] - 1) - 1 >= 0;
+  }
+  int64_t ys[4] = {xs[0], ws[0], ok ? o[0] : 0, ok ? o[1] : 0};
+  if (ok && dy) ok = !memcmp(dy->shape, ys, sizeof ys);
+  if (!ok) {
+    vm_error(KILN_ERR_INTERNAL, "%s: operands do not fit the convolution's geometry",
+             vm_op_table[op].name);
+    return false;
+  }
+  m->ndim = 4;
+  memcpy(m->shape, op == VM_OP_conv2d ? ys : op == VM_OP_conv2d_input ? xs : ws, sizeof ys);
+  m->dtype = m->compute = p;
+  return true;
+}
+
 /* Every result's size fits (vm_shape_numel): a broadcast, matmul, concat
    or expand past 2^60 elements is a shape error naming the input shapes. */
 static bool check_result_size(int n, vm_tensor *const *in, const vm_meta *m) {
@@ -457,6 +496,7 @@ static bool infer_kind(vm_opcode op, int n, vm_tensor *const *in, const vm_attr 
     case VM_KIND_CONCAT: return infer_concat(n, in, attr->axis, m);
     case VM_KIND_SORT: return infer_sort(in[0], attr->axis, m);
     case VM_KIND_COLLECTIVE: return infer_collective(op, n, in, attr, m);
+    case VM_KIND_CONV: return infer_conv(op, in, attr, m);
   }
   return false;
 }
@@ -591,6 +631,7 @@ static bool run_kernel(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *ar
     case VM_KIND_INDEX: return vm_k_index(op, out, n, args, attr);
     case VM_KIND_CONCAT: return vm_k_concat(out, n, args, attr->axis);
     case VM_KIND_SORT: return vm_k_argsort(out, args[0], attr->axis, attr->keepdim);
+    case VM_KIND_CONV: return vm_k_conv(op, out, args, attr);
     case VM_KIND_VIEW:
     case VM_KIND_COLLECTIVE: break; /* vm_exec runs them */
   }

@@ -2,6 +2,8 @@
 
 require_relative "test_helper"
 require "timeout"
+require "open3"
+require "rbconfig"
 
 # Ctrl-C and Timeout reach a long evaluation: it stops at the next kernel
 # boundary (the unblocking function sets Kiln's cancel flag), Ruby raises
@@ -32,6 +34,52 @@ class InterruptTest < Minitest::Test
     elapsed = now - t0
     assert_operator elapsed, :<, 0.02 + (whole - 0.02) * 0.6, "stopped at a kernel boundary (whole: #{whole} s)"
     assert_equal reference, total.item # computed now, from the same pending graph
+  ensure
+    ENV["KILN_JIT"] = jit
+  end
+
+  # Ruby runs the unblocking function for signals it handles without
+  # raising too: a child process that exits (SIGCHLD; kiln-jitc is one)
+  # must not stop the evaluation with Kiln's "interrupted" error.  In a
+  # process of its own: Ruby calls the function from its signal handler only
+  # when one thread lives (minitest keeps worker threads).
+  def test_a_child_exiting_does_not_interrupt_an_evaluation
+    script = <<~RUBY
+      require "kiln"
+      def chain
+        Kiln.manual_seed(5)
+        x = Kiln.rand(800, 1000)
+        60.times { |i| x = (x * (1.0 + i * 1e-6)).tanh.sigmoid + 0.001 }
+        x.sum
+      end
+      t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      reference = chain.item
+      whole = Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0
+      total = chain
+      pid = spawn("sleep", (whole / 4).to_s) # its SIGCHLD comes mid-evaluation
+      value = total.item
+      Process.wait(pid)
+      puts value == reference ? "same" : "differs"
+    RUBY
+    lib = File.expand_path("../lib", __dir__)
+    out, err, status = Open3.capture3({ "KILN_JIT" => "0" }, RbConfig.ruby, "-I", lib, "-e", script)
+    assert status.success?, "the evaluation failed: #{err}"
+    assert_equal "same", out.strip
+  end
+
+  # Ctrl-C (SIGINT) reaches an evaluation as Interrupt, and loses nothing
+  def test_sigint_interrupts_an_evaluation
+    jit = ENV["KILN_JIT"]
+    ENV["KILN_JIT"] = "0"
+    reference = long_chain.item
+    total = long_chain
+    killer = Thread.new do
+      sleep 0.02
+      Process.kill("INT", Process.pid)
+    end
+    assert_raises(Interrupt) { total.item }
+    killer.join
+    assert_equal reference, total.item
   ensure
     ENV["KILN_JIT"] = jit
   end

@@ -407,8 +407,16 @@ static void run_cancelable(void *(*fn)(void *), nogvl_args *a) {
     return;
   }
   if (pending >= RK_GC_FLUSH_BYTES) gc_before_flush();
-  rb_nogvl(cancelable_fn, &c, cancel_ubf, a, RB_NOGVL_UBF_ASYNC_SAFE);
-  if (a->cancel) rb_thread_check_ints();
+  for (;;) {
+    a->cancel = 0;
+    rb_nogvl(cancelable_fn, &c, cancel_ubf, a, RB_NOGVL_UBF_ASYNC_SAFE);
+    if (!a->cancel) return;
+    /* raises Interrupt, Timeout::Error...; but Ruby also runs the
+       unblocking function for signals it handles without raising (SIGCHLD
+       of any child process, kiln-jitc's included): then the evaluation,
+       which lost nothing, goes on */
+    rb_thread_check_ints();
+  }
 }
 
 kiln_tensor *rk_nogvl_to_device(kiln_tensor *t, kiln_device d) {
