@@ -807,6 +807,20 @@ TEST(conv2d_values_and_gradients) {
   conv_ctx wide = {{2, 1}, {2, 1}, {2, 1}, 2, true};
   conv_case(S(1, 4, 40, 37), S(2, 2, 3, 2), wide, false);
   conv_case(S(1, 2, 17, 19), S(2, 2, 3, 3), padded_1(), true);
+  /* a stride past 255 takes the composed im2col path (index_select + matmul) */
+  conv_ctx far = {{1, 256}, {0, 1}, {1, 1}, 1, true};
+  conv_case(S(1, 2, 2, 300), S(2, 2, 1, 2), far, true);
+  { /* an empty batch: an empty output, a zero weight gradient */
+    kiln_tensor *x = kiln_zeros(F32, 4, S(0, 2, 5, 5)), *w = kiln_ones(F32, 4, S(3, 2, 3, 3));
+    kiln_set_requires_grad(x, true), kiln_set_requires_grad(w, true);
+    kiln_tensor *y = kiln_conv2d(x, w, NULL, NULL, NULL, NULL, 1), *l = kiln_sum(y, 0, NULL, false);
+    CHECK(y && kiln_numel(y) == 0 && kiln_backward(l, NULL) == KILN_OK);
+    kiln_tensor *gw = kiln_grad(w);
+    float v[54] = {1};
+    CHECK(gw && kiln_to_buffer(gw, v, sizeof v) == KILN_OK);
+    for (int i = 0; i < 54; i++) CHECK(v[i] == 0);
+    kiln_release(gw), kiln_release(l), kiln_release(y), kiln_release(x), kiln_release(w);
+  }
   /* NULL stride/padding/dilation mean 1/0/1 */
   kiln_tensor *x = kiln_ones(F64, 4, S(1, 1, 3, 3)), *w = kiln_ones(F64, 4, S(1, 1, 2, 2));
   kiln_tensor *y = kiln_conv2d(x, w, NULL, NULL, NULL, NULL, 1);

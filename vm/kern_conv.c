@@ -9,10 +9,10 @@
  * six times a step (written by the gather, read by the forward gemm and by
  * the weight gradient; its gradient zeroed by BLAS, written, read by the
  * scatter), which held conv2d fwd+bwd at 0.83x PyTorch's direct kernels.
- * Here each task unfolds one image's tile of RK_TILE output positions into
+ * Here each task unfolds one image's tile of CONV_TILE output positions into
  * a buffer that stays in cache and multiplies it at once.
  *
- * Determinism: tiles are fixed (RK_TILE positions, never a function of the
+ * Determinism: tiles are fixed (CONV_TILE positions, never a function of the
  * thread count), a gemm's K is never split, and conv2d_weight sums each
  * image's tiles in order into its own partial, then the partials in image
  * order, so results are the same for any KILN_THREADS (test_threads). */
@@ -272,6 +272,10 @@ static bool conv_run(vm_opcode op, vm_tensor *out, vm_tensor *const *args, const
     vm_error(KILN_ERR_SHAPE, "convolution dimensions %lld x %lld x %lld exceed BLAS's int range",
              (long long)g.og, (long long)g.k, (long long)g.l);
     return false;
+  }
+  if (g.n == 0) { /* conv2d_weight of an empty batch (the others have no elements) */
+    memset(vm_data(out), 0, (size_t)out->numel * g.es);
+    return true;
   }
   conv_job j = {.g = &g, .op = op, .out = vm_data(out)};
   atomic_init(&j.failed, false);
