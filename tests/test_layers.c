@@ -3,8 +3,13 @@
  * bce_with_logits, dropout, batch_norm, conv2d, max/avg pooling.
  * Values against references written here (exact where IEEE-exact),
  * gradients against central finite differences in f64, bad input against
- * messages naming the op and the values.  Everything is released (ASan). */
+ * messages naming the op and the values, and values and gradients against
+ * PyTorch in f64 when /usr/bin/python3 has it (ops_agree_with_torch).
+ * Everything is released (ASan). */
+#include <errno.h>
+#include <math.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1120,6 +1125,191 @@ TEST(compiled_steps_match_the_interpreter_bit_for_bit) {
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }
 
+/* ---- PyTorch as a peer ------------------------------------------------------------ */
+
+/* The layer ops and their gradients against PyTorch in f64, when
+   /usr/bin/python3 has torch (it skips cleanly otherwise).  Each case's
+   loss is sum(out * W), W[k] = 0.5 + 0.37 (k % 7) - 0.11 (k % 3) over out's
+   flat index, on both sides; the inputs go to Python as raw f64 files, and
+   Python's outputs and gradients come back the same way, in the order the
+   cases list them here. */
+enum { PEER_MAX = 64 };
+typedef struct {
+  kiln_tensor *t[PEER_MAX]; /* Kiln's results, in order */
+  int n;
+  FILE *manifest;           /* "name ndim d0 d1 ..." per input */
+  char dir[64];
+  int nin;
+} peer;
+
+static kiln_tensor *peer_input(peer *P, const char *name, int nd, const int64_t *shape, double lo,
+                               double hi, bool grad) {
+  int64_t n = numel_of(nd, shape);
+  double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
+  fill(v, n, lo, hi);
+  char path[160];
+  snprintf(path, sizeof path, "%s/in%d.bin", P->dir, P->nin++);
+  FILE *f = fopen(path, "wb");
+  CHECK(f && fwrite(v, sizeof(double), (size_t)n, f) == (size_t)n);
+  if (f) fclose(f);
+  fprintf(P->manifest, "%s %d", name, nd);
+  for (int d = 0; d < nd; d++) fprintf(P->manifest, " %lld", (long long)shape[d]);
+  fputc('\n', P->manifest);
+  kiln_tensor *t = f64t(nd, shape, v);
+  free(v);
+  if (grad) kiln_set_requires_grad(t, true);
+  return t;
+}
+
+static void peer_keep(peer *P, kiln_tensor *t) {
+  if (P->n < PEER_MAX) P->t[P->n++] = t;
+}
+
+/* sum(out * W) */
+static kiln_tensor *peer_loss(kiln_tensor *out) {
+  int64_t n = kiln_numel(out);
+  double *w = malloc(sizeof(double) * (size_t)(n ? n : 1));
+  for (int64_t k = 0; k < n; k++) w[k] = 0.5 + 0.37 * (double)(k % 7) - 0.11 * (double)(k % 3);
+  kiln_tensor *wt = f64t(kiln_ndim(out), kiln_shape(out), w), *p = kiln_mul(out, wt);
+  kiln_tensor *l = kiln_sum(p, 0, NULL, false);
+  free(w);
+  kiln_release(wt), kiln_release(p);
+  return l;
+}
+
+/* out, then the gradients of sum(out * W) with respect to each of ins */
+static void peer_case(peer *P, kiln_tensor *out, int nin, kiln_tensor *const *ins) {
+  peer_keep(P, out);
+  kiln_tensor *l = peer_loss(out), *g[8] = {0};
+  CHECK(kiln_grad_of(1, &l, NULL, nin, ins, g, false) == KILN_OK);
+  for (int i = 0; i < nin; i++) peer_keep(P, g[i]);
+  kiln_release(l);
+}
+
+static const char *const PEER_PY =
+    "import sys, numpy as np, torch\n"
+    "import torch.nn.functional as F\n"
+    "d = sys.argv[1]\n"
+    "T = {}\n"
+    "for i, line in enumerate(open(d + '/manifest.txt')):\n"
+    "    name, nd, *shape = line.split()\n"
+    "    T[name] = torch.from_numpy(np.fromfile('%s/in%d.bin' % (d, i), dtype=np.float64)\n"
+    "                               .reshape([int(s) for s in shape])).requires_grad_(True)\n"
+    "outs = []\n"
+    "def case(out, *ins):\n"
+    "    w = torch.arange(out.numel(), dtype=torch.float64)\n"
+    "    w = (0.5 + 0.37 * (w % 7) - 0.11 * (w % 3)).reshape(out.shape)\n"
+    "    gs = torch.autograd.grad((out * w).sum(), ins, allow_unused=True)\n"
+    "    outs.append(out.detach())\n"
+    "    outs.extend(g if g is not None else torch.zeros_like(x) for g, x in zip(gs, ins))\n"
+    "x, w, b = T['x'], T['w'], T['b']\n"
+    "case(F.conv2d(x, w, b, (2, 1), (1, 2), (1, 2), 2), x, w, b)\n"
+    "p = T['p']\n"
+    "case(F.max_pool2d(p, (3, 2), (2, 2), (1, 1)), p)\n"
+    "case(F.avg_pool2d(p, (3, 2), (2, 2), (1, 1)), p)\n"
+    "q, g, h = T['q'], T['g'], T['h']\n"
+    "rm, rv = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)\n"
+    "case(F.batch_norm(q, rm, rv, g, h, True, 0.1, 1e-5), q, g, h)\n"
+    "outs.append(rm); outs.append(rv)\n"
+    "c = T['c']\n"
+    "case(torch.cumsum(c, 1), c)\n"
+    "case(torch.var(c, 1, unbiased=True, keepdim=True), c)\n"
+    "case(torch.sort(c, 1, descending=True)[0], c)\n"
+    "case(torch.topk(c, 3, 1)[0], c)\n"
+    "z, t = T['z'], T['t'].detach().long()\n"
+    "case(F.nll_loss(F.log_softmax(z, 1), t), z)\n"
+    "case(F.binary_cross_entropy_with_logits(z, torch.sigmoid(T['y'])), z)\n"
+    "E, ix = T['E'], T['ix'].detach().long()\n"
+    "case(F.embedding(ix, E), E)\n"
+    "np.concatenate([o.detach().double().reshape(-1).numpy() for o in outs]).tofile(d + '/torch.bin')\n";
+
+TEST(ops_agree_with_torch) {
+  if (access("/usr/bin/python3", X_OK) != 0 ||
+      system("/usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1") != 0) {
+    printf("ops_agree_with_torch: skipped (no torch in /usr/bin/python3)\n");
+    return;
+  }
+  peer P = {.n = 0};
+  snprintf(P.dir, sizeof P.dir, "/tmp/kiln-torch-XXXXXX");
+  if (!mkdtemp(P.dir)) {
+    KTEST_FAIL("mkdtemp: %s", strerror(errno));
+    return;
+  }
+  char path[160];
+  snprintf(path, sizeof path, "%s/manifest.txt", P.dir);
+  P.manifest = fopen(path, "w");
+  kiln_tensor *in[16];
+  int ni = 0;
+  /* conv2d: stride (2,1), padding (1,2), dilation (1,2), groups 2, bias */
+  kiln_tensor *x = in[ni++] = peer_input(&P, "x", 4, S(2, 4, 9, 8), -1, 1, true);
+  kiln_tensor *w = in[ni++] = peer_input(&P, "w", 4, S(6, 2, 3, 2), -1, 1, true);
+  kiln_tensor *b = in[ni++] = peer_input(&P, "b", 1, S(6), -1, 1, true);
+  int st[2] = {2, 1}, pd[2] = {1, 2}, dl[2] = {1, 2}, pk[2] = {3, 2}, ps[2] = {2, 2}, pp[2] = {1, 1};
+  peer_case(&P, kiln_conv2d(x, w, b, st, pd, dl, 2), 3, (kiln_tensor *[]){x, w, b});
+  kiln_tensor *p = in[ni++] = peer_input(&P, "p", 4, S(2, 3, 7, 6), -1, 1, true);
+  peer_case(&P, kiln_max_pool2d(p, pk, ps, pp), 1, &p);
+  peer_case(&P, kiln_avg_pool2d(p, pk, ps, pp), 1, &p);
+  kiln_tensor *q = in[ni++] = peer_input(&P, "q", 3, S(4, 3, 5), -2, 2, true);
+  kiln_tensor *g = in[ni++] = peer_input(&P, "g", 1, S(3), 0.5, 1.5, true);
+  kiln_tensor *h = in[ni++] = peer_input(&P, "h", 1, S(3), -1, 1, true);
+  kiln_tensor *rm = kiln_zeros(F64, 1, S(3)), *rv = kiln_ones(F64, 1, S(3));
+  peer_case(&P, kiln_batch_norm(q, rm, rv, g, h, true, 0.1, 1e-5), 3, (kiln_tensor *[]){q, g, h});
+  peer_keep(&P, rm), peer_keep(&P, rv);
+  kiln_tensor *c = in[ni++] = peer_input(&P, "c", 2, S(3, 7), -3, 3, true);
+  int ax1[1] = {1};
+  peer_case(&P, kiln_cumsum(c, 1), 1, &c);
+  peer_case(&P, kiln_var(c, 1, ax1, 1, true), 1, &c);
+  peer_case(&P, kiln_sort(c, 1, true, NULL), 1, &c);
+  peer_case(&P, kiln_topk(c, 3, 1, true, NULL), 1, &c);
+  kiln_tensor *z = in[ni++] = peer_input(&P, "z", 2, S(5, 4), -2, 2, true);
+  kiln_tensor *tf = in[ni++] = peer_input(&P, "t", 1, S(5), 0, 3.999, false);
+  kiln_tensor *tfl = kiln_floor(tf), *t = kiln_cast(tfl, I64); /* as .long() of values >= 0 */
+  kiln_tensor *yl = in[ni++] = peer_input(&P, "y", 2, S(5, 4), -2, 2, false);
+  kiln_tensor *ls = kiln_log_softmax(z, 1), *sg = kiln_sigmoid(yl);
+  peer_case(&P, kiln_nll_loss(ls, t), 1, &z);
+  peer_case(&P, kiln_bce_with_logits(z, sg), 1, &z);
+  kiln_tensor *E = in[ni++] = peer_input(&P, "E", 2, S(6, 3), -1, 1, true);
+  kiln_tensor *ixf = in[ni++] = peer_input(&P, "ix", 2, S(2, 4), 0, 5.999, false);
+  kiln_tensor *ixl = kiln_floor(ixf), *ix = kiln_cast(ixl, I64);
+  peer_case(&P, kiln_embedding(E, ix), 1, &E);
+  fclose(P.manifest);
+  snprintf(path, sizeof path, "%s/peer.py", P.dir);
+  FILE *f = fopen(path, "w");
+  CHECK(f && fputs(PEER_PY, f) >= 0);
+  if (f) fclose(f);
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/peer.py %s", P.dir, P.dir);
+  CHECK(system(cmd) == 0);
+  snprintf(path, sizeof path, "%s/torch.bin", P.dir);
+  f = fopen(path, "rb");
+  CHECK(f != NULL);
+  for (int i = 0; f && i < P.n; i++) {
+    double *want = ktest_values(P.t[i]);
+    int64_t n = kiln_numel(P.t[i]);
+    double *got = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    if (!want || fread(got, sizeof(double), (size_t)n, f) != (size_t)n) {
+      KTEST_FAIL("result %d: torch gave fewer values than Kiln's %lld", i, (long long)n);
+    } else {
+      int bad = 0;
+      for (int64_t e = 0; e < n; e++)
+        if (!(fabs(want[e] - got[e]) <= 1e-10 * fmax(1.0, fabs(got[e]))) && bad++ < 3)
+          KTEST_FAIL("result %d[%lld]: Kiln %.15g, torch %.15g", i, (long long)e, want[e], got[e]);
+    }
+    free(want), free(got);
+  }
+  if (f) {
+    double extra;
+    CHECK(fread(&extra, sizeof extra, 1, f) == 0); /* nothing left over */
+    fclose(f);
+  }
+  snprintf(cmd, sizeof cmd, "rm -rf %s", P.dir);
+  CHECK(system(cmd) == 0);
+  for (int i = 0; i < P.n; i++) kiln_release(P.t[i]);
+  for (int i = 0; i < ni; i++) kiln_release(in[i]);
+  kiln_tensor *more[] = {tfl, t, ixl, ix, ls, sg};
+  for (int i = 0; i < 6; i++) kiln_release(more[i]);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "--child-steps")) return child_steps();
   RUN(linspace_values_and_ends_exact);
@@ -1142,6 +1332,7 @@ int main(int argc, char **argv) {
   RUN(pooling_values_and_gradients);
   RUN(index_fast_paths_match_the_general_loops);
   RUN(cnn_step_repeats_with_the_same_values);
+  RUN(ops_agree_with_torch);
   if (ktest_cpu_jit()) RUN(compiled_steps_match_the_interpreter_bit_for_bit);
   return ktest_done();
 }
