@@ -550,7 +550,6 @@ def run_torch_w14_cnn(torch, F):
     and with torch.optim.Adam (row torch.optim)"""
     x_np, target_np, params_np = w14_cnn_inputs()
     x, target = torch.from_numpy(x_np), torch.from_numpy(target_np)
-    lr, b1, b2, eps = 3e-3, 0.9, 0.999, 1e-8
 
     def loss_of(p):
         h = x.reshape(64, 1, 8, 8)
@@ -558,47 +557,7 @@ def run_torch_w14_cnn(torch, F):
         h = F.max_pool2d(torch.relu(F.conv2d(h, p[2], p[3], 1, 1)), 2)
         return F.cross_entropy(h.reshape(64, 128) @ p[4] + p[5], target)
 
-    def run(name, make_update, note):
-        params = [torch.from_numpy(p.copy()).requires_grad_(True) for p in params_np]
-        update = make_update(params)
-
-        def step():
-            with torch.enable_grad():
-                loss = loss_of(params)
-                value = loss.item()
-                loss.backward()
-            update()
-            return value
-        loss1, loss2 = step(), step()
-        reps, warm = reps_of("W14:cnn")
-        med, mn, last = timed(step, reps, warm)
-        result("W14:cnn", name, med, mn, reps, "loss1=%.9g,loss2=%.9g" % (loss1, loss2),
-               steps=reps + warm + 2, batch=64, loss_last="%.6g" % last, note=note)
-
-    def hand_written(params):
-        st = {"t": 0, "m": [torch.zeros_like(p) for p in params], "v": [torch.zeros_like(p) for p in params]}
-
-        def update():
-            with torch.no_grad():
-                st["t"] += 1
-                bc1, bc2 = 1.0 - b1 ** st["t"], 1.0 - b2 ** st["t"]
-                for i, p in enumerate(params):
-                    g = p.grad
-                    st["m"][i] = b1 * st["m"][i] + (1 - b1) * g
-                    st["v"][i] = b2 * st["v"][i] + (1 - b2) * (g * g)
-                    p.sub_((st["m"][i] / bc1) / (torch.sqrt(st["v"][i] / bc2) + eps), alpha=lr)
-                    p.grad = None
-        return update
-
-    def optim(params):
-        opt = torch.optim.Adam(params, lr=lr, betas=(b1, b2), eps=eps)
-
-        def update():
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        return update
-    run("torch", hand_written, "the same hand-written Adam as Kiln's")
-    run("torch.optim", optim, "torch.optim.Adam (default: foreach)")
+    run_adam_steps(torch, "W14:cnn", loss_of, params_np, (3e-3, 0.9, 0.999, 1e-8), 64)
 
 
 def run_torch_w7(torch, F, has_compile, no_compile):
@@ -774,15 +733,11 @@ def run_torch_w11(torch, F, has_compile, no_compile):
         traceback.print_exc(file=sys.stderr)
 
 
-def run_torch_w12(torch, F, has_compile, no_compile):
-    """perf/w12_adam.c: the same hand-written Adam (row torch), and torch.optim.Adam"""
-    x_np, params_np, target_np = inputs("W12")
-    x, target = torch.from_numpy(x_np), torch.from_numpy(target_np)
-    lr, b1, b2, eps = W12_ADAM
-
-    def loss_of(p):
-        h = torch.relu(x @ p[0] + p[1])
-        return F.cross_entropy(h @ p[2] + p[3], target)
+def run_adam_steps(torch, workload, loss_of, params_np, adam, batch):
+    """a training step (loss read, backward, Adam) timed as the C programs time it:
+    the same hand-written Adam as Kiln's bench_adam_step (row torch), and
+    torch.optim.Adam (row torch.optim, fused when this PyTorch has it)"""
+    lr, b1, b2, eps = adam
 
     def run(name, make_update, note):
         params = [torch.from_numpy(p.copy()).requires_grad_(True) for p in params_np]
@@ -797,10 +752,10 @@ def run_torch_w12(torch, F, has_compile, no_compile):
             update()
             return value
         loss1, loss2 = step(), step()
-        reps, warm = reps_of("W12")
+        reps, warm = reps_of(workload)
         med, mn, last = timed(step, reps, warm)
-        result("W12", name, med, mn, reps, "loss1=%.9g,loss2=%.9g" % (loss1, loss2),
-               steps=reps + warm + 2, batch=x_np.shape[0], loss_last="%.6g" % last, note=note_text)
+        result(workload, name, med, mn, reps, "loss1=%.9g,loss2=%.9g" % (loss1, loss2),
+               steps=reps + warm + 2, batch=batch, loss_last="%.6g" % last, note=note_text)
 
     def hand_written(params):
         st = {"t": 0, "m": [torch.zeros_like(p) for p in params], "v": [torch.zeros_like(p) for p in params]}
@@ -835,8 +790,20 @@ def run_torch_w12(torch, F, has_compile, no_compile):
     try:
         run("torch.optim", optim, lambda: "torch.optim.Adam(%s)" % optim.kind)
     except Exception as e:
-        na("W12", "torch.optim", "torch.optim.Adam failed: %s" % first_line(e))
+        na(workload, "torch.optim", "torch.optim.Adam failed: %s" % first_line(e))
         traceback.print_exc(file=sys.stderr)
+
+
+def run_torch_w12(torch, F, has_compile, no_compile):
+    """perf/w12_adam.c: the same hand-written Adam (row torch), and torch.optim.Adam"""
+    x_np, params_np, target_np = inputs("W12")
+    x, target = torch.from_numpy(x_np), torch.from_numpy(target_np)
+
+    def loss_of(p):
+        h = torch.relu(x @ p[0] + p[1])
+        return F.cross_entropy(h @ p[2] + p[3], target)
+
+    run_adam_steps(torch, "W12", loss_of, params_np, W12_ADAM, x_np.shape[0])
     na("W12", "torch.compile", no_compile if not has_compile else "not measured: the peer is eager Adam")
 
 
