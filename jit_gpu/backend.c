@@ -50,10 +50,6 @@ static vm_tensor *gpu_exec(vm_opcode op, int n, vm_tensor *const *values, const 
   /* views are geometry only; collectives go through the host (vm/dist.h) */
   if (vm_op_table[op].kind == VM_KIND_VIEW || vm_op_table[op].kind == VM_KIND_COLLECTIVE)
     return vm_exec(op, n, values, attr, m);
-  if (vm_op_table[op].kind == VM_KIND_CONV) { /* vm_conv2d composes GPU convolutions */
-    vm_error(KILN_ERR_DEVICE, "%s is a CPU primitive", vm_op_table[op].name);
-    return NULL;
-  }
   atomic_fetch_add_explicit(&vm_process()->stats.eager_ops, 1, memory_order_relaxed);
   vm_tensor *few[4], **ins = n <= 4 ? few : malloc((size_t)n * sizeof *ins);
   if (!ins) {

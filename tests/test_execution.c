@@ -190,6 +190,27 @@ TEST(eval_computes_and_keeps) {
   kiln_release(x);
 }
 
+/* kiln_pending_bytes: the results a read would compute (bindings decide by it
+   whether to give up their interpreter's lock) */
+TEST(pending_bytes_counts_what_a_read_computes) {
+  CHECK(kiln_sync() == KILN_OK);
+  CHECK(kiln_pending_bytes(NULL) == 0);
+  float xs[256] = {0};
+  kiln_tensor *x = f32(xs, 1, (int64_t[]){256});
+  CHECK(kiln_pending_bytes(x) == 0); /* a leaf: at hand */
+  /* two 1 KiB results, each with its host scalar (a pending 0-d f32 node) */
+  kiln_tensor *a = kiln_mul_scalar(x, 2), *b = kiln_add_scalar(a, 1);
+  CHECK(kiln_pending_bytes(b) == 2 * (1024 + 4));
+  CHECK(kiln_pending_bytes(a) == 2 * (1024 + 4)); /* the owner's whole pending list */
+  CHECK(kiln_pending_bytes(NULL) == 2 * (1024 + 4));
+  CHECK(kiln_eval(1, &b) == KILN_OK);
+  CHECK(kiln_pending_bytes(b) == 0);
+  CHECK(kiln_pending_bytes(NULL) == 0);
+  kiln_release(b);
+  kiln_release(a);
+  kiln_release(x);
+}
+
 /* --- backward never recomputes its forward -------------------------------------- */
 
 enum { TB = 2, TS = 8, TD = 16, TH = 2 };
@@ -529,6 +550,7 @@ int main(void) {
   RUN(adam_written_naturally_settles);
   RUN(held_value_computed_at_most_twice);
   RUN(eval_computes_and_keeps);
+  RUN(pending_bytes_counts_what_a_read_computes);
   RUN(backward_never_recomputes_forward);
   RUN(autodiff_step_is_as_small_as_hand_written);
   RUN(deep_backward_cut_by_the_cap_recomputes_little);

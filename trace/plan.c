@@ -234,9 +234,7 @@ static void partition(tr_plan *plan) {
                   : kind == VM_KIND_REDUCE                                ? TR_GROUP_REDUCE
                                                                           : TR_GROUP_ELEMENTWISE;
       cur_shape = p->meta;
-      if (kind == VM_KIND_MATMUL || kind == VM_KIND_INDEX || kind == VM_KIND_CONCAT ||
-          kind == VM_KIND_SORT || kind == VM_KIND_COLLECTIVE || kind == VM_KIND_CONV)
-        cur = NULL;
+      if (cur->kind == TR_GROUP_MATMUL || cur->kind == TR_GROUP_DATA) cur = NULL; /* one op each */
     }
     p->group = plan->ngroups - 1;
   }

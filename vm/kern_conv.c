@@ -246,18 +246,7 @@ static void sum_partials(const conv_geom *g, const char *partials, char *out) {
   }
 }
 
-/* args: conv2d (x, w), conv2d_input (dy, w), conv2d_weight (x, dy); all
-   contiguous (vm_exec's caller makes them so) */
-static bool conv_run(vm_opcode op, vm_tensor *out, vm_tensor *const *args, const vm_attr *attr);
-
-bool vm_k_conv(vm_opcode op, vm_tensor *out, vm_tensor *const *args, const vm_attr *attr) {
-  vm_tensor *in[2] = {vm_value_contiguous(args[0]), vm_value_contiguous(args[1])};
-  bool ok = in[0] && in[1] && conv_run(op, out, in, attr);
-  vm_release(in[0]);
-  vm_release(in[1]);
-  return ok;
-}
-
+/* args: conv2d (x, w), conv2d_input (dy, w), conv2d_weight (x, dy), contiguous */
 static bool conv_run(vm_opcode op, vm_tensor *out, vm_tensor *const *args, const vm_attr *attr) {
   const vm_tensor *x = op == VM_OP_conv2d_input ? out : args[0];
   const vm_tensor *w = op == VM_OP_conv2d_weight ? out : args[1];
@@ -277,23 +266,14 @@ static bool conv_run(vm_opcode op, vm_tensor *out, vm_tensor *const *args, const
     memset(vm_data(out), 0, (size_t)out->numel * g.es);
     return true;
   }
-  conv_job j = {.g = &g, .op = op, .out = vm_data(out)};
+  /* the two operands the op reads (the third of x, w, dy is out) */
+  conv_job j = {.g = &g, .op = op, .x = vm_data(x), .w = vm_data(w), .dy = vm_data(y),
+                .out = vm_data(out)};
   atomic_init(&j.failed, false);
-  int64_t tasks = g.n;
-  switch (op) {
-    case VM_OP_conv2d:
-      j.x = vm_data(args[0]), j.w = vm_data(args[1]);
-      tasks = g.n * g.tiles;
-      break;
-    case VM_OP_conv2d_input: j.dy = vm_data(args[0]), j.w = vm_data(args[1]); break;
-    default:
-      j.x = vm_data(args[0]), j.dy = vm_data(args[1]);
-      j.partials = malloc((size_t)(g.n * g.cout * g.k) * g.es);
-      if (!j.partials) {
-        vm_error(KILN_ERR_OOM, "out of memory for the weight gradient's %lld partial sums",
-                 (long long)g.n);
-        return false;
-      }
+  int64_t tasks = op == VM_OP_conv2d ? g.n * g.tiles : g.n;
+  if (op == VM_OP_conv2d_weight && !(j.partials = malloc((size_t)(g.n * g.cout * g.k) * g.es))) {
+    vm_error(KILN_ERR_OOM, "out of memory for the weight gradient's %lld partial sums", (long long)g.n);
+    return false;
   }
   atomic_fetch_add_explicit(&vm_process()->stats.blas_calls, (uint64_t)(tasks * g.groups),
                             memory_order_relaxed);
@@ -305,4 +285,13 @@ static bool conv_run(vm_opcode op, vm_tensor *out, vm_tensor *const *args, const
   free(j.partials);
   if (failed) vm_error(KILN_ERR_OOM, "out of memory for a convolution tile");
   return !failed;
+}
+
+/* the interpreter's entry (ops.c: run_kernel); operands made contiguous */
+bool vm_k_conv(vm_opcode op, vm_tensor *out, vm_tensor *const *args, const vm_attr *attr) {
+  vm_tensor *in[2] = {vm_value_contiguous(args[0]), vm_value_contiguous(args[1])};
+  bool ok = in[0] && in[1] && conv_run(op, out, in, attr);
+  vm_release(in[0]);
+  vm_release(in[1]);
+  return ok;
 }

@@ -360,7 +360,7 @@ static bool elems_fast(bool scatter, vm_tensor *out, const vm_tensor *a, const v
   if (scatter && big->dtype != KILN_F32 && big->dtype != KILN_F64) return false;
   for (int d = 0; d < idx->ndim; d++)
     if (idx->shape[d] != small->shape[d] || (d != axis && idx->shape[d] != big->shape[d])) return false;
-  elem_job j = {scatter ? vm_data(out) : vm_data(out), scatter ? vm_data(src) : vm_data(a),
+  elem_job j = {vm_data(out), scatter ? vm_data(src) : vm_data(a),
                 vm_data(idx), idx->shape[axis], big->shape[axis],
                 prod_dims(idx->shape, axis + 1, idx->ndim), big->dtype};
   int64_t outer = prod_dims(idx->shape, 0, axis), per = j.picks * j.inner;

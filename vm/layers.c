@@ -354,15 +354,14 @@ static bool pair_arg(const int *v, int fallback, int64_t out[2]) {
 /* output extents (PyTorch's floor rule); error when they would be < 1 */
 static bool window_output(window_geom *g) {
   int64_t eh = g->dh * (g->kh - 1) + 1, ew = g->dw * (g->kw - 1) + 1;
-  int64_t spanh = g->h + 2 * g->ph - eh, spanw = g->w + 2 * g->pw - ew;
-  if (spanh < 0 || spanw < 0) {
+  g->oh = vm_window_out(g->h, g->kh, g->sh, g->ph, g->dh);
+  g->ow = vm_window_out(g->w, g->kw, g->sw, g->pw, g->dw);
+  if (g->oh < 1 || g->ow < 1) {
     vm_error(KILN_ERR_SHAPE, "the input of %lldx%lld (padded to %lldx%lld) is smaller than the "
              "%lldx%lld window", (long long)g->h, (long long)g->w, (long long)(g->h + 2 * g->ph),
              (long long)(g->w + 2 * g->pw), (long long)eh, (long long)ew);
     return false;
   }
-  g->oh = spanh / g->sh + 1;
-  g->ow = spanw / g->sw + 1;
   /* every product the window ops form divides count: check it once */
   int64_t count;
   if (__builtin_mul_overflow(g->c, g->kh, &count) || __builtin_mul_overflow(count, g->kw, &count) ||

@@ -441,15 +441,15 @@ static bool infer_conv(vm_opcode op, vm_tensor *const *in, const vm_attr *attr, 
   const int64_t *ws = op == VM_OP_conv2d_weight ? attr->shape : in[1]->shape;
   const vm_tensor *dy = op == VM_OP_conv2d_input ? in[0] : op == VM_OP_conv2d_weight ? in[1] : NULL;
   int64_t g = attr->axis, st[2] = {attr->perm[0], attr->perm[1]}, pd[2] = {attr->perm[2], attr->perm[3]};
-  int64_t dl[2] = {attr->perm[4], attr->perm[5]}, o[2];
+  int64_t dl[2] = {attr->perm[4], attr->perm[5]}, o[2] = {0, 0};
   bool ok = in[0]->ndim == 4 && in[1]->ndim == 4 && g >= 1 && xs[1] % g == 0 && ws[0] % g == 0 &&
             ws[1] == xs[1] / g && (op == VM_OP_conv2d || attr->ndim == 4);
   for (int d = 0; ok && d < 2; d++) {
     ok = st[d] >= 1 && dl[d] >= 1 && pd[d] >= 0;
-    o[d] = ok ? (xs[2 + d] + 2 * pd[d] - dl[d] * (ws[2 + d] - 1) - 1) / st[d] + 1 : 0;
-    ok = ok && xs[2 + d] + 2 * pd[d] - dl[d] * (ws[2 + d] - 1) - 1 >= 0;
+    o[d] = ok ? vm_window_out(xs[2 + d], ws[2 + d], st[d], pd[d], dl[d]) : 0;
+    ok = ok && o[d] >= 1;
   }
-  int64_t ys[4] = {xs[0], ws[0], ok ? o[0] : 0, ok ? o[1] : 0};
+  int64_t ys[4] = {xs[0], ws[0], o[0], o[1]};
   if (ok && dy) ok = !memcmp(dy->shape, ys, sizeof ys);
   if (!ok) {
     vm_error(KILN_ERR_INTERNAL, "%s: operands do not fit the convolution's geometry",

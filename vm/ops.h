@@ -74,6 +74,14 @@ typedef struct vm_attr {
                                      found while running it (never key material) */
 } vm_attr;
 
+/* A window op's output extent along one axis (PyTorch's floor rule):
+   input `in` padded by `pad` on both sides, a window of k taps `dil` apart,
+   stride `stride`; < 1 when the padded input is smaller than the window */
+static inline int64_t vm_window_out(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil) {
+  int64_t span = in + 2 * pad - (dil * (k - 1) + 1);
+  return span < 0 ? 0 : span / stride + 1;
+}
+
 /* Result description computed by shape/dtype inference. */
 typedef struct vm_meta {
   kiln_dtype dtype;     /* of the result */

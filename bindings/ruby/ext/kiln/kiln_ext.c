@@ -161,6 +161,12 @@ static size_t gc_seen;  /* rb_gc_count() then */
 
 static void gc_forget(size_t bytes) { gc_held = bytes < gc_held ? gc_held - bytes : 0; }
 
+/* a GC just ran: the budget starts again from what the handles hold now */
+static void gc_rebase(void) {
+  gc_seen = rb_gc_count();
+  gc_base = gc_held;
+}
+
 static void gc_minor(void) {
   static VALUE opts = Qfalse;
   if (!RTEST(opts)) {
@@ -174,16 +180,12 @@ static void gc_minor(void) {
 }
 
 static void gc_pace(void) {
-  if (rb_gc_count() != gc_seen) { /* Ruby collected on its own */
-    gc_seen = rb_gc_count();
-    gc_base = gc_held;
-  }
+  if (rb_gc_count() != gc_seen) gc_rebase(); /* Ruby collected on its own */
   size_t budget = gc_base > RK_GC_MIN_BYTES ? gc_base : RK_GC_MIN_BYTES;
   if (gc_held <= gc_base + budget) return;
   gc_minor();
   if (gc_held > gc_base + budget / 2) rb_gc(); /* old garbage: a full GC */
-  gc_seen = rb_gc_count();
-  gc_base = gc_held;
+  gc_rebase();
 }
 
 /* Before a big evaluation, a minor GC: a flush computes every result a
@@ -196,8 +198,7 @@ static void gc_pace(void) {
 
 static void gc_before_flush(void) {
   gc_minor();
-  gc_seen = rb_gc_count();
-  gc_base = gc_held;
+  gc_rebase();
 }
 
 static void gc_report(rk_tensor *r) {
