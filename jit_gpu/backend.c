@@ -1,15 +1,22 @@
 /* backend.c — the CUDA entry of the backend table (vm/backend.h): device
  * storage through jit_gpu/cuda.c's caching allocator, and the GPU
  * "interpreter": each primitive as its own generated kernel (opgen.h),
- * float matmul through cuBLAS (blas.h), views as geometry.  Fused plans
- * (the compiled path) are the next step: its entries stay NULL. */
+ * float matmul through cuBLAS (blas.h), views as geometry; and the
+ * compiled path: a hot plan's elementwise groups as fused kernels
+ * (fuse.h), planned on the flush's thread and compiled by NVRTC on a
+ * background thread, published to the plan when all are loaded. */
 #include "backend.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "../vm/state.h"
 #include "blas.h"
 #include "cuda.h"
+#include "fuse.h"
+#include "../trace/dump.h"
 #include "opgen.h"
 
 /* An input on the host reaches a kernel as a copy: only a trace's 0-d
@@ -71,6 +78,173 @@ static vm_tensor *gpu_exec(vm_opcode op, int n, vm_tensor *const *values, const 
   return out;
 }
 
+/* --- the compiled path ------------------------------------------------------------ */
+
+typedef struct gpu_compiled {
+  int ngroups;
+  gpu_fused *k; /* per group; k[g].fn NULL: group g runs op by op */
+} gpu_compiled;
+
+static bool gpu_jit_enabled(void) {
+  return vm_env_long("KILN_JIT", 1) != 0 && vm_env_long("KILN_GPU_FUSE", 1) != 0;
+}
+
+/* the payoff rule's price: one NVRTC program per fused group (BENCHMARKS
+   G8 budgets 60 ms a kernel), a group being a few nodes */
+static double gpu_compile_cost_ms(int nodes) { return 60.0 + 15.0 * (double)nodes / 4.0; }
+
+static void compiled_free(void *p) {
+  gpu_compiled *c = p;
+  if (!c) return;
+  for (int g = 0; g < c->ngroups; g++) free(c->k[g].src);
+  free(c->k);
+  free(c);
+}
+
+static void dump_source(const gpu_fused *k) {
+  int dfd = tr_dump_dir_open();
+  if (dfd < 0) return;
+  char name[64];
+  snprintf(name, sizeof name, "kernel-%s.cu", k->name);
+  FILE *f = tr_dump_create(dfd, name);
+  if (f) {
+    fputs(k->src, f);
+    fclose(f);
+  }
+  close(dfd);
+}
+
+/* NVRTC + load of every planned kernel of c (on the compiler thread) */
+static void load_kernels(gpu_compiled *c) {
+  static atomic_flag said = ATOMIC_FLAG_INIT;
+  for (int g = 0; g < c->ngroups; g++) {
+    gpu_fused *k = &c->k[g];
+    if (!k->src) continue;
+    k->fn = gpu_kernel_load(k->name, k->src);
+    if (!k->fn) {
+      if (!atomic_flag_test_and_set(&said))
+        fprintf(stderr, "kiln: fused GPU kernel %s could not be built (%s); its group runs op by op\n",
+                k->name, vm_thread()->message);
+      vm_clear_error();
+    }
+    free(k->src);
+    k->src = NULL;
+  }
+}
+
+typedef struct compile_job {
+  tr_plan *plan; /* retained */
+  gpu_compiled *c;
+  struct compile_job *next;
+} compile_job;
+
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t wake, idle;
+  compile_job *head, *tail;
+  bool started, busy;
+} compiler = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL,
+              false, false};
+
+static void publish(tr_plan *plan, gpu_compiled *c) {
+  void *none = NULL;
+  if (!atomic_compare_exchange_strong(&plan->jit, &none, c)) compiled_free(c);
+}
+
+static void *compiler_main(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&compiler.lock);
+  for (;;) {
+    while (!compiler.head) pthread_cond_wait(&compiler.wake, &compiler.lock);
+    compile_job *job = compiler.head;
+    compiler.head = job->next;
+    if (!compiler.head) compiler.tail = NULL;
+    compiler.busy = true;
+    pthread_mutex_unlock(&compiler.lock);
+    load_kernels(job->c);
+    publish(job->plan, job->c);
+    tr_plan_release(job->plan);
+    free(job);
+    pthread_mutex_lock(&compiler.lock);
+    compiler.busy = false;
+    if (!compiler.head) pthread_cond_broadcast(&compiler.idle);
+  }
+  return NULL;
+}
+
+/* plans the kernels here (the trace is the flush's), compiles them on the
+   compiler thread (KILN_ASYNC=0: here) */
+static void gpu_compile(tr_plan *plan, const tr_trace *t) {
+  gpu_compiled *c = calloc(1, sizeof *c);
+  if (!c || !(c->k = calloc((size_t)(plan->ngroups ? plan->ngroups : 1), sizeof *c->k))) {
+    free(c);
+    return; /* runs op by op */
+  }
+  c->ngroups = plan->ngroups;
+  int planned = 0;
+  for (int g = 0; g < plan->ngroups; g++) {
+    if (!gpu_fuse_group(plan, g, t, &c->k[g])) continue;
+    dump_source(&c->k[g]);
+    planned++;
+  }
+  compile_job *job = planned && vm_env_long("KILN_ASYNC", 1) ? malloc(sizeof *job) : NULL;
+  if (job) {
+    pthread_mutex_lock(&compiler.lock);
+    if (!compiler.started) {
+      pthread_t th;
+      pthread_attr_t attr;
+      pthread_attr_init(&attr);
+      pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+      compiler.started = pthread_create(&th, &attr, compiler_main, NULL) == 0;
+      pthread_attr_destroy(&attr);
+    }
+    if (compiler.started) {
+      tr_plan_retain(plan);
+      *job = (compile_job){plan, c, NULL};
+      if (compiler.tail) compiler.tail->next = job;
+      else compiler.head = job;
+      compiler.tail = job;
+      pthread_cond_signal(&compiler.wake);
+    }
+    pthread_mutex_unlock(&compiler.lock);
+    if (compiler.started) return;
+    free(job);
+  }
+  load_kernels(c);
+  publish(plan, c);
+}
+
+static void gpu_compile_wait(void) {
+  pthread_mutex_lock(&compiler.lock);
+  while (compiler.head || compiler.busy) pthread_cond_wait(&compiler.idle, &compiler.lock);
+  pthread_mutex_unlock(&compiler.lock);
+}
+
+static bool gpu_has_kernel(const void *compiled, int g) {
+  const gpu_compiled *c = compiled;
+  return g < c->ngroups && c->k[g].fn;
+}
+
+static vm_tensor *cuda_alloc(kiln_dtype dt, int ndim, const int64_t *shape) {
+  return vm_tensor_new_on(KILN_CUDA, dt, ndim, shape);
+}
+
+static bool cuda_launch(const gpu_fused *k, const gpu_fargs *args, unsigned grid, unsigned block) {
+  gpu_fargs a = *args;
+  return gpu_kernel_launch(k->fn, k->name, &a, grid, block);
+}
+
+static const gpu_fuse_target cuda_target = {KILN_CUDA, cuda_alloc, cuda_launch};
+
+static bool gpu_group(const void *compiled, const tr_plan *plan, const tr_trace *t, int g, vm_tensor **vals,
+                      int *rc, int *resume, int *last_group) {
+  const gpu_compiled *c = compiled;
+  if (!gpu_has_kernel(c, g) || !gpu_fused_run(&c->k[g], &cuda_target, plan, t, vals, rc)) return false;
+  *resume = c->k[g].last + 1;
+  *last_group = g;
+  return true;
+}
+
 const vm_backend gpu_backend = {
   .device = KILN_CUDA,
   .name = "cuda",
@@ -82,4 +256,11 @@ const vm_backend gpu_backend = {
   .from_host = gpu_copy_from_host,
   .copy = gpu_copy_on_device,
   .exec = gpu_exec,
+  .jit_enabled = gpu_jit_enabled,
+  .compile_cost_ms = gpu_compile_cost_ms,
+  .compile = gpu_compile,
+  .compile_wait = gpu_compile_wait,
+  .plan_free = compiled_free,
+  .has_kernel = gpu_has_kernel,
+  .run_group = gpu_group,
 };

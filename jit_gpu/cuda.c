@@ -625,33 +625,34 @@ static bool module_load(const kernel_image *img, const char *name, CUmodule *mod
   return false;
 }
 
-/* The compiled kernel for key: built outside the lock (NVRTC takes a
-   while); two threads building the same one keep the first. */
-static CUfunction kernel_get(const gpu_op_key *key) {
-  char name[GPU_KERNEL_NAME], id[sizeof((gpu_kernel *)0)->id];
-  gpu_op_key_name(key, name, sizeof name);
-  snprintf(id, sizeof id, "%s@%d", name, rt.cc);
+/* the kernel cached under id (name@cc), or NULL */
+static CUfunction kernel_cached(const char *id) {
   gpu_kernel *e = NULL;
   pthread_mutex_lock(&rt.kernels_lock);
   HASH_FIND_STR(rt.kernels, id, e);
   pthread_mutex_unlock(&rt.kernels_lock);
-  if (e) return e->fn;
+  return e ? e->fn : NULL;
+}
 
-  char *src = gpu_op_source(key);
-  if (!src) return NULL; /* gpu_op_source said why */
+/* The compiled kernel `name` of source src: built outside the lock (NVRTC
+   takes a while); two threads building the same one keep the first. */
+static CUfunction kernel_build(const char *name, const char *src) {
+  char id[sizeof((gpu_kernel *)0)->id];
+  snprintf(id, sizeof id, "%s@%d", name, rt.cc);
+  CUfunction have_fn = kernel_cached(id);
+  if (have_fn) return have_fn;
   uint64_t h[2];
   kernel_disk_hash(src, h);
   bool use_disk = h[0] || h[1];
   kernel_image img = {0};
   bool ok = (use_disk && image_from_disk(h, &img)) || image_compiled(src, name, h, use_disk, &img);
-  free(src);
   CUmodule mod = NULL;
   CUfunction fn = NULL;
   ok = ok && module_load(&img, name, &mod, &fn);
   free(img.owned);
   if (!ok) return NULL;
 
-  e = calloc(1, sizeof *e);
+  gpu_kernel *e = calloc(1, sizeof *e);
   if (!e) {
     (void)rt.cu.cuModuleUnload(mod);
     vm_error(KILN_ERR_OOM, "out of host memory caching kernel %s", name);
@@ -672,9 +673,42 @@ static CUfunction kernel_get(const gpu_op_key *key) {
     return have->fn;
   }
   /* hash_oom: not cached, so built again next time; its module stays
-     loaded (this launch uses it) and e is lost */
-  (void)hash_oom;
+     loaded (the caller uses fn) */
+  if (hash_oom) free(e);
   return fn;
+}
+
+/* The compiled kernel for key (its source generated only on a miss) */
+static CUfunction kernel_get(const gpu_op_key *key) {
+  char name[GPU_KERNEL_NAME], id[sizeof((gpu_kernel *)0)->id];
+  gpu_op_key_name(key, name, sizeof name);
+  snprintf(id, sizeof id, "%s@%d", name, rt.cc);
+  CUfunction fn = kernel_cached(id);
+  if (fn) return fn;
+  char *src = gpu_op_source(key);
+  if (!src) return NULL; /* gpu_op_source said why */
+  fn = kernel_build(name, src);
+  free(src);
+  return fn;
+}
+
+void *gpu_kernel_load(const char *name, const char *src) {
+  if (!thread_get()) return NULL; /* the primary context, current on this thread (the compiler's) */
+  return (void *)kernel_build(name, src);
+}
+
+bool gpu_kernel_launch(void *fn, const char *name, void *args, unsigned grid, unsigned block) {
+  gpu_thread *t = thread_get();
+  if (!t) return false;
+  void *params[] = {args};
+  CUresult rc = rt.cu.cuLaunchKernel((CUfunction)fn, grid, 1, 1, block, 1, 1, 0, t->stream, params, NULL);
+  if (rc != CUDA_SUCCESS) {
+    char what[GPU_KERNEL_NAME + 96];
+    snprintf(what, sizeof what, "cuLaunchKernel(%s, grid %u, block %u)", name, grid, block);
+    return cu_ok(rc, what);
+  }
+  atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
+  return true;
 }
 
 static bool launch_one(gpu_thread *t, const gpu_launch *l, char *scratch, size_t scratch_bytes) {

@@ -33,6 +33,14 @@ bool gpu_copy_on_device(void *dst, const void *src, size_t nbytes);
 /* runs one op call's launches on the calling thread's stream, compiling
    (memory cache, then disk cache, then NVRTC) what is missing */
 bool gpu_run_op_plan(const gpu_op_plan *p);
+/* The kernel `name` of CUDA C source src, loaded (the memory cache by
+   name and compute capability, then the disk cache keyed by the source,
+   then NVRTC): a CUfunction, or NULL + error.  Fused plan kernels
+   (jit_gpu/fuse.h) come this way. */
+void *gpu_kernel_load(const char *name, const char *src);
+/* launches fn (from gpu_kernel_load) with its one by-value argument *args
+   on the calling thread's stream */
+bool gpu_kernel_launch(void *fn, const char *name, void *args, unsigned grid, unsigned block);
 /* waits for the calling thread's stream */
 bool gpu_synchronize(void);
 

@@ -16,14 +16,11 @@
 #include "../vm/fold.h"
 #include "../vm/state.h"
 #include "opgen.h"
+#include "src.h"
 
-/* --- a growing string -------------------------------------------------------- */
+/* --- a growing string (src.h) ------------------------------------------------- */
 
-typedef struct {
-  char *s;
-  size_t len, cap;
-  bool oom;
-} sbuf;
+typedef gpu_src sbuf;
 
 static void sb_put(sbuf *b, const char *s, size_t n) {
   if (b->oom) return;
@@ -43,7 +40,7 @@ static void sb_put(sbuf *b, const char *s, size_t n) {
   b->s[b->len] = '\0';
 }
 
-static void sb_printf(sbuf *b, const char *fmt, ...) {
+void gpu_src_printf(gpu_src *b, const char *fmt, ...) {
   char small[512];
   va_list ap;
   va_start(ap, fmt);
@@ -165,12 +162,12 @@ static void cast_expr(sbuf *b, kiln_dtype from, kiln_dtype to) {
   static const char *const hi[VM_NUM_DTYPES] = {[KILN_I32] = "2147483647",
                                                 [KILN_I64] = "9223372036854775807LL"};
   if (to == KILN_BOOL)
-    sb_printf(b, "(TO)(x != 0)");
+    gpu_src_printf(b, "(TO)(x != 0)");
   else if (vm_dtype_is_float(from) && vm_dtype_is_int(to))
-    sb_printf(b, "x != x ? (TO)0 : x <= (T)%s ? (TO)%s : x >= (T)%s ? (TO)%s : (TO)x", lo[to], lo[to],
+    gpu_src_printf(b, "x != x ? (TO)0 : x <= (T)%s ? (TO)%s : x >= (T)%s ? (TO)%s : (TO)x", lo[to], lo[to],
               hi[to], hi[to]);
   else
-    sb_printf(b, "(TO)x");
+    gpu_src_printf(b, "(TO)x");
 }
 
 /* --- reductions: accumulator type, identity, combine ---------------------------- */
@@ -394,12 +391,12 @@ static const char prelude_helpers[] =
     "}\n";
 
 #define ASSERT_FIELD(b, T, f)                                                               \
-  sb_printf(b, "static_assert(__INTADDR__(&((" #T " *)0)->" #f ") == %zu, \"" #T "." #f    \
+  gpu_src_printf(b, "static_assert(__INTADDR__(&((" #T " *)0)->" #f ") == %zu, \"" #T "." #f    \
                ": host and device layouts differ\");\n",                                    \
             offsetof(T, f))
 
 static void emit_prelude(sbuf *b) {
-  sb_printf(b,
+  gpu_src_printf(b,
             "/* Kiln GPU interpreter kernels (jit_gpu/opgen_src.c) */\n"
             "#ifndef KILN_GPU_PRELUDE\n"
             "#define KILN_GPU_PRELUDE\n"
@@ -432,7 +429,7 @@ static void emit_prelude(sbuf *b) {
             KILN_MAX_DIMS, GPU_MAX_OPERANDS, GPU_MAX_OPERANDS);
   /* NVRTC's front end (EDG) has no offsetof without <cstddef>; __INTADDR__
      is what EDG's own offsetof expands to, and it is a constant expression */
-  sb_printf(b, "static_assert(sizeof(gpu_args) == %zu, \"gpu_args: host and device layouts differ\");\n",
+  gpu_src_printf(b, "static_assert(sizeof(gpu_args) == %zu, \"gpu_args: host and device layouts differ\");\n",
             sizeof(gpu_args));
   ASSERT_FIELD(b, gpu_args, ptr);
   ASSERT_FIELD(b, gpu_args, stride);
@@ -446,7 +443,7 @@ static void emit_prelude(sbuf *b) {
   ASSERT_FIELD(b, gpu_args, axis);
   ASSERT_FIELD(b, gpu_args, flag);
   ASSERT_FIELD(b, gpu_args, pad);
-  sb_printf(b, "static_assert(sizeof(gpu_index_check) == %zu, \"gpu_index_check: layouts differ\");\n",
+  gpu_src_printf(b, "static_assert(sizeof(gpu_index_check) == %zu, \"gpu_index_check: layouts differ\");\n",
             sizeof(gpu_index_check));
   ASSERT_FIELD(b, gpu_index_check, first);
   ASSERT_FIELD(b, gpu_index_check, value);
@@ -454,7 +451,7 @@ static void emit_prelude(sbuf *b) {
   ASSERT_FIELD(b, gpu_index_check, done);
   ASSERT_FIELD(b, gpu_index_check, axis);
   sb_put(b, prelude_helpers, sizeof prelude_helpers - 1);
-  sb_printf(b, "#endif /* KILN_GPU_PRELUDE */\n");
+  gpu_src_printf(b, "#endif /* KILN_GPU_PRELUDE */\n");
 }
 
 /* --- kernels ---------------------------------------------------------------------- */
@@ -465,7 +462,7 @@ static void emit_prelude(sbuf *b) {
    NVRTC 13 knows nothing older) lets helpers take its address without a
    per-thread copy to local memory */
 static void kernel_open(sbuf *b, const char *name) {
-  sb_printf(b, "\nextern \"C\" __global__ void __launch_bounds__(256) %s(const __grid_constant__ gpu_args a) {\n",
+  gpu_src_printf(b, "\nextern \"C\" __global__ void __launch_bounds__(256) %s(const __grid_constant__ gpu_args a) {\n",
             name);
 }
 
@@ -475,32 +472,32 @@ static void emit_elementwise(sbuf *b, const gpu_op_key *k, const char *name) {
   kiln_dtype out = (kiln_dtype)k->out_dtype;
   kiln_dtype t = (kiln_dtype)k->in_dtype[k->nin == 3 ? 1 : 0]; /* the compute type */
   kernel_open(b, name);
-  sb_printf(b, "  typedef %s T;\n  typedef %s U;\n  typedef %s TO;\n", ctype[t], utype[t], ctype[out]);
-  sb_printf(b, "  TO *out = (TO *)a.ptr[0];\n");
+  gpu_src_printf(b, "  typedef %s T;\n  typedef %s U;\n  typedef %s TO;\n", ctype[t], utype[t], ctype[out]);
+  gpu_src_printf(b, "  TO *out = (TO *)a.ptr[0];\n");
   for (int i = 0; i < k->nin; i++)
-    sb_printf(b, "  const %s *in%d = (const %s *)a.ptr[%d];\n", ctype[k->in_dtype[i]], i,
+    gpu_src_printf(b, "  const %s *in%d = (const %s *)a.ptr[%d];\n", ctype[k->in_dtype[i]], i,
               ctype[k->in_dtype[i]], i + 1);
   unsigned strided = ~(unsigned)k->contiguous & ((1u << (k->nin + 1)) - 1);
-  sb_printf(b, "  " GRID_STRIDE " {\n");
-  sb_printf(b, "    i64 off[4] = {%s, %s, %s, %s};\n", strided & 1 ? "0" : "i",
+  gpu_src_printf(b, "  " GRID_STRIDE " {\n");
+  gpu_src_printf(b, "    i64 off[4] = {%s, %s, %s, %s};\n", strided & 1 ? "0" : "i",
             strided & 2 ? "0" : "i", strided & 4 ? "0" : "i", strided & 8 ? "0" : "i");
-  if (strided) sb_printf(b, "    k_offsets<%u>(a, i, off);\n", strided);
+  if (strided) gpu_src_printf(b, "    k_offsets<%u>(a, i, off);\n", strided);
   if (k->nin == 3)
-    sb_printf(b, "    const u8 c = in0[off[1]];\n    const T x = in1[off[2]], y = in2[off[3]];\n");
+    gpu_src_printf(b, "    const u8 c = in0[off[1]];\n    const T x = in1[off[2]], y = in2[off[3]];\n");
   else if (k->nin == 2)
-    sb_printf(b, "    const T x = in0[off[1]], y = in1[off[2]];\n");
+    gpu_src_printf(b, "    const T x = in0[off[1]], y = in1[off[2]];\n");
   else
-    sb_printf(b, "    const T x = in0[off[1]];\n");
-  sb_printf(b, "    out[off[0]] = (TO)(");
+    gpu_src_printf(b, "    const T x = in0[off[1]];\n");
+  gpu_src_printf(b, "    out[off[0]] = (TO)(");
   if (op == VM_OP_cast) {
     cast_expr(b, t, out);
   } else if (op == VM_OP_concat) {
-    sb_printf(b, "x");
+    gpu_src_printf(b, "x");
   } else {
     const char *vars[] = {"F", fsfx(t), NULL};
     sb_subst(b, elementwise_expr(op, t), vars);
   }
-  sb_printf(b, ");\n  }\n}\n");
+  gpu_src_printf(b, ");\n  }\n}\n");
 }
 
 /* full, arange (vm_store_f64 of the value), rand, randn (vm/rng.c): a
@@ -509,19 +506,19 @@ static void emit_leaf(sbuf *b, const gpu_op_key *k, const char *name) {
   vm_opcode op = (vm_opcode)k->op;
   kiln_dtype dt = (kiln_dtype)k->out_dtype;
   kernel_open(b, name);
-  sb_printf(b, "  typedef %s TO;\n  TO *out = (TO *)a.ptr[0];\n", ctype[dt]);
+  gpu_src_printf(b, "  typedef %s TO;\n  TO *out = (TO *)a.ptr[0];\n", ctype[dt]);
   if (op == VM_OP_full) {
-    sb_printf(b, "  const TO v = k_from_f64_%s(a.scalar[0]);\n  " GRID_STRIDE " out[i] = v;\n}\n",
+    gpu_src_printf(b, "  const TO v = k_from_f64_%s(a.scalar[0]);\n  " GRID_STRIDE " out[i] = v;\n}\n",
               dsfx[dt]);
     return;
   }
   if (op == VM_OP_arange) {
-    sb_printf(b, "  " GRID_STRIDE " out[i] = k_from_f64_%s(a.scalar[0] + (double)i * a.scalar[1]);\n}\n",
+    gpu_src_printf(b, "  " GRID_STRIDE " out[i] = k_from_f64_%s(a.scalar[0] + (double)i * a.scalar[1]);\n}\n",
               dsfx[dt]);
     return;
   }
   bool normal = op == VM_OP_randn, f64 = dt == KILN_F64;
-  sb_printf(b,
+  gpu_src_printf(b,
             "  const u32 k0 = (u32)a.seed, k1 = (u32)(a.seed >> 32);\n"
             "  const double two_pi = 6.283185307179586476925;\n"
             "  const i64 count = a.extent[0];\n"
@@ -531,10 +528,10 @@ static void emit_leaf(sbuf *b, const gpu_op_key *k, const char *name) {
             "    u32 r[4];\n"
             "    k_philox(k0, k1, (u32)c, (u32)(c >> 32), 0, 0, r);\n");
   if (!f64 && !normal)
-    sb_printf(b, "    float v[4];\n"
+    gpu_src_printf(b, "    float v[4];\n"
                  "    for (int q = 0; q < 4; q++) v[q] = (float)(r[q] >> 8) * 0x1p-24f;\n");
   else if (!f64)
-    sb_printf(b, "    float v[4];\n"
+    gpu_src_printf(b, "    float v[4];\n"
                  "    for (int q = 0; q < 4; q += 2) {\n"
                  "      double u1 = ((r[q] >> 8) + 1.0) * 0x1p-24, u2 = (r[q + 1] >> 8) * 0x1p-24;\n"
                  "      double rad = sqrt(-2.0 * log(u1));\n"
@@ -542,12 +539,12 @@ static void emit_leaf(sbuf *b, const gpu_op_key *k, const char *name) {
                  "      v[q + 1] = (float)(rad * sin(two_pi * u2));\n"
                  "    }\n");
   else if (!normal)
-    sb_printf(b, "    double v[2] = {k_unit53(r[0], r[1]), k_unit53(r[2], r[3])};\n");
+    gpu_src_printf(b, "    double v[2] = {k_unit53(r[0], r[1]), k_unit53(r[2], r[3])};\n");
   else
-    sb_printf(b, "    double u1 = 1.0 - k_unit53(r[0], r[1]), u2 = k_unit53(r[2], r[3]);\n"
+    gpu_src_printf(b, "    double u1 = 1.0 - k_unit53(r[0], r[1]), u2 = k_unit53(r[2], r[3]);\n"
                  "    double rad = sqrt(-2.0 * log(u1));\n"
                  "    double v[2] = {rad * cos(two_pi * u2), rad * sin(two_pi * u2)};\n");
-  sb_printf(b, "    for (int q = 0; q < %d && i * %d + q < count; q++) out[i * %d + q] = v[q];\n  }\n}\n",
+  gpu_src_printf(b, "    for (int q = 0; q < %d && i * %d + q < count; q++) out[i * %d + q] = v[q];\n  }\n}\n",
             f64 ? 2 : 4, f64 ? 2 : 4, f64 ? 2 : 4);
 }
 
@@ -973,3 +970,39 @@ char *gpu_op_source_batch(const gpu_op_key *keys, int n) {
 }
 
 char *gpu_op_source(const gpu_op_key *k) { return gpu_op_source_batch(k, 1); }
+
+/* --- shared with fuse.c (src.h) --------------------------------------------------- */
+
+void gpu_src_put(gpu_src *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+void gpu_src_prelude(gpu_src *b) { emit_prelude(b); }
+
+const char *gpu_src_ctype(kiln_dtype dt) { return ctype[dt]; }
+
+bool gpu_src_node_supported(vm_opcode op, kiln_dtype out, int nin, const kiln_dtype *in) {
+  vm_kind kind = vm_op_table[op].kind;
+  if (kind != VM_KIND_UNARY && kind != VM_KIND_BINARY && kind != VM_KIND_TERNARY) return false;
+  gpu_op_key k = {.op = (uint16_t)op, .nin = (uint8_t)nin, .out_dtype = (uint8_t)out};
+  for (int i = 0; i < nin && i < 3; i++) k.in_dtype[i] = (uint8_t)in[i];
+  return nin <= 3 && gpu_op_key_supported(&k);
+}
+
+void gpu_src_node(gpu_src *b, vm_opcode op, kiln_dtype out, int nin, const kiln_dtype *in,
+                  const char *const *args, const char *dst) {
+  kiln_dtype t = in[nin == 3 ? 1 : 0]; /* the compute type, as emit_elementwise */
+  gpu_src_printf(b, "{ typedef %s T; typedef %s U; typedef %s TO; ", ctype[t], utype[t], ctype[out]);
+  if (nin == 3)
+    gpu_src_printf(b, "const u8 c = %s; const T x = %s, y = %s; ", args[0], args[1], args[2]);
+  else if (nin == 2)
+    gpu_src_printf(b, "const T x = %s, y = %s; ", args[0], args[1]);
+  else
+    gpu_src_printf(b, "const T x = %s; ", args[0]);
+  gpu_src_printf(b, "%s = (TO)(", dst);
+  if (op == VM_OP_cast) {
+    cast_expr(b, t, out);
+  } else {
+    const char *vars[] = {"F", fsfx(t), NULL};
+    sb_subst(b, elementwise_expr(op, t), vars);
+  }
+  gpu_src_printf(b, "); }\n");
+}

@@ -6,19 +6,26 @@ emu_thread *emu_cur;
 ucontext_t emu_sched;
 emu_dim3 blockIdx, blockDim, gridDim;
 unsigned char emu_slot[32][32][8];
-#include "kernels.inc"
-typedef void (*kfn)(const gpu_args);
+// The kernels' by-value argument type and files: the op kernels' unless a
+// wrapper (fused_rt.cpp) names others.
+#ifndef EMU_ARGS
+#define EMU_ARGS gpu_args
+#define EMU_KERNELS "kernels.inc"
+#define EMU_REGISTRY "registry.inc"
+#endif
+#include EMU_KERNELS
+typedef void (*kfn)(const EMU_ARGS);
 struct reg { const char *name; kfn fn; };
 static const reg registry[] = {
-#include "registry.inc"
+#include EMU_REGISTRY
 };
-static kfn cur_fn; static const gpu_args *cur_args;
+static kfn cur_fn; static const EMU_ARGS *cur_args;
 static void trampoline() { cur_fn(*cur_args); emu_cur->state = DONE; swapcontext(&emu_cur->ctx, &emu_sched); }
 extern "C" int emu_launch(const char *name, const void *args, unsigned grid, unsigned block) {
   kfn fn = nullptr;
   for (auto &r : registry) if (!strcmp(r.name, name)) fn = r.fn;
   if (!fn) { fprintf(stderr, "emu: no kernel %s\n", name); return 0; }
-  cur_fn = fn; cur_args = (const gpu_args *)args;
+  cur_fn = fn; cur_args = (const EMU_ARGS *)args;
   std::vector<emu_thread> th(block);
   const size_t SS = 1 << 16;
   for (auto &t : th) t.stack = (char *)malloc(SS);

@@ -1,0 +1,35 @@
+/* src.h — internal to jit_gpu/: what the generator of the op kernels
+ * (opgen_src.c) shares with the generator of fused plan kernels (fuse.c):
+ * a growing string, the prelude (types, gpu_args with its layout asserts,
+ * the device helpers) and one primitive's value as CUDA C, from the same
+ * per-op expression tables, so a fused kernel computes each node exactly
+ * as the op-by-op kernel does. */
+#ifndef GPU_SRC_H
+#define GPU_SRC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "../vm/ops.h"
+
+typedef struct gpu_src {
+  char *s;
+  size_t len, cap;
+  bool oom;
+} gpu_src;
+
+void gpu_src_put(gpu_src *b, const char *s);
+void gpu_src_printf(gpu_src *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* the shared prelude (guarded: a batch holds it once) */
+void gpu_src_prelude(gpu_src *b);
+/* "float", "i64", "u8" (bool), ... */
+const char *gpu_src_ctype(kiln_dtype dt);
+/* whether the op kernels compute op on these dtypes (elementwise kinds) */
+bool gpu_src_node_supported(vm_opcode op, kiln_dtype out, int nin, const kiln_dtype *in);
+/* a block assigning op's value on operands args[0..nin) (C expressions of
+   the input dtypes; for where: the bool condition first) to dst, which
+   has type gpu_src_ctype(out) */
+void gpu_src_node(gpu_src *b, vm_opcode op, kiln_dtype out, int nin, const kiln_dtype *in,
+                  const char *const *args, const char *dst);
+
+#endif
