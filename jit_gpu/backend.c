@@ -142,9 +142,9 @@ static struct {
   pthread_mutex_t lock;
   pthread_cond_t wake, idle;
   compile_job *head, *tail;
-  bool started, busy;
+  bool started, busy, stopping;
 } compiler = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL,
-              false, false};
+              false, false, false};
 
 static void publish(tr_plan *plan, gpu_compiled *c) {
   void *none = NULL;
@@ -155,7 +155,8 @@ static void *compiler_main(void *arg) {
   (void)arg;
   pthread_mutex_lock(&compiler.lock);
   for (;;) {
-    while (!compiler.head) pthread_cond_wait(&compiler.wake, &compiler.lock);
+    while (!compiler.head && !compiler.stopping) pthread_cond_wait(&compiler.wake, &compiler.lock);
+    if (compiler.stopping) break;
     compile_job *job = compiler.head;
     compiler.head = job->next;
     if (!compiler.head) compiler.tail = NULL;
@@ -167,9 +168,31 @@ static void *compiler_main(void *arg) {
     free(job);
     pthread_mutex_lock(&compiler.lock);
     compiler.busy = false;
-    if (!compiler.head) pthread_cond_broadcast(&compiler.idle);
+    pthread_cond_broadcast(&compiler.idle);
   }
+  pthread_mutex_unlock(&compiler.lock);
   return NULL;
+}
+
+/* At exit: NVRTC or the driver torn down under a compile in flight could
+   crash, so the compile in flight finishes (one kernel batch) and the
+   queue is dropped (its plans stay uncompiled: nothing is lost) */
+static void compiler_stop(void) {
+  pthread_mutex_lock(&compiler.lock);
+  compiler.stopping = true;
+  pthread_cond_broadcast(&compiler.wake);
+  while (compiler.busy) pthread_cond_wait(&compiler.idle, &compiler.lock);
+  compile_job *job = compiler.head;
+  compiler.head = compiler.tail = NULL;
+  pthread_cond_broadcast(&compiler.idle);
+  pthread_mutex_unlock(&compiler.lock);
+  while (job) {
+    compile_job *next = job->next;
+    compiled_free(job->c);
+    tr_plan_release(job->plan);
+    free(job);
+    job = next;
+  }
 }
 
 /* plans the kernels here (the trace is the flush's), compiles them on the
@@ -190,15 +213,17 @@ static void gpu_compile(tr_plan *plan, const tr_trace *t) {
   compile_job *job = planned && vm_env_long("KILN_ASYNC", 1) ? malloc(sizeof *job) : NULL;
   if (job) {
     pthread_mutex_lock(&compiler.lock);
-    if (!compiler.started) {
+    if (!compiler.started && !compiler.stopping) {
       pthread_t th;
       pthread_attr_t attr;
       pthread_attr_init(&attr);
       pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
       compiler.started = pthread_create(&th, &attr, compiler_main, NULL) == 0;
       pthread_attr_destroy(&attr);
+      if (compiler.started) atexit(compiler_stop);
     }
-    if (compiler.started) {
+    bool queued = compiler.started && !compiler.stopping;
+    if (queued) {
       tr_plan_retain(plan);
       *job = (compile_job){plan, c, NULL};
       if (compiler.tail) compiler.tail->next = job;
@@ -207,7 +232,7 @@ static void gpu_compile(tr_plan *plan, const tr_trace *t) {
       pthread_cond_signal(&compiler.wake);
     }
     pthread_mutex_unlock(&compiler.lock);
-    if (compiler.started) return;
+    if (queued) return;
     free(job);
   }
   load_kernels(c);

@@ -27,12 +27,16 @@ static bool computed(const tr_plan *plan, const gpu_fused *k, int r) {
   return r >= k->first && r <= k->last && vm_op_table[plan->nodes[r].op].kind != VM_KIND_VIEW;
 }
 
-/* a value the kernel may index by the flat position: a fresh (non-view)
-   value or a contiguous leaf, of the iteration's full shape */
+/* a value the kernel may index by the flat position: a fresh value (not
+   a view, nor a uniform one: fills and folded nodes are broadcast views of
+   one element) or a contiguous leaf, of the iteration's full shape */
 static bool dense_full(const tr_plan *plan, const tr_trace *t, int r, const vm_meta *it) {
   const vm_meta *m = ref_meta(plan, t, r);
   if (m->ndim != it->ndim || memcmp(m->shape, it->shape, (size_t)m->ndim * sizeof(int64_t))) return false;
-  if (r >= 0) return vm_op_table[plan->nodes[r].op].kind != VM_KIND_VIEW;
+  if (r >= 0) {
+    const tr_pnode *p = &plan->nodes[r];
+    return vm_op_table[p->op].kind != VM_KIND_VIEW && p->op != VM_OP_full && !p->fold;
+  }
   const vm_tensor *v = t->leaves[-1 - r]->value;
   return v && vm_is_contiguous(v);
 }
