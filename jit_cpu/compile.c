@@ -1065,30 +1065,8 @@ static bool run_elementwise(const cpu_kernel *k, const tr_plan *plan, const tr_t
   }
   /* coalesce: drop size-1 dims, merge dims every input (and the contiguous
      outputs) steps through as one */
-  int n = 0;
-  int64_t out_stride[KILN_MAX_DIMS];
-  vm_contiguous_strides(nd, om->shape, out_stride);
-  int64_t cs[KERNEL_MAX_IO][KILN_MAX_DIMS], co[KILN_MAX_DIMS];
-  for (int d = 0; d < nd; d++) {
-    if (om->shape[d] == 1) continue;
-    bool merge = n > 0 && vm_dims_merge(co[n - 1], out_stride[d], om->shape[d]);
-    for (int q = 0; merge && q < nin; q++) merge = vm_dims_merge(cs[q][n - 1], strides[q][d], om->shape[d]);
-    if (merge) {
-      shape[n - 1] *= om->shape[d];
-      co[n - 1] = out_stride[d];
-      for (int q = 0; q < nin; q++) cs[q][n - 1] = strides[q][d];
-      continue;
-    }
-    shape[n] = om->shape[d];
-    co[n] = out_stride[d];
-    for (int q = 0; q < nin; q++) cs[q][n] = strides[q][d];
-    n++;
-  }
-  if (n == 0) {
-    shape[0] = 1;
-    for (int q = 0; q < nin; q++) cs[q][0] = 0;
-    n = 1;
-  }
+  int64_t cs[KERNEL_MAX_IO][KILN_MAX_DIMS];
+  int n = vm_coalesce(nd, om->shape, nin, (const int64_t(*)[KILN_MAX_DIMS])strides, shape, cs);
   for (int q = 0; q < nin; q++) /* the layout the kernel was compiled for */
     if (shape[n - 1] > 1 && !inner_fits(k, q, cs[q][n - 1])) return false;
   int64_t meta[1 + KILN_MAX_DIMS * (KERNEL_MAX_IO + 1)];

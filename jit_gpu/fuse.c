@@ -90,11 +90,6 @@ static bool plan_group(const tr_plan *plan, int g, const tr_trace *t, gpu_fused 
 
 /* --- source ------------------------------------------------------------------------ */
 
-#define ASSERT_FIELD(b, f)                                                                      \
-  gpu_src_printf(b, "static_assert(__INTADDR__(&((gpu_fargs *)0)->" #f ") == %zu, \"gpu_fargs." #f \
-                 ": host and device layouts differ\");\n",                                     \
-                 offsetof(gpu_fargs, f))
-
 static void emit_fargs(gpu_src *b) {
   gpu_src_printf(b,
                  "#ifndef KILN_GPU_FARGS\n"
@@ -111,12 +106,12 @@ static void emit_fargs(gpu_src *b) {
                  GPU_FUSE_MAX_IO, GPU_FUSE_MAX_IO, GPU_FUSE_MAX_PARAMS);
   gpu_src_printf(b, "static_assert(sizeof(gpu_fargs) == %zu, \"gpu_fargs: host and device layouts differ\");\n",
                  sizeof(gpu_fargs));
-  ASSERT_FIELD(b, ptr);
-  ASSERT_FIELD(b, stride);
-  ASSERT_FIELD(b, shape);
-  ASSERT_FIELD(b, param);
-  ASSERT_FIELD(b, n);
-  ASSERT_FIELD(b, ndim);
+  GPU_SRC_ASSERT_FIELD(b, gpu_fargs, ptr);
+  GPU_SRC_ASSERT_FIELD(b, gpu_fargs, stride);
+  GPU_SRC_ASSERT_FIELD(b, gpu_fargs, shape);
+  GPU_SRC_ASSERT_FIELD(b, gpu_fargs, param);
+  GPU_SRC_ASSERT_FIELD(b, gpu_fargs, n);
+  GPU_SRC_ASSERT_FIELD(b, gpu_fargs, ndim);
   gpu_src_printf(b, "#endif /* KILN_GPU_FARGS */\n");
 }
 
@@ -223,36 +218,6 @@ bool gpu_fuse_group(const tr_plan *plan, int g, const tr_trace *t, gpu_fused *k)
 
 /* --- running ----------------------------------------------------------------------- */
 
-/* the iteration's dims with size-1 dims dropped and dims that every input
-   (and the contiguous outputs) step through as one merged; nd >= 1 */
-static int coalesce(const vm_meta *om, int nin, int64_t (*strides)[KILN_MAX_DIMS], gpu_fargs *a, int first_in) {
-  int n = 0;
-  int64_t out_stride[KILN_MAX_DIMS], co[KILN_MAX_DIMS];
-  vm_contiguous_strides(om->ndim, om->shape, out_stride);
-  for (int d = 0; d < om->ndim; d++) {
-    if (om->shape[d] == 1) continue;
-    bool merge = n > 0 && vm_dims_merge(co[n - 1], out_stride[d], om->shape[d]);
-    for (int q = 0; merge && q < nin; q++)
-      merge = vm_dims_merge(a->stride[first_in + q][n - 1], strides[q][d], om->shape[d]);
-    if (merge) {
-      a->shape[n - 1] *= om->shape[d];
-      co[n - 1] = out_stride[d];
-      for (int q = 0; q < nin; q++) a->stride[first_in + q][n - 1] = strides[q][d];
-      continue;
-    }
-    a->shape[n] = om->shape[d];
-    co[n] = out_stride[d];
-    for (int q = 0; q < nin; q++) a->stride[first_in + q][n] = strides[q][d];
-    n++;
-  }
-  if (n == 0) {
-    a->shape[0] = 1;
-    for (int q = 0; q < nin; q++) a->stride[first_in + q][0] = 0;
-    n = 1;
-  }
-  return n;
-}
-
 bool gpu_fused_run(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan,
                    const tr_trace *t, vm_tensor **vals, int *rc) {
   const vm_meta *om = &plan->nodes[k->outs[0]].meta;
@@ -274,7 +239,8 @@ bool gpu_fused_run(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan
     }
     a.ptr[k->nout + q] = vm_data(v);
   }
-  a.ndim = coalesce(om, k->nin, strides, &a, k->nout);
+  a.ndim = vm_coalesce(nd, om->shape, k->nin, (const int64_t(*)[KILN_MAX_DIMS])strides, a.shape,
+                       a.stride + k->nout);
   a.n = 1;
   for (int d = 0; d < a.ndim; d++) a.n *= a.shape[d];
   vm_tensor *outs[GPU_FUSE_MAX_IO] = {0};

@@ -390,11 +390,6 @@ static const char prelude_helpers[] =
     "  return off;\n"
     "}\n";
 
-#define ASSERT_FIELD(b, T, f)                                                               \
-  gpu_src_printf(b, "static_assert(__INTADDR__(&((" #T " *)0)->" #f ") == %zu, \"" #T "." #f    \
-               ": host and device layouts differ\");\n",                                    \
-            offsetof(T, f))
-
 static void emit_prelude(sbuf *b) {
   gpu_src_printf(b,
             "/* Kiln GPU interpreter kernels (jit_gpu/opgen_src.c) */\n"
@@ -431,25 +426,25 @@ static void emit_prelude(sbuf *b) {
      is what EDG's own offsetof expands to, and it is a constant expression */
   gpu_src_printf(b, "static_assert(sizeof(gpu_args) == %zu, \"gpu_args: host and device layouts differ\");\n",
             sizeof(gpu_args));
-  ASSERT_FIELD(b, gpu_args, ptr);
-  ASSERT_FIELD(b, gpu_args, stride);
-  ASSERT_FIELD(b, gpu_args, shape);
-  ASSERT_FIELD(b, gpu_args, n);
-  ASSERT_FIELD(b, gpu_args, extent);
-  ASSERT_FIELD(b, gpu_args, scalar);
-  ASSERT_FIELD(b, gpu_args, seed);
-  ASSERT_FIELD(b, gpu_args, counter);
-  ASSERT_FIELD(b, gpu_args, ndim);
-  ASSERT_FIELD(b, gpu_args, axis);
-  ASSERT_FIELD(b, gpu_args, flag);
-  ASSERT_FIELD(b, gpu_args, pad);
+  GPU_SRC_ASSERT_FIELD(b, gpu_args, ptr);
+  GPU_SRC_ASSERT_FIELD(b, gpu_args, stride);
+  GPU_SRC_ASSERT_FIELD(b, gpu_args, shape);
+  GPU_SRC_ASSERT_FIELD(b, gpu_args, n);
+  GPU_SRC_ASSERT_FIELD(b, gpu_args, extent);
+  GPU_SRC_ASSERT_FIELD(b, gpu_args, scalar);
+  GPU_SRC_ASSERT_FIELD(b, gpu_args, seed);
+  GPU_SRC_ASSERT_FIELD(b, gpu_args, counter);
+  GPU_SRC_ASSERT_FIELD(b, gpu_args, ndim);
+  GPU_SRC_ASSERT_FIELD(b, gpu_args, axis);
+  GPU_SRC_ASSERT_FIELD(b, gpu_args, flag);
+  GPU_SRC_ASSERT_FIELD(b, gpu_args, pad);
   gpu_src_printf(b, "static_assert(sizeof(gpu_index_check) == %zu, \"gpu_index_check: layouts differ\");\n",
             sizeof(gpu_index_check));
-  ASSERT_FIELD(b, gpu_index_check, first);
-  ASSERT_FIELD(b, gpu_index_check, value);
-  ASSERT_FIELD(b, gpu_index_check, size);
-  ASSERT_FIELD(b, gpu_index_check, done);
-  ASSERT_FIELD(b, gpu_index_check, axis);
+  GPU_SRC_ASSERT_FIELD(b, gpu_index_check, first);
+  GPU_SRC_ASSERT_FIELD(b, gpu_index_check, value);
+  GPU_SRC_ASSERT_FIELD(b, gpu_index_check, size);
+  GPU_SRC_ASSERT_FIELD(b, gpu_index_check, done);
+  GPU_SRC_ASSERT_FIELD(b, gpu_index_check, axis);
   sb_put(b, prelude_helpers, sizeof prelude_helpers - 1);
   gpu_src_printf(b, "#endif /* KILN_GPU_PRELUDE */\n");
 }

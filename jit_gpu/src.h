@@ -20,6 +20,14 @@ typedef struct gpu_src {
 
 void gpu_src_put(gpu_src *b, const char *s);
 void gpu_src_printf(gpu_src *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* a static_assert in the source that field f of host struct T sits at the
+   same offset on the device (NVRTC's EDG has no offsetof without
+   <cstddef>; __INTADDR__ is what its own offsetof expands to) */
+#define GPU_SRC_ASSERT_FIELD(b, T, f)                                                            \
+  gpu_src_printf(b, "static_assert(__INTADDR__(&((" #T " *)0)->" #f ") == %zu, \"" #T "." #f \
+                 ": host and device layouts differ\");\n",                                   \
+                 offsetof(T, f))
+
 /* the shared prelude (guarded: a batch holds it once) */
 void gpu_src_prelude(gpu_src *b);
 /* "float", "i64", "u8" (bool), ... */

@@ -57,6 +57,34 @@ void vm_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
   }
 }
 
+int vm_coalesce(int nd, const int64_t *shape, int nops, const int64_t (*in)[KILN_MAX_DIMS],
+                int64_t *shape_out, int64_t (*out)[KILN_MAX_DIMS]) {
+  int n = 0;
+  int64_t contig[KILN_MAX_DIMS], co[KILN_MAX_DIMS];
+  vm_contiguous_strides(nd, shape, contig);
+  for (int d = 0; d < nd; d++) {
+    if (shape[d] == 1) continue;
+    bool merge = n > 0 && vm_dims_merge(co[n - 1], contig[d], shape[d]);
+    for (int q = 0; merge && q < nops; q++) merge = vm_dims_merge(out[q][n - 1], in[q][d], shape[d]);
+    if (merge) {
+      shape_out[n - 1] *= shape[d];
+      co[n - 1] = contig[d];
+      for (int q = 0; q < nops; q++) out[q][n - 1] = in[q][d];
+      continue;
+    }
+    shape_out[n] = shape[d];
+    co[n] = contig[d];
+    for (int q = 0; q < nops; q++) out[q][n] = in[q][d];
+    n++;
+  }
+  if (n == 0) {
+    shape_out[0] = 1;
+    for (int q = 0; q < nops; q++) out[q][0] = 0;
+    n = 1;
+  }
+  return n;
+}
+
 static vm_tensor *header_new(kiln_dtype dt, int ndim, const int64_t *shape, int64_t numel) {
   vm_tensor *t = vm_block_alloc(VM_BLOCK_TENSOR, sizeof *t);
   if (!t) {

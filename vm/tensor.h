@@ -92,6 +92,15 @@ static inline bool vm_dims_merge(int64_t stride_outer, int64_t stride_inner, int
   return !__builtin_mul_overflow(stride_inner, size, &span) && stride_outer == span;
 }
 void vm_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+/* The iteration over shape[nd] coalesced: size-1 dims dropped, a dim
+   merged into the one before it where the contiguous layout of shape and
+   every operand's strides in[q] (over the nd dims) step through both as
+   one.  Writes the dims into shape_out and operand q's strides into
+   out[q]; returns how many (>= 1: a single element is one dim of 1, its
+   strides 0).  How the compiled kernels (jit_cpu/, jit_gpu/fuse.c) see an
+   elementwise group's space. */
+int vm_coalesce(int nd, const int64_t *shape, int nops, const int64_t (*in)[KILN_MAX_DIMS],
+                int64_t *shape_out, int64_t (*out)[KILN_MAX_DIMS]);
 
 /* for tests: the storage a handle's value lives in (views share it);
    evaluates the handle */
