@@ -2,8 +2,8 @@
  * storage through jit_gpu/cuda.c's caching allocator, and the GPU
  * "interpreter": each primitive as its own generated kernel (opgen.h),
  * float matmul through cuBLAS (blas.h), views as geometry; and the
- * compiled path: a hot plan's elementwise groups as fused kernels
- * (fuse.h), planned on the flush's thread and compiled by NVRTC on a
+ * compiled path: a hot plan's elementwise and reduce groups as fused
+ * kernels (fuse.h), planned on the flush's thread and compiled by NVRTC on a
  * background thread, published to the plan when all are loaded. */
 #include "backend.h"
 
@@ -82,7 +82,7 @@ static vm_tensor *gpu_exec(vm_opcode op, int n, vm_tensor *const *values, const 
 
 typedef struct gpu_compiled {
   int ngroups;
-  gpu_fused *k; /* per group; k[g].fn NULL: group g runs op by op */
+  gpu_fused_group *k; /* per group; not gpu_fused_ready: group g runs op by op */
 } gpu_compiled;
 
 static bool gpu_jit_enabled(void) {
@@ -97,7 +97,7 @@ static double gpu_compile_cost_ms(int nodes) { return nodes < 4 ? 60.0 : 15.0 * 
 static void compiled_free(void *p) {
   gpu_compiled *c = p;
   if (!c) return;
-  for (int g = 0; g < c->ngroups; g++) free(c->k[g].src);
+  for (int g = 0; g < c->ngroups; g++) gpu_fused_group_free_src(&c->k[g]);
   free(c->k);
   free(c);
 }
@@ -118,19 +118,20 @@ static void dump_source(const gpu_fused *k) {
 /* NVRTC + load of every planned kernel of c (on the compiler thread) */
 static void load_kernels(gpu_compiled *c) {
   static atomic_flag said = ATOMIC_FLAG_INIT;
-  for (int g = 0; g < c->ngroups; g++) {
-    gpu_fused *k = &c->k[g];
-    if (!k->src) continue;
-    k->fn = gpu_kernel_load(k->name, k->src);
-    if (!k->fn) {
-      if (!atomic_flag_test_and_set(&said))
-        fprintf(stderr, "kiln: fused GPU kernel %s could not be built (%s); its group runs op by op\n",
-                k->name, vm_thread()->message);
-      vm_clear_error();
+  for (int g = 0; g < c->ngroups; g++)
+    for (int i = 0; i < c->k[g].nk; i++) {
+      gpu_fused *k = &c->k[g].k[i];
+      if (!k->src) continue;
+      k->fn = gpu_kernel_load(k->name, k->src);
+      if (!k->fn) {
+        if (!atomic_flag_test_and_set(&said))
+          fprintf(stderr, "kiln: fused GPU kernel %s could not be built (%s); its group runs op by op\n",
+                  k->name, vm_thread()->message);
+        vm_clear_error();
+      }
+      free(k->src);
+      k->src = NULL;
     }
-    free(k->src);
-    k->src = NULL;
-  }
 }
 
 typedef struct compile_job {
@@ -208,7 +209,7 @@ static void gpu_compile(tr_plan *plan, const tr_trace *t) {
   int planned = 0;
   for (int g = 0; g < plan->ngroups; g++) {
     if (!gpu_fuse_group(plan, g, t, &c->k[g])) continue;
-    dump_source(&c->k[g]);
+    for (int i = 0; i < c->k[g].nk; i++) dump_source(&c->k[g].k[i]);
     planned++;
   }
   compile_job *job = planned && vm_env_long("KILN_ASYNC", 1) ? malloc(sizeof *job) : NULL;
@@ -248,7 +249,7 @@ static void gpu_compile_wait(void) {
 
 static bool gpu_has_kernel(const void *compiled, int g) {
   const gpu_compiled *c = compiled;
-  return g < c->ngroups && c->k[g].fn;
+  return g < c->ngroups && gpu_fused_ready(&c->k[g]);
 }
 
 static vm_tensor *cuda_alloc(kiln_dtype dt, int ndim, const int64_t *shape) {
@@ -265,8 +266,7 @@ static const gpu_fuse_target cuda_target = {KILN_CUDA, cuda_alloc, cuda_launch};
 static bool gpu_group(const void *compiled, const tr_plan *plan, const tr_trace *t, int g, vm_tensor **vals,
                       int *rc, int *resume, int *last_group) {
   const gpu_compiled *c = compiled;
-  if (!gpu_has_kernel(c, g) || !gpu_fused_run(&c->k[g], &cuda_target, plan, t, vals, rc)) return false;
-  *resume = c->k[g].last + 1;
+  if (!gpu_has_kernel(c, g) || !gpu_fused_run(&c->k[g], &cuda_target, plan, t, vals, rc, resume)) return false;
   *last_group = g;
   return true;
 }

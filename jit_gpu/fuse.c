@@ -1,5 +1,5 @@
-/* fuse.c — a plan's elementwise groups as fused CUDA kernels (fuse.h):
- * which nodes a group's kernel computes, what it reads and writes, its
+/* fuse.c — a plan's elementwise and reduce groups as fused CUDA kernels
+ * (fuse.h): which nodes each kernel computes, what it reads and writes, its
  * CUDA C, and its arguments for one run. */
 #include "fuse.h"
 
@@ -10,7 +10,9 @@
 #include <xxhash.h>
 
 #include "../vm/dtype.h"
+#include "../vm/kernels.h"
 #include "../vm/state.h"
+#include "opgen.h"
 #include "src.h"
 
 /* --- planning ---------------------------------------------------------------------- */
@@ -49,43 +51,144 @@ static bool add_input(gpu_fused *k, int r) {
   return true;
 }
 
-static bool plan_group(const tr_plan *plan, int g, const tr_trace *t, gpu_fused *k) {
-  const tr_group *grp = &plan->groups[g];
-  if (grp->kind != TR_GROUP_ELEMENTWISE) return false;
-  memset(k, 0, sizeof *k);
-  k->group = g;
-  k->first = grp->first;
-  k->last = grp->last;
+/* views run on the interpreter before a group's kernels: they may only
+   view values from outside the group */
+static bool views_of_outside(const tr_plan *plan, const tr_group *grp) {
   for (int i = grp->first; i <= grp->last; i++) {
     const tr_pnode *p = &plan->nodes[i];
-    if (vm_op_table[p->op].kind == VM_KIND_VIEW) {
-      /* views run on the interpreter before the kernel: only of values
-         from outside the group */
-      if (p->nin > 0 && p->in[0] >= grp->first && p->in[0] < i) return false;
-      continue;
-    }
-    if (p->op == VM_OP_full) {
-      if (k->nparams == GPU_FUSE_MAX_PARAMS) return false;
-      k->params[k->nparams++] = i;
-    } else {
-      if (p->nin > 3) return false;
-      kiln_dtype in[3];
-      for (int j = 0; j < p->nin; j++) {
-        int r = p->in[j];
-        in[j] = ref_dtype(plan, t, r);
-        if (!computed(plan, k, r) && !add_input(k, r)) return false;
-      }
-      if (!gpu_src_node_supported(p->op, p->meta.dtype, p->nin, in)) return false;
-    }
-    if (plan->escapes[i] || p->last_use > grp->last) {
-      if (k->nin + k->nout >= GPU_FUSE_MAX_IO) return false;
-      k->outs[k->nout++] = i;
-    }
+    if (vm_op_table[p->op].kind == VM_KIND_VIEW && p->nin > 0 && p->in[0] >= grp->first && p->in[0] < i)
+      return false;
+  }
+  return true;
+}
+
+/* node i, computed per element by k: its params and the inputs it reads
+   from outside k; false when the kernels lack it or k is full */
+static bool add_node(const tr_plan *plan, const tr_trace *t, gpu_fused *k, int i) {
+  const tr_pnode *p = &plan->nodes[i];
+  if (p->op == VM_OP_full) {
+    if (k->nparams == GPU_FUSE_MAX_PARAMS) return false;
+    k->params[k->nparams++] = i;
+    return true;
+  }
+  if (p->nin > 3) return false;
+  kiln_dtype in[3];
+  for (int j = 0; j < p->nin; j++) {
+    int r = p->in[j];
+    in[j] = ref_dtype(plan, t, r);
+    if (!computed(plan, k, r) && !add_input(k, r)) return false;
+  }
+  return gpu_src_node_supported(p->op, p->meta.dtype, p->nin, in);
+}
+
+static bool add_output(gpu_fused *k, int i) {
+  if (k->nin + k->nout >= GPU_FUSE_MAX_IO) return false;
+  k->outs[k->nout++] = i;
+  return true;
+}
+
+/* nodes first..last (of one shape) as one elementwise kernel */
+static bool plan_elementwise(const tr_plan *plan, const tr_trace *t, int first, int last, gpu_fused *k) {
+  memset(k, 0, sizeof *k);
+  k->kind = GPU_FK_ELEMENTWISE;
+  k->first = first;
+  k->last = last;
+  k->reduce = -1;
+  for (int i = first; i <= last; i++) {
+    const tr_pnode *p = &plan->nodes[i];
+    if (vm_op_table[p->op].kind == VM_KIND_VIEW) continue;
+    if (!add_node(plan, t, k, i)) return false;
+    if ((plan->escapes[i] || p->last_use > last) && !add_output(k, i)) return false;
   }
   if (k->nout == 0) return false;
   const vm_meta *it = &plan->nodes[k->outs[0]].meta;
   for (int q = 0; q < k->nin; q++) k->contig[q] = dense_full(plan, t, k->ins[q], it);
   return true;
+}
+
+static int64_t numel_of(const vm_meta *m) {
+  int64_t n = 1;
+  for (int d = 0; d < m->ndim; d++) n *= m->shape[d];
+  return n;
+}
+
+/* the fold of reduction r over its input's shape rin: outputs, positions
+   each, and the pass schedule (opgen.h) */
+static void reduce_schedule(const tr_pnode *r, const vm_meta *rin, gpu_red_sched *s) {
+  int64_t nout = 1, count = 1;
+  for (int d = 0; d < rin->ndim; d++) {
+    if (r->attr.axes_mask & (1u << d)) count *= rin->shape[d];
+    else nout *= rin->shape[d];
+  }
+  gpu_reduce_schedule(r->op, rin->dtype, gpu_reduce_trailing(rin->ndim, rin->shape, r->attr.axes_mask), nout,
+                      count, s);
+}
+
+/* a reduce group: its producers and reduction as one kernel (k[0]), the
+   join of a long reduction (k[1]), the epilogue (last, optional) */
+static bool plan_reduce_group(const tr_plan *plan, int g, const tr_trace *t, gpu_fused_group *fg) {
+  const tr_group *grp = &plan->groups[g];
+  int red = -1;
+  for (int i = grp->first; i <= grp->last && red < 0; i++)
+    if (vm_op_table[plan->nodes[i].op].kind == VM_KIND_REDUCE) red = i;
+  if (red < 0) return false;
+  const tr_pnode *r = &plan->nodes[red];
+  const vm_meta *rin = ref_meta(plan, t, r->in[0]);
+  if (r->op == VM_OP_argmax || r->op == VM_OP_argmin || r->nin != 1 || r->meta.dtype != rin->dtype ||
+      !gpu_src_reduce_supported(r->op, rin->dtype))
+    return false;
+  gpu_fused *k = &fg->k[fg->nk++];
+  memset(k, 0, sizeof *k);
+  k->kind = GPU_FK_REDUCE;
+  k->first = grp->first;
+  k->last = red - 1;
+  k->reduce = red;
+  k->outs[k->nout++] = red;
+  for (int i = grp->first; i < red; i++) {
+    const tr_pnode *p = &plan->nodes[i];
+    if (vm_op_table[p->op].kind == VM_KIND_VIEW) continue;
+    if (p->meta.ndim != rin->ndim || memcmp(p->meta.shape, rin->shape, (size_t)rin->ndim * sizeof(int64_t)))
+      return false; /* producers run per element of the reduction's input */
+    if (!add_node(plan, t, k, i)) return false;
+    if ((plan->escapes[i] || p->last_use > red) && !add_output(k, i)) return false;
+  }
+  if (!computed(plan, k, r->in[0]) && !add_input(k, r->in[0])) return false;
+  gpu_red_sched s;
+  reduce_schedule(r, rin, &s);
+  k->variant = s.variant;
+  /* the flat index o * count + p is the element's in a dense input of the
+     full shape only when the reduced dims are the trailing ones */
+  for (int q = 0; q < k->nin; q++)
+    k->contig[q] = s.variant == GPU_RED_LANE && dense_full(plan, t, k->ins[q], rin);
+  if (s.join >= 0) {
+    gpu_fused *j = &fg->k[fg->nk++];
+    memset(j, 0, sizeof *j);
+    j->kind = GPU_FK_JOIN;
+    j->first = red;
+    j->last = red - 1; /* computes no node */
+    j->reduce = red;
+    j->variant = s.join;
+  }
+  bool epilogue = false;
+  for (int i = red + 1; i <= grp->last && !epilogue; i++)
+    epilogue = vm_op_table[plan->nodes[i].op].kind != VM_KIND_VIEW;
+  if (epilogue && !plan_elementwise(plan, t, red + 1, grp->last, &fg->k[fg->nk])) {
+    memset(&fg->k[fg->nk], 0, sizeof fg->k[0]); /* the epilogue runs op by op */
+    epilogue = false;
+  }
+  if (epilogue) fg->nk++;
+  return true;
+}
+
+static bool plan_group(const tr_plan *plan, int g, const tr_trace *t, gpu_fused_group *fg) {
+  const tr_group *grp = &plan->groups[g];
+  memset(fg, 0, sizeof *fg);
+  fg->group = g;
+  if (!views_of_outside(plan, grp)) return false;
+  if (grp->kind == TR_GROUP_REDUCE) return plan_reduce_group(plan, g, t, fg);
+  if (grp->kind != TR_GROUP_ELEMENTWISE) return false;
+  fg->nk = 1;
+  return plan_elementwise(plan, t, grp->first, grp->last, &fg->k[0]);
 }
 
 /* --- source ------------------------------------------------------------------------ */
@@ -100,8 +203,9 @@ static void emit_fargs(gpu_src *b) {
                  "  i64 shape[K_MAX_DIMS];\n"
                  "  u64 param[%d];\n"
                  "  i64 n;\n"
+                 "  i64 extent[4];\n"
                  "  i32 ndim;\n"
-                 "  i32 pad;\n"
+                 "  i32 axis;\n"
                  "};\n",
                  GPU_FUSE_MAX_IO, GPU_FUSE_MAX_IO, GPU_FUSE_MAX_PARAMS);
   gpu_src_printf(b, "static_assert(sizeof(gpu_fargs) == %zu, \"gpu_fargs: host and device layouts differ\");\n",
@@ -111,7 +215,9 @@ static void emit_fargs(gpu_src *b) {
   GPU_SRC_ASSERT_FIELD(b, gpu_fargs, shape);
   GPU_SRC_ASSERT_FIELD(b, gpu_fargs, param);
   GPU_SRC_ASSERT_FIELD(b, gpu_fargs, n);
+  GPU_SRC_ASSERT_FIELD(b, gpu_fargs, extent);
   GPU_SRC_ASSERT_FIELD(b, gpu_fargs, ndim);
+  GPU_SRC_ASSERT_FIELD(b, gpu_fargs, axis);
   gpu_src_printf(b, "#endif /* KILN_GPU_FARGS */\n");
 }
 
@@ -127,9 +233,19 @@ static void param_expr(gpu_src *b, kiln_dtype dt, int s) {
   }
 }
 
-/* the kernel's body after its signature */
-static void emit_body(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k) {
-  for (int q = 0; q < k->nout; q++) {
+/* the name of ref r in k's code: v<node> when k computes it, else x<input> */
+static void ref_name(const tr_plan *plan, const gpu_fused *k, int r, char *buf, size_t cap) {
+  if (computed(plan, k, r)) {
+    snprintf(buf, cap, "v%d", r - k->first);
+    return;
+  }
+  int q = 0;
+  while (k->ins[q] != r) q++;
+  snprintf(buf, cap, "x%d", q);
+}
+
+static void emit_pointers(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k, int out0) {
+  for (int q = out0; q < k->nout; q++) {
     const char *ct = gpu_src_ctype(plan->nodes[k->outs[q]].meta.dtype);
     gpu_src_printf(b, "  %s *o%d = (%s *)a.ptr[%d];\n", ct, q, ct, q);
   }
@@ -137,31 +253,35 @@ static void emit_body(gpu_src *b, const tr_plan *plan, const tr_trace *t, const 
     const char *ct = gpu_src_ctype(ref_dtype(plan, t, k->ins[q]));
     gpu_src_printf(b, "  const %s *in%d = (const %s *)a.ptr[%d];\n", ct, q, ct, k->nout + q);
   }
-  gpu_src_printf(b, "  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < a.n; "
-                    "i += (i64)gridDim.x * blockDim.x) {\n");
-  bool strided = false;
-  for (int q = 0; q < k->nin; q++)
-    if (!k->contig[q]) {
-      gpu_src_printf(b, "%s f%d = 0", strided ? "," : "    i64", q);
-      strided = true;
-    }
-  if (strided) {
-    gpu_src_printf(b, ";\n    {\n      i64 r = i;\n      for (int d = a.ndim - 1; d >= 0; d--) {\n"
-                      "        const i64 s = a.shape[d], qd = r / s, c = r - qd * s;\n        r = qd;\n");
-    for (int q = 0; q < k->nin; q++)
-      if (!k->contig[q]) gpu_src_printf(b, "        f%d += c * a.stride[%d][d];\n", q, k->nout + q);
-    gpu_src_printf(b, "      }\n    }\n");
-  }
+}
+
+/* f<operand> += the offsets of the row-major index `from` over dims
+   [d0, d1) of every operand in `which` (ptr indices) */
+static void emit_offsets(gpu_src *b, const char *from, const char *d0, const char *d1, const bool *which,
+                         const char *indent) {
+  gpu_src_printf(b, "%s{\n%s  i64 rr = %s;\n%s  for (int d = %s - 1; d >= %s; d--) {\n", indent, indent, from,
+                 indent, d1, d0);
+  gpu_src_printf(b, "%s    const i64 s = a.shape[d], qd = rr / s, c = rr - qd * s;\n%s    rr = qd;\n", indent,
+                 indent);
+  for (int j = 0; j < GPU_FUSE_MAX_IO; j++)
+    if (which[j]) gpu_src_printf(b, "%s    f%d += c * a.stride[%d][d];\n", indent, j, j);
+  gpu_src_printf(b, "%s  }\n%s}\n", indent, indent);
+}
+
+/* the loads of k's inputs (x<q>, at `flat` or f<operand>) and its nodes
+   (v<node - first>) */
+static void emit_nodes(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k, const char *flat,
+                       const char *indent) {
   for (int q = 0; q < k->nin; q++) {
     const char *ct = gpu_src_ctype(ref_dtype(plan, t, k->ins[q]));
-    if (k->contig[q]) gpu_src_printf(b, "    const %s x%d = in%d[i];\n", ct, q, q);
-    else gpu_src_printf(b, "    const %s x%d = in%d[f%d];\n", ct, q, q, q);
+    if (k->contig[q]) gpu_src_printf(b, "%sconst %s x%d = in%d[%s];\n", indent, ct, q, q, flat);
+    else gpu_src_printf(b, "%sconst %s x%d = in%d[f%d];\n", indent, ct, q, q, k->nout + q);
   }
   int s = 0;
   for (int i = k->first; i <= k->last; i++) {
     const tr_pnode *p = &plan->nodes[i];
     if (vm_op_table[p->op].kind == VM_KIND_VIEW) continue;
-    gpu_src_printf(b, "    %s v%d;\n    ", gpu_src_ctype(p->meta.dtype), i - k->first);
+    gpu_src_printf(b, "%s%s v%d;\n%s", indent, gpu_src_ctype(p->meta.dtype), i - k->first, indent);
     if (p->op == VM_OP_full) {
       gpu_src_printf(b, "v%d = ", i - k->first);
       param_expr(b, p->meta.dtype, s++);
@@ -172,34 +292,99 @@ static void emit_body(gpu_src *b, const tr_plan *plan, const tr_trace *t, const 
     const char *args[3];
     kiln_dtype in[3];
     for (int j = 0; j < p->nin; j++) {
-      int r = p->in[j];
-      in[j] = ref_dtype(plan, t, r);
-      if (computed(plan, k, r)) {
-        snprintf(names[j], sizeof names[j], "v%d", r - k->first);
-      } else {
-        int q = 0;
-        while (k->ins[q] != r) q++;
-        snprintf(names[j], sizeof names[j], "x%d", q);
-      }
+      in[j] = ref_dtype(plan, t, p->in[j]);
+      ref_name(plan, k, p->in[j], names[j], sizeof names[j]);
       args[j] = names[j];
     }
     char dst[16];
     snprintf(dst, sizeof dst, "v%d", i - k->first);
     gpu_src_node(b, p->op, p->meta.dtype, p->nin, in, args, dst);
   }
+}
+
+/* an elementwise kernel's body after its signature */
+static void emit_elementwise(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k) {
+  emit_pointers(b, plan, t, k, 0);
+  gpu_src_printf(b, "  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < a.n; "
+                    "i += (i64)gridDim.x * blockDim.x) {\n");
+  bool strided[GPU_FUSE_MAX_IO] = {false}, any = false;
+  for (int q = 0; q < k->nin; q++)
+    if (!k->contig[q]) {
+      gpu_src_printf(b, "    i64 f%d = 0;\n", k->nout + q);
+      strided[k->nout + q] = any = true;
+    }
+  if (any) emit_offsets(b, "i", "0", "a.ndim", strided, "    ");
+  emit_nodes(b, plan, t, k, "i", "    ");
   for (int q = 0; q < k->nout; q++) gpu_src_printf(b, "    o%d[i] = v%d;\n", q, k->outs[q] - k->first);
   gpu_src_printf(b, "  }\n}\n");
 }
 
-bool gpu_fuse_group(const tr_plan *plan, int g, const tr_trace *t, gpu_fused *k) {
-  if (!plan_group(plan, g, t, k)) return false;
+/* a reduction's body: the op kernel's fold (src.h gpu_src_reduce), whose
+   position p of output o is computed here.  Each position is read exactly
+   once, so producers read later are stored from there.  Operands indexed
+   by strides get their offset of o once (b<operand>) and of p per read. */
+static void emit_reduce(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k) {
+  const tr_pnode *r = &plan->nodes[k->reduce];
+  kiln_dtype dt = ref_dtype(plan, t, r->in[0]);
+  gpu_src src = {0}, item = {0};
+  emit_pointers(&src, plan, t, k, 1);
+  bool strided[GPU_FUSE_MAX_IO] = {false}, any = false;
+  bool trailing = k->variant == GPU_RED_LANE;
+  for (int q = 1; q < k->nout; q++) strided[q] = !trailing; /* producers' outputs: dense, of the input's shape */
+  for (int q = 0; q < k->nin; q++) strided[k->nout + q] = !k->contig[q];
+  for (int j = 0; j < GPU_FUSE_MAX_IO; j++)
+    if (strided[j]) {
+      gpu_src_printf(&item, "%s b%d = 0", any ? "," : "    i64", j);
+      any = true;
+    }
+  if (any) {
+    gpu_src_printf(&item, ";\n");
+    /* the offsets of o over the kept dims, into b<operand> */
+    gpu_src_printf(&item, "    {\n      i64 rr = o;\n      for (int d = a.axis - 1; d >= 0; d--) {\n"
+                          "        const i64 s = a.shape[d], qd = rr / s, c = rr - qd * s;\n        rr = qd;\n");
+    for (int j = 0; j < GPU_FUSE_MAX_IO; j++)
+      if (strided[j]) gpu_src_printf(&item, "        b%d += c * a.stride[%d][d];\n", j, j);
+    gpu_src_printf(&item, "      }\n    }\n");
+  }
+  bool flat = trailing && k->nout > 1;
+  for (int q = 0; q < k->nin; q++) flat = flat || k->contig[q];
+  gpu_src_printf(&item, "    auto ld = [&](i64 p) -> %s {\n", gpu_src_ctype(dt));
+  if (flat) gpu_src_printf(&item, "      const i64 flat = o * count + p;\n");
+  if (any) {
+    for (int j = 0; j < GPU_FUSE_MAX_IO; j++)
+      if (strided[j]) gpu_src_printf(&item, "      i64 f%d = b%d;\n", j, j);
+    emit_offsets(&item, "p", "a.axis", "a.ndim", strided, "      ");
+  }
+  emit_nodes(&item, plan, t, k, "flat", "      ");
+  for (int q = 1; q < k->nout; q++) {
+    if (trailing) gpu_src_printf(&item, "      o%d[flat] = v%d;\n", q, k->outs[q] - k->first);
+    else gpu_src_printf(&item, "      o%d[f%d] = v%d;\n", q, q, k->outs[q] - k->first);
+  }
+  char in0[16];
+  ref_name(plan, k, r->in[0], in0, sizeof in0);
+  gpu_src_printf(&item, "      return %s;\n    };\n", in0);
+  if (src.oom || item.oom) b->oom = true;
+  else gpu_src_reduce(b, r->op, dt, k->variant, src.s ? src.s : "", item.s);
+  free(src.s);
+  free(item.s);
+}
+
+/* k's source, named by the hash of its body: equal kernels share one */
+static bool emit_kernel(const tr_plan *plan, const tr_trace *t, gpu_fused *k) {
   gpu_src body = {0};
-  emit_body(&body, plan, t, k);
-  if (body.oom) {
+  switch (k->kind) {
+    case GPU_FK_ELEMENTWISE: emit_elementwise(&body, plan, t, k); break;
+    case GPU_FK_REDUCE: emit_reduce(&body, plan, t, k); break;
+    case GPU_FK_JOIN: {
+      const tr_pnode *r = &plan->nodes[k->reduce];
+      gpu_src_reduce(&body, r->op, ref_dtype(plan, t, r->in[0]), k->variant, "", "");
+      break;
+    }
+  }
+  if (body.oom || !body.s) {
     free(body.s);
     return false;
   }
-  /* the name is the body's hash: equal groups share one kernel */
   snprintf(k->name, sizeof k->name, "kf_%016llx", (unsigned long long)XXH3_64bits(body.s, body.len));
   gpu_src src = {0};
   gpu_src_prelude(&src);
@@ -216,62 +401,208 @@ bool gpu_fuse_group(const tr_plan *plan, int g, const tr_trace *t, gpu_fused *k)
   return true;
 }
 
+void gpu_fused_group_free_src(gpu_fused_group *fg) {
+  for (int i = 0; i < fg->nk; i++) {
+    free(fg->k[i].src);
+    fg->k[i].src = NULL;
+  }
+}
+
+bool gpu_fuse_group(const tr_plan *plan, int g, const tr_trace *t, gpu_fused_group *fg) {
+  if (!plan_group(plan, g, t, fg)) {
+    memset(fg, 0, sizeof *fg);
+    return false;
+  }
+  for (int i = 0; i < fg->nk; i++)
+    if (!emit_kernel(plan, t, &fg->k[i])) {
+      gpu_fused_group_free_src(fg);
+      memset(fg, 0, sizeof *fg);
+      return false;
+    }
+  return true;
+}
+
+bool gpu_fused_ready(const gpu_fused_group *fg) {
+  if (fg->nk == 0) return false;
+  for (int i = 0; i < fg->nk; i++)
+    if (!fg->k[i].fn && !(fg->k[i].kind == GPU_FK_ELEMENTWISE && i > 0)) return false;
+  return true;
+}
+
 /* --- running ----------------------------------------------------------------------- */
 
-bool gpu_fused_run(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan,
-                   const tr_trace *t, vm_tensor **vals, int *rc) {
+enum { REFUSED, RAN, FAILED };
+
+static vm_tensor *ref_value(vm_tensor **vals, const tr_trace *t, int r) {
+  return r >= 0 ? vals[r] : t->leaves[-1 - r]->value;
+}
+
+static int failed(int *rc, vm_tensor **outs, int n, int code, const char *what, const char *name) {
+  for (int q = 0; q < n; q++) vm_release(outs[q]);
+  *rc = vm_thread()->status ? vm_thread()->status : vm_error(code, "%s %s", what, name);
+  return FAILED;
+}
+
+/* k's inputs into a (pointers) and st (strides over shape's nd dims, 0 on
+   broadcast dims); REFUSED when one is not where, or not laid out as, k
+   was compiled for */
+static int bind_inputs(const gpu_fused *k, const gpu_fuse_target *dev, const tr_trace *t, vm_tensor **vals,
+                       int nd, const int64_t *shape, gpu_fargs *a, int64_t (*st)[KILN_MAX_DIMS]) {
+  for (int q = 0; q < k->nin; q++) {
+    vm_tensor *v = ref_value(vals, t, k->ins[q]);
+    if (!v || v->ndim > nd || !v->storage || v->storage->device != dev->device) return REFUSED;
+    if (k->contig[q] && (v->ndim != nd || !vm_is_contiguous(v) ||
+                         memcmp(v->shape, shape, (size_t)nd * sizeof(int64_t))))
+      return REFUSED; /* compiled to index it by the flat position */
+    int lead = nd - v->ndim;
+    for (int d = 0; d < nd; d++) {
+      int src = d - lead;
+      st[k->nout + q][d] = (src < 0 || v->shape[src] == 1) ? 0 : v->strides[src];
+    }
+    a->ptr[k->nout + q] = vm_data(v);
+  }
+  return RAN;
+}
+
+static void bind_params(const gpu_fused *k, const tr_plan *plan, const tr_trace *t, gpu_fargs *a) {
+  for (int s = 0; s < k->nparams; s++) {
+    const tr_pnode *p = &plan->nodes[k->params[s]];
+    vm_store_f64(&a->param[s], p->meta.dtype, 0, t->nodes[p->src]->attr.scalar[0]);
+  }
+}
+
+/* fresh values for k's outputs from `from` on; their pointers into a */
+static int alloc_outputs(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan, int from,
+                         vm_tensor **outs, gpu_fargs *a, int *rc) {
+  for (int q = from; q < k->nout; q++) {
+    const vm_meta *m = &plan->nodes[k->outs[q]].meta;
+    if (!(outs[q] = dev->alloc(m->dtype, m->ndim, m->shape)))
+      return failed(rc, outs, q, KILN_ERR_OOM, "out of memory for the outputs of", k->name);
+    a->ptr[q] = vm_data(outs[q]);
+  }
+  return RAN;
+}
+
+static unsigned grid_of(int64_t n) {
+  int64_t blocks = (n + GPU_FUSE_BLOCK - 1) / GPU_FUSE_BLOCK;
+  return blocks > 65536 ? 65536u : (unsigned)blocks; /* a grid-stride loop covers the rest */
+}
+
+static int run_elementwise(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan,
+                           const tr_trace *t, vm_tensor **vals, int *rc) {
   const vm_meta *om = &plan->nodes[k->outs[0]].meta;
   int nd = om->ndim;
   gpu_fargs a;
   memset(&a, 0, sizeof a);
   int64_t strides[GPU_FUSE_MAX_IO][KILN_MAX_DIMS];
-  for (int q = 0; q < k->nin; q++) {
-    int r = k->ins[q];
-    vm_tensor *v = r >= 0 ? vals[r] : t->leaves[-1 - r]->value;
-    if (!v || v->ndim > nd || !v->storage || v->storage->device != dev->device) return false;
-    if (k->contig[q] && (v->ndim != nd || !vm_is_contiguous(v) ||
-                         memcmp(v->shape, om->shape, (size_t)nd * sizeof(int64_t))))
-      return false; /* compiled to index it by the flat position */
-    int lead = nd - v->ndim;
-    for (int d = 0; d < nd; d++) {
-      int src = d - lead;
-      strides[q][d] = (src < 0 || v->shape[src] == 1) ? 0 : v->strides[src];
-    }
-    a.ptr[k->nout + q] = vm_data(v);
-  }
-  a.ndim = vm_coalesce(nd, om->shape, k->nin, (const int64_t(*)[KILN_MAX_DIMS])strides, a.shape,
+  if (bind_inputs(k, dev, t, vals, nd, om->shape, &a, strides) != RAN) return REFUSED;
+  a.ndim = vm_coalesce(nd, om->shape, k->nin, (const int64_t(*)[KILN_MAX_DIMS])(strides + k->nout), a.shape,
                        a.stride + k->nout);
   a.n = 1;
   for (int d = 0; d < a.ndim; d++) a.n *= a.shape[d];
+  for (int q = 0; q < k->nout; q++) /* every output spans the iteration */
+    if (numel_of(&plan->nodes[k->outs[q]].meta) != a.n) return REFUSED;
   vm_tensor *outs[GPU_FUSE_MAX_IO] = {0};
-  for (int q = 0; q < k->nout; q++) {
-    const vm_meta *m = &plan->nodes[k->outs[q]].meta;
-    int64_t numel = 1;
-    for (int d = 0; d < m->ndim; d++) numel *= m->shape[d];
-    if (numel != a.n) { /* every output spans the iteration */
-      for (int u = 0; u < q; u++) vm_release(outs[u]);
-      return false;
+  if (alloc_outputs(k, dev, plan, 0, outs, &a, rc) != RAN) return FAILED;
+  bind_params(k, plan, t, &a);
+  if (a.n > 0 && !dev->launch(k, &a, grid_of(a.n), GPU_FUSE_BLOCK))
+    return failed(rc, outs, k->nout, KILN_ERR_DEVICE, "launching", k->name);
+  for (int q = 0; q < k->nout; q++) vals[k->outs[q]] = outs[q];
+  return RAN;
+}
+
+/* the reduction's geometry: its input's dims (size 1 dropped), the kept
+   ones first, then the reduced ones, each part merged where every operand
+   steps through two dims as one (the order of positions stays row-major,
+   so the fold's order is unchanged) */
+static void reduce_geometry(const vm_meta *rin, uint32_t mask, int nops, const int64_t (*st)[KILN_MAX_DIMS],
+                            gpu_fargs *a) {
+  int n = 0;
+  for (int part = 0; part < 2; part++) {
+    int start = n;
+    for (int d = 0; d < rin->ndim; d++) {
+      if (rin->shape[d] == 1 || (int)((mask >> d) & 1u) != part) continue;
+      bool merge = n > start;
+      for (int j = 0; j < nops && merge; j++) merge = vm_dims_merge(a->stride[j][n - 1], st[j][d], rin->shape[d]);
+      if (merge) {
+        a->shape[n - 1] *= rin->shape[d];
+        for (int j = 0; j < nops; j++) a->stride[j][n - 1] = st[j][d];
+        continue;
+      }
+      a->shape[n] = rin->shape[d];
+      for (int j = 0; j < nops; j++) a->stride[j][n] = st[j][d];
+      n++;
     }
-    if (!(outs[q] = dev->alloc(m->dtype, m->ndim, m->shape))) {
-      for (int u = 0; u < q; u++) vm_release(outs[u]);
-      *rc = vm_thread()->status ? vm_thread()->status : vm_error(KILN_ERR_OOM, "out of memory");
-      return true;
-    }
-    a.ptr[q] = vm_data(outs[q]);
+    if (part == 0) a->axis = n;
   }
-  for (int s = 0; s < k->nparams; s++) {
-    const tr_pnode *p = &plan->nodes[k->params[s]];
-    vm_store_f64(&a.param[s], p->meta.dtype, 0, t->nodes[p->src]->attr.scalar[0]);
-  }
-  if (a.n > 0) {
-    int64_t blocks = (a.n + GPU_FUSE_BLOCK - 1) / GPU_FUSE_BLOCK;
-    unsigned grid = blocks > 65536 ? 65536u : (unsigned)blocks; /* a grid-stride loop covers the rest */
-    if (!dev->launch(k, &a, grid, GPU_FUSE_BLOCK)) {
-      for (int q = 0; q < k->nout; q++) vm_release(outs[q]);
-      *rc = vm_thread()->status ? vm_thread()->status : vm_error(KILN_ERR_DEVICE, "launching %s failed", k->name);
-      return true;
+  a->ndim = n;
+}
+
+static int run_reduce(const gpu_fused *k, const gpu_fused *join, const gpu_fuse_target *dev, const tr_plan *plan,
+                      const tr_trace *t, vm_tensor **vals, int *rc) {
+  const tr_pnode *r = &plan->nodes[k->reduce];
+  const vm_meta *rin = ref_meta(plan, t, r->in[0]);
+  gpu_red_sched s;
+  reduce_schedule(r, rin, &s);
+  if (s.variant != k->variant || (s.join >= 0) != (join != NULL)) return REFUSED;
+  gpu_fargs a;
+  memset(&a, 0, sizeof a);
+  int64_t st[GPU_FUSE_MAX_IO][KILN_MAX_DIMS];
+  memset(st, 0, sizeof st);
+  if (bind_inputs(k, dev, t, vals, rin->ndim, rin->shape, &a, st) != RAN) return REFUSED;
+  for (int q = 1; q < k->nout; q++) { /* the producers' outputs: dense, of the input's shape */
+    int64_t step = 1;
+    for (int d = rin->ndim - 1; d >= 0; d--) {
+      st[q][d] = step;
+      step *= rin->shape[d];
     }
+  }
+  reduce_geometry(rin, r->attr.axes_mask, k->nout + k->nin, (const int64_t(*)[KILN_MAX_DIMS])st, &a);
+  a.n = s.n;
+  memcpy(a.extent, s.extent, sizeof a.extent);
+  vm_tensor *outs[GPU_FUSE_MAX_IO] = {0};
+  if (alloc_outputs(k, dev, plan, 0, outs, &a, rc) != RAN) return FAILED;
+  bind_params(k, plan, t, &a);
+  int64_t nout = numel_of(&r->meta);
+  if (nout > 0) {
+    vm_tensor *part = NULL;
+    if (join) { /* the first pass leaves partials, the join folds them into the result */
+      if (!(part = dev->alloc(s.part, 1, &s.n)))
+        return failed(rc, outs, k->nout, KILN_ERR_OOM, "out of memory for the partials of", k->name);
+      a.ptr[0] = vm_data(part);
+    }
+    bool ok = dev->launch(k, &a, s.grid, GPU_FUSE_BLOCK);
+    if (ok && join) {
+      gpu_fargs b;
+      memset(&b, 0, sizeof b);
+      b.ptr[0] = vm_data(outs[0]);
+      b.ptr[1] = vm_data(part);
+      b.n = nout;
+      b.extent[2] = s.nparts;
+      ok = dev->launch(join, &b, s.join_grid, GPU_FUSE_BLOCK);
+    }
+    vm_release(part); /* stream-ordered on the GPU: reused only after the join */
+    if (!ok) return failed(rc, outs, k->nout, KILN_ERR_DEVICE, "launching", k->name);
   }
   for (int q = 0; q < k->nout; q++) vals[k->outs[q]] = outs[q];
+  return RAN;
+}
+
+bool gpu_fused_run(const gpu_fused_group *fg, const gpu_fuse_target *dev, const tr_plan *plan,
+                   const tr_trace *t, vm_tensor **vals, int *rc, int *resume) {
+  const gpu_fused *k = &fg->k[0];
+  if (k->kind == GPU_FK_ELEMENTWISE) {
+    int how = run_elementwise(k, dev, plan, t, vals, rc);
+    *resume = k->last + 1;
+    return how != REFUSED;
+  }
+  const gpu_fused *join = fg->nk > 1 && fg->k[1].kind == GPU_FK_JOIN ? &fg->k[1] : NULL;
+  const gpu_fused *epilogue = fg->k[fg->nk - 1].kind == GPU_FK_ELEMENTWISE ? &fg->k[fg->nk - 1] : NULL;
+  int how = run_reduce(k, join, dev, plan, t, vals, rc);
+  if (how == REFUSED) return false;
+  *resume = k->reduce + 1;
+  if (how == FAILED || !epilogue || !epilogue->fn) return true;
+  how = run_elementwise(epilogue, dev, plan, t, vals, rc);
+  if (how != REFUSED) *resume = epilogue->last + 1;
   return true;
 }

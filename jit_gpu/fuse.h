@@ -1,9 +1,14 @@
-/* fuse.h — a plan's elementwise groups as fused CUDA kernels (DESIGN §6:
- * the GPU backend's compiled path).  One kernel per group, from the same
- * device-neutral plan the CPU compiles: every non-view node of the group
- * is computed per element in registers, its inputs read once through
- * their strides (broadcasts and views as index arithmetic), the values read
- * after the group written.  Kernels are shape-generic (extents and strides
+/* fuse.h — a plan's elementwise and reduce groups as fused CUDA kernels
+ * (DESIGN §6: the GPU backend's compiled path), from the same
+ * device-neutral plan the CPU compiles.  An elementwise group is one
+ * kernel: every non-view node computed per element in registers, its
+ * inputs read once through their strides (broadcasts and views as index
+ * arithmetic), the values read after the group written.  A reduce group's
+ * producers are computed per element of the reduction's input inside the
+ * fold (the op kernel's own fold, in vm/fold.h's order, so the bits are
+ * the op-by-op path's and the CPU's), a long reduction's partials joined by
+ * a second kernel, and its epilogue is an elementwise kernel over the
+ * result.  Kernels are shape-generic (extents and strides
  * arrive in gpu_fargs) and named by a hash of their source, so equal
  * groups of different traces or shapes share one compiled kernel.  Each
  * node's value is the op-by-op kernel's expression (src.h), so a fused
@@ -25,36 +30,62 @@
 #define GPU_FUSE_MAX_IO 12     /* outputs + inputs of one kernel */
 #define GPU_FUSE_MAX_PARAMS 16 /* host scalars (full nodes) it takes */
 
-/* The by-value argument of every fused kernel (about 1.2 KB; CUDA allows
+/* The by-value argument of every fused kernel (about 1.3 KB; CUDA allows
    4 KB).  Its CUDA twin is emitted into every source with static_asserts
    on its layout. */
 typedef struct gpu_fargs {
-  void *ptr[GPU_FUSE_MAX_IO];                    /* outputs (contiguous), then inputs */
-  int64_t stride[GPU_FUSE_MAX_IO][KILN_MAX_DIMS]; /* in elements, per iteration dim (inputs) */
+  void *ptr[GPU_FUSE_MAX_IO];                    /* outputs, then inputs */
+  int64_t stride[GPU_FUSE_MAX_IO][KILN_MAX_DIMS]; /* in elements, per iteration dim */
   int64_t shape[KILN_MAX_DIMS];                  /* the iteration's extents, dims coalesced */
   uint64_t param[GPU_FUSE_MAX_PARAMS];           /* each full node's value in its dtype */
-  int64_t n;                                     /* elements */
+  int64_t n;                                     /* elements (reductions: the pass's items) */
+  int64_t extent[4];                             /* reductions: as gpu_args's (jit_gpu/opgen.c) */
   int32_t ndim;
-  int32_t pad;
+  int32_t axis;                                  /* reductions: dims [0, axis) kept, [axis, ndim) reduced */
 } gpu_fargs;
 
+typedef enum {
+  GPU_FK_ELEMENTWISE, /* nodes first..last per element of their shape */
+  GPU_FK_REDUCE,      /* producers first..last per input element, folded by node `reduce` */
+  GPU_FK_JOIN         /* the second pass of a long reduction: its partials, in order */
+} gpu_fkind;
+
+/* one fused kernel */
 typedef struct gpu_fused {
-  int group, first, last;           /* plan group; its nodes first..last (views run before) */
+  gpu_fkind kind;
+  int first, last;                  /* the nodes it computes (views run before) */
+  int reduce;                       /* REDUCE, JOIN: the reduction node */
+  int variant;                      /* REDUCE, JOIN: its pass (opgen.h GPU_RED_*) */
   int nin, nout, nparams;
   int ins[GPU_FUSE_MAX_IO];         /* plan refs read (< 0: leaves) */
-  bool contig[GPU_FUSE_MAX_IO];     /* compiled for a dense input of the full shape (indexed by i) */
-  int outs[GPU_FUSE_MAX_IO];        /* plan nodes written */
+  bool contig[GPU_FUSE_MAX_IO];     /* compiled for a dense input of the full shape (flat index) */
+  int outs[GPU_FUSE_MAX_IO];        /* plan nodes written (REDUCE: the reduction first) */
   int params[GPU_FUSE_MAX_PARAMS];  /* full nodes */
   char name[40];                    /* "kf_<16 hex of the source's hash>" */
   char *src;                        /* the CUDA C (malloc'd), until compiled */
   void *fn;                         /* the backend's loaded kernel */
 } gpu_fused;
 
-/* The kernel of group g of plan (the trace t gives the leaves' layouts),
-   its source in k->src; false when the group is not fused (not
-   elementwise, an op or dtype the kernels lack, too many operands, a view
+/* a plan group's kernels, in launch order: one elementwise kernel; or a
+   reduction with its producers, its join when the reduction is long, and
+   its epilogue's elementwise kernel (optional: without it, or when its
+   inputs do not have the layout it was compiled for, the epilogue runs op
+   by op) */
+#define GPU_FUSE_MAX_KERNELS 3
+typedef struct gpu_fused_group {
+  int group;
+  int nk;
+  gpu_fused k[GPU_FUSE_MAX_KERNELS];
+} gpu_fused_group;
+
+/* The kernels of group g of plan (the trace t gives the leaves' layouts),
+   their sources in k[].src; false when the group is not fused (a matmul or
+   data group, an op or dtype the kernels lack, too many operands, a view
    of a value computed inside the group): it runs op by op. */
-bool gpu_fuse_group(const tr_plan *plan, int g, const tr_trace *t, gpu_fused *k);
+bool gpu_fuse_group(const tr_plan *plan, int g, const tr_trace *t, gpu_fused_group *fg);
+/* whether the kernels a run needs are loaded (the epilogue's is optional) */
+bool gpu_fused_ready(const gpu_fused_group *fg);
+void gpu_fused_group_free_src(gpu_fused_group *fg);
 
 /* Where a fused kernel runs: the CUDA backend, or a test's emulation */
 typedef struct gpu_fuse_target {
@@ -67,10 +98,11 @@ typedef struct gpu_fuse_target {
 
 #define GPU_FUSE_BLOCK 256
 
-/* Runs k for group k->group: false when its inputs do not have the layout
-   it was compiled for (nothing done: the group runs op by op); true when
-   it ran (vals[] holds its outputs) or failed (*rc set). */
-bool gpu_fused_run(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan,
-                   const tr_trace *t, vm_tensor **vals, int *rc);
+/* Runs fg for group fg->group: false when its inputs do not have the
+   layout it was compiled for (nothing done: the group runs op by op);
+   true when it ran (vals[] holds what it computed; the group's nodes from
+   *resume on are left to the interpreter) or failed (*rc set). */
+bool gpu_fused_run(const gpu_fused_group *fg, const gpu_fuse_target *dev, const tr_plan *plan,
+                   const tr_trace *t, vm_tensor **vals, int *rc, int *resume);
 
 #endif

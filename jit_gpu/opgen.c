@@ -318,104 +318,92 @@ static bool plan_argreduce(vm_opcode op, const vm_tensor *in, vm_tensor *out, co
   return true;
 }
 
-/* trailing reductions: the lane order, a warp group per (output, chunk);
-   several chunks per output leave partials in scratch, joined in order */
-static bool plan_lane(vm_opcode op, const vm_tensor *in, vm_tensor *out, const gpu_args *g,
-                      int64_t nout, int64_t count, gpu_op_plan *p) {
-  kiln_dtype t = in->dtype;
-  int64_t chunk = count > VM_FOLD_CHUNK ? VM_FOLD_CHUNK : count > 0 ? count : 1;
-  int64_t nchunks = count > VM_FOLD_CHUNK ? (count + VM_FOLD_CHUNK - 1) / VM_FOLD_CHUNK : 1;
-  gpu_op_key k = make_key(op, GPU_RED_LANE, t, 1, &t, 1u | (reduce_contiguous(g) ? 2u : 0u));
-  gpu_launch *l = plan_add(p, &k);
-  if (!l) return false;
-  int w = warps_for((chunk + VM_FOLD_BLOCK - 1) / VM_FOLD_BLOCK);
-  l->args = *g;
-  l->args.ptr[1] = vm_data(in);
-  l->args.n = nout * nchunks;
-  l->args.extent[0] = count;
-  l->args.extent[1] = chunk;
-  l->args.extent[2] = nchunks;
-  l->args.extent[3] = w;
-  l->grid[0] = grid_for(l->args.n, WARPS / w);
-  if (nchunks == 1) {
-    l->args.ptr[0] = vm_data(out);
-    return true;
+/* --- reductions: the schedule (opgen.h), shared with the fused kernels ---------------- */
+
+void gpu_reduce_schedule(vm_opcode op, kiln_dtype t, bool trailing, int64_t nout, int64_t count,
+                         gpu_red_sched *s) {
+  memset(s, 0, sizeof *s);
+  s->join = -1;
+  s->extent[0] = count;
+  if (trailing) { /* the lane order, a warp group per (output, chunk) */
+    int64_t chunk = count > VM_FOLD_CHUNK ? VM_FOLD_CHUNK : count > 0 ? count : 1;
+    int64_t nchunks = count > VM_FOLD_CHUNK ? (count + VM_FOLD_CHUNK - 1) / VM_FOLD_CHUNK : 1;
+    int w = warps_for((chunk + VM_FOLD_BLOCK - 1) / VM_FOLD_BLOCK);
+    s->variant = GPU_RED_LANE;
+    s->n = nout * nchunks;
+    s->extent[1] = chunk;
+    s->extent[2] = nchunks;
+    s->extent[3] = w;
+    s->grid = grid_for(s->n, WARPS / w);
+    if (nchunks > 1) { /* T partials, joined in order (in double for floats) */
+      s->join = GPU_RED_LANE_JOIN;
+      s->part = t;
+      s->nparts = nchunks;
+    }
+  } else { /* the column order: a thread per output, or with few outputs a
+              thread per fold block and a join */
+    bool two = nout < COL_SPLIT && count > VM_FOLD_BLOCK;
+    int64_t nblk = (count + VM_FOLD_BLOCK - 1) / VM_FOLD_BLOCK;
+    s->variant = two ? GPU_RED_COL_PART : GPU_RED_COL;
+    s->n = two ? nout * nblk : nout;
+    s->extent[1] = two ? VM_FOLD_BLOCK : count;
+    s->extent[2] = two ? nblk : 1;
+    if (two) { /* partials in the accumulator of vm/fold.h: f64 for f32 sum and prod */
+      s->join = GPU_RED_COL_JOIN;
+      s->part = t == KILN_F32 && (op == VM_OP_sum || op == VM_OP_prod) ? KILN_F64 : t;
+      s->nparts = nblk;
+    }
+    s->grid = grid_for(s->n, BLOCK);
   }
-  l->args.ptr[0] = scratch_at(0);
-  l->scratch_mask = 1;
-  p->scratch_bytes = (size_t)(nout * nchunks) * vm_dtype_size(t);
-  k = make_key(op, GPU_RED_LANE_JOIN, t, 1, &t, 3);
-  if (!(l = plan_add(p, &k))) return false;
-  l->args.ptr[0] = vm_data(out);
-  l->args.ptr[1] = scratch_at(0);
-  l->scratch_mask = 2;
-  l->args.n = nout;
-  l->args.extent[2] = nchunks;
-  l->grid[0] = grid_for(nout, BLOCK);
-  return true;
+  s->join_grid = grid_for(nout, BLOCK);
 }
 
-/* other patterns: the column order, a thread per output, or with few
-   outputs a thread per fold block and a join */
-static bool plan_col(vm_opcode op, const vm_tensor *in, vm_tensor *out, const gpu_args *g,
-                     int64_t nout, int64_t count, gpu_op_plan *p) {
-  kiln_dtype t = in->dtype;
-  bool two = nout < COL_SPLIT && count > VM_FOLD_BLOCK;
-  gpu_op_key k = make_key(op, two ? GPU_RED_COL_PART : GPU_RED_COL, t, 1, &t, 1);
-  gpu_launch *l = plan_add(p, &k);
-  if (!l) return false;
-  int64_t nblk = (count + VM_FOLD_BLOCK - 1) / VM_FOLD_BLOCK;
-  l->args = *g;
-  l->args.ptr[0] = vm_data(out);
-  l->args.ptr[1] = vm_data(in);
-  l->args.n = nout;
-  l->args.extent[0] = count;
-  l->args.extent[1] = count;
-  l->args.extent[2] = 1;
-  if (two) {
-    /* the accumulator of vm/fold.h: f64 for f32 sum and prod */
-    bool wide = t == KILN_F32 && (op == VM_OP_sum || op == VM_OP_prod);
-    l->args.ptr[0] = scratch_at(0);
-    l->scratch_mask = 1;
-    l->args.n = nout * nblk;
-    l->args.extent[1] = VM_FOLD_BLOCK;
-    l->args.extent[2] = nblk;
-    p->scratch_bytes = (size_t)(nout * nblk) * (wide ? 8 : vm_dtype_size(t));
+bool gpu_reduce_trailing(int ndim, const int64_t *shape, uint32_t axes_mask) {
+  bool seen_reduced = false; /* the logical pattern decides the order, as vm/kern_reduce.c float_reduce */
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] == 1) continue;
+    if (axes_mask & (1u << d)) seen_reduced = true;
+    else if (seen_reduced) return false;
   }
-  l->grid[0] = grid_for(l->args.n, BLOCK);
-  if (!two) return true;
-  k = make_key(op, GPU_RED_COL_JOIN, t, 1, &t, 3);
-  if (!(l = plan_add(p, &k))) return false;
-  l->args.ptr[0] = vm_data(out);
-  l->args.ptr[1] = scratch_at(0);
-  l->scratch_mask = 2;
-  l->args.n = nout;
-  l->args.extent[2] = nblk;
-  l->grid[0] = grid_for(nout, BLOCK);
   return true;
 }
 
 static bool plan_reduce(vm_opcode op, const vm_tensor *in, vm_tensor *out, const vm_attr *attr,
                         gpu_op_plan *p) {
   if (op == VM_OP_argmax || op == VM_OP_argmin) return plan_argreduce(op, in, out, attr, p);
-  /* the logical pattern decides the order, as vm/kern_reduce.c float_reduce */
   vm_dims K = {0}, R = {0};
-  bool trailing = true, seen_reduced = false;
-  for (int d = 0; d < in->ndim; d++) {
-    if (in->shape[d] == 1) continue;
-    if (attr->axes_mask & (1u << d)) {
-      vm_dims_push(&R, in->shape[d], in->strides[d]);
-      seen_reduced = true;
-    } else {
-      vm_dims_push(&K, in->shape[d], in->strides[d]);
-      if (seen_reduced) trailing = false;
-    }
-  }
+  for (int d = 0; d < in->ndim; d++) vm_dims_push(attr->axes_mask & (1u << d) ? &R : &K, in->shape[d], in->strides[d]);
   gpu_args g = {0};
   reduce_geom(&g, &K, &R);
-  int64_t nout = vm_dims_count(&K), count = vm_dims_count(&R);
-  return trailing ? plan_lane(op, in, out, &g, nout, count, p)
-                  : plan_col(op, in, out, &g, nout, count, p);
+  int64_t nout = vm_dims_count(&K);
+  gpu_red_sched s;
+  gpu_reduce_schedule(op, in->dtype, gpu_reduce_trailing(in->ndim, in->shape, attr->axes_mask), nout,
+                      vm_dims_count(&R), &s);
+  kiln_dtype t = in->dtype;
+  /* the lane order reads the input at o * count + p when it is contiguous */
+  unsigned layout = s.variant == GPU_RED_LANE && reduce_contiguous(&g) ? 3u : 1u;
+  gpu_op_key k = make_key(op, s.variant, t, 1, &t, layout);
+  gpu_launch *l = plan_add(p, &k);
+  if (!l) return false;
+  l->args = g;
+  l->args.ptr[0] = vm_data(out);
+  l->args.ptr[1] = vm_data(in);
+  l->args.n = s.n;
+  memcpy(l->args.extent, s.extent, sizeof s.extent);
+  l->grid[0] = s.grid;
+  if (s.join < 0) return true;
+  l->args.ptr[0] = scratch_at(0);
+  l->scratch_mask = 1;
+  p->scratch_bytes = (size_t)(s.n) * vm_dtype_size(s.part);
+  k = make_key(op, s.join, t, 1, &t, 3);
+  if (!(l = plan_add(p, &k))) return false;
+  l->args.ptr[0] = vm_data(out);
+  l->args.ptr[1] = scratch_at(0);
+  l->scratch_mask = 2;
+  l->args.n = nout;
+  l->args.extent[2] = s.nparts;
+  l->grid[0] = s.join_grid;
+  return true;
 }
 
 /* integer matmul as numpy: batch broadcasting, 1-d operands as a row (left)

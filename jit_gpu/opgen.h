@@ -92,6 +92,29 @@ enum {
   GPU_IDX_CHECK         /* every index against the axis length (op: index_select) */
 };
 
+/* How a reduction of nout outputs of count positions each is folded, in
+   vm/fold.h's order: the first pass (variant, items n, extents and grid as
+   opgen.c documents for gpu_args) and, when join >= 0, a second pass
+   folding each output's nparts partials (of dtype part) in order.  The op
+   kernels and the fused reductions (fuse.c) both plan with it, so both
+   give the same bits. */
+typedef struct gpu_red_sched {
+  int variant;       /* GPU_RED_LANE, GPU_RED_COL or GPU_RED_COL_PART */
+  int64_t n;         /* items of the first pass */
+  int64_t extent[4];
+  uint32_t grid;
+  int join;          /* GPU_RED_LANE_JOIN, GPU_RED_COL_JOIN, or -1: one pass */
+  kiln_dtype part;
+  int64_t nparts;
+  uint32_t join_grid;
+} gpu_red_sched;
+void gpu_reduce_schedule(vm_opcode op, kiln_dtype t, bool trailing, int64_t nout, int64_t count,
+                         gpu_red_sched *s);
+/* whether reducing axes_mask of shape is a trailing reduction (no kept dim
+   after a reduced one, size-1 dims ignored): the lane order; else the
+   column order */
+bool gpu_reduce_trailing(int ndim, const int64_t *shape, uint32_t axes_mask);
+
 /* whether gpu_op_source can generate k (the planner's check) */
 bool gpu_op_key_supported(const gpu_op_key *k);
 /* One translation unit holding n keys' entries (the shared definitions

@@ -377,7 +377,7 @@ static const char prelude_helpers[] =
     "  }\n"
     "}\n"
     "/* operand k's offset of the row-major index i over dims [d0, d1) */\n"
-    "__device__ __forceinline__ i64 k_offset(const gpu_args &a, int k, i64 i, int d0, int d1) {\n"
+    "template <class G> __device__ __forceinline__ i64 k_offset(const G &a, int k, i64 i, int d0, int d1) {\n"
     "  i64 off = 0;\n"
     "#pragma unroll\n"
     "  for (int d = K_MAX_DIMS - 1; d >= 0; d--) {\n"
@@ -554,13 +554,10 @@ static const char lane_kernel[] =
     "  typedef $A A;\n"
     "  __shared__ A part[8][$NBLK];\n"
     "  T *out = (T *)a.ptr[0];\n"
-    "  const T *x = (const T *)a.ptr[1];\n"
+    "$SRC"
     "  const int W = (int)a.extent[3], G = (int)(blockDim.x >> 5) / W;\n"
     "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / W, wig = warp % W;\n"
     "  const i64 count = a.extent[0], chunk = a.extent[1], nchunks = a.extent[2];\n"
-    "  const bool one_r = a.ndim - a.axis <= 1;\n"
-    "  const i64 rs = a.ndim > a.axis ? a.stride[1][a.axis] : 0;\n"
-    "  auto pos = [&](i64 p) -> i64 { return $CONTIG ? p : one_r ? p * rs : k_offset(a, 1, p, a.axis, a.ndim); };\n"
     "  for (i64 first = (i64)blockIdx.x * G; first < a.n; first += (i64)gridDim.x * G) {\n"
     "    const i64 item = first + group;\n"
     "    const bool active = group < G && item < a.n;\n"
@@ -568,8 +565,7 @@ static const char lane_kernel[] =
     "    if (active) {\n"
     "      const i64 o = item / nchunks, p0 = (item - o * nchunks) * chunk;\n"
     "      const i64 len = count - p0 < chunk ? count - p0 : chunk;\n"
-    "      const i64 base = $CONTIG ? o * count : k_offset(a, 1, o, 0, a.axis);\n"
-    "      const T *xb = x + base;\n"
+    "$ITEM"
     "      nb = (len + $BLOCK - 1) / $BLOCK;\n"
     "      for (i64 bk = wig; bk < nb; bk += W) {\n"
     "        const i64 pb = p0 + bk * $BLOCK, blen = p0 + len - pb < $BLOCK ? p0 + len - pb : $BLOCK;\n"
@@ -577,11 +573,11 @@ static const char lane_kernel[] =
     "$L1_DECL"
     "        i64 r = 0;\n"
     "        for (; r + $L <= blen; r += $L) {\n"
-    "          l0 = $COMB(l0, (A)xb[pos(pb + r + lane)]);\n"
+    "          l0 = $COMB(l0, (A)ld(pb + r + lane));\n"
     "$L1_STEP"
     "        }\n"
     "        if (lane == 0)\n"
-    "          for (; r < blen; r++) l0 = $COMB(l0, (A)xb[pos(pb + r)]);\n"
+    "          for (; r < blen; r++) l0 = $COMB(l0, (A)ld(pb + r));\n"
     "$L1_JOIN"
     "        for (int w = 16; w >= 1; w >>= 1) l0 = $COMB(l0, k_shfl_down(l0, w));\n"
     "        if (lane == 0) part[group][bk] = l0;\n"
@@ -622,36 +618,31 @@ static const char col_kernel[] =
     "  typedef $A A;\n"
     "  typedef $OUT O;\n"
     "  O *out = (O *)a.ptr[0];\n"
-    "  const T *x = (const T *)a.ptr[1];\n"
+    "$SRC"
     "  const i64 count = a.extent[0], span = a.extent[1], per = a.extent[2];\n"
-    "  const bool one_r = a.ndim - a.axis <= 1;\n"
-    "  const i64 rs = a.ndim > a.axis ? a.stride[1][a.axis] : 0;\n"
     "  " GRID_STRIDE " {\n"
     "    const i64 o = i / per, p0 = (i - o * per) * span;\n"
     "    const i64 p1 = count - p0 < span ? count : p0 + span;\n"
-    "    const T *xb = x + k_offset(a, 1, o, 0, a.axis);\n"
+    "$ITEM"
     "    A acc = $INIT;\n"
     "    for (i64 pb = p0; pb < p1; pb += $BLOCK) {\n"
     "      const i64 pe = p1 - pb < $BLOCK ? p1 : pb + $BLOCK;\n"
     "      A blk = $INIT;\n"
-    "      if (one_r)\n"
-    "        for (i64 p = pb; p < pe; p++) blk = $COMB(blk, (A)xb[p * rs]);\n"
-    "      else\n"
-    "        for (i64 p = pb; p < pe; p++) blk = $COMB(blk, (A)xb[k_offset(a, 1, p, a.axis, a.ndim)]);\n"
+    "      for (i64 p = pb; p < pe; p++) blk = $COMB(blk, (A)ld(p));\n"
     "      acc = $COMB(acc, blk);\n"
     "    }\n"
     "    out[i] = (O)acc;\n"
     "  }\n"
     "}\n";
 
-static void emit_reduce(sbuf *b, const gpu_op_key *k, const char *name) {
-  vm_opcode op = (vm_opcode)k->op;
-  kiln_dtype t = (kiln_dtype)k->in_dtype[0], acc = accum_dtype(op, t);
+/* a reduction pass's body (src.h gpu_src_reduce) */
+static void reduce_body(sbuf *b, vm_opcode op, kiln_dtype t, int variant, bool contig, const char *src,
+                        const char *item) {
+  kiln_dtype acc = accum_dtype(op, t);
   char block[32], lanes[32], nblk[32];
   snprintf(block, sizeof block, "%d", VM_FOLD_BLOCK);
   snprintf(nblk, sizeof nblk, "%d", (int)(VM_FOLD_CHUNK / VM_FOLD_BLOCK));
-  kernel_open(b, name);
-  if (k->variant == GPU_RED_LANE) {
+  if (variant == GPU_RED_LANE) {
     /* lanes per thread: L = 256 / sizeof(A) lanes over 32 threads.  The
        order matters for floats only; integers take one lane per thread */
     int per_thread = vm_dtype_is_float(t) ? VM_FOLD_LANE_BYTES / (int)vm_dtype_size(acc) / 32 : 1;
@@ -659,28 +650,47 @@ static void emit_reduce(sbuf *b, const gpu_op_key *k, const char *name) {
     bool two = per_thread == 2;
     const char *vars[] = {"T", ctype[t], "A", ctype[acc], "NBLK", nblk, "BLOCK", block,
                           "INIT", reduce_init(op, acc), "COMB", reduce_comb(op), "L", lanes,
-                          "CONTIG", k->contiguous & 2 ? "true" : "false",
+                          "CONTIG", contig ? "true" : "false", "SRC", src, "ITEM", item,
                           "L1_DECL", two ? "        A l1 = $INIT;\n" : "",
-                          "L1_STEP", two ? "          l1 = $COMB(l1, (A)xb[pos(pb + r + lane + 32)]);\n" : "",
+                          "L1_STEP", two ? "          l1 = $COMB(l1, (A)ld(pb + r + lane + 32));\n" : "",
                           "L1_JOIN", two ? "        l0 = $COMB(l0, l1);\n" : "", NULL};
     sb_subst(b, lane_kernel, vars);
     return;
   }
-  if (k->variant == GPU_RED_LANE_JOIN || k->variant == GPU_RED_COL_JOIN) {
+  if (variant == GPU_RED_LANE_JOIN || variant == GPU_RED_COL_JOIN) {
     /* lane partials are T, joined in double for floats; column partials are A */
     kiln_dtype join = vm_dtype_is_float(t) ? KILN_F64 : t;
-    kiln_dtype part = k->variant == GPU_RED_LANE_JOIN ? t : acc;
-    if (k->variant == GPU_RED_COL_JOIN) join = acc;
+    kiln_dtype part = variant == GPU_RED_LANE_JOIN ? t : acc;
+    if (variant == GPU_RED_COL_JOIN) join = acc;
     const char *vars[] = {"T", ctype[t], "J", ctype[join], "P", ctype[part],
                           "INIT", reduce_init(op, join), "COMB", reduce_comb(op), NULL};
     sb_subst(b, join_kernel, vars);
     return;
   }
   /* COL writes T outputs, COL_PART A partials */
-  kiln_dtype o = k->variant == GPU_RED_COL ? t : acc;
+  kiln_dtype o = variant == GPU_RED_COL ? t : acc;
   const char *vars[] = {"T", ctype[t], "A", ctype[acc], "OUT", ctype[o], "BLOCK", block,
-                        "INIT", reduce_init(op, acc), "COMB", reduce_comb(op), NULL};
+                        "INIT", reduce_init(op, acc), "COMB", reduce_comb(op), "SRC", src, "ITEM", item, NULL};
   sb_subst(b, col_kernel, vars);
+}
+
+/* the op kernel's positions: its one input, through stride[1] (the lane
+   order's contiguous layout class reads (o, p) at o * count + p) */
+static const char op_reduce_src[] =
+    "  const T *x = (const T *)a.ptr[1];\n"
+    "  const bool one_r = a.ndim - a.axis <= 1;\n"
+    "  const i64 rs = a.ndim > a.axis ? a.stride[1][a.axis] : 0;\n";
+static const char op_lane_item[] =
+    "      const T *xb = x + ($CONTIG ? o * count : k_offset(a, 1, o, 0, a.axis));\n"
+    "      auto ld = [&](i64 p) -> T { return xb[$CONTIG ? p : one_r ? p * rs : k_offset(a, 1, p, a.axis, a.ndim)]; };\n";
+static const char op_col_item[] =
+    "    const T *xb = x + k_offset(a, 1, o, 0, a.axis);\n"
+    "    auto ld = [&](i64 p) -> T { return xb[one_r ? p * rs : k_offset(a, 1, p, a.axis, a.ndim)]; };\n";
+
+static void emit_reduce(sbuf *b, const gpu_op_key *k, const char *name) {
+  kernel_open(b, name);
+  reduce_body(b, (vm_opcode)k->op, (kiln_dtype)k->in_dtype[0], k->variant, k->contiguous & 2, op_reduce_src,
+              k->variant == GPU_RED_LANE ? op_lane_item : op_col_item);
 }
 
 /* argmax/argmin over dim a.axis (length a.shape[axis], stride
@@ -973,6 +983,16 @@ void gpu_src_put(gpu_src *b, const char *s) { sb_put(b, s, strlen(s)); }
 void gpu_src_prelude(gpu_src *b) { emit_prelude(b); }
 
 const char *gpu_src_ctype(kiln_dtype dt) { return ctype[dt]; }
+
+void gpu_src_reduce(gpu_src *b, vm_opcode op, kiln_dtype t, int variant, const char *src, const char *item) {
+  reduce_body(b, op, t, variant, false, src, item);
+}
+
+bool gpu_src_reduce_supported(vm_opcode op, kiln_dtype t) {
+  gpu_op_key k = {.op = (uint16_t)op, .nin = 1, .out_dtype = (uint8_t)t, .in_dtype = {(uint8_t)t}};
+  return vm_op_table[op].kind == VM_KIND_REDUCE && op != VM_OP_argmax && op != VM_OP_argmin &&
+         gpu_op_key_supported(&k);
+}
 
 bool gpu_src_node_supported(vm_opcode op, kiln_dtype out, int nin, const kiln_dtype *in) {
   vm_kind kind = vm_op_table[op].kind;

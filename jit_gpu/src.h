@@ -40,4 +40,15 @@ bool gpu_src_node_supported(vm_opcode op, kiln_dtype out, int nin, const kiln_dt
 void gpu_src_node(gpu_src *b, vm_opcode op, kiln_dtype out, int nin, const kiln_dtype *in,
                   const char *const *args, const char *dst);
 
+/* A reduction pass's body, after the kernel's opening brace: variant
+   (opgen.h GPU_RED_*) of op over input dtype t, in vm/fold.h's order, the
+   fields of `a` as opgen.c documents them for gpu_args (gpu_fargs has the
+   same names).  The fold passes (LANE, COL, COL_PART) read position p of
+   output o through `ld(p)`: src declares what the kernel needs once, item
+   (run per output o, with `count` known) defines `auto ld = [&](i64 p) ->
+   T {...}`.  The joins read partials from a.ptr[1] and ignore both. */
+void gpu_src_reduce(gpu_src *b, vm_opcode op, kiln_dtype t, int variant, const char *src, const char *item);
+/* whether the op kernels fold op (sum/prod/max/min) over dtype t */
+bool gpu_src_reduce_supported(vm_opcode op, kiln_dtype t);
+
 #endif

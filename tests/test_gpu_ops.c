@@ -405,6 +405,50 @@ TEST(fused_plans_match_the_cpu) {
   for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
 }
 
+/* reduce groups: producers fused into the fold, epilogues after it; long
+   reductions (two passes) of both orders */
+static void fused_reductions(kiln_tensor *x, kiln_tensor *b, kiln_tensor *g, kiln_tensor *v, kiln_tensor **out) {
+  const int rows[1] = {1}, cols[1] = {0};
+  kiln_tensor *rs = kiln_sum(kiln_add(kiln_mul(x, x), b), 1, rows, true);
+  out[0] = kiln_add_scalar(kiln_mul_scalar(rs, 1.0 / 257), 1e-5);
+  out[1] = kiln_sum(kiln_abs(kiln_sub(x, g)), 1, cols, false);
+  kiln_tensor *d = kiln_sub(x, kiln_max(x, 1, rows, true)), *e = kiln_mul(d, d);
+  out[2] = kiln_div(e, kiln_add_scalar(kiln_sum(e, 1, rows, true), 1));
+  out[3] = kiln_sum(kiln_mul(v, v), 0, NULL, false);
+  out[4] = kiln_min(kiln_mul_scalar(g, 3), 1, cols, true);
+}
+
+TEST(fused_reductions_match_the_cpu) {
+  int64_t s[2] = {5000, 257}, r[2] = {1, 257}, n[1] = {300001};
+  kiln_tensor *x = random_cpu(KILN_F32, 2, s, -2, 2), *b = random_cpu(KILN_F32, 2, r, -1, 1);
+  kiln_tensor *g = random_cpu(KILN_F32, 2, s, -1, 1), *v = random_cpu(KILN_F32, 1, n, -1, 1);
+  kiln_tensor *xg = gpu(x), *bg = gpu(b), *gg = gpu(g), *vg = gpu(v);
+  double launched = kiln_stat("kernels_launched");
+  for (int rep = 0; rep < 5; rep++) {
+    kiln_tensor *oc[5], *og[5];
+    fused_reductions(x, b, g, v, oc);
+    fused_reductions(xg, bg, gg, vg, og);
+    CHECK_EQ_INT(kiln_eval(5, og), KILN_OK);
+    if (rep == 2) {
+      kiln_jit_wait(); /* later reps run the fused kernels */
+      launched = kiln_stat("kernels_launched");
+    }
+    for (int i = 0; i < 5; i++) {
+      char what[64];
+      snprintf(what, sizeof what, "fused reduction output %d, rep %d", i, rep);
+      check_same(what, oc[i], og[i], 0);
+      kiln_release(oc[i]);
+      kiln_release(og[i]);
+    }
+  }
+  /* the two fused reps: far fewer launches than the op-by-op ones' 21 */
+  double per_rep = (kiln_stat("kernels_launched") - launched) / 2;
+  printf("fused reductions: %.0f launches per evaluation\n", per_rep);
+  CHECK(per_rep <= 16);
+  kiln_tensor *all[] = {x, b, g, v, xg, bg, gg, vg};
+  for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
+}
+
 TEST(overhead_per_op) {
   const int64_t s[1] = {256};
   kiln_tensor *x = gpu(kiln_ones(KILN_F32, 1, s));
@@ -487,6 +531,7 @@ int main(int argc, char **argv) {
   RUN(gradients_and_a_training_run_match_the_cpu);
   RUN(bad_input_is_a_clear_error);
   RUN(fused_plans_match_the_cpu);
+  RUN(fused_reductions_match_the_cpu);
   RUN(overhead_per_op);
   RUN(rand_on_the_gpu_matches_the_cpu_stream);
   return ktest_done();

@@ -5,13 +5,13 @@
  *     fused GPU kernel, and writes those kernels' CUDA C (fused_kernels.inc)
  *     and a table of their entries (fused_registry.inc);
  *   - as test_gpu_fused_emulated: runs the same programs on the plain
- *     (planned) interpreter, then with every elementwise group run by the
- *     real runner (gpu_fused_run) on host memory with its kernel under the
+ *     (planned) interpreter, then with every elementwise and reduce group
+ *     run by the real runner (gpu_fused_run) on host memory, its kernels under the
  *     CPU emulation of CUDA (emu.hpp), and compares the results: bit for
  *     bit, except f32/f64 transcendentals (CUDA's math library in place of
  *     Kiln's: 4 ulps f32, 1e-12 relative f64) and NaN payloads.  It also
- *     counts that the kernels ran (every program fuses at least one group)
- *     and that a program's second variant (other extents) needs no kernel
+ *     counts that the kernels ran (every program fuses at least one group;
+ *     a reducing one, a reduction; the long ones, joins) and that a program's second variant (other extents) needs no kernel
  *     its first did not: kernels are shape-generic.
  * The plans are the ones a CUDA trace would get (plans are device-neutral),
  * so this is what can be proven of the fused path here; scripts/gpu-check
@@ -189,9 +189,81 @@ static void p_random(outs *o, kiln_dtype dt, uint64_t seed) {
   if (np > 4) put(o, pool[np - 2]);
 }
 
+/* --- reductions: producers fused into the fold, epilogues after it -------------------- */
+
+#define AX(...) ((const int[]){__VA_ARGS__})
+
+/* trailing reductions (the lane order): everything, rows with an epilogue */
+static void p_sum_squares(outs *o, int64_t R, int64_t C) {
+  kiln_tensor *x = input(KILN_F32, 2, S(R, C), 20, false), *w = input(KILN_F32, 2, S(1, C), 21, false);
+  kiln_tensor *b = input(KILN_F32, 2, S(R, 1), 22, false);
+  put(o, kiln_sum(kiln_mul(x, x), 0, NULL, false));
+  kiln_tensor *rows = kiln_sum(kiln_add(kiln_mul(x, w), b), 1, AX(1), true);
+  put(o, kiln_add_scalar(kiln_mul_scalar(rows, 1.0 / (double)C), 1e-5));
+}
+
+/* other patterns (the column order): over the rows, the middle of three dims */
+static void p_columns(outs *o, int64_t A, int64_t B, int64_t C) {
+  kiln_tensor *x = input(KILN_F64, 2, S(A, B), 23, false), *m = input(KILN_F64, 2, S(1, B), 24, false);
+  kiln_tensor *d = kiln_sub(x, m);
+  put(o, kiln_sum(kiln_mul(d, d), 1, AX(0), false));
+  kiln_tensor *y = input(KILN_F32, 3, S(A, B, C), 25, false);
+  put(o, kiln_sub_scalar(kiln_sum(kiln_mul_scalar(y, 0.5), 1, AX(1), true), 2.0));
+}
+
+/* long reductions: chunk partials (lane) and block partials (columns), joined */
+static void p_long(outs *o, int64_t n, int64_t cols) {
+  kiln_tensor *x = input(KILN_F32, 1, S(n), 26, false);
+  put(o, kiln_sum(kiln_mul(x, x), 0, NULL, false));
+  kiln_tensor *y = input(KILN_F32, 2, S(5000, cols), 27, false);
+  put(o, kiln_sum(kiln_abs(y), 1, AX(0), false));
+}
+
+/* max/min with NaN, inf and -0 among the values; prod; integer folds */
+static void p_extrema(outs *o, int64_t R, int64_t C) {
+  kiln_tensor *x = input(KILN_F32, 2, S(R, C), 28, true), *y = input(KILN_F32, 2, S(R, C), 29, true);
+  put(o, kiln_max(kiln_sub(x, y), 1, AX(1), true));
+  put(o, kiln_min(kiln_maximum(x, y), 1, AX(0), false));
+  kiln_tensor *z = input(KILN_F64, 2, S(R, C), 30, false);
+  put(o, kiln_prod(kiln_add_scalar(kiln_mul_scalar(z, 0.05), 1.0), 1, AX(1), false));
+  kiln_tensor *i = input(KILN_I64, 2, S(R, C), 31, false), *j = input(KILN_I64, 2, S(1, C), 32, false);
+  put(o, kiln_sum(kiln_mul(i, j), 1, AX(1), false));
+  kiln_tensor *k = input(KILN_I32, 2, S(R, C), 33, false);
+  put(o, kiln_max(kiln_neg(k), 1, AX(0), false));
+}
+
+/* a value of the fold read after it (the producers' output) and a
+   reduction of a transposed leaf */
+static void p_escape(outs *o, int64_t R, int64_t C) {
+  kiln_tensor *x = input(KILN_F32, 2, S(R, C), 34, false);
+  kiln_tensor *m = kiln_max(x, 1, AX(1), true);
+  kiln_tensor *d = kiln_sub(x, m), *e = kiln_mul(d, d);
+  kiln_tensor *s = kiln_sum(e, 1, AX(1), true);
+  put(o, kiln_div(e, kiln_add_scalar(s, 1.0)));
+  kiln_tensor *xt = kiln_transpose(input(KILN_F32, 2, S(C, R), 35, false), 0, 1); /* [R, C], strided */
+  put(o, kiln_sum(kiln_mul_scalar(xt, 2.0), 1, AX(1), false));
+  put(o, kiln_sum(kiln_add(xt, x), 1, AX(0), true));
+}
+
+/* a random elementwise chain, then a random reduction of it */
+static void p_random_reduce(outs *o, uint64_t seed) {
+  p_random(o, seed % 2 ? KILN_F64 : KILN_F32, seed + 500);
+  kiln_tensor *v = o->out[0];
+  rs = seed * 104729 + 11;
+  int pick = (int)(rnd() % 3);
+  int axes = (int)(rnd() % 3); /* rows, columns, everything */
+  const int *ax = axes == 0 ? AX(1) : axes == 1 ? AX(0) : NULL;
+  int nax = axes == 2 ? 0 : 1;
+  bool keep = rnd() % 2;
+  kiln_tensor *r = pick == 0 ? kiln_sum(v, nax, ax, keep) : pick == 1 ? kiln_max(v, nax, ax, keep)
+                                                                     : kiln_min(v, nax, ax, keep);
+  put(o, kiln_mul_scalar(r, 0.5));
+}
+
 typedef struct {
   const char *name;
   void (*run)(outs *o, int variant);
+  bool reduces; /* must run a fused reduction */
 } program;
 
 static void r_bias(outs *o, int v) { p_bias_relu(o, v ? 33 : 8, v ? 70 : 16); }
@@ -205,21 +277,29 @@ static void r_math64(outs *o, int v) { p_math(o, KILN_F64, v ? 700 : 9); }
 static void r_small(outs *o, int v) { (void)v; p_small(o); }
 static void r_rand32(outs *o, int v) { p_random(o, KILN_F32, (uint64_t)v); }
 static void r_rand64(outs *o, int v) { p_random(o, KILN_F64, (uint64_t)v + 1000); }
+static void r_squares(outs *o, int v) { p_sum_squares(o, v ? 37 : 8, v ? 300 : 16); }
+static void r_columns(outs *o, int v) { p_columns(o, v ? 40 : 6, v ? 9 : 5, v ? 7 : 3); }
+static void r_long(outs *o, int v) { p_long(o, v ? 150001 : 70000, v ? 3 : 2); }
+static void r_extrema(outs *o, int v) { p_extrema(o, v ? 17 : 5, v ? 90 : 12); }
+static void r_escape(outs *o, int v) { p_escape(o, v ? 19 : 4, v ? 70 : 9); }
+static void r_rand_reduce(outs *o, int v) { p_random_reduce(o, (uint64_t)v); }
 
 static const program programs[] = {
-    {"bias_relu", r_bias}, {"f64_scalars", r_f64}, {"int32", r_i32},     {"int64", r_i64},
-    {"bools", r_bool},     {"views", r_views},     {"math_f32", r_math32}, {"math_f64", r_math64},
-    {"small", r_small},
+    {"bias_relu", r_bias, false},         {"f64_scalars", r_f64, false},  {"int32", r_i32, false},
+    {"int64", r_i64, false},              {"bools", r_bool, false},       {"views", r_views, false},
+    {"math_f32", r_math32, false},        {"math_f64", r_math64, false},  {"small", r_small, false},
+    {"sum_squares", r_squares, true},     {"columns", r_columns, true},   {"long", r_long, true},
+    {"extrema", r_extrema, true},         {"escape", r_escape, true},
 };
 #define NPROG (int)(sizeof programs / sizeof programs[0])
-#define NRANDOM 24
+#define NRANDOM 24 /* elementwise chains, and as many with a reduction after them */
 
 /* --- the backend: the CPU's, with fused GPU kernels as its compiled path ------------- */
 
 static vm_backend emu_backend;
 static bool fusing;
 #ifndef FUSED_GEN
-static long fused_launches;
+static long fused_launches, kind_launches[3]; /* by gpu_fkind */
 #endif
 /* the kernel names the current run planned (shape-generic kernels: a
    program's second variant, other extents, must need no new one) */
@@ -228,7 +308,7 @@ static int nrun_names;
 
 typedef struct {
   int n;
-  gpu_fused *k;
+  gpu_fused_group *k;
 } fused_plan;
 
 #ifdef FUSED_GEN
@@ -285,7 +365,7 @@ static double emu_cost_ms(int nodes) {
 static void emu_plan_free(void *p) {
   fused_plan *f = p;
   if (!f) return;
-  for (int g = 0; g < f->n; g++) free(f->k[g].src);
+  for (int g = 0; g < f->n; g++) gpu_fused_group_free_src(&f->k[g]);
   free(f->k);
   free(f);
 }
@@ -296,15 +376,17 @@ static void emu_compile(tr_plan *plan, const tr_trace *t) {
   f->k = calloc((size_t)(f->n ? f->n : 1), sizeof *f->k);
   for (int g = 0; g < f->n; g++) {
     if (!gpu_fuse_group(plan, g, t, &f->k[g])) continue;
-    if (nrun_names < 256) snprintf(run_names[nrun_names++], sizeof run_names[0], "%s", f->k[g].name);
+    for (int i = 0; i < f->k[g].nk; i++) {
+      gpu_fused *k = &f->k[g].k[i];
+      if (nrun_names < 256) snprintf(run_names[nrun_names++], sizeof run_names[0], "%s", k->name);
 #ifdef FUSED_GEN
-    collect(&f->k[g]);
+      collect(k);
 #else
-    keep_source(&f->k[g]);
-    f->k[g].fn = (void *)1; /* launched by name */
+      keep_source(k);
+      k->fn = (void *)1; /* launched by name */
 #endif
-    free(f->k[g].src);
-    f->k[g].src = NULL;
+    }
+    gpu_fused_group_free_src(&f->k[g]);
   }
   void *none = NULL;
   if (!atomic_compare_exchange_strong(&plan->jit, &none, f)) emu_plan_free(f);
@@ -314,7 +396,7 @@ static void emu_wait(void) {}
 
 static bool emu_has_kernel(const void *compiled, int g) {
   const fused_plan *f = compiled;
-  return g < f->n && f->k[g].fn;
+  return g < f->n && gpu_fused_ready(&f->k[g]);
 }
 
 #ifndef FUSED_GEN
@@ -331,6 +413,7 @@ static bool emu_launch_fused(const gpu_fused *k, const gpu_fargs *args, unsigned
     return false;
   }
   fused_launches++;
+  kind_launches[k->kind]++;
   return true;
 }
 
@@ -344,8 +427,7 @@ static bool emu_group(const void *compiled, const tr_plan *plan, const tr_trace 
   return false;
 #else
   const fused_plan *f = compiled;
-  if (!emu_has_kernel(f, g) || !gpu_fused_run(&f->k[g], &host_target, plan, t, vals, rc)) return false;
-  *resume = f->k[g].last + 1;
+  if (!emu_has_kernel(f, g) || !gpu_fused_run(&f->k[g], &host_target, plan, t, vals, rc, resume)) return false;
   *last_group = g;
   return true;
 #endif
@@ -410,6 +492,9 @@ int main(void) {
     results r = {.count = 0};
     run_program(s % 2 ? r_rand64 : r_rand32, s, &r);
     for (int i = 0; i < r.count; i++) free(r.data[i]);
+    results q = {.count = 0};
+    run_program(r_rand_reduce, s, &q);
+    for (int i = 0; i < q.count; i++) free(q.data[i]);
   }
   fclose(kernels_out);
   fclose(registry_out);
@@ -451,14 +536,15 @@ static bool same(kiln_dtype dt, const void *a, const void *b, int64_t i, bool ap
 static char first_names[256][40];
 static int nfirst_names;
 
-static void check_program(const char *name, void (*run)(outs *, int), int variant, bool same_kernels) {
+static void check_program(const char *name, void (*run)(outs *, int), int variant, bool same_kernels,
+                          bool reduces) {
   results ref = {.count = 0}, got = {.count = 0};
   fusing = false;
   tr_cache_reset();
   run_program(run, variant, &ref);
   fusing = true;
   tr_cache_reset();
-  long before = fused_launches;
+  long before = fused_launches, reduce_before = kind_launches[GPU_FK_REDUCE];
   nrun_names = 0;
   run_program(run, variant, &got);
   if (!same_kernels) { /* the first variant: remember its kernels */
@@ -485,6 +571,10 @@ static void check_program(const char *name, void (*run)(outs *, int), int varian
     printf("%s/%d: no fused kernel ran\n", name, variant);
     ok = false;
   }
+  if (reduces && kind_launches[GPU_FK_REDUCE] == reduce_before) {
+    printf("%s/%d: no fused reduction ran\n", name, variant);
+    ok = false;
+  }
   for (int o = 0; ok && o < ref.count; o++) {
     if (ref.dt[o] != got.dt[o] || ref.n[o] != got.n[o]) {
       ok = false;
@@ -505,10 +595,18 @@ static void check_program(const char *name, void (*run)(outs *, int), int varian
 int main(void) {
   install_backend();
   for (int p = 0; p < NPROG; p++)
-    for (int v = 0; v < 2; v++) check_program(programs[p].name, programs[p].run, v, v == 1);
-  for (int s = 0; s < NRANDOM; s++)
-    check_program(s % 2 ? "random_f64" : "random_f32", s % 2 ? r_rand64 : r_rand32, s, false);
-  printf("%ld fused launches, %d distinct kernels\n", fused_launches, nall);
+    for (int v = 0; v < 2; v++) check_program(programs[p].name, programs[p].run, v, v == 1, programs[p].reduces);
+  for (int s = 0; s < NRANDOM; s++) {
+    check_program(s % 2 ? "random_f64" : "random_f32", s % 2 ? r_rand64 : r_rand32, s, false, false);
+    check_program("random_reduce", r_rand_reduce, s, false, true);
+  }
+  printf("%ld fused launches (%ld elementwise, %ld reductions, %ld joins), %d distinct kernels\n", fused_launches,
+         kind_launches[GPU_FK_ELEMENTWISE], kind_launches[GPU_FK_REDUCE], kind_launches[GPU_FK_JOIN], nall);
+  checks++;
+  if (kind_launches[GPU_FK_JOIN] == 0) { /* p_long's two kinds of long reduction */
+    printf("no long reduction ran its join\n");
+    fails++;
+  }
   /* the same sources through NVRTC, as one program (each holds the
      guarded prelude; entry names are unique): sm_90 cubins */
   char why[256];
