@@ -16,7 +16,6 @@
 #include "blas.h"
 #include "cuda.h"
 #include "fuse.h"
-#include "../trace/dump.h"
 #include "opgen.h"
 
 /* An input on the host reaches a kernel as a copy: only a trace's 0-d
@@ -100,19 +99,6 @@ static void compiled_free(void *p) {
   for (int g = 0; g < c->ngroups; g++) gpu_fused_group_free_src(&c->k[g]);
   free(c->k);
   free(c);
-}
-
-static void dump_source(const gpu_fused *k) {
-  int dfd = tr_dump_dir_open();
-  if (dfd < 0) return;
-  char name[64];
-  snprintf(name, sizeof name, "kernel-%s.cu", k->name);
-  FILE *f = tr_dump_create(dfd, name);
-  if (f) {
-    fputs(k->src, f);
-    fclose(f);
-  }
-  close(dfd);
 }
 
 /* NVRTC + load of every planned kernel of c (on the compiler thread) */
@@ -209,7 +195,6 @@ static void gpu_compile(tr_plan *plan, const tr_trace *t) {
   int planned = 0;
   for (int g = 0; g < plan->ngroups; g++) {
     if (!gpu_fuse_group(plan, g, t, &c->k[g])) continue;
-    for (int i = 0; i < c->k[g].nk; i++) dump_source(&c->k[g].k[i]);
     planned++;
   }
   compile_job *job = planned && vm_env_long("KILN_ASYNC", 1) ? malloc(sizeof *job) : NULL;

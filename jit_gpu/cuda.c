@@ -20,6 +20,7 @@
 #include "../cache/disk.h"
 #include "../vm/state.h"
 #include "cuda_api.h"
+#include "dump.h"
 #include "nvrtc.h"
 
 #define HASH_NONFATAL_OOM 1
@@ -552,6 +553,10 @@ static void kernel_disk_hash(const char *src, uint64_t h[2]) {
 typedef struct {
   void *owned;
   const void *image;
+  size_t size;    /* of image */
+  bool ptx;
+  char arch[16];  /* "sm_90", "compute_90" */
+  double nvrtc_ms; /* 0: from the disk cache */
 } kernel_image;
 
 /* the image stored for h, if the disk cache has a well-formed one */
@@ -567,6 +572,11 @@ static bool image_from_disk(const uint64_t h[2], kernel_image *out) {
   }
   out->owned = blob;
   out->image = blob + GPU_BLOB_HEADER;
+  out->size = len - GPU_BLOB_HEADER;
+  out->ptx = ptx;
+  memcpy(out->arch, blob + 1, sizeof out->arch - 1); /* NUL-padded in the header */
+  out->arch[sizeof out->arch - 1] = '\0';
+  atomic_fetch_add_explicit(&vm_process()->stats.gpu_disk_loads, 1, memory_order_relaxed);
   return true;
 }
 
@@ -608,9 +618,14 @@ static bool image_compiled(const char *src, const char *name, const uint64_t h[2
     img.size++;
   }
   atomic_fetch_add_explicit(&vm_process()->stats.kernels_compiled, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&vm_process()->stats.nvrtc_us, (uint_fast64_t)(img.ms * 1e3), memory_order_relaxed);
   if (use_disk) image_to_disk(h, &img);
   out->owned = img.data; /* ownership moves: img is not freed */
   out->image = img.data;
+  out->size = img.size;
+  out->ptx = img.ptx;
+  memcpy(out->arch, img.arch, sizeof out->arch);
+  out->nvrtc_ms = img.ms;
   return true;
 }
 
@@ -640,12 +655,20 @@ static CUfunction kernel_build(const char *name, const char *src) {
   char id[sizeof((gpu_kernel *)0)->id];
   snprintf(id, sizeof id, "%s@%d", name, rt.cc);
   CUfunction have_fn = kernel_cached(id);
-  if (have_fn) return have_fn;
+  if (have_fn) {
+    gpu_log_kernel(name, "in memory", 0);
+    return have_fn;
+  }
   uint64_t h[2];
   kernel_disk_hash(src, h);
   bool use_disk = h[0] || h[1];
   kernel_image img = {0};
   bool ok = (use_disk && image_from_disk(h, &img)) || image_compiled(src, name, h, use_disk, &img);
+  if (ok) {
+    const char *how = img.nvrtc_ms > 0 ? "nvrtc" : "disk";
+    gpu_log_kernel(name, img.nvrtc_ms > 0 ? "compiled by NVRTC" : "loaded from the disk cache", img.nvrtc_ms);
+    gpu_dump_kernel(name, src, img.image, img.size, img.ptx, img.arch, rt.cc, how, img.nvrtc_ms);
+  }
   CUmodule mod = NULL;
   CUfunction fn = NULL;
   ok = ok && module_load(&img, name, &mod, &fn);

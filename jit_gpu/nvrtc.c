@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* NVRTC's C API, declared here so Kiln builds without the CUDA toolkit */
 typedef int nvrtc_result;
@@ -131,7 +132,7 @@ static char *failure_log(nvrtc_program prog, const char *step, nvrtc_result rc) 
   return log;
 }
 
-bool gpu_nvrtc_compile(const char *src, const char *name, int cc, gpu_image *img, char **log) {
+static bool compile(const char *src, const char *name, int cc, bool want_ptx, gpu_image *img, char **log) {
   memset(img, 0, sizeof *img);
   *log = NULL;
   char why[512];
@@ -144,6 +145,13 @@ bool gpu_nvrtc_compile(const char *src, const char *name, int cc, gpu_image *img
                       nv.version / 1000, nv.version % 1000 / 10, cc / 10, cc % 10);
     return false;
   }
+  if (want_ptx && !img->ptx) { /* the same architecture, virtual: PTX */
+    memmove(img->arch + 8, img->arch + 3, strlen(img->arch + 3) + 1);
+    memcpy(img->arch, "compute_", 8);
+    img->ptx = true;
+  }
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
   char arch_opt[48];
   snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", img->arch);
   /* bit for bit (DESIGN §5): IEEE division and square root, denormals
@@ -176,7 +184,17 @@ bool gpu_nvrtc_compile(const char *src, const char *name, int cc, gpu_image *img
     free(img->data);
     img->data = NULL;
   }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  img->ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
   return ok;
+}
+
+bool gpu_nvrtc_compile(const char *src, const char *name, int cc, gpu_image *img, char **log) {
+  return compile(src, name, cc, false, img, log);
+}
+
+bool gpu_nvrtc_compile_ptx(const char *src, const char *name, int cc, gpu_image *img, char **log) {
+  return compile(src, name, cc, true, img, log);
 }
 
 void gpu_image_free(gpu_image *img) {

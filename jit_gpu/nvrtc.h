@@ -12,6 +12,7 @@ typedef struct gpu_image {
   size_t size;
   bool ptx;        /* PTX text (the driver JIT-compiles it) rather than a cubin */
   char arch[16];   /* "sm_90" or "compute_90" */
+  double ms;       /* NVRTC's wall time */
 } gpu_image;
 
 /* whether NVRTC loads; why not into why (cap bytes) otherwise */
@@ -21,6 +22,9 @@ int gpu_nvrtc_version(void);
 /* Compiles src for compute capability cc (90 for sm_90).  False with
    *log (malloc'd: NVRTC's log or why it could not run) on failure. */
 bool gpu_nvrtc_compile(const char *src, const char *name, int cc, gpu_image *img, char **log);
+/* the same, always PTX (for compute_XX of the architecture chosen above):
+   what KILN_DUMP shows */
+bool gpu_nvrtc_compile_ptx(const char *src, const char *name, int cc, gpu_image *img, char **log);
 void gpu_image_free(gpu_image *img);
 
 #endif

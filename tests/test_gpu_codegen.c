@@ -6,13 +6,16 @@
  * for calls on fake device values (host tensors: the planner only reads
  * geometry and addresses).  Skips the compiles, saying why, when NVRTC is
  * not installed. */
+#include <dirent.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <time.h>
 
 #include "ktest.h"
 
+#include "../jit_gpu/dump.h"
 #include "../jit_gpu/nvrtc.h"
 #include "../jit_gpu/opgen.h"
 #include "../vm/fold.h"
@@ -212,6 +215,63 @@ TEST(nvrtc_targets_sm_80_and_falls_back_to_ptx) {
   CHECK(!gpu_nvrtc_compile("extern \"C\" __global__ void k() { undeclared(); }", "bad.cu", 90, &img, &log));
   CHECK_STR_CONTAINS(log, "NVRTC_ERROR_COMPILATION");
   CHECK_STR_CONTAINS(log, "undeclared");
+  free(log);
+  free(src);
+}
+
+static char *slurp(const char *dir, const char *name) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  char *buf = calloc(1, 1 << 20);
+  if (buf) fread(buf, 1, (1 << 20) - 1, f);
+  fclose(f);
+  return buf;
+}
+
+/* KILN_DUMP of a compiled kernel: its CUDA C, cubin, PTX (a second NVRTC
+   run for the virtual architecture), SASS where cuobjdump is, and a line
+   in gpu-kernels.tsv with NVRTC's time */
+TEST(dump_writes_source_ptx_and_the_manifest) {
+  if (!gpu_nvrtc_available(NULL, 0)) return;
+  gpu_op_key k = {.op = VM_OP_sum, .variant = GPU_RED_LANE, .nin = 1, .out_dtype = KILN_F32,
+                  .in_dtype = {KILN_F32}, .contiguous = 3};
+  char *src = gpu_op_source(&k), *log = NULL;
+  gpu_image img;
+  CHECK(src && gpu_nvrtc_compile(src, key_name(&k), 90, &img, &log));
+  CHECK(img.ms > 0);
+  char dir[] = "/tmp/kiln-gpu-dump-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  setenv("KILN_DUMP", dir, 1);
+  gpu_dump_kernel(key_name(&k), src, img.data, img.size, img.ptx, img.arch, 90, "nvrtc", img.ms);
+  unsetenv("KILN_DUMP");
+  char name[160];
+  snprintf(name, sizeof name, "kernel-%s.cu", key_name(&k));
+  char *cu = slurp(dir, name);
+  CHECK(cu && !strcmp(cu, src));
+  snprintf(name, sizeof name, "kernel-%s.ptx", key_name(&k));
+  char *ptx = slurp(dir, name);
+  CHECK(ptx && strstr(ptx, ".entry") && strstr(ptx, key_name(&k)) && strstr(ptx, ".target sm_90"));
+  snprintf(name, sizeof name, "kernel-%s.cubin", key_name(&k));
+  char *cubin = slurp(dir, name);
+  CHECK(cubin && !memcmp(cubin, "\177ELF", 4)); /* a cubin is an ELF image */
+  char *tsv = slurp(dir, "gpu-kernels.tsv");
+  char expect[200];
+  snprintf(expect, sizeof expect, "%s\tnvrtc\tsm_90\t", key_name(&k));
+  CHECK(tsv && strstr(tsv, expect));
+  free(cu), free(ptx), free(cubin), free(tsv);
+  /* clean up: every file, then the directory */
+  DIR *d = opendir(dir);
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (e->d_name[0] == '.') continue;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    unlink(path);
+  }
+  if (d) closedir(d);
+  rmdir(dir);
+  gpu_image_free(&img);
   free(log);
   free(src);
 }
@@ -742,6 +802,7 @@ int main(void) {
   RUN(plan_refuses_views_and_float_matmul);
   RUN(nvrtc_targets_sm_80_and_falls_back_to_ptx);
   RUN(a_layout_mismatch_fails_the_compile);
+  RUN(dump_writes_source_ptx_and_the_manifest);
   RUN(nvrtc_compiles_every_kernel_for_sm_90);
   return ktest_done();
 }

@@ -167,17 +167,15 @@ bool tr_dump_path(int dir_fd, const char *name, char *out, size_t out_len) {
   return vm_fd_path(dir_fd, name, out, out_len);
 }
 
-/* the manifest, appended to by every process dumping here: opened without
-   following a link and checked on the descriptor; a bad one is replaced */
-static FILE *open_manifest(int dir_fd) {
-  int fd = openat(dir_fd, "manifest.tsv", O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+FILE *tr_dump_append(int dir_fd, const char *name) {
+  int fd = openat(dir_fd, name, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
   struct stat st;
   const char *why;
   if (fd >= 0 && (fstat(fd, &st) != 0 || !vm_private_file_check(&st, &why))) {
     close(fd);
     fd = -1;
   }
-  if (fd < 0) return tr_dump_create(dir_fd, "manifest.tsv");
+  if (fd < 0) return tr_dump_create(dir_fd, name);
   FILE *f = fdopen(fd, "a");
   if (!f) close(fd);
   return f;
@@ -207,7 +205,7 @@ void tr_dump_plan(const tr_trace *t, const tr_plan *plan, tr_key key) {
     write_dot(f, t, plan);
     fclose(f);
   }
-  if ((f = open_manifest(dfd))) {
+  if ((f = tr_dump_append(dfd, "manifest.tsv"))) {
     fprintf(f, "%s\t%d\t%d\t%d\t", name, t->n, plan->n, plan->ngroups);
     for (int i = 0; i < plan->n; i++) fprintf(f, i ? ",%s" : "%s", vm_op_table[plan->nodes[i].op].name);
     fputc('\n', f);
@@ -217,7 +215,7 @@ void tr_dump_plan(const tr_trace *t, const tr_plan *plan, tr_key key) {
   pthread_mutex_unlock(&dump_lock);
 }
 
-static int log_level(void) {
+int tr_log_level(void) {
   const char *s = getenv("KILN_LOG");
   if (!s) return 0;
   if (!strcmp(s, "debug")) return 2;
@@ -226,7 +224,7 @@ static int log_level(void) {
 
 void tr_log_flush(const tr_trace *t, tr_flush_reason why, tr_key key, const cache_sighting *seen,
                   bool planned, double ms, int rc) {
-  int level = log_level();
+  int level = tr_log_level();
   if (!level) return;
   int outs = 0;
   for (int i = 0; i < t->n; i++) outs += t->is_output[i];
@@ -263,7 +261,8 @@ static void print_stats(void) {
           "  kernels compiled %.0f (%.0f found compiled, %.0f code objects loaded, %.0f unloaded)\n"
           "  disk cache hits  %llu\n  eager ops        %llu\n  kernels launched %llu\n"
           "  plans built      %.0f (%.1f ms, %.2f us per node)\n"
-          "  compiler         %.0f processes, %.0f plans declined by the payoff rule\n",
+          "  compiler         %.0f processes, %.0f plans declined by the payoff rule\n"
+          "  gpu kernels      %.1f ms in NVRTC, %.0f loaded from the disk cache\n",
           (unsigned long long)s.ops_recorded, (unsigned long long)s.flushes, s.flush_ms,
           (unsigned long long)s.traces_seen, (unsigned long long)s.cache_hits,
           (unsigned long long)s.cache_misses,
@@ -273,7 +272,8 @@ static void print_stats(void) {
           kiln_stat("code_unloads"), (unsigned long long)s.disk_hits, (unsigned long long)s.eager_ops,
           (unsigned long long)s.kernels_launched, kiln_stat("plans_built"), kiln_stat("plan_ms"),
           kiln_stat("plan_nodes") > 0 ? 1e3 * kiln_stat("plan_ms") / kiln_stat("plan_nodes") : 0.0,
-          kiln_stat("compiler_processes"), kiln_stat("compiles_declined"));
+          kiln_stat("compiler_processes"), kiln_stat("compiles_declined"), kiln_stat("nvrtc_ms"),
+          kiln_stat("gpu_disk_loads"));
 }
 
 __attribute__((constructor)) static void stats_at_exit(void) {

@@ -16,6 +16,12 @@ int tr_dump_dir_open(void);
 /* creates dump file `name` in it (O_EXCL | O_NOFOLLOW, 0600; an earlier
    file of that name is replaced, never followed): NULL on failure */
 FILE *tr_dump_create(int dir_fd, const char *name);
+/* opens dump file `name` for appending, as every process dumping here
+   does (the manifests): opened without following a link and checked on
+   the descriptor; a bad one is replaced.  NULL on failure */
+FILE *tr_dump_append(int dir_fd, const char *name);
+/* KILN_LOG: 0 off, 1 info, 2 debug */
+int tr_log_level(void);
 /* creates `name` the same way and gives a path that reaches it through the
    directory's descriptor, for writers that take a path (libgccjit) */
 bool tr_dump_path(int dir_fd, const char *name, char *out, size_t out_len);

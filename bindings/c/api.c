@@ -644,7 +644,8 @@ void kiln_reset_stats(void) {
                                  &c->cache_misses, &c->plans_built, &c->flush_us, &c->compiles,
                                  &c->compile_failures, &c->disk_hits, &c->compile_us, &c->kernels_compiled, &c->kernel_cache_hits, &c->code_unloads,
                                  &c->blas_calls, &c->recomputed, &c->kernel_threads_max,
-                                 &c->compiler_processes, &c->compiles_declined, &c->plan_us, &c->plan_nodes};
+                                 &c->compiler_processes, &c->compiles_declined, &c->plan_us, &c->plan_nodes,
+                                 &c->nvrtc_us, &c->gpu_disk_loads};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) atomic_store(all[i], 0);
 }
 
@@ -663,7 +664,8 @@ double kiln_stat(const char *name) {
       COUNTER(kernel_cache_hits), COUNTER(code_objects), COUNTER(code_unloads),
       COUNTER(blas_calls), COUNTER(recomputed), COUNTER(kernel_threads_max),
       COUNTER(compiler_processes), COUNTER(compiles_declined), COUNTER(plan_nodes),
-      COUNTER(all_reduces), COUNTER(all_reduce_bytes),
+      COUNTER(all_reduces), COUNTER(all_reduce_bytes), COUNTER(gpu_disk_loads),
+      {"nvrtc_ms", offsetof(vm_counters, nvrtc_us), 1e-3},
       {"all_reduce_ms", offsetof(vm_counters, all_reduce_us), 1e-3},
       {"all_reduce_wait_ms", offsetof(vm_counters, all_reduce_wait_us), 1e-3},
       {"plan_ms", offsetof(vm_counters, plan_us), 1e-3},

@@ -305,6 +305,8 @@ KILN_API void kiln_reset_stats(void);
    over the ranks, their bytes, the time from issuing each to its end) or
    "all_reduce_wait_ms" (the time evaluations waited for them: what
    overlap did not hide), or
+   "nvrtc_ms" and "gpu_disk_loads" (GPU kernels: NVRTC's time compiling
+   them, and how many were loaded from the disk cache instead), or
    "kernel_threads_max" (the most threads, user threads and workers together,
    seen running Kiln's kernels at once: at most kiln_num_threads());
    NAN and an error for an unknown name.  New counters appear here without
