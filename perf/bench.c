@@ -10,12 +10,14 @@
 static void usage(const char *prog, int code) {
   fprintf(code ? stderr : stdout,
           "usage: %s [--smoke] [--reps N] [--warmup N] [--label NAME] [--openblas] [--autodiff]\n"
+          "          [--device cpu|cuda]\n"
           "  --smoke      tiny sizes, 1 repetition (checks that it runs, measures nothing)\n"
           "  --reps N     timed runs; the median is reported\n"
           "  --warmup N   untimed runs first\n"
           "  --label NAME contender name (default: kiln-eager if KILN_JIT=0, else kiln)\n"
           "  --openblas   perf_w6 only: also time OpenBLAS cblas_sgemm called directly\n"
-          "  --autodiff   perf_w7 only: gradients from kiln_backward (label kiln-autodiff)\n",
+          "  --autodiff   perf_w7, perf_g7: gradients from kiln_backward (label kiln-autodiff)\n"
+          "  --device D   perf_g* only: cuda (default) or cpu (the same code on the CPU)\n",
           prog);
   exit(code);
 }
@@ -35,6 +37,7 @@ void bench_parse(int argc, char **argv, bench_opts *o, int default_reps, int def
   o->label = jit && strcmp(jit, "0") == 0 ? "kiln-eager" : "kiln";
   o->openblas = false;
   o->autodiff = false;
+  o->device = KILN_CUDA;
   const char *label = NULL;
   int reps = -1, warmup = -1;
   for (int i = 1; i < argc; i++) {
@@ -50,6 +53,10 @@ void bench_parse(int argc, char **argv, bench_opts *o, int default_reps, int def
       o->openblas = true;
     else if (!strcmp(argv[i], "--autodiff"))
       o->autodiff = true;
+    else if (!strcmp(argv[i], "--device") && i + 1 < argc && !strcmp(argv[i + 1], "cpu"))
+      o->device = KILN_CPU, i++;
+    else if (!strcmp(argv[i], "--device") && i + 1 < argc && !strcmp(argv[i + 1], "cuda"))
+      o->device = KILN_CUDA, i++;
     else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
       usage(argv[0], 0);
     else

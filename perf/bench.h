@@ -20,11 +20,14 @@ typedef struct {
   int reps, warmup;  /* timed runs, untimed runs before them */
   const char *label; /* contender name: "kiln-eager" when KILN_JIT=0, else "kiln" */
   bool openblas;     /* perf_w6: also time OpenBLAS sgemm called directly */
-  bool autodiff;     /* perf_w7: gradients from kiln_backward, not written by hand */
+  bool autodiff;     /* perf_w7, perf_g7: gradients from kiln_backward, not written by hand */
+  /* perf_g*: where the tensors live, KILN_CUDA unless --device cpu (which runs the
+     same code on the CPU: a check that it runs, not a GPU measurement) */
+  kiln_device device;
 } bench_opts;
 
-/* parses --smoke --reps N --warmup N --label NAME --openblas --autodiff; exits on --help
-   or a bad argument */
+/* parses --smoke --reps N --warmup N --label NAME --openblas --autodiff --device cpu|cuda;
+   exits on --help or a bad argument */
 void bench_parse(int argc, char **argv, bench_opts *o, int default_reps, int default_warmup);
 
 double bench_now(void); /* seconds, monotonic */

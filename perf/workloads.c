@@ -2,6 +2,7 @@
 #include "workloads.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "bench.h"
@@ -153,6 +154,56 @@ kiln_tensor *wl_mlp_step_autodiff(wl_mlp *m) {
   bench_sgd_step(params, 6, m->lr);
   release_all(&a);
   return loss;
+}
+
+void wl_mlp_to_device(wl_mlp *m, kiln_device d) {
+  kiln_tensor **all[] = {&m->x,  &m->target, &m->onehot, &m->zero, &m->w1,
+                         &m->b1, &m->w2,     &m->b2,     &m->w3,   &m->b3};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+    kiln_tensor *t = bench_ok(kiln_to_device(*all[i], d), "kiln_to_device");
+    kiln_release(*all[i]);
+    *all[i] = t;
+  }
+}
+
+static float *copy_out(kiln_tensor *t) {
+  int64_t n = kiln_numel(t);
+  float *buf = bench_alloc_f32(n);
+  bench_ok_status(kiln_to_buffer(t, buf, sizeof *buf * (size_t)n), "kiln_to_buffer");
+  return buf;
+}
+
+/* sum((after - before)^2) in double, from float32 values as the peers do */
+static double delta2(kiln_tensor *after, const float *before) {
+  float *a = copy_out(after);
+  double s = 0;
+  for (int64_t i = 0, n = kiln_numel(after); i < n; i++) {
+    double d = (double)a[i] - (double)before[i];
+    s += d * d;
+  }
+  free(a);
+  return s;
+}
+
+void wl_mlp_check(wl_mlp *m, kiln_tensor *(*step)(wl_mlp *), char *out, size_t cap) {
+  kiln_tensor *params[6] = {m->w1, m->b1, m->w2, m->b2, m->w3, m->b3};
+  float *before[6];
+  for (int i = 0; i < 6; i++) before[i] = copy_out(params[i]);
+  kiln_tensor *loss = step(m);
+  double loss1 = kiln_item(loss);
+  kiln_release(loss);
+  /* kiln_sub_scaled_ rebinds the handles: m->w1 ... now name the new values */
+  kiln_tensor *now[6] = {m->w1, m->b1, m->w2, m->b2, m->w3, m->b3};
+  double d[6];
+  for (int i = 0; i < 6; i++) {
+    d[i] = delta2(now[i], before[i]);
+    free(before[i]);
+  }
+  loss = step(m);
+  double loss2 = kiln_item(loss);
+  kiln_release(loss);
+  snprintf(out, cap, "loss1=%.9g,loss2=%.9g,dw1=%.9g,db1=%.9g,dw2=%.9g,db2=%.9g,dw3=%.9g,db3=%.9g",
+           loss1, loss2, d[0], d[1], d[2], d[3], d[4], d[5]);
 }
 
 void wl_mlp_free(wl_mlp *m) {

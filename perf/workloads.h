@@ -37,6 +37,13 @@ kiln_tensor *wl_mlp_step(wl_mlp *m);
    call wl_mlp_track() once first to mark the parameters as requiring grad */
 void wl_mlp_track(wl_mlp *m);
 kiln_tensor *wl_mlp_step_autodiff(wl_mlp *m);
+/* moves the inputs and parameters to device d (the G7 benchmark); call
+   before wl_mlp_track */
+void wl_mlp_to_device(wl_mlp *m, kiln_device d);
+/* runs two steps and writes W7's check (the peers print the same): the
+   loss of steps 1 and 2 and, per parameter, sum((after - before)^2) of
+   step 1's update, from float32 values summed in double */
+void wl_mlp_check(wl_mlp *m, kiln_tensor *(*step)(wl_mlp *), char *out, size_t cap);
 void wl_mlp_free(wl_mlp *m);
 
 #endif
