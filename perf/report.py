@@ -127,6 +127,36 @@ def agree(w, a, b):
     return bad
 
 
+def judge(rows, tol_w, ratio_key, ratios=True):
+    """One workload's rows: each ok row's time over Kiln's (r[ratio_key],
+    unless ratios is false) and whether its check agrees, within workload
+    tol_w's tolerance, with the reference: Kiln's row, else the first ok
+    row with a check.  A row that disagrees becomes MISMATCH.  Returns
+    (kiln, ref); either may be None."""
+    kiln = next((r for r in rows if r["contender"] == "kiln" and r["status"] == "ok"), None)
+    ref = kiln if kiln and kiln["check"] else next((r for r in rows if r["status"] == "ok" and r["check"]), None)
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        if ratios and kiln and kiln["time_s"]:
+            r[ratio_key] = r["time_s"] / kiln["time_s"]
+        if ref is None or r is ref or not r["check"]:
+            r["agree"] = "reference" if r is ref else ""
+            continue
+        bad = agree(tol_w, parse_check(ref["check"]), parse_check(r["check"]))
+        if bad:
+            r["status"] = "MISMATCH"
+            r["agree"] = "MISMATCH vs %s on %s" % (ref["contender"], ",".join(bad))
+        else:
+            r["agree"] = "agrees with %s" % ref["contender"]
+    return kiln, ref
+
+
+def kiln_failed(table):
+    """whether a Kiln row failed or disagrees with its reference"""
+    return any(r["status"] in ("FAILED", "MISMATCH") and r["contender"].startswith("kiln") for r in table)
+
+
 def fnum(v, digits=3):
     if v is None or (isinstance(v, float) and (math.isnan(v) or math.isinf(v))):
         return ""
@@ -172,32 +202,12 @@ def build(limit, raw):
         table.append(r)
 
     # ratios to kiln, and the agreement of results with Kiln's
-    failed_kiln = False
     for w in sorted({r["workload"] for r in table}):
-        rows = [r for r in table if r["workload"] == w]
-        kiln = next((r for r in rows if r["contender"] == "kiln" and r["status"] == "ok"), None)
-        ref = kiln if kiln and kiln["check"] else next((r for r in rows if r["status"] == "ok" and r["check"]), None)
-        for r in rows:
-            if r["status"] == "FAILED" and r["contender"].startswith("kiln"):
-                failed_kiln = True
-            if r["status"] != "ok":
-                continue
-            if kiln and kiln["time_s"]:
-                r["kiln_speedup"] = r["time_s"] / kiln["time_s"]
-            if ref is None or r is ref or not r["check"]:
-                r["agree"] = "reference" if r is ref else ""
-                continue
-            bad = agree(w, parse_check(ref["check"]), parse_check(r["check"]))
-            if bad:
-                r["status"] = "MISMATCH"
-                r["agree"] = "MISMATCH vs %s on %s" % (ref["contender"], ",".join(bad))
-            else:
-                r["agree"] = "agrees with %s" % ref["contender"]
+        judge([r for r in table if r["workload"] == w], w, "kiln_speedup")
     key = {c: i for i, c in enumerate(ORDER)}
     wkey = {w: i for i, w in enumerate(WORKLOADS)}
     table.sort(key=lambda r: (wkey.get(r["workload"], 99), r["workload"], key.get(r["contender"], 99), r["contender"]))
-    kiln_mismatch = any(r["status"] == "MISMATCH" and r["contender"].startswith("kiln") for r in table)
-    return table, failed_kiln or kiln_mismatch
+    return table, kiln_failed(table)
 
 
 def median_text(r):

@@ -122,38 +122,18 @@ def build(raw):
             r["status"] = "FAILED"
         table.append(r)
 
-    bad = False
     for w in sorted({r["workload"] for r in table}):
         rows = [r for r in table if r["workload"] == w]
-        kiln = next((r for r in rows if r["contender"] == "kiln" and r["status"] == "ok"), None)
-        ref = kiln if kiln and kiln["check"] else next((r for r in rows if r["status"] == "ok" and r["check"]), None)
-        for r in rows:
-            if r["status"] == "FAILED" and r["contender"].startswith("kiln"):
-                bad = True
-            if r["status"] != "ok":
-                continue
-            if kiln and kiln["time_s"] and w != "G8:warm":
-                r["vs_kiln"] = r["time_s"] / kiln["time_s"]
-            if ref is None or r is ref or not r["check"]:
-                r["agree"] = "reference" if r is ref else ""
-                continue
-            diff = report.agree(SAME_AS.get(base(w), w), report.parse_check(ref["check"]), report.parse_check(r["check"]))
-            if diff:
-                r["status"] = "MISMATCH"
-                r["agree"] = "MISMATCH vs %s on %s" % (ref["contender"], ",".join(diff))
-                bad = bad or r["contender"].startswith("kiln")  # as report.py: a Kiln row that disagrees
-            else:
-                r["agree"] = "agrees with %s" % ref["contender"]
+        kiln, ref = report.judge(rows, SAME_AS.get(base(w), w), "vs_kiln", ratios=w != "G8:warm")
         # Kiln is the reference; when two peers or more check it and all disagree, the odd one out is Kiln
         judged = [r for r in rows if r is not ref and r.get("agree") and not r["contender"].startswith("kiln")]
         if ref is kiln and kiln is not None and len(judged) >= 2 and all(r["status"] == "MISMATCH" for r in judged):
             kiln["status"] = "MISMATCH"
             kiln["agree"] = "MISMATCH: every peer (%s) disagrees" % ", ".join(r["contender"] for r in judged)
-            bad = True
     ckey = {c: i for i, c in enumerate(ORDER)}
     wkey = {w: i for i, w in enumerate(WORKLOADS)}
     table.sort(key=lambda r: (wkey.get(r["workload"], 99), r["workload"], ckey.get(r["contender"], 99), r["contender"]))
-    return table, bad
+    return table, report.kiln_failed(table)
 
 
 def ok_row(rows, contender):
