@@ -181,6 +181,29 @@ def w10_tokens(step, L):
 
 
 W7_LR = 0.05
+
+
+def torch_w7_loss(torch, F, x, target, w1, b1, w2, b2, w3, b3):
+    """W7's forward and loss in PyTorch (perf/peers/gpu_peers.py's G7 too)"""
+    h1 = torch.relu(x @ w1 + b1)
+    h2 = torch.relu(h1 @ w2 + b2)
+    return F.cross_entropy(h2 @ w3 + b3, target)
+
+
+def jax_w7_step(jax, jnp):
+    """W7's SGD step in JAX, step(params, x, target) -> (loss, new params)
+    (perf/peers/gpu_peers.py's G7 too)"""
+    def loss_fn(params, x, target):
+        w1, b1, w2, b2, w3, b3 = params
+        h1 = jax.nn.relu(x @ w1 + b1)
+        h2 = jax.nn.relu(h1 @ w2 + b2)
+        ls = jax.nn.log_softmax(h2 @ w3 + b3, axis=1)
+        return -jnp.mean(jnp.take_along_axis(ls, target[:, None], axis=1))
+
+    def step(params, x, target):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, target)
+        return loss, [p - W7_LR * g for p, g in zip(params, grads)]
+    return step
 W10_LR, W11_LR = 0.5, 0.01
 W12_ADAM = (1e-3, 0.9, 0.999, 1e-8)  # lr, b1, b2, eps
 
@@ -567,10 +590,7 @@ def run_torch_w7(torch, F, has_compile, no_compile):
 
     def step():
         with torch.enable_grad():
-            w1, b1, w2, b2, w3, b3 = params
-            h1 = torch.relu(x @ w1 + b1)
-            h2 = torch.relu(h1 @ w2 + b2)
-            loss = F.cross_entropy(h2 @ w3 + b3, target)
+            loss = torch_w7_loss(torch, F, x, target, *params)
             loss.backward()
         with torch.no_grad():
             for p in params:
@@ -849,18 +869,7 @@ def run_jax(workloads):
 
     def w7_parts():
         x_np, params_np, target_np = inputs("W7")
-
-        def loss_fn(params, x, target):
-            w1_, b1, w2, b2, w3_, b3 = params
-            h1 = jax.nn.relu(x @ w1_ + b1)
-            h2 = jax.nn.relu(h1 @ w2 + b2)
-            ls = jax.nn.log_softmax(h2 @ w3_ + b3, axis=1)
-            return -jnp.mean(jnp.take_along_axis(ls, target[:, None], axis=1))
-
-        def step(params, x, target):
-            loss, grads = jax.value_and_grad(loss_fn)(params, x, target)
-            return loss, [p - W7_LR * g for p, g in zip(params, grads)]
-        return step, x_np, params_np, target_np
+        return jax_w7_step(jax, jnp), x_np, params_np, target_np
 
     for w in workloads:
         try:

@@ -34,7 +34,6 @@ WORKLOADS = ["G1", "G2", "G3", "G4", "G5", "G6", "G7"]
 PLAN = {"G1": (20, 4, 10), "G2": (20, 4, 20), "G3": (20, 4, 20), "G4": (20, 4, 20),
         "G5": (9, 20, 200), "G6": (10, 2, 1), "G7": (10, 4, 20)}
 G5_OPS, G5_ELEMS = 100, 16
-W7_LR = 0.05
 ARGS = None
 P = None  # perf/peers.py: the input formulas, the summary, the line format
 np = None
@@ -237,16 +236,14 @@ def run_torch_g7(torch, F, dev, opt, timed, result, reps, warm, inner, compiled)
     params = [torch.from_numpy(p.copy()).to(dev).requires_grad_(True) for p in params_np]
 
     def loss_fn(x, target, w1, b1, w2, b2, w3, b3):
-        h1 = torch.relu(x @ w1 + b1)
-        h2 = torch.relu(h1 @ w2 + b2)
-        return F.cross_entropy(h2 @ w3 + b3, target)
+        return P.torch_w7_loss(torch, F, x, target, w1, b1, w2, b2, w3, b3)
     floss = opt(loss_fn)
 
     def step():
         loss = floss(x, target, *params)
         grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
-            torch._foreach_add_(params, grads, alpha=-W7_LR)
+            torch._foreach_add_(params, grads, alpha=-P.W7_LR)
         return loss
 
     def once():
@@ -329,18 +326,7 @@ def run_jax():
                note="host clock: each replay reads its 16 values back; the chain is one jitted call")
     elif w == "G7":
         x_np, params_np, target_np = inputs()
-
-        def loss_fn(params, x, target):
-            w1, b1, w2, b2, w3_, b3 = params
-            h1 = jax.nn.relu(x @ w1 + b1)
-            h2 = jax.nn.relu(h1 @ w2 + b2)
-            ls = jax.nn.log_softmax(h2 @ w3_ + b3, axis=1)
-            return -jnp.mean(jnp.take_along_axis(ls, target[:, None], axis=1))
-
-        def step(params, x, target):
-            loss, grads = jax.value_and_grad(loss_fn)(params, x, target)
-            return loss, [p - W7_LR * g for p, g in zip(params, grads)]
-        jstep = jax.jit(step, donate_argnums=(0,))
+        jstep = jax.jit(P.jax_w7_step(jax, jnp), donate_argnums=(0,))
         x, target = jnp.asarray(x_np), jnp.asarray(target_np)
         state = {"p": [jnp.array(p) for p in params_np]}  # copies: they are donated
 
