@@ -48,6 +48,43 @@ static gcc_jit_block *new_block(cg_ctx *c, const char *name) {
 
 /* the group's inputs, outputs and params; false if it has a node the code
    generator does not handle */
+/* An operand's elements along its last dim are adjacent in memory (inner
+   stride 1), as far as the plan can tell: a fresh value or a contiguous
+   leaf, seen through views that keep its last axis last, unexpanded and
+   stepped by 1 (a GRU's gate slices of [B, 3H], a bias row).  Such an
+   operand is read at off + j, which vectorizes; the generic class reads at
+   off + j*step, which does not, and made a GRU cell's fused kernel slower
+   than the interpreter's vectorized loops.  The runner checks the real
+   strides every run (inner_fits), so a wrong guess costs the kernel, never
+   a wrong answer. */
+static bool inner_unit(const tr_plan *plan, const cpu_leaf *leaves, int r) {
+  for (int hops = 0; hops < 64; hops++) {
+    if (r < 0) return leaves[-1 - r].contiguous;
+    const tr_pnode *p = &plan->nodes[r];
+    if (vm_op_table[p->op].kind != VM_KIND_VIEW) return true;
+    int last = p->meta.ndim - 1;
+    if (last < 0) return false;
+    int src = p->in[0];
+    const vm_meta *in = src >= 0 ? &plan->nodes[src].meta : &leaves[-1 - src].meta;
+    switch (p->op) {
+      case VM_OP_slice:
+        if (p->attr.axis == last && p->attr.step != 1 && p->meta.shape[last] > 1) return false;
+        break;
+      case VM_OP_permute:
+        if (p->attr.perm[last] != last) return false;
+        break;
+      case VM_OP_expand: /* inputs align on the right; a size-1 last dim expanded has stride 0 */
+        if (in->ndim == 0 || in->shape[in->ndim - 1] != p->meta.shape[last]) return false;
+        break;
+      case VM_OP_reshape: /* keeps strides only when its input is dense */
+        return src < 0 ? leaves[-1 - src].contiguous : vm_op_table[plan->nodes[src].op].kind != VM_KIND_VIEW;
+      default: return false;
+    }
+    r = src;
+  }
+  return false;
+}
+
 bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
                  kernel_shape *ks) {
   const tr_group *grp = &plan->groups[g];
@@ -134,9 +171,7 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
     int r = ks->ins[q];
     const vm_meta *m = r >= 0 ? &plan->nodes[r].meta : &leaves[-1 - r].meta;
     int64_t last = m->ndim ? m->shape[m->ndim - 1] : 1;
-    bool dense = r < 0 ? leaves[-1 - r].contiguous
-                       : vm_op_table[plan->nodes[r].op].kind != VM_KIND_VIEW;
-    ks->stride_class[q] = (last == 1 && inner > 1) ? 0 : dense ? 1 : 2;
+    ks->stride_class[q] = (last == 1 && inner > 1) ? 0 : inner_unit(plan, leaves, r) ? 1 : 2;
   }
   return true;
 }
@@ -908,8 +943,7 @@ static bool rows_fill(const tr_plan *plan, int g, int gb, const bool *escapes, c
   if (ks->nout == 0) return false;
   for (int q = 0; q < ks->nin; q++) {
     int r = ks->ins[q];
-    bool dense = r < 0 ? leaves[-1 - r].contiguous : vm_op_table[plan->nodes[r].op].kind != VM_KIND_VIEW;
-    ks->stride_class[q] = const_along(ref_meta(plan, leaves, r), sp->R, sp->axes) ? 0 : dense ? 1 : 2;
+    ks->stride_class[q] = const_along(ref_meta(plan, leaves, r), sp->R, sp->axes) ? 0 : inner_unit(plan, leaves, r) ? 1 : 2;
   }
   plan_stash(plan, ks, first);
   return true;

@@ -24,6 +24,9 @@
  * giving seconds per step; the median is reported.  The loss is read every
  * step (kiln_item), as a user prints it.
  *
+ * KILN_W10_LEN=L trains at the one length L instead (every step the same
+ * trace: what compiled code gains once nothing is new).
+ *
  * Kiln runs with a fresh, empty KILN_CACHE_DIR (removed at the end; set
  * KILN_W10_KEEP_CACHE=1 to use the one in the environment instead), so
  * compile_ms is everything this sequence of lengths costs to compile. */
@@ -69,6 +72,11 @@ static void gru_init(gru *m, bool smoke) {
   m->B = smoke ? 4 : 32;
   m->min_len = 5;
   m->len_span = smoke ? 8 : 36; /* lengths 5..12 (smoke) or 5..40 */
+  const char *fixed = getenv("KILN_W10_LEN"); /* one length every step: the fixed-length case */
+  if (fixed && atoi(fixed) > 0) {
+    m->min_len = atoi(fixed);
+    m->len_span = 1;
+  }
   m->epoch = smoke ? 3 : 15;
   m->lr = 0.5;
   double a = 1.0 / sqrt((double)m->H); /* PyTorch's GRU init range */

@@ -379,11 +379,86 @@ TEST(exit_does_not_wait_for_a_compile) {
   CHECK(system(cmd) == 0);
 }
 
+/* child: a GRU cell's gates, read as column slices of two [B, 3H] matmul
+   results (step argv[2] along the last axis: 1 as a GRU's, 2 as a strided
+   view), computed three times so the chain is compiled; prints the bits of
+   a few outputs */
+static int gates_work(int step) {
+  int64_t B = 8, H = 32, in[2] = {B, 16}, w[2] = {16, 3 * H * step};
+  kiln_manual_seed(3);
+  kiln_tensor *x = kiln_randn(KILN_F32, 2, in), *wx = kiln_randn(KILN_F32, 2, w), *wh = kiln_randn(KILN_F32, 2, w);
+  kiln_sync();
+  float got[3] = {0};
+  for (int it = 0; it < 3; it++) {
+    kiln_tensor *gx = kiln_matmul(x, wx), *gh = kiln_matmul(x, wh), *g[6];
+    for (int k = 0; k < 3; k++) {
+      g[k] = kiln_slice(gx, 1, k * H * step, (k + 1) * H * step, step);
+      g[3 + k] = kiln_slice(gh, 1, k * H * step, (k + 1) * H * step, step);
+    }
+    kiln_tensor *sr = kiln_add(g[0], g[3]), *r = kiln_sigmoid(sr), *sz = kiln_add(g[1], g[4]), *z = kiln_sigmoid(sz),
+                *rn = kiln_mul(r, g[5]), *sn = kiln_add(g[2], rn), *n = kiln_tanh(sn), *out = kiln_mul(z, n);
+    float all[8 * 32];
+    if (kiln_to_buffer(out, all, sizeof all) != KILN_OK) return 1;
+    got[0] = all[0], got[1] = all[77], got[2] = all[255];
+    kiln_tensor *tmp[] = {gx, gh, g[0], g[1], g[2], g[3], g[4], g[5], sr, r, sz, z, rn, sn, n, out};
+    for (int i = 0; i < 16; i++) kiln_release(tmp[i]);
+  }
+  kiln_release(x), kiln_release(wx), kiln_release(wh);
+  printf("%a %a %a %.0f\n", got[0], got[1], got[2], kiln_stat("kernels_compiled") + kiln_stat("disk_hits"));
+  return 0;
+}
+
+/* how a fused kernel reads its operands: a column slice of a fresh value
+   (a GRU gate) has unit inner stride and is read at off + j, a loop GCC
+   vectorizes; a slice stepping 2 along the last axis is read at
+   off + j*step.  Both give the interpreter's bits. */
+static bool kernels_contain(const char *dir, const char *needle) {
+  DIR *d = opendir(dir);
+  bool found = false;
+  struct dirent *e;
+  while (d && (e = readdir(d)) && !found) {
+    size_t l = strlen(e->d_name);
+    if (strncmp(e->d_name, "kernel-", 7) || l < 3 || strcmp(e->d_name + l - 2, ".c") || strstr(e->d_name, "reproducer"))
+      continue;
+    char path[8192], text[1 << 16];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    found = strstr(read_text(path, text, sizeof text), needle) != NULL;
+  }
+  if (d) closedir(d);
+  return found;
+}
+
+TEST(sliced_operands_are_read_at_unit_stride) {
+  for (int step = 1; step <= 2; step++) {
+    char dir[] = "/tmp/kiln-cache-test-XXXXXX", cmd[9000], want[256], got[256];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(cmd, sizeof cmd, "env KILN_JIT=0 '%s' gates %d", self, step);
+    FILE *p = popen(cmd, "r");
+    CHECK(p && fgets(want, sizeof want, p));
+    if (p) pclose(p);
+    snprintf(cmd, sizeof cmd, "env KILN_CACHE=0 KILN_DUMP='%s' KILN_HOT=2 KILN_ASYNC=0 '%s' gates %d", dir, self, step);
+    p = popen(cmd, "r");
+    CHECK(p && fgets(got, sizeof got, p));
+    if (p) CHECK(pclose(p) == 0);
+    double kernels = 0;
+    CHECK(sscanf(got, "%*s %*s %*s %lf", &kernels) == 1 && kernels >= 1);
+    *strrchr(want, ' ') = 0, *strrchr(got, ' ') = 0; /* the bits, not the counts */
+    if (strcmp(got, want)) fprintf(stderr, "step %d: compiled %s, interpreted %s\n", step, got, want);
+    CHECK(!strcmp(got, want));
+    CHECK(count_suffix(dir, ".c") >= 1);
+    if (step == 1) CHECK(!kernels_contain(dir, "* step_"));
+    else CHECK(kernels_contain(dir, "* step_"));
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "work")) return work();
   if (argc > 1 && !strcmp(argv[1], "exit")) return exit_work();
   if (argc > 1 && !strcmp(argv[1], "async")) return async_work(true);
   if (argc > 1 && !strcmp(argv[1], "async-nowait")) return async_work(false);
+  if (argc > 2 && !strcmp(argv[1], "gates")) return gates_work(atoi(argv[2]));
   ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
   if (len <= 0) return 1;
   self[len] = 0;
@@ -394,6 +469,7 @@ int main(int argc, char **argv) {
   RUN(missing_toolchain_is_reported_once);
   RUN(jit_wait_then_compiled);
   RUN(opt_info_reports_vectorized_loops);
+  RUN(sliced_operands_are_read_at_unit_stride);
   RUN(compiles_run_in_the_compiler_process);
   RUN(compiler_crash_costs_a_compile);
   RUN(stale_compiler_process_is_refused);
