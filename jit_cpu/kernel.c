@@ -46,8 +46,6 @@ static gcc_jit_block *new_block(cg_ctx *c, const char *name) {
   return gcc_jit_function_new_block(c->fn, buf);
 }
 
-/* the group's inputs, outputs and params; false if it has a node the code
-   generator does not handle */
 /* An operand's elements along its last dim are adjacent in memory (inner
    stride 1), as far as the plan can tell: a fresh value or a contiguous
    leaf, seen through views that keep its last axis last, unexpanded and
@@ -85,6 +83,8 @@ static bool inner_unit(const tr_plan *plan, const cpu_leaf *leaves, int r) {
   return false;
 }
 
+/* the group's inputs, outputs and params; false if it has a node the code
+   generator does not handle */
 bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
                  kernel_shape *ks) {
   const tr_group *grp = &plan->groups[g];
