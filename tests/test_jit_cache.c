@@ -430,7 +430,7 @@ static bool kernels_contain(const char *dir, const char *needle) {
 
 TEST(sliced_operands_are_read_at_unit_stride) {
   for (int step = 1; step <= 2; step++) {
-    char dir[] = "/tmp/kiln-cache-test-XXXXXX", cmd[9000], want[256], got[256];
+    char dir[] = "/tmp/kiln-cache-test-XXXXXX", cmd[9000], want[256] = "", got[256] = "";
     CHECK(mkdtemp(dir) != NULL);
     snprintf(cmd, sizeof cmd, "env KILN_JIT=0 '%s' gates %d", self, step);
     FILE *p = popen(cmd, "r");
@@ -442,7 +442,10 @@ TEST(sliced_operands_are_read_at_unit_stride) {
     if (p) CHECK(pclose(p) == 0);
     double kernels = 0;
     CHECK(sscanf(got, "%*s %*s %*s %lf", &kernels) == 1 && kernels >= 1);
-    *strrchr(want, ' ') = 0, *strrchr(got, ' ') = 0; /* the bits, not the counts */
+    char *cw = strrchr(want, ' '), *cg = strrchr(got, ' '); /* the bits, not the counts */
+    if (cw) *cw = 0;
+    if (cg) *cg = 0;
+    CHECK(cw && cg);
     if (strcmp(got, want)) fprintf(stderr, "step %d: compiled %s, interpreted %s\n", step, got, want);
     CHECK(!strcmp(got, want));
     CHECK(count_suffix(dir, ".c") >= 1);
