@@ -196,6 +196,7 @@ static void gpu_compile(tr_plan *plan, const tr_trace *t) {
   for (int g = 0; g < plan->ngroups; g++) {
     if (!gpu_fuse_group(plan, g, t, &c->k[g])) continue;
     planned++;
+    if (c->k[g].k[0].kind == GPU_FK_ROWS) g = c->k[g].k[0].through; /* a row kernel covers them */
   }
   compile_job *job = planned && vm_env_long("KILN_ASYNC", 1) ? malloc(sizeof *job) : NULL;
   if (job) {
@@ -251,9 +252,7 @@ static const gpu_fuse_target cuda_target = {KILN_CUDA, cuda_alloc, cuda_launch};
 static bool gpu_group(const void *compiled, const tr_plan *plan, const tr_trace *t, int g, vm_tensor **vals,
                       int *rc, int *resume, int *last_group) {
   const gpu_compiled *c = compiled;
-  if (!gpu_has_kernel(c, g) || !gpu_fused_run(&c->k[g], &cuda_target, plan, t, vals, rc, resume)) return false;
-  *last_group = g;
-  return true;
+  return gpu_has_kernel(c, g) && gpu_fused_run(&c->k[g], &cuda_target, plan, t, vals, rc, resume, last_group);
 }
 
 const vm_backend gpu_backend = {

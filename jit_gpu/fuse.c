@@ -10,6 +10,7 @@
 #include <xxhash.h>
 
 #include "../vm/dtype.h"
+#include "../vm/fold.h"
 #include "../vm/kernels.h"
 #include "../vm/state.h"
 #include "opgen.h"
@@ -180,11 +181,135 @@ static bool plan_reduce_group(const tr_plan *plan, int g, const tr_trace *t, gpu
   return true;
 }
 
+/* --- row kernels (fuse.h GPU_FK_ROWS) --- */
+
+static bool shape_is(const vm_meta *m, int nd, const int64_t *shape) {
+  return m->ndim == nd && !memcmp(m->shape, shape, (size_t)nd * sizeof *shape);
+}
+
+static bool all_ones(const vm_meta *m, int nd) {
+  if (m->ndim > nd) return false;
+  for (int d = 0; d < m->ndim; d++)
+    if (m->shape[d] != 1) return false;
+  return true;
+}
+
+/* m, broadcast to R, is constant along the reduced axes */
+static bool const_along(const vm_meta *m, const vm_meta *R, uint32_t axes) {
+  int lead = R->ndim - m->ndim;
+  for (int d = 0; d < R->ndim; d++)
+    if ((axes & (1u << d)) && R->shape[d] > 1 && d - lead >= 0 && m->shape[d - lead] > 1) return false;
+  return true;
+}
+
+static bool row_varies(const gpu_fused *k, int i) { return (k->varies >> (i - k->first)) & 1u; }
+
+/* a reduction a row kernel folds: over R's axes `axes`, keeping dims, of R's shape */
+static bool row_reduction(const tr_plan *plan, const tr_trace *t, const tr_pnode *p, const vm_meta *R,
+                          uint32_t axes) {
+  if (p->nin != 1) return false;
+  const vm_meta *in = ref_meta(plan, t, p->in[0]);
+  return p->attr.axes_mask == axes && p->attr.keepdim && shape_is(in, R->ndim, R->shape) &&
+         p->meta.dtype == in->dtype && gpu_src_reduce_supported(p->op, in->dtype);
+}
+
+/* groups g..gb as one row kernel; false if they cannot be one (as the
+   CPU's rows_fill, jit_cpu/kernel.c) */
+static bool rows_fill(const tr_plan *plan, const tr_trace *t, int g, int gb, const vm_meta *R, uint32_t axes,
+                      const int64_t *rk, gpu_fused *k) {
+  int first = plan->groups[g].first, last = plan->groups[gb].last, nd = R->ndim;
+  if (last - first >= GPU_ROW_MAX_NODES) return false;
+  memset(k, 0, sizeof *k);
+  k->kind = GPU_FK_ROWS;
+  k->first = first;
+  k->last = last;
+  k->through = gb;
+  k->reduce = -1;
+  k->variant = GPU_RED_LANE;
+  for (int i = first; i <= last; i++) {
+    const tr_pnode *p = &plan->nodes[i];
+    bool is_red = vm_op_table[p->op].kind == VM_KIND_REDUCE, varies = false;
+    if (p->nin > 3) return false;
+    for (int j = 0; j < p->nin; j++) {
+      int r = p->in[j];
+      varies |= r >= first && r <= last ? row_varies(k, r) : !const_along(ref_meta(plan, t, r), R, axes);
+    }
+    if (is_red) {
+      if (!varies) return false; /* a reduction of a row-constant value */
+      if (k->reduce < 0) k->reduce = i;
+      if (!computed(plan, k, p->in[0]) && !add_input(k, p->in[0])) return false;
+    } else if (!add_node(plan, t, k, i)) {
+      return false;
+    }
+    varies = varies && !is_red; /* a reduction's value is the row's */
+    if (varies) k->varies |= 1ull << (i - first);
+    bool shaped = varies ? shape_is(&p->meta, nd, R->shape) : shape_is(&p->meta, nd, rk);
+    if (!shaped && (varies || !all_ones(&p->meta, nd))) return false;
+    if ((plan->escapes[i] || p->last_use > last) && (!shaped || !add_output(k, i))) return false;
+  }
+  if (k->nout == 0) return false;
+  for (int q = 0; q < k->nin; q++) {
+    if (const_along(ref_meta(plan, t, k->ins[q]), R, axes)) k->hoisted |= 1u << q;
+    else k->contig[q] = dense_full(plan, t, k->ins[q], R);
+  }
+  return true;
+}
+
+static bool rows_off(void) { return vm_env_long("KILN_ROW_FUSION", 1) == 0; }
+
+/* group g, a reduction, and the longest run of groups after it that one
+   row kernel computes; false when there is none */
+static bool plan_rows(const tr_plan *plan, int g, const tr_trace *t, gpu_fused_group *fg) {
+  const tr_group *g0 = &plan->groups[g];
+  if (g0->kind != TR_GROUP_REDUCE || rows_off()) return false;
+  int red0 = g0->first;
+  while (red0 <= g0->last && vm_op_table[plan->nodes[red0].op].kind != VM_KIND_REDUCE) red0++;
+  if (red0 > g0->last) return false;
+  const tr_pnode *r0 = &plan->nodes[red0];
+  if (r0->nin != 1) return false;
+  const vm_meta *R = ref_meta(plan, t, r0->in[0]);
+  uint32_t axes = r0->attr.axes_mask;
+  if (!row_reduction(plan, t, r0, R, axes) || !gpu_reduce_trailing(R->ndim, R->shape, axes)) return false;
+  int64_t count = 1, rk[KILN_MAX_DIMS];
+  for (int d = 0; d < R->ndim; d++) {
+    bool reduced = axes & (1u << d);
+    if (reduced) count *= R->shape[d];
+    rk[d] = reduced ? 1 : R->shape[d];
+  }
+  /* a row longer than a chunk takes a second kernel (the join): those
+     reductions run group by group */
+  if (count < 2 || count > VM_FOLD_CHUNK) return false;
+  int nd = R->ndim, gmax = g - 1;
+  for (int h = g; h < plan->ngroups; h++) {
+    const tr_group *grp = &plan->groups[h];
+    bool ok = grp->kind == TR_GROUP_REDUCE || grp->kind == TR_GROUP_ELEMENTWISE;
+    for (int i = grp->first; ok && i <= grp->last; i++) {
+      const tr_pnode *p = &plan->nodes[i];
+      vm_kind kind = vm_op_table[p->op].kind;
+      if (kind == VM_KIND_VIEW) ok = false;
+      if (kind == VM_KIND_REDUCE) ok = row_reduction(plan, t, p, R, axes);
+      ok = ok && (shape_is(&p->meta, nd, R->shape) || shape_is(&p->meta, nd, rk) || all_ones(&p->meta, nd));
+    }
+    if (!ok) break;
+    gmax = h;
+  }
+  /* one group alone is worth it with an epilogue (one launch, not two) */
+  int lowest = red0 < g0->last ? g : g + 1;
+  for (int gb = gmax; gb >= lowest; gb--)
+    if (rows_fill(plan, t, g, gb, R, axes, rk, &fg->k[0])) {
+      fg->nk = 1;
+      return true;
+    }
+  memset(&fg->k[0], 0, sizeof fg->k[0]);
+  return false;
+}
+
 static bool plan_group(const tr_plan *plan, int g, const tr_trace *t, gpu_fused_group *fg) {
   const tr_group *grp = &plan->groups[g];
   memset(fg, 0, sizeof *fg);
   fg->group = g;
   if (!views_of_outside(plan, grp)) return false;
+  if (plan_rows(plan, g, t, fg)) return true;
   if (grp->kind == TR_GROUP_REDUCE) return plan_reduce_group(plan, g, t, fg);
   if (grp->kind != TR_GROUP_ELEMENTWISE) return false;
   fg->nk = 1;
@@ -369,12 +494,167 @@ static void emit_reduce(gpu_src *b, const tr_plan *plan, const tr_trace *t, cons
   free(item.s);
 }
 
+/* row kernels: marks in want (bit i - first) the per-element nodes that
+   ref i needs, itself included (reductions and row-level nodes are the
+   row's, computed before) */
+static void row_need(const tr_plan *plan, const gpu_fused *k, int i, uint64_t *want) {
+  if (i < k->first || i > k->last || !row_varies(k, i) || (*want >> (i - k->first)) & 1u) return;
+  *want |= 1ull << (i - k->first);
+  const tr_pnode *p = &plan->nodes[i];
+  for (int j = 0; j < p->nin; j++) row_need(plan, k, p->in[j], want);
+}
+
+/* node i of a row kernel: assigns its value to v<i - first>, declared by the caller */
+static void emit_row_node(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k, int i,
+                          const char *indent) {
+  const tr_pnode *p = &plan->nodes[i];
+  if (p->op == VM_OP_full) {
+    int s = 0;
+    while (k->params[s] != i) s++;
+    gpu_src_printf(b, "%sv%d = ", indent, i - k->first);
+    param_expr(b, p->meta.dtype, s);
+    gpu_src_printf(b, ";\n");
+    return;
+  }
+  char names[3][16], dst[16];
+  const char *args[3];
+  kiln_dtype in[3];
+  for (int j = 0; j < p->nin; j++) {
+    in[j] = ref_dtype(plan, t, p->in[j]);
+    ref_name(plan, k, p->in[j], names[j], sizeof names[j]);
+    args[j] = names[j];
+  }
+  snprintf(dst, sizeof dst, "v%d", i - k->first);
+  gpu_src_printf(b, "%s", indent);
+  gpu_src_node(b, p->op, p->meta.dtype, p->nin, in, args, dst);
+}
+
+/* the row-level nodes in [from, stop) (reductions aside), once per row:
+   declared for the whole row, computed by the threads of live rows */
+static void emit_row_level(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k, int from,
+                           int stop) {
+  bool any = false;
+  for (int i = from; i < stop; i++) {
+    const tr_pnode *p = &plan->nodes[i];
+    if (row_varies(k, i) || vm_op_table[p->op].kind == VM_KIND_REDUCE) continue;
+    gpu_src_printf(b, "    %s v%d = 0;\n", gpu_src_ctype(p->meta.dtype), i - k->first);
+    any = true;
+  }
+  if (!any) return;
+  gpu_src_printf(b, "    if (active) {\n");
+  for (int i = from; i < stop; i++)
+    if (!row_varies(k, i) && vm_op_table[plan->nodes[i].op].kind != VM_KIND_REDUCE)
+      emit_row_node(b, plan, t, k, i, "      ");
+  gpu_src_printf(b, "    }\n");
+}
+
+/* at row position p: the offsets and loads of the per-element inputs the
+   wanted nodes read, then those nodes (declared here) */
+static void emit_row_position(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k,
+                              uint64_t want, int extra_ref, const char *indent) {
+  bool used[GPU_FUSE_MAX_IO] = {false}, strided[GPU_FUSE_MAX_IO] = {false}, any = false, flat = false;
+  for (int q = 0; q < k->nin; q++) {
+    int r = k->ins[q];
+    bool read = r == extra_ref;
+    for (int i = k->first; i <= k->last && !read; i++) {
+      if (!((want >> (i - k->first)) & 1u) || vm_op_table[plan->nodes[i].op].kind == VM_KIND_REDUCE) continue;
+      for (int j = 0; j < plan->nodes[i].nin; j++) read |= plan->nodes[i].in[j] == r;
+    }
+    if (!read || (k->hoisted >> q) & 1u) continue;
+    used[q] = true;
+    if (k->contig[q]) flat = true;
+    else strided[k->nout + q] = any = true;
+  }
+  if (flat) gpu_src_printf(b, "%sconst i64 flat = o * count + p;\n", indent);
+  for (int j = 0; j < GPU_FUSE_MAX_IO; j++)
+    if (strided[j]) gpu_src_printf(b, "%si64 f%d = b%d;\n", indent, j, j);
+  if (any) emit_offsets(b, "p", "a.axis", "a.ndim", strided, indent);
+  for (int q = 0; q < k->nin; q++)
+    if (used[q]) {
+      const char *ct = gpu_src_ctype(ref_dtype(plan, t, k->ins[q]));
+      if (k->contig[q]) gpu_src_printf(b, "%sconst %s x%d = in%d[flat];\n", indent, ct, q, q);
+      else gpu_src_printf(b, "%sconst %s x%d = in%d[f%d];\n", indent, ct, q, q, k->nout + q);
+    }
+  for (int i = k->first; i <= k->last; i++) {
+    const tr_pnode *p = &plan->nodes[i];
+    if (!((want >> (i - k->first)) & 1u) || vm_op_table[p->op].kind == VM_KIND_REDUCE) continue;
+    gpu_src_printf(b, "%s%s v%d;\n", indent, gpu_src_ctype(p->meta.dtype), i - k->first);
+    emit_row_node(b, plan, t, k, i, indent);
+  }
+}
+
+/* a row kernel's body (fuse.h GPU_FK_ROWS): rows of `count` positions, a
+   group of W warps per row, G groups per block, a.axis kept dims */
+static void emit_rows(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k) {
+  emit_pointers(b, plan, t, k, 0);
+  gpu_src_put(b, "  const int W = (int)a.extent[3], G = (int)(blockDim.x >> 5) / W;\n"
+                 "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / W, wig = warp % W;\n"
+                 "  const i64 count = a.extent[0];\n"
+                 "  for (i64 first = (i64)blockIdx.x * G; first < a.n; first += (i64)gridDim.x * G) {\n"
+                 "    const i64 o = first + group;\n"
+                 "    const bool active = group < G && o < a.n;\n");
+  /* the row's offset in every input not indexed by the flat position */
+  bool strided[GPU_FUSE_MAX_IO] = {false}, any = false;
+  for (int q = 0; q < k->nin; q++)
+    if (!k->contig[q]) strided[k->nout + q] = any = true;
+  if (any) {
+    for (int j = 0; j < GPU_FUSE_MAX_IO; j++)
+      if (strided[j]) gpu_src_printf(b, "    i64 b%d = 0;\n", j);
+    gpu_src_printf(b, "    if (active) {\n      i64 rr = o;\n      for (int d = a.axis - 1; d >= 0; d--) {\n"
+                      "        const i64 s = a.shape[d], qd = rr / s, c = rr - qd * s;\n        rr = qd;\n");
+    for (int j = 0; j < GPU_FUSE_MAX_IO; j++)
+      if (strided[j]) gpu_src_printf(b, "        b%d += c * a.stride[%d][d];\n", j, j);
+    gpu_src_printf(b, "      }\n    }\n");
+  }
+  for (int q = 0; q < k->nin; q++)
+    if ((k->hoisted >> q) & 1u) {
+      const char *ct = gpu_src_ctype(ref_dtype(plan, t, k->ins[q]));
+      gpu_src_printf(b, "    const %s x%d = active ? in%d[b%d] : (%s)0;\n", ct, q, q, k->nout + q, ct);
+    }
+  int from = k->first, pass = 0;
+  for (int i = k->first; i <= k->last; i++) {
+    const tr_pnode *r = &plan->nodes[i];
+    if (vm_op_table[r->op].kind != VM_KIND_REDUCE) continue;
+    emit_row_level(b, plan, t, k, from, i);
+    from = i + 1;
+    uint64_t want = 0;
+    row_need(plan, k, r->in[0], &want);
+    kiln_dtype dt = ref_dtype(plan, t, r->in[0]);
+    gpu_src_printf(b, "    auto ld%d = [&](i64 p) -> %s {\n", pass, gpu_src_ctype(dt));
+    emit_row_position(b, plan, t, k, want, r->in[0], "      ");
+    char in0[16], ld[16], dst[16];
+    ref_name(plan, k, r->in[0], in0, sizeof in0);
+    gpu_src_printf(b, "      return %s;\n    };\n", in0);
+    gpu_src_printf(b, "    %s v%d;\n", gpu_src_ctype(r->meta.dtype), i - k->first);
+    snprintf(ld, sizeof ld, "ld%d", pass);
+    snprintf(dst, sizeof dst, "v%d", i - k->first);
+    gpu_src_row_fold(b, r->op, dt, pass++, ld, dst);
+  }
+  emit_row_level(b, plan, t, k, from, k->last + 1);
+  uint64_t want = 0;
+  for (int q = 0; q < k->nout; q++)
+    if (row_varies(k, k->outs[q])) row_need(plan, k, k->outs[q], &want);
+  if (want) { /* the per-element values read after the run */
+    gpu_src_printf(b, "    if (active)\n      for (i64 p = (i64)wig * 32 + lane; p < count; p += (i64)W * 32) {\n");
+    emit_row_position(b, plan, t, k, want, INT32_MIN, "        ");
+    for (int q = 0; q < k->nout; q++)
+      if (row_varies(k, k->outs[q]))
+        gpu_src_printf(b, "        o%d[o * count + p] = v%d;\n", q, k->outs[q] - k->first);
+    gpu_src_printf(b, "      }\n");
+  }
+  gpu_src_printf(b, "    if (active && wig == 0 && lane == 0) {\n");
+  for (int q = 0; q < k->nout; q++)
+    if (!row_varies(k, k->outs[q])) gpu_src_printf(b, "      o%d[o] = v%d;\n", q, k->outs[q] - k->first);
+  gpu_src_printf(b, "    }\n  }\n}\n");
+}
+
 /* k's source, named by the hash of its body: equal kernels share one */
 static bool emit_kernel(const tr_plan *plan, const tr_trace *t, gpu_fused *k) {
   gpu_src body = {0};
   switch (k->kind) {
     case GPU_FK_ELEMENTWISE: emit_elementwise(&body, plan, t, k); break;
     case GPU_FK_REDUCE: emit_reduce(&body, plan, t, k); break;
+    case GPU_FK_ROWS: emit_rows(&body, plan, t, k); break;
     case GPU_FK_JOIN: {
       const tr_pnode *r = &plan->nodes[k->reduce];
       gpu_src_reduce(&body, r->op, ref_dtype(plan, t, r->in[0]), k->variant, "", "");
@@ -588,9 +868,48 @@ static int run_reduce(const gpu_fused *k, const gpu_fused *join, const gpu_fuse_
   return RAN;
 }
 
+/* a row kernel: a.n rows of a.extent[0] positions, the reduced dims last */
+static int run_rows(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan, const tr_trace *t,
+                    vm_tensor **vals, int *rc) {
+  const tr_pnode *r = &plan->nodes[k->reduce];
+  const vm_meta *R = ref_meta(plan, t, r->in[0]);
+  gpu_red_sched s;
+  reduce_schedule(r, R, &s);
+  if (s.variant != GPU_RED_LANE || s.join >= 0) return REFUSED;
+  gpu_fargs a;
+  memset(&a, 0, sizeof a);
+  int64_t st[GPU_FUSE_MAX_IO][KILN_MAX_DIMS];
+  memset(st, 0, sizeof st);
+  if (bind_inputs(k, dev, t, vals, R->ndim, R->shape, &a, st) != RAN) return REFUSED;
+  for (int q = 0; q < k->nout; q++) { /* outputs: dense, indexed by o (and p) */
+    int64_t step = 1;
+    for (int d = R->ndim - 1; d >= 0; d--) {
+      st[q][d] = step;
+      step *= R->shape[d];
+    }
+  }
+  reduce_geometry(R, r->attr.axes_mask, k->nout + k->nin, (const int64_t(*)[KILN_MAX_DIMS])st, &a);
+  a.n = s.n;
+  memcpy(a.extent, s.extent, sizeof a.extent);
+  vm_tensor *outs[GPU_FUSE_MAX_IO] = {0};
+  if (alloc_outputs(k, dev, plan, 0, outs, &a, rc) != RAN) return FAILED;
+  bind_params(k, plan, t, &a);
+  if (a.n > 0 && !dev->launch(k, &a, s.grid, GPU_FUSE_BLOCK))
+    return failed(rc, outs, k->nout, KILN_ERR_DEVICE, "launching", k->name);
+  for (int q = 0; q < k->nout; q++) vals[k->outs[q]] = outs[q];
+  return RAN;
+}
+
 bool gpu_fused_run(const gpu_fused_group *fg, const gpu_fuse_target *dev, const tr_plan *plan,
-                   const tr_trace *t, vm_tensor **vals, int *rc, int *resume) {
+                   const tr_trace *t, vm_tensor **vals, int *rc, int *resume, int *last_group) {
   const gpu_fused *k = &fg->k[0];
+  *last_group = fg->group;
+  if (k->kind == GPU_FK_ROWS) {
+    if (run_rows(k, dev, plan, t, vals, rc) == REFUSED) return false;
+    *resume = k->last + 1;
+    *last_group = k->through;
+    return true;
+  }
   if (k->kind == GPU_FK_ELEMENTWISE) {
     int how = run_elementwise(k, dev, plan, t, vals, rc);
     *resume = k->last + 1;

@@ -8,7 +8,8 @@
  * fold (the op kernel's own fold, in vm/fold.h's order, so the bits are
  * the op-by-op path's and the CPU's), a long reduction's partials joined by
  * a second kernel, and its epilogue is an elementwise kernel over the
- * result.  Kernels are shape-generic (extents and strides
+ * result.  A run of reductions over the same rows (softmax, layer_norm)
+ * is one row kernel (GPU_FK_ROWS below).  Kernels are shape-generic (extents and strides
  * arrive in gpu_fargs) and named by a hash of their source, so equal
  * groups of different traces or shapes share one compiled kernel.  Each
  * node's value is the op-by-op kernel's expression (src.h), so a fused
@@ -47,8 +48,20 @@ typedef struct gpu_fargs {
 typedef enum {
   GPU_FK_ELEMENTWISE, /* nodes first..last per element of their shape */
   GPU_FK_REDUCE,      /* producers first..last per input element, folded by node `reduce` */
-  GPU_FK_JOIN         /* the second pass of a long reduction: its partials, in order */
+  GPU_FK_JOIN,        /* the second pass of a long reduction: its partials, in order */
+  GPU_FK_ROWS         /* groups group..through as one row kernel (below) */
 } gpu_fkind;
+
+/* A row kernel: a run of groups whose reductions all fold the same
+   trailing axes of one shape R (softmax, log_softmax, layer_norm ...), as
+   one launch.  Each row (a kept position of R, at most VM_FOLD_CHUNK
+   positions long) is folded by a group of W warps: per reduction, a pass
+   over the row computing the per-element nodes its input needs, in the op
+   kernel's lane order (the same bits); the row-level nodes between the
+   passes once per row; a last pass storing the per-element values read
+   after the run.  Per-element values are recomputed in each pass that
+   needs them, not kept: the row's inputs are read again from cache. */
+#define GPU_ROW_MAX_NODES 64
 
 /* one fused kernel */
 typedef struct gpu_fused {
@@ -64,6 +77,11 @@ typedef struct gpu_fused {
   char name[40];                    /* "kf_<16 hex of the source's hash>" */
   char *src;                        /* the CUDA C (malloc'd), until compiled */
   void *fn;                         /* the backend's loaded kernel */
+  /* ROWS: the last group it computes, the span's nodes that vary along
+     the reduced axes (bit i - first), its inputs read once per row (bit q) */
+  int through;
+  uint64_t varies;
+  uint32_t hoisted;
 } gpu_fused;
 
 /* a plan group's kernels, in launch order: one elementwise kernel; or a
@@ -100,9 +118,10 @@ typedef struct gpu_fuse_target {
 
 /* Runs fg for group fg->group: false when its inputs do not have the
    layout it was compiled for (nothing done: the group runs op by op);
-   true when it ran (vals[] holds what it computed; the group's nodes from
-   *resume on are left to the interpreter) or failed (*rc set). */
+   true when it ran (vals[] holds what it computed; the nodes of group
+   *last_group from *resume on are left to the interpreter: a row kernel
+   runs groups fg->group..*last_group) or failed (*rc set). */
 bool gpu_fused_run(const gpu_fused_group *fg, const gpu_fuse_target *dev, const tr_plan *plan,
-                   const tr_trace *t, vm_tensor **vals, int *rc, int *resume);
+                   const tr_trace *t, vm_tensor **vals, int *rc, int *resume, int *last_group);
 
 #endif

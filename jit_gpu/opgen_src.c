@@ -593,6 +593,47 @@ static const char lane_kernel[] =
     "  }\n"
     "}\n";
 
+/* one row's fold inside a row kernel (fuse.c): the lane kernel's order for
+   a row of one chunk (count <= VM_FOLD_CHUNK positions), by the W warps of
+   the row's group; `active`, `wig`, `lane`, `group`, `W` and `count` are
+   the kernel's.  The result, cast to T, reaches every thread of the group
+   through shared memory (two barriers, which every thread of the block
+   passes). */
+static const char row_fold[] =
+    "    {\n"
+    "      typedef $T T;\n"
+    "      typedef $A A;\n"
+    "      __shared__ A part$K[8][$NBLK];\n"
+    "      __shared__ T row$K[8];\n"
+    "      i64 nb = 0;\n"
+    "      if (active) {\n"
+    "        nb = (count + $BLOCK - 1) / $BLOCK;\n"
+    "        for (i64 bk = wig; bk < nb; bk += W) {\n"
+    "          const i64 pb = bk * $BLOCK, blen = count - pb < $BLOCK ? count - pb : $BLOCK;\n"
+    "          A l0 = $INIT;\n"
+    "$L1_DECL"
+    "          i64 r = 0;\n"
+    "          for (; r + $L <= blen; r += $L) {\n"
+    "            l0 = $COMB(l0, (A)$LD(pb + r + lane));\n"
+    "$L1_STEP"
+    "          }\n"
+    "          if (lane == 0)\n"
+    "            for (; r < blen; r++) l0 = $COMB(l0, (A)$LD(pb + r));\n"
+    "$L1_JOIN"
+    "          for (int w = 16; w >= 1; w >>= 1) l0 = $COMB(l0, k_shfl_down(l0, w));\n"
+    "          if (lane == 0) part$K[group][bk] = l0;\n"
+    "        }\n"
+    "      }\n"
+    "      __syncthreads();\n"
+    "      if (active && wig == 0 && lane == 0) {\n"
+    "        A acc = $INIT;\n"
+    "        for (i64 bk = 0; bk < nb; bk++) acc = $COMB(acc, part$K[group][bk]);\n"
+    "        row$K[group] = (T)acc;\n"
+    "      }\n"
+    "      __syncthreads();\n"
+    "      $DST = row$K[group];\n"
+    "    }\n";
+
 /* an output's a.extent[2] partials (a.ptr[1], [output][partial]) joined in
    order from the identity: the lane order's chunks in double for floats
    (vm_fold_partials), the column order's blocks in A */
@@ -986,6 +1027,23 @@ const char *gpu_src_ctype(kiln_dtype dt) { return ctype[dt]; }
 
 void gpu_src_reduce(gpu_src *b, vm_opcode op, kiln_dtype t, int variant, const char *src, const char *item) {
   reduce_body(b, op, t, variant, false, src, item);
+}
+
+void gpu_src_row_fold(gpu_src *b, vm_opcode op, kiln_dtype t, int pass, const char *ld, const char *dst) {
+  kiln_dtype acc = accum_dtype(op, t);
+  char block[32], lanes[32], nblk[32], k[16];
+  snprintf(block, sizeof block, "%d", VM_FOLD_BLOCK);
+  snprintf(nblk, sizeof nblk, "%d", (int)(VM_FOLD_CHUNK / VM_FOLD_BLOCK));
+  snprintf(k, sizeof k, "%d", pass);
+  int per_thread = vm_dtype_is_float(t) ? VM_FOLD_LANE_BYTES / (int)vm_dtype_size(acc) / 32 : 1;
+  snprintf(lanes, sizeof lanes, "%d", 32 * per_thread);
+  bool two = per_thread == 2;
+  const char *vars[] = {"T", ctype[t], "A", ctype[acc], "NBLK", nblk, "BLOCK", block, "K", k,
+                        "INIT", reduce_init(op, acc), "COMB", reduce_comb(op), "L", lanes, "LD", ld, "DST", dst,
+                        "L1_DECL", two ? "          A l1 = $INIT;\n" : "",
+                        "L1_STEP", two ? "            l1 = $COMB(l1, (A)$LD(pb + r + lane + 32));\n" : "",
+                        "L1_JOIN", two ? "          l0 = $COMB(l0, l1);\n" : "", NULL};
+  sb_subst(b, row_fold, vars);
 }
 
 bool gpu_src_reduce_supported(vm_opcode op, kiln_dtype t) {

@@ -48,6 +48,12 @@ void gpu_src_node(gpu_src *b, vm_opcode op, kiln_dtype out, int nin, const kiln_
    (run per output o, with `count` known) defines `auto ld = [&](i64 p) ->
    T {...}`.  The joins read partials from a.ptr[1] and ignore both. */
 void gpu_src_reduce(gpu_src *b, vm_opcode op, kiln_dtype t, int variant, const char *src, const char *item);
+/* A row kernel's fold of one row (jit_gpu/fuse.c): the lane order of
+   GPU_RED_LANE for a row of at most VM_FOLD_CHUNK positions, so the same
+   bits as the op kernel; position p read through `ld(p)` (a lambda of the
+   kernel's), the result assigned to dst in every thread of the row's
+   group.  pass numbers the kernel's folds (their shared arrays). */
+void gpu_src_row_fold(gpu_src *b, vm_opcode op, kiln_dtype t, int pass, const char *ld, const char *dst);
 /* whether the op kernels fold op (sum/prod/max/min) over dtype t */
 bool gpu_src_reduce_supported(vm_opcode op, kiln_dtype t);
 

@@ -449,6 +449,47 @@ TEST(fused_reductions_match_the_cpu) {
   for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
 }
 
+/* row kernels (fuse.h GPU_FK_ROWS): layer_norm written by hand (IEEE-exact
+   ops: the CPU's bits) and a max-centred chain, each one launch per
+   evaluation once compiled; rows of 300 (one warp each) and of 9000
+   (several warps fold a row) */
+static void fused_rows(kiln_tensor *x, kiln_tensor *w, kiln_tensor **out) {
+  const int last[1] = {1};
+  kiln_tensor *d = kiln_sub(x, kiln_mean(x, 1, last, true));
+  kiln_tensor *var = kiln_mean(kiln_mul(d, d), 1, last, true);
+  out[0] = kiln_mul(kiln_div(d, kiln_sqrt(kiln_add_scalar(var, 1e-5))), w);
+  kiln_release(d);
+  kiln_release(var);
+}
+
+TEST(fused_rows_match_the_cpu) {
+  for (int shape = 0; shape < 2; shape++) {
+    int64_t s[2] = {shape ? 7 : 1000, shape ? 9000 : 300}, r[2] = {1, s[1]};
+    kiln_tensor *x = random_cpu(KILN_F32, 2, s, -2, 2), *w = random_cpu(KILN_F32, 2, r, -1, 1);
+    kiln_tensor *xg = gpu(x), *wg = gpu(w);
+    double launched = 0; /* by the GPU evaluations of the last two reps */
+    for (int rep = 0; rep < 5; rep++) {
+      kiln_tensor *oc[1], *og[1];
+      fused_rows(x, w, oc);
+      fused_rows(xg, wg, og);
+      double before = kiln_stat("kernels_launched");
+      CHECK_EQ_INT(kiln_eval(1, og), KILN_OK);
+      if (rep >= 3) launched += kiln_stat("kernels_launched") - before;
+      if (rep == 2) kiln_jit_wait(); /* later reps run the row kernel */
+      char what[64];
+      snprintf(what, sizeof what, "layer_norm rows of %lld, rep %d", (long long)s[1], rep);
+      check_same(what, oc[0], og[0], 0);
+      kiln_release(oc[0]);
+      kiln_release(og[0]);
+    }
+    double per_rep = launched / 2;
+    printf("layer_norm rows of %lld: %.0f launches per evaluation\n", (long long)s[1], per_rep);
+    CHECK(per_rep <= 2); /* the row kernel (and at most a fill) */
+    kiln_tensor *all[] = {x, w, xg, wg};
+    for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
+  }
+}
+
 TEST(overhead_per_op) {
   const int64_t s[1] = {256};
   kiln_tensor *x = gpu(kiln_ones(KILN_F32, 1, s));
@@ -532,6 +573,7 @@ int main(int argc, char **argv) {
   RUN(bad_input_is_a_clear_error);
   RUN(fused_plans_match_the_cpu);
   RUN(fused_reductions_match_the_cpu);
+  RUN(fused_rows_match_the_cpu);
   RUN(overhead_per_op);
   RUN(rand_on_the_gpu_matches_the_cpu_stream);
   return ktest_done();

@@ -11,8 +11,9 @@
  *     bit, except f32/f64 transcendentals (CUDA's math library in place of
  *     Kiln's: 4 ulps f32, 1e-12 relative f64) and NaN payloads.  It also
  *     counts that the kernels ran (every program fuses at least one group;
- *     a reducing one, a reduction; the long ones, joins) and that a program's second variant (other extents) needs no kernel
- *     its first did not: kernels are shape-generic.
+ *     a reducing one, a reduction; a row program, a row kernel; the long
+ *     ones, joins) and that a program's second variant (other extents)
+ *     needs no kernel its first did not: kernels are shape-generic.
  * The plans are the ones a CUDA trace would get (plans are device-neutral),
  * so this is what can be proven of the fused path here; scripts/gpu-check
  * runs the same kernels on a GPU (test_gpu_ops). */
@@ -260,10 +261,59 @@ static void p_random_reduce(outs *o, uint64_t seed) {
   put(o, kiln_mul_scalar(r, 0.5));
 }
 
+/* --- row kernels: runs of reductions over the same trailing axes ---------------------- */
+
+/* layer_norm (exact ops only: bit for bit), by hand and through the API */
+static void p_layer_norm(outs *o, int64_t R, int64_t C) {
+  kiln_tensor *x = input(KILN_F32, 2, S(R, C), 40, false), *w = input(KILN_F32, 1, S(C), 41, false);
+  kiln_tensor *b = input(KILN_F32, 1, S(C), 42, false);
+  kiln_tensor *mean = kiln_mean(x, 1, AX(1), true);
+  kiln_tensor *d = kiln_sub(x, mean);
+  kiln_tensor *var = kiln_mean(kiln_mul(d, d), 1, AX(1), true);
+  put(o, kiln_add(kiln_mul(kiln_div(d, kiln_sqrt(kiln_add_scalar(var, 1e-5))), w), b));
+  put(o, kiln_layer_norm(input(KILN_F32, 2, S(R, C), 43, false), w, b, 1e-5));
+}
+
+/* the max kept and read after; a transposed (strided) input, a per-row
+   input read once per row, a broadcast row; three passes.  Short rows get
+   NaN and infinities in some of them (long ones would all be NaN) */
+static void p_rows_mixed(outs *o, int64_t R, int64_t C) {
+  kiln_tensor *xt = kiln_transpose(input(KILN_F32, 2, S(C, R), 44, C < 50), 0, 1); /* [R, C], strided */
+  kiln_eval(1, &xt); /* a strided leaf of the next trace (a view node would end the row kernel) */
+  kiln_tensor *col = input(KILN_F32, 2, S(R, 1), 45, false), *row = input(KILN_F32, 2, S(1, C), 46, false);
+  kiln_tensor *h = kiln_add(kiln_mul(xt, row), col);
+  kiln_tensor *m = kiln_max(h, 1, AX(1), true);
+  kiln_tensor *d = kiln_sub(h, m);
+  kiln_tensor *s1 = kiln_sum(kiln_mul(d, d), 1, AX(1), true);
+  kiln_tensor *s2 = kiln_min(kiln_div(d, kiln_add_scalar(s1, 1.0)), 1, AX(1), true);
+  put(o, kiln_sub(kiln_mul(d, s2), col));
+  put(o, m);
+  put(o, kiln_add(s1, s2));
+}
+
+/* f64 and integer rows; a 3-d value folded over its last two dims */
+static void p_rows_dtypes(outs *o, int64_t A, int64_t B, int64_t C) {
+  kiln_tensor *x = input(KILN_F64, 3, S(A, B, C), 47, false);
+  kiln_tensor *m = kiln_min(x, 2, AX(1, 2), true);
+  put(o, kiln_div(kiln_sub(x, m), kiln_sum(kiln_sub(x, m), 2, AX(1, 2), true)));
+  kiln_tensor *k = input(KILN_I32, 2, S(A * B, C), 48, false);
+  kiln_tensor *km = kiln_max(k, 1, AX(1), true);
+  put(o, kiln_add(kiln_sub(k, km), kiln_sum(kiln_sub(km, k), 1, AX(1), true)));
+}
+
+/* softmax and log_softmax (f64: CUDA's exp and log in place of Kiln's) */
+static void p_softmax(outs *o, int64_t R, int64_t C) {
+  kiln_tensor *x = input(KILN_F64, 2, S(R, C), 49, false);
+  o->transcendental = true;
+  put(o, kiln_softmax(x, 1));
+  put(o, kiln_log_softmax(kiln_mul_scalar(x, 3.0), 1));
+}
+
 typedef struct {
   const char *name;
   void (*run)(outs *o, int variant);
-  bool reduces; /* must run a fused reduction */
+  bool reduces; /* must run a fused reduction (or a row kernel) */
+  bool rows;    /* must run a row kernel */
 } program;
 
 static void r_bias(outs *o, int v) { p_bias_relu(o, v ? 33 : 8, v ? 70 : 16); }
@@ -283,13 +333,22 @@ static void r_long(outs *o, int v) { p_long(o, v ? 150001 : 70000, v ? 3 : 2); }
 static void r_extrema(outs *o, int v) { p_extrema(o, v ? 17 : 5, v ? 90 : 12); }
 static void r_escape(outs *o, int v) { p_escape(o, v ? 19 : 4, v ? 70 : 9); }
 static void r_rand_reduce(outs *o, int v) { p_random_reduce(o, (uint64_t)v); }
+/* rows of 9000 positions fold with several warps per row */
+static void r_layer_norm(outs *o, int v) { p_layer_norm(o, v ? 5 : 33, v ? 9000 : 40); }
+static void r_rows_mixed(outs *o, int v) { p_rows_mixed(o, v ? 13 : 6, v ? 300 : 7); }
+static void r_rows_dtypes(outs *o, int v) { p_rows_dtypes(o, v ? 3 : 2, v ? 5 : 3, v ? 70 : 4); }
+static void r_softmax(outs *o, int v) { p_softmax(o, v ? 21 : 4, v ? 5000 : 10); }
 
 static const program programs[] = {
-    {"bias_relu", r_bias, false},         {"f64_scalars", r_f64, false},  {"int32", r_i32, false},
-    {"int64", r_i64, false},              {"bools", r_bool, false},       {"views", r_views, false},
-    {"math_f32", r_math32, false},        {"math_f64", r_math64, false},  {"small", r_small, false},
-    {"sum_squares", r_squares, true},     {"columns", r_columns, true},   {"long", r_long, true},
-    {"extrema", r_extrema, true},         {"escape", r_escape, true},
+    {"bias_relu", r_bias, false, false},      {"f64_scalars", r_f64, false, false},
+    {"int32", r_i32, false, false},           {"int64", r_i64, false, false},
+    {"bools", r_bool, false, false},          {"views", r_views, false, false},
+    {"math_f32", r_math32, false, false},     {"math_f64", r_math64, false, false},
+    {"small", r_small, false, false},         {"sum_squares", r_squares, true, true},
+    {"columns", r_columns, true, false},      {"long", r_long, true, false},
+    {"extrema", r_extrema, true, false},      {"escape", r_escape, true, true},
+    {"layer_norm", r_layer_norm, true, true}, {"rows_mixed", r_rows_mixed, true, true},
+    {"rows_dtypes", r_rows_dtypes, true, true}, {"softmax", r_softmax, true, true},
 };
 #define NPROG (int)(sizeof programs / sizeof programs[0])
 #define NRANDOM 24 /* elementwise chains, and as many with a reduction after them */
@@ -299,7 +358,8 @@ static const program programs[] = {
 static vm_backend emu_backend;
 static bool fusing;
 #ifndef FUSED_GEN
-static long fused_launches, kind_launches[3]; /* by gpu_fkind */
+static long fused_launches, kind_launches[4]; /* by gpu_fkind */
+static bool verbose;
 #endif
 /* the kernel names the current run planned (shape-generic kernels: a
    program's second variant, other extents, must need no new one) */
@@ -383,10 +443,12 @@ static void emu_compile(tr_plan *plan, const tr_trace *t) {
       collect(k);
 #else
       keep_source(k);
+      if (verbose) printf("%s\n", k->src);
       k->fn = (void *)1; /* launched by name */
 #endif
     }
     gpu_fused_group_free_src(&f->k[g]);
+    if (f->k[g].k[0].kind == GPU_FK_ROWS) g = f->k[g].k[0].through; /* a row kernel covers them */
   }
   void *none = NULL;
   if (!atomic_compare_exchange_strong(&plan->jit, &none, f)) emu_plan_free(f);
@@ -414,6 +476,7 @@ static bool emu_launch_fused(const gpu_fused *k, const gpu_fargs *args, unsigned
   }
   fused_launches++;
   kind_launches[k->kind]++;
+  if (verbose) printf("launch %s (kind %d) over %lld\n", k->name, (int)k->kind, (long long)args->n);
   return true;
 }
 
@@ -427,9 +490,7 @@ static bool emu_group(const void *compiled, const tr_plan *plan, const tr_trace 
   return false;
 #else
   const fused_plan *f = compiled;
-  if (!emu_has_kernel(f, g) || !gpu_fused_run(&f->k[g], &host_target, plan, t, vals, rc, resume)) return false;
-  *last_group = g;
-  return true;
+  return emu_has_kernel(f, g) && gpu_fused_run(&f->k[g], &host_target, plan, t, vals, rc, resume, last_group);
 #endif
 }
 
@@ -537,14 +598,15 @@ static char first_names[256][40];
 static int nfirst_names;
 
 static void check_program(const char *name, void (*run)(outs *, int), int variant, bool same_kernels,
-                          bool reduces) {
+                          bool reduces, bool rows) {
   results ref = {.count = 0}, got = {.count = 0};
   fusing = false;
   tr_cache_reset();
   run_program(run, variant, &ref);
   fusing = true;
   tr_cache_reset();
-  long before = fused_launches, reduce_before = kind_launches[GPU_FK_REDUCE];
+  long before = fused_launches, reduce_before = kind_launches[GPU_FK_REDUCE] + kind_launches[GPU_FK_ROWS],
+       rows_before = kind_launches[GPU_FK_ROWS];
   nrun_names = 0;
   run_program(run, variant, &got);
   if (!same_kernels) { /* the first variant: remember its kernels */
@@ -571,8 +633,12 @@ static void check_program(const char *name, void (*run)(outs *, int), int varian
     printf("%s/%d: no fused kernel ran\n", name, variant);
     ok = false;
   }
-  if (reduces && kind_launches[GPU_FK_REDUCE] == reduce_before) {
+  if (reduces && kind_launches[GPU_FK_REDUCE] + kind_launches[GPU_FK_ROWS] == reduce_before) {
     printf("%s/%d: no fused reduction ran\n", name, variant);
+    ok = false;
+  }
+  if (rows && kind_launches[GPU_FK_ROWS] == rows_before) {
+    printf("%s/%d: no row kernel ran\n", name, variant);
     ok = false;
   }
   for (int o = 0; ok && o < ref.count; o++) {
@@ -594,14 +660,20 @@ static void check_program(const char *name, void (*run)(outs *, int), int varian
 
 int main(void) {
   install_backend();
+  /* to debug: KILN_EMU_ONLY=<program> checks that one (and the random
+     ones), KILN_EMU_VERBOSE=1 prints each kernel's source and launches */
+  const char *only = getenv("KILN_EMU_ONLY");
+  verbose = getenv("KILN_EMU_VERBOSE") != NULL;
   for (int p = 0; p < NPROG; p++)
-    for (int v = 0; v < 2; v++) check_program(programs[p].name, programs[p].run, v, v == 1, programs[p].reduces);
+    for (int v = 0; v < 2 && (!only || !strcmp(only, programs[p].name)); v++)
+      check_program(programs[p].name, programs[p].run, v, v == 1, programs[p].reduces, programs[p].rows);
   for (int s = 0; s < NRANDOM; s++) {
-    check_program(s % 2 ? "random_f64" : "random_f32", s % 2 ? r_rand64 : r_rand32, s, false, false);
-    check_program("random_reduce", r_rand_reduce, s, false, true);
+    check_program(s % 2 ? "random_f64" : "random_f32", s % 2 ? r_rand64 : r_rand32, s, false, false, false);
+    check_program("random_reduce", r_rand_reduce, s, false, true, false);
   }
-  printf("%ld fused launches (%ld elementwise, %ld reductions, %ld joins), %d distinct kernels\n", fused_launches,
-         kind_launches[GPU_FK_ELEMENTWISE], kind_launches[GPU_FK_REDUCE], kind_launches[GPU_FK_JOIN], nall);
+  printf("%ld fused launches (%ld elementwise, %ld reductions, %ld joins, %ld row kernels), %d distinct kernels\n",
+         fused_launches, kind_launches[GPU_FK_ELEMENTWISE], kind_launches[GPU_FK_REDUCE], kind_launches[GPU_FK_JOIN],
+         kind_launches[GPU_FK_ROWS], nall);
   checks++;
   if (kind_launches[GPU_FK_JOIN] == 0) { /* p_long's two kinds of long reduction */
     printf("no long reduction ran its join\n");
