@@ -651,43 +651,82 @@ static CUfunction kernel_cached(const char *id) {
 
 /* The compiled kernel `name` of source src: built outside the lock (NVRTC
    takes a while); two threads building the same one keep the first. */
-static CUfunction kernel_build(const char *name, const char *src) {
+static CUfunction kernel_publish(gpu_kernel_build *b);
+
+/* a kernel on its way: its image made (any thread), then loaded */
+struct gpu_kernel_build {
+  char name[GPU_KERNEL_NAME];
   char id[sizeof((gpu_kernel *)0)->id];
-  snprintf(id, sizeof id, "%s@%d", name, rt.cc);
-  CUfunction have_fn = kernel_cached(id);
-  if (have_fn) {
-    gpu_log_kernel(name, "in memory", 0);
-    return have_fn;
-  }
+  const char *src;   /* the caller's, until finished */
+  CUfunction cached; /* in memory already: nothing to make */
+  bool ok;           /* img holds the image */
+  kernel_image img;
+  int status;        /* why not, when !ok && !cached */
+  char why[512];
+};
+
+gpu_kernel_build *gpu_kernel_prepare(const char *name, const char *src) {
+  gpu_kernel_build *b = calloc(1, sizeof *b);
+  if (!b) return NULL;
+  snprintf(b->name, sizeof b->name, "%s", name);
+  b->src = src;
+  if (unavailable_error()) goto failed;
+  snprintf(b->id, sizeof b->id, "%s@%d", name, rt.cc);
+  if ((b->cached = kernel_cached(b->id))) return b;
   uint64_t h[2];
   kernel_disk_hash(src, h);
   bool use_disk = h[0] || h[1];
-  kernel_image img = {0};
-  bool ok = (use_disk && image_from_disk(h, &img)) || image_compiled(src, name, h, use_disk, &img);
-  if (ok) {
-    const char *how = img.nvrtc_ms > 0 ? "nvrtc" : "disk";
-    gpu_log_kernel(name, img.nvrtc_ms > 0 ? "compiled by NVRTC" : "loaded from the disk cache", img.nvrtc_ms);
-    gpu_dump_kernel(name, src, img.image, img.size, img.ptx, img.arch, rt.cc, how, img.nvrtc_ms);
-  }
-  CUmodule mod = NULL;
-  CUfunction fn = NULL;
-  ok = ok && module_load(&img, name, &mod, &fn);
-  free(img.owned);
-  if (!ok) return NULL;
+  b->ok = (use_disk && image_from_disk(h, &b->img)) || image_compiled(src, name, h, use_disk, &b->img);
+  if (b->ok) return b;
+failed:
+  b->status = vm_thread()->status ? vm_thread()->status : KILN_ERR_DEVICE;
+  snprintf(b->why, sizeof b->why, "%s", vm_thread()->message);
+  vm_clear_error();
+  return b;
+}
 
-  gpu_kernel *e = calloc(1, sizeof *e);
-  if (!e) {
-    (void)rt.cu.cuModuleUnload(mod);
-    vm_error(KILN_ERR_OOM, "out of host memory caching kernel %s", name);
+void *gpu_kernel_finish(gpu_kernel_build *b) {
+  if (!b) {
+    vm_error(KILN_ERR_OOM, "out of host memory building a kernel");
     return NULL;
   }
-  snprintf(e->id, sizeof e->id, "%s", id);
+  CUfunction fn = NULL;
+  if (b->cached) {
+    gpu_log_kernel(b->name, "in memory", 0);
+    fn = b->cached;
+  } else if (!b->ok) {
+    vm_error(b->status, "%s", b->why);
+  } else if (thread_get()) { /* the primary context, current on this thread */
+    const char *how = b->img.nvrtc_ms > 0 ? "nvrtc" : "disk";
+    gpu_log_kernel(b->name, b->img.nvrtc_ms > 0 ? "compiled by NVRTC" : "loaded from the disk cache",
+                   b->img.nvrtc_ms);
+    gpu_dump_kernel(b->name, b->src, b->img.image, b->img.size, b->img.ptx, b->img.arch, rt.cc, how,
+                    b->img.nvrtc_ms);
+    fn = kernel_publish(b);
+  }
+  free(b->img.owned);
+  free(b);
+  return (void *)fn;
+}
+
+/* loads b's image and caches its function (another thread's, if it
+   built the same kernel meanwhile) */
+static CUfunction kernel_publish(gpu_kernel_build *b) {
+  CUmodule mod = NULL;
+  CUfunction fn = NULL;
+  if (!module_load(&b->img, b->name, &mod, &fn)) return NULL;
+  gpu_kernel *e = calloc(1, sizeof *e);
+  if (!e) { /* not cached, so built again next time; its module stays loaded (the caller uses fn) */
+    vm_error(KILN_ERR_OOM, "out of host memory caching kernel %s", b->name);
+    return fn;
+  }
+  snprintf(e->id, sizeof e->id, "%s", b->id);
   e->module = mod;
   e->fn = fn;
   gpu_kernel *have = NULL;
   bool hash_oom = false;
   pthread_mutex_lock(&rt.kernels_lock);
-  HASH_FIND_STR(rt.kernels, id, have);
+  HASH_FIND_STR(rt.kernels, b->id, have);
   if (!have) HASH_ADD_STR(rt.kernels, id, e);
   pthread_mutex_unlock(&rt.kernels_lock);
   if (have) { /* another thread built it meanwhile */
@@ -699,6 +738,10 @@ static CUfunction kernel_build(const char *name, const char *src) {
      loaded (the caller uses fn) */
   if (hash_oom) free(e);
   return fn;
+}
+
+static CUfunction kernel_build(const char *name, const char *src) {
+  return (CUfunction)gpu_kernel_finish(gpu_kernel_prepare(name, src));
 }
 
 /* The compiled kernel for key (its source generated only on a miss) */

@@ -38,6 +38,14 @@ bool gpu_run_op_plan(const gpu_op_plan *p);
    then NVRTC): a CUfunction, or NULL + error.  Fused plan kernels
    (jit_gpu/fuse.h) come this way. */
 void *gpu_kernel_load(const char *name, const char *src);
+/* The same in two steps, so that several kernels compile at once:
+   prepare finds the kernel in memory or makes its image (the disk cache,
+   else NVRTC) on any thread, with no CUDA context (NULL only when out of
+   memory); finish, on a thread that may use the context, loads it and
+   frees b: the function, or NULL + the error prepare or loading met. */
+typedef struct gpu_kernel_build gpu_kernel_build;
+gpu_kernel_build *gpu_kernel_prepare(const char *name, const char *src);
+void *gpu_kernel_finish(gpu_kernel_build *b);
 /* launches fn (from gpu_kernel_load) with its one by-value argument *args
    on the calling thread's stream */
 bool gpu_kernel_launch(void *fn, const char *name, void *args, unsigned grid, unsigned block);
