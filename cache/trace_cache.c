@@ -28,6 +28,9 @@ typedef struct entry {
   bool refused;       /* its family was over budget when it was hot: never planned */
   double interp_ms;   /* total time of its runs on the interpreter */
   uint64_t interp_runs;
+  bool priced;        /* the payoff rule's price of its plan is known: */
+  double price_ms;    /* that price, */
+  long price_gen;     /* at this kernel generation of its backend */
   struct entry *lru_prev, *lru_next;
   UT_hash_handle hh;
 } entry;
@@ -167,6 +170,21 @@ void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, int no
     out->hot = true;
   }
   out->interp_ms = e->interp_runs ? e->interp_ms / (double)e->interp_runs : 0;
+  out->priced = e->priced;
+  out->price_ms = e->price_ms;
+  out->price_gen = e->price_gen;
+  pthread_mutex_unlock(&cache.lock);
+}
+
+void cache_note_price(const uint64_t key[2], double ms, long gen) {
+  pthread_mutex_lock(&cache.lock);
+  entry *e = NULL;
+  HASH_FIND(hh, cache.table, key, sizeof(uint64_t) * 2, e);
+  if (e) {
+    e->priced = true;
+    e->price_ms = ms;
+    e->price_gen = gen;
+  }
   pthread_mutex_unlock(&cache.lock);
 }
 

@@ -29,8 +29,15 @@ typedef struct cache_sighting {
   bool new_key;
   uint64_t sightings;  /* including this one */
   double interp_ms;    /* mean time of its runs on the interpreter so far (0: none yet) */
+  bool priced;         /* cache_note_price gave it a price: */
+  double price_ms;
+  long price_gen;
+  double saving_ms;    /* what compiling would have saved so far (set by the payoff rule, for logs) */
 } cache_sighting;
 
+/* The payoff rule's price of key's plan (ms), valid while its backend's
+   kernel generation is gen (vm_backend.kernel_generation). */
+void cache_note_price(const uint64_t key[2], double ms, long gen);
 /* Counts a sighting of the trace with canonical bytes (hash key) of
    `nodes` nodes; a hash collision with different bytes is never mistaken
    for a hit.  Sets outputs[i] for every node the key learned to keep. */

@@ -9,6 +9,9 @@
 #include "../vm/cpu.h"
 #include "../vm/state.h"
 #include "jit.h"
+#if KILN_HAVE_CPU_JIT
+#include "kcache.h"
+#endif
 
 static const char *cpu_info(void) {
   static _Thread_local char buf[160];
@@ -58,7 +61,8 @@ const vm_backend cpu_backend = {
   .exec = vm_exec,
 #if KILN_HAVE_CPU_JIT
   .jit_enabled = cpu_jit_enabled,
-  .compile_cost_ms = cpu_compile_cost_ms,
+  .plan_cost_ms = cpu_plan_cost_ms,
+  .kernel_generation = cpu_kcache_generation,
   .compile = cpu_compile_plan,
   .compile_wait = cpu_compile_wait,
   .plan_free = cpu_plan_release,

@@ -537,12 +537,12 @@ static bool same_kernel(const kernel_desc *a, const kernel_desc *b) {
   return a->len == b->len && !memcmp(a->key, b->key, sizeof a->key) && !memcmp(a->bytes, b->bytes, a->len);
 }
 
-/* What compiling a plan costs, measured: a line ms = floor + per_node x
-   nodes fitted (least squares, older compiles weighing less) to this
+/* What compiling kernels costs, measured: a line ms = floor + per_kernel
+   x kernels fitted (least squares, older compiles weighing less) to this
    process's compiles, so both the fixed price of a compile (spawning the
-   compiler, `as`, `ld`, loading) and the price of a big plan are known.
-   Two made-up compiles (1 node: 30 ms, 100 nodes: 80 ms) seed it and are
-   outweighed within a few real ones. */
+   compiler, `as`, `ld`, loading) and the price of each kernel are known.
+   Two made-up compiles (1 kernel: 40 ms, 8 kernels: 200 ms) seed it and
+   are outweighed within a few real ones. */
 static pthread_mutex_t cost_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
   bool seeded;
@@ -560,19 +560,20 @@ static void cost_add_locked(double n, double ms, double decay) {
 static void cost_seed_locked(void) {
   if (cost.seeded) return;
   cost.seeded = true;
-  cost_add_locked(1, 30, 1);
-  cost_add_locked(100, 80, 1);
+  cost_add_locked(1, 40, 1);
+  cost_add_locked(8, 200, 1);
 }
 
-static void note_compile_cost(double ms, int nodes) {
-  if (nodes <= 0 || !(ms >= 0)) return;
+static void note_compile_cost(double ms, int kernels) {
+  if (kernels <= 0 || !(ms >= 0)) return;
   pthread_mutex_lock(&cost_lock);
   cost_seed_locked();
-  cost_add_locked(nodes, ms, 0.8);
+  cost_add_locked(kernels, ms, 0.8);
   pthread_mutex_unlock(&cost_lock);
 }
 
-double cpu_compile_cost_ms(int nodes) {
+/* the fitted price of compiling this many kernels together */
+static double kernels_cost_ms(int kernels) {
   pthread_mutex_lock(&cost_lock);
   cost_seed_locked();
   double det = cost.s0 * cost.s2 - cost.s1 * cost.s1;
@@ -581,7 +582,7 @@ double cpu_compile_cost_ms(int nodes) {
   double floor = (cost.t0 - per * cost.s1) / cost.s0;
   if (floor < 0) floor = 0;
   pthread_mutex_unlock(&cost_lock);
-  return floor + per * nodes;
+  return floor + per * kernels;
 }
 
 /* set on the compiler thread when it was started for the compiler process
@@ -679,7 +680,7 @@ static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_
     free(made);
     free(stored);
     if (compiled > 0) {
-      note_compile_cost(now_ms() - t0, plan->n);
+      note_compile_cost(now_ms() - t0, compiled);
       atomic_fetch_add_explicit(&st->compiles, (uint_fast64_t)batches, memory_order_relaxed);
       atomic_fetch_add_explicit(&st->kernels_compiled, (uint_fast64_t)compiled, memory_order_relaxed);
       vm_add_ms(&st->compile_us, now_ms() - t0);
@@ -711,6 +712,61 @@ done:
 
 cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
   return compile_plan(plan, leaves, FIND_OR_COMPILE);
+}
+
+/* loading a kernel an earlier process compiled: its index record, its
+   object mapped once per batch */
+#define DISK_LOAD_MS 0.5
+#define NEVER_MS 1e300 /* what cannot be compiled never pays */
+
+double cpu_plan_cost_ms(tr_plan *plan, const tr_trace *t) {
+  if (!toolchain_present()) return NEVER_MS; /* never compiled: the interpreter */
+  cpu_leaf *leaves = cpu_leaves_of(t);
+  if (!leaves) return NEVER_MS;
+  cpu_plan *known = cpu_kcache_kernels() > 0 ? compile_plan(plan, leaves, FIND_IN_MEMORY) : NULL;
+  if (known) { /* every kernel is here: the plan is ready now */
+    void *none = NULL;
+    if (!atomic_compare_exchange_strong(&plan->jit, &none, known)) cpu_plan_free(known);
+    free(leaves);
+    return 0;
+  }
+  int ng = plan->ngroups > 0 ? plan->ngroups : 1, ndisk = 0, nmiss = 0;
+  cpu_plan *cp = calloc(1, sizeof *cp);
+  kernel_desc **descs = calloc((size_t)ng, sizeof *descs), **seen = calloc((size_t)ng, sizeof *seen);
+  if (cp) cp->kernels = calloc((size_t)ng, sizeof *cp->kernels);
+  double ms = NEVER_MS;
+  if (cp && cp->kernels && descs && seen) {
+    cp->ngroups = plan->ngroups;
+    plan_kernels(plan, leaves, cp, descs);
+    bool keyed = cache_disk_enabled() && cache_disk_dir();
+    int nseen = 0;
+    for (int g = 0; g < plan->ngroups; g++) {
+      if (!descs[g]) continue;
+      cpu_kentry *e = cpu_kcache_get(descs[g]->key, descs[g]->bytes, descs[g]->len);
+      if (e) {
+        cpu_kcache_release(e);
+        continue;
+      }
+      bool twin = false; /* the same kernel twice in one plan counts once */
+      for (int m = 0; m < nseen && !twin; m++) twin = same_kernel(seen[m], descs[g]);
+      if (twin) continue;
+      seen[nseen++] = descs[g];
+      uint64_t disk_key[2];
+      kernel_index rec;
+      bool on_disk = keyed && kernel_disk_key(descs[g], disk_key) &&
+                     cache_disk_index_get(disk_key, &rec, sizeof rec) == sizeof rec &&
+                     !memcmp(rec.magic, KERNEL_INDEX_MAGIC, 8);
+      if (on_disk) ndisk++;
+      else nmiss++;
+    }
+    ms = (nmiss ? kernels_cost_ms(nmiss) : 0) + DISK_LOAD_MS * ndisk;
+  }
+  for (int g = 0; descs && g < plan->ngroups; g++) kernel_desc_free(descs[g]);
+  free(descs);
+  free(seen);
+  cpu_plan_free(cp);
+  free(leaves);
+  return ms;
 }
 
 void cpu_plan_free(cpu_plan *cp) {
@@ -1226,6 +1282,7 @@ void cpu_compile_wait(void) {
 }
 
 void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
+  if (atomic_load(&plan->jit)) return; /* ready already (cpu_plan_cost_ms found every kernel) */
   compile_job *job = calloc(1, sizeof *job);
   if (!job || !(job->leaves = cpu_leaves_of(t))) {
     free(job);

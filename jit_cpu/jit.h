@@ -54,9 +54,11 @@ cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves);
    in plan->jit when done (the plan keeps running on the interpreter until
    then).  Takes copies of what it needs. */
 void cpu_compile_async(tr_plan *plan, const tr_trace *t);
-/* what compiling a plan of this many trace nodes is expected to cost (ms;
-   measured on this process's compiles): the payoff rule's price */
-double cpu_compile_cost_ms(int nodes);
+/* the payoff rule's price of plan (vm_backend.plan_cost_ms): its kernels
+   found in memory (then the plan is ready: plan->jit set, price 0), on
+   disk (a load each), or missing (compiled together at the price measured
+   on this process's compiles, per kernel) */
+double cpu_plan_cost_ms(tr_plan *plan, const tr_trace *t);
 /* blocks until the background compiler's queue is empty and it is idle */
 void cpu_compile_wait(void);
 /* the leaf descriptions of trace t (malloc'd, nleaves entries) */

@@ -41,6 +41,7 @@ static struct {
   cpu_code *codes;  /* loaded code objects with a disk key */
   cpu_kentry idle;  /* sentinel: next = least recently released */
   long nidle, nkernels, ncodes, max_idle;
+  long generation; /* kernels ever cached */
 } kc = {.lock = PTHREAD_MUTEX_INITIALIZER, .idle = {.prev = &kc.idle, .next = &kc.idle}};
 
 static vm_counters *stats(void) { return &vm_process()->stats; }
@@ -168,6 +169,7 @@ cpu_kentry *cpu_kcache_put(const uint64_t key[2], const uint8_t *bytes, size_t l
   e->refs = 1;
   HASH_ADD(hh, kc.table, key, sizeof e->key, e);
   kc.nkernels++;
+  kc.generation++;
   pthread_mutex_unlock(&kc.lock);
   return e;
 }
@@ -193,6 +195,13 @@ void cpu_kcache_release(cpu_kentry *e) {
 long cpu_kcache_kernels(void) {
   pthread_mutex_lock(&kc.lock);
   long n = kc.nkernels;
+  pthread_mutex_unlock(&kc.lock);
+  return n;
+}
+
+long cpu_kcache_generation(void) {
+  pthread_mutex_lock(&kc.lock);
+  long n = kc.generation;
   pthread_mutex_unlock(&kc.lock);
   return n;
 }

@@ -40,6 +40,8 @@ void cpu_kcache_release(cpu_kentry *e);
 /* kernels cached, and code objects loaded (tests, stats) */
 long cpu_kcache_kernels(void);
 long cpu_kcache_code_objects(void);
+/* kernels ever cached in this process: grows with every kernel compiled or loaded */
+long cpu_kcache_generation(void);
 /* drops every unreferenced kernel (and so unloads their code when no plan
    still uses it); tests */
 void cpu_kcache_trim(void);

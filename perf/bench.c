@@ -29,6 +29,19 @@ static int positive_int(const char *prog, const char *s) {
   return (int)v;
 }
 
+int bench_settle(void (*step)(void *ctx), void *ctx, int max_steps, double max_s) {
+  int steps = 0;
+  double t0 = bench_now();
+  while (steps < max_steps && bench_now() - t0 < max_s) {
+    double declined = kiln_stat("compiles_declined");
+    step(ctx);
+    steps++;
+    if (kiln_stat("compiles_declined") == declined) break;
+  }
+  kiln_jit_wait();
+  return steps;
+}
+
 void bench_parse(int argc, char **argv, bench_opts *o, int default_reps, int default_warmup) {
   const char *jit = getenv("KILN_JIT");
   o->smoke = false;

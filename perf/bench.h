@@ -31,6 +31,16 @@ typedef struct {
 void bench_parse(int argc, char **argv, bench_opts *o, int default_reps, int default_warmup);
 
 double bench_now(void); /* seconds, monotonic */
+
+/* The `kiln` rows measure the steady state of a long run (BENCHMARKS.md:
+   after warm-up, trace compiled and cached): a training step's hot traces
+   are compiled once the payoff rule finds that they pay, which takes a
+   number of steps (their saving so far against the compile's price).
+   Runs step(ctx) until a step in which the rule declined no hot trace
+   (each is planned, or will never be hot), at most max_steps steps or
+   max_s seconds, then waits for the compiler; returns the steps run (0
+   with KILN_JIT=0 or KILN_PAYOFF=0, where there is nothing to wait for). */
+int bench_settle(void (*step)(void *ctx), void *ctx, int max_steps, double max_s);
 double bench_median(const double *v, int n);
 double bench_min(const double *v, int n);
 

@@ -78,8 +78,68 @@ TEST(a_trace_that_pays_compiles_when_hot) {
   kiln_release(x);
 }
 
+/* internal: drop every plan (trace/flush.h), then every kernel no plan
+   holds (jit_cpu/kcache.h): what a new process has in memory */
+void tr_cache_reset(void);
+void cpu_kcache_trim(void);
+
+/* sightings until the trace of `run` over x was planned (0: not within 6) */
+static int planned_after(double (*run)(kiln_tensor *), kiln_tensor *x, double *first) {
+  double before = stat("plans_built");
+  for (int i = 1; i <= 6; i++) {
+    double v = run(x);
+    if (i == 1) *first = v;
+    else CHECK(v == *first);
+    if (stat("plans_built") > before) return i;
+  }
+  return 0;
+}
+
+/* The price is per missing kernel: a new key whose kernels exist (another
+   shape of a compiled trace: kernels are shape-generic) costs nothing to
+   compile and is planned as soon as it is hot, though its own few
+   milliseconds a run would not pay for a compile for many sightings;
+   with its kernels only on disk (a new process), it costs their loads. */
+TEST(a_trace_of_known_kernels_is_planned_when_hot) {
+  setenv("KILN_HOT", "2", 1);
+  setenv("KILN_PAYOFF", "0", 1);
+  kiln_tensor *a = input((int64_t)1 << 18);
+  double va;
+  CHECK_EQ_INT(planned_after(heavy_run, a, &va), 2);
+  kiln_jit_wait();
+  CHECK(stat("kernels_compiled") + stat("disk_hits") >= 1);
+  setenv("KILN_PAYOFF", "1", 1);
+  /* in memory: the same kernels at another shape */
+  kiln_reset_stats();
+  kiln_tensor *b = input(((int64_t)1 << 18) - 1000);
+  double vb;
+  CHECK_EQ_INT(planned_after(heavy_run, b, &vb), 2);
+  CHECK_EQ_INT(stat("compiles_declined"), 0);
+  CHECK_EQ_INT(stat("kernels_compiled"), 0);
+  double eager = stat("eager_ops");
+  CHECK(heavy_run(b) == vb); /* runs compiled (no wait: the plan was ready when made) */
+  CHECK(stat("eager_ops") == eager);
+  /* on disk only: a third shape after every plan and kernel is dropped */
+  tr_cache_reset();
+  cpu_kcache_trim();
+  kiln_reset_stats();
+  kiln_tensor *c = input(((int64_t)1 << 18) - 2000);
+  double vc;
+  CHECK_EQ_INT(planned_after(heavy_run, c, &vc), 2);
+  kiln_jit_wait();
+  CHECK(stat("disk_hits") >= 1);
+  CHECK_EQ_INT(stat("kernels_compiled"), 0);
+  eager = stat("eager_ops");
+  CHECK(heavy_run(c) == vc);
+  CHECK(stat("eager_ops") == eager);
+  kiln_release(a);
+  kiln_release(b);
+  kiln_release(c);
+}
+
 int main(void) {
   RUN(a_trace_that_pays_compiles_when_hot);
   RUN(a_trace_that_cannot_pay_is_never_compiled);
+  RUN(a_trace_of_known_kernels_is_planned_when_hot);
   return ktest_done();
 }

@@ -228,10 +228,14 @@ void tr_log_flush(const tr_trace *t, tr_flush_reason why, tr_key key, const cach
   if (!level) return;
   int outs = 0;
   for (int i = 0; i < t->n; i++) outs += t->is_output[i];
+  char declined[96] = "";
+  if (seen->declined)
+    snprintf(declined, sizeof declined, ", compile does not pay yet (saves %.3g ms so far, costs %.3g ms)",
+             seen->saving_ms, seen->price_ms);
   fprintf(stderr, "kiln: flush (%s) %d nodes -> %d outputs, key %016llx: %s, seen %llu%s%s, %s, %.3f ms%s\n",
           tr_flush_reason_name(why), t->n, outs, (unsigned long long)key.hi,
           seen->new_key ? "miss" : "hit", (unsigned long long)seen->sightings,
-          seen->make_plan ? ", planned now" : "", seen->over_budget ? ", family over budget" : seen->declined ? ", compile does not pay yet" : "",
+          seen->make_plan ? ", planned now" : "", seen->over_budget ? ", family over budget" : declined,
           planned ? "plan" : "interpreter", ms, rc ? " FAILED" : "");
   if (level < 2) return;
   for (int i = 0; i < t->n; i++) {

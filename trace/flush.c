@@ -335,18 +335,52 @@ static void plan_ops_once(void) {
   cache_set_plan_ops(&ops);
 }
 
+/* planning a new key on the caller's thread, per trace node (measured on
+   this process's plans; 1 us before the first) */
+static double planning_ms(int nodes) {
+  const vm_counters *st = &vm_process()->stats;
+  uint64_t us = atomic_load_explicit(&st->plan_us, memory_order_relaxed),
+           n = atomic_load_explicit(&st->plan_nodes, memory_order_relaxed);
+  return (n ? (double)us / (double)n : 1.0) * 1e-3 * nodes;
+}
+
 /* The payoff rule (DESIGN §4): a hot key is planned and compiled once
    what compiling saves is expected to exceed what it costs.  Saving per
    run: the key's measured interpreter time times what compiled code saves
    of it (measured over this process's compiled runs); runs still to come:
-   as many as so far (a key seen n times is expected to run n more times);
-   cost: the compile of its nodes (measured per node).  A key that does
-   not pay yet is asked again at its next sightings, as its runs add up;
-   KILN_HOT stays the floor, and KILN_PAYOFF=0 compiles every hot key. */
-static bool pays(const vm_backend *be, const cache_sighting *seen, int nodes) {
+   as many as so far (a key seen n times is expected to run n more times).
+   Cost: planning it, and making its kernels ready: those compiled before
+   (by any trace, in this process or an earlier one) cost a lookup or a
+   load, only the missing ones a compile (priced per kernel by the
+   backend, vm_backend.plan_cost_ms).  To price it the key is planned once
+   its saving covers planning; the price holds until the backend has new
+   kernels.  A key that does not pay yet is asked again at its next
+   sightings, as its runs add up; KILN_HOT stays the floor, and
+   KILN_PAYOFF=0 compiles every hot key.  *built: the plan made to price
+   it, when it pays (the caller publishes it). */
+static bool pays(const vm_backend *be, const tr_trace *t, const tr_key *key, cache_sighting *seen,
+                 tr_plan **built) {
   if (!vm_env_long("KILN_PAYOFF", 1)) return true;
-  double saving = seen->interp_ms * (1 - cache_compiled_ratio());
-  return saving * (double)seen->sightings >= be->compile_cost_ms(nodes);
+  double saving = seen->interp_ms * (1 - cache_compiled_ratio()) * (double)seen->sightings;
+  seen->saving_ms = saving;
+  if (!be->plan_cost_ms) return saving >= (seen->price_ms = be->compile_cost_ms(t->n));
+  double plan_ms = planning_ms(t->n);
+  if (saving < plan_ms) {
+    seen->price_ms = plan_ms; /* at least */
+    return false;
+  }
+  long gen = be->kernel_generation ? be->kernel_generation() : 0;
+  if (seen->priced && seen->price_gen == gen) return saving >= plan_ms + seen->price_ms;
+  tr_plan *plan = tr_plan_build(t, be);
+  if (!plan) return false;
+  double price = seen->price_ms = be->plan_cost_ms(plan, t);
+  cache_note_price((uint64_t[]){key->lo, key->hi}, price, gen);
+  if (saving >= price) { /* planning is paid for already */
+    *built = plan;
+    return true;
+  }
+  tr_plan_release(plan);
+  return false;
 }
 
 /* where trace t runs: the device of its nodes, 0-d weak scalars (which go
@@ -407,7 +441,9 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
     if (seen.new_key) atomic_fetch_add_explicit(&st->traces_seen, 1, memory_order_relaxed);
     plan = seen.plan;
     bool compiles = planning && be->jit_enabled && be->jit_enabled();
-    if (seen.hot && planning && compiles && !pays(be, &seen, t->n)) {
+    tr_plan *priced = NULL; /* the plan the payoff rule made to price the key */
+    double p0 = now_ms();
+    if (seen.hot && planning && compiles && !pays(be, t, &key, &seen, &priced)) {
       seen.declined = true;
       atomic_fetch_add_explicit(&st->compiles_declined, 1, memory_order_relaxed);
     } else if (seen.hot && planning) { /* the family's recompile budget decides */
@@ -418,8 +454,10 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
       if (seen.over_budget) cache_refuse((uint64_t[]){key.lo, key.hi});
     }
     if (seen.replan && planning) seen.make_plan = true;
-    double p0 = seen.make_plan ? now_ms() : 0;
-    if (seen.make_plan && (plan = tr_plan_build(t, be))) {
+    if (priced && !seen.make_plan) tr_plan_release(priced);
+    else if (priced) plan = priced;
+    if (!priced) p0 = now_ms();
+    if (seen.make_plan && (plan || (plan = tr_plan_build(t, be)))) {
       if (compiles) be->compile(plan, t); /* here or in the background */
       cache_publish((uint64_t[]){key.lo, key.hi}, bytes.data, bytes.len, seen.learned, plan);
       atomic_fetch_add_explicit(&st->plans_built, 1, memory_order_relaxed);

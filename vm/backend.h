@@ -38,7 +38,14 @@ typedef struct vm_backend {
 
   /* the compiled path; all NULL for a backend without one */
   bool (*jit_enabled)(void);
-  double (*compile_cost_ms)(int nodes); /* the payoff rule's price of a plan */
+  double (*compile_cost_ms)(int nodes); /* the payoff rule's price of a plan, before planning it */
+  /* the payoff rule's price of making this plan ready (its kernels
+     neither in memory nor on disk compiled, those on disk loaded): 0 when
+     every kernel is in memory, and then they are in plan->jit already.
+     NULL: compile_cost_ms prices it */
+  double (*plan_cost_ms)(struct tr_plan *plan, const struct tr_trace *t);
+  /* changes whenever a kernel becomes available (a price above may drop) */
+  long (*kernel_generation)(void);
   /* compiles plan's kernels (now or in the background) and publishes them
      in plan->jit; takes copies of what it needs from t */
   void (*compile)(struct tr_plan *plan, const struct tr_trace *t);

@@ -498,6 +498,8 @@ static void install_backend(void) {
   emu_backend = *vm_backend_of(KILN_CPU);
   emu_backend.jit_enabled = emu_jit_enabled;
   emu_backend.compile_cost_ms = emu_cost_ms;
+  emu_backend.plan_cost_ms = NULL; /* the CPU's would put CPU kernels in its plans */
+  emu_backend.kernel_generation = NULL;
   emu_backend.compile = emu_compile;
   emu_backend.compile_wait = emu_wait;
   emu_backend.plan_free = emu_plan_free;
