@@ -862,25 +862,6 @@ static const vm_meta *ref_meta(const tr_plan *plan, const cpu_leaf *leaves, int 
   return ref >= 0 ? &plan->nodes[ref].meta : &leaves[-1 - ref].meta;
 }
 
-static bool shape_is(const vm_meta *m, int nd, const int64_t *shape) {
-  return m->ndim == nd && !memcmp(m->shape, shape, (size_t)nd * sizeof *shape);
-}
-
-static bool all_ones(const vm_meta *m, int nd) {
-  if (m->ndim > nd) return false;
-  for (int d = 0; d < m->ndim; d++)
-    if (m->shape[d] != 1) return false;
-  return true;
-}
-
-/* m, broadcast to R, is constant along the reduced axes */
-static bool const_along(const vm_meta *m, const vm_meta *R, uint32_t axes) {
-  int lead = R->ndim - m->ndim;
-  for (int d = 0; d < R->ndim; d++)
-    if ((axes & (1u << d)) && R->shape[d] > 1 && d - lead >= 0 && m->shape[d - lead] > 1) return false;
-  return true;
-}
-
 typedef struct {
   const vm_meta *R;
   uint32_t axes;
@@ -915,7 +896,7 @@ static bool rows_fill(const tr_plan *plan, int g, int gb, const bool *escapes, c
         varies |= ks->per_elem[ref - first];
         continue;
       }
-      varies |= !const_along(m, sp->R, sp->axes);
+      varies |= !tr_meta_const_along(m, sp->R, sp->axes);
       bool seen = false;
       for (int q = 0; q < ks->nin && !seen; q++) seen = ks->ins[q] == ref;
       if (!seen) {
@@ -933,8 +914,8 @@ static bool rows_fill(const tr_plan *plan, int g, int gb, const bool *escapes, c
         ks->params[ks->nparams++] = i;
       }
     }
-    bool shaped = ks->per_elem[i - first] ? shape_is(&p->meta, nd, sp->R->shape) : shape_is(&p->meta, nd, sp->rk);
-    if (!shaped && (ks->per_elem[i - first] || !all_ones(&p->meta, nd))) return false;
+    bool shaped = ks->per_elem[i - first] ? tr_meta_shape_is(&p->meta, nd, sp->R->shape) : tr_meta_shape_is(&p->meta, nd, sp->rk);
+    if (!shaped && (ks->per_elem[i - first] || !tr_meta_all_ones(&p->meta, nd))) return false;
     if (escapes[i] || p->last_use > last) { /* read after the run: stored */
       if (!shaped || ks->nout == KERNEL_MAX_IO) return false;
       ks->outs[ks->nout++] = i;
@@ -943,10 +924,25 @@ static bool rows_fill(const tr_plan *plan, int g, int gb, const bool *escapes, c
   if (ks->nout == 0) return false;
   for (int q = 0; q < ks->nin; q++) {
     int r = ks->ins[q];
-    ks->stride_class[q] = const_along(ref_meta(plan, leaves, r), sp->R, sp->axes) ? 0 : inner_unit(plan, leaves, r) ? 1 : 2;
+    ks->stride_class[q] = tr_meta_const_along(ref_meta(plan, leaves, r), sp->R, sp->axes) ? 0 : inner_unit(plan, leaves, r) ? 1 : 2;
   }
   plan_stash(plan, ks, first);
   return true;
+}
+
+typedef struct {
+  const tr_plan *plan;
+  const cpu_leaf *leaves;
+  const row_space *sp;
+} row_fold_ctx;
+
+/* a reduction a row kernel folds: sum/prod/max/min over the row's axes of R, dims kept */
+static bool row_fold_ok(const tr_pnode *p, const void *ctx) {
+  const row_fold_ctx *c = ctx;
+  const vm_meta *in = ref_meta(c->plan, c->leaves, p->in[0]);
+  return (p->op == VM_OP_sum || p->op == VM_OP_prod || p->op == VM_OP_max || p->op == VM_OP_min) &&
+         p->attr.axes_mask == c->sp->axes && p->attr.keepdim && tr_meta_shape_is(in, c->sp->R->ndim, c->sp->R->shape) &&
+         in->dtype != KILN_BOOL;
 }
 
 int kernel_plan_rows(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
@@ -968,25 +964,8 @@ int kernel_plan_rows(const tr_plan *plan, int g, const bool *escapes, const cpu_
   int nd = sp.R->ndim;
   for (int d = 0; d < nd; d++) sp.rk[d] = (sp.axes & (1u << d)) ? 1 : sp.R->shape[d];
   /* the longest run of groups whose nodes all fit */
-  int gmax = g - 1;
-  for (int h = g; h < plan->ngroups; h++) {
-    const tr_group *grp = &plan->groups[h];
-    bool ok = grp->kind == TR_GROUP_REDUCE || grp->kind == TR_GROUP_ELEMENTWISE;
-    for (int i = grp->first; ok && i <= grp->last; i++) {
-      const tr_pnode *p = &plan->nodes[i];
-      vm_kind kind = vm_op_table[p->op].kind;
-      if (kind == VM_KIND_VIEW) ok = false;
-      if (kind == VM_KIND_REDUCE) {
-        const vm_meta *in = ref_meta(plan, leaves, p->in[0]);
-        ok = (p->op == VM_OP_sum || p->op == VM_OP_prod || p->op == VM_OP_max || p->op == VM_OP_min) &&
-             p->attr.axes_mask == sp.axes && p->attr.keepdim && shape_is(in, nd, sp.R->shape) &&
-             in->dtype != KILN_BOOL;
-      }
-      ok = ok && (shape_is(&p->meta, nd, sp.R->shape) || shape_is(&p->meta, nd, sp.rk) || all_ones(&p->meta, nd));
-    }
-    if (!ok) break;
-    gmax = h;
-  }
+  row_fold_ctx fc = {plan, leaves, &sp};
+  int gmax = tr_rows_run_end(plan, g, sp.R, sp.rk, row_fold_ok, &fc);
   /* one group alone is worth a row kernel when it has an epilogue (which
      then runs in the kernel, not on the interpreter) */
   int lowest = red0 < g0->last ? g : g + 1;

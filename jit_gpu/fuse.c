@@ -183,25 +183,6 @@ static bool plan_reduce_group(const tr_plan *plan, int g, const tr_trace *t, gpu
 
 /* --- row kernels (fuse.h GPU_FK_ROWS) --- */
 
-static bool shape_is(const vm_meta *m, int nd, const int64_t *shape) {
-  return m->ndim == nd && !memcmp(m->shape, shape, (size_t)nd * sizeof *shape);
-}
-
-static bool all_ones(const vm_meta *m, int nd) {
-  if (m->ndim > nd) return false;
-  for (int d = 0; d < m->ndim; d++)
-    if (m->shape[d] != 1) return false;
-  return true;
-}
-
-/* m, broadcast to R, is constant along the reduced axes */
-static bool const_along(const vm_meta *m, const vm_meta *R, uint32_t axes) {
-  int lead = R->ndim - m->ndim;
-  for (int d = 0; d < R->ndim; d++)
-    if ((axes & (1u << d)) && R->shape[d] > 1 && d - lead >= 0 && m->shape[d - lead] > 1) return false;
-  return true;
-}
-
 static bool row_varies(const gpu_fused *k, int i) { return (k->varies >> (i - k->first)) & 1u; }
 
 /* a reduction a row kernel folds: over R's axes `axes`, keeping dims, of R's shape */
@@ -209,8 +190,20 @@ static bool row_reduction(const tr_plan *plan, const tr_trace *t, const tr_pnode
                           uint32_t axes) {
   if (p->nin != 1) return false;
   const vm_meta *in = ref_meta(plan, t, p->in[0]);
-  return p->attr.axes_mask == axes && p->attr.keepdim && shape_is(in, R->ndim, R->shape) &&
+  return p->attr.axes_mask == axes && p->attr.keepdim && tr_meta_shape_is(in, R->ndim, R->shape) &&
          p->meta.dtype == in->dtype && gpu_src_reduce_supported(p->op, in->dtype);
+}
+
+typedef struct {
+  const tr_plan *plan;
+  const tr_trace *t;
+  const vm_meta *R;
+  uint32_t axes;
+} row_fold_ctx;
+
+static bool row_fold_ok(const tr_pnode *p, const void *ctx) {
+  const row_fold_ctx *c = ctx;
+  return row_reduction(c->plan, c->t, p, c->R, c->axes);
 }
 
 /* groups g..gb as one row kernel; false if they cannot be one (as the
@@ -232,7 +225,7 @@ static bool rows_fill(const tr_plan *plan, const tr_trace *t, int g, int gb, con
     if (p->nin > 3) return false;
     for (int j = 0; j < p->nin; j++) {
       int r = p->in[j];
-      varies |= r >= first && r <= last ? row_varies(k, r) : !const_along(ref_meta(plan, t, r), R, axes);
+      varies |= r >= first && r <= last ? row_varies(k, r) : !tr_meta_const_along(ref_meta(plan, t, r), R, axes);
     }
     if (is_red) {
       if (!varies) return false; /* a reduction of a row-constant value */
@@ -243,13 +236,13 @@ static bool rows_fill(const tr_plan *plan, const tr_trace *t, int g, int gb, con
     }
     varies = varies && !is_red; /* a reduction's value is the row's */
     if (varies) k->varies |= 1ull << (i - first);
-    bool shaped = varies ? shape_is(&p->meta, nd, R->shape) : shape_is(&p->meta, nd, rk);
-    if (!shaped && (varies || !all_ones(&p->meta, nd))) return false;
+    bool shaped = varies ? tr_meta_shape_is(&p->meta, nd, R->shape) : tr_meta_shape_is(&p->meta, nd, rk);
+    if (!shaped && (varies || !tr_meta_all_ones(&p->meta, nd))) return false;
     if ((plan->escapes[i] || p->last_use > last) && (!shaped || !add_output(k, i))) return false;
   }
   if (k->nout == 0) return false;
   for (int q = 0; q < k->nin; q++) {
-    if (const_along(ref_meta(plan, t, k->ins[q]), R, axes)) k->hoisted |= 1u << q;
+    if (tr_meta_const_along(ref_meta(plan, t, k->ins[q]), R, axes)) k->hoisted |= 1u << q;
     else k->contig[q] = dense_full(plan, t, k->ins[q], R);
   }
   return true;
@@ -279,20 +272,8 @@ static bool plan_rows(const tr_plan *plan, int g, const tr_trace *t, gpu_fused_g
   /* a row longer than a chunk takes a second kernel (the join): those
      reductions run group by group */
   if (count < 2 || count > VM_FOLD_CHUNK) return false;
-  int nd = R->ndim, gmax = g - 1;
-  for (int h = g; h < plan->ngroups; h++) {
-    const tr_group *grp = &plan->groups[h];
-    bool ok = grp->kind == TR_GROUP_REDUCE || grp->kind == TR_GROUP_ELEMENTWISE;
-    for (int i = grp->first; ok && i <= grp->last; i++) {
-      const tr_pnode *p = &plan->nodes[i];
-      vm_kind kind = vm_op_table[p->op].kind;
-      if (kind == VM_KIND_VIEW) ok = false;
-      if (kind == VM_KIND_REDUCE) ok = row_reduction(plan, t, p, R, axes);
-      ok = ok && (shape_is(&p->meta, nd, R->shape) || shape_is(&p->meta, nd, rk) || all_ones(&p->meta, nd));
-    }
-    if (!ok) break;
-    gmax = h;
-  }
+  row_fold_ctx fc = {plan, t, R, axes};
+  int gmax = tr_rows_run_end(plan, g, R, rk, row_fold_ok, &fc);
   /* one group alone is worth it with an epilogue (one launch, not two) */
   int lowest = red0 < g0->last ? g : g + 1;
   for (int gb = gmax; gb >= lowest; gb--)
@@ -393,6 +374,31 @@ static void emit_offsets(gpu_src *b, const char *from, const char *d0, const cha
   gpu_src_printf(b, "%s  }\n%s}\n", indent, indent);
 }
 
+/* node i of k: assigns its value to v<i - first>, declared by the caller */
+static void emit_node(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k, int i,
+                          const char *indent) {
+  const tr_pnode *p = &plan->nodes[i];
+  if (p->op == VM_OP_full) {
+    int s = 0;
+    while (k->params[s] != i) s++;
+    gpu_src_printf(b, "%sv%d = ", indent, i - k->first);
+    param_expr(b, p->meta.dtype, s);
+    gpu_src_printf(b, ";\n");
+    return;
+  }
+  char names[3][16], dst[16];
+  const char *args[3];
+  kiln_dtype in[3];
+  for (int j = 0; j < p->nin; j++) {
+    in[j] = ref_dtype(plan, t, p->in[j]);
+    ref_name(plan, k, p->in[j], names[j], sizeof names[j]);
+    args[j] = names[j];
+  }
+  snprintf(dst, sizeof dst, "v%d", i - k->first);
+  gpu_src_printf(b, "%s", indent);
+  gpu_src_node(b, p->op, p->meta.dtype, p->nin, in, args, dst);
+}
+
 /* the loads of k's inputs (x<q>, at `flat` or f<operand>) and its nodes
    (v<node - first>) */
 static void emit_nodes(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k, const char *flat,
@@ -402,28 +408,11 @@ static void emit_nodes(gpu_src *b, const tr_plan *plan, const tr_trace *t, const
     if (k->contig[q]) gpu_src_printf(b, "%sconst %s x%d = in%d[%s];\n", indent, ct, q, q, flat);
     else gpu_src_printf(b, "%sconst %s x%d = in%d[f%d];\n", indent, ct, q, q, k->nout + q);
   }
-  int s = 0;
   for (int i = k->first; i <= k->last; i++) {
     const tr_pnode *p = &plan->nodes[i];
     if (vm_op_table[p->op].kind == VM_KIND_VIEW) continue;
-    gpu_src_printf(b, "%s%s v%d;\n%s", indent, gpu_src_ctype(p->meta.dtype), i - k->first, indent);
-    if (p->op == VM_OP_full) {
-      gpu_src_printf(b, "v%d = ", i - k->first);
-      param_expr(b, p->meta.dtype, s++);
-      gpu_src_printf(b, ";\n");
-      continue;
-    }
-    char names[3][16];
-    const char *args[3];
-    kiln_dtype in[3];
-    for (int j = 0; j < p->nin; j++) {
-      in[j] = ref_dtype(plan, t, p->in[j]);
-      ref_name(plan, k, p->in[j], names[j], sizeof names[j]);
-      args[j] = names[j];
-    }
-    char dst[16];
-    snprintf(dst, sizeof dst, "v%d", i - k->first);
-    gpu_src_node(b, p->op, p->meta.dtype, p->nin, in, args, dst);
+    gpu_src_printf(b, "%s%s v%d;\n", indent, gpu_src_ctype(p->meta.dtype), i - k->first);
+    emit_node(b, plan, t, k, i, indent);
   }
 }
 
@@ -504,31 +493,6 @@ static void row_need(const tr_plan *plan, const gpu_fused *k, int i, uint64_t *w
   for (int j = 0; j < p->nin; j++) row_need(plan, k, p->in[j], want);
 }
 
-/* node i of a row kernel: assigns its value to v<i - first>, declared by the caller */
-static void emit_row_node(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k, int i,
-                          const char *indent) {
-  const tr_pnode *p = &plan->nodes[i];
-  if (p->op == VM_OP_full) {
-    int s = 0;
-    while (k->params[s] != i) s++;
-    gpu_src_printf(b, "%sv%d = ", indent, i - k->first);
-    param_expr(b, p->meta.dtype, s);
-    gpu_src_printf(b, ";\n");
-    return;
-  }
-  char names[3][16], dst[16];
-  const char *args[3];
-  kiln_dtype in[3];
-  for (int j = 0; j < p->nin; j++) {
-    in[j] = ref_dtype(plan, t, p->in[j]);
-    ref_name(plan, k, p->in[j], names[j], sizeof names[j]);
-    args[j] = names[j];
-  }
-  snprintf(dst, sizeof dst, "v%d", i - k->first);
-  gpu_src_printf(b, "%s", indent);
-  gpu_src_node(b, p->op, p->meta.dtype, p->nin, in, args, dst);
-}
-
 /* the row-level nodes in [from, stop) (reductions aside), once per row:
    declared for the whole row, computed by the threads of live rows */
 static void emit_row_level(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k, int from,
@@ -544,7 +508,7 @@ static void emit_row_level(gpu_src *b, const tr_plan *plan, const tr_trace *t, c
   gpu_src_printf(b, "    if (active) {\n");
   for (int i = from; i < stop; i++)
     if (!row_varies(k, i) && vm_op_table[plan->nodes[i].op].kind != VM_KIND_REDUCE)
-      emit_row_node(b, plan, t, k, i, "      ");
+      emit_node(b, plan, t, k, i, "      ");
   gpu_src_printf(b, "    }\n");
 }
 
@@ -579,7 +543,7 @@ static void emit_row_position(gpu_src *b, const tr_plan *plan, const tr_trace *t
     const tr_pnode *p = &plan->nodes[i];
     if (!((want >> (i - k->first)) & 1u) || vm_op_table[p->op].kind == VM_KIND_REDUCE) continue;
     gpu_src_printf(b, "%s%s v%d;\n", indent, gpu_src_ctype(p->meta.dtype), i - k->first);
-    emit_row_node(b, plan, t, k, i, indent);
+    emit_node(b, plan, t, k, i, indent);
   }
 }
 
@@ -818,6 +782,28 @@ static void reduce_geometry(const vm_meta *rin, uint32_t mask, int nops, const i
   a->ndim = n;
 }
 
+/* a fold's arguments over the shape R of reduction r's input: k's inputs
+   (REFUSED when one is not as compiled), its outputs from out0 on dense
+   of shape R, the geometry, and schedule s's extents */
+static int bind_fold(const gpu_fused *k, const gpu_fuse_target *dev, const tr_trace *t, vm_tensor **vals,
+                     const tr_pnode *r, const vm_meta *R, int out0, const gpu_red_sched *s, gpu_fargs *a) {
+  memset(a, 0, sizeof *a);
+  int64_t st[GPU_FUSE_MAX_IO][KILN_MAX_DIMS];
+  memset(st, 0, sizeof st);
+  if (bind_inputs(k, dev, t, vals, R->ndim, R->shape, a, st) != RAN) return REFUSED;
+  for (int q = out0; q < k->nout; q++) {
+    int64_t step = 1;
+    for (int d = R->ndim - 1; d >= 0; d--) {
+      st[q][d] = step;
+      step *= R->shape[d];
+    }
+  }
+  reduce_geometry(R, r->attr.axes_mask, k->nout + k->nin, (const int64_t(*)[KILN_MAX_DIMS])st, a);
+  a->n = s->n;
+  memcpy(a->extent, s->extent, sizeof a->extent);
+  return RAN;
+}
+
 static int run_reduce(const gpu_fused *k, const gpu_fused *join, const gpu_fuse_target *dev, const tr_plan *plan,
                       const tr_trace *t, vm_tensor **vals, int *rc) {
   const tr_pnode *r = &plan->nodes[k->reduce];
@@ -825,21 +811,8 @@ static int run_reduce(const gpu_fused *k, const gpu_fused *join, const gpu_fuse_
   gpu_red_sched s;
   reduce_schedule(r, rin, &s);
   if (s.variant != k->variant || (s.join >= 0) != (join != NULL)) return REFUSED;
-  gpu_fargs a;
-  memset(&a, 0, sizeof a);
-  int64_t st[GPU_FUSE_MAX_IO][KILN_MAX_DIMS];
-  memset(st, 0, sizeof st);
-  if (bind_inputs(k, dev, t, vals, rin->ndim, rin->shape, &a, st) != RAN) return REFUSED;
-  for (int q = 1; q < k->nout; q++) { /* the producers' outputs: dense, of the input's shape */
-    int64_t step = 1;
-    for (int d = rin->ndim - 1; d >= 0; d--) {
-      st[q][d] = step;
-      step *= rin->shape[d];
-    }
-  }
-  reduce_geometry(rin, r->attr.axes_mask, k->nout + k->nin, (const int64_t(*)[KILN_MAX_DIMS])st, &a);
-  a.n = s.n;
-  memcpy(a.extent, s.extent, sizeof a.extent);
+  gpu_fargs a; /* the producers' outputs: dense, of the input's shape */
+  if (bind_fold(k, dev, t, vals, r, rin, 1, &s, &a) != RAN) return REFUSED;
   vm_tensor *outs[GPU_FUSE_MAX_IO] = {0};
   if (alloc_outputs(k, dev, plan, 0, outs, &a, rc) != RAN) return FAILED;
   bind_params(k, plan, t, &a);
@@ -876,21 +849,8 @@ static int run_rows(const gpu_fused *k, const gpu_fuse_target *dev, const tr_pla
   gpu_red_sched s;
   reduce_schedule(r, R, &s);
   if (s.variant != GPU_RED_LANE || s.join >= 0) return REFUSED;
-  gpu_fargs a;
-  memset(&a, 0, sizeof a);
-  int64_t st[GPU_FUSE_MAX_IO][KILN_MAX_DIMS];
-  memset(st, 0, sizeof st);
-  if (bind_inputs(k, dev, t, vals, R->ndim, R->shape, &a, st) != RAN) return REFUSED;
-  for (int q = 0; q < k->nout; q++) { /* outputs: dense, indexed by o (and p) */
-    int64_t step = 1;
-    for (int d = R->ndim - 1; d >= 0; d--) {
-      st[q][d] = step;
-      step *= R->shape[d];
-    }
-  }
-  reduce_geometry(R, r->attr.axes_mask, k->nout + k->nin, (const int64_t(*)[KILN_MAX_DIMS])st, &a);
-  a.n = s.n;
-  memcpy(a.extent, s.extent, sizeof a.extent);
+  gpu_fargs a; /* outputs: dense, indexed by o (and p) */
+  if (bind_fold(k, dev, t, vals, r, R, 0, &s, &a) != RAN) return REFUSED;
   vm_tensor *outs[GPU_FUSE_MAX_IO] = {0};
   if (alloc_outputs(k, dev, plan, 0, outs, &a, rc) != RAN) return FAILED;
   bind_params(k, plan, t, &a);

@@ -12,6 +12,26 @@
 #include "../vm/state.h"
 #include "key.h"
 
+int tr_rows_run_end(const tr_plan *plan, int g, const vm_meta *R, const int64_t *rk,
+                    bool (*fold_ok)(const tr_pnode *reduction, const void *ctx), const void *ctx) {
+  int nd = R->ndim, end = g - 1;
+  for (int h = g; h < plan->ngroups; h++) {
+    const tr_group *grp = &plan->groups[h];
+    bool ok = grp->kind == TR_GROUP_REDUCE || grp->kind == TR_GROUP_ELEMENTWISE;
+    for (int i = grp->first; ok && i <= grp->last; i++) {
+      const tr_pnode *p = &plan->nodes[i];
+      vm_kind kind = vm_op_table[p->op].kind;
+      if (kind == VM_KIND_VIEW) ok = false;
+      if (kind == VM_KIND_REDUCE) ok = fold_ok(p, ctx);
+      ok = ok && (tr_meta_shape_is(&p->meta, nd, R->shape) || tr_meta_shape_is(&p->meta, nd, rk) ||
+                  tr_meta_all_ones(&p->meta, nd));
+    }
+    if (!ok) break;
+    end = h;
+  }
+  return end;
+}
+
 bool tr_planning_enabled(void) { return vm_env_long("KILN_JIT", 1) != 0; }
 
 void tr_plan_retain(void *p) { atomic_fetch_add_explicit(&((tr_plan *)p)->refs, 1, memory_order_relaxed); }

@@ -8,6 +8,8 @@
 #ifndef TR_PLAN_H
 #define TR_PLAN_H
 
+#include <string.h>
+
 #include "flush.h"
 
 typedef enum {
@@ -59,6 +61,35 @@ typedef struct tr_plan {
 } tr_plan;
 
 static inline int tr_pnode_input(const tr_pnode *p, int k) { return k < 3 ? p->in[k] : p->more[k - 3]; }
+
+/* Shapes in a row kernel's space (a run of reductions over the axes
+   `axes` of one shape R; jit_cpu and jit_gpu plan them alike): m has
+   shape[0..nd); m is all ones (a broadcast scalar); m, broadcast to R, is
+   constant along the reduced axes (read once per row) */
+static inline bool tr_meta_shape_is(const vm_meta *m, int nd, const int64_t *shape) {
+  return m->ndim == nd && !memcmp(m->shape, shape, (size_t)nd * sizeof *shape);
+}
+
+static inline bool tr_meta_all_ones(const vm_meta *m, int nd) {
+  if (m->ndim > nd) return false;
+  for (int d = 0; d < m->ndim; d++)
+    if (m->shape[d] != 1) return false;
+  return true;
+}
+
+static inline bool tr_meta_const_along(const vm_meta *m, const vm_meta *R, uint32_t axes) {
+  int lead = R->ndim - m->ndim;
+  for (int d = 0; d < R->ndim; d++)
+    if ((axes & (1u << d)) && R->shape[d] > 1 && d - lead >= 0 && m->shape[d - lead] > 1) return false;
+  return true;
+}
+
+/* the last group of the longest run from group g whose nodes a row kernel
+   over R (reduced axes `axes`, rk: R with them 1) could hold: elementwise
+   and reduce groups without views, every node of shape R, rk or all ones,
+   every reduction one that fold_ok(reduction, ctx) accepts; g - 1 if none */
+int tr_rows_run_end(const tr_plan *plan, int g, const vm_meta *R, const int64_t *rk,
+                    bool (*fold_ok)(const tr_pnode *reduction, const void *ctx), const void *ctx);
 
 /* the plan of trace t, run by backend be (NULL on OOM) */
 tr_plan *tr_plan_build(const tr_trace *t, const struct vm_backend *be);
