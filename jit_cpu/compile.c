@@ -753,7 +753,9 @@ double cpu_plan_cost_ms(tr_plan *plan, const tr_trace *t) {
       seen[nseen++] = descs[g];
       uint64_t disk_key[2];
       kernel_index rec;
-      bool on_disk = keyed && kernel_disk_key(descs[g], disk_key) &&
+      /* by the build's ID only: a build keyed by source would emit the
+         kernel to price it (it counts as missing; its compile finds it) */
+      bool on_disk = keyed && identity_key(descs[g]->key, disk_key) &&
                      cache_disk_index_get(disk_key, &rec, sizeof rec) == sizeof rec &&
                      !memcmp(rec.magic, KERNEL_INDEX_MAGIC, 8);
       if (on_disk) ndisk++;
