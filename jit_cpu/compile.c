@@ -592,14 +592,38 @@ static _Thread_local bool on_outside_compiler;
 /* how far compile_plan may go for a missing kernel */
 typedef enum {
   FIND_IN_MEMORY, /* the kernel cache only (the caller's thread: a hash and a lookup per kernel) */
+  FIND_PRICE,     /* the same; the price of the missing ones into *price */
   FIND_ON_DISK,   /* and the disk cache (a warm start, before any compile) */
   FIND_OR_COMPILE
 } find_mode;
 
+/* loading a kernel an earlier process compiled: its index record, its
+   object mapped once per batch */
+#define DISK_LOAD_MS 0.5
+
+/* the payoff rule's price of the distinct missing kernels descs[miss[..]]:
+   a load each for those on disk, a compile of the rest together.  Disk
+   kernels are found by the build's ID only: a build keyed by source would
+   emit each kernel with libgccjit to price it (it counts as missing; its
+   compile still finds it on disk) */
+static double missing_price(kernel_desc *const *descs, const int *miss, int nmiss) {
+  bool keyed = cache_disk_enabled() && cache_disk_dir();
+  int ndisk = 0;
+  for (int m = 0; m < nmiss; m++) {
+    uint64_t disk_key[2];
+    kernel_index rec;
+    ndisk += keyed && identity_key(descs[miss[m]]->key, disk_key) &&
+             cache_disk_index_get(disk_key, &rec, sizeof rec) == sizeof rec &&
+             !memcmp(rec.magic, KERNEL_INDEX_MAGIC, 8);
+  }
+  return (nmiss > ndisk ? kernels_cost_ms(nmiss - ndisk) : 0) + DISK_LOAD_MS * ndisk;
+}
+
 /* The plan's kernels from the kernel cache, else the disk cache, else
    compiled: the missing ones of the plan together.  NULL when none could
-   be had, or when some are missing and mode forbids compiling them. */
-static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_mode mode) {
+   be had, or when some are missing and mode forbids compiling them (with
+   FIND_PRICE, *price is then theirs: 0 when the plan comes back). */
+static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_mode mode, double *price) {
   bool disk_only = mode != FIND_OR_COMPILE;
   if (!toolchain_present()) return NULL;
   double t0 = now_ms();
@@ -625,8 +649,9 @@ static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_
     for (int m = 0; m < nmiss && !twin; m++) twin = same_kernel(descs[miss[m]], descs[g]);
     if (!twin) miss[nmiss++] = g;
   }
+  if (price) *price = nmiss > 0 ? missing_price(descs, miss, nmiss) : 0;
   /* the disk cache, kernel by kernel (a build with an ID builds no context) */
-  if (nmiss > 0 && mode == FIND_IN_MEMORY) { /* the rest is the compiler's */
+  if (nmiss > 0 && (mode == FIND_IN_MEMORY || mode == FIND_PRICE)) { /* the rest is the compiler's */
     for (int g = 0; g < plan->ngroups; g++) cpu_kcache_release(got[g]);
     memset(got, 0, (size_t)ng * sizeof *got);
     goto done;
@@ -711,64 +736,22 @@ done:
 }
 
 cpu_plan *cpu_compile(const tr_plan *plan, const cpu_leaf *leaves) {
-  return compile_plan(plan, leaves, FIND_OR_COMPILE);
+  return compile_plan(plan, leaves, FIND_OR_COMPILE, NULL);
 }
 
-/* loading a kernel an earlier process compiled: its index record, its
-   object mapped once per batch */
-#define DISK_LOAD_MS 0.5
 #define NEVER_MS 1e300 /* what cannot be compiled never pays */
 
 double cpu_plan_cost_ms(tr_plan *plan, const tr_trace *t) {
-  if (!toolchain_present()) return NEVER_MS; /* never compiled: the interpreter */
-  cpu_leaf *leaves = cpu_leaves_of(t);
-  if (!leaves) return NEVER_MS;
-  cpu_plan *known = cpu_kcache_kernels() > 0 ? compile_plan(plan, leaves, FIND_IN_MEMORY) : NULL;
+  cpu_leaf *leaves = toolchain_present() ? cpu_leaves_of(t) : NULL;
+  if (!leaves) return NEVER_MS; /* never compiled: the interpreter */
+  double price = NEVER_MS;
+  cpu_plan *known = compile_plan(plan, leaves, FIND_PRICE, &price);
   if (known) { /* every kernel is here: the plan is ready now */
     void *none = NULL;
     if (!atomic_compare_exchange_strong(&plan->jit, &none, known)) cpu_plan_free(known);
-    free(leaves);
-    return 0;
   }
-  int ng = plan->ngroups > 0 ? plan->ngroups : 1, ndisk = 0, nmiss = 0;
-  cpu_plan *cp = calloc(1, sizeof *cp);
-  kernel_desc **descs = calloc((size_t)ng, sizeof *descs), **seen = calloc((size_t)ng, sizeof *seen);
-  if (cp) cp->kernels = calloc((size_t)ng, sizeof *cp->kernels);
-  double ms = NEVER_MS;
-  if (cp && cp->kernels && descs && seen) {
-    cp->ngroups = plan->ngroups;
-    plan_kernels(plan, leaves, cp, descs);
-    bool keyed = cache_disk_enabled() && cache_disk_dir();
-    int nseen = 0;
-    for (int g = 0; g < plan->ngroups; g++) {
-      if (!descs[g]) continue;
-      cpu_kentry *e = cpu_kcache_get(descs[g]->key, descs[g]->bytes, descs[g]->len);
-      if (e) {
-        cpu_kcache_release(e);
-        continue;
-      }
-      bool twin = false; /* the same kernel twice in one plan counts once */
-      for (int m = 0; m < nseen && !twin; m++) twin = same_kernel(seen[m], descs[g]);
-      if (twin) continue;
-      seen[nseen++] = descs[g];
-      uint64_t disk_key[2];
-      kernel_index rec;
-      /* by the build's ID only: a build keyed by source would emit the
-         kernel to price it (it counts as missing; its compile finds it) */
-      bool on_disk = keyed && identity_key(descs[g]->key, disk_key) &&
-                     cache_disk_index_get(disk_key, &rec, sizeof rec) == sizeof rec &&
-                     !memcmp(rec.magic, KERNEL_INDEX_MAGIC, 8);
-      if (on_disk) ndisk++;
-      else nmiss++;
-    }
-    ms = (nmiss ? kernels_cost_ms(nmiss) : 0) + DISK_LOAD_MS * ndisk;
-  }
-  for (int g = 0; descs && g < plan->ngroups; g++) kernel_desc_free(descs[g]);
-  free(descs);
-  free(seen);
-  cpu_plan_free(cp);
   free(leaves);
-  return ms;
+  return price;
 }
 
 void cpu_plan_free(cpu_plan *cp) {
@@ -1292,7 +1275,7 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
   }
   /* a plan whose kernels are all compiled already (another trace has
      them: an RNN at a new length) is ready now, not after the queue */
-  cpu_plan *known = cpu_kcache_kernels() > 0 ? compile_plan(plan, job->leaves, FIND_IN_MEMORY) : NULL;
+  cpu_plan *known = cpu_kcache_kernels() > 0 ? compile_plan(plan, job->leaves, FIND_IN_MEMORY, NULL) : NULL;
   if (known) {
     void *none = NULL;
     if (!atomic_compare_exchange_strong(&plan->jit, &none, known)) cpu_plan_free(known);
@@ -1314,7 +1297,7 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
        cache right here (no compiler runs), so a warm start pays for no
        compiler at all. */
     pthread_mutex_unlock(&compiler.lock);
-    cpu_plan *cached = atomic_load(&gccjit_warm) ? NULL : compile_plan(job->plan, job->leaves, FIND_ON_DISK);
+    cpu_plan *cached = atomic_load(&gccjit_warm) ? NULL : compile_plan(job->plan, job->leaves, FIND_ON_DISK, NULL);
     if (cached) {
       void *none = NULL;
       if (!atomic_compare_exchange_strong(&job->plan->jit, &none, cached)) cpu_plan_free(cached);
