@@ -365,12 +365,43 @@ TEST(bad_input_is_a_clear_error) {
 }
 
 /* DESIGN §6 target: the op-by-op path costs at most 10 us per op */
+/* A program of the fused-kernel tests below: outputs out[] from inputs in[] */
+typedef void (*fused_program)(kiln_tensor *const *in, kiln_tensor **out);
+
+/* Runs prog five times on the CPU inputs and on their GPU copies (after
+   the third, the compiler is waited for: later runs use the fused
+   kernels); every GPU output must equal the CPU's, before and after.
+   Returns the launches per GPU evaluation of the last two runs. */
+static double fused_reps(const char *what, fused_program prog, int nin, kiln_tensor *const *cpu, int nout) {
+  kiln_tensor *dev[8], *oc[8], *og[8];
+  for (int i = 0; i < nin; i++) dev[i] = gpu(cpu[i]);
+  double launched = 0;
+  for (int rep = 0; rep < 5; rep++) {
+    prog(cpu, oc);
+    prog(dev, og);
+    double before = kiln_stat("kernels_launched");
+    CHECK_EQ_INT(kiln_eval(nout, og), KILN_OK);
+    if (rep >= 3) launched += kiln_stat("kernels_launched") - before;
+    if (rep == 2) kiln_jit_wait();
+    for (int i = 0; i < nout; i++) {
+      char name[96];
+      snprintf(name, sizeof name, "%s output %d, rep %d", what, i, rep);
+      check_same(name, oc[i], og[i], 0);
+      kiln_release(oc[i]);
+      kiln_release(og[i]);
+    }
+  }
+  for (int i = 0; i < nin; i++) kiln_release(dev[i]);
+  return launched / 2;
+}
+
 /* hot elementwise chains on CUDA run as fused kernels (jit_gpu/fuse.h):
    broadcasts, host scalars, where, a transposed input; IEEE-exact
    arithmetic gives the CPU's bits.  The fused kernels must have been
    built (kernels_compiled grows) and the results stay the same before and
-   after they are. */
-static void fused_chain(kiln_tensor *x, kiln_tensor *b, kiln_tensor *g, kiln_tensor **out) {
+   after they are.  in: x, b, g */
+static void fused_chain(kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *x = in[0], *b = in[1], *g = in[2];
   kiln_tensor *zero = kiln_scalar(0, KILN_F32);
   kiln_tensor *h = kiln_add(kiln_mul_scalar(x, 1.5), b);
   kiln_tensor *r = kiln_where(kiln_gt(h, zero), h, zero);
@@ -382,32 +413,18 @@ static void fused_chain(kiln_tensor *x, kiln_tensor *b, kiln_tensor *g, kiln_ten
 
 TEST(fused_plans_match_the_cpu) {
   int64_t s[2] = {300, 257}, r[2] = {1, 257};
-  kiln_tensor *x = random_cpu(KILN_F32, 2, s, -2, 2), *b = random_cpu(KILN_F32, 2, r, -1, 1);
-  kiln_tensor *g = random_cpu(KILN_F32, 2, s, -1, 1);
-  kiln_tensor *xg = gpu(x), *bg = gpu(b), *gg = gpu(g);
+  kiln_tensor *in[] = {random_cpu(KILN_F32, 2, s, -2, 2), random_cpu(KILN_F32, 2, r, -1, 1),
+                       random_cpu(KILN_F32, 2, s, -1, 1)};
   double built = kiln_stat("kernels_compiled");
-  for (int rep = 0; rep < 5; rep++) {
-    kiln_tensor *oc[3], *og[3];
-    fused_chain(x, b, g, oc);
-    fused_chain(xg, bg, gg, og);
-    CHECK_EQ_INT(kiln_eval(3, og), KILN_OK);
-    if (rep == 2) kiln_jit_wait(); /* later reps run the fused kernels */
-    for (int i = 0; i < 3; i++) {
-      char what[64];
-      snprintf(what, sizeof what, "fused chain output %d, rep %d", i, rep);
-      check_same(what, oc[i], og[i], 0);
-      kiln_release(oc[i]);
-      kiln_release(og[i]);
-    }
-  }
+  fused_reps("fused chain", fused_chain, COUNT(in), in, 3);
   CHECK(kiln_stat("kernels_compiled") > built);
-  kiln_tensor *all[] = {x, b, g, xg, bg, gg};
-  for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
+  for (int i = 0; i < COUNT(in); i++) kiln_release(in[i]);
 }
 
 /* reduce groups: producers fused into the fold, epilogues after it; long
-   reductions (two passes) of both orders */
-static void fused_reductions(kiln_tensor *x, kiln_tensor *b, kiln_tensor *g, kiln_tensor *v, kiln_tensor **out) {
+   reductions (two passes) of both orders.  in: x, b, g, v */
+static void fused_reductions(kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *x = in[0], *b = in[1], *g = in[2], *v = in[3];
   const int rows[1] = {1}, cols[1] = {0};
   kiln_tensor *rs = kiln_sum(kiln_add(kiln_mul(x, x), b), 1, rows, true);
   out[0] = kiln_add_scalar(kiln_mul_scalar(rs, 1.0 / 257), 1e-5);
@@ -420,44 +437,23 @@ static void fused_reductions(kiln_tensor *x, kiln_tensor *b, kiln_tensor *g, kil
 
 TEST(fused_reductions_match_the_cpu) {
   int64_t s[2] = {5000, 257}, r[2] = {1, 257}, n[1] = {300001};
-  kiln_tensor *x = random_cpu(KILN_F32, 2, s, -2, 2), *b = random_cpu(KILN_F32, 2, r, -1, 1);
-  kiln_tensor *g = random_cpu(KILN_F32, 2, s, -1, 1), *v = random_cpu(KILN_F32, 1, n, -1, 1);
-  kiln_tensor *xg = gpu(x), *bg = gpu(b), *gg = gpu(g), *vg = gpu(v);
-  double launched = kiln_stat("kernels_launched");
-  for (int rep = 0; rep < 5; rep++) {
-    kiln_tensor *oc[5], *og[5];
-    fused_reductions(x, b, g, v, oc);
-    fused_reductions(xg, bg, gg, vg, og);
-    CHECK_EQ_INT(kiln_eval(5, og), KILN_OK);
-    if (rep == 2) {
-      kiln_jit_wait(); /* later reps run the fused kernels */
-      launched = kiln_stat("kernels_launched");
-    }
-    for (int i = 0; i < 5; i++) {
-      char what[64];
-      snprintf(what, sizeof what, "fused reduction output %d, rep %d", i, rep);
-      check_same(what, oc[i], og[i], 0);
-      kiln_release(oc[i]);
-      kiln_release(og[i]);
-    }
-  }
-  /* the two fused reps: far fewer launches than the op-by-op ones' 21 */
-  double per_rep = (kiln_stat("kernels_launched") - launched) / 2;
+  kiln_tensor *in[] = {random_cpu(KILN_F32, 2, s, -2, 2), random_cpu(KILN_F32, 2, r, -1, 1),
+                       random_cpu(KILN_F32, 2, s, -1, 1), random_cpu(KILN_F32, 1, n, -1, 1)};
+  /* the fused runs: far fewer launches than the op-by-op ones' 21 */
+  double per_rep = fused_reps("fused reduction", fused_reductions, COUNT(in), in, 5);
   printf("fused reductions: %.0f launches per evaluation\n", per_rep);
   CHECK(per_rep <= 16);
-  kiln_tensor *all[] = {x, b, g, v, xg, bg, gg, vg};
-  for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
+  for (int i = 0; i < COUNT(in); i++) kiln_release(in[i]);
 }
 
 /* row kernels (fuse.h GPU_FK_ROWS): layer_norm written by hand (IEEE-exact
-   ops: the CPU's bits) and a max-centred chain, each one launch per
-   evaluation once compiled; rows of 300 (one warp each) and of 9000
-   (several warps fold a row) */
-static void fused_rows(kiln_tensor *x, kiln_tensor *w, kiln_tensor **out) {
+   ops: the CPU's bits), one launch per evaluation once compiled; rows of
+   300 (one warp each) and of 9000 (several warps fold a row).  in: x, w */
+static void fused_rows(kiln_tensor *const *in, kiln_tensor **out) {
   const int last[1] = {1};
-  kiln_tensor *d = kiln_sub(x, kiln_mean(x, 1, last, true));
+  kiln_tensor *d = kiln_sub(in[0], kiln_mean(in[0], 1, last, true));
   kiln_tensor *var = kiln_mean(kiln_mul(d, d), 1, last, true);
-  out[0] = kiln_mul(kiln_div(d, kiln_sqrt(kiln_add_scalar(var, 1e-5))), w);
+  out[0] = kiln_mul(kiln_div(d, kiln_sqrt(kiln_add_scalar(var, 1e-5))), in[1]);
   kiln_release(d);
   kiln_release(var);
 }
@@ -465,28 +461,13 @@ static void fused_rows(kiln_tensor *x, kiln_tensor *w, kiln_tensor **out) {
 TEST(fused_rows_match_the_cpu) {
   for (int shape = 0; shape < 2; shape++) {
     int64_t s[2] = {shape ? 7 : 1000, shape ? 9000 : 300}, r[2] = {1, s[1]};
-    kiln_tensor *x = random_cpu(KILN_F32, 2, s, -2, 2), *w = random_cpu(KILN_F32, 2, r, -1, 1);
-    kiln_tensor *xg = gpu(x), *wg = gpu(w);
-    double launched = 0; /* by the GPU evaluations of the last two reps */
-    for (int rep = 0; rep < 5; rep++) {
-      kiln_tensor *oc[1], *og[1];
-      fused_rows(x, w, oc);
-      fused_rows(xg, wg, og);
-      double before = kiln_stat("kernels_launched");
-      CHECK_EQ_INT(kiln_eval(1, og), KILN_OK);
-      if (rep >= 3) launched += kiln_stat("kernels_launched") - before;
-      if (rep == 2) kiln_jit_wait(); /* later reps run the row kernel */
-      char what[64];
-      snprintf(what, sizeof what, "layer_norm rows of %lld, rep %d", (long long)s[1], rep);
-      check_same(what, oc[0], og[0], 0);
-      kiln_release(oc[0]);
-      kiln_release(og[0]);
-    }
-    double per_rep = launched / 2;
-    printf("layer_norm rows of %lld: %.0f launches per evaluation\n", (long long)s[1], per_rep);
+    kiln_tensor *in[] = {random_cpu(KILN_F32, 2, s, -2, 2), random_cpu(KILN_F32, 2, r, -1, 1)};
+    char what[64];
+    snprintf(what, sizeof what, "layer_norm rows of %lld", (long long)s[1]);
+    double per_rep = fused_reps(what, fused_rows, COUNT(in), in, 1);
+    printf("%s: %.0f launches per evaluation\n", what, per_rep);
     CHECK(per_rep <= 2); /* the row kernel (and at most a fill) */
-    kiln_tensor *all[] = {x, w, xg, wg};
-    for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
+    for (int i = 0; i < COUNT(in); i++) kiln_release(in[i]);
   }
 }
 
