@@ -75,18 +75,21 @@ static void blas_thread_exit(void *state);
 
 static void blas_load(void) {
   dlerror();
-  blas.lib = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
+  /* KILN_CUBLAS_LIB: another library in its place (the CUDA emulation of
+     tests/gpu_emu) */
+  const char *lib = getenv("KILN_CUBLAS_LIB");
+  if (!lib || !*lib) lib = "libcublas.so.13";
+  blas.lib = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
   if (!blas.lib) {
     const char *err = dlerror();
-    snprintf(blas.reason, sizeof blas.reason, "no cuBLAS (%s)",
-             err ? err : "libcublas.so.13 cannot be loaded");
+    snprintf(blas.reason, sizeof blas.reason, "no cuBLAS (%s)", err ? err : "cannot be loaded");
     blas.unavailable = blas.reason;
     return;
   }
   void *fn;
 #define GPU_CUBLAS_RESOLVE(name, ret, params)                                      \
   if (!(fn = dlsym(blas.lib, #name))) {                                            \
-    snprintf(blas.reason, sizeof blas.reason, "libcublas.so.13 has no %s", #name); \
+    snprintf(blas.reason, sizeof blas.reason, "%s has no %s", lib, #name);         \
     blas.unavailable = blas.reason;                                                \
     return;                                                                        \
   }                                                                                \

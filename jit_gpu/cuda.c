@@ -247,10 +247,14 @@ static void thread_exit(void *state);
 
 static void init_runtime(void) {
   dlerror();
-  rt.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  /* KILN_CUDA_LIB: another library in its place (the CUDA emulation of
+     tests/gpu_emu, or a driver outside the loader's path) */
+  const char *lib = getenv("KILN_CUDA_LIB");
+  if (!lib || !*lib) lib = "libcuda.so.1";
+  rt.lib = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
   if (!rt.lib) {
     const char *err = dlerror();
-    set_unavailable("no CUDA driver (%s)", err ? err : "libcuda.so.1 cannot be loaded");
+    set_unavailable("no CUDA driver (%s)", err ? err : "the driver library cannot be loaded");
     return;
   }
   /* the one pair found with dlsym: everything else comes through them */
@@ -530,11 +534,12 @@ bool gpu_synchronize(void) {
 /* ---- kernels: memory cache, disk cache, NVRTC ---- */
 
 /* The disk cache's key: the source and everything that changes the code
-   made from it (the target, NVRTC's and the driver's versions). */
+   made from it (the target, NVRTC's and the driver's versions, and the
+   device's name: the CUDA emulation's images are no cubins). */
 static void kernel_disk_hash(const char *src, uint64_t h[2]) {
-  char head[128];
-  int n = snprintf(head, sizeof head, "kiln-cuda-kernel 1 sm_%d nvrtc %d driver %d\n", rt.cc,
-                   gpu_nvrtc_version(), rt.driver_version);
+  char head[128 + sizeof rt.name];
+  int n = snprintf(head, sizeof head, "kiln-cuda-kernel 1 sm_%d nvrtc %d driver %d %s\n", rt.cc,
+                   gpu_nvrtc_version(), rt.driver_version, rt.name);
   XXH3_state_t *s = XXH3_createState();
   if (!s) {
     h[0] = h[1] = 0; /* no disk cache this time: the caller checks */

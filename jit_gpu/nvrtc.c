@@ -52,16 +52,22 @@ static void load(void) {
   /* the builtins first, global: libnvrtc loads them by name when it
      compiles, and a copy already loaded serves it whatever the loader path;
      if this fails NVRTC still tries its own lookup, so it is not fatal */
-  if (!dlopen("libnvrtc-builtins.so.13.0", RTLD_NOW | RTLD_GLOBAL))
-    dlopen("libnvrtc-builtins.so.13", RTLD_NOW | RTLD_GLOBAL);
-  void *h = dlopen("libnvrtc.so.13", RTLD_NOW | RTLD_LOCAL);
+  /* KILN_NVRTC_LIB: another library in its place (the CUDA emulation of
+     tests/gpu_emu) */
+  const char *lib = getenv("KILN_NVRTC_LIB");
+  if (!lib || !*lib) {
+    lib = "libnvrtc.so.13";
+    if (!dlopen("libnvrtc-builtins.so.13.0", RTLD_NOW | RTLD_GLOBAL))
+      dlopen("libnvrtc-builtins.so.13", RTLD_NOW | RTLD_GLOBAL);
+  }
+  void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
-    snprintf(nv.reason, sizeof nv.reason, "NVRTC is not installed (libnvrtc.so.13: %s)", dlerror());
+    snprintf(nv.reason, sizeof nv.reason, "NVRTC is not installed (%s: %s)", lib, dlerror());
     return;
   }
 #define RESOLVE(field, ret, sym, params)                                    \
   if (!(*(void **)&nv.fn.field = dlsym(h, #sym))) {                         \
-    snprintf(nv.reason, sizeof nv.reason, "libnvrtc.so.13 lacks %s", #sym); \
+    snprintf(nv.reason, sizeof nv.reason, "%s lacks %s", lib, #sym);        \
     return;                                                                 \
   }
   NVRTC_SYMBOLS(RESOLVE)

@@ -1,4 +1,5 @@
 // CPU emulation of the CUDA execution model for the generated kernels
+#pragma once
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
