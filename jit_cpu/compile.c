@@ -802,10 +802,9 @@ static void run_range(void *p, int64_t begin, int64_t end) {
 
 /* input q's value and its strides broadcast to nd dims (0 along broadcast
    dims); NULL when it has more dims */
-static vm_tensor *input_strides(const cpu_kernel *k, const tr_trace *t, vm_tensor **vals, int q, int nd,
-                                int64_t *strides) {
-  int r = k->ins[q];
-  vm_tensor *v = r >= 0 ? vals[r] : t->leaves[-1 - r]->value;
+static vm_tensor *input_strides(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
+                                int q, int nd, int64_t *strides) {
+  vm_tensor *v = tr_run_value(plan, t, vals, k->ins[q]);
   if (!v || v->ndim > nd) return NULL;
   int lead = nd - v->ndim;
   for (int d = 0; d < nd; d++) {
@@ -930,7 +929,7 @@ static vm_tensor *contiguous_copy(vm_tensor *v, const vm_meta *rin, int64_t *str
   return copy;
 }
 
-static bool split_strides(const cpu_kernel *k, const tr_trace *t, vm_tensor **vals, const tr_pnode *red,
+static bool split_strides(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals, const tr_pnode *red,
                           const vm_meta *rin, int64_t count, int per_input, int64_t *meta, void **bufs,
                           input_copies *copies) {
   int first, last, nd = rin->ndim;
@@ -941,7 +940,7 @@ static bool split_strides(const cpu_kernel *k, const tr_trace *t, vm_tensor **va
   }
   for (int q = 0; q < k->nin; q++) {
     int64_t strides[KILN_MAX_DIMS], s_out, s_red, s_in;
-    vm_tensor *v = input_strides(k, t, vals, q, nd, strides);
+    vm_tensor *v = input_strides(k, plan, t, vals, q, nd, strides);
     if (v && !collapse_range(rin->shape, strides, first, last + 1, &s_red))
       v = contiguous_copy(v, rin, strides, copies);
     if (!v || !collapse_range(rin->shape, strides, 0, first, &s_out) ||
@@ -1007,7 +1006,7 @@ static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
   uint64_t params[KERNEL_MAX_IO];
   vm_tensor *outs[KERNEL_MAX_IO] = {0}, *partials = NULL;
   input_copies copies = {.n = 0};
-  if (!split_strides(k, t, vals, red, rin, count, 2, meta + 4, bufs, &copies)) return false;
+  if (!split_strides(k, plan, t, vals, red, rin, count, 2, meta + 4, bufs, &copies)) return false;
   kernel_params(k, plan, t, params);
   int got = alloc_outputs(k, plan, rows, rows * count, true, outs, bufs, rc);
   if (got <= 0) {
@@ -1052,7 +1051,7 @@ static bool run_reduce_cols(const cpu_kernel *k, const tr_plan *plan, const tr_t
   uint64_t params[KERNEL_MAX_IO];
   vm_tensor *outs[KERNEL_MAX_IO] = {0};
   input_copies copies = {.n = 0};
-  if (!split_strides(k, t, vals, red, rin, count, 3, meta + 4, bufs, &copies)) return false;
+  if (!split_strides(k, plan, t, vals, red, rin, count, 3, meta + 4, bufs, &copies)) return false;
   kernel_params(k, plan, t, params);
   int got = alloc_outputs(k, plan, outer * inner, outer * count * inner, true, outs, bufs, rc);
   if (got <= 0) {
@@ -1078,7 +1077,7 @@ static bool run_rows(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t
   uint64_t params[KERNEL_MAX_IO];
   vm_tensor *outs[KERNEL_MAX_IO] = {0};
   input_copies copies = {.n = 0};
-  if (!split_strides(k, t, vals, red, rin, count, 2, meta + 2, bufs, &copies)) return false;
+  if (!split_strides(k, plan, t, vals, red, rin, count, 2, meta + 2, bufs, &copies)) return false;
   kernel_params(k, plan, t, params);
   int got = alloc_outputs(k, plan, rows, rows * count, false, outs, bufs, rc);
   if (got <= 0) {
@@ -1100,7 +1099,7 @@ static bool run_elementwise(const cpu_kernel *k, const tr_plan *plan, const tr_t
   int64_t shape[KILN_MAX_DIMS], strides[KERNEL_MAX_IO][KILN_MAX_DIMS];
   void *bufs[2 * KERNEL_MAX_IO + 1];
   for (int q = 0; q < nin; q++) {
-    vm_tensor *v = input_strides(k, t, vals, q, nd, strides[q]);
+    vm_tensor *v = input_strides(k, plan, t, vals, q, nd, strides[q]);
     if (!v) return false;
     bufs[k->nout + q] = vm_data(v);
   }

@@ -63,21 +63,31 @@ static bool views_of_outside(const tr_plan *plan, const tr_group *grp) {
   return true;
 }
 
+static bool add_param(gpu_fused *k, int i) {
+  for (int s = 0; s < k->nparams; s++)
+    if (k->params[s] == i) return true;
+  if (k->nparams == GPU_FUSE_MAX_PARAMS) return false;
+  k->params[k->nparams++] = i;
+  return true;
+}
+
+/* a fill k reads from outside: it takes the scalar, never the value
+   (the run makes fills only for readers that need them: tr_run_value) */
+static bool outside_fill(const tr_plan *plan, const gpu_fused *k, int r) {
+  return r >= 0 && !computed(plan, k, r) && plan->nodes[r].op == VM_OP_full;
+}
+
 /* node i, computed per element by k: its params and the inputs it reads
    from outside k; false when the kernels lack it or k is full */
 static bool add_node(const tr_plan *plan, const tr_trace *t, gpu_fused *k, int i) {
   const tr_pnode *p = &plan->nodes[i];
-  if (p->op == VM_OP_full) {
-    if (k->nparams == GPU_FUSE_MAX_PARAMS) return false;
-    k->params[k->nparams++] = i;
-    return true;
-  }
+  if (p->op == VM_OP_full) return add_param(k, i);
   if (p->nin > 3) return false;
   kiln_dtype in[3];
   for (int j = 0; j < p->nin; j++) {
     int r = p->in[j];
     in[j] = ref_dtype(plan, t, r);
-    if (!computed(plan, k, r) && !add_input(k, r)) return false;
+    if (outside_fill(plan, k, r) ? !add_param(k, r) : !computed(plan, k, r) && !add_input(k, r)) return false;
   }
   return gpu_src_node_supported(p->op, p->meta.dtype, p->nin, in);
 }
@@ -339,18 +349,33 @@ static void param_expr(gpu_src *b, kiln_dtype dt, int s) {
   }
 }
 
-/* the name of ref r in k's code: v<node> when k computes it, else x<input> */
+/* the name of ref r in k's code: v<node> when k computes it, prm<slot> for
+   a fill from outside, else x<input> */
 static void ref_name(const tr_plan *plan, const gpu_fused *k, int r, char *buf, size_t cap) {
   if (computed(plan, k, r)) {
     snprintf(buf, cap, "v%d", r - k->first);
     return;
   }
+  for (int s = 0; s < k->nparams; s++)
+    if (k->params[s] == r) {
+      snprintf(buf, cap, "prm%d", s);
+      return;
+    }
   int q = 0;
   while (k->ins[q] != r) q++;
   snprintf(buf, cap, "x%d", q);
 }
 
+/* the pointers to k's outputs (from out0) and inputs, and the values of
+   the fills it reads from outside (prm<slot>) */
 static void emit_pointers(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k, int out0) {
+  for (int s = 0; s < k->nparams; s++) {
+    const tr_pnode *p = &plan->nodes[k->params[s]];
+    if (computed(plan, k, k->params[s])) continue;
+    gpu_src_printf(b, "  const %s prm%d = ", gpu_src_ctype(p->meta.dtype), s);
+    param_expr(b, p->meta.dtype, s);
+    gpu_src_printf(b, ";\n");
+  }
   for (int q = out0; q < k->nout; q++) {
     const char *ct = gpu_src_ctype(plan->nodes[k->outs[q]].meta.dtype);
     gpu_src_printf(b, "  %s *o%d = (%s *)a.ptr[%d];\n", ct, q, ct, q);
@@ -677,9 +702,6 @@ bool gpu_fused_ready(const gpu_fused_group *fg) {
 
 enum { REFUSED, RAN, FAILED };
 
-static vm_tensor *ref_value(vm_tensor **vals, const tr_trace *t, int r) {
-  return r >= 0 ? vals[r] : t->leaves[-1 - r]->value;
-}
 
 static int failed(int *rc, vm_tensor **outs, int n, int code, const char *what, const char *name) {
   for (int q = 0; q < n; q++) vm_release(outs[q]);
@@ -690,10 +712,10 @@ static int failed(int *rc, vm_tensor **outs, int n, int code, const char *what, 
 /* k's inputs into a (pointers) and st (strides over shape's nd dims, 0 on
    broadcast dims); REFUSED when one is not where, or not laid out as, k
    was compiled for */
-static int bind_inputs(const gpu_fused *k, const gpu_fuse_target *dev, const tr_trace *t, vm_tensor **vals,
+static int bind_inputs(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
                        int nd, const int64_t *shape, gpu_fargs *a, int64_t (*st)[KILN_MAX_DIMS]) {
   for (int q = 0; q < k->nin; q++) {
-    vm_tensor *v = ref_value(vals, t, k->ins[q]);
+    vm_tensor *v = tr_run_value(plan, t, vals, k->ins[q]);
     if (!v || v->ndim > nd || !v->storage || v->storage->device != dev->device) return REFUSED;
     if (k->contig[q] && (v->ndim != nd || !vm_is_contiguous(v) ||
                          memcmp(v->shape, shape, (size_t)nd * sizeof(int64_t))))
@@ -739,7 +761,7 @@ static int run_elementwise(const gpu_fused *k, const gpu_fuse_target *dev, const
   gpu_fargs a;
   memset(&a, 0, sizeof a);
   int64_t strides[GPU_FUSE_MAX_IO][KILN_MAX_DIMS];
-  if (bind_inputs(k, dev, t, vals, nd, om->shape, &a, strides) != RAN) return REFUSED;
+  if (bind_inputs(k, dev, plan, t, vals, nd, om->shape, &a, strides) != RAN) return REFUSED;
   a.ndim = vm_coalesce(nd, om->shape, k->nin, (const int64_t(*)[KILN_MAX_DIMS])(strides + k->nout), a.shape,
                        a.stride + k->nout);
   a.n = 1;
@@ -785,12 +807,12 @@ static void reduce_geometry(const vm_meta *rin, uint32_t mask, int nops, const i
 /* a fold's arguments over the shape R of reduction r's input: k's inputs
    (REFUSED when one is not as compiled), its outputs from out0 on dense
    of shape R, the geometry, and schedule s's extents */
-static int bind_fold(const gpu_fused *k, const gpu_fuse_target *dev, const tr_trace *t, vm_tensor **vals,
+static int bind_fold(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
                      const tr_pnode *r, const vm_meta *R, int out0, const gpu_red_sched *s, gpu_fargs *a) {
   memset(a, 0, sizeof *a);
   int64_t st[GPU_FUSE_MAX_IO][KILN_MAX_DIMS];
   memset(st, 0, sizeof st);
-  if (bind_inputs(k, dev, t, vals, R->ndim, R->shape, a, st) != RAN) return REFUSED;
+  if (bind_inputs(k, dev, plan, t, vals, R->ndim, R->shape, a, st) != RAN) return REFUSED;
   for (int q = out0; q < k->nout; q++) {
     int64_t step = 1;
     for (int d = R->ndim - 1; d >= 0; d--) {
@@ -812,7 +834,7 @@ static int run_reduce(const gpu_fused *k, const gpu_fused *join, const gpu_fuse_
   reduce_schedule(r, rin, &s);
   if (s.variant != k->variant || (s.join >= 0) != (join != NULL)) return REFUSED;
   gpu_fargs a; /* the producers' outputs: dense, of the input's shape */
-  if (bind_fold(k, dev, t, vals, r, rin, 1, &s, &a) != RAN) return REFUSED;
+  if (bind_fold(k, dev, plan, t, vals, r, rin, 1, &s, &a) != RAN) return REFUSED;
   vm_tensor *outs[GPU_FUSE_MAX_IO] = {0};
   if (alloc_outputs(k, dev, plan, 0, outs, &a, rc) != RAN) return FAILED;
   bind_params(k, plan, t, &a);
@@ -850,7 +872,7 @@ static int run_rows(const gpu_fused *k, const gpu_fuse_target *dev, const tr_pla
   reduce_schedule(r, R, &s);
   if (s.variant != GPU_RED_LANE || s.join >= 0) return REFUSED;
   gpu_fargs a; /* outputs: dense, indexed by o (and p) */
-  if (bind_fold(k, dev, t, vals, r, R, 0, &s, &a) != RAN) return REFUSED;
+  if (bind_fold(k, dev, plan, t, vals, r, R, 0, &s, &a) != RAN) return REFUSED;
   vm_tensor *outs[GPU_FUSE_MAX_IO] = {0};
   if (alloc_outputs(k, dev, plan, 0, outs, &a, rc) != RAN) return FAILED;
   bind_params(k, plan, t, &a);

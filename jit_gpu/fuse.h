@@ -29,9 +29,9 @@
 #include "../vm/tensor.h"
 
 #define GPU_FUSE_MAX_IO 12     /* outputs + inputs of one kernel */
-#define GPU_FUSE_MAX_PARAMS 16 /* host scalars (full nodes) it takes */
+#define GPU_FUSE_MAX_PARAMS 128 /* host scalars (full nodes, its own or read) it takes */
 
-/* The by-value argument of every fused kernel (about 1.3 KB; CUDA allows
+/* The by-value argument of every fused kernel (about 2 KB; CUDA allows
    4 KB).  Its CUDA twin is emitted into every source with static_asserts
    on its layout. */
 typedef struct gpu_fargs {

@@ -470,15 +470,23 @@ static vm_tensor *run_pnode(const vm_backend *be, const tr_pnode *p, const vm_at
   return be->exec(p->op, p->nin, ins, attr, &p->meta);
 }
 
-static vm_tensor *input_value(vm_tensor **vals, const tr_trace *t, int ref) {
-  return ref >= 0 ? vals[ref] : t->leaves[-1 - ref]->value;
+static int run_node(const tr_plan *plan, const tr_trace *t, int i, vm_tensor **vals);
+
+/* Fills (full nodes) are not run with their group: a kernel that reads one
+   takes its host scalar as a parameter, so most are never made at all
+   (a chain of scalar ops on a GPU would launch a kernel per fill).  The
+   first reader that needs the value makes it. */
+vm_tensor *tr_run_value(const tr_plan *plan, const tr_trace *t, vm_tensor **vals, int ref) {
+  if (ref < 0) return t->leaves[-1 - ref]->value;
+  if (!vals[ref] && plan && plan->nodes[ref].op == VM_OP_full) (void)run_node(plan, t, ref, vals);
+  return vals[ref];
 }
 
 static int run_node(const tr_plan *plan, const tr_trace *t, int i, vm_tensor **vals) {
   const tr_pnode *p = &plan->nodes[i];
   vm_tensor *few[3], **ins = p->nin <= 3 ? few : malloc((size_t)p->nin * sizeof *ins);
   if (!ins) return vm_error(KILN_ERR_OOM, "out of memory");
-  for (int k = 0; k < p->nin; k++) ins[k] = input_value(vals, t, tr_pnode_input(p, k));
+  for (int k = 0; k < p->nin; k++) ins[k] = tr_run_value(plan, t, vals, tr_pnode_input(p, k));
   vm_attr attr = p->attr; /* this flush's host scalars and RNG counters */
   const vm_attr *now = &t->nodes[p->src]->attr;
   memcpy(attr.scalar, now->scalar, sizeof attr.scalar);
@@ -526,7 +534,8 @@ static int run_group(const tr_plan *plan, const void *jit, const tr_trace *t, in
     }
   }
   for (int i = first; i <= grp->last && rc == KILN_OK && (rc = interrupted()) == KILN_OK; i++)
-    if (!vals[i] && (rc = run_node(plan, t, i, vals)) != KILN_OK) *failed = plan->nodes[i].src;
+    if (!vals[i] && plan->nodes[i].op != VM_OP_full && (rc = run_node(plan, t, i, vals)) != KILN_OK)
+      *failed = plan->nodes[i].src;
   return rc;
 }
 
@@ -547,7 +556,8 @@ static int run_plan(const tr_plan *plan, const tr_trace *t, vm_tensor **out, int
     first_unfreed = g + 1;
   }
   for (int c = 0; c < t->n && rc == KILN_OK; c++)
-    if (t->is_output[c]) out[c] = vm_retain(input_value(vals, t, plan->outputs[c]));
+    if (t->is_output[c] && !(out[c] = vm_retain(tr_run_value(plan, t, vals, plan->outputs[c]))))
+      rc = vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
   for (int i = 0; i < plan->n; i++) vm_release(vals[i]);
   free(vals);
   return rc;
@@ -568,7 +578,7 @@ static int run_trace(const tr_trace *t, vm_tensor **vals, int *failed) {
       rc = vm_error(KILN_ERR_OOM, "out of memory");
       break;
     }
-    for (int k = 0; k < n->nin; k++) ins[k] = input_value(vals, t, t->refs[i][k]);
+    for (int k = 0; k < n->nin; k++) ins[k] = tr_run_value(NULL, t, vals, t->refs[i][k]);
     const vm_backend *be = vm_backend_of((kiln_device)n->meta.device); /* as in run_node */
     vals[i] = be->exec(n->op, n->nin, ins, &n->attr, &n->meta);
     if (ins != few) free(ins);

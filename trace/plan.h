@@ -97,6 +97,12 @@ bool tr_planning_enabled(void);            /* false with KILN_JIT=0: the plain i
 void tr_plan_retain(void *plan);
 void tr_plan_release(void *plan);
 
+/* In a run of plan over t: the value of plan ref r (< 0: a leaf's).  A
+   fill is made on its first read here (groups do not run their fills:
+   compiled kernels take their scalars), so runners read inputs through
+   this; NULL + error if it cannot be made. */
+vm_tensor *tr_run_value(const tr_plan *plan, const tr_trace *t, vm_tensor **vals, int r);
+
 /* Runs plan (or, with plan NULL, the trace node by node) on the
    interpreter; fills vals[i] for every output node i of t.  Returns KILN_OK
    or an error status. */

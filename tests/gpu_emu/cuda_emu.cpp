@@ -146,12 +146,14 @@ static CUresult mem_free(unsigned long long dptr) {
 struct emu_module {
   void *dl;
 };
-typedef int (*emu_entry)(void **params, unsigned grid, unsigned block);
+typedef int (*emu_entry)(void **params, unsigned grid, unsigned block, char **stacks);
 struct emu_function {
   emu_entry entry;
   std::string name;
 };
 static int token; // streams, events, the context: nothing to hold
+#define IMAGE_FORMAT 2 // of the "cubins": a header, then a shared object with emu_entry_<kernel>
+static const size_t STACK_BYTES = 1 << 16; // emu_grid.hpp's EMU_STACK
 
 static CUresult cuGetErrorName(CUresult e, const char **s) {
   switch (e) {
@@ -182,7 +184,8 @@ static CUresult cuInit(unsigned) { return OK; }
 static CUresult cuDeviceGetCount(int *n) { return *n = 1, OK; }
 static CUresult cuDeviceGet(int *d, int ordinal) { return ordinal ? INVALID_VALUE : (*d = 0, OK); }
 static CUresult cuDeviceGetName(char *name, int len, int) {
-  snprintf(name, (size_t)len, "Kiln's CUDA emulation on the CPU");
+  // the name is in Kiln's disk-cache key: its number changes with the images' format
+  snprintf(name, (size_t)len, "Kiln's CUDA emulation %d on the CPU", IMAGE_FORMAT);
   return OK;
 }
 static CUresult cuDeviceGetAttribute(int *v, int attr, int) {
@@ -228,7 +231,7 @@ static CUresult cuMemsetD8Async(unsigned long long dst, unsigned char v, size_t 
   return memset((void *)(uintptr_t)dst, v, n), OK;
 }
 
-static const char MAGIC[8] = {'K', 'I', 'L', 'N', 'E', 'M', 'U', '1'};
+static const char MAGIC[8] = {'K', 'I', 'L', 'N', 'E', 'M', 'U', '0' + IMAGE_FORMAT};
 
 static CUresult cuModuleLoadData(void **mod, const void *image) {
   if (!image || memcmp(image, MAGIC, sizeof MAGIC)) return INVALID_IMAGE;
@@ -272,8 +275,11 @@ static CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, 
       gx > 0x7fffffffu)
     return INVALID_VALUE;
   device_access a;
+  static char *stacks[1024]; // the threads' stacks, kept from launch to launch (under dev_lock)
+  for (unsigned i = 0; i < bx && i < 1024; i++)
+    if (!stacks[i] && !(stacks[i] = (char *)malloc(STACK_BYTES))) return OUT_OF_MEMORY;
   emu_function *f = (emu_function *)fn;
-  return f->entry(params, gx, bx) ? OK : LAUNCH_FAILED;
+  return f->entry(params, gx, bx, stacks) ? OK : LAUNCH_FAILED;
 }
 
 static const struct {
@@ -416,9 +422,9 @@ EXPORT int nvrtcCompileProgram(emu_program *prog, int, const char *const *) {
   }
   text += "\n#include \"emu_grid.hpp\"\n";
   for (auto &k : kernels)
-    text += "EXPORT_ENTRY int emu_entry_" + k.first + "(void **p, unsigned g, unsigned b) {\n"
+    text += "EXPORT_ENTRY int emu_entry_" + k.first + "(void **p, unsigned g, unsigned b, char **s) {\n"
             "  return emu_run_grid(\"" + k.first + "\", [](const void *a) { " + k.first +
-            "(*(const " + k.second + " *)a); }, p[0], g, b);\n}\n";
+            "(*(const " + k.second + " *)a); }, p[0], g, b, s);\n}\n";
   FILE *f = fopen(cpp.c_str(), "w");
   bool wrote = f && fwrite(text.data(), 1, text.size(), f) == text.size();
   if (f) fclose(f);

@@ -15,14 +15,31 @@
 #define __shared__ static
 struct emu_dim3 { unsigned x, y, z; };
 enum { RUN, AT_BLOCK, AT_WARP, DONE };
+// A thread is a coroutine.  On x86-64 it switches with emu_switch
+// (emu_grid.hpp: callee-saved registers and the stack pointer, no system
+// call); elsewhere with ucontext (a system call per switch: slower).
+#if defined(__x86_64__)
+#define EMU_FAST_SWITCH 1
+extern "C" void emu_switch(void **save_sp, void *to_sp);
+struct emu_thread { void *sp; unsigned tid; int state; char *stack; };
+extern void *emu_sched_sp;
+#else
 struct emu_thread { ucontext_t ctx; unsigned tid; int state; char *stack; };
-extern emu_thread *emu_cur;
 extern ucontext_t emu_sched;
+#endif
+extern emu_thread *emu_cur;
 extern emu_dim3 blockIdx, blockDim, gridDim;
 extern unsigned char emu_slot[32][32][8];
 static inline emu_dim3 emu_tid() { return emu_dim3{emu_cur->tid, 0, 0}; }
 #define threadIdx (emu_tid())
-static inline void emu_wait(int what) { emu_cur->state = what; swapcontext(&emu_cur->ctx, &emu_sched); }
+static inline void emu_wait(int what) {
+  emu_cur->state = what;
+#ifdef EMU_FAST_SWITCH
+  emu_switch(&emu_cur->sp, emu_sched_sp);
+#else
+  swapcontext(&emu_cur->ctx, &emu_sched);
+#endif
+}
 static inline void __syncthreads() { emu_wait(AT_BLOCK); }
 static inline void __threadfence() {}
 template <class T> T __shfl_down_sync(unsigned, T v, int w) {

@@ -1,26 +1,74 @@
 // emu_grid.hpp — runs one launch of an emulated kernel (emu.hpp) on the
-// CPU: each block's threads run as coroutines (ucontext), released together
-// at __syncthreads and at each warp shuffle; a block whose threads can never
+// CPU: each block's threads run as coroutines, released together at
+// __syncthreads and at each warp shuffle; a block whose threads can never
 // meet is reported.  Included once per program or module, after the
 // kernels: it defines the emulation's globals.
 #include "emu.hpp"
 emu_thread *emu_cur;
-ucontext_t emu_sched;
 emu_dim3 blockIdx, blockDim, gridDim;
 unsigned char emu_slot[32][32][8];
 
 typedef void (*emu_body)(const void *args);
 static emu_body emu_cur_body;
 static const void *emu_cur_args;
+static const size_t EMU_STACK = 1 << 16;
+
+#ifdef EMU_FAST_SWITCH
+void *emu_sched_sp;
+// emu_switch(save, to): pushes the callee-saved registers, stores the stack
+// pointer in *save, takes `to` as the stack pointer, pops them and returns
+// into whatever was suspended there
+__asm__(".text\n"
+        ".globl emu_switch\n"
+        ".hidden emu_switch\n"
+        ".type emu_switch, @function\n"
+        "emu_switch:\n"
+        "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+        "  movq %rsp, (%rdi)\n"
+        "  movq %rsi, %rsp\n"
+        "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+        "  ret\n"
+        ".size emu_switch, .-emu_switch\n");
+static void emu_trampoline() {
+  emu_cur_body(emu_cur_args);
+  emu_cur->state = DONE;
+  void *gone;
+  emu_switch(&gone, emu_sched_sp); // never resumed
+  __builtin_trap();
+}
+// a fresh coroutine on t's stack: six zero registers, then emu_trampoline
+// as the return address (entered with the stack as after a call)
+static void emu_start(emu_thread &t) {
+  uintptr_t top = ((uintptr_t)t.stack + EMU_STACK) & ~(uintptr_t)15;
+  void **sp = (void **)(top - 64);
+  for (int i = 0; i < 6; i++) sp[i] = nullptr;
+  sp[6] = (void *)emu_trampoline;
+  sp[7] = nullptr;
+  t.sp = sp;
+}
+static void emu_resume(emu_thread &t) { emu_switch(&emu_sched_sp, t.sp); }
+#else
+ucontext_t emu_sched;
 static void emu_trampoline() {
   emu_cur_body(emu_cur_args);
   emu_cur->state = DONE;
   swapcontext(&emu_cur->ctx, &emu_sched);
 }
+static void emu_start(emu_thread &t) {
+  getcontext(&t.ctx);
+  t.ctx.uc_stack.ss_sp = t.stack;
+  t.ctx.uc_stack.ss_size = EMU_STACK;
+  t.ctx.uc_link = nullptr;
+  makecontext(&t.ctx, emu_trampoline, 0);
+}
+static void emu_resume(emu_thread &t) { swapcontext(&emu_sched, &t.ctx); }
+#endif
 
-// runs body(args) as a grid x block launch; 0 (with a message on stderr)
-// if a block cannot finish
-static int emu_run_grid(const char *name, emu_body body, const void *args, unsigned grid, unsigned block) {
+// runs body(args) as a grid x block launch on the given stacks (block of
+// EMU_STACK bytes each; NULL: this call's own); 0 (with a message on
+// stderr) if a block cannot finish
+static int emu_run_grid(const char *name, emu_body body, const void *args, unsigned grid, unsigned block,
+                        char **stacks) {
   if (block == 0 || block > 1024 || block % 32) {
     fprintf(stderr, "emu %s: block of %u threads (a multiple of 32 up to 1024 is emulated)\n", name, block);
     return 0;
@@ -28,28 +76,22 @@ static int emu_run_grid(const char *name, emu_body body, const void *args, unsig
   emu_cur_body = body;
   emu_cur_args = args;
   std::vector<emu_thread> th(block);
-  const size_t SS = 1 << 16;
-  for (auto &t : th) t.stack = (char *)malloc(SS);
+  for (unsigned i = 0; i < block; i++) th[i].stack = stacks ? stacks[i] : (char *)malloc(EMU_STACK);
   gridDim = {grid, 1, 1};
   blockDim = {block, 1, 1};
   int ok = 1;
   for (unsigned b = 0; ok && b < grid; b++) {
     blockIdx = {b, 0, 0};
     for (unsigned i = 0; i < block; i++) {
-      emu_thread &t = th[i];
-      t.tid = i;
-      t.state = RUN;
-      getcontext(&t.ctx);
-      t.ctx.uc_stack.ss_sp = t.stack;
-      t.ctx.uc_stack.ss_size = SS;
-      t.ctx.uc_link = nullptr;
-      makecontext(&t.ctx, emu_trampoline, 0);
+      th[i].tid = i;
+      th[i].state = RUN;
+      emu_start(th[i]);
     }
     for (;;) {
       for (auto &t : th)
         if (t.state == RUN) {
           emu_cur = &t;
-          swapcontext(&emu_sched, &t.ctx);
+          emu_resume(t);
         }
       bool all_done = true, released = false;
       for (auto &t : th) all_done = all_done && t.state == DONE;
@@ -92,6 +134,7 @@ static int emu_run_grid(const char *name, emu_body body, const void *args, unsig
       }
     }
   }
-  for (auto &t : th) free(t.stack);
+  if (!stacks)
+    for (auto &t : th) free(t.stack);
   return ok;
 }

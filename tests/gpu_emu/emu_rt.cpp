@@ -22,5 +22,8 @@ extern "C" int emu_launch(const char *name, const void *args, unsigned grid, uns
   for (auto &r : registry) if (!strcmp(r.name, name)) fn = r.fn;
   if (!fn) { fprintf(stderr, "emu: no kernel %s\n", name); return 0; }
   cur_fn = fn;
-  return emu_run_grid(name, call_kernel, args, grid, block);
+  static char *stacks[1024]; // kept from launch to launch
+  for (unsigned i = 0; i < block && i < 1024; i++)
+    if (!stacks[i]) stacks[i] = (char *)malloc(EMU_STACK);
+  return emu_run_grid(name, call_kernel, args, grid, block, stacks);
 }
