@@ -60,6 +60,14 @@ vm_tensor *tr_handle_from_value(vm_tensor *value) {
   return handle_new(n);
 }
 
+bool tr_weak_scalar(const vm_tensor *t, double *value, bool *host) {
+  const tr_node *n = t->node;
+  if (!t->weak || t->ndim != 0 || !n || n->op != VM_OP_full) return false;
+  *value = n->attr.scalar[0];
+  *host = n->attr.host;
+  return true;
+}
+
 void tr_handle_free(vm_tensor *t) {
   atomic_fetch_sub_explicit(&t->node->handles, 1, memory_order_relaxed);
   tr_node_release(t->node);

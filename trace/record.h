@@ -46,6 +46,10 @@ size_t tr_pending_bytes(vm_tensor *t);
    those recorded on this thread, one per other thread's graph. */
 int tr_eval(int n, vm_tensor *const *ts);
 
+/* A weak scalar handle's literal (its full node's value and host flag):
+   false when t is no such handle. */
+bool tr_weak_scalar(const vm_tensor *t, double *value, bool *host);
+
 /* vm_release's half for handles: drops the handle's node reference. */
 void tr_handle_free(vm_tensor *t);
 

@@ -719,7 +719,15 @@ vm_tensor *vm_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr)
   if (!ok) vm_error(KILN_ERR_OOM, "out of memory");
   for (int i = 0; ok && i < n; i++) {
     kiln_dtype want = input_dtype(op, i, in[i], &m);
-    ok = (args[i] = in[i]->dtype == want ? vm_retain(in[i]) : vm_cast(in[i], want)) != NULL;
+    /* a weak scalar cast to a float dtype is made in that dtype instead
+       (the same rounding): a cast node would be a 0-d value on the host,
+       and a CUDA trace holding one would run node by node */
+    double v;
+    bool host;
+    if (in[i]->dtype != want && vm_dtype_is_float(want) && tr_weak_scalar(in[i], &v, &host))
+      ok = (args[i] = vm_weak_scalar_of(v, want, host)) != NULL;
+    else
+      ok = (args[i] = in[i]->dtype == want ? vm_retain(in[i]) : vm_cast(in[i], want)) != NULL;
   }
   if (ok) out = tr_record(op, n, args, attr, &m);
   for (int i = 0; args && i < n; i++) vm_release(args[i]);
