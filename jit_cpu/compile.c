@@ -929,9 +929,9 @@ static vm_tensor *contiguous_copy(vm_tensor *v, const vm_meta *rin, int64_t *str
   return copy;
 }
 
-static bool split_strides(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals, const tr_pnode *red,
-                          const vm_meta *rin, int64_t count, int per_input, int64_t *meta, void **bufs,
-                          input_copies *copies) {
+static bool split_strides(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
+                          const tr_pnode *red, const vm_meta *rin, int64_t count, int per_input, int64_t *meta,
+                          void **bufs, input_copies *copies) {
   int first, last, nd = rin->ndim;
   reduced_run(red, rin, &first, &last);
   if (last < 0) { /* nothing reduced: every dim is a kept one */

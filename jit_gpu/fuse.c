@@ -702,7 +702,6 @@ bool gpu_fused_ready(const gpu_fused_group *fg) {
 
 enum { REFUSED, RAN, FAILED };
 
-
 static int failed(int *rc, vm_tensor **outs, int n, int code, const char *what, const char *name) {
   for (int q = 0; q < n; q++) vm_release(outs[q]);
   *rc = vm_thread()->status ? vm_thread()->status : vm_error(code, "%s %s", what, name);
@@ -712,8 +711,9 @@ static int failed(int *rc, vm_tensor **outs, int n, int code, const char *what, 
 /* k's inputs into a (pointers) and st (strides over shape's nd dims, 0 on
    broadcast dims); REFUSED when one is not where, or not laid out as, k
    was compiled for */
-static int bind_inputs(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
-                       int nd, const int64_t *shape, gpu_fargs *a, int64_t (*st)[KILN_MAX_DIMS]) {
+static int bind_inputs(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan, const tr_trace *t,
+                       vm_tensor **vals, int nd, const int64_t *shape, gpu_fargs *a,
+                       int64_t (*st)[KILN_MAX_DIMS]) {
   for (int q = 0; q < k->nin; q++) {
     vm_tensor *v = tr_run_value(plan, t, vals, k->ins[q]);
     if (!v || v->ndim > nd || !v->storage || v->storage->device != dev->device) return REFUSED;
@@ -807,8 +807,9 @@ static void reduce_geometry(const vm_meta *rin, uint32_t mask, int nops, const i
 /* a fold's arguments over the shape R of reduction r's input: k's inputs
    (REFUSED when one is not as compiled), its outputs from out0 on dense
    of shape R, the geometry, and schedule s's extents */
-static int bind_fold(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
-                     const tr_pnode *r, const vm_meta *R, int out0, const gpu_red_sched *s, gpu_fargs *a) {
+static int bind_fold(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan, const tr_trace *t,
+                     vm_tensor **vals, const tr_pnode *r, const vm_meta *R, int out0, const gpu_red_sched *s,
+                     gpu_fargs *a) {
   memset(a, 0, sizeof *a);
   int64_t st[GPU_FUSE_MAX_IO][KILN_MAX_DIMS];
   memset(st, 0, sizeof st);

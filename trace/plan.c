@@ -486,7 +486,13 @@ static int run_node(const tr_plan *plan, const tr_trace *t, int i, vm_tensor **v
   const tr_pnode *p = &plan->nodes[i];
   vm_tensor *few[3], **ins = p->nin <= 3 ? few : malloc((size_t)p->nin * sizeof *ins);
   if (!ins) return vm_error(KILN_ERR_OOM, "out of memory");
-  for (int k = 0; k < p->nin; k++) ins[k] = tr_run_value(plan, t, vals, tr_pnode_input(p, k));
+  bool have = true; /* a fill made here can fail (out of memory) */
+  for (int k = 0; k < p->nin; k++)
+    have = (ins[k] = tr_run_value(plan, t, vals, tr_pnode_input(p, k))) != NULL && have;
+  if (!have) {
+    if (ins != few) free(ins);
+    return vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
+  }
   vm_attr attr = p->attr; /* this flush's host scalars and RNG counters */
   const vm_attr *now = &t->nodes[p->src]->attr;
   memcpy(attr.scalar, now->scalar, sizeof attr.scalar);
