@@ -60,13 +60,6 @@ static double *read_f64(kiln_tensor *t, int64_t *n) {
    larger of the cpu element's magnitude and `floor`; with `scaled`, the
    floor is cpu's largest magnitude: for results of long sums (gradients),
    where an element near zero is the difference of large terms */
-static void same_within(const char *what, kiln_tensor *cpu, kiln_tensor *gpu, double rtol, bool scaled);
-static void check_same(const char *what, kiln_tensor *cpu, kiln_tensor *gpu, double rtol) {
-  same_within(what, cpu, gpu, rtol, false);
-}
-static void check_near(const char *what, kiln_tensor *cpu, kiln_tensor *gpu, double rtol) {
-  same_within(what, cpu, gpu, rtol, true);
-}
 static void same_within(const char *what, kiln_tensor *cpu, kiln_tensor *gpu, double rtol, bool scaled) {
   if (!cpu || !gpu) {
     KTEST_FAIL("%s: cpu %p gpu %p (%s)", what, (void *)cpu, (void *)gpu, kiln_last_error());
@@ -89,6 +82,13 @@ static void same_within(const char *what, kiln_tensor *cpu, kiln_tensor *gpu, do
   }
   free(a);
   free(b);
+}
+
+static void check_same(const char *what, kiln_tensor *cpu, kiln_tensor *gpu, double rtol) {
+  same_within(what, cpu, gpu, rtol, false);
+}
+static void check_near(const char *what, kiln_tensor *cpu, kiln_tensor *gpu, double rtol) {
+  same_within(what, cpu, gpu, rtol, true);
 }
 
 static kiln_tensor *gpu(kiln_tensor *t) { return kiln_to_device(t, KILN_CUDA); }

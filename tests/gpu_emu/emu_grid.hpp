@@ -64,9 +64,9 @@ static void emu_start(emu_thread &t) {
 static void emu_resume(emu_thread &t) { swapcontext(&emu_sched, &t.ctx); }
 #endif
 
-// runs body(args) as a grid x block launch on the given stacks (block of
-// EMU_STACK bytes each; NULL: this call's own); 0 (with a message on
-// stderr) if a block cannot finish
+// runs body(args) as a grid x block launch on the caller's stacks (block
+// of them, EMU_STACK bytes each, kept from launch to launch); 0 (with a
+// message on stderr) if a block cannot finish
 static int emu_run_grid(const char *name, emu_body body, const void *args, unsigned grid, unsigned block,
                         char **stacks) {
   if (block == 0 || block > 1024 || block % 32) {
@@ -76,7 +76,7 @@ static int emu_run_grid(const char *name, emu_body body, const void *args, unsig
   emu_cur_body = body;
   emu_cur_args = args;
   std::vector<emu_thread> th(block);
-  for (unsigned i = 0; i < block; i++) th[i].stack = stacks ? stacks[i] : (char *)malloc(EMU_STACK);
+  for (unsigned i = 0; i < block; i++) th[i].stack = stacks[i];
   gridDim = {grid, 1, 1};
   blockDim = {block, 1, 1};
   int ok = 1;
@@ -134,7 +134,5 @@ static int emu_run_grid(const char *name, emu_body body, const void *args, unsig
       }
     }
   }
-  if (!stacks)
-    for (auto &t : th) free(t.stack);
   return ok;
 }

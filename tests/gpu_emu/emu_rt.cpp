@@ -24,6 +24,6 @@ extern "C" int emu_launch(const char *name, const void *args, unsigned grid, uns
   cur_fn = fn;
   static char *stacks[1024]; // kept from launch to launch
   for (unsigned i = 0; i < block && i < 1024; i++)
-    if (!stacks[i]) stacks[i] = (char *)malloc(EMU_STACK);
+    if (!stacks[i] && !(stacks[i] = (char *)malloc(EMU_STACK))) return 0;
   return emu_run_grid(name, call_kernel, args, grid, block, stacks);
 }
