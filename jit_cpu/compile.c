@@ -814,6 +814,20 @@ static vm_tensor *input_strides(const cpu_kernel *k, const tr_plan *plan, const 
   return v;
 }
 
+/* A fill the kernel reads (a full node: no group makes it, and
+   tr_run_value would make it on the interpreter, one tensor per fill per
+   run) is read from an 8-byte slot holding its value in its dtype, with
+   strides 0: kernel_plan gives fills stride class 0, a broadcast, which a
+   fill always is.  NULL for any other input. */
+static void *fill_slot(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, int q, uint64_t *slot) {
+  int r = k->ins[q];
+  if (r < 0 || plan->nodes[r].op != VM_OP_full || k->in_stride[q] != 0) return NULL;
+  const tr_pnode *p = &plan->nodes[r];
+  *slot = 0;
+  vm_store_f64(slot, p->meta.dtype, 0, t->nodes[p->src]->attr.scalar[0]);
+  return slot;
+}
+
 /* the inner stride an input has now fits the one its kernel was compiled for */
 static bool inner_fits(const cpu_kernel *k, int q, int64_t inner_stride) {
   return !(k->in_stride[q] == 0 && inner_stride != 0) && !(k->in_stride[q] == 1 && inner_stride != 1);
@@ -931,7 +945,7 @@ static vm_tensor *contiguous_copy(vm_tensor *v, const vm_meta *rin, int64_t *str
 
 static bool split_strides(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
                           const tr_pnode *red, const vm_meta *rin, int64_t count, int per_input, int64_t *meta,
-                          void **bufs, input_copies *copies) {
+                          void **bufs, uint64_t *fills, input_copies *copies) {
   int first, last, nd = rin->ndim;
   reduced_run(red, rin, &first, &last);
   if (last < 0) { /* nothing reduced: every dim is a kept one */
@@ -939,6 +953,10 @@ static bool split_strides(const cpu_kernel *k, const tr_plan *plan, const tr_tra
     last = nd - 1;
   }
   for (int q = 0; q < k->nin; q++) {
+    if ((bufs[k->nout + q] = fill_slot(k, plan, t, q, &fills[q]))) {
+      memset(meta + per_input * q, 0, (size_t)per_input * sizeof *meta);
+      continue;
+    }
     int64_t strides[KILN_MAX_DIMS], s_out, s_red, s_in;
     vm_tensor *v = input_strides(k, plan, t, vals, q, nd, strides);
     if (v && !collapse_range(rin->shape, strides, first, last + 1, &s_red))
@@ -1003,10 +1021,10 @@ static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
   int64_t nchunks = count > KERNEL_REDUCE_CHUNK ? (count + chunk - 1) / chunk : 1;
   int64_t meta[4 + 2 * KERNEL_MAX_IO] = {rows, count, chunk, nchunks};
   void *bufs[2 * KERNEL_MAX_IO + 1];
-  uint64_t params[KERNEL_MAX_IO];
+  uint64_t params[KERNEL_MAX_IO], fills[KERNEL_MAX_IO];
   vm_tensor *outs[KERNEL_MAX_IO] = {0}, *partials = NULL;
   input_copies copies = {.n = 0};
-  if (!split_strides(k, plan, t, vals, red, rin, count, 2, meta + 4, bufs, &copies)) return false;
+  if (!split_strides(k, plan, t, vals, red, rin, count, 2, meta + 4, bufs, fills, &copies)) return false;
   kernel_params(k, plan, t, params);
   int got = alloc_outputs(k, plan, rows, rows * count, true, outs, bufs, rc);
   if (got <= 0) {
@@ -1048,10 +1066,10 @@ static bool run_reduce_cols(const cpu_kernel *k, const tr_plan *plan, const tr_t
   int64_t nblocks = (inner + KERNEL_COLS - 1) / KERNEL_COLS;
   int64_t meta[4 + 3 * KERNEL_MAX_IO] = {outer, count, inner, nblocks};
   void *bufs[2 * KERNEL_MAX_IO + 1];
-  uint64_t params[KERNEL_MAX_IO];
+  uint64_t params[KERNEL_MAX_IO], fills[KERNEL_MAX_IO];
   vm_tensor *outs[KERNEL_MAX_IO] = {0};
   input_copies copies = {.n = 0};
-  if (!split_strides(k, plan, t, vals, red, rin, count, 3, meta + 4, bufs, &copies)) return false;
+  if (!split_strides(k, plan, t, vals, red, rin, count, 3, meta + 4, bufs, fills, &copies)) return false;
   kernel_params(k, plan, t, params);
   int got = alloc_outputs(k, plan, outer * inner, outer * count * inner, true, outs, bufs, rc);
   if (got <= 0) {
@@ -1074,10 +1092,10 @@ static bool run_rows(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t
   if (!kernel_reduce_split(red, rin, &rows, &count)) return false;
   int64_t meta[2 + 2 * KERNEL_MAX_IO] = {rows, count};
   void *bufs[2 * KERNEL_MAX_IO + 1];
-  uint64_t params[KERNEL_MAX_IO];
+  uint64_t params[KERNEL_MAX_IO], fills[KERNEL_MAX_IO];
   vm_tensor *outs[KERNEL_MAX_IO] = {0};
   input_copies copies = {.n = 0};
-  if (!split_strides(k, plan, t, vals, red, rin, count, 2, meta + 2, bufs, &copies)) return false;
+  if (!split_strides(k, plan, t, vals, red, rin, count, 2, meta + 2, bufs, fills, &copies)) return false;
   kernel_params(k, plan, t, params);
   int got = alloc_outputs(k, plan, rows, rows * count, false, outs, bufs, rc);
   if (got <= 0) {
@@ -1098,7 +1116,12 @@ static bool run_elementwise(const cpu_kernel *k, const tr_plan *plan, const tr_t
   int nd = om->ndim, nin = k->nin;
   int64_t shape[KILN_MAX_DIMS], strides[KERNEL_MAX_IO][KILN_MAX_DIMS];
   void *bufs[2 * KERNEL_MAX_IO + 1];
+  uint64_t fills[KERNEL_MAX_IO];
   for (int q = 0; q < nin; q++) {
+    if ((bufs[k->nout + q] = fill_slot(k, plan, t, q, &fills[q]))) {
+      memset(strides[q], 0, (size_t)nd * sizeof(int64_t));
+      continue;
+    }
     vm_tensor *v = input_strides(k, plan, t, vals, q, nd, strides[q]);
     if (!v) return false;
     bufs[k->nout + q] = vm_data(v);

@@ -83,6 +83,10 @@ static bool inner_unit(const tr_plan *plan, const cpu_leaf *leaves, int r) {
   return false;
 }
 
+/* a fill from outside the kernel: uniform, so a broadcast (stride class 0)
+   whatever its shape; the runner passes its value, not a buffer */
+static bool is_fill(const tr_plan *plan, int r) { return r >= 0 && plan->nodes[r].op == VM_OP_full; }
+
 /* the group's inputs, outputs and params; false if it has a node the code
    generator does not handle */
 bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
@@ -152,7 +156,9 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
       if (ks->nparams == KERNEL_MAX_IO) return false;
       ks->params[ks->nparams++] = i;
     }
-    bool out = escapes[i] || p->last_use > last_computed || i == ks->reduce;
+    /* a fill is never stored: whoever reads it later takes its value
+       (tr_run_value, or fill_slot for a kernel) */
+    bool out = (escapes[i] || p->last_use > last_computed || i == ks->reduce) && p->op != VM_OP_full;
     if (out) {
       if (ks->nout == KERNEL_MAX_IO) return false;
       ks->outs[ks->nout++] = i;
@@ -171,7 +177,7 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
     int r = ks->ins[q];
     const vm_meta *m = r >= 0 ? &plan->nodes[r].meta : &leaves[-1 - r].meta;
     int64_t last = m->ndim ? m->shape[m->ndim - 1] : 1;
-    ks->stride_class[q] = (last == 1 && inner > 1) ? 0 : inner_unit(plan, leaves, r) ? 1 : 2;
+    ks->stride_class[q] = (last == 1 && inner > 1) || is_fill(plan, r) ? 0 : inner_unit(plan, leaves, r) ? 1 : 2;
   }
   return true;
 }
@@ -916,7 +922,7 @@ static bool rows_fill(const tr_plan *plan, int g, int gb, const bool *escapes, c
     }
     bool shaped = ks->per_elem[i - first] ? tr_meta_shape_is(&p->meta, nd, sp->R->shape) : tr_meta_shape_is(&p->meta, nd, sp->rk);
     if (!shaped && (ks->per_elem[i - first] || !tr_meta_all_ones(&p->meta, nd))) return false;
-    if (escapes[i] || p->last_use > last) { /* read after the run: stored */
+    if ((escapes[i] || p->last_use > last) && p->op != VM_OP_full) { /* read after the run: stored */
       if (!shaped || ks->nout == KERNEL_MAX_IO) return false;
       ks->outs[ks->nout++] = i;
     }
@@ -924,7 +930,8 @@ static bool rows_fill(const tr_plan *plan, int g, int gb, const bool *escapes, c
   if (ks->nout == 0) return false;
   for (int q = 0; q < ks->nin; q++) {
     int r = ks->ins[q];
-    ks->stride_class[q] = tr_meta_const_along(ref_meta(plan, leaves, r), sp->R, sp->axes) ? 0 : inner_unit(plan, leaves, r) ? 1 : 2;
+    ks->stride_class[q] = tr_meta_const_along(ref_meta(plan, leaves, r), sp->R, sp->axes) || is_fill(plan, r) ? 0
+                          : inner_unit(plan, leaves, r) ? 1 : 2;
   }
   plan_stash(plan, ks, first);
   return true;

@@ -456,8 +456,108 @@ TEST(sliced_operands_are_read_at_unit_stride) {
   }
 }
 
+/* the bits of n floats, folded (FNV-1a) */
+static unsigned long long bits_of(const float *v, size_t n) {
+  unsigned long long h = 1469598103934665603ull;
+  const unsigned char *b = (const unsigned char *)v;
+  for (size_t i = 0; i < n * sizeof *v; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+/* one of fills_work's programs on x16 (16 values) and m ([64, 300]); its
+   result's bits */
+static unsigned long long fill_program(int which, kiln_tensor *x16, kiln_tensor *m) {
+  static float out[64 * 300];
+  kiln_tensor *r = NULL;
+  if (which == 0) { /* W5: 100 scalar ops, one kernel reading 100 fills */
+    r = kiln_retain(x16);
+    for (int k = 0; k < 100; k++) {
+      kiln_tensor *next = k % 2 ? kiln_add_scalar(r, 0.01) : kiln_mul_scalar(r, 1.01);
+      kiln_release(r);
+      r = next;
+    }
+  } else {
+    kiln_tensor *a = kiln_mul_scalar(m, which == 3 ? 0.5 : 1.5), *b = kiln_add_scalar(a, which == 2 ? -1.0 : 0.25);
+    if (which == 1) r = kiln_sum(b, 0, NULL, false);          /* a reduction over every element */
+    if (which == 2) r = kiln_sum(b, 1, (int[]){0}, false);    /* a column reduction */
+    if (which == 3) r = kiln_softmax(b, -1);                  /* a row kernel */
+    kiln_release(a);
+    kiln_release(b);
+  }
+  size_t n = (size_t)kiln_numel(r);
+  if (kiln_to_buffer(r, out, n * sizeof *out) != KILN_OK) n = 0;
+  kiln_release(r);
+  return bits_of(out, n);
+}
+
+/* child: programs whose kernels read host scalars from outside their group
+   (fill_program), each run 4 times; prints per program its result's bits
+   and how many ops its last run ran on the interpreter */
+static int fills_work(void) {
+  float init[16];
+  for (int i = 0; i < 16; i++) init[i] = 0.1f * (float)i;
+  int64_t n16 = 16;
+  kiln_tensor *x16 = kiln_from_data(init, KILN_F32, 1, &n16);
+  kiln_tensor *flat = kiln_arange(0, 64 * 300, 1, KILN_F32), *shaped = kiln_reshape(flat, 2, (int64_t[]){64, 300});
+  kiln_tensor *m = kiln_mul_scalar(shaped, 1e-3);
+  kiln_eval(1, &m); /* a leaf of the programs below */
+  for (int which = 0; which < 4; which++) {
+    unsigned long long bits = 0;
+    kiln_stats before = {0}, after = {0};
+    for (int it = 0; it < 4; it++) {
+      kiln_get_stats(&before);
+      bits = fill_program(which, x16, m);
+      kiln_get_stats(&after);
+    }
+    printf("%016llx %llu %llu ", bits, (unsigned long long)(after.eager_ops - before.eager_ops),
+           (unsigned long long)(after.kernels_launched - before.kernels_launched));
+  }
+  printf("\n");
+  kiln_tensor *all[] = {x16, flat, shaped, m};
+  for (int i = 0; i < 4; i++) kiln_release(all[i]);
+  return 0;
+}
+
+/* per program of fills_work: bits, interpreted ops, kernels launched */
+static bool read_fills(const char *line, unsigned long long (*r)[3]) {
+  int at = 0, used = 0;
+  for (int w = 0; w < 4; w++, at += used)
+    if (sscanf(line + at, "%llx %llu %llu %n", &r[w][0], &r[w][1], &r[w][2], &used) != 3) return false;
+  return true;
+}
+
+/* Fills are never a kernel's outputs and kernels take the scalars of those
+   made outside their group as values: once compiled, a chain of 100
+   scalar ops, a sum, a column sum and a row softmax over scaled inputs are
+   one kernel launch each and nothing on the interpreter, with the
+   interpreter's bits.  (The fills were a kernel of their own, storing a
+   0-d tensor per fill per run: W5 spent a fifth of its time there.) */
+TEST(fills_are_values_not_buffers) {
+  char cmd[9000], want[512] = "", got[512] = "";
+  snprintf(cmd, sizeof cmd, "env KILN_JIT=0 '%s' fills", self);
+  FILE *p = popen(cmd, "r");
+  CHECK(p && fgets(want, sizeof want, p));
+  if (p) CHECK(pclose(p) == 0);
+  snprintf(cmd, sizeof cmd, "env KILN_CACHE=0 KILN_HOT=2 KILN_ASYNC=0 '%s' fills", self);
+  p = popen(cmd, "r");
+  CHECK(p && fgets(got, sizeof got, p));
+  if (p) CHECK(pclose(p) == 0);
+  unsigned long long w[4][3] = {{0}}, g[4][3] = {{0}};
+  CHECK(read_fills(want, w));
+  CHECK(read_fills(got, g));
+  for (int k = 0; k < 4; k++) {
+    if (g[k][0] != w[k][0] || g[k][1] != 0 || g[k][2] != 1)
+      fprintf(stderr, "program %d: bits %016llx (interpreter %016llx), %llu interpreted ops, %llu launches\n", k,
+              g[k][0], w[k][0], g[k][1], g[k][2]);
+    CHECK(g[k][0] == w[k][0]);
+    CHECK(g[k][1] == 0 && g[k][2] == 1);
+    CHECK(w[k][1] > 0); /* the counts are live */
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "work")) return work();
+  if (argc > 1 && !strcmp(argv[1], "fills")) return fills_work();
   if (argc > 1 && !strcmp(argv[1], "exit")) return exit_work();
   if (argc > 1 && !strcmp(argv[1], "async")) return async_work(true);
   if (argc > 1 && !strcmp(argv[1], "async-nowait")) return async_work(false);
@@ -473,6 +573,7 @@ int main(int argc, char **argv) {
   RUN(jit_wait_then_compiled);
   RUN(opt_info_reports_vectorized_loops);
   RUN(sliced_operands_are_read_at_unit_stride);
+  RUN(fills_are_values_not_buffers);
   RUN(compiles_run_in_the_compiler_process);
   RUN(compiler_crash_costs_a_compile);
   RUN(stale_compiler_process_is_refused);

@@ -23,10 +23,14 @@ static void graph_release(tr_graph *g) {
   }
 }
 
+/* this thread's graph, as the key holds it (a plain TLS read per op) */
+static __thread tr_graph *thread_graph;
+
 /* at thread exit: pending nodes still alive keep the graph; stores are
    dropped with it (their handles still name their nodes) */
 static void graph_thread_exit(void *p) {
   tr_graph *g = p;
+  thread_graph = NULL;
   tr_graph_lock(g);
   tr_node **stores = g->stores;
   int n = g->nstores;
@@ -41,9 +45,10 @@ static void graph_thread_exit(void *p) {
 static void graph_key_init(void) { pthread_key_create(&graph_key, graph_thread_exit); }
 
 tr_graph *tr_thread_graph(void) {
+  if (thread_graph) return thread_graph;
   pthread_once(&graph_key_once, graph_key_init);
   tr_graph *g = pthread_getspecific(graph_key);
-  if (g) return g;
+  if (g) return thread_graph = g;
   g = calloc(1, sizeof *g);
   if (!g) return NULL;
   pthread_mutexattr_t attr;
@@ -54,7 +59,7 @@ tr_graph *tr_thread_graph(void) {
   atomic_init(&g->refs, 1);
   g->head.next = g->head.prev = &g->head;
   pthread_setspecific(graph_key, g);
-  return g;
+  return thread_graph = g;
 }
 
 void tr_graph_lock(tr_graph *g) { pthread_mutex_lock(&g->lock); }

@@ -30,7 +30,9 @@ static bool queue_locked(tr_graph *g, tr_node *n) {
   return true;
 }
 
-static vm_tensor *handle_new(tr_node *n) {
+/* a handle on n, taking the caller's reference; `fresh`: n was just made
+   on this thread, no other handle or thread has it yet */
+static vm_tensor *handle_make(tr_node *n, bool fresh) {
   vm_tensor *t = vm_block_alloc(VM_BLOCK_TENSOR, sizeof *t);
   if (!t) {
     vm_error(KILN_ERR_OOM, "out of memory for a tensor handle");
@@ -47,9 +49,12 @@ static vm_tensor *handle_new(tr_node *n) {
   assert(fits); /* n's shape was checked by vm_infer or is a value's */
   (void)fits;
   t->node = n; /* takes the caller's reference */
-  atomic_fetch_add_explicit(&n->handles, 1, memory_order_relaxed);
+  if (fresh) atomic_store_explicit(&n->handles, 1, memory_order_relaxed);
+  else atomic_fetch_add_explicit(&n->handles, 1, memory_order_relaxed);
   return t;
 }
+
+static vm_tensor *handle_new(tr_node *n) { return handle_make(n, false); }
 
 vm_tensor *tr_handle_from_value(vm_tensor *value) {
   tr_node *n = tr_node_from_value(value);
@@ -221,6 +226,27 @@ static bool as_empty_leaf(vm_opcode op, int n, vm_tensor *const *in, const vm_me
   return true;
 }
 
+/* Node sequence numbers order autodiff's walk (autodiff/backward.c): a
+   node's number exceeds its inputs', and on one thread numbers grow in
+   recording order.  Each thread takes blocks of numbers from a shared
+   counter (one atomic per block, not per op); an input numbered past this
+   thread's block (recorded on another thread since) starts a new block,
+   which lies past every number handed out. */
+#define SEQ_BLOCK 1024
+static atomic_uint_fast64_t seq_blocks;
+static __thread uint64_t seq_next, seq_end;
+
+static uint64_t next_seq(int n, vm_tensor *const *in) {
+  uint64_t newest = 0;
+  for (int i = 0; i < n; i++)
+    if (in[i]->node->seq > newest) newest = in[i]->node->seq;
+  if (seq_next == seq_end || newest >= seq_next) {
+    seq_next = atomic_fetch_add_explicit(&seq_blocks, SEQ_BLOCK, memory_order_relaxed) + 1;
+    seq_end = seq_next + SEQ_BLOCK;
+  }
+  return seq_next++;
+}
+
 vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr,
                      const vm_meta *m) {
   vm_attr empty_attr;
@@ -277,8 +303,7 @@ vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *a
     return NULL;
   }
   atomic_init(&node->refs, 1);
-  static atomic_uint_fast64_t next_seq;
-  node->seq = atomic_fetch_add_explicit(&next_seq, 1, memory_order_relaxed) + 1;
+  node->seq = next_seq(n, in);
   if (vm_thread()->no_grad == 0)
     for (int i = 0; i < n; i++) node->requires_grad |= in[i]->node->requires_grad;
   node->op = op;
@@ -301,7 +326,7 @@ vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *a
     return NULL;
   }
   tr_graph_unlock(g);
-  return handle_new(node);
+  return handle_make(node, true);
 }
 
 void tr_store(vm_tensor *dst, vm_tensor *src) {

@@ -112,6 +112,15 @@ void *vm_block_alloc(int kind, size_t size) {
   return b;
 }
 
+void *vm_block_alloc_aligned(int kind, size_t size) {
+  vm_thread_state *ts = &thread_state;
+  void *b = ts->free_blocks[kind];
+  if (!b) return aligned_alloc(64, (size + 63) & ~(size_t)63);
+  ts->free_blocks[kind] = *(void **)b;
+  ts->free_count[kind]--;
+  return b;
+}
+
 void vm_block_free(int kind, void *p) {
   vm_thread_state *ts = &thread_state;
   if (!p) return;

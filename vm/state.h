@@ -15,8 +15,10 @@
 #define VM_ERROR_LEN 512
 
 /* per-thread caches of freed fixed-size blocks (tensor headers, trace
-   nodes): recording an op allocates a few of each */
-enum { VM_BLOCK_TENSOR, VM_BLOCK_NODE, VM_BLOCK_KINDS };
+   nodes, small storages with their data inline): recording an op
+   allocates a few of each, and a run of a cached plan a storage per
+   output */
+enum { VM_BLOCK_TENSOR, VM_BLOCK_NODE, VM_BLOCK_STORAGE_S, VM_BLOCK_STORAGE_L, VM_BLOCK_KINDS };
 #define VM_BLOCK_CACHE 256
 
 typedef struct vm_thread_state {
@@ -95,6 +97,9 @@ static inline void vm_add_ms(atomic_uint_fast64_t *us, double ms) {
 /* a zeroed block of `size` bytes of kind (always the same size per kind),
    from this thread's cache when it has one; NULL on OOM */
 void *vm_block_alloc(int kind, size_t size);
+/* an uninitialized block of `size` bytes aligned to 64 (kinds whose blocks
+   all come from here); NULL when out of memory */
+void *vm_block_alloc_aligned(int kind, size_t size);
 void vm_block_free(int kind, void *p);
 
 /* integer environment variable, or dflt when unset or malformed */

@@ -191,10 +191,17 @@ static size_t storage_bytes(const vm_storage *s) {
 
 size_t vm_memory_in_use(void) { return atomic_load_explicit(&live_bytes, memory_order_relaxed); }
 
+/* inline storages come in two block sizes, cached per thread (glibc's
+   posix_memalign took some 2 us per small output when the heap was busy) */
+#define VM_INLINE_SMALL 64
+static int inline_kind(size_t nbytes) { return nbytes <= VM_INLINE_SMALL ? VM_BLOCK_STORAGE_S : VM_BLOCK_STORAGE_L; }
+
 static vm_storage *storage_new(size_t nbytes) {
   if (nbytes <= VM_INLINE_BYTES) {
-    void *block = NULL;
-    if (posix_memalign(&block, 64, VM_HEADER_BYTES + (nbytes ? nbytes : 64)) != 0) {
+    int kind = inline_kind(nbytes);
+    void *block = vm_block_alloc_aligned(kind, VM_HEADER_BYTES + (kind == VM_BLOCK_STORAGE_S ? VM_INLINE_SMALL
+                                                                                          : VM_INLINE_BYTES));
+    if (!block) {
       vm_error(KILN_ERR_OOM, "out of memory allocating %zu bytes", nbytes);
       return NULL;
     }
@@ -229,7 +236,8 @@ static void storage_release(vm_storage *s) {
     atomic_fetch_sub_explicit(&live_bytes, storage_bytes(s), memory_order_relaxed);
     if (s->device != KILN_CPU) vm_backend_of(s->device)->free(s->data, s->nbytes);
     else if (!s->inline_data) block_free(s->data, s->nbytes);
-    free(s);
+    if (s->inline_data) vm_block_free(inline_kind(s->nbytes), s);
+    else free(s);
   }
 }
 
