@@ -102,23 +102,27 @@ static void blocks_thread_exit(void *p) {
 
 static void blocks_key_init(void) { pthread_key_create(&blocks_key, blocks_thread_exit); }
 
-void *vm_block_alloc(int kind, size_t size) {
+/* a block of kind from this thread's cache, or NULL when it has none */
+static void *cached_block(int kind) {
   vm_thread_state *ts = &thread_state;
   void *b = ts->free_blocks[kind];
+  if (b) {
+    ts->free_blocks[kind] = *(void **)b;
+    ts->free_count[kind]--;
+  }
+  return b;
+}
+
+void *vm_block_alloc(int kind, size_t size) {
+  void *b = cached_block(kind);
   if (!b) return calloc(1, size);
-  ts->free_blocks[kind] = *(void **)b;
-  ts->free_count[kind]--;
   memset(b, 0, size);
   return b;
 }
 
 void *vm_block_alloc_aligned(int kind, size_t size) {
-  vm_thread_state *ts = &thread_state;
-  void *b = ts->free_blocks[kind];
-  if (!b) return aligned_alloc(64, (size + 63) & ~(size_t)63);
-  ts->free_blocks[kind] = *(void **)b;
-  ts->free_count[kind]--;
-  return b;
+  void *b = cached_block(kind);
+  return b ? b : aligned_alloc(64, (size + 63) & ~(size_t)63);
 }
 
 void vm_block_free(int kind, void *p) {
