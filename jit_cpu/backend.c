@@ -49,6 +49,12 @@ static bool cpu_group(const void *compiled, const tr_plan *plan, const tr_trace 
   if (!k || !cpu_run_group(k, plan, t, g, vals, rc)) return false;
   *resume = k->resume;
   *last_group = k->last_group;
+  /* a reduce kernel's epilogue, compiled apart (kernel_plan_epilogue):
+     refused (a layout it was not compiled for), the interpreter runs it */
+  const cpu_plan *cp = compiled;
+  const cpu_kernel *e = &cp->kernels[cp->ngroups + g];
+  if (*rc == KILN_OK && e->fn && k->resume <= plan->groups[g].last && cpu_run_group(e, plan, t, g, vals, rc))
+    *resume = e->resume;
   return true;
 }
 
@@ -68,5 +74,6 @@ const vm_backend cpu_backend = {
   .plan_free = cpu_plan_release,
   .has_kernel = cpu_has_kernel,
   .run_group = cpu_group,
+  .fuses_gathers = true,
 #endif
 };

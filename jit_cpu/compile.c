@@ -24,6 +24,7 @@
 #include "../trace/dump.h"
 #include "../trace/key.h"
 #include "../vm/cpu.h"
+#include "../vm/kernels.h"
 #include "../vm/pool.h"
 #include "../vm/state.h"
 #include "jitc.h"
@@ -31,7 +32,7 @@
 #include "kernel.h"
 #include "math.h"
 
-#define CPU_FORMAT_VERSION 1
+#define CPU_FORMAT_VERSION 2
 
 bool cpu_jit_enabled(void) { return vm_env_long("KILN_JIT", 1) != 0; }
 bool cpu_async(void) { return vm_env_long("KILN_ASYNC", 1) != 0; }
@@ -515,20 +516,33 @@ static bool kernel_bind(cpu_kernel *k, const kernel_shape *ks) {
   memcpy(k->outs, ks->outs, (size_t)ks->nout * sizeof(int));
   memcpy(k->params, ks->params, (size_t)ks->nparams * sizeof(int));
   memcpy(k->in_stride, ks->stride_class, (size_t)ks->nin);
+  bool gathers = false;
+  for (int q = 0; q < ks->nin; q++) gathers |= ks->in_role[q] != KERNEL_IN_PLAIN;
+  if (gathers) {
+    if (!(k->gather = malloc((size_t)ks->nin * sizeof *k->gather))) return false;
+    for (int q = 0; q < ks->nin; q++)
+      k->gather[q] = (cpu_gather_in){ks->in_role[q], ks->in_axis[q], ks->in_bound[q]};
+  }
   return true;
 }
 
 /* the plan's kernel descriptions (descs[g] for each group a kernel
-   starts at) and their plan-level halves in cp */
+   starts at, descs[ngroups + g] for the epilogue kernel of a reduce
+   group's) and their plan-level halves in cp */
 static void plan_kernels(const tr_plan *plan, const cpu_leaf *leaves, cpu_plan *cp, kernel_desc **descs) {
   uint8_t salt[256];
   size_t salt_len = key_salt(salt, sizeof salt);
+  int ng = plan->ngroups;
   kernel_shape *ks = malloc(sizeof *ks);
-  for (int g = 0; ks && g < plan->ngroups; g++) {
+  for (int g = 0; ks && g < ng; g++) {
     int last = !rows_off() ? kernel_plan_rows(plan, g, plan->escapes, leaves, ks) : -1;
     if (last < g && !kernel_plan(plan, g, plan->escapes, leaves, ks)) continue;
-    if (kernel_bind(&cp->kernels[g], ks)) descs[g] = kernel_desc_new(plan, g, leaves, ks, salt, salt_len);
-    g = ks->last_group; /* a row kernel covers the groups up to there */
+    if (kernel_bind(&cp->kernels[g], ks)) descs[g] = kernel_desc_new(plan, leaves, ks, salt, salt_len);
+    int through = ks->last_group, resume = ks->resume;
+    if (!ks->rowwise && ks->reduce >= 0 && resume <= plan->groups[g].last &&
+        kernel_plan_epilogue(plan, g, resume, plan->escapes, leaves, ks) && kernel_bind(&cp->kernels[ng + g], ks))
+      descs[ng + g] = kernel_desc_new(plan, leaves, ks, salt, salt_len);
+    g = through; /* a row kernel covers the groups up to there */
   }
   free(ks);
 }
@@ -627,19 +641,20 @@ static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_
   bool disk_only = mode != FIND_OR_COMPILE;
   if (!toolchain_present()) return NULL;
   double t0 = now_ms();
-  int ng = plan->ngroups > 0 ? plan->ngroups : 1;
+  /* a slot per group's kernel, then per reduce group's epilogue kernel */
+  int ng = plan->ngroups > 0 ? plan->ngroups : 1, ns = 2 * ng;
   cpu_plan *cp = calloc(1, sizeof *cp);
-  kernel_desc **descs = calloc((size_t)ng, sizeof *descs);
-  cpu_kentry **got = calloc((size_t)ng, sizeof *got);
-  int *miss = calloc((size_t)ng, sizeof *miss);
-  uint64_t(*disk_keys)[2] = calloc((size_t)ng, sizeof *disk_keys);
-  if (cp) cp->kernels = calloc((size_t)ng, sizeof *cp->kernels);
+  kernel_desc **descs = calloc((size_t)ns, sizeof *descs);
+  cpu_kentry **got = calloc((size_t)ns, sizeof *got);
+  int *miss = calloc((size_t)ns, sizeof *miss);
+  uint64_t(*disk_keys)[2] = calloc((size_t)ns, sizeof *disk_keys);
+  if (cp) cp->kernels = calloc((size_t)ns, sizeof *cp->kernels);
   vm_counters *st = &vm_process()->stats;
   int hits = 0, nmiss = 0;
   if (!cp || !cp->kernels || !descs || !got || !miss || !disk_keys) goto done;
-  cp->ngroups = plan->ngroups;
+  cp->ngroups = ng;
   plan_kernels(plan, leaves, cp, descs);
-  for (int g = 0; g < plan->ngroups; g++) {
+  for (int g = 0; g < ns; g++) {
     if (!descs[g]) continue;
     if ((got[g] = cpu_kcache_get(descs[g]->key, descs[g]->bytes, descs[g]->len))) {
       hits++;
@@ -652,8 +667,8 @@ static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_
   if (price) *price = nmiss > 0 ? missing_price(descs, miss, nmiss) : 0;
   /* the disk cache, kernel by kernel (a build with an ID builds no context) */
   if (nmiss > 0 && (mode == FIND_IN_MEMORY || mode == FIND_PRICE)) { /* the rest is the compiler's */
-    for (int g = 0; g < plan->ngroups; g++) cpu_kcache_release(got[g]);
-    memset(got, 0, (size_t)ng * sizeof *got);
+    for (int g = 0; g < ns; g++) cpu_kcache_release(got[g]);
+    memset(got, 0, (size_t)ns * sizeof *got);
     goto done;
   }
   bool keyed = nmiss > 0 && cache_disk_enabled() && cache_disk_dir();
@@ -669,8 +684,8 @@ static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_
     miss[left++] = g;
   }
   if (left > 0 && disk_only) { /* not all on disk: the compiler does the rest */
-    for (int g = 0; g < plan->ngroups; g++) cpu_kcache_release(got[g]);
-    memset(got, 0, (size_t)ng * sizeof *got);
+    for (int g = 0; g < ns; g++) cpu_kcache_release(got[g]);
+    memset(got, 0, (size_t)ns * sizeof *got);
     goto done;
   }
   if (left > 0) {
@@ -713,16 +728,16 @@ static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_
       atomic_fetch_add_explicit(&st->compile_failures, 1, memory_order_relaxed);
     }
   }
-  for (int g = 0; g < plan->ngroups; g++) /* twins of a kernel compiled just now */
+  for (int g = 0; g < ns; g++) /* twins of a kernel compiled just now */
     if (descs[g] && !got[g]) got[g] = cpu_kcache_get(descs[g]->key, descs[g]->bytes, descs[g]->len);
   atomic_fetch_add_explicit(&st->kernel_cache_hits, (uint_fast64_t)hits, memory_order_relaxed);
-  for (int g = 0; g < plan->ngroups; g++) {
+  for (int g = 0; g < ns; g++) {
     cp->kernels[g].entry = got[g];
     cp->kernels[g].fn = cpu_kentry_fn(got[g]);
     cp->compiled += cp->kernels[g].fn != NULL;
   }
 done:
-  for (int g = 0; descs && g < plan->ngroups; g++) kernel_desc_free(descs[g]);
+  for (int g = 0; descs && g < ns; g++) kernel_desc_free(descs[g]);
   free(descs);
   free(got);
   free(miss);
@@ -756,12 +771,13 @@ double cpu_plan_cost_ms(tr_plan *plan, const tr_trace *t) {
 
 void cpu_plan_free(cpu_plan *cp) {
   if (!cp) return;
-  for (int g = 0; cp->kernels && g < cp->ngroups; g++) {
+  for (int g = 0; cp->kernels && g < 2 * cp->ngroups; g++) {
     cpu_kcache_release(cp->kernels[g].entry);
     free(cp->kernels[g].ins);
     free(cp->kernels[g].outs);
     free(cp->kernels[g].params);
     free(cp->kernels[g].in_stride);
+    free(cp->kernels[g].gather);
   }
   free(cp->kernels);
   free(cp);
@@ -800,18 +816,54 @@ static void run_range(void *p, int64_t begin, int64_t end) {
 
 /* --- what every runner does --------------------------------------------------------- */
 
-/* input q's value and its strides broadcast to nd dims (0 along broadcast
-   dims); NULL when it has more dims */
+/* input q's value and its strides over the iteration space `shape` (nd
+   dims): broadcast (0 along broadcast dims); for a gather's source, its
+   own strides with the gathered axis' put in *gstride and 0 in its place;
+   for an index_select's index, its stride along the gathered axis only.
+   NULL when it does not fit */
 static vm_tensor *input_strides(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
-                                int q, int nd, int64_t *strides) {
+                                int q, int nd, const int64_t *shape, int64_t *strides, int64_t *gstride) {
   vm_tensor *v = tr_run_value(plan, t, vals, k->ins[q]);
+  *gstride = 0;
+  uint8_t role = k->gather ? k->gather[q].role : KERNEL_IN_PLAIN;
   if (!v || v->ndim > nd) return NULL;
+  if (role != KERNEL_IN_PLAIN) {
+    int axis = k->gather[q].axis;
+    if (axis < 0 || axis >= nd || v->ndim != (role == KERNEL_IN_SOURCE ? nd : 1)) return NULL;
+    for (int d = 0; d < nd; d++)
+      strides[d] = shape[d] == 1 ? 0
+                   : role == KERNEL_IN_SELECT ? (d == axis ? v->strides[0] : 0)
+                   : d == axis ? 0 : v->strides[d];
+    if (role == KERNEL_IN_SOURCE) *gstride = v->strides[axis];
+    return v;
+  }
   int lead = nd - v->ndim;
   for (int d = 0; d < nd; d++) {
     int src = d - lead;
     strides[d] = (src < 0 || v->shape[src] == 1) ? 0 : v->strides[src];
   }
   return v;
+}
+
+/* A gathering kernel reads its sources at the index values unchecked: the
+   values of every index input are checked against their source's axis
+   first (as the interpreter does).  false: one is out of range, and the
+   group then runs on the interpreter, which reports it as it would with
+   the JIT off (the same message, the same failed values). */
+static bool indices_in_range(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals) {
+  for (int q = 0; k->gather && q < k->nin; q++) {
+    int src = k->gather[q].bound;
+    if (src < 0) continue;
+    vm_tensor *idx = tr_run_value(plan, t, vals, k->ins[q]);
+    vm_tensor *from = tr_run_value(plan, t, vals, k->ins[src]);
+    int axis = k->gather[src].axis;
+    if (!idx || !from || idx->dtype != KILN_I64 || axis < 0 || axis >= from->ndim ||
+        !vm_check_indices(idx, from->shape[axis], axis)) {
+      vm_clear_error();
+      return false;
+    }
+  }
+  return true;
 }
 
 /* A fill the kernel reads (a full node: no group makes it, and
@@ -945,22 +997,26 @@ static vm_tensor *contiguous_copy(vm_tensor *v, const vm_meta *rin, int64_t *str
 
 static bool split_strides(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
                           const tr_pnode *red, const vm_meta *rin, int64_t count, int per_input, int64_t *meta,
-                          void **bufs, uint64_t *fills, input_copies *copies) {
+                          int64_t *gstrides, void **bufs, uint64_t *fills, input_copies *copies) {
   int first, last, nd = rin->ndim;
   reduced_run(red, rin, &first, &last);
   if (last < 0) { /* nothing reduced: every dim is a kept one */
     first = nd;
     last = nd - 1;
   }
+  if (!indices_in_range(k, plan, t, vals)) return false;
   for (int q = 0; q < k->nin; q++) {
+    gstrides[q] = 0;
     if ((bufs[k->nout + q] = fill_slot(k, plan, t, q, &fills[q]))) {
       memset(meta + per_input * q, 0, (size_t)per_input * sizeof *meta);
       continue;
     }
     int64_t strides[KILN_MAX_DIMS], s_out, s_red, s_in;
-    vm_tensor *v = input_strides(k, plan, t, vals, q, nd, strides);
+    vm_tensor *v = input_strides(k, plan, t, vals, q, nd, rin->shape, strides, &gstrides[q]);
+    /* a source's copy would lose what its zeroed axis hides */
+    bool source = k->gather && k->gather[q].role == KERNEL_IN_SOURCE;
     if (v && !collapse_range(rin->shape, strides, first, last + 1, &s_red))
-      v = contiguous_copy(v, rin, strides, copies);
+      v = source ? NULL : contiguous_copy(v, rin, strides, copies);
     if (!v || !collapse_range(rin->shape, strides, 0, first, &s_out) ||
         !collapse_range(rin->shape, strides, first, last + 1, &s_red) ||
         !collapse_range(rin->shape, strides, last + 1, nd, &s_in)) {
@@ -1019,12 +1075,13 @@ static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
      on the thread count */
   int64_t chunk = count > KERNEL_REDUCE_CHUNK ? KERNEL_REDUCE_CHUNK : count > 0 ? count : 1;
   int64_t nchunks = count > KERNEL_REDUCE_CHUNK ? (count + chunk - 1) / chunk : 1;
-  int64_t meta[4 + 2 * KERNEL_MAX_IO] = {rows, count, chunk, nchunks};
+  int64_t meta[4 + 3 * KERNEL_MAX_IO] = {rows, count, chunk, nchunks}; /* + gathered strides */
   void *bufs[2 * KERNEL_MAX_IO + 1];
   uint64_t params[KERNEL_MAX_IO], fills[KERNEL_MAX_IO];
   vm_tensor *outs[KERNEL_MAX_IO] = {0}, *partials = NULL;
   input_copies copies = {.n = 0};
-  if (!split_strides(k, plan, t, vals, red, rin, count, 2, meta + 4, bufs, fills, &copies)) return false;
+  if (!split_strides(k, plan, t, vals, red, rin, count, 2, meta + 4, meta + 4 + 2 * k->nin, bufs, fills, &copies))
+    return false;
   kernel_params(k, plan, t, params);
   int got = alloc_outputs(k, plan, rows, rows * count, true, outs, bufs, rc);
   if (got <= 0) {
@@ -1069,7 +1126,8 @@ static bool run_reduce_cols(const cpu_kernel *k, const tr_plan *plan, const tr_t
   uint64_t params[KERNEL_MAX_IO], fills[KERNEL_MAX_IO];
   vm_tensor *outs[KERNEL_MAX_IO] = {0};
   input_copies copies = {.n = 0};
-  if (!split_strides(k, plan, t, vals, red, rin, count, 3, meta + 4, bufs, fills, &copies)) return false;
+  int64_t gstrides[KERNEL_MAX_IO]; /* none: a column reduction gathers nothing */
+  if (!split_strides(k, plan, t, vals, red, rin, count, 3, meta + 4, gstrides, bufs, fills, &copies)) return false;
   kernel_params(k, plan, t, params);
   int got = alloc_outputs(k, plan, outer * inner, outer * count * inner, true, outs, bufs, rc);
   if (got <= 0) {
@@ -1095,7 +1153,8 @@ static bool run_rows(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t
   uint64_t params[KERNEL_MAX_IO], fills[KERNEL_MAX_IO];
   vm_tensor *outs[KERNEL_MAX_IO] = {0};
   input_copies copies = {.n = 0};
-  if (!split_strides(k, plan, t, vals, red, rin, count, 2, meta + 2, bufs, fills, &copies)) return false;
+  int64_t gstrides[KERNEL_MAX_IO]; /* none: a row kernel gathers nothing */
+  if (!split_strides(k, plan, t, vals, red, rin, count, 2, meta + 2, gstrides, bufs, fills, &copies)) return false;
   kernel_params(k, plan, t, params);
   int got = alloc_outputs(k, plan, rows, rows * count, false, outs, bufs, rc);
   if (got <= 0) {
@@ -1114,15 +1173,17 @@ static bool run_elementwise(const cpu_kernel *k, const tr_plan *plan, const tr_t
                             int *rc) {
   const vm_meta *om = &plan->nodes[k->outs[0]].meta;
   int nd = om->ndim, nin = k->nin;
-  int64_t shape[KILN_MAX_DIMS], strides[KERNEL_MAX_IO][KILN_MAX_DIMS];
+  int64_t shape[KILN_MAX_DIMS], strides[KERNEL_MAX_IO][KILN_MAX_DIMS], gstrides[KERNEL_MAX_IO];
   void *bufs[2 * KERNEL_MAX_IO + 1];
   uint64_t fills[KERNEL_MAX_IO];
+  if (!indices_in_range(k, plan, t, vals)) return false;
   for (int q = 0; q < nin; q++) {
+    gstrides[q] = 0;
     if ((bufs[k->nout + q] = fill_slot(k, plan, t, q, &fills[q]))) {
       memset(strides[q], 0, (size_t)nd * sizeof(int64_t));
       continue;
     }
-    vm_tensor *v = input_strides(k, plan, t, vals, q, nd, strides[q]);
+    vm_tensor *v = input_strides(k, plan, t, vals, q, nd, om->shape, strides[q], &gstrides[q]);
     if (!v) return false;
     bufs[k->nout + q] = vm_data(v);
   }
@@ -1132,10 +1193,11 @@ static bool run_elementwise(const cpu_kernel *k, const tr_plan *plan, const tr_t
   int n = vm_coalesce(nd, om->shape, nin, (const int64_t(*)[KILN_MAX_DIMS])strides, shape, cs);
   for (int q = 0; q < nin; q++) /* the layout the kernel was compiled for */
     if (shape[n - 1] > 1 && !inner_fits(k, q, cs[q][n - 1])) return false;
-  int64_t meta[1 + KILN_MAX_DIMS * (KERNEL_MAX_IO + 1)];
+  int64_t meta[1 + KILN_MAX_DIMS * (KERNEL_MAX_IO + 1) + KERNEL_MAX_IO];
   meta[0] = n;
   memcpy(meta + 1, shape, (size_t)n * sizeof(int64_t));
   for (int q = 0; q < nin; q++) memcpy(meta + 1 + n * (q + 1), cs[q], (size_t)n * sizeof(int64_t));
+  memcpy(meta + 1 + n * (nin + 1), gstrides, (size_t)nin * sizeof(int64_t));
   int64_t total = 1;
   for (int d = 0; d < n; d++) total *= shape[d];
   uint64_t params[KERNEL_MAX_IO];

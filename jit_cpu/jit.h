@@ -17,6 +17,7 @@ typedef struct cpu_kernel {
   int *outs;             /* plan nodes written (group outputs) */
   int *ins;              /* plan refs read (leaves, earlier groups, views) */
   uint8_t *in_stride;    /* inner stride each input was compiled for: 0, 1 or 2 (any) */
+  struct cpu_gather_in *gather; /* per input, when the kernel gathers (else NULL): kernel.h's roles */
   int *params;           /* plan nodes (full) whose value is a runtime parameter */
   int reduce;            /* the reduction node of a reduce kernel, -1 for elementwise */
   int resume;            /* the group's nodes from here on run on the interpreter after it */
@@ -27,10 +28,18 @@ typedef struct cpu_kernel {
   struct cpu_kentry *entry; /* the kernel cache's entry fn belongs to (a reference) */
 } cpu_kernel;
 
+/* how a gathering kernel reads input q (kernel_shape's in_role, in_axis,
+   in_bound) */
+typedef struct cpu_gather_in {
+  uint8_t role;
+  int8_t axis;
+  int16_t bound;
+} cpu_gather_in;
+
 /* a plan's kernels: references to the process-wide kernel cache
    (jit_cpu/kcache.h), released with the plan */
 typedef struct cpu_plan {
-  cpu_kernel *kernels;   /* one per plan group */
+  cpu_kernel *kernels;   /* one per plan group, then one per reduce group's epilogue */
   int ngroups, compiled; /* compiled: groups with a kernel */
   double compile_ms;
 } cpu_plan;

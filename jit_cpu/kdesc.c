@@ -34,23 +34,21 @@ static void put(bytes_buf *b, const void *p, size_t n) {
   b->len += n;
 }
 
-/* the local ref of plan ref `ref` read by the kernel (first..last its nodes) */
-static bool local_ref(const kernel_shape *ks, int first, int last, int ref, int *out) {
+/* the local ref of plan ref `ref` read in `role` by the kernel (first..last
+   its nodes) */
+static bool local_ref(const kernel_shape *ks, int first, int last, int ref, uint8_t role, int *out) {
   if (ref >= first && ref <= last && ks->compute[ref - first]) {
     *out = ref - first;
     return true;
   }
-  for (int q = 0; q < ks->nin; q++)
-    if (ks->ins[q] == ref) {
-      *out = -(q + 1);
-      return true;
-    }
-  return false;
+  int q = kernel_input(ks, ref, role);
+  *out = -(q + 1);
+  return q >= 0;
 }
 
 /* the local plan and shape of the kernel; false if it cannot be described */
-static bool localize(kernel_desc *d, const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks) {
-  int first = plan->groups[g].first, last = -1;
+static bool localize(kernel_desc *d, const tr_plan *plan, const cpu_leaf *leaves, const kernel_shape *ks) {
+  int first = ks->first_node, last = -1;
   for (int i = first; i <= ks->last_node; i++)
     if (ks->compute[i - first]) last = i;
   int n = last - first + 1;
@@ -67,7 +65,7 @@ static bool localize(kernel_desc *d, const tr_plan *plan, int g, const cpu_leaf 
     nodes[k].meta.dtype = p->meta.dtype;
     nodes[k].nin = p->nin;
     for (int j = 0; j < p->nin; j++)
-      if (!local_ref(ks, first, last, p->in[j], &nodes[k].in[j])) return false;
+      if (!local_ref(ks, first, last, p->in[j], kernel_arg_role(p, j), &nodes[k].in[j])) return false;
   }
   for (int q = 0; q < ks->nin; q++) {
     int r = ks->ins[q];
@@ -81,6 +79,9 @@ static bool localize(kernel_desc *d, const tr_plan *plan, int g, const cpu_leaf 
   for (int q = 0; q < ks->nin; q++) {
     lk->ins[q] = -(q + 1);
     lk->stride_class[q] = ks->stride_class[q];
+    lk->in_role[q] = ks->in_role[q];
+    lk->in_axis[q] = -1; /* the runner's business: the code does not depend on it */
+    lk->in_bound[q] = -1;
   }
   for (int q = 0; q < ks->nout; q++) lk->outs[q] = ks->outs[q] - first;
   for (int s = 0; s < ks->nparams; s++) lk->params[s] = ks->params[s] - first;
@@ -94,7 +95,7 @@ static bool localize(kernel_desc *d, const tr_plan *plan, int g, const cpu_leaf 
   lk->rowwise = ks->rowwise;
   lk->cols = ks->cols;
   lk->nstash = ks->nstash;
-  d->group = (tr_group){.kind = plan->groups[g].kind, .first = 0, .last = n - 1};
+  d->group = (tr_group){.kind = ks->span_kind, .first = 0, .last = n - 1};
   d->plan.n = n;
   d->plan.groups = &d->group;
   d->plan.ngroups = 1;
@@ -108,7 +109,7 @@ static void serialize(bytes_buf *b, const kernel_desc *d) {
                       ks->rowwise, ks->cols, ks->nstash};
   put(b, head, sizeof head);
   for (int q = 0; q < ks->nin; q++) {
-    int32_t in[2] = {d->leaves[q].meta.dtype, ks->stride_class[q]};
+    int32_t in[3] = {d->leaves[q].meta.dtype, ks->stride_class[q], ks->in_role[q]};
     put(b, in, sizeof in);
   }
   put(b, ks->outs, (size_t)ks->nout * sizeof(int));
@@ -130,7 +131,7 @@ static void name_it(kernel_desc *d) {
            (unsigned long long)d->key[0]);
 }
 
-kernel_desc *kernel_desc_new(const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
+kernel_desc *kernel_desc_new(const tr_plan *plan, const cpu_leaf *leaves, const kernel_shape *ks,
                              const void *salt, size_t salt_len) {
   kernel_desc *d = malloc(sizeof *d);
   if (!d) return NULL;
@@ -138,7 +139,7 @@ kernel_desc *kernel_desc_new(const tr_plan *plan, int g, const cpu_leaf *leaves,
   memset(d, 0, offsetof(kernel_desc, ks));
   memset((char *)d + offsetof(kernel_desc, bytes), 0, sizeof *d - offsetof(kernel_desc, bytes));
   bytes_buf b = {0};
-  if (!localize(d, plan, g, leaves, ks)) goto fail;
+  if (!localize(d, plan, leaves, ks)) goto fail;
   put(&b, salt, salt_len);
   serialize(&b, d);
   if (b.failed || !b.data) goto fail;
@@ -192,11 +193,16 @@ kernel_desc *kernel_desc_parse(const uint8_t *bytes, size_t len, size_t salt_len
   tr_pnode *nodes = d->plan.nodes = calloc((size_t)n, sizeof *nodes);
   if (!d->leaves || !nodes) goto fail;
   for (int q = 0; q < ks->nin; q++) {
-    int32_t in[2];
-    if (!get_i32(&r, in, 2) || !in_range(in[0], 0, KILN_F64) || !in_range(in[1], 0, 255)) goto fail;
+    int32_t in[3];
+    if (!get_i32(&r, in, 3) || !in_range(in[0], 0, KILN_F64) || !in_range(in[1], 0, 255) ||
+        !in_range(in[2], KERNEL_IN_PLAIN, KERNEL_IN_SELECT))
+      goto fail;
     d->leaves[q].meta.dtype = (kiln_dtype)in[0];
     ks->ins[q] = -(q + 1);
     ks->stride_class[q] = (uint8_t)in[1];
+    ks->in_role[q] = (uint8_t)in[2];
+    ks->in_axis[q] = -1;
+    ks->in_bound[q] = -1;
   }
   if (!get_i32(&r, ks->outs, (size_t)ks->nout) || !get_i32(&r, ks->params, (size_t)ks->nparams)) goto fail;
   for (int q = 0; q < ks->nout; q++)

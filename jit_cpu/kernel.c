@@ -83,16 +83,30 @@ static bool inner_unit(const tr_plan *plan, const cpu_leaf *leaves, int r) {
   return false;
 }
 
+/* the inner stride class of a gather's source or an index_select's index
+   over iteration space gm: after the runner drops size-1 dims, the inner
+   dim is gm's last one longer than 1; along the gathered axis a source
+   moves by index only (stride 0 there) and a select index moves */
+static uint8_t gather_class(const tr_plan *plan, const cpu_leaf *leaves, const vm_meta *gm, uint8_t role, int axis,
+                            int r) {
+  int d = gm->ndim - 1;
+  while (d >= 0 && gm->shape[d] == 1) d--;
+  if (d < 0) return 2;
+  if (role == KERNEL_IN_SELECT) return d != axis ? 0 : inner_unit(plan, leaves, r) ? 1 : 2;
+  return d == axis ? 0 : d == gm->ndim - 1 && inner_unit(plan, leaves, r) ? 1 : 2;
+}
+
 /* a fill from outside the kernel: uniform, so a broadcast (stride class 0)
    whatever its shape; the runner passes its value, not a buffer */
 static bool is_fill(const tr_plan *plan, int r) { return r >= 0 && plan->nodes[r].op == VM_OP_full; }
 
 /* the group's inputs, outputs and params; false if it has a node the code
    generator does not handle */
-bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
-                 kernel_shape *ks) {
-  const tr_group *grp = &plan->groups[g];
+static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const bool *escapes,
+                      const cpu_leaf *leaves, kernel_shape *ks) {
   kernel_shape_clear(ks, grp->last - grp->first + 1);
+  ks->first_node = grp->first;
+  ks->span_kind = grp->kind;
   ks->reduce = -1;
   if (grp->last - grp->first >= KERNEL_MAX_NODES) return false;
   if (grp->kind == TR_GROUP_REDUCE) { /* producers + the reduction; the epilogue stays interpreted */
@@ -135,6 +149,11 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
         return false;
     }
     kiln_dtype in_dt[3];
+    /* a gather reads its source and index from outside the kernel: the
+       runner checks the index values before the kernel runs */
+    bool gathers = p->op == VM_OP_gather || p->op == VM_OP_index_select;
+    if (gathers && (ks->cols || p->nin != 2)) return false;
+    int in_q[3] = {-1, -1, -1};
     for (int k = 0; k < p->nin; k++) {
       int r = tr_pnode_input(p, k);
       in_dt[k] = r >= 0 ? plan->nodes[r].meta.dtype : leaves[-1 - r].meta.dtype;
@@ -143,15 +162,31 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
           plan->nodes[r].nin > 0 && tr_pnode_input(&plan->nodes[r], 0) >= grp->first)
         return false;
       bool internal = r >= grp->first && r <= grp->last && ks->compute[r - grp->first];
+      if (internal && gathers) return false;
       if (internal) continue;
-      bool seen = false;
-      for (int q = 0; q < ks->nin && !seen; q++) seen = ks->ins[q] == r;
-      if (!seen) {
+      if (gathers && is_fill(plan, r)) return false;
+      uint8_t role = kernel_arg_role(p, k);
+      int8_t axis = role == KERNEL_IN_PLAIN ? -1 : (int8_t)p->attr.axis;
+      int q = kernel_input(ks, r, role);
+      if (q >= 0 && ks->in_axis[q] != axis) return false; /* one source, two axes: not described */
+      if (q < 0) {
         if (ks->nin == KERNEL_MAX_IO) return false;
-        ks->ins[ks->nin++] = r;
+        q = ks->nin++;
+        ks->ins[q] = r;
+        ks->in_role[q] = role;
+        ks->in_axis[q] = axis;
+        ks->in_bound[q] = -1;
       }
+      in_q[k] = q;
     }
-    if (i != ks->reduce && !cg_supported(p, in_dt)) return false;
+    if (gathers) { /* the index is bounded by its source's axis */
+      if (in_dt[1] != KILN_I64) return false;
+      int idx = in_q[1], src = in_q[0];
+      if (ks->in_bound[idx] >= 0 && ks->in_bound[idx] != src) return false;
+      ks->in_bound[idx] = (int16_t)src;
+    } else if (i != ks->reduce && !cg_supported(p, in_dt)) {
+      return false;
+    }
     if (p->op == VM_OP_full) {
       if (ks->nparams == KERNEL_MAX_IO) return false;
       ks->params[ks->nparams++] = i;
@@ -177,15 +212,39 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
     int r = ks->ins[q];
     const vm_meta *m = r >= 0 ? &plan->nodes[r].meta : &leaves[-1 - r].meta;
     int64_t last = m->ndim ? m->shape[m->ndim - 1] : 1;
+    if (ks->in_role[q] != KERNEL_IN_PLAIN) {
+      ks->stride_class[q] = gather_class(plan, leaves, gm, ks->in_role[q], ks->in_axis[q], r);
+      continue;
+    }
     ks->stride_class[q] = (last == 1 && inner > 1) || is_fill(plan, r) ? 0 : inner_unit(plan, leaves, r) ? 1 : 2;
   }
   return true;
+}
+
+bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
+                 kernel_shape *ks) {
+  return plan_span(plan, g, &plan->groups[g], escapes, leaves, ks);
+}
+
+bool kernel_plan_epilogue(const tr_plan *plan, int g, int first, const bool *escapes, const cpu_leaf *leaves,
+                          kernel_shape *ks) {
+  const tr_group *grp = &plan->groups[g];
+  if (grp->kind != TR_GROUP_REDUCE || first <= grp->first || first > grp->last) return false;
+  /* views run before the group's kernels: of values from outside the
+     group only (kernel_plan checked the group's) */
+  for (int i = grp->first; i <= grp->last; i++) {
+    const tr_pnode *p = &plan->nodes[i];
+    if (vm_op_table[p->op].kind == VM_KIND_VIEW && p->nin > 0 && p->in[0] >= grp->first) return false;
+  }
+  tr_group span = {.kind = TR_GROUP_ELEMENTWISE, .first = first, .last = grp->last};
+  return plan_span(plan, g, &span, escapes, leaves, ks);
 }
 
 /* the typed pointers and per-input locals both kernel shapes use */
 typedef struct {
   gcc_jit_lvalue *in_ptr[KERNEL_MAX_IO], *off[KERNEL_MAX_IO], *step[KERNEL_MAX_IO],
       *hoist[KERNEL_MAX_IO], *out_ptr[KERNEL_MAX_IO];
+  gcc_jit_lvalue *gstride[KERNEL_MAX_IO]; /* sources: the gathered axis' stride */
   kiln_dtype in_dt[KERNEL_MAX_IO];
 } kernel_io;
 
@@ -207,20 +266,41 @@ static void emit_io(cg_ctx *c, gcc_jit_block *entry, gcc_jit_rvalue *bufs, const
     io->off[q] = new_local(c, c->t_i64, "off", q);
     io->step[q] = new_local(c, c->t_i64, "step", q);
     io->hoist[q] = new_local(c, cg_type(c, io->in_dt[q]), "x", q);
+    io->gstride[q] = ks->in_role[q] == KERNEL_IN_SOURCE ? new_local(c, c->t_i64, "gs", q) : NULL;
     gcc_jit_block_add_assignment(entry, NULL, io->in_ptr[q],
         gcc_jit_context_new_cast(c->ctx, NULL, rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, ks->nout + q))), pt));
   }
 }
 
-/* the inputs' values at inner index j (unit stride, hoisted, or strided) */
+/* the inputs' values at inner index j (unit stride, hoisted, or strided);
+   for a gather's source, its position instead (the gathered axis not
+   counted: the gather adds index x gstride and loads) */
 static void emit_loads(cg_ctx *c, const kernel_shape *ks, const kernel_io *io, gcc_jit_rvalue *j,
                        gcc_jit_rvalue **in_val) {
   for (int q = 0; q < ks->nin; q++) {
     gcc_jit_rvalue *index = ks->stride_class[q] == 1 ? add64(c, rv(io->off[q]), j)
                                                      : add64(c, rv(io->off[q]), mul64(c, j, rv(io->step[q])));
-    in_val[q] = ks->stride_class[q] == 0 ? rv(io->hoist[q])
-                                         : rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->in_ptr[q]), index));
+    if (ks->in_role[q] == KERNEL_IN_SOURCE)
+      in_val[q] = ks->stride_class[q] == 0 ? rv(io->off[q]) : index;
+    else
+      in_val[q] = ks->stride_class[q] == 0 ? rv(io->hoist[q])
+                                           : rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->in_ptr[q]), index));
   }
+}
+
+/* a gather / index_select of source input q at index value idx */
+static gcc_jit_rvalue *emit_gather(cg_ctx *c, const kernel_io *io, int q, gcc_jit_rvalue *pos, gcc_jit_rvalue *idx) {
+  gcc_jit_rvalue *at = add64(c, pos, mul64(c, gcc_jit_context_new_cast(c->ctx, NULL, idx, c->t_i64), rv(io->gstride[q])));
+  return rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->in_ptr[q]), at));
+}
+
+/* meta[at]: each source's gathered stride (the runner puts them after the
+   strides: 0 for other inputs) */
+static void emit_gather_strides(cg_ctx *c, gcc_jit_block *b, gcc_jit_rvalue *meta, gcc_jit_rvalue *at,
+                                const kernel_shape *ks, const kernel_io *io) {
+  for (int q = 0; q < ks->nin; q++)
+    if (ks->in_role[q] == KERNEL_IN_SOURCE)
+      gcc_jit_block_add_assignment(b, NULL, io->gstride[q], meta_at(c, meta, add64(c, at, i64v(c, q))));
 }
 
 /* evaluates the group's computed nodes up to (not including) `stop` into
@@ -235,6 +315,7 @@ static bool emit_nodes(cg_ctx *c, const tr_plan *plan, const tr_group *grp, cons
     if (!ks->compute[i - grp->first] || (want && !want[i - grp->first])) continue;
     gcc_jit_rvalue *args[3];
     kiln_dtype adt[3];
+    int qs[3] = {-1, -1, -1};
     for (int k = 0; k < p->nin; k++) {
       int ref = tr_pnode_input(p, k);
       bool internal = ref >= grp->first && ref <= grp->last && ks->compute[ref - grp->first];
@@ -243,14 +324,17 @@ static bool emit_nodes(cg_ctx *c, const tr_plan *plan, const tr_group *grp, cons
         args[k] = rv(node_val[ref - grp->first]);
         adt[k] = plan->nodes[ref].meta.dtype;
       } else {
-        int q = 0;
-        while (ks->ins[q] != ref) q++;
+        int q = qs[k] = kernel_input(ks, ref, kernel_arg_role(p, k));
+        if (q < 0) return false;
         args[k] = in_val[q];
         adt[k] = io->in_dt[q];
       }
     }
     gcc_jit_rvalue *value;
-    if (p->op == VM_OP_full) { /* a runtime parameter: 8-byte slot `slot` */
+    if (p->op == VM_OP_gather || p->op == VM_OP_index_select) {
+      if (qs[0] < 0 || ks->in_role[qs[0]] != KERNEL_IN_SOURCE || !io->gstride[qs[0]]) return false;
+      value = emit_gather(c, io, qs[0], args[0], args[1]);
+    } else if (p->op == VM_OP_full) { /* a runtime parameter: 8-byte slot `slot` */
       int slot = 0;
       while (ks->params[slot] != i) slot++;
       gcc_jit_type *pt = gcc_jit_type_get_pointer(gcc_jit_type_get_const(cg_type(c, p->meta.dtype)));
@@ -303,6 +387,8 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, 
   gcc_jit_block_add_assignment(entry, NULL, nd, meta_at(c, meta, i64v(c, 0)));
   gcc_jit_block_add_assignment(entry, NULL, inner, meta_at(c, meta, rv(nd)));
   emit_io(c, entry, bufs, plan, leaves, ks, &io);
+  /* meta: nd, shape[nd], strides[nd] per input, then the gathered strides */
+  emit_gather_strides(c, entry, meta, add64(c, i64v(c, 1), mul64(c, rv(nd), i64v(c, ks->nin + 1))), ks, &io);
   gcc_jit_block_add_assignment(entry, NULL, flat, gcc_jit_param_as_rvalue(prm[3]));
   gcc_jit_block_end_with_jump(entry, NULL, rows);
   /* rows: while (flat < end) */
@@ -350,7 +436,7 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, 
   for (int q = 0; q < ks->nin; q++) {
     gcc_jit_rvalue *at = add64(c, i64v(c, 1), mul64(c, rv(nd), i64v(c, q + 2)));
     gcc_jit_block_add_assignment(setup, NULL, io.step[q], meta_at(c, meta, add64(c, at, i64v(c, -1))));
-    if (ks->stride_class[q] == 0)
+    if (ks->stride_class[q] == 0 && ks->in_role[q] != KERNEL_IN_SOURCE)
       gcc_jit_block_add_assignment(setup, NULL, io.hoist[q],
           rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
   }
@@ -549,8 +635,11 @@ static gcc_jit_rvalue *emit_position(cg_ctx *c, position_ctx *pc, gcc_jit_rvalue
   if (internal) {
     value = rv(node_val[ref - grp->first]);
   } else {
-    int q = 0;
-    while (ks->ins[q] != ref) q++;
+    int q = kernel_input(ks, ref, KERNEL_IN_PLAIN);
+    if (q < 0) {
+      free(node_val);
+      return NULL;
+    }
     value = in_val[q];
   }
   gcc_jit_rvalue *at = add64(c, pc->row_at, r);
@@ -681,6 +770,7 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
   emit_io(c, entry, bufs, plan, leaves, ks, &io);
   for (int q = 0; q < ks->nin; q++)
     gcc_jit_block_add_assignment(entry, NULL, io.step[q], meta_at(c, meta, i64v(c, 5 + 2 * q)));
+  emit_gather_strides(c, entry, meta, i64v(c, 4 + 2 * ks->nin), ks, &io);
   gcc_jit_block_add_assignment(entry, NULL, v, gcc_jit_param_as_rvalue(prm[3]));
   gcc_jit_block_end_with_jump(entry, NULL, rows);
   cond_loop(rows, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(v), gcc_jit_param_as_rvalue(prm[4])),
@@ -695,7 +785,7 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
   gcc_jit_block_add_assignment(row, NULL, row_at, mul64(c, rv(o), rv(count)));
   for (int q = 0; q < ks->nin; q++) {
     gcc_jit_block_add_assignment(row, NULL, io.off[q], mul64(c, rv(o), meta_at(c, meta, i64v(c, 4 + 2 * q))));
-    if (ks->stride_class[q] == 0)
+    if (ks->stride_class[q] == 0 && ks->in_role[q] != KERNEL_IN_SOURCE)
       gcc_jit_block_add_assignment(row, NULL, io.hoist[q],
           rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
   }
@@ -814,7 +904,7 @@ bool kernel_emit_reduce_cols(cg_ctx *c, const tr_plan *plan, int g, const cpu_le
         add64(c, mul64(c, rv(o), meta_at(c, meta, i64v(c, 4 + 3 * q))),
               add64(c, mul64(c, rv(r), meta_at(c, meta, i64v(c, 5 + 3 * q))),
                     mul64(c, rv(b0), meta_at(c, meta, i64v(c, 6 + 3 * q))))));
-    if (ks->stride_class[q] == 0)
+    if (ks->stride_class[q] == 0 && ks->in_role[q] != KERNEL_IN_SOURCE)
       gcc_jit_block_add_assignment(c->cur, NULL, io.hoist[q],
           rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
   }
@@ -907,6 +997,9 @@ static bool rows_fill(const tr_plan *plan, int g, int gb, const bool *escapes, c
       for (int q = 0; q < ks->nin && !seen; q++) seen = ks->ins[q] == ref;
       if (!seen) {
         if (ks->nin == KERNEL_MAX_IO) return false;
+        ks->in_role[ks->nin] = KERNEL_IN_PLAIN;
+        ks->in_axis[ks->nin] = -1;
+        ks->in_bound[ks->nin] = -1;
         ks->ins[ks->nin++] = ref;
       }
     }
@@ -977,7 +1070,11 @@ int kernel_plan_rows(const tr_plan *plan, int g, const bool *escapes, const cpu_
      then runs in the kernel, not on the interpreter) */
   int lowest = red0 < g0->last ? g : g + 1;
   for (int gb = gmax; gb >= lowest; gb--)
-    if (rows_fill(plan, g, gb, escapes, leaves, &sp, ks)) return gb;
+    if (rows_fill(plan, g, gb, escapes, leaves, &sp, ks)) {
+      ks->first_node = g0->first;
+      ks->span_kind = g0->kind;
+      return gb;
+    }
   return -1;
 }
 
@@ -1091,7 +1188,7 @@ bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *lea
   gcc_jit_block_add_assignment(row, NULL, row_at, mul64(c, rv(o), rv(count)));
   for (int q = 0; q < ks->nin; q++) {
     gcc_jit_block_add_assignment(row, NULL, io.off[q], mul64(c, rv(o), meta_at(c, meta, i64v(c, 2 + 2 * q))));
-    if (ks->stride_class[q] == 0)
+    if (ks->stride_class[q] == 0 && ks->in_role[q] != KERNEL_IN_SOURCE)
       gcc_jit_block_add_assignment(row, NULL, io.hoist[q],
           rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
   }

@@ -14,13 +14,32 @@
 #define KERNEL_MAX_IO 256
 #define KERNEL_MAX_NODES 4096
 
+/* How a kernel reads an input (kernel_shape.in_role).  A gather or an
+   index_select is computed in place, as an indirect load: its source is
+   read at the position of the output element with the gathered axis'
+   coordinate replaced by the index value, so the runner passes the
+   source's strides with that axis' stride zeroed and the axis' stride
+   apart (the kernel adds index x it); index_select's 1-d index is read
+   along the gathered axis only.  A value read both directly and through a
+   gather is two inputs. */
+enum {
+  KERNEL_IN_PLAIN = 0,   /* broadcast to the iteration space (right-aligned) */
+  KERNEL_IN_SOURCE = 1,  /* a gather's / index_select's source */
+  KERNEL_IN_SELECT = 2,  /* index_select's index, along the gathered axis */
+};
+
 typedef struct kernel_shape {
   int nin, nout, nparams;
   int ins[KERNEL_MAX_IO];          /* plan refs read */
   uint8_t stride_class[KERNEL_MAX_IO];
+  uint8_t in_role[KERNEL_MAX_IO];  /* KERNEL_IN_*: part of the kernel's description */
+  int8_t in_axis[KERNEL_MAX_IO];   /* sources and select indices: the gathered axis (runner only) */
+  int16_t in_bound[KERNEL_MAX_IO]; /* an index input: the source whose axis bounds it, else -1 (runner only) */
   int outs[KERNEL_MAX_IO];         /* plan nodes written */
   int params[KERNEL_MAX_IO];       /* full nodes */
   bool compute[KERNEL_MAX_NODES];  /* per node of the group: computed by the kernel */
+  int first_node;                  /* the kernel's first node (its group's, or its epilogue's) */
+  int span_kind;                   /* what its nodes are: the group's kind (an epilogue: elementwise) */
   int reduce;                      /* the reduction node of a reduce kernel, or -1 */
   int resume;                      /* the group's nodes from here on stay interpreted */
   int last_group, last_node;       /* the last plan group and node the kernel covers */
@@ -45,6 +64,20 @@ static inline void kernel_shape_clear(kernel_shape *ks, int n) {
   memset(ks->compute, 0, (size_t)n * sizeof *ks->compute);
   memset(ks->per_elem, 0, (size_t)n * sizeof *ks->per_elem);
   memset(ks->stash, 0, (size_t)n * sizeof *ks->stash);
+}
+
+/* the role in which node p reads its input k */
+static inline uint8_t kernel_arg_role(const tr_pnode *p, int k) {
+  if (p->op == VM_OP_gather || p->op == VM_OP_index_select)
+    return k == 0 ? KERNEL_IN_SOURCE : p->op == VM_OP_index_select ? KERNEL_IN_SELECT : KERNEL_IN_PLAIN;
+  return KERNEL_IN_PLAIN;
+}
+
+/* the kernel input reading ref in that role, or -1 */
+static inline int kernel_input(const kernel_shape *ks, int ref, uint8_t role) {
+  for (int q = 0; q < ks->nin; q++)
+    if (ks->ins[q] == ref && ks->in_role[q] == role) return q;
+  return -1;
 }
 
 /* row kernels keep at most this many per-element values in a row scratch
@@ -89,6 +122,12 @@ kiln_dtype kernel_reduce_acc_dtype(vm_opcode op, kiln_dtype out);
 
 bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
                  kernel_shape *ks);
+/* the epilogue of reduce group g (its nodes from `first`, after the
+   reduction, over the reduction's result) as an elementwise kernel of its
+   own: a flat or column reduce kernel leaves it, and the runner launches
+   it after them (a long reduction's result is folded between the two) */
+bool kernel_plan_epilogue(const tr_plan *plan, int g, int first, const bool *escapes, const cpu_leaf *leaves,
+                          kernel_shape *ks);
 bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
                  const char *name);
 
@@ -112,10 +151,10 @@ typedef struct kernel_desc {
   char name[40];      /* the function's symbol: "kiln_<32 hex of key>" */
 } kernel_desc;
 
-/* the description of the kernel ks of group g; salt (versions, target)
+/* the description of kernel ks (of a plan); salt (versions, target)
    goes first into the bytes.  NULL when it cannot be described (OOM, an
    input the shape does not list) */
-kernel_desc *kernel_desc_new(const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
+kernel_desc *kernel_desc_new(const tr_plan *plan, const cpu_leaf *leaves, const kernel_shape *ks,
                              const void *salt, size_t salt_len);
 /* the description whose bytes (salt_len bytes of salt first) are these,
    rebuilt from them alone (the compiler process receives nothing else);

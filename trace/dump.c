@@ -263,7 +263,7 @@ static void print_stats(void) {
           "  traces seen      %llu\n  cache hits       %llu\n  cache misses     %llu\n"
           "  hit rate         %.1f%%\n  compiles         %llu (%.1f ms, %llu failed)\n"
           "  kernels compiled %.0f (%.0f found compiled, %.0f code objects loaded, %.0f unloaded)\n"
-          "  disk cache hits  %llu\n  eager ops        %llu\n  kernels launched %llu\n"
+          "  disk cache hits  %llu\n  eager ops        %llu (and %.0f views made)\n  kernels launched %llu\n"
           "  plans built      %.0f (%.1f ms, %.2f us per node)\n"
           "  compiler         %.0f processes, %.0f plans declined by the payoff rule\n"
           "  gpu kernels      %.1f ms in NVRTC, %.0f loaded from the disk cache\n",
@@ -274,7 +274,7 @@ static void print_stats(void) {
           (unsigned long long)s.compiles, s.compile_ms, (unsigned long long)s.compile_failures,
           kiln_stat("kernels_compiled"), kiln_stat("kernel_cache_hits"), kiln_stat("code_objects"),
           kiln_stat("code_unloads"), (unsigned long long)s.disk_hits, (unsigned long long)s.eager_ops,
-          (unsigned long long)s.kernels_launched, kiln_stat("plans_built"), kiln_stat("plan_ms"),
+          kiln_stat("view_ops"), (unsigned long long)s.kernels_launched, kiln_stat("plans_built"), kiln_stat("plan_ms"),
           kiln_stat("plan_nodes") > 0 ? 1e3 * kiln_stat("plan_ms") / kiln_stat("plan_nodes") : 0.0,
           kiln_stat("compiler_processes"), kiln_stat("compiles_declined"), kiln_stat("nvrtc_ms"),
           kiln_stat("gpu_disk_loads"));

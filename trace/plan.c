@@ -21,7 +21,7 @@ int tr_rows_run_end(const tr_plan *plan, int g, const vm_meta *R, const int64_t 
     for (int i = grp->first; ok && i <= grp->last; i++) {
       const tr_pnode *p = &plan->nodes[i];
       vm_kind kind = vm_op_table[p->op].kind;
-      if (kind == VM_KIND_VIEW) ok = false;
+      if (kind == VM_KIND_VIEW || kind == VM_KIND_INDEX) ok = false;
       if (kind == VM_KIND_REDUCE) ok = fold_ok(p, ctx);
       ok = ok && (tr_meta_shape_is(&p->meta, nd, R->shape) || tr_meta_shape_is(&p->meta, nd, rk) ||
                   tr_meta_all_ones(&p->meta, nd));
@@ -214,6 +214,13 @@ static int cse(builder *b, int i, int *table, int slots) {
 
 /* --- partitioning (DESIGN §5) ------------------------------------------------- */
 
+/* A gather or index_select is elementwise over its output (an indirect
+   load of its source) where the backend's kernels read them in place. */
+static bool gathers_in_place(const tr_plan *plan, const tr_pnode *p) {
+  return (p->op == VM_OP_gather || p->op == VM_OP_index_select) && plan->backend &&
+         plan->backend->fuses_gathers;
+}
+
 static void partition(tr_plan *plan) {
   plan->ngroups = 0;
   tr_group *cur = NULL;
@@ -221,6 +228,7 @@ static void partition(tr_plan *plan) {
   for (int i = 0; i < plan->n; i++) {
     tr_pnode *p = &plan->nodes[i];
     vm_kind kind = vm_op_table[p->op].kind;
+    if (gathers_in_place(plan, p)) kind = VM_KIND_BINARY;
     bool join = false;
     if (cur && (kind == VM_KIND_UNARY || kind == VM_KIND_BINARY || kind == VM_KIND_TERNARY ||
                 kind == VM_KIND_VIEW || kind == VM_KIND_LEAF)) {

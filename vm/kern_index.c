@@ -24,7 +24,7 @@ static int single_varying_dim(const vm_tensor *idx) {
 }
 
 /* checks every index in idx (i64, any layout) against size */
-static bool check_indices(const vm_tensor *idx, int64_t size, int axis) {
+bool vm_check_indices(const vm_tensor *idx, int64_t size, int axis) {
   int vd = single_varying_dim(idx);
   if (vd >= 0 && idx->numel) { /* each distinct index once */
     const int64_t *b = vm_data(idx);
@@ -374,7 +374,7 @@ bool vm_k_index(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *in, const
   (void)n;
   const vm_tensor *a = in[0], *idx = in[1];
   int axis = attr->axis;
-  if (!check_indices(idx, a->shape[axis], axis)) return false;
+  if (!vm_check_indices(idx, a->shape[axis], axis)) return false;
   switch (op) {
     case VM_OP_index_select:
       if (!index_select_fast(out, a, idx, axis)) gather_like(out, a, idx, axis, false);

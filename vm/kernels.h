@@ -13,6 +13,9 @@ bool vm_k_elementwise(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *in)
 bool vm_k_cast(vm_tensor *out, const vm_tensor *in);
 bool vm_k_reduce(vm_opcode op, vm_tensor *out, const vm_tensor *in, const vm_attr *attr);
 bool vm_k_matmul(vm_tensor *out, const vm_tensor *a, const vm_tensor *b);
+/* every value of idx (i64, any layout) in [0, size); false + KILN_ERR_ARG
+   ("index 12 is out of range for axis 1 of size 10") otherwise */
+bool vm_check_indices(const vm_tensor *idx, int64_t size, int axis);
 bool vm_k_index(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *in, const vm_attr *attr);
 bool vm_k_concat(vm_tensor *out, int n, vm_tensor *const *in, int axis);
 bool vm_k_argsort(vm_tensor *out, const vm_tensor *a, int axis, bool descending);

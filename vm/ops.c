@@ -649,8 +649,11 @@ static const char *const public_names[VM_OP_COUNT] = {
 
 vm_tensor *vm_exec(vm_opcode op, int n, vm_tensor *const *values, const vm_attr *attr,
                    const vm_meta *m) {
+  if (vm_op_table[op].kind == VM_KIND_VIEW) {
+    atomic_fetch_add_explicit(&vm_process()->stats.view_ops, 1, memory_order_relaxed);
+    return make_view(op, values[0], attr, m);
+  }
   atomic_fetch_add_explicit(&vm_process()->stats.eager_ops, 1, memory_order_relaxed);
-  if (vm_op_table[op].kind == VM_KIND_VIEW) return make_view(op, values[0], attr, m);
   const char *api = vm_thread()->api;
   if (vm_op_table[op].kind == VM_KIND_COLLECTIVE) {
     vm_set_api(attr && attr->api ? attr->api : public_names[op]);

@@ -35,7 +35,9 @@ typedef struct vm_thread_state {
 } vm_thread_state;
 
 typedef struct vm_counters {
-  atomic_uint_fast64_t ops_recorded, eager_ops, kernels_launched;
+  /* eager_ops: ops the interpreter computed; view_ops: views made (they
+     move no data, compiled plan or not, so they are not eager work) */
+  atomic_uint_fast64_t ops_recorded, eager_ops, kernels_launched, view_ops;
   atomic_uint_fast64_t flushes, traces_seen, cache_hits, cache_misses, plans_built;
   atomic_uint_fast64_t compiles, compile_failures, disk_hits, compile_us;
   atomic_uint_fast64_t kernels_compiled; /* kernels compiled (each once per process) */

@@ -639,7 +639,7 @@ void kiln_get_stats(kiln_stats *out) {
 
 void kiln_reset_stats(void) {
   vm_counters *c = &vm_process()->stats;
-  atomic_uint_fast64_t *all[] = {&c->ops_recorded, &c->eager_ops, &c->kernels_launched,
+  atomic_uint_fast64_t *all[] = {&c->ops_recorded, &c->eager_ops, &c->kernels_launched, &c->view_ops,
                                  &c->flushes, &c->traces_seen, &c->cache_hits,
                                  &c->cache_misses, &c->plans_built, &c->flush_us, &c->compiles,
                                  &c->compile_failures, &c->disk_hits, &c->compile_us, &c->kernels_compiled, &c->kernel_cache_hits, &c->code_unloads,
@@ -658,7 +658,7 @@ double kiln_stat(const char *name) {
     double scale;
   } table[] = {
 #define COUNTER(n) {#n, offsetof(vm_counters, n), 1}
-      COUNTER(ops_recorded), COUNTER(eager_ops), COUNTER(kernels_launched), COUNTER(flushes),
+      COUNTER(ops_recorded), COUNTER(eager_ops), COUNTER(kernels_launched), COUNTER(view_ops), COUNTER(flushes),
       COUNTER(traces_seen), COUNTER(cache_hits), COUNTER(cache_misses), COUNTER(plans_built),
       COUNTER(compiles), COUNTER(compile_failures), COUNTER(disk_hits), COUNTER(kernels_compiled),
       COUNTER(kernel_cache_hits), COUNTER(code_objects), COUNTER(code_unloads),

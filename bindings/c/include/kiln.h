@@ -308,7 +308,9 @@ KILN_API void kiln_reset_stats(void);
    "nvrtc_ms" and "gpu_disk_loads" (GPU kernels: NVRTC's time compiling
    them, and how many were loaded from the disk cache instead), or
    "kernel_threads_max" (the most threads, user threads and workers together,
-   seen running Kiln's kernels at once: at most kiln_num_threads());
+   seen running Kiln's kernels at once: at most kiln_num_threads()), or
+   "view_ops" (views made: reshape, permute, expand, slice.  They move no
+   data, so eager_ops, the ops the interpreter computed, leaves them out);
    NAN and an error for an unknown name.  New counters appear here without
    changing kiln_stats. */
 KILN_API double kiln_stat(const char *name);

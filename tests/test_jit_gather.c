@@ -1,0 +1,346 @@
+/* test_jit_gather.c — gathers and index_selects compiled in place (a kernel
+ * reads the source at the index: fused with the elementwise work and the
+ * reductions around them), and reduce epilogues compiled as kernels of
+ * their own (jit_cpu/kernel.c kernel_plan_epilogue).
+ *
+ * Each program runs three times in a child (KILN_HOT=1, inline compiles):
+ * the third run, from the compiled plan, must compute nothing on the
+ * interpreter (eager_ops) and its bits must equal those of a child with
+ * KILN_JIT=0.  Two programs are also checked against values computed here.
+ * An index out of range in a compiled plan must fail as it does on the
+ * interpreter (the same status and message), and the next valid run must
+ * compute again. */
+#include <stdint.h>
+#include <unistd.h>
+
+#include "ktest.h"
+
+static char self[4096];
+
+static uint64_t rng_state = 88172645463325252ull;
+static uint64_t next_u64(void) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return rng_state;
+}
+
+static kiln_tensor *floats(kiln_dtype dt, int ndim, const int64_t *shape, float *keep) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= shape[d];
+  double *v = malloc((size_t)n * sizeof *v);
+  for (int64_t i = 0; i < n; i++) {
+    v[i] = (double)((int)(next_u64() % 2001) - 1000) / 256.0; /* exact in f32 */
+    if (keep) keep[i] = (float)v[i];
+  }
+  kiln_tensor *f = kiln_from_data(v, KILN_F64, ndim, shape), *t = kiln_cast(f, dt);
+  kiln_release(f);
+  free(v);
+  return t;
+}
+
+static kiln_tensor *indices(int ndim, const int64_t *shape, int64_t below, int64_t *keep) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= shape[d];
+  int64_t *v = malloc((size_t)n * sizeof *v);
+  for (int64_t i = 0; i < n; i++) v[i] = (int64_t)(next_u64() % (uint64_t)below);
+  if (keep) memcpy(keep, v, (size_t)n * sizeof *v);
+  kiln_tensor *t = kiln_from_data(v, KILN_I64, ndim, shape);
+  free(v);
+  return t;
+}
+
+/* --- the programs ------------------------------------------------------------------ */
+
+/* the mean cross-entropy: a log-softmax, the gather of each row's target
+   and its sum, then the mean's division and negation (the epilogue) */
+static kiln_tensor *cross_entropy(void) {
+  kiln_tensor *x = floats(KILN_F32, 2, (int64_t[]){64, 10}, NULL);
+  kiln_tensor *y = indices(1, (int64_t[]){64}, 10, NULL);
+  kiln_tensor *r = kiln_cross_entropy(x, y);
+  kiln_release(x);
+  kiln_release(y);
+  return r;
+}
+
+/* gather(x*x, 1, idx) * 2 + 1: the gather and its consumers in one kernel,
+   its source a value computed by the kernel before */
+static float ref_fused[33 * 5];
+static kiln_tensor *gather_fused(void) {
+  static float xs[33 * 17];
+  static int64_t is[33 * 5];
+  kiln_tensor *x = floats(KILN_F32, 2, (int64_t[]){33, 17}, xs);
+  kiln_tensor *idx = indices(2, (int64_t[]){33, 5}, 17, is);
+  for (int r = 0; r < 33; r++)
+    for (int k = 0; k < 5; k++) {
+      float v = xs[r * 17 + is[r * 5 + k]];
+      ref_fused[r * 5 + k] = v * v * 2.0f + 1.0f;
+    }
+  kiln_tensor *sq = kiln_mul(x, x), *g = kiln_gather(sq, 1, idx), *m = kiln_mul_scalar(g, 2.0),
+              *r = kiln_add_scalar(m, 1.0);
+  kiln_release(x);
+  kiln_release(idx);
+  kiln_release(sq);
+  kiln_release(g);
+  kiln_release(m);
+  return r;
+}
+
+/* gather along axis 0 from a leaf, a broadcast bias, a sum over axis 1:
+   the gather is a producer of the reduction */
+static kiln_tensor *gather_axis0_sum(void) {
+  kiln_tensor *x = floats(KILN_F32, 2, (int64_t[]){9, 40}, NULL);
+  kiln_tensor *idx = indices(2, (int64_t[]){4, 40}, 9, NULL);
+  kiln_tensor *b = floats(KILN_F32, 1, (int64_t[]){40}, NULL);
+  kiln_tensor *g = kiln_gather(x, 0, idx), *s = kiln_add(g, b);
+  int axis = 1;
+  kiln_tensor *r = kiln_sum(s, 1, &axis, false);
+  kiln_release(x);
+  kiln_release(idx);
+  kiln_release(b);
+  kiln_release(g);
+  kiln_release(s);
+  return r;
+}
+
+/* an embedding: rows of W by token, scaled, plus positions, relu */
+static float ref_embed[20 * 32];
+static kiln_tensor *embedding(void) {
+  static float ws[50 * 32], ps[20 * 32];
+  static int64_t ts[20];
+  kiln_tensor *w = floats(KILN_F32, 2, (int64_t[]){50, 32}, ws);
+  kiln_tensor *tok = indices(1, (int64_t[]){20}, 50, ts);
+  kiln_tensor *pos = floats(KILN_F32, 2, (int64_t[]){20, 32}, ps);
+  for (int i = 0; i < 20; i++)
+    for (int j = 0; j < 32; j++) {
+      float v = ws[ts[i] * 32 + j] * 0.5f + ps[i * 32 + j];
+      ref_embed[i * 32 + j] = v > 0 ? v : 0;
+    }
+  kiln_tensor *e = kiln_index_select(w, 0, tok), *m = kiln_mul_scalar(e, 0.5), *s = kiln_add(m, pos),
+              *r = kiln_relu(s);
+  kiln_release(w);
+  kiln_release(tok);
+  kiln_release(pos);
+  kiln_release(e);
+  kiln_release(m);
+  kiln_release(s);
+  return r;
+}
+
+/* index_select of columns (the select index moves along the inner axis),
+   exp, and a row sum */
+static kiln_tensor *select_columns(void) {
+  kiln_tensor *x = floats(KILN_F64, 2, (int64_t[]){16, 30}, NULL);
+  kiln_tensor *idx = indices(1, (int64_t[]){7}, 30, NULL);
+  kiln_tensor *s = kiln_index_select(x, 1, idx), *e = kiln_exp(s);
+  int axis = 1;
+  kiln_tensor *r = kiln_sum(e, 1, &axis, true);
+  kiln_release(x);
+  kiln_release(idx);
+  kiln_release(s);
+  kiln_release(e);
+  return r;
+}
+
+/* a gather from a transposed view (strided source), integers */
+static kiln_tensor *gather_transposed_i32(void) {
+  kiln_tensor *x = floats(KILN_I32, 2, (int64_t[]){17, 33}, NULL);
+  kiln_tensor *xt = kiln_transpose(x, 0, 1);
+  kiln_tensor *idx = indices(2, (int64_t[]){33, 3}, 17, NULL);
+  kiln_tensor *g = kiln_gather(xt, 1, idx), *r = kiln_add_scalar(g, 3.0);
+  kiln_release(x);
+  kiln_release(xt);
+  kiln_release(idx);
+  kiln_release(g);
+  return r;
+}
+
+/* a column sum (sum over axis 0) with an epilogue: a bias update */
+static kiln_tensor *column_epilogue(void) {
+  kiln_tensor *x = floats(KILN_F32, 2, (int64_t[]){128, 40}, NULL);
+  kiln_tensor *b = floats(KILN_F32, 1, (int64_t[]){40}, NULL);
+  int axis = 0;
+  kiln_tensor *s = kiln_sum(x, 1, &axis, false), *m = kiln_mul_scalar(s, 0.01), *r = kiln_sub(b, m);
+  kiln_release(x);
+  kiln_release(b);
+  kiln_release(s);
+  kiln_release(m);
+  return r;
+}
+
+/* a long row sum (folded in chunks between the kernels) and its epilogue */
+static kiln_tensor *long_row_epilogue(void) {
+  kiln_tensor *x = floats(KILN_F32, 2, (int64_t[]){3, 20000}, NULL);
+  kiln_tensor *sq = kiln_mul(x, x);
+  int axis = 1;
+  kiln_tensor *s = kiln_sum(sq, 1, &axis, false), *q = kiln_sqrt(s), *r = kiln_add_scalar(q, 1.0);
+  kiln_release(x);
+  kiln_release(sq);
+  kiln_release(s);
+  kiln_release(q);
+  return r;
+}
+
+typedef struct {
+  const char *name;
+  kiln_tensor *(*build)(void);
+  const float *reference; /* values computed here, or NULL */
+} program;
+
+static const program programs[] = {
+    {"cross_entropy", cross_entropy, NULL},
+    {"gather_fused", gather_fused, ref_fused},
+    {"gather_axis0_sum", gather_axis0_sum, NULL},
+    {"embedding", embedding, ref_embed},
+    {"select_columns", select_columns, NULL},
+    {"gather_transposed_i32", gather_transposed_i32, NULL},
+    {"column_epilogue", column_epilogue, NULL},
+    {"long_row_epilogue", long_row_epilogue, NULL},
+};
+#define NPROGRAMS (int)(sizeof programs / sizeof programs[0])
+
+/* the child: per program "name eager=N ref=ok|bad|- bits" for its third run */
+static int work(void) {
+  for (int p = 0; p < NPROGRAMS; p++) {
+    for (int rep = 0; rep < 3; rep++) {
+      rng_state = 88172645463325252ull + (uint64_t)p; /* the same inputs every run */
+      kiln_stats before, after;
+      kiln_get_stats(&before);
+      kiln_tensor *r = programs[p].build();
+      kiln_dtype dt = r ? kiln_dtype_of(r) : KILN_F32;
+      size_t bytes = r ? (size_t)kiln_numel(r) * (dt == KILN_F64 || dt == KILN_I64 ? 8 : dt == KILN_BOOL ? 1 : 4) : 0;
+      unsigned char *buf = malloc(bytes ? bytes : 1);
+      int rc = r ? kiln_to_buffer(r, buf, bytes) : -1;
+      kiln_get_stats(&after);
+      if (rep == 2) {
+        const char *ref = "-";
+        if (programs[p].reference && rc == 0) {
+          ref = "ok";
+          for (size_t i = 0; i < bytes / 4; i++)
+            if (((float *)buf)[i] != programs[p].reference[i]) ref = "bad";
+        }
+        printf("%s rc=%d eager=%llu ref=%s ", programs[p].name, rc,
+               (unsigned long long)(after.eager_ops - before.eager_ops), ref);
+        for (size_t i = 0; rc == 0 && i < bytes; i++) printf("%02x", buf[i]);
+        printf("\n");
+      }
+      free(buf);
+      kiln_release(r);
+    }
+  }
+  return 0;
+}
+
+static char *child_out(const char *jit) {
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd, "env KILN_JIT=%s KILN_HOT=1 KILN_ASYNC=0 '%s' work", jit, self);
+  FILE *p = popen(cmd, "r");
+  size_t len = 0, cap = 1 << 20;
+  char *out = calloc(cap, 1); /* the last line's NUL, then another */
+  if (p) {
+    size_t got;
+    while ((got = fread(out + len, 1, cap - 2 - len, p)) > 0) len += got;
+    pclose(p);
+  }
+  return out;
+}
+
+/* the line of program name in a child's output (its lines NUL-ended by
+   split_lines); NULL if none */
+static char *line_of(char *out, const char *name) {
+  size_t n = strlen(name);
+  for (char *l = out; *l; l += strlen(l) + 1)
+    if (!strncmp(l, name, n) && l[n] == ' ') return l;
+  return NULL;
+}
+
+/* ends every line with a NUL (calloc'd: the last is followed by more) */
+static void split_lines(char *out) {
+  size_t n = strlen(out);
+  for (size_t i = 0; i < n; i++)
+    if (out[i] == '\n') out[i] = 0;
+}
+
+/* the bits after "ref=..." */
+static const char *bits_of(const char *l) {
+  const char *r = strstr(l, "ref=");
+  return r ? strchr(r, ' ') : NULL;
+}
+
+TEST(compiled_gathers_match_the_interpreter_bit_for_bit) {
+  char *jit = child_out("1"), *ref = child_out("0");
+  split_lines(jit);
+  split_lines(ref);
+  for (int p = 0; p < NPROGRAMS; p++) {
+    char *lj = line_of(jit, programs[p].name), *lr = line_of(ref, programs[p].name);
+    if (!lj || !lr) {
+      KTEST_FAIL("%s: no output (jit: %s, interpreter: %s)", programs[p].name, lj ? "yes" : "no", lr ? "yes" : "no");
+      continue;
+    }
+    const char *bj = bits_of(lj), *br = bits_of(lr);
+    if (!strstr(lj, " rc=0 ") || !strstr(lr, " rc=0 ")) KTEST_FAIL("%s failed: %.80s", programs[p].name, lj);
+    /* compiled: nothing ran on the interpreter (BLAS aside: none here) */
+    if (!strstr(lj, " eager=0 ")) KTEST_FAIL("%s left work to the interpreter: %.60s", programs[p].name, lj);
+    if (strstr(lj, "ref=bad") || strstr(lr, "ref=bad"))
+      KTEST_FAIL("%s disagrees with the values computed here", programs[p].name);
+    if (!bj || !br || strcmp(bj, br))
+      KTEST_FAIL("%s: compiled bits differ from the interpreter's", programs[p].name);
+  }
+  free(jit);
+  free(ref);
+}
+
+/* the compiled plan of a gather is run with an index out of range: the
+   kernel must not read it; the error is the interpreter's */
+static int gather_with(const int64_t *idx_values, float *out) {
+  int64_t xs[2] = {6, 4}, is[2] = {6, 2};
+  float xv[24];
+  for (int i = 0; i < 24; i++) xv[i] = (float)i;
+  kiln_tensor *x = kiln_from_data(xv, KILN_F32, 2, xs), *idx = kiln_from_data(idx_values, KILN_I64, 2, is);
+  kiln_tensor *sq = kiln_mul(x, x), *g = kiln_gather(sq, 1, idx), *r = kiln_add_scalar(g, 0.5);
+  int rc = kiln_to_buffer(r, out, 12 * sizeof(float));
+  kiln_release(x);
+  kiln_release(idx);
+  kiln_release(sq);
+  kiln_release(g);
+  kiln_release(r);
+  return rc;
+}
+
+TEST(index_out_of_range_in_a_compiled_plan) {
+  int64_t good[12] = {0, 3, 1, 2, 3, 3, 0, 0, 2, 1, 1, 0}, bad[12];
+  memcpy(bad, good, sizeof bad);
+  bad[7] = 4; /* axis 1 has 4 columns */
+  float out[12];
+  for (int rep = 0; rep < 3; rep++) CHECK_EQ_INT(gather_with(good, out), 0);
+  CHECK(out[1] == 3.0f * 3.0f + 0.5f && out[7] == 12.0f * 12.0f + 0.5f);
+  kiln_stats before, after;
+  kiln_get_stats(&before);
+  CHECK_EQ_INT(gather_with(good, out), 0);
+  kiln_get_stats(&after);
+  CHECK_EQ_INT(after.eager_ops - before.eager_ops, 0); /* the compiled plan ran */
+  kiln_clear_error();
+  CHECK(gather_with(bad, out) == KILN_ERR_ARG);
+  CHECK_STR_CONTAINS(kiln_last_error(), "index 4 is out of range for axis 1 of size 4");
+  kiln_clear_error();
+  bad[7] = -1;
+  CHECK(gather_with(bad, out) == KILN_ERR_ARG);
+  CHECK_STR_CONTAINS(kiln_last_error(), "index -1 is out of range");
+  kiln_clear_error();
+  CHECK_EQ_INT(gather_with(good, out), 0);
+  CHECK(out[1] == 3.0f * 3.0f + 0.5f && out[11] == 20.0f * 20.0f + 0.5f);
+}
+
+int main(int argc, char **argv) {
+  /* before any Kiln call: plan every trace on first sight, compile inline */
+  setenv("KILN_HOT", "1", 1);
+  setenv("KILN_ASYNC", "0", 1);
+  if (argc >= 2 && !strcmp(argv[1], "work")) return work();
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return 1;
+  self[n] = 0;
+  unsetenv("KILN_JIT");
+  RUN(compiled_gathers_match_the_interpreter_bit_for_bit);
+  RUN(index_out_of_range_in_a_compiled_plan);
+  return ktest_done();
+}
