@@ -40,7 +40,7 @@ typedef struct cpu_gather_in {
    (jit_cpu/kcache.h), released with the plan */
 typedef struct cpu_plan {
   cpu_kernel *kernels;   /* one per plan group, then one per reduce group's epilogue */
-  int ngroups, compiled; /* compiled: groups with a kernel */
+  int ngroups, compiled; /* compiled: kernels it has (groups and epilogues) */
   double compile_ms;
 } cpu_plan;
 

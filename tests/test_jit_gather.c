@@ -155,6 +155,20 @@ static kiln_tensor *gather_transposed_i32(void) {
   return r;
 }
 
+/* gather(x * 2, 1, idx) + x with idx of x's shape: the source is computed
+   in a loop nest of the gather's own shape, which the gather must not join
+   (its kernel reads sources from outside) */
+static kiln_tensor *gather_same_shape(void) {
+  kiln_tensor *x = floats(KILN_F32, 2, (int64_t[]){12, 8}, NULL);
+  kiln_tensor *idx = indices(2, (int64_t[]){12, 8}, 8, NULL);
+  kiln_tensor *y = kiln_mul_scalar(x, 2.0), *g = kiln_gather(y, 1, idx), *r = kiln_add(g, x);
+  kiln_release(x);
+  kiln_release(idx);
+  kiln_release(y);
+  kiln_release(g);
+  return r;
+}
+
 /* a column sum (sum over axis 0) with an epilogue: a bias update */
 static kiln_tensor *column_epilogue(void) {
   kiln_tensor *x = floats(KILN_F32, 2, (int64_t[]){128, 40}, NULL);
@@ -194,6 +208,7 @@ static const program programs[] = {
     {"embedding", embedding, ref_embed},
     {"select_columns", select_columns, NULL},
     {"gather_transposed_i32", gather_transposed_i32, NULL},
+    {"gather_same_shape", gather_same_shape, NULL},
     {"column_epilogue", column_epilogue, NULL},
     {"long_row_epilogue", long_row_epilogue, NULL},
 };

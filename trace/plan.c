@@ -236,6 +236,13 @@ static void partition(tr_plan *plan) {
          reduction's epilogue of the reduction's result shape */
       join = (cur->kind == TR_GROUP_ELEMENTWISE || cur->kind == TR_GROUP_REDUCE) &&
              same_shape(&cur_shape, &p->meta);
+      /* a gather reads its source and index from outside its kernel (the
+         index is checked before the kernel runs): computed in this loop
+         nest, they end it (views of outside values are read as inputs) */
+      for (int k = 0; join && k < 2 && gathers_in_place(plan, p); k++) {
+        int r = p->in[k];
+        join = !(r >= cur->first && vm_op_table[plan->nodes[r].op].kind != VM_KIND_VIEW);
+      }
       if (join && cur->kind == TR_GROUP_REDUCE)
         for (int k = 0; k < p->nin; k++) { /* an epilogue reads results, never the reduced loop */
           int r = tr_pnode_input(p, k);
