@@ -9,7 +9,7 @@
  * KILN_JIT=0.  Two programs are also checked against values computed here.
  * An index out of range in a compiled plan must fail as it does on the
  * interpreter (the same status and message), and the next valid run must
- * compute again. */
+ * compute again.  Views are counted in view_ops, not eager_ops. */
 #include <stdint.h>
 #include <unistd.h>
 
@@ -346,6 +346,24 @@ TEST(index_out_of_range_in_a_compiled_plan) {
   CHECK(out[1] == 3.0f * 3.0f + 0.5f && out[11] == 20.0f * 20.0f + 0.5f);
 }
 
+/* a view moves no data: counted in view_ops, never in eager_ops */
+TEST(views_are_counted_apart_from_eager_ops) {
+  float v[6] = {1, 2, 3, 4, 5, 6}, out[6];
+  kiln_tensor *x = kiln_from_data(v, KILN_F32, 2, (int64_t[]){2, 3});
+  double views = kiln_stat("view_ops");
+  kiln_stats before, after;
+  kiln_get_stats(&before);
+  kiln_tensor *t = kiln_transpose(x, 0, 1), *r = kiln_add_scalar(t, 1.0); /* one compiled kernel */
+  CHECK_EQ_INT(kiln_to_buffer(r, out, sizeof out), 0);
+  kiln_get_stats(&after);
+  CHECK(out[1] == 5.0f && out[2] == 3.0f);
+  CHECK(kiln_stat("view_ops") >= views + 1);
+  CHECK_EQ_INT(after.eager_ops - before.eager_ops, 0);
+  kiln_release(r);
+  kiln_release(t);
+  kiln_release(x);
+}
+
 int main(int argc, char **argv) {
   /* before any Kiln call: plan every trace on first sight, compile inline */
   setenv("KILN_HOT", "1", 1);
@@ -357,5 +375,6 @@ int main(int argc, char **argv) {
   unsetenv("KILN_JIT");
   RUN(compiled_gathers_match_the_interpreter_bit_for_bit);
   RUN(index_out_of_range_in_a_compiled_plan);
+  RUN(views_are_counted_apart_from_eager_ops);
   return ktest_done();
 }
