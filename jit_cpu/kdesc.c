@@ -228,6 +228,19 @@ kernel_desc *kernel_desc_parse(const uint8_t *bytes, size_t len, size_t salt_len
     }
   }
   if (r.p != r.end) goto fail;
+  /* a gather reads its source and index as inputs of their roles, in a
+     flat kernel (the only ones whose runners pass gathered strides); a
+     source or select index is read by gathers only */
+  for (int k = 0; k < n; k++) {
+    const tr_pnode *p = &nodes[k];
+    bool gathers = p->op == VM_OP_gather || p->op == VM_OP_index_select;
+    for (int j = 0; j < p->nin; j++) {
+      int q = -1 - p->in[j];
+      uint8_t role = q >= 0 ? ks->in_role[q] : KERNEL_IN_PLAIN;
+      if (gathers ? q < 0 || role != kernel_arg_role(p, j) : role != KERNEL_IN_PLAIN) goto fail;
+    }
+    if (gathers && (p->nin != 2 || ks->rowwise || ks->cols)) goto fail;
+  }
   d->group = (tr_group){.kind = head[1], .first = 0, .last = n - 1};
   d->plan.n = n;
   d->plan.groups = &d->group;
