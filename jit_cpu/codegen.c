@@ -170,6 +170,10 @@ static gcc_jit_rvalue *pick_value(cg_ctx *c, kiln_dtype dt, gcc_jit_rvalue *cond
   return fl ? gcc_jit_context_new_bitcast(c->ctx, NULL, r, t) : cast(c, r, t);
 }
 
+gcc_jit_rvalue *cg_pick(cg_ctx *c, kiln_dtype dt, gcc_jit_rvalue *cond, gcc_jit_rvalue *a, gcc_jit_rvalue *b) {
+  return pick_value(c, dt, cond, a, b);
+}
+
 static gcc_jit_rvalue *emit_unary(cg_ctx *c, vm_opcode op, kiln_dtype dt, gcc_jit_rvalue *x) {
   gcc_jit_type *t = cg_type(c, dt);
   bool fl = vm_dtype_is_float(dt), f64 = dt == KILN_F64;

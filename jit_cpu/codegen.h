@@ -31,6 +31,8 @@ bool cg_supported(const tr_pnode *p, const kiln_dtype *in_dt);
 /* p's value from its inputs' values (in the current block; may add blocks) */
 gcc_jit_rvalue *cg_node(cg_ctx *c, const tr_pnode *p, const kiln_dtype *in_dt, gcc_jit_rvalue **in);
 /* fn(x[, y]) through the math library */
+/* a if cond else b (bool cond), without a branch: both are computed */
+gcc_jit_rvalue *cg_pick(cg_ctx *c, kiln_dtype dt, gcc_jit_rvalue *cond, gcc_jit_rvalue *a, gcc_jit_rvalue *b);
 gcc_jit_rvalue *cg_math(cg_ctx *c, cg_fn fn, bool f64, gcc_jit_rvalue *x, gcc_jit_rvalue *y);
 void cg_math_release(cg_ctx *c);
 

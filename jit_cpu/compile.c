@@ -817,24 +817,39 @@ static void run_range(void *p, int64_t begin, int64_t end) {
 /* --- what every runner does --------------------------------------------------------- */
 
 /* input q's value and its strides over the iteration space `shape` (nd
-   dims): broadcast (0 along broadcast dims); for a gather's source, its
-   own strides with the gathered axis' put in *gstride and 0 in its place;
-   for an index_select's index, its stride along the gathered axis only.
-   NULL when it does not fit */
+   dims): broadcast (0 along broadcast dims); for an input a kernel reads
+   by position along an axis (a gather's source, scatter_add's index and
+   source, a concat's part), its own strides with the axis' put in
+   *gstride and 0 in its place, and its extent along the axis in *extent;
+   for an index_select's index, its stride along the gathered axis only;
+   the coordinate has no value (*coord: strides 1 along its axis, 0
+   elsewhere).  NULL when it does not fit */
 static vm_tensor *input_strides(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
-                                int q, int nd, const int64_t *shape, int64_t *strides, int64_t *gstride) {
-  vm_tensor *v = tr_run_value(plan, t, vals, k->ins[q]);
-  *gstride = 0;
+                                int q, int nd, const int64_t *shape, int64_t *strides, int64_t *gstride,
+                                int64_t *extent, bool *coord) {
+  *gstride = *extent = 0;
+  *coord = false;
   uint8_t role = k->gather ? k->gather[q].role : KERNEL_IN_PLAIN;
+  if (role == KERNEL_IN_COORD) {
+    int axis = k->gather[q].axis;
+    if (axis < 0 || axis >= nd) return NULL;
+    for (int d = 0; d < nd; d++) strides[d] = d == axis && shape[d] > 1 ? 1 : 0;
+    *coord = true;
+    return NULL;
+  }
+  vm_tensor *v = tr_run_value(plan, t, vals, k->ins[q]);
   if (!v || v->ndim > nd) return NULL;
   if (role != KERNEL_IN_PLAIN) {
     int axis = k->gather[q].axis;
-    if (axis < 0 || axis >= nd || v->ndim != (role == KERNEL_IN_SOURCE ? nd : 1)) return NULL;
-    for (int d = 0; d < nd; d++)
+    if (axis < 0 || axis >= nd || v->ndim != (role == KERNEL_IN_SELECT ? 1 : nd)) return NULL;
+    for (int d = 0; d < nd; d++) {
+      if (kernel_role_extent(role) && d != axis && v->shape[d] != shape[d]) return NULL;
       strides[d] = shape[d] == 1 ? 0
                    : role == KERNEL_IN_SELECT ? (d == axis ? v->strides[0] : 0)
                    : d == axis ? 0 : v->strides[d];
-    if (role == KERNEL_IN_SOURCE) *gstride = v->strides[axis];
+    }
+    if (kernel_role_moves(role)) *gstride = v->strides[axis];
+    if (kernel_role_extent(role)) *extent = v->shape[axis];
     return v;
   }
   int lead = nd - v->ndim;
@@ -845,20 +860,28 @@ static vm_tensor *input_strides(const cpu_kernel *k, const tr_plan *plan, const 
   return v;
 }
 
-/* A gathering kernel reads its sources at the index values unchecked: the
-   values of every index input are checked against their source's axis
-   first (as the interpreter does).  false: one is out of range, and the
-   group then runs on the interpreter, which reports it as it would with
-   the JIT off (the same message, the same failed values). */
+/* A kernel that moves data reads at index values unchecked: the values of
+   every index input are checked first (as the interpreter does) against
+   their source's axis, or a scatter_add's against the output's.  false:
+   one is out of range, and the group then runs on the interpreter, which
+   reports it as it would with the JIT off (the same message, the same
+   failed values). */
 static bool indices_in_range(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals) {
   for (int q = 0; k->gather && q < k->nin; q++) {
     int src = k->gather[q].bound;
-    if (src < 0) continue;
+    if (src == -1) continue;
     vm_tensor *idx = tr_run_value(plan, t, vals, k->ins[q]);
-    vm_tensor *from = tr_run_value(plan, t, vals, k->ins[src]);
-    int axis = k->gather[src].axis;
-    if (!idx || !from || idx->dtype != KILN_I64 || axis < 0 || axis >= from->ndim ||
-        !vm_check_indices(idx, from->shape[axis], axis)) {
+    int axis = k->gather[q].axis;
+    int64_t size = -1;
+    if (src == KERNEL_BOUND_OUT) {
+      const vm_meta *om = &plan->nodes[k->outs[0]].meta;
+      if (axis >= 0 && axis < om->ndim) size = om->shape[axis];
+    } else if (src >= 0) {
+      vm_tensor *from = tr_run_value(plan, t, vals, k->ins[src]);
+      axis = k->gather[src].axis;
+      if (from && axis >= 0 && axis < from->ndim) size = from->shape[axis];
+    }
+    if (!idx || idx->dtype != KILN_I64 || size < 0 || !vm_check_indices(idx, size, axis)) {
       vm_clear_error();
       return false;
     }
@@ -1012,7 +1035,9 @@ static bool split_strides(const cpu_kernel *k, const tr_plan *plan, const tr_tra
       continue;
     }
     int64_t strides[KILN_MAX_DIMS], s_out, s_red, s_in;
-    vm_tensor *v = input_strides(k, plan, t, vals, q, nd, rin->shape, strides, &gstrides[q]);
+    int64_t extent;
+    bool coord;
+    vm_tensor *v = input_strides(k, plan, t, vals, q, nd, rin->shape, strides, &gstrides[q], &extent, &coord);
     /* a source's copy would lose what its zeroed axis hides */
     bool source = k->gather && k->gather[q].role == KERNEL_IN_SOURCE;
     if (v && !collapse_range(rin->shape, strides, first, last + 1, &s_red))
@@ -1173,31 +1198,43 @@ static bool run_elementwise(const cpu_kernel *k, const tr_plan *plan, const tr_t
                             int *rc) {
   const vm_meta *om = &plan->nodes[k->outs[0]].meta;
   int nd = om->ndim, nin = k->nin;
-  int64_t shape[KILN_MAX_DIMS], strides[KERNEL_MAX_IO][KILN_MAX_DIMS], gstrides[KERNEL_MAX_IO];
+  int64_t shape[KILN_MAX_DIMS], strides[KERNEL_MAX_IO][KILN_MAX_DIMS], gstrides[KERNEL_MAX_IO],
+      extents[KERNEL_MAX_IO];
   void *bufs[2 * KERNEL_MAX_IO + 1];
   uint64_t fills[KERNEL_MAX_IO];
+  static const uint64_t no_value; /* the coordinate's buffer: never read */
   if (!indices_in_range(k, plan, t, vals)) return false;
   for (int q = 0; q < nin; q++) {
-    gstrides[q] = 0;
+    gstrides[q] = extents[q] = 0;
     if ((bufs[k->nout + q] = fill_slot(k, plan, t, q, &fills[q]))) {
       memset(strides[q], 0, (size_t)nd * sizeof(int64_t));
+      if (k->gather && kernel_role_extent(k->gather[q].role)) { /* a concat's fill part */
+        const vm_meta *fm = &plan->nodes[k->ins[q]].meta;
+        int axis = k->gather[q].axis;
+        if (fm->ndim != nd || axis < 0 || axis >= nd) return false;
+        extents[q] = fm->shape[axis];
+      }
       continue;
     }
-    vm_tensor *v = input_strides(k, plan, t, vals, q, nd, om->shape, strides[q], &gstrides[q]);
-    if (!v) return false;
-    bufs[k->nout + q] = vm_data(v);
+    bool coord;
+    vm_tensor *v = input_strides(k, plan, t, vals, q, nd, om->shape, strides[q], &gstrides[q], &extents[q], &coord);
+    if (!v && !coord) return false;
+    bufs[k->nout + q] = coord ? (void *)&no_value : vm_data(v);
   }
+  for (int q = 0; k->gather && q < nin; q++) /* a part's clamped loads stay inside it */
+    if (k->gather[q].role == KERNEL_IN_PART && extents[q] < 1) return false;
   /* coalesce: drop size-1 dims, merge dims every input (and the contiguous
      outputs) steps through as one */
   int64_t cs[KERNEL_MAX_IO][KILN_MAX_DIMS];
   int n = vm_coalesce(nd, om->shape, nin, (const int64_t(*)[KILN_MAX_DIMS])strides, shape, cs);
   for (int q = 0; q < nin; q++) /* the layout the kernel was compiled for */
     if (shape[n - 1] > 1 && !inner_fits(k, q, cs[q][n - 1])) return false;
-  int64_t meta[1 + KILN_MAX_DIMS * (KERNEL_MAX_IO + 1) + KERNEL_MAX_IO];
+  int64_t meta[1 + KILN_MAX_DIMS * (KERNEL_MAX_IO + 1) + 2 * KERNEL_MAX_IO];
   meta[0] = n;
   memcpy(meta + 1, shape, (size_t)n * sizeof(int64_t));
   for (int q = 0; q < nin; q++) memcpy(meta + 1 + n * (q + 1), cs[q], (size_t)n * sizeof(int64_t));
   memcpy(meta + 1 + n * (nin + 1), gstrides, (size_t)nin * sizeof(int64_t));
+  memcpy(meta + 1 + n * (nin + 1) + nin, extents, (size_t)nin * sizeof(int64_t));
   int64_t total = 1;
   for (int d = 0; d < n; d++) total *= shape[d];
   uint64_t params[KERNEL_MAX_IO];

@@ -36,8 +36,8 @@ static void put(bytes_buf *b, const void *p, size_t n) {
 
 /* the local ref of plan ref `ref` read in `role` by the kernel (first..last
    its nodes) */
-static bool local_ref(const kernel_shape *ks, int first, int last, int ref, uint8_t role, int *out) {
-  if (ref >= first && ref <= last && ks->compute[ref - first]) {
+static bool local_ref(const kernel_shape *ks, int first, int last, int ref, uint8_t role, bool outside, int *out) {
+  if (!outside && ref >= first && ref <= last && ks->compute[ref - first]) {
     *out = ref - first;
     return true;
   }
@@ -65,7 +65,8 @@ static bool localize(kernel_desc *d, const tr_plan *plan, const cpu_leaf *leaves
     nodes[k].meta.dtype = p->meta.dtype;
     nodes[k].nin = p->nin;
     for (int j = 0; j < p->nin; j++)
-      if (!local_ref(ks, first, last, p->in[j], kernel_arg_role(p, j), &nodes[k].in[j])) return false;
+      if (!local_ref(ks, first, last, p->in[j], kernel_arg_role(p, j), kernel_arg_outside(p, j), &nodes[k].in[j]))
+        return false;
   }
   for (int q = 0; q < ks->nin; q++) {
     int r = ks->ins[q];
@@ -195,7 +196,7 @@ kernel_desc *kernel_desc_parse(const uint8_t *bytes, size_t len, size_t salt_len
   for (int q = 0; q < ks->nin; q++) {
     int32_t in[3];
     if (!get_i32(&r, in, 3) || !in_range(in[0], 0, KILN_F64) || !in_range(in[1], 0, 255) ||
-        !in_range(in[2], KERNEL_IN_PLAIN, KERNEL_IN_SELECT))
+        !in_range(in[2], KERNEL_IN_PLAIN, KERNEL_IN_ROLES - 1))
       goto fail;
     d->leaves[q].meta.dtype = (kiln_dtype)in[0];
     ks->ins[q] = -(q + 1);
@@ -228,18 +229,25 @@ kernel_desc *kernel_desc_parse(const uint8_t *bytes, size_t len, size_t salt_len
     }
   }
   if (r.p != r.end) goto fail;
-  /* a gather reads its source and index as inputs of their roles, in a
-     flat kernel (the only ones whose runners pass gathered strides); a
-     source or select index is read by gathers only */
+  /* an op that moves data reads its inputs in their roles, in a flat
+     kernel (the only ones whose runners pass the axes' strides; a
+     coordinate, one at most, in a flat elementwise kernel only); an input
+     in a role other than PLAIN is read by such ops only, in that role */
+  int coords = 0;
+  for (int q = 0; q < ks->nin; q++) coords += ks->in_role[q] == KERNEL_IN_COORD;
+  if (coords > 1 || (coords && (ks->rowwise || ks->cols || ks->reduce >= 0))) goto fail;
   for (int k = 0; k < n; k++) {
     const tr_pnode *p = &nodes[k];
-    bool gathers = p->op == VM_OP_gather || p->op == VM_OP_index_select;
+    bool moves = vm_op_gathers(p->op) || kernel_needs_coord(p->op);
     for (int j = 0; j < p->nin; j++) {
       int q = -1 - p->in[j];
       uint8_t role = q >= 0 ? ks->in_role[q] : KERNEL_IN_PLAIN;
-      if (gathers ? q < 0 || role != kernel_arg_role(p, j) : role != KERNEL_IN_PLAIN) goto fail;
+      if (moves ? role != kernel_arg_role(p, j) || (role != KERNEL_IN_PLAIN && q < 0) : role != KERNEL_IN_PLAIN)
+        goto fail;
+      if ((kernel_arg_outside(p, j) || vm_op_gathers(p->op)) && q < 0) goto fail;
     }
-    if (gathers && (p->nin != 2 || ks->rowwise || ks->cols)) goto fail;
+    if (vm_op_gathers(p->op) && (p->nin != 2 || ks->rowwise || ks->cols)) goto fail;
+    if (kernel_needs_coord(p->op) && (!coords || (p->op == VM_OP_scatter_add && p->nin != 3))) goto fail;
   }
   d->group = (tr_group){.kind = head[1], .first = 0, .last = n - 1};
   d->plan.n = n;

@@ -83,15 +83,17 @@ static bool inner_unit(const tr_plan *plan, const cpu_leaf *leaves, int r) {
   return false;
 }
 
-/* the inner stride class of a gather's source or an index_select's index
-   over iteration space gm: after the runner drops size-1 dims, the inner
-   dim is gm's last one longer than 1; along the gathered axis a source
-   moves by index only (stride 0 there) and a select index moves */
+/* the inner stride class of an input read in `role` (not PLAIN) over
+   iteration space gm: after the runner drops size-1 dims, the inner dim
+   is gm's last one longer than 1; along the op's axis a positional input
+   moves by index or coordinate only (stride 0 there), a select index
+   moves, and the coordinate moves by 1 (0 along the other axes) */
 static uint8_t gather_class(const tr_plan *plan, const cpu_leaf *leaves, const vm_meta *gm, uint8_t role, int axis,
                             int r) {
   int d = gm->ndim - 1;
   while (d >= 0 && gm->shape[d] == 1) d--;
   if (d < 0) return 2;
+  if (role == KERNEL_IN_COORD) return d == axis ? 1 : 0;
   if (role == KERNEL_IN_SELECT) return d != axis ? 0 : inner_unit(plan, leaves, r) ? 1 : 2;
   return d == axis ? 0 : d == gm->ndim - 1 && inner_unit(plan, leaves, r) ? 1 : 2;
 }
@@ -149,10 +151,15 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
         return false;
     }
     kiln_dtype in_dt[3];
-    /* a gather reads its source and index from outside the kernel: the
-       runner checks the index values before the kernel runs */
-    bool gathers = p->op == VM_OP_gather || p->op == VM_OP_index_select;
+    /* a gather, scatter_add or concat reads what it moves from outside
+       the kernel (the runner checks index values before the kernel runs);
+       scatter_add and concat read the output's coordinate, in flat
+       elementwise kernels only */
+    bool gathers = vm_op_gathers(p->op), coord = kernel_needs_coord(p->op);
     if (gathers && (ks->cols || p->nin != 2)) return false;
+    if (coord && (grp->kind != TR_GROUP_ELEMENTWISE || p->nin < 1 || p->nin > 3 ||
+                  !tr_meta_shape_is(&p->meta, plan->nodes[grp->last].meta.ndim, plan->nodes[grp->last].meta.shape)))
+      return false;
     int in_q[3] = {-1, -1, -1};
     for (int k = 0; k < p->nin; k++) {
       int r = tr_pnode_input(p, k);
@@ -161,11 +168,13 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
       if (r >= grp->first && r <= grp->last && vm_op_table[plan->nodes[r].op].kind == VM_KIND_VIEW &&
           plan->nodes[r].nin > 0 && tr_pnode_input(&plan->nodes[r], 0) >= grp->first)
         return false;
-      bool internal = r >= grp->first && r <= grp->last && ks->compute[r - grp->first];
-      if (internal && gathers) return false;
-      if (internal) continue;
-      if (gathers && is_fill(plan, r)) return false;
       uint8_t role = kernel_arg_role(p, k);
+      bool internal = r >= grp->first && r <= grp->last && ks->compute[r - grp->first];
+      if (internal && !kernel_arg_outside(p, k) && (gathers || role != KERNEL_IN_PLAIN)) return false;
+      if (internal && kernel_arg_outside(p, k) && !is_fill(plan, r)) return false;
+      if (internal && !kernel_arg_outside(p, k)) continue;
+      if ((gathers || role == KERNEL_IN_SCATTER_INDEX || role == KERNEL_IN_SCATTER_SRC) && is_fill(plan, r))
+        return false;
       int8_t axis = role == KERNEL_IN_PLAIN ? -1 : (int8_t)p->attr.axis;
       int q = kernel_input(ks, r, role);
       if (q >= 0 && ks->in_axis[q] != axis) return false; /* one source, two axes: not described */
@@ -184,6 +193,21 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
       int idx = in_q[1], src = in_q[0];
       if (ks->in_bound[idx] >= 0 && ks->in_bound[idx] != src) return false;
       ks->in_bound[idx] = (int16_t)src;
+    } else if (coord) {
+      for (int k = 0; k < p->nin; k++)
+        if (k != 1 || p->op != VM_OP_scatter_add ? in_dt[k] != p->meta.dtype : in_dt[k] != KILN_I64) return false;
+      if (p->op == VM_OP_scatter_add) /* bounded by the output's extent along the axis */
+        ks->in_bound[in_q[1]] = KERNEL_BOUND_OUT;
+      int q = kernel_coord_input(ks);
+      if (q >= 0 && ks->in_axis[q] != p->attr.axis) return false; /* one coordinate per kernel */
+      if (q < 0) {
+        if (ks->nin == KERNEL_MAX_IO) return false;
+        q = ks->nin++;
+        ks->ins[q] = i; /* no value: the runner passes no buffer */
+        ks->in_role[q] = KERNEL_IN_COORD;
+        ks->in_axis[q] = (int8_t)p->attr.axis;
+        ks->in_bound[q] = -1;
+      }
     } else if (i != ks->reduce && !cg_supported(p, in_dt)) {
       return false;
     }
@@ -212,8 +236,9 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
     int r = ks->ins[q];
     const vm_meta *m = r >= 0 ? &plan->nodes[r].meta : &leaves[-1 - r].meta;
     int64_t last = m->ndim ? m->shape[m->ndim - 1] : 1;
-    if (ks->in_role[q] != KERNEL_IN_PLAIN) {
-      ks->stride_class[q] = gather_class(plan, leaves, gm, ks->in_role[q], ks->in_axis[q], r);
+    if (ks->in_role[q] != KERNEL_IN_PLAIN) { /* a concat's fill part: its value, at any position */
+      ks->stride_class[q] = is_fill(plan, r) && ks->in_role[q] == KERNEL_IN_PART
+                                ? 0 : gather_class(plan, leaves, gm, ks->in_role[q], ks->in_axis[q], r);
       continue;
     }
     ks->stride_class[q] = (last == 1 && inner > 1) || is_fill(plan, r) ? 0 : inner_unit(plan, leaves, r) ? 1 : 2;
@@ -244,7 +269,8 @@ bool kernel_plan_epilogue(const tr_plan *plan, int g, int first, const bool *esc
 typedef struct {
   gcc_jit_lvalue *in_ptr[KERNEL_MAX_IO], *off[KERNEL_MAX_IO], *step[KERNEL_MAX_IO],
       *hoist[KERNEL_MAX_IO], *out_ptr[KERNEL_MAX_IO];
-  gcc_jit_lvalue *gstride[KERNEL_MAX_IO]; /* sources: the gathered axis' stride */
+  gcc_jit_lvalue *gstride[KERNEL_MAX_IO]; /* kernel_role_moves: the axis' stride */
+  gcc_jit_lvalue *gext[KERNEL_MAX_IO];    /* kernel_role_extent: the extent along the axis */
   kiln_dtype in_dt[KERNEL_MAX_IO];
 } kernel_io;
 
@@ -266,21 +292,22 @@ static void emit_io(cg_ctx *c, gcc_jit_block *entry, gcc_jit_rvalue *bufs, const
     io->off[q] = new_local(c, c->t_i64, "off", q);
     io->step[q] = new_local(c, c->t_i64, "step", q);
     io->hoist[q] = new_local(c, cg_type(c, io->in_dt[q]), "x", q);
-    io->gstride[q] = ks->in_role[q] == KERNEL_IN_SOURCE ? new_local(c, c->t_i64, "gs", q) : NULL;
+    io->gstride[q] = kernel_role_moves(ks->in_role[q]) ? new_local(c, c->t_i64, "gs", q) : NULL;
+    io->gext[q] = kernel_role_extent(ks->in_role[q]) ? new_local(c, c->t_i64, "ge", q) : NULL;
     gcc_jit_block_add_assignment(entry, NULL, io->in_ptr[q],
         gcc_jit_context_new_cast(c->ctx, NULL, rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, ks->nout + q))), pt));
   }
 }
 
 /* the inputs' values at inner index j (unit stride, hoisted, or strided);
-   for a gather's source, its position instead (the gathered axis not
-   counted: the gather adds index x gstride and loads) */
+   for a positional input, its position instead (the axis not counted: the
+   op adds its own coordinate x gstride and loads) */
 static void emit_loads(cg_ctx *c, const kernel_shape *ks, const kernel_io *io, gcc_jit_rvalue *j,
                        gcc_jit_rvalue **in_val) {
   for (int q = 0; q < ks->nin; q++) {
     gcc_jit_rvalue *index = ks->stride_class[q] == 1 ? add64(c, rv(io->off[q]), j)
                                                      : add64(c, rv(io->off[q]), mul64(c, j, rv(io->step[q])));
-    if (ks->in_role[q] == KERNEL_IN_SOURCE)
+    if (kernel_role_positional(ks->in_role[q]))
       in_val[q] = ks->stride_class[q] == 0 ? rv(io->off[q]) : index;
     else
       in_val[q] = ks->stride_class[q] == 0 ? rv(io->hoist[q])
@@ -294,13 +321,80 @@ static gcc_jit_rvalue *emit_gather(cg_ctx *c, const kernel_io *io, int q, gcc_ji
   return rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->in_ptr[q]), at));
 }
 
-/* meta[at]: each source's gathered stride (the runner puts them after the
-   strides: 0 for other inputs) */
+/* meta[at]: each moving input's stride along its axis (the runner puts
+   them after the strides: 0 for other inputs) */
 static void emit_gather_strides(cg_ctx *c, gcc_jit_block *b, gcc_jit_rvalue *meta, gcc_jit_rvalue *at,
                                 const kernel_shape *ks, const kernel_io *io) {
   for (int q = 0; q < ks->nin; q++)
-    if (ks->in_role[q] == KERNEL_IN_SOURCE)
+    if (io->gstride[q])
       gcc_jit_block_add_assignment(b, NULL, io->gstride[q], meta_at(c, meta, add64(c, at, i64v(c, q))));
+}
+
+/* meta[at]: extents along the axis, after those (flat elementwise kernels) */
+static void emit_extents(cg_ctx *c, gcc_jit_block *b, gcc_jit_rvalue *meta, gcc_jit_rvalue *at,
+                         const kernel_shape *ks, const kernel_io *io) {
+  for (int q = 0; q < ks->nin; q++)
+    if (io->gext[q])
+      gcc_jit_block_add_assignment(b, NULL, io->gext[q], meta_at(c, meta, add64(c, at, i64v(c, q))));
+}
+
+static gcc_jit_rvalue *load_at(cg_ctx *c, const kernel_io *io, int q, gcc_jit_rvalue *pos, gcc_jit_rvalue *k) {
+  return rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->in_ptr[q]), add64(c, pos, mul64(c, k, rv(io->gstride[q])))));
+}
+
+/* scatter_add at the output coordinate `at`: base, then for k < m in
+   order, + src[k] where index[k] == at (a pick, never a branch on the
+   data: the loop over k is the only one) — the interpreter adds each
+   output element's sources in this order too */
+static gcc_jit_rvalue *emit_scatter(cg_ctx *c, const kernel_io *io, kiln_dtype dt, gcc_jit_rvalue *base, int qi,
+                                    gcc_jit_rvalue *pi, int qs, gcc_jit_rvalue *ps, gcc_jit_rvalue *at, int i) {
+  gcc_jit_lvalue *acc = new_local(c, cg_type(c, dt), "sacc", i), *k = new_local(c, c->t_i64, "sk", i);
+  gcc_jit_block *cond = new_block(c, "scond"), *body = new_block(c, "sbody"), *after = new_block(c, "safter");
+  gcc_jit_block_add_assignment(c->cur, NULL, acc, base);
+  gcc_jit_block_add_assignment(c->cur, NULL, k, i64v(c, 0));
+  gcc_jit_block_end_with_jump(c->cur, NULL, cond);
+  gcc_jit_block_end_with_conditional(cond, NULL,
+      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(k), rv(io->gext[qi])), body, after);
+  c->cur = body;
+  tr_pnode add = {.op = VM_OP_add, .nin = 2, .meta = {.dtype = dt}};
+  kiln_dtype dts[2] = {dt, dt};
+  gcc_jit_rvalue *args[2] = {rv(acc), load_at(c, io, qs, ps, rv(k))};
+  gcc_jit_rvalue *sum = cg_node(c, &add, dts, args);
+  gcc_jit_rvalue *hit = gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_EQ, load_at(c, io, qi, pi, rv(k)), at);
+  gcc_jit_block_add_assignment(c->cur, NULL, acc, cg_pick(c, dt, hit, sum, rv(acc)));
+  gcc_jit_block_add_assignment_op(c->cur, NULL, k, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
+  gcc_jit_block_end_with_jump(c->cur, NULL, cond);
+  c->cur = after;
+  return rv(acc);
+}
+
+/* concat of parts qs[0..n) at the output coordinate `at`: each part read at
+   at less the extents before it, clamped into the part (every load stays
+   in bounds), then the one whose range holds `at` picked */
+static gcc_jit_rvalue *emit_concat(cg_ctx *c, const kernel_io *io, kiln_dtype dt, int n, const int *qs,
+                                   gcc_jit_rvalue *const *pos, gcc_jit_rvalue *at, int i) {
+  gcc_jit_rvalue *vals[3] = {0}, *ends[3] = {0}, *from = i64v(c, 0);
+  for (int j = 0; j < n; j++) {
+    int q = qs[j];
+    gcc_jit_lvalue *cc = new_local(c, c->t_i64, "cc", 3 * i + j);
+    gcc_jit_rvalue *last = add64(c, rv(io->gext[q]), i64v(c, -1));
+    gcc_jit_block_add_assignment(c->cur, NULL, cc,
+        gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, at, from));
+    gcc_jit_block_add_assignment(c->cur, NULL, cc,
+        cg_pick(c, KILN_I64, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(cc), i64v(c, 0)),
+                i64v(c, 0), rv(cc)));
+    gcc_jit_block_add_assignment(c->cur, NULL, cc,
+        cg_pick(c, KILN_I64, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_GT, rv(cc), last),
+                last, rv(cc)));
+    gcc_jit_lvalue *v = new_local(c, cg_type(c, dt), "part", 3 * i + j);
+    gcc_jit_block_add_assignment(c->cur, NULL, v, load_at(c, io, q, pos[j], rv(cc)));
+    vals[j] = rv(v);
+    from = ends[j] = add64(c, from, rv(io->gext[q]));
+  }
+  gcc_jit_rvalue *value = vals[n - 1];
+  for (int j = n - 2; j >= 0; j--)
+    value = cg_pick(c, dt, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, at, ends[j]), vals[j], value);
+  return value;
 }
 
 /* evaluates the group's computed nodes up to (not including) `stop` into
@@ -318,7 +412,8 @@ static bool emit_nodes(cg_ctx *c, const tr_plan *plan, const tr_group *grp, cons
     int qs[3] = {-1, -1, -1};
     for (int k = 0; k < p->nin; k++) {
       int ref = tr_pnode_input(p, k);
-      bool internal = ref >= grp->first && ref <= grp->last && ks->compute[ref - grp->first];
+      bool internal = ref >= grp->first && ref <= grp->last && ks->compute[ref - grp->first] &&
+                      !kernel_arg_outside(p, k);
       if (internal) {
         if (!node_val[ref - grp->first]) return false;
         args[k] = rv(node_val[ref - grp->first]);
@@ -331,9 +426,19 @@ static bool emit_nodes(cg_ctx *c, const tr_plan *plan, const tr_group *grp, cons
       }
     }
     gcc_jit_rvalue *value;
-    if (p->op == VM_OP_gather || p->op == VM_OP_index_select) {
+    int qc = kernel_coord_input(ks);
+    if (vm_op_gathers(p->op)) {
       if (qs[0] < 0 || ks->in_role[qs[0]] != KERNEL_IN_SOURCE || !io->gstride[qs[0]]) return false;
       value = emit_gather(c, io, qs[0], args[0], args[1]);
+    } else if (kernel_needs_coord(p->op) && qc < 0) {
+      return false;
+    } else if (p->op == VM_OP_scatter_add) {
+      if (qs[1] < 0 || qs[2] < 0 || !io->gext[qs[1]] || !io->gext[qs[2]]) return false;
+      value = emit_scatter(c, io, p->meta.dtype, args[0], qs[1], args[1], qs[2], args[2], in_val[qc], i);
+    } else if (p->op == VM_OP_concat) {
+      for (int k = 0; k < p->nin; k++)
+        if (qs[k] < 0 || !io->gext[qs[k]]) return false;
+      value = emit_concat(c, io, p->meta.dtype, p->nin, qs, args, in_val[qc], i);
     } else if (p->op == VM_OP_full) { /* a runtime parameter: 8-byte slot `slot` */
       int slot = 0;
       while (ks->params[slot] != i) slot++;
@@ -387,8 +492,11 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, 
   gcc_jit_block_add_assignment(entry, NULL, nd, meta_at(c, meta, i64v(c, 0)));
   gcc_jit_block_add_assignment(entry, NULL, inner, meta_at(c, meta, rv(nd)));
   emit_io(c, entry, bufs, plan, leaves, ks, &io);
-  /* meta: nd, shape[nd], strides[nd] per input, then the gathered strides */
-  emit_gather_strides(c, entry, meta, add64(c, i64v(c, 1), mul64(c, rv(nd), i64v(c, ks->nin + 1))), ks, &io);
+  /* meta: nd, shape[nd], strides[nd] per input, then the axis' strides
+     and extents per input (0 where the role has none) */
+  gcc_jit_rvalue *after_strides = add64(c, i64v(c, 1), mul64(c, rv(nd), i64v(c, ks->nin + 1)));
+  emit_gather_strides(c, entry, meta, after_strides, ks, &io);
+  emit_extents(c, entry, meta, add64(c, after_strides, i64v(c, ks->nin)), ks, &io);
   gcc_jit_block_add_assignment(entry, NULL, flat, gcc_jit_param_as_rvalue(prm[3]));
   gcc_jit_block_end_with_jump(entry, NULL, rows);
   /* rows: while (flat < end) */
@@ -436,7 +544,7 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, 
   for (int q = 0; q < ks->nin; q++) {
     gcc_jit_rvalue *at = add64(c, i64v(c, 1), mul64(c, rv(nd), i64v(c, q + 2)));
     gcc_jit_block_add_assignment(setup, NULL, io.step[q], meta_at(c, meta, add64(c, at, i64v(c, -1))));
-    if (ks->stride_class[q] == 0 && ks->in_role[q] != KERNEL_IN_SOURCE)
+    if (ks->stride_class[q] == 0 && !kernel_role_positional(ks->in_role[q]))
       gcc_jit_block_add_assignment(setup, NULL, io.hoist[q],
           rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
   }
@@ -785,7 +893,7 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
   gcc_jit_block_add_assignment(row, NULL, row_at, mul64(c, rv(o), rv(count)));
   for (int q = 0; q < ks->nin; q++) {
     gcc_jit_block_add_assignment(row, NULL, io.off[q], mul64(c, rv(o), meta_at(c, meta, i64v(c, 4 + 2 * q))));
-    if (ks->stride_class[q] == 0 && ks->in_role[q] != KERNEL_IN_SOURCE)
+    if (ks->stride_class[q] == 0 && !kernel_role_positional(ks->in_role[q]))
       gcc_jit_block_add_assignment(row, NULL, io.hoist[q],
           rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
   }
@@ -904,7 +1012,7 @@ bool kernel_emit_reduce_cols(cg_ctx *c, const tr_plan *plan, int g, const cpu_le
         add64(c, mul64(c, rv(o), meta_at(c, meta, i64v(c, 4 + 3 * q))),
               add64(c, mul64(c, rv(r), meta_at(c, meta, i64v(c, 5 + 3 * q))),
                     mul64(c, rv(b0), meta_at(c, meta, i64v(c, 6 + 3 * q))))));
-    if (ks->stride_class[q] == 0 && ks->in_role[q] != KERNEL_IN_SOURCE)
+    if (ks->stride_class[q] == 0 && !kernel_role_positional(ks->in_role[q]))
       gcc_jit_block_add_assignment(c->cur, NULL, io.hoist[q],
           rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
   }
@@ -1188,7 +1296,7 @@ bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *lea
   gcc_jit_block_add_assignment(row, NULL, row_at, mul64(c, rv(o), rv(count)));
   for (int q = 0; q < ks->nin; q++) {
     gcc_jit_block_add_assignment(row, NULL, io.off[q], mul64(c, rv(o), meta_at(c, meta, i64v(c, 2 + 2 * q))));
-    if (ks->stride_class[q] == 0 && ks->in_role[q] != KERNEL_IN_SOURCE)
+    if (ks->stride_class[q] == 0 && !kernel_role_positional(ks->in_role[q]))
       gcc_jit_block_add_assignment(row, NULL, io.hoist[q],
           rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
   }

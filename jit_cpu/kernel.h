@@ -13,28 +13,56 @@
    a kernel reading them all (W5: 100); at 32 such plans ran interpreted */
 #define KERNEL_MAX_IO 256
 #define KERNEL_MAX_NODES 4096
+#define KERNEL_BOUND_OUT (-2)
 
-/* How a kernel reads an input (kernel_shape.in_role).  A gather or an
-   index_select is computed in place, as an indirect load: its source is
-   read at the position of the output element with the gathered axis'
-   coordinate replaced by the index value, so the runner passes the
-   source's strides with that axis' stride zeroed and the axis' stride
-   apart (the kernel adds index x it); index_select's 1-d index is read
-   along the gathered axis only.  A value read both directly and through a
-   gather is two inputs. */
+/* How a kernel reads an input (kernel_shape.in_role).  Some data movement
+ * is computed in place, elementwise over the output (trace/plan.c
+ * in_place):
+ * - a gather or an index_select is an indirect load: its source is read at
+ *   the position of the output element with the gathered axis' coordinate
+ *   replaced by the index value, so the runner passes the source's strides
+ *   with that axis' stride zeroed and the axis' stride apart (the kernel
+ *   adds index x it); index_select's 1-d index is read along the gathered
+ *   axis only;
+ * - a scatter_add adds to its base, for k along the axis in order, the
+ *   source at k wherever the index at k names the output's coordinate
+ *   (index and source read as a gather's source is, plus their extent k <
+ *   m along the axis);
+ * - a concat picks among its parts' values at the output coordinate less
+ *   the extents of the parts before (each part read as a gather's source
+ *   is, at a coordinate clamped into it, plus its extent).
+ * The output's coordinate along the axis is an input of its own, with no
+ * buffer: its strides are 1 along the axis and 0 elsewhere, so its
+ * position is the coordinate, and the runner's merging of dims keeps the
+ * axis apart.  A value read in two roles is two inputs. */
 enum {
-  KERNEL_IN_PLAIN = 0,   /* broadcast to the iteration space (right-aligned) */
-  KERNEL_IN_SOURCE = 1,  /* a gather's / index_select's source */
-  KERNEL_IN_SELECT = 2,  /* index_select's index, along the gathered axis */
+  KERNEL_IN_PLAIN = 0,        /* broadcast to the iteration space (right-aligned) */
+  KERNEL_IN_SOURCE = 1,       /* a gather's / index_select's source */
+  KERNEL_IN_SELECT = 2,       /* index_select's index, along the gathered axis */
+  KERNEL_IN_COORD = 3,        /* the output's coordinate along the kernel's axis (no buffer) */
+  KERNEL_IN_SCATTER_INDEX = 4, /* scatter_add's index */
+  KERNEL_IN_SCATTER_SRC = 5,  /* scatter_add's source */
+  KERNEL_IN_PART = 6,         /* a concat's part */
+  KERNEL_IN_ROLES
 };
+
+/* the kernel reads the input's position, not its value (and loads itself) */
+static inline bool kernel_role_positional(uint8_t role) { return role != KERNEL_IN_PLAIN && role != KERNEL_IN_SELECT; }
+/* the runner passes the axis' stride apart (meta, after the strides) */
+static inline bool kernel_role_moves(uint8_t role) { return kernel_role_positional(role) && role != KERNEL_IN_COORD; }
+/* ... and its extent along the axis (after those strides) */
+static inline bool kernel_role_extent(uint8_t role) { return kernel_role_moves(role) && role != KERNEL_IN_SOURCE; }
+/* an in-place op that reads the output's coordinate */
+static inline bool kernel_needs_coord(vm_opcode op) { return op == VM_OP_scatter_add || op == VM_OP_concat; }
 
 typedef struct kernel_shape {
   int nin, nout, nparams;
   int ins[KERNEL_MAX_IO];          /* plan refs read */
   uint8_t stride_class[KERNEL_MAX_IO];
   uint8_t in_role[KERNEL_MAX_IO];  /* KERNEL_IN_*: part of the kernel's description */
-  int8_t in_axis[KERNEL_MAX_IO];   /* sources and select indices: the gathered axis (runner only) */
-  int16_t in_bound[KERNEL_MAX_IO]; /* an index input: the source whose axis bounds it, else -1 (runner only) */
+  int8_t in_axis[KERNEL_MAX_IO];   /* inputs not PLAIN: the axis of their op (runner only) */
+  int16_t in_bound[KERNEL_MAX_IO]; /* an index input: the source whose axis bounds it,
+                                      KERNEL_BOUND_OUT: the output's extent along its axis, else -1 (runner only) */
   int outs[KERNEL_MAX_IO];         /* plan nodes written */
   int params[KERNEL_MAX_IO];       /* full nodes */
   bool compute[KERNEL_MAX_NODES];  /* per node of the group: computed by the kernel */
@@ -68,15 +96,33 @@ static inline void kernel_shape_clear(kernel_shape *ks, int n) {
 
 /* the role in which node p reads its input k */
 static inline uint8_t kernel_arg_role(const tr_pnode *p, int k) {
-  if (p->op == VM_OP_gather || p->op == VM_OP_index_select)
+  if (vm_op_gathers(p->op))
     return k == 0 ? KERNEL_IN_SOURCE : p->op == VM_OP_index_select ? KERNEL_IN_SELECT : KERNEL_IN_PLAIN;
+  if (p->op == VM_OP_scatter_add)
+    return k == 1 ? KERNEL_IN_SCATTER_INDEX : k == 2 ? KERNEL_IN_SCATTER_SRC : KERNEL_IN_PLAIN;
+  if (p->op == VM_OP_concat) return KERNEL_IN_PART;
   return KERNEL_IN_PLAIN;
+}
+
+/* node p reads its input k from outside the kernel even when the kernel
+   computes it: a concat's parts (fills, the only parts a kernel may
+   compute, are read from their slots) */
+static inline bool kernel_arg_outside(const tr_pnode *p, int k) {
+  (void)k;
+  return p->op == VM_OP_concat;
 }
 
 /* the kernel input reading ref in that role, or -1 */
 static inline int kernel_input(const kernel_shape *ks, int ref, uint8_t role) {
   for (int q = 0; q < ks->nin; q++)
     if (ks->ins[q] == ref && ks->in_role[q] == role) return q;
+  return -1;
+}
+
+/* the kernel's coordinate input, or -1 */
+static inline int kernel_coord_input(const kernel_shape *ks) {
+  for (int q = 0; q < ks->nin; q++)
+    if (ks->in_role[q] == KERNEL_IN_COORD) return q;
   return -1;
 }
 

@@ -1,7 +1,10 @@
-/* test_jit_gather.c — gathers and index_selects compiled in place (a kernel
- * reads the source at the index: fused with the elementwise work and the
- * reductions around them), and reduce epilogues compiled as kernels of
- * their own (jit_cpu/kernel.c kernel_plan_epilogue).
+/* test_jit_gather.c — data movement compiled in place: gathers and
+ * index_selects (a kernel reads the source at the index: fused with the
+ * elementwise work and the reductions around them), small scatter_adds (the
+ * VJP of a gather: each output element adds its sources in index order)
+ * and concats of up to 3 parts (a pick among the parts at the output's
+ * coordinate); and reduce epilogues compiled as kernels of their own
+ * (jit_cpu/kernel.c kernel_plan_epilogue).
  *
  * Each program runs three times in a child (KILN_HOT=1, inline compiles):
  * the third run, from the compiled plan, must compute nothing on the
@@ -195,6 +198,125 @@ static kiln_tensor *long_row_epilogue(void) {
   return r;
 }
 
+/* scatter_add into zeros along axis 1 with repeated indices, times 3: the
+   sources of one element are added in index order, which decides the
+   bits (1e8 + 1 - 1e8 is 0 in f32, 1e8 - 1e8 + 1 is 1) */
+static float ref_scatter[4 * 5];
+static kiln_tensor *scatter_repeated(void) {
+  static const float sv[4 * 3] = {1e8f, 1.0f, -1e8f, 0.5f, -0.25f, 2.0f, 1.0f, 1e8f, -1e8f, -0.0f, 3.0f, 1.5f};
+  static const int64_t iv[4 * 3] = {2, 2, 2, 0, 4, 0, 1, 1, 1, 3, 3, 0};
+  memset(ref_scatter, 0, sizeof ref_scatter);
+  for (int r = 0; r < 4; r++)
+    for (int k = 0; k < 3; k++) ref_scatter[r * 5 + iv[r * 3 + k]] += sv[r * 3 + k];
+  for (int i = 0; i < 20; i++) ref_scatter[i] *= 3.0f;
+  kiln_tensor *src = kiln_from_data(sv, KILN_F32, 2, (int64_t[]){4, 3});
+  kiln_tensor *idx = kiln_from_data(iv, KILN_I64, 2, (int64_t[]){4, 3});
+  kiln_tensor *z = kiln_zeros(KILN_F32, 2, (int64_t[]){4, 5}), *sc = kiln_scatter_add(z, 1, idx, src),
+              *r = kiln_mul_scalar(sc, 3.0);
+  kiln_release(src);
+  kiln_release(idx);
+  kiln_release(z);
+  kiln_release(sc);
+  return r;
+}
+
+/* scatter_add along axis 0 (not the inner one) onto a base the kernel
+   computes (x * 2), f64, then + 1 */
+static kiln_tensor *scatter_axis0_computed_base(void) {
+  kiln_tensor *x = floats(KILN_F64, 2, (int64_t[]){6, 9}, NULL);
+  kiln_tensor *src = floats(KILN_F64, 2, (int64_t[]){2, 9}, NULL);
+  kiln_tensor *idx = indices(2, (int64_t[]){2, 9}, 6, NULL);
+  kiln_tensor *b = kiln_mul_scalar(x, 2.0), *sc = kiln_scatter_add(b, 0, idx, src), *r = kiln_add_scalar(sc, 1.0);
+  kiln_release(x);
+  kiln_release(src);
+  kiln_release(idx);
+  kiln_release(b);
+  kiln_release(sc);
+  return r;
+}
+
+/* scatter_add of integers (wrapping adds) into a leaf */
+static kiln_tensor *scatter_i32(void) {
+  kiln_tensor *x = floats(KILN_I32, 2, (int64_t[]){5, 8}, NULL);
+  kiln_tensor *src = floats(KILN_I32, 2, (int64_t[]){5, 4}, NULL);
+  kiln_tensor *idx = indices(2, (int64_t[]){5, 4}, 8, NULL);
+  kiln_tensor *sc = kiln_scatter_add(x, 1, idx, src), *r = kiln_mul_scalar(sc, 3.0);
+  kiln_release(x);
+  kiln_release(src);
+  kiln_release(idx);
+  kiln_release(sc);
+  return r;
+}
+
+/* concat of three parts along axis 1 (one a transposed view), times 2,
+   minus 1 */
+static float ref_concat[6 * 12];
+static kiln_tensor *concat_parts(void) {
+  static float av[6 * 3], bv[4 * 6], cv[6 * 5];
+  kiln_tensor *a = floats(KILN_F32, 2, (int64_t[]){6, 3}, av), *b = floats(KILN_F32, 2, (int64_t[]){4, 6}, bv),
+              *cc = floats(KILN_F32, 2, (int64_t[]){6, 5}, cv);
+  for (int r = 0; r < 6; r++)
+    for (int j = 0; j < 12; j++) {
+      float v = j < 3 ? av[r * 3 + j] : j < 7 ? bv[(j - 3) * 6 + r] : cv[r * 5 + j - 7];
+      ref_concat[r * 12 + j] = v * 2.0f - 1.0f;
+    }
+  kiln_tensor *bt = kiln_transpose(b, 0, 1);
+  kiln_tensor *parts[3] = {a, bt, cc};
+  kiln_tensor *c = kiln_concat(3, parts, 1), *m = kiln_mul_scalar(c, 2.0), *r = kiln_sub_scalar(m, 1.0);
+  kiln_release(a);
+  kiln_release(b);
+  kiln_release(cc);
+  kiln_release(bt);
+  kiln_release(c);
+  kiln_release(m);
+  return r;
+}
+
+/* zeros, x, zeros along axis 0 (the join of a slice's gradient), exp */
+static kiln_tensor *concat_fills_axis0(void) {
+  kiln_tensor *x = floats(KILN_F64, 3, (int64_t[]){2, 3, 7}, NULL);
+  kiln_tensor *z1 = kiln_zeros(KILN_F64, 3, (int64_t[]){3, 3, 7}), *z2 = kiln_zeros(KILN_F64, 3, (int64_t[]){1, 3, 7});
+  kiln_tensor *parts[3] = {z1, x, z2};
+  kiln_tensor *c = kiln_concat(3, parts, 0), *r = kiln_exp(c);
+  kiln_release(x);
+  kiln_release(z1);
+  kiln_release(z2);
+  kiln_release(c);
+  return r;
+}
+
+/* the gradient of the mean cross-entropy: the gather's VJP, a scatter_add
+   into zeros, fused with the softmax's VJP */
+static kiln_tensor *cross_entropy_grad(void) {
+  kiln_tensor *x = floats(KILN_F32, 2, (int64_t[]){32, 10}, NULL);
+  kiln_tensor *y = indices(1, (int64_t[]){32}, 10, NULL);
+  kiln_set_requires_grad(x, true);
+  kiln_tensor *l = kiln_cross_entropy(x, y);
+  kiln_backward(l, NULL);
+  kiln_tensor *g = kiln_grad(x);
+  kiln_release(x);
+  kiln_release(y);
+  kiln_release(l);
+  return g;
+}
+
+/* a GRU cell's gates sliced from one [B, 3H] pre-activation: the gradient
+   joins the three slices' gradients with one concat */
+static kiln_tensor *gate_slices_grad(void) {
+  kiln_tensor *x = floats(KILN_F32, 2, (int64_t[]){8, 3 * 16}, NULL);
+  kiln_tensor *h = floats(KILN_F32, 2, (int64_t[]){8, 16}, NULL);
+  kiln_set_requires_grad(x, true);
+  kiln_tensor *r = kiln_slice(x, 1, 0, 16, 1), *z = kiln_slice(x, 1, 16, 32, 1), *n = kiln_slice(x, 1, 32, 48, 1);
+  kiln_tensor *rs = kiln_sigmoid(r), *zs = kiln_sigmoid(z), *rn = kiln_mul(rs, n), *nt = kiln_tanh(rn),
+              *d = kiln_sub(h, nt), *zd = kiln_mul(zs, d), *hn = kiln_add(nt, zd), *sq = kiln_mul(hn, hn);
+  kiln_tensor *l = kiln_sum(sq, 0, NULL, false);
+  kiln_backward(l, NULL);
+  kiln_tensor *g = kiln_grad(x);
+  kiln_tensor *all[] = {x, h, r, z, n, rs, zs, rn, nt, d, zd, hn, sq, l};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kiln_release(all[i]);
+  return g;
+}
+
 typedef struct {
   const char *name;
   kiln_tensor *(*build)(void);
@@ -211,6 +333,13 @@ static const program programs[] = {
     {"gather_same_shape", gather_same_shape, NULL},
     {"column_epilogue", column_epilogue, NULL},
     {"long_row_epilogue", long_row_epilogue, NULL},
+    {"scatter_repeated", scatter_repeated, ref_scatter},
+    {"scatter_axis0_computed_base", scatter_axis0_computed_base, NULL},
+    {"scatter_i32", scatter_i32, NULL},
+    {"concat_parts", concat_parts, ref_concat},
+    {"concat_fills_axis0", concat_fills_axis0, NULL},
+    {"cross_entropy_grad", cross_entropy_grad, NULL},
+    {"gate_slices_grad", gate_slices_grad, NULL},
 };
 #define NPROGRAMS (int)(sizeof programs / sizeof programs[0])
 
@@ -346,6 +475,73 @@ TEST(index_out_of_range_in_a_compiled_plan) {
   CHECK(out[1] == 3.0f * 3.0f + 0.5f && out[11] == 20.0f * 20.0f + 0.5f);
 }
 
+/* a compiled scatter_add's index out of range (of the output's axis):
+   the interpreter's error, then the next valid run computes again */
+static int scatter_with(const int64_t *idx_values, float *out) {
+  float sv[6] = {1, 2, 3, 4, 5, 6};
+  kiln_tensor *src = kiln_from_data(sv, KILN_F32, 2, (int64_t[]){3, 2});
+  kiln_tensor *idx = kiln_from_data(idx_values, KILN_I64, 2, (int64_t[]){3, 2});
+  kiln_tensor *z = kiln_zeros(KILN_F32, 2, (int64_t[]){3, 4}), *sc = kiln_scatter_add(z, 1, idx, src),
+              *r = kiln_add_scalar(sc, 0.5);
+  int rc = kiln_to_buffer(r, out, 12 * sizeof(float));
+  kiln_release(src);
+  kiln_release(idx);
+  kiln_release(z);
+  kiln_release(sc);
+  kiln_release(r);
+  return rc;
+}
+
+TEST(scatter_index_out_of_range_in_a_compiled_plan) {
+  int64_t good[6] = {3, 3, 0, 1, 2, 0}, bad[6];
+  memcpy(bad, good, sizeof bad);
+  bad[3] = 4;
+  float out[12];
+  for (int rep = 0; rep < 3; rep++) CHECK_EQ_INT(scatter_with(good, out), 0);
+  CHECK(out[3] == 3.5f && out[4] == 3.5f && out[5] == 4.5f && out[10] == 5.5f && out[8] == 6.5f);
+  kiln_stats before, after;
+  kiln_get_stats(&before);
+  CHECK_EQ_INT(scatter_with(good, out), 0);
+  kiln_get_stats(&after);
+  CHECK_EQ_INT(after.eager_ops - before.eager_ops, 0); /* the compiled plan ran */
+  kiln_clear_error();
+  CHECK(scatter_with(bad, out) == KILN_ERR_ARG);
+  CHECK_STR_CONTAINS(kiln_last_error(), "index 4 is out of range for axis 1 of size 4");
+  kiln_clear_error();
+  CHECK_EQ_INT(scatter_with(good, out), 0);
+  CHECK(out[3] == 3.5f && out[0] == 0.5f);
+}
+
+/* a scatter_add with more than a few positions along its axis (an
+   embedding's gradient) is not computed per output element: it stays the
+   interpreter's one pass over the sources, and the rest is compiled */
+TEST(a_long_scatter_stays_one_data_op) {
+  float out[40 * 4];
+  double eager = 0;
+  for (int rep = 0; rep < 3; rep++) {
+    float sv[64 * 4];
+    int64_t iv[64 * 4];
+    for (int i = 0; i < 64 * 4; i++) sv[i] = (float)(i % 7), iv[i] = (i * 13) % 40;
+    kiln_tensor *src = kiln_from_data(sv, KILN_F32, 2, (int64_t[]){64, 4});
+    kiln_tensor *idx = kiln_from_data(iv, KILN_I64, 2, (int64_t[]){64, 4});
+    kiln_tensor *z = kiln_zeros(KILN_F32, 2, (int64_t[]){40, 4}), *sc = kiln_scatter_add(z, 0, idx, src),
+                *r = kiln_add_scalar(sc, 1.0);
+    double e0 = kiln_stat("eager_ops");
+    CHECK_EQ_INT(kiln_to_buffer(r, out, sizeof out), 0);
+    eager = kiln_stat("eager_ops") - e0;
+    kiln_release(src);
+    kiln_release(idx);
+    kiln_release(z);
+    kiln_release(sc);
+    kiln_release(r);
+  }
+  CHECK(eager == 2); /* the scatter_add and the zeros it adds into */
+  float want = 1.0f;
+  for (int i = 0; i < 64; i++)
+    if ((i * 4 * 13) % 40 == 0) want += (float)((i * 4) % 7);
+  CHECK(out[0] == want);
+}
+
 /* a view moves no data: counted in view_ops, never in eager_ops */
 TEST(views_are_counted_apart_from_eager_ops) {
   float v[6] = {1, 2, 3, 4, 5, 6}, out[6];
@@ -375,6 +571,8 @@ int main(int argc, char **argv) {
   unsetenv("KILN_JIT");
   RUN(compiled_gathers_match_the_interpreter_bit_for_bit);
   RUN(index_out_of_range_in_a_compiled_plan);
+  RUN(scatter_index_out_of_range_in_a_compiled_plan);
+  RUN(a_long_scatter_stays_one_data_op);
   RUN(views_are_counted_apart_from_eager_ops);
   return ktest_done();
 }

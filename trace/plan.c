@@ -21,7 +21,7 @@ int tr_rows_run_end(const tr_plan *plan, int g, const vm_meta *R, const int64_t 
     for (int i = grp->first; ok && i <= grp->last; i++) {
       const tr_pnode *p = &plan->nodes[i];
       vm_kind kind = vm_op_table[p->op].kind;
-      if (kind == VM_KIND_VIEW || kind == VM_KIND_INDEX) ok = false;
+      if (kind == VM_KIND_VIEW || kind == VM_KIND_INDEX || kind == VM_KIND_CONCAT) ok = false;
       if (kind == VM_KIND_REDUCE) ok = fold_ok(p, ctx);
       ok = ok && (tr_meta_shape_is(&p->meta, nd, R->shape) || tr_meta_shape_is(&p->meta, nd, rk) ||
                   tr_meta_all_ones(&p->meta, nd));
@@ -116,6 +116,21 @@ static int simplify(builder *b, int i, bool *rewired) {
   int x = p->nin > 0 ? p->in[0] : 0, y = p->nin > 1 ? p->in[1] : 0;
   const vm_meta *mx = p->nin > 0 ? ref_meta(b, x) : NULL;
   bool keeps = mx && mx->dtype == p->meta.dtype && same_shape(mx, &p->meta);
+  if (vm_op_table[p->op].kind == VM_KIND_VIEW && x >= 0 && b->p[x].op == VM_OP_full && !keeps) {
+    /* a view of a fill is a fill of the view's shape, its value bound from
+       the same flush node: kernels read fills as values (a view would make
+       the interpreter build the fill first, to view it) */
+    const tr_pnode *f = &b->p[x];
+    p->op = VM_OP_full;
+    p->nin = 0;
+    p->src = f->src;
+    p->attr = f->attr;
+    p->attr.ndim = p->meta.ndim;
+    memcpy(p->attr.shape, p->meta.shape, sizeof p->attr.shape);
+    p->attr.weak = p->meta.weak;
+    *rewired = true;
+    return i;
+  }
   switch (p->op) {
     case VM_OP_neg: /* neg(neg x) */
       if (x >= 0 && b->p[x].op == VM_OP_neg) return b->p[x].in[0];
@@ -214,21 +229,64 @@ static int cse(builder *b, int i, int *table, int slots) {
 
 /* --- partitioning (DESIGN §5) ------------------------------------------------- */
 
-/* A gather or index_select is elementwise over its output (an indirect
-   load of its source) where the backend's kernels read them in place. */
-static bool gathers_in_place(const tr_plan *plan, const tr_pnode *p) {
-  return (p->op == VM_OP_gather || p->op == VM_OP_index_select) && plan->backend &&
-         plan->backend->fuses_gathers;
+/* Data movement a backend's kernels compute in place, elementwise over
+   the output (vm_backend.fuses_gathers):
+   - a gather or index_select: an indirect load of its source;
+   - a scatter_add whose index has at most TR_SCATTER_PICKS positions
+     along the axis and the output's extent elsewhere: each output
+     element adds, in index order, the sources whose index names it (the
+     interpreter's order for that element, so the same bits);
+   - a concat of at most 3 non-empty parts of its own dtype: a pick
+     between the parts' values at the output position.
+   The inputs these read at other positions than the output's (source,
+   index, parts) come from outside the kernel. */
+#define TR_SCATTER_PICKS 8
+
+static const vm_meta *input_meta(const tr_plan *plan, const tr_trace *t, int ref) {
+  return ref >= 0 ? &plan->nodes[ref].meta : &t->leaves[-1 - ref]->meta;
 }
 
-static void partition(tr_plan *plan) {
+static bool in_place(const tr_plan *plan, const tr_trace *t, const tr_pnode *p) {
+  if (!plan->backend || !plan->backend->fuses_gathers) return false;
+  if (vm_op_gathers(p->op)) return true;
+  int axis = p->attr.axis;
+  if (p->op == VM_OP_scatter_add) {
+    const vm_meta *idx = input_meta(plan, t, p->in[1]), *src = input_meta(plan, t, p->in[2]);
+    if (idx->ndim != p->meta.ndim || idx->shape[axis] > TR_SCATTER_PICKS || src->dtype != p->meta.dtype ||
+        input_meta(plan, t, p->in[0])->dtype != p->meta.dtype)
+      return false;
+    for (int d = 0; d < idx->ndim; d++)
+      if (d != axis && idx->shape[d] != p->meta.shape[d]) return false;
+    return true;
+  }
+  if (p->op == VM_OP_concat && p->nin >= 1 && p->nin <= 3) {
+    for (int k = 0; k < p->nin; k++) {
+      const vm_meta *m = input_meta(plan, t, p->in[k]);
+      if (m->dtype != p->meta.dtype || m->ndim != p->meta.ndim || m->shape[axis] < 1) return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+/* an in-place op reads input k at other positions than its output's */
+static bool reads_elsewhere(const tr_pnode *p, int k) {
+  return vm_op_gathers(p->op) || p->op == VM_OP_concat || (p->op == VM_OP_scatter_add && k > 0);
+}
+
+/* in-place ops that need the output position's coordinate along an axis */
+static bool needs_coord(const tr_pnode *p) { return p->op == VM_OP_scatter_add || p->op == VM_OP_concat; }
+
+static void partition(tr_plan *plan, const tr_trace *t) {
   plan->ngroups = 0;
   tr_group *cur = NULL;
   vm_meta cur_shape = {0};  /* the group's iteration space (or the reduction's result) */
+  int cur_axis = -1;        /* the axis of the group's coordinate (needs_coord), or -1 */
   for (int i = 0; i < plan->n; i++) {
     tr_pnode *p = &plan->nodes[i];
     vm_kind kind = vm_op_table[p->op].kind;
-    if (gathers_in_place(plan, p)) kind = VM_KIND_BINARY;
+    bool placed = in_place(plan, t, p);
+    if (placed) kind = VM_KIND_BINARY;
     bool join = false;
     if (cur && (kind == VM_KIND_UNARY || kind == VM_KIND_BINARY || kind == VM_KIND_TERNARY ||
                 kind == VM_KIND_VIEW || kind == VM_KIND_LEAF)) {
@@ -236,13 +294,17 @@ static void partition(tr_plan *plan) {
          reduction's epilogue of the reduction's result shape */
       join = (cur->kind == TR_GROUP_ELEMENTWISE || cur->kind == TR_GROUP_REDUCE) &&
              same_shape(&cur_shape, &p->meta);
-      /* a gather reads its source and index from outside its kernel (the
-         index is checked before the kernel runs): computed in this loop
-         nest, they end it (views of outside values are read as inputs) */
-      for (int k = 0; join && k < 2 && gathers_in_place(plan, p); k++) {
-        int r = p->in[k];
-        join = !(r >= cur->first && vm_op_table[plan->nodes[r].op].kind != VM_KIND_VIEW);
+      /* an in-place op reads its source, index or parts from outside its
+         kernel (indices are checked before the kernel runs): computed in
+         this loop nest, they end it (views of outside values are read as
+         inputs; a concat's fills are values, read at any position) */
+      for (int k = 0; join && placed && k < p->nin; k++) {
+        int r = tr_pnode_input(p, k);
+        join = !(reads_elsewhere(p, k) && r >= cur->first && vm_op_table[plan->nodes[r].op].kind != VM_KIND_VIEW &&
+                 !(p->op == VM_OP_concat && plan->nodes[r].op == VM_OP_full));
       }
+      /* one coordinate axis per kernel */
+      if (join && placed && needs_coord(p)) join = cur_axis < 0 || cur_axis == p->attr.axis;
       if (join && cur->kind == TR_GROUP_REDUCE)
         for (int k = 0; k < p->nin; k++) { /* an epilogue reads results, never the reduced loop */
           int r = tr_pnode_input(p, k);
@@ -250,10 +312,14 @@ static void partition(tr_plan *plan) {
               !same_shape(&plan->nodes[r].meta, &cur_shape))
             join = false;
         }
-    } else if (cur && kind == VM_KIND_REDUCE && cur->kind == TR_GROUP_ELEMENTWISE) {
-      int r = p->in[0]; /* producers fuse into the reduction's input loop */
+    } else if (cur && kind == VM_KIND_REDUCE && cur->kind == TR_GROUP_ELEMENTWISE && cur_axis < 0) {
+      /* producers fuse into the reduction's input loop (which has no
+         coordinate: a concat or scatter_add ends the group before) */
+      int r = p->in[0];
       join = r >= cur->first && same_shape(&cur_shape, &plan->nodes[r].meta);
     }
+    if (!join) cur_axis = -1;
+    if (placed && needs_coord(p)) cur_axis = p->attr.axis;
     if (join) {
       cur->last = i;
       if (kind == VM_KIND_REDUCE) {
@@ -433,7 +499,7 @@ tr_plan *tr_plan_build(const tr_trace *t, const vm_backend *be) {
         int r = tr_pnode_input(&plan->nodes[i], k);
         if (r >= 0) plan->nodes[r].last_use = i;
       }
-    partition(plan);
+    partition(plan, t);
     ok = assign_buffers(plan, escapes) && release_lists(plan, escapes);
   }
   free(b.p);

@@ -51,9 +51,10 @@ typedef struct vm_backend {
   void (*compile)(struct tr_plan *plan, const struct tr_trace *t);
   void (*compile_wait)(void);           /* until the background compiles are done */
   void (*plan_free)(void *compiled);
-  /* its kernels read gathers and index_selects in place: the partition
-     fuses them with the elementwise work around them (else each is a data
-     group of its own, one primitive) */
+  /* its kernels compute gathers, index_selects, small scatter_adds and
+     concats in place, elementwise over the output (trace/plan.c
+     in_place): the partition fuses them with the elementwise work around
+     them (else each is a data group of its own, one primitive) */
   bool fuses_gathers;
   /* whether group g of a plan has a compiled kernel */
   bool (*has_kernel)(const void *compiled, int g);

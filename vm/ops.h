@@ -51,6 +51,9 @@ typedef struct vm_op_info {
 
 extern const vm_op_info vm_op_table[VM_OP_COUNT];
 
+/* a gather or an index_select: reads in[0] at positions in[1] names */
+static inline bool vm_op_gathers(vm_opcode op) { return op == VM_OP_gather || op == VM_OP_index_select; }
+
 /* Attributes of one op call.  Fields that change the generated code (axes,
    shapes, permutation, slice bounds, dtype) are key material for the trace
    layer; host scalars and RNG counters are runtime parameters. */
