@@ -94,6 +94,7 @@ static uint8_t gather_class(const tr_plan *plan, const cpu_leaf *leaves, const v
   while (d >= 0 && gm->shape[d] == 1) d--;
   if (d < 0) return 2;
   if (role == KERNEL_IN_COORD) return d == axis ? 1 : 0;
+  if (role == KERNEL_IN_SCAN) return 2; /* its axis may be dropped: dims do not line up */
   if (role == KERNEL_IN_SELECT) return d != axis ? 0 : inner_unit(plan, leaves, r) ? 1 : 2;
   return d == axis ? 0 : d == gm->ndim - 1 && inner_unit(plan, leaves, r) ? 1 : 2;
 }
@@ -155,8 +156,9 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
        the kernel (the runner checks index values before the kernel runs);
        scatter_add and concat read the output's coordinate, in flat
        elementwise kernels only */
-    bool gathers = vm_op_gathers(p->op), coord = kernel_needs_coord(p->op);
+    bool gathers = vm_op_gathers(p->op), coord = kernel_needs_coord(p->op), scans = kernel_op_scans(p->op);
     if (gathers && (ks->cols || p->nin != 2)) return false;
+    if (scans && (grp->kind != TR_GROUP_ELEMENTWISE || p->nin != 1 || p->meta.dtype != KILN_I64)) return false;
     if (coord && (grp->kind != TR_GROUP_ELEMENTWISE || p->nin < 1 || p->nin > 3 ||
                   !tr_meta_shape_is(&p->meta, plan->nodes[grp->last].meta.ndim, plan->nodes[grp->last].meta.shape)))
       return false;
@@ -173,9 +175,12 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
       if (internal && !kernel_arg_outside(p, k) && (gathers || role != KERNEL_IN_PLAIN)) return false;
       if (internal && kernel_arg_outside(p, k) && !is_fill(plan, r)) return false;
       if (internal && !kernel_arg_outside(p, k)) continue;
-      if ((gathers || role == KERNEL_IN_SCATTER_INDEX || role == KERNEL_IN_SCATTER_SRC) && is_fill(plan, r))
+      if ((gathers || scans || role == KERNEL_IN_SCATTER_INDEX || role == KERNEL_IN_SCATTER_SRC) && is_fill(plan, r))
         return false;
-      int8_t axis = role == KERNEL_IN_PLAIN ? -1 : (int8_t)p->attr.axis;
+      /* an arg-reduction's axis: its one reduced axis of the input */
+      int8_t axis = role == KERNEL_IN_PLAIN ? -1
+                    : scans                 ? (int8_t)__builtin_ctz(p->attr.axes_mask)
+                                            : (int8_t)p->attr.axis;
       int q = kernel_input(ks, r, role);
       if (q >= 0 && ks->in_axis[q] != axis) return false; /* one source, two axes: not described */
       if (q < 0) {
@@ -208,6 +213,8 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
         ks->in_axis[q] = (int8_t)p->attr.axis;
         ks->in_bound[q] = -1;
       }
+    } else if (scans) {
+      if (in_dt[0] == KILN_BOOL || !p->attr.axes_mask || (p->attr.axes_mask & (p->attr.axes_mask - 1))) return false;
     } else if (i != ks->reduce && !cg_supported(p, in_dt)) {
       return false;
     }
@@ -368,6 +375,48 @@ static gcc_jit_rvalue *emit_scatter(cg_ctx *c, const kernel_io *io, kiln_dtype d
   return rv(acc);
 }
 
+/* argmax / argmin of input q (dtype dt) along its scanned axis from
+   position pos: the interpreter's scan (vm/kern_reduce.c arg_scan) — the
+   first strict extreme, or the first NaN, whose index then stays — with
+   picks instead of its early return */
+static gcc_jit_rvalue *emit_argscan(cg_ctx *c, const kernel_io *io, int q, kiln_dtype dt, bool is_max,
+                                    gcc_jit_rvalue *pos, int i) {
+  bool fl = vm_dtype_is_float(dt);
+  gcc_jit_type *t = cg_type(c, dt);
+  gcc_jit_lvalue *best = new_local(c, t, "abest", i), *bi = new_local(c, c->t_i64, "abi", i),
+                 *k = new_local(c, c->t_i64, "ak", i), *nan = new_local(c, c->t_bool, "anan", i),
+                 *v = new_local(c, t, "av", i);
+  gcc_jit_block *cond = new_block(c, "acond"), *body = new_block(c, "abody"), *after = new_block(c, "aafter");
+  gcc_jit_block_add_assignment(c->cur, NULL, best, load_at(c, io, q, pos, i64v(c, 0)));
+  gcc_jit_block_add_assignment(c->cur, NULL, bi, i64v(c, 0));
+  gcc_jit_block_add_assignment(c->cur, NULL, nan,
+      fl ? gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_NE, rv(best), rv(best))
+         : gcc_jit_context_new_rvalue_from_int(c->ctx, c->t_bool, 0));
+  gcc_jit_block_add_assignment(c->cur, NULL, k, i64v(c, 1));
+  gcc_jit_block_end_with_jump(c->cur, NULL, cond);
+  gcc_jit_block_end_with_conditional(cond, NULL,
+      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(k), rv(io->gext[q])), body, after);
+  c->cur = body;
+  gcc_jit_block_add_assignment(body, NULL, v, load_at(c, io, q, pos, rv(k)));
+  gcc_jit_rvalue *better = gcc_jit_context_new_comparison(c->ctx, NULL, is_max ? GCC_JIT_COMPARISON_GT : GCC_JIT_COMPARISON_LT,
+                                                          rv(v), rv(best));
+  gcc_jit_rvalue *isnan = fl ? gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_NE, rv(v), rv(v))
+                             : gcc_jit_context_new_rvalue_from_int(c->ctx, c->t_bool, 0);
+  gcc_jit_lvalue *take = new_local(c, c->t_bool, "atake", i);
+  gcc_jit_block_add_assignment(body, NULL, take,
+      gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_LOGICAL_AND, c->t_bool,
+          gcc_jit_context_new_unary_op(c->ctx, NULL, GCC_JIT_UNARY_OP_LOGICAL_NEGATE, c->t_bool, rv(nan)),
+          gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_LOGICAL_OR, c->t_bool, better, isnan)));
+  gcc_jit_block_add_assignment(body, NULL, best, cg_pick(c, dt, rv(take), rv(v), rv(best)));
+  gcc_jit_block_add_assignment(body, NULL, bi, cg_pick(c, KILN_I64, rv(take), rv(k), rv(bi)));
+  gcc_jit_block_add_assignment(body, NULL, nan,
+      gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_LOGICAL_OR, c->t_bool, rv(nan), isnan));
+  gcc_jit_block_add_assignment_op(body, NULL, k, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
+  gcc_jit_block_end_with_jump(body, NULL, cond);
+  c->cur = after;
+  return rv(bi);
+}
+
 /* concat of parts qs[0..n) at the output coordinate `at`: each part read at
    at less the extents before it, clamped into the part (every load stays
    in bounds), then the one whose range holds `at` picked */
@@ -435,6 +484,9 @@ static bool emit_nodes(cg_ctx *c, const tr_plan *plan, const tr_group *grp, cons
     } else if (p->op == VM_OP_scatter_add) {
       if (qs[1] < 0 || qs[2] < 0 || !io->gext[qs[1]] || !io->gext[qs[2]]) return false;
       value = emit_scatter(c, io, p->meta.dtype, args[0], qs[1], args[1], qs[2], args[2], in_val[qc], i);
+    } else if (kernel_op_scans(p->op)) {
+      if (qs[0] < 0 || ks->in_role[qs[0]] != KERNEL_IN_SCAN || !io->gext[qs[0]]) return false;
+      value = emit_argscan(c, io, qs[0], io->in_dt[qs[0]], p->op == VM_OP_argmax, args[0], i);
     } else if (p->op == VM_OP_concat) {
       for (int k = 0; k < p->nin; k++)
         if (qs[k] < 0 || !io->gext[qs[k]]) return false;

@@ -30,7 +30,10 @@
  *   m along the axis);
  * - a concat picks among its parts' values at the output coordinate less
  *   the extents of the parts before (each part read as a gather's source
- *   is, at a coordinate clamped into it, plus its extent).
+ *   is, at a coordinate clamped into it, plus its extent);
+ * - an argmax or argmin scans its input along the reduced axis (read as a
+ *   gather's source is, that axis dropped when the output does not keep
+ *   it, plus its extent).
  * The output's coordinate along the axis is an input of its own, with no
  * buffer: its strides are 1 along the axis and 0 elsewhere, so its
  * position is the coordinate, and the runner's merging of dims keeps the
@@ -43,6 +46,7 @@ enum {
   KERNEL_IN_SCATTER_INDEX = 4, /* scatter_add's index */
   KERNEL_IN_SCATTER_SRC = 5,  /* scatter_add's source */
   KERNEL_IN_PART = 6,         /* a concat's part */
+  KERNEL_IN_SCAN = 7,         /* an argmax's / argmin's input: its reduced axis scanned */
   KERNEL_IN_ROLES
 };
 
@@ -52,6 +56,8 @@ static inline bool kernel_role_positional(uint8_t role) { return role != KERNEL_
 static inline bool kernel_role_moves(uint8_t role) { return kernel_role_positional(role) && role != KERNEL_IN_COORD; }
 /* ... and its extent along the axis (after those strides) */
 static inline bool kernel_role_extent(uint8_t role) { return kernel_role_moves(role) && role != KERNEL_IN_SOURCE; }
+/* an arg-reduction (argmax, argmin) */
+static inline bool kernel_op_scans(vm_opcode op) { return op == VM_OP_argmax || op == VM_OP_argmin; }
 /* an in-place op that reads the output's coordinate */
 static inline bool kernel_needs_coord(vm_opcode op) { return op == VM_OP_scatter_add || op == VM_OP_concat; }
 
@@ -101,6 +107,7 @@ static inline uint8_t kernel_arg_role(const tr_pnode *p, int k) {
   if (p->op == VM_OP_scatter_add)
     return k == 1 ? KERNEL_IN_SCATTER_INDEX : k == 2 ? KERNEL_IN_SCATTER_SRC : KERNEL_IN_PLAIN;
   if (p->op == VM_OP_concat) return KERNEL_IN_PART;
+  if (kernel_op_scans(p->op)) return KERNEL_IN_SCAN;
   return KERNEL_IN_PLAIN;
 }
 

@@ -2,8 +2,8 @@
  * index_selects (a kernel reads the source at the index: fused with the
  * elementwise work and the reductions around them), small scatter_adds (the
  * VJP of a gather: each output element adds its sources in index order)
- * and concats of up to 3 parts (a pick among the parts at the output's
- * coordinate); and reduce epilogues compiled as kernels of their own
+ * concats of up to 3 parts (a pick among the parts at the output's
+ * coordinate) and argmax/argmin (a scan per output element); and reduce epilogues compiled as kernels of their own
  * (jit_cpu/kernel.c kernel_plan_epilogue).
  *
  * Each program runs three times in a child (KILN_HOT=1, inline compiles):
@@ -13,6 +13,7 @@
  * An index out of range in a compiled plan must fail as it does on the
  * interpreter (the same status and message), and the next valid run must
  * compute again.  Views are counted in view_ops, not eager_ops. */
+#include <math.h>
 #include <stdint.h>
 #include <unistd.h>
 
@@ -317,6 +318,32 @@ static kiln_tensor *gate_slices_grad(void) {
   return g;
 }
 
+/* argmax + argmin along the inner axis over NaNs, signed zeros and ties
+   (the first NaN, else the first extreme), and argmax along axis 0 */
+static kiln_tensor *arg_extremes(void) {
+  static const float xv[4 * 6] = {1, 3, 3, 2, 0, -1, NAN, 1, 2, NAN, 5, 0,
+                                  -0.0f, 0.0f, -1, -0.0f, 0, 0, 4, 2, 9, 9, NAN, 1};
+  kiln_tensor *x = kiln_from_data(xv, KILN_F32, 2, (int64_t[]){4, 6});
+  kiln_tensor *a = kiln_argmax(x, 1, false), *b = kiln_argmin(x, 1, false), *ab = kiln_mul_scalar(b, 10.0),
+              *r1 = kiln_add(a, ab), *c = kiln_argmax(x, 0, true), *cc = kiln_reshape(c, 1, (int64_t[]){6}),
+              *c4 = kiln_slice(cc, 0, 0, 4, 1), *c100 = kiln_mul_scalar(c4, 100.0), *r = kiln_add(r1, c100);
+  kiln_tensor *all[] = {x, a, b, ab, r1, c, cc, c4, c100};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kiln_release(all[i]);
+  return r;
+}
+
+/* accuracy: argmax of computed logits (f64) equal to the targets, as a
+   float count */
+static kiln_tensor *accuracy(void) {
+  kiln_tensor *x = floats(KILN_F64, 2, (int64_t[]){50, 7}, NULL), *b = floats(KILN_F64, 1, (int64_t[]){7}, NULL);
+  kiln_tensor *y = indices(1, (int64_t[]){50}, 7, NULL);
+  kiln_tensor *l = kiln_add(x, b), *a = kiln_argmax(l, 1, false), *e = kiln_eq(a, y), *f = kiln_cast(e, KILN_F32);
+  kiln_tensor *r = kiln_sum(f, 0, NULL, false);
+  kiln_tensor *all[] = {x, b, y, l, a, e, f};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kiln_release(all[i]);
+  return r;
+}
+
 typedef struct {
   const char *name;
   kiln_tensor *(*build)(void);
@@ -340,6 +367,8 @@ static const program programs[] = {
     {"concat_fills_axis0", concat_fills_axis0, NULL},
     {"cross_entropy_grad", cross_entropy_grad, NULL},
     {"gate_slices_grad", gate_slices_grad, NULL},
+    {"arg_extremes", arg_extremes, NULL},
+    {"accuracy", accuracy, NULL},
 };
 #define NPROGRAMS (int)(sizeof programs / sizeof programs[0])
 

@@ -237,7 +237,9 @@ static int cse(builder *b, int i, int *table, int slots) {
      element adds, in index order, the sources whose index names it (the
      interpreter's order for that element, so the same bits);
    - a concat of at most 3 non-empty parts of its own dtype: a pick
-     between the parts' values at the output position.
+     between the parts' values at the output position;
+   - an argmax or argmin over one axis: a scan along it per output element
+     (the interpreter's scan: the first extreme, or the first NaN).
    The inputs these read at other positions than the output's (source,
    index, parts) come from outside the kernel. */
 #define TR_SCATTER_PICKS 8
@@ -259,6 +261,11 @@ static bool in_place(const tr_plan *plan, const tr_trace *t, const tr_pnode *p) 
       if (d != axis && idx->shape[d] != p->meta.shape[d]) return false;
     return true;
   }
+  if (p->op == VM_OP_argmax || p->op == VM_OP_argmin) {
+    const vm_meta *in = input_meta(plan, t, p->in[0]);
+    uint32_t m = p->attr.axes_mask;
+    return in->dtype != KILN_BOOL && m && !(m & (m - 1)) && in->ndim <= KILN_MAX_DIMS;
+  }
   if (p->op == VM_OP_concat && p->nin >= 1 && p->nin <= 3) {
     for (int k = 0; k < p->nin; k++) {
       const vm_meta *m = input_meta(plan, t, p->in[k]);
@@ -271,17 +278,25 @@ static bool in_place(const tr_plan *plan, const tr_trace *t, const tr_pnode *p) 
 
 /* an in-place op reads input k at other positions than its output's */
 static bool reads_elsewhere(const tr_pnode *p, int k) {
-  return vm_op_gathers(p->op) || p->op == VM_OP_concat || (p->op == VM_OP_scatter_add && k > 0);
+  return vm_op_gathers(p->op) || p->op == VM_OP_concat || p->op == VM_OP_argmax || p->op == VM_OP_argmin ||
+         (p->op == VM_OP_scatter_add && k > 0);
 }
 
 /* in-place ops that need the output position's coordinate along an axis */
 static bool needs_coord(const tr_pnode *p) { return p->op == VM_OP_scatter_add || p->op == VM_OP_concat; }
+
+/* in-place ops only flat elementwise kernels compute (never a reduction's
+   producers) */
+static bool flat_only(const tr_pnode *p) {
+  return needs_coord(p) || p->op == VM_OP_argmax || p->op == VM_OP_argmin;
+}
 
 static void partition(tr_plan *plan, const tr_trace *t) {
   plan->ngroups = 0;
   tr_group *cur = NULL;
   vm_meta cur_shape = {0};  /* the group's iteration space (or the reduction's result) */
   int cur_axis = -1;        /* the axis of the group's coordinate (needs_coord), or -1 */
+  bool cur_flat = false;    /* the group has an op only flat kernels compute (flat_only) */
   for (int i = 0; i < plan->n; i++) {
     tr_pnode *p = &plan->nodes[i];
     vm_kind kind = vm_op_table[p->op].kind;
@@ -312,14 +327,15 @@ static void partition(tr_plan *plan, const tr_trace *t) {
               !same_shape(&plan->nodes[r].meta, &cur_shape))
             join = false;
         }
-    } else if (cur && kind == VM_KIND_REDUCE && cur->kind == TR_GROUP_ELEMENTWISE && cur_axis < 0) {
-      /* producers fuse into the reduction's input loop (which has no
-         coordinate: a concat or scatter_add ends the group before) */
+    } else if (cur && kind == VM_KIND_REDUCE && cur->kind == TR_GROUP_ELEMENTWISE && !cur_flat) {
+      /* producers fuse into the reduction's input loop (a concat,
+         scatter_add or argmax among them ends the group before) */
       int r = p->in[0];
       join = r >= cur->first && same_shape(&cur_shape, &plan->nodes[r].meta);
     }
-    if (!join) cur_axis = -1;
+    if (!join) cur_axis = -1, cur_flat = false;
     if (placed && needs_coord(p)) cur_axis = p->attr.axis;
+    if (placed && flat_only(p)) cur_flat = true;
     if (join) {
       cur->last = i;
       if (kind == VM_KIND_REDUCE) {
