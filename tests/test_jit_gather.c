@@ -344,6 +344,75 @@ static kiln_tensor *accuracy(void) {
   return r;
 }
 
+/* --- random data movement: one of gather, index_select, scatter_add,
+   concat, argmax/argmin, over a random dtype, rank (1-3), shape, axis and
+   source layout (possibly transposed), then a consumer; the inputs and
+   the choices come from rng_state (set per program by the child) --------- */
+
+static int pick_int(int n) { return (int)(next_u64() % (uint64_t)n); }
+
+static kiln_tensor *random_leaf(kiln_dtype dt, int nd, const int64_t *shape, bool transposed) {
+  if (!transposed || nd < 2) return floats(dt, nd, shape, NULL);
+  int64_t sw[3];
+  memcpy(sw, shape, (size_t)nd * sizeof *sw);
+  sw[0] = shape[nd - 1], sw[nd - 1] = shape[0];
+  kiln_tensor *t = floats(dt, nd, sw, NULL), *v = kiln_transpose(t, 0, nd - 1);
+  kiln_release(t);
+  return v;
+}
+
+static kiln_tensor *random_move(void) {
+  static const kiln_dtype dts[4] = {KILN_F32, KILN_F64, KILN_I32, KILN_I64};
+  kiln_dtype dt = dts[pick_int(4)];
+  int nd = 1 + pick_int(3), axis = pick_int(nd), kind = pick_int(5);
+  int64_t shape[3];
+  for (int d = 0; d < nd; d++) shape[d] = 1 + pick_int(9);
+  bool tr = pick_int(2);
+  kiln_tensor *x = random_leaf(dt, nd, shape, tr), *r = NULL, *idx = NULL, *y = NULL, *z = NULL;
+  int64_t is[3];
+  memcpy(is, shape, sizeof is);
+  switch (kind) {
+    case 0: /* gather: an index of the source's shape but for the axis */
+      is[axis] = 1 + pick_int(6);
+      idx = indices(nd, is, shape[axis], NULL);
+      r = kiln_gather(x, axis, idx);
+      break;
+    case 1:
+      idx = indices(1, (int64_t[]){1 + pick_int(7)}, shape[axis], NULL);
+      r = kiln_index_select(x, axis, idx);
+      break;
+    case 2: /* scatter_add of at most 8 positions onto x */
+      is[axis] = 1 + pick_int(8);
+      idx = indices(nd, is, shape[axis], NULL);
+      y = random_leaf(dt, nd, is, pick_int(2));
+      r = kiln_scatter_add(x, axis, idx, y);
+      break;
+    case 3: { /* concat of 2 or 3 parts, one maybe zeros */
+      int n = 2 + pick_int(2);
+      kiln_tensor *parts[3];
+      for (int k = 0; k < n; k++) {
+        int64_t ps[3];
+        memcpy(ps, shape, sizeof ps);
+        ps[axis] = 1 + pick_int(4);
+        parts[k] = k == 1 && pick_int(3) == 0 ? kiln_zeros(dt, nd, ps) : random_leaf(dt, nd, ps, pick_int(2));
+      }
+      r = kiln_concat(n, parts, axis);
+      for (int k = 0; k < n; k++) kiln_release(parts[k]);
+      break;
+    }
+    default:
+      r = pick_int(2) ? kiln_argmax(x, axis, pick_int(2)) : kiln_argmin(x, axis, pick_int(2));
+      break;
+  }
+  /* a consumer in the same loop nest */
+  z = pick_int(2) ? kiln_mul(r, r) : kiln_add_scalar(r, 3.0);
+  kiln_release(x);
+  kiln_release(idx);
+  kiln_release(y);
+  kiln_release(r);
+  return z;
+}
+
 typedef struct {
   const char *name;
   kiln_tensor *(*build)(void);
@@ -369,6 +438,10 @@ static const program programs[] = {
     {"gate_slices_grad", gate_slices_grad, NULL},
     {"arg_extremes", arg_extremes, NULL},
     {"accuracy", accuracy, NULL},
+#define R(k) {"random_move_" #k, random_move, NULL}
+    R(00), R(01), R(02), R(03), R(04), R(05), R(06), R(07), R(08), R(09), R(10), R(11),
+    R(12), R(13), R(14), R(15), R(16), R(17), R(18), R(19), R(20), R(21), R(22), R(23),
+#undef R
 };
 #define NPROGRAMS (int)(sizeof programs / sizeof programs[0])
 

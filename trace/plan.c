@@ -318,6 +318,14 @@ static void partition(tr_plan *plan, const tr_trace *t) {
         join = !(reads_elsewhere(p, k) && r >= cur->first && vm_op_table[plan->nodes[r].op].kind != VM_KIND_VIEW &&
                  !(p->op == VM_OP_concat && plan->nodes[r].op == VM_OP_full));
       }
+      /* a view runs before its group's kernel (it moves no data): of a
+         value the loop nest computes, it starts the next nest, which reads
+         the value stored (kept, the whole nest would be interpreted) */
+      if (join && kind == VM_KIND_VIEW) {
+        int base = p->in[0];
+        while (base >= 0 && vm_op_table[plan->nodes[base].op].kind == VM_KIND_VIEW) base = plan->nodes[base].in[0];
+        if (base >= cur->first) join = false;
+      }
       /* one coordinate axis per kernel */
       if (join && placed && needs_coord(p)) join = cur_axis < 0 || cur_axis == p->attr.axis;
       if (join && cur->kind == TR_GROUP_REDUCE)
