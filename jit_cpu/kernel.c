@@ -152,13 +152,16 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
         return false;
     }
     kiln_dtype in_dt[3];
-    /* a gather, scatter_add or concat reads what it moves from outside
-       the kernel (the runner checks index values before the kernel runs);
-       scatter_add and concat read the output's coordinate, in flat
-       elementwise kernels only */
+    /* a gather, scatter_add, concat or argmax reads what it moves from
+       outside the kernel (the runner checks index values before the
+       kernel runs); scatter_add and concat read the output's coordinate;
+       all but gathers in flat elementwise kernels only */
     bool gathers = vm_op_gathers(p->op), coord = kernel_needs_coord(p->op), scans = kernel_op_scans(p->op);
+    uint32_t mask = p->attr.axes_mask;
     if (gathers && (ks->cols || p->nin != 2)) return false;
-    if (scans && (grp->kind != TR_GROUP_ELEMENTWISE || p->nin != 1 || p->meta.dtype != KILN_I64)) return false;
+    if (scans && (grp->kind != TR_GROUP_ELEMENTWISE || p->nin != 1 || p->meta.dtype != KILN_I64 || !mask ||
+                  (mask & (mask - 1))))
+      return false;
     if (coord && (grp->kind != TR_GROUP_ELEMENTWISE || p->nin < 1 || p->nin > 3 ||
                   !tr_meta_shape_is(&p->meta, plan->nodes[grp->last].meta.ndim, plan->nodes[grp->last].meta.shape)))
       return false;
@@ -179,7 +182,7 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
         return false;
       /* an arg-reduction's axis: its one reduced axis of the input */
       int8_t axis = role == KERNEL_IN_PLAIN ? -1
-                    : scans                 ? (int8_t)__builtin_ctz(p->attr.axes_mask)
+                    : scans                 ? (int8_t)__builtin_ctz(mask)
                                             : (int8_t)p->attr.axis;
       int q = kernel_input(ks, r, role);
       if (q >= 0 && ks->in_axis[q] != axis) return false; /* one source, two axes: not described */
@@ -199,8 +202,10 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
       if (ks->in_bound[idx] >= 0 && ks->in_bound[idx] != src) return false;
       ks->in_bound[idx] = (int16_t)src;
     } else if (coord) {
-      for (int k = 0; k < p->nin; k++)
-        if (k != 1 || p->op != VM_OP_scatter_add ? in_dt[k] != p->meta.dtype : in_dt[k] != KILN_I64) return false;
+      for (int k = 0; k < p->nin; k++) { /* the values in the output's dtype; a scatter's index i64 */
+        bool index = p->op == VM_OP_scatter_add && k == 1;
+        if (in_dt[k] != (index ? KILN_I64 : p->meta.dtype)) return false;
+      }
       if (p->op == VM_OP_scatter_add) /* bounded by the output's extent along the axis */
         ks->in_bound[in_q[1]] = KERNEL_BOUND_OUT;
       int q = kernel_coord_input(ks);
@@ -214,7 +219,7 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
         ks->in_bound[q] = -1;
       }
     } else if (scans) {
-      if (in_dt[0] == KILN_BOOL || !p->attr.axes_mask || (p->attr.axes_mask & (p->attr.axes_mask - 1))) return false;
+      if (in_dt[0] == KILN_BOOL) return false;
     } else if (i != ks->reduce && !cg_supported(p, in_dt)) {
       return false;
     }

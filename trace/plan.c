@@ -264,7 +264,7 @@ static bool in_place(const tr_plan *plan, const tr_trace *t, const tr_pnode *p) 
   if (p->op == VM_OP_argmax || p->op == VM_OP_argmin) {
     const vm_meta *in = input_meta(plan, t, p->in[0]);
     uint32_t m = p->attr.axes_mask;
-    return in->dtype != KILN_BOOL && m && !(m & (m - 1)) && in->ndim <= KILN_MAX_DIMS;
+    return in->dtype != KILN_BOOL && m && !(m & (m - 1));
   }
   if (p->op == VM_OP_concat && p->nin >= 1 && p->nin <= 3) {
     for (int k = 0; k < p->nin; k++) {
