@@ -238,17 +238,17 @@ kernel_desc *kernel_desc_parse(const uint8_t *bytes, size_t len, size_t salt_len
   if (coords > 1 || (coords && (ks->rowwise || ks->cols || ks->reduce >= 0))) goto fail;
   for (int k = 0; k < n; k++) {
     const tr_pnode *p = &nodes[k];
-    bool moves = vm_op_gathers(p->op) || kernel_needs_coord(p->op) || kernel_op_scans(p->op);
+    bool moves = vm_op_gathers(p->op) || kernel_needs_coord(p->op) || vm_op_scans(p->op);
     for (int j = 0; j < p->nin; j++) {
       int q = -1 - p->in[j];
       uint8_t role = q >= 0 ? ks->in_role[q] : KERNEL_IN_PLAIN;
       if (moves ? role != kernel_arg_role(p, j) || (role != KERNEL_IN_PLAIN && q < 0) : role != KERNEL_IN_PLAIN)
         goto fail;
-      if ((kernel_arg_outside(p, j) || vm_op_gathers(p->op) || kernel_op_scans(p->op)) && q < 0) goto fail;
+      if ((kernel_arg_outside(p, j) || vm_op_gathers(p->op) || vm_op_scans(p->op)) && q < 0) goto fail;
     }
     if (vm_op_gathers(p->op) && (p->nin != 2 || ks->rowwise || ks->cols)) goto fail;
     if (kernel_needs_coord(p->op) && (!coords || (p->op == VM_OP_scatter_add && p->nin != 3))) goto fail;
-    if (kernel_op_scans(p->op) && (p->nin != 1 || p->meta.dtype != KILN_I64 || ks->rowwise || ks->cols || ks->reduce >= 0))
+    if (vm_op_scans(p->op) && (p->nin != 1 || p->meta.dtype != KILN_I64 || ks->rowwise || ks->cols || ks->reduce >= 0))
       goto fail;
   }
   d->group = (tr_group){.kind = head[1], .first = 0, .last = n - 1};

@@ -156,7 +156,7 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
        outside the kernel (the runner checks index values before the
        kernel runs); scatter_add and concat read the output's coordinate;
        all but gathers in flat elementwise kernels only */
-    bool gathers = vm_op_gathers(p->op), coord = kernel_needs_coord(p->op), scans = kernel_op_scans(p->op);
+    bool gathers = vm_op_gathers(p->op), coord = kernel_needs_coord(p->op), scans = vm_op_scans(p->op);
     uint32_t mask = p->attr.axes_mask;
     if (gathers && (ks->cols || p->nin != 2)) return false;
     if (scans && (grp->kind != TR_GROUP_ELEMENTWISE || p->nin != 1 || p->meta.dtype != KILN_I64 || !mask ||
@@ -350,6 +350,34 @@ static void emit_extents(cg_ctx *c, gcc_jit_block *b, gcc_jit_rvalue *meta, gcc_
       gcc_jit_block_add_assignment(b, NULL, io->gext[q], meta_at(c, meta, add64(c, at, i64v(c, q))));
 }
 
+static void cond_loop(gcc_jit_block *from, gcc_jit_rvalue *test, gcc_jit_block *body, gcc_jit_block *exit) {
+  gcc_jit_block_end_with_conditional(from, NULL, test, body, exit);
+}
+
+/* for (var = from; var < to; var++) { body }: returns the body block (c->cur
+   set to it); close_loop ends it, leaving c->cur after the loop */
+typedef struct {
+  gcc_jit_block *cond, *after;
+  gcc_jit_lvalue *var;
+} counted_loop;
+
+static counted_loop open_loop(cg_ctx *c, gcc_jit_lvalue *var, gcc_jit_rvalue *from, gcc_jit_rvalue *to,
+                              const char *name) {
+  counted_loop L = {new_block(c, name), new_block(c, name), var};
+  gcc_jit_block *body = new_block(c, name);
+  gcc_jit_block_add_assignment(c->cur, NULL, var, from);
+  gcc_jit_block_end_with_jump(c->cur, NULL, L.cond);
+  cond_loop(L.cond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(var), to), body, L.after);
+  c->cur = body;
+  return L;
+}
+
+static void close_loop(cg_ctx *c, counted_loop *L) {
+  gcc_jit_block_add_assignment_op(c->cur, NULL, L->var, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
+  gcc_jit_block_end_with_jump(c->cur, NULL, L->cond);
+  c->cur = L->after;
+}
+
 static gcc_jit_rvalue *load_at(cg_ctx *c, const kernel_io *io, int q, gcc_jit_rvalue *pos, gcc_jit_rvalue *k) {
   return rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->in_ptr[q]), add64(c, pos, mul64(c, k, rv(io->gstride[q])))));
 }
@@ -361,22 +389,15 @@ static gcc_jit_rvalue *load_at(cg_ctx *c, const kernel_io *io, int q, gcc_jit_rv
 static gcc_jit_rvalue *emit_scatter(cg_ctx *c, const kernel_io *io, kiln_dtype dt, gcc_jit_rvalue *base, int qi,
                                     gcc_jit_rvalue *pi, int qs, gcc_jit_rvalue *ps, gcc_jit_rvalue *at, int i) {
   gcc_jit_lvalue *acc = new_local(c, cg_type(c, dt), "sacc", i), *k = new_local(c, c->t_i64, "sk", i);
-  gcc_jit_block *cond = new_block(c, "scond"), *body = new_block(c, "sbody"), *after = new_block(c, "safter");
   gcc_jit_block_add_assignment(c->cur, NULL, acc, base);
-  gcc_jit_block_add_assignment(c->cur, NULL, k, i64v(c, 0));
-  gcc_jit_block_end_with_jump(c->cur, NULL, cond);
-  gcc_jit_block_end_with_conditional(cond, NULL,
-      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(k), rv(io->gext[qi])), body, after);
-  c->cur = body;
+  counted_loop L = open_loop(c, k, i64v(c, 0), rv(io->gext[qi]), "scatter");
   tr_pnode add = {.op = VM_OP_add, .nin = 2, .meta = {.dtype = dt}};
   kiln_dtype dts[2] = {dt, dt};
   gcc_jit_rvalue *args[2] = {rv(acc), load_at(c, io, qs, ps, rv(k))};
   gcc_jit_rvalue *sum = cg_node(c, &add, dts, args);
   gcc_jit_rvalue *hit = gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_EQ, load_at(c, io, qi, pi, rv(k)), at);
   gcc_jit_block_add_assignment(c->cur, NULL, acc, cg_pick(c, dt, hit, sum, rv(acc)));
-  gcc_jit_block_add_assignment_op(c->cur, NULL, k, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
-  gcc_jit_block_end_with_jump(c->cur, NULL, cond);
-  c->cur = after;
+  close_loop(c, &L);
   return rv(acc);
 }
 
@@ -391,17 +412,13 @@ static gcc_jit_rvalue *emit_argscan(cg_ctx *c, const kernel_io *io, int q, kiln_
   gcc_jit_lvalue *best = new_local(c, t, "abest", i), *bi = new_local(c, c->t_i64, "abi", i),
                  *k = new_local(c, c->t_i64, "ak", i), *nan = new_local(c, c->t_bool, "anan", i),
                  *v = new_local(c, t, "av", i);
-  gcc_jit_block *cond = new_block(c, "acond"), *body = new_block(c, "abody"), *after = new_block(c, "aafter");
   gcc_jit_block_add_assignment(c->cur, NULL, best, load_at(c, io, q, pos, i64v(c, 0)));
   gcc_jit_block_add_assignment(c->cur, NULL, bi, i64v(c, 0));
   gcc_jit_block_add_assignment(c->cur, NULL, nan,
       fl ? gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_NE, rv(best), rv(best))
          : gcc_jit_context_new_rvalue_from_int(c->ctx, c->t_bool, 0));
-  gcc_jit_block_add_assignment(c->cur, NULL, k, i64v(c, 1));
-  gcc_jit_block_end_with_jump(c->cur, NULL, cond);
-  gcc_jit_block_end_with_conditional(cond, NULL,
-      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(k), rv(io->gext[q])), body, after);
-  c->cur = body;
+  counted_loop L = open_loop(c, k, i64v(c, 1), rv(io->gext[q]), "scan");
+  gcc_jit_block *body = c->cur;
   gcc_jit_block_add_assignment(body, NULL, v, load_at(c, io, q, pos, rv(k)));
   gcc_jit_rvalue *better = gcc_jit_context_new_comparison(c->ctx, NULL, is_max ? GCC_JIT_COMPARISON_GT : GCC_JIT_COMPARISON_LT,
                                                           rv(v), rv(best));
@@ -416,9 +433,7 @@ static gcc_jit_rvalue *emit_argscan(cg_ctx *c, const kernel_io *io, int q, kiln_
   gcc_jit_block_add_assignment(body, NULL, bi, cg_pick(c, KILN_I64, rv(take), rv(k), rv(bi)));
   gcc_jit_block_add_assignment(body, NULL, nan,
       gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_LOGICAL_OR, c->t_bool, rv(nan), isnan));
-  gcc_jit_block_add_assignment_op(body, NULL, k, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
-  gcc_jit_block_end_with_jump(body, NULL, cond);
-  c->cur = after;
+  close_loop(c, &L);
   return rv(bi);
 }
 
@@ -489,7 +504,7 @@ static bool emit_nodes(cg_ctx *c, const tr_plan *plan, const tr_group *grp, cons
     } else if (p->op == VM_OP_scatter_add) {
       if (qs[1] < 0 || qs[2] < 0 || !io->gext[qs[1]] || !io->gext[qs[2]]) return false;
       value = emit_scatter(c, io, p->meta.dtype, args[0], qs[1], args[1], qs[2], args[2], in_val[qc], i);
-    } else if (kernel_op_scans(p->op)) {
+    } else if (vm_op_scans(p->op)) {
       if (qs[0] < 0 || ks->in_role[qs[0]] != KERNEL_IN_SCAN || !io->gext[qs[0]]) return false;
       value = emit_argscan(c, io, qs[0], io->in_dt[qs[0]], p->op == VM_OP_argmax, args[0], i);
     } else if (p->op == VM_OP_concat) {
@@ -818,34 +833,6 @@ static gcc_jit_rvalue *emit_position(cg_ctx *c, position_ctx *pc, gcc_jit_rvalue
 
 static gcc_jit_rvalue *lane(cg_ctx *c, gcc_jit_lvalue *lanes, gcc_jit_rvalue *l) {
   return rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), l));
-}
-
-static void cond_loop(gcc_jit_block *from, gcc_jit_rvalue *test, gcc_jit_block *body, gcc_jit_block *exit) {
-  gcc_jit_block_end_with_conditional(from, NULL, test, body, exit);
-}
-
-/* for (var = from; var < to; var++) { body }: returns the body block (c->cur
-   set to it); close_loop ends it, leaving c->cur after the loop */
-typedef struct {
-  gcc_jit_block *cond, *after;
-  gcc_jit_lvalue *var;
-} counted_loop;
-
-static counted_loop open_loop(cg_ctx *c, gcc_jit_lvalue *var, gcc_jit_rvalue *from, gcc_jit_rvalue *to,
-                              const char *name) {
-  counted_loop L = {new_block(c, name), new_block(c, name), var};
-  gcc_jit_block *body = new_block(c, name);
-  gcc_jit_block_add_assignment(c->cur, NULL, var, from);
-  gcc_jit_block_end_with_jump(c->cur, NULL, L.cond);
-  cond_loop(L.cond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(var), to), body, L.after);
-  c->cur = body;
-  return L;
-}
-
-static void close_loop(cg_ctx *c, counted_loop *L) {
-  gcc_jit_block_add_assignment_op(c->cur, NULL, L->var, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
-  gcc_jit_block_end_with_jump(c->cur, NULL, L->cond);
-  c->cur = L->after;
 }
 
 /* From c->cur: acc = fold of positions [r, rlim) (r advances to rlim), in

@@ -56,8 +56,6 @@ static inline bool kernel_role_positional(uint8_t role) { return role != KERNEL_
 static inline bool kernel_role_moves(uint8_t role) { return kernel_role_positional(role) && role != KERNEL_IN_COORD; }
 /* ... and its extent along the axis (after those strides) */
 static inline bool kernel_role_extent(uint8_t role) { return kernel_role_moves(role) && role != KERNEL_IN_SOURCE; }
-/* an arg-reduction (argmax, argmin) */
-static inline bool kernel_op_scans(vm_opcode op) { return op == VM_OP_argmax || op == VM_OP_argmin; }
 /* an in-place op that reads the output's coordinate */
 static inline bool kernel_needs_coord(vm_opcode op) { return op == VM_OP_scatter_add || op == VM_OP_concat; }
 
@@ -107,7 +105,7 @@ static inline uint8_t kernel_arg_role(const tr_pnode *p, int k) {
   if (p->op == VM_OP_scatter_add)
     return k == 1 ? KERNEL_IN_SCATTER_INDEX : k == 2 ? KERNEL_IN_SCATTER_SRC : KERNEL_IN_PLAIN;
   if (p->op == VM_OP_concat) return KERNEL_IN_PART;
-  if (kernel_op_scans(p->op)) return KERNEL_IN_SCAN;
+  if (vm_op_scans(p->op)) return KERNEL_IN_SCAN;
   return KERNEL_IN_PLAIN;
 }
 

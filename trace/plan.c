@@ -261,7 +261,7 @@ static bool in_place(const tr_plan *plan, const tr_trace *t, const tr_pnode *p) 
       if (d != axis && idx->shape[d] != p->meta.shape[d]) return false;
     return true;
   }
-  if (p->op == VM_OP_argmax || p->op == VM_OP_argmin) {
+  if (vm_op_scans(p->op)) {
     const vm_meta *in = input_meta(plan, t, p->in[0]);
     uint32_t m = p->attr.axes_mask;
     return in->dtype != KILN_BOOL && m && !(m & (m - 1));
@@ -278,8 +278,7 @@ static bool in_place(const tr_plan *plan, const tr_trace *t, const tr_pnode *p) 
 
 /* an in-place op reads input k at other positions than its output's */
 static bool reads_elsewhere(const tr_pnode *p, int k) {
-  return vm_op_gathers(p->op) || p->op == VM_OP_concat || p->op == VM_OP_argmax || p->op == VM_OP_argmin ||
-         (p->op == VM_OP_scatter_add && k > 0);
+  return vm_op_gathers(p->op) || vm_op_scans(p->op) || p->op == VM_OP_concat || (p->op == VM_OP_scatter_add && k > 0);
 }
 
 /* in-place ops that need the output position's coordinate along an axis */
@@ -287,9 +286,7 @@ static bool needs_coord(const tr_pnode *p) { return p->op == VM_OP_scatter_add |
 
 /* in-place ops only flat elementwise kernels compute (never a reduction's
    producers) */
-static bool flat_only(const tr_pnode *p) {
-  return needs_coord(p) || p->op == VM_OP_argmax || p->op == VM_OP_argmin;
-}
+static bool flat_only(const tr_pnode *p) { return needs_coord(p) || vm_op_scans(p->op); }
 
 static void partition(tr_plan *plan, const tr_trace *t) {
   plan->ngroups = 0;

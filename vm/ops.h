@@ -53,6 +53,8 @@ extern const vm_op_info vm_op_table[VM_OP_COUNT];
 
 /* a gather or an index_select: reads in[0] at positions in[1] names */
 static inline bool vm_op_gathers(vm_opcode op) { return op == VM_OP_gather || op == VM_OP_index_select; }
+/* an arg-reduction: argmax or argmin */
+static inline bool vm_op_scans(vm_opcode op) { return op == VM_OP_argmax || op == VM_OP_argmin; }
 
 /* Attributes of one op call.  Fields that change the generated code (axes,
    shapes, permutation, slice bounds, dtype) are key material for the trace
