@@ -48,7 +48,12 @@ static bool run_matmul(vm_tensor *out, vm_tensor **ins) {
 static bool run_generated(vm_opcode op, int n, vm_tensor **ins, vm_tensor *out, const vm_attr *attr) {
   gpu_op_plan p = {0};
   if (!gpu_op_plan_make(op, n, ins, out, attr, &p)) return false;
+  /* errors name the call that recorded op, as the interpreter's do; an
+     index check keeps the name for when its record is read */
+  const char *api = vm_thread()->api;
+  vm_set_api(vm_op_api(op, attr));
   bool ok = gpu_run_op_plan(&p);
+  vm_set_api(api);
   gpu_op_plan_free(&p);
   return ok;
 }

@@ -39,13 +39,26 @@
 #define GPU_BLOB_HEADER 17
 #define GPU_KERNEL_NAME 128
 
+#define GPU_CHECK_NAMES 64
+
 typedef struct gpu_thread {
   CUstream stream;
   char *pinned;         /* GPU_STAGING_BYTES of pinned host memory, made on first copy */
   CUevent half_done[2]; /* recorded after the last copy through each half */
   bool half_busy[2];    /* that copy may still be running */
   int next_half;
+  size_t small_used;    /* bytes of small host-to-device copies packed into next_half (no event yet) */
   void *blas; /* blas.c's state (gpu_thread_blas_slot) */
+  /* the index ops' record (opgen.h gpu_index_check): on the device, made
+     zeroed on the first index op; its host copy after a read (pinned);
+     armed: an index op ran since the host last read it */
+  gpu_index_check *check;
+  gpu_index_check *check_host;
+  bool check_armed;
+  /* the index ops' numbers (the last is check_seq) and the calls that
+     recorded the last GPU_CHECK_NAMES of them: the error's name */
+  uint32_t check_seq;
+  const char *check_api[GPU_CHECK_NAMES];
 } gpu_thread;
 
 typedef struct gpu_kernel {
@@ -341,6 +354,63 @@ static gpu_thread *thread_get(void) {
   return t;
 }
 
+static void count_wait(void) {
+  atomic_fetch_add_explicit(&vm_process()->stats.device_waits, 1, memory_order_relaxed);
+}
+
+/* the host waits for everything enqueued on t's stream */
+static bool stream_wait(gpu_thread *t) {
+  uint64_t stamp = gpu_alloc_stamp(rt.alloc);
+  count_wait();
+  if (!cu_ok(rt.cu.cuStreamSynchronize(t->stream), "cuStreamSynchronize")) return false;
+  gpu_alloc_synced(rt.alloc, (uintptr_t)t->stream, stamp);
+  return true;
+}
+
+/* t's index record (opgen.h gpu_index_check), made zeroed on first use */
+static gpu_index_check *index_record(gpu_thread *t) {
+  if (t->check) return t->check;
+  void *p = NULL;
+  if (!gpu_alloc_get(rt.alloc, sizeof(gpu_index_check), (uintptr_t)t->stream, &p)) return NULL;
+  if (!cu_ok(rt.cu.cuMemsetD8Async((CUdeviceptr)(uintptr_t)p, 0, sizeof(gpu_index_check), t->stream),
+             "cuMemsetD8Async (index check record)")) {
+    gpu_alloc_put(rt.alloc, p, (uintptr_t)t->stream);
+    return NULL;
+  }
+  return t->check = p;
+}
+
+/* After the host waited for t's stream (its work is done): the index ops
+   run since the last read, checked.  false + the interpreter's error when
+   one had an index out of range; the record is cleared for the next. */
+static bool index_checks_read(gpu_thread *t) {
+  if (!t->check_armed) return true;
+  if (!t->check_host && !cu_ok(rt.cu.cuMemAllocHost((void **)&t->check_host, sizeof *t->check_host),
+                               "cuMemAllocHost (index check record)"))
+    return false;
+  CUdeviceptr rec = (CUdeviceptr)(uintptr_t)t->check;
+  if (!cu_ok(rt.cu.cuMemcpyDtoHAsync(t->check_host, rec, sizeof *t->check_host, t->stream),
+             "cuMemcpyDtoHAsync (index check record)") ||
+      !stream_wait(t))
+    return false;
+  t->check_armed = false;
+  const gpu_index_check *r = t->check_host;
+  if (!r->sealed) return true;
+  /* named after the call that recorded the op, when it is among the last
+     GPU_CHECK_NAMES checked (else after this read's) */
+  const char *api = vm_thread()->api;
+  if (t->check_seq - r->op < GPU_CHECK_NAMES && t->check_api[r->op % GPU_CHECK_NAMES])
+    vm_set_api(t->check_api[r->op % GPU_CHECK_NAMES]);
+  (void)gpu_index_check_report(r);
+  vm_set_api(api);
+  if (!cu_ok(rt.cu.cuMemsetD8Async(rec, 0, sizeof *t->check_host, t->stream), "cuMemsetD8Async (index check record)"))
+    t->check_armed = true; /* still sealed: the next read reports it again */
+  return false;
+}
+
+/* KILN_GPU_SYNC_CHECKS=1: an index op's record is read right after it */
+static bool sync_checks(void) { return vm_env_long("KILN_GPU_SYNC_CHECKS", 0) != 0; }
+
 /* At thread exit: blas.c's state, then the stream's work, then the stream.
    Errors are ignored: there is no one left to report them to, and the
    process may be tearing the driver down. */
@@ -351,9 +421,14 @@ static void thread_exit(void *state) {
   t->blas = NULL;
   uint64_t stamp = gpu_alloc_stamp(rt.alloc);
   if (rt.cu.cuStreamSynchronize(t->stream) == CUDA_SUCCESS) {
+    if (!index_checks_read(t))
+      fprintf(stderr, "kiln: a thread ended with an error on its CUDA stream that no read reported: %s\n",
+              kiln_last_error());
     gpu_alloc_synced(rt.alloc, (uintptr_t)t->stream, stamp);
+    if (t->check) gpu_alloc_put(rt.alloc, t->check, (uintptr_t)t->stream);
     gpu_alloc_stream_retired(rt.alloc, (uintptr_t)t->stream);
   }
+  if (t->check_host) (void)rt.cu.cuMemFreeHost(t->check_host);
   for (int h = 0; h < 2; h++)
     if (t->half_done[h]) (void)rt.cu.cuEventDestroy(t->half_done[h]);
   if (t->pinned) (void)rt.cu.cuMemFreeHost(t->pinned);
@@ -391,11 +466,16 @@ static bool staging_ready(gpu_thread *t) {
   return true;
 }
 
-/* waits until no copy is using staging half h */
+/* waits until no copy is using staging half h (the host waits only when
+   its event has not passed yet) */
 static bool half_wait(gpu_thread *t, int h) {
   if (!t->half_busy[h]) return true;
-  if (!cu_ok(rt.cu.cuEventSynchronize(t->half_done[h]), "cuEventSynchronize (staging copy)"))
-    return false;
+  CUresult q = rt.cu.cuEventQuery(t->half_done[h]);
+  if (q != CUDA_SUCCESS && q != CUDA_ERROR_NOT_READY) return cu_ok(q, "cuEventQuery (staging copy)");
+  if (q == CUDA_ERROR_NOT_READY) {
+    count_wait();
+    if (!cu_ok(rt.cu.cuEventSynchronize(t->half_done[h]), "cuEventSynchronize (staging copy)")) return false;
+  }
   t->half_busy[h] = false;
   return true;
 }
@@ -452,11 +532,44 @@ bool gpu_mem_zero(void *dst, size_t nbytes) {
 
 /* ---- copies ---- */
 
+/* Small host-to-device copies (a 0-d scalar an op takes) are packed one
+   after another into the current staging half, which gets its event only
+   when it is full (or a large copy needs it): the host waits for the
+   device only every half's worth of them, never once per copy. */
+#define GPU_STAGING_SMALL ((size_t)4096)
+
+/* ends the current half's run of small copies: its event follows them */
+static bool small_close(gpu_thread *t) {
+  if (!t->small_used) return true;
+  t->small_used = 0;
+  bool ok = half_enqueued(t, t->next_half);
+  t->next_half ^= 1;
+  return ok;
+}
+
+static bool small_copy(gpu_thread *t, void *dst, const void *src, size_t nbytes) {
+  size_t at = (t->small_used + 15) & ~(size_t)15;
+  if (at + nbytes > GPU_STAGING_HALF) {
+    if (!small_close(t)) return false;
+    at = 0;
+  }
+  int h = t->next_half;
+  if (at == 0 && !half_wait(t, h)) return false;
+  char *stage = t->pinned + (size_t)h * GPU_STAGING_HALF + at;
+  memcpy(stage, src, nbytes);
+  if (!cu_ok(rt.cu.cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, stage, nbytes, t->stream), "cuMemcpyHtoDAsync"))
+    return false;
+  t->small_used = at + nbytes;
+  return true;
+}
+
 bool gpu_copy_from_host(void *dst, const void *src, size_t nbytes) {
   gpu_thread *t = thread_get();
   if (!t) return false;
   if (!nbytes) return true;
   if (!staging_ready(t)) return false;
+  if (nbytes <= GPU_STAGING_SMALL) return small_copy(t, dst, src, nbytes);
+  if (!small_close(t)) return false;
   int h = t->next_half;
   bool ok = true;
   for (size_t off = 0; ok && off < nbytes; off += GPU_STAGING_HALF) {
@@ -481,7 +594,7 @@ bool gpu_copy_to_host(void *dst, const void *src, size_t nbytes) {
   gpu_thread *t = thread_get();
   if (!t) return false;
   if (!nbytes) return gpu_synchronize();
-  if (!staging_ready(t)) return false;
+  if (!staging_ready(t) || !small_close(t)) return false;
   struct {
     char *dst;
     size_t n;
@@ -511,7 +624,7 @@ bool gpu_copy_to_host(void *dst, const void *src, size_t nbytes) {
   t->next_half = h;
   /* the last event follows all earlier work on the stream: it has finished */
   if (ok) gpu_alloc_synced(rt.alloc, (uintptr_t)t->stream, stamp);
-  return ok;
+  return ok && index_checks_read(t);
 }
 
 bool gpu_copy_on_device(void *dst, const void *src, size_t nbytes) {
@@ -524,11 +637,7 @@ bool gpu_copy_on_device(void *dst, const void *src, size_t nbytes) {
 
 bool gpu_synchronize(void) {
   gpu_thread *t = thread_get();
-  if (!t) return false;
-  uint64_t stamp = gpu_alloc_stamp(rt.alloc);
-  if (!cu_ok(rt.cu.cuStreamSynchronize(t->stream), "cuStreamSynchronize")) return false;
-  gpu_alloc_synced(rt.alloc, (uintptr_t)t->stream, stamp);
-  return true;
+  return t && stream_wait(t) && index_checks_read(t);
 }
 
 /* ---- kernels: memory cache, disk cache, NVRTC ---- */
@@ -796,6 +905,15 @@ static bool launch_one(gpu_thread *t, const gpu_launch *l, char *scratch, size_t
     }
     args.ptr[k] = scratch + offset;
   }
+  if (l->check_mask) {
+    gpu_index_check *rec = index_record(t);
+    if (!rec) return false;
+    for (int k = 0; k < GPU_MAX_OPERANDS; k++)
+      if (l->check_mask >> k & 1) args.ptr[k] = rec;
+    t->check_seq++;
+    t->check_api[t->check_seq % GPU_CHECK_NAMES] = vm_thread()->api;
+    args.extent[1] = t->check_seq;
+  }
   CUfunction fn = kernel_get(&l->key);
   if (!fn) return false;
   void *params[] = {&args};
@@ -822,12 +940,11 @@ bool gpu_run_op_plan(const gpu_op_plan *p) {
   bool ok = true;
   for (int i = 0; ok && i < p->nlaunch; i++)
     ok = launch_one(t, &p->launch[i], scratch, p->scratch_bytes);
-  /* an index op's check record: read back (this waits for the stream), so
-     an index out of range is an error at this op, as on the CPU */
+  /* an index op's record is read where the host waits anyway (a read of a
+     value), not here: a plan never waits for the device (opgen.h) */
   if (ok && gpu_op_plan_has_index_check(p)) {
-    gpu_index_check rec;
-    ok = gpu_copy_to_host(&rec, scratch + GPU_INDEX_CHECK_OFFSET, sizeof rec) &&
-         gpu_index_check_report(&rec);
+    t->check_armed = true;
+    if (sync_checks()) ok = stream_wait(t) && index_checks_read(t);
   }
   /* work on this stream that uses it runs before any later reuse by it */
   gpu_mem_free(scratch, p->scratch_bytes);

@@ -23,6 +23,7 @@ typedef struct CUfunc_st *CUfunction;
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_OUT_OF_MEMORY 2
 #define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_NOT_READY 600
 
 /* CUdevice_attribute */
 #define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
@@ -68,6 +69,7 @@ typedef CUresult (*gpu_cuGetProcAddress_v1)(const char *symbol, void **pfn, int 
   X(cuEventCreate, (CUevent * event, unsigned int flags))                                          \
   X(cuEventRecord, (CUevent event, CUstream stream))                                               \
   X(cuEventSynchronize, (CUevent event))                                                           \
+  X(cuEventQuery, (CUevent event))                                                                 \
   X(cuEventDestroy, (CUevent event))                                                               \
   X(cuMemAlloc, (CUdeviceptr * dptr, size_t bytes))                                                \
   X(cuMemFree, (CUdeviceptr dptr))                                                                 \

@@ -29,10 +29,9 @@
  *   matmul (integers only; floats go to cuBLAS): batch dims [0, ndim) with
  *     stride[1] (A), stride[2] (B); A's row/col strides at stride[1][6..7],
  *     B's at stride[2][6..7]; extent = {M, N, K}; n = numel(out).
- *   index_select, gather, scatter_add: launch 0 zeroes the gpu_index_check
- *     at scratch 0 (the i64 full kernel), launch 1 checks every index
- *     (n indices, stride[1], extent[0] = axis length, axis = the op's
- *     axis), launch 2 moves data: dims over the output with dim `axis`
+ *   index_select, gather, scatter_add: launch 0 checks every index into
+ *     the thread's gpu_index_check (opgen.h; n indices, stride[1],
+ *     extent[0] = axis length, axis = the op's axis), launch 1 moves data: dims over the output with dim `axis`
  *     never merged; stride[1] a's, stride[2] the index's, stride[3] src's;
  *     extent[0] = a's axis length; scatter_add keeps the index's extents in
  *     stride[0] (the output is contiguous).
@@ -452,34 +451,25 @@ static bool plan_matmul(vm_tensor *const *in, vm_tensor *out, gpu_op_plan *p) {
   return true;
 }
 
-/* launches 0 and 1 of an index op: zero the record, check every index */
+/* launch 0 of an index op: check every index into the thread's record */
 static bool plan_index_check(const vm_tensor *idx, int64_t size, int axis, gpu_op_plan *p) {
   kiln_dtype i64 = KILN_I64;
-  gpu_op_key k = make_key(VM_OP_full, 0, KILN_I64, 0, NULL, 1);
-  gpu_launch *l = plan_add(p, &k);
-  if (!l) return false;
-  int64_t words = (int64_t)(sizeof(gpu_index_check) / sizeof(int64_t));
-  l->args.ptr[0] = scratch_at(GPU_INDEX_CHECK_OFFSET);
-  l->scratch_mask = 1;
-  l->args.ndim = 1;
-  l->args.shape[0] = l->args.n = words;
-  l->args.stride[0][0] = 1;
   geom g = {.ndim = idx->ndim};
   memcpy(g.shape, idx->shape, sizeof g.shape);
   memcpy(g.stride[1], idx->strides, sizeof g.stride[1]);
   coalesce(&g, -1, NULL);
-  k = make_key(VM_OP_index_select, GPU_IDX_CHECK, KILN_I64, 1, &i64,
-               1u | (contiguous_mask(&g, 2) & 2u));
-  if (!(l = plan_add(p, &k))) return false;
+  gpu_op_key k = make_key(VM_OP_index_select, GPU_IDX_CHECK, KILN_I64, 1, &i64,
+                          1u | (contiguous_mask(&g, 2) & 2u));
+  gpu_launch *l = plan_add(p, &k);
+  if (!l) return false;
   set_geom(&l->args, &g);
-  l->args.ptr[0] = scratch_at(GPU_INDEX_CHECK_OFFSET);
+  l->args.ptr[0] = NULL; /* the runner's thread's record */
   l->args.ptr[1] = vm_data(idx);
-  l->scratch_mask = 1;
+  l->check_mask = 1;
   l->args.n = idx->numel;
   l->args.extent[0] = size;
   l->args.axis = axis;
   l->grid[0] = grid_for(idx->numel, BLOCK);
-  p->scratch_bytes = GPU_INDEX_CHECK_OFFSET + sizeof(gpu_index_check);
   return true;
 }
 
@@ -699,7 +689,7 @@ bool gpu_op_plan_has_index_check(const gpu_op_plan *p) {
 }
 
 bool gpu_index_check_report(const gpu_index_check *rec) {
-  if (!rec->first) return true;
+  if (!rec->sealed) return true;
   vm_error(KILN_ERR_ARG, "index %lld is out of range for axis %d of size %lld", (long long)rec->value,
            (int)rec->axis, (long long)rec->size);
   return false;

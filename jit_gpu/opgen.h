@@ -48,6 +48,7 @@ typedef struct gpu_launch {
   uint32_t grid[3], block[3];
   uint32_t shared_bytes;
   uint8_t scratch_mask; /* bit k: args.ptr[k] is an offset into the call's scratch buffer */
+  uint8_t check_mask;   /* bit k: args.ptr[k] is the calling thread's gpu_index_check */
 } gpu_launch;
 
 /* One op call: launches in order, on one stream, sharing one scratch buffer
@@ -122,21 +123,30 @@ bool gpu_op_key_supported(const gpu_op_key *k);
    is cheaper.  malloc'd; NULL + error on OOM or an unsupported key. */
 char *gpu_op_source_batch(const gpu_op_key *keys, int n);
 
-/* Index ops cannot raise an error on the device.  Their plans zero a
-   gpu_index_check at GPU_INDEX_CHECK_OFFSET of scratch (launch 0), check
-   every index (launch 1: it records the first one out of range in
-   row-major order over the index) and then run the data kernels, which
-   clamp indices into [0, size) so no access leaves an operand.  After the
-   last launch the runner copies the record back and calls
-   gpu_index_check_report; on false the result is garbage and is dropped. */
+/* Index ops cannot raise an error on the device, and a plan must not wait
+   for one (DESIGN §6: no host sync inside a plan).  Each calling thread
+   owns one gpu_index_check in device memory (jit_gpu/cuda.c).  An index
+   op's plan checks every index first (launch 0, GPU_IDX_CHECK: the first
+   index out of range in row-major order over the index), then runs its
+   data kernels, which clamp indices into [0, size) so no access leaves an
+   operand.  A check that finds one seals the record; while it is sealed
+   later checks do nothing, so the record keeps the first bad index in
+   stream order.  The host reads the record where it waits for the stream
+   anyway (a read of a value to the host) and reports it there with
+   gpu_index_check_report, named after the call that recorded the op (the
+   runner numbers its index ops: a.extent[1] of the check); the values
+   computed since are garbage.
+   KILN_GPU_SYNC_CHECKS=1 reads it after every index op instead (a wait per
+   op: the error comes at the flush that ran it). */
 typedef struct gpu_index_check {
-  uint64_t first; /* 0: every index in range; else ~position of the first one out of range */
-  int64_t value;  /* that index */
-  int64_t size;   /* the axis length it was checked against */
-  uint32_t done;  /* blocks of the check that finished (the check's own bookkeeping) */
+  uint64_t first;  /* 0: every index in range; else ~position of the first one out of range */
+  int64_t value;   /* that index */
+  int64_t size;    /* the axis length it was checked against */
+  uint32_t done;   /* blocks of the running check that finished (back to 0 after it) */
   int32_t axis;
+  uint32_t sealed; /* nonzero: first/value/size/axis/op describe an unreported bad index */
+  uint32_t op;     /* the sealing check's a.extent[1]: the runner's number for its op */
 } gpu_index_check;
-#define GPU_INDEX_CHECK_OFFSET 0
 /* whether plans of op carry a gpu_index_check in their scratch */
 bool gpu_op_checks_indices(vm_opcode op);
 /* the same asked of a plan (a runner that has no op at hand) */

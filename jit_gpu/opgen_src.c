@@ -420,6 +420,8 @@ static void emit_prelude(sbuf *b) {
             "  i64 size;\n"
             "  u32 done;\n"
             "  i32 axis;\n"
+            "  u32 sealed;\n"
+            "  u32 op;\n"
             "};\n",
             KILN_MAX_DIMS, GPU_MAX_OPERANDS, GPU_MAX_OPERANDS);
   /* NVRTC's front end (EDG) has no offsetof without <cstddef>; __INTADDR__
@@ -445,6 +447,8 @@ static void emit_prelude(sbuf *b) {
   GPU_SRC_ASSERT_FIELD(b, gpu_index_check, size);
   GPU_SRC_ASSERT_FIELD(b, gpu_index_check, done);
   GPU_SRC_ASSERT_FIELD(b, gpu_index_check, axis);
+  GPU_SRC_ASSERT_FIELD(b, gpu_index_check, sealed);
+  GPU_SRC_ASSERT_FIELD(b, gpu_index_check, op);
   sb_put(b, prelude_helpers, sizeof prelude_helpers - 1);
   gpu_src_printf(b, "#endif /* KILN_GPU_PRELUDE */\n");
 }
@@ -897,13 +901,18 @@ static const char scatter_kernel[] =
     "}\n";
 
 /* the index check: every index (a.n of them, over dims [0, ndim) with
-   strides stride[1]) against [0, a.extent[0]); the first one out of range
+   strides stride[1]) against [0, a.extent[0]) (a.extent[1]: the op's
+   number, kept with a bad index); the first one out of range
    in row-major order goes into the gpu_index_check at a.ptr[0], its value
-   written by the last block to finish */
+   written and the record sealed by the last block to finish, which also
+   sets `done` back to 0 for the next check.  A sealed record (an earlier
+   op's bad index, not yet read by the host) is left as it is: every block
+   sees the same seal, since only a finished check writes it. */
 static const char check_kernel[] =
     "  __shared__ u64 worst[8];\n"
     "  __shared__ bool last;\n"
     "  gpu_index_check *rec = (gpu_index_check *)a.ptr[0];\n"
+    "  if (*(volatile u32 *)&rec->sealed) return;\n"
     "  const i64 *idx = (const i64 *)a.ptr[1];\n"
     "  const i64 size = a.extent[0];\n"
     "  u64 bad = 0; /* ~position: the largest is the first */\n"
@@ -930,9 +939,12 @@ static const char check_kernel[] =
     "    if (first) {\n"
     "      const i64 p = (i64)~first;\n"
     "      rec->value = idx[$CONTIG ? p : k_offset(a, 1, p, 0, a.ndim)];\n"
+    "      rec->size = size;\n"
+    "      rec->axis = a.axis;\n"
+    "      rec->op = (u32)a.extent[1];\n"
+    "      rec->sealed = 1u;\n"
     "    }\n"
-    "    rec->size = size;\n"
-    "    rec->axis = a.axis;\n"
+    "    rec->done = 0u;\n"
     "  }\n"
     "}\n";
 

@@ -37,9 +37,10 @@ int main(int argc, char **argv) {
   (void)gb_time(step, &m, &o, inner, times, NULL);
   double steps = o.warmup + (double)o.reps * inner;
   double blas = (kiln_stat("blas_calls") - blas0) / steps, launches = gb_launches(step, &m);
+  double waits = gb_waits(step, &m);
   snprintf(extra, sizeof extra,
-           "batch=%lld\tsteps=%d\tlaunches_per_step=%.0f\tgemm_per_step=%.1f\tnote=%s",
-           (long long)m.batch, inner, launches, blas,
+           "batch=%lld\tsteps=%d\tlaunches_per_step=%.0f\twaits_per_step=%.0f\tgemm_per_step=%.1f\tnote=%s",
+           (long long)m.batch, inner, launches, waits, blas,
            o.autodiff ? "gradients from kiln_backward (Kiln's autodiff)"
                       : "backward pass hand-written from Kiln ops");
   gb_result("G7", &o, times, o.reps, extra, check);

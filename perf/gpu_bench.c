@@ -80,6 +80,16 @@ double gb_launches(gb_eval f, void *ctx) {
   return kiln_stat("kernels_launched") - before;
 }
 
+double gb_waits(gb_eval f, void *ctx) {
+  kiln_tensor *out = bench_ok(f(ctx), "evaluation");
+  double before = kiln_stat("device_waits");
+  bench_ok_status(kiln_sync(), "kiln_sync");
+  double waits = kiln_stat("device_waits") - before;
+  gb_wait(out);
+  kiln_release(out);
+  return waits;
+}
+
 static kiln_tensor *clone_of(void *x) {
   return kiln_clone(x);
 }

@@ -42,6 +42,10 @@ double gb_time(gb_eval f, void *ctx, const bench_opts *o, int inner, double *tim
 /* kernels launched by one more evaluation of f (the steady state, after
    gb_time), counted by kiln_stat("kernels_launched") */
 double gb_launches(gb_eval f, void *ctx);
+/* times the host waited for the device while one evaluation of f was
+   recorded and launched (kiln_sync), before anything was read: 0 when
+   the work never stops the host (DESIGN §6) */
+double gb_waits(gb_eval f, void *ctx);
 
 /* the device's copy bandwidth in GB/s: the median time of kiln_clone(x),
    counted as 2 x its bytes (read + write), timed as gb_time does */

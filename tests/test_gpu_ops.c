@@ -320,6 +320,64 @@ TEST(out_of_range_index_is_an_error) {
   kiln_release(x), kiln_release(bad), kiln_release(y);
 }
 
+/* An index op checks its indices on the device into the thread's record
+   (jit_gpu/opgen.h), which the host reads where it waits anyway: a plan
+   with a gather never waits for the device, so the host can run ahead of
+   it.  A bad index is reported at the next read of a value, the first
+   bad one in stream order, named after the call that recorded it; the
+   record is clear after it.  With
+   KILN_GPU_SYNC_CHECKS=1 it is an error at the flush that ran it. */
+static kiln_tensor *picked(kiln_tensor *x, kiln_tensor *labels) {
+  kiln_tensor *g = kiln_gather(x, 1, labels);
+  kiln_tensor *out = kiln_add_scalar(kiln_mul_scalar(g, 2), 1);
+  kiln_release(g);
+  return out;
+}
+
+TEST(index_checks_never_wait_for_the_device) {
+  const int64_t s[2] = {64, 10}, ls[2] = {64, 1};
+  kiln_tensor *x = random_cpu(KILN_F32, 2, s, -2, 2), *xg = gpu(x);
+  kiln_tensor *lf = random_cpu(KILN_I64, 2, ls, 0, 9.49), *lg = gpu(lf);
+  for (int rep = 0; rep < 5; rep++) {
+    kiln_tensor *want = picked(x, lf), *got = picked(xg, lg);
+    double waits = kiln_stat("device_waits");
+    CHECK_EQ_INT(kiln_eval(1, &got), KILN_OK);
+    CHECK(kiln_stat("device_waits") == waits); /* launched, not waited for */
+    check_same("gather, then read", want, got, 0);
+    kiln_release(want), kiln_release(got);
+    if (rep == 2) kiln_jit_wait();
+  }
+  /* two bad gathers before a read: the first is reported, at the read */
+  int64_t bad_hi[64], bad_lo[64];
+  for (int i = 0; i < 64; i++) bad_hi[i] = bad_lo[i] = i % 10;
+  bad_hi[17] = 10, bad_hi[40] = 12, bad_lo[3] = -1;
+  kiln_tensor *hi = gpu(kiln_from_data(bad_hi, KILN_I64, 2, ls)), *lo = gpu(kiln_from_data(bad_lo, KILN_I64, 2, ls));
+  kiln_tensor *y1 = picked(xg, hi), *y2 = picked(xg, lo);
+  double waits = kiln_stat("device_waits");
+  CHECK_EQ_INT(kiln_eval(1, &y1), KILN_OK);
+  CHECK_EQ_INT(kiln_eval(1, &y2), KILN_OK);
+  CHECK(kiln_stat("device_waits") == waits);
+  float buf[64];
+  CHECK(kiln_to_buffer(y2, buf, sizeof buf) != KILN_OK);
+  /* named after the call that recorded the gather, not the read */
+  CHECK_STR_CONTAINS(kiln_last_error(), "kiln_gather: index 10 is out of range for axis 1 of size 10");
+  kiln_clear_error();
+  /* the record is clear again: a good gather reads back right */
+  kiln_tensor *want = picked(x, lf), *got = picked(xg, lg);
+  check_same("a good gather after a reported bad one", want, got, 0);
+  kiln_release(want), kiln_release(got), kiln_release(y1), kiln_release(y2);
+  /* checked at the op: the flush that runs it fails */
+  setenv("KILN_GPU_SYNC_CHECKS", "1", 1);
+  kiln_tensor *y3 = picked(xg, lo);
+  CHECK(kiln_eval(1, &y3) != KILN_OK);
+  CHECK_STR_CONTAINS(kiln_last_error(), "kiln_gather: index -1 is out of range for axis 1 of size 10");
+  kiln_clear_error();
+  unsetenv("KILN_GPU_SYNC_CHECKS");
+  kiln_release(y3);
+  kiln_tensor *all[] = {x, xg, lf, lg, hi, lo};
+  for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
+}
+
 /* dropout draws its mask on the input's device: the same Philox stream as
    the CPU, so the same seed keeps the same elements */
 TEST(rng_streams_match_the_cpu) {
@@ -627,6 +685,7 @@ int main(int argc, char **argv) {
   RUN(matmul_shapes_transposes_and_batches);
   RUN(gathers_scatters_concat_and_sorts);
   RUN(out_of_range_index_is_an_error);
+  RUN(index_checks_never_wait_for_the_device);
   RUN(rng_streams_match_the_cpu);
   RUN(gradients_and_a_training_run_match_the_cpu);
   RUN(bad_input_is_a_clear_error);

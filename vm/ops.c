@@ -647,6 +647,10 @@ static const char *const public_names[VM_OP_COUNT] = {
 #undef X
 };
 
+const char *vm_op_api(vm_opcode op, const vm_attr *attr) {
+  return attr && attr->api ? attr->api : public_names[op];
+}
+
 vm_tensor *vm_exec(vm_opcode op, int n, vm_tensor *const *values, const vm_attr *attr,
                    const vm_meta *m) {
   if (vm_op_table[op].kind == VM_KIND_VIEW) {
@@ -656,7 +660,7 @@ vm_tensor *vm_exec(vm_opcode op, int n, vm_tensor *const *values, const vm_attr 
   atomic_fetch_add_explicit(&vm_process()->stats.eager_ops, 1, memory_order_relaxed);
   const char *api = vm_thread()->api;
   if (vm_op_table[op].kind == VM_KIND_COLLECTIVE) {
-    vm_set_api(attr && attr->api ? attr->api : public_names[op]);
+    vm_set_api(vm_op_api(op, attr));
     vm_tensor *v = vm_dist_exec(op, n, values, attr, m);
     vm_set_api(api);
     return v;
@@ -665,7 +669,7 @@ vm_tensor *vm_exec(vm_opcode op, int n, vm_tensor *const *values, const vm_attr 
   if (!out) return NULL;
   if (out->numel == 0) return out; /* nothing to compute */
   atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
-  vm_set_api(attr && attr->api ? attr->api : public_names[op]);
+  vm_set_api(vm_op_api(op, attr));
   bool ok = run_kernel(op, out, n, values, attr);
   vm_set_api(api);
   if (!ok) {

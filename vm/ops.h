@@ -103,6 +103,10 @@ typedef struct vm_meta {
    the error set.  attr may be NULL for ops without attributes. */
 vm_tensor *vm_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr);
 
+/* the public call an error while computing op names: the one that
+   recorded it (attr->api), else "kiln_<op>" */
+const char *vm_op_api(vm_opcode op, const vm_attr *attr);
+
 /* The interpreter's step: runs op eagerly on materialized *values* (already
    in the dtypes the op computes in) and returns a new value, or NULL with
    the error set (value-dependent failures such as an index out of range). */

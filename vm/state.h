@@ -55,6 +55,7 @@ typedef struct vm_counters {
   atomic_uint_fast64_t plan_us, plan_nodes; /* planning new keys: time on the caller's thread, trace nodes */
   atomic_uint_fast64_t nvrtc_us;       /* GPU kernels: NVRTC's time compiling them (jit_gpu/cuda.c) */
   atomic_uint_fast64_t gpu_disk_loads; /* GPU kernels loaded from the disk cache, not compiled */
+  atomic_uint_fast64_t device_waits;   /* times the host waited for a device stream (jit_gpu/cuda.c) */
   /* collectives (vm/dist.h): payloads reduced, their bytes, the time from
      issuing a payload to its completion, and the time callers waited */
   atomic_uint_fast64_t all_reduces, all_reduce_bytes, all_reduce_us, all_reduce_wait_us;

@@ -645,7 +645,7 @@ void kiln_reset_stats(void) {
                                  &c->compile_failures, &c->disk_hits, &c->compile_us, &c->kernels_compiled, &c->kernel_cache_hits, &c->code_unloads,
                                  &c->blas_calls, &c->recomputed, &c->kernel_threads_max,
                                  &c->compiler_processes, &c->compiles_declined, &c->plan_us, &c->plan_nodes,
-                                 &c->nvrtc_us, &c->gpu_disk_loads};
+                                 &c->nvrtc_us, &c->gpu_disk_loads, &c->device_waits};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) atomic_store(all[i], 0);
 }
 
@@ -665,6 +665,7 @@ double kiln_stat(const char *name) {
       COUNTER(blas_calls), COUNTER(recomputed), COUNTER(kernel_threads_max),
       COUNTER(compiler_processes), COUNTER(compiles_declined), COUNTER(plan_nodes),
       COUNTER(all_reduces), COUNTER(all_reduce_bytes), COUNTER(gpu_disk_loads),
+      COUNTER(device_waits),
       {"nvrtc_ms", offsetof(vm_counters, nvrtc_us), 1e-3},
       {"all_reduce_ms", offsetof(vm_counters, all_reduce_us), 1e-3},
       {"all_reduce_wait_ms", offsetof(vm_counters, all_reduce_wait_us), 1e-3},

@@ -205,6 +205,7 @@ static CUresult cuStreamDestroy(void *s) { return delete (int *)s, OK; }
 static CUresult cuEventCreate(void **e, unsigned) { return *e = new int(0), OK; }
 static CUresult cuEventRecord(void *, void *) { return OK; }
 static CUresult cuEventSynchronize(void *) { return OK; }
+static CUresult cuEventQuery(void *) { return OK; } // work runs in issue order, at once
 static CUresult cuEventDestroy(void *e) { return delete (int *)e, OK; }
 static CUresult cuMemAlloc(unsigned long long *p, size_t n) { return mem_alloc(p, n); }
 static CUresult cuMemFree(unsigned long long p) { return mem_free(p); }
@@ -291,7 +292,7 @@ static const struct {
     E(cuDeviceGet), E(cuDeviceGetName), E(cuDeviceGetAttribute), E(cuDeviceTotalMem),
     E(cuDevicePrimaryCtxRetain), E(cuCtxSetCurrent), E(cuCtxSynchronize), E(cuStreamCreate),
     E(cuStreamSynchronize), E(cuStreamDestroy), E(cuEventCreate), E(cuEventRecord),
-    E(cuEventSynchronize), E(cuEventDestroy), E(cuMemAlloc), E(cuMemFree), E(cuMemAllocHost),
+    E(cuEventSynchronize), E(cuEventQuery), E(cuEventDestroy), E(cuMemAlloc), E(cuMemFree), E(cuMemAllocHost),
     E(cuMemFreeHost), E(cuMemcpyHtoDAsync), E(cuMemcpyDtoHAsync), E(cuMemcpyDtoDAsync),
     E(cuMemsetD8Async), E(cuModuleLoadData), E(cuModuleGetFunction), E(cuModuleUnload),
     E(cuLaunchKernel),

@@ -80,8 +80,10 @@ static void run(const char *what, vm_opcode op, int n, vm_tensor *const *in, con
   if (!gpu_op_plan_make(op, n, in, out, attr, &p)) { printf("%s: plan failed: %s\n", what, vm_thread()->message); fails++; return; }
   char *scratch = p.scratch_bytes ? malloc(p.scratch_bytes) : NULL;
   if (scratch) memset(scratch, 0xab, p.scratch_bytes);
+  gpu_index_check rec = {0}; /* the thread's record, as jit_gpu/cuda.c makes it */
   for (int i = 0; i < p.nlaunch; i++) {
     gpu_launch l = p.launch[i];
+    for (int k = 0; k < 4; k++) if (l.check_mask >> k & 1) l.args.ptr[k] = &rec;
     for (int k = 0; k < 4; k++) if (l.scratch_mask >> k & 1) {
       if ((uintptr_t)l.args.ptr[k] >= p.scratch_bytes) { printf("%s: bad scratch offset\n", what); fails++; }
       l.args.ptr[k] = scratch + (uintptr_t)l.args.ptr[k];
@@ -90,7 +92,11 @@ static void run(const char *what, vm_opcode op, int n, vm_tensor *const *in, con
     if (!emu_launch(name, &l.args, l.grid[0], l.block[0])) { printf("%s: launch %s failed\n", what, name); fails++; }
   }
   bool gpu_ok = true;
-  if (gpu_op_checks_indices(op)) { vm_set_api(NULL); gpu_ok = gpu_index_check_report((gpu_index_check *)(scratch + GPU_INDEX_CHECK_OFFSET)); }
+  if (gpu_op_checks_indices(op)) {
+    vm_set_api(NULL);
+    gpu_ok = gpu_index_check_report(&rec);
+    if (rec.done != 0) { printf("%s: the check left done = %u, not 0\n", what, rec.done); fails++; }
+  }
   char gpu_err[512] = ""; if (!gpu_ok) snprintf(gpu_err, sizeof gpu_err, "%s", vm_thread()->message);
   vm_clear_error();
   if (!ref || !gpu_ok) {
@@ -235,6 +241,53 @@ static void indexing(void) {
   }
 }
 
+/* runs the index check of op's plan over idx into rec */
+static void check_into(vm_opcode op, vm_tensor *a, vm_tensor *idx, gpu_index_check *rec, int seq) {
+  vm_attr at = {.axis = 1};
+  vm_meta m;
+  if (!vm_infer(op, 2, (vm_tensor *[]){a, idx}, &at, &m)) { printf("sealed: infer failed\n"); fails++; return; }
+  vm_tensor *out = vm_tensor_new(m.dtype, m.ndim, m.shape);
+  gpu_op_plan p;
+  if (!gpu_op_plan_make(op, 2, (vm_tensor *[]){a, idx}, out, &at, &p)) { printf("sealed: plan failed\n"); fails++; return; }
+  gpu_launch l = p.launch[0];
+  if (l.check_mask != 1) { printf("sealed: launch 0 is not the check\n"); fails++; }
+  l.args.ptr[0] = rec;
+  l.args.extent[1] = seq; /* the runner's number for the op */
+  char name[128]; gpu_op_key_name(&l.key, name, sizeof name);
+  if (!emu_launch(name, &l.args, l.grid[0], l.block[0])) { printf("sealed: launch %s failed\n", name); fails++; }
+  gpu_op_plan_free(&p);
+  vm_release(out);
+}
+
+/* the thread's record keeps the first bad index in stream order until the
+   host reads and clears it; a check of good indices leaves it clear */
+static void sealed_record(void) {
+  checks++;
+  vm_tensor *a = make(KILN_F32, 3, S(4, 6, 5), 0);
+  vm_tensor *bad_hi = index_tensor(3, S(4, 9, 5), 6, 1), *bad_lo = index_tensor(1, S(7), 6, -1);
+  vm_tensor *good = index_tensor(3, S(4, 9, 5), 6, 0);
+  gpu_index_check rec = {0};
+  check_into(VM_OP_gather, a, good, &rec, 1);
+  bool ok = !rec.sealed && rec.first == 0 && rec.done == 0;
+  check_into(VM_OP_gather, a, bad_hi, &rec, 2); /* first bad: 9 at position 91 */
+  ok = ok && rec.sealed && rec.value == 9 && rec.size == 6 && rec.axis == 1 && ~rec.first == 91 && rec.done == 0 &&
+       rec.op == 2;
+  check_into(VM_OP_index_select, a, bad_lo, &rec, 3); /* -1: later, so not recorded */
+  ok = ok && rec.sealed && rec.value == 9 && ~rec.first == 91 && rec.op == 2;
+  vm_set_api(NULL);
+  ok = ok && !gpu_index_check_report(&rec) && strstr(vm_thread()->message, "index 9 is out of range for axis 1 of size 6");
+  vm_clear_error();
+  memset(&rec, 0, sizeof rec); /* what the host does after reporting it */
+  check_into(VM_OP_index_select, a, bad_lo, &rec, 4);
+  ok = ok && rec.sealed && rec.value == -1 && rec.op == 4;
+  if (!ok) {
+    printf("sealed record: sealed %u value %lld first ~%llu done %u op %u\n", rec.sealed, (long long)rec.value,
+           (unsigned long long)~rec.first, rec.done, rec.op);
+    fails++;
+  }
+  vm_release(a); vm_release(bad_hi); vm_release(bad_lo); vm_release(good);
+}
+
 static void others(void) {
   char what[256];
   /* concat */
@@ -305,6 +358,7 @@ int main(int argc, char **argv) {
   if (!*only || strstr(only, "e")) elementwise();
   if (!*only || strstr(only, "r")) reductions();
   if (!*only || strstr(only, "i")) indexing();
+  if (!*only || strstr(only, "i")) sealed_record();
   if (!*only || strstr(only, "o")) others();
   if (strstr(only, "b")) big();
   printf("%d checks, %d failed\n", checks, fails);

@@ -307,6 +307,8 @@ KILN_API void kiln_reset_stats(void);
    overlap did not hide), or
    "nvrtc_ms" and "gpu_disk_loads" (GPU kernels: NVRTC's time compiling
    them, and how many were loaded from the disk cache instead), or
+   "device_waits" (times the host waited for a device stream: reads of
+   values and full staging buffers; evaluating a cached plan waits 0 times), or
    "kernel_threads_max" (the most threads, user threads and workers together,
    seen running Kiln's kernels at once: at most kiln_num_threads()), or
    "view_ops" (views made: reshape, permute, expand, slice.  They move no
