@@ -98,6 +98,26 @@ static bool add_output(gpu_fused *k, int i) {
   return true;
 }
 
+/* The vector width of an elementwise kernel whose operands are all dense
+   (indexed by the flat position): as many elements as 16 bytes of its
+   widest operand hold, so each access of the widest is one 16-byte load
+   or store (narrower operands move V of theirs at once).  0: some input
+   is strided, or one element per access gains nothing. */
+static int vector_width(const tr_plan *plan, const tr_trace *t, const gpu_fused *k) {
+  size_t widest = 1;
+  for (int q = 0; q < k->nin; q++) {
+    if (!k->contig[q]) return 0;
+    size_t es = vm_dtype_size(ref_dtype(plan, t, k->ins[q]));
+    if (es > widest) widest = es;
+  }
+  for (int q = 0; q < k->nout; q++) {
+    size_t es = vm_dtype_size(plan->nodes[k->outs[q]].meta.dtype);
+    if (es > widest) widest = es;
+  }
+  int v = (int)(16 / widest);
+  return v > 1 ? v : 0;
+}
+
 /* nodes first..last (of one shape) as one elementwise kernel */
 static bool plan_elementwise(const tr_plan *plan, const tr_trace *t, int first, int last, gpu_fused *k) {
   memset(k, 0, sizeof *k);
@@ -114,6 +134,7 @@ static bool plan_elementwise(const tr_plan *plan, const tr_trace *t, int first, 
   if (k->nout == 0) return false;
   const vm_meta *it = &plan->nodes[k->outs[0]].meta;
   for (int q = 0; q < k->nin; q++) k->contig[q] = dense_full(plan, t, k->ins[q], it);
+  k->vec = vector_width(plan, t, k);
   return true;
 }
 
@@ -334,6 +355,8 @@ static void emit_fargs(gpu_src *b) {
   GPU_SRC_ASSERT_FIELD(b, gpu_fargs, extent);
   GPU_SRC_ASSERT_FIELD(b, gpu_fargs, ndim);
   GPU_SRC_ASSERT_FIELD(b, gpu_fargs, axis);
+  /* V elements of T moved as one access of V * sizeof(T) bytes (16 at most) */
+  gpu_src_printf(b, "template <typename T, int V> struct alignas(sizeof(T) * V) kvec { T v[V]; };\n");
   gpu_src_printf(b, "#endif /* KILN_GPU_FARGS */\n");
 }
 
@@ -424,6 +447,17 @@ static void emit_node(gpu_src *b, const tr_plan *plan, const tr_trace *t, const 
   gpu_src_node(b, p->op, p->meta.dtype, p->nin, in, args, dst);
 }
 
+/* k's nodes (v<node - first>), its inputs x<q> loaded before */
+static void emit_values(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k,
+                        const char *indent) {
+  for (int i = k->first; i <= k->last; i++) {
+    const tr_pnode *p = &plan->nodes[i];
+    if (vm_op_table[p->op].kind == VM_KIND_VIEW) continue;
+    gpu_src_printf(b, "%s%s v%d;\n", indent, gpu_src_ctype(p->meta.dtype), i - k->first);
+    emit_node(b, plan, t, k, i, indent);
+  }
+}
+
 /* the loads of k's inputs (x<q>, at `flat` or f<operand>) and its nodes
    (v<node - first>) */
 static void emit_nodes(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k, const char *flat,
@@ -433,19 +467,45 @@ static void emit_nodes(gpu_src *b, const tr_plan *plan, const tr_trace *t, const
     if (k->contig[q]) gpu_src_printf(b, "%sconst %s x%d = in%d[%s];\n", indent, ct, q, q, flat);
     else gpu_src_printf(b, "%sconst %s x%d = in%d[f%d];\n", indent, ct, q, q, k->nout + q);
   }
-  for (int i = k->first; i <= k->last; i++) {
-    const tr_pnode *p = &plan->nodes[i];
-    if (vm_op_table[p->op].kind == VM_KIND_VIEW) continue;
-    gpu_src_printf(b, "%s%s v%d;\n", indent, gpu_src_ctype(p->meta.dtype), i - k->first);
-    emit_node(b, plan, t, k, i, indent);
+  emit_values(b, plan, t, k, indent);
+}
+
+/* The vector path (a.extent[0] = 1: every operand aligned to its
+   vector's size): element i0 + e of each vector is computed exactly as
+   the scalar loop computes element i, so the bits are the same; the
+   scalar loop then does the tail from `from` on. */
+static void emit_vector_loop(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k) {
+  int V = k->vec;
+  gpu_src_printf(b, "  i64 from = 0;\n  if (a.extent[0]) {\n    const i64 nv = a.n / %d;\n", V);
+  gpu_src_printf(b, "    for (i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x; j < nv; "
+                    "j += (i64)gridDim.x * blockDim.x) {\n      const i64 i0 = j * %d;\n", V);
+  for (int q = 0; q < k->nin; q++) {
+    const char *ct = gpu_src_ctype(ref_dtype(plan, t, k->ins[q]));
+    gpu_src_printf(b, "      const kvec<%s, %d> lx%d = *(const kvec<%s, %d> *)(in%d + i0);\n", ct, V, q, ct, V, q);
   }
+  for (int q = 0; q < k->nout; q++) {
+    const char *ct = gpu_src_ctype(plan->nodes[k->outs[q]].meta.dtype);
+    gpu_src_printf(b, "      kvec<%s, %d> so%d;\n", ct, V, q);
+  }
+  gpu_src_printf(b, "#pragma unroll\n      for (int e = 0; e < %d; e++) {\n", V);
+  for (int q = 0; q < k->nin; q++)
+    gpu_src_printf(b, "        const %s x%d = lx%d.v[e];\n", gpu_src_ctype(ref_dtype(plan, t, k->ins[q])), q, q);
+  emit_values(b, plan, t, k, "        ");
+  for (int q = 0; q < k->nout; q++) gpu_src_printf(b, "        so%d.v[e] = v%d;\n", q, k->outs[q] - k->first);
+  gpu_src_printf(b, "      }\n");
+  for (int q = 0; q < k->nout; q++) {
+    const char *ct = gpu_src_ctype(plan->nodes[k->outs[q]].meta.dtype);
+    gpu_src_printf(b, "      *(kvec<%s, %d> *)(o%d + i0) = so%d;\n", ct, V, q, q);
+  }
+  gpu_src_printf(b, "    }\n    from = nv * %d;\n  }\n", V);
 }
 
 /* an elementwise kernel's body after its signature */
 static void emit_elementwise(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k) {
   emit_pointers(b, plan, t, k, 0);
-  gpu_src_printf(b, "  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < a.n; "
-                    "i += (i64)gridDim.x * blockDim.x) {\n");
+  if (k->vec) emit_vector_loop(b, plan, t, k);
+  gpu_src_printf(b, "  for (i64 i = %s(i64)blockIdx.x * blockDim.x + threadIdx.x; i < a.n; "
+                    "i += (i64)gridDim.x * blockDim.x) {\n", k->vec ? "from + " : "");
   bool strided[GPU_FUSE_MAX_IO] = {false}, any = false;
   for (int q = 0; q < k->nin; q++)
     if (!k->contig[q]) {
@@ -754,6 +814,17 @@ static unsigned grid_of(int64_t n) {
   return blocks > 65536 ? 65536u : (unsigned)blocks; /* a grid-stride loop covers the rest */
 }
 
+/* whether k's vector path may run over a's operands: each address a
+   multiple of its vector's size (a view's offset may break it) */
+static bool vector_aligned(const gpu_fused *k, const tr_plan *plan, const tr_trace *t, const gpu_fargs *a) {
+  if (!k->vec) return false;
+  for (int j = 0; j < k->nout + k->nin; j++) {
+    kiln_dtype dt = j < k->nout ? plan->nodes[k->outs[j]].meta.dtype : ref_dtype(plan, t, k->ins[j - k->nout]);
+    if ((uintptr_t)a->ptr[j] % (vm_dtype_size(dt) * (size_t)k->vec)) return false;
+  }
+  return true;
+}
+
 static int run_elementwise(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan,
                            const tr_trace *t, vm_tensor **vals, int *rc) {
   const vm_meta *om = &plan->nodes[k->outs[0]].meta;
@@ -771,7 +842,9 @@ static int run_elementwise(const gpu_fused *k, const gpu_fuse_target *dev, const
   vm_tensor *outs[GPU_FUSE_MAX_IO] = {0};
   if (alloc_outputs(k, dev, plan, 0, outs, &a, rc) != RAN) return FAILED;
   bind_params(k, plan, t, &a);
-  if (a.n > 0 && !dev->launch(k, &a, grid_of(a.n), GPU_FUSE_BLOCK))
+  a.extent[0] = vector_aligned(k, plan, t, &a);
+  int64_t threads = a.extent[0] ? (a.n + k->vec - 1) / k->vec : a.n;
+  if (a.n > 0 && !dev->launch(k, &a, grid_of(threads), GPU_FUSE_BLOCK))
     return failed(rc, outs, k->nout, KILN_ERR_DEVICE, "launching", k->name);
   for (int q = 0; q < k->nout; q++) vals[k->outs[q]] = outs[q];
   return RAN;

@@ -40,7 +40,8 @@ typedef struct gpu_fargs {
   int64_t shape[KILN_MAX_DIMS];                  /* the iteration's extents, dims coalesced */
   uint64_t param[GPU_FUSE_MAX_PARAMS];           /* each full node's value in its dtype */
   int64_t n;                                     /* elements (reductions: the pass's items) */
-  int64_t extent[4];                             /* reductions: as gpu_args's (jit_gpu/opgen.c) */
+  int64_t extent[4];                             /* reductions: as gpu_args's (jit_gpu/opgen.c);
+                                                    elementwise: extent[0] = 1 runs the vector path */
   int32_t ndim;
   int32_t axis;                                  /* reductions: dims [0, axis) kept, [axis, ndim) reduced */
 } gpu_fargs;
@@ -70,6 +71,7 @@ typedef struct gpu_fused {
   int reduce;                       /* REDUCE, JOIN: the reduction node */
   int variant;                      /* REDUCE, JOIN: its pass (opgen.h GPU_RED_*) */
   int nin, nout, nparams;
+  int vec;                          /* ELEMENTWISE: elements per vector access (0: none; fuse.c) */
   int ins[GPU_FUSE_MAX_IO];         /* plan refs read (< 0: leaves) */
   bool contig[GPU_FUSE_MAX_IO];     /* compiled for a dense input of the full shape (flat index) */
   int outs[GPU_FUSE_MAX_IO];        /* plan nodes written (REDUCE: the reduction first) */

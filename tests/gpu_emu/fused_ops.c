@@ -140,6 +140,18 @@ static void p_views(outs *o, int64_t R, int64_t C) {
   put(o, kiln_sub(ys, xt));
 }
 
+/* a contiguous leaf whose data starts off its vector boundary (a slice
+   evaluated before: a view 1 element into its storage) beside aligned
+   ones: the kernel's vector path is skipped for it (the scalar loop does
+   every element), as it is taken for the aligned program above */
+static void p_offset(outs *o, int64_t n) {
+  kiln_tensor *x = input(KILN_F32, 1, S(n + 1), 20, true), *y = input(KILN_F32, 1, S(n), 21, true);
+  kiln_tensor *xs = kiln_slice(x, 0, 1, n + 1, 1);
+  (void)kiln_eval(1, &xs);
+  put(o, kiln_add(kiln_mul(xs, y), y));
+  put(o, kiln_sub(y, xs));
+}
+
 /* transcendentals: compared within ulps */
 static void p_math(outs *o, kiln_dtype dt, int64_t n) {
   kiln_tensor *x = input(dt, 1, S(n), 16, false);
@@ -322,6 +334,7 @@ static void r_i32(outs *o, int v) { p_ints(o, KILN_I32, v ? 9 : 4, v ? 40 : 5); 
 static void r_i64(outs *o, int v) { p_ints(o, KILN_I64, v ? 9 : 4, v ? 40 : 5); }
 static void r_bool(outs *o, int v) { p_bools(o, v ? 600 : 9); }
 static void r_views(outs *o, int v) { p_views(o, v ? 17 : 3, v ? 9 : 4); }
+static void r_offset(outs *o, int v) { p_offset(o, v ? 1001 : 13); }
 static void r_math32(outs *o, int v) { p_math(o, KILN_F32, v ? 700 : 9); }
 static void r_math64(outs *o, int v) { p_math(o, KILN_F64, v ? 700 : 9); }
 static void r_small(outs *o, int v) { (void)v; p_small(o); }
@@ -349,6 +362,7 @@ static const program programs[] = {
     {"extrema", r_extrema, true, false},      {"escape", r_escape, true, true},
     {"layer_norm", r_layer_norm, true, true}, {"rows_mixed", r_rows_mixed, true, true},
     {"rows_dtypes", r_rows_dtypes, true, true}, {"softmax", r_softmax, true, true},
+    {"offset", r_offset, false, false},
 };
 #define NPROG (int)(sizeof programs / sizeof programs[0])
 #define NRANDOM 24 /* elementwise chains, and as many with a reduction after them */
@@ -359,6 +373,9 @@ static vm_backend emu_backend;
 static bool fusing;
 #ifndef FUSED_GEN
 static long fused_launches, kind_launches[4]; /* by gpu_fkind */
+/* elementwise kernels with a vector path (fuse.c): launches that took it,
+   and launches that could not (an operand off its vector boundary) */
+static long vector_launches, unaligned_launches;
 static bool verbose;
 #endif
 /* the kernel names the current run planned (shape-generic kernels: a
@@ -476,6 +493,10 @@ static bool emu_launch_fused(const gpu_fused *k, const gpu_fargs *args, unsigned
   }
   fused_launches++;
   kind_launches[k->kind]++;
+  if (k->kind == GPU_FK_ELEMENTWISE && k->vec) {
+    if (args->extent[0]) vector_launches++;
+    else unaligned_launches++;
+  }
   if (verbose) printf("launch %s (kind %d) over %lld\n", k->name, (int)k->kind, (long long)args->n);
   return true;
 }
@@ -676,6 +697,12 @@ int main(void) {
   printf("%ld fused launches (%ld elementwise, %ld reductions, %ld joins, %ld row kernels), %d distinct kernels\n",
          fused_launches, kind_launches[GPU_FK_ELEMENTWISE], kind_launches[GPU_FK_REDUCE], kind_launches[GPU_FK_JOIN],
          kind_launches[GPU_FK_ROWS], nall);
+  printf("%ld vector launches, %ld with an operand off its vector boundary\n", vector_launches, unaligned_launches);
+  checks++;
+  if (!only && (vector_launches == 0 || unaligned_launches == 0)) { /* the aligned programs; p_offset */
+    printf("the vector path and the scalar path of vector kernels must both have run\n");
+    fails++;
+  }
   checks++;
   if (kind_launches[GPU_FK_JOIN] == 0) { /* p_long's two kinds of long reduction */
     printf("no long reduction ran its join\n");
