@@ -27,7 +27,8 @@ static kiln_dtype ref_dtype(const tr_plan *plan, const tr_trace *t, int r) {
 }
 
 static bool computed(const tr_plan *plan, const gpu_fused *k, int r) {
-  return r >= k->first && r <= k->last && vm_op_table[plan->nodes[r].op].kind != VM_KIND_VIEW;
+  bool inside = (r >= k->first && r <= k->last) || (k->epi_last && r >= k->reduce && r <= k->epi_last);
+  return inside && vm_op_table[plan->nodes[r].op].kind != VM_KIND_VIEW;
 }
 
 /* a value the kernel may index by the flat position: a fresh value (not
@@ -92,6 +93,12 @@ static bool add_node(const tr_plan *plan, const tr_trace *t, gpu_fused *k, int i
   return gpu_src_node_supported(p->op, p->meta.dtype, p->nin, in);
 }
 
+/* whether node i is read after `last` (so k stores it): fills never are
+   stored, their readers take the scalar or make the fill (tr_run_value) */
+static bool read_after(const tr_plan *plan, int i, int last) {
+  return (plan->escapes[i] || plan->nodes[i].last_use > last) && plan->nodes[i].op != VM_OP_full;
+}
+
 static bool add_output(gpu_fused *k, int i) {
   if (k->nin + k->nout >= GPU_FUSE_MAX_IO) return false;
   k->outs[k->nout++] = i;
@@ -129,7 +136,7 @@ static bool plan_elementwise(const tr_plan *plan, const tr_trace *t, int first, 
     const tr_pnode *p = &plan->nodes[i];
     if (vm_op_table[p->op].kind == VM_KIND_VIEW) continue;
     if (!add_node(plan, t, k, i)) return false;
-    if ((plan->escapes[i] || p->last_use > last) && !add_output(k, i)) return false;
+    if (read_after(plan, i, last) && !add_output(k, i)) return false;
   }
   if (k->nout == 0) return false;
   const vm_meta *it = &plan->nodes[k->outs[0]].meta;
@@ -154,6 +161,40 @@ static void reduce_schedule(const tr_pnode *r, const vm_meta *rin, gpu_red_sched
   }
   gpu_reduce_schedule(r->op, rin->dtype, gpu_reduce_trailing(rin->ndim, rin->shape, r->attr.axes_mask), nout,
                       count, s);
+}
+
+/* The epilogue red+1..last of reduce kernel k (no join) into k itself:
+   every node of the reduction's output shape, reading the reduction,
+   each other, fills, and inputs from outside the group that the
+   producers do not read (they are indexed by the output's position, the
+   producers' by the input's); false (k unchanged) when it cannot be. */
+_Static_assert(GPU_FUSE_MAX_IO <= 32, "gpu_fused.epi_in/epi_out: a bit per operand");
+
+static bool fuse_epilogue(const tr_plan *plan, const tr_trace *t, int red, int last, gpu_fused *k) {
+  gpu_fused keep = *k;
+  const vm_meta *om = &plan->nodes[red].meta;
+  int nin0 = k->nin, nout0 = k->nout;
+  k->epi_last = last;
+  bool ok = true;
+  for (int i = red + 1; i <= last && ok; i++) {
+    const tr_pnode *p = &plan->nodes[i];
+    if (vm_op_table[p->op].kind == VM_KIND_VIEW) continue;
+    ok = tr_meta_shape_is(&p->meta, om->ndim, om->shape);
+    for (int j = 0; j < p->nin && ok; j++) {
+      int r = p->in[j];
+      if (computed(plan, k, r)) ok = r >= red; /* not a producer's per-position value */
+      for (int q = 0; q < nin0 && ok; q++) ok = k->ins[q] != r;
+    }
+    ok = ok && add_node(plan, t, k, i);
+    if (ok && read_after(plan, i, last)) ok = add_output(k, i);
+  }
+  if (!ok) {
+    *k = keep;
+    return false;
+  }
+  for (int q = nin0; q < k->nin; q++) k->epi_in |= 1u << q;
+  for (int q = nout0; q < k->nout; q++) k->epi_out |= 1u << q;
+  return true;
 }
 
 /* a reduce group: its producers and reduction as one kernel (k[0]), the
@@ -182,7 +223,7 @@ static bool plan_reduce_group(const tr_plan *plan, int g, const tr_trace *t, gpu
     if (p->meta.ndim != rin->ndim || memcmp(p->meta.shape, rin->shape, (size_t)rin->ndim * sizeof(int64_t)))
       return false; /* producers run per element of the reduction's input */
     if (!add_node(plan, t, k, i)) return false;
-    if ((plan->escapes[i] || p->last_use > red) && !add_output(k, i)) return false;
+    if (read_after(plan, i, red) && !add_output(k, i)) return false;
   }
   if (!computed(plan, k, r->in[0]) && !add_input(k, r->in[0])) return false;
   gpu_red_sched s;
@@ -192,6 +233,10 @@ static bool plan_reduce_group(const tr_plan *plan, int g, const tr_trace *t, gpu
      full shape only when the reduced dims are the trailing ones */
   for (int q = 0; q < k->nin; q++)
     k->contig[q] = s.variant == GPU_RED_LANE && dense_full(plan, t, k->ins[q], rin);
+  bool epilogue = false;
+  for (int i = red + 1; i <= grp->last && !epilogue; i++)
+    epilogue = vm_op_table[plan->nodes[i].op].kind != VM_KIND_VIEW;
+  if (epilogue && s.join < 0 && fuse_epilogue(plan, t, red, grp->last, k)) return true;
   if (s.join >= 0) {
     gpu_fused *j = &fg->k[fg->nk++];
     memset(j, 0, sizeof *j);
@@ -201,9 +246,6 @@ static bool plan_reduce_group(const tr_plan *plan, int g, const tr_trace *t, gpu
     j->reduce = red;
     j->variant = s.join;
   }
-  bool epilogue = false;
-  for (int i = red + 1; i <= grp->last && !epilogue; i++)
-    epilogue = vm_op_table[plan->nodes[i].op].kind != VM_KIND_VIEW;
   if (epilogue && !plan_elementwise(plan, t, red + 1, grp->last, &fg->k[fg->nk])) {
     memset(&fg->k[fg->nk], 0, sizeof fg->k[0]); /* the epilogue runs op by op */
     epilogue = false;
@@ -269,7 +311,7 @@ static bool rows_fill(const tr_plan *plan, const tr_trace *t, int g, int gb, con
     if (varies) k->varies |= 1ull << (i - first);
     bool shaped = varies ? tr_meta_shape_is(&p->meta, nd, R->shape) : tr_meta_shape_is(&p->meta, nd, rk);
     if (!shaped && (varies || !tr_meta_all_ones(&p->meta, nd))) return false;
-    if ((plan->escapes[i] || p->last_use > last) && (!shaped || !add_output(k, i))) return false;
+    if (read_after(plan, i, last) && (!shaped || !add_output(k, i))) return false;
   }
   if (k->nout == 0) return false;
   for (int q = 0; q < k->nin; q++) {
@@ -463,6 +505,7 @@ static void emit_values(gpu_src *b, const tr_plan *plan, const tr_trace *t, cons
 static void emit_nodes(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k, const char *flat,
                        const char *indent) {
   for (int q = 0; q < k->nin; q++) {
+    if ((k->epi_in >> q) & 1u) continue; /* read at the output's position (emit_store) */
     const char *ct = gpu_src_ctype(ref_dtype(plan, t, k->ins[q]));
     if (k->contig[q]) gpu_src_printf(b, "%sconst %s x%d = in%d[%s];\n", indent, ct, q, q, flat);
     else gpu_src_printf(b, "%sconst %s x%d = in%d[f%d];\n", indent, ct, q, q, k->nout + q);
@@ -518,6 +561,36 @@ static void emit_elementwise(gpu_src *b, const tr_plan *plan, const tr_trace *t,
   gpu_src_printf(b, "  }\n}\n");
 }
 
+/* a fused epilogue (gpu_fused.epi_last): `kstore(o, r)` stores result r
+   of output o and computes the epilogue's nodes there, reading its inputs
+   at o's offsets over the kept dims [0, a.axis) */
+static void emit_store(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k) {
+  const tr_pnode *r = &plan->nodes[k->reduce];
+  const char *rt = gpu_src_ctype(r->meta.dtype);
+  gpu_src_printf(b, "  auto kstore = [&](i64 o, %s r) {\n    out[o] = r;\n", rt);
+  bool strided[GPU_FUSE_MAX_IO] = {false};
+  for (int q = 0; q < k->nin; q++)
+    if ((k->epi_in >> q) & 1u) {
+      strided[k->nout + q] = true;
+      gpu_src_printf(b, "    i64 f%d = 0;\n", k->nout + q);
+    }
+  if (k->epi_in) emit_offsets(b, "o", "0", "a.axis", strided, "    ");
+  for (int q = 0; q < k->nin; q++)
+    if ((k->epi_in >> q) & 1u)
+      gpu_src_printf(b, "    const %s x%d = in%d[f%d];\n", gpu_src_ctype(ref_dtype(plan, t, k->ins[q])), q, q,
+                     k->nout + q);
+  gpu_src_printf(b, "    const %s v%d = r;\n", rt, k->reduce - k->first);
+  for (int i = k->reduce + 1; i <= k->epi_last; i++) {
+    const tr_pnode *p = &plan->nodes[i];
+    if (vm_op_table[p->op].kind == VM_KIND_VIEW) continue;
+    gpu_src_printf(b, "    %s v%d;\n", gpu_src_ctype(p->meta.dtype), i - k->first);
+    emit_node(b, plan, t, k, i, "    ");
+  }
+  for (int q = 1; q < k->nout; q++)
+    if ((k->epi_out >> q) & 1u) gpu_src_printf(b, "    o%d[o] = v%d;\n", q, k->outs[q] - k->first);
+  gpu_src_printf(b, "  };\n");
+}
+
 /* a reduction's body: the op kernel's fold (src.h gpu_src_reduce), whose
    position p of output o is computed here.  Each position is read exactly
    once, so producers read later are stored from there.  Operands indexed
@@ -529,8 +602,10 @@ static void emit_reduce(gpu_src *b, const tr_plan *plan, const tr_trace *t, cons
   emit_pointers(&src, plan, t, k, 1);
   bool strided[GPU_FUSE_MAX_IO] = {false}, any = false;
   bool trailing = k->variant == GPU_RED_LANE;
-  for (int q = 1; q < k->nout; q++) strided[q] = !trailing; /* producers' outputs: dense, of the input's shape */
-  for (int q = 0; q < k->nin; q++) strided[k->nout + q] = !k->contig[q];
+  bool epi_out[GPU_FUSE_MAX_IO] = {false};
+  for (int q = 0; q < k->nout; q++) epi_out[q] = (k->epi_out >> q) & 1u;
+  for (int q = 1; q < k->nout; q++) strided[q] = !trailing && !epi_out[q]; /* producers' outputs: dense, of the input's shape */
+  for (int q = 0; q < k->nin; q++) strided[k->nout + q] = !k->contig[q] && !((k->epi_in >> q) & 1u);
   for (int j = 0; j < GPU_FUSE_MAX_IO; j++)
     if (strided[j]) {
       gpu_src_printf(&item, "%s b%d = 0", any ? "," : "    i64", j);
@@ -556,14 +631,16 @@ static void emit_reduce(gpu_src *b, const tr_plan *plan, const tr_trace *t, cons
   }
   emit_nodes(&item, plan, t, k, "flat", "      ");
   for (int q = 1; q < k->nout; q++) {
+    if (epi_out[q]) continue; /* the epilogue's: stored by kstore */
     if (trailing) gpu_src_printf(&item, "      o%d[flat] = v%d;\n", q, k->outs[q] - k->first);
     else gpu_src_printf(&item, "      o%d[f%d] = v%d;\n", q, q, k->outs[q] - k->first);
   }
   char in0[16];
   ref_name(plan, k, r->in[0], in0, sizeof in0);
   gpu_src_printf(&item, "      return %s;\n    };\n", in0);
+  if (k->epi_last) emit_store(&src, plan, t, k);
   if (src.oom || item.oom) b->oom = true;
-  else gpu_src_reduce(b, r->op, dt, k->variant, src.s ? src.s : "", item.s);
+  else gpu_src_reduce(b, r->op, dt, k->variant, src.s ? src.s : "", item.s, k->epi_last ? "kstore" : NULL);
   free(src.s);
   free(item.s);
 }
@@ -706,7 +783,7 @@ static bool emit_kernel(const tr_plan *plan, const tr_trace *t, gpu_fused *k) {
     case GPU_FK_ROWS: emit_rows(&body, plan, t, k); break;
     case GPU_FK_JOIN: {
       const tr_pnode *r = &plan->nodes[k->reduce];
-      gpu_src_reduce(&body, r->op, ref_dtype(plan, t, r->in[0]), k->variant, "", "");
+      gpu_src_reduce(&body, r->op, ref_dtype(plan, t, r->in[0]), k->variant, "", "", NULL);
       break;
     }
   }
@@ -877,6 +954,31 @@ static void reduce_geometry(const vm_meta *rin, uint32_t mask, int nops, const i
   a->ndim = n;
 }
 
+/* st: the strides over R's dims of value ref, read by a fused epilogue at
+   the position of reduction r's output (its shape broadcast to the
+   output's, whose dims are R's kept ones, or all of R's with keepdim; 0
+   along the reduced dims); false if it does not broadcast so */
+static bool epilogue_strides(const tr_plan *plan, const tr_trace *t, vm_tensor **vals, const tr_pnode *r,
+                             const vm_meta *R, int ref, int64_t *st) {
+  vm_tensor *v = tr_run_value(plan, t, vals, ref);
+  const vm_meta *om = &r->meta;
+  if (!v || v->ndim > om->ndim) return false;
+  int64_t ost[KILN_MAX_DIMS];
+  int lead = om->ndim - v->ndim;
+  for (int d = 0; d < om->ndim; d++) {
+    int src = d - lead;
+    if (src >= 0 && v->shape[src] != 1 && v->shape[src] != om->shape[d]) return false;
+    ost[d] = (src < 0 || v->shape[src] == 1) ? 0 : v->strides[src];
+  }
+  bool keep = om->ndim == R->ndim;
+  for (int d = 0, j = 0; d < R->ndim; d++) {
+    bool reduced = (r->attr.axes_mask >> d) & 1u;
+    st[d] = reduced ? 0 : ost[keep ? d : j];
+    if (!reduced) j++;
+  }
+  return true;
+}
+
 /* a fold's arguments over the shape R of reduction r's input: k's inputs
    (REFUSED when one is not as compiled), its outputs from out0 on dense
    of shape R, the geometry, and schedule s's extents */
@@ -890,10 +992,13 @@ static int bind_fold(const gpu_fused *k, const gpu_fuse_target *dev, const tr_pl
   for (int q = out0; q < k->nout; q++) {
     int64_t step = 1;
     for (int d = R->ndim - 1; d >= 0; d--) {
-      st[q][d] = step;
+      st[q][d] = (k->epi_out >> q) & 1u ? 0 : step; /* an epilogue's output is indexed by o */
       step *= R->shape[d];
     }
   }
+  for (int q = 0; q < k->nin; q++)
+    if ((k->epi_in >> q) & 1u && !epilogue_strides(plan, t, vals, r, R, k->ins[q], st[k->nout + q]))
+      return REFUSED;
   reduce_geometry(R, r->attr.axes_mask, k->nout + k->nin, (const int64_t(*)[KILN_MAX_DIMS])st, a);
   a->n = s->n;
   memcpy(a->extent, s->extent, sizeof a->extent);
@@ -975,7 +1080,7 @@ bool gpu_fused_run(const gpu_fused_group *fg, const gpu_fuse_target *dev, const 
   const gpu_fused *epilogue = fg->k[fg->nk - 1].kind == GPU_FK_ELEMENTWISE ? &fg->k[fg->nk - 1] : NULL;
   int how = run_reduce(k, join, dev, plan, t, vals, rc);
   if (how == REFUSED) return false;
-  *resume = k->reduce + 1;
+  *resume = (k->epi_last ? k->epi_last : k->reduce) + 1;
   if (how == FAILED || !epilogue || !epilogue->fn) return true;
   how = run_elementwise(epilogue, dev, plan, t, vals, rc);
   if (how != REFUSED) *resume = epilogue->last + 1;

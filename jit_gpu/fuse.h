@@ -72,6 +72,12 @@ typedef struct gpu_fused {
   int variant;                      /* REDUCE, JOIN: its pass (opgen.h GPU_RED_*) */
   int nin, nout, nparams;
   int vec;                          /* ELEMENTWISE: elements per vector access (0: none; fuse.c) */
+  /* REDUCE without a join: its epilogue, nodes reduce+1..epi_last (0:
+     none, or a kernel of its own), computed per output as its result is
+     stored; epi_in / epi_out: the inputs it reads at the output's
+     position and the outputs it writes there (bit q) */
+  int epi_last;
+  uint32_t epi_in, epi_out;
   int ins[GPU_FUSE_MAX_IO];         /* plan refs read (< 0: leaves) */
   bool contig[GPU_FUSE_MAX_IO];     /* compiled for a dense input of the full shape (flat index) */
   int outs[GPU_FUSE_MAX_IO];        /* plan nodes written (REDUCE: the reduction first) */
@@ -87,10 +93,10 @@ typedef struct gpu_fused {
 } gpu_fused;
 
 /* a plan group's kernels, in launch order: one elementwise kernel; or a
-   reduction with its producers, its join when the reduction is long, and
-   its epilogue's elementwise kernel (optional: without it, or when its
-   inputs do not have the layout it was compiled for, the epilogue runs op
-   by op) */
+   reduction with its producers and its epilogue (one kernel), or with its
+   join when the reduction is long and its epilogue's elementwise kernel
+   (optional: without it, or when its inputs do not have the layout it was
+   compiled for, the epilogue runs op by op) */
 #define GPU_FUSE_MAX_KERNELS 3
 typedef struct gpu_fused_group {
   int group;

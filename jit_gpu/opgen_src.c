@@ -257,6 +257,8 @@ bool gpu_op_key_supported(const gpu_op_key *k) {
 /* --- the prelude: types, gpu_args with its layout asserts, helpers ---------------- */
 
 static const char prelude_helpers[] =
+    "/* a reduction pass's plain store of result v of item i (src.h gpu_src_reduce) */\n"
+    "#define k_store_out(i, v) (out[i] = (v))\n"
     "__device__ __forceinline__ float k_fmax(float x, float y) {\n"
     "  return (x != x || x > y || (x == y && (__float_as_uint(y) >> 31))) ? x : y;\n"
     "}\n"
@@ -552,7 +554,8 @@ static void emit_leaf(sbuf *b, const gpu_op_key *k, const char *name) {
    per block.  Fold blocks of VM_FOLD_BLOCK positions: lane l of L = 256 /
    sizeof(A) folds positions r + l (a warp holds L / 32 lanes per thread),
    the block's tail goes into lane 0, then the tree w = L/2 .. 1; the
-   item's acc joins its blocks in order.  Writes (T)acc at out[item]. */
+   item's acc joins its blocks in order.  Writes (T)acc at out[item]
+   (through $STORE: a fused kernel's epilogue, src.h). */
 static const char lane_kernel[] =
     "  typedef $T T;\n"
     "  typedef $A A;\n"
@@ -591,7 +594,7 @@ static const char lane_kernel[] =
     "    if (active && wig == 0 && lane == 0) {\n"
     "      A acc = $INIT;\n"
     "      for (i64 bk = 0; bk < nb; bk++) acc = $COMB(acc, part[group][bk]);\n"
-    "      out[item] = (T)acc;\n"
+    "      $STORE(item, (T)acc);\n"
     "    }\n"
     "    __syncthreads();\n"
     "  }\n"
@@ -676,14 +679,15 @@ static const char col_kernel[] =
     "      for (i64 p = pb; p < pe; p++) blk = $COMB(blk, (A)ld(p));\n"
     "      acc = $COMB(acc, blk);\n"
     "    }\n"
-    "    out[i] = (O)acc;\n"
+    "    $STORE(i, (O)acc);\n"
     "  }\n"
     "}\n";
 
 /* a reduction pass's body (src.h gpu_src_reduce) */
 static void reduce_body(sbuf *b, vm_opcode op, kiln_dtype t, int variant, bool contig, const char *src,
-                        const char *item) {
+                        const char *item, const char *store) {
   kiln_dtype acc = accum_dtype(op, t);
+  if (!store) store = "k_store_out";
   char block[32], lanes[32], nblk[32];
   snprintf(block, sizeof block, "%d", VM_FOLD_BLOCK);
   snprintf(nblk, sizeof nblk, "%d", (int)(VM_FOLD_CHUNK / VM_FOLD_BLOCK));
@@ -695,7 +699,7 @@ static void reduce_body(sbuf *b, vm_opcode op, kiln_dtype t, int variant, bool c
     bool two = per_thread == 2;
     const char *vars[] = {"T", ctype[t], "A", ctype[acc], "NBLK", nblk, "BLOCK", block,
                           "INIT", reduce_init(op, acc), "COMB", reduce_comb(op), "L", lanes,
-                          "CONTIG", contig ? "true" : "false", "SRC", src, "ITEM", item,
+                          "CONTIG", contig ? "true" : "false", "SRC", src, "ITEM", item, "STORE", store,
                           "L1_DECL", two ? "        A l1 = $INIT;\n" : "",
                           "L1_STEP", two ? "          l1 = $COMB(l1, (A)ld(pb + r + lane + 32));\n" : "",
                           "L1_JOIN", two ? "        l0 = $COMB(l0, l1);\n" : "", NULL};
@@ -715,7 +719,8 @@ static void reduce_body(sbuf *b, vm_opcode op, kiln_dtype t, int variant, bool c
   /* COL writes T outputs, COL_PART A partials */
   kiln_dtype o = variant == GPU_RED_COL ? t : acc;
   const char *vars[] = {"T", ctype[t], "A", ctype[acc], "OUT", ctype[o], "BLOCK", block,
-                        "INIT", reduce_init(op, acc), "COMB", reduce_comb(op), "SRC", src, "ITEM", item, NULL};
+                        "INIT", reduce_init(op, acc), "COMB", reduce_comb(op), "SRC", src, "ITEM", item,
+                        "STORE", store, NULL};
   sb_subst(b, col_kernel, vars);
 }
 
@@ -735,7 +740,7 @@ static const char op_col_item[] =
 static void emit_reduce(sbuf *b, const gpu_op_key *k, const char *name) {
   kernel_open(b, name);
   reduce_body(b, (vm_opcode)k->op, (kiln_dtype)k->in_dtype[0], k->variant, k->contiguous & 2, op_reduce_src,
-              k->variant == GPU_RED_LANE ? op_lane_item : op_col_item);
+              k->variant == GPU_RED_LANE ? op_lane_item : op_col_item, NULL);
 }
 
 /* argmax/argmin over dim a.axis (length a.shape[axis], stride
@@ -1037,8 +1042,9 @@ void gpu_src_prelude(gpu_src *b) { emit_prelude(b); }
 
 const char *gpu_src_ctype(kiln_dtype dt) { return ctype[dt]; }
 
-void gpu_src_reduce(gpu_src *b, vm_opcode op, kiln_dtype t, int variant, const char *src, const char *item) {
-  reduce_body(b, op, t, variant, false, src, item);
+void gpu_src_reduce(gpu_src *b, vm_opcode op, kiln_dtype t, int variant, const char *src, const char *item,
+                    const char *store) {
+  reduce_body(b, op, t, variant, false, src, item, store);
 }
 
 void gpu_src_row_fold(gpu_src *b, vm_opcode op, kiln_dtype t, int pass, const char *ld, const char *dst) {

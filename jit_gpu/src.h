@@ -46,8 +46,12 @@ void gpu_src_node(gpu_src *b, vm_opcode op, kiln_dtype out, int nin, const kiln_
    same names).  The fold passes (LANE, COL, COL_PART) read position p of
    output o through `ld(p)`: src declares what the kernel needs once, item
    (run per output o, with `count` known) defines `auto ld = [&](i64 p) ->
-   T {...}`.  The joins read partials from a.ptr[1] and ignore both. */
-void gpu_src_reduce(gpu_src *b, vm_opcode op, kiln_dtype t, int variant, const char *src, const char *item);
+   T {...}`.  The joins read partials from a.ptr[1] and ignore both.  A
+   pass writes each result r of item i (the output when there is no join)
+   with store(i, r): NULL stores it at out[i] (k_store_out); a fused
+   kernel's src defines a lambda that computes its epilogue from it. */
+void gpu_src_reduce(gpu_src *b, vm_opcode op, kiln_dtype t, int variant, const char *src, const char *item,
+                    const char *store);
 /* A row kernel's fold of one row (jit_gpu/fuse.c): the lane order of
    GPU_RED_LANE for a row of at most VM_FOLD_CHUNK positions, so the same
    bits as the op kernel; position p read through `ld(p)` (a lambda of the

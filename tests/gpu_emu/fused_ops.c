@@ -258,6 +258,26 @@ static void p_escape(outs *o, int64_t R, int64_t C) {
   put(o, kiln_sum(kiln_add(xt, x), 1, AX(0), true));
 }
 
+/* epilogues fused into their reduction's kernel that read leaves at the
+   output's position: SGD on a bias (the column sum of a gradient, over
+   axis 0, and the row sums, over axis 1), a broadcast [1, C] operand with
+   keepdim, a fill, a value of the fold kept for later, and a reduction of
+   the middle dim */
+static void p_epilogue_inputs(outs *o, int64_t R, int64_t C) {
+  kiln_tensor *g = input(KILN_F32, 2, S(R, C), 36, false), *b = input(KILN_F32, 1, S(C), 37, false);
+  kiln_tensor *c = input(KILN_F32, 1, S(R), 38, false), *w = input(KILN_F32, 2, S(1, C), 39, false);
+  kiln_tensor *h = input(KILN_F64, 2, S(C, R), 40, false), *hb = input(KILN_F64, 2, S(C, 1), 41, false);
+  put(o, kiln_sub(b, kiln_mul_scalar(kiln_sum(g, 1, AX(0), false), 0.05)));
+  put(o, kiln_add(c, kiln_sum(kiln_mul(g, g), 1, AX(1), false)));
+  kiln_tensor *m = kiln_max(g, 1, AX(0), true);
+  put(o, kiln_mul(kiln_sub(m, w), w));
+  put(o, m);
+  put(o, kiln_div(kiln_sum(h, 1, AX(1), true), kiln_add_scalar(hb, 3.0)));
+  /* the middle of three dims: the output's dims are R's first and last */
+  kiln_tensor *y = input(KILN_F32, 3, S(3, 4, C), 42, false), *z = input(KILN_F32, 2, S(3, C), 43, false);
+  put(o, kiln_sub(kiln_sum(y, 1, AX(1), false), z));
+}
+
 /* a random elementwise chain, then a random reduction of it */
 static void p_random_reduce(outs *o, uint64_t seed) {
   p_random(o, seed % 2 ? KILN_F64 : KILN_F32, seed + 500);
@@ -347,6 +367,7 @@ static void r_extrema(outs *o, int v) { p_extrema(o, v ? 17 : 5, v ? 90 : 12); }
 static void r_escape(outs *o, int v) { p_escape(o, v ? 19 : 4, v ? 70 : 9); }
 static void r_rand_reduce(outs *o, int v) { p_random_reduce(o, (uint64_t)v); }
 /* rows of 9000 positions fold with several warps per row */
+static void r_epilogue_inputs(outs *o, int v) { p_epilogue_inputs(o, v ? 300 : 9, v ? 70 : 5); }
 static void r_layer_norm(outs *o, int v) { p_layer_norm(o, v ? 5 : 33, v ? 9000 : 40); }
 static void r_rows_mixed(outs *o, int v) { p_rows_mixed(o, v ? 13 : 6, v ? 300 : 7); }
 static void r_rows_dtypes(outs *o, int v) { p_rows_dtypes(o, v ? 3 : 2, v ? 5 : 3, v ? 70 : 4); }
@@ -362,7 +383,7 @@ static const program programs[] = {
     {"extrema", r_extrema, true, false},      {"escape", r_escape, true, true},
     {"layer_norm", r_layer_norm, true, true}, {"rows_mixed", r_rows_mixed, true, true},
     {"rows_dtypes", r_rows_dtypes, true, true}, {"softmax", r_softmax, true, true},
-    {"offset", r_offset, false, false},
+    {"offset", r_offset, false, false},       {"epilogue_inputs", r_epilogue_inputs, true, false},
 };
 #define NPROG (int)(sizeof programs / sizeof programs[0])
 #define NRANDOM 24 /* elementwise chains, and as many with a reduction after them */
@@ -376,6 +397,7 @@ static long fused_launches, kind_launches[4]; /* by gpu_fkind */
 /* elementwise kernels with a vector path (fuse.c): launches that took it,
    and launches that could not (an operand off its vector boundary) */
 static long vector_launches, unaligned_launches;
+static long epilogue_launches; /* reduce kernels that computed their epilogue too */
 static bool verbose;
 #endif
 /* the kernel names the current run planned (shape-generic kernels: a
@@ -493,6 +515,7 @@ static bool emu_launch_fused(const gpu_fused *k, const gpu_fargs *args, unsigned
   }
   fused_launches++;
   kind_launches[k->kind]++;
+  if (k->kind == GPU_FK_REDUCE && k->epi_last) epilogue_launches++;
   if (k->kind == GPU_FK_ELEMENTWISE && k->vec) {
     if (args->extent[0]) vector_launches++;
     else unaligned_launches++;
@@ -697,7 +720,13 @@ int main(void) {
   printf("%ld fused launches (%ld elementwise, %ld reductions, %ld joins, %ld row kernels), %d distinct kernels\n",
          fused_launches, kind_launches[GPU_FK_ELEMENTWISE], kind_launches[GPU_FK_REDUCE], kind_launches[GPU_FK_JOIN],
          kind_launches[GPU_FK_ROWS], nall);
-  printf("%ld vector launches, %ld with an operand off its vector boundary\n", vector_launches, unaligned_launches);
+  printf("%ld vector launches, %ld with an operand off its vector boundary; %ld reductions with their epilogue\n",
+         vector_launches, unaligned_launches, epilogue_launches);
+  checks++;
+  if (epilogue_launches == 0) {
+    printf("no reduction computed its epilogue in its own kernel\n");
+    fails++;
+  }
   checks++;
   if (!only && (vector_launches == 0 || unaligned_launches == 0)) { /* the aligned programs; p_offset */
     printf("the vector path and the scalar path of vector kernels must both have run\n");
