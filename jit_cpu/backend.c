@@ -75,5 +75,6 @@ const vm_backend cpu_backend = {
   .has_kernel = cpu_has_kernel,
   .run_group = cpu_group,
   .fuses_gathers = true,
+  .fuses_moves = true,
 #endif
 };

@@ -319,7 +319,20 @@ static bool cuda_launch(const gpu_fused *k, const gpu_fargs *args, unsigned grid
   return gpu_kernel_launch(k->fn, k->name, &a, grid, block);
 }
 
-static const gpu_fuse_target cuda_target = {KILN_CUDA, cuda_alloc, cuda_launch};
+/* a fused kernel's gather: its indices checked by the op path's check
+   kernel into the thread's record, named after the op (opgen.h) */
+static bool cuda_check_indices(vm_tensor *idx, int64_t size, int axis, const char *api) {
+  gpu_op_plan p;
+  if (!gpu_op_plan_index_check(idx, size, axis, &p)) return false;
+  const char *was = vm_thread()->api;
+  vm_set_api(api);
+  bool ok = gpu_run_op_plan(&p);
+  vm_set_api(was);
+  gpu_op_plan_free(&p);
+  return ok;
+}
+
+static const gpu_fuse_target cuda_target = {KILN_CUDA, cuda_alloc, cuda_launch, cuda_check_indices};
 
 static bool gpu_group(const void *compiled, const tr_plan *plan, const tr_trace *t, int g, vm_tensor **vals,
                       int *rc, int *resume, int *last_group) {
@@ -345,4 +358,5 @@ const vm_backend gpu_backend = {
   .plan_free = compiled_free,
   .has_kernel = gpu_has_kernel,
   .run_group = gpu_group,
+  .fuses_gathers = true, /* fuse.c: an indirect load; scatters, concats and arg-scans stay data groups */
 };

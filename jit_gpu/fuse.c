@@ -45,12 +45,25 @@ static bool dense_full(const tr_plan *plan, const tr_trace *t, int r, const vm_m
   return v && vm_is_contiguous(v);
 }
 
-static bool add_input(gpu_fused *k, int r) {
+/* input r read in role (fuse.h GPU_IN_*) along axis: its index q, or -1
+   when k is full */
+static int add_input_as(gpu_fused *k, int r, int role, int axis) {
   for (int q = 0; q < k->nin; q++)
-    if (k->ins[q] == r) return true;
-  if (k->nin + k->nout >= GPU_FUSE_MAX_IO) return false;
-  k->ins[k->nin++] = r;
-  return true;
+    if (k->ins[q] == r && k->role[q] == role && (role == GPU_IN_PLAIN || k->role_axis[q] == axis)) return q;
+  if (k->nin + k->nout >= GPU_FUSE_MAX_IO) return -1;
+  k->role[k->nin] = (uint8_t)role;
+  k->role_axis[k->nin] = (int8_t)axis;
+  k->ins[k->nin] = r;
+  return k->nin++;
+}
+
+static bool add_input(gpu_fused *k, int r) { return add_input_as(k, r, GPU_IN_PLAIN, 0) >= 0; }
+
+/* the input q that k reads r through in role (it was added) */
+static int input_of(const gpu_fused *k, int r, int role, int axis) {
+  for (int q = 0; q < k->nin; q++)
+    if (k->ins[q] == r && k->role[q] == role && (role == GPU_IN_PLAIN || k->role_axis[q] == axis)) return q;
+  return -1;
 }
 
 /* views run on the interpreter before a group's kernels: they may only
@@ -83,6 +96,14 @@ static bool outside_fill(const tr_plan *plan, const gpu_fused *k, int r) {
 static bool add_node(const tr_plan *plan, const tr_trace *t, gpu_fused *k, int i) {
   const tr_pnode *p = &plan->nodes[i];
   if (p->op == VM_OP_full) return add_param(k, i);
+  if (vm_op_gathers(p->op)) { /* source and index from outside k (trace/plan.c in_place) */
+    int src = p->in[0], idx = p->in[1], axis = p->attr.axis;
+    if (p->nin != 2 || computed(plan, k, src) || computed(plan, k, idx) || outside_fill(plan, k, src) ||
+        outside_fill(plan, k, idx) || ref_dtype(plan, t, idx) != KILN_I64 || ref_dtype(plan, t, src) != p->meta.dtype)
+      return false;
+    return add_input_as(k, src, GPU_IN_SOURCE, axis) >= 0 &&
+           add_input_as(k, idx, p->op == VM_OP_index_select ? GPU_IN_SELECT : GPU_IN_PLAIN, axis) >= 0;
+  }
   if (p->nin > 3) return false;
   kiln_dtype in[3];
   for (int j = 0; j < p->nin; j++) {
@@ -140,7 +161,7 @@ static bool plan_elementwise(const tr_plan *plan, const tr_trace *t, int first, 
   }
   if (k->nout == 0) return false;
   const vm_meta *it = &plan->nodes[k->outs[0]].meta;
-  for (int q = 0; q < k->nin; q++) k->contig[q] = dense_full(plan, t, k->ins[q], it);
+  for (int q = 0; q < k->nin; q++) k->contig[q] = k->role[q] == GPU_IN_PLAIN && dense_full(plan, t, k->ins[q], it);
   k->vec = vector_width(plan, t, k);
   return true;
 }
@@ -179,7 +200,7 @@ static bool fuse_epilogue(const tr_plan *plan, const tr_trace *t, int red, int l
   for (int i = red + 1; i <= last && ok; i++) {
     const tr_pnode *p = &plan->nodes[i];
     if (vm_op_table[p->op].kind == VM_KIND_VIEW) continue;
-    ok = tr_meta_shape_is(&p->meta, om->ndim, om->shape);
+    ok = tr_meta_shape_is(&p->meta, om->ndim, om->shape) && !vm_op_gathers(p->op);
     for (int j = 0; j < p->nin && ok; j++) {
       int r = p->in[j];
       if (computed(plan, k, r)) ok = r >= red; /* not a producer's per-position value */
@@ -232,7 +253,7 @@ static bool plan_reduce_group(const tr_plan *plan, int g, const tr_trace *t, gpu
   /* the flat index o * count + p is the element's in a dense input of the
      full shape only when the reduced dims are the trailing ones */
   for (int q = 0; q < k->nin; q++)
-    k->contig[q] = s.variant == GPU_RED_LANE && dense_full(plan, t, k->ins[q], rin);
+    k->contig[q] = s.variant == GPU_RED_LANE && k->role[q] == GPU_IN_PLAIN && dense_full(plan, t, k->ins[q], rin);
   bool epilogue = false;
   for (int i = red + 1; i <= grp->last && !epilogue; i++)
     epilogue = vm_op_table[plan->nodes[i].op].kind != VM_KIND_VIEW;
@@ -295,7 +316,7 @@ static bool rows_fill(const tr_plan *plan, const tr_trace *t, int g, int gb, con
   for (int i = first; i <= last; i++) {
     const tr_pnode *p = &plan->nodes[i];
     bool is_red = vm_op_table[p->op].kind == VM_KIND_REDUCE, varies = false;
-    if (p->nin > 3) return false;
+    if (p->nin > 3 || vm_op_gathers(p->op)) return false; /* a row kernel gathers nothing */
     for (int j = 0; j < p->nin; j++) {
       int r = p->in[j];
       varies |= r >= first && r <= last ? row_varies(k, r) : !tr_meta_const_along(ref_meta(plan, t, r), R, axes);
@@ -383,10 +404,12 @@ static void emit_fargs(gpu_src *b) {
                  "  u64 param[%d];\n"
                  "  i64 n;\n"
                  "  i64 extent[4];\n"
+                 "  i64 gstride[%d];\n"
+                 "  i64 gextent[%d];\n"
                  "  i32 ndim;\n"
                  "  i32 axis;\n"
                  "};\n",
-                 GPU_FUSE_MAX_IO, GPU_FUSE_MAX_IO, GPU_FUSE_MAX_PARAMS);
+                 GPU_FUSE_MAX_IO, GPU_FUSE_MAX_IO, GPU_FUSE_MAX_PARAMS, GPU_FUSE_MAX_IO, GPU_FUSE_MAX_IO);
   gpu_src_printf(b, "static_assert(sizeof(gpu_fargs) == %zu, \"gpu_fargs: host and device layouts differ\");\n",
                  sizeof(gpu_fargs));
   GPU_SRC_ASSERT_FIELD(b, gpu_fargs, ptr);
@@ -395,6 +418,8 @@ static void emit_fargs(gpu_src *b) {
   GPU_SRC_ASSERT_FIELD(b, gpu_fargs, param);
   GPU_SRC_ASSERT_FIELD(b, gpu_fargs, n);
   GPU_SRC_ASSERT_FIELD(b, gpu_fargs, extent);
+  GPU_SRC_ASSERT_FIELD(b, gpu_fargs, gstride);
+  GPU_SRC_ASSERT_FIELD(b, gpu_fargs, gextent);
   GPU_SRC_ASSERT_FIELD(b, gpu_fargs, ndim);
   GPU_SRC_ASSERT_FIELD(b, gpu_fargs, axis);
   /* V elements of T moved as one access of V * sizeof(T) bytes (16 at most) */
@@ -426,9 +451,7 @@ static void ref_name(const tr_plan *plan, const gpu_fused *k, int r, char *buf, 
       snprintf(buf, cap, "prm%d", s);
       return;
     }
-  int q = 0;
-  while (k->ins[q] != r) q++;
-  snprintf(buf, cap, "x%d", q);
+  snprintf(buf, cap, "x%d", input_of(k, r, GPU_IN_PLAIN, 0));
 }
 
 /* the pointers to k's outputs (from out0) and inputs, and the values of
@@ -476,6 +499,15 @@ static void emit_node(gpu_src *b, const tr_plan *plan, const tr_trace *t, const 
     gpu_src_printf(b, ";\n");
     return;
   }
+  if (vm_op_gathers(p->op)) { /* the source at its offset without the axis, plus the clamped index's */
+    int axis = p->attr.axis, qs = input_of(k, p->in[0], GPU_IN_SOURCE, axis);
+    int qi = input_of(k, p->in[1], p->op == VM_OP_index_select ? GPU_IN_SELECT : GPU_IN_PLAIN, axis);
+    gpu_src_printf(b, "%s{\n%s  const i64 e = a.gextent[%d], j = x%d < 0 ? 0 : x%d >= e ? e - 1 : x%d;\n", indent,
+                   indent, qs, qi, qi, qi);
+    gpu_src_printf(b, "%s  v%d = in%d[f%d + j * a.gstride[%d]];\n%s}\n", indent, i - k->first, qs, k->nout + qs, qs,
+                   indent);
+    return;
+  }
   char names[3][16], dst[16];
   const char *args[3];
   kiln_dtype in[3];
@@ -506,6 +538,7 @@ static void emit_nodes(gpu_src *b, const tr_plan *plan, const tr_trace *t, const
                        const char *indent) {
   for (int q = 0; q < k->nin; q++) {
     if ((k->epi_in >> q) & 1u) continue; /* read at the output's position (emit_store) */
+    if (k->role[q] == GPU_IN_SOURCE) continue; /* read at the gathered position (emit_node) */
     const char *ct = gpu_src_ctype(ref_dtype(plan, t, k->ins[q]));
     if (k->contig[q]) gpu_src_printf(b, "%sconst %s x%d = in%d[%s];\n", indent, ct, q, q, flat);
     else gpu_src_printf(b, "%sconst %s x%d = in%d[f%d];\n", indent, ct, q, q, k->nout + q);
@@ -845,6 +878,28 @@ static int failed(int *rc, vm_tensor **outs, int n, int code, const char *what, 
   return FAILED;
 }
 
+/* input q of k read by position along its axis (fuse.h GPU_IN_SOURCE,
+   GPU_IN_SELECT): its strides over the iteration's nd dims `shape` (a
+   source's own, 0 along the axis; an index_select's index along the axis
+   only) and a source's stride and extent along the axis; false when it
+   does not fit (as jit_cpu's input_strides) */
+static bool moved_strides(const gpu_fused *k, int q, const vm_tensor *v, int nd, const int64_t *shape, int64_t *st,
+                          gpu_fargs *a) {
+  int axis = k->role_axis[q];
+  bool source = k->role[q] == GPU_IN_SOURCE;
+  if (axis < 0 || axis >= nd || v->ndim != (source ? nd : 1)) return false;
+  for (int d = 0; d < nd; d++) {
+    if (source && d != axis && v->shape[d] != shape[d]) return false;
+    st[d] = shape[d] == 1 ? 0 : !source ? (d == axis ? v->strides[0] : 0) : d == axis ? 0 : v->strides[d];
+  }
+  if (source) {
+    a->gstride[q] = v->strides[axis];
+    a->gextent[q] = v->shape[axis];
+    if (a->gextent[q] < 1) return false; /* nothing to clamp into: the op-by-op path reports it */
+  }
+  return true;
+}
+
 /* k's inputs into a (pointers) and st (strides over shape's nd dims, 0 on
    broadcast dims); REFUSED when one is not where, or not laid out as, k
    was compiled for */
@@ -854,6 +909,11 @@ static int bind_inputs(const gpu_fused *k, const gpu_fuse_target *dev, const tr_
   for (int q = 0; q < k->nin; q++) {
     vm_tensor *v = tr_run_value(plan, t, vals, k->ins[q]);
     if (!v || v->ndim > nd || !v->storage || v->storage->device != dev->device) return REFUSED;
+    if (k->role[q] != GPU_IN_PLAIN) {
+      if (!moved_strides(k, q, v, nd, shape, st[k->nout + q], a)) return REFUSED;
+      a->ptr[k->nout + q] = vm_data(v);
+      continue;
+    }
     if (k->contig[q] && (v->ndim != nd || !vm_is_contiguous(v) ||
                          memcmp(v->shape, shape, (size_t)nd * sizeof(int64_t))))
       return REFUSED; /* compiled to index it by the flat position */
@@ -863,6 +923,23 @@ static int bind_inputs(const gpu_fused *k, const gpu_fuse_target *dev, const tr_
       st[k->nout + q][d] = (src < 0 || v->shape[src] == 1) ? 0 : v->strides[src];
     }
     a->ptr[k->nout + q] = vm_data(v);
+  }
+  return RAN;
+}
+
+/* the indices of k's gathers checked before it runs (fuse.h): RAN, or
+   FAILED with *rc when the target reports a bad one at once */
+static int check_gathers(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan, const tr_trace *t,
+                         vm_tensor **vals, int *rc) {
+  for (int i = k->first; i <= k->last; i++) {
+    const tr_pnode *p = &plan->nodes[i];
+    if (!vm_op_gathers(p->op)) continue;
+    vm_tensor *src = tr_run_value(plan, t, vals, p->in[0]), *idx = tr_run_value(plan, t, vals, p->in[1]);
+    int axis = p->attr.axis;
+    if (!dev->check_indices(idx, src->shape[axis], axis, vm_op_api(p->op, &t->nodes[p->src]->attr))) {
+      *rc = vm_thread()->status ? vm_thread()->status : vm_error(KILN_ERR_DEVICE, "checking the indices of %s", k->name);
+      return FAILED;
+    }
   }
   return RAN;
 }
@@ -917,7 +994,8 @@ static int run_elementwise(const gpu_fused *k, const gpu_fuse_target *dev, const
   for (int q = 0; q < k->nout; q++) /* every output spans the iteration */
     if (numel_of(&plan->nodes[k->outs[q]].meta) != a.n) return REFUSED;
   vm_tensor *outs[GPU_FUSE_MAX_IO] = {0};
-  if (alloc_outputs(k, dev, plan, 0, outs, &a, rc) != RAN) return FAILED;
+  if (check_gathers(k, dev, plan, t, vals, rc) != RAN || alloc_outputs(k, dev, plan, 0, outs, &a, rc) != RAN)
+    return FAILED;
   bind_params(k, plan, t, &a);
   a.extent[0] = vector_aligned(k, plan, t, &a);
   int64_t threads = a.extent[0] ? (a.n + k->vec - 1) / k->vec : a.n;
@@ -1015,7 +1093,8 @@ static int run_reduce(const gpu_fused *k, const gpu_fused *join, const gpu_fuse_
   gpu_fargs a; /* the producers' outputs: dense, of the input's shape */
   if (bind_fold(k, dev, plan, t, vals, r, rin, 1, &s, &a) != RAN) return REFUSED;
   vm_tensor *outs[GPU_FUSE_MAX_IO] = {0};
-  if (alloc_outputs(k, dev, plan, 0, outs, &a, rc) != RAN) return FAILED;
+  if (check_gathers(k, dev, plan, t, vals, rc) != RAN || alloc_outputs(k, dev, plan, 0, outs, &a, rc) != RAN)
+    return FAILED;
   bind_params(k, plan, t, &a);
   int64_t nout = numel_of(&r->meta);
   if (nout > 0) {

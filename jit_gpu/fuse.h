@@ -42,6 +42,8 @@ typedef struct gpu_fargs {
   int64_t n;                                     /* elements (reductions: the pass's items) */
   int64_t extent[4];                             /* reductions: as gpu_args's (jit_gpu/opgen.c);
                                                     elementwise: extent[0] = 1 runs the vector path */
+  int64_t gstride[GPU_FUSE_MAX_IO];              /* input q a gather's source: its stride along the axis */
+  int64_t gextent[GPU_FUSE_MAX_IO];              /* ... and its extent there (indices clamp into it) */
   int32_t ndim;
   int32_t axis;                                  /* reductions: dims [0, axis) kept, [axis, ndim) reduced */
 } gpu_fargs;
@@ -64,6 +66,16 @@ typedef enum {
    needs them, not kept: the row's inputs are read again from cache. */
 #define GPU_ROW_MAX_NODES 64
 
+/* How a fused kernel reads an input (gpu_fused.role): at the iteration's
+   position; as a gather's or index_select's source (its offset without
+   the axis, plus the index times gstride: trace/plan.c in_place, the
+   plan's vm_backend.fuses_gathers); or as an index_select's 1-d index
+   (along the axis only).  The source and index come from outside the
+   kernel; the runner checks the indices on the device before the launch
+   (gpu_fuse_target.check_indices) and the kernel clamps them, so no read
+   leaves the source. */
+enum { GPU_IN_PLAIN, GPU_IN_SOURCE, GPU_IN_SELECT };
+
 /* one fused kernel */
 typedef struct gpu_fused {
   gpu_fkind kind;
@@ -79,6 +91,8 @@ typedef struct gpu_fused {
   int epi_last;
   uint32_t epi_in, epi_out;
   int ins[GPU_FUSE_MAX_IO];         /* plan refs read (< 0: leaves) */
+  uint8_t role[GPU_FUSE_MAX_IO];    /* GPU_IN_* of each */
+  int8_t role_axis[GPU_FUSE_MAX_IO]; /* SOURCE, SELECT: the axis */
   bool contig[GPU_FUSE_MAX_IO];     /* compiled for a dense input of the full shape (flat index) */
   int outs[GPU_FUSE_MAX_IO];        /* plan nodes written (REDUCE: the reduction first) */
   int params[GPU_FUSE_MAX_PARAMS];  /* full nodes */
@@ -120,6 +134,10 @@ typedef struct gpu_fuse_target {
   vm_tensor *(*alloc)(kiln_dtype dt, int ndim, const int64_t *shape);
   /* launches k over args (false + error) */
   bool (*launch)(const gpu_fused *k, const gpu_fargs *args, unsigned grid, unsigned block);
+  /* checks every index of idx against [0, size) before what is launched
+     next, reporting a bad one as the interpreter does (on the GPU at the
+     next read: jit_gpu/opgen.h gpu_index_check); api names the op */
+  bool (*check_indices)(vm_tensor *idx, int64_t size, int axis, const char *api);
 } gpu_fuse_target;
 
 #define GPU_FUSE_BLOCK 256

@@ -473,6 +473,13 @@ static bool plan_index_check(const vm_tensor *idx, int64_t size, int axis, gpu_o
   return true;
 }
 
+bool gpu_op_plan_index_check(const vm_tensor *idx, int64_t size, int axis, gpu_op_plan *p) {
+  memset(p, 0, sizeof *p);
+  if (plan_index_check(idx, size, axis, p)) return true;
+  gpu_op_plan_free(p);
+  return false;
+}
+
 static bool plan_index(vm_opcode op, int n, vm_tensor *const *in, vm_tensor *out,
                        const vm_attr *attr, gpu_op_plan *p) {
   const vm_tensor *a = in[0], *idx = in[1];

@@ -72,6 +72,10 @@ char *gpu_op_source(const gpu_op_key *k);
 bool gpu_op_plan_make(vm_opcode op, int n, vm_tensor *const *in, vm_tensor *out,
                       const vm_attr *attr, gpu_op_plan *p);
 void gpu_op_plan_free(gpu_op_plan *p);
+/* Only the index check of an index op (launch 0 of its plan): idx
+   against [0, size) into the thread's gpu_index_check, for a fused kernel
+   that gathers in place (jit_gpu/fuse.h).  false + error on OOM. */
+bool gpu_op_plan_index_check(const vm_tensor *idx, int64_t size, int axis, gpu_op_plan *p);
 /* Every key gpu_op_plan_make can produce (NVRTC compiles each in CI).
    Writes at most cap keys; returns how many there are. */
 int gpu_op_keys(gpu_op_key *keys, int cap);

@@ -202,6 +202,36 @@ static void p_random(outs *o, kiln_dtype dt, uint64_t seed) {
   if (np > 4) put(o, pool[np - 2]);
 }
 
+/* i64 indices in [0, size), of the given shape */
+static kiln_tensor *indices(int nd, const int64_t *shape, int64_t size, uint64_t seed) {
+  int64_t n = 1;
+  for (int d = 0; d < nd; d++) n *= shape[d];
+  int64_t *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+  rs = seed * 0x9E3779B97F4A7C15ull + 7;
+  for (int64_t i = 0; i < n; i++) v[i] = (int64_t)(rnd() % (uint64_t)size);
+  kiln_tensor *t = kiln_from_data(v, KILN_I64, nd, shape);
+  free(v);
+  return t;
+}
+
+/* gathers and index_selects computed in place (fuse.h GPU_IN_SOURCE): a
+   cross-entropy pick summed (a reduction's producer), an index_select of
+   a transposed (strided) source with its 1-d index, f64 and i32 sources
+   gathered along axis 0 */
+static void p_gathers(outs *o, int64_t R, int64_t C) {
+  kiln_tensor *x = input(KILN_F32, 2, S(R, C), 50, true), *y = input(KILN_F32, 2, S(C, 3), 51, false);
+  kiln_tensor *lab = indices(2, S(R, 1), C, 52);
+  kiln_tensor *picked = kiln_gather(kiln_mul_scalar(x, 2.0), 1, lab);
+  put(o, kiln_sum(kiln_add_scalar(picked, 1.0), 0, NULL, false));
+  kiln_tensor *xt = kiln_transpose(x, 0, 1); /* [C, R], strided */
+  kiln_tensor *rows = indices(1, S(3), R, 53);
+  put(o, kiln_add(kiln_mul_scalar(kiln_index_select(xt, 1, rows), 3.0), y));
+  kiln_tensor *z = input(KILN_F64, 2, S(R, C), 54, false);
+  put(o, kiln_neg(kiln_gather(z, 0, indices(2, S(4, C), R, 55))));
+  kiln_tensor *k = input(KILN_I32, 2, S(R, C), 56, false);
+  put(o, kiln_add(kiln_gather(k, 0, indices(2, S(2, C), R, 57)), kiln_full(3, KILN_I32, 0, NULL)));
+}
+
 /* --- reductions: producers fused into the fold, epilogues after it -------------------- */
 
 #define AX(...) ((const int[]){__VA_ARGS__})
@@ -355,6 +385,7 @@ static void r_i64(outs *o, int v) { p_ints(o, KILN_I64, v ? 9 : 4, v ? 40 : 5); 
 static void r_bool(outs *o, int v) { p_bools(o, v ? 600 : 9); }
 static void r_views(outs *o, int v) { p_views(o, v ? 17 : 3, v ? 9 : 4); }
 static void r_offset(outs *o, int v) { p_offset(o, v ? 1001 : 13); }
+static void r_gathers(outs *o, int v) { p_gathers(o, v ? 70 : 6, v ? 33 : 5); }
 static void r_math32(outs *o, int v) { p_math(o, KILN_F32, v ? 700 : 9); }
 static void r_math64(outs *o, int v) { p_math(o, KILN_F64, v ? 700 : 9); }
 static void r_small(outs *o, int v) { (void)v; p_small(o); }
@@ -384,6 +415,7 @@ static const program programs[] = {
     {"layer_norm", r_layer_norm, true, true}, {"rows_mixed", r_rows_mixed, true, true},
     {"rows_dtypes", r_rows_dtypes, true, true}, {"softmax", r_softmax, true, true},
     {"offset", r_offset, false, false},       {"epilogue_inputs", r_epilogue_inputs, true, false},
+    {"gathers", r_gathers, true, false},
 };
 #define NPROG (int)(sizeof programs / sizeof programs[0])
 #define NRANDOM 24 /* elementwise chains, and as many with a reduction after them */
@@ -398,6 +430,7 @@ static long fused_launches, kind_launches[4]; /* by gpu_fkind */
    and launches that could not (an operand off its vector boundary) */
 static long vector_launches, unaligned_launches;
 static long epilogue_launches; /* reduce kernels that computed their epilogue too */
+static long gather_launches;   /* kernels that gathered in place */
 static bool verbose;
 #endif
 /* the kernel names the current run planned (shape-generic kernels: a
@@ -516,6 +549,11 @@ static bool emu_launch_fused(const gpu_fused *k, const gpu_fargs *args, unsigned
   fused_launches++;
   kind_launches[k->kind]++;
   if (k->kind == GPU_FK_REDUCE && k->epi_last) epilogue_launches++;
+  for (int q = 0; q < k->nin; q++)
+    if (k->role[q] == GPU_IN_SOURCE) {
+      gather_launches++;
+      break;
+    }
   if (k->kind == GPU_FK_ELEMENTWISE && k->vec) {
     if (args->extent[0]) vector_launches++;
     else unaligned_launches++;
@@ -524,7 +562,30 @@ static bool emu_launch_fused(const gpu_fused *k, const gpu_fargs *args, unsigned
   return true;
 }
 
-static const gpu_fuse_target host_target = {KILN_CPU, host_alloc, emu_launch_fused};
+/* the device's index check, on the host: the interpreter's message, at once */
+static long index_checks;
+static bool host_check_indices(vm_tensor *idx, int64_t size, int axis, const char *api) {
+  index_checks++;
+  for (int64_t i = 0; i < idx->numel; i++) {
+    int64_t off = idx->offset, rest = i;
+    for (int d = idx->ndim - 1; d >= 0; d--) {
+      off += rest % idx->shape[d] * idx->strides[d];
+      rest /= idx->shape[d];
+    }
+    int64_t v = ((const int64_t *)idx->storage->data)[off];
+    if (v < 0 || v >= size) {
+      const char *was = vm_thread()->api;
+      vm_set_api(api);
+      vm_error(KILN_ERR_ARG, "index %lld is out of range for axis %d of size %lld", (long long)v, axis,
+               (long long)size);
+      vm_set_api(was);
+      return false;
+    }
+  }
+  return true;
+}
+
+static const gpu_fuse_target host_target = {KILN_CPU, host_alloc, emu_launch_fused, host_check_indices};
 #endif
 
 static bool emu_group(const void *compiled, const tr_plan *plan, const tr_trace *t, int g, vm_tensor **vals,
@@ -540,6 +601,7 @@ static bool emu_group(const void *compiled, const tr_plan *plan, const tr_trace 
 
 static void install_backend(void) {
   emu_backend = *vm_backend_of(KILN_CPU);
+  emu_backend.fuses_moves = false; /* as the CUDA backend's: gathers only (jit_gpu/backend.c) */
   emu_backend.jit_enabled = emu_jit_enabled;
   emu_backend.compile_cost_ms = emu_cost_ms;
   emu_backend.plan_cost_ms = NULL; /* the CPU's would put CPU kernels in its plans */
@@ -722,6 +784,12 @@ int main(void) {
          kind_launches[GPU_FK_ROWS], nall);
   printf("%ld vector launches, %ld with an operand off its vector boundary; %ld reductions with their epilogue\n",
          vector_launches, unaligned_launches, epilogue_launches);
+  printf("%ld kernels gathered in place, after %ld index checks\n", gather_launches, index_checks);
+  checks++;
+  if (gather_launches == 0 || index_checks == 0) {
+    printf("no kernel gathered in place, or its indices were not checked first\n");
+    fails++;
+  }
   checks++;
   if (epilogue_launches == 0) {
     printf("no reduction computed its epilogue in its own kernel\n");
