@@ -929,6 +929,7 @@ static bool launch_one(gpu_thread *t, const gpu_launch *l, char *scratch, size_t
     return cu_ok(rc, what);
   }
   atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
+  if (l->check_mask) t->check_armed = true; /* whatever follows: its record is read */
   return true;
 }
 
@@ -942,10 +943,7 @@ bool gpu_run_op_plan(const gpu_op_plan *p) {
     ok = launch_one(t, &p->launch[i], scratch, p->scratch_bytes);
   /* an index op's record is read where the host waits anyway (a read of a
      value), not here: a plan never waits for the device (opgen.h) */
-  if (ok && gpu_op_plan_has_index_check(p)) {
-    t->check_armed = true;
-    if (sync_checks()) ok = stream_wait(t) && index_checks_read(t);
-  }
+  if (ok && gpu_op_plan_has_index_check(p) && sync_checks()) ok = stream_wait(t) && index_checks_read(t);
   /* work on this stream that uses it runs before any later reuse by it */
   gpu_mem_free(scratch, p->scratch_bytes);
   return ok;
