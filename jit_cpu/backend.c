@@ -75,6 +75,5 @@ const vm_backend cpu_backend = {
   .has_kernel = cpu_has_kernel,
   .run_group = cpu_group,
   .fuses_gathers = true,
-  .fuses_moves = true,
 #endif
 };

@@ -358,5 +358,5 @@ const vm_backend gpu_backend = {
   .plan_free = compiled_free,
   .has_kernel = gpu_has_kernel,
   .run_group = gpu_group,
-  .fuses_gathers = true, /* fuse.c: an indirect load; scatters, concats and arg-scans stay data groups */
+  .fuses_gathers = true, /* fuse.c: indirect loads; scatters, concats and arg-scans per output element */
 };

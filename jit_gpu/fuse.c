@@ -91,11 +91,55 @@ static bool outside_fill(const tr_plan *plan, const gpu_fused *k, int r) {
   return r >= 0 && !computed(plan, k, r) && plan->nodes[r].op == VM_OP_full;
 }
 
+/* k's coordinate along axis (fuse.h GPU_IN_COORD): one axis per kernel */
+static bool add_coord(gpu_fused *k, int axis) {
+  for (int q = 0; q < k->nin; q++)
+    if (k->role[q] == GPU_IN_COORD && k->role_axis[q] != axis) return false;
+  return add_input_as(k, GPU_COORD_REF, GPU_IN_COORD, axis) >= 0;
+}
+
+/* scatter_add, concat, argmax/argmin node i in elementwise kernel k (fuse.h:
+   what they read comes from outside k, but a scatter's base) */
+static bool add_move(const tr_plan *plan, const tr_trace *t, gpu_fused *k, int i) {
+  const tr_pnode *p = &plan->nodes[i];
+  kiln_dtype dt = p->meta.dtype;
+  if (k->kind != GPU_FK_ELEMENTWISE || p->nin < 1 || p->nin > 3) return false;
+  for (int j = p->op == VM_OP_scatter_add ? 1 : 0; j < p->nin; j++)
+    if (computed(plan, k, p->in[j])) return false;
+  int axis = p->attr.axis;
+  if (p->op == VM_OP_scatter_add) {
+    int base = p->in[0], idx = p->in[1], src = p->in[2];
+    if (p->nin != 3 || ref_dtype(plan, t, base) != dt || ref_dtype(plan, t, idx) != KILN_I64 ||
+        ref_dtype(plan, t, src) != dt || outside_fill(plan, k, idx) || outside_fill(plan, k, src))
+      return false;
+    if (outside_fill(plan, k, base) ? !add_param(k, base) : !computed(plan, k, base) && !add_input(k, base))
+      return false;
+    return add_input_as(k, idx, GPU_IN_SCATTER_INDEX, axis) >= 0 && add_input_as(k, src, GPU_IN_SCATTER_SRC, axis) >= 0 &&
+           add_coord(k, axis);
+  }
+  if (p->op == VM_OP_concat) {
+    for (int j = 0; j < p->nin; j++) {
+      int r = p->in[j];
+      if (ref_dtype(plan, t, r) != dt || (outside_fill(plan, k, r) && !add_param(k, r)) ||
+          add_input_as(k, r, GPU_IN_PART, axis) < 0) /* a fill's slot carries only its extent */
+        return false;
+    }
+    return add_coord(k, axis);
+  }
+  uint32_t mask = p->attr.axes_mask;
+  kiln_dtype in = ref_dtype(plan, t, p->in[0]);
+  if (!vm_op_scans(p->op) || p->nin != 1 || dt != KILN_I64 || in == KILN_BOOL || !mask || (mask & (mask - 1)) ||
+      outside_fill(plan, k, p->in[0]))
+    return false;
+  return add_input_as(k, p->in[0], GPU_IN_SCAN, __builtin_ctz(mask)) >= 0;
+}
+
 /* node i, computed per element by k: its params and the inputs it reads
    from outside k; false when the kernels lack it or k is full */
 static bool add_node(const tr_plan *plan, const tr_trace *t, gpu_fused *k, int i) {
   const tr_pnode *p = &plan->nodes[i];
   if (p->op == VM_OP_full) return add_param(k, i);
+  if (p->op == VM_OP_scatter_add || p->op == VM_OP_concat || vm_op_scans(p->op)) return add_move(plan, t, k, i);
   if (vm_op_gathers(p->op)) { /* source and index from outside k (trace/plan.c in_place) */
     int src = p->in[0], idx = p->in[1], axis = p->attr.axis;
     if (p->nin != 2 || computed(plan, k, src) || computed(plan, k, idx) || outside_fill(plan, k, src) ||
@@ -469,6 +513,7 @@ static void emit_pointers(gpu_src *b, const tr_plan *plan, const tr_trace *t, co
     gpu_src_printf(b, "  %s *o%d = (%s *)a.ptr[%d];\n", ct, q, ct, q);
   }
   for (int q = 0; q < k->nin; q++) {
+    if (k->role[q] == GPU_IN_COORD) continue; /* no buffer: its offset is the coordinate */
     const char *ct = gpu_src_ctype(ref_dtype(plan, t, k->ins[q]));
     gpu_src_printf(b, "  const %s *in%d = (const %s *)a.ptr[%d];\n", ct, q, ct, k->nout + q);
   }
@@ -487,6 +532,67 @@ static void emit_offsets(gpu_src *b, const char *from, const char *d0, const cha
   gpu_src_printf(b, "%s  }\n%s}\n", indent, indent);
 }
 
+/* a scatter_add, concat or argmax/argmin node (fuse.h), as the CPU's
+   kernels compute them (jit_cpu/kernel.c emit_scatter, emit_concat,
+   emit_argscan): the interpreter's order, picks for its branches */
+static void emit_move(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k, int i,
+                      const char *indent) {
+  const tr_pnode *p = &plan->nodes[i];
+  kiln_dtype dt = p->meta.dtype;
+  const char *ct = gpu_src_ctype(dt);
+  int axis = p->attr.axis, v = i - k->first;
+  if (vm_op_scans(p->op)) {
+    int q = input_of(k, p->in[0], GPU_IN_SCAN, __builtin_ctz(p->attr.axes_mask)), f = k->nout + q;
+    const char *it = gpu_src_ctype(ref_dtype(plan, t, p->in[0]));
+    bool fl = vm_dtype_is_float(ref_dtype(plan, t, p->in[0]));
+    gpu_src_printf(b, "%s{\n%s  %s best = in%d[f%d];\n%s  i64 bi = 0;\n%s  bool nan = %s;\n", indent, indent, it, q, f,
+                   indent, indent, fl ? "best != best" : "false");
+    gpu_src_printf(b, "%s  for (i64 kk = 1; kk < a.gextent[%d]; kk++) {\n%s    const %s w = in%d[f%d + kk * a.gstride[%d]];\n",
+                   indent, q, indent, it, q, f, q);
+    gpu_src_printf(b, "%s    const bool take = !nan && (w %s best%s);\n", indent, p->op == VM_OP_argmax ? ">" : "<",
+                   fl ? " || w != w" : "");
+    gpu_src_printf(b, "%s    best = take ? w : best;\n%s    bi = take ? kk : bi;\n", indent, indent);
+    if (fl) gpu_src_printf(b, "%s    nan = nan || w != w;\n", indent);
+    gpu_src_printf(b, "%s  }\n%s  v%d = bi;\n%s}\n", indent, indent, v, indent);
+    return;
+  }
+  int qc = input_of(k, GPU_COORD_REF, GPU_IN_COORD, axis);
+  if (p->op == VM_OP_scatter_add) {
+    char base[16];
+    ref_name(plan, k, p->in[0], base, sizeof base);
+    int qi = input_of(k, p->in[1], GPU_IN_SCATTER_INDEX, axis), qs = input_of(k, p->in[2], GPU_IN_SCATTER_SRC, axis);
+    gpu_src_printf(b, "%s{\n%s  %s acc = %s;\n", indent, indent, ct, base);
+    gpu_src_printf(b, "%s  for (i64 kk = 0; kk < a.gextent[%d]; kk++) {\n", indent, qi);
+    gpu_src_printf(b, "%s    const %s sv = in%d[f%d + kk * a.gstride[%d]];\n%s    %s sum;\n%s    ", indent, ct, qs,
+                   k->nout + qs, qs, indent, ct, indent);
+    kiln_dtype dts[2] = {dt, dt};
+    const char *args[2] = {"acc", "sv"};
+    gpu_src_node(b, VM_OP_add, dt, 2, dts, args, "sum");
+    gpu_src_printf(b, "%s    acc = in%d[f%d + kk * a.gstride[%d]] == f%d ? sum : acc;\n%s  }\n", indent, qi, k->nout + qi, qi,
+                   k->nout + qc, indent);
+    gpu_src_printf(b, "%s  v%d = acc;\n%s}\n", indent, v, indent);
+    return;
+  }
+  /* concat: part j at the coordinate less the extents before it, clamped */
+  gpu_src_printf(b, "%s{\n%s  const i64 at = f%d;\n%s  i64 from = 0;\n", indent, indent, k->nout + qc, indent);
+  for (int j = 0; j < p->nin; j++) {
+    int r = p->in[j], q = input_of(k, r, GPU_IN_PART, axis);
+    gpu_src_printf(b, "%s  i64 c%d = at - from;\n%s  c%d = c%d < 0 ? 0 : c%d > a.gextent[%d] - 1 ? a.gextent[%d] - 1 : c%d;\n",
+                   indent, j, indent, j, j, j, q, q, j);
+    if (outside_fill(plan, k, r)) {
+      char name[16];
+      ref_name(plan, k, r, name, sizeof name);
+      gpu_src_printf(b, "%s  const %s p%d = %s;\n", indent, ct, j, name);
+    } else {
+      gpu_src_printf(b, "%s  const %s p%d = in%d[f%d + c%d * a.gstride[%d]];\n", indent, ct, j, q, k->nout + q, j, q);
+    }
+    gpu_src_printf(b, "%s  from += a.gextent[%d];\n%s  const i64 e%d = from;\n", indent, q, indent, j);
+  }
+  gpu_src_printf(b, "%s  v%d = ", indent, v);
+  for (int j = 0; j < p->nin - 1; j++) gpu_src_printf(b, "at < e%d ? p%d : ", j, j);
+  gpu_src_printf(b, "p%d;\n%s}\n", p->nin - 1, indent);
+}
+
 /* node i of k: assigns its value to v<i - first>, declared by the caller */
 static void emit_node(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k, int i,
                           const char *indent) {
@@ -497,6 +603,10 @@ static void emit_node(gpu_src *b, const tr_plan *plan, const tr_trace *t, const 
     gpu_src_printf(b, "%sv%d = ", indent, i - k->first);
     param_expr(b, p->meta.dtype, s);
     gpu_src_printf(b, ";\n");
+    return;
+  }
+  if (p->op == VM_OP_scatter_add || p->op == VM_OP_concat || vm_op_scans(p->op)) {
+    emit_move(b, plan, t, k, i, indent);
     return;
   }
   if (vm_op_gathers(p->op)) { /* the source at its offset without the axis, plus the clamped index's */
@@ -538,7 +648,7 @@ static void emit_nodes(gpu_src *b, const tr_plan *plan, const tr_trace *t, const
                        const char *indent) {
   for (int q = 0; q < k->nin; q++) {
     if ((k->epi_in >> q) & 1u) continue; /* read at the output's position (emit_store) */
-    if (k->role[q] == GPU_IN_SOURCE) continue; /* read at the gathered position (emit_node) */
+    if (k->role[q] != GPU_IN_PLAIN && k->role[q] != GPU_IN_SELECT) continue; /* read where emit_node moves */
     const char *ct = gpu_src_ctype(ref_dtype(plan, t, k->ins[q]));
     if (k->contig[q]) gpu_src_printf(b, "%sconst %s x%d = in%d[%s];\n", indent, ct, q, q, flat);
     else gpu_src_printf(b, "%sconst %s x%d = in%d[f%d];\n", indent, ct, q, q, k->nout + q);
@@ -878,24 +988,47 @@ static int failed(int *rc, vm_tensor **outs, int n, int code, const char *what, 
   return FAILED;
 }
 
-/* input q of k read by position along its axis (fuse.h GPU_IN_SOURCE,
-   GPU_IN_SELECT): its strides over the iteration's nd dims `shape` (a
-   source's own, 0 along the axis; an index_select's index along the axis
-   only) and a source's stride and extent along the axis; false when it
-   does not fit (as jit_cpu's input_strides) */
-static bool moved_strides(const gpu_fused *k, int q, const vm_tensor *v, int nd, const int64_t *shape, int64_t *st,
-                          gpu_fargs *a) {
-  int axis = k->role_axis[q];
-  bool source = k->role[q] == GPU_IN_SOURCE;
-  if (axis < 0 || axis >= nd || v->ndim != (source ? nd : 1)) return false;
-  for (int d = 0; d < nd; d++) {
-    if (source && d != axis && v->shape[d] != shape[d]) return false;
-    st[d] = shape[d] == 1 ? 0 : !source ? (d == axis ? v->strides[0] : 0) : d == axis ? 0 : v->strides[d];
-  }
-  if (source) {
+/* input q of k read by position along its axis (fuse.h GPU_IN_*, not
+   PLAIN): its strides over the iteration's nd dims `shape` and, for what
+   is moved along the axis, its stride and extent there (gstride,
+   gextent); false when it does not fit (as jit_cpu's input_strides).
+   The coordinate and a concat's fill part have no value (v NULL). */
+static bool moved_strides(const gpu_fused *k, const tr_plan *plan, int q, const vm_tensor *v, int nd,
+                          const int64_t *shape, int64_t *st, gpu_fargs *a) {
+  int axis = k->role_axis[q], role = k->role[q];
+  if (role == GPU_IN_SCAN) { /* the scanned axis kept (size 1) or dropped in the output */
+    if (axis < 0 || axis >= v->ndim || (v->ndim != nd && v->ndim != nd + 1)) return false;
+    bool kept = v->ndim == nd;
+    for (int d = 0, e = 0; d < v->ndim; d++) {
+      if (d == axis) {
+        if (kept) st[e++] = 0;
+        continue;
+      }
+      if (v->shape[d] != shape[e]) return false;
+      st[e] = shape[e] == 1 ? 0 : v->strides[d];
+      e++;
+    }
     a->gstride[q] = v->strides[axis];
     a->gextent[q] = v->shape[axis];
-    if (a->gextent[q] < 1) return false; /* nothing to clamp into: the op-by-op path reports it */
+    return a->gextent[q] >= 1;
+  }
+  if (axis < 0 || axis >= nd) return false;
+  if (role == GPU_IN_COORD || !v) { /* the coordinate; a fill part (its extent from the plan) */
+    for (int d = 0; d < nd; d++) st[d] = role == GPU_IN_COORD && d == axis && shape[d] > 1 ? 1 : 0;
+    if (role == GPU_IN_PART) a->gextent[q] = plan->nodes[k->ins[q]].meta.shape[axis];
+    return role == GPU_IN_COORD || a->gextent[q] >= 1;
+  }
+  bool select = role == GPU_IN_SELECT;
+  if (v->ndim != (select ? 1 : nd)) return false;
+  for (int d = 0; d < nd; d++) {
+    if (!select && d != axis && v->shape[d] != shape[d]) return false;
+    st[d] = shape[d] == 1 ? 0 : select ? (d == axis ? v->strides[0] : 0) : d == axis ? 0 : v->strides[d];
+  }
+  if (!select) {
+    a->gstride[q] = v->strides[axis];
+    a->gextent[q] = v->shape[axis];
+    /* nothing to clamp into: the op-by-op path reports it (a scatter of no sources loops 0 times) */
+    if (a->gextent[q] < 1 && role != GPU_IN_SCATTER_INDEX && role != GPU_IN_SCATTER_SRC) return false;
   }
   return true;
 }
@@ -907,13 +1040,22 @@ static int bind_inputs(const gpu_fused *k, const gpu_fuse_target *dev, const tr_
                        vm_tensor **vals, int nd, const int64_t *shape, gpu_fargs *a,
                        int64_t (*st)[KILN_MAX_DIMS]) {
   for (int q = 0; q < k->nin; q++) {
-    vm_tensor *v = tr_run_value(plan, t, vals, k->ins[q]);
-    if (!v || v->ndim > nd || !v->storage || v->storage->device != dev->device) return REFUSED;
+    int r = k->ins[q];
+    bool valueless = k->role[q] == GPU_IN_COORD ||
+                     (k->role[q] == GPU_IN_PART && r >= 0 && plan->nodes[r].op == VM_OP_full);
+    if (valueless) { /* fuse.h: strides and extent only */
+      if (!moved_strides(k, plan, q, NULL, nd, shape, st[k->nout + q], a)) return REFUSED;
+      a->ptr[k->nout + q] = NULL;
+      continue;
+    }
+    vm_tensor *v = tr_run_value(plan, t, vals, r);
+    if (!v || !v->storage || v->storage->device != dev->device) return REFUSED;
     if (k->role[q] != GPU_IN_PLAIN) {
-      if (!moved_strides(k, q, v, nd, shape, st[k->nout + q], a)) return REFUSED;
+      if (!moved_strides(k, plan, q, v, nd, shape, st[k->nout + q], a)) return REFUSED;
       a->ptr[k->nout + q] = vm_data(v);
       continue;
     }
+    if (v->ndim > nd) return REFUSED;
     if (k->contig[q] && (v->ndim != nd || !vm_is_contiguous(v) ||
                          memcmp(v->shape, shape, (size_t)nd * sizeof(int64_t))))
       return REFUSED; /* compiled to index it by the flat position */
@@ -927,16 +1069,18 @@ static int bind_inputs(const gpu_fused *k, const gpu_fuse_target *dev, const tr_
   return RAN;
 }
 
-/* the indices of k's gathers checked before it runs (fuse.h): RAN, or
+/* the indices of k's gathers and scatters checked before it runs (fuse.h): RAN, or
    FAILED with *rc when the target reports a bad one at once */
 static int check_gathers(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan, const tr_trace *t,
                          vm_tensor **vals, int *rc) {
   for (int i = k->first; i <= k->last; i++) {
     const tr_pnode *p = &plan->nodes[i];
-    if (!vm_op_gathers(p->op)) continue;
-    vm_tensor *src = tr_run_value(plan, t, vals, p->in[0]), *idx = tr_run_value(plan, t, vals, p->in[1]);
-    int axis = p->attr.axis;
-    if (!dev->check_indices(idx, src->shape[axis], axis, vm_op_api(p->op, &t->nodes[p->src]->attr))) {
+    bool scatter = p->op == VM_OP_scatter_add;
+    if (!vm_op_gathers(p->op) && !scatter) continue;
+    vm_tensor *idx = tr_run_value(plan, t, vals, p->in[1]);
+    int axis = p->attr.axis; /* a gather's index bounded by its source's extent, a scatter's by its output's */
+    int64_t size = scatter ? p->meta.shape[axis] : tr_run_value(plan, t, vals, p->in[0])->shape[axis];
+    if (!dev->check_indices(idx, size, axis, vm_op_api(p->op, &t->nodes[p->src]->attr))) {
       *rc = vm_thread()->status ? vm_thread()->status : vm_error(KILN_ERR_DEVICE, "checking the indices of %s", k->name);
       return FAILED;
     }

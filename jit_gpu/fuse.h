@@ -74,7 +74,20 @@ typedef enum {
    kernel; the runner checks the indices on the device before the launch
    (gpu_fuse_target.check_indices) and the kernel clamps them, so no read
    leaves the source. */
-enum { GPU_IN_PLAIN, GPU_IN_SOURCE, GPU_IN_SELECT };
+enum { GPU_IN_PLAIN, GPU_IN_SOURCE, GPU_IN_SELECT, GPU_IN_COORD, GPU_IN_SCATTER_INDEX, GPU_IN_SCATTER_SRC,
+       GPU_IN_PART, GPU_IN_SCAN };
+/* The other data movement computed in place (vm_backend.fuses_gathers),
+   only in elementwise kernels, as the CPU's (docs/JIT.md): scatter_add
+   (index and source read at k = 0..m-1 along the axis, gextent = m,
+   summed where the index names the output's coordinate), concat (each
+   part at the coordinate less the extents before it, clamped; a fill part
+   is its parameter, its slot carrying only the extent) and
+   argmax/argmin (a scan along the input's axis, gextent long).  The
+   coordinate along the axis is an input of its own, GPU_IN_COORD: no
+   buffer, strides 1 along the axis and 0 elsewhere, so its offset is the
+   coordinate (one axis per kernel).  Scatter indices are checked like
+   gathers', against the output's extent. */
+#define GPU_COORD_REF INT32_MIN /* the coordinate's ins[] entry: no plan ref */
 
 /* one fused kernel */
 typedef struct gpu_fused {

@@ -230,7 +230,7 @@ static int cse(builder *b, int i, int *table, int slots) {
 /* --- partitioning (DESIGN §5) ------------------------------------------------- */
 
 /* Data movement a backend's kernels compute in place, elementwise over
-   the output (vm_backend.fuses_gathers, and fuses_moves for the others):
+   the output (vm_backend.fuses_gathers):
    - a gather or index_select: an indirect load of its source;
    - a scatter_add whose index has at most TR_SCATTER_PICKS positions
      along the axis and the output's extent elsewhere: each output
@@ -251,7 +251,6 @@ static const vm_meta *input_meta(const tr_plan *plan, const tr_trace *t, int ref
 static bool in_place(const tr_plan *plan, const tr_trace *t, const tr_pnode *p) {
   if (!plan->backend || !plan->backend->fuses_gathers) return false;
   if (vm_op_gathers(p->op)) return true;
-  if (!plan->backend->fuses_moves) return false;
   int axis = p->attr.axis;
   if (p->op == VM_OP_scatter_add) {
     const vm_meta *idx = input_meta(plan, t, p->in[1]), *src = input_meta(plan, t, p->in[2]);

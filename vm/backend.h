@@ -51,12 +51,12 @@ typedef struct vm_backend {
   void (*compile)(struct tr_plan *plan, const struct tr_trace *t);
   void (*compile_wait)(void);           /* until the background compiles are done */
   void (*plan_free)(void *compiled);
-  /* its kernels compute gathers and index_selects in place, elementwise
-     over the output (trace/plan.c in_place): the partition fuses them
-     with the elementwise work around them (else each is a data group of
-     its own, one primitive); fuses_moves: small scatter_adds, concats and
-     argmax/argmin too */
-  bool fuses_gathers, fuses_moves;
+  /* its kernels compute gathers, index_selects, small scatter_adds,
+     concats and arg-reductions in place, elementwise over the output
+     (trace/plan.c in_place): the partition fuses them with the
+     elementwise work around them (else each is a data group of its own,
+     one primitive) */
+  bool fuses_gathers;
   /* whether group g of a plan has a compiled kernel */
   bool (*has_kernel)(const void *compiled, int g);
   /* runs group g with it when its inputs have the layout it was compiled
