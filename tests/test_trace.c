@@ -1090,6 +1090,45 @@ TEST(pass_reshape_reshape_identity) {
   kiln_release(x);
 }
 
+/* autodiff's bias gradient: sum over the batch with keepdim, then to the
+   bias's shape, then an update: the reshape becomes the reduction without
+   keepdim (the same fold), so no view splits the bias update from it.
+   A keepdim sum read elsewhere too stays as it is. */
+static kiln_tensor *p_bias_grad(kiln_tensor *g) {
+  const int rows[1] = {0};
+  kiln_tensor *s = kiln_sum(g, 1, rows, true), *r = kiln_reshape(s, 1, (int64_t[]){6});
+  kiln_tensor *y = kiln_sub_scalar(kiln_mul_scalar(r, 0.5), 1.0);
+  kiln_release(s), kiln_release(r);
+  return y;
+}
+static kiln_tensor *p_bias_grad_kept(kiln_tensor *g) {
+  const int rows[1] = {0};
+  kiln_tensor *s = kiln_sum(g, 1, rows, true), *r = kiln_reshape(s, 1, (int64_t[]){6});
+  kiln_tensor *y = kiln_add(kiln_mul_scalar(r, 0.5), kiln_reshape(kiln_exp(s), 1, (int64_t[]){6}));
+  kiln_release(s), kiln_release(r);
+  return y;
+}
+
+TEST(pass_keepdim_reduction_reshaped) {
+  float xs[24], got[6];
+  fill_pattern(xs, 24, 0.2f, -1.0f);
+  kiln_tensor *g = f32_tensor(xs, 2, (int64_t[]){4, 6});
+  pass_run r;
+  run_pass(p_bias_grad, g, got, sizeof got, &r);
+  for (int j = 0; j < 6; j++) {
+    float s = 0;
+    for (int i = 0; i < 4; i++) s += xs[i * 6 + j];
+    CHECK_CLOSE(got[j], s * 0.5 - 1.0, 1e-5);
+  }
+  CHECK(r.plan.simplified >= 1);
+  CHECK_EQ_INT(count_str(r.ir, "= reshape("), 0);
+  CHECK_STR_CONTAINS(r.ir, "keepdim=0");
+  run_pass(p_bias_grad_kept, g, got, sizeof got, &r);
+  CHECK_STR_CONTAINS(r.ir, "keepdim=1");
+  CHECK_EQ_INT(count_str(r.ir, "= sum("), 1); /* not computed twice */
+  kiln_release(g);
+}
+
 static kiln_tensor *p_transpose2(kiln_tensor *x) {
   kiln_tensor *a = kiln_transpose(x, 0, 1), *b = kiln_transpose(a, 0, 1), *c = kiln_exp(b);
   kiln_release(a);
@@ -1239,6 +1278,7 @@ static int passes_main(void) {
   RUN(pass_casts);
   RUN(pass_reshape_reshape);
   RUN(pass_reshape_reshape_identity);
+  RUN(pass_keepdim_reduction_reshaped);
   RUN(pass_views);
   RUN(pass_cse);
   RUN(pass_constant_folding);

@@ -411,6 +411,52 @@ static bool release_lists(tr_plan *plan, const bool *escapes) {
   return true;
 }
 
+/* A reshape that only drops the kept dims of a keepdim reduction read by
+   nothing else (autodiff's bias gradient: sum over the batch, keepdim,
+   then to the bias's shape) becomes the reduction without keepdim: the
+   same fold, so the same bits, and no view of a value computed in the
+   reduction's group, which would end it (partition), so the bias update
+   joins the reduction's kernel as its epilogue.  Returns the nodes
+   rewritten. */
+static int drop_kept_dims(builder *b) {
+  int n = b->n, rewritten = 0;
+  int *uses = calloc((size_t)(n ? n : 1), sizeof(int));
+  if (!uses) return 0; /* an optimization only */
+  for (int i = 0; i < n; i++) {
+    if (b->alias[i] != i) continue;
+    for (int k = 0; k < b->p[i].nin; k++) {
+      int r = tr_pnode_input(&b->p[i], k);
+      if (r >= 0) uses[r]++;
+    }
+  }
+  for (int i = 0; i < n; i++)
+    if (b->t->is_output[i] && b->alias[i] >= 0) uses[b->alias[i]] += 2; /* escapes: kept as it is */
+  for (int i = 0; i < n; i++) {
+    tr_pnode *p = &b->p[i];
+    int x = p->nin == 1 ? p->in[0] : -1;
+    if (b->alias[i] != i || p->op != VM_OP_reshape || x < 0 || uses[x] != 1) continue;
+    const tr_pnode *r = &b->p[x];
+    if (vm_op_table[r->op].kind != VM_KIND_REDUCE || !r->attr.keepdim || r->nin != 1) continue;
+    const vm_meta *in = ref_meta(b, r->in[0]);
+    int nd = 0;
+    int64_t dropped[KILN_MAX_DIMS] = {0};
+    for (int d = 0; d < in->ndim; d++)
+      if (!((r->attr.axes_mask >> d) & 1u)) dropped[nd++] = in->shape[d];
+    if (nd != p->meta.ndim || memcmp(dropped, p->meta.shape, (size_t)nd * sizeof(int64_t))) continue;
+    vm_meta m = r->meta;
+    m.ndim = nd;
+    memcpy(m.shape, dropped, sizeof m.shape);
+    p->op = r->op;
+    p->attr = r->attr;
+    p->attr.keepdim = false;
+    p->in[0] = r->in[0];
+    p->meta = m;
+    rewritten++;
+  }
+  free(uses);
+  return rewritten;
+}
+
 tr_plan *tr_plan_build(const tr_trace *t, const vm_backend *be) {
   int n = t->n;
   tr_plan *plan = calloc(1, sizeof *plan);
@@ -447,6 +493,7 @@ tr_plan *tr_plan_build(const tr_trace *t, const vm_backend *be) {
     }
     b.alias[i] = r;
   }
+  if (ok) plan->passes.simplified += drop_kept_dims(&b);
   /* DCE: keep what the outputs need */
   for (int i = n - 1; ok && i >= 0; i--) {
     if (t->is_output[i] && b.alias[i] >= 0) live[b.alias[i]] = true;
