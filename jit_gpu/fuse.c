@@ -91,6 +91,8 @@ static bool outside_fill(const tr_plan *plan, const gpu_fused *k, int r) {
   return r >= 0 && !computed(plan, k, r) && plan->nodes[r].op == VM_OP_full;
 }
 
+static bool is_fill(const tr_plan *plan, int r) { return r >= 0 && plan->nodes[r].op == VM_OP_full; }
+
 /* k's coordinate along axis (fuse.h GPU_IN_COORD): one axis per kernel */
 static bool add_coord(gpu_fused *k, int axis) {
   for (int q = 0; q < k->nin; q++)
@@ -104,15 +106,17 @@ static bool add_move(const tr_plan *plan, const tr_trace *t, gpu_fused *k, int i
   const tr_pnode *p = &plan->nodes[i];
   kiln_dtype dt = p->meta.dtype;
   if (k->kind != GPU_FK_ELEMENTWISE || p->nin < 1 || p->nin > 3) return false;
-  for (int j = p->op == VM_OP_scatter_add ? 1 : 0; j < p->nin; j++)
-    if (computed(plan, k, p->in[j])) return false;
+  for (int j = p->op == VM_OP_scatter_add ? 1 : 0; j < p->nin; j++) /* a concat's fill part: a parameter */
+    if (computed(plan, k, p->in[j]) && !(p->op == VM_OP_concat && is_fill(plan, p->in[j]))) return false;
   int axis = p->attr.axis;
   if (p->op == VM_OP_scatter_add) {
     int base = p->in[0], idx = p->in[1], src = p->in[2];
     if (p->nin != 3 || ref_dtype(plan, t, base) != dt || ref_dtype(plan, t, idx) != KILN_I64 ||
         ref_dtype(plan, t, src) != dt || outside_fill(plan, k, idx) || outside_fill(plan, k, src))
       return false;
-    if (outside_fill(plan, k, base) ? !add_param(k, base) : !computed(plan, k, base) && !add_input(k, base))
+    kiln_dtype two[2] = {dt, dt};
+    if (!gpu_src_node_supported(VM_OP_add, dt, 2, two) ||
+        (outside_fill(plan, k, base) ? !add_param(k, base) : !computed(plan, k, base) && !add_input(k, base)))
       return false;
     return add_input_as(k, idx, GPU_IN_SCATTER_INDEX, axis) >= 0 && add_input_as(k, src, GPU_IN_SCATTER_SRC, axis) >= 0 &&
            add_coord(k, axis);
@@ -120,7 +124,7 @@ static bool add_move(const tr_plan *plan, const tr_trace *t, gpu_fused *k, int i
   if (p->op == VM_OP_concat) {
     for (int j = 0; j < p->nin; j++) {
       int r = p->in[j];
-      if (ref_dtype(plan, t, r) != dt || (outside_fill(plan, k, r) && !add_param(k, r)) ||
+      if (ref_dtype(plan, t, r) != dt || (is_fill(plan, r) && !add_param(k, r)) ||
           add_input_as(k, r, GPU_IN_PART, axis) < 0) /* a fill's slot carries only its extent */
         return false;
     }
@@ -228,13 +232,13 @@ static void reduce_schedule(const tr_pnode *r, const vm_meta *rin, gpu_red_sched
                       count, s);
 }
 
+_Static_assert(GPU_FUSE_MAX_IO <= 32, "gpu_fused.epi_in/epi_out: a bit per operand");
+
 /* The epilogue red+1..last of reduce kernel k (no join) into k itself:
    every node of the reduction's output shape, reading the reduction,
    each other, fills, and inputs from outside the group that the
    producers do not read (they are indexed by the output's position, the
    producers' by the input's); false (k unchanged) when it cannot be. */
-_Static_assert(GPU_FUSE_MAX_IO <= 32, "gpu_fused.epi_in/epi_out: a bit per operand");
-
 static bool fuse_epilogue(const tr_plan *plan, const tr_trace *t, int red, int last, gpu_fused *k) {
   gpu_fused keep = *k;
   const vm_meta *om = &plan->nodes[red].meta;
@@ -579,7 +583,7 @@ static void emit_move(gpu_src *b, const tr_plan *plan, const tr_trace *t, const 
     int r = p->in[j], q = input_of(k, r, GPU_IN_PART, axis);
     gpu_src_printf(b, "%s  i64 c%d = at - from;\n%s  c%d = c%d < 0 ? 0 : c%d > a.gextent[%d] - 1 ? a.gextent[%d] - 1 : c%d;\n",
                    indent, j, indent, j, j, j, q, q, j);
-    if (outside_fill(plan, k, r)) {
+    if (is_fill(plan, r)) { /* its parameter (v<node> when k computes the fill) */
       char name[16];
       ref_name(plan, k, r, name, sizeof name);
       gpu_src_printf(b, "%s  const %s p%d = %s;\n", indent, ct, j, name);
