@@ -838,23 +838,8 @@ static vm_tensor *input_strides(const cpu_kernel *k, const tr_plan *plan, const 
     return NULL;
   }
   vm_tensor *v = tr_run_value(plan, t, vals, k->ins[q]);
-  if (v && role == KERNEL_IN_SCAN) { /* the scanned axis kept (size 1) or dropped in the output */
-    int axis = k->gather[q].axis;
-    if (axis < 0 || axis >= v->ndim || (v->ndim != nd && v->ndim != nd + 1)) return NULL;
-    bool kept = v->ndim == nd;
-    for (int d = 0, e = 0; d < v->ndim; d++) {
-      if (d == axis) {
-        if (kept) strides[e++] = 0;
-        continue;
-      }
-      if (v->shape[d] != shape[e]) return NULL;
-      strides[e] = shape[e] == 1 ? 0 : v->strides[d];
-      e++;
-    }
-    *gstride = v->strides[axis];
-    *extent = v->shape[axis];
-    return *extent >= 1 ? v : NULL;
-  }
+  if (v && role == KERNEL_IN_SCAN) /* the scanned axis kept (size 1) or dropped in the output */
+    return vm_scan_strides(v, k->gather[q].axis, nd, shape, strides, gstride, extent) ? v : NULL;
   if (!v || v->ndim > nd) return NULL;
   if (role != KERNEL_IN_PLAIN) {
     int axis = k->gather[q].axis;

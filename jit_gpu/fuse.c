@@ -1000,22 +1000,8 @@ static int failed(int *rc, vm_tensor **outs, int n, int code, const char *what, 
 static bool moved_strides(const gpu_fused *k, const tr_plan *plan, int q, const vm_tensor *v, int nd,
                           const int64_t *shape, int64_t *st, gpu_fargs *a) {
   int axis = k->role_axis[q], role = k->role[q];
-  if (role == GPU_IN_SCAN) { /* the scanned axis kept (size 1) or dropped in the output */
-    if (axis < 0 || axis >= v->ndim || (v->ndim != nd && v->ndim != nd + 1)) return false;
-    bool kept = v->ndim == nd;
-    for (int d = 0, e = 0; d < v->ndim; d++) {
-      if (d == axis) {
-        if (kept) st[e++] = 0;
-        continue;
-      }
-      if (v->shape[d] != shape[e]) return false;
-      st[e] = shape[e] == 1 ? 0 : v->strides[d];
-      e++;
-    }
-    a->gstride[q] = v->strides[axis];
-    a->gextent[q] = v->shape[axis];
-    return a->gextent[q] >= 1;
-  }
+  if (role == GPU_IN_SCAN) /* the scanned axis kept (size 1) or dropped in the output */
+    return vm_scan_strides(v, axis, nd, shape, st, &a->gstride[q], &a->gextent[q]);
   if (axis < 0 || axis >= nd) return false;
   if (role == GPU_IN_COORD || !v) { /* the coordinate; a fill part (its extent from the plan) */
     for (int d = 0; d < nd; d++) st[d] = role == GPU_IN_COORD && d == axis && shape[d] > 1 ? 1 : 0;

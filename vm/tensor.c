@@ -57,6 +57,24 @@ void vm_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
   }
 }
 
+bool vm_scan_strides(const vm_tensor *v, int axis, int nd, const int64_t *shape, int64_t *strides,
+                     int64_t *gstride, int64_t *extent) {
+  if (axis < 0 || axis >= v->ndim || (v->ndim != nd && v->ndim != nd + 1)) return false;
+  bool kept = v->ndim == nd;
+  for (int d = 0, e = 0; d < v->ndim; d++) {
+    if (d == axis) {
+      if (kept) strides[e++] = 0;
+      continue;
+    }
+    if (v->shape[d] != shape[e]) return false;
+    strides[e] = shape[e] == 1 ? 0 : v->strides[d];
+    e++;
+  }
+  *gstride = v->strides[axis];
+  *extent = v->shape[axis];
+  return *extent >= 1;
+}
+
 int vm_coalesce(int nd, const int64_t *shape, int nops, const int64_t (*in)[KILN_MAX_DIMS],
                 int64_t *shape_out, int64_t (*out)[KILN_MAX_DIMS]) {
   int n = 0;

@@ -102,6 +102,14 @@ void vm_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
 int vm_coalesce(int nd, const int64_t *shape, int nops, const int64_t (*in)[KILN_MAX_DIMS],
                 int64_t *shape_out, int64_t (*out)[KILN_MAX_DIMS]);
 
+/* An arg-reduction's input v read per output element of shape[nd] (the
+   compiled kernels' scan, jit_cpu/ and jit_gpu/fuse.c): its strides over
+   the output's dims (the scanned axis kept with size 1, or dropped), with
+   the axis' stride and extent in *gstride and *extent; false when v does
+   not fit the output or the axis is empty. */
+bool vm_scan_strides(const vm_tensor *v, int axis, int nd, const int64_t *shape, int64_t *strides,
+                     int64_t *gstride, int64_t *extent);
+
 /* for tests: the storage a handle's value lives in (views share it);
    evaluates the handle */
 const void *vm_storage_id(const vm_tensor *t);
