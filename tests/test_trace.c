@@ -1097,15 +1097,16 @@ TEST(pass_reshape_reshape_identity) {
 static kiln_tensor *p_bias_grad(kiln_tensor *g) {
   const int rows[1] = {0};
   kiln_tensor *s = kiln_sum(g, 1, rows, true), *r = kiln_reshape(s, 1, (int64_t[]){6});
-  kiln_tensor *y = kiln_sub_scalar(kiln_mul_scalar(r, 0.5), 1.0);
-  kiln_release(s), kiln_release(r);
+  kiln_tensor *h = kiln_mul_scalar(r, 0.5), *y = kiln_sub_scalar(h, 1.0);
+  kiln_release(s), kiln_release(r), kiln_release(h);
   return y;
 }
 static kiln_tensor *p_bias_grad_kept(kiln_tensor *g) {
   const int rows[1] = {0};
   kiln_tensor *s = kiln_sum(g, 1, rows, true), *r = kiln_reshape(s, 1, (int64_t[]){6});
-  kiln_tensor *y = kiln_add(kiln_mul_scalar(r, 0.5), kiln_reshape(kiln_exp(s), 1, (int64_t[]){6}));
-  kiln_release(s), kiln_release(r);
+  kiln_tensor *h = kiln_mul_scalar(r, 0.5), *e = kiln_exp(s), *er = kiln_reshape(e, 1, (int64_t[]){6});
+  kiln_tensor *y = kiln_add(h, er);
+  kiln_release(s), kiln_release(r), kiln_release(h), kiln_release(e), kiln_release(er);
   return y;
 }
 
