@@ -55,6 +55,7 @@ typedef struct gpu_thread {
   gpu_index_check *check;
   gpu_index_check *check_host;
   bool check_armed;
+  bool check_fetched; /* its copy to check_host is enqueued, ahead of a wait */
   /* the index ops' numbers (the last is check_seq) and the calls that
      recorded the last GPU_CHECK_NAMES of them: the error's name */
   uint32_t check_seq;
@@ -380,20 +381,35 @@ static gpu_index_check *index_record(gpu_thread *t) {
   return t->check = p;
 }
 
-/* After the host waited for t's stream (its work is done): the index ops
-   run since the last read, checked.  false + the interpreter's error when
-   one had an index out of range; the record is cleared for the next. */
-static bool index_checks_read(gpu_thread *t) {
-  if (!t->check_armed) return true;
+/* Enqueues the copy of t's record to the host when index ops ran since the
+   last read: a read of a value does this before its own copies, so the
+   wait it makes anyway covers the record too */
+static bool index_checks_fetch(gpu_thread *t) {
+  if (!t->check_armed || t->check_fetched) return true;
   if (!t->check_host && !cu_ok(rt.cu.cuMemAllocHost((void **)&t->check_host, sizeof *t->check_host),
                                "cuMemAllocHost (index check record)"))
     return false;
-  CUdeviceptr rec = (CUdeviceptr)(uintptr_t)t->check;
-  if (!cu_ok(rt.cu.cuMemcpyDtoHAsync(t->check_host, rec, sizeof *t->check_host, t->stream),
-             "cuMemcpyDtoHAsync (index check record)") ||
-      !stream_wait(t))
+  if (!cu_ok(rt.cu.cuMemcpyDtoHAsync(t->check_host, (CUdeviceptr)(uintptr_t)t->check, sizeof *t->check_host,
+                                     t->stream),
+             "cuMemcpyDtoHAsync (index check record)"))
     return false;
+  t->check_fetched = true;
+  return true;
+}
+
+/* After the host waited for t's stream (its work is done): the index ops
+   run since the last read, checked (the record fetched before the wait,
+   or now, with a wait of its own).  false + the interpreter's error when
+   one had an index out of range; the record is cleared for the next. */
+static bool index_checks_read(gpu_thread *t) {
+  if (!t->check_armed) return true;
+  if (!t->check_fetched && !(index_checks_fetch(t) && stream_wait(t))) {
+    t->check_fetched = false;
+    return false;
+  }
+  t->check_fetched = false;
   t->check_armed = false;
+  CUdeviceptr rec = (CUdeviceptr)(uintptr_t)t->check;
   const gpu_index_check *r = t->check_host;
   if (!r->sealed) return true;
   /* named after the call that recorded the op, when it is among the last
@@ -594,7 +610,7 @@ bool gpu_copy_to_host(void *dst, const void *src, size_t nbytes) {
   gpu_thread *t = thread_get();
   if (!t) return false;
   if (!nbytes) return gpu_synchronize();
-  if (!staging_ready(t) || !small_close(t)) return false;
+  if (!staging_ready(t) || !small_close(t) || !index_checks_fetch(t)) return false;
   struct {
     char *dst;
     size_t n;
@@ -622,8 +638,10 @@ bool gpu_copy_to_host(void *dst, const void *src, size_t nbytes) {
   if (ok && pending[last].n && (ok = half_wait(t, last)))
     memcpy(pending[last].dst, t->pinned + (size_t)last * GPU_STAGING_HALF, pending[last].n);
   t->next_half = h;
-  /* the last event follows all earlier work on the stream: it has finished */
+  /* the last event follows all earlier work on the stream (the record's
+     copy too): it has finished */
   if (ok) gpu_alloc_synced(rt.alloc, (uintptr_t)t->stream, stamp);
+  else t->check_fetched = false; /* not known to have arrived: fetched again */
   return ok && index_checks_read(t);
 }
 
@@ -637,7 +655,7 @@ bool gpu_copy_on_device(void *dst, const void *src, size_t nbytes) {
 
 bool gpu_synchronize(void) {
   gpu_thread *t = thread_get();
-  return t && stream_wait(t) && index_checks_read(t);
+  return t && index_checks_fetch(t) && stream_wait(t) && index_checks_read(t);
 }
 
 /* ---- kernels: memory cache, disk cache, NVRTC ---- */
