@@ -95,6 +95,13 @@ static void put_node(tr_bytes *b, const tr_trace *t, int i, bool with_shapes) {
 
 void tr_key_bytes(const tr_trace *t, bool with_shapes, tr_bytes *b) {
   memset(b, 0, sizeof *b);
+  /* sized once (keys are built on every flush; growing by doubling copied
+     a 100-op trace's bytes six times) */
+  size_t need = 32 + (size_t)t->nleaves * (12 + KILN_MAX_DIMS * sizeof(int64_t) + sizeof(int64_t));
+  for (int i = 0; i < t->n; i++)
+    need += sizeof(node_record) + (size_t)t->nodes[i]->meta.ndim * sizeof(int64_t) +
+            (size_t)t->nodes[i]->nin * sizeof(int32_t);
+  if ((b->data = malloc(need))) b->cap = need;
   put_u8(b, 1); /* format version */
   put_u8(b, (unsigned)t->device + (t->mixed ? 16u : 0u));
   put_i64(b, t->nleaves);
