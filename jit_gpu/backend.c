@@ -45,17 +45,21 @@ static bool run_matmul(vm_tensor *out, vm_tensor **ins) {
   return ok;
 }
 
+/* runs plan p (and frees it) with errors named after api, the call that
+   recorded its op, as the interpreter's are; an index check keeps the name
+   for when its record is read (jit_gpu/opgen.h) */
+static bool run_plan_named(gpu_op_plan *p, const char *api) {
+  const char *was = vm_thread()->api;
+  vm_set_api(api);
+  bool ok = gpu_run_op_plan(p);
+  vm_set_api(was);
+  gpu_op_plan_free(p);
+  return ok;
+}
+
 static bool run_generated(vm_opcode op, int n, vm_tensor **ins, vm_tensor *out, const vm_attr *attr) {
   gpu_op_plan p = {0};
-  if (!gpu_op_plan_make(op, n, ins, out, attr, &p)) return false;
-  /* errors name the call that recorded op, as the interpreter's do; an
-     index check keeps the name for when its record is read */
-  const char *api = vm_thread()->api;
-  vm_set_api(vm_op_api(op, attr));
-  bool ok = gpu_run_op_plan(&p);
-  vm_set_api(api);
-  gpu_op_plan_free(&p);
-  return ok;
+  return gpu_op_plan_make(op, n, ins, out, attr, &p) && run_plan_named(&p, vm_op_api(op, attr));
 }
 
 static vm_tensor *gpu_exec(vm_opcode op, int n, vm_tensor *const *values, const vm_attr *attr,
@@ -323,13 +327,7 @@ static bool cuda_launch(const gpu_fused *k, const gpu_fargs *args, unsigned grid
    kernel into the thread's record, named after the op (opgen.h) */
 static bool cuda_check_indices(vm_tensor *idx, int64_t size, int axis, const char *api) {
   gpu_op_plan p;
-  if (!gpu_op_plan_index_check(idx, size, axis, &p)) return false;
-  const char *was = vm_thread()->api;
-  vm_set_api(api);
-  bool ok = gpu_run_op_plan(&p);
-  vm_set_api(was);
-  gpu_op_plan_free(&p);
-  return ok;
+  return gpu_op_plan_index_check(idx, size, axis, &p) && run_plan_named(&p, api);
 }
 
 static const gpu_fuse_target cuda_target = {KILN_CUDA, cuda_alloc, cuda_launch, cuda_check_indices};

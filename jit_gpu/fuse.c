@@ -45,11 +45,18 @@ static bool dense_full(const tr_plan *plan, const tr_trace *t, int r, const vm_m
   return v && vm_is_contiguous(v);
 }
 
-/* input r read in role (fuse.h GPU_IN_*) along axis: its index q, or -1
-   when k is full */
-static int add_input_as(gpu_fused *k, int r, int role, int axis) {
+/* the input q that k reads r through in role (fuse.h GPU_IN_*) along
+   axis, or -1 */
+static int input_of(const gpu_fused *k, int r, int role, int axis) {
   for (int q = 0; q < k->nin; q++)
     if (k->ins[q] == r && k->role[q] == role && (role == GPU_IN_PLAIN || k->role_axis[q] == axis)) return q;
+  return -1;
+}
+
+/* input_of, added when k does not read it yet; -1 when k is full */
+static int add_input_as(gpu_fused *k, int r, int role, int axis) {
+  int q = input_of(k, r, role, axis);
+  if (q >= 0) return q;
   if (k->nin + k->nout >= GPU_FUSE_MAX_IO) return -1;
   k->role[k->nin] = (uint8_t)role;
   k->role_axis[k->nin] = (int8_t)axis;
@@ -58,13 +65,6 @@ static int add_input_as(gpu_fused *k, int r, int role, int axis) {
 }
 
 static bool add_input(gpu_fused *k, int r) { return add_input_as(k, r, GPU_IN_PLAIN, 0) >= 0; }
-
-/* the input q that k reads r through in role (it was added) */
-static int input_of(const gpu_fused *k, int r, int role, int axis) {
-  for (int q = 0; q < k->nin; q++)
-    if (k->ins[q] == r && k->role[q] == role && (role == GPU_IN_PLAIN || k->role_axis[q] == axis)) return q;
-  return -1;
-}
 
 /* views run on the interpreter before a group's kernels: they may only
    view values from outside the group */

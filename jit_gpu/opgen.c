@@ -31,9 +31,10 @@
  *     B's at stride[2][6..7]; extent = {M, N, K}; n = numel(out).
  *   index_select, gather, scatter_add: launch 0 checks every index into
  *     the thread's gpu_index_check (opgen.h; n indices, stride[1],
- *     extent[0] = axis length, axis = the op's axis), launch 1 moves data: dims over the output with dim `axis`
- *     never merged; stride[1] a's, stride[2] the index's, stride[3] src's;
- *     extent[0] = a's axis length; scatter_add keeps the index's extents in
+ *     extent[0] = axis length, axis = the op's axis), launch 1 moves
+ *     data: dims over the output with dim `axis` never merged; stride[1]
+ *     a's, stride[2] the index's, stride[3] src's; extent[0] = a's axis
+ *     length; scatter_add keeps the index's extents in
  *     stride[0] (the output is contiguous).
  *   argsort: rows over dims [0, axis), the sorted dim is axis (the last);
  *     stride[0] the output's, stride[1] the input's; n rows; flag =
