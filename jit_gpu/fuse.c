@@ -194,8 +194,11 @@ static int vector_width(const tr_plan *plan, const tr_trace *t, const gpu_fused 
   return v > 1 ? v : 0;
 }
 
-/* nodes first..last (of one shape) as one elementwise kernel */
-static bool plan_elementwise(const tr_plan *plan, const tr_trace *t, int first, int last, gpu_fused *k) {
+/* nodes first..last (of one shape) as one elementwise kernel; false when
+   they do not fit one, with *stop the node it could not take (an op the
+   kernels lack, or one operand too many), or last + 1 */
+static bool plan_elementwise(const tr_plan *plan, const tr_trace *t, int first, int last, gpu_fused *k,
+                             int *stop) {
   memset(k, 0, sizeof *k);
   k->kind = GPU_FK_ELEMENTWISE;
   k->first = first;
@@ -204,9 +207,11 @@ static bool plan_elementwise(const tr_plan *plan, const tr_trace *t, int first, 
   for (int i = first; i <= last; i++) {
     const tr_pnode *p = &plan->nodes[i];
     if (vm_op_table[p->op].kind == VM_KIND_VIEW) continue;
+    *stop = i;
     if (!add_node(plan, t, k, i)) return false;
     if (read_after(plan, i, last) && !add_output(k, i)) return false;
   }
+  *stop = last + 1;
   if (k->nout == 0) return false;
   const vm_meta *it = &plan->nodes[k->outs[0]].meta;
   for (int q = 0; q < k->nin; q++) k->contig[q] = k->role[q] == GPU_IN_PLAIN && dense_full(plan, t, k->ins[q], it);
@@ -315,7 +320,8 @@ static bool plan_reduce_group(const tr_plan *plan, int g, const tr_trace *t, gpu
     j->reduce = red;
     j->variant = s.join;
   }
-  if (epilogue && !plan_elementwise(plan, t, red + 1, grp->last, &fg->k[fg->nk])) {
+  int stop;
+  if (epilogue && !plan_elementwise(plan, t, red + 1, grp->last, &fg->k[fg->nk], &stop)) {
     memset(&fg->k[fg->nk], 0, sizeof fg->k[0]); /* the epilogue runs op by op */
     epilogue = false;
   }
@@ -427,6 +433,31 @@ static bool plan_rows(const tr_plan *plan, int g, const tr_trace *t, gpu_fused_g
   return false;
 }
 
+/* An elementwise group as a chain of kernels, each the longest run of
+   nodes from where the last one stopped that fits one kernel: a group
+   with more operands than a kernel's arguments hold (GPU_FUSE_MAX_IO)
+   takes several launches, not one per op.  A chain ends at a node no
+   kernel computes (an op the kernels lack), or after
+   GPU_FUSE_MAX_KERNELS kernels: the rest of the group runs op by op. */
+static bool plan_chain(const tr_plan *plan, const tr_trace *t, int first, int last, gpu_fused_group *fg) {
+  while (first <= last && fg->nk < GPU_FUSE_MAX_KERNELS) {
+    int end = last, stop;
+    /* ending sooner makes more values outputs (read after the end), so
+       the end moves down to before the node that overflowed until the
+       run fits */
+    while (!plan_elementwise(plan, t, first, end, &fg->k[fg->nk], &stop)) {
+      end = stop <= end ? stop - 1 : end - 1;
+      if (end < first) {
+        memset(&fg->k[fg->nk], 0, sizeof fg->k[0]);
+        return fg->nk > 0;
+      }
+    }
+    fg->nk++;
+    first = end + 1;
+  }
+  return fg->nk > 0;
+}
+
 static bool plan_group(const tr_plan *plan, int g, const tr_trace *t, gpu_fused_group *fg) {
   const tr_group *grp = &plan->groups[g];
   memset(fg, 0, sizeof *fg);
@@ -435,8 +466,7 @@ static bool plan_group(const tr_plan *plan, int g, const tr_trace *t, gpu_fused_
   if (plan_rows(plan, g, t, fg)) return true;
   if (grp->kind == TR_GROUP_REDUCE) return plan_reduce_group(plan, g, t, fg);
   if (grp->kind != TR_GROUP_ELEMENTWISE) return false;
-  fg->nk = 1;
-  return plan_elementwise(plan, t, grp->first, grp->last, &fg->k[0]);
+  return plan_chain(plan, t, grp->first, grp->last, fg);
 }
 
 /* --- source ------------------------------------------------------------------------ */
@@ -1284,10 +1314,18 @@ bool gpu_fused_run(const gpu_fused_group *fg, const gpu_fuse_target *dev, const 
     *last_group = k->through;
     return true;
   }
-  if (k->kind == GPU_FK_ELEMENTWISE) {
-    int how = run_elementwise(k, dev, plan, t, vals, rc);
-    *resume = k->last + 1;
-    return how != REFUSED;
+  if (k->kind == GPU_FK_ELEMENTWISE) { /* a chain (plan_chain): what it leaves runs op by op */
+    for (int i = 0; i < fg->nk; i++) {
+      const gpu_fused *c = &fg->k[i];
+      int how = i == 0 || c->fn ? run_elementwise(c, dev, plan, t, vals, rc) : REFUSED;
+      if (how == REFUSED) {
+        *resume = c->first;
+        return i > 0;
+      }
+      *resume = c->last + 1;
+      if (how == FAILED) break;
+    }
+    return true;
   }
   const gpu_fused *join = fg->nk > 1 && fg->k[1].kind == GPU_FK_JOIN ? &fg->k[1] : NULL;
   const gpu_fused *epilogue = fg->k[fg->nk - 1].kind == GPU_FK_ELEMENTWISE ? &fg->k[fg->nk - 1] : NULL;

@@ -119,12 +119,13 @@ typedef struct gpu_fused {
   uint32_t hoisted;
 } gpu_fused;
 
-/* a plan group's kernels, in launch order: one elementwise kernel; or a
-   reduction with its producers and its epilogue (one kernel), or with its
-   join when the reduction is long and its epilogue's elementwise kernel
-   (optional: without it, or when its inputs do not have the layout it was
-   compiled for, the epilogue runs op by op) */
-#define GPU_FUSE_MAX_KERNELS 3
+/* a plan group's kernels, in launch order: a chain of elementwise kernels
+   (one, unless the group has more operands than one kernel takes: fuse.c
+   plan_chain); or a reduction with its producers and its epilogue (one
+   kernel), or with its join when the reduction is long and its epilogue's
+   elementwise kernel (optional: without it, or when its inputs do not have
+   the layout it was compiled for, the epilogue runs op by op) */
+#define GPU_FUSE_MAX_KERNELS 4
 typedef struct gpu_fused_group {
   int group;
   int nk;
@@ -136,7 +137,8 @@ typedef struct gpu_fused_group {
    data group, an op or dtype the kernels lack, too many operands, a view
    of a value computed inside the group): it runs op by op. */
 bool gpu_fuse_group(const tr_plan *plan, int g, const tr_trace *t, gpu_fused_group *fg);
-/* whether the kernels a run needs are loaded (the epilogue's is optional) */
+/* whether the kernels a run needs are loaded (an epilogue's and a chain's
+   after the first are optional: what they compute then runs op by op) */
 bool gpu_fused_ready(const gpu_fused_group *fg);
 void gpu_fused_group_free_src(gpu_fused_group *fg);
 

@@ -799,6 +799,16 @@ TEST(clamp_integers_uses_ceil_lo_floor_hi_and_keeps_dtype) {
   EXPECT_V(kiln_clamp(V(I64, -5, -3, -1, 0), -4.5, -1.5), I64, 0, -4, -3, -2, -2);
 }
 
+/* an int32 bound past int32's range saturates (it once wrapped: -3e9
+   became 1294967296 and clamped everything to it) */
+TEST(clamp_int32_bounds_past_the_range_saturate) {
+  EXPECT_V(kiln_clamp(V(I32, -7, 0, 5, 2147483647, -2147483647), -3e9, 3e9), I32, 0, -7, 0, 5, 2147483647,
+           -2147483647);
+  EXPECT_V(kiln_clamp(V(I32, -7, 0, 5), -1, 5e9), I32, 0, -1, 0, 5);
+  EXPECT_V(kiln_clamp(V(I32, -7, 0, 5), 3e9, 4e9), I32, 0, 2147483647, 2147483647, 2147483647);
+  EXPECT_V(kiln_clamp(V(I32, -7, 0, 5), -INFINITY, -5e9), I32, 0, -2147483648.0, -2147483648.0, -2147483648.0);
+}
+
 TEST(clamp_bool_is_dtype_error) {
   kiln_tensor *b = V(BOOL_, 1, 0);
   CHECK_ERROR(kiln_clamp(b, 0, 1), KILN_ERR_DTYPE, "kiln_clamp");
@@ -936,6 +946,7 @@ int main(void) {
   RUN_T(where_non_bool_cond_is_dtype_error);
   RUN_T(clamp_floats_propagates_nan);
   RUN_T(clamp_integers_uses_ceil_lo_floor_hi_and_keeps_dtype);
+  RUN_T(clamp_int32_bounds_past_the_range_saturate);
   RUN_T(clamp_bool_is_dtype_error);
 
   RUN_T(cast_every_dtype_pair_in_range);

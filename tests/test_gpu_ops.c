@@ -479,7 +479,7 @@ typedef void (*fused_program)(kiln_tensor *const *in, kiln_tensor **out);
    Returns the launches per GPU evaluation of the last two runs. */
 static double fused_reps(const char *what, fused_program prog, int nin, kiln_tensor *const *cpu, int nout,
                          double rtol) {
-  kiln_tensor *dev[8], *oc[8], *og[8];
+  kiln_tensor *dev[8], *oc[16], *og[16];
   for (int i = 0; i < nin; i++) dev[i] = gpu(cpu[i]);
   double launched = 0;
   for (int rep = 0; rep < 5; rep++) {
@@ -623,6 +623,40 @@ TEST(a_chain_of_scalar_ops_is_one_launch) {
   kiln_release(in[0]);
 }
 
+/* relu and clamp of an integer tensor compare with integer weak scalars:
+   made in the tensor's dtype (a cast node of one would be a 0-d value on
+   the host, the trace "mixed", run op by op: 26 launches).  in: x (i32) */
+static void integer_bounds(kiln_tensor *const *in, kiln_tensor **out) {
+  out[0] = kiln_relu(in[0]);
+  out[1] = kiln_clamp(in[0], -3, 3);
+  out[2] = kiln_clamp(in[0], -3e9, 3e9); /* bounds past int32 saturate: the identity */
+}
+
+TEST(integer_relu_and_clamp_are_fused) {
+  int64_t s[2] = {40, 33};
+  kiln_tensor *in[] = {random_cpu(KILN_I32, 2, s, -9, 9)};
+  double per_rep = fused_reps("integer relu and clamp", integer_bounds, COUNT(in), in, 3, 0);
+  printf("integer relu and clamp: %.0f launches per evaluation\n", per_rep);
+  CHECK(per_rep == 1);
+  kiln_release(in[0]);
+}
+
+/* a group with more operands than one kernel takes (fuse.h
+   GPU_FUSE_MAX_IO, 12): a chain of two kernels, not one launch per op
+   (it once ran op by op: 32 launches).  in: x */
+static void wide_group(kiln_tensor *const *in, kiln_tensor **out) {
+  for (int k = 0; k < 16; k++) out[k] = kiln_mul_scalar(in[0], 1.5 + k);
+}
+
+TEST(a_wide_group_is_a_chain_of_kernels) {
+  int64_t s[1] = {1000};
+  kiln_tensor *in[] = {random_cpu(KILN_F32, 1, s, -2, 2)};
+  double per_rep = fused_reps("16 outputs of one input", wide_group, COUNT(in), in, 16, 0);
+  printf("a group of 16 outputs: %.0f launches per evaluation\n", per_rep);
+  CHECK(per_rep == 2);
+  kiln_release(in[0]);
+}
+
 /* kiln_softmax takes 1 / sum with a weak scalar 1: made in the sum's
    dtype, not cast on the host (a 0-d host value made the trace "mixed":
    op by op, 8 launches).  Fused, it is a row kernel, its fills parameters.
@@ -726,6 +760,8 @@ int main(int argc, char **argv) {
   RUN(reduce_epilogues_are_one_launch);
   RUN(fused_rows_match_the_cpu);
   RUN(a_chain_of_scalar_ops_is_one_launch);
+  RUN(integer_relu_and_clamp_are_fused);
+  RUN(a_wide_group_is_a_chain_of_kernels);
   RUN(softmax_is_fused);
   RUN(overhead_per_op);
   RUN(rand_on_the_gpu_matches_the_cpu_stream);

@@ -84,6 +84,12 @@ extern char **environ;
 
 /* --- deterministic generator: splitmix64 ------------------------------------ */
 
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static uint64_t sm_next(uint64_t *s) {
   uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -476,6 +482,10 @@ typedef struct {
   num v;
   int born;
   bool pending; /* computed since the last read of it (not a leaf) */
+  /* computed through an op whose GPU algorithm is not the CPU's (libm's
+     transcendentals on the device, cuBLAS): its name ends in "~", and the
+     GPU fuzz compares it with the CPU's only as a value of the same shape */
+  bool device_math;
 } slot;
 
 typedef struct {
@@ -1160,6 +1170,21 @@ static void count_exec(const prog *P, const oprec *r) {
   }
 }
 
+/* whether r itself computes with an algorithm the GPU does not share with
+   the CPU (docs/SEMANTICS.md "The GPU"): f32/f64 transcendentals and pow
+   are CUDA's libm there, Kiln's polynomials (f32) or glibc (f64) here;
+   matmul is cuBLAS; randn draws through log and cos */
+static bool device_math_op(const oprec *r) {
+  switch (r->kind) {
+    case K_UNARY: return unary_is_math(r->fn);
+    case K_BINARY: return r->fn == B_POW;
+    case K_SCALAR: return r->fn == S_POW;
+    case K_LEAF: case K_VLEAF: return r->lmode == LV_RANDN;
+    case K_MATMUL: case K_NN: return true;
+    default: return false;
+  }
+}
+
 /* runs r; false (with an F line written) when a call failed */
 static bool exec_rec(prog *P, const oprec *r, int step) {
   slot *S = P->s;
@@ -1204,7 +1229,8 @@ static bool exec_rec(prog *P, const oprec *r, int step) {
       break;
     case K_READ: {
       char name[64];
-      snprintf(name, sizeof name, "r%d.t%d@%d", P->nreads++, r->in[0], step);
+      snprintf(name, sizeof name, "r%d.t%d@%d%s", P->nreads++, r->in[0], step,
+               S[r->in[0]].device_math ? "~" : "");
       S[r->in[0]].pending = false;
       return emit(P->out, name, A, is_exact(S[r->in[0]].v) ? 0 : bound_of(S[r->in[0]].v));
     }
@@ -1219,7 +1245,10 @@ static bool exec_rec(prog *P, const oprec *r, int step) {
             kiln_last_error(), (int)kiln_last_status());
     return false;
   }
+  bool dm = device_math_op(r);
+  for (int k = 0; k < r->nin; k++) dm |= r->in[k] >= 0 && S[r->in[k]].device_math;
   S[r->dst].t = res;
+  S[r->dst].device_math = dm;
   S[r->dst].v = r->model;
   S[r->dst].born = step;
   S[r->dst].pending = r->pending;
@@ -1371,7 +1400,7 @@ static void run_program(FILE *out, uint64_t seed, int variant, oprec *recs, int 
   for (int j = 0; ok && j < MAXPOOL; j++) {
     if (!P.s[j].t) continue;
     char name[64];
-    snprintf(name, sizeof name, "t%d@%d", j, P.s[j].born);
+    snprintf(name, sizeof name, "t%d@%d%s", j, P.s[j].born, P.s[j].device_math ? "~" : "");
     ok = emit(out, name, P.s[j].t, is_exact(P.s[j].v) ? 0 : bound_of(P.s[j].v));
   }
   release_all(&P);
@@ -1383,9 +1412,27 @@ static void run_program(FILE *out, uint64_t seed, int variant, oprec *recs, int 
 
 static bool child_jit; /* this child runs with the JIT */
 
+/* KILN_FUZZ_DEVICE=cuda (the parent): both children of a pair run with
+   KILN_DEVICE=cuda, so every tensor is made on the GPU and every op runs
+   there: the GPU's op-by-op kernels (KILN_JIT=0) against its fused ones */
+static bool on_cuda;
+/* the parent compares the GPU fused run with the CPU's interpreter (after
+   comparing it with the GPU op-by-op run): results named "~" only by
+   dtype and shape, the rest bit for bit */
+static bool cross;
+static const char *ref_name(void) {
+  return cross ? "CPU interpreter" : on_cuda ? "GPU op-by-op run" : "interpreter";
+}
+static const char *jit_name(void) { return on_cuda ? "GPU fused run" : "JIT"; }
+
 #define S(...) ((const int64_t[]){__VA_ARGS__})
 
-static void snap(kiln_stats *s) { kiln_get_stats(s); }
+/* the counters; on the GPU, plans built stand for compiles (NVRTC compiles
+   a plan's kernels, and kiln_stats.compiles counts the CPU's) */
+static void snap(kiln_stats *s) {
+  kiln_get_stats(s);
+  if (on_cuda) s->compiles = (uint64_t)kiln_stat("plans_built");
+}
 
 /* "E label need eager compiles": the interpreter ops (eager_ops) and the
    compiles since s0.  The parent checks that the JIT run left some ops to
@@ -1394,7 +1441,7 @@ static void snap(kiln_stats *s) { kiln_get_stats(s); }
 enum { NEED_NOTHING, NEED_KERNEL, NEED_COMPILE };
 static void mark(FILE *out, const char *label, const kiln_stats *s0, int need) {
   kiln_stats s1;
-  kiln_get_stats(&s1);
+  snap(&s1);
   fprintf(out, "E %s %d %llu %llu\n", label, need,
           (unsigned long long)(s1.eager_ops - s0->eager_ops),
           (unsigned long long)(s1.compiles - s0->compiles));
@@ -1709,7 +1756,9 @@ static void sweep_add(sweep_set *ss, kiln_tensor *t, const char *name, kiln_dtyp
     return;
   }
   count_op(name, in);
-  snprintf(ss->name[ss->n], sizeof ss->name[0], "sweep.%s.%s", DT_NAME[in], name);
+  bool device_math = !strcmp(name, "pow") || !strcmp(name, "pow_scalar");
+  for (int fn = 0; fn < N_UNARY; fn++) device_math |= unary_is_math(fn) && !strcmp(name, UNARY[fn].name);
+  snprintf(ss->name[ss->n], sizeof ss->name[0], "sweep.%s.%s%s", DT_NAME[in], name, device_math ? "~" : "");
   ss->bound[ss->n] = is_exact(model) ? 0 : bound_of(model);
   ss->t[ss->n++] = t;
 }
@@ -1724,10 +1773,26 @@ static void sweep_flush(FILE *out, sweep_set *ss, const char *label, const kiln_
   ss->n = 0;
 }
 
+/* the sweep's float operands: x [2,6] against y [6] meets every pair of
+   special values whose order or sign an op may get wrong (NaN on either
+   side and both, -0 against +0 both ways, infinities), then plain values */
+static kiln_tensor *sweep_leaf(kiln_dtype dt, bool is_x, int vk, uint64_t seed) {
+  static const double X[12] = {NAN, 1, -0.0, 0.0, INFINITY, -1.25, -0.0, NAN, 0.0, -0.0, NAN, 2.5};
+  static const double Y[6] = {1, NAN, 0.0, -0.0, -INFINITY, 2.5};
+  int64_t n = is_x ? 12 : 6;
+  if (!dt_float(dt)) return make_leaf(dt, is_x ? 2 : 1, is_x ? S(2, 6) : S(6), vk, seed);
+  float f[12];
+  for (int i = 0; i < n; i++) f[i] = (float)(is_x ? X : Y)[i];
+  kiln_tensor *t = dt == KILN_F32 ? kiln_from_data(f, dt, is_x ? 2 : 1, is_x ? S(2, 6) : S(6))
+                                  : kiln_from_data(is_x ? X : Y, dt, is_x ? 2 : 1, is_x ? S(2, 6) : S(6));
+  (void)n;
+  return t;
+}
+
 static void directed_sweep(FILE *out) {
   ktest_current = "directed op x dtype sweep";
-  fprintf(out, "P sweep 0\nO x = leaf [2,6], y = leaf [6] of each dtype (floats with NaN/inf/-0, "
-               "integers in [-5, 5]); every unary, binary (x, y), *_scalar (x, 2.5 / pow 2), "
+  fprintf(out, "P sweep 0\nO x = leaf [2,6], y = leaf [6] of each dtype (floats: the pairs (NaN, 1), "
+               "(1, NaN), (NaN, NaN), (-0, +0), (+0, -0), (inf, -inf), ...; integers in [-5, 5]); every unary, binary (x, y), *_scalar (x, 2.5 / pow 2), "
                "where(x > y, x, y), clamp(x, -1.5, 2.25), cast(x, each dtype); binary ops on "
                "bool/f32, i32/f64, i64/f32, i32/i64, bool/i32 pairs\n");
   fflush(out); /* a crash below still names this test */
@@ -1740,8 +1805,8 @@ static void directed_sweep(FILE *out) {
     bool mix = d >= 5;
     kiln_dtype dx = mix ? mixed[d - 5][0] : (kiln_dtype)d, dy = mix ? mixed[d - 5][1] : dx;
     int vkx = dt_float(dx) ? VK_NONFIN : VK_MOD, vky = dt_float(dy) ? VK_NONFIN : VK_MOD;
-    kiln_tensor *x = make_leaf(dx, 2, S(2, 6), vkx, 101 + (uint64_t)d);
-    kiln_tensor *y = make_leaf(dy, 1, S(6), vky, 203 + (uint64_t)d);
+    kiln_tensor *x = sweep_leaf(dx, true, vkx, 101 + (uint64_t)d);
+    kiln_tensor *y = sweep_leaf(dy, false, vky, 203 + (uint64_t)d);
     num nx = mk(leaf_mag(dx, vkx), 0, 0), ny = mk(leaf_mag(dy, vky), 0, 0), o;
     kiln_stats s0;
     if (!mix) {
@@ -2040,7 +2105,7 @@ static void directed_layers(FILE *out) {
 
 static void print_stats(FILE *out) {
   kiln_stats st;
-  kiln_get_stats(&st);
+  snap(&st);
   fprintf(out, "S compiles=%llu eager=%llu failures=%llu flushes=%llu hits=%llu ops=%llu compile_ms=%.0f\n",
           (unsigned long long)st.compiles, (unsigned long long)st.eager_ops,
           (unsigned long long)st.compile_failures, (unsigned long long)st.flushes,
@@ -2057,17 +2122,32 @@ static int child_main(int argc, char **argv) {
   FILE *out = stdout;
   static char obuf[1 << 16];
   setvbuf(out, obuf, _IOFBF, sizeof obuf);
+  const char *dev = getenv("KILN_DEVICE"), *fuzz_dev = getenv("KILN_FUZZ_DEVICE");
+  on_cuda = dev && !strcmp(dev, "cuda");
+  /* the GPU fuzz's children, the CPU's among them, run the same tests */
+  bool gpu_fuzz = fuzz_dev && !strcmp(fuzz_dev, "cuda");
+  if (on_cuda && !kiln_device_available(KILN_CUDA)) {
+    fprintf(out, "X no CUDA device: %s\n", kiln_device_info(KILN_CUDA));
+    fflush(out);
+    return 0;
+  }
   if (argc >= 3 && !strcmp(argv[2], "directed")) {
-    directed_w1(out);
-    directed_casts(out);
-    directed_views(out);
-    directed_identities(out);
-    directed_large(out);
-    directed_sweep(out);
-    directed_next_to_reduction(out);
-    directed_view_next_to_reduction(out); /* these two crashed: last */
-    directed_pool_stress(out);
-    directed_layers(out);
+    static const struct {
+      void (*run)(FILE *);
+      bool gpu; /* on the GPU too (the pool stress is the CPU's; the layers take a
+                   minute of emulated compiles) */
+    } tests[] = {
+        {directed_w1, true}, {directed_casts, true}, {directed_views, true},
+        {directed_identities, true}, {directed_large, true}, {directed_sweep, true},
+        {directed_next_to_reduction, true},
+        {directed_view_next_to_reduction, true}, /* these two crashed: last */
+        {directed_pool_stress, false}, {directed_layers, false},
+    };
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+      double t0 = now_s();
+      if (!gpu_fuzz || tests[i].gpu) tests[i].run(out);
+      if (getenv("KILN_FUZZ_TIME")) fprintf(stderr, "directed test %zu: %.2f s\n", i, now_s() - t0);
+    }
   } else if (argc >= 5 && !strcmp(argv[2], "fuzz")) {
     uint64_t first = strtoull(argv[3], NULL, 10), count = strtoull(argv[4], NULL, 10);
     static oprec recs[MAXRECS];
@@ -2130,6 +2210,7 @@ static void free_blob(blob *b) {
 
 typedef struct {
   long programs, replays, directed, results, elements, approx_elements, mismatched_programs, reported;
+  long cross_results, cross_elements, cross_skipped; /* GPU against CPU */
   double max_dev[5], max_ratio[5]; /* of approximate floats: |a-b|/max(1,|b|), and / bound */
   unsigned long long compiles, kernels; /* kernels: interpreter ops the JIT runs did not need */
   long cov[MAXCOV][5];
@@ -2213,10 +2294,14 @@ static bool compare_result(const char *batch, const blob *ref, const blob *jit, 
     return false;
   }
   if (strcmp(nr, nj) || strcmp(dr, dj) || strcmp(sr, sj) || cr != cj) {
-    snprintf(detail, sizeof detail, "result %s is %s%s in the interpreter, %s %s%s compiled", nr, dr,
-             sr, nj, dj, sj);
+    snprintf(detail, sizeof detail, "result %s is %s%s in the %s, %s %s%s in the %s", nr, dr,
+             sr, ref_name(), nj, dj, sj, jit_name());
     report_program(batch, jit, pline, lj, detail);
     return false;
+  }
+  if (cross && nr[strlen(nr) - 1] == '~') {
+    sum.cross_skipped++;
+    return true;
   }
   int dt = dt_parse(dr);
   bool fl = dt_float((kiln_dtype)dt);
@@ -2225,13 +2310,15 @@ static bool compare_result(const char *batch, const blob *ref, const blob *jit, 
   long long first = -1, ndiff = 0;
   uint64_t fr = 0, fj = 0;
   double fdev = 0;
-  sum.results++;
+  if (cross) sum.cross_results++;
+  else sum.results++;
   for (long long i = 0; i < cr; i++) {
     char *er, *ej;
     uint64_t xr = strtoull(pr, &er, 16), xj = strtoull(pj, &ej, 16);
     pr = er;
     pj = ej;
-    sum.elements++;
+    if (cross) sum.cross_elements++;
+    else sum.elements++;
     if (xr == xj) continue;
     double a = decode(xj, dt), b = decode(xr, dt), dev = INFINITY;
     if (fl && isnan(a) && isnan(b)) continue; /* NaN payloads and signs are not compared */
@@ -2251,12 +2338,14 @@ static bool compare_result(const char *batch, const blob *ref, const blob *jit, 
   fmt_value(vj, sizeof vj, fj, dt);
   fmt_index(ix, sizeof ix, sr, first);
   snprintf(detail, sizeof detail,
-           "result %s (%s%s): %lld of %lld elements differ; first: element %lld %s: interpreter %s, "
-           "JIT %s; %s",
-           nr, dr, sr, ndiff, cr, first, ix, vr, vj,
-           !fl ? "integer/bool results must be equal"
-               : "float results must be bit-identical (DESIGN §5: whether the JIT fired never "
-                 "changes a result)");
+           "result %s (%s%s): %lld of %lld elements differ; first: element %lld %s: %s %s, "
+           "%s %s; %s",
+           nr, dr, sr, ndiff, cr, first, ix, ref_name(), vr, jit_name(), vj,
+           cross ? "the GPU computes this with the CPU's algorithm (IEEE arithmetic, the same "
+                   "fold order), so it must give the same bits (docs/SEMANTICS.md)"
+           : !fl ? "integer/bool results must be equal"
+                 : "float results must be bit-identical (DESIGN §5: whether the JIT fired never "
+                   "changes a result)");
   (void)fdev;
   report_program(batch, jit, pline, lj, detail);
   return false;
@@ -2333,7 +2422,9 @@ static uint64_t report_death(const char *batch, const blob *dead, const blob *ot
   describe_status(how, sizeof how, status);
   int pl = last_program(dead);
   const char *label = pl >= 0 ? dead->lines[pl] + 2 : "(before its first program)";
-  KTEST_FAIL("%s: the %s run died (%s) in program %s", batch, jit ? "JIT" : "interpreter", how, label);
+  KTEST_FAIL("%s: the %s died (%s) in program %s", batch,
+             jit ? (on_cuda ? "GPU fused run" : "JIT run") : cross ? "CPU interpreter run" : on_cuda ? "GPU op-by-op run" : "interpreter run",
+             how, label);
   int po = pl >= 0 ? find_line(other, dead->lines[pl]) : -1;
   if (po >= 0 && sum.reported++ < 5) {
     print_program(other, po + 1, other->nlines - 1 < po + 200 ? other->nlines - 1 : po + 200);
@@ -2349,7 +2440,7 @@ static uint64_t report_death(const char *batch, const blob *dead, const blob *ot
 static uint64_t compare_batch(const char *batch, const blob *ref, const blob *jit, int ref_status,
                               int jit_status) {
   int i = 0, j = 0, pline = -1;
-  bool program_bad = false;
+  bool program_bad = false, cross_skip = false;
   child_stats sr = {0}, sj = {0};
   for (int k = 0; k < ref->nlines; k++)
     if (ref->lines[k][0] == 'S') parse_stats(ref->lines[k], &sr);
@@ -2359,7 +2450,8 @@ static uint64_t compare_batch(const char *batch, const blob *ref, const blob *ji
     const char *a = ref->lines[i], *b = jit->lines[j];
     if (a[0] != b[0] || ((a[0] == 'P' || a[0] == 'O') && strcmp(a, b))) {
       char detail[600];
-      snprintf(detail, sizeof detail, "the runs diverge: interpreter \"%.200s\", JIT \"%.200s\"", a, b);
+      snprintf(detail, sizeof detail, "the runs diverge: %s \"%.200s\", %s \"%.200s\"", ref_name(), a,
+               jit_name(), b);
       if (!program_bad) report_program(batch, jit, pline, j, detail);
       /* resynchronize at the next program */
       while (++i < ref->nlines && ref->lines[i][0] != 'P' && ref->lines[i][0] != 'S') {}
@@ -2371,23 +2463,33 @@ static uint64_t compare_batch(const char *batch, const blob *ref, const blob *ji
       case 'P':
         pline = j;
         program_bad = false;
+        /* directed tests besides the sweep check their exact values against
+           C's in the child; the rest of them is device math */
+        cross_skip = cross && !(a[2] == 's' && a[3] >= '0' && a[3] <= '9') && strncmp(a + 2, "sweep ", 6);
+        if (cross) break;
         sum.programs++;
         if (a[2] != 's' || a[3] < '0' || a[3] > '9') sum.directed++;
         else if (a[strlen(a) - 1] == '1') sum.replays++;
         break;
       case 'R':
-        if (!program_bad && !compare_result(batch, ref, jit, i, j, pline)) program_bad = true;
+        if (cross_skip) sum.cross_skipped++;
+        else if (!program_bad && !compare_result(batch, ref, jit, i, j, pline)) program_bad = true;
         break;
       case 'F':
         if (!program_bad) {
           char detail[800];
-          snprintf(detail, sizeof detail, "a call failed: interpreter \"%.300s\", JIT \"%.300s\"", a, b);
+          snprintf(detail, sizeof detail, "a call failed: %s \"%.300s\", %s \"%.300s\"", ref_name(), a,
+                   jit_name(), b);
           report_program(batch, jit, pline, j, detail);
         }
         program_bad = true;
         break;
-      case 'E': check_marks(batch, a, b); break;
-      case 'C': add_coverage(a); break;
+      case 'E':
+        if (!cross) check_marks(batch, a, b);
+        break;
+      case 'C':
+        if (!cross) add_coverage(a);
+        break;
       default: break;
     }
     i++;
@@ -2405,14 +2507,15 @@ static uint64_t compare_batch(const char *batch, const blob *ref, const blob *ji
   if (i < ref->nlines || j < jit->nlines)
     KTEST_FAIL("%s: the outputs have different lengths (%d and %d lines)", batch, ref->nlines,
                jit->nlines);
+  if (cross) return 0; /* the counts were checked against the GPU op-by-op run */
   if (sr.compiles) KTEST_FAIL("%s: the KILN_JIT=0 run compiled %llu plans", batch, sr.compiles);
   if (sj.compiles == 0) KTEST_FAIL("%s: the JIT run compiled nothing", batch);
   if (sj.eager >= sr.eager)
     KTEST_FAIL("%s: no compiled kernel ran: the JIT run made %llu interpreter ops, the "
                "reference %llu", batch, sj.eager, sr.eager);
   if (sj.failures)
-    KTEST_FAIL("%s: %llu plans failed to compile (libgccjit rejected generated code)", batch,
-               sj.failures);
+    KTEST_FAIL("%s: %llu plans failed to compile (%s rejected generated code)", batch,
+               sj.failures, on_cuda ? "NVRTC" : "libgccjit");
   sum.compiles += sj.compiles;
   if (sj.eager < sr.eager) sum.kernels += sr.eager - sj.eager;
   return 0;
@@ -2425,6 +2528,7 @@ typedef struct {
   char *argv[6];
   char args[3][32];
   bool jit;
+  bool cpu;    /* the GPU fuzz's third child: the CPU interpreter */
   int threads; /* KILN_THREADS of this child */
   uint64_t first, count; /* the seeds of a fuzz pair; count 0: the directed tests */
   pid_t pid;
@@ -2433,33 +2537,32 @@ typedef struct {
   struct timespec t0;
 } job;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* where make_env put KILN_THREADS: start_job sets each child's */
 static int threads_slot;
 
-/* environ without the variables the runs set, plus them */
-static char **make_env(bool jit, const char *cache_dir) {
+/* environ without the variables the runs set, plus them; `cuda`: every
+   tensor is made on the GPU (the op-by-op run there keeps the caller's
+   KILN_CACHE_DIR: its kernels are the same in every batch) */
+static char **make_env(bool jit, bool cuda, const char *cache_dir) {
   static const char *const drop[] = {"KILN_JIT=", "KILN_HOT=", "KILN_ASYNC=", "KILN_CACHE_DIR=",
-                                     "KILN_CACHE=", "KILN_THREADS=", "KILN_RECOMPILE_BUDGET="};
+                                     "KILN_CACHE=", "KILN_THREADS=", "KILN_RECOMPILE_BUDGET=",
+                                     "KILN_DEVICE="};
   int n = 0;
   while (environ[n]) n++;
-  char **env = calloc((size_t)n + 8, sizeof *env);
+  char **env = calloc((size_t)n + 9, sizeof *env);
   int k = 0;
   for (int i = 0; i < n; i++) {
     bool keep = true;
     for (size_t d = 0; d < sizeof drop / sizeof drop[0]; d++)
       if (!strncmp(environ[i], drop[d], strlen(drop[d]))) keep = false;
+    if (cuda && !jit && !strncmp(environ[i], "KILN_CACHE_DIR=", 15)) keep = true;
     if (keep) env[k++] = environ[i];
   }
   static char cache_var[700];
   snprintf(cache_var, sizeof cache_var, "KILN_CACHE_DIR=%s", cache_dir);
   threads_slot = k;
   env[k++] = "KILN_THREADS=4"; /* 2^16-element kernels split into 4 ranges */
+  if (cuda) env[k++] = "KILN_DEVICE=cuda";
   if (jit) {
     env[k++] = "KILN_JIT=1";
     env[k++] = "KILN_HOT=1";
@@ -2502,12 +2605,14 @@ static void finish_job(job *jobs, int njobs, pid_t pid, int status) {
     }
 }
 
+static char **env_ref, **env_jit, **env_cpu;
+
 /* runs every job, at most `parallel` at once */
-static void run_jobs(job *jobs, int njobs, const char *exe, char **env_ref, char **env_jit, int parallel) {
+static void run_jobs(job *jobs, int njobs, const char *exe, int parallel) {
   int next = 0, running = 0;
   while (next < njobs || running > 0) {
     while (next < njobs && running < parallel) {
-      start_job(&jobs[next], exe, jobs[next].jit ? env_jit : env_ref);
+      start_job(&jobs[next], exe, jobs[next].jit ? env_jit : jobs[next].cpu ? env_cpu : env_ref);
       if (jobs[next].pid > 0) running++;
       next++;
     }
@@ -2530,29 +2635,34 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 }
 
 static char self_exe[4096], tmp_dir[512];
-static char **env_ref, **env_jit;
 
-/* appends a JIT + reference pair of children */
+/* children per batch: the JIT run and its reference, and on the GPU the CPU
+   interpreter as well */
+static int group_size(void) { return on_cuda ? 3 : 2; }
+
+/* appends a JIT + reference pair of children (+ the CPU's, on the GPU) */
 static void add_pair(job **jobs, int *njobs, uint64_t first, uint64_t count) {
-  *jobs = realloc(*jobs, (size_t)(*njobs + 2) * sizeof **jobs);
-  for (int k = 0; k < 2; k++) {
+  int group = group_size();
+  *jobs = realloc(*jobs, (size_t)(*njobs + group) * sizeof **jobs);
+  int pair = *njobs / group;
+  for (int k = 0; k < group; k++) {
     job *jb = &(*jobs)[(*njobs)++];
     bool jit = k == 0;
     memset(jb, 0, sizeof *jb);
     jb->jit = jit;
+    jb->cpu = k == 2;
     jb->first = first;
     jb->count = count;
     /* results never depend on the thread count: fuzz pairs run the two
        children on different counts, 1, 2 and 4 in turn */
     static const int jit_threads[] = {1, 2, 4}, ref_threads[] = {4, 1, 2};
-    int pair = (*njobs - 1) / 2;
     jb->threads = !count ? 4 : jit ? jit_threads[pair % 3] : ref_threads[pair % 3];
     if (count)
       snprintf(jb->name, sizeof jb->name, "seeds %llu-%llu", (unsigned long long)first,
                (unsigned long long)(first + count - 1));
     else
       snprintf(jb->name, sizeof jb->name, "directed");
-    snprintf(jb->out, sizeof jb->out, "%s/%03d-%s.out", tmp_dir, *njobs / 2, jit ? "jit" : "ref");
+    snprintf(jb->out, sizeof jb->out, "%s/%03d-%s.out", tmp_dir, pair, jit ? "jit" : jb->cpu ? "cpu" : "ref");
     snprintf(jb->args[0], sizeof jb->args[0], "%s", count ? "fuzz" : "directed");
     snprintf(jb->args[1], sizeof jb->args[1], "%llu", (unsigned long long)first);
     snprintf(jb->args[2], sizeof jb->args[2], "%llu", (unsigned long long)count);
@@ -2628,25 +2738,45 @@ TEST(jit_matches_interpreter) {
   if (nbatch > 64) nbatch = 64;
   job *jobs = NULL;
   int njobs = 0, done = 0, crashes = 0;
+  bool skipped = false;
   if (directed) add_pair(&jobs, &njobs, 0, 0); /* the slowest pair first */
   for (int b = 0; b < nbatch; b++) {
     uint64_t lo = first + (uint64_t)(nprog * b / nbatch), hi = first + (uint64_t)(nprog * (b + 1) / nbatch);
     add_pair(&jobs, &njobs, lo, hi - lo);
   }
-  double t0 = now_s(), jit_secs = 0, ref_secs = 0;
+  double t0 = now_s(), jit_secs = 0, ref_secs = 0, cpu_secs = 0;
   /* rounds: the programs after one a child died in run in a new pair */
   for (int round = 0; done < njobs && round < 16; round++) {
-    run_jobs(jobs + done, njobs - done, self_exe, env_ref, env_jit, parallel);
+    run_jobs(jobs + done, njobs - done, self_exe, parallel);
     int end = njobs;
-    for (int i = done; i < end; i += 2) {
+    for (int i = done; i < end; i += group_size()) {
       blob bj, br;
       jit_secs += jobs[i].secs;
       ref_secs += jobs[i + 1].secs;
+      if (on_cuda) cpu_secs += jobs[i + 2].secs;
       if (!load_blob(jobs[i].out, &bj) || !load_blob(jobs[i + 1].out, &br)) {
         KTEST_FAIL("%s: cannot read the outputs in %s", jobs[i].name, tmp_dir);
         continue;
       }
+      if (bj.nlines && bj.lines[0][0] == 'X' && br.nlines && br.lines[0][0] == 'X') {
+        if (!skipped) printf("SKIP: the GPU fuzz pairs: %s\n", bj.lines[0] + 2);
+        skipped = true;
+        free_blob(&bj);
+        free_blob(&br);
+        continue;
+      }
       uint64_t died = compare_batch(jobs[i].name, &br, &bj, jobs[i + 1].status, jobs[i].status);
+      blob bc;
+      if (on_cuda && !died) { /* the GPU fused run against the CPU's interpreter */
+        if (!load_blob(jobs[i + 2].out, &bc)) {
+          KTEST_FAIL("%s: cannot read the CPU run's output in %s", jobs[i].name, tmp_dir);
+        } else {
+          cross = true;
+          compare_batch(jobs[i].name, &bc, &bj, jobs[i + 2].status, jobs[i].status);
+          cross = false;
+          free_blob(&bc);
+        }
+      }
       if (jobs[i].count == 0 && (!WIFEXITED(jobs[i].status) || WEXITSTATUS(jobs[i].status) ||
                                  !WIFEXITED(jobs[i + 1].status) || WEXITSTATUS(jobs[i + 1].status)))
         KTEST_FAIL("directed: a child's own checks failed (see above)");
@@ -2659,19 +2789,27 @@ TEST(jit_matches_interpreter) {
     done = end;
   }
   free(jobs);
+  if (skipped) return;
   double t1 = now_s();
-  printf("jit fuzz: %ld random programs (%ld replayed with new leaves and scalars), %ld directed "
+  printf("%s fuzz: %ld random programs (%ld replayed with new leaves and scalars), %ld directed "
          "tests; %ld results, %ld values compared (%ld approximate); the JIT runs compiled %llu "
-         "plans, and compiled kernels did the work of %llu interpreter ops%s\n",
+         "plans, and compiled kernels did the work of %llu interpreter ops%s\n", on_cuda ? "GPU" : "jit",
          sum.programs - sum.replays - sum.directed, sum.replays, sum.directed, sum.results,
          sum.elements, sum.approx_elements, sum.compiles, sum.kernels,
          crashes ? " (crashed children resumed after the program they died in)" : "");
-  printf("  largest difference of approximate values |a-b|/max(1,|b|): f32 %.3g (%.2g of the "
-         "model's bound), f64 %.3g (%.2g of the bound); tolerances %g / %g\n",
-         sum.max_dev[KILN_F32], sum.max_ratio[KILN_F32], sum.max_dev[KILN_F64],
-         sum.max_ratio[KILN_F64], TOL_F32, TOL_F64);
-  printf("  %.1f s wall, children: JIT %.1f s, interpreter %.1f s (%d children at once)\n", t1 - t0,
-         jit_secs, ref_secs, parallel);
+  if (on_cuda)
+    printf("  against the CPU interpreter: %ld results, %ld values bit for bit; %ld results through "
+           "CUDA's libm or cuBLAS compared by dtype and shape only\n",
+           sum.cross_results, sum.cross_elements, sum.cross_skipped);
+  else
+    printf("  largest difference of approximate values |a-b|/max(1,|b|): f32 %.3g (%.2g of the "
+           "model's bound), f64 %.3g (%.2g of the bound); tolerances %g / %g\n",
+           sum.max_dev[KILN_F32], sum.max_ratio[KILN_F32], sum.max_dev[KILN_F64],
+           sum.max_ratio[KILN_F64], TOL_F32, TOL_F64);
+  printf("  %.1f s wall, children: %s %.1f s, %s %.1f s", t1 - t0, jit_name(), jit_secs, ref_name(),
+         ref_secs);
+  if (on_cuda) printf(", CPU interpreter %.1f s", cpu_secs);
+  printf(" (%d children at once)\n", parallel);
   if (nprog > 1) print_coverage();
 }
 
@@ -2684,6 +2822,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   self_exe[n] = 0;
+  const char *dev = getenv("KILN_FUZZ_DEVICE");
+  on_cuda = dev && !strcmp(dev, "cuda");
   const char *tmp = getenv("TMPDIR");
   snprintf(tmp_dir, sizeof tmp_dir, "%s/kiln-jit-fuzz-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   if (!mkdtemp(tmp_dir)) {
@@ -2692,8 +2832,9 @@ int main(int argc, char **argv) {
   }
   char cache_dir[600];
   snprintf(cache_dir, sizeof cache_dir, "%s/cache", tmp_dir);
-  env_ref = make_env(false, cache_dir);
-  env_jit = make_env(true, cache_dir);
+  env_ref = make_env(false, on_cuda, cache_dir);
+  env_jit = make_env(true, on_cuda, cache_dir);
+  env_cpu = make_env(false, false, cache_dir);
   RUN(jit_matches_interpreter);
   if (getenv("KILN_FUZZ_KEEP") && *getenv("KILN_FUZZ_KEEP"))
     printf("outputs kept in %s\n", tmp_dir);
@@ -2701,5 +2842,6 @@ int main(int argc, char **argv) {
     nftw(tmp_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
   free(env_ref);
   free(env_jit);
+  free(env_cpu);
   return ktest_done();
 }

@@ -57,9 +57,13 @@ vm_tensor *vm_clamp(vm_tensor *a, double lo, double hi) {
     return NULL;
   }
   bool is_int = !vm_dtype_is_float(a->dtype);
-  if (is_int) { /* the integers within [lo, hi] */
+  if (is_int) { /* the integers within [lo, hi], as the dtype holds them */
     lo = ceil(lo);
     hi = floor(hi);
+    if (a->dtype == KILN_I32) { /* an int32 bound past the range saturates, never wraps */
+      lo = fmin(fmax(lo, INT32_MIN), INT32_MAX);
+      hi = fmin(fmax(hi, INT32_MIN), INT32_MAX);
+    }
   }
   /* y = where(x < lo, lo, x), then where(y > hi, hi, y): NaN passes
      through, lo > hi gives hi, and the gradient passes at the bounds

@@ -501,6 +501,26 @@ static bool infer_kind(vm_opcode op, int n, vm_tensor *const *in, const vm_attr 
   return false;
 }
 
+/* *v, a weak scalar of dtype `from` (as its full node stores it), cast to
+   `to` as the cast op does: to a float, the value rounded once (the full
+   node of dtype `to` rounds it so); between integer dtypes, wrapped (two's
+   complement) or != 0 for bool.  False for float -> integer (left to a
+   cast node). */
+static bool weak_cast(kiln_dtype from, kiln_dtype to, double *v) {
+  if (vm_dtype_is_float(to)) return true;
+  if (vm_dtype_is_float(from)) return false;
+  union {
+    uint8_t b;
+    int32_t i32;
+    int64_t i64;
+  } slot = {0};
+  vm_store_f64(&slot, from, 0, *v);
+  int64_t x = from == KILN_BOOL ? slot.b : from == KILN_I32 ? slot.i32 : slot.i64;
+  /* exact in a double: x came from one (saturated), or is 32 bits */
+  *v = to == KILN_BOOL ? (double)(x != 0) : to == KILN_I32 ? (double)(int32_t)(uint32_t)x : (double)x;
+  return true;
+}
+
 static bool movable_scalar(const vm_tensor *t) { return t->weak && t->ndim == 0; }
 
 bool vm_infer_device(int n, vm_tensor *const *in, kiln_device *d) {
@@ -726,12 +746,12 @@ vm_tensor *vm_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr)
   if (!ok) vm_error(KILN_ERR_OOM, "out of memory");
   for (int i = 0; ok && i < n; i++) {
     kiln_dtype want = input_dtype(op, i, in[i], &m);
-    /* a weak scalar cast to a float dtype is made in that dtype instead
-       (the same rounding): a cast node would be a 0-d value on the host,
-       and a CUDA trace holding one would run node by node */
+    /* a weak scalar cast to another dtype is made in that dtype instead,
+       with the value the cast gives: a cast node would be a 0-d value on
+       the host, and a CUDA trace holding one would run node by node */
     double v;
     bool host;
-    if (in[i]->dtype != want && vm_dtype_is_float(want) && tr_weak_scalar(in[i], &v, &host))
+    if (in[i]->dtype != want && tr_weak_scalar(in[i], &v, &host) && weak_cast(in[i]->dtype, want, &v))
       ok = (args[i] = vm_weak_scalar_of(v, want, host)) != NULL;
     else
       ok = (args[i] = in[i]->dtype == want ? vm_retain(in[i]) : vm_cast(in[i], want)) != NULL;
