@@ -1171,16 +1171,18 @@ static void count_exec(const prog *P, const oprec *r) {
 }
 
 /* whether r itself computes with an algorithm the GPU does not share with
-   the CPU (docs/SEMANTICS.md "The GPU"): f32/f64 transcendentals and pow
+   the CPU (docs/SEMANTICS.md, "Bit for bit"): f32/f64 transcendentals and pow
    are CUDA's libm there, Kiln's polynomials (f32) or glibc (f64) here;
-   matmul is cuBLAS; randn draws through log and cos */
+   matmul is cuBLAS; randn draws through log and cos; softmax and its
+   kin use exp and log */
 static bool device_math_op(const oprec *r) {
   switch (r->kind) {
     case K_UNARY: return unary_is_math(r->fn);
     case K_BINARY: return r->fn == B_POW;
     case K_SCALAR: return r->fn == S_POW;
     case K_LEAF: case K_VLEAF: return r->lmode == LV_RANDN;
-    case K_MATMUL: case K_NN: return true;
+    case K_MATMUL: return true;
+    case K_NN: return r->fn != NN_LAYER_NORM; /* layer_norm: means, a sqrt and divisions */
     default: return false;
   }
 }
