@@ -57,9 +57,22 @@
  * view of a value fused into a reduction's group, and back-to-back pooled
  * kernels (a thread pool race).
  *
+ * The GPU fuzz (KILN_FUZZ_DEVICE=cuda; in CI on the emulated device,
+ * test_jit_fuzz_cuda_emulated) runs three children per batch, all making
+ * the same calls: the GPU's op-by-op kernels (KILN_DEVICE=cuda
+ * KILN_JIT=0, the reference), its fused kernels (KILN_DEVICE=cuda, the JIT
+ * as above) and the CPU interpreter.  Fused against op by op: bit for bit,
+ * everything.  Fused against the CPU: bit for bit too, but for results
+ * computed through CUDA's libm or cuBLAS (their names end in "~": the GPU
+ * runs another algorithm there, docs/SEMANTICS.md), compared by dtype and
+ * shape.  The directed tests run too, but the thread-pool stress; of them
+ * only the op sweep is compared with the CPU (the others check their exact
+ * values against C's in the child).
+ *
  *   KILN_FUZZ_PROGRAMS=n   programs (default 200)    KILN_FUZZ_FIRST=s  first seed (1)
  *   KILN_FUZZ_SEED=s       just that program         KILN_FUZZ_STATS=1  coverage table
  *   KILN_FUZZ_JOBS=j       children at once          KILN_FUZZ_KEEP=1   keep the outputs
+ *   KILN_FUZZ_DEVICE=cuda  the GPU fuzz              KILN_FUZZ_TIME=1   directed tests' times
  *   KILN_FUZZ_NO_PENDING_VIEWS=1  no views of values computed in the same
  *                          trace (triage: to look past a known crash there)
  * A child alone: ./test_jit_fuzz --child fuzz <first> <count> (or directed),
