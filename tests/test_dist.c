@@ -9,7 +9,9 @@
  * without a gradient), a training loop that must equal one process
  * training on the whole batch and stay bitwise equal across ranks, settle
  * into one trace per step, and start its first bucket before backward
- * ends.  `test_dist die` and `test_dist hang` are the failure drills
+ * ends; and CUDA tensors (test_dist_np2_cuda_emulated: each rank with an
+ * emulated GPU): reductions and averaged gradients that stay on the GPU,
+ * and a bucket of gradients on two devices refused.  `test_dist die` and `test_dist hang` are the failure drills
  * (tests/dist_expect_abort.sh runs them). */
 #include <stdint.h>
 #include <sys/wait.h>
@@ -19,6 +21,15 @@
 #include "ktest.h"
 
 static int rank_, size_;
+
+/* a call returning a status: the status, and its message naming `needle` */
+#define CHECK_ERROR_STATUS(call, status, needle)  \
+  do {                                            \
+    kiln_clear_error();                           \
+    CHECK_EQ_INT((call), (status));               \
+    CHECK_STR_CONTAINS(kiln_last_error(), needle); \
+    kiln_clear_error();                           \
+  } while (0)
 
 static kiln_tensor *tensor_f64(int ndim, const int64_t *shape, double (*f)(int64_t, int), int r) {
   int64_t n = 1;
@@ -407,6 +418,67 @@ TEST(the_first_bucket_starts_before_backward_ends) {
   kiln_release(x);
 }
 
+/* --- CUDA tensors ------------------------------------------------------------ */
+
+/* CUDA values reduce through the host (README: NCCL is designed, not
+   built): the result is on the GPU, with the CPU's values; gradients on
+   the GPU are averaged in buckets and stay there; a bucket of CPU and
+   CUDA gradients is refused.  Under test_dist_np2_cuda_emulated every rank
+   has an emulated GPU; elsewhere without a GPU it says so and skips. */
+TEST(cuda_tensors) {
+  if (!kiln_device_available(KILN_CUDA)) {
+    if (rank_ == 0) printf("SKIP cuda_tensors: %s\n", kiln_device_info(KILN_CUDA));
+    return;
+  }
+  int64_t n = 37;
+  kiln_tensor *c = tensor_f64(1, &n, value_at, rank_);
+  kiln_tensor *g = kiln_to_device(c, KILN_CUDA);
+  kiln_tensor *rs = kiln_all_reduce(g, KILN_REDUCE_SUM), *rm = kiln_all_reduce(g, KILN_REDUCE_MEAN);
+  CHECK(rs && kiln_device_of(rs) == KILN_CUDA && kiln_device_of(rm) == KILN_CUDA);
+  double *vs = rs ? ktest_values(rs) : NULL, *vm = rm ? ktest_values(rm) : NULL;
+  for (int64_t i = 0; vs && vm && i < n; i++) {
+    double want = 0;
+    for (int q = 0; q < size_; q++) want += value_at(i, q);
+    CHECK_CLOSE(vs[i], want, 0);
+    CHECK_CLOSE(vm[i], want / size_, 0);
+  }
+  free(vs);
+  free(vm);
+  /* gradients of parameters on the GPU: loss = (rank + 1) * sum(w * x) */
+  int64_t s2[2] = {6, 5};
+  kiln_tensor *wc = tensor_f64(2, s2, ramp, 0), *w = kiln_to_device(wc, KILN_CUDA);
+  kiln_tensor *bc = kiln_zeros(KILN_F32, 1, (int64_t[]){5}), *b = kiln_to_device(bc, KILN_CUDA);
+  kiln_set_requires_grad(w, true);
+  kiln_set_requires_grad(b, true);
+  kiln_tensor *x = kiln_to_device(tensor_f64(2, s2, ramp, rank_ + 1), KILN_CUDA);
+  kiln_tensor *wx = kiln_sum(kiln_mul(w, x), 0, NULL, false);
+  kiln_tensor *bsum = kiln_cast(kiln_sum(b, 0, NULL, false), KILN_F64);
+  kiln_tensor *loss = kiln_mul_scalar(kiln_add(wx, bsum), rank_ + 1.0);
+  CHECK(kiln_backward(loss, NULL) == KILN_OK);
+  kiln_tensor *params[2] = {w, b};
+  CHECK_EQ_INT(kiln_dist_average_grads(2, params), KILN_OK);
+  kiln_tensor *gw = kiln_grad(w), *gb = kiln_grad(b);
+  CHECK(gw && gb && kiln_device_of(gw) == KILN_CUDA && kiln_device_of(gb) == KILN_CUDA);
+  double *gwv = gw ? ktest_values(gw) : NULL, *gbv = gb ? ktest_values(gb) : NULL;
+  for (int64_t i = 0; gwv && i < 30; i++) { /* mean over ranks q of (q + 1) * x_q */
+    double want = 0;
+    for (int q = 0; q < size_; q++) want += (q + 1.0) * ramp(i, q + 1);
+    CHECK_CLOSE(gwv[i], want / size_, 1e-15);
+  }
+  for (int64_t i = 0; gbv && i < 5; i++) CHECK_CLOSE(gbv[i], (size_ + 1) / 2.0, 0);
+  free(gwv);
+  free(gbv);
+  /* one bucket may not hold gradients on two devices */
+  kiln_tensor *p_cpu = tensor_f64(1, (int64_t[]){4}, ramp, 3);
+  kiln_set_requires_grad(p_cpu, true);
+  kiln_tensor *l2 = kiln_sum(p_cpu, 0, NULL, false);
+  CHECK(kiln_backward(l2, NULL) == KILN_OK);
+  kiln_tensor *mixed[2] = {w, p_cpu};
+  CHECK_ERROR_STATUS(kiln_dist_average_grads(2, mixed), KILN_ERR_DEVICE, "params[0] is on cuda and params[1] on cpu");
+  kiln_tensor *all[] = {c, g, rs, rm, wc, w, bc, b, x, wx, bsum, loss, gw, gb, p_cpu, l2};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) kiln_release(all[i]);
+}
+
 /* --- failure drills (tests/dist_expect_abort.sh) -------------------------- */
 
 static int drill(const char *mode) {
@@ -451,6 +523,7 @@ int main(int argc, char **argv) {
   RUN(average_grads_in_buckets);
   RUN(training_equals_one_process_on_the_whole_batch);
   RUN(the_first_bucket_starts_before_backward_ends);
+  RUN(cuda_tensors);
   CHECK_EQ_INT(kiln_dist_finalize(), KILN_OK);
   CHECK_EQ_INT(kiln_dist_rank(), KILN_ERR_STATE);
   CHECK_EQ_INT(kiln_dist_init(), KILN_ERR_STATE); /* MPI cannot start twice */
