@@ -24,7 +24,9 @@
  * (a later trace sees materialized, possibly strided, leaves), early
  * releases, and reductions, argmax, matmul, softmax / log_softmax /
  * logsumexp / layer_norm mixed in so compiled groups border interpreter
- * groups.  The results are the values no later op used (the others stay
+ * groups; gather, index_select, scatter_add (1-11 picks along the axis:
+ * computed in place up to 8, by the interpreter's pass past that) and
+ * concat along any axis, with index and part leaves of their own.  The results are the values no later op used (the others stay
  * inside the final flush's kernels) and the host reads.  Every program but
  * the large ones runs a second time with new leaf values and negated host
  * scalars: the same trace keys, so cached plans and kernels run again with
@@ -450,12 +452,16 @@ static kiln_tensor *make_leaf(kiln_dtype dt, int nd, const int64_t *shape, int v
 /* --- program records ----------------------------------------------------------------- */
 
 enum { K_LEAF, K_VLEAF, K_UNARY, K_BINARY, K_SCALAR, K_WHERE, K_CLAMP, K_CAST, K_VIEW,
-       K_REDUCE, K_ARG, K_MATMUL, K_NN, K_READ, K_RELEASE, K_COUNT };
+       K_REDUCE, K_ARG, K_MATMUL, K_NN, K_MOVE, K_READ, K_RELEASE, K_COUNT };
 static const int WEIGHT[K_COUNT] = {
     [K_LEAF] = 3,   [K_VLEAF] = 3,  [K_UNARY] = 12, [K_BINARY] = 14, [K_SCALAR] = 8,
     [K_WHERE] = 3,  [K_CLAMP] = 2,  [K_CAST] = 4,   [K_VIEW] = 5,    [K_REDUCE] = 3,
-    [K_ARG] = 1,    [K_MATMUL] = 1, [K_NN] = 2,     [K_READ] = 1,    [K_RELEASE] = 3,
+    [K_ARG] = 1,    [K_MATMUL] = 1, [K_NN] = 2,     [K_MOVE] = 3,    [K_READ] = 1,
+    [K_RELEASE] = 3,
 };
+/* K_MOVE: data movement along an axis, with index and part leaves of its own */
+enum { MV_GATHER, MV_INDEX_SELECT, MV_SCATTER_ADD, MV_CONCAT, MV_COUNT };
+static const char *const MOVE_NAME[MV_COUNT] = {"gather", "index_select", "scatter_add", "concat"};
 
 enum { LV_DATA, LV_FULL, LV_ARANGE, LV_RAND, LV_RANDN };
 enum { VS_PERMUTE, VS_TRANSPOSE, VS_SLICE, VS_EXPAND, VS_RESHAPE, VS_UNSQUEEZE, VS_SQUEEZE };
@@ -814,7 +820,7 @@ static bool gen_kind(prog *P, uint64_t *g, int kind, oprec *r) {
   if (kind != K_LEAF && kind != K_VLEAF) {
     int flags = kind == K_CLAMP ? PK_NOBOOL
               : kind == K_CAST || kind == K_ARG ? PK_EXACT
-              : kind == K_VIEW || kind == K_REDUCE || kind == K_MATMUL ? PK_ND1
+              : kind == K_VIEW || kind == K_REDUCE || kind == K_MATMUL || kind == K_MOVE ? PK_ND1
               : kind == K_NN ? PK_ND1 | PK_FLOAT | PK_EXACT : 0;
     if ((a = pick(P, g, flags)) < 0) return false;
     A = P->s[a].t;
@@ -1025,6 +1031,37 @@ static bool gen_kind(prog *P, uint64_t *g, int kind, oprec *r) {
       TX(r, "}, keepdim=%d)", r->flag);
       break;
     }
+    case K_MOVE: { /* iv: the axis, the picks (or the part's length) */
+      int ax = rn(g, nd);
+      int64_t m = coin(g, 85) ? rr(g, 1, 4) : rr(g, 5, 11); /* a scatter past 8 picks: not in place */
+      r->fn = rn(g, MV_COUNT);
+      if (sa[ax] == 0 || (r->fn == MV_SCATTER_ADD && adt == KILN_BOOL)) return false;
+      r->iv[0] = coin(g, 30) ? ax - nd : ax; /* negative axes too */
+      r->iv[1] = (int)m;
+      r->dt = adt;
+      r->lnd = r->fn == MV_INDEX_SELECT ? 1 : nd;
+      if (r->fn == MV_INDEX_SELECT) r->lshape[0] = m;
+      else memcpy(r->lshape, sa, (size_t)nd * sizeof *sa), r->lshape[ax] = m;
+      int64_t res = shape_numel(nd, sa) / sa[ax] * (r->fn == MV_CONCAT ? sa[ax] + m : r->fn == MV_SCATTER_ADD ? sa[ax] : m);
+      if (res > P->cap || shape_numel(r->lnd, r->lshape) > P->cap) return false;
+      r->flag = coin(g, 50); /* concat: the part first */
+      r->vk = VK_MOD;
+      r->vseed = sm_next(g);
+      double mag = leaf_mag(adt, VK_MOD);
+      o = r->fn == MV_SCATTER_ADD ? mk(x.mf + (double)m * mag, 0, 0)
+          : r->fn == MV_CONCAT    ? mk(fmax(x.mf, mag), 0, 0)
+                                  : x;
+      char sb[96];
+      fmt_shape(sb, sizeof sb, r->lnd, r->lshape);
+      if (r->fn == MV_CONCAT && r->flag)
+        TX(r, "concat({leaf %s%s seed=%llx, t%d}, %d)", DT_NAME[adt], sb, (unsigned long long)r->vseed, a, r->iv[0]);
+      else if (r->fn == MV_CONCAT)
+        TX(r, "concat({t%d, leaf %s%s seed=%llx}, %d)", a, DT_NAME[adt], sb, (unsigned long long)r->vseed, r->iv[0]);
+      else
+        TX(r, "%s(t%d, %d, index i64%s < %lld seed=%llx%s)", MOVE_NAME[r->fn], a, r->iv[0], sb,
+           (long long)sa[ax], (unsigned long long)r->vseed, r->fn == MV_SCATTER_ADD ? ", source of the index's shape" : "");
+      break;
+    }
     case K_ARG:
       if (nd == 0) return false;
       r->fn = rn(g, 2);
@@ -1154,6 +1191,41 @@ static kiln_tensor *exec_leaf(const prog *P, const oprec *r) {
   }
 }
 
+/* K_MOVE's leaves: its index (int64 in [0, bound), of r's leaf shape) and
+   its source or part (r's dtype and leaf shape); new values on the replay */
+static kiln_tensor *move_index(const prog *P, const oprec *r, int64_t bound) {
+  uint64_t s = r->vseed ^ (P->variant ? 0x5BD1E9955BD1E995ull : 0);
+  int64_t n = shape_numel(r->lnd, r->lshape);
+  int64_t *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+  for (int64_t i = 0; i < n; i++) v[i] = rn(&s, (int)bound);
+  kiln_tensor *t = kiln_from_data(v, KILN_I64, r->lnd, r->lshape);
+  free(v);
+  return t;
+}
+
+static kiln_tensor *move_part(const prog *P, const oprec *r) {
+  return make_leaf(r->dt, r->lnd, r->lshape, r->vk, (r->vseed + 1) ^ (P->variant ? 0x5BD1E9955BD1E995ull : 0));
+}
+
+static kiln_tensor *exec_move(const prog *P, const oprec *r, kiln_tensor *A) {
+  int ax = r->iv[0] < 0 ? r->iv[0] + ND(A) : r->iv[0];
+  kiln_tensor *idx = NULL, *part = NULL, *res = NULL;
+  if (r->fn != MV_CONCAT) idx = move_index(P, r, SH(A)[ax]);
+  if (r->fn == MV_SCATTER_ADD || r->fn == MV_CONCAT) part = move_part(P, r);
+  switch (r->fn) {
+    case MV_GATHER: res = kiln_gather(A, r->iv[0], idx); break;
+    case MV_INDEX_SELECT: res = kiln_index_select(A, r->iv[0], idx); break;
+    case MV_SCATTER_ADD: res = kiln_scatter_add(A, r->iv[0], idx, part); break;
+    default: {
+      kiln_tensor *parts[2] = {r->flag ? part : A, r->flag ? A : part};
+      res = kiln_concat(2, parts, r->iv[0]);
+    }
+  }
+  kiln_release(idx);
+  kiln_release(part);
+  return res;
+}
+
 static kiln_tensor *exec_views(kiln_tensor *t, const oprec *r) {
   kiln_tensor *cur = kiln_retain(t);
   for (int k = 0; cur && k < r->nv; k++) {
@@ -1230,6 +1302,7 @@ static bool exec_rec(prog *P, const oprec *r, int step) {
     case K_VIEW: res = exec_views(A, r); break;
     case K_REDUCE: res = REDUCE[r->fn].f(A, r->niv, r->iv, r->flag); break;
     case K_ARG: res = (r->fn ? kiln_argmin : kiln_argmax)(A, r->iv[0], r->flag); break;
+    case K_MOVE: res = exec_move(P, r, A); break;
     case K_MATMUL:
       tmp = r->fn ? kiln_transpose(A, -1, -2) : exec_leaf(P, r);
       res = tmp ? kiln_matmul(A, tmp) : NULL;
