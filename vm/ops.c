@@ -744,6 +744,7 @@ vm_tensor *vm_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr)
   vm_tensor *out = NULL;
   bool ok = args != NULL;
   if (!ok) vm_error(KILN_ERR_OOM, "out of memory");
+  uint64_t made = 0; /* args[i] made here (bit i, i < 64), released after; the rest are in[i] */
   for (int i = 0; ok && i < n; i++) {
     kiln_dtype want = input_dtype(op, i, in[i], &m);
     /* a weak scalar cast to another dtype is made in that dtype instead,
@@ -751,13 +752,19 @@ vm_tensor *vm_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr)
        the host, and a CUDA trace holding one would run node by node */
     double v;
     bool host;
+    if (in[i]->dtype == want && i < 64) {
+      args[i] = in[i]; /* borrowed: no reference taken (atomics are a W5 op's main cost) */
+      continue;
+    }
     if (in[i]->dtype != want && tr_weak_scalar(in[i], &v, &host) && weak_cast(in[i]->dtype, want, &v))
       ok = (args[i] = vm_weak_scalar_of(v, want, host)) != NULL;
     else
       ok = (args[i] = in[i]->dtype == want ? vm_retain(in[i]) : vm_cast(in[i], want)) != NULL;
+    if (i < 64) made |= 1ull << i;
   }
   if (ok) out = tr_record(op, n, args, attr, &m);
-  for (int i = 0; args && i < n; i++) vm_release(args[i]);
+  for (int i = 0; args && i < n; i++)
+    if (i >= 64 || (made >> i & 1)) vm_release(args[i]);
   if (args != few) free(args);
   return out;
 }
