@@ -2,6 +2,7 @@
  * inspection (shape, ndim, numel, dtype, device), host reads (item,
  * to_buffer), reference counting, runtime queries (version, threads, stats)
  * and kiln_print's PyTorch-style text. */
+#include <pthread.h>
 #include <stdint.h>
 
 #include "ktest.h"
@@ -450,6 +451,44 @@ TEST(num_threads_is_positive_and_honours_env) {
   if (env && atoi(env) > 0) CHECK_EQ_INT(n, atoi(env));
 }
 
+/* ops_recorded is posted per thread in batches (vm/state.h VM_OPS_POST):
+   exact on the recording thread at every read, and another thread's ops
+   count once it exits, flush or not */
+static void *record_ops(void *arg) {
+  kiln_tensor *x = kiln_ones(KILN_F32, 1, S(4));
+  for (int k = 0; k < 9; k++) {
+    kiln_tensor *y = kiln_add_scalar(x, 1);
+    kiln_release(x);
+    x = y;
+  }
+  *(kiln_tensor **)arg = x; /* pending: never flushed on this thread */
+  return NULL;
+}
+
+TEST(ops_recorded_is_exact_per_thread_and_counts_exited_threads) {
+  kiln_reset_stats();
+  kiln_tensor *x = kiln_ones(KILN_F32, 1, S(4));
+  double before = kiln_stat("ops_recorded");
+  for (int k = 0; k < 300; k++) { /* past one post */
+    kiln_tensor *y = kiln_mul_scalar(x, 1);
+    kiln_release(x);
+    x = y;
+  }
+  kiln_stats st;
+  kiln_get_stats(&st);
+  CHECK_EQ_INT((long long)st.ops_recorded - (long long)before, 600); /* each op: the scalar and the mul */
+  CHECK_EQ_INT(kiln_stat("ops_recorded") - before, 600);
+  pthread_t th;
+  kiln_tensor *other = NULL;
+  before = kiln_stat("ops_recorded");
+  CHECK_EQ_INT(pthread_create(&th, NULL, record_ops, &other), 0);
+  pthread_join(th, NULL);
+  CHECK_EQ_INT(kiln_stat("ops_recorded") - before, 1 + 9 * 2); /* ones, then 9 scalars and adds */
+  CHECK_TENSOR(other, 1, S(4), V(10, 10, 10, 10), 0);
+  kiln_release(other);
+  kiln_release(x);
+}
+
 TEST(stats_reset_zeroes_counters_and_ops_are_counted) {
   kiln_reset_stats();
   kiln_stats st;
@@ -594,6 +633,7 @@ int main(void) {
   RUN(release_null_is_a_no_op);
   RUN(version_is_a_non_empty_string);
   RUN(num_threads_is_positive_and_honours_env);
+  RUN(ops_recorded_is_exact_per_thread_and_counts_exited_threads);
   RUN(stats_reset_zeroes_counters_and_ops_are_counted);
   RUN(print_f32_matrix);
   RUN(print_i32_vector_names_dtype);

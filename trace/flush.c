@@ -401,6 +401,7 @@ static void trace_device(tr_trace *t) {
 int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, plan_ops_once);
+  vm_post_ops();
   double t0 = now_ms();
   collector c = {0};
   if (!collect(&c, g, targets, ntargets, why)) {

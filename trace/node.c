@@ -31,6 +31,7 @@ static __thread tr_graph *thread_graph;
 static void graph_thread_exit(void *p) {
   tr_graph *g = p;
   thread_graph = NULL;
+  vm_post_ops(); /* a thread that recorded has a graph: its ops are counted */
   tr_graph_lock(g);
   tr_node **stores = g->stores;
   int n = g->nstores;

@@ -262,7 +262,8 @@ vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *a
     vm_error(KILN_ERR_OOM, "out of memory");
     return NULL;
   }
-  atomic_fetch_add_explicit(&vm_process()->stats.ops_recorded, 1, memory_order_relaxed);
+  vm_thread_state *ts = vm_thread();
+  if (++ts->ops_unposted >= VM_OPS_POST) vm_post_ops();
   /* an unmaterialized input recorded by another thread is evaluated there
      first: a pending graph never reaches into another thread's */
   for (int i = 0; i < n; i++) {
@@ -304,11 +305,11 @@ vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *a
   }
   atomic_init(&node->refs, 1);
   node->seq = next_seq(n, in);
-  if (vm_thread()->no_grad == 0)
+  if (ts->no_grad == 0)
     for (int i = 0; i < n; i++) node->requires_grad |= in[i]->node->requires_grad;
   node->op = op;
   node->attr = *attr;
-  node->attr.api = vm_thread()->api;
+  node->attr.api = ts->api;
   node->meta = *m;
   node->nin = n;
   node->in = ins ? ins : node->in_small;

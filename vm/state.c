@@ -49,6 +49,13 @@ vm_process_state *vm_process(void) {
 
 vm_thread_state *vm_thread(void) { return &thread_state; }
 
+void vm_post_ops(void) {
+  vm_thread_state *ts = &thread_state;
+  if (!ts->ops_unposted) return;
+  atomic_fetch_add_explicit(&vm_process()->stats.ops_recorded, ts->ops_unposted, memory_order_relaxed);
+  ts->ops_unposted = 0;
+}
+
 kiln_status vm_error(kiln_status status, const char *fmt, ...) {
   vm_thread_state *ts = &thread_state;
   ts->status = status;

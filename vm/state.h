@@ -32,7 +32,13 @@ typedef struct vm_thread_state {
   int pool_depth;              /* nested vm_pool_enter calls: >0 holds a kernel token */
   bool pool_in_chunk;          /* running a chunk of a parallel job (vm/pool.c) */
   volatile int *cancel;        /* kiln_set_cancel_flag: nonzero stops evaluations */
+  /* ops recorded here and not yet added to stats.ops_recorded: one atomic
+     add per VM_OPS_POST ops, not per op (an atomic was ~4% of a W5 op);
+     posted by vm_post_ops at flushes, stats reads and thread exit */
+  unsigned ops_unposted;
 } vm_thread_state;
+
+#define VM_OPS_POST 256
 
 typedef struct vm_counters {
   /* eager_ops: ops the interpreter computed; view_ops: views made (they
@@ -74,6 +80,8 @@ typedef struct vm_process_state {
 
 vm_process_state *vm_process(void); /* initialized on first use, thread-safe */
 vm_thread_state *vm_thread(void);
+/* adds this thread's unposted recorded ops to stats.ops_recorded */
+void vm_post_ops(void);
 
 /* Records an error as status + "api: message" and returns status.  A NULL
    input is not a new error: vm_null_input keeps the error that produced the

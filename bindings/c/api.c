@@ -622,6 +622,7 @@ void kiln_set_cancel_flag(volatile int *flag) { vm_thread()->cancel = flag; }
 void kiln_get_stats(kiln_stats *out) {
   if (!out) return;
   vm_counters *c = &vm_process()->stats;
+  vm_post_ops();
   memset(out, 0, sizeof *out);
   out->ops_recorded = atomic_load(&c->ops_recorded);
   out->eager_ops = atomic_load(&c->eager_ops);
@@ -639,6 +640,7 @@ void kiln_get_stats(kiln_stats *out) {
 
 void kiln_reset_stats(void) {
   vm_counters *c = &vm_process()->stats;
+  vm_thread()->ops_unposted = 0;
   atomic_uint_fast64_t *all[] = {&c->ops_recorded, &c->eager_ops, &c->kernels_launched, &c->view_ops,
                                  &c->flushes, &c->traces_seen, &c->cache_hits,
                                  &c->cache_misses, &c->plans_built, &c->flush_us, &c->compiles,
@@ -652,6 +654,7 @@ void kiln_reset_stats(void) {
 double kiln_stat(const char *name) {
   API(kiln_stat);
   vm_counters *c = &vm_process()->stats;
+  vm_post_ops();
   static const struct {
     const char *name;
     size_t offset;

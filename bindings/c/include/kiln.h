@@ -290,7 +290,9 @@ typedef struct {
       compile_failures, disk_hits, eager_ops, kernels_launched;
   double compile_ms, flush_ms;
 } kiln_stats;
-KILN_API void kiln_get_stats(kiln_stats *out); /* process-wide */
+/* process-wide; ops_recorded counts another thread's ops from its next
+   flush, stats read or exit on (at most 255 of them wait) */
+KILN_API void kiln_get_stats(kiln_stats *out);
 KILN_API void kiln_reset_stats(void);
 /* one counter by name: any field of kiln_stats, or "kernels_compiled"
    (kernels compiled, not loaded from disk; a kernel is compiled once per
