@@ -1867,14 +1867,14 @@ static void sweep_flush(FILE *out, sweep_set *ss, const char *label, const kiln_
 static kiln_tensor *sweep_leaf(kiln_dtype dt, bool is_x, int vk, uint64_t seed) {
   static const double X[12] = {NAN, 1, -0.0, 0.0, INFINITY, -1.25, -0.0, NAN, 0.0, -0.0, NAN, 2.5};
   static const double Y[6] = {1, NAN, 0.0, -0.0, -INFINITY, 2.5};
-  int64_t n = is_x ? 12 : 6;
-  if (!dt_float(dt)) return make_leaf(dt, is_x ? 2 : 1, is_x ? S(2, 6) : S(6), vk, seed);
+  int nd = is_x ? 2 : 1;
+  const int64_t *shape = is_x ? S(2, 6) : S(6);
+  const double *v = is_x ? X : Y;
+  if (!dt_float(dt)) return make_leaf(dt, nd, shape, vk, seed);
+  if (dt == KILN_F64) return kiln_from_data(v, dt, nd, shape);
   float f[12];
-  for (int i = 0; i < n; i++) f[i] = (float)(is_x ? X : Y)[i];
-  kiln_tensor *t = dt == KILN_F32 ? kiln_from_data(f, dt, is_x ? 2 : 1, is_x ? S(2, 6) : S(6))
-                                  : kiln_from_data(is_x ? X : Y, dt, is_x ? 2 : 1, is_x ? S(2, 6) : S(6));
-  (void)n;
-  return t;
+  for (int i = 0; i < (is_x ? 12 : 6); i++) f[i] = (float)v[i];
+  return kiln_from_data(f, dt, nd, shape);
 }
 
 static void directed_sweep(FILE *out) {
