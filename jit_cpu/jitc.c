@@ -13,6 +13,8 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <limits.h>
 #include <signal.h>
 #include <spawn.h>
@@ -22,6 +24,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -54,47 +57,140 @@ static void say_once(atomic_flag *said, const char *fmt, const char *detail) {
 static atomic_bool refused; /* kiln-jitc refused, or could not be started: in-process from now on */
 static atomic_flag said_refused = ATOMIC_FLAG_INIT, said_crash = ATOMIC_FLAG_INIT;
 
-static bool executable(const char *path) { return path && *path && access(path, X_OK) == 0; }
+/* The one rule for the executable Kiln runs (DESIGN §11): the helper is
+   KILN_JITC, read with secure_getenv (so a setuid, setgid or capability
+   process ignores it), or else the path fixed at install time: relative to
+   the installed shared library's real file (<libdir>/../libexec/kiln), or,
+   in a statically linked program, the absolute install path compiled in.
+   Never "beside the program" or in a build tree: whoever can write there
+   could get their program run.  The file must pass the OpenSSH StrictModes
+   rule (open_trusted) on a descriptor opened without following a link,
+   and that descriptor is what runs (/proc/self/fd/N), so nothing can be
+   swapped in between. */
 
-/* the directory of the object this code is in (libkiln.so, or the program
-   it is linked into) */
-static bool own_dir(char *out, size_t cap) {
-  Dl_info info;
+/* owned by root or by us, and writable by neither group nor others */
+static bool trusted_mode(const struct stat *st) {
+  return (st->st_uid == 0 || st->st_uid == geteuid()) && !(st->st_mode & (S_IWGRP | S_IWOTH));
+}
+
+/* path (absolute, no links: realpath'd) and every directory above it pass
+   trusted_mode; why: what failed */
+static bool trusted_dirs(const char *path, char *why, size_t why_len) {
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s", path);
+  for (char *slash; (slash = strrchr(dir, '/'));) {
+    if (slash == dir) slash[1] = 0; /* "/" itself */
+    else *slash = 0;
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || !trusted_mode(&st)) {
+      snprintf(why, why_len, "directory %s is not owned by root or you, or others can write to it", dir);
+      return false;
+    }
+    if (slash == dir) break;
+  }
+  return true;
+}
+
+/* opens path for running if it and its directories are trusted: a
+   descriptor (O_CLOEXEC) or -1 with why set */
+static int open_trusted(const char *path, char *why, size_t why_len) {
   char real[PATH_MAX];
+  if (!realpath(path, real)) {
+    snprintf(why, why_len, "%s: %s", path, strerror(errno));
+    return -1;
+  }
+  int fd = open(real, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) {
+    snprintf(why, why_len, "%s: %s", real, strerror(errno));
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  if (!S_ISREG(st.st_mode) || !(st.st_mode & S_IXUSR) || !trusted_mode(&st)) {
+    snprintf(why, why_len, "%s is not an executable file owned by root or you that only its owner can write",
+             real);
+    close(fd);
+    return -1;
+  }
+  if (!trusted_dirs(real, why, why_len)) {
+    close(fd);
+    return -1;
+  }
+  if (fd < 3) { /* 0-2 become the child's socket: keep it clear of them */
+    int high = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    close(fd);
+    fd = high;
+  }
+  return fd;
+}
+
+/* the real file of the object this code is in, and whether it is a shared
+   library (not the program itself, as when Kiln is linked statically) */
+static bool own_file(char *out, size_t cap, bool *shared) {
+  Dl_info info;
+  char real[PATH_MAX], exe[PATH_MAX];
   if (!dladdr((void *)jitc_main, &info) || !info.dli_fname || !*info.dli_fname) return false;
   if (!realpath(info.dli_fname, real)) return false;
-  char *slash = strrchr(real, '/');
-  if (!slash) return false;
-  *slash = 0;
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  exe[n > 0 ? n : 0] = 0;
+  *shared = strcmp(real, exe) != 0;
   return snprintf(out, cap, "%s", real) < (int)cap;
 }
 
 static char helper[PATH_MAX];
+static int helper_fd = -1;
 static void find_helper(void) {
-  const char *env = getenv("KILN_JITC"); /* an explicit program (tests, unusual installs) */
+  char why[PATH_MAX + 96] = "";
+  const char *env = secure_getenv("KILN_JITC"); /* explicit: tests, unusual installs */
   if (env && *env) {
-    if (executable(env)) snprintf(helper, sizeof helper, "%s", env);
-    return;
-  }
-  char dir[PATH_MAX];
-  if (own_dir(dir, sizeof dir)) {
-    /* next to the library (a build tree), then where the install puts it */
-    const char *rel[] = {"kiln-jitc", KILN_JITC_FROM_LIBDIR};
-    for (int i = 0; i < 2 && !helper[0]; i++)
-      if (snprintf(helper, sizeof helper, "%s/%s", dir, rel[i]) >= (int)sizeof helper || !executable(helper))
+    snprintf(helper, sizeof helper, "%s", env);
+  } else {
+    char lib[PATH_MAX];
+    bool shared = false;
+    if (own_file(lib, sizeof lib, &shared) && shared) { /* <libdir>/../libexec/kiln/kiln-jitc */
+      char *slash = strrchr(lib, '/');
+      *slash = 0;
+      if (snprintf(helper, sizeof helper, "%s/%s", lib, KILN_JITC_FROM_LIBDIR) >= (int)sizeof helper)
         helper[0] = 0;
+    } else {
+      snprintf(helper, sizeof helper, "%s", KILN_JITC_INSTALL_PATH);
+    }
+    if (helper[0] && access(helper, F_OK) != 0) helper[0] = 0; /* not installed: in-process, quietly */
   }
-  /* a program linked with the static library (the tests, benchmarks):
-     the build tree's, then the install's */
-  const char *abs[] = {KILN_JITC_BUILD_PATH, KILN_JITC_INSTALL_PATH};
-  for (int i = 0; i < 2 && !helper[0]; i++)
-    if (executable(abs[i])) snprintf(helper, sizeof helper, "%s", abs[i]);
+  if (!helper[0]) return;
+  helper_fd = open_trusted(helper, why, sizeof why);
+  if (helper_fd < 0) {
+    fprintf(stderr, "kiln: not running the compiler helper: %s; compiling in this process\n", why);
+    helper[0] = 0;
+  }
 }
 
 static const char *helper_path(void) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, find_helper);
   return helper[0] ? helper : NULL;
+}
+
+/* The helper's environment: the caller's, without what could make it or
+   the assembler and linker libgccjit runs load or run someone else's code
+   (LD_*, GCC's search paths), and with a PATH of system directories. */
+static char **helper_environ(void) {
+  static const char *const drop[] = {"LD_", "COMPILER_PATH=", "GCC_EXEC_PREFIX=", "LIBRARY_PATH=",
+                                     "PATH=", "CPATH=", "C_INCLUDE_PATH=", "GCONV_PATH=", "BINUTILS_"};
+  int n = 0;
+  while (environ[n]) n++;
+  char **env = calloc((size_t)n + 2, sizeof *env);
+  if (!env) return NULL;
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    bool keep = true;
+    for (size_t d = 0; keep && d < sizeof drop / sizeof *drop; d++)
+      keep = strncmp(environ[i], drop[d], strlen(drop[d])) != 0;
+    if (keep) env[k++] = environ[i];
+  }
+  env[k++] = (char *)"PATH=/usr/local/bin:/usr/bin:/bin";
+  env[k] = NULL;
+  return env;
 }
 
 bool jitc_available(void) {
@@ -140,8 +236,11 @@ static bool spawn(jitc_child *c, const char *path, bool pass_stderr) {
      KILN_JIT_OPT_INFO or KILN_LOG_COMPILER its stderr is ours, so GCC's
      reports reach the user as they did from an in-process compile */
   for (int fd = 0; fd < (pass_stderr ? 2 : 3); fd++) posix_spawn_file_actions_adddup2(&fa, sv[1], fd);
+  /* the checked file runs: its descriptor as fd 3 of the child, executed
+     through /proc/self/fd/3 (fexecve's way, with posix_spawn's file actions) */
+  posix_spawn_file_actions_adddup2(&fa, helper_fd, 3);
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
-  posix_spawn_file_actions_addclosefrom_np(&fa, 3); /* nothing of the user's leaks into it */
+  posix_spawn_file_actions_addclosefrom_np(&fa, 4); /* nothing of the user's leaks into it */
 #endif
   sigset_t none, dfl;
   sigemptyset(&none);
@@ -151,8 +250,11 @@ static bool spawn(jitc_child *c, const char *path, bool pass_stderr) {
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setsigdefault(&attr, &dfl);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  (void)path;
   char *argv[] = {(char *)"kiln-jitc", NULL};
-  int rc = posix_spawn(&c->pid, path, &fa, &attr, argv, environ);
+  char **env = helper_environ();
+  int rc = env ? posix_spawn(&c->pid, "/proc/self/fd/3", &fa, &attr, argv, env) : ENOMEM;
+  free(env);
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   close(sv[1]);
@@ -178,12 +280,38 @@ static bool send_request(const jitc_child *c, kernel_desc **d, const uint64_t (*
   return ok;
 }
 
+static double mono_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* KILN_COMPILE_TIMEOUT seconds (120): a helper that has not answered by
+   then is killed, and its kernels stay on the interpreter */
+static double compile_timeout_s(void) {
+  long s = vm_env_long("KILN_COMPILE_TIMEOUT", 120);
+  return s > 0 ? (double)s : 120;
+}
+
 /* reads the child's output to its end (the last 16 KiB of it) and reaps it;
+   a child still talking at `deadline` (mono_s) is killed (*timed_out);
    status: its exit status (or 128 + signal; -1 unknown) */
-static void finish(jitc_child *c, char *out, size_t cap, int *status) {
+static void finish(jitc_child *c, char *out, size_t cap, int *status, double deadline, bool *timed_out) {
   size_t len = 0;
   char buf[4096];
+  *timed_out = false;
   for (;;) {
+    if (c->fd >= 0) {
+      double left = deadline - mono_s();
+      struct pollfd p = {.fd = c->fd, .events = POLLIN};
+      int ready = left > 0 ? poll(&p, 1, left > 1e6 ? 1000000000 : (int)(left * 1000) + 1) : 0;
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready == 0) { /* stuck: kill it; what it stored stays stored */
+        kill(c->pid, SIGKILL);
+        *timed_out = true;
+        break;
+      }
+    }
     ssize_t r = c->fd >= 0 ? read(c->fd, buf, sizeof buf) : 0;
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) break;
@@ -258,9 +386,19 @@ bool jitc_compile(kernel_desc **d, int n, const uint64_t (*disk_keys)[2], size_t
   size_t cap = 16384;
   char *out = malloc(cap), none = 0;
   if (!out) out = &none, cap = 1;
+  double deadline = mono_s() + compile_timeout_s();
   for (int b = 0; b < started; b++) {
     int status;
-    finish(&kids[b], out, cap, &status);
+    bool timed_out;
+    finish(&kids[b], out, cap, &status, deadline, &timed_out);
+    if (timed_out) {
+      char what[96];
+      snprintf(what, sizeof what, "did not answer in %.0f s (KILN_COMPILE_TIMEOUT) and was killed",
+               compile_timeout_s());
+      say_once(&said_crash, "the compiler process %s; its kernels run on the interpreter", what);
+      atomic_fetch_add_explicit(&vm_process()->stats.compile_failures, 1, memory_order_relaxed);
+      continue;
+    }
     if (status == JITC_STALE || strstr(out, "KILNJC-STALE")) {
       stale = true;
       continue;

@@ -1,7 +1,7 @@
 /* jitc.h — internal to jit_cpu/: the compiler process (DESIGN §4, §6).
  *
  * Kernels are compiled outside the user's process, by `kiln-jitc`, a small
- * program installed with the library (found relative to it) and spawned on
+ * program installed with the library (found by one rule, jitc.c) and spawned on
  * demand with posix_spawn.  It receives kernel descriptions (their key
  * bytes: nothing else is needed to generate a kernel, jit_cpu/kdesc.c),
  * compiles them with libgccjit at low priority (KILN_COMPILE_NICE, default

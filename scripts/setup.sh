@@ -44,4 +44,7 @@ kiln_build() {
     { cat "$dir.configure.log" >&2; return 1; }
   cmake --build "$dir" -j "$KILN_JOBS" >"$dir.build.log" 2>&1 ||
     { grep -E "error|Error" -A3 "$dir.build.log" | head -60 >&2; return 1; }
+  # programs run from a build tree name its compiler helper: the library
+  # looks only where it is installed (DESIGN §11)
+  if [ -z "${KILN_JITC:-}" ] && [ -x "$dir/kiln-jitc" ]; then export KILN_JITC="$dir/kiln-jitc"; fi
 }

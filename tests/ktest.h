@@ -90,6 +90,14 @@ static const char *ktest_current;
 static inline bool ktest_cpu_jit(void) { return !strstr(kiln_device_info(KILN_CPU), "no JIT"); }
 
 static inline int ktest_done(void) {
+  /* tests/each_blas_core.sh: the run must have used the OpenBLAS kernels it
+     asked for (an unknown or refused OPENBLAS_CORETYPE falls back quietly) */
+  const char *want_core = getenv("KILN_EXPECT_BLAS_CORE");
+  if (want_core && *want_core && strcmp(kiln_blas_core(), want_core)) {
+    fprintf(stderr, "OPENBLAS_CORETYPE=%s: OpenBLAS ran its %s kernels instead\n", want_core,
+            kiln_blas_core());
+    ktest_failed++;
+  }
   printf("%d passed, %d failed\n", ktest_passed, ktest_failed);
   return ktest_failed ? 1 : 0;
 }

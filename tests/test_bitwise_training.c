@@ -1,7 +1,7 @@
 /* test_bitwise_training.c — whether the JIT fired never changes a result
  * (DESIGN §5): a small training run gives the same loss sequence, bit for
  * bit, on the interpreter alone (KILN_JIT=0), with every trace compiled
- * inline on first sight (KILN_ASYNC=0 KILN_HOT=1), and with background
+ * inline on first sight (KILN_ASYNC=0 KILN_HOT=1 KILN_PAYOFF=0), and with background
  * compiles finishing at random moments (KILN_COMPILE_DELAY_MS=max,seed: the
  * compiler thread sleeps a random time before each compile, so some steps
  * run interpreted and later ones compiled, at different steps in each run),
@@ -132,15 +132,15 @@ typedef struct {
 
 static const config CONFIGS[] = {
     {"interpreter (KILN_JIT=0), 2 threads", {"KILN_JIT=0", "KILN_THREADS=2"}, false, false},
-    {"inline compiles (KILN_ASYNC=0 KILN_HOT=1), 1 thread",
-     {"KILN_JIT=1", "KILN_ASYNC=0", "KILN_HOT=1", "KILN_THREADS=1"}, true, false},
+    {"inline compiles (KILN_ASYNC=0 KILN_HOT=1 KILN_PAYOFF=0), 1 thread",
+     {"KILN_JIT=1", "KILN_ASYNC=0", "KILN_HOT=1", "KILN_PAYOFF=0", "KILN_THREADS=1"}, true, false},
     {"background, delays 0-60 ms (seed 1), 2 threads",
-     {"KILN_JIT=1", "KILN_HOT=1", "KILN_COMPILE_DELAY_MS=60,1", "KILN_THREADS=2", "BITWISE_WAIT_AT=12"},
+     {"KILN_JIT=1", "KILN_HOT=1", "KILN_PAYOFF=0", "KILN_COMPILE_DELAY_MS=60,1", "KILN_THREADS=2", "BITWISE_WAIT_AT=12"},
      true, true},
     {"background, delays 0-25 ms (seed 2), 4 threads",
-     {"KILN_JIT=1", "KILN_HOT=2", "KILN_COMPILE_DELAY_MS=25,2", "KILN_THREADS=4", "BITWISE_WAIT_AT=27"},
+     {"KILN_JIT=1", "KILN_HOT=2", "KILN_PAYOFF=0", "KILN_COMPILE_DELAY_MS=25,2", "KILN_THREADS=4", "BITWISE_WAIT_AT=27"},
      true, true},
-    {"background, no delay, 1 thread", {"KILN_JIT=1", "KILN_HOT=1", "KILN_THREADS=1", "BITWISE_WAIT_AT=4"},
+    {"background, no delay, 1 thread", {"KILN_JIT=1", "KILN_HOT=1", "KILN_PAYOFF=0", "KILN_THREADS=1", "BITWISE_WAIT_AT=4"},
      true, true},
 };
 #define NCONFIG ((int)(sizeof CONFIGS / sizeof CONFIGS[0]))

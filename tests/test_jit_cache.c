@@ -109,7 +109,7 @@ static result read_result(FILE *p) {
 
 static result run_child(const char *env) {
   char cmd[8192];
-  snprintf(cmd, sizeof cmd, "env %s KILN_HOT=2 KILN_ASYNC=0 '%s' work", env, self);
+  snprintf(cmd, sizeof cmd, "env %s KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work", env, self);
   return read_result(popen(cmd, "r"));
 }
 
@@ -221,7 +221,7 @@ TEST(missing_toolchain_is_reported_once) {
   result ref = run_child(env);
   snprintf(log, sizeof log, "%s/stderr", dir);
   snprintf(env, sizeof env, "PATH=%s KILN_CACHE_DIR=%s", dir, dir);
-  snprintf(cmd, sizeof cmd, "env %s KILN_HOT=2 KILN_ASYNC=0 '%s' work 2>'%s'", env, self, log);
+  snprintf(cmd, sizeof cmd, "env %s KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>'%s'", env, self, log);
   result r = read_result(popen(cmd, "r"));
   CHECK(ref.ok && r.ok);
   CHECK_EQ_INT(r.compiles, 0);
@@ -242,7 +242,7 @@ TEST(opt_info_reports_vectorized_loops) {
   CHECK(mkdtemp(dir) != NULL);
   snprintf(log, sizeof log, "%s/stderr", dir);
   for (int on = 0; on <= 1; on++) {
-    snprintf(cmd, sizeof cmd, "env KILN_CACHE=0 KILN_JIT_OPT_INFO=%d KILN_HOT=2 KILN_ASYNC=0 '%s' work >/dev/null 2>'%s'",
+    snprintf(cmd, sizeof cmd, "env KILN_CACHE=0 KILN_JIT_OPT_INFO=%d KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work >/dev/null 2>'%s'",
              on, self, log);
     CHECK(system(cmd) == 0);
     char text[1 << 15];
@@ -309,7 +309,7 @@ TEST(compiler_crash_costs_a_compile) {
   snprintf(env, sizeof env, "KILN_CACHE_DIR=%s/ref KILN_JIT=0", dir);
   result ref = run_child(env);
   snprintf(log, sizeof log, "%s/stderr", dir);
-  snprintf(cmd, sizeof cmd, "env KILN_CACHE_DIR=%s KILN_JITC_FAULT=crash KILN_HOT=2 KILN_ASYNC=0 '%s' work 2>'%s'",
+  snprintf(cmd, sizeof cmd, "env KILN_CACHE_DIR=%s KILN_JITC_FAULT=crash KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>'%s'",
            dir, self, log);
   result r = read_result(popen(cmd, "r"));
   CHECK(ref.ok && r.ok);
@@ -326,7 +326,11 @@ TEST(compiler_crash_costs_a_compile) {
 /* a kiln-jitc from other sources refuses; the library says so once and
    compiles in its own process, with the same result */
 TEST(stale_compiler_process_is_refused) {
-  char dir[] = "/tmp/kiln-cache-test-XXXXXX", log[600], fake[600], cmd[9000], text[8192];
+  /* in the build tree: a helper under /tmp (writable by all) is never run */
+  char dir[700], log[800], fake[800], cmd[9000], text[8192];
+  char cwd[600];
+  CHECK(getcwd(cwd, sizeof cwd) != NULL);
+  snprintf(dir, sizeof dir, "%s/kiln-cache-test-XXXXXX", cwd);
   CHECK(mkdtemp(dir) != NULL);
   snprintf(fake, sizeof fake, "%s/kiln-jitc", dir);
   FILE *f = fopen(fake, "w");
@@ -336,7 +340,7 @@ TEST(stale_compiler_process_is_refused) {
   fclose(f);
   CHECK(chmod(fake, 0700) == 0);
   snprintf(log, sizeof log, "%s/stderr", dir);
-  snprintf(cmd, sizeof cmd, "env KILN_CACHE_DIR=%s/c KILN_JITC='%s' KILN_HOT=2 KILN_ASYNC=0 '%s' work 2>'%s'", dir,
+  snprintf(cmd, sizeof cmd, "env KILN_CACHE_DIR=%s/c KILN_JITC='%s' KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>'%s'", dir,
            fake, self, log);
   result r = read_result(popen(cmd, "r"));
   snprintf(cmd, sizeof cmd, "KILN_CACHE_DIR=%s/ref KILN_JIT=0", dir);
@@ -349,13 +353,79 @@ TEST(stale_compiler_process_is_refused) {
   CHECK(system(cmd) == 0);
 }
 
+/* a planted helper is never run (DESIGN §11): one beside this statically
+   linked program (where the library looked before), and one named by
+   KILN_JITC in a directory others can write to; each would leave a marker
+   file.  The kernels compile in the process instead, to the same result. */
+TEST(a_planted_helper_is_never_run) {
+  char cwd[600], dir[700], fake[800], marker[800], beside[4200], log[800], cmd[9000], text[8192];
+  CHECK(getcwd(cwd, sizeof cwd) != NULL);
+  snprintf(dir, sizeof dir, "%s/kiln-planted-XXXXXX", cwd);
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(marker, sizeof marker, "%s/ran", dir);
+  char script[1200];
+  snprintf(script, sizeof script, "#!/bin/sh\ntouch '%s'\ncat >/dev/null\nexit 1\n", marker);
+  snprintf(fake, sizeof fake, "%s/kiln-jitc", dir);
+  FILE *f = fopen(fake, "w");
+  if (f) fputs(script, f), fclose(f);
+  CHECK(chmod(fake, 0755) == 0 && chmod(dir, 0777) == 0); /* others may write the directory */
+  char self_dir[sizeof self];
+  memcpy(self_dir, self, sizeof self);
+  char *slash = strrchr(self_dir, '/');
+  if (slash) *slash = 0;
+  snprintf(beside, sizeof beside, "%s/kiln-jitc", slash ? self_dir : ".");
+  bool planted = access(beside, F_OK) != 0;
+  if (planted && (f = fopen(beside, "w"))) fputs(script, f), fclose(f), chmod(beside, 0755);
+  snprintf(cmd, sizeof cmd, "KILN_CACHE_DIR=%s/ref KILN_JIT=0", dir);
+  result ref = run_child(cmd);
+  for (int k = 0; k < 2; k++) {
+    snprintf(log, sizeof log, "%s/stderr%d", dir, k);
+    char helper_var[900] = "-u KILN_JITC"; /* case 0: the one beside the program */
+    if (k == 1) snprintf(helper_var, sizeof helper_var, "KILN_JITC='%s'", fake);
+    snprintf(cmd, sizeof cmd, "env %s KILN_CACHE_DIR=%s/c%d KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>'%s'",
+             helper_var, dir, k, self, log);
+    result r = read_result(popen(cmd, "r"));
+    CHECK(r.ok && ref.ok);
+    CHECK(r.kernels >= 1); /* compiled in the process */
+    CHECK(r.total == ref.total);
+    if (access(marker, F_OK) == 0) KTEST_FAIL("case %d: the planted helper ran", k);
+    if (k == 1)
+      CHECK_STR_CONTAINS(read_text(log, text, sizeof text), "not running the compiler helper");
+  }
+  if (planted) unlink(beside);
+  chmod(dir, 0700);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
+/* a helper that never answers is killed after KILN_COMPILE_TIMEOUT
+   seconds; its kernels run on the interpreter and the program goes on */
+TEST(a_stuck_helper_is_killed_after_the_timeout) {
+  char dir[] = "/tmp/kiln-cache-test-XXXXXX", log[600], cmd[9000], text[8192];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(log, sizeof log, "%s/stderr", dir);
+  snprintf(cmd, sizeof cmd, "env KILN_CACHE_DIR=%s/c KILN_JITC_FAULT=sleep:600000 KILN_COMPILE_TIMEOUT=1 "
+           "KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>'%s'", dir, self, log);
+  double t0 = mono_ms();
+  result r = read_result(popen(cmd, "r"));
+  double took = mono_ms() - t0;
+  snprintf(cmd, sizeof cmd, "KILN_CACHE_DIR=%s/ref KILN_JIT=0", dir);
+  result ref = run_child(cmd);
+  CHECK(r.ok && ref.ok);
+  CHECK(r.total == ref.total);
+  if (took > 60000) KTEST_FAIL("the program took %.0f ms with a 1 s compile timeout", took);
+  CHECK_STR_CONTAINS(read_text(log, text, sizeof text), "did not answer in 1 s (KILN_COMPILE_TIMEOUT)");
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
 /* exit never waits for a compile: a process whose compile is in flight
    (the compiler process sleeps 1.5 s first) ends at once; the compile
    finishes into the cache on its own, and the next process loads it */
 TEST(exit_does_not_wait_for_a_compile) {
   char dir[] = "/tmp/kiln-cache-test-XXXXXX", cmd[9000];
   CHECK(mkdtemp(dir) != NULL);
-  snprintf(cmd, sizeof cmd, "exec env KILN_CACHE_DIR=%s KILN_JITC_FAULT=sleep:1500 KILN_HOT=2 '%s' exit", dir, self);
+  snprintf(cmd, sizeof cmd, "exec env KILN_CACHE_DIR=%s KILN_JITC_FAULT=sleep:1500 KILN_HOT=2 KILN_PAYOFF=0 '%s' exit", dir, self);
   FILE *p = popen(cmd, "r");
   double returned = 0, processes = 0;
   CHECK(p && fscanf(p, "%lf %lf", &returned, &processes) == 2);
@@ -436,7 +506,7 @@ TEST(sliced_operands_are_read_at_unit_stride) {
     FILE *p = popen(cmd, "r");
     CHECK(p && fgets(want, sizeof want, p));
     if (p) pclose(p);
-    snprintf(cmd, sizeof cmd, "env KILN_CACHE=0 KILN_DUMP='%s' KILN_HOT=2 KILN_ASYNC=0 '%s' gates %d", dir, self, step);
+    snprintf(cmd, sizeof cmd, "env KILN_CACHE=0 KILN_DUMP='%s' KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' gates %d", dir, self, step);
     p = popen(cmd, "r");
     CHECK(p && fgets(got, sizeof got, p));
     if (p) CHECK(pclose(p) == 0);
@@ -538,7 +608,7 @@ TEST(fills_are_values_not_buffers) {
   FILE *p = popen(cmd, "r");
   CHECK(p && fgets(want, sizeof want, p));
   if (p) CHECK(pclose(p) == 0);
-  snprintf(cmd, sizeof cmd, "env KILN_CACHE=0 KILN_HOT=2 KILN_ASYNC=0 '%s' fills", self);
+  snprintf(cmd, sizeof cmd, "env KILN_CACHE=0 KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' fills", self);
   p = popen(cmd, "r");
   CHECK(p && fgets(got, sizeof got, p));
   if (p) CHECK(pclose(p) == 0);
@@ -577,6 +647,8 @@ int main(int argc, char **argv) {
   RUN(compiles_run_in_the_compiler_process);
   RUN(compiler_crash_costs_a_compile);
   RUN(stale_compiler_process_is_refused);
+  RUN(a_planted_helper_is_never_run);
+  RUN(a_stuck_helper_is_killed_after_the_timeout);
   RUN(exit_does_not_wait_for_a_compile);
   return ktest_done();
 }

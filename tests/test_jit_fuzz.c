@@ -5,9 +5,10 @@
  * This process makes no Kiln call.  It re-executes itself (readlink
  * /proc/self/exe, fork + execve with a prepared environment) twice per batch
  * of seeded random programs: once with KILN_JIT=0 (the pure interpreter, the
- * reference) and once with KILN_JIT=1 KILN_HOT=1 KILN_ASYNC=0 and an empty
- * KILN_CACHE_DIR (every trace is planned on first sight and its kernels are
- * compiled inline).  Both children make the same Kiln calls — the generator
+ * reference) and once with KILN_JIT=1 KILN_HOT=1 KILN_PAYOFF=0 KILN_ASYNC=0
+ * and an empty KILN_CACHE_DIR (every trace is planned on first sight and its
+ * kernels are compiled inline: KILN_HOT alone is only the floor under the
+ * payoff rule, which declines small traces).  Both children make the same Kiln calls — the generator
  * looks only at shapes, dtypes and its own bookkeeping, never at values — and
  * print the raw bytes of every result; the parent compares the two outputs
  * value by value.  A child that dies is reported with the program it was in,
@@ -75,6 +76,7 @@
  *   KILN_FUZZ_SEED=s       just that program         KILN_FUZZ_STATS=1  coverage table
  *   KILN_FUZZ_JOBS=j       children at once          KILN_FUZZ_KEEP=1   keep the outputs
  *   KILN_FUZZ_DEVICE=cuda  the GPU fuzz              KILN_FUZZ_TIME=1   directed tests' times
+ *   KILN_FUZZ_DIRECTED=0   random programs only (the per-OpenBLAS-core runs)
  *   KILN_FUZZ_NO_PENDING_VIEWS=1  no views of values computed in the same
  *                          trace (triage: to look past a known crash there)
  * A child alone: ./test_jit_fuzz --child fuzz <first> <count> (or directed),
@@ -2631,12 +2633,12 @@ static int threads_slot;
    tensor is made on the GPU (the op-by-op run there keeps the caller's
    KILN_CACHE_DIR: its kernels are the same in every batch) */
 static char **make_env(bool jit, bool cuda, const char *cache_dir) {
-  static const char *const drop[] = {"KILN_JIT=", "KILN_HOT=", "KILN_ASYNC=", "KILN_CACHE_DIR=",
+  static const char *const drop[] = {"KILN_JIT=", "KILN_HOT=", "KILN_PAYOFF=", "KILN_ASYNC=", "KILN_CACHE_DIR=",
                                      "KILN_CACHE=", "KILN_THREADS=", "KILN_RECOMPILE_BUDGET=",
                                      "KILN_DEVICE="};
   int n = 0;
   while (environ[n]) n++;
-  char **env = calloc((size_t)n + 9, sizeof *env);
+  char **env = calloc((size_t)n + 10, sizeof *env);
   int k = 0;
   for (int i = 0; i < n; i++) {
     bool keep = true;
@@ -2653,6 +2655,7 @@ static char **make_env(bool jit, bool cuda, const char *cache_dir) {
   if (jit) {
     env[k++] = "KILN_JIT=1";
     env[k++] = "KILN_HOT=1";
+    env[k++] = "KILN_PAYOFF=0"; /* compile every hot trace, paying or not */
     env[k++] = "KILN_ASYNC=0";
     env[k++] = cache_var; /* empty: every kernel is compiled here */
   } else {
@@ -2812,7 +2815,7 @@ static void print_coverage(void) {
 TEST(jit_matches_interpreter) {
   uint64_t first = (uint64_t)env_long("KILN_FUZZ_FIRST", 1);
   long nprog = env_long("KILN_FUZZ_PROGRAMS", 200);
-  bool directed = true;
+  bool directed = env_long("KILN_FUZZ_DIRECTED", 1) != 0;
   if (getenv("KILN_FUZZ_SEED") && *getenv("KILN_FUZZ_SEED")) {
     first = strtoull(getenv("KILN_FUZZ_SEED"), NULL, 10);
     nprog = 1;

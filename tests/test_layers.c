@@ -1008,7 +1008,7 @@ TEST(cnn_step_repeats_with_the_same_values) {
 /* ---- compiled vs interpreter -------------------------------------------------
    The same training steps (conv, batch_norm, relu, dropout, both pools,
    cumsum, embedding, one_hot, nll and bce losses, backward) run in two
-   child processes, KILN_JIT=0 and KILN_JIT=1 KILN_HOT=1 KILN_ASYNC=0 with
+   child processes, KILN_JIT=0 and KILN_JIT=1 KILN_HOT=1 KILN_PAYOFF=0 KILN_ASYNC=0 with
    an empty cache (every trace compiled at first sight); they print the raw
    bytes of every result and must agree bit for bit. */
 
@@ -1101,7 +1101,7 @@ TEST(compiled_steps_match_the_interpreter_bit_for_bit) {
     return;
   }
   char *ref = run_child("KILN_JIT=0");
-  snprintf(env, sizeof env, "KILN_JIT=1 KILN_HOT=1 KILN_ASYNC=0 KILN_CACHE_DIR=%s", dir);
+  snprintf(env, sizeof env, "KILN_JIT=1 KILN_HOT=1 KILN_PAYOFF=0 KILN_ASYNC=0 KILN_CACHE_DIR=%s", dir);
   char *jit = run_child(env);
   CHECK(ref && jit);
   if (ref && jit) {

@@ -5,16 +5,28 @@
  * rejected with KILN_ERR_ARG naming kiln_load and the problem, a seeded
  * fuzz of mutated files (never a crash), and, when /usr/bin/python3 can,
  * a cross-check with a Python writer/reader (safetensors or numpy, else a
- * struct+json writer).  Files go to a fresh directory under $TMPDIR. */
+ * struct+json writer).  Saves are durable: a save killed (SIGKILL) at random
+ * moments leaves the old checkpoint or the new one, whole, never a torn
+ * file.  Loads never block (a FIFO is refused at once) and stay linear in
+ * the tensor count (10^6 names).  Files go to a fresh directory under
+ * $TMPDIR. */
+#include <dirent.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ktest.h"
 
 #define S(...) ((const int64_t[]){__VA_ARGS__})
+
+extern char **environ;
 
 static char g_dir[256];
 
@@ -153,7 +165,7 @@ TEST(save_errors) {
   free(back[0]);
   kiln_release(bt[0]);
   CHECK(kiln_save("/nonexistent-dir/x.safetensors", 1, dup, two) == KILN_ERR_ARG);
-  CHECK_STR_CONTAINS(kiln_last_error(), "cannot open");
+  CHECK_STR_CONTAINS(kiln_last_error(), "cannot create");
   kiln_release(t);
 }
 
@@ -196,7 +208,7 @@ TEST(hostile_files_are_rejected) {
   BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", real, d, 8,
       "cover 4 bytes of a 8-byte data section");
   BAD("{\"a\":{\"dtype\":\"F64\",\"shape\":[4611686018427387904,4],\"data_offsets\":[0,8]}}", real, d,
-      8, "overflows");
+      8, "too large (its nonzero sizes multiply past 2^60)");
   BAD("{\"a\":{\"dtype\":\"F64\",\"shape\":[18446744073709551616],\"data_offsets\":[0,8]}}", real, d,
       8, "not a non-negative integer");
   BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", real, d, 4,
@@ -422,7 +434,178 @@ TEST(python_peer_cross_check) {
   kiln_release(out[1]);
 }
 
-int main(void) {
+/* --- durable saves ----------------------------------------------------------- */
+
+enum { CKPT_ELEMS = 1 << 21 }; /* 8 MB of f32 a checkpoint */
+
+/* the checkpoint of generation g: every element g, named by g too */
+static int save_generation(const char *path, int g) {
+  kiln_tensor *t = kiln_full((double)g, KILN_F32, 1, S(CKPT_ELEMS));
+  kiln_tensor *gen = kiln_full((double)g, KILN_I64, 1, S(1));
+  const char *names[2] = {"weights", "generation"};
+  kiln_tensor *ts[2] = {t, gen};
+  int rc = kiln_save(path, 2, names, ts);
+  kiln_release(t);
+  kiln_release(gen);
+  return rc;
+}
+
+/* the file loads whole as one generation, which it returns (-1: torn) */
+static int loaded_generation(const char *path) {
+  char *names[2] = {0};
+  kiln_tensor *ts[2] = {0};
+  int n = kiln_load(path, 2, names, ts), g = -1;
+  if (n == 2) {
+    int w = strcmp(names[0], "weights") ? 1 : 0;
+    double gen = kiln_item(ts[1 - w]);
+    double *v = ktest_values(ts[w]);
+    bool whole = kiln_numel(ts[w]) == CKPT_ELEMS;
+    for (int64_t i = 0; whole && i < CKPT_ELEMS; i++) whole = v[i] == gen;
+    free(v);
+    g = whole ? (int)gen : -1;
+  }
+  if (n > 0) free_loaded(n, names, ts);
+  return g;
+}
+
+TEST(a_save_killed_at_any_moment_leaves_the_old_or_the_new_checkpoint) {
+  const char *path = path_of("ckpt.safetensors");
+  CHECK_EQ_INT(save_generation(path, 1), KILN_OK);
+  srand(7);
+  int rounds = 50, old_seen = 0, new_seen = 0;
+  for (int r = 0; r < rounds; r++) {
+    int before = loaded_generation(path);
+    /* a fresh process (not a fork: the pool's threads do not survive one)
+       re-saves the next generations until it is killed */
+    char from[32];
+    snprintf(from, sizeof from, "%d", before + 1);
+    char *argv[] = {(char *)"test_save_load", (char *)"--saver", (char *)path, from, NULL};
+    pid_t pid;
+    if (posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ) != 0) {
+      KTEST_FAIL("cannot start the saver");
+      break;
+    }
+    struct timespec wait = {0, (long)(20 + rand() % 60) * 1000000}; /* 20-80 ms into its life */
+    nanosleep(&wait, NULL);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    int after = loaded_generation(path);
+    if (after < before) {
+      KTEST_FAIL("round %d: killed mid-save, the checkpoint (generation %d before) %s", r, before,
+                 after < 0 ? "no longer loads whole" : "went back");
+      break;
+    }
+    if (after == before) old_seen++;
+    else new_seen++;
+  }
+  printf("killed saves: %d left the old checkpoint, %d a newer one, none torn\n", old_seen, new_seen);
+  if (new_seen == 0) KTEST_FAIL("no save finished in %d rounds: the kills tested nothing", rounds);
+  /* temp files of killed saves stay behind: they are never the checkpoint */
+  DIR *d = opendir(g_dir);
+  for (struct dirent *e; d && (e = readdir(d));)
+    if (strstr(e->d_name, "ckpt.safetensors.tmp-")) unlink(path_of(e->d_name));
+  if (d) closedir(d);
+  unlink(path);
+}
+
+TEST(a_save_that_fails_keeps_the_old_file) {
+  const char *path = path_of("keep.safetensors");
+  CHECK_EQ_INT(save_generation(path, 3), KILN_OK);
+  kiln_tensor *bad[1] = {NULL};
+  const char *nm[1] = {"x"};
+  CHECK(kiln_save(path, 1, nm, bad) == KILN_ERR_ARG); /* refused before any write */
+  CHECK_EQ_INT(loaded_generation(path), 3);
+  chmod(g_dir, 0500); /* no temp file can be created: the old file stays */
+  if (geteuid() != 0) {
+    CHECK(save_generation(path, 4) == KILN_ERR_ARG);
+    CHECK_STR_CONTAINS(kiln_last_error(), "cannot create");
+  }
+  chmod(g_dir, 0700);
+  CHECK_EQ_INT(loaded_generation(path), 3);
+  unlink(path);
+}
+
+/* --- loads that must not block or crawl ------------------------------------------ */
+
+TEST(a_fifo_is_refused_at_once) {
+  const char *path = path_of("fifo.safetensors");
+  CHECK(mkfifo(path, 0600) == 0);
+  alarm(20); /* a hang fails the test instead of blocking CI */
+  char *names[1];
+  kiln_tensor *ts[1];
+  CHECK(kiln_load(path, 0, NULL, NULL) == KILN_ERR_ARG);
+  CHECK_STR_CONTAINS(kiln_last_error(), "is not a regular file");
+  CHECK(kiln_load(path, 1, names, ts) == KILN_ERR_ARG);
+  CHECK(kiln_load(g_dir, 0, NULL, NULL) == KILN_ERR_ARG); /* a directory */
+  CHECK_STR_CONTAINS(kiln_last_error(), "is not a regular file");
+  alarm(0);
+  unlink(path);
+}
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+TEST(a_million_names_load_in_linear_time) {
+  enum { NAMES = 1000000 };
+  size_t cap = (size_t)NAMES * 64 + 16, len = 0;
+  char *h = malloc(cap);
+  h[len++] = '{';
+  for (int i = 0; i < NAMES; i++)
+    len += (size_t)snprintf(h + len, cap - len, "%s\"t%d\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}",
+                            i ? "," : "", i);
+  h[len++] = '}';
+  h[len] = 0;
+  write_file(path_of("many.safetensors"), h, UINT64_MAX, NULL, 0);
+  double t0 = now_s();
+  int n = kiln_load(path_of("many.safetensors"), 0, NULL, NULL);
+  double took = now_s() - t0;
+  CHECK_EQ_INT(n, NAMES);
+  printf("counting 10^6 tensors took %.2f s\n", took);
+  if (took > 10) KTEST_FAIL("counting 10^6 tensors took %.1f s: the header checks are not linear", took);
+  /* the same names twice: found among a million */
+  h[len - 1] = ',';
+  len += (size_t)snprintf(h + len, cap - len, "\"t777777\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}");
+  write_file(path_of("many.safetensors"), h, UINT64_MAX, NULL, 0);
+  CHECK(kiln_load(path_of("many.safetensors"), 0, NULL, NULL) == KILN_ERR_ARG);
+  CHECK_STR_CONTAINS(kiln_last_error(), "the name \"t777777\" appears twice");
+  free(h);
+  unlink(path_of("many.safetensors"));
+}
+
+TEST(what_counts_also_loads) {
+  /* an empty tensor whose other size is huge: vm refuses such a shape, so
+     counting it must refuse it too */
+  write_file(path_of("huge0.safetensors"),
+             "{\"a\":{\"dtype\":\"F32\",\"shape\":[9223372036854775807,0],\"data_offsets\":[0,0]}}",
+             UINT64_MAX, NULL, 0);
+  int counted = kiln_load(path_of("huge0.safetensors"), 0, NULL, NULL);
+  char *names[1] = {0};
+  kiln_tensor *ts[1] = {0};
+  int loaded = kiln_load(path_of("huge0.safetensors"), 1, names, ts);
+  CHECK_EQ_INT(counted, loaded);
+  CHECK(loaded == KILN_ERR_ARG);
+  CHECK_STR_CONTAINS(kiln_last_error(), "too large");
+  if (loaded > 0) free_loaded(loaded, names, ts);
+  /* the largest empty shape the rule allows loads, and counts the same */
+  write_file(path_of("huge0.safetensors"),
+             "{\"a\":{\"dtype\":\"F32\",\"shape\":[1152921504606846975,0],\"data_offsets\":[0,0]}}",
+             UINT64_MAX, NULL, 0);
+  counted = kiln_load(path_of("huge0.safetensors"), 0, NULL, NULL);
+  loaded = kiln_load(path_of("huge0.safetensors"), 1, names, ts);
+  CHECK_EQ_INT(counted, 1);
+  CHECK_EQ_INT(loaded, 1);
+  if (loaded > 0) free_loaded(loaded, names, ts);
+  unlink(path_of("huge0.safetensors"));
+}
+
+static int save_generation(const char *path, int g);
+
+int main(int argc, char **argv) {
+  if (argc == 4 && !strcmp(argv[1], "--saver")) /* until killed */
+    for (int g = atoi(argv[3]);; g++) save_generation(argv[2], g);
   const char *tmp = getenv("TMPDIR");
   snprintf(g_dir, sizeof g_dir, "%s/kiln-st-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   if (!mkdtemp(g_dir)) {
@@ -436,6 +619,11 @@ int main(void) {
   RUN(metadata_and_whitespace_accepted);
   RUN(fuzzed_files_never_crash);
   RUN(python_peer_cross_check);
+  RUN(a_save_killed_at_any_moment_leaves_the_old_or_the_new_checkpoint);
+  RUN(a_save_that_fails_keeps_the_old_file);
+  RUN(a_fifo_is_refused_at_once);
+  RUN(a_million_names_load_in_linear_time);
+  RUN(what_counts_also_loads);
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);

@@ -48,7 +48,10 @@ static double pipeline(int seed) {
 
 enum { BATCH = 256, D_IN = 128, HIDDEN = 256, CLASSES = 10, STEPS = 6 };
 
+enum { GEMMS = 6 };
+
 typedef struct {
+  uint64_t gemms[GEMMS]; /* gemm_battery's results, hashed */
   float w1[D_IN * HIDDEN], w2[HIDDEN * CLASSES];
   float loss;
 } trained;
@@ -61,6 +64,59 @@ static kiln_tensor *filled(int64_t rows, int64_t cols, double phase, double amp)
   kiln_tensor *t = kiln_from_data(buf, KILN_F32, 2, (int64_t[]){rows, cols});
   free(buf);
   return t;
+}
+
+/* FNV-1a of a result's bytes */
+static uint64_t hash_of(kiln_tensor *t) {
+  size_t bytes = (size_t)kiln_numel(t) * 8;
+  unsigned char *buf = malloc(bytes);
+  uint64_t h = 1469598103934665603ull;
+  if (buf && kiln_to_buffer(t, buf, bytes) == 0)
+    for (size_t i = 0; i < bytes; i++) h = (h ^ buf[i]) * 1099511628211ull;
+  else
+    h = 0;
+  free(buf);
+  return h;
+}
+
+/* Gemms that run in several tiles (vm/kern_matmul.c): tall, wide,
+   transposed operands, a batch, a batch folded into one gemm, f64.  Each
+   element's arithmetic depends on the shape of the BLAS call it is in
+   (OpenBLAS's edge and small-matrix kernels), so only tiles fixed by the
+   shape give the same bits at every KILN_THREADS (issue 36). */
+static void gemm_battery(uint64_t *out) {
+  static const int64_t shapes[GEMMS][4] = {/* batch, M, K, N */
+                                           {0, 1024, 256, 300}, {0, 200, 512, 1100}, {0, 1000, 384, 520},
+                                           {4, 300, 128, 300},  {8, 128, 256, 300},  {0, 600, 256, 600}};
+  for (int i = 0; i < GEMMS; i++) {
+    int64_t bt = shapes[i][0], m = shapes[i][1], k = shapes[i][2], n = shapes[i][3];
+    kiln_tensor *a = filled(bt ? bt * m : m, k, 0.4 + i, 1.0), *b = filled(k, n, 0.9 + i, 1.0), *x, *y;
+    if (i == 2) { /* A as the transpose of a [K, M] matrix */
+      kiln_tensor *at = filled(k, m, 0.4 + i, 1.0);
+      x = kiln_transpose(at, 0, 1);
+      kiln_release(at);
+    } else if (bt) {
+      x = kiln_reshape(a, 3, (int64_t[]){bt, m, k});
+    } else {
+      x = kiln_retain(a);
+    }
+    if (i == 3) { /* a batch of its own right operands */
+      kiln_tensor *bb = filled(bt * k, n, 0.9 + i, 1.0);
+      y = kiln_reshape(bb, 3, (int64_t[]){bt, k, n});
+      kiln_release(bb);
+    } else {
+      y = kiln_retain(b);
+    }
+    if (i == 5) { /* f64 */
+      kiln_tensor *x64 = kiln_cast(x, KILN_F64), *y64 = kiln_cast(y, KILN_F64);
+      kiln_release(x), kiln_release(y);
+      x = x64, y = y64;
+    }
+    kiln_tensor *c = kiln_matmul(x, y), *c64 = kiln_cast(c, KILN_F64);
+    out[i] = hash_of(c64);
+    kiln_tensor *ts[] = {a, b, x, y, c, c64};
+    for (size_t t = 0; t < sizeof ts / sizeof *ts; t++) kiln_release(ts[t]);
+  }
 }
 
 static void train(trained *out) {
@@ -90,6 +146,7 @@ static void train(trained *out) {
   }
   kiln_to_buffer(w1, out->w1, sizeof out->w1);
   kiln_to_buffer(w2, out->w2, sizeof out->w2);
+  gemm_battery(out->gemms);
   kiln_release(x);
   kiln_release(w1);
   kiln_release(w2);
@@ -246,7 +303,12 @@ TEST(kiln_threads_1_2_4_each_keep_the_budget_and_train_to_the_same_bits) {
     spawn_child(self_path, counts[i], path, &models[i]);
   }
   unlink(path);
-  for (int i = 1; i < 3; i++) CHECK(memcmp(&models[i], &models[0], sizeof models[0]) == 0);
+  for (int i = 1; i < 3; i++) {
+    for (int g = 0; g < GEMMS; g++)
+      if (models[i].gemms[g] != models[0].gemms[g])
+        KTEST_FAIL("KILN_THREADS=%d: gemm %d of gemm_battery differs from KILN_THREADS=1", counts[i], g);
+    CHECK(memcmp(&models[i], &models[0], sizeof models[0]) == 0);
+  }
 }
 
 /* h = w scaled 1100 times, recorded on the calling thread */

@@ -228,9 +228,11 @@ void tr_log_flush(const tr_trace *t, tr_flush_reason why, tr_key key, const cach
   if (!level) return;
   int outs = 0;
   for (int i = 0; i < t->n; i++) outs += t->is_output[i];
-  char declined[96] = "";
-  if (seen->declined)
-    snprintf(declined, sizeof declined, ", compile does not pay yet (saves %.3g ms so far, costs %.3g ms)",
+  char declined[160] = "";
+  if (seen->declined) /* the payoff rule (trace/flush.c: pays) */
+    snprintf(declined, sizeof declined,
+             ", not compiled: does not pay yet (would have saved %.3g ms so far, costs %.3g ms; "
+             "KILN_PAYOFF=0 compiles it)",
              seen->saving_ms, seen->price_ms);
   fprintf(stderr, "kiln: flush (%s) %d nodes -> %d outputs, key %016llx: %s, seen %llu%s%s, %s, %.3f ms%s\n",
           tr_flush_reason_name(why), t->n, outs, (unsigned long long)key.hi,

@@ -2,7 +2,8 @@
  * floats through OpenBLAS gemm (transposed views passed as transposes, not
  * copied; a batch over a shared right operand folded into one gemm), and
  * integers through a plain loop with wrapping arithmetic.  Gemms run in
- * blocks on the kernel pool, OpenBLAS itself single-threaded. */
+ * tiles on the kernel pool, OpenBLAS itself single-threaded; the tiles
+ * depend on the shape only, so results never depend on KILN_THREADS. */
 #include <limits.h>
 #include <string.h>
 
@@ -116,66 +117,103 @@ static int64_t batch_offset(const vm_batch *b, const int64_t *strides, int64_t f
 INT_GEMM(int32_t, uint32_t)
 INT_GEMM(int64_t, uint64_t)
 
-/* A gemm runs on the kernel pool in blocks of C's rows (or columns, when C
-   is wider than tall), each block one single-threaded BLAS call: OpenBLAS's
-   own threads would run beside the pool's and other user threads' (two
-   models on two threads ran 10x slower than one after the other), and could
-   not count against KILN_THREADS.  How many blocks: gemm_blocks. */
-#define GEMM_BLOCK_DIM 128         /* rows per block at least: each block packs all of B */
-#define GEMM_BLOCK_WORK (1 << 22)  /* multiply-adds per block at least */
+/* A gemm runs on the kernel pool in tiles of C, each tile one
+   single-threaded BLAS call: OpenBLAS's own threads would run beside the
+   pool's and other user threads' (two models on two threads ran 10x slower
+   than one after the other), and could not count against KILN_THREADS.
+
+   The tiles are a function of (M, N, K) alone, never of the thread count:
+   threads take whole tiles.  That is what makes results independent of
+   KILN_THREADS, and it has to be by construction, because OpenBLAS computes
+   an element of C in a way that depends on the shape of the call it is in:
+   its Haswell/Zen sgemm runs C's rows (its N, row-major being its
+   transpose) in panels of 12 and the tail rows through edge kernels that
+   sum in another order; its SkylakeX sgemm takes a small-matrix kernel when
+   M*N*K is small.  So the same element computed in a 128-row call and in a
+   256-row call can differ in its last bit (issue 36: test_threads trained to
+   other bits at 1, 2 and 4 threads under OPENBLAS_CORETYPE=Haswell).
+
+   Each tile repacks the operand panels it shares with its neighbours, so
+   tiles cost time: measured on one thread of an AMD EPYC (Zen 4) for a
+   1024^3 sgemm, 4 tiles of 512^2 +2.5%, 16 of 256^2 +7%, 8 strips of 128
+   rows +4-10%.  The rule: halve the longer side of the tile while every
+   tile keeps GEMM_TILE_SIDE rows (columns) and GEMM_TILE_WORK multiply-adds,
+   up to GEMM_TILES_FEW tiles; past that, only while the sides stay
+   GEMM_TILE_SIDE_MANY, up to GEMM_TILES_MAX.  Counts are powers of two, so
+   1, 2, 4, 8 or 16 threads share them evenly; edges fall on whole
+   GEMM_UNITs. */
+#define GEMM_UNIT 64
+#define GEMM_TILE_SIDE 128        /* rows (columns) a tile keeps at least */
+#define GEMM_TILE_WORK (1 << 22)  /* multiply-adds a tile keeps at least */
+#define GEMM_TILES_FEW 4          /* tiles of at least GEMM_TILE_SIDE */
+#define GEMM_TILE_SIDE_MANY 512   /* past GEMM_TILES_FEW, sides of at least this */
+#define GEMM_TILES_MAX 16
+
+typedef struct {
+  int64_t rows, cols; /* tiles down C's rows and across its columns */
+} gemm_tiling;
+
+/* where tile i of `tiles` along an extent starts: whole GEMM_UNITs, spread
+   evenly (the last tile takes the partial unit) */
+static int64_t tile_start(int64_t extent, int64_t tiles, int64_t i) {
+  int64_t units = (extent + GEMM_UNIT - 1) / GEMM_UNIT, at = units * i / tiles * GEMM_UNIT;
+  return at < extent ? at : extent;
+}
+
+/* the narrowest of `tiles` tiles along an extent */
+static int64_t narrowest_tile(int64_t extent, int64_t tiles) {
+  int64_t least = extent;
+  for (int64_t i = 0; i < tiles; i++) {
+    int64_t side = tile_start(extent, tiles, i + 1) - tile_start(extent, tiles, i);
+    if (side < least) least = side;
+  }
+  return least;
+}
+
+static gemm_tiling gemm_tiles(int64_t M, int64_t N, int64_t K) {
+  gemm_tiling t = {1, 1};
+  while (t.rows * t.cols < GEMM_TILES_MAX) {
+    bool split_rows = M / t.rows >= N / t.cols;
+    gemm_tiling next = {t.rows * (split_rows ? 2 : 1), t.cols * (split_rows ? 1 : 2)};
+    int64_t side = split_rows ? narrowest_tile(M, next.rows) : narrowest_tile(N, next.cols);
+    int64_t min_side = t.rows * t.cols >= GEMM_TILES_FEW ? GEMM_TILE_SIDE_MANY : GEMM_TILE_SIDE;
+    double work = (double)M * (double)N * (double)K / (double)(next.rows * next.cols);
+    if (side < min_side || work < GEMM_TILE_WORK) break;
+    t = next;
+  }
+  return t;
+}
 
 typedef struct {
   const vm_blas *blas;
   kiln_dtype dt;
   int ta, tb;
-  bool by_rows;
+  gemm_tiling tiles;
   int64_t M, N, K, lda, ldb, ldc, es;
   const char *A, *B;
   char *C;
 } gemm_job;
 
-/* Blocks of the split dimension, in units of GEMM_UNIT rows (columns).  As
-   few as there are threads: each block is a BLAS call that packs the other
-   operand again (8 blocks of a 1024^3 sgemm cost a quarter of its time).
-   The count may follow the thread count because BLAS splits M and N, never
-   K: every element of C is the same k-ordered sum whichever block computes
-   it (test_threads checks trained weights bit for bit across counts), and
-   units of 64 keep the micro-kernel tails where an unsplit call has them. */
-#define GEMM_UNIT 64
-static int64_t gemm_blocks(int64_t M, int64_t N, int64_t K) {
-  double by_work = (double)M * (double)N * (double)K / GEMM_BLOCK_WORK;
-  int64_t units = ((M >= N ? M : N) + GEMM_UNIT - 1) / GEMM_UNIT;
-  int64_t blocks = (M >= N ? M : N) / GEMM_BLOCK_DIM;
-  if (blocks > vm_pool_threads()) blocks = vm_pool_threads();
-  if ((double)blocks > by_work) blocks = (int64_t)by_work;
-  if (blocks > units) blocks = units;
-  return blocks > 1 ? blocks : 1;
-}
-
-/* C[b:e, :] (by rows) or C[:, b:e] as one BLAS call */
-static void gemm_block(void *ctx, int64_t chunk, int64_t b, int64_t e) {
-  (void)chunk;
+/* C[r0:r1, c0:c1], the tile numbered `tile` (row-major over the tiling), as
+   one BLAS call: row i of op(A) starts at i*lda (at i when A is transposed),
+   column k of op(B) at k (at k*ldb when B is transposed) */
+static void gemm_tile(void *ctx, int64_t tile, int64_t b, int64_t e) {
+  (void)b, (void)e;
   const gemm_job *j = ctx;
-  const char *A = j->A, *B = j->B;
-  char *C = j->C;
-  int64_t m = j->M, n = j->N, extent = j->by_rows ? m : n;
-  b *= GEMM_UNIT; /* units -> rows (columns) */
-  e = e * GEMM_UNIT < extent ? e * GEMM_UNIT : extent;
-  if (j->by_rows) { /* row i of op(A) starts at i*lda, or at i when A is transposed */
-    A += (j->ta == VM_BLAS_NO_TRANS ? b * j->lda : b) * j->es;
-    C += b * j->ldc * j->es;
-    m = e - b;
-  } else { /* column k of op(B) starts at k, or at k*ldb when B is transposed */
-    B += (j->tb == VM_BLAS_NO_TRANS ? b : b * j->ldb) * j->es;
-    C += b * j->es;
-    n = e - b;
-  }
+  int64_t tr = tile / j->tiles.cols, tc = tile % j->tiles.cols;
+  int64_t r0 = tile_start(j->M, j->tiles.rows, tr), r1 = tile_start(j->M, j->tiles.rows, tr + 1);
+  int64_t c0 = tile_start(j->N, j->tiles.cols, tc), c1 = tile_start(j->N, j->tiles.cols, tc + 1);
+  const char *A = j->A + (j->ta == VM_BLAS_NO_TRANS ? r0 * j->lda : r0) * j->es;
+  const char *B = j->B + (j->tb == VM_BLAS_NO_TRANS ? c0 : c0 * j->ldb) * j->es;
+  char *C = j->C + (r0 * j->ldc + c0) * j->es;
+  int m = (int)(r1 - r0), n = (int)(c1 - c0), k = (int)j->K, lda = (int)j->lda, ldb = (int)j->ldb,
+      ldc = (int)j->ldc;
   if (j->dt == KILN_F32)
-    j->blas->sgemm(VM_BLAS_ROW_MAJOR, j->ta, j->tb, (int)m, (int)n, (int)j->K, 1.0f, (const float *)A,
-                   (int)j->lda, (const float *)B, (int)j->ldb, 0.0f, (float *)C, (int)j->ldc);
+    j->blas->sgemm(VM_BLAS_ROW_MAJOR, j->ta, j->tb, m, n, k, 1.0f, (const float *)A, lda,
+                   (const float *)B, ldb, 0.0f, (float *)C, ldc);
   else
-    j->blas->dgemm(VM_BLAS_ROW_MAJOR, j->ta, j->tb, (int)m, (int)n, (int)j->K, 1.0, (const double *)A,
-                   (int)j->lda, (const double *)B, (int)j->ldb, 0.0, (double *)C, (int)j->ldc);
+    j->blas->dgemm(VM_BLAS_ROW_MAJOR, j->ta, j->tb, m, n, k, 1.0, (const double *)A, lda,
+                   (const double *)B, ldb, 0.0, (double *)C, ldc);
 }
 
 static bool float_gemm(kiln_dtype dt, const vm_mat *a, const vm_mat *b, char *c, int64_t M,
@@ -197,10 +235,10 @@ static bool float_gemm(kiln_dtype dt, const vm_mat *a, const vm_mat *b, char *c,
     return false;
   }
   atomic_fetch_add_explicit(&vm_process()->stats.blas_calls, 1, memory_order_relaxed);
-  gemm_job job = {blas, dt, ta, tb, M >= N, M, N, K, lda, ldb, N > 1 ? N : 1,
+  gemm_job job = {blas, dt, ta, tb, gemm_tiles(M, N, K), M, N, K, lda, ldb, N > 1 ? N : 1,
                   (int64_t)vm_dtype_size(dt), A, B, c};
-  int64_t extent = job.by_rows ? M : N;
-  vm_parallel_chunks((extent + GEMM_UNIT - 1) / GEMM_UNIT, gemm_blocks(M, N, K), gemm_block, &job);
+  int64_t tiles = job.tiles.rows * job.tiles.cols;
+  vm_parallel_chunks(tiles, tiles, gemm_tile, &job); /* one tile a chunk */
   return true;
 }
 

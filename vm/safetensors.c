@@ -4,14 +4,23 @@
  * depth limit), and every dtype, shape, size and offset is checked —
  * sizes with overflow checks, offsets inside the data, the tensors tiling
  * the data section exactly (no overlap, no gap) — before a byte of data is
- * read.  Any violation is a KILN_ERR_ARG naming the problem. */
+ * read.  Any violation is a KILN_ERR_ARG naming the problem.
+ *
+ * A save is durable (DESIGN §11): it writes a temp file beside the target,
+ * fsyncs it, renames it over the target and fsyncs the directory, so a
+ * crash at any moment leaves the old file or the new one, whole.  A load
+ * never blocks on something that is not a regular file (a FIFO, a device). */
 #include "safetensors.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../trace/record.h"
 #include "state.h"
@@ -108,6 +117,32 @@ static size_t utf8_valid_prefix(const unsigned char *s, size_t n) {
 
 /* --- saving ------------------------------------------------------------------ */
 
+/* orders positions by their names, then by position */
+static int cmp_by_name(const void *a, const void *b, void *names) {
+  int x = *(const int *)a, y = *(const int *)b;
+  int c = strcmp(((const char *const *)names)[x], ((const char *const *)names)[y]);
+  return c ? c : (x > y) - (x < y);
+}
+
+/* the first pair of equal names (by the later one's position) in *first <
+   *second, or -1s; in n log n (a header may name a million tensors).
+   false: out of memory (the error set) */
+static bool first_duplicate(const char *const *names, int n, int *first, int *second) {
+  *first = *second = -1;
+  if (n < 2) return true;
+  int *order = malloc((size_t)n * sizeof *order);
+  if (!order) return vm_error(KILN_ERR_OOM, "out of memory"), false;
+  for (int i = 0; i < n; i++) order[i] = i;
+  qsort_r(order, (size_t)n, sizeof *order, cmp_by_name, (void *)names);
+  for (int i = 1; i < n; i++)
+    if (!strcmp(names[order[i - 1]], names[order[i]]) && (*second < 0 || order[i] < *second)) {
+      *first = order[i - 1];
+      *second = order[i];
+    }
+  free(order);
+  return true;
+}
+
 static bool check_save_args(int n, const char *const *names, vm_tensor *const *ts) {
   if (n < 0 || (n > 0 && (!names || !ts))) {
     vm_error(KILN_ERR_ARG, "bad arguments: n %d with names %p and tensors %p", n, (void *)names,
@@ -130,13 +165,79 @@ static bool check_save_args(int n, const char *const *names, vm_tensor *const *t
                utf8_valid_prefix((const unsigned char *)names[i], len));
       return false;
     }
-    for (int j = 0; j < i; j++)
-      if (!strcmp(names[i], names[j])) {
-        vm_error(KILN_ERR_ARG, "name \"%s\" is given twice (tensors %d and %d)", names[i], j, i);
-        return false;
-      }
+  }
+  int first, second;
+  if (!first_duplicate(names, n, &first, &second)) return false;
+  if (first >= 0) {
+    vm_error(KILN_ERR_ARG, "name \"%s\" is given twice (tensors %d and %d)", names[first], first,
+             second);
+    return false;
   }
   return true;
+}
+
+static bool write_all(int fd, const void *p, size_t n) {
+  const char *c = p;
+  while (n > 0) {
+    ssize_t w = write(fd, c, n > (1u << 30) ? (1u << 30) : n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w;
+    n -= (size_t)w;
+  }
+  return true;
+}
+
+/* fsyncs the directory that holds path, so a rename in it is durable */
+static bool sync_dir_of(const char *path) {
+  char *copy = strdup(path);
+  if (!copy) return false;
+  int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  free(copy);
+  if (fd < 0) return false;
+  bool ok = fsync(fd) == 0 || errno == EINVAL; /* some filesystems cannot sync a directory */
+  close(fd);
+  return ok;
+}
+
+/* the 8-byte length, the header and the data into `path`: through a temp
+   file in the same directory (`path.tmp-<pid>-<n>`, created exclusively,
+   never through a link), fsync'd, renamed over path, the directory fsync'd.
+   Until the rename the old file is untouched; a failure removes the temp. */
+static int write_durably(const char *path, const st_buf *h, int n, vm_tensor *const *vals) {
+  static atomic_uint serial;
+  size_t tlen = strlen(path) + 48;
+  char *tmp = malloc(tlen);
+  if (!tmp) return vm_error(KILN_ERR_OOM, "out of memory");
+  snprintf(tmp, tlen, "%s.tmp-%ld-%u", path, (long)getpid(), atomic_fetch_add(&serial, 1));
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    int rc = vm_error(KILN_ERR_ARG, "cannot create '%s' to save '%s': %s", tmp, path, strerror(errno));
+    free(tmp);
+    return rc;
+  }
+  unsigned char len[8];
+  for (int k = 0; k < 8; k++) len[k] = (unsigned char)((uint64_t)h->len >> (8 * k));
+  bool ok = write_all(fd, len, 8) && write_all(fd, h->p, h->len);
+  for (int i = 0; ok && i < n; i++)
+    ok = write_all(fd, vm_data(vals[i]), (size_t)vals[i]->numel * vm_dtype_size(vals[i]->dtype));
+  const char *step = "writing";
+  if (ok && fsync(fd) != 0) ok = false, step = "syncing";
+  if (close(fd) != 0 && ok) ok = false, step = "closing";
+  if (ok && rename(tmp, path) != 0) ok = false, step = "renaming over";
+  int err = errno;
+  if (!ok) {
+    unlink(tmp);
+    int rc = vm_error(KILN_ERR_ARG, "%s '%s' failed: %s (the previous file, if any, is unchanged)", step,
+                      path, strerror(err));
+    free(tmp);
+    return rc;
+  }
+  free(tmp);
+  if (!sync_dir_of(path))
+    return vm_error(KILN_ERR_ARG, "saved '%s', but syncing its directory failed: %s", path,
+                    strerror(errno));
+  return KILN_OK;
 }
 
 int vm_save(const char *path, int n, const char *const *names, vm_tensor *const *ts) {
@@ -145,7 +246,6 @@ int vm_save(const char *path, int n, const char *const *names, vm_tensor *const 
   vm_tensor **vals = calloc((size_t)(n ? n : 1), sizeof *vals);
   st_buf h = {0};
   int rc = KILN_OK;
-  FILE *f = NULL;
   if (!vals) return vm_error(KILN_ERR_OOM, "out of memory");
   uint64_t offset = 0;
   buf_str(&h, "{");
@@ -176,19 +276,7 @@ int vm_save(const char *path, int n, const char *const *names, vm_tensor *const 
   buf_str(&h, "}");
   while (!h.oom && h.len % 8) buf_str(&h, " "); /* data starts 8-byte aligned */
   if (rc == KILN_OK && h.oom) rc = vm_error(KILN_ERR_OOM, "out of memory");
-  if (rc == KILN_OK && !(f = fopen(path, "wb")))
-    rc = vm_error(KILN_ERR_ARG, "cannot open '%s' for writing: %s", path, strerror(errno));
-  if (rc == KILN_OK) {
-    unsigned char len[8];
-    for (int k = 0; k < 8; k++) len[k] = (unsigned char)((uint64_t)h.len >> (8 * k));
-    bool ok = fwrite(len, 1, 8, f) == 8 && fwrite(h.p, 1, h.len, f) == h.len;
-    for (int i = 0; ok && i < n; i++) {
-      size_t bytes = (size_t)vals[i]->numel * vm_dtype_size(vals[i]->dtype);
-      ok = !bytes || fwrite(vm_data(vals[i]), 1, bytes, f) == bytes;
-    }
-    if (fclose(f) != 0) ok = false;
-    if (!ok) rc = vm_error(KILN_ERR_ARG, "writing '%s' failed: %s", path, strerror(errno));
-  }
+  if (rc == KILN_OK) rc = write_durably(path, &h, n, vals);
   for (int i = 0; i < n; i++) vm_release(vals[i]);
   free(vals);
   free(h.p);
@@ -490,15 +578,16 @@ static bool parse_entry(const char *name, const j_val *v, uint64_t data_size, st
   if (sh->type != J_ARR || sh->n > KILN_MAX_DIMS)
     return bad_entry(name, "shape is not an array of at most 8 sizes");
   e->ndim = sh->n;
-  uint64_t numel = 1;
   for (int d = 0; d < sh->n; d++) {
     const j_val *x = &sh->items[d];
     if (x->type != J_NUM || !x->uint_ok || x->u > (uint64_t)INT64_MAX)
       return bad_entry(name, "a shape entry is not a non-negative integer");
     e->shape[d] = (int64_t)x->u;
-    if (x->u && numel > UINT64_MAX / x->u) return bad_entry(name, "its element count overflows");
-    numel *= x->u;
   }
+  int64_t count; /* the rule every tensor obeys, so what counts also loads */
+  if (!vm_shape_numel(e->ndim, e->shape, &count))
+    return bad_entry(name, "its shape is too large (its nonzero sizes multiply past 2^60)");
+  uint64_t numel = (uint64_t)count;
   uint64_t bytes;
   if (__builtin_mul_overflow(numel, (uint64_t)vm_dtype_size(e->dtype), &bytes) ||
       numel > (uint64_t)INT64_MAX)
@@ -595,13 +684,16 @@ static int read_header(FILE *f, const char *path, uint64_t *hlen_out, uint64_t *
   *data_size = size - 8 - hlen;
   st_entry *e = calloc((size_t)(dom->n ? dom->n : 1), sizeof *e);
   if (!e) return vm_error(KILN_ERR_OOM, "out of memory");
-  int n = 0;
+  int n = 0, first, second;
+  if (!first_duplicate((const char *const *)dom->keys, dom->n, &first, &second)) {
+    free(e);
+    return KILN_ERR_OOM;
+  }
+  if (first >= 0) {
+    free(e);
+    return vm_error(KILN_ERR_ARG, "the name \"%s\" appears twice in the header", dom->keys[first]);
+  }
   for (int i = 0; i < dom->n; i++) {
-    for (int j = 0; j < i; j++)
-      if (!strcmp(dom->keys[i], dom->keys[j])) {
-        free(e);
-        return vm_error(KILN_ERR_ARG, "the name \"%s\" appears twice in the header", dom->keys[i]);
-      }
     if (!strcmp(dom->keys[i], "__metadata__")) { /* string to string, else ignored */
       const j_val *m = &dom->items[i];
       bool strings = m->type == J_OBJ;
@@ -649,14 +741,39 @@ static vm_tensor *read_tensor(FILE *f, const char *path, uint64_t data_start, co
   return vm_handle_from_host(t, d);
 }
 
+/* path opened for reading if it is a regular file: O_NONBLOCK so a FIFO
+   or a device answers at once instead of blocking the open, and the type
+   checked on the descriptor opened (a link to a regular file is fine: the
+   Hugging Face cache keeps checkpoints as links into its blobs) */
+static FILE *open_regular(const char *path) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    vm_error(KILN_ERR_ARG, "cannot open '%s': %s", path, strerror(errno));
+    return NULL;
+  }
+  struct stat st;
+  int flags = fcntl(fd, F_GETFL);
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    vm_error(KILN_ERR_ARG, "'%s' is not a regular file", path);
+    return NULL;
+  }
+  FILE *f = flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0 ? NULL : fdopen(fd, "rb");
+  if (!f) {
+    vm_error(KILN_ERR_ARG, "cannot open '%s': %s", path, strerror(errno));
+    close(fd);
+  }
+  return f;
+}
+
 int vm_load(const char *path, int cap, char **names, vm_tensor **ts) {
   if (!path) return vm_error(KILN_ERR_ARG, "path is NULL");
   bool count_only = cap == 0 && !names && !ts;
   if (cap < 0 || (!count_only && (!names || !ts)))
     return vm_error(KILN_ERR_ARG, "bad arguments: cap %d with names %p and tensors %p", cap,
                     (void *)names, (void *)ts);
-  FILE *f = fopen(path, "rb");
-  if (!f) return vm_error(KILN_ERR_ARG, "cannot open '%s': %s", path, strerror(errno));
+  FILE *f = open_regular(path);
+  if (!f) return KILN_ERR_ARG;
   j_val dom = {0};
   st_entry *e = NULL;
   int n = 0;
