@@ -469,7 +469,8 @@ static int loaded_generation(const char *path) {
 }
 
 TEST(a_save_killed_at_any_moment_leaves_the_old_or_the_new_checkpoint) {
-  const char *path = path_of("ckpt.safetensors");
+  char path[600]; /* path_of's buffer is reused */
+  snprintf(path, sizeof path, "%s", path_of("ckpt.safetensors"));
   CHECK_EQ_INT(save_generation(path, 1), KILN_OK);
   srand(7);
   int rounds = 50, old_seen = 0, new_seen = 0;
@@ -509,12 +510,30 @@ TEST(a_save_killed_at_any_moment_leaves_the_old_or_the_new_checkpoint) {
 }
 
 TEST(a_save_that_fails_keeps_the_old_file) {
-  const char *path = path_of("keep.safetensors");
+  char path[600], dir_target[600]; /* path_of's buffer is reused */
+  snprintf(path, sizeof path, "%s", path_of("keep.safetensors"));
+  snprintf(dir_target, sizeof dir_target, "%s", path_of("a-dir.safetensors"));
   CHECK_EQ_INT(save_generation(path, 3), KILN_OK);
   kiln_tensor *bad[1] = {NULL};
   const char *nm[1] = {"x"};
   CHECK(kiln_save(path, 1, nm, bad) == KILN_ERR_ARG); /* refused before any write */
   CHECK_EQ_INT(loaded_generation(path), 3);
+  /* the rename fails (the target is a directory, not empty): the error
+     names the step, and the temp file is gone */
+  char inside[700];
+  snprintf(inside, sizeof inside, "%s/keep", dir_target);
+  CHECK(mkdir(dir_target, 0700) == 0);
+  FILE *f = fopen(inside, "w");
+  if (f) fclose(f);
+  CHECK(save_generation(dir_target, 5) == KILN_ERR_ARG);
+  CHECK_STR_CONTAINS(kiln_last_error(), "renaming over");
+  CHECK_STR_CONTAINS(kiln_last_error(), "the previous file, if any, is unchanged");
+  DIR *d = opendir(g_dir);
+  for (struct dirent *e; d && (e = readdir(d));)
+    if (strstr(e->d_name, "a-dir.safetensors.tmp-")) KTEST_FAIL("a failed save left %s behind", e->d_name);
+  if (d) closedir(d);
+  unlink(inside);
+  rmdir(dir_target);
   chmod(g_dir, 0500); /* no temp file can be created: the old file stays */
   if (geteuid() != 0) {
     CHECK(save_generation(path, 4) == KILN_ERR_ARG);
@@ -528,7 +547,8 @@ TEST(a_save_that_fails_keeps_the_old_file) {
 /* --- loads that must not block or crawl ------------------------------------------ */
 
 TEST(a_fifo_is_refused_at_once) {
-  const char *path = path_of("fifo.safetensors");
+  char path[600];
+  snprintf(path, sizeof path, "%s", path_of("fifo.safetensors"));
   CHECK(mkfifo(path, 0600) == 0);
   alarm(20); /* a hang fails the test instead of blocking CI */
   char *names[1];
@@ -602,8 +622,6 @@ TEST(what_counts_also_loads) {
   if (loaded > 0) free_loaded(loaded, names, ts);
   unlink(path_of("huge0.safetensors"));
 }
-
-static int save_generation(const char *path, int g);
 
 int main(int argc, char **argv) {
   if (argc == 4 && !strcmp(argv[1], "--saver")) /* until killed */
