@@ -236,17 +236,6 @@ static ssize_t read_full(int fd, void *buf, size_t len) {
   return (ssize_t)done;
 }
 
-static bool write_full(int fd, const void *buf, size_t len) {
-  size_t done = 0;
-  while (done < len) {
-    ssize_t w = write(fd, (const char *)buf + done, len - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    done += (size_t)w;
-  }
-  return true;
-}
-
 /* sets both times to now with full clock resolution (file timestamps from
    the kernel are coarse: stores a few ms apart could tie) */
 static void touch_fd(int fd) {
@@ -665,7 +654,7 @@ static bool store_from(const disk_dir *d, const uint64_t h[2], int in, const cha
       break;
     }
     XXH3_64bits_update(xs, buf, (size_t)r);
-    if (!write_full(out, buf, (size_t)r)) {
+    if (!vm_write_full(out, buf, (size_t)r)) {
       err = errno, fail = "write failed";
       break;
     }
@@ -675,7 +664,7 @@ static bool store_from(const disk_dir *d, const uint64_t h[2], int in, const cha
   if (!fail) {
     uint8_t t[CACHE_DISK_TRAILER_SIZE];
     encode_trailer(t, h, len, XXH3_64bits_digest(xs));
-    if (!write_full(out, t, sizeof t)) err = errno, fail = "write failed";
+    if (!vm_write_full(out, t, sizeof t)) err = errno, fail = "write failed";
   }
   if (!fail && fsync(out) != 0) err = errno, fail = "fsync failed";
   if (!fail) touch_fd(out);
@@ -773,7 +762,7 @@ bool cache_disk_index_put(const uint64_t h[2], const void *data, size_t len) {
   if (!dir_open(&d)) return false;
   char tmp[DISK_NAME_ROOM];
   int fd = temp_create(&d, ".rec", tmp, sizeof tmp);
-  bool ok = fd >= 0 && write_full(fd, data, len) && lseek(fd, 0, SEEK_SET) == 0 &&
+  bool ok = fd >= 0 && vm_write_full(fd, data, len) && lseek(fd, 0, SEEK_SET) == 0 &&
             store_from(&d, h, fd, "an index record", ".idx");
   if (fd >= 0) {
     close(fd);
@@ -791,7 +780,7 @@ bool cache_disk_blob_put(const uint64_t h[2], const void *data, size_t len) {
   if (!dir_open(&d)) return false;
   char tmp[DISK_NAME_ROOM];
   int fd = temp_create(&d, ".rec", tmp, sizeof tmp);
-  bool ok = fd >= 0 && write_full(fd, data, len) && lseek(fd, 0, SEEK_SET) == 0 &&
+  bool ok = fd >= 0 && vm_write_full(fd, data, len) && lseek(fd, 0, SEEK_SET) == 0 &&
             store_from(&d, h, fd, "a blob", ".blob");
   if (fd >= 0) {
     close(fd);

@@ -48,12 +48,6 @@ cpu_leaf *cpu_leaves_of(const tr_trace *t) {
   return l;
 }
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-
 static const char *target_march(void) {
   const char *isa = vm_cpu_isa();
   return strcmp(isa, "generic") ? isa : NULL;
@@ -640,7 +634,7 @@ static double missing_price(kernel_desc *const *descs, const int *miss, int nmis
 static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_mode mode, double *price) {
   bool disk_only = mode != FIND_OR_COMPILE;
   if (!toolchain_present()) return NULL;
-  double t0 = now_ms();
+  double t0 = vm_now_ms();
   /* a slot per group's kernel, then per reduce group's epilogue kernel */
   int ng = plan->ngroups > 0 ? plan->ngroups : 1, ns = 2 * ng;
   cpu_plan *cp = calloc(1, sizeof *cp);
@@ -720,10 +714,10 @@ static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_
     free(made);
     free(stored);
     if (compiled > 0) {
-      note_compile_cost(now_ms() - t0, compiled);
+      note_compile_cost(vm_now_ms() - t0, compiled);
       atomic_fetch_add_explicit(&st->compiles, (uint_fast64_t)batches, memory_order_relaxed);
       atomic_fetch_add_explicit(&st->kernels_compiled, (uint_fast64_t)compiled, memory_order_relaxed);
-      vm_add_ms(&st->compile_us, now_ms() - t0);
+      vm_add_ms(&st->compile_us, vm_now_ms() - t0);
     } else {
       atomic_fetch_add_explicit(&st->compile_failures, 1, memory_order_relaxed);
     }
@@ -742,7 +736,7 @@ done:
   free(got);
   free(miss);
   free(disk_keys);
-  if (cp) cp->compile_ms = now_ms() - t0;
+  if (cp) cp->compile_ms = vm_now_ms() - t0;
   if (cp && !cp->compiled) {
     cpu_plan_free(cp);
     return NULL;

@@ -223,7 +223,7 @@ static bool send_all(int fd, const void *p, size_t n) {
   return true;
 }
 
-static bool spawn(jitc_child *c, const char *path, bool pass_stderr) {
+static bool spawn(jitc_child *c, bool pass_stderr) {
   int sv[2];
   c->pid = -1;
   c->fd = -1;
@@ -250,7 +250,6 @@ static bool spawn(jitc_child *c, const char *path, bool pass_stderr) {
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setsigdefault(&attr, &dfl);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  (void)path;
   char *argv[] = {(char *)"kiln-jitc", NULL};
   char **env = helper_environ();
   int rc = env ? posix_spawn(&c->pid, "/proc/self/fd/3", &fa, &attr, argv, env) : ENOMEM;
@@ -280,21 +279,15 @@ static bool send_request(const jitc_child *c, kernel_desc **d, const uint64_t (*
   return ok;
 }
 
-static double mono_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* KILN_COMPILE_TIMEOUT seconds (120): a helper that has not answered by
    then is killed, and its kernels stay on the interpreter */
-static double compile_timeout_s(void) {
+static long compile_timeout_s(void) {
   long s = vm_env_long("KILN_COMPILE_TIMEOUT", 120);
-  return s > 0 ? (double)s : 120;
+  return s > 0 ? s : 120;
 }
 
 /* reads the child's output to its end (the last 16 KiB of it) and reaps it;
-   a child still talking at `deadline` (mono_s) is killed (*timed_out);
+   a child still talking at `deadline` (vm_now_ms) is killed (*timed_out);
    status: its exit status (or 128 + signal; -1 unknown) */
 static void finish(jitc_child *c, char *out, size_t cap, int *status, double deadline, bool *timed_out) {
   size_t len = 0;
@@ -302,9 +295,9 @@ static void finish(jitc_child *c, char *out, size_t cap, int *status, double dea
   *timed_out = false;
   for (;;) {
     if (c->fd >= 0) {
-      double left = deadline - mono_s();
+      double left_ms = deadline - vm_now_ms();
       struct pollfd p = {.fd = c->fd, .events = POLLIN};
-      int ready = left > 0 ? poll(&p, 1, left > 1e6 ? 1000000000 : (int)(left * 1000) + 1) : 0;
+      int ready = left_ms > 0 ? poll(&p, 1, left_ms > 1e9 ? 1000000000 : (int)left_ms + 1) : 0;
       if (ready < 0 && errno == EINTR) continue;
       if (ready == 0) { /* stuck: kill it; what it stored stays stored */
         kill(c->pid, SIGKILL);
@@ -368,7 +361,7 @@ bool jitc_compile(kernel_desc **d, int n, const uint64_t (*disk_keys)[2], size_t
   for (int b = 0; b < nb; b++) {
     kids[b].first = (int)((int64_t)n * b / nb);
     kids[b].n = (int)((int64_t)n * (b + 1) / nb) - kids[b].first;
-    if (!spawn(&kids[b], path, pass_stderr)) break;
+    if (!spawn(&kids[b], pass_stderr)) break;
     started++;
     atomic_fetch_add_explicit(&vm_process()->stats.compiler_processes, 1, memory_order_relaxed);
   }
@@ -386,14 +379,14 @@ bool jitc_compile(kernel_desc **d, int n, const uint64_t (*disk_keys)[2], size_t
   size_t cap = 16384;
   char *out = malloc(cap), none = 0;
   if (!out) out = &none, cap = 1;
-  double deadline = mono_s() + compile_timeout_s();
+  double deadline = vm_now_ms() + 1000.0 * (double)compile_timeout_s();
   for (int b = 0; b < started; b++) {
     int status;
     bool timed_out;
     finish(&kids[b], out, cap, &status, deadline, &timed_out);
     if (timed_out) {
       char what[96];
-      snprintf(what, sizeof what, "did not answer in %.0f s (KILN_COMPILE_TIMEOUT) and was killed",
+      snprintf(what, sizeof what, "did not answer in %ld s (KILN_COMPILE_TIMEOUT) and was killed",
                compile_timeout_s());
       say_once(&said_crash, "the compiler process %s; its kernels run on the interpreter", what);
       atomic_fetch_add_explicit(&vm_process()->stats.compile_failures, 1, memory_order_relaxed);

@@ -25,12 +25,6 @@ const char *tr_flush_reason_name(tr_flush_reason why) {
   return names[why];
 }
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-
 /* --- collecting the trace ------------------------------------------------- */
 
 typedef struct {
@@ -402,7 +396,7 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, plan_ops_once);
   vm_post_ops();
-  double t0 = now_ms();
+  double t0 = vm_now_ms();
   collector c = {0};
   if (!collect(&c, g, targets, ntargets, why)) {
     collector_free(&c);
@@ -443,7 +437,7 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
     plan = seen.plan;
     bool compiles = planning && be->jit_enabled && be->jit_enabled();
     tr_plan *priced = NULL; /* the plan the payoff rule made to price the key */
-    double p0 = now_ms();
+    double p0 = vm_now_ms();
     if (seen.hot && planning && compiles && !pays(be, t, &key, &seen, &priced)) {
       seen.declined = true;
       atomic_fetch_add_explicit(&st->compiles_declined, 1, memory_order_relaxed);
@@ -457,12 +451,12 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
     if (seen.replan && planning) seen.make_plan = true;
     if (priced && !seen.make_plan) tr_plan_release(priced);
     else if (priced) plan = priced;
-    if (!priced) p0 = now_ms();
+    if (!priced) p0 = vm_now_ms();
     if (seen.make_plan && (plan || (plan = tr_plan_build(t, be)))) {
       if (compiles) be->compile(plan, t); /* here or in the background */
       cache_publish((uint64_t[]){key.lo, key.hi}, bytes.data, bytes.len, seen.learned, plan);
       atomic_fetch_add_explicit(&st->plans_built, 1, memory_order_relaxed);
-      vm_add_ms(&st->plan_us, now_ms() - p0);
+      vm_add_ms(&st->plan_us, vm_now_ms() - p0);
       atomic_fetch_add_explicit(&st->plan_nodes, (uint_fast64_t)t->n, memory_order_relaxed);
       tr_dump_plan(t, plan, key);
     }
@@ -470,7 +464,7 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   vm_tensor **vals = calloc((size_t)t->n, sizeof *vals);
   int failed = -1;
   int rc = vals ? tr_run(plan, t, vals, &failed) : vm_error(KILN_ERR_OOM, "out of memory");
-  double ms = now_ms() - t0;
+  double ms = vm_now_ms() - t0;
   if (rc == KILN_OK && !bytes.failed && (!plan || atomic_load(&plan->jit)))
     cache_note_run((uint64_t[]){key.lo, key.hi}, ms, plan != NULL);
   tr_log_flush(t, why, key, &seen, plan != NULL, ms, rc); /* before commit drops inputs */

@@ -91,3 +91,14 @@ bool vm_fd_path(int dir_fd, const char *name, char *out, size_t out_len) {
   int n = snprintf(out, out_len, "%s/%s", link, name);
   return n > 0 && (size_t)n < out_len;
 }
+
+bool vm_write_full(int fd, const void *buf, size_t len) {
+  size_t done = 0;
+  while (done < len) {
+    ssize_t w = write(fd, (const char *)buf + done, len - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    done += (size_t)w;
+  }
+  return true;
+}

@@ -2,7 +2,8 @@
  * write (DESIGN §11), for the disk cache and KILN_DUMP: a directory is
  * created 0700 (missing parents too), opened without following a final
  * symlink and checked on that descriptor; files inside it are created with
- * O_EXCL | O_NOFOLLOW.  Nothing here logs: callers decide what to say. */
+ * O_EXCL | O_NOFOLLOW; and writing a whole buffer to a descriptor.  Nothing
+ * here logs: callers decide what to say. */
 #ifndef VM_PRIVATE_DIR_H
 #define VM_PRIVATE_DIR_H
 
@@ -40,5 +41,9 @@ int vm_private_file_create(int dir_fd, const char *name);
    that only takes a path (libgccjit's dumps).  false when /proc is not
    there or the result does not fit. */
 bool vm_fd_path(int dir_fd, const char *name, char *out, size_t out_len);
+
+/* writes all of buf (retrying short writes and EINTR); false on an error
+   (errno says which) */
+bool vm_write_full(int fd, const void *buf, size_t len);
 
 #endif

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "../trace/record.h"
+#include "private_dir.h"
 #include "state.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -176,18 +177,6 @@ static bool check_save_args(int n, const char *const *names, vm_tensor *const *t
   return true;
 }
 
-static bool write_all(int fd, const void *p, size_t n) {
-  const char *c = p;
-  while (n > 0) {
-    ssize_t w = write(fd, c, n > (1u << 30) ? (1u << 30) : n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w;
-    n -= (size_t)w;
-  }
-  return true;
-}
-
 /* fsyncs the directory that holds path, so a rename in it is durable */
 static bool sync_dir_of(const char *path) {
   char *copy = strdup(path);
@@ -218,9 +207,9 @@ static int write_durably(const char *path, const st_buf *h, int n, vm_tensor *co
   }
   unsigned char len[8];
   for (int k = 0; k < 8; k++) len[k] = (unsigned char)((uint64_t)h->len >> (8 * k));
-  bool ok = write_all(fd, len, 8) && write_all(fd, h->p, h->len);
+  bool ok = vm_write_full(fd, len, 8) && vm_write_full(fd, h->p, h->len);
   for (int i = 0; ok && i < n; i++)
-    ok = write_all(fd, vm_data(vals[i]), (size_t)vals[i]->numel * vm_dtype_size(vals[i]->dtype));
+    ok = vm_write_full(fd, vm_data(vals[i]), (size_t)vals[i]->numel * vm_dtype_size(vals[i]->dtype));
   const char *step = "writing";
   if (ok && fsync(fd) != 0) ok = false, step = "syncing";
   if (close(fd) != 0 && ok) ok = false, step = "closing";

@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "kiln.h"
 
@@ -100,6 +101,13 @@ static inline void vm_set_api(const char *name) { vm_thread()->api = name; }
 /* formats a shape as "[2,3]" into buf (at least 8*21+3 bytes) */
 const char *vm_shape_str(char *buf, int ndim, const int64_t *shape);
 #define VM_SHAPE_BUF 192
+
+/* milliseconds on the monotonic clock */
+static inline double vm_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
 
 static inline void vm_add_ms(atomic_uint_fast64_t *us, double ms) {
   atomic_fetch_add_explicit(us, (uint_fast64_t)(ms * 1000.0), memory_order_relaxed);
