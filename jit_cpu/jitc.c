@@ -11,11 +11,11 @@
 #include "jitc.h"
 
 #include <dlfcn.h>
-#include <pthread.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <limits.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdatomic.h>
@@ -79,11 +79,14 @@ static bool trusted_dirs(const char *path, char *why, size_t why_len) {
   char dir[PATH_MAX];
   snprintf(dir, sizeof dir, "%s", path);
   for (char *slash; (slash = strrchr(dir, '/'));) {
-    if (slash == dir) slash[1] = 0; /* "/" itself */
-    else *slash = 0;
+    if (slash == dir)
+      slash[1] = 0; /* "/" itself */
+    else
+      *slash = 0;
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || !trusted_mode(&st)) {
-      snprintf(why, why_len, "directory %s is not owned by root or you, or others can write to it", dir);
+      snprintf(why, why_len, "directory %s is not owned by root or you, or others can write to it",
+               dir);
       return false;
     }
     if (slash == dir) break;
@@ -107,7 +110,8 @@ static int open_trusted(const char *path, char *why, size_t why_len) {
     return -1;
   }
   if (!S_ISREG(st.st_mode) || !(st.st_mode & S_IXUSR) || !trusted_mode(&st)) {
-    snprintf(why, why_len, "%s is not an executable file owned by root or you that only its owner can write",
+    snprintf(why, why_len,
+             "%s is not an executable file owned by root or you that only its owner can write",
              real);
     close(fd);
     return -1;
@@ -150,12 +154,14 @@ static void find_helper(void) {
     if (own_file(lib, sizeof lib, &shared) && shared) { /* <libdir>/../libexec/kiln/kiln-jitc */
       char *slash = strrchr(lib, '/');
       *slash = 0;
-      if (snprintf(helper, sizeof helper, "%s/%s", lib, KILN_JITC_FROM_LIBDIR) >= (int)sizeof helper)
+      if (snprintf(helper, sizeof helper, "%s/%s", lib, KILN_JITC_FROM_LIBDIR) >=
+          (int)sizeof helper)
         helper[0] = 0;
     } else {
       snprintf(helper, sizeof helper, "%s", KILN_JITC_INSTALL_PATH);
     }
-    if (helper[0] && access(helper, F_OK) != 0) helper[0] = 0; /* not installed: in-process, quietly */
+    if (helper[0] && access(helper, F_OK) != 0)
+      helper[0] = 0; /* not installed: in-process, quietly */
   }
   if (!helper[0]) return;
   helper_fd = open_trusted(helper, why, sizeof why);
@@ -175,8 +181,9 @@ static const char *helper_path(void) {
    the assembler and linker libgccjit runs load or run someone else's code
    (LD_*, GCC's search paths), and with a PATH of system directories. */
 static char **helper_environ(void) {
-  static const char *const drop[] = {"LD_", "COMPILER_PATH=", "GCC_EXEC_PREFIX=", "LIBRARY_PATH=",
-                                     "PATH=", "CPATH=", "C_INCLUDE_PATH=", "GCONV_PATH=", "BINUTILS_"};
+  static const char *const drop[] = {
+      "LD_",    "COMPILER_PATH=",  "GCC_EXEC_PREFIX=", "LIBRARY_PATH=", "PATH=",
+      "CPATH=", "C_INCLUDE_PATH=", "GCONV_PATH=",      "BINUTILS_"};
   int n = 0;
   while (environ[n]) n++;
   char **env = calloc((size_t)n + 2, sizeof *env);
@@ -289,7 +296,8 @@ static long compile_timeout_s(void) {
 /* reads the child's output to its end (the last 16 KiB of it) and reaps it;
    a child still talking at `deadline` (vm_now_ms) is killed (*timed_out);
    status: its exit status (or 128 + signal; -1 unknown) */
-static void finish(jitc_child *c, char *out, size_t cap, int *status, double deadline, bool *timed_out) {
+static void finish(jitc_child *c, char *out, size_t cap, int *status, double deadline,
+                   bool *timed_out) {
   size_t len = 0;
   char buf[4096];
   *timed_out = false;

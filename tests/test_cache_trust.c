@@ -342,8 +342,9 @@ typedef struct {
 
 static result run_child(const char *cache_dir, const char *extra_env) {
   char cmd[4 * PATH_MAX];
-  snprintf(cmd, sizeof cmd, "env KILN_CACHE_DIR='%s' KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 %s '%s' work 2>/dev/null", cache_dir,
-           extra_env, self);
+  snprintf(cmd, sizeof cmd,
+           "env KILN_CACHE_DIR='%s' KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 %s '%s' work 2>/dev/null",
+           cache_dir, extra_env, self);
   result r = {0, 0, 0, 0};
   FILE *p = popen(cmd, "r");
   if (!p) return r;

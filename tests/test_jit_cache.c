@@ -221,7 +221,8 @@ TEST(missing_toolchain_is_reported_once) {
   result ref = run_child(env);
   snprintf(log, sizeof log, "%s/stderr", dir);
   snprintf(env, sizeof env, "PATH=%s KILN_CACHE_DIR=%s", dir, dir);
-  snprintf(cmd, sizeof cmd, "env %s KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>'%s'", env, self, log);
+  snprintf(cmd, sizeof cmd, "env %s KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>'%s'", env,
+           self, log);
   result r = read_result(popen(cmd, "r"));
   CHECK(ref.ok && r.ok);
   CHECK_EQ_INT(r.compiles, 0);
@@ -242,7 +243,9 @@ TEST(opt_info_reports_vectorized_loops) {
   CHECK(mkdtemp(dir) != NULL);
   snprintf(log, sizeof log, "%s/stderr", dir);
   for (int on = 0; on <= 1; on++) {
-    snprintf(cmd, sizeof cmd, "env KILN_CACHE=0 KILN_JIT_OPT_INFO=%d KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work >/dev/null 2>'%s'",
+    snprintf(cmd, sizeof cmd,
+             "env KILN_CACHE=0 KILN_JIT_OPT_INFO=%d KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' "
+             "work >/dev/null 2>'%s'",
              on, self, log);
     CHECK(system(cmd) == 0);
     char text[1 << 15];
@@ -309,7 +312,9 @@ TEST(compiler_crash_costs_a_compile) {
   snprintf(env, sizeof env, "KILN_CACHE_DIR=%s/ref KILN_JIT=0", dir);
   result ref = run_child(env);
   snprintf(log, sizeof log, "%s/stderr", dir);
-  snprintf(cmd, sizeof cmd, "env KILN_CACHE_DIR=%s KILN_JITC_FAULT=crash KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>'%s'",
+  snprintf(cmd, sizeof cmd,
+           "env KILN_CACHE_DIR=%s KILN_JITC_FAULT=crash KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' "
+           "work 2>'%s'",
            dir, self, log);
   result r = read_result(popen(cmd, "r"));
   CHECK(ref.ok && r.ok);
@@ -340,8 +345,10 @@ TEST(stale_compiler_process_is_refused) {
   fclose(f);
   CHECK(chmod(fake, 0700) == 0);
   snprintf(log, sizeof log, "%s/stderr", dir);
-  snprintf(cmd, sizeof cmd, "env KILN_CACHE_DIR=%s/c KILN_JITC='%s' KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>'%s'", dir,
-           fake, self, log);
+  snprintf(cmd, sizeof cmd,
+           "env KILN_CACHE_DIR=%s/c KILN_JITC='%s' KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work "
+           "2>'%s'",
+           dir, fake, self, log);
   result r = read_result(popen(cmd, "r"));
   snprintf(cmd, sizeof cmd, "KILN_CACHE_DIR=%s/ref KILN_JIT=0", dir);
   result ref = run_child(cmd);
@@ -382,7 +389,8 @@ TEST(a_planted_helper_is_never_run) {
     snprintf(log, sizeof log, "%s/stderr%d", dir, k);
     char helper_var[900] = "-u KILN_JITC"; /* case 0: the one beside the program */
     if (k == 1) snprintf(helper_var, sizeof helper_var, "KILN_JITC='%s'", fake);
-    snprintf(cmd, sizeof cmd, "env %s KILN_CACHE_DIR=%s/c%d KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>'%s'",
+    snprintf(cmd, sizeof cmd,
+             "env %s KILN_CACHE_DIR=%s/c%d KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>'%s'",
              helper_var, dir, k, self, log);
     result r = read_result(popen(cmd, "r"));
     CHECK(r.ok && ref.ok);
@@ -404,8 +412,10 @@ TEST(a_stuck_helper_is_killed_after_the_timeout) {
   char dir[] = "/tmp/kiln-cache-test-XXXXXX", log[600], cmd[9000], text[8192];
   CHECK(mkdtemp(dir) != NULL);
   snprintf(log, sizeof log, "%s/stderr", dir);
-  snprintf(cmd, sizeof cmd, "env KILN_CACHE_DIR=%s/c KILN_JITC_FAULT=sleep:600000 KILN_COMPILE_TIMEOUT=1 "
-           "KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>'%s'", dir, self, log);
+  snprintf(cmd, sizeof cmd,
+           "env KILN_CACHE_DIR=%s/c KILN_JITC_FAULT=sleep:600000 KILN_COMPILE_TIMEOUT=1 "
+           "KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>'%s'",
+           dir, self, log);
   double t0 = mono_ms();
   result r = read_result(popen(cmd, "r"));
   double took = mono_ms() - t0;
@@ -414,7 +424,8 @@ TEST(a_stuck_helper_is_killed_after_the_timeout) {
   CHECK(r.ok && ref.ok);
   CHECK(r.total == ref.total);
   if (took > 60000) KTEST_FAIL("the program took %.0f ms with a 1 s compile timeout", took);
-  CHECK_STR_CONTAINS(read_text(log, text, sizeof text), "did not answer in 1 s (KILN_COMPILE_TIMEOUT)");
+  CHECK_STR_CONTAINS(read_text(log, text, sizeof text),
+                     "did not answer in 1 s (KILN_COMPILE_TIMEOUT)");
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   CHECK(system(cmd) == 0);
 }
@@ -425,7 +436,10 @@ TEST(a_stuck_helper_is_killed_after_the_timeout) {
 TEST(exit_does_not_wait_for_a_compile) {
   char dir[] = "/tmp/kiln-cache-test-XXXXXX", cmd[9000];
   CHECK(mkdtemp(dir) != NULL);
-  snprintf(cmd, sizeof cmd, "exec env KILN_CACHE_DIR=%s KILN_JITC_FAULT=sleep:1500 KILN_HOT=2 KILN_PAYOFF=0 '%s' exit", dir, self);
+  snprintf(
+      cmd, sizeof cmd,
+      "exec env KILN_CACHE_DIR=%s KILN_JITC_FAULT=sleep:1500 KILN_HOT=2 KILN_PAYOFF=0 '%s' exit",
+      dir, self);
   FILE *p = popen(cmd, "r");
   double returned = 0, processes = 0;
   CHECK(p && fscanf(p, "%lf %lf", &returned, &processes) == 2);
@@ -506,7 +520,9 @@ TEST(sliced_operands_are_read_at_unit_stride) {
     FILE *p = popen(cmd, "r");
     CHECK(p && fgets(want, sizeof want, p));
     if (p) pclose(p);
-    snprintf(cmd, sizeof cmd, "env KILN_CACHE=0 KILN_DUMP='%s' KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' gates %d", dir, self, step);
+    snprintf(cmd, sizeof cmd,
+             "env KILN_CACHE=0 KILN_DUMP='%s' KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' gates %d",
+             dir, self, step);
     p = popen(cmd, "r");
     CHECK(p && fgets(got, sizeof got, p));
     if (p) CHECK(pclose(p) == 0);
@@ -608,7 +624,8 @@ TEST(fills_are_values_not_buffers) {
   FILE *p = popen(cmd, "r");
   CHECK(p && fgets(want, sizeof want, p));
   if (p) CHECK(pclose(p) == 0);
-  snprintf(cmd, sizeof cmd, "env KILN_CACHE=0 KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' fills", self);
+  snprintf(cmd, sizeof cmd, "env KILN_CACHE=0 KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' fills",
+           self);
   p = popen(cmd, "r");
   CHECK(p && fgets(got, sizeof got, p));
   if (p) CHECK(pclose(p) == 0);

@@ -8,11 +8,10 @@
  * reference) and once with KILN_JIT=1 KILN_HOT=1 KILN_PAYOFF=0 KILN_ASYNC=0
  * and an empty KILN_CACHE_DIR (every trace is planned on first sight and its
  * kernels are compiled inline: KILN_HOT alone is only the floor under the
- * payoff rule, which declines small traces).  Both children make the same Kiln calls — the generator
- * looks only at shapes, dtypes and its own bookkeeping, never at values — and
- * print the raw bytes of every result; the parent compares the two outputs
- * value by value.  A child that dies is reported with the program it was in,
- * and the rest of its batch runs in a new pair.
+ * payoff rule, which declines small traces).  Both children make the same Kiln calls — the
+ * generator looks only at shapes, dtypes and its own bookkeeping, never at values — and print the
+ * raw bytes of every result; the parent compares the two outputs value by value.  A child that dies
+ * is reported with the program it was in, and the rest of its batch runs in a new pair.
  *
  * The programs (8-20 ops over 2-4 leaves; tensors up to ~2000 elements, and
  * every 30th program ~2^16 so the thread pool splits kernels in mid-row):
@@ -27,11 +26,10 @@
  * logsumexp / layer_norm mixed in so compiled groups border interpreter
  * groups; gather, index_select, scatter_add (1-11 picks along the axis:
  * computed in place up to 8, by the interpreter's pass past that) and
- * concat along any axis, with index and part leaves of their own.  The results are the values no later op used (the others stay
- * inside the final flush's kernels) and the host reads.  Every program but
- * the large ones runs a second time with new leaf values and negated host
- * scalars: the same trace keys, so cached plans and kernels run again with
- * new parameters.
+ * concat along any axis, with index and part leaves of their own.  The results are the values no
+ * later op used (the others stay inside the final flush's kernels) and the host reads.  Every
+ * program but the large ones runs a second time with new leaf values and negated host scalars: the
+ * same trace keys, so cached plans and kernels run again with new parameters.
  *
  * How values are compared: bit for bit, every value of every dtype (NaN
  * payloads and NaN signs aside: any NaN equals any NaN).  Kiln promises
@@ -2633,9 +2631,9 @@ static int threads_slot;
    tensor is made on the GPU (the op-by-op run there keeps the caller's
    KILN_CACHE_DIR: its kernels are the same in every batch) */
 static char **make_env(bool jit, bool cuda, const char *cache_dir) {
-  static const char *const drop[] = {"KILN_JIT=", "KILN_HOT=", "KILN_PAYOFF=", "KILN_ASYNC=", "KILN_CACHE_DIR=",
-                                     "KILN_CACHE=", "KILN_THREADS=", "KILN_RECOMPILE_BUDGET=",
-                                     "KILN_DEVICE="};
+  static const char *const drop[] = {
+      "KILN_JIT=",   "KILN_HOT=",     "KILN_PAYOFF=",           "KILN_ASYNC=", "KILN_CACHE_DIR=",
+      "KILN_CACHE=", "KILN_THREADS=", "KILN_RECOMPILE_BUDGET=", "KILN_DEVICE="};
   int n = 0;
   while (environ[n]) n++;
   char **env = calloc((size_t)n + 10, sizeof *env);

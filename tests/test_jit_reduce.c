@@ -465,8 +465,9 @@ static int work(void) {
 
 static char *child_out(const char *threads, const char *jit) {
   char cmd[8192];
-  snprintf(cmd, sizeof cmd, "env KILN_THREADS=%s KILN_JIT=%s KILN_HOT=1 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work", threads,
-           jit, self);
+  snprintf(cmd, sizeof cmd,
+           "env KILN_THREADS=%s KILN_JIT=%s KILN_HOT=1 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work",
+           threads, jit, self);
   FILE *p = popen(cmd, "r");
   size_t len = 0, cap = 1 << 20;
   char *out = calloc(cap, 1);

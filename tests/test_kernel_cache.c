@@ -177,7 +177,8 @@ static int unload_main(int n) {
 /* runs this binary with env and args; its stdout into out */
 static bool run_child(const char *env, const char *args, char *out, size_t cap) {
   char cmd[9000];
-  snprintf(cmd, sizeof cmd, "env KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 %s '%s' %s", env, self, args);
+  snprintf(cmd, sizeof cmd, "env KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 %s '%s' %s", env, self,
+           args);
   FILE *p = popen(cmd, "r");
   if (!p) return false;
   size_t got = fread(out, 1, cap - 1, p);

@@ -1101,7 +1101,8 @@ TEST(compiled_steps_match_the_interpreter_bit_for_bit) {
     return;
   }
   char *ref = run_child("KILN_JIT=0");
-  snprintf(env, sizeof env, "KILN_JIT=1 KILN_HOT=1 KILN_PAYOFF=0 KILN_ASYNC=0 KILN_CACHE_DIR=%s", dir);
+  snprintf(env, sizeof env, "KILN_JIT=1 KILN_HOT=1 KILN_PAYOFF=0 KILN_ASYNC=0 KILN_CACHE_DIR=%s",
+           dir);
   char *jit = run_child(env);
   CHECK(ref && jit);
   if (ref && jit) {

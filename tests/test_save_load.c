@@ -207,8 +207,8 @@ TEST(hostile_files_are_rejected) {
       "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[12,16]}}", real, d, 16, "a gap");
   BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", real, d, 8,
       "cover 4 bytes of a 8-byte data section");
-  BAD("{\"a\":{\"dtype\":\"F64\",\"shape\":[4611686018427387904,4],\"data_offsets\":[0,8]}}", real, d,
-      8, "too large (its nonzero sizes multiply past 2^60)");
+  BAD("{\"a\":{\"dtype\":\"F64\",\"shape\":[4611686018427387904,4],\"data_offsets\":[0,8]}}", real,
+      d, 8, "too large (its nonzero sizes multiply past 2^60)");
   BAD("{\"a\":{\"dtype\":\"F64\",\"shape\":[18446744073709551616],\"data_offsets\":[0,8]}}", real, d,
       8, "not a non-negative integer");
   BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", real, d, 4,
@@ -496,10 +496,13 @@ TEST(a_save_killed_at_any_moment_leaves_the_old_or_the_new_checkpoint) {
                  after < 0 ? "no longer loads whole" : "went back");
       break;
     }
-    if (after == before) old_seen++;
-    else new_seen++;
+    if (after == before)
+      old_seen++;
+    else
+      new_seen++;
   }
-  printf("killed saves: %d left the old checkpoint, %d a newer one, none torn\n", old_seen, new_seen);
+  printf("killed saves: %d left the old checkpoint, %d a newer one, none torn\n", old_seen,
+         new_seen);
   if (new_seen == 0) KTEST_FAIL("no save finished in %d rounds: the kills tested nothing", rounds);
   /* temp files of killed saves stay behind: they are never the checkpoint */
   DIR *d = opendir(g_dir);
@@ -530,7 +533,8 @@ TEST(a_save_that_fails_keeps_the_old_file) {
   CHECK_STR_CONTAINS(kiln_last_error(), "the previous file, if any, is unchanged");
   DIR *d = opendir(g_dir);
   for (struct dirent *e; d && (e = readdir(d));)
-    if (strstr(e->d_name, "a-dir.safetensors.tmp-")) KTEST_FAIL("a failed save left %s behind", e->d_name);
+    if (strstr(e->d_name, "a-dir.safetensors.tmp-"))
+      KTEST_FAIL("a failed save left %s behind", e->d_name);
   if (d) closedir(d);
   unlink(inside);
   rmdir(dir_target);
@@ -574,7 +578,8 @@ TEST(a_million_names_load_in_linear_time) {
   char *h = malloc(cap);
   h[len++] = '{';
   for (int i = 0; i < NAMES; i++)
-    len += (size_t)snprintf(h + len, cap - len, "%s\"t%d\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}",
+    len += (size_t)snprintf(h + len, cap - len,
+                            "%s\"t%d\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}",
                             i ? "," : "", i);
   h[len++] = '}';
   h[len] = 0;
@@ -586,10 +591,12 @@ TEST(a_million_names_load_in_linear_time) {
   printf("counting 10^6 tensors took %.2f s\n", took);
   /* linear: ~4 s in release, ~13 s under ASan on a 2-core VM; the old
      quadratic name check took about an hour (10^5 names: 55 s) */
-  if (took > 120) KTEST_FAIL("counting 10^6 tensors took %.1f s: the header checks are not linear", took);
+  if (took > 120)
+    KTEST_FAIL("counting 10^6 tensors took %.1f s: the header checks are not linear", took);
   /* the same names twice: found among a million */
   h[len - 1] = ',';
-  len += (size_t)snprintf(h + len, cap - len, "\"t777777\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}");
+  len += (size_t)snprintf(h + len, cap - len,
+                          "\"t777777\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}");
   write_file(path_of("many.safetensors"), h, UINT64_MAX, NULL, 0);
   CHECK(kiln_load(path_of("many.safetensors"), 0, NULL, NULL) == KILN_ERR_ARG);
   CHECK_STR_CONTAINS(kiln_last_error(), "the name \"t777777\" appears twice");

@@ -86,11 +86,13 @@ static uint64_t hash_of(kiln_tensor *t) {
    shape give the same bits at every KILN_THREADS (issue 36). */
 static void gemm_battery(uint64_t *out) {
   static const int64_t shapes[GEMMS][4] = {/* batch, M, K, N */
-                                           {0, 1024, 256, 300}, {0, 200, 512, 1100}, {0, 1000, 384, 520},
-                                           {4, 300, 128, 300},  {8, 128, 256, 300},  {0, 600, 256, 600}};
+                                           {0, 1024, 256, 300}, {0, 200, 512, 1100},
+                                           {0, 1000, 384, 520}, {4, 300, 128, 300},
+                                           {8, 128, 256, 300},  {0, 600, 256, 600}};
   for (int i = 0; i < GEMMS; i++) {
     int64_t bt = shapes[i][0], m = shapes[i][1], k = shapes[i][2], n = shapes[i][3];
-    kiln_tensor *a = filled(bt ? bt * m : m, k, 0.4 + i, 1.0), *b = filled(k, n, 0.9 + i, 1.0), *x, *y;
+    kiln_tensor *a = filled(bt ? bt * m : m, k, 0.4 + i, 1.0), *b = filled(k, n, 0.9 + i, 1.0), *x,
+                *y;
     if (i == 2) { /* A as the transpose of a [K, M] matrix */
       kiln_tensor *at = filled(k, m, 0.4 + i, 1.0);
       x = kiln_transpose(at, 0, 1);
@@ -306,7 +308,8 @@ TEST(kiln_threads_1_2_4_each_keep_the_budget_and_train_to_the_same_bits) {
   for (int i = 1; i < 3; i++) {
     for (int g = 0; g < GEMMS; g++)
       if (models[i].gemms[g] != models[0].gemms[g])
-        KTEST_FAIL("KILN_THREADS=%d: gemm %d of gemm_battery differs from KILN_THREADS=1", counts[i], g);
+        KTEST_FAIL("KILN_THREADS=%d: gemm %d of gemm_battery differs from KILN_THREADS=1",
+                   counts[i], g);
     CHECK(memcmp(&models[i], &models[0], sizeof models[0]) == 0);
   }
 }

@@ -143,10 +143,10 @@ INT_GEMM(int64_t, uint64_t)
    1, 2, 4, 8 or 16 threads share them evenly; edges fall on whole
    GEMM_UNITs. */
 #define GEMM_UNIT 64
-#define GEMM_TILE_SIDE 128        /* rows (columns) a tile keeps at least */
-#define GEMM_TILE_WORK (1 << 22)  /* multiply-adds a tile keeps at least */
-#define GEMM_TILES_FEW 4          /* tiles of at least GEMM_TILE_SIDE */
-#define GEMM_TILE_SIDE_MANY 512   /* past GEMM_TILES_FEW, sides of at least this */
+#define GEMM_TILE_SIDE 128       /* rows (columns) a tile keeps at least */
+#define GEMM_TILE_WORK (1 << 22) /* multiply-adds a tile keeps at least */
+#define GEMM_TILES_FEW 4         /* tiles of at least GEMM_TILE_SIDE */
+#define GEMM_TILE_SIDE_MANY 512  /* past GEMM_TILES_FEW, sides of at least this */
 #define GEMM_TILES_MAX 16
 
 typedef struct {
@@ -235,8 +235,9 @@ static bool float_gemm(kiln_dtype dt, const vm_mat *a, const vm_mat *b, char *c,
     return false;
   }
   atomic_fetch_add_explicit(&vm_process()->stats.blas_calls, 1, memory_order_relaxed);
-  gemm_job job = {blas, dt, ta, tb, gemm_tiles(M, N, K), M, N, K, lda, ldb, N > 1 ? N : 1,
-                  (int64_t)vm_dtype_size(dt), A, B, c};
+  gemm_job job = {blas, dt, ta,  tb,  gemm_tiles(M, N, K), M,
+                  N,    K,  lda, ldb, N > 1 ? N : 1,       (int64_t)vm_dtype_size(dt),
+                  A,    B,  c};
   int64_t tiles = job.tiles.rows * job.tiles.cols;
   vm_parallel_chunks(tiles, tiles, gemm_tile, &job); /* one tile a chunk */
   return true;

@@ -201,7 +201,8 @@ static int write_durably(const char *path, const st_buf *h, int n, vm_tensor *co
   snprintf(tmp, tlen, "%s.tmp-%ld-%u", path, (long)getpid(), atomic_fetch_add(&serial, 1));
   int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
   if (fd < 0) {
-    int rc = vm_error(KILN_ERR_ARG, "cannot create '%s' to save '%s': %s", tmp, path, strerror(errno));
+    int rc =
+        vm_error(KILN_ERR_ARG, "cannot create '%s' to save '%s': %s", tmp, path, strerror(errno));
     free(tmp);
     return rc;
   }
@@ -209,7 +210,8 @@ static int write_durably(const char *path, const st_buf *h, int n, vm_tensor *co
   for (int k = 0; k < 8; k++) len[k] = (unsigned char)((uint64_t)h->len >> (8 * k));
   bool ok = vm_write_full(fd, len, 8) && vm_write_full(fd, h->p, h->len);
   for (int i = 0; ok && i < n; i++)
-    ok = vm_write_full(fd, vm_data(vals[i]), (size_t)vals[i]->numel * vm_dtype_size(vals[i]->dtype));
+    ok =
+        vm_write_full(fd, vm_data(vals[i]), (size_t)vals[i]->numel * vm_dtype_size(vals[i]->dtype));
   const char *step = "writing";
   if (ok && fsync(fd) != 0) ok = false, step = "syncing";
   if (close(fd) != 0 && ok) ok = false, step = "closing";
@@ -217,8 +219,8 @@ static int write_durably(const char *path, const st_buf *h, int n, vm_tensor *co
   int err = errno;
   if (!ok) {
     unlink(tmp);
-    int rc = vm_error(KILN_ERR_ARG, "%s '%s' failed: %s (the previous file, if any, is unchanged)", step,
-                      path, strerror(err));
+    int rc = vm_error(KILN_ERR_ARG, "%s '%s' failed: %s (the previous file, if any, is unchanged)",
+                      step, path, strerror(err));
     free(tmp);
     return rc;
   }
