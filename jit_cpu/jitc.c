@@ -141,8 +141,35 @@ static bool own_file(char *out, size_t cap, bool *shared) {
   return snprintf(out, cap, "%s", real) < (int)cap;
 }
 
+/* The helper's environment: the caller's, without what could make it or
+   the assembler and linker libgccjit runs load or run someone else's code
+   (LD_*, GCC's search paths), and with a PATH of system directories.  Taken
+   once, copied, when the helper is found: reading `environ` at every spawn
+   raced with the caller's setenv on another thread (a setenv that grows
+   the array frees the old one; test_trace's child crashed on it). */
+static char **environ_for_helper(void) {
+  static const char *const drop[] = {
+      "LD_",    "COMPILER_PATH=",  "GCC_EXEC_PREFIX=", "LIBRARY_PATH=", "PATH=",
+      "CPATH=", "C_INCLUDE_PATH=", "GCONV_PATH=",      "BINUTILS_"};
+  int n = 0;
+  while (environ[n]) n++;
+  char **env = calloc((size_t)n + 2, sizeof *env);
+  if (!env) return NULL;
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    bool keep = true;
+    for (size_t d = 0; keep && d < sizeof drop / sizeof *drop; d++)
+      keep = strncmp(environ[i], drop[d], strlen(drop[d])) != 0;
+    if (keep && !(env[k++] = strdup(environ[i]))) k--;
+  }
+  env[k++] = strdup("PATH=/usr/local/bin:/usr/bin:/bin");
+  env[k] = NULL;
+  return env;
+}
+
 static char helper[PATH_MAX];
 static int helper_fd = -1;
+static char **helper_env; /* environ_for_helper, kept for the process */
 static void find_helper(void) {
   char why[PATH_MAX + 96] = "";
   const char *env = secure_getenv("KILN_JITC"); /* explicit: tests, unusual installs */
@@ -168,7 +195,9 @@ static void find_helper(void) {
   if (helper_fd < 0) {
     fprintf(stderr, "kiln: not running the compiler helper: %s; compiling in this process\n", why);
     helper[0] = 0;
+    return;
   }
+  if (!(helper_env = environ_for_helper())) helper[0] = 0; /* out of memory: in-process */
 }
 
 static const char *helper_path(void) {
@@ -177,25 +206,24 @@ static const char *helper_path(void) {
   return helper[0] ? helper : NULL;
 }
 
-/* The helper's environment: the caller's, without what could make it or
-   the assembler and linker libgccjit runs load or run someone else's code
-   (LD_*, GCC's search paths), and with a PATH of system directories. */
-static char **helper_environ(void) {
-  static const char *const drop[] = {
-      "LD_",    "COMPILER_PATH=",  "GCC_EXEC_PREFIX=", "LIBRARY_PATH=", "PATH=",
-      "CPATH=", "C_INCLUDE_PATH=", "GCONV_PATH=",      "BINUTILS_"};
+/* helper_env with KILN_CACHE_DIR set to the directory the library uses
+   now (the helper stores where the library will look, even when the caller
+   changed KILN_CACHE_DIR, XDG_CACHE_HOME or HOME since the snapshot); the
+   array is malloc'd, its strings are not the caller's to free */
+static char **spawn_environ(void) {
+  static _Thread_local char cache_var[PATH_MAX + 16];
+  const char *dir = cache_disk_dir();
   int n = 0;
-  while (environ[n]) n++;
+  while (helper_env[n]) n++;
   char **env = calloc((size_t)n + 2, sizeof *env);
-  if (!env) return NULL;
-  int k = 0;
-  for (int i = 0; i < n; i++) {
-    bool keep = true;
-    for (size_t d = 0; keep && d < sizeof drop / sizeof *drop; d++)
-      keep = strncmp(environ[i], drop[d], strlen(drop[d])) != 0;
-    if (keep) env[k++] = environ[i];
+  if (!env || !dir || snprintf(cache_var, sizeof cache_var, "KILN_CACHE_DIR=%s", dir) >= (int)sizeof cache_var) {
+    free(env);
+    return NULL;
   }
-  env[k++] = (char *)"PATH=/usr/local/bin:/usr/bin:/bin";
+  int k = 0;
+  for (int i = 0; i < n; i++)
+    if (strncmp(helper_env[i], "KILN_CACHE_DIR=", 15)) env[k++] = helper_env[i];
+  env[k++] = cache_var;
   env[k] = NULL;
   return env;
 }
@@ -258,7 +286,7 @@ static bool spawn(jitc_child *c, bool pass_stderr) {
   posix_spawnattr_setsigdefault(&attr, &dfl);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   char *argv[] = {(char *)"kiln-jitc", NULL};
-  char **env = helper_environ();
+  char **env = spawn_environ();
   int rc = env ? posix_spawn(&c->pid, "/proc/self/fd/3", &fa, &attr, argv, env) : ENOMEM;
   free(env);
   posix_spawn_file_actions_destroy(&fa);

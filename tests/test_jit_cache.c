@@ -38,6 +38,38 @@ static int work(void) {
   return 0;
 }
 
+/* x*1e-4 -> tanh -> square -> sum, run three times (hot, compiled) */
+static double tanh_program(kiln_tensor *x) {
+  double total = 0;
+  for (int it = 0; it < 3; it++) {
+    kiln_tensor *a = kiln_mul_scalar(x, 1e-4), *b = kiln_tanh(a), *c = kiln_mul(b, b),
+                *s = kiln_sum(c, 0, NULL, false);
+    total = kiln_item(s);
+    kiln_tensor *all[] = {a, b, c, s};
+    for (int i = 0; i < 4; i++) kiln_release(all[i]);
+  }
+  return total;
+}
+
+/* child: compiles one program through the helper, then moves
+   KILN_CACHE_DIR to `second` (nothing in flight: kiln_jit_wait) and
+   compiles another; prints compiler processes and failures */
+static int move_cache_work(const char *second) {
+  kiln_tensor *x = kiln_arange(0, 1 << 12, 1, KILN_F32);
+  kiln_sync();
+  tanh_program(x);
+  kiln_jit_wait();
+  setenv("KILN_CACHE_DIR", second, 1);
+  kiln_tensor *y = kiln_arange(0, 1000, 1, KILN_F64); /* other kernels */
+  kiln_sync();
+  tanh_program(y);
+  kiln_jit_wait();
+  printf("%.0f %.0f\n", kiln_stat("compiler_processes"), kiln_stat("compile_failures"));
+  kiln_release(x);
+  kiln_release(y);
+  return 0;
+}
+
 static double mono_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -430,6 +462,34 @@ TEST(a_stuck_helper_is_killed_after_the_timeout) {
   CHECK(system(cmd) == 0);
 }
 
+/* The helper takes its environment once (a copy: reading `environ` at each
+   spawn raced with setenv on the caller's threads), but stores where the
+   library looks at each spawn: a program that moves KILN_CACHE_DIR
+   between compiles finds the second compile's kernels in the new directory. */
+TEST(the_helper_stores_where_the_library_looks_now) {
+  char first[] = "/tmp/kiln-cache-test-XXXXXX", second[] = "/tmp/kiln-cache-test-XXXXXX", cmd[9000];
+  CHECK(mkdtemp(first) != NULL && mkdtemp(second) != NULL);
+  snprintf(cmd, sizeof cmd, "env KILN_CACHE_DIR=%s KILN_HOT=2 KILN_PAYOFF=0 '%s' move-cache '%s'", first, self,
+           second);
+  FILE *p = popen(cmd, "r");
+  double processes = 0, failures = -1;
+  CHECK(p && fscanf(p, "%lf %lf", &processes, &failures) == 2);
+  CHECK(p && pclose(p) == 0);
+  CHECK(processes >= 2);
+  CHECK(failures == 0);
+  int objects[2] = {0, 0};
+  const char *dirs[2] = {first, second};
+  for (int k = 0; k < 2; k++) {
+    DIR *d = opendir(dirs[k]);
+    for (struct dirent *e; d && (e = readdir(d));) objects[k] += strstr(e->d_name, ".so") != NULL;
+    if (d) closedir(d);
+  }
+  if (objects[0] < 1 || objects[1] < 1)
+    KTEST_FAIL("compiled objects: %d in the first directory, %d in the second", objects[0], objects[1]);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", first, second);
+  CHECK(system(cmd) == 0);
+}
+
 /* exit never waits for a compile: a process whose compile is in flight
    (the compiler process sleeps 1.5 s first) ends at once; the compile
    finishes into the cache on its own, and the next process loads it */
@@ -645,6 +705,7 @@ TEST(fills_are_values_not_buffers) {
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "work")) return work();
   if (argc > 1 && !strcmp(argv[1], "fills")) return fills_work();
+  if (argc > 2 && !strcmp(argv[1], "move-cache")) return move_cache_work(argv[2]);
   if (argc > 1 && !strcmp(argv[1], "exit")) return exit_work();
   if (argc > 1 && !strcmp(argv[1], "async")) return async_work(true);
   if (argc > 1 && !strcmp(argv[1], "async-nowait")) return async_work(false);
@@ -666,6 +727,7 @@ int main(int argc, char **argv) {
   RUN(stale_compiler_process_is_refused);
   RUN(a_planted_helper_is_never_run);
   RUN(a_stuck_helper_is_killed_after_the_timeout);
+  RUN(the_helper_stores_where_the_library_looks_now);
   RUN(exit_does_not_wait_for_a_compile);
   return ktest_done();
 }
