@@ -216,7 +216,8 @@ static char **spawn_environ(void) {
   int n = 0;
   while (helper_env[n]) n++;
   char **env = calloc((size_t)n + 2, sizeof *env);
-  if (!env || !dir || snprintf(cache_var, sizeof cache_var, "KILN_CACHE_DIR=%s", dir) >= (int)sizeof cache_var) {
+  if (!env || !dir ||
+      snprintf(cache_var, sizeof cache_var, "KILN_CACHE_DIR=%s", dir) >= (int)sizeof cache_var) {
     free(env);
     return NULL;
   }

@@ -469,8 +469,8 @@ TEST(a_stuck_helper_is_killed_after_the_timeout) {
 TEST(the_helper_stores_where_the_library_looks_now) {
   char first[] = "/tmp/kiln-cache-test-XXXXXX", second[] = "/tmp/kiln-cache-test-XXXXXX", cmd[9000];
   CHECK(mkdtemp(first) != NULL && mkdtemp(second) != NULL);
-  snprintf(cmd, sizeof cmd, "env KILN_CACHE_DIR=%s KILN_HOT=2 KILN_PAYOFF=0 '%s' move-cache '%s'", first, self,
-           second);
+  snprintf(cmd, sizeof cmd, "env KILN_CACHE_DIR=%s KILN_HOT=2 KILN_PAYOFF=0 '%s' move-cache '%s'",
+           first, self, second);
   FILE *p = popen(cmd, "r");
   double processes = 0, failures = -1;
   CHECK(p && fscanf(p, "%lf %lf", &processes, &failures) == 2);
@@ -485,7 +485,8 @@ TEST(the_helper_stores_where_the_library_looks_now) {
     if (d) closedir(d);
   }
   if (objects[0] < 1 || objects[1] < 1)
-    KTEST_FAIL("compiled objects: %d in the first directory, %d in the second", objects[0], objects[1]);
+    KTEST_FAIL("compiled objects: %d in the first directory, %d in the second", objects[0],
+               objects[1]);
   snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", first, second);
   CHECK(system(cmd) == 0);
 }
