@@ -209,7 +209,12 @@ KILN_API int kiln_save(const char *path, int n, const char *const *names, kiln_t
 KILN_API int kiln_load(const char *path, int cap, char **names /* malloc'd, caller frees */,
                        kiln_tensor **ts);
 /* returns the count (or a negative status); a malformed file is an error;
-   cap 0 with names and ts NULL asks for the count alone */
+   cap 0 with names and ts NULL asks for the count alone; a path that is not
+   a regular file (a FIFO, a directory) is an error at once.
+   kiln_save is durable: it writes "<path>.tmp-<pid>-<n>" beside path, fsyncs
+   it and renames it over path (then fsyncs the directory), so a crash leaves
+   the old file or the new one, whole; a symlink at path is replaced by the
+   file, not written through; a killed save can leave its temp file behind. */
 
 /* in-place (functionalized: the handle now names the new value; other handles
    and views taken before keep the old value) */
