@@ -474,6 +474,7 @@ TEST(a_save_killed_at_any_moment_leaves_the_old_or_the_new_checkpoint) {
   CHECK_EQ_INT(save_generation(path, 1), KILN_OK);
   srand(7);
   int rounds = 50, old_seen = 0, new_seen = 0;
+  pid_t last_saver = 0;
   for (int r = 0; r < rounds; r++) {
     int before = loaded_generation(path);
     /* a fresh process (not a fork: the pool's threads do not survive one)
@@ -490,6 +491,7 @@ TEST(a_save_killed_at_any_moment_leaves_the_old_or_the_new_checkpoint) {
     nanosleep(&wait, NULL);
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
+    last_saver = pid;
     int after = loaded_generation(path);
     if (after < before) {
       KTEST_FAIL("round %d: killed mid-save, the checkpoint (generation %d before) %s", r, before,
@@ -504,11 +506,25 @@ TEST(a_save_killed_at_any_moment_leaves_the_old_or_the_new_checkpoint) {
   printf("killed saves: %d left the old checkpoint, %d a newer one, none torn\n", old_seen,
          new_seen);
   if (new_seen == 0) KTEST_FAIL("no save finished in %d rounds: the kills tested nothing", rounds);
-  /* temp files of killed saves stay behind: they are never the checkpoint */
+  /* a killed save leaves its temp file (a whole checkpoint, never the
+     checkpoint itself); the next save removes those of dead processes and
+     keeps a live one's: one named after the last saver (reaped, dead), one
+     after this test's parent (alive) */
+  char dead[700], live[700];
+  snprintf(dead, sizeof dead, "%s.tmp-%ld-0", path, (long)last_saver);
+  snprintf(live, sizeof live, "%s.tmp-%ld-0", path, (long)getppid());
+  write_raw(dead, "x", 1);
+  write_raw(live, "x", 1);
+  CHECK_EQ_INT(save_generation(path, 1000), KILN_OK);
+  CHECK(access(dead, F_OK) != 0);
+  CHECK(access(live, F_OK) == 0);
+  int left = 0;
   DIR *d = opendir(g_dir);
   for (struct dirent *e; d && (e = readdir(d));)
-    if (strstr(e->d_name, "ckpt.safetensors.tmp-")) unlink(path_of(e->d_name));
+    left += strstr(e->d_name, "ckpt.safetensors.tmp-") != NULL;
   if (d) closedir(d);
+  CHECK_EQ_INT(left, 1); /* the live one */
+  unlink(live);
   unlink(path);
 }
 

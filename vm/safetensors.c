@@ -8,13 +8,16 @@
  *
  * A save is durable (DESIGN §11): it writes a temp file beside the target,
  * fsyncs it, renames it over the target and fsyncs the directory, so a
- * crash at any moment leaves the old file or the new one, whole.  A load
+ * crash at any moment leaves the old file or the new one, whole (and the
+ * next save of that path removes what a killed save left).  A load
  * never blocks on something that is not a regular file (a FIFO, a device). */
 #include "safetensors.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -189,6 +192,26 @@ static bool sync_dir_of(const char *path) {
   return ok;
 }
 
+/* Removes the temp files that saves of path by processes now dead left
+   ("<base>.tmp-<pid>-<n>" beside it, a whole checkpoint each); a live
+   process's (another save in flight, or a reused pid) is left alone. */
+static void reclaim_dead_temps(const char *path) {
+  char *dcopy = strdup(path), *bcopy = strdup(path);
+  DIR *dir = dcopy && bcopy ? opendir(dirname(dcopy)) : NULL;
+  const char *base = bcopy ? basename(bcopy) : "";
+  size_t blen = strlen(base);
+  for (struct dirent *e; dir && (e = readdir(dir));) {
+    if (strncmp(e->d_name, base, blen) || strncmp(e->d_name + blen, ".tmp-", 5)) continue;
+    char *end;
+    long pid = strtol(e->d_name + blen + 5, &end, 10);
+    if (pid <= 0 || *end != '-' || pid == (long)getpid()) continue;
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) (void)unlinkat(dirfd(dir), e->d_name, 0);
+  }
+  if (dir) closedir(dir);
+  free(dcopy);
+  free(bcopy);
+}
+
 /* the 8-byte length, the header and the data into `path`: through a temp
    file in the same directory (`path.tmp-<pid>-<n>`, created exclusively,
    never through a link), fsync'd, renamed over path, the directory fsync'd.
@@ -225,6 +248,7 @@ static int write_durably(const char *path, const st_buf *h, int n, vm_tensor *co
     return rc;
   }
   free(tmp);
+  reclaim_dead_temps(path);
   if (!sync_dir_of(path))
     return vm_error(KILN_ERR_ARG, "saved '%s', but syncing its directory failed: %s", path,
                     strerror(errno));

@@ -214,7 +214,8 @@ KILN_API int kiln_load(const char *path, int cap, char **names /* malloc'd, call
    kiln_save is durable: it writes "<path>.tmp-<pid>-<n>" beside path, fsyncs
    it and renames it over path (then fsyncs the directory), so a crash leaves
    the old file or the new one, whole; a symlink at path is replaced by the
-   file, not written through; a killed save can leave its temp file behind. */
+   file, not written through; the temp files killed saves leave are removed
+   by the next save of that path. */
 
 /* in-place (functionalized: the handle now names the new value; other handles
    and views taken before keep the old value) */
