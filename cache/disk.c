@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
 #include <link.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -167,6 +168,42 @@ const char *cache_disk_dir(void) {
   dir_close(&d);
   snprintf(dir_buf, sizeof dir_buf, "%s", d.path);
   return dir_buf;
+}
+
+/* the directory cache_disk_writable last probed, and its answer */
+static pthread_mutex_t probe_lock = PTHREAD_MUTEX_INITIALIZER;
+static char probed_dir[PATH_MAX];
+static bool probed_writable;
+
+static int temp_create(const disk_dir *d, const char *suffix, char *name_out, size_t name_len);
+
+bool cache_disk_writable(void) {
+  disk_dir d;
+  if (!dir_open(&d)) return false;
+  pthread_mutex_lock(&probe_lock);
+  if (strcmp(probed_dir, d.path)) {
+    char tmp[DISK_NAME_ROOM];
+    static const char zeros[4096];
+    int fd = temp_create(&d, ".probe", tmp, sizeof tmp), err = errno;
+    bool ok = fd >= 0;
+    for (int k = 0; ok && k < CACHE_DISK_PROBE_BYTES / (int)sizeof zeros; k++) {
+      ok = vm_write_full(fd, zeros, sizeof zeros);
+      if (!ok) err = errno;
+    }
+    if (fd >= 0) {
+      close(fd);
+      (void)unlinkat(d.fd, tmp, 0);
+    }
+    if (!ok)
+      fprintf(stderr, "kiln: the disk cache %s cannot be written (%s); kernels compile in memory\n",
+              d.path, strerror(err));
+    snprintf(probed_dir, sizeof probed_dir, "%s", d.path);
+    probed_writable = ok;
+  }
+  bool ok = probed_writable;
+  pthread_mutex_unlock(&probe_lock);
+  dir_close(&d);
+  return ok;
 }
 
 /* ext: ".so" for shared objects, ".idx" for index records */

@@ -50,6 +50,14 @@ bool cache_disk_enabled(void);
    call; the environment is re-read on every call. */
 const char *cache_disk_dir(void);
 
+/* Whether new entries can be stored in the directory now: a probe file of
+   CACHE_DISK_PROBE_BYTES is written and removed, once per directory per
+   process (a read-only mount, a full disk, no inodes, no permission all
+   fail it).  When it fails, compiles go to memory (kernels still load from
+   the directory), and Kiln says so once. */
+#define CACHE_DISK_PROBE_BYTES (64 * 1024)
+bool cache_disk_writable(void);
+
 /* If a valid file for content hash h exists, dlopen's it (RTLD_NOW |
    RTLD_LOCAL, through the descriptor that was checked) and returns the handle: the caller dlsym's its functions and
    dlclose's it.  A corrupt, truncated or mismatched file (or one dlopen

@@ -73,8 +73,12 @@ static bool trusted_mode(const struct stat *st) {
   return (st->st_uid == 0 || st->st_uid == geteuid()) && !(st->st_mode & (S_IWGRP | S_IWOTH));
 }
 
-/* path (absolute, no links: realpath'd) and every directory above it pass
-   trusted_mode; why: what failed */
+/* path (absolute, no links: realpath'd) and every directory above it are
+   owned by root or by us, and writable by neither group nor others unless
+   sticky: in a sticky directory (/tmp) others may add entries but not
+   rename or remove ours, and the next component's owner is checked in turn,
+   so a build tree in /tmp/<ours> is as safe as one in $HOME.  why: what
+   failed */
 static bool trusted_dirs(const char *path, char *why, size_t why_len) {
   char dir[PATH_MAX];
   snprintf(dir, sizeof dir, "%s", path);
@@ -84,8 +88,12 @@ static bool trusted_dirs(const char *path, char *why, size_t why_len) {
     else
       *slash = 0;
     struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || !trusted_mode(&st)) {
-      snprintf(why, why_len, "directory %s is not owned by root or you, or others can write to it",
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) ||
+        !(st.st_uid == 0 || st.st_uid == geteuid()) ||
+        ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))) {
+      snprintf(why, why_len,
+               "directory %s is not owned by root or you, or others can write to it (and it is "
+               "not sticky)",
                dir);
       return false;
     }
@@ -232,7 +240,8 @@ static char **spawn_environ(void) {
 bool jitc_available(void) {
   const char *how = getenv("KILN_COMPILER");
   if (how && !strcmp(how, "thread")) return false;
-  return !atomic_load(&refused) && helper_path() && cache_disk_enabled() && cache_disk_dir();
+  return !atomic_load(&refused) && helper_path() && cache_disk_enabled() && cache_disk_dir() &&
+         cache_disk_writable(); /* the helper's objects go there */
 }
 
 static int compile_jobs(void) {

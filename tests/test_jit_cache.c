@@ -438,6 +438,29 @@ TEST(a_planted_helper_is_never_run) {
   CHECK(system(cmd) == 0);
 }
 
+/* our own helper in a sticky world-writable directory (a build tree under
+   /tmp) runs: others may add files there but not replace ours */
+TEST(our_helper_in_a_sticky_directory_runs) {
+  const char *real = getenv("KILN_JITC");
+  if (!real || !*real) {
+    printf("our_helper_in_a_sticky_directory_runs: skipped (KILN_JITC unset: run it under ctest)\n");
+    return;
+  }
+  char dir[] = "/tmp/kiln-sticky-XXXXXX", copy[600], cmd[9000];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(copy, sizeof copy, "%s/kiln-jitc", dir);
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s' && chmod 0755 '%s' && chmod 01777 '%s'", real, copy, copy, dir);
+  CHECK(system(cmd) == 0);
+  snprintf(cmd, sizeof cmd, "env KILN_JITC='%s' KILN_CACHE_DIR=%s/c KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work",
+           copy, dir, self);
+  result r = read_result(popen(cmd, "r"));
+  CHECK(r.ok);
+  CHECK(r.processes >= 1);
+  CHECK(r.kernels >= 1);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
 /* a helper that never answers is killed after KILN_COMPILE_TIMEOUT
    seconds; its kernels run on the interpreter and the program goes on */
 TEST(a_stuck_helper_is_killed_after_the_timeout) {
@@ -488,6 +511,56 @@ TEST(the_helper_stores_where_the_library_looks_now) {
     KTEST_FAIL("compiled objects: %d in the first directory, %d in the second", objects[0],
                objects[1]);
   snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", first, second);
+  CHECK(system(cmd) == 0);
+}
+
+/* A cache directory that can be read but not written — a read-only
+   mount, a full disk — compiles in memory, says so once, and runs the
+   kernels compiled (it kept every kernel on the interpreter, failing each
+   compile, before).  The mounts need root (CI is root); elsewhere a
+   directory without write permission stands in for them. */
+TEST(a_cache_that_cannot_be_written_compiles_in_memory) {
+  char dir[] = "/tmp/kiln-cache-test-XXXXXX", cmd[9000], log[600], text[8192];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(cmd, sizeof cmd, "KILN_CACHE_DIR=%s/ref KILN_JIT=0", dir);
+  result ref = run_child(cmd);
+  static const char *const mounts[] = {"-o size=1m,mode=0700,ro", "-o size=16k,mode=0700"};
+  bool root = geteuid() == 0;
+  for (int k = 0; k < (root ? 2 : 1); k++) {
+    char at[700];
+    snprintf(at, sizeof at, "%s/m%d", dir, k);
+    CHECK(mkdir(at, 0700) == 0);
+    if (root) {
+      snprintf(cmd, sizeof cmd, "mount -t tmpfs %s tmpfs '%s' 2>/dev/null", mounts[k], at);
+      if (system(cmd) != 0) {
+        printf("a_cache_that_cannot_be_written_compiles_in_memory: skipped (cannot mount a tmpfs here)\n");
+        break;
+      }
+    } else {
+      CHECK(chmod(at, 0500) == 0);
+    }
+    snprintf(log, sizeof log, "%s/stderr%d", dir, k);
+    snprintf(cmd, sizeof cmd, "env KILN_CACHE_DIR='%s' KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>'%s'",
+             at, self, log);
+    result r = read_result(popen(cmd, "r"));
+    CHECK(r.ok && ref.ok);
+    CHECK(r.total == ref.total);
+    CHECK(r.kernels >= 1); /* compiled, in memory */
+    CHECK(r.failures == 0);
+    const char *said = read_text(log, text, sizeof text);
+    CHECK_STR_CONTAINS(said, "cannot be written");
+    CHECK_STR_CONTAINS(said, "kernels compile in memory");
+    int times = 0;
+    for (const char *at_msg = said; at_msg && (at_msg = strstr(at_msg, "cannot be written")); at_msg++) times++;
+    CHECK_EQ_INT(times, 1);
+    if (root) {
+      snprintf(cmd, sizeof cmd, "umount '%s'", at);
+      CHECK(system(cmd) == 0);
+    } else {
+      chmod(at, 0700);
+    }
+  }
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   CHECK(system(cmd) == 0);
 }
 
@@ -727,8 +800,10 @@ int main(int argc, char **argv) {
   RUN(compiler_crash_costs_a_compile);
   RUN(stale_compiler_process_is_refused);
   RUN(a_planted_helper_is_never_run);
+  RUN(our_helper_in_a_sticky_directory_runs);
   RUN(a_stuck_helper_is_killed_after_the_timeout);
   RUN(the_helper_stores_where_the_library_looks_now);
+  RUN(a_cache_that_cannot_be_written_compiles_in_memory);
   RUN(exit_does_not_wait_for_a_compile);
   return ktest_done();
 }
