@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/types.h>
@@ -739,10 +740,18 @@ bool cache_disk_store(const uint64_t h[2], const char *so_path) {
 bool cache_disk_scratch_open(cache_disk_scratch *s, const char *suffix) {
   disk_dir d;
   s->dir_fd = -1;
-  s->name[0] = s->path[0] = '\0';
+  s->name[0] = s->path[0] = s->dir[0] = '\0';
   if (!dir_open(&d)) return false;
   int fd = temp_create(&d, suffix, s->name, sizeof s->name);
-  int n = fd >= 0 ? snprintf(s->path, sizeof s->path, "%s/%s", d.path, s->name) : -1;
+  int n = fd >= 0 ? snprintf(s->path, sizeof s->path, "/proc/%ld/fd/%d/%s", (long)getpid(), d.fd, s->name) : -1;
+  struct stat anchored, made;
+  /* the linker, our child, reaches /proc/<pid>/fd only while we are
+     dumpable (a setuid program is not) */
+  if (n > 0 && (size_t)n < sizeof s->path &&
+      (prctl(PR_GET_DUMPABLE) != 1 || stat(s->path, &anchored) != 0 || fstat(fd, &made) != 0 || anchored.st_ino != made.st_ino ||
+       anchored.st_dev != made.st_dev)) /* no /proc here: the plain path */
+    n = snprintf(s->path, sizeof s->path, "%s/%s", d.path, s->name);
+  snprintf(s->dir, sizeof s->dir, "%s", d.path);
   if (fd >= 0) close(fd);
   if (n <= 0 || (size_t)n >= sizeof s->path) {
     if (fd >= 0) (void)unlinkat(d.fd, s->name, 0);
@@ -776,9 +785,7 @@ bool cache_disk_store_scratch(const uint64_t h[2], const cache_disk_scratch *s) 
     return false;
   }
   disk_dir d = {.fd = s->dir_fd};
-  size_t n = strlen(s->path) - strlen(s->name) - 1;
-  memcpy(d.path, s->path, n);
-  d.path[n] = '\0';
+  snprintf(d.path, sizeof d.path, "%s", s->dir);
   bool ok = store_from(&d, h, in, s->path, ".so");
   close(in);
   return ok;

@@ -84,7 +84,12 @@ bool cache_disk_store(const uint64_t h[2], const char *so_path);
 typedef struct cache_disk_scratch {
   int dir_fd;
   char name[64];
-  char path[4096]; /* for the compiler, which takes a path */
+  char dir[4096];  /* the directory's path, for messages */
+  char path[4096]; /* for the compiler, which takes a path: anchored at the
+                      checked descriptor, "/proc/<pid>/fd/<dir_fd>/<name>",
+                      so a directory above the cache swapped for a link
+                      cannot redirect the write (the plain path where /proc
+                      cannot resolve it) */
 } cache_disk_scratch;
 bool cache_disk_scratch_open(cache_disk_scratch *s, const char *suffix);
 /* opens it for reading: -1 unless a regular file of the user's with one link */

@@ -492,6 +492,49 @@ TEST(test_directory_defaults) {
   setenv("KILN_CACHE_DIR", cache_dir, 1);
 }
 
+/* The compiler writes its object by path (libgccjit takes one).  A
+   directory above the cache swapped for a link to another, after the
+   cache was checked and before the write, must not redirect the write:
+   the scratch path is anchored at the checked descriptor
+   (/proc/<pid>/fd/N/name), so the bytes land in the checked directory. */
+TEST(test_scratch_writes_cannot_be_redirected) {
+  char root[PATH_MAX], real[PATH_MAX + 16], evil[PATH_MAX + 16], link[PATH_MAX + 16],
+      cache[PATH_MAX + 32], moved[PATH_MAX + 32];
+  snprintf(root, sizeof root, "%s/kiln-swap-XXXXXX", tmp_root());
+  if (!mkdtemp(root)) {
+    KTEST_FAIL("mkdtemp: %s", strerror(errno));
+    return;
+  }
+  snprintf(real, sizeof real, "%s/real", root);
+  snprintf(evil, sizeof evil, "%s/evil", root);
+  snprintf(link, sizeof link, "%s/at", root);
+  snprintf(cache, sizeof cache, "%s/cache", link);
+  CHECK(mkdir(real, 0700) == 0 && mkdir(evil, 0700) == 0);
+  snprintf(moved, sizeof moved, "%s/cache", evil);
+  CHECK(mkdir(moved, 0700) == 0);
+  CHECK(symlink(real, link) == 0); /* <root>/at -> real: the cache is real/cache */
+  setenv("KILN_CACHE_DIR", cache, 1);
+  cache_disk_scratch s;
+  CHECK(cache_disk_scratch_open(&s, ".so"));
+  /* the swap: <root>/at now leads to evil (whose cache/ would pass every check) */
+  CHECK(unlink(link) == 0 && symlink(evil, link) == 0);
+  FILE *f = fopen(s.path, "w"); /* what the compiler does with the path */
+  CHECK(f != NULL);
+  if (f) fputs("object bytes", f), fclose(f);
+  char in_real[PATH_MAX + 128], in_evil[PATH_MAX + 128];
+  snprintf(in_real, sizeof in_real, "%s/cache/%s", real, s.name);
+  snprintf(in_evil, sizeof in_evil, "%s/%s", moved, s.name);
+  struct stat st;
+  CHECK(stat(in_real, &st) == 0 && st.st_size == 12); /* written where it was checked */
+  CHECK(access(in_evil, F_OK) != 0);                  /* nothing landed elsewhere */
+  int fd = cache_disk_scratch_read(&s);
+  CHECK(fd >= 0);
+  if (fd >= 0) close(fd);
+  cache_disk_scratch_close(&s);
+  rm_rf(root);
+  fresh_cache();
+}
+
 int main(int argc, char **argv) {
   if (argc == 4 && !strcmp(argv[1], "--child-load")) return child_load(argv[2], argv[3]);
   if (!build_so()) {
@@ -508,6 +551,7 @@ int main(int argc, char **argv) {
   RUN(test_lru_bound);
   RUN(test_unusable_directory);
   RUN(test_directory_defaults);
+  RUN(test_scratch_writes_cannot_be_redirected);
   if (cache_dir[0]) rm_rf(cache_dir);
   rm_rf(work_dir);
   return ktest_done();
