@@ -12,8 +12,8 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <pthread.h>
 #include <link.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -743,12 +743,15 @@ bool cache_disk_scratch_open(cache_disk_scratch *s, const char *suffix) {
   s->name[0] = s->path[0] = s->dir[0] = '\0';
   if (!dir_open(&d)) return false;
   int fd = temp_create(&d, suffix, s->name, sizeof s->name);
-  int n = fd >= 0 ? snprintf(s->path, sizeof s->path, "/proc/%ld/fd/%d/%s", (long)getpid(), d.fd, s->name) : -1;
+  int n = fd >= 0 ? snprintf(s->path, sizeof s->path, "/proc/%ld/fd/%d/%s", (long)getpid(), d.fd,
+                             s->name)
+                  : -1;
   struct stat anchored, made;
   /* the linker, our child, reaches /proc/<pid>/fd only while we are
      dumpable (a setuid program is not) */
   if (n > 0 && (size_t)n < sizeof s->path &&
-      (prctl(PR_GET_DUMPABLE) != 1 || stat(s->path, &anchored) != 0 || fstat(fd, &made) != 0 || anchored.st_ino != made.st_ino ||
+      (prctl(PR_GET_DUMPABLE) != 1 || stat(s->path, &anchored) != 0 || fstat(fd, &made) != 0 ||
+       anchored.st_ino != made.st_ino ||
        anchored.st_dev != made.st_dev)) /* no /proc here: the plain path */
     n = snprintf(s->path, sizeof s->path, "%s/%s", d.path, s->name);
   snprintf(s->dir, sizeof s->dir, "%s", d.path);
