@@ -461,6 +461,51 @@ TEST(our_helper_in_a_sticky_directory_runs) {
   CHECK(system(cmd) == 0);
 }
 
+/* A setuid program ignores KILN_JITC (read with secure_getenv): run as
+   nobody, a setuid-root copy of this test given a helper that would leave
+   a marker as root compiles in its own process instead.  Needs root to
+   make the copy and setpriv to drop to nobody; skipped otherwise, or where
+   the filesystem ignores the setuid bit. */
+TEST(a_setuid_program_ignores_KILN_JITC) {
+  if (geteuid() != 0 || system("command -v setpriv >/dev/null 2>&1") != 0) {
+    printf("a_setuid_program_ignores_KILN_JITC: skipped (needs root and setpriv)\n");
+    return;
+  }
+  char cwd[600], dir[700], prog[800], fake[800], marker[800], cmd[9000];
+  CHECK(getcwd(cwd, sizeof cwd) != NULL);
+  snprintf(dir, sizeof dir, "%s/kiln-setuid-XXXXXX", cwd);
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(prog, sizeof prog, "%s/prog", dir);
+  snprintf(fake, sizeof fake, "%s/kiln-jitc", dir);
+  char marks[760];
+  snprintf(marks, sizeof marks, "%s/marks", dir); /* writable by the helper whatever user the shell drops to */
+  CHECK(mkdir(marks, 0700) == 0 && chmod(marks, 01777) == 0);
+  snprintf(marker, sizeof marker, "%s/helper-ran", marks);
+  FILE *f = fopen(fake, "w");
+  if (f) fprintf(f, "#!/bin/sh\ntouch '%s'\ncat >/dev/null\nexit 1\n", marker), fclose(f);
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s' && chmod 4755 '%s' && chmod 0755 '%s' '%s'", self, prog, prog, fake,
+           dir);
+  CHECK(system(cmd) == 0);
+  /* the cache belongs to root, whom the program runs as */
+  snprintf(cmd, sizeof cmd,
+           "cd / && env KILN_JITC='%s' KILN_CACHE_DIR='%s/c' KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 "
+           "setpriv --reuid=65534 --regid=65534 --clear-groups '%s' euid-work 2>/dev/null",
+           fake, dir, prog);
+  FILE *p = popen(cmd, "r");
+  unsigned euid = 1;
+  double kernels = -1;
+  bool read_ok = p && fscanf(p, "%u %lf", &euid, &kernels) == 2;
+  if (p) pclose(p);
+  if (!read_ok || euid != 0) {
+    printf("a_setuid_program_ignores_KILN_JITC: skipped (the setuid bit did not take here)\n");
+  } else {
+    if (access(marker, F_OK) == 0) KTEST_FAIL("a setuid-root program ran the caller's KILN_JITC");
+    CHECK(kernels >= 1); /* compiled in its own process */
+  }
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
 /* a helper that never answers is killed after KILN_COMPILE_TIMEOUT
    seconds; its kernels run on the interpreter and the program goes on */
 TEST(a_stuck_helper_is_killed_after_the_timeout) {
@@ -780,6 +825,15 @@ int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "work")) return work();
   if (argc > 1 && !strcmp(argv[1], "fills")) return fills_work();
   if (argc > 2 && !strcmp(argv[1], "move-cache")) return move_cache_work(argv[2]);
+  if (argc > 1 && !strcmp(argv[1], "euid-work")) { /* the setuid test's child */
+    kiln_tensor *x = kiln_arange(0, 1 << 12, 1, KILN_F32);
+    kiln_sync();
+    tanh_program(x);
+    kiln_jit_wait();
+    printf("%u %.0f\n", (unsigned)geteuid(), kiln_stat("kernels_compiled"));
+    kiln_release(x);
+    return 0;
+  }
   if (argc > 1 && !strcmp(argv[1], "exit")) return exit_work();
   if (argc > 1 && !strcmp(argv[1], "async")) return async_work(true);
   if (argc > 1 && !strcmp(argv[1], "async-nowait")) return async_work(false);
@@ -801,6 +855,7 @@ int main(int argc, char **argv) {
   RUN(stale_compiler_process_is_refused);
   RUN(a_planted_helper_is_never_run);
   RUN(our_helper_in_a_sticky_directory_runs);
+  RUN(a_setuid_program_ignores_KILN_JITC);
   RUN(a_stuck_helper_is_killed_after_the_timeout);
   RUN(the_helper_stores_where_the_library_looks_now);
   RUN(a_cache_that_cannot_be_written_compiles_in_memory);
