@@ -478,13 +478,14 @@ TEST(a_setuid_program_ignores_KILN_JITC) {
   snprintf(prog, sizeof prog, "%s/prog", dir);
   snprintf(fake, sizeof fake, "%s/kiln-jitc", dir);
   char marks[760];
-  snprintf(marks, sizeof marks, "%s/marks", dir); /* writable by the helper whatever user the shell drops to */
+  snprintf(marks, sizeof marks, "%s/marks",
+           dir); /* writable by the helper whatever user the shell drops to */
   CHECK(mkdir(marks, 0700) == 0 && chmod(marks, 01777) == 0);
   snprintf(marker, sizeof marker, "%s/helper-ran", marks);
   FILE *f = fopen(fake, "w");
   if (f) fprintf(f, "#!/bin/sh\ntouch '%s'\ncat >/dev/null\nexit 1\n", marker), fclose(f);
-  snprintf(cmd, sizeof cmd, "cp '%s' '%s' && chmod 4755 '%s' && chmod 0755 '%s' '%s'", self, prog, prog, fake,
-           dir);
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s' && chmod 4755 '%s' && chmod 0755 '%s' '%s'", self, prog,
+           prog, fake, dir);
   CHECK(system(cmd) == 0);
   /* the cache belongs to root, whom the program runs as */
   snprintf(cmd, sizeof cmd,
