@@ -695,7 +695,8 @@ static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_
        read-only or full one still serves loads, and compiles go to memory */
     bool storable = keyed && cache_disk_writable();
     if (batch && made && stored && storable && jitc_available() &&
-        jitc_compile(batch, left, (const uint64_t(*)[2])disk_keys, salt_len, stored, &batches, why, sizeof why)) {
+        jitc_compile(batch, left, (const uint64_t(*)[2])disk_keys, salt_len, stored, &batches, why,
+                     sizeof why)) {
       if (why[0]) log_once("could not compile a kernel", why);
       /* the compiler process stored them: load them as any cached kernel */
       for (int m = 0; m < left; m++)
@@ -710,8 +711,8 @@ static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_
          of its own, as one object each */
       int per = vm_env_long("KILN_COMPILE_BATCH", 1) ? left : 1;
       for (int m = 0; batch && made && m < left; m += per, batches++)
-        compiled += compile_batch(batch + m, left - m < per ? left - m : per, storable ? disk_keys + m : NULL,
-                                  made + m);
+        compiled += compile_batch(batch + m, left - m < per ? left - m : per,
+                                  storable ? disk_keys + m : NULL, made + m);
     }
     for (int m = 0; made && m < left; m++) got[miss[m]] = made[m];
     free(batch);

@@ -443,15 +443,18 @@ TEST(a_planted_helper_is_never_run) {
 TEST(our_helper_in_a_sticky_directory_runs) {
   const char *real = getenv("KILN_JITC");
   if (!real || !*real) {
-    printf("our_helper_in_a_sticky_directory_runs: skipped (KILN_JITC unset: run it under ctest)\n");
+    printf(
+        "our_helper_in_a_sticky_directory_runs: skipped (KILN_JITC unset: run it under ctest)\n");
     return;
   }
   char dir[] = "/tmp/kiln-sticky-XXXXXX", copy[600], cmd[9000];
   CHECK(mkdtemp(dir) != NULL);
   snprintf(copy, sizeof copy, "%s/kiln-jitc", dir);
-  snprintf(cmd, sizeof cmd, "cp '%s' '%s' && chmod 0755 '%s' && chmod 01777 '%s'", real, copy, copy, dir);
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s' && chmod 0755 '%s' && chmod 01777 '%s'", real, copy, copy,
+           dir);
   CHECK(system(cmd) == 0);
-  snprintf(cmd, sizeof cmd, "env KILN_JITC='%s' KILN_CACHE_DIR=%s/c KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work",
+  snprintf(cmd, sizeof cmd,
+           "env KILN_JITC='%s' KILN_CACHE_DIR=%s/c KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work",
            copy, dir, self);
   result r = read_result(popen(cmd, "r"));
   CHECK(r.ok);
@@ -579,15 +582,18 @@ TEST(a_cache_that_cannot_be_written_compiles_in_memory) {
     if (root) {
       snprintf(cmd, sizeof cmd, "mount -t tmpfs %s tmpfs '%s' 2>/dev/null", mounts[k], at);
       if (system(cmd) != 0) {
-        printf("a_cache_that_cannot_be_written_compiles_in_memory: skipped (cannot mount a tmpfs here)\n");
+        printf(
+            "a_cache_that_cannot_be_written_compiles_in_memory: skipped (cannot mount a tmpfs "
+            "here)\n");
         break;
       }
     } else {
       CHECK(chmod(at, 0500) == 0);
     }
     snprintf(log, sizeof log, "%s/stderr%d", dir, k);
-    snprintf(cmd, sizeof cmd, "env KILN_CACHE_DIR='%s' KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>'%s'",
-             at, self, log);
+    snprintf(cmd, sizeof cmd,
+             "env KILN_CACHE_DIR='%s' KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>'%s'", at,
+             self, log);
     result r = read_result(popen(cmd, "r"));
     CHECK(r.ok && ref.ok);
     CHECK(r.total == ref.total);
@@ -597,7 +603,9 @@ TEST(a_cache_that_cannot_be_written_compiles_in_memory) {
     CHECK_STR_CONTAINS(said, "cannot be written");
     CHECK_STR_CONTAINS(said, "kernels compile in memory");
     int times = 0;
-    for (const char *at_msg = said; at_msg && (at_msg = strstr(at_msg, "cannot be written")); at_msg++) times++;
+    for (const char *at_msg = said; at_msg && (at_msg = strstr(at_msg, "cannot be written"));
+         at_msg++)
+      times++;
     CHECK_EQ_INT(times, 1);
     if (root) {
       snprintf(cmd, sizeof cmd, "umount '%s'", at);
