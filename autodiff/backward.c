@@ -350,17 +350,38 @@ static void tape_free(tape *tp) {
   tr_ptrmap_free(&tp->index);
 }
 
+/* The slot's own handle on gradient g.  Never a handle someone else holds:
+   accumulating later rebinds it (tr_store), and it rebound the caller's
+   gradient tensor when g passed through unchanged (kiln_backward(w, g)
+   twice left g doubled).  Never a node autodiff tracks either (a leaf's
+   own node, for kiln_backward(w, w), or a gradient the caller computed
+   from tensors that require grad): a tracked node keeps its inputs, and
+   slot -> grad -> ... -> leaf node -> slot was a cycle nothing freed.  A
+   copy made under no_grad is a node of its own that drops its input once
+   the queued store evaluates it. */
+static vm_tensor *grad_for_slot(vm_tensor *g) {
+  if (!g->node->requires_grad) return tr_handle_of_node(g->node);
+  vm_thread()->no_grad++;
+  vm_tensor *copy = vm_unary(VM_OP_copy, g);
+  vm_thread()->no_grad--;
+  return copy;
+}
+
 int ad_backward(vm_tensor *loss, vm_tensor *grad) {
   vm_clear_error();
   tape tp = {0};
   int rc = run(&tp, 1, &loss, grad ? &grad : NULL, false);
   for (int i = 0; rc == KILN_OK && i < tp.n; i++) /* its saved values are spent */
     if (!tp.nodes[i]->slot) tr_mark_grad_done(tp.nodes[i]);
+  vm_thread()->no_grad++;                           /* what leaves accumulate is data, not graph */
   for (int i = 0; rc == KILN_OK && i < tp.n; i++) { /* accumulate into leaves: stores */
     tr_grad_slot *slot = tp.nodes[i]->slot;
     if (!slot || !tp.grads[i]) continue;
     if (!slot->grad) {
-      slot->grad = vm_retain(tp.grads[i]);
+      if (!(slot->grad = grad_for_slot(tp.grads[i]))) {
+        rc = vm_thread()->status ? vm_thread()->status : KILN_ERR_OOM;
+        break;
+      }
       tr_queue_store(slot->grad);
     } else {
       vm_tensor *sum = vm_binary(VM_OP_add, slot->grad, tp.grads[i]);
@@ -372,6 +393,7 @@ int ad_backward(vm_tensor *loss, vm_tensor *grad) {
       vm_release(sum);
     }
   }
+  vm_thread()->no_grad--;
   tape_free(&tp);
   return rc;
 }

@@ -1853,6 +1853,33 @@ TEST(backward_on_a_leaf) {
   kiln_release(x), kiln_release(y);
 }
 
+/* The gradient a leaf accumulates is its own: kiln_backward(w, g) twice
+   doubles w's gradient and leaves the caller's g as it was (the leaf's
+   slot held g's very handle, and the second backward rebound it: g came
+   back doubled).  kiln_backward(w, w) works, and releasing w frees it all
+   (the slot held w's own node: a cycle the ASan build reported as a leak). */
+TEST(a_leaf_gradient_never_aliases_the_callers_tensors) {
+  kiln_tensor *w = leaf(1, S(3), D(2.0, 3.0, 4.0)), *g = tf64(1, S(3), D(1.0, -1.0, 0.5));
+  CHECK_EQ_INT(kiln_backward(w, g), 0);
+  CHECK_EQ_INT(kiln_backward(w, g), 0);
+  CHECK_GRAD(w, 3, D(2.0, -2.0, 1.0), 0);
+  CHECK_VALUES(g, 3, D(1.0, -1.0, 0.5), 0, 0);
+  kiln_tensor *before = kiln_grad(w); /* a handle on the gradient so far */
+  CHECK_EQ_INT(kiln_backward(w, g), 0);
+  CHECK_VALUES(before, 3, D(2.0, -2.0, 1.0), 0, 0);
+  CHECK_GRAD(w, 3, D(3.0, -3.0, 1.5), 0);
+  kiln_release(before);
+  kiln_release(g);
+  kiln_release(w);
+  kiln_tensor *v = leaf(1, S(2), D(5.0, -1.0));
+  CHECK_EQ_INT(kiln_backward(v, v), 0);
+  CHECK_GRAD(v, 2, D(5.0, -1.0), 0);
+  CHECK_EQ_INT(kiln_backward(v, v), 0);
+  CHECK_GRAD(v, 2, D(10.0, -2.0), 0);
+  CHECK_VALUES(v, 2, D(5.0, -1.0), 0, 0);
+  kiln_release(v);
+}
+
 TEST(grad_of_more) {
   kiln_tensor *x = leaf(1, S(6), XV6), *c = tf64(1, S(6), XV6);
   kiln_tensor *l = T(sum_all(T(kiln_mul(x, c))));
@@ -2067,6 +2094,7 @@ int main(void) {
   RUN(grad_mixed_dtypes);
   RUN(grad_scatter_add);
   RUN(backward_on_a_leaf);
+  RUN(a_leaf_gradient_never_aliases_the_callers_tensors);
   RUN(grad_of_more);
   RUN(backward_through_a_deep_graph);
   RUN(backward_misc);
