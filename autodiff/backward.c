@@ -373,7 +373,8 @@ int ad_backward(vm_tensor *loss, vm_tensor *grad) {
   int rc = run(&tp, 1, &loss, grad ? &grad : NULL, false);
   for (int i = 0; rc == KILN_OK && i < tp.n; i++) /* its saved values are spent */
     if (!tp.nodes[i]->slot) tr_mark_grad_done(tp.nodes[i]);
-  vm_thread()->no_grad++;                           /* what leaves accumulate is data, not graph */
+  /* what leaves accumulate is data, not graph */
+  vm_thread()->no_grad++;
   for (int i = 0; rc == KILN_OK && i < tp.n; i++) { /* accumulate into leaves: stores */
     tr_grad_slot *slot = tp.nodes[i]->slot;
     if (!slot || !tp.grads[i]) continue;
