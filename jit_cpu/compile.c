@@ -26,6 +26,7 @@
 #include "../vm/cpu.h"
 #include "../vm/kernels.h"
 #include "../vm/pool.h"
+#include "../vm/private_dir.h"
 #include "../vm/state.h"
 #include "jitc.h"
 #include "kcache.h"
@@ -210,23 +211,23 @@ static bool source_key(gcc_jit_context *ctx, const uint64_t key[2], uint64_t out
   return ok;
 }
 
-/* whether `name` is an executable file in a directory of PATH */
-static bool on_path(const char *name) {
+/* the first directory of PATH holding an executable `name`: its path in
+   out (cap bytes); false when there is none */
+static bool find_on_path(const char *name, char *out, size_t cap) {
   const char *path = getenv("PATH");
   if (!path || !*path) path = "/usr/local/bin:/usr/bin:/bin"; /* execvp's default */
-  char dir[4096];
   while (*path) {
     size_t n = strcspn(path, ":");
-    if (n > 0 && n < sizeof dir - 1 - strlen(name) - 1) {
-      memcpy(dir, path, n);
-      dir[n] = 0;
-      strcat(dir, "/");
-      strcat(dir, name);
-      if (access(dir, X_OK) == 0) return true;
-    }
+    if (n > 0 && (size_t)snprintf(out, cap, "%.*s/%s", (int)n, path, name) < cap && access(out, X_OK) == 0)
+      return true;
     path += n + (path[n] == ':');
   }
   return false;
+}
+
+static bool on_path(const char *name) {
+  char found[PATH_MAX];
+  return find_on_path(name, found, sizeof found);
 }
 
 /* libgccjit compiles through the system assembler and linker (binutils):
@@ -292,10 +293,53 @@ static void reclaim_gccjit_leftovers(void) {
   closedir(d);
 }
 
+/* The programs libgccjit runs in this process — its external driver and
+   the as and ld the driver runs — are found through PATH, and
+   COMPILER_PATH or GCC_EXEC_PREFIX point the driver elsewhere.  A relative
+   PATH entry, or a PATH directory or program that someone else could
+   write, would let their program run as the user (DESIGN §11): then this
+   process compiles nothing itself (kiln-jitc, whose environment is clean,
+   still compiles). */
+static bool inprocess_trusted;
+static char inprocess_why[PATH_MAX + 160];
+
+static bool trusted_search_path(char *why, size_t why_len) {
+  static const char *const redirects[] = {"COMPILER_PATH", "GCC_EXEC_PREFIX"};
+  for (int i = 0; i < 2; i++)
+    if (getenv(redirects[i]) && *getenv(redirects[i]))
+      return snprintf(why, why_len, "%s is set", redirects[i]), false;
+  const char *path = getenv("PATH");
+  if (!path || !*path) path = "/usr/local/bin:/usr/bin:/bin"; /* execvp's default */
+  for (const char *at = path;; at++) {
+    size_t n = strcspn(at, ":");
+    char entry[PATH_MAX], real[PATH_MAX + 2];
+    if (n == 0 || at[0] != '/' || n >= sizeof entry)
+      return snprintf(why, why_len, "PATH has a relative entry \"%.*s\"", (int)n, at), false;
+    memcpy(entry, at, n);
+    entry[n] = 0;
+    /* an existing directory and those above it; a missing one, those above it */
+    if (realpath(entry, real)) strcat(real, "/x");
+    else snprintf(real, sizeof real, "%s", entry);
+    if (!vm_trusted_dirs(real, why, why_len)) return false;
+    at += n;
+    if (!*at) break;
+  }
+  char name[64], found[PATH_MAX];
+  snprintf(name, sizeof name, "x86_64-linux-gnu-gcc-%d", gcc_jit_version_major()); /* Debian's driver */
+  const char *progs[] = {name, "gcc", "as", "ld"};
+  for (int i = 0; i < 4; i++) {
+    struct stat st;
+    if (find_on_path(progs[i], found, sizeof found) && (stat(found, &st) != 0 || !vm_trusted_mode(&st)))
+      return snprintf(why, why_len, "%s is writable by others", found), false;
+  }
+  return true;
+}
+
 static void toolchain_check(void) {
   reclaim_gccjit_leftovers();
   const char *missing = !on_path("as") ? "the assembler 'as'" : !on_path("ld") ? "the linker 'ld'" : NULL;
   toolchain_found = missing == NULL;
+  inprocess_trusted = trusted_search_path(inprocess_why, sizeof inprocess_why);
   if (missing)
     fprintf(stderr,
             "kiln: the CPU JIT is off: %s is not on PATH (libgccjit needs binutils: apt-get install "
@@ -706,6 +750,8 @@ static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_
          no exit handler: libgccjit here could be torn down under a compile
          at exit (seen crashing).  These kernels stay interpreted. */
       log_once("could not compile in its compiler process", "the kernels run on the interpreter");
+    } else if (!inprocess_trusted) {
+      log_once("will not run the compiler in this process", inprocess_why);
     } else {
       /* KILN_COMPILE_BATCH=0 (a measuring knob): each kernel in a context
          of its own, as one object each */
@@ -1340,7 +1386,7 @@ static void compiler_stop(void) {
 
 /* one compile of an empty function with the JIT's options, on this thread */
 static void warm_gccjit(void) {
-  if (atomic_load(&gccjit_warm) || !toolchain_present()) return;
+  if (atomic_load(&gccjit_warm) || !toolchain_present() || !inprocess_trusted) return;
   gcc_jit_context *ctx = gcc_jit_context_acquire();
   if (!ctx) return;
   set_options(ctx);

@@ -510,6 +510,43 @@ TEST(a_setuid_program_ignores_KILN_JITC) {
   CHECK(system(cmd) == 0);
 }
 
+/* libgccjit's driver finds `as` and `ld` through PATH: with "." on PATH
+   an `as` planted in the working directory would run.  A process whose
+   PATH has a relative entry (or COMPILER_PATH set) compiles nothing in
+   itself — the kernels stay interpreted, with one message — and the
+   planted program never runs; kiln-jitc, whose PATH is the system's,
+   still compiles them. */
+TEST(a_relative_path_never_runs_a_planted_assembler) {
+  char cwd[600], dir[700], marker[800], as[800], cmd[9000], text[8192], log[800];
+  CHECK(getcwd(cwd, sizeof cwd) != NULL);
+  snprintf(dir, sizeof dir, "%s/kiln-planted-as-XXXXXX", cwd);
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(marker, sizeof marker, "%s/ran", dir);
+  snprintf(as, sizeof as, "%s/as", dir);
+  FILE *f = fopen(as, "w");
+  if (f) fprintf(f, "#!/bin/sh\ntouch '%s'\nexit 1\n", marker), fclose(f);
+  CHECK(chmod(as, 0755) == 0);
+  snprintf(log, sizeof log, "%s/stderr", dir);
+  snprintf(cmd, sizeof cmd, "cd '%s' && env PATH=.:\"$PATH\" KILN_CACHE=0 KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>'%s'",
+           dir, self, log);
+  result r = read_result(popen(cmd, "r"));
+  result ref = run_child("KILN_CACHE=0 KILN_JIT=0");
+  CHECK(r.ok && ref.ok);
+  CHECK(r.total == ref.total);
+  CHECK(r.kernels == 0); /* in this process: nothing compiled */
+  if (access(marker, F_OK) == 0) KTEST_FAIL("the planted ./as ran");
+  CHECK_STR_CONTAINS(read_text(log, text, sizeof text), "PATH has a relative entry");
+  /* with the compiler helper (a cache to store into), the kernels compile */
+  snprintf(cmd, sizeof cmd, "cd '%s' && env PATH=.:\"$PATH\" KILN_CACHE_DIR='%s/c' KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>/dev/null",
+           dir, dir, self);
+  r = read_result(popen(cmd, "r"));
+  CHECK(r.ok && r.total == ref.total);
+  CHECK(r.processes >= 1 && r.kernels >= 1);
+  if (access(marker, F_OK) == 0) KTEST_FAIL("the planted ./as ran (with the helper)");
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
 /* a helper that never answers is killed after KILN_COMPILE_TIMEOUT
    seconds; its kernels run on the interpreter and the program goes on */
 TEST(a_stuck_helper_is_killed_after_the_timeout) {
@@ -865,6 +902,7 @@ int main(int argc, char **argv) {
   RUN(a_planted_helper_is_never_run);
   RUN(our_helper_in_a_sticky_directory_runs);
   RUN(a_setuid_program_ignores_KILN_JITC);
+  RUN(a_relative_path_never_runs_a_planted_assembler);
   RUN(a_stuck_helper_is_killed_after_the_timeout);
   RUN(the_helper_stores_where_the_library_looks_now);
   RUN(a_cache_that_cannot_be_written_compiles_in_memory);

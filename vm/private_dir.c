@@ -102,3 +102,29 @@ bool vm_write_full(int fd, const void *buf, size_t len) {
   }
   return true;
 }
+
+bool vm_trusted_mode(const struct stat *st) {
+  return (st->st_uid == 0 || st->st_uid == geteuid()) && !(st->st_mode & (S_IWGRP | S_IWOTH));
+}
+
+bool vm_trusted_dirs(const char *real_path, char *why, size_t why_len) {
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s", real_path);
+  for (char *slash; (slash = strrchr(dir, '/'));) {
+    if (slash == dir)
+      slash[1] = 0; /* "/" itself */
+    else
+      *slash = 0;
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || !(st.st_uid == 0 || st.st_uid == geteuid()) ||
+        ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))) {
+      snprintf(why, why_len,
+               "directory %s is not owned by root or you, or others can write to it (and it is "
+               "not sticky)",
+               dir);
+      return false;
+    }
+    if (slash == dir) break;
+  }
+  return true;
+}

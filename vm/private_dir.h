@@ -42,6 +42,16 @@ int vm_private_file_create(int dir_fd, const char *name);
    there or the result does not fit. */
 bool vm_fd_path(int dir_fd, const char *name, char *out, size_t out_len);
 
+/* Programs Kiln runs (DESIGN §11, OpenSSH's StrictModes rule): a file is
+   trusted when owned by root or the effective user and writable by
+   neither group nor others (vm_trusted_mode, on its fstat), and every
+   directory above it likewise, except that a sticky directory (/tmp) may be
+   writable by others, who can add entries there but not replace ours
+   (vm_trusted_dirs, on an absolute path without links; *why, in why_len
+   bytes, says what failed). */
+bool vm_trusted_mode(const struct stat *st);
+bool vm_trusted_dirs(const char *real_path, char *why, size_t why_len);
+
 /* writes all of buf (retrying short writes and EINTR); false on an error
    (errno says which) */
 bool vm_write_full(int fd, const void *buf, size_t len);
