@@ -7,16 +7,16 @@
  * -march=x86-64-vN (libgccjit 12 rejects -march=native). */
 #include <dirent.h>
 #include <dlfcn.h>
-#include <fcntl.h>
 #include <elf.h>
+#include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
-#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include <uthash.h>
 #include <xxhash.h>
 
@@ -218,7 +218,8 @@ static bool find_on_path(const char *name, char *out, size_t cap) {
   if (!path || !*path) path = "/usr/local/bin:/usr/bin:/bin"; /* execvp's default */
   while (*path) {
     size_t n = strcspn(path, ":");
-    if (n > 0 && (size_t)snprintf(out, cap, "%.*s/%s", (int)n, path, name) < cap && access(out, X_OK) == 0)
+    if (n > 0 && (size_t)snprintf(out, cap, "%.*s/%s", (int)n, path, name) < cap &&
+        access(out, X_OK) == 0)
       return true;
     path += n + (path[n] == ':');
   }
@@ -318,18 +319,22 @@ static bool trusted_search_path(char *why, size_t why_len) {
     memcpy(entry, at, n);
     entry[n] = 0;
     /* an existing directory and those above it; a missing one, those above it */
-    if (realpath(entry, real)) strcat(real, "/x");
-    else snprintf(real, sizeof real, "%s", entry);
+    if (realpath(entry, real))
+      strcat(real, "/x");
+    else
+      snprintf(real, sizeof real, "%s", entry);
     if (!vm_trusted_dirs(real, why, why_len)) return false;
     at += n;
     if (!*at) break;
   }
   char name[64], found[PATH_MAX];
-  snprintf(name, sizeof name, "x86_64-linux-gnu-gcc-%d", gcc_jit_version_major()); /* Debian's driver */
+  snprintf(name, sizeof name, "x86_64-linux-gnu-gcc-%d",
+           gcc_jit_version_major()); /* Debian's driver */
   const char *progs[] = {name, "gcc", "as", "ld"};
   for (int i = 0; i < 4; i++) {
     struct stat st;
-    if (find_on_path(progs[i], found, sizeof found) && (stat(found, &st) != 0 || !vm_trusted_mode(&st)))
+    if (find_on_path(progs[i], found, sizeof found) &&
+        (stat(found, &st) != 0 || !vm_trusted_mode(&st)))
       return snprintf(why, why_len, "%s is writable by others", found), false;
   }
   return true;

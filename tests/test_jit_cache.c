@@ -527,7 +527,9 @@ TEST(a_relative_path_never_runs_a_planted_assembler) {
   if (f) fprintf(f, "#!/bin/sh\ntouch '%s'\nexit 1\n", marker), fclose(f);
   CHECK(chmod(as, 0755) == 0);
   snprintf(log, sizeof log, "%s/stderr", dir);
-  snprintf(cmd, sizeof cmd, "cd '%s' && env PATH=.:\"$PATH\" KILN_CACHE=0 KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>'%s'",
+  snprintf(cmd, sizeof cmd,
+           "cd '%s' && env PATH=.:\"$PATH\" KILN_CACHE=0 KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 "
+           "'%s' work 2>'%s'",
            dir, self, log);
   result r = read_result(popen(cmd, "r"));
   result ref = run_child("KILN_CACHE=0 KILN_JIT=0");
@@ -537,7 +539,9 @@ TEST(a_relative_path_never_runs_a_planted_assembler) {
   if (access(marker, F_OK) == 0) KTEST_FAIL("the planted ./as ran");
   CHECK_STR_CONTAINS(read_text(log, text, sizeof text), "PATH has a relative entry");
   /* with the compiler helper (a cache to store into), the kernels compile */
-  snprintf(cmd, sizeof cmd, "cd '%s' && env PATH=.:\"$PATH\" KILN_CACHE_DIR='%s/c' KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work 2>/dev/null",
+  snprintf(cmd, sizeof cmd,
+           "cd '%s' && env PATH=.:\"$PATH\" KILN_CACHE_DIR='%s/c' KILN_HOT=2 KILN_PAYOFF=0 "
+           "KILN_ASYNC=0 '%s' work 2>/dev/null",
            dir, dir, self);
   r = read_result(popen(cmd, "r"));
   CHECK(r.ok && r.total == ref.total);

@@ -116,7 +116,8 @@ bool vm_trusted_dirs(const char *real_path, char *why, size_t why_len) {
     else
       *slash = 0;
     struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || !(st.st_uid == 0 || st.st_uid == geteuid()) ||
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) ||
+        !(st.st_uid == 0 || st.st_uid == geteuid()) ||
         ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))) {
       snprintf(why, why_len,
                "directory %s is not owned by root or you, or others can write to it (and it is "
