@@ -312,10 +312,18 @@ typedef struct j_val {
   char **keys;         /* J_OBJ */
 } j_val;
 
+/* each: when set, the top-level object's members go to it one at a time
+   (it takes the key; the value is freed after), so a header naming a
+   million tensors never holds a million parsed descriptions at once */
+typedef bool (*j_member_fn)(void *ctx, char *key, const struct j_val *v);
+
 typedef struct {
   const char *s;
   size_t len, pos;
   const char *err;
+  j_member_fn each;
+  void *each_ctx;
+  bool each_failed; /* each said no (and set the error); members after it are only parsed */
 } j_parser;
 
 static void j_free(j_val *v) {
@@ -498,7 +506,20 @@ static bool j_container(j_parser *p, j_val *v, int depth) {
       }
       p->pos++;
     }
-    if (!j_push(p, v, key, &cap) || !j_value(p, &v->items[v->n - 1], depth + 1)) return false;
+    if (obj && depth == 0 && p->each) { /* streamed: nothing kept in v */
+      j_val member = {0};
+      bool ok = j_value(p, &member, depth + 1);
+      /* after each's first no, the rest is only checked as JSON: a syntax
+         error anywhere is still what the caller hears */
+      if (ok && !p->each_failed)
+        p->each_failed = !p->each(p->each_ctx, key, &member);
+      else
+        free(key);
+      j_free(&member);
+      if (!ok) return false;
+    } else if (!j_push(p, v, key, &cap) || !j_value(p, &v->items[v->n - 1], depth + 1)) {
+      return false;
+    }
     j_ws(p);
     if (p->pos >= p->len) return j_fail(p, "unterminated object or array");
     char c = p->s[p->pos++];
@@ -532,25 +553,23 @@ static bool j_value(j_parser *p, j_val *v, int depth) {
   return j_fail(p, "unexpected character");
 }
 
-static bool j_parse(const char *s, size_t len, j_val *out) {
-  j_parser p = {s, len, 0, NULL};
+static bool j_parse(const char *s, size_t len, j_val *out, j_member_fn each, void *each_ctx) {
+  j_parser p = {s, len, 0, NULL, each, each_ctx, false};
   memset(out, 0, sizeof *out);
   bool ok = j_value(&p, out, 0);
   if (ok) {
     j_ws(&p);
     if (p.pos != len) ok = j_fail(&p, "trailing characters after the header object");
   }
-  if (!ok) {
-    vm_error(KILN_ERR_ARG, "the header is not valid JSON: %s at byte %zu", p.err, p.pos);
-    j_free(out);
-  }
-  return ok;
+  if (!ok) vm_error(KILN_ERR_ARG, "the header is not valid JSON: %s at byte %zu", p.err, p.pos);
+  if (!ok || p.each_failed) j_free(out); /* each's no: its error stands */
+  return ok && !p.each_failed;
 }
 
 /* --- loading --------------------------------------------------------------------- */
 
 typedef struct {
-  const char *name;     /* borrowed from the DOM */
+  const char *name; /* borrowed from the header's names */
   kiln_dtype dtype;
   int ndim;
   int64_t shape[KILN_MAX_DIMS];
@@ -660,9 +679,51 @@ static bool check_tiling(st_entry *e, int n, uint64_t data_size) {
   return ok;
 }
 
-/* parses and validates the header into entries (borrowing names from dom) */
-static int read_header(FILE *f, const char *path, uint64_t *hlen_out, uint64_t *data_size,
-                       j_val *dom, st_entry **entries_out, int *n_out) {
+/* a parsed header: every name (owned; __metadata__ too, for the duplicate
+   check) and the tensors' entries (naming into names) */
+typedef struct {
+  char **names;
+  int nnames, cap;
+  st_entry *e;
+  int n;
+  uint64_t data_size;
+} st_header;
+
+static void st_header_free(st_header *h) {
+  for (int i = 0; i < h->nnames; i++) free(h->names[i]);
+  free(h->names);
+  free(h->e);
+  memset(h, 0, sizeof *h);
+}
+
+/* j_member_fn: one member of the header object, checked into h */
+static bool take_member(void *ctx, char *key, const j_val *v) {
+  st_header *h = ctx;
+  if (h->nnames == h->cap) {
+    int nc = h->cap ? 2 * h->cap : 16;
+    char **names = realloc(h->names, (size_t)nc * sizeof *names);
+    if (names) h->names = names;
+    st_entry *e = names ? realloc(h->e, (size_t)nc * sizeof *e) : NULL;
+    if (e) h->e = e;
+    if (!names || !e) {
+      free(key);
+      return vm_error(KILN_ERR_OOM, "out of memory for the header's names"), false;
+    }
+    h->cap = nc;
+  }
+  h->names[h->nnames++] = key;
+  if (!strcmp(key, "__metadata__")) { /* string to string, else ignored */
+    bool strings = v->type == J_OBJ;
+    for (int k = 0; strings && k < v->n; k++) strings = v->items[k].type == J_STR;
+    return strings || (vm_error(KILN_ERR_ARG, "__metadata__ is not an object of strings"), false);
+  }
+  if (!parse_entry(key, v, h->data_size, &h->e[h->n])) return false;
+  h->n++;
+  return true;
+}
+
+/* parses and validates the header into h; *hlen_out: its length */
+static int read_header(FILE *f, const char *path, uint64_t *hlen_out, st_header *h) {
   struct stat st;
   if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode))
     return vm_error(KILN_ERR_ARG, "'%s' is not a regular file", path);
@@ -691,47 +752,21 @@ static int read_header(FILE *f, const char *path, uint64_t *hlen_out, uint64_t *
     free(text);
     return vm_error(KILN_ERR_ARG, "the header is not valid UTF-8 (byte %zu)", valid);
   }
-  bool ok = j_parse(text, (size_t)hlen, dom);
-  free(text);
-  if (!ok) return KILN_ERR_ARG;
-  if (dom->type != J_OBJ) return vm_error(KILN_ERR_ARG, "the header is not a JSON object");
   *hlen_out = hlen;
-  *data_size = size - 8 - hlen;
-  st_entry *e = calloc((size_t)(dom->n ? dom->n : 1), sizeof *e);
-  if (!e) return vm_error(KILN_ERR_OOM, "out of memory");
-  int n = 0, first, second;
-  if (!first_duplicate((const char *const *)dom->keys, dom->n, &first, &second)) {
-    free(e);
+  h->data_size = size - 8 - hlen;
+  j_val top = {0}; /* the object's members stream to take_member */
+  bool ok = j_parse(text, (size_t)hlen, &top, take_member, h);
+  free(text);
+  j_type type = top.type;
+  j_free(&top);
+  if (!ok) return vm_thread()->status ? vm_thread()->status : KILN_ERR_ARG;
+  if (type != J_OBJ) return vm_error(KILN_ERR_ARG, "the header is not a JSON object");
+  int first, second;
+  if (!first_duplicate((const char *const *)h->names, h->nnames, &first, &second))
     return KILN_ERR_OOM;
-  }
-  if (first >= 0) {
-    free(e);
-    return vm_error(KILN_ERR_ARG, "the name \"%s\" appears twice in the header", dom->keys[first]);
-  }
-  for (int i = 0; i < dom->n; i++) {
-    if (!strcmp(dom->keys[i], "__metadata__")) { /* string to string, else ignored */
-      const j_val *m = &dom->items[i];
-      bool strings = m->type == J_OBJ;
-      for (int k = 0; strings && k < m->n; k++) strings = m->items[k].type == J_STR;
-      if (!strings) {
-        free(e);
-        return vm_error(KILN_ERR_ARG, "__metadata__ is not an object of strings");
-      }
-      continue;
-    }
-    if (!parse_entry(dom->keys[i], &dom->items[i], *data_size, &e[n])) {
-      free(e);
-      return KILN_ERR_ARG;
-    }
-    n++;
-  }
-  if (!check_tiling(e, n, *data_size)) {
-    free(e);
-    return KILN_ERR_ARG;
-  }
-  *entries_out = e;
-  *n_out = n;
-  return KILN_OK;
+  if (first >= 0)
+    return vm_error(KILN_ERR_ARG, "the name \"%s\" appears twice in the header", h->names[first]);
+  return check_tiling(h->e, h->n, h->data_size) ? KILN_OK : KILN_ERR_ARG;
 }
 
 static vm_tensor *read_tensor(FILE *f, const char *path, uint64_t data_start, const st_entry *e) {
@@ -789,11 +824,11 @@ int vm_load(const char *path, int cap, char **names, vm_tensor **ts) {
                     (void *)names, (void *)ts);
   FILE *f = open_regular(path);
   if (!f) return KILN_ERR_ARG;
-  j_val dom = {0};
-  st_entry *e = NULL;
-  int n = 0;
-  uint64_t hlen = 0, data_size = 0;
-  int rc = read_header(f, path, &hlen, &data_size, &dom, &e, &n);
+  st_header h = {0};
+  uint64_t hlen = 0;
+  int rc = read_header(f, path, &hlen, &h);
+  st_entry *e = h.e;
+  int n = h.n;
   if (rc == KILN_OK && !count_only && n > cap)
     rc = vm_error(KILN_ERR_ARG, "'%s' holds %d tensors, more than cap %d", path, n, cap);
   int done = 0;
@@ -816,7 +851,6 @@ int vm_load(const char *path, int cap, char **names, vm_tensor **ts) {
       ts[i] = NULL;
     }
   fclose(f);
-  free(e);
-  j_free(&dom);
+  st_header_free(&h);
   return rc == KILN_OK ? n : rc;
 }
