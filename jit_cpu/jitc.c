@@ -121,7 +121,8 @@ static bool own_file(char *out, size_t cap, bool *shared) {
    (LD_*, GCC's search paths), and with a PATH of system directories.  Taken
    once, copied, when the helper is found: reading `environ` at every spawn
    raced with the caller's setenv on another thread (a setenv that grows
-   the array frees the old one; test_trace's child crashed on it). */
+   the array frees the old one: the likely cause of a SIGSEGV seen once in
+   test_trace's child, which sets KILN_JIT while compiles are in flight). */
 static char **environ_for_helper(void) {
   static const char *const drop[] = {
       "LD_",    "COMPILER_PATH=",  "GCC_EXEC_PREFIX=", "LIBRARY_PATH=", "PATH=",
