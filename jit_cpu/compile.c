@@ -451,6 +451,13 @@ static bool batch_key(const uint64_t (*disk_keys)[2], const bool *emitted, int n
   return ok;
 }
 
+/* KILN_JITC_FAULT=after-index (tests): the compiler process dies once a
+   batch's index records are written, before its object is stored */
+static void fault_between_index_and_object(void) {
+  const char *f = getenv("KILN_JITC_FAULT");
+  if (f && !strcmp(f, "after-index") && jitc_is_helper()) _exit(9);
+}
+
 /* Emits kernels d[0..n) into one context (one `as` + `ld` run: the ~20 ms
    floor is paid once per batch, not per kernel) and compiles it: with
    disk keys, into the disk cache as one object plus an index record per
@@ -483,18 +490,26 @@ bool cpu_build_batch(kernel_desc **d, int n, const uint64_t (*disk_keys)[2], boo
   bool stored = false;
   uint64_t batch[2];
   if (open && count && disk_keys && batch_key(disk_keys, emitted, n, batch)) {
+    /* the index records go first, the object last: a crash or a full disk
+       between them leaves records that name no object (a load misses and
+       compiles again), never an object no record names (kept until the
+       size bound evicted it).  A kernel whose record could not be written
+       is not in the batch; with none, the object is not stored. */
     cache_disk_scratch scratch;
     if (cache_disk_scratch_open(&scratch, ".so")) {
       gcc_jit_context_compile_to_file(c.ctx, GCC_JIT_OUTPUT_KIND_DYNAMIC_LIBRARY, scratch.path);
-      stored = !gcc_jit_context_get_first_error(c.ctx) && cache_disk_store_scratch(batch, &scratch);
+      int indexed = 0;
+      for (int i = 0; !gcc_jit_context_get_first_error(c.ctx) && i < n; i++) {
+        if (!emitted[i]) continue;
+        kernel_index rec = {.batch = {batch[0], batch[1]}};
+        memcpy(rec.magic, KERNEL_INDEX_MAGIC, 8);
+        snprintf(rec.name, sizeof rec.name, "%s", d[i]->name);
+        if (cache_disk_index_put(disk_keys[i], &rec, sizeof rec)) indexed++;
+        else emitted[i] = false;
+      }
+      fault_between_index_and_object();
+      stored = indexed > 0 && cache_disk_store_scratch(batch, &scratch);
       cache_disk_scratch_close(&scratch);
-    }
-    for (int i = 0; stored && i < n; i++) {
-      if (!emitted[i]) continue;
-      kernel_index rec = {.batch = {batch[0], batch[1]}};
-      memcpy(rec.magic, KERNEL_INDEX_MAGIC, 8);
-      snprintf(rec.name, sizeof rec.name, "%s", d[i]->name);
-      cache_disk_index_put(disk_keys[i], &rec, sizeof rec);
     }
   }
   if (open && count && !stored && (in_memory || !disk_keys)) *result = gcc_jit_context_compile(c.ctx);

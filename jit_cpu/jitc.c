@@ -452,7 +452,8 @@ static bool read_all(int fd, void *p, size_t n) {
 
 /* test faults, KILN_JITC_FAULT: "crash" dies of SIGABRT once the request is
    read (a compiler dying mid-compile); "sleep:MS" sleeps MS first (a
-   compile in flight for that long) */
+   compile in flight for that long); "after-index" (compile.c) dies between
+   a batch's index records and its object */
 static void fault(void) {
   const char *f = getenv("KILN_JITC_FAULT");
   if (!f) return;
@@ -469,9 +470,13 @@ static void fault(void) {
   }
 }
 
+static bool in_helper;
+bool jitc_is_helper(void) { return in_helper; }
+
 int jitc_main(int argc, char **argv) {
   (void)argc;
   (void)argv;
+  in_helper = true;
   signal(SIGPIPE, SIG_IGN); /* the user's process may be gone: the answer is then lost, the cache kept */
   long nice_level = vm_env_long("KILN_COMPILE_NICE", 5);
   if (nice_level > 0) (void)setpriority(PRIO_PROCESS, 0, nice_level > 19 ? 19 : (int)nice_level);

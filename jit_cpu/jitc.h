@@ -46,6 +46,8 @@ bool jitc_compile(kernel_desc **d, int n, const uint64_t (*disk_keys)[2], size_t
 
 /* the compiler process: reads one request on stdin, answers on stdout */
 int jitc_main(int argc, char **argv);
+/* whether this process is the compiler process (jitc_main ran) */
+bool jitc_is_helper(void);
 
 /* compile.c: emits and compiles one batch (both processes use it) */
 bool cpu_build_batch(kernel_desc **d, int n, const uint64_t (*disk_keys)[2], bool in_memory, bool *emitted,

@@ -360,6 +360,35 @@ TEST(compiler_crash_costs_a_compile) {
   CHECK(system(cmd) == 0);
 }
 
+/* A batch's index records are written before its object: a compiler
+   that dies between the two leaves records that name no object, never an
+   object no record names.  The next process misses on them, compiles, and
+   stores the object. */
+TEST(a_compiler_dying_mid_store_leaves_no_orphan_object) {
+  char dir[] = "/tmp/kiln-cache-test-XXXXXX", cmd[9000];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(cmd, sizeof cmd, "KILN_CACHE_DIR=%s/ref KILN_JIT=0", dir);
+  result ref = run_child(cmd);
+  snprintf(cmd, sizeof cmd,
+           "env KILN_CACHE_DIR=%s/c KILN_JITC_FAULT=after-index KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work "
+           "2>/dev/null",
+           dir, self);
+  result r = read_result(popen(cmd, "r"));
+  CHECK(r.ok && ref.ok && r.total == ref.total);
+  CHECK(r.kernels == 0 && r.failures >= 1);
+  char cache[700];
+  snprintf(cache, sizeof cache, "%s/c", dir);
+  CHECK(count_suffix(cache, ".idx") >= 1);
+  CHECK_EQ_INT(count_suffix(cache, ".so"), 0); /* no object without its records */
+  snprintf(cmd, sizeof cmd, "KILN_CACHE_DIR=%s/c", dir);
+  result again = run_child(cmd);
+  CHECK(again.ok && again.total == ref.total);
+  CHECK(again.kernels >= 1 && again.failures == 0);
+  CHECK(count_suffix(cache, ".so") >= 1);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
 /* a kiln-jitc from other sources refuses; the library says so once and
    compiles in its own process, with the same result */
 TEST(stale_compiler_process_is_refused) {
@@ -903,6 +932,7 @@ int main(int argc, char **argv) {
   RUN(compiles_run_in_the_compiler_process);
   RUN(compiler_crash_costs_a_compile);
   RUN(stale_compiler_process_is_refused);
+  RUN(a_compiler_dying_mid_store_leaves_no_orphan_object);
   RUN(a_planted_helper_is_never_run);
   RUN(our_helper_in_a_sticky_directory_runs);
   RUN(a_setuid_program_ignores_KILN_JITC);
