@@ -504,8 +504,10 @@ bool cpu_build_batch(kernel_desc **d, int n, const uint64_t (*disk_keys)[2], boo
         kernel_index rec = {.batch = {batch[0], batch[1]}};
         memcpy(rec.magic, KERNEL_INDEX_MAGIC, 8);
         snprintf(rec.name, sizeof rec.name, "%s", d[i]->name);
-        if (cache_disk_index_put(disk_keys[i], &rec, sizeof rec)) indexed++;
-        else emitted[i] = false;
+        if (cache_disk_index_put(disk_keys[i], &rec, sizeof rec))
+          indexed++;
+        else
+          emitted[i] = false;
       }
       fault_between_index_and_object();
       stored = indexed > 0 && cache_disk_store_scratch(batch, &scratch);

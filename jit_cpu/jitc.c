@@ -471,7 +471,9 @@ static void fault(void) {
 }
 
 static bool in_helper;
-bool jitc_is_helper(void) { return in_helper; }
+bool jitc_is_helper(void) {
+  return in_helper;
+}
 
 int jitc_main(int argc, char **argv) {
   (void)argc;

@@ -370,7 +370,8 @@ TEST(a_compiler_dying_mid_store_leaves_no_orphan_object) {
   snprintf(cmd, sizeof cmd, "KILN_CACHE_DIR=%s/ref KILN_JIT=0", dir);
   result ref = run_child(cmd);
   snprintf(cmd, sizeof cmd,
-           "env KILN_CACHE_DIR=%s/c KILN_JITC_FAULT=after-index KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work "
+           "env KILN_CACHE_DIR=%s/c KILN_JITC_FAULT=after-index KILN_HOT=2 KILN_PAYOFF=0 "
+           "KILN_ASYNC=0 '%s' work "
            "2>/dev/null",
            dir, self);
   result r = read_result(popen(cmd, "r"));
