@@ -5,7 +5,7 @@
 #ifndef AD_H
 #define AD_H
 
-#include "../trace/graph.h"
+#include "../trace/tape.h"
 
 /* one node's VJP: gradient of input k, given the output's gradient g */
 typedef struct ad_ctx {

@@ -5,9 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../trace/ptrmap.h"
-#include "../trace/record.h"
-#include "../vm/composite.h"
+#include "../trace/tape.h"
+#include "../front/composite.h"
 #include "../vm/state.h"
 #include "ad.h"
 
@@ -17,19 +16,12 @@ static bool have(const vm_tensor *t, int index) {
   return false;
 }
 
-bool ad_requires_grad(const vm_tensor *t) { return t && t->node->requires_grad; }
+bool ad_requires_grad(const vm_tensor *t) { return t && tr_node_requires_grad(t->node); }
 
 /* a fresh node holding t's current value (materialized), tracked or not */
 static tr_node *fresh_leaf(vm_tensor *t, bool track) {
   vm_tensor *v = tr_value(t);
-  if (!v) return NULL;
-  tr_node *n = tr_node_from_value(vm_retain(v));
-  if (!n) {
-    vm_error(KILN_ERR_OOM, "out of memory");
-    return NULL;
-  }
-  n->requires_grad = track;
-  return n;
+  return v ? tr_leaf_node(v, track) : NULL;
 }
 
 int ad_set_requires_grad(vm_tensor *t, bool on) {
@@ -37,7 +29,7 @@ int ad_set_requires_grad(vm_tensor *t, bool on) {
   if (!vm_dtype_is_float(t->dtype))
     return vm_error(KILN_ERR_DTYPE, "only float tensors can require gradients, not %s",
                     vm_dtype_name(t->dtype));
-  if (t->node->requires_grad && !t->slot)
+  if (tr_node_requires_grad(t->node) && !t->slot)
     return vm_error(KILN_ERR_STATE, "only leaf tensors can change requires_grad; this one is "
                                     "computed from tensors that require grad (use kiln_detach)");
   if (on == (t->slot != NULL)) return KILN_OK;
@@ -48,7 +40,7 @@ int ad_set_requires_grad(vm_tensor *t, bool on) {
       tr_node_release(n);
       return vm_error(KILN_ERR_OOM, "out of memory");
     }
-    n->slot = tr_slot_retain(t->slot);
+    tr_node_set_slot(n, t->slot);
   } else {
     tr_slot_release(t->slot);
     t->slot = NULL;
@@ -59,15 +51,15 @@ int ad_set_requires_grad(vm_tensor *t, bool on) {
 
 vm_tensor *ad_detach(vm_tensor *t) {
   if (!have(t, 0)) return NULL;
-  if (!t->node->requires_grad) return tr_handle_of_node(t->node);
-  if (t->node->state == TR_MATERIALIZED) {
+  if (!tr_node_requires_grad(t->node)) return tr_handle_of_node(t->node);
+  if (tr_node_materialized(t->node)) {
     tr_node *n = fresh_leaf(t, false);
     vm_tensor *h = n ? tr_handle_of_node(n) : NULL;
     tr_node_release(n); /* the handle holds its own reference */
     return h;
   }
   vm_thread()->no_grad++;
-  vm_tensor *r = vm_unary(VM_OP_copy, t);
+  vm_tensor *r = fe_unary(VM_OP_copy, t);
   vm_thread()->no_grad--;
   return r;
 }
@@ -118,14 +110,14 @@ static bool tape_add(tape *tp, tr_node *x) {
 /* every tracked node reachable from root, stopping at leaf variables (an
    explicit stack: graphs can be far deeper than the C stack) */
 static bool tape_collect(tape *tp, tr_node *root) {
-  if (!root->requires_grad || tape_find(tp, root) >= 0) return true;
+  if (!tr_node_requires_grad(root) || tape_find(tp, root) >= 0) return true;
   if (!tape_add(tp, root)) return false;
   for (int next = tp->n - 1; next < tp->n; next++) {
     tr_node *x = tp->nodes[next];
-    if (x->slot) continue; /* a leaf variable: the walk stops here */
-    for (int k = 0; k < x->nin; k++) {
-      tr_node *in = x->in[k];
-      if (in->requires_grad && tape_find(tp, in) < 0 && !tape_add(tp, in)) return false;
+    if (tr_node_slot(x)) continue; /* a leaf variable: the walk stops here */
+    for (int k = 0; k < tr_node_nin(x); k++) {
+      tr_node *in = tr_node_input(x, k);
+      if (tr_node_requires_grad(in) && tape_find(tp, in) < 0 && !tape_add(tp, in)) return false;
     }
   }
   return true;
@@ -133,7 +125,8 @@ static bool tape_collect(tape *tp, tr_node *root) {
 
 static int by_seq_desc(const void *a, const void *b) {
   const tr_node *x = *(tr_node *const *)a, *y = *(tr_node *const *)b;
-  return x->seq < y->seq ? 1 : x->seq > y->seq ? -1 : 0;
+  uint64_t sx = tr_node_seq(x), sy = tr_node_seq(y);
+  return sx < sy ? 1 : sx > sy ? -1 : 0;
 }
 
 static bool accumulate(vm_tensor **slot, vm_tensor *g) {
@@ -141,7 +134,7 @@ static bool accumulate(vm_tensor **slot, vm_tensor *g) {
     *slot = vm_retain(g);
     return true;
   }
-  vm_tensor *sum = vm_binary(VM_OP_add, *slot, g);
+  vm_tensor *sum = fe_binary(VM_OP_add, *slot, g);
   vm_release(*slot);
   *slot = sum;
   return sum != NULL;
@@ -186,7 +179,7 @@ static vm_tensor *zeros_along(const vm_tensor *x, int axis, int64_t len) {
   vm_attr attr = {.dtype = x->dtype, .ndim = x->ndim, .device = x->device};
   memcpy(attr.shape, x->shape, sizeof attr.shape);
   attr.shape[axis] = len;
-  return vm_op(VM_OP_full, 0, NULL, &attr);
+  return fe_op(VM_OP_full, 0, NULL, &attr);
 }
 
 /* one piece the usual way: its slice's VJP */
@@ -233,7 +226,7 @@ static bool join_slices(tape *tp, int j) {
       p->joined = true;
     }
     if (ok && at < x->shape[axis]) ok = (parts[nparts++] = zeros_along(x, axis, x->shape[axis] - at)) != NULL;
-    vm_tensor *whole = ok ? (nparts == 1 ? vm_retain(parts[0]) : vm_concat(nparts, parts, axis)) : NULL;
+    vm_tensor *whole = ok ? (nparts == 1 ? vm_retain(parts[0]) : fe_concat(nparts, parts, axis)) : NULL;
     ok = whole && accumulate(&tp->grads[j], whole);
     vm_release(whole);
   }
@@ -258,17 +251,18 @@ static bool join_slices(tape *tp, int j) {
 /* propagates one node's gradient to its inputs */
 static bool step(tape *tp, int i) {
   tr_node *n = tp->nodes[i];
-  vm_tensor *xs[8], **x = n->nin <= 8 ? xs : calloc((size_t)n->nin, sizeof *x);
+  int nin = tr_node_nin(n);
+  vm_tensor *xs[8], **x = nin <= 8 ? xs : calloc((size_t)nin, sizeof *x);
   if (!x) return false;
-  for (int k = 0; k < n->nin; k++) x[k] = tr_handle_of_node(n->in[k]);
+  for (int k = 0; k < nin; k++) x[k] = tr_handle_of_node(tr_node_input(n, k));
   vm_tensor *y = tr_handle_of_node(n);
-  ad_ctx c = {n->op, &n->attr, x, y, tp->grads[i]};
+  ad_ctx c = {tr_node_op(n), tr_node_attr(n), x, y, tp->grads[i]};
   bool ok = y != NULL;
-  for (int k = 0; ok && k < n->nin; k++) {
-    if (!x[k] || !n->in[k]->requires_grad) continue;
-    int j = tape_find(tp, n->in[k]);
-    if (n->op == VM_OP_slice && j >= 0) { /* joined with its siblings later */
-      ok = defer_slice(tp, j, &n->attr, c.g);
+  for (int k = 0; ok && k < nin; k++) {
+    if (!x[k] || !tr_node_requires_grad(tr_node_input(n, k))) continue;
+    int j = tape_find(tp, tr_node_input(n, k));
+    if (c.op == VM_OP_slice && j >= 0) { /* joined with its siblings later */
+      ok = defer_slice(tp, j, c.attr, c.g);
       continue;
     }
     vm_tensor *gk = NULL;
@@ -276,7 +270,7 @@ static bool step(tape *tp, int i) {
     if (ok && gk && j >= 0) ok = accumulate(&tp->grads[j], gk);
     vm_release(gk);
   }
-  for (int k = 0; k < n->nin; k++) vm_release(x[k]);
+  for (int k = 0; k < nin; k++) vm_release(x[k]);
   vm_release(y);
   if (x != xs) free(x);
   return ok;
@@ -285,7 +279,7 @@ static bool step(tape *tp, int i) {
 static vm_tensor *ones_like(const vm_tensor *t) {
   vm_attr attr = {.dtype = t->dtype, .ndim = t->ndim, .scalar = {1.0}, .device = t->device};
   memcpy(attr.shape, t->shape, sizeof attr.shape);
-  return vm_op(VM_OP_full, 0, NULL, &attr);
+  return fe_op(VM_OP_full, 0, NULL, &attr);
 }
 
 /* the seed gradient of out: gout (checked, cast) or ones for one element */
@@ -304,7 +298,7 @@ static vm_tensor *seed(const vm_tensor *out, vm_tensor *gout) {
              vm_shape_str(b1, gout->ndim, gout->shape), vm_shape_str(b2, out->ndim, out->shape));
     return NULL;
   }
-  return gout->dtype == out->dtype ? vm_retain(gout) : vm_cast(gout, out->dtype);
+  return gout->dtype == out->dtype ? vm_retain(gout) : fe_cast(gout, out->dtype);
 }
 
 /* runs the tape for outs; fills tp with every tracked node's gradient */
@@ -312,7 +306,7 @@ static int run(tape *tp, int nout, vm_tensor *const *outs, vm_tensor *const *gou
                bool create_graph) {
   for (int k = 0; k < nout; k++) {
     if (!have(outs[k], k)) return KILN_ERR_ARG;
-    if (!outs[k]->node->requires_grad)
+    if (!tr_node_requires_grad(outs[k]->node))
       return vm_error(KILN_ERR_STATE, "output %d does not require grad (no input it depends on "
                       "requires grad, or it was computed under no_grad)", k);
     if (!tape_collect(tp, outs[k]->node)) return vm_error(KILN_ERR_OOM, "out of memory");
@@ -329,7 +323,7 @@ static int run(tape *tp, int nout, vm_tensor *const *outs, vm_tensor *const *gou
   }
   for (int i = 0; ok && i < tp->n; i++) {
     ok = join_slices(tp, i); /* every reader of node i has run */
-    if (ok && tp->grads[i] && !tp->nodes[i]->slot) ok = step(tp, i);
+    if (ok && tp->grads[i] && !tr_node_slot(tp->nodes[i])) ok = step(tp, i);
   }
   if (!create_graph) vm_thread()->no_grad--;
   return ok ? KILN_OK : (vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL);
@@ -360,9 +354,9 @@ static void tape_free(tape *tp) {
    copy made under no_grad is a node of its own that drops its input once
    the queued store evaluates it. */
 static vm_tensor *grad_for_slot(vm_tensor *g) {
-  if (!g->node->requires_grad) return tr_handle_of_node(g->node);
+  if (!tr_node_requires_grad(g->node)) return tr_handle_of_node(g->node);
   vm_thread()->no_grad++;
-  vm_tensor *copy = vm_unary(VM_OP_copy, g);
+  vm_tensor *copy = fe_unary(VM_OP_copy, g);
   vm_thread()->no_grad--;
   return copy;
 }
@@ -372,11 +366,11 @@ int ad_backward(vm_tensor *loss, vm_tensor *grad) {
   tape tp = {0};
   int rc = run(&tp, 1, &loss, grad ? &grad : NULL, false);
   for (int i = 0; rc == KILN_OK && i < tp.n; i++) /* its saved values are spent */
-    if (!tp.nodes[i]->slot) tr_mark_grad_done(tp.nodes[i]);
+    if (!tr_node_slot(tp.nodes[i])) tr_mark_grad_done(tp.nodes[i]);
   /* what leaves accumulate is data, not graph */
   vm_thread()->no_grad++;
   for (int i = 0; rc == KILN_OK && i < tp.n; i++) { /* accumulate into leaves: stores */
-    tr_grad_slot *slot = tp.nodes[i]->slot;
+    tr_grad_slot *slot = tr_node_slot(tp.nodes[i]);
     if (!slot || !tp.grads[i]) continue;
     if (!slot->grad) {
       if (!(slot->grad = grad_for_slot(tp.grads[i]))) {
@@ -385,7 +379,7 @@ int ad_backward(vm_tensor *loss, vm_tensor *grad) {
       }
       tr_queue_store(slot->grad);
     } else {
-      vm_tensor *sum = vm_binary(VM_OP_add, slot->grad, tp.grads[i]);
+      vm_tensor *sum = fe_binary(VM_OP_add, slot->grad, tp.grads[i]);
       if (!sum) {
         rc = vm_thread()->status;
         break;
@@ -411,13 +405,13 @@ int ad_grad_of(int nout, vm_tensor *const *outs, vm_tensor *const *gouts, int ni
   tape tp = {0};
   int rc = run(&tp, nout, outs, gouts, create_graph);
   for (int i = 0; rc == KILN_OK && i < nin; i++) {
-    int j = ins[i]->node->requires_grad ? tape_find(&tp, ins[i]->node) : -1;
+    int j = tr_node_requires_grad(ins[i]->node) ? tape_find(&tp, ins[i]->node) : -1;
     vm_tensor *g = j >= 0 ? tp.grads[j] : NULL;
     grads[i] = g ? vm_retain(g) : NULL;
     if (!grads[i]) { /* the outputs do not depend on it: zeros */
       vm_attr attr = {.dtype = ins[i]->dtype, .ndim = ins[i]->ndim, .device = ins[i]->device};
       memcpy(attr.shape, ins[i]->shape, sizeof attr.shape);
-      grads[i] = vm_op(VM_OP_full, 0, NULL, &attr);
+      grads[i] = fe_op(VM_OP_full, 0, NULL, &attr);
       if (!grads[i]) rc = vm_thread()->status;
     }
   }
@@ -432,7 +426,7 @@ int ad_grad_of(int nout, vm_tensor *const *outs, vm_tensor *const *gouts, int ni
 
 vm_tensor *ad_grad(vm_tensor *leaf) {
   if (!have(leaf, 0)) return NULL;
-  if (!leaf->slot && leaf->node->requires_grad) {
+  if (!leaf->slot && tr_node_requires_grad(leaf->node)) {
     vm_error(KILN_ERR_STATE, "this tensor is not a leaf (it is computed from tensors that "
              "require grad), so no gradient accumulates in it; use kiln_grad_of for the "
              "gradient of an intermediate");

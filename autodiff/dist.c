@@ -24,9 +24,9 @@
  * reduces the same buckets. */
 #include <stdlib.h>
 
-#include "../trace/record.h"
+#include "../trace/tape.h"
 #include "../vm/backend.h"
-#include "../vm/composite.h"
+#include "../front/composite.h"
 #include "../vm/dist.h"
 #include "../vm/state.h"
 #include "ad.h"
@@ -36,7 +36,7 @@ typedef struct {
 } bucket;
 
 static vm_tensor *grad_or_zeros(vm_tensor *p) {
-  return p->slot->grad ? vm_retain(p->slot->grad) : vm_zeros_like(p);
+  return p->slot->grad ? vm_retain(p->slot->grad) : fe_zeros_like(p);
 }
 
 static int check_params(int n, vm_tensor *const *params) {
@@ -91,9 +91,9 @@ static bool store_bucket(vm_tensor *flat, const bucket *bk, const int *order, vm
   bool ok = true;
   for (int q = 0; q < bk->count && ok; q++) {
     vm_tensor *p = params[order[bk->first + q]];
-    vm_tensor *piece = vm_slice(flat, 0, at, at + p->numel, 1);
-    vm_tensor *shaped = piece ? vm_reshape(piece, p->ndim, p->shape) : NULL;
-    vm_tensor *mean = shaped ? vm_binary_scalar(VM_OP_div, shaped, size, true) : NULL;
+    vm_tensor *piece = fe_slice(flat, 0, at, at + p->numel, 1);
+    vm_tensor *shaped = piece ? fe_reshape(piece, p->ndim, p->shape) : NULL;
+    vm_tensor *mean = shaped ? fe_binary_scalar(VM_OP_div, shaped, size, true) : NULL;
     at += p->numel;
     if ((ok = mean != NULL)) {
       if (p->slot->grad) {
@@ -133,11 +133,11 @@ int ad_average_grads(int n, vm_tensor *const *params) {
     for (int q = 0; q < b[k].count && ok; q++)
       ok = (grads[b[k].first + q] = grad_or_zeros(params[order[b[k].first + q]])) != NULL;
     vm_attr attr = {.axis = VM_REDUCE_SUM, .counter = vm_dist_next_seq()};
-    ok = ok && (started[k] = vm_op(VM_OP_all_reduce_start, b[k].count, grads + b[k].first, &attr));
+    ok = ok && (started[k] = fe_op(VM_OP_all_reduce_start, b[k].count, grads + b[k].first, &attr));
   }
   for (int k = 0; k < nb && ok; k++) {
     vm_attr attr = {.axis = VM_REDUCE_SUM, .device = params[0]->device};
-    vm_tensor *flat = vm_op(VM_OP_all_reduce_wait, 1, &started[k], &attr);
+    vm_tensor *flat = fe_op(VM_OP_all_reduce_wait, 1, &started[k], &attr);
     ok = flat && store_bucket(flat, &b[k], order, params, size);
     vm_release(flat);
   }

@@ -7,6 +7,7 @@
 
 #include "../vm/backend.h"
 #include "../vm/cpu.h"
+#include "../vm/interp.h"
 #include "../vm/state.h"
 #include "jit.h"
 #if KILN_HAVE_CPU_JIT

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../vm/interp.h"
 #include "../vm/state.h"
 #include "blas.h"
 #include "cuda.h"

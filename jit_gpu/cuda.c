@@ -439,7 +439,7 @@ static void thread_exit(void *state) {
   if (rt.cu.cuStreamSynchronize(t->stream) == CUDA_SUCCESS) {
     if (!index_checks_read(t))
       fprintf(stderr, "kiln: a thread ended with an error on its CUDA stream that no read reported: %s\n",
-              kiln_last_error());
+              vm_thread()->message);
     gpu_alloc_synced(rt.alloc, (uintptr_t)t->stream, stamp);
     if (t->check) gpu_alloc_put(rt.alloc, t->check, (uintptr_t)t->stream);
     gpu_alloc_stream_retired(rt.alloc, (uintptr_t)t->stream);

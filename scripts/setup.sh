@@ -9,6 +9,8 @@ KILN_JOBS="${KILN_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 # Debian packages Kiln builds and tests with
 KILN_APT_PACKAGES=(build-essential cmake pkg-config libopenblas-dev libxxhash-dev uthash-dev
   libgccjit-12-dev zlib1g-dev
+  python3 clang-format # scripts/test checks the layers (scripts/check-layers) and
+  # the tree against .clang-format (version 14, Debian 12)
   openmpi-bin # data-parallel training: mpirun and libmpi, loaded at run time
   ruby-dev rake rake-compiler ruby-minitest) # the Ruby gem (bindings/ruby)
 

@@ -6,7 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../vm/ops.h"
+#include "../front/op.h"
 
 extern char **environ;
 
@@ -58,7 +58,7 @@ TEST(device_info_says_what_or_why) {
 TEST(an_op_over_two_devices_names_both) {
   kiln_tensor *a = kiln_ones(KILN_F32, 1, (int64_t[]){3}), *b = kiln_ones(KILN_F32, 1, (int64_t[]){3});
   kiln_tensor *s = kiln_scalar(2.0, KILN_F32); /* 0-d, but not a weak literal */
-  vm_tensor *w = vm_weak_scalar(2, false);
+  vm_tensor *w = fe_weak_scalar(2, false);
   kiln_device d = KILN_CPU;
   b->device = KILN_CUDA;
   CHECK(!vm_infer_device(2, (vm_tensor *[]){a, b}, &d));

@@ -56,7 +56,7 @@ TEST(key_list_is_complete_and_bounded) {
   nkeys = n;
   /* every primitive but views, the input leaf, collectives (the
      distributed engine runs them, through the host) and the CPU's
-     convolution primitive (vm_conv2d composes GPU ones) has keys */
+     convolution primitive (fe_conv2d composes GPU ones) has keys */
   for (int op = 0; op < VM_OP_COUNT; op++) {
     int have = 0;
     for (int i = 0; i < n; i++) have += all_keys[i].op == op;

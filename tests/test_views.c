@@ -7,7 +7,7 @@
 #include "ktest.h"
 
 /* internal, exported for tests: the storage object a tensor's data lives in */
-const void *vm_storage_id(const kiln_tensor *t);
+const void *fe_storage_id(const kiln_tensor *t);
 
 #define S(...) ((const int64_t[]){__VA_ARGS__})
 #define V(...) ((const double[]){__VA_ARGS__})
@@ -59,8 +59,8 @@ static void check_shares_storage(kiln_tensor *base, kiln_tensor *view) {
   if (!base || !view) return;
   double *v = ktest_values(view); /* make sure the view has been evaluated */
   free(v);
-  CHECK(vm_storage_id(base) != NULL);
-  CHECK(vm_storage_id(view) == vm_storage_id(base));
+  CHECK(fe_storage_id(base) != NULL);
+  CHECK(fe_storage_id(view) == fe_storage_id(base));
 }
 
 /* ---------------------------------------------------------------- reshape */
@@ -102,7 +102,7 @@ TEST(reshape_of_transposed_input_copies_in_logical_order) {
   kiln_tensor *flat = kiln_reshape(t, 1, S(6));
   CHECK_TENSOR(flat, 1, S(6), V(0, 3, 1, 4, 2, 5), 0);
   /* the flattened transpose cannot be a view of a's row-major storage */
-  if (flat) CHECK(vm_storage_id(flat) != vm_storage_id(a));
+  if (flat) CHECK(fe_storage_id(flat) != fe_storage_id(a));
   CHECK_VIEW(kiln_reshape(t, 2, S(2, 3)), 2, S(2, 3), V(0, 3, 1, 4, 2, 5));
   CHECK_VIEW(kiln_reshape(t, 2, S(-1, 1)), 2, S(6, 1), V(0, 3, 1, 4, 2, 5));
   kiln_release(flat);

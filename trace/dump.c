@@ -1,4 +1,4 @@
-/* dump.c — KILN_LOG, KILN_DUMP and KILN_STATS.  The dump directory is
+/* dump.c — KILN_LOG and KILN_DUMP.  The dump directory is
  * private (created 0700, checked on its descriptor) and every dump file is
  * created in it with O_EXCL | O_NOFOLLOW, so nothing planted there is
  * followed or appended to (DESIGN §11). */
@@ -253,36 +253,4 @@ void tr_log_flush(const tr_trace *t, tr_flush_reason why, tr_key key, const cach
     fputs(n->state == TR_RECOMPUTABLE ? " recomputed" : "", stderr);
     fputs(t->is_output[i] ? " output\n" : "\n", stderr);
   }
-}
-
-/* KILN_STATS=1: the table at exit */
-static void print_stats(void) {
-  kiln_stats s;
-  kiln_get_stats(&s);
-  fprintf(stderr,
-          "kiln stats\n"
-          "  ops recorded     %llu\n  flushes          %llu (%.1f ms)\n"
-          "  traces seen      %llu\n  cache hits       %llu\n  cache misses     %llu\n"
-          "  hit rate         %.1f%%\n  compiles         %llu (%.1f ms, %llu failed)\n"
-          "  kernels compiled %.0f (%.0f found compiled, %.0f code objects loaded, %.0f unloaded)\n"
-          "  disk cache hits  %llu\n  eager ops        %llu (and %.0f views made)\n  kernels launched %llu\n"
-          "  plans built      %.0f (%.1f ms, %.2f us per node)\n"
-          "  compiler         %.0f processes, %.0f plans declined by the payoff rule\n"
-          "  gpu kernels      %.1f ms in NVRTC, %.0f loaded from the disk cache\n",
-          (unsigned long long)s.ops_recorded, (unsigned long long)s.flushes, s.flush_ms,
-          (unsigned long long)s.traces_seen, (unsigned long long)s.cache_hits,
-          (unsigned long long)s.cache_misses,
-          s.cache_hits + s.cache_misses ? 100.0 * (double)s.cache_hits / (double)(s.cache_hits + s.cache_misses) : 0.0,
-          (unsigned long long)s.compiles, s.compile_ms, (unsigned long long)s.compile_failures,
-          kiln_stat("kernels_compiled"), kiln_stat("kernel_cache_hits"), kiln_stat("code_objects"),
-          kiln_stat("code_unloads"), (unsigned long long)s.disk_hits, (unsigned long long)s.eager_ops,
-          kiln_stat("view_ops"), (unsigned long long)s.kernels_launched, kiln_stat("plans_built"), kiln_stat("plan_ms"),
-          kiln_stat("plan_nodes") > 0 ? 1e3 * kiln_stat("plan_ms") / kiln_stat("plan_nodes") : 0.0,
-          kiln_stat("compiler_processes"), kiln_stat("compiles_declined"), kiln_stat("nvrtc_ms"),
-          kiln_stat("gpu_disk_loads"));
-}
-
-__attribute__((constructor)) static void stats_at_exit(void) {
-  const char *s = getenv("KILN_STATS");
-  if (s && !strcmp(s, "1")) atexit(print_stats);
 }

@@ -1,6 +1,6 @@
 /* dump.h — observability (DESIGN §8): KILN_LOG flush lines, KILN_DUMP files
- * per planned trace (readable IR with groups, Graphviz, a manifest line),
- * and the KILN_STATS table at exit.  None of it changes a key.  Dumps go
+ * per planned trace (readable IR with groups, Graphviz, a manifest line).
+ * None of it changes a key (the KILN_STATS table is bindings/c/stats.c's).  Dumps go
  * into a private directory only (DESIGN §11). */
 #ifndef TR_DUMP_H
 #define TR_DUMP_H

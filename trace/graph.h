@@ -11,6 +11,7 @@
 
 #include "../vm/ops.h"
 #include "inspect.h"
+#include "tape.h"
 
 /* FAILED: evaluating it failed (an index out of range); reading it reports
    that error, and flushes of other values leave it alone */
@@ -18,14 +19,8 @@ typedef enum { TR_PENDING, TR_RECOMPUTABLE, TR_MATERIALIZED, TR_FAILED } tr_stat
 
 typedef struct tr_graph tr_graph;
 
-/* Where a leaf variable's gradient accumulates (autodiff/, DESIGN §7): held
-   by the user's handle and by the leaf node the handle names. */
-typedef struct tr_grad_slot {
-  atomic_long refs;
-  vm_tensor *grad; /* a handle, or NULL */
-} tr_grad_slot;
 
-typedef struct tr_node {
+struct tr_node {
   atomic_long refs;        /* handles, consumer nodes, the store list, flushes */
   atomic_long handles;     /* user handles naming this node */
   vm_opcode op;
@@ -51,7 +46,7 @@ typedef struct tr_node {
   struct tr_node *prev, *next; /* the owner's pending list */
   /* scratch for one flush (under the graph lock) */
   int visit, index, inside_uses;
-} tr_node;
+};
 
 struct tr_graph {
   pthread_mutex_t lock;    /* recursive: releasing a node may release its inputs */
@@ -75,14 +70,7 @@ void tr_graph_append(tr_graph *g, tr_node *n);
 void tr_graph_lock(tr_graph *g);
 void tr_graph_unlock(tr_graph *g);
 
-tr_grad_slot *tr_slot_new(void);
-tr_grad_slot *tr_slot_retain(tr_grad_slot *s);
-void tr_slot_release(tr_grad_slot *s);
 
-tr_node *tr_node_retain(tr_node *n);
-void tr_node_release(tr_node *n);
-/* a materialized node wrapping value (takes the reference) */
-tr_node *tr_node_from_value(vm_tensor *value);
 /* leaves the pending list (PENDING -> another state); owner graph locked */
 void tr_node_unlink(tr_node *n);
 /* marks n FAILED with status and message (leaving the pending list) */

@@ -178,3 +178,26 @@ void tr_graph_append(tr_graph *g, tr_node *n) {
   for (int i = 0; i < n->nin; i++)
     if (n->in[i]->state != TR_MATERIALIZED) n->in[i]->pending_uses++;
 }
+
+tr_node *tr_leaf_node(vm_tensor *value, bool track) {
+  tr_node *n = tr_node_from_value(vm_retain(value));
+  if (!n) {
+    vm_error(KILN_ERR_OOM, "out of memory");
+    return NULL;
+  }
+  n->requires_grad = track;
+  return n;
+}
+
+void tr_node_set_slot(tr_node *n, tr_grad_slot *slot) { n->slot = tr_slot_retain(slot); }
+
+/* --- autodiff's view of a node (tape.h) ---------------------------------- */
+
+vm_opcode tr_node_op(const tr_node *n) { return n->op; }
+const vm_attr *tr_node_attr(const tr_node *n) { return &n->attr; }
+int tr_node_nin(const tr_node *n) { return n->nin; }
+tr_node *tr_node_input(const tr_node *n, int k) { return n->in[k]; }
+uint64_t tr_node_seq(const tr_node *n) { return n->seq; }
+bool tr_node_requires_grad(const tr_node *n) { return n->requires_grad; }
+bool tr_node_materialized(const tr_node *n) { return n->state == TR_MATERIALIZED; }
+tr_grad_slot *tr_node_slot(const tr_node *n) { return n->slot; }

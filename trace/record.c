@@ -73,10 +73,17 @@ bool tr_weak_scalar(const vm_tensor *t, double *value, bool *host) {
   return true;
 }
 
-void tr_handle_free(vm_tensor *t) {
+/* vm_release's half for handles: drops the handle's node reference */
+static void tr_handle_free(vm_tensor *t) {
   atomic_fetch_sub_explicit(&t->node->handles, 1, memory_order_relaxed);
   tr_node_release(t->node);
   tr_slot_release(t->slot);
+}
+
+/* vm_release hands a handle's node back here (vm/ never calls up); set
+   before main, as the binding registers the backends */
+__attribute__((constructor)) static void register_handle_free(void) {
+  vm_set_handle_free(tr_handle_free);
 }
 
 vm_tensor *tr_handle_of_node(tr_node *n) { return handle_new(tr_node_retain(n)); }

@@ -50,9 +50,6 @@ int tr_eval(int n, vm_tensor *const *ts);
    false when t is no such handle. */
 bool tr_weak_scalar(const vm_tensor *t, double *value, bool *host);
 
-/* vm_release's half for handles: drops the handle's node reference. */
-void tr_handle_free(vm_tensor *t);
-
 /* a new handle naming node n (autodiff walks nodes and needs handles) */
 struct tr_node;
 vm_tensor *tr_handle_of_node(struct tr_node *n);

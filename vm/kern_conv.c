@@ -4,7 +4,7 @@
  * weight), NCHW, float32 / float64, through OpenBLAS.
  *
  * Why a primitive and not im2col as one index_select + matmul (what
- * vm/layers.c composes on other devices): the batch's column matrix of a
+ * front/layers.c composes on other devices): the batch's column matrix of a
  * ResNet layer ([32, 64*9, 56*56] f32 = 231 MB) went to memory and back
  * six times a step (written by the gather, read by the forward gemm and by
  * the weight gradient; its gradient zeroed by BLAS, written, read by the

@@ -1,6 +1,6 @@
 /* kernels.h — the eager CPU kernels (the interpreter's engines), one entry
  * per op kind.  Inputs arrive already converted to the op's compute dtype
- * (vm_op does that); outputs are fresh contiguous tensors.  A kernel returns
+ * (fe_op does that); outputs are fresh contiguous tensors.  A kernel returns
  * false with the error set only for value-dependent failures (an index out of
  * range); everything shape- or dtype-related was checked before. */
 #ifndef VM_KERNELS_H

@@ -1,12 +1,12 @@
-/* ops.c — the op table, shape/dtype inference for every primitive, and the
- * eager dispatcher vm_op: check, infer, convert inputs, run the kernel.
- * Owns every user-facing shape/dtype error; kernels never report those. */
+/* ops.c — the op table and shape/dtype/device inference for every
+ * primitive.  Owns every user-facing shape/dtype error; kernels never
+ * report those.  Recording an op is the front-end's (front/op.c); running
+ * one is the interpreter's (interp.c). */
 #include "ops.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "../trace/record.h"
 #include "backend.h"
 #include "dist.h"
 #include "kernels.h"
@@ -338,7 +338,7 @@ static bool infer_view(vm_opcode op, const vm_tensor *a, const vm_attr *attr, vm
       return true;
     }
     case VM_OP_slice: {
-      /* bounds as vm_slice clamps them: [0, len] going up, [-1, len-1] down */
+      /* bounds as fe_slice clamps them: [0, len] going up, [-1, len-1] down */
       int64_t len = attr->axis >= 0 && attr->axis < a->ndim ? a->shape[attr->axis] : 0;
       int64_t lo = attr->step > 0 ? 0 : -1, hi = attr->step > 0 ? len : len - 1;
       if (attr->axis < 0 || attr->axis >= a->ndim || attr->step == 0 || attr->start < lo ||
@@ -424,7 +424,7 @@ static bool infer_collective(vm_opcode op, int n, vm_tensor *const *in, const vm
 }
 
 /* conv2d / conv2d_input / conv2d_weight (vm/kern_conv.c): the geometry
-   is vm_conv2d's, checked there against the user's arguments; here the
+   is fe_conv2d's, checked there against the user's arguments; here the
    operands are checked to agree with it (float, CPU, 4-d) */
 static bool infer_conv(vm_opcode op, vm_tensor *const *in, const vm_attr *attr, vm_meta *m) {
   kiln_dtype p = vm_promote(in[0]->dtype, in[1]->dtype);
@@ -501,25 +501,6 @@ static bool infer_kind(vm_opcode op, int n, vm_tensor *const *in, const vm_attr 
   return false;
 }
 
-/* *v, a weak scalar of dtype `from` (as its full node stores it), cast to
-   `to` as the cast op does: to a float, the value rounded once (the full
-   node of dtype `to` rounds it so); between integer dtypes, wrapped (two's
-   complement) or != 0 for bool.  False for float -> integer (left to a
-   cast node). */
-static bool weak_cast(kiln_dtype from, kiln_dtype to, double *v) {
-  if (vm_dtype_is_float(to)) return true;
-  if (vm_dtype_is_float(from)) return false;
-  union {
-    uint8_t b;
-    int32_t i32;
-    int64_t i64;
-  } slot = {0};
-  vm_store_f64(&slot, from, 0, *v);
-  int64_t x = from == KILN_BOOL ? slot.b : from == KILN_I32 ? slot.i32 : slot.i64;
-  /* exact in a double: x came from one (saturated), or is 32 bits */
-  *v = to == KILN_BOOL ? (double)(x != 0) : to == KILN_I32 ? (double)(int32_t)(uint32_t)x : (double)x;
-  return true;
-}
 
 static bool movable_scalar(const vm_tensor *t) { return t->weak && t->ndim == 0; }
 
@@ -571,92 +552,7 @@ bool vm_infer(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr, vm
   return vm_op_table[op].kind == VM_KIND_LEAF || check_result_size(n, in, m);
 }
 
-/* --- eager execution --------------------------------------------------- */
-
-/* Strides that let shape `ns` view a's storage (PyTorch's computeStride);
-   false when the layout needs a copy. */
-static bool reshape_strides(const vm_tensor *a, int nn, const int64_t *ns, int64_t *out) {
-  if (a->numel == 0 || a->ndim == 0) {
-    vm_contiguous_strides(nn, ns, out);
-    return true;
-  }
-  int view_d = nn - 1;
-  int64_t chunk_stride = a->strides[a->ndim - 1], tensor_numel = 1, view_numel = 1;
-  for (int d = a->ndim - 1; d >= 0; d--) {
-    tensor_numel *= a->shape[d];
-    bool chunk_ends = d == 0 || (a->shape[d - 1] != 1 &&
-                                 a->strides[d - 1] != tensor_numel * chunk_stride);
-    if (!chunk_ends) continue;
-    while (view_d >= 0 && (view_numel < tensor_numel || ns[view_d] == 1)) {
-      out[view_d] = view_numel * chunk_stride;
-      view_numel *= ns[view_d];
-      view_d--;
-    }
-    if (view_numel != tensor_numel) return false;
-    if (d > 0) {
-      chunk_stride = a->strides[d - 1];
-      tensor_numel = view_numel = 1;
-    }
-  }
-  return view_d == -1;
-}
-
-static vm_tensor *make_view(vm_opcode op, vm_tensor *a, const vm_attr *attr, const vm_meta *m) {
-  int64_t strides[KILN_MAX_DIMS] = {0};
-  int64_t offset = a->offset;
-  switch (op) {
-    case VM_OP_reshape: {
-      if (reshape_strides(a, m->ndim, m->shape, strides)) break;
-      vm_tensor *dense = vm_value_copy(a); /* this layout cannot be viewed */
-      if (!dense) return NULL;
-      vm_contiguous_strides(m->ndim, m->shape, strides);
-      vm_tensor *v = vm_tensor_view(dense, m->ndim, m->shape, strides, 0);
-      vm_release(dense);
-      return v;
-    }
-    case VM_OP_permute:
-      for (int d = 0; d < a->ndim; d++) strides[d] = a->strides[attr->perm[d]];
-      break;
-    case VM_OP_expand: {
-      int lead = m->ndim - a->ndim;
-      for (int d = 0; d < m->ndim; d++) {
-        int src = d - lead;
-        strides[d] = (src < 0 || a->shape[src] != m->shape[d]) ? 0 : a->strides[src];
-      }
-      break;
-    }
-    case VM_OP_slice:
-      memcpy(strides, a->strides, sizeof strides);
-      if (m->shape[attr->axis] > 0) offset += attr->start * a->strides[attr->axis];
-      /* along an axis of 0 or 1 elements the step is never taken (and a
-         huge one would overflow); with 2 or more, |step| < len bounds it */
-      if (m->shape[attr->axis] > 1) strides[attr->axis] *= attr->step;
-      break;
-    default: return NULL;
-  }
-  return vm_tensor_view(a, m->ndim, m->shape, strides, offset);
-}
-
-static bool run_kernel(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *args,
-                       const vm_attr *attr) {
-  switch (vm_op_table[op].kind) {
-    case VM_KIND_LEAF: return vm_k_leaf(op, out, attr);
-    case VM_KIND_UNARY:
-      if (op == VM_OP_cast) return vm_k_cast(out, args[0]);
-      return vm_k_elementwise(op, out, n, args);
-    case VM_KIND_BINARY:
-    case VM_KIND_TERNARY: return vm_k_elementwise(op, out, n, args);
-    case VM_KIND_REDUCE: return vm_k_reduce(op, out, args[0], attr);
-    case VM_KIND_MATMUL: return vm_k_matmul(out, args[0], args[1]);
-    case VM_KIND_INDEX: return vm_k_index(op, out, n, args, attr);
-    case VM_KIND_CONCAT: return vm_k_concat(out, n, args, attr->axis);
-    case VM_KIND_SORT: return vm_k_argsort(out, args[0], attr->axis, attr->keepdim);
-    case VM_KIND_CONV: return vm_k_conv(op, out, args, attr);
-    case VM_KIND_VIEW:
-    case VM_KIND_COLLECTIVE: break; /* vm_exec runs them */
-  }
-  return false;
-}
+/* --- the public names errors report ----------------------------------- */
 
 /* errors found while running (an index out of range) name the public call
    that recorded the op (kiln_cross_entropy for its gather), or else the
@@ -670,205 +566,3 @@ static const char *const public_names[VM_OP_COUNT] = {
 const char *vm_op_api(vm_opcode op, const vm_attr *attr) {
   return attr && attr->api ? attr->api : public_names[op];
 }
-
-vm_tensor *vm_exec(vm_opcode op, int n, vm_tensor *const *values, const vm_attr *attr,
-                   const vm_meta *m) {
-  if (vm_op_table[op].kind == VM_KIND_VIEW) {
-    atomic_fetch_add_explicit(&vm_process()->stats.view_ops, 1, memory_order_relaxed);
-    return make_view(op, values[0], attr, m);
-  }
-  atomic_fetch_add_explicit(&vm_process()->stats.eager_ops, 1, memory_order_relaxed);
-  const char *api = vm_thread()->api;
-  if (vm_op_table[op].kind == VM_KIND_COLLECTIVE) {
-    vm_set_api(vm_op_api(op, attr));
-    vm_tensor *v = vm_dist_exec(op, n, values, attr, m);
-    vm_set_api(api);
-    return v;
-  }
-  vm_tensor *out = vm_tensor_new(m->dtype, m->ndim, m->shape);
-  if (!out) return NULL;
-  if (out->numel == 0) return out; /* nothing to compute */
-  atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
-  vm_set_api(vm_op_api(op, attr));
-  bool ok = run_kernel(op, out, n, values, attr);
-  vm_set_api(api);
-  if (!ok) {
-    vm_release(out);
-    return NULL;
-  }
-  return out;
-}
-
-vm_tensor *vm_value_copy(vm_tensor *v) {
-  vm_meta m = {.dtype = v->dtype, .compute = v->dtype, .device = v->storage->device, .ndim = v->ndim};
-  memcpy(m.shape, v->shape, sizeof m.shape);
-  return vm_backend_of((kiln_device)m.device)->exec(VM_OP_copy, 1, &v, NULL, &m);
-}
-
-vm_tensor *vm_value_host_contiguous(vm_tensor *v) {
-  vm_tensor *h = vm_value_on_host(v);
-  vm_tensor *c = h ? vm_value_contiguous(h) : NULL;
-  vm_release(h);
-  return c;
-}
-
-vm_tensor *vm_value_contiguous(vm_tensor *v) {
-  return vm_is_contiguous(v) ? vm_retain(v) : vm_value_copy(v);
-}
-
-/* the dtype input i must have when the kernel runs */
-static kiln_dtype input_dtype(vm_opcode op, int i, const vm_tensor *t, const vm_meta *m) {
-  switch (vm_op_table[op].kind) {
-    case VM_KIND_UNARY: return op == VM_OP_cast ? t->dtype : m->compute;
-    case VM_KIND_TERNARY: return i == 0 ? KILN_BOOL : m->compute;
-    case VM_KIND_INDEX: return i == 1 ? KILN_I64 : m->compute;
-    case VM_KIND_VIEW: return t->dtype;
-    default: return m->compute;
-  }
-}
-
-vm_tensor *vm_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr) {
-  static const vm_attr no_attr;
-  if (!attr) attr = &no_attr;
-  for (int i = 0; i < n; i++)
-    if (!in[i]) {
-      vm_null_input(i);
-      return NULL;
-    }
-  vm_meta m;
-  if (!vm_infer(op, n, in, attr, &m)) return NULL;
-  /* inputs of another dtype get explicit cast nodes: the recorded graph is
-     exactly what runs, for the interpreter and the code generators alike */
-  vm_tensor *few[8] = {0};
-  vm_tensor **args = n <= 8 ? few : calloc((size_t)n, sizeof *args);
-  vm_tensor *out = NULL;
-  bool ok = args != NULL;
-  if (!ok) vm_error(KILN_ERR_OOM, "out of memory");
-  uint64_t made = 0; /* args[i] made here (bit i, i < 64), released after; the rest are in[i] */
-  for (int i = 0; ok && i < n; i++) {
-    kiln_dtype want = input_dtype(op, i, in[i], &m);
-    /* a weak scalar cast to another dtype is made in that dtype instead,
-       with the value the cast gives: a cast node would be a 0-d value on
-       the host, and a CUDA trace holding one would run node by node */
-    double v;
-    bool host;
-    if (in[i]->dtype == want && i < 64) {
-      args[i] = in[i]; /* borrowed: no reference taken (atomics are a W5 op's main cost) */
-      continue;
-    }
-    if (in[i]->dtype != want && tr_weak_scalar(in[i], &v, &host) && weak_cast(in[i]->dtype, want, &v))
-      ok = (args[i] = vm_weak_scalar_of(v, want, host)) != NULL;
-    else
-      ok = (args[i] = in[i]->dtype == want ? vm_retain(in[i]) : vm_cast(in[i], want)) != NULL;
-    if (i < 64) made |= 1ull << i;
-  }
-  if (ok) out = tr_record(op, n, args, attr, &m);
-  for (int i = 0; args && i < n; i++)
-    if (i >= 64 || (made >> i & 1)) vm_release(args[i]);
-  if (args != few) free(args);
-  return out;
-}
-
-/* --- conveniences ------------------------------------------------------ */
-
-vm_tensor *vm_unary(vm_opcode op, vm_tensor *a) { return vm_op(op, 1, &a, NULL); }
-
-vm_tensor *vm_binary(vm_opcode op, vm_tensor *a, vm_tensor *b) {
-  vm_tensor *in[2] = {a, b};
-  return vm_op(op, 2, in, NULL);
-}
-
-static vm_tensor *binary_with_scalar(vm_opcode op, vm_tensor *a, double s, bool is_int, bool host) {
-  if (!a) {
-    vm_null_input(0);
-    return NULL;
-  }
-  /* with a float tensor the scalar is made in its dtype: rounding the
-     value once there is exactly what the cast the op would insert does,
-     and a recorded op saves a node */
-  kiln_dtype dt = is_int ? KILN_I64 : vm_dtype_is_float(a->dtype) && !a->weak ? a->dtype : KILN_F64;
-  vm_tensor *sc = vm_weak_scalar_of(s, dt, host);
-  vm_tensor *r = sc ? vm_binary(op, a, sc) : NULL;
-  vm_release(sc);
-  return r;
-}
-
-vm_tensor *vm_binary_scalar(vm_opcode op, vm_tensor *a, double s, bool is_int) {
-  return binary_with_scalar(op, a, s, is_int, false);
-}
-
-vm_tensor *vm_binary_host_scalar(vm_opcode op, vm_tensor *a, double s, bool is_int) {
-  return binary_with_scalar(op, a, s, is_int, true);
-}
-
-vm_tensor *vm_cast(vm_tensor *a, kiln_dtype dt) {
-  vm_attr attr = {.dtype = dt};
-  return vm_op(VM_OP_cast, 1, &a, &attr);
-}
-
-vm_tensor *vm_reduce(vm_opcode op, vm_tensor *a, int naxes, const int *axes, bool keepdim) {
-  if (!a) {
-    vm_null_input(0);
-    return NULL;
-  }
-  vm_attr attr = {.keepdim = keepdim};
-  if (naxes < 0 || naxes > a->ndim || (naxes > 0 && !axes)) {
-    vm_error(KILN_ERR_ARG, "naxes %d is invalid for a tensor of %d dimensions", naxes, a->ndim);
-    return NULL;
-  }
-  if (naxes == 0) attr.axes_mask = a->ndim ? (1u << a->ndim) - 1 : 0;
-  for (int i = 0; i < naxes; i++) {
-    int ax = axes[i];
-    if (!vm_norm_axis(&ax, a->ndim)) return NULL;
-    if (attr.axes_mask & (1u << ax)) {
-      vm_error(KILN_ERR_ARG, "axis %d appears more than once", axes[i]);
-      return NULL;
-    }
-    attr.axes_mask |= 1u << ax;
-  }
-  return vm_op(op, 1, &a, &attr);
-}
-
-vm_tensor *vm_reshape(vm_tensor *a, int ndim, const int64_t *shape) {
-  if (!a) {
-    vm_null_input(0);
-    return NULL;
-  }
-  char buf[VM_SHAPE_BUF], buf2[VM_SHAPE_BUF];
-  vm_attr attr = {.ndim = ndim};
-  if (!vm_check_dims_arg(ndim, shape)) return NULL;
-  int infer_at = -1;
-  int64_t known = 1;
-  for (int d = 0; d < ndim; d++) {
-    attr.shape[d] = shape[d];
-    if (shape[d] == -1 && infer_at < 0) {
-      infer_at = d;
-    } else if (shape[d] < 0) {
-      vm_error(KILN_ERR_SHAPE, "invalid size %lld in shape %s (only one -1 is allowed)",
-               (long long)shape[d], vm_shape_str(buf, ndim, shape));
-      return NULL;
-    } else if (__builtin_mul_overflow(known, shape[d], &known)) {
-      vm_error(KILN_ERR_SHAPE, "shape %s is too large", vm_shape_str(buf, ndim, shape));
-      return NULL;
-    }
-  }
-  if (infer_at >= 0) {
-    if (known == 0 || a->numel % known != 0) {
-      vm_error(KILN_ERR_SHAPE, "cannot reshape %s (%lld elements) into %s",
-               vm_shape_str(buf, a->ndim, a->shape), (long long)a->numel,
-               vm_shape_str(buf2, ndim, shape));
-      return NULL;
-    }
-    attr.shape[infer_at] = a->numel / known;
-  }
-  return vm_op(VM_OP_reshape, 1, &a, &attr);
-}
-
-vm_tensor *vm_expand(vm_tensor *a, int ndim, const int64_t *shape) {
-  vm_attr attr = {.ndim = ndim};
-  if (!vm_check_dims_arg(ndim, shape)) return NULL;
-  if (ndim) memcpy(attr.shape, shape, (size_t)ndim * sizeof *shape);
-  return vm_op(VM_OP_expand, 1, &a, &attr);
-}
-
-

@@ -1,6 +1,7 @@
 /* ops.h — the primitive op table (generated from ops.def), op attributes,
- * and vm_op: validate an op call, infer its result, and run it eagerly.
- * Every op, primitive or composite, enters the runtime through here. */
+ * and shape/dtype/device inference: what every layer knows about an op.
+ * Ops enter the runtime through the front-end (front/op.h: fe_op records
+ * them); the interpreter (interp.h) runs them. */
 #ifndef VM_OPS_H
 #define VM_OPS_H
 
@@ -97,49 +98,19 @@ typedef struct vm_meta {
   int64_t shape[KILN_MAX_DIMS];
 } vm_meta;
 
-/* The entry of every op: checks the inputs (errors name the op and the
-   values), infers the result, and records it into the calling thread's
-   pending graph (trace/record.h).  Returns a new pending handle, or NULL with
-   the error set.  attr may be NULL for ops without attributes. */
-vm_tensor *vm_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr);
-
 /* the public call an error while computing op names: the one that
    recorded it (attr->api), else "kiln_<op>" */
 const char *vm_op_api(vm_opcode op, const vm_attr *attr);
 
-/* The interpreter's step: runs op eagerly on materialized *values* (already
-   in the dtypes the op computes in) and returns a new value, or NULL with
-   the error set (value-dependent failures such as an index out of range). */
-vm_tensor *vm_exec(vm_opcode op, int n, vm_tensor *const *values, const vm_attr *attr,
-                   const vm_meta *m);
-vm_tensor *vm_value_copy(vm_tensor *v);       /* contiguous copy of a value */
-vm_tensor *vm_value_contiguous(vm_tensor *v); /* v itself (retained) if contiguous */
-/* a contiguous host copy of v (v itself, retained, when it is one already):
-   what the host reads values through */
-vm_tensor *vm_value_host_contiguous(vm_tensor *v);
-
 /* Shape and dtype inference alone (also used by the trace layer). */
 /* the device of an op over in[0..n): that of its inputs, which must agree
-   (0-d weak scalars go anywhere: vm_op moves them); false + KILN_ERR_DEVICE
+   (0-d weak scalars go anywhere: fe_op moves them); false + KILN_ERR_DEVICE
    naming both devices otherwise */
 bool vm_infer_device(int n, vm_tensor *const *in, kiln_device *d);
 /* where new tensors go: KILN_DEVICE (cpu, cuda), read once; false +
    KILN_ERR_ARG when it names no device */
 bool vm_default_device(kiln_device *d);
 bool vm_infer(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr, vm_meta *out);
-
-/* conveniences over vm_op */
-vm_tensor *vm_unary(vm_opcode op, vm_tensor *a);
-vm_tensor *vm_binary(vm_opcode op, vm_tensor *a, vm_tensor *b);
-/* a scalar the library writes (a literal: its value is key material, and
-   exact identities such as x * 1 fold it away) */
-vm_tensor *vm_binary_scalar(vm_opcode op, vm_tensor *a, double s, bool is_int);
-/* a scalar the user passed (a runtime parameter: one key for every value) */
-vm_tensor *vm_binary_host_scalar(vm_opcode op, vm_tensor *a, double s, bool is_int);
-vm_tensor *vm_cast(vm_tensor *a, kiln_dtype dt);
-vm_tensor *vm_reduce(vm_opcode op, vm_tensor *a, int naxes, const int *axes, bool keepdim);
-vm_tensor *vm_reshape(vm_tensor *a, int ndim, const int64_t *shape);
-vm_tensor *vm_expand(vm_tensor *a, int ndim, const int64_t *shape);
 
 /* ndim in [0, KILN_MAX_DIMS] and shape non-NULL when needed (user arguments) */
 bool vm_check_dims_arg(int ndim, const int64_t *shape);

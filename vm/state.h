@@ -41,31 +41,12 @@ typedef struct vm_thread_state {
 
 #define VM_OPS_POST 256
 
+/* the process's counters, one field per line of stats.def: what each
+   counts is said there */
 typedef struct vm_counters {
-  /* eager_ops: ops the interpreter computed; view_ops: views made (they
-     move no data, compiled plan or not, so they are not eager work) */
-  atomic_uint_fast64_t ops_recorded, eager_ops, kernels_launched, view_ops;
-  atomic_uint_fast64_t flushes, traces_seen, cache_hits, cache_misses, plans_built;
-  atomic_uint_fast64_t compiles, compile_failures, disk_hits, compile_us;
-  atomic_uint_fast64_t kernels_compiled; /* kernels compiled (each once per process) */
-  atomic_uint_fast64_t kernel_cache_hits; /* kernels of new plans found compiled in memory */
-  atomic_uint_fast64_t code_objects;      /* compiled code objects loaded now (a gauge) */
-  atomic_uint_fast64_t code_unloads;      /* code objects unloaded (no kernel of theirs cached) */
-  atomic_uint_fast64_t blas_calls;       /* gemm calls into BLAS (matmuls run) */
-  atomic_uint_fast64_t recomputed;       /* values evaluated again (fills aside, DESIGN §3) */
-  atomic_uint_fast64_t flush_us; /* microseconds */
-  /* high-water mark of threads running kernel work at once (vm/pool.c);
-     never above `threads` */
-  atomic_uint_fast64_t kernel_threads_max;
-  atomic_uint_fast64_t compiler_processes; /* kiln-jitc processes spawned (jit_cpu/jitc.h) */
-  atomic_uint_fast64_t compiles_declined;  /* plans the payoff rule left interpreted (DESIGN §4) */
-  atomic_uint_fast64_t plan_us, plan_nodes; /* planning new keys: time on the caller's thread, trace nodes */
-  atomic_uint_fast64_t nvrtc_us;       /* GPU kernels: NVRTC's time compiling them (jit_gpu/cuda.c) */
-  atomic_uint_fast64_t gpu_disk_loads; /* GPU kernels loaded from the disk cache, not compiled */
-  atomic_uint_fast64_t device_waits;   /* times the host waited for a device stream (jit_gpu/cuda.c) */
-  /* collectives (vm/dist.h): payloads reduced, their bytes, the time from
-     issuing a payload to its completion, and the time callers waited */
-  atomic_uint_fast64_t all_reduces, all_reduce_bytes, all_reduce_us, all_reduce_wait_us;
+#define X(field, name, scale, kind) atomic_uint_fast64_t field;
+#include "stats.def"
+#undef X
 } vm_counters;
 
 typedef struct vm_process_state {

@@ -1,4 +1,7 @@
-/* tensor.c — storage allocation, tensor headers, reference counting. */
+/* tensor.c — storage allocation, tensor headers, reference counting.
+ * Handles (tensors with a trace node) are made by the front-end and trace/;
+ * here they are only counted and, at their last release, handed back to
+ * trace/ through the destructor it registers. */
 #include "tensor.h"
 
 #include <assert.h>
@@ -7,7 +10,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../trace/record.h"
 #include "backend.h"
 #include "ops.h"
 #include "state.h"
@@ -354,15 +356,6 @@ vm_tensor *vm_value_to_device(vm_tensor *v, kiln_device d) {
   return value_moved(v, d);
 }
 
-vm_tensor *vm_handle_from_host(vm_tensor *v, kiln_device d) {
-  if (v && d != KILN_CPU) {
-    vm_tensor *w = vm_value_to_device(v, d);
-    vm_release(v);
-    v = w;
-  }
-  return v ? tr_handle_from_value(v) : NULL;
-}
-
 vm_tensor *vm_tensor_view(const vm_tensor *base, int ndim, const int64_t *shape,
                           const int64_t *strides, int64_t offset) {
   int64_t numel = 0;
@@ -379,27 +372,21 @@ vm_tensor *vm_tensor_view(const vm_tensor *base, int ndim, const int64_t *shape,
   return t;
 }
 
-vm_tensor *vm_weak_scalar_of(double v, kiln_dtype dt, bool host) {
-  vm_attr attr = {.dtype = dt, .weak = true, .host = host, .scalar = {v}};
-  return vm_op(VM_OP_full, 0, NULL, &attr);
-}
-
-vm_tensor *vm_weak_scalar(double v, bool is_int) {
-  return vm_weak_scalar_of(v, is_int ? KILN_I64 : KILN_F64, false);
-}
-
-vm_tensor *vm_host_scalar(double v, bool is_int) {
-  return vm_weak_scalar_of(v, is_int ? KILN_I64 : KILN_F64, true);
-}
-
 vm_tensor *vm_retain(vm_tensor *t) {
   if (t) atomic_fetch_add_explicit(&t->refs, 1, memory_order_relaxed);
   return t;
 }
 
+/* the trace layer's handle destructor (vm_set_handle_free): vm/ is the
+   floor and never calls up; a handle with a node was made by trace/,
+   which registered this before it made one */
+static void (*handle_free)(vm_tensor *t);
+
+void vm_set_handle_free(void (*fn)(vm_tensor *t)) { handle_free = fn; }
+
 void vm_release(vm_tensor *t) {
   if (t && atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) == 1) {
-    if (t->node) tr_handle_free(t); /* also drops t->slot */
+    if (t->node) handle_free(t); /* also drops t->slot */
     storage_release(t->storage);
     vm_block_free(VM_BLOCK_TENSOR, t);
   }
@@ -414,9 +401,19 @@ bool vm_is_contiguous(const vm_tensor *t) {
   return true;
 }
 
-const void *vm_storage_id(const vm_tensor *t) {
-  if (!t) return NULL;
-  if (!t->node) return t->storage;
-  vm_tensor *v = tr_value((vm_tensor *)t);
-  return v ? v->storage : NULL;
+vm_tensor *vm_value_copy(vm_tensor *v) {
+  vm_meta m = {.dtype = v->dtype, .compute = v->dtype, .device = v->storage->device, .ndim = v->ndim};
+  memcpy(m.shape, v->shape, sizeof m.shape);
+  return vm_backend_of((kiln_device)m.device)->exec(VM_OP_copy, 1, &v, NULL, &m);
+}
+
+vm_tensor *vm_value_host_contiguous(vm_tensor *v) {
+  vm_tensor *h = vm_value_on_host(v);
+  vm_tensor *c = h ? vm_value_contiguous(h) : NULL;
+  vm_release(h);
+  return c;
+}
+
+vm_tensor *vm_value_contiguous(vm_tensor *v) {
+  return vm_is_contiguous(v) ? vm_retain(v) : vm_value_copy(v);
 }

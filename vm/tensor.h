@@ -65,20 +65,21 @@ vm_tensor *vm_tensor_new_on(kiln_device d, kiln_dtype dt, int ndim, const int64_
 vm_tensor *vm_value_on_host(vm_tensor *v);
 /* v's value copied to device d (v itself, retained, when it is there) */
 vm_tensor *vm_value_to_device(vm_tensor *v, kiln_device d);
-/* a handle for host value v (takes the reference) on device d: how data
-   made on the host (kiln_from_data, loads, index tables) reaches a device */
-vm_tensor *vm_handle_from_host(vm_tensor *v, kiln_device d);
 /* A new tensor header viewing base's storage with the given geometry. */
 vm_tensor *vm_tensor_view(const vm_tensor *base, int ndim, const int64_t *shape,
                           const int64_t *strides, int64_t offset);
-/* 0-d host scalar handle (weak): f64 when !is_int, i64 when is_int */
-vm_tensor *vm_weak_scalar(double v, bool is_int);   /* a literal of the library */
-vm_tensor *vm_host_scalar(double v, bool is_int);   /* a value the user passed */
-/* either, made directly in dtype dt (a float tensor's own: no cast node) */
-vm_tensor *vm_weak_scalar_of(double v, kiln_dtype dt, bool host);
 
 vm_tensor *vm_retain(vm_tensor *t);
 void vm_release(vm_tensor *t);
+vm_tensor *vm_value_copy(vm_tensor *v);       /* contiguous copy of a value (its device's exec) */
+vm_tensor *vm_value_contiguous(vm_tensor *v); /* v itself (retained) if contiguous */
+/* a contiguous host copy of v (v itself, retained, when it is one already):
+   what the host reads values through */
+vm_tensor *vm_value_host_contiguous(vm_tensor *v);
+/* trace/ registers how a handle's node is dropped when its last reference
+   goes (once, before it makes the first handle): the one call vm/ makes
+   upward, through a hook like the backend table */
+void vm_set_handle_free(void (*fn)(vm_tensor *t));
 
 
 static inline void *vm_data(const vm_tensor *t) {
@@ -110,9 +111,6 @@ int vm_coalesce(int nd, const int64_t *shape, int nops, const int64_t (*in)[KILN
 bool vm_scan_strides(const vm_tensor *v, int axis, int nd, const int64_t *shape, int64_t *strides,
                      int64_t *gstride, int64_t *extent);
 
-/* for tests: the storage a handle's value lives in (views share it);
-   evaluates the handle */
-const void *vm_storage_id(const vm_tensor *t);
 size_t vm_memory_in_use(void); /* bytes held by live storages */
 
 #endif

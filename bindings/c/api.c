@@ -8,12 +8,13 @@
 
 #include "kiln.h"
 #include "../../vm/blas.h"
-#include "../../vm/composite.h"
+#include "../../front/composite.h"
 #include "../../vm/cpu.h"
 #include "../../vm/dist.h"
-#include "../../vm/format.h"
-#include "../../vm/layers.h"
-#include "../../vm/safetensors.h"
+#include "../../front/format.h"
+#include "../../front/layers.h"
+#include "../../front/safetensors.h"
+#include "../../front/op.h"
 #include "../../vm/ops.h"
 #include "../../vm/pool.h"
 #include "../../vm/rng.h"
@@ -69,7 +70,7 @@ kiln_tensor *kiln_from_data(const void *data, kiln_dtype dt, int ndim, const int
     vm_release(t);
     return NULL;
   }
-  return vm_handle_from_host(t, d);
+  return fe_handle_from_host(t, d);
 }
 
 /* creation ops make tensors on the default device (KILN_DEVICE) */
@@ -86,7 +87,7 @@ static kiln_tensor *full(double v, bool host, kiln_dtype dt, int ndim, const int
   vm_attr attr = {.dtype = dt, .ndim = ndim, .host = host, .scalar = {v}};
   if (!vm_check_dims_arg(ndim, shape) || !new_tensor_device(&attr)) return NULL;
   if (ndim) memcpy(attr.shape, shape, (size_t)ndim * sizeof *shape);
-  return vm_op(VM_OP_full, 0, NULL, &attr);
+  return fe_op(VM_OP_full, 0, NULL, &attr);
 }
 
 kiln_tensor *kiln_scalar(double v, kiln_dtype dt) {
@@ -120,7 +121,7 @@ kiln_tensor *kiln_arange(double start, double stop, double step, kiln_dtype dt) 
   }
   vm_attr attr = {.dtype = dt, .ndim = 1, .shape = {(int64_t)count}, .scalar = {start, step}};
   if (!new_tensor_device(&attr)) return NULL;
-  return vm_op(VM_OP_arange, 0, NULL, &attr);
+  return fe_op(VM_OP_arange, 0, NULL, &attr);
 }
 
 void kiln_manual_seed(uint64_t seed) { vm_rng_seed(seed); }
@@ -137,7 +138,7 @@ static kiln_tensor *random_tensor(vm_opcode op, kiln_dtype dt, int ndim, const i
   if (!new_tensor_device(&attr)) return NULL;
   if (ndim) memcpy(attr.shape, shape, (size_t)ndim * sizeof *shape);
   vm_rng_reserve(vm_rng_blocks(numel, dt), &attr.seed, &attr.counter);
-  return vm_op(op, 0, NULL, &attr);
+  return fe_op(op, 0, NULL, &attr);
 }
 
 kiln_tensor *kiln_rand(kiln_dtype dt, int ndim, const int64_t *shape) {
@@ -200,7 +201,7 @@ double kiln_item(kiln_tensor *t) {
 
 int kiln_print(kiln_tensor *t, FILE *f) {
   if (!have(t, "kiln_print")) return KILN_ERR_ARG;
-  return vm_format(t, f) ? KILN_OK : vm_thread()->status;
+  return fe_format(t, f) ? KILN_OK : vm_thread()->status;
 }
 
 /* --- elementwise ------------------------------------------------------------------ */
@@ -208,7 +209,7 @@ int kiln_print(kiln_tensor *t, FILE *f) {
 #define UNARY_API(name)                         \
   kiln_tensor *kiln_##name(kiln_tensor *a) {    \
     API(kiln_##name);                           \
-    return vm_unary(VM_OP_##name, a);           \
+    return fe_unary(VM_OP_##name, a);           \
   }
 UNARY_API(neg)
 UNARY_API(abs)
@@ -231,17 +232,17 @@ UNARY_API(logical_not)
 
 kiln_tensor *kiln_relu(kiln_tensor *a) {
   API(kiln_relu);
-  return vm_relu(a);
+  return fe_relu(a);
 }
 kiln_tensor *kiln_gelu(kiln_tensor *a) {
   API(kiln_gelu);
-  return vm_gelu(a);
+  return fe_gelu(a);
 }
 
 #define BINARY_API(name)                                      \
   kiln_tensor *kiln_##name(kiln_tensor *a, kiln_tensor *b) {  \
     API(kiln_##name);                                         \
-    return vm_binary(VM_OP_##name, a, b);                     \
+    return fe_binary(VM_OP_##name, a, b);                     \
   }
 BINARY_API(add)
 BINARY_API(sub)
@@ -262,7 +263,7 @@ BINARY_API(logical_or)
 #define SCALAR_API(name)                                          \
   kiln_tensor *kiln_##name##_scalar(kiln_tensor *a, double s) {   \
     API(kiln_##name##_scalar);                                    \
-    return vm_binary_host_scalar(VM_OP_##name, a, s, false);      \
+    return fe_binary_host_scalar(VM_OP_##name, a, s, false);      \
   }
 SCALAR_API(add)
 SCALAR_API(sub)
@@ -273,17 +274,17 @@ SCALAR_API(pow)
 kiln_tensor *kiln_where(kiln_tensor *cond, kiln_tensor *a, kiln_tensor *b) {
   API(kiln_where);
   vm_tensor *in[3] = {cond, a, b};
-  return vm_op(VM_OP_where, 3, in, NULL);
+  return fe_op(VM_OP_where, 3, in, NULL);
 }
 
 kiln_tensor *kiln_clamp(kiln_tensor *a, double lo, double hi) {
   API(kiln_clamp);
-  return vm_clamp(a, lo, hi);
+  return fe_clamp(a, lo, hi);
 }
 
 kiln_tensor *kiln_cast(kiln_tensor *a, kiln_dtype dt) {
   API(kiln_cast);
-  return vm_cast(a, dt);
+  return fe_cast(a, dt);
 }
 
 /* --- reductions ------------------------------------------------------------------ */
@@ -291,7 +292,7 @@ kiln_tensor *kiln_cast(kiln_tensor *a, kiln_dtype dt) {
 #define REDUCE_API(name)                                                                  \
   kiln_tensor *kiln_##name(kiln_tensor *a, int naxes, const int *axes, bool keepdim) {    \
     API(kiln_##name);                                                                     \
-    return vm_reduce(VM_OP_##name, a, naxes, axes, keepdim);                              \
+    return fe_reduce(VM_OP_##name, a, naxes, axes, keepdim);                              \
   }
 REDUCE_API(sum)
 REDUCE_API(max)
@@ -300,200 +301,200 @@ REDUCE_API(prod)
 
 kiln_tensor *kiln_mean(kiln_tensor *a, int naxes, const int *axes, bool keepdim) {
   API(kiln_mean);
-  return vm_mean(a, naxes, axes, keepdim);
+  return fe_mean(a, naxes, axes, keepdim);
 }
 
 kiln_tensor *kiln_argmax(kiln_tensor *a, int axis, bool keepdim) {
   API(kiln_argmax);
-  return vm_reduce(VM_OP_argmax, a, 1, &axis, keepdim);
+  return fe_reduce(VM_OP_argmax, a, 1, &axis, keepdim);
 }
 kiln_tensor *kiln_argmin(kiln_tensor *a, int axis, bool keepdim) {
   API(kiln_argmin);
-  return vm_reduce(VM_OP_argmin, a, 1, &axis, keepdim);
+  return fe_reduce(VM_OP_argmin, a, 1, &axis, keepdim);
 }
 
 kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b) {
   API(kiln_matmul);
-  return vm_binary(VM_OP_matmul, a, b);
+  return fe_binary(VM_OP_matmul, a, b);
 }
 
 /* --- shape ops ------------------------------------------------------------------ */
 
 kiln_tensor *kiln_reshape(kiln_tensor *a, int ndim, const int64_t *shape) {
   API(kiln_reshape);
-  return vm_reshape(a, ndim, shape);
+  return fe_reshape(a, ndim, shape);
 }
 kiln_tensor *kiln_permute(kiln_tensor *a, const int *perm) {
   API(kiln_permute);
-  return vm_permute(a, perm);
+  return fe_permute(a, perm);
 }
 kiln_tensor *kiln_transpose(kiln_tensor *a, int d0, int d1) {
   API(kiln_transpose);
-  return vm_transpose(a, d0, d1);
+  return fe_transpose(a, d0, d1);
 }
 kiln_tensor *kiln_expand(kiln_tensor *a, int ndim, const int64_t *shape) {
   API(kiln_expand);
-  return vm_expand(a, ndim, shape);
+  return fe_expand(a, ndim, shape);
 }
 kiln_tensor *kiln_squeeze(kiln_tensor *a, int axis) {
   API(kiln_squeeze);
-  return vm_squeeze(a, axis);
+  return fe_squeeze(a, axis);
 }
 kiln_tensor *kiln_unsqueeze(kiln_tensor *a, int axis) {
   API(kiln_unsqueeze);
-  return vm_unsqueeze(a, axis);
+  return fe_unsqueeze(a, axis);
 }
 kiln_tensor *kiln_slice(kiln_tensor *a, int axis, int64_t start, int64_t stop, int64_t step) {
   API(kiln_slice);
-  return vm_slice(a, axis, start, stop, step);
+  return fe_slice(a, axis, start, stop, step);
 }
 kiln_tensor *kiln_concat(int n, kiln_tensor *const *ts, int axis) {
   API(kiln_concat);
-  return vm_concat(n, ts, axis);
+  return fe_concat(n, ts, axis);
 }
 kiln_tensor *kiln_stack(int n, kiln_tensor *const *ts, int axis) {
   API(kiln_stack);
-  return vm_stack(n, ts, axis);
+  return fe_stack(n, ts, axis);
 }
 kiln_tensor *kiln_index_select(kiln_tensor *a, int axis, kiln_tensor *idx) {
   API(kiln_index_select);
-  return vm_index_op(VM_OP_index_select, a, axis, idx, NULL);
+  return fe_index_op(VM_OP_index_select, a, axis, idx, NULL);
 }
 kiln_tensor *kiln_gather(kiln_tensor *a, int axis, kiln_tensor *idx) {
   API(kiln_gather);
-  return vm_index_op(VM_OP_gather, a, axis, idx, NULL);
+  return fe_index_op(VM_OP_gather, a, axis, idx, NULL);
 }
 kiln_tensor *kiln_scatter_add(kiln_tensor *a, int axis, kiln_tensor *idx, kiln_tensor *src) {
   API(kiln_scatter_add);
-  return vm_index_op(VM_OP_scatter_add, a, axis, idx, src);
+  return fe_index_op(VM_OP_scatter_add, a, axis, idx, src);
 }
 
 /* --- composites ------------------------------------------------------------------ */
 
 kiln_tensor *kiln_softmax(kiln_tensor *a, int axis) {
   API(kiln_softmax);
-  return vm_softmax(a, axis);
+  return fe_softmax(a, axis);
 }
 kiln_tensor *kiln_log_softmax(kiln_tensor *a, int axis) {
   API(kiln_log_softmax);
-  return vm_log_softmax(a, axis);
+  return fe_log_softmax(a, axis);
 }
 kiln_tensor *kiln_logsumexp(kiln_tensor *a, int axis, bool keepdim) {
   API(kiln_logsumexp);
-  return vm_logsumexp(a, axis, keepdim);
+  return fe_logsumexp(a, axis, keepdim);
 }
 kiln_tensor *kiln_layer_norm(kiln_tensor *x, kiln_tensor *w, kiln_tensor *b, double eps) {
   API(kiln_layer_norm);
-  return vm_layer_norm(x, w, b, eps);
+  return fe_layer_norm(x, w, b, eps);
 }
 kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *target) {
   API(kiln_cross_entropy);
-  return vm_cross_entropy(logits, target);
+  return fe_cross_entropy(logits, target);
 }
 kiln_tensor *kiln_mse_loss(kiln_tensor *a, kiln_tensor *b) {
   API(kiln_mse_loss);
-  return vm_mse_loss(a, b);
+  return fe_mse_loss(a, b);
 }
 
 /* --- issue 18: creation, statistics, layers, losses, saving ----------------- */
 
 kiln_tensor *kiln_linspace(double start, double stop, int64_t n, kiln_dtype dt) {
   API(kiln_linspace);
-  return vm_linspace(start, stop, n, dt);
+  return fe_linspace(start, stop, n, dt);
 }
 kiln_tensor *kiln_eye(int64_t n, kiln_dtype dt) {
   API(kiln_eye);
-  return vm_eye(n, dt);
+  return fe_eye(n, dt);
 }
 kiln_tensor *kiln_randint(int64_t low, int64_t high, kiln_dtype dt, int ndim, const int64_t *shape) {
   API(kiln_randint);
-  return vm_randint(low, high, dt, ndim, shape);
+  return fe_randint(low, high, dt, ndim, shape);
 }
 kiln_tensor *kiln_randperm(int64_t n) {
   API(kiln_randperm);
-  return vm_randperm(n);
+  return fe_randperm(n);
 }
 kiln_tensor *kiln_clone(kiln_tensor *a) {
   API(kiln_clone);
-  return vm_clone(a);
+  return fe_clone(a);
 }
 kiln_tensor *kiln_var(kiln_tensor *a, int naxes, const int *axes, int correction, bool keepdim) {
   API(kiln_var);
-  return vm_var(a, naxes, axes, correction, keepdim);
+  return fe_var(a, naxes, axes, correction, keepdim);
 }
 kiln_tensor *kiln_std(kiln_tensor *a, int naxes, const int *axes, int correction, bool keepdim) {
   API(kiln_std);
-  return vm_std(a, naxes, axes, correction, keepdim);
+  return fe_std(a, naxes, axes, correction, keepdim);
 }
 kiln_tensor *kiln_cumsum(kiln_tensor *a, int axis) {
   API(kiln_cumsum);
-  return vm_cumsum(a, axis);
+  return fe_cumsum(a, axis);
 }
 kiln_tensor *kiln_sort(kiln_tensor *a, int axis, bool descending, kiln_tensor **indices) {
   API(kiln_sort);
-  return vm_sort(a, axis, descending, indices);
+  return fe_sort(a, axis, descending, indices);
 }
 kiln_tensor *kiln_topk(kiln_tensor *a, int64_t k, int axis, bool largest, kiln_tensor **indices) {
   API(kiln_topk);
-  return vm_topk(a, k, axis, largest, indices);
+  return fe_topk(a, k, axis, largest, indices);
 }
 kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *w, kiln_tensor *b, const int stride[2],
                          const int padding[2], const int dilation[2], int groups) {
   API(kiln_conv2d);
-  return vm_conv2d(x, w, b, stride, padding, dilation, groups);
+  return fe_conv2d(x, w, b, stride, padding, dilation, groups);
 }
 kiln_tensor *kiln_max_pool2d(kiln_tensor *x, const int kernel[2], const int stride[2],
                              const int padding[2]) {
   API(kiln_max_pool2d);
-  return vm_pool2d(x, true, kernel, stride, padding);
+  return fe_pool2d(x, true, kernel, stride, padding);
 }
 kiln_tensor *kiln_avg_pool2d(kiln_tensor *x, const int kernel[2], const int stride[2],
                              const int padding[2]) {
   API(kiln_avg_pool2d);
-  return vm_pool2d(x, false, kernel, stride, padding);
+  return fe_pool2d(x, false, kernel, stride, padding);
 }
 kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *running_mean, kiln_tensor *running_var,
                              kiln_tensor *w, kiln_tensor *b, bool training, double momentum,
                              double eps) {
   API(kiln_batch_norm);
-  return vm_batch_norm(x, running_mean, running_var, w, b, training, momentum, eps);
+  return fe_batch_norm(x, running_mean, running_var, w, b, training, momentum, eps);
 }
 kiln_tensor *kiln_dropout(kiln_tensor *x, double p, bool training) {
   API(kiln_dropout);
-  return vm_dropout(x, p, training);
+  return fe_dropout(x, p, training);
 }
 kiln_tensor *kiln_embedding(kiln_tensor *weight, kiln_tensor *idx) {
   API(kiln_embedding);
-  return vm_embedding(weight, idx);
+  return fe_embedding(weight, idx);
 }
 kiln_tensor *kiln_one_hot(kiln_tensor *idx, int64_t num_classes, kiln_dtype dt) {
   API(kiln_one_hot);
-  return vm_one_hot(idx, num_classes, dt);
+  return fe_one_hot(idx, num_classes, dt);
 }
 kiln_tensor *kiln_nll_loss(kiln_tensor *log_probs, kiln_tensor *target) {
   API(kiln_nll_loss);
-  return vm_nll_loss(log_probs, target);
+  return fe_nll_loss(log_probs, target);
 }
 kiln_tensor *kiln_bce_with_logits(kiln_tensor *logits, kiln_tensor *target) {
   API(kiln_bce_with_logits);
-  return vm_bce_with_logits(logits, target);
+  return fe_bce_with_logits(logits, target);
 }
 int kiln_save(const char *path, int n, const char *const *names, kiln_tensor *const *ts) {
   API(kiln_save);
-  return vm_save(path, n, names, ts);
+  return fe_save(path, n, names, ts);
 }
 int kiln_load(const char *path, int cap, char **names, kiln_tensor **ts) {
   API(kiln_load);
-  return vm_load(path, cap, names, ts);
+  return fe_load(path, cap, names, ts);
 }
 
 int kiln_assign(kiln_tensor *dst, kiln_tensor *src) {
   API(kiln_assign);
-  return vm_assign(dst, src);
+  return fe_assign(dst, src);
 }
 int kiln_sub_scaled_(kiln_tensor *dst, kiln_tensor *src, double alpha) {
   API(kiln_sub_scaled_);
-  return vm_sub_scaled(dst, src, alpha);
+  return fe_sub_scaled(dst, src, alpha);
 }
 
 /* --- autodiff ------------------------------------------------------------------ */
@@ -537,7 +538,7 @@ int kiln_dist_size(void) {
 kiln_tensor *kiln_all_reduce(kiln_tensor *t, kiln_reduce_op op) {
   API(kiln_all_reduce);
   vm_attr attr = {.axis = (int)op, .counter = vm_dist_next_seq()};
-  return vm_op(VM_OP_all_reduce, 1, &t, &attr);
+  return fe_op(VM_OP_all_reduce, 1, &t, &attr);
 }
 int kiln_dist_average_grads(int n, kiln_tensor *const *params) {
   API(kiln_dist_average_grads);
@@ -618,70 +619,6 @@ void kiln_jit_wait(void) {
   }
 }
 void kiln_set_cancel_flag(volatile int *flag) { vm_thread()->cancel = flag; }
-
-void kiln_get_stats(kiln_stats *out) {
-  if (!out) return;
-  vm_counters *c = &vm_process()->stats;
-  vm_post_ops();
-  memset(out, 0, sizeof *out);
-  out->ops_recorded = atomic_load(&c->ops_recorded);
-  out->eager_ops = atomic_load(&c->eager_ops);
-  out->kernels_launched = atomic_load(&c->kernels_launched);
-  out->flushes = atomic_load(&c->flushes);
-  out->traces_seen = atomic_load(&c->traces_seen);
-  out->cache_hits = atomic_load(&c->cache_hits);
-  out->cache_misses = atomic_load(&c->cache_misses);
-  out->flush_ms = (double)atomic_load(&c->flush_us) / 1000.0;
-  out->compiles = atomic_load(&c->compiles);
-  out->compile_failures = atomic_load(&c->compile_failures);
-  out->disk_hits = atomic_load(&c->disk_hits);
-  out->compile_ms = (double)atomic_load(&c->compile_us) / 1000.0;
-}
-
-void kiln_reset_stats(void) {
-  vm_counters *c = &vm_process()->stats;
-  vm_thread()->ops_unposted = 0;
-  atomic_uint_fast64_t *all[] = {&c->ops_recorded, &c->eager_ops, &c->kernels_launched, &c->view_ops,
-                                 &c->flushes, &c->traces_seen, &c->cache_hits,
-                                 &c->cache_misses, &c->plans_built, &c->flush_us, &c->compiles,
-                                 &c->compile_failures, &c->disk_hits, &c->compile_us, &c->kernels_compiled, &c->kernel_cache_hits, &c->code_unloads,
-                                 &c->blas_calls, &c->recomputed, &c->kernel_threads_max,
-                                 &c->compiler_processes, &c->compiles_declined, &c->plan_us, &c->plan_nodes,
-                                 &c->nvrtc_us, &c->gpu_disk_loads, &c->device_waits};
-  for (size_t i = 0; i < sizeof all / sizeof *all; i++) atomic_store(all[i], 0);
-}
-
-double kiln_stat(const char *name) {
-  API(kiln_stat);
-  vm_counters *c = &vm_process()->stats;
-  vm_post_ops();
-  static const struct {
-    const char *name;
-    size_t offset;
-    double scale;
-  } table[] = {
-#define COUNTER(n) {#n, offsetof(vm_counters, n), 1}
-      COUNTER(ops_recorded), COUNTER(eager_ops), COUNTER(kernels_launched), COUNTER(view_ops), COUNTER(flushes),
-      COUNTER(traces_seen), COUNTER(cache_hits), COUNTER(cache_misses), COUNTER(plans_built),
-      COUNTER(compiles), COUNTER(compile_failures), COUNTER(disk_hits), COUNTER(kernels_compiled),
-      COUNTER(kernel_cache_hits), COUNTER(code_objects), COUNTER(code_unloads),
-      COUNTER(blas_calls), COUNTER(recomputed), COUNTER(kernel_threads_max),
-      COUNTER(compiler_processes), COUNTER(compiles_declined), COUNTER(plan_nodes),
-      COUNTER(all_reduces), COUNTER(all_reduce_bytes), COUNTER(gpu_disk_loads),
-      COUNTER(device_waits),
-      {"nvrtc_ms", offsetof(vm_counters, nvrtc_us), 1e-3},
-      {"all_reduce_ms", offsetof(vm_counters, all_reduce_us), 1e-3},
-      {"all_reduce_wait_ms", offsetof(vm_counters, all_reduce_wait_us), 1e-3},
-      {"plan_ms", offsetof(vm_counters, plan_us), 1e-3},
-      {"compile_ms", offsetof(vm_counters, compile_us), 1e-3}, {"flush_ms", offsetof(vm_counters, flush_us), 1e-3},
-#undef COUNTER
-  };
-  for (size_t i = 0; name && i < sizeof table / sizeof *table; i++)
-    if (!strcmp(name, table[i].name))
-      return (double)atomic_load((atomic_uint_fast64_t *)((char *)c + table[i].offset)) * table[i].scale;
-  vm_error(KILN_ERR_ARG, "kiln_stat: no counter named '%s'", name ? name : "(null)");
-  return NAN;
-}
 
 const char *kiln_version(void) { return KILN_VERSION_STRING; }
 size_t kiln_memory_in_use(void) { return vm_memory_in_use(); }

@@ -14,7 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "jit_cpu/jit.h"
 #include "jit_gpu/opgen.h"
+#include "vm/backend.h"
+#include "vm/interp.h"
 #include "vm/state.h"
 #include "vm/fold.h"
 int emu_launch(const char *name, const void *args, unsigned grid, unsigned block);
@@ -355,6 +358,9 @@ static void big(void) {
 
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : "";
+  /* the reference is the CPU interpreter, called directly: its backend is
+     registered here, as the binding does for programs of the public API */
+  vm_backend_register(&cpu_backend);
   if (!*only || strstr(only, "e")) elementwise();
   if (!*only || strstr(only, "r")) reductions();
   if (!*only || strstr(only, "i")) indexing();

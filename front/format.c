@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "../trace/record.h"
-#include "ops.h"
-#include "state.h"
+#include "../vm/ops.h"
+#include "../vm/state.h"
 
 #define LINE_WIDTH 80
 #define SUMMARY_THRESHOLD 1000
@@ -160,7 +160,7 @@ static void print_dim(printer *p, int dim, int64_t base, int indent) {
   fputc(']', p->f);
 }
 
-bool vm_format(vm_tensor *t, FILE *f) {
+bool fe_format(vm_tensor *t, FILE *f) {
   if (!f) {
     vm_error(KILN_ERR_ARG, "the FILE is NULL");
     return false;

@@ -1,7 +1,7 @@
 /* composite.c — composite ops written in primitives, plus the view helpers
  * that normalize user arguments (negative axes, Python slice bounds) into
  * primitive attributes.  Temporaries live in a scope released at the end;
- * a NULL anywhere flows through vm_op and keeps the first error. */
+ * a NULL anywhere flows through fe_op and keeps the first error. */
 #include "composite.h"
 
 #include <math.h>
@@ -10,7 +10,7 @@
 
 #include "../trace/record.h"
 #include "scope.h"
-#include "state.h"
+#include "../vm/state.h"
 
 static bool null_arg(const vm_tensor *a) {
   if (a) return false;
@@ -25,32 +25,32 @@ static bool reject_bool_arg(const vm_tensor *a) {
 }
 
 /* a, or a cast to f32 when it is not a float tensor */
-static vm_tensor *as_float(vm_scope *s, vm_tensor *a) {
-  return vm_dtype_is_float(a->dtype) ? a : keep(s, vm_cast(a, KILN_F32));
+static vm_tensor *as_float(fe_scope *s, vm_tensor *a) {
+  return vm_dtype_is_float(a->dtype) ? a : keep(s, fe_cast(a, KILN_F32));
 }
 
 /* where(x <= 0, 0, x): NaN stays NaN, -0 becomes +0, and the gradient is
    0 at 0 (as PyTorch's: a zero-initialized model trains the same) */
-vm_tensor *vm_relu(vm_tensor *a) {
+vm_tensor *fe_relu(vm_tensor *a) {
   if (null_arg(a) || reject_bool_arg(a)) return NULL;
   bool is_int = !vm_dtype_is_float(a->dtype);
-  vm_scope s = {0};
-  vm_tensor *off = keep(&s, vm_binary_scalar(VM_OP_le, a, 0, is_int));
-  vm_tensor *zero = keep(&s, vm_weak_scalar(0, is_int));
+  fe_scope s = {0};
+  vm_tensor *off = keep(&s, fe_binary_scalar(VM_OP_le, a, 0, is_int));
+  vm_tensor *zero = keep(&s, fe_weak_scalar(0, is_int));
   vm_tensor *in[3] = {off, zero, a};
-  return finish(&s, keep(&s, off && zero ? vm_op(VM_OP_where, 3, in, NULL) : NULL));
+  return finish(&s, keep(&s, off && zero ? fe_op(VM_OP_where, 3, in, NULL) : NULL));
 }
 
-vm_tensor *vm_gelu(vm_tensor *a) { /* 0.5 x (1 + erf(x / sqrt 2)) */
+vm_tensor *fe_gelu(vm_tensor *a) { /* 0.5 x (1 + erf(x / sqrt 2)) */
   if (null_arg(a)) return NULL;
-  vm_scope s = {0};
+  fe_scope s = {0};
   vm_tensor *x = as_float(&s, a);
-  vm_tensor *e = keep(&s, vm_unary(VM_OP_erf, keep(&s, vm_binary_scalar(VM_OP_mul, x, M_SQRT1_2, false))));
-  vm_tensor *h = keep(&s, vm_binary_scalar(VM_OP_mul, keep(&s, vm_binary_scalar(VM_OP_add, e, 1, false)), 0.5, false));
-  return finish(&s, keep(&s, vm_binary(VM_OP_mul, x, h)));
+  vm_tensor *e = keep(&s, fe_unary(VM_OP_erf, keep(&s, fe_binary_scalar(VM_OP_mul, x, M_SQRT1_2, false))));
+  vm_tensor *h = keep(&s, fe_binary_scalar(VM_OP_mul, keep(&s, fe_binary_scalar(VM_OP_add, e, 1, false)), 0.5, false));
+  return finish(&s, keep(&s, fe_binary(VM_OP_mul, x, h)));
 }
 
-vm_tensor *vm_clamp(vm_tensor *a, double lo, double hi) {
+vm_tensor *fe_clamp(vm_tensor *a, double lo, double hi) {
   if (null_arg(a) || reject_bool_arg(a)) return NULL;
   if (isnan(lo) || isnan(hi)) {
     vm_error(KILN_ERR_ARG, "bounds must not be NaN (lo %g, hi %g)", lo, hi);
@@ -68,21 +68,21 @@ vm_tensor *vm_clamp(vm_tensor *a, double lo, double hi) {
   /* y = where(x < lo, lo, x), then where(y > hi, hi, y): NaN passes
      through, lo > hi gives hi, and the gradient passes at the bounds
      themselves (PyTorch's rules) */
-  vm_scope s = {0};
-  vm_tensor *vlo = keep(&s, vm_host_scalar(lo, is_int)), *vhi = keep(&s, vm_host_scalar(hi, is_int));
-  vm_tensor *below = keep(&s, vm_binary(VM_OP_lt, a, vlo));
+  fe_scope s = {0};
+  vm_tensor *vlo = keep(&s, fe_host_scalar(lo, is_int)), *vhi = keep(&s, fe_host_scalar(hi, is_int));
+  vm_tensor *below = keep(&s, fe_binary(VM_OP_lt, a, vlo));
   vm_tensor *in_lo[3] = {below, vlo, a};
-  vm_tensor *low = keep(&s, below && vlo ? vm_op(VM_OP_where, 3, in_lo, NULL) : NULL);
-  vm_tensor *above = keep(&s, vm_binary(VM_OP_gt, low, vhi));
+  vm_tensor *low = keep(&s, below && vlo ? fe_op(VM_OP_where, 3, in_lo, NULL) : NULL);
+  vm_tensor *above = keep(&s, fe_binary(VM_OP_gt, low, vhi));
   vm_tensor *in_hi[3] = {above, vhi, low};
-  return finish(&s, keep(&s, above && vhi ? vm_op(VM_OP_where, 3, in_hi, NULL) : NULL));
+  return finish(&s, keep(&s, above && vhi ? fe_op(VM_OP_where, 3, in_hi, NULL) : NULL));
 }
 
-vm_tensor *vm_mean(vm_tensor *a, int naxes, const int *axes, bool keepdim) {
+vm_tensor *fe_mean(vm_tensor *a, int naxes, const int *axes, bool keepdim) {
   if (null_arg(a)) return NULL;
-  vm_scope s = {0};
+  fe_scope s = {0};
   vm_tensor *x = as_float(&s, a);
-  vm_tensor *sum = keep(&s, vm_reduce(VM_OP_sum, x, naxes, axes, keepdim));
+  vm_tensor *sum = keep(&s, fe_reduce(VM_OP_sum, x, naxes, axes, keepdim));
   if (!sum) return finish(&s, NULL);
   int64_t count = sum->numel ? x->numel / sum->numel : 0;
   if (sum->numel == 0) { /* count from the shape when the result is empty */
@@ -93,7 +93,7 @@ vm_tensor *vm_mean(vm_tensor *a, int naxes, const int *axes, bool keepdim) {
       if (__builtin_mul_overflow(count, x->shape[ax], &count)) count = INT64_MAX; /* unreachable: shapes are checked */
     }
   }
-  return finish(&s, keep(&s, vm_binary_scalar(VM_OP_div, sum, (double)count, false)));
+  return finish(&s, keep(&s, fe_binary_scalar(VM_OP_div, sum, (double)count, false)));
 }
 
 /* the max along axis, subtracted for stability: it cancels exactly, so it
@@ -101,7 +101,7 @@ vm_tensor *vm_mean(vm_tensor *a, int naxes, const int *axes, bool keepdim) {
    sums to zero) */
 static vm_tensor *stability_shift(vm_tensor *x, int axis) {
   vm_thread()->no_grad++;
-  vm_tensor *m = vm_reduce(VM_OP_max, x, 1, &axis, true);
+  vm_tensor *m = fe_reduce(VM_OP_max, x, 1, &axis, true);
   vm_thread()->no_grad--;
   return m;
 }
@@ -110,55 +110,55 @@ static vm_tensor *stability_shift(vm_tensor *x, int axis) {
    at once: no row statistics are computed for rows that have no elements
    ([1,2,2^31,0] has 2^32 of them).  It stays a function of a, so gradients
    still reach a. */
-static vm_tensor *empty_result(vm_scope *s, vm_tensor *x) {
-  return keep(s, vm_binary_scalar(VM_OP_mul, x, 0, false));
+static vm_tensor *empty_result(fe_scope *s, vm_tensor *x) {
+  return keep(s, fe_binary_scalar(VM_OP_mul, x, 0, false));
 }
 
 /* an axis argument must be valid even when the input is empty */
 static bool valid_axis(int axis, int ndim) { return vm_norm_axis(&axis, ndim); }
 
-vm_tensor *vm_log_softmax(vm_tensor *a, int axis) {
+vm_tensor *fe_log_softmax(vm_tensor *a, int axis) {
   if (null_arg(a)) return NULL;
-  vm_scope s = {0};
+  fe_scope s = {0};
   vm_tensor *x = as_float(&s, a);
   if (x && a->numel == 0) return finish(&s, valid_axis(axis, a->ndim) ? empty_result(&s, x) : NULL);
   vm_tensor *m = keep(&s, stability_shift(x, axis));
-  vm_tensor *shifted = keep(&s, vm_binary(VM_OP_sub, x, m));
-  vm_tensor *sum = keep(&s, vm_reduce(VM_OP_sum, keep(&s, vm_unary(VM_OP_exp, shifted)), 1, &axis, true));
-  return finish(&s, keep(&s, vm_binary(VM_OP_sub, shifted, keep(&s, vm_unary(VM_OP_log, sum)))));
+  vm_tensor *shifted = keep(&s, fe_binary(VM_OP_sub, x, m));
+  vm_tensor *sum = keep(&s, fe_reduce(VM_OP_sum, keep(&s, fe_unary(VM_OP_exp, shifted)), 1, &axis, true));
+  return finish(&s, keep(&s, fe_binary(VM_OP_sub, shifted, keep(&s, fe_unary(VM_OP_log, sum)))));
 }
 
-vm_tensor *vm_softmax(vm_tensor *a, int axis) {
+vm_tensor *fe_softmax(vm_tensor *a, int axis) {
   if (null_arg(a)) return NULL;
-  vm_scope s = {0};
+  fe_scope s = {0};
   vm_tensor *x = as_float(&s, a);
   if (x && a->numel == 0) return finish(&s, valid_axis(axis, a->ndim) ? empty_result(&s, x) : NULL);
   vm_tensor *m = keep(&s, stability_shift(x, axis));
-  vm_tensor *e = keep(&s, vm_unary(VM_OP_exp, keep(&s, vm_binary(VM_OP_sub, x, m))));
-  vm_tensor *sum = keep(&s, vm_reduce(VM_OP_sum, e, 1, &axis, true));
+  vm_tensor *e = keep(&s, fe_unary(VM_OP_exp, keep(&s, fe_binary(VM_OP_sub, x, m))));
+  vm_tensor *sum = keep(&s, fe_reduce(VM_OP_sum, e, 1, &axis, true));
   /* e * (1 / sum), as PyTorch computes it: one division per row, a
      multiplication per element (a division per element was a quarter of
      compiled softmax's time) */
-  vm_tensor *one = keep(&s, vm_weak_scalar(1, false));
-  vm_tensor *inv = keep(&s, one && sum ? vm_binary(VM_OP_div, one, sum) : NULL);
-  return finish(&s, keep(&s, vm_binary(VM_OP_mul, e, inv)));
+  vm_tensor *one = keep(&s, fe_weak_scalar(1, false));
+  vm_tensor *inv = keep(&s, one && sum ? fe_binary(VM_OP_div, one, sum) : NULL);
+  return finish(&s, keep(&s, fe_binary(VM_OP_mul, e, inv)));
 }
 
-vm_tensor *vm_logsumexp(vm_tensor *a, int axis, bool keepdim) {
+vm_tensor *fe_logsumexp(vm_tensor *a, int axis, bool keepdim) {
   if (null_arg(a)) return NULL;
-  vm_scope s = {0};
+  fe_scope s = {0};
   vm_tensor *x = as_float(&s, a);
   vm_tensor *m = keep(&s, stability_shift(x, axis));
   /* an infinite max (all -inf, or +inf) is not subtracted: exp(-inf - -inf) is NaN */
-  vm_tensor *inf = keep(&s, vm_binary_scalar(VM_OP_eq, keep(&s, vm_unary(VM_OP_abs, m)), INFINITY, false));
-  vm_tensor *zero = keep(&s, vm_weak_scalar(0, false));
+  vm_tensor *inf = keep(&s, fe_binary_scalar(VM_OP_eq, keep(&s, fe_unary(VM_OP_abs, m)), INFINITY, false));
+  vm_tensor *zero = keep(&s, fe_weak_scalar(0, false));
   vm_tensor *where_in[3] = {inf, zero, m};
-  vm_tensor *msafe = keep(&s, inf && zero && m ? vm_op(VM_OP_where, 3, where_in, NULL) : NULL);
-  vm_tensor *e = keep(&s, vm_unary(VM_OP_exp, keep(&s, vm_binary(VM_OP_sub, x, msafe))));
-  vm_tensor *lse = keep(&s, vm_binary(VM_OP_add, keep(&s, vm_unary(VM_OP_log,
-                        keep(&s, vm_reduce(VM_OP_sum, e, 1, &axis, true)))), msafe));
+  vm_tensor *msafe = keep(&s, inf && zero && m ? fe_op(VM_OP_where, 3, where_in, NULL) : NULL);
+  vm_tensor *e = keep(&s, fe_unary(VM_OP_exp, keep(&s, fe_binary(VM_OP_sub, x, msafe))));
+  vm_tensor *lse = keep(&s, fe_binary(VM_OP_add, keep(&s, fe_unary(VM_OP_log,
+                        keep(&s, fe_reduce(VM_OP_sum, e, 1, &axis, true)))), msafe));
   if (keepdim || !lse) return finish(&s, lse);
-  return finish(&s, keep(&s, vm_squeeze(lse, axis)));
+  return finish(&s, keep(&s, fe_squeeze(lse, axis)));
 }
 
 static bool check_affine(const vm_tensor *p, int64_t d, const char *what) {
@@ -170,15 +170,15 @@ static bool check_affine(const vm_tensor *p, int64_t d, const char *what) {
 }
 
 /* (x - mean) / sqrt(var + eps) over the last axis */
-static vm_tensor *normalize_last(vm_scope *s, vm_tensor *xf, double eps) {
+static vm_tensor *normalize_last(fe_scope *s, vm_tensor *xf, double eps) {
   int last = -1;
-  vm_tensor *xc = keep(s, vm_binary(VM_OP_sub, xf, keep(s, vm_mean(xf, 1, &last, true))));
-  vm_tensor *var = keep(s, vm_mean(keep(s, vm_binary(VM_OP_mul, xc, xc)), 1, &last, true));
-  vm_tensor *inv = keep(s, vm_unary(VM_OP_rsqrt, keep(s, vm_binary_host_scalar(VM_OP_add, var, eps, false))));
-  return keep(s, vm_binary(VM_OP_mul, xc, inv));
+  vm_tensor *xc = keep(s, fe_binary(VM_OP_sub, xf, keep(s, fe_mean(xf, 1, &last, true))));
+  vm_tensor *var = keep(s, fe_mean(keep(s, fe_binary(VM_OP_mul, xc, xc)), 1, &last, true));
+  vm_tensor *inv = keep(s, fe_unary(VM_OP_rsqrt, keep(s, fe_binary_host_scalar(VM_OP_add, var, eps, false))));
+  return keep(s, fe_binary(VM_OP_mul, xc, inv));
 }
 
-vm_tensor *vm_layer_norm(vm_tensor *x, vm_tensor *w, vm_tensor *b, double eps) {
+vm_tensor *fe_layer_norm(vm_tensor *x, vm_tensor *w, vm_tensor *b, double eps) {
   if (null_arg(x)) return NULL;
   if (x->ndim == 0) {
     vm_error(KILN_ERR_SHAPE, "input must have at least 1 dimension");
@@ -186,11 +186,11 @@ vm_tensor *vm_layer_norm(vm_tensor *x, vm_tensor *w, vm_tensor *b, double eps) {
   }
   int64_t d = x->shape[x->ndim - 1];
   if (!check_affine(w, d, "weight") || !check_affine(b, d, "bias")) return NULL;
-  vm_scope s = {0};
+  fe_scope s = {0};
   vm_tensor *xf = as_float(&s, x);
   vm_tensor *y = x->numel == 0 ? empty_result(&s, xf) : normalize_last(&s, xf, eps);
-  if (w) y = keep(&s, vm_binary(VM_OP_mul, y, w));
-  if (b) y = keep(&s, vm_binary(VM_OP_add, y, b));
+  if (w) y = keep(&s, fe_binary(VM_OP_mul, y, w));
+  if (b) y = keep(&s, fe_binary(VM_OP_add, y, b));
   return finish(&s, y);
 }
 
@@ -213,18 +213,18 @@ static bool check_class_target(const vm_tensor *logits, const vm_tensor *target)
   return !reject_bool_arg(logits);
 }
 
-vm_tensor *vm_cross_entropy(vm_tensor *logits, vm_tensor *target) {
+vm_tensor *fe_cross_entropy(vm_tensor *logits, vm_tensor *target) {
   if (!logits || !target) {
     vm_null_input(logits ? 1 : 0);
     return NULL;
   }
   if (!check_class_target(logits, target)) return NULL;
-  vm_scope s = {0};
-  vm_tensor *ls = keep(&s, vm_log_softmax(logits, 1));
-  vm_tensor *idx = keep(&s, vm_unsqueeze(target, 1));
-  vm_tensor *picked = keep(&s, vm_index_op(VM_OP_gather, ls, 1, idx, NULL));
-  vm_tensor *mean = keep(&s, vm_mean(picked, 0, NULL, false));
-  return finish(&s, keep(&s, vm_unary(VM_OP_neg, mean)));
+  fe_scope s = {0};
+  vm_tensor *ls = keep(&s, fe_log_softmax(logits, 1));
+  vm_tensor *idx = keep(&s, fe_unsqueeze(target, 1));
+  vm_tensor *picked = keep(&s, fe_index_op(VM_OP_gather, ls, 1, idx, NULL));
+  vm_tensor *mean = keep(&s, fe_mean(picked, 0, NULL, false));
+  return finish(&s, keep(&s, fe_unary(VM_OP_neg, mean)));
 }
 
 /* losses compare like with like: no silent broadcast ([38400,1,1] against
@@ -238,27 +238,27 @@ static bool same_loss_shapes(const vm_tensor *a, const vm_tensor *b) {
   return false;
 }
 
-vm_tensor *vm_mse_loss(vm_tensor *a, vm_tensor *b) {
+vm_tensor *fe_mse_loss(vm_tensor *a, vm_tensor *b) {
   if (!a || !b) {
     vm_null_input(a ? 1 : 0);
     return NULL;
   }
   if (!same_loss_shapes(a, b)) return NULL;
-  vm_scope s = {0};
-  vm_tensor *d = keep(&s, vm_binary(VM_OP_sub, a, b));
-  vm_tensor *sq = keep(&s, vm_binary(VM_OP_mul, d, d));
-  return finish(&s, keep(&s, vm_mean(sq, 0, NULL, false)));
+  fe_scope s = {0};
+  vm_tensor *d = keep(&s, fe_binary(VM_OP_sub, a, b));
+  vm_tensor *sq = keep(&s, fe_binary(VM_OP_mul, d, d));
+  return finish(&s, keep(&s, fe_mean(sq, 0, NULL, false)));
 }
 
-vm_tensor *vm_arange_i64(int64_t start, int64_t step, int64_t count, kiln_device d) {
+vm_tensor *fe_arange_i64(int64_t start, int64_t step, int64_t count, kiln_device d) {
   vm_attr attr = {.dtype = KILN_I64, .ndim = 1, .shape = {count},
                   .scalar = {(double)start, (double)step}, .device = (uint8_t)d};
-  return vm_op(VM_OP_arange, 0, NULL, &attr);
+  return fe_op(VM_OP_arange, 0, NULL, &attr);
 }
 
 /* --- views --------------------------------------------------------------- */
 
-vm_tensor *vm_permute(vm_tensor *a, const int *perm) {
+vm_tensor *fe_permute(vm_tensor *a, const int *perm) {
   if (null_arg(a)) return NULL;
   vm_attr attr = {0};
   if (a->ndim && !perm) {
@@ -269,10 +269,10 @@ vm_tensor *vm_permute(vm_tensor *a, const int *perm) {
     attr.perm[d] = perm[d];
     if (attr.perm[d] < 0 && attr.perm[d] >= -a->ndim) attr.perm[d] += a->ndim;
   }
-  return vm_op(VM_OP_permute, 1, &a, &attr);
+  return fe_op(VM_OP_permute, 1, &a, &attr);
 }
 
-vm_tensor *vm_transpose(vm_tensor *a, int d0, int d1) {
+vm_tensor *fe_transpose(vm_tensor *a, int d0, int d1) {
   if (null_arg(a) || !vm_norm_axis(&d0, a->ndim) || !vm_norm_axis(&d1, a->ndim)) return NULL;
   int perm[KILN_MAX_DIMS];
   for (int d = 0; d < a->ndim; d++) perm[d] = d;
@@ -280,10 +280,10 @@ vm_tensor *vm_transpose(vm_tensor *a, int d0, int d1) {
     perm[d0] = d1;
     perm[d1] = d0;
   }
-  return vm_permute(a, perm);
+  return fe_permute(a, perm);
 }
 
-vm_tensor *vm_squeeze(vm_tensor *a, int axis) {
+vm_tensor *fe_squeeze(vm_tensor *a, int axis) {
   if (null_arg(a) || !vm_norm_axis(&axis, a->ndim)) return NULL;
   if (a->shape[axis] != 1) {
     vm_error(KILN_ERR_SHAPE, "cannot squeeze axis %d of size %lld", axis, (long long)a->shape[axis]);
@@ -293,10 +293,10 @@ vm_tensor *vm_squeeze(vm_tensor *a, int axis) {
   int n = 0;
   for (int d = 0; d < a->ndim; d++)
     if (d != axis) shape[n++] = a->shape[d];
-  return vm_reshape(a, n, shape);
+  return fe_reshape(a, n, shape);
 }
 
-vm_tensor *vm_unsqueeze(vm_tensor *a, int axis) {
+vm_tensor *fe_unsqueeze(vm_tensor *a, int axis) {
   if (null_arg(a) || !vm_norm_axis(&axis, a->ndim + 1)) return NULL;
   if (a->ndim == KILN_MAX_DIMS) {
     vm_error(KILN_ERR_SHAPE, "a tensor already has the maximum of %d dimensions", KILN_MAX_DIMS);
@@ -308,17 +308,17 @@ vm_tensor *vm_unsqueeze(vm_tensor *a, int axis) {
     if (d == axis) shape[n++] = 1;
     if (d < a->ndim) shape[n++] = a->shape[d];
   }
-  return vm_reshape(a, n, shape);
+  return fe_reshape(a, n, shape);
 }
 
 /* Python's slice.indices: clamps bounds into the axis */
-vm_tensor *vm_zeros_like(const vm_tensor *x) {
+vm_tensor *fe_zeros_like(const vm_tensor *x) {
   vm_attr attr = {.dtype = x->dtype, .ndim = x->ndim, .device = x->device};
   memcpy(attr.shape, x->shape, sizeof attr.shape);
-  return vm_op(VM_OP_full, 0, NULL, &attr);
+  return fe_op(VM_OP_full, 0, NULL, &attr);
 }
 
-vm_tensor *vm_slice(vm_tensor *a, int axis, int64_t start, int64_t stop, int64_t step) {
+vm_tensor *fe_slice(vm_tensor *a, int axis, int64_t start, int64_t stop, int64_t step) {
   if (null_arg(a)) return NULL;
   if (a->ndim == 0) {
     vm_error(KILN_ERR_SHAPE, "cannot slice a 0-d tensor");
@@ -338,10 +338,10 @@ vm_tensor *vm_slice(vm_tensor *a, int axis, int64_t start, int64_t stop, int64_t
   if (start < lo) start = lo;
   if (stop < lo) stop = lo;
   vm_attr attr = {.axis = axis, .start = start, .stop = stop, .step = step};
-  return vm_op(VM_OP_slice, 1, &a, &attr);
+  return fe_op(VM_OP_slice, 1, &a, &attr);
 }
 
-vm_tensor *vm_concat(int n, vm_tensor *const *ts, int axis) {
+vm_tensor *fe_concat(int n, vm_tensor *const *ts, int axis) {
   if (n < 1 || !ts) {
     vm_error(KILN_ERR_ARG, "needs at least one tensor, got %d", n);
     return NULL;
@@ -357,10 +357,10 @@ vm_tensor *vm_concat(int n, vm_tensor *const *ts, int axis) {
   }
   if (!vm_norm_axis(&axis, ts[0]->ndim)) return NULL;
   vm_attr attr = {.axis = axis};
-  return vm_op(VM_OP_concat, n, ts, &attr);
+  return fe_op(VM_OP_concat, n, ts, &attr);
 }
 
-vm_tensor *vm_stack(int n, vm_tensor *const *ts, int axis) {
+vm_tensor *fe_stack(int n, vm_tensor *const *ts, int axis) {
   if (n < 1 || !ts) {
     vm_error(KILN_ERR_ARG, "needs at least one tensor, got %d", n);
     return NULL;
@@ -383,16 +383,16 @@ vm_tensor *vm_stack(int n, vm_tensor *const *ts, int axis) {
                vm_shape_str(b1, ts[i]->ndim, ts[i]->shape), vm_shape_str(b2, ts[0]->ndim, ts[0]->shape));
       ok = false;
     } else {
-      ok = (parts[i] = vm_unsqueeze(ts[i], axis)) != NULL;
+      ok = (parts[i] = fe_unsqueeze(ts[i], axis)) != NULL;
     }
   }
-  vm_tensor *r = ok ? vm_concat(n, parts, axis) : NULL;
+  vm_tensor *r = ok ? fe_concat(n, parts, axis) : NULL;
   for (int i = 0; i < n; i++) vm_release(parts[i]);
   free(parts);
   return r;
 }
 
-vm_tensor *vm_index_op(vm_opcode op, vm_tensor *a, int axis, vm_tensor *idx, vm_tensor *src) {
+vm_tensor *fe_index_op(vm_opcode op, vm_tensor *a, int axis, vm_tensor *idx, vm_tensor *src) {
   vm_tensor *in[3] = {a, idx, src};
   int n = op == VM_OP_scatter_add ? 3 : 2;
   for (int i = 0; i < n; i++)
@@ -402,7 +402,7 @@ vm_tensor *vm_index_op(vm_opcode op, vm_tensor *a, int axis, vm_tensor *idx, vm_
     }
   if (!vm_norm_axis(&axis, a->ndim)) return NULL;
   vm_attr attr = {.axis = axis};
-  return vm_op(op, n, in, &attr);
+  return fe_op(op, n, in, &attr);
 }
 
 /* --- functionalized in-place updates -------------------------------------- */
@@ -415,10 +415,10 @@ static int rebind_to(vm_tensor *dst, vm_tensor *value) {
   vm_tensor *v;
   if (dst->slot) {
     vm_thread()->no_grad++;
-    v = value->dtype == dst->dtype ? vm_unary(VM_OP_copy, value) : vm_cast(value, dst->dtype);
+    v = value->dtype == dst->dtype ? fe_unary(VM_OP_copy, value) : fe_cast(value, dst->dtype);
     vm_thread()->no_grad--;
   } else {
-    v = value->dtype == dst->dtype ? vm_retain(value) : vm_cast(value, dst->dtype);
+    v = value->dtype == dst->dtype ? vm_retain(value) : fe_cast(value, dst->dtype);
   }
   if (!v) return vm_thread()->status;
   tr_store(dst, v);
@@ -435,7 +435,7 @@ static bool same_shape(const vm_tensor *a, const vm_tensor *b) {
   return false;
 }
 
-int vm_assign(vm_tensor *dst, vm_tensor *src) {
+int fe_assign(vm_tensor *dst, vm_tensor *src) {
   if (!dst || !src) {
     vm_null_input(dst ? 1 : 0);
     return vm_thread()->status;
@@ -445,15 +445,15 @@ int vm_assign(vm_tensor *dst, vm_tensor *src) {
   return rebind_to(dst, src);
 }
 
-int vm_sub_scaled(vm_tensor *dst, vm_tensor *src, double alpha) {
+int fe_sub_scaled(vm_tensor *dst, vm_tensor *src, double alpha) {
   if (!dst || !src) {
     vm_null_input(dst ? 1 : 0);
     return vm_thread()->status;
   }
-  vm_scope s = {0};
+  fe_scope s = {0};
   if (dst->slot) vm_thread()->no_grad++; /* an optimizer step is not differentiated */
-  vm_tensor *step = keep(&s, vm_binary_host_scalar(VM_OP_mul, src, alpha, false));
-  vm_tensor *value = keep(&s, vm_binary(VM_OP_sub, dst, step));
+  vm_tensor *step = keep(&s, fe_binary_host_scalar(VM_OP_mul, src, alpha, false));
+  vm_tensor *value = keep(&s, fe_binary(VM_OP_sub, dst, step));
   if (dst->slot) vm_thread()->no_grad--;
   int rc = value ? (same_shape(dst, value) ? rebind_to(dst, value) : KILN_ERR_SHAPE)
                  : vm_thread()->status;

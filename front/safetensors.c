@@ -26,8 +26,9 @@
 #include <unistd.h>
 
 #include "../trace/record.h"
-#include "private_dir.h"
-#include "state.h"
+#include "op.h"
+#include "../vm/private_dir.h"
+#include "../vm/state.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c assumes a little-endian host (the format's byte order)"
@@ -255,7 +256,7 @@ static int write_durably(const char *path, const st_buf *h, int n, vm_tensor *co
   return KILN_OK;
 }
 
-int vm_save(const char *path, int n, const char *const *names, vm_tensor *const *ts) {
+int fe_save(const char *path, int n, const char *const *names, vm_tensor *const *ts) {
   if (!path) return vm_error(KILN_ERR_ARG, "path is NULL");
   if (!check_save_args(n, names, ts)) return KILN_ERR_ARG;
   vm_tensor **vals = calloc((size_t)(n ? n : 1), sizeof *vals);
@@ -788,7 +789,7 @@ static vm_tensor *read_tensor(FILE *f, const char *path, uint64_t data_start, co
     vm_release(t);
     return NULL;
   }
-  return vm_handle_from_host(t, d);
+  return fe_handle_from_host(t, d);
 }
 
 /* path opened for reading if it is a regular file: O_NONBLOCK so a FIFO
@@ -816,7 +817,7 @@ static FILE *open_regular(const char *path) {
   return f;
 }
 
-int vm_load(const char *path, int cap, char **names, vm_tensor **ts) {
+int fe_load(const char *path, int cap, char **names, vm_tensor **ts) {
   if (!path) return vm_error(KILN_ERR_ARG, "path is NULL");
   bool count_only = cap == 0 && !names && !ts;
   if (cap < 0 || (!count_only && (!names || !ts)))

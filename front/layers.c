@@ -8,7 +8,7 @@
  * index_select whose index is built here, on the host, from the shapes
  * alone.  On the CPU, conv2d is a primitive of its own (ops.def,
  * vm/kern_conv.c): the composed im2col moved the batch's whole column
- * matrix through memory (see vm_conv2d). */
+ * matrix through memory (see fe_conv2d). */
 #include "layers.h"
 
 #include <math.h>
@@ -17,9 +17,9 @@
 
 #include "../trace/record.h"
 #include "composite.h"
-#include "rng.h"
+#include "../vm/rng.h"
 #include "scope.h"
-#include "state.h"
+#include "../vm/state.h"
 
 static bool null_arg(const vm_tensor *a, int index) {
   if (a) return false;
@@ -83,12 +83,12 @@ static bool new_tensor_device(vm_attr *attr) {
 static vm_tensor *arange_f64(int64_t n) {
   vm_attr attr = {.dtype = KILN_F64, .ndim = 1, .shape = {n}, .scalar = {0, 1}};
   if (!new_tensor_device(&attr)) return NULL;
-  return vm_op(VM_OP_arange, 0, NULL, &attr);
+  return fe_op(VM_OP_arange, 0, NULL, &attr);
 }
 
 /* start + i*step for the first half, stop - (n-1-i)*step for the rest (as
    PyTorch): both ends are exact.  Computed in f64, then cast. */
-vm_tensor *vm_linspace(double start, double stop, int64_t n, kiln_dtype dt) {
+vm_tensor *fe_linspace(double start, double stop, int64_t n, kiln_dtype dt) {
   if (!vm_dtype_valid((int)dt)) {
     vm_error(KILN_ERR_DTYPE, "invalid dtype %d", (int)dt);
     return NULL;
@@ -98,21 +98,21 @@ vm_tensor *vm_linspace(double start, double stop, int64_t n, kiln_dtype dt) {
     return NULL;
   }
   double step = n > 1 ? (stop - start) / (double)(n - 1) : 0;
-  vm_scope s = {0};
+  fe_scope s = {0};
   vm_tensor *i = keep(&s, arange_f64(n));
-  vm_tensor *lo = keep(&s, vm_binary_host_scalar(VM_OP_add,
-                      keep(&s, vm_binary_host_scalar(VM_OP_mul, i, step, false)), start, false));
+  vm_tensor *lo = keep(&s, fe_binary_host_scalar(VM_OP_add,
+                      keep(&s, fe_binary_host_scalar(VM_OP_mul, i, step, false)), start, false));
   /* stop - (n-1-i)*step, as (i - (n-1)) * step + stop */
-  vm_tensor *back = keep(&s, vm_binary_host_scalar(VM_OP_sub, i, (double)(n - 1), false));
-  vm_tensor *hi = keep(&s, vm_binary_host_scalar(VM_OP_add,
-                      keep(&s, vm_binary_host_scalar(VM_OP_mul, back, step, false)), stop, false));
-  vm_tensor *first = keep(&s, vm_binary_host_scalar(VM_OP_lt, i, n == 1 ? 1.0 : (double)(n / 2), false));
+  vm_tensor *back = keep(&s, fe_binary_host_scalar(VM_OP_sub, i, (double)(n - 1), false));
+  vm_tensor *hi = keep(&s, fe_binary_host_scalar(VM_OP_add,
+                      keep(&s, fe_binary_host_scalar(VM_OP_mul, back, step, false)), stop, false));
+  vm_tensor *first = keep(&s, fe_binary_host_scalar(VM_OP_lt, i, n == 1 ? 1.0 : (double)(n / 2), false));
   vm_tensor *in[3] = {first, lo, hi};
-  vm_tensor *r = keep(&s, first && lo && hi ? vm_op(VM_OP_where, 3, in, NULL) : NULL);
-  return finish(&s, dt == KILN_F64 || !r ? r : keep(&s, vm_cast(r, dt)));
+  vm_tensor *r = keep(&s, first && lo && hi ? fe_op(VM_OP_where, 3, in, NULL) : NULL);
+  return finish(&s, dt == KILN_F64 || !r ? r : keep(&s, fe_cast(r, dt)));
 }
 
-vm_tensor *vm_eye(int64_t n, kiln_dtype dt) {
+vm_tensor *fe_eye(int64_t n, kiln_dtype dt) {
   if (!vm_dtype_valid((int)dt)) {
     vm_error(KILN_ERR_DTYPE, "invalid dtype %d", (int)dt);
     return NULL;
@@ -123,11 +123,11 @@ vm_tensor *vm_eye(int64_t n, kiln_dtype dt) {
   }
   kiln_device d;
   if (!vm_default_device(&d)) return NULL;
-  vm_scope s = {0};
-  vm_tensor *i = keep(&s, vm_arange_i64(0, 1, n, d));
-  vm_tensor *col = keep(&s, vm_reshape(i, 2, (int64_t[]){n, 1}));
-  vm_tensor *row = keep(&s, vm_reshape(i, 2, (int64_t[]){1, n}));
-  return finish(&s, keep(&s, vm_cast(keep(&s, vm_binary(VM_OP_eq, col, row)), dt)));
+  fe_scope s = {0};
+  vm_tensor *i = keep(&s, fe_arange_i64(0, 1, n, d));
+  vm_tensor *col = keep(&s, fe_reshape(i, 2, (int64_t[]){n, 1}));
+  vm_tensor *row = keep(&s, fe_reshape(i, 2, (int64_t[]){1, n}));
+  return finish(&s, keep(&s, fe_cast(keep(&s, fe_binary(VM_OP_eq, col, row)), dt)));
 }
 
 static vm_tensor *uniform_f64(int ndim, const int64_t *shape) {
@@ -137,12 +137,12 @@ static vm_tensor *uniform_f64(int ndim, const int64_t *shape) {
   if (!new_tensor_device(&attr)) return NULL;
   if (ndim) memcpy(attr.shape, shape, (size_t)ndim * sizeof *shape);
   vm_rng_reserve(vm_rng_blocks(numel, KILN_F64), &attr.seed, &attr.counter);
-  return vm_op(VM_OP_rand, 0, NULL, &attr);
+  return fe_op(VM_OP_rand, 0, NULL, &attr);
 }
 
 /* floor(low + u * (high - low)) with u ~ U[0,1) in f64 (53 bits): uniform
    up to a bias below 2^-53 * range; ranges beyond 2^53 are refused */
-vm_tensor *vm_randint(int64_t low, int64_t high, kiln_dtype dt, int ndim, const int64_t *shape) {
+vm_tensor *fe_randint(int64_t low, int64_t high, kiln_dtype dt, int ndim, const int64_t *shape) {
   if (!vm_dtype_valid((int)dt) || dt == KILN_BOOL) {
     vm_error(KILN_ERR_DTYPE, "invalid dtype %d for random integers", (int)dt);
     return NULL;
@@ -152,16 +152,16 @@ vm_tensor *vm_randint(int64_t low, int64_t high, kiln_dtype dt, int ndim, const 
              (long long)low, (long long)high);
     return NULL;
   }
-  vm_scope s = {0};
+  fe_scope s = {0};
   vm_tensor *u = keep(&s, uniform_f64(ndim, shape));
   double span = (double)high - (double)low;
-  vm_tensor *v = keep(&s, vm_binary_host_scalar(VM_OP_add,
-                     keep(&s, vm_binary_host_scalar(VM_OP_mul, u, span, false)), (double)low, false));
-  vm_tensor *f = keep(&s, vm_unary(VM_OP_floor, v));
+  vm_tensor *v = keep(&s, fe_binary_host_scalar(VM_OP_add,
+                     keep(&s, fe_binary_host_scalar(VM_OP_mul, u, span, false)), (double)low, false));
+  vm_tensor *f = keep(&s, fe_unary(VM_OP_floor, v));
   /* rounding in low + u*span can reach high itself */
-  vm_tensor *top = keep(&s, vm_host_scalar((double)(high - 1), false));
-  vm_tensor *capped = keep(&s, f && top ? vm_binary(VM_OP_minimum, f, top) : NULL);
-  return finish(&s, keep(&s, capped ? vm_cast(capped, dt) : NULL));
+  vm_tensor *top = keep(&s, fe_host_scalar((double)(high - 1), false));
+  vm_tensor *capped = keep(&s, f && top ? fe_binary(VM_OP_minimum, f, top) : NULL);
+  return finish(&s, keep(&s, capped ? fe_cast(capped, dt) : NULL));
 }
 
 /* A Fisher-Yates shuffle on the host, drawing from the process Philox
@@ -169,7 +169,7 @@ vm_tensor *vm_randint(int64_t low, int64_t high, kiln_dtype dt, int ndim, const 
    j = floor(r * (i + 1) / 2^64), r the i-th 64-bit word of the reserved
    blocks (Lemire's multiply, bias below n / 2^64).  Made at the call: a
    permutation is data, like kiln_from_data's. */
-vm_tensor *vm_randperm(int64_t n) {
+vm_tensor *fe_randperm(int64_t n) {
   if (n < 0 || n > (INT64_C(1) << 40)) {
     vm_error(KILN_ERR_ARG, "n %lld is out of range [0, 2^40]", (long long)n);
     return NULL;
@@ -198,13 +198,13 @@ vm_tensor *vm_randperm(int64_t n) {
     vm_release(t);
     return NULL;
   }
-  return vm_handle_from_host(t, d);
+  return fe_handle_from_host(t, d);
 }
 
 /* a new value node (values are immutable, so a copy is all a clone is) */
-vm_tensor *vm_clone(vm_tensor *a) {
+vm_tensor *fe_clone(vm_tensor *a) {
   if (null_arg(a, 0)) return NULL;
-  return vm_unary(VM_OP_copy, a);
+  return fe_unary(VM_OP_copy, a);
 }
 
 /* --- var / std ----------------------------------------------------------- */
@@ -221,7 +221,7 @@ static int64_t reduced_count(const vm_tensor *x, int naxes, const int *axes) {
 
 /* sum((x - mean)^2) / (count - correction); count <= correction divides by
    zero (inf, or NaN for an empty reduction), as PyTorch */
-vm_tensor *vm_var(vm_tensor *a, int naxes, const int *axes, int correction, bool keepdim) {
+vm_tensor *fe_var(vm_tensor *a, int naxes, const int *axes, int correction, bool keepdim) {
   if (null_arg(a, 0)) return NULL;
   if (correction < 0) {
     vm_error(KILN_ERR_ARG, "correction %d is negative", correction);
@@ -231,21 +231,21 @@ vm_tensor *vm_var(vm_tensor *a, int naxes, const int *axes, int correction, bool
     vm_error(KILN_ERR_DTYPE, "bool tensors are not supported; cast them first");
     return NULL;
   }
-  vm_scope s = {0};
-  vm_tensor *x = vm_dtype_is_float(a->dtype) ? a : keep(&s, vm_cast(a, KILN_F32));
-  vm_tensor *mean = keep(&s, vm_mean(x, naxes, axes, true));
+  fe_scope s = {0};
+  vm_tensor *x = vm_dtype_is_float(a->dtype) ? a : keep(&s, fe_cast(a, KILN_F32));
+  vm_tensor *mean = keep(&s, fe_mean(x, naxes, axes, true));
   if (!mean) return finish(&s, NULL);
   int64_t count = reduced_count(x, naxes, axes);
-  vm_tensor *xc = keep(&s, vm_binary(VM_OP_sub, x, mean));
-  vm_tensor *ss = keep(&s, vm_reduce(VM_OP_sum, keep(&s, vm_binary(VM_OP_mul, xc, xc)), naxes,
+  vm_tensor *xc = keep(&s, fe_binary(VM_OP_sub, x, mean));
+  vm_tensor *ss = keep(&s, fe_reduce(VM_OP_sum, keep(&s, fe_binary(VM_OP_mul, xc, xc)), naxes,
                                      axes, keepdim));
   double denom = count > correction ? (double)(count - correction) : 0.0;
-  return finish(&s, keep(&s, ss ? vm_binary_scalar(VM_OP_div, ss, denom, false) : NULL));
+  return finish(&s, keep(&s, ss ? fe_binary_scalar(VM_OP_div, ss, denom, false) : NULL));
 }
 
-vm_tensor *vm_std(vm_tensor *a, int naxes, const int *axes, int correction, bool keepdim) {
-  vm_tensor *v = vm_var(a, naxes, axes, correction, keepdim);
-  vm_tensor *r = v ? vm_unary(VM_OP_sqrt, v) : NULL;
+vm_tensor *fe_std(vm_tensor *a, int naxes, const int *axes, int correction, bool keepdim) {
+  vm_tensor *v = fe_var(a, naxes, axes, correction, keepdim);
+  vm_tensor *r = v ? fe_unary(VM_OP_sqrt, v) : NULL;
   vm_release(v);
   return r;
 }
@@ -258,10 +258,10 @@ static vm_tensor *shift_in_zeros(vm_tensor *y, int axis, int64_t s) {
   vm_attr zattr = {.dtype = y->dtype, .ndim = y->ndim, .device = y->device};
   memcpy(zattr.shape, y->shape, sizeof zattr.shape);
   zattr.shape[axis] = s;
-  vm_scope sc = {0};
-  vm_tensor *parts[2] = {keep(&sc, vm_op(VM_OP_full, 0, NULL, &zattr)),
-                         keep(&sc, vm_slice(y, axis, 0, y->shape[axis] - s, 1))};
-  return finish(&sc, keep(&sc, parts[0] && parts[1] ? vm_concat(2, parts, axis) : NULL));
+  fe_scope sc = {0};
+  vm_tensor *parts[2] = {keep(&sc, fe_op(VM_OP_full, 0, NULL, &zattr)),
+                         keep(&sc, fe_slice(y, axis, 0, y->shape[axis] - s, 1))};
+  return finish(&sc, keep(&sc, parts[0] && parts[1] ? fe_concat(2, parts, axis) : NULL));
 }
 
 /* An inclusive scan in log2(n) steps of y += shift(y, 2^k) (Hillis-Steele):
@@ -270,18 +270,18 @@ static vm_tensor *shift_in_zeros(vm_tensor *y, int axis, int64_t s) {
    summation order, and a gradient (the reverse scan) from the VJPs of
    slice, concat and add.  Integers and bool sum in i64, floats keep their
    dtype (as kiln_sum). */
-vm_tensor *vm_cumsum(vm_tensor *a, int axis) {
+vm_tensor *fe_cumsum(vm_tensor *a, int axis) {
   if (null_arg(a, 0)) return NULL;
   if (a->ndim == 0) {
     vm_error(KILN_ERR_SHAPE, "a 0-d tensor has no axis %d", axis);
     return NULL;
   }
   if (!vm_norm_axis(&axis, a->ndim)) return NULL;
-  vm_tensor *y = vm_dtype_is_float(a->dtype) ? vm_unary(VM_OP_copy, a) : vm_cast(a, KILN_I64);
+  vm_tensor *y = vm_dtype_is_float(a->dtype) ? fe_unary(VM_OP_copy, a) : fe_cast(a, KILN_I64);
   int64_t n = a->shape[axis];
   for (int64_t s = 1; y && s < n; s *= 2) {
     vm_tensor *shifted = shift_in_zeros(y, axis, s);
-    vm_tensor *next = shifted ? vm_binary(VM_OP_add, y, shifted) : NULL;
+    vm_tensor *next = shifted ? fe_binary(VM_OP_add, y, shifted) : NULL;
     vm_release(shifted);
     vm_release(y);
     y = next;
@@ -293,7 +293,7 @@ vm_tensor *vm_cumsum(vm_tensor *a, int axis) {
 
 static vm_tensor *argsort(vm_tensor *a, int axis, bool descending) {
   vm_attr attr = {.axis = axis, .keepdim = descending};
-  return vm_op(VM_OP_argsort, 1, &a, &attr);
+  return fe_op(VM_OP_argsort, 1, &a, &attr);
 }
 
 static bool sort_axis(vm_tensor *a, int *axis) {
@@ -309,23 +309,23 @@ static bool sort_axis(vm_tensor *a, int *axis) {
 static vm_tensor *sorted_prefix(vm_tensor *a, int axis, bool descending, int64_t k,
                                 vm_tensor **indices) {
   if (indices) *indices = NULL;
-  vm_scope s = {0};
+  fe_scope s = {0};
   vm_tensor *idx = keep(&s, argsort(a, axis, descending));
-  if (idx && k < a->shape[axis]) idx = keep(&s, vm_slice(idx, axis, 0, k, 1));
-  vm_tensor *v = keep(&s, idx ? vm_index_op(VM_OP_gather, a, axis, idx, NULL) : NULL);
+  if (idx && k < a->shape[axis]) idx = keep(&s, fe_slice(idx, axis, 0, k, 1));
+  vm_tensor *v = keep(&s, idx ? fe_index_op(VM_OP_gather, a, axis, idx, NULL) : NULL);
   if (v && indices) *indices = vm_retain(idx);
   return finish(&s, v);
 }
 
 /* stable; NaN is the largest value (last ascending, first descending) */
-vm_tensor *vm_sort(vm_tensor *a, int axis, bool descending, vm_tensor **indices) {
+vm_tensor *fe_sort(vm_tensor *a, int axis, bool descending, vm_tensor **indices) {
   if (indices) *indices = NULL;
   if (null_arg(a, 0) || !sort_axis(a, &axis)) return NULL;
   return sorted_prefix(a, axis, descending, a->shape[axis], indices);
 }
 
 /* the k largest (or smallest) along axis, in sorted order */
-vm_tensor *vm_topk(vm_tensor *a, int64_t k, int axis, bool largest, vm_tensor **indices) {
+vm_tensor *fe_topk(vm_tensor *a, int64_t k, int axis, bool largest, vm_tensor **indices) {
   if (indices) *indices = NULL;
   if (null_arg(a, 0) || !sort_axis(a, &axis)) return NULL;
   if (k < 0 || k > a->shape[axis]) {
@@ -424,24 +424,24 @@ static vm_tensor *window_index(const window_geom *g, bool output_major, kiln_dev
     }
   }
   *count_out = count;
-  return vm_handle_from_host(t, d);
+  return fe_handle_from_host(t, d);
 }
 
 /* x [N,C,H,W] -> its windows [N, count] (a recorded index_select over
    each image's flat row, padded with one element of value pad_value) */
-static vm_tensor *gather_windows(vm_scope *s, vm_tensor *x, const window_geom *g,
+static vm_tensor *gather_windows(fe_scope *s, vm_tensor *x, const window_geom *g,
                                  bool output_major, double pad_value) {
   int64_t count;
   vm_tensor *idx = keep(s, window_index(g, output_major, (kiln_device)x->device, &count));
   if (!idx) return NULL;
-  vm_tensor *flat = keep(s, vm_reshape(x, 2, (int64_t[]){g->n, g->c * g->h * g->w}));
+  vm_tensor *flat = keep(s, fe_reshape(x, 2, (int64_t[]){g->n, g->c * g->h * g->w}));
   if (g->ph || g->pw) {
     vm_attr attr = {.dtype = x->dtype, .ndim = 2, .shape = {g->n, 1}, .scalar = {pad_value},
                     .device = x->device};
-    vm_tensor *parts[2] = {flat, keep(s, vm_op(VM_OP_full, 0, NULL, &attr))};
-    flat = keep(s, flat && parts[1] ? vm_concat(2, parts, 1) : NULL);
+    vm_tensor *parts[2] = {flat, keep(s, fe_op(VM_OP_full, 0, NULL, &attr))};
+    flat = keep(s, flat && parts[1] ? fe_concat(2, parts, 1) : NULL);
   }
-  return keep(s, vm_index_op(VM_OP_index_select, flat, 1, idx, NULL));
+  return keep(s, fe_index_op(VM_OP_index_select, flat, 1, idx, NULL));
 }
 
 static bool check_rank(const vm_tensor *t, int ndim, const char *what, const char *layout) {
@@ -471,7 +471,7 @@ static bool conv_primitive_fits(const vm_tensor *x, const vm_tensor *w, const wi
    GEMM goes to BLAS.  The gradients are the primitives': matmul's VJP for
    the weight (and the columns), index_select's scatter-add VJP for the
    input (col2im), expand's sum for the bias. */
-vm_tensor *vm_conv2d(vm_tensor *x, vm_tensor *w, vm_tensor *b, const int stride[2],
+vm_tensor *fe_conv2d(vm_tensor *x, vm_tensor *w, vm_tensor *b, const int stride[2],
                      const int padding[2], const int dilation[2], int groups) {
   if (null_arg(x, 0) || null_arg(w, 1)) return NULL;
   if (!check_rank(x, 4, "input", "[N,C,H,W]") || !check_rank(w, 4, "weight", "[Cout,Cin/groups,kh,kw]"))
@@ -506,26 +506,26 @@ vm_tensor *vm_conv2d(vm_tensor *x, vm_tensor *w, vm_tensor *b, const int stride[
   g.sh = st[0], g.sw = st[1], g.ph = pd[0], g.pw = pd[1], g.dh = dl[0], g.dw = dl[1];
   if (!window_args(&g, "convolution")) return NULL;
   int64_t k = cin / groups * g.kh * g.kw, l = g.oh * g.ow, G = groups;
-  vm_scope s = {0};
+  fe_scope s = {0};
   vm_tensor *cols = NULL, *out;
   if (conv_primitive_fits(x, w, &g)) {
     vm_attr attr = {.axis = groups, .perm = {(int)g.sh, (int)g.sw, (int)g.ph, (int)g.pw, (int)g.dh, (int)g.dw}};
     vm_tensor *in[2] = {x, w};
-    out = keep(&s, vm_op(VM_OP_conv2d, 2, in, &attr));
+    out = keep(&s, fe_op(VM_OP_conv2d, 2, in, &attr));
   } else if (!(cols = gather_windows(&s, x, &g, false, 0.0))) {
     out = NULL;
   } else if (groups == 1) {
-    cols = keep(&s, vm_reshape(cols, 3, (int64_t[]){g.n, k, l}));
-    vm_tensor *wm = keep(&s, vm_reshape(w, 2, (int64_t[]){cout, k}));
-    out = keep(&s, cols && wm ? vm_binary(VM_OP_matmul, wm, cols) : NULL);
+    cols = keep(&s, fe_reshape(cols, 3, (int64_t[]){g.n, k, l}));
+    vm_tensor *wm = keep(&s, fe_reshape(w, 2, (int64_t[]){cout, k}));
+    out = keep(&s, cols && wm ? fe_binary(VM_OP_matmul, wm, cols) : NULL);
   } else {
-    cols = keep(&s, vm_reshape(cols, 4, (int64_t[]){g.n, G, k, l}));
-    vm_tensor *wm = keep(&s, vm_reshape(w, 3, (int64_t[]){G, cout / G, k}));
-    out = keep(&s, cols && wm ? vm_binary(VM_OP_matmul, wm, cols) : NULL);
+    cols = keep(&s, fe_reshape(cols, 4, (int64_t[]){g.n, G, k, l}));
+    vm_tensor *wm = keep(&s, fe_reshape(w, 3, (int64_t[]){G, cout / G, k}));
+    out = keep(&s, cols && wm ? fe_binary(VM_OP_matmul, wm, cols) : NULL);
   }
-  out = keep(&s, vm_reshape(out, 4, (int64_t[]){g.n, cout, g.oh, g.ow}));
-  if (b && out) out = keep(&s, vm_binary(VM_OP_add, out,
-                                         keep(&s, vm_reshape(b, 3, (int64_t[]){cout, 1, 1}))));
+  out = keep(&s, fe_reshape(out, 4, (int64_t[]){g.n, cout, g.oh, g.ow}));
+  if (b && out) out = keep(&s, fe_binary(VM_OP_add, out,
+                                         keep(&s, fe_reshape(b, 3, (int64_t[]){cout, 1, 1}))));
   return finish(&s, out);
 }
 
@@ -534,7 +534,7 @@ vm_tensor *vm_conv2d(vm_tensor *x, vm_tensor *w, vm_tensor *b, const int stride[
    that one position, as PyTorch's, and a NaN wins), avg the mean over the
    window with the padding counted (PyTorch's count_include_pad default).
    stride NULL = the kernel, padding NULL = 0. */
-vm_tensor *vm_pool2d(vm_tensor *x, bool max, const int kernel[2], const int stride[2],
+vm_tensor *fe_pool2d(vm_tensor *x, bool max, const int kernel[2], const int stride[2],
                      const int padding[2]) {
   if (null_arg(x, 0)) return NULL;
   if (!check_rank(x, 4, "input", "[N,C,H,W]") || !require_float(x, "input")) return NULL;
@@ -555,18 +555,18 @@ vm_tensor *vm_pool2d(vm_tensor *x, bool max, const int kernel[2], const int stri
     return NULL;
   }
   int64_t kk = g.kh * g.kw;
-  vm_scope s = {0};
+  fe_scope s = {0};
   vm_tensor *win = gather_windows(&s, x, &g, true, max ? -INFINITY : 0.0);
-  win = keep(&s, vm_reshape(win, 5, (int64_t[]){g.n, g.c, g.oh, g.ow, kk}));
+  win = keep(&s, fe_reshape(win, 5, (int64_t[]){g.n, g.c, g.oh, g.ow, kk}));
   vm_tensor *r;
   int last = 4;
   if (max) {
-    vm_tensor *at = keep(&s, vm_reduce(VM_OP_argmax, win, 1, &last, true));
-    r = keep(&s, at ? vm_index_op(VM_OP_gather, win, 4, at, NULL) : NULL);
-    r = keep(&s, vm_reshape(r, 4, (int64_t[]){g.n, g.c, g.oh, g.ow}));
+    vm_tensor *at = keep(&s, fe_reduce(VM_OP_argmax, win, 1, &last, true));
+    r = keep(&s, at ? fe_index_op(VM_OP_gather, win, 4, at, NULL) : NULL);
+    r = keep(&s, fe_reshape(r, 4, (int64_t[]){g.n, g.c, g.oh, g.ow}));
   } else {
-    r = keep(&s, vm_reduce(VM_OP_sum, win, 1, &last, false));
-    r = keep(&s, r ? vm_binary_scalar(VM_OP_div, r, (double)kk, false) : NULL);
+    r = keep(&s, fe_reduce(VM_OP_sum, win, 1, &last, false));
+    r = keep(&s, r ? fe_binary_scalar(VM_OP_div, r, (double)kk, false) : NULL);
   }
   return finish(&s, r);
 }
@@ -582,27 +582,27 @@ static bool check_channel_vec(const vm_tensor *p, int64_t c, const char *what) {
 }
 
 /* [C] -> [1, C, 1, ...] for x of ndim dims */
-static vm_tensor *per_channel(vm_scope *s, vm_tensor *v, int ndim, int64_t c) {
+static vm_tensor *per_channel(fe_scope *s, vm_tensor *v, int ndim, int64_t c) {
   int64_t shape[KILN_MAX_DIMS];
   for (int d = 0; d < ndim; d++) shape[d] = d == 1 ? c : 1;
-  return keep(s, vm_reshape(v, ndim, shape));
+  return keep(s, fe_reshape(v, ndim, shape));
 }
 
 /* running = running * (1 - m) + batch * m, computed without tracking and
    queued as a store (the handle names the new value) */
 static int update_running(vm_tensor *running, vm_tensor *batch, double momentum) {
-  vm_scope s = {0};
+  fe_scope s = {0};
   vm_thread()->no_grad++;
-  vm_tensor *old = keep(&s, vm_binary_host_scalar(VM_OP_mul, running, 1.0 - momentum, false));
-  vm_tensor *add = keep(&s, vm_binary_host_scalar(VM_OP_mul, batch, momentum, false));
-  vm_tensor *v = keep(&s, old && add ? vm_binary(VM_OP_add, old, add) : NULL);
+  vm_tensor *old = keep(&s, fe_binary_host_scalar(VM_OP_mul, running, 1.0 - momentum, false));
+  vm_tensor *add = keep(&s, fe_binary_host_scalar(VM_OP_mul, batch, momentum, false));
+  vm_tensor *v = keep(&s, old && add ? fe_binary(VM_OP_add, old, add) : NULL);
   vm_thread()->no_grad--;
-  int rc = v ? vm_assign(running, v) : vm_thread()->status;
+  int rc = v ? fe_assign(running, v) : vm_thread()->status;
   finish(&s, NULL);
   return rc;
 }
 
-vm_tensor *vm_batch_norm(vm_tensor *x, vm_tensor *running_mean, vm_tensor *running_var,
+vm_tensor *fe_batch_norm(vm_tensor *x, vm_tensor *running_mean, vm_tensor *running_var,
                          vm_tensor *w, vm_tensor *b, bool training, double momentum, double eps) {
   if (null_arg(x, 0)) return NULL;
   if (x->ndim < 2) {
@@ -636,17 +636,17 @@ vm_tensor *vm_batch_norm(vm_tensor *x, vm_tensor *running_mean, vm_tensor *runni
              vm_shape_str(buf, x->ndim, x->shape));
     return NULL;
   }
-  vm_scope s = {0};
+  fe_scope s = {0};
   vm_tensor *mean, *var;
   if (training) {
-    mean = keep(&s, vm_mean(x, na, axes, true));
-    vm_tensor *xc = keep(&s, vm_binary(VM_OP_sub, x, mean));
-    var = keep(&s, vm_mean(keep(&s, vm_binary(VM_OP_mul, xc, xc)), na, axes, true)); /* biased */
+    mean = keep(&s, fe_mean(x, na, axes, true));
+    vm_tensor *xc = keep(&s, fe_binary(VM_OP_sub, x, mean));
+    var = keep(&s, fe_mean(keep(&s, fe_binary(VM_OP_mul, xc, xc)), na, axes, true)); /* biased */
     if (running_mean && mean && var) {
-      vm_tensor *m1 = keep(&s, vm_reshape(mean, 1, &c));
-      vm_tensor *v1 = keep(&s, vm_reshape(var, 1, &c));
+      vm_tensor *m1 = keep(&s, fe_reshape(mean, 1, &c));
+      vm_tensor *v1 = keep(&s, fe_reshape(var, 1, &c));
       vm_thread()->no_grad++;
-      vm_tensor *unbiased = keep(&s, v1 ? vm_binary_scalar(VM_OP_mul, v1, (double)count / (double)(count - 1), false) : NULL);
+      vm_tensor *unbiased = keep(&s, v1 ? fe_binary_scalar(VM_OP_mul, v1, (double)count / (double)(count - 1), false) : NULL);
       vm_thread()->no_grad--;
       if (!m1 || !unbiased || update_running(running_mean, m1, momentum) ||
           update_running(running_var, unbiased, momentum))
@@ -656,10 +656,10 @@ vm_tensor *vm_batch_norm(vm_tensor *x, vm_tensor *running_mean, vm_tensor *runni
     mean = per_channel(&s, running_mean, x->ndim, c);
     var = per_channel(&s, running_var, x->ndim, c);
   }
-  vm_tensor *inv = keep(&s, var ? vm_unary(VM_OP_rsqrt, keep(&s, vm_binary_host_scalar(VM_OP_add, var, eps, false))) : NULL);
-  vm_tensor *y = keep(&s, mean && inv ? vm_binary(VM_OP_mul, keep(&s, vm_binary(VM_OP_sub, x, mean)), inv) : NULL);
-  if (w && y) y = keep(&s, vm_binary(VM_OP_mul, y, per_channel(&s, w, x->ndim, c)));
-  if (b && y) y = keep(&s, vm_binary(VM_OP_add, y, per_channel(&s, b, x->ndim, c)));
+  vm_tensor *inv = keep(&s, var ? fe_unary(VM_OP_rsqrt, keep(&s, fe_binary_host_scalar(VM_OP_add, var, eps, false))) : NULL);
+  vm_tensor *y = keep(&s, mean && inv ? fe_binary(VM_OP_mul, keep(&s, fe_binary(VM_OP_sub, x, mean)), inv) : NULL);
+  if (w && y) y = keep(&s, fe_binary(VM_OP_mul, y, per_channel(&s, w, x->ndim, c)));
+  if (b && y) y = keep(&s, fe_binary(VM_OP_add, y, per_channel(&s, b, x->ndim, c)));
   return finish(&s, y);
 }
 
@@ -667,7 +667,7 @@ vm_tensor *vm_batch_norm(vm_tensor *x, vm_tensor *running_mean, vm_tensor *runni
    Philox stream in x's dtype: the mask replays with its counter, so a
    recomputed value is the same value, and kiln_manual_seed reproduces it.
    p and 1/(1-p) are runtime parameters (one trace key for every p). */
-vm_tensor *vm_dropout(vm_tensor *x, double p, bool training) {
+vm_tensor *fe_dropout(vm_tensor *x, double p, bool training) {
   if (null_arg(x, 0)) return NULL;
   if (!(p >= 0 && p < 1)) {
     vm_error(KILN_ERR_ARG, "p %g is outside [0, 1)", p);
@@ -678,20 +678,20 @@ vm_tensor *vm_dropout(vm_tensor *x, double p, bool training) {
   vm_attr attr = {.dtype = x->dtype, .ndim = x->ndim, .device = x->device};
   memcpy(attr.shape, x->shape, sizeof attr.shape);
   vm_rng_reserve(vm_rng_blocks(x->numel, x->dtype), &attr.seed, &attr.counter);
-  vm_scope s = {0};
-  vm_tensor *u = keep(&s, vm_op(VM_OP_rand, 0, NULL, &attr));
-  vm_tensor *kept = keep(&s, u ? vm_binary_host_scalar(VM_OP_ge, u, p, false) : NULL);
-  vm_tensor *scaled = keep(&s, vm_binary_host_scalar(VM_OP_mul, x, 1.0 / (1.0 - p), false));
-  vm_tensor *zero = keep(&s, vm_weak_scalar(0, false));
+  fe_scope s = {0};
+  vm_tensor *u = keep(&s, fe_op(VM_OP_rand, 0, NULL, &attr));
+  vm_tensor *kept = keep(&s, u ? fe_binary_host_scalar(VM_OP_ge, u, p, false) : NULL);
+  vm_tensor *scaled = keep(&s, fe_binary_host_scalar(VM_OP_mul, x, 1.0 / (1.0 - p), false));
+  vm_tensor *zero = keep(&s, fe_weak_scalar(0, false));
   vm_tensor *in[3] = {kept, scaled, zero};
-  return finish(&s, keep(&s, kept && scaled && zero ? vm_op(VM_OP_where, 3, in, NULL) : NULL));
+  return finish(&s, keep(&s, kept && scaled && zero ? fe_op(VM_OP_where, 3, in, NULL) : NULL));
 }
 
 /* --- embeddings, one_hot, losses ---------------------------------------- */
 
 /* weight [V, D...] rows picked by idx of any shape: idx.shape + [D...].
    One index_select of the flattened index; its VJP scatter-adds rows. */
-vm_tensor *vm_embedding(vm_tensor *weight, vm_tensor *idx) {
+vm_tensor *fe_embedding(vm_tensor *weight, vm_tensor *idx) {
   if (null_arg(weight, 0) || null_arg(idx, 1)) return NULL;
   if (!require_index(idx, "idx")) return NULL;
   if (weight->ndim < 1 || idx->ndim + weight->ndim - 1 > KILN_MAX_DIMS) {
@@ -706,16 +706,16 @@ vm_tensor *vm_embedding(vm_tensor *weight, vm_tensor *idx) {
   int nd = 0;
   for (int d = 0; d < idx->ndim; d++) shape[nd++] = idx->shape[d];
   for (int d = 1; d < weight->ndim; d++) shape[nd++] = weight->shape[d];
-  vm_scope s = {0};
-  vm_tensor *flat = keep(&s, vm_reshape(idx, 1, &n));
-  vm_tensor *rows = keep(&s, flat ? vm_index_op(VM_OP_index_select, weight, 0, flat, NULL) : NULL);
-  return finish(&s, keep(&s, rows ? vm_reshape(rows, nd, shape) : NULL));
+  fe_scope s = {0};
+  vm_tensor *flat = keep(&s, fe_reshape(idx, 1, &n));
+  vm_tensor *rows = keep(&s, flat ? fe_index_op(VM_OP_index_select, weight, 0, flat, NULL) : NULL);
+  return finish(&s, keep(&s, rows ? fe_reshape(rows, nd, shape) : NULL));
 }
 
 /* idx.shape + [num_classes]: eq(idx[..., None], arange(num_classes)).  The
    values are checked at the call when known, else at the flush by an
    index_select of the classes (which also names the bad value). */
-vm_tensor *vm_one_hot(vm_tensor *idx, int64_t num_classes, kiln_dtype dt) {
+vm_tensor *fe_one_hot(vm_tensor *idx, int64_t num_classes, kiln_dtype dt) {
   if (null_arg(idx, 0)) return NULL;
   if (!require_index(idx, "idx")) return NULL;
   if (!vm_dtype_valid((int)dt)) {
@@ -729,21 +729,21 @@ vm_tensor *vm_one_hot(vm_tensor *idx, int64_t num_classes, kiln_dtype dt) {
   }
   if (!check_index_values(idx, num_classes, "class index")) return NULL;
   int64_t n = idx->numel;
-  vm_scope s = {0};
-  vm_tensor *classes = keep(&s, vm_arange_i64(0, 1, num_classes, (kiln_device)idx->device));
-  vm_tensor *flat = keep(&s, vm_reshape(idx, 1, &n));
-  vm_tensor *checked = keep(&s, flat ? vm_index_op(VM_OP_index_select, classes, 0, flat, NULL) : NULL);
-  vm_tensor *col = keep(&s, checked ? vm_reshape(checked, 2, (int64_t[]){n, 1}) : NULL);
-  vm_tensor *hot = keep(&s, col ? vm_binary(VM_OP_eq, col, classes) : NULL);
+  fe_scope s = {0};
+  vm_tensor *classes = keep(&s, fe_arange_i64(0, 1, num_classes, (kiln_device)idx->device));
+  vm_tensor *flat = keep(&s, fe_reshape(idx, 1, &n));
+  vm_tensor *checked = keep(&s, flat ? fe_index_op(VM_OP_index_select, classes, 0, flat, NULL) : NULL);
+  vm_tensor *col = keep(&s, checked ? fe_reshape(checked, 2, (int64_t[]){n, 1}) : NULL);
+  vm_tensor *hot = keep(&s, col ? fe_binary(VM_OP_eq, col, classes) : NULL);
   int64_t shape[KILN_MAX_DIMS];
   for (int d = 0; d < idx->ndim; d++) shape[d] = idx->shape[d];
   shape[idx->ndim] = num_classes;
-  hot = keep(&s, hot ? vm_reshape(hot, idx->ndim + 1, shape) : NULL);
-  return finish(&s, keep(&s, hot ? vm_cast(hot, dt) : NULL));
+  hot = keep(&s, hot ? fe_reshape(hot, idx->ndim + 1, shape) : NULL);
+  return finish(&s, keep(&s, hot ? fe_cast(hot, dt) : NULL));
 }
 
 /* -mean(log_probs[i, target[i]]) for log_probs [N,C] and target [N] */
-vm_tensor *vm_nll_loss(vm_tensor *log_probs, vm_tensor *target) {
+vm_tensor *fe_nll_loss(vm_tensor *log_probs, vm_tensor *target) {
   if (null_arg(log_probs, 0) || null_arg(target, 1)) return NULL;
   if (!require_float(log_probs, "log_probs") || !require_index(target, "target")) return NULL;
   if (log_probs->ndim != 2 || target->ndim != 1 || target->shape[0] != log_probs->shape[0]) {
@@ -754,26 +754,26 @@ vm_tensor *vm_nll_loss(vm_tensor *log_probs, vm_tensor *target) {
     return NULL;
   }
   if (!check_index_values(target, log_probs->shape[1], "label")) return NULL;
-  vm_scope s = {0};
-  vm_tensor *col = keep(&s, vm_unsqueeze(target, 1));
-  vm_tensor *picked = keep(&s, col ? vm_index_op(VM_OP_gather, log_probs, 1, col, NULL) : NULL);
-  vm_tensor *mean = keep(&s, picked ? vm_mean(picked, 0, NULL, false) : NULL);
-  return finish(&s, keep(&s, mean ? vm_unary(VM_OP_neg, mean) : NULL));
+  fe_scope s = {0};
+  vm_tensor *col = keep(&s, fe_unsqueeze(target, 1));
+  vm_tensor *picked = keep(&s, col ? fe_index_op(VM_OP_gather, log_probs, 1, col, NULL) : NULL);
+  vm_tensor *mean = keep(&s, picked ? fe_mean(picked, 0, NULL, false) : NULL);
+  return finish(&s, keep(&s, mean ? fe_unary(VM_OP_neg, mean) : NULL));
 }
 
 /* mean(max(x, 0) - x*t + log1p(exp(-|x|))): never overflows; maximum
    splits its tie at x = 0, so the gradient there is sigmoid(0) - t, as
    everywhere else (PyTorch's sigmoid(x) - t) */
-vm_tensor *vm_bce_with_logits(vm_tensor *logits, vm_tensor *target) {
+vm_tensor *fe_bce_with_logits(vm_tensor *logits, vm_tensor *target) {
   if (null_arg(logits, 0) || null_arg(target, 1)) return NULL;
   if (!require_float(logits, "logits") || !require_float(target, "target")) return NULL;
   if (!same_shapes(logits, target, "logits", "target")) return NULL;
-  vm_scope s = {0};
-  vm_tensor *zero = keep(&s, vm_weak_scalar(0, false));
-  vm_tensor *pos = keep(&s, zero ? vm_binary(VM_OP_maximum, logits, zero) : NULL);
-  vm_tensor *xt = keep(&s, vm_binary(VM_OP_mul, logits, target));
-  vm_tensor *nabs = keep(&s, vm_unary(VM_OP_neg, keep(&s, vm_unary(VM_OP_abs, logits))));
-  vm_tensor *soft = keep(&s, vm_unary(VM_OP_log1p, keep(&s, vm_unary(VM_OP_exp, nabs))));
-  vm_tensor *l = keep(&s, vm_binary(VM_OP_add, keep(&s, vm_binary(VM_OP_sub, pos, xt)), soft));
-  return finish(&s, keep(&s, l ? vm_mean(l, 0, NULL, false) : NULL));
+  fe_scope s = {0};
+  vm_tensor *zero = keep(&s, fe_weak_scalar(0, false));
+  vm_tensor *pos = keep(&s, zero ? fe_binary(VM_OP_maximum, logits, zero) : NULL);
+  vm_tensor *xt = keep(&s, fe_binary(VM_OP_mul, logits, target));
+  vm_tensor *nabs = keep(&s, fe_unary(VM_OP_neg, keep(&s, fe_unary(VM_OP_abs, logits))));
+  vm_tensor *soft = keep(&s, fe_unary(VM_OP_log1p, keep(&s, fe_unary(VM_OP_exp, nabs))));
+  vm_tensor *l = keep(&s, fe_binary(VM_OP_add, keep(&s, fe_binary(VM_OP_sub, pos, xt)), soft));
+  return finish(&s, keep(&s, l ? fe_mean(l, 0, NULL, false) : NULL));
 }
