@@ -1,7 +1,7 @@
-/* plan.c — building a plan from a trace (passes, partitioning, buffer
- * assignment) and running plans or plain traces on the interpreter.
- * Every rewrite here is exact: a plan's results are bit for bit those of
- * running the trace node by node. */
+/* plan.c — building a plan from a trace (tr_plan_build: a driver of named
+ * passes, plan_copy .. plan_release_lists) and running plans or plain
+ * traces on the interpreter.  Every rewrite here is exact: a plan's results
+ * are bit for bit those of running the trace node by node. */
 #include "plan.h"
 
 #include <stdlib.h>
@@ -73,11 +73,20 @@ static bool same_shape(const vm_meta *a, const vm_meta *b) {
 
 /* --- building --------------------------------------------------------------- */
 
+/* What the passes of tr_plan_build share.  Up to plan_renumber a node is
+   numbered as in the trace (p[i], one per canonical node); from there on,
+   as in the plan (plan->nodes). */
 typedef struct {
   const tr_trace *t;
   tr_pnode *p;
   int n;
-  int *alias; /* plan ref a node was rewritten to (itself if not) */
+  int *alias;    /* plan ref a node was rewritten to (itself if not) */
+  tr_plan *plan; /* what the passes build */
+  int *table;    /* plan_copy's CSE table: slots entries (a power of 2), -1 empty */
+  int slots;
+  bool *live;    /* plan_dce: the outputs need the node */
+  int *renumber; /* plan_order: a kept node's index in the plan */
+  int m;         /* plan_order: the nodes kept */
 } builder;
 
 static const vm_meta *ref_meta(const builder *b, int ref) {
@@ -215,8 +224,9 @@ static uint64_t node_hash(const tr_pnode *p) {
 }
 
 /* common subexpressions: a pure node equal to an earlier one is that one */
-static int cse(builder *b, int i, int *table, int slots) {
+static int cse(builder *b, int i) {
   tr_pnode *p = &b->p[i];
+  int *table = b->table, slots = b->slots;
   if (is_param_leaf(p->op) || p->nin > 3 || vm_op_table[p->op].kind == VM_KIND_COLLECTIVE) return i;
   size_t h = node_hash(p) & (size_t)(slots - 1);
   while (table[h] >= 0) {
@@ -225,6 +235,215 @@ static int cse(builder *b, int i, int *table, int slots) {
   }
   table[h] = i;
   return i;
+}
+
+/* --- the passes up to partitioning, in tr_plan_build's order ---------------- */
+
+/* copies trace node i into b->p[i], its inputs resolved through the
+   rewrites of the nodes before it; false on OOM */
+static bool copy_node(builder *b, int i) {
+  const tr_node *src = b->t->nodes[i];
+  tr_pnode *p = &b->p[i];
+  p->op = src->op;
+  p->attr = src->attr;
+  p->meta = src->meta;
+  p->nin = src->nin;
+  p->src = i;
+  if (src->nin > 3 && !(p->more = malloc((size_t)(src->nin - 3) * sizeof(int)))) return false;
+  for (int k = 0; k < src->nin; k++) {
+    int r = resolve(b, b->t->refs[i][k]);
+    if (k < 3)
+      p->in[k] = r;
+    else
+      p->more[k - 3] = r;
+  }
+  return true;
+}
+
+/* plan_copy: copies the trace node by node, then simplifies each node
+   (exact identities) and, if it stays, looks it up for CSE; alias[i] says
+   what node i became.  Relies on the trace's order: inputs first. */
+static bool plan_copy(builder *b) {
+  for (int i = 0; i < b->n; i++) {
+    if (!copy_node(b, i)) return false;
+    bool rewired = false;
+    int r = simplify(b, i, &rewired);
+    if (r != i || rewired) b->plan->passes.simplified++;
+    if (r == i) {
+      r = cse(b, i);
+      if (r != i) b->plan->passes.cse++;
+    }
+    b->alias[i] = r;
+  }
+  return true;
+}
+
+/* plan_drop_kept_dims: a reshape that only drops the kept dims of a
+   keepdim reduction read by nothing else (autodiff's bias gradient: sum
+   over the batch, keepdim, then to the bias's shape) becomes the reduction
+   without keepdim: the same fold, so the same bits, and no view of a value
+   computed in the reduction's group, which would end it (plan_partition),
+   so the bias update joins the reduction's kernel as its epilogue.  Counted as simplified;
+   relies on plan_copy's aliases. */
+static bool plan_drop_kept_dims(builder *b) {
+  int n = b->n, rewritten = 0;
+  int *uses = calloc((size_t)(n ? n : 1), sizeof(int));
+  if (!uses) return true; /* an optimization only */
+  for (int i = 0; i < n; i++) {
+    if (b->alias[i] != i) continue;
+    for (int k = 0; k < b->p[i].nin; k++) {
+      int r = tr_pnode_input(&b->p[i], k);
+      if (r >= 0) uses[r]++;
+    }
+  }
+  for (int i = 0; i < n; i++)
+    if (b->t->is_output[i] && b->alias[i] >= 0) uses[b->alias[i]] += 2; /* escapes: kept as it is */
+  for (int i = 0; i < n; i++) {
+    tr_pnode *p = &b->p[i];
+    int x = p->nin == 1 ? p->in[0] : -1;
+    if (b->alias[i] != i || p->op != VM_OP_reshape || x < 0 || uses[x] != 1) continue;
+    const tr_pnode *r = &b->p[x];
+    if (vm_op_table[r->op].kind != VM_KIND_REDUCE || !r->attr.keepdim || r->nin != 1) continue;
+    const vm_meta *in = ref_meta(b, r->in[0]);
+    int nd = 0;
+    int64_t dropped[KILN_MAX_DIMS] = {0};
+    for (int d = 0; d < in->ndim; d++)
+      if (!((r->attr.axes_mask >> d) & 1u)) dropped[nd++] = in->shape[d];
+    if (nd != p->meta.ndim || memcmp(dropped, p->meta.shape, (size_t)nd * sizeof(int64_t)))
+      continue;
+    vm_meta m = r->meta;
+    m.ndim = nd;
+    memcpy(m.shape, dropped, sizeof m.shape);
+    p->op = r->op;
+    p->attr = r->attr;
+    p->attr.keepdim = false;
+    p->in[0] = r->in[0];
+    p->meta = m;
+    rewritten++;
+  }
+  free(uses);
+  b->plan->passes.simplified += rewritten;
+  return true;
+}
+
+/* plan_dce: marks live what the outputs need, from the last node back
+   (a node's inputs come before it). */
+static bool plan_dce(builder *b) {
+  for (int i = b->n - 1; i >= 0; i--) {
+    if (b->t->is_output[i] && b->alias[i] >= 0) b->live[b->alias[i]] = true;
+    if (!b->live[i] || b->alias[i] != i) continue;
+    for (int k = 0; k < b->p[i].nin; k++) {
+      int r = tr_pnode_input(&b->p[i], k);
+      if (r >= 0) b->live[r] = true;
+    }
+  }
+  return true;
+}
+
+/* plan_order: numbers the nodes kept (live, not rewritten away) in the
+   plan's order: uniform values (fills, and elementwise work on fills only)
+   first, so they never split the loop nests of the nodes that read them,
+   then the rest in trace order (inputs stay first).  Counts the dead. */
+static bool plan_order(builder *b) {
+  int n = b->n;
+  bool *uniform = calloc((size_t)n, sizeof(bool));
+  if (!uniform) return false;
+  for (int i = 0; i < n; i++) {
+    const tr_pnode *p = &b->p[i];
+    bool u = p->op == VM_OP_full || (is_elementwise(p->op) && p->nin > 0);
+    for (int k = 0; u && p->op != VM_OP_full && k < p->nin; k++) {
+      int r = tr_pnode_input(p, k);
+      u = r >= 0 && uniform[r];
+    }
+    uniform[i] = u;
+  }
+  b->m = 0;
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < n; i++) {
+      if (uniform[i] != (pass == 0)) continue;
+      if (b->live[i] && b->alias[i] == i)
+        b->renumber[i] = b->m++;
+      else if (b->alias[i] == i)
+        b->plan->passes.dce++;
+    }
+  free(uniform);
+  return true;
+}
+
+/* plan_renumber: moves the kept nodes into the plan at their new numbers,
+   inputs renumbered; frees what the dropped ones held.  Relies on
+   plan_order. */
+static bool plan_renumber(builder *b) {
+  tr_plan *plan = b->plan;
+  int n = b->n, m = b->m;
+  plan->escapes = calloc((size_t)(m ? m : 1), sizeof(bool));
+  plan->nodes = calloc((size_t)(m ? m : 1), sizeof(tr_pnode));
+  plan->outputs = malloc((size_t)n * sizeof(int));
+  plan->groups = calloc((size_t)(m ? m : 1), sizeof(tr_group));
+  if (!plan->nodes || !plan->outputs || !plan->groups || !plan->escapes) return false;
+  for (int i = 0; i < n; i++) {
+    if (!b->live[i] || b->alias[i] != i) {
+      free(b->p[i].more);
+      continue;
+    }
+    tr_pnode *p = &plan->nodes[b->renumber[i]];
+    *p = b->p[i];
+    for (int k = 0; k < p->nin; k++) {
+      int r = tr_pnode_input(p, k), nr = r >= 0 ? b->renumber[r] : r;
+      if (k < 3)
+        p->in[k] = nr;
+      else
+        p->more[k - 3] = nr;
+    }
+  }
+  plan->n = m;
+  plan->ncanon = n;
+  return true;
+}
+
+/* plan_fold: constant folding — elementwise work on uniform values (fills,
+   folded nodes) runs at 0-d and is expanded where read.  Relies on the
+   plan's order: inputs first. */
+static bool plan_fold(builder *b) {
+  tr_plan *plan = b->plan;
+  for (int i = 0; i < plan->n; i++) {
+    tr_pnode *p = &plan->nodes[i];
+    bool uniform = is_elementwise(p->op) && p->nin > 0;
+    for (int k = 0; uniform && k < p->nin; k++) {
+      int r = tr_pnode_input(p, k);
+      uniform = r >= 0 && (plan->nodes[r].op == VM_OP_full || plan->nodes[r].fold);
+    }
+    if (uniform) {
+      p->fold = true;
+      plan->passes.folded++;
+    }
+  }
+  return true;
+}
+
+/* plan_outputs: for each canonical output node, the plan ref holding its
+   value; a plan node so named escapes (its value leaves the plan). */
+static bool plan_outputs(builder *b) {
+  tr_plan *plan = b->plan;
+  for (int i = 0; i < b->n; i++) {
+    int r = b->alias[i];
+    plan->outputs[i] = b->t->is_output[i] ? (r >= 0 ? b->renumber[r] : r) : 0;
+    if (b->t->is_output[i] && r >= 0) plan->escapes[b->renumber[r]] = true;
+  }
+  return true;
+}
+
+/* plan_last_use: the last plan node reading each node (itself if none);
+   plan_buffers and plan_release_lists rely on it. */
+static bool plan_last_use(builder *b) {
+  tr_plan *plan = b->plan;
+  for (int i = 0; i < plan->n; i++) plan->nodes[i].last_use = i;
+  for (int i = 0; i < plan->n; i++)
+    for (int k = 0; k < plan->nodes[i].nin; k++) {
+      int r = tr_pnode_input(&plan->nodes[i], k);
+      if (r >= 0) plan->nodes[r].last_use = i;
+    }
+  return true;
 }
 
 /* --- partitioning (DESIGN §5) ------------------------------------------------- */
@@ -288,7 +507,13 @@ static bool needs_coord(const tr_pnode *p) { return p->op == VM_OP_scatter_add |
    producers) */
 static bool flat_only(const tr_pnode *p) { return needs_coord(p) || vm_op_scans(p->op); }
 
-static void partition(tr_plan *plan, const tr_trace *t) {
+/* plan_partition: cuts the plan, in its order, into kernel groups
+   (tr_group_kind): elementwise work joins the loop nest or reduction
+   before it where shapes allow.  Relies on the plan's order (inputs
+   first, uniform values first). */
+static bool plan_partition(builder *b) {
+  tr_plan *plan = b->plan;
+  const tr_trace *t = b->t;
   plan->ngroups = 0;
   tr_group *cur = NULL;
   vm_meta cur_shape = {0};  /* the group's iteration space (or the reduction's result) */
@@ -360,11 +585,15 @@ static void partition(tr_plan *plan, const tr_trace *t) {
     }
     p->group = plan->ngroups - 1;
   }
+  return true;
 }
 
-/* buffers: a group output (read by a later group, or a plan output) owns a
-   buffer; buffers whose last reader has run are reused by later outputs */
-static bool assign_buffers(tr_plan *plan, const bool *escapes) {
+/* plan_buffers: a group output (read by a later group, or a plan output)
+   owns a buffer; buffers whose last reader has run are reused by later
+   outputs.  Relies on the groups, last uses and escapes. */
+static bool plan_buffers(builder *b) {
+  tr_plan *plan = b->plan;
+  const bool *escapes = plan->escapes;
   int n = plan->n;
   size_t slots = n > 0 ? (size_t)n : 1;
   int *slot_free_after = malloc(slots * sizeof(int));
@@ -395,10 +624,12 @@ static bool assign_buffers(tr_plan *plan, const bool *escapes) {
   return true;
 }
 
-/* which values each group is the last reader of (run_plan frees them
-   after it): a counting sort of the nodes by the group of their last use,
-   so a run frees in O(nodes), not O(groups x nodes) */
-static bool release_lists(tr_plan *plan, const bool *escapes) {
+/* plan_release_lists: which values each group is the last reader of
+   (run_plan frees them after it): a counting sort of the nodes by the group
+   of their last use, so a run frees in O(nodes), not O(groups x nodes) */
+static bool plan_release_lists(builder *b) {
+  tr_plan *plan = b->plan;
+  const bool *escapes = plan->escapes;
   int ng = plan->ngroups;
   plan->release_at = calloc((size_t)ng + 2, sizeof(int));
   plan->release = malloc((size_t)(plan->n ? plan->n : 1) * sizeof(int));
@@ -411,182 +642,56 @@ static bool release_lists(tr_plan *plan, const bool *escapes) {
   return true;
 }
 
-/* A reshape that only drops the kept dims of a keepdim reduction read by
-   nothing else (autodiff's bias gradient: sum over the batch, keepdim,
-   then to the bias's shape) becomes the reduction without keepdim: the
-   same fold, so the same bits, and no view of a value computed in the
-   reduction's group, which would end it (partition), so the bias update
-   joins the reduction's kernel as its epilogue.  Returns the nodes
-   rewritten. */
-static int drop_kept_dims(builder *b) {
-  int n = b->n, rewritten = 0;
-  int *uses = calloc((size_t)(n ? n : 1), sizeof(int));
-  if (!uses) return 0; /* an optimization only */
-  for (int i = 0; i < n; i++) {
-    if (b->alias[i] != i) continue;
-    for (int k = 0; k < b->p[i].nin; k++) {
-      int r = tr_pnode_input(&b->p[i], k);
-      if (r >= 0) uses[r]++;
-    }
-  }
-  for (int i = 0; i < n; i++)
-    if (b->t->is_output[i] && b->alias[i] >= 0) uses[b->alias[i]] += 2; /* escapes: kept as it is */
-  for (int i = 0; i < n; i++) {
-    tr_pnode *p = &b->p[i];
-    int x = p->nin == 1 ? p->in[0] : -1;
-    if (b->alias[i] != i || p->op != VM_OP_reshape || x < 0 || uses[x] != 1) continue;
-    const tr_pnode *r = &b->p[x];
-    if (vm_op_table[r->op].kind != VM_KIND_REDUCE || !r->attr.keepdim || r->nin != 1) continue;
-    const vm_meta *in = ref_meta(b, r->in[0]);
-    int nd = 0;
-    int64_t dropped[KILN_MAX_DIMS] = {0};
-    for (int d = 0; d < in->ndim; d++)
-      if (!((r->attr.axes_mask >> d) & 1u)) dropped[nd++] = in->shape[d];
-    if (nd != p->meta.ndim || memcmp(dropped, p->meta.shape, (size_t)nd * sizeof(int64_t))) continue;
-    vm_meta m = r->meta;
-    m.ndim = nd;
-    memcpy(m.shape, dropped, sizeof m.shape);
-    p->op = r->op;
-    p->attr = r->attr;
-    p->attr.keepdim = false;
-    p->in[0] = r->in[0];
-    p->meta = m;
-    rewritten++;
-  }
-  free(uses);
-  return rewritten;
+/* --- the driver --------------------------------------------------------------- */
+
+/* the plan and the passes' scratch for trace t; false on OOM */
+static bool builder_init(builder *b, const tr_trace *t, const vm_backend *be) {
+  int n = t->n;
+  *b = (builder){.t = t, .n = n, .slots = 64};
+  b->plan = calloc(1, sizeof *b->plan);
+  if (b->plan) b->plan->backend = be;
+  b->p = calloc((size_t)n, sizeof(tr_pnode));
+  b->alias = malloc((size_t)n * sizeof(int));
+  while (b->slots < 2 * n) b->slots *= 2;
+  b->table = malloc((size_t)b->slots * sizeof(int));
+  b->live = calloc((size_t)n, sizeof(bool));
+  b->renumber = malloc((size_t)n * sizeof(int));
+  if (!b->plan || !b->p || !b->alias || !b->table || !b->live || !b->renumber) return false;
+  memset(b->table, -1, (size_t)b->slots * sizeof(int));
+  return true;
 }
 
+/* frees the scratch; returns the plan, or NULL + an OOM error if !ok */
+static tr_plan *builder_finish(builder *b, bool ok) {
+  free(b->p);
+  free(b->alias);
+  free(b->table);
+  free(b->live);
+  free(b->renumber);
+  if (b->plan) atomic_init(&b->plan->refs, 1);
+  if (ok) return b->plan;
+  tr_plan_release(b->plan);
+  vm_error(KILN_ERR_OOM, "out of memory building a plan");
+  return NULL;
+}
+
+/* The passes, in order; each returns false on OOM only.  Every rewrite is
+   exact (see the file's comment). */
 tr_plan *tr_plan_build(const tr_trace *t, const vm_backend *be) {
-  int n = t->n;
-  tr_plan *plan = calloc(1, sizeof *plan);
-  if (plan) plan->backend = be;
-  builder b = {t, calloc((size_t)n, sizeof(tr_pnode)), n, malloc((size_t)n * sizeof(int))};
-  int slots = 64;
-  while (slots < 2 * n) slots *= 2;
-  int *table = malloc((size_t)slots * sizeof(int));
-  bool *live = calloc((size_t)n, sizeof(bool));
-  int *renumber = malloc((size_t)n * sizeof(int));
-  bool ok = plan && b.p && b.alias && table && live && renumber;
-  if (ok) memset(table, -1, (size_t)slots * sizeof(int));
-  /* copy, rewriting inputs through earlier rewrites, then simplify and CSE */
-  for (int i = 0; ok && i < n; i++) {
-    const tr_node *src = t->nodes[i];
-    tr_pnode *p = &b.p[i];
-    p->op = src->op;
-    p->attr = src->attr;
-    p->meta = src->meta;
-    p->nin = src->nin;
-    p->src = i;
-    if (src->nin > 3 && !(p->more = malloc((size_t)(src->nin - 3) * sizeof(int)))) ok = false;
-    for (int k = 0; ok && k < src->nin; k++) {
-      int r = resolve(&b, t->refs[i][k]);
-      if (k < 3) p->in[k] = r; else p->more[k - 3] = r;
-    }
-    if (!ok) break;
-    bool rewired = false;
-    int r = simplify(&b, i, &rewired);
-    if (r != i || rewired) plan->passes.simplified++;
-    if (r == i) {
-      r = cse(&b, i, table, slots);
-      if (r != i) plan->passes.cse++;
-    }
-    b.alias[i] = r;
-  }
-  if (ok) plan->passes.simplified += drop_kept_dims(&b);
-  /* DCE: keep what the outputs need */
-  for (int i = n - 1; ok && i >= 0; i--) {
-    if (t->is_output[i] && b.alias[i] >= 0) live[b.alias[i]] = true;
-    if (!live[i] || b.alias[i] != i) continue;
-    for (int k = 0; k < b.p[i].nin; k++) {
-      int r = tr_pnode_input(&b.p[i], k);
-      if (r >= 0) live[r] = true;
-    }
-  }
-  /* uniform values (fills, and elementwise work on fills only) go first:
-     they then never split the loop nests of the nodes that read them */
-  int m = 0;
-  bool *uniform = ok ? calloc((size_t)n, sizeof(bool)) : NULL;
-  ok = ok && uniform;
-  for (int i = 0; ok && i < n; i++) {
-    const tr_pnode *p = &b.p[i];
-    bool u = p->op == VM_OP_full || (is_elementwise(p->op) && p->nin > 0);
-    for (int k = 0; u && p->op != VM_OP_full && k < p->nin; k++) {
-      int r = tr_pnode_input(p, k);
-      u = r >= 0 && uniform[r];
-    }
-    uniform[i] = u;
-  }
-  for (int pass = 0; ok && pass < 2; pass++)
-    for (int i = 0; i < n; i++) {
-      if (uniform[i] != (pass == 0)) continue;
-      if (live[i] && b.alias[i] == i) renumber[i] = m++;
-      else if (b.alias[i] == i) plan->passes.dce++;
-    }
-  free(uniform);
-  bool *escapes = ok ? calloc((size_t)(m ? m : 1), sizeof(bool)) : NULL;
-  if (ok) {
-    plan->nodes = calloc((size_t)(m ? m : 1), sizeof(tr_pnode));
-    plan->outputs = malloc((size_t)n * sizeof(int));
-    plan->groups = calloc((size_t)(m ? m : 1), sizeof(tr_group));
-    ok = plan->nodes && plan->outputs && plan->groups && escapes;
-  }
-  for (int i = 0; ok && i < n; i++) {
-    if (!live[i] || b.alias[i] != i) {
-      free(b.p[i].more);
-      continue;
-    }
-    tr_pnode *p = &plan->nodes[renumber[i]];
-    *p = b.p[i];
-    for (int k = 0; k < p->nin; k++) {
-      int r = tr_pnode_input(p, k), nr = r >= 0 ? renumber[r] : r;
-      if (k < 3) p->in[k] = nr; else p->more[k - 3] = nr;
-    }
-    /* constant folding: elementwise work on uniform values runs at 0-d */
-    bool uniform = is_elementwise(p->op) && p->nin > 0;
-    for (int k = 0; uniform && k < p->nin; k++) {
-      int r = tr_pnode_input(p, k);
-      uniform = r >= 0 && (plan->nodes[r].op == VM_OP_full || plan->nodes[r].fold);
-    }
-    if (uniform) {
-      p->fold = true;
-      plan->passes.folded++;
-    }
-  }
-  if (ok) {
-    plan->n = m;
-    plan->ncanon = n;
-    for (int i = 0; i < n; i++) {
-      int r = b.alias[i];
-      plan->outputs[i] = t->is_output[i] ? (r >= 0 ? renumber[r] : r) : 0;
-      if (t->is_output[i] && r >= 0) escapes[renumber[r]] = true;
-    }
-    for (int i = 0; i < m; i++) plan->nodes[i].last_use = i;
-    for (int i = 0; i < m; i++)
-      for (int k = 0; k < plan->nodes[i].nin; k++) {
-        int r = tr_pnode_input(&plan->nodes[i], k);
-        if (r >= 0) plan->nodes[r].last_use = i;
-      }
-    partition(plan, t);
-    ok = assign_buffers(plan, escapes) && release_lists(plan, escapes);
-  }
-  free(b.p);
-  free(b.alias);
-  free(table);
-  free(live);
-  free(renumber);
-  if (ok) plan->escapes = escapes;
-  else free(escapes);
-  if (!ok) {
-    if (plan) {
-      atomic_init(&plan->refs, 1);
-      tr_plan_release(plan);
-    }
-    vm_error(KILN_ERR_OOM, "out of memory building a plan");
-    return NULL;
-  }
-  atomic_init(&plan->refs, 1);
-  return plan;
+  builder b;
+  bool ok = builder_init(&b, t, be);
+  ok = ok && plan_copy(&b);           /* copy, simplify, CSE */
+  ok = ok && plan_drop_kept_dims(&b); /* keepdim reduction + reshape: one reduction */
+  ok = ok && plan_dce(&b);            /* what the outputs need */
+  ok = ok && plan_order(&b);          /* uniform values first */
+  ok = ok && plan_renumber(&b);       /* into the plan, in that order */
+  ok = ok && plan_fold(&b);           /* constant folding */
+  ok = ok && plan_outputs(&b);        /* outputs, escapes */
+  ok = ok && plan_last_use(&b);       /* each node's last reader */
+  ok = ok && plan_partition(&b);      /* kernel groups */
+  ok = ok && plan_buffers(&b);        /* buffers by liveness */
+  ok = ok && plan_release_lists(&b);  /* what each group frees */
+  return builder_finish(&b, ok);
 }
 
 /* --- running on the interpreter --------------------------------------------------- */
