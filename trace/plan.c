@@ -170,7 +170,7 @@ static int simplify(builder *b, int i, bool *rewired) {
       for (int d = 0; d < p->meta.ndim; d++) identity = identity && p->attr.perm[d] == d;
       if (identity) return x;
       if (x >= 0 && b->p[x].op == VM_OP_permute) { /* compose */
-        int composed[KILN_MAX_DIMS];
+        int composed[KILN_MAX_DIMS] = {0};
         for (int d = 0; d < p->meta.ndim; d++) composed[d] = b->p[x].attr.perm[p->attr.perm[d]];
         memcpy(p->attr.perm, composed, sizeof composed);
         p->in[0] = b->p[x].in[0];
