@@ -668,7 +668,8 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, 
  * The lanes are explicit partial accumulators: the loop over l is a plain
  * map that GCC vectorizes without reassociating anything, so float sums
  * vectorize under strict IEEE semantics (the context never allows
- * -fassociative-math).  f32 sums and products accumulate in f64.
+ * -fassociative-math).  f32 sums and products accumulate in f64
+ * (vm_fold_acc_dtype).
  * meta = rows, count, chunk, nchunks, then per input (row stride, inner
  * stride); the caller checked both collapse to one stride. */
 
@@ -690,11 +691,6 @@ bool kernel_reduce_split(const tr_pnode *r, const vm_meta *in, int64_t *rows, in
     }
   }
   return true;
-}
-
-kiln_dtype kernel_reduce_acc_dtype(vm_opcode op, kiln_dtype out) {
-  bool arith = op == VM_OP_sum || op == VM_OP_prod;
-  return arith && out == KILN_F32 ? KILN_F64 : out;
 }
 
 static gcc_jit_rvalue *combine(cg_ctx *c, vm_opcode op, kiln_dtype dt, gcc_jit_rvalue *acc,
@@ -842,7 +838,7 @@ static gcc_jit_rvalue *lane(cg_ctx *c, gcc_jit_lvalue *lanes, gcc_jit_rvalue *l)
 static bool emit_fold(cg_ctx *c, position_ctx *pc, gcc_jit_lvalue *acc, gcc_jit_lvalue *r, gcc_jit_rvalue *rlim,
                       int tag) {
   const tr_pnode *red = &pc->plan->nodes[pc->reduce];
-  kiln_dtype acc_dt = kernel_reduce_acc_dtype(red->op, red->meta.dtype);
+  kiln_dtype acc_dt = vm_fold_acc_dtype(red->op, red->meta.dtype);
   long nlanes = REDUCE_LANE_BYTES / (long)vm_dtype_size(acc_dt);
   gcc_jit_type *acc_t = cg_type(c, acc_dt);
   gcc_jit_lvalue *rend = new_local(c, c->t_i64, "rend", tag), *l = new_local(c, c->t_i64, "l", tag),
@@ -909,7 +905,7 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
   gcc_jit_rvalue *bufs = gcc_jit_param_as_rvalue(prm[0]), *meta = gcc_jit_param_as_rvalue(prm[1]);
   gcc_jit_block *entry = new_block(c, "entry"), *rows = new_block(c, "rows"), *row = new_block(c, "row"),
                 *done = new_block(c, "done");
-  kiln_dtype out_dt = red->meta.dtype, acc_dt = kernel_reduce_acc_dtype(red->op, out_dt);
+  kiln_dtype out_dt = red->meta.dtype, acc_dt = vm_fold_acc_dtype(red->op, out_dt);
   gcc_jit_lvalue *count = new_local(c, c->t_i64, "count", 0), *chunk = new_local(c, c->t_i64, "chunk", 0),
                  *nchunks = new_local(c, c->t_i64, "nchunks", 0), *v = new_local(c, c->t_i64, "v", 0),
                  *o = new_local(c, c->t_i64, "o", 0), *r = new_local(c, c->t_i64, "r", 0),
@@ -999,7 +995,7 @@ bool kernel_emit_reduce_cols(cg_ctx *c, const tr_plan *plan, int g, const cpu_le
   gcc_jit_param *prm[5];
   new_kernel_fn(c, name, prm);
   gcc_jit_rvalue *bufs = gcc_jit_param_as_rvalue(prm[0]), *meta = gcc_jit_param_as_rvalue(prm[1]);
-  kiln_dtype out_dt = red->meta.dtype, acc_dt = kernel_reduce_acc_dtype(red->op, out_dt);
+  kiln_dtype out_dt = red->meta.dtype, acc_dt = vm_fold_acc_dtype(red->op, out_dt);
   gcc_jit_type *acc_t = cg_type(c, acc_dt), *arr_t = gcc_jit_context_new_array_type(c->ctx, NULL, acc_t, KERNEL_COLS);
   gcc_jit_block *entry = new_block(c, "entry"), *items = new_block(c, "items"), *item = new_block(c, "item"),
                 *done = new_block(c, "done");
@@ -1394,7 +1390,7 @@ bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *lea
       memset(want, 0, (size_t)n);
       need(plan, ks, span.first, tr_pnode_input(red, 0), avail, want);
     }
-    kiln_dtype acc_dt = kernel_reduce_acc_dtype(red->op, red->meta.dtype);
+    kiln_dtype acc_dt = vm_fold_acc_dtype(red->op, red->meta.dtype);
     gcc_jit_lvalue *acc = new_local(c, cg_type(c, acc_dt), "acc", i);
     position_ctx pc = {.plan = plan, .grp = &span, .ks = ks, .io = &io, .params = params, .row_at = rv(row_at),
                        .reduce = i, .want = want, .node_val = node_val, .npass = npass++,

@@ -166,8 +166,6 @@ bool kernel_reduce_split3(const tr_pnode *r, const vm_meta *in, int64_t *outer, 
 #define KERNEL_COLS 256
 bool kernel_emit_reduce_cols(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
                              const kernel_shape *ks, const char *name);
-/* the dtype a reduce kernel accumulates in (f64 for f32 sums and products) */
-kiln_dtype kernel_reduce_acc_dtype(vm_opcode op, kiln_dtype out);
 /* reduced positions per chunk when a row is split (a multiple of the block) */
 #define KERNEL_REDUCE_CHUNK VM_FOLD_CHUNK
 
