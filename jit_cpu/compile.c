@@ -2,9 +2,10 @@
  * kernel looked up by its own description in the kernel cache (kcache.c),
  * then in the disk cache (an index record per kernel naming the object that
  * holds it), and the plan's missing kernels compiled together in one
- * libgccjit context; running a compiled group on the thread pool; the
- * background compiler.  The target is chosen once from the detected CPU:
- * -march=x86-64-vN (libgccjit 12 rejects -march=native). */
+ * libgccjit context; running a compiled group on the thread pool; what the
+ * background compile queue (trace/compile_queue.h) runs for the CPU.  The
+ * target is chosen once from the detected CPU: -march=x86-64-vN (libgccjit
+ * 12 rejects -march=native). */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <elf.h>
@@ -21,6 +22,7 @@
 #include <xxhash.h>
 
 #include "../cache/disk.h"
+#include "../trace/compile_queue.h"
 #include "../trace/dump.h"
 #include "../trace/key.h"
 #include "../vm/cpu.h"
@@ -1325,86 +1327,47 @@ bool cpu_run_group(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, 
   return run_elementwise(k, plan, t, vals, rc);
 }
 
-/* --- the background compiler ------------------------------------------------------- */
+/* --- the background compiler (trace/compile_queue.h) ------------------------------ */
 
-typedef struct compile_job {
-  tr_plan *plan; /* retained */
+typedef struct {
+  tr_compile_job job; /* first: the queue's part */
   cpu_leaf *leaves;
-  struct compile_job *next;
 } compile_job;
 
-static struct {
-  pthread_mutex_t lock;
-  pthread_cond_t wake, idle;
-  compile_job *head, *tail;
-  bool started, busy, stopping;
-  /* testing: KILN_COMPILE_DELAY_MS=max[,seed] sleeps a random 0..max ms
-     before each background compile, so compiles finish at random moments
-     (tests/test_bitwise_training.c: results must not change) */
-  int delay_max_ms;
-  uint64_t delay_state;
-} compiler = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-              NULL, NULL, false, false, false, 0, 0};
-
-static void compile_delay(void) {
-  if (compiler.delay_max_ms <= 0) return;
-  uint64_t z = (compiler.delay_state += 0x9E3779B97F4A7C15ull); /* splitmix64 */
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  long us = (long)(z % ((uint64_t)compiler.delay_max_ms * 1000 + 1));
-  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-  nanosleep(&ts, NULL);
+/* compiles plan here, on this thread, and publishes it */
+static void compile_here(tr_plan *plan, const cpu_leaf *leaves) {
+  cpu_plan *cp = cpu_compile(plan, leaves);
+  void *none = NULL;
+  if (!atomic_compare_exchange_strong(&plan->jit, &none, cp)) cpu_plan_free(cp);
 }
 
-static void compiler_stop(void);
-static void compile_now(compile_job *job);
-
-static void *compiler_main(void *arg) {
-  on_outside_compiler = arg != NULL;
-  pthread_mutex_lock(&compiler.lock);
-  for (;;) {
-    while (!compiler.head && !compiler.stopping) pthread_cond_wait(&compiler.wake, &compiler.lock);
-    if (compiler.stopping) break;
-    compile_job *job = compiler.head;
-    compiler.head = job->next;
-    if (!compiler.head) compiler.tail = NULL;
-    compiler.busy = true;
-    pthread_mutex_unlock(&compiler.lock);
-    compile_delay();
-    compile_now(job);
-    /* exit handlers run last-registered first, and libgccjit registers
-       teardown of its own while it compiles: ours must come after them all
-       so that it runs first and waits for a compile in flight.  Only for
-       compiles in this process: the compiler process needs no waiting */
-    if (atomic_load(&gccjit_warm)) atexit(compiler_stop);
-    pthread_mutex_lock(&compiler.lock);
-    compiler.busy = false;
-    pthread_cond_broadcast(&compiler.idle);
-  }
-  pthread_mutex_unlock(&compiler.lock);
-  return NULL;
-}
-
-/* At exit, a compile still running would find libgccjit torn down under
-   it (seen: crashes inside libgccjit during _dl_fini): let it finish, drop
-   the queue, and stop the thread. */
 static void compiler_stop(void) {
-  pthread_mutex_lock(&compiler.lock);
-  compiler.stopping = true;
-  pthread_cond_broadcast(&compiler.wake);
-  while (compiler.busy) pthread_cond_wait(&compiler.idle, &compiler.lock);
-  compile_job *job = compiler.head;
-  compiler.head = compiler.tail = NULL;
-  pthread_mutex_unlock(&compiler.lock);
-  while (job) {
-    compile_job *next = job->next;
-    tr_plan_release(job->plan);
-    free(job->leaves);
-    free(job);
-    job = next;
-  }
+  tr_compile_stop(KILN_CPU);
 }
+
+static void compiler_begin(void *outside) {
+  on_outside_compiler = outside != NULL;
+}
+
+static void compiler_run(tr_compile_job *queued) {
+  compile_job *job = (compile_job *)queued;
+  compile_here(job->job.plan, job->leaves);
+  free(job->leaves);
+  free(job);
+  /* exit handlers run last-registered first, and libgccjit registers
+     teardown of its own while it compiles: ours must come after them all
+     so that it runs first and waits for a compile in flight.  Only for
+     compiles in this process: the compiler process needs no waiting */
+  if (atomic_load(&gccjit_warm)) atexit(compiler_stop);
+}
+
+static void compiler_drop(tr_compile_job *queued) {
+  compile_job *job = (compile_job *)queued;
+  free(job->leaves);
+  free(job);
+}
+
+static const tr_compile_ops compiler_ops = {compiler_run, compiler_drop, compiler_begin, true};
 
 /* one compile of an empty function with the JIT's options, on this thread */
 static void warm_gccjit(void) {
@@ -1425,35 +1388,8 @@ static void warm_gccjit(void) {
   gcc_jit_context_release(ctx);
 }
 
-static void compile_now(compile_job *job) {
-  cpu_plan *cp = cpu_compile(job->plan, job->leaves);
-  void *none = NULL;
-  if (!atomic_compare_exchange_strong(&job->plan->jit, &none, cp)) cpu_plan_free(cp);
-  tr_plan_release(job->plan);
-  free(job->leaves);
-  free(job);
-}
-
-static void start_compiler_locked(bool outside) {
-  const char *delay = getenv("KILN_COMPILE_DELAY_MS"); /* read here, on the caller's thread */
-  if (delay && *delay) {
-    char *end;
-    compiler.delay_max_ms = (int)strtol(delay, &end, 10);
-    compiler.delay_state = *end == ',' ? strtoull(end + 1, NULL, 10) : 1;
-  }
-  pthread_t th;
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  compiler.started = pthread_create(&th, &attr, compiler_main, outside ? (void *)1 : NULL) == 0;
-  pthread_attr_destroy(&attr);
-}
-
 void cpu_compile_wait(void) {
-  pthread_mutex_lock(&compiler.lock);
-  while (compiler.started && !compiler.stopping && (compiler.head || compiler.busy))
-    pthread_cond_wait(&compiler.idle, &compiler.lock);
-  pthread_mutex_unlock(&compiler.lock);
+  tr_compile_wait(KILN_CPU);
 }
 
 void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
@@ -1473,10 +1409,8 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
     free(job);
     return;
   }
-  tr_plan_retain(plan);
-  job->plan = plan;
-  pthread_mutex_lock(&compiler.lock);
-  if (!compiler.started && !compiler.stopping) {
+  job->job.plan = plan;
+  if (tr_compile_unstarted(KILN_CPU)) {
     /* libgccjit sets up, and registers the exit teardown of, its state
        during its first compile; our exit handler (which waits for a
        background compile) must be registered after that, to run before it
@@ -1486,12 +1420,11 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
        Until then, plans an earlier process compiled load from the disk
        cache right here (no compiler runs), so a warm start pays for no
        compiler at all. */
-    pthread_mutex_unlock(&compiler.lock);
-    cpu_plan *cached = atomic_load(&gccjit_warm) ? NULL : compile_plan(job->plan, job->leaves, FIND_ON_DISK, NULL);
+    cpu_plan *cached =
+        atomic_load(&gccjit_warm) ? NULL : compile_plan(plan, job->leaves, FIND_ON_DISK, NULL);
     if (cached) {
       void *none = NULL;
-      if (!atomic_compare_exchange_strong(&job->plan->jit, &none, cached)) cpu_plan_free(cached);
-      tr_plan_release(job->plan);
+      if (!atomic_compare_exchange_strong(&plan->jit, &none, cached)) cpu_plan_free(cached);
       free(job->leaves);
       free(job);
       return;
@@ -1499,25 +1432,13 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
     /* with the compiler process, this process never runs libgccjit */
     bool outside = jitc_available();
     if (!outside) warm_gccjit();
-    pthread_mutex_lock(&compiler.lock);
-    if (!compiler.started && !compiler.stopping && (outside || atomic_load(&gccjit_warm))) {
-      if (!outside) atexit(compiler_stop);
-      start_compiler_locked(outside);
-    }
-    if (!compiler.started) { /* no thread: compile here */
-      pthread_mutex_unlock(&compiler.lock);
-      compile_now(job);
-      return;
-    }
+    if ((outside || atomic_load(&gccjit_warm)) &&
+        tr_compile_start(KILN_CPU, &compiler_ops, outside ? (void *)1 : NULL) && !outside)
+      atexit(compiler_stop);
   }
-  if (compiler.stopping) {
-    pthread_mutex_unlock(&compiler.lock);
-    compile_now(job);
-    return;
+  if (!tr_compile_push(KILN_CPU, &job->job)) { /* no thread, or stopping: compile here */
+    compile_here(plan, job->leaves);
+    free(job->leaves);
+    free(job);
   }
-  if (compiler.tail) compiler.tail->next = job;
-  else compiler.head = job;
-  compiler.tail = job;
-  pthread_cond_signal(&compiler.wake);
-  pthread_mutex_unlock(&compiler.lock);
 }
