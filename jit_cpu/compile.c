@@ -25,6 +25,7 @@
 #include "../trace/compile_queue.h"
 #include "../trace/dump.h"
 #include "../trace/key.h"
+#include "../trace/rows.h"
 #include "../vm/cpu.h"
 #include "../vm/kernels.h"
 #include "../vm/pool.h"
@@ -39,8 +40,6 @@
 
 bool cpu_jit_enabled(void) { return vm_env_long("KILN_JIT", 1) != 0; }
 bool cpu_async(void) { return vm_env_long("KILN_ASYNC", 1) != 0; }
-/* KILN_ROW_FUSION=0: no row kernels (each group compiles on its own) */
-static bool rows_off(void) { return vm_env_long("KILN_ROW_FUSION", 1) == 0; }
 
 cpu_leaf *cpu_leaves_of(const tr_trace *t) {
   cpu_leaf *l = malloc((size_t)(t->nleaves > 0 ? t->nleaves : 1) * sizeof *l);
@@ -597,7 +596,7 @@ static void plan_kernels(const tr_plan *plan, const cpu_leaf *leaves, cpu_plan *
   int ng = plan->ngroups;
   kernel_shape *ks = malloc(sizeof *ks);
   for (int g = 0; ks && g < ng; g++) {
-    int last = !rows_off() ? kernel_plan_rows(plan, g, plan->escapes, leaves, ks) : -1;
+    int last = tr_rows_enabled() ? kernel_plan_rows(plan, g, leaves, ks) : -1;
     if (last < g && !kernel_plan(plan, g, plan->escapes, leaves, ks)) continue;
     if (kernel_bind(&cp->kernels[g], ks)) descs[g] = kernel_desc_new(plan, leaves, ks, salt, salt_len);
     int through = ks->last_group, resume = ks->resume;
@@ -992,7 +991,10 @@ static void kernel_params(const cpu_kernel *k, const tr_plan *plan, const tr_tra
    elements (the reduction's result, when by_reduce) or `big` (any output
    when !by_reduce may hold either).  1: done; 0: a layout the kernel cannot
    write (nothing allocated: the group runs on the interpreter); -1: out of
-   memory (*rc set) */
+   memory (*rc set).  Not shared with jit_gpu/fuse.c's: what is the same
+   (a tensor of each output node's meta) is one call; the layout check is
+   the CPU's (its kernels index outputs by a row-major position the GPU's
+   schedules do not share), the allocation and errors each device's own */
 static int alloc_outputs(const cpu_kernel *k, const tr_plan *plan, int64_t small, int64_t big, bool by_reduce,
                          vm_tensor **outs, void **bufs, int *rc) {
   for (int q = 0; q < k->nout; q++) {
@@ -1160,11 +1162,15 @@ static void fold_int_partials(vm_opcode op, kiln_dtype dt, const void *part, int
   }
 }
 
-/* a reduction over trailing axes: rows x count, long rows in chunks */
+/* a reduction over trailing axes: rows x count, long rows in chunks.
+   What it shares with jit_gpu/fuse.c's run_reduce is the plan's (the
+   reduction's input: tr_ref_meta; the fold order: vm/fold.h); the split
+   into rows and chunks across the pool's threads and the host fold of the
+   partials are the CPU's, the GPU's launch grid and join kernel its own */
 static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
                        int *rc) {
   const tr_pnode *red = &plan->nodes[k->reduce];
-  const vm_meta *rin = red->in[0] >= 0 ? &plan->nodes[red->in[0]].meta : &t->leaves[-1 - red->in[0]]->meta;
+  const vm_meta *rin = tr_ref_meta(plan, t, red->in[0]);
   int64_t rows, count;
   if (!kernel_reduce_split(red, rin, &rows, &count)) return false;
   /* long rows split into chunks of a fixed size, so results do not depend
@@ -1213,7 +1219,7 @@ static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
 static bool run_reduce_cols(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
                             int *rc) {
   const tr_pnode *red = &plan->nodes[k->reduce];
-  const vm_meta *rin = red->in[0] >= 0 ? &plan->nodes[red->in[0]].meta : &t->leaves[-1 - red->in[0]]->meta;
+  const vm_meta *rin = tr_ref_meta(plan, t, red->in[0]);
   int64_t outer, count, inner;
   if (!kernel_reduce_split3(red, rin, &outer, &count, &inner)) return false;
   int64_t nblocks = (inner + KERNEL_COLS - 1) / KERNEL_COLS;
@@ -1238,10 +1244,12 @@ static bool run_reduce_cols(const cpu_kernel *k, const tr_plan *plan, const tr_t
 }
 
 /* a row kernel: rows x count as for its first reduction; its outputs are
-   row-level (rows) or per element (rows x count) */
+   row-level (rows) or per element (rows x count).  What it covers was
+   planned in trace/rows.h for both backends; running it (threads, strides,
+   scratch rows) is the CPU's, as run_reduce says */
 static bool run_rows(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals, int *rc) {
   const tr_pnode *red = &plan->nodes[k->reduce];
-  const vm_meta *rin = red->in[0] >= 0 ? &plan->nodes[red->in[0]].meta : &t->leaves[-1 - red->in[0]]->meta;
+  const vm_meta *rin = tr_ref_meta(plan, t, red->in[0]);
   int64_t rows, count;
   if (!kernel_reduce_split(red, rin, &rows, &count)) return false;
   int64_t meta[2 + 2 * KERNEL_MAX_IO] = {rows, count};

@@ -148,8 +148,7 @@ static inline int kernel_coord_input(const kernel_shape *ks) {
  * and kept in a scratch row (bufs[nout + nin], KERNEL_MAX_STASH slots of
  * 8 x count bytes, one per call of the kernel) instead of being recomputed.
  * Returns gb (>= g), or -1 when no such run starts at g. */
-int kernel_plan_rows(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
-                     kernel_shape *ks);
+int kernel_plan_rows(const tr_plan *plan, int g, const cpu_leaf *leaves, kernel_shape *ks);
 bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
                       const char *name);
 
