@@ -2,9 +2,10 @@
  * kernel looked up by its own description in the kernel cache (kcache.c),
  * then in the disk cache (an index record per kernel naming the object that
  * holds it), and the plan's missing kernels compiled together in one
- * libgccjit context; running a compiled group on the thread pool; the
- * background compiler.  The target is chosen once from the detected CPU:
- * -march=x86-64-vN (libgccjit 12 rejects -march=native). */
+ * libgccjit context; running a compiled group on the thread pool; what the
+ * background compile queue (trace/compile_queue.h) runs for the CPU.  The
+ * target is chosen once from the detected CPU: -march=x86-64-vN (libgccjit
+ * 12 rejects -march=native). */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <elf.h>
@@ -21,8 +22,10 @@
 #include <xxhash.h>
 
 #include "../cache/disk.h"
+#include "../trace/compile_queue.h"
 #include "../trace/dump.h"
 #include "../trace/key.h"
+#include "../trace/rows.h"
 #include "../vm/cpu.h"
 #include "../vm/kernels.h"
 #include "../vm/pool.h"
@@ -37,8 +40,6 @@
 
 bool cpu_jit_enabled(void) { return vm_env_long("KILN_JIT", 1) != 0; }
 bool cpu_async(void) { return vm_env_long("KILN_ASYNC", 1) != 0; }
-/* KILN_ROW_FUSION=0: no row kernels (each group compiles on its own) */
-static bool rows_off(void) { return vm_env_long("KILN_ROW_FUSION", 1) == 0; }
 
 cpu_leaf *cpu_leaves_of(const tr_trace *t) {
   cpu_leaf *l = malloc((size_t)(t->nleaves > 0 ? t->nleaves : 1) * sizeof *l);
@@ -595,7 +596,7 @@ static void plan_kernels(const tr_plan *plan, const cpu_leaf *leaves, cpu_plan *
   int ng = plan->ngroups;
   kernel_shape *ks = malloc(sizeof *ks);
   for (int g = 0; ks && g < ng; g++) {
-    int last = !rows_off() ? kernel_plan_rows(plan, g, plan->escapes, leaves, ks) : -1;
+    int last = tr_rows_enabled() ? kernel_plan_rows(plan, g, leaves, ks) : -1;
     if (last < g && !kernel_plan(plan, g, plan->escapes, leaves, ks)) continue;
     if (kernel_bind(&cp->kernels[g], ks)) descs[g] = kernel_desc_new(plan, leaves, ks, salt, salt_len);
     int through = ks->last_group, resume = ks->resume;
@@ -990,7 +991,10 @@ static void kernel_params(const cpu_kernel *k, const tr_plan *plan, const tr_tra
    elements (the reduction's result, when by_reduce) or `big` (any output
    when !by_reduce may hold either).  1: done; 0: a layout the kernel cannot
    write (nothing allocated: the group runs on the interpreter); -1: out of
-   memory (*rc set) */
+   memory (*rc set).  Not shared with jit_gpu/fuse.c's: what is the same
+   (a tensor of each output node's meta) is one call; the layout check is
+   the CPU's (its kernels index outputs by a row-major position the GPU's
+   schedules do not share), the allocation and errors each device's own */
 static int alloc_outputs(const cpu_kernel *k, const tr_plan *plan, int64_t small, int64_t big, bool by_reduce,
                          vm_tensor **outs, void **bufs, int *rc) {
   for (int q = 0; q < k->nout; q++) {
@@ -1158,11 +1162,15 @@ static void fold_int_partials(vm_opcode op, kiln_dtype dt, const void *part, int
   }
 }
 
-/* a reduction over trailing axes: rows x count, long rows in chunks */
+/* a reduction over trailing axes: rows x count, long rows in chunks.
+   What it shares with jit_gpu/fuse.c's run_reduce is the plan's (the
+   reduction's input: tr_ref_meta; the fold order: vm/fold.h); the split
+   into rows and chunks across the pool's threads and the host fold of the
+   partials are the CPU's, the GPU's launch grid and join kernel its own */
 static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
                        int *rc) {
   const tr_pnode *red = &plan->nodes[k->reduce];
-  const vm_meta *rin = red->in[0] >= 0 ? &plan->nodes[red->in[0]].meta : &t->leaves[-1 - red->in[0]]->meta;
+  const vm_meta *rin = tr_ref_meta(plan, t, red->in[0]);
   int64_t rows, count;
   if (!kernel_reduce_split(red, rin, &rows, &count)) return false;
   /* long rows split into chunks of a fixed size, so results do not depend
@@ -1211,7 +1219,7 @@ static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
 static bool run_reduce_cols(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
                             int *rc) {
   const tr_pnode *red = &plan->nodes[k->reduce];
-  const vm_meta *rin = red->in[0] >= 0 ? &plan->nodes[red->in[0]].meta : &t->leaves[-1 - red->in[0]]->meta;
+  const vm_meta *rin = tr_ref_meta(plan, t, red->in[0]);
   int64_t outer, count, inner;
   if (!kernel_reduce_split3(red, rin, &outer, &count, &inner)) return false;
   int64_t nblocks = (inner + KERNEL_COLS - 1) / KERNEL_COLS;
@@ -1236,10 +1244,12 @@ static bool run_reduce_cols(const cpu_kernel *k, const tr_plan *plan, const tr_t
 }
 
 /* a row kernel: rows x count as for its first reduction; its outputs are
-   row-level (rows) or per element (rows x count) */
+   row-level (rows) or per element (rows x count).  What it covers was
+   planned in trace/rows.h for both backends; running it (threads, strides,
+   scratch rows) is the CPU's, as run_reduce says */
 static bool run_rows(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals, int *rc) {
   const tr_pnode *red = &plan->nodes[k->reduce];
-  const vm_meta *rin = red->in[0] >= 0 ? &plan->nodes[red->in[0]].meta : &t->leaves[-1 - red->in[0]]->meta;
+  const vm_meta *rin = tr_ref_meta(plan, t, red->in[0]);
   int64_t rows, count;
   if (!kernel_reduce_split(red, rin, &rows, &count)) return false;
   int64_t meta[2 + 2 * KERNEL_MAX_IO] = {rows, count};
@@ -1325,86 +1335,47 @@ bool cpu_run_group(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, 
   return run_elementwise(k, plan, t, vals, rc);
 }
 
-/* --- the background compiler ------------------------------------------------------- */
+/* --- the background compiler (trace/compile_queue.h) ------------------------------ */
 
-typedef struct compile_job {
-  tr_plan *plan; /* retained */
+typedef struct {
+  tr_compile_job job; /* first: the queue's part */
   cpu_leaf *leaves;
-  struct compile_job *next;
 } compile_job;
 
-static struct {
-  pthread_mutex_t lock;
-  pthread_cond_t wake, idle;
-  compile_job *head, *tail;
-  bool started, busy, stopping;
-  /* testing: KILN_COMPILE_DELAY_MS=max[,seed] sleeps a random 0..max ms
-     before each background compile, so compiles finish at random moments
-     (tests/test_bitwise_training.c: results must not change) */
-  int delay_max_ms;
-  uint64_t delay_state;
-} compiler = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-              NULL, NULL, false, false, false, 0, 0};
-
-static void compile_delay(void) {
-  if (compiler.delay_max_ms <= 0) return;
-  uint64_t z = (compiler.delay_state += 0x9E3779B97F4A7C15ull); /* splitmix64 */
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  long us = (long)(z % ((uint64_t)compiler.delay_max_ms * 1000 + 1));
-  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-  nanosleep(&ts, NULL);
+/* compiles plan here, on this thread, and publishes it */
+static void compile_here(tr_plan *plan, const cpu_leaf *leaves) {
+  cpu_plan *cp = cpu_compile(plan, leaves);
+  void *none = NULL;
+  if (!atomic_compare_exchange_strong(&plan->jit, &none, cp)) cpu_plan_free(cp);
 }
 
-static void compiler_stop(void);
-static void compile_now(compile_job *job);
-
-static void *compiler_main(void *arg) {
-  on_outside_compiler = arg != NULL;
-  pthread_mutex_lock(&compiler.lock);
-  for (;;) {
-    while (!compiler.head && !compiler.stopping) pthread_cond_wait(&compiler.wake, &compiler.lock);
-    if (compiler.stopping) break;
-    compile_job *job = compiler.head;
-    compiler.head = job->next;
-    if (!compiler.head) compiler.tail = NULL;
-    compiler.busy = true;
-    pthread_mutex_unlock(&compiler.lock);
-    compile_delay();
-    compile_now(job);
-    /* exit handlers run last-registered first, and libgccjit registers
-       teardown of its own while it compiles: ours must come after them all
-       so that it runs first and waits for a compile in flight.  Only for
-       compiles in this process: the compiler process needs no waiting */
-    if (atomic_load(&gccjit_warm)) atexit(compiler_stop);
-    pthread_mutex_lock(&compiler.lock);
-    compiler.busy = false;
-    pthread_cond_broadcast(&compiler.idle);
-  }
-  pthread_mutex_unlock(&compiler.lock);
-  return NULL;
-}
-
-/* At exit, a compile still running would find libgccjit torn down under
-   it (seen: crashes inside libgccjit during _dl_fini): let it finish, drop
-   the queue, and stop the thread. */
 static void compiler_stop(void) {
-  pthread_mutex_lock(&compiler.lock);
-  compiler.stopping = true;
-  pthread_cond_broadcast(&compiler.wake);
-  while (compiler.busy) pthread_cond_wait(&compiler.idle, &compiler.lock);
-  compile_job *job = compiler.head;
-  compiler.head = compiler.tail = NULL;
-  pthread_mutex_unlock(&compiler.lock);
-  while (job) {
-    compile_job *next = job->next;
-    tr_plan_release(job->plan);
-    free(job->leaves);
-    free(job);
-    job = next;
-  }
+  tr_compile_stop(KILN_CPU);
 }
+
+static void compiler_begin(void *outside) {
+  on_outside_compiler = outside != NULL;
+}
+
+static void compiler_run(tr_compile_job *queued) {
+  compile_job *job = (compile_job *)queued;
+  compile_here(job->job.plan, job->leaves);
+  free(job->leaves);
+  free(job);
+  /* exit handlers run last-registered first, and libgccjit registers
+     teardown of its own while it compiles: ours must come after them all
+     so that it runs first and waits for a compile in flight.  Only for
+     compiles in this process: the compiler process needs no waiting */
+  if (atomic_load(&gccjit_warm)) atexit(compiler_stop);
+}
+
+static void compiler_drop(tr_compile_job *queued) {
+  compile_job *job = (compile_job *)queued;
+  free(job->leaves);
+  free(job);
+}
+
+static const tr_compile_ops compiler_ops = {compiler_run, compiler_drop, compiler_begin, true};
 
 /* one compile of an empty function with the JIT's options, on this thread */
 static void warm_gccjit(void) {
@@ -1425,35 +1396,8 @@ static void warm_gccjit(void) {
   gcc_jit_context_release(ctx);
 }
 
-static void compile_now(compile_job *job) {
-  cpu_plan *cp = cpu_compile(job->plan, job->leaves);
-  void *none = NULL;
-  if (!atomic_compare_exchange_strong(&job->plan->jit, &none, cp)) cpu_plan_free(cp);
-  tr_plan_release(job->plan);
-  free(job->leaves);
-  free(job);
-}
-
-static void start_compiler_locked(bool outside) {
-  const char *delay = getenv("KILN_COMPILE_DELAY_MS"); /* read here, on the caller's thread */
-  if (delay && *delay) {
-    char *end;
-    compiler.delay_max_ms = (int)strtol(delay, &end, 10);
-    compiler.delay_state = *end == ',' ? strtoull(end + 1, NULL, 10) : 1;
-  }
-  pthread_t th;
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  compiler.started = pthread_create(&th, &attr, compiler_main, outside ? (void *)1 : NULL) == 0;
-  pthread_attr_destroy(&attr);
-}
-
 void cpu_compile_wait(void) {
-  pthread_mutex_lock(&compiler.lock);
-  while (compiler.started && !compiler.stopping && (compiler.head || compiler.busy))
-    pthread_cond_wait(&compiler.idle, &compiler.lock);
-  pthread_mutex_unlock(&compiler.lock);
+  tr_compile_wait(KILN_CPU);
 }
 
 void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
@@ -1473,10 +1417,8 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
     free(job);
     return;
   }
-  tr_plan_retain(plan);
-  job->plan = plan;
-  pthread_mutex_lock(&compiler.lock);
-  if (!compiler.started && !compiler.stopping) {
+  job->job.plan = plan;
+  if (tr_compile_unstarted(KILN_CPU)) {
     /* libgccjit sets up, and registers the exit teardown of, its state
        during its first compile; our exit handler (which waits for a
        background compile) must be registered after that, to run before it
@@ -1486,12 +1428,11 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
        Until then, plans an earlier process compiled load from the disk
        cache right here (no compiler runs), so a warm start pays for no
        compiler at all. */
-    pthread_mutex_unlock(&compiler.lock);
-    cpu_plan *cached = atomic_load(&gccjit_warm) ? NULL : compile_plan(job->plan, job->leaves, FIND_ON_DISK, NULL);
+    cpu_plan *cached =
+        atomic_load(&gccjit_warm) ? NULL : compile_plan(plan, job->leaves, FIND_ON_DISK, NULL);
     if (cached) {
       void *none = NULL;
-      if (!atomic_compare_exchange_strong(&job->plan->jit, &none, cached)) cpu_plan_free(cached);
-      tr_plan_release(job->plan);
+      if (!atomic_compare_exchange_strong(&plan->jit, &none, cached)) cpu_plan_free(cached);
       free(job->leaves);
       free(job);
       return;
@@ -1499,25 +1440,13 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
     /* with the compiler process, this process never runs libgccjit */
     bool outside = jitc_available();
     if (!outside) warm_gccjit();
-    pthread_mutex_lock(&compiler.lock);
-    if (!compiler.started && !compiler.stopping && (outside || atomic_load(&gccjit_warm))) {
-      if (!outside) atexit(compiler_stop);
-      start_compiler_locked(outside);
-    }
-    if (!compiler.started) { /* no thread: compile here */
-      pthread_mutex_unlock(&compiler.lock);
-      compile_now(job);
-      return;
-    }
+    if ((outside || atomic_load(&gccjit_warm)) &&
+        tr_compile_start(KILN_CPU, &compiler_ops, outside ? (void *)1 : NULL) && !outside)
+      atexit(compiler_stop);
   }
-  if (compiler.stopping) {
-    pthread_mutex_unlock(&compiler.lock);
-    compile_now(job);
-    return;
+  if (!tr_compile_push(KILN_CPU, &job->job)) { /* no thread, or stopping: compile here */
+    compile_here(plan, job->leaves);
+    free(job->leaves);
+    free(job);
   }
-  if (compiler.tail) compiler.tail->next = job;
-  else compiler.head = job;
-  compiler.tail = job;
-  pthread_cond_signal(&compiler.wake);
-  pthread_mutex_unlock(&compiler.lock);
 }

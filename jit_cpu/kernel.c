@@ -9,12 +9,14 @@
  *            coalesced by the caller
  *   params = 8-byte slots holding each full node's value in its dtype
  *   [begin, end) = a range of flat indices of the iteration space */
+#include "kernel.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernel.h"
+#include "../trace/rows.h"
 
 static gcc_jit_rvalue *rv(gcc_jit_lvalue *l) { return gcc_jit_lvalue_as_rvalue(l); }
 
@@ -99,10 +101,6 @@ static uint8_t gather_class(const tr_plan *plan, const cpu_leaf *leaves, const v
   return d == axis ? 0 : d == gm->ndim - 1 && inner_unit(plan, leaves, r) ? 1 : 2;
 }
 
-/* a fill from outside the kernel: uniform, so a broadcast (stride class 0)
-   whatever its shape; the runner passes its value, not a buffer */
-static bool is_fill(const tr_plan *plan, int r) { return r >= 0 && plan->nodes[r].op == VM_OP_full; }
-
 /* the group's inputs, outputs and params; false if it has a node the code
    generator does not handle */
 static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const bool *escapes,
@@ -176,9 +174,10 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
       uint8_t role = kernel_arg_role(p, k);
       bool internal = r >= grp->first && r <= grp->last && ks->compute[r - grp->first];
       if (internal && !kernel_arg_outside(p, k) && (gathers || role != KERNEL_IN_PLAIN)) return false;
-      if (internal && kernel_arg_outside(p, k) && !is_fill(plan, r)) return false;
+      if (internal && kernel_arg_outside(p, k) && !tr_is_fill(plan, r)) return false;
       if (internal && !kernel_arg_outside(p, k)) continue;
-      if ((gathers || scans || role == KERNEL_IN_SCATTER_INDEX || role == KERNEL_IN_SCATTER_SRC) && is_fill(plan, r))
+      if ((gathers || scans || role == KERNEL_IN_SCATTER_INDEX || role == KERNEL_IN_SCATTER_SRC) &&
+          tr_is_fill(plan, r))
         return false;
       /* an arg-reduction's axis: its one reduced axis of the input */
       int8_t axis = role == KERNEL_IN_PLAIN ? -1
@@ -249,11 +248,14 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
     const vm_meta *m = r >= 0 ? &plan->nodes[r].meta : &leaves[-1 - r].meta;
     int64_t last = m->ndim ? m->shape[m->ndim - 1] : 1;
     if (ks->in_role[q] != KERNEL_IN_PLAIN) { /* a concat's fill part: its value, at any position */
-      ks->stride_class[q] = is_fill(plan, r) && ks->in_role[q] == KERNEL_IN_PART
-                                ? 0 : gather_class(plan, leaves, gm, ks->in_role[q], ks->in_axis[q], r);
+      ks->stride_class[q] = tr_is_fill(plan, r) && ks->in_role[q] == KERNEL_IN_PART
+                                ? 0
+                                : gather_class(plan, leaves, gm, ks->in_role[q], ks->in_axis[q], r);
       continue;
     }
-    ks->stride_class[q] = (last == 1 && inner > 1) || is_fill(plan, r) ? 0 : inner_unit(plan, leaves, r) ? 1 : 2;
+    ks->stride_class[q] = (last == 1 && inner > 1) || tr_is_fill(plan, r) ? 0
+                          : inner_unit(plan, leaves, r)                   ? 1
+                                                                          : 2;
   }
   return true;
 }
@@ -668,7 +670,8 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, 
  * The lanes are explicit partial accumulators: the loop over l is a plain
  * map that GCC vectorizes without reassociating anything, so float sums
  * vectorize under strict IEEE semantics (the context never allows
- * -fassociative-math).  f32 sums and products accumulate in f64.
+ * -fassociative-math).  f32 sums and products accumulate in f64
+ * (vm_fold_acc_dtype).
  * meta = rows, count, chunk, nchunks, then per input (row stride, inner
  * stride); the caller checked both collapse to one stride. */
 
@@ -690,11 +693,6 @@ bool kernel_reduce_split(const tr_pnode *r, const vm_meta *in, int64_t *rows, in
     }
   }
   return true;
-}
-
-kiln_dtype kernel_reduce_acc_dtype(vm_opcode op, kiln_dtype out) {
-  bool arith = op == VM_OP_sum || op == VM_OP_prod;
-  return arith && out == KILN_F32 ? KILN_F64 : out;
 }
 
 static gcc_jit_rvalue *combine(cg_ctx *c, vm_opcode op, kiln_dtype dt, gcc_jit_rvalue *acc,
@@ -842,7 +840,7 @@ static gcc_jit_rvalue *lane(cg_ctx *c, gcc_jit_lvalue *lanes, gcc_jit_rvalue *l)
 static bool emit_fold(cg_ctx *c, position_ctx *pc, gcc_jit_lvalue *acc, gcc_jit_lvalue *r, gcc_jit_rvalue *rlim,
                       int tag) {
   const tr_pnode *red = &pc->plan->nodes[pc->reduce];
-  kiln_dtype acc_dt = kernel_reduce_acc_dtype(red->op, red->meta.dtype);
+  kiln_dtype acc_dt = vm_fold_acc_dtype(red->op, red->meta.dtype);
   long nlanes = REDUCE_LANE_BYTES / (long)vm_dtype_size(acc_dt);
   gcc_jit_type *acc_t = cg_type(c, acc_dt);
   gcc_jit_lvalue *rend = new_local(c, c->t_i64, "rend", tag), *l = new_local(c, c->t_i64, "l", tag),
@@ -909,7 +907,7 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
   gcc_jit_rvalue *bufs = gcc_jit_param_as_rvalue(prm[0]), *meta = gcc_jit_param_as_rvalue(prm[1]);
   gcc_jit_block *entry = new_block(c, "entry"), *rows = new_block(c, "rows"), *row = new_block(c, "row"),
                 *done = new_block(c, "done");
-  kiln_dtype out_dt = red->meta.dtype, acc_dt = kernel_reduce_acc_dtype(red->op, out_dt);
+  kiln_dtype out_dt = red->meta.dtype, acc_dt = vm_fold_acc_dtype(red->op, out_dt);
   gcc_jit_lvalue *count = new_local(c, c->t_i64, "count", 0), *chunk = new_local(c, c->t_i64, "chunk", 0),
                  *nchunks = new_local(c, c->t_i64, "nchunks", 0), *v = new_local(c, c->t_i64, "v", 0),
                  *o = new_local(c, c->t_i64, "o", 0), *r = new_local(c, c->t_i64, "r", 0),
@@ -999,7 +997,7 @@ bool kernel_emit_reduce_cols(cg_ctx *c, const tr_plan *plan, int g, const cpu_le
   gcc_jit_param *prm[5];
   new_kernel_fn(c, name, prm);
   gcc_jit_rvalue *bufs = gcc_jit_param_as_rvalue(prm[0]), *meta = gcc_jit_param_as_rvalue(prm[1]);
-  kiln_dtype out_dt = red->meta.dtype, acc_dt = kernel_reduce_acc_dtype(red->op, out_dt);
+  kiln_dtype out_dt = red->meta.dtype, acc_dt = vm_fold_acc_dtype(red->op, out_dt);
   gcc_jit_type *acc_t = cg_type(c, acc_dt), *arr_t = gcc_jit_context_new_array_type(c->ctx, NULL, acc_t, KERNEL_COLS);
   gcc_jit_block *entry = new_block(c, "entry"), *items = new_block(c, "items"), *item = new_block(c, "item"),
                 *done = new_block(c, "done");
@@ -1110,124 +1108,107 @@ static const vm_meta *ref_meta(const tr_plan *plan, const cpu_leaf *leaves, int 
   return ref >= 0 ? &plan->nodes[ref].meta : &leaves[-1 - ref].meta;
 }
 
-typedef struct {
-  const vm_meta *R;
-  uint32_t axes;
-  int64_t rk[KILN_MAX_DIMS]; /* R with the reduced axes 1 */
-} row_space;
-
 static void plan_stash(const tr_plan *plan, kernel_shape *ks, int first);
 
+typedef struct {
+  const tr_row_space *sp;
+  const cpu_leaf *leaves;
+  kernel_shape *ks;
+  int g, first; /* the run's first group, its first node */
+} rows_fill_ctx;
+
+/* one node of a row kernel (tr_rows_walk): its inputs, whether the code
+   generator computes it, its scalar if a fill, its output if stored */
+static bool rows_take(void *ctx, const tr_row_node *n) {
+  rows_fill_ctx *c = ctx;
+  const tr_plan *plan = c->sp->plan;
+  kernel_shape *ks = c->ks;
+  const tr_pnode *p = &plan->nodes[n->i];
+  ks->compute[n->i - c->first] = true;
+  if (n->reduction && ks->reduce < 0) ks->reduce = n->i;
+  kiln_dtype in_dt[3];
+  for (int k = 0; k < p->nin; k++) {
+    int ref = tr_pnode_input(p, k);
+    in_dt[k] = ref_meta(plan, c->leaves, ref)->dtype;
+    if (ref >= c->first && ref <= ks->last_node) continue;
+    bool seen = false;
+    for (int q = 0; q < ks->nin && !seen; q++) seen = ks->ins[q] == ref;
+    if (!seen) {
+      if (ks->nin == KERNEL_MAX_IO) return false;
+      ks->in_role[ks->nin] = KERNEL_IN_PLAIN;
+      ks->in_axis[ks->nin] = -1;
+      ks->in_bound[ks->nin] = -1;
+      ks->ins[ks->nin++] = ref;
+    }
+  }
+  if (!n->reduction) {
+    if (!cg_supported(p, in_dt)) return false;
+    ks->per_elem[n->i - c->first] = n->varies;
+    if (p->op == VM_OP_full) {
+      if (ks->nparams == KERNEL_MAX_IO) return false;
+      ks->params[ks->nparams++] = n->i;
+    }
+  }
+  if (n->read_after) { /* stored */
+    if (ks->nout == KERNEL_MAX_IO) return false;
+    ks->outs[ks->nout++] = n->i;
+  }
+  return true;
+}
+
 /* the kernel shape of groups g..gb as a row kernel; false if it cannot be one */
-static bool rows_fill(const tr_plan *plan, int g, int gb, const bool *escapes, const cpu_leaf *leaves,
-                      const row_space *sp, kernel_shape *ks) {
-  int first = plan->groups[g].first, last = plan->groups[gb].last;
+static bool rows_fill(void *ctx, int gb) {
+  rows_fill_ctx *c = ctx;
+  const tr_row_space *sp = c->sp;
+  const tr_plan *plan = sp->plan;
+  kernel_shape *ks = c->ks;
+  int first = c->first, last = plan->groups[gb].last;
   kernel_shape_clear(ks, last - first + 1);
-  if (last - first >= KERNEL_MAX_NODES) return false;
-  int nd = sp->R->ndim;
   ks->rowwise = true;
   ks->last_group = gb;
   ks->last_node = last;
   ks->resume = last + 1;
   ks->reduce = -1;
-  for (int i = first; i <= last; i++) {
-    const tr_pnode *p = &plan->nodes[i];
-    bool is_red = vm_op_table[p->op].kind == VM_KIND_REDUCE, varies = false;
-    ks->compute[i - first] = true;
-    if (is_red && ks->reduce < 0) ks->reduce = i;
-    kiln_dtype in_dt[3];
-    for (int k = 0; k < p->nin; k++) {
-      int ref = tr_pnode_input(p, k);
-      const vm_meta *m = ref_meta(plan, leaves, ref);
-      in_dt[k] = m->dtype;
-      if (ref >= first && ref <= last) {
-        varies |= ks->per_elem[ref - first];
-        continue;
-      }
-      varies |= !tr_meta_const_along(m, sp->R, sp->axes);
-      bool seen = false;
-      for (int q = 0; q < ks->nin && !seen; q++) seen = ks->ins[q] == ref;
-      if (!seen) {
-        if (ks->nin == KERNEL_MAX_IO) return false;
-        ks->in_role[ks->nin] = KERNEL_IN_PLAIN;
-        ks->in_axis[ks->nin] = -1;
-        ks->in_bound[ks->nin] = -1;
-        ks->ins[ks->nin++] = ref;
-      }
-    }
-    if (is_red) {
-      if (!varies) return false; /* a reduction of a row-constant value */
-    } else {
-      if (!cg_supported(p, in_dt)) return false;
-      ks->per_elem[i - first] = varies;
-      if (p->op == VM_OP_full) {
-        if (ks->nparams == KERNEL_MAX_IO) return false;
-        ks->params[ks->nparams++] = i;
-      }
-    }
-    bool shaped = ks->per_elem[i - first] ? tr_meta_shape_is(&p->meta, nd, sp->R->shape) : tr_meta_shape_is(&p->meta, nd, sp->rk);
-    if (!shaped && (ks->per_elem[i - first] || !tr_meta_all_ones(&p->meta, nd))) return false;
-    if ((escapes[i] || p->last_use > last) && p->op != VM_OP_full) { /* read after the run: stored */
-      if (!shaped || ks->nout == KERNEL_MAX_IO) return false;
-      ks->outs[ks->nout++] = i;
-    }
-  }
-  if (ks->nout == 0) return false;
+  if (!tr_rows_walk(sp, c->g, gb, KERNEL_MAX_NODES, rows_take, c)) return false;
   for (int q = 0; q < ks->nin; q++) {
     int r = ks->ins[q];
-    ks->stride_class[q] = tr_meta_const_along(ref_meta(plan, leaves, r), sp->R, sp->axes) || is_fill(plan, r) ? 0
-                          : inner_unit(plan, leaves, r) ? 1 : 2;
+    ks->stride_class[q] =
+        tr_meta_const_along(ref_meta(plan, c->leaves, r), sp->R, sp->axes) || tr_is_fill(plan, r)
+            ? 0
+        : inner_unit(plan, c->leaves, r) ? 1
+                                         : 2;
   }
   plan_stash(plan, ks, first);
   return true;
 }
 
-typedef struct {
-  const tr_plan *plan;
-  const cpu_leaf *leaves;
-  const row_space *sp;
-} row_fold_ctx;
-
-/* a reduction a row kernel folds: sum/prod/max/min over the row's axes of R, dims kept */
-static bool row_fold_ok(const tr_pnode *p, const void *ctx) {
-  const row_fold_ctx *c = ctx;
-  const vm_meta *in = ref_meta(c->plan, c->leaves, p->in[0]);
-  return (p->op == VM_OP_sum || p->op == VM_OP_prod || p->op == VM_OP_max || p->op == VM_OP_min) &&
-         p->attr.axes_mask == c->sp->axes && p->attr.keepdim && tr_meta_shape_is(in, c->sp->R->ndim, c->sp->R->shape) &&
-         in->dtype != KILN_BOOL;
+static const vm_meta *leaf_meta(const void *leaves, int leaf) {
+  return &((const cpu_leaf *)leaves)[leaf].meta;
 }
 
-int kernel_plan_rows(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
-                     kernel_shape *ks) {
-  const tr_group *g0 = &plan->groups[g];
-  if (g0->kind != TR_GROUP_REDUCE) return -1;
-  int red0 = g0->first;
-  while (red0 <= g0->last && vm_op_table[plan->nodes[red0].op].kind != VM_KIND_REDUCE) red0++;
-  if (red0 > g0->last) return -1;
-  const tr_pnode *r0 = &plan->nodes[red0];
-  row_space sp = {.R = ref_meta(plan, leaves, r0->in[0]), .axes = r0->attr.axes_mask};
+/* the reductions the code generator folds in a row */
+static bool row_folds(vm_opcode op, kiln_dtype in, kiln_dtype out) {
+  (void)out;
+  return (op == VM_OP_sum || op == VM_OP_prod || op == VM_OP_max || op == VM_OP_min) &&
+         in != KILN_BOOL;
+}
+
+int kernel_plan_rows(const tr_plan *plan, int g, const cpu_leaf *leaves, kernel_shape *ks) {
+  tr_row_space sp;
+  if (!tr_rows_space(plan, g, leaf_meta, leaves, row_folds, &sp)) return -1;
+  const tr_pnode *r0 = &plan->nodes[sp.red0];
   int64_t rows, count;
   /* rows longer than a chunk would not stay in cache between passes, and
      a row kernel cannot split a row across threads: those compile group by
      group (plans are specialized to shapes, so this is decided once) */
-  if (!r0->attr.keepdim || !kernel_reduce_split(r0, sp.R, &rows, &count) || count < 2 ||
-      count > KERNEL_REDUCE_CHUNK)
+  if (!kernel_reduce_split(r0, sp.R, &rows, &count) || count < 2 || count > KERNEL_REDUCE_CHUNK)
     return -1;
-  int nd = sp.R->ndim;
-  for (int d = 0; d < nd; d++) sp.rk[d] = (sp.axes & (1u << d)) ? 1 : sp.R->shape[d];
-  /* the longest run of groups whose nodes all fit */
-  row_fold_ctx fc = {plan, leaves, &sp};
-  int gmax = tr_rows_run_end(plan, g, sp.R, sp.rk, row_fold_ok, &fc);
-  /* one group alone is worth a row kernel when it has an epilogue (which
-     then runs in the kernel, not on the interpreter) */
-  int lowest = red0 < g0->last ? g : g + 1;
-  for (int gb = gmax; gb >= lowest; gb--)
-    if (rows_fill(plan, g, gb, escapes, leaves, &sp, ks)) {
-      ks->first_node = g0->first;
-      ks->span_kind = g0->kind;
-      return gb;
-    }
-  return -1;
+  rows_fill_ctx fc = {&sp, leaves, ks, g, plan->groups[g].first};
+  int gb = tr_rows_plan(&sp, g, rows_fill, &fc);
+  if (gb < 0) return -1;
+  ks->first_node = plan->groups[g].first;
+  ks->span_kind = plan->groups[g].kind;
+  return gb;
 }
 
 /* marks in want the per-element nodes node i needs (i itself included),
@@ -1394,7 +1375,7 @@ bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *lea
       memset(want, 0, (size_t)n);
       need(plan, ks, span.first, tr_pnode_input(red, 0), avail, want);
     }
-    kiln_dtype acc_dt = kernel_reduce_acc_dtype(red->op, red->meta.dtype);
+    kiln_dtype acc_dt = vm_fold_acc_dtype(red->op, red->meta.dtype);
     gcc_jit_lvalue *acc = new_local(c, cg_type(c, acc_dt), "acc", i);
     position_ctx pc = {.plan = plan, .grp = &span, .ks = ks, .io = &io, .params = params, .row_at = rv(row_at),
                        .reduce = i, .want = want, .node_val = node_val, .npass = npass++,

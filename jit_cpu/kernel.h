@@ -148,8 +148,7 @@ static inline int kernel_coord_input(const kernel_shape *ks) {
  * and kept in a scratch row (bufs[nout + nin], KERNEL_MAX_STASH slots of
  * 8 x count bytes, one per call of the kernel) instead of being recomputed.
  * Returns gb (>= g), or -1 when no such run starts at g. */
-int kernel_plan_rows(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf *leaves,
-                     kernel_shape *ks);
+int kernel_plan_rows(const tr_plan *plan, int g, const cpu_leaf *leaves, kernel_shape *ks);
 bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
                       const char *name);
 
@@ -166,8 +165,6 @@ bool kernel_reduce_split3(const tr_pnode *r, const vm_meta *in, int64_t *outer, 
 #define KERNEL_COLS 256
 bool kernel_emit_reduce_cols(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
                              const kernel_shape *ks, const char *name);
-/* the dtype a reduce kernel accumulates in (f64 for f32 sums and products) */
-kiln_dtype kernel_reduce_acc_dtype(vm_opcode op, kiln_dtype out);
 /* reduced positions per chunk when a row is split (a multiple of the block) */
 #define KERNEL_REDUCE_CHUNK VM_FOLD_CHUNK
 

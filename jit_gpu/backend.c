@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../trace/compile_queue.h"
 #include "../vm/interp.h"
 #include "../vm/state.h"
 #include "blas.h"
@@ -197,67 +198,36 @@ done:
   free(first_of);
 }
 
-typedef struct compile_job {
-  tr_plan *plan; /* retained */
+typedef struct {
+  tr_compile_job job; /* first: the queue's part (trace/compile_queue.h) */
   gpu_compiled *c;
-  struct compile_job *next;
 } compile_job;
-
-static struct {
-  pthread_mutex_t lock;
-  pthread_cond_t wake, idle;
-  compile_job *head, *tail;
-  bool started, busy, stopping;
-} compiler = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL,
-              false, false, false};
 
 static void publish(tr_plan *plan, gpu_compiled *c) {
   void *none = NULL;
   if (!atomic_compare_exchange_strong(&plan->jit, &none, c)) compiled_free(c);
 }
 
-static void *compiler_main(void *arg) {
-  (void)arg;
-  pthread_mutex_lock(&compiler.lock);
-  for (;;) {
-    while (!compiler.head && !compiler.stopping) pthread_cond_wait(&compiler.wake, &compiler.lock);
-    if (compiler.stopping) break;
-    compile_job *job = compiler.head;
-    compiler.head = job->next;
-    if (!compiler.head) compiler.tail = NULL;
-    compiler.busy = true;
-    pthread_mutex_unlock(&compiler.lock);
-    load_kernels(job->c);
-    publish(job->plan, job->c);
-    tr_plan_release(job->plan);
-    free(job);
-    pthread_mutex_lock(&compiler.lock);
-    compiler.busy = false;
-    pthread_cond_broadcast(&compiler.idle);
-  }
-  pthread_mutex_unlock(&compiler.lock);
-  return NULL;
+static void compiler_run(tr_compile_job *queued) {
+  compile_job *job = (compile_job *)queued;
+  load_kernels(job->c);
+  publish(job->job.plan, job->c);
+  free(job);
 }
 
+/* at exit the queue's plans stay uncompiled: nothing is lost */
+static void compiler_drop(tr_compile_job *queued) {
+  compile_job *job = (compile_job *)queued;
+  compiled_free(job->c);
+  free(job);
+}
+
+static const tr_compile_ops compiler_ops = {compiler_run, compiler_drop, NULL, false};
+
 /* At exit: NVRTC or the driver torn down under a compile in flight could
-   crash, so the compile in flight finishes (one kernel batch) and the
-   queue is dropped (its plans stay uncompiled: nothing is lost) */
+   crash, so the compile in flight finishes (one kernel batch) */
 static void compiler_stop(void) {
-  pthread_mutex_lock(&compiler.lock);
-  compiler.stopping = true;
-  pthread_cond_broadcast(&compiler.wake);
-  while (compiler.busy) pthread_cond_wait(&compiler.idle, &compiler.lock);
-  compile_job *job = compiler.head;
-  compiler.head = compiler.tail = NULL;
-  pthread_cond_broadcast(&compiler.idle);
-  pthread_mutex_unlock(&compiler.lock);
-  while (job) {
-    compile_job *next = job->next;
-    compiled_free(job->c);
-    tr_plan_release(job->plan);
-    free(job);
-    job = next;
-  }
+  tr_compile_stop(KILN_CUDA);
 }
 
 /* plans the kernels here (the trace is the flush's), compiles them on the
@@ -277,27 +247,9 @@ static void gpu_compile(tr_plan *plan, const tr_trace *t) {
   }
   compile_job *job = planned && vm_env_long("KILN_ASYNC", 1) ? malloc(sizeof *job) : NULL;
   if (job) {
-    pthread_mutex_lock(&compiler.lock);
-    if (!compiler.started && !compiler.stopping) {
-      pthread_t th;
-      pthread_attr_t attr;
-      pthread_attr_init(&attr);
-      pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-      compiler.started = pthread_create(&th, &attr, compiler_main, NULL) == 0;
-      pthread_attr_destroy(&attr);
-      if (compiler.started) atexit(compiler_stop);
-    }
-    bool queued = compiler.started && !compiler.stopping;
-    if (queued) {
-      tr_plan_retain(plan);
-      *job = (compile_job){plan, c, NULL};
-      if (compiler.tail) compiler.tail->next = job;
-      else compiler.head = job;
-      compiler.tail = job;
-      pthread_cond_signal(&compiler.wake);
-    }
-    pthread_mutex_unlock(&compiler.lock);
-    if (queued) return;
+    if (tr_compile_start(KILN_CUDA, &compiler_ops, NULL)) atexit(compiler_stop);
+    *job = (compile_job){{plan, NULL}, c};
+    if (tr_compile_push(KILN_CUDA, &job->job)) return;
     free(job);
   }
   load_kernels(c);
@@ -305,9 +257,7 @@ static void gpu_compile(tr_plan *plan, const tr_trace *t) {
 }
 
 static void gpu_compile_wait(void) {
-  pthread_mutex_lock(&compiler.lock);
-  while (compiler.head || compiler.busy) pthread_cond_wait(&compiler.idle, &compiler.lock);
-  pthread_mutex_unlock(&compiler.lock);
+  tr_compile_wait(KILN_CUDA);
 }
 
 static bool gpu_has_kernel(const void *compiled, int g) {

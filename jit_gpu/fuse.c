@@ -9,6 +9,7 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "../trace/rows.h"
 #include "../vm/dtype.h"
 #include "../vm/fold.h"
 #include "../vm/kernels.h"
@@ -18,12 +19,8 @@
 
 /* --- planning ---------------------------------------------------------------------- */
 
-static const vm_meta *ref_meta(const tr_plan *plan, const tr_trace *t, int r) {
-  return r >= 0 ? &plan->nodes[r].meta : &t->leaves[-1 - r]->meta;
-}
-
 static kiln_dtype ref_dtype(const tr_plan *plan, const tr_trace *t, int r) {
-  return ref_meta(plan, t, r)->dtype;
+  return tr_ref_meta(plan, t, r)->dtype;
 }
 
 static bool computed(const tr_plan *plan, const gpu_fused *k, int r) {
@@ -35,7 +32,7 @@ static bool computed(const tr_plan *plan, const gpu_fused *k, int r) {
    a view, nor a uniform one: fills and folded nodes are broadcast views of
    one element) or a contiguous leaf, of the iteration's full shape */
 static bool dense_full(const tr_plan *plan, const tr_trace *t, int r, const vm_meta *it) {
-  const vm_meta *m = ref_meta(plan, t, r);
+  const vm_meta *m = tr_ref_meta(plan, t, r);
   if (m->ndim != it->ndim || memcmp(m->shape, it->shape, (size_t)m->ndim * sizeof(int64_t))) return false;
   if (r >= 0) {
     const tr_pnode *p = &plan->nodes[r];
@@ -88,10 +85,8 @@ static bool add_param(gpu_fused *k, int i) {
 /* a fill k reads from outside: it takes the scalar, never the value
    (the run makes fills only for readers that need them: tr_run_value) */
 static bool outside_fill(const tr_plan *plan, const gpu_fused *k, int r) {
-  return r >= 0 && !computed(plan, k, r) && plan->nodes[r].op == VM_OP_full;
+  return tr_is_fill(plan, r) && !computed(plan, k, r);
 }
-
-static bool is_fill(const tr_plan *plan, int r) { return r >= 0 && plan->nodes[r].op == VM_OP_full; }
 
 /* k's coordinate along axis (fuse.h GPU_IN_COORD): one axis per kernel */
 static bool add_coord(gpu_fused *k, int axis) {
@@ -107,7 +102,8 @@ static bool add_move(const tr_plan *plan, const tr_trace *t, gpu_fused *k, int i
   kiln_dtype dt = p->meta.dtype;
   if (k->kind != GPU_FK_ELEMENTWISE || p->nin < 1 || p->nin > 3) return false;
   for (int j = p->op == VM_OP_scatter_add ? 1 : 0; j < p->nin; j++) /* a concat's fill part: a parameter */
-    if (computed(plan, k, p->in[j]) && !(p->op == VM_OP_concat && is_fill(plan, p->in[j]))) return false;
+    if (computed(plan, k, p->in[j]) && !(p->op == VM_OP_concat && tr_is_fill(plan, p->in[j])))
+      return false;
   int axis = p->attr.axis;
   if (p->op == VM_OP_scatter_add) {
     int base = p->in[0], idx = p->in[1], src = p->in[2];
@@ -124,7 +120,7 @@ static bool add_move(const tr_plan *plan, const tr_trace *t, gpu_fused *k, int i
   if (p->op == VM_OP_concat) {
     for (int j = 0; j < p->nin; j++) {
       int r = p->in[j];
-      if (ref_dtype(plan, t, r) != dt || (is_fill(plan, r) && !add_param(k, r)) ||
+      if (ref_dtype(plan, t, r) != dt || (tr_is_fill(plan, r) && !add_param(k, r)) ||
           add_input_as(k, r, GPU_IN_PART, axis) < 0) /* a fill's slot carries only its extent */
         return false;
     }
@@ -280,7 +276,7 @@ static bool plan_reduce_group(const tr_plan *plan, int g, const tr_trace *t, gpu
     if (vm_op_table[plan->nodes[i].op].kind == VM_KIND_REDUCE) red = i;
   if (red < 0) return false;
   const tr_pnode *r = &plan->nodes[red];
-  const vm_meta *rin = ref_meta(plan, t, r->in[0]);
+  const vm_meta *rin = tr_ref_meta(plan, t, r->in[0]);
   if (r->op == VM_OP_argmax || r->op == VM_OP_argmin || r->nin != 1 || r->meta.dtype != rin->dtype ||
       !gpu_src_reduce_supported(r->op, rin->dtype))
     return false;
@@ -333,102 +329,80 @@ static bool plan_reduce_group(const tr_plan *plan, int g, const tr_trace *t, gpu
 
 static bool row_varies(const gpu_fused *k, int i) { return (k->varies >> (i - k->first)) & 1u; }
 
-/* a reduction a row kernel folds: over R's axes `axes`, keeping dims, of R's shape */
-static bool row_reduction(const tr_plan *plan, const tr_trace *t, const tr_pnode *p, const vm_meta *R,
-                          uint32_t axes) {
-  if (p->nin != 1) return false;
-  const vm_meta *in = ref_meta(plan, t, p->in[0]);
-  return p->attr.axes_mask == axes && p->attr.keepdim && tr_meta_shape_is(in, R->ndim, R->shape) &&
-         p->meta.dtype == in->dtype && gpu_src_reduce_supported(p->op, in->dtype);
-}
-
 typedef struct {
-  const tr_plan *plan;
+  const tr_row_space *sp;
   const tr_trace *t;
-  const vm_meta *R;
-  uint32_t axes;
-} row_fold_ctx;
+  gpu_fused *k;
+  int g; /* the run's first group */
+} rows_fill_ctx;
 
-static bool row_fold_ok(const tr_pnode *p, const void *ctx) {
-  const row_fold_ctx *c = ctx;
-  return row_reduction(c->plan, c->t, p, c->R, c->axes);
+/* one node of a row kernel (tr_rows_walk): a reduction's input, or the
+   node's code and inputs, and its output if stored */
+static bool rows_take(void *ctx, const tr_row_node *n) {
+  rows_fill_ctx *c = ctx;
+  const tr_plan *plan = c->sp->plan;
+  gpu_fused *k = c->k;
+  const tr_pnode *p = &plan->nodes[n->i];
+  if (p->nin > 3 || vm_op_gathers(p->op)) return false; /* a row kernel gathers nothing */
+  if (n->reduction) {
+    if (k->reduce < 0) k->reduce = n->i;
+    if (!computed(plan, k, p->in[0]) && !add_input(k, p->in[0])) return false;
+  } else if (!add_node(plan, c->t, k, n->i)) {
+    return false;
+  }
+  if (n->varies) k->varies |= 1ull << (n->i - k->first);
+  return !n->read_after || add_output(k, n->i);
 }
 
-/* groups g..gb as one row kernel; false if they cannot be one (as the
-   CPU's rows_fill, jit_cpu/kernel.c) */
-static bool rows_fill(const tr_plan *plan, const tr_trace *t, int g, int gb, const vm_meta *R, uint32_t axes,
-                      const int64_t *rk, gpu_fused *k) {
-  int first = plan->groups[g].first, last = plan->groups[gb].last, nd = R->ndim;
-  if (last - first >= GPU_ROW_MAX_NODES) return false;
+/* groups g..gb as one row kernel; false if they cannot be one */
+static bool rows_fill(void *ctx, int gb) {
+  rows_fill_ctx *c = ctx;
+  const tr_plan *plan = c->sp->plan;
+  gpu_fused *k = c->k;
   memset(k, 0, sizeof *k);
   k->kind = GPU_FK_ROWS;
-  k->first = first;
-  k->last = last;
+  k->first = plan->groups[c->g].first;
+  k->last = plan->groups[gb].last;
   k->through = gb;
   k->reduce = -1;
   k->variant = GPU_RED_LANE;
-  for (int i = first; i <= last; i++) {
-    const tr_pnode *p = &plan->nodes[i];
-    bool is_red = vm_op_table[p->op].kind == VM_KIND_REDUCE, varies = false;
-    if (p->nin > 3 || vm_op_gathers(p->op)) return false; /* a row kernel gathers nothing */
-    for (int j = 0; j < p->nin; j++) {
-      int r = p->in[j];
-      varies |= r >= first && r <= last ? row_varies(k, r) : !tr_meta_const_along(ref_meta(plan, t, r), R, axes);
-    }
-    if (is_red) {
-      if (!varies) return false; /* a reduction of a row-constant value */
-      if (k->reduce < 0) k->reduce = i;
-      if (!computed(plan, k, p->in[0]) && !add_input(k, p->in[0])) return false;
-    } else if (!add_node(plan, t, k, i)) {
-      return false;
-    }
-    varies = varies && !is_red; /* a reduction's value is the row's */
-    if (varies) k->varies |= 1ull << (i - first);
-    bool shaped = varies ? tr_meta_shape_is(&p->meta, nd, R->shape) : tr_meta_shape_is(&p->meta, nd, rk);
-    if (!shaped && (varies || !tr_meta_all_ones(&p->meta, nd))) return false;
-    if (read_after(plan, i, last) && (!shaped || !add_output(k, i))) return false;
-  }
-  if (k->nout == 0) return false;
+  if (!tr_rows_walk(c->sp, c->g, gb, GPU_ROW_MAX_NODES, rows_take, c)) return false;
   for (int q = 0; q < k->nin; q++) {
-    if (tr_meta_const_along(ref_meta(plan, t, k->ins[q]), R, axes)) k->hoisted |= 1u << q;
-    else k->contig[q] = dense_full(plan, t, k->ins[q], R);
+    if (tr_meta_const_along(tr_ref_meta(plan, c->t, k->ins[q]), c->sp->R, c->sp->axes))
+      k->hoisted |= 1u << q;
+    else
+      k->contig[q] = dense_full(plan, c->t, k->ins[q], c->sp->R);
   }
   return true;
 }
 
-static bool rows_off(void) { return vm_env_long("KILN_ROW_FUSION", 1) == 0; }
+static const vm_meta *leaf_meta(const void *t, int leaf) {
+  return &((const tr_trace *)t)->leaves[leaf]->meta;
+}
+
+/* the reductions the generated code folds in a row */
+static bool row_folds(vm_opcode op, kiln_dtype in, kiln_dtype out) {
+  return out == in && gpu_src_reduce_supported(op, in);
+}
 
 /* group g, a reduction, and the longest run of groups after it that one
    row kernel computes; false when there is none */
 static bool plan_rows(const tr_plan *plan, int g, const tr_trace *t, gpu_fused_group *fg) {
-  const tr_group *g0 = &plan->groups[g];
-  if (g0->kind != TR_GROUP_REDUCE || rows_off()) return false;
-  int red0 = g0->first;
-  while (red0 <= g0->last && vm_op_table[plan->nodes[red0].op].kind != VM_KIND_REDUCE) red0++;
-  if (red0 > g0->last) return false;
-  const tr_pnode *r0 = &plan->nodes[red0];
-  if (r0->nin != 1) return false;
-  const vm_meta *R = ref_meta(plan, t, r0->in[0]);
-  uint32_t axes = r0->attr.axes_mask;
-  if (!row_reduction(plan, t, r0, R, axes) || !gpu_reduce_trailing(R->ndim, R->shape, axes)) return false;
-  int64_t count = 1, rk[KILN_MAX_DIMS];
-  for (int d = 0; d < R->ndim; d++) {
-    bool reduced = axes & (1u << d);
-    if (reduced) count *= R->shape[d];
-    rk[d] = reduced ? 1 : R->shape[d];
-  }
+  tr_row_space sp;
+  if (!tr_rows_enabled() || !tr_rows_space(plan, g, leaf_meta, t, row_folds, &sp)) return false;
+  const vm_meta *R = sp.R;
+  if (!gpu_reduce_trailing(R->ndim, R->shape, sp.axes)) return false;
+  int64_t count = 1;
+  for (int d = 0; d < R->ndim; d++)
+    if (sp.axes & (1u << d)) count *= R->shape[d];
   /* a row longer than a chunk takes a second kernel (the join): those
      reductions run group by group */
   if (count < 2 || count > VM_FOLD_CHUNK) return false;
-  row_fold_ctx fc = {plan, t, R, axes};
-  int gmax = tr_rows_run_end(plan, g, R, rk, row_fold_ok, &fc);
-  /* one group alone is worth it with an epilogue (one launch, not two) */
-  int lowest = red0 < g0->last ? g : g + 1;
-  for (int gb = gmax; gb >= lowest; gb--)
-    if (rows_fill(plan, t, g, gb, R, axes, rk, &fg->k[0])) {
-      fg->nk = 1;
-      return true;
-    }
+  rows_fill_ctx fc = {&sp, t, &fg->k[0], g};
+  if (tr_rows_plan(&sp, g, rows_fill, &fc) >= 0) {
+    fg->nk = 1;
+    return true;
+  }
   memset(&fg->k[0], 0, sizeof fg->k[0]);
   return false;
 }
@@ -613,7 +587,7 @@ static void emit_move(gpu_src *b, const tr_plan *plan, const tr_trace *t, const 
     int r = p->in[j], q = input_of(k, r, GPU_IN_PART, axis);
     gpu_src_printf(b, "%s  i64 c%d = at - from;\n%s  c%d = c%d < 0 ? 0 : c%d > a.gextent[%d] - 1 ? a.gextent[%d] - 1 : c%d;\n",
                    indent, j, indent, j, j, j, q, q, j);
-    if (is_fill(plan, r)) { /* its parameter (v<node> when k computes the fill) */
+    if (tr_is_fill(plan, r)) { /* its parameter (v<node> when k computes the fill) */
       char name[16];
       ref_name(plan, k, r, name, sizeof name);
       gpu_src_printf(b, "%s  const %s p%d = %s;\n", indent, ct, j, name);
@@ -1115,7 +1089,9 @@ static void bind_params(const gpu_fused *k, const tr_plan *plan, const tr_trace 
   }
 }
 
-/* fresh values for k's outputs from `from` on; their pointers into a */
+/* fresh values for k's outputs from `from` on; their pointers into a (on
+   the target's device: not shared with jit_cpu/compile.c's, which also
+   refuses layouts its kernels cannot index) */
 static int alloc_outputs(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan, int from,
                          vm_tensor **outs, gpu_fargs *a, int *rc) {
   for (int q = from; q < k->nout; q++) {
@@ -1247,10 +1223,15 @@ static int bind_fold(const gpu_fused *k, const gpu_fuse_target *dev, const tr_pl
   return RAN;
 }
 
+/* a reduce kernel, and its join when a row is long: the launch schedule
+   (reduce_schedule) and the partials' join on the device are the GPU's;
+   what it shares with jit_cpu/compile.c's run_reduce is the plan's (the
+   reduction's input: tr_ref_meta; the fold order and accumulator:
+   vm/fold.h) */
 static int run_reduce(const gpu_fused *k, const gpu_fused *join, const gpu_fuse_target *dev, const tr_plan *plan,
                       const tr_trace *t, vm_tensor **vals, int *rc) {
   const tr_pnode *r = &plan->nodes[k->reduce];
-  const vm_meta *rin = ref_meta(plan, t, r->in[0]);
+  const vm_meta *rin = tr_ref_meta(plan, t, r->in[0]);
   gpu_red_sched s;
   reduce_schedule(r, rin, &s);
   if (s.variant != k->variant || (s.join >= 0) != (join != NULL)) return REFUSED;
@@ -1285,11 +1266,14 @@ static int run_reduce(const gpu_fused *k, const gpu_fused *join, const gpu_fuse_
   return RAN;
 }
 
-/* a row kernel: a.n rows of a.extent[0] positions, the reduced dims last */
+/* a row kernel: a.n rows of a.extent[0] positions, the reduced dims last.
+   What it covers was planned in trace/rows.h for both backends; its
+   schedule, arguments and launch are the GPU's (the CPU's run_rows splits
+   rows across host threads instead) */
 static int run_rows(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan, const tr_trace *t,
                     vm_tensor **vals, int *rc) {
   const tr_pnode *r = &plan->nodes[k->reduce];
-  const vm_meta *R = ref_meta(plan, t, r->in[0]);
+  const vm_meta *R = tr_ref_meta(plan, t, r->in[0]);
   gpu_red_sched s;
   reduce_schedule(r, R, &s);
   if (s.variant != GPU_RED_LANE || s.join >= 0) return REFUSED;

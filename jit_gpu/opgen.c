@@ -348,9 +348,9 @@ void gpu_reduce_schedule(vm_opcode op, kiln_dtype t, bool trailing, int64_t nout
     s->n = two ? nout * nblk : nout;
     s->extent[1] = two ? VM_FOLD_BLOCK : count;
     s->extent[2] = two ? nblk : 1;
-    if (two) { /* partials in the accumulator of vm/fold.h: f64 for f32 sum and prod */
+    if (two) { /* partials in the accumulator of vm/fold.h */
       s->join = GPU_RED_COL_JOIN;
-      s->part = t == KILN_F32 && (op == VM_OP_sum || op == VM_OP_prod) ? KILN_F64 : t;
+      s->part = vm_fold_acc_dtype(op, t);
       s->nparts = nblk;
     }
     s->grid = grid_for(s->n, BLOCK);

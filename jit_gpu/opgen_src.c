@@ -172,11 +172,6 @@ static void cast_expr(sbuf *b, kiln_dtype from, kiln_dtype to) {
 
 /* --- reductions: accumulator type, identity, combine ---------------------------- */
 
-/* the accumulator of vm/fold.h: f64 for f32 sum/prod, else the dtype */
-static kiln_dtype accum_dtype(vm_opcode op, kiln_dtype dt) {
-  return dt == KILN_F32 && (op == VM_OP_sum || op == VM_OP_prod) ? KILN_F64 : dt;
-}
-
 static const char *reduce_init(vm_opcode op, kiln_dtype a) {
   static const char *const max_init[VM_NUM_DTYPES] = {
       "(u8)0", "(-2147483647 - 1)", "(-9223372036854775807LL - 1)", "-__int_as_float(0x7f800000)",
@@ -686,7 +681,7 @@ static const char col_kernel[] =
 /* a reduction pass's body (src.h gpu_src_reduce) */
 static void reduce_body(sbuf *b, vm_opcode op, kiln_dtype t, int variant, bool contig, const char *src,
                         const char *item, const char *store) {
-  kiln_dtype acc = accum_dtype(op, t);
+  kiln_dtype acc = vm_fold_acc_dtype(op, t);
   if (!store) store = "k_store_out";
   char block[32], lanes[32], nblk[32];
   snprintf(block, sizeof block, "%d", VM_FOLD_BLOCK);
@@ -1048,7 +1043,7 @@ void gpu_src_reduce(gpu_src *b, vm_opcode op, kiln_dtype t, int variant, const c
 }
 
 void gpu_src_row_fold(gpu_src *b, vm_opcode op, kiln_dtype t, int pass, const char *ld, const char *dst) {
-  kiln_dtype acc = accum_dtype(op, t);
+  kiln_dtype acc = vm_fold_acc_dtype(op, t);
   char block[32], lanes[32], nblk[32], k[16];
   snprintf(block, sizeof block, "%d", VM_FOLD_BLOCK);
   snprintf(nblk, sizeof nblk, "%d", (int)(VM_FOLD_CHUNK / VM_FOLD_BLOCK));

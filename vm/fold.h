@@ -4,8 +4,9 @@
  * never changes a result (DESIGN §5, docs/SEMANTICS.md "Reductions").
  *
  * Positions p = 0..n-1 are an output's reduced elements in logical
- * row-major order (size-1 dims ignored); A is the accumulator type (f64
- * for f32 sum/prod, else the dtype); comb is + , * , max or min (below).
+ * row-major order (size-1 dims ignored); A is the accumulator type
+ * (vm_fold_acc_dtype below: f64 for f32 sum/prod, else the dtype); comb is + , * , max or min
+ * (below).
  *   - trailing reductions (no kept axis after a reduced one): the lane
  *     order.  Chunks of VM_FOLD_CHUNK positions; in each, blocks of
  *     VM_FOLD_BLOCK; in each block, L = VM_FOLD_LANE_BYTES / sizeof(A)
@@ -34,6 +35,15 @@
    a max or min over values is the same in every order, NaN payloads aside */
 #define VM_FMAX(x, y) (((x) != (x) || (x) > (y) || ((x) == (y) && __builtin_signbit(y))) ? (x) : (y))
 #define VM_FMIN(x, y) (((x) != (x) || (x) < (y) || ((x) == (y) && !__builtin_signbit(y))) ? (x) : (y))
+
+/* A, the dtype a fold of dt by op accumulates in: f64 for f32 sum and
+   prod, else dt.  The interpreter's folds (vm/kern_reduce.c, checked at
+   compile time) and every compiled kernel's take it from here. */
+#define VM_FOLD_ACC_DTYPE(op, dt) \
+  ((dt) == KILN_F32 && ((op) == VM_OP_sum || (op) == VM_OP_prod) ? KILN_F64 : (dt))
+static inline kiln_dtype vm_fold_acc_dtype(vm_opcode op, kiln_dtype dt) {
+  return VM_FOLD_ACC_DTYPE(op, dt);
+}
 
 /* out[o] = the chunk partials part[o * nchunks + c] (dtype dt, c in order)
    folded as the lane order says, for o in [0, rows) */

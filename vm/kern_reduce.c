@@ -333,16 +333,25 @@ struct fold_job {
   static const fold_reducer op##_fold_##sfx = {op##_lanes_##sfx, op##_ordered_##sfx,       \
                                                op##_cols_##sfx};
 
+/* a fold whose accumulator A is checked against vm/fold.h's (vm_fold_acc_dtype) */
+#define DTYPE_f32 KILN_F32
+#define DTYPE_f64 KILN_F64
+#define DTYPE_OF(A) (sizeof(A) == sizeof(double) ? KILN_F64 : KILN_F32) /* A: float or double */
+#define DEF_CHECKED_FOLD(op, sfx, T, A, INIT, COMB)                         \
+  _Static_assert(VM_FOLD_ACC_DTYPE(VM_OP_##op, DTYPE_##sfx) == DTYPE_OF(A), \
+                 "vm/fold.h's accumulator of " #op " " #sfx);               \
+  DEF_FOLD(op, sfx, T, A, INIT, COMB)
+
 #define FADD(a, v) ((a) + (v))
 #define FMUL(a, v) ((a) * (v))
-DEF_FOLD(sum, f32, float, double, 0.0, FADD)
-DEF_FOLD(sum, f64, double, double, 0.0, FADD)
-DEF_FOLD(prod, f32, float, double, 1.0, FMUL)
-DEF_FOLD(prod, f64, double, double, 1.0, FMUL)
-DEF_FOLD(max, f32, float, float, -INFINITY, VM_FMAX)
-DEF_FOLD(max, f64, double, double, -INFINITY, VM_FMAX)
-DEF_FOLD(min, f32, float, float, INFINITY, VM_FMIN)
-DEF_FOLD(min, f64, double, double, INFINITY, VM_FMIN)
+DEF_CHECKED_FOLD(sum, f32, float, double, 0.0, FADD)
+DEF_CHECKED_FOLD(sum, f64, double, double, 0.0, FADD)
+DEF_CHECKED_FOLD(prod, f32, float, double, 1.0, FMUL)
+DEF_CHECKED_FOLD(prod, f64, double, double, 1.0, FMUL)
+DEF_CHECKED_FOLD(max, f32, float, float, -INFINITY, VM_FMAX)
+DEF_CHECKED_FOLD(max, f64, double, double, -INFINITY, VM_FMAX)
+DEF_CHECKED_FOLD(min, f32, float, float, INFINITY, VM_FMIN)
+DEF_CHECKED_FOLD(min, f64, double, double, INFINITY, VM_FMIN)
 
 static const fold_reducer *find_fold(vm_opcode op, kiln_dtype dt) {
   bool f64 = dt == KILN_F64;
