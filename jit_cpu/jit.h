@@ -25,7 +25,7 @@ typedef struct cpu_kernel {
   bool rowwise;
   bool cols;             /* a column reduction (kept axes on both sides of the reduced ones) */
   int nstash;            /* row kernels: scratch slots (8 x count bytes each) per call */
-  struct cpu_kentry *entry; /* the kernel cache's entry fn belongs to (a reference) */
+  struct cache_kernel *entry; /* the kernel cache's entry fn belongs to (a reference) */
 } cpu_kernel;
 
 /* how a gathering kernel reads input q (kernel_shape's in_role, in_axis,

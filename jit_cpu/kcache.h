@@ -1,10 +1,11 @@
-/* kcache.h — internal to jit_cpu/: the process-wide kernel cache (DESIGN
- * §4, the second level): a kernel's own description -> its compiled
- * function, and the code objects (a libgccjit result or a shared object
- * from the disk cache) that hold compiled functions.  Plans hold
- * references to kernels; a kernel no plan references stays cached, least
- * recently used first out, up to KILN_KERNEL_CACHE_MAX of them; a code
- * object none of whose kernels is cached any more is unloaded. */
+/* kcache.h — internal to jit_cpu/: the CPU's side of the kernel cache
+ * (cache/kernel_cache.h, DESIGN §4, the second level), typed: a kernel's
+ * own description -> its compiled function, and the code objects (a
+ * libgccjit result or a shared object from the disk cache) that hold
+ * compiled functions.  The rule is the cache's, shared with the GPU: plans
+ * hold references to kernels; a kernel no plan references stays cached,
+ * least recently used first out, up to KILN_KERNEL_CACHE_MAX of them; a
+ * code object none of whose kernels is cached any more is unloaded. */
 #ifndef CPU_KCACHE_H
 #define CPU_KCACHE_H
 
@@ -12,15 +13,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../cache/kernel_cache.h"
 #include "jit.h"
 
-typedef struct cpu_code cpu_code;
-typedef struct cpu_kentry cpu_kentry;
+typedef cache_code cpu_code;
+typedef cache_kernel cpu_kentry;
 
 /* a new code object owning result (or dl, a dlopen handle); the caller
    holds one reference, dropped with cpu_code_release once it has put the
    object's kernels in the cache.  batch: the disk key it was loaded or
-   stored under (NULL: none), so that a second lookup finds it loaded */
+   stored under (NULL: none), so that a second lookup finds it loaded.
+   NULL when out of memory (result or dl is then still the caller's) */
 cpu_code *cpu_code_new(gcc_jit_result *result, void *dl, const uint64_t *batch);
 /* the loaded code object with disk key batch, retained; NULL if none */
 cpu_code *cpu_code_find(const uint64_t batch[2]);

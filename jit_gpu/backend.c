@@ -109,7 +109,10 @@ static double gpu_compile_cost_ms(int nodes) { return nodes < 4 ? 60.0 : 15.0 * 
 static void compiled_free(void *p) {
   gpu_compiled *c = p;
   if (!c) return;
-  for (int g = 0; g < c->ngroups; g++) gpu_fused_group_free_src(&c->k[g]);
+  for (int g = 0; g < c->ngroups; g++) {
+    gpu_fused_group_free_src(&c->k[g]);
+    for (int i = 0; i < c->k[g].nk; i++) gpu_kernel_release(c->k[g].k[i].fn); /* the plan's */
+  }
   free(c->k);
   free(c);
 }
@@ -188,6 +191,7 @@ static void load_kernels(gpu_compiled *c) {
     if (!(firsts[j]->fn = gpu_kernel_finish(b[j]))) said_not_built(firsts[j]);
   for (int i = 0; i < n; i++) {
     ks[i]->fn = firsts[first_of[i]]->fn;
+    if (ks[i] != firsts[first_of[i]]) gpu_kernel_retain(ks[i]->fn); /* a reference of its own */
     free(ks[i]->src);
     ks[i]->src = NULL;
   }

@@ -4,8 +4,10 @@
  * context; a stream per user thread (with its pinned staging buffer),
  * destroyed at thread exit; device memory through the caching allocator
  * (alloc.h); op kernels found in memory, then on disk, then compiled with
- * NVRTC, and launched.  Process-wide state is the one `rt` struct; per
- * thread there is only the gpu_thread a thread-local points to. */
+ * NVRTC, and launched.  Loaded kernels live in the kernel cache shared with
+ * the CPU (cache/kernel_cache.h): a module per kernel, unloaded by its rule.
+ * Process-wide state is the one `rt` struct; per thread there is only the
+ * gpu_thread a thread-local points to. */
 #include "cuda.h"
 
 #include <dlfcn.h>
@@ -18,14 +20,11 @@
 #include <xxhash.h>
 
 #include "../cache/disk.h"
+#include "../cache/kernel_cache.h"
 #include "../vm/state.h"
 #include "cuda_api.h"
 #include "dump.h"
 #include "nvrtc.h"
-
-#define HASH_NONFATAL_OOM 1
-#define uthash_nonfatal_oom(obj) (hash_oom = true)
-#include <uthash.h>
 
 /* the oldest driver with cuGetProcAddress, and the oldest device CUDA 13's
    NVRTC compiles for */
@@ -62,12 +61,8 @@ typedef struct gpu_thread {
   const char *check_api[GPU_CHECK_NAMES];
 } gpu_thread;
 
-typedef struct gpu_kernel {
-  char id[GPU_KERNEL_NAME + 16]; /* "<entry name>@<cc>" */
-  CUmodule module;
-  CUfunction fn;
-  UT_hash_handle hh;
-} gpu_kernel;
+/* a kernel's id in the kernel cache: "<entry name>@<cc>" */
+#define GPU_KERNEL_ID (GPU_KERNEL_NAME + 16)
 
 static struct gpu_runtime {
   pthread_once_t once, info_once;
@@ -87,11 +82,7 @@ static struct gpu_runtime {
   gpu_alloc *alloc;
   pthread_key_t thread_key;
   void (*blas_thread_exit)(void *);
-  pthread_mutex_t kernels_lock;
-  gpu_kernel *kernels;
-} rt = {.once = PTHREAD_ONCE_INIT,
-        .info_once = PTHREAD_ONCE_INIT,
-        .kernels_lock = PTHREAD_MUTEX_INITIALIZER};
+} rt = {.once = PTHREAD_ONCE_INIT, .info_once = PTHREAD_ONCE_INIT};
 
 static _Thread_local gpu_thread *this_thread;
 
@@ -772,25 +763,41 @@ static bool module_load(const kernel_image *img, const char *name, CUmodule *mod
   return false;
 }
 
-/* the kernel cached under id (name@cc), or NULL */
-static CUfunction kernel_cached(const char *id) {
-  gpu_kernel *e = NULL;
-  pthread_mutex_lock(&rt.kernels_lock);
-  HASH_FIND_STR(rt.kernels, id, e);
-  pthread_mutex_unlock(&rt.kernels_lock);
-  return e ? e->fn : NULL;
+/* the kernel cache's key of id (name@cc): its hash; id itself is the
+   description compared on a hit */
+static void kernel_id_key(const char *id, uint64_t key[2]) {
+  XXH128_hash_t h = XXH3_128bits(id, strlen(id));
+  key[0] = h.high64;
+  key[1] = h.low64;
+}
+
+/* the kernel cached under id, retained; NULL if none */
+static cache_kernel *kernel_cached(const char *id) {
+  uint64_t key[2];
+  kernel_id_key(id, key);
+  return cache_kernel_get(KILN_CUDA, key, id, strlen(id));
+}
+
+/* a module none of whose kernels is cached any more (the kernel cache's
+   unload callback, on whichever thread released the last one): work
+   already enqueued may still run its code, so the device is waited for
+   first (rare: KILN_KERNEL_CACHE_MAX unused kernels are kept) */
+static void module_unload(void *module) {
+  if (rt.cu.cuCtxSetCurrent(rt.ctx) != CUDA_SUCCESS) return; /* left loaded */
+  (void)rt.cu.cuCtxSynchronize();
+  (void)rt.cu.cuModuleUnload((CUmodule)module);
 }
 
 /* The compiled kernel `name` of source src: built outside the lock (NVRTC
    takes a while); two threads building the same one keep the first. */
-static CUfunction kernel_publish(gpu_kernel_build *b);
+static cache_kernel *kernel_publish(gpu_kernel_build *b);
 
 /* a kernel on its way: its image made (any thread), then loaded */
 struct gpu_kernel_build {
   char name[GPU_KERNEL_NAME];
-  char id[sizeof((gpu_kernel *)0)->id];
+  char id[GPU_KERNEL_ID];
   const char *src;   /* the caller's, until finished */
-  CUfunction cached; /* in memory already: nothing to make */
+  cache_kernel *cached; /* in memory already (a reference): nothing to make */
   bool ok;           /* img holds the image */
   kernel_image img;
   int status;        /* why not, when !ok && !cached */
@@ -822,7 +829,7 @@ void *gpu_kernel_finish(gpu_kernel_build *b) {
     vm_error(KILN_ERR_OOM, "out of host memory building a kernel");
     return NULL;
   }
-  CUfunction fn = NULL;
+  cache_kernel *fn = NULL;
   if (b->cached) {
     gpu_log_kernel(b->name, "in memory", 0);
     fn = b->cached;
@@ -841,47 +848,38 @@ void *gpu_kernel_finish(gpu_kernel_build *b) {
   return (void *)fn;
 }
 
-/* loads b's image and caches its function (another thread's, if it
-   built the same kernel meanwhile) */
-static CUfunction kernel_publish(gpu_kernel_build *b) {
+/* loads b's image as a code object of the kernel cache and caches its
+   function there (another thread's, if it built the same kernel
+   meanwhile: then this module is unloaded again): a reference */
+static cache_kernel *kernel_publish(gpu_kernel_build *b) {
   CUmodule mod = NULL;
   CUfunction fn = NULL;
   if (!module_load(&b->img, b->name, &mod, &fn)) return NULL;
-  gpu_kernel *e = calloc(1, sizeof *e);
-  if (!e) { /* not cached, so built again next time; its module stays loaded (the caller uses fn) */
-    vm_error(KILN_ERR_OOM, "out of host memory caching kernel %s", b->name);
-    return fn;
-  }
-  snprintf(e->id, sizeof e->id, "%s", b->id);
-  e->module = mod;
-  e->fn = fn;
-  gpu_kernel *have = NULL;
-  bool hash_oom = false;
-  pthread_mutex_lock(&rt.kernels_lock);
-  HASH_FIND_STR(rt.kernels, b->id, have);
-  if (!have) HASH_ADD_STR(rt.kernels, id, e);
-  pthread_mutex_unlock(&rt.kernels_lock);
-  if (have) { /* another thread built it meanwhile */
+  cache_code *code = cache_code_new(KILN_CUDA, mod, module_unload, NULL);
+  if (!code) {
     (void)rt.cu.cuModuleUnload(mod);
-    free(e);
-    return have->fn;
+    vm_error(KILN_ERR_OOM, "out of host memory caching kernel %s", b->name);
+    return NULL;
   }
-  /* hash_oom: not cached, so built again next time; its module stays
-     loaded (the caller uses fn) */
-  if (hash_oom) free(e);
-  return fn;
+  uint64_t key[2];
+  kernel_id_key(b->id, key);
+  cache_kernel *k = cache_kernel_put(KILN_CUDA, key, b->id, strlen(b->id), code, fn);
+  cache_code_release(code); /* held by k now (unloaded here if k is another's, or NULL) */
+  if (!k) vm_error(KILN_ERR_OOM, "out of host memory caching kernel %s", b->name);
+  return k;
 }
 
-static CUfunction kernel_build(const char *name, const char *src) {
-  return (CUfunction)gpu_kernel_finish(gpu_kernel_prepare(name, src));
+static cache_kernel *kernel_build(const char *name, const char *src) {
+  return gpu_kernel_finish(gpu_kernel_prepare(name, src));
 }
 
-/* The compiled kernel for key (its source generated only on a miss) */
-static CUfunction kernel_get(const gpu_op_key *key) {
-  char name[GPU_KERNEL_NAME], id[sizeof((gpu_kernel *)0)->id];
+/* The compiled kernel for key (its source generated only on a miss), a
+   reference */
+static cache_kernel *kernel_get(const gpu_op_key *key) {
+  char name[GPU_KERNEL_NAME], id[GPU_KERNEL_ID];
   gpu_op_key_name(key, name, sizeof name);
   snprintf(id, sizeof id, "%s@%d", name, rt.cc);
-  CUfunction fn = kernel_cached(id);
+  cache_kernel *fn = kernel_cached(id);
   if (fn) return fn;
   char *src = gpu_op_source(key);
   if (!src) return NULL; /* gpu_op_source said why */
@@ -892,14 +890,23 @@ static CUfunction kernel_get(const gpu_op_key *key) {
 
 void *gpu_kernel_load(const char *name, const char *src) {
   if (!thread_get()) return NULL; /* the primary context, current on this thread (the compiler's) */
-  return (void *)kernel_build(name, src);
+  return kernel_build(name, src);
 }
 
-bool gpu_kernel_launch(void *fn, const char *name, void *args, unsigned grid, unsigned block) {
+void gpu_kernel_retain(void *kernel) {
+  cache_kernel_retain(kernel);
+}
+
+void gpu_kernel_release(void *kernel) {
+  cache_kernel_release(kernel);
+}
+
+bool gpu_kernel_launch(void *kernel, const char *name, void *args, unsigned grid, unsigned block) {
   gpu_thread *t = thread_get();
   if (!t) return false;
   void *params[] = {args};
-  CUresult rc = rt.cu.cuLaunchKernel((CUfunction)fn, grid, 1, 1, block, 1, 1, 0, t->stream, params, NULL);
+  CUfunction fn = cache_kernel_fn(kernel);
+  CUresult rc = rt.cu.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, t->stream, params, NULL);
   if (rc != CUDA_SUCCESS) {
     char what[GPU_KERNEL_NAME + 96];
     snprintf(what, sizeof what, "cuLaunchKernel(%s, grid %u, block %u)", name, grid, block);
@@ -932,12 +939,15 @@ static bool launch_one(gpu_thread *t, const gpu_launch *l, char *scratch, size_t
     t->check_api[t->check_seq % GPU_CHECK_NAMES] = vm_thread()->api;
     args.extent[1] = t->check_seq;
   }
-  CUfunction fn = kernel_get(&l->key);
-  if (!fn) return false;
+  /* held while it is launched: no other thread's release unloads it
+     meanwhile (an unload waits for the device: module_unload) */
+  cache_kernel *kernel = kernel_get(&l->key);
+  if (!kernel) return false;
   void *params[] = {&args};
   CUresult rc =
-      rt.cu.cuLaunchKernel(fn, l->grid[0], l->grid[1], l->grid[2], l->block[0], l->block[1],
-                           l->block[2], l->shared_bytes, t->stream, params, NULL);
+      rt.cu.cuLaunchKernel(cache_kernel_fn(kernel), l->grid[0], l->grid[1], l->grid[2], l->block[0],
+                           l->block[1], l->block[2], l->shared_bytes, t->stream, params, NULL);
+  cache_kernel_release(kernel);
   if (rc != CUDA_SUCCESS) {
     char name[GPU_KERNEL_NAME], what[GPU_KERNEL_NAME + 160];
     gpu_op_key_name(&l->key, name, sizeof name);

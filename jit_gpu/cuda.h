@@ -33,22 +33,30 @@ bool gpu_copy_on_device(void *dst, const void *src, size_t nbytes);
 /* runs one op call's launches on the calling thread's stream, compiling
    (memory cache, then disk cache, then NVRTC) what is missing */
 bool gpu_run_op_plan(const gpu_op_plan *p);
-/* The kernel `name` of CUDA C source src, loaded (the memory cache by
-   name and compute capability, then the disk cache keyed by the source,
-   then NVRTC): a CUfunction, or NULL + error.  Fused plan kernels
+/* The kernel `name` of CUDA C source src, loaded (the kernel cache,
+   cache/kernel_cache.h, by name and compute capability, then the disk cache
+   keyed by the source, then NVRTC): a reference to it in the kernel cache,
+   held until gpu_kernel_release (a plan's, for as long as the plan lives:
+   its module stays loaded meanwhile), or NULL + error.  Fused plan kernels
    (jit_gpu/fuse.h) come this way. */
 void *gpu_kernel_load(const char *name, const char *src);
+/* another reference to kernel (a second holder), and dropping one: the
+   last makes it an unused kernel of the cache, kept up to
+   KILN_KERNEL_CACHE_MAX of them, its module unloaded once it is dropped */
+void gpu_kernel_retain(void *kernel);
+void gpu_kernel_release(void *kernel);
 /* The same in two steps, so that several kernels compile at once:
    prepare finds the kernel in memory or makes its image (the disk cache,
    else NVRTC) on any thread, with no CUDA context (NULL only when out of
    memory); finish, on a thread that may use the context, loads it and
-   frees b: the function, or NULL + the error prepare or loading met. */
+   frees b: a reference as gpu_kernel_load's, or NULL + the error prepare
+   or loading met. */
 typedef struct gpu_kernel_build gpu_kernel_build;
 gpu_kernel_build *gpu_kernel_prepare(const char *name, const char *src);
 void *gpu_kernel_finish(gpu_kernel_build *b);
-/* launches fn (from gpu_kernel_load) with its one by-value argument *args
-   on the calling thread's stream */
-bool gpu_kernel_launch(void *fn, const char *name, void *args, unsigned grid, unsigned block);
+/* launches kernel (a reference from gpu_kernel_load, held by the caller)
+   with its one by-value argument *args on the calling thread's stream */
+bool gpu_kernel_launch(void *kernel, const char *name, void *args, unsigned grid, unsigned block);
 /* waits for the calling thread's stream */
 bool gpu_synchronize(void);
 

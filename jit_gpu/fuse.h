@@ -111,7 +111,7 @@ typedef struct gpu_fused {
   int params[GPU_FUSE_MAX_PARAMS];  /* full nodes */
   char name[40];                    /* "kf_<16 hex of the source's hash>" */
   char *src;                        /* the CUDA C (malloc'd), until compiled */
-  void *fn;                         /* the backend's loaded kernel */
+  void *fn;                         /* the loaded kernel (CUDA: a cache reference) */
   /* ROWS: the last group it computes, the span's nodes that vary along
      the reduced axes (bit i - first), its inputs read once per row (bit q) */
   int through;

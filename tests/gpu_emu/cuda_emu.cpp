@@ -14,6 +14,9 @@
 //  - The driver: cuModuleLoadData loads that object; cuLaunchKernel runs
 //    the kernel to completion; copies and memsets happen at once.  Work is
 //    therefore done in issue order, which is one legal schedule of streams.
+//    cuModuleUnload unloads it (a launch of its functions afterwards is
+//    refused), and kiln_emu_module_counts tells tests how many modules
+//    are loaded (the kernel cache's bound, tests/test_gpu_kernel_cache.c).
 //  - Device memory is a reserved region the host cannot touch: it is
 //    readable and writable only while a launch, copy or gemm runs, so host
 //    code that reads a device pointer faults here as it would on a GPU.
@@ -145,12 +148,19 @@ static CUresult mem_free(unsigned long long dptr) {
 
 struct emu_module {
   void *dl;
+  uint64_t id;  // its number: a function of an unloaded module is refused at launch
 };
 typedef int (*emu_entry)(void **params, unsigned grid, unsigned block, char **stacks);
 struct emu_function {
   emu_entry entry;
   std::string name;
+  uint64_t module;
 };
+// the modules loaded now (by number), and the loads and unloads so far:
+// kiln_emu_module_counts reports them to tests (the kernel cache's bound)
+static std::mutex module_lock;
+static std::map<uint64_t, bool> modules_live;
+static uint64_t module_loads, module_unloads;
 static int token; // streams, events, the context: nothing to hold
 #define IMAGE_FORMAT 2 // of the "cubins": a header, then a shared object with emu_entry_<kernel>
 static const size_t STACK_BYTES = 1 << 16; // emu_grid.hpp's EMU_STACK
@@ -251,7 +261,10 @@ static CUresult cuModuleLoadData(void **mod, const void *image) {
   if (!dl && ok) fprintf(stderr, "cuda_emu: %s\n", dlerror());
   unlink(p.data());
   if (!dl) return INVALID_IMAGE;
-  *mod = new emu_module{dl};
+  std::lock_guard<std::mutex> g(module_lock);
+  emu_module *m = new emu_module{dl, ++module_loads};
+  modules_live[m->id] = true;
+  *mod = m;
   return OK;
 }
 static CUresult cuModuleGetFunction(void **fn, void *mod, const char *name) {
@@ -259,13 +272,21 @@ static CUresult cuModuleGetFunction(void **fn, void *mod, const char *name) {
   std::string sym = std::string("emu_entry_") + name;
   void *e = dlsym(((emu_module *)mod)->dl, sym.c_str());
   if (!e) return NOT_FOUND;
-  *fn = new emu_function{(emu_entry)e, name}; // lives as long as the process: Kiln keeps them
+  // lives as long as the process (a few bytes): a launch after its module
+  // is unloaded is refused, not a jump into unmapped code
+  *fn = new emu_function{(emu_entry)e, name, ((emu_module *)mod)->id};
   return OK;
 }
 static CUresult cuModuleUnload(void *mod) {
   if (!mod) return INVALID_HANDLE;
-  dlclose(((emu_module *)mod)->dl);
-  delete (emu_module *)mod;
+  emu_module *m = (emu_module *)mod;
+  {
+    std::lock_guard<std::mutex> g(module_lock);
+    if (!modules_live.erase(m->id)) return INVALID_HANDLE;
+    module_unloads++;
+  }
+  dlclose(m->dl);
+  delete m;
   return OK;
 }
 static CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
@@ -280,7 +301,20 @@ static CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, 
   for (unsigned i = 0; i < bx && i < 1024; i++)
     if (!stacks[i] && !(stacks[i] = (char *)malloc(STACK_BYTES))) return OUT_OF_MEMORY;
   emu_function *f = (emu_function *)fn;
+  std::lock_guard<std::mutex> g(module_lock);  // its module stays loaded while it runs
+  if (!modules_live.count(f->module)) {
+    fprintf(stderr, "cuda_emu: cuLaunchKernel(%s): its module was unloaded\n", f->name.c_str());
+    return INVALID_HANDLE;
+  }
   return f->entry(params, gx, bx, stacks) ? OK : LAUNCH_FAILED;
+}
+
+// for tests: modules loaded now, ever loaded, and unloaded (not a CUDA call)
+EXPORT void kiln_emu_module_counts(long *live, long *loads, long *unloads) {
+  std::lock_guard<std::mutex> g(module_lock);
+  *live = (long)modules_live.size();
+  *loads = (long)module_loads;
+  *unloads = (long)module_unloads;
 }
 
 static const struct {

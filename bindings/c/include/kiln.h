@@ -304,7 +304,8 @@ KILN_API void kiln_reset_stats(void);
    (kernels compiled, not loaded from disk; a kernel is compiled once per
    process, whichever traces share it), "kernel_cache_hits" (kernels of
    newly compiled plans that were already compiled), "code_objects" (compiled
-   code objects loaded now; unloaded once no cached kernel is in them),
+   code objects loaded now, CPU code and CUDA modules alike; unloaded once
+   no cached kernel is in them),
    "code_unloads", "plans_built" or
    "blas_calls" (gemm calls into BLAS: one per matmul, or per batch),
    "recomputed" (values a flush evaluated although an earlier flush had
