@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../trace/tape.h"
 #include "../front/composite.h"
+#include "../trace/tape.h"
 #include "../vm/state.h"
 #include "ad.h"
 
@@ -30,8 +30,9 @@ int ad_set_requires_grad(vm_tensor *t, bool on) {
     return vm_error(KILN_ERR_DTYPE, "only float tensors can require gradients, not %s",
                     vm_dtype_name(t->dtype));
   if (tr_node_requires_grad(t->node) && !t->slot)
-    return vm_error(KILN_ERR_STATE, "only leaf tensors can change requires_grad; this one is "
-                                    "computed from tensors that require grad (use kiln_detach)");
+    return vm_error(KILN_ERR_STATE,
+                    "only leaf tensors can change requires_grad; this one is "
+                    "computed from tensors that require grad (use kiln_detach)");
   if (on == (t->slot != NULL)) return KILN_OK;
   tr_node *n = fresh_leaf(t, on);
   if (!n) return vm_thread()->status;
@@ -209,7 +210,8 @@ static bool join_slices(tape *tp, int j) {
   for (slice_piece *p = list; ok && p; p = p->next) all[nall++] = p; /* latest slice first */
   for (int a = 0; a < nall; a++) { /* the axis most runs lie along */
     int count = 0;
-    for (int b = 0; b < nall; b++) count += contiguous_piece(all[b]) && all[b]->axis == all[a]->axis;
+    for (int b = 0; b < nall; b++)
+      count += contiguous_piece(all[b]) && all[b]->axis == all[a]->axis;
     if (contiguous_piece(all[a]) && count > best) best = count, axis = all[a]->axis;
   }
   for (int a = 0; a < nall; a++)
@@ -225,8 +227,10 @@ static bool join_slices(tape *tp, int j) {
       at = p->start + piece_len(p);
       p->joined = true;
     }
-    if (ok && at < x->shape[axis]) ok = (parts[nparts++] = zeros_along(x, axis, x->shape[axis] - at)) != NULL;
-    vm_tensor *whole = ok ? (nparts == 1 ? vm_retain(parts[0]) : fe_concat(nparts, parts, axis)) : NULL;
+    if (ok && at < x->shape[axis])
+      ok = (parts[nparts++] = zeros_along(x, axis, x->shape[axis] - at)) != NULL;
+    vm_tensor *whole =
+        ok ? (nparts == 1 ? vm_retain(parts[0]) : fe_concat(nparts, parts, axis)) : NULL;
     ok = whole && accumulate(&tp->grads[j], whole);
     vm_release(whole);
   }
@@ -287,13 +291,16 @@ static vm_tensor *seed(const vm_tensor *out, vm_tensor *gout) {
   char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
   if (!gout) {
     if (out->numel != 1) {
-      vm_error(KILN_ERR_SHAPE, "the output has shape %s; pass its gradient (only 1-element "
-               "outputs get ones)", vm_shape_str(b1, out->ndim, out->shape));
+      vm_error(KILN_ERR_SHAPE,
+               "the output has shape %s; pass its gradient (only 1-element "
+               "outputs get ones)",
+               vm_shape_str(b1, out->ndim, out->shape));
       return NULL;
     }
     return ones_like(out);
   }
-  if (gout->ndim != out->ndim || memcmp(gout->shape, out->shape, (size_t)out->ndim * sizeof(int64_t))) {
+  if (gout->ndim != out->ndim ||
+      memcmp(gout->shape, out->shape, (size_t)out->ndim * sizeof(int64_t))) {
     vm_error(KILN_ERR_SHAPE, "gradient shape %s does not match output shape %s",
              vm_shape_str(b1, gout->ndim, gout->shape), vm_shape_str(b2, out->ndim, out->shape));
     return NULL;
@@ -307,8 +314,10 @@ static int run(tape *tp, int nout, vm_tensor *const *outs, vm_tensor *const *gou
   for (int k = 0; k < nout; k++) {
     if (!have(outs[k], k)) return KILN_ERR_ARG;
     if (!tr_node_requires_grad(outs[k]->node))
-      return vm_error(KILN_ERR_STATE, "output %d does not require grad (no input it depends on "
-                      "requires grad, or it was computed under no_grad)", k);
+      return vm_error(KILN_ERR_STATE,
+                      "output %d does not require grad (no input it depends on "
+                      "requires grad, or it was computed under no_grad)",
+                      k);
     if (!tape_collect(tp, outs[k]->node)) return vm_error(KILN_ERR_OOM, "out of memory");
   }
   qsort(tp->nodes, (size_t)tp->n, sizeof *tp->nodes, by_seq_desc);
@@ -397,7 +406,8 @@ int ad_grad_of(int nout, vm_tensor *const *outs, vm_tensor *const *gouts, int ni
                vm_tensor *const *ins, vm_tensor **grads, bool create_graph) {
   vm_clear_error();
   if (nout < 1 || nin < 1 || !outs || !ins || !grads)
-    return vm_error(KILN_ERR_ARG, "needs at least one output and one input (nout %d, nin %d)", nout, nin);
+    return vm_error(KILN_ERR_ARG, "needs at least one output and one input (nout %d, nin %d)", nout,
+                    nin);
   for (int i = 0; i < nin; i++) {
     grads[i] = NULL;
     if (!have(ins[i], i)) return KILN_ERR_ARG;
@@ -427,7 +437,8 @@ int ad_grad_of(int nout, vm_tensor *const *outs, vm_tensor *const *gouts, int ni
 vm_tensor *ad_grad(vm_tensor *leaf) {
   if (!have(leaf, 0)) return NULL;
   if (!leaf->slot && tr_node_requires_grad(leaf->node)) {
-    vm_error(KILN_ERR_STATE, "this tensor is not a leaf (it is computed from tensors that "
+    vm_error(KILN_ERR_STATE,
+             "this tensor is not a leaf (it is computed from tensors that "
              "require grad), so no gradient accumulates in it; use kiln_grad_of for the "
              "gradient of an intermediate");
     return NULL;

@@ -22,12 +22,13 @@
  * bytes, but not less than 1 MiB; KILN_DIST_BUCKET_MB=N sets N MiB instead.  A
  * parameter without a gradient this step contributes zeros, so every rank
  * reduces the same buckets. */
+#include "../vm/dist.h"
+
 #include <stdlib.h>
 
+#include "../front/composite.h"
 #include "../trace/tape.h"
 #include "../vm/backend.h"
-#include "../front/composite.h"
-#include "../vm/dist.h"
 #include "../vm/state.h"
 #include "ad.h"
 
@@ -45,11 +46,14 @@ static int check_params(int n, vm_tensor *const *params) {
   for (int i = 0; i < n; i++) {
     if (!params[i]) return vm_error(KILN_ERR_ARG, "params[%d] is NULL", i);
     if (!params[i]->slot)
-      return vm_error(KILN_ERR_ARG, "params[%d] is not a leaf that requires grad (kiln_set_requires_grad)", i);
+      return vm_error(KILN_ERR_ARG,
+                      "params[%d] is not a leaf that requires grad (kiln_set_requires_grad)", i);
     if (params[i]->device != params[0]->device)
-      return vm_error(KILN_ERR_DEVICE, "params[0] is on %s and params[%d] on %s: average the "
-                      "gradients of each device separately", vm_device_name((kiln_device)params[0]->device),
-                      i, vm_device_name((kiln_device)params[i]->device));
+      return vm_error(KILN_ERR_DEVICE,
+                      "params[0] is on %s and params[%d] on %s: average the "
+                      "gradients of each device separately",
+                      vm_device_name((kiln_device)params[0]->device), i,
+                      vm_device_name((kiln_device)params[i]->device));
   }
   return KILN_OK;
 }
@@ -72,8 +76,8 @@ static int make_buckets(int n, vm_tensor *const *params, int *order, bucket *b) 
     int i = n - 1 - j;
     order[j] = i;
     int64_t size = params[i]->numel * (int64_t)vm_dtype_size(params[i]->dtype);
-    bool fits = nb > 0 && params[order[b[nb - 1].first]]->dtype == params[i]->dtype &&
-                bytes + size <= cap;
+    bool fits =
+        nb > 0 && params[order[b[nb - 1].first]]->dtype == params[i]->dtype && bytes + size <= cap;
     if (!fits) {
       b[nb++] = (bucket){j, 0};
       bytes = 0;
@@ -85,8 +89,8 @@ static int make_buckets(int n, vm_tensor *const *params, int *order, bucket *b) 
 }
 
 /* the bucket's reduced buffer back into its parameters' gradient slots */
-static bool store_bucket(vm_tensor *flat, const bucket *bk, const int *order, vm_tensor *const *params,
-                         int size) {
+static bool store_bucket(vm_tensor *flat, const bucket *bk, const int *order,
+                         vm_tensor *const *params, int size) {
   int64_t at = 0;
   bool ok = true;
   for (int q = 0; q < bk->count && ok; q++) {

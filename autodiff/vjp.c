@@ -3,16 +3,15 @@
  * output and returns the gradient of input k in that input's shape, built
  * from ordinary ops — so gradients are pending nodes like any other, fused
  * and cached with the forward pass.  NULL with no error: no gradient. */
-#include "ad.h"
-
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../front/composite.h"
-#include "../vm/dist.h"
 #include "../front/scope.h"
+#include "../vm/dist.h"
 #include "../vm/state.h"
+#include "ad.h"
 
 #define U(op, a) keep(s, fe_unary(VM_OP_##op, (a)))
 #define B(op, a, b) keep(s, fe_binary(VM_OP_##op, (a), (b)))
@@ -50,28 +49,44 @@ static vm_tensor *rule_unary(fe_scope *s, const ad_ctx *c, int k) {
   (void)k;
   vm_tensor *x = c->x[0], *y = c->y, *g = c->g;
   switch (c->op) {
-    case VM_OP_copy: return g;
-    case VM_OP_cast: return vm_dtype_is_float(x->dtype) ? keep(s, fe_cast(g, x->dtype)) : NULL;
-    case VM_OP_neg: return U(neg, g);
-    case VM_OP_abs: return B(mul, g, U(sign, x));
-    case VM_OP_exp: return B(mul, g, y);
-    case VM_OP_log: return B(div, g, x);
-    case VM_OP_sqrt: return B(div, BS(mul, g, 0.5), y);
-    case VM_OP_rsqrt: return B(mul, g, BS(mul, B(mul, B(mul, y, y), y), -0.5));
-    case VM_OP_sin: return B(mul, g, U(cos, x));
-    case VM_OP_cos: return U(neg, B(mul, g, U(sin, x)));
-    case VM_OP_tanh: return B(mul, g, one_minus(s, B(mul, y, y)));
-    case VM_OP_sigmoid: return B(mul, g, B(mul, y, one_minus(s, y)));
+    case VM_OP_copy:
+      return g;
+    case VM_OP_cast:
+      return vm_dtype_is_float(x->dtype) ? keep(s, fe_cast(g, x->dtype)) : NULL;
+    case VM_OP_neg:
+      return U(neg, g);
+    case VM_OP_abs:
+      return B(mul, g, U(sign, x));
+    case VM_OP_exp:
+      return B(mul, g, y);
+    case VM_OP_log:
+      return B(div, g, x);
+    case VM_OP_sqrt:
+      return B(div, BS(mul, g, 0.5), y);
+    case VM_OP_rsqrt:
+      return B(mul, g, BS(mul, B(mul, B(mul, y, y), y), -0.5));
+    case VM_OP_sin:
+      return B(mul, g, U(cos, x));
+    case VM_OP_cos:
+      return U(neg, B(mul, g, U(sin, x)));
+    case VM_OP_tanh:
+      return B(mul, g, one_minus(s, B(mul, y, y)));
+    case VM_OP_sigmoid:
+      return B(mul, g, B(mul, y, one_minus(s, y)));
     case VM_OP_erf: /* 2/sqrt(pi) exp(-x^2) */
       return B(mul, g, BS(mul, U(exp, U(neg, B(mul, x, x))), 1.1283791670955126));
-    case VM_OP_log1p: return B(div, g, BS(add, x, 1.0));
-    case VM_OP_expm1: return B(mul, g, BS(add, y, 1.0));
-    default: return NULL; /* sign, floor, ceil, round, logical_not: zero almost everywhere */
+    case VM_OP_log1p:
+      return B(div, g, BS(add, x, 1.0));
+    case VM_OP_expm1:
+      return B(mul, g, BS(add, y, 1.0));
+    default:
+      return NULL; /* sign, floor, ceil, round, logical_not: zero almost everywhere */
   }
 }
 
 /* 1 where pick(a, b), 0.5 on ties, 0 elsewhere (maximum/minimum split ties) */
-static vm_tensor *choice_mask(fe_scope *s, vm_opcode pick, vm_tensor *a, vm_tensor *b, kiln_dtype dt) {
+static vm_tensor *choice_mask(fe_scope *s, vm_opcode pick, vm_tensor *a, vm_tensor *b,
+                              kiln_dtype dt) {
   vm_tensor *win = keep(s, fe_cast(keep(s, fe_binary(pick, a, b)), dt));
   vm_tensor *tie = keep(s, fe_cast(B(eq, a, b), dt));
   return B(add, win, BS(mul, tie, 0.5));
@@ -80,10 +95,14 @@ static vm_tensor *choice_mask(fe_scope *s, vm_opcode pick, vm_tensor *a, vm_tens
 static vm_tensor *rule_binary(fe_scope *s, const ad_ctx *c, int k) {
   vm_tensor *a = c->x[0], *b = c->x[1], *y = c->y, *g = c->g;
   switch (c->op) {
-    case VM_OP_add: return g;
-    case VM_OP_sub: return k == 0 ? g : U(neg, g);
-    case VM_OP_mul: return B(mul, g, k == 0 ? b : a);
-    case VM_OP_div: return k == 0 ? B(div, g, b) : U(neg, B(div, B(mul, g, y), b));
+    case VM_OP_add:
+      return g;
+    case VM_OP_sub:
+      return k == 0 ? g : U(neg, g);
+    case VM_OP_mul:
+      return B(mul, g, k == 0 ? b : a);
+    case VM_OP_div:
+      return k == 0 ? B(div, g, b) : U(neg, B(div, B(mul, g, y), b));
     case VM_OP_pow:
       if (k == 0) return B(mul, g, B(mul, b, B(pow, a, BS(sub, b, 1.0))));
       return B(mul, g, B(mul, y, U(log, a)));
@@ -91,7 +110,8 @@ static vm_tensor *rule_binary(fe_scope *s, const ad_ctx *c, int k) {
       return B(mul, g, choice_mask(s, VM_OP_gt, k == 0 ? a : b, k == 0 ? b : a, g->dtype));
     case VM_OP_minimum:
       return B(mul, g, choice_mask(s, VM_OP_lt, k == 0 ? a : b, k == 0 ? b : a, g->dtype));
-    default: return NULL; /* comparisons and logical ops */
+    default:
+      return NULL; /* comparisons and logical ops */
   }
 }
 
@@ -138,14 +158,17 @@ static vm_tensor *rule_reduce(fe_scope *s, const ad_ctx *c, int k) {
   vm_tensor *x = c->x[0];
   vm_tensor *g = expand_back(s, c, c->g);
   switch (c->op) {
-    case VM_OP_sum: return g;
-    case VM_OP_prod: return prod_grad(s, c, g);
+    case VM_OP_sum:
+      return g;
+    case VM_OP_prod:
+      return prod_grad(s, c, g);
     case VM_OP_max:
     case VM_OP_min: { /* split evenly between the positions holding the extreme */
       vm_tensor *hit = keep(s, fe_cast(B(eq, x, expand_back(s, c, c->y)), x->dtype));
       return B(div, B(mul, g, hit), reduce_back(s, c, VM_OP_sum, hit));
     }
-    default: return NULL; /* argmax, argmin */
+    default:
+      return NULL; /* argmax, argmin */
   }
 }
 
@@ -202,11 +225,14 @@ static vm_tensor *rule_conv(fe_scope *s, const ad_ctx *c, int k) {
   vm_tensor *a = c->x[0], *b = c->x[1], *g = c->g;
   switch (c->op) {
     case VM_OP_conv2d: /* (x, w) */
-      return k == 0 ? conv_op(s, c, VM_OP_conv2d_input, g, b, a) : conv_op(s, c, VM_OP_conv2d_weight, a, g, b);
+      return k == 0 ? conv_op(s, c, VM_OP_conv2d_input, g, b, a)
+                    : conv_op(s, c, VM_OP_conv2d_weight, a, g, b);
     case VM_OP_conv2d_input: /* (dy, w) -> dx */
-      return k == 0 ? conv_op(s, c, VM_OP_conv2d, g, b, a) : conv_op(s, c, VM_OP_conv2d_weight, g, a, b);
+      return k == 0 ? conv_op(s, c, VM_OP_conv2d, g, b, a)
+                    : conv_op(s, c, VM_OP_conv2d_weight, g, a, b);
     default: /* conv2d_weight (x, dy) -> dw */
-      return k == 0 ? conv_op(s, c, VM_OP_conv2d_input, b, g, a) : conv_op(s, c, VM_OP_conv2d, a, g, b);
+      return k == 0 ? conv_op(s, c, VM_OP_conv2d_input, b, g, a)
+                    : conv_op(s, c, VM_OP_conv2d, a, g, b);
   }
 }
 
@@ -230,18 +256,22 @@ static vm_tensor *rule_view(fe_scope *s, const ad_ctx *c, int k) {
   vm_tensor *x = c->x[0], *g = c->g;
   const vm_attr *at = c->attr;
   switch (c->op) {
-    case VM_OP_reshape: return keep(s, fe_reshape(g, x->ndim, x->shape));
-    case VM_OP_expand: return keep(s, ad_sum_to(g, x));
+    case VM_OP_reshape:
+      return keep(s, fe_reshape(g, x->ndim, x->shape));
+    case VM_OP_expand:
+      return keep(s, ad_sum_to(g, x));
     case VM_OP_permute: {
       int inverse[KILN_MAX_DIMS];
       for (int d = 0; d < x->ndim; d++) inverse[at->perm[d]] = d;
       return keep(s, fe_permute(g, inverse));
     }
     case VM_OP_slice: { /* scatter g back to the positions start, start+step, ... */
-      vm_tensor *pos = keep(s, fe_arange_i64(at->start, at->step, g->shape[at->axis], (kiln_device)g->device));
+      vm_tensor *pos =
+          keep(s, fe_arange_i64(at->start, at->step, g->shape[at->axis], (kiln_device)g->device));
       return scatter_into_zeros(s, x, at->axis, axis_index(s, pos, at->axis, g), g);
     }
-    default: return NULL;
+    default:
+      return NULL;
   }
 }
 
@@ -251,11 +281,13 @@ static vm_tensor *rule_index(fe_scope *s, const ad_ctx *c, int k) {
   switch (c->op) {
     case VM_OP_index_select:
       return k == 0 ? scatter_into_zeros(s, a, axis, axis_index(s, idx, axis, g), g) : NULL;
-    case VM_OP_gather: return k == 0 ? scatter_into_zeros(s, a, axis, idx, g) : NULL;
+    case VM_OP_gather:
+      return k == 0 ? scatter_into_zeros(s, a, axis, idx, g) : NULL;
     case VM_OP_scatter_add:
       if (k == 0) return g;
       return k == 2 ? keep(s, fe_index_op(VM_OP_gather, g, axis, idx, NULL)) : NULL;
-    default: return NULL;
+    default:
+      return NULL;
   }
 }
 
@@ -283,18 +315,29 @@ typedef vm_tensor *(*vjp_rule)(fe_scope *s, const ad_ctx *c, int k);
 
 static vjp_rule rule_for(vm_opcode op) {
   switch (vm_op_table[op].kind) {
-    case VM_KIND_UNARY: return rule_unary;
-    case VM_KIND_BINARY: return rule_binary;
-    case VM_KIND_TERNARY: return rule_where;
-    case VM_KIND_REDUCE: return rule_reduce;
-    case VM_KIND_MATMUL: return rule_matmul;
-    case VM_KIND_VIEW: return rule_view;
-    case VM_KIND_INDEX: return rule_index;
-    case VM_KIND_CONCAT: return rule_concat;
-    case VM_KIND_COLLECTIVE: return rule_collective;
-    case VM_KIND_CONV: return rule_conv;
+    case VM_KIND_UNARY:
+      return rule_unary;
+    case VM_KIND_BINARY:
+      return rule_binary;
+    case VM_KIND_TERNARY:
+      return rule_where;
+    case VM_KIND_REDUCE:
+      return rule_reduce;
+    case VM_KIND_MATMUL:
+      return rule_matmul;
+    case VM_KIND_VIEW:
+      return rule_view;
+    case VM_KIND_INDEX:
+      return rule_index;
+    case VM_KIND_CONCAT:
+      return rule_concat;
+    case VM_KIND_COLLECTIVE:
+      return rule_collective;
+    case VM_KIND_CONV:
+      return rule_conv;
     case VM_KIND_LEAF:
-    case VM_KIND_SORT: return NULL; /* indices: sort's values get gather's VJP */
+    case VM_KIND_SORT:
+      return NULL; /* indices: sort's values get gather's VJP */
   }
   return NULL;
 }

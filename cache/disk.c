@@ -48,7 +48,8 @@
 static atomic_flag disk_logged = ATOMIC_FLAG_INIT;
 static atomic_flag disk_warned = ATOMIC_FLAG_INIT;
 
-static void disk_say(atomic_flag *once, const char *head, const char *tail, const char *fmt, va_list ap) {
+static void disk_say(atomic_flag *once, const char *head, const char *tail, const char *fmt,
+                     va_list ap) {
   if (atomic_flag_test_and_set(once)) return;
   char msg[PATH_MAX + 512];
   vsnprintf(msg, sizeof msg, fmt, ap);
@@ -61,7 +62,8 @@ static void disk_log(const char *fmt, ...) {
   if (!lv || !*lv) return;
   va_list ap;
   va_start(ap, fmt);
-  disk_say(&disk_logged, "disk cache: ", " (further disk cache problems are not reported)", fmt, ap);
+  disk_say(&disk_logged, "disk cache: ", " (further disk cache problems are not reported)", fmt,
+           ap);
   va_end(ap);
 }
 
@@ -75,9 +77,7 @@ static void disk_warn(const char *fmt, ...) {
 
 /* ---- settings ---- */
 
-bool cache_disk_enabled(void) {
-  return vm_env_long("KILN_CACHE", 1) != 0;
-}
+bool cache_disk_enabled(void) { return vm_env_long("KILN_CACHE", 1) != 0; }
 
 uint64_t cache_disk_max_bytes(void) {
   long bytes = vm_env_long("KILN_CACHE_MAX_BYTES", 0);
@@ -123,7 +123,8 @@ static bool configured_dir(char *out, size_t out_len) {
 /* a world-writable sticky directory (a shared /tmp-like place) */
 static bool shared_sticky(const char *path) {
   struct stat st;
-  return lstat(path, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX) && (st.st_mode & S_IWOTH);
+  return lstat(path, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX) &&
+         (st.st_mode & S_IWOTH);
 }
 
 static void reclaim_once(int dir_fd);
@@ -147,9 +148,10 @@ static bool dir_open(disk_dir *d) {
   }
   if (d->fd < 0) {
     if (status == VM_DIR_UNTRUSTED)
-      disk_warn("the disk cache is off: %s is %s (it must be a directory owned by you and writable by no "
-                "one else; set KILN_CACHE_DIR to one); kernels are compiled and kept in memory only",
-                d->path, why);
+      disk_warn(
+          "the disk cache is off: %s is %s (it must be a directory owned by you and writable by no "
+          "one else; set KILN_CACHE_DIR to one); kernels are compiled and kept in memory only",
+          d->path, why);
     else
       disk_log("cannot use %s: %s", d->path, why);
     return false;
@@ -209,10 +211,13 @@ bool cache_disk_writable(void) {
 
 /* ext: ".so" for shared objects, ".idx" for index records */
 static void file_name_ext(const uint64_t h[2], const char *ext, char *out, size_t out_len) {
-  snprintf(out, out_len, DISK_PREFIX "%d-%016" PRIx64 "%016" PRIx64 "%s", CACHE_DISK_FORMAT, h[0], h[1], ext);
+  snprintf(out, out_len, DISK_PREFIX "%d-%016" PRIx64 "%016" PRIx64 "%s", CACHE_DISK_FORMAT, h[0],
+           h[1], ext);
 }
 
-static void file_name(const uint64_t h[2], char *out, size_t out_len) { file_name_ext(h, ".so", out, out_len); }
+static void file_name(const uint64_t h[2], char *out, size_t out_len) {
+  file_name_ext(h, ".so", out, out_len);
+}
 
 void cache_disk_path(const uint64_t h[2], char *out, size_t out_len) {
   if (!out || !out_len) return;
@@ -338,7 +343,8 @@ static int verify(int fd, const struct stat *st, const uint64_t h[2], const char
 static void discard(const disk_dir *d, const char *name, const struct stat *seen, const char *why) {
   struct stat now;
   if (fstatat(d->fd, name, &now, AT_SYMLINK_NOFOLLOW) != 0) return;
-  bool same = seen ? now.st_dev == seen->st_dev && now.st_ino == seen->st_ino : S_ISLNK(now.st_mode);
+  bool same =
+      seen ? now.st_dev == seen->st_dev && now.st_ino == seen->st_ino : S_ISLNK(now.st_mode);
   if (!same) return;
   if (unlinkat(d->fd, name, 0) != 0 && errno != ENOENT) {
     disk_log("cannot delete bad file %s/%s (%s): %s", d->path, name, why, strerror(errno));
@@ -389,7 +395,8 @@ static bool mapped_from(const void *addr, const struct stat *st) {
     whole = strchr(line, '\n') != NULL;
     unsigned long lo, hi, ino;
     unsigned maj, mnr;
-    if (!start || sscanf(line, "%lx-%lx %*s %*s %x:%x %lu", &lo, &hi, &maj, &mnr, &ino) != 5) continue;
+    if (!start || sscanf(line, "%lx-%lx %*s %*s %x:%x %lu", &lo, &hi, &maj, &mnr, &ino) != 5)
+      continue;
     if ((uintptr_t)addr < lo || (uintptr_t)addr >= hi) continue;
     same = maj == major(st->st_dev) && mnr == minor(st->st_dev) && ino == st->st_ino;
     break;
@@ -457,7 +464,8 @@ static void *dlopen_fd(int fd, const struct stat *st, int *rc, const char **why)
 /* opens file `name` of d for reading and checks it as every cache file is
    checked (not a link, a regular file of the user's with one link, the
    trailer and checksum of h); a bad file is deleted.  -1 when absent or bad */
-static int open_verified(const disk_dir *d, const char *name, const uint64_t h[2], struct stat *st) {
+static int open_verified(const disk_dir *d, const char *name, const uint64_t h[2],
+                         struct stat *st) {
   int fd = openat(d->fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ELOOP)
@@ -536,8 +544,8 @@ void *cache_disk_load(const uint64_t h[2]) {
     if (v == VERIFY_OK) handle = dlopen_fd(fd, &st, &rc, &why);
     if (v == VERIFY_OK && rc == LOAD_BAD) discard(&d, name, &st, why);
     if (v == VERIFY_OK && rc == LOAD_ENV)
-      disk_warn("the disk cache cannot load %s/%s: %s; kernels are compiled and kept in memory", d.path,
-                name, why);
+      disk_warn("the disk cache cannot load %s/%s: %s; kernels are compiled and kept in memory",
+                d.path, name, why);
   }
   if (handle) touch_fd(fd);
   close(fd);
@@ -615,8 +623,9 @@ static void evict(int dir_fd, const char *dir, const char *keep, uint64_t max) {
   struct dirent *e;
   while ((e = readdir(d))) {
     const char *name = e->d_name;
-    bool kernel = keep && !strncmp(name, DISK_PREFIX, strlen(DISK_PREFIX)) &&
-                  (has_suffix(name, ".so") || has_suffix(name, ".idx") || has_suffix(name, ".blob"));
+    bool kernel =
+        keep && !strncmp(name, DISK_PREFIX, strlen(DISK_PREFIX)) &&
+        (has_suffix(name, ".so") || has_suffix(name, ".idx") || has_suffix(name, ".blob"));
     bool tmp = !strncmp(name, DISK_TMP_PREFIX, strlen(DISK_TMP_PREFIX));
     if (!kernel && !tmp) continue;
     struct stat st;
@@ -658,14 +667,16 @@ static void evict(int dir_fd, const char *dir, const char *keep, uint64_t max) {
 static atomic_flag disk_reclaimed = ATOMIC_FLAG_INIT;
 
 static void reclaim_once(int dir_fd) {
-  if (!atomic_flag_test_and_set(&disk_reclaimed)) evict(dir_fd, "the cache directory", NULL, UINT64_MAX);
+  if (!atomic_flag_test_and_set(&disk_reclaimed))
+    evict(dir_fd, "the cache directory", NULL, UINT64_MAX);
 }
 
 /* ---- store ---- */
 
 /* copies the shared object open on `in` into a temp file with its trailer,
    then renames it to the name for h */
-static bool store_from(const disk_dir *d, const uint64_t h[2], int in, const char *from, const char *ext) {
+static bool store_from(const disk_dir *d, const uint64_t h[2], int in, const char *from,
+                       const char *ext) {
   char name[DISK_NAME_ROOM], tmp[DISK_NAME_ROOM];
   bool elf = !strcmp(ext, ".so");
   file_name_ext(h, ext, name, sizeof name);
@@ -758,7 +769,8 @@ bool cache_disk_scratch_open(cache_disk_scratch *s, const char *suffix) {
   if (fd >= 0) close(fd);
   if (n <= 0 || (size_t)n >= sizeof s->path) {
     if (fd >= 0) (void)unlinkat(d.fd, s->name, 0);
-    disk_log("cannot create a scratch file in %s: %s", d.path, fd < 0 ? strerror(errno) : "path too long");
+    disk_log("cannot create a scratch file in %s: %s", d.path,
+             fd < 0 ? strerror(errno) : "path too long");
     dir_close(&d);
     s->name[0] = s->path[0] = '\0';
     return false;
@@ -773,7 +785,8 @@ int cache_disk_scratch_read(const cache_disk_scratch *s) {
   struct stat st;
   /* the compiler's output mode is its own (ld makes it executable): only
      what it is and whose it is matter in a private directory */
-  if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || st.st_nlink != 1)) {
+  if (fd >= 0 &&
+      (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || st.st_nlink != 1)) {
     close(fd);
     fd = -1;
   }

@@ -59,9 +59,9 @@ const char *cache_disk_dir(void);
 bool cache_disk_writable(void);
 
 /* If a valid file for content hash h exists, dlopen's it (RTLD_NOW |
-   RTLD_LOCAL, through the descriptor that was checked) and returns the handle: the caller dlsym's its functions and
-   dlclose's it.  A corrupt, truncated or mismatched file (or one dlopen
-   rejects) is deleted and NULL returned.  A hit touches the file (LRU). */
+   RTLD_LOCAL, through the descriptor that was checked) and returns the handle: the caller dlsym's
+   its functions and dlclose's it.  A corrupt, truncated or mismatched file (or one dlopen rejects)
+   is deleted and NULL returned.  A hit touches the file (LRU). */
 void *cache_disk_load(const uint64_t h[2]);
 
 /* Stores the shared object at so_path (the caller's file; it is read, not
@@ -71,8 +71,8 @@ void *cache_disk_load(const uint64_t h[2]);
    (KILN_CACHE_MAX_BYTES if set, else KILN_CACHE_MAX_MB, default 512): deletes
    the least recently used kernel files (other than this one) until the total
    is within it, and temp files left behind by killed writers (their pid is
-   gone, or they are older than ten minutes).  Returns true on success.  Two processes storing the same h at once
-   both succeed and leave one valid file. */
+   gone, or they are older than ten minutes).  Returns true on success.  Two processes storing the
+   same h at once both succeed and leave one valid file. */
 bool cache_disk_store(const uint64_t h[2], const char *so_path);
 
 /* A scratch file in the cache directory for the compiler to write (its

@@ -71,9 +71,7 @@ static struct {
   bool ready;
 } kc = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-static vm_counters *stats(void) {
-  return &vm_process()->stats;
-}
+static vm_counters *stats(void) { return &vm_process()->stats; }
 
 /* with kc.lock held: device d's part, its idle list made on first use */
 static device_cache *dev_locked(uint64_t d) {
@@ -85,9 +83,7 @@ static device_cache *dev_locked(uint64_t d) {
   return &kc.dev[d];
 }
 
-static int dev_index(kiln_device dev) {
-  return (unsigned)dev < KCACHE_DEVICES ? (int)dev : 0;
-}
+static int dev_index(kiln_device dev) { return (unsigned)dev < KCACHE_DEVICES ? (int)dev : 0; }
 
 /* with kc.lock held: the code objects the last releases doomed, taken
    to unload once the lock is dropped (an unload may wait for the device) */
@@ -141,9 +137,7 @@ cache_code *cache_code_find(kiln_device dev, const uint64_t batch[2]) {
   return c;
 }
 
-void *cache_code_handle(const cache_code *code) {
-  return code ? code->handle : NULL;
-}
+void *cache_code_handle(const cache_code *code) { return code ? code->handle : NULL; }
 
 /* with kc.lock held: drops a reference; the last one dooms the code */
 static void code_unref_locked(cache_code *c) {
@@ -243,9 +237,7 @@ cache_kernel *cache_kernel_put(kiln_device dev, const uint64_t key[2], const voi
   return k;
 }
 
-void *cache_kernel_fn(const cache_kernel *k) {
-  return k ? k->fn : NULL;
-}
+void *cache_kernel_fn(const cache_kernel *k) { return k ? k->fn : NULL; }
 
 void cache_kernel_retain(cache_kernel *k) {
   if (!k) return;
@@ -284,9 +276,7 @@ static long dev_number(kiln_device dev, size_t offset) {
 long cache_kernel_count(kiln_device dev) {
   return dev_number(dev, offsetof(device_cache, nkernels));
 }
-long cache_code_count(kiln_device dev) {
-  return dev_number(dev, offsetof(device_cache, ncodes));
-}
+long cache_code_count(kiln_device dev) { return dev_number(dev, offsetof(device_cache, ncodes)); }
 long cache_kernel_generation(kiln_device dev) {
   return dev_number(dev, offsetof(device_cache, generation));
 }

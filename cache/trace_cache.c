@@ -20,17 +20,17 @@ typedef struct entry {
   size_t len;
   uint64_t sightings;
   void *plan;
-  int plan_learned;   /* learned outputs when the plan was built */
-  int plans;          /* plans published for this key */
-  int nodes;          /* canonical nodes of the trace */
-  int learned;        /* outputs learned (bits set in keep) */
-  uint8_t *keep;      /* per node: keep it (learned), or NULL */
-  bool refused;       /* its family was over budget when it was hot: never planned */
-  double interp_ms;   /* total time of its runs on the interpreter */
+  int plan_learned; /* learned outputs when the plan was built */
+  int plans;        /* plans published for this key */
+  int nodes;        /* canonical nodes of the trace */
+  int learned;      /* outputs learned (bits set in keep) */
+  uint8_t *keep;    /* per node: keep it (learned), or NULL */
+  bool refused;     /* its family was over budget when it was hot: never planned */
+  double interp_ms; /* total time of its runs on the interpreter */
   uint64_t interp_runs;
-  bool priced;        /* the payoff rule's price of its plan is known: */
-  double price_ms;    /* that price, */
-  long price_gen;     /* at this kernel generation of its backend */
+  bool priced;     /* the payoff rule's price of its plan is known: */
+  double price_ms; /* that price, */
+  long price_gen;  /* at this kernel generation of its backend */
   struct entry *lru_prev, *lru_next;
   UT_hash_handle hh;
 } entry;
@@ -114,8 +114,8 @@ static entry *find(const uint64_t key[2], const uint8_t *bytes, size_t len) {
   return e;
 }
 
-void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, int nodes,
-                 bool *outputs, cache_sighting *out) {
+void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, int nodes, bool *outputs,
+                 cache_sighting *out) {
   memset(out, 0, sizeof *out);
   pthread_mutex_lock(&cache.lock);
   init_locked();
@@ -211,7 +211,8 @@ bool cache_admit(const uint64_t fam[2]) {
   return ok;
 }
 
-void cache_publish(const uint64_t key[2], const uint8_t *bytes, size_t len, int learned, void *plan) {
+void cache_publish(const uint64_t key[2], const uint8_t *bytes, size_t len, int learned,
+                   void *plan) {
   pthread_mutex_lock(&cache.lock);
   entry *e = find(key, bytes, len);
   if (e && (!e->plan || e->plan_learned < learned)) {

@@ -17,22 +17,22 @@ typedef struct cache_plan_ops {
 void cache_set_plan_ops(const cache_plan_ops *ops);
 
 typedef struct cache_sighting {
-  void *plan;          /* retained plan, or NULL (run on the interpreter) */
-  bool hot;            /* seen KILN_HOT times or more and not planned: the payoff
-                          rule, then cache_admit, decide whether to plan it */
-  bool replan;         /* planned before, but it learned outputs since: plan
-                          it again (no admission needed) */
-  int learned;         /* outputs learned so far (see cache_learn) */
-  bool make_plan;      /* admitted: plan it now (set by the caller) */
-  bool over_budget;    /* hot, but its family used up its recompile budget */
-  bool declined;       /* hot, but its compile does not pay yet (set by the caller) */
+  void *plan;       /* retained plan, or NULL (run on the interpreter) */
+  bool hot;         /* seen KILN_HOT times or more and not planned: the payoff
+                       rule, then cache_admit, decide whether to plan it */
+  bool replan;      /* planned before, but it learned outputs since: plan
+                       it again (no admission needed) */
+  int learned;      /* outputs learned so far (see cache_learn) */
+  bool make_plan;   /* admitted: plan it now (set by the caller) */
+  bool over_budget; /* hot, but its family used up its recompile budget */
+  bool declined;    /* hot, but its compile does not pay yet (set by the caller) */
   bool new_key;
-  uint64_t sightings;  /* including this one */
-  double interp_ms;    /* mean time of its runs on the interpreter so far (0: none yet) */
-  bool priced;         /* cache_note_price gave it a price: */
+  uint64_t sightings; /* including this one */
+  double interp_ms;   /* mean time of its runs on the interpreter so far (0: none yet) */
+  bool priced;        /* cache_note_price gave it a price: */
   double price_ms;
   long price_gen;
-  double saving_ms;    /* what compiling would have saved so far (set by the payoff rule, for logs) */
+  double saving_ms; /* what compiling would have saved so far (set by the payoff rule, for logs) */
 } cache_sighting;
 
 /* The payoff rule's price of key's plan (ms), valid while its backend's
@@ -41,8 +41,8 @@ void cache_note_price(const uint64_t key[2], double ms, long gen);
 /* Counts a sighting of the trace with canonical bytes (hash key) of
    `nodes` nodes; a hash collision with different bytes is never mistaken
    for a hit.  Sets outputs[i] for every node the key learned to keep. */
-void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, int nodes,
-                 bool *outputs, cache_sighting *out);
+void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, int nodes, bool *outputs,
+                 cache_sighting *out);
 /* A later flush had to recompute node `index` of key's trace: the next runs
    of that key keep it (DESIGN §3: a plan learns).  Bounded per key: past
    CACHE_MAX_RELEARN plans for one key it stops learning. */
@@ -54,7 +54,8 @@ bool cache_admit(const uint64_t fam[2]);
 void cache_refuse(const uint64_t key[2]);
 /* Publishes the plan of a key, built with the outputs it had learned
    (cache_sighting.learned); the cache takes a reference. */
-void cache_publish(const uint64_t key[2], const uint8_t *bytes, size_t len, int learned, void *plan);
+void cache_publish(const uint64_t key[2], const uint8_t *bytes, size_t len, int learned,
+                   void *plan);
 /* The time one run of key took: on the interpreter (no plan), or with
    compiled code (then the ratio of that time to the key's interpreter time
    feeds cache_compiled_ratio).  Runs of a plan still waiting for its
@@ -69,7 +70,7 @@ int cache_entries(void);
 void cache_clear(void); /* drops every entry (tests) */
 
 /* settings */
-int cache_hot_threshold(void);   /* KILN_HOT, default 2 */
-int cache_family_budget(void);   /* KILN_RECOMPILE_BUDGET, default 8 */
+int cache_hot_threshold(void); /* KILN_HOT, default 2 */
+int cache_family_budget(void); /* KILN_RECOMPILE_BUDGET, default 8 */
 
 #endif

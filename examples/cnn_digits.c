@@ -81,9 +81,11 @@ static double accuracy(const cnn *m, kiln_tensor *x, kiln_tensor *y) {
 static void adam_step(cnn *net, kiln_tensor **mom, kiln_tensor **vel, int i, int t) {
   scope s = {.n = 0};
   kiln_tensor *g = KEEP(&s, kiln_grad(net->p[i]));
-  kiln_tensor *m = CK(kiln_add(KEEP(&s, kiln_mul_scalar(mom[i], BETA1)), KEEP(&s, kiln_mul_scalar(g, 1 - BETA1))));
+  kiln_tensor *m = CK(
+      kiln_add(KEEP(&s, kiln_mul_scalar(mom[i], BETA1)), KEEP(&s, kiln_mul_scalar(g, 1 - BETA1))));
   kiln_tensor *gg = KEEP(&s, kiln_mul(g, g));
-  kiln_tensor *v = CK(kiln_add(KEEP(&s, kiln_mul_scalar(vel[i], BETA2)), KEEP(&s, kiln_mul_scalar(gg, 1 - BETA2))));
+  kiln_tensor *v = CK(
+      kiln_add(KEEP(&s, kiln_mul_scalar(vel[i], BETA2)), KEEP(&s, kiln_mul_scalar(gg, 1 - BETA2))));
   kiln_release(mom[i]);
   kiln_release(vel[i]);
   mom[i] = m;
@@ -115,7 +117,8 @@ static bool save_and_reload(const cnn *net, const char *path, kiln_tensor *x) {
     int64_t *a = malloc(sizeof *a * (size_t)n), *b = malloc(sizeof *b * (size_t)n);
     kiln_tensor *pa = predict(net, x), *pb = predict(&back, x);
     same = a && b && kiln_to_buffer(pa, a, sizeof *a * (size_t)n) == KILN_OK &&
-           kiln_to_buffer(pb, b, sizeof *b * (size_t)n) == KILN_OK && !memcmp(a, b, sizeof *a * (size_t)n);
+           kiln_to_buffer(pb, b, sizeof *b * (size_t)n) == KILN_OK &&
+           !memcmp(a, b, sizeof *a * (size_t)n);
     kiln_release(pa);
     kiln_release(pb);
     free(a);
@@ -131,8 +134,10 @@ static bool save_and_reload(const cnn *net, const char *path, kiln_tensor *x) {
 int main(int argc, char **argv) {
   const char *path = KILN_DATA_DIR "/digits.csv.gz", *save = "cnn_digits.safetensors";
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--save") && i + 1 < argc) save = argv[++i];
-    else path = argv[i];
+    if (!strcmp(argv[i], "--save") && i + 1 < argc)
+      save = argv[++i];
+    else
+      path = argv[i];
   }
   dataset d = load_digits(path);
   int64_t n = d.n, ntrain = n * 4 / 5, ntest = n - ntrain;
@@ -144,8 +149,10 @@ int main(int argc, char **argv) {
   kiln_tensor *xtr, *ytr, *xte, *yte;
   to_tensors(&d, perm, ntrain, &xtr, &ytr);
   to_tensors(&d, perm + ntrain, ntest, &xte, &yte);
-  printf("data: %lld train / %lld test; conv(1->16)-pool-conv(16->32)-pool-linear(128->10), "
-         "Adam lr %g, batch %d\n\n", (long long)ntrain, (long long)ntest, LR, BATCH);
+  printf(
+      "data: %lld train / %lld test; conv(1->16)-pool-conv(16->32)-pool-linear(128->10), "
+      "Adam lr %g, batch %d\n\n",
+      (long long)ntrain, (long long)ntest, LR, BATCH);
 
   cnn net = cnn_init();
   kiln_tensor *mom[NPARAM], *vel[NPARAM];
@@ -181,13 +188,15 @@ int main(int argc, char **argv) {
   }
   printf("\ntrained in %.2f s: test accuracy %.2f%%\n", now_s() - t_start, 100.0 * acc);
   bool same = save_and_reload(&net, save, xte);
-  printf("saved %s; loaded back, it predicts %s\n", save, same ? "the same classes" : "DIFFERENTLY");
+  printf("saved %s; loaded back, it predicts %s\n", save,
+         same ? "the same classes" : "DIFFERENTLY");
   kiln_stats st;
   kiln_get_stats(&st);
-  printf("kiln: %llu flushes, %llu traces, %.1f%% cache hits, %llu compiles, %.0f kernels compiled\n",
-         (unsigned long long)st.flushes, (unsigned long long)st.traces_seen,
-         100.0 * (double)st.cache_hits / (double)(st.flushes ? st.flushes : 1),
-         (unsigned long long)st.compiles, kiln_stat("kernels_compiled"));
+  printf(
+      "kiln: %llu flushes, %llu traces, %.1f%% cache hits, %llu compiles, %.0f kernels compiled\n",
+      (unsigned long long)st.flushes, (unsigned long long)st.traces_seen,
+      100.0 * (double)st.cache_hits / (double)(st.flushes ? st.flushes : 1),
+      (unsigned long long)st.compiles, kiln_stat("kernels_compiled"));
   for (int i = 0; i < NPARAM; i++) {
     kiln_release(net.p[i]);
     kiln_release(mom[i]);
@@ -202,7 +211,8 @@ int main(int argc, char **argv) {
   free(d.x);
   free(d.y);
   if (acc < MIN_ACCURACY) {
-    fprintf(stderr, "cnn_digits: FAIL: test accuracy %.2f%% is below %.0f%%\n", 100.0 * acc, 100.0 * MIN_ACCURACY);
+    fprintf(stderr, "cnn_digits: FAIL: test accuracy %.2f%% is below %.0f%%\n", 100.0 * acc,
+            100.0 * MIN_ACCURACY);
     return 1;
   }
   return same ? 0 : 1;

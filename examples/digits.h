@@ -95,7 +95,8 @@ static inline dataset load_digits(const char *path) {
   dataset d = {0};
   gzFile f = gzopen(path, "rb");
   if (!f) {
-    fprintf(stderr, "%s: cannot open %s: %s\n", DIGITS_PROG, path, strerror(errno ? errno : ENOENT));
+    fprintf(stderr, "%s: cannot open %s: %s\n", DIGITS_PROG, path,
+            strerror(errno ? errno : ENOENT));
     exit(2);
   }
   int64_t cap = 2048;
@@ -120,8 +121,8 @@ static inline dataset load_digits(const char *path) {
       long v = strtol(p, &end, 10);
       int sep_ok = k < PIXELS ? *end == ',' : (*end == '\n' || *end == '\r' || *end == '\0');
       if (end == p || !sep_ok || v < 0 || v > (k < PIXELS ? 16 : CLASSES - 1)) {
-        fprintf(stderr, "%s: %s:%lld: expected 64 pixels 0..16 and a label 0..9\n", DIGITS_PROG, path,
-                (long long)lineno);
+        fprintf(stderr, "%s: %s:%lld: expected 64 pixels 0..16 and a label 0..9\n", DIGITS_PROG,
+                path, (long long)lineno);
         exit(2);
       }
       if (k < PIXELS)
@@ -148,7 +149,7 @@ static inline dataset load_digits(const char *path) {
 
 /* rows idx[0..n) of d as Kiln tensors x [n,64] f32 and y [n] i64 */
 static inline void to_tensors(const dataset *d, const int64_t *idx, int64_t n, kiln_tensor **x,
-                       kiln_tensor **y) {
+                              kiln_tensor **y) {
   float *xs = malloc(sizeof *xs * PIXELS * (size_t)n);
   int64_t *ys = malloc(sizeof *ys * (size_t)n);
   if (!xs || !ys) {

@@ -155,7 +155,9 @@ static result train(const dataset *d, bool verbose) {
     kiln_release(loss_sum);
     r.accuracy = accuracy(&m, xte, yte);
     epoch_ms[epoch - 1] = 1e3 * (now_s() - t0);
-    if (verbose) printf("%5d  %10.4f  %7.2f%%  %5.0f ms\n", epoch, r.loss, 100.0 * r.accuracy, epoch_ms[epoch - 1]);
+    if (verbose)
+      printf("%5d  %10.4f  %7.2f%%  %5.0f ms\n", epoch, r.loss, 100.0 * r.accuracy,
+             epoch_ms[epoch - 1]);
   }
   r.seconds = now_s() - t_start;
   qsort(epoch_ms + EPOCHS / 2, EPOCHS - EPOCHS / 2, sizeof *epoch_ms, cmp_double);
@@ -214,7 +216,8 @@ static int run_interpreted(const char *path, result *out, double *wall) {
   /* exit 0, or 1 with a result line (accuracy too low), count as a finished run */
   const char *line = strstr(buf, "result ");
   if (!WIFEXITED(status) || WEXITSTATUS(status) > 1 || !line ||
-      sscanf(line, "result %lf %lf %lf %lf", &out->accuracy, &out->loss, &out->seconds, &out->steady_ms) != 4) {
+      sscanf(line, "result %lf %lf %lf %lf", &out->accuracy, &out->loss, &out->seconds,
+             &out->steady_ms) != 4) {
     fprintf(stderr, "mlp_digits: the KILN_JIT=0 run failed (wait status %d)\n%s", status, buf);
     return -1;
   }
@@ -284,14 +287,20 @@ int main(int argc, char **argv) {
     if (run_interpreted(path, &ri, &wall) < 0) {
       rc = 2;
     } else {
-      printf("  KILN_JIT=0: training %5.2f s (process %.2f s), an epoch %5.1f ms once warm, test accuracy %.2f%%\n",
-             ri.seconds, wall, ri.steady_ms, 100.0 * ri.accuracy);
-      printf("  JIT on:     training %5.2f s,                an epoch %5.1f ms once warm, test accuracy %.2f%%\n",
-             r.seconds, r.steady_ms, 100.0 * r.accuracy);
-      printf("  -> %.1fx overall, %.1fx per epoch once warm; the JIT run compiled %llu plans (%.0f ms on the\n"
-             "     compiler thread, beside the training) and loaded %llu from the disk cache\n",
-             ri.seconds / r.seconds, ri.steady_ms / r.steady_ms, (unsigned long long)st.compiles, st.compile_ms,
-             (unsigned long long)st.disk_hits);
+      printf(
+          "  KILN_JIT=0: training %5.2f s (process %.2f s), an epoch %5.1f ms once warm, test "
+          "accuracy %.2f%%\n",
+          ri.seconds, wall, ri.steady_ms, 100.0 * ri.accuracy);
+      printf(
+          "  JIT on:     training %5.2f s,                an epoch %5.1f ms once warm, test "
+          "accuracy %.2f%%\n",
+          r.seconds, r.steady_ms, 100.0 * r.accuracy);
+      printf(
+          "  -> %.1fx overall, %.1fx per epoch once warm; the JIT run compiled %llu plans (%.0f ms "
+          "on the\n"
+          "     compiler thread, beside the training) and loaded %llu from the disk cache\n",
+          ri.seconds / r.seconds, ri.steady_ms / r.steady_ms, (unsigned long long)st.compiles,
+          st.compile_ms, (unsigned long long)st.disk_hits);
       if (st.compiles + st.disk_hits == 0)
         printf("  (no trace was compiled in the JIT run: both ran on the interpreter)\n");
       if (ri.accuracy < MIN_ACCURACY) {

@@ -51,12 +51,16 @@ int main(int argc, char **argv) {
   to_tensors(&d, perm + ntrain, ntest, &xte, &yte);
 
   kiln_manual_seed(0); /* the same initial weights on every rank */
-  kiln_tensor *p[4] = {he(2, (int64_t[]){PIXELS, HIDDEN}, PIXELS), CK(kiln_zeros(KILN_F32, 1, (int64_t[]){HIDDEN})),
-                       he(2, (int64_t[]){HIDDEN, CLASSES}, HIDDEN), CK(kiln_zeros(KILN_F32, 1, (int64_t[]){CLASSES}))};
+  kiln_tensor *p[4] = {he(2, (int64_t[]){PIXELS, HIDDEN}, PIXELS),
+                       CK(kiln_zeros(KILN_F32, 1, (int64_t[]){HIDDEN})),
+                       he(2, (int64_t[]){HIDDEN, CLASSES}, HIDDEN),
+                       CK(kiln_zeros(KILN_F32, 1, (int64_t[]){CLASSES}))};
   for (int i = 0; i < 4; i++) CKI(kiln_set_requires_grad(p[i], true));
   if (rank == 0)
-    printf("%d ranks; model 64-%d-10, global batch %d (%d rows per rank), lr %g\n\nepoch  train loss  test acc    time\n",
-           size, HIDDEN, BATCH, BATCH / size, LR);
+    printf(
+        "%d ranks; model 64-%d-10, global batch %d (%d rows per rank), lr %g\n\nepoch  train loss  "
+        "test acc    time\n",
+        size, HIDDEN, BATCH, BATCH / size, LR);
   double t_start = now_s(), acc = 0;
   for (int epoch = 1; epoch <= EPOCHS; epoch++) {
     double t0 = now_s();
@@ -85,7 +89,8 @@ int main(int argc, char **argv) {
         CKI(kiln_zero_grad(p[i]));
       }
       kiln_tensor *lossd = KEEP(&s, kiln_detach(ce));
-      kiln_tensor *sum = CK(kiln_add(loss_sum, KEEP(&s, kiln_mul_scalar(lossd, (double)(hi - lo)))));
+      kiln_tensor *sum =
+          CK(kiln_add(loss_sum, KEEP(&s, kiln_mul_scalar(lossd, (double)(hi - lo)))));
       kiln_no_grad_pop();
       kiln_release(loss_sum);
       loss_sum = sum;
@@ -104,7 +109,8 @@ int main(int argc, char **argv) {
     acc = CKD(kiln_item(KEEP(&s, kiln_mean(KEEP(&s, kiln_cast(hit, KILN_F32)), 0, NULL, false))));
     scope_release(&s);
     kiln_no_grad_pop();
-    if (rank == 0) printf("%5d  %10.4f  %7.2f%%  %5.0f ms\n", epoch, loss, 100 * acc, 1e3 * (now_s() - t0));
+    if (rank == 0)
+      printf("%5d  %10.4f  %7.2f%%  %5.0f ms\n", epoch, loss, 100 * acc, 1e3 * (now_s() - t0));
   }
   if (rank == 0)
     printf("\ntrained in %.2f s on %d ranks; all-reduce: %.0f payloads, %.1f MB, %.0f ms waited\n",

@@ -29,8 +29,8 @@ int main(void) {
   printf("softmax(x, axis=-1) =\n");
   kiln_print(p, stdout);
 
-  kiln_tensor *xt = kiln_transpose(x, 0, 1);   /* a view: no copy */
-  kiln_tensor *g = kiln_matmul(x, xt);         /* [2,3] @ [3,2] */
+  kiln_tensor *xt = kiln_transpose(x, 0, 1); /* a view: no copy */
+  kiln_tensor *g = kiln_matmul(x, xt);       /* [2,3] @ [3,2] */
   if (check(g)) return 1;
   printf("x @ x^T =\n");
   kiln_print(g, stdout);

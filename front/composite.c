@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "../trace/record.h"
-#include "scope.h"
 #include "../vm/state.h"
+#include "scope.h"
 
 static bool null_arg(const vm_tensor *a) {
   if (a) return false;
@@ -45,8 +45,11 @@ vm_tensor *fe_gelu(vm_tensor *a) { /* 0.5 x (1 + erf(x / sqrt 2)) */
   if (null_arg(a)) return NULL;
   fe_scope s = {0};
   vm_tensor *x = as_float(&s, a);
-  vm_tensor *e = keep(&s, fe_unary(VM_OP_erf, keep(&s, fe_binary_scalar(VM_OP_mul, x, M_SQRT1_2, false))));
-  vm_tensor *h = keep(&s, fe_binary_scalar(VM_OP_mul, keep(&s, fe_binary_scalar(VM_OP_add, e, 1, false)), 0.5, false));
+  vm_tensor *e =
+      keep(&s, fe_unary(VM_OP_erf, keep(&s, fe_binary_scalar(VM_OP_mul, x, M_SQRT1_2, false))));
+  vm_tensor *h = keep(
+      &s,
+      fe_binary_scalar(VM_OP_mul, keep(&s, fe_binary_scalar(VM_OP_add, e, 1, false)), 0.5, false));
   return finish(&s, keep(&s, fe_binary(VM_OP_mul, x, h)));
 }
 
@@ -69,7 +72,8 @@ vm_tensor *fe_clamp(vm_tensor *a, double lo, double hi) {
      through, lo > hi gives hi, and the gradient passes at the bounds
      themselves (PyTorch's rules) */
   fe_scope s = {0};
-  vm_tensor *vlo = keep(&s, fe_host_scalar(lo, is_int)), *vhi = keep(&s, fe_host_scalar(hi, is_int));
+  vm_tensor *vlo = keep(&s, fe_host_scalar(lo, is_int)),
+            *vhi = keep(&s, fe_host_scalar(hi, is_int));
   vm_tensor *below = keep(&s, fe_binary(VM_OP_lt, a, vlo));
   vm_tensor *in_lo[3] = {below, vlo, a};
   vm_tensor *low = keep(&s, below && vlo ? fe_op(VM_OP_where, 3, in_lo, NULL) : NULL);
@@ -90,7 +94,8 @@ vm_tensor *fe_mean(vm_tensor *a, int naxes, const int *axes, bool keepdim) {
     for (int i = 0; i < (naxes ? naxes : x->ndim); i++) {
       int ax = naxes ? axes[i] : i;
       vm_norm_axis(&ax, x->ndim);
-      if (__builtin_mul_overflow(count, x->shape[ax], &count)) count = INT64_MAX; /* unreachable: shapes are checked */
+      if (__builtin_mul_overflow(count, x->shape[ax], &count))
+        count = INT64_MAX; /* unreachable: shapes are checked */
     }
   }
   return finish(&s, keep(&s, fe_binary_scalar(VM_OP_div, sum, (double)count, false)));
@@ -124,7 +129,8 @@ vm_tensor *fe_log_softmax(vm_tensor *a, int axis) {
   if (x && a->numel == 0) return finish(&s, valid_axis(axis, a->ndim) ? empty_result(&s, x) : NULL);
   vm_tensor *m = keep(&s, stability_shift(x, axis));
   vm_tensor *shifted = keep(&s, fe_binary(VM_OP_sub, x, m));
-  vm_tensor *sum = keep(&s, fe_reduce(VM_OP_sum, keep(&s, fe_unary(VM_OP_exp, shifted)), 1, &axis, true));
+  vm_tensor *sum =
+      keep(&s, fe_reduce(VM_OP_sum, keep(&s, fe_unary(VM_OP_exp, shifted)), 1, &axis, true));
   return finish(&s, keep(&s, fe_binary(VM_OP_sub, shifted, keep(&s, fe_unary(VM_OP_log, sum)))));
 }
 
@@ -150,13 +156,17 @@ vm_tensor *fe_logsumexp(vm_tensor *a, int axis, bool keepdim) {
   vm_tensor *x = as_float(&s, a);
   vm_tensor *m = keep(&s, stability_shift(x, axis));
   /* an infinite max (all -inf, or +inf) is not subtracted: exp(-inf - -inf) is NaN */
-  vm_tensor *inf = keep(&s, fe_binary_scalar(VM_OP_eq, keep(&s, fe_unary(VM_OP_abs, m)), INFINITY, false));
+  vm_tensor *inf =
+      keep(&s, fe_binary_scalar(VM_OP_eq, keep(&s, fe_unary(VM_OP_abs, m)), INFINITY, false));
   vm_tensor *zero = keep(&s, fe_weak_scalar(0, false));
   vm_tensor *where_in[3] = {inf, zero, m};
   vm_tensor *msafe = keep(&s, inf && zero && m ? fe_op(VM_OP_where, 3, where_in, NULL) : NULL);
   vm_tensor *e = keep(&s, fe_unary(VM_OP_exp, keep(&s, fe_binary(VM_OP_sub, x, msafe))));
-  vm_tensor *lse = keep(&s, fe_binary(VM_OP_add, keep(&s, fe_unary(VM_OP_log,
-                        keep(&s, fe_reduce(VM_OP_sum, e, 1, &axis, true)))), msafe));
+  vm_tensor *lse = keep(
+      &s,
+      fe_binary(VM_OP_add,
+                keep(&s, fe_unary(VM_OP_log, keep(&s, fe_reduce(VM_OP_sum, e, 1, &axis, true)))),
+                msafe));
   if (keepdim || !lse) return finish(&s, lse);
   return finish(&s, keep(&s, fe_squeeze(lse, axis)));
 }
@@ -174,7 +184,8 @@ static vm_tensor *normalize_last(fe_scope *s, vm_tensor *xf, double eps) {
   int last = -1;
   vm_tensor *xc = keep(s, fe_binary(VM_OP_sub, xf, keep(s, fe_mean(xf, 1, &last, true))));
   vm_tensor *var = keep(s, fe_mean(keep(s, fe_binary(VM_OP_mul, xc, xc)), 1, &last, true));
-  vm_tensor *inv = keep(s, fe_unary(VM_OP_rsqrt, keep(s, fe_binary_host_scalar(VM_OP_add, var, eps, false))));
+  vm_tensor *inv =
+      keep(s, fe_unary(VM_OP_rsqrt, keep(s, fe_binary_host_scalar(VM_OP_add, var, eps, false))));
   return keep(s, fe_binary(VM_OP_mul, xc, inv));
 }
 
@@ -200,8 +211,10 @@ vm_tensor *fe_layer_norm(vm_tensor *x, vm_tensor *w, vm_tensor *b, double eps) {
 static bool check_class_target(const vm_tensor *logits, const vm_tensor *target) {
   char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
   if (!vm_dtype_is_int(target->dtype)) {
-    vm_error(KILN_ERR_DTYPE, "target must be int64 or int32 class indices, not %s "
-             "(the class-index form: logits [N,C], target [N])", vm_dtype_name(target->dtype));
+    vm_error(KILN_ERR_DTYPE,
+             "target must be int64 or int32 class indices, not %s "
+             "(the class-index form: logits [N,C], target [N])",
+             vm_dtype_name(target->dtype));
     return false;
   }
   if (logits->ndim != 2 || target->ndim != 1 || target->shape[0] != logits->shape[0]) {
@@ -233,8 +246,10 @@ static bool same_loss_shapes(const vm_tensor *a, const vm_tensor *b) {
   if (a->ndim == b->ndim && !memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof(int64_t)))
     return true;
   char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
-  vm_error(KILN_ERR_SHAPE, "shapes %s and %s differ (a loss needs equal shapes; it does not "
-           "broadcast)", vm_shape_str(b1, a->ndim, a->shape), vm_shape_str(b2, b->ndim, b->shape));
+  vm_error(KILN_ERR_SHAPE,
+           "shapes %s and %s differ (a loss needs equal shapes; it does not "
+           "broadcast)",
+           vm_shape_str(b1, a->ndim, a->shape), vm_shape_str(b2, b->ndim, b->shape));
   return false;
 }
 
@@ -251,8 +266,11 @@ vm_tensor *fe_mse_loss(vm_tensor *a, vm_tensor *b) {
 }
 
 vm_tensor *fe_arange_i64(int64_t start, int64_t step, int64_t count, kiln_device d) {
-  vm_attr attr = {.dtype = KILN_I64, .ndim = 1, .shape = {count},
-                  .scalar = {(double)start, (double)step}, .device = (uint8_t)d};
+  vm_attr attr = {.dtype = KILN_I64,
+                  .ndim = 1,
+                  .shape = {count},
+                  .scalar = {(double)start, (double)step},
+                  .device = (uint8_t)d};
   return fe_op(VM_OP_arange, 0, NULL, &attr);
 }
 
@@ -286,7 +304,8 @@ vm_tensor *fe_transpose(vm_tensor *a, int d0, int d1) {
 vm_tensor *fe_squeeze(vm_tensor *a, int axis) {
   if (null_arg(a) || !vm_norm_axis(&axis, a->ndim)) return NULL;
   if (a->shape[axis] != 1) {
-    vm_error(KILN_ERR_SHAPE, "cannot squeeze axis %d of size %lld", axis, (long long)a->shape[axis]);
+    vm_error(KILN_ERR_SHAPE, "cannot squeeze axis %d of size %lld", axis,
+             (long long)a->shape[axis]);
     return NULL;
   }
   int64_t shape[KILN_MAX_DIMS];
@@ -380,7 +399,8 @@ vm_tensor *fe_stack(int n, vm_tensor *const *ts, int axis) {
     if (ts[i] && ts[i]->ndim != ts[0]->ndim) {
       char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
       vm_error(KILN_ERR_SHAPE, "tensor %d has shape %s, expected %s", i,
-               vm_shape_str(b1, ts[i]->ndim, ts[i]->shape), vm_shape_str(b2, ts[0]->ndim, ts[0]->shape));
+               vm_shape_str(b1, ts[i]->ndim, ts[i]->shape),
+               vm_shape_str(b2, ts[0]->ndim, ts[0]->shape));
       ok = false;
     } else {
       ok = (parts[i] = fe_unsqueeze(ts[i], axis)) != NULL;

@@ -29,12 +29,14 @@ typedef struct {
 static int format_elem(const printer *p, int64_t i, char *buf, size_t n) {
   const void *d = vm_data(p->t);
   switch (p->mode) {
-    case MODE_BOOL: return snprintf(buf, n, "%s", ((const bool *)d)[i] ? "True" : "False");
+    case MODE_BOOL:
+      return snprintf(buf, n, "%s", ((const bool *)d)[i] ? "True" : "False");
     case MODE_INT:
       return snprintf(buf, n, "%lld",
                       p->t->dtype == KILN_I32 ? (long long)((const int32_t *)d)[i]
                                               : (long long)((const int64_t *)d)[i]);
-    default: break;
+    default:
+      break;
   }
   double v = vm_load_f64(d, p->t->dtype, i);
   if (isnan(v)) return snprintf(buf, n, "nan");

@@ -16,10 +16,10 @@
 #include <string.h>
 
 #include "../trace/record.h"
-#include "composite.h"
 #include "../vm/rng.h"
-#include "scope.h"
 #include "../vm/state.h"
+#include "composite.h"
+#include "scope.h"
 
 static bool null_arg(const vm_tensor *a, int index) {
   if (a) return false;
@@ -49,8 +49,8 @@ static bool check_index_values(vm_tensor *idx, int64_t size, const char *what) {
   if (!c) return false;
   bool ok = true;
   for (int64_t i = 0; ok && i < c->numel; i++) {
-    int64_t x = c->dtype == KILN_I32 ? ((const int32_t *)vm_data(c))[i]
-                                     : ((const int64_t *)vm_data(c))[i];
+    int64_t x =
+        c->dtype == KILN_I32 ? ((const int32_t *)vm_data(c))[i] : ((const int64_t *)vm_data(c))[i];
     if (x < 0 || x >= size) {
       vm_error(KILN_ERR_ARG, "%s %lld (at flat position %lld) is out of range [0, %lld)", what,
                (long long)x, (long long)i, (long long)size);
@@ -100,13 +100,17 @@ vm_tensor *fe_linspace(double start, double stop, int64_t n, kiln_dtype dt) {
   double step = n > 1 ? (stop - start) / (double)(n - 1) : 0;
   fe_scope s = {0};
   vm_tensor *i = keep(&s, arange_f64(n));
-  vm_tensor *lo = keep(&s, fe_binary_host_scalar(VM_OP_add,
-                      keep(&s, fe_binary_host_scalar(VM_OP_mul, i, step, false)), start, false));
+  vm_tensor *lo = keep(
+      &s, fe_binary_host_scalar(
+              VM_OP_add, keep(&s, fe_binary_host_scalar(VM_OP_mul, i, step, false)), start, false));
   /* stop - (n-1-i)*step, as (i - (n-1)) * step + stop */
   vm_tensor *back = keep(&s, fe_binary_host_scalar(VM_OP_sub, i, (double)(n - 1), false));
-  vm_tensor *hi = keep(&s, fe_binary_host_scalar(VM_OP_add,
-                      keep(&s, fe_binary_host_scalar(VM_OP_mul, back, step, false)), stop, false));
-  vm_tensor *first = keep(&s, fe_binary_host_scalar(VM_OP_lt, i, n == 1 ? 1.0 : (double)(n / 2), false));
+  vm_tensor *hi =
+      keep(&s, fe_binary_host_scalar(VM_OP_add,
+                                     keep(&s, fe_binary_host_scalar(VM_OP_mul, back, step, false)),
+                                     stop, false));
+  vm_tensor *first =
+      keep(&s, fe_binary_host_scalar(VM_OP_lt, i, n == 1 ? 1.0 : (double)(n / 2), false));
   vm_tensor *in[3] = {first, lo, hi};
   vm_tensor *r = keep(&s, first && lo && hi ? fe_op(VM_OP_where, 3, in, NULL) : NULL);
   return finish(&s, dt == KILN_F64 || !r ? r : keep(&s, fe_cast(r, dt)));
@@ -155,8 +159,9 @@ vm_tensor *fe_randint(int64_t low, int64_t high, kiln_dtype dt, int ndim, const 
   fe_scope s = {0};
   vm_tensor *u = keep(&s, uniform_f64(ndim, shape));
   double span = (double)high - (double)low;
-  vm_tensor *v = keep(&s, fe_binary_host_scalar(VM_OP_add,
-                     keep(&s, fe_binary_host_scalar(VM_OP_mul, u, span, false)), (double)low, false));
+  vm_tensor *v = keep(&s, fe_binary_host_scalar(
+                              VM_OP_add, keep(&s, fe_binary_host_scalar(VM_OP_mul, u, span, false)),
+                              (double)low, false));
   vm_tensor *f = keep(&s, fe_unary(VM_OP_floor, v));
   /* rounding in low + u*span can reach high itself */
   vm_tensor *top = keep(&s, fe_host_scalar((double)(high - 1), false));
@@ -237,8 +242,8 @@ vm_tensor *fe_var(vm_tensor *a, int naxes, const int *axes, int correction, bool
   if (!mean) return finish(&s, NULL);
   int64_t count = reduced_count(x, naxes, axes);
   vm_tensor *xc = keep(&s, fe_binary(VM_OP_sub, x, mean));
-  vm_tensor *ss = keep(&s, fe_reduce(VM_OP_sum, keep(&s, fe_binary(VM_OP_mul, xc, xc)), naxes,
-                                     axes, keepdim));
+  vm_tensor *ss =
+      keep(&s, fe_reduce(VM_OP_sum, keep(&s, fe_binary(VM_OP_mul, xc, xc)), naxes, axes, keepdim));
   double denom = count > correction ? (double)(count - correction) : 0.0;
   return finish(&s, keep(&s, ss ? fe_binary_scalar(VM_OP_div, ss, denom, false) : NULL));
 }
@@ -339,10 +344,10 @@ vm_tensor *fe_topk(vm_tensor *a, int64_t k, int axis, bool largest, vm_tensor **
 /* --- window ops: conv2d and pooling ------------------------------------ */
 
 typedef struct {
-  int64_t n, c, h, w;     /* input */
+  int64_t n, c, h, w; /* input */
   int64_t kh, kw, sh, sw, ph, pw, dh, dw;
-  int64_t oh, ow;         /* output */
-  int64_t count;          /* c * kh * kw * oh * ow: the window index's length */
+  int64_t oh, ow; /* output */
+  int64_t count;  /* c * kh * kw * oh * ow: the window index's length */
 } window_geom;
 
 static bool pair_arg(const int *v, int fallback, int64_t out[2]) {
@@ -357,19 +362,24 @@ static bool window_output(window_geom *g) {
   g->oh = vm_window_out(g->h, g->kh, g->sh, g->ph, g->dh);
   g->ow = vm_window_out(g->w, g->kw, g->sw, g->pw, g->dw);
   if (g->oh < 1 || g->ow < 1) {
-    vm_error(KILN_ERR_SHAPE, "the input of %lldx%lld (padded to %lldx%lld) is smaller than the "
-             "%lldx%lld window", (long long)g->h, (long long)g->w, (long long)(g->h + 2 * g->ph),
+    vm_error(KILN_ERR_SHAPE,
+             "the input of %lldx%lld (padded to %lldx%lld) is smaller than the "
+             "%lldx%lld window",
+             (long long)g->h, (long long)g->w, (long long)(g->h + 2 * g->ph),
              (long long)(g->w + 2 * g->pw), (long long)eh, (long long)ew);
     return false;
   }
   /* every product the window ops form divides count: check it once */
   int64_t count;
   if (__builtin_mul_overflow(g->c, g->kh, &count) || __builtin_mul_overflow(count, g->kw, &count) ||
-      __builtin_mul_overflow(count, g->oh, &count) || __builtin_mul_overflow(count, g->ow, &count) ||
+      __builtin_mul_overflow(count, g->oh, &count) ||
+      __builtin_mul_overflow(count, g->ow, &count) ||
       __builtin_mul_overflow(count, g->n ? g->n : 1, &g->count) || g->count > (INT64_C(1) << 40)) {
-    vm_error(KILN_ERR_SHAPE, "the windows of %lld x %lld x %lld x %lld x %lld x %lld elements are "
-             "too many", (long long)g->n, (long long)g->c, (long long)g->kh, (long long)g->kw,
-             (long long)g->oh, (long long)g->ow);
+    vm_error(KILN_ERR_SHAPE,
+             "the windows of %lld x %lld x %lld x %lld x %lld x %lld elements are "
+             "too many",
+             (long long)g->n, (long long)g->c, (long long)g->kh, (long long)g->kw, (long long)g->oh,
+             (long long)g->ow);
     return false;
   }
   g->count = count;
@@ -381,7 +391,8 @@ static bool window_args(window_geom *g, const char *kind) {
       g->dw < 1 || g->kh > (1 << 20) || g->kw > (1 << 20) || g->sh > (1 << 20) ||
       g->sw > (1 << 20) || g->ph > (1 << 20) || g->pw > (1 << 20) || g->dh > (1 << 20) ||
       g->dw > (1 << 20)) {
-    vm_error(KILN_ERR_ARG, "bad %s arguments: kernel [%lld,%lld], stride [%lld,%lld], padding "
+    vm_error(KILN_ERR_ARG,
+             "bad %s arguments: kernel [%lld,%lld], stride [%lld,%lld], padding "
              "[%lld,%lld], dilation [%lld,%lld] (kernel, stride, dilation >= 1, padding >= 0)",
              kind, (long long)g->kh, (long long)g->kw, (long long)g->sh, (long long)g->sw,
              (long long)g->ph, (long long)g->pw, (long long)g->dh, (long long)g->dw);
@@ -429,14 +440,17 @@ static vm_tensor *window_index(const window_geom *g, bool output_major, kiln_dev
 
 /* x [N,C,H,W] -> its windows [N, count] (a recorded index_select over
    each image's flat row, padded with one element of value pad_value) */
-static vm_tensor *gather_windows(fe_scope *s, vm_tensor *x, const window_geom *g,
-                                 bool output_major, double pad_value) {
+static vm_tensor *gather_windows(fe_scope *s, vm_tensor *x, const window_geom *g, bool output_major,
+                                 double pad_value) {
   int64_t count;
   vm_tensor *idx = keep(s, window_index(g, output_major, (kiln_device)x->device, &count));
   if (!idx) return NULL;
   vm_tensor *flat = keep(s, fe_reshape(x, 2, (int64_t[]){g->n, g->c * g->h * g->w}));
   if (g->ph || g->pw) {
-    vm_attr attr = {.dtype = x->dtype, .ndim = 2, .shape = {g->n, 1}, .scalar = {pad_value},
+    vm_attr attr = {.dtype = x->dtype,
+                    .ndim = 2,
+                    .shape = {g->n, 1},
+                    .scalar = {pad_value},
                     .device = x->device};
     vm_tensor *parts[2] = {flat, keep(s, fe_op(VM_OP_full, 0, NULL, &attr))};
     flat = keep(s, flat && parts[1] ? fe_concat(2, parts, 1) : NULL);
@@ -474,20 +488,25 @@ static bool conv_primitive_fits(const vm_tensor *x, const vm_tensor *w, const wi
 vm_tensor *fe_conv2d(vm_tensor *x, vm_tensor *w, vm_tensor *b, const int stride[2],
                      const int padding[2], const int dilation[2], int groups) {
   if (null_arg(x, 0) || null_arg(w, 1)) return NULL;
-  if (!check_rank(x, 4, "input", "[N,C,H,W]") || !check_rank(w, 4, "weight", "[Cout,Cin/groups,kh,kw]"))
+  if (!check_rank(x, 4, "input", "[N,C,H,W]") ||
+      !check_rank(w, 4, "weight", "[Cout,Cin/groups,kh,kw]"))
     return NULL;
   if (!require_float(x, "input") || !require_float(w, "weight") || (b && !require_float(b, "bias")))
     return NULL;
   int64_t cout = w->shape[0], cin = x->shape[1];
   if (groups < 1 || cin % groups || cout % groups) {
-    vm_error(KILN_ERR_ARG, "groups %d must be >= 1 and divide the input channels %lld and the "
-             "output channels %lld", groups, (long long)cin, (long long)cout);
+    vm_error(KILN_ERR_ARG,
+             "groups %d must be >= 1 and divide the input channels %lld and the "
+             "output channels %lld",
+             groups, (long long)cin, (long long)cout);
     return NULL;
   }
   if (w->shape[1] != cin / groups) {
     char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
-    vm_error(KILN_ERR_SHAPE, "weight %s needs %lld input channels per group for input %s and "
-             "groups %d", vm_shape_str(b1, w->ndim, w->shape), (long long)(cin / groups),
+    vm_error(KILN_ERR_SHAPE,
+             "weight %s needs %lld input channels per group for input %s and "
+             "groups %d",
+             vm_shape_str(b1, w->ndim, w->shape), (long long)(cin / groups),
              vm_shape_str(b2, x->ndim, x->shape), groups);
     return NULL;
   }
@@ -497,8 +516,12 @@ vm_tensor *fe_conv2d(vm_tensor *x, vm_tensor *w, vm_tensor *b, const int stride[
              vm_shape_str(buf, b->ndim, b->shape), (long long)cout);
     return NULL;
   }
-  window_geom g = {.n = x->shape[0], .c = cin, .h = x->shape[2], .w = x->shape[3],
-                   .kh = w->shape[2], .kw = w->shape[3]};
+  window_geom g = {.n = x->shape[0],
+                   .c = cin,
+                   .h = x->shape[2],
+                   .w = x->shape[3],
+                   .kh = w->shape[2],
+                   .kw = w->shape[3]};
   int64_t st[2], pd[2], dl[2];
   pair_arg(stride, 1, st);
   pair_arg(padding, 0, pd);
@@ -509,7 +532,8 @@ vm_tensor *fe_conv2d(vm_tensor *x, vm_tensor *w, vm_tensor *b, const int stride[
   fe_scope s = {0};
   vm_tensor *cols = NULL, *out;
   if (conv_primitive_fits(x, w, &g)) {
-    vm_attr attr = {.axis = groups, .perm = {(int)g.sh, (int)g.sw, (int)g.ph, (int)g.pw, (int)g.dh, (int)g.dw}};
+    vm_attr attr = {.axis = groups,
+                    .perm = {(int)g.sh, (int)g.sw, (int)g.ph, (int)g.pw, (int)g.dh, (int)g.dw}};
     vm_tensor *in[2] = {x, w};
     out = keep(&s, fe_op(VM_OP_conv2d, 2, in, &attr));
   } else if (!(cols = gather_windows(&s, x, &g, false, 0.0))) {
@@ -524,8 +548,8 @@ vm_tensor *fe_conv2d(vm_tensor *x, vm_tensor *w, vm_tensor *b, const int stride[
     out = keep(&s, cols && wm ? fe_binary(VM_OP_matmul, wm, cols) : NULL);
   }
   out = keep(&s, fe_reshape(out, 4, (int64_t[]){g.n, cout, g.oh, g.ow}));
-  if (b && out) out = keep(&s, fe_binary(VM_OP_add, out,
-                                         keep(&s, fe_reshape(b, 3, (int64_t[]){cout, 1, 1}))));
+  if (b && out)
+    out = keep(&s, fe_binary(VM_OP_add, out, keep(&s, fe_reshape(b, 3, (int64_t[]){cout, 1, 1}))));
   return finish(&s, out);
 }
 
@@ -542,8 +566,14 @@ vm_tensor *fe_pool2d(vm_tensor *x, bool max, const int kernel[2], const int stri
     vm_error(KILN_ERR_ARG, "kernel is NULL");
     return NULL;
   }
-  window_geom g = {.n = x->shape[0], .c = x->shape[1], .h = x->shape[2], .w = x->shape[3],
-                   .kh = kernel[0], .kw = kernel[1], .dh = 1, .dw = 1};
+  window_geom g = {.n = x->shape[0],
+                   .c = x->shape[1],
+                   .h = x->shape[2],
+                   .w = x->shape[3],
+                   .kh = kernel[0],
+                   .kw = kernel[1],
+                   .dh = 1,
+                   .dw = 1};
   int64_t st[2], pd[2];
   pair_arg(stride, 0, st);
   pair_arg(padding, 0, pd);
@@ -622,7 +652,8 @@ vm_tensor *fe_batch_norm(vm_tensor *x, vm_tensor *running_mean, vm_tensor *runni
       !check_channel_vec(b, c, "bias"))
     return NULL;
   if ((running_mean == NULL) != (running_var == NULL) || (!training && !running_mean)) {
-    vm_error(KILN_ERR_ARG, "running_mean and running_var must both be given (both are needed in "
+    vm_error(KILN_ERR_ARG,
+             "running_mean and running_var must both be given (both are needed in "
              "eval mode)");
     return NULL;
   }
@@ -646,7 +677,9 @@ vm_tensor *fe_batch_norm(vm_tensor *x, vm_tensor *running_mean, vm_tensor *runni
       vm_tensor *m1 = keep(&s, fe_reshape(mean, 1, &c));
       vm_tensor *v1 = keep(&s, fe_reshape(var, 1, &c));
       vm_thread()->no_grad++;
-      vm_tensor *unbiased = keep(&s, v1 ? fe_binary_scalar(VM_OP_mul, v1, (double)count / (double)(count - 1), false) : NULL);
+      vm_tensor *unbiased =
+          keep(&s, v1 ? fe_binary_scalar(VM_OP_mul, v1, (double)count / (double)(count - 1), false)
+                      : NULL);
       vm_thread()->no_grad--;
       if (!m1 || !unbiased || update_running(running_mean, m1, momentum) ||
           update_running(running_var, unbiased, momentum))
@@ -656,8 +689,11 @@ vm_tensor *fe_batch_norm(vm_tensor *x, vm_tensor *running_mean, vm_tensor *runni
     mean = per_channel(&s, running_mean, x->ndim, c);
     var = per_channel(&s, running_var, x->ndim, c);
   }
-  vm_tensor *inv = keep(&s, var ? fe_unary(VM_OP_rsqrt, keep(&s, fe_binary_host_scalar(VM_OP_add, var, eps, false))) : NULL);
-  vm_tensor *y = keep(&s, mean && inv ? fe_binary(VM_OP_mul, keep(&s, fe_binary(VM_OP_sub, x, mean)), inv) : NULL);
+  vm_tensor *inv = keep(
+      &s, var ? fe_unary(VM_OP_rsqrt, keep(&s, fe_binary_host_scalar(VM_OP_add, var, eps, false)))
+              : NULL);
+  vm_tensor *y = keep(
+      &s, mean && inv ? fe_binary(VM_OP_mul, keep(&s, fe_binary(VM_OP_sub, x, mean)), inv) : NULL);
   if (w && y) y = keep(&s, fe_binary(VM_OP_mul, y, per_channel(&s, w, x->ndim, c)));
   if (b && y) y = keep(&s, fe_binary(VM_OP_add, y, per_channel(&s, b, x->ndim, c)));
   return finish(&s, y);
@@ -696,9 +732,11 @@ vm_tensor *fe_embedding(vm_tensor *weight, vm_tensor *idx) {
   if (!require_index(idx, "idx")) return NULL;
   if (weight->ndim < 1 || idx->ndim + weight->ndim - 1 > KILN_MAX_DIMS) {
     char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
-    vm_error(KILN_ERR_SHAPE, "weight %s and idx %s: the weight needs >= 1 dimension and the "
-             "result at most %d", vm_shape_str(b1, weight->ndim, weight->shape),
-             vm_shape_str(b2, idx->ndim, idx->shape), KILN_MAX_DIMS);
+    vm_error(KILN_ERR_SHAPE,
+             "weight %s and idx %s: the weight needs >= 1 dimension and the "
+             "result at most %d",
+             vm_shape_str(b1, weight->ndim, weight->shape), vm_shape_str(b2, idx->ndim, idx->shape),
+             KILN_MAX_DIMS);
     return NULL;
   }
   if (!check_index_values(idx, weight->shape[0], "index")) return NULL;
@@ -732,7 +770,8 @@ vm_tensor *fe_one_hot(vm_tensor *idx, int64_t num_classes, kiln_dtype dt) {
   fe_scope s = {0};
   vm_tensor *classes = keep(&s, fe_arange_i64(0, 1, num_classes, (kiln_device)idx->device));
   vm_tensor *flat = keep(&s, fe_reshape(idx, 1, &n));
-  vm_tensor *checked = keep(&s, flat ? fe_index_op(VM_OP_index_select, classes, 0, flat, NULL) : NULL);
+  vm_tensor *checked =
+      keep(&s, flat ? fe_index_op(VM_OP_index_select, classes, 0, flat, NULL) : NULL);
   vm_tensor *col = keep(&s, checked ? fe_reshape(checked, 2, (int64_t[]){n, 1}) : NULL);
   vm_tensor *hot = keep(&s, col ? fe_binary(VM_OP_eq, col, classes) : NULL);
   int64_t shape[KILN_MAX_DIMS];

@@ -26,18 +26,25 @@ static bool weak_cast(kiln_dtype from, kiln_dtype to, double *v) {
   vm_store_f64(&slot, from, 0, *v);
   int64_t x = from == KILN_BOOL ? slot.b : from == KILN_I32 ? slot.i32 : slot.i64;
   /* exact in a double: x came from one (saturated), or is 32 bits */
-  *v = to == KILN_BOOL ? (double)(x != 0) : to == KILN_I32 ? (double)(int32_t)(uint32_t)x : (double)x;
+  *v = to == KILN_BOOL  ? (double)(x != 0)
+       : to == KILN_I32 ? (double)(int32_t)(uint32_t)x
+                        : (double)x;
   return true;
 }
 
 /* the dtype input i must have when the kernel runs */
 static kiln_dtype input_dtype(vm_opcode op, int i, const vm_tensor *t, const vm_meta *m) {
   switch (vm_op_table[op].kind) {
-    case VM_KIND_UNARY: return op == VM_OP_cast ? t->dtype : m->compute;
-    case VM_KIND_TERNARY: return i == 0 ? KILN_BOOL : m->compute;
-    case VM_KIND_INDEX: return i == 1 ? KILN_I64 : m->compute;
-    case VM_KIND_VIEW: return t->dtype;
-    default: return m->compute;
+    case VM_KIND_UNARY:
+      return op == VM_OP_cast ? t->dtype : m->compute;
+    case VM_KIND_TERNARY:
+      return i == 0 ? KILN_BOOL : m->compute;
+    case VM_KIND_INDEX:
+      return i == 1 ? KILN_I64 : m->compute;
+    case VM_KIND_VIEW:
+      return t->dtype;
+    default:
+      return m->compute;
   }
 }
 
@@ -70,7 +77,8 @@ vm_tensor *fe_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr)
       args[i] = in[i]; /* borrowed: no reference taken (atomics are a W5 op's main cost) */
       continue;
     }
-    if (in[i]->dtype != want && tr_weak_scalar(in[i], &v, &host) && weak_cast(in[i]->dtype, want, &v))
+    if (in[i]->dtype != want && tr_weak_scalar(in[i], &v, &host) &&
+        weak_cast(in[i]->dtype, want, &v))
       ok = (args[i] = fe_weak_scalar_of(v, want, host)) != NULL;
     else
       ok = (args[i] = in[i]->dtype == want ? vm_retain(in[i]) : fe_cast(in[i], want)) != NULL;
@@ -184,8 +192,6 @@ vm_tensor *fe_expand(vm_tensor *a, int ndim, const int64_t *shape) {
   if (ndim) memcpy(attr.shape, shape, (size_t)ndim * sizeof *shape);
   return fe_op(VM_OP_expand, 1, &a, &attr);
 }
-
-
 
 /* --- handles of host values and scalars ---------------------------------- */
 

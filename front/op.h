@@ -14,7 +14,6 @@
    the error set.  attr may be NULL for ops without attributes. */
 vm_tensor *fe_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr);
 
-
 /* conveniences over fe_op */
 vm_tensor *fe_unary(vm_opcode op, vm_tensor *a);
 vm_tensor *fe_binary(vm_opcode op, vm_tensor *a, vm_tensor *b);
@@ -32,8 +31,8 @@ vm_tensor *fe_expand(vm_tensor *a, int ndim, const int64_t *shape);
    made on the host (kiln_from_data, loads, index tables) reaches a device */
 vm_tensor *fe_handle_from_host(vm_tensor *v, kiln_device d);
 /* 0-d host scalar handle (weak): f64 when !is_int, i64 when is_int */
-vm_tensor *fe_weak_scalar(double v, bool is_int);   /* a literal of the library */
-vm_tensor *fe_host_scalar(double v, bool is_int);   /* a value the user passed */
+vm_tensor *fe_weak_scalar(double v, bool is_int); /* a literal of the library */
+vm_tensor *fe_host_scalar(double v, bool is_int); /* a value the user passed */
 /* either, made directly in dtype dt (a float tensor's own: no cast node) */
 vm_tensor *fe_weak_scalar_of(double v, kiln_dtype dt, bool host);
 /* for tests: the storage a handle's value lives in (views share it);

@@ -26,9 +26,9 @@
 #include <unistd.h>
 
 #include "../trace/record.h"
-#include "op.h"
 #include "../vm/private_dir.h"
 #include "../vm/state.h"
+#include "op.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c assumes a little-endian host (the format's byte order)"
@@ -40,8 +40,11 @@
 static const struct {
   const char *name;
   kiln_dtype dtype;
-} st_dtypes[] = {{"F32", KILN_F32}, {"F64", KILN_F64}, {"I32", KILN_I32},
-                 {"I64", KILN_I64}, {"BOOL", KILN_BOOL}};
+} st_dtypes[] = {{"F32", KILN_F32},
+                 {"F64", KILN_F64},
+                 {"I32", KILN_I32},
+                 {"I64", KILN_I64},
+                 {"BOOL", KILN_BOOL}};
 
 static const char *st_dtype_name(kiln_dtype dt) {
   for (size_t i = 0; i < sizeof st_dtypes / sizeof *st_dtypes; i++)
@@ -106,7 +109,11 @@ static size_t utf8_valid_prefix(const unsigned char *s, size_t n) {
   size_t i = 0;
   while (i < n) {
     unsigned c = s[i];
-    size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    size_t len = c < 0x80             ? 1
+                 : (c & 0xE0) == 0xC0 ? 2
+                 : (c & 0xF0) == 0xE0 ? 3
+                 : (c & 0xF8) == 0xF0 ? 4
+                                      : 0;
     if (!len || n - i < len) return i;
     uint32_t cp = len == 1 ? c : c & (0x7Fu >> len);
     for (size_t k = 1; k < len; k++) {
@@ -161,7 +168,9 @@ static bool check_save_args(int n, const char *const *names, vm_tensor *const *t
     }
     if (!names[i] || !names[i][0] || !strcmp(names[i], "__metadata__")) {
       vm_error(KILN_ERR_ARG, "name %d is %s", i,
-               !names[i] ? "NULL" : !names[i][0] ? "empty" : "the reserved \"__metadata__\"");
+               !names[i]      ? "NULL"
+               : !names[i][0] ? "empty"
+                              : "the reserved \"__metadata__\"");
       return false;
     }
     size_t len = strlen(names[i]);
@@ -305,12 +314,12 @@ typedef enum { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ } j_type;
 
 typedef struct j_val {
   j_type type;
-  char *str;           /* J_STR: decoded, NUL-terminated (no NULs inside) */
-  bool uint_ok;        /* J_NUM: a non-negative integer that fits in u64 */
+  char *str;    /* J_STR: decoded, NUL-terminated (no NULs inside) */
+  bool uint_ok; /* J_NUM: a non-negative integer that fits in u64 */
   uint64_t u;
-  int n;               /* J_ARR, J_OBJ: children */
+  int n; /* J_ARR, J_OBJ: children */
   struct j_val *items;
-  char **keys;         /* J_OBJ */
+  char **keys; /* J_OBJ */
 } j_val;
 
 /* each: when set, the top-level object's members go to it one at a time
@@ -344,8 +353,8 @@ static bool j_fail(j_parser *p, const char *why) {
 }
 
 static void j_ws(j_parser *p) {
-  while (p->pos < p->len && (p->s[p->pos] == ' ' || p->s[p->pos] == '\t' ||
-                             p->s[p->pos] == '\n' || p->s[p->pos] == '\r'))
+  while (p->pos < p->len && (p->s[p->pos] == ' ' || p->s[p->pos] == '\t' || p->s[p->pos] == '\n' ||
+                             p->s[p->pos] == '\r'))
     p->pos++;
 }
 
@@ -354,8 +363,10 @@ static int j_hex4(j_parser *p) {
   int v = 0;
   for (int k = 0; k < 4; k++) {
     char c = p->s[p->pos++];
-    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-            : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    int d = c >= '0' && c <= '9'   ? c - '0'
+            : c >= 'a' && c <= 'f' ? c - 'a' + 10
+            : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                   : -1;
     if (d < 0) return -1;
     v = v * 16 + d;
   }
@@ -365,8 +376,10 @@ static int j_hex4(j_parser *p) {
 static void j_utf8(st_buf *b, uint32_t cp) {
   char o[4];
   size_t n;
-  if (cp < 0x80) o[0] = (char)cp, n = 1;
-  else if (cp < 0x800) o[0] = (char)(0xC0 | cp >> 6), o[1] = (char)(0x80 | (cp & 63)), n = 2;
+  if (cp < 0x80)
+    o[0] = (char)cp, n = 1;
+  else if (cp < 0x800)
+    o[0] = (char)(0xC0 | cp >> 6), o[1] = (char)(0x80 | (cp & 63)), n = 2;
   else if (cp < 0x10000)
     o[0] = (char)(0xE0 | cp >> 12), o[1] = (char)(0x80 | ((cp >> 6) & 63)),
     o[2] = (char)(0x80 | (cp & 63)), n = 3;
@@ -407,7 +420,8 @@ static bool j_string(j_parser *p, char **out) {
     int cp = e == 'u' ? j_hex4(p) : -1;
     if (cp >= 0xD800 && cp < 0xDC00) { /* a surrogate pair */
       int lo = p->len - p->pos >= 2 && p->s[p->pos] == '\\' && p->s[p->pos + 1] == 'u'
-                   ? (p->pos += 2, j_hex4(p)) : -1;
+                   ? (p->pos += 2, j_hex4(p))
+                   : -1;
       cp = lo >= 0xDC00 && lo < 0xE000 ? 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00) : -1;
     } else if (cp >= 0xDC00 && cp < 0xE000) {
       cp = -1;
@@ -437,21 +451,25 @@ static bool j_number(j_parser *p, j_val *v) {
   } else {
     while (p->pos < p->len && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') {
       uint64_t d = (uint64_t)(p->s[p->pos++] - '0');
-      if (u > (UINT64_MAX - d) / 10) overflow = true;
-      else u = u * 10 + d;
+      if (u > (UINT64_MAX - d) / 10)
+        overflow = true;
+      else
+        u = u * 10 + d;
     }
   }
   if (p->pos < p->len && p->s[p->pos] == '.') {
     integral = false;
     p->pos++;
-    if (p->pos >= p->len || p->s[p->pos] < '0' || p->s[p->pos] > '9') return j_fail(p, "bad number");
+    if (p->pos >= p->len || p->s[p->pos] < '0' || p->s[p->pos] > '9')
+      return j_fail(p, "bad number");
     while (p->pos < p->len && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') p->pos++;
   }
   if (p->pos < p->len && (p->s[p->pos] == 'e' || p->s[p->pos] == 'E')) {
     integral = false;
     p->pos++;
     if (p->pos < p->len && (p->s[p->pos] == '+' || p->s[p->pos] == '-')) p->pos++;
-    if (p->pos >= p->len || p->s[p->pos] < '0' || p->s[p->pos] > '9') return j_fail(p, "bad number");
+    if (p->pos >= p->len || p->s[p->pos] < '0' || p->s[p->pos] > '9')
+      return j_fail(p, "bad number");
     while (p->pos < p->len && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') p->pos++;
   }
   (void)start;
@@ -531,7 +549,8 @@ static bool j_container(j_parser *p, j_val *v, int depth) {
 
 static bool j_literal(j_parser *p, const char *word, j_val *v, j_type t) {
   size_t n = strlen(word);
-  if (p->len - p->pos < n || memcmp(p->s + p->pos, word, n)) return j_fail(p, "unexpected character");
+  if (p->len - p->pos < n || memcmp(p->s + p->pos, word, n))
+    return j_fail(p, "unexpected character");
   p->pos += n;
   v->type = t;
   return true;
@@ -633,16 +652,20 @@ static bool parse_entry(const char *name, const j_val *v, uint64_t data_size, st
   e->begin = off->items[0].u;
   e->end = off->items[1].u;
   if (e->begin > e->end || e->end > data_size) {
-    vm_error(KILN_ERR_ARG, "tensor \"%s\": data_offsets [%llu, %llu] are outside the %llu-byte "
-             "data section", name, (unsigned long long)e->begin, (unsigned long long)e->end,
+    vm_error(KILN_ERR_ARG,
+             "tensor \"%s\": data_offsets [%llu, %llu] are outside the %llu-byte "
+             "data section",
+             name, (unsigned long long)e->begin, (unsigned long long)e->end,
              (unsigned long long)data_size);
     return false;
   }
   if (e->end - e->begin != bytes) {
-    vm_error(KILN_ERR_ARG, "tensor \"%s\": data_offsets [%llu, %llu] hold %llu bytes, but a %s "
-             "tensor of %llu elements needs %llu", name, (unsigned long long)e->begin,
-             (unsigned long long)e->end, (unsigned long long)(e->end - e->begin), dt->str,
-             (unsigned long long)numel, (unsigned long long)bytes);
+    vm_error(KILN_ERR_ARG,
+             "tensor \"%s\": data_offsets [%llu, %llu] hold %llu bytes, but a %s "
+             "tensor of %llu elements needs %llu",
+             name, (unsigned long long)e->begin, (unsigned long long)e->end,
+             (unsigned long long)(e->end - e->begin), dt->str, (unsigned long long)numel,
+             (unsigned long long)bytes);
     return false;
   }
   return true;
@@ -664,9 +687,11 @@ static bool check_tiling(st_entry *e, int n, uint64_t data_size) {
   bool ok = true;
   for (int i = 0; ok && i < n; i++) {
     if (order[i]->begin != at) {
-      vm_error(KILN_ERR_ARG, "tensor \"%s\" starts at byte %llu of the data, where %llu was "
-               "expected (%s)", order[i]->name, (unsigned long long)order[i]->begin,
-               (unsigned long long)at, order[i]->begin < at ? "overlapping ranges" : "a gap");
+      vm_error(KILN_ERR_ARG,
+               "tensor \"%s\" starts at byte %llu of the data, where %llu was "
+               "expected (%s)",
+               order[i]->name, (unsigned long long)order[i]->begin, (unsigned long long)at,
+               order[i]->begin < at ? "overlapping ranges" : "a gap");
       ok = false;
     }
     at = order[i]->end;
@@ -742,8 +767,8 @@ static int read_header(FILE *f, const char *path, uint64_t *hlen_out, st_header 
     return vm_error(KILN_ERR_ARG, "header length %llu does not fit the %llu-byte file '%s'",
                     (unsigned long long)hlen, (unsigned long long)size, path);
   char *text = malloc((size_t)hlen);
-  if (!text) return vm_error(KILN_ERR_OOM, "out of memory for a %llu-byte header",
-                             (unsigned long long)hlen);
+  if (!text)
+    return vm_error(KILN_ERR_OOM, "out of memory for a %llu-byte header", (unsigned long long)hlen);
   if (fread(text, 1, (size_t)hlen, f) != hlen) {
     free(text);
     return vm_error(KILN_ERR_ARG, "'%s' is truncated inside its header", path);

@@ -2,10 +2,11 @@
  * eager kernels are its interpreter, this folder's libgccjit kernels its
  * compiled path (absent in a build without libgccjit: KILN_CPU_JIT=OFF).
  * CPU storage is vm/tensor.c's own. */
+#include "../vm/backend.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../vm/backend.h"
 #include "../vm/cpu.h"
 #include "../vm/interp.h"
 #include "../vm/state.h"
@@ -42,7 +43,9 @@ static const cpu_kernel *group_kernel(const void *compiled, int g) {
   return g < cp->ngroups && cp->kernels[g].fn ? &cp->kernels[g] : NULL;
 }
 
-static bool cpu_has_kernel(const void *compiled, int g) { return group_kernel(compiled, g) != NULL; }
+static bool cpu_has_kernel(const void *compiled, int g) {
+  return group_kernel(compiled, g) != NULL;
+}
 
 static bool cpu_group(const void *compiled, const tr_plan *plan, const tr_trace *t, int g,
                       vm_tensor **vals, int *rc, int *resume, int *last_group) {
@@ -54,7 +57,8 @@ static bool cpu_group(const void *compiled, const tr_plan *plan, const tr_trace 
      refused (a layout it was not compiled for), the interpreter runs it */
   const cpu_plan *cp = compiled;
   const cpu_kernel *e = &cp->kernels[cp->ngroups + g];
-  if (*rc == KILN_OK && e->fn && k->resume <= plan->groups[g].last && cpu_run_group(e, plan, t, g, vals, rc))
+  if (*rc == KILN_OK && e->fn && k->resume <= plan->groups[g].last &&
+      cpu_run_group(e, plan, t, g, vals, rc))
     *resume = e->resume;
   return true;
 }
@@ -62,19 +66,19 @@ static bool cpu_group(const void *compiled, const tr_plan *plan, const tr_trace 
 #endif
 
 const vm_backend cpu_backend = {
-  .device = KILN_CPU,
-  .name = "cpu",
-  .info = cpu_info,
-  .exec = vm_exec,
+    .device = KILN_CPU,
+    .name = "cpu",
+    .info = cpu_info,
+    .exec = vm_exec,
 #if KILN_HAVE_CPU_JIT
-  .jit_enabled = cpu_jit_enabled,
-  .plan_cost_ms = cpu_plan_cost_ms,
-  .kernel_generation = cpu_kcache_generation,
-  .compile = cpu_compile_plan,
-  .compile_wait = cpu_compile_wait,
-  .plan_free = cpu_plan_release,
-  .has_kernel = cpu_has_kernel,
-  .run_group = cpu_group,
-  .fuses_gathers = true,
+    .jit_enabled = cpu_jit_enabled,
+    .plan_cost_ms = cpu_plan_cost_ms,
+    .kernel_generation = cpu_kcache_generation,
+    .compile = cpu_compile_plan,
+    .compile_wait = cpu_compile_wait,
+    .plan_free = cpu_plan_release,
+    .has_kernel = cpu_has_kernel,
+    .run_group = cpu_group,
+    .fuses_gathers = true,
 #endif
 };

@@ -11,12 +11,13 @@
  * data) and arrive as strided inputs.  Selects are small if-blocks, which
  * GCC if-converts (libgccjit has no ?:).  Every kernel is emitted from its
  * own description (kdesc.c), whose hash keys the kernel cache. */
+#include "codegen.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "codegen.h"
 #include "math.h"
 
 _Static_assert((int)CG_EXP == (int)CPU_EXP && (int)CG_POW == (int)CPU_POW &&
@@ -43,11 +44,16 @@ void cg_init_types(cg_ctx *c) {
 
 gcc_jit_type *cg_type(cg_ctx *c, kiln_dtype dt) {
   switch (dt) {
-    case KILN_BOOL: return c->t_bool;
-    case KILN_I32: return c->t_i32;
-    case KILN_I64: return c->t_i64;
-    case KILN_F32: return c->t_f32;
-    case KILN_F64: return c->t_f64;
+    case KILN_BOOL:
+      return c->t_bool;
+    case KILN_I32:
+      return c->t_i32;
+    case KILN_I64:
+      return c->t_i64;
+    case KILN_F32:
+      return c->t_f32;
+    case KILN_F64:
+      return c->t_f64;
   }
   return c->t_f32;
 }
@@ -60,8 +66,8 @@ static gcc_jit_rvalue *num(cg_ctx *c, gcc_jit_type *t, double v) {
   return gcc_jit_context_new_rvalue_from_double(c->ctx, t, v);
 }
 
-static gcc_jit_rvalue *bin(cg_ctx *c, enum gcc_jit_binary_op op, gcc_jit_type *t,
-                           gcc_jit_rvalue *a, gcc_jit_rvalue *b) {
+static gcc_jit_rvalue *bin(cg_ctx *c, enum gcc_jit_binary_op op, gcc_jit_type *t, gcc_jit_rvalue *a,
+                           gcc_jit_rvalue *b) {
   return gcc_jit_context_new_binary_op(c->ctx, NULL, op, t, a, b);
 }
 
@@ -123,14 +129,17 @@ static gcc_jit_rvalue *saturating_to_int(cg_ctx *c, gcc_jit_rvalue *x, kiln_dtyp
   assign(c, big, cmp(c, GCC_JIT_COMPARISON_GE, gcc_jit_lvalue_as_rvalue(v), num(c, ft, hi)));
   assign_if(c, gcc_jit_lvalue_as_rvalue(big), v, num(c, ft, 0));
   assign(c, res, cast(c, gcc_jit_lvalue_as_rvalue(v), it));
-  assign_if(c, gcc_jit_lvalue_as_rvalue(big), res, gcc_jit_context_new_rvalue_from_long(c->ctx, it, max));
+  assign_if(c, gcc_jit_lvalue_as_rvalue(big), res,
+            gcc_jit_context_new_rvalue_from_long(c->ctx, it, max));
   return gcc_jit_lvalue_as_rvalue(res);
 }
 
 static gcc_jit_rvalue *emit_cast(cg_ctx *c, gcc_jit_rvalue *x, kiln_dtype from, kiln_dtype to) {
   if (from == to) return x;
-  if (to == KILN_BOOL) return cmp(c, GCC_JIT_COMPARISON_NE, x, gcc_jit_context_zero(c->ctx, cg_type(c, from)));
-  if (from == KILN_BOOL) return cast(c, cast(c, x, c->t_int), cg_type(c, to)); /* libgccjit: bool -> int only */
+  if (to == KILN_BOOL)
+    return cmp(c, GCC_JIT_COMPARISON_NE, x, gcc_jit_context_zero(c->ctx, cg_type(c, from)));
+  if (from == KILN_BOOL)
+    return cast(c, cast(c, x, c->t_int), cg_type(c, to)); /* libgccjit: bool -> int only */
   if (vm_dtype_is_float(from) && vm_dtype_is_int(to)) return saturating_to_int(c, x, from, to);
   return cast(c, x, cg_type(c, to));
 }
@@ -152,9 +161,12 @@ static gcc_jit_rvalue *wrap_int(cg_ctx *c, enum gcc_jit_binary_op op, kiln_dtype
 static gcc_jit_rvalue *pick_value(cg_ctx *c, kiln_dtype dt, gcc_jit_rvalue *cond, gcc_jit_rvalue *a,
                                   gcc_jit_rvalue *b) {
   if (dt == KILN_BOOL)
-    return bin(c, GCC_JIT_BINARY_OP_BITWISE_OR, c->t_bool, bin(c, GCC_JIT_BINARY_OP_BITWISE_AND, c->t_bool, cond, a),
+    return bin(c, GCC_JIT_BINARY_OP_BITWISE_OR, c->t_bool,
+               bin(c, GCC_JIT_BINARY_OP_BITWISE_AND, c->t_bool, cond, a),
                bin(c, GCC_JIT_BINARY_OP_BITWISE_AND, c->t_bool,
-                   gcc_jit_context_new_unary_op(c->ctx, NULL, GCC_JIT_UNARY_OP_LOGICAL_NEGATE, c->t_bool, cond), b));
+                   gcc_jit_context_new_unary_op(c->ctx, NULL, GCC_JIT_UNARY_OP_LOGICAL_NEGATE,
+                                                c->t_bool, cond),
+                   b));
   bool wide = dt == KILN_F64 || dt == KILN_I64, fl = vm_dtype_is_float(dt);
   gcc_jit_type *u = wide ? c->t_u64 : c->t_u32, *t = cg_type(c, dt);
   gcc_jit_lvalue *m = local(c, u, "mask");
@@ -164,13 +176,15 @@ static gcc_jit_rvalue *pick_value(cg_ctx *c, kiln_dtype dt, gcc_jit_rvalue *cond
   gcc_jit_rvalue *mv = gcc_jit_lvalue_as_rvalue(m);
   gcc_jit_rvalue *ua = fl ? gcc_jit_context_new_bitcast(c->ctx, NULL, a, u) : cast(c, a, u);
   gcc_jit_rvalue *ub = fl ? gcc_jit_context_new_bitcast(c->ctx, NULL, b, u) : cast(c, b, u);
-  gcc_jit_rvalue *r = bin(c, GCC_JIT_BINARY_OP_BITWISE_OR, u, bin(c, GCC_JIT_BINARY_OP_BITWISE_AND, u, ua, mv),
-                          bin(c, GCC_JIT_BINARY_OP_BITWISE_AND, u, ub,
-                              gcc_jit_context_new_unary_op(c->ctx, NULL, GCC_JIT_UNARY_OP_BITWISE_NEGATE, u, mv)));
+  gcc_jit_rvalue *r =
+      bin(c, GCC_JIT_BINARY_OP_BITWISE_OR, u, bin(c, GCC_JIT_BINARY_OP_BITWISE_AND, u, ua, mv),
+          bin(c, GCC_JIT_BINARY_OP_BITWISE_AND, u, ub,
+              gcc_jit_context_new_unary_op(c->ctx, NULL, GCC_JIT_UNARY_OP_BITWISE_NEGATE, u, mv)));
   return fl ? gcc_jit_context_new_bitcast(c->ctx, NULL, r, t) : cast(c, r, t);
 }
 
-gcc_jit_rvalue *cg_pick(cg_ctx *c, kiln_dtype dt, gcc_jit_rvalue *cond, gcc_jit_rvalue *a, gcc_jit_rvalue *b) {
+gcc_jit_rvalue *cg_pick(cg_ctx *c, kiln_dtype dt, gcc_jit_rvalue *cond, gcc_jit_rvalue *a,
+                        gcc_jit_rvalue *b) {
   return pick_value(c, dt, cond, a, b);
 }
 
@@ -178,15 +192,17 @@ static gcc_jit_rvalue *emit_unary(cg_ctx *c, vm_opcode op, kiln_dtype dt, gcc_ji
   gcc_jit_type *t = cg_type(c, dt);
   bool fl = vm_dtype_is_float(dt), f64 = dt == KILN_F64;
   switch (op) {
-    case VM_OP_copy: return x;
+    case VM_OP_copy:
+      return x;
     case VM_OP_neg:
       if (fl) return gcc_jit_context_new_unary_op(c->ctx, NULL, GCC_JIT_UNARY_OP_MINUS, t, x);
       return wrap_int(c, GCC_JIT_BINARY_OP_MINUS, dt, gcc_jit_context_zero(c->ctx, t), x);
     case VM_OP_abs:
       if (dt == KILN_BOOL) return x;
       if (fl) return builtin1(c, f64 ? "__builtin_fabs" : "__builtin_fabsf", x);
-      return pick_value(c, dt, cmp(c, GCC_JIT_COMPARISON_LT, x, gcc_jit_context_zero(c->ctx, t)),
-                    wrap_int(c, GCC_JIT_BINARY_OP_MINUS, dt, gcc_jit_context_zero(c->ctx, t), x), x);
+      return pick_value(
+          c, dt, cmp(c, GCC_JIT_COMPARISON_LT, x, gcc_jit_context_zero(c->ctx, t)),
+          wrap_int(c, GCC_JIT_BINARY_OP_MINUS, dt, gcc_jit_context_zero(c->ctx, t), x), x);
     case VM_OP_sign: {
       if (dt == KILN_BOOL) return x;
       gcc_jit_rvalue *zero = gcc_jit_context_zero(c->ctx, t);
@@ -207,19 +223,32 @@ static gcc_jit_rvalue *emit_unary(cg_ctx *c, vm_opcode op, kiln_dtype dt, gcc_ji
       return builtin1(c, names[which][f64], x);
     }
     case VM_OP_logical_not:
-      return gcc_jit_context_new_unary_op(c->ctx, NULL, GCC_JIT_UNARY_OP_LOGICAL_NEGATE, c->t_bool, x);
-    case VM_OP_exp: return cg_math(c, CG_EXP, f64, x, NULL);
-    case VM_OP_log: return cg_math(c, CG_LOG, f64, x, NULL);
-    case VM_OP_sqrt: return cg_math(c, CG_SQRT, f64, x, NULL);
-    case VM_OP_rsqrt: return cg_math(c, CG_RSQRT, f64, x, NULL);
-    case VM_OP_sin: return cg_math(c, CG_SIN, f64, x, NULL);
-    case VM_OP_cos: return cg_math(c, CG_COS, f64, x, NULL);
-    case VM_OP_tanh: return cg_math(c, CG_TANH, f64, x, NULL);
-    case VM_OP_sigmoid: return cg_math(c, CG_SIGMOID, f64, x, NULL);
-    case VM_OP_erf: return cg_math(c, CG_ERF, f64, x, NULL);
-    case VM_OP_log1p: return cg_math(c, CG_LOG1P, f64, x, NULL);
-    case VM_OP_expm1: return cg_math(c, CG_EXPM1, f64, x, NULL);
-    default: return NULL;
+      return gcc_jit_context_new_unary_op(c->ctx, NULL, GCC_JIT_UNARY_OP_LOGICAL_NEGATE, c->t_bool,
+                                          x);
+    case VM_OP_exp:
+      return cg_math(c, CG_EXP, f64, x, NULL);
+    case VM_OP_log:
+      return cg_math(c, CG_LOG, f64, x, NULL);
+    case VM_OP_sqrt:
+      return cg_math(c, CG_SQRT, f64, x, NULL);
+    case VM_OP_rsqrt:
+      return cg_math(c, CG_RSQRT, f64, x, NULL);
+    case VM_OP_sin:
+      return cg_math(c, CG_SIN, f64, x, NULL);
+    case VM_OP_cos:
+      return cg_math(c, CG_COS, f64, x, NULL);
+    case VM_OP_tanh:
+      return cg_math(c, CG_TANH, f64, x, NULL);
+    case VM_OP_sigmoid:
+      return cg_math(c, CG_SIGMOID, f64, x, NULL);
+    case VM_OP_erf:
+      return cg_math(c, CG_ERF, f64, x, NULL);
+    case VM_OP_log1p:
+      return cg_math(c, CG_LOG1P, f64, x, NULL);
+    case VM_OP_expm1:
+      return cg_math(c, CG_EXPM1, f64, x, NULL);
+    default:
+      return NULL;
   }
 }
 
@@ -233,45 +262,68 @@ static gcc_jit_rvalue *emit_binary(cg_ctx *c, vm_opcode op, kiln_dtype dt, gcc_j
   switch (op) {
     case VM_OP_add:
       if (b8) return bin(c, GCC_JIT_BINARY_OP_LOGICAL_OR, t, x, y);
-      return fl ? bin(c, GCC_JIT_BINARY_OP_PLUS, t, x, y) : wrap_int(c, GCC_JIT_BINARY_OP_PLUS, dt, x, y);
+      return fl ? bin(c, GCC_JIT_BINARY_OP_PLUS, t, x, y)
+                : wrap_int(c, GCC_JIT_BINARY_OP_PLUS, dt, x, y);
     case VM_OP_sub:
-      return fl ? bin(c, GCC_JIT_BINARY_OP_MINUS, t, x, y) : wrap_int(c, GCC_JIT_BINARY_OP_MINUS, dt, x, y);
+      return fl ? bin(c, GCC_JIT_BINARY_OP_MINUS, t, x, y)
+                : wrap_int(c, GCC_JIT_BINARY_OP_MINUS, dt, x, y);
     case VM_OP_mul:
       if (b8) return bin(c, GCC_JIT_BINARY_OP_LOGICAL_AND, t, x, y);
-      return fl ? bin(c, GCC_JIT_BINARY_OP_MULT, t, x, y) : wrap_int(c, GCC_JIT_BINARY_OP_MULT, dt, x, y);
-    case VM_OP_div: return fl ? bin(c, GCC_JIT_BINARY_OP_DIVIDE, t, x, y) : NULL;
-    case VM_OP_pow: return fl ? cg_math(c, CG_POW, dt == KILN_F64, x, y) : NULL;
+      return fl ? bin(c, GCC_JIT_BINARY_OP_MULT, t, x, y)
+                : wrap_int(c, GCC_JIT_BINARY_OP_MULT, dt, x, y);
+    case VM_OP_div:
+      return fl ? bin(c, GCC_JIT_BINARY_OP_DIVIDE, t, x, y) : NULL;
+    case VM_OP_pow:
+      return fl ? cg_math(c, CG_POW, dt == KILN_F64, x, y) : NULL;
     case VM_OP_maximum:
     case VM_OP_minimum: {
-      if (b8) return bin(c, op == VM_OP_maximum ? GCC_JIT_BINARY_OP_LOGICAL_OR : GCC_JIT_BINARY_OP_LOGICAL_AND, t, x, y);
-      gcc_jit_rvalue *pick = cmp(c, op == VM_OP_maximum ? GCC_JIT_COMPARISON_GT : GCC_JIT_COMPARISON_LT, x, y);
+      if (b8)
+        return bin(
+            c, op == VM_OP_maximum ? GCC_JIT_BINARY_OP_LOGICAL_OR : GCC_JIT_BINARY_OP_LOGICAL_AND,
+            t, x, y);
+      gcc_jit_rvalue *pick =
+          cmp(c, op == VM_OP_maximum ? GCC_JIT_COMPARISON_GT : GCC_JIT_COMPARISON_LT, x, y);
       if (fl) { /* equal values: -0 < +0 (vm/fold.h's VM_FMAX / VM_FMIN) */
         gcc_jit_type *it = dt == KILN_F64 ? c->t_i64 : c->t_i32;
-        gcc_jit_rvalue *ysign = cmp(c, op == VM_OP_maximum ? GCC_JIT_COMPARISON_LT : GCC_JIT_COMPARISON_GE,
-                                    gcc_jit_context_new_bitcast(c->ctx, NULL, y, it), gcc_jit_context_zero(c->ctx, it));
-        gcc_jit_rvalue *tie = bin(c, GCC_JIT_BINARY_OP_BITWISE_AND, c->t_bool, cmp(c, GCC_JIT_COMPARISON_EQ, x, y), ysign);
+        gcc_jit_rvalue *ysign =
+            cmp(c, op == VM_OP_maximum ? GCC_JIT_COMPARISON_LT : GCC_JIT_COMPARISON_GE,
+                gcc_jit_context_new_bitcast(c->ctx, NULL, y, it), gcc_jit_context_zero(c->ctx, it));
+        gcc_jit_rvalue *tie = bin(c, GCC_JIT_BINARY_OP_BITWISE_AND, c->t_bool,
+                                  cmp(c, GCC_JIT_COMPARISON_EQ, x, y), ysign);
         pick = bin(c, GCC_JIT_BINARY_OP_BITWISE_OR, c->t_bool, pick, tie);
       }
       gcc_jit_rvalue *r = pick_value(c, dt, pick, x, y);
       return fl ? pick_value(c, dt, cmp(c, GCC_JIT_COMPARISON_NE, x, x), x, r) : r; /* NaN wins */
     }
-    case VM_OP_eq: case VM_OP_ne: case VM_OP_lt: case VM_OP_le: case VM_OP_gt: case VM_OP_ge:
+    case VM_OP_eq:
+    case VM_OP_ne:
+    case VM_OP_lt:
+    case VM_OP_le:
+    case VM_OP_gt:
+    case VM_OP_ge:
       return cmp(c, cmps[op - VM_OP_eq], x, y);
-    case VM_OP_logical_and: return bin(c, GCC_JIT_BINARY_OP_LOGICAL_AND, c->t_bool, x, y);
-    case VM_OP_logical_or: return bin(c, GCC_JIT_BINARY_OP_LOGICAL_OR, c->t_bool, x, y);
-    default: return NULL;
+    case VM_OP_logical_and:
+      return bin(c, GCC_JIT_BINARY_OP_LOGICAL_AND, c->t_bool, x, y);
+    case VM_OP_logical_or:
+      return bin(c, GCC_JIT_BINARY_OP_LOGICAL_OR, c->t_bool, x, y);
+    default:
+      return NULL;
   }
 }
 
 /* the value of plan node p given its inputs' values (NULL: not supported) */
-gcc_jit_rvalue *cg_node(cg_ctx *c, const tr_pnode *p, const kiln_dtype *in_dt, gcc_jit_rvalue **in) {
+gcc_jit_rvalue *cg_node(cg_ctx *c, const tr_pnode *p, const kiln_dtype *in_dt,
+                        gcc_jit_rvalue **in) {
   switch (vm_op_table[p->op].kind) {
     case VM_KIND_UNARY:
       if (p->op == VM_OP_cast) return emit_cast(c, in[0], in_dt[0], p->meta.dtype);
       return emit_unary(c, p->op, in_dt[0], in[0]);
-    case VM_KIND_BINARY: return emit_binary(c, p->op, in_dt[0], in[0], in[1]);
-    case VM_KIND_TERNARY: return pick_value(c, p->meta.dtype, in[0], in[1], in[2]);
-    default: return NULL;
+    case VM_KIND_BINARY:
+      return emit_binary(c, p->op, in_dt[0], in[0], in[1]);
+    case VM_KIND_TERNARY:
+      return pick_value(c, p->meta.dtype, in[0], in[1], in[2]);
+    default:
+      return NULL;
   }
 }
 
@@ -286,11 +338,14 @@ bool cg_supported(const tr_pnode *p, const kiln_dtype *in_dt) {
 
 /* --- math ----------------------------------------------------------------------------- */
 
-static gcc_jit_rvalue *libm_call(cg_ctx *c, cg_fn fn, bool f64, gcc_jit_rvalue *x, gcc_jit_rvalue *y) {
+static gcc_jit_rvalue *libm_call(cg_ctx *c, cg_fn fn, bool f64, gcc_jit_rvalue *x,
+                                 gcc_jit_rvalue *y) {
   static const char *names[CG_FN_COUNT][2] = {
-      [CG_EXP] = {"expf", "exp"},     [CG_LOG] = {"logf", "log"},       [CG_TANH] = {"tanhf", "tanh"},
-      [CG_SIN] = {"sinf", "sin"},     [CG_COS] = {"cosf", "cos"},       [CG_LOG1P] = {"log1pf", "log1p"},
-      [CG_EXPM1] = {"expm1f", "expm1"}, [CG_ERF] = {"erff", "erf"},     [CG_POW] = {"powf", "pow"}};
+      [CG_EXP] = {"expf", "exp"},       [CG_LOG] = {"logf", "log"},
+      [CG_TANH] = {"tanhf", "tanh"},    [CG_SIN] = {"sinf", "sin"},
+      [CG_COS] = {"cosf", "cos"},       [CG_LOG1P] = {"log1pf", "log1p"},
+      [CG_EXPM1] = {"expm1f", "expm1"}, [CG_ERF] = {"erff", "erf"},
+      [CG_POW] = {"powf", "pow"}};
   gcc_jit_type *t = f64 ? c->t_f64 : c->t_f32;
   gcc_jit_function **slot = &c->libm[fn][f64];
   if (!*slot) {
@@ -310,13 +365,18 @@ gcc_jit_rvalue *cg_math(cg_ctx *c, cg_fn fn, bool f64, gcc_jit_rvalue *x, gcc_ji
   gcc_jit_type *t = f64 ? c->t_f64 : c->t_f32;
   gcc_jit_rvalue *one = num(c, t, 1.0);
   switch (fn) {
-    case CG_SQRT: return builtin1(c, f64 ? "__builtin_sqrt" : "__builtin_sqrtf", x);
-    case CG_RSQRT: return bin(c, GCC_JIT_BINARY_OP_DIVIDE, t, one, cg_math(c, CG_SQRT, f64, x, NULL));
+    case CG_SQRT:
+      return builtin1(c, f64 ? "__builtin_sqrt" : "__builtin_sqrtf", x);
+    case CG_RSQRT:
+      return bin(c, GCC_JIT_BINARY_OP_DIVIDE, t, one, cg_math(c, CG_SQRT, f64, x, NULL));
     case CG_SIGMOID: { /* 1 / (1 + exp(-x)), as the interpreter computes it */
-      gcc_jit_rvalue *e = cg_math(c, CG_EXP, f64, gcc_jit_context_new_unary_op(c->ctx, NULL, GCC_JIT_UNARY_OP_MINUS, t, x), NULL);
+      gcc_jit_rvalue *e =
+          cg_math(c, CG_EXP, f64,
+                  gcc_jit_context_new_unary_op(c->ctx, NULL, GCC_JIT_UNARY_OP_MINUS, t, x), NULL);
       return bin(c, GCC_JIT_BINARY_OP_DIVIDE, t, one, bin(c, GCC_JIT_BINARY_OP_PLUS, t, one, e));
     }
-    default: return libm_call(c, fn, f64, x, y);
+    default:
+      return libm_call(c, fn, f64, x, y);
   }
 }
 

@@ -9,18 +9,29 @@
 
 /* the functions kernels need from the math library (jit_cpu/math.c) */
 typedef enum {
-  CG_EXP, CG_LOG, CG_TANH, CG_SIGMOID, CG_SIN, CG_COS, CG_LOG1P, CG_EXPM1, CG_ERF, CG_SQRT,
-  CG_RSQRT, CG_POW, CG_FN_COUNT
+  CG_EXP,
+  CG_LOG,
+  CG_TANH,
+  CG_SIGMOID,
+  CG_SIN,
+  CG_COS,
+  CG_LOG1P,
+  CG_EXPM1,
+  CG_ERF,
+  CG_SQRT,
+  CG_RSQRT,
+  CG_POW,
+  CG_FN_COUNT
 } cg_fn;
 
 typedef struct cg_ctx {
   gcc_jit_context *ctx;
-  gcc_jit_function *fn;   /* the kernel being built */
-  gcc_jit_block *cur;     /* where statements go */
+  gcc_jit_function *fn; /* the kernel being built */
+  gcc_jit_block *cur;   /* where statements go */
   int nlocals, nblocks;
   gcc_jit_type *t_void, *t_bool, *t_int, *t_i32, *t_i64, *t_u32, *t_u64, *t_f32, *t_f64;
   gcc_jit_type *t_voidp, *t_voidpp, *t_i64p;
-  struct cpu_math *math;  /* vectorizable approximations, when available */
+  struct cpu_math *math; /* vectorizable approximations, when available */
   gcc_jit_function *libm[CG_FN_COUNT][2];
 } cg_ctx;
 
@@ -32,7 +43,8 @@ bool cg_supported(const tr_pnode *p, const kiln_dtype *in_dt);
 gcc_jit_rvalue *cg_node(cg_ctx *c, const tr_pnode *p, const kiln_dtype *in_dt, gcc_jit_rvalue **in);
 /* fn(x[, y]) through the math library */
 /* a if cond else b (bool cond), without a branch: both are computed */
-gcc_jit_rvalue *cg_pick(cg_ctx *c, kiln_dtype dt, gcc_jit_rvalue *cond, gcc_jit_rvalue *a, gcc_jit_rvalue *b);
+gcc_jit_rvalue *cg_pick(cg_ctx *c, kiln_dtype dt, gcc_jit_rvalue *cond, gcc_jit_rvalue *a,
+                        gcc_jit_rvalue *b);
 gcc_jit_rvalue *cg_math(cg_ctx *c, cg_fn fn, bool f64, gcc_jit_rvalue *x, gcc_jit_rvalue *y);
 void cg_math_release(cg_ctx *c);
 

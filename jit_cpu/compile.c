@@ -78,7 +78,9 @@ static void set_options(gcc_jit_context *ctx) {
   /* KILN_JIT_OPT_INFO=1: GCC reports each loop it vectorized (or, with 2,
      each it could not) on stderr; diagnostics only, the code is the same */
   long info = vm_env_long("KILN_JIT_OPT_INFO", 0);
-  if (info > 0) gcc_jit_context_add_command_line_option(ctx, info > 1 ? "-fopt-info-vec-all" : "-fopt-info-vec");
+  if (info > 0)
+    gcc_jit_context_add_command_line_option(ctx,
+                                            info > 1 ? "-fopt-info-vec-all" : "-fopt-info-vec");
   gcc_jit_context_add_driver_option(ctx, "-lm"); /* f64 math calls libm; shared objects need it */
 }
 
@@ -104,7 +106,8 @@ static void dump_kernel(const kernel_desc *d) {
       snprintf(name, sizeof name, "kernel-%s.c", d->name);
       if (tr_dump_path(dfd, name, path, sizeof path)) gcc_jit_context_dump_to_file(c.ctx, path, 0);
       snprintf(name, sizeof name, "kernel-%s-reproducer.c", d->name);
-      if (tr_dump_path(dfd, name, path, sizeof path)) gcc_jit_context_dump_reproducer_to_file(c.ctx, path);
+      if (tr_dump_path(dfd, name, path, sizeof path))
+        gcc_jit_context_dump_reproducer_to_file(c.ctx, path);
     }
     ctx_close(&c);
   }
@@ -147,7 +150,8 @@ static int find_build_id(struct dl_phdr_info *info, size_t size, void *arg) {
     const uint8_t *p = (const uint8_t *)(info->dlpi_addr + ph->p_vaddr), *end = p + ph->p_memsz;
     while ((size_t)(end - p) >= sizeof(ElfW(Nhdr))) {
       const ElfW(Nhdr) *nh = (const void *)p;
-      const uint8_t *name = p + sizeof *nh, *desc = name + ((nh->n_namesz + align - 1) & ~(align - 1));
+      const uint8_t *name = p + sizeof *nh,
+                    *desc = name + ((nh->n_namesz + align - 1) & ~(align - 1));
       if (desc + nh->n_descsz > end) break;
       if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 && !memcmp(name, "GNU", 4) &&
           nh->n_descsz > 0 && nh->n_descsz <= sizeof s->id) {
@@ -200,7 +204,8 @@ static bool source_key(gcc_jit_context *ctx, const uint64_t key[2], uint64_t out
             XXH3_128bits_update(st, key, 2 * sizeof *key) == XXH_OK;
   char buf[1 << 14];
   size_t n;
-  while (ok && (n = fread(buf, 1, sizeof buf, f)) > 0) ok = XXH3_128bits_update(st, buf, n) == XXH_OK;
+  while (ok && (n = fread(buf, 1, sizeof buf, f)) > 0)
+    ok = XXH3_128bits_update(st, buf, n) == XXH_OK;
   if (ok) {
     XXH128_hash_t h = XXH3_128bits_digest(st);
     out[0] = h.low64;
@@ -253,7 +258,8 @@ static const char *gccjit_tmpdir(void) {
   for (int i = 0; i < 3; i++) {
     const char *v = getenv(vars[i]);
     struct stat st;
-    if (v && *v && stat(v, &st) == 0 && S_ISDIR(st.st_mode) && access(v, W_OK | X_OK) == 0) return v;
+    if (v && *v && stat(v, &st) == 0 && S_ISDIR(st.st_mode) && access(v, W_OK | X_OK) == 0)
+      return v;
   }
   return "/tmp";
 }
@@ -263,7 +269,9 @@ static void reclaim_gccjit_dir(int parent_fd, const char *name, time_t now) {
   int fd = openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   struct stat st;
   if (fd < 0) return;
-  DIR *d = fstat(fd, &st) == 0 && st.st_uid == geteuid() && now - st.st_mtime > GCCJIT_STALE_SECONDS ? fdopendir(fd) : NULL;
+  DIR *d = fstat(fd, &st) == 0 && st.st_uid == geteuid() && now - st.st_mtime > GCCJIT_STALE_SECONDS
+               ? fdopendir(fd)
+               : NULL;
   if (!d) {
     close(fd);
     return;
@@ -272,8 +280,9 @@ static void reclaim_gccjit_dir(int parent_fd, const char *name, time_t now) {
   struct dirent *e;
   while (stale && (e = readdir(d))) {
     if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-    stale = !strncmp(e->d_name, "fake.", 5) && fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-            S_ISREG(st.st_mode) && now - st.st_mtime > GCCJIT_STALE_SECONDS;
+    stale = !strncmp(e->d_name, "fake.", 5) &&
+            fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+            now - st.st_mtime > GCCJIT_STALE_SECONDS;
   }
   if (stale) {
     rewinddir(d);
@@ -343,14 +352,17 @@ static bool trusted_search_path(char *why, size_t why_len) {
 
 static void toolchain_check(void) {
   reclaim_gccjit_leftovers();
-  const char *missing = !on_path("as") ? "the assembler 'as'" : !on_path("ld") ? "the linker 'ld'" : NULL;
+  const char *missing = !on_path("as")   ? "the assembler 'as'"
+                        : !on_path("ld") ? "the linker 'ld'"
+                                         : NULL;
   toolchain_found = missing == NULL;
   inprocess_trusted = trusted_search_path(inprocess_why, sizeof inprocess_why);
   if (missing)
-    fprintf(stderr,
-            "kiln: the CPU JIT is off: %s is not on PATH (libgccjit needs binutils: apt-get install "
-            "binutils); traces run on the interpreter\n",
-            missing);
+    fprintf(
+        stderr,
+        "kiln: the CPU JIT is off: %s is not on PATH (libgccjit needs binutils: apt-get install "
+        "binutils); traces run on the interpreter\n",
+        missing);
 }
 
 static bool toolchain_present(void) {
@@ -386,9 +398,12 @@ static void ctx_close(cg_ctx *c) {
 /* what every kernel key starts with: the format, libgccjit's version,
    Kiln's, the target and its math variant */
 static size_t key_salt(uint8_t *out, size_t cap) {
-  uint32_t version[6] = {CPU_FORMAT_VERSION, (uint32_t)gcc_jit_version_major(),
-                         (uint32_t)gcc_jit_version_minor(), (uint32_t)gcc_jit_version_patchlevel(),
-                         (uint32_t)vm_cpu_fma(), 0};
+  uint32_t version[6] = {CPU_FORMAT_VERSION,
+                         (uint32_t)gcc_jit_version_major(),
+                         (uint32_t)gcc_jit_version_minor(),
+                         (uint32_t)gcc_jit_version_patchlevel(),
+                         (uint32_t)vm_cpu_fma(),
+                         0};
   const char *isa = target_march();
   int n = snprintf((char *)out + sizeof version, cap - sizeof version, "%s/%s", KILN_VERSION_STRING,
                    isa ? isa : "generic");
@@ -418,8 +433,8 @@ typedef struct {
 /* the kernel from the disk cache (its object loaded, or found loaded) */
 static cpu_kentry *load_kernel(const kernel_desc *d, const uint64_t disk_key[2]) {
   kernel_index rec;
-  if (cache_disk_index_get(disk_key, &rec, sizeof rec) != sizeof rec || memcmp(rec.magic, KERNEL_INDEX_MAGIC, 8) ||
-      strncmp(rec.name, d->name, sizeof rec.name))
+  if (cache_disk_index_get(disk_key, &rec, sizeof rec) != sizeof rec ||
+      memcmp(rec.magic, KERNEL_INDEX_MAGIC, 8) || strncmp(rec.name, d->name, sizeof rec.name))
     return NULL;
   cpu_code *code = cpu_code_find(rec.batch);
   if (!code) {
@@ -437,7 +452,8 @@ static cpu_kentry *load_kernel(const kernel_desc *d, const uint64_t disk_key[2])
 }
 
 /* the disk key of a batch: from its kernels' disk keys (those emitted) */
-static bool batch_key(const uint64_t (*disk_keys)[2], const bool *emitted, int n, uint64_t batch[2]) {
+static bool batch_key(const uint64_t (*disk_keys)[2], const bool *emitted, int n,
+                      uint64_t batch[2]) {
   XXH3_state_t *st = XXH3_createState();
   bool ok = st && XXH3_128bits_reset(st) == XXH_OK;
   for (int i = 0; ok && i < n; i++)
@@ -466,8 +482,8 @@ static void fault_between_index_and_object(void) {
    emitted[i]: kernel i is in the object.  Returns whether anything was
    compiled; why: the first error, for a message.  Runs in the compiler
    process (jitc.c) and, as the fallback, in the user's. */
-bool cpu_build_batch(kernel_desc **d, int n, const uint64_t (*disk_keys)[2], bool in_memory, bool *emitted,
-                     gcc_jit_result **result, char *why, size_t why_len) {
+bool cpu_build_batch(kernel_desc **d, int n, const uint64_t (*disk_keys)[2], bool in_memory,
+                     bool *emitted, gcc_jit_result **result, char *why, size_t why_len) {
   *result = NULL;
   why[0] = 0;
   cg_ctx c;
@@ -515,7 +531,8 @@ bool cpu_build_batch(kernel_desc **d, int n, const uint64_t (*disk_keys)[2], boo
       cache_disk_scratch_close(&scratch);
     }
   }
-  if (open && count && !stored && (in_memory || !disk_keys)) *result = gcc_jit_context_compile(c.ctx);
+  if (open && count && !stored && (in_memory || !disk_keys))
+    *result = gcc_jit_context_compile(c.ctx);
   if (open && count && !stored && !*result && !why[0]) {
     const char *e = gcc_jit_context_get_first_error(c.ctx);
     snprintf(why, why_len, "%s", e ? e : "the disk cache could not store the object");
@@ -536,9 +553,11 @@ static int compile_batch(kernel_desc **d, int n, uint64_t (*disk_keys)[2], cpu_k
   if (!emitted) return 0;
   gcc_jit_result *result = NULL;
   char why[256];
-  bool built = cpu_build_batch(d, n, (const uint64_t(*)[2])disk_keys, true, emitted, &result, why, sizeof why);
+  bool built = cpu_build_batch(d, n, (const uint64_t(*)[2])disk_keys, true, emitted, &result, why,
+                               sizeof why);
   atomic_store(&gccjit_warm, true);
-  if (why[0]) log_once(built ? "could not compile a kernel" : "could not compile a plan's kernels", why);
+  if (why[0])
+    log_once(built ? "could not compile a kernel" : "could not compile a plan's kernels", why);
   cpu_code *code = NULL;
   if (result && !(code = cpu_code_new(result, NULL, NULL))) gcc_jit_result_release(result);
   int compiled = 0;
@@ -590,7 +609,8 @@ static bool kernel_bind(cpu_kernel *k, const kernel_shape *ks) {
 /* the plan's kernel descriptions (descs[g] for each group a kernel
    starts at, descs[ngroups + g] for the epilogue kernel of a reduce
    group's) and their plan-level halves in cp */
-static void plan_kernels(const tr_plan *plan, const cpu_leaf *leaves, cpu_plan *cp, kernel_desc **descs) {
+static void plan_kernels(const tr_plan *plan, const cpu_leaf *leaves, cpu_plan *cp,
+                         kernel_desc **descs) {
   uint8_t salt[256];
   size_t salt_len = key_salt(salt, sizeof salt);
   int ng = plan->ngroups;
@@ -598,10 +618,12 @@ static void plan_kernels(const tr_plan *plan, const cpu_leaf *leaves, cpu_plan *
   for (int g = 0; ks && g < ng; g++) {
     int last = tr_rows_enabled() ? kernel_plan_rows(plan, g, leaves, ks) : -1;
     if (last < g && !kernel_plan(plan, g, plan->escapes, leaves, ks)) continue;
-    if (kernel_bind(&cp->kernels[g], ks)) descs[g] = kernel_desc_new(plan, leaves, ks, salt, salt_len);
+    if (kernel_bind(&cp->kernels[g], ks))
+      descs[g] = kernel_desc_new(plan, leaves, ks, salt, salt_len);
     int through = ks->last_group, resume = ks->resume;
     if (!ks->rowwise && ks->reduce >= 0 && resume <= plan->groups[g].last &&
-        kernel_plan_epilogue(plan, g, resume, plan->escapes, leaves, ks) && kernel_bind(&cp->kernels[ng + g], ks))
+        kernel_plan_epilogue(plan, g, resume, plan->escapes, leaves, ks) &&
+        kernel_bind(&cp->kernels[ng + g], ks))
       descs[ng + g] = kernel_desc_new(plan, leaves, ks, salt, salt_len);
     g = through; /* a row kernel covers the groups up to there */
   }
@@ -609,7 +631,8 @@ static void plan_kernels(const tr_plan *plan, const cpu_leaf *leaves, cpu_plan *
 }
 
 static bool same_kernel(const kernel_desc *a, const kernel_desc *b) {
-  return a->len == b->len && !memcmp(a->key, b->key, sizeof a->key) && !memcmp(a->bytes, b->bytes, a->len);
+  return a->len == b->len && !memcmp(a->key, b->key, sizeof a->key) &&
+         !memcmp(a->bytes, b->bytes, a->len);
 }
 
 /* What compiling kernels costs, measured: a line ms = floor + per_kernel
@@ -698,7 +721,8 @@ static double missing_price(kernel_desc *const *descs, const int *miss, int nmis
    compiled: the missing ones of the plan together.  NULL when none could
    be had, or when some are missing and mode forbids compiling them (with
    FIND_PRICE, *price is then theirs: 0 when the plan comes back). */
-static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_mode mode, double *price) {
+static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_mode mode,
+                              double *price) {
   bool disk_only = mode != FIND_OR_COMPILE;
   if (!toolchain_present()) return NULL;
   double t0 = vm_now_ms();
@@ -727,7 +751,8 @@ static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_
   }
   if (price) *price = nmiss > 0 ? missing_price(descs, miss, nmiss) : 0;
   /* the disk cache, kernel by kernel (a build with an ID builds no context) */
-  if (nmiss > 0 && (mode == FIND_IN_MEMORY || mode == FIND_PRICE)) { /* the rest is the compiler's */
+  if (nmiss > 0 &&
+      (mode == FIND_IN_MEMORY || mode == FIND_PRICE)) { /* the rest is the compiler's */
     for (int g = 0; g < ns; g++) cpu_kcache_release(got[g]);
     memset(got, 0, (size_t)ns * sizeof *got);
     goto done;
@@ -790,7 +815,8 @@ static cpu_plan *compile_plan(const tr_plan *plan, const cpu_leaf *leaves, find_
     if (compiled > 0) {
       note_compile_cost(vm_now_ms() - t0, compiled);
       atomic_fetch_add_explicit(&st->compiles, (uint_fast64_t)batches, memory_order_relaxed);
-      atomic_fetch_add_explicit(&st->kernels_compiled, (uint_fast64_t)compiled, memory_order_relaxed);
+      atomic_fetch_add_explicit(&st->kernels_compiled, (uint_fast64_t)compiled,
+                                memory_order_relaxed);
       vm_add_ms(&st->compile_us, vm_now_ms() - t0);
     } else {
       atomic_fetch_add_explicit(&st->compile_failures, 1, memory_order_relaxed);
@@ -880,7 +906,9 @@ static void run_range(void *p, int64_t begin, int64_t end) {
   free(bufs[j->nbufs]);
 }
 
-#define RUN_GRAIN (1 << 15) /* as the interpreter's (VM_ITER_GRAIN): below, waking a worker costs more than it saves */
+#define RUN_GRAIN                                                                              \
+  (1 << 15) /* as the interpreter's (VM_ITER_GRAIN): below, waking a worker costs more than it \
+               saves */
 
 /* --- what every runner does --------------------------------------------------------- */
 
@@ -892,9 +920,9 @@ static void run_range(void *p, int64_t begin, int64_t end) {
    for an index_select's index, its stride along the gathered axis only;
    the coordinate has no value (*coord: strides 1 along its axis, 0
    elsewhere).  NULL when it does not fit */
-static vm_tensor *input_strides(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
-                                int q, int nd, const int64_t *shape, int64_t *strides, int64_t *gstride,
-                                int64_t *extent, bool *coord) {
+static vm_tensor *input_strides(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t,
+                                vm_tensor **vals, int q, int nd, const int64_t *shape,
+                                int64_t *strides, int64_t *gstride, int64_t *extent, bool *coord) {
   *gstride = *extent = 0;
   *coord = false;
   uint8_t role = k->gather ? k->gather[q].role : KERNEL_IN_PLAIN;
@@ -914,9 +942,10 @@ static vm_tensor *input_strides(const cpu_kernel *k, const tr_plan *plan, const 
     if (axis < 0 || axis >= nd || v->ndim != (role == KERNEL_IN_SELECT ? 1 : nd)) return NULL;
     for (int d = 0; d < nd; d++) {
       if (kernel_role_extent(role) && d != axis && v->shape[d] != shape[d]) return NULL;
-      strides[d] = shape[d] == 1 ? 0
+      strides[d] = shape[d] == 1              ? 0
                    : role == KERNEL_IN_SELECT ? (d == axis ? v->strides[0] : 0)
-                   : d == axis ? 0 : v->strides[d];
+                   : d == axis                ? 0
+                                              : v->strides[d];
     }
     if (kernel_role_moves(role)) *gstride = v->strides[axis];
     if (kernel_role_extent(role)) *extent = v->shape[axis];
@@ -936,7 +965,8 @@ static vm_tensor *input_strides(const cpu_kernel *k, const tr_plan *plan, const 
    one is out of range, and the group then runs on the interpreter, which
    reports it as it would with the JIT off (the same message, the same
    failed values). */
-static bool indices_in_range(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals) {
+static bool indices_in_range(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t,
+                             vm_tensor **vals) {
   for (int q = 0; k->gather && q < k->nin; q++) {
     int src = k->gather[q].bound;
     if (src == -1) continue;
@@ -964,7 +994,8 @@ static bool indices_in_range(const cpu_kernel *k, const tr_plan *plan, const tr_
    run) is read from an 8-byte slot holding its value in its dtype, with
    strides 0: kernel_plan gives fills stride class 0, a broadcast, which a
    fill always is.  NULL for any other input. */
-static void *fill_slot(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, int q, uint64_t *slot) {
+static void *fill_slot(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, int q,
+                       uint64_t *slot) {
   int r = k->ins[q];
   if (r < 0 || plan->nodes[r].op != VM_OP_full || k->in_stride[q] != 0) return NULL;
   const tr_pnode *p = &plan->nodes[r];
@@ -975,11 +1006,13 @@ static void *fill_slot(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
 
 /* the inner stride an input has now fits the one its kernel was compiled for */
 static bool inner_fits(const cpu_kernel *k, int q, int64_t inner_stride) {
-  return !(k->in_stride[q] == 0 && inner_stride != 0) && !(k->in_stride[q] == 1 && inner_stride != 1);
+  return !(k->in_stride[q] == 0 && inner_stride != 0) &&
+         !(k->in_stride[q] == 1 && inner_stride != 1);
 }
 
 /* this flush's host scalars: one 8-byte slot per full node */
-static void kernel_params(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, uint64_t *params) {
+static void kernel_params(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t,
+                          uint64_t *params) {
   for (int s = 0; s < k->nparams; s++) {
     const tr_pnode *p = &plan->nodes[k->params[s]];
     params[s] = 0;
@@ -995,8 +1028,8 @@ static void kernel_params(const cpu_kernel *k, const tr_plan *plan, const tr_tra
    (a tensor of each output node's meta) is one call; the layout check is
    the CPU's (its kernels index outputs by a row-major position the GPU's
    schedules do not share), the allocation and errors each device's own */
-static int alloc_outputs(const cpu_kernel *k, const tr_plan *plan, int64_t small, int64_t big, bool by_reduce,
-                         vm_tensor **outs, void **bufs, int *rc) {
+static int alloc_outputs(const cpu_kernel *k, const tr_plan *plan, int64_t small, int64_t big,
+                         bool by_reduce, vm_tensor **outs, void **bufs, int *rc) {
   for (int q = 0; q < k->nout; q++) {
     const vm_meta *m = &plan->nodes[k->outs[q]].meta;
     outs[q] = vm_tensor_new(m->dtype, m->ndim, m->shape);
@@ -1005,7 +1038,8 @@ static int alloc_outputs(const cpu_kernel *k, const tr_plan *plan, int64_t small
     if (!fits) {
       bool oom = !outs[q];
       for (int u = 0; u <= q; u++) vm_release(outs[u]);
-      if (oom) *rc = vm_thread()->status ? vm_thread()->status : vm_error(KILN_ERR_OOM, "out of memory");
+      if (oom)
+        *rc = vm_thread()->status ? vm_thread()->status : vm_error(KILN_ERR_OOM, "out of memory");
       return oom ? -1 : 0;
     }
     bufs[q] = vm_data(outs[q]);
@@ -1016,22 +1050,24 @@ static int alloc_outputs(const cpu_kernel *k, const tr_plan *plan, int64_t small
 /* runs the kernel over [0, n) on the pool and publishes its outputs (or,
    when a row kernel's scratch row could not be allocated, releases them
    and sets *rc) */
-static void launch(run_job *job, int64_t n, int64_t grain, const cpu_kernel *k, vm_tensor **outs, vm_tensor **vals,
-                   int *rc) {
+static void launch(run_job *job, int64_t n, int64_t grain, const cpu_kernel *k, vm_tensor **outs,
+                   vm_tensor **vals, int *rc) {
   if (n > 0) { /* an empty range launches nothing: empty tensors do no work */
     vm_parallel_for(n, grain, run_range, job);
     atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
   }
   if (atomic_load(&job->failed)) {
     for (int q = 0; q < k->nout; q++) vm_release(outs[q]);
-    *rc = vm_error(KILN_ERR_OOM, "out of memory (a row kernel's scratch row of %zu bytes)", job->scratch_bytes);
+    *rc = vm_error(KILN_ERR_OOM, "out of memory (a row kernel's scratch row of %zu bytes)",
+                   job->scratch_bytes);
     return;
   }
   for (int q = 0; q < k->nout; q++) vals[k->outs[q]] = outs[q];
 }
 
 /* one stride for the dims d in [d0, d1) (size 1 ignored) when they collapse */
-static bool collapse_range(const int64_t *shape, const int64_t *stride, int d0, int d1, int64_t *out) {
+static bool collapse_range(const int64_t *shape, const int64_t *stride, int d0, int d1,
+                           int64_t *out) {
   int64_t s = 0, span = 0;
   bool any = false;
   for (int d = d1 - 1; d >= d0; d--) {
@@ -1077,7 +1113,8 @@ static void release_copies(input_copies *c) {
    (0, 1)) has no single stride along the reduced run, and a copy lets the
    kernel run instead of the interpreter; it reads the same values in the
    same order, so the result is the same */
-static vm_tensor *contiguous_copy(vm_tensor *v, const vm_meta *rin, int64_t *strides, input_copies *c) {
+static vm_tensor *contiguous_copy(vm_tensor *v, const vm_meta *rin, int64_t *strides,
+                                  input_copies *c) {
   if (c->n == KERNEL_MAX_IO) return NULL;
   vm_tensor *view = vm_tensor_view(v, rin->ndim, rin->shape, strides, v->offset);
   vm_tensor *copy = view ? vm_value_copy(view) : NULL;
@@ -1091,9 +1128,10 @@ static vm_tensor *contiguous_copy(vm_tensor *v, const vm_meta *rin, int64_t *str
   return copy;
 }
 
-static bool split_strides(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
-                          const tr_pnode *red, const vm_meta *rin, int64_t count, int per_input, int64_t *meta,
-                          int64_t *gstrides, void **bufs, uint64_t *fills, input_copies *copies) {
+static bool split_strides(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t,
+                          vm_tensor **vals, const tr_pnode *red, const vm_meta *rin, int64_t count,
+                          int per_input, int64_t *meta, int64_t *gstrides, void **bufs,
+                          uint64_t *fills, input_copies *copies) {
   int first, last, nd = rin->ndim;
   reduced_run(red, rin, &first, &last);
   if (last < 0) { /* nothing reduced: every dim is a kept one */
@@ -1110,7 +1148,8 @@ static bool split_strides(const cpu_kernel *k, const tr_plan *plan, const tr_tra
     int64_t strides[KILN_MAX_DIMS], s_out, s_red, s_in;
     int64_t extent;
     bool coord;
-    vm_tensor *v = input_strides(k, plan, t, vals, q, nd, rin->shape, strides, &gstrides[q], &extent, &coord);
+    vm_tensor *v =
+        input_strides(k, plan, t, vals, q, nd, rin->shape, strides, &gstrides[q], &extent, &coord);
     /* a source's copy would lose what its zeroed axis hides */
     bool source = k->gather && k->gather[q].role == KERNEL_IN_SOURCE;
     if (v && !collapse_range(rin->shape, strides, first, last + 1, &s_red))
@@ -1144,21 +1183,27 @@ static bool split_strides(const cpu_kernel *k, const tr_plan *plan, const tr_tra
 
 /* folds integer chunk partials part[o * nchunks + ch] of each row o into
    out[o] (wrapping; float partials fold in vm_fold_partials) */
-static void fold_int_partials(vm_opcode op, kiln_dtype dt, const void *part, int64_t nchunks, int64_t rows,
-                              void *out) {
+static void fold_int_partials(vm_opcode op, kiln_dtype dt, const void *part, int64_t nchunks,
+                              int64_t rows, void *out) {
   for (int64_t o = 0; o < rows; o++) {
     uint64_t iacc = op == VM_OP_prod ? 1 : 0;
     for (int64_t ch = 0; ch < nchunks; ch++) {
       int64_t at = o * nchunks + ch;
       int64_t x = dt == KILN_I32 ? ((const int32_t *)part)[at] : ((const int64_t *)part)[at];
       int64_t a = dt == KILN_I32 ? (int32_t)iacc : (int64_t)iacc;
-      if (ch == 0 && (op == VM_OP_max || op == VM_OP_min)) iacc = (uint64_t)x;
-      else if (op == VM_OP_sum) iacc += (uint64_t)x;
-      else if (op == VM_OP_prod) iacc *= (uint64_t)x;
-      else if (op == VM_OP_max ? x > a : x < a) iacc = (uint64_t)x;
+      if (ch == 0 && (op == VM_OP_max || op == VM_OP_min))
+        iacc = (uint64_t)x;
+      else if (op == VM_OP_sum)
+        iacc += (uint64_t)x;
+      else if (op == VM_OP_prod)
+        iacc *= (uint64_t)x;
+      else if (op == VM_OP_max ? x > a : x < a)
+        iacc = (uint64_t)x;
     }
-    if (dt == KILN_I32) ((int32_t *)out)[o] = (int32_t)(uint32_t)iacc;
-    else ((int64_t *)out)[o] = (int64_t)iacc;
+    if (dt == KILN_I32)
+      ((int32_t *)out)[o] = (int32_t)(uint32_t)iacc;
+    else
+      ((int64_t *)out)[o] = (int64_t)iacc;
   }
 }
 
@@ -1167,8 +1212,8 @@ static void fold_int_partials(vm_opcode op, kiln_dtype dt, const void *part, int
    reduction's input: tr_ref_meta; the fold order: vm/fold.h); the split
    into rows and chunks across the pool's threads and the host fold of the
    partials are the CPU's, the GPU's launch grid and join kernel its own */
-static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
-                       int *rc) {
+static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t,
+                       vm_tensor **vals, int *rc) {
   const tr_pnode *red = &plan->nodes[k->reduce];
   const vm_meta *rin = tr_ref_meta(plan, t, red->in[0]);
   int64_t rows, count;
@@ -1182,7 +1227,8 @@ static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
   uint64_t params[KERNEL_MAX_IO], fills[KERNEL_MAX_IO];
   vm_tensor *outs[KERNEL_MAX_IO] = {0}, *partials = NULL;
   input_copies copies = {.n = 0};
-  if (!split_strides(k, plan, t, vals, red, rin, count, 2, meta + 4, meta + 4 + 2 * k->nin, bufs, fills, &copies))
+  if (!split_strides(k, plan, t, vals, red, rin, count, 2, meta + 4, meta + 4 + 2 * k->nin, bufs,
+                     fills, &copies))
     return false;
   kernel_params(k, plan, t, params);
   int got = alloc_outputs(k, plan, rows, rows * count, true, outs, bufs, rc);
@@ -1207,17 +1253,19 @@ static bool run_reduce(const cpu_kernel *k, const tr_plan *plan, const tr_trace 
   release_copies(&copies);
   if (partials) {
     if (vm_dtype_is_float(red->meta.dtype)) /* the interpreter's fold (vm/fold.h) */
-      vm_fold_partials(red->op, red->meta.dtype, vm_data(partials), nchunks, rows, vm_data(outs[qr]));
+      vm_fold_partials(red->op, red->meta.dtype, vm_data(partials), nchunks, rows,
+                       vm_data(outs[qr]));
     else
-      fold_int_partials(red->op, red->meta.dtype, vm_data(partials), nchunks, rows, vm_data(outs[qr]));
+      fold_int_partials(red->op, red->meta.dtype, vm_data(partials), nchunks, rows,
+                        vm_data(outs[qr]));
     vm_release(partials);
   }
   return true;
 }
 
 /* a column reduction: outer x count x inner */
-static bool run_reduce_cols(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
-                            int *rc) {
+static bool run_reduce_cols(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t,
+                            vm_tensor **vals, int *rc) {
   const tr_pnode *red = &plan->nodes[k->reduce];
   const vm_meta *rin = tr_ref_meta(plan, t, red->in[0]);
   int64_t outer, count, inner;
@@ -1229,7 +1277,9 @@ static bool run_reduce_cols(const cpu_kernel *k, const tr_plan *plan, const tr_t
   vm_tensor *outs[KERNEL_MAX_IO] = {0};
   input_copies copies = {.n = 0};
   int64_t gstrides[KERNEL_MAX_IO]; /* none: a column reduction gathers nothing */
-  if (!split_strides(k, plan, t, vals, red, rin, count, 3, meta + 4, gstrides, bufs, fills, &copies)) return false;
+  if (!split_strides(k, plan, t, vals, red, rin, count, 3, meta + 4, gstrides, bufs, fills,
+                     &copies))
+    return false;
   kernel_params(k, plan, t, params);
   int got = alloc_outputs(k, plan, outer * inner, outer * count * inner, true, outs, bufs, rc);
   if (got <= 0) {
@@ -1247,7 +1297,8 @@ static bool run_reduce_cols(const cpu_kernel *k, const tr_plan *plan, const tr_t
    row-level (rows) or per element (rows x count).  What it covers was
    planned in trace/rows.h for both backends; running it (threads, strides,
    scratch rows) is the CPU's, as run_reduce says */
-static bool run_rows(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals, int *rc) {
+static bool run_rows(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
+                     int *rc) {
   const tr_pnode *red = &plan->nodes[k->reduce];
   const vm_meta *rin = tr_ref_meta(plan, t, red->in[0]);
   int64_t rows, count;
@@ -1258,14 +1309,20 @@ static bool run_rows(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t
   vm_tensor *outs[KERNEL_MAX_IO] = {0};
   input_copies copies = {.n = 0};
   int64_t gstrides[KERNEL_MAX_IO]; /* none: a row kernel gathers nothing */
-  if (!split_strides(k, plan, t, vals, red, rin, count, 2, meta + 2, gstrides, bufs, fills, &copies)) return false;
+  if (!split_strides(k, plan, t, vals, red, rin, count, 2, meta + 2, gstrides, bufs, fills,
+                     &copies))
+    return false;
   kernel_params(k, plan, t, params);
   int got = alloc_outputs(k, plan, rows, rows * count, false, outs, bufs, rc);
   if (got <= 0) {
     release_copies(&copies);
     return got < 0;
   }
-  run_job job = {.fn = k->fn, .bufs = bufs, .meta = meta, .params = params, .nbufs = k->nout + k->nin,
+  run_job job = {.fn = k->fn,
+                 .bufs = bufs,
+                 .meta = meta,
+                 .params = params,
+                 .nbufs = k->nout + k->nin,
                  .scratch_bytes = (size_t)k->nstash * 8 * (size_t)count};
   launch(&job, rows, RUN_GRAIN / (count > 0 ? count : 1) + 1, k, outs, vals, rc);
   release_copies(&copies);
@@ -1273,8 +1330,8 @@ static bool run_rows(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t
 }
 
 /* an elementwise kernel over its outputs' shape, dims coalesced */
-static bool run_elementwise(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
-                            int *rc) {
+static bool run_elementwise(const cpu_kernel *k, const tr_plan *plan, const tr_trace *t,
+                            vm_tensor **vals, int *rc) {
   const vm_meta *om = &plan->nodes[k->outs[0]].meta;
   int nd = om->ndim, nin = k->nin;
   int64_t shape[KILN_MAX_DIMS], strides[KERNEL_MAX_IO][KILN_MAX_DIMS], gstrides[KERNEL_MAX_IO],
@@ -1296,7 +1353,8 @@ static bool run_elementwise(const cpu_kernel *k, const tr_plan *plan, const tr_t
       continue;
     }
     bool coord;
-    vm_tensor *v = input_strides(k, plan, t, vals, q, nd, om->shape, strides[q], &gstrides[q], &extents[q], &coord);
+    vm_tensor *v = input_strides(k, plan, t, vals, q, nd, om->shape, strides[q], &gstrides[q],
+                                 &extents[q], &coord);
     if (!v && !coord) return false;
     bufs[k->nout + q] = coord ? (void *)&no_value : vm_data(v);
   }
@@ -1319,7 +1377,8 @@ static bool run_elementwise(const cpu_kernel *k, const tr_plan *plan, const tr_t
   uint64_t params[KERNEL_MAX_IO];
   kernel_params(k, plan, t, params);
   vm_tensor *outs[KERNEL_MAX_IO] = {0};
-  int got = alloc_outputs(k, plan, total, total, false, outs, bufs, rc); /* every output spans the space */
+  int got = alloc_outputs(k, plan, total, total, false, outs, bufs,
+                          rc); /* every output spans the space */
   if (got <= 0) return got < 0;
   run_job job = {.fn = k->fn, .bufs = bufs, .meta = meta, .params = params};
   launch(&job, total, RUN_GRAIN, k, outs, vals, rc);
@@ -1349,13 +1408,9 @@ static void compile_here(tr_plan *plan, const cpu_leaf *leaves) {
   if (!atomic_compare_exchange_strong(&plan->jit, &none, cp)) cpu_plan_free(cp);
 }
 
-static void compiler_stop(void) {
-  tr_compile_stop(KILN_CPU);
-}
+static void compiler_stop(void) { tr_compile_stop(KILN_CPU); }
 
-static void compiler_begin(void *outside) {
-  on_outside_compiler = outside != NULL;
-}
+static void compiler_begin(void *outside) { on_outside_compiler = outside != NULL; }
 
 static void compiler_run(tr_compile_job *queued) {
   compile_job *job = (compile_job *)queued;
@@ -1384,7 +1439,8 @@ static void warm_gccjit(void) {
   if (!ctx) return;
   set_options(ctx);
   gcc_jit_type *v = gcc_jit_context_get_type(ctx, GCC_JIT_TYPE_VOID);
-  gcc_jit_function *f = gcc_jit_context_new_function(ctx, NULL, GCC_JIT_FUNCTION_EXPORTED, v, "kiln_warm", 0, NULL, 0);
+  gcc_jit_function *f = gcc_jit_context_new_function(ctx, NULL, GCC_JIT_FUNCTION_EXPORTED, v,
+                                                     "kiln_warm", 0, NULL, 0);
   gcc_jit_block_end_with_void_return(gcc_jit_function_new_block(f, "entry"), NULL);
   gcc_jit_result *r = gcc_jit_context_compile(ctx);
   if (r) {
@@ -1396,9 +1452,7 @@ static void warm_gccjit(void) {
   gcc_jit_context_release(ctx);
 }
 
-void cpu_compile_wait(void) {
-  tr_compile_wait(KILN_CPU);
-}
+void cpu_compile_wait(void) { tr_compile_wait(KILN_CPU); }
 
 void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
   if (atomic_load(&plan->jit)) return; /* ready already (cpu_plan_cost_ms found every kernel) */
@@ -1409,7 +1463,8 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t) {
   }
   /* a plan whose kernels are all compiled already (another trace has
      them: an RNN at a new length) is ready now, not after the queue */
-  cpu_plan *known = cpu_kcache_kernels() > 0 ? compile_plan(plan, job->leaves, FIND_IN_MEMORY, NULL) : NULL;
+  cpu_plan *known =
+      cpu_kcache_kernels() > 0 ? compile_plan(plan, job->leaves, FIND_IN_MEMORY, NULL) : NULL;
   if (known) {
     void *none = NULL;
     if (!atomic_compare_exchange_strong(&plan->jit, &none, known)) cpu_plan_free(known);

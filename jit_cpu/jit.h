@@ -8,23 +8,24 @@
 #include "../trace/plan.h"
 #include "../vm/backend.h"
 
-typedef void (*cpu_kernel_fn)(void **bufs, const int64_t *meta, const void *params,
-                              int64_t begin, int64_t end);
+typedef void (*cpu_kernel_fn)(void **bufs, const int64_t *meta, const void *params, int64_t begin,
+                              int64_t end);
 
 typedef struct cpu_kernel {
-  cpu_kernel_fn fn;      /* NULL: this group runs on the interpreter */
+  cpu_kernel_fn fn; /* NULL: this group runs on the interpreter */
   int nout, nin, nparams;
-  int *outs;             /* plan nodes written (group outputs) */
-  int *ins;              /* plan refs read (leaves, earlier groups, views) */
-  uint8_t *in_stride;    /* inner stride each input was compiled for: 0, 1 or 2 (any) */
-  struct cpu_gather_in *gather; /* per input, when the kernel gathers (else NULL): kernel.h's roles */
-  int *params;           /* plan nodes (full) whose value is a runtime parameter */
-  int reduce;            /* the reduction node of a reduce kernel, -1 for elementwise */
-  int resume;            /* the group's nodes from here on run on the interpreter after it */
-  int last_group;        /* a row kernel runs groups g..last_group (else last_group = g) */
+  int *outs;          /* plan nodes written (group outputs) */
+  int *ins;           /* plan refs read (leaves, earlier groups, views) */
+  uint8_t *in_stride; /* inner stride each input was compiled for: 0, 1 or 2 (any) */
+  struct cpu_gather_in
+      *gather;    /* per input, when the kernel gathers (else NULL): kernel.h's roles */
+  int *params;    /* plan nodes (full) whose value is a runtime parameter */
+  int reduce;     /* the reduction node of a reduce kernel, -1 for elementwise */
+  int resume;     /* the group's nodes from here on run on the interpreter after it */
+  int last_group; /* a row kernel runs groups g..last_group (else last_group = g) */
   bool rowwise;
-  bool cols;             /* a column reduction (kept axes on both sides of the reduced ones) */
-  int nstash;            /* row kernels: scratch slots (8 x count bytes each) per call */
+  bool cols;                  /* a column reduction (kept axes on both sides of the reduced ones) */
+  int nstash;                 /* row kernels: scratch slots (8 x count bytes each) per call */
   struct cache_kernel *entry; /* the kernel cache's entry fn belongs to (a reference) */
 } cpu_kernel;
 

@@ -248,7 +248,8 @@ static bool spawn(jitc_child *c, bool pass_stderr) {
   /* its answer and diagnostics come back on the socket; with
      KILN_JIT_OPT_INFO or KILN_LOG_COMPILER its stderr is ours, so GCC's
      reports reach the user as they did from an in-process compile */
-  for (int fd = 0; fd < (pass_stderr ? 2 : 3); fd++) posix_spawn_file_actions_adddup2(&fa, sv[1], fd);
+  for (int fd = 0; fd < (pass_stderr ? 2 : 3); fd++)
+    posix_spawn_file_actions_adddup2(&fa, sv[1], fd);
   /* the checked file runs: its descriptor as fd 3 of the child, executed
      through /proc/self/fd/3 (fexecve's way, with posix_spawn's file actions) */
   posix_spawn_file_actions_adddup2(&fa, helper_fd, 3);
@@ -279,7 +280,8 @@ static bool spawn(jitc_child *c, bool pass_stderr) {
   return true;
 }
 
-static bool send_request(const jitc_child *c, kernel_desc **d, const uint64_t (*disk_keys)[2], size_t salt_len) {
+static bool send_request(const jitc_child *c, kernel_desc **d, const uint64_t (*disk_keys)[2],
+                         size_t salt_len) {
   jitc_head h = {.salt_len = (uint32_t)salt_len, .n = (uint32_t)c->n};
   memcpy(h.magic, JITC_MAGIC, 8);
   memcpy(h.stamp, KILN_SOURCE_STAMP, sizeof h.stamp);
@@ -339,7 +341,8 @@ static void finish(jitc_child *c, char *out, size_t cap, int *status, double dea
   pid_t w;
   while ((w = waitpid(c->pid, &ws, 0)) < 0 && errno == EINTR) {
   }
-  if (w == c->pid) *status = WIFEXITED(ws) ? WEXITSTATUS(ws) : WIFSIGNALED(ws) ? 128 + WTERMSIG(ws) : -1;
+  if (w == c->pid)
+    *status = WIFEXITED(ws) ? WEXITSTATUS(ws) : WIFSIGNALED(ws) ? 128 + WTERMSIG(ws) : -1;
 }
 
 /* the answer line's flags into ok[first..first+n); false if there is none */
@@ -362,7 +365,8 @@ bool jitc_compile(kernel_desc **d, int n, const uint64_t (*disk_keys)[2], size_t
                   int *batches, char *why, size_t why_len) {
   *batches = 0;
   why[0] = 0;
-  bool pass_stderr = vm_env_long("KILN_JIT_OPT_INFO", 0) > 0 || vm_env_long("KILN_LOG_COMPILER", 0) > 0;
+  bool pass_stderr =
+      vm_env_long("KILN_JIT_OPT_INFO", 0) > 0 || vm_env_long("KILN_LOG_COMPILER", 0) > 0;
   const char *path = helper_path();
   if (!path || n <= 0) return false;
   for (int i = 0; i < n; i++) ok[i] = false;
@@ -382,7 +386,8 @@ bool jitc_compile(kernel_desc **d, int n, const uint64_t (*disk_keys)[2], size_t
   if (started == 0) {
     free(kids);
     atomic_store(&refused, true);
-    say_once(&said_refused, "could not start the compiler process %s; compiling in this process", path);
+    say_once(&said_refused, "could not start the compiler process %s; compiling in this process",
+             path);
     return false;
   }
   for (int b = 0; b < started; b++) { /* the request, then end of input */
@@ -416,8 +421,10 @@ bool jitc_compile(kernel_desc **d, int n, const uint64_t (*disk_keys)[2], size_t
       continue;
     }
     char what[96];
-    if (status > 128) snprintf(what, sizeof what, "died of signal %d", status - 128);
-    else snprintf(what, sizeof what, "exited with status %d and no answer", status);
+    if (status > 128)
+      snprintf(what, sizeof what, "died of signal %d", status - 128);
+    else
+      snprintf(what, sizeof what, "exited with status %d and no answer", status);
     say_once(&said_crash, "the compiler process %s; its kernels run on the interpreter", what);
     atomic_fetch_add_explicit(&vm_process()->stats.compile_failures, 1, memory_order_relaxed);
   }
@@ -426,8 +433,8 @@ bool jitc_compile(kernel_desc **d, int n, const uint64_t (*disk_keys)[2], size_t
   *batches = started;
   if (stale) {
     atomic_store(&refused, true);
-    say_once(&said_refused, "%s was built from other sources than this library; compiling in this process",
-             path);
+    say_once(&said_refused,
+             "%s was built from other sources than this library; compiling in this process", path);
     for (int i = 0; i < n; i++)
       if (ok[i]) return true; /* what did compile is in the cache */
     *batches = 0;
@@ -471,15 +478,14 @@ static void fault(void) {
 }
 
 static bool in_helper;
-bool jitc_is_helper(void) {
-  return in_helper;
-}
+bool jitc_is_helper(void) { return in_helper; }
 
 int jitc_main(int argc, char **argv) {
   (void)argc;
   (void)argv;
   in_helper = true;
-  signal(SIGPIPE, SIG_IGN); /* the user's process may be gone: the answer is then lost, the cache kept */
+  signal(SIGPIPE,
+         SIG_IGN); /* the user's process may be gone: the answer is then lost, the cache kept */
   long nice_level = vm_env_long("KILN_COMPILE_NICE", 5);
   if (nice_level > 0) (void)setpriority(PRIO_PROCESS, 0, nice_level > 19 ? 19 : (int)nice_level);
   jitc_head h;
@@ -489,14 +495,16 @@ int jitc_main(int argc, char **argv) {
     _exit(2);
   }
   if (memcmp(h.stamp, KILN_SOURCE_STAMP, sizeof h.stamp)) {
-    fprintf(stdout, "KILNJC-STALE: built from sources %.16s, the library from %.16s\n", KILN_SOURCE_STAMP,
-            h.stamp);
+    fprintf(stdout, "KILNJC-STALE: built from sources %.16s, the library from %.16s\n",
+            KILN_SOURCE_STAMP, h.stamp);
     fflush(stdout);
     _exit(JITC_STALE);
   }
   int n = (int)h.n;
-  kernel_desc **d = calloc((size_t)(n ? n : 1), sizeof *d), **live = calloc((size_t)(n ? n : 1), sizeof *live);
-  uint64_t(*keys)[2] = calloc((size_t)(n ? n : 1), sizeof *keys), (*live_keys)[2] = calloc((size_t)(n ? n : 1), sizeof *keys);
+  kernel_desc **d = calloc((size_t)(n ? n : 1), sizeof *d),
+              **live = calloc((size_t)(n ? n : 1), sizeof *live);
+  uint64_t(*keys)[2] = calloc((size_t)(n ? n : 1), sizeof *keys),
+  (*live_keys)[2] = calloc((size_t)(n ? n : 1), sizeof *keys);
   bool *emitted = calloc((size_t)(n ? n : 1), 1);
   if (!d || !live || !keys || !live_keys || !emitted) _exit(1);
   for (int i = 0; i < n; i++) {
@@ -518,7 +526,9 @@ int jitc_main(int argc, char **argv) {
     }
   gcc_jit_result *result = NULL;
   char why[256] = "";
-  if (m > 0) cpu_build_batch(live, m, (const uint64_t(*)[2])live_keys, false, emitted, &result, why, sizeof why);
+  if (m > 0)
+    cpu_build_batch(live, m, (const uint64_t(*)[2])live_keys, false, emitted, &result, why,
+                    sizeof why);
   if (result) gcc_jit_result_release(result); /* not asked for in_memory: never set */
   if (why[0]) printf("kiln-jitc: %s\n", why);
   printf("KILNJC-DONE %d ", n);

@@ -50,7 +50,7 @@ int jitc_main(int argc, char **argv);
 bool jitc_is_helper(void);
 
 /* compile.c: emits and compiles one batch (both processes use it) */
-bool cpu_build_batch(kernel_desc **d, int n, const uint64_t (*disk_keys)[2], bool in_memory, bool *emitted,
-                     gcc_jit_result **result, char *why, size_t why_len);
+bool cpu_build_batch(kernel_desc **d, int n, const uint64_t (*disk_keys)[2], bool in_memory,
+                     bool *emitted, gcc_jit_result **result, char *why, size_t why_len);
 
 #endif

@@ -30,18 +30,14 @@ cpu_code *cpu_code_new(gcc_jit_result *result, void *dl, const uint64_t *batch) 
   return c;
 }
 
-cpu_code *cpu_code_find(const uint64_t batch[2]) {
-  return cache_code_find(KILN_CPU, batch);
-}
+cpu_code *cpu_code_find(const uint64_t batch[2]) { return cache_code_find(KILN_CPU, batch); }
 
 void *cpu_code_symbol(cpu_code *code, const char *name) {
   cpu_object *o = cache_code_handle(code);
   return o->dl ? dlsym(o->dl, name) : gcc_jit_result_get_code(o->result, name);
 }
 
-void cpu_code_release(cpu_code *code) {
-  cache_code_release(code);
-}
+void cpu_code_release(cpu_code *code) { cache_code_release(code); }
 
 cpu_kentry *cpu_kcache_get(const uint64_t key[2], const uint8_t *bytes, size_t len) {
   return cache_kernel_get(KILN_CPU, key, bytes, len);
@@ -61,19 +57,9 @@ cpu_kernel_fn cpu_kentry_fn(const cpu_kentry *e) {
   return fn;
 }
 
-void cpu_kcache_release(cpu_kentry *e) {
-  cache_kernel_release(e);
-}
+void cpu_kcache_release(cpu_kentry *e) { cache_kernel_release(e); }
 
-long cpu_kcache_kernels(void) {
-  return cache_kernel_count(KILN_CPU);
-}
-long cpu_kcache_code_objects(void) {
-  return cache_code_count(KILN_CPU);
-}
-long cpu_kcache_generation(void) {
-  return cache_kernel_generation(KILN_CPU);
-}
-void cpu_kcache_trim(void) {
-  cache_kernel_trim(KILN_CPU);
-}
+long cpu_kcache_kernels(void) { return cache_kernel_count(KILN_CPU); }
+long cpu_kcache_code_objects(void) { return cache_code_count(KILN_CPU); }
+long cpu_kcache_generation(void) { return cache_kernel_generation(KILN_CPU); }
+void cpu_kcache_trim(void) { cache_kernel_trim(KILN_CPU); }

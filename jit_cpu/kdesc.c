@@ -36,7 +36,8 @@ static void put(bytes_buf *b, const void *p, size_t n) {
 
 /* the local ref of plan ref `ref` read in `role` by the kernel (first..last
    its nodes) */
-static bool local_ref(const kernel_shape *ks, int first, int last, int ref, uint8_t role, bool outside, int *out) {
+static bool local_ref(const kernel_shape *ks, int first, int last, int ref, uint8_t role,
+                      bool outside, int *out) {
   if (!outside && ref >= first && ref <= last && ks->compute[ref - first]) {
     *out = ref - first;
     return true;
@@ -47,7 +48,8 @@ static bool local_ref(const kernel_shape *ks, int first, int last, int ref, uint
 }
 
 /* the local plan and shape of the kernel; false if it cannot be described */
-static bool localize(kernel_desc *d, const tr_plan *plan, const cpu_leaf *leaves, const kernel_shape *ks) {
+static bool localize(kernel_desc *d, const tr_plan *plan, const cpu_leaf *leaves,
+                     const kernel_shape *ks) {
   int first = ks->first_node, last = -1;
   for (int i = first; i <= ks->last_node; i++)
     if (ks->compute[i - first]) last = i;
@@ -65,7 +67,8 @@ static bool localize(kernel_desc *d, const tr_plan *plan, const cpu_leaf *leaves
     nodes[k].meta.dtype = p->meta.dtype;
     nodes[k].nin = p->nin;
     for (int j = 0; j < p->nin; j++)
-      if (!local_ref(ks, first, last, p->in[j], kernel_arg_role(p, j), kernel_arg_outside(p, j), &nodes[k].in[j]))
+      if (!local_ref(ks, first, last, p->in[j], kernel_arg_role(p, j), kernel_arg_outside(p, j),
+                     &nodes[k].in[j]))
         return false;
   }
   for (int q = 0; q < ks->nin; q++) {
@@ -106,8 +109,8 @@ static bool localize(kernel_desc *d, const tr_plan *plan, const cpu_leaf *leaves
 /* the key bytes: everything of the local plan the emitters may read */
 static void serialize(bytes_buf *b, const kernel_desc *d) {
   const kernel_shape *ks = &d->ks;
-  int32_t head[10] = {d->plan.n, d->group.kind, ks->nin, ks->nout, ks->nparams, ks->reduce, ks->resume,
-                      ks->rowwise, ks->cols, ks->nstash};
+  int32_t head[10] = {d->plan.n,  d->group.kind, ks->nin,     ks->nout, ks->nparams,
+                      ks->reduce, ks->resume,    ks->rowwise, ks->cols, ks->nstash};
   put(b, head, sizeof head);
   for (int q = 0; q < ks->nin; q++) {
     int32_t in[3] = {d->leaves[q].meta.dtype, ks->stride_class[q], ks->in_role[q]};
@@ -117,8 +120,8 @@ static void serialize(bytes_buf *b, const kernel_desc *d) {
   put(b, ks->params, (size_t)ks->nparams * sizeof(int));
   for (int k = 0; k < d->plan.n; k++) {
     const tr_pnode *p = &d->plan.nodes[k];
-    int32_t node[9] = {ks->compute[k], ks->per_elem[k], ks->stash[k], p->op, p->meta.dtype, p->nin,
-                       p->in[0], p->in[1], p->in[2]};
+    int32_t node[9] = {ks->compute[k], ks->per_elem[k], ks->stash[k], p->op,   p->meta.dtype,
+                       p->nin,         p->in[0],        p->in[1],     p->in[2]};
     put(b, node, sizeof node);
   }
 }
@@ -178,7 +181,8 @@ kernel_desc *kernel_desc_parse(const uint8_t *bytes, size_t len, size_t salt_len
   kernel_shape *ks = &d->ks;
   if (!in_range(n, 1, KERNEL_MAX_NODES) || !in_range(head[2], 0, KERNEL_MAX_IO) ||
       !in_range(head[3], 0, KERNEL_MAX_IO) || !in_range(head[4], 0, KERNEL_MAX_IO) ||
-      !in_range(head[5], -1, n - 1) || !in_range(head[6], 0, n) || !in_range(head[9], 0, KERNEL_MAX_STASH))
+      !in_range(head[5], -1, n - 1) || !in_range(head[6], 0, n) ||
+      !in_range(head[9], 0, KERNEL_MAX_STASH))
     goto fail;
   ks->nin = head[2];
   ks->nout = head[3];
@@ -205,7 +209,8 @@ kernel_desc *kernel_desc_parse(const uint8_t *bytes, size_t len, size_t salt_len
     ks->in_axis[q] = -1;
     ks->in_bound[q] = -1;
   }
-  if (!get_i32(&r, ks->outs, (size_t)ks->nout) || !get_i32(&r, ks->params, (size_t)ks->nparams)) goto fail;
+  if (!get_i32(&r, ks->outs, (size_t)ks->nout) || !get_i32(&r, ks->params, (size_t)ks->nparams))
+    goto fail;
   for (int q = 0; q < ks->nout; q++)
     if (!in_range(ks->outs[q], 0, n - 1)) goto fail;
   for (int s = 0; s < ks->nparams; s++)
@@ -242,13 +247,17 @@ kernel_desc *kernel_desc_parse(const uint8_t *bytes, size_t len, size_t salt_len
     for (int j = 0; j < p->nin; j++) {
       int q = -1 - p->in[j];
       uint8_t role = q >= 0 ? ks->in_role[q] : KERNEL_IN_PLAIN;
-      if (moves ? role != kernel_arg_role(p, j) || (role != KERNEL_IN_PLAIN && q < 0) : role != KERNEL_IN_PLAIN)
+      if (moves ? role != kernel_arg_role(p, j) || (role != KERNEL_IN_PLAIN && q < 0)
+                : role != KERNEL_IN_PLAIN)
         goto fail;
-      if ((kernel_arg_outside(p, j) || vm_op_gathers(p->op) || vm_op_scans(p->op)) && q < 0) goto fail;
+      if ((kernel_arg_outside(p, j) || vm_op_gathers(p->op) || vm_op_scans(p->op)) && q < 0)
+        goto fail;
     }
     if (vm_op_gathers(p->op) && (p->nin != 2 || ks->rowwise || ks->cols)) goto fail;
-    if (kernel_needs_coord(p->op) && (!coords || (p->op == VM_OP_scatter_add && p->nin != 3))) goto fail;
-    if (vm_op_scans(p->op) && (p->nin != 1 || p->meta.dtype != KILN_I64 || ks->rowwise || ks->cols || ks->reduce >= 0))
+    if (kernel_needs_coord(p->op) && (!coords || (p->op == VM_OP_scatter_add && p->nin != 3)))
+      goto fail;
+    if (vm_op_scans(p->op) &&
+        (p->nin != 1 || p->meta.dtype != KILN_I64 || ks->rowwise || ks->cols || ks->reduce >= 0))
       goto fail;
   }
   d->group = (tr_group){.kind = head[1], .first = 0, .last = n - 1};
@@ -276,14 +285,17 @@ fail:
 bool kernel_desc_emit(cg_ctx *c, const kernel_desc *d) {
   const kernel_shape *ks = &d->ks;
   c->nlocals = c->nblocks = 0;
-  return ks->rowwise      ? kernel_emit_rows(c, &d->plan, 0, d->leaves, ks, d->name)
+  return ks->rowwise       ? kernel_emit_rows(c, &d->plan, 0, d->leaves, ks, d->name)
          : ks->cols        ? kernel_emit_reduce_cols(c, &d->plan, 0, d->leaves, ks, d->name)
          : ks->reduce >= 0 ? kernel_emit_reduce(c, &d->plan, 0, d->leaves, ks, d->name)
                            : kernel_emit(c, &d->plan, 0, d->leaves, ks, d->name);
 }
 
 const char *kernel_desc_kind(const kernel_desc *d) {
-  return d->ks.rowwise ? "row" : d->ks.cols ? "column-reduce" : d->ks.reduce >= 0 ? "reduce" : "elementwise";
+  return d->ks.rowwise       ? "row"
+         : d->ks.cols        ? "column-reduce"
+         : d->ks.reduce >= 0 ? "reduce"
+                             : "elementwise";
 }
 
 void kernel_desc_free(kernel_desc *d) {

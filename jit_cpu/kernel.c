@@ -77,8 +77,10 @@ static bool inner_unit(const tr_plan *plan, const cpu_leaf *leaves, int r) {
         if (in->ndim == 0 || in->shape[in->ndim - 1] != p->meta.shape[last]) return false;
         break;
       case VM_OP_reshape: /* keeps strides only when its input is dense */
-        return src < 0 ? leaves[-1 - src].contiguous : vm_op_table[plan->nodes[src].op].kind != VM_KIND_VIEW;
-      default: return false;
+        return src < 0 ? leaves[-1 - src].contiguous
+                       : vm_op_table[plan->nodes[src].op].kind != VM_KIND_VIEW;
+      default:
+        return false;
     }
     r = src;
   }
@@ -90,8 +92,8 @@ static bool inner_unit(const tr_plan *plan, const cpu_leaf *leaves, int r) {
    is gm's last one longer than 1; along the op's axis a positional input
    moves by index or coordinate only (stride 0 there), a select index
    moves, and the coordinate moves by 1 (0 along the other axes) */
-static uint8_t gather_class(const tr_plan *plan, const cpu_leaf *leaves, const vm_meta *gm, uint8_t role, int axis,
-                            int r) {
+static uint8_t gather_class(const tr_plan *plan, const cpu_leaf *leaves, const vm_meta *gm,
+                            uint8_t role, int axis, int r) {
   int d = gm->ndim - 1;
   while (d >= 0 && gm->shape[d] == 1) d--;
   if (d < 0) return 2;
@@ -110,14 +112,16 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
   ks->span_kind = grp->kind;
   ks->reduce = -1;
   if (grp->last - grp->first >= KERNEL_MAX_NODES) return false;
-  if (grp->kind == TR_GROUP_REDUCE) { /* producers + the reduction; the epilogue stays interpreted */
+  if (grp->kind ==
+      TR_GROUP_REDUCE) { /* producers + the reduction; the epilogue stays interpreted */
     for (int i = grp->first; i <= grp->last && ks->reduce < 0; i++)
       if (vm_op_table[plan->nodes[i].op].kind == VM_KIND_REDUCE) ks->reduce = i;
     const tr_pnode *r = &plan->nodes[ks->reduce];
     int ref = r->in[0];
     const vm_meta *rin = ref >= 0 ? &plan->nodes[ref].meta : &leaves[-1 - ref].meta;
     int64_t rows, count;
-    bool ok_op = r->op == VM_OP_sum || r->op == VM_OP_prod || r->op == VM_OP_max || r->op == VM_OP_min;
+    bool ok_op =
+        r->op == VM_OP_sum || r->op == VM_OP_prod || r->op == VM_OP_max || r->op == VM_OP_min;
     if (!ok_op || rin->dtype == KILN_BOOL) return false;
     if (!kernel_reduce_split(r, rin, &rows, &count)) {
       int64_t outer, inner;
@@ -146,7 +150,8 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
       const tr_pnode *red = &plan->nodes[ks->reduce];
       int ref = red->in[0];
       const vm_meta *rin = ref >= 0 ? &plan->nodes[ref].meta : &leaves[-1 - ref].meta;
-      if (p->meta.ndim != rin->ndim || memcmp(p->meta.shape, rin->shape, (size_t)rin->ndim * sizeof(int64_t)))
+      if (p->meta.ndim != rin->ndim ||
+          memcmp(p->meta.shape, rin->shape, (size_t)rin->ndim * sizeof(int64_t)))
         return false;
     }
     kiln_dtype in_dt[3];
@@ -154,26 +159,30 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
        outside the kernel (the runner checks index values before the
        kernel runs); scatter_add and concat read the output's coordinate;
        all but gathers in flat elementwise kernels only */
-    bool gathers = vm_op_gathers(p->op), coord = kernel_needs_coord(p->op), scans = vm_op_scans(p->op);
+    bool gathers = vm_op_gathers(p->op), coord = kernel_needs_coord(p->op),
+         scans = vm_op_scans(p->op);
     uint32_t mask = p->attr.axes_mask;
     if (gathers && (ks->cols || p->nin != 2)) return false;
-    if (scans && (grp->kind != TR_GROUP_ELEMENTWISE || p->nin != 1 || p->meta.dtype != KILN_I64 || !mask ||
-                  (mask & (mask - 1))))
+    if (scans && (grp->kind != TR_GROUP_ELEMENTWISE || p->nin != 1 || p->meta.dtype != KILN_I64 ||
+                  !mask || (mask & (mask - 1))))
       return false;
     if (coord && (grp->kind != TR_GROUP_ELEMENTWISE || p->nin < 1 || p->nin > 3 ||
-                  !tr_meta_shape_is(&p->meta, plan->nodes[grp->last].meta.ndim, plan->nodes[grp->last].meta.shape)))
+                  !tr_meta_shape_is(&p->meta, plan->nodes[grp->last].meta.ndim,
+                                    plan->nodes[grp->last].meta.shape)))
       return false;
     int in_q[3] = {-1, -1, -1};
     for (int k = 0; k < p->nin; k++) {
       int r = tr_pnode_input(p, k);
       in_dt[k] = r >= 0 ? plan->nodes[r].meta.dtype : leaves[-1 - r].meta.dtype;
       /* an input computed inside the group must be computed by the kernel */
-      if (r >= grp->first && r <= grp->last && vm_op_table[plan->nodes[r].op].kind == VM_KIND_VIEW &&
-          plan->nodes[r].nin > 0 && tr_pnode_input(&plan->nodes[r], 0) >= grp->first)
+      if (r >= grp->first && r <= grp->last &&
+          vm_op_table[plan->nodes[r].op].kind == VM_KIND_VIEW && plan->nodes[r].nin > 0 &&
+          tr_pnode_input(&plan->nodes[r], 0) >= grp->first)
         return false;
       uint8_t role = kernel_arg_role(p, k);
       bool internal = r >= grp->first && r <= grp->last && ks->compute[r - grp->first];
-      if (internal && !kernel_arg_outside(p, k) && (gathers || role != KERNEL_IN_PLAIN)) return false;
+      if (internal && !kernel_arg_outside(p, k) && (gathers || role != KERNEL_IN_PLAIN))
+        return false;
       if (internal && kernel_arg_outside(p, k) && !tr_is_fill(plan, r)) return false;
       if (internal && !kernel_arg_outside(p, k)) continue;
       if ((gathers || scans || role == KERNEL_IN_SCATTER_INDEX || role == KERNEL_IN_SCATTER_SRC) &&
@@ -201,7 +210,8 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
       if (ks->in_bound[idx] >= 0 && ks->in_bound[idx] != src) return false;
       ks->in_bound[idx] = (int16_t)src;
     } else if (coord) {
-      for (int k = 0; k < p->nin; k++) { /* the values in the output's dtype; a scatter's index i64 */
+      for (int k = 0; k < p->nin;
+           k++) { /* the values in the output's dtype; a scatter's index i64 */
         bool index = p->op == VM_OP_scatter_add && k == 1;
         if (in_dt[k] != (index ? KILN_I64 : p->meta.dtype)) return false;
       }
@@ -228,7 +238,8 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
     }
     /* a fill is never stored: whoever reads it later takes its value
        (tr_run_value, or fill_slot for a kernel) */
-    bool out = (escapes[i] || p->last_use > last_computed || i == ks->reduce) && p->op != VM_OP_full;
+    bool out =
+        (escapes[i] || p->last_use > last_computed || i == ks->reduce) && p->op != VM_OP_full;
     if (out) {
       if (ks->nout == KERNEL_MAX_IO) return false;
       ks->outs[ks->nout++] = i;
@@ -265,15 +276,16 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
   return plan_span(plan, g, &plan->groups[g], escapes, leaves, ks);
 }
 
-bool kernel_plan_epilogue(const tr_plan *plan, int g, int first, const bool *escapes, const cpu_leaf *leaves,
-                          kernel_shape *ks) {
+bool kernel_plan_epilogue(const tr_plan *plan, int g, int first, const bool *escapes,
+                          const cpu_leaf *leaves, kernel_shape *ks) {
   const tr_group *grp = &plan->groups[g];
   if (grp->kind != TR_GROUP_REDUCE || first <= grp->first || first > grp->last) return false;
   /* views run before the group's kernels: of values from outside the
      group only (kernel_plan checked the group's) */
   for (int i = grp->first; i <= grp->last; i++) {
     const tr_pnode *p = &plan->nodes[i];
-    if (vm_op_table[p->op].kind == VM_KIND_VIEW && p->nin > 0 && p->in[0] >= grp->first) return false;
+    if (vm_op_table[p->op].kind == VM_KIND_VIEW && p->nin > 0 && p->in[0] >= grp->first)
+      return false;
   }
   tr_group span = {.kind = TR_GROUP_ELEMENTWISE, .first = first, .last = grp->last};
   return plan_span(plan, g, &span, escapes, leaves, ks);
@@ -294,8 +306,11 @@ static void emit_io(cg_ctx *c, gcc_jit_block *entry, gcc_jit_rvalue *bufs, const
   for (int q = 0; q < ks->nout; q++) {
     gcc_jit_type *pt = gcc_jit_type_get_pointer(cg_type(c, plan->nodes[ks->outs[q]].meta.dtype));
     io->out_ptr[q] = new_local(c, pt, "out", q);
-    gcc_jit_block_add_assignment(entry, NULL, io->out_ptr[q],
-        gcc_jit_context_new_cast(c->ctx, NULL, rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, q))), pt));
+    gcc_jit_block_add_assignment(
+        entry, NULL, io->out_ptr[q],
+        gcc_jit_context_new_cast(
+            c->ctx, NULL, rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, q))),
+            pt));
   }
   for (int q = 0; q < ks->nin; q++) {
     int ref = ks->ins[q];
@@ -308,8 +323,11 @@ static void emit_io(cg_ctx *c, gcc_jit_block *entry, gcc_jit_rvalue *bufs, const
     io->hoist[q] = new_local(c, cg_type(c, io->in_dt[q]), "x", q);
     io->gstride[q] = kernel_role_moves(ks->in_role[q]) ? new_local(c, c->t_i64, "gs", q) : NULL;
     io->gext[q] = kernel_role_extent(ks->in_role[q]) ? new_local(c, c->t_i64, "ge", q) : NULL;
-    gcc_jit_block_add_assignment(entry, NULL, io->in_ptr[q],
-        gcc_jit_context_new_cast(c->ctx, NULL, rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, ks->nout + q))), pt));
+    gcc_jit_block_add_assignment(
+        entry, NULL, io->in_ptr[q],
+        gcc_jit_context_new_cast(
+            c->ctx, NULL,
+            rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, ks->nout + q))), pt));
   }
 }
 
@@ -319,29 +337,35 @@ static void emit_io(cg_ctx *c, gcc_jit_block *entry, gcc_jit_rvalue *bufs, const
 static void emit_loads(cg_ctx *c, const kernel_shape *ks, const kernel_io *io, gcc_jit_rvalue *j,
                        gcc_jit_rvalue **in_val) {
   for (int q = 0; q < ks->nin; q++) {
-    gcc_jit_rvalue *index = ks->stride_class[q] == 1 ? add64(c, rv(io->off[q]), j)
-                                                     : add64(c, rv(io->off[q]), mul64(c, j, rv(io->step[q])));
+    gcc_jit_rvalue *index = ks->stride_class[q] == 1
+                                ? add64(c, rv(io->off[q]), j)
+                                : add64(c, rv(io->off[q]), mul64(c, j, rv(io->step[q])));
     if (kernel_role_positional(ks->in_role[q]))
       in_val[q] = ks->stride_class[q] == 0 ? rv(io->off[q]) : index;
     else
-      in_val[q] = ks->stride_class[q] == 0 ? rv(io->hoist[q])
-                                           : rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->in_ptr[q]), index));
+      in_val[q] =
+          ks->stride_class[q] == 0
+              ? rv(io->hoist[q])
+              : rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->in_ptr[q]), index));
   }
 }
 
 /* a gather / index_select of source input q at index value idx */
-static gcc_jit_rvalue *emit_gather(cg_ctx *c, const kernel_io *io, int q, gcc_jit_rvalue *pos, gcc_jit_rvalue *idx) {
-  gcc_jit_rvalue *at = add64(c, pos, mul64(c, gcc_jit_context_new_cast(c->ctx, NULL, idx, c->t_i64), rv(io->gstride[q])));
+static gcc_jit_rvalue *emit_gather(cg_ctx *c, const kernel_io *io, int q, gcc_jit_rvalue *pos,
+                                   gcc_jit_rvalue *idx) {
+  gcc_jit_rvalue *at = add64(
+      c, pos, mul64(c, gcc_jit_context_new_cast(c->ctx, NULL, idx, c->t_i64), rv(io->gstride[q])));
   return rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->in_ptr[q]), at));
 }
 
 /* meta[at]: each moving input's stride along its axis (the runner puts
    them after the strides: 0 for other inputs) */
-static void emit_gather_strides(cg_ctx *c, gcc_jit_block *b, gcc_jit_rvalue *meta, gcc_jit_rvalue *at,
-                                const kernel_shape *ks, const kernel_io *io) {
+static void emit_gather_strides(cg_ctx *c, gcc_jit_block *b, gcc_jit_rvalue *meta,
+                                gcc_jit_rvalue *at, const kernel_shape *ks, const kernel_io *io) {
   for (int q = 0; q < ks->nin; q++)
     if (io->gstride[q])
-      gcc_jit_block_add_assignment(b, NULL, io->gstride[q], meta_at(c, meta, add64(c, at, i64v(c, q))));
+      gcc_jit_block_add_assignment(b, NULL, io->gstride[q],
+                                   meta_at(c, meta, add64(c, at, i64v(c, q))));
 }
 
 /* meta[at]: extents along the axis, after those (flat elementwise kernels) */
@@ -349,10 +373,12 @@ static void emit_extents(cg_ctx *c, gcc_jit_block *b, gcc_jit_rvalue *meta, gcc_
                          const kernel_shape *ks, const kernel_io *io) {
   for (int q = 0; q < ks->nin; q++)
     if (io->gext[q])
-      gcc_jit_block_add_assignment(b, NULL, io->gext[q], meta_at(c, meta, add64(c, at, i64v(c, q))));
+      gcc_jit_block_add_assignment(b, NULL, io->gext[q],
+                                   meta_at(c, meta, add64(c, at, i64v(c, q))));
 }
 
-static void cond_loop(gcc_jit_block *from, gcc_jit_rvalue *test, gcc_jit_block *body, gcc_jit_block *exit) {
+static void cond_loop(gcc_jit_block *from, gcc_jit_rvalue *test, gcc_jit_block *body,
+                      gcc_jit_block *exit) {
   gcc_jit_block_end_with_conditional(from, NULL, test, body, exit);
 }
 
@@ -363,13 +389,15 @@ typedef struct {
   gcc_jit_lvalue *var;
 } counted_loop;
 
-static counted_loop open_loop(cg_ctx *c, gcc_jit_lvalue *var, gcc_jit_rvalue *from, gcc_jit_rvalue *to,
-                              const char *name) {
+static counted_loop open_loop(cg_ctx *c, gcc_jit_lvalue *var, gcc_jit_rvalue *from,
+                              gcc_jit_rvalue *to, const char *name) {
   counted_loop L = {new_block(c, name), new_block(c, name), var};
   gcc_jit_block *body = new_block(c, name);
   gcc_jit_block_add_assignment(c->cur, NULL, var, from);
   gcc_jit_block_end_with_jump(c->cur, NULL, L.cond);
-  cond_loop(L.cond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(var), to), body, L.after);
+  cond_loop(L.cond,
+            gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(var), to), body,
+            L.after);
   c->cur = body;
   return L;
 }
@@ -380,24 +408,29 @@ static void close_loop(cg_ctx *c, counted_loop *L) {
   c->cur = L->after;
 }
 
-static gcc_jit_rvalue *load_at(cg_ctx *c, const kernel_io *io, int q, gcc_jit_rvalue *pos, gcc_jit_rvalue *k) {
-  return rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->in_ptr[q]), add64(c, pos, mul64(c, k, rv(io->gstride[q])))));
+static gcc_jit_rvalue *load_at(cg_ctx *c, const kernel_io *io, int q, gcc_jit_rvalue *pos,
+                               gcc_jit_rvalue *k) {
+  return rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->in_ptr[q]),
+                                             add64(c, pos, mul64(c, k, rv(io->gstride[q])))));
 }
 
 /* scatter_add at the output coordinate `at`: base, then for k < m in
    order, + src[k] where index[k] == at (a pick, never a branch on the
    data: the loop over k is the only one) — the interpreter adds each
    output element's sources in this order too */
-static gcc_jit_rvalue *emit_scatter(cg_ctx *c, const kernel_io *io, kiln_dtype dt, gcc_jit_rvalue *base, int qi,
-                                    gcc_jit_rvalue *pi, int qs, gcc_jit_rvalue *ps, gcc_jit_rvalue *at, int i) {
-  gcc_jit_lvalue *acc = new_local(c, cg_type(c, dt), "sacc", i), *k = new_local(c, c->t_i64, "sk", i);
+static gcc_jit_rvalue *emit_scatter(cg_ctx *c, const kernel_io *io, kiln_dtype dt,
+                                    gcc_jit_rvalue *base, int qi, gcc_jit_rvalue *pi, int qs,
+                                    gcc_jit_rvalue *ps, gcc_jit_rvalue *at, int i) {
+  gcc_jit_lvalue *acc = new_local(c, cg_type(c, dt), "sacc", i),
+                 *k = new_local(c, c->t_i64, "sk", i);
   gcc_jit_block_add_assignment(c->cur, NULL, acc, base);
   counted_loop L = open_loop(c, k, i64v(c, 0), rv(io->gext[qi]), "scatter");
   tr_pnode add = {.op = VM_OP_add, .nin = 2, .meta = {.dtype = dt}};
   kiln_dtype dts[2] = {dt, dt};
   gcc_jit_rvalue *args[2] = {rv(acc), load_at(c, io, qs, ps, rv(k))};
   gcc_jit_rvalue *sum = cg_node(c, &add, dts, args);
-  gcc_jit_rvalue *hit = gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_EQ, load_at(c, io, qi, pi, rv(k)), at);
+  gcc_jit_rvalue *hit = gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_EQ,
+                                                       load_at(c, io, qi, pi, rv(k)), at);
   gcc_jit_block_add_assignment(c->cur, NULL, acc, cg_pick(c, dt, hit, sum, rv(acc)));
   close_loop(c, &L);
   return rv(acc);
@@ -407,8 +440,8 @@ static gcc_jit_rvalue *emit_scatter(cg_ctx *c, const kernel_io *io, kiln_dtype d
    position pos: the interpreter's scan (vm/kern_reduce.c arg_scan) — the
    first strict extreme, or the first NaN, whose index then stays — with
    picks instead of its early return */
-static gcc_jit_rvalue *emit_argscan(cg_ctx *c, const kernel_io *io, int q, kiln_dtype dt, bool is_max,
-                                    gcc_jit_rvalue *pos, int i) {
+static gcc_jit_rvalue *emit_argscan(cg_ctx *c, const kernel_io *io, int q, kiln_dtype dt,
+                                    bool is_max, gcc_jit_rvalue *pos, int i) {
   bool fl = vm_dtype_is_float(dt);
   gcc_jit_type *t = cg_type(c, dt);
   gcc_jit_lvalue *best = new_local(c, t, "abest", i), *bi = new_local(c, c->t_i64, "abi", i),
@@ -416,25 +449,33 @@ static gcc_jit_rvalue *emit_argscan(cg_ctx *c, const kernel_io *io, int q, kiln_
                  *v = new_local(c, t, "av", i);
   gcc_jit_block_add_assignment(c->cur, NULL, best, load_at(c, io, q, pos, i64v(c, 0)));
   gcc_jit_block_add_assignment(c->cur, NULL, bi, i64v(c, 0));
-  gcc_jit_block_add_assignment(c->cur, NULL, nan,
+  gcc_jit_block_add_assignment(
+      c->cur, NULL, nan,
       fl ? gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_NE, rv(best), rv(best))
          : gcc_jit_context_new_rvalue_from_int(c->ctx, c->t_bool, 0));
   counted_loop L = open_loop(c, k, i64v(c, 1), rv(io->gext[q]), "scan");
   gcc_jit_block *body = c->cur;
   gcc_jit_block_add_assignment(body, NULL, v, load_at(c, io, q, pos, rv(k)));
-  gcc_jit_rvalue *better = gcc_jit_context_new_comparison(c->ctx, NULL, is_max ? GCC_JIT_COMPARISON_GT : GCC_JIT_COMPARISON_LT,
-                                                          rv(v), rv(best));
-  gcc_jit_rvalue *isnan = fl ? gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_NE, rv(v), rv(v))
-                             : gcc_jit_context_new_rvalue_from_int(c->ctx, c->t_bool, 0);
+  gcc_jit_rvalue *better = gcc_jit_context_new_comparison(
+      c->ctx, NULL, is_max ? GCC_JIT_COMPARISON_GT : GCC_JIT_COMPARISON_LT, rv(v), rv(best));
+  gcc_jit_rvalue *isnan =
+      fl ? gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_NE, rv(v), rv(v))
+         : gcc_jit_context_new_rvalue_from_int(c->ctx, c->t_bool, 0);
   gcc_jit_lvalue *take = new_local(c, c->t_bool, "atake", i);
-  gcc_jit_block_add_assignment(body, NULL, take,
-      gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_LOGICAL_AND, c->t_bool,
-          gcc_jit_context_new_unary_op(c->ctx, NULL, GCC_JIT_UNARY_OP_LOGICAL_NEGATE, c->t_bool, rv(nan)),
-          gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_LOGICAL_OR, c->t_bool, better, isnan)));
+  gcc_jit_block_add_assignment(
+      body, NULL, take,
+      gcc_jit_context_new_binary_op(
+          c->ctx, NULL, GCC_JIT_BINARY_OP_LOGICAL_AND, c->t_bool,
+          gcc_jit_context_new_unary_op(c->ctx, NULL, GCC_JIT_UNARY_OP_LOGICAL_NEGATE, c->t_bool,
+                                       rv(nan)),
+          gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_LOGICAL_OR, c->t_bool,
+                                        better, isnan)));
   gcc_jit_block_add_assignment(body, NULL, best, cg_pick(c, dt, rv(take), rv(v), rv(best)));
   gcc_jit_block_add_assignment(body, NULL, bi, cg_pick(c, KILN_I64, rv(take), rv(k), rv(bi)));
-  gcc_jit_block_add_assignment(body, NULL, nan,
-      gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_LOGICAL_OR, c->t_bool, rv(nan), isnan));
+  gcc_jit_block_add_assignment(
+      body, NULL, nan,
+      gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_LOGICAL_OR, c->t_bool, rv(nan),
+                                    isnan));
   close_loop(c, &L);
   return rv(bi);
 }
@@ -442,20 +483,27 @@ static gcc_jit_rvalue *emit_argscan(cg_ctx *c, const kernel_io *io, int q, kiln_
 /* concat of parts qs[0..n) at the output coordinate `at`: each part read at
    at less the extents before it, clamped into the part (every load stays
    in bounds), then the one whose range holds `at` picked */
-static gcc_jit_rvalue *emit_concat(cg_ctx *c, const kernel_io *io, kiln_dtype dt, int n, const int *qs,
-                                   gcc_jit_rvalue *const *pos, gcc_jit_rvalue *at, int i) {
+static gcc_jit_rvalue *emit_concat(cg_ctx *c, const kernel_io *io, kiln_dtype dt, int n,
+                                   const int *qs, gcc_jit_rvalue *const *pos, gcc_jit_rvalue *at,
+                                   int i) {
   gcc_jit_rvalue *vals[3] = {0}, *ends[3] = {0}, *from = i64v(c, 0);
   for (int j = 0; j < n; j++) {
     int q = qs[j];
     gcc_jit_lvalue *cc = new_local(c, c->t_i64, "cc", 3 * i + j);
     gcc_jit_rvalue *last = add64(c, rv(io->gext[q]), i64v(c, -1));
-    gcc_jit_block_add_assignment(c->cur, NULL, cc,
+    gcc_jit_block_add_assignment(
+        c->cur, NULL, cc,
         gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, at, from));
-    gcc_jit_block_add_assignment(c->cur, NULL, cc,
-        cg_pick(c, KILN_I64, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(cc), i64v(c, 0)),
-                i64v(c, 0), rv(cc)));
-    gcc_jit_block_add_assignment(c->cur, NULL, cc,
-        cg_pick(c, KILN_I64, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_GT, rv(cc), last),
+    gcc_jit_block_add_assignment(
+        c->cur, NULL, cc,
+        cg_pick(
+            c, KILN_I64,
+            gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(cc), i64v(c, 0)),
+            i64v(c, 0), rv(cc)));
+    gcc_jit_block_add_assignment(
+        c->cur, NULL, cc,
+        cg_pick(c, KILN_I64,
+                gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_GT, rv(cc), last),
                 last, rv(cc)));
     gcc_jit_lvalue *v = new_local(c, cg_type(c, dt), "part", 3 * i + j);
     gcc_jit_block_add_assignment(c->cur, NULL, v, load_at(c, io, q, pos[j], rv(cc)));
@@ -464,7 +512,9 @@ static gcc_jit_rvalue *emit_concat(cg_ctx *c, const kernel_io *io, kiln_dtype dt
   }
   gcc_jit_rvalue *value = vals[n - 1];
   for (int j = n - 2; j >= 0; j--)
-    value = cg_pick(c, dt, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, at, ends[j]), vals[j], value);
+    value = cg_pick(
+        c, dt, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, at, ends[j]),
+        vals[j], value);
   return value;
 }
 
@@ -473,8 +523,8 @@ static gcc_jit_rvalue *emit_concat(cg_ctx *c, const kernel_io *io, kiln_dtype dt
    given; the others must already hold their values); a node's inputs are
    group locals or loads */
 static bool emit_nodes(cg_ctx *c, const tr_plan *plan, const tr_group *grp, const kernel_shape *ks,
-                       const kernel_io *io, gcc_jit_rvalue **in_val, gcc_jit_rvalue *params, int stop,
-                       const bool *want, const char *prefix, gcc_jit_lvalue **node_val) {
+                       const kernel_io *io, gcc_jit_rvalue **in_val, gcc_jit_rvalue *params,
+                       int stop, const bool *want, const char *prefix, gcc_jit_lvalue **node_val) {
   for (int i = grp->first; i < stop; i++) {
     const tr_pnode *p = &plan->nodes[i];
     if (!ks->compute[i - grp->first] || (want && !want[i - grp->first])) continue;
@@ -505,7 +555,8 @@ static bool emit_nodes(cg_ctx *c, const tr_plan *plan, const tr_group *grp, cons
       return false;
     } else if (p->op == VM_OP_scatter_add) {
       if (qs[1] < 0 || qs[2] < 0 || !io->gext[qs[1]] || !io->gext[qs[2]]) return false;
-      value = emit_scatter(c, io, p->meta.dtype, args[0], qs[1], args[1], qs[2], args[2], in_val[qc], i);
+      value = emit_scatter(c, io, p->meta.dtype, args[0], qs[1], args[1], qs[2], args[2],
+                           in_val[qc], i);
     } else if (vm_op_scans(p->op)) {
       if (qs[0] < 0 || ks->in_role[qs[0]] != KERNEL_IN_SCAN || !io->gext[qs[0]]) return false;
       value = emit_argscan(c, io, qs[0], io->in_dt[qs[0]], p->op == VM_OP_argmax, args[0], i);
@@ -516,10 +567,11 @@ static bool emit_nodes(cg_ctx *c, const tr_plan *plan, const tr_group *grp, cons
     } else if (p->op == VM_OP_full) { /* a runtime parameter: 8-byte slot `slot` */
       int slot = 0;
       while (ks->params[slot] != i) slot++;
-      gcc_jit_type *pt = gcc_jit_type_get_pointer(gcc_jit_type_get_const(cg_type(c, p->meta.dtype)));
+      gcc_jit_type *pt =
+          gcc_jit_type_get_pointer(gcc_jit_type_get_const(cg_type(c, p->meta.dtype)));
       long per = 8 / (long)vm_dtype_size(p->meta.dtype);
-      value = rv(gcc_jit_context_new_array_access(c->ctx, NULL, gcc_jit_context_new_cast(c->ctx, NULL, params, pt),
-                                                  i64v(c, slot * per)));
+      value = rv(gcc_jit_context_new_array_access(
+          c->ctx, NULL, gcc_jit_context_new_cast(c->ctx, NULL, params, pt), i64v(c, slot * per)));
     } else {
       value = cg_node(c, p, adt, args);
     }
@@ -543,8 +595,8 @@ static void new_kernel_fn(cg_ctx *c, const char *name, gcc_jit_param *prm[5]) {
 }
 
 /* emits the kernel function of group g named `name` */
-bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
-                 const char *name) {
+bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
+                 const kernel_shape *ks, const char *name) {
   const tr_group *grp = &plan->groups[g];
   gcc_jit_param *prm[5];
   new_kernel_fn(c, name, prm);
@@ -574,37 +626,56 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, 
   gcc_jit_block_add_assignment(entry, NULL, flat, gcc_jit_param_as_rvalue(prm[3]));
   gcc_jit_block_end_with_jump(entry, NULL, rows);
   /* rows: while (flat < end) */
-  gcc_jit_block_end_with_conditional(rows, NULL,
-      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(flat), gcc_jit_param_as_rvalue(prm[4])),
+  gcc_jit_block_end_with_conditional(
+      rows, NULL,
+      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(flat),
+                                     gcc_jit_param_as_rvalue(prm[4])),
       row_body, done);
   /* row: row, j0, j1, offsets from the row's multi-index */
   c->cur = row_body;
   gcc_jit_block_add_assignment(row_body, NULL, row,
-      gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_DIVIDE, c->t_i64, rv(flat), rv(inner)));
-  gcc_jit_block_add_assignment(row_body, NULL, j0,
-      gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(flat), mul64(c, rv(row), rv(inner))));
-  gcc_jit_block_add_assignment(row_body, NULL, j1,
-      add64(c, rv(j0), gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, gcc_jit_param_as_rvalue(prm[4]), rv(flat))));
+                               gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_DIVIDE,
+                                                             c->t_i64, rv(flat), rv(inner)));
+  gcc_jit_block_add_assignment(
+      row_body, NULL, j0,
+      gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(flat),
+                                    mul64(c, rv(row), rv(inner))));
+  gcc_jit_block_add_assignment(
+      row_body, NULL, j1,
+      add64(c, rv(j0),
+            gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64,
+                                          gcc_jit_param_as_rvalue(prm[4]), rv(flat))));
   {
     gcc_jit_block *clip = new_block(c, "clip"), *after = new_block(c, "after");
-    gcc_jit_block_end_with_conditional(row_body, NULL,
-        gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_GT, rv(j1), rv(inner)), clip, after);
+    gcc_jit_block_end_with_conditional(
+        row_body, NULL,
+        gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_GT, rv(j1), rv(inner)),
+        clip, after);
     gcc_jit_block_add_assignment(clip, NULL, j1, rv(inner));
     gcc_jit_block_end_with_jump(clip, NULL, after);
-    for (int q = 0; q < ks->nin; q++) gcc_jit_block_add_assignment(after, NULL, io.off[q], i64v(c, 0));
+    for (int q = 0; q < ks->nin; q++)
+      gcc_jit_block_add_assignment(after, NULL, io.off[q], i64v(c, 0));
     gcc_jit_block_add_assignment(after, NULL, r, rv(row));
-    gcc_jit_block_add_assignment(after, NULL, d,
-        gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(nd), i64v(c, 2)));
+    gcc_jit_block_add_assignment(
+        after, NULL, d,
+        gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(nd),
+                                      i64v(c, 2)));
     gcc_jit_block_end_with_jump(after, NULL, dims);
   }
-  gcc_jit_block_end_with_conditional(dims, NULL,
-      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_GE, rv(d), i64v(c, 0)), dim_body, setup);
+  gcc_jit_block_end_with_conditional(
+      dims, NULL,
+      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_GE, rv(d), i64v(c, 0)),
+      dim_body, setup);
   {
     gcc_jit_rvalue *size = meta_at(c, meta, add64(c, rv(d), i64v(c, 1)));
-    gcc_jit_block_add_assignment(dim_body, NULL, idx,
-        gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MODULO, c->t_i64, rv(r), size));
-    gcc_jit_block_add_assignment(dim_body, NULL, r,
-        gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_DIVIDE, c->t_i64, rv(r), size));
+    gcc_jit_block_add_assignment(
+        dim_body, NULL, idx,
+        gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MODULO, c->t_i64, rv(r),
+                                      size));
+    gcc_jit_block_add_assignment(
+        dim_body, NULL, r,
+        gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_DIVIDE, c->t_i64, rv(r),
+                                      size));
     for (int q = 0; q < ks->nin; q++) {
       /* strides of input q start at 1 + nd + q*nd */
       gcc_jit_rvalue *at = add64(c, add64(c, i64v(c, 1), mul64(c, rv(nd), i64v(c, q + 1))), rv(d));
@@ -617,33 +688,40 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, 
   /* setup: hoisted broadcast values and generic strides */
   for (int q = 0; q < ks->nin; q++) {
     gcc_jit_rvalue *at = add64(c, i64v(c, 1), mul64(c, rv(nd), i64v(c, q + 2)));
-    gcc_jit_block_add_assignment(setup, NULL, io.step[q], meta_at(c, meta, add64(c, at, i64v(c, -1))));
+    gcc_jit_block_add_assignment(setup, NULL, io.step[q],
+                                 meta_at(c, meta, add64(c, at, i64v(c, -1))));
     if (ks->stride_class[q] == 0 && !kernel_role_positional(ks->in_role[q]))
-      gcc_jit_block_add_assignment(setup, NULL, io.hoist[q],
+      gcc_jit_block_add_assignment(
+          setup, NULL, io.hoist[q],
           rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
   }
   gcc_jit_block_add_assignment(setup, NULL, j, rv(j0));
   gcc_jit_block_end_with_jump(setup, NULL, inner_cond);
-  gcc_jit_block_end_with_conditional(inner_cond, NULL,
-      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(j), rv(j1)), inner_body, row_next);
+  gcc_jit_block_end_with_conditional(
+      inner_cond, NULL,
+      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(j), rv(j1)),
+      inner_body, row_next);
   /* the inner body: loads, the group's nodes, stores */
   c->cur = inner_body;
   gcc_jit_rvalue *in_val[KERNEL_MAX_IO];
   emit_loads(c, ks, &io, rv(j), in_val);
   gcc_jit_lvalue **node_val = calloc((size_t)(grp->last - grp->first + 1), sizeof *node_val);
-  bool ok = node_val && emit_nodes(c, plan, grp, ks, &io, in_val, params, grp->last + 1, NULL, "v", node_val);
+  bool ok = node_val &&
+            emit_nodes(c, plan, grp, ks, &io, in_val, params, grp->last + 1, NULL, "v", node_val);
   if (ok) {
     gcc_jit_rvalue *at = add64(c, mul64(c, rv(row), rv(inner)), rv(j));
     for (int q = 0; q < ks->nout; q++)
-      gcc_jit_block_add_assignment(c->cur, NULL,
-          gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[q]), at),
+      gcc_jit_block_add_assignment(
+          c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[q]), at),
           rv(node_val[ks->outs[q] - grp->first]));
     gcc_jit_block_add_assignment_op(c->cur, NULL, j, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
     gcc_jit_block_end_with_jump(c->cur, NULL, inner_cond);
   }
   free(node_val);
-  gcc_jit_block_add_assignment_op(row_next, NULL, flat, GCC_JIT_BINARY_OP_PLUS,
-      gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(j1), rv(j0)));
+  gcc_jit_block_add_assignment_op(
+      row_next, NULL, flat, GCC_JIT_BINARY_OP_PLUS,
+      gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(j1),
+                                    rv(j0)));
   gcc_jit_block_end_with_jump(row_next, NULL, rows);
   gcc_jit_block_end_with_void_return(done, NULL);
   return ok;
@@ -702,12 +780,16 @@ static gcc_jit_rvalue *combine(cg_ctx *c, vm_opcode op, kiln_dtype dt, gcc_jit_r
   switch (op) {
     case VM_OP_sum:
     case VM_OP_prod: {
-      enum gcc_jit_binary_op bop = op == VM_OP_sum ? GCC_JIT_BINARY_OP_PLUS : GCC_JIT_BINARY_OP_MULT;
+      enum gcc_jit_binary_op bop =
+          op == VM_OP_sum ? GCC_JIT_BINARY_OP_PLUS : GCC_JIT_BINARY_OP_MULT;
       if (fl) return gcc_jit_context_new_binary_op(c->ctx, NULL, bop, t, acc, v);
       gcc_jit_type *u = c->t_u64; /* integer sums/products wrap */
-      return gcc_jit_context_new_cast(c->ctx, NULL,
-          gcc_jit_context_new_binary_op(c->ctx, NULL, bop, u, gcc_jit_context_new_cast(c->ctx, NULL, acc, u),
-                                        gcc_jit_context_new_cast(c->ctx, NULL, v, u)), t);
+      return gcc_jit_context_new_cast(
+          c->ctx, NULL,
+          gcc_jit_context_new_binary_op(c->ctx, NULL, bop, u,
+                                        gcc_jit_context_new_cast(c->ctx, NULL, acc, u),
+                                        gcc_jit_context_new_cast(c->ctx, NULL, v, u)),
+          t);
     }
     default: { /* max / min, NaN wins: the interpreter's (acc != acc || acc >= v) ? acc : v */
       tr_pnode fake = {.op = op == VM_OP_max ? VM_OP_maximum : VM_OP_minimum};
@@ -723,7 +805,8 @@ static gcc_jit_rvalue *identity(cg_ctx *c, vm_opcode op, kiln_dtype dt) {
   double v = op == VM_OP_sum ? 0 : op == VM_OP_prod ? 1 : 0;
   if (op == VM_OP_max || op == VM_OP_min) {
     bool mx = op == VM_OP_max;
-    if (vm_dtype_is_float(dt)) return gcc_jit_context_new_rvalue_from_double(c->ctx, t, mx ? -INFINITY : INFINITY);
+    if (vm_dtype_is_float(dt))
+      return gcc_jit_context_new_rvalue_from_double(c->ctx, t, mx ? -INFINITY : INFINITY);
     long lim = dt == KILN_I32 ? (mx ? INT32_MIN : INT32_MAX) : (mx ? INT64_MIN : INT64_MAX);
     return gcc_jit_context_new_rvalue_from_long(c->ctx, t, lim);
   }
@@ -735,10 +818,12 @@ static gcc_jit_rvalue *min64(cg_ctx *c, gcc_jit_block *b, gcc_jit_lvalue *tmp, g
                              gcc_jit_rvalue *lim) {
   /* tmp = x < lim ? x : lim, as straight-line code in block b */
   gcc_jit_block_add_assignment(b, NULL, tmp, x);
-  gcc_jit_rvalue *lt = gcc_jit_context_new_cast(c->ctx, NULL,
+  gcc_jit_rvalue *lt = gcc_jit_context_new_cast(
+      c->ctx, NULL,
       gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(tmp), lim), c->t_i64);
   /* lim + (x - lim) * (x < lim) */
-  gcc_jit_rvalue *diff = gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(tmp), lim);
+  gcc_jit_rvalue *diff =
+      gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(tmp), lim);
   return add64(c, lim, mul64(c, diff, lt));
 }
 
@@ -756,9 +841,9 @@ typedef struct {
   const bool *want;                /* the nodes this pass evaluates (NULL: all up to reduce) */
   gcc_jit_lvalue **node_val;       /* row-level values, kept between passes */
   int npass;
-  const bool *avail;               /* row kernels: values kept in the scratch row: loaded */
-  const bool *store_now;           /* and those this pass computes first: stored */
-  gcc_jit_lvalue **stash_ptr;      /* typed pointer to each kept value's scratch slot */
+  const bool *avail;          /* row kernels: values kept in the scratch row: loaded */
+  const bool *store_now;      /* and those this pass computes first: stored */
+  gcc_jit_lvalue **stash_ptr; /* typed pointer to each kept value's scratch slot */
 } position_ctx;
 
 /* a kept value's scratch element r */
@@ -773,22 +858,24 @@ static void load_kept(cg_ctx *c, const tr_plan *plan, const tr_group *grp, const
   for (int i = grp->first; avail && i <= grp->last; i++)
     if (avail[i - grp->first]) {
       node_val[i - grp->first] = new_local(c, cg_type(c, plan->nodes[i].meta.dtype), prefix, i);
-      gcc_jit_block_add_assignment(c->cur, NULL, node_val[i - grp->first], rv(stash_at(c, stash_ptr[i - grp->first], r)));
+      gcc_jit_block_add_assignment(c->cur, NULL, node_val[i - grp->first],
+                                   rv(stash_at(c, stash_ptr[i - grp->first], r)));
     }
 }
 
 /* after them: the kept values this pass computed first */
-static void store_kept(cg_ctx *c, const tr_group *grp, const bool *store_now, gcc_jit_lvalue **stash_ptr,
-                       gcc_jit_rvalue *r, gcc_jit_lvalue **node_val) {
+static void store_kept(cg_ctx *c, const tr_group *grp, const bool *store_now,
+                       gcc_jit_lvalue **stash_ptr, gcc_jit_rvalue *r, gcc_jit_lvalue **node_val) {
   for (int i = grp->first; store_now && i <= grp->last; i++)
     if (store_now[i - grp->first])
-      gcc_jit_block_add_assignment(c->cur, NULL, stash_at(c, stash_ptr[i - grp->first], r), rv(node_val[i - grp->first]));
+      gcc_jit_block_add_assignment(c->cur, NULL, stash_at(c, stash_ptr[i - grp->first], r),
+                                   rv(node_val[i - grp->first]));
 }
 
 /* the value the reduction at pc->reduce folds at position r, cast to
    acc_dt; prefix names the locals of this copy of the producers */
-static gcc_jit_rvalue *emit_position(cg_ctx *c, position_ctx *pc, gcc_jit_rvalue *r, kiln_dtype acc_dt,
-                                     const char *prefix) {
+static gcc_jit_rvalue *emit_position(cg_ctx *c, position_ctx *pc, gcc_jit_rvalue *r,
+                                     kiln_dtype acc_dt, const char *prefix) {
   const tr_group *grp = pc->grp;
   const kernel_shape *ks = pc->ks;
   const tr_pnode *red = &pc->plan->nodes[pc->reduce];
@@ -802,7 +889,8 @@ static gcc_jit_rvalue *emit_position(cg_ctx *c, position_ctx *pc, gcc_jit_rvalue
   snprintf(name, sizeof name, "%s%d", prefix, pc->npass);
   snprintf(kept, sizeof kept, "k%s%d", prefix, pc->npass);
   load_kept(c, pc->plan, grp, pc->avail, pc->stash_ptr, r, kept, node_val);
-  if (!emit_nodes(c, pc->plan, grp, ks, pc->io, in_val, pc->params, pc->reduce, pc->want, name, node_val)) {
+  if (!emit_nodes(c, pc->plan, grp, ks, pc->io, in_val, pc->params, pc->reduce, pc->want, name,
+                  node_val)) {
     free(node_val);
     return NULL;
   }
@@ -823,10 +911,13 @@ static gcc_jit_rvalue *emit_position(cg_ctx *c, position_ctx *pc, gcc_jit_rvalue
   gcc_jit_rvalue *at = add64(c, pc->row_at, r);
   for (int q = 0; pc->store && q < ks->nout; q++) /* producers read elsewhere */
     if (ks->outs[q] != pc->reduce)
-      gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(pc->io->out_ptr[q]), at),
-                                   rv(node_val[ks->outs[q] - grp->first]));
+      gcc_jit_block_add_assignment(
+          c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(pc->io->out_ptr[q]), at),
+          rv(node_val[ks->outs[q] - grp->first]));
   free(node_val);
-  return acc_dt == red->meta.dtype ? value : gcc_jit_context_new_cast(c->ctx, NULL, value, cg_type(c, acc_dt));
+  return acc_dt == red->meta.dtype
+             ? value
+             : gcc_jit_context_new_cast(c->ctx, NULL, value, cg_type(c, acc_dt));
 }
 
 static gcc_jit_rvalue *lane(cg_ctx *c, gcc_jit_lvalue *lanes, gcc_jit_rvalue *l) {
@@ -837,59 +928,78 @@ static gcc_jit_rvalue *lane(cg_ctx *c, gcc_jit_lvalue *lanes, gcc_jit_rvalue *l)
    blocks of REDUCE_BLOCK, each through the lane loop; ends with c->cur
    after the fold.  `tag` keeps this fold's locals and blocks apart from
    other folds of the same function. */
-static bool emit_fold(cg_ctx *c, position_ctx *pc, gcc_jit_lvalue *acc, gcc_jit_lvalue *r, gcc_jit_rvalue *rlim,
-                      int tag) {
+static bool emit_fold(cg_ctx *c, position_ctx *pc, gcc_jit_lvalue *acc, gcc_jit_lvalue *r,
+                      gcc_jit_rvalue *rlim, int tag) {
   const tr_pnode *red = &pc->plan->nodes[pc->reduce];
   kiln_dtype acc_dt = vm_fold_acc_dtype(red->op, red->meta.dtype);
   long nlanes = REDUCE_LANE_BYTES / (long)vm_dtype_size(acc_dt);
   gcc_jit_type *acc_t = cg_type(c, acc_dt);
   gcc_jit_lvalue *rend = new_local(c, c->t_i64, "rend", tag), *l = new_local(c, c->t_i64, "l", tag),
                  *tmp = new_local(c, c->t_i64, "tmp", tag),
-                 *lanes = new_local(c, gcc_jit_context_new_array_type(c->ctx, NULL, acc_t, (int)nlanes), "lanes", tag);
-  gcc_jit_block *outer = new_block(c, "outer"), *blk_init = new_block(c, "blk"), *vcond = new_block(c, "vcond"),
-                *vinit = new_block(c, "vinit"), *lcond = new_block(c, "lcond"), *lbody = new_block(c, "lbody"),
-                *vnext = new_block(c, "vnext"), *tcond = new_block(c, "tcond"), *tbody = new_block(c, "tbody"),
-                *blk_done = new_block(c, "blkdone"), *after = new_block(c, "folded");
+                 *lanes =
+                     new_local(c, gcc_jit_context_new_array_type(c->ctx, NULL, acc_t, (int)nlanes),
+                               "lanes", tag);
+  gcc_jit_block *outer = new_block(c, "outer"), *blk_init = new_block(c, "blk"),
+                *vcond = new_block(c, "vcond"), *vinit = new_block(c, "vinit"),
+                *lcond = new_block(c, "lcond"), *lbody = new_block(c, "lbody"),
+                *vnext = new_block(c, "vnext"), *tcond = new_block(c, "tcond"),
+                *tbody = new_block(c, "tbody"), *blk_done = new_block(c, "blkdone"),
+                *after = new_block(c, "folded");
   gcc_jit_block_add_assignment(c->cur, NULL, acc, identity(c, red->op, acc_dt));
   gcc_jit_block_end_with_jump(c->cur, NULL, outer);
-  cond_loop(outer, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rlim), blk_init, after);
+  cond_loop(outer, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rlim),
+            blk_init, after);
   /* a block: lanes reset, its end */
   for (long k = 0; k < nlanes; k++)
-    gcc_jit_block_add_assignment(blk_init, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), i64v(c, k)),
-                                 identity(c, red->op, acc_dt));
-  gcc_jit_block_add_assignment(blk_init, NULL, rend, min64(c, blk_init, tmp, add64(c, rv(r), i64v(c, REDUCE_BLOCK)), rlim));
+    gcc_jit_block_add_assignment(
+        blk_init, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), i64v(c, k)),
+        identity(c, red->op, acc_dt));
+  gcc_jit_block_add_assignment(
+      blk_init, NULL, rend, min64(c, blk_init, tmp, add64(c, rv(r), i64v(c, REDUCE_BLOCK)), rlim));
   gcc_jit_block_end_with_jump(blk_init, NULL, vcond);
   /* full steps of L positions: the vectorized lane loop */
-  cond_loop(vcond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LE, add64(c, rv(r), i64v(c, nlanes)), rv(rend)),
+  cond_loop(vcond,
+            gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LE,
+                                           add64(c, rv(r), i64v(c, nlanes)), rv(rend)),
             vinit, tcond);
   gcc_jit_block_add_assignment(vinit, NULL, l, i64v(c, 0));
   gcc_jit_block_end_with_jump(vinit, NULL, lcond);
-  cond_loop(lcond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(l), i64v(c, nlanes)), lbody, vnext);
+  cond_loop(
+      lcond,
+      gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(l), i64v(c, nlanes)),
+      lbody, vnext);
   c->cur = lbody;
   gcc_jit_rvalue *val = emit_position(c, pc, add64(c, rv(r), rv(l)), acc_dt, "v");
   if (!val) return false;
-  gcc_jit_rvalue *next = combine(c, red->op, acc_dt, lane(c, lanes, rv(l)), val); /* may add blocks */
-  gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), rv(l)), next);
+  gcc_jit_rvalue *next =
+      combine(c, red->op, acc_dt, lane(c, lanes, rv(l)), val); /* may add blocks */
+  gcc_jit_block_add_assignment(
+      c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), rv(l)), next);
   gcc_jit_block_add_assignment_op(c->cur, NULL, l, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
   gcc_jit_block_end_with_jump(c->cur, NULL, lcond);
   gcc_jit_block_add_assignment_op(vnext, NULL, r, GCC_JIT_BINARY_OP_PLUS, i64v(c, nlanes));
   gcc_jit_block_end_with_jump(vnext, NULL, vcond);
   /* the block's tail, one position at a time into lane 0 */
-  cond_loop(tcond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rv(rend)), tbody, blk_done);
+  cond_loop(tcond,
+            gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rv(rend)),
+            tbody, blk_done);
   c->cur = tbody;
   val = emit_position(c, pc, rv(r), acc_dt, "t");
   if (!val) return false;
   next = combine(c, red->op, acc_dt, lane(c, lanes, i64v(c, 0)), val);
-  gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), i64v(c, 0)), next);
+  gcc_jit_block_add_assignment(
+      c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), i64v(c, 0)), next);
   gcc_jit_block_add_assignment_op(c->cur, NULL, r, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
   gcc_jit_block_end_with_jump(c->cur, NULL, tcond);
   /* block done: a tree fold of the lanes into acc */
   c->cur = blk_done;
   for (long w = nlanes / 2; w >= 1; w /= 2)
     for (long k = 0; k < w; k++) {
-      gcc_jit_rvalue *folded = combine(c, red->op, acc_dt, lane(c, lanes, i64v(c, k)), lane(c, lanes, i64v(c, k + w)));
-      gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), i64v(c, k)),
-                                   folded);
+      gcc_jit_rvalue *folded =
+          combine(c, red->op, acc_dt, lane(c, lanes, i64v(c, k)), lane(c, lanes, i64v(c, k + w)));
+      gcc_jit_block_add_assignment(
+          c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(lanes), i64v(c, k)),
+          folded);
     }
   next = combine(c, red->op, acc_dt, rv(acc), lane(c, lanes, i64v(c, 0)));
   gcc_jit_block_add_assignment(c->cur, NULL, acc, next);
@@ -905,14 +1015,17 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
   gcc_jit_param *prm[5];
   new_kernel_fn(c, name, prm);
   gcc_jit_rvalue *bufs = gcc_jit_param_as_rvalue(prm[0]), *meta = gcc_jit_param_as_rvalue(prm[1]);
-  gcc_jit_block *entry = new_block(c, "entry"), *rows = new_block(c, "rows"), *row = new_block(c, "row"),
-                *done = new_block(c, "done");
+  gcc_jit_block *entry = new_block(c, "entry"), *rows = new_block(c, "rows"),
+                *row = new_block(c, "row"), *done = new_block(c, "done");
   kiln_dtype out_dt = red->meta.dtype, acc_dt = vm_fold_acc_dtype(red->op, out_dt);
-  gcc_jit_lvalue *count = new_local(c, c->t_i64, "count", 0), *chunk = new_local(c, c->t_i64, "chunk", 0),
-                 *nchunks = new_local(c, c->t_i64, "nchunks", 0), *v = new_local(c, c->t_i64, "v", 0),
-                 *o = new_local(c, c->t_i64, "o", 0), *r = new_local(c, c->t_i64, "r", 0),
-                 *rlim = new_local(c, c->t_i64, "rlim", 0), *row_at = new_local(c, c->t_i64, "rowat", 0),
-                 *tmp = new_local(c, c->t_i64, "tmp", 0), *acc = new_local(c, cg_type(c, acc_dt), "acc", 0);
+  gcc_jit_lvalue *count = new_local(c, c->t_i64, "count", 0),
+                 *chunk = new_local(c, c->t_i64, "chunk", 0),
+                 *nchunks = new_local(c, c->t_i64, "nchunks", 0),
+                 *v = new_local(c, c->t_i64, "v", 0), *o = new_local(c, c->t_i64, "o", 0),
+                 *r = new_local(c, c->t_i64, "r", 0), *rlim = new_local(c, c->t_i64, "rlim", 0),
+                 *row_at = new_local(c, c->t_i64, "rowat", 0),
+                 *tmp = new_local(c, c->t_i64, "tmp", 0),
+                 *acc = new_local(c, cg_type(c, acc_dt), "acc", 0);
   kernel_io io; /* io.off holds each input's row base */
   gcc_jit_block_add_assignment(entry, NULL, count, meta_at(c, meta, i64v(c, 1)));
   gcc_jit_block_add_assignment(entry, NULL, chunk, meta_at(c, meta, i64v(c, 2)));
@@ -923,31 +1036,47 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
   emit_gather_strides(c, entry, meta, i64v(c, 4 + 2 * ks->nin), ks, &io);
   gcc_jit_block_add_assignment(entry, NULL, v, gcc_jit_param_as_rvalue(prm[3]));
   gcc_jit_block_end_with_jump(entry, NULL, rows);
-  cond_loop(rows, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(v), gcc_jit_param_as_rvalue(prm[4])),
+  cond_loop(rows,
+            gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(v),
+                                           gcc_jit_param_as_rvalue(prm[4])),
             row, done);
   /* row: o, the chunk's positions, the inputs' row bases */
   gcc_jit_block_add_assignment(row, NULL, o,
-      gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_DIVIDE, c->t_i64, rv(v), rv(nchunks)));
-  gcc_jit_block_add_assignment(row, NULL, r,
-      mul64(c, gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(v),
-                                             mul64(c, rv(o), rv(nchunks))), rv(chunk)));
-  gcc_jit_block_add_assignment(row, NULL, rlim, min64(c, row, tmp, add64(c, rv(r), rv(chunk)), rv(count)));
+                               gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_DIVIDE,
+                                                             c->t_i64, rv(v), rv(nchunks)));
+  gcc_jit_block_add_assignment(
+      row, NULL, r,
+      mul64(c,
+            gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(v),
+                                          mul64(c, rv(o), rv(nchunks))),
+            rv(chunk)));
+  gcc_jit_block_add_assignment(row, NULL, rlim,
+                               min64(c, row, tmp, add64(c, rv(r), rv(chunk)), rv(count)));
   gcc_jit_block_add_assignment(row, NULL, row_at, mul64(c, rv(o), rv(count)));
   for (int q = 0; q < ks->nin; q++) {
-    gcc_jit_block_add_assignment(row, NULL, io.off[q], mul64(c, rv(o), meta_at(c, meta, i64v(c, 4 + 2 * q))));
+    gcc_jit_block_add_assignment(row, NULL, io.off[q],
+                                 mul64(c, rv(o), meta_at(c, meta, i64v(c, 4 + 2 * q))));
     if (ks->stride_class[q] == 0 && !kernel_role_positional(ks->in_role[q]))
-      gcc_jit_block_add_assignment(row, NULL, io.hoist[q],
+      gcc_jit_block_add_assignment(
+          row, NULL, io.hoist[q],
           rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
   }
   c->cur = row;
-  position_ctx pc = {.plan = plan, .grp = grp, .ks = ks, .io = &io, .params = gcc_jit_param_as_rvalue(prm[2]),
-                     .row_at = rv(row_at), .reduce = ks->reduce, .store = true};
+  position_ctx pc = {.plan = plan,
+                     .grp = grp,
+                     .ks = ks,
+                     .io = &io,
+                     .params = gcc_jit_param_as_rvalue(prm[2]),
+                     .row_at = rv(row_at),
+                     .reduce = ks->reduce,
+                     .store = true};
   if (!emit_fold(c, &pc, acc, r, rv(rlim), 0)) return false;
   /* the chunk's value */
   int qr = 0;
   while (ks->outs[qr] != ks->reduce) qr++;
-  gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[qr]), rv(v)),
-                               gcc_jit_context_new_cast(c->ctx, NULL, rv(acc), cg_type(c, out_dt)));
+  gcc_jit_block_add_assignment(
+      c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[qr]), rv(v)),
+      gcc_jit_context_new_cast(c->ctx, NULL, rv(acc), cg_type(c, out_dt)));
   gcc_jit_block_add_assignment_op(c->cur, NULL, v, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
   gcc_jit_block_end_with_jump(c->cur, NULL, rows);
   gcc_jit_block_end_with_void_return(done, NULL);
@@ -998,15 +1127,18 @@ bool kernel_emit_reduce_cols(cg_ctx *c, const tr_plan *plan, int g, const cpu_le
   new_kernel_fn(c, name, prm);
   gcc_jit_rvalue *bufs = gcc_jit_param_as_rvalue(prm[0]), *meta = gcc_jit_param_as_rvalue(prm[1]);
   kiln_dtype out_dt = red->meta.dtype, acc_dt = vm_fold_acc_dtype(red->op, out_dt);
-  gcc_jit_type *acc_t = cg_type(c, acc_dt), *arr_t = gcc_jit_context_new_array_type(c->ctx, NULL, acc_t, KERNEL_COLS);
-  gcc_jit_block *entry = new_block(c, "entry"), *items = new_block(c, "items"), *item = new_block(c, "item"),
-                *done = new_block(c, "done");
-  gcc_jit_lvalue *count = new_local(c, c->t_i64, "count", 0), *inner = new_local(c, c->t_i64, "inner", 0),
-                 *nblocks = new_local(c, c->t_i64, "nblocks", 0), *v = new_local(c, c->t_i64, "v", 0),
-                 *o = new_local(c, c->t_i64, "o", 0), *b0 = new_local(c, c->t_i64, "b0", 0),
-                 *w = new_local(c, c->t_i64, "w", 0), *r = new_local(c, c->t_i64, "r", 0),
-                 *rend = new_local(c, c->t_i64, "rend", 0), *b = new_local(c, c->t_i64, "b", 0),
-                 *k = new_local(c, c->t_i64, "k", 0), *tmp = new_local(c, c->t_i64, "tmp", 0),
+  gcc_jit_type *acc_t = cg_type(c, acc_dt),
+               *arr_t = gcc_jit_context_new_array_type(c->ctx, NULL, acc_t, KERNEL_COLS);
+  gcc_jit_block *entry = new_block(c, "entry"), *items = new_block(c, "items"),
+                *item = new_block(c, "item"), *done = new_block(c, "done");
+  gcc_jit_lvalue *count = new_local(c, c->t_i64, "count", 0),
+                 *inner = new_local(c, c->t_i64, "inner", 0),
+                 *nblocks = new_local(c, c->t_i64, "nblocks", 0),
+                 *v = new_local(c, c->t_i64, "v", 0), *o = new_local(c, c->t_i64, "o", 0),
+                 *b0 = new_local(c, c->t_i64, "b0", 0), *w = new_local(c, c->t_i64, "w", 0),
+                 *r = new_local(c, c->t_i64, "r", 0), *rend = new_local(c, c->t_i64, "rend", 0),
+                 *b = new_local(c, c->t_i64, "b", 0), *k = new_local(c, c->t_i64, "k", 0),
+                 *tmp = new_local(c, c->t_i64, "tmp", 0),
                  *row_at = new_local(c, c->t_i64, "rowat", 0), *acc = new_local(c, arr_t, "acc", 0),
                  *blk = new_local(c, arr_t, "blk", 0);
   kernel_io io;
@@ -1018,64 +1150,93 @@ bool kernel_emit_reduce_cols(cg_ctx *c, const tr_plan *plan, int g, const cpu_le
     gcc_jit_block_add_assignment(entry, NULL, io.step[q], meta_at(c, meta, i64v(c, 6 + 3 * q)));
   gcc_jit_block_add_assignment(entry, NULL, v, gcc_jit_param_as_rvalue(prm[3]));
   gcc_jit_block_end_with_jump(entry, NULL, items);
-  cond_loop(items, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(v), gcc_jit_param_as_rvalue(prm[4])),
+  cond_loop(items,
+            gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(v),
+                                           gcc_jit_param_as_rvalue(prm[4])),
             item, done);
   /* the item: o, its columns [b0, b0 + w) */
   c->cur = item;
   gcc_jit_block_add_assignment(item, NULL, o,
-      gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_DIVIDE, c->t_i64, rv(v), rv(nblocks)));
-  gcc_jit_block_add_assignment(item, NULL, b0,
-      mul64(c, gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(v),
-                                             mul64(c, rv(o), rv(nblocks))), i64v(c, KERNEL_COLS)));
-  gcc_jit_rvalue *left = gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(inner), rv(b0));
+                               gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_DIVIDE,
+                                                             c->t_i64, rv(v), rv(nblocks)));
+  gcc_jit_block_add_assignment(
+      item, NULL, b0,
+      mul64(c,
+            gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(v),
+                                          mul64(c, rv(o), rv(nblocks))),
+            i64v(c, KERNEL_COLS)));
+  gcc_jit_rvalue *left = gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS,
+                                                       c->t_i64, rv(inner), rv(b0));
   gcc_jit_block_add_assignment(item, NULL, w, min64(c, item, tmp, left, i64v(c, KERNEL_COLS)));
   counted_loop L = open_loop(c, k, i64v(c, 0), rv(w), "ainit");
-  gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(acc), rv(k)),
+  gcc_jit_block_add_assignment(c->cur, NULL,
+                               gcc_jit_context_new_array_access(c->ctx, NULL, rv(acc), rv(k)),
                                identity(c, red->op, acc_dt));
   close_loop(c, &L);
   /* blocks of reduced positions */
-  gcc_jit_block *outer = new_block(c, "outer"), *blk_init = new_block(c, "blk"), *finish = new_block(c, "finish");
+  gcc_jit_block *outer = new_block(c, "outer"), *blk_init = new_block(c, "blk"),
+                *finish = new_block(c, "finish");
   gcc_jit_block_add_assignment(c->cur, NULL, r, i64v(c, 0));
   gcc_jit_block_end_with_jump(c->cur, NULL, outer);
-  cond_loop(outer, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rv(count)), blk_init, finish);
+  cond_loop(outer,
+            gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rv(count)),
+            blk_init, finish);
   c->cur = blk_init;
-  gcc_jit_block_add_assignment(c->cur, NULL, rend, min64(c, c->cur, tmp, add64(c, rv(r), i64v(c, REDUCE_BLOCK)), rv(count)));
+  gcc_jit_block_add_assignment(
+      c->cur, NULL, rend, min64(c, c->cur, tmp, add64(c, rv(r), i64v(c, REDUCE_BLOCK)), rv(count)));
   L = open_loop(c, k, i64v(c, 0), rv(w), "binit");
-  gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(blk), rv(k)),
+  gcc_jit_block_add_assignment(c->cur, NULL,
+                               gcc_jit_context_new_array_access(c->ctx, NULL, rv(blk), rv(k)),
                                identity(c, red->op, acc_dt));
   close_loop(c, &L);
   /* for r in the block: the inputs' bases at (o, r), then the columns */
-  gcc_jit_block *rcond = new_block(c, "rcond"), *rbody = new_block(c, "rbody"), *blk_done = new_block(c, "blkdone");
+  gcc_jit_block *rcond = new_block(c, "rcond"), *rbody = new_block(c, "rbody"),
+                *blk_done = new_block(c, "blkdone");
   gcc_jit_block_end_with_jump(c->cur, NULL, rcond);
-  cond_loop(rcond, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rv(rend)), rbody, blk_done);
+  cond_loop(rcond,
+            gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(r), rv(rend)),
+            rbody, blk_done);
   c->cur = rbody;
   for (int q = 0; q < ks->nin; q++) {
-    gcc_jit_block_add_assignment(c->cur, NULL, io.off[q],
+    gcc_jit_block_add_assignment(
+        c->cur, NULL, io.off[q],
         add64(c, mul64(c, rv(o), meta_at(c, meta, i64v(c, 4 + 3 * q))),
               add64(c, mul64(c, rv(r), meta_at(c, meta, i64v(c, 5 + 3 * q))),
                     mul64(c, rv(b0), meta_at(c, meta, i64v(c, 6 + 3 * q))))));
     if (ks->stride_class[q] == 0 && !kernel_role_positional(ks->in_role[q]))
-      gcc_jit_block_add_assignment(c->cur, NULL, io.hoist[q],
+      gcc_jit_block_add_assignment(
+          c->cur, NULL, io.hoist[q],
           rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
   }
-  gcc_jit_block_add_assignment(c->cur, NULL, row_at,
+  gcc_jit_block_add_assignment(
+      c->cur, NULL, row_at,
       add64(c, mul64(c, add64(c, mul64(c, rv(o), rv(count)), rv(r)), rv(inner)), rv(b0)));
   L = open_loop(c, b, i64v(c, 0), rv(w), "cols");
-  position_ctx pc = {.plan = plan, .grp = grp, .ks = ks, .io = &io, .params = gcc_jit_param_as_rvalue(prm[2]),
-                     .row_at = rv(row_at), .reduce = ks->reduce, .store = true};
+  position_ctx pc = {.plan = plan,
+                     .grp = grp,
+                     .ks = ks,
+                     .io = &io,
+                     .params = gcc_jit_param_as_rvalue(prm[2]),
+                     .row_at = rv(row_at),
+                     .reduce = ks->reduce,
+                     .store = true};
   gcc_jit_rvalue *val = emit_position(c, &pc, rv(b), acc_dt, "v");
   if (!val) return false;
-  gcc_jit_rvalue *next = combine(c, red->op, acc_dt, rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(blk), rv(b))), val);
-  gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(blk), rv(b)), next);
+  gcc_jit_rvalue *next = combine(
+      c, red->op, acc_dt, rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(blk), rv(b))), val);
+  gcc_jit_block_add_assignment(
+      c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(blk), rv(b)), next);
   close_loop(c, &L);
   gcc_jit_block_add_assignment_op(c->cur, NULL, r, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
   gcc_jit_block_end_with_jump(c->cur, NULL, rcond);
   /* the block folds into acc */
   c->cur = blk_done;
   L = open_loop(c, k, i64v(c, 0), rv(w), "bfold");
-  next = combine(c, red->op, acc_dt, rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(acc), rv(k))),
+  next = combine(c, red->op, acc_dt,
+                 rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(acc), rv(k))),
                  rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(blk), rv(k))));
-  gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(acc), rv(k)), next);
+  gcc_jit_block_add_assignment(
+      c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(acc), rv(k)), next);
   close_loop(c, &L);
   gcc_jit_block_end_with_jump(c->cur, NULL, outer);
   /* the item's results */
@@ -1083,9 +1244,14 @@ bool kernel_emit_reduce_cols(cg_ctx *c, const tr_plan *plan, int g, const cpu_le
   int qr = 0;
   while (ks->outs[qr] != ks->reduce) qr++;
   L = open_loop(c, k, i64v(c, 0), rv(w), "store");
-  gcc_jit_block_add_assignment(c->cur, NULL,
-      gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[qr]), add64(c, mul64(c, rv(o), rv(inner)), add64(c, rv(b0), rv(k)))),
-      gcc_jit_context_new_cast(c->ctx, NULL, rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(acc), rv(k))), cg_type(c, out_dt)));
+  gcc_jit_block_add_assignment(
+      c->cur, NULL,
+      gcc_jit_context_new_array_access(
+          c->ctx, NULL, rv(io.out_ptr[qr]),
+          add64(c, mul64(c, rv(o), rv(inner)), add64(c, rv(b0), rv(k)))),
+      gcc_jit_context_new_cast(c->ctx, NULL,
+                               rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(acc), rv(k))),
+                               cg_type(c, out_dt)));
   close_loop(c, &L);
   gcc_jit_block_add_assignment_op(c->cur, NULL, v, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
   gcc_jit_block_end_with_jump(c->cur, NULL, items);
@@ -1213,7 +1379,8 @@ int kernel_plan_rows(const tr_plan *plan, int g, const cpu_leaf *leaves, kernel_
 
 /* marks in want the per-element nodes node i needs (i itself included),
    except values kept in the scratch row (avail) */
-static void need(const tr_plan *plan, const kernel_shape *ks, int first, int i, const bool *avail, bool *want) {
+static void need(const tr_plan *plan, const kernel_shape *ks, int first, int i, const bool *avail,
+                 bool *want) {
   if (i < first || i > ks->last_node || !ks->per_elem[i - first] || want[i - first]) return;
   if (avail && avail[i - first]) return;
   want[i - first] = true;
@@ -1224,8 +1391,17 @@ static void need(const tr_plan *plan, const kernel_shape *ks, int first, int i, 
 /* the op's cost counts as high: worth keeping rather than recomputing */
 static bool costly(const tr_pnode *p) {
   switch (p->op) {
-    case VM_OP_exp: case VM_OP_log: case VM_OP_tanh: case VM_OP_sigmoid: case VM_OP_sin: case VM_OP_cos:
-    case VM_OP_log1p: case VM_OP_expm1: case VM_OP_erf: case VM_OP_pow: case VM_OP_div:
+    case VM_OP_exp:
+    case VM_OP_log:
+    case VM_OP_tanh:
+    case VM_OP_sigmoid:
+    case VM_OP_sin:
+    case VM_OP_cos:
+    case VM_OP_log1p:
+    case VM_OP_expm1:
+    case VM_OP_erf:
+    case VM_OP_pow:
+    case VM_OP_div:
       return true;
     default:
       return false;
@@ -1261,14 +1437,14 @@ static void plan_stash(const tr_plan *plan, kernel_shape *ks, int first) {
 }
 
 /* the row-level nodes in [from, stop) not yet evaluated */
-static bool emit_row_level(cg_ctx *c, const tr_plan *plan, const tr_group *span, const kernel_shape *ks,
-                           const kernel_io *io, gcc_jit_rvalue *params, int from, int stop, bool *want,
-                           gcc_jit_lvalue **node_val) {
+static bool emit_row_level(cg_ctx *c, const tr_plan *plan, const tr_group *span,
+                           const kernel_shape *ks, const kernel_io *io, gcc_jit_rvalue *params,
+                           int from, int stop, bool *want, gcc_jit_lvalue **node_val) {
   int n = span->last - span->first + 1;
   memset(want, 0, (size_t)n);
   for (int i = from; i < stop; i++)
-    want[i - span->first] = !ks->per_elem[i - span->first] &&
-                            vm_op_table[plan->nodes[i].op].kind != VM_KIND_REDUCE;
+    want[i - span->first] =
+        !ks->per_elem[i - span->first] && vm_op_table[plan->nodes[i].op].kind != VM_KIND_REDUCE;
   gcc_jit_rvalue *in_val[KERNEL_MAX_IO];
   emit_loads(c, ks, io, i64v(c, 0), in_val); /* only hoisted inputs are read */
   return emit_nodes(c, plan, span, ks, io, in_val, params, stop, want, "w", node_val);
@@ -1277,10 +1453,11 @@ static bool emit_row_level(cg_ctx *c, const tr_plan *plan, const tr_group *span,
 /* a row kernel's map loop at position r: the wanted per-element nodes,
    with values kept by earlier passes loaded from the scratch row, into a
    copy of the row's values (malloc'd: the caller frees; NULL on failure) */
-static gcc_jit_lvalue **row_position(cg_ctx *c, const tr_plan *plan, const tr_group *span, const kernel_shape *ks,
-                                     const kernel_io *io, gcc_jit_rvalue *params, gcc_jit_lvalue **node_val,
-                                     const bool *avail, gcc_jit_lvalue **stash_ptr, const bool *want,
-                                     gcc_jit_rvalue *r, const char *prefix) {
+static gcc_jit_lvalue **row_position(cg_ctx *c, const tr_plan *plan, const tr_group *span,
+                                     const kernel_shape *ks, const kernel_io *io,
+                                     gcc_jit_rvalue *params, gcc_jit_lvalue **node_val,
+                                     const bool *avail, gcc_jit_lvalue **stash_ptr,
+                                     const bool *want, gcc_jit_rvalue *r, const char *prefix) {
   int n = span->last - span->first + 1;
   gcc_jit_lvalue **pass_val = malloc((size_t)n * sizeof *pass_val);
   if (!pass_val) return NULL;
@@ -1297,16 +1474,16 @@ static gcc_jit_lvalue **row_position(cg_ctx *c, const tr_plan *plan, const tr_gr
   return pass_val;
 }
 
-bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
-                      const char *name) {
+bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
+                      const kernel_shape *ks, const char *name) {
   tr_group span = {.kind = TR_GROUP_REDUCE, .first = plan->groups[g].first, .last = ks->last_node};
   int n = span.last - span.first + 1;
   gcc_jit_param *prm[5];
   new_kernel_fn(c, name, prm);
   gcc_jit_rvalue *bufs = gcc_jit_param_as_rvalue(prm[0]), *meta = gcc_jit_param_as_rvalue(prm[1]),
                  *params = gcc_jit_param_as_rvalue(prm[2]);
-  gcc_jit_block *entry = new_block(c, "entry"), *rows = new_block(c, "rows"), *row = new_block(c, "row"),
-                *done = new_block(c, "done");
+  gcc_jit_block *entry = new_block(c, "entry"), *rows = new_block(c, "rows"),
+                *row = new_block(c, "row"), *done = new_block(c, "done");
   gcc_jit_lvalue *count = new_local(c, c->t_i64, "count", 0), *o = new_local(c, c->t_i64, "o", 0),
                  *r = new_local(c, c->t_i64, "r", 0), *row_at = new_local(c, c->t_i64, "rowat", 0);
   kernel_io io;
@@ -1316,30 +1493,41 @@ bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *lea
     gcc_jit_block_add_assignment(entry, NULL, io.step[q], meta_at(c, meta, i64v(c, 3 + 2 * q)));
   gcc_jit_block_add_assignment(entry, NULL, o, gcc_jit_param_as_rvalue(prm[3]));
   gcc_jit_block_end_with_jump(entry, NULL, rows);
-  cond_loop(rows, gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(o), gcc_jit_param_as_rvalue(prm[4])),
+  cond_loop(rows,
+            gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_LT, rv(o),
+                                           gcc_jit_param_as_rvalue(prm[4])),
             row, done);
   gcc_jit_block_add_assignment(row, NULL, row_at, mul64(c, rv(o), rv(count)));
   for (int q = 0; q < ks->nin; q++) {
-    gcc_jit_block_add_assignment(row, NULL, io.off[q], mul64(c, rv(o), meta_at(c, meta, i64v(c, 2 + 2 * q))));
+    gcc_jit_block_add_assignment(row, NULL, io.off[q],
+                                 mul64(c, rv(o), meta_at(c, meta, i64v(c, 2 + 2 * q))));
     if (ks->stride_class[q] == 0 && !kernel_role_positional(ks->in_role[q]))
-      gcc_jit_block_add_assignment(row, NULL, io.hoist[q],
+      gcc_jit_block_add_assignment(
+          row, NULL, io.hoist[q],
           rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
   }
   c->cur = row;
-  gcc_jit_lvalue **node_val = calloc((size_t)n, sizeof *node_val), **stash_ptr = calloc((size_t)n, sizeof *stash_ptr);
-  bool *want = calloc((size_t)n, 1), *avail = calloc((size_t)n, 1), *store_now = calloc((size_t)n, 1);
+  gcc_jit_lvalue **node_val = calloc((size_t)n, sizeof *node_val),
+                 **stash_ptr = calloc((size_t)n, sizeof *stash_ptr);
+  bool *want = calloc((size_t)n, 1), *avail = calloc((size_t)n, 1),
+       *store_now = calloc((size_t)n, 1);
   bool ok = node_val && stash_ptr && want && avail && store_now;
   /* the scratch row's slots: bufs[nout + nin] + slot * 8 * count (set per row: cheap) */
   for (int i = 0; ok && i < n; i++) {
     if (!ks->stash[i]) continue;
     gcc_jit_type *pt = gcc_jit_type_get_pointer(cg_type(c, plan->nodes[span.first + i].meta.dtype));
-    gcc_jit_rvalue *base = rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, ks->nout + ks->nin)));
-    gcc_jit_lvalue *bytes = gcc_jit_context_new_array_access(c->ctx, NULL,
-        gcc_jit_context_new_cast(c->ctx, NULL, base, gcc_jit_type_get_pointer(gcc_jit_context_get_type(c->ctx, GCC_JIT_TYPE_CHAR))),
+    gcc_jit_rvalue *base =
+        rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, ks->nout + ks->nin)));
+    gcc_jit_lvalue *bytes = gcc_jit_context_new_array_access(
+        c->ctx, NULL,
+        gcc_jit_context_new_cast(
+            c->ctx, NULL, base,
+            gcc_jit_type_get_pointer(gcc_jit_context_get_type(c->ctx, GCC_JIT_TYPE_CHAR))),
         mul64(c, rv(count), i64v(c, 8L * (ks->stash[i] - 1))));
     stash_ptr[i] = new_local(c, pt, "kept", span.first + i);
-    gcc_jit_block_add_assignment(c->cur, NULL, stash_ptr[i],
-                                 gcc_jit_context_new_cast(c->ctx, NULL, gcc_jit_lvalue_get_address(bytes, NULL), pt));
+    gcc_jit_block_add_assignment(
+        c->cur, NULL, stash_ptr[i],
+        gcc_jit_context_new_cast(c->ctx, NULL, gcc_jit_lvalue_get_address(bytes, NULL), pt));
   }
   /* the reductions in order, each with the row-level nodes before it */
   int from = span.first, npass = 0;
@@ -1364,8 +1552,8 @@ bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *lea
       counted_loop L = open_loop(c, pr, i64v(c, 0), rv(count), "keep");
       char name[16];
       snprintf(name, sizeof name, "p%d", npass);
-      gcc_jit_lvalue **pass_val = row_position(c, plan, &span, ks, &io, params, node_val, avail, stash_ptr, want,
-                                               rv(pr), name);
+      gcc_jit_lvalue **pass_val = row_position(c, plan, &span, ks, &io, params, node_val, avail,
+                                               stash_ptr, want, rv(pr), name);
       ok = pass_val != NULL;
       if (ok) store_kept(c, &span, store_now, stash_ptr, rv(pr), pass_val);
       free(pass_val);
@@ -1377,15 +1565,26 @@ bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *lea
     }
     kiln_dtype acc_dt = vm_fold_acc_dtype(red->op, red->meta.dtype);
     gcc_jit_lvalue *acc = new_local(c, cg_type(c, acc_dt), "acc", i);
-    position_ctx pc = {.plan = plan, .grp = &span, .ks = ks, .io = &io, .params = params, .row_at = rv(row_at),
-                       .reduce = i, .want = want, .node_val = node_val, .npass = npass++,
-                       .avail = avail, .store_now = store_now, .stash_ptr = stash_ptr};
+    position_ctx pc = {.plan = plan,
+                       .grp = &span,
+                       .ks = ks,
+                       .io = &io,
+                       .params = params,
+                       .row_at = rv(row_at),
+                       .reduce = i,
+                       .want = want,
+                       .node_val = node_val,
+                       .npass = npass++,
+                       .avail = avail,
+                       .store_now = store_now,
+                       .stash_ptr = stash_ptr};
     if (ok) gcc_jit_block_add_assignment(c->cur, NULL, r, i64v(c, 0));
     ok = ok && emit_fold(c, &pc, acc, r, rv(count), i + 1);
     if (ok) {
       node_val[i - span.first] = new_local(c, cg_type(c, red->meta.dtype), "red", i);
-      gcc_jit_block_add_assignment(c->cur, NULL, node_val[i - span.first],
-                                   gcc_jit_context_new_cast(c->ctx, NULL, rv(acc), cg_type(c, red->meta.dtype)));
+      gcc_jit_block_add_assignment(
+          c->cur, NULL, node_val[i - span.first],
+          gcc_jit_context_new_cast(c->ctx, NULL, rv(acc), cg_type(c, red->meta.dtype)));
     }
     for (int k = 0; k < n; k++) avail[k] |= store_now[k];
   }
@@ -1402,22 +1601,24 @@ bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *lea
   }
   if (ok && stores) {
     counted_loop L = open_loop(c, r, i64v(c, 0), rv(count), "store");
-    gcc_jit_lvalue **pass_val = row_position(c, plan, &span, ks, &io, params, node_val, avail, stash_ptr, want,
-                                             rv(r), "s");
+    gcc_jit_lvalue **pass_val =
+        row_position(c, plan, &span, ks, &io, params, node_val, avail, stash_ptr, want, rv(r), "s");
     ok = pass_val != NULL;
     gcc_jit_rvalue *at = add64(c, rv(row_at), rv(r));
     for (int q = 0; ok && q < ks->nout; q++)
       if (ks->per_elem[ks->outs[q] - span.first])
-        gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[q]), at),
-                                     rv(pass_val[ks->outs[q] - span.first]));
+        gcc_jit_block_add_assignment(
+            c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[q]), at),
+            rv(pass_val[ks->outs[q] - span.first]));
     free(pass_val);
     close_loop(c, &L);
   }
   /* row-level values read after the run */
   for (int q = 0; ok && q < ks->nout; q++)
     if (!ks->per_elem[ks->outs[q] - span.first])
-      gcc_jit_block_add_assignment(c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[q]), rv(o)),
-                                   rv(node_val[ks->outs[q] - span.first]));
+      gcc_jit_block_add_assignment(
+          c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[q]), rv(o)),
+          rv(node_val[ks->outs[q] - span.first]));
   if (ok) {
     gcc_jit_block_add_assignment_op(c->cur, NULL, o, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
     gcc_jit_block_end_with_jump(c->cur, NULL, rows);

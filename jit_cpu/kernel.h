@@ -39,46 +39,55 @@
  * position is the coordinate, and the runner's merging of dims keeps the
  * axis apart.  A value read in two roles is two inputs. */
 enum {
-  KERNEL_IN_PLAIN = 0,        /* broadcast to the iteration space (right-aligned) */
-  KERNEL_IN_SOURCE = 1,       /* a gather's / index_select's source */
-  KERNEL_IN_SELECT = 2,       /* index_select's index, along the gathered axis */
-  KERNEL_IN_COORD = 3,        /* the output's coordinate along the kernel's axis (no buffer) */
+  KERNEL_IN_PLAIN = 0,         /* broadcast to the iteration space (right-aligned) */
+  KERNEL_IN_SOURCE = 1,        /* a gather's / index_select's source */
+  KERNEL_IN_SELECT = 2,        /* index_select's index, along the gathered axis */
+  KERNEL_IN_COORD = 3,         /* the output's coordinate along the kernel's axis (no buffer) */
   KERNEL_IN_SCATTER_INDEX = 4, /* scatter_add's index */
-  KERNEL_IN_SCATTER_SRC = 5,  /* scatter_add's source */
-  KERNEL_IN_PART = 6,         /* a concat's part */
-  KERNEL_IN_SCAN = 7,         /* an argmax's / argmin's input: its reduced axis scanned */
+  KERNEL_IN_SCATTER_SRC = 5,   /* scatter_add's source */
+  KERNEL_IN_PART = 6,          /* a concat's part */
+  KERNEL_IN_SCAN = 7,          /* an argmax's / argmin's input: its reduced axis scanned */
   KERNEL_IN_ROLES
 };
 
 /* the kernel reads the input's position, not its value (and loads itself) */
-static inline bool kernel_role_positional(uint8_t role) { return role != KERNEL_IN_PLAIN && role != KERNEL_IN_SELECT; }
+static inline bool kernel_role_positional(uint8_t role) {
+  return role != KERNEL_IN_PLAIN && role != KERNEL_IN_SELECT;
+}
 /* the runner passes the axis' stride apart (meta, after the strides) */
-static inline bool kernel_role_moves(uint8_t role) { return kernel_role_positional(role) && role != KERNEL_IN_COORD; }
+static inline bool kernel_role_moves(uint8_t role) {
+  return kernel_role_positional(role) && role != KERNEL_IN_COORD;
+}
 /* ... and its extent along the axis (after those strides) */
-static inline bool kernel_role_extent(uint8_t role) { return kernel_role_moves(role) && role != KERNEL_IN_SOURCE; }
+static inline bool kernel_role_extent(uint8_t role) {
+  return kernel_role_moves(role) && role != KERNEL_IN_SOURCE;
+}
 /* an in-place op that reads the output's coordinate */
-static inline bool kernel_needs_coord(vm_opcode op) { return op == VM_OP_scatter_add || op == VM_OP_concat; }
+static inline bool kernel_needs_coord(vm_opcode op) {
+  return op == VM_OP_scatter_add || op == VM_OP_concat;
+}
 
 typedef struct kernel_shape {
   int nin, nout, nparams;
-  int ins[KERNEL_MAX_IO];          /* plan refs read */
+  int ins[KERNEL_MAX_IO]; /* plan refs read */
   uint8_t stride_class[KERNEL_MAX_IO];
   uint8_t in_role[KERNEL_MAX_IO];  /* KERNEL_IN_*: part of the kernel's description */
   int8_t in_axis[KERNEL_MAX_IO];   /* inputs not PLAIN: the axis of their op (runner only) */
   int16_t in_bound[KERNEL_MAX_IO]; /* an index input: the source whose axis bounds it,
-                                      KERNEL_BOUND_OUT: the output's extent along its axis, else -1 (runner only) */
+                                      KERNEL_BOUND_OUT: the output's extent along its axis, else -1
+                                      (runner only) */
   int outs[KERNEL_MAX_IO];         /* plan nodes written */
   int params[KERNEL_MAX_IO];       /* full nodes */
   bool compute[KERNEL_MAX_NODES];  /* per node of the group: computed by the kernel */
   int first_node;                  /* the kernel's first node (its group's, or its epilogue's) */
-  int span_kind;                   /* what its nodes are: the group's kind (an epilogue: elementwise) */
-  int reduce;                      /* the reduction node of a reduce kernel, or -1 */
-  int resume;                      /* the group's nodes from here on stay interpreted */
-  int last_group, last_node;       /* the last plan group and node the kernel covers */
-  bool rowwise;                    /* a row kernel (kernel_plan_rows) */
-  bool cols;                       /* a column reduction (kernel_emit_reduce_cols) */
+  int span_kind;             /* what its nodes are: the group's kind (an epilogue: elementwise) */
+  int reduce;                /* the reduction node of a reduce kernel, or -1 */
+  int resume;                /* the group's nodes from here on stay interpreted */
+  int last_group, last_node; /* the last plan group and node the kernel covers */
+  bool rowwise;              /* a row kernel (kernel_plan_rows) */
+  bool cols;                 /* a column reduction (kernel_emit_reduce_cols) */
   bool per_elem[KERNEL_MAX_NODES]; /* row kernels: the node varies along the reduced axes */
-  int8_t stash[KERNEL_MAX_NODES];  /* row kernels: scratch slot + 1 of a value kept between passes */
+  int8_t stash[KERNEL_MAX_NODES]; /* row kernels: scratch slot + 1 of a value kept between passes */
   int nstash;
 } kernel_shape;
 
@@ -101,7 +110,9 @@ static inline void kernel_shape_clear(kernel_shape *ks, int n) {
 /* the role in which node p reads its input k */
 static inline uint8_t kernel_arg_role(const tr_pnode *p, int k) {
   if (vm_op_gathers(p->op))
-    return k == 0 ? KERNEL_IN_SOURCE : p->op == VM_OP_index_select ? KERNEL_IN_SELECT : KERNEL_IN_PLAIN;
+    return k == 0                        ? KERNEL_IN_SOURCE
+           : p->op == VM_OP_index_select ? KERNEL_IN_SELECT
+                                         : KERNEL_IN_PLAIN;
   if (p->op == VM_OP_scatter_add)
     return k == 1 ? KERNEL_IN_SCATTER_INDEX : k == 2 ? KERNEL_IN_SCATTER_SRC : KERNEL_IN_PLAIN;
   if (p->op == VM_OP_concat) return KERNEL_IN_PART;
@@ -149,8 +160,8 @@ static inline int kernel_coord_input(const kernel_shape *ks) {
  * 8 x count bytes, one per call of the kernel) instead of being recomputed.
  * Returns gb (>= g), or -1 when no such run starts at g. */
 int kernel_plan_rows(const tr_plan *plan, int g, const cpu_leaf *leaves, kernel_shape *ks);
-bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
-                      const char *name);
+bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
+                      const kernel_shape *ks, const char *name);
 
 bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
                         const kernel_shape *ks, const char *name);
@@ -174,10 +185,10 @@ bool kernel_plan(const tr_plan *plan, int g, const bool *escapes, const cpu_leaf
    reduction, over the reduction's result) as an elementwise kernel of its
    own: a flat or column reduce kernel leaves it, and the runner launches
    it after them (a long reduction's result is folded between the two) */
-bool kernel_plan_epilogue(const tr_plan *plan, int g, int first, const bool *escapes, const cpu_leaf *leaves,
-                          kernel_shape *ks);
-bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, const kernel_shape *ks,
-                 const char *name);
+bool kernel_plan_epilogue(const tr_plan *plan, int g, int first, const bool *escapes,
+                          const cpu_leaf *leaves, kernel_shape *ks);
+bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
+                 const kernel_shape *ks, const char *name);
 
 /* A kernel's own description (DESIGN §4): its nodes alone, numbered from
  * its first node, its inputs as -(q+1) in the order it reads them, and its
@@ -189,14 +200,14 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves, 
  * two kernels with equal bytes generate the same code: a wrong cache hit
  * cannot happen by a field the key misses. */
 typedef struct kernel_desc {
-  tr_plan plan;       /* nodes and one group, local numbering */
+  tr_plan plan; /* nodes and one group, local numbering */
   tr_group group;
-  cpu_leaf *leaves;   /* its inputs (dtype only) */
-  kernel_shape ks;    /* local numbering */
-  uint8_t *bytes;     /* salt + the description: what the key hashes */
+  cpu_leaf *leaves; /* its inputs (dtype only) */
+  kernel_shape ks;  /* local numbering */
+  uint8_t *bytes;   /* salt + the description: what the key hashes */
   size_t len;
-  uint64_t key[2];    /* XXH3-128 of bytes */
-  char name[40];      /* the function's symbol: "kiln_<32 hex of key>" */
+  uint64_t key[2]; /* XXH3-128 of bytes */
+  char name[40];   /* the function's symbol: "kiln_<32 hex of key>" */
 } kernel_desc;
 
 /* the description of kernel ks (of a plan); salt (versions, target)

@@ -46,20 +46,17 @@ struct cpu_math {
 };
 
 static const char *const names[CPU_FN_COUNT] = {
-    [CPU_EXP] = "exp",     [CPU_LOG] = "log",     [CPU_TANH] = "tanh",
-    [CPU_SIGMOID] = "sigmoid", [CPU_SIN] = "sin", [CPU_COS] = "cos",
-    [CPU_LOG1P] = "log1p", [CPU_EXPM1] = "expm1", [CPU_ERF] = "erf",
-    [CPU_SQRT] = "sqrt",   [CPU_RSQRT] = "rsqrt", [CPU_POW] = "pow"};
+    [CPU_EXP] = "exp", [CPU_LOG] = "log",   [CPU_TANH] = "tanh",   [CPU_SIGMOID] = "sigmoid",
+    [CPU_SIN] = "sin", [CPU_COS] = "cos",   [CPU_LOG1P] = "log1p", [CPU_EXPM1] = "expm1",
+    [CPU_ERF] = "erf", [CPU_SQRT] = "sqrt", [CPU_RSQRT] = "rsqrt", [CPU_POW] = "pow"};
 
 /* documented f32 bounds (math.h); tests/test_jit_math.c asserts them */
 static const double ulp_bounds[CPU_FN_COUNT] = {
-    [CPU_EXP] = 1,   [CPU_LOG] = 1,   [CPU_TANH] = 1.5, [CPU_SIGMOID] = 2.5,
-    [CPU_SIN] = 1,   [CPU_COS] = 1,   [CPU_LOG1P] = 1, [CPU_EXPM1] = 1.5,
+    [CPU_EXP] = 1,   [CPU_LOG] = 1,    [CPU_TANH] = 1.5,  [CPU_SIGMOID] = 2.5,
+    [CPU_SIN] = 1,   [CPU_COS] = 1,    [CPU_LOG1P] = 1,   [CPU_EXPM1] = 1.5,
     [CPU_ERF] = 1.5, [CPU_SQRT] = 0.5, [CPU_RSQRT] = 1.5, [CPU_POW] = 1};
 
-const char *cpu_math_name(cpu_fn fn) {
-  return (unsigned)fn < CPU_FN_COUNT ? names[fn] : "?";
-}
+const char *cpu_math_name(cpu_fn fn) { return (unsigned)fn < CPU_FN_COUNT ? names[fn] : "?"; }
 
 double cpu_math_ulp_bound(cpu_fn fn, bool f64) {
   if ((unsigned)fn >= CPU_FN_COUNT) return 0;
@@ -181,8 +178,8 @@ static R *from_bits(em *e, R *u, gcc_jit_type *t) {
    (seen with sin/cos and pow). */
 static void when_01(em *e, R *flag, LV *dst, R *v) {
   gcc_jit_type *t = ty(v), *ut = bits_type(e, t);
-  R *mask = let(e, gcc_jit_context_new_unary_op(e->c, NULL, GCC_JIT_UNARY_OP_MINUS, ut,
-                                                cast(e, flag, ut)));
+  R *mask = let(
+      e, gcc_jit_context_new_unary_op(e->c, NULL, GCC_JIT_UNARY_OP_MINUS, ut, cast(e, flag, ut)));
   R *a = let(e, to_bits(e, rv(dst), ut));
   R *b = to_bits(e, v, ut);
   R *r = bin(e, GCC_JIT_BINARY_OP_BITWISE_XOR, a,
@@ -199,7 +196,8 @@ static void when(em *e, R *cond, LV *dst, R *v) { when_01(e, cond, dst, v); }
    else two */
 static R *fmadd(em *e, R *a, R *b, R *c) {
   if (!e->m->fma) return add(e, mul(e, a, b), c);
-  gcc_jit_function *f = gcc_jit_context_get_builtin_function(e->c, ty(a) == e->m->f64 ? "__builtin_fma" : "__builtin_fmaf");
+  gcc_jit_function *f = gcc_jit_context_get_builtin_function(
+      e->c, ty(a) == e->m->f64 ? "__builtin_fma" : "__builtin_fmaf");
   R *args[3] = {a, b, c};
   return gcc_jit_context_new_call(e->c, NULL, f, 3, args);
 }
@@ -428,7 +426,7 @@ static R *expm1_f(em *e, R *x) {
   R *E_lo;
   R *E = exp_core_f2(e, clampf(e, x, -30, 89), &E_lo);
   R *s = let(e, sub(e, E, kf(e, 1)));
-  LV *err = var(e, sub(e, E, add(e, s, kf(e, 1))));       /* exact when E < 1 */
+  LV *err = var(e, sub(e, E, add(e, s, kf(e, 1))));                 /* exact when E < 1 */
   when(e, ge(e, E, kf(e, 1)), err, sub(e, sub(e, E, s), kf(e, 1))); /* when E >= 1 */
   LV *res = var(e, add(e, s, add(e, rv(err), E_lo)));
   when(e, eq(e, E, kf(e, F_INF)), res, kf(e, F_INF));
@@ -453,13 +451,11 @@ static R *log1p_f(em *e, R *x) {
                    double-float precision and 1 - E split exactly;
                    erf = 1 in float beyond 3.9192, |x| is clamped to 3.93 */
 static R *erf_f(em *e, R *x) {
-  static const double Q[] = {8.37010084069334e-05, -0.0008142704609781504,
-                             0.005201032385230064, -0.026859398931264877,
-                             0.11283695697784424,  -0.37612634897232056,
+  static const double Q[] = {8.37010084069334e-05,  -0.0008142704609781504, 0.005201032385230064,
+                             -0.026859398931264877, 0.11283695697784424,    -0.37612634897232056,
                              0.12837916612625122};
-  static const double P[] = {0.0001947334094438702, -0.003031590487807989,
-                             0.02218136005103588,   -0.10383883118629456,
-                             -0.6372858285903931,   -1.1276154518127441,
+  static const double P[] = {0.0001947334094438702,  -0.003031590487807989, 0.02218136005103588,
+                             -0.10383883118629456,   -0.6372858285903931,   -1.1276154518127441,
                              -0.00020992521604057401};
   R *ax = let(e, fab(e, x));
   R *z = let(e, mul(e, ax, ax));
@@ -481,10 +477,10 @@ static R *erf_f(em *e, R *x) {
    first two subtractions are exact) and a 53-bit tail; minimax polynomials in
    double for |r| <= pi/4 (relative error < 2^-31), one rounding to float. */
 static R *sincos_f(em *e, R *x, bool is_cos) {
-  static const double S[] = {2.724939007605605e-06, -0.0001984008271761515,
-                             0.008333331867593243, -0.16666666663838375};
-  static const double C[] = {2.4463215389755764e-05, -0.0013887584885816234,
-                             0.041666650569649716, -0.4999999996894482};
+  static const double S[] = {2.724939007605605e-06, -0.0001984008271761515, 0.008333331867593243,
+                             -0.16666666663838375};
+  static const double C[] = {2.4463215389755764e-05, -0.0013887584885816234, 0.041666650569649716,
+                             -0.4999999996894482};
   /* pi/2 = P1 + P2 + P3: P1 and P2 have 26 significant bits, P3 is the
      rest rounded to double (pi/2 - P1 - P2 - P3 = -1.5e-33) */
   const double P1 = 0x1.921fb5p+0, P2 = 0x1.110b46p-26, P3 = 0x1.1a62633145c07p-54;
@@ -541,7 +537,7 @@ static R *log_d_of_f(em *e, R *ax) {
    n = rint(t/ln2), r = t - n ln2 (two parts), Taylor to r^9 (2^-36) */
 static R *exp_d_to_f(em *e, R *t) {
   static const double T[] = {1.0 / 362880, 1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120,
-                             1.0 / 24,     1.0 / 6,     0.5,        1,          1};
+                             1.0 / 24,     1.0 / 6,     0.5,        1,         1};
   cpu_math *m = e->m;
   R *tc = clampf(e, t, -200, 200);
   R *magic = kd(e, 6755399441055744.0);
@@ -623,8 +619,12 @@ static void emit_body(em *e, cpu_fn fn, bool f64, R *x, R *y) {
   R *res = NULL;
   if (f64) {
     switch (fn) {
-      case CPU_SQRT: res = call1(e, sqrt_fn(e->m, true), x); break;
-      case CPU_RSQRT: res = dv(e, kd(e, 1), call1(e, sqrt_fn(e->m, true), x)); break;
+      case CPU_SQRT:
+        res = call1(e, sqrt_fn(e->m, true), x);
+        break;
+      case CPU_RSQRT:
+        res = dv(e, kd(e, 1), call1(e, sqrt_fn(e->m, true), x));
+        break;
       case CPU_SIGMOID:
         res = dv(e, kd(e, 1), add(e, kd(e, 1), call1(e, libm_fn(e->m, CPU_EXP), neg(e, x))));
         break;
@@ -633,23 +633,50 @@ static void emit_body(em *e, cpu_fn fn, bool f64, R *x, R *y) {
         res = gcc_jit_context_new_call(e->c, NULL, libm_fn(e->m, CPU_POW), 2, args);
         break;
       }
-      default: res = call1(e, libm_fn(e->m, fn), x); break;
+      default:
+        res = call1(e, libm_fn(e->m, fn), x);
+        break;
     }
   } else {
     switch (fn) {
-      case CPU_EXP: res = exp_f(e, x); break;
-      case CPU_LOG: res = log_f(e, x); break;
-      case CPU_TANH: res = tanh_f(e, x); break;
-      case CPU_SIGMOID: res = sigmoid_f(e, x); break;
-      case CPU_SIN: res = sincos_f(e, x, false); break;
-      case CPU_COS: res = sincos_f(e, x, true); break;
-      case CPU_LOG1P: res = log1p_f(e, x); break;
-      case CPU_EXPM1: res = expm1_f(e, x); break;
-      case CPU_ERF: res = erf_f(e, x); break;
-      case CPU_SQRT: res = call1(e, sqrt_fn(e->m, false), x); break;
-      case CPU_RSQRT: res = dv(e, kf(e, 1), call1(e, sqrt_fn(e->m, false), x)); break;
-      case CPU_POW: res = pow_f(e, x, y); break;
-      case CPU_FN_COUNT: break;
+      case CPU_EXP:
+        res = exp_f(e, x);
+        break;
+      case CPU_LOG:
+        res = log_f(e, x);
+        break;
+      case CPU_TANH:
+        res = tanh_f(e, x);
+        break;
+      case CPU_SIGMOID:
+        res = sigmoid_f(e, x);
+        break;
+      case CPU_SIN:
+        res = sincos_f(e, x, false);
+        break;
+      case CPU_COS:
+        res = sincos_f(e, x, true);
+        break;
+      case CPU_LOG1P:
+        res = log1p_f(e, x);
+        break;
+      case CPU_EXPM1:
+        res = expm1_f(e, x);
+        break;
+      case CPU_ERF:
+        res = erf_f(e, x);
+        break;
+      case CPU_SQRT:
+        res = call1(e, sqrt_fn(e->m, false), x);
+        break;
+      case CPU_RSQRT:
+        res = dv(e, kf(e, 1), call1(e, sqrt_fn(e->m, false), x));
+        break;
+      case CPU_POW:
+        res = pow_f(e, x, y);
+        break;
+      case CPU_FN_COUNT:
+        break;
     }
   }
   gcc_jit_block_end_with_return(e->b, NULL, res);
@@ -662,8 +689,8 @@ static gcc_jit_function *get_fn(cpu_math *m, cpu_fn fn, bool f64) {
                           gcc_jit_context_new_param(m->ctx, NULL, t, "y")};
   char name[48];
   snprintf(name, sizeof name, "kiln_math_%s_%s", names[fn], f64 ? "f64" : "f32");
-  gcc_jit_function *f = gcc_jit_context_new_function(
-      m->ctx, NULL, GCC_JIT_FUNCTION_ALWAYS_INLINE, t, name, fn == CPU_POW ? 2 : 1, ps, 0);
+  gcc_jit_function *f = gcc_jit_context_new_function(m->ctx, NULL, GCC_JIT_FUNCTION_ALWAYS_INLINE,
+                                                     t, name, fn == CPU_POW ? 2 : 1, ps, 0);
   em e = {m, m->ctx, f, gcc_jit_function_new_block(f, "entry"), 0};
   emit_body(&e, fn, f64, gcc_jit_param_as_rvalue(ps[0]), gcc_jit_param_as_rvalue(ps[1]));
   m->fn[f64][fn] = f;

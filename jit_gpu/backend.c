@@ -27,7 +27,7 @@
 static bool inputs_on_device(int n, vm_tensor *const *values, vm_tensor **ins) {
   for (int i = 0; i < n; i++) {
     ins[i] = values[i]->storage->device == KILN_CUDA ? vm_retain(values[i])
-                                                      : vm_value_to_device(values[i], KILN_CUDA);
+                                                     : vm_value_to_device(values[i], KILN_CUDA);
     if (!ins[i]) {
       while (i-- > 0) vm_release(ins[i]);
       return false;
@@ -40,7 +40,8 @@ static bool run_matmul(vm_tensor *out, vm_tensor **ins) {
   vm_tensor *ab[2] = {NULL, NULL};
   bool ok = true;
   for (int i = 0; i < 2 && ok; i++) /* cuBLAS takes contiguous or transposed matrices */
-    ok = (ab[i] = gpu_blas_operand_ok(ins[i], i == 0) ? vm_retain(ins[i]) : vm_value_copy(ins[i])) != NULL;
+    ok = (ab[i] = gpu_blas_operand_ok(ins[i], i == 0) ? vm_retain(ins[i])
+                                                      : vm_value_copy(ins[i])) != NULL;
   ok = ok && gpu_blas_matmul(out, ab[0], ab[1]);
   vm_release(ab[0]);
   vm_release(ab[1]);
@@ -59,7 +60,8 @@ static bool run_plan_named(gpu_op_plan *p, const char *api) {
   return ok;
 }
 
-static bool run_generated(vm_opcode op, int n, vm_tensor **ins, vm_tensor *out, const vm_attr *attr) {
+static bool run_generated(vm_opcode op, int n, vm_tensor **ins, vm_tensor *out,
+                          const vm_attr *attr) {
   gpu_op_plan p = {0};
   return gpu_op_plan_make(op, n, ins, out, attr, &p) && run_plan_named(&p, vm_op_api(op, attr));
 }
@@ -79,7 +81,8 @@ static vm_tensor *gpu_exec(vm_opcode op, int n, vm_tensor *const *values, const 
   if (inputs_on_device(n, values, ins)) {
     out = vm_tensor_new_on(KILN_CUDA, m->dtype, m->ndim, m->shape);
     bool matmul = op == VM_OP_matmul && vm_dtype_is_float(m->compute);
-    bool ok = out && (out->numel == 0 || (matmul ? run_matmul(out, ins) : run_generated(op, n, ins, out, attr)));
+    bool ok = out && (out->numel == 0 ||
+                      (matmul ? run_matmul(out, ins) : run_generated(op, n, ins, out, attr)));
     if (!ok) {
       vm_release(out);
       out = NULL;
@@ -144,8 +147,8 @@ static void *prepare_some(void *arg) {
 static void said_not_built(const gpu_fused *k) {
   static atomic_flag said = ATOMIC_FLAG_INIT;
   if (!atomic_flag_test_and_set(&said))
-    fprintf(stderr, "kiln: fused GPU kernel %s could not be built (%s); its group runs op by op\n", k->name,
-            vm_thread()->message);
+    fprintf(stderr, "kiln: fused GPU kernel %s could not be built (%s); its group runs op by op\n",
+            k->name, vm_thread()->message);
   vm_clear_error();
 }
 
@@ -156,7 +159,8 @@ static void load_kernels(gpu_compiled *c) {
   int n = 0;
   for (int g = 0; g < c->ngroups; g++)
     for (int i = 0; i < c->k[g].nk; i++) n += c->k[g].k[i].src != NULL;
-  gpu_fused **ks = calloc((size_t)(n ? n : 1), sizeof *ks), **firsts = calloc((size_t)(n ? n : 1), sizeof *firsts);
+  gpu_fused **ks = calloc((size_t)(n ? n : 1), sizeof *ks),
+            **firsts = calloc((size_t)(n ? n : 1), sizeof *firsts);
   gpu_kernel_build **b = calloc((size_t)(n ? n : 1), sizeof *b);
   int *first_of = calloc((size_t)(n ? n : 1), sizeof *first_of), nfirst = 0;
   if (!ks || !firsts || !b || !first_of) { /* one at a time, here */
@@ -184,7 +188,8 @@ static void load_kernels(gpu_compiled *c) {
   int helpers = nvrtc_jobs() - 1, started = 0;
   if (helpers > nfirst - 1) helpers = nfirst - 1;
   pthread_t th[64];
-  for (int t = 0; t < helpers; t++) started += pthread_create(&th[started], NULL, prepare_some, &pb) == 0;
+  for (int t = 0; t < helpers; t++)
+    started += pthread_create(&th[started], NULL, prepare_some, &pb) == 0;
   prepare_some(&pb);
   for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
   for (int j = 0; j < nfirst; j++)
@@ -230,9 +235,7 @@ static const tr_compile_ops compiler_ops = {compiler_run, compiler_drop, NULL, f
 
 /* At exit: NVRTC or the driver torn down under a compile in flight could
    crash, so the compile in flight finishes (one kernel batch) */
-static void compiler_stop(void) {
-  tr_compile_stop(KILN_CUDA);
-}
+static void compiler_stop(void) { tr_compile_stop(KILN_CUDA); }
 
 /* plans the kernels here (the trace is the flush's), compiles them on the
    compiler thread (KILN_ASYNC=0: here) */
@@ -260,9 +263,7 @@ static void gpu_compile(tr_plan *plan, const tr_trace *t) {
   publish(plan, c);
 }
 
-static void gpu_compile_wait(void) {
-  tr_compile_wait(KILN_CUDA);
-}
+static void gpu_compile_wait(void) { tr_compile_wait(KILN_CUDA); }
 
 static bool gpu_has_kernel(const void *compiled, int g) {
   const gpu_compiled *c = compiled;
@@ -287,29 +288,31 @@ static bool cuda_check_indices(vm_tensor *idx, int64_t size, int axis, const cha
 
 static const gpu_fuse_target cuda_target = {KILN_CUDA, cuda_alloc, cuda_launch, cuda_check_indices};
 
-static bool gpu_group(const void *compiled, const tr_plan *plan, const tr_trace *t, int g, vm_tensor **vals,
-                      int *rc, int *resume, int *last_group) {
+static bool gpu_group(const void *compiled, const tr_plan *plan, const tr_trace *t, int g,
+                      vm_tensor **vals, int *rc, int *resume, int *last_group) {
   const gpu_compiled *c = compiled;
-  return gpu_has_kernel(c, g) && gpu_fused_run(&c->k[g], &cuda_target, plan, t, vals, rc, resume, last_group);
+  return gpu_has_kernel(c, g) &&
+         gpu_fused_run(&c->k[g], &cuda_target, plan, t, vals, rc, resume, last_group);
 }
 
 const vm_backend gpu_backend = {
-  .device = KILN_CUDA,
-  .name = "cuda",
-  .unavailable = gpu_unavailable,
-  .info = gpu_info,
-  .alloc = gpu_mem_alloc,
-  .free = gpu_mem_free,
-  .to_host = gpu_copy_to_host,
-  .from_host = gpu_copy_from_host,
-  .copy = gpu_copy_on_device,
-  .exec = gpu_exec,
-  .jit_enabled = gpu_jit_enabled,
-  .compile_cost_ms = gpu_compile_cost_ms,
-  .compile = gpu_compile,
-  .compile_wait = gpu_compile_wait,
-  .plan_free = compiled_free,
-  .has_kernel = gpu_has_kernel,
-  .run_group = gpu_group,
-  .fuses_gathers = true, /* fuse.c: indirect loads; scatters, concats and arg-scans per output element */
+    .device = KILN_CUDA,
+    .name = "cuda",
+    .unavailable = gpu_unavailable,
+    .info = gpu_info,
+    .alloc = gpu_mem_alloc,
+    .free = gpu_mem_free,
+    .to_host = gpu_copy_to_host,
+    .from_host = gpu_copy_from_host,
+    .copy = gpu_copy_on_device,
+    .exec = gpu_exec,
+    .jit_enabled = gpu_jit_enabled,
+    .compile_cost_ms = gpu_compile_cost_ms,
+    .compile = gpu_compile,
+    .compile_wait = gpu_compile_wait,
+    .plan_free = compiled_free,
+    .has_kernel = gpu_has_kernel,
+    .run_group = gpu_group,
+    .fuses_gathers =
+        true, /* fuse.c: indirect loads; scatters, concats and arg-scans per output element */
 };

@@ -87,12 +87,12 @@ static void blas_load(void) {
     return;
   }
   void *fn;
-#define GPU_CUBLAS_RESOLVE(name, ret, params)                                      \
-  if (!(fn = dlsym(blas.lib, #name))) {                                            \
-    snprintf(blas.reason, sizeof blas.reason, "%s has no %s", lib, #name);         \
-    blas.unavailable = blas.reason;                                                \
-    return;                                                                        \
-  }                                                                                \
+#define GPU_CUBLAS_RESOLVE(name, ret, params)                              \
+  if (!(fn = dlsym(blas.lib, #name))) {                                    \
+    snprintf(blas.reason, sizeof blas.reason, "%s has no %s", lib, #name); \
+    blas.unavailable = blas.reason;                                        \
+    return;                                                                \
+  }                                                                        \
   memcpy(&blas.api.name, &fn, sizeof fn);
   GPU_CUBLAS_SYMBOLS(GPU_CUBLAS_RESOLVE)
 #undef GPU_CUBLAS_RESOLVE
@@ -124,9 +124,7 @@ static void blas_thread_free(blas_thread *bt) {
   free(bt);
 }
 
-static void blas_thread_exit(void *state) {
-  blas_thread_free(state);
-}
+static void blas_thread_exit(void *state) { blas_thread_free(state); }
 
 /* The calling thread's handle: made on first use, bound to the thread's
    stream, with its workspace and math mode.  NULL + error. */

@@ -46,8 +46,8 @@ typedef struct gpu_thread {
   CUevent half_done[2]; /* recorded after the last copy through each half */
   bool half_busy[2];    /* that copy may still be running */
   int next_half;
-  size_t small_used;    /* bytes of small host-to-device copies packed into next_half (no event yet) */
-  void *blas; /* blas.c's state (gpu_thread_blas_slot) */
+  size_t small_used; /* bytes of small host-to-device copies packed into next_half (no event yet) */
+  void *blas;        /* blas.c's state (gpu_thread_blas_slot) */
   /* the index ops' record (opgen.h gpu_index_check): on the device, made
      zeroed on the first index op; its host copy after a read (pinned);
      armed: an index op ran since the host last read it */
@@ -286,9 +286,7 @@ const char *gpu_unavailable(void) {
   return rt.unavailable;
 }
 
-int gpu_compute_capability(void) {
-  return gpu_unavailable() ? 0 : rt.cc;
-}
+int gpu_compute_capability(void) { return gpu_unavailable() ? 0 : rt.cc; }
 
 static void init_info(void) {
   if (rt.unavailable) {
@@ -364,8 +362,9 @@ static gpu_index_check *index_record(gpu_thread *t) {
   if (t->check) return t->check;
   void *p = NULL;
   if (!gpu_alloc_get(rt.alloc, sizeof(gpu_index_check), (uintptr_t)t->stream, &p)) return NULL;
-  if (!cu_ok(rt.cu.cuMemsetD8Async((CUdeviceptr)(uintptr_t)p, 0, sizeof(gpu_index_check), t->stream),
-             "cuMemsetD8Async (index check record)")) {
+  if (!cu_ok(
+          rt.cu.cuMemsetD8Async((CUdeviceptr)(uintptr_t)p, 0, sizeof(gpu_index_check), t->stream),
+          "cuMemsetD8Async (index check record)")) {
     gpu_alloc_put(rt.alloc, p, (uintptr_t)t->stream);
     return NULL;
   }
@@ -380,8 +379,8 @@ static bool index_checks_fetch(gpu_thread *t) {
   if (!t->check_host && !cu_ok(rt.cu.cuMemAllocHost((void **)&t->check_host, sizeof *t->check_host),
                                "cuMemAllocHost (index check record)"))
     return false;
-  if (!cu_ok(rt.cu.cuMemcpyDtoHAsync(t->check_host, (CUdeviceptr)(uintptr_t)t->check, sizeof *t->check_host,
-                                     t->stream),
+  if (!cu_ok(rt.cu.cuMemcpyDtoHAsync(t->check_host, (CUdeviceptr)(uintptr_t)t->check,
+                                     sizeof *t->check_host, t->stream),
              "cuMemcpyDtoHAsync (index check record)"))
     return false;
   t->check_fetched = true;
@@ -410,7 +409,8 @@ static bool index_checks_read(gpu_thread *t) {
     vm_set_api(t->check_api[r->op % GPU_CHECK_NAMES]);
   (void)gpu_index_check_report(r);
   vm_set_api(api);
-  if (!cu_ok(rt.cu.cuMemsetD8Async(rec, 0, sizeof *t->check_host, t->stream), "cuMemsetD8Async (index check record)"))
+  if (!cu_ok(rt.cu.cuMemsetD8Async(rec, 0, sizeof *t->check_host, t->stream),
+             "cuMemsetD8Async (index check record)"))
     t->check_armed = true; /* still sealed: the next read reports it again */
   return false;
 }
@@ -429,7 +429,8 @@ static void thread_exit(void *state) {
   uint64_t stamp = gpu_alloc_stamp(rt.alloc);
   if (rt.cu.cuStreamSynchronize(t->stream) == CUDA_SUCCESS) {
     if (!index_checks_read(t))
-      fprintf(stderr, "kiln: a thread ended with an error on its CUDA stream that no read reported: %s\n",
+      fprintf(stderr,
+              "kiln: a thread ended with an error on its CUDA stream that no read reported: %s\n",
               vm_thread()->message);
     gpu_alloc_synced(rt.alloc, (uintptr_t)t->stream, stamp);
     if (t->check) gpu_alloc_put(rt.alloc, t->check, (uintptr_t)t->stream);
@@ -454,9 +455,7 @@ void **gpu_thread_blas_slot(void) {
   return t ? &t->blas : NULL;
 }
 
-void gpu_set_blas_thread_exit(void (*fn)(void *state)) {
-  rt.blas_thread_exit = fn;
-}
+void gpu_set_blas_thread_exit(void (*fn)(void *state)) { rt.blas_thread_exit = fn; }
 
 static bool staging_ready(gpu_thread *t) {
   if (t->pinned) return true;
@@ -478,10 +477,12 @@ static bool staging_ready(gpu_thread *t) {
 static bool half_wait(gpu_thread *t, int h) {
   if (!t->half_busy[h]) return true;
   CUresult q = rt.cu.cuEventQuery(t->half_done[h]);
-  if (q != CUDA_SUCCESS && q != CUDA_ERROR_NOT_READY) return cu_ok(q, "cuEventQuery (staging copy)");
+  if (q != CUDA_SUCCESS && q != CUDA_ERROR_NOT_READY)
+    return cu_ok(q, "cuEventQuery (staging copy)");
   if (q == CUDA_ERROR_NOT_READY) {
     count_wait();
-    if (!cu_ok(rt.cu.cuEventSynchronize(t->half_done[h]), "cuEventSynchronize (staging copy)")) return false;
+    if (!cu_ok(rt.cu.cuEventSynchronize(t->half_done[h]), "cuEventSynchronize (staging copy)"))
+      return false;
   }
   t->half_busy[h] = false;
   return true;
@@ -519,9 +520,7 @@ void gpu_mem_record_use(const void *p) {
   if (t) gpu_alloc_record_use(rt.alloc, (void *)p, (uintptr_t)t->stream);
 }
 
-bool gpu_mem_trim(void) {
-  return thread_get() && gpu_alloc_trim(rt.alloc);
-}
+bool gpu_mem_trim(void) { return thread_get() && gpu_alloc_trim(rt.alloc); }
 
 bool gpu_mem_stats(gpu_alloc_stats *s) {
   memset(s, 0, sizeof *s);
@@ -564,7 +563,8 @@ static bool small_copy(gpu_thread *t, void *dst, const void *src, size_t nbytes)
   if (at == 0 && !half_wait(t, h)) return false;
   char *stage = t->pinned + (size_t)h * GPU_STAGING_HALF + at;
   memcpy(stage, src, nbytes);
-  if (!cu_ok(rt.cu.cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, stage, nbytes, t->stream), "cuMemcpyHtoDAsync"))
+  if (!cu_ok(rt.cu.cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, stage, nbytes, t->stream),
+             "cuMemcpyHtoDAsync"))
     return false;
   t->small_used = at + nbytes;
   return true;
@@ -631,8 +631,10 @@ bool gpu_copy_to_host(void *dst, const void *src, size_t nbytes) {
   t->next_half = h;
   /* the last event follows all earlier work on the stream (the record's
      copy too): it has finished */
-  if (ok) gpu_alloc_synced(rt.alloc, (uintptr_t)t->stream, stamp);
-  else t->check_fetched = false; /* not known to have arrived: fetched again */
+  if (ok)
+    gpu_alloc_synced(rt.alloc, (uintptr_t)t->stream, stamp);
+  else
+    t->check_fetched = false; /* not known to have arrived: fetched again */
   return ok && index_checks_read(t);
 }
 
@@ -676,9 +678,9 @@ static void kernel_disk_hash(const char *src, uint64_t h[2]) {
 typedef struct {
   void *owned;
   const void *image;
-  size_t size;    /* of image */
+  size_t size; /* of image */
   bool ptx;
-  char arch[16];  /* "sm_90", "compute_90" */
+  char arch[16];   /* "sm_90", "compute_90" */
   double nvrtc_ms; /* 0: from the disk cache */
 } kernel_image;
 
@@ -741,7 +743,8 @@ static bool image_compiled(const char *src, const char *name, const uint64_t h[2
     img.size++;
   }
   atomic_fetch_add_explicit(&vm_process()->stats.kernels_compiled, 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(&vm_process()->stats.nvrtc_us, (uint_fast64_t)(img.ms * 1e3), memory_order_relaxed);
+  atomic_fetch_add_explicit(&vm_process()->stats.nvrtc_us, (uint_fast64_t)(img.ms * 1e3),
+                            memory_order_relaxed);
   if (use_disk) image_to_disk(h, &img);
   out->owned = img.data; /* ownership moves: img is not freed */
   out->image = img.data;
@@ -796,11 +799,11 @@ static cache_kernel *kernel_publish(gpu_kernel_build *b);
 struct gpu_kernel_build {
   char name[GPU_KERNEL_NAME];
   char id[GPU_KERNEL_ID];
-  const char *src;   /* the caller's, until finished */
+  const char *src;      /* the caller's, until finished */
   cache_kernel *cached; /* in memory already (a reference): nothing to make */
-  bool ok;           /* img holds the image */
+  bool ok;              /* img holds the image */
   kernel_image img;
-  int status;        /* why not, when !ok && !cached */
+  int status; /* why not, when !ok && !cached */
   char why[512];
 };
 
@@ -815,7 +818,8 @@ gpu_kernel_build *gpu_kernel_prepare(const char *name, const char *src) {
   uint64_t h[2];
   kernel_disk_hash(src, h);
   bool use_disk = h[0] || h[1];
-  b->ok = (use_disk && image_from_disk(h, &b->img)) || image_compiled(src, name, h, use_disk, &b->img);
+  b->ok =
+      (use_disk && image_from_disk(h, &b->img)) || image_compiled(src, name, h, use_disk, &b->img);
   if (b->ok) return b;
 failed:
   b->status = vm_thread()->status ? vm_thread()->status : KILN_ERR_DEVICE;
@@ -837,7 +841,8 @@ void *gpu_kernel_finish(gpu_kernel_build *b) {
     vm_error(b->status, "%s", b->why);
   } else if (thread_get()) { /* the primary context, current on this thread */
     const char *how = b->img.nvrtc_ms > 0 ? "nvrtc" : "disk";
-    gpu_log_kernel(b->name, b->img.nvrtc_ms > 0 ? "compiled by NVRTC" : "loaded from the disk cache",
+    gpu_log_kernel(b->name,
+                   b->img.nvrtc_ms > 0 ? "compiled by NVRTC" : "loaded from the disk cache",
                    b->img.nvrtc_ms);
     gpu_dump_kernel(b->name, b->src, b->img.image, b->img.size, b->img.ptx, b->img.arch, rt.cc, how,
                     b->img.nvrtc_ms);
@@ -893,13 +898,9 @@ void *gpu_kernel_load(const char *name, const char *src) {
   return kernel_build(name, src);
 }
 
-void gpu_kernel_retain(void *kernel) {
-  cache_kernel_retain(kernel);
-}
+void gpu_kernel_retain(void *kernel) { cache_kernel_retain(kernel); }
 
-void gpu_kernel_release(void *kernel) {
-  cache_kernel_release(kernel);
-}
+void gpu_kernel_release(void *kernel) { cache_kernel_release(kernel); }
 
 bool gpu_kernel_launch(void *kernel, const char *name, void *args, unsigned grid, unsigned block) {
   gpu_thread *t = thread_get();
@@ -971,7 +972,8 @@ bool gpu_run_op_plan(const gpu_op_plan *p) {
     ok = launch_one(t, &p->launch[i], scratch, p->scratch_bytes);
   /* an index op's record is read where the host waits anyway (a read of a
      value), not here: a plan never waits for the device (opgen.h) */
-  if (ok && gpu_op_plan_has_index_check(p) && sync_checks()) ok = stream_wait(t) && index_checks_read(t);
+  if (ok && gpu_op_plan_has_index_check(p) && sync_checks())
+    ok = stream_wait(t) && index_checks_read(t);
   /* work on this stream that uses it runs before any later reuse by it */
   gpu_mem_free(scratch, p->scratch_bytes);
   return ok;

@@ -21,7 +21,8 @@
 
 extern char **environ;
 
-static void write_file(int dfd, const char *name, const char *suffix, const void *data, size_t len) {
+static void write_file(int dfd, const char *name, const char *suffix, const void *data,
+                       size_t len) {
   char path[96];
   snprintf(path, sizeof path, "kernel-%s.%s", name, suffix);
   FILE *f = tr_dump_create(dfd, path);
@@ -90,7 +91,8 @@ void gpu_dump_kernel(const char *name, const char *src, const void *image, size_
     write_sass(dfd, name);
     gpu_image p = {0};
     char *log = NULL;
-    if (src && gpu_nvrtc_compile_ptx(src, name, cc, &p, &log)) write_file(dfd, name, "ptx", p.data, strnlen(p.data, p.size));
+    if (src && gpu_nvrtc_compile_ptx(src, name, cc, &p, &log))
+      write_file(dfd, name, "ptx", p.data, strnlen(p.data, p.size));
     gpu_image_free(&p);
     free(log);
   }
@@ -104,6 +106,8 @@ void gpu_dump_kernel(const char *name, const char *src, const void *image, size_
 
 void gpu_log_kernel(const char *name, const char *how, double nvrtc_ms) {
   if (tr_log_level() < 1) return;
-  if (nvrtc_ms > 0) fprintf(stderr, "kiln: gpu kernel %s: %s in %.1f ms\n", name, how, nvrtc_ms);
-  else fprintf(stderr, "kiln: gpu kernel %s: %s\n", name, how);
+  if (nvrtc_ms > 0)
+    fprintf(stderr, "kiln: gpu kernel %s: %s in %.1f ms\n", name, how, nvrtc_ms);
+  else
+    fprintf(stderr, "kiln: gpu kernel %s: %s\n", name, how);
 }

@@ -24,7 +24,8 @@ static kiln_dtype ref_dtype(const tr_plan *plan, const tr_trace *t, int r) {
 }
 
 static bool computed(const tr_plan *plan, const gpu_fused *k, int r) {
-  bool inside = (r >= k->first && r <= k->last) || (k->epi_last && r >= k->reduce && r <= k->epi_last);
+  bool inside =
+      (r >= k->first && r <= k->last) || (k->epi_last && r >= k->reduce && r <= k->epi_last);
   return inside && vm_op_table[plan->nodes[r].op].kind != VM_KIND_VIEW;
 }
 
@@ -33,7 +34,8 @@ static bool computed(const tr_plan *plan, const gpu_fused *k, int r) {
    one element) or a contiguous leaf, of the iteration's full shape */
 static bool dense_full(const tr_plan *plan, const tr_trace *t, int r, const vm_meta *it) {
   const vm_meta *m = tr_ref_meta(plan, t, r);
-  if (m->ndim != it->ndim || memcmp(m->shape, it->shape, (size_t)m->ndim * sizeof(int64_t))) return false;
+  if (m->ndim != it->ndim || memcmp(m->shape, it->shape, (size_t)m->ndim * sizeof(int64_t)))
+    return false;
   if (r >= 0) {
     const tr_pnode *p = &plan->nodes[r];
     return vm_op_table[p->op].kind != VM_KIND_VIEW && p->op != VM_OP_full && !p->fold;
@@ -46,7 +48,8 @@ static bool dense_full(const tr_plan *plan, const tr_trace *t, int r, const vm_m
    axis, or -1 */
 static int input_of(const gpu_fused *k, int r, int role, int axis) {
   for (int q = 0; q < k->nin; q++)
-    if (k->ins[q] == r && k->role[q] == role && (role == GPU_IN_PLAIN || k->role_axis[q] == axis)) return q;
+    if (k->ins[q] == r && k->role[q] == role && (role == GPU_IN_PLAIN || k->role_axis[q] == axis))
+      return q;
   return -1;
 }
 
@@ -68,7 +71,8 @@ static bool add_input(gpu_fused *k, int r) { return add_input_as(k, r, GPU_IN_PL
 static bool views_of_outside(const tr_plan *plan, const tr_group *grp) {
   for (int i = grp->first; i <= grp->last; i++) {
     const tr_pnode *p = &plan->nodes[i];
-    if (vm_op_table[p->op].kind == VM_KIND_VIEW && p->nin > 0 && p->in[0] >= grp->first && p->in[0] < i)
+    if (vm_op_table[p->op].kind == VM_KIND_VIEW && p->nin > 0 && p->in[0] >= grp->first &&
+        p->in[0] < i)
       return false;
   }
   return true;
@@ -101,7 +105,8 @@ static bool add_move(const tr_plan *plan, const tr_trace *t, gpu_fused *k, int i
   const tr_pnode *p = &plan->nodes[i];
   kiln_dtype dt = p->meta.dtype;
   if (k->kind != GPU_FK_ELEMENTWISE || p->nin < 1 || p->nin > 3) return false;
-  for (int j = p->op == VM_OP_scatter_add ? 1 : 0; j < p->nin; j++) /* a concat's fill part: a parameter */
+  for (int j = p->op == VM_OP_scatter_add ? 1 : 0; j < p->nin;
+       j++) /* a concat's fill part: a parameter */
     if (computed(plan, k, p->in[j]) && !(p->op == VM_OP_concat && tr_is_fill(plan, p->in[j])))
       return false;
   int axis = p->attr.axis;
@@ -112,10 +117,11 @@ static bool add_move(const tr_plan *plan, const tr_trace *t, gpu_fused *k, int i
       return false;
     kiln_dtype two[2] = {dt, dt};
     if (!gpu_src_node_supported(VM_OP_add, dt, 2, two) ||
-        (outside_fill(plan, k, base) ? !add_param(k, base) : !computed(plan, k, base) && !add_input(k, base)))
+        (outside_fill(plan, k, base) ? !add_param(k, base)
+                                     : !computed(plan, k, base) && !add_input(k, base)))
       return false;
-    return add_input_as(k, idx, GPU_IN_SCATTER_INDEX, axis) >= 0 && add_input_as(k, src, GPU_IN_SCATTER_SRC, axis) >= 0 &&
-           add_coord(k, axis);
+    return add_input_as(k, idx, GPU_IN_SCATTER_INDEX, axis) >= 0 &&
+           add_input_as(k, src, GPU_IN_SCATTER_SRC, axis) >= 0 && add_coord(k, axis);
   }
   if (p->op == VM_OP_concat) {
     for (int j = 0; j < p->nin; j++) {
@@ -128,8 +134,8 @@ static bool add_move(const tr_plan *plan, const tr_trace *t, gpu_fused *k, int i
   }
   uint32_t mask = p->attr.axes_mask;
   kiln_dtype in = ref_dtype(plan, t, p->in[0]);
-  if (!vm_op_scans(p->op) || p->nin != 1 || dt != KILN_I64 || in == KILN_BOOL || !mask || (mask & (mask - 1)) ||
-      outside_fill(plan, k, p->in[0]))
+  if (!vm_op_scans(p->op) || p->nin != 1 || dt != KILN_I64 || in == KILN_BOOL || !mask ||
+      (mask & (mask - 1)) || outside_fill(plan, k, p->in[0]))
     return false;
   return add_input_as(k, p->in[0], GPU_IN_SCAN, __builtin_ctz(mask)) >= 0;
 }
@@ -139,21 +145,25 @@ static bool add_move(const tr_plan *plan, const tr_trace *t, gpu_fused *k, int i
 static bool add_node(const tr_plan *plan, const tr_trace *t, gpu_fused *k, int i) {
   const tr_pnode *p = &plan->nodes[i];
   if (p->op == VM_OP_full) return add_param(k, i);
-  if (p->op == VM_OP_scatter_add || p->op == VM_OP_concat || vm_op_scans(p->op)) return add_move(plan, t, k, i);
+  if (p->op == VM_OP_scatter_add || p->op == VM_OP_concat || vm_op_scans(p->op))
+    return add_move(plan, t, k, i);
   if (vm_op_gathers(p->op)) { /* source and index from outside k (trace/plan.c in_place) */
     int src = p->in[0], idx = p->in[1], axis = p->attr.axis;
-    if (p->nin != 2 || computed(plan, k, src) || computed(plan, k, idx) || outside_fill(plan, k, src) ||
-        outside_fill(plan, k, idx) || ref_dtype(plan, t, idx) != KILN_I64 || ref_dtype(plan, t, src) != p->meta.dtype)
+    if (p->nin != 2 || computed(plan, k, src) || computed(plan, k, idx) ||
+        outside_fill(plan, k, src) || outside_fill(plan, k, idx) ||
+        ref_dtype(plan, t, idx) != KILN_I64 || ref_dtype(plan, t, src) != p->meta.dtype)
       return false;
     return add_input_as(k, src, GPU_IN_SOURCE, axis) >= 0 &&
-           add_input_as(k, idx, p->op == VM_OP_index_select ? GPU_IN_SELECT : GPU_IN_PLAIN, axis) >= 0;
+           add_input_as(k, idx, p->op == VM_OP_index_select ? GPU_IN_SELECT : GPU_IN_PLAIN, axis) >=
+               0;
   }
   if (p->nin > 3) return false;
   kiln_dtype in[3];
   for (int j = 0; j < p->nin; j++) {
     int r = p->in[j];
     in[j] = ref_dtype(plan, t, r);
-    if (outside_fill(plan, k, r) ? !add_param(k, r) : !computed(plan, k, r) && !add_input(k, r)) return false;
+    if (outside_fill(plan, k, r) ? !add_param(k, r) : !computed(plan, k, r) && !add_input(k, r))
+      return false;
   }
   return gpu_src_node_supported(p->op, p->meta.dtype, p->nin, in);
 }
@@ -193,8 +203,8 @@ static int vector_width(const tr_plan *plan, const tr_trace *t, const gpu_fused 
 /* nodes first..last (of one shape) as one elementwise kernel; false when
    they do not fit one, with *stop the node it could not take (an op the
    kernels lack, or one operand too many), or last + 1 */
-static bool plan_elementwise(const tr_plan *plan, const tr_trace *t, int first, int last, gpu_fused *k,
-                             int *stop) {
+static bool plan_elementwise(const tr_plan *plan, const tr_trace *t, int first, int last,
+                             gpu_fused *k, int *stop) {
   memset(k, 0, sizeof *k);
   k->kind = GPU_FK_ELEMENTWISE;
   k->first = first;
@@ -210,7 +220,8 @@ static bool plan_elementwise(const tr_plan *plan, const tr_trace *t, int first, 
   *stop = last + 1;
   if (k->nout == 0) return false;
   const vm_meta *it = &plan->nodes[k->outs[0]].meta;
-  for (int q = 0; q < k->nin; q++) k->contig[q] = k->role[q] == GPU_IN_PLAIN && dense_full(plan, t, k->ins[q], it);
+  for (int q = 0; q < k->nin; q++)
+    k->contig[q] = k->role[q] == GPU_IN_PLAIN && dense_full(plan, t, k->ins[q], it);
   k->vec = vector_width(plan, t, k);
   return true;
 }
@@ -226,11 +237,14 @@ static int64_t numel_of(const vm_meta *m) {
 static void reduce_schedule(const tr_pnode *r, const vm_meta *rin, gpu_red_sched *s) {
   int64_t nout = 1, count = 1;
   for (int d = 0; d < rin->ndim; d++) {
-    if (r->attr.axes_mask & (1u << d)) count *= rin->shape[d];
-    else nout *= rin->shape[d];
+    if (r->attr.axes_mask & (1u << d))
+      count *= rin->shape[d];
+    else
+      nout *= rin->shape[d];
   }
-  gpu_reduce_schedule(r->op, rin->dtype, gpu_reduce_trailing(rin->ndim, rin->shape, r->attr.axes_mask), nout,
-                      count, s);
+  gpu_reduce_schedule(r->op, rin->dtype,
+                      gpu_reduce_trailing(rin->ndim, rin->shape, r->attr.axes_mask), nout, count,
+                      s);
 }
 
 _Static_assert(GPU_FUSE_MAX_IO <= 32, "gpu_fused.epi_in/epi_out: a bit per operand");
@@ -277,8 +291,8 @@ static bool plan_reduce_group(const tr_plan *plan, int g, const tr_trace *t, gpu
   if (red < 0) return false;
   const tr_pnode *r = &plan->nodes[red];
   const vm_meta *rin = tr_ref_meta(plan, t, r->in[0]);
-  if (r->op == VM_OP_argmax || r->op == VM_OP_argmin || r->nin != 1 || r->meta.dtype != rin->dtype ||
-      !gpu_src_reduce_supported(r->op, rin->dtype))
+  if (r->op == VM_OP_argmax || r->op == VM_OP_argmin || r->nin != 1 ||
+      r->meta.dtype != rin->dtype || !gpu_src_reduce_supported(r->op, rin->dtype))
     return false;
   gpu_fused *k = &fg->k[fg->nk++];
   memset(k, 0, sizeof *k);
@@ -290,7 +304,8 @@ static bool plan_reduce_group(const tr_plan *plan, int g, const tr_trace *t, gpu
   for (int i = grp->first; i < red; i++) {
     const tr_pnode *p = &plan->nodes[i];
     if (vm_op_table[p->op].kind == VM_KIND_VIEW) continue;
-    if (p->meta.ndim != rin->ndim || memcmp(p->meta.shape, rin->shape, (size_t)rin->ndim * sizeof(int64_t)))
+    if (p->meta.ndim != rin->ndim ||
+        memcmp(p->meta.shape, rin->shape, (size_t)rin->ndim * sizeof(int64_t)))
       return false; /* producers run per element of the reduction's input */
     if (!add_node(plan, t, k, i)) return false;
     if (read_after(plan, i, red) && !add_output(k, i)) return false;
@@ -302,7 +317,8 @@ static bool plan_reduce_group(const tr_plan *plan, int g, const tr_trace *t, gpu
   /* the flat index o * count + p is the element's in a dense input of the
      full shape only when the reduced dims are the trailing ones */
   for (int q = 0; q < k->nin; q++)
-    k->contig[q] = s.variant == GPU_RED_LANE && k->role[q] == GPU_IN_PLAIN && dense_full(plan, t, k->ins[q], rin);
+    k->contig[q] = s.variant == GPU_RED_LANE && k->role[q] == GPU_IN_PLAIN &&
+                   dense_full(plan, t, k->ins[q], rin);
   bool epilogue = false;
   for (int i = red + 1; i <= grp->last && !epilogue; i++)
     epilogue = vm_op_table[plan->nodes[i].op].kind != VM_KIND_VIEW;
@@ -413,7 +429,8 @@ static bool plan_rows(const tr_plan *plan, int g, const tr_trace *t, gpu_fused_g
    takes several launches, not one per op.  A chain ends at a node no
    kernel computes (an op the kernels lack), or after
    GPU_FUSE_MAX_KERNELS kernels: the rest of the group runs op by op. */
-static bool plan_chain(const tr_plan *plan, const tr_trace *t, int first, int last, gpu_fused_group *fg) {
+static bool plan_chain(const tr_plan *plan, const tr_trace *t, int first, int last,
+                       gpu_fused_group *fg) {
   while (first <= last && fg->nk < GPU_FUSE_MAX_KERNELS) {
     int end = last, stop;
     /* ending sooner makes more values outputs (read after the end), so
@@ -461,9 +478,12 @@ static void emit_fargs(gpu_src *b) {
                  "  i32 ndim;\n"
                  "  i32 axis;\n"
                  "};\n",
-                 GPU_FUSE_MAX_IO, GPU_FUSE_MAX_IO, GPU_FUSE_MAX_PARAMS, GPU_FUSE_MAX_IO, GPU_FUSE_MAX_IO);
-  gpu_src_printf(b, "static_assert(sizeof(gpu_fargs) == %zu, \"gpu_fargs: host and device layouts differ\");\n",
-                 sizeof(gpu_fargs));
+                 GPU_FUSE_MAX_IO, GPU_FUSE_MAX_IO, GPU_FUSE_MAX_PARAMS, GPU_FUSE_MAX_IO,
+                 GPU_FUSE_MAX_IO);
+  gpu_src_printf(
+      b,
+      "static_assert(sizeof(gpu_fargs) == %zu, \"gpu_fargs: host and device layouts differ\");\n",
+      sizeof(gpu_fargs));
   GPU_SRC_ASSERT_FIELD(b, gpu_fargs, ptr);
   GPU_SRC_ASSERT_FIELD(b, gpu_fargs, stride);
   GPU_SRC_ASSERT_FIELD(b, gpu_fargs, shape);
@@ -475,7 +495,8 @@ static void emit_fargs(gpu_src *b) {
   GPU_SRC_ASSERT_FIELD(b, gpu_fargs, ndim);
   GPU_SRC_ASSERT_FIELD(b, gpu_fargs, axis);
   /* V elements of T moved as one access of V * sizeof(T) bytes (16 at most) */
-  gpu_src_printf(b, "template <typename T, int V> struct alignas(sizeof(T) * V) kvec { T v[V]; };\n");
+  gpu_src_printf(b,
+                 "template <typename T, int V> struct alignas(sizeof(T) * V) kvec { T v[V]; };\n");
   gpu_src_printf(b, "#endif /* KILN_GPU_FARGS */\n");
 }
 
@@ -483,11 +504,21 @@ static void emit_fargs(gpu_src *b) {
    dtype at the slot's start; the host is little-endian, as is the GPU) */
 static void param_expr(gpu_src *b, kiln_dtype dt, int s) {
   switch (dt) {
-    case KILN_F32: gpu_src_printf(b, "__int_as_float((i32)(u32)a.param[%d])", s); break;
-    case KILN_F64: gpu_src_printf(b, "__longlong_as_double((i64)a.param[%d])", s); break;
-    case KILN_I32: gpu_src_printf(b, "(i32)(u32)a.param[%d]", s); break;
-    case KILN_I64: gpu_src_printf(b, "(i64)a.param[%d]", s); break;
-    default: gpu_src_printf(b, "(u8)(a.param[%d] & 0xff)", s); break;
+    case KILN_F32:
+      gpu_src_printf(b, "__int_as_float((i32)(u32)a.param[%d])", s);
+      break;
+    case KILN_F64:
+      gpu_src_printf(b, "__longlong_as_double((i64)a.param[%d])", s);
+      break;
+    case KILN_I32:
+      gpu_src_printf(b, "(i32)(u32)a.param[%d]", s);
+      break;
+    case KILN_I64:
+      gpu_src_printf(b, "(i64)a.param[%d]", s);
+      break;
+    default:
+      gpu_src_printf(b, "(u8)(a.param[%d] & 0xff)", s);
+      break;
   }
 }
 
@@ -508,7 +539,8 @@ static void ref_name(const tr_plan *plan, const gpu_fused *k, int r, char *buf, 
 
 /* the pointers to k's outputs (from out0) and inputs, and the values of
    the fills it reads from outside (prm<slot>) */
-static void emit_pointers(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k, int out0) {
+static void emit_pointers(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k,
+                          int out0) {
   for (int s = 0; s < k->nparams; s++) {
     const tr_pnode *p = &plan->nodes[k->params[s]];
     if (computed(plan, k, k->params[s])) continue;
@@ -529,12 +561,13 @@ static void emit_pointers(gpu_src *b, const tr_plan *plan, const tr_trace *t, co
 
 /* f<operand> += the offsets of the row-major index `from` over dims
    [d0, d1) of every operand in `which` (ptr indices) */
-static void emit_offsets(gpu_src *b, const char *from, const char *d0, const char *d1, const bool *which,
-                         const char *indent) {
-  gpu_src_printf(b, "%s{\n%s  i64 rr = %s;\n%s  for (int d = %s - 1; d >= %s; d--) {\n", indent, indent, from,
-                 indent, d1, d0);
-  gpu_src_printf(b, "%s    const i64 s = a.shape[d], qd = rr / s, c = rr - qd * s;\n%s    rr = qd;\n", indent,
-                 indent);
+static void emit_offsets(gpu_src *b, const char *from, const char *d0, const char *d1,
+                         const bool *which, const char *indent) {
+  gpu_src_printf(b, "%s{\n%s  i64 rr = %s;\n%s  for (int d = %s - 1; d >= %s; d--) {\n", indent,
+                 indent, from, indent, d1, d0);
+  gpu_src_printf(b,
+                 "%s    const i64 s = a.shape[d], qd = rr / s, c = rr - qd * s;\n%s    rr = qd;\n",
+                 indent, indent);
   for (int j = 0; j < GPU_FUSE_MAX_IO; j++)
     if (which[j]) gpu_src_printf(b, "%s    f%d += c * a.stride[%d][d];\n", indent, j, j);
   gpu_src_printf(b, "%s  }\n%s}\n", indent, indent);
@@ -553,13 +586,16 @@ static void emit_move(gpu_src *b, const tr_plan *plan, const tr_trace *t, const 
     int q = input_of(k, p->in[0], GPU_IN_SCAN, __builtin_ctz(p->attr.axes_mask)), f = k->nout + q;
     const char *it = gpu_src_ctype(ref_dtype(plan, t, p->in[0]));
     bool fl = vm_dtype_is_float(ref_dtype(plan, t, p->in[0]));
-    gpu_src_printf(b, "%s{\n%s  %s best = in%d[f%d];\n%s  i64 bi = 0;\n%s  bool nan = %s;\n", indent, indent, it, q, f,
-                   indent, indent, fl ? "best != best" : "false");
-    gpu_src_printf(b, "%s  for (i64 kk = 1; kk < a.gextent[%d]; kk++) {\n%s    const %s w = in%d[f%d + kk * a.gstride[%d]];\n",
+    gpu_src_printf(b, "%s{\n%s  %s best = in%d[f%d];\n%s  i64 bi = 0;\n%s  bool nan = %s;\n",
+                   indent, indent, it, q, f, indent, indent, fl ? "best != best" : "false");
+    gpu_src_printf(b,
+                   "%s  for (i64 kk = 1; kk < a.gextent[%d]; kk++) {\n%s    const %s w = in%d[f%d "
+                   "+ kk * a.gstride[%d]];\n",
                    indent, q, indent, it, q, f, q);
-    gpu_src_printf(b, "%s    const bool take = !nan && (w %s best%s);\n", indent, p->op == VM_OP_argmax ? ">" : "<",
-                   fl ? " || w != w" : "");
-    gpu_src_printf(b, "%s    best = take ? w : best;\n%s    bi = take ? kk : bi;\n", indent, indent);
+    gpu_src_printf(b, "%s    const bool take = !nan && (w %s best%s);\n", indent,
+                   p->op == VM_OP_argmax ? ">" : "<", fl ? " || w != w" : "");
+    gpu_src_printf(b, "%s    best = take ? w : best;\n%s    bi = take ? kk : bi;\n", indent,
+                   indent);
     if (fl) gpu_src_printf(b, "%s    nan = nan || w != w;\n", indent);
     gpu_src_printf(b, "%s  }\n%s  v%d = bi;\n%s}\n", indent, indent, v, indent);
     return;
@@ -568,33 +604,39 @@ static void emit_move(gpu_src *b, const tr_plan *plan, const tr_trace *t, const 
   if (p->op == VM_OP_scatter_add) {
     char base[16];
     ref_name(plan, k, p->in[0], base, sizeof base);
-    int qi = input_of(k, p->in[1], GPU_IN_SCATTER_INDEX, axis), qs = input_of(k, p->in[2], GPU_IN_SCATTER_SRC, axis);
+    int qi = input_of(k, p->in[1], GPU_IN_SCATTER_INDEX, axis),
+        qs = input_of(k, p->in[2], GPU_IN_SCATTER_SRC, axis);
     gpu_src_printf(b, "%s{\n%s  %s acc = %s;\n", indent, indent, ct, base);
     gpu_src_printf(b, "%s  for (i64 kk = 0; kk < a.gextent[%d]; kk++) {\n", indent, qi);
-    gpu_src_printf(b, "%s    const %s sv = in%d[f%d + kk * a.gstride[%d]];\n%s    %s sum;\n%s    ", indent, ct, qs,
-                   k->nout + qs, qs, indent, ct, indent);
+    gpu_src_printf(b, "%s    const %s sv = in%d[f%d + kk * a.gstride[%d]];\n%s    %s sum;\n%s    ",
+                   indent, ct, qs, k->nout + qs, qs, indent, ct, indent);
     kiln_dtype dts[2] = {dt, dt};
     const char *args[2] = {"acc", "sv"};
     gpu_src_node(b, VM_OP_add, dt, 2, dts, args, "sum");
-    gpu_src_printf(b, "%s    acc = in%d[f%d + kk * a.gstride[%d]] == f%d ? sum : acc;\n%s  }\n", indent, qi, k->nout + qi, qi,
-                   k->nout + qc, indent);
+    gpu_src_printf(b, "%s    acc = in%d[f%d + kk * a.gstride[%d]] == f%d ? sum : acc;\n%s  }\n",
+                   indent, qi, k->nout + qi, qi, k->nout + qc, indent);
     gpu_src_printf(b, "%s  v%d = acc;\n%s}\n", indent, v, indent);
     return;
   }
   /* concat: part j at the coordinate less the extents before it, clamped */
-  gpu_src_printf(b, "%s{\n%s  const i64 at = f%d;\n%s  i64 from = 0;\n", indent, indent, k->nout + qc, indent);
+  gpu_src_printf(b, "%s{\n%s  const i64 at = f%d;\n%s  i64 from = 0;\n", indent, indent,
+                 k->nout + qc, indent);
   for (int j = 0; j < p->nin; j++) {
     int r = p->in[j], q = input_of(k, r, GPU_IN_PART, axis);
-    gpu_src_printf(b, "%s  i64 c%d = at - from;\n%s  c%d = c%d < 0 ? 0 : c%d > a.gextent[%d] - 1 ? a.gextent[%d] - 1 : c%d;\n",
+    gpu_src_printf(b,
+                   "%s  i64 c%d = at - from;\n%s  c%d = c%d < 0 ? 0 : c%d > a.gextent[%d] - 1 ? "
+                   "a.gextent[%d] - 1 : c%d;\n",
                    indent, j, indent, j, j, j, q, q, j);
     if (tr_is_fill(plan, r)) { /* its parameter (v<node> when k computes the fill) */
       char name[16];
       ref_name(plan, k, r, name, sizeof name);
       gpu_src_printf(b, "%s  const %s p%d = %s;\n", indent, ct, j, name);
     } else {
-      gpu_src_printf(b, "%s  const %s p%d = in%d[f%d + c%d * a.gstride[%d]];\n", indent, ct, j, q, k->nout + q, j, q);
+      gpu_src_printf(b, "%s  const %s p%d = in%d[f%d + c%d * a.gstride[%d]];\n", indent, ct, j, q,
+                     k->nout + q, j, q);
     }
-    gpu_src_printf(b, "%s  from += a.gextent[%d];\n%s  const i64 e%d = from;\n", indent, q, indent, j);
+    gpu_src_printf(b, "%s  from += a.gextent[%d];\n%s  const i64 e%d = from;\n", indent, q, indent,
+                   j);
   }
   gpu_src_printf(b, "%s  v%d = ", indent, v);
   for (int j = 0; j < p->nin - 1; j++) gpu_src_printf(b, "at < e%d ? p%d : ", j, j);
@@ -603,7 +645,7 @@ static void emit_move(gpu_src *b, const tr_plan *plan, const tr_trace *t, const 
 
 /* node i of k: assigns its value to v<i - first>, declared by the caller */
 static void emit_node(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k, int i,
-                          const char *indent) {
+                      const char *indent) {
   const tr_pnode *p = &plan->nodes[i];
   if (p->op == VM_OP_full) {
     int s = 0;
@@ -617,13 +659,16 @@ static void emit_node(gpu_src *b, const tr_plan *plan, const tr_trace *t, const 
     emit_move(b, plan, t, k, i, indent);
     return;
   }
-  if (vm_op_gathers(p->op)) { /* the source at its offset without the axis, plus the clamped index's */
+  if (vm_op_gathers(
+          p->op)) { /* the source at its offset without the axis, plus the clamped index's */
     int axis = p->attr.axis, qs = input_of(k, p->in[0], GPU_IN_SOURCE, axis);
-    int qi = input_of(k, p->in[1], p->op == VM_OP_index_select ? GPU_IN_SELECT : GPU_IN_PLAIN, axis);
-    gpu_src_printf(b, "%s{\n%s  const i64 e = a.gextent[%d], j = x%d < 0 ? 0 : x%d >= e ? e - 1 : x%d;\n", indent,
-                   indent, qs, qi, qi, qi);
-    gpu_src_printf(b, "%s  v%d = in%d[f%d + j * a.gstride[%d]];\n%s}\n", indent, i - k->first, qs, k->nout + qs, qs,
-                   indent);
+    int qi =
+        input_of(k, p->in[1], p->op == VM_OP_index_select ? GPU_IN_SELECT : GPU_IN_PLAIN, axis);
+    gpu_src_printf(
+        b, "%s{\n%s  const i64 e = a.gextent[%d], j = x%d < 0 ? 0 : x%d >= e ? e - 1 : x%d;\n",
+        indent, indent, qs, qi, qi, qi);
+    gpu_src_printf(b, "%s  v%d = in%d[f%d + j * a.gstride[%d]];\n%s}\n", indent, i - k->first, qs,
+                   k->nout + qs, qs, indent);
     return;
   }
   char names[3][16], dst[16];
@@ -652,14 +697,17 @@ static void emit_values(gpu_src *b, const tr_plan *plan, const tr_trace *t, cons
 
 /* the loads of k's inputs (x<q>, at `flat` or f<operand>) and its nodes
    (v<node - first>) */
-static void emit_nodes(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k, const char *flat,
-                       const char *indent) {
+static void emit_nodes(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k,
+                       const char *flat, const char *indent) {
   for (int q = 0; q < k->nin; q++) {
     if ((k->epi_in >> q) & 1u) continue; /* read at the output's position (emit_store) */
-    if (k->role[q] != GPU_IN_PLAIN && k->role[q] != GPU_IN_SELECT) continue; /* read where emit_node moves */
+    if (k->role[q] != GPU_IN_PLAIN && k->role[q] != GPU_IN_SELECT)
+      continue; /* read where emit_node moves */
     const char *ct = gpu_src_ctype(ref_dtype(plan, t, k->ins[q]));
-    if (k->contig[q]) gpu_src_printf(b, "%sconst %s x%d = in%d[%s];\n", indent, ct, q, q, flat);
-    else gpu_src_printf(b, "%sconst %s x%d = in%d[f%d];\n", indent, ct, q, q, k->nout + q);
+    if (k->contig[q])
+      gpu_src_printf(b, "%sconst %s x%d = in%d[%s];\n", indent, ct, q, q, flat);
+    else
+      gpu_src_printf(b, "%sconst %s x%d = in%d[f%d];\n", indent, ct, q, q, k->nout + q);
   }
   emit_values(b, plan, t, k, indent);
 }
@@ -668,14 +716,18 @@ static void emit_nodes(gpu_src *b, const tr_plan *plan, const tr_trace *t, const
    vector's size): element i0 + e of each vector is computed exactly as
    the scalar loop computes element i, so the bits are the same; the
    scalar loop then does the tail from `from` on. */
-static void emit_vector_loop(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k) {
+static void emit_vector_loop(gpu_src *b, const tr_plan *plan, const tr_trace *t,
+                             const gpu_fused *k) {
   int V = k->vec;
   gpu_src_printf(b, "  i64 from = 0;\n  if (a.extent[0]) {\n    const i64 nv = a.n / %d;\n", V);
-  gpu_src_printf(b, "    for (i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x; j < nv; "
-                    "j += (i64)gridDim.x * blockDim.x) {\n      const i64 i0 = j * %d;\n", V);
+  gpu_src_printf(b,
+                 "    for (i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x; j < nv; "
+                 "j += (i64)gridDim.x * blockDim.x) {\n      const i64 i0 = j * %d;\n",
+                 V);
   for (int q = 0; q < k->nin; q++) {
     const char *ct = gpu_src_ctype(ref_dtype(plan, t, k->ins[q]));
-    gpu_src_printf(b, "      const kvec<%s, %d> lx%d = *(const kvec<%s, %d> *)(in%d + i0);\n", ct, V, q, ct, V, q);
+    gpu_src_printf(b, "      const kvec<%s, %d> lx%d = *(const kvec<%s, %d> *)(in%d + i0);\n", ct,
+                   V, q, ct, V, q);
   }
   for (int q = 0; q < k->nout; q++) {
     const char *ct = gpu_src_ctype(plan->nodes[k->outs[q]].meta.dtype);
@@ -683,9 +735,11 @@ static void emit_vector_loop(gpu_src *b, const tr_plan *plan, const tr_trace *t,
   }
   gpu_src_printf(b, "#pragma unroll\n      for (int e = 0; e < %d; e++) {\n", V);
   for (int q = 0; q < k->nin; q++)
-    gpu_src_printf(b, "        const %s x%d = lx%d.v[e];\n", gpu_src_ctype(ref_dtype(plan, t, k->ins[q])), q, q);
+    gpu_src_printf(b, "        const %s x%d = lx%d.v[e];\n",
+                   gpu_src_ctype(ref_dtype(plan, t, k->ins[q])), q, q);
   emit_values(b, plan, t, k, "        ");
-  for (int q = 0; q < k->nout; q++) gpu_src_printf(b, "        so%d.v[e] = v%d;\n", q, k->outs[q] - k->first);
+  for (int q = 0; q < k->nout; q++)
+    gpu_src_printf(b, "        so%d.v[e] = v%d;\n", q, k->outs[q] - k->first);
   gpu_src_printf(b, "      }\n");
   for (int q = 0; q < k->nout; q++) {
     const char *ct = gpu_src_ctype(plan->nodes[k->outs[q]].meta.dtype);
@@ -695,11 +749,14 @@ static void emit_vector_loop(gpu_src *b, const tr_plan *plan, const tr_trace *t,
 }
 
 /* an elementwise kernel's body after its signature */
-static void emit_elementwise(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k) {
+static void emit_elementwise(gpu_src *b, const tr_plan *plan, const tr_trace *t,
+                             const gpu_fused *k) {
   emit_pointers(b, plan, t, k, 0);
   if (k->vec) emit_vector_loop(b, plan, t, k);
-  gpu_src_printf(b, "  for (i64 i = %s(i64)blockIdx.x * blockDim.x + threadIdx.x; i < a.n; "
-                    "i += (i64)gridDim.x * blockDim.x) {\n", k->vec ? "from + " : "");
+  gpu_src_printf(b,
+                 "  for (i64 i = %s(i64)blockIdx.x * blockDim.x + threadIdx.x; i < a.n; "
+                 "i += (i64)gridDim.x * blockDim.x) {\n",
+                 k->vec ? "from + " : "");
   bool strided[GPU_FUSE_MAX_IO] = {false}, any = false;
   for (int q = 0; q < k->nin; q++)
     if (!k->contig[q]) {
@@ -708,7 +765,8 @@ static void emit_elementwise(gpu_src *b, const tr_plan *plan, const tr_trace *t,
     }
   if (any) emit_offsets(b, "i", "0", "a.ndim", strided, "    ");
   emit_nodes(b, plan, t, k, "i", "    ");
-  for (int q = 0; q < k->nout; q++) gpu_src_printf(b, "    o%d[i] = v%d;\n", q, k->outs[q] - k->first);
+  for (int q = 0; q < k->nout; q++)
+    gpu_src_printf(b, "    o%d[i] = v%d;\n", q, k->outs[q] - k->first);
   gpu_src_printf(b, "  }\n}\n");
 }
 
@@ -728,8 +786,8 @@ static void emit_store(gpu_src *b, const tr_plan *plan, const tr_trace *t, const
   if (k->epi_in) emit_offsets(b, "o", "0", "a.axis", strided, "    ");
   for (int q = 0; q < k->nin; q++)
     if ((k->epi_in >> q) & 1u)
-      gpu_src_printf(b, "    const %s x%d = in%d[f%d];\n", gpu_src_ctype(ref_dtype(plan, t, k->ins[q])), q, q,
-                     k->nout + q);
+      gpu_src_printf(b, "    const %s x%d = in%d[f%d];\n",
+                     gpu_src_ctype(ref_dtype(plan, t, k->ins[q])), q, q, k->nout + q);
   gpu_src_printf(b, "    const %s v%d = r;\n", rt, k->reduce - k->first);
   for (int i = k->reduce + 1; i <= k->epi_last; i++) {
     const tr_pnode *p = &plan->nodes[i];
@@ -755,7 +813,8 @@ static void emit_reduce(gpu_src *b, const tr_plan *plan, const tr_trace *t, cons
   bool trailing = k->variant == GPU_RED_LANE;
   bool epi_out[GPU_FUSE_MAX_IO] = {false};
   for (int q = 0; q < k->nout; q++) epi_out[q] = (k->epi_out >> q) & 1u;
-  for (int q = 1; q < k->nout; q++) strided[q] = !trailing && !epi_out[q]; /* producers' outputs: dense, of the input's shape */
+  for (int q = 1; q < k->nout; q++)
+    strided[q] = !trailing && !epi_out[q]; /* producers' outputs: dense, of the input's shape */
   for (int q = 0; q < k->nin; q++) strided[k->nout + q] = !k->contig[q] && !((k->epi_in >> q) & 1u);
   for (int j = 0; j < GPU_FUSE_MAX_IO; j++)
     if (strided[j]) {
@@ -765,8 +824,10 @@ static void emit_reduce(gpu_src *b, const tr_plan *plan, const tr_trace *t, cons
   if (any) {
     gpu_src_printf(&item, ";\n");
     /* the offsets of o over the kept dims, into b<operand> */
-    gpu_src_printf(&item, "    {\n      i64 rr = o;\n      for (int d = a.axis - 1; d >= 0; d--) {\n"
-                          "        const i64 s = a.shape[d], qd = rr / s, c = rr - qd * s;\n        rr = qd;\n");
+    gpu_src_printf(
+        &item,
+        "    {\n      i64 rr = o;\n      for (int d = a.axis - 1; d >= 0; d--) {\n"
+        "        const i64 s = a.shape[d], qd = rr / s, c = rr - qd * s;\n        rr = qd;\n");
     for (int j = 0; j < GPU_FUSE_MAX_IO; j++)
       if (strided[j]) gpu_src_printf(&item, "        b%d += c * a.stride[%d][d];\n", j, j);
     gpu_src_printf(&item, "      }\n    }\n");
@@ -783,15 +844,20 @@ static void emit_reduce(gpu_src *b, const tr_plan *plan, const tr_trace *t, cons
   emit_nodes(&item, plan, t, k, "flat", "      ");
   for (int q = 1; q < k->nout; q++) {
     if (epi_out[q]) continue; /* the epilogue's: stored by kstore */
-    if (trailing) gpu_src_printf(&item, "      o%d[flat] = v%d;\n", q, k->outs[q] - k->first);
-    else gpu_src_printf(&item, "      o%d[f%d] = v%d;\n", q, q, k->outs[q] - k->first);
+    if (trailing)
+      gpu_src_printf(&item, "      o%d[flat] = v%d;\n", q, k->outs[q] - k->first);
+    else
+      gpu_src_printf(&item, "      o%d[f%d] = v%d;\n", q, q, k->outs[q] - k->first);
   }
   char in0[16];
   ref_name(plan, k, r->in[0], in0, sizeof in0);
   gpu_src_printf(&item, "      return %s;\n    };\n", in0);
   if (k->epi_last) emit_store(&src, plan, t, k);
-  if (src.oom || item.oom) b->oom = true;
-  else gpu_src_reduce(b, r->op, dt, k->variant, src.s ? src.s : "", item.s, k->epi_last ? "kstore" : NULL);
+  if (src.oom || item.oom)
+    b->oom = true;
+  else
+    gpu_src_reduce(b, r->op, dt, k->variant, src.s ? src.s : "", item.s,
+                   k->epi_last ? "kstore" : NULL);
   free(src.s);
   free(item.s);
 }
@@ -808,8 +874,8 @@ static void row_need(const tr_plan *plan, const gpu_fused *k, int i, uint64_t *w
 
 /* the row-level nodes in [from, stop) (reductions aside), once per row:
    declared for the whole row, computed by the threads of live rows */
-static void emit_row_level(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k, int from,
-                           int stop) {
+static void emit_row_level(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k,
+                           int from, int stop) {
   bool any = false;
   for (int i = from; i < stop; i++) {
     const tr_pnode *p = &plan->nodes[i];
@@ -827,20 +893,25 @@ static void emit_row_level(gpu_src *b, const tr_plan *plan, const tr_trace *t, c
 
 /* at row position p: the offsets and loads of the per-element inputs the
    wanted nodes read, then those nodes (declared here) */
-static void emit_row_position(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k,
-                              uint64_t want, int extra_ref, const char *indent) {
-  bool used[GPU_FUSE_MAX_IO] = {false}, strided[GPU_FUSE_MAX_IO] = {false}, any = false, flat = false;
+static void emit_row_position(gpu_src *b, const tr_plan *plan, const tr_trace *t,
+                              const gpu_fused *k, uint64_t want, int extra_ref,
+                              const char *indent) {
+  bool used[GPU_FUSE_MAX_IO] = {false}, strided[GPU_FUSE_MAX_IO] = {false}, any = false,
+       flat = false;
   for (int q = 0; q < k->nin; q++) {
     int r = k->ins[q];
     bool read = r == extra_ref;
     for (int i = k->first; i <= k->last && !read; i++) {
-      if (!((want >> (i - k->first)) & 1u) || vm_op_table[plan->nodes[i].op].kind == VM_KIND_REDUCE) continue;
+      if (!((want >> (i - k->first)) & 1u) || vm_op_table[plan->nodes[i].op].kind == VM_KIND_REDUCE)
+        continue;
       for (int j = 0; j < plan->nodes[i].nin; j++) read |= plan->nodes[i].in[j] == r;
     }
     if (!read || (k->hoisted >> q) & 1u) continue;
     used[q] = true;
-    if (k->contig[q]) flat = true;
-    else strided[k->nout + q] = any = true;
+    if (k->contig[q])
+      flat = true;
+    else
+      strided[k->nout + q] = any = true;
   }
   if (flat) gpu_src_printf(b, "%sconst i64 flat = o * count + p;\n", indent);
   for (int j = 0; j < GPU_FUSE_MAX_IO; j++)
@@ -849,8 +920,10 @@ static void emit_row_position(gpu_src *b, const tr_plan *plan, const tr_trace *t
   for (int q = 0; q < k->nin; q++)
     if (used[q]) {
       const char *ct = gpu_src_ctype(ref_dtype(plan, t, k->ins[q]));
-      if (k->contig[q]) gpu_src_printf(b, "%sconst %s x%d = in%d[flat];\n", indent, ct, q, q);
-      else gpu_src_printf(b, "%sconst %s x%d = in%d[f%d];\n", indent, ct, q, q, k->nout + q);
+      if (k->contig[q])
+        gpu_src_printf(b, "%sconst %s x%d = in%d[flat];\n", indent, ct, q, q);
+      else
+        gpu_src_printf(b, "%sconst %s x%d = in%d[f%d];\n", indent, ct, q, q, k->nout + q);
     }
   for (int i = k->first; i <= k->last; i++) {
     const tr_pnode *p = &plan->nodes[i];
@@ -864,12 +937,15 @@ static void emit_row_position(gpu_src *b, const tr_plan *plan, const tr_trace *t
    group of W warps per row, G groups per block, a.axis kept dims */
 static void emit_rows(gpu_src *b, const tr_plan *plan, const tr_trace *t, const gpu_fused *k) {
   emit_pointers(b, plan, t, k, 0);
-  gpu_src_put(b, "  const int W = (int)a.extent[3], G = (int)(blockDim.x >> 5) / W;\n"
-                 "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / W, wig = warp % W;\n"
-                 "  const i64 count = a.extent[0];\n"
-                 "  for (i64 first = (i64)blockIdx.x * G; first < a.n; first += (i64)gridDim.x * G) {\n"
-                 "    const i64 o = first + group;\n"
-                 "    const bool active = group < G && o < a.n;\n");
+  gpu_src_put(
+      b,
+      "  const int W = (int)a.extent[3], G = (int)(blockDim.x >> 5) / W;\n"
+      "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / W, wig = warp "
+      "% W;\n"
+      "  const i64 count = a.extent[0];\n"
+      "  for (i64 first = (i64)blockIdx.x * G; first < a.n; first += (i64)gridDim.x * G) {\n"
+      "    const i64 o = first + group;\n"
+      "    const bool active = group < G && o < a.n;\n");
   /* the row's offset in every input not indexed by the flat position */
   bool strided[GPU_FUSE_MAX_IO] = {false}, any = false;
   for (int q = 0; q < k->nin; q++)
@@ -877,8 +953,10 @@ static void emit_rows(gpu_src *b, const tr_plan *plan, const tr_trace *t, const 
   if (any) {
     for (int j = 0; j < GPU_FUSE_MAX_IO; j++)
       if (strided[j]) gpu_src_printf(b, "    i64 b%d = 0;\n", j);
-    gpu_src_printf(b, "    if (active) {\n      i64 rr = o;\n      for (int d = a.axis - 1; d >= 0; d--) {\n"
-                      "        const i64 s = a.shape[d], qd = rr / s, c = rr - qd * s;\n        rr = qd;\n");
+    gpu_src_printf(
+        b,
+        "    if (active) {\n      i64 rr = o;\n      for (int d = a.axis - 1; d >= 0; d--) {\n"
+        "        const i64 s = a.shape[d], qd = rr / s, c = rr - qd * s;\n        rr = qd;\n");
     for (int j = 0; j < GPU_FUSE_MAX_IO; j++)
       if (strided[j]) gpu_src_printf(b, "        b%d += c * a.stride[%d][d];\n", j, j);
     gpu_src_printf(b, "      }\n    }\n");
@@ -886,7 +964,8 @@ static void emit_rows(gpu_src *b, const tr_plan *plan, const tr_trace *t, const 
   for (int q = 0; q < k->nin; q++)
     if ((k->hoisted >> q) & 1u) {
       const char *ct = gpu_src_ctype(ref_dtype(plan, t, k->ins[q]));
-      gpu_src_printf(b, "    const %s x%d = active ? in%d[b%d] : (%s)0;\n", ct, q, q, k->nout + q, ct);
+      gpu_src_printf(b, "    const %s x%d = active ? in%d[b%d] : (%s)0;\n", ct, q, q, k->nout + q,
+                     ct);
     }
   int from = k->first, pass = 0;
   for (int i = k->first; i <= k->last; i++) {
@@ -912,7 +991,9 @@ static void emit_rows(gpu_src *b, const tr_plan *plan, const tr_trace *t, const 
   for (int q = 0; q < k->nout; q++)
     if (row_varies(k, k->outs[q])) row_need(plan, k, k->outs[q], &want);
   if (want) { /* the per-element values read after the run */
-    gpu_src_printf(b, "    if (active)\n      for (i64 p = (i64)wig * 32 + lane; p < count; p += (i64)W * 32) {\n");
+    gpu_src_printf(b,
+                   "    if (active)\n      for (i64 p = (i64)wig * 32 + lane; p < count; p += "
+                   "(i64)W * 32) {\n");
     emit_row_position(b, plan, t, k, want, INT32_MIN, "        ");
     for (int q = 0; q < k->nout; q++)
       if (row_varies(k, k->outs[q]))
@@ -921,7 +1002,8 @@ static void emit_rows(gpu_src *b, const tr_plan *plan, const tr_trace *t, const 
   }
   gpu_src_printf(b, "    if (active && wig == 0 && lane == 0) {\n");
   for (int q = 0; q < k->nout; q++)
-    if (!row_varies(k, k->outs[q])) gpu_src_printf(b, "      o%d[o] = v%d;\n", q, k->outs[q] - k->first);
+    if (!row_varies(k, k->outs[q]))
+      gpu_src_printf(b, "      o%d[o] = v%d;\n", q, k->outs[q] - k->first);
   gpu_src_printf(b, "    }\n  }\n}\n");
 }
 
@@ -929,9 +1011,15 @@ static void emit_rows(gpu_src *b, const tr_plan *plan, const tr_trace *t, const 
 static bool emit_kernel(const tr_plan *plan, const tr_trace *t, gpu_fused *k) {
   gpu_src body = {0};
   switch (k->kind) {
-    case GPU_FK_ELEMENTWISE: emit_elementwise(&body, plan, t, k); break;
-    case GPU_FK_REDUCE: emit_reduce(&body, plan, t, k); break;
-    case GPU_FK_ROWS: emit_rows(&body, plan, t, k); break;
+    case GPU_FK_ELEMENTWISE:
+      emit_elementwise(&body, plan, t, k);
+      break;
+    case GPU_FK_REDUCE:
+      emit_reduce(&body, plan, t, k);
+      break;
+    case GPU_FK_ROWS:
+      emit_rows(&body, plan, t, k);
+      break;
     case GPU_FK_JOIN: {
       const tr_pnode *r = &plan->nodes[k->reduce];
       gpu_src_reduce(&body, r->op, ref_dtype(plan, t, r->in[0]), k->variant, "", "", NULL);
@@ -942,11 +1030,14 @@ static bool emit_kernel(const tr_plan *plan, const tr_trace *t, gpu_fused *k) {
     free(body.s);
     return false;
   }
-  snprintf(k->name, sizeof k->name, "kf_%016llx", (unsigned long long)XXH3_64bits(body.s, body.len));
+  snprintf(k->name, sizeof k->name, "kf_%016llx",
+           (unsigned long long)XXH3_64bits(body.s, body.len));
   gpu_src src = {0};
   gpu_src_prelude(&src);
   emit_fargs(&src);
-  gpu_src_printf(&src, "\nextern \"C\" __global__ void __launch_bounds__(%d) %s(const __grid_constant__ gpu_fargs a) {\n",
+  gpu_src_printf(&src,
+                 "\nextern \"C\" __global__ void __launch_bounds__(%d) %s(const __grid_constant__ "
+                 "gpu_fargs a) {\n",
                  GPU_FUSE_BLOCK, k->name);
   gpu_src_put(&src, body.s);
   free(body.s);
@@ -1001,8 +1092,8 @@ static int failed(int *rc, vm_tensor **outs, int n, int code, const char *what, 
    is moved along the axis, its stride and extent there (gstride,
    gextent); false when it does not fit (as jit_cpu's input_strides).
    The coordinate and a concat's fill part have no value (v NULL). */
-static bool moved_strides(const gpu_fused *k, const tr_plan *plan, int q, const vm_tensor *v, int nd,
-                          const int64_t *shape, int64_t *st, gpu_fargs *a) {
+static bool moved_strides(const gpu_fused *k, const tr_plan *plan, int q, const vm_tensor *v,
+                          int nd, const int64_t *shape, int64_t *st, gpu_fargs *a) {
   int axis = k->role_axis[q], role = k->role[q];
   if (role == GPU_IN_SCAN) /* the scanned axis kept (size 1) or dropped in the output */
     return vm_scan_strides(v, axis, nd, shape, st, &a->gstride[q], &a->gextent[q]);
@@ -1016,13 +1107,18 @@ static bool moved_strides(const gpu_fused *k, const tr_plan *plan, int q, const 
   if (v->ndim != (select ? 1 : nd)) return false;
   for (int d = 0; d < nd; d++) {
     if (!select && d != axis && v->shape[d] != shape[d]) return false;
-    st[d] = shape[d] == 1 ? 0 : select ? (d == axis ? v->strides[0] : 0) : d == axis ? 0 : v->strides[d];
+    st[d] = shape[d] == 1 ? 0
+            : select      ? (d == axis ? v->strides[0] : 0)
+            : d == axis   ? 0
+                          : v->strides[d];
   }
   if (!select) {
     a->gstride[q] = v->strides[axis];
     a->gextent[q] = v->shape[axis];
-    /* nothing to clamp into: the op-by-op path reports it (a scatter of no sources loops 0 times) */
-    if (a->gextent[q] < 1 && role != GPU_IN_SCATTER_INDEX && role != GPU_IN_SCATTER_SRC) return false;
+    /* nothing to clamp into: the op-by-op path reports it (a scatter of no sources loops 0 times)
+     */
+    if (a->gextent[q] < 1 && role != GPU_IN_SCATTER_INDEX && role != GPU_IN_SCATTER_SRC)
+      return false;
   }
   return true;
 }
@@ -1030,9 +1126,9 @@ static bool moved_strides(const gpu_fused *k, const tr_plan *plan, int q, const 
 /* k's inputs into a (pointers) and st (strides over shape's nd dims, 0 on
    broadcast dims); REFUSED when one is not where, or not laid out as, k
    was compiled for */
-static int bind_inputs(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan, const tr_trace *t,
-                       vm_tensor **vals, int nd, const int64_t *shape, gpu_fargs *a,
-                       int64_t (*st)[KILN_MAX_DIMS]) {
+static int bind_inputs(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan,
+                       const tr_trace *t, vm_tensor **vals, int nd, const int64_t *shape,
+                       gpu_fargs *a, int64_t (*st)[KILN_MAX_DIMS]) {
   for (int q = 0; q < k->nin; q++) {
     int r = k->ins[q];
     bool valueless = k->role[q] == GPU_IN_COORD ||
@@ -1065,17 +1161,20 @@ static int bind_inputs(const gpu_fused *k, const gpu_fuse_target *dev, const tr_
 
 /* the indices of k's gathers and scatters checked before it runs (fuse.h): RAN, or
    FAILED with *rc when the target reports a bad one at once */
-static int check_gathers(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan, const tr_trace *t,
-                         vm_tensor **vals, int *rc) {
+static int check_gathers(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan,
+                         const tr_trace *t, vm_tensor **vals, int *rc) {
   for (int i = k->first; i <= k->last; i++) {
     const tr_pnode *p = &plan->nodes[i];
     bool scatter = p->op == VM_OP_scatter_add;
     if (!vm_op_gathers(p->op) && !scatter) continue;
     vm_tensor *idx = tr_run_value(plan, t, vals, p->in[1]);
-    int axis = p->attr.axis; /* a gather's index bounded by its source's extent, a scatter's by its output's */
-    int64_t size = scatter ? p->meta.shape[axis] : tr_run_value(plan, t, vals, p->in[0])->shape[axis];
+    int axis = p->attr.axis; /* a gather's index bounded by its source's extent, a scatter's by its
+                                output's */
+    int64_t size =
+        scatter ? p->meta.shape[axis] : tr_run_value(plan, t, vals, p->in[0])->shape[axis];
     if (!dev->check_indices(idx, size, axis, vm_op_api(p->op, &t->nodes[p->src]->attr))) {
-      *rc = vm_thread()->status ? vm_thread()->status : vm_error(KILN_ERR_DEVICE, "checking the indices of %s", k->name);
+      *rc = vm_thread()->status ? vm_thread()->status
+                                : vm_error(KILN_ERR_DEVICE, "checking the indices of %s", k->name);
       return FAILED;
     }
   }
@@ -1092,8 +1191,8 @@ static void bind_params(const gpu_fused *k, const tr_plan *plan, const tr_trace 
 /* fresh values for k's outputs from `from` on; their pointers into a (on
    the target's device: not shared with jit_cpu/compile.c's, which also
    refuses layouts its kernels cannot index) */
-static int alloc_outputs(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan, int from,
-                         vm_tensor **outs, gpu_fargs *a, int *rc) {
+static int alloc_outputs(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan,
+                         int from, vm_tensor **outs, gpu_fargs *a, int *rc) {
   for (int q = from; q < k->nout; q++) {
     const vm_meta *m = &plan->nodes[k->outs[q]].meta;
     if (!(outs[q] = dev->alloc(m->dtype, m->ndim, m->shape)))
@@ -1110,10 +1209,12 @@ static unsigned grid_of(int64_t n) {
 
 /* whether k's vector path may run over a's operands: each address a
    multiple of its vector's size (a view's offset may break it) */
-static bool vector_aligned(const gpu_fused *k, const tr_plan *plan, const tr_trace *t, const gpu_fargs *a) {
+static bool vector_aligned(const gpu_fused *k, const tr_plan *plan, const tr_trace *t,
+                           const gpu_fargs *a) {
   if (!k->vec) return false;
   for (int j = 0; j < k->nout + k->nin; j++) {
-    kiln_dtype dt = j < k->nout ? plan->nodes[k->outs[j]].meta.dtype : ref_dtype(plan, t, k->ins[j - k->nout]);
+    kiln_dtype dt =
+        j < k->nout ? plan->nodes[k->outs[j]].meta.dtype : ref_dtype(plan, t, k->ins[j - k->nout]);
     if ((uintptr_t)a->ptr[j] % (vm_dtype_size(dt) * (size_t)k->vec)) return false;
   }
   return true;
@@ -1127,14 +1228,15 @@ static int run_elementwise(const gpu_fused *k, const gpu_fuse_target *dev, const
   memset(&a, 0, sizeof a);
   int64_t strides[GPU_FUSE_MAX_IO][KILN_MAX_DIMS];
   if (bind_inputs(k, dev, plan, t, vals, nd, om->shape, &a, strides) != RAN) return REFUSED;
-  a.ndim = vm_coalesce(nd, om->shape, k->nin, (const int64_t(*)[KILN_MAX_DIMS])(strides + k->nout), a.shape,
-                       a.stride + k->nout);
+  a.ndim = vm_coalesce(nd, om->shape, k->nin, (const int64_t(*)[KILN_MAX_DIMS])(strides + k->nout),
+                       a.shape, a.stride + k->nout);
   a.n = 1;
   for (int d = 0; d < a.ndim; d++) a.n *= a.shape[d];
   for (int q = 0; q < k->nout; q++) /* every output spans the iteration */
     if (numel_of(&plan->nodes[k->outs[q]].meta) != a.n) return REFUSED;
   vm_tensor *outs[GPU_FUSE_MAX_IO] = {0};
-  if (check_gathers(k, dev, plan, t, vals, rc) != RAN || alloc_outputs(k, dev, plan, 0, outs, &a, rc) != RAN)
+  if (check_gathers(k, dev, plan, t, vals, rc) != RAN ||
+      alloc_outputs(k, dev, plan, 0, outs, &a, rc) != RAN)
     return FAILED;
   bind_params(k, plan, t, &a);
   a.extent[0] = vector_aligned(k, plan, t, &a);
@@ -1149,15 +1251,16 @@ static int run_elementwise(const gpu_fused *k, const gpu_fuse_target *dev, const
    ones first, then the reduced ones, each part merged where every operand
    steps through two dims as one (the order of positions stays row-major,
    so the fold's order is unchanged) */
-static void reduce_geometry(const vm_meta *rin, uint32_t mask, int nops, const int64_t (*st)[KILN_MAX_DIMS],
-                            gpu_fargs *a) {
+static void reduce_geometry(const vm_meta *rin, uint32_t mask, int nops,
+                            const int64_t (*st)[KILN_MAX_DIMS], gpu_fargs *a) {
   int n = 0;
   for (int part = 0; part < 2; part++) {
     int start = n;
     for (int d = 0; d < rin->ndim; d++) {
       if (rin->shape[d] == 1 || (int)((mask >> d) & 1u) != part) continue;
       bool merge = n > start;
-      for (int j = 0; j < nops && merge; j++) merge = vm_dims_merge(a->stride[j][n - 1], st[j][d], rin->shape[d]);
+      for (int j = 0; j < nops && merge; j++)
+        merge = vm_dims_merge(a->stride[j][n - 1], st[j][d], rin->shape[d]);
       if (merge) {
         a->shape[n - 1] *= rin->shape[d];
         for (int j = 0; j < nops; j++) a->stride[j][n - 1] = st[j][d];
@@ -1176,8 +1279,8 @@ static void reduce_geometry(const vm_meta *rin, uint32_t mask, int nops, const i
    the position of reduction r's output (its shape broadcast to the
    output's, whose dims are R's kept ones, or all of R's with keepdim; 0
    along the reduced dims); false if it does not broadcast so */
-static bool epilogue_strides(const tr_plan *plan, const tr_trace *t, vm_tensor **vals, const tr_pnode *r,
-                             const vm_meta *R, int ref, int64_t *st) {
+static bool epilogue_strides(const tr_plan *plan, const tr_trace *t, vm_tensor **vals,
+                             const tr_pnode *r, const vm_meta *R, int ref, int64_t *st) {
   vm_tensor *v = tr_run_value(plan, t, vals, ref);
   const vm_meta *om = &r->meta;
   if (!v || v->ndim > om->ndim) return false;
@@ -1200,9 +1303,9 @@ static bool epilogue_strides(const tr_plan *plan, const tr_trace *t, vm_tensor *
 /* a fold's arguments over the shape R of reduction r's input: k's inputs
    (REFUSED when one is not as compiled), its outputs from out0 on dense
    of shape R, the geometry, and schedule s's extents */
-static int bind_fold(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan, const tr_trace *t,
-                     vm_tensor **vals, const tr_pnode *r, const vm_meta *R, int out0, const gpu_red_sched *s,
-                     gpu_fargs *a) {
+static int bind_fold(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan,
+                     const tr_trace *t, vm_tensor **vals, const tr_pnode *r, const vm_meta *R,
+                     int out0, const gpu_red_sched *s, gpu_fargs *a) {
   memset(a, 0, sizeof *a);
   int64_t st[GPU_FUSE_MAX_IO][KILN_MAX_DIMS];
   memset(st, 0, sizeof st);
@@ -1228,8 +1331,8 @@ static int bind_fold(const gpu_fused *k, const gpu_fuse_target *dev, const tr_pl
    what it shares with jit_cpu/compile.c's run_reduce is the plan's (the
    reduction's input: tr_ref_meta; the fold order and accumulator:
    vm/fold.h) */
-static int run_reduce(const gpu_fused *k, const gpu_fused *join, const gpu_fuse_target *dev, const tr_plan *plan,
-                      const tr_trace *t, vm_tensor **vals, int *rc) {
+static int run_reduce(const gpu_fused *k, const gpu_fused *join, const gpu_fuse_target *dev,
+                      const tr_plan *plan, const tr_trace *t, vm_tensor **vals, int *rc) {
   const tr_pnode *r = &plan->nodes[k->reduce];
   const vm_meta *rin = tr_ref_meta(plan, t, r->in[0]);
   gpu_red_sched s;
@@ -1238,7 +1341,8 @@ static int run_reduce(const gpu_fused *k, const gpu_fused *join, const gpu_fuse_
   gpu_fargs a; /* the producers' outputs: dense, of the input's shape */
   if (bind_fold(k, dev, plan, t, vals, r, rin, 1, &s, &a) != RAN) return REFUSED;
   vm_tensor *outs[GPU_FUSE_MAX_IO] = {0};
-  if (check_gathers(k, dev, plan, t, vals, rc) != RAN || alloc_outputs(k, dev, plan, 0, outs, &a, rc) != RAN)
+  if (check_gathers(k, dev, plan, t, vals, rc) != RAN ||
+      alloc_outputs(k, dev, plan, 0, outs, &a, rc) != RAN)
     return FAILED;
   bind_params(k, plan, t, &a);
   int64_t nout = numel_of(&r->meta);
@@ -1246,7 +1350,8 @@ static int run_reduce(const gpu_fused *k, const gpu_fused *join, const gpu_fuse_
     vm_tensor *part = NULL;
     if (join) { /* the first pass leaves partials, the join folds them into the result */
       if (!(part = dev->alloc(s.part, 1, &s.n)))
-        return failed(rc, outs, k->nout, KILN_ERR_OOM, "out of memory for the partials of", k->name);
+        return failed(rc, outs, k->nout, KILN_ERR_OOM, "out of memory for the partials of",
+                      k->name);
       a.ptr[0] = vm_data(part);
     }
     bool ok = dev->launch(k, &a, s.grid, GPU_FUSE_BLOCK);
@@ -1270,8 +1375,8 @@ static int run_reduce(const gpu_fused *k, const gpu_fused *join, const gpu_fuse_
    What it covers was planned in trace/rows.h for both backends; its
    schedule, arguments and launch are the GPU's (the CPU's run_rows splits
    rows across host threads instead) */
-static int run_rows(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan, const tr_trace *t,
-                    vm_tensor **vals, int *rc) {
+static int run_rows(const gpu_fused *k, const gpu_fuse_target *dev, const tr_plan *plan,
+                    const tr_trace *t, vm_tensor **vals, int *rc) {
   const tr_pnode *r = &plan->nodes[k->reduce];
   const vm_meta *R = tr_ref_meta(plan, t, r->in[0]);
   gpu_red_sched s;
@@ -1312,7 +1417,8 @@ bool gpu_fused_run(const gpu_fused_group *fg, const gpu_fuse_target *dev, const 
     return true;
   }
   const gpu_fused *join = fg->nk > 1 && fg->k[1].kind == GPU_FK_JOIN ? &fg->k[1] : NULL;
-  const gpu_fused *epilogue = fg->k[fg->nk - 1].kind == GPU_FK_ELEMENTWISE ? &fg->k[fg->nk - 1] : NULL;
+  const gpu_fused *epilogue =
+      fg->k[fg->nk - 1].kind == GPU_FK_ELEMENTWISE ? &fg->k[fg->nk - 1] : NULL;
   int how = run_reduce(k, join, dev, plan, t, vals, rc);
   if (how == REFUSED) return false;
   *resume = (k->epi_last ? k->epi_last : k->reduce) + 1;

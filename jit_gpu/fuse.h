@@ -28,24 +28,24 @@
 #include "../trace/plan.h"
 #include "../vm/tensor.h"
 
-#define GPU_FUSE_MAX_IO 12     /* outputs + inputs of one kernel */
+#define GPU_FUSE_MAX_IO 12      /* outputs + inputs of one kernel */
 #define GPU_FUSE_MAX_PARAMS 128 /* host scalars (full nodes, its own or read) it takes */
 
 /* The by-value argument of every fused kernel (about 2 KB; CUDA allows
    4 KB).  Its CUDA twin is emitted into every source with static_asserts
    on its layout. */
 typedef struct gpu_fargs {
-  void *ptr[GPU_FUSE_MAX_IO];                    /* outputs, then inputs */
+  void *ptr[GPU_FUSE_MAX_IO];                     /* outputs, then inputs */
   int64_t stride[GPU_FUSE_MAX_IO][KILN_MAX_DIMS]; /* in elements, per iteration dim */
-  int64_t shape[KILN_MAX_DIMS];                  /* the iteration's extents, dims coalesced */
-  uint64_t param[GPU_FUSE_MAX_PARAMS];           /* each full node's value in its dtype */
-  int64_t n;                                     /* elements (reductions: the pass's items) */
-  int64_t extent[4];                             /* reductions: as gpu_args's (jit_gpu/opgen.c);
-                                                    elementwise: extent[0] = 1 runs the vector path */
-  int64_t gstride[GPU_FUSE_MAX_IO];              /* input q a gather's source: its stride along the axis */
-  int64_t gextent[GPU_FUSE_MAX_IO];              /* ... and its extent there (indices clamp into it) */
+  int64_t shape[KILN_MAX_DIMS];                   /* the iteration's extents, dims coalesced */
+  uint64_t param[GPU_FUSE_MAX_PARAMS];            /* each full node's value in its dtype */
+  int64_t n;                                      /* elements (reductions: the pass's items) */
+  int64_t extent[4];                              /* reductions: as gpu_args's (jit_gpu/opgen.c);
+                                                     elementwise: extent[0] = 1 runs the vector path */
+  int64_t gstride[GPU_FUSE_MAX_IO]; /* input q a gather's source: its stride along the axis */
+  int64_t gextent[GPU_FUSE_MAX_IO]; /* ... and its extent there (indices clamp into it) */
   int32_t ndim;
-  int32_t axis;                                  /* reductions: dims [0, axis) kept, [axis, ndim) reduced */
+  int32_t axis; /* reductions: dims [0, axis) kept, [axis, ndim) reduced */
 } gpu_fargs;
 
 typedef enum {
@@ -74,8 +74,16 @@ typedef enum {
    kernel; the runner checks the indices on the device before the launch
    (gpu_fuse_target.check_indices) and the kernel clamps them, so no read
    leaves the source. */
-enum { GPU_IN_PLAIN, GPU_IN_SOURCE, GPU_IN_SELECT, GPU_IN_COORD, GPU_IN_SCATTER_INDEX, GPU_IN_SCATTER_SRC,
-       GPU_IN_PART, GPU_IN_SCAN };
+enum {
+  GPU_IN_PLAIN,
+  GPU_IN_SOURCE,
+  GPU_IN_SELECT,
+  GPU_IN_COORD,
+  GPU_IN_SCATTER_INDEX,
+  GPU_IN_SCATTER_SRC,
+  GPU_IN_PART,
+  GPU_IN_SCAN
+};
 /* The other data movement computed in place (vm_backend.fuses_gathers),
    only in elementwise kernels, as the CPU's (docs/JIT.md): scatter_add
    (index and source read at k = 0..m-1 along the axis, gextent = m,
@@ -92,26 +100,26 @@ enum { GPU_IN_PLAIN, GPU_IN_SOURCE, GPU_IN_SELECT, GPU_IN_COORD, GPU_IN_SCATTER_
 /* one fused kernel */
 typedef struct gpu_fused {
   gpu_fkind kind;
-  int first, last;                  /* the nodes it computes (views run before) */
-  int reduce;                       /* REDUCE, JOIN: the reduction node */
-  int variant;                      /* REDUCE, JOIN: its pass (opgen.h GPU_RED_*) */
+  int first, last; /* the nodes it computes (views run before) */
+  int reduce;      /* REDUCE, JOIN: the reduction node */
+  int variant;     /* REDUCE, JOIN: its pass (opgen.h GPU_RED_*) */
   int nin, nout, nparams;
-  int vec;                          /* ELEMENTWISE: elements per vector access (0: none; fuse.c) */
+  int vec; /* ELEMENTWISE: elements per vector access (0: none; fuse.c) */
   /* REDUCE without a join: its epilogue, nodes reduce+1..epi_last (0:
      none, or a kernel of its own), computed per output as its result is
      stored; epi_in / epi_out: the inputs it reads at the output's
      position and the outputs it writes there (bit q) */
   int epi_last;
   uint32_t epi_in, epi_out;
-  int ins[GPU_FUSE_MAX_IO];         /* plan refs read (< 0: leaves) */
-  uint8_t role[GPU_FUSE_MAX_IO];    /* GPU_IN_* of each */
+  int ins[GPU_FUSE_MAX_IO];          /* plan refs read (< 0: leaves) */
+  uint8_t role[GPU_FUSE_MAX_IO];     /* GPU_IN_* of each */
   int8_t role_axis[GPU_FUSE_MAX_IO]; /* SOURCE, SELECT: the axis */
-  bool contig[GPU_FUSE_MAX_IO];     /* compiled for a dense input of the full shape (flat index) */
-  int outs[GPU_FUSE_MAX_IO];        /* plan nodes written (REDUCE: the reduction first) */
-  int params[GPU_FUSE_MAX_PARAMS];  /* full nodes */
-  char name[40];                    /* "kf_<16 hex of the source's hash>" */
-  char *src;                        /* the CUDA C (malloc'd), until compiled */
-  void *fn;                         /* the loaded kernel (CUDA: a cache reference) */
+  bool contig[GPU_FUSE_MAX_IO];      /* compiled for a dense input of the full shape (flat index) */
+  int outs[GPU_FUSE_MAX_IO];         /* plan nodes written (REDUCE: the reduction first) */
+  int params[GPU_FUSE_MAX_PARAMS];   /* full nodes */
+  char name[40];                     /* "kf_<16 hex of the source's hash>" */
+  char *src;                         /* the CUDA C (malloc'd), until compiled */
+  void *fn;                          /* the loaded kernel (CUDA: a cache reference) */
   /* ROWS: the last group it computes, the span's nodes that vary along
      the reduced axes (bit i - first), its inputs read once per row (bit q) */
   int through;

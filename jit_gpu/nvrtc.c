@@ -18,26 +18,26 @@ typedef int nvrtc_result;
 typedef struct nvrtc_program *nvrtc_program;
 
 /* X(field, return type, symbol, parameters) */
-#define NVRTC_SYMBOLS(X)                                                                  \
-  X(create, nvrtc_result, nvrtcCreateProgram,                                             \
+#define NVRTC_SYMBOLS(X)                                                                          \
+  X(create, nvrtc_result, nvrtcCreateProgram,                                                     \
     (nvrtc_program *, const char *, const char *, int, const char *const *, const char *const *)) \
-  X(compile, nvrtc_result, nvrtcCompileProgram, (nvrtc_program, int, const char *const *)) \
-  X(destroy, nvrtc_result, nvrtcDestroyProgram, (nvrtc_program *))                        \
-  X(log_size, nvrtc_result, nvrtcGetProgramLogSize, (nvrtc_program, size_t *))            \
-  X(log, nvrtc_result, nvrtcGetProgramLog, (nvrtc_program, char *))                       \
-  X(cubin_size, nvrtc_result, nvrtcGetCUBINSize, (nvrtc_program, size_t *))               \
-  X(cubin, nvrtc_result, nvrtcGetCUBIN, (nvrtc_program, char *))                          \
-  X(ptx_size, nvrtc_result, nvrtcGetPTXSize, (nvrtc_program, size_t *))                   \
-  X(ptx, nvrtc_result, nvrtcGetPTX, (nvrtc_program, char *))                              \
-  X(num_archs, nvrtc_result, nvrtcGetNumSupportedArchs, (int *))                          \
-  X(archs, nvrtc_result, nvrtcGetSupportedArchs, (int *))                                 \
-  X(version, nvrtc_result, nvrtcVersion, (int *, int *))                                  \
+  X(compile, nvrtc_result, nvrtcCompileProgram, (nvrtc_program, int, const char *const *))        \
+  X(destroy, nvrtc_result, nvrtcDestroyProgram, (nvrtc_program *))                                \
+  X(log_size, nvrtc_result, nvrtcGetProgramLogSize, (nvrtc_program, size_t *))                    \
+  X(log, nvrtc_result, nvrtcGetProgramLog, (nvrtc_program, char *))                               \
+  X(cubin_size, nvrtc_result, nvrtcGetCUBINSize, (nvrtc_program, size_t *))                       \
+  X(cubin, nvrtc_result, nvrtcGetCUBIN, (nvrtc_program, char *))                                  \
+  X(ptx_size, nvrtc_result, nvrtcGetPTXSize, (nvrtc_program, size_t *))                           \
+  X(ptx, nvrtc_result, nvrtcGetPTX, (nvrtc_program, char *))                                      \
+  X(num_archs, nvrtc_result, nvrtcGetNumSupportedArchs, (int *))                                  \
+  X(archs, nvrtc_result, nvrtcGetSupportedArchs, (int *))                                         \
+  X(version, nvrtc_result, nvrtcVersion, (int *, int *))                                          \
   X(error_string, const char *, nvrtcGetErrorString, (nvrtc_result))
 
 static struct {
   bool available;
   char reason[512];
-  int version;   /* major * 1000 + minor * 10 */
+  int version; /* major * 1000 + minor * 10 */
   int narchs;
   int archs[64]; /* ascending, as NVRTC lists them */
   struct {
@@ -65,10 +65,10 @@ static void load(void) {
     snprintf(nv.reason, sizeof nv.reason, "NVRTC is not installed (%s: %s)", lib, dlerror());
     return;
   }
-#define RESOLVE(field, ret, sym, params)                                    \
-  if (!(*(void **)&nv.fn.field = dlsym(h, #sym))) {                         \
-    snprintf(nv.reason, sizeof nv.reason, "%s lacks %s", lib, #sym);        \
-    return;                                                                 \
+#define RESOLVE(field, ret, sym, params)                             \
+  if (!(*(void **)&nv.fn.field = dlsym(h, #sym))) {                  \
+    snprintf(nv.reason, sizeof nv.reason, "%s lacks %s", lib, #sym); \
+    return;                                                          \
   }
   NVRTC_SYMBOLS(RESOLVE)
 #undef RESOLVE
@@ -138,7 +138,8 @@ static char *failure_log(nvrtc_program prog, const char *step, nvrtc_result rc) 
   return log;
 }
 
-static bool compile(const char *src, const char *name, int cc, bool want_ptx, gpu_image *img, char **log) {
+static bool compile(const char *src, const char *name, int cc, bool want_ptx, gpu_image *img,
+                    char **log) {
   memset(img, 0, sizeof *img);
   *log = NULL;
   char why[512];
@@ -162,8 +163,8 @@ static bool compile(const char *src, const char *name, int cc, bool want_ptx, gp
   snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", img->arch);
   /* bit for bit (DESIGN §5): IEEE division and square root, denormals
      kept, and no a*b+c contracted into an fma behind the source's back */
-  const char *opts[] = {arch_opt, "-std=c++17", "--fmad=false", "--ftz=false",
-                        "--prec-div=true", "--prec-sqrt=true"};
+  const char *opts[] = {arch_opt,      "-std=c++17",      "--fmad=false",
+                        "--ftz=false", "--prec-div=true", "--prec-sqrt=true"};
   nvrtc_program prog = NULL;
   nvrtc_result rc = nv.fn.create(&prog, src, name, 0, NULL, NULL);
   if (rc != 0) {

@@ -8,11 +8,11 @@
 #include <stddef.h>
 
 typedef struct gpu_image {
-  void *data;      /* malloc'd */
+  void *data; /* malloc'd */
   size_t size;
-  bool ptx;        /* PTX text (the driver JIT-compiles it) rather than a cubin */
-  char arch[16];   /* "sm_90" or "compute_90" */
-  double ms;       /* NVRTC's wall time */
+  bool ptx;      /* PTX text (the driver JIT-compiles it) rather than a cubin */
+  char arch[16]; /* "sm_90" or "compute_90" */
+  double ms;     /* NVRTC's wall time */
 } gpu_image;
 
 /* whether NVRTC loads; why not into why (cap bytes) otherwise */
@@ -20,7 +20,7 @@ bool gpu_nvrtc_available(char *why, size_t cap);
 /* NVRTC's version as major*1000 + minor*10 (13000 for 13.0), 0 if absent */
 int gpu_nvrtc_version(void);
 /* Compiles src for compute capability cc (90 for sm_90).  False with
-   *log (malloc'd: NVRTC's log or why it could not run) on failure. */
+ *log (malloc'd: NVRTC's log or why it could not run) on failure. */
 bool gpu_nvrtc_compile(const char *src, const char *name, int cc, gpu_image *img, char **log);
 /* the same, always PTX (for compute_XX of the architecture chosen above):
    what KILN_DUMP shows */

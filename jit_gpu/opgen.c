@@ -39,6 +39,8 @@
  *   argsort: rows over dims [0, axis), the sorted dim is axis (the last);
  *     stride[0] the output's, stride[1] the input's; n rows; flag =
  *     descending. */
+#include "opgen.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,12 +49,11 @@
 #include "../vm/kernels.h"
 #include "../vm/rng.h"
 #include "../vm/state.h"
-#include "opgen.h"
 
-#define BLOCK 256          /* threads per block, every kernel */
+#define BLOCK 256 /* threads per block, every kernel */
 #define WARPS (BLOCK / 32)
-#define MAX_GRID 8192      /* grid-stride loops cover the rest */
-#define COL_SPLIT 4096     /* fewer column outputs than this go two-pass */
+#define MAX_GRID 8192  /* grid-stride loops cover the rest */
+#define COL_SPLIT 4096 /* fewer column outputs than this go two-pass */
 
 static const char *const dsfx[VM_NUM_DTYPES] = {"b8", "i32", "i64", "f32", "f64"};
 
@@ -166,7 +167,6 @@ static unsigned contiguous_mask(const geom *g, int nops) {
   }
   return mask;
 }
-
 
 /* --- launches ---------------------------------------------------------------------- */
 
@@ -359,11 +359,14 @@ void gpu_reduce_schedule(vm_opcode op, kiln_dtype t, bool trailing, int64_t nout
 }
 
 bool gpu_reduce_trailing(int ndim, const int64_t *shape, uint32_t axes_mask) {
-  bool seen_reduced = false; /* the logical pattern decides the order, as vm/kern_reduce.c float_reduce */
+  bool seen_reduced =
+      false; /* the logical pattern decides the order, as vm/kern_reduce.c float_reduce */
   for (int d = 0; d < ndim; d++) {
     if (shape[d] == 1) continue;
-    if (axes_mask & (1u << d)) seen_reduced = true;
-    else if (seen_reduced) return false;
+    if (axes_mask & (1u << d))
+      seen_reduced = true;
+    else if (seen_reduced)
+      return false;
   }
   return true;
 }
@@ -372,13 +375,14 @@ static bool plan_reduce(vm_opcode op, const vm_tensor *in, vm_tensor *out, const
                         gpu_op_plan *p) {
   if (op == VM_OP_argmax || op == VM_OP_argmin) return plan_argreduce(op, in, out, attr, p);
   vm_dims K = {0}, R = {0};
-  for (int d = 0; d < in->ndim; d++) vm_dims_push(attr->axes_mask & (1u << d) ? &R : &K, in->shape[d], in->strides[d]);
+  for (int d = 0; d < in->ndim; d++)
+    vm_dims_push(attr->axes_mask & (1u << d) ? &R : &K, in->shape[d], in->strides[d]);
   gpu_args g = {0};
   reduce_geom(&g, &K, &R);
   int64_t nout = vm_dims_count(&K);
   gpu_red_sched s;
-  gpu_reduce_schedule(op, in->dtype, gpu_reduce_trailing(in->ndim, in->shape, attr->axes_mask), nout,
-                      vm_dims_count(&R), &s);
+  gpu_reduce_schedule(op, in->dtype, gpu_reduce_trailing(in->ndim, in->shape, attr->axes_mask),
+                      nout, vm_dims_count(&R), &s);
   kiln_dtype t = in->dtype;
   /* the lane order reads the input at o * count + p when it is contiguous */
   unsigned layout = s.variant == GPU_RED_LANE && reduce_contiguous(&g) ? 3u : 1u;
@@ -411,7 +415,8 @@ static bool plan_reduce(vm_opcode op, const vm_tensor *in, vm_tensor *out, const
 static bool plan_matmul(vm_tensor *const *in, vm_tensor *out, gpu_op_plan *p) {
   const vm_tensor *at = in[0], *bt = in[1];
   if (vm_dtype_is_float(out->dtype)) {
-    vm_error(KILN_ERR_INTERNAL, "float matmul runs on cuBLAS (jit_gpu/blas.c), not as a generated kernel");
+    vm_error(KILN_ERR_INTERNAL,
+             "float matmul runs on cuBLAS (jit_gpu/blas.c), not as a generated kernel");
     return false;
   }
   int nb = out->ndim - (at->ndim > 1) - (bt->ndim > 1);
@@ -498,7 +503,8 @@ static bool plan_index(vm_opcode op, int n, vm_tensor *const *in, vm_tensor *out
   }
   if (op == VM_OP_scatter_add) {
     memcpy(g.stride[3], in[2]->strides, sizeof g.stride[3]);
-    for (int d = 0; d < nd; d++) ext[d] = idx->numel ? idx->shape[d] : d == axis ? 0 : out->shape[d];
+    for (int d = 0; d < nd; d++)
+      ext[d] = idx->numel ? idx->shape[d] : d == axis ? 0 : out->shape[d];
   }
   int kax = coalesce(&g, axis, op == VM_OP_scatter_add ? ext : NULL);
   if (op == VM_OP_scatter_add) memcpy(g.stride[0], ext, sizeof ext);
@@ -552,7 +558,8 @@ static bool plan_sort(const vm_tensor *in, vm_tensor *out, const vm_attr *attr, 
   }
   int kax = coalesce(&g, nd - 1, NULL);
   bool same = true; /* the input laid out as the output */
-  for (int d = 0; d < g.ndim; d++) same = same && (g.shape[d] == 1 || g.stride[0][d] == g.stride[1][d]);
+  for (int d = 0; d < g.ndim; d++)
+    same = same && (g.shape[d] == 1 || g.stride[0][d] == g.stride[1][d]);
   kiln_dtype dt = in->dtype;
   gpu_op_key k = make_key(VM_OP_argsort, 0, KILN_I64, 1, &dt, 1u | (same ? 2u : 0u));
   gpu_launch *l = plan_add(p, &k);
@@ -589,18 +596,37 @@ bool gpu_op_plan_make(vm_opcode op, int n, vm_tensor *const *in, vm_tensor *out,
   }
   bool ok = false;
   switch (vm_op_table[op].kind) {
-    case VM_KIND_LEAF: ok = plan_leaf(op, out, attr, p); break;
-    case VM_KIND_UNARY: ok = n == 1 && plan_elementwise(op, 1, in, out, p); break;
-    case VM_KIND_BINARY: ok = n == 2 && plan_elementwise(op, 2, in, out, p); break;
-    case VM_KIND_TERNARY: ok = n == 3 && plan_elementwise(op, 3, in, out, p); break;
-    case VM_KIND_REDUCE: ok = n == 1 && plan_reduce(op, in[0], out, attr, p); break;
-    case VM_KIND_MATMUL: ok = n == 2 && plan_matmul(in, out, p); break;
-    case VM_KIND_INDEX: ok = n == (op == VM_OP_scatter_add ? 3 : 2) && plan_index(op, n, in, out, attr, p); break;
-    case VM_KIND_CONCAT: ok = n >= 1 && plan_concat(n, in, out, attr->axis, p); break;
-    case VM_KIND_SORT: ok = n == 1 && plan_sort(in[0], out, attr, p); break;
+    case VM_KIND_LEAF:
+      ok = plan_leaf(op, out, attr, p);
+      break;
+    case VM_KIND_UNARY:
+      ok = n == 1 && plan_elementwise(op, 1, in, out, p);
+      break;
+    case VM_KIND_BINARY:
+      ok = n == 2 && plan_elementwise(op, 2, in, out, p);
+      break;
+    case VM_KIND_TERNARY:
+      ok = n == 3 && plan_elementwise(op, 3, in, out, p);
+      break;
+    case VM_KIND_REDUCE:
+      ok = n == 1 && plan_reduce(op, in[0], out, attr, p);
+      break;
+    case VM_KIND_MATMUL:
+      ok = n == 2 && plan_matmul(in, out, p);
+      break;
+    case VM_KIND_INDEX:
+      ok = n == (op == VM_OP_scatter_add ? 3 : 2) && plan_index(op, n, in, out, attr, p);
+      break;
+    case VM_KIND_CONCAT:
+      ok = n >= 1 && plan_concat(n, in, out, attr->axis, p);
+      break;
+    case VM_KIND_SORT:
+      ok = n == 1 && plan_sort(in[0], out, attr, p);
+      break;
     case VM_KIND_VIEW:
     case VM_KIND_COLLECTIVE: /* geometry; the distributed engine (vm/dist.h) */
-    case VM_KIND_CONV: break; /* the CPU's primitive (GPU convolutions are composed) */
+    case VM_KIND_CONV:
+      break; /* the CPU's primitive (GPU convolutions are composed) */
   }
   if (!ok) {
     if (vm_thread()->status == KILN_OK)
@@ -629,8 +655,10 @@ static void add_key(key_list *L, gpu_op_key k) {
 }
 
 /* the layout classes the planner produces for each family */
-static void add_elementwise(key_list *L, vm_opcode op, kiln_dtype out, int nin, const kiln_dtype *in) {
-  for (unsigned m = 0; m < (1u << nin); m++) add_key(L, make_key(op, 0, out, nin, in, 1u | (m << 1)));
+static void add_elementwise(key_list *L, vm_opcode op, kiln_dtype out, int nin,
+                            const kiln_dtype *in) {
+  for (unsigned m = 0; m < (1u << nin); m++)
+    add_key(L, make_key(op, 0, out, nin, in, 1u | (m << 1)));
 }
 
 static void add_family(key_list *L, vm_opcode op, kiln_dtype dt) {
@@ -638,7 +666,9 @@ static void add_family(key_list *L, vm_opcode op, kiln_dtype dt) {
   kiln_dtype gather[3] = {dt, KILN_I64, dt};
   vm_dtype_rule rule = vm_op_table[op].rule;
   switch (vm_op_table[op].kind) {
-    case VM_KIND_LEAF: add_key(L, make_key(op, 0, dt, 0, NULL, 1)); break;
+    case VM_KIND_LEAF:
+      add_key(L, make_key(op, 0, dt, 0, NULL, 1));
+      break;
     case VM_KIND_UNARY:
       if (op == VM_OP_cast)
         for (int to = 0; to < VM_NUM_DTYPES; to++) add_elementwise(L, op, (kiln_dtype)to, 1, &dt);
@@ -646,9 +676,12 @@ static void add_family(key_list *L, vm_opcode op, kiln_dtype dt) {
         add_elementwise(L, op, rule == VM_DT_LOGICAL ? KILN_BOOL : dt, 1, &dt);
       break;
     case VM_KIND_BINARY:
-      add_elementwise(L, op, rule == VM_DT_COMPARE || rule == VM_DT_LOGICAL ? KILN_BOOL : dt, 2, same);
+      add_elementwise(L, op, rule == VM_DT_COMPARE || rule == VM_DT_LOGICAL ? KILN_BOOL : dt, 2,
+                      same);
       break;
-    case VM_KIND_TERNARY: add_elementwise(L, op, dt, 3, where); break;
+    case VM_KIND_TERNARY:
+      add_elementwise(L, op, dt, 3, where);
+      break;
     case VM_KIND_REDUCE:
       if (op == VM_OP_argmax || op == VM_OP_argmin) {
         add_elementwise(L, op, KILN_I64, 1, &dt);
@@ -660,19 +693,25 @@ static void add_family(key_list *L, vm_opcode op, kiln_dtype dt) {
       add_key(L, make_key(op, GPU_RED_COL_PART, dt, 1, &dt, 1));
       add_key(L, make_key(op, GPU_RED_COL_JOIN, dt, 1, &dt, 3));
       break;
-    case VM_KIND_MATMUL: add_key(L, make_key(op, 0, dt, 2, same, 1)); break;
+    case VM_KIND_MATMUL:
+      add_key(L, make_key(op, 0, dt, 2, same, 1));
+      break;
     case VM_KIND_INDEX:
       add_key(L, make_key(op, GPU_IDX_DATA, dt, op == VM_OP_scatter_add ? 3 : 2, gather, 1));
       if (op == VM_OP_index_select && dt == KILN_I64)
-        for (unsigned m = 1; m <= 3; m += 2) add_key(L, make_key(op, GPU_IDX_CHECK, i64, 1, &i64, m));
+        for (unsigned m = 1; m <= 3; m += 2)
+          add_key(L, make_key(op, GPU_IDX_CHECK, i64, 1, &i64, m));
       break;
     case VM_KIND_CONCAT:
       for (unsigned m = 0; m < 4; m++) add_key(L, make_key(op, 0, dt, 1, &dt, m));
       break;
-    case VM_KIND_SORT: add_elementwise(L, op, KILN_I64, 1, &dt); break;
+    case VM_KIND_SORT:
+      add_elementwise(L, op, KILN_I64, 1, &dt);
+      break;
     case VM_KIND_VIEW:
     case VM_KIND_COLLECTIVE:
-    case VM_KIND_CONV: break;
+    case VM_KIND_CONV:
+      break;
   }
 }
 
@@ -691,14 +730,15 @@ bool gpu_op_checks_indices(vm_opcode op) {
 
 bool gpu_op_plan_has_index_check(const gpu_op_plan *p) {
   for (int i = 0; i < p->nlaunch; i++)
-    if (vm_op_table[p->launch[i].key.op].kind == VM_KIND_INDEX && p->launch[i].key.variant == GPU_IDX_CHECK)
+    if (vm_op_table[p->launch[i].key.op].kind == VM_KIND_INDEX &&
+        p->launch[i].key.variant == GPU_IDX_CHECK)
       return true;
   return false;
 }
 
 bool gpu_index_check_report(const gpu_index_check *rec) {
   if (!rec->sealed) return true;
-  vm_error(KILN_ERR_ARG, "index %lld is out of range for axis %d of size %lld", (long long)rec->value,
-           (int)rec->axis, (long long)rec->size);
+  vm_error(KILN_ERR_ARG, "index %lld is out of range for axis %d of size %lld",
+           (long long)rec->value, (int)rec->axis, (long long)rec->size);
   return false;
 }

@@ -18,28 +18,28 @@
    emitted into every source with static_asserts on its size and field
    offsets, so host and device can never disagree silently. */
 typedef struct gpu_args {
-  void *ptr[GPU_MAX_OPERANDS];                     /* operand 0 is the output; element 0 of each view */
+  void *ptr[GPU_MAX_OPERANDS]; /* operand 0 is the output; element 0 of each view */
   int64_t stride[GPU_MAX_OPERANDS][KILN_MAX_DIMS]; /* in elements, per iteration dim */
   int64_t shape[KILN_MAX_DIMS];                    /* the iteration's extents */
   int64_t n;                                       /* elements (or rows) the launch covers */
-  int64_t extent[4];                               /* family-specific sizes (documented in opgen.c) */
-  double scalar[2];                                /* full: value; arange: start, step */
-  uint64_t seed, counter;                          /* rand, randn: the Philox key and first block */
+  int64_t extent[4];      /* family-specific sizes (documented in opgen.c) */
+  double scalar[2];       /* full: value; arange: start, step */
+  uint64_t seed, counter; /* rand, randn: the Philox key and first block */
   int32_t ndim;
   int32_t axis;
-  int32_t flag;                                    /* family-specific (argsort: descending) */
+  int32_t flag; /* family-specific (argsort: descending) */
   int32_t pad;
 } gpu_args;
 
 /* What makes one compiled kernel.  Two calls with equal keys run the same
    code; only gpu_args differ. */
 typedef struct gpu_op_key {
-  uint16_t op;          /* vm_opcode */
-  uint8_t variant;      /* family-specific: reduce pass, ... */
+  uint16_t op;     /* vm_opcode */
+  uint8_t variant; /* family-specific: reduce pass, ... */
   uint8_t nin;
-  uint8_t out_dtype;    /* kiln_dtype */
+  uint8_t out_dtype; /* kiln_dtype */
   uint8_t in_dtype[3];
-  uint8_t contiguous;   /* bit k: operand k is contiguous (the layout class) */
+  uint8_t contiguous; /* bit k: operand k is contiguous (the layout class) */
 } gpu_op_key;
 
 typedef struct gpu_launch {
@@ -55,7 +55,7 @@ typedef struct gpu_launch {
    of scratch_bytes (allocated by the runner, freed after the last launch). */
 typedef struct gpu_op_plan {
   int nlaunch;
-  gpu_launch *launch;   /* malloc'd */
+  gpu_launch *launch; /* malloc'd */
   size_t scratch_bytes;
 } gpu_op_plan;
 
@@ -87,14 +87,14 @@ int gpu_op_keys(gpu_op_key *keys, int cap);
    trailing reductions, column order otherwise), in one pass or two through
    scratch; index ops have a data kernel and an index check */
 enum {
-  GPU_VAR_MAIN = 0,     /* every other family */
-  GPU_RED_LANE = 0,     /* items of <= VM_FOLD_CHUNK positions, lane order */
-  GPU_RED_LANE_JOIN,    /* the chunk partials of each output, in order, in double */
-  GPU_RED_COL,          /* column order, a thread per output */
-  GPU_RED_COL_PART,     /* column order, a thread per VM_FOLD_BLOCK block */
-  GPU_RED_COL_JOIN,     /* the block partials of each output, in order */
+  GPU_VAR_MAIN = 0,  /* every other family */
+  GPU_RED_LANE = 0,  /* items of <= VM_FOLD_CHUNK positions, lane order */
+  GPU_RED_LANE_JOIN, /* the chunk partials of each output, in order, in double */
+  GPU_RED_COL,       /* column order, a thread per output */
+  GPU_RED_COL_PART,  /* column order, a thread per VM_FOLD_BLOCK block */
+  GPU_RED_COL_JOIN,  /* the block partials of each output, in order */
   GPU_IDX_DATA = 0,
-  GPU_IDX_CHECK         /* every index against the axis length (op: index_select) */
+  GPU_IDX_CHECK /* every index against the axis length (op: index_select) */
 };
 
 /* How a reduction of nout outputs of count positions each is folded, in
@@ -104,11 +104,11 @@ enum {
    kernels and the fused reductions (fuse.c) both plan with it, so both
    give the same bits. */
 typedef struct gpu_red_sched {
-  int variant;       /* GPU_RED_LANE, GPU_RED_COL or GPU_RED_COL_PART */
-  int64_t n;         /* items of the first pass */
+  int variant; /* GPU_RED_LANE, GPU_RED_COL or GPU_RED_COL_PART */
+  int64_t n;   /* items of the first pass */
   int64_t extent[4];
   uint32_t grid;
-  int join;          /* GPU_RED_LANE_JOIN, GPU_RED_COL_JOIN, or -1: one pass */
+  int join; /* GPU_RED_LANE_JOIN, GPU_RED_COL_JOIN, or -1: one pass */
   kiln_dtype part;
   int64_t nparts;
   uint32_t join_grid;
@@ -143,10 +143,10 @@ char *gpu_op_source_batch(const gpu_op_key *keys, int n);
    KILN_GPU_SYNC_CHECKS=1 reads it after every index op instead (a wait per
    op: the error comes at the flush that ran it). */
 typedef struct gpu_index_check {
-  uint64_t first;  /* 0: every index in range; else ~position of the first one out of range */
-  int64_t value;   /* that index */
-  int64_t size;    /* the axis length it was checked against */
-  uint32_t done;   /* blocks of the running check that finished (back to 0 after it) */
+  uint64_t first; /* 0: every index in range; else ~position of the first one out of range */
+  int64_t value;  /* that index */
+  int64_t size;   /* the axis length it was checked against */
+  uint32_t done;  /* blocks of the running check that finished (back to 0 after it) */
   int32_t axis;
   uint32_t sealed; /* nonzero: first/value/size/axis/op describe an unreported bad index */
   uint32_t op;     /* the sealing check's a.extent[1]: the runner's number for its op */

@@ -80,8 +80,10 @@ static void sb_subst(sbuf *b, const char *tmpl, const char *const *vars) {
     for (int i = 0; vars[i]; i += 2)
       if (strlen(vars[i]) == n && !memcmp(vars[i], d + 1, n)) val = vars[i + 1];
     assert(val && "a template names an unknown variable");
-    if (val && strchr(val, '$')) sb_subst(b, val, vars); /* values may name variables too */
-    else if (val) sb_put(b, val, strlen(val));
+    if (val && strchr(val, '$'))
+      sb_subst(b, val, vars); /* values may name variables too */
+    else if (val)
+      sb_put(b, val, strlen(val));
     tmpl = e;
   }
 }
@@ -148,24 +150,27 @@ static const op_exprs elementwise[VM_OP_COUNT] = {
 static const char *elementwise_expr(vm_opcode op, kiln_dtype dt) {
   const op_exprs *e = &elementwise[op];
   switch (class_of(dt)) {
-    case CLS_FLOAT: return e->f;
-    case CLS_INT: return e->i;
-    default: return e->b;
+    case CLS_FLOAT:
+      return e->f;
+    case CLS_INT:
+      return e->i;
+    default:
+      return e->b;
   }
 }
 
 /* cast: float -> int saturates and NaN -> 0; anything -> bool is != 0
    (vm/kern_elementwise.c TO_INT and TO_BOOL) */
 static void cast_expr(sbuf *b, kiln_dtype from, kiln_dtype to) {
-  static const char *const lo[VM_NUM_DTYPES] = {[KILN_I32] = "(-2147483647 - 1)",
-                                                [KILN_I64] = "(-9223372036854775807LL - 1)"};
-  static const char *const hi[VM_NUM_DTYPES] = {[KILN_I32] = "2147483647",
-                                                [KILN_I64] = "9223372036854775807LL"};
+  static const char *const lo[VM_NUM_DTYPES] = {
+      [KILN_I32] = "(-2147483647 - 1)", [KILN_I64] = "(-9223372036854775807LL - 1)"};
+  static const char *const hi[VM_NUM_DTYPES] = {
+      [KILN_I32] = "2147483647", [KILN_I64] = "9223372036854775807LL"};
   if (to == KILN_BOOL)
     gpu_src_printf(b, "(TO)(x != 0)");
   else if (vm_dtype_is_float(from) && vm_dtype_is_int(to))
-    gpu_src_printf(b, "x != x ? (TO)0 : x <= (T)%s ? (TO)%s : x >= (T)%s ? (TO)%s : (TO)x", lo[to], lo[to],
-              hi[to], hi[to]);
+    gpu_src_printf(b, "x != x ? (TO)0 : x <= (T)%s ? (TO)%s : x >= (T)%s ? (TO)%s : (TO)x", lo[to],
+                   lo[to], hi[to], hi[to]);
   else
     gpu_src_printf(b, "(TO)x");
 }
@@ -180,19 +185,27 @@ static const char *reduce_init(vm_opcode op, kiln_dtype a) {
       "(u8)1", "2147483647", "9223372036854775807LL", "__int_as_float(0x7f800000)",
       "__longlong_as_double(0x7ff0000000000000LL)"};
   switch (op) {
-    case VM_OP_sum: return "0";
-    case VM_OP_prod: return "1";
-    case VM_OP_max: return max_init[a];
-    default: return min_init[a];
+    case VM_OP_sum:
+      return "0";
+    case VM_OP_prod:
+      return "1";
+    case VM_OP_max:
+      return max_init[a];
+    default:
+      return min_init[a];
   }
 }
 
 static const char *reduce_comb(vm_opcode op) {
   switch (op) {
-    case VM_OP_sum: return "k_sum";
-    case VM_OP_prod: return "k_prod";
-    case VM_OP_max: return "k_max";
-    default: return "k_min";
+    case VM_OP_sum:
+      return "k_sum";
+    case VM_OP_prod:
+      return "k_prod";
+    case VM_OP_max:
+      return "k_max";
+    default:
+      return "k_min";
   }
 }
 
@@ -201,8 +214,10 @@ static const char *reduce_comb(vm_opcode op) {
 static bool reduce_dtype_ok(vm_opcode op, kiln_dtype dt) {
   switch (op) {
     case VM_OP_sum:
-    case VM_OP_prod: return dt == KILN_I64 || vm_dtype_is_float(dt); /* integers sum in i64 */
-    default: return true;
+    case VM_OP_prod:
+      return dt == KILN_I64 || vm_dtype_is_float(dt); /* integers sum in i64 */
+    default:
+      return true;
   }
 }
 
@@ -220,8 +235,7 @@ bool gpu_op_key_supported(const gpu_op_key *k) {
     case VM_KIND_UNARY:
       if (k->nin != 1 || k->variant) return false;
       if (op == VM_OP_cast) return in0 != out;
-      return elementwise_expr(op, in0) &&
-             out == (op == VM_OP_logical_not ? KILN_BOOL : in0);
+      return elementwise_expr(op, in0) && out == (op == VM_OP_logical_not ? KILN_BOOL : in0);
     case VM_KIND_BINARY: {
       if (k->nin != 2 || k->variant || in0 != in1 || !elementwise_expr(op, in0)) return false;
       vm_dtype_rule r = vm_op_table[op].rule;
@@ -240,11 +254,14 @@ bool gpu_op_key_supported(const gpu_op_key *k) {
         return op == VM_OP_index_select && k->nin == 1 && in0 == KILN_I64 && out == KILN_I64;
       if (k->variant != GPU_IDX_DATA || in0 != out || in1 != KILN_I64) return false;
       return op == VM_OP_scatter_add ? k->nin == 3 && in2 == out : k->nin == 2;
-    case VM_KIND_CONCAT: return k->nin == 1 && !k->variant && in0 == out;
-    case VM_KIND_SORT: return k->nin == 1 && !k->variant && out == KILN_I64;
+    case VM_KIND_CONCAT:
+      return k->nin == 1 && !k->variant && in0 == out;
+    case VM_KIND_SORT:
+      return k->nin == 1 && !k->variant && out == KILN_I64;
     case VM_KIND_VIEW:
     case VM_KIND_COLLECTIVE:
-    case VM_KIND_CONV: return false;
+    case VM_KIND_CONV:
+      return false;
   }
   return false;
 }
@@ -308,17 +325,23 @@ static const char prelude_helpers[] =
     "K_INT_MAXMIN(u8)\n"
     "K_INT_MAXMIN(i32)\n"
     "K_INT_MAXMIN(i64)\n"
-    "__device__ __forceinline__ double k_shfl_down(double v, int w) { return __shfl_down_sync(0xffffffffu, v, w); }\n"
-    "__device__ __forceinline__ float k_shfl_down(float v, int w) { return __shfl_down_sync(0xffffffffu, v, w); }\n"
-    "__device__ __forceinline__ i64 k_shfl_down(i64 v, int w) { return __shfl_down_sync(0xffffffffu, v, w); }\n"
-    "__device__ __forceinline__ u64 k_shfl_down(u64 v, int w) { return __shfl_down_sync(0xffffffffu, v, w); }\n"
-    "__device__ __forceinline__ i32 k_shfl_down(i32 v, int w) { return __shfl_down_sync(0xffffffffu, v, w); }\n"
+    "__device__ __forceinline__ double k_shfl_down(double v, int w) { return "
+    "__shfl_down_sync(0xffffffffu, v, w); }\n"
+    "__device__ __forceinline__ float k_shfl_down(float v, int w) { return "
+    "__shfl_down_sync(0xffffffffu, v, w); }\n"
+    "__device__ __forceinline__ i64 k_shfl_down(i64 v, int w) { return "
+    "__shfl_down_sync(0xffffffffu, v, w); }\n"
+    "__device__ __forceinline__ u64 k_shfl_down(u64 v, int w) { return "
+    "__shfl_down_sync(0xffffffffu, v, w); }\n"
+    "__device__ __forceinline__ i32 k_shfl_down(i32 v, int w) { return "
+    "__shfl_down_sync(0xffffffffu, v, w); }\n"
     "__device__ __forceinline__ u8 k_shfl_down(u8 v, int w) {\n"
     "  return (u8)__shfl_down_sync(0xffffffffu, (int)v, w);\n"
     "}\n"
     "/* argmax/argmin (vm/kern_reduce.c arg_scan): the first NaN, else the\n"
     "   first extremum; i < 0 is no candidate.  Associative, so any tree. */\n"
-    "template <class T> __device__ __forceinline__ void k_argcomb(T &bv, i64 &bi, T v, i64 i, bool is_max) {\n"
+    "template <class T> __device__ __forceinline__ void k_argcomb(T &bv, i64 &bi, T v, i64 i, bool "
+    "is_max) {\n"
     "  if (i < 0) return;\n"
     "  bool take;\n"
     "  if (bi < 0) {\n"
@@ -339,7 +362,8 @@ static const char prelude_helpers[] =
     "  return desc ? (x > y || (xn && !yn)) : (x < y || (!xn && yn));\n"
     "}\n"
     "/* vm/rng.c: Philox4x32-10 */\n"
-    "__device__ __forceinline__ void k_philox(u32 k0, u32 k1, u32 c0, u32 c1, u32 c2, u32 c3, u32 *o) {\n"
+    "__device__ __forceinline__ void k_philox(u32 k0, u32 k1, u32 c0, u32 c1, u32 c2, u32 c3, u32 "
+    "*o) {\n"
     "  for (int r = 0; r < 10; r++) {\n"
     "    u32 hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;\n"
     "    u32 hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;\n"
@@ -361,7 +385,8 @@ static const char prelude_helpers[] =
     "}\n"
     "/* element offsets of the row-major index i over dims [0, ndim): operand\n"
     "   k's for each bit k of MASK, added to off[k] */\n"
-    "template <int MASK> __device__ __forceinline__ void k_offsets(const gpu_args &a, i64 i, i64 (&off)[4]) {\n"
+    "template <int MASK> __device__ __forceinline__ void k_offsets(const gpu_args &a, i64 i, i64 "
+    "(&off)[4]) {\n"
     "#pragma unroll\n"
     "  for (int d = K_MAX_DIMS - 1; d >= 0; d--) {\n"
     "    if (MASK && d < a.ndim) {\n"
@@ -374,7 +399,8 @@ static const char prelude_helpers[] =
     "  }\n"
     "}\n"
     "/* operand k's offset of the row-major index i over dims [d0, d1) */\n"
-    "template <class G> __device__ __forceinline__ i64 k_offset(const G &a, int k, i64 i, int d0, int d1) {\n"
+    "template <class G> __device__ __forceinline__ i64 k_offset(const G &a, int k, i64 i, int d0, "
+    "int d1) {\n"
     "  i64 off = 0;\n"
     "#pragma unroll\n"
     "  for (int d = K_MAX_DIMS - 1; d >= 0; d--) {\n"
@@ -389,42 +415,43 @@ static const char prelude_helpers[] =
 
 static void emit_prelude(sbuf *b) {
   gpu_src_printf(b,
-            "/* Kiln GPU interpreter kernels (jit_gpu/opgen_src.c) */\n"
-            "#ifndef KILN_GPU_PRELUDE\n"
-            "#define KILN_GPU_PRELUDE\n"
-            "typedef int i32;\n"
-            "typedef unsigned int u32;\n"
-            "typedef long long i64;\n"
-            "typedef unsigned long long u64;\n"
-            "typedef unsigned char u8; /* bool: 0 or 1 */\n"
-            "#define K_MAX_DIMS %d\n"
-            "struct gpu_args {\n"
-            "  void *ptr[%d];\n"
-            "  i64 stride[%d][K_MAX_DIMS];\n"
-            "  i64 shape[K_MAX_DIMS];\n"
-            "  i64 n;\n"
-            "  i64 extent[4];\n"
-            "  double scalar[2];\n"
-            "  u64 seed, counter;\n"
-            "  i32 ndim;\n"
-            "  i32 axis;\n"
-            "  i32 flag;\n"
-            "  i32 pad;\n"
-            "};\n"
-            "struct gpu_index_check {\n"
-            "  u64 first;\n"
-            "  i64 value;\n"
-            "  i64 size;\n"
-            "  u32 done;\n"
-            "  i32 axis;\n"
-            "  u32 sealed;\n"
-            "  u32 op;\n"
-            "};\n",
-            KILN_MAX_DIMS, GPU_MAX_OPERANDS, GPU_MAX_OPERANDS);
+                 "/* Kiln GPU interpreter kernels (jit_gpu/opgen_src.c) */\n"
+                 "#ifndef KILN_GPU_PRELUDE\n"
+                 "#define KILN_GPU_PRELUDE\n"
+                 "typedef int i32;\n"
+                 "typedef unsigned int u32;\n"
+                 "typedef long long i64;\n"
+                 "typedef unsigned long long u64;\n"
+                 "typedef unsigned char u8; /* bool: 0 or 1 */\n"
+                 "#define K_MAX_DIMS %d\n"
+                 "struct gpu_args {\n"
+                 "  void *ptr[%d];\n"
+                 "  i64 stride[%d][K_MAX_DIMS];\n"
+                 "  i64 shape[K_MAX_DIMS];\n"
+                 "  i64 n;\n"
+                 "  i64 extent[4];\n"
+                 "  double scalar[2];\n"
+                 "  u64 seed, counter;\n"
+                 "  i32 ndim;\n"
+                 "  i32 axis;\n"
+                 "  i32 flag;\n"
+                 "  i32 pad;\n"
+                 "};\n"
+                 "struct gpu_index_check {\n"
+                 "  u64 first;\n"
+                 "  i64 value;\n"
+                 "  i64 size;\n"
+                 "  u32 done;\n"
+                 "  i32 axis;\n"
+                 "  u32 sealed;\n"
+                 "  u32 op;\n"
+                 "};\n",
+                 KILN_MAX_DIMS, GPU_MAX_OPERANDS, GPU_MAX_OPERANDS);
   /* NVRTC's front end (EDG) has no offsetof without <cstddef>; __INTADDR__
      is what EDG's own offsetof expands to, and it is a constant expression */
-  gpu_src_printf(b, "static_assert(sizeof(gpu_args) == %zu, \"gpu_args: host and device layouts differ\");\n",
-            sizeof(gpu_args));
+  gpu_src_printf(
+      b, "static_assert(sizeof(gpu_args) == %zu, \"gpu_args: host and device layouts differ\");\n",
+      sizeof(gpu_args));
   GPU_SRC_ASSERT_FIELD(b, gpu_args, ptr);
   GPU_SRC_ASSERT_FIELD(b, gpu_args, stride);
   GPU_SRC_ASSERT_FIELD(b, gpu_args, shape);
@@ -437,8 +464,9 @@ static void emit_prelude(sbuf *b) {
   GPU_SRC_ASSERT_FIELD(b, gpu_args, axis);
   GPU_SRC_ASSERT_FIELD(b, gpu_args, flag);
   GPU_SRC_ASSERT_FIELD(b, gpu_args, pad);
-  gpu_src_printf(b, "static_assert(sizeof(gpu_index_check) == %zu, \"gpu_index_check: layouts differ\");\n",
-            sizeof(gpu_index_check));
+  gpu_src_printf(
+      b, "static_assert(sizeof(gpu_index_check) == %zu, \"gpu_index_check: layouts differ\");\n",
+      sizeof(gpu_index_check));
   GPU_SRC_ASSERT_FIELD(b, gpu_index_check, first);
   GPU_SRC_ASSERT_FIELD(b, gpu_index_check, value);
   GPU_SRC_ASSERT_FIELD(b, gpu_index_check, size);
@@ -452,14 +480,18 @@ static void emit_prelude(sbuf *b) {
 
 /* --- kernels ---------------------------------------------------------------------- */
 
-#define GRID_STRIDE "for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < a.n; i += (i64)gridDim.x * blockDim.x)"
+#define GRID_STRIDE                                                                          \
+  "for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < a.n; i += (i64)gridDim.x * " \
+  "blockDim.x)"
 
 /* gpu_args stays in the parameter bank: __grid_constant__ (sm_70 and up;
    NVRTC 13 knows nothing older) lets helpers take its address without a
    per-thread copy to local memory */
 static void kernel_open(sbuf *b, const char *name) {
-  gpu_src_printf(b, "\nextern \"C\" __global__ void __launch_bounds__(256) %s(const __grid_constant__ gpu_args a) {\n",
-            name);
+  gpu_src_printf(b,
+                 "\nextern \"C\" __global__ void __launch_bounds__(256) %s(const __grid_constant__ "
+                 "gpu_args a) {\n",
+                 name);
 }
 
 /* unary, binary, where, cast, concat: out[i] = EXPR over the operands */
@@ -468,18 +500,20 @@ static void emit_elementwise(sbuf *b, const gpu_op_key *k, const char *name) {
   kiln_dtype out = (kiln_dtype)k->out_dtype;
   kiln_dtype t = (kiln_dtype)k->in_dtype[k->nin == 3 ? 1 : 0]; /* the compute type */
   kernel_open(b, name);
-  gpu_src_printf(b, "  typedef %s T;\n  typedef %s U;\n  typedef %s TO;\n", ctype[t], utype[t], ctype[out]);
+  gpu_src_printf(b, "  typedef %s T;\n  typedef %s U;\n  typedef %s TO;\n", ctype[t], utype[t],
+                 ctype[out]);
   gpu_src_printf(b, "  TO *out = (TO *)a.ptr[0];\n");
   for (int i = 0; i < k->nin; i++)
     gpu_src_printf(b, "  const %s *in%d = (const %s *)a.ptr[%d];\n", ctype[k->in_dtype[i]], i,
-              ctype[k->in_dtype[i]], i + 1);
+                   ctype[k->in_dtype[i]], i + 1);
   unsigned strided = ~(unsigned)k->contiguous & ((1u << (k->nin + 1)) - 1);
   gpu_src_printf(b, "  " GRID_STRIDE " {\n");
   gpu_src_printf(b, "    i64 off[4] = {%s, %s, %s, %s};\n", strided & 1 ? "0" : "i",
-            strided & 2 ? "0" : "i", strided & 4 ? "0" : "i", strided & 8 ? "0" : "i");
+                 strided & 2 ? "0" : "i", strided & 4 ? "0" : "i", strided & 8 ? "0" : "i");
   if (strided) gpu_src_printf(b, "    k_offsets<%u>(a, i, off);\n", strided);
   if (k->nin == 3)
-    gpu_src_printf(b, "    const u8 c = in0[off[1]];\n    const T x = in1[off[2]], y = in2[off[3]];\n");
+    gpu_src_printf(
+        b, "    const u8 c = in0[off[1]];\n    const T x = in1[off[2]], y = in2[off[3]];\n");
   else if (k->nin == 2)
     gpu_src_printf(b, "    const T x = in0[off[1]], y = in1[off[2]];\n");
   else
@@ -504,44 +538,52 @@ static void emit_leaf(sbuf *b, const gpu_op_key *k, const char *name) {
   kernel_open(b, name);
   gpu_src_printf(b, "  typedef %s TO;\n  TO *out = (TO *)a.ptr[0];\n", ctype[dt]);
   if (op == VM_OP_full) {
-    gpu_src_printf(b, "  const TO v = k_from_f64_%s(a.scalar[0]);\n  " GRID_STRIDE " out[i] = v;\n}\n",
-              dsfx[dt]);
+    gpu_src_printf(b,
+                   "  const TO v = k_from_f64_%s(a.scalar[0]);\n  " GRID_STRIDE " out[i] = v;\n}\n",
+                   dsfx[dt]);
     return;
   }
   if (op == VM_OP_arange) {
-    gpu_src_printf(b, "  " GRID_STRIDE " out[i] = k_from_f64_%s(a.scalar[0] + (double)i * a.scalar[1]);\n}\n",
-              dsfx[dt]);
+    gpu_src_printf(
+        b, "  " GRID_STRIDE " out[i] = k_from_f64_%s(a.scalar[0] + (double)i * a.scalar[1]);\n}\n",
+        dsfx[dt]);
     return;
   }
   bool normal = op == VM_OP_randn, f64 = dt == KILN_F64;
   gpu_src_printf(b,
-            "  const u32 k0 = (u32)a.seed, k1 = (u32)(a.seed >> 32);\n"
-            "  const double two_pi = 6.283185307179586476925;\n"
-            "  const i64 count = a.extent[0];\n"
-            "  (void)two_pi;\n"
-            "  " GRID_STRIDE " {\n"
-            "    u64 c = a.counter + (u64)i;\n"
-            "    u32 r[4];\n"
-            "    k_philox(k0, k1, (u32)c, (u32)(c >> 32), 0, 0, r);\n");
+                 "  const u32 k0 = (u32)a.seed, k1 = (u32)(a.seed >> 32);\n"
+                 "  const double two_pi = 6.283185307179586476925;\n"
+                 "  const i64 count = a.extent[0];\n"
+                 "  (void)two_pi;\n"
+                 "  " GRID_STRIDE
+                 " {\n"
+                 "    u64 c = a.counter + (u64)i;\n"
+                 "    u32 r[4];\n"
+                 "    k_philox(k0, k1, (u32)c, (u32)(c >> 32), 0, 0, r);\n");
   if (!f64 && !normal)
-    gpu_src_printf(b, "    float v[4];\n"
-                 "    for (int q = 0; q < 4; q++) v[q] = (float)(r[q] >> 8) * 0x1p-24f;\n");
+    gpu_src_printf(b,
+                   "    float v[4];\n"
+                   "    for (int q = 0; q < 4; q++) v[q] = (float)(r[q] >> 8) * 0x1p-24f;\n");
   else if (!f64)
-    gpu_src_printf(b, "    float v[4];\n"
-                 "    for (int q = 0; q < 4; q += 2) {\n"
-                 "      double u1 = ((r[q] >> 8) + 1.0) * 0x1p-24, u2 = (r[q + 1] >> 8) * 0x1p-24;\n"
-                 "      double rad = sqrt(-2.0 * log(u1));\n"
-                 "      v[q] = (float)(rad * cos(two_pi * u2));\n"
-                 "      v[q + 1] = (float)(rad * sin(two_pi * u2));\n"
-                 "    }\n");
+    gpu_src_printf(
+        b,
+        "    float v[4];\n"
+        "    for (int q = 0; q < 4; q += 2) {\n"
+        "      double u1 = ((r[q] >> 8) + 1.0) * 0x1p-24, u2 = (r[q + 1] >> 8) * 0x1p-24;\n"
+        "      double rad = sqrt(-2.0 * log(u1));\n"
+        "      v[q] = (float)(rad * cos(two_pi * u2));\n"
+        "      v[q + 1] = (float)(rad * sin(two_pi * u2));\n"
+        "    }\n");
   else if (!normal)
     gpu_src_printf(b, "    double v[2] = {k_unit53(r[0], r[1]), k_unit53(r[2], r[3])};\n");
   else
-    gpu_src_printf(b, "    double u1 = 1.0 - k_unit53(r[0], r[1]), u2 = k_unit53(r[2], r[3]);\n"
-                 "    double rad = sqrt(-2.0 * log(u1));\n"
-                 "    double v[2] = {rad * cos(two_pi * u2), rad * sin(two_pi * u2)};\n");
-  gpu_src_printf(b, "    for (int q = 0; q < %d && i * %d + q < count; q++) out[i * %d + q] = v[q];\n  }\n}\n",
-            f64 ? 2 : 4, f64 ? 2 : 4, f64 ? 2 : 4);
+    gpu_src_printf(b,
+                   "    double u1 = 1.0 - k_unit53(r[0], r[1]), u2 = k_unit53(r[2], r[3]);\n"
+                   "    double rad = sqrt(-2.0 * log(u1));\n"
+                   "    double v[2] = {rad * cos(two_pi * u2), rad * sin(two_pi * u2)};\n");
+  gpu_src_printf(
+      b, "    for (int q = 0; q < %d && i * %d + q < count; q++) out[i * %d + q] = v[q];\n  }\n}\n",
+      f64 ? 2 : 4, f64 ? 2 : 4, f64 ? 2 : 4);
 }
 
 /* the lane order (vm/fold.h): an item is (output o, chunk c) of at most
@@ -558,7 +600,8 @@ static const char lane_kernel[] =
     "  T *out = (T *)a.ptr[0];\n"
     "$SRC"
     "  const int W = (int)a.extent[3], G = (int)(blockDim.x >> 5) / W;\n"
-    "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / W, wig = warp % W;\n"
+    "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / W, wig = warp % "
+    "W;\n"
     "  const i64 count = a.extent[0], chunk = a.extent[1], nchunks = a.extent[2];\n"
     "  for (i64 first = (i64)blockIdx.x * G; first < a.n; first += (i64)gridDim.x * G) {\n"
     "    const i64 item = first + group;\n"
@@ -570,7 +613,8 @@ static const char lane_kernel[] =
     "$ITEM"
     "      nb = (len + $BLOCK - 1) / $BLOCK;\n"
     "      for (i64 bk = wig; bk < nb; bk += W) {\n"
-    "        const i64 pb = p0 + bk * $BLOCK, blen = p0 + len - pb < $BLOCK ? p0 + len - pb : $BLOCK;\n"
+    "        const i64 pb = p0 + bk * $BLOCK, blen = p0 + len - pb < $BLOCK ? p0 + len - pb : "
+    "$BLOCK;\n"
     "        A l0 = $INIT;\n"
     "$L1_DECL"
     "        i64 r = 0;\n"
@@ -646,7 +690,8 @@ static const char join_kernel[] =
     "  T *out = (T *)a.ptr[0];\n"
     "  const P *part = (const P *)a.ptr[1];\n"
     "  const i64 np = a.extent[2];\n"
-    "  " GRID_STRIDE " {\n"
+    "  " GRID_STRIDE
+    " {\n"
     "    J acc = $INIT;\n"
     "    for (i64 c = 0; c < np; c++) acc = $COMB(acc, (J)part[i * np + c]);\n"
     "    out[i] = (T)acc;\n"
@@ -663,7 +708,8 @@ static const char col_kernel[] =
     "  O *out = (O *)a.ptr[0];\n"
     "$SRC"
     "  const i64 count = a.extent[0], span = a.extent[1], per = a.extent[2];\n"
-    "  " GRID_STRIDE " {\n"
+    "  " GRID_STRIDE
+    " {\n"
     "    const i64 o = i / per, p0 = (i - o * per) * span;\n"
     "    const i64 p1 = count - p0 < span ? count : p0 + span;\n"
     "$ITEM"
@@ -679,8 +725,8 @@ static const char col_kernel[] =
     "}\n";
 
 /* a reduction pass's body (src.h gpu_src_reduce) */
-static void reduce_body(sbuf *b, vm_opcode op, kiln_dtype t, int variant, bool contig, const char *src,
-                        const char *item, const char *store) {
+static void reduce_body(sbuf *b, vm_opcode op, kiln_dtype t, int variant, bool contig,
+                        const char *src, const char *item, const char *store) {
   kiln_dtype acc = vm_fold_acc_dtype(op, t);
   if (!store) store = "k_store_out";
   char block[32], lanes[32], nblk[32];
@@ -692,12 +738,22 @@ static void reduce_body(sbuf *b, vm_opcode op, kiln_dtype t, int variant, bool c
     int per_thread = vm_dtype_is_float(t) ? VM_FOLD_LANE_BYTES / (int)vm_dtype_size(acc) / 32 : 1;
     snprintf(lanes, sizeof lanes, "%d", 32 * per_thread);
     bool two = per_thread == 2;
-    const char *vars[] = {"T", ctype[t], "A", ctype[acc], "NBLK", nblk, "BLOCK", block,
-                          "INIT", reduce_init(op, acc), "COMB", reduce_comb(op), "L", lanes,
-                          "CONTIG", contig ? "true" : "false", "SRC", src, "ITEM", item, "STORE", store,
-                          "L1_DECL", two ? "        A l1 = $INIT;\n" : "",
-                          "L1_STEP", two ? "          l1 = $COMB(l1, (A)ld(pb + r + lane + 32));\n" : "",
-                          "L1_JOIN", two ? "        l0 = $COMB(l0, l1);\n" : "", NULL};
+    const char *vars[] = {
+        "T",       ctype[t],
+        "A",       ctype[acc],
+        "NBLK",    nblk,
+        "BLOCK",   block,
+        "INIT",    reduce_init(op, acc),
+        "COMB",    reduce_comb(op),
+        "L",       lanes,
+        "CONTIG",  contig ? "true" : "false",
+        "SRC",     src,
+        "ITEM",    item,
+        "STORE",   store,
+        "L1_DECL", two ? "        A l1 = $INIT;\n" : "",
+        "L1_STEP", two ? "          l1 = $COMB(l1, (A)ld(pb + r + lane + 32));\n" : "",
+        "L1_JOIN", two ? "        l0 = $COMB(l0, l1);\n" : "",
+        NULL};
     sb_subst(b, lane_kernel, vars);
     return;
   }
@@ -706,16 +762,18 @@ static void reduce_body(sbuf *b, vm_opcode op, kiln_dtype t, int variant, bool c
     kiln_dtype join = vm_dtype_is_float(t) ? KILN_F64 : t;
     kiln_dtype part = variant == GPU_RED_LANE_JOIN ? t : acc;
     if (variant == GPU_RED_COL_JOIN) join = acc;
-    const char *vars[] = {"T", ctype[t], "J", ctype[join], "P", ctype[part],
-                          "INIT", reduce_init(op, join), "COMB", reduce_comb(op), NULL};
+    const char *vars[] = {"T",    ctype[t],        "J",    ctype[join],
+                          "P",    ctype[part],     "INIT", reduce_init(op, join),
+                          "COMB", reduce_comb(op), NULL};
     sb_subst(b, join_kernel, vars);
     return;
   }
   /* COL writes T outputs, COL_PART A partials */
   kiln_dtype o = variant == GPU_RED_COL ? t : acc;
-  const char *vars[] = {"T", ctype[t], "A", ctype[acc], "OUT", ctype[o], "BLOCK", block,
-                        "INIT", reduce_init(op, acc), "COMB", reduce_comb(op), "SRC", src, "ITEM", item,
-                        "STORE", store, NULL};
+  const char *vars[] = {"T",      ctype[t],        "A",   ctype[acc], "OUT",
+                        ctype[o], "BLOCK",         block, "INIT",     reduce_init(op, acc),
+                        "COMB",   reduce_comb(op), "SRC", src,        "ITEM",
+                        item,     "STORE",         store, NULL};
   sb_subst(b, col_kernel, vars);
 }
 
@@ -727,15 +785,17 @@ static const char op_reduce_src[] =
     "  const i64 rs = a.ndim > a.axis ? a.stride[1][a.axis] : 0;\n";
 static const char op_lane_item[] =
     "      const T *xb = x + ($CONTIG ? o * count : k_offset(a, 1, o, 0, a.axis));\n"
-    "      auto ld = [&](i64 p) -> T { return xb[$CONTIG ? p : one_r ? p * rs : k_offset(a, 1, p, a.axis, a.ndim)]; };\n";
+    "      auto ld = [&](i64 p) -> T { return xb[$CONTIG ? p : one_r ? p * rs : k_offset(a, 1, p, "
+    "a.axis, a.ndim)]; };\n";
 static const char op_col_item[] =
     "    const T *xb = x + k_offset(a, 1, o, 0, a.axis);\n"
-    "    auto ld = [&](i64 p) -> T { return xb[one_r ? p * rs : k_offset(a, 1, p, a.axis, a.ndim)]; };\n";
+    "    auto ld = [&](i64 p) -> T { return xb[one_r ? p * rs : k_offset(a, 1, p, a.axis, "
+    "a.ndim)]; };\n";
 
 static void emit_reduce(sbuf *b, const gpu_op_key *k, const char *name) {
   kernel_open(b, name);
-  reduce_body(b, (vm_opcode)k->op, (kiln_dtype)k->in_dtype[0], k->variant, k->contiguous & 2, op_reduce_src,
-              k->variant == GPU_RED_LANE ? op_lane_item : op_col_item, NULL);
+  reduce_body(b, (vm_opcode)k->op, (kiln_dtype)k->in_dtype[0], k->variant, k->contiguous & 2,
+              op_reduce_src, k->variant == GPU_RED_LANE ? op_lane_item : op_col_item, NULL);
 }
 
 /* argmax/argmin over dim a.axis (length a.shape[axis], stride
@@ -747,7 +807,8 @@ static const char arg_kernel[] =
     "  i64 *out = (i64 *)a.ptr[0];\n"
     "  const T *x = (const T *)a.ptr[1];\n"
     "  const int W = (int)a.extent[3], G = (int)(blockDim.x >> 5) / W;\n"
-    "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / W, wig = warp % W;\n"
+    "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / W, wig = warp % "
+    "W;\n"
     "  const i64 n = a.shape[a.axis], s = a.stride[1][a.axis];\n"
     "  for (i64 first = (i64)blockIdx.x * G; first < a.n; first += (i64)gridDim.x * G) {\n"
     "    const i64 o = first + group;\n"
@@ -756,7 +817,8 @@ static const char arg_kernel[] =
     "    i64 bi = -1;\n"
     "    if (active) {\n"
     "      const T *xb = x + ($CONTIG ? o * n : k_offset(a, 1, o, 0, a.axis));\n"
-    "      for (i64 p = (i64)wig * 32 + lane; p < n; p += (i64)W * 32) k_argcomb(bv, bi, xb[p * s], p, $MAX);\n"
+    "      for (i64 p = (i64)wig * 32 + lane; p < n; p += (i64)W * 32) k_argcomb(bv, bi, xb[p * "
+    "s], p, $MAX);\n"
     "    }\n"
     "    for (int w = 16; w >= 1; w >>= 1) {\n"
     "      T ov = k_shfl_down(bv, w);\n"
@@ -790,7 +852,8 @@ static const char sort_kernel[] =
     "  const i64 n = a.shape[a.axis], sin = a.stride[1][a.axis], sout = a.stride[0][a.axis];\n"
     "  const bool desc = a.flag != 0;\n"
     "  for (i64 row = blockIdx.x; row < a.n; row += gridDim.x) {\n"
-    "    const T *xr = x + ($CONTIG ? k_offset(a, 0, row, 0, a.axis) : k_offset(a, 1, row, 0, a.axis));\n"
+    "    const T *xr = x + ($CONTIG ? k_offset(a, 0, row, 0, a.axis) : k_offset(a, 1, row, 0, "
+    "a.axis));\n"
     "    i64 *orow = out + k_offset(a, 0, row, 0, a.axis);\n"
     "    for (i64 i0 = 0; i0 < n; i0 += blockDim.x) {\n"
     "      const i64 i = i0 + threadIdx.x;\n"
@@ -823,8 +886,10 @@ static const char matmul_kernel[] =
     "  T *out = (T *)a.ptr[0];\n"
     "  const T *A = (const T *)a.ptr[1], *B = (const T *)a.ptr[2];\n"
     "  const i64 M = a.extent[0], N = a.extent[1], K = a.extent[2];\n"
-    "  const i64 sar = a.stride[1][6], sac = a.stride[1][7], sbr = a.stride[2][6], sbc = a.stride[2][7];\n"
-    "  " GRID_STRIDE " {\n"
+    "  const i64 sar = a.stride[1][6], sac = a.stride[1][7], sbr = a.stride[2][6], sbc = "
+    "a.stride[2][7];\n"
+    "  " GRID_STRIDE
+    " {\n"
     "    const i64 j = i % N, r = i / N, m = r % M, bt = r / M;\n"
     "    const T *ar = A + k_offset(a, 1, bt, 0, a.ndim) + m * sar;\n"
     "    const T *bc = B + k_offset(a, 2, bt, 0, a.ndim) + j * sbc;\n"
@@ -844,7 +909,8 @@ static const char gather_kernel[] =
     "  const T *x = (const T *)a.ptr[1];\n"
     "  const i64 *idx = (const i64 *)a.ptr[2];\n"
     "  const i64 size = a.extent[0];\n"
-    "  " GRID_STRIDE " {\n"
+    "  " GRID_STRIDE
+    " {\n"
     "    i64 rem = i, xo = 0, io = 0;\n"
     "#pragma unroll\n"
     "    for (int d = K_MAX_DIMS - 1; d >= 0; d--) {\n"
@@ -874,7 +940,8 @@ static const char scatter_kernel[] =
     "  const T *x = (const T *)a.ptr[1], *src = (const T *)a.ptr[3];\n"
     "  const i64 *idx = (const i64 *)a.ptr[2];\n"
     "  const i64 K = a.stride[0][a.axis], is = a.stride[2][a.axis], ss = a.stride[3][a.axis];\n"
-    "  " GRID_STRIDE " {\n"
+    "  " GRID_STRIDE
+    " {\n"
     "    i64 rem = i, xo = 0, io = 0, so = 0, cax = 0;\n"
     "    bool inside = true;\n"
     "#pragma unroll\n"
@@ -916,7 +983,8 @@ static const char check_kernel[] =
     "  const i64 *idx = (const i64 *)a.ptr[1];\n"
     "  const i64 size = a.extent[0];\n"
     "  u64 bad = 0; /* ~position: the largest is the first */\n"
-    "  " GRID_STRIDE " {\n"
+    "  " GRID_STRIDE
+    " {\n"
     "    const i64 v = idx[$CONTIG ? i : k_offset(a, 1, i, 0, a.ndim)];\n"
     "    if ((v < 0 || v >= size) && ~(u64)i > bad) bad = ~(u64)i;\n"
     "  }\n"
@@ -961,7 +1029,7 @@ static void emit_index(sbuf *b, const gpu_op_key *k, const char *name) {
     sb_subst(b, gather_kernel, vars);
     return;
   }
-  const char *add = t == KILN_BOOL ? "(T)(acc | src[so + q * ss])"
+  const char *add = t == KILN_BOOL         ? "(T)(acc | src[so + q * ss])"
                     : vm_dtype_is_float(t) ? "acc + src[so + q * ss]"
                                            : "(T)((U)acc + (U)src[so + q * ss])";
   const char *vars[] = {"T", ctype[t], "U", utype[t], "ADD", add, NULL};
@@ -974,16 +1042,22 @@ static void emit_kernel(sbuf *b, const gpu_op_key *k) {
   vm_opcode op = (vm_opcode)k->op;
   kiln_dtype t = (kiln_dtype)k->in_dtype[0];
   switch (vm_op_table[op].kind) {
-    case VM_KIND_LEAF: emit_leaf(b, k, name); return;
+    case VM_KIND_LEAF:
+      emit_leaf(b, k, name);
+      return;
     case VM_KIND_UNARY:
     case VM_KIND_BINARY:
     case VM_KIND_TERNARY:
-    case VM_KIND_CONCAT: emit_elementwise(b, k, name); return;
+    case VM_KIND_CONCAT:
+      emit_elementwise(b, k, name);
+      return;
     case VM_KIND_REDUCE:
       if (op == VM_OP_argmax || op == VM_OP_argmin) {
         kernel_open(b, name);
-        const char *vars[] = {"T", ctype[t], "CONTIG", k->contiguous & 2 ? "true" : "false", "MAX",
-                              op == VM_OP_argmax ? "true" : "false", NULL};
+        const char *vars[] = {"T",      ctype[t],
+                              "CONTIG", k->contiguous & 2 ? "true" : "false",
+                              "MAX",    op == VM_OP_argmax ? "true" : "false",
+                              NULL};
         sb_subst(b, arg_kernel, vars);
       } else {
         emit_reduce(b, k, name);
@@ -995,7 +1069,9 @@ static void emit_kernel(sbuf *b, const gpu_op_key *k) {
       sb_subst(b, matmul_kernel, vars);
       return;
     }
-    case VM_KIND_INDEX: emit_index(b, k, name); return;
+    case VM_KIND_INDEX:
+      emit_index(b, k, name);
+      return;
     case VM_KIND_SORT: {
       kernel_open(b, name);
       const char *vars[] = {"T", ctype[t], "CONTIG", k->contiguous & 2 ? "true" : "false", NULL};
@@ -1004,7 +1080,8 @@ static void emit_kernel(sbuf *b, const gpu_op_key *k) {
     }
     case VM_KIND_VIEW:
     case VM_KIND_COLLECTIVE:
-    case VM_KIND_CONV: return;
+    case VM_KIND_CONV:
+      return;
   }
 }
 
@@ -1037,12 +1114,13 @@ void gpu_src_prelude(gpu_src *b) { emit_prelude(b); }
 
 const char *gpu_src_ctype(kiln_dtype dt) { return ctype[dt]; }
 
-void gpu_src_reduce(gpu_src *b, vm_opcode op, kiln_dtype t, int variant, const char *src, const char *item,
-                    const char *store) {
+void gpu_src_reduce(gpu_src *b, vm_opcode op, kiln_dtype t, int variant, const char *src,
+                    const char *item, const char *store) {
   reduce_body(b, op, t, variant, false, src, item, store);
 }
 
-void gpu_src_row_fold(gpu_src *b, vm_opcode op, kiln_dtype t, int pass, const char *ld, const char *dst) {
+void gpu_src_row_fold(gpu_src *b, vm_opcode op, kiln_dtype t, int pass, const char *ld,
+                      const char *dst) {
   kiln_dtype acc = vm_fold_acc_dtype(op, t);
   char block[32], lanes[32], nblk[32], k[16];
   snprintf(block, sizeof block, "%d", VM_FOLD_BLOCK);
@@ -1051,11 +1129,21 @@ void gpu_src_row_fold(gpu_src *b, vm_opcode op, kiln_dtype t, int pass, const ch
   int per_thread = vm_dtype_is_float(t) ? VM_FOLD_LANE_BYTES / (int)vm_dtype_size(acc) / 32 : 1;
   snprintf(lanes, sizeof lanes, "%d", 32 * per_thread);
   bool two = per_thread == 2;
-  const char *vars[] = {"T", ctype[t], "A", ctype[acc], "NBLK", nblk, "BLOCK", block, "K", k,
-                        "INIT", reduce_init(op, acc), "COMB", reduce_comb(op), "L", lanes, "LD", ld, "DST", dst,
-                        "L1_DECL", two ? "          A l1 = $INIT;\n" : "",
-                        "L1_STEP", two ? "            l1 = $COMB(l1, (A)$LD(pb + r + lane + 32));\n" : "",
-                        "L1_JOIN", two ? "          l0 = $COMB(l0, l1);\n" : "", NULL};
+  const char *vars[] = {
+      "T",       ctype[t],
+      "A",       ctype[acc],
+      "NBLK",    nblk,
+      "BLOCK",   block,
+      "K",       k,
+      "INIT",    reduce_init(op, acc),
+      "COMB",    reduce_comb(op),
+      "L",       lanes,
+      "LD",      ld,
+      "DST",     dst,
+      "L1_DECL", two ? "          A l1 = $INIT;\n" : "",
+      "L1_STEP", two ? "            l1 = $COMB(l1, (A)$LD(pb + r + lane + 32));\n" : "",
+      "L1_JOIN", two ? "          l0 = $COMB(l0, l1);\n" : "",
+      NULL};
   sb_subst(b, row_fold, vars);
 }
 
@@ -1076,7 +1164,8 @@ bool gpu_src_node_supported(vm_opcode op, kiln_dtype out, int nin, const kiln_dt
 void gpu_src_node(gpu_src *b, vm_opcode op, kiln_dtype out, int nin, const kiln_dtype *in,
                   const char *const *args, const char *dst) {
   kiln_dtype t = in[nin == 3 ? 1 : 0]; /* the compute type, as emit_elementwise */
-  gpu_src_printf(b, "{ typedef %s T; typedef %s U; typedef %s TO; ", ctype[t], utype[t], ctype[out]);
+  gpu_src_printf(b, "{ typedef %s T; typedef %s U; typedef %s TO; ", ctype[t], utype[t],
+                 ctype[out]);
   if (nin == 3)
     gpu_src_printf(b, "const u8 c = %s; const T x = %s, y = %s; ", args[0], args[1], args[2]);
   else if (nin == 2)

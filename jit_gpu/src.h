@@ -23,9 +23,10 @@ void gpu_src_printf(gpu_src *b, const char *fmt, ...) __attribute__((format(prin
 /* a static_assert in the source that field f of host struct T sits at the
    same offset on the device (NVRTC's EDG has no offsetof without
    <cstddef>; __INTADDR__ is what its own offsetof expands to) */
-#define GPU_SRC_ASSERT_FIELD(b, T, f)                                                            \
-  gpu_src_printf(b, "static_assert(__INTADDR__(&((" #T " *)0)->" #f ") == %zu, \"" #T "." #f \
-                 ": host and device layouts differ\");\n",                                   \
+#define GPU_SRC_ASSERT_FIELD(b, T, f)                                                     \
+  gpu_src_printf(b,                                                                       \
+                 "static_assert(__INTADDR__(&((" #T " *)0)->" #f ") == %zu, \"" #T "." #f \
+                 ": host and device layouts differ\");\n",                                \
                  offsetof(T, f))
 
 /* the shared prelude (guarded: a batch holds it once) */
@@ -50,14 +51,15 @@ void gpu_src_node(gpu_src *b, vm_opcode op, kiln_dtype out, int nin, const kiln_
    pass writes each result r of item i (the output when there is no join)
    with store(i, r): NULL stores it at out[i] (k_store_out); a fused
    kernel's src defines a lambda that computes its epilogue from it. */
-void gpu_src_reduce(gpu_src *b, vm_opcode op, kiln_dtype t, int variant, const char *src, const char *item,
-                    const char *store);
+void gpu_src_reduce(gpu_src *b, vm_opcode op, kiln_dtype t, int variant, const char *src,
+                    const char *item, const char *store);
 /* A row kernel's fold of one row (jit_gpu/fuse.c): the lane order of
    GPU_RED_LANE for a row of at most VM_FOLD_CHUNK positions, so the same
    bits as the op kernel; position p read through `ld(p)` (a lambda of the
    kernel's), the result assigned to dst in every thread of the row's
    group.  pass numbers the kernel's folds (their shared arrays). */
-void gpu_src_row_fold(gpu_src *b, vm_opcode op, kiln_dtype t, int pass, const char *ld, const char *dst);
+void gpu_src_row_fold(gpu_src *b, vm_opcode op, kiln_dtype t, int pass, const char *ld,
+                      const char *dst);
 /* whether the op kernels fold op (sum/prod/max/min) over dtype t */
 bool gpu_src_reduce_supported(vm_opcode op, kiln_dtype t);
 

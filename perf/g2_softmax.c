@@ -8,9 +8,7 @@
 
 #include "gpu_bench.h"
 
-static kiln_tensor *g2_eval(void *x) {
-  return kiln_softmax(x, -1);
-}
+static kiln_tensor *g2_eval(void *x) { return kiln_softmax(x, -1); }
 
 int main(int argc, char **argv) {
   bench_opts o;

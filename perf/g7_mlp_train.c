@@ -12,12 +12,8 @@
 #include "gpu_bench.h"
 #include "workloads.h"
 
-static kiln_tensor *step_by_hand(void *m) {
-  return wl_mlp_step(m);
-}
-static kiln_tensor *step_autodiff(void *m) {
-  return wl_mlp_step_autodiff(m);
-}
+static kiln_tensor *step_by_hand(void *m) { return wl_mlp_step(m); }
+static kiln_tensor *step_autodiff(void *m) { return wl_mlp_step_autodiff(m); }
 
 int main(int argc, char **argv) {
   bench_opts o;
@@ -39,7 +35,8 @@ int main(int argc, char **argv) {
   double blas = (kiln_stat("blas_calls") - blas0) / steps, launches = gb_launches(step, &m);
   double waits = gb_waits(step, &m);
   snprintf(extra, sizeof extra,
-           "batch=%lld\tsteps=%d\tlaunches_per_step=%.0f\twaits_per_step=%.0f\tgemm_per_step=%.1f\tnote=%s",
+           "batch=%lld\tsteps=%d\tlaunches_per_step=%.0f\twaits_per_step=%.0f\tgemm_per_step=%."
+           "1f\tnote=%s",
            (long long)m.batch, inner, launches, waits, blas,
            o.autodiff ? "gradients from kiln_backward (Kiln's autodiff)"
                       : "backward pass hand-written from Kiln ops");

@@ -52,9 +52,7 @@ static kiln_tensor *w1_eval(void *p) {
   kiln_tensor **xy = p;
   return wl_w1(xy[0], xy[1]);
 }
-static kiln_tensor *w7_eval(void *m) {
-  return wl_mlp_step(m);
-}
+static kiln_tensor *w7_eval(void *m) { return wl_mlp_step(m); }
 
 static double run_once(gb_eval f, void *ctx) {
   double t0 = bench_now();

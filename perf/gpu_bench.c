@@ -90,9 +90,7 @@ double gb_waits(gb_eval f, void *ctx) {
   return waits;
 }
 
-static kiln_tensor *clone_of(void *x) {
-  return kiln_clone(x);
-}
+static kiln_tensor *clone_of(void *x) { return kiln_clone(x); }
 
 double gb_copy_gbs(kiln_tensor *x, const bench_opts *o, int inner) {
   double *times = calloc((size_t)o->reps, sizeof *times);

@@ -71,7 +71,7 @@ static void gru_init(gru *m, bool smoke) {
   m->H = smoke ? 16 : 128;
   m->B = smoke ? 4 : 32;
   m->min_len = 5;
-  m->len_span = smoke ? 8 : 36; /* lengths 5..12 (smoke) or 5..40 */
+  m->len_span = smoke ? 8 : 36;               /* lengths 5..12 (smoke) or 5..40 */
   const char *fixed = getenv("KILN_W10_LEN"); /* one length every step: the fixed-length case */
   if (fixed && atoi(fixed) > 0) {
     m->min_len = atoi(fixed);

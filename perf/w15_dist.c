@@ -23,9 +23,9 @@
 #include "bench.h"
 
 typedef struct {
-  int nl;               /* layers */
+  int nl; /* layers */
   kiln_tensor *w[3], *b[3];
-  kiln_tensor *x, *y;   /* this rank's rows */
+  kiln_tensor *x, *y; /* this rank's rows */
 } model;
 
 static model make(const char *which, int rank, int size, bool smoke) {
@@ -76,11 +76,15 @@ int main(int argc, char **argv) {
   int reps = 20;
   bool smoke = false;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--model") && i + 1 < argc) which = argv[++i];
-    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--smoke")) smoke = true, reps = 2;
+    if (!strcmp(argv[i], "--model") && i + 1 < argc)
+      which = argv[++i];
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+      reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--smoke"))
+      smoke = true, reps = 2;
     else {
-      fprintf(stderr, "usage: mpirun -np N perf_w15_dist [--model w7|digits] [--reps R] [--smoke]\n");
+      fprintf(stderr,
+              "usage: mpirun -np N perf_w15_dist [--model w7|digits] [--reps R] [--smoke]\n");
       return 2;
     }
   }
@@ -97,7 +101,8 @@ int main(int argc, char **argv) {
   kiln_jit_wait();
   for (int r = 0; r < reps; r++)
     for (int mode = 0; mode < 2; mode++) {
-      double w0 = kiln_stat("all_reduce_wait_ms"), c0 = kiln_stat("all_reduce_ms"), n0 = kiln_stat("all_reduces");
+      double w0 = kiln_stat("all_reduce_wait_ms"), c0 = kiln_stat("all_reduce_ms"),
+             n0 = kiln_stat("all_reduces");
       double t0 = bench_now();
       step(&m, mode == 1);
       times[mode][r] = bench_now() - t0;
@@ -107,10 +112,11 @@ int main(int argc, char **argv) {
     }
   for (int mode = 0; mode < 2 && rank == 0; mode++) {
     double med = bench_median(times[mode], reps) * 1e3;
-    printf("@w15\tmodel=%s\tranks=%d\tmode=%s\tstep_ms=%.3f\twait_ms=%.3f\tcomm_ms=%.3f\t"
-           "wait_share=%.3f\tbuckets=%.0f\tthreads=%d\n",
-           which, size, modes[mode], med, wait[mode], comm[mode], wait[mode] / med, buckets[mode],
-           kiln_num_threads());
+    printf(
+        "@w15\tmodel=%s\tranks=%d\tmode=%s\tstep_ms=%.3f\twait_ms=%.3f\tcomm_ms=%.3f\t"
+        "wait_share=%.3f\tbuckets=%.0f\tthreads=%d\n",
+        which, size, modes[mode], med, wait[mode], comm[mode], wait[mode] / med, buckets[mode],
+        kiln_num_threads());
   }
   free(times[0]);
   free(times[1]);

@@ -30,8 +30,8 @@ static void report(const char *workload, const bench_opts *o, const kiln_stats *
   double kernels = kiln_stat("kernels_compiled");
   double per_kernel = s->compile_ms / 1e3 / (kernels > 0 ? kernels : (double)s->compiles);
   char extra[160];
-  snprintf(extra, sizeof extra, "plans=%llu\tkernels=%.0f\tms_per_plan=%.1f", (unsigned long long)s->compiles, kernels,
-           s->compile_ms / (double)s->compiles);
+  snprintf(extra, sizeof extra, "plans=%llu\tkernels=%.0f\tms_per_plan=%.1f",
+           (unsigned long long)s->compiles, kernels, s->compile_ms / (double)s->compiles);
   bench_result(workload, o->label, &per_kernel, 1, extra, "");
 }
 
@@ -60,13 +60,15 @@ int main(int argc, char **argv) {
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     if (len > 0) {
       self[len] = 0;
-      snprintf(cmd, sizeof cmd, "'%s' %s%s --warm", self, o.smoke ? "--smoke " : "",
-               "--reps 3");
+      snprintf(cmd, sizeof cmd, "'%s' %s%s --warm", self, o.smoke ? "--smoke " : "", "--reps 3");
       FILE *p = popen(cmd, "r");
       unsigned long long wc = 99, wh = 0;
       if (p && fscanf(p, "%llu %llu", &wc, &wh) == 2) {
         char note[160];
-        snprintf(note, sizeof note, "warm start (second process, same disk cache): compiled %llu plans, %llu disk hits", wc, wh);
+        snprintf(
+            note, sizeof note,
+            "warm start (second process, same disk cache): compiled %llu plans, %llu disk hits", wc,
+            wh);
         if (wc == 0) {
           double zero = 0;
           bench_result("W8:warm", o.label, &zero, 1, note, "");
@@ -83,7 +85,8 @@ int main(int argc, char **argv) {
   return 0;
 }
 
-static unsigned long long run_both(const bench_opts *op, bool print, unsigned long long *disk_hits) {
+static unsigned long long run_both(const bench_opts *op, bool print,
+                                   unsigned long long *disk_hits) {
   bench_opts o = *op;
   unsigned long long total = 0;
   int runs = o.reps < 3 ? 3 : o.reps;

@@ -17,72 +17,70 @@ static const char *ktest_current;
 
 #define TEST(name) static void name(void)
 
-#define RUN(name)                                                    \
-  do {                                                               \
-    int before_ = ktest_failed_checks;                               \
-    ktest_current = #name;                                           \
-    kiln_clear_error();                                              \
-    name();                                                          \
-    if (ktest_failed_checks == before_) {                            \
-      ktest_passed++;                                                \
-    } else {                                                         \
-      ktest_failed++;                                                \
-      fprintf(stderr, "FAIL %s\n", #name);                           \
-    }                                                                \
+#define RUN(name)                          \
+  do {                                     \
+    int before_ = ktest_failed_checks;     \
+    ktest_current = #name;                 \
+    kiln_clear_error();                    \
+    name();                                \
+    if (ktest_failed_checks == before_) {  \
+      ktest_passed++;                      \
+    } else {                               \
+      ktest_failed++;                      \
+      fprintf(stderr, "FAIL %s\n", #name); \
+    }                                      \
   } while (0)
 
-#define KTEST_FAIL(...)                                              \
-  do {                                                               \
-    ktest_failed_checks++;                                           \
+#define KTEST_FAIL(...)                                                \
+  do {                                                                 \
+    ktest_failed_checks++;                                             \
     fprintf(stderr, "%s:%d: %s: ", __FILE__, __LINE__, ktest_current); \
-    fprintf(stderr, __VA_ARGS__);                                    \
-    fprintf(stderr, "\n");                                           \
+    fprintf(stderr, __VA_ARGS__);                                      \
+    fprintf(stderr, "\n");                                             \
   } while (0)
 
-#define CHECK(cond)                                                  \
-  do {                                                               \
-    if (!(cond)) KTEST_FAIL("CHECK(%s) failed (last error: %s)", #cond, \
-                            kiln_last_error());                      \
+#define CHECK(cond)                                                                         \
+  do {                                                                                      \
+    if (!(cond)) KTEST_FAIL("CHECK(%s) failed (last error: %s)", #cond, kiln_last_error()); \
   } while (0)
 
-#define CHECK_EQ_INT(a, b)                                           \
-  do {                                                               \
-    long long a_ = (long long)(a), b_ = (long long)(b);              \
+#define CHECK_EQ_INT(a, b)                                                       \
+  do {                                                                           \
+    long long a_ = (long long)(a), b_ = (long long)(b);                          \
     if (a_ != b_) KTEST_FAIL("%s == %lld, expected %s == %lld", #a, a_, #b, b_); \
   } while (0)
 
 /* |a-b| <= tol * max(1, |b|); NaN equals NaN; infinities must match */
-#define CHECK_CLOSE(a, b, tol)                                       \
-  do {                                                               \
-    double a_ = (double)(a), b_ = (double)(b);                       \
-    int ok_ = (isnan(a_) && isnan(b_)) || a_ == b_ ||                \
-              (isfinite(a_) && isfinite(b_) &&                       \
-               fabs(a_ - b_) <= (tol) * fmax(1.0, fabs(b_)));        \
+#define CHECK_CLOSE(a, b, tol)                                                              \
+  do {                                                                                      \
+    double a_ = (double)(a), b_ = (double)(b);                                              \
+    int ok_ = (isnan(a_) && isnan(b_)) || a_ == b_ ||                                       \
+              (isfinite(a_) && isfinite(b_) && fabs(a_ - b_) <= (tol)*fmax(1.0, fabs(b_))); \
     if (!ok_) KTEST_FAIL("%s = %.17g, expected %.17g (tol %g)", #a, a_, b_, (double)(tol)); \
   } while (0)
 
-#define CHECK_STR_CONTAINS(hay, needle)                              \
-  do {                                                               \
-    const char *h_ = (hay);                                          \
-    if (!h_ || !strstr(h_, (needle)))                                \
+#define CHECK_STR_CONTAINS(hay, needle)                                           \
+  do {                                                                            \
+    const char *h_ = (hay);                                                       \
+    if (!h_ || !strstr(h_, (needle)))                                             \
       KTEST_FAIL("\"%s\" does not contain \"%s\"", h_ ? h_ : "(null)", (needle)); \
   } while (0)
 
 /* the op returned NULL with this status and a message containing `needle` */
-#define CHECK_ERROR(expr, status, needle)                            \
-  do {                                                               \
-    kiln_clear_error();                                              \
-    kiln_tensor *r_ = (expr);                                        \
-    if (r_) {                                                        \
-      KTEST_FAIL("%s succeeded, expected an error", #expr);          \
-      kiln_release(r_);                                              \
-    } else {                                                         \
-      if (kiln_last_status() != (status))                            \
-        KTEST_FAIL("%s: status %d, expected %d (%s)", #expr,         \
-                   (int)kiln_last_status(), (int)(status), kiln_last_error()); \
-      CHECK_STR_CONTAINS(kiln_last_error(), needle);                 \
-    }                                                                \
-    kiln_clear_error();                                              \
+#define CHECK_ERROR(expr, status, needle)                                             \
+  do {                                                                                \
+    kiln_clear_error();                                                               \
+    kiln_tensor *r_ = (expr);                                                         \
+    if (r_) {                                                                         \
+      KTEST_FAIL("%s succeeded, expected an error", #expr);                           \
+      kiln_release(r_);                                                               \
+    } else {                                                                          \
+      if (kiln_last_status() != (status))                                             \
+        KTEST_FAIL("%s: status %d, expected %d (%s)", #expr, (int)kiln_last_status(), \
+                   (int)(status), kiln_last_error());                                 \
+      CHECK_STR_CONTAINS(kiln_last_error(), needle);                                  \
+    }                                                                                 \
+    kiln_clear_error();                                                               \
   } while (0)
 
 /* whether this build has the CPU JIT (KILN_CPU_JIT=OFF builds run every
@@ -107,9 +105,15 @@ static inline double *ktest_values(kiln_tensor *t) {
   int64_t n = kiln_numel(t);
   size_t esz = 8;
   switch (kiln_dtype_of(t)) {
-    case KILN_BOOL: esz = 1; break;
-    case KILN_I32: case KILN_F32: esz = 4; break;
-    default: esz = 8;
+    case KILN_BOOL:
+      esz = 1;
+      break;
+    case KILN_I32:
+    case KILN_F32:
+      esz = 4;
+      break;
+    default:
+      esz = 8;
   }
   void *raw = malloc((size_t)(n ? n : 1) * esz);
   double *out = malloc((size_t)(n ? n : 1) * sizeof(double));
@@ -119,11 +123,21 @@ static inline double *ktest_values(kiln_tensor *t) {
   } else {
     for (int64_t i = 0; i < n; i++) {
       switch (kiln_dtype_of(t)) {
-        case KILN_BOOL: out[i] = ((unsigned char *)raw)[i]; break;
-        case KILN_I32: out[i] = ((int32_t *)raw)[i]; break;
-        case KILN_I64: out[i] = (double)((int64_t *)raw)[i]; break;
-        case KILN_F32: out[i] = ((float *)raw)[i]; break;
-        case KILN_F64: out[i] = ((double *)raw)[i]; break;
+        case KILN_BOOL:
+          out[i] = ((unsigned char *)raw)[i];
+          break;
+        case KILN_I32:
+          out[i] = ((int32_t *)raw)[i];
+          break;
+        case KILN_I64:
+          out[i] = (double)((int64_t *)raw)[i];
+          break;
+        case KILN_F32:
+          out[i] = ((float *)raw)[i];
+          break;
+        case KILN_F64:
+          out[i] = ((double *)raw)[i];
+          break;
       }
     }
   }
@@ -132,23 +146,32 @@ static inline double *ktest_values(kiln_tensor *t) {
 }
 
 /* checks t's shape and all values against `expect` (n values) within tol */
-#define CHECK_TENSOR(t, ndim_, shape_, expect, tol)                  \
-  do {                                                               \
-    kiln_tensor *t_ = (t);                                           \
-    if (!t_) { KTEST_FAIL("%s is NULL: %s", #t, kiln_last_error()); break; } \
-    const int64_t *es_ = (shape_);                                   \
-    int sh_ok_ = kiln_ndim(t_) == (ndim_);                           \
-    for (int d_ = 0; sh_ok_ && d_ < (ndim_); d_++) sh_ok_ = kiln_shape(t_)[d_] == es_[d_]; \
-    if (!sh_ok_) { KTEST_FAIL("%s has the wrong shape", #t); break; } \
-    double *v_ = ktest_values(t_);                                   \
-    const double *e_ = (expect);                                     \
-    for (int64_t i_ = 0; i_ < kiln_numel(t_); i_++) {                \
-      double a_ = v_[i_], b_ = e_[i_];                               \
-      int ok_ = (isnan(a_) && isnan(b_)) || a_ == b_ ||              \
-                (isfinite(a_) && isfinite(b_) && fabs(a_ - b_) <= (tol) * fmax(1.0, fabs(b_))); \
-      if (!ok_) { KTEST_FAIL("%s[%lld] = %.17g, expected %.17g", #t, (long long)i_, a_, b_); break; } \
-    }                                                                \
-    free(v_);                                                        \
+#define CHECK_TENSOR(t, ndim_, shape_, expect, tol)                                           \
+  do {                                                                                        \
+    kiln_tensor *t_ = (t);                                                                    \
+    if (!t_) {                                                                                \
+      KTEST_FAIL("%s is NULL: %s", #t, kiln_last_error());                                    \
+      break;                                                                                  \
+    }                                                                                         \
+    const int64_t *es_ = (shape_);                                                            \
+    int sh_ok_ = kiln_ndim(t_) == (ndim_);                                                    \
+    for (int d_ = 0; sh_ok_ && d_ < (ndim_); d_++) sh_ok_ = kiln_shape(t_)[d_] == es_[d_];    \
+    if (!sh_ok_) {                                                                            \
+      KTEST_FAIL("%s has the wrong shape", #t);                                               \
+      break;                                                                                  \
+    }                                                                                         \
+    double *v_ = ktest_values(t_);                                                            \
+    const double *e_ = (expect);                                                              \
+    for (int64_t i_ = 0; i_ < kiln_numel(t_); i_++) {                                         \
+      double a_ = v_[i_], b_ = e_[i_];                                                        \
+      int ok_ = (isnan(a_) && isnan(b_)) || a_ == b_ ||                                       \
+                (isfinite(a_) && isfinite(b_) && fabs(a_ - b_) <= (tol)*fmax(1.0, fabs(b_))); \
+      if (!ok_) {                                                                             \
+        KTEST_FAIL("%s[%lld] = %.17g, expected %.17g", #t, (long long)i_, a_, b_);            \
+        break;                                                                                \
+      }                                                                                       \
+    }                                                                                         \
+    free(v_);                                                                                 \
   } while (0)
 
 #endif /* KTEST_H */

@@ -57,10 +57,22 @@ static uint64_t next64(void) {
 static int rn(int n) { return n <= 1 ? 0 : (int)(next64() % (uint64_t)n); }
 static bool coin(int pct) { return rn(100) < pct; }
 
-static const int64_t HOSTILE_SIZES[] = {
-    INT64_MAX, INT64_MIN, INT64_MAX - 1, INT64_MIN + 1, (int64_t)1 << 62, -((int64_t)1 << 62),
-    (int64_t)1 << 60, ((int64_t)1 << 60) - 1, (int64_t)1 << 32, (int64_t)1 << 31,
-    ((int64_t)1 << 31) + 1, (int64_t)1 << 40, -1, -2, 0, 1};
+static const int64_t HOSTILE_SIZES[] = {INT64_MAX,
+                                        INT64_MIN,
+                                        INT64_MAX - 1,
+                                        INT64_MIN + 1,
+                                        (int64_t)1 << 62,
+                                        -((int64_t)1 << 62),
+                                        (int64_t)1 << 60,
+                                        ((int64_t)1 << 60) - 1,
+                                        (int64_t)1 << 32,
+                                        (int64_t)1 << 31,
+                                        ((int64_t)1 << 31) + 1,
+                                        (int64_t)1 << 40,
+                                        -1,
+                                        -2,
+                                        0,
+                                        1};
 #define COUNT(a) (int)(sizeof(a) / sizeof((a)[0]))
 
 /* a size: mostly small, sometimes hostile */
@@ -87,20 +99,21 @@ static kiln_dtype gen_dtype(void) {
 }
 
 static double gen_double(void) {
-  static const double special[] = {0, 1, -1, 0.5, 2, 1e-5, NAN, INFINITY, -INFINITY, 1e308,
-                                   -1e308, 5e-324, 9.3e18, -9.3e18, 2147483648.0};
+  static const double special[] = {0,      1,      -1,       0.5,       2,
+                                   1e-5,   NAN,    INFINITY, -INFINITY, 1e308,
+                                   -1e308, 5e-324, 9.3e18,   -9.3e18,   2147483648.0};
   if (coin(70)) return (double)rn(9) - 4 + (coin(50) ? 0.25 : 0);
   return special[rn(COUNT(special))];
 }
 
 static int64_t gen_slice_bound(void) {
-  static const int64_t special[] = {INT64_MIN, INT64_MIN + 1, INT64_MAX, INT64_MAX - 1,
-                                    (int64_t)1 << 62, -((int64_t)1 << 62)};
+  static const int64_t special[] = {INT64_MIN,     INT64_MIN + 1,    INT64_MAX,
+                                    INT64_MAX - 1, (int64_t)1 << 62, -((int64_t)1 << 62)};
   return coin(70) ? rn(13) - 6 : special[rn(COUNT(special))];
 }
 
 static int64_t gen_step(void) {
-  static const int64_t special[] = {INT64_MIN, INT64_MIN + 1, INT64_MAX, INT64_MAX - 1,
+  static const int64_t special[] = {INT64_MIN,        INT64_MIN + 1,       INT64_MAX, INT64_MAX - 1,
                                     (int64_t)1 << 62, -((int64_t)1 << 62), 0};
   return coin(70) ? (coin(50) ? 1 : -1) * (1 + rn(4)) : special[rn(COUNT(special))];
 }
@@ -140,13 +153,13 @@ static kiln_tensor *arg(void) {
    elements (legitimately, but for seconds), so they get small tensors */
 static kiln_tensor *arg_small(void) { return coin(4) ? NULL : pool[rn(NSLOTS)]; }
 
-#define FUZZ_FAIL(...)                                                                  \
-  do {                                                                                  \
-    ktest_failed_checks++;                                                              \
-    fprintf(stderr, "%s:%d: seed %llu call %lld (%s): ", __FILE__, __LINE__,            \
-            (unsigned long long)seed, (long long)call_no, call_name);                   \
-    fprintf(stderr, __VA_ARGS__);                                                       \
-    fprintf(stderr, "\n");                                                              \
+#define FUZZ_FAIL(...)                                                       \
+  do {                                                                       \
+    ktest_failed_checks++;                                                   \
+    fprintf(stderr, "%s:%d: seed %llu call %lld (%s): ", __FILE__, __LINE__, \
+            (unsigned long long)seed, (long long)call_no, call_name);        \
+    fprintf(stderr, __VA_ARGS__);                                            \
+    fprintf(stderr, "\n");                                                   \
   } while (0)
 
 /* a failing call: negative status, a message naming a kiln_ op */
@@ -186,8 +199,10 @@ static void take(kiln_tensor *t, bool is_view) {
   }
   check_tensor(t);
   if (kiln_numel(t) > BIG_NUMEL) {
-    if (is_view) put(big, NBIG, t);
-    else kiln_release(t);
+    if (is_view)
+      put(big, NBIG, t);
+    else
+      kiln_release(t);
   } else if (tainted) {
     kiln_release(t);
   } else {
@@ -213,25 +228,36 @@ typedef kiln_tensor *(*unary_fn)(kiln_tensor *);
 typedef kiln_tensor *(*binary_fn)(kiln_tensor *, kiln_tensor *);
 typedef kiln_tensor *(*scalar_fn)(kiln_tensor *, double);
 typedef kiln_tensor *(*reduce_fn)(kiln_tensor *, int, const int *, bool);
-#define NAMED(f) {#f, f}
-static const struct { const char *name; unary_fn fn; } UNARY[] = {
-    NAMED(kiln_neg),  NAMED(kiln_abs),     NAMED(kiln_exp),   NAMED(kiln_log),
-    NAMED(kiln_sqrt), NAMED(kiln_rsqrt),   NAMED(kiln_sin),   NAMED(kiln_cos),
-    NAMED(kiln_tanh), NAMED(kiln_sigmoid), NAMED(kiln_relu),  NAMED(kiln_gelu),
-    NAMED(kiln_erf),  NAMED(kiln_log1p),   NAMED(kiln_expm1), NAMED(kiln_floor),
-    NAMED(kiln_ceil), NAMED(kiln_round),   NAMED(kiln_sign),  NAMED(kiln_logical_not),
-    NAMED(kiln_detach)};
-static const struct { const char *name; binary_fn fn; } BINARY[] = {
-    NAMED(kiln_add),   NAMED(kiln_sub),         NAMED(kiln_mul),        NAMED(kiln_div),
-    NAMED(kiln_pow),   NAMED(kiln_maximum),     NAMED(kiln_minimum),    NAMED(kiln_eq),
-    NAMED(kiln_ne),    NAMED(kiln_lt),          NAMED(kiln_le),         NAMED(kiln_gt),
-    NAMED(kiln_ge),    NAMED(kiln_logical_and), NAMED(kiln_logical_or), NAMED(kiln_matmul),
-    NAMED(kiln_mse_loss), NAMED(kiln_cross_entropy)};
-static const struct { const char *name; scalar_fn fn; } SCALAR[] = {
-    NAMED(kiln_add_scalar), NAMED(kiln_sub_scalar), NAMED(kiln_mul_scalar),
-    NAMED(kiln_div_scalar), NAMED(kiln_pow_scalar)};
-static const struct { const char *name; reduce_fn fn; } REDUCE[] = {
-    NAMED(kiln_sum), NAMED(kiln_mean), NAMED(kiln_max), NAMED(kiln_min), NAMED(kiln_prod)};
+#define NAMED(f) \
+  { #f, f }
+static const struct {
+  const char *name;
+  unary_fn fn;
+} UNARY[] = {NAMED(kiln_neg),   NAMED(kiln_abs),     NAMED(kiln_exp),   NAMED(kiln_log),
+             NAMED(kiln_sqrt),  NAMED(kiln_rsqrt),   NAMED(kiln_sin),   NAMED(kiln_cos),
+             NAMED(kiln_tanh),  NAMED(kiln_sigmoid), NAMED(kiln_relu),  NAMED(kiln_gelu),
+             NAMED(kiln_erf),   NAMED(kiln_log1p),   NAMED(kiln_expm1), NAMED(kiln_floor),
+             NAMED(kiln_ceil),  NAMED(kiln_round),   NAMED(kiln_sign),  NAMED(kiln_logical_not),
+             NAMED(kiln_detach)};
+static const struct {
+  const char *name;
+  binary_fn fn;
+} BINARY[] = {NAMED(kiln_add),     NAMED(kiln_sub),         NAMED(kiln_mul),
+              NAMED(kiln_div),     NAMED(kiln_pow),         NAMED(kiln_maximum),
+              NAMED(kiln_minimum), NAMED(kiln_eq),          NAMED(kiln_ne),
+              NAMED(kiln_lt),      NAMED(kiln_le),          NAMED(kiln_gt),
+              NAMED(kiln_ge),      NAMED(kiln_logical_and), NAMED(kiln_logical_or),
+              NAMED(kiln_matmul),  NAMED(kiln_mse_loss),    NAMED(kiln_cross_entropy)};
+static const struct {
+  const char *name;
+  scalar_fn fn;
+} SCALAR[] = {NAMED(kiln_add_scalar), NAMED(kiln_sub_scalar), NAMED(kiln_mul_scalar),
+              NAMED(kiln_div_scalar), NAMED(kiln_pow_scalar)};
+static const struct {
+  const char *name;
+  reduce_fn fn;
+} REDUCE[] = {NAMED(kiln_sum), NAMED(kiln_mean), NAMED(kiln_max), NAMED(kiln_min),
+              NAMED(kiln_prod)};
 
 static void call_unary(void) {
   int i = rn(COUNT(UNARY));
@@ -313,16 +339,35 @@ static void call_create(void) {
       take(kiln_from_data(src, dt, nd, coin(3) ? NULL : shape), false);
       return;
     }
-    case 1: call_name = "kiln_zeros"; take(kiln_zeros(dt, nd, shape), false); return;
-    case 2: call_name = "kiln_ones"; take(kiln_ones(dt, nd, shape), false); return;
-    case 3: call_name = "kiln_full"; take(kiln_full(gen_double(), dt, nd, shape), false); return;
-    case 4: call_name = "kiln_scalar"; take(kiln_scalar(gen_double(), dt), false); return;
+    case 1:
+      call_name = "kiln_zeros";
+      take(kiln_zeros(dt, nd, shape), false);
+      return;
+    case 2:
+      call_name = "kiln_ones";
+      take(kiln_ones(dt, nd, shape), false);
+      return;
+    case 3:
+      call_name = "kiln_full";
+      take(kiln_full(gen_double(), dt, nd, shape), false);
+      return;
+    case 4:
+      call_name = "kiln_scalar";
+      take(kiln_scalar(gen_double(), dt), false);
+      return;
     case 5:
       call_name = "kiln_arange";
-      take(kiln_arange(gen_double(), gen_double() * (coin(90) ? 1 : 1e30), gen_double(), dt), false);
+      take(kiln_arange(gen_double(), gen_double() * (coin(90) ? 1 : 1e30), gen_double(), dt),
+           false);
       return;
-    case 6: call_name = "kiln_rand"; take(kiln_rand(dt, nd, shape), false); return;
-    default: call_name = "kiln_randn"; take(kiln_randn(dt, nd, coin(3) ? NULL : shape), false); return;
+    case 6:
+      call_name = "kiln_rand";
+      take(kiln_rand(dt, nd, shape), false);
+      return;
+    default:
+      call_name = "kiln_randn";
+      take(kiln_randn(dt, nd, coin(3) ? NULL : shape), false);
+      return;
   }
 }
 
@@ -330,8 +375,14 @@ static void call_create(void) {
    clamped first index */
 static int64_t python_len(int64_t len, int64_t *start, int64_t stop, int64_t step) {
   __int128 lo = step > 0 ? 0 : -1, hi = step > 0 ? len : len - 1, b = *start, e = stop;
-  if (b < 0) b = b + len < lo ? lo : b + len; else if (b > hi) b = hi;
-  if (e < 0) e = e + len < lo ? lo : e + len; else if (e > hi) e = hi;
+  if (b < 0)
+    b = b + len < lo ? lo : b + len;
+  else if (b > hi)
+    b = hi;
+  if (e < 0)
+    e = e + len < lo ? lo : e + len;
+  else if (e > hi)
+    e = hi;
   *start = (int64_t)b;
   if (step > 0) return e > b ? (int64_t)((e - b - 1) / step + 1) : 0;
   return b > e ? (int64_t)((b - e - 1) / -(__int128)step + 1) : 0;
@@ -347,18 +398,29 @@ static bool read_doubles(kiln_tensor *t, double *out) {
   if (kiln_to_buffer(t, raw, (size_t)n * es) != 0) return false;
   for (int64_t i = 0; i < n; i++) {
     switch (dt) {
-      case KILN_BOOL: out[i] = raw[i]; break;
-      case KILN_I32: out[i] = ((int32_t *)raw)[i]; break;
-      case KILN_I64: out[i] = (double)((int64_t *)raw)[i]; break;
-      case KILN_F32: out[i] = ((float *)raw)[i]; break;
-      case KILN_F64: out[i] = ((double *)raw)[i]; break;
+      case KILN_BOOL:
+        out[i] = raw[i];
+        break;
+      case KILN_I32:
+        out[i] = ((int32_t *)raw)[i];
+        break;
+      case KILN_I64:
+        out[i] = (double)((int64_t *)raw)[i];
+        break;
+      case KILN_F32:
+        out[i] = ((float *)raw)[i];
+        break;
+      case KILN_F64:
+        out[i] = ((double *)raw)[i];
+        break;
     }
   }
   return true;
 }
 
 /* the slice's values are a's at start + i * step along axis (clamped start) */
-static void check_slice_values(kiln_tensor *a, kiln_tensor *s, int ax, int64_t first, int64_t step) {
+static void check_slice_values(kiln_tensor *a, kiln_tensor *s, int ax, int64_t first,
+                               int64_t step) {
   static double av[BIG_NUMEL], sv[BIG_NUMEL];
   if (!read_doubles(a, av) || !read_doubles(s, sv)) {
     kiln_clear_error();
@@ -393,8 +455,8 @@ static void call_slice(void) {
     int64_t first = start, want = python_len(kiln_shape(a)[ax], &first, stop, step);
     if (kiln_shape(s)[ax] != want)
       FUZZ_FAIL("slice(%lld, %lld, %lld) of extent %lld has %lld elements, expected %lld",
-                (long long)start, (long long)stop, (long long)step,
-                (long long)kiln_shape(a)[ax], (long long)kiln_shape(s)[ax], (long long)want);
+                (long long)start, (long long)stop, (long long)step, (long long)kiln_shape(a)[ax],
+                (long long)kiln_shape(s)[ax], (long long)want);
     else if (!tainted && coin(30))
       check_slice_values(a, s, ax, first, step);
   }
@@ -434,8 +496,14 @@ static void call_view(void) {
       call_name = "kiln_transpose";
       take(kiln_transpose(a, gen_axis(nd), gen_axis(nd)), true);
       return;
-    case 4: call_name = "kiln_squeeze"; take(kiln_squeeze(a, gen_axis(nd)), false); return;
-    default: call_name = "kiln_unsqueeze"; take(kiln_unsqueeze(a, gen_axis(nd + 1)), false); return;
+    case 4:
+      call_name = "kiln_squeeze";
+      take(kiln_squeeze(a, gen_axis(nd)), false);
+      return;
+    default:
+      call_name = "kiln_unsqueeze";
+      take(kiln_unsqueeze(a, gen_axis(nd + 1)), false);
+      return;
   }
 }
 
@@ -455,9 +523,18 @@ static void call_index(void) {
   kiln_tensor *a = arg(), *idx = arg();
   int axis = gen_axis(a ? kiln_ndim(a) : 1);
   switch (rn(3)) {
-    case 0: call_name = "kiln_index_select"; take(kiln_index_select(a, axis, idx), false); return;
-    case 1: call_name = "kiln_gather"; take(kiln_gather(a, axis, idx), false); return;
-    default: call_name = "kiln_scatter_add"; take(kiln_scatter_add(a, axis, idx, arg()), false); return;
+    case 0:
+      call_name = "kiln_index_select";
+      take(kiln_index_select(a, axis, idx), false);
+      return;
+    case 1:
+      call_name = "kiln_gather";
+      take(kiln_gather(a, axis, idx), false);
+      return;
+    default:
+      call_name = "kiln_scatter_add";
+      take(kiln_scatter_add(a, axis, idx, arg()), false);
+      return;
   }
 }
 
@@ -466,17 +543,36 @@ static void call_misc_op(void) {
   kiln_tensor *a = which < 4 ? arg_small() : arg();
   int nd = a ? kiln_ndim(a) : 1;
   switch (which) {
-    case 0: call_name = "kiln_softmax"; take(kiln_softmax(a, gen_axis(nd)), false); return;
-    case 1: call_name = "kiln_log_softmax"; take(kiln_log_softmax(a, gen_axis(nd)), false); return;
-    case 2: call_name = "kiln_logsumexp"; take(kiln_logsumexp(a, gen_axis(nd), coin(50)), false); return;
+    case 0:
+      call_name = "kiln_softmax";
+      take(kiln_softmax(a, gen_axis(nd)), false);
+      return;
+    case 1:
+      call_name = "kiln_log_softmax";
+      take(kiln_log_softmax(a, gen_axis(nd)), false);
+      return;
+    case 2:
+      call_name = "kiln_logsumexp";
+      take(kiln_logsumexp(a, gen_axis(nd), coin(50)), false);
+      return;
     case 3:
       call_name = "kiln_layer_norm";
       take(kiln_layer_norm(a, coin(50) ? NULL : arg_small(), coin(50) ? NULL : arg_small(),
-                           gen_double()), false);
+                           gen_double()),
+           false);
       return;
-    case 4: call_name = "kiln_where"; take(kiln_where(a, arg(), arg()), false); return;
-    case 5: call_name = "kiln_clamp"; take(kiln_clamp(a, gen_double(), gen_double()), false); return;
-    default: call_name = "kiln_cast"; take(kiln_cast(a, gen_dtype()), false); return;
+    case 4:
+      call_name = "kiln_where";
+      take(kiln_where(a, arg(), arg()), false);
+      return;
+    case 5:
+      call_name = "kiln_clamp";
+      take(kiln_clamp(a, gen_double(), gen_double()), false);
+      return;
+    default:
+      call_name = "kiln_cast";
+      take(kiln_cast(a, gen_dtype()), false);
+      return;
   }
 }
 
@@ -489,7 +585,11 @@ static void call_read(void) {
   switch (rn(4)) {
     case 0: {
       call_name = "kiln_to_buffer";
-      size_t need = a ? (size_t)numel * (kiln_dtype_of(a) == KILN_BOOL ? 1 : kiln_dtype_of(a) == KILN_I32 || kiln_dtype_of(a) == KILN_F32 ? 4 : 8) : 0;
+      size_t need =
+          a ? (size_t)numel * (kiln_dtype_of(a) == KILN_BOOL                                  ? 1
+                               : kiln_dtype_of(a) == KILN_I32 || kiln_dtype_of(a) == KILN_F32 ? 4
+                                                                                              : 8)
+            : 0;
       size_t have = is_big || coin(30) ? (size_t)rn(17) : need;
       if (have > sizeof buf) have = sizeof buf;
       void *dst = coin(5) ? NULL : buf;
@@ -504,7 +604,8 @@ static void call_read(void) {
     case 1: {
       call_name = "kiln_item";
       double v = kiln_item(a);
-      if (a && numel != 1 && !isnan(v)) FUZZ_FAIL("item of %lld elements gave %g", (long long)numel, v);
+      if (a && numel != 1 && !isnan(v))
+        FUZZ_FAIL("item of %lld elements gave %g", (long long)numel, v);
       if (kiln_last_status() != KILN_OK || !a || numel != 1) {
         if (!isnan(v)) FUZZ_FAIL("item failed but returned %g", v);
         check_failure();
@@ -547,16 +648,27 @@ static void call_in_place(void) {
 static void call_autodiff(void) {
   kiln_tensor *a = pool[rn(NSLOTS)];
   switch (rn(6)) {
-    case 0: call_name = "kiln_set_requires_grad"; status_result(kiln_set_requires_grad(a, coin(80))); return;
-    case 1: call_name = "kiln_backward"; status_result(kiln_backward(a, coin(70) ? NULL : arg())); return;
+    case 0:
+      call_name = "kiln_set_requires_grad";
+      status_result(kiln_set_requires_grad(a, coin(80)));
+      return;
+    case 1:
+      call_name = "kiln_backward";
+      status_result(kiln_backward(a, coin(70) ? NULL : arg()));
+      return;
     case 2: {
       call_name = "kiln_grad";
       kiln_tensor *g = kiln_grad(a);
-      if (g) take(g, false);
-      else if (!a) check_failure();
+      if (g)
+        take(g, false);
+      else if (!a)
+        check_failure();
       return;
     }
-    case 3: call_name = "kiln_zero_grad"; status_result(kiln_zero_grad(a)); return;
+    case 3:
+      call_name = "kiln_zero_grad";
+      status_result(kiln_zero_grad(a));
+      return;
     case 4: {
       call_name = "kiln_grad_of";
       kiln_tensor *outs[2] = {a, arg()}, *ins[3] = {arg(), arg(), arg()}, *grads[3] = {0};
@@ -569,8 +681,10 @@ static void call_autodiff(void) {
     }
     default:
       call_name = "kiln_no_grad";
-      if (coin(50)) kiln_no_grad_push();
-      else kiln_no_grad_pop();
+      if (coin(50))
+        kiln_no_grad_push();
+      else
+        kiln_no_grad_pop();
       return;
   }
 }
@@ -578,9 +692,22 @@ static void call_autodiff(void) {
 static void call_runtime(void) {
   kiln_tensor *a = arg();
   switch (rn(8)) {
-    case 0: call_name = "kiln_retain"; if (a && !tainted) put(pool, NSLOTS, kiln_retain(a)); return;
-    case 1: call_name = "kiln_release"; { int i = rn(NSLOTS); kiln_release(pool[i]); pool[i] = NULL; } return;
-    case 2: call_name = "kiln_to_device"; take(kiln_to_device(a, (kiln_device)rn(3)), false); return;
+    case 0:
+      call_name = "kiln_retain";
+      if (a && !tainted) put(pool, NSLOTS, kiln_retain(a));
+      return;
+    case 1:
+      call_name = "kiln_release";
+      {
+        int i = rn(NSLOTS);
+        kiln_release(pool[i]);
+        pool[i] = NULL;
+      }
+      return;
+    case 2:
+      call_name = "kiln_to_device";
+      take(kiln_to_device(a, (kiln_device)rn(3)), false);
+      return;
     case 3: {
       call_name = "kiln_stat";
       static const char *names[] = {"flushes", "kernels_compiled", "nope", NULL};
@@ -594,7 +721,8 @@ static void call_runtime(void) {
       if (a) check_tensor(a);
       (void)kiln_device_of(a);
       (void)kiln_requires_grad(a);
-      if (!a && (kiln_ndim(a) >= 0 || kiln_shape(a) || kiln_numel(a) >= 0)) FUZZ_FAIL("inspected NULL");
+      if (!a && (kiln_ndim(a) >= 0 || kiln_shape(a) || kiln_numel(a) >= 0))
+        FUZZ_FAIL("inspected NULL");
       return;
     }
     case 5: {
@@ -605,7 +733,10 @@ static void call_runtime(void) {
       (void)kiln_version();
       return;
     }
-    case 6: call_name = "kiln_manual_seed"; kiln_manual_seed(next64()); return;
+    case 6:
+      call_name = "kiln_manual_seed";
+      kiln_manual_seed(next64());
+      return;
     default:
       call_name = "kiln_jit_wait";
       if (coin(10)) kiln_jit_wait();
@@ -614,11 +745,13 @@ static void call_runtime(void) {
 }
 
 typedef void (*call_fn)(void);
-static const struct { call_fn fn; int weight; } CALLS[] = {
-    {call_unary, 10}, {call_binary, 14}, {call_scalar, 5}, {call_reduce, 8},
-    {call_arg_reduce, 3}, {call_create, 12}, {call_slice, 10}, {call_view, 12},
-    {call_join, 5}, {call_index, 4}, {call_misc_op, 8}, {call_read, 8},
-    {call_in_place, 3}, {call_autodiff, 4}, {call_runtime, 4}};
+static const struct {
+  call_fn fn;
+  int weight;
+} CALLS[] = {{call_unary, 10},     {call_binary, 14},  {call_scalar, 5},  {call_reduce, 8},
+             {call_arg_reduce, 3}, {call_create, 12},  {call_slice, 10},  {call_view, 12},
+             {call_join, 5},       {call_index, 4},    {call_misc_op, 8}, {call_read, 8},
+             {call_in_place, 3},   {call_autodiff, 4}, {call_runtime, 4}};
 
 static void one_call(void) {
   int total = 0;

@@ -101,8 +101,7 @@ static kiln_tensor *tbool(int nd, const int64_t *s, const unsigned char *v) {
   return t;
 }
 /* an f64 tensor of fixed pseudo-random values in [lo, hi] */
-static kiln_tensor *fixed_tensor(int nd, const int64_t *s, uint64_t seed, double lo,
-                                 double hi) {
+static kiln_tensor *fixed_tensor(int nd, const int64_t *s, uint64_t seed, double lo, double hi) {
   int64_t n = numel_of(nd, s);
   double *v = malloc((size_t)(n ? n : 1) * sizeof(double));
   fixed_values(v, n, seed, lo, hi);
@@ -125,35 +124,40 @@ static bool same_shape(const kiln_tensor *a, const kiln_tensor *b) {
 static kiln_tensor *sum_all(kiln_tensor *a) { return kiln_sum(a, 0, NULL, false); }
 
 /* t's values against expect (n values): |a-e| <= rtol*|e| + atol */
-#define CHECK_VALUES(t, n, expect, rtol, atol)                                       \
-  do {                                                                               \
-    kiln_tensor *cv_ = (t);                                                          \
-    if (!cv_) { KTEST_FAIL("%s is NULL: %s", #t, kiln_last_error()); break; }        \
-    if (kiln_numel(cv_) != (n)) {                                                    \
-      KTEST_FAIL("%s has %lld elements, expected %lld", #t, (long long)kiln_numel(cv_), \
-                 (long long)(n));                                                    \
-      break;                                                                         \
-    }                                                                                \
-    double *vv_ = ktest_values(cv_);                                                 \
-    const double *ee_ = (expect);                                                    \
-    for (int64_t i_ = 0; i_ < (n); i_++)                                             \
-      if (!(fabs(vv_[i_] - ee_[i_]) <= (rtol) * fabs(ee_[i_]) + (atol))) {           \
-        KTEST_FAIL("%s[%lld] = %.17g, expected %.17g", #t, (long long)i_, vv_[i_],   \
-                   ee_[i_]);                                                         \
-        break;                                                                       \
-      }                                                                              \
-    free(vv_);                                                                       \
+#define CHECK_VALUES(t, n, expect, rtol, atol)                                               \
+  do {                                                                                       \
+    kiln_tensor *cv_ = (t);                                                                  \
+    if (!cv_) {                                                                              \
+      KTEST_FAIL("%s is NULL: %s", #t, kiln_last_error());                                   \
+      break;                                                                                 \
+    }                                                                                        \
+    if (kiln_numel(cv_) != (n)) {                                                            \
+      KTEST_FAIL("%s has %lld elements, expected %lld", #t, (long long)kiln_numel(cv_),      \
+                 (long long)(n));                                                            \
+      break;                                                                                 \
+    }                                                                                        \
+    double *vv_ = ktest_values(cv_);                                                         \
+    const double *ee_ = (expect);                                                            \
+    for (int64_t i_ = 0; i_ < (n); i_++)                                                     \
+      if (!(fabs(vv_[i_] - ee_[i_]) <= (rtol)*fabs(ee_[i_]) + (atol))) {                     \
+        KTEST_FAIL("%s[%lld] = %.17g, expected %.17g", #t, (long long)i_, vv_[i_], ee_[i_]); \
+        break;                                                                               \
+      }                                                                                      \
+    free(vv_);                                                                               \
   } while (0)
 
 /* the leaf's accumulated gradient against expect; releases the reference */
-#define CHECK_GRAD(x, n, expect, tol)                                                \
-  do {                                                                               \
-    kiln_tensor *cg_ = kiln_grad(x);                                                 \
-    if (!cg_) { KTEST_FAIL("kiln_grad(%s) is NULL: %s", #x, kiln_last_error()); break; } \
-    if (!same_shape(cg_, (x))) KTEST_FAIL("kiln_grad(%s) has the wrong shape", #x);  \
-    CHECK_EQ_INT(kiln_dtype_of(cg_), kiln_dtype_of(x));                              \
-    CHECK_VALUES(cg_, n, expect, tol, tol);                                          \
-    kiln_release(cg_);                                                               \
+#define CHECK_GRAD(x, n, expect, tol)                                               \
+  do {                                                                              \
+    kiln_tensor *cg_ = kiln_grad(x);                                                \
+    if (!cg_) {                                                                     \
+      KTEST_FAIL("kiln_grad(%s) is NULL: %s", #x, kiln_last_error());               \
+      break;                                                                        \
+    }                                                                               \
+    if (!same_shape(cg_, (x))) KTEST_FAIL("kiln_grad(%s) has the wrong shape", #x); \
+    CHECK_EQ_INT(kiln_dtype_of(cg_), kiln_dtype_of(x));                             \
+    CHECK_VALUES(cg_, n, expect, tol, tol);                                         \
+    kiln_release(cg_);                                                              \
   } while (0)
 
 /* ======================================================================== */
@@ -196,9 +200,11 @@ static gin CONSTANT(gin g) {
    and the result it returns is borrowed (owned by the pool) */
 typedef kiln_tensor *(*gfn)(kiln_tensor *const *x, const void *ctx);
 
-enum { GC_FD_WITH_GRAD = 1 }; /* evaluate the finite differences outside no_grad,
-                                 on leaves that require grad (builders that call
-                                 kiln_grad_of themselves) */
+enum {
+  GC_FD_WITH_GRAD = 1
+}; /* evaluate the finite differences outside no_grad,
+      on leaves that require grad (builders that call
+      kiln_grad_of themselves) */
 #define GC_MAX_IN 6
 #define FD_H 1e-6
 #define FD_RTOL 1e-6
@@ -250,8 +256,8 @@ static double eval_loss(gfn f, const void *ctx, int nin, const gin *spec, double
   return r;
 }
 
-static void gradcheck(int line, const char *what, gfn f, const void *ctx, int nin,
-                      const gin *spec, unsigned flags) {
+static void gradcheck(int line, const char *what, gfn f, const void *ctx, int nin, const gin *spec,
+                      unsigned flags) {
   uint64_t wseed = 1000u + (uint64_t)g_case++;
   double *vals[GC_MAX_IN] = {0};
   double *ga[GC_MAX_IN] = {0}, *gb[GC_MAX_IN] = {0};
@@ -364,9 +370,10 @@ static void gradcheck(int line, const char *what, gfn f, const void *ctx, int ni
       bool oka = fabs(ga[k][e] - fd) <= tol, okb = fabs(gb[k][e] - fd) <= tol;
       bool okab = fabs(ga[k][e] - gb[k][e]) <= 1e-9 * fabs(ga[k][e]) + 1e-12 * fmax(1.0, mag);
       if ((!oka || !okb || !okab) && reports++ < MAX_REPORTS)
-        KTEST_FAIL("line %d (%s): d/dx%d[%lld]: grad_of %.12g, backward %.12g, "
-                   "finite difference %.12g (x = %.6g)",
-                   line, what, i, (long long)e, ga[k][e], gb[k][e], fd, orig);
+        KTEST_FAIL(
+            "line %d (%s): d/dx%d[%lld]: grad_of %.12g, backward %.12g, "
+            "finite difference %.12g (x = %.6g)",
+            line, what, i, (long long)e, ga[k][e], gb[k][e], fd, orig);
     }
   }
 
@@ -382,10 +389,10 @@ done:
   }
 }
 
-#define GC(what, f, ctx, ...)                                                     \
+#define GC(what, f, ctx, ...)                                                          \
   gradcheck(__LINE__, what, f, ctx, (int)(sizeof((gin[]){__VA_ARGS__}) / sizeof(gin)), \
             (const gin[]){__VA_ARGS__}, 0)
-#define GC_FLAGS(flags, what, f, ctx, ...)                                        \
+#define GC_FLAGS(flags, what, f, ctx, ...)                                             \
   gradcheck(__LINE__, what, f, ctx, (int)(sizeof((gin[]){__VA_ARGS__}) / sizeof(gin)), \
             (const gin[]){__VA_ARGS__}, flags)
 
@@ -407,10 +414,14 @@ TEST(gradcheck_sanity_cube) {
 /* non-contiguous inputs: how the leaf is viewed before feeding the op */
 static kiln_tensor *view_in(kiln_tensor *x, int view) {
   switch (view) {
-    case 1: return T(kiln_transpose(x, 0, 1));        /* leaf [4,3] -> [3,4] */
-    case 2: return T(kiln_slice(x, 1, 0, 8, 2));      /* leaf [3,8] -> [3,4], step 2 */
-    case 3: return T(kiln_slice(x, 0, 2, -100, -1));  /* leaf [3,4], rows reversed */
-    default: return x;                                /* leaf [3,4] or 0-d */
+    case 1:
+      return T(kiln_transpose(x, 0, 1)); /* leaf [4,3] -> [3,4] */
+    case 2:
+      return T(kiln_slice(x, 1, 0, 8, 2)); /* leaf [3,8] -> [3,4], step 2 */
+    case 3:
+      return T(kiln_slice(x, 0, 2, -100, -1)); /* leaf [3,4], rows reversed */
+    default:
+      return x; /* leaf [3,4] or 0-d */
   }
 }
 static const int64_t VIEW_LEAF[4][2] = {{3, 4}, {4, 3}, {3, 8}, {3, 4}};
@@ -423,13 +434,13 @@ static const struct {
   unop op;
   double lo, hi, away;
 } UNARY[] = {
-    {"neg", kiln_neg, -2, 2, 0},         {"abs", kiln_abs, -2, 2, 0.1},
-    {"exp", kiln_exp, -2, 2, 0},         {"log", kiln_log, 0.2, 3, 0},
-    {"sqrt", kiln_sqrt, 0.2, 3, 0},      {"rsqrt", kiln_rsqrt, 0.2, 3, 0},
-    {"sin", kiln_sin, -3, 3, 0},         {"cos", kiln_cos, -3, 3, 0},
-    {"tanh", kiln_tanh, -2, 2, 0},       {"sigmoid", kiln_sigmoid, -3, 3, 0},
-    {"relu", kiln_relu, -2, 2, 0.1},     {"gelu", kiln_gelu, -3, 3, 0},
-    {"erf", kiln_erf, -2, 2, 0},         {"log1p", kiln_log1p, -0.5, 2, 0},
+    {"neg", kiln_neg, -2, 2, 0},     {"abs", kiln_abs, -2, 2, 0.1},
+    {"exp", kiln_exp, -2, 2, 0},     {"log", kiln_log, 0.2, 3, 0},
+    {"sqrt", kiln_sqrt, 0.2, 3, 0},  {"rsqrt", kiln_rsqrt, 0.2, 3, 0},
+    {"sin", kiln_sin, -3, 3, 0},     {"cos", kiln_cos, -3, 3, 0},
+    {"tanh", kiln_tanh, -2, 2, 0},   {"sigmoid", kiln_sigmoid, -3, 3, 0},
+    {"relu", kiln_relu, -2, 2, 0.1}, {"gelu", kiln_gelu, -3, 3, 0},
+    {"erf", kiln_erf, -2, 2, 0},     {"log1p", kiln_log1p, -0.5, 2, 0},
     {"expm1", kiln_expm1, -2, 2, 0},
 };
 #define NUNARY ((int)(sizeof UNARY / sizeof UNARY[0]))
@@ -471,12 +482,18 @@ static kiln_tensor *f_scalar(kiln_tensor *const *x, const void *c) {
   const sc_ctx *k = c;
   kiln_tensor *a = view_in(x[0], k->view);
   switch (k->op) {
-    case SC_ADD: return T(kiln_add_scalar(a, k->s));
-    case SC_SUB: return T(kiln_sub_scalar(a, k->s));
-    case SC_MUL: return T(kiln_mul_scalar(a, k->s));
-    case SC_DIV: return T(kiln_div_scalar(a, k->s));
-    case SC_POW: return T(kiln_pow_scalar(a, k->s));
-    default: return T(kiln_clamp(a, k->s, k->s2));
+    case SC_ADD:
+      return T(kiln_add_scalar(a, k->s));
+    case SC_SUB:
+      return T(kiln_sub_scalar(a, k->s));
+    case SC_MUL:
+      return T(kiln_mul_scalar(a, k->s));
+    case SC_DIV:
+      return T(kiln_div_scalar(a, k->s));
+    case SC_POW:
+      return T(kiln_pow_scalar(a, k->s));
+    default:
+      return T(kiln_clamp(a, k->s, k->s2));
   }
 }
 
@@ -524,12 +541,9 @@ static const struct {
   binop op;
   double alo, ahi, aaway, blo, bhi, baway;
 } BINARY[] = {
-    {"add", kiln_add, -2, 2, 0, -2, 2, 0},
-    {"sub", kiln_sub, -2, 2, 0, -2, 2, 0},
-    {"mul", kiln_mul, -2, 2, 0, -2, 2, 0},
-    {"div", kiln_div, -2, 2, 0, -2, 2, 0.5},
-    {"pow", kiln_pow, 0.5, 2, 0, -2, 2, 0},
-    {"maximum", kiln_maximum, -2, 2, 0, -2, 2, 0},
+    {"add", kiln_add, -2, 2, 0, -2, 2, 0},         {"sub", kiln_sub, -2, 2, 0, -2, 2, 0},
+    {"mul", kiln_mul, -2, 2, 0, -2, 2, 0},         {"div", kiln_div, -2, 2, 0, -2, 2, 0.5},
+    {"pow", kiln_pow, 0.5, 2, 0, -2, 2, 0},        {"maximum", kiln_maximum, -2, 2, 0, -2, 2, 0},
     {"minimum", kiln_minimum, -2, 2, 0, -2, 2, 0},
 };
 #define NBINARY ((int)(sizeof BINARY / sizeof BINARY[0]))
@@ -631,9 +645,9 @@ static const struct {
   redop op;
   double lo, hi, away;
 } REDUCE[] = {
-    {"sum", kiln_sum, -2, 2, 0},        {"mean", kiln_mean, -2, 2, 0},
-    {"max", kiln_max, -2, 2, 0},        {"min", kiln_min, -2, 2, 0},
-    {"prod", kiln_prod, 0.5, 1.5, 0},   {"prod (negatives)", kiln_prod, -1.5, 1.5, 0.5},
+    {"sum", kiln_sum, -2, 2, 0},      {"mean", kiln_mean, -2, 2, 0},
+    {"max", kiln_max, -2, 2, 0},      {"min", kiln_min, -2, 2, 0},
+    {"prod", kiln_prod, 0.5, 1.5, 0}, {"prod (negatives)", kiln_prod, -1.5, 1.5, 0.5},
 };
 #define NREDUCE ((int)(sizeof REDUCE / sizeof REDUCE[0]))
 
@@ -661,9 +675,13 @@ TEST(grad_reductions) {
   for (int o = 0; o < NREDUCE; o++)
     for (int a = 0; a < 6; a++)
       for (int v = 0; v < 2; v++) {
-        red_ctx c = {REDUCE[o].op, AXES[a].naxes, {AXES[a].axes[0], AXES[a].axes[1], AXES[a].axes[2]},
-                     (a + v) % 2 == 1, v};
-        snprintf(what, sizeof what, "%s, axes #%d keepdim %d view %d", REDUCE[o].name, a, c.keep, v);
+        red_ctx c = {REDUCE[o].op,
+                     AXES[a].naxes,
+                     {AXES[a].axes[0], AXES[a].axes[1], AXES[a].axes[2]},
+                     (a + v) % 2 == 1,
+                     v};
+        snprintf(what, sizeof what, "%s, axes #%d keepdim %d view %d", REDUCE[o].name, a, c.keep,
+                 v);
         GC(what, f_reduce, &c,
            RA(3, v ? S(4, 2, 3) : S(2, 3, 4), REDUCE[o].lo, REDUCE[o].hi, REDUCE[o].away));
       }
@@ -731,37 +749,75 @@ TEST(grad_matmul) {
 /* ---- view ops ---- */
 
 enum {
-  V_RESHAPE, V_RESHAPE_NEG, V_RESHAPE_NC, V_PERMUTE, V_TRANSPOSE, V_EXPAND, V_EXPAND_1D,
-  V_EXPAND_ROW, V_EXPAND_0D, V_SLICE, V_SLICE_STEP2, V_SLICE_REV, V_SLICE_REV2, V_SLICE_CLAMP,
-  V_SLICE_NEGSTART, V_SLICE_SLICE, V_SQUEEZE, V_SQUEEZE_NEG, V_UNSQUEEZE0, V_UNSQUEEZE_END,
-  V_CHAIN, V_CHAIN_SIN, V_PERMUTE_SIN
+  V_RESHAPE,
+  V_RESHAPE_NEG,
+  V_RESHAPE_NC,
+  V_PERMUTE,
+  V_TRANSPOSE,
+  V_EXPAND,
+  V_EXPAND_1D,
+  V_EXPAND_ROW,
+  V_EXPAND_0D,
+  V_SLICE,
+  V_SLICE_STEP2,
+  V_SLICE_REV,
+  V_SLICE_REV2,
+  V_SLICE_CLAMP,
+  V_SLICE_NEGSTART,
+  V_SLICE_SLICE,
+  V_SQUEEZE,
+  V_SQUEEZE_NEG,
+  V_UNSQUEEZE0,
+  V_UNSQUEEZE_END,
+  V_CHAIN,
+  V_CHAIN_SIN,
+  V_PERMUTE_SIN
 };
 
 static kiln_tensor *f_view(kiln_tensor *const *x, const void *c) {
   int v = *(const int *)c;
   kiln_tensor *a = x[0];
   switch (v) {
-    case V_RESHAPE: return T(kiln_reshape(a, 2, S(4, 6)));
-    case V_RESHAPE_NEG: return T(kiln_reshape(a, 2, S(-1, 4)));
-    case V_RESHAPE_NC: return T(kiln_reshape(T(kiln_transpose(a, 0, 1)), 1, S(12)));
-    case V_PERMUTE: return T(kiln_permute(a, (const int[]){2, 0, 1}));
-    case V_TRANSPOSE: return T(kiln_transpose(a, 0, 2));
-    case V_EXPAND: return T(kiln_expand(a, 3, S(2, 3, 4)));
-    case V_EXPAND_1D: return T(kiln_expand(a, 2, S(3, 4)));
-    case V_EXPAND_ROW: return T(kiln_expand(a, 2, S(5, 3)));
-    case V_EXPAND_0D: return T(kiln_expand(a, 2, S(2, 3)));
-    case V_SLICE: return T(kiln_slice(a, 0, 1, 4, 1));
-    case V_SLICE_STEP2: return T(kiln_slice(a, 1, 0, 7, 2));
-    case V_SLICE_REV: return T(kiln_slice(a, 0, 4, -100, -1));
-    case V_SLICE_REV2: return T(kiln_slice(a, 0, 5, -100, -2));
-    case V_SLICE_CLAMP: return T(kiln_slice(a, 0, -100, 100, 1));
-    case V_SLICE_NEGSTART: return T(kiln_slice(a, -1, -3, 100, 1));
+    case V_RESHAPE:
+      return T(kiln_reshape(a, 2, S(4, 6)));
+    case V_RESHAPE_NEG:
+      return T(kiln_reshape(a, 2, S(-1, 4)));
+    case V_RESHAPE_NC:
+      return T(kiln_reshape(T(kiln_transpose(a, 0, 1)), 1, S(12)));
+    case V_PERMUTE:
+      return T(kiln_permute(a, (const int[]){2, 0, 1}));
+    case V_TRANSPOSE:
+      return T(kiln_transpose(a, 0, 2));
+    case V_EXPAND:
+      return T(kiln_expand(a, 3, S(2, 3, 4)));
+    case V_EXPAND_1D:
+      return T(kiln_expand(a, 2, S(3, 4)));
+    case V_EXPAND_ROW:
+      return T(kiln_expand(a, 2, S(5, 3)));
+    case V_EXPAND_0D:
+      return T(kiln_expand(a, 2, S(2, 3)));
+    case V_SLICE:
+      return T(kiln_slice(a, 0, 1, 4, 1));
+    case V_SLICE_STEP2:
+      return T(kiln_slice(a, 1, 0, 7, 2));
+    case V_SLICE_REV:
+      return T(kiln_slice(a, 0, 4, -100, -1));
+    case V_SLICE_REV2:
+      return T(kiln_slice(a, 0, 5, -100, -2));
+    case V_SLICE_CLAMP:
+      return T(kiln_slice(a, 0, -100, 100, 1));
+    case V_SLICE_NEGSTART:
+      return T(kiln_slice(a, -1, -3, 100, 1));
     case V_SLICE_SLICE:
       return T(kiln_slice(T(kiln_slice(a, 0, 1, 6, 2)), 1, 4, -100, -2));
-    case V_SQUEEZE: return T(kiln_squeeze(a, 1));
-    case V_SQUEEZE_NEG: return T(kiln_squeeze(a, -2));
-    case V_UNSQUEEZE0: return T(kiln_unsqueeze(a, 0));
-    case V_UNSQUEEZE_END: return T(kiln_unsqueeze(a, -1));
+    case V_SQUEEZE:
+      return T(kiln_squeeze(a, 1));
+    case V_SQUEEZE_NEG:
+      return T(kiln_squeeze(a, -2));
+    case V_UNSQUEEZE0:
+      return T(kiln_unsqueeze(a, 0));
+    case V_UNSQUEEZE_END:
+      return T(kiln_unsqueeze(a, -1));
     case V_CHAIN: {
       kiln_tensor *t = T(kiln_slice(T(kiln_transpose(a, 0, 1)), 0, 0, 6, 2)); /* [3,4] */
       t = T(kiln_unsqueeze(T(kiln_reshape(t, 1, S(12))), 0));                 /* [1,12] */
@@ -769,7 +825,8 @@ static kiln_tensor *f_view(kiln_tensor *const *x, const void *c) {
     }
     case V_CHAIN_SIN:
       return T(kiln_sin(T(kiln_slice(T(kiln_transpose(a, 0, 1)), 0, 5, -100, -2))));
-    default: return T(kiln_exp(T(kiln_permute(a, (const int[]){1, 2, 0}))));
+    default:
+      return T(kiln_exp(T(kiln_permute(a, (const int[]){1, 2, 0}))));
   }
 }
 
@@ -812,8 +869,10 @@ TEST(grad_views) {
 static kiln_tensor *f_join(kiln_tensor *const *x, const void *c) {
   int v = *(const int *)c;
   switch (v) {
-    case 0: return T(kiln_concat(3, x, 1));
-    case 1: return T(kiln_concat(2, x, 0));
+    case 0:
+      return T(kiln_concat(3, x, 1));
+    case 1:
+      return T(kiln_concat(2, x, 0));
     case 2: {
       kiln_tensor *ts[2] = {T(kiln_transpose(x[0], 0, 1)), x[1]};
       return T(kiln_concat(2, ts, -1));
@@ -822,8 +881,10 @@ static kiln_tensor *f_join(kiln_tensor *const *x, const void *c) {
       kiln_tensor *ts[3] = {x[0], x[0], T(kiln_mul(x[0], x[0]))};
       return T(kiln_concat(3, ts, 0));
     }
-    case 4: return T(kiln_stack(3, x, 0));
-    case 5: return T(kiln_stack(3, x, -1));
+    case 4:
+      return T(kiln_stack(3, x, 0));
+    case 5:
+      return T(kiln_stack(3, x, -1));
     case 6: {
       kiln_tensor *ts[2] = {x[0], T(kiln_transpose(x[1], 0, 1))};
       return T(kiln_stack(2, ts, 1));
@@ -837,8 +898,8 @@ static kiln_tensor *f_join(kiln_tensor *const *x, const void *c) {
 
 TEST(grad_concat_stack) {
   static const int c[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-  GC("concat [2,3] [2,1] [2,2] axis 1", f_join, &c[0], R(2, S(2, 3), -1, 1),
-     R(2, S(2, 1), -1, 1), R(2, S(2, 2), -1, 1));
+  GC("concat [2,3] [2,1] [2,2] axis 1", f_join, &c[0], R(2, S(2, 3), -1, 1), R(2, S(2, 1), -1, 1),
+     R(2, S(2, 2), -1, 1));
   GC("concat [1,3] [2,3] axis 0", f_join, &c[1], R(2, S(1, 3), -1, 1), R(2, S(2, 3), -1, 1));
   GC("concat [3,2]^T [2,2] axis -1", f_join, &c[2], R(2, S(3, 2), -1, 1), R(2, S(2, 2), -1, 1));
   GC("concat x, x, x*x", f_join, &c[3], R(2, S(2, 3), -1, 1));
@@ -897,7 +958,8 @@ static kiln_tensor *f_slices(kiln_tensor *const *x, const void *c) {
 
 TEST(grad_sibling_slices) {
   static const int c[5] = {0, 1, 2, 3, 4};
-  GC("RNN over slices of x [5,2,3]", f_slices, &c[0], R(3, S(5, 2, 3), -1, 1), R(2, S(2, 3), -1, 1));
+  GC("RNN over slices of x [5,2,3]", f_slices, &c[0], R(3, S(5, 2, 3), -1, 1),
+     R(2, S(2, 3), -1, 1));
   GC("gates: three slices of [2,6]", f_slices, &c[1], R(2, S(2, 6), -1, 1));
   GC("gap, overlap, stride, two axes, dense", f_slices, &c[2], R(2, S(4, 6), -1, 1));
   GC("rows of an intermediate", f_slices, &c[3], R(2, S(3, 4), -1, 1));
@@ -987,9 +1049,7 @@ TEST(grad_index_select_gather) {
 
 /* ---- composites ---- */
 
-enum {
-  C_SOFTMAX, C_LOG_SOFTMAX, C_LOGSUMEXP, C_LN, C_LN_PLAIN, C_CE, C_MSE, C_MLP
-};
+enum { C_SOFTMAX, C_LOG_SOFTMAX, C_LOGSUMEXP, C_LN, C_LN_PLAIN, C_CE, C_MSE, C_MLP };
 typedef struct {
   int kind, axis;
   bool keep, transpose;
@@ -1000,13 +1060,20 @@ static kiln_tensor *f_comp(kiln_tensor *const *x, const void *c) {
   const comp_ctx *k = c;
   kiln_tensor *a = k->transpose ? T(kiln_transpose(x[0], 0, 1)) : x[0];
   switch (k->kind) {
-    case C_SOFTMAX: return T(kiln_softmax(a, k->axis));
-    case C_LOG_SOFTMAX: return T(kiln_log_softmax(a, k->axis));
-    case C_LOGSUMEXP: return T(kiln_logsumexp(a, k->axis, k->keep));
-    case C_LN: return T(kiln_layer_norm(a, x[1], x[2], 1e-5));
-    case C_LN_PLAIN: return T(kiln_layer_norm(a, NULL, NULL, 1e-5));
-    case C_CE: return T(kiln_cross_entropy(a, k->target));
-    case C_MSE: return T(kiln_mse_loss(a, x[1]));
+    case C_SOFTMAX:
+      return T(kiln_softmax(a, k->axis));
+    case C_LOG_SOFTMAX:
+      return T(kiln_log_softmax(a, k->axis));
+    case C_LOGSUMEXP:
+      return T(kiln_logsumexp(a, k->axis, k->keep));
+    case C_LN:
+      return T(kiln_layer_norm(a, x[1], x[2], 1e-5));
+    case C_LN_PLAIN:
+      return T(kiln_layer_norm(a, NULL, NULL, 1e-5));
+    case C_CE:
+      return T(kiln_cross_entropy(a, k->target));
+    case C_MSE:
+      return T(kiln_mse_loss(a, x[1]));
     default: { /* x[0] [4,3] inputs, x[1] [3,5], x[2] [5], x[3] [5,3], x[4] [3] */
       kiln_tensor *h = T(kiln_relu(T(kiln_add(T(kiln_matmul(a, x[1])), x[2]))));
       kiln_tensor *logits = T(kiln_add(T(kiln_matmul(h, x[3])), x[4]));
@@ -1071,8 +1138,7 @@ TEST(grad_losses) {
   kiln_release(k.target);
   k = (comp_ctx){C_MSE, 0, false, false, NULL};
   GC("mse_loss [3,4]", f_comp, &k, R(2, S(3, 4), -2, 2), R(2, S(3, 4), -2, 2));
-  GC("mse_loss, constant target", f_comp, &k, R(2, S(3, 4), -2, 2),
-     CONSTANT(R(2, S(3, 4), -2, 2)));
+  GC("mse_loss, constant target", f_comp, &k, R(2, S(3, 4), -2, 2), CONSTANT(R(2, S(3, 4), -2, 2)));
   GC("mse_loss 1-d", f_comp, &k, R(1, S(5), -2, 2), R(1, S(5), -2, 2));
   k.transpose = true;
   GC("mse_loss of a transpose", f_comp, &k, R(2, S(4, 3), -2, 2), R(2, S(3, 4), -2, 2));
@@ -1092,25 +1158,31 @@ static kiln_tensor *f_nondiff(kiln_tensor *const *x, const void *c) {
   int k = ((const nd_ctx *)c)->kind;
   kiln_tensor *a = x[0];
   switch (k) {
-    case 0: return T(kiln_mul(T(kiln_floor(a)), a));
-    case 1: return T(kiln_mul(T(kiln_ceil(a)), a));
-    case 2: return T(kiln_mul(T(kiln_round(a)), a));
-    case 3: return T(kiln_mul(T(kiln_sign(a)), a));
+    case 0:
+      return T(kiln_mul(T(kiln_floor(a)), a));
+    case 1:
+      return T(kiln_mul(T(kiln_ceil(a)), a));
+    case 2:
+      return T(kiln_mul(T(kiln_round(a)), a));
+    case 3:
+      return T(kiln_mul(T(kiln_sign(a)), a));
     case 4: /* leaky relu through a comparison */
-      return T(kiln_where(T(kiln_gt(a, T(kiln_zeros(F64, 0, NULL)))), a,
-                          T(kiln_mul_scalar(a, 0.1))));
+      return T(
+          kiln_where(T(kiln_gt(a, T(kiln_zeros(F64, 0, NULL)))), a, T(kiln_mul_scalar(a, 0.1))));
     case 5: { /* logical ops pick the branch */
       kiln_tensor *one = T(kiln_ones(F64, 0, NULL)), *mone = T(kiln_neg(one));
       kiln_tensor *in = T(kiln_logical_and(T(kiln_gt(a, mone)), T(kiln_lt(a, one))));
       kiln_tensor *out = T(kiln_logical_or(T(kiln_le(a, mone)), T(kiln_ge(a, one))));
       kiln_tensor *t = T(kiln_where(in, T(kiln_mul(a, a)), T(kiln_sin(a))));
       t = T(kiln_where(T(kiln_logical_not(out)), t, T(kiln_mul_scalar(a, 3.0))));
-      kiln_tensor *e = T(kiln_cast(T(kiln_eq(a, a)), F64)), *ne = T(kiln_cast(T(kiln_ne(a, one)), F64));
+      kiln_tensor *e = T(kiln_cast(T(kiln_eq(a, a)), F64)),
+                  *ne = T(kiln_cast(T(kiln_ne(a, one)), F64));
       return T(kiln_add(t, T(kiln_mul(T(kiln_add(e, ne)), a))));
     }
     case 6: /* cast to integers and back */
-      return T(kiln_add(T(kiln_mul(T(kiln_cast(T(kiln_cast(a, I64)), F64)), a)),
-                        T(kiln_mul(T(kiln_cast(T(kiln_cast(T(kiln_mul_scalar(a, 3.0)), KILN_I32)), F64)), a))));
+      return T(kiln_add(
+          T(kiln_mul(T(kiln_cast(T(kiln_cast(a, I64)), F64)), a)),
+          T(kiln_mul(T(kiln_cast(T(kiln_cast(T(kiln_mul_scalar(a, 3.0)), KILN_I32)), F64)), a))));
     case 7: /* argmax picks, index_select differentiates: x 1-d [5] */
       return T(kiln_index_select(a, 0, T(kiln_argmax(a, 0, true))));
     case 8: /* row maxima / minima through gather with argmax/argmin, [3,4] */
@@ -1124,10 +1196,16 @@ static kiln_tensor *f_nondiff(kiln_tensor *const *x, const void *c) {
 TEST(grad_nondifferentiable_ops_contribute_nothing) {
   /* away from integers and from halves (floor/ceil/round jump there) */
   static const double v[12] = {-2.3, -1.7, -0.8, -0.2, 0.3, 0.7, 1.2, 1.8, 2.2, -1.2, 0.1, 1.6};
-  static const char *names[] = {"floor(x)*x", "ceil(x)*x", "round(x)*x", "sign(x)*x",
-                                "where(x>0, x, 0.1x)", "where/logical ops/eq/ne",
-                                "cast to int and back", "index_select at argmax",
-                                "gather at argmax/argmin", "x * argmax"};
+  static const char *names[] = {"floor(x)*x",
+                                "ceil(x)*x",
+                                "round(x)*x",
+                                "sign(x)*x",
+                                "where(x>0, x, 0.1x)",
+                                "where/logical ops/eq/ne",
+                                "cast to int and back",
+                                "index_select at argmax",
+                                "gather at argmax/argmin",
+                                "x * argmax"};
   for (int k = 0; k < 10; k++) {
     nd_ctx c = {k};
     if (k == 7)
@@ -1161,8 +1239,8 @@ TEST(grad_cast_between_floats) {
   CHECK_GRAD(y, 4, e, 1e-6);
   /* f64 -> f32 -> f64 round trip */
   kiln_tensor *z = leaf(1, S(4), xv);
-  kiln_tensor *l3 = sum_all(T(kiln_mul(T(kiln_cast(T(kiln_cast(z, F32)), F64)),
-                                       T(tf64(1, S(4), wv)))));
+  kiln_tensor *l3 =
+      sum_all(T(kiln_mul(T(kiln_cast(T(kiln_cast(z, F32)), F64)), T(tf64(1, S(4), wv)))));
   CHECK_EQ_INT(kiln_backward(l3, NULL), 0);
   CHECK_GRAD(z, 4, wv, 1e-6);
   pool_release_to(0);
@@ -1293,7 +1371,8 @@ TEST(hvp_tanh_ax) {
    Hessian-vector product */
 static kiln_tensor *inner_fn(int kind, kiln_tensor *const *x) {
   switch (kind) {
-    case 0: return T(sum_all(T(kiln_tanh(T(kiln_matmul(x[0], x[1]))))));
+    case 0:
+      return T(sum_all(T(kiln_tanh(T(kiln_matmul(x[0], x[1]))))));
     case 1: {
       kiln_tensor *s = T(kiln_softmax(x[0], -1));
       return T(sum_all(T(kiln_mul(s, T(fixed_tensor(2, S(3, 4), 7, -1, 1))))));
@@ -1310,7 +1389,8 @@ static kiln_tensor *inner_fn(int kind, kiln_tensor *const *x) {
       kiln_tensor *num = T(kiln_mul(T(kiln_exp(x[0])), T(kiln_sin(x[1]))));
       return T(sum_all(T(kiln_div(num, T(kiln_add_scalar(T(kiln_mul(x[0], x[0])), 1.0))))));
     }
-    case 5: return T(sum_all(T(kiln_pow(x[0], x[1]))));
+    case 5:
+      return T(sum_all(T(kiln_pow(x[0], x[1]))));
     case 6: {
       kiln_tensor *t = T(ti64(1, S(3), (const int64_t[]){2, 0, 3}));
       return T(kiln_cross_entropy(x[0], t));
@@ -1336,8 +1416,9 @@ static kiln_tensor *inner_fn(int kind, kiln_tensor *const *x) {
     default: {
       kiln_tensor *s = T(kiln_stack(2, x, 0));
       kiln_tensor *e = T(kiln_expand(T(kiln_unsqueeze(x[0], 0)), 2, S(2, 3)));
-      return T(sum_all(T(kiln_mul(T(kiln_logsumexp(T(kiln_mul(s, e)), 0, false)),
-                                  T(kiln_rsqrt(T(kiln_add_scalar(T(kiln_mul(x[1], x[1])), 1.0))))))));
+      return T(
+          sum_all(T(kiln_mul(T(kiln_logsumexp(T(kiln_mul(s, e)), 0, false)),
+                             T(kiln_rsqrt(T(kiln_add_scalar(T(kiln_mul(x[1], x[1])), 1.0))))))));
     }
   }
 }
@@ -1367,7 +1448,8 @@ static kiln_tensor *f_hess(kiln_tensor *const *x, const void *c) {
 TEST(grad_of_grad_gradcheck) {
   hess_ctx h;
   h = (hess_ctx){0, 2};
-  GC_FLAGS(GC_FD_WITH_GRAD, "hess sum(tanh(A x))", f_hess, &h, R(2, S(4, 3), -1, 1), R(1, S(3), -1, 1));
+  GC_FLAGS(GC_FD_WITH_GRAD, "hess sum(tanh(A x))", f_hess, &h, R(2, S(4, 3), -1, 1),
+           R(1, S(3), -1, 1));
   h = (hess_ctx){1, 1};
   GC_FLAGS(GC_FD_WITH_GRAD, "hess softmax", f_hess, &h, R(2, S(3, 4), -2, 2));
   h = (hess_ctx){2, 3};
@@ -1648,7 +1730,7 @@ TEST(grad_of_contract) {
     kiln_release(a);
   }
   /* several outputs with their own output gradients: sum_k <outs[k], gouts[k]> */
-  kiln_tensor *o1 = T(kiln_mul(x, x));                                  /* [6] */
+  kiln_tensor *o1 = T(kiln_mul(x, x));                                          /* [6] */
   kiln_tensor *o2 = T(kiln_mul(T(kiln_sum(x, 0, NULL, false)), T(sum_all(y)))); /* 0-d */
   kiln_tensor *go1 = T(tf64(1, S(6), D(1, 2, 3, 4, 5, 6))), *go2 = T(kiln_scalar(3.0, F64));
   kiln_tensor *outs[2] = {o1, o2}, *gouts[2] = {go1, go2};
@@ -1705,10 +1787,18 @@ TEST(grad_large_logits_stable) {
     for (int sh = 0; sh < 2; sh++) {
       kiln_tensor *x = leaf(2, S(3, 4), sh ? shifted : base), *l = NULL;
       switch (kind) {
-        case 0: l = T(sum_all(T(kiln_mul(T(kiln_softmax(x, -1)), w)))); break;
-        case 1: l = T(sum_all(T(kiln_mul(T(kiln_log_softmax(x, -1)), w)))); break;
-        case 2: l = T(sum_all(T(kiln_mul(T(kiln_logsumexp(x, -1, false)), w3)))); break;
-        default: l = T(kiln_cross_entropy(x, tgt)); break;
+        case 0:
+          l = T(sum_all(T(kiln_mul(T(kiln_softmax(x, -1)), w))));
+          break;
+        case 1:
+          l = T(sum_all(T(kiln_mul(T(kiln_log_softmax(x, -1)), w))));
+          break;
+        case 2:
+          l = T(sum_all(T(kiln_mul(T(kiln_logsumexp(x, -1, false)), w3))));
+          break;
+        default:
+          l = T(kiln_cross_entropy(x, tgt));
+          break;
       }
       kiln_tensor *gr = NULL;
       CHECK_EQ_INT(kiln_grad_of(1, &l, NULL, 1, &x, &gr, false), 0);
@@ -1959,9 +2049,11 @@ TEST(backward_after_flush) {
     double gx[3] = {0}, gA[12] = {0};
     tanh_ax_grads(mode, gx, gA);
     for (int i = 0; i < 3; i++)
-      if (fabs(gx[i] - ex[i]) > 1e-13) KTEST_FAIL("mode %d: dx[%d] %.17g, expected %.17g", mode, i, gx[i], ex[i]);
+      if (fabs(gx[i] - ex[i]) > 1e-13)
+        KTEST_FAIL("mode %d: dx[%d] %.17g, expected %.17g", mode, i, gx[i], ex[i]);
     for (int i = 0; i < 12; i++)
-      if (fabs(gA[i] - eA[i]) > 1e-13) KTEST_FAIL("mode %d: dA[%d] %.17g, expected %.17g", mode, i, gA[i], eA[i]);
+      if (fabs(gA[i] - eA[i]) > 1e-13)
+        KTEST_FAIL("mode %d: dA[%d] %.17g, expected %.17g", mode, i, gA[i], eA[i]);
   }
 }
 
@@ -1991,7 +2083,8 @@ TEST(in_place_update_then_backward) {
   CHECK_EQ_INT(kiln_backward(l2, NULL), 0);
   CHECK_GRAD(w, 6, XV6, 1e-15);
   double ew[6], el2 = 0, el1 = 0;
-  for (int i = 0; i < 6; i++) ew[i] = w0[i] - 0.1 * XV6[i], el2 += ew[i] * XV6[i], el1 += w0[i] * XV6[i];
+  for (int i = 0; i < 6; i++)
+    ew[i] = w0[i] - 0.1 * XV6[i], el2 += ew[i] * XV6[i], el1 += w0[i] * XV6[i];
   CHECK_VALUES(w, 6, ew, 1e-15, 1e-15);
   CHECK_CLOSE(kiln_item(l2), el2, 1e-14);
   CHECK_CLOSE(kiln_item(l1), el1, 1e-14); /* the old loss keeps the old value */

@@ -37,12 +37,12 @@ static kiln_tensor *ck_ptr(kiln_tensor *t, int line) {
   }
   return t;
 }
-#define CKI(x)                                                         \
-  do {                                                                 \
-    if ((x) != KILN_OK) {                                              \
-      fprintf(stderr, "line %d: %s\n", __LINE__, kiln_last_error());   \
-      exit(2);                                                         \
-    }                                                                  \
+#define CKI(x)                                                       \
+  do {                                                               \
+    if ((x) != KILN_OK) {                                            \
+      fprintf(stderr, "line %d: %s\n", __LINE__, kiln_last_error()); \
+      exit(2);                                                       \
+    }                                                                \
   } while (0)
 
 static kiln_tensor *param(int rows, int cols, double scale) {
@@ -69,7 +69,7 @@ static int child(void) {
   kiln_manual_seed(7);
   kiln_tensor *x = CK(kiln_from_data(xs, KILN_F32, 2, (int64_t[]){N, IN}));
   kiln_tensor *y = CK(kiln_from_data(ys, KILN_I64, 1, (int64_t[]){N}));
-  kiln_tensor *p[6] = {param(IN, H1, 0.25), param(H1, 0, 0.1), param(H1, H2, 0.18),
+  kiln_tensor *p[6] = {param(IN, H1, 0.25), param(H1, 0, 0.1),   param(H1, H2, 0.18),
                        param(H2, 0, 0.1),   param(H2, OUT, 0.2), param(OUT, 0, 0.1)};
   /* BITWISE_WAIT_AT=s: wait for the compiles queued so far before step s,
      so that the later steps surely run compiled, however slow the machine */
@@ -80,10 +80,10 @@ static int child(void) {
     int64_t at = (int64_t)(step * BATCH) % N;
     kiln_tensor *t[16];
     int n = 0;
-#define PUSH(e)                \
-  do {                         \
-    kiln_tensor *v_ = CK(e);   \
-    t[n++] = v_;               \
+#define PUSH(e)              \
+  do {                       \
+    kiln_tensor *v_ = CK(e); \
+    t[n++] = v_;             \
   } while (0)
 #define LAST t[n - 1]
     PUSH(kiln_slice(x, 0, at, at + BATCH, 1));
@@ -114,8 +114,8 @@ static int child(void) {
   }
   kiln_stats st;
   kiln_get_stats(&st);
-  printf("stats %llu %llu %.0f\n", (unsigned long long)st.eager_ops, (unsigned long long)st.compiles,
-         st.compile_ms);
+  printf("stats %llu %llu %.0f\n", (unsigned long long)st.eager_ops,
+         (unsigned long long)st.compiles, st.compile_ms);
   for (int i = 0; i < 6; i++) kiln_release(p[i]);
   kiln_release(x);
   kiln_release(y);
@@ -157,8 +157,9 @@ static char self_exe[4096];
 
 /* runs one configuration; its stdout in out (malloc'd), false if it failed */
 static bool run_child(const config *c, char **out) {
-  static const char *const drop[] = {"KILN_JIT=", "KILN_HOT=", "KILN_ASYNC=", "KILN_THREADS=",
-                                     "KILN_CACHE=", "KILN_COMPILE_DELAY_MS=", "BITWISE_WAIT_AT="};
+  static const char *const drop[] = {"KILN_JIT=",       "KILN_HOT=",   "KILN_ASYNC=",
+                                     "KILN_THREADS=",   "KILN_CACHE=", "KILN_COMPILE_DELAY_MS=",
+                                     "BITWISE_WAIT_AT="};
   int n = 0;
   while (environ[n]) n++;
   char **env = calloc((size_t)n + 8, sizeof *env);
@@ -218,8 +219,8 @@ TEST(same_losses_bit_for_bit) {
       KTEST_FAIL("%s: no stats line", CONFIGS[c].name);
       continue;
     }
-    printf("  %-58s interpreted ops %5llu, plans compiled %3llu (%.0f ms)\n", CONFIGS[c].name, eager,
-           compiles, ms);
+    printf("  %-58s interpreted ops %5llu, plans compiled %3llu (%.0f ms)\n", CONFIGS[c].name,
+           eager, compiles, ms);
     if (c == 0) eager0 = eager;
     /* compiled code must have done part of the work */
     if (CONFIGS[c].jit && !(compiles > 0 && eager < eager0))

@@ -29,20 +29,29 @@ static const kiln_dtype ALL_DTYPES[5] = {KILN_BOOL, KILN_I32, KILN_I64, KILN_F32
 
 static const char *dt_name(kiln_dtype dt) {
   switch (dt) {
-    case KILN_BOOL: return "bool";
-    case KILN_I32: return "i32";
-    case KILN_I64: return "i64";
-    case KILN_F32: return "f32";
-    case KILN_F64: return "f64";
+    case KILN_BOOL:
+      return "bool";
+    case KILN_I32:
+      return "i32";
+    case KILN_I64:
+      return "i64";
+    case KILN_F32:
+      return "f32";
+    case KILN_F64:
+      return "f64";
   }
   return "?";
 }
 
 static size_t dt_size(kiln_dtype dt) {
   switch (dt) {
-    case KILN_BOOL: return 1;
-    case KILN_I32: case KILN_F32: return 4;
-    default: return 8;
+    case KILN_BOOL:
+      return 1;
+    case KILN_I32:
+    case KILN_F32:
+      return 4;
+    default:
+      return 8;
   }
 }
 
@@ -51,11 +60,16 @@ static bool is_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
 /* the value v becomes when stored as dt (v in range for integers) */
 static double quant(kiln_dtype dt, double v) {
   switch (dt) {
-    case KILN_BOOL: return v != 0;
-    case KILN_I32: return (double)(int32_t)v;
-    case KILN_I64: return (double)(int64_t)v;
-    case KILN_F32: return (double)(float)v;
-    case KILN_F64: return v;
+    case KILN_BOOL:
+      return v != 0;
+    case KILN_I32:
+      return (double)(int32_t)v;
+    case KILN_I64:
+      return (double)(int64_t)v;
+    case KILN_F32:
+      return (double)(float)v;
+    case KILN_F64:
+      return v;
   }
   return v;
 }
@@ -100,11 +114,21 @@ static kiln_tensor *makev(kiln_dtype dt, int ndim, const int64_t *shape, int64_t
   void *buf = malloc((size_t)(numel > 0 ? numel : 1) * dt_size(dt));
   for (int64_t i = 0; i < numel; i++) {
     switch (dt) {
-      case KILN_BOOL: ((uint8_t *)buf)[i] = v[i] != 0; break;
-      case KILN_I32: ((int32_t *)buf)[i] = (int32_t)v[i]; break;
-      case KILN_I64: ((int64_t *)buf)[i] = (int64_t)v[i]; break;
-      case KILN_F32: ((float *)buf)[i] = (float)v[i]; break;
-      case KILN_F64: ((double *)buf)[i] = v[i]; break;
+      case KILN_BOOL:
+        ((uint8_t *)buf)[i] = v[i] != 0;
+        break;
+      case KILN_I32:
+        ((int32_t *)buf)[i] = (int32_t)v[i];
+        break;
+      case KILN_I64:
+        ((int64_t *)buf)[i] = (int64_t)v[i];
+        break;
+      case KILN_F32:
+        ((float *)buf)[i] = (float)v[i];
+        break;
+      case KILN_F64:
+        ((double *)buf)[i] = v[i];
+        break;
     }
   }
   kiln_tensor *t = own(kiln_from_data(buf, dt, ndim, shape));
@@ -164,14 +188,14 @@ static void expect_impl(int line, const char *what, kiln_tensor *r, kiln_dtype d
   int64_t numel = 1;
   for (int d = 0; d < ndim; d++) numel *= shape[d];
   if (numel != n) {
-    KTEST_FAIL("test bug: %lld expected values for %lld elements", (long long)n,
-               (long long)numel);
+    KTEST_FAIL("test bug: %lld expected values for %lld elements", (long long)n, (long long)numel);
   } else if (!r) {
     KTEST_FAIL("result is NULL: %s", kiln_last_error());
   } else {
     if (kiln_dtype_of(r) != dt)
       KTEST_FAIL("dtype is %s, expected %s", dt_name(kiln_dtype_of(r)), dt_name(dt));
-    if (kiln_numel(r) != n) KTEST_FAIL("%lld elements, expected %lld", (long long)kiln_numel(r), (long long)n);
+    if (kiln_numel(r) != n)
+      KTEST_FAIL("%lld elements, expected %lld", (long long)kiln_numel(r), (long long)n);
     double *e = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
     for (int64_t i = 0; i < n; i++) e[i] = dt == KILN_F32 ? (double)(float)expect[i] : expect[i];
     CHECK_TENSOR(r, ndim, shape, e, tol);
@@ -181,9 +205,8 @@ static void expect_impl(int line, const char *what, kiln_tensor *r, kiln_dtype d
   kiln_release(r);
 }
 
-#define EXPECT_AT(what, expr, dt, shape, tol, ...)                                          \
-  expect_impl(__LINE__, what, (expr), dt, NDIM(shape), shape, NV(__VA_ARGS__), D(__VA_ARGS__), \
-              tol)
+#define EXPECT_AT(what, expr, dt, shape, tol, ...) \
+  expect_impl(__LINE__, what, (expr), dt, NDIM(shape), shape, NV(__VA_ARGS__), D(__VA_ARGS__), tol)
 /* EXPECT(kiln_add(a, b), F32, S(2, 2), tol, 1, 2, 3, 4); EXPECT_V: 1-d of that many values */
 #define EXPECT(expr, dt, shape, tol, ...) EXPECT_AT(#expr, expr, dt, shape, tol, __VA_ARGS__)
 #define EXPECT_V(expr, dt, tol, ...) \
@@ -239,8 +262,8 @@ TEST(scalar_0d_broadcasts_against_nd_on_either_side) {
   EXPECT(kiln_sub(s, m), F32, S(2, 3), 0, 9, 8, 7, 6, 5, 4);
   EXPECT(kiln_sub(m, s), F32, S(2, 3), 0, -9, -8, -7, -6, -5, -4);
   EXPECT_0D(kiln_mul(s, scalar0(3, F32)), F32, 0, 30);
-  EXPECT(kiln_mul(scalar0(-2, I64), T(I64, S(2, 1, 2), 1, 2, 3, 4)), I64, S(2, 1, 2), 0, -2, -4,
-         -6, -8);
+  EXPECT(kiln_mul(scalar0(-2, I64), T(I64, S(2, 1, 2), 1, 2, 3, 4)), I64, S(2, 1, 2), 0, -2, -4, -6,
+         -8);
   EXPECT(kiln_lt(T(I32, S(1, 1, 3), 1, 5, 9), scalar0(5, I32)), BOOL_, S(1, 1, 3), 0, 1, 0, 0);
 }
 
@@ -248,8 +271,7 @@ TEST(col_3x1_with_row_1x4_gives_3x4) {
   kiln_tensor *c = T(I32, S(3, 1), 1, 2, 3);
   kiln_tensor *r = T(I32, S(1, 4), 10, 20, 30, 40);
   EXPECT(kiln_add(c, r), I32, S(3, 4), 0, 11, 21, 31, 41, 12, 22, 32, 42, 13, 23, 33, 43);
-  EXPECT(kiln_sub(c, r), I32, S(3, 4), 0, -9, -19, -29, -39, -8, -18, -28, -38, -7, -17, -27,
-         -37);
+  EXPECT(kiln_sub(c, r), I32, S(3, 4), 0, -9, -19, -29, -39, -8, -18, -28, -38, -7, -17, -27, -37);
   EXPECT(kiln_sub(r, c), I32, S(3, 4), 0, 9, 19, 29, 39, 8, 18, 28, 38, 7, 17, 27, 37);
   kiln_tensor *cf = T(F64, S(3, 1), 1, 2, 3);
   kiln_tensor *rf = T(F64, S(1, 4), 10, 20, 30, 40);
@@ -344,8 +366,8 @@ TEST(broadcast_result_too_large_is_a_shape_error_naming_op_and_shapes) {
   kiln_tensor *r31 = own(kiln_expand(one, 1, S((int64_t)1 << 31)));
   kiln_tensor *c31 = own(kiln_expand(one, 2, S((int64_t)1 << 31, 1)));
   CHECK_ERROR(kiln_sub(r31, c31), KILN_ERR_SHAPE, "kiln_sub");
-  CHECK_ERROR(kiln_matmul(c31, own(kiln_expand(one, 2, S(1, (int64_t)1 << 31)))),
-              KILN_ERR_SHAPE, "kiln_matmul");
+  CHECK_ERROR(kiln_matmul(c31, own(kiln_expand(one, 2, S(1, (int64_t)1 << 31)))), KILN_ERR_SHAPE,
+              "kiln_matmul");
   /* batch dims of a matmul broadcast the same way */
   kiln_tensor *m = own(kiln_zeros(F32, 2, S(1, 1)));
   kiln_tensor *ba = own(kiln_expand(m, 4, S((int64_t)1 << 32, 1, 1, 1)));
@@ -362,8 +384,8 @@ TEST(expanded_input_matches_contiguous_copy) {
   kiln_tensor *c = IOTA(F32, S(3, 4));
   EXPECT(kiln_add(e, c), F32, S(3, 4), 0, 1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14);
   EXPECT_SAME(kiln_add(e, c), kiln_add(copy_of(e), c));
-  EXPECT(kiln_mul(e, V(F32, 10, 20, 30, 40)), F32, S(3, 4), 0, 10, 20, 30, 40, 20, 40, 60, 80,
-         30, 60, 90, 120);
+  EXPECT(kiln_mul(e, V(F32, 10, 20, 30, 40)), F32, S(3, 4), 0, 10, 20, 30, 40, 20, 40, 60, 80, 30,
+         60, 90, 120);
   /* a 0-d expanded to [2,2] and a [4] expanded to [2,3,4] */
   kiln_tensor *s = own(kiln_expand(scalar0(5, I64), 2, S(2, 2)));
   EXPECT(kiln_sub(s, T(I64, S(2, 2), 1, 2, 3, 4)), I64, S(2, 2), 0, 4, 3, 2, 1);
@@ -457,8 +479,23 @@ static const kiln_dtype DIV_TABLE[5][5] = {
 static const double PA[4] = {1, 0, 3, -2};
 static const double PB[4] = {2.5, 1, 0, 0.25};
 
-typedef enum { K_ADD, K_SUB, K_MUL, K_MAX, K_MIN, K_DIV, K_POW, K_EQ, K_NE, K_LT, K_LE, K_GT,
-               K_GE, K_AND, K_OR } op_kind;
+typedef enum {
+  K_ADD,
+  K_SUB,
+  K_MUL,
+  K_MAX,
+  K_MIN,
+  K_DIV,
+  K_POW,
+  K_EQ,
+  K_NE,
+  K_LT,
+  K_LE,
+  K_GT,
+  K_GE,
+  K_AND,
+  K_OR
+} op_kind;
 
 typedef struct {
   const char *name;
@@ -467,13 +504,20 @@ typedef struct {
 } binop;
 
 static const binop BINOPS[] = {
-    {"kiln_add", kiln_add, K_ADD},         {"kiln_sub", kiln_sub, K_SUB},
-    {"kiln_mul", kiln_mul, K_MUL},         {"kiln_maximum", kiln_maximum, K_MAX},
-    {"kiln_minimum", kiln_minimum, K_MIN}, {"kiln_div", kiln_div, K_DIV},
-    {"kiln_pow", kiln_pow, K_POW},         {"kiln_eq", kiln_eq, K_EQ},
-    {"kiln_ne", kiln_ne, K_NE},            {"kiln_lt", kiln_lt, K_LT},
-    {"kiln_le", kiln_le, K_LE},            {"kiln_gt", kiln_gt, K_GT},
-    {"kiln_ge", kiln_ge, K_GE},            {"kiln_logical_and", kiln_logical_and, K_AND},
+    {"kiln_add", kiln_add, K_ADD},
+    {"kiln_sub", kiln_sub, K_SUB},
+    {"kiln_mul", kiln_mul, K_MUL},
+    {"kiln_maximum", kiln_maximum, K_MAX},
+    {"kiln_minimum", kiln_minimum, K_MIN},
+    {"kiln_div", kiln_div, K_DIV},
+    {"kiln_pow", kiln_pow, K_POW},
+    {"kiln_eq", kiln_eq, K_EQ},
+    {"kiln_ne", kiln_ne, K_NE},
+    {"kiln_lt", kiln_lt, K_LT},
+    {"kiln_le", kiln_le, K_LE},
+    {"kiln_gt", kiln_gt, K_GT},
+    {"kiln_ge", kiln_ge, K_GE},
+    {"kiln_logical_and", kiln_logical_and, K_AND},
     {"kiln_logical_or", kiln_logical_or, K_OR},
 };
 
@@ -500,21 +544,51 @@ static double ref_binop(op_kind k, kiln_dtype rd, double x, double y) {
   }
   double r = 0;
   switch (k) {
-    case K_ADD: r = x + y; break;
-    case K_SUB: r = x - y; break;
-    case K_MUL: r = x * y; break;
-    case K_MAX: r = (isnan(x) || isnan(y)) ? NAN : fmax(x, y); break;
-    case K_MIN: r = (isnan(x) || isnan(y)) ? NAN : fmin(x, y); break;
-    case K_DIV: r = x / y; break;
-    case K_POW: r = fl ? pow(x, y) : int_pow(x, y); break;
-    case K_EQ: r = x == y; break;
-    case K_NE: r = x != y; break;
-    case K_LT: r = x < y; break;
-    case K_LE: r = x <= y; break;
-    case K_GT: r = x > y; break;
-    case K_GE: r = x >= y; break;
-    case K_AND: r = (x != 0) && (y != 0); break;
-    case K_OR: r = (x != 0) || (y != 0); break;
+    case K_ADD:
+      r = x + y;
+      break;
+    case K_SUB:
+      r = x - y;
+      break;
+    case K_MUL:
+      r = x * y;
+      break;
+    case K_MAX:
+      r = (isnan(x) || isnan(y)) ? NAN : fmax(x, y);
+      break;
+    case K_MIN:
+      r = (isnan(x) || isnan(y)) ? NAN : fmin(x, y);
+      break;
+    case K_DIV:
+      r = x / y;
+      break;
+    case K_POW:
+      r = fl ? pow(x, y) : int_pow(x, y);
+      break;
+    case K_EQ:
+      r = x == y;
+      break;
+    case K_NE:
+      r = x != y;
+      break;
+    case K_LT:
+      r = x < y;
+      break;
+    case K_LE:
+      r = x <= y;
+      break;
+    case K_GT:
+      r = x > y;
+      break;
+    case K_GE:
+      r = x >= y;
+      break;
+    case K_AND:
+      r = (x != 0) && (y != 0);
+      break;
+    case K_OR:
+      r = (x != 0) || (y != 0);
+      break;
   }
   return quant(rd, r);
 }

@@ -49,15 +49,14 @@ static bool exists(const char *path) {
   return lstat(path, &st) == 0;
 }
 
-static bool planted_code_ran(void) {
-  return exists(marker);
-}
+static bool planted_code_ran(void) { return exists(marker); }
 
 /* a fresh directory under work/ with the given mode */
 static void make_dir(char *out, const char *name, mode_t mode) {
   snprintf(out, PATH_MAX, "%s/%s", work, name);
   rm_rf(out);
-  if (mkdir(out, 0700) != 0 || chmod(out, mode) != 0) KTEST_FAIL("cannot make %s: %s", out, strerror(errno));
+  if (mkdir(out, 0700) != 0 || chmod(out, mode) != 0)
+    KTEST_FAIL("cannot make %s: %s", out, strerror(errno));
 }
 
 static bool compile_so(const char *src_text, const char *out) {
@@ -87,7 +86,8 @@ static bool build_objects(void) {
            "  int fd = open(\"%s\", O_WRONLY | O_CREAT, 0644);\n  if (fd >= 0) close(fd);\n}\n"
            "int kiln_test_answer(void) { return 666; }\n",
            marker);
-  if (!compile_so("int kiln_test_answer(void) { return 42; }\n", good_so) || !compile_so(src, evil_so))
+  if (!compile_so("int kiln_test_answer(void) { return 42; }\n", good_so) ||
+      !compile_so(src, evil_so))
     return false;
   FILE *f = fopen(evil_so, "rb");
   evil_len = f ? fread(evil_payload, 1, sizeof evil_payload, f) : 0;
@@ -110,7 +110,8 @@ static void forge(const char *path, const uint64_t h[2]) {
   for (int k = 0; k < 4; k++)
     for (int i = 0; i < 8; i++) t[8 + 8 * k + i] = (uint8_t)(fields[k] >> (8 * i));
   FILE *f = fopen(path, "wb");
-  if (!f || fwrite(evil_payload, 1, evil_len, f) != evil_len || fwrite(t, 1, sizeof t, f) != sizeof t)
+  if (!f || fwrite(evil_payload, 1, evil_len, f) != evil_len ||
+      fwrite(t, 1, sizeof t, f) != sizeof t)
     KTEST_FAIL("cannot write %s", path);
   if (f) fclose(f);
 }
@@ -172,7 +173,8 @@ TEST(planted_object_in_another_users_dir_never_runs) {
     _exit(ktest_failed_checks ? 1 : 0);
   }
   int status = -1;
-  CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+        WEXITSTATUS(status) == 0);
   check_refused(dir, "a directory nobody planted in");
 }
 
@@ -264,12 +266,14 @@ static void *swap_on_open(void *arg) {
 }
 
 TEST(file_swapped_after_checks_is_not_loaded) {
-  char dir[PATH_MAX], path[PATH_MAX + 64], big_so[PATH_MAX + 16], evil[PATH_MAX + 16], src[PATH_MAX + 32];
+  char dir[PATH_MAX], path[PATH_MAX + 64], big_so[PATH_MAX + 16], evil[PATH_MAX + 16],
+      src[PATH_MAX + 32];
   make_dir(dir, "swap", 0700);
   /* a good object with 32 MiB of data: verifying it takes a while */
   snprintf(big_so, sizeof big_so, "%s/big.so", work);
-  snprintf(src, sizeof src, "static const char pad[32 << 20] = {1};\n"
-                            "int kiln_test_answer(void) { return 42 + pad[0] - 1; }\n");
+  snprintf(src, sizeof src,
+           "static const char pad[32 << 20] = {1};\n"
+           "int kiln_test_answer(void) { return 42 + pad[0] - 1; }\n");
   CHECK(compile_so(src, big_so));
   setenv("KILN_CACHE_DIR", dir, 1);
   CHECK(cache_disk_store(H1, big_so));
@@ -286,7 +290,8 @@ TEST(file_swapped_after_checks_is_not_loaded) {
     int got = load_answer(H1);
     pthread_join(th, NULL);
     close(s.inotify);
-    if (planted_code_ran()) KTEST_FAIL("round %d: the object swapped in after the checks ran", round);
+    if (planted_code_ran())
+      KTEST_FAIL("round %d: the object swapped in after the checks ran", round);
     unlink(marker);
     CHECK(got == 42 || got == -1);
     CHECK(cache_disk_store(H1, big_so)); /* the good file back for the next round */
@@ -330,7 +335,8 @@ static int child_work(void) {
   kiln_release(x);
   kiln_stats st;
   kiln_get_stats(&st);
-  printf("%a %llu %llu\n", total, (unsigned long long)st.compiles, (unsigned long long)st.disk_hits);
+  printf("%a %llu %llu\n", total, (unsigned long long)st.compiles,
+         (unsigned long long)st.disk_hits);
   return 0;
 }
 
@@ -412,7 +418,7 @@ TEST(dump_dir_is_private_and_follows_no_symlink) {
     links += symlink(victim, path) == 0;
   }
   if (d) closedir(d);
-  CHECK(links >= 3); /* trace-*.txt, trace-*.dot, manifest.tsv at least */
+  CHECK(links >= 3);                   /* trace-*.txt, trace-*.dot, manifest.tsv at least */
   make_dir(cache, "dump-cache", 0700); /* compile again, so the kernel dumps are written too */
   snprintf(env, sizeof env, "KILN_DUMP='%s'", second);
   r = run_child(cache, env);
@@ -461,9 +467,7 @@ static int count_prefix(const char *dir, const char *prefix) {
 }
 
 /* child: one cache lookup, which is this process's first use of the cache */
-static int child_lookup(void) {
-  return load_answer(H1) == -1 ? 0 : 1;
-}
+static int child_lookup(void) { return load_answer(H1) == -1 ? 0 : 1; }
 
 /* A writer killed in the middle of a store (it blocks reading a FIFO as
    its source) leaves its temp file; the next process to open the cache
@@ -497,7 +501,8 @@ TEST(killed_writers_temp_file_is_reclaimed_at_startup) {
    process removes such leftovers (ours, only libgccjit's files, untouched
    for ten minutes), and leaves a fresh one alone */
 TEST(libgccjit_leftovers_are_reclaimed) {
-  char tmp[PATH_MAX], cache[PATH_MAX], stale[PATH_MAX + 32], fresh[PATH_MAX + 32], file[PATH_MAX + 64];
+  char tmp[PATH_MAX], cache[PATH_MAX], stale[PATH_MAX + 32], fresh[PATH_MAX + 32],
+      file[PATH_MAX + 64];
   make_dir(tmp, "tmpdir", 0700);
   make_dir(cache, "tmpdir-cache", 0700);
   snprintf(stale, sizeof stale, "%s/libgccjit-Ab12Cd", tmp);

@@ -30,31 +30,45 @@ static const kiln_dtype FLOAT_DTYPES[2] = {KILN_F32, KILN_F64};
 
 static const char *dt_name(kiln_dtype dt) {
   switch (dt) {
-    case KILN_BOOL: return "bool";
-    case KILN_I32: return "i32";
-    case KILN_I64: return "i64";
-    case KILN_F32: return "f32";
-    case KILN_F64: return "f64";
+    case KILN_BOOL:
+      return "bool";
+    case KILN_I32:
+      return "i32";
+    case KILN_I64:
+      return "i64";
+    case KILN_F32:
+      return "f32";
+    case KILN_F64:
+      return "f64";
   }
   return "?";
 }
 
 static size_t dt_size(kiln_dtype dt) {
   switch (dt) {
-    case KILN_BOOL: return 1;
-    case KILN_I32: case KILN_F32: return 4;
-    default: return 8;
+    case KILN_BOOL:
+      return 1;
+    case KILN_I32:
+    case KILN_F32:
+      return 4;
+    default:
+      return 8;
   }
 }
 
 /* the value v becomes when stored as dt (v in range for integers) */
 static double quant(kiln_dtype dt, double v) {
   switch (dt) {
-    case KILN_BOOL: return v != 0;
-    case KILN_I32: return (double)(int32_t)v;
-    case KILN_I64: return (double)(int64_t)v;
-    case KILN_F32: return (double)(float)v;
-    case KILN_F64: return v;
+    case KILN_BOOL:
+      return v != 0;
+    case KILN_I32:
+      return (double)(int32_t)v;
+    case KILN_I64:
+      return (double)(int64_t)v;
+    case KILN_F32:
+      return (double)(float)v;
+    case KILN_F64:
+      return v;
   }
   return v;
 }
@@ -102,11 +116,21 @@ static kiln_tensor *makev(kiln_dtype dt, int ndim, const int64_t *shape, int64_t
   void *buf = malloc((size_t)(numel > 0 ? numel : 1) * dt_size(dt));
   for (int64_t i = 0; i < numel; i++) {
     switch (dt) {
-      case KILN_BOOL: ((uint8_t *)buf)[i] = v[i] != 0; break;
-      case KILN_I32: ((int32_t *)buf)[i] = (int32_t)v[i]; break;
-      case KILN_I64: ((int64_t *)buf)[i] = (int64_t)v[i]; break;
-      case KILN_F32: ((float *)buf)[i] = (float)v[i]; break;
-      case KILN_F64: ((double *)buf)[i] = v[i]; break;
+      case KILN_BOOL:
+        ((uint8_t *)buf)[i] = v[i] != 0;
+        break;
+      case KILN_I32:
+        ((int32_t *)buf)[i] = (int32_t)v[i];
+        break;
+      case KILN_I64:
+        ((int64_t *)buf)[i] = (int64_t)v[i];
+        break;
+      case KILN_F32:
+        ((float *)buf)[i] = (float)v[i];
+        break;
+      case KILN_F64:
+        ((double *)buf)[i] = v[i];
+        break;
     }
   }
   kiln_tensor *t = own(kiln_from_data(buf, dt, ndim, shape));
@@ -141,8 +165,7 @@ static void expect_impl(int line, const char *what, kiln_tensor *r, kiln_dtype d
   int64_t numel = 1;
   for (int d = 0; d < ndim; d++) numel *= shape[d];
   if (numel != n) {
-    KTEST_FAIL("test bug: %lld expected values for %lld elements", (long long)n,
-               (long long)numel);
+    KTEST_FAIL("test bug: %lld expected values for %lld elements", (long long)n, (long long)numel);
   } else if (!r) {
     KTEST_FAIL("result is NULL: %s", kiln_last_error());
   } else {
@@ -157,9 +180,8 @@ static void expect_impl(int line, const char *what, kiln_tensor *r, kiln_dtype d
   kiln_release(r);
 }
 
-#define EXPECT_AT(what, expr, dt, shape, tol, ...)                                          \
-  expect_impl(__LINE__, what, (expr), dt, NDIM(shape), shape, NV(__VA_ARGS__), D(__VA_ARGS__), \
-              tol)
+#define EXPECT_AT(what, expr, dt, shape, tol, ...) \
+  expect_impl(__LINE__, what, (expr), dt, NDIM(shape), shape, NV(__VA_ARGS__), D(__VA_ARGS__), tol)
 /* EXPECT(kiln_add(a, b), F32, S(2, 2), tol, 1, 2, 3, 4); EXPECT_V: 1-d of that many values */
 #define EXPECT(expr, dt, shape, tol, ...) EXPECT_AT(#expr, expr, dt, shape, tol, __VA_ARGS__)
 #define EXPECT_V(expr, dt, tol, ...) \
@@ -167,8 +189,8 @@ static void expect_impl(int line, const char *what, kiln_tensor *r, kiln_dtype d
 #define EXPECT_0D(expr, dt, tol, value) \
   expect_impl(__LINE__, #expr, (expr), dt, 0, S(0), 1, D(value), tol)
 /* computed expectations: EXPECT_A(expr, dt, shape, tol, double array) */
-#define EXPECT_A(expr, dt, shape, tol, arr)                                                  \
-  expect_impl(__LINE__, #expr, (expr), dt, NDIM(shape), shape,                               \
+#define EXPECT_A(expr, dt, shape, tol, arr)                    \
+  expect_impl(__LINE__, #expr, (expr), dt, NDIM(shape), shape, \
               (int64_t)(sizeof(arr) / sizeof(double)), arr, tol)
 
 /* ---- references (double) over a [rows, cols] matrix along axis 0 or 1 ---- */
@@ -191,8 +213,7 @@ static void quant_all(kiln_dtype dt, const double *x, int n, double *out) {
 typedef enum { R_SOFTMAX, R_LOG_SOFTMAX } ref_kind;
 
 /* softmax or log_softmax of the rows x cols matrix x along axis into out */
-static void ref_softmax(ref_kind kind, const double *x, int rows, int cols, int axis,
-                        double *out) {
+static void ref_softmax(ref_kind kind, const double *x, int rows, int cols, int axis, double *out) {
   int nlines = axis == 1 ? rows : cols, len = axis == 1 ? cols : rows;
   int stride = axis == 1 ? 1 : cols;
   for (int l = 0; l < nlines; l++) {
@@ -235,9 +256,9 @@ static double ref_gelu(double x) { return 0.5 * x * (1.0 + erf(x / sqrt(2.0))); 
 /* ---- softmax ---- */
 
 /* rows: ordinary, large (1000: exp would overflow), with -inf entries, mixed */
-static const double SM_X[16] = {1,         2,    3,         4,    /* */
-                                1000,      1000, 999,       998,  /* */
-                                -INFINITY, 0,    -INFINITY, 1,    /* */
+static const double SM_X[16] = {1,         2,    3,         4,   /* */
+                                1000,      1000, 999,       998, /* */
+                                -INFINITY, 0,    -INFINITY, 1,   /* */
                                 -0.5,      0.25, 0.1,       -3};
 
 TEST(softmax_last_axis_matches_reference_f32_f64) {
@@ -258,8 +279,7 @@ TEST(softmax_literal_values_large_inputs_and_neg_inf) {
          S(3, 2), 1e-12, 0.25, 0.75, 0.25, 0.75, 0, 1);
   EXPECT(kiln_softmax(T(F32, S(3, 2), 0, log(3.0), 1000, 1000, -INFINITY, 5), 1), F32, S(3, 2),
          1e-5, 0.25, 0.75, 0.5, 0.5, 0, 1);
-  EXPECT_V(kiln_softmax(V(F32, -1000, -1000, -1000, -1000), 0), F32, 1e-6, 0.25, 0.25, 0.25,
-           0.25);
+  EXPECT_V(kiln_softmax(V(F32, -1000, -1000, -1000, -1000), 0), F32, 1e-6, 0.25, 0.25, 0.25, 0.25);
 }
 
 TEST(softmax_axis0_and_transposed_input) {
@@ -335,13 +355,12 @@ TEST(logsumexp_axis1_keepdim_and_axis0) {
 TEST(logsumexp_row_of_neg_inf_is_neg_inf_and_large_values_do_not_overflow) {
   for (int k = 0; k < 2; k++) {
     kiln_dtype dt = FLOAT_DTYPES[k];
-    kiln_tensor *t = T(dt, S(4, 3), 1, 2, 3,                    /* */
-                       1000, 1000, 1000,                        /* */
-                       -INFINITY, -INFINITY, -INFINITY,         /* */
+    kiln_tensor *t = T(dt, S(4, 3), 1, 2, 3,            /* */
+                       1000, 1000, 1000,                /* */
+                       -INFINITY, -INFINITY, -INFINITY, /* */
                        -1000, -1000, -1001);
-    EXPECT_V(kiln_logsumexp(t, 1, false), dt, tol_of(dt),
-             3 + log(1 + exp(-1.0) + exp(-2.0)), 1000 + log(3.0), -INFINITY,
-             -1000 + log(2 + exp(-1.0)));
+    EXPECT_V(kiln_logsumexp(t, 1, false), dt, tol_of(dt), 3 + log(1 + exp(-1.0) + exp(-2.0)),
+             1000 + log(3.0), -INFINITY, -1000 + log(2 + exp(-1.0)));
   }
   EXPECT_0D(kiln_logsumexp(V(F64, -INFINITY, -INFINITY), 0, false), F64, 0, -INFINITY);
   EXPECT_V(kiln_logsumexp(V(F32, 100, 100), 0, true), F32, 1e-5, 100 + log(2.0));
@@ -390,14 +409,14 @@ TEST(layer_norm_with_weight_and_bias_f32_f64) {
 
 TEST(layer_norm_eps_is_added_to_variance_inside_sqrt) {
   /* var([1,2,3,4]) = 1.25; with eps 1: (x - 2.5) / sqrt(2.25) = (x - 2.5) / 1.5 */
-  EXPECT_V(kiln_layer_norm(V(F64, 1, 2, 3, 4), NULL, NULL, 1.0), F64, 1e-12, -1, -1.0 / 3,
-           1.0 / 3, 1);
-  EXPECT_V(kiln_layer_norm(V(F32, 1, 2, 3, 4), NULL, NULL, 1.0), F32, 1e-5, -1, -1.0 / 3,
-           1.0 / 3, 1);
+  EXPECT_V(kiln_layer_norm(V(F64, 1, 2, 3, 4), NULL, NULL, 1.0), F64, 1e-12, -1, -1.0 / 3, 1.0 / 3,
+           1);
+  EXPECT_V(kiln_layer_norm(V(F32, 1, 2, 3, 4), NULL, NULL, 1.0), F32, 1e-5, -1, -1.0 / 3, 1.0 / 3,
+           1);
   /* a constant row has zero variance: the output is 0 (then the bias), not NaN */
   kiln_tensor *b = V(F64, 0.5, -0.5, 0, 7);
-  EXPECT(kiln_layer_norm(T(F64, S(2, 4), 3, 3, 3, 3, -2, -2, -2, -2), NULL, b, 1e-5), F64,
-         S(2, 4), 1e-12, 0.5, -0.5, 0, 7, 0.5, -0.5, 0, 7);
+  EXPECT(kiln_layer_norm(T(F64, S(2, 4), 3, 3, 3, 3, -2, -2, -2, -2), NULL, b, 1e-5), F64, S(2, 4),
+         1e-12, 0.5, -0.5, 0, 7, 0.5, -0.5, 0, 7);
 }
 
 TEST(layer_norm_3d_normalizes_last_axis_only) {
@@ -454,7 +473,8 @@ TEST(layer_norm_softmax_of_empty_rows_allocate_nothing_large) {
   /* rows of zero length along another axis, and an empty batch */
   kiln_tensor *rows = own(kiln_zeros(F64, 2, S(3, 0)));
   expect_empty(kiln_softmax(rows, 1), F64, 2, S(3, 0));
-  expect_empty(kiln_layer_norm(own(kiln_zeros(F64, 2, S(0, 5))), NULL, NULL, 1e-5), F64, 2, S(0, 5));
+  expect_empty(kiln_layer_norm(own(kiln_zeros(F64, 2, S(0, 5))), NULL, NULL, 1e-5), F64, 2,
+               S(0, 5));
   CHECK(max_rss_mib() - before < 512);
 }
 
@@ -520,7 +540,8 @@ TEST(mse_loss_of_mismatched_shapes_is_a_shape_error_naming_both) {
   CHECK_ERROR(kiln_mse_loss(a, b), KILN_ERR_SHAPE, "kiln_mse_loss");
   CHECK_ERROR(kiln_mse_loss(a, b), KILN_ERR_SHAPE, "[3,4] and [4]");
   CHECK_ERROR(kiln_mse_loss(b, a), KILN_ERR_SHAPE, "[4] and [3,4]");
-  kiln_tensor *p = own(kiln_zeros(F32, 3, S(38400, 1, 1))), *q = own(kiln_zeros(F32, 2, S(38400, 1)));
+  kiln_tensor *p = own(kiln_zeros(F32, 3, S(38400, 1, 1))),
+              *q = own(kiln_zeros(F32, 2, S(38400, 1)));
   CHECK_ERROR(kiln_mse_loss(p, q), KILN_ERR_SHAPE, "[38400,1,1] and [38400,1]");
   CHECK_ERROR(kiln_mse_loss(own(kiln_scalar(1, F32)), b), KILN_ERR_SHAPE, "kiln_mse_loss");
   /* equal shapes, mixed float dtypes: promoted as before; empty: NaN */
@@ -574,7 +595,8 @@ TEST(mse_loss_is_mean_squared_difference_f32_f64) {
     EXPECT_0D(kiln_mse_loss(T(dt, S(2, 2), 0.1, -0.2, 0.3, 4), T(dt, S(2, 2), 0, 0, 0, 0)), dt,
               tol_of(dt),
               (quant(dt, 0.1) * quant(dt, 0.1) + quant(dt, 0.2) * quant(dt, 0.2) +
-               quant(dt, 0.3) * quant(dt, 0.3) + 16) / 4);
+               quant(dt, 0.3) * quant(dt, 0.3) + 16) /
+                  4);
   }
   EXPECT_0D(kiln_mse_loss(V(F64, 1, 1), V(F64, 1, 1)), F64, 0, 0);
 }
@@ -612,8 +634,8 @@ TEST(gelu_matches_erf_form_f32_f64) {
 
 TEST(relu_zeroes_negatives_keeps_dtype) {
   EXPECT(kiln_relu(T(F64, S(2, 2), -1, 0, 2, NAN)), F64, S(2, 2), 0, 0, 0, 2, NAN);
-  EXPECT(kiln_relu(T(F32, S(2, 2), -1e-30, 3.5, -INFINITY, INFINITY)), F32, S(2, 2), 0, 0, 3.5,
-         0, INFINITY);
+  EXPECT(kiln_relu(T(F32, S(2, 2), -1e-30, 3.5, -INFINITY, INFINITY)), F32, S(2, 2), 0, 0, 3.5, 0,
+         INFINITY);
   EXPECT(kiln_relu(T(I32, S(2, 2), -7, 7, 0, -1)), I32, S(2, 2), 0, 0, 7, 0, 0);
   EXPECT(kiln_relu(T(I64, S(1, 2), -5e12, 5e12)), I64, S(1, 2), 0, 0, 5e12);
 }

@@ -11,12 +11,12 @@
 #define V(...) ((const double[]){__VA_ARGS__})
 
 /* evaluates expr once, checks dtype, shape and values (tolerance tol), releases it */
-#define CHECK_MADE(expr, dt, nd, shape, expect, tol)                 \
-  do {                                                               \
-    kiln_tensor *cm_ = (expr);                                       \
-    if (cm_) CHECK_EQ_INT(kiln_dtype_of(cm_), dt);                   \
-    CHECK_TENSOR(cm_, nd, shape, expect, tol);                       \
-    kiln_release(cm_);                                               \
+#define CHECK_MADE(expr, dt, nd, shape, expect, tol) \
+  do {                                               \
+    kiln_tensor *cm_ = (expr);                       \
+    if (cm_) CHECK_EQ_INT(kiln_dtype_of(cm_), dt);   \
+    CHECK_TENSOR(cm_, nd, shape, expect, tol);       \
+    kiln_release(cm_);                               \
   } while (0)
 
 static const kiln_dtype all_dtypes[] = {KILN_BOOL, KILN_I32, KILN_I64, KILN_F32, KILN_F64};
@@ -209,13 +209,13 @@ TEST(zeros_ones_full_every_dtype) {
 TEST(full_converts_the_value_to_the_dtype) {
   CHECK_MADE(kiln_full(7.5, KILN_F32, 2, S(1, 2)), KILN_F32, 2, S(1, 2), V(7.5, 7.5), 0);
   CHECK_MADE(kiln_full(0.1, KILN_F64, 1, S(2)), KILN_F64, 1, S(2), V(0.1, 0.1), 0);
-  CHECK_MADE(kiln_full(0.1, KILN_F32, 1, S(2)), KILN_F32, 1, S(2),
-             V((double)0.1f, (double)0.1f), 0);
+  CHECK_MADE(kiln_full(0.1, KILN_F32, 1, S(2)), KILN_F32, 1, S(2), V((double)0.1f, (double)0.1f),
+             0);
   CHECK_MADE(kiln_full(-2, KILN_I32, 1, S(2)), KILN_I32, 1, S(2), V(-2, -2), 0);
   CHECK_MADE(kiln_full(-4e9, KILN_I64, 1, S(1)), KILN_I64, 1, S(1), V(-4e9), 0);
   CHECK_MADE(kiln_full(0.5, KILN_BOOL, 1, S(2)), KILN_BOOL, 1, S(2), V(1, 1), 0);
-  CHECK_MADE(kiln_full(-INFINITY, KILN_F32, 1, S(2)), KILN_F32, 1, S(2),
-             V(-INFINITY, -INFINITY), 0);
+  CHECK_MADE(kiln_full(-INFINITY, KILN_F32, 1, S(2)), KILN_F32, 1, S(2), V(-INFINITY, -INFINITY),
+             0);
   CHECK_MADE(kiln_full(NAN, KILN_F64, 1, S(1)), KILN_F64, 1, S(1), V(NAN), 0);
 }
 
@@ -476,7 +476,8 @@ TEST(ops_recorded_is_exact_per_thread_and_counts_exited_threads) {
   }
   kiln_stats st;
   kiln_get_stats(&st);
-  CHECK_EQ_INT((long long)st.ops_recorded - (long long)before, 600); /* each op: the scalar and the mul */
+  CHECK_EQ_INT((long long)st.ops_recorded - (long long)before,
+               600); /* each op: the scalar and the mul */
   CHECK_EQ_INT(kiln_stat("ops_recorded") - before, 600);
   pthread_t th;
   kiln_tensor *other = NULL;
@@ -526,8 +527,7 @@ TEST(print_i32_vector_names_dtype) {
 }
 
 TEST(print_i64_vector_has_no_dtype) {
-  check_print(kiln_from_data((const int64_t[]){1, 2, 3}, KILN_I64, 1, S(3)),
-              "tensor([1, 2, 3])\n");
+  check_print(kiln_from_data((const int64_t[]){1, 2, 3}, KILN_I64, 1, S(3)), "tensor([1, 2, 3])\n");
 }
 
 TEST(print_bool_vector) {
@@ -546,8 +546,7 @@ TEST(print_f32_fractions_use_four_decimals) {
 }
 
 TEST(print_negative_values_align) {
-  check_print(kiln_from_data((const float[]){-1, 2}, KILN_F32, 1, S(2)),
-              "tensor([-1.,  2.])\n");
+  check_print(kiln_from_data((const float[]){-1, 2}, KILN_F32, 1, S(2)), "tensor([-1.,  2.])\n");
 }
 
 TEST(print_3d_separates_blocks_with_blank_line) {

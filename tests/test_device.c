@@ -1,12 +1,11 @@
 /* test_device.c — devices: the CPU is always there; CUDA is probed through
  * a dlopen'd driver (absent or device-less on machines without a GPU), and
  * asking for it without one is a clear KILN_ERR_DEVICE, never a crash. */
-#include "ktest.h"
-
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "../front/op.h"
+#include "ktest.h"
 
 extern char **environ;
 
@@ -34,7 +33,8 @@ TEST(cuda_is_there_or_a_clear_device_error) {
     CHECK(g && kiln_device_of(g) == KILN_CUDA);
     kiln_release(g);
   } else {
-    CHECK_ERROR(kiln_to_device(x, KILN_CUDA), KILN_ERR_DEVICE, "kiln_to_device: no CUDA device is available");
+    CHECK_ERROR(kiln_to_device(x, KILN_CUDA), KILN_ERR_DEVICE,
+                "kiln_to_device: no CUDA device is available");
   }
   CHECK_ERROR(kiln_to_device(x, (kiln_device)9), KILN_ERR_ARG, "invalid device 9");
   CHECK_ERROR(kiln_to_device(NULL, KILN_CPU), KILN_ERR_ARG, "kiln_to_device");
@@ -46,7 +46,8 @@ TEST(device_info_says_what_or_why) {
   CHECK(cpu && strstr(cpu, "CPU") && strstr(cpu, "threads"));
   const char *cuda = kiln_device_info(KILN_CUDA);
   CHECK(cuda && *cuda);
-  if (!kiln_device_available(KILN_CUDA)) CHECK(strstr(cuda, "CUDA") || strstr(cuda, "libcuda") || strstr(cuda, "device"));
+  if (!kiln_device_available(KILN_CUDA))
+    CHECK(strstr(cuda, "CUDA") || strstr(cuda, "libcuda") || strstr(cuda, "device"));
   CHECK(!strcmp(kiln_device_info((kiln_device)7), "no such device"));
   kiln_tensor *x = kiln_ones(KILN_F32, 1, (int64_t[]){2});
   CHECK_EQ_INT(kiln_device_of(x), KILN_CPU);
@@ -56,7 +57,8 @@ TEST(device_info_says_what_or_why) {
 /* the rule every op follows (vm_infer_device), on handles whose device is
    set by hand: a GPU is not needed to check who may mix with whom */
 TEST(an_op_over_two_devices_names_both) {
-  kiln_tensor *a = kiln_ones(KILN_F32, 1, (int64_t[]){3}), *b = kiln_ones(KILN_F32, 1, (int64_t[]){3});
+  kiln_tensor *a = kiln_ones(KILN_F32, 1, (int64_t[]){3}),
+              *b = kiln_ones(KILN_F32, 1, (int64_t[]){3});
   kiln_tensor *s = kiln_scalar(2.0, KILN_F32); /* 0-d, but not a weak literal */
   vm_tensor *w = fe_weak_scalar(2, false);
   kiln_device d = KILN_CPU;
@@ -64,7 +66,8 @@ TEST(an_op_over_two_devices_names_both) {
   CHECK(!vm_infer_device(2, (vm_tensor *[]){a, b}, &d));
   CHECK(strstr(kiln_last_error(), "input 0 is on cpu and input 1 on cuda"));
   kiln_clear_error();
-  CHECK(vm_infer_device(2, (vm_tensor *[]){b, w}, &d) && d == KILN_CUDA); /* weak scalars go anywhere */
+  CHECK(vm_infer_device(2, (vm_tensor *[]){b, w}, &d) &&
+        d == KILN_CUDA); /* weak scalars go anywhere */
   CHECK(vm_infer_device(2, (vm_tensor *[]){w, b}, &d) && d == KILN_CUDA);
   CHECK(vm_infer_device(3, (vm_tensor *[]){a, w, a}, &d) && d == KILN_CPU);
   CHECK(!vm_infer_device(2, (vm_tensor *[]){s, b}, &d)); /* a user's 0-d tensor is on its device */
@@ -100,15 +103,18 @@ static int child_with_device(const char *self, const char *value, const char *mo
 
 static int child_checks(const char *mode, kiln_tensor *x, kiln_tensor *y, kiln_tensor *r) {
   if (!strcmp(mode, "--cuda")) { /* here only without a GPU: a clear error at the call */
-    if (kiln_device_available(KILN_CUDA)) return x && y && r && kiln_device_of(x) == KILN_CUDA ? 0 : 1;
+    if (kiln_device_available(KILN_CUDA))
+      return x && y && r && kiln_device_of(x) == KILN_CUDA ? 0 : 1;
     return !x && !y && !r && kiln_last_status() == KILN_ERR_DEVICE &&
                    strstr(kiln_last_error(), "kiln_rand: no CUDA device is available")
-               ? 0 : 2;
+               ? 0
+               : 2;
   }
   if (!strcmp(mode, "--bad")) /* names the value and the choices */
     return !x && !y && kiln_last_status() == KILN_ERR_ARG &&
                    strstr(kiln_last_error(), "KILN_DEVICE=tpu names no device (cpu or cuda)")
-               ? 0 : 3;
+               ? 0
+               : 3;
   return x && y && r && kiln_device_of(x) == KILN_CPU && kiln_device_of(y) == KILN_CPU ? 0 : 4;
 }
 

@@ -108,9 +108,7 @@ static off_t file_size(const char *path) {
   return stat(path, &st) == 0 ? st.st_size : -1;
 }
 
-static void path_of(const uint64_t h[2], char *out) {
-  cache_disk_path(h, out, PATH_MAX);
-}
+static void path_of(const uint64_t h[2], char *out) { cache_disk_path(h, out, PATH_MAX); }
 
 /* loads h and calls its function: 42, or -1 on a miss */
 static int load_answer(const uint64_t h[2]) {
@@ -368,9 +366,7 @@ TEST(test_disabled) {
   unsetenv("KILN_CACHE");
 }
 
-static uint64_t hash_n(int i) {
-  return 0xabc0000000000000ull + (uint64_t)i;
-}
+static uint64_t hash_n(int i) { return 0xabc0000000000000ull + (uint64_t)i; }
 
 TEST(test_lru_bound) {
   fresh_cache();

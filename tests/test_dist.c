@@ -11,8 +11,8 @@
  * into one trace per step, and start its first bucket before backward
  * ends; and CUDA tensors (test_dist_np2_cuda_emulated: each rank with an
  * emulated GPU): reductions and averaged gradients that stay on the GPU,
- * and a bucket of gradients on two devices refused.  `test_dist die` and `test_dist hang` are the failure drills
- * (tests/dist_expect_abort.sh runs them). */
+ * and a bucket of gradients on two devices refused.  `test_dist die` and `test_dist hang` are the
+ * failure drills (tests/dist_expect_abort.sh runs them). */
 #include <stdint.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,12 +23,12 @@
 static int rank_, size_;
 
 /* a call returning a status: the status, and its message naming `needle` */
-#define CHECK_ERROR_STATUS(call, status, needle)  \
-  do {                                            \
-    kiln_clear_error();                           \
-    CHECK_EQ_INT((call), (status));               \
+#define CHECK_ERROR_STATUS(call, status, needle)   \
+  do {                                             \
+    kiln_clear_error();                            \
+    CHECK_EQ_INT((call), (status));                \
     CHECK_STR_CONTAINS(kiln_last_error(), needle); \
-    kiln_clear_error();                           \
+    kiln_clear_error();                            \
   } while (0)
 
 static kiln_tensor *tensor_f64(int ndim, const int64_t *shape, double (*f)(int64_t, int), int r) {
@@ -96,7 +96,8 @@ static double value_at(int64_t i, int r) { return (double)((i * 7 + r * 5) % 11)
 static void check_reduce(kiln_dtype dt, kiln_reduce_op op) {
   int64_t n = 37;
   double *v = malloc((size_t)n * sizeof *v);
-  for (int64_t i = 0; i < n; i++) v[i] = dt == KILN_BOOL ? (i + rank_) % 3 == 0 : value_at(i, rank_);
+  for (int64_t i = 0; i < n; i++)
+    v[i] = dt == KILN_BOOL ? (i + rank_) % 3 == 0 : value_at(i, rank_);
   kiln_tensor *d = kiln_from_data(v, KILN_F64, 1, &n), *t = kiln_cast(d, dt);
   kiln_tensor *r = kiln_all_reduce(t, op);
   CHECK(r != NULL);
@@ -111,8 +112,10 @@ static void check_reduce(kiln_dtype dt, kiln_reduce_op op) {
     if (op == KILN_REDUCE_MEAN) want /= size_;
     if (got[i] != want) {
       KTEST_FAIL("dtype %d %s [%lld]: %g, expected %g", (int)dt,
-                 op == KILN_REDUCE_SUM ? "sum" : op == KILN_REDUCE_MAX ? "max" : "mean", (long long)i,
-                 got[i], want);
+                 op == KILN_REDUCE_SUM   ? "sum"
+                 : op == KILN_REDUCE_MAX ? "max"
+                                         : "mean",
+                 (long long)i, got[i], want);
       break;
     }
   }
@@ -171,7 +174,8 @@ TEST(ranks_that_disagree_all_get_a_shape_error) {
   CHECK_STR_CONTAINS(kiln_last_error(), "element count is 3..4");
   kiln_clear_error();
   /* and the job goes on */
-  kiln_tensor *two = kiln_ones(KILN_F32, 1, (int64_t[]){2}), *ok = kiln_all_reduce(two, KILN_REDUCE_SUM);
+  kiln_tensor *two = kiln_ones(KILN_F32, 1, (int64_t[]){2}),
+              *ok = kiln_all_reduce(two, KILN_REDUCE_SUM);
   double *v = ktest_values(ok);
   CHECK(v[0] == size_ && v[1] == size_);
   free(v);
@@ -225,10 +229,10 @@ static double ramp(int64_t i, int r) { return (double)((i * 13 + r) % 17) * 0.12
 TEST(average_grads_in_buckets) {
   /* 2.2 MB of gradients: buckets of at most 1 MiB, one per dtype run */
   int64_t big[2] = {300, 300};
-  kiln_tensor *p[5] = {
-      tensor_f64(2, big, ramp, 0), tensor_f64(2, big, ramp, 1),
-      kiln_cast(tensor_f64(1, (int64_t[]){10}, ramp, 2), KILN_F32), tensor_f64(2, big, ramp, 3),
-      tensor_f64(1, (int64_t[]){4}, ramp, 4) /* gets no gradient this step */};
+  kiln_tensor *p[5] = {tensor_f64(2, big, ramp, 0), tensor_f64(2, big, ramp, 1),
+                       kiln_cast(tensor_f64(1, (int64_t[]){10}, ramp, 2), KILN_F32),
+                       tensor_f64(2, big, ramp, 3),
+                       tensor_f64(1, (int64_t[]){4}, ramp, 4) /* gets no gradient this step */};
   for (int i = 0; i < 5; i++) kiln_set_requires_grad(p[i], true);
   /* loss = sum_i c_i * sum(p_i), c_i = (rank + 1) * (i + 1): grad p_i = c_i */
   kiln_tensor *loss = kiln_zeros(KILN_F64, 0, NULL);
@@ -282,14 +286,16 @@ typedef struct {
 } mlp;
 
 static mlp mlp_new(void) {
-  mlp m = {tensor_f64(2, (int64_t[]){IN, HID}, init_w, 1), tensor_f64(2, (int64_t[]){HID, OUT}, init_w, 2)};
+  mlp m = {tensor_f64(2, (int64_t[]){IN, HID}, init_w, 1),
+           tensor_f64(2, (int64_t[]){HID, OUT}, init_w, 2)};
   kiln_set_requires_grad(m.w1, true);
   kiln_set_requires_grad(m.w2, true);
   return m;
 }
 
 /* one SGD step on rows [lo, hi) of the batch; returns the loss handle */
-static kiln_tensor *mlp_step(mlp *m, kiln_tensor *x, kiln_tensor *y, int64_t lo, int64_t hi, bool dist) {
+static kiln_tensor *mlp_step(mlp *m, kiln_tensor *x, kiln_tensor *y, int64_t lo, int64_t hi,
+                             bool dist) {
   kiln_tensor *xs = kiln_slice(x, 0, lo, hi, 1), *ys = kiln_slice(y, 0, lo, hi, 1);
   kiln_tensor *h = kiln_tanh(kiln_matmul(xs, m->w1));
   kiln_tensor *logits = kiln_matmul(h, m->w2);
@@ -474,7 +480,8 @@ TEST(cuda_tensors) {
   kiln_tensor *l2 = kiln_sum(p_cpu, 0, NULL, false);
   CHECK(kiln_backward(l2, NULL) == KILN_OK);
   kiln_tensor *mixed[2] = {w, p_cpu};
-  CHECK_ERROR_STATUS(kiln_dist_average_grads(2, mixed), KILN_ERR_DEVICE, "params[0] is on cuda and params[1] on cpu");
+  CHECK_ERROR_STATUS(kiln_dist_average_grads(2, mixed), KILN_ERR_DEVICE,
+                     "params[0] is on cuda and params[1] on cpu");
   kiln_tensor *all[] = {c, g, rs, rm, wc, w, bc, b, x, wx, bsum, loss, gw, gb, p_cpu, l2};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) kiln_release(all[i]);
 }

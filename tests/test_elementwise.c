@@ -33,31 +33,45 @@ static const kiln_dtype ALL_DTYPES[5] = {KILN_BOOL, KILN_I32, KILN_I64, KILN_F32
 
 static const char *dt_name(kiln_dtype dt) {
   switch (dt) {
-    case KILN_BOOL: return "bool";
-    case KILN_I32: return "i32";
-    case KILN_I64: return "i64";
-    case KILN_F32: return "f32";
-    case KILN_F64: return "f64";
+    case KILN_BOOL:
+      return "bool";
+    case KILN_I32:
+      return "i32";
+    case KILN_I64:
+      return "i64";
+    case KILN_F32:
+      return "f32";
+    case KILN_F64:
+      return "f64";
   }
   return "?";
 }
 
 static size_t dt_size(kiln_dtype dt) {
   switch (dt) {
-    case KILN_BOOL: return 1;
-    case KILN_I32: case KILN_F32: return 4;
-    default: return 8;
+    case KILN_BOOL:
+      return 1;
+    case KILN_I32:
+    case KILN_F32:
+      return 4;
+    default:
+      return 8;
   }
 }
 
 /* the value v becomes when stored as dt (v in range for integers) */
 static double quant(kiln_dtype dt, double v) {
   switch (dt) {
-    case KILN_BOOL: return v != 0; /* NaN is nonzero */
-    case KILN_I32: return (double)(int32_t)v;
-    case KILN_I64: return (double)(int64_t)v;
-    case KILN_F32: return (double)(float)v;
-    case KILN_F64: return v;
+    case KILN_BOOL:
+      return v != 0; /* NaN is nonzero */
+    case KILN_I32:
+      return (double)(int32_t)v;
+    case KILN_I64:
+      return (double)(int64_t)v;
+    case KILN_F32:
+      return (double)(float)v;
+    case KILN_F64:
+      return v;
   }
   return v;
 }
@@ -102,11 +116,21 @@ static kiln_tensor *makev(kiln_dtype dt, int ndim, const int64_t *shape, int64_t
   void *buf = malloc((size_t)(numel > 0 ? numel : 1) * dt_size(dt));
   for (int64_t i = 0; i < numel; i++) {
     switch (dt) {
-      case KILN_BOOL: ((uint8_t *)buf)[i] = v[i] != 0; break;
-      case KILN_I32: ((int32_t *)buf)[i] = (int32_t)v[i]; break;
-      case KILN_I64: ((int64_t *)buf)[i] = (int64_t)v[i]; break;
-      case KILN_F32: ((float *)buf)[i] = (float)v[i]; break;
-      case KILN_F64: ((double *)buf)[i] = v[i]; break;
+      case KILN_BOOL:
+        ((uint8_t *)buf)[i] = v[i] != 0;
+        break;
+      case KILN_I32:
+        ((int32_t *)buf)[i] = (int32_t)v[i];
+        break;
+      case KILN_I64:
+        ((int64_t *)buf)[i] = (int64_t)v[i];
+        break;
+      case KILN_F32:
+        ((float *)buf)[i] = (float)v[i];
+        break;
+      case KILN_F64:
+        ((double *)buf)[i] = v[i];
+        break;
     }
   }
   kiln_tensor *t = own(kiln_from_data(buf, dt, ndim, shape));
@@ -146,8 +170,7 @@ static void expect_impl(int line, const char *what, kiln_tensor *r, kiln_dtype d
   int64_t numel = 1;
   for (int d = 0; d < ndim; d++) numel *= shape[d];
   if (numel != n) {
-    KTEST_FAIL("test bug: %lld expected values for %lld elements", (long long)n,
-               (long long)numel);
+    KTEST_FAIL("test bug: %lld expected values for %lld elements", (long long)n, (long long)numel);
   } else if (!r) {
     KTEST_FAIL("result is NULL: %s", kiln_last_error());
   } else {
@@ -162,9 +185,8 @@ static void expect_impl(int line, const char *what, kiln_tensor *r, kiln_dtype d
   kiln_release(r);
 }
 
-#define EXPECT_AT(what, expr, dt, shape, tol, ...)                                          \
-  expect_impl(__LINE__, what, (expr), dt, NDIM(shape), shape, NV(__VA_ARGS__), D(__VA_ARGS__), \
-              tol)
+#define EXPECT_AT(what, expr, dt, shape, tol, ...) \
+  expect_impl(__LINE__, what, (expr), dt, NDIM(shape), shape, NV(__VA_ARGS__), D(__VA_ARGS__), tol)
 /* EXPECT(kiln_add(a, b), F32, S(2, 2), tol, 1, 2, 3, 4); EXPECT_V: 1-d of that many values */
 #define EXPECT(expr, dt, shape, tol, ...) EXPECT_AT(#expr, expr, dt, shape, tol, __VA_ARGS__)
 #define EXPECT_V(expr, dt, tol, ...) \
@@ -190,7 +212,8 @@ static void expect_i64_impl(int line, const char *what, kiln_tensor *r, int n,
   if (ktest_failed_checks != before) print_context(line, what, r);
   kiln_release(r);
 }
-#define EXPECT_I64(expr, ...) expect_i64_impl(__LINE__, #expr, (expr), NI(__VA_ARGS__), S(__VA_ARGS__))
+#define EXPECT_I64(expr, ...) \
+  expect_i64_impl(__LINE__, #expr, (expr), NI(__VA_ARGS__), S(__VA_ARGS__))
 
 /* signbit of each element of r (released here): 1 negative, 0 positive, -1 any */
 static void expect_signbits_impl(int line, const char *what, kiln_tensor *r, int n,
@@ -211,9 +234,9 @@ static void expect_signbits_impl(int line, const char *what, kiln_tensor *r, int
   if (ktest_failed_checks != before) print_context(line, what, r);
   kiln_release(r);
 }
-#define EXPECT_SIGNBITS(expr, ...)                                                       \
-  expect_signbits_impl(__LINE__, #expr, (expr),                                          \
-                       (int)(sizeof((const int[]){__VA_ARGS__}) / sizeof(int)),          \
+#define EXPECT_SIGNBITS(expr, ...)                                              \
+  expect_signbits_impl(__LINE__, #expr, (expr),                                 \
+                       (int)(sizeof((const int[]){__VA_ARGS__}) / sizeof(int)), \
                        (const int[]){__VA_ARGS__})
 
 /* |got - want| <= tol * |want| for each element (relative, also for tiny values) */
@@ -280,8 +303,7 @@ TEST(log_zero_is_neg_inf_negative_is_nan) {
 }
 
 TEST(sqrt_negative_is_nan_and_keeps_negative_zero) {
-  UNARY(kiln_sqrt, sqrt, F64, F64, TOL64, 0, -0.0, 1, 2, 0.25, 1e300, -1, INFINITY, -INFINITY,
-        NAN);
+  UNARY(kiln_sqrt, sqrt, F64, F64, TOL64, 0, -0.0, 1, 2, 0.25, 1e300, -1, INFINITY, -INFINITY, NAN);
   UNARY(kiln_sqrt, sqrt, F32, F32, TOL32, 0, -0.0, 1, 2, 0.25, 1e30, -1, INFINITY, -INFINITY, NAN);
   UNARY(kiln_sqrt, sqrt, I32, F32, TOL32, 0, 1, 2, 9, -4);
   UNARY(kiln_sqrt, sqrt, I64, F32, TOL32, 0, 1, 2, 9, -4);
@@ -423,12 +445,11 @@ TEST(abs_all_dtypes_bool_identity_clears_zero_sign) {
 TEST(floor_ceil_round_floats_specials_and_zero_sign) {
   for (int k = 0; k < 2; k++) {
     kiln_dtype dt = k ? F64 : F32;
-    kiln_tensor *x = V(dt, -2.5, -1.5, -0.5, -0.0, 0.5, 1.5, 2.5, 2.4, 2.6, -2.6, INFINITY,
-                       -INFINITY, NAN);
+    kiln_tensor *x =
+        V(dt, -2.5, -1.5, -0.5, -0.0, 0.5, 1.5, 2.5, 2.4, 2.6, -2.6, INFINITY, -INFINITY, NAN);
     EXPECT_V(kiln_floor(x), dt, 0, -3, -2, -1, -0.0, 0, 1, 2, 2, 2, -3, INFINITY, -INFINITY, NAN);
     EXPECT_V(kiln_ceil(x), dt, 0, -2, -1, -0.0, -0.0, 1, 2, 3, 3, 3, -2, INFINITY, -INFINITY, NAN);
-    EXPECT_V(kiln_round(x), dt, 0, -2, -2, -0.0, -0.0, 0, 2, 2, 2, 3, -3, INFINITY, -INFINITY,
-             NAN);
+    EXPECT_V(kiln_round(x), dt, 0, -2, -2, -0.0, -0.0, 0, 2, 2, 2, 3, -3, INFINITY, -INFINITY, NAN);
     EXPECT_SIGNBITS(kiln_floor(x), 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 0, 1, -1);
     EXPECT_SIGNBITS(kiln_ceil(x), 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 0, 1, -1);
     EXPECT_SIGNBITS(kiln_round(x), 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 0, 1, -1);
@@ -460,16 +481,15 @@ TEST(floor_ceil_round_identity_on_integers_and_bool) {
 TEST(sign_all_dtypes) {
   EXPECT_V(kiln_sign(V(I32, -5, 0, 9)), I32, 0, -1, 0, 1);
   EXPECT_V(kiln_sign(V(I64, -5e12, 0, 1)), I64, 0, -1, 0, 1);
-  EXPECT_V(kiln_sign(V(F32, -2.5, 0.0, 3, -INFINITY, INFINITY, 1e-30)), F32, 0, -1, 0, 1, -1, 1,
-           1);
+  EXPECT_V(kiln_sign(V(F32, -2.5, 0.0, 3, -INFINITY, INFINITY, 1e-30)), F32, 0, -1, 0, 1, -1, 1, 1);
   EXPECT_V(kiln_sign(V(F64, -2.5, 0.0, 3, -INFINITY, INFINITY, -1e-300)), F64, 0, -1, 0, 1, -1, 1,
            -1);
   EXPECT_V(kiln_sign(V(BOOL_, 0, 1)), BOOL_, 0, 0, 1);
 }
 
 TEST(relu_keeps_dtype_propagates_nan_and_rejects_bool) {
-  EXPECT_V(kiln_relu(V(F32, -1, 0, 2.5, -INFINITY, INFINITY, NAN)), F32, 0, 0, 0, 2.5, 0,
-           INFINITY, NAN);
+  EXPECT_V(kiln_relu(V(F32, -1, 0, 2.5, -INFINITY, INFINITY, NAN)), F32, 0, 0, 0, 2.5, 0, INFINITY,
+           NAN);
   EXPECT_V(kiln_relu(V(F64, -1e-300, 1e300, NAN)), F64, 0, 0, 1e300, NAN);
   EXPECT_V(kiln_relu(V(I32, -3, 0, 5)), I32, 0, 0, 0, 5);
   EXPECT_V(kiln_relu(V(I64, -5e12, 5e12)), I64, 0, 0, 5e12);
@@ -674,7 +694,8 @@ TEST(pow_integers_negative_exponent_gives_zero_unless_base_is_unit) {
 }
 
 TEST(i64_arithmetic_is_exact_beyond_2_pow_53) {
-  kiln_tensor *a = VI64(INT64_C(9007199254740993), INT64_C(3037000499), -INT64_C(4611686018427387904));
+  kiln_tensor *a =
+      VI64(INT64_C(9007199254740993), INT64_C(3037000499), -INT64_C(4611686018427387904));
   kiln_tensor *b = VI64(2, INT64_C(3037000499), -INT64_C(4611686018427387903));
   EXPECT_I64(kiln_add(a, b), INT64_C(9007199254740995), INT64_C(6074000998), INT64_MIN + 1);
   EXPECT_I64(kiln_sub(a, b), INT64_C(9007199254740991), 0, -1);
@@ -753,10 +774,9 @@ TEST(pow_scalar_all_dtypes_float_exponent_gives_float) {
 TEST(where_selects_and_promotes_a_b) {
   kiln_tensor *cond = V(BOOL_, 1, 0, 1, 0);
   EXPECT_V(kiln_where(cond, V(F32, 1, 2, 3, 4), V(F32, -1, -2, -3, -4)), F32, 0, 1, -2, 3, -4);
-  EXPECT_V(kiln_where(cond, V(I32, 1, 2, 3, 4), V(F64, 0.5, 0.25, NAN, 8)), F64, 0, 1, 0.25, 3,
-           8);
-  EXPECT_V(kiln_where(cond, V(I32, 1, 2, 3, 4), V(I64, 5e12, 6e12, 7e12, 8e12)), I64, 0, 1, 6e12,
-           3, 8e12);
+  EXPECT_V(kiln_where(cond, V(I32, 1, 2, 3, 4), V(F64, 0.5, 0.25, NAN, 8)), F64, 0, 1, 0.25, 3, 8);
+  EXPECT_V(kiln_where(cond, V(I32, 1, 2, 3, 4), V(I64, 5e12, 6e12, 7e12, 8e12)), I64, 0, 1, 6e12, 3,
+           8e12);
   EXPECT_V(kiln_where(cond, V(I32, 1, 2, 3, 4), V(I32, 5, 6, 7, 8)), I32, 0, 1, 6, 3, 8);
   EXPECT_V(kiln_where(cond, V(BOOL_, 1, 1, 0, 0), V(BOOL_, 0, 1, 1, 0)), BOOL_, 0, 1, 1, 0, 0);
   EXPECT_V(kiln_where(cond, V(BOOL_, 1, 1, 0, 0), V(F32, 7, 7, 7, 7)), F32, 0, 1, 7, 0, 7);
@@ -767,10 +787,9 @@ TEST(where_selects_and_promotes_a_b) {
 
 TEST(where_broadcasts_cond_a_b) {
   kiln_tensor *cond = T(BOOL_, S(2, 1), 1, 0);
-  EXPECT(kiln_where(cond, V(F32, 1, 2, 3), scalar0(-1, F32)), F32, S(2, 3), 0, 1, 2, 3, -1, -1,
-         -1);
-  EXPECT(kiln_where(V(BOOL_, 0, 1, 1), T(I64, S(2, 1), 10, 20), scalar0(-7, I64)), I64, S(2, 3),
-         0, -7, 10, 10, -7, 20, 20);
+  EXPECT(kiln_where(cond, V(F32, 1, 2, 3), scalar0(-1, F32)), F32, S(2, 3), 0, 1, 2, 3, -1, -1, -1);
+  EXPECT(kiln_where(V(BOOL_, 0, 1, 1), T(I64, S(2, 1), 10, 20), scalar0(-7, I64)), I64, S(2, 3), 0,
+         -7, 10, 10, -7, 20, 20);
 }
 
 TEST(where_non_bool_cond_is_dtype_error) {
@@ -781,10 +800,10 @@ TEST(where_non_bool_cond_is_dtype_error) {
 }
 
 TEST(clamp_floats_propagates_nan) {
-  EXPECT_V(kiln_clamp(V(F32, NAN, -1, 0.25, 2, -INFINITY, INFINITY), 0, 1), F32, 0, NAN, 0, 0.25,
-           1, 0, 1);
-  EXPECT_V(kiln_clamp(V(F64, -1, -0.25, 0.3, 0.75, NAN, -INFINITY), -0.5, 0.5), F64, 0, -0.5,
-           -0.25, 0.3, 0.5, NAN, -0.5);
+  EXPECT_V(kiln_clamp(V(F32, NAN, -1, 0.25, 2, -INFINITY, INFINITY), 0, 1), F32, 0, NAN, 0, 0.25, 1,
+           0, 1);
+  EXPECT_V(kiln_clamp(V(F64, -1, -0.25, 0.3, 0.75, NAN, -INFINITY), -0.5, 0.5), F64, 0, -0.5, -0.25,
+           0.3, 0.5, NAN, -0.5);
   /* bounds are weak: an f32 tensor gets the f32 value of the bound */
   EXPECT_V(kiln_clamp(V(F32, 0.05, 0.2, 0.12), 0.1, 0.15), F32, 0, 0.1, 0.15, 0.12);
 }
@@ -802,11 +821,12 @@ TEST(clamp_integers_uses_ceil_lo_floor_hi_and_keeps_dtype) {
 /* an int32 bound past int32's range saturates (it once wrapped: -3e9
    became 1294967296 and clamped everything to it) */
 TEST(clamp_int32_bounds_past_the_range_saturate) {
-  EXPECT_V(kiln_clamp(V(I32, -7, 0, 5, 2147483647, -2147483647), -3e9, 3e9), I32, 0, -7, 0, 5, 2147483647,
-           -2147483647);
+  EXPECT_V(kiln_clamp(V(I32, -7, 0, 5, 2147483647, -2147483647), -3e9, 3e9), I32, 0, -7, 0, 5,
+           2147483647, -2147483647);
   EXPECT_V(kiln_clamp(V(I32, -7, 0, 5), -1, 5e9), I32, 0, -1, 0, 5);
   EXPECT_V(kiln_clamp(V(I32, -7, 0, 5), 3e9, 4e9), I32, 0, 2147483647, 2147483647, 2147483647);
-  EXPECT_V(kiln_clamp(V(I32, -7, 0, 5), -INFINITY, -5e9), I32, 0, -2147483648.0, -2147483648.0, -2147483648.0);
+  EXPECT_V(kiln_clamp(V(I32, -7, 0, 5), -INFINITY, -5e9), I32, 0, -2147483648.0, -2147483648.0,
+           -2147483648.0);
 }
 
 TEST(clamp_bool_is_dtype_error) {
@@ -818,10 +838,15 @@ TEST(clamp_bool_is_dtype_error) {
 
 static double cast_ref(kiln_dtype to, double v) {
   switch (to) {
-    case KILN_BOOL: return v != 0;
-    case KILN_I32: case KILN_I64: return trunc(v);
-    case KILN_F32: return (double)(float)v;
-    case KILN_F64: return v;
+    case KILN_BOOL:
+      return v != 0;
+    case KILN_I32:
+    case KILN_I64:
+      return trunc(v);
+    case KILN_F32:
+      return (double)(float)v;
+    case KILN_F64:
+      return v;
   }
   return v;
 }
@@ -843,9 +868,9 @@ TEST(cast_every_dtype_pair_in_range) {
 }
 
 TEST(cast_float_to_int_truncates_nan_is_zero_out_of_range_saturates) {
-  EXPECT_V(kiln_cast(V(F32, 1.9, -1.9, NAN, 1e10, -1e10, INFINITY, -INFINITY, -0.5, 2147483520),
-                     I32),
-           I32, 0, 1, -1, 0, 2147483647, -2147483648.0, 2147483647, -2147483648.0, 0, 2147483520);
+  EXPECT_V(
+      kiln_cast(V(F32, 1.9, -1.9, NAN, 1e10, -1e10, INFINITY, -INFINITY, -0.5, 2147483520), I32),
+      I32, 0, 1, -1, 0, 2147483647, -2147483648.0, 2147483647, -2147483648.0, 0, 2147483520);
   EXPECT_V(kiln_cast(V(F64, 2147483647.9, -2147483648.9, 2147483648.0, -2147483649.0, NAN), I32),
            I32, 0, 2147483647, -2147483648.0, 2147483647, -2147483648.0, 0);
   EXPECT_I64(kiln_cast(V(F64, 9.3e18, -9.3e18, NAN, INFINITY, -INFINITY, 4e18, -1.5), I64),

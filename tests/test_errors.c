@@ -31,14 +31,14 @@ __attribute__((used, visibility("default"))) const char *__asan_default_options(
 #define V(...) ((const double[]){__VA_ARGS__})
 
 /* an int-returning call fails with exactly `status` and a message with needle */
-#define CHECK_STATUS(expr, status, needle)                           \
-  do {                                                               \
-    kiln_clear_error();                                              \
-    int rc_ = (expr);                                                \
-    CHECK_EQ_INT(rc_, status);                                       \
-    CHECK_EQ_INT(kiln_last_status(), status);                        \
-    CHECK_STR_CONTAINS(kiln_last_error(), needle);                   \
-    kiln_clear_error();                                              \
+#define CHECK_STATUS(expr, status, needle)         \
+  do {                                             \
+    kiln_clear_error();                            \
+    int rc_ = (expr);                              \
+    CHECK_EQ_INT(rc_, status);                     \
+    CHECK_EQ_INT(kiln_last_status(), status);      \
+    CHECK_STR_CONTAINS(kiln_last_error(), needle); \
+    kiln_clear_error();                            \
   } while (0)
 
 /* 0, 1, ... n-1 as f32 in the given shape */
@@ -65,30 +65,49 @@ typedef kiln_tensor *(*scalar_fn)(kiln_tensor *, double);
 typedef kiln_tensor *(*reduce_fn)(kiln_tensor *, int, const int *, bool);
 typedef kiln_tensor *(*arg_fn)(kiln_tensor *, int, bool);
 
-#define NAMED(f) {#f, f}
-static const struct { const char *name; unary_fn fn; } unary_ops[] = {
-    NAMED(kiln_neg),   NAMED(kiln_abs),     NAMED(kiln_exp),     NAMED(kiln_log),
-    NAMED(kiln_sqrt),  NAMED(kiln_rsqrt),   NAMED(kiln_sin),     NAMED(kiln_cos),
-    NAMED(kiln_tanh),  NAMED(kiln_sigmoid), NAMED(kiln_relu),    NAMED(kiln_gelu),
-    NAMED(kiln_erf),   NAMED(kiln_log1p),   NAMED(kiln_expm1),   NAMED(kiln_floor),
-    NAMED(kiln_ceil),  NAMED(kiln_round),   NAMED(kiln_sign),    NAMED(kiln_logical_not),
+#define NAMED(f) \
+  { #f, f }
+static const struct {
+  const char *name;
+  unary_fn fn;
+} unary_ops[] = {
+    NAMED(kiln_neg),  NAMED(kiln_abs),     NAMED(kiln_exp),   NAMED(kiln_log),
+    NAMED(kiln_sqrt), NAMED(kiln_rsqrt),   NAMED(kiln_sin),   NAMED(kiln_cos),
+    NAMED(kiln_tanh), NAMED(kiln_sigmoid), NAMED(kiln_relu),  NAMED(kiln_gelu),
+    NAMED(kiln_erf),  NAMED(kiln_log1p),   NAMED(kiln_expm1), NAMED(kiln_floor),
+    NAMED(kiln_ceil), NAMED(kiln_round),   NAMED(kiln_sign),  NAMED(kiln_logical_not),
 };
-static const struct { const char *name; binary_fn fn; } binary_ops[] = {
-    NAMED(kiln_add),     NAMED(kiln_sub),         NAMED(kiln_mul),        NAMED(kiln_div),
-    NAMED(kiln_pow),     NAMED(kiln_maximum),     NAMED(kiln_minimum),    NAMED(kiln_eq),
-    NAMED(kiln_ne),      NAMED(kiln_lt),          NAMED(kiln_le),         NAMED(kiln_gt),
-    NAMED(kiln_ge),      NAMED(kiln_logical_and), NAMED(kiln_logical_or), NAMED(kiln_matmul),
-    NAMED(kiln_mse_loss), NAMED(kiln_cross_entropy),
+static const struct {
+  const char *name;
+  binary_fn fn;
+} binary_ops[] = {
+    NAMED(kiln_add),     NAMED(kiln_sub),         NAMED(kiln_mul),
+    NAMED(kiln_div),     NAMED(kiln_pow),         NAMED(kiln_maximum),
+    NAMED(kiln_minimum), NAMED(kiln_eq),          NAMED(kiln_ne),
+    NAMED(kiln_lt),      NAMED(kiln_le),          NAMED(kiln_gt),
+    NAMED(kiln_ge),      NAMED(kiln_logical_and), NAMED(kiln_logical_or),
+    NAMED(kiln_matmul),  NAMED(kiln_mse_loss),    NAMED(kiln_cross_entropy),
 };
-static const struct { const char *name; scalar_fn fn; } scalar_ops[] = {
+static const struct {
+  const char *name;
+  scalar_fn fn;
+} scalar_ops[] = {
     NAMED(kiln_add_scalar), NAMED(kiln_sub_scalar), NAMED(kiln_mul_scalar),
     NAMED(kiln_div_scalar), NAMED(kiln_pow_scalar),
 };
-static const struct { const char *name; reduce_fn fn; } reduce_ops[] = {
+static const struct {
+  const char *name;
+  reduce_fn fn;
+} reduce_ops[] = {
     NAMED(kiln_sum), NAMED(kiln_mean), NAMED(kiln_max), NAMED(kiln_min), NAMED(kiln_prod),
 };
-static const struct { const char *name; arg_fn fn; } arg_ops[] = {
-    NAMED(kiln_argmax), NAMED(kiln_argmin), NAMED(kiln_logsumexp),
+static const struct {
+  const char *name;
+  arg_fn fn;
+} arg_ops[] = {
+    NAMED(kiln_argmax),
+    NAMED(kiln_argmin),
+    NAMED(kiln_logsumexp),
 };
 #define COUNT(a) (int)(sizeof(a) / sizeof(a[0]))
 
@@ -453,7 +472,8 @@ TEST(empty_shapes_with_huge_extents_are_shape_errors_in_any_order) {
   const int64_t big = (int64_t)1 << 40;
   CHECK_ERROR(kiln_zeros(KILN_F32, 3, S(0, big, big)), KILN_ERR_SHAPE, "kiln_zeros");
   CHECK_ERROR(kiln_zeros(KILN_F32, 3, S(big, big, 0)), KILN_ERR_SHAPE, "kiln_zeros");
-  CHECK_ERROR(kiln_zeros(KILN_F32, 3, S(big, 0, big)), KILN_ERR_SHAPE, "[1099511627776,0,1099511627776]");
+  CHECK_ERROR(kiln_zeros(KILN_F32, 3, S(big, 0, big)), KILN_ERR_SHAPE,
+              "[1099511627776,0,1099511627776]");
   kiln_tensor *e = kiln_zeros(KILN_F32, 2, S(0, 3));
   CHECK_ERROR(kiln_reshape(e, 3, S(0, big, big)), KILN_ERR_SHAPE, "kiln_reshape");
   CHECK_ERROR(kiln_expand(e, 4, S(big, big, 0, 3)), KILN_ERR_SHAPE, "kiln_expand");

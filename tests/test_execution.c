@@ -105,7 +105,8 @@ TEST(adam_written_naturally_settles) {
   }
   kiln_tensor *w = f32(w0, 1, (int64_t[]){N}), *x = f32(xs, 1, (int64_t[]){N});
   CHECK(kiln_set_requires_grad(w, true) == KILN_OK);
-  kiln_tensor *m = kiln_zeros(KILN_F32, 1, (int64_t[]){N}), *v = kiln_zeros(KILN_F32, 1, (int64_t[]){N});
+  kiln_tensor *m = kiln_zeros(KILN_F32, 1, (int64_t[]){N}),
+              *v = kiln_zeros(KILN_F32, 1, (int64_t[]){N});
   const double b1 = 0.9, b2 = 0.999, lr = 0.01, eps = 1e-8;
   tr_flush_info settled = {0};
   int late_new = 0, late_unplanned = 0, first_late = 12;
@@ -126,7 +127,8 @@ TEST(adam_written_naturally_settles) {
                         tmp(&a, kiln_mul_scalar(tmp(&a, kiln_mul(g, g)), 1 - b2))));
     kiln_tensor *mhat = tmp(&a, kiln_div_scalar(m, 1 - pow(b1, t)));
     kiln_tensor *vhat = tmp(&a, kiln_div_scalar(v, 1 - pow(b2, t)));
-    kiln_tensor *upd = tmp(&a, kiln_div(mhat, tmp(&a, kiln_add_scalar(tmp(&a, kiln_sqrt(vhat)), eps))));
+    kiln_tensor *upd =
+        tmp(&a, kiln_div(mhat, tmp(&a, kiln_add_scalar(tmp(&a, kiln_sqrt(vhat)), eps))));
     CHECK(kiln_sub_scaled_(w, upd, lr) == KILN_OK);
     CHECK(kiln_zero_grad(w) == KILN_OK);
     arena_free(&a);
@@ -235,18 +237,22 @@ static double blas_calls(void) { return kiln_stat("blas_calls"); }
 static kiln_tensor *block_forward(const block *p, kiln_tensor *x /* [B*S, D] */) {
   arena a = {0};
   kiln_tensor *h = tmp(&a, kiln_layer_norm(x, p->g1, p->b1, 1e-5));
-  kiln_tensor *q = tmp(&a, kiln_matmul(h, p->wq)), *k = tmp(&a, kiln_matmul(h, p->wk)), *v = tmp(&a, kiln_matmul(h, p->wv));
+  kiln_tensor *q = tmp(&a, kiln_matmul(h, p->wq)), *k = tmp(&a, kiln_matmul(h, p->wk)),
+              *v = tmp(&a, kiln_matmul(h, p->wv));
   int64_t heads[4] = {TB, TS, TH, TD / TH};
   int perm[4] = {0, 2, 1, 3};
   kiln_tensor *qh = tmp(&a, kiln_permute(tmp(&a, kiln_reshape(q, 4, heads)), perm));
   kiln_tensor *kh = tmp(&a, kiln_permute(tmp(&a, kiln_reshape(k, 4, heads)), perm));
   kiln_tensor *vh = tmp(&a, kiln_permute(tmp(&a, kiln_reshape(v, 4, heads)), perm));
-  kiln_tensor *scores = tmp(&a, kiln_mul_scalar(tmp(&a, kiln_matmul(qh, tmp(&a, kiln_transpose(kh, 2, 3)))), 0.5));
+  kiln_tensor *scores =
+      tmp(&a, kiln_mul_scalar(tmp(&a, kiln_matmul(qh, tmp(&a, kiln_transpose(kh, 2, 3)))), 0.5));
   kiln_tensor *att = tmp(&a, kiln_matmul(tmp(&a, kiln_softmax(scores, -1)), vh)); /* [B,H,S,Dh] */
-  kiln_tensor *merged = tmp(&a, kiln_reshape(tmp(&a, kiln_permute(att, perm)), 2, (int64_t[]){TB * TS, TD}));
+  kiln_tensor *merged =
+      tmp(&a, kiln_reshape(tmp(&a, kiln_permute(att, perm)), 2, (int64_t[]){TB * TS, TD}));
   kiln_tensor *r1 = tmp(&a, kiln_add(x, tmp(&a, kiln_matmul(merged, p->wo))));
   kiln_tensor *h2 = tmp(&a, kiln_layer_norm(r1, p->g2, p->b2, 1e-5));
-  kiln_tensor *mlp = tmp(&a, kiln_matmul(tmp(&a, kiln_gelu(tmp(&a, kiln_matmul(h2, p->w1)))), p->w2));
+  kiln_tensor *mlp =
+      tmp(&a, kiln_matmul(tmp(&a, kiln_gelu(tmp(&a, kiln_matmul(h2, p->w1)))), p->w2));
   kiln_tensor *out = kiln_add(r1, mlp);
   arena_free(&a);
   return out;
@@ -264,9 +270,9 @@ static kiln_tensor *block_loss(const block *p, kiln_tensor *x) {
    only the nodes backward recorded, and exactly the matmuls it needs (two
    per forward matmul) */
 TEST(backward_never_recomputes_forward) {
-  block p = {param(TD, TD, 0.3f, 1), param(TD, TD, 0.3f, 2), param(TD, TD, 0.3f, 3),
+  block p = {param(TD, TD, 0.3f, 1), param(TD, TD, 0.3f, 2),     param(TD, TD, 0.3f, 3),
              param(TD, TD, 0.3f, 4), param(TD, 4 * TD, 0.2f, 5), param(4 * TD, TD, 0.2f, 6),
-             param(TD, 1, 0.1f, 7),  param(TD, 1, 0.1f, 8),  param(TD, 1, 0.1f, 9),
+             param(TD, 1, 0.1f, 7),  param(TD, 1, 0.1f, 8),      param(TD, 1, 0.1f, 9),
              param(TD, 1, 0.1f, 10)};
   float *xv = malloc(TB * TS * TD * sizeof *xv);
   for (int i = 0; i < TB * TS * TD; i++) xv[i] = cosf((float)i * 0.21f);
@@ -346,7 +352,8 @@ TEST(deep_backward_cut_by_the_cap_recomputes_little) {
   CHECK(g && kiln_eval(1, &g) == KILN_OK);
   kiln_stats s1;
   kiln_get_stats(&s1);
-  double recomputed = kiln_stat("recomputed") - r0, recorded = (double)(s1.ops_recorded - s0.ops_recorded);
+  double recomputed = kiln_stat("recomputed") - r0,
+         recorded = (double)(s1.ops_recorded - s0.ops_recorded);
   CHECK(s1.flushes - s0.flushes >= 3); /* the backward was cut */
   if (recomputed > 0.02 * recorded)
     KTEST_FAIL("backward: %g values recomputed of %g recorded", recomputed, recorded);
@@ -377,9 +384,13 @@ static mlp mlp_new(bool track) {
     t[i] = (i * 3 + 1) % MC;
     oh[i * MC + t[i]] = 1;
   }
-  mlp m = {f32(xv, 2, (int64_t[]){MB, MI}), f32(oh, 2, (int64_t[]){MB, MC}),
-           kiln_from_data(t, KILN_I64, 1, (int64_t[]){MB}), f32(w1, 2, (int64_t[]){MI, MH}),
-           f32(b1, 1, (int64_t[]){MH}), f32(w2, 2, (int64_t[]){MH, MC}), f32(b2, 1, (int64_t[]){MC})};
+  mlp m = {f32(xv, 2, (int64_t[]){MB, MI}),
+           f32(oh, 2, (int64_t[]){MB, MC}),
+           kiln_from_data(t, KILN_I64, 1, (int64_t[]){MB}),
+           f32(w1, 2, (int64_t[]){MI, MH}),
+           f32(b1, 1, (int64_t[]){MH}),
+           f32(w2, 2, (int64_t[]){MH, MC}),
+           f32(b2, 1, (int64_t[]){MC})};
   kiln_tensor *ps[4] = {m.w1, m.b1, m.w2, m.b2};
   for (int i = 0; track && i < 4; i++) CHECK(kiln_set_requires_grad(ps[i], true) == KILN_OK);
   return m;
@@ -409,7 +420,9 @@ static double mlp_step(mlp *m, bool autodiff) {
     }
   } else { /* (softmax - onehot) / batch, back through the layers */
     int axis0 = 0;
-    kiln_tensor *dz2 = tmp(&a, kiln_mul_scalar(tmp(&a, kiln_sub(tmp(&a, kiln_softmax(logits, 1)), m->onehot)), 1.0 / MB));
+    kiln_tensor *dz2 = tmp(
+        &a,
+        kiln_mul_scalar(tmp(&a, kiln_sub(tmp(&a, kiln_softmax(logits, 1)), m->onehot)), 1.0 / MB));
     g[2] = tmp(&a, kiln_matmul(tmp(&a, kiln_transpose(h1, 0, 1)), dz2));
     g[3] = tmp(&a, kiln_sum(dz2, 1, &axis0, false));
     kiln_tensor *dh1 = tmp(&a, kiln_matmul(dz2, tmp(&a, kiln_transpose(m->w2, 0, 1))));
@@ -455,9 +468,11 @@ TEST(autodiff_step_is_as_small_as_hand_written) {
   CHECK_EQ_INT(ad.blas, hand.blas); /* 2 forward + 3 backward gemms: no recomputation */
   CHECK_EQ_INT(ad.blas, 5);
   if (ad.last.plan_nodes > hand.last.plan_nodes + hand.last.plan_nodes / 4)
-    KTEST_FAIL("autodiff plan: %d nodes, hand-written %d", ad.last.plan_nodes, hand.last.plan_nodes);
+    KTEST_FAIL("autodiff plan: %d nodes, hand-written %d", ad.last.plan_nodes,
+               hand.last.plan_nodes);
   if (ktest_cpu_jit() && ad.eager_ops > hand.eager_ops + 4) /* compiled kernels absorb the rest */
-    KTEST_FAIL("autodiff step: %g ops on the interpreter, hand-written %g", ad.eager_ops, hand.eager_ops);
+    KTEST_FAIL("autodiff step: %g ops on the interpreter, hand-written %g", ad.eager_ops,
+               hand.eager_ops);
 }
 
 /* --- derivatives at kinks (PyTorch's) ------------------------------------------ */
@@ -538,7 +553,8 @@ TEST(autodiff_nulls_carry_a_message) {
   CHECK(kiln_backward(plain, NULL) < 0 && strstr(kiln_last_error(), "kiln_backward"));
   CHECK(kiln_backward(y, NULL) < 0 && strstr(kiln_last_error(), "kiln_backward")); /* 2 elements */
   kiln_tensor *gs[1];
-  CHECK(kiln_grad_of(0, NULL, NULL, 1, &x, gs, false) < 0 && strstr(kiln_last_error(), "kiln_grad_of"));
+  CHECK(kiln_grad_of(0, NULL, NULL, 1, &x, gs, false) < 0 &&
+        strstr(kiln_last_error(), "kiln_grad_of"));
   CHECK(kiln_set_requires_grad(y, false) < 0 && strstr(kiln_last_error(), "leaf"));
   kiln_release(plain);
   kiln_release(y);

@@ -8,18 +8,17 @@
  * not installed. */
 #include <dirent.h>
 #include <pthread.h>
-#include <unistd.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <time.h>
-
-#include "ktest.h"
+#include <unistd.h>
 
 #include "../jit_gpu/dump.h"
 #include "../jit_gpu/nvrtc.h"
 #include "../jit_gpu/opgen.h"
 #include "../vm/fold.h"
 #include "../vm/tensor.h"
+#include "ktest.h"
 
 #define S(...) ((const int64_t[]){__VA_ARGS__})
 #define MAX_KEYS 4096
@@ -60,7 +59,8 @@ TEST(key_list_is_complete_and_bounded) {
   for (int op = 0; op < VM_OP_COUNT; op++) {
     int have = 0;
     for (int i = 0; i < n; i++) have += all_keys[i].op == op;
-    bool none = vm_op_table[op].kind == VM_KIND_VIEW || vm_op_table[op].kind == VM_KIND_COLLECTIVE ||
+    bool none = vm_op_table[op].kind == VM_KIND_VIEW ||
+                vm_op_table[op].kind == VM_KIND_COLLECTIVE ||
                 vm_op_table[op].kind == VM_KIND_CONV || op == VM_OP_input;
     if (none ? have != 0 : have == 0) KTEST_FAIL("op %s has %d keys", vm_op_table[op].name, have);
   }
@@ -80,7 +80,10 @@ TEST(key_names_are_unique) {
     if (!strcmp(names[i - 1], names[i])) KTEST_FAIL("two keys are named %s", names[i]);
   for (int i = 0; i < nkeys; i++) free(names[i]);
   free(names);
-  gpu_op_key k = {.op = VM_OP_add, .nin = 2, .out_dtype = KILN_F32, .in_dtype = {KILN_F32, KILN_F32},
+  gpu_op_key k = {.op = VM_OP_add,
+                  .nin = 2,
+                  .out_dtype = KILN_F32,
+                  .in_dtype = {KILN_F32, KILN_F32},
                   .contiguous = 7};
   CHECK_STR_CONTAINS(key_name(&k), "k_add_f32_f32_f32_c7");
 }
@@ -99,10 +102,13 @@ TEST(each_source_holds_exactly_its_entry) {
       continue;
     }
     char entry[256];
-    snprintf(entry, sizeof entry, " %s(const __grid_constant__ gpu_args a)", key_name(&all_keys[i]));
-    if (count_occurrences(src, "extern \"C\" __global__") != 1 || count_occurrences(src, entry) != 1)
+    snprintf(entry, sizeof entry, " %s(const __grid_constant__ gpu_args a)",
+             key_name(&all_keys[i]));
+    if (count_occurrences(src, "extern \"C\" __global__") != 1 ||
+        count_occurrences(src, entry) != 1)
       KTEST_FAIL("the source of %s does not hold exactly its entry", key_name(&all_keys[i]));
-    if (strstr(src, "#include")) KTEST_FAIL("the source of %s has an #include", key_name(&all_keys[i]));
+    if (strstr(src, "#include"))
+      KTEST_FAIL("the source of %s has an #include", key_name(&all_keys[i]));
     free(src);
   }
   /* a batch: the shared definitions once, every entry once */
@@ -154,7 +160,8 @@ static void *compile_worker(void *p) {
     int n = nkeys - first < BATCH ? nkeys - first : BATCH;
     char *src = gpu_op_source_batch(all_keys + first, n), *log = NULL;
     gpu_image img;
-    if (src && gpu_nvrtc_compile(src, "kiln_batch.cu", job->cc, &img, &log) && img.size > 0 && !img.ptx) {
+    if (src && gpu_nvrtc_compile(src, "kiln_batch.cu", job->cc, &img, &log) && img.size > 0 &&
+        !img.ptx) {
       gpu_image_free(&img);
     } else {
       if (atomic_fetch_add(&job->failed, 1) == 0) report_failure(all_keys + first, n, job->cc);
@@ -178,15 +185,21 @@ TEST(nvrtc_compiles_every_kernel_for_sm_90) {
   for (int i = 0; i < threads; i++) pthread_join(tid[i], NULL);
   double dt = now_s() - t0;
   CHECK_EQ_INT(atomic_load(&job.failed), 0);
-  printf("test_gpu_codegen: NVRTC %d.%d compiled %d kernels for sm_90 in %.1f s (%d threads, %d per program)\n",
-         gpu_nvrtc_version() / 1000, gpu_nvrtc_version() % 1000 / 10, nkeys, dt, threads, BATCH);
+  printf(
+      "test_gpu_codegen: NVRTC %d.%d compiled %d kernels for sm_90 in %.1f s (%d threads, %d per "
+      "program)\n",
+      gpu_nvrtc_version() / 1000, gpu_nvrtc_version() % 1000 / 10, nkeys, dt, threads, BATCH);
 }
 
 TEST(nvrtc_targets_sm_80_and_falls_back_to_ptx) {
   if (!gpu_nvrtc_available(NULL, 0)) return;
   CHECK(gpu_nvrtc_version() >= 13000);
-  gpu_op_key k = {.op = VM_OP_sum, .variant = GPU_RED_LANE, .nin = 1, .out_dtype = KILN_F32,
-                  .in_dtype = {KILN_F32}, .contiguous = 3};
+  gpu_op_key k = {.op = VM_OP_sum,
+                  .variant = GPU_RED_LANE,
+                  .nin = 1,
+                  .out_dtype = KILN_F32,
+                  .in_dtype = {KILN_F32},
+                  .contiguous = 3};
   char *src = gpu_op_source(&k), *log = NULL;
   gpu_image img;
   CHECK(src && gpu_nvrtc_compile(src, "sum.cu", 80, &img, &log));
@@ -212,7 +225,8 @@ TEST(nvrtc_targets_sm_80_and_falls_back_to_ptx) {
   free(log);
   log = NULL;
   /* a compile error comes back with NVRTC's log */
-  CHECK(!gpu_nvrtc_compile("extern \"C\" __global__ void k() { undeclared(); }", "bad.cu", 90, &img, &log));
+  CHECK(!gpu_nvrtc_compile("extern \"C\" __global__ void k() { undeclared(); }", "bad.cu", 90, &img,
+                           &log));
   CHECK_STR_CONTAINS(log, "NVRTC_ERROR_COMPILATION");
   CHECK_STR_CONTAINS(log, "undeclared");
   free(log);
@@ -235,8 +249,12 @@ static char *slurp(const char *dir, const char *name) {
    in gpu-kernels.tsv with NVRTC's time */
 TEST(dump_writes_source_ptx_and_the_manifest) {
   if (!gpu_nvrtc_available(NULL, 0)) return;
-  gpu_op_key k = {.op = VM_OP_sum, .variant = GPU_RED_LANE, .nin = 1, .out_dtype = KILN_F32,
-                  .in_dtype = {KILN_F32}, .contiguous = 3};
+  gpu_op_key k = {.op = VM_OP_sum,
+                  .variant = GPU_RED_LANE,
+                  .nin = 1,
+                  .out_dtype = KILN_F32,
+                  .in_dtype = {KILN_F32},
+                  .contiguous = 3};
   char *src = gpu_op_source(&k), *log = NULL;
   gpu_image img;
   CHECK(src && gpu_nvrtc_compile(src, key_name(&k), 90, &img, &log));
@@ -278,7 +296,8 @@ TEST(dump_writes_source_ptx_and_the_manifest) {
 
 TEST(a_layout_mismatch_fails_the_compile) {
   if (!gpu_nvrtc_available(NULL, 0)) return;
-  gpu_op_key k = {.op = VM_OP_copy, .nin = 1, .out_dtype = KILN_F32, .in_dtype = {KILN_F32}, .contiguous = 3};
+  gpu_op_key k = {
+      .op = VM_OP_copy, .nin = 1, .out_dtype = KILN_F32, .in_dtype = {KILN_F32}, .contiguous = 3};
   char *src = gpu_op_source(&k), *log = NULL;
   char want[64];
   snprintf(want, sizeof want, "== %zu, \"gpu_args.n:", offsetof(gpu_args, n));
@@ -301,7 +320,8 @@ static vm_tensor *host(kiln_dtype dt, int ndim, const int64_t *shape) {
 }
 
 /* plans op, checks every key is listed, returns the plan (caller frees) */
-static gpu_op_plan plan(vm_opcode op, int n, vm_tensor *const *in, vm_tensor *out, const vm_attr *attr) {
+static gpu_op_plan plan(vm_opcode op, int n, vm_tensor *const *in, vm_tensor *out,
+                        const vm_attr *attr) {
   gpu_op_plan p;
   kiln_clear_error();
   if (!gpu_op_plan_make(op, n, in, out, attr, &p)) {
@@ -314,26 +334,28 @@ static gpu_op_plan plan(vm_opcode op, int n, vm_tensor *const *in, vm_tensor *ou
     if (!key_listed(&l->key)) KTEST_FAIL("planned key %s is not in gpu_op_keys", key_name(&l->key));
     if (l->grid[0] < 1 || l->grid[0] > 8192 || l->grid[1] != 1 || l->grid[2] != 1)
       KTEST_FAIL("%s: grid %u,%u,%u", key_name(&l->key), l->grid[0], l->grid[1], l->grid[2]);
-    if (l->block[0] < 32 || l->block[0] > 256 || l->block[0] % 32 || l->block[1] != 1 || l->block[2] != 1)
+    if (l->block[0] < 32 || l->block[0] > 256 || l->block[0] % 32 || l->block[1] != 1 ||
+        l->block[2] != 1)
       KTEST_FAIL("%s: block %u,%u,%u", key_name(&l->key), l->block[0], l->block[1], l->block[2]);
-    if (l->args.ndim < 0 || l->args.ndim > KILN_MAX_DIMS) KTEST_FAIL("%s: ndim %d", key_name(&l->key), l->args.ndim);
+    if (l->args.ndim < 0 || l->args.ndim > KILN_MAX_DIMS)
+      KTEST_FAIL("%s: ndim %d", key_name(&l->key), l->args.ndim);
   }
   return p;
 }
 
 #define CHECK_KEY(l, name) CHECK_STR_CONTAINS(key_name(&(l)->key), name)
-#define CHECK_SHAPE(a, ...)                                                           \
-  do {                                                                                \
-    const int64_t want_[] = {__VA_ARGS__};                                            \
-    int nd_ = (int)(sizeof want_ / sizeof want_[0]);                                  \
-    CHECK_EQ_INT((a)->ndim, nd_);                                                     \
+#define CHECK_SHAPE(a, ...)                                                                     \
+  do {                                                                                          \
+    const int64_t want_[] = {__VA_ARGS__};                                                      \
+    int nd_ = (int)(sizeof want_ / sizeof want_[0]);                                            \
+    CHECK_EQ_INT((a)->ndim, nd_);                                                               \
     for (int d_ = 0; d_ < nd_ && d_ < (a)->ndim; d_++) CHECK_EQ_INT((a)->shape[d_], want_[d_]); \
   } while (0)
-#define CHECK_STRIDES(a, k, ...)                                                      \
-  do {                                                                                \
-    const int64_t want_[] = {__VA_ARGS__};                                            \
-    for (int d_ = 0; d_ < (int)(sizeof want_ / sizeof want_[0]); d_++)                \
-      CHECK_EQ_INT((a)->stride[k][d_], want_[d_]);                                    \
+#define CHECK_STRIDES(a, k, ...)                                       \
+  do {                                                                 \
+    const int64_t want_[] = {__VA_ARGS__};                             \
+    for (int d_ = 0; d_ < (int)(sizeof want_ / sizeof want_[0]); d_++) \
+      CHECK_EQ_INT((a)->stride[k][d_], want_[d_]);                     \
   } while (0)
 
 TEST(plan_contiguous_add) {
@@ -346,7 +368,8 @@ TEST(plan_contiguous_add) {
     CHECK(!strcmp(key_name(&l->key), "k_add_f32_f32_f32_c7"));
     CHECK_SHAPE(&l->args, 2000);
     CHECK_EQ_INT(l->args.n, 2000);
-    CHECK(l->args.ptr[0] == vm_data(o) && l->args.ptr[1] == vm_data(a) && l->args.ptr[2] == vm_data(b));
+    CHECK(l->args.ptr[0] == vm_data(o) && l->args.ptr[1] == vm_data(a) &&
+          l->args.ptr[2] == vm_data(b));
     CHECK_EQ_INT(l->grid[0], 8);
     CHECK_EQ_INT(l->block[0], 256);
     CHECK_EQ_INT(l->scratch_mask, 0);
@@ -367,7 +390,8 @@ TEST(plan_contiguous_add) {
 }
 
 TEST(plan_broadcast_add) {
-  vm_tensor *a = host(KILN_F64, 2, S(4, 3)), *b = host(KILN_F64, 1, S(3)), *o = host(KILN_F64, 2, S(4, 3));
+  vm_tensor *a = host(KILN_F64, 2, S(4, 3)), *b = host(KILN_F64, 1, S(3)),
+            *o = host(KILN_F64, 2, S(4, 3));
   gpu_op_plan p = plan(VM_OP_add, 2, (vm_tensor *[]){a, b}, o, NULL);
   if (p.nlaunch == 1) {
     const gpu_args *g = &p.launch[0].args;
@@ -410,7 +434,8 @@ TEST(plan_permuted_input) {
 }
 
 TEST(plan_cast_where_and_leaves) {
-  vm_tensor *f = host(KILN_F32, 1, S(10)), *i = host(KILN_I32, 1, S(10)), *f2 = host(KILN_F32, 1, S(10));
+  vm_tensor *f = host(KILN_F32, 1, S(10)), *i = host(KILN_I32, 1, S(10)),
+            *f2 = host(KILN_F32, 1, S(10));
   gpu_op_plan p = plan(VM_OP_cast, 1, (vm_tensor *[]){f}, i, &(vm_attr){.dtype = KILN_I32});
   if (p.nlaunch == 1) CHECK(!strcmp(key_name(&p.launch[0].key), "k_cast_i32_f32_c3"));
   gpu_op_plan_free(&p);
@@ -418,7 +443,8 @@ TEST(plan_cast_where_and_leaves) {
   if (p.nlaunch == 1) CHECK(!strcmp(key_name(&p.launch[0].key), "k_copy_f32_f32_c3"));
   gpu_op_plan_free(&p);
 
-  vm_tensor *c = host(KILN_BOOL, 2, S(4, 1)), *x = host(KILN_F32, 2, S(4, 3)), *y = host(KILN_F32, 0, NULL);
+  vm_tensor *c = host(KILN_BOOL, 2, S(4, 1)), *x = host(KILN_F32, 2, S(4, 3)),
+            *y = host(KILN_F32, 0, NULL);
   vm_tensor *o = host(KILN_F32, 2, S(4, 3));
   p = plan(VM_OP_where, 3, (vm_tensor *[]){c, x, y}, o, NULL);
   if (p.nlaunch == 1) {
@@ -585,7 +611,8 @@ TEST(plan_reduce_everything_two_passes) {
 }
 
 TEST(plan_index_ops) {
-  vm_tensor *a = host(KILN_F32, 2, S(5, 3)), *idx = host(KILN_I64, 1, S(4)), *o = host(KILN_F32, 2, S(4, 3));
+  vm_tensor *a = host(KILN_F32, 2, S(5, 3)), *idx = host(KILN_I64, 1, S(4)),
+            *o = host(KILN_F32, 2, S(4, 3));
   gpu_op_plan p = plan(VM_OP_index_select, 2, (vm_tensor *[]){a, idx}, o, &(vm_attr){.axis = 0});
   CHECK_EQ_INT(p.nlaunch, 2);
   CHECK_EQ_INT(p.scratch_bytes, 0); /* the check writes the thread's record */
@@ -609,7 +636,8 @@ TEST(plan_index_ops) {
   }
   gpu_op_plan_free(&p);
 
-  vm_tensor *g = host(KILN_F64, 2, S(3, 4)), *gi = host(KILN_I64, 2, S(3, 2)), *go = host(KILN_F64, 2, S(3, 2));
+  vm_tensor *g = host(KILN_F64, 2, S(3, 4)), *gi = host(KILN_I64, 2, S(3, 2)),
+            *go = host(KILN_F64, 2, S(3, 2));
   p = plan(VM_OP_gather, 2, (vm_tensor *[]){g, gi}, go, &(vm_attr){.axis = 1});
   CHECK_EQ_INT(p.nlaunch, 2);
   if (p.nlaunch == 2) {
@@ -624,7 +652,8 @@ TEST(plan_index_ops) {
   gpu_op_plan_free(&p);
 
   /* scatter_add: the index covers 2 of the 3 rows along axis 0 */
-  vm_tensor *s = host(KILN_I32, 2, S(3, 4)), *si = host(KILN_I64, 2, S(2, 4)), *ss = host(KILN_I32, 2, S(2, 4));
+  vm_tensor *s = host(KILN_I32, 2, S(3, 4)), *si = host(KILN_I64, 2, S(2, 4)),
+            *ss = host(KILN_I32, 2, S(2, 4));
   vm_tensor *so = host(KILN_I32, 2, S(3, 4));
   p = plan(VM_OP_scatter_add, 3, (vm_tensor *[]){s, si, ss}, so, &(vm_attr){.axis = 0});
   CHECK_EQ_INT(p.nlaunch, 2);
@@ -643,12 +672,14 @@ TEST(plan_index_ops) {
   /* the index expanded along the other dim (index_select's VJP): stride 0,
      and dims that match merge around the axis */
   vm_tensor *e3 = host(KILN_F32, 3, S(6, 5, 4)), *ebase = host(KILN_I64, 1, S(3));
-  vm_tensor *ei = vm_tensor_view(ebase, 3, S(6, 3, 4), S(0, 1, 0), 0), *es = host(KILN_F32, 3, S(6, 3, 4));
+  vm_tensor *ei = vm_tensor_view(ebase, 3, S(6, 3, 4), S(0, 1, 0), 0),
+            *es = host(KILN_F32, 3, S(6, 3, 4));
   vm_tensor *eo = host(KILN_F32, 3, S(6, 5, 4));
   p = plan(VM_OP_scatter_add, 3, (vm_tensor *[]){e3, ei, es}, eo, &(vm_attr){.axis = 1});
   CHECK_EQ_INT(p.nlaunch, 2);
   if (p.nlaunch == 2) {
-    CHECK(!strcmp(key_name(&p.launch[0].key), "k_index_select_check_i64_i64_c1")); /* strided index */
+    CHECK(
+        !strcmp(key_name(&p.launch[0].key), "k_index_select_check_i64_i64_c1")); /* strided index */
     const gpu_args *l = &p.launch[1].args;
     CHECK_SHAPE(l, 6, 5, 4);
     CHECK_STRIDES(l, 0, 6, 3, 4);
@@ -660,7 +691,8 @@ TEST(plan_index_ops) {
 }
 
 TEST(index_check_reports_the_interpreters_error) {
-  gpu_index_check ok = {0}, bad = {.first = ~(uint64_t)3, .value = 7, .size = 5, .axis = 1, .sealed = 1};
+  gpu_index_check ok = {0},
+                  bad = {.first = ~(uint64_t)3, .value = 7, .size = 5, .axis = 1, .sealed = 1};
   kiln_clear_error();
   CHECK(gpu_index_check_report(&ok));
   CHECK(!gpu_index_check_report(&bad));
@@ -669,7 +701,8 @@ TEST(index_check_reports_the_interpreters_error) {
 }
 
 TEST(plan_concat_of_three) {
-  vm_tensor *a = host(KILN_F32, 2, S(2, 3)), *b = host(KILN_F32, 2, S(2, 1)), *e = host(KILN_F32, 2, S(2, 0));
+  vm_tensor *a = host(KILN_F32, 2, S(2, 3)), *b = host(KILN_F32, 2, S(2, 1)),
+            *e = host(KILN_F32, 2, S(2, 0));
   vm_tensor *c = host(KILN_F32, 2, S(2, 2)), *o = host(KILN_F32, 2, S(2, 6));
   gpu_op_plan p = plan(VM_OP_concat, 4, (vm_tensor *[]){a, b, e, c}, o, &(vm_attr){.axis = 1});
   CHECK_EQ_INT(p.nlaunch, 3); /* the empty one is skipped */
@@ -707,7 +740,8 @@ TEST(plan_concat_of_three) {
 
 TEST(plan_argsort) {
   vm_tensor *a = host(KILN_F32, 2, S(4, 10)), *o = host(KILN_I64, 2, S(4, 10));
-  gpu_op_plan p = plan(VM_OP_argsort, 1, (vm_tensor *[]){a}, o, &(vm_attr){.axis = 1, .keepdim = true});
+  gpu_op_plan p =
+      plan(VM_OP_argsort, 1, (vm_tensor *[]){a}, o, &(vm_attr){.axis = 1, .keepdim = true});
   if (p.nlaunch == 1) {
     const gpu_launch *l = &p.launch[0];
     CHECK(!strcmp(key_name(&l->key), "k_argsort_i64_f32_c3"));
@@ -739,7 +773,8 @@ TEST(plan_argsort) {
 }
 
 TEST(plan_integer_matmul) {
-  vm_tensor *a = host(KILN_I32, 3, S(5, 2, 3)), *b = host(KILN_I32, 2, S(3, 4)), *o = host(KILN_I32, 3, S(5, 2, 4));
+  vm_tensor *a = host(KILN_I32, 3, S(5, 2, 3)), *b = host(KILN_I32, 2, S(3, 4)),
+            *o = host(KILN_I32, 3, S(5, 2, 4));
   gpu_op_plan p = plan(VM_OP_matmul, 2, (vm_tensor *[]){a, b}, o, NULL);
   if (p.nlaunch == 1) {
     const gpu_args *g = &p.launch[0].args;
@@ -747,7 +782,8 @@ TEST(plan_integer_matmul) {
     CHECK_SHAPE(g, 5);
     CHECK_EQ_INT(g->stride[1][0], 6);
     CHECK_EQ_INT(g->stride[2][0], 0);
-    CHECK(g->stride[1][6] == 3 && g->stride[1][7] == 1 && g->stride[2][6] == 4 && g->stride[2][7] == 1);
+    CHECK(g->stride[1][6] == 3 && g->stride[1][7] == 1 && g->stride[2][6] == 4 &&
+          g->stride[2][7] == 1);
     CHECK(g->extent[0] == 2 && g->extent[1] == 4 && g->extent[2] == 3);
     CHECK_EQ_INT(g->n, 40);
   }
@@ -758,10 +794,12 @@ TEST(plan_integer_matmul) {
 }
 
 TEST(plan_refuses_views_and_float_matmul) {
-  vm_tensor *a = host(KILN_F32, 2, S(2, 3)), *b = host(KILN_F32, 2, S(3, 2)), *o = host(KILN_F32, 2, S(2, 2));
+  vm_tensor *a = host(KILN_F32, 2, S(2, 3)), *b = host(KILN_F32, 2, S(3, 2)),
+            *o = host(KILN_F32, 2, S(2, 2));
   gpu_op_plan p;
   kiln_clear_error();
-  CHECK(!gpu_op_plan_make(VM_OP_reshape, 1, (vm_tensor *[]){a}, b, &(vm_attr){.ndim = 2, .shape = {3, 2}}, &p));
+  CHECK(!gpu_op_plan_make(VM_OP_reshape, 1, (vm_tensor *[]){a}, b,
+                          &(vm_attr){.ndim = 2, .shape = {3, 2}}, &p));
   CHECK_STR_CONTAINS(kiln_last_error(), "view");
   CHECK(p.nlaunch == 0 && p.launch == NULL);
   kiln_clear_error();

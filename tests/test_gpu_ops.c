@@ -7,14 +7,13 @@
  * are each within a few ulps); reductions exact too (they fold in the
  * CPU's order: vm/fold.h).  Without a CUDA device every test skips, saying so: run
  * scripts/gpu-check where there is one. */
-#include "ktest.h"
-
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "../vm/rng.h"
 #include "../vm/tensor.h"
+#include "ktest.h"
 
 #define TRANSCENDENTAL_RTOL_F32 4e-6
 #define TRANSCENDENTAL_RTOL_F64 1e-13
@@ -31,14 +30,16 @@ static double uniform(void) {
 }
 
 /* a CPU tensor of dt with values in [lo, hi) (integers: rounded; bools: 0/1) */
-static kiln_tensor *random_cpu(kiln_dtype dt, int ndim, const int64_t *shape, double lo, double hi) {
+static kiln_tensor *random_cpu(kiln_dtype dt, int ndim, const int64_t *shape, double lo,
+                               double hi) {
   int64_t n = 1;
   for (int d = 0; d < ndim; d++) n *= shape[d];
   double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
   for (int64_t i = 0; i < n; i++) v[i] = lo + (hi - lo) * uniform();
   kiln_tensor *f = kiln_from_data(v, KILN_F64, ndim, shape);
   free(v);
-  kiln_tensor *t = dt == KILN_BOOL ? kiln_gt(f, kiln_scalar(0.5 * (lo + hi), KILN_F64)) : kiln_cast(f, dt);
+  kiln_tensor *t =
+      dt == KILN_BOOL ? kiln_gt(f, kiln_scalar(0.5 * (lo + hi), KILN_F64)) : kiln_cast(f, dt);
   kiln_release(f);
   return t;
 }
@@ -58,7 +59,8 @@ static double *read_f64(kiln_tensor *t, int64_t *n) {
    larger of the cpu element's magnitude and `floor`; with `scaled`, the
    floor is cpu's largest magnitude: for results of long sums (gradients),
    where an element near zero is the difference of large terms */
-static void same_within(const char *what, kiln_tensor *cpu, kiln_tensor *gpu, double rtol, bool scaled) {
+static void same_within(const char *what, kiln_tensor *cpu, kiln_tensor *gpu, double rtol,
+                        bool scaled) {
   if (!cpu || !gpu) {
     KTEST_FAIL("%s: cpu %p gpu %p (%s)", what, (void *)cpu, (void *)gpu, kiln_last_error());
     kiln_clear_error();
@@ -68,7 +70,9 @@ static void same_within(const char *what, kiln_tensor *cpu, kiln_tensor *gpu, do
   if (kiln_dtype_of(cpu) != kiln_dtype_of(gpu)) KTEST_FAIL("%s: dtypes differ", what);
   int64_t nc, ng;
   double *a = read_f64(cpu, &nc), *b = read_f64(gpu, &ng), floor = 1e-30;
-  if (nc != ng || nc < 0) KTEST_FAIL("%s: %lld vs %lld elements (%s)", what, (long long)nc, (long long)ng, kiln_last_error());
+  if (nc != ng || nc < 0)
+    KTEST_FAIL("%s: %lld vs %lld elements (%s)", what, (long long)nc, (long long)ng,
+               kiln_last_error());
   for (int64_t i = 0; scaled && i < nc; i++) floor = fmax(floor, fabs(a[i]));
   for (int64_t i = 0; nc == ng && i < nc; i++) {
     bool same = (isnan(a[i]) && isnan(b[i])) || a[i] == b[i] ||
@@ -95,7 +99,8 @@ static kiln_tensor *gpu(kiln_tensor *t) { return kiln_to_device(t, KILN_CUDA); }
    adds each stay within k * eps * (|a| |b|)_ij of the exact value (the
    standard bound; relative to the result it is unbounded where terms
    cancel), so the two may differ by twice that; integers exactly */
-static void check_matmul(const char *what, kiln_tensor *a, kiln_tensor *b, kiln_tensor *cpu, kiln_tensor *gpu) {
+static void check_matmul(const char *what, kiln_tensor *a, kiln_tensor *b, kiln_tensor *cpu,
+                         kiln_tensor *gpu) {
   kiln_dtype dt = kiln_dtype_of(a);
   if (dt != KILN_F32 && dt != KILN_F64) return check_same(what, cpu, gpu, 0);
   kiln_tensor *fa = kiln_abs(a), *fb = kiln_abs(b), *bound = kiln_matmul(fa, fb);
@@ -103,11 +108,13 @@ static void check_matmul(const char *what, kiln_tensor *a, kiln_tensor *b, kiln_
   double *c = read_f64(cpu, &nc), *g = read_f64(gpu, &ng), *m = read_f64(bound, &nb);
   int64_t k = kiln_shape(a)[kiln_ndim(a) - 1];
   double eps = dt == KILN_F32 ? 0x1p-24 : 0x1p-53;
-  if (nc != ng || nc != nb || nc < 0) KTEST_FAIL("%s: %lld vs %lld elements (%s)", what, (long long)nc, (long long)ng, kiln_last_error());
+  if (nc != ng || nc != nb || nc < 0)
+    KTEST_FAIL("%s: %lld vs %lld elements (%s)", what, (long long)nc, (long long)ng,
+               kiln_last_error());
   for (int64_t i = 0; nc == ng && nc == nb && i < nc; i++)
     if (!(fabs(c[i] - g[i]) <= 2 * (double)(k + 2) * eps * m[i])) {
-      KTEST_FAIL("%s: element %lld: cpu %.17g gpu %.17g (bound %.3g)", what, (long long)i, c[i], g[i],
-                 2 * (double)(k + 2) * eps * m[i]);
+      KTEST_FAIL("%s: element %lld: cpu %.17g gpu %.17g (bound %.3g)", what, (long long)i, c[i],
+                 g[i], 2 * (double)(k + 2) * eps * m[i]);
       break;
     }
   free(c), free(g), free(m);
@@ -117,7 +124,8 @@ static void check_matmul(const char *what, kiln_tensor *a, kiln_tensor *b, kiln_
 typedef kiln_tensor *(*unary_fn)(kiln_tensor *);
 typedef kiln_tensor *(*binary_fn)(kiln_tensor *, kiln_tensor *);
 
-static void unary_case(const char *name, unary_fn f, kiln_dtype dt, double lo, double hi, double rtol) {
+static void unary_case(const char *name, unary_fn f, kiln_dtype dt, double lo, double hi,
+                       double rtol) {
   char what[96];
   snprintf(what, sizeof what, "%s(%d)", name, (int)dt);
   int64_t shape[2] = {37, 129};
@@ -134,38 +142,69 @@ static void unary_case(const char *name, unary_fn f, kiln_dtype dt, double lo, d
 }
 
 TEST(every_unary_op_and_dtype) {
-  struct { const char *name; unary_fn f; bool floats_only; double lo, hi; bool exact; } ops[] = {
-    {"neg", kiln_neg, false, -50, 50, true},     {"abs", kiln_abs, false, -50, 50, true},
-    {"sign", kiln_sign, false, -5, 5, true},     {"floor", kiln_floor, false, -9, 9, true},
-    {"ceil", kiln_ceil, false, -9, 9, true},     {"round", kiln_round, false, -9, 9, true},
-    {"sqrt", kiln_sqrt, true, 0, 100, true},     {"rsqrt", kiln_rsqrt, true, 0.01, 100, false},
-    {"exp", kiln_exp, true, -20, 20, false},     {"log", kiln_log, true, 0.001, 100, false},
-    {"sin", kiln_sin, true, -10, 10, false},     {"cos", kiln_cos, true, -10, 10, false},
-    {"tanh", kiln_tanh, true, -8, 8, false},     {"sigmoid", kiln_sigmoid, true, -20, 20, false},
-    {"erf", kiln_erf, true, -4, 4, false},       {"log1p", kiln_log1p, true, -0.9, 50, false},
-    {"expm1", kiln_expm1, true, -5, 5, false},   {"relu", kiln_relu, false, -5, 5, true},
-    {"logical_not", kiln_logical_not, false, -1, 1, true},
+  struct {
+    const char *name;
+    unary_fn f;
+    bool floats_only;
+    double lo, hi;
+    bool exact;
+  } ops[] = {
+      {"neg", kiln_neg, false, -50, 50, true},
+      {"abs", kiln_abs, false, -50, 50, true},
+      {"sign", kiln_sign, false, -5, 5, true},
+      {"floor", kiln_floor, false, -9, 9, true},
+      {"ceil", kiln_ceil, false, -9, 9, true},
+      {"round", kiln_round, false, -9, 9, true},
+      {"sqrt", kiln_sqrt, true, 0, 100, true},
+      {"rsqrt", kiln_rsqrt, true, 0.01, 100, false},
+      {"exp", kiln_exp, true, -20, 20, false},
+      {"log", kiln_log, true, 0.001, 100, false},
+      {"sin", kiln_sin, true, -10, 10, false},
+      {"cos", kiln_cos, true, -10, 10, false},
+      {"tanh", kiln_tanh, true, -8, 8, false},
+      {"sigmoid", kiln_sigmoid, true, -20, 20, false},
+      {"erf", kiln_erf, true, -4, 4, false},
+      {"log1p", kiln_log1p, true, -0.9, 50, false},
+      {"expm1", kiln_expm1, true, -5, 5, false},
+      {"relu", kiln_relu, false, -5, 5, true},
+      {"logical_not", kiln_logical_not, false, -1, 1, true},
   };
   for (int k = 0; k < COUNT(ops); k++)
     for (int d = 0; d < COUNT(ALL); d++) {
       kiln_dtype dt = ALL[d];
-      if (dt == KILN_BOOL && strcmp(ops[k].name, "logical_not") && strcmp(ops[k].name, "abs")) continue;
+      if (dt == KILN_BOOL && strcmp(ops[k].name, "logical_not") && strcmp(ops[k].name, "abs"))
+        continue;
       if (ops[k].floats_only && dt != KILN_F32 && dt != KILN_F64) continue;
-      double rtol = ops[k].exact ? 0 : dt == KILN_F32 ? TRANSCENDENTAL_RTOL_F32 : TRANSCENDENTAL_RTOL_F64;
+      double rtol = ops[k].exact     ? 0
+                    : dt == KILN_F32 ? TRANSCENDENTAL_RTOL_F32
+                                     : TRANSCENDENTAL_RTOL_F64;
       unary_case(ops[k].name, ops[k].f, dt, ops[k].lo, ops[k].hi, rtol);
     }
 }
 
 TEST(every_binary_op_and_dtype_with_broadcasts) {
-  struct { const char *name; binary_fn f; bool no_bool; double lo, hi; bool exact; } ops[] = {
-    {"add", kiln_add, false, -50, 50, true},       {"sub", kiln_sub, true, -50, 50, true},
-    {"mul", kiln_mul, false, -50, 50, true},       {"div", kiln_div, true, 1, 50, true},
-    {"pow", kiln_pow, true, 0.5, 3, false},        {"maximum", kiln_maximum, false, -5, 5, true},
-    {"minimum", kiln_minimum, false, -5, 5, true}, {"eq", kiln_eq, false, -3, 3, true},
-    {"ne", kiln_ne, false, -3, 3, true},           {"lt", kiln_lt, false, -3, 3, true},
-    {"le", kiln_le, false, -3, 3, true},           {"gt", kiln_gt, false, -3, 3, true},
-    {"ge", kiln_ge, false, -3, 3, true},           {"logical_and", kiln_logical_and, false, -1, 1, true},
-    {"logical_or", kiln_logical_or, false, -1, 1, true},
+  struct {
+    const char *name;
+    binary_fn f;
+    bool no_bool;
+    double lo, hi;
+    bool exact;
+  } ops[] = {
+      {"add", kiln_add, false, -50, 50, true},
+      {"sub", kiln_sub, true, -50, 50, true},
+      {"mul", kiln_mul, false, -50, 50, true},
+      {"div", kiln_div, true, 1, 50, true},
+      {"pow", kiln_pow, true, 0.5, 3, false},
+      {"maximum", kiln_maximum, false, -5, 5, true},
+      {"minimum", kiln_minimum, false, -5, 5, true},
+      {"eq", kiln_eq, false, -3, 3, true},
+      {"ne", kiln_ne, false, -3, 3, true},
+      {"lt", kiln_lt, false, -3, 3, true},
+      {"le", kiln_le, false, -3, 3, true},
+      {"gt", kiln_gt, false, -3, 3, true},
+      {"ge", kiln_ge, false, -3, 3, true},
+      {"logical_and", kiln_logical_and, false, -1, 1, true},
+      {"logical_or", kiln_logical_or, false, -1, 1, true},
   };
   const int64_t sa[3] = {5, 1, 67}, sb[3] = {1, 9, 67}; /* both operands broadcast */
   for (int k = 0; k < COUNT(ops); k++)
@@ -174,10 +213,13 @@ TEST(every_binary_op_and_dtype_with_broadcasts) {
       if (dt == KILN_BOOL && ops[k].no_bool) continue;
       char what[96];
       snprintf(what, sizeof what, "%s(%d)", ops[k].name, (int)dt);
-      kiln_tensor *a = random_cpu(dt, 3, sa, ops[k].lo, ops[k].hi), *b = random_cpu(dt, 3, sb, ops[k].lo, ops[k].hi);
+      kiln_tensor *a = random_cpu(dt, 3, sa, ops[k].lo, ops[k].hi),
+                  *b = random_cpu(dt, 3, sb, ops[k].lo, ops[k].hi);
       kiln_tensor *ag = gpu(a), *bg = gpu(b);
       kiln_tensor *c = ops[k].f(a, b), *g = ag && bg ? ops[k].f(ag, bg) : NULL;
-      double rtol = ops[k].exact ? 0 : dt == KILN_F32 ? TRANSCENDENTAL_RTOL_F32 : TRANSCENDENTAL_RTOL_F64;
+      double rtol = ops[k].exact     ? 0
+                    : dt == KILN_F32 ? TRANSCENDENTAL_RTOL_F32
+                                     : TRANSCENDENTAL_RTOL_F64;
       check_same(what, c, g, rtol);
       kiln_tensor *all[] = {a, b, ag, bg, c, g};
       for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
@@ -210,7 +252,10 @@ TEST(where_and_casts_between_every_dtype) {
 TEST(reductions_over_every_axis_pattern) {
   const int64_t s[3] = {3, 35, 129};
   typedef kiln_tensor *(*reduce_fn)(kiln_tensor *, int, const int *, bool);
-  struct { const char *name; reduce_fn f; } ops[] = {{"sum", kiln_sum}, {"prod", kiln_prod}, {"max", kiln_max}, {"min", kiln_min}};
+  struct {
+    const char *name;
+    reduce_fn f;
+  } ops[] = {{"sum", kiln_sum}, {"prod", kiln_prod}, {"max", kiln_max}, {"min", kiln_min}};
   for (int d = 0; d < COUNT(NUMERIC); d++) {
     kiln_dtype dt = NUMERIC[d];
     kiln_tensor *x = random_cpu(dt, 3, s, 0.5, 1.5), *xg = gpu(x);
@@ -256,8 +301,10 @@ TEST(matmul_shapes_transposes_and_batches) {
   for (int d = 0; d < COUNT(NUMERIC); d++)
     for (int i = 0; i < COUNT(dims); i++) {
       kiln_dtype dt = NUMERIC[d];
-      const int64_t sa[2] = {dims[i][0], dims[i][1]}, sb[2] = {dims[i][1], dims[i][2]}, sbt[2] = {dims[i][2], dims[i][1]};
-      kiln_tensor *a = random_cpu(dt, 2, sa, -3, 3), *b = random_cpu(dt, 2, sb, -3, 3), *bt = random_cpu(dt, 2, sbt, -3, 3);
+      const int64_t sa[2] = {dims[i][0], dims[i][1]}, sb[2] = {dims[i][1], dims[i][2]},
+                    sbt[2] = {dims[i][2], dims[i][1]};
+      kiln_tensor *a = random_cpu(dt, 2, sa, -3, 3), *b = random_cpu(dt, 2, sb, -3, 3),
+                  *bt = random_cpu(dt, 2, sbt, -3, 3);
       kiln_tensor *ag = gpu(a), *bg = gpu(b), *btg = gpu(bt);
       kiln_tensor *c = kiln_matmul(a, b), *g = kiln_matmul(ag, bg);
       check_matmul("matmul", a, b, c, g);
@@ -268,9 +315,11 @@ TEST(matmul_shapes_transposes_and_batches) {
       for (int k = 0; k < COUNT(all); k++) kiln_release(all[k]);
     }
   const int64_t sa[3] = {4, 33, 17}, sb[3] = {4, 17, 9}, sb1[2] = {17, 9};
-  kiln_tensor *a = random_cpu(KILN_F32, 3, sa, -1, 1), *b = random_cpu(KILN_F32, 3, sb, -1, 1), *b1 = random_cpu(KILN_F32, 2, sb1, -1, 1);
+  kiln_tensor *a = random_cpu(KILN_F32, 3, sa, -1, 1), *b = random_cpu(KILN_F32, 3, sb, -1, 1),
+              *b1 = random_cpu(KILN_F32, 2, sb1, -1, 1);
   kiln_tensor *ag = gpu(a), *bg = gpu(b), *b1g = gpu(b1);
-  kiln_tensor *c = kiln_matmul(a, b), *g = kiln_matmul(ag, bg), *c1 = kiln_matmul(a, b1), *g1 = kiln_matmul(ag, b1g);
+  kiln_tensor *c = kiln_matmul(a, b), *g = kiln_matmul(ag, bg), *c1 = kiln_matmul(a, b1),
+              *g1 = kiln_matmul(ag, b1g);
   check_matmul("batched matmul", a, b, c, g);
   check_matmul("broadcast batch matmul", a, b1, c1, g1);
   kiln_tensor *all[] = {a, b, b1, ag, bg, b1g, c, g, c1, g1};
@@ -291,15 +340,20 @@ TEST(gathers_scatters_concat_and_sorts) {
     check_same("gather", c, g, 0);
     kiln_tensor *src = random_cpu(dt, 2, sg, -9, 9), *srcg = gpu(src);
     kiln_tensor *sc = kiln_scatter_add(x, 1, gi, src), *sgp = kiln_scatter_add(xg, 1, gig, srcg);
-    check_same("scatter_add (deterministic, no atomics)", sc, sgp, dt == KILN_F32 ? 1e-6 : dt == KILN_F64 ? 1e-14 : 0);
+    check_same("scatter_add (deterministic, no atomics)", sc, sgp,
+               dt == KILN_F32   ? 1e-6
+               : dt == KILN_F64 ? 1e-14
+                                : 0);
     kiln_tensor *parts[3] = {x, src, x}, *partsg[3] = {xg, srcg, xg};
     kiln_tensor *cc = kiln_concat(3, parts, 1), *cg = kiln_concat(3, partsg, 1);
     check_same("concat", cc, cg, 0);
     kiln_tensor *ids = NULL, *idsg = NULL;
-    kiln_tensor *vals = kiln_sort(x, 1, d % 2 == 0, &ids), *valsg = kiln_sort(xg, 1, d % 2 == 0, &idsg);
+    kiln_tensor *vals = kiln_sort(x, 1, d % 2 == 0, &ids),
+                *valsg = kiln_sort(xg, 1, d % 2 == 0, &idsg);
     check_same("sort values", vals, valsg, 0);
     check_same("sort indices (stable)", ids, idsg, 0);
-    kiln_tensor *all[] = {x, xg, idx, idxg, gi, gig, c, g, src, srcg, sc, sgp, cc, cg, vals, ids, valsg, idsg};
+    kiln_tensor *all[] = {x,    xg, idx, idxg, gi, gig,  c,   g,     src,
+                          srcg, sc, sgp, cc,   cg, vals, ids, valsg, idsg};
     for (int k = 0; k < COUNT(all); k++) kiln_release(all[k]);
   }
 }
@@ -349,7 +403,8 @@ TEST(index_checks_never_wait_for_the_device) {
     waits = kiln_stat("device_waits");
     kiln_tensor *flat = kiln_reshape(got, 1, (int64_t[]){-1}), *one = kiln_slice(flat, 0, 0, 1, 1);
     CHECK_EQ_INT(kiln_to_buffer(one, &first, sizeof first), KILN_OK);
-    CHECK(kiln_stat("device_waits") - waits <= (strstr(kiln_device_info(KILN_CUDA), "emulation") ? 0 : 1));
+    CHECK(kiln_stat("device_waits") - waits <=
+          (strstr(kiln_device_info(KILN_CUDA), "emulation") ? 0 : 1));
     kiln_release(one), kiln_release(flat);
     check_same("gather, then read", want, got, 0);
     kiln_release(want), kiln_release(got);
@@ -359,7 +414,8 @@ TEST(index_checks_never_wait_for_the_device) {
   int64_t bad_hi[64], bad_lo[64];
   for (int i = 0; i < 64; i++) bad_hi[i] = bad_lo[i] = i % 10;
   bad_hi[17] = 10, bad_hi[40] = 12, bad_lo[3] = -1;
-  kiln_tensor *hi = gpu(kiln_from_data(bad_hi, KILN_I64, 2, ls)), *lo = gpu(kiln_from_data(bad_lo, KILN_I64, 2, ls));
+  kiln_tensor *hi = gpu(kiln_from_data(bad_hi, KILN_I64, 2, ls)),
+              *lo = gpu(kiln_from_data(bad_lo, KILN_I64, 2, ls));
   kiln_tensor *y1 = picked(xg, hi), *y2 = picked(xg, lo);
   double waits = kiln_stat("device_waits");
   CHECK_EQ_INT(kiln_eval(1, &y1), KILN_OK);
@@ -368,7 +424,8 @@ TEST(index_checks_never_wait_for_the_device) {
   float buf[64];
   CHECK(kiln_to_buffer(y2, buf, sizeof buf) != KILN_OK);
   /* named after the call that recorded the gather, not the read */
-  CHECK_STR_CONTAINS(kiln_last_error(), "kiln_gather: index 10 is out of range for axis 1 of size 10");
+  CHECK_STR_CONTAINS(kiln_last_error(),
+                     "kiln_gather: index 10 is out of range for axis 1 of size 10");
   kiln_clear_error();
   /* the record is clear again: a good gather reads back right */
   kiln_tensor *want = picked(x, lf), *got = picked(xg, lg);
@@ -378,7 +435,8 @@ TEST(index_checks_never_wait_for_the_device) {
   setenv("KILN_GPU_SYNC_CHECKS", "1", 1);
   kiln_tensor *y3 = picked(xg, lo);
   CHECK(kiln_eval(1, &y3) != KILN_OK);
-  CHECK_STR_CONTAINS(kiln_last_error(), "kiln_gather: index -1 is out of range for axis 1 of size 10");
+  CHECK_STR_CONTAINS(kiln_last_error(),
+                     "kiln_gather: index -1 is out of range for axis 1 of size 10");
   kiln_clear_error();
   unsetenv("KILN_GPU_SYNC_CHECKS");
   kiln_release(y3);
@@ -399,7 +457,8 @@ TEST(rng_streams_match_the_cpu) {
   kiln_release(x), kiln_release(xg), kiln_release(c), kiln_release(g);
 }
 
-static kiln_tensor *mlp_loss(kiln_tensor *x, kiln_tensor *w1, kiln_tensor *w2, kiln_tensor *labels) {
+static kiln_tensor *mlp_loss(kiln_tensor *x, kiln_tensor *w1, kiln_tensor *w2,
+                             kiln_tensor *labels) {
   kiln_tensor *h = kiln_matmul(x, w1), *r = kiln_relu(h), *o = kiln_matmul(r, w2);
   kiln_tensor *l = kiln_cross_entropy(o, labels);
   kiln_release(h), kiln_release(r), kiln_release(o);
@@ -408,8 +467,10 @@ static kiln_tensor *mlp_loss(kiln_tensor *x, kiln_tensor *w1, kiln_tensor *w2, k
 
 TEST(gradients_and_a_training_run_match_the_cpu) {
   const int64_t sx[2] = {64, 20}, s1[2] = {20, 32}, s2[2] = {32, 5}, sl[1] = {64};
-  kiln_tensor *x = random_cpu(KILN_F32, 2, sx, -1, 1), *labels = random_cpu(KILN_I64, 1, sl, 0, 4.99);
-  kiln_tensor *w[2][2] = {{random_cpu(KILN_F32, 2, s1, -0.3, 0.3), random_cpu(KILN_F32, 2, s2, -0.3, 0.3)}};
+  kiln_tensor *x = random_cpu(KILN_F32, 2, sx, -1, 1),
+              *labels = random_cpu(KILN_I64, 1, sl, 0, 4.99);
+  kiln_tensor *w[2][2] = {
+      {random_cpu(KILN_F32, 2, s1, -0.3, 0.3), random_cpu(KILN_F32, 2, s2, -0.3, 0.3)}};
   w[1][0] = gpu(w[0][0]);
   w[1][1] = gpu(w[0][1]);
   kiln_tensor *xs[2] = {x, gpu(x)}, *ls[2] = {labels, gpu(labels)};
@@ -474,8 +535,8 @@ typedef void (*fused_program)(kiln_tensor *const *in, kiln_tensor **out);
    the third, the compiler is waited for: later runs use the fused
    kernels); every GPU output must equal the CPU's, before and after.
    Returns the launches per GPU evaluation of the last two runs. */
-static double fused_reps(const char *what, fused_program prog, int nin, kiln_tensor *const *cpu, int nout,
-                         double rtol) {
+static double fused_reps(const char *what, fused_program prog, int nin, kiln_tensor *const *cpu,
+                         int nout, double rtol) {
   kiln_tensor *dev[8], *oc[16], *og[16];
   for (int i = 0; i < nin; i++) dev[i] = gpu(cpu[i]);
   double launched = 0;
@@ -658,7 +719,9 @@ TEST(a_wide_group_is_a_chain_of_kernels) {
    dtype, not cast on the host (a 0-d host value made the trace "mixed":
    op by op, 8 launches).  Fused, it is a row kernel, its fills parameters.
    exp is CUDA's (or, emulated, the host's libm): within its bound */
-static void softmax_rows(kiln_tensor *const *in, kiln_tensor **out) { out[0] = kiln_softmax(in[0], -1); }
+static void softmax_rows(kiln_tensor *const *in, kiln_tensor **out) {
+  out[0] = kiln_softmax(in[0], -1);
+}
 
 TEST(softmax_is_fused) {
   int64_t s[2] = {64, 300};
@@ -686,7 +749,8 @@ TEST(overhead_per_op) {
     kiln_to_buffer(h, &(float){0}, sizeof(float));
     clock_gettime(CLOCK_MONOTONIC, &t1);
     v = kiln_item(h);
-    double us = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / 1e3 / 1000;
+    double us =
+        ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / 1e3 / 1000;
     if (rep == 1) {
       printf("test_gpu_ops: %.2f us per op on the op-by-op path\n", us);
       /* a bound for a GPU: the CPU emulation runs each kernel's threads in turn */
@@ -704,7 +768,8 @@ static int child_rng(void) {
   kiln_tensor *u = kiln_rand(KILN_F32, 1, (int64_t[]){1001});
   kiln_tensor *n = kiln_randn(KILN_F64, 1, (int64_t[]){1001});
   if (!u || !n || kiln_device_of(u) != KILN_CUDA) return 2;
-  vm_tensor *ru = vm_tensor_new(KILN_F32, 1, (int64_t[]){1001}), *rn = vm_tensor_new(KILN_F64, 1, (int64_t[]){1001});
+  vm_tensor *ru = vm_tensor_new(KILN_F32, 1, (int64_t[]){1001}),
+            *rn = vm_tensor_new(KILN_F64, 1, (int64_t[]){1001});
   vm_rng_fill(ru, false, 77, 0);
   vm_rng_fill(rn, true, 77, vm_rng_blocks(1001, KILN_F32));
   int64_t k;
@@ -736,8 +801,10 @@ TEST(rand_on_the_gpu_matches_the_cpu_stream) {
 int main(int argc, char **argv) {
   if (argc == 2 && !strcmp(argv[1], "--rng")) return child_rng();
   if (!kiln_device_available(KILN_CUDA)) {
-    printf("test_gpu_ops: no CUDA device here (%s); GPU tests skipped: run scripts/gpu-check on a GPU machine\n",
-           kiln_device_info(KILN_CUDA));
+    printf(
+        "test_gpu_ops: no CUDA device here (%s); GPU tests skipped: run scripts/gpu-check on a GPU "
+        "machine\n",
+        kiln_device_info(KILN_CUDA));
     return ktest_done();
   }
   printf("test_gpu_ops: %s\n", kiln_device_info(KILN_CUDA));

@@ -10,20 +10,20 @@
 #define V(...) ((const double[]){__VA_ARGS__})
 
 /* evaluates expr once, checks shape and values exactly, releases it */
-#define CHECK_RESULT(expr, nd, shape, expect)                        \
-  do {                                                               \
-    kiln_tensor *cr_ = (expr);                                       \
-    CHECK_TENSOR(cr_, nd, shape, expect, 0);                         \
-    kiln_release(cr_);                                               \
+#define CHECK_RESULT(expr, nd, shape, expect) \
+  do {                                        \
+    kiln_tensor *cr_ = (expr);                \
+    CHECK_TENSOR(cr_, nd, shape, expect, 0);  \
+    kiln_release(cr_);                        \
   } while (0)
 
 /* same, and the result has dtype dt */
-#define CHECK_RESULT_DT(expr, dt, nd, shape, expect)                 \
-  do {                                                               \
-    kiln_tensor *cr_ = (expr);                                       \
-    if (cr_) CHECK_EQ_INT(kiln_dtype_of(cr_), dt);                   \
-    CHECK_TENSOR(cr_, nd, shape, expect, 0);                         \
-    kiln_release(cr_);                                               \
+#define CHECK_RESULT_DT(expr, dt, nd, shape, expect) \
+  do {                                               \
+    kiln_tensor *cr_ = (expr);                       \
+    if (cr_) CHECK_EQ_INT(kiln_dtype_of(cr_), dt);   \
+    CHECK_TENSOR(cr_, nd, shape, expect, 0);         \
+    kiln_release(cr_);                               \
   } while (0)
 
 /* a tensor of dtype dt holding the doubles vals (converted) */
@@ -33,11 +33,21 @@ static kiln_tensor *make(kiln_dtype dt, int ndim, const int64_t *shape, const do
   unsigned char *buf = calloc(1, (size_t)(n ? n : 1) * 8);
   for (int64_t i = 0; i < n; i++) {
     switch (dt) {
-      case KILN_BOOL: buf[i] = vals[i] != 0; break;
-      case KILN_I32: ((int32_t *)buf)[i] = (int32_t)vals[i]; break;
-      case KILN_I64: ((int64_t *)buf)[i] = (int64_t)vals[i]; break;
-      case KILN_F32: ((float *)buf)[i] = (float)vals[i]; break;
-      case KILN_F64: ((double *)buf)[i] = vals[i]; break;
+      case KILN_BOOL:
+        buf[i] = vals[i] != 0;
+        break;
+      case KILN_I32:
+        ((int32_t *)buf)[i] = (int32_t)vals[i];
+        break;
+      case KILN_I64:
+        ((int64_t *)buf)[i] = (int64_t)vals[i];
+        break;
+      case KILN_F32:
+        ((float *)buf)[i] = (float)vals[i];
+        break;
+      case KILN_F64:
+        ((double *)buf)[i] = vals[i];
+        break;
     }
   }
   kiln_tensor *t = kiln_from_data(buf, dt, ndim, shape);
@@ -81,15 +91,15 @@ TEST(index_select_3d_every_axis) {
   kiln_tensor *i1 = make(KILN_I32, 1, S(2), V(2, 0));
   kiln_tensor *i2 = make(KILN_I64, 1, S(3), V(3, 0, 3));
   CHECK_RESULT(kiln_index_select(a, 0, i0), 3, S(3, 3, 4),
-               V(12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 12, 13, 14, 15, 16, 17, 18,
-                 19, 20, 21, 22, 23, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11));
+               V(12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+                 21, 22, 23, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11));
   CHECK_RESULT(kiln_index_select(a, 1, i1), 3, S(2, 2, 4),
                V(8, 9, 10, 11, 0, 1, 2, 3, 20, 21, 22, 23, 12, 13, 14, 15));
   CHECK_RESULT(kiln_index_select(a, 2, i2), 3, S(2, 3, 3),
                V(3, 0, 3, 7, 4, 7, 11, 8, 11, 15, 12, 15, 19, 16, 19, 23, 20, 23));
   CHECK_RESULT(kiln_index_select(a, -3, i0), 3, S(3, 3, 4),
-               V(12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 12, 13, 14, 15, 16, 17, 18,
-                 19, 20, 21, 22, 23, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11));
+               V(12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+                 21, 22, 23, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11));
   kiln_release(i2);
   kiln_release(i1);
   kiln_release(i0);
@@ -181,9 +191,9 @@ TEST(gather_3d_every_axis) {
   kiln_tensor *g1 =
       make(KILN_I32, 3, S(2, 2, 4), V(0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0));
   kiln_tensor *g2 = make(KILN_I64, 3, S(2, 3, 2), V(0, 3, 2, 1, 0, 3, 1, 0, 3, 2, 1, 0));
-  CHECK_RESULT(kiln_gather(a, 0, g0), 3, S(2, 3, 4),
-               V(0, 13, 2, 15, 16, 5, 18, 7, 8, 21, 10, 23, 12, 1, 14, 3, 4, 17, 6, 19, 20, 9,
-                 22, 11));
+  CHECK_RESULT(
+      kiln_gather(a, 0, g0), 3, S(2, 3, 4),
+      V(0, 13, 2, 15, 16, 5, 18, 7, 8, 21, 10, 23, 12, 1, 14, 3, 4, 17, 6, 19, 20, 9, 22, 11));
   CHECK_RESULT(kiln_gather(a, 1, g1), 3, S(2, 2, 4),
                V(0, 5, 10, 3, 4, 9, 2, 7, 20, 13, 18, 23, 12, 17, 22, 15));
   CHECK_RESULT(kiln_gather(a, 2, g2), 3, S(2, 3, 2), V(0, 3, 6, 5, 8, 11, 13, 12, 19, 18, 21, 20));
@@ -268,9 +278,9 @@ TEST(scatter_add_3d_every_axis) {
   kiln_tensor *s0 = make(KILN_F32, 3, S(2, 3, 4), seq);
   kiln_tensor *s1 = make(KILN_F32, 3, S(2, 2, 4), seq);
   kiln_tensor *s2 = make(KILN_F32, 3, S(2, 3, 2), seq);
-  CHECK_RESULT(kiln_scatter_add(z, 0, g0, s0), 3, S(2, 3, 4),
-               V(1, 14, 3, 16, 17, 6, 19, 8, 9, 22, 11, 24, 13, 2, 15, 4, 5, 18, 7, 20, 21, 10,
-                 23, 12));
+  CHECK_RESULT(
+      kiln_scatter_add(z, 0, g0, s0), 3, S(2, 3, 4),
+      V(1, 14, 3, 16, 17, 6, 19, 8, 9, 22, 11, 24, 13, 2, 15, 4, 5, 18, 7, 20, 21, 10, 23, 12));
   CHECK_RESULT(kiln_scatter_add(z, 1, g1, s1), 3, S(2, 3, 4),
                V(1, 0, 7, 4, 5, 2, 0, 8, 0, 6, 3, 0, 13, 10, 0, 16, 0, 14, 11, 0, 9, 0, 15, 12));
   CHECK_RESULT(kiln_scatter_add(z, 2, g2, s2), 3, S(2, 3, 4),

@@ -33,8 +33,9 @@ static int work(void) {
   kiln_release(x);
   kiln_stats st;
   kiln_get_stats(&st);
-  printf("%a %llu %llu %.0f %.0f %llu\n", total, (unsigned long long)st.compiles, (unsigned long long)st.disk_hits,
-         kiln_stat("compiler_processes"), kiln_stat("kernels_compiled"), (unsigned long long)st.compile_failures);
+  printf("%a %llu %llu %.0f %.0f %llu\n", total, (unsigned long long)st.compiles,
+         (unsigned long long)st.disk_hits, kiln_stat("compiler_processes"),
+         kiln_stat("kernels_compiled"), (unsigned long long)st.compile_failures);
   return 0;
 }
 
@@ -133,8 +134,8 @@ typedef struct {
 static result read_result(FILE *p) {
   result r = {0};
   if (!p) return r;
-  r.ok = fscanf(p, "%la %llu %llu %lf %lf %llu", &r.total, &r.compiles, &r.disk_hits, &r.processes, &r.kernels,
-                &r.failures) == 6;
+  r.ok = fscanf(p, "%la %llu %llu %lf %lf %llu", &r.total, &r.compiles, &r.disk_hits, &r.processes,
+                &r.kernels, &r.failures) == 6;
   r.ok = pclose(p) == 0 && r.ok;
   return r;
 }
@@ -144,7 +145,6 @@ static result run_child(const char *env) {
   snprintf(cmd, sizeof cmd, "env %s KILN_HOT=2 KILN_PAYOFF=0 KILN_ASYNC=0 '%s' work", env, self);
   return read_result(popen(cmd, "r"));
 }
-
 
 static void corrupt_all(const char *dir) {
   DIR *d = opendir(dir);
@@ -221,11 +221,12 @@ TEST(warm_disk_cache_compiles_nothing) {
 TEST(two_processes_share_a_cache_directory) {
   char dir[] = "/tmp/kiln-cache-test-XXXXXX", cmd[12000];
   CHECK(mkdtemp(dir) != NULL);
-  snprintf(cmd, sizeof cmd,
-           "env KILN_CACHE_DIR=%s KILN_ASYNC=0 '%s' work > %s/a.out & pa=$!;"
-           " env KILN_CACHE_DIR=%s KILN_ASYNC=0 '%s' work > %s/b.out & pb=$!;"
-           " wait $pa && wait $pb && [ \"$(cut -d' ' -f1 %s/a.out)\" = \"$(cut -d' ' -f1 %s/b.out)\" ]",
-           dir, self, dir, dir, self, dir, dir, dir);
+  snprintf(
+      cmd, sizeof cmd,
+      "env KILN_CACHE_DIR=%s KILN_ASYNC=0 '%s' work > %s/a.out & pa=$!;"
+      " env KILN_CACHE_DIR=%s KILN_ASYNC=0 '%s' work > %s/b.out & pb=$!;"
+      " wait $pa && wait $pb && [ \"$(cut -d' ' -f1 %s/a.out)\" = \"$(cut -d' ' -f1 %s/b.out)\" ]",
+      dir, self, dir, dir, self, dir, dir, dir);
   CHECK(system(cmd) == 0); /* both succeeded, with the same result */
   CHECK(count_suffix(dir, "") >= 1);
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
@@ -260,7 +261,8 @@ TEST(missing_toolchain_is_reported_once) {
   CHECK_EQ_INT(r.compiles, 0);
   CHECK_CLOSE(r.total, ref.total, 1e-5);
   char text[4096];
-  CHECK_STR_CONTAINS(read_text(log, text, sizeof text), "the CPU JIT is off: the assembler 'as' is not on PATH");
+  CHECK_STR_CONTAINS(read_text(log, text, sizeof text),
+                     "the CPU JIT is off: the assembler 'as' is not on PATH");
   const char *second = strstr(text, "CPU JIT is off");
   CHECK(second && !strstr(second + 1, "CPU JIT is off")); /* once */
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
@@ -282,8 +284,10 @@ TEST(opt_info_reports_vectorized_loops) {
     CHECK(system(cmd) == 0);
     char text[1 << 15];
     read_text(log, text, sizeof text);
-    if (on) CHECK_STR_CONTAINS(text, "loop vectorized");
-    else CHECK(!strstr(text, "vectorized"));
+    if (on)
+      CHECK_STR_CONTAINS(text, "loop vectorized");
+    else
+      CHECK(!strstr(text, "vectorized"));
   }
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   CHECK(system(cmd) == 0);
@@ -403,7 +407,10 @@ TEST(stale_compiler_process_is_refused) {
   FILE *f = fopen(fake, "w");
   CHECK(f != NULL);
   if (!f) return;
-  fputs("#!/bin/sh\ncat >/dev/null\necho 'KILNJC-STALE: built from sources 0000, the library from 1111'\nexit 3\n", f);
+  fputs(
+      "#!/bin/sh\ncat >/dev/null\necho 'KILNJC-STALE: built from sources 0000, the library from "
+      "1111'\nexit 3\n",
+      f);
   fclose(f);
   CHECK(chmod(fake, 0700) == 0);
   snprintf(log, sizeof log, "%s/stderr", dir);
@@ -417,7 +424,8 @@ TEST(stale_compiler_process_is_refused) {
   CHECK(r.ok && ref.ok);
   CHECK(r.kernels >= 1); /* compiled here instead */
   CHECK(r.total == ref.total);
-  CHECK_STR_CONTAINS(read_text(log, text, sizeof text), "was built from other sources than this library");
+  CHECK_STR_CONTAINS(read_text(log, text, sizeof text),
+                     "was built from other sources than this library");
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   CHECK(system(cmd) == 0);
 }
@@ -706,7 +714,7 @@ TEST(exit_does_not_wait_for_a_compile) {
   double ended = mono_ms();
   CHECK_EQ_INT(status, 0);
   CHECK(processes >= 1);
-  CHECK(ended - returned < 500); /* the compile had over 1 s to go */
+  CHECK(ended - returned < 500);              /* the compile had over 1 s to go */
   CHECK_EQ_INT(count_suffix(dir, ".idx"), 0); /* still in flight */
   for (int i = 0; i < 300 && count_suffix(dir, ".idx") == 0; i++) {
     struct timespec ts = {0, 100 * 1000000};
@@ -729,7 +737,8 @@ TEST(exit_does_not_wait_for_a_compile) {
 static int gates_work(int step) {
   int64_t B = 8, H = 32, in[2] = {B, 16}, w[2] = {16, 3 * H * step};
   kiln_manual_seed(3);
-  kiln_tensor *x = kiln_randn(KILN_F32, 2, in), *wx = kiln_randn(KILN_F32, 2, w), *wh = kiln_randn(KILN_F32, 2, w);
+  kiln_tensor *x = kiln_randn(KILN_F32, 2, in), *wx = kiln_randn(KILN_F32, 2, w),
+              *wh = kiln_randn(KILN_F32, 2, w);
   kiln_sync();
   float got[3] = {0};
   for (int it = 0; it < 3; it++) {
@@ -738,8 +747,9 @@ static int gates_work(int step) {
       g[k] = kiln_slice(gx, 1, k * H * step, (k + 1) * H * step, step);
       g[3 + k] = kiln_slice(gh, 1, k * H * step, (k + 1) * H * step, step);
     }
-    kiln_tensor *sr = kiln_add(g[0], g[3]), *r = kiln_sigmoid(sr), *sz = kiln_add(g[1], g[4]), *z = kiln_sigmoid(sz),
-                *rn = kiln_mul(r, g[5]), *sn = kiln_add(g[2], rn), *n = kiln_tanh(sn), *out = kiln_mul(z, n);
+    kiln_tensor *sr = kiln_add(g[0], g[3]), *r = kiln_sigmoid(sr), *sz = kiln_add(g[1], g[4]),
+                *z = kiln_sigmoid(sz), *rn = kiln_mul(r, g[5]), *sn = kiln_add(g[2], rn),
+                *n = kiln_tanh(sn), *out = kiln_mul(z, n);
     float all[8 * 32];
     if (kiln_to_buffer(out, all, sizeof all) != KILN_OK) return 1;
     got[0] = all[0], got[1] = all[77], got[2] = all[255];
@@ -747,7 +757,8 @@ static int gates_work(int step) {
     for (int i = 0; i < 16; i++) kiln_release(tmp[i]);
   }
   kiln_release(x), kiln_release(wx), kiln_release(wh);
-  printf("%a %a %a %.0f\n", got[0], got[1], got[2], kiln_stat("kernels_compiled") + kiln_stat("disk_hits"));
+  printf("%a %a %a %.0f\n", got[0], got[1], got[2],
+         kiln_stat("kernels_compiled") + kiln_stat("disk_hits"));
   return 0;
 }
 
@@ -761,7 +772,8 @@ static bool kernels_contain(const char *dir, const char *needle) {
   struct dirent *e;
   while (d && (e = readdir(d)) && !found) {
     size_t l = strlen(e->d_name);
-    if (strncmp(e->d_name, "kernel-", 7) || l < 3 || strcmp(e->d_name + l - 2, ".c") || strstr(e->d_name, "reproducer"))
+    if (strncmp(e->d_name, "kernel-", 7) || l < 3 || strcmp(e->d_name + l - 2, ".c") ||
+        strstr(e->d_name, "reproducer"))
       continue;
     char path[8192], text[1 << 16];
     snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
@@ -791,11 +803,14 @@ TEST(sliced_operands_are_read_at_unit_stride) {
     if (cw) *cw = 0;
     if (cg) *cg = 0;
     CHECK(cw && cg);
-    if (strcmp(got, want)) fprintf(stderr, "step %d: compiled %s, interpreted %s\n", step, got, want);
+    if (strcmp(got, want))
+      fprintf(stderr, "step %d: compiled %s, interpreted %s\n", step, got, want);
     CHECK(!strcmp(got, want));
     CHECK(count_suffix(dir, ".c") >= 1);
-    if (step == 1) CHECK(!kernels_contain(dir, "* step_"));
-    else CHECK(kernels_contain(dir, "* step_"));
+    if (step == 1)
+      CHECK(!kernels_contain(dir, "* step_"));
+    else
+      CHECK(kernels_contain(dir, "* step_"));
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     CHECK(system(cmd) == 0);
   }
@@ -822,10 +837,11 @@ static unsigned long long fill_program(int which, kiln_tensor *x16, kiln_tensor 
       r = next;
     }
   } else {
-    kiln_tensor *a = kiln_mul_scalar(m, which == 3 ? 0.5 : 1.5), *b = kiln_add_scalar(a, which == 2 ? -1.0 : 0.25);
-    if (which == 1) r = kiln_sum(b, 0, NULL, false);          /* a reduction over every element */
-    if (which == 2) r = kiln_sum(b, 1, (int[]){0}, false);    /* a column reduction */
-    if (which == 3) r = kiln_softmax(b, -1);                  /* a row kernel */
+    kiln_tensor *a = kiln_mul_scalar(m, which == 3 ? 0.5 : 1.5),
+                *b = kiln_add_scalar(a, which == 2 ? -1.0 : 0.25);
+    if (which == 1) r = kiln_sum(b, 0, NULL, false);       /* a reduction over every element */
+    if (which == 2) r = kiln_sum(b, 1, (int[]){0}, false); /* a column reduction */
+    if (which == 3) r = kiln_softmax(b, -1);               /* a row kernel */
     kiln_release(a);
     kiln_release(b);
   }
@@ -843,7 +859,8 @@ static int fills_work(void) {
   for (int i = 0; i < 16; i++) init[i] = 0.1f * (float)i;
   int64_t n16 = 16;
   kiln_tensor *x16 = kiln_from_data(init, KILN_F32, 1, &n16);
-  kiln_tensor *flat = kiln_arange(0, 64 * 300, 1, KILN_F32), *shaped = kiln_reshape(flat, 2, (int64_t[]){64, 300});
+  kiln_tensor *flat = kiln_arange(0, 64 * 300, 1, KILN_F32),
+              *shaped = kiln_reshape(flat, 2, (int64_t[]){64, 300});
   kiln_tensor *m = kiln_mul_scalar(shaped, 1e-3);
   kiln_eval(1, &m); /* a leaf of the programs below */
   for (int which = 0; which < 4; which++) {
@@ -867,7 +884,8 @@ static int fills_work(void) {
 static bool read_fills(const char *line, unsigned long long (*r)[3]) {
   int at = 0, used = 0;
   for (int w = 0; w < 4; w++, at += used)
-    if (sscanf(line + at, "%llx %llu %llu %n", &r[w][0], &r[w][1], &r[w][2], &used) != 3) return false;
+    if (sscanf(line + at, "%llx %llu %llu %n", &r[w][0], &r[w][1], &r[w][2], &used) != 3)
+      return false;
   return true;
 }
 
@@ -893,8 +911,10 @@ TEST(fills_are_values_not_buffers) {
   CHECK(read_fills(got, g));
   for (int k = 0; k < 4; k++) {
     if (g[k][0] != w[k][0] || g[k][1] != 0 || g[k][2] != 1)
-      fprintf(stderr, "program %d: bits %016llx (interpreter %016llx), %llu interpreted ops, %llu launches\n", k,
-              g[k][0], w[k][0], g[k][1], g[k][2]);
+      fprintf(
+          stderr,
+          "program %d: bits %016llx (interpreter %016llx), %llu interpreted ops, %llu launches\n",
+          k, g[k][0], w[k][0], g[k][1], g[k][2]);
     CHECK(g[k][0] == w[k][0]);
     CHECK(g[k][1] == 0 && g[k][2] == 1);
     CHECK(w[k][1] > 0); /* the counts are live */

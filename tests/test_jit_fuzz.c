@@ -206,38 +206,100 @@ typedef kiln_tensor *(*scalar_fn)(kiln_tensor *, double);
 typedef kiln_tensor *(*reduce_fn)(kiln_tensor *, int, const int *, bool);
 
 enum {
-  U_NEG, U_ABS, U_EXP, U_LOG, U_SQRT, U_RSQRT, U_SIN, U_COS, U_TANH, U_SIGMOID,
-  U_RELU, U_GELU, U_ERF, U_LOG1P, U_EXPM1, U_FLOOR, U_CEIL, U_ROUND, U_SIGN, U_NOT, N_UNARY
+  U_NEG,
+  U_ABS,
+  U_EXP,
+  U_LOG,
+  U_SQRT,
+  U_RSQRT,
+  U_SIN,
+  U_COS,
+  U_TANH,
+  U_SIGMOID,
+  U_RELU,
+  U_GELU,
+  U_ERF,
+  U_LOG1P,
+  U_EXPM1,
+  U_FLOOR,
+  U_CEIL,
+  U_ROUND,
+  U_SIGN,
+  U_NOT,
+  N_UNARY
 };
-static const struct { const char *name; unary_fn f; } UNARY[N_UNARY] = {
-    {"neg", kiln_neg},     {"abs", kiln_abs},         {"exp", kiln_exp},     {"log", kiln_log},
-    {"sqrt", kiln_sqrt},   {"rsqrt", kiln_rsqrt},     {"sin", kiln_sin},     {"cos", kiln_cos},
-    {"tanh", kiln_tanh},   {"sigmoid", kiln_sigmoid}, {"relu", kiln_relu},   {"gelu", kiln_gelu},
-    {"erf", kiln_erf},     {"log1p", kiln_log1p},     {"expm1", kiln_expm1}, {"floor", kiln_floor},
-    {"ceil", kiln_ceil},   {"round", kiln_round},     {"sign", kiln_sign},
-    {"logical_not", kiln_logical_not},
+static const struct {
+  const char *name;
+  unary_fn f;
+} UNARY[N_UNARY] = {
+    {"neg", kiln_neg},     {"abs", kiln_abs},
+    {"exp", kiln_exp},     {"log", kiln_log},
+    {"sqrt", kiln_sqrt},   {"rsqrt", kiln_rsqrt},
+    {"sin", kiln_sin},     {"cos", kiln_cos},
+    {"tanh", kiln_tanh},   {"sigmoid", kiln_sigmoid},
+    {"relu", kiln_relu},   {"gelu", kiln_gelu},
+    {"erf", kiln_erf},     {"log1p", kiln_log1p},
+    {"expm1", kiln_expm1}, {"floor", kiln_floor},
+    {"ceil", kiln_ceil},   {"round", kiln_round},
+    {"sign", kiln_sign},   {"logical_not", kiln_logical_not},
 };
 
-enum { B_ADD, B_SUB, B_MUL, B_DIV, B_POW, B_MAX, B_MIN, B_EQ, B_NE, B_LT, B_LE, B_GT, B_GE,
-       B_AND, B_OR, N_BINARY };
-static const struct { const char *name; binary_fn f; } BINARY[N_BINARY] = {
-    {"add", kiln_add}, {"sub", kiln_sub}, {"mul", kiln_mul}, {"div", kiln_div},
-    {"pow", kiln_pow}, {"maximum", kiln_maximum}, {"minimum", kiln_minimum},
-    {"eq", kiln_eq},   {"ne", kiln_ne},   {"lt", kiln_lt},   {"le", kiln_le},
-    {"gt", kiln_gt},   {"ge", kiln_ge},   {"logical_and", kiln_logical_and},
+enum {
+  B_ADD,
+  B_SUB,
+  B_MUL,
+  B_DIV,
+  B_POW,
+  B_MAX,
+  B_MIN,
+  B_EQ,
+  B_NE,
+  B_LT,
+  B_LE,
+  B_GT,
+  B_GE,
+  B_AND,
+  B_OR,
+  N_BINARY
+};
+static const struct {
+  const char *name;
+  binary_fn f;
+} BINARY[N_BINARY] = {
+    {"add", kiln_add},
+    {"sub", kiln_sub},
+    {"mul", kiln_mul},
+    {"div", kiln_div},
+    {"pow", kiln_pow},
+    {"maximum", kiln_maximum},
+    {"minimum", kiln_minimum},
+    {"eq", kiln_eq},
+    {"ne", kiln_ne},
+    {"lt", kiln_lt},
+    {"le", kiln_le},
+    {"gt", kiln_gt},
+    {"ge", kiln_ge},
+    {"logical_and", kiln_logical_and},
     {"logical_or", kiln_logical_or},
 };
 
 enum { S_ADD, S_SUB, S_MUL, S_DIV, S_POW, N_SCALAR };
-static const struct { const char *name; scalar_fn f; } SCALAR[N_SCALAR] = {
+static const struct {
+  const char *name;
+  scalar_fn f;
+} SCALAR[N_SCALAR] = {
     {"add_scalar", kiln_add_scalar}, {"sub_scalar", kiln_sub_scalar},
     {"mul_scalar", kiln_mul_scalar}, {"div_scalar", kiln_div_scalar},
     {"pow_scalar", kiln_pow_scalar},
 };
 
 enum { R_SUM, R_MEAN, R_PROD, R_MAX, R_MIN, N_REDUCE };
-static const struct { const char *name; reduce_fn f; } REDUCE[N_REDUCE] = {
-    {"sum", kiln_sum}, {"mean", kiln_mean}, {"prod", kiln_prod}, {"max", kiln_max}, {"min", kiln_min},
+static const struct {
+  const char *name;
+  reduce_fn f;
+} REDUCE[N_REDUCE] = {
+    {"sum", kiln_sum}, {"mean", kiln_mean}, {"prod", kiln_prod},
+    {"max", kiln_max}, {"min", kiln_min},
 };
 
 static bool unary_is_math(int fn) {
@@ -263,14 +325,26 @@ static kiln_dtype reduce_out(int fn, kiln_dtype in) {
 
 static bool model_unary(int fn, num x, kiln_dtype out, num *o) {
   double u = dt_u(out), k = ULPS_PER_CALL * u, tiny = dt_tiny(out), A = abs_err(x);
-  double under = out == KILN_F64 ? 700 : 80; /* exp(-under) is near the denormals */
+  double under = out == KILN_F64 ? 700 : 80;   /* exp(-under) is near the denormals */
   double logmax = out == KILN_F64 ? 745 : 104; /* |log| of the smallest denormal */
   bool ex = is_exact(x);
   switch (fn) {
-    case U_NEG: case U_ABS: case U_RELU: *o = x; return true;
-    case U_SIGN: case U_NOT: *o = mk(1, 0, 0); return ex;
-    case U_FLOOR: case U_CEIL: case U_ROUND: *o = mk(x.mf + 1, 0, 0); return ex;
-    case U_SQRT: case U_RSQRT: /* correctly rounded in both runs */
+    case U_NEG:
+    case U_ABS:
+    case U_RELU:
+      *o = x;
+      return true;
+    case U_SIGN:
+    case U_NOT:
+      *o = mk(1, 0, 0);
+      return ex;
+    case U_FLOOR:
+    case U_CEIL:
+    case U_ROUND:
+      *o = mk(x.mf + 1, 0, 0);
+      return ex;
+    case U_SQRT:
+    case U_RSQRT: /* correctly rounded in both runs */
       *o = mk(fn == U_SQRT ? sqrt(x.mf) : INFINITY, ex ? 0 : x.r / 2 + u, 0);
       return ex || x.a == 0;
     case U_EXP:
@@ -289,13 +363,22 @@ static bool model_unary(int fn, num x, kiln_dtype out, num *o) {
       }
       *o = mk(0.7, k, 2 * A);
       return x.mf <= 0.5;
-    case U_SIN: case U_COS: /* the compiled range reduction is documented to 2^27*pi/2 */
+    case U_SIN:
+    case U_COS: /* the compiled range reduction is documented to 2^27*pi/2 */
       *o = mk(1, 0, k + A);
       return x.mf <= 1e5;
-    case U_TANH: *o = mk(1, k, 0.45 * x.r + x.a); return true;
-    case U_SIGMOID: *o = mk(1, k, (x.mf >= under ? tiny : 0) + 0.23 * x.r + 0.25 * x.a); return true;
-    case U_ERF: *o = mk(1, k, 0.49 * x.r + 1.13 * x.a); return true;
-    case U_GELU: *o = mk(x.mf, 2 * k + 1.2 * x.r, k * (1 + fmin(x.mf, 10)) + 1.13 * x.a); return true;
+    case U_TANH:
+      *o = mk(1, k, 0.45 * x.r + x.a);
+      return true;
+    case U_SIGMOID:
+      *o = mk(1, k, (x.mf >= under ? tiny : 0) + 0.23 * x.r + 0.25 * x.a);
+      return true;
+    case U_ERF:
+      *o = mk(1, k, 0.49 * x.r + 1.13 * x.a);
+      return true;
+    case U_GELU:
+      *o = mk(x.mf, 2 * k + 1.2 * x.r, k * (1 + fmin(x.mf, 10)) + 1.13 * x.a);
+      return true;
   }
   return false;
 }
@@ -308,13 +391,15 @@ static bool model_binary(int fn, num x, num y, kiln_dtype out, num *o) {
     return ex;
   }
   if (!dt_float(out)) { /* integer arithmetic wraps, exactly in both runs */
-    double m = fn == B_ADD || fn == B_SUB ? x.mf + y.mf : fn == B_MUL || fn == B_POW ? INFINITY
-                                                                                    : fmax(x.mf, y.mf);
+    double m = fn == B_ADD || fn == B_SUB   ? x.mf + y.mf
+               : fn == B_MUL || fn == B_POW ? INFINITY
+                                            : fmax(x.mf, y.mf);
     *o = mk(fmin(m, dt_imax(out)), 0, 0);
     return ex;
   }
   switch (fn) {
-    case B_ADD: case B_SUB:
+    case B_ADD:
+    case B_SUB:
       *o = ex ? mk(x.mf + y.mf, 0, 0) : mk(x.mf + y.mf, u, abs_err(x) + abs_err(y));
       return true;
     case B_MUL:
@@ -327,7 +412,8 @@ static bool model_binary(int fn, num x, num y, kiln_dtype out, num *o) {
     case B_POW: /* the exponent must be exact: pow(-2, y) is NaN unless y is an integer */
       *o = mk(INFINITY, ULPS_PER_CALL * u + y.mf * x.r, dt_tiny(out));
       return is_exact(y) && (is_exact(x) || (x.a == 0 && y.mf <= 16));
-    case B_MAX: case B_MIN:
+    case B_MAX:
+    case B_MIN:
       *o = mk(fmax(x.mf, y.mf), fmax(x.r, y.r), fmax(x.a, y.a));
       return true;
   }
@@ -338,7 +424,8 @@ static bool model_scalar(int fn, num x, double s, kiln_dtype out, num *o) {
   bool ex = is_exact(x);
   double u = dt_u(out), as = fabs(s);
   switch (fn) {
-    case S_ADD: case S_SUB:
+    case S_ADD:
+    case S_SUB:
       *o = ex ? mk(x.mf + as, 0, 0) : mk(x.mf + as, u, abs_err(x));
       return true;
     case S_MUL:
@@ -348,7 +435,8 @@ static bool model_scalar(int fn, num x, double s, kiln_dtype out, num *o) {
       *o = mk(as == 0 ? INFINITY : x.mf / as, ex ? 0 : x.r + u, as == 0 ? 0 : x.a / as);
       return ex || as != 0 || x.a == 0;
     case S_POW:
-      *o = mk(s >= 0 ? pow(fmax(1, x.mf), s) : INFINITY, ULPS_PER_CALL * u + as * x.r, dt_tiny(out));
+      *o =
+          mk(s >= 0 ? pow(fmax(1, x.mf), s) : INFINITY, ULPS_PER_CALL * u + as * x.r, dt_tiny(out));
       return ex || (x.a == 0 && as <= 16);
   }
   return false;
@@ -367,8 +455,12 @@ static bool model_reduce(int fn, num x, int64_t n, kiln_dtype in, kiln_dtype out
     return true;
   }
   switch (fn) {
-    case R_SUM: *o = mk(x.mf * dn, 0, 2 * dn * mulz(u, x.mf) + dn * A); return true;
-    case R_MEAN: *o = mk(x.mf, u, 2 * mulz(u, x.mf) + A); return true;
+    case R_SUM:
+      *o = mk(x.mf * dn, 0, 2 * dn * mulz(u, x.mf) + dn * A);
+      return true;
+    case R_MEAN:
+      *o = mk(x.mf, u, 2 * mulz(u, x.mf) + A);
+      return true;
     case R_PROD: { /* no overflow anywhere (inf * 0 is NaN in one order, 0 in another);
                       what underflows in one order only is below tiny * the product bound */
       double m = x.mf > 1 ? pow(x.mf, dn) : 1;
@@ -384,23 +476,53 @@ static bool model_reduce(int fn, num x, int64_t n, kiln_dtype in, kiln_dtype out
 /* --- leaves ---------------------------------------------------------------------------- */
 
 enum { VK_MOD, VK_SPECIAL, VK_POS, VK_NONFIN, VK_SMALL, VK_COUNT };
-static const char *const VK_NAME[VK_COUNT] = {"moderate", "special", "positive", "nonfinite", "small"};
+static const char *const VK_NAME[VK_COUNT] = {"moderate", "special", "positive", "nonfinite",
+                                              "small"};
 
 /* values that probe casts (saturation, NaN, truncation), rounding and overflow */
 static const double SPECIAL[] = {
-    0.0, -0.0, INFINITY, -INFINITY, NAN, 1e-30, -1e30, 1e30, 65504.0, 3e9, -3e9, 2.7, -2.7,
-    0.5, -0.5, 1.5, 2.5, -2.5, 2147483520.0, 2147483648.0, -2147483648.0, -2147483904.0,
-    9.3e18, -9.3e18, 9223372036854775808.0, -9223372036854775808.0, 1e-40, 16777217.0,
+    0.0,
+    -0.0,
+    INFINITY,
+    -INFINITY,
+    NAN,
+    1e-30,
+    -1e30,
+    1e30,
+    65504.0,
+    3e9,
+    -3e9,
+    2.7,
+    -2.7,
+    0.5,
+    -0.5,
+    1.5,
+    2.5,
+    -2.5,
+    2147483520.0,
+    2147483648.0,
+    -2147483648.0,
+    -2147483904.0,
+    9.3e18,
+    -9.3e18,
+    9223372036854775808.0,
+    -9223372036854775808.0,
+    1e-40,
+    16777217.0,
 };
 #define N_SPECIAL ((int)(sizeof SPECIAL / sizeof SPECIAL[0]))
 
 static double leaf_mag(kiln_dtype dt, int vk) {
   static const double fm[VK_COUNT] = {6.25, 1e30, 4, 6.25, 1};
   switch (dt) {
-    case KILN_BOOL: return 1;
-    case KILN_I32: return vk == VK_SPECIAL ? 2147483648.0 : 5;
-    case KILN_I64: return vk == VK_SPECIAL ? 9.3e18 : 5;
-    default: return fm[vk];
+    case KILN_BOOL:
+      return 1;
+    case KILN_I32:
+      return vk == VK_SPECIAL ? 2147483648.0 : 5;
+    case KILN_I64:
+      return vk == VK_SPECIAL ? 9.3e18 : 5;
+    default:
+      return fm[vk];
   }
 }
 
@@ -412,19 +534,24 @@ static double moderate(uint64_t *s) {
 static double leaf_float(uint64_t *s, int vk) {
   static const double nonfinite[] = {NAN, INFINITY, -INFINITY, 0.0, -0.0};
   switch (vk) {
-    case VK_SPECIAL: return coin(s, 30) ? SPECIAL[rn(s, N_SPECIAL)] : moderate(s);
-    case VK_POS: return rr(s, 4, 64) / 16.0;
-    case VK_NONFIN: return coin(s, 10) ? nonfinite[rn(s, 5)] : moderate(s);
-    case VK_SMALL: return (rn(s, 129) - 64) / 64.0;
-    default: return moderate(s);
+    case VK_SPECIAL:
+      return coin(s, 30) ? SPECIAL[rn(s, N_SPECIAL)] : moderate(s);
+    case VK_POS:
+      return rr(s, 4, 64) / 16.0;
+    case VK_NONFIN:
+      return coin(s, 10) ? nonfinite[rn(s, 5)] : moderate(s);
+    case VK_SMALL:
+      return (rn(s, 129) - 64) / 64.0;
+    default:
+      return moderate(s);
   }
 }
 
 static int64_t leaf_int(uint64_t *s, kiln_dtype dt, int vk) {
   if (vk == VK_SPECIAL && coin(s, 8)) {
     static const int64_t big32[] = {INT32_MAX, INT32_MIN, 1 << 20, -(1 << 20), 65537};
-    static const int64_t big64[] = {INT64_MAX, INT64_MIN, (int64_t)1 << 40, -((int64_t)1 << 40),
-                                    INT32_MAX, (int64_t)INT32_MIN - 1};
+    static const int64_t big64[] = {INT64_MAX,           INT64_MIN, (int64_t)1 << 40,
+                                    -((int64_t)1 << 40), INT32_MAX, (int64_t)INT32_MIN - 1};
     return dt == KILN_I32 ? big32[rn(s, 5)] : big64[rn(s, 6)];
   }
   return rr(s, -5, 5);
@@ -437,11 +564,29 @@ static kiln_tensor *make_leaf(kiln_dtype dt, int nd, const int64_t *shape, int v
   uint64_t s = seed;
   for (int64_t i = 0; i < n; i++) {
     switch (dt) {
-      case KILN_BOOL: buf[i] = (unsigned char)rn(&s, 2); break;
-      case KILN_I32: { int32_t v = (int32_t)leaf_int(&s, dt, vk); memcpy(buf + i * 4, &v, 4); break; }
-      case KILN_I64: { int64_t v = leaf_int(&s, dt, vk); memcpy(buf + i * 8, &v, 8); break; }
-      case KILN_F32: { float v = (float)leaf_float(&s, vk); memcpy(buf + i * 4, &v, 4); break; }
-      case KILN_F64: { double v = leaf_float(&s, vk); memcpy(buf + i * 8, &v, 8); break; }
+      case KILN_BOOL:
+        buf[i] = (unsigned char)rn(&s, 2);
+        break;
+      case KILN_I32: {
+        int32_t v = (int32_t)leaf_int(&s, dt, vk);
+        memcpy(buf + i * 4, &v, 4);
+        break;
+      }
+      case KILN_I64: {
+        int64_t v = leaf_int(&s, dt, vk);
+        memcpy(buf + i * 8, &v, 8);
+        break;
+      }
+      case KILN_F32: {
+        float v = (float)leaf_float(&s, vk);
+        memcpy(buf + i * 4, &v, 4);
+        break;
+      }
+      case KILN_F64: {
+        double v = leaf_float(&s, vk);
+        memcpy(buf + i * 8, &v, 8);
+        break;
+      }
     }
   }
   kiln_tensor *t = kiln_from_data(buf, dt, nd, shape);
@@ -451,13 +596,29 @@ static kiln_tensor *make_leaf(kiln_dtype dt, int nd, const int64_t *shape, int v
 
 /* --- program records ----------------------------------------------------------------- */
 
-enum { K_LEAF, K_VLEAF, K_UNARY, K_BINARY, K_SCALAR, K_WHERE, K_CLAMP, K_CAST, K_VIEW,
-       K_REDUCE, K_ARG, K_MATMUL, K_NN, K_MOVE, K_READ, K_RELEASE, K_COUNT };
+enum {
+  K_LEAF,
+  K_VLEAF,
+  K_UNARY,
+  K_BINARY,
+  K_SCALAR,
+  K_WHERE,
+  K_CLAMP,
+  K_CAST,
+  K_VIEW,
+  K_REDUCE,
+  K_ARG,
+  K_MATMUL,
+  K_NN,
+  K_MOVE,
+  K_READ,
+  K_RELEASE,
+  K_COUNT
+};
 static const int WEIGHT[K_COUNT] = {
-    [K_LEAF] = 3,   [K_VLEAF] = 3,  [K_UNARY] = 12, [K_BINARY] = 14, [K_SCALAR] = 8,
-    [K_WHERE] = 3,  [K_CLAMP] = 2,  [K_CAST] = 4,   [K_VIEW] = 5,    [K_REDUCE] = 3,
-    [K_ARG] = 1,    [K_MATMUL] = 1, [K_NN] = 2,     [K_MOVE] = 3,    [K_READ] = 1,
-    [K_RELEASE] = 3,
+    [K_LEAF] = 3,  [K_VLEAF] = 3, [K_UNARY] = 12, [K_BINARY] = 14, [K_SCALAR] = 8, [K_WHERE] = 3,
+    [K_CLAMP] = 2, [K_CAST] = 4,  [K_VIEW] = 5,   [K_REDUCE] = 3,  [K_ARG] = 1,    [K_MATMUL] = 1,
+    [K_NN] = 2,    [K_MOVE] = 3,  [K_READ] = 1,   [K_RELEASE] = 3,
 };
 /* K_MOVE: data movement along an axis, with index and part leaves of its own */
 enum { MV_GATHER, MV_INDEX_SELECT, MV_SCATTER_ADD, MV_CONCAT, MV_COUNT };
@@ -491,7 +652,7 @@ typedef struct {
 } oprec;
 
 #define TX(r, ...) \
-  snprintf((r)->text + strlen((r)->text), sizeof (r)->text - strlen((r)->text), __VA_ARGS__)
+  snprintf((r)->text + strlen((r)->text), sizeof(r)->text - strlen((r)->text), __VA_ARGS__)
 
 #define MAXPOOL 24
 #define MAXRECS 64
@@ -669,7 +830,9 @@ static void text_view(oprec *r, const vstep *v) {
       for (int i = 0; i < v->nd; i++) TX(r, i ? ",%d" : "%d", v->perm[i]);
       TX(r, "})");
       break;
-    case VS_TRANSPOSE: TX(r, "transpose(., %d, %d)", v->ax, v->ax2); break;
+    case VS_TRANSPOSE:
+      TX(r, "transpose(., %d, %d)", v->ax, v->ax2);
+      break;
     case VS_SLICE:
       TX(r, "slice(., %d, %lld, %lld, %lld)", v->ax, (long long)v->p[0], (long long)v->p[1],
          (long long)v->p[2]);
@@ -679,20 +842,31 @@ static void text_view(oprec *r, const vstep *v) {
       fmt_shape(sb, sizeof sb, v->nd, v->shape);
       TX(r, "%s(., %s)", v->op == VS_EXPAND ? "expand" : "reshape", sb);
       break;
-    case VS_UNSQUEEZE: TX(r, "unsqueeze(., %d)", v->ax); break;
-    case VS_SQUEEZE: TX(r, "squeeze(., %d)", v->ax); break;
+    case VS_UNSQUEEZE:
+      TX(r, "unsqueeze(., %d)", v->ax);
+      break;
+    case VS_SQUEEZE:
+      TX(r, "squeeze(., %d)", v->ax);
+      break;
   }
 }
 
 static kiln_tensor *apply_view(kiln_tensor *t, const vstep *v) {
   switch (v->op) {
-    case VS_PERMUTE: return kiln_permute(t, v->perm);
-    case VS_TRANSPOSE: return kiln_transpose(t, v->ax, v->ax2);
-    case VS_SLICE: return kiln_slice(t, v->ax, v->p[0], v->p[1], v->p[2]);
-    case VS_EXPAND: return kiln_expand(t, v->nd, v->shape);
-    case VS_RESHAPE: return kiln_reshape(t, v->nd, v->shape);
-    case VS_UNSQUEEZE: return kiln_unsqueeze(t, v->ax);
-    case VS_SQUEEZE: return kiln_squeeze(t, v->ax);
+    case VS_PERMUTE:
+      return kiln_permute(t, v->perm);
+    case VS_TRANSPOSE:
+      return kiln_transpose(t, v->ax, v->ax2);
+    case VS_SLICE:
+      return kiln_slice(t, v->ax, v->p[0], v->p[1], v->p[2]);
+    case VS_EXPAND:
+      return kiln_expand(t, v->nd, v->shape);
+    case VS_RESHAPE:
+      return kiln_reshape(t, v->nd, v->shape);
+    case VS_UNSQUEEZE:
+      return kiln_unsqueeze(t, v->ax);
+    case VS_SQUEEZE:
+      return kiln_squeeze(t, v->ax);
   }
   return NULL;
 }
@@ -730,7 +904,8 @@ static bool view_into(uint64_t *g, int nd, const int64_t *cur, vstep *v, int *pn
     case 2: { /* a strided slice with exactly cur[ax] elements */
       static const int steps[] = {2, 2, 3, -1, -2, -3};
       int ax = rn(g, nd);
-      int64_t n = cur[ax], m = steps[rn(g, 6)], am = m < 0 ? -m : m, off = rn(g, 3), extra = rn(g, 3);
+      int64_t n = cur[ax], m = steps[rn(g, 6)], am = m < 0 ? -m : m, off = rn(g, 3),
+              extra = rn(g, 3);
       v->op = VS_SLICE;
       v->ax = coin(g, 30) ? ax - nd : ax;
       v->p[2] = m;
@@ -769,9 +944,14 @@ static void text_leaf(oprec *r) {
   char sb[96];
   fmt_shape(sb, sizeof sb, r->lnd, r->lshape);
   switch (r->lmode) {
-    case LV_FULL: TX(r, "full(%.17g, %s%s)", r->dv[0], DT_NAME[r->dt], sb); break;
-    case LV_ARANGE: TX(r, "arange(%g, %g, 1, %s)", r->dv[0], r->dv[1], DT_NAME[r->dt]); break;
-    case LV_RAND: case LV_RANDN:
+    case LV_FULL:
+      TX(r, "full(%.17g, %s%s)", r->dv[0], DT_NAME[r->dt], sb);
+      break;
+    case LV_ARANGE:
+      TX(r, "arange(%g, %g, 1, %s)", r->dv[0], r->dv[1], DT_NAME[r->dt]);
+      break;
+    case LV_RAND:
+    case LV_RANDN:
       TX(r, "%s(%s%s)", r->lmode == LV_RAND ? "rand" : "randn", DT_NAME[r->dt], sb);
       break;
     default:
@@ -786,8 +966,11 @@ static void gen_leaf(prog *P, uint64_t *g, oprec *r, int nd, const int64_t *shap
   memcpy(r->lshape, shape, (size_t)nd * sizeof(int64_t));
   r->vseed = sm_next(g);
   int x = rn(g, 100);
-  r->vk = dt_float(r->dt) ? (x < 45 ? VK_MOD : x < 62 ? VK_SPECIAL : x < 75 ? VK_POS : x < 87 ? VK_NONFIN
-                                                                                             : VK_SMALL)
+  r->vk = dt_float(r->dt) ? (x < 45   ? VK_MOD
+                             : x < 62 ? VK_SPECIAL
+                             : x < 75 ? VK_POS
+                             : x < 87 ? VK_NONFIN
+                                      : VK_SMALL)
                           : (x < 75 ? VK_MOD : VK_SPECIAL);
   r->lmode = LV_DATA;
   r->model = mk(leaf_mag(r->dt, r->vk), 0, 0);
@@ -818,10 +1001,11 @@ static bool gen_kind(prog *P, uint64_t *g, int kind, oprec *r) {
   int a = -1, b = -1, c = -1;
   kiln_tensor *A = NULL;
   if (kind != K_LEAF && kind != K_VLEAF) {
-    int flags = kind == K_CLAMP ? PK_NOBOOL
-              : kind == K_CAST || kind == K_ARG ? PK_EXACT
-              : kind == K_VIEW || kind == K_REDUCE || kind == K_MATMUL || kind == K_MOVE ? PK_ND1
-              : kind == K_NN ? PK_ND1 | PK_FLOAT | PK_EXACT : 0;
+    int flags = kind == K_CLAMP                   ? PK_NOBOOL
+                : kind == K_CAST || kind == K_ARG ? PK_EXACT
+                : kind == K_VIEW || kind == K_REDUCE || kind == K_MATMUL || kind == K_MOVE ? PK_ND1
+                : kind == K_NN ? PK_ND1 | PK_FLOAT | PK_EXACT
+                               : 0;
     if ((a = pick(P, g, flags)) < 0) return false;
     A = P->s[a].t;
   }
@@ -936,8 +1120,9 @@ static bool gen_kind(prog *P, uint64_t *g, int kind, oprec *r) {
     case K_CAST:
       r->dt = out = (kiln_dtype)rn(g, 5);
       /* mf bounds finite values: a cast saturates +-inf to the integer limits */
-      o = mk(dt_float(out) ? fmin(x.mf, out == KILN_F32 ? FLT_MAX : DBL_MAX)
-                           : dt_float(adt) ? dt_imax(out) : fmin(x.mf + 1, dt_imax(out)),
+      o = mk(dt_float(out)   ? fmin(x.mf, out == KILN_F32 ? FLT_MAX : DBL_MAX)
+             : dt_float(adt) ? dt_imax(out)
+                             : fmin(x.mf + 1, dt_imax(out)),
              0, 0);
       TX(r, "cast(t%d, %s)", a, DT_NAME[out]);
       break;
@@ -1033,16 +1218,22 @@ static bool gen_kind(prog *P, uint64_t *g, int kind, oprec *r) {
     }
     case K_MOVE: { /* iv: the axis, the picks (or the part's length) */
       int ax = rn(g, nd);
-      int64_t m = coin(g, 85) ? rr(g, 1, 4) : rr(g, 5, 11); /* a scatter past 8 picks: not in place */
+      int64_t m =
+          coin(g, 85) ? rr(g, 1, 4) : rr(g, 5, 11); /* a scatter past 8 picks: not in place */
       r->fn = rn(g, MV_COUNT);
       if (sa[ax] == 0 || (r->fn == MV_SCATTER_ADD && adt == KILN_BOOL)) return false;
       r->iv[0] = coin(g, 30) ? ax - nd : ax; /* negative axes too */
       r->iv[1] = (int)m;
       r->dt = adt;
       r->lnd = r->fn == MV_INDEX_SELECT ? 1 : nd;
-      if (r->fn == MV_INDEX_SELECT) r->lshape[0] = m;
-      else memcpy(r->lshape, sa, (size_t)nd * sizeof *sa), r->lshape[ax] = m;
-      int64_t res = shape_numel(nd, sa) / sa[ax] * (r->fn == MV_CONCAT ? sa[ax] + m : r->fn == MV_SCATTER_ADD ? sa[ax] : m);
+      if (r->fn == MV_INDEX_SELECT)
+        r->lshape[0] = m;
+      else
+        memcpy(r->lshape, sa, (size_t)nd * sizeof *sa), r->lshape[ax] = m;
+      int64_t res = shape_numel(nd, sa) / sa[ax] *
+                    (r->fn == MV_CONCAT        ? sa[ax] + m
+                     : r->fn == MV_SCATTER_ADD ? sa[ax]
+                                               : m);
       if (res > P->cap || shape_numel(r->lnd, r->lshape) > P->cap) return false;
       r->flag = coin(g, 50); /* concat: the part first */
       r->vk = VK_MOD;
@@ -1054,12 +1245,15 @@ static bool gen_kind(prog *P, uint64_t *g, int kind, oprec *r) {
       char sb[96];
       fmt_shape(sb, sizeof sb, r->lnd, r->lshape);
       if (r->fn == MV_CONCAT && r->flag)
-        TX(r, "concat({leaf %s%s seed=%llx, t%d}, %d)", DT_NAME[adt], sb, (unsigned long long)r->vseed, a, r->iv[0]);
+        TX(r, "concat({leaf %s%s seed=%llx, t%d}, %d)", DT_NAME[adt], sb,
+           (unsigned long long)r->vseed, a, r->iv[0]);
       else if (r->fn == MV_CONCAT)
-        TX(r, "concat({t%d, leaf %s%s seed=%llx}, %d)", a, DT_NAME[adt], sb, (unsigned long long)r->vseed, r->iv[0]);
+        TX(r, "concat({t%d, leaf %s%s seed=%llx}, %d)", a, DT_NAME[adt], sb,
+           (unsigned long long)r->vseed, r->iv[0]);
       else
         TX(r, "%s(t%d, %d, index i64%s < %lld seed=%llx%s)", MOVE_NAME[r->fn], a, r->iv[0], sb,
-           (long long)sa[ax], (unsigned long long)r->vseed, r->fn == MV_SCATTER_ADD ? ", source of the index's shape" : "");
+           (long long)sa[ax], (unsigned long long)r->vseed,
+           r->fn == MV_SCATTER_ADD ? ", source of the index's shape" : "");
       break;
     }
     case K_ARG:
@@ -1137,8 +1331,10 @@ static bool gen_kind(prog *P, uint64_t *g, int kind, oprec *r) {
               kiln_tensor *t = P->s[j].t;
               if (t && ND(t) == 1 && SH(t)[0] == d && DT(t) == adt && is_exact(P->s[j].v)) {
                 r->in[k] = j;
-                if (k == 1) mw = P->s[j].v.mf;
-                else mb = P->s[j].v.mf;
+                if (k == 1)
+                  mw = P->s[j].v.mf;
+                else
+                  mb = P->s[j].v.mf;
                 break;
               }
             }
@@ -1183,11 +1379,16 @@ static double var_scalar(const prog *P, double s) { return P->variant && !key_sc
 static kiln_tensor *exec_leaf(const prog *P, const oprec *r) {
   uint64_t seed = r->vseed ^ (P->variant ? 0x5BD1E9955BD1E995ull : 0);
   switch (r->lmode) {
-    case LV_FULL: return kiln_full(var_scalar(P, r->dv[0]), r->dt, r->lnd, r->lshape);
-    case LV_ARANGE: return kiln_arange(r->dv[0], r->dv[1], 1, r->dt);
-    case LV_RAND: return kiln_rand(r->dt, r->lnd, r->lshape);
-    case LV_RANDN: return kiln_randn(r->dt, r->lnd, r->lshape);
-    default: return make_leaf(r->dt, r->lnd, r->lshape, r->vk, seed);
+    case LV_FULL:
+      return kiln_full(var_scalar(P, r->dv[0]), r->dt, r->lnd, r->lshape);
+    case LV_ARANGE:
+      return kiln_arange(r->dv[0], r->dv[1], 1, r->dt);
+    case LV_RAND:
+      return kiln_rand(r->dt, r->lnd, r->lshape);
+    case LV_RANDN:
+      return kiln_randn(r->dt, r->lnd, r->lshape);
+    default:
+      return make_leaf(r->dt, r->lnd, r->lshape, r->vk, seed);
   }
 }
 
@@ -1204,7 +1405,8 @@ static kiln_tensor *move_index(const prog *P, const oprec *r, int64_t bound) {
 }
 
 static kiln_tensor *move_part(const prog *P, const oprec *r) {
-  return make_leaf(r->dt, r->lnd, r->lshape, r->vk, (r->vseed + 1) ^ (P->variant ? 0x5BD1E9955BD1E995ull : 0));
+  return make_leaf(r->dt, r->lnd, r->lshape, r->vk,
+                   (r->vseed + 1) ^ (P->variant ? 0x5BD1E9955BD1E995ull : 0));
 }
 
 static kiln_tensor *exec_move(const prog *P, const oprec *r, kiln_tensor *A) {
@@ -1213,9 +1415,15 @@ static kiln_tensor *exec_move(const prog *P, const oprec *r, kiln_tensor *A) {
   if (r->fn != MV_CONCAT) idx = move_index(P, r, SH(A)[ax]);
   if (r->fn == MV_SCATTER_ADD || r->fn == MV_CONCAT) part = move_part(P, r);
   switch (r->fn) {
-    case MV_GATHER: res = kiln_gather(A, r->iv[0], idx); break;
-    case MV_INDEX_SELECT: res = kiln_index_select(A, r->iv[0], idx); break;
-    case MV_SCATTER_ADD: res = kiln_scatter_add(A, r->iv[0], idx, part); break;
+    case MV_GATHER:
+      res = kiln_gather(A, r->iv[0], idx);
+      break;
+    case MV_INDEX_SELECT:
+      res = kiln_index_select(A, r->iv[0], idx);
+      break;
+    case MV_SCATTER_ADD:
+      res = kiln_scatter_add(A, r->iv[0], idx, part);
+      break;
     default: {
       kiln_tensor *parts[2] = {r->flag ? part : A, r->flag ? A : part};
       res = kiln_concat(2, parts, r->iv[0]);
@@ -1240,18 +1448,27 @@ static void count_exec(const prog *P, const oprec *r) {
   char name[40];
   kiln_tensor *A = r->nin > 0 && r->in[0] >= 0 ? P->s[r->in[0]].t : NULL;
   switch (r->kind) {
-    case K_UNARY: count_op(UNARY[r->fn].name, DT(A)); break;
+    case K_UNARY:
+      count_op(UNARY[r->fn].name, DT(A));
+      break;
     case K_BINARY:
       count_op(BINARY[r->fn].name, promote(DT(A), DT(P->s[r->in[1]].t)));
       break;
-    case K_SCALAR: count_op(SCALAR[r->fn].name, DT(A)); break;
-    case K_WHERE: count_op("where", promote(DT(P->s[r->in[1]].t), DT(P->s[r->in[2]].t))); break;
-    case K_CLAMP: count_op("clamp", DT(A)); break;
+    case K_SCALAR:
+      count_op(SCALAR[r->fn].name, DT(A));
+      break;
+    case K_WHERE:
+      count_op("where", promote(DT(P->s[r->in[1]].t), DT(P->s[r->in[2]].t)));
+      break;
+    case K_CLAMP:
+      count_op("clamp", DT(A));
+      break;
     case K_CAST:
       snprintf(name, sizeof name, "cast->%s", DT_NAME[r->dt]);
       count_op(name, DT(A));
       break;
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -1262,13 +1479,21 @@ static void count_exec(const prog *P, const oprec *r) {
    kin use exp and log */
 static bool device_math_op(const oprec *r) {
   switch (r->kind) {
-    case K_UNARY: return unary_is_math(r->fn);
-    case K_BINARY: return r->fn == B_POW;
-    case K_SCALAR: return r->fn == S_POW;
-    case K_LEAF: case K_VLEAF: return r->lmode == LV_RANDN;
-    case K_MATMUL: return true;
-    case K_NN: return r->fn != NN_LAYER_NORM; /* layer_norm: means, a sqrt and divisions */
-    default: return false;
+    case K_UNARY:
+      return unary_is_math(r->fn);
+    case K_BINARY:
+      return r->fn == B_POW;
+    case K_SCALAR:
+      return r->fn == S_POW;
+    case K_LEAF:
+    case K_VLEAF:
+      return r->lmode == LV_RANDN;
+    case K_MATMUL:
+      return true;
+    case K_NN:
+      return r->fn != NN_LAYER_NORM; /* layer_norm: means, a sqrt and divisions */
+    default:
+      return false;
   }
 }
 
@@ -1282,37 +1507,63 @@ static bool exec_rec(prog *P, const oprec *r, int step) {
   kiln_clear_error();
   count_exec(P, r);
   switch (r->kind) {
-    case K_LEAF: res = exec_leaf(P, r); break;
+    case K_LEAF:
+      res = exec_leaf(P, r);
+      break;
     case K_VLEAF:
       tmp = exec_leaf(P, r);
       res = tmp ? exec_views(tmp, r) : NULL;
       break;
-    case K_UNARY: res = UNARY[r->fn].f(A); break;
-    case K_BINARY: res = BINARY[r->fn].f(A, B); break;
+    case K_UNARY:
+      res = UNARY[r->fn].f(A);
+      break;
+    case K_BINARY:
+      res = BINARY[r->fn].f(A, B);
+      break;
     case K_SCALAR:
       res = SCALAR[r->fn].f(A, r->fn == S_POW ? r->dv[0] : var_scalar(P, r->dv[0]));
       break;
-    case K_WHERE: res = kiln_where(A, B, C); break;
+    case K_WHERE:
+      res = kiln_where(A, B, C);
+      break;
     case K_CLAMP:
       res = P->variant && !key_scalar(r->dv[0]) && !key_scalar(r->dv[1])
                 ? kiln_clamp(A, -r->dv[1], -r->dv[0])
                 : kiln_clamp(A, r->dv[0], r->dv[1]);
       break;
-    case K_CAST: res = kiln_cast(A, r->dt); break;
-    case K_VIEW: res = exec_views(A, r); break;
-    case K_REDUCE: res = REDUCE[r->fn].f(A, r->niv, r->iv, r->flag); break;
-    case K_ARG: res = (r->fn ? kiln_argmin : kiln_argmax)(A, r->iv[0], r->flag); break;
-    case K_MOVE: res = exec_move(P, r, A); break;
+    case K_CAST:
+      res = kiln_cast(A, r->dt);
+      break;
+    case K_VIEW:
+      res = exec_views(A, r);
+      break;
+    case K_REDUCE:
+      res = REDUCE[r->fn].f(A, r->niv, r->iv, r->flag);
+      break;
+    case K_ARG:
+      res = (r->fn ? kiln_argmin : kiln_argmax)(A, r->iv[0], r->flag);
+      break;
+    case K_MOVE:
+      res = exec_move(P, r, A);
+      break;
     case K_MATMUL:
       tmp = r->fn ? kiln_transpose(A, -1, -2) : exec_leaf(P, r);
       res = tmp ? kiln_matmul(A, tmp) : NULL;
       break;
     case K_NN:
       switch (r->fn) {
-        case NN_SOFTMAX: res = kiln_softmax(A, r->iv[0]); break;
-        case NN_LOG_SOFTMAX: res = kiln_log_softmax(A, r->iv[0]); break;
-        case NN_LOGSUMEXP: res = kiln_logsumexp(A, r->iv[0], r->flag); break;
-        default: res = kiln_layer_norm(A, B, C, r->dv[0]); break;
+        case NN_SOFTMAX:
+          res = kiln_softmax(A, r->iv[0]);
+          break;
+        case NN_LOG_SOFTMAX:
+          res = kiln_log_softmax(A, r->iv[0]);
+          break;
+        case NN_LOGSUMEXP:
+          res = kiln_logsumexp(A, r->iv[0], r->flag);
+          break;
+        default:
+          res = kiln_layer_norm(A, B, C, r->dv[0]);
+          break;
       }
       break;
     case K_READ: {
@@ -1347,14 +1598,24 @@ static bool exec_rec(prog *P, const oprec *r, int step) {
 static int expected_dtype(const prog *P, const oprec *r) {
   kiln_tensor *A = r->nin > 0 && r->in[0] >= 0 ? P->s[r->in[0]].t : NULL;
   switch (r->kind) {
-    case K_LEAF: case K_VLEAF: case K_CAST: return r->dt;
-    case K_UNARY: return unary_out(r->fn, DT(A));
-    case K_BINARY: return binary_out(r->fn, DT(A), DT(P->s[r->in[1]].t));
-    case K_SCALAR: return scalar_out(DT(A));
-    case K_WHERE: return promote(DT(P->s[r->in[1]].t), DT(P->s[r->in[2]].t));
-    case K_REDUCE: return reduce_out(r->fn, DT(A));
-    case K_ARG: return KILN_I64;
-    default: return A ? (int)DT(A) : -1;
+    case K_LEAF:
+    case K_VLEAF:
+    case K_CAST:
+      return r->dt;
+    case K_UNARY:
+      return unary_out(r->fn, DT(A));
+    case K_BINARY:
+      return binary_out(r->fn, DT(A), DT(P->s[r->in[1]].t));
+    case K_SCALAR:
+      return scalar_out(DT(A));
+    case K_WHERE:
+      return promote(DT(P->s[r->in[1]].t), DT(P->s[r->in[2]].t));
+    case K_REDUCE:
+      return reduce_out(r->fn, DT(A));
+    case K_ARG:
+      return KILN_I64;
+    default:
+      return A ? (int)DT(A) : -1;
   }
 }
 
@@ -1366,7 +1627,7 @@ static void print_rec(FILE *out, const oprec *r, int step) {
 }
 
 static void choose_base(prog *P, uint64_t *g) {
-  static const int64_t LARGE[][4] = {{2, 257, 255}, {1, 65536}, {2, 16, 4096},
+  static const int64_t LARGE[][4] = {{2, 257, 255},    {1, 65536},    {2, 16, 4096},
                                      {3, 3, 129, 170}, {2, 255, 257}, {3, 2, 181, 181}};
   static const int64_t DIMS[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 16, 17, 24, 31, 33, 64};
   if (P->large) {
@@ -1551,8 +1812,8 @@ static void check_f32_exact(kiln_tensor *t, const float *want, int64_t n, const 
   } else {
     for (int64_t i = 0; i < n; i++)
       if (!same_bits_or_nan_f(got[i], want[i])) {
-        KTEST_FAIL("%s[%lld] = %a (%.9g), expected %a (%.9g)", what, (long long)i, got[i],
-                   got[i], want[i], want[i]);
+        KTEST_FAIL("%s[%lld] = %a (%.9g), expected %a (%.9g)", what, (long long)i, got[i], got[i],
+                   want[i], want[i]);
         break;
       }
   }
@@ -1563,8 +1824,9 @@ static void check_f32_exact(kiln_tensor *t, const float *want, int64_t n, const 
 static void directed_w1(FILE *out) {
   int64_t n = 1 << 20;
   ktest_current = "directed W1";
-  fprintf(out, "P W1 0\nO x, y = randn(f32[1048576]) after manual_seed(42), materialized\n"
-               "O w1 = tanh(x*y + 0.5) * sigmoid(x) - y*y*0.25, computed twice\n");
+  fprintf(out,
+          "P W1 0\nO x, y = randn(f32[1048576]) after manual_seed(42), materialized\n"
+          "O w1 = tanh(x*y + 0.5) * sigmoid(x) - y*y*0.25, computed twice\n");
   fflush(out); /* a crash below still names this test */
   kiln_manual_seed(42);
   kiln_tensor *x = kiln_randn(KILN_F32, 1, &n), *y = kiln_randn(KILN_F32, 1, &n);
@@ -1598,15 +1860,23 @@ static int64_t sat_cast(double v, kiln_dtype to) {
 /* float -> i32/i64/bool casts: NaN -> 0, out of range saturates, truncation
    (SEMANTICS.md), alone and fused after another op */
 static void directed_casts(FILE *out) {
-  static const double V[] = {NAN, INFINITY, -INFINITY, 3e9, -3e9, 2.7, -2.7, 2147483520.0,
-                             2147483648.0, -2147483648.0, -2147483904.0, 9.3e18, -9.3e18,
-                             9223372036854775808.0, 1e-40, -0.0, 0.5, -0.99, 16777217.0, 1e30};
+  static const double V[] = {NAN,           INFINITY,
+                             -INFINITY,     3e9,
+                             -3e9,          2.7,
+                             -2.7,          2147483520.0,
+                             2147483648.0,  -2147483648.0,
+                             -2147483904.0, 9.3e18,
+                             -9.3e18,       9223372036854775808.0,
+                             1e-40,         -0.0,
+                             0.5,           -0.99,
+                             16777217.0,    1e30};
   enum { N = sizeof V / sizeof V[0] };
   static const kiln_dtype TO[] = {KILN_I32, KILN_I64, KILN_BOOL};
   ktest_current = "directed float->int casts";
-  fprintf(out, "P casts 0\nO x = f32/f64 [NaN, inf, -inf, 3e9, -3e9, 2.7, -2.7, 2147483520, 2^31, "
-               "-2^31, -2147483904, 9.3e18, -9.3e18, 2^63, 1e-40, -0, 0.5, -0.99, 16777217, 1e30]\n"
-               "O cast(x, i32|i64|bool), cast(neg(x), ...), cast(x * 1, ...)\n");
+  fprintf(out,
+          "P casts 0\nO x = f32/f64 [NaN, inf, -inf, 3e9, -3e9, 2.7, -2.7, 2147483520, 2^31, "
+          "-2^31, -2147483904, 9.3e18, -9.3e18, 2^63, 1e-40, -0, 0.5, -0.99, 16777217, 1e30]\n"
+          "O cast(x, i32|i64|bool), cast(neg(x), ...), cast(x * 1, ...)\n");
   fflush(out); /* a crash below still names this test */
   for (int f = 0; f < 2; f++) {
     kiln_dtype from = f ? KILN_F64 : KILN_F32;
@@ -1617,11 +1887,15 @@ static void directed_casts(FILE *out) {
       for (int variant = 0; variant < 3; variant++) {
         kiln_stats s0;
         snap(&s0);
-        kiln_tensor *pre = variant == 0 ? kiln_retain(x) : variant == 1 ? kiln_neg(x)
-                                                                        : kiln_mul_scalar(x, 1.0);
+        kiln_tensor *pre = variant == 0   ? kiln_retain(x)
+                           : variant == 1 ? kiln_neg(x)
+                                          : kiln_mul_scalar(x, 1.0);
         kiln_tensor *c = kiln_cast(pre, TO[k]);
         char name[64];
-        snprintf(name, sizeof name, "cast.%s.%s->%s", variant == 0 ? "x" : variant == 1 ? "neg" : "x1",
+        snprintf(name, sizeof name, "cast.%s.%s->%s",
+                 variant == 0   ? "x"
+                 : variant == 1 ? "neg"
+                                : "x1",
                  DT_NAME[from], DT_NAME[TO[k]]);
         CHECK(c && emit(out, name, c, 0));
         mark(out, name, &s0, NEED_KERNEL); /* x*1 may reuse cast(x)'s code */
@@ -1629,9 +1903,14 @@ static void directed_casts(FILE *out) {
         unsigned char raw[N * 8];
         if (c && kiln_to_buffer(c, raw, N * dt_size(TO[k])) == KILN_OK) {
           for (int i = 0; i < N; i++) {
-            if (TO[k] == KILN_BOOL) got[i] = raw[i];
-            else if (TO[k] == KILN_I32) { int32_t v; memcpy(&v, raw + 4 * i, 4); got[i] = v; }
-            else memcpy(&got[i], raw + 8 * i, 8);
+            if (TO[k] == KILN_BOOL)
+              got[i] = raw[i];
+            else if (TO[k] == KILN_I32) {
+              int32_t v;
+              memcpy(&v, raw + 4 * i, 4);
+              got[i] = v;
+            } else
+              memcpy(&got[i], raw + 8 * i, 8);
             double src = f ? V[i] : (double)vf[i];
             if (variant == 1) src = -src;
             int64_t want = sat_cast(src, TO[k]);
@@ -1657,10 +1936,12 @@ static void directed_views(FILE *out) {
   for (int i = 0; i < C * W; i++) bv[i] = (float)i * 0.5f - 20.0f;
   for (int i = 0; i < R; i++) rowv[i] = (float)(i * i) - 3.5f;
   ktest_current = "directed strided inputs";
-  fprintf(out, "P views 0\nO a = f32[5,7] i*0.25-4; b = f32[7,12] i*0.5-20; row = f32[1,5]\n"
-               "O at = transpose(a, 0, 1); bs = slice(b, 1, 1, 11, 2); br = slice(b, 1, 10, 0, -2)\n"
-               "O c = at*bs + br*0.5 + expand(row, [7,5]);  d = where(at > bs, at, bs) - at\n"
-               "O v = transpose(a, 0, 1) read (a materialized strided value); e = v*2 + 1 in a new trace\n");
+  fprintf(
+      out,
+      "P views 0\nO a = f32[5,7] i*0.25-4; b = f32[7,12] i*0.5-20; row = f32[1,5]\n"
+      "O at = transpose(a, 0, 1); bs = slice(b, 1, 1, 11, 2); br = slice(b, 1, 10, 0, -2)\n"
+      "O c = at*bs + br*0.5 + expand(row, [7,5]);  d = where(at > bs, at, bs) - at\n"
+      "O v = transpose(a, 0, 1) read (a materialized strided value); e = v*2 + 1 in a new trace\n");
   fflush(out); /* a crash below still names this test */
   kiln_tensor *a = kiln_from_data(av, KILN_F32, 2, S(R, C));
   kiln_tensor *b = kiln_from_data(bv, KILN_F32, 2, S(C, W));
@@ -1706,24 +1987,35 @@ static void directed_views(FILE *out) {
 /* identities a plan must not "simplify" away on special values: x+0 is +0 for
    x = -0, x*0 and x-x are NaN for infinities, exp(log x) is NaN for x < 0 */
 static void directed_identities(FILE *out) {
-  static const float X[] = {-1.5f, -0.0f, 0.0f, 2.0f, INFINITY, -INFINITY, NAN, 1e-40f, 3.0f, -7.25f};
+  static const float X[] = {-1.5f,     -0.0f, 0.0f,   2.0f, INFINITY,
+                            -INFINITY, NAN,   1e-40f, 3.0f, -7.25f};
   enum { N = sizeof X / sizeof X[0] };
   ktest_current = "directed identities";
-  fprintf(out, "P identities 0\nO x = f32[-1.5, -0, 0, 2, inf, -inf, nan, 1e-40, 3, -7.25]\n"
-               "O neg(neg x), x*1, x+0, x-0, x*0, x-x, x/x, x+zeros, x*ones, maximum(x, x), "
-               "exp(log x), log(exp x) in one trace\n");
+  fprintf(out,
+          "P identities 0\nO x = f32[-1.5, -0, 0, 2, inf, -inf, nan, 1e-40, 3, -7.25]\n"
+          "O neg(neg x), x*1, x+0, x-0, x*0, x-x, x/x, x+zeros, x*ones, maximum(x, x), "
+          "exp(log x), log(exp x) in one trace\n");
   fflush(out); /* a crash below still names this test */
   kiln_tensor *x = kiln_from_data(X, KILN_F32, 1, S(N));
   kiln_tensor *z = kiln_zeros(KILN_F32, 1, S(N)), *one = kiln_ones(KILN_F32, 1, S(N));
   kiln_stats s0;
   snap(&s0);
   kiln_tensor *nx = kiln_neg(x), *lx = kiln_log(x), *ex = kiln_exp(x);
-  kiln_tensor *r[12] = {
-      kiln_neg(nx),          kiln_mul_scalar(x, 1.0), kiln_add_scalar(x, 0.0), kiln_sub_scalar(x, 0.0),
-      kiln_mul_scalar(x, 0.0), kiln_sub(x, x),        kiln_div(x, x),          kiln_add(x, z),
-      kiln_mul(x, one),      kiln_maximum(x, x),      kiln_exp(lx),            kiln_log(ex)};
-  static const char *const names[12] = {"neg(neg x)", "x*1", "x+0", "x-0", "x*0", "x-x", "x/x",
-                                        "x+zeros", "x*ones", "maximum(x,x)", "exp(log x)", "log(exp x)"};
+  kiln_tensor *r[12] = {kiln_neg(nx),
+                        kiln_mul_scalar(x, 1.0),
+                        kiln_add_scalar(x, 0.0),
+                        kiln_sub_scalar(x, 0.0),
+                        kiln_mul_scalar(x, 0.0),
+                        kiln_sub(x, x),
+                        kiln_div(x, x),
+                        kiln_add(x, z),
+                        kiln_mul(x, one),
+                        kiln_maximum(x, x),
+                        kiln_exp(lx),
+                        kiln_log(ex)};
+  static const char *const names[12] = {"neg(neg x)", "x*1",          "x+0",        "x-0",
+                                        "x*0",        "x-x",          "x/x",        "x+zeros",
+                                        "x*ones",     "maximum(x,x)", "exp(log x)", "log(exp x)"};
   CHECK(kiln_sync() == KILN_OK);
   mark(out, "identities", &s0, NEED_COMPILE);
   for (int k = 0; k < 12; k++) {
@@ -1731,15 +2023,35 @@ static void directed_identities(FILE *out) {
     for (int i = 0; i < N; i++) {
       volatile float v = X[i], zero = 0.0f, onef = 1.0f;
       switch (k) {
-        case 0: want[i] = v; break;
-        case 1: case 8: want[i] = v * onef; break;
-        case 2: case 7: want[i] = v + zero; break;
-        case 3: want[i] = v - zero; break;
-        case 4: want[i] = v * zero; break;
-        case 5: want[i] = v - v; break;
-        case 6: want[i] = v / v; break;
-        case 9: want[i] = v; break;
-        default: want[i] = k == 10 ? expf(logf(v)) : logf(expf(v)); break;
+        case 0:
+          want[i] = v;
+          break;
+        case 1:
+        case 8:
+          want[i] = v * onef;
+          break;
+        case 2:
+        case 7:
+          want[i] = v + zero;
+          break;
+        case 3:
+          want[i] = v - zero;
+          break;
+        case 4:
+          want[i] = v * zero;
+          break;
+        case 5:
+          want[i] = v - v;
+          break;
+        case 6:
+          want[i] = v / v;
+          break;
+        case 9:
+          want[i] = v;
+          break;
+        default:
+          want[i] = k == 10 ? expf(logf(v)) : logf(expf(v));
+          break;
       }
     }
     char name[48];
@@ -1752,8 +2064,9 @@ static void directed_identities(FILE *out) {
       if (r[k] && kiln_to_buffer(r[k], got, sizeof got) == KILN_OK) {
         for (int i = 0; i < N; i++) {
           bool ok = isnan(want[i]) ? isnan(got[i])
-                    : isinf(want[i]) ? got[i] == want[i]
-                                     : fabsf(got[i] - want[i]) <= 1e-5f * fmaxf(1.0f, fabsf(want[i]));
+                    : isinf(want[i])
+                        ? got[i] == want[i]
+                        : fabsf(got[i] - want[i]) <= 1e-5f * fmaxf(1.0f, fabsf(want[i]));
           if (!ok)
             KTEST_FAIL("%s of %g = %.9g, expected %.9g", names[k], (double)X[i], (double)got[i],
                        (double)want[i]);
@@ -1772,8 +2085,9 @@ static void directed_identities(FILE *out) {
 static void directed_large(FILE *out) {
   enum { R = 257, C = 255 };
   ktest_current = "directed large broadcast";
-  fprintf(out, "P large 0\nO a = f32[257,255], row = f32[255], col = f32[257,1]\n"
-               "O f = maximum((a*row - col) / 1.5, col) and the same in i32 (a*row - col + a)\n");
+  fprintf(out,
+          "P large 0\nO a = f32[257,255], row = f32[255], col = f32[257,1]\n"
+          "O f = maximum((a*row - col) / 1.5, col) and the same in i32 (a*row - col + a)\n");
   fflush(out); /* a crash below still names this test */
   float *av = malloc(sizeof(float) * R * C), rowv[C], colv[R];
   int32_t *ai = malloc(sizeof(int32_t) * R * C), rowi[C], coli[R];
@@ -1789,9 +2103,11 @@ static void directed_large(FILE *out) {
     colv[i] = (float)(i % 17) * 0.75f;
     coli[i] = 2147483000 + i; /* a*row - col wraps */
   }
-  kiln_tensor *a = kiln_from_data(av, KILN_F32, 2, S(R, C)), *row = kiln_from_data(rowv, KILN_F32, 1, S(C));
+  kiln_tensor *a = kiln_from_data(av, KILN_F32, 2, S(R, C)),
+              *row = kiln_from_data(rowv, KILN_F32, 1, S(C));
   kiln_tensor *col = kiln_from_data(colv, KILN_F32, 2, S(R, 1));
-  kiln_tensor *a2 = kiln_from_data(ai, KILN_I32, 2, S(R, C)), *row2 = kiln_from_data(rowi, KILN_I32, 1, S(C));
+  kiln_tensor *a2 = kiln_from_data(ai, KILN_I32, 2, S(R, C)),
+              *row2 = kiln_from_data(rowi, KILN_I32, 1, S(C));
   kiln_tensor *col2 = kiln_from_data(coli, KILN_I32, 2, S(R, 1));
   kiln_stats s0;
   snap(&s0);
@@ -1806,7 +2122,8 @@ static void directed_large(FILE *out) {
     for (int j = 0; j < C; j++) {
       float p = av[i * C + j] * rowv[j], t = p - colv[i], u = t / 1.5f;
       want[i * C + j] = u > colv[i] ? u : colv[i];
-      uint32_t w = (uint32_t)ai[i * C + j] * (uint32_t)rowi[j] - (uint32_t)coli[i] + (uint32_t)ai[i * C + j];
+      uint32_t w =
+          (uint32_t)ai[i * C + j] * (uint32_t)rowi[j] - (uint32_t)coli[i] + (uint32_t)ai[i * C + j];
       want2[i * C + j] = (int32_t)w;
     }
   check_f32_exact(f, want, R * C, "maximum((a*row - col)/1.5, col)");
@@ -1845,8 +2162,10 @@ static void sweep_add(sweep_set *ss, kiln_tensor *t, const char *name, kiln_dtyp
   }
   count_op(name, in);
   bool device_math = !strcmp(name, "pow") || !strcmp(name, "pow_scalar");
-  for (int fn = 0; fn < N_UNARY; fn++) device_math |= unary_is_math(fn) && !strcmp(name, UNARY[fn].name);
-  snprintf(ss->name[ss->n], sizeof ss->name[0], "sweep.%s.%s%s", DT_NAME[in], name, device_math ? "~" : "");
+  for (int fn = 0; fn < N_UNARY; fn++)
+    device_math |= unary_is_math(fn) && !strcmp(name, UNARY[fn].name);
+  snprintf(ss->name[ss->n], sizeof ss->name[0], "sweep.%s.%s%s", DT_NAME[in], name,
+           device_math ? "~" : "");
   ss->bound[ss->n] = is_exact(model) ? 0 : bound_of(model);
   ss->t[ss->n++] = t;
 }
@@ -1879,13 +2198,17 @@ static kiln_tensor *sweep_leaf(kiln_dtype dt, bool is_x, int vk, uint64_t seed) 
 
 static void directed_sweep(FILE *out) {
   ktest_current = "directed op x dtype sweep";
-  fprintf(out, "P sweep 0\nO x = leaf [2,6], y = leaf [6] of each dtype (floats: the pairs (NaN, 1), "
-               "(1, NaN), (NaN, NaN), (-0, +0), (+0, -0), (inf, -inf), ...; integers in [-5, 5]); every unary, binary (x, y), *_scalar (x, 2.5 / pow 2), "
-               "where(x > y, x, y), clamp(x, -1.5, 2.25), cast(x, each dtype); binary ops on "
-               "bool/f32, i32/f64, i64/f32, i32/i64, bool/i32 pairs\n");
+  fprintf(out,
+          "P sweep 0\nO x = leaf [2,6], y = leaf [6] of each dtype (floats: the pairs (NaN, 1), "
+          "(1, NaN), (NaN, NaN), (-0, +0), (+0, -0), (inf, -inf), ...; integers in [-5, 5]); every "
+          "unary, binary (x, y), *_scalar (x, 2.5 / pow 2), "
+          "where(x > y, x, y), clamp(x, -1.5, 2.25), cast(x, each dtype); binary ops on "
+          "bool/f32, i32/f64, i64/f32, i32/i64, bool/i32 pairs\n");
   fflush(out); /* a crash below still names this test */
-  static const kiln_dtype mixed[][2] = {{KILN_BOOL, KILN_F32}, {KILN_I32, KILN_F64},
-                                        {KILN_I64, KILN_F32}, {KILN_I32, KILN_I64},
+  static const kiln_dtype mixed[][2] = {{KILN_BOOL, KILN_F32},
+                                        {KILN_I32, KILN_F64},
+                                        {KILN_I64, KILN_F32},
+                                        {KILN_I32, KILN_I64},
                                         {KILN_BOOL, KILN_I32}};
   sweep_set ss = {0};
   char label[48];
@@ -1901,7 +2224,8 @@ static void directed_sweep(FILE *out) {
       snap(&s0);
       for (int fn = 0; fn < N_UNARY; fn++) {
         if (dx == KILN_BOOL && (fn == U_NEG || fn == U_RELU)) continue;
-        if (model_unary(fn, nx, unary_out(fn, dx), &o)) sweep_add(&ss, UNARY[fn].f(x), UNARY[fn].name, dx, o);
+        if (model_unary(fn, nx, unary_out(fn, dx), &o))
+          sweep_add(&ss, UNARY[fn].f(x), UNARY[fn].name, dx, o);
       }
       snprintf(label, sizeof label, "sweep-unary-%s", DT_NAME[dx]);
       sweep_flush(out, &ss, label, &s0);
@@ -1946,10 +2270,11 @@ static void directed_next_to_reduction(FILE *out) {
   static const float X[N] = {-0.5f, 0.5f, -0.0f, 0.0f, -1.5f, 2.0f, -0.25f, 3.0f};
   static const double A[N] = {-3.125, 0.3, 7.75, -1.1, 2.5, 1e-3, -6.0, 4.4};
   ktest_current = "directed elementwise next to a reduction";
-  fprintf(out, "P next-to-reduction 0\nO x = f32[-0.5, 0.5, -0, 0, -1.5, 2, -0.25, 3]; a = f64[8]; "
-               "s = sum(x) in the same trace\n"
-               "O cast(x, i64) * 0.99; rsqrt(cast(x, i32)); x + 0; (x + 2^24) - 2^24; "
-               "(0.3125 - (a + 6.62)) * -0.01\n");
+  fprintf(out,
+          "P next-to-reduction 0\nO x = f32[-0.5, 0.5, -0, 0, -1.5, 2, -0.25, 3]; a = f64[8]; "
+          "s = sum(x) in the same trace\n"
+          "O cast(x, i64) * 0.99; rsqrt(cast(x, i32)); x + 0; (x + 2^24) - 2^24; "
+          "(0.3125 - (a + 6.62)) * -0.01\n");
   fflush(out); /* a crash below still names this test */
   int64_t n = N;
   kiln_tensor *x = kiln_from_data(X, KILN_F32, 1, &n), *a = kiln_from_data(A, KILN_F64, 1, &n);
@@ -1988,7 +2313,8 @@ static void directed_next_to_reduction(FILE *out) {
         break;
       }
   CHECK(emit(out, "red.cast_mul", r0, 0) && emit(out, "red.rsqrt", r1, 0) &&
-        emit(out, "red.add0", r2, 0) && emit(out, "red.order", r3, 0) && emit(out, "red.f64", r4, 0));
+        emit(out, "red.add0", r2, 0) && emit(out, "red.order", r3, 0) &&
+        emit(out, "red.f64", r4, 0));
   kiln_tensor *all[] = {x, a, sum, ci, r0, c32, r1, r2, big, r3, b, t7, t14, r4};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kiln_release(all[i]);
 }
@@ -1997,8 +2323,9 @@ static void directed_next_to_reduction(FILE *out) {
    that value (one-element tensors): run last, it crashed */
 static void directed_view_next_to_reduction(FILE *out) {
   ktest_current = "directed view next to a reduction";
-  fprintf(out, "P view-next-to-reduction 0\nO x = f32[1,1] {0.5}; l = log_softmax(x, -1); "
-               "p = transpose(neg(x), 0, 1)\n");
+  fprintf(out,
+          "P view-next-to-reduction 0\nO x = f32[1,1] {0.5}; l = log_softmax(x, -1); "
+          "p = transpose(neg(x), 0, 1)\n");
   fflush(out); /* a crash below still names this test */
   const float v = 0.5f;
   kiln_tensor *x = kiln_from_data(&v, KILN_F32, 2, S(1, 1));
@@ -2007,7 +2334,8 @@ static void directed_view_next_to_reduction(FILE *out) {
   kiln_tensor *l = kiln_log_softmax(x, -1), *r = kiln_neg(x), *p = kiln_transpose(r, 0, 1);
   kiln_release(r);
   CHECK(kiln_sync() == KILN_OK);
-  mark(out, "view-next-to-reduction", &s0, NEED_NOTHING); /* a crash regression: the group stays interpreted */
+  mark(out, "view-next-to-reduction", &s0,
+       NEED_NOTHING); /* a crash regression: the group stays interpreted */
   check_f32_exact(p, (const float[]){-0.5f}, 1, "transpose(neg(x))");
   check_f32_exact(l, (const float[]){0.0f}, 1, "log_softmax(x) of one element");
   CHECK(emit(out, "vred.p", p, 0) && emit(out, "vred.l", l, 0));
@@ -2022,15 +2350,18 @@ static void directed_view_next_to_reduction(FILE *out) {
 static void directed_pool_stress(FILE *out) {
   enum { ITERS = 4000 };
   ktest_current = "directed thread pool stress";
-  fprintf(out, "P pool-stress 0\nO x = ones(f32[65536]); %d times: y = x*1.5 - 0.25 (a kernel split "
-               "over the pool), read y[0]\n", ITERS);
+  fprintf(out,
+          "P pool-stress 0\nO x = ones(f32[65536]); %d times: y = x*1.5 - 0.25 (a kernel split "
+          "over the pool), read y[0]\n",
+          ITERS);
   fflush(out); /* a crash below still names this test */
   int64_t n = 1 << 16;
   kiln_tensor *x = kiln_ones(KILN_F32, 1, &n), *y = NULL;
   kiln_stats s0;
   snap(&s0);
   for (int it = 0; it < ITERS; it++) {
-    kiln_tensor *m = kiln_mul_scalar(x, 1.5), *d = kiln_sub_scalar(m, 0.25), *h = kiln_slice(d, 0, 0, 1, 1);
+    kiln_tensor *m = kiln_mul_scalar(x, 1.5), *d = kiln_sub_scalar(m, 0.25),
+                *h = kiln_slice(d, 0, 0, 1, 1);
     float v = 0;
     if (kiln_to_buffer(h, &v, sizeof v) != KILN_OK || v != 1.25f) {
       KTEST_FAIL("iteration %d: y[0] = %g, expected 1.25 (%s)", it, (double)v, kiln_last_error());
@@ -2086,30 +2417,34 @@ static void layer_program(FILE *out, int prog_no, int rep) {
     while (out_len(hw[d], kk[d], st[d], pad[d], dil[d]) < 2) pad[d]++;
     pk[d] = rr(&g, 1, 2), pst[d] = rr(&g, 1, 2), ppad[d] = pk[d] / 2 ? rr(&g, 0, 1) : 0;
   }
-  bool max_pool = coin(&g, 60), bias = coin(&g, 70), train = coin(&g, 70), drop_train = coin(&g, 50);
+  bool max_pool = coin(&g, 60), bias = coin(&g, 70), train = coin(&g, 70),
+       drop_train = coin(&g, 50);
   int cum_axis = rr(&g, 0, 3), corr = rr(&g, 0, 1);
   bool desc = coin(&g, 50);
   char text[400];
-  snprintf(text, sizeof text,
-           "%s x[%lld,%lld,%lld,%lld] conv %lldx%lld->%lld groups %d stride %d,%d pad %d,%d dil %d,%d "
-           "bias %d; %s pool %dx%d stride %d,%d pad %d,%d; batch_norm train %d; dropout train %d",
-           DT_NAME[dt], (long long)n, (long long)cin, (long long)hw[0], (long long)hw[1],
-           (long long)kk[0], (long long)kk[1], (long long)cout, groups, st[0], st[1], pad[0], pad[1],
-           dil[0], dil[1], bias, max_pool ? "max" : "avg", pk[0], pk[1], pst[0], pst[1], ppad[0],
-           ppad[1], train, drop_train);
+  snprintf(
+      text, sizeof text,
+      "%s x[%lld,%lld,%lld,%lld] conv %lldx%lld->%lld groups %d stride %d,%d pad %d,%d dil %d,%d "
+      "bias %d; %s pool %dx%d stride %d,%d pad %d,%d; batch_norm train %d; dropout train %d",
+      DT_NAME[dt], (long long)n, (long long)cin, (long long)hw[0], (long long)hw[1],
+      (long long)kk[0], (long long)kk[1], (long long)cout, groups, st[0], st[1], pad[0], pad[1],
+      dil[0], dil[1], bias, max_pool ? "max" : "avg", pk[0], pk[1], pst[0], pst[1], ppad[0],
+      ppad[1], train, drop_train);
   fprintf(out, "P layers-%d %d\nO %s\n", prog_no, rep, text);
   fflush(out);
   char name[64];
-#define EMIT(t, what)                                                       \
-  do {                                                                      \
-    snprintf(name, sizeof name, "layers%d.%d.%s", prog_no, rep, what);      \
-    CHECK((t) && emit(out, name, (t), 0));                                  \
+#define EMIT(t, what)                                                  \
+  do {                                                                 \
+    snprintf(name, sizeof name, "layers%d.%d.%s", prog_no, rep, what); \
+    CHECK((t) && emit(out, name, (t), 0));                             \
   } while (0)
   uint64_t vs = 0x5eed0000u + 131u * (uint64_t)prog_no + (uint64_t)rep; /* new values on rep 1 */
   kiln_tensor *x = K(make_leaf(dt, 4, (int64_t[]){n, cin, hw[0], hw[1]}, VK_MOD, vs));
-  kiln_tensor *w = K(make_leaf(dt, 4, (int64_t[]){cout, cin / groups, kk[0], kk[1]}, VK_MOD, vs + 1));
+  kiln_tensor *w =
+      K(make_leaf(dt, 4, (int64_t[]){cout, cin / groups, kk[0], kk[1]}, VK_MOD, vs + 1));
   kiln_tensor *b = bias ? K(make_leaf(dt, 1, &cout, VK_MOD, vs + 2)) : NULL;
-  kiln_tensor *gw = K(make_leaf(dt, 1, &cout, VK_POS, vs + 3)), *gb = K(make_leaf(dt, 1, &cout, VK_MOD, vs + 4));
+  kiln_tensor *gw = K(make_leaf(dt, 1, &cout, VK_POS, vs + 3)),
+              *gb = K(make_leaf(dt, 1, &cout, VK_MOD, vs + 4));
   kiln_tensor *rm = K(kiln_zeros(dt, 1, &cout)), *rv = K(kiln_ones(dt, 1, &cout));
   kiln_tensor *leaves[] = {x, w, b, gw, gb};
   for (int i = 0; i < 5; i++)
@@ -2120,7 +2455,8 @@ static void layer_program(FILE *out, int prog_no, int rep) {
   kiln_tensor *xs = K(kiln_sub_scalar(K(kiln_mul_scalar(x, 1.5)), 0.25));
   kiln_tensor *c = K(kiln_conv2d(xs, w, b, st, pad, dil, groups));
   kiln_tensor *a = K(kiln_tanh(c));
-  kiln_tensor *p = K(max_pool ? kiln_max_pool2d(a, pk, pst, ppad) : kiln_avg_pool2d(a, pk, pst, ppad));
+  kiln_tensor *p =
+      K(max_pool ? kiln_max_pool2d(a, pk, pst, ppad) : kiln_avg_pool2d(a, pk, pst, ppad));
   kiln_tensor *bn = K(kiln_batch_norm(p, rm, rv, gw, gb, train, 0.1, 1e-5));
   kiln_tensor *d = K(kiln_dropout(bn, 0.3, drop_train));
   kiln_tensor *cs = K(kiln_cumsum(d, cum_axis));
@@ -2150,7 +2486,9 @@ static void layer_program(FILE *out, int prog_no, int rep) {
                           K(kiln_sum(v, 0, NULL, false)),
                           K(kiln_sum(K(kiln_mul_scalar(sorted, 0.5)), 0, NULL, false)),
                           K(kiln_sum(top, 0, NULL, false)),
-                          K(kiln_sum(K(kiln_mul(emb, emb)), 0, NULL, false)), nll, bce};
+                          K(kiln_sum(K(kiln_mul(emb, emb)), 0, NULL, false)),
+                          nll,
+                          bce};
   kiln_tensor *loss = terms[0];
   for (int i = 1; i < 7; i++) loss = K(kiln_add(loss, terms[i]));
   CHECK(loss && kiln_backward(loss, NULL) == KILN_OK);
@@ -2194,10 +2532,12 @@ static void directed_layers(FILE *out) {
 static void print_stats(FILE *out) {
   kiln_stats st;
   snap(&st);
-  fprintf(out, "S compiles=%llu eager=%llu failures=%llu flushes=%llu hits=%llu ops=%llu compile_ms=%.0f\n",
-          (unsigned long long)st.compiles, (unsigned long long)st.eager_ops,
-          (unsigned long long)st.compile_failures, (unsigned long long)st.flushes,
-          (unsigned long long)st.cache_hits, (unsigned long long)st.ops_recorded, st.compile_ms);
+  fprintf(
+      out,
+      "S compiles=%llu eager=%llu failures=%llu flushes=%llu hits=%llu ops=%llu compile_ms=%.0f\n",
+      (unsigned long long)st.compiles, (unsigned long long)st.eager_ops,
+      (unsigned long long)st.compile_failures, (unsigned long long)st.flushes,
+      (unsigned long long)st.cache_hits, (unsigned long long)st.ops_recorded, st.compile_ms);
   for (int i = 0; i < ncov; i++)
     for (int d = 0; d < 5; d++)
       if (cov[i].n[d]) fprintf(out, "C %s %s %ld\n", cov[i].name, DT_NAME[d], cov[i].n[d]);
@@ -2224,11 +2564,16 @@ static int child_main(int argc, char **argv) {
       void (*run)(FILE *);
       bool gpu; /* on the GPU too (the pool stress is the CPU thread pool's) */
     } tests[] = {
-        {directed_w1, true}, {directed_casts, true}, {directed_views, true},
-        {directed_identities, true}, {directed_large, true}, {directed_sweep, true},
+        {directed_w1, true},
+        {directed_casts, true},
+        {directed_views, true},
+        {directed_identities, true},
+        {directed_large, true},
+        {directed_sweep, true},
         {directed_next_to_reduction, true},
         {directed_view_next_to_reduction, true}, /* these two crashed: last */
-        {directed_pool_stress, false}, {directed_layers, true},
+        {directed_pool_stress, false},
+        {directed_layers, true},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
       double t0 = now_s();
@@ -2249,8 +2594,9 @@ static int child_main(int argc, char **argv) {
   }
   print_stats(out);
   fflush(out);
-  if (ktest_failed_checks) fprintf(stderr, "child (%s): %d checks failed\n", child_jit ? "JIT" : "interpreter",
-                                    ktest_failed_checks);
+  if (ktest_failed_checks)
+    fprintf(stderr, "child (%s): %d checks failed\n", child_jit ? "JIT" : "interpreter",
+            ktest_failed_checks);
   return ktest_failed_checks ? 1 : 0;
 }
 
@@ -2296,9 +2642,10 @@ static void free_blob(blob *b) {
 }
 
 typedef struct {
-  long programs, replays, directed, results, elements, approx_elements, mismatched_programs, reported;
+  long programs, replays, directed, results, elements, approx_elements, mismatched_programs,
+      reported;
   long cross_results, cross_elements, cross_skipped; /* GPU against CPU */
-  double max_dev[5], max_ratio[5]; /* of approximate floats: |a-b|/max(1,|b|), and / bound */
+  double max_dev[5], max_ratio[5];      /* of approximate floats: |a-b|/max(1,|b|), and / bound */
   unsigned long long compiles, kernels; /* kernels: interpreter ops the JIT runs did not need */
   long cov[MAXCOV][5];
   char cov_name[MAXCOV][32];
@@ -2309,11 +2656,23 @@ static summary sum;
 
 static double decode(uint64_t bits, int dt) {
   switch (dt) {
-    case KILN_BOOL: return (double)bits;
-    case KILN_I32: return (double)(int32_t)(uint32_t)bits;
-    case KILN_I64: return (double)(int64_t)bits;
-    case KILN_F32: { uint32_t u = (uint32_t)bits; float f; memcpy(&f, &u, 4); return f; }
-    default: { double d; memcpy(&d, &bits, 8); return d; }
+    case KILN_BOOL:
+      return (double)bits;
+    case KILN_I32:
+      return (double)(int32_t)(uint32_t)bits;
+    case KILN_I64:
+      return (double)(int64_t)bits;
+    case KILN_F32: {
+      uint32_t u = (uint32_t)bits;
+      float f;
+      memcpy(&f, &u, 4);
+      return f;
+    }
+    default: {
+      double d;
+      memcpy(&d, &bits, 8);
+      return d;
+    }
   }
 }
 
@@ -2341,7 +2700,8 @@ static void fmt_index(char *buf, size_t n, const char *shape, long long i) {
     i = dims[d] ? i / dims[d] : 0;
   }
   size_t at = (size_t)snprintf(buf, n, "[");
-  for (int d = 0; d < nd && at < n; d++) at += (size_t)snprintf(buf + at, n - at, d ? ",%lld" : "%lld", idx[d]);
+  for (int d = 0; d < nd && at < n; d++)
+    at += (size_t)snprintf(buf + at, n - at, d ? ",%lld" : "%lld", idx[d]);
   if (at < n) snprintf(buf + at, n - at, "]");
 }
 
@@ -2381,8 +2741,8 @@ static bool compare_result(const char *batch, const blob *ref, const blob *jit, 
     return false;
   }
   if (strcmp(nr, nj) || strcmp(dr, dj) || strcmp(sr, sj) || cr != cj) {
-    snprintf(detail, sizeof detail, "result %s is %s%s in the %s, %s %s%s in the %s", nr, dr,
-             sr, ref_name(), nj, dj, sj, jit_name());
+    snprintf(detail, sizeof detail, "result %s is %s%s in the %s, %s %s%s in the %s", nr, dr, sr,
+             ref_name(), nj, dj, sj, jit_name());
     report_program(batch, jit, pline, lj, detail);
     return false;
   }
@@ -2397,15 +2757,19 @@ static bool compare_result(const char *batch, const blob *ref, const blob *jit, 
   long long first = -1, ndiff = 0;
   uint64_t fr = 0, fj = 0;
   double fdev = 0;
-  if (cross) sum.cross_results++;
-  else sum.results++;
+  if (cross)
+    sum.cross_results++;
+  else
+    sum.results++;
   for (long long i = 0; i < cr; i++) {
     char *er, *ej;
     uint64_t xr = strtoull(pr, &er, 16), xj = strtoull(pj, &ej, 16);
     pr = er;
     pj = ej;
-    if (cross) sum.cross_elements++;
-    else sum.elements++;
+    if (cross)
+      sum.cross_elements++;
+    else
+      sum.elements++;
     if (xr == xj) continue;
     double a = decode(xj, dt), b = decode(xr, dt), dev = INFINITY;
     if (fl && isnan(a) && isnan(b)) continue; /* NaN payloads and signs are not compared */
@@ -2475,8 +2839,10 @@ static void check_marks(const char *batch, const char *a, const char *b) {
   if (ca) KTEST_FAIL("%s: %s: the KILN_JIT=0 run compiled %llu plans", batch, la, ca);
   if (need_a >= NEED_COMPILE && !cb) KTEST_FAIL("%s: %s: the JIT run compiled nothing", batch, la);
   if (need_a >= NEED_KERNEL && eb >= ea)
-    KTEST_FAIL("%s: %s: no compiled kernel ran in the JIT run (%llu interpreter ops, the "
-               "reference %llu)", batch, la, eb, ea);
+    KTEST_FAIL(
+        "%s: %s: no compiled kernel ran in the JIT run (%llu interpreter ops, the "
+        "reference %llu)",
+        batch, la, eb, ea);
   if (ea > eb) sum.kernels += ea - eb;
 }
 
@@ -2510,7 +2876,10 @@ static uint64_t report_death(const char *batch, const blob *dead, const blob *ot
   int pl = last_program(dead);
   const char *label = pl >= 0 ? dead->lines[pl] + 2 : "(before its first program)";
   KTEST_FAIL("%s: the %s died (%s) in program %s", batch,
-             jit ? (on_cuda ? "GPU fused run" : "JIT run") : cross ? "CPU interpreter run" : on_cuda ? "GPU op-by-op run" : "interpreter run",
+             jit       ? (on_cuda ? "GPU fused run" : "JIT run")
+             : cross   ? "CPU interpreter run"
+             : on_cuda ? "GPU op-by-op run"
+                       : "interpreter run",
              how, label);
   int po = pl >= 0 ? find_line(other, dead->lines[pl]) : -1;
   if (po >= 0 && sum.reported++ < 5) {
@@ -2537,12 +2906,14 @@ static uint64_t compare_batch(const char *batch, const blob *ref, const blob *ji
     const char *a = ref->lines[i], *b = jit->lines[j];
     if (a[0] != b[0] || ((a[0] == 'P' || a[0] == 'O') && strcmp(a, b))) {
       char detail[600];
-      snprintf(detail, sizeof detail, "the runs diverge: %s \"%.200s\", %s \"%.200s\"", ref_name(), a,
-               jit_name(), b);
+      snprintf(detail, sizeof detail, "the runs diverge: %s \"%.200s\", %s \"%.200s\"", ref_name(),
+               a, jit_name(), b);
       if (!program_bad) report_program(batch, jit, pline, j, detail);
       /* resynchronize at the next program */
-      while (++i < ref->nlines && ref->lines[i][0] != 'P' && ref->lines[i][0] != 'S') {}
-      while (++j < jit->nlines && jit->lines[j][0] != 'P' && jit->lines[j][0] != 'S') {}
+      while (++i < ref->nlines && ref->lines[i][0] != 'P' && ref->lines[i][0] != 'S') {
+      }
+      while (++j < jit->nlines && jit->lines[j][0] != 'P' && jit->lines[j][0] != 'S') {
+      }
       program_bad = false;
       continue;
     }
@@ -2552,21 +2923,26 @@ static uint64_t compare_batch(const char *batch, const blob *ref, const blob *ji
         program_bad = false;
         /* directed tests besides the sweep check their exact values against
            C's in the child; the rest of them is device math */
-        cross_skip = cross && !(a[2] == 's' && a[3] >= '0' && a[3] <= '9') && strncmp(a + 2, "sweep ", 6);
+        cross_skip =
+            cross && !(a[2] == 's' && a[3] >= '0' && a[3] <= '9') && strncmp(a + 2, "sweep ", 6);
         if (cross) break;
         sum.programs++;
-        if (a[2] != 's' || a[3] < '0' || a[3] > '9') sum.directed++;
-        else if (a[strlen(a) - 1] == '1') sum.replays++;
+        if (a[2] != 's' || a[3] < '0' || a[3] > '9')
+          sum.directed++;
+        else if (a[strlen(a) - 1] == '1')
+          sum.replays++;
         break;
       case 'R':
-        if (cross_skip) sum.cross_skipped++;
-        else if (!program_bad && !compare_result(batch, ref, jit, i, j, pline)) program_bad = true;
+        if (cross_skip)
+          sum.cross_skipped++;
+        else if (!program_bad && !compare_result(batch, ref, jit, i, j, pline))
+          program_bad = true;
         break;
       case 'F':
         if (!program_bad) {
           char detail[800];
-          snprintf(detail, sizeof detail, "a call failed: %s \"%.300s\", %s \"%.300s\"", ref_name(), a,
-                   jit_name(), b);
+          snprintf(detail, sizeof detail, "a call failed: %s \"%.300s\", %s \"%.300s\"", ref_name(),
+                   a, jit_name(), b);
           report_program(batch, jit, pline, j, detail);
         }
         program_bad = true;
@@ -2577,7 +2953,8 @@ static uint64_t compare_batch(const char *batch, const blob *ref, const blob *ji
       case 'C':
         if (!cross) add_coverage(a);
         break;
-      default: break;
+      default:
+        break;
     }
     i++;
     j++;
@@ -2598,11 +2975,13 @@ static uint64_t compare_batch(const char *batch, const blob *ref, const blob *ji
   if (sr.compiles) KTEST_FAIL("%s: the KILN_JIT=0 run compiled %llu plans", batch, sr.compiles);
   if (sj.compiles == 0) KTEST_FAIL("%s: the JIT run compiled nothing", batch);
   if (sj.eager >= sr.eager)
-    KTEST_FAIL("%s: no compiled kernel ran: the JIT run made %llu interpreter ops, the "
-               "reference %llu", batch, sj.eager, sr.eager);
+    KTEST_FAIL(
+        "%s: no compiled kernel ran: the JIT run made %llu interpreter ops, the "
+        "reference %llu",
+        batch, sj.eager, sr.eager);
   if (sj.failures)
-    KTEST_FAIL("%s: %llu plans failed to compile (%s rejected generated code)", batch,
-               sj.failures, on_cuda ? "NVRTC" : "libgccjit");
+    KTEST_FAIL("%s: %llu plans failed to compile (%s rejected generated code)", batch, sj.failures,
+               on_cuda ? "NVRTC" : "libgccjit");
   sum.compiles += sj.compiles;
   if (sj.eager < sr.eager) sum.kernels += sr.eager - sj.eager;
   return 0;
@@ -2615,8 +2994,8 @@ typedef struct {
   char *argv[6];
   char args[3][32];
   bool jit;
-  bool cpu;    /* the GPU fuzz's third child: the CPU interpreter */
-  int threads; /* KILN_THREADS of this child */
+  bool cpu;              /* the GPU fuzz's third child: the CPU interpreter */
+  int threads;           /* KILN_THREADS of this child */
   uint64_t first, count; /* the seeds of a fuzz pair; count 0: the directed tests */
   pid_t pid;
   int status;
@@ -2689,7 +3068,8 @@ static void finish_job(job *jobs, int njobs, pid_t pid, int status) {
       jobs[i].pid = 0;
       struct timespec t1;
       clock_gettime(CLOCK_MONOTONIC, &t1);
-      jobs[i].secs = (double)(t1.tv_sec - jobs[i].t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - jobs[i].t0.tv_nsec);
+      jobs[i].secs = (double)(t1.tv_sec - jobs[i].t0.tv_sec) +
+                     1e-9 * (double)(t1.tv_nsec - jobs[i].t0.tv_nsec);
     }
 }
 
@@ -2750,7 +3130,10 @@ static void add_pair(job **jobs, int *njobs, uint64_t first, uint64_t count) {
                (unsigned long long)(first + count - 1));
     else
       snprintf(jb->name, sizeof jb->name, "directed");
-    snprintf(jb->out, sizeof jb->out, "%s/%03d-%s.out", tmp_dir, pair, jit ? "jit" : jb->cpu ? "cpu" : "ref");
+    snprintf(jb->out, sizeof jb->out, "%s/%03d-%s.out", tmp_dir, pair,
+             jit       ? "jit"
+             : jb->cpu ? "cpu"
+                       : "ref");
     snprintf(jb->args[0], sizeof jb->args[0], "%s", count ? "fuzz" : "directed");
     snprintf(jb->args[1], sizeof jb->args[1], "%llu", (unsigned long long)first);
     snprintf(jb->args[2], sizeof jb->args[2], "%llu", (unsigned long long)count);
@@ -2829,7 +3212,8 @@ TEST(jit_matches_interpreter) {
   bool skipped = false;
   if (directed) add_pair(&jobs, &njobs, 0, 0); /* the slowest pair first */
   for (int b = 0; b < nbatch; b++) {
-    uint64_t lo = first + (uint64_t)(nprog * b / nbatch), hi = first + (uint64_t)(nprog * (b + 1) / nbatch);
+    uint64_t lo = first + (uint64_t)(nprog * b / nbatch),
+             hi = first + (uint64_t)(nprog * (b + 1) / nbatch);
     add_pair(&jobs, &njobs, lo, hi - lo);
   }
   double t0 = now_s(), jit_secs = 0, ref_secs = 0, cpu_secs = 0;
@@ -2879,21 +3263,24 @@ TEST(jit_matches_interpreter) {
   free(jobs);
   if (skipped) return;
   double t1 = now_s();
-  printf("%s fuzz: %ld random programs (%ld replayed with new leaves and scalars), %ld directed "
-         "tests; %ld results, %ld values compared (%ld approximate); the JIT runs compiled %llu "
-         "plans, and compiled kernels did the work of %llu interpreter ops%s\n", on_cuda ? "GPU" : "jit",
-         sum.programs - sum.replays - sum.directed, sum.replays, sum.directed, sum.results,
-         sum.elements, sum.approx_elements, sum.compiles, sum.kernels,
-         crashes ? " (crashed children resumed after the program they died in)" : "");
+  printf(
+      "%s fuzz: %ld random programs (%ld replayed with new leaves and scalars), %ld directed "
+      "tests; %ld results, %ld values compared (%ld approximate); the JIT runs compiled %llu "
+      "plans, and compiled kernels did the work of %llu interpreter ops%s\n",
+      on_cuda ? "GPU" : "jit", sum.programs - sum.replays - sum.directed, sum.replays, sum.directed,
+      sum.results, sum.elements, sum.approx_elements, sum.compiles, sum.kernels,
+      crashes ? " (crashed children resumed after the program they died in)" : "");
   if (on_cuda)
-    printf("  against the CPU interpreter: %ld results, %ld values bit for bit; %ld results through "
-           "CUDA's libm or cuBLAS compared by dtype and shape only\n",
-           sum.cross_results, sum.cross_elements, sum.cross_skipped);
+    printf(
+        "  against the CPU interpreter: %ld results, %ld values bit for bit; %ld results through "
+        "CUDA's libm or cuBLAS compared by dtype and shape only\n",
+        sum.cross_results, sum.cross_elements, sum.cross_skipped);
   else
-    printf("  largest difference of approximate values |a-b|/max(1,|b|): f32 %.3g (%.2g of the "
-           "model's bound), f64 %.3g (%.2g of the bound); tolerances %g / %g\n",
-           sum.max_dev[KILN_F32], sum.max_ratio[KILN_F32], sum.max_dev[KILN_F64],
-           sum.max_ratio[KILN_F64], TOL_F32, TOL_F64);
+    printf(
+        "  largest difference of approximate values |a-b|/max(1,|b|): f32 %.3g (%.2g of the "
+        "model's bound), f64 %.3g (%.2g of the bound); tolerances %g / %g\n",
+        sum.max_dev[KILN_F32], sum.max_ratio[KILN_F32], sum.max_dev[KILN_F64],
+        sum.max_ratio[KILN_F64], TOL_F32, TOL_F64);
   printf("  %.1f s wall, children: %s %.1f s, %s %.1f s", t1 - t0, jit_name(), jit_secs, ref_name(),
          ref_secs);
   if (on_cuda) printf(", CPU interpreter %.1f s", cpu_secs);

@@ -3,8 +3,8 @@
  * elementwise work and the reductions around them), small scatter_adds (the
  * VJP of a gather: each output element adds its sources in index order)
  * concats of up to 3 parts (a pick among the parts at the output's
- * coordinate) and argmax/argmin (a scan per output element); and reduce epilogues compiled as kernels of their own
- * (jit_cpu/kernel.c kernel_plan_epilogue).
+ * coordinate) and argmax/argmin (a scan per output element); and reduce epilogues compiled as
+ * kernels of their own (jit_cpu/kernel.c kernel_plan_epilogue).
  *
  * Each program runs three times in a child (KILN_HOT=1, inline compiles):
  * the third run, from the compiled plan, must compute nothing on the
@@ -120,8 +120,8 @@ static kiln_tensor *embedding(void) {
       float v = ws[ts[i] * 32 + j] * 0.5f + ps[i * 32 + j];
       ref_embed[i * 32 + j] = v > 0 ? v : 0;
     }
-  kiln_tensor *e = kiln_index_select(w, 0, tok), *m = kiln_mul_scalar(e, 0.5), *s = kiln_add(m, pos),
-              *r = kiln_relu(s);
+  kiln_tensor *e = kiln_index_select(w, 0, tok), *m = kiln_mul_scalar(e, 0.5),
+              *s = kiln_add(m, pos), *r = kiln_relu(s);
   kiln_release(w);
   kiln_release(tok);
   kiln_release(pos);
@@ -204,7 +204,8 @@ static kiln_tensor *long_row_epilogue(void) {
    bits (1e8 + 1 - 1e8 is 0 in f32, 1e8 - 1e8 + 1 is 1) */
 static float ref_scatter[4 * 5];
 static kiln_tensor *scatter_repeated(void) {
-  static const float sv[4 * 3] = {1e8f, 1.0f, -1e8f, 0.5f, -0.25f, 2.0f, 1.0f, 1e8f, -1e8f, -0.0f, 3.0f, 1.5f};
+  static const float sv[4 * 3] = {1e8f, 1.0f, -1e8f, 0.5f,  -0.25f, 2.0f,
+                                  1.0f, 1e8f, -1e8f, -0.0f, 3.0f,   1.5f};
   static const int64_t iv[4 * 3] = {2, 2, 2, 0, 4, 0, 1, 1, 1, 3, 3, 0};
   memset(ref_scatter, 0, sizeof ref_scatter);
   for (int r = 0; r < 4; r++)
@@ -212,8 +213,8 @@ static kiln_tensor *scatter_repeated(void) {
   for (int i = 0; i < 20; i++) ref_scatter[i] *= 3.0f;
   kiln_tensor *src = kiln_from_data(sv, KILN_F32, 2, (int64_t[]){4, 3});
   kiln_tensor *idx = kiln_from_data(iv, KILN_I64, 2, (int64_t[]){4, 3});
-  kiln_tensor *z = kiln_zeros(KILN_F32, 2, (int64_t[]){4, 5}), *sc = kiln_scatter_add(z, 1, idx, src),
-              *r = kiln_mul_scalar(sc, 3.0);
+  kiln_tensor *z = kiln_zeros(KILN_F32, 2, (int64_t[]){4, 5}),
+              *sc = kiln_scatter_add(z, 1, idx, src), *r = kiln_mul_scalar(sc, 3.0);
   kiln_release(src);
   kiln_release(idx);
   kiln_release(z);
@@ -227,7 +228,8 @@ static kiln_tensor *scatter_axis0_computed_base(void) {
   kiln_tensor *x = floats(KILN_F64, 2, (int64_t[]){6, 9}, NULL);
   kiln_tensor *src = floats(KILN_F64, 2, (int64_t[]){2, 9}, NULL);
   kiln_tensor *idx = indices(2, (int64_t[]){2, 9}, 6, NULL);
-  kiln_tensor *b = kiln_mul_scalar(x, 2.0), *sc = kiln_scatter_add(b, 0, idx, src), *r = kiln_add_scalar(sc, 1.0);
+  kiln_tensor *b = kiln_mul_scalar(x, 2.0), *sc = kiln_scatter_add(b, 0, idx, src),
+              *r = kiln_add_scalar(sc, 1.0);
   kiln_release(x);
   kiln_release(src);
   kiln_release(idx);
@@ -254,7 +256,8 @@ static kiln_tensor *scatter_i32(void) {
 static float ref_concat[6 * 12];
 static kiln_tensor *concat_parts(void) {
   static float av[6 * 3], bv[4 * 6], cv[6 * 5];
-  kiln_tensor *a = floats(KILN_F32, 2, (int64_t[]){6, 3}, av), *b = floats(KILN_F32, 2, (int64_t[]){4, 6}, bv),
+  kiln_tensor *a = floats(KILN_F32, 2, (int64_t[]){6, 3}, av),
+              *b = floats(KILN_F32, 2, (int64_t[]){4, 6}, bv),
               *cc = floats(KILN_F32, 2, (int64_t[]){6, 5}, cv);
   for (int r = 0; r < 6; r++)
     for (int j = 0; j < 12; j++) {
@@ -263,7 +266,8 @@ static kiln_tensor *concat_parts(void) {
     }
   kiln_tensor *bt = kiln_transpose(b, 0, 1);
   kiln_tensor *parts[3] = {a, bt, cc};
-  kiln_tensor *c = kiln_concat(3, parts, 1), *m = kiln_mul_scalar(c, 2.0), *r = kiln_sub_scalar(m, 1.0);
+  kiln_tensor *c = kiln_concat(3, parts, 1), *m = kiln_mul_scalar(c, 2.0),
+              *r = kiln_sub_scalar(m, 1.0);
   kiln_release(a);
   kiln_release(b);
   kiln_release(cc);
@@ -276,7 +280,8 @@ static kiln_tensor *concat_parts(void) {
 /* zeros, x, zeros along axis 0 (the join of a slice's gradient), exp */
 static kiln_tensor *concat_fills_axis0(void) {
   kiln_tensor *x = floats(KILN_F64, 3, (int64_t[]){2, 3, 7}, NULL);
-  kiln_tensor *z1 = kiln_zeros(KILN_F64, 3, (int64_t[]){3, 3, 7}), *z2 = kiln_zeros(KILN_F64, 3, (int64_t[]){1, 3, 7});
+  kiln_tensor *z1 = kiln_zeros(KILN_F64, 3, (int64_t[]){3, 3, 7}),
+              *z2 = kiln_zeros(KILN_F64, 3, (int64_t[]){1, 3, 7});
   kiln_tensor *parts[3] = {z1, x, z2};
   kiln_tensor *c = kiln_concat(3, parts, 0), *r = kiln_exp(c);
   kiln_release(x);
@@ -307,9 +312,11 @@ static kiln_tensor *gate_slices_grad(void) {
   kiln_tensor *x = floats(KILN_F32, 2, (int64_t[]){8, 3 * 16}, NULL);
   kiln_tensor *h = floats(KILN_F32, 2, (int64_t[]){8, 16}, NULL);
   kiln_set_requires_grad(x, true);
-  kiln_tensor *r = kiln_slice(x, 1, 0, 16, 1), *z = kiln_slice(x, 1, 16, 32, 1), *n = kiln_slice(x, 1, 32, 48, 1);
-  kiln_tensor *rs = kiln_sigmoid(r), *zs = kiln_sigmoid(z), *rn = kiln_mul(rs, n), *nt = kiln_tanh(rn),
-              *d = kiln_sub(h, nt), *zd = kiln_mul(zs, d), *hn = kiln_add(nt, zd), *sq = kiln_mul(hn, hn);
+  kiln_tensor *r = kiln_slice(x, 1, 0, 16, 1), *z = kiln_slice(x, 1, 16, 32, 1),
+              *n = kiln_slice(x, 1, 32, 48, 1);
+  kiln_tensor *rs = kiln_sigmoid(r), *zs = kiln_sigmoid(z), *rn = kiln_mul(rs, n),
+              *nt = kiln_tanh(rn), *d = kiln_sub(h, nt), *zd = kiln_mul(zs, d),
+              *hn = kiln_add(nt, zd), *sq = kiln_mul(hn, hn);
   kiln_tensor *l = kiln_sum(sq, 0, NULL, false);
   kiln_backward(l, NULL);
   kiln_tensor *g = kiln_grad(x);
@@ -321,12 +328,13 @@ static kiln_tensor *gate_slices_grad(void) {
 /* argmax + argmin along the inner axis over NaNs, signed zeros and ties
    (the first NaN, else the first extreme), and argmax along axis 0 */
 static kiln_tensor *arg_extremes(void) {
-  static const float xv[4 * 6] = {1, 3, 3, 2, 0, -1, NAN, 1, 2, NAN, 5, 0,
-                                  -0.0f, 0.0f, -1, -0.0f, 0, 0, 4, 2, 9, 9, NAN, 1};
+  static const float xv[4 * 6] = {1,     3,    3,  2,     0, -1, NAN, 1, 2, NAN, 5,   0,
+                                  -0.0f, 0.0f, -1, -0.0f, 0, 0,  4,   2, 9, 9,   NAN, 1};
   kiln_tensor *x = kiln_from_data(xv, KILN_F32, 2, (int64_t[]){4, 6});
-  kiln_tensor *a = kiln_argmax(x, 1, false), *b = kiln_argmin(x, 1, false), *ab = kiln_mul_scalar(b, 10.0),
-              *r1 = kiln_add(a, ab), *c = kiln_argmax(x, 0, true), *cc = kiln_reshape(c, 1, (int64_t[]){6}),
-              *c4 = kiln_slice(cc, 0, 0, 4, 1), *c100 = kiln_mul_scalar(c4, 100.0), *r = kiln_add(r1, c100);
+  kiln_tensor *a = kiln_argmax(x, 1, false), *b = kiln_argmin(x, 1, false),
+              *ab = kiln_mul_scalar(b, 10.0), *r1 = kiln_add(a, ab), *c = kiln_argmax(x, 0, true),
+              *cc = kiln_reshape(c, 1, (int64_t[]){6}), *c4 = kiln_slice(cc, 0, 0, 4, 1),
+              *c100 = kiln_mul_scalar(c4, 100.0), *r = kiln_add(r1, c100);
   kiln_tensor *all[] = {x, a, b, ab, r1, c, cc, c4, c100};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kiln_release(all[i]);
   return r;
@@ -335,9 +343,11 @@ static kiln_tensor *arg_extremes(void) {
 /* accuracy: argmax of computed logits (f64) equal to the targets, as a
    float count */
 static kiln_tensor *accuracy(void) {
-  kiln_tensor *x = floats(KILN_F64, 2, (int64_t[]){50, 7}, NULL), *b = floats(KILN_F64, 1, (int64_t[]){7}, NULL);
+  kiln_tensor *x = floats(KILN_F64, 2, (int64_t[]){50, 7}, NULL),
+              *b = floats(KILN_F64, 1, (int64_t[]){7}, NULL);
   kiln_tensor *y = indices(1, (int64_t[]){50}, 7, NULL);
-  kiln_tensor *l = kiln_add(x, b), *a = kiln_argmax(l, 1, false), *e = kiln_eq(a, y), *f = kiln_cast(e, KILN_F32);
+  kiln_tensor *l = kiln_add(x, b), *a = kiln_argmax(l, 1, false), *e = kiln_eq(a, y),
+              *f = kiln_cast(e, KILN_F32);
   kiln_tensor *r = kiln_sum(f, 0, NULL, false);
   kiln_tensor *all[] = {x, b, y, l, a, e, f};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kiln_release(all[i]);
@@ -394,7 +404,8 @@ static kiln_tensor *random_move(void) {
         int64_t ps[3];
         memcpy(ps, shape, sizeof ps);
         ps[axis] = 1 + pick_int(4);
-        parts[k] = k == 1 && pick_int(3) == 0 ? kiln_zeros(dt, nd, ps) : random_leaf(dt, nd, ps, pick_int(2));
+        parts[k] = k == 1 && pick_int(3) == 0 ? kiln_zeros(dt, nd, ps)
+                                              : random_leaf(dt, nd, ps, pick_int(2));
       }
       r = kiln_concat(n, parts, axis);
       for (int k = 0; k < n; k++) kiln_release(parts[k]);
@@ -438,9 +449,32 @@ static const program programs[] = {
     {"gate_slices_grad", gate_slices_grad, NULL},
     {"arg_extremes", arg_extremes, NULL},
     {"accuracy", accuracy, NULL},
-#define R(k) {"random_move_" #k, random_move, NULL}
-    R(00), R(01), R(02), R(03), R(04), R(05), R(06), R(07), R(08), R(09), R(10), R(11),
-    R(12), R(13), R(14), R(15), R(16), R(17), R(18), R(19), R(20), R(21), R(22), R(23),
+#define R(k) \
+  { "random_move_" #k, random_move, NULL }
+    R(00),
+    R(01),
+    R(02),
+    R(03),
+    R(04),
+    R(05),
+    R(06),
+    R(07),
+    R(08),
+    R(09),
+    R(10),
+    R(11),
+    R(12),
+    R(13),
+    R(14),
+    R(15),
+    R(16),
+    R(17),
+    R(18),
+    R(19),
+    R(20),
+    R(21),
+    R(22),
+    R(23),
 #undef R
 };
 #define NPROGRAMS (int)(sizeof programs / sizeof programs[0])
@@ -454,7 +488,10 @@ static int work(void) {
       kiln_get_stats(&before);
       kiln_tensor *r = programs[p].build();
       kiln_dtype dt = r ? kiln_dtype_of(r) : KILN_F32;
-      size_t bytes = r ? (size_t)kiln_numel(r) * (dt == KILN_F64 || dt == KILN_I64 ? 8 : dt == KILN_BOOL ? 1 : 4) : 0;
+      size_t bytes = r ? (size_t)kiln_numel(r) * (dt == KILN_F64 || dt == KILN_I64 ? 8
+                                                  : dt == KILN_BOOL                ? 1
+                                                                                   : 4)
+                       : 0;
       unsigned char *buf = malloc(bytes ? bytes : 1);
       int rc = r ? kiln_to_buffer(r, buf, bytes) : -1;
       kiln_get_stats(&after);
@@ -521,13 +558,16 @@ TEST(compiled_gathers_match_the_interpreter_bit_for_bit) {
   for (int p = 0; p < NPROGRAMS; p++) {
     char *lj = line_of(jit, programs[p].name), *lr = line_of(ref, programs[p].name);
     if (!lj || !lr) {
-      KTEST_FAIL("%s: no output (jit: %s, interpreter: %s)", programs[p].name, lj ? "yes" : "no", lr ? "yes" : "no");
+      KTEST_FAIL("%s: no output (jit: %s, interpreter: %s)", programs[p].name, lj ? "yes" : "no",
+                 lr ? "yes" : "no");
       continue;
     }
     const char *bj = bits_of(lj), *br = bits_of(lr);
-    if (!strstr(lj, " rc=0 ") || !strstr(lr, " rc=0 ")) KTEST_FAIL("%s failed: %.80s", programs[p].name, lj);
+    if (!strstr(lj, " rc=0 ") || !strstr(lr, " rc=0 "))
+      KTEST_FAIL("%s failed: %.80s", programs[p].name, lj);
     /* compiled: nothing ran on the interpreter (BLAS aside: none here) */
-    if (!strstr(lj, " eager=0 ")) KTEST_FAIL("%s left work to the interpreter: %.60s", programs[p].name, lj);
+    if (!strstr(lj, " eager=0 "))
+      KTEST_FAIL("%s left work to the interpreter: %.60s", programs[p].name, lj);
     if (strstr(lj, "ref=bad") || strstr(lr, "ref=bad"))
       KTEST_FAIL("%s disagrees with the values computed here", programs[p].name);
     if (!bj || !br || strcmp(bj, br))
@@ -543,7 +583,8 @@ static int gather_with(const int64_t *idx_values, float *out) {
   int64_t xs[2] = {6, 4}, is[2] = {6, 2};
   float xv[24];
   for (int i = 0; i < 24; i++) xv[i] = (float)i;
-  kiln_tensor *x = kiln_from_data(xv, KILN_F32, 2, xs), *idx = kiln_from_data(idx_values, KILN_I64, 2, is);
+  kiln_tensor *x = kiln_from_data(xv, KILN_F32, 2, xs),
+              *idx = kiln_from_data(idx_values, KILN_I64, 2, is);
   kiln_tensor *sq = kiln_mul(x, x), *g = kiln_gather(sq, 1, idx), *r = kiln_add_scalar(g, 0.5);
   int rc = kiln_to_buffer(r, out, 12 * sizeof(float));
   kiln_release(x);
@@ -584,8 +625,8 @@ static int scatter_with(const int64_t *idx_values, float *out) {
   float sv[6] = {1, 2, 3, 4, 5, 6};
   kiln_tensor *src = kiln_from_data(sv, KILN_F32, 2, (int64_t[]){3, 2});
   kiln_tensor *idx = kiln_from_data(idx_values, KILN_I64, 2, (int64_t[]){3, 2});
-  kiln_tensor *z = kiln_zeros(KILN_F32, 2, (int64_t[]){3, 4}), *sc = kiln_scatter_add(z, 1, idx, src),
-              *r = kiln_add_scalar(sc, 0.5);
+  kiln_tensor *z = kiln_zeros(KILN_F32, 2, (int64_t[]){3, 4}),
+              *sc = kiln_scatter_add(z, 1, idx, src), *r = kiln_add_scalar(sc, 0.5);
   int rc = kiln_to_buffer(r, out, 12 * sizeof(float));
   kiln_release(src);
   kiln_release(idx);
@@ -627,8 +668,8 @@ TEST(a_long_scatter_stays_one_data_op) {
     for (int i = 0; i < 64 * 4; i++) sv[i] = (float)(i % 7), iv[i] = (i * 13) % 40;
     kiln_tensor *src = kiln_from_data(sv, KILN_F32, 2, (int64_t[]){64, 4});
     kiln_tensor *idx = kiln_from_data(iv, KILN_I64, 2, (int64_t[]){64, 4});
-    kiln_tensor *z = kiln_zeros(KILN_F32, 2, (int64_t[]){40, 4}), *sc = kiln_scatter_add(z, 0, idx, src),
-                *r = kiln_add_scalar(sc, 1.0);
+    kiln_tensor *z = kiln_zeros(KILN_F32, 2, (int64_t[]){40, 4}),
+                *sc = kiln_scatter_add(z, 0, idx, src), *r = kiln_add_scalar(sc, 1.0);
     double e0 = kiln_stat("eager_ops");
     CHECK_EQ_INT(kiln_to_buffer(r, out, sizeof out), 0);
     eager = kiln_stat("eager_ops") - e0;

@@ -84,10 +84,9 @@ static void build_kernel(gcc_jit_context *ctx, cpu_math *m, cpu_fn fn, bool f64)
       body, done);
   gcc_jit_rvalue *xi = gcc_jit_lvalue_as_rvalue(
       gcc_jit_context_new_array_access(ctx, NULL, gcc_jit_param_as_rvalue(ps[0]), iv));
-  gcc_jit_rvalue *yi =
-      binary ? gcc_jit_lvalue_as_rvalue(gcc_jit_context_new_array_access(
-                   ctx, NULL, gcc_jit_param_as_rvalue(ps[1]), iv))
-             : NULL;
+  gcc_jit_rvalue *yi = binary ? gcc_jit_lvalue_as_rvalue(gcc_jit_context_new_array_access(
+                                    ctx, NULL, gcc_jit_param_as_rvalue(ps[1]), iv))
+                              : NULL;
   gcc_jit_lvalue *oi =
       gcc_jit_context_new_array_access(ctx, NULL, gcc_jit_param_as_rvalue(ps[np - 2]), iv);
   gcc_jit_block_add_assignment(body, NULL, oi, cpu_math_call(m, fn, f64, xi, yi));
@@ -154,45 +153,73 @@ static bool compile_all(kernels *k, const char *march, bool contract) {
 
 static double ref1(cpu_fn fn, double x) {
   switch (fn) {
-    case CPU_EXP: return exp(x);
-    case CPU_LOG: return log(x);
-    case CPU_TANH: return tanh(x);
-    case CPU_SIGMOID: return 1.0 / (1.0 + exp(-x));
-    case CPU_SIN: return sin(x);
-    case CPU_COS: return cos(x);
-    case CPU_LOG1P: return log1p(x);
-    case CPU_EXPM1: return expm1(x);
-    case CPU_ERF: return erf(x);
-    case CPU_SQRT: return sqrt(x);
-    case CPU_RSQRT: return 1.0 / sqrt(x);
-    default: return NAN;
+    case CPU_EXP:
+      return exp(x);
+    case CPU_LOG:
+      return log(x);
+    case CPU_TANH:
+      return tanh(x);
+    case CPU_SIGMOID:
+      return 1.0 / (1.0 + exp(-x));
+    case CPU_SIN:
+      return sin(x);
+    case CPU_COS:
+      return cos(x);
+    case CPU_LOG1P:
+      return log1p(x);
+    case CPU_EXPM1:
+      return expm1(x);
+    case CPU_ERF:
+      return erf(x);
+    case CPU_SQRT:
+      return sqrt(x);
+    case CPU_RSQRT:
+      return 1.0 / sqrt(x);
+    default:
+      return NAN;
   }
 }
 
 /* libm's float functions: the reference for special values */
 static float interp_f32(cpu_fn fn, float x, float y) {
   switch (fn) {
-    case CPU_EXP: return expf(x);
-    case CPU_LOG: return logf(x);
-    case CPU_TANH: return tanhf(x);
-    case CPU_SIGMOID: return 1.0f / (1.0f + expf(-x));
-    case CPU_SIN: return sinf(x);
-    case CPU_COS: return cosf(x);
-    case CPU_LOG1P: return log1pf(x);
-    case CPU_EXPM1: return expm1f(x);
-    case CPU_ERF: return erff(x);
-    case CPU_SQRT: return sqrtf(x);
-    case CPU_RSQRT: return 1.0f / sqrtf(x);
-    case CPU_POW: return powf(x, y);
-    default: return NAN;
+    case CPU_EXP:
+      return expf(x);
+    case CPU_LOG:
+      return logf(x);
+    case CPU_TANH:
+      return tanhf(x);
+    case CPU_SIGMOID:
+      return 1.0f / (1.0f + expf(-x));
+    case CPU_SIN:
+      return sinf(x);
+    case CPU_COS:
+      return cosf(x);
+    case CPU_LOG1P:
+      return log1pf(x);
+    case CPU_EXPM1:
+      return expm1f(x);
+    case CPU_ERF:
+      return erff(x);
+    case CPU_SQRT:
+      return sqrtf(x);
+    case CPU_RSQRT:
+      return 1.0f / sqrtf(x);
+    case CPU_POW:
+      return powf(x, y);
+    default:
+      return NAN;
   }
 }
 
 static double interp_f64(cpu_fn fn, double x, double y) {
   switch (fn) {
-    case CPU_SIGMOID: return 1.0 / (1.0 + exp(-x));
-    case CPU_POW: return pow(x, y);
-    default: return ref1(fn, x);
+    case CPU_SIGMOID:
+      return 1.0 / (1.0 + exp(-x));
+    case CPU_POW:
+      return pow(x, y);
+    default:
+      return ref1(fn, x);
   }
 }
 
@@ -285,13 +312,42 @@ static void push_range(vec *a, float lo, float hi, long count) {
   }
 }
 
-static const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN,
-                                 1.0f, -1.0f, 0.5f, -0.5f, 2.0f, -2.0f, 3.0f, -3.0f,
-                                 0x1p-149f, -0x1p-149f, 0x1p-126f, -0x1p-126f,
-                                 0x1.fffffcp-127f, FLT_MAX, -FLT_MAX, 0x1p-24f, -0x1p-24f,
-                                 88.72283172607421875f, 88.72283935546875f, -103.97207641601562f,
-                                 -103.97208404541016f, -87.33654022216797f, 0.625f, -0.625f,
-                                 0.921875f, 3.93f, 1e-30f, -1e-30f, 1e30f, -1e30f};
+static const float specials[] = {0.0f,
+                                 -0.0f,
+                                 INFINITY,
+                                 -INFINITY,
+                                 NAN,
+                                 -NAN,
+                                 1.0f,
+                                 -1.0f,
+                                 0.5f,
+                                 -0.5f,
+                                 2.0f,
+                                 -2.0f,
+                                 3.0f,
+                                 -3.0f,
+                                 0x1p-149f,
+                                 -0x1p-149f,
+                                 0x1p-126f,
+                                 -0x1p-126f,
+                                 0x1.fffffcp-127f,
+                                 FLT_MAX,
+                                 -FLT_MAX,
+                                 0x1p-24f,
+                                 -0x1p-24f,
+                                 88.72283172607421875f,
+                                 88.72283935546875f,
+                                 -103.97207641601562f,
+                                 -103.97208404541016f,
+                                 -87.33654022216797f,
+                                 0.625f,
+                                 -0.625f,
+                                 0.921875f,
+                                 3.93f,
+                                 1e-30f,
+                                 -1e-30f,
+                                 1e30f,
+                                 -1e30f};
 
 static vec samples_for(cpu_fn fn) {
   vec a = {0};
@@ -328,9 +384,11 @@ static vec samples_for(cpu_fn fn) {
         push(&a, nextafterf(x, 0));
         push(&a, nextafterf(x, INFINITY));
       }
-      for (int i = 0; i < 100000; i++) push(&a, (float)((double)(rnd() >> 11) * 0x1p-53 * SINCOS_RANGE));
+      for (int i = 0; i < 100000; i++)
+        push(&a, (float)((double)(rnd() >> 11) * 0x1p-53 * SINCOS_RANGE));
       break;
-    default: break;
+    default:
+      break;
   }
   return a;
 }
@@ -346,10 +404,12 @@ static void check_special_f32(cpu_fn fn, float x, float got) {
   float want = interp_f32(fn, x, 0);
   if (fn == CPU_SIGMOID) want = (float)ref1(fn, x); /* the float formula flushes tiny results */
   bool ok;
-  if (isnan(want) || isnan(got)) ok = isnan(want) && isnan(got);
+  if (isnan(want) || isnan(got))
+    ok = isnan(want) && isnan(got);
   else if (isinf(want) || want == 0 || isinf(got) || got == 0 || isinf(x))
     ok = got == want && signbit(got) == signbit(want); /* also tanh(±inf) = ±1 ... */
-  else ok = true;
+  else
+    ok = true;
   if (!ok) KTEST_FAIL("%s(%a) = %a, libm gives %a", cpu_math_name(fn), x, got, want);
 }
 
@@ -376,11 +436,11 @@ static void check_unary_f32(kernels *k, cpu_fn fn, const char *variant) {
   }
   double bound = cpu_math_ulp_bound(fn, false);
   printf("  %-8s f32 %-8s max %.3f ulp (bound %g) at x=%a (got %a, want %.9g), %ld samples\n",
-         cpu_math_name(fn), variant, s.max_err, bound, s.worst_x, s.worst_got,
-         ref1(fn, s.worst_x), s.n);
+         cpu_math_name(fn), variant, s.max_err, bound, s.worst_x, s.worst_got, ref1(fn, s.worst_x),
+         s.n);
   if (!(s.max_err <= bound + 1e-6))
-    KTEST_FAIL("%s f32 (%s): max error %.3f ulp > %g at x=%a (got %a)", cpu_math_name(fn),
-               variant, s.max_err, bound, s.worst_x, s.worst_got);
+    KTEST_FAIL("%s f32 (%s): max error %.3f ulp > %g at x=%a (got %a)", cpu_math_name(fn), variant,
+               s.max_err, bound, s.worst_x, s.worst_got);
   free(y);
   free(a.v);
 }
@@ -407,10 +467,14 @@ static void check_unary_f64(kernels *k, cpu_fn fn) {
    negative bases, near-overflow/underflow results, and every pair of special
    values */
 static void check_pow(kernels *k, const char *variant) {
-  static const float sv[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1.0f, -1.0f, 0.5f, -0.5f,
-                             2.0f, -2.0f, 3.0f, -3.0f, 2.5f, -2.5f, 0x1p-149f, -0x1p-149f,
-                             FLT_MAX, -FLT_MAX, 1e-30f, 0x1p24f, -0x1p24f, 0x1.000002p24f,
-                             -0x1.000002p24f, 0x1p31f, 127.0f, -127.0f, 1.0000001f, 0.99999994f};
+  static const float sv[] = {0.0f,       -0.0f,    INFINITY,       -INFINITY,
+                             NAN,        1.0f,     -1.0f,          0.5f,
+                             -0.5f,      2.0f,     -2.0f,          3.0f,
+                             -3.0f,      2.5f,     -2.5f,          0x1p-149f,
+                             -0x1p-149f, FLT_MAX,  -FLT_MAX,       1e-30f,
+                             0x1p24f,    -0x1p24f, 0x1.000002p24f, -0x1.000002p24f,
+                             0x1p31f,    127.0f,   -127.0f,        1.0000001f,
+                             0.99999994f};
   const long nsv = (long)(sizeof sv / sizeof sv[0]);
   vec xs = {0}, ys = {0};
   for (long i = 0; i < nsv; i++)
@@ -423,11 +487,26 @@ static void check_pow(kernels *k, const char *variant) {
     double u = (double)(rnd() >> 11) * 0x1p-53, v = (double)(rnd() >> 11) * 0x1p-53;
     float x, y;
     switch (i % 6) {
-      case 0: x = (float)exp((u - 0.5) * 40); y = (float)((v - 0.5) * 20); break;
-      case 1: x = (float)(u * 100); y = (float)((v - 0.5) * 40); break;
-      case 2: x = -(float)exp((u - 0.5) * 20); y = (float)floor((v - 0.5) * 60); break;
-      case 3: x = (float)(0.5 + u); y = (float)((v - 0.5) * 400); break;
-      case 4: x = from_bits((uint32_t)(rnd() >> 33)); y = (float)((v - 0.5) * 4); break;
+      case 0:
+        x = (float)exp((u - 0.5) * 40);
+        y = (float)((v - 0.5) * 20);
+        break;
+      case 1:
+        x = (float)(u * 100);
+        y = (float)((v - 0.5) * 40);
+        break;
+      case 2:
+        x = -(float)exp((u - 0.5) * 20);
+        y = (float)floor((v - 0.5) * 60);
+        break;
+      case 3:
+        x = (float)(0.5 + u);
+        y = (float)((v - 0.5) * 400);
+        break;
+      case 4:
+        x = from_bits((uint32_t)(rnd() >> 33));
+        y = (float)((v - 0.5) * 4);
+        break;
       default: {
         /* results near the overflow / denormal thresholds */
         x = (float)exp((u - 0.5) * 20);
@@ -446,17 +525,19 @@ static void check_pow(kernels *k, const char *variant) {
     float x = xs.v[i], y = ys.v[i], got = out[i];
     float want = powf(x, y);
     bool ok;
-    if (isnan(want) || isnan(got)) ok = isnan(want) && isnan(got);
+    if (isnan(want) || isnan(got))
+      ok = isnan(want) && isnan(got);
     else if (isinf(want) || want == 0 || isinf(got) || got == 0 || i < nspecial)
       ok = (got == want && signbit(got) == signbit(want)) ||
            (i >= nspecial && ulp_err(got, pow((double)x, (double)y)) <= 1);
-    else ok = true;
+    else
+      ok = true;
     if (!ok) KTEST_FAIL("pow(%a, %a) = %a, powf gives %a", x, y, got, want);
     note(&s, ulp_err(got, pow((double)x, (double)y)), x, y, got);
   }
   double bound = cpu_math_ulp_bound(CPU_POW, false);
-  printf("  pow      f32 %-8s max %.3f ulp (bound %g) at (%a, %a) (got %a), %ld samples\n",
-         variant, s.max_err, bound, s.worst_x, s.worst_y, s.worst_got, s.n);
+  printf("  pow      f32 %-8s max %.3f ulp (bound %g) at (%a, %a) (got %a), %ld samples\n", variant,
+         s.max_err, bound, s.worst_x, s.worst_y, s.worst_got, s.n);
   if (!(s.max_err <= bound + 1e-6))
     KTEST_FAIL("pow f32 (%s): max error %.3f ulp > %g at (%a, %a)", variant, s.max_err, bound,
                s.worst_x, s.worst_y);
@@ -514,9 +595,9 @@ static void exhaustive(kernels *k, const char *variant) {
 
 /* --- throughput (printed, not asserted) ------------------------------------- */
 
-#define SCALAR_LOOP(name, expr)                                                   \
+#define SCALAR_LOOP(name, expr)                                                  \
   __attribute__((noinline)) static void name(const float *x, float *y, long n) { \
-    for (long i = 0; i < n; i++) y[i] = expr;                                     \
+    for (long i = 0; i < n; i++) y[i] = expr;                                    \
   }
 SCALAR_LOOP(scalar_expf, expf(x[i]))
 SCALAR_LOOP(scalar_logf, logf(x[i]))
@@ -530,10 +611,10 @@ SCALAR_LOOP(scalar_erff, erff(x[i]))
 SCALAR_LOOP(scalar_sqrtf, sqrtf(x[i]))
 SCALAR_LOOP(scalar_rsqrtf, 1.0f / sqrtf(x[i]))
 static const kf32 scalar_loops[CPU_FN_COUNT] = {
-    [CPU_EXP] = scalar_expf,     [CPU_LOG] = scalar_logf,     [CPU_TANH] = scalar_tanhf,
-    [CPU_SIGMOID] = scalar_sigmoidf, [CPU_SIN] = scalar_sinf, [CPU_COS] = scalar_cosf,
-    [CPU_LOG1P] = scalar_log1pf, [CPU_EXPM1] = scalar_expm1f, [CPU_ERF] = scalar_erff,
-    [CPU_SQRT] = scalar_sqrtf,   [CPU_RSQRT] = scalar_rsqrtf};
+    [CPU_EXP] = scalar_expf,         [CPU_LOG] = scalar_logf,     [CPU_TANH] = scalar_tanhf,
+    [CPU_SIGMOID] = scalar_sigmoidf, [CPU_SIN] = scalar_sinf,     [CPU_COS] = scalar_cosf,
+    [CPU_LOG1P] = scalar_log1pf,     [CPU_EXPM1] = scalar_expm1f, [CPU_ERF] = scalar_erff,
+    [CPU_SQRT] = scalar_sqrtf,       [CPU_RSQRT] = scalar_rsqrtf};
 
 /* seconds per call of f over n elements: best of 5 timings of reps calls */
 static double time_kernel(kf32 f, const float *x, float *y, long n, int reps) {
@@ -603,31 +684,33 @@ TEST(compiles) {
   bool ok = compile_all(&K[V_FMA], march, true) && compile_all(&K[V_NOCONTRACT], march, false) &&
             compile_all(&K[V_BASE], "-march=x86-64", false);
   CHECK(ok);
-  printf("  24 kernels per context; compile: %s %.0f ms, %s -ffp-contract=off %.0f ms, "
-         "-march=x86-64 -ffp-contract=off %.0f ms\n",
-         march, K[V_FMA].compile_ms, march, K[V_NOCONTRACT].compile_ms, K[V_BASE].compile_ms);
+  printf(
+      "  24 kernels per context; compile: %s %.0f ms, %s -ffp-contract=off %.0f ms, "
+      "-march=x86-64 -ffp-contract=off %.0f ms\n",
+      march, K[V_FMA].compile_ms, march, K[V_NOCONTRACT].compile_ms, K[V_BASE].compile_ms);
 }
 
 TEST(accuracy_f32) {
   for (int v = 0; v < NVARIANT; v++) {
     if (!K[v].res) continue;
     for (int f = 0; f < CPU_FN_COUNT; f++) {
-      if (f == CPU_POW) check_pow(&K[v], variant_name[v]);
-      else check_unary_f32(&K[v], (cpu_fn)f, variant_name[v]);
+      if (f == CPU_POW)
+        check_pow(&K[v], variant_name[v]);
+      else
+        check_unary_f32(&K[v], (cpu_fn)f, variant_name[v]);
     }
   }
 }
-
 
 /* the interpreter's f32 math (vm/vmath.h, built into vm/kern_math.c) must
    be the compiled IR, bit for bit, for each fma setting the JIT uses: the
    JIT's own options on this CPU and baseline x86-64 (NaN payloads aside) */
 static vm_opcode op_of(cpu_fn fn) {
   static const vm_opcode ops[CPU_FN_COUNT] = {
-      [CPU_EXP] = VM_OP_exp,     [CPU_LOG] = VM_OP_log,     [CPU_TANH] = VM_OP_tanh,
-      [CPU_SIGMOID] = VM_OP_sigmoid, [CPU_SIN] = VM_OP_sin, [CPU_COS] = VM_OP_cos,
-      [CPU_LOG1P] = VM_OP_log1p, [CPU_EXPM1] = VM_OP_expm1, [CPU_ERF] = VM_OP_erf,
-      [CPU_SQRT] = VM_OP_sqrt,   [CPU_RSQRT] = VM_OP_rsqrt, [CPU_POW] = VM_OP_pow};
+      [CPU_EXP] = VM_OP_exp,         [CPU_LOG] = VM_OP_log,     [CPU_TANH] = VM_OP_tanh,
+      [CPU_SIGMOID] = VM_OP_sigmoid, [CPU_SIN] = VM_OP_sin,     [CPU_COS] = VM_OP_cos,
+      [CPU_LOG1P] = VM_OP_log1p,     [CPU_EXPM1] = VM_OP_expm1, [CPU_ERF] = VM_OP_erf,
+      [CPU_SQRT] = VM_OP_sqrt,       [CPU_RSQRT] = VM_OP_rsqrt, [CPU_POW] = VM_OP_pow};
   return ops[fn];
 }
 
@@ -638,16 +721,20 @@ static void check_interpreter_equal(kernels *k, bool fma, const char *variant) {
     long n = a.n;
     float *y = malloc((size_t)n * sizeof(float)), *x2 = malloc((size_t)n * sizeof(float));
     for (long i = 0; i < n; i++) /* pow: exponents from the same samples, shuffled */
-      x2[i] = f == CPU_POW ? (i % 7 == 0 ? (float)(int)(i % 9 - 4) : a.v[(i * 7919) % n] * 0x1p-100f * (float)(i % 3)) : 0;
-    if (f == CPU_POW) ((kpow32)k->f32[f])(a.v, x2, y, n);
-    else ((kf32)k->f32[f])(a.v, y, n);
+      x2[i] = f == CPU_POW ? (i % 7 == 0 ? (float)(int)(i % 9 - 4)
+                                         : a.v[(i * 7919) % n] * 0x1p-100f * (float)(i % 3))
+                           : 0;
+    if (f == CPU_POW)
+      ((kpow32)k->f32[f])(a.v, x2, y, n);
+    else
+      ((kf32)k->f32[f])(a.v, y, n);
     long bad = 0;
     for (long i = 0; i < n; i++) {
       float want = vm_math_f32(op_of((cpu_fn)f), fma, a.v[i], x2[i]);
       if (to_bits(want) == to_bits(y[i]) || (isnan(want) && isnan(y[i]))) continue;
       if (bad++ < 5)
-        KTEST_FAIL("%s f32 (%s): compiled %a, interpreter %a at x=%a y=%a", cpu_math_name((cpu_fn)f),
-                   variant, y[i], want, a.v[i], x2[i]);
+        KTEST_FAIL("%s f32 (%s): compiled %a, interpreter %a at x=%a y=%a",
+                   cpu_math_name((cpu_fn)f), variant, y[i], want, a.v[i], x2[i]);
     }
     printf("  %-8s f32 %-8s interpreter == compiled on %ld samples%s\n", cpu_math_name((cpu_fn)f),
            variant, n, bad ? " (NOT)" : "");
@@ -658,7 +745,8 @@ static void check_interpreter_equal(kernels *k, bool fma, const char *variant) {
 }
 
 TEST(interpreter_bitwise_equal) {
-  if (K[V_NOCONTRACT].res) check_interpreter_equal(&K[V_NOCONTRACT], march_fma(best_march()), "jit");
+  if (K[V_NOCONTRACT].res)
+    check_interpreter_equal(&K[V_NOCONTRACT], march_fma(best_march()), "jit");
   if (K[V_BASE].res) check_interpreter_equal(&K[V_BASE], false, "x86-64");
 }
 

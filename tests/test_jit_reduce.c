@@ -24,10 +24,14 @@ static const char *const rop_name[] = {"sum", "prod", "max", "min"};
 
 static kiln_tensor *reduce(rop op, kiln_tensor *t, int naxes, const int *axes) {
   switch (op) {
-    case R_SUM: return kiln_sum(t, naxes, axes, false);
-    case R_PROD: return kiln_prod(t, naxes, axes, false);
-    case R_MAX: return kiln_max(t, naxes, axes, false);
-    default: return kiln_min(t, naxes, axes, false);
+    case R_SUM:
+      return kiln_sum(t, naxes, axes, false);
+    case R_PROD:
+      return kiln_prod(t, naxes, axes, false);
+    case R_MAX:
+      return kiln_max(t, naxes, axes, false);
+    default:
+      return kiln_min(t, naxes, axes, false);
   }
 }
 
@@ -50,20 +54,32 @@ static void fill(kiln_dtype dt, void *buf, int64_t n, uint64_t seed) {
     s ^= s << 17;
     int v = (int)(s % 2001) - 1000; /* small integers: exact in every dtype */
     switch (dt) {
-      case KILN_F32: ((float *)buf)[i] = (float)v / 64; break;
-      case KILN_F64: ((double *)buf)[i] = (double)v / 64; break;
-      case KILN_I32: ((int32_t *)buf)[i] = v; break;
-      default: ((int64_t *)buf)[i] = v; break;
+      case KILN_F32:
+        ((float *)buf)[i] = (float)v / 64;
+        break;
+      case KILN_F64:
+        ((double *)buf)[i] = (double)v / 64;
+        break;
+      case KILN_I32:
+        ((int32_t *)buf)[i] = v;
+        break;
+      default:
+        ((int64_t *)buf)[i] = v;
+        break;
     }
   }
 }
 
 static double at(kiln_dtype dt, const void *buf, int64_t i) {
   switch (dt) {
-    case KILN_F32: return ((const float *)buf)[i];
-    case KILN_F64: return ((const double *)buf)[i];
-    case KILN_I32: return ((const int32_t *)buf)[i];
-    default: return (double)((const int64_t *)buf)[i];
+    case KILN_F32:
+      return ((const float *)buf)[i];
+    case KILN_F64:
+      return ((const double *)buf)[i];
+    case KILN_I32:
+      return ((const int32_t *)buf)[i];
+    default:
+      return (double)((const int64_t *)buf)[i];
   }
 }
 
@@ -76,18 +92,23 @@ static size_t dsize(kiln_dtype dt) { return dt == KILN_F64 || dt == KILN_I64 ? 8
 /* the reduction, in double (a long double sum), of the producer over
    count values of buf from index base, stride apart; the producer rounds
    as the kernel's f32 arithmetic does; NaN if any value is NaN */
-static double reference(rop op, kiln_dtype dt, const void *buf, int64_t base, int64_t stride, int64_t count) {
+static double reference(rop op, kiln_dtype dt, const void *buf, int64_t base, int64_t stride,
+                        int64_t count) {
   double want = op == R_PROD ? 1 : op == R_SUM ? 0 : NAN;
   long double lsum = 0;
   bool nan = false;
   for (int64_t k = 0; k < count; k++) {
     double x = at(dt, buf, base + k * stride), v = produce(op, x);
     if (dt == KILN_F32) /* the producer runs in f32 */
-      v = op == R_PROD ? (double)((float)(x * (float)1e-9) + (float)1.0001) : (double)((float)(x * x) + (float)x);
+      v = op == R_PROD ? (double)((float)(x * (float)1e-9) + (float)1.0001)
+                       : (double)((float)(x * x) + (float)x);
     if (v != v) nan = true;
-    if (op == R_SUM) lsum += v;
-    else if (op == R_PROD) want *= v;
-    else if (k == 0 || (op == R_MAX ? v > want : v < want)) want = v;
+    if (op == R_SUM)
+      lsum += v;
+    else if (op == R_PROD)
+      want *= v;
+    else if (k == 0 || (op == R_MAX ? v > want : v < want))
+      want = v;
   }
   if (op == R_SUM) want = (double)lsum;
   return nan ? NAN : want;
@@ -103,7 +124,8 @@ static bool close_to(double got, double want, rop op, kiln_dtype dt, int64_t cou
 
 /* one case: x of shape (rows, count) (or (rows, a, count / a) reduced over
    the last two axes), reduced over the trailing axes after the producer */
-static void check_case(rop op, kiln_dtype dt, int64_t rows, int64_t count, bool three_d, int nan_at) {
+static void check_case(rop op, kiln_dtype dt, int64_t rows, int64_t count, bool three_d,
+                       int nan_at) {
   if (op == R_PROD && !(dt == KILN_F32 || dt == KILN_F64)) return;
   int64_t n = rows * count;
   void *buf = malloc((size_t)n * dsize(dt));
@@ -130,8 +152,8 @@ static void check_case(rop op, kiln_dtype dt, int64_t rows, int64_t count, bool 
        scalars, if any, in another), nothing on the interpreter (eager_ops
        counts interpreter ops) */
     if (after.eager_ops != before.eager_ops || after.kernels_launched > before.kernels_launched + 2)
-      KTEST_FAIL("%s %s rows=%lld count=%lld: %llu interpreter ops, %llu launches (want 0, <= 2)", rop_name[op],
-                 dt_name(dt), (long long)rows, (long long)count,
+      KTEST_FAIL("%s %s rows=%lld count=%lld: %llu interpreter ops, %llu launches (want 0, <= 2)",
+                 rop_name[op], dt_name(dt), (long long)rows, (long long)count,
                  (unsigned long long)(after.eager_ops - before.eager_ops),
                  (unsigned long long)(after.kernels_launched - before.kernels_launched));
     for (int64_t o = 0; o < rows; o++) {
@@ -153,7 +175,8 @@ static void check_case(rop op, kiln_dtype dt, int64_t rows, int64_t count, bool 
 TEST(reductions_match_reference) {
   const kiln_dtype dts[] = {KILN_F32, KILN_F64, KILN_I32, KILN_I64};
   /* rows x count: tails only, lane steps + tail, several blocks, split rows */
-  const int64_t shapes[][2] = {{7, 5}, {33, 100}, {4, 4096 * 3 + 17}, {1, 200003}, {3, 70000}, {2, 1 << 17}};
+  const int64_t shapes[][2] = {{7, 5},      {33, 100},  {4, 4096 * 3 + 17},
+                               {1, 200003}, {3, 70000}, {2, 1 << 17}};
   for (int op = 0; op < 4; op++)
     for (int d = 0; d < 4; d++)
       for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
@@ -162,7 +185,8 @@ TEST(reductions_match_reference) {
 
 /* x of shape (outer, count, inner) (2-d (count, inner) when outer is 1)
    reduced over the middle axis: column reductions */
-static void check_cols(rop op, kiln_dtype dt, int64_t outer, int64_t count, int64_t inner, int64_t nan_at) {
+static void check_cols(rop op, kiln_dtype dt, int64_t outer, int64_t count, int64_t inner,
+                       int64_t nan_at) {
   if (op == R_PROD && !(dt == KILN_F32 || dt == KILN_F64)) return;
   int64_t n = outer * count * inner;
   void *buf = malloc((size_t)n * dsize(dt));
@@ -184,16 +208,18 @@ static void check_cols(rop op, kiln_dtype dt, int64_t outer, int64_t count, int6
     CHECK(kiln_to_buffer(r, got, (size_t)(outer * inner) * dsize(odt)) == 0);
     kiln_get_stats(&after);
     if (after.eager_ops != before.eager_ops || after.kernels_launched > before.kernels_launched + 2)
-      KTEST_FAIL("cols %s %s %lldx%lldx%lld: %llu interpreter ops, %llu launches (want 0, <= 2)", rop_name[op],
-                 dt_name(dt), (long long)outer, (long long)count, (long long)inner,
+      KTEST_FAIL("cols %s %s %lldx%lldx%lld: %llu interpreter ops, %llu launches (want 0, <= 2)",
+                 rop_name[op], dt_name(dt), (long long)outer, (long long)count, (long long)inner,
                  (unsigned long long)(after.eager_ops - before.eager_ops),
                  (unsigned long long)(after.kernels_launched - before.kernels_launched));
     for (int64_t o = 0; o < outer; o++)
       for (int64_t b = 0; b < inner; b++) {
-        double want = reference(op, dt, buf, o * count * inner + b, inner, count), g = at(odt, got, o * inner + b);
+        double want = reference(op, dt, buf, o * count * inner + b, inner, count),
+               g = at(odt, got, o * inner + b);
         if (!close_to(g, want, op, dt, count)) {
-          KTEST_FAIL("cols %s %s %lldx%lldx%lld at (%lld, %lld): %.17g, want %.17g", rop_name[op], dt_name(dt),
-                     (long long)outer, (long long)count, (long long)inner, (long long)o, (long long)b, g, want);
+          KTEST_FAIL("cols %s %s %lldx%lldx%lld at (%lld, %lld): %.17g, want %.17g", rop_name[op],
+                     dt_name(dt), (long long)outer, (long long)count, (long long)inner,
+                     (long long)o, (long long)b, g, want);
           o = outer;
           break;
         }
@@ -214,7 +240,8 @@ TEST(column_reductions_match_reference) {
       for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         check_cols((rop)op, dts[d], shapes[s][0], shapes[s][1], shapes[s][2], -1);
   for (int op = R_SUM; op <= R_MIN; op++) {
-    check_cols((rop)op, KILN_F32, 1, 1000, 300, 999 * 300 + 299); /* NaN in the last row, last column */
+    check_cols((rop)op, KILN_F32, 1, 1000, 300,
+               999 * 300 + 299); /* NaN in the last row, last column */
     check_cols((rop)op, KILN_F64, 4, 300, 70, 70 * 150 + 3);
   }
 }
@@ -230,8 +257,8 @@ TEST(nan_wins_everywhere) {
 }
 
 /* softmax and layer_norm over the last axis become one row kernel (which
-   takes the plan's constants as values); their values match the math done here in double, also when an
-   intermediate (the row max, the centred input) is read after the run */
+   takes the plan's constants as values); their values match the math done here in double, also when
+   an intermediate (the row max, the centred input) is read after the run */
 static void softmax_case(int64_t rows, int64_t cols, bool keep_max) {
   int64_t shape[2] = {rows, cols}, n = rows * cols;
   float *x = malloc((size_t)n * sizeof *x), *got = malloc((size_t)n * sizeof *got), mx[64];
@@ -245,7 +272,8 @@ static void softmax_case(int64_t rows, int64_t cols, bool keep_max) {
     CHECK(kiln_to_buffer(y, got, (size_t)n * sizeof *got) == 0);
     if (m) CHECK(kiln_to_buffer(m, mx, (size_t)rows * sizeof *mx) == 0);
     kiln_get_stats(&after);
-    if (rep > 0 && !keep_max) { /* one row kernel, taking the constant 1 (of 1 / sum) as a value; no interpreter */
+    if (rep > 0 && !keep_max) { /* one row kernel, taking the constant 1 (of 1 / sum) as a value; no
+                                   interpreter */
       CHECK_EQ_INT(after.kernels_launched - before.kernels_launched, 1);
       CHECK_EQ_INT(after.eager_ops - before.eager_ops, 0);
     }
@@ -253,7 +281,8 @@ static void softmax_case(int64_t rows, int64_t cols, bool keep_max) {
       double hi = -INFINITY, s = 0;
       for (int64_t k = 0; k < cols; k++) hi = fmax(hi, x[o * cols + k]);
       for (int64_t k = 0; k < cols; k++) s += exp((double)x[o * cols + k] - hi);
-      for (int64_t k = 0; k < cols; k++) CHECK_CLOSE(got[o * cols + k], exp((double)x[o * cols + k] - hi) / s, 1e-6);
+      for (int64_t k = 0; k < cols; k++)
+        CHECK_CLOSE(got[o * cols + k], exp((double)x[o * cols + k] - hi) / s, 1e-6);
       if (m) CHECK_CLOSE(mx[o], hi, 0);
     }
     kiln_release(y);
@@ -352,7 +381,8 @@ TEST(row_kernels_layer_norm) {
   fill(KILN_F32, x, n, 11);
   fill(KILN_F32, w, cols, 12);
   fill(KILN_F32, b, cols, 13);
-  kiln_tensor *t = kiln_from_data(x, KILN_F32, 2, shape), *wt = kiln_from_data(w, KILN_F32, 1, &cols),
+  kiln_tensor *t = kiln_from_data(x, KILN_F32, 2, shape),
+              *wt = kiln_from_data(w, KILN_F32, 1, &cols),
               *bt = kiln_from_data(b, KILN_F32, 1, &cols);
   for (int rep = 0; rep < 3; rep++) {
     kiln_stats before, after;
@@ -369,7 +399,8 @@ TEST(row_kernels_layer_norm) {
       for (int64_t k = 0; k < cols; k++) var += (x[o * cols + k] - mean) * (x[o * cols + k] - mean);
       var /= (double)cols;
       for (int64_t k = 0; k < cols; k++)
-        CHECK_CLOSE(got[o * cols + k], (x[o * cols + k] - mean) / sqrt(var + 1e-5) * w[k] + b[k], 2e-5);
+        CHECK_CLOSE(got[o * cols + k], (x[o * cols + k] - mean) / sqrt(var + 1e-5) * w[k] + b[k],
+                    2e-5);
     }
     kiln_release(y);
   }
@@ -397,7 +428,8 @@ TEST(many_host_scalars_compile) {
     for (int k = 0; k < 100; k++) {
       double c = 1.0 + 0.001 * (k + rep);
       kiln_tensor *z = k % 2 ? kiln_mul_scalar(y, c) : kiln_add_scalar(y, c);
-      for (int64_t i = 0; i < n; i++) want[i] = k % 2 ? (float)(want[i] * (float)c) : (float)(want[i] + (float)c);
+      for (int64_t i = 0; i < n; i++)
+        want[i] = k % 2 ? (float)(want[i] * (float)c) : (float)(want[i] + (float)c);
       kiln_release(y);
       y = z;
     }
@@ -444,11 +476,11 @@ static int work(void) {
   kiln_tensor *rows64 = kiln_cast(rows, KILN_F64), *neg = kiln_neg(rows);
   kiln_tensor *zero = kiln_mul_scalar(rows, 0.0); /* zeros of both signs */
   int last = 1, first = 0;
-  kiln_tensor *r[] = {kiln_sum(rows, 1, &last, false), kiln_sum(rows64, 1, &last, false),
+  kiln_tensor *r[] = {kiln_sum(rows, 1, &last, false),  kiln_sum(rows64, 1, &last, false),
                       kiln_mean(rows, 1, &last, false), kiln_max(rows, 1, &last, false),
-                      kiln_min(neg, 1, &last, false), kiln_max(zero, 1, &last, false),
-                      kiln_min(zero, 1, &last, false), kiln_sum(cols, 1, &first, false),
-                      kiln_max(zero, 0, NULL, false), kiln_min(zero, 0, NULL, false),
+                      kiln_min(neg, 1, &last, false),   kiln_max(zero, 1, &last, false),
+                      kiln_min(zero, 1, &last, false),  kiln_sum(cols, 1, &first, false),
+                      kiln_max(zero, 0, NULL, false),   kiln_min(zero, 0, NULL, false),
                       kiln_logsumexp(rows, 1, false)};
   for (size_t i = 0; i < sizeof r / sizeof r[0]; i++) {
     print_bits(r[i]);

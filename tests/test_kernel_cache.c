@@ -47,7 +47,8 @@ static double rnn(const rnn_inputs *in, int len) {
   kiln_tensor *h = kiln_retain(in->h0);
   for (int t = 0; t < len; t++) {
     kiln_tensor *a = kiln_matmul(h, in->W), *c = kiln_matmul(in->xs[t], in->U), *s = kiln_add(a, c),
-                *sb = kiln_add(s, in->b), *th = kiln_tanh(sb), *g = kiln_sigmoid(th), *z = kiln_mul(g, th);
+                *sb = kiln_add(s, in->b), *th = kiln_tanh(sb), *g = kiln_sigmoid(th),
+                *z = kiln_mul(g, th);
     kiln_tensor *all[] = {a, c, s, sb, th, g, h};
     for (int i = 0; i < 7; i++) kiln_release(all[i]);
     h = z;
@@ -75,8 +76,9 @@ static int rnn_main(int from, int mid, int to) {
   }
   kiln_stats st;
   kiln_get_stats(&st);
-  printf("then %.0f %.0f %llu %llu\n", kiln_stat("kernels_compiled"), kiln_stat("kernel_cache_hits"),
-         (unsigned long long)st.disk_hits, (unsigned long long)st.compiles);
+  printf("then %.0f %.0f %llu %llu\n", kiln_stat("kernels_compiled"),
+         kiln_stat("kernel_cache_hits"), (unsigned long long)st.disk_hits,
+         (unsigned long long)st.compiles);
   kiln_release(in.W);
   kiln_release(in.U);
   kiln_release(in.b);
@@ -166,8 +168,8 @@ static int unload_main(int n) {
     snprintf(one, sizeof one, " %a", v);
     strncat(bits, one, sizeof bits - strlen(bits) - 1);
   }
-  printf("%.0f %d %.0f %.0f%s\n", most_code, most_maps, kiln_stat("code_unloads"), kiln_stat("kernels_compiled"),
-         bits);
+  printf("%.0f %d %.0f %.0f%s\n", most_code, most_maps, kiln_stat("code_unloads"),
+         kiln_stat("kernels_compiled"), bits);
   kiln_release(x);
   return 0;
 }
@@ -275,15 +277,16 @@ TEST(evicted_plans_unload_their_code) {
   char dir[] = "/tmp/kiln-kcache-test-XXXXXX", env[512];
   make_dir(dir);
   static char jit[1 << 14], interp[1 << 14];
-  snprintf(env, sizeof env, "KILN_CACHE_DIR=%s KILN_TRACE_CACHE_MAX=2 KILN_KERNEL_CACHE_MAX=0", dir);
+  snprintf(env, sizeof env, "KILN_CACHE_DIR=%s KILN_TRACE_CACHE_MAX=2 KILN_KERNEL_CACHE_MAX=0",
+           dir);
   CHECK(run_child(env, "unload 24", jit, sizeof jit));
   CHECK(run_child("KILN_CACHE=0 KILN_JIT=0", "unload 24", interp, sizeof interp));
   double code = -1, unloads = -1, compiled = -1;
   int maps = -1;
   CHECK(sscanf(jit, "%lf %d %lf %lf", &code, &maps, &unloads, &compiled) == 4);
-  CHECK(compiled >= 24);              /* one kernel per trace */
-  CHECK(code >= 1 && code <= 3);      /* the live plans' objects, not 24 */
-  CHECK(maps >= 1 && maps <= 3 * 8);  /* a few mappings per object */
+  CHECK(compiled >= 24);             /* one kernel per trace */
+  CHECK(code >= 1 && code <= 3);     /* the live plans' objects, not 24 */
+  CHECK(maps >= 1 && maps <= 3 * 8); /* a few mappings per object */
   CHECK(unloads >= 20);
   const char *bj = strchr(jit, ' '), *bi = strchr(interp, ' ');
   for (int i = 0; i < 3 && bj && bi; i++) { /* skip the counts */
@@ -295,7 +298,8 @@ TEST(evicted_plans_unload_their_code) {
 }
 
 int main(int argc, char **argv) {
-  if (argc > 4 && !strcmp(argv[1], "rnn")) return rnn_main(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
+  if (argc > 4 && !strcmp(argv[1], "rnn"))
+    return rnn_main(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
   if (argc > 2 && !strcmp(argv[1], "unload")) return unload_main(atoi(argv[2]));
   if (argc > 1 && !strcmp(argv[1], "rnn-ready")) return rnn_ready_main();
   ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);

@@ -9,8 +9,8 @@
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
-#include <stdio.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -65,7 +65,8 @@ static double loss_at(build_fn f, const void *ctx, int nin, const gin *in, kiln_
   kiln_tensor *out = f(x, ctx);
   if (!out) return NAN;
   *nout = kiln_numel(out);
-  for (int64_t k = 0; k < *nout; k++) wbuf[k] = 0.5 + 0.37 * (double)(k % 7) - 0.11 * (double)(k % 3);
+  for (int64_t k = 0; k < *nout; k++)
+    wbuf[k] = 0.5 + 0.37 * (double)(k % 7) - 0.11 * (double)(k % 3);
   kiln_tensor *w = f64t(kiln_ndim(out), kiln_shape(out), wbuf);
   kiln_tensor *p = kiln_mul(out, w);
   kiln_tensor *l = kiln_sum(p, 0, NULL, false);
@@ -103,7 +104,8 @@ static void gradcheck(int line, const char *what, build_fn f, const void *ctx, i
   for (int i = 0; i < nin; i++)
     if (in[i].diff) which[nd] = i, dx[nd++] = x[i];
   int rc = kiln_grad_of(1, &loss, NULL, nd, dx, g, false);
-  if (rc != 0) KTEST_FAIL("line %d (%s): kiln_grad_of -> %d: %s", line, what, rc, kiln_last_error());
+  if (rc != 0)
+    KTEST_FAIL("line %d (%s): kiln_grad_of -> %d: %s", line, what, rc, kiln_last_error());
   for (int k = 0; rc == 0 && k < nd; k++) {
     int i = which[k];
     int64_t n = numel_of(in[i].nd, in[i].shape);
@@ -298,7 +300,8 @@ TEST(var_std_values_and_gradients) {
   CHECK_ERROR(kiln_std(a, 1, &ax, 1, false), KILN_ERR_ARG, "kiln_std: axis 5");
   kiln_release(a);
   gin in[1] = {rin(3, S(2, 3, 4), -2, 2, true)};
-  var_ctx c1 = {0, {0}, 1, false, false}, c2 = {2, {0, 2}, 0, true, true}, c3 = {1, {1}, 1, false, true};
+  var_ctx c1 = {0, {0}, 1, false, false}, c2 = {2, {0, 2}, 0, true, true},
+          c3 = {1, {1}, 1, false, true};
   GRADCHECK(b_var, &c1, 1, in);
   GRADCHECK(b_var, &c2, 1, in);
   GRADCHECK(b_var, &c3, 1, in);
@@ -399,7 +402,8 @@ TEST(sort_topk_stable_nan_indices_gradients) {
   v = kiln_topk(a, 0, 0, true, &idx);
   CHECK(v && kiln_numel(v) == 0 && idx && kiln_numel(idx) == 0);
   kiln_release(v), kiln_release(idx);
-  CHECK_ERROR(kiln_topk(a, 9, 0, true, NULL), KILN_ERR_ARG, "kiln_topk: k 9 is out of range [0, 8] for axis 0");
+  CHECK_ERROR(kiln_topk(a, 9, 0, true, NULL), KILN_ERR_ARG,
+              "kiln_topk: k 9 is out of range [0, 8] for axis 0");
   CHECK_ERROR(kiln_topk(a, -1, 0, true, NULL), KILN_ERR_ARG, "kiln_topk: k -1");
   CHECK_ERROR(kiln_sort(a, 1, false, NULL), KILN_ERR_ARG, "kiln_sort: axis 1 is out of range");
   kiln_release(a);
@@ -427,10 +431,12 @@ TEST(sort_topk_stable_nan_indices_gradients) {
   free(vv), free(vi), free(big);
   kiln_release(v), kiln_release(idx), kiln_release(a);
   kiln_tensor *z = kiln_scalar(1, F32);
-  CHECK_ERROR(kiln_sort(z, 0, false, NULL), KILN_ERR_SHAPE, "kiln_sort: a 0-d tensor has no axis 0");
+  CHECK_ERROR(kiln_sort(z, 0, false, NULL), KILN_ERR_SHAPE,
+              "kiln_sort: a 0-d tensor has no axis 0");
   kiln_release(z);
   gin in[1] = {rin(2, S(3, 7), -2, 2, true)};
-  sort_ctx c1 = {false, false, 0, 1}, c2 = {false, true, 0, 0}, c3 = {true, true, 3, 1}, c4 = {true, false, 2, 0};
+  sort_ctx c1 = {false, false, 0, 1}, c2 = {false, true, 0, 0}, c3 = {true, true, 3, 1},
+           c4 = {true, false, 2, 0};
   GRADCHECK(b_sort, &c1, 1, in);
   GRADCHECK(b_sort, &c2, 1, in);
   GRADCHECK(b_sort, &c3, 1, in);
@@ -491,7 +497,8 @@ TEST(embedding_values_gradients_errors) {
   CHECK_TENSOR(g, 2, S(3, 2), D(1, 1, 1, 1, 2, 2), 0);
   kiln_release(g), kiln_release(l), kiln_release(e);
   kiln_tensor *bad = i64t(1, S(2), (const int64_t[]){0, 3});
-  CHECK_ERROR(kiln_embedding(w, bad), KILN_ERR_ARG, "kiln_embedding: index 3 (at flat position 1) is out of range [0, 3)");
+  CHECK_ERROR(kiln_embedding(w, bad), KILN_ERR_ARG,
+              "kiln_embedding: index 3 (at flat position 1) is out of range [0, 3)");
   kiln_release(bad), kiln_release(w);
   gin in[1] = {rin(2, S(4, 3), -1, 1, true)};
   GRADCHECK(b_embedding, idx, 1, in);
@@ -519,7 +526,8 @@ TEST(nll_loss_values_gradients_errors) {
   CHECK_ERROR(kiln_nll_loss(lp, bad), KILN_ERR_ARG, "kiln_nll_loss: label -1");
   kiln_release(bad);
   bad = i64t(1, S(2), (const int64_t[]){0, 1});
-  CHECK_ERROR(kiln_nll_loss(lp, bad), KILN_ERR_SHAPE, "kiln_nll_loss: log_probs [3,4] and target [2]");
+  CHECK_ERROR(kiln_nll_loss(lp, bad), KILN_ERR_SHAPE,
+              "kiln_nll_loss: log_probs [3,4] and target [2]");
   kiln_release(bad);
   kiln_tensor *ft = kiln_zeros(F32, 1, S(3));
   CHECK_ERROR(kiln_nll_loss(lp, ft), KILN_ERR_DTYPE, "kiln_nll_loss: target must be int64");
@@ -637,7 +645,8 @@ TEST(batch_norm_training_eval_running_stats) {
   kiln_tensor *y = kiln_batch_norm(x, rm, rv, w, b, true, 0.1, 1e-5);
   double mean[3] = {0}, var[3] = {0}, ref[24];
   for (int i = 0; i < 24; i++) mean[(i / 2) % 3] += xv[i] / 8;
-  for (int i = 0; i < 24; i++) var[(i / 2) % 3] += (xv[i] - mean[(i / 2) % 3]) * (xv[i] - mean[(i / 2) % 3]) / 8;
+  for (int i = 0; i < 24; i++)
+    var[(i / 2) % 3] += (xv[i] - mean[(i / 2) % 3]) * (xv[i] - mean[(i / 2) % 3]) / 8;
   const double wv[3] = {1, 2, 0.5}, bv[3] = {0, -1, 3};
   for (int i = 0; i < 24; i++) {
     int c = (i / 2) % 3;
@@ -668,7 +677,8 @@ TEST(batch_norm_training_eval_running_stats) {
               "more than 1 value per channel");
   kiln_release(one), kiln_release(w4);
   kiln_release(x), kiln_release(rm), kiln_release(rv), kiln_release(w), kiln_release(b);
-  gin in[3] = {rin(3, S(4, 3, 2), -2, 2, true), rin(1, S(3), 0.5, 1.5, true), rin(1, S(3), -1, 1, true)};
+  gin in[3] = {rin(3, S(4, 3, 2), -2, 2, true), rin(1, S(3), 0.5, 1.5, true),
+               rin(1, S(3), -1, 1, true)};
   bn_ctx tr = {true, true}, ev = {false, true}, plain = {true, false};
   GRADCHECK(b_bn, &tr, 3, in);
   GRADCHECK(b_bn, &ev, 3, in);
@@ -711,7 +721,8 @@ static void ref_conv(const double *x, const int64_t *xs, const double *w, const 
 
 static kiln_tensor *b_conv(kiln_tensor *const *x, const void *ctx) {
   const conv_ctx *c = ctx;
-  return kiln_conv2d(x[0], x[1], c->bias ? x[2] : NULL, c->stride, c->padding, c->dilation, c->groups);
+  return kiln_conv2d(x[0], x[1], c->bias ? x[2] : NULL, c->stride, c->padding, c->dilation,
+                     c->groups);
 }
 
 static void conv_case(const int64_t *xs, const int64_t *ws, conv_ctx c, bool grad) {
@@ -725,7 +736,8 @@ static void conv_case(const int64_t *xs, const int64_t *ws, conv_ctx c, bool gra
   CHECK_TENSOR(y, 4, S(xs[0], ws[0], oh, ow), ref, 1e-13);
   /* the f32 path agrees too */
   kiln_tensor *x32 = kiln_cast(x[0], F32), *w32 = kiln_cast(x[1], F32), *b32 = kiln_cast(x[2], F32);
-  kiln_tensor *y32 = kiln_conv2d(x32, w32, c.bias ? b32 : NULL, c.stride, c.padding, c.dilation, c.groups);
+  kiln_tensor *y32 =
+      kiln_conv2d(x32, w32, c.bias ? b32 : NULL, c.stride, c.padding, c.dilation, c.groups);
   CHECK(y32 && kiln_dtype_of(y32) == F32);
   CHECK_TENSOR(y32, 4, S(xs[0], ws[0], oh, ow), ref, 1e-5);
   kiln_release(x32), kiln_release(w32), kiln_release(b32), kiln_release(y32);
@@ -746,12 +758,14 @@ static double second_order(const gin *in, const double *R, const double *A, cons
   kiln_tensor *x = f64t(4, in[0].shape, in[0].v), *w = f64t(4, in[1].shape, in[1].v);
   kiln_set_requires_grad(x, true), kiln_set_requires_grad(w, true);
   kiln_tensor *y = kiln_conv2d(x, w, NULL, c->stride, c->padding, c->dilation, c->groups);
-  kiln_tensor *r = f64t(4, kiln_shape(y), R), *yr = kiln_mul(y, r), *l = kiln_sum(yr, 0, NULL, false);
+  kiln_tensor *r = f64t(4, kiln_shape(y), R), *yr = kiln_mul(y, r),
+              *l = kiln_sum(yr, 0, NULL, false);
   kiln_tensor *xw[2] = {x, w}, *g[2] = {0};
   CHECK(kiln_grad_of(1, &l, NULL, 2, xw, g, true) == KILN_OK);
   kiln_tensor *a = f64t(4, in[0].shape, A), *b = f64t(4, in[1].shape, Bv);
   kiln_tensor *ga = kiln_mul(g[0], a), *gb = kiln_mul(g[1], b);
-  kiln_tensor *sa = kiln_sum(ga, 0, NULL, false), *sb = kiln_sum(gb, 0, NULL, false), *m = kiln_add(sa, sb);
+  kiln_tensor *sa = kiln_sum(ga, 0, NULL, false), *sb = kiln_sum(gb, 0, NULL, false),
+              *m = kiln_add(sa, sb);
   double v = kiln_item(m);
   if (dx) {
     kiln_tensor *d[2] = {0};
@@ -786,7 +800,8 @@ TEST(conv2d_second_order_gradients) {
       in[k].v[e] = v0;
       double fd = (lp - lm) / (2 * h), got = k ? dw[e] : dx[e];
       if (!(fabs(got - fd) <= 1e-6 * fmax(1.0, fabs(fd))))
-        KTEST_FAIL("d m / d%s[%lld] = %.12g, finite differences %.12g", k ? "w" : "x", (long long)e, got, fd);
+        KTEST_FAIL("d m / d%s[%lld] = %.12g, finite differences %.12g", k ? "w" : "x", (long long)e,
+                   got, fd);
     }
   }
   free(R), free(A), free(Bv), free(dx), free(dw);
@@ -846,17 +861,21 @@ TEST(conv2d_errors) {
               "kiln_conv2d: groups 3 must be >= 1 and divide the input channels 4");
   CHECK_ERROR(kiln_conv2d(x, w, NULL, one, zero, one, 1), KILN_ERR_SHAPE,
               "weight [6,2,3,3] needs 4 input channels per group");
-  CHECK_ERROR(kiln_conv2d(x, w, b, one, zero, one, 2), KILN_ERR_SHAPE, "bias has shape [5], expected [6]");
-  CHECK_ERROR(kiln_conv2d(x, w, NULL, one, zero, big, 2), KILN_ERR_SHAPE, "smaller than the 9x9 window");
+  CHECK_ERROR(kiln_conv2d(x, w, b, one, zero, one, 2), KILN_ERR_SHAPE,
+              "bias has shape [5], expected [6]");
+  CHECK_ERROR(kiln_conv2d(x, w, NULL, one, zero, big, 2), KILN_ERR_SHAPE,
+              "smaller than the 9x9 window");
   kiln_tensor *xi = kiln_ones(I64, 4, S(2, 4, 5, 5));
-  CHECK_ERROR(kiln_conv2d(xi, w, NULL, one, zero, one, 2), KILN_ERR_DTYPE, "input must be a float tensor, not int64");
+  CHECK_ERROR(kiln_conv2d(xi, w, NULL, one, zero, one, 2), KILN_ERR_DTYPE,
+              "input must be a float tensor, not int64");
   kiln_release(xi), kiln_release(x), kiln_release(w), kiln_release(x3), kiln_release(b);
   /* sizes whose window count overflows are refused before anything is built */
   kiln_tensor *huge = kiln_zeros(F32, 4, S(1, 2, INT64_C(1) << 29, INT64_C(1) << 29));
   kiln_tensor *w1 = kiln_zeros(F32, 4, S(1, 2, 3, 3)); /* 9 * 2^59 windows */
   CHECK(huge != NULL);
   if (huge) CHECK_ERROR(kiln_conv2d(huge, w1, NULL, one, one, one, 1), KILN_ERR_SHAPE, "too many");
-  if (huge) CHECK_ERROR(kiln_max_pool2d(huge, (int[]){1, 1}, NULL, NULL), KILN_ERR_SHAPE, "too many");
+  if (huge)
+    CHECK_ERROR(kiln_max_pool2d(huge, (int[]){1, 1}, NULL, NULL), KILN_ERR_SHAPE, "too many");
   kiln_release(huge), kiln_release(w1);
 }
 
@@ -885,7 +904,8 @@ static void pool_case(const int64_t *xs, pool_ctx c) {
         double acc = c.max ? -INFINITY : 0;
         for (int i = 0; i < c.kernel[0]; i++)
           for (int j = 0; j < c.kernel[1]; j++) {
-            int64_t ih = a * c.stride[0] - c.padding[0] + i, iw = b * c.stride[1] - c.padding[1] + j;
+            int64_t ih = a * c.stride[0] - c.padding[0] + i,
+                    iw = b * c.stride[1] - c.padding[1] + j;
             if (ih < 0 || ih >= xs[2] || iw < 0 || iw >= xs[3]) continue;
             double v = in[0].v[(p * xs[2] + ih) * xs[3] + iw];
             acc = c.max ? fmax(acc, v) : acc + v;
@@ -923,9 +943,11 @@ TEST(pooling_values_and_gradients) {
   int pad[2] = {2, 0}, one[2] = {1, 1}, zero[2] = {0, 0};
   CHECK_ERROR(kiln_max_pool2d(x, k, one, pad), KILN_ERR_ARG,
               "kiln_max_pool2d: padding [2,0] must be at most half the kernel [2,2]");
-  CHECK_ERROR(kiln_avg_pool2d(x, zero, one, zero), KILN_ERR_ARG, "kiln_avg_pool2d: bad pooling arguments");
+  CHECK_ERROR(kiln_avg_pool2d(x, zero, one, zero), KILN_ERR_ARG,
+              "kiln_avg_pool2d: bad pooling arguments");
   kiln_tensor *x2 = kiln_ones(F64, 2, S(2, 2));
-  CHECK_ERROR(kiln_avg_pool2d(x2, k, NULL, NULL), KILN_ERR_SHAPE, "kiln_avg_pool2d: input must be 4-d");
+  CHECK_ERROR(kiln_avg_pool2d(x2, k, NULL, NULL), KILN_ERR_SHAPE,
+              "kiln_avg_pool2d: input must be 4-d");
   kiln_release(x2), kiln_release(x);
 }
 
@@ -974,7 +996,8 @@ TEST(index_fast_paths_match_the_general_loops) {
   kiln_tensor *sg = kiln_scatter_add(base, 1, mat, sstr);
   CHECK_EQ_INT(kiln_to_buffer(sg, os, sizeof os), 0);
   CHECK(!memcmp(of, os, sizeof of));
-  kiln_tensor *all[] = {a, w, strided, i1, fast, slow, row, ex, mat, sv, base, sf, ss, gf, gs, sw, sstr, sg};
+  kiln_tensor *all[] = {a,  w,    strided, i1, fast, slow, row, ex,   mat,
+                        sv, base, sf,      ss, gf,   gs,   sw,  sstr, sg};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) kiln_release(all[i]);
 }
 
@@ -1060,8 +1083,8 @@ static int child_steps(void) {
     }
     print_bytes(rm);
     print_bytes(rv);
-    kiln_tensor *tmp[] = {x, c, n, r, d, p, a, flat, cs, scaled, logits0, e, logits, ls, nll, oh, bce,
-                          top, topsum, top_scaled, loss0, loss};
+    kiln_tensor *tmp[] = {x, c,      n,  r,   d,  p,   a,   flat,   cs,         scaled, logits0,
+                          e, logits, ls, nll, oh, bce, top, topsum, top_scaled, loss0,  loss};
     for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) kiln_release(tmp[i]);
   }
   printf("compiles=%g\n", kiln_stat("kernels_compiled") > 0 ? 1.0 : 0.0);
@@ -1138,7 +1161,7 @@ enum { PEER_MAX = 64 };
 typedef struct {
   kiln_tensor *t[PEER_MAX]; /* Kiln's results, in order */
   int n;
-  FILE *manifest;           /* "name ndim d0 d1 ..." per input */
+  FILE *manifest; /* "name ndim d0 d1 ..." per input */
   char dir[64];
   int nin;
 } peer;
@@ -1222,7 +1245,8 @@ static const char *const PEER_PY =
     "case(F.binary_cross_entropy_with_logits(z, torch.sigmoid(T['y'])), z)\n"
     "E, ix = T['E'], T['ix'].detach().long()\n"
     "case(F.embedding(ix, E), E)\n"
-    "np.concatenate([o.detach().double().reshape(-1).numpy() for o in outs]).tofile(d + '/torch.bin')\n";
+    "np.concatenate([o.detach().double().reshape(-1).numpy() for o in outs]).tofile(d + "
+    "'/torch.bin')\n";
 
 TEST(ops_agree_with_torch) {
   if (access("/usr/bin/python3", X_OK) != 0 ||
@@ -1245,7 +1269,8 @@ TEST(ops_agree_with_torch) {
   kiln_tensor *x = in[ni++] = peer_input(&P, "x", 4, S(2, 4, 9, 8), -1, 1, true);
   kiln_tensor *w = in[ni++] = peer_input(&P, "w", 4, S(6, 2, 3, 2), -1, 1, true);
   kiln_tensor *b = in[ni++] = peer_input(&P, "b", 1, S(6), -1, 1, true);
-  int st[2] = {2, 1}, pd[2] = {1, 2}, dl[2] = {1, 2}, pk[2] = {3, 2}, ps[2] = {2, 2}, pp[2] = {1, 1};
+  int st[2] = {2, 1}, pd[2] = {1, 2}, dl[2] = {1, 2}, pk[2] = {3, 2}, ps[2] = {2, 2},
+      pp[2] = {1, 1};
   peer_case(&P, kiln_conv2d(x, w, b, st, pd, dl, 2), 3, (kiln_tensor *[]){x, w, b});
   kiln_tensor *p = in[ni++] = peer_input(&P, "p", 4, S(2, 3, 7, 6), -1, 1, true);
   peer_case(&P, kiln_max_pool2d(p, pk, ps, pp), 1, &p);

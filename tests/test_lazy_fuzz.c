@@ -49,10 +49,13 @@ static const char *const DT_NAME[] = {"bool", "i32", "i64", "f32", "f64"};
 
 static size_t dt_size(kiln_dtype dt) {
   switch (dt) {
-    case KILN_BOOL: return 1;
+    case KILN_BOOL:
+      return 1;
     case KILN_I32:
-    case KILN_F32: return 4;
-    default: return 8;
+    case KILN_F32:
+      return 4;
+    default:
+      return 8;
   }
 }
 static bool dt_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
@@ -103,7 +106,9 @@ static kiln_tensor *make_leaf(kiln_dtype dt, int nd, const int64_t *shape, uint6
     int64_t iv = bound >= 0 ? rn(&s, (int)bound) : rr(&s, -5, 5);
     bool big = bound < 0 && coin(&s, 3);
     switch (dt) {
-      case KILN_BOOL: buf[i] = (unsigned char)rn(&s, 2); break;
+      case KILN_BOOL:
+        buf[i] = (unsigned char)rn(&s, 2);
+        break;
       case KILN_I32: {
         int32_t v = big ? (coin(&s, 50) ? INT32_MAX : INT32_MIN) : (int32_t)iv;
         memcpy(buf + i * 4, &v, 4);
@@ -138,32 +143,54 @@ typedef kiln_tensor *(*binary_fn)(kiln_tensor *, kiln_tensor *);
 typedef kiln_tensor *(*scalar_fn)(kiln_tensor *, double);
 typedef kiln_tensor *(*reduce_fn)(kiln_tensor *, int, const int *, bool);
 
-static const struct { const char *name; unary_fn f; } UNARY[] = {
-    {"neg", kiln_neg},     {"abs", kiln_abs},       {"exp", kiln_exp},     {"log", kiln_log},
-    {"sqrt", kiln_sqrt},   {"rsqrt", kiln_rsqrt},   {"sin", kiln_sin},     {"cos", kiln_cos},
-    {"tanh", kiln_tanh},   {"sigmoid", kiln_sigmoid}, {"relu", kiln_relu}, {"gelu", kiln_gelu},
-    {"erf", kiln_erf},     {"log1p", kiln_log1p},   {"expm1", kiln_expm1}, {"floor", kiln_floor},
-    {"ceil", kiln_ceil},   {"round", kiln_round},   {"sign", kiln_sign},
-    {"logical_not", kiln_logical_not},
+static const struct {
+  const char *name;
+  unary_fn f;
+} UNARY[] = {
+    {"neg", kiln_neg},     {"abs", kiln_abs},
+    {"exp", kiln_exp},     {"log", kiln_log},
+    {"sqrt", kiln_sqrt},   {"rsqrt", kiln_rsqrt},
+    {"sin", kiln_sin},     {"cos", kiln_cos},
+    {"tanh", kiln_tanh},   {"sigmoid", kiln_sigmoid},
+    {"relu", kiln_relu},   {"gelu", kiln_gelu},
+    {"erf", kiln_erf},     {"log1p", kiln_log1p},
+    {"expm1", kiln_expm1}, {"floor", kiln_floor},
+    {"ceil", kiln_ceil},   {"round", kiln_round},
+    {"sign", kiln_sign},   {"logical_not", kiln_logical_not},
 };
 #define N_UNARY ((int)(sizeof UNARY / sizeof UNARY[0]))
 #define U_NEG 0
 #define U_RELU 10
 #define U_NOT 19
 
-static const struct { const char *name; binary_fn f; } BINARY[] = {
-    {"add", kiln_add},         {"sub", kiln_sub},         {"mul", kiln_mul},
-    {"div", kiln_div},         {"pow", kiln_pow},         {"maximum", kiln_maximum},
-    {"minimum", kiln_minimum}, {"eq", kiln_eq},           {"ne", kiln_ne},
-    {"lt", kiln_lt},           {"le", kiln_le},           {"gt", kiln_gt},
-    {"ge", kiln_ge},           {"logical_and", kiln_logical_and},
+static const struct {
+  const char *name;
+  binary_fn f;
+} BINARY[] = {
+    {"add", kiln_add},
+    {"sub", kiln_sub},
+    {"mul", kiln_mul},
+    {"div", kiln_div},
+    {"pow", kiln_pow},
+    {"maximum", kiln_maximum},
+    {"minimum", kiln_minimum},
+    {"eq", kiln_eq},
+    {"ne", kiln_ne},
+    {"lt", kiln_lt},
+    {"le", kiln_le},
+    {"gt", kiln_gt},
+    {"ge", kiln_ge},
+    {"logical_and", kiln_logical_and},
     {"logical_or", kiln_logical_or},
 };
 #define N_BINARY ((int)(sizeof BINARY / sizeof BINARY[0]))
 #define B_SUB 1
 #define B_POW 4
 
-static const struct { const char *name; scalar_fn f; } SCALAR[] = {
+static const struct {
+  const char *name;
+  scalar_fn f;
+} SCALAR[] = {
     {"add_scalar", kiln_add_scalar}, {"sub_scalar", kiln_sub_scalar},
     {"mul_scalar", kiln_mul_scalar}, {"div_scalar", kiln_div_scalar},
     {"pow_scalar", kiln_pow_scalar},
@@ -171,7 +198,10 @@ static const struct { const char *name; scalar_fn f; } SCALAR[] = {
 #define N_SCALAR ((int)(sizeof SCALAR / sizeof SCALAR[0]))
 
 /* sum, mean, prod first: they accept empty reductions */
-static const struct { const char *name; reduce_fn f; } REDUCE[] = {
+static const struct {
+  const char *name;
+  reduce_fn f;
+} REDUCE[] = {
     {"sum", kiln_sum}, {"mean", kiln_mean}, {"prod", kiln_prod},
     {"max", kiln_max}, {"min", kiln_min},
 };
@@ -180,43 +210,74 @@ static const struct { const char *name; reduce_fn f; } REDUCE[] = {
 /* --- program records ------------------------------------------------------------- */
 
 enum {
-  K_LEAF, K_UNARY, K_BINARY, K_SCALAR, K_WHERE, K_CLAMP, K_CAST, K_REDUCE, K_ARG, K_MATMUL,
-  K_RESHAPE, K_PERMUTE, K_TRANSPOSE, K_EXPAND, K_SQUEEZE, K_UNSQUEEZE, K_SLICE, K_CONCAT,
-  K_STACK, K_INDEX_SELECT, K_GATHER, K_GATHER_ARG, K_SCATTER_ADD, K_SOFTMAX, K_LOG_SOFTMAX,
-  K_LOGSUMEXP, K_LAYER_NORM, K_MSE, K_XENT, K_ASSIGN, K_SUB_SCALED, K_READ, K_ITEM, K_RETAIN,
-  K_RELEASE, K_COUNT
+  K_LEAF,
+  K_UNARY,
+  K_BINARY,
+  K_SCALAR,
+  K_WHERE,
+  K_CLAMP,
+  K_CAST,
+  K_REDUCE,
+  K_ARG,
+  K_MATMUL,
+  K_RESHAPE,
+  K_PERMUTE,
+  K_TRANSPOSE,
+  K_EXPAND,
+  K_SQUEEZE,
+  K_UNSQUEEZE,
+  K_SLICE,
+  K_CONCAT,
+  K_STACK,
+  K_INDEX_SELECT,
+  K_GATHER,
+  K_GATHER_ARG,
+  K_SCATTER_ADD,
+  K_SOFTMAX,
+  K_LOG_SOFTMAX,
+  K_LOGSUMEXP,
+  K_LAYER_NORM,
+  K_MSE,
+  K_XENT,
+  K_ASSIGN,
+  K_SUB_SCALED,
+  K_READ,
+  K_ITEM,
+  K_RETAIN,
+  K_RELEASE,
+  K_COUNT
 };
 
 static const int WEIGHT[K_COUNT] = {
-    [K_LEAF] = 2,        [K_UNARY] = 10,      [K_BINARY] = 14,      [K_SCALAR] = 6,
-    [K_WHERE] = 3,       [K_CLAMP] = 2,       [K_CAST] = 3,         [K_REDUCE] = 6,
-    [K_ARG] = 2,         [K_MATMUL] = 4,      [K_RESHAPE] = 3,      [K_PERMUTE] = 2,
-    [K_TRANSPOSE] = 2,   [K_EXPAND] = 3,      [K_SQUEEZE] = 1,      [K_UNSQUEEZE] = 2,
-    [K_SLICE] = 4,       [K_CONCAT] = 2,      [K_STACK] = 2,        [K_INDEX_SELECT] = 2,
-    [K_GATHER] = 2,      [K_GATHER_ARG] = 1,  [K_SCATTER_ADD] = 1,  [K_SOFTMAX] = 1,
-    [K_LOG_SOFTMAX] = 1, [K_LOGSUMEXP] = 1,   [K_LAYER_NORM] = 2,   [K_MSE] = 1,
-    [K_XENT] = 1,        [K_ASSIGN] = 4,      [K_SUB_SCALED] = 4,   [K_READ] = 3,
-    [K_ITEM] = 3,        [K_RETAIN] = 1,      [K_RELEASE] = 3,
+    [K_LEAF] = 2,        [K_UNARY] = 10,     [K_BINARY] = 14,     [K_SCALAR] = 6,
+    [K_WHERE] = 3,       [K_CLAMP] = 2,      [K_CAST] = 3,        [K_REDUCE] = 6,
+    [K_ARG] = 2,         [K_MATMUL] = 4,     [K_RESHAPE] = 3,     [K_PERMUTE] = 2,
+    [K_TRANSPOSE] = 2,   [K_EXPAND] = 3,     [K_SQUEEZE] = 1,     [K_UNSQUEEZE] = 2,
+    [K_SLICE] = 4,       [K_CONCAT] = 2,     [K_STACK] = 2,       [K_INDEX_SELECT] = 2,
+    [K_GATHER] = 2,      [K_GATHER_ARG] = 1, [K_SCATTER_ADD] = 1, [K_SOFTMAX] = 1,
+    [K_LOG_SOFTMAX] = 1, [K_LOGSUMEXP] = 1,  [K_LAYER_NORM] = 2,  [K_MSE] = 1,
+    [K_XENT] = 1,        [K_ASSIGN] = 4,     [K_SUB_SCALED] = 4,  [K_READ] = 3,
+    [K_ITEM] = 3,        [K_RETAIN] = 1,     [K_RELEASE] = 3,
 };
 
 typedef struct {
-  int kind, fn, dst; /* dst: the pool slot a new tensor goes to, or -1 */
-  int nin, in[4];    /* pool slots; -1 = NULL (layer_norm's w/b) */
-  int niv, iv[KILN_MAX_DIMS];     /* axes, permutation */
+  int kind, fn, dst;          /* dst: the pool slot a new tensor goes to, or -1 */
+  int nin, in[4];             /* pool slots; -1 = NULL (layer_norm's w/b) */
+  int niv, iv[KILN_MAX_DIMS]; /* axes, permutation */
   int nsv;
-  int64_t sv[KILN_MAX_DIMS];      /* shape, or slice start/stop/step */
+  int64_t sv[KILN_MAX_DIMS]; /* shape, or slice start/stop/step */
   double dv[2];
-  bool flag;                      /* keepdim */
-  kiln_dtype dt;                  /* leaf / cast / index dtype */
-  int lnd;                        /* leaf or index tensor shape */
+  bool flag;     /* keepdim */
+  kiln_dtype dt; /* leaf / cast / index dtype */
+  int lnd;       /* leaf or index tensor shape */
   int64_t lshape[KILN_MAX_DIMS];
   uint64_t vseed;
-  int64_t vbound;                 /* < 0: general values, else indices in [0, vbound) */
+  int64_t vbound; /* < 0: general values, else indices in [0, vbound) */
   char text[240];
 } oprec;
 
 #define TX(r, ...) \
-  snprintf((r)->text + strlen((r)->text), sizeof (r)->text - strlen((r)->text), __VA_ARGS__)
+  snprintf((r)->text + strlen((r)->text), sizeof(r)->text - strlen((r)->text), __VA_ARGS__)
 
 typedef struct {
   int step, nd;
@@ -291,15 +352,33 @@ static bool exec_rec(state *st, const oprec *r, int step, char *err, size_t errn
   int rc = KILN_OK;
   kiln_clear_error();
   switch (r->kind) {
-    case K_LEAF: res = rec_leaf(r); break;
-    case K_UNARY: res = UNARY[r->fn].f(A); break;
-    case K_BINARY: res = BINARY[r->fn].f(A, B); break;
-    case K_SCALAR: res = SCALAR[r->fn].f(A, r->dv[0]); break;
-    case K_WHERE: res = kiln_where(A, B, C); break;
-    case K_CLAMP: res = kiln_clamp(A, r->dv[0], r->dv[1]); break;
-    case K_CAST: res = kiln_cast(A, r->dt); break;
-    case K_REDUCE: res = REDUCE[r->fn].f(A, r->niv, r->iv, r->flag); break;
-    case K_ARG: res = (r->fn ? kiln_argmin : kiln_argmax)(A, r->iv[0], r->flag); break;
+    case K_LEAF:
+      res = rec_leaf(r);
+      break;
+    case K_UNARY:
+      res = UNARY[r->fn].f(A);
+      break;
+    case K_BINARY:
+      res = BINARY[r->fn].f(A, B);
+      break;
+    case K_SCALAR:
+      res = SCALAR[r->fn].f(A, r->dv[0]);
+      break;
+    case K_WHERE:
+      res = kiln_where(A, B, C);
+      break;
+    case K_CLAMP:
+      res = kiln_clamp(A, r->dv[0], r->dv[1]);
+      break;
+    case K_CAST:
+      res = kiln_cast(A, r->dt);
+      break;
+    case K_REDUCE:
+      res = REDUCE[r->fn].f(A, r->niv, r->iv, r->flag);
+      break;
+    case K_ARG:
+      res = (r->fn ? kiln_argmin : kiln_argmax)(A, r->iv[0], r->flag);
+      break;
     case K_MATMUL:
       if (r->fn) { /* a @ transpose(b, -1, -2) */
         tmp = kiln_transpose(B, -1, -2);
@@ -308,13 +387,27 @@ static bool exec_rec(state *st, const oprec *r, int step, char *err, size_t errn
         res = kiln_matmul(A, B);
       }
       break;
-    case K_RESHAPE: res = kiln_reshape(A, r->nsv, r->sv); break;
-    case K_PERMUTE: res = kiln_permute(A, r->iv); break;
-    case K_TRANSPOSE: res = kiln_transpose(A, r->iv[0], r->iv[1]); break;
-    case K_EXPAND: res = kiln_expand(A, r->nsv, r->sv); break;
-    case K_SQUEEZE: res = kiln_squeeze(A, r->iv[0]); break;
-    case K_UNSQUEEZE: res = kiln_unsqueeze(A, r->iv[0]); break;
-    case K_SLICE: res = kiln_slice(A, r->iv[0], r->sv[0], r->sv[1], r->sv[2]); break;
+    case K_RESHAPE:
+      res = kiln_reshape(A, r->nsv, r->sv);
+      break;
+    case K_PERMUTE:
+      res = kiln_permute(A, r->iv);
+      break;
+    case K_TRANSPOSE:
+      res = kiln_transpose(A, r->iv[0], r->iv[1]);
+      break;
+    case K_EXPAND:
+      res = kiln_expand(A, r->nsv, r->sv);
+      break;
+    case K_SQUEEZE:
+      res = kiln_squeeze(A, r->iv[0]);
+      break;
+    case K_UNSQUEEZE:
+      res = kiln_unsqueeze(A, r->iv[0]);
+      break;
+    case K_SLICE:
+      res = kiln_slice(A, r->iv[0], r->sv[0], r->sv[1], r->sv[2]);
+      break;
     case K_CONCAT:
     case K_STACK: {
       kiln_tensor *ts[4];
@@ -338,11 +431,21 @@ static bool exec_rec(state *st, const oprec *r, int step, char *err, size_t errn
       tmp = rec_leaf(r);
       res = tmp ? kiln_scatter_add(A, r->iv[0], tmp, B) : NULL;
       break;
-    case K_SOFTMAX: res = kiln_softmax(A, r->iv[0]); break;
-    case K_LOG_SOFTMAX: res = kiln_log_softmax(A, r->iv[0]); break;
-    case K_LOGSUMEXP: res = kiln_logsumexp(A, r->iv[0], r->flag); break;
-    case K_LAYER_NORM: res = kiln_layer_norm(A, B, C, r->dv[0]); break;
-    case K_MSE: res = kiln_mse_loss(A, B); break;
+    case K_SOFTMAX:
+      res = kiln_softmax(A, r->iv[0]);
+      break;
+    case K_LOG_SOFTMAX:
+      res = kiln_log_softmax(A, r->iv[0]);
+      break;
+    case K_LOGSUMEXP:
+      res = kiln_logsumexp(A, r->iv[0], r->flag);
+      break;
+    case K_LAYER_NORM:
+      res = kiln_layer_norm(A, B, C, r->dv[0]);
+      break;
+    case K_MSE:
+      res = kiln_mse_loss(A, B);
+      break;
     case K_XENT:
       tmp = rec_leaf(r);
       res = tmp ? kiln_cross_entropy(A, tmp) : NULL;
@@ -375,7 +478,9 @@ static bool exec_rec(state *st, const oprec *r, int step, char *err, size_t errn
       }
       break;
     }
-    case K_RETAIN: res = kiln_retain(A); break;
+    case K_RETAIN:
+      res = kiln_retain(A);
+      break;
     case K_RELEASE:
       produces = false;
       kiln_release(A);
@@ -406,9 +511,9 @@ static bool exec_rec(state *st, const oprec *r, int step, char *err, size_t errn
 #define DT(t) kiln_dtype_of(t)
 
 /* iterates j over the occupied slots, starting at a random one */
-#define FOR_SLOTS(st, g, j)                                                          \
-  for (int o_##j = rn(g, MAXPOOL), k_##j = 0, j = o_##j; k_##j < MAXPOOL;           \
-       k_##j++, j = (o_##j + k_##j) % MAXPOOL)                                       \
+#define FOR_SLOTS(st, g, j)                                               \
+  for (int o_##j = rn(g, MAXPOOL), k_##j = 0, j = o_##j; k_##j < MAXPOOL; \
+       k_##j++, j = (o_##j + k_##j) % MAXPOOL)                            \
     if ((st)->pool[j])
 
 static int count_slots(const state *st, bool occupied) {
@@ -430,7 +535,7 @@ static int free_slot(state *st, uint64_t *g) {
 }
 
 static kiln_dtype rand_dtype(uint64_t *g) {
-  static const kiln_dtype w[] = {KILN_F32, KILN_F32, KILN_F32, KILN_F32, KILN_F64, KILN_F64,
+  static const kiln_dtype w[] = {KILN_F32, KILN_F32, KILN_F32, KILN_F32,  KILN_F64, KILN_F64,
                                  KILN_I32, KILN_I64, KILN_I64, KILN_BOOL, KILN_BOOL};
   return w[rn(g, (int)(sizeof w / sizeof w[0]))];
 }
@@ -835,8 +940,8 @@ static bool gen_kind(state *st, uint64_t *g, int kind, oprec *r) {
       if (nd == 0 || NUMEL(A) == 0) return false;
       r->fn = rn(g, 2);
       r->iv[0] = rand_axis(g, nd);
-      TX(r, "gather(t%d, %d, %s(t%d, %d, keepdim=1))", a, r->iv[0], r->fn ? "argmin" : "argmax",
-         a, r->iv[0]);
+      TX(r, "gather(t%d, %d, %s(t%d, %d, keepdim=1))", a, r->iv[0], r->fn ? "argmin" : "argmax", a,
+         r->iv[0]);
       break;
     case K_SCATTER_ADD: {
       if (nd == 0) return false;
@@ -867,8 +972,10 @@ static bool gen_kind(state *st, uint64_t *g, int kind, oprec *r) {
       if (nd == 0 || NUMEL(A) == 0) return false;
       r->iv[0] = rand_axis(g, nd);
       r->flag = kind == K_LOGSUMEXP && coin(g, 50);
-      TX(r, "%s(t%d, %d", kind == K_SOFTMAX ? "softmax" : kind == K_LOG_SOFTMAX ? "log_softmax"
-                                                                               : "logsumexp",
+      TX(r, "%s(t%d, %d",
+         kind == K_SOFTMAX       ? "softmax"
+         : kind == K_LOG_SOFTMAX ? "log_softmax"
+                                 : "logsumexp",
          a, r->iv[0]);
       TX(r, kind == K_LOGSUMEXP ? ", keepdim=%d)" : ")", r->flag);
       break;
@@ -935,7 +1042,9 @@ static bool gen_kind(state *st, uint64_t *g, int kind, oprec *r) {
       r->dv[0] = rand_scalar(g);
       TX(r, "sub_scaled_(t%d, t%d, %.17g)", a, b, r->dv[0]);
       break;
-    case K_READ: TX(r, "read(t%d)", a); break;
+    case K_READ:
+      TX(r, "read(t%d)", a);
+      break;
     case K_ITEM:
       if (NUMEL(A) == 1 && coin(g, 40)) {
         r->fn = -1;
@@ -946,14 +1055,16 @@ static bool gen_kind(state *st, uint64_t *g, int kind, oprec *r) {
       }
       if (coin(g, 50)) r->dst = free_slot(st, g);
       break;
-    case K_RETAIN: TX(r, "retain(t%d)", a); break;
+    case K_RETAIN:
+      TX(r, "retain(t%d)", a);
+      break;
     case K_RELEASE:
       if (count_slots(st, true) < 3) return false;
       TX(r, "release(t%d)", a);
       break;
   }
-  bool produces = kind != K_ASSIGN && kind != K_SUB_SCALED && kind != K_READ &&
-                  kind != K_RELEASE && kind != K_ITEM;
+  bool produces = kind != K_ASSIGN && kind != K_SUB_SCALED && kind != K_READ && kind != K_RELEASE &&
+                  kind != K_ITEM;
   if (produces) r->dst = free_slot(st, g);
   return !produces || r->dst >= 0;
 }
@@ -1042,11 +1153,28 @@ static bool run_program(uint64_t seed, int mode, state *st, oprec *recs, int *nr
 
 static double load_elem(const unsigned char *p, kiln_dtype dt, size_t i) {
   switch (dt) {
-    case KILN_BOOL: return p[i];
-    case KILN_I32: { int32_t v; memcpy(&v, p + i * 4, 4); return v; }
-    case KILN_I64: { int64_t v; memcpy(&v, p + i * 8, 8); return (double)v; }
-    case KILN_F32: { float v; memcpy(&v, p + i * 4, 4); return v; }
-    default: { double v; memcpy(&v, p + i * 8, 8); return v; }
+    case KILN_BOOL:
+      return p[i];
+    case KILN_I32: {
+      int32_t v;
+      memcpy(&v, p + i * 4, 4);
+      return v;
+    }
+    case KILN_I64: {
+      int64_t v;
+      memcpy(&v, p + i * 8, 8);
+      return (double)v;
+    }
+    case KILN_F32: {
+      float v;
+      memcpy(&v, p + i * 4, 4);
+      return v;
+    }
+    default: {
+      double v;
+      memcpy(&v, p + i * 8, 8);
+      return v;
+    }
   }
 }
 
@@ -1062,8 +1190,8 @@ static int64_t first_diff(const unsigned char *x, const unsigned char *y, kiln_d
   return -1;
 }
 
-static void report_mismatch(uint64_t seed, int mode, const oprec *recs, int nrecs,
-                            const char *what, const char *detail) {
+static void report_mismatch(uint64_t seed, int mode, const oprec *recs, int nrecs, const char *what,
+                            const char *detail) {
   KTEST_FAIL("seed %llu: lazy and %s differ: %s: %s", (unsigned long long)seed, MODE_NAME[mode],
              what, detail);
   if (fuzz_reports++ < 3) print_program(seed, recs, nrecs, nrecs);
@@ -1147,11 +1275,12 @@ static oprec fuzz_recs[MAXRECS];
 static state fuzz_lazy, fuzz_other;
 static long fuzz_programs_run, fuzz_steps_run, fuzz_kind_count[K_COUNT];
 static const char *const KIND_NAME[K_COUNT] = {
-    "leaf", "unary", "binary", "scalar", "where", "clamp", "cast", "reduce", "argmax/argmin",
-    "matmul", "reshape", "permute", "transpose", "expand", "squeeze", "unsqueeze", "slice",
-    "concat", "stack", "index_select", "gather", "gather(argmax)", "scatter_add", "softmax",
-    "log_softmax", "logsumexp", "layer_norm", "mse_loss", "cross_entropy", "assign",
-    "sub_scaled_", "read", "item", "retain", "release",
+    "leaf",        "unary",        "binary",        "scalar",         "where",         "clamp",
+    "cast",        "reduce",       "argmax/argmin", "matmul",         "reshape",       "permute",
+    "transpose",   "expand",       "squeeze",       "unsqueeze",      "slice",         "concat",
+    "stack",       "index_select", "gather",        "gather(argmax)", "scatter_add",   "softmax",
+    "log_softmax", "logsumexp",    "layer_norm",    "mse_loss",       "cross_entropy", "assign",
+    "sub_scaled_", "read",         "item",          "retain",         "release",
 };
 
 static void fuzz_one(uint64_t seed) {
@@ -1198,8 +1327,8 @@ static void check_f32(kiln_tensor *t, const float *expect, int64_t n, const char
     return;
   }
   if (kiln_numel(t) != n || kiln_dtype_of(t) != KILN_F32) {
-    KTEST_FAIL("%s: %lld elements of dtype %d, expected %lld f32", what,
-               (long long)kiln_numel(t), (int)kiln_dtype_of(t), (long long)n);
+    KTEST_FAIL("%s: %lld elements of dtype %d, expected %lld f32", what, (long long)kiln_numel(t),
+               (int)kiln_dtype_of(t), (long long)n);
     return;
   }
   float *got = malloc((size_t)n * sizeof(float));
@@ -1275,11 +1404,11 @@ TEST(sub_scaled_keeps_old_value_for_earlier_results) {
   const float xv[4] = {1, 2, 3, 4}, gv[4] = {0.5f, -1, 2, 10};
   kiln_tensor *x = kiln_from_data(xv, KILN_F32, 1, S(4));
   kiln_tensor *g = kiln_from_data(gv, KILN_F32, 1, S(4));
-  kiln_tensor *t = kiln_mul_scalar(x, 3);         /* pending, uses old x */
-  kiln_tensor *v = kiln_reshape(x, 2, S(2, 2));   /* view of old x */
-  kiln_tensor *s = kiln_sum(x, 0, NULL, false);   /* reduction of old x */
+  kiln_tensor *t = kiln_mul_scalar(x, 3);       /* pending, uses old x */
+  kiln_tensor *v = kiln_reshape(x, 2, S(2, 2)); /* view of old x */
+  kiln_tensor *s = kiln_sum(x, 0, NULL, false); /* reduction of old x */
   CHECK_EQ_INT(kiln_sub_scaled_(x, g, 0.1), KILN_OK);
-  kiln_tensor *t2 = kiln_mul_scalar(x, 3);        /* uses new x */
+  kiln_tensor *t2 = kiln_mul_scalar(x, 3); /* uses new x */
   CHECK_EQ_INT(kiln_sub_scaled_(x, g, 0.1), KILN_OK);
 
   float x1[4], x2[4], t2e[4];

@@ -15,20 +15,29 @@
 
 static const char *dtype_name(kiln_dtype dt) {
   switch (dt) {
-    case KILN_BOOL: return "bool";
-    case KILN_I32: return "i32";
-    case KILN_I64: return "i64";
-    case KILN_F32: return "f32";
-    case KILN_F64: return "f64";
+    case KILN_BOOL:
+      return "bool";
+    case KILN_I32:
+      return "i32";
+    case KILN_I64:
+      return "i64";
+    case KILN_F32:
+      return "f32";
+    case KILN_F64:
+      return "f64";
   }
   return "?";
 }
 
 static size_t dtype_size(kiln_dtype dt) {
   switch (dt) {
-    case KILN_BOOL: return 1;
-    case KILN_I32: case KILN_F32: return 4;
-    default: return 8;
+    case KILN_BOOL:
+      return 1;
+    case KILN_I32:
+    case KILN_F32:
+      return 4;
+    default:
+      return 8;
   }
 }
 
@@ -44,11 +53,21 @@ static kiln_tensor *make(kiln_dtype dt, int ndim, const int64_t *shape, const do
   void *buf = malloc((size_t)(n ? n : 1) * dtype_size(dt));
   for (int64_t i = 0; i < n; i++) {
     switch (dt) {
-      case KILN_BOOL: ((uint8_t *)buf)[i] = vals[i] != 0; break;
-      case KILN_I32: ((int32_t *)buf)[i] = (int32_t)vals[i]; break;
-      case KILN_I64: ((int64_t *)buf)[i] = (int64_t)vals[i]; break;
-      case KILN_F32: ((float *)buf)[i] = (float)vals[i]; break;
-      case KILN_F64: ((double *)buf)[i] = vals[i]; break;
+      case KILN_BOOL:
+        ((uint8_t *)buf)[i] = vals[i] != 0;
+        break;
+      case KILN_I32:
+        ((int32_t *)buf)[i] = (int32_t)vals[i];
+        break;
+      case KILN_I64:
+        ((int64_t *)buf)[i] = (int64_t)vals[i];
+        break;
+      case KILN_F32:
+        ((float *)buf)[i] = (float)vals[i];
+        break;
+      case KILN_F64:
+        ((double *)buf)[i] = vals[i];
+        break;
     }
   }
   kiln_tensor *t = kiln_from_data(buf, dt, ndim, shape);
@@ -62,10 +81,15 @@ static kiln_tensor *make(kiln_dtype dt, int ndim, const int64_t *shape, const do
 static double gen(kiln_dtype dt, int64_t i, int seed) {
   int64_t h = (i * 2654435761LL + (int64_t)seed * 40503LL + 17) % 2001;
   switch (dt) {
-    case KILN_BOOL: return h & 1;
-    case KILN_I32: case KILN_I64: return (double)(h % 9 - 4);
-    case KILN_F32: return (double)(float)((double)h / 1000.0 - 1.0);
-    case KILN_F64: return (double)h / 1000.0 - 1.0;
+    case KILN_BOOL:
+      return h & 1;
+    case KILN_I32:
+    case KILN_I64:
+      return (double)(h % 9 - 4);
+    case KILN_F32:
+      return (double)(float)((double)h / 1000.0 - 1.0);
+    case KILN_F64:
+      return (double)h / 1000.0 - 1.0;
   }
   return 0;
 }
@@ -189,8 +213,8 @@ static void check_matmul(kiln_tensor *a, const double *av, kiln_tensor *b, const
     bool ok = kiln_ndim(r) == ref.ndim;
     for (int d = 0; ok && d < ref.ndim; d++) ok = kiln_shape(r)[d] == ref.shape[d];
     if (!ok) {
-      KTEST_FAIL("kiln_matmul(%s, %s): wrong shape (ndim %d, expected %d)", what,
-                 dtype_name(want), kiln_ndim(r), ref.ndim);
+      KTEST_FAIL("kiln_matmul(%s, %s): wrong shape (ndim %d, expected %d)", what, dtype_name(want),
+                 kiln_ndim(r), ref.ndim);
     } else {
       double *got = ktest_values(r), tol = mm_tol(want, ref.K);
       for (int64_t i = 0; i < ref.n; i++)
@@ -222,16 +246,15 @@ static const kiln_dtype NUMERIC[4] = {KILN_F32, KILN_F64, KILN_I32, KILN_I64};
 /* ---- 2-d and 1-d operands ------------------------------------------------ */
 
 TEST(matmul_2d_many_shapes_every_numeric_dtype) {
-  static const int64_t mkn[][3] = {{1, 1, 1},    {2, 3, 4},    {1, 17, 33},  {33, 17, 1},
-                                   {1, 64, 1},   {16, 16, 16}, {17, 31, 19}, {64, 65, 63},
-                                   {5, 1, 7},    {100, 3, 2},  {3, 200, 5},  {31, 1, 1},
-                                   {1, 1, 40},   {15, 33, 47}};
+  static const int64_t mkn[][3] = {
+      {1, 1, 1},    {2, 3, 4}, {1, 17, 33}, {33, 17, 1}, {1, 64, 1}, {16, 16, 16}, {17, 31, 19},
+      {64, 65, 63}, {5, 1, 7}, {100, 3, 2}, {3, 200, 5}, {31, 1, 1}, {1, 1, 40},   {15, 33, 47}};
   for (int t = 0; t < 4; t++)
     for (size_t s = 0; s < sizeof mkn / sizeof mkn[0]; s++) {
       const int64_t ash[2] = {mkn[s][0], mkn[s][1]}, bsh[2] = {mkn[s][1], mkn[s][2]};
       char what[64];
-      snprintf(what, sizeof what, "[%lld,%lld]x[%lld,%lld]", (long long)ash[0],
-               (long long)ash[1], (long long)bsh[0], (long long)bsh[1]);
+      snprintf(what, sizeof what, "[%lld,%lld]x[%lld,%lld]", (long long)ash[0], (long long)ash[1],
+               (long long)bsh[0], (long long)bsh[1]);
       check_gen(NUMERIC[t], 2, ash, NUMERIC[t], 2, bsh, what);
     }
 }
@@ -340,10 +363,12 @@ TEST(matmul_transposed_operands) {
       int64_t M = mkn[s][0], K = mkn[s][1], N = mkn[s][2];
       const int64_t at_sh[2] = {K, M}, bt_sh[2] = {N, K}, a_sh[2] = {M, K}, b_sh[2] = {K, N};
       double *atv, *btv, *av, *bv;
-      kiln_tensor *at = make_gen(dts[t], 2, at_sh, 3, &atv), *bt = make_gen(dts[t], 2, bt_sh, 4, &btv);
+      kiln_tensor *at = make_gen(dts[t], 2, at_sh, 3, &atv),
+                  *bt = make_gen(dts[t], 2, bt_sh, 4, &btv);
       kiln_tensor *a = make_gen(dts[t], 2, a_sh, 5, &av), *b = make_gen(dts[t], 2, b_sh, 6, &bv);
       kiln_tensor *aT = kiln_transpose(at, 0, 1), *bT = kiln_transpose(bt, 1, 0);
-      double *aTv = malloc((size_t)(M * K) * sizeof(double)), *bTv = malloc((size_t)(K * N) * sizeof(double));
+      double *aTv = malloc((size_t)(M * K) * sizeof(double)),
+             *bTv = malloc((size_t)(K * N) * sizeof(double));
       const int64_t aT_str[2] = {1, M}, bT_str[2] = {1, K};
       strided_values(atv, 0, 2, a_sh, aT_str, aTv);
       strided_values(btv, 0, 2, b_sh, bT_str, bTv);
@@ -365,7 +390,8 @@ TEST(matmul_batched_permuted_and_transposed_operands) {
     const int64_t astr[3] = {M, 1, B * M}, bstr[3] = {N * K, 1, K};
     const int perm[3] = {1, 2, 0};
     double *abv, *bbv, av[90], bv[72];
-    kiln_tensor *abase = make_gen(dts[t], 3, ab, 7, &abv), *bbase = make_gen(dts[t], 3, bb, 8, &bbv);
+    kiln_tensor *abase = make_gen(dts[t], 3, ab, 7, &abv),
+                *bbase = make_gen(dts[t], 3, bb, 8, &bbv);
     kiln_tensor *a = kiln_permute(abase, perm), *b = kiln_transpose(bbase, 1, 2);
     strided_values(abv, 0, 3, ash, astr, av);
     strided_values(bbv, 0, 3, bsh, bstr, bv);
@@ -638,11 +664,16 @@ TEST(matmul_512_f32_matches_naive_loop_on_samples) {
     /* the four edges (all of them) and 4096 scattered entries */
     for (int s = 0; s < 4 * 512 + 4096 && bad < 5; s++) {
       int64_t i, j;
-      if (s < 512) i = 0, j = s;
-      else if (s < 1024) i = 511, j = s - 512;
-      else if (s < 1536) i = s - 1024, j = 0;
-      else if (s < 2048) i = s - 1536, j = 511;
-      else i = ((int64_t)s * 7919) % 512, j = ((int64_t)s * 104729 + 13) % 512;
+      if (s < 512)
+        i = 0, j = s;
+      else if (s < 1024)
+        i = 511, j = s - 512;
+      else if (s < 1536)
+        i = s - 1024, j = 0;
+      else if (s < 2048)
+        i = s - 1536, j = 511;
+      else
+        i = ((int64_t)s * 7919) % 512, j = ((int64_t)s * 104729 + 13) % 512;
       double ref = 0, mag = 0;
       for (int64_t k = 0; k < n; k++) {
         double p = (double)av[i * n + k] * (double)bv[k * n + j];

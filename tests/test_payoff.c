@@ -88,8 +88,10 @@ static int planned_after(double (*run)(kiln_tensor *), kiln_tensor *x, double *f
   double before = stat("plans_built");
   for (int i = 1; i <= 6; i++) {
     double v = run(x);
-    if (i == 1) *first = v;
-    else CHECK(v == *first);
+    if (i == 1)
+      *first = v;
+    else
+      CHECK(v == *first);
     if (stat("plans_built") > before) return i;
   }
   return 0;

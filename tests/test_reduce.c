@@ -19,11 +19,16 @@ static const kiln_dtype ALL_DTYPES[5] = {KILN_BOOL, KILN_I32, KILN_I64, KILN_F32
 
 static const char *dtype_name(kiln_dtype dt) {
   switch (dt) {
-    case KILN_BOOL: return "bool";
-    case KILN_I32: return "i32";
-    case KILN_I64: return "i64";
-    case KILN_F32: return "f32";
-    case KILN_F64: return "f64";
+    case KILN_BOOL:
+      return "bool";
+    case KILN_I32:
+      return "i32";
+    case KILN_I64:
+      return "i64";
+    case KILN_F32:
+      return "f32";
+    case KILN_F64:
+      return "f64";
   }
   return "?";
 }
@@ -32,9 +37,13 @@ static bool is_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
 
 static size_t dtype_size(kiln_dtype dt) {
   switch (dt) {
-    case KILN_BOOL: return 1;
-    case KILN_I32: case KILN_F32: return 4;
-    default: return 8;
+    case KILN_BOOL:
+      return 1;
+    case KILN_I32:
+    case KILN_F32:
+      return 4;
+    default:
+      return 8;
   }
 }
 
@@ -47,11 +56,16 @@ static int64_t numel_of(int ndim, const int64_t *shape) {
 /* the value `v` becomes when stored as dt */
 static double as_dtype(kiln_dtype dt, double v) {
   switch (dt) {
-    case KILN_BOOL: return v != 0;
-    case KILN_I32: return (double)(int32_t)v;
-    case KILN_I64: return (double)(int64_t)v;
-    case KILN_F32: return (double)(float)v;
-    case KILN_F64: return v;
+    case KILN_BOOL:
+      return v != 0;
+    case KILN_I32:
+      return (double)(int32_t)v;
+    case KILN_I64:
+      return (double)(int64_t)v;
+    case KILN_F32:
+      return (double)(float)v;
+    case KILN_F64:
+      return v;
   }
   return v;
 }
@@ -62,11 +76,21 @@ static kiln_tensor *make(kiln_dtype dt, int ndim, const int64_t *shape, const do
   void *buf = malloc((size_t)(n ? n : 1) * dtype_size(dt));
   for (int64_t i = 0; i < n; i++) {
     switch (dt) {
-      case KILN_BOOL: ((uint8_t *)buf)[i] = vals[i] != 0; break;
-      case KILN_I32: ((int32_t *)buf)[i] = (int32_t)vals[i]; break;
-      case KILN_I64: ((int64_t *)buf)[i] = (int64_t)vals[i]; break;
-      case KILN_F32: ((float *)buf)[i] = (float)vals[i]; break;
-      case KILN_F64: ((double *)buf)[i] = vals[i]; break;
+      case KILN_BOOL:
+        ((uint8_t *)buf)[i] = vals[i] != 0;
+        break;
+      case KILN_I32:
+        ((int32_t *)buf)[i] = (int32_t)vals[i];
+        break;
+      case KILN_I64:
+        ((int64_t *)buf)[i] = (int64_t)vals[i];
+        break;
+      case KILN_F32:
+        ((float *)buf)[i] = (float)vals[i];
+        break;
+      case KILN_F64:
+        ((double *)buf)[i] = vals[i];
+        break;
     }
   }
   kiln_tensor *t = kiln_from_data(buf, dt, ndim, shape);
@@ -81,8 +105,11 @@ static kiln_tensor *make(kiln_dtype dt, int ndim, const int64_t *shape, const do
 static double gen(kiln_dtype dt, int64_t i) {
   static const int ints[7] = {1, -2, 3, -1, 2, -3, 1};
   switch (dt) {
-    case KILN_BOOL: return ((i * 5 + 1) % 3) != 0;
-    case KILN_I32: case KILN_I64: return ints[(i * 5 + 2) % 7];
+    case KILN_BOOL:
+      return ((i * 5 + 1) % 3) != 0;
+    case KILN_I32:
+    case KILN_I64:
+      return ints[(i * 5 + 2) % 7];
     default: {
       double f = fmod((double)i * 0.6180339887498949, 1.0);
       double s = ((i * 3) % 5 < 2) ? -1.0 : 1.0;
@@ -113,20 +140,30 @@ static void strided_values(const double *base, int64_t offset, int ndim, const i
 
 static kiln_tensor *call_op(red_op op, kiln_tensor *a, int naxes, const int *axes, bool keep) {
   switch (op) {
-    case OP_SUM: return kiln_sum(a, naxes, axes, keep);
-    case OP_MEAN: return kiln_mean(a, naxes, axes, keep);
-    case OP_MAX: return kiln_max(a, naxes, axes, keep);
-    case OP_MIN: return kiln_min(a, naxes, axes, keep);
-    case OP_PROD: return kiln_prod(a, naxes, axes, keep);
-    default: return NULL;
+    case OP_SUM:
+      return kiln_sum(a, naxes, axes, keep);
+    case OP_MEAN:
+      return kiln_mean(a, naxes, axes, keep);
+    case OP_MAX:
+      return kiln_max(a, naxes, axes, keep);
+    case OP_MIN:
+      return kiln_min(a, naxes, axes, keep);
+    case OP_PROD:
+      return kiln_prod(a, naxes, axes, keep);
+    default:
+      return NULL;
   }
 }
 
 static kiln_dtype result_dtype(red_op op, kiln_dtype in) {
   switch (op) {
-    case OP_SUM: case OP_PROD: return is_float(in) ? in : KILN_I64;
-    case OP_MEAN: return is_float(in) ? in : KILN_F32;
-    default: return in;
+    case OP_SUM:
+    case OP_PROD:
+      return is_float(in) ? in : KILN_I64;
+    case OP_MEAN:
+      return is_float(in) ? in : KILN_F32;
+    default:
+      return in;
   }
 }
 
@@ -147,8 +184,8 @@ static bool rel_close(double a, double b, double rel) {
 /* Naive reference: reduces x (row-major, `shape`) over the axes set in `mask`
    in double.  out is row-major over the kept axes; returns its length.
    max/min propagate NaN; mean of nothing is NaN (0/0). */
-static int64_t ref_reduce(red_op op, const double *x, int ndim, const int64_t *shape,
-                          unsigned mask, double *out) {
+static int64_t ref_reduce(red_op op, const double *x, int ndim, const int64_t *shape, unsigned mask,
+                          double *out) {
   int64_t ostride[KILN_MAX_DIMS], nout = 1, count = 1;
   for (int d = ndim - 1; d >= 0; d--) {
     if (mask >> d & 1u) {
@@ -170,11 +207,21 @@ static int64_t ref_reduce(red_op op, const double *x, int ndim, const int64_t *s
     }
     double v = x[i], *acc = &out[o];
     switch (op) {
-      case OP_SUM: case OP_MEAN: *acc += v; break;
-      case OP_PROD: *acc *= v; break;
-      case OP_MAX: if (!isnan(*acc) && (isnan(v) || v > *acc)) *acc = v; break;
-      case OP_MIN: if (!isnan(*acc) && (isnan(v) || v < *acc)) *acc = v; break;
-      default: break;
+      case OP_SUM:
+      case OP_MEAN:
+        *acc += v;
+        break;
+      case OP_PROD:
+        *acc *= v;
+        break;
+      case OP_MAX:
+        if (!isnan(*acc) && (isnan(v) || v > *acc)) *acc = v;
+        break;
+      case OP_MIN:
+        if (!isnan(*acc) && (isnan(v) || v < *acc)) *acc = v;
+        break;
+      default:
+        break;
     }
   }
   if (op == OP_MEAN)
@@ -245,16 +292,18 @@ static void check_reduce(red_op op, kiln_tensor *a, const double *av, unsigned m
 
   kiln_tensor *r = call_op(op, a, naxes, naxes ? axes : NULL, keep);
   if (!r) {
-    KTEST_FAIL("%s(%s %s, axis mask %#x, keepdim %d, variant %d) failed: %s", OP_NAME[op],
-               what, dtype_name(in), mask, keep, variant, kiln_last_error());
+    KTEST_FAIL("%s(%s %s, axis mask %#x, keepdim %d, variant %d) failed: %s", OP_NAME[op], what,
+               dtype_name(in), mask, keep, variant, kiln_last_error());
     free(ref);
     return;
   }
   int64_t eshape[KILN_MAX_DIMS];
   int endim = 0;
   for (int d = 0; d < ndim; d++) {
-    if (!(rmask >> d & 1u)) eshape[endim++] = shape[d];
-    else if (keep) eshape[endim++] = 1;
+    if (!(rmask >> d & 1u))
+      eshape[endim++] = shape[d];
+    else if (keep)
+      eshape[endim++] = 1;
   }
   bool ok = kiln_dtype_of(r) == want_dt && kiln_ndim(r) == endim;
   for (int d = 0; ok && d < endim; d++) ok = kiln_shape(r)[d] == eshape[d];
@@ -270,8 +319,8 @@ static void check_reduce(red_op op, kiln_tensor *a, const double *av, unsigned m
     for (int64_t i = 0; i < nout; i++) {
       if (!close_enough(got[i], ref[i], tol)) {
         KTEST_FAIL("%s(%s %s, mask %#x, keepdim %d, variant %d)[%lld] = %.17g, expected %.17g",
-                   OP_NAME[op], what, dtype_name(in), mask, keep, variant, (long long)i,
-                   got[i], ref[i]);
+                   OP_NAME[op], what, dtype_name(in), mask, keep, variant, (long long)i, got[i],
+                   ref[i]);
         break;
       }
     }
@@ -289,8 +338,8 @@ static void check_all_subsets(kiln_tensor *a, const double *av, const char *what
     if (op == OP_MEAN && kiln_dtype_of(a) == KILN_BOOL) continue;
     for (unsigned mask = 0; mask < (1u << ndim); mask++)
       for (int keep = 0; keep < 2; keep++)
-        check_reduce((red_op)op, a, av, mask, keep, (int)((mask + (unsigned)keep + (unsigned)op) % 3),
-                     what);
+        check_reduce((red_op)op, a, av, mask, keep,
+                     (int)((mask + (unsigned)keep + (unsigned)op) % 3), what);
   }
 }
 
@@ -608,8 +657,10 @@ TEST(reduce_of_transposed_inner_axes) {
     kiln_tensor *b = make(VIEW_DTYPES[k], 3, bshape, base);
     kiln_tensor *t = kiln_transpose(b, 1, 2);
     strided_values(base, 0, 3, vshape, vstr, lv);
-    if (t) check_all_subsets(t, lv, "transpose([2,4,3],1,2)");
-    else KTEST_FAIL("kiln_transpose failed: %s", kiln_last_error());
+    if (t)
+      check_all_subsets(t, lv, "transpose([2,4,3],1,2)");
+    else
+      KTEST_FAIL("kiln_transpose failed: %s", kiln_last_error());
     kiln_release(t), kiln_release(b);
     free(base);
   }
@@ -638,8 +689,10 @@ TEST(reduce_of_expanded_view) {
     kiln_tensor *b = make(VIEW_DTYPES[k], 3, bshape, base);
     kiln_tensor *t = kiln_expand(b, 3, vshape);
     strided_values(base, 0, 3, vshape, vstr, lv);
-    if (t) check_all_subsets(t, lv, "expand([1,3,1]->[2,3,4])");
-    else KTEST_FAIL("kiln_expand failed: %s", kiln_last_error());
+    if (t)
+      check_all_subsets(t, lv, "expand([1,3,1]->[2,3,4])");
+    else
+      KTEST_FAIL("kiln_expand failed: %s", kiln_last_error());
     kiln_release(t), kiln_release(b);
     free(base);
   }
@@ -726,8 +779,10 @@ static void check_arg(bool is_max, kiln_tensor *a, const double *av, int axis, b
   int64_t eshape[KILN_MAX_DIMS];
   int endim = 0;
   for (int d = 0; d < ndim; d++) {
-    if (d != pos) eshape[endim++] = shape[d];
-    else if (keep) eshape[endim++] = 1;
+    if (d != pos)
+      eshape[endim++] = shape[d];
+    else if (keep)
+      eshape[endim++] = 1;
   }
   kiln_tensor *r = is_max ? kiln_argmax(a, axis, keep) : kiln_argmin(a, axis, keep);
   if (!r) {
@@ -747,8 +802,8 @@ static void check_arg(bool is_max, kiln_tensor *a, const double *av, int axis, b
       for (int64_t i = 0; i < kiln_numel(r); i++)
         if (got[i] != ref[i]) {
           KTEST_FAIL("%s(%s %s, axis %d, keepdim %d)[%lld] = %g, expected %g",
-                     is_max ? "argmax" : "argmin", what, dtype_name(kiln_dtype_of(a)), axis,
-                     keep, (long long)i, got[i], ref[i]);
+                     is_max ? "argmax" : "argmin", what, dtype_name(kiln_dtype_of(a)), axis, keep,
+                     (long long)i, got[i], ref[i]);
           break;
         }
       free(got);

@@ -184,7 +184,7 @@ static void check_normal(kiln_dtype dt) {
   moments(x, BIG, &mean, &var);
   CHECK_CLOSE(mean, 0.0, 0.01);
   CHECK_CLOSE(var, 1.0, 0.01);
-  CHECK_CLOSE((double)within_one / BIG, 0.682689, 0.005);  /* P(|z| < 1) */
+  CHECK_CLOSE((double)within_one / BIG, 0.682689, 0.005);     /* P(|z| < 1) */
   CHECK_CLOSE((double)beyond_three / BIG, 0.0026998, 0.0005); /* P(|z| > 3) */
   free(x);
 }

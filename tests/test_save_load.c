@@ -87,15 +87,14 @@ TEST(round_trip_every_dtype_and_shape) {
   int64_t i64[2] = {INT64_MIN, INT64_MAX};
   unsigned char bools[5] = {1, 0, 1, 1, 0};
   double scalar = 42.5;
-  kiln_tensor *ts[8] = {
-      kiln_from_data(f32, KILN_F32, 2, S(2, 3)),
-      kiln_from_data(f64, KILN_F64, 1, S(3)),
-      kiln_from_data(i32, KILN_I32, 3, S(2, 1, 2)),
-      kiln_from_data(i64, KILN_I64, 1, S(2)),
-      kiln_from_data(bools, KILN_BOOL, 1, S(5)),
-      kiln_from_data(&scalar, KILN_F64, 0, NULL),   /* 0-d */
-      kiln_zeros(KILN_F32, 2, S(0, 4)),             /* empty */
-      NULL};
+  kiln_tensor *ts[8] = {kiln_from_data(f32, KILN_F32, 2, S(2, 3)),
+                        kiln_from_data(f64, KILN_F64, 1, S(3)),
+                        kiln_from_data(i32, KILN_I32, 3, S(2, 1, 2)),
+                        kiln_from_data(i64, KILN_I64, 1, S(2)),
+                        kiln_from_data(bools, KILN_BOOL, 1, S(5)),
+                        kiln_from_data(&scalar, KILN_F64, 0, NULL), /* 0-d */
+                        kiln_zeros(KILN_F32, 2, S(0, 4)),           /* empty */
+                        NULL};
   /* a pending, non-contiguous value: a transposed view */
   ts[7] = kiln_transpose(ts[0], 0, 1);
   const char *names[8] = {"w.f32", "b\"quoted\\", "ints", "longs", "mask", "scalar", "empty", "t"};
@@ -108,7 +107,8 @@ TEST(round_trip_every_dtype_and_shape) {
   CHECK_EQ_INT(n, 8);
   for (int i = 0; i < n && i < 8; i++) {
     CHECK(lnames[i] && !strcmp(lnames[i], names[i]));
-    if (!same_values(lts[i], ts[i])) KTEST_FAIL("tensor %d (%s) differs after the round trip", i, names[i]);
+    if (!same_values(lts[i], ts[i]))
+      KTEST_FAIL("tensor %d (%s) differs after the round trip", i, names[i]);
   }
   /* -0.0 keeps its sign (raw bytes) */
   float back[6];
@@ -183,12 +183,13 @@ static void expect_bad(int line, const char *needle) {
   for (int i = 0; i < 4; i++)
     if (names[i] || ts[i]) KTEST_FAIL("line %d: a failed load left output %d behind", line, i);
   if (!strstr(kiln_last_error(), "kiln_load: ") || !strstr(kiln_last_error(), needle))
-    KTEST_FAIL("line %d: \"%s\" does not name kiln_load and \"%s\"", line, kiln_last_error(), needle);
+    KTEST_FAIL("line %d: \"%s\" does not name kiln_load and \"%s\"", line, kiln_last_error(),
+               needle);
 }
-#define BAD(header, hlen, data, ndata, needle)                                  \
-  do {                                                                           \
-    write_file(path_of("bad.safetensors"), header, hlen, data, ndata);           \
-    expect_bad(__LINE__, needle);                                                \
+#define BAD(header, hlen, data, ndata, needle)                         \
+  do {                                                                 \
+    write_file(path_of("bad.safetensors"), header, hlen, data, ndata); \
+    expect_bad(__LINE__, needle);                                      \
   } while (0)
 
 TEST(hostile_files_are_rejected) {
@@ -201,34 +202,37 @@ TEST(hostile_files_are_rejected) {
       "hold 12 bytes, but a F32 tensor of 2 elements needs 8");
   BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", real, d, 8, "outside");
   BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-      "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", real, d, 12,
-      "overlapping ranges");
+      "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+      real, d, 12, "overlapping ranges");
   BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-      "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[12,16]}}", real, d, 16, "a gap");
+      "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[12,16]}}",
+      real, d, 16, "a gap");
   BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", real, d, 8,
       "cover 4 bytes of a 8-byte data section");
   BAD("{\"a\":{\"dtype\":\"F64\",\"shape\":[4611686018427387904,4],\"data_offsets\":[0,8]}}", real,
       d, 8, "too large (its nonzero sizes multiply past 2^60)");
-  BAD("{\"a\":{\"dtype\":\"F64\",\"shape\":[18446744073709551616],\"data_offsets\":[0,8]}}", real, d,
-      8, "not a non-negative integer");
+  BAD("{\"a\":{\"dtype\":\"F64\",\"shape\":[18446744073709551616],\"data_offsets\":[0,8]}}", real,
+      d, 8, "not a non-negative integer");
   BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", real, d, 4,
       "not a non-negative integer");
   BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1.0],\"data_offsets\":[0,4]}}", real, d, 4,
       "not a non-negative integer");
-  BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", real, d, 4,
-      "at most 8");
+  BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", real, d,
+      4, "at most 8");
   BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", real, d, 4, "data_offsets");
   /* dtypes and keys */
   BAD("{\"a\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]}}", real, d, 4,
       "unsupported dtype \"F16\"");
   BAD("{\"a\":{\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]}}", real, d, 4,
       "unsupported dtype");
-  BAD("{\"a\":{\"dtype\":7,\"shape\":[1],\"data_offsets\":[0,4]}}", real, d, 4, "dtype is not a string");
+  BAD("{\"a\":{\"dtype\":7,\"shape\":[1],\"data_offsets\":[0,4]}}", real, d, 4,
+      "dtype is not a string");
   BAD("{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", real, d, 4, "are required");
   BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"x\":1}}", real, d, 4,
       "unknown key \"x\"");
   BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-      "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", real, d, 8, "appears twice");
+      "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+      real, d, 8, "appears twice");
   BAD("{\"__metadata__\":{\"k\":1}}", real, d, 0, "__metadata__");
   BAD("[1,2]", real, d, 0, "not a JSON object");
   BAD("{\"a\":5}", real, d, 0, "not an object");
@@ -244,7 +248,7 @@ TEST(hostile_files_are_rejected) {
   BAD("{\"a\":01}", real, d, 0, "not valid JSON");
   BAD("{\"a\tb\":{}}", real, d, 0, "control character");
   BAD("{\"a\xff\":{}}", real, d, 0, "not valid UTF-8 (byte 3)");
-  BAD("{\"a\xc0\xaf\":{}}", real, d, 0, "not valid UTF-8"); /* overlong '/' */
+  BAD("{\"a\xc0\xaf\":{}}", real, d, 0, "not valid UTF-8");     /* overlong '/' */
   BAD("{\"a\xed\xa0\x80\":{}}", real, d, 0, "not valid UTF-8"); /* a surrogate */
   {
     char deep[300];
@@ -273,8 +277,9 @@ TEST(hostile_files_are_rejected) {
 
 TEST(metadata_and_whitespace_accepted) {
   float v[2] = {1, 2};
-  const char *hdr = " {\"__metadata__\" : {\"format\":\"pt\", \"\\u00e9\\ud83d\\ude00\":\"x\"},\n"
-                    "\"v\":{\"data_offsets\":[0,8],\"shape\":[2],\"dtype\":\"F32\"}}  ";
+  const char *hdr =
+      " {\"__metadata__\" : {\"format\":\"pt\", \"\\u00e9\\ud83d\\ude00\":\"x\"},\n"
+      "\"v\":{\"data_offsets\":[0,8],\"shape\":[2],\"dtype\":\"F32\"}}  ";
   write_file(path_of("meta.safetensors"), hdr, UINT64_MAX, v, 8);
   char *names[2] = {0};
   kiln_tensor *ts[2] = {0};
@@ -287,8 +292,8 @@ TEST(metadata_and_whitespace_accepted) {
   }
   /* bool bytes are normalized to 0/1 */
   unsigned char b[3] = {0, 7, 255};
-  write_file(path_of("bool.safetensors"), "{\"m\":{\"dtype\":\"BOOL\",\"shape\":[3],\"data_offsets\":[0,3]}}",
-             UINT64_MAX, b, 3);
+  write_file(path_of("bool.safetensors"),
+             "{\"m\":{\"dtype\":\"BOOL\",\"shape\":[3],\"data_offsets\":[0,3]}}", UINT64_MAX, b, 3);
   n = kiln_load(path_of("bool.safetensors"), 2, names, ts);
   CHECK_EQ_INT(n, 1);
   if (n == 1) {
@@ -304,7 +309,8 @@ TEST(metadata_and_whitespace_accepted) {
 TEST(fuzzed_files_never_crash) {
   float f[3] = {1, 2, 3};
   int64_t l[2] = {5, 6};
-  kiln_tensor *ts[2] = {kiln_from_data(f, KILN_F32, 1, S(3)), kiln_from_data(l, KILN_I64, 2, S(1, 2))};
+  kiln_tensor *ts[2] = {kiln_from_data(f, KILN_F32, 1, S(3)),
+                        kiln_from_data(l, KILN_I64, 2, S(1, 2))};
   const char *names[2] = {"f", "l"};
   const char *src = path_of("fuzz-src.safetensors");
   CHECK_EQ_INT(kiln_save(src, 2, names, ts), KILN_OK);
@@ -323,11 +329,16 @@ TEST(fuzzed_files_never_crash) {
     for (int m = 0; m < muts; m++) {
       s = s * 6364136223846793005ull + 1442695040888963407ull;
       size_t at = (size_t)(s >> 33) % len;
-      if (kind == 0) buf[at] = (unsigned char)(s >> 13);            /* a random byte */
-      else if (kind == 1) buf[at] = "{}[]\":,0123456789 -eE.\\u"[(s >> 13) % 25]; /* JSON-ish */
-      else if (kind == 2) len = at + 1;                              /* truncation */
-      else if (at < 8) buf[at] ^= (unsigned char)(1u << ((s >> 13) % 8)); /* the length */
-      else buf[at] ^= (unsigned char)(1u << ((s >> 13) % 8));
+      if (kind == 0)
+        buf[at] = (unsigned char)(s >> 13); /* a random byte */
+      else if (kind == 1)
+        buf[at] = "{}[]\":,0123456789 -eE.\\u"[(s >> 13) % 25]; /* JSON-ish */
+      else if (kind == 2)
+        len = at + 1; /* truncation */
+      else if (at < 8)
+        buf[at] ^= (unsigned char)(1u << ((s >> 13) % 8)); /* the length */
+      else
+        buf[at] ^= (unsigned char)(1u << ((s >> 13) % 8));
     }
     write_raw(path_of("fuzz.safetensors"), buf, len);
     char *ln[4] = {0};
@@ -395,18 +406,24 @@ TEST(python_peer_cross_check) {
   int n = kiln_load(path_of("py.safetensors"), 8, names, ts);
   CHECK_EQ_INT(n, 4);
   for (int i = 0; i < n; i++) {
-    if (!strcmp(names[i], "x")) CHECK_TENSOR(ts[i], 2, S(2, 3), ((const double[]){0, .25, .5, .75, 1, 1.25}), 0);
-    else if (!strcmp(names[i], "i")) CHECK_TENSOR(ts[i], 1, S(2), ((const double[]){-3, 9}), 0);
-    else if (!strcmp(names[i], "b")) CHECK_TENSOR(ts[i], 1, S(2), ((const double[]){1, 0}), 0);
-    else if (!strcmp(names[i], "s")) CHECK_TENSOR(ts[i], 0, S(0), ((const double[]){2.5}), 0);
-    else KTEST_FAIL("unexpected name %s", names[i]);
+    if (!strcmp(names[i], "x"))
+      CHECK_TENSOR(ts[i], 2, S(2, 3), ((const double[]){0, .25, .5, .75, 1, 1.25}), 0);
+    else if (!strcmp(names[i], "i"))
+      CHECK_TENSOR(ts[i], 1, S(2), ((const double[]){-3, 9}), 0);
+    else if (!strcmp(names[i], "b"))
+      CHECK_TENSOR(ts[i], 1, S(2), ((const double[]){1, 0}), 0);
+    else if (!strcmp(names[i], "s"))
+      CHECK_TENSOR(ts[i], 0, S(0), ((const double[]){2.5}), 0);
+    else
+      KTEST_FAIL("unexpected name %s", names[i]);
   }
   free_loaded(n, names, ts);
   /* 2. Kiln writes, Python reads (safetensors.numpy, or a struct+json reader
         that checks the layout the format requires) */
   double v[4] = {1, -2, 3.5, 1e300};
   int32_t iv[3] = {1, 2, -3};
-  kiln_tensor *out[2] = {kiln_from_data(v, KILN_F64, 2, S(2, 2)), kiln_from_data(iv, KILN_I32, 1, S(3))};
+  kiln_tensor *out[2] = {kiln_from_data(v, KILN_F64, 2, S(2, 2)),
+                         kiln_from_data(iv, KILN_I32, 1, S(3))};
   const char *onames[2] = {"m", "v"};
   CHECK_EQ_INT(kiln_save(path_of("kiln.safetensors"), 2, onames, out), KILN_OK);
   snprintf(script, sizeof script,
@@ -421,7 +438,8 @@ TEST(python_peer_cross_check) {
            "    b = open(p, 'rb').read()\n"
            "    (n,) = struct.unpack('<Q', b[:8]); h = json.loads(b[8:8 + n]); d = b[8 + n:]\n"
            "    assert n %% 8 == 0 and h['m']['dtype'] == 'F64' and h['v']['dtype'] == 'I32'\n"
-           "    assert h['m']['shape'] == [2, 2] and h['v']['data_offsets'] == [32, 44] and len(d) == 44\n"
+           "    assert h['m']['shape'] == [2, 2] and h['v']['data_offsets'] == [32, 44] and len(d) "
+           "== 44\n"
            "    m = list(struct.unpack('<4d', d[0:32])); m = [m[:2], m[2:]]\n"
            "    v = list(struct.unpack('<3i', d[32:44]))\n"
            "assert m == [[1.0, -2.0], [3.5, 1e300]], m\n"

@@ -346,7 +346,8 @@ static void chain_grad(bool across, float *grad) {
   } else {
     io[1] = long_chain(w);
   }
-  kiln_tensor *sq = kiln_mul(io[1], io[1]), *both = kiln_add(sq, early), *loss = kiln_sum(both, 0, NULL, false);
+  kiln_tensor *sq = kiln_mul(io[1], io[1]), *both = kiln_add(sq, early),
+              *loss = kiln_sum(both, 0, NULL, false);
   CHECK(kiln_backward(loss, NULL) == KILN_OK);
   kiln_tensor *g = kiln_grad(w);
   CHECK(g && kiln_to_buffer(g, grad, 4 * sizeof *grad) == KILN_OK);
@@ -364,7 +365,8 @@ TEST(backward_through_values_recorded_on_another_thread) {
   chain_grad(false, one);
   chain_grad(true, two);
   for (int i = 0; i < 4; i++) {
-    if (one[i] != two[i]) fprintf(stderr, "grad[%d]: %.9g on one thread, %.9g across two\n", i, one[i], two[i]);
+    if (one[i] != two[i])
+      fprintf(stderr, "grad[%d]: %.9g on one thread, %.9g across two\n", i, one[i], two[i]);
     CHECK(one[i] == two[i]);
   }
   CHECK(one[0] > 2.0f); /* 2 h dh/dw + 2, h ~ w */

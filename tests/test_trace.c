@@ -72,13 +72,13 @@ static void fill_pattern(float *v, int n, float scale, float shift) {
 
 enum {
   V_BASE,
-  V_SHAPE,     /* [4,9] instead of [4,8] */
-  V_DTYPE,     /* f64 */
-  V_LAYOUT,    /* the input is a materialized transposed view of an [8,4] tensor */
-  V_BRANCH,    /* tanh instead of exp */
-  V_SCALAR,    /* kiln_mul_scalar(x, 0.7) instead of 0.5 */
-  V_HELD,      /* e is also read by a pending node outside the flush */
-  V_STORE,     /* a pending store of e */
+  V_SHAPE,  /* [4,9] instead of [4,8] */
+  V_DTYPE,  /* f64 */
+  V_LAYOUT, /* the input is a materialized transposed view of an [8,4] tensor */
+  V_BRANCH, /* tanh instead of exp */
+  V_SCALAR, /* kiln_mul_scalar(x, 0.7) instead of 0.5 */
+  V_HELD,   /* e is also read by a pending node outside the flush */
+  V_STORE,  /* a pending store of e */
   V_COUNT
 };
 
@@ -191,13 +191,15 @@ TEST(key_same_across_processes) {
 TEST(key_changes_with_structure_not_scalars) {
   tr_flush_info info[V_COUNT];
   for (int v = 0; v < V_COUNT; v++) info[v] = key_program(v);
-  const char *names[V_COUNT] = {"base", "shape", "dtype", "layout", "branch", "scalar", "held", "store"};
+  const char *names[V_COUNT] = {"base",   "shape",  "dtype", "layout",
+                                "branch", "scalar", "held",  "store"};
   for (int v = 1; v < V_COUNT; v++) {
     /* a pending reader outside the flush (held) changes nothing: which
        handles are alive never changes the outputs or the key */
     bool expect_same = v == V_SCALAR || v == V_HELD;
     if (same_key(&info[0], &info[v]) != expect_same)
-      KTEST_FAIL("variant %s: key %s the base key", names[v], expect_same ? "differs from" : "equals");
+      KTEST_FAIL("variant %s: key %s the base key", names[v],
+                 expect_same ? "differs from" : "equals");
   }
   /* the family erases extents only: compared on second sightings (hot) */
   tr_cache_reset();
@@ -268,15 +270,19 @@ TEST(key_ignores_host_scalar_values) {
       float xs[5] = {1, -2, 3, 4.5f, -0.5f}, got[5];
       kiln_tensor *x = f32_tensor(xs, 1, (int64_t[]){5});
       double v = special[r];
-      kiln_tensor *y = op == 0 ? kiln_mul_scalar(x, v) : op == 1 ? kiln_add_scalar(x, v)
-                                                               : kiln_clamp(x, v - 1, v);
+      kiln_tensor *y = op == 0   ? kiln_mul_scalar(x, v)
+                       : op == 1 ? kiln_add_scalar(x, v)
+                                 : kiln_clamp(x, v - 1, v);
       read_f32(y, got, 5);
       tr_flush_info info = last_flush();
-      if (r == 0) first = info;
-      else if (!same_key(&first, &info)) KTEST_FAIL("%s by %g: a key of its own", ops[op], v);
+      if (r == 0)
+        first = info;
+      else if (!same_key(&first, &info))
+        KTEST_FAIL("%s by %g: a key of its own", ops[op], v);
       for (int i = 0; i < 5; i++) {
-        float want = op == 0 ? xs[i] * (float)v : op == 1 ? xs[i] + (float)v
-                   : fminf(fmaxf(xs[i], (float)(v - 1)), (float)v);
+        float want = op == 0   ? xs[i] * (float)v
+                     : op == 1 ? xs[i] + (float)v
+                               : fminf(fmaxf(xs[i], (float)(v - 1)), (float)v);
         if (memcmp(&got[i], &want, sizeof want))
           KTEST_FAIL("%s by %g: element %d is %g, expected %g", ops[op], v, i, got[i], want);
       }
@@ -298,7 +304,8 @@ TEST(training_loop_keys_are_bounded) {
     ys[i] = 0.3f * xs[i] + 0.2f * (float)(i % 3);
   }
   int64_t shape[1] = {N};
-  kiln_tensor *w = f32_tensor(w0, 1, shape), *x = f32_tensor(xs, 1, shape), *y = f32_tensor(ys, 1, shape);
+  kiln_tensor *w = f32_tensor(w0, 1, shape), *x = f32_tensor(xs, 1, shape),
+              *y = f32_tensor(ys, 1, shape);
   float rw[N]; /* float reference of the same ops */
   memcpy(rw, w0, sizeof rw);
   const double lr = 0.3;
@@ -549,7 +556,8 @@ enum { PX_R = 8, PX_C = 16, PW_C = 12 };
 static void nontrivial_program(bool sync_each, float *out_soft, float *out_rows, float *out_all,
                                tr_flush_info *info) {
   float xs[PX_R * PX_C], ws[PX_C * PW_C], gs[PX_C], bs[PX_C];
-  for (int i = 0; i < PX_R * PX_C; i++) xs[i] = sinf((float)i * 0.37f) * 2.0f + 0.1f * (float)(i % 5);
+  for (int i = 0; i < PX_R * PX_C; i++)
+    xs[i] = sinf((float)i * 0.37f) * 2.0f + 0.1f * (float)(i % 5);
   for (int i = 0; i < PX_C * PW_C; i++) ws[i] = cosf((float)i * 0.11f) * 0.5f;
   for (int i = 0; i < PX_C; i++) {
     gs[i] = 1.0f + 0.05f * (float)i;
@@ -582,7 +590,6 @@ static void nontrivial_program(bool sync_each, float *out_soft, float *out_rows,
   for (int i = 0; i < nh; i++) kiln_release(held[i]);
 }
 
-
 typedef struct {
   float soft[PX_R * PW_C], rows[PX_R], all[1];
   tr_flush_info info[3];
@@ -610,7 +617,7 @@ TEST(plan_matches_interpreter_bitwise) {
   CHECK(same_key(&cold.info[0], &hot.info[0])); /* learning never changes a key */
   CHECK(cold.info[0].outputs < hot.info[0].outputs);
   CHECK(hot.info[1].nodes < cold.info[1].nodes); /* no recomputation of h */
-  CHECK(hot.info[0].nodes >= 15); /* the whole forward pass is one trace */
+  CHECK(hot.info[0].nodes >= 15);                /* the whole forward pass is one trace */
   CHECK(!memcmp(cold.soft, warm.soft, sizeof cold.soft));
   CHECK(!memcmp(cold.rows, warm.rows, sizeof cold.rows));
   CHECK(!memcmp(cold.all, warm.all, sizeof cold.all));
@@ -659,15 +666,18 @@ TEST(recompile_budget_per_family) {
   int planned_sizes = 0;
   for (int i = 0; i < 20; i++) {
     int n = 3 + i;
-    tr_flush_info a = i == 0 ? cold0 : budget_program(n), b = budget_program(n), c = budget_program(n);
+    tr_flush_info a = i == 0 ? cold0 : budget_program(n), b = budget_program(n),
+                  c = budget_program(n);
     CHECK(a.new_key && !a.planned);
     CHECK(!b.new_key && same_key(&a, &b));
     if (i == 0) first = b;
     CHECK(same_family(&b, &first));
     if (i > 0) CHECK(!same_key(&a, &first));
     bool want = i < 8; /* KILN_RECOMPILE_BUDGET defaults to 8 */
-    if (b.planned != want) KTEST_FAIL("size %d: planned %d on its second sighting, expected %d", n, b.planned, want);
-    if (c.planned != want) KTEST_FAIL("size %d: planned %d on its third sighting, expected %d", n, c.planned, want);
+    if (b.planned != want)
+      KTEST_FAIL("size %d: planned %d on its second sighting, expected %d", n, b.planned, want);
+    if (c.planned != want)
+      KTEST_FAIL("size %d: planned %d on its third sighting, expected %d", n, c.planned, want);
     planned_sizes += b.planned;
   }
   CHECK_EQ_INT(planned_sizes, 8);
@@ -838,7 +848,8 @@ static void remove_dump_dir(void) {
   rmdir(dump_dir);
 }
 
-/* --- passes (child process: KILN_HOT=1, KILN_INSPECT_IR=1) ------------------------------------- */
+/* --- passes (child process: KILN_HOT=1, KILN_INSPECT_IR=1) -------------------------------------
+ */
 
 typedef kiln_tensor *(*prog_fn)(kiln_tensor *x);
 
@@ -916,8 +927,10 @@ TEST(pass_neg_neg) {
 
 /* x op c with c a literal of the graph (kiln_ones/kiln_zeros of x's dtype,
    0-d): the literal's value is key material, so exact identities apply */
-static kiln_tensor *with_literal(kiln_tensor *x, double v, kiln_tensor *(*op)(kiln_tensor *, kiln_tensor *)) {
-  kiln_tensor *c = v == 1 ? kiln_ones(kiln_dtype_of(x), 0, NULL) : kiln_zeros(kiln_dtype_of(x), 0, NULL);
+static kiln_tensor *with_literal(kiln_tensor *x, double v,
+                                 kiln_tensor *(*op)(kiln_tensor *, kiln_tensor *)) {
+  kiln_tensor *c =
+      v == 1 ? kiln_ones(kiln_dtype_of(x), 0, NULL) : kiln_zeros(kiln_dtype_of(x), 0, NULL);
   kiln_tensor *y = op(x, c);
   kiln_release(c);
   return y;
@@ -961,10 +974,19 @@ static kiln_tensor *p_sub0_host(kiln_tensor *x) { return kiln_sub_scalar(x, 0.0)
 TEST(pass_scalar_identities_f64) {
   double xs[6] = {-0.0, 0.0, 1.5, -3.25, 1e300, NAN}, got[6];
   kiln_tensor *x = kiln_from_data(xs, KILN_F64, 1, (int64_t[]){6});
-  struct { const char *name; prog_fn f; bool simplifies; } cases[] = {
-      {"x*1", p_mul1_s, true},    {"x/1", p_div1_s, true},     {"x**1", p_pow1_s, true},
-      {"x-(+0)", p_sub0_s, true}, {"x+(+0)", p_add0_s, false}, {"x*2", p_mul2_s, false},
-      {"x*1 (host 1.0)", p_mul1_host, false}, {"x-0 (host 0.0)", p_sub0_host, false},
+  struct {
+    const char *name;
+    prog_fn f;
+    bool simplifies;
+  } cases[] = {
+      {"x*1", p_mul1_s, true},
+      {"x/1", p_div1_s, true},
+      {"x**1", p_pow1_s, true},
+      {"x-(+0)", p_sub0_s, true},
+      {"x+(+0)", p_add0_s, false},
+      {"x*2", p_mul2_s, false},
+      {"x*1 (host 1.0)", p_mul1_host, false},
+      {"x-0 (host 0.0)", p_sub0_host, false},
   };
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     pass_run r;
@@ -1104,7 +1126,8 @@ static kiln_tensor *p_bias_grad(kiln_tensor *g) {
 static kiln_tensor *p_bias_grad_kept(kiln_tensor *g) {
   const int rows[1] = {0};
   kiln_tensor *s = kiln_sum(g, 1, rows, true), *r = kiln_reshape(s, 1, (int64_t[]){6});
-  kiln_tensor *h = kiln_mul_scalar(r, 0.5), *e = kiln_exp(s), *er = kiln_reshape(e, 1, (int64_t[]){6});
+  kiln_tensor *h = kiln_mul_scalar(r, 0.5), *e = kiln_exp(s),
+              *er = kiln_reshape(e, 1, (int64_t[]){6});
   kiln_tensor *y = kiln_add(h, er);
   kiln_release(s), kiln_release(r), kiln_release(h), kiln_release(e), kiln_release(er);
   return y;
@@ -1137,7 +1160,7 @@ static kiln_tensor *p_transpose2(kiln_tensor *x) {
   return c;
 }
 static const int PERM_A[3] = {1, 2, 0}, PERM_B[3] = {2, 0, 1}; /* B is A's inverse */
-static kiln_tensor *p_permute_compose(kiln_tensor *x) { /* [2,3,4] -> [3,4,2] -> [4,2,3] */
+static kiln_tensor *p_permute_compose(kiln_tensor *x) {        /* [2,3,4] -> [3,4,2] -> [4,2,3] */
   kiln_tensor *a = kiln_permute(x, PERM_A), *b = kiln_permute(a, PERM_A), *c = kiln_exp(b);
   kiln_release(a);
   kiln_release(b);

@@ -14,11 +14,11 @@ const void *fe_storage_id(const kiln_tensor *t);
 #define P(...) ((const int[]){__VA_ARGS__})
 
 /* evaluates expr once, checks shape and values exactly, releases it */
-#define CHECK_VIEW(expr, nd, shape, expect)                          \
-  do {                                                               \
-    kiln_tensor *cv_ = (expr);                                       \
-    CHECK_TENSOR(cv_, nd, shape, expect, 0);                         \
-    kiln_release(cv_);                                               \
+#define CHECK_VIEW(expr, nd, shape, expect)  \
+  do {                                       \
+    kiln_tensor *cv_ = (expr);               \
+    CHECK_TENSOR(cv_, nd, shape, expect, 0); \
+    kiln_release(cv_);                       \
   } while (0)
 
 /* a tensor of dtype dt holding the doubles vals (converted) */
@@ -29,11 +29,21 @@ static kiln_tensor *make(kiln_dtype dt, int ndim, const int64_t *shape, const do
   unsigned char *buf = calloc(1, bytes);
   for (int64_t i = 0; i < n; i++) {
     switch (dt) {
-      case KILN_BOOL: ((unsigned char *)buf)[i] = vals[i] != 0; break;
-      case KILN_I32: ((int32_t *)buf)[i] = (int32_t)vals[i]; break;
-      case KILN_I64: ((int64_t *)buf)[i] = (int64_t)vals[i]; break;
-      case KILN_F32: ((float *)buf)[i] = (float)vals[i]; break;
-      case KILN_F64: ((double *)buf)[i] = vals[i]; break;
+      case KILN_BOOL:
+        ((unsigned char *)buf)[i] = vals[i] != 0;
+        break;
+      case KILN_I32:
+        ((int32_t *)buf)[i] = (int32_t)vals[i];
+        break;
+      case KILN_I64:
+        ((int64_t *)buf)[i] = (int64_t)vals[i];
+        break;
+      case KILN_F32:
+        ((float *)buf)[i] = (float)vals[i];
+        break;
+      case KILN_F64:
+        ((double *)buf)[i] = vals[i];
+        break;
     }
   }
   kiln_tensor *t = kiln_from_data(buf, dt, ndim, shape);
@@ -161,21 +171,21 @@ TEST(reshape_of_empty_tensor) {
 
 TEST(permute_3d_every_order_checked_by_hand) {
   kiln_tensor *a = iota(KILN_F32, 3, S(2, 3, 4)); /* a[i][j][k] = 12i + 4j + k */
-  CHECK_VIEW(kiln_permute(a, P(0, 1, 2)), 3, S(2, 3, 4),
-             V(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
-               22, 23));
-  CHECK_VIEW(kiln_permute(a, P(2, 0, 1)), 3, S(4, 2, 3),
-             V(0, 4, 8, 12, 16, 20, 1, 5, 9, 13, 17, 21, 2, 6, 10, 14, 18, 22, 3, 7, 11, 15,
-               19, 23));
-  CHECK_VIEW(kiln_permute(a, P(1, 2, 0)), 3, S(3, 4, 2),
-             V(0, 12, 1, 13, 2, 14, 3, 15, 4, 16, 5, 17, 6, 18, 7, 19, 8, 20, 9, 21, 10, 22,
-               11, 23));
-  CHECK_VIEW(kiln_permute(a, P(2, 1, 0)), 3, S(4, 3, 2),
-             V(0, 12, 4, 16, 8, 20, 1, 13, 5, 17, 9, 21, 2, 14, 6, 18, 10, 22, 3, 15, 7, 19,
-               11, 23));
-  CHECK_VIEW(kiln_permute(a, P(0, 2, 1)), 3, S(2, 4, 3),
-             V(0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11, 12, 16, 20, 13, 17, 21, 14, 18, 22, 15,
-               19, 23));
+  CHECK_VIEW(
+      kiln_permute(a, P(0, 1, 2)), 3, S(2, 3, 4),
+      V(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23));
+  CHECK_VIEW(
+      kiln_permute(a, P(2, 0, 1)), 3, S(4, 2, 3),
+      V(0, 4, 8, 12, 16, 20, 1, 5, 9, 13, 17, 21, 2, 6, 10, 14, 18, 22, 3, 7, 11, 15, 19, 23));
+  CHECK_VIEW(
+      kiln_permute(a, P(1, 2, 0)), 3, S(3, 4, 2),
+      V(0, 12, 1, 13, 2, 14, 3, 15, 4, 16, 5, 17, 6, 18, 7, 19, 8, 20, 9, 21, 10, 22, 11, 23));
+  CHECK_VIEW(
+      kiln_permute(a, P(2, 1, 0)), 3, S(4, 3, 2),
+      V(0, 12, 4, 16, 8, 20, 1, 13, 5, 17, 9, 21, 2, 14, 6, 18, 10, 22, 3, 15, 7, 19, 11, 23));
+  CHECK_VIEW(
+      kiln_permute(a, P(0, 2, 1)), 3, S(2, 4, 3),
+      V(0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11, 12, 16, 20, 13, 17, 21, 14, 18, 22, 15, 19, 23));
   kiln_release(a);
 }
 
@@ -183,10 +193,9 @@ TEST(permute_then_inverse_permute_is_identity) {
   kiln_tensor *a = iota(KILN_I64, 3, S(2, 3, 4));
   kiln_tensor *p = kiln_permute(a, P(2, 0, 1));
   kiln_tensor *q = kiln_permute(p, P(1, 2, 0));
-  CHECK_TENSOR(q, 3, S(2, 3, 4),
-               V(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
-                 22, 23),
-               0);
+  CHECK_TENSOR(
+      q, 3, S(2, 3, 4),
+      V(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23), 0);
   kiln_release(q);
   kiln_release(p);
   kiln_release(a);
@@ -198,27 +207,27 @@ TEST(transpose_2d_and_3d) {
   CHECK_VIEW(kiln_transpose(m, 1, 0), 2, S(3, 2), V(0, 3, 1, 4, 2, 5));
   CHECK_VIEW(kiln_transpose(m, 0, 0), 2, S(2, 3), V(0, 1, 2, 3, 4, 5));
   kiln_tensor *a = iota(KILN_F32, 3, S(2, 3, 4));
-  CHECK_VIEW(kiln_transpose(a, 0, 2), 3, S(4, 3, 2),
-             V(0, 12, 4, 16, 8, 20, 1, 13, 5, 17, 9, 21, 2, 14, 6, 18, 10, 22, 3, 15, 7, 19,
-               11, 23));
-  CHECK_VIEW(kiln_transpose(a, 1, 2), 3, S(2, 4, 3),
-             V(0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11, 12, 16, 20, 13, 17, 21, 14, 18, 22, 15,
-               19, 23));
-  CHECK_VIEW(kiln_transpose(a, 0, 1), 3, S(3, 2, 4),
-             V(0, 1, 2, 3, 12, 13, 14, 15, 4, 5, 6, 7, 16, 17, 18, 19, 8, 9, 10, 11, 20, 21,
-               22, 23));
+  CHECK_VIEW(
+      kiln_transpose(a, 0, 2), 3, S(4, 3, 2),
+      V(0, 12, 4, 16, 8, 20, 1, 13, 5, 17, 9, 21, 2, 14, 6, 18, 10, 22, 3, 15, 7, 19, 11, 23));
+  CHECK_VIEW(
+      kiln_transpose(a, 1, 2), 3, S(2, 4, 3),
+      V(0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11, 12, 16, 20, 13, 17, 21, 14, 18, 22, 15, 19, 23));
+  CHECK_VIEW(
+      kiln_transpose(a, 0, 1), 3, S(3, 2, 4),
+      V(0, 1, 2, 3, 12, 13, 14, 15, 4, 5, 6, 7, 16, 17, 18, 19, 8, 9, 10, 11, 20, 21, 22, 23));
   kiln_release(a);
   kiln_release(m);
 }
 
 TEST(transpose_accepts_negative_axes) {
   kiln_tensor *a = iota(KILN_F32, 3, S(2, 3, 4));
-  CHECK_VIEW(kiln_transpose(a, -1, -2), 3, S(2, 4, 3),
-             V(0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11, 12, 16, 20, 13, 17, 21, 14, 18, 22, 15,
-               19, 23));
-  CHECK_VIEW(kiln_transpose(a, 0, -1), 3, S(4, 3, 2),
-             V(0, 12, 4, 16, 8, 20, 1, 13, 5, 17, 9, 21, 2, 14, 6, 18, 10, 22, 3, 15, 7, 19,
-               11, 23));
+  CHECK_VIEW(
+      kiln_transpose(a, -1, -2), 3, S(2, 4, 3),
+      V(0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11, 12, 16, 20, 13, 17, 21, 14, 18, 22, 15, 19, 23));
+  CHECK_VIEW(
+      kiln_transpose(a, 0, -1), 3, S(4, 3, 2),
+      V(0, 12, 4, 16, 8, 20, 1, 13, 5, 17, 9, 21, 2, 14, 6, 18, 10, 22, 3, 15, 7, 19, 11, 23));
   kiln_release(a);
 }
 
@@ -355,8 +364,8 @@ TEST(slice_bounds_clamped_like_python) {
   kiln_release(a);
 }
 
-static void check_empty_slice(kiln_tensor *a, int axis, int64_t start, int64_t stop,
-                              int64_t step, int ndim, const int64_t *shape) {
+static void check_empty_slice(kiln_tensor *a, int axis, int64_t start, int64_t stop, int64_t step,
+                              int ndim, const int64_t *shape) {
   kiln_tensor *s = kiln_slice(a, axis, start, stop, step);
   CHECK(s != NULL);
   if (!s) return;
@@ -387,16 +396,22 @@ TEST(slice_empty_results) {
 static int64_t python_slice(int64_t len, int64_t *start, int64_t stop, int64_t step) {
   __int128 lo = step > 0 ? 0 : -1, hi = step > 0 ? len : len - 1;
   __int128 b = *start, e = stop;
-  if (b < 0) b = b + len < lo ? lo : b + len; else if (b > hi) b = hi;
-  if (e < 0) e = e + len < lo ? lo : e + len; else if (e > hi) e = hi;
+  if (b < 0)
+    b = b + len < lo ? lo : b + len;
+  else if (b > hi)
+    b = hi;
+  if (e < 0)
+    e = e + len < lo ? lo : e + len;
+  else if (e > hi)
+    e = hi;
   *start = (int64_t)b;
   if (step > 0) return e > b ? (int64_t)((e - b - 1) / step + 1) : 0;
   return b > e ? (int64_t)((b - e - 1) / -(__int128)step + 1) : 0;
 }
 
 static const int64_t slice_extremes[] = {
-    INT64_MIN, INT64_MIN + 1, -((int64_t)1 << 62), -11, -10, -9, -3, -1, 0, 1, 2, 9, 10, 11,
-    (int64_t)1 << 62, INT64_MAX - 1, INT64_MAX};
+    INT64_MIN, INT64_MIN + 1,    -((int64_t)1 << 62), -11,      -10, -9, -3, -1, 0, 1, 2, 9, 10,
+    11,        (int64_t)1 << 62, INT64_MAX - 1,       INT64_MAX};
 #define N_EXTREMES (int)(sizeof slice_extremes / sizeof slice_extremes[0])
 
 /* issue 13: slice(0, 10, INT64_MAX) had 0 elements and huge steps gave
@@ -425,8 +440,9 @@ TEST(slice_at_int64_extremes_matches_python) {
                      (long long)step, kiln_last_error());
         } else {
           for (int64_t q = 0; q < n; q++)
-            if (got[q] != first + q * step) KTEST_FAIL("slice(%lld, %lld, %lld)[%lld] = %lld",
-                  (long long)start, (long long)stop, (long long)step, (long long)q, (long long)got[q]);
+            if (got[q] != first + q * step)
+              KTEST_FAIL("slice(%lld, %lld, %lld)[%lld] = %lld", (long long)start, (long long)stop,
+                         (long long)step, (long long)q, (long long)got[q]);
         }
         kiln_release(s);
       }
@@ -498,11 +514,11 @@ TEST(slice_middle_axis_of_3d) {
 /* ----------------------------------------------------------------- chains */
 
 TEST(chain_transpose_slice_slice_unsqueeze_expand_then_reshape) {
-  kiln_tensor *m = iota(KILN_F32, 2, S(3, 4));  /* m[i][j] = 4i + j */
-  kiln_tensor *t = kiln_transpose(m, 0, 1);     /* [4,3], t[j][i] = 4i + j */
-  kiln_tensor *s1 = kiln_slice(t, 0, 1, 4, 2);  /* rows j=1,3: [[1,5,9],[3,7,11]] */
+  kiln_tensor *m = iota(KILN_F32, 2, S(3, 4));      /* m[i][j] = 4i + j */
+  kiln_tensor *t = kiln_transpose(m, 0, 1);         /* [4,3], t[j][i] = 4i + j */
+  kiln_tensor *s1 = kiln_slice(t, 0, 1, 4, 2);      /* rows j=1,3: [[1,5,9],[3,7,11]] */
   kiln_tensor *s2 = kiln_slice(s1, 1, 2, -100, -1); /* [[9,5,1],[11,7,3]] */
-  kiln_tensor *u = kiln_unsqueeze(s2, 0);       /* [1,2,3] */
+  kiln_tensor *u = kiln_unsqueeze(s2, 0);           /* [1,2,3] */
   kiln_tensor *e = kiln_expand(u, 3, S(2, 2, 3));
   CHECK_TENSOR(t, 2, S(4, 3), V(0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11), 0);
   CHECK_TENSOR(s1, 2, S(2, 3), V(1, 5, 9, 3, 7, 11), 0);
@@ -661,7 +677,7 @@ TEST(concat_3d_along_each_axis) {
 
 TEST(concat_of_noncontiguous_views) {
   kiln_tensor *m = iota(KILN_F32, 2, S(2, 3));
-  kiln_tensor *t = kiln_transpose(m, 0, 1); /* [[0,3],[1,4],[2,5]] */
+  kiln_tensor *t = kiln_transpose(m, 0, 1);       /* [[0,3],[1,4],[2,5]] */
   kiln_tensor *r = kiln_slice(t, 0, 2, -100, -1); /* [[2,5],[1,4],[0,3]] */
   kiln_tensor *tr[] = {t, r};
   CHECK_VIEW(kiln_concat(2, tr, 1), 2, S(3, 4), V(0, 3, 2, 5, 1, 4, 1, 4, 2, 5, 0, 3));
@@ -705,9 +721,9 @@ TEST(stack_1d_and_0d) {
 
 TEST(assign_rebinds_handle_earlier_views_and_results_keep_old_value) {
   kiln_tensor *x = make(KILN_F32, 1, S(4), V(1, 2, 3, 4));
-  kiln_tensor *view = kiln_slice(x, 0, 0, 4, 2);     /* pending view of old x */
-  kiln_tensor *pending = kiln_mul_scalar(x, 10);     /* pending result of old x */
-  kiln_tensor *read = kiln_add_scalar(x, 1);         /* evaluated before the assign */
+  kiln_tensor *view = kiln_slice(x, 0, 0, 4, 2); /* pending view of old x */
+  kiln_tensor *pending = kiln_mul_scalar(x, 10); /* pending result of old x */
+  kiln_tensor *read = kiln_add_scalar(x, 1);     /* evaluated before the assign */
   CHECK_TENSOR(read, 1, S(4), V(2, 3, 4, 5), 0);
   kiln_tensor *src = make(KILN_F32, 1, S(4), V(5, 6, 7, 8));
   CHECK_EQ_INT(kiln_assign(x, src), KILN_OK);

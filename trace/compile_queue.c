@@ -30,9 +30,7 @@ typedef struct {
 /* one per kiln_device, as vm_process()->backends */
 static struct { compile_queue dev[4]; } queues = {{QUEUE_INIT, QUEUE_INIT, QUEUE_INIT, QUEUE_INIT}};
 
-static compile_queue *queue_of(kiln_device dev) {
-  return &queues.dev[dev];
-}
+static compile_queue *queue_of(kiln_device dev) { return &queues.dev[dev]; }
 
 static void compile_delay(compile_queue *q) {
   if (q->delay_max_ms <= 0) return;

@@ -39,7 +39,9 @@ static void put_meta(FILE *f, const vm_meta *m) {
 static void put_attrs(FILE *f, const tr_pnode *p) {
   const vm_attr *a = &p->attr;
   switch (vm_op_table[p->op].kind) {
-    case VM_KIND_REDUCE: fprintf(f, " axes=0x%x keepdim=%d", a->axes_mask, a->keepdim); break;
+    case VM_KIND_REDUCE:
+      fprintf(f, " axes=0x%x keepdim=%d", a->axes_mask, a->keepdim);
+      break;
     case VM_KIND_VIEW:
       if (p->op == VM_OP_permute) {
         fprintf(f, " perm=(");
@@ -51,9 +53,15 @@ static void put_attrs(FILE *f, const tr_pnode *p) {
       }
       break;
     case VM_KIND_INDEX:
-    case VM_KIND_CONCAT: fprintf(f, " axis=%d", a->axis); break;
-    case VM_KIND_SORT: fprintf(f, " axis=%d descending=%d", a->axis, a->keepdim); break;
-    case VM_KIND_COLLECTIVE: fprintf(f, " op=%s seq=$%d", vm_reduce_name(a->axis), p->src); break;
+    case VM_KIND_CONCAT:
+      fprintf(f, " axis=%d", a->axis);
+      break;
+    case VM_KIND_SORT:
+      fprintf(f, " axis=%d descending=%d", a->axis, a->keepdim);
+      break;
+    case VM_KIND_COLLECTIVE:
+      fprintf(f, " op=%s seq=$%d", vm_reduce_name(a->axis), p->src);
+      break;
     case VM_KIND_CONV:
       fprintf(f, " stride=%d,%d padding=%d,%d dilation=%d,%d groups=%d", a->perm[0], a->perm[1],
               a->perm[2], a->perm[3], a->perm[4], a->perm[5], a->axis);
@@ -63,7 +71,8 @@ static void put_attrs(FILE *f, const tr_pnode *p) {
       if (p->op == VM_OP_arange) fprintf(f, " start,step=$%d", p->src);
       if (p->op == VM_OP_rand || p->op == VM_OP_randn) fprintf(f, " counter=$%d", p->src);
       break;
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -113,8 +122,11 @@ void tr_write_ir(FILE *f, const tr_trace *t, const tr_plan *plan, tr_key key) {
 static void write_dot(FILE *f, const tr_trace *t, const tr_plan *plan) {
   static const char *colors[] = {"#a6cee3", "#b2df8a", "#fb9a99", "#fdbf6f",
                                  "#cab2d6", "#ffff99", "#1f78b4", "#33a02c"};
-  fprintf(f, "digraph kiln {\n  rankdir=TB;\n  node [shape=box, style=filled, fontname=\"monospace\"];\n");
-  for (int j = 0; j < t->nleaves; j++) fprintf(f, "  L%d [label=\"L%d\", fillcolor=\"#eeeeee\"];\n", j, j);
+  fprintf(
+      f,
+      "digraph kiln {\n  rankdir=TB;\n  node [shape=box, style=filled, fontname=\"monospace\"];\n");
+  for (int j = 0; j < t->nleaves; j++)
+    fprintf(f, "  L%d [label=\"L%d\", fillcolor=\"#eeeeee\"];\n", j, j);
   for (int g = 0; g < plan->ngroups; g++) {
     const tr_group *grp = &plan->groups[g];
     fprintf(f, "  subgraph cluster_%d {\n    label=\"group %d (%s)\";\n", g, g,
@@ -149,7 +161,9 @@ int tr_dump_dir_open(void) {
   int fd = vm_private_dir_open(dir, true, &status, &why);
   if (fd < 0 && !atomic_flag_test_and_set(&warned))
     fprintf(stderr, "kiln: KILN_DUMP: nothing is dumped: %s is %s%s\n", dir, why,
-            status == VM_DIR_UNTRUSTED ? " (it must be a directory owned by you and writable by no one else)" : "");
+            status == VM_DIR_UNTRUSTED
+                ? " (it must be a directory owned by you and writable by no one else)"
+                : "");
   return fd;
 }
 
@@ -168,7 +182,8 @@ bool tr_dump_path(int dir_fd, const char *name, char *out, size_t out_len) {
 }
 
 FILE *tr_dump_append(int dir_fd, const char *name) {
-  int fd = openat(dir_fd, name, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+  int fd = openat(dir_fd, name, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                  0600);
   struct stat st;
   const char *why;
   if (fd >= 0 && (fstat(fd, &st) != 0 || !vm_private_file_check(&st, &why))) {
@@ -193,7 +208,8 @@ void tr_dump_plan(const tr_trace *t, const tr_plan *plan, tr_key key) {
     return;
   }
   char path[64], name[40];
-  snprintf(name, sizeof name, "%016llx%016llx", (unsigned long long)key.hi, (unsigned long long)key.lo);
+  snprintf(name, sizeof name, "%016llx%016llx", (unsigned long long)key.hi,
+           (unsigned long long)key.lo);
   snprintf(path, sizeof path, "trace-%s.txt", name);
   FILE *f = tr_dump_create(dfd, path);
   if (f) {
@@ -207,7 +223,8 @@ void tr_dump_plan(const tr_trace *t, const tr_plan *plan, tr_key key) {
   }
   if ((f = tr_dump_append(dfd, "manifest.tsv"))) {
     fprintf(f, "%s\t%d\t%d\t%d\t", name, t->n, plan->n, plan->ngroups);
-    for (int i = 0; i < plan->n; i++) fprintf(f, i ? ",%s" : "%s", vm_op_table[plan->nodes[i].op].name);
+    for (int i = 0; i < plan->n; i++)
+      fprintf(f, i ? ",%s" : "%s", vm_op_table[plan->nodes[i].op].name);
     fputc('\n', f);
     fclose(f);
   }
@@ -234,11 +251,13 @@ void tr_log_flush(const tr_trace *t, tr_flush_reason why, tr_key key, const cach
              ", not compiled: does not pay yet (would have saved %.3g ms so far, costs %.3g ms; "
              "KILN_PAYOFF=0 compiles it)",
              seen->saving_ms, seen->price_ms);
-  fprintf(stderr, "kiln: flush (%s) %d nodes -> %d outputs, key %016llx: %s, seen %llu%s%s, %s, %.3f ms%s\n",
-          tr_flush_reason_name(why), t->n, outs, (unsigned long long)key.hi,
-          seen->new_key ? "miss" : "hit", (unsigned long long)seen->sightings,
-          seen->make_plan ? ", planned now" : "", seen->over_budget ? ", family over budget" : declined,
-          planned ? "plan" : "interpreter", ms, rc ? " FAILED" : "");
+  fprintf(
+      stderr,
+      "kiln: flush (%s) %d nodes -> %d outputs, key %016llx: %s, seen %llu%s%s, %s, %.3f ms%s\n",
+      tr_flush_reason_name(why), t->n, outs, (unsigned long long)key.hi,
+      seen->new_key ? "miss" : "hit", (unsigned long long)seen->sightings,
+      seen->make_plan ? ", planned now" : "", seen->over_budget ? ", family over budget" : declined,
+      planned ? "plan" : "interpreter", ms, rc ? " FAILED" : "");
   if (level < 2) return;
   for (int i = 0; i < t->n; i++) {
     const tr_node *n = t->nodes[i];

@@ -34,9 +34,9 @@ typedef struct {
      written into them */
   tr_ptrmap leaf_map;
   int epoch;
-  int fail_status;      /* a target that failed in an earlier flush */
+  int fail_status; /* a target that failed in an earlier flush */
   const char *fail_msg;
-  int *edges; /* storage of every refs[i] */
+  int *edges;      /* storage of every refs[i] */
   int *recomputed; /* nodes an earlier flush left recomputable (trace indices) */
   int nrecomputed, cap_recomputed;
   bool oom;
@@ -170,12 +170,14 @@ static void keep_read_across_cut(tr_trace *t) {
     for (int k = 0; t->nodes[i]->state == TR_PENDING && k < t->nodes[i]->nin; k++)
       if (t->refs[i][k] >= 0) t->nodes[t->refs[i][k]]->inside_uses++;
   for (int i = 0; i < t->n; i++)
-    if (t->nodes[i]->pending_uses > t->nodes[i]->inside_uses && !is_fill(t->nodes[i])) t->is_output[i] = true;
+    if (t->nodes[i]->pending_uses > t->nodes[i]->inside_uses && !is_fill(t->nodes[i]))
+      t->is_output[i] = true;
 }
 
 static bool is_effect(const tr_node *n) { return vm_op_table[n->op].flags & VM_F_EFFECT; }
 
-static bool collect(collector *c, tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) {
+static bool collect(collector *c, tr_graph *g, tr_node **targets, int ntargets,
+                    tr_flush_reason why) {
   c->epoch = ++g->visit_epoch;
   /* ordered effects (collectives) first, in recording order: the trace's
      order, which every backend runs, then issues them as every rank does */
@@ -214,7 +216,8 @@ static bool collect(collector *c, tr_graph *g, tr_node **targets, int ntargets, 
     if (in_trace(g->stores[i])) t->is_output[g->stores[i]->index] = true;
   keep_computed_before(c, targets, ntargets);
   keep_saved_for_backward(t);
-  if (why == TR_FLUSH_DEPTH || why == TR_FLUSH_NODES || why == TR_FLUSH_MEMORY) keep_read_across_cut(t);
+  if (why == TR_FLUSH_DEPTH || why == TR_FLUSH_NODES || why == TR_FLUSH_MEMORY)
+    keep_read_across_cut(t);
   return !c->oom;
 }
 
@@ -386,8 +389,10 @@ static void trace_device(tr_trace *t) {
   for (int i = 0; i < t->n; i++) {
     const vm_meta *m = &t->nodes[i]->meta;
     if (m->weak && m->ndim == 0) continue;
-    if (!found) t->device = (kiln_device)m->device;
-    else if (m->device != t->device) t->mixed = true;
+    if (!found)
+      t->device = (kiln_device)m->device;
+    else if (m->device != t->device)
+      t->mixed = true;
     found = true;
   }
 }
@@ -449,8 +454,10 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
       if (seen.over_budget) cache_refuse((uint64_t[]){key.lo, key.hi});
     }
     if (seen.replan && planning) seen.make_plan = true;
-    if (priced && !seen.make_plan) tr_plan_release(priced);
-    else if (priced) plan = priced;
+    if (priced && !seen.make_plan)
+      tr_plan_release(priced);
+    else if (priced)
+      plan = priced;
     if (!priced) p0 = vm_now_ms();
     if (seen.make_plan && (plan || (plan = tr_plan_build(t, be)))) {
       if (compiles) be->compile(plan, t); /* here or in the background */

@@ -7,7 +7,12 @@
 #include "graph.h"
 
 typedef enum {
-  TR_FLUSH_READ, TR_FLUSH_SYNC, TR_FLUSH_DEPTH, TR_FLUSH_NODES, TR_FLUSH_MEMORY, TR_FLUSH_EVAL
+  TR_FLUSH_READ,
+  TR_FLUSH_SYNC,
+  TR_FLUSH_DEPTH,
+  TR_FLUSH_NODES,
+  TR_FLUSH_MEMORY,
+  TR_FLUSH_EVAL
 } tr_flush_reason;
 
 const char *tr_flush_reason_name(tr_flush_reason why);
@@ -18,7 +23,7 @@ const char *tr_flush_reason_name(tr_flush_reason why);
 typedef struct tr_trace {
   tr_node **nodes;
   int n;
-  int **refs;        /* refs[i][k], input k of node i: >= 0 a node, < 0 leaf -(j+1) */
+  int **refs; /* refs[i][k], input k of node i: >= 0 a node, < 0 leaf -(j+1) */
   tr_node **leaves;
   int nleaves;
   bool *is_output;

@@ -19,47 +19,46 @@ typedef enum { TR_PENDING, TR_RECOMPUTABLE, TR_MATERIALIZED, TR_FAILED } tr_stat
 
 typedef struct tr_graph tr_graph;
 
-
 struct tr_node {
-  atomic_long refs;        /* handles, consumer nodes, the store list, flushes */
-  atomic_long handles;     /* user handles naming this node */
+  atomic_long refs;    /* handles, consumer nodes, the store list, flushes */
+  atomic_long handles; /* user handles naming this node */
   vm_opcode op;
   vm_attr attr;
   vm_meta meta;
   int nin;
-  struct tr_node **in;     /* in_small or heap */
+  struct tr_node **in; /* in_small or heap */
   struct tr_node *in_small[3];
-  vm_tensor *value;        /* MATERIALIZED only */
-  int fail_status;         /* FAILED only: the error */
+  vm_tensor *value; /* MATERIALIZED only */
+  int fail_status;  /* FAILED only: the error */
   char *fail_msg;
-  bool requires_grad;      /* tracked by autodiff: keeps its inputs after materializing */
-  bool grad_done;          /* kiln_backward went through it: nothing is saved for it */
-  tr_grad_slot *slot;      /* a leaf variable's gradient slot (a reference) */
-  uint64_t seq;            /* creation order (a topological order for autodiff) */
-  uint64_t origin[2];      /* RECOMPUTABLE: the key of the flush that computed it */
-  int origin_pos;          /* ... and its canonical index there + 1 (0: none) */
+  bool requires_grad; /* tracked by autodiff: keeps its inputs after materializing */
+  bool grad_done;     /* kiln_backward went through it: nothing is saved for it */
+  tr_grad_slot *slot; /* a leaf variable's gradient slot (a reference) */
+  uint64_t seq;       /* creation order (a topological order for autodiff) */
+  uint64_t origin[2]; /* RECOMPUTABLE: the key of the flush that computed it */
+  int origin_pos;     /* ... and its canonical index there + 1 (0: none) */
   tr_state state;
-  int depth;               /* longest unmaterialized path ending here, as of depth_epoch */
-  uint64_t depth_epoch;    /* the owner graph's flush count when depth was computed */
-  int pending_uses;        /* PENDING consumers (under the graph lock) */
-  tr_graph *graph;         /* the recording thread's graph (a reference); NULL for leaves */
+  int depth;                   /* longest unmaterialized path ending here, as of depth_epoch */
+  uint64_t depth_epoch;        /* the owner graph's flush count when depth was computed */
+  int pending_uses;            /* PENDING consumers (under the graph lock) */
+  tr_graph *graph;             /* the recording thread's graph (a reference); NULL for leaves */
   struct tr_node *prev, *next; /* the owner's pending list */
   /* scratch for one flush (under the graph lock) */
   int visit, index, inside_uses;
 };
 
 struct tr_graph {
-  pthread_mutex_t lock;    /* recursive: releasing a node may release its inputs */
-  atomic_long refs;        /* the thread + its pending nodes */
-  tr_node head;            /* sentinel of the pending list, in record order */
-  int64_t pending;         /* nodes in the list */
-  int64_t pending_bytes;   /* bytes their results would take */
-  tr_node **stores;        /* handles' nodes rebound by stores since the last flush */
+  pthread_mutex_t lock;  /* recursive: releasing a node may release its inputs */
+  atomic_long refs;      /* the thread + its pending nodes */
+  tr_node head;          /* sentinel of the pending list, in record order */
+  int64_t pending;       /* nodes in the list */
+  int64_t pending_bytes; /* bytes their results would take */
+  tr_node **stores;      /* handles' nodes rebound by stores since the last flush */
   int nstores, cap_stores;
   int visit_epoch;
-  uint64_t flush_epoch;        /* flushes committed: depths older than this are stale */
-  struct tr_flush_info *last;  /* what the last flush did (trace/inspect.h) */
-  char *last_ir;               /* its plan's IR, when inspection asked for it */
+  uint64_t flush_epoch;       /* flushes committed: depths older than this are stale */
+  struct tr_flush_info *last; /* what the last flush did (trace/inspect.h) */
+  char *last_ir;              /* its plan's IR, when inspection asked for it */
 };
 
 tr_graph *tr_thread_graph(void); /* the calling thread's; created on first use */
@@ -69,7 +68,6 @@ void tr_graph_release(tr_graph *g);
 void tr_graph_append(tr_graph *g, tr_node *n);
 void tr_graph_lock(tr_graph *g);
 void tr_graph_unlock(tr_graph *g);
-
 
 /* leaves the pending list (PENDING -> another state); owner graph locked */
 void tr_node_unlink(tr_node *n);

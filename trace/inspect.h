@@ -7,17 +7,17 @@
 #include <stdint.h>
 
 typedef struct tr_flush_info {
-  uint64_t key[2];        /* XXH3-128 of the canonical bytes (lo, hi) */
-  uint64_t family[2];     /* the same with extents erased */
+  uint64_t key[2];    /* XXH3-128 of the canonical bytes (lo, hi) */
+  uint64_t family[2]; /* the same with extents erased */
   int nodes, leaves, outputs;
-  int recomputed;         /* nodes an earlier flush computed (fills aside) */
-  const char *reason;     /* "read", "sync", "depth", "nodes", "memory", "eval" */
+  int recomputed;     /* nodes an earlier flush computed (fills aside) */
+  const char *reason; /* "read", "sync", "depth", "nodes", "memory", "eval" */
   bool new_key;
-  bool planned;           /* ran a cached plan (else the plain interpreter) */
+  bool planned; /* ran a cached plan (else the plain interpreter) */
   uint64_t sightings;
   int plan_nodes, plan_groups, plan_buffers;
   int simplified, cse, dce, folded;
-  int status;             /* KILN_OK or the error */
+  int status; /* KILN_OK or the error */
 } tr_flush_info;
 
 /* false if this thread never flushed */

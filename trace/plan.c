@@ -34,7 +34,9 @@ int tr_rows_run_end(const tr_plan *plan, int g, const vm_meta *R, const int64_t 
 
 bool tr_planning_enabled(void) { return vm_env_long("KILN_JIT", 1) != 0; }
 
-void tr_plan_retain(void *p) { atomic_fetch_add_explicit(&((tr_plan *)p)->refs, 1, memory_order_relaxed); }
+void tr_plan_retain(void *p) {
+  atomic_fetch_add_explicit(&((tr_plan *)p)->refs, 1, memory_order_relaxed);
+}
 
 void tr_plan_release(void *p) {
   tr_plan *plan = p;
@@ -144,7 +146,8 @@ static int simplify(builder *b, int i, bool *rewired) {
     case VM_OP_neg: /* neg(neg x) */
       if (x >= 0 && b->p[x].op == VM_OP_neg) return b->p[x].in[0];
       break;
-    case VM_OP_copy: return x;
+    case VM_OP_copy:
+      return x;
     case VM_OP_cast: /* cast(x, own dtype); cast(cast(x, wider), back) */
       if (keeps) return x;
       if (x >= 0 && b->p[x].op == VM_OP_cast) {
@@ -199,7 +202,8 @@ static int simplify(builder *b, int i, bool *rewired) {
     case VM_OP_add: /* x + (-0) */
       if (keeps && full_class(b, y) == 3) return x;
       break;
-    default: break;
+    default:
+      break;
   }
   return i;
 }
@@ -218,7 +222,8 @@ static bool same_node(const tr_pnode *a, const tr_pnode *b) {
 
 static uint64_t node_hash(const tr_pnode *p) {
   uint64_t h = (uint64_t)p->op * 0x9E3779B97F4A7C15ull;
-  for (int k = 0; k < p->nin && k < 3; k++) h = (h ^ (uint64_t)(int64_t)p->in[k]) * 0x100000001B3ull;
+  for (int k = 0; k < p->nin && k < 3; k++)
+    h = (h ^ (uint64_t)(int64_t)p->in[k]) * 0x100000001B3ull;
   h ^= (uint64_t)p->attr.axes_mask * 31 + (uint64_t)p->attr.axis * 7 + (uint64_t)p->meta.ndim;
   return h;
 }
@@ -473,8 +478,8 @@ static bool in_place(const tr_plan *plan, const tr_trace *t, const tr_pnode *p) 
   int axis = p->attr.axis;
   if (p->op == VM_OP_scatter_add) {
     const vm_meta *idx = input_meta(plan, t, p->in[1]), *src = input_meta(plan, t, p->in[2]);
-    if (idx->ndim != p->meta.ndim || idx->shape[axis] > TR_SCATTER_PICKS || src->dtype != p->meta.dtype ||
-        input_meta(plan, t, p->in[0])->dtype != p->meta.dtype)
+    if (idx->ndim != p->meta.ndim || idx->shape[axis] > TR_SCATTER_PICKS ||
+        src->dtype != p->meta.dtype || input_meta(plan, t, p->in[0])->dtype != p->meta.dtype)
       return false;
     for (int d = 0; d < idx->ndim; d++)
       if (d != axis && idx->shape[d] != p->meta.shape[d]) return false;
@@ -497,11 +502,14 @@ static bool in_place(const tr_plan *plan, const tr_trace *t, const tr_pnode *p) 
 
 /* an in-place op reads input k at other positions than its output's */
 static bool reads_elsewhere(const tr_pnode *p, int k) {
-  return vm_op_gathers(p->op) || vm_op_scans(p->op) || p->op == VM_OP_concat || (p->op == VM_OP_scatter_add && k > 0);
+  return vm_op_gathers(p->op) || vm_op_scans(p->op) || p->op == VM_OP_concat ||
+         (p->op == VM_OP_scatter_add && k > 0);
 }
 
 /* in-place ops that need the output position's coordinate along an axis */
-static bool needs_coord(const tr_pnode *p) { return p->op == VM_OP_scatter_add || p->op == VM_OP_concat; }
+static bool needs_coord(const tr_pnode *p) {
+  return p->op == VM_OP_scatter_add || p->op == VM_OP_concat;
+}
 
 /* in-place ops only flat elementwise kernels compute (never a reduction's
    producers) */
@@ -516,9 +524,9 @@ static bool plan_partition(builder *b) {
   const tr_trace *t = b->t;
   plan->ngroups = 0;
   tr_group *cur = NULL;
-  vm_meta cur_shape = {0};  /* the group's iteration space (or the reduction's result) */
-  int cur_axis = -1;        /* the axis of the group's coordinate (needs_coord), or -1 */
-  bool cur_flat = false;    /* the group has an op only flat kernels compute (flat_only) */
+  vm_meta cur_shape = {0}; /* the group's iteration space (or the reduction's result) */
+  int cur_axis = -1;       /* the axis of the group's coordinate (needs_coord), or -1 */
+  bool cur_flat = false;   /* the group has an op only flat kernels compute (flat_only) */
   for (int i = 0; i < plan->n; i++) {
     tr_pnode *p = &plan->nodes[i];
     vm_kind kind = vm_op_table[p->op].kind;
@@ -537,7 +545,8 @@ static bool plan_partition(builder *b) {
          inputs; a concat's fills are values, read at any position) */
       for (int k = 0; join && placed && k < p->nin; k++) {
         int r = tr_pnode_input(p, k);
-        join = !(reads_elsewhere(p, k) && r >= cur->first && vm_op_table[plan->nodes[r].op].kind != VM_KIND_VIEW &&
+        join = !(reads_elsewhere(p, k) && r >= cur->first &&
+                 vm_op_table[plan->nodes[r].op].kind != VM_KIND_VIEW &&
                  !(p->op == VM_OP_concat && plan->nodes[r].op == VM_OP_full));
       }
       /* a view runs before its group's kernel (it moves no data): of a
@@ -545,7 +554,8 @@ static bool plan_partition(builder *b) {
          the value stored (kept, the whole nest would be interpreted) */
       if (join && kind == VM_KIND_VIEW) {
         int base = p->in[0];
-        while (base >= 0 && vm_op_table[plan->nodes[base].op].kind == VM_KIND_VIEW) base = plan->nodes[base].in[0];
+        while (base >= 0 && vm_op_table[plan->nodes[base].op].kind == VM_KIND_VIEW)
+          base = plan->nodes[base].in[0];
         if (base >= cur->first) join = false;
       }
       /* one coordinate axis per kernel */
@@ -553,7 +563,8 @@ static bool plan_partition(builder *b) {
       if (join && cur->kind == TR_GROUP_REDUCE)
         for (int k = 0; k < p->nin; k++) { /* an epilogue reads results, never the reduced loop */
           int r = tr_pnode_input(p, k);
-          if (r >= cur->first && r <= cur->last && vm_op_table[plan->nodes[r].op].kind != VM_KIND_REDUCE &&
+          if (r >= cur->first && r <= cur->last &&
+              vm_op_table[plan->nodes[r].op].kind != VM_KIND_REDUCE &&
               !same_shape(&plan->nodes[r].meta, &cur_shape))
             join = false;
         }
@@ -575,11 +586,12 @@ static bool plan_partition(builder *b) {
     } else {
       cur = &plan->groups[plan->ngroups++];
       cur->first = cur->last = i;
-      cur->kind = kind == VM_KIND_MATMUL                                  ? TR_GROUP_MATMUL
+      cur->kind = kind == VM_KIND_MATMUL ? TR_GROUP_MATMUL
                   : kind == VM_KIND_INDEX || kind == VM_KIND_CONCAT || kind == VM_KIND_SORT ||
-                            kind == VM_KIND_COLLECTIVE || kind == VM_KIND_CONV ? TR_GROUP_DATA
-                  : kind == VM_KIND_REDUCE                                ? TR_GROUP_REDUCE
-                                                                          : TR_GROUP_ELEMENTWISE;
+                          kind == VM_KIND_COLLECTIVE || kind == VM_KIND_CONV
+                      ? TR_GROUP_DATA
+                  : kind == VM_KIND_REDUCE ? TR_GROUP_REDUCE
+                                           : TR_GROUP_ELEMENTWISE;
       cur_shape = p->meta;
       if (cur->kind == TR_GROUP_MATMUL || cur->kind == TR_GROUP_DATA) cur = NULL; /* one op each */
     }
@@ -606,7 +618,8 @@ static bool plan_buffers(builder *b) {
   for (int i = 0; i < n; i++) {
     tr_pnode *p = &plan->nodes[i];
     p->buffer = -1;
-    bool group_output = escapes[i] || (p->last_use > i && plan->nodes[p->last_use].group != p->group);
+    bool group_output =
+        escapes[i] || (p->last_use > i && plan->nodes[p->last_use].group != p->group);
     if (!group_output || vm_op_table[p->op].kind == VM_KIND_VIEW) continue;
     int64_t bytes = numel_of(&p->meta) * (int64_t)vm_dtype_size(p->meta.dtype);
     int g = p->group, found = -1;
@@ -638,7 +651,8 @@ static bool plan_release_lists(builder *b) {
     if (!escapes[i]) plan->release_at[plan->nodes[plan->nodes[i].last_use].group + 2]++;
   for (int g = 0; g < ng; g++) plan->release_at[g + 2] += plan->release_at[g + 1];
   for (int i = 0; i < plan->n; i++)
-    if (!escapes[i]) plan->release[plan->release_at[plan->nodes[plan->nodes[i].last_use].group + 1]++] = i;
+    if (!escapes[i])
+      plan->release[plan->release_at[plan->nodes[plan->nodes[i].last_use].group + 1]++] = i;
   return true;
 }
 
@@ -765,8 +779,9 @@ static int run_node(const tr_plan *plan, const tr_trace *t, int i, vm_tensor **v
 static int interrupted(void) {
   volatile int *flag = vm_thread()->cancel;
   if (!flag || !*flag) return KILN_OK;
-  return vm_error(KILN_ERR_STATE, "interrupted: the evaluation stopped at a kernel boundary; "
-                                  "nothing was lost (pending values stay pending)");
+  return vm_error(KILN_ERR_STATE,
+                  "interrupted: the evaluation stopped at a kernel boundary; "
+                  "nothing was lost (pending values stay pending)");
 }
 
 /* A group runs as one compiled kernel when it has one and its inputs have

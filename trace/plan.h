@@ -24,13 +24,13 @@ typedef struct tr_pnode {
   vm_attr attr;
   vm_meta meta;
   int nin;
-  int in[3];       /* >= 0 a plan node, < 0 leaf -(j+1); concat uses `more` */
-  int *more;       /* inputs beyond 3 (concat) */
-  int src;         /* canonical node whose scalars/RNG counters bind here */
-  bool fold;       /* constant-folded: computed on 0-d values, then expanded */
+  int in[3]; /* >= 0 a plan node, < 0 leaf -(j+1); concat uses `more` */
+  int *more; /* inputs beyond 3 (concat) */
+  int src;   /* canonical node whose scalars/RNG counters bind here */
+  bool fold; /* constant-folded: computed on 0-d values, then expanded */
   int group;
-  int buffer;      /* buffer slot of a group output, -1 otherwise */
-  int last_use;    /* last plan node reading it */
+  int buffer;   /* buffer slot of a group output, -1 otherwise */
+  int last_use; /* last plan node reading it */
 } tr_pnode;
 
 typedef struct tr_group {
@@ -46,7 +46,7 @@ typedef struct tr_plan {
   atomic_long refs;
   tr_pnode *nodes;
   int n;
-  int *outputs;    /* for each canonical node: the plan ref holding its value (outputs only) */
+  int *outputs; /* for each canonical node: the plan ref holding its value (outputs only) */
   int ncanon;
   tr_group *groups;
   int ngroups;
@@ -57,10 +57,12 @@ typedef struct tr_plan {
   int *release_at; /* group g frees release[release_at[g] .. release_at[g+1]) */
   tr_pass_stats passes;
   const struct vm_backend *backend; /* of the trace's device: runs it */
-  _Atomic(void *) jit; /* the backend's compiled kernels, once ready */
+  _Atomic(void *) jit;              /* the backend's compiled kernels, once ready */
 } tr_plan;
 
-static inline int tr_pnode_input(const tr_pnode *p, int k) { return k < 3 ? p->in[k] : p->more[k - 3]; }
+static inline int tr_pnode_input(const tr_pnode *p, int k) {
+  return k < 3 ? p->in[k] : p->more[k - 3];
+}
 
 /* Shapes in a row kernel's space (a run of reductions over the axes
    `axes` of one shape R; jit_cpu and jit_gpu plan them alike): m has
@@ -80,7 +82,8 @@ static inline bool tr_meta_all_ones(const vm_meta *m, int nd) {
 static inline bool tr_meta_const_along(const vm_meta *m, const vm_meta *R, uint32_t axes) {
   int lead = R->ndim - m->ndim;
   for (int d = 0; d < R->ndim; d++)
-    if ((axes & (1u << d)) && R->shape[d] > 1 && d - lead >= 0 && m->shape[d - lead] > 1) return false;
+    if ((axes & (1u << d)) && R->shape[d] > 1 && d - lead >= 0 && m->shape[d - lead] > 1)
+      return false;
   return true;
 }
 
@@ -93,7 +96,7 @@ int tr_rows_run_end(const tr_plan *plan, int g, const vm_meta *R, const int64_t 
 
 /* the plan of trace t, run by backend be (NULL on OOM) */
 tr_plan *tr_plan_build(const tr_trace *t, const struct vm_backend *be);
-bool tr_planning_enabled(void);            /* false with KILN_JIT=0: the plain interpreter */
+bool tr_planning_enabled(void); /* false with KILN_JIT=0: the plain interpreter */
 void tr_plan_retain(void *plan);
 void tr_plan_release(void *plan);
 

@@ -49,8 +49,10 @@ static vm_tensor *handle_make(tr_node *n, bool fresh) {
   assert(fits); /* n's shape was checked by vm_infer or is a value's */
   (void)fits;
   t->node = n; /* takes the caller's reference */
-  if (fresh) atomic_store_explicit(&n->handles, 1, memory_order_relaxed);
-  else atomic_fetch_add_explicit(&n->handles, 1, memory_order_relaxed);
+  if (fresh)
+    atomic_store_explicit(&n->handles, 1, memory_order_relaxed);
+  else
+    atomic_fetch_add_explicit(&n->handles, 1, memory_order_relaxed);
   return t;
 }
 
@@ -170,9 +172,12 @@ size_t tr_pending_bytes(vm_tensor *t) {
   tr_node *x = t->node;
   switch (x->state) {
     case TR_MATERIALIZED:
-    case TR_FAILED: return 0;
-    case TR_PENDING: break;
-    case TR_RECOMPUTABLE: return SIZE_MAX;
+    case TR_FAILED:
+      return 0;
+    case TR_PENDING:
+      break;
+    case TR_RECOMPUTABLE:
+      return SIZE_MAX;
   }
   /* the owner's whole pending list bounds what the flush computes */
   tr_graph *g = tr_graph_retain(x->graph);
@@ -183,7 +188,8 @@ size_t tr_pending_bytes(vm_tensor *t) {
 
 int tr_eval(int n, vm_tensor *const *ts) {
   vm_clear_error();
-  if (n < 0 || (n > 0 && !ts)) return vm_error(KILN_ERR_ARG, "n is %d and ts is %s", n, ts ? "set" : "NULL");
+  if (n < 0 || (n > 0 && !ts))
+    return vm_error(KILN_ERR_ARG, "n is %d and ts is %s", n, ts ? "set" : "NULL");
   for (int i = 0; i < n; i++)
     if (!ts[i]) return vm_error(KILN_ERR_ARG, "tensor %d is NULL", i);
   tr_graph *g = tr_thread_graph();
@@ -196,8 +202,10 @@ int tr_eval(int n, vm_tensor *const *ts) {
   for (int i = 0; i < n && rc == KILN_OK; i++) {
     tr_node *x = ts[i]->node;
     if (x->state == TR_MATERIALIZED) continue;
-    if (x->graph == g && x->state != TR_FAILED) mine[nmine++] = x;
-    else if (!materialize_node(x, TR_FLUSH_EVAL)) rc = vm_thread()->status;
+    if (x->graph == g && x->state != TR_FAILED)
+      mine[nmine++] = x;
+    else if (!materialize_node(x, TR_FLUSH_EVAL))
+      rc = vm_thread()->status;
   }
   if (rc == KILN_OK && nmine) {
     tr_graph_lock(g);
@@ -223,8 +231,7 @@ static bool as_empty_leaf(vm_opcode op, int n, vm_tensor *const *in, const vm_me
                           vm_attr *attr, vm_meta *meta) {
   int64_t numel = 1;
   if (vm_op_table[op].kind == VM_KIND_LEAF || vm_op_table[op].kind == VM_KIND_COLLECTIVE ||
-      !vm_shape_numel(m->ndim, m->shape, &numel) ||
-      numel != 0 || grad_flows(n, in))
+      !vm_shape_numel(m->ndim, m->shape, &numel) || numel != 0 || grad_flows(n, in))
     return false;
   *attr = (vm_attr){.dtype = m->dtype, .ndim = m->ndim};
   memcpy(attr->shape, m->shape, sizeof attr->shape);

@@ -8,9 +8,7 @@
 
 #include "../vm/state.h"
 
-bool tr_rows_enabled(void) {
-  return vm_env_long("KILN_ROW_FUSION", 1) != 0;
-}
+bool tr_rows_enabled(void) { return vm_env_long("KILN_ROW_FUSION", 1) != 0; }
 
 const vm_meta *tr_row_meta(const tr_row_space *sp, int r) {
   return r >= 0 ? &sp->plan->nodes[r].meta : sp->leaf_meta(sp->leaves, -1 - r);

@@ -38,7 +38,7 @@ vm_opcode tr_node_op(const tr_node *n);
 const vm_attr *tr_node_attr(const tr_node *n);
 int tr_node_nin(const tr_node *n);
 tr_node *tr_node_input(const tr_node *n, int k);
-uint64_t tr_node_seq(const tr_node *n);  /* creation order: a topological order */
+uint64_t tr_node_seq(const tr_node *n); /* creation order: a topological order */
 bool tr_node_requires_grad(const tr_node *n);
 bool tr_node_materialized(const tr_node *n);
 tr_grad_slot *tr_node_slot(const tr_node *n); /* a leaf variable's; NULL for others */

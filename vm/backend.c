@@ -19,8 +19,10 @@ const vm_backend *vm_backend_of(kiln_device d) {
 
 const char *vm_device_name(kiln_device d) {
   switch (d) {
-    case KILN_CPU: return "cpu";
-    case KILN_CUDA: return "cuda";
+    case KILN_CPU:
+      return "cpu";
+    case KILN_CUDA:
+      return "cuda";
   }
   static _Thread_local char buf[24];
   snprintf(buf, sizeof buf, "device %d", (int)d);
@@ -29,9 +31,10 @@ const char *vm_device_name(kiln_device d) {
 
 const vm_backend *vm_backend_usable(kiln_device d) {
   const vm_backend *b = vm_backend_of(d);
-  const char *why = b ? (b->unavailable ? b->unavailable() : NULL) : "no backend for it is built in";
+  const char *why =
+      b ? (b->unavailable ? b->unavailable() : NULL) : "no backend for it is built in";
   if (!why) return b;
-  vm_error(KILN_ERR_DEVICE, "no %s device is available: %s", d == KILN_CUDA ? "CUDA" : vm_device_name(d),
-           why);
+  vm_error(KILN_ERR_DEVICE, "no %s device is available: %s",
+           d == KILN_CUDA ? "CUDA" : vm_device_name(d), why);
   return NULL;
 }

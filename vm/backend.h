@@ -49,7 +49,7 @@ typedef struct vm_backend {
   /* compiles plan's kernels (now or in the background) and publishes them
      in plan->jit; takes copies of what it needs from t */
   void (*compile)(struct tr_plan *plan, const struct tr_trace *t);
-  void (*compile_wait)(void);           /* until the background compiles are done */
+  void (*compile_wait)(void); /* until the background compiles are done */
   void (*plan_free)(void *compiled);
   /* its kernels compute gathers, index_selects, small scatter_adds,
      concats and arg-reductions in place, elementwise over the output

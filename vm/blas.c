@@ -30,24 +30,24 @@ __attribute__((constructor)) static void blas_choose_core(void) {
 /* Without OpenBLAS (a machine with no package for it), matmul still works:
    a plain row-major gemm, far slower, with the same k-ordered sums per
    element of C.  kiln_device_info and KILN_LOG say which one runs. */
-#define REFERENCE_GEMM(name, T)                                                              \
+#define REFERENCE_GEMM(name, T)                                                                  \
   static void name(int order, int ta, int tb, int m, int n, int k, T alpha, const T *a, int lda, \
-                   const T *b, int ldb, T beta, T *c, int ldc) {                             \
-    (void)order;                                                                             \
-    for (int i = 0; i < m; i++) {                                                            \
-      T *crow = c + (size_t)i * (size_t)ldc;                                                 \
-      for (int j = 0; j < n; j++) crow[j] = beta == 0 ? 0 : beta * crow[j];                   \
-      for (int p = 0; p < k; p++) {                                                          \
-        T aip = alpha * (ta == VM_BLAS_NO_TRANS ? a[(size_t)i * (size_t)lda + (size_t)p]      \
-                                                : a[(size_t)p * (size_t)lda + (size_t)i]);    \
-        if (tb == VM_BLAS_NO_TRANS) {                                                        \
-          const T *brow = b + (size_t)p * (size_t)ldb;                                       \
-          for (int j = 0; j < n; j++) crow[j] += aip * brow[j];                              \
-        } else {                                                                             \
-          for (int j = 0; j < n; j++) crow[j] += aip * b[(size_t)j * (size_t)ldb + (size_t)p]; \
-        }                                                                                    \
-      }                                                                                      \
-    }                                                                                        \
+                   const T *b, int ldb, T beta, T *c, int ldc) {                                 \
+    (void)order;                                                                                 \
+    for (int i = 0; i < m; i++) {                                                                \
+      T *crow = c + (size_t)i * (size_t)ldc;                                                     \
+      for (int j = 0; j < n; j++) crow[j] = beta == 0 ? 0 : beta * crow[j];                      \
+      for (int p = 0; p < k; p++) {                                                              \
+        T aip = alpha * (ta == VM_BLAS_NO_TRANS ? a[(size_t)i * (size_t)lda + (size_t)p]         \
+                                                : a[(size_t)p * (size_t)lda + (size_t)i]);       \
+        if (tb == VM_BLAS_NO_TRANS) {                                                            \
+          const T *brow = b + (size_t)p * (size_t)ldb;                                           \
+          for (int j = 0; j < n; j++) crow[j] += aip * brow[j];                                  \
+        } else {                                                                                 \
+          for (int j = 0; j < n; j++) crow[j] += aip * b[(size_t)j * (size_t)ldb + (size_t)p];   \
+        }                                                                                        \
+      }                                                                                          \
+    }                                                                                            \
   }
 REFERENCE_GEMM(reference_sgemm, float)
 REFERENCE_GEMM(reference_dgemm, double)
@@ -57,7 +57,8 @@ static void use_reference(void) {
   blas.dgemm = reference_dgemm;
   snprintf(blas.core, sizeof blas.core, "reference gemm");
   blas.loaded = true;
-  if (getenv("KILN_LOG")) fprintf(stderr, "kiln: %s; matmul runs Kiln's reference gemm\n", blas.error);
+  if (getenv("KILN_LOG"))
+    fprintf(stderr, "kiln: %s; matmul runs Kiln's reference gemm\n", blas.error);
 }
 
 static void blas_load(void) {

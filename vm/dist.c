@@ -67,13 +67,30 @@ static const struct {
   size_t offset;
   bool object; /* a predefined handle (the symbol's address), not a function */
 } mpi_symbols[] = {
-#define FN(n) {"MPI_" #n, offsetof(mpi_api, n), false}
-#define OBJ(field, sym) {sym, offsetof(mpi_api, field), true}
-    FN(Init_thread), FN(Finalize), FN(Comm_rank), FN(Comm_size), FN(Comm_dup), FN(Comm_free),
-    FN(Comm_set_errhandler), FN(Allreduce), FN(Iallreduce), FN(Test), FN(Abort), FN(Error_string),
-    OBJ(comm_world, "ompi_mpi_comm_world"), OBJ(errors_return, "ompi_mpi_errors_return"),
-    OBJ(t_u8, "ompi_mpi_uint8_t"), OBJ(t_i32, "ompi_mpi_int32_t"), OBJ(t_i64, "ompi_mpi_int64_t"),
-    OBJ(t_f32, "ompi_mpi_float"), OBJ(t_f64, "ompi_mpi_double"), OBJ(op_sum, "ompi_mpi_op_sum"),
+#define FN(n) \
+  { "MPI_" #n, offsetof(mpi_api, n), false }
+#define OBJ(field, sym) \
+  { sym, offsetof(mpi_api, field), true }
+    FN(Init_thread),
+    FN(Finalize),
+    FN(Comm_rank),
+    FN(Comm_size),
+    FN(Comm_dup),
+    FN(Comm_free),
+    FN(Comm_set_errhandler),
+    FN(Allreduce),
+    FN(Iallreduce),
+    FN(Test),
+    FN(Abort),
+    FN(Error_string),
+    OBJ(comm_world, "ompi_mpi_comm_world"),
+    OBJ(errors_return, "ompi_mpi_errors_return"),
+    OBJ(t_u8, "ompi_mpi_uint8_t"),
+    OBJ(t_i32, "ompi_mpi_int32_t"),
+    OBJ(t_i64, "ompi_mpi_int64_t"),
+    OBJ(t_f32, "ompi_mpi_float"),
+    OBJ(t_f64, "ompi_mpi_double"),
+    OBJ(op_sum, "ompi_mpi_op_sum"),
     OBJ(op_max, "ompi_mpi_op_max"),
 #undef FN
 #undef OBJ
@@ -87,32 +104,32 @@ typedef enum { RQ_NEW, RQ_RUNNING, RQ_DONE } rq_state;
 #define RQ_PIECE ((int64_t)1 << 30)
 
 typedef struct dist_req {
-  struct dist_req *next;   /* the engine's list, in issue order */
+  struct dist_req *next; /* the engine's list, in issue order */
   uint64_t seq;
-  vm_tensor *buf;          /* contiguous host value, reduced in place (the request's reference) */
+  vm_tensor *buf; /* contiguous host value, reduced in place (the request's reference) */
   kiln_dtype dtype;
   int op;
-  bool bucket;             /* all_reduce_start: the buffer packs several tensors */
+  bool bucket; /* all_reduce_start: the buffer packs several tensors */
   int64_t count;
   rq_state state;
-  int status;              /* KILN_OK, or why it failed (state DONE) */
+  int status; /* KILN_OK, or why it failed (state DONE) */
   char msg[VM_ERROR_LEN];
-  double t_submit, t_data;  /* queued; taken by the engine */
+  double t_submit, t_data; /* queued; taken by the engine */
 } dist_req;
 
 typedef struct vm_dist {
   mpi_api mpi;
   pthread_t thread;
   pthread_mutex_t lock;
-  pthread_cond_t wake;     /* the engine: new work, or stop */
-  pthread_cond_t done;     /* waiters: a request finished; init finished */
-  dist_req *head, *tail;   /* live requests (not yet claimed by their waiter) */
+  pthread_cond_t wake;   /* the engine: new work, or stop */
+  pthread_cond_t done;   /* waiters: a request finished; init finished */
+  dist_req *head, *tail; /* live requests (not yet claimed by their waiter) */
   bool stop, init_done;
   int init_status;
   char init_msg[VM_ERROR_LEN];
   mpi_handle check_comm, data_comm;
   int rank, size;
-  uint64_t last_seq;       /* the newest sequence number issued */
+  uint64_t last_seq; /* the newest sequence number issued */
   double timeout_s;
 } vm_dist;
 
@@ -168,7 +185,8 @@ static bool load_mpi(mpi_api *m, char *msg, size_t cap) {
   if (!m->lib) {
     snprintf(msg, cap,
              "the MPI engine is not available: %s (install Open MPI, e.g. apt-get install "
-             "openmpi-bin, or set KILN_MPI_LIB to its libmpi.so)", dlerror());
+             "openmpi-bin, or set KILN_MPI_LIB to its libmpi.so)",
+             dlerror());
     return false;
   }
   for (size_t i = 0; i < sizeof mpi_symbols / sizeof *mpi_symbols; i++) {
@@ -176,11 +194,14 @@ static bool load_mpi(mpi_api *m, char *msg, size_t cap) {
     if (!p) {
       snprintf(msg, cap,
                "%s has no %s: Kiln's MPI engine speaks Open MPI's ABI (libmpi.so.40, Open MPI 3 "
-               "or newer)", path, mpi_symbols[i].name);
+               "or newer)",
+               path, mpi_symbols[i].name);
       return false;
     }
-    if (mpi_symbols[i].object) *(mpi_handle *)((char *)m + mpi_symbols[i].offset) = p;
-    else memcpy((char *)m + mpi_symbols[i].offset, &p, sizeof p);
+    if (mpi_symbols[i].object)
+      *(mpi_handle *)((char *)m + mpi_symbols[i].offset) = p;
+    else
+      memcpy((char *)m + mpi_symbols[i].offset, &p, sizeof p);
   }
   return true;
 }
@@ -196,11 +217,16 @@ static _Noreturn void abort_job(vm_dist *e, const char *why) {
 
 static mpi_handle mpi_type(const mpi_api *m, kiln_dtype dt) {
   switch (dt) {
-    case KILN_BOOL: return m->t_u8;
-    case KILN_I32: return m->t_i32;
-    case KILN_I64: return m->t_i64;
-    case KILN_F32: return m->t_f32;
-    case KILN_F64: return m->t_f64;
+    case KILN_BOOL:
+      return m->t_u8;
+    case KILN_I32:
+      return m->t_i32;
+    case KILN_I64:
+      return m->t_i64;
+    case KILN_F32:
+      return m->t_f32;
+    case KILN_F64:
+      return m->t_f64;
   }
   return NULL;
 }
@@ -226,7 +252,8 @@ static void finish(vm_dist *e, dist_req *r) {
     vm_counters *st = &vm_process()->stats;
     atomic_fetch_add_explicit(&st->all_reduces, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&st->all_reduce_bytes,
-                              (uint_fast64_t)r->count * vm_dtype_size(r->dtype), memory_order_relaxed);
+                              (uint_fast64_t)r->count * vm_dtype_size(r->dtype),
+                              memory_order_relaxed);
     add_us(&st->all_reduce_us, now_s() - r->t_data);
   }
   pthread_cond_broadcast(&e->done);
@@ -247,8 +274,10 @@ static bool agreed(vm_dist *e, dist_req *r) {
     rc = e->mpi.Test(&req, &flag, NULL);
     if (flag) break;
     double waited_us = (now_s() - r->t_data) * 1e6;
-    if (waited_us < 50) sched_yield();
-    else nanosleep(&(struct timespec){0, 1000 * (long)(waited_us < 800 ? waited_us / 4 : 200)}, NULL);
+    if (waited_us < 50)
+      sched_yield();
+    else
+      nanosleep(&(struct timespec){0, 1000 * (long)(waited_us < 800 ? waited_us / 4 : 200)}, NULL);
   }
   if (rc != MPI_OK) return mpi_failed(e, r, "its signature", rc);
   bool same = true;
@@ -272,8 +301,9 @@ static bool reduce(vm_dist *e, dist_req *r) {
   size_t esize = vm_dtype_size(r->dtype);
   for (int64_t at = 0; at < r->count; at += RQ_PIECE) {
     int64_t n = r->count - at < RQ_PIECE ? r->count - at : RQ_PIECE;
-    int rc = e->mpi.Allreduce(MPI_INPLACE, base + at * (int64_t)esize, (int)n, mpi_type(&e->mpi, r->dtype),
-                              mpi_op(&e->mpi, r->dtype, r->op), e->data_comm);
+    int rc = e->mpi.Allreduce(MPI_INPLACE, base + at * (int64_t)esize, (int)n,
+                              mpi_type(&e->mpi, r->dtype), mpi_op(&e->mpi, r->dtype, r->op),
+                              e->data_comm);
     if (rc != MPI_OK) return mpi_failed(e, r, "its payload", rc);
   }
   return true;
@@ -305,7 +335,8 @@ static void *engine_main(void *arg) {
     snprintf(e->init_msg, sizeof e->init_msg, "MPI_Init_thread failed: %s", text);
   } else if (provided < MPI_FUNNELED) {
     e->init_status = KILN_ERR_STATE;
-    snprintf(e->init_msg, sizeof e->init_msg, "MPI provides thread level %d, Kiln needs FUNNELED (1)", provided);
+    snprintf(e->init_msg, sizeof e->init_msg,
+             "MPI provides thread level %d, Kiln needs FUNNELED (1)", provided);
   }
   pthread_cond_broadcast(&e->done);
   if (e->init_status != KILN_OK) {
@@ -400,8 +431,9 @@ out:
 bool vm_dist_ready(void) {
   int phase = atomic_load(&dist_phase);
   if (phase == 1) return true;
-  vm_error(KILN_ERR_STATE, phase == 2 ? "kiln_dist_finalize was called: no more collectives"
-                                      : "call kiln_dist_init first (and start the program with mpirun)");
+  vm_error(KILN_ERR_STATE, phase == 2
+                               ? "kiln_dist_finalize was called: no more collectives"
+                               : "call kiln_dist_init first (and start the program with mpirun)");
   return false;
 }
 
@@ -465,8 +497,10 @@ static dist_req *submit(vm_tensor *buf, int op, bool bucket, uint64_t seq) {
   r->op = op;
   r->bucket = bucket;
   r->t_submit = now_s();
-  if (e->tail) e->tail->next = r;
-  else e->head = r;
+  if (e->tail)
+    e->tail->next = r;
+  else
+    e->head = r;
   e->tail = r;
   pthread_cond_signal(&e->wake);
   pthread_mutex_unlock(&e->lock);
@@ -487,8 +521,9 @@ static bool wait_for(vm_tensor *buf) {
   }
   if (!r) {
     pthread_mutex_unlock(&e->lock);
-    vm_error(KILN_ERR_STATE, "no all_reduce in flight for this buffer (its start ran in another "
-                             "evaluation that failed)");
+    vm_error(KILN_ERR_STATE,
+             "no all_reduce in flight for this buffer (its start ran in another "
+             "evaluation that failed)");
     return false;
   }
   double deadline = r->t_submit + e->timeout_s;
@@ -496,14 +531,17 @@ static bool wait_for(vm_tensor *buf) {
   while (r->state != RQ_DONE)
     if (pthread_cond_timedwait(&e->done, &e->lock, &until) == ETIMEDOUT && r->state != RQ_DONE) {
       char msg[VM_ERROR_LEN];
-      snprintf(msg, sizeof msg, "%s #%llu (%lld %s, %s) got no answer from the other ranks in %.0f s "
+      snprintf(msg, sizeof msg,
+               "%s #%llu (%lld %s, %s) got no answer from the other ranks in %.0f s "
                "(KILN_DIST_TIMEOUT): a rank failed, hangs, or called a different collective",
                r->bucket ? "gradient bucket" : "all_reduce", (unsigned long long)r->seq,
                (long long)r->count, vm_dtype_name(r->dtype), vm_reduce_name(r->op), e->timeout_s);
       abort_job(e, msg);
     }
-  if (prev) prev->next = r->next;
-  else e->head = r->next;
+  if (prev)
+    prev->next = r->next;
+  else
+    e->head = r->next;
   if (e->tail == r) e->tail = prev;
   pthread_mutex_unlock(&e->lock);
   add_us(&vm_process()->stats.all_reduce_wait_us, now_s() - t0);
@@ -589,10 +627,14 @@ vm_tensor *vm_dist_exec(vm_opcode op, int n, vm_tensor *const *values, const vm_
                         const vm_meta *m) {
   if (!vm_dist_ready()) return NULL;
   switch (op) {
-    case VM_OP_all_reduce: return exec_all_reduce(values[0], attr, m);
-    case VM_OP_all_reduce_start: return exec_start(n, values, attr, m);
-    case VM_OP_all_reduce_wait: return exec_wait(values[0], attr, m);
-    default: break;
+    case VM_OP_all_reduce:
+      return exec_all_reduce(values[0], attr, m);
+    case VM_OP_all_reduce_start:
+      return exec_start(n, values, attr, m);
+    case VM_OP_all_reduce_wait:
+      return exec_wait(values[0], attr, m);
+    default:
+      break;
   }
   vm_error(KILN_ERR_INTERNAL, "%s is not a collective", vm_op_table[op].name);
   return NULL;

@@ -11,11 +11,16 @@ const char *vm_dtype_name(int dt) {
 
 double vm_load_f64(const void *base, kiln_dtype dt, int64_t i) {
   switch (dt) {
-    case KILN_BOOL: return ((const bool *)base)[i];
-    case KILN_I32: return ((const int32_t *)base)[i];
-    case KILN_I64: return (double)((const int64_t *)base)[i];
-    case KILN_F32: return ((const float *)base)[i];
-    case KILN_F64: return ((const double *)base)[i];
+    case KILN_BOOL:
+      return ((const bool *)base)[i];
+    case KILN_I32:
+      return ((const int32_t *)base)[i];
+    case KILN_I64:
+      return (double)((const int64_t *)base)[i];
+    case KILN_F32:
+      return ((const float *)base)[i];
+    case KILN_F64:
+      return ((const double *)base)[i];
   }
   return NAN;
 }
@@ -31,10 +36,20 @@ static int64_t saturate_i64(double v, double lo, double hi) {
 
 void vm_store_f64(void *base, kiln_dtype dt, int64_t i, double v) {
   switch (dt) {
-    case KILN_BOOL: ((bool *)base)[i] = v != 0; break;
-    case KILN_I32: ((int32_t *)base)[i] = (int32_t)saturate_i64(v, INT32_MIN, INT32_MAX); break;
-    case KILN_I64: ((int64_t *)base)[i] = saturate_i64(v, -9.2233720368547758e18, 9.2233720368547758e18); break;
-    case KILN_F32: ((float *)base)[i] = (float)v; break;
-    case KILN_F64: ((double *)base)[i] = v; break;
+    case KILN_BOOL:
+      ((bool *)base)[i] = v != 0;
+      break;
+    case KILN_I32:
+      ((int32_t *)base)[i] = (int32_t)saturate_i64(v, INT32_MIN, INT32_MAX);
+      break;
+    case KILN_I64:
+      ((int64_t *)base)[i] = saturate_i64(v, -9.2233720368547758e18, 9.2233720368547758e18);
+      break;
+    case KILN_F32:
+      ((float *)base)[i] = (float)v;
+      break;
+    case KILN_F64:
+      ((double *)base)[i] = v;
+      break;
   }
 }

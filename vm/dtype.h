@@ -12,11 +12,11 @@
 #define VM_NUM_DTYPES 5
 
 /* X(dtype enum, C type, short name, is float) in promotion order */
-#define VM_DTYPES(X)                       \
-  X(KILN_BOOL, bool, bool, 0)              \
-  X(KILN_I32, int32_t, int32, 0)           \
-  X(KILN_I64, int64_t, int64, 0)           \
-  X(KILN_F32, float, float32, 1)           \
+#define VM_DTYPES(X)             \
+  X(KILN_BOOL, bool, bool, 0)    \
+  X(KILN_I32, int32_t, int32, 0) \
+  X(KILN_I64, int64_t, int64, 0) \
+  X(KILN_F32, float, float32, 1) \
   X(KILN_F64, double, float64, 1)
 
 static inline bool vm_dtype_valid(int dt) { return dt >= KILN_BOOL && dt <= KILN_F64; }

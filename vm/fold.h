@@ -33,8 +33,10 @@
 
 /* max / min with NaN first (x's NaN if x is one, else y's) and -0 < +0, so
    a max or min over values is the same in every order, NaN payloads aside */
-#define VM_FMAX(x, y) (((x) != (x) || (x) > (y) || ((x) == (y) && __builtin_signbit(y))) ? (x) : (y))
-#define VM_FMIN(x, y) (((x) != (x) || (x) < (y) || ((x) == (y) && !__builtin_signbit(y))) ? (x) : (y))
+#define VM_FMAX(x, y) \
+  (((x) != (x) || (x) > (y) || ((x) == (y) && __builtin_signbit(y))) ? (x) : (y))
+#define VM_FMIN(x, y) \
+  (((x) != (x) || (x) < (y) || ((x) == (y) && !__builtin_signbit(y))) ? (x) : (y))
 
 /* A, the dtype a fold of dt by op accumulates in: f64 for f32 sum and
    prod, else dt.  The interpreter's folds (vm/kern_reduce.c, checked at

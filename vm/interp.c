@@ -22,8 +22,8 @@ static bool reshape_strides(const vm_tensor *a, int nn, const int64_t *ns, int64
   int64_t chunk_stride = a->strides[a->ndim - 1], tensor_numel = 1, view_numel = 1;
   for (int d = a->ndim - 1; d >= 0; d--) {
     tensor_numel *= a->shape[d];
-    bool chunk_ends = d == 0 || (a->shape[d - 1] != 1 &&
-                                 a->strides[d - 1] != tensor_numel * chunk_stride);
+    bool chunk_ends =
+        d == 0 || (a->shape[d - 1] != 1 && a->strides[d - 1] != tensor_numel * chunk_stride);
     if (!chunk_ends) continue;
     while (view_d >= 0 && (view_numel < tensor_numel || ns[view_d] == 1)) {
       out[view_d] = view_numel * chunk_stride;
@@ -70,7 +70,8 @@ static vm_tensor *make_view(vm_opcode op, vm_tensor *a, const vm_attr *attr, con
          huge one would overflow); with 2 or more, |step| < len bounds it */
       if (m->shape[attr->axis] > 1) strides[attr->axis] *= attr->step;
       break;
-    default: return NULL;
+    default:
+      return NULL;
   }
   return vm_tensor_view(a, m->ndim, m->shape, strides, offset);
 }
@@ -78,24 +79,32 @@ static vm_tensor *make_view(vm_opcode op, vm_tensor *a, const vm_attr *attr, con
 static bool run_kernel(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *args,
                        const vm_attr *attr) {
   switch (vm_op_table[op].kind) {
-    case VM_KIND_LEAF: return vm_k_leaf(op, out, attr);
+    case VM_KIND_LEAF:
+      return vm_k_leaf(op, out, attr);
     case VM_KIND_UNARY:
       if (op == VM_OP_cast) return vm_k_cast(out, args[0]);
       return vm_k_elementwise(op, out, n, args);
     case VM_KIND_BINARY:
-    case VM_KIND_TERNARY: return vm_k_elementwise(op, out, n, args);
-    case VM_KIND_REDUCE: return vm_k_reduce(op, out, args[0], attr);
-    case VM_KIND_MATMUL: return vm_k_matmul(out, args[0], args[1]);
-    case VM_KIND_INDEX: return vm_k_index(op, out, n, args, attr);
-    case VM_KIND_CONCAT: return vm_k_concat(out, n, args, attr->axis);
-    case VM_KIND_SORT: return vm_k_argsort(out, args[0], attr->axis, attr->keepdim);
-    case VM_KIND_CONV: return vm_k_conv(op, out, args, attr);
+    case VM_KIND_TERNARY:
+      return vm_k_elementwise(op, out, n, args);
+    case VM_KIND_REDUCE:
+      return vm_k_reduce(op, out, args[0], attr);
+    case VM_KIND_MATMUL:
+      return vm_k_matmul(out, args[0], args[1]);
+    case VM_KIND_INDEX:
+      return vm_k_index(op, out, n, args, attr);
+    case VM_KIND_CONCAT:
+      return vm_k_concat(out, n, args, attr->axis);
+    case VM_KIND_SORT:
+      return vm_k_argsort(out, args[0], attr->axis, attr->keepdim);
+    case VM_KIND_CONV:
+      return vm_k_conv(op, out, args, attr);
     case VM_KIND_VIEW:
-    case VM_KIND_COLLECTIVE: break; /* vm_exec runs them */
+    case VM_KIND_COLLECTIVE:
+      break; /* vm_exec runs them */
   }
   return false;
 }
-
 
 vm_tensor *vm_exec(vm_opcode op, int n, vm_tensor *const *values, const vm_attr *attr,
                    const vm_meta *m) {

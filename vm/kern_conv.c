@@ -29,11 +29,11 @@
 enum { CONV_TILE = 256 }; /* output positions per task (a multiple of 64) */
 
 typedef struct {
-  int64_t n, c, h, w;          /* input */
+  int64_t n, c, h, w;           /* input */
   int64_t cout, kh, kw, oh, ow; /* weight, output */
   int64_t sh, sw, ph, pw, dh, dw, groups;
-  int64_t cg, og, k, l;        /* channels in / out per group, K = cg*kh*kw, L = oh*ow */
-  int64_t tiles;               /* per image */
+  int64_t cg, og, k, l; /* channels in / out per group, K = cg*kh*kw, L = oh*ow */
+  int64_t tiles;        /* per image */
   size_t es;
   kiln_dtype dt;
   const vm_blas *blas;
@@ -60,8 +60,8 @@ static void gemm(const conv_geom *g, bool ta, bool tb, int64_t m, int64_t n, int
                  int64_t ldc) {
   int oa = ta ? VM_BLAS_TRANS : VM_BLAS_NO_TRANS, ob = tb ? VM_BLAS_TRANS : VM_BLAS_NO_TRANS;
   if (g->dt == KILN_F32)
-    g->blas->sgemm(VM_BLAS_ROW_MAJOR, oa, ob, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb,
-                   (float)beta, c, (int)ldc);
+    g->blas->sgemm(VM_BLAS_ROW_MAJOR, oa, ob, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b,
+                   (int)ldb, (float)beta, c, (int)ldc);
   else
     g->blas->dgemm(VM_BLAS_ROW_MAJOR, oa, ob, (int)m, (int)n, (int)k, 1.0, a, (int)lda, b, (int)ldb,
                    beta, c, (int)ldc);
@@ -71,10 +71,10 @@ static void gemm(const conv_geom *g, bool ta, bool tb, int64_t m, int64_t n, int
    run, kernel tap (i, j) reads input row iy at ix = ox*sw + off, and the
    ox with ix inside the row are [lo, hi): zeros (padding) outside, a copy
    (a memcpy at stride 1) inside. */
-static void tap_range(const conv_geom *g, int64_t j, int64_t ox, int64_t n, int64_t *lo, int64_t *hi,
-                      int64_t *off) {
+static void tap_range(const conv_geom *g, int64_t j, int64_t ox, int64_t n, int64_t *lo,
+                      int64_t *hi, int64_t *off) {
   *off = j * g->dw - g->pw;
-  int64_t a = *off >= 0 ? 0 : (-*off + g->sw - 1) / g->sw;          /* first ox inside */
+  int64_t a = *off >= 0 ? 0 : (-*off + g->sw - 1) / g->sw;             /* first ox inside */
   int64_t b = g->w - 1 - *off < 0 ? 0 : (g->w - 1 - *off) / g->sw + 1; /* past the last */
   *lo = a < ox ? ox : a > ox + n ? ox + n : a;
   *hi = b > ox + n ? ox + n : b < *lo ? *lo : b;
@@ -82,66 +82,66 @@ static void tap_range(const conv_geom *g, int64_t j, int64_t ox, int64_t n, int6
 
 /* cols[K, len] = the windows of group gi of image x (its [C,H,W] data) for
    output positions [p0, p0+len), zeros in the padding */
-#define UNFOLD(T)                                                                                  \
-  static void unfold_##T(const conv_geom *g, const T *x, int64_t gi, int64_t p0, int64_t len,      \
-                         T *cols) {                                                                \
-    for (int64_t c = 0; c < g->cg; c++) {                                                          \
-      const T *plane = x + (gi * g->cg + c) * g->h * g->w;                                         \
-      for (int64_t i = 0; i < g->kh; i++)                                                          \
-        for (int64_t j = 0; j < g->kw; j++) {                                                      \
-          T *row = cols + ((c * g->kh + i) * g->kw + j) * len;                                     \
-          for (int64_t q = 0; q < len;) {                                                          \
-            int64_t p = p0 + q, oy = p / g->ow, ox = p % g->ow;                                    \
-            int64_t n = g->ow - ox < len - q ? g->ow - ox : len - q;                               \
-            int64_t iy = oy * g->sh - g->ph + i * g->dh, lo, hi, off;                              \
-            T *dst = row + q; /* dst[o - ox] */                                                    \
-            if (iy < 0 || iy >= g->h) {                                                            \
-              for (int64_t o = 0; o < n; o++) dst[o] = 0;                                          \
-            } else {                                                                               \
-              tap_range(g, j, ox, n, &lo, &hi, &off);                                              \
-              const T *in = plane + iy * g->w; /* in[o * sw + off] */                              \
-              for (int64_t o = ox; o < lo; o++) dst[o - ox] = 0;                                   \
-              if (g->sw == 1 && hi > lo)                                                           \
-                memcpy(dst + (lo - ox), in + (lo + off), (size_t)(hi - lo) * sizeof(T));           \
-              else                                                                                 \
-                for (int64_t o = lo; o < hi; o++) dst[o - ox] = in[o * g->sw + off];               \
-              for (int64_t o = hi; o < ox + n; o++) dst[o - ox] = 0;                               \
-            }                                                                                      \
-            q += n;                                                                                \
-          }                                                                                        \
-        }                                                                                          \
-    }                                                                                              \
+#define UNFOLD(T)                                                                             \
+  static void unfold_##T(const conv_geom *g, const T *x, int64_t gi, int64_t p0, int64_t len, \
+                         T *cols) {                                                           \
+    for (int64_t c = 0; c < g->cg; c++) {                                                     \
+      const T *plane = x + (gi * g->cg + c) * g->h * g->w;                                    \
+      for (int64_t i = 0; i < g->kh; i++)                                                     \
+        for (int64_t j = 0; j < g->kw; j++) {                                                 \
+          T *row = cols + ((c * g->kh + i) * g->kw + j) * len;                                \
+          for (int64_t q = 0; q < len;) {                                                     \
+            int64_t p = p0 + q, oy = p / g->ow, ox = p % g->ow;                               \
+            int64_t n = g->ow - ox < len - q ? g->ow - ox : len - q;                          \
+            int64_t iy = oy * g->sh - g->ph + i * g->dh, lo, hi, off;                         \
+            T *dst = row + q; /* dst[o - ox] */                                               \
+            if (iy < 0 || iy >= g->h) {                                                       \
+              for (int64_t o = 0; o < n; o++) dst[o] = 0;                                     \
+            } else {                                                                          \
+              tap_range(g, j, ox, n, &lo, &hi, &off);                                         \
+              const T *in = plane + iy * g->w; /* in[o * sw + off] */                         \
+              for (int64_t o = ox; o < lo; o++) dst[o - ox] = 0;                              \
+              if (g->sw == 1 && hi > lo)                                                      \
+                memcpy(dst + (lo - ox), in + (lo + off), (size_t)(hi - lo) * sizeof(T));      \
+              else                                                                            \
+                for (int64_t o = lo; o < hi; o++) dst[o - ox] = in[o * g->sw + off];          \
+              for (int64_t o = hi; o < ox + n; o++) dst[o - ox] = 0;                          \
+            }                                                                                 \
+            q += n;                                                                           \
+          }                                                                                   \
+        }                                                                                     \
+    }                                                                                         \
   }
 UNFOLD(float)
 UNFOLD(double)
 
 /* dx (image's [C,H,W]) += the columns cols[K, len] folded back: col2im,
    taps and positions in order, so each element sums in a fixed order */
-#define FOLD(T)                                                                                    \
-  static void fold_##T(const conv_geom *g, T *dx, int64_t gi, int64_t p0, int64_t len,             \
-                       const T *cols) {                                                            \
-    for (int64_t c = 0; c < g->cg; c++) {                                                          \
-      T *plane = dx + (gi * g->cg + c) * g->h * g->w;                                              \
-      for (int64_t i = 0; i < g->kh; i++)                                                          \
-        for (int64_t j = 0; j < g->kw; j++) {                                                      \
-          const T *row = cols + ((c * g->kh + i) * g->kw + j) * len;                               \
-          for (int64_t q = 0; q < len;) {                                                          \
-            int64_t p = p0 + q, oy = p / g->ow, ox = p % g->ow;                                    \
-            int64_t n = g->ow - ox < len - q ? g->ow - ox : len - q;                               \
-            int64_t iy = oy * g->sh - g->ph + i * g->dh, lo, hi, off;                              \
-            if (iy >= 0 && iy < g->h) {                                                            \
-              tap_range(g, j, ox, n, &lo, &hi, &off);                                              \
-              const T *src = row + q + (lo - ox);                                                  \
-              T *out = plane + iy * g->w + (lo * g->sw + off);                                     \
-              if (g->sw == 1)                                                                      \
-                for (int64_t o = 0; o < hi - lo; o++) out[o] += src[o];                            \
-              else                                                                                 \
-                for (int64_t o = 0; o < hi - lo; o++) out[o * g->sw] += src[o];                    \
-            }                                                                                      \
-            q += n;                                                                                \
-          }                                                                                        \
-        }                                                                                          \
-    }                                                                                              \
+#define FOLD(T)                                                                        \
+  static void fold_##T(const conv_geom *g, T *dx, int64_t gi, int64_t p0, int64_t len, \
+                       const T *cols) {                                                \
+    for (int64_t c = 0; c < g->cg; c++) {                                              \
+      T *plane = dx + (gi * g->cg + c) * g->h * g->w;                                  \
+      for (int64_t i = 0; i < g->kh; i++)                                              \
+        for (int64_t j = 0; j < g->kw; j++) {                                          \
+          const T *row = cols + ((c * g->kh + i) * g->kw + j) * len;                   \
+          for (int64_t q = 0; q < len;) {                                              \
+            int64_t p = p0 + q, oy = p / g->ow, ox = p % g->ow;                        \
+            int64_t n = g->ow - ox < len - q ? g->ow - ox : len - q;                   \
+            int64_t iy = oy * g->sh - g->ph + i * g->dh, lo, hi, off;                  \
+            if (iy >= 0 && iy < g->h) {                                                \
+              tap_range(g, j, ox, n, &lo, &hi, &off);                                  \
+              const T *src = row + q + (lo - ox);                                      \
+              T *out = plane + iy * g->w + (lo * g->sw + off);                         \
+              if (g->sw == 1)                                                          \
+                for (int64_t o = 0; o < hi - lo; o++) out[o] += src[o];                \
+              else                                                                     \
+                for (int64_t o = 0; o < hi - lo; o++) out[o * g->sw] += src[o];        \
+            }                                                                          \
+            q += n;                                                                    \
+          }                                                                            \
+        }                                                                              \
+    }                                                                                  \
   }
 FOLD(float)
 FOLD(double)
@@ -155,7 +155,8 @@ typedef struct {
   atomic_bool failed;
 } conv_job;
 
-static void unfold(const conv_geom *g, const char *x, int64_t gi, int64_t p0, int64_t len, char *cols) {
+static void unfold(const conv_geom *g, const char *x, int64_t gi, int64_t p0, int64_t len,
+                   char *cols) {
   if (g->dt == KILN_F32)
     unfold_float(g, (const float *)x, gi, p0, len, (float *)cols);
   else
@@ -221,9 +222,12 @@ static void conv_range(void *p, int64_t begin, int64_t end) {
     return;
   }
   for (int64_t task = begin; task < end; task++) {
-    if (j->op == VM_OP_conv2d) forward_tile(j, task / g->tiles, task % g->tiles, cols);
-    else if (j->op == VM_OP_conv2d_input) input_image(j, task, cols);
-    else weight_image(j, task, cols);
+    if (j->op == VM_OP_conv2d)
+      forward_tile(j, task / g->tiles, task % g->tiles, cols);
+    else if (j->op == VM_OP_conv2d_input)
+      input_image(j, task, cols);
+    else
+      weight_image(j, task, cols);
   }
   free(cols);
 }
@@ -267,19 +271,21 @@ static bool conv_run(vm_opcode op, vm_tensor *out, vm_tensor *const *args, const
     return true;
   }
   /* the two operands the op reads (the third of x, w, dy is out) */
-  conv_job j = {.g = &g, .op = op, .x = vm_data(x), .w = vm_data(w), .dy = vm_data(y),
-                .out = vm_data(out)};
+  conv_job j = {
+      .g = &g, .op = op, .x = vm_data(x), .w = vm_data(w), .dy = vm_data(y), .out = vm_data(out)};
   atomic_init(&j.failed, false);
   int64_t tasks = op == VM_OP_conv2d ? g.n * g.tiles : g.n;
   if (op == VM_OP_conv2d_weight && !(j.partials = malloc((size_t)(g.n * g.cout * g.k) * g.es))) {
-    vm_error(KILN_ERR_OOM, "out of memory for the weight gradient's %lld partial sums", (long long)g.n);
+    vm_error(KILN_ERR_OOM, "out of memory for the weight gradient's %lld partial sums",
+             (long long)g.n);
     return false;
   }
   atomic_fetch_add_explicit(&vm_process()->stats.blas_calls, (uint64_t)(tasks * g.groups),
                             memory_order_relaxed);
   /* a task is a tile (conv2d) or an image: about og*K*tile multiply-adds */
   double work = (double)g.og * (double)g.k * (double)(op == VM_OP_conv2d ? CONV_TILE : g.l);
-  vm_parallel_for(tasks, work >= (1 << 18) ? 1 : (int64_t)((1 << 18) / (work + 1)) + 1, conv_range, &j);
+  vm_parallel_for(tasks, work >= (1 << 18) ? 1 : (int64_t)((1 << 18) / (work + 1)) + 1, conv_range,
+                  &j);
   bool failed = atomic_load(&j.failed);
   if (!failed && op == VM_OP_conv2d_weight) sum_partials(&g, j.partials, j.out);
   free(j.partials);

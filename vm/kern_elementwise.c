@@ -13,23 +13,23 @@
 
 /* --- row templates ------------------------------------------------------ */
 
-#define UNARY_ROW(fname, TI, TO, EXPR)                                     \
-  static void fname(void *ctx, char **p, const int64_t *s, int64_t n) {    \
-    (void)ctx;                                                             \
-    TO *restrict o = (TO *)p[0];                                           \
-    const TI *restrict a = (const TI *)p[1];                               \
-    int64_t so = s[0], sa = s[1];                                          \
-    if (so == 1 && sa == 1) {                                              \
-      for (int64_t i = 0; i < n; i++) {                                    \
-        TI x = a[i];                                                       \
-        o[i] = (TO)(EXPR);                                                 \
-      }                                                                    \
-    } else {                                                               \
-      for (int64_t i = 0; i < n; i++) {                                    \
-        TI x = a[i * sa];                                                  \
-        o[i * so] = (TO)(EXPR);                                            \
-      }                                                                    \
-    }                                                                      \
+#define UNARY_ROW(fname, TI, TO, EXPR)                                  \
+  static void fname(void *ctx, char **p, const int64_t *s, int64_t n) { \
+    (void)ctx;                                                          \
+    TO *restrict o = (TO *)p[0];                                        \
+    const TI *restrict a = (const TI *)p[1];                            \
+    int64_t so = s[0], sa = s[1];                                       \
+    if (so == 1 && sa == 1) {                                           \
+      for (int64_t i = 0; i < n; i++) {                                 \
+        TI x = a[i];                                                    \
+        o[i] = (TO)(EXPR);                                              \
+      }                                                                 \
+    } else {                                                            \
+      for (int64_t i = 0; i < n; i++) {                                 \
+        TI x = a[i * sa];                                               \
+        o[i * so] = (TO)(EXPR);                                         \
+      }                                                                 \
+    }                                                                   \
   }
 
 #define BINARY_LOOP(T, TO, XV, YV, EXPR) \
@@ -38,40 +38,40 @@
     o[i * so] = (TO)(EXPR);              \
   }
 
-#define BINARY_ROW(fname, T, TO, EXPR)                                     \
-  static void fname(void *ctx, char **p, const int64_t *s, int64_t n) {    \
-    (void)ctx;                                                             \
-    TO *restrict o = (TO *)p[0];                                           \
-    const T *restrict a = (const T *)p[1], *restrict b = (const T *)p[2];  \
-    int64_t sa = s[1], sb = s[2], so = 1;                                  \
-    if (s[0] != 1) {                                                       \
-      so = s[0];                                                           \
-      BINARY_LOOP(T, TO, a[i * sa], b[i * sb], EXPR)                       \
-    } else if (sa == 1 && sb == 1) {                                       \
-      BINARY_LOOP(T, TO, a[i], b[i], EXPR)                                 \
-    } else if (sa == 1 && sb == 0) {                                       \
-      const T y0 = *b;                                                     \
-      BINARY_LOOP(T, TO, a[i], y0, EXPR)                                   \
-    } else if (sa == 0 && sb == 1) {                                       \
-      const T x0 = *a;                                                     \
-      BINARY_LOOP(T, TO, x0, b[i], EXPR)                                   \
-    } else {                                                               \
-      BINARY_LOOP(T, TO, a[i * sa], b[i * sb], EXPR)                       \
-    }                                                                      \
+#define BINARY_ROW(fname, T, TO, EXPR)                                    \
+  static void fname(void *ctx, char **p, const int64_t *s, int64_t n) {   \
+    (void)ctx;                                                            \
+    TO *restrict o = (TO *)p[0];                                          \
+    const T *restrict a = (const T *)p[1], *restrict b = (const T *)p[2]; \
+    int64_t sa = s[1], sb = s[2], so = 1;                                 \
+    if (s[0] != 1) {                                                      \
+      so = s[0];                                                          \
+      BINARY_LOOP(T, TO, a[i * sa], b[i * sb], EXPR)                      \
+    } else if (sa == 1 && sb == 1) {                                      \
+      BINARY_LOOP(T, TO, a[i], b[i], EXPR)                                \
+    } else if (sa == 1 && sb == 0) {                                      \
+      const T y0 = *b;                                                    \
+      BINARY_LOOP(T, TO, a[i], y0, EXPR)                                  \
+    } else if (sa == 0 && sb == 1) {                                      \
+      const T x0 = *a;                                                    \
+      BINARY_LOOP(T, TO, x0, b[i], EXPR)                                  \
+    } else {                                                              \
+      BINARY_LOOP(T, TO, a[i * sa], b[i * sb], EXPR)                      \
+    }                                                                     \
   }
 
-#define WHERE_ROW(fname, T)                                                \
-  static void fname(void *ctx, char **p, const int64_t *s, int64_t n) {    \
-    (void)ctx;                                                             \
-    T *restrict o = (T *)p[0];                                             \
-    const bool *restrict c = (const bool *)p[1];                           \
-    const T *restrict a = (const T *)p[2], *restrict b = (const T *)p[3];  \
-    int64_t so = s[0], sc = s[1], sa = s[2], sb = s[3];                    \
-    if (so == 1 && sc == 1 && sa == 1 && sb == 1) {                        \
-      for (int64_t i = 0; i < n; i++) o[i] = c[i] ? a[i] : b[i];           \
-    } else {                                                               \
+#define WHERE_ROW(fname, T)                                                          \
+  static void fname(void *ctx, char **p, const int64_t *s, int64_t n) {              \
+    (void)ctx;                                                                       \
+    T *restrict o = (T *)p[0];                                                       \
+    const bool *restrict c = (const bool *)p[1];                                     \
+    const T *restrict a = (const T *)p[2], *restrict b = (const T *)p[3];            \
+    int64_t so = s[0], sc = s[1], sa = s[2], sb = s[3];                              \
+    if (so == 1 && sc == 1 && sa == 1 && sb == 1) {                                  \
+      for (int64_t i = 0; i < n; i++) o[i] = c[i] ? a[i] : b[i];                     \
+    } else {                                                                         \
       for (int64_t i = 0; i < n; i++) o[i * so] = c[i * sc] ? a[i * sa] : b[i * sb]; \
-    }                                                                      \
+    }                                                                                \
   }
 
 /* --- per-op expressions (x, y: operands; T: compute type; U: unsigned) --- */
@@ -88,67 +88,67 @@ static inline int64_t int_pow(int64_t base, int64_t e) {
 }
 
 /* X(op, expression) lists, one per dtype class */
-#define FLOAT_UNARY(X)                                \
-  X(copy, x)                                          \
-  X(neg, -x)                                          \
-  X(abs, fabs(x))                                     \
-  X(sign, x != x ? x : (T)((x > 0) - (x < 0)))        \
-  X(floor, floor(x))                                  \
-  X(ceil, ceil(x))                                    \
-  X(round, nearbyint(x))                              \
-  X(exp, exp(x))                                      \
-  X(log, log(x))                                      \
-  X(sqrt, sqrt(x))                                    \
-  X(rsqrt, (T)1 / sqrt(x))                            \
-  X(sin, sin(x))                                      \
-  X(cos, cos(x))                                      \
-  X(tanh, tanh(x))                                    \
-  X(sigmoid, (T)1 / ((T)1 + exp(-x)))                 \
-  X(erf, erf(x))                                      \
-  X(log1p, log1p(x))                                  \
+#define FLOAT_UNARY(X)                         \
+  X(copy, x)                                   \
+  X(neg, -x)                                   \
+  X(abs, fabs(x))                              \
+  X(sign, x != x ? x : (T)((x > 0) - (x < 0))) \
+  X(floor, floor(x))                           \
+  X(ceil, ceil(x))                             \
+  X(round, nearbyint(x))                       \
+  X(exp, exp(x))                               \
+  X(log, log(x))                               \
+  X(sqrt, sqrt(x))                             \
+  X(rsqrt, (T)1 / sqrt(x))                     \
+  X(sin, sin(x))                               \
+  X(cos, cos(x))                               \
+  X(tanh, tanh(x))                             \
+  X(sigmoid, (T)1 / ((T)1 + exp(-x)))          \
+  X(erf, erf(x))                               \
+  X(log1p, log1p(x))                           \
   X(expm1, expm1(x))
 
-#define INT_UNARY(X)                                  \
-  X(copy, x)                                          \
-  X(neg, (T)((U)0 - (U)x))                            \
-  X(abs, x < 0 ? (T)((U)0 - (U)x) : x)                \
-  X(sign, (T)((x > 0) - (x < 0)))                     \
-  X(floor, x)                                         \
-  X(ceil, x)                                          \
+#define INT_UNARY(X)                   \
+  X(copy, x)                           \
+  X(neg, (T)((U)0 - (U)x))             \
+  X(abs, x < 0 ? (T)((U)0 - (U)x) : x) \
+  X(sign, (T)((x > 0) - (x < 0)))      \
+  X(floor, x)                          \
+  X(ceil, x)                           \
   X(round, x)
 
-#define BOOL_UNARY(X)                                 \
-  X(copy, x)                                          \
-  X(abs, x)                                           \
-  X(sign, x)                                          \
-  X(floor, x)                                         \
-  X(ceil, x)                                          \
-  X(round, x)                                         \
+#define BOOL_UNARY(X) \
+  X(copy, x)          \
+  X(abs, x)           \
+  X(sign, x)          \
+  X(floor, x)         \
+  X(ceil, x)          \
+  X(round, x)         \
   X(logical_not, !x)
 
-#define FLOAT_BINARY(X)                               \
-  X(add, x + y)                                       \
-  X(sub, x - y)                                       \
-  X(mul, x * y)                                       \
-  X(div, x / y)                                       \
-  X(pow, pow(x, y))                                   \
-  X(maximum, VM_FMAX(x, y))                           \
+#define FLOAT_BINARY(X)     \
+  X(add, x + y)             \
+  X(sub, x - y)             \
+  X(mul, x *y)              \
+  X(div, x / y)             \
+  X(pow, pow(x, y))         \
+  X(maximum, VM_FMAX(x, y)) \
   X(minimum, VM_FMIN(x, y))
 
-#define INT_BINARY(X)                                 \
-  X(add, (T)((U)x + (U)y))                            \
-  X(sub, (T)((U)x - (U)y))                            \
-  X(mul, (T)((U)x * (U)y))                            \
-  X(pow, (T)int_pow(x, y))                            \
-  X(maximum, x > y ? x : y)                           \
+#define INT_BINARY(X)       \
+  X(add, (T)((U)x + (U)y))  \
+  X(sub, (T)((U)x - (U)y))  \
+  X(mul, (T)((U)x * (U)y))  \
+  X(pow, (T)int_pow(x, y))  \
+  X(maximum, x > y ? x : y) \
   X(minimum, x < y ? x : y)
 
-#define BOOL_BINARY(X)                                \
-  X(add, x | y)                                       \
-  X(mul, x & y)                                       \
-  X(maximum, x | y)                                   \
-  X(minimum, x & y)                                   \
-  X(logical_and, x & y)                               \
+#define BOOL_BINARY(X) \
+  X(add, x | y)        \
+  X(mul, x &y)         \
+  X(maximum, x | y)    \
+  X(minimum, x &y)     \
+  X(logical_and, x &y) \
   X(logical_or, x | y)
 
 #define COMPARE(X) X(eq, x == y) X(ne, x != y) X(lt, x < y) X(le, x <= y) X(gt, x > y) X(ge, x >= y)
@@ -217,22 +217,22 @@ static const vm_row_fn rows[VM_OP_COUNT][VM_NUM_DTYPES] = {
 #undef SFX
 #define DT KILN_F64
 #define SFX f64
-    FLOAT_UNARY(ENTRY) FLOAT_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
+        FLOAT_UNARY(ENTRY) FLOAT_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
 #undef DT
 #undef SFX
 #define DT KILN_I32
 #define SFX i32
-    INT_UNARY(ENTRY) INT_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
+            INT_UNARY(ENTRY) INT_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
 #undef DT
 #undef SFX
 #define DT KILN_I64
 #define SFX i64
-    INT_UNARY(ENTRY) INT_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
+                INT_UNARY(ENTRY) INT_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
 #undef DT
 #undef SFX
 #define DT KILN_BOOL
 #define SFX b8
-    BOOL_UNARY(ENTRY) BOOL_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
+                    BOOL_UNARY(ENTRY) BOOL_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
 #undef DT
 #undef SFX
 };
@@ -262,12 +262,12 @@ UNARY_ROW(cast_f64_i32, double, int32_t, TO_INT(int32_t, INT32_MIN, INT32_MAX))
 UNARY_ROW(cast_f32_i64, float, int64_t, TO_INT(int64_t, INT64_MIN, INT64_MAX))
 UNARY_ROW(cast_f64_i64, double, int64_t, TO_INT(int64_t, INT64_MIN, INT64_MAX))
 
-#define PLAIN_CASTS(X)                                                       \
-  X(b8, bool, i32, int32_t) X(b8, bool, i64, int64_t) X(b8, bool, f32, float) \
-  X(b8, bool, f64, double) X(i32, int32_t, i64, int64_t)                     \
-  X(i32, int32_t, f32, float) X(i32, int32_t, f64, double)                   \
-  X(i64, int64_t, i32, int32_t) X(i64, int64_t, f32, float)                  \
-  X(i64, int64_t, f64, double) X(f32, float, f64, double) X(f64, double, f32, float)
+#define PLAIN_CASTS(X)                                                                           \
+  X(b8, bool, i32, int32_t)                                                                      \
+  X(b8, bool, i64, int64_t) X(b8, bool, f32, float) X(b8, bool, f64, double)                     \
+      X(i32, int32_t, i64, int64_t) X(i32, int32_t, f32, float) X(i32, int32_t, f64, double)     \
+          X(i64, int64_t, i32, int32_t) X(i64, int64_t, f32, float) X(i64, int64_t, f64, double) \
+              X(f32, float, f64, double) X(f64, double, f32, float)
 #define TO_BOOL_CASTS(X) X(i32, int32_t) X(i64, int64_t) X(f32, float) X(f64, double)
 
 #define DEF_PLAIN(fs, FT, ts, TT) UNARY_ROW(cast_##fs##_##ts, FT, TT, x)
@@ -277,16 +277,26 @@ TO_BOOL_CASTS(DEF_TO_BOOL)
 
 static vm_row_fn cast_row(kiln_dtype from, kiln_dtype to) {
   static const vm_row_fn table[VM_NUM_DTYPES][VM_NUM_DTYPES] = {
-      [KILN_BOOL] = {[KILN_I32] = cast_b8_i32, [KILN_I64] = cast_b8_i64,
-                     [KILN_F32] = cast_b8_f32, [KILN_F64] = cast_b8_f64},
-      [KILN_I32] = {[KILN_BOOL] = cast_i32_b8, [KILN_I64] = cast_i32_i64,
-                    [KILN_F32] = cast_i32_f32, [KILN_F64] = cast_i32_f64},
-      [KILN_I64] = {[KILN_BOOL] = cast_i64_b8, [KILN_I32] = cast_i64_i32,
-                    [KILN_F32] = cast_i64_f32, [KILN_F64] = cast_i64_f64},
-      [KILN_F32] = {[KILN_BOOL] = cast_f32_b8, [KILN_I32] = cast_f32_i32,
-                    [KILN_I64] = cast_f32_i64, [KILN_F64] = cast_f32_f64},
-      [KILN_F64] = {[KILN_BOOL] = cast_f64_b8, [KILN_I32] = cast_f64_i32,
-                    [KILN_I64] = cast_f64_i64, [KILN_F32] = cast_f64_f32},
+      [KILN_BOOL] = {[KILN_I32] = cast_b8_i32,
+                     [KILN_I64] = cast_b8_i64,
+                     [KILN_F32] = cast_b8_f32,
+                     [KILN_F64] = cast_b8_f64},
+      [KILN_I32] = {[KILN_BOOL] = cast_i32_b8,
+                    [KILN_I64] = cast_i32_i64,
+                    [KILN_F32] = cast_i32_f32,
+                    [KILN_F64] = cast_i32_f64},
+      [KILN_I64] = {[KILN_BOOL] = cast_i64_b8,
+                    [KILN_I32] = cast_i64_i32,
+                    [KILN_F32] = cast_i64_f32,
+                    [KILN_F64] = cast_i64_f64},
+      [KILN_F32] = {[KILN_BOOL] = cast_f32_b8,
+                    [KILN_I32] = cast_f32_i32,
+                    [KILN_I64] = cast_f32_i64,
+                    [KILN_F64] = cast_f32_f64},
+      [KILN_F64] = {[KILN_BOOL] = cast_f64_b8,
+                    [KILN_I32] = cast_f64_i32,
+                    [KILN_I64] = cast_f64_i64,
+                    [KILN_F32] = cast_f64_f32},
   };
   return from == to ? rows[VM_OP_copy][from] : table[from][to];
 }
@@ -307,11 +317,11 @@ typedef struct {
   double a, b; /* full: value; arange: start, step */
 } fill_job;
 
-#define FILL_CASE(DT, T, VALUE)                           \
-  case DT: {                                              \
-    T *o = (T *)j->data;                                  \
-    for (int64_t i = begin; i < end; i++) o[i] = VALUE;   \
-    break;                                                \
+#define FILL_CASE(DT, T, VALUE)                         \
+  case DT: {                                            \
+    T *o = (T *)j->data;                                \
+    for (int64_t i = begin; i < end; i++) o[i] = VALUE; \
+    break;                                              \
   }
 
 static void fill_full(void *p, int64_t begin, int64_t end) {
@@ -335,10 +345,17 @@ static void fill_arange(void *p, int64_t begin, int64_t end) {
 bool vm_k_leaf(vm_opcode op, vm_tensor *out, const vm_attr *attr) {
   fill_job job = {vm_data(out), out->dtype, attr->scalar[0], attr->scalar[1]};
   switch (op) {
-    case VM_OP_full: vm_parallel_for(out->numel, 1 << 16, fill_full, &job); return true;
-    case VM_OP_arange: vm_parallel_for(out->numel, 1 << 16, fill_arange, &job); return true;
+    case VM_OP_full:
+      vm_parallel_for(out->numel, 1 << 16, fill_full, &job);
+      return true;
+    case VM_OP_arange:
+      vm_parallel_for(out->numel, 1 << 16, fill_arange, &job);
+      return true;
     case VM_OP_rand:
-    case VM_OP_randn: vm_rng_fill(out, op == VM_OP_randn, attr->seed, attr->counter); return true;
-    default: return false;
+    case VM_OP_randn:
+      vm_rng_fill(out, op == VM_OP_randn, attr->seed, attr->counter);
+      return true;
+    default:
+      return false;
   }
 }

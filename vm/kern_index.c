@@ -59,9 +59,15 @@ bool vm_check_indices(const vm_tensor *idx, int64_t size, int axis) {
 
 static void copy_elem(char *dst, const char *src, size_t es) {
   switch (es) {
-    case 1: *dst = *src; break;
-    case 4: memcpy(dst, src, 4); break;
-    default: memcpy(dst, src, 8); break;
+    case 1:
+      *dst = *src;
+      break;
+    case 4:
+      memcpy(dst, src, 4);
+      break;
+    default:
+      memcpy(dst, src, 8);
+      break;
   }
 }
 
@@ -102,17 +108,23 @@ static void scatter_add(vm_tensor *out, const vm_tensor *idx, const vm_tensor *s
     }
     for (int d = 0; d < nd; d++) ooff += (d == axis ? ib[ioff] : pos[d]) * out->strides[d];
     switch (out->dtype) {
-      case KILN_BOOL: ((bool *)ob)[ooff] |= ((const bool *)sb)[soff]; break;
+      case KILN_BOOL:
+        ((bool *)ob)[ooff] |= ((const bool *)sb)[soff];
+        break;
       case KILN_I32:
-        ((int32_t *)ob)[ooff] = (int32_t)((uint32_t)((int32_t *)ob)[ooff] +
-                                          (uint32_t)((const int32_t *)sb)[soff]);
+        ((int32_t *)ob)[ooff] =
+            (int32_t)((uint32_t)((int32_t *)ob)[ooff] + (uint32_t)((const int32_t *)sb)[soff]);
         break;
       case KILN_I64:
-        ((int64_t *)ob)[ooff] = (int64_t)((uint64_t)((int64_t *)ob)[ooff] +
-                                          (uint64_t)((const int64_t *)sb)[soff]);
+        ((int64_t *)ob)[ooff] =
+            (int64_t)((uint64_t)((int64_t *)ob)[ooff] + (uint64_t)((const int64_t *)sb)[soff]);
         break;
-      case KILN_F32: ((float *)ob)[ooff] += ((const float *)sb)[soff]; break;
-      case KILN_F64: ((double *)ob)[ooff] += ((const double *)sb)[soff]; break;
+      case KILN_F32:
+        ((float *)ob)[ooff] += ((const float *)sb)[soff];
+        break;
+      case KILN_F64:
+        ((double *)ob)[ooff] += ((const double *)sb)[soff];
+        break;
     }
     for (int d = nd - 1; d >= 0 && ++pos[d] == idx->shape[d]; d--) pos[d] = 0;
   }
@@ -204,8 +216,14 @@ static void select_runs(void *p, int64_t begin, int64_t end) {
 
 static bool index_select_fast(vm_tensor *out, const vm_tensor *a, const vm_tensor *idx, int axis) {
   if (!vm_is_contiguous(out) || !vm_is_contiguous(a) || idx->ndim != 1) return false;
-  select_job j = {vm_data(out), vm_data(a), vm_data(idx), idx->strides[0], idx->shape[0],
-                  a->shape[axis], prod_dims(a->shape, axis + 1, a->ndim), vm_dtype_size(a->dtype)};
+  select_job j = {vm_data(out),
+                  vm_data(a),
+                  vm_data(idx),
+                  idx->strides[0],
+                  idx->shape[0],
+                  a->shape[axis],
+                  prod_dims(a->shape, axis + 1, a->ndim),
+                  vm_dtype_size(a->dtype)};
   int64_t outer = prod_dims(a->shape, 0, axis), rows = outer * j.picks;
   if (!rows) return true;
   runs_job rj = {&j, NULL, 0};
@@ -229,14 +247,14 @@ typedef struct {
 
 /* runs of consecutive indices add as one vector loop: the positions of a
    run are distinct, and each output element still sums in k order */
-#define SCATTER_ROWS(T)                                                                        \
-  for (int64_t o = begin; o < end; o++)                                                        \
-    for (int64_t k = 0; k < j->picks;) {                                                       \
-      int64_t r = j->inner == 1 ? run_length(j->idx, j->idx_stride, k, j->picks - k) : 1;      \
+#define SCATTER_ROWS(T)                                                                         \
+  for (int64_t o = begin; o < end; o++)                                                         \
+    for (int64_t k = 0; k < j->picks;) {                                                        \
+      int64_t r = j->inner == 1 ? run_length(j->idx, j->idx_stride, k, j->picks - k) : 1;       \
       T *restrict dst = (T *)j->out + (o * j->out_axis + j->idx[k * j->idx_stride]) * j->inner; \
-      const T *restrict src = (const T *)j->src + (o * j->picks + k) * j->inner;               \
-      for (int64_t i = 0; i < r * j->inner; i++) dst[i] += src[i];                             \
-      k += r;                                                                                  \
+      const T *restrict src = (const T *)j->src + (o * j->picks + k) * j->inner;                \
+      for (int64_t i = 0; i < r * j->inner; i++) dst[i] += src[i];                              \
+      k += r;                                                                                   \
     }
 
 /* out[o, idx[k], :] += src[o, k, :]: each outer row o owns its output row */
@@ -255,13 +273,13 @@ typedef struct {
   int64_t nruns;
 } scatter_runs_job;
 
-#define SCATTER_RUNS(T)                                                                  \
-  for (int64_t o = begin; o < end; o++)                                                  \
-    for (int64_t r = 0; r < rj->nruns; r++) {                                            \
-      int64_t k = rj->runs[2 * r], len = rj->runs[2 * r + 1];                            \
-      T *restrict dst = (T *)j->out + o * j->out_axis + j->idx[k * j->idx_stride];       \
-      const T *restrict src = (const T *)j->src + o * j->picks + k;                      \
-      for (int64_t i = 0; i < len; i++) dst[i] += src[i];                                \
+#define SCATTER_RUNS(T)                                                            \
+  for (int64_t o = begin; o < end; o++)                                            \
+    for (int64_t r = 0; r < rj->nruns; r++) {                                      \
+      int64_t k = rj->runs[2 * r], len = rj->runs[2 * r + 1];                      \
+      T *restrict dst = (T *)j->out + o * j->out_axis + j->idx[k * j->idx_stride]; \
+      const T *restrict src = (const T *)j->src + o * j->picks + k;                \
+      for (int64_t i = 0; i < len; i++) dst[i] += src[i];                          \
     }
 
 /* scatter_rows for single elements by precomputed runs (the same order) */
@@ -285,8 +303,14 @@ static bool scatter_add_fast(vm_tensor *out, const vm_tensor *idx, const vm_tens
     if (d != axis && idx->strides[d] != 0 && idx->shape[d] != 1) return false;
   for (int d = 0; d < idx->ndim; d++)
     if (d != axis && idx->shape[d] != out->shape[d]) return false;
-  scatter_job j = {vm_data(out), vm_data(src), vm_data(idx), idx->strides[axis], idx->shape[axis],
-                   out->shape[axis], prod_dims(out->shape, axis + 1, out->ndim), out->dtype};
+  scatter_job j = {vm_data(out),
+                   vm_data(src),
+                   vm_data(idx),
+                   idx->strides[axis],
+                   idx->shape[axis],
+                   out->shape[axis],
+                   prod_dims(out->shape, axis + 1, out->ndim),
+                   out->dtype};
   int64_t outer = prod_dims(out->shape, 0, axis);
   int64_t per_row = j.picks * j.inner; /* elements an outer row adds */
   if (!outer || !j.picks || !j.inner) return true;
@@ -333,12 +357,12 @@ static void gather_elems(void *p, int64_t begin, int64_t end) {
   }
 }
 
-#define SCATTER_ELEMS(T)                                                   \
-  for (int64_t o = begin; o < end; o++) {                                  \
-    const int64_t *ix = j->idx + o * per;                                  \
-    T *restrict out = (T *)j->out + o * j->a_axis * j->inner;              \
-    const T *restrict src = (const T *)j->a + o * per;                     \
-    for (int64_t k = 0, f = 0; k < j->picks; k++)                          \
+#define SCATTER_ELEMS(T)                                                               \
+  for (int64_t o = begin; o < end; o++) {                                              \
+    const int64_t *ix = j->idx + o * per;                                              \
+    T *restrict out = (T *)j->out + o * j->a_axis * j->inner;                          \
+    const T *restrict src = (const T *)j->a + o * per;                                 \
+    for (int64_t k = 0, f = 0; k < j->picks; k++)                                      \
       for (int64_t i = 0; i < j->inner; i++, f++) out[ix[f] * j->inner + i] += src[f]; \
   }
 
@@ -359,10 +383,11 @@ static bool elems_fast(bool scatter, vm_tensor *out, const vm_tensor *a, const v
   if (!vm_is_contiguous(big) || !vm_is_contiguous(small) || !vm_is_contiguous(idx)) return false;
   if (scatter && big->dtype != KILN_F32 && big->dtype != KILN_F64) return false;
   for (int d = 0; d < idx->ndim; d++)
-    if (idx->shape[d] != small->shape[d] || (d != axis && idx->shape[d] != big->shape[d])) return false;
-  elem_job j = {vm_data(out), scatter ? vm_data(src) : vm_data(a),
-                vm_data(idx), idx->shape[axis], big->shape[axis],
-                prod_dims(idx->shape, axis + 1, idx->ndim), big->dtype};
+    if (idx->shape[d] != small->shape[d] || (d != axis && idx->shape[d] != big->shape[d]))
+      return false;
+  elem_job j = {
+      vm_data(out),     scatter ? vm_data(src) : vm_data(a),        vm_data(idx), idx->shape[axis],
+      big->shape[axis], prod_dims(idx->shape, axis + 1, idx->ndim), big->dtype};
   int64_t outer = prod_dims(idx->shape, 0, axis), per = j.picks * j.inner;
   if (outer && per)
     vm_parallel_for(outer, per >= (1 << 15) ? 1 : (1 << 15) / per + 1,
@@ -384,10 +409,12 @@ bool vm_k_index(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *in, const
       return true;
     case VM_OP_scatter_add:
       if (!vm_k_elementwise(VM_OP_copy, out, 1, (vm_tensor *const *)in)) return false;
-      if (!scatter_add_fast(out, idx, in[2], axis) && !elems_fast(true, out, NULL, idx, in[2], axis))
+      if (!scatter_add_fast(out, idx, in[2], axis) &&
+          !elems_fast(true, out, NULL, idx, in[2], axis))
         scatter_add(out, idx, in[2], axis);
       return true;
-    default: return false;
+    default:
+      return false;
   }
 }
 

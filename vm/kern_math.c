@@ -23,37 +23,37 @@
 #define VMATH_ATTR
 #endif
 
-#define MATH_UNARY_ROW(fname, ATTR, FN)                                    \
+#define MATH_UNARY_ROW(fname, ATTR, FN)                                      \
   ATTR static void fname(void *ctx, char **p, const int64_t *s, int64_t n) { \
-    (void)ctx;                                                             \
-    float *restrict o = (float *)p[0];                                     \
-    const float *restrict a = (const float *)p[1];                         \
-    int64_t so = s[0], sa = s[1];                                          \
-    if (so == 1 && sa == 1)                                                \
-      for (int64_t i = 0; i < n; i++) o[i] = FN(a[i]);                     \
-    else                                                                   \
-      for (int64_t i = 0; i < n; i++) o[i * so] = FN(a[i * sa]);           \
+    (void)ctx;                                                               \
+    float *restrict o = (float *)p[0];                                       \
+    const float *restrict a = (const float *)p[1];                           \
+    int64_t so = s[0], sa = s[1];                                            \
+    if (so == 1 && sa == 1)                                                  \
+      for (int64_t i = 0; i < n; i++) o[i] = FN(a[i]);                       \
+    else                                                                     \
+      for (int64_t i = 0; i < n; i++) o[i * so] = FN(a[i * sa]);             \
   }
 
-#define MATH_POW_ROW(fname, ATTR, FN)                                      \
-  ATTR static void fname(void *ctx, char **p, const int64_t *s, int64_t n) { \
-    (void)ctx;                                                             \
-    float *restrict o = (float *)p[0];                                     \
+#define MATH_POW_ROW(fname, ATTR, FN)                                                 \
+  ATTR static void fname(void *ctx, char **p, const int64_t *s, int64_t n) {          \
+    (void)ctx;                                                                        \
+    float *restrict o = (float *)p[0];                                                \
     const float *restrict a = (const float *)p[1], *restrict b = (const float *)p[2]; \
-    int64_t so = s[0], sa = s[1], sb = s[2];                               \
-    if (so == 1 && sa == 1 && sb == 1)                                     \
-      for (int64_t i = 0; i < n; i++) o[i] = FN(a[i], b[i]);               \
-    else if (so == 1 && sa == 1 && sb == 0)                                \
-      for (int64_t i = 0; i < n; i++) o[i] = FN(a[i], b[0]);               \
-    else                                                                   \
-      for (int64_t i = 0; i < n; i++) o[i * so] = FN(a[i * sa], b[i * sb]); \
+    int64_t so = s[0], sa = s[1], sb = s[2];                                          \
+    if (so == 1 && sa == 1 && sb == 1)                                                \
+      for (int64_t i = 0; i < n; i++) o[i] = FN(a[i], b[i]);                          \
+    else if (so == 1 && sa == 1 && sb == 0)                                           \
+      for (int64_t i = 0; i < n; i++) o[i] = FN(a[i], b[0]);                          \
+    else                                                                              \
+      for (int64_t i = 0; i < n; i++) o[i * so] = FN(a[i * sa], b[i * sb]);           \
   }
 
 /* X(op, vmath function) */
-#define MATH_OPS(X)                                                        \
-  X(exp, vm_expf) X(log, vm_logf) X(tanh, vm_tanhf) X(sigmoid, vm_sigmoidf) \
-  X(sin, vm_sinf) X(cos, vm_cosf) X(erf, vm_erff) X(log1p, vm_log1pf)     \
-  X(expm1, vm_expm1f)
+#define MATH_OPS(X)                                                                         \
+  X(exp, vm_expf)                                                                           \
+  X(log, vm_logf) X(tanh, vm_tanhf) X(sigmoid, vm_sigmoidf) X(sin, vm_sinf) X(cos, vm_cosf) \
+      X(erf, vm_erff) X(log1p, vm_log1pf) X(expm1, vm_expm1f)
 
 #define DEF_PLAIN(op, fn) MATH_UNARY_ROW(op##_plain_row, , fn##_plain)
 MATH_OPS(DEF_PLAIN)
@@ -79,23 +79,29 @@ vm_row_fn vm_math_row_f32(vm_opcode op) {
 }
 
 #define CASE(o, fn) \
-  case VM_OP_##o: return fn##_plain(x);
+  case VM_OP_##o:   \
+    return fn##_plain(x);
 static float math_plain(vm_opcode op, float x, float y) {
   switch (op) {
     MATH_OPS(CASE)
-    case VM_OP_pow: return vm_powf_plain(x, y);
-    default: return 0;
+    case VM_OP_pow:
+      return vm_powf_plain(x, y);
+    default:
+      return 0;
   }
 }
 #undef CASE
 #ifdef VMATH_HAVE_FMA
 #define CASE(o, fn) \
-  case VM_OP_##o: return fn##_fma(x);
+  case VM_OP_##o:   \
+    return fn##_fma(x);
 V3 static float math_fma(vm_opcode op, float x, float y) {
   switch (op) {
     MATH_OPS(CASE)
-    case VM_OP_pow: return vm_powf_fma(x, y);
-    default: return 0;
+    case VM_OP_pow:
+      return vm_powf_fma(x, y);
+    default:
+      return 0;
   }
 }
 #undef CASE

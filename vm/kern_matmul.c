@@ -60,7 +60,8 @@ bool vm_blas_operand_ok(const vm_tensor *t, bool left) {
   return vm_mat_blas_layout(&m, &trans, &ld);
 }
 
-void vm_gemm_geom_of(const vm_tensor *out, const vm_tensor *a, const vm_tensor *b, vm_gemm_geom *g) {
+void vm_gemm_geom_of(const vm_tensor *out, const vm_tensor *a, const vm_tensor *b,
+                     vm_gemm_geom *g) {
   memset(&g->bat, 0, sizeof g->bat);
   g->bat.nb = out->ndim - (a->ndim > 1) - (b->ndim > 1);
   for (int d = 0; d < g->bat.nb; d++) g->bat.bshape[d] = out->shape[d];
@@ -100,19 +101,18 @@ static int64_t batch_offset(const vm_batch *b, const int64_t *strides, int64_t f
   return off;
 }
 
-#define INT_GEMM(T, U)                                                          \
-  static void gemm_##T(const vm_mat *a, const vm_mat *b, T *c, int64_t M, int64_t N,  \
-                       int64_t K, const T *A, const T *B) {                     \
-    for (int64_t i = 0; i < M; i++) {                                           \
-      T *restrict crow = c + i * N;                                             \
-      for (int64_t j = 0; j < N; j++) crow[j] = 0;                              \
-      for (int64_t k = 0; k < K; k++) {                                         \
-        U aik = (U)A[i * a->srow + k * a->scol];                                \
-        const T *brow = B + k * b->srow;                                        \
-        for (int64_t j = 0; j < N; j++)                                         \
-          crow[j] = (T)((U)crow[j] + aik * (U)brow[j * b->scol]);               \
-      }                                                                         \
-    }                                                                           \
+#define INT_GEMM(T, U)                                                                          \
+  static void gemm_##T(const vm_mat *a, const vm_mat *b, T *c, int64_t M, int64_t N, int64_t K, \
+                       const T *A, const T *B) {                                                \
+    for (int64_t i = 0; i < M; i++) {                                                           \
+      T *restrict crow = c + i * N;                                                             \
+      for (int64_t j = 0; j < N; j++) crow[j] = 0;                                              \
+      for (int64_t k = 0; k < K; k++) {                                                         \
+        U aik = (U)A[i * a->srow + k * a->scol];                                                \
+        const T *brow = B + k * b->srow;                                                        \
+        for (int64_t j = 0; j < N; j++) crow[j] = (T)((U)crow[j] + aik * (U)brow[j * b->scol]); \
+      }                                                                                         \
+    }                                                                                           \
   }
 INT_GEMM(int32_t, uint32_t)
 INT_GEMM(int64_t, uint64_t)
@@ -267,8 +267,12 @@ static bool matmul_batched(vm_tensor *out, const vm_tensor *at, const vm_tensor 
     const char *B = b.base + batch_offset(&bat, b.bstride, i) * es;
     char *C = c + i * M * N * es;
     switch (dt) {
-      case KILN_I32: gemm_int32_t(&a, &b, (int32_t *)C, M, N, K, (const int32_t *)A, (const int32_t *)B); break;
-      case KILN_I64: gemm_int64_t(&a, &b, (int64_t *)C, M, N, K, (const int64_t *)A, (const int64_t *)B); break;
+      case KILN_I32:
+        gemm_int32_t(&a, &b, (int32_t *)C, M, N, K, (const int32_t *)A, (const int32_t *)B);
+        break;
+      case KILN_I64:
+        gemm_int64_t(&a, &b, (int64_t *)C, M, N, K, (const int64_t *)A, (const int64_t *)B);
+        break;
       default:
         if (!float_gemm(dt, &a, &b, C, M, N, K, A, B)) return false;
     }

@@ -31,14 +31,14 @@ static int64_t dims_offset(const vm_dims *d, int64_t f) {
 /* --- per-op, per-dtype pieces -------------------------------------------
    INIT: identity; COMB(a, v): fold one value; RUN: reduce n values at stride s */
 
-#define LOOP_RUN(fname, T, INIT, COMB)                                     \
-  static T fname(const T *x, int64_t n, int64_t s) {                       \
-    T acc = INIT;                                                          \
-    if (s == 1)                                                            \
-      for (int64_t i = 0; i < n; i++) acc = COMB(acc, x[i]);               \
-    else                                                                   \
-      for (int64_t i = 0; i < n; i++) acc = COMB(acc, x[i * s]);           \
-    return acc;                                                            \
+#define LOOP_RUN(fname, T, INIT, COMB)                           \
+  static T fname(const T *x, int64_t n, int64_t s) {             \
+    T acc = INIT;                                                \
+    if (s == 1)                                                  \
+      for (int64_t i = 0; i < n; i++) acc = COMB(acc, x[i]);     \
+    else                                                         \
+      for (int64_t i = 0; i < n; i++) acc = COMB(acc, x[i * s]); \
+    return acc;                                                  \
   }
 
 #define IADD(a, v) ((int64_t)((uint64_t)(a) + (uint64_t)(v)))
@@ -47,14 +47,14 @@ static int64_t dims_offset(const vm_dims *d, int64_t f) {
 #define IMIN(a, v) ((a) <= (v) ? (a) : (v))
 
 /* integer and bool reducers (exact: any order): X(op, suffix, T, dtype, INIT, COMB, pairwise) */
-#define REDUCERS(X)                                                  \
-  X(sum, i64, int64_t, KILN_I64, 0, IADD, 0)                         \
-  X(prod, i64, int64_t, KILN_I64, 1, IMUL, 0)                        \
-  X(max, i32, int32_t, KILN_I32, INT32_MIN, IMAX, 0)                 \
-  X(max, i64, int64_t, KILN_I64, INT64_MIN, IMAX, 0)                 \
-  X(max, b8, bool, KILN_BOOL, false, IMAX, 0)                        \
-  X(min, i32, int32_t, KILN_I32, INT32_MAX, IMIN, 0)                 \
-  X(min, i64, int64_t, KILN_I64, INT64_MAX, IMIN, 0)                 \
+#define REDUCERS(X)                                  \
+  X(sum, i64, int64_t, KILN_I64, 0, IADD, 0)         \
+  X(prod, i64, int64_t, KILN_I64, 1, IMUL, 0)        \
+  X(max, i32, int32_t, KILN_I32, INT32_MIN, IMAX, 0) \
+  X(max, i64, int64_t, KILN_I64, INT64_MIN, IMAX, 0) \
+  X(max, b8, bool, KILN_BOOL, false, IMAX, 0)        \
+  X(min, i32, int32_t, KILN_I32, INT32_MAX, IMIN, 0) \
+  X(min, i64, int64_t, KILN_I64, INT64_MAX, IMIN, 0) \
   X(min, b8, bool, KILN_BOOL, true, IMIN, 0)
 
 typedef struct reduce_job reduce_job;
@@ -77,49 +77,52 @@ struct reduce_job {
   int64_t chunk;
 };
 
-#define DEF_REDUCER(op, sfx, T, DT, INIT, COMB, PAIRWISE)                        \
-  LOOP_RUN(op##_loop_##sfx, T, INIT, COMB)                                       \
-  static T op##_run_##sfx(const T *x, int64_t n, int64_t s) {                    \
-    return op##_loop_##sfx(x, n, s);                                             \
-  }                                                                              \
-  static void op##_range_##sfx(const reduce_job *j, const char *xc, int64_t b,   \
-                               int64_t e, void *accp) {                          \
-    const T *x = (const T *)xc;                                                  \
-    const vm_dims *R = &j->R;                                                    \
-    int64_t inner = R->n ? R->size[R->n - 1] : 1;                                \
-    int64_t s = R->n ? R->stride[R->n - 1] : 0;                                  \
-    vm_dims outer = *R;                                                          \
-    if (outer.n) outer.n--;                                                      \
-    T acc = *(T *)accp;                                                          \
-    for (int64_t f = b; f < e;) {                                                \
-      int64_t i = f % inner, len = inner - i;                                    \
-      if (len > e - f) len = e - f;                                              \
-      const T *run = x + dims_offset(&outer, f / inner) + i * s;                 \
-      T v = PAIRWISE ? op##_pairwise_##sfx(run, len, s) : op##_run_##sfx(run, len, s); \
-      acc = COMB(acc, v);                                                        \
-      f += len;                                                                  \
-    }                                                                            \
-    *(T *)accp = acc;                                                            \
-  }                                                                              \
-  static void op##_cols_##sfx(void *accp, const char *xc, int64_t m, int64_t s) { \
-    T *restrict acc = (T *)accp;                                                 \
-    const T *restrict x = (const T *)xc;                                         \
-    if (s == 1)                                                                  \
-      for (int64_t k = 0; k < m; k++) acc[k] = COMB(acc[k], x[k]);               \
-    else                                                                         \
-      for (int64_t k = 0; k < m; k++) acc[k] = COMB(acc[k], x[k * s]);           \
-  }                                                                              \
-  static void op##_init_##sfx(void *accp, int64_t m) {                           \
-    for (int64_t k = 0; k < m; k++) ((T *)accp)[k] = INIT;                       \
-  }                                                                              \
-  static void op##_comb_##sfx(void *accp, const void *v) {                       \
-    *(T *)accp = COMB(*(T *)accp, *(const T *)v);                                \
-  }                                                                              \
-  static const reducer op##_reducer_##sfx = {op##_range_##sfx, op##_cols_##sfx,  \
-                                             op##_init_##sfx, op##_comb_##sfx};
+#define DEF_REDUCER(op, sfx, T, DT, INIT, COMB, PAIRWISE)                                        \
+  LOOP_RUN(op##_loop_##sfx, T, INIT, COMB)                                                       \
+  static T op##_run_##sfx(const T *x, int64_t n, int64_t s) { return op##_loop_##sfx(x, n, s); } \
+  static void op##_range_##sfx(const reduce_job *j, const char *xc, int64_t b, int64_t e,        \
+                               void *accp) {                                                     \
+    const T *x = (const T *)xc;                                                                  \
+    const vm_dims *R = &j->R;                                                                    \
+    int64_t inner = R->n ? R->size[R->n - 1] : 1;                                                \
+    int64_t s = R->n ? R->stride[R->n - 1] : 0;                                                  \
+    vm_dims outer = *R;                                                                          \
+    if (outer.n) outer.n--;                                                                      \
+    T acc = *(T *)accp;                                                                          \
+    for (int64_t f = b; f < e;) {                                                                \
+      int64_t i = f % inner, len = inner - i;                                                    \
+      if (len > e - f) len = e - f;                                                              \
+      const T *run = x + dims_offset(&outer, f / inner) + i * s;                                 \
+      T v = PAIRWISE ? op##_pairwise_##sfx(run, len, s) : op##_run_##sfx(run, len, s);           \
+      acc = COMB(acc, v);                                                                        \
+      f += len;                                                                                  \
+    }                                                                                            \
+    *(T *)accp = acc;                                                                            \
+  }                                                                                              \
+  static void op##_cols_##sfx(void *accp, const char *xc, int64_t m, int64_t s) {                \
+    T *restrict acc = (T *)accp;                                                                 \
+    const T *restrict x = (const T *)xc;                                                         \
+    if (s == 1)                                                                                  \
+      for (int64_t k = 0; k < m; k++) acc[k] = COMB(acc[k], x[k]);                               \
+    else                                                                                         \
+      for (int64_t k = 0; k < m; k++) acc[k] = COMB(acc[k], x[k * s]);                           \
+  }                                                                                              \
+  static void op##_init_##sfx(void *accp, int64_t m) {                                           \
+    for (int64_t k = 0; k < m; k++) ((T *)accp)[k] = INIT;                                       \
+  }                                                                                              \
+  static void op##_comb_##sfx(void *accp, const void *v) {                                       \
+    *(T *)accp = COMB(*(T *)accp, *(const T *)v);                                                \
+  }                                                                                              \
+  static const reducer op##_reducer_##sfx = {op##_range_##sfx, op##_cols_##sfx, op##_init_##sfx, \
+                                             op##_comb_##sfx};
 
-#define NO_PAIRWISE(op, sfx, T) \
-  static inline T op##_pairwise_##sfx(const T *x, int64_t n, int64_t s) { (void)x; (void)n; (void)s; return 0; }
+#define NO_PAIRWISE(op, sfx, T)                                           \
+  static inline T op##_pairwise_##sfx(const T *x, int64_t n, int64_t s) { \
+    (void)x;                                                              \
+    (void)n;                                                              \
+    (void)s;                                                              \
+    return 0;                                                             \
+  }
 NO_PAIRWISE(sum, i64, int64_t)
 NO_PAIRWISE(prod, i64, int64_t)
 NO_PAIRWISE(max, i32, int32_t)
@@ -141,9 +144,9 @@ static const reducer *find_reducer(vm_opcode op, kiln_dtype dt) {
 
 /* --- drivers --------------------------------------------------------------- */
 
-#define ROWS_GRAIN (1 << 15)     /* elements of work before we go parallel */
-#define SINGLE_CHUNK (1 << 16)   /* chunk size of a single-output reduction */
-#define COLS_BLOCK 256           /* rows folded into a partial before adding */
+#define ROWS_GRAIN (1 << 15)   /* elements of work before we go parallel */
+#define SINGLE_CHUNK (1 << 16) /* chunk size of a single-output reduction */
+#define COLS_BLOCK 256         /* rows folded into a partial before adding */
 
 static void rows_range(void *p, int64_t begin, int64_t end) {
   const reduce_job *j = p;
@@ -227,110 +230,111 @@ struct fold_job {
 
 /* the element offsets of positions p0.. of R, as runs of its last dim:
    calls body with (offset of the run's start, run length, position) */
-#define FOR_RUNS(R, p0, n, OFF, LEN, K, BODY)                                 \
-  {                                                                           \
-    int64_t idx_[KILN_MAX_DIMS], f_ = (p0);                                   \
-    int last_ = (R)->n - 1;                                                   \
-    for (int d_ = last_; d_ >= 0; d_--) {                                     \
-      idx_[d_] = f_ % (R)->size[d_];                                          \
-      f_ /= (R)->size[d_];                                                    \
-    }                                                                         \
-    for (int64_t K = 0; K < (n);) {                                           \
-      int64_t OFF = 0;                                                        \
-      for (int d_ = 0; d_ <= last_; d_++) OFF += idx_[d_] * (R)->stride[d_];  \
-      int64_t LEN = (R)->size[last_] - idx_[last_];                           \
-      if (LEN > (n) - K) LEN = (n) - K;                                       \
-      BODY;                                                                   \
-      K += LEN;                                                               \
-      idx_[last_] += LEN;                                                     \
-      for (int d_ = last_; d_ > 0 && idx_[d_] == (R)->size[d_]; d_--) {       \
-        idx_[d_] = 0;                                                         \
-        idx_[d_ - 1]++;                                                       \
-      }                                                                       \
-    }                                                                         \
+#define FOR_RUNS(R, p0, n, OFF, LEN, K, BODY)                                \
+  {                                                                          \
+    int64_t idx_[KILN_MAX_DIMS], f_ = (p0);                                  \
+    int last_ = (R)->n - 1;                                                  \
+    for (int d_ = last_; d_ >= 0; d_--) {                                    \
+      idx_[d_] = f_ % (R)->size[d_];                                         \
+      f_ /= (R)->size[d_];                                                   \
+    }                                                                        \
+    for (int64_t K = 0; K < (n);) {                                          \
+      int64_t OFF = 0;                                                       \
+      for (int d_ = 0; d_ <= last_; d_++) OFF += idx_[d_] * (R)->stride[d_]; \
+      int64_t LEN = (R)->size[last_] - idx_[last_];                          \
+      if (LEN > (n)-K) LEN = (n)-K;                                          \
+      BODY;                                                                  \
+      K += LEN;                                                              \
+      idx_[last_] += LEN;                                                    \
+      for (int d_ = last_; d_ > 0 && idx_[d_] == (R)->size[d_]; d_--) {      \
+        idx_[d_] = 0;                                                        \
+        idx_[d_ - 1]++;                                                      \
+      }                                                                      \
+    }                                                                        \
   }
 
-#define DEF_FOLD(op, sfx, T, A, INIT, COMB)                                                \
-  /* one block (n <= VM_FOLD_BLOCK) through the lanes, tree-folded */                      \
-  VECTOR_CLONES static A op##_block_##sfx(const T *x, int64_t n, int64_t s) {               \
-    enum { L = VM_FOLD_LANE_BYTES / sizeof(A) };                                            \
-    A lanes[L];                                                                             \
-    for (int l = 0; l < L; l++) lanes[l] = INIT;                                            \
-    int64_t r = 0;                                                                          \
-    if (s == 1)                                                                             \
-      for (; r + L <= n; r += L)                                                            \
-        for (int l = 0; l < L; l++) lanes[l] = COMB(lanes[l], (A)x[r + l]);                 \
-    else                                                                                    \
-      for (; r + L <= n; r += L)                                                            \
-        for (int l = 0; l < L; l++) lanes[l] = COMB(lanes[l], (A)x[(r + l) * s]);           \
-    for (; r < n; r++) lanes[0] = COMB(lanes[0], (A)x[r * s]);                              \
-    for (int w = L / 2; w >= 1; w /= 2)                                                     \
-      for (int k = 0; k < w; k++) lanes[k] = COMB(lanes[k], lanes[k + w]);                  \
-    return lanes[0];                                                                        \
-  }                                                                                         \
-  /* positions [p0, p0 + n) of R, n <= VM_FOLD_BLOCK, copied in order */                    \
-  static void op##_gather_##sfx(const vm_dims *R, const T *base, int64_t p0, int64_t n, T *buf) { \
-    FOR_RUNS(R, p0, n, off, len, k, {                                                       \
-      const T *src = base + off;                                                            \
-      int64_t s = R->stride[last_];                                                         \
-      for (int64_t i = 0; i < len; i++) buf[k + i] = src[i * s];                            \
-    })                                                                                      \
-  }                                                                                         \
-  static void op##_lanes_##sfx(const fold_job *j, const char *b, int64_t p0, int64_t n,    \
-                               char *dst) {                                                 \
-    const T *base = (const T *)b;                                                           \
-    const vm_dims *R = &j->R;                                                               \
-    int64_t s = R->n ? R->stride[R->n - 1] : 0;                                             \
-    A acc = INIT;                                                                           \
-    T buf[R->n > 1 ? VM_FOLD_BLOCK : 1];                                                    \
-    for (int64_t p = p0; p < p0 + n; p += VM_FOLD_BLOCK) {                                  \
-      int64_t len = p0 + n - p < VM_FOLD_BLOCK ? p0 + n - p : VM_FOLD_BLOCK;               \
-      if (R->n > 1) {                                                                       \
-        op##_gather_##sfx(R, base, p, len, buf);                                            \
-        acc = COMB(acc, op##_block_##sfx(buf, len, 1));                                     \
-      } else {                                                                              \
-        acc = COMB(acc, op##_block_##sfx(base + p * s, len, s));                            \
-      }                                                                                     \
-    }                                                                                       \
-    *(T *)dst = (T)acc;                                                                     \
-  }                                                                                         \
-  static void op##_ordered_##sfx(const fold_job *j, const char *b, char *dst) {             \
-    const T *base = (const T *)b;                                                           \
-    const vm_dims *R = &j->R;                                                               \
-    A acc = INIT;                                                                           \
-    T buf[VM_FOLD_BLOCK];                                                                   \
-    for (int64_t p = 0; p < j->count; p += VM_FOLD_BLOCK) {                                 \
-      int64_t len = j->count - p < VM_FOLD_BLOCK ? j->count - p : VM_FOLD_BLOCK;           \
-      if (R->n) op##_gather_##sfx(R, base, p, len, buf);                                    \
-      else buf[0] = base[0];                                                                \
-      A blk = INIT;                                                                         \
-      for (int64_t i = 0; i < len; i++) blk = COMB(blk, (A)buf[i]);                         \
-      acc = COMB(acc, blk);                                                                 \
-    }                                                                                       \
-    *(T *)dst = (T)acc;                                                                     \
-  }                                                                                         \
-  VECTOR_CLONES static void op##_cols_##sfx(const fold_job *j, int64_t o, int64_t b0,      \
-                                            int64_t w) {                                    \
-    A acc[FOLD_COLS], blk[FOLD_COLS];                                                       \
-    int64_t si = j->inner_stride;                                                           \
-    const T *x = (const T *)j->x + dims_offset(&j->O, o) + b0 * si;                         \
-    for (int64_t b = 0; b < w; b++) acc[b] = INIT;                                          \
-    for (int64_t r0 = 0; r0 < j->count; r0 += VM_FOLD_BLOCK) {                              \
-      int64_t r1 = j->count - r0 < VM_FOLD_BLOCK ? j->count : r0 + VM_FOLD_BLOCK;          \
-      for (int64_t b = 0; b < w; b++) blk[b] = INIT;                                        \
-      for (int64_t r = r0; r < r1; r++) {                                                   \
-        const T *restrict xr = x + dims_offset(&j->R, r);                                   \
-        if (si == 1)                                                                        \
-          for (int64_t b = 0; b < w; b++) blk[b] = COMB(blk[b], (A)xr[b]);                  \
-        else                                                                                \
-          for (int64_t b = 0; b < w; b++) blk[b] = COMB(blk[b], (A)xr[b * si]);             \
-      }                                                                                     \
-      for (int64_t b = 0; b < w; b++) acc[b] = COMB(acc[b], blk[b]);                        \
-    }                                                                                       \
-    T *out = (T *)j->out + o * j->inner + b0;                                               \
-    for (int64_t b = 0; b < w; b++) out[b] = (T)acc[b];                                     \
-  }                                                                                         \
-  static const fold_reducer op##_fold_##sfx = {op##_lanes_##sfx, op##_ordered_##sfx,       \
+#define DEF_FOLD(op, sfx, T, A, INIT, COMB)                                                        \
+  /* one block (n <= VM_FOLD_BLOCK) through the lanes, tree-folded */                              \
+  VECTOR_CLONES static A op##_block_##sfx(const T *x, int64_t n, int64_t s) {                      \
+    enum { L = VM_FOLD_LANE_BYTES / sizeof(A) };                                                   \
+    A lanes[L];                                                                                    \
+    for (int l = 0; l < L; l++) lanes[l] = INIT;                                                   \
+    int64_t r = 0;                                                                                 \
+    if (s == 1)                                                                                    \
+      for (; r + L <= n; r += L)                                                                   \
+        for (int l = 0; l < L; l++) lanes[l] = COMB(lanes[l], (A)x[r + l]);                        \
+    else                                                                                           \
+      for (; r + L <= n; r += L)                                                                   \
+        for (int l = 0; l < L; l++) lanes[l] = COMB(lanes[l], (A)x[(r + l) * s]);                  \
+    for (; r < n; r++) lanes[0] = COMB(lanes[0], (A)x[r * s]);                                     \
+    for (int w = L / 2; w >= 1; w /= 2)                                                            \
+      for (int k = 0; k < w; k++) lanes[k] = COMB(lanes[k], lanes[k + w]);                         \
+    return lanes[0];                                                                               \
+  }                                                                                                \
+  /* positions [p0, p0 + n) of R, n <= VM_FOLD_BLOCK, copied in order */                           \
+  static void op##_gather_##sfx(const vm_dims *R, const T *base, int64_t p0, int64_t n, T *buf) {  \
+    FOR_RUNS(R, p0, n, off, len, k, {                                                              \
+      const T *src = base + off;                                                                   \
+      int64_t s = R->stride[last_];                                                                \
+      for (int64_t i = 0; i < len; i++) buf[k + i] = src[i * s];                                   \
+    })                                                                                             \
+  }                                                                                                \
+  static void op##_lanes_##sfx(const fold_job *j, const char *b, int64_t p0, int64_t n,            \
+                               char *dst) {                                                        \
+    const T *base = (const T *)b;                                                                  \
+    const vm_dims *R = &j->R;                                                                      \
+    int64_t s = R->n ? R->stride[R->n - 1] : 0;                                                    \
+    A acc = INIT;                                                                                  \
+    T buf[R->n > 1 ? VM_FOLD_BLOCK : 1];                                                           \
+    for (int64_t p = p0; p < p0 + n; p += VM_FOLD_BLOCK) {                                         \
+      int64_t len = p0 + n - p < VM_FOLD_BLOCK ? p0 + n - p : VM_FOLD_BLOCK;                       \
+      if (R->n > 1) {                                                                              \
+        op##_gather_##sfx(R, base, p, len, buf);                                                   \
+        acc = COMB(acc, op##_block_##sfx(buf, len, 1));                                            \
+      } else {                                                                                     \
+        acc = COMB(acc, op##_block_##sfx(base + p * s, len, s));                                   \
+      }                                                                                            \
+    }                                                                                              \
+    *(T *)dst = (T)acc;                                                                            \
+  }                                                                                                \
+  static void op##_ordered_##sfx(const fold_job *j, const char *b, char *dst) {                    \
+    const T *base = (const T *)b;                                                                  \
+    const vm_dims *R = &j->R;                                                                      \
+    A acc = INIT;                                                                                  \
+    T buf[VM_FOLD_BLOCK];                                                                          \
+    for (int64_t p = 0; p < j->count; p += VM_FOLD_BLOCK) {                                        \
+      int64_t len = j->count - p < VM_FOLD_BLOCK ? j->count - p : VM_FOLD_BLOCK;                   \
+      if (R->n)                                                                                    \
+        op##_gather_##sfx(R, base, p, len, buf);                                                   \
+      else                                                                                         \
+        buf[0] = base[0];                                                                          \
+      A blk = INIT;                                                                                \
+      for (int64_t i = 0; i < len; i++) blk = COMB(blk, (A)buf[i]);                                \
+      acc = COMB(acc, blk);                                                                        \
+    }                                                                                              \
+    *(T *)dst = (T)acc;                                                                            \
+  }                                                                                                \
+  VECTOR_CLONES static void op##_cols_##sfx(const fold_job *j, int64_t o, int64_t b0, int64_t w) { \
+    A acc[FOLD_COLS], blk[FOLD_COLS];                                                              \
+    int64_t si = j->inner_stride;                                                                  \
+    const T *x = (const T *)j->x + dims_offset(&j->O, o) + b0 * si;                                \
+    for (int64_t b = 0; b < w; b++) acc[b] = INIT;                                                 \
+    for (int64_t r0 = 0; r0 < j->count; r0 += VM_FOLD_BLOCK) {                                     \
+      int64_t r1 = j->count - r0 < VM_FOLD_BLOCK ? j->count : r0 + VM_FOLD_BLOCK;                  \
+      for (int64_t b = 0; b < w; b++) blk[b] = INIT;                                               \
+      for (int64_t r = r0; r < r1; r++) {                                                          \
+        const T *restrict xr = x + dims_offset(&j->R, r);                                          \
+        if (si == 1)                                                                               \
+          for (int64_t b = 0; b < w; b++) blk[b] = COMB(blk[b], (A)xr[b]);                         \
+        else                                                                                       \
+          for (int64_t b = 0; b < w; b++) blk[b] = COMB(blk[b], (A)xr[b * si]);                    \
+      }                                                                                            \
+      for (int64_t b = 0; b < w; b++) acc[b] = COMB(acc[b], blk[b]);                               \
+    }                                                                                              \
+    T *out = (T *)j->out + o * j->inner + b0;                                                      \
+    for (int64_t b = 0; b < w; b++) out[b] = (T)acc[b];                                            \
+  }                                                                                                \
+  static const fold_reducer op##_fold_##sfx = {op##_lanes_##sfx, op##_ordered_##sfx,               \
                                                op##_cols_##sfx};
 
 /* a fold whose accumulator A is checked against vm/fold.h's (vm_fold_acc_dtype) */
@@ -356,30 +360,48 @@ DEF_CHECKED_FOLD(min, f64, double, double, INFINITY, VM_FMIN)
 static const fold_reducer *find_fold(vm_opcode op, kiln_dtype dt) {
   bool f64 = dt == KILN_F64;
   switch (op) {
-    case VM_OP_sum: return f64 ? &sum_fold_f64 : &sum_fold_f32;
-    case VM_OP_prod: return f64 ? &prod_fold_f64 : &prod_fold_f32;
-    case VM_OP_max: return f64 ? &max_fold_f64 : &max_fold_f32;
-    case VM_OP_min: return f64 ? &min_fold_f64 : &min_fold_f32;
-    default: return NULL;
+    case VM_OP_sum:
+      return f64 ? &sum_fold_f64 : &sum_fold_f32;
+    case VM_OP_prod:
+      return f64 ? &prod_fold_f64 : &prod_fold_f32;
+    case VM_OP_max:
+      return f64 ? &max_fold_f64 : &max_fold_f32;
+    case VM_OP_min:
+      return f64 ? &min_fold_f64 : &min_fold_f32;
+    default:
+      return NULL;
   }
 }
 
 void vm_fold_partials(vm_opcode op, kiln_dtype dt, const void *part, int64_t nchunks, int64_t rows,
                       void *out) {
   for (int64_t o = 0; o < rows; o++) {
-    double acc = op == VM_OP_sum ? 0 : op == VM_OP_prod ? 1 : op == VM_OP_max ? -INFINITY : INFINITY;
+    double acc = op == VM_OP_sum    ? 0
+                 : op == VM_OP_prod ? 1
+                 : op == VM_OP_max  ? -INFINITY
+                                    : INFINITY;
     for (int64_t c = 0; c < nchunks; c++) {
       double x = dt == KILN_F64 ? ((const double *)part)[o * nchunks + c]
                                 : (double)((const float *)part)[o * nchunks + c];
       switch (op) {
-        case VM_OP_sum: acc += x; break;
-        case VM_OP_prod: acc *= x; break;
-        case VM_OP_max: acc = VM_FMAX(acc, x); break;
-        default: acc = VM_FMIN(acc, x); break;
+        case VM_OP_sum:
+          acc += x;
+          break;
+        case VM_OP_prod:
+          acc *= x;
+          break;
+        case VM_OP_max:
+          acc = VM_FMAX(acc, x);
+          break;
+        default:
+          acc = VM_FMIN(acc, x);
+          break;
       }
     }
-    if (dt == KILN_F64) ((double *)out)[o] = acc;
-    else ((float *)out)[o] = (float)acc;
+    if (dt == KILN_F64)
+      ((double *)out)[o] = acc;
+    else
+      ((float *)out)[o] = (float)acc;
   }
 }
 
@@ -397,7 +419,8 @@ static void lanes_items(void *p, int64_t begin, int64_t end) {
 static void ordered_items(void *p, int64_t begin, int64_t end) {
   const fold_job *j = p;
   int64_t es = (int64_t)j->esize;
-  for (int64_t o = begin; o < end; o++) j->f->ordered(j, j->x + dims_offset(&j->K, o) * es, j->out + o * es);
+  for (int64_t o = begin; o < end; o++)
+    j->f->ordered(j, j->x + dims_offset(&j->K, o) * es, j->out + o * es);
 }
 
 static void cols_items(void *p, int64_t begin, int64_t end) {
@@ -409,10 +432,13 @@ static void cols_items(void *p, int64_t begin, int64_t end) {
 }
 
 static bool float_reduce(vm_opcode op, vm_tensor *out, const vm_tensor *in, const vm_attr *attr) {
-  fold_job j = {.f = find_fold(op, in->dtype), .x = vm_data(in), .out = vm_data(out),
+  fold_job j = {.f = find_fold(op, in->dtype),
+                .x = vm_data(in),
+                .out = vm_data(out),
                 .esize = vm_dtype_size(in->dtype)};
   if (!j.f) {
-    vm_error(KILN_ERR_INTERNAL, "no %s kernel for %s", vm_op_table[op].name, vm_dtype_name(in->dtype));
+    vm_error(KILN_ERR_INTERNAL, "no %s kernel for %s", vm_op_table[op].name,
+             vm_dtype_name(in->dtype));
     return false;
   }
   /* the logical pattern: kept dims before the reduced ones (O), reduced
@@ -455,7 +481,8 @@ static bool float_reduce(vm_opcode op, vm_tensor *out, const vm_tensor *in, cons
     j.inner_stride = I.stride[0];
     j.nblocks = (j.inner + FOLD_COLS - 1) / FOLD_COLS;
     int64_t per_item = j.count * (j.inner < FOLD_COLS ? j.inner : FOLD_COLS);
-    vm_parallel_for(vm_dims_count(&j.O) * j.nblocks, ROWS_GRAIN / (per_item + 1) + 1, cols_items, &j);
+    vm_parallel_for(vm_dims_count(&j.O) * j.nblocks, ROWS_GRAIN / (per_item + 1) + 1, cols_items,
+                    &j);
   } else { /* the column order, an output at a time */
     vm_parallel_for(nout, ROWS_GRAIN / (j.count + 1) + 1, ordered_items, &j);
   }
@@ -465,7 +492,9 @@ static bool float_reduce(vm_opcode op, vm_tensor *out, const vm_tensor *in, cons
 bool vm_k_reduce(vm_opcode op, vm_tensor *out, const vm_tensor *in, const vm_attr *attr) {
   if (op == VM_OP_argmax || op == VM_OP_argmin) return argreduce(op, out, in, attr);
   if (vm_dtype_is_float(in->dtype)) return float_reduce(op, out, in, attr);
-  reduce_job j = {.r = find_reducer(op, in->dtype), .x = vm_data(in), .out = vm_data(out),
+  reduce_job j = {.r = find_reducer(op, in->dtype),
+                  .x = vm_data(in),
+                  .out = vm_data(out),
                   .esize = vm_dtype_size(in->dtype)};
   if (!j.r) {
     vm_error(KILN_ERR_INTERNAL, "no %s kernel for %s", vm_op_table[op].name,
@@ -518,30 +547,35 @@ typedef struct {
   bool is_max;
 } arg_job;
 
-#define ARG_SCAN(T, IS_FLOAT)                                              \
-  {                                                                        \
-    const T *x = (const T *)xv;                                            \
-    T best = x[0];                                                         \
-    int64_t bi = 0;                                                        \
-    if (IS_FLOAT && best != best) return 0;                                \
-    for (int64_t i = 1; i < n; i++) {                                      \
-      T v = x[i * s];                                                      \
-      if (IS_FLOAT && v != v) return i;                                    \
-      if (is_max ? v > best : v < best) {                                  \
-        best = v;                                                          \
-        bi = i;                                                            \
-      }                                                                    \
-    }                                                                      \
-    return bi;                                                             \
+#define ARG_SCAN(T, IS_FLOAT)               \
+  {                                         \
+    const T *x = (const T *)xv;             \
+    T best = x[0];                          \
+    int64_t bi = 0;                         \
+    if (IS_FLOAT && best != best) return 0; \
+    for (int64_t i = 1; i < n; i++) {       \
+      T v = x[i * s];                       \
+      if (IS_FLOAT && v != v) return i;     \
+      if (is_max ? v > best : v < best) {   \
+        best = v;                           \
+        bi = i;                             \
+      }                                     \
+    }                                       \
+    return bi;                              \
   }
 
 static int64_t arg_scan(const char *xv, int64_t n, int64_t s, kiln_dtype dt, bool is_max) {
   switch (dt) {
-    case KILN_BOOL: ARG_SCAN(bool, 0)
-    case KILN_I32: ARG_SCAN(int32_t, 0)
-    case KILN_I64: ARG_SCAN(int64_t, 0)
-    case KILN_F32: ARG_SCAN(float, 1)
-    case KILN_F64: ARG_SCAN(double, 1)
+    case KILN_BOOL:
+      ARG_SCAN(bool, 0)
+    case KILN_I32:
+      ARG_SCAN(int32_t, 0)
+    case KILN_I64:
+      ARG_SCAN(int64_t, 0)
+    case KILN_F32:
+      ARG_SCAN(float, 1)
+    case KILN_F64:
+      ARG_SCAN(double, 1)
   }
   return 0;
 }
@@ -554,8 +588,12 @@ static void arg_range(void *p, int64_t begin, int64_t end) {
 }
 
 static bool argreduce(vm_opcode op, vm_tensor *out, const vm_tensor *in, const vm_attr *attr) {
-  arg_job j = {.x = vm_data(in), .out = vm_data(out), .dt = in->dtype,
-               .is_max = op == VM_OP_argmax, .n = 1, .s = 0};
+  arg_job j = {.x = vm_data(in),
+               .out = vm_data(out),
+               .dt = in->dtype,
+               .is_max = op == VM_OP_argmax,
+               .n = 1,
+               .s = 0};
   for (int d = 0; d < in->ndim; d++) {
     if (attr->axes_mask & (1u << d)) {
       j.n = in->shape[d];

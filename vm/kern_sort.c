@@ -20,37 +20,35 @@ typedef struct {
 } sort_job;
 
 /* "x goes strictly before y" for ascending / descending order */
-#define FLOAT_BEFORE(x, y, desc)                                                     \
+#define FLOAT_BEFORE(x, y, desc) \
   ((desc) ? ((x) > (y) || (isnan(x) && !isnan(y))) : ((x) < (y) || (!isnan(x) && isnan(y))))
 #define PLAIN_BEFORE(x, y, desc) ((desc) ? (x) > (y) : (x) < (y))
 
 /* sorts idx[0, n) by v[idx[k] * stride]; tmp has room for n */
-#define DEFINE_SORT(name, T, BEFORE)                                                  \
-  static void name(const T *v, int64_t stride, int64_t n, int64_t *idx, int64_t *tmp, \
-                   bool desc) {                                                       \
-    for (int64_t lo = 0; lo < n; lo += 16) { /* insertion-sorted runs of 16 */        \
-      int64_t hi = lo + 16 < n ? lo + 16 : n;                                         \
-      for (int64_t k = lo + 1; k < hi; k++) {                                         \
-        int64_t x = idx[k], j = k;                                                    \
-        while (j > lo && BEFORE(v[x * stride], v[idx[j - 1] * stride], desc)) {       \
-          idx[j] = idx[j - 1];                                                        \
-          j--;                                                                        \
-        }                                                                             \
-        idx[j] = x;                                                                   \
-      }                                                                               \
-    }                                                                                 \
-    for (int64_t w = 16; w < n; w *= 2) {                                             \
-      for (int64_t lo = 0; lo < n; lo += 2 * w) {                                     \
-        int64_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;  \
-        int64_t i = lo, j = mid, k = lo;                                              \
-        while (i < mid && j < hi) /* the right one only when strictly before */      \
-          tmp[k++] = BEFORE(v[idx[j] * stride], v[idx[i] * stride], desc) ? idx[j++]  \
-                                                                          : idx[i++]; \
-        while (i < mid) tmp[k++] = idx[i++];                                          \
-        while (j < hi) tmp[k++] = idx[j++];                                           \
-      }                                                                               \
-      for (int64_t k = 0; k < n; k++) idx[k] = tmp[k];                                \
-    }                                                                                 \
+#define DEFINE_SORT(name, T, BEFORE)                                                               \
+  static void name(const T *v, int64_t stride, int64_t n, int64_t *idx, int64_t *tmp, bool desc) { \
+    for (int64_t lo = 0; lo < n; lo += 16) { /* insertion-sorted runs of 16 */                     \
+      int64_t hi = lo + 16 < n ? lo + 16 : n;                                                      \
+      for (int64_t k = lo + 1; k < hi; k++) {                                                      \
+        int64_t x = idx[k], j = k;                                                                 \
+        while (j > lo && BEFORE(v[x * stride], v[idx[j - 1] * stride], desc)) {                    \
+          idx[j] = idx[j - 1];                                                                     \
+          j--;                                                                                     \
+        }                                                                                          \
+        idx[j] = x;                                                                                \
+      }                                                                                            \
+    }                                                                                              \
+    for (int64_t w = 16; w < n; w *= 2) {                                                          \
+      for (int64_t lo = 0; lo < n; lo += 2 * w) {                                                  \
+        int64_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;               \
+        int64_t i = lo, j = mid, k = lo;                                                           \
+        while (i < mid && j < hi) /* the right one only when strictly before */                    \
+          tmp[k++] = BEFORE(v[idx[j] * stride], v[idx[i] * stride], desc) ? idx[j++] : idx[i++];   \
+        while (i < mid) tmp[k++] = idx[i++];                                                       \
+        while (j < hi) tmp[k++] = idx[j++];                                                        \
+      }                                                                                            \
+      for (int64_t k = 0; k < n; k++) idx[k] = tmp[k];                                             \
+    }                                                                                              \
   }
 
 DEFINE_SORT(sort_f32, float, FLOAT_BEFORE)
@@ -73,11 +71,21 @@ static void sort_rows(void *p, int64_t begin, int64_t end) {
     const char *v = j->a + base * (int64_t)es;
     for (int64_t k = 0; k < j->n; k++) idx[k] = k;
     switch (j->dt) {
-      case KILN_F32: sort_f32((const float *)v, j->inner, j->n, idx, tmp, j->descending); break;
-      case KILN_F64: sort_f64((const double *)v, j->inner, j->n, idx, tmp, j->descending); break;
-      case KILN_I32: sort_i32((const int32_t *)v, j->inner, j->n, idx, tmp, j->descending); break;
-      case KILN_I64: sort_i64((const int64_t *)v, j->inner, j->n, idx, tmp, j->descending); break;
-      case KILN_BOOL: sort_u8((const unsigned char *)v, j->inner, j->n, idx, tmp, j->descending); break;
+      case KILN_F32:
+        sort_f32((const float *)v, j->inner, j->n, idx, tmp, j->descending);
+        break;
+      case KILN_F64:
+        sort_f64((const double *)v, j->inner, j->n, idx, tmp, j->descending);
+        break;
+      case KILN_I32:
+        sort_i32((const int32_t *)v, j->inner, j->n, idx, tmp, j->descending);
+        break;
+      case KILN_I64:
+        sort_i64((const int64_t *)v, j->inner, j->n, idx, tmp, j->descending);
+        break;
+      case KILN_BOOL:
+        sort_u8((const unsigned char *)v, j->inner, j->n, idx, tmp, j->descending);
+        break;
     }
     for (int64_t k = 0; k < j->n; k++) j->out[base + k * j->inner] = idx[k];
   }

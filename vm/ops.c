@@ -84,9 +84,14 @@ static void elementwise_dtypes(vm_opcode op, kiln_dtype p, vm_meta *m) {
     case VM_DT_TRUEDIV:
       m->compute = m->dtype = vm_dtype_is_float(p) ? p : KILN_F32;
       break;
-    case VM_DT_COMPARE: m->dtype = KILN_BOOL; break;
-    case VM_DT_LOGICAL: m->compute = m->dtype = KILN_BOOL; break;
-    default: break;
+    case VM_DT_COMPARE:
+      m->dtype = KILN_BOOL;
+      break;
+    case VM_DT_LOGICAL:
+      m->compute = m->dtype = KILN_BOOL;
+      break;
+    default:
+      break;
   }
 }
 
@@ -138,8 +143,8 @@ static bool infer_reduce(vm_opcode op, const vm_tensor *a, const vm_attr *attr, 
     m->shape[m->ndim++] = reduced ? 1 : a->shape[d];
     out_empty |= !reduced && a->shape[d] == 0;
   }
-  bool needs_element = op == VM_OP_max || op == VM_OP_min || op == VM_OP_argmax ||
-                       op == VM_OP_argmin;
+  bool needs_element =
+      op == VM_OP_max || op == VM_OP_min || op == VM_OP_argmax || op == VM_OP_argmin;
   if (needs_element && !out_empty && reduces_nothing(a, mask)) {
     char buf[VM_SHAPE_BUF];
     vm_error(KILN_ERR_SHAPE, "cannot reduce over zero elements (shape %s)",
@@ -154,7 +159,8 @@ static bool infer_reduce(vm_opcode op, const vm_tensor *a, const vm_attr *attr, 
       m->dtype = KILN_I64;
       m->compute = a->dtype;
       break;
-    default: m->dtype = m->compute = a->dtype;
+    default:
+      m->dtype = m->compute = a->dtype;
   }
   return true;
 }
@@ -264,8 +270,8 @@ static bool infer_concat(int n, vm_tensor *const *in, int axis, vm_meta *m) {
     for (int d = 0; ok && d < t->ndim; d++) ok = d == axis || t->shape[d] == first->shape[d];
     if (!ok) {
       char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
-      vm_error(KILN_ERR_SHAPE, "tensor %d has shape %s, which does not match %s outside axis %d",
-               i, vm_shape_str(b1, t->ndim, t->shape), vm_shape_str(b2, first->ndim, first->shape),
+      vm_error(KILN_ERR_SHAPE, "tensor %d has shape %s, which does not match %s outside axis %d", i,
+               vm_shape_str(b1, t->ndim, t->shape), vm_shape_str(b2, first->ndim, first->shape),
                axis);
       return false;
     }
@@ -328,8 +334,10 @@ static bool infer_view(vm_opcode op, const vm_tensor *a, const vm_attr *attr, vm
       for (int d = 0; d < a->ndim; d++) {
         int p = attr->perm[d];
         if (p < 0 || p >= a->ndim || (seen & (1u << p))) {
-          vm_error(KILN_ERR_ARG, "permutation entry %d (position %d) is out of range or repeated "
-                   "for %d dimensions", p, d, a->ndim);
+          vm_error(KILN_ERR_ARG,
+                   "permutation entry %d (position %d) is out of range or repeated "
+                   "for %d dimensions",
+                   p, d, a->ndim);
           return false;
         }
         seen |= 1u << p;
@@ -344,14 +352,15 @@ static bool infer_view(vm_opcode op, const vm_tensor *a, const vm_attr *attr, vm
       if (attr->axis < 0 || attr->axis >= a->ndim || attr->step == 0 || attr->start < lo ||
           attr->start > hi || attr->stop < lo || attr->stop > hi) {
         vm_error(KILN_ERR_ARG, "bad slice (axis %d, start %lld, stop %lld, step %lld) for shape %s",
-                 attr->axis, (long long)attr->start, (long long)attr->stop,
-                 (long long)attr->step, vm_shape_str(b1, a->ndim, a->shape));
+                 attr->axis, (long long)attr->start, (long long)attr->stop, (long long)attr->step,
+                 vm_shape_str(b1, a->ndim, a->shape));
         return false;
       }
       m->shape[attr->axis] = slice_length(attr->start, attr->stop, attr->step);
       return true;
     }
-    default: return false;
+    default:
+      return false;
   }
 }
 
@@ -395,7 +404,8 @@ static bool infer_collective(vm_opcode op, int n, vm_tensor *const *in, const vm
   if (!vm_dist_ready()) return false;
   kiln_dtype dt = in[0]->dtype;
   if (attr->axis < 0 || attr->axis >= VM_REDUCE_COUNT) {
-    vm_error(KILN_ERR_ARG, "op %d is not a kiln_reduce_op (KILN_REDUCE_SUM, _MEAN or _MAX)", attr->axis);
+    vm_error(KILN_ERR_ARG, "op %d is not a kiln_reduce_op (KILN_REDUCE_SUM, _MEAN or _MAX)",
+             attr->axis);
     return false;
   }
   if (attr->axis == VM_REDUCE_MEAN && !vm_dtype_is_float(dt)) {
@@ -440,7 +450,8 @@ static bool infer_conv(vm_opcode op, vm_tensor *const *in, const vm_attr *attr, 
   const int64_t *xs = op == VM_OP_conv2d_input ? attr->shape : in[0]->shape;
   const int64_t *ws = op == VM_OP_conv2d_weight ? attr->shape : in[1]->shape;
   const vm_tensor *dy = op == VM_OP_conv2d_input ? in[0] : op == VM_OP_conv2d_weight ? in[1] : NULL;
-  int64_t g = attr->axis, st[2] = {attr->perm[0], attr->perm[1]}, pd[2] = {attr->perm[2], attr->perm[3]};
+  int64_t g = attr->axis, st[2] = {attr->perm[0], attr->perm[1]},
+          pd[2] = {attr->perm[2], attr->perm[3]};
   int64_t dl[2] = {attr->perm[4], attr->perm[5]}, o[2] = {0, 0};
   bool ok = in[0]->ndim == 4 && in[1]->ndim == 4 && g >= 1 && xs[1] % g == 0 && ws[0] % g == 0 &&
             ws[1] == xs[1] / g && (op == VM_OP_conv2d || attr->ndim == 4);
@@ -480,27 +491,36 @@ static bool check_result_size(int n, vm_tensor *const *in, const vm_meta *m) {
   return false;
 }
 
-static bool infer_kind(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr,
-                       vm_meta *m) {
+static bool infer_kind(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr, vm_meta *m) {
   switch (vm_op_table[op].kind) {
-    case VM_KIND_LEAF: return infer_leaf(op, attr, m);
+    case VM_KIND_LEAF:
+      return infer_leaf(op, attr, m);
     case VM_KIND_UNARY:
       if (op != VM_OP_cast && reject_bool(op, in[0]->dtype)) return false;
       return infer_elementwise(op, 1, in, attr, m);
-    case VM_KIND_BINARY: return infer_elementwise(op, 2, in, attr, m);
-    case VM_KIND_TERNARY: return infer_elementwise(op, 3, in, attr, m);
-    case VM_KIND_REDUCE: return infer_reduce(op, in[0], attr, m);
-    case VM_KIND_MATMUL: return infer_matmul(in[0], in[1], m);
-    case VM_KIND_VIEW: return infer_view(op, in[0], attr, m);
-    case VM_KIND_INDEX: return infer_index(op, n, in, attr, m);
-    case VM_KIND_CONCAT: return infer_concat(n, in, attr->axis, m);
-    case VM_KIND_SORT: return infer_sort(in[0], attr->axis, m);
-    case VM_KIND_COLLECTIVE: return infer_collective(op, n, in, attr, m);
-    case VM_KIND_CONV: return infer_conv(op, in, attr, m);
+    case VM_KIND_BINARY:
+      return infer_elementwise(op, 2, in, attr, m);
+    case VM_KIND_TERNARY:
+      return infer_elementwise(op, 3, in, attr, m);
+    case VM_KIND_REDUCE:
+      return infer_reduce(op, in[0], attr, m);
+    case VM_KIND_MATMUL:
+      return infer_matmul(in[0], in[1], m);
+    case VM_KIND_VIEW:
+      return infer_view(op, in[0], attr, m);
+    case VM_KIND_INDEX:
+      return infer_index(op, n, in, attr, m);
+    case VM_KIND_CONCAT:
+      return infer_concat(n, in, attr->axis, m);
+    case VM_KIND_SORT:
+      return infer_sort(in[0], attr->axis, m);
+    case VM_KIND_COLLECTIVE:
+      return infer_collective(op, n, in, attr, m);
+    case VM_KIND_CONV:
+      return infer_conv(op, in, attr, m);
   }
   return false;
 }
-
 
 static bool movable_scalar(const vm_tensor *t) { return t->weak && t->ndim == 0; }
 
@@ -514,8 +534,9 @@ bool vm_infer_device(int n, vm_tensor *const *in, kiln_device *d) {
       }
       vm_error(KILN_ERR_DEVICE,
                "input %d is on %s and input %d on %s: an op's tensors must be on one "
-               "device (move one with kiln_to_device)", first,
-               vm_device_name((kiln_device)in[first]->device), i, vm_device_name((kiln_device)in[i]->device));
+               "device (move one with kiln_to_device)",
+               first, vm_device_name((kiln_device)in[first]->device), i,
+               vm_device_name((kiln_device)in[i]->device));
       return false;
     }
   *d = (kiln_device)(first >= 0 ? in[first]->device : n > 0 ? in[0]->device : KILN_CPU);

@@ -15,22 +15,31 @@ typedef enum {
 } vm_opcode;
 
 typedef enum {
-  VM_KIND_LEAF, VM_KIND_UNARY, VM_KIND_BINARY, VM_KIND_TERNARY, VM_KIND_REDUCE,
-  VM_KIND_MATMUL, VM_KIND_VIEW, VM_KIND_INDEX, VM_KIND_CONCAT, VM_KIND_SORT, VM_KIND_COLLECTIVE,
+  VM_KIND_LEAF,
+  VM_KIND_UNARY,
+  VM_KIND_BINARY,
+  VM_KIND_TERNARY,
+  VM_KIND_REDUCE,
+  VM_KIND_MATMUL,
+  VM_KIND_VIEW,
+  VM_KIND_INDEX,
+  VM_KIND_CONCAT,
+  VM_KIND_SORT,
+  VM_KIND_COLLECTIVE,
   VM_KIND_CONV
 } vm_kind;
 
 typedef enum {
-  VM_DT_ATTR,     /* attr.dtype */
-  VM_DT_SAME,     /* the input's dtype */
-  VM_DT_FLOAT,    /* the input's if float, else f32 */
-  VM_DT_PROMOTE,  /* the promoted dtype of the inputs */
-  VM_DT_TRUEDIV,  /* promoted, but integer/bool -> f32 */
-  VM_DT_COMPARE,  /* bool, computed in the promoted dtype */
-  VM_DT_LOGICAL,  /* bool, inputs read as "nonzero" */
-  VM_DT_WHERE,    /* promoted(a, b); cond must be bool */
-  VM_DT_SUM,      /* integer/bool -> i64, floats keep theirs */
-  VM_DT_INDEX     /* i64 */
+  VM_DT_ATTR,    /* attr.dtype */
+  VM_DT_SAME,    /* the input's dtype */
+  VM_DT_FLOAT,   /* the input's if float, else f32 */
+  VM_DT_PROMOTE, /* the promoted dtype of the inputs */
+  VM_DT_TRUEDIV, /* promoted, but integer/bool -> f32 */
+  VM_DT_COMPARE, /* bool, computed in the promoted dtype */
+  VM_DT_LOGICAL, /* bool, inputs read as "nonzero" */
+  VM_DT_WHERE,   /* promoted(a, b); cond must be bool */
+  VM_DT_SUM,     /* integer/bool -> i64, floats keep theirs */
+  VM_DT_INDEX    /* i64 */
 } vm_dtype_rule;
 
 #define VM_F_NO_BOOL 1u
@@ -53,7 +62,9 @@ typedef struct vm_op_info {
 extern const vm_op_info vm_op_table[VM_OP_COUNT];
 
 /* a gather or an index_select: reads in[0] at positions in[1] names */
-static inline bool vm_op_gathers(vm_opcode op) { return op == VM_OP_gather || op == VM_OP_index_select; }
+static inline bool vm_op_gathers(vm_opcode op) {
+  return op == VM_OP_gather || op == VM_OP_index_select;
+}
 /* an arg-reduction: argmax or argmin */
 static inline bool vm_op_scans(vm_opcode op) { return op == VM_OP_argmax || op == VM_OP_argmin; }
 
@@ -61,39 +72,40 @@ static inline bool vm_op_scans(vm_opcode op) { return op == VM_OP_argmax || op =
    shapes, permutation, slice bounds, dtype) are key material for the trace
    layer; host scalars and RNG counters are runtime parameters. */
 typedef struct vm_attr {
-  kiln_dtype dtype;               /* cast, leaves */
-  int ndim;                       /* leaves, reshape, expand */
+  kiln_dtype dtype; /* cast, leaves */
+  int ndim;         /* leaves, reshape, expand */
   int64_t shape[KILN_MAX_DIMS];
-  int perm[KILN_MAX_DIMS];        /* permute */
-  int axis;                       /* slice, index ops, concat, argmax/argmin */
-  uint32_t axes_mask;             /* reductions: bit d set = axis d reduced */
-  bool keepdim;                   /* reductions; argsort: descending */
-  bool weak;                      /* full: a scalar (does not widen) */
-  uint8_t device;                 /* leaves: the kiln_device they are made on */
-  bool host;                      /* full: a value the host passed: a runtime
-                                     parameter, never key material, never
-                                     simplified (DESIGN §4); else a literal */
-  int64_t start, stop, step;      /* slice, already normalized */
-  double scalar[2];               /* full: value; arange: start, step */
-  uint64_t seed, counter;         /* rand, randn */
-  const char *api;                /* the public call that recorded the op: names errors
-                                     found while running it (never key material) */
+  int perm[KILN_MAX_DIMS];   /* permute */
+  int axis;                  /* slice, index ops, concat, argmax/argmin */
+  uint32_t axes_mask;        /* reductions: bit d set = axis d reduced */
+  bool keepdim;              /* reductions; argsort: descending */
+  bool weak;                 /* full: a scalar (does not widen) */
+  uint8_t device;            /* leaves: the kiln_device they are made on */
+  bool host;                 /* full: a value the host passed: a runtime
+                                parameter, never key material, never
+                                simplified (DESIGN §4); else a literal */
+  int64_t start, stop, step; /* slice, already normalized */
+  double scalar[2];          /* full: value; arange: start, step */
+  uint64_t seed, counter;    /* rand, randn */
+  const char *api;           /* the public call that recorded the op: names errors
+                                found while running it (never key material) */
 } vm_attr;
 
 /* A window op's output extent along one axis (PyTorch's floor rule):
    input `in` padded by `pad` on both sides, a window of k taps `dil` apart,
    stride `stride`; < 1 when the padded input is smaller than the window */
-static inline int64_t vm_window_out(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil) {
+static inline int64_t vm_window_out(int64_t in, int64_t k, int64_t stride, int64_t pad,
+                                    int64_t dil) {
   int64_t span = in + 2 * pad - (dil * (k - 1) + 1);
   return span < 0 ? 0 : span / stride + 1;
 }
 
 /* Result description computed by shape/dtype inference. */
 typedef struct vm_meta {
-  kiln_dtype dtype;     /* of the result */
-  bool weak;            /* the result is a host scalar */
-  kiln_dtype compute;   /* dtype the inputs are brought to before the kernel */
-  uint8_t device;       /* kiln_device the result lives on (its inputs' one) */
+  kiln_dtype dtype;   /* of the result */
+  bool weak;          /* the result is a host scalar */
+  kiln_dtype compute; /* dtype the inputs are brought to before the kernel */
+  uint8_t device;     /* kiln_device the result lives on (its inputs' one) */
   int ndim;
   int64_t shape[KILN_MAX_DIMS];
 } vm_meta;

@@ -104,9 +104,7 @@ static void running_enter(void) {
   }
 }
 
-static void running_leave(void) {
-  atomic_fetch_sub(&pool.running, 1);
-}
+static void running_leave(void) { atomic_fetch_sub(&pool.running, 1); }
 
 /* takes chunks of job until none are left; returns how many it ran.  While
    in here the thread is "in a chunk": its nested parallel calls run inline */
@@ -126,9 +124,7 @@ static int64_t run_chunks(pool_job *job) {
   return mine;
 }
 
-static bool callers_waiting(void) {
-  return pool.next_ticket != pool.serving;
-}
+static bool callers_waiting(void) { return pool.next_ticket != pool.serving; }
 
 /* an open job with a chunk left to claim, or NULL (under pool.lock) */
 static pool_job *claimable_job(void) {

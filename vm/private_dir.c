@@ -13,7 +13,8 @@
 vm_dir_status vm_private_dir_check(const struct stat *st, const char **why) {
   if (!S_ISDIR(st->st_mode)) return *why = "not a directory", VM_DIR_NOT_DIR;
   if (st->st_uid != geteuid()) return *why = "owned by another user", VM_DIR_UNTRUSTED;
-  if (st->st_mode & (S_IWGRP | S_IWOTH)) return *why = "writable by group or others", VM_DIR_UNTRUSTED;
+  if (st->st_mode & (S_IWGRP | S_IWOTH))
+    return *why = "writable by group or others", VM_DIR_UNTRUSTED;
   *why = NULL;
   return VM_DIR_OK;
 }
@@ -52,9 +53,12 @@ int vm_private_dir_open(const char *path, bool create, vm_dir_status *status, co
     int err = errno;
     struct stat st;
     bool link = err == ELOOP || (err == ENOTDIR && lstat(path, &st) == 0 && S_ISLNK(st.st_mode));
-    if (link) *status = VM_DIR_UNTRUSTED, *why = "a symbolic link";
-    else if (err == ENOTDIR) *status = VM_DIR_NOT_DIR, *why = "not a directory";
-    else *status = VM_DIR_MISSING, *why = strerror(err);
+    if (link)
+      *status = VM_DIR_UNTRUSTED, *why = "a symbolic link";
+    else if (err == ENOTDIR)
+      *status = VM_DIR_NOT_DIR, *why = "not a directory";
+    else
+      *status = VM_DIR_MISSING, *why = strerror(err);
     return -1;
   }
   struct stat st;

@@ -104,7 +104,11 @@ static void fill_blocks(void *p, int64_t begin, int64_t end) {
 }
 
 void vm_rng_fill(vm_tensor *out, bool normal, uint64_t seed, uint64_t counter) {
-  rng_job job = {vm_data(out), out->numel, normal, out->dtype == KILN_F64,
-                 {(uint32_t)seed, (uint32_t)(seed >> 32)}, counter};
+  rng_job job = {vm_data(out),
+                 out->numel,
+                 normal,
+                 out->dtype == KILN_F64,
+                 {(uint32_t)seed, (uint32_t)(seed >> 32)},
+                 counter};
   vm_parallel_for((int64_t)vm_rng_blocks(out->numel, out->dtype), 1 << 12, fill_blocks, &job);
 }

@@ -52,7 +52,8 @@ vm_thread_state *vm_thread(void) { return &thread_state; }
 void vm_post_ops(void) {
   vm_thread_state *ts = &thread_state;
   if (!ts->ops_unposted) return;
-  atomic_fetch_add_explicit(&vm_process()->stats.ops_recorded, ts->ops_unposted, memory_order_relaxed);
+  atomic_fetch_add_explicit(&vm_process()->stats.ops_recorded, ts->ops_unposted,
+                            memory_order_relaxed);
   ts->ops_unposted = 0;
 }
 

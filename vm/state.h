@@ -23,16 +23,16 @@ enum { VM_BLOCK_TENSOR, VM_BLOCK_NODE, VM_BLOCK_STORAGE_S, VM_BLOCK_STORAGE_L, V
 #define VM_BLOCK_CACHE 256
 
 typedef struct vm_thread_state {
-  kiln_status status;          /* of the first error since the last clear */
-  char message[VM_ERROR_LEN];  /* "" when status is KILN_OK */
-  const char *api;             /* public name of the op being called ("kiln_add") */
-  int no_grad;                 /* depth of kiln_no_grad_push scopes */
-  void *free_blocks[VM_BLOCK_KINDS];  /* singly linked through the first word */
+  kiln_status status;                /* of the first error since the last clear */
+  char message[VM_ERROR_LEN];        /* "" when status is KILN_OK */
+  const char *api;                   /* public name of the op being called ("kiln_add") */
+  int no_grad;                       /* depth of kiln_no_grad_push scopes */
+  void *free_blocks[VM_BLOCK_KINDS]; /* singly linked through the first word */
   int free_count[VM_BLOCK_KINDS];
   bool cleanup_registered;
-  int pool_depth;              /* nested vm_pool_enter calls: >0 holds a kernel token */
-  bool pool_in_chunk;          /* running a chunk of a parallel job (vm/pool.c) */
-  volatile int *cancel;        /* kiln_set_cancel_flag: nonzero stops evaluations */
+  int pool_depth;       /* nested vm_pool_enter calls: >0 holds a kernel token */
+  bool pool_in_chunk;   /* running a chunk of a parallel job (vm/pool.c) */
+  volatile int *cancel; /* kiln_set_cancel_flag: nonzero stops evaluations */
   /* ops recorded here and not yet added to stats.ops_recorded: one atomic
      add per VM_OPS_POST ops, not per op (an atomic was ~4% of a W5 op);
      posted by vm_post_ops at flushes, stats reads and thread exit */
@@ -50,11 +50,11 @@ typedef struct vm_counters {
 } vm_counters;
 
 typedef struct vm_process_state {
-  int threads;                 /* KILN_THREADS or the CPUs we may run on */
+  int threads; /* KILN_THREADS or the CPUs we may run on */
   vm_counters stats;
   /* the backend of each kiln_device (vm/backend.h): set before main, read-only after */
   const struct vm_backend *backends[4];
-  struct vm_dist *dist;        /* the distributed engine once kiln_dist_init ran (vm/dist.c) */
+  struct vm_dist *dist; /* the distributed engine once kiln_dist_init ran (vm/dist.c) */
   /* RNG: Philox key and the next unused counter block */
   uint64_t rng_seed, rng_counter;
   atomic_flag rng_lock;

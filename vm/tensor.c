@@ -18,7 +18,8 @@ bool vm_shape_numel(int ndim, const int64_t *shape, int64_t *numel) {
   int64_t nonzero = 1;
   bool empty = false;
   for (int d = 0; d < ndim; d++) {
-    if (shape[d] == 0) empty = true;
+    if (shape[d] == 0)
+      empty = true;
     else if (shape[d] < 0 || __builtin_mul_overflow(nonzero, shape[d], &nonzero) ||
              nonzero > VM_MAX_NUMEL)
       return false;
@@ -85,7 +86,8 @@ int vm_coalesce(int nd, const int64_t *shape, int nops, const int64_t (*in)[KILN
   for (int d = 0; d < nd; d++) {
     if (shape[d] == 1) continue;
     bool merge = n > 0 && vm_dims_merge(co[n - 1], contig[d], shape[d]);
-    for (int q = 0; merge && q < nops; q++) merge = vm_dims_merge(out[q][n - 1], in[q][d], shape[d]);
+    for (int q = 0; merge && q < nops; q++)
+      merge = vm_dims_merge(out[q][n - 1], in[q][d], shape[d]);
     if (merge) {
       shape_out[n - 1] *= shape[d];
       co[n - 1] = contig[d];
@@ -179,8 +181,8 @@ static void block_free(void *p, size_t bytes) {
   const size_t limit = cache_bytes;
   if (bytes >= VM_CACHE_MIN_BYTES && bytes <= limit) {
     pthread_mutex_lock(&block_cache.lock);
-    while (block_cache.n > 0 && (block_cache.n == VM_CACHE_SLOTS ||
-                                 block_cache.total + bytes > limit)) {
+    while (block_cache.n > 0 &&
+           (block_cache.n == VM_CACHE_SLOTS || block_cache.total + bytes > limit)) {
       block_cache.total -= block_cache.bytes[0]; /* evict the oldest */
       free(block_cache.data[0]);
       block_cache.n--;
@@ -214,13 +216,15 @@ size_t vm_memory_in_use(void) { return atomic_load_explicit(&live_bytes, memory_
 /* inline storages come in two block sizes, cached per thread (glibc's
    posix_memalign took some 2 us per small output when the heap was busy) */
 #define VM_INLINE_SMALL 64
-static int inline_kind(size_t nbytes) { return nbytes <= VM_INLINE_SMALL ? VM_BLOCK_STORAGE_S : VM_BLOCK_STORAGE_L; }
+static int inline_kind(size_t nbytes) {
+  return nbytes <= VM_INLINE_SMALL ? VM_BLOCK_STORAGE_S : VM_BLOCK_STORAGE_L;
+}
 
 static vm_storage *storage_new(size_t nbytes) {
   if (nbytes <= VM_INLINE_BYTES) {
     int kind = inline_kind(nbytes);
-    void *block = vm_block_alloc_aligned(kind, VM_HEADER_BYTES + (kind == VM_BLOCK_STORAGE_S ? VM_INLINE_SMALL
-                                                                                          : VM_INLINE_BYTES));
+    void *block = vm_block_alloc_aligned(
+        kind, VM_HEADER_BYTES + (kind == VM_BLOCK_STORAGE_S ? VM_INLINE_SMALL : VM_INLINE_BYTES));
     if (!block) {
       vm_error(KILN_ERR_OOM, "out of memory allocating %zu bytes", nbytes);
       return NULL;
@@ -254,10 +258,14 @@ static vm_storage *storage_new(size_t nbytes) {
 static void storage_release(vm_storage *s) {
   if (s && atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) == 1) {
     atomic_fetch_sub_explicit(&live_bytes, storage_bytes(s), memory_order_relaxed);
-    if (s->device != KILN_CPU) vm_backend_of(s->device)->free(s->data, s->nbytes);
-    else if (!s->inline_data) block_free(s->data, s->nbytes);
-    if (s->inline_data) vm_block_free(inline_kind(s->nbytes), s);
-    else free(s);
+    if (s->device != KILN_CPU)
+      vm_backend_of(s->device)->free(s->data, s->nbytes);
+    else if (!s->inline_data)
+      block_free(s->data, s->nbytes);
+    if (s->inline_data)
+      vm_block_free(inline_kind(s->nbytes), s);
+    else
+      free(s);
   }
 }
 
@@ -315,8 +323,10 @@ static void view_span(const vm_tensor *v, int64_t *lo, int64_t *hi) {
   int64_t first = 0, last = 0;
   for (int d = 0; d < v->ndim; d++) {
     int64_t reach = (v->shape[d] - 1) * v->strides[d];
-    if (reach < 0) first += reach;
-    else last += reach;
+    if (reach < 0)
+      first += reach;
+    else
+      last += reach;
   }
   int64_t es = (int64_t)vm_dtype_size(v->dtype);
   *lo = (v->offset + first) * es;
@@ -335,9 +345,11 @@ static vm_tensor *value_moved(vm_tensor *v, kiln_device to) {
   if (!flat) return NULL;
   const char *src = (const char *)v->storage->data + lo;
   kiln_device from = (kiln_device)v->storage->device;
-  bool ok = from == KILN_CPU ? vm_backend_of(to)->from_host(flat->storage->data, src, (size_t)(hi - lo))
-                             : vm_backend_of(from)->to_host(flat->storage->data, src, (size_t)(hi - lo));
-  vm_tensor *out = ok ? vm_tensor_view(flat, v->ndim, v->shape, v->strides, v->offset - lo / es) : NULL;
+  bool ok = from == KILN_CPU
+                ? vm_backend_of(to)->from_host(flat->storage->data, src, (size_t)(hi - lo))
+                : vm_backend_of(from)->to_host(flat->storage->data, src, (size_t)(hi - lo));
+  vm_tensor *out =
+      ok ? vm_tensor_view(flat, v->ndim, v->shape, v->strides, v->offset - lo / es) : NULL;
   vm_release(flat);
   return out;
 }
@@ -402,7 +414,8 @@ bool vm_is_contiguous(const vm_tensor *t) {
 }
 
 vm_tensor *vm_value_copy(vm_tensor *v) {
-  vm_meta m = {.dtype = v->dtype, .compute = v->dtype, .device = v->storage->device, .ndim = v->ndim};
+  vm_meta m = {
+      .dtype = v->dtype, .compute = v->dtype, .device = v->storage->device, .ndim = v->ndim};
   memcpy(m.shape, v->shape, sizeof m.shape);
   return vm_backend_of((kiln_device)m.device)->exec(VM_OP_copy, 1, &v, NULL, &m);
 }

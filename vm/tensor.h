@@ -13,9 +13,9 @@
 
 typedef struct vm_storage {
   atomic_long refs;
-  void *data;     /* 64-byte aligned */
+  void *data; /* 64-byte aligned */
   size_t nbytes;
-  bool inline_data; /* data follows this header in one allocation */
+  bool inline_data;   /* data follows this header in one allocation */
   kiln_device device; /* where data lives: other devices' data is theirs
                          (vm/backend.h), never read by the host */
 } vm_storage;
@@ -27,12 +27,12 @@ typedef struct vm_storage {
    users. */
 struct kiln_tensor {
   atomic_long refs;
-  struct tr_node *node;           /* handles only */
-  struct tr_grad_slot *slot;      /* handles of leaf variables (autodiff) */
+  struct tr_node *node;      /* handles only */
+  struct tr_grad_slot *slot; /* handles of leaf variables (autodiff) */
   kiln_dtype dtype;
   int ndim;
-  bool weak;                      /* a host scalar: does not widen (dtype.h) */
-  uint8_t device;                 /* kiln_device: the node's (handles), the storage's (values) */
+  bool weak;      /* a host scalar: does not widen (dtype.h) */
+  uint8_t device; /* kiln_device: the node's (handles), the storage's (values) */
   int64_t numel;
   int64_t shape[KILN_MAX_DIMS];
   int64_t strides[KILN_MAX_DIMS]; /* in elements; 0 for broadcast dims */
@@ -80,7 +80,6 @@ vm_tensor *vm_value_host_contiguous(vm_tensor *v);
    goes (once, before it makes the first handle): the one call vm/ makes
    upward, through a hook like the backend table */
 void vm_set_handle_free(void (*fn)(vm_tensor *t));
-
 
 static inline void *vm_data(const vm_tensor *t) {
   return (char *)t->storage->data + t->offset * (int64_t)vm_dtype_size(t->dtype);

@@ -6,23 +6,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kiln.h"
-#include "../../vm/blas.h"
+#include "../../autodiff/ad.h"
 #include "../../front/composite.h"
-#include "../../vm/cpu.h"
-#include "../../vm/dist.h"
 #include "../../front/format.h"
 #include "../../front/layers.h"
-#include "../../front/safetensors.h"
 #include "../../front/op.h"
+#include "../../front/safetensors.h"
+#include "../../jit_cpu/jit.h"
+#include "../../jit_gpu/backend.h"
+#include "../../trace/record.h"
+#include "../../vm/blas.h"
+#include "../../vm/cpu.h"
+#include "../../vm/dist.h"
 #include "../../vm/ops.h"
 #include "../../vm/pool.h"
 #include "../../vm/rng.h"
 #include "../../vm/state.h"
-#include "../../autodiff/ad.h"
-#include "../../jit_cpu/jit.h"
-#include "../../jit_gpu/backend.h"
-#include "../../trace/record.h"
+#include "kiln.h"
 
 #ifndef KILN_VERSION_STRING
 #define KILN_VERSION_STRING "0.0.0"
@@ -174,8 +174,9 @@ int kiln_to_buffer(kiln_tensor *t, void *dst, size_t dst_bytes) {
   size_t need = (size_t)t->numel * vm_dtype_size(t->dtype);
   if (need > 0 && !dst) return vm_error(KILN_ERR_ARG, "destination is NULL");
   if (dst_bytes < need)
-    return vm_error(KILN_ERR_ARG, "buffer of %zu bytes is smaller than the %zu bytes of a %s tensor",
-                    dst_bytes, need, vm_dtype_name(t->dtype));
+    return vm_error(KILN_ERR_ARG,
+                    "buffer of %zu bytes is smaller than the %zu bytes of a %s tensor", dst_bytes,
+                    need, vm_dtype_name(t->dtype));
   vm_tensor *v = tr_value(t);
   vm_tensor *c = v ? vm_value_host_contiguous(v) : NULL;
   if (!c) return vm_thread()->status;
@@ -206,10 +207,10 @@ int kiln_print(kiln_tensor *t, FILE *f) {
 
 /* --- elementwise ------------------------------------------------------------------ */
 
-#define UNARY_API(name)                         \
-  kiln_tensor *kiln_##name(kiln_tensor *a) {    \
-    API(kiln_##name);                           \
-    return fe_unary(VM_OP_##name, a);           \
+#define UNARY_API(name)                      \
+  kiln_tensor *kiln_##name(kiln_tensor *a) { \
+    API(kiln_##name);                        \
+    return fe_unary(VM_OP_##name, a);        \
   }
 UNARY_API(neg)
 UNARY_API(abs)
@@ -239,10 +240,10 @@ kiln_tensor *kiln_gelu(kiln_tensor *a) {
   return fe_gelu(a);
 }
 
-#define BINARY_API(name)                                      \
-  kiln_tensor *kiln_##name(kiln_tensor *a, kiln_tensor *b) {  \
-    API(kiln_##name);                                         \
-    return fe_binary(VM_OP_##name, a, b);                     \
+#define BINARY_API(name)                                     \
+  kiln_tensor *kiln_##name(kiln_tensor *a, kiln_tensor *b) { \
+    API(kiln_##name);                                        \
+    return fe_binary(VM_OP_##name, a, b);                    \
   }
 BINARY_API(add)
 BINARY_API(sub)
@@ -260,10 +261,10 @@ BINARY_API(ge)
 BINARY_API(logical_and)
 BINARY_API(logical_or)
 
-#define SCALAR_API(name)                                          \
-  kiln_tensor *kiln_##name##_scalar(kiln_tensor *a, double s) {   \
-    API(kiln_##name##_scalar);                                    \
-    return fe_binary_host_scalar(VM_OP_##name, a, s, false);      \
+#define SCALAR_API(name)                                        \
+  kiln_tensor *kiln_##name##_scalar(kiln_tensor *a, double s) { \
+    API(kiln_##name##_scalar);                                  \
+    return fe_binary_host_scalar(VM_OP_##name, a, s, false);    \
   }
 SCALAR_API(add)
 SCALAR_API(sub)
@@ -289,10 +290,10 @@ kiln_tensor *kiln_cast(kiln_tensor *a, kiln_dtype dt) {
 
 /* --- reductions ------------------------------------------------------------------ */
 
-#define REDUCE_API(name)                                                                  \
-  kiln_tensor *kiln_##name(kiln_tensor *a, int naxes, const int *axes, bool keepdim) {    \
-    API(kiln_##name);                                                                     \
-    return fe_reduce(VM_OP_##name, a, naxes, axes, keepdim);                              \
+#define REDUCE_API(name)                                                               \
+  kiln_tensor *kiln_##name(kiln_tensor *a, int naxes, const int *axes, bool keepdim) { \
+    API(kiln_##name);                                                                  \
+    return fe_reduce(VM_OP_##name, a, naxes, axes, keepdim);                           \
   }
 REDUCE_API(sum)
 REDUCE_API(max)
@@ -406,7 +407,8 @@ kiln_tensor *kiln_eye(int64_t n, kiln_dtype dt) {
   API(kiln_eye);
   return fe_eye(n, dt);
 }
-kiln_tensor *kiln_randint(int64_t low, int64_t high, kiln_dtype dt, int ndim, const int64_t *shape) {
+kiln_tensor *kiln_randint(int64_t low, int64_t high, kiln_dtype dt, int ndim,
+                          const int64_t *shape) {
   API(kiln_randint);
   return fe_randint(low, high, dt, ndim, shape);
 }

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kiln.h"
 #include "../../vm/state.h"
+#include "kiln.h"
 
 enum { COUNT, GAUGE };
 
@@ -77,11 +77,14 @@ static void print_stats(void) {
   fputs("kiln stats\n", stderr);
   for (int i = 0; i < NCOUNTERS; i++) {
     double v = value_of(c, &counters[i]);
-    if (counters[i].scale == 1) fprintf(stderr, "  %-20s %.0f\n", counters[i].name, v);
-    else fprintf(stderr, "  %-20s %.1f\n", counters[i].name, v);
+    if (counters[i].scale == 1)
+      fprintf(stderr, "  %-20s %.0f\n", counters[i].name, v);
+    else
+      fprintf(stderr, "  %-20s %.1f\n", counters[i].name, v);
   }
   double hits = (double)atomic_load(&c->cache_hits), misses = (double)atomic_load(&c->cache_misses);
-  fprintf(stderr, "  %-20s %.1f%%\n", "hit rate", hits + misses ? 100.0 * hits / (hits + misses) : 0.0);
+  fprintf(stderr, "  %-20s %.1f%%\n", "hit rate",
+          hits + misses ? 100.0 * hits / (hits + misses) : 0.0);
 }
 
 __attribute__((constructor)) static void stats_at_exit(void) {

@@ -44,7 +44,8 @@ static uint64_t rnd(void) {
 }
 
 /* deterministic values of dtype dt, specials (NaN, inf, -0, huge) among them */
-static kiln_tensor *input(kiln_dtype dt, int nd, const int64_t *shape, uint64_t seed, bool special) {
+static kiln_tensor *input(kiln_dtype dt, int nd, const int64_t *shape, uint64_t seed,
+                          bool special) {
   int64_t n = 1;
   for (int d = 0; d < nd; d++) n *= shape[d];
   rs = seed * 0x9E3779B97F4A7C15ull + 1;
@@ -60,11 +61,21 @@ static kiln_tensor *input(kiln_dtype dt, int nd, const int64_t *shape, uint64_t 
   void *buf = malloc((size_t)(n ? n : 1) * 8);
   for (int64_t i = 0; i < n; i++) {
     switch (dt) {
-      case KILN_F32: ((float *)buf)[i] = (float)v[i]; break;
-      case KILN_F64: ((double *)buf)[i] = v[i]; break;
-      case KILN_I32: ((int32_t *)buf)[i] = (int32_t)(rnd() % 2001) - 1000 + (rnd() % 7 == 0 ? INT32_MAX - 3 : 0); break;
-      case KILN_I64: ((int64_t *)buf)[i] = (int64_t)(rnd() % 2001) - 1000 + (rnd() % 7 == 0 ? INT64_MAX - 3 : 0); break;
-      default: ((uint8_t *)buf)[i] = rnd() & 1; break;
+      case KILN_F32:
+        ((float *)buf)[i] = (float)v[i];
+        break;
+      case KILN_F64:
+        ((double *)buf)[i] = v[i];
+        break;
+      case KILN_I32:
+        ((int32_t *)buf)[i] = (int32_t)(rnd() % 2001) - 1000 + (rnd() % 7 == 0 ? INT32_MAX - 3 : 0);
+        break;
+      case KILN_I64:
+        ((int64_t *)buf)[i] = (int64_t)(rnd() % 2001) - 1000 + (rnd() % 7 == 0 ? INT64_MAX - 3 : 0);
+        break;
+      default:
+        ((uint8_t *)buf)[i] = rnd() & 1;
+        break;
     }
   }
   kiln_tensor *t = kiln_from_data(buf, dt, nd, shape);
@@ -85,8 +96,10 @@ static void put(outs *o, kiln_tensor *t) { o->out[o->n++] = t; }
 
 /* broadcasts (a row and a column bias), arithmetic, comparisons, where */
 static void p_bias_relu(outs *o, int64_t R, int64_t C) {
-  kiln_tensor *x = input(KILN_F32, 2, S(R, C), 1, true), *row = input(KILN_F32, 2, S(1, C), 2, true);
-  kiln_tensor *col = input(KILN_F32, 2, S(R, 1), 3, false), *g = input(KILN_F32, 2, S(R, C), 4, true);
+  kiln_tensor *x = input(KILN_F32, 2, S(R, C), 1, true),
+              *row = input(KILN_F32, 2, S(1, C), 2, true);
+  kiln_tensor *col = input(KILN_F32, 2, S(R, 1), 3, false),
+              *g = input(KILN_F32, 2, S(R, C), 4, true);
   kiln_tensor *h = kiln_add(kiln_mul(x, col), row);
   kiln_tensor *zero = kiln_full(0, KILN_F32, 0, NULL);
   kiln_tensor *r = kiln_where(kiln_le(h, zero), zero, h);
@@ -131,10 +144,11 @@ static void p_bools(outs *o, int64_t n) {
 
 /* views of leaves read through strides: a transpose, a slice, an expand */
 static void p_views(outs *o, int64_t R, int64_t C) {
-  kiln_tensor *x = input(KILN_F32, 2, S(C, R), 13, true), *y = input(KILN_F32, 2, S(R, 2 * C), 14, true);
+  kiln_tensor *x = input(KILN_F32, 2, S(C, R), 13, true),
+              *y = input(KILN_F32, 2, S(R, 2 * C), 14, true);
   kiln_tensor *v = input(KILN_F32, 1, S(C), 15, false);
-  kiln_tensor *xt = kiln_transpose(x, 0, 1);                     /* [R, C], strided */
-  kiln_tensor *ys = kiln_slice(y, 1, 1, 2 * C, 2);               /* [R, C], step 2 */
+  kiln_tensor *xt = kiln_transpose(x, 0, 1);       /* [R, C], strided */
+  kiln_tensor *ys = kiln_slice(y, 1, 1, 2 * C, 2); /* [R, C], step 2 */
   kiln_tensor *ve = kiln_expand(kiln_reshape(v, 2, S(1, C)), 2, S(R, C));
   put(o, kiln_add(kiln_mul(xt, ys), ve));
   put(o, kiln_sub(ys, xt));
@@ -184,17 +198,39 @@ static void p_random(outs *o, kiln_dtype dt, uint64_t seed) {
   for (int s = 0; s < steps; s++) {
     kiln_tensor *a = pool[rnd() % (uint64_t)np], *b = pool[rnd() % (uint64_t)np], *r;
     switch (rnd() % 11) {
-      case 0: r = kiln_add(a, b); break;
-      case 1: r = kiln_sub(a, b); break;
-      case 2: r = kiln_mul(a, b); break;
-      case 3: r = kiln_div(a, b); break;
-      case 4: r = kiln_maximum(a, b); break;
-      case 5: r = kiln_minimum(a, b); break;
-      case 6: r = kiln_neg(a); break;
-      case 7: r = kiln_abs(a); break;
-      case 8: r = kiln_where(kiln_gt(a, b), a, b); break;
-      case 9: r = kiln_mul_scalar(a, 1.5); break;
-      default: r = kiln_floor(a); break;
+      case 0:
+        r = kiln_add(a, b);
+        break;
+      case 1:
+        r = kiln_sub(a, b);
+        break;
+      case 2:
+        r = kiln_mul(a, b);
+        break;
+      case 3:
+        r = kiln_div(a, b);
+        break;
+      case 4:
+        r = kiln_maximum(a, b);
+        break;
+      case 5:
+        r = kiln_minimum(a, b);
+        break;
+      case 6:
+        r = kiln_neg(a);
+        break;
+      case 7:
+        r = kiln_abs(a);
+        break;
+      case 8:
+        r = kiln_where(kiln_gt(a, b), a, b);
+        break;
+      case 9:
+        r = kiln_mul_scalar(a, 1.5);
+        break;
+      default:
+        r = kiln_floor(a);
+        break;
     }
     if (np < 32) pool[np++] = r;
   }
@@ -219,7 +255,8 @@ static kiln_tensor *indices(int nd, const int64_t *shape, int64_t size, uint64_t
    a transposed (strided) source with its 1-d index, f64 and i32 sources
    gathered along axis 0 */
 static void p_gathers(outs *o, int64_t R, int64_t C) {
-  kiln_tensor *x = input(KILN_F32, 2, S(R, C), 50, true), *y = input(KILN_F32, 2, S(C, 3), 51, false);
+  kiln_tensor *x = input(KILN_F32, 2, S(R, C), 50, true),
+              *y = input(KILN_F32, 2, S(C, 3), 51, false);
   kiln_tensor *lab = indices(2, S(R, 1), C, 52);
   kiln_tensor *picked = kiln_gather(kiln_mul_scalar(x, 2.0), 1, lab);
   put(o, kiln_sum(kiln_add_scalar(picked, 1.0), 0, NULL, false));
@@ -238,14 +275,16 @@ static void p_gathers(outs *o, int64_t R, int64_t C) {
    keeping its axis, each with elementwise work around it (fuse.h
    GPU_IN_SCATTER_INDEX, GPU_IN_PART, GPU_IN_SCAN) */
 static void p_moves(outs *o, int64_t R, int64_t C) {
-  kiln_tensor *x = input(KILN_F32, 2, S(R, C), 60, false), *src = input(KILN_F32, 2, S(R, 2), 61, false);
+  kiln_tensor *x = input(KILN_F32, 2, S(R, C), 60, false),
+              *src = input(KILN_F32, 2, S(R, 2), 61, false);
   int64_t *iv = malloc((size_t)R * 2 * sizeof *iv);
   for (int64_t r = 0; r < R; r++) iv[2 * r] = r % C, iv[2 * r + 1] = r % 3 ? (r + 1) % C : r % C;
   kiln_tensor *idx = kiln_from_data(iv, KILN_I64, 2, S(R, 2));
   free(iv);
   kiln_tensor *base = kiln_mul_scalar(x, 0.5);
   put(o, kiln_add_scalar(kiln_scatter_add(base, 1, idx, src), 1.0));
-  kiln_tensor *d = input(KILN_F64, 2, S(R, 3), 62, false), *e = input(KILN_F64, 2, S(R, 2), 63, false);
+  kiln_tensor *d = input(KILN_F64, 2, S(R, 3), 62, false),
+              *e = input(KILN_F64, 2, S(R, 2), 63, false);
   kiln_tensor *parts[3] = {d, kiln_zeros(KILN_F64, 2, S(R, 1)), kiln_mul_scalar(e, 3.0)};
   put(o, kiln_mul_scalar(kiln_concat(3, parts, 1), 2.0));
   kiln_tensor *y = input(KILN_F32, 2, S(R, C), 64, true);
@@ -259,7 +298,8 @@ static void p_moves(outs *o, int64_t R, int64_t C) {
 
 /* trailing reductions (the lane order): everything, rows with an epilogue */
 static void p_sum_squares(outs *o, int64_t R, int64_t C) {
-  kiln_tensor *x = input(KILN_F32, 2, S(R, C), 20, false), *w = input(KILN_F32, 2, S(1, C), 21, false);
+  kiln_tensor *x = input(KILN_F32, 2, S(R, C), 20, false),
+              *w = input(KILN_F32, 2, S(1, C), 21, false);
   kiln_tensor *b = input(KILN_F32, 2, S(R, 1), 22, false);
   put(o, kiln_sum(kiln_mul(x, x), 0, NULL, false));
   kiln_tensor *rows = kiln_sum(kiln_add(kiln_mul(x, w), b), 1, AX(1), true);
@@ -268,7 +308,8 @@ static void p_sum_squares(outs *o, int64_t R, int64_t C) {
 
 /* other patterns (the column order): over the rows, the middle of three dims */
 static void p_columns(outs *o, int64_t A, int64_t B, int64_t C) {
-  kiln_tensor *x = input(KILN_F64, 2, S(A, B), 23, false), *m = input(KILN_F64, 2, S(1, B), 24, false);
+  kiln_tensor *x = input(KILN_F64, 2, S(A, B), 23, false),
+              *m = input(KILN_F64, 2, S(1, B), 24, false);
   kiln_tensor *d = kiln_sub(x, m);
   put(o, kiln_sum(kiln_mul(d, d), 1, AX(0), false));
   kiln_tensor *y = input(KILN_F32, 3, S(A, B, C), 25, false);
@@ -285,12 +326,14 @@ static void p_long(outs *o, int64_t n, int64_t cols) {
 
 /* max/min with NaN, inf and -0 among the values; prod; integer folds */
 static void p_extrema(outs *o, int64_t R, int64_t C) {
-  kiln_tensor *x = input(KILN_F32, 2, S(R, C), 28, true), *y = input(KILN_F32, 2, S(R, C), 29, true);
+  kiln_tensor *x = input(KILN_F32, 2, S(R, C), 28, true),
+              *y = input(KILN_F32, 2, S(R, C), 29, true);
   put(o, kiln_max(kiln_sub(x, y), 1, AX(1), true));
   put(o, kiln_min(kiln_maximum(x, y), 1, AX(0), false));
   kiln_tensor *z = input(KILN_F64, 2, S(R, C), 30, false);
   put(o, kiln_prod(kiln_add_scalar(kiln_mul_scalar(z, 0.05), 1.0), 1, AX(1), false));
-  kiln_tensor *i = input(KILN_I64, 2, S(R, C), 31, false), *j = input(KILN_I64, 2, S(1, C), 32, false);
+  kiln_tensor *i = input(KILN_I64, 2, S(R, C), 31, false),
+              *j = input(KILN_I64, 2, S(1, C), 32, false);
   put(o, kiln_sum(kiln_mul(i, j), 1, AX(1), false));
   kiln_tensor *k = input(KILN_I32, 2, S(R, C), 33, false);
   put(o, kiln_max(kiln_neg(k), 1, AX(0), false));
@@ -304,7 +347,8 @@ static void p_escape(outs *o, int64_t R, int64_t C) {
   kiln_tensor *d = kiln_sub(x, m), *e = kiln_mul(d, d);
   kiln_tensor *s = kiln_sum(e, 1, AX(1), true);
   put(o, kiln_div(e, kiln_add_scalar(s, 1.0)));
-  kiln_tensor *xt = kiln_transpose(input(KILN_F32, 2, S(C, R), 35, false), 0, 1); /* [R, C], strided */
+  kiln_tensor *xt =
+      kiln_transpose(input(KILN_F32, 2, S(C, R), 35, false), 0, 1); /* [R, C], strided */
   put(o, kiln_sum(kiln_mul_scalar(xt, 2.0), 1, AX(1), false));
   put(o, kiln_sum(kiln_add(xt, x), 1, AX(0), true));
 }
@@ -317,7 +361,8 @@ static void p_escape(outs *o, int64_t R, int64_t C) {
 static void p_epilogue_inputs(outs *o, int64_t R, int64_t C) {
   kiln_tensor *g = input(KILN_F32, 2, S(R, C), 36, false), *b = input(KILN_F32, 1, S(C), 37, false);
   kiln_tensor *c = input(KILN_F32, 1, S(R), 38, false), *w = input(KILN_F32, 2, S(1, C), 39, false);
-  kiln_tensor *h = input(KILN_F64, 2, S(C, R), 40, false), *hb = input(KILN_F64, 2, S(C, 1), 41, false);
+  kiln_tensor *h = input(KILN_F64, 2, S(C, R), 40, false),
+              *hb = input(KILN_F64, 2, S(C, 1), 41, false);
   put(o, kiln_sub(b, kiln_mul_scalar(kiln_sum(g, 1, AX(0), false), 0.05)));
   put(o, kiln_add(c, kiln_sum(kiln_mul(g, g), 1, AX(1), false)));
   kiln_tensor *m = kiln_max(g, 1, AX(0), true);
@@ -325,7 +370,8 @@ static void p_epilogue_inputs(outs *o, int64_t R, int64_t C) {
   put(o, m);
   put(o, kiln_div(kiln_sum(h, 1, AX(1), true), kiln_add_scalar(hb, 3.0)));
   /* the middle of three dims: the output's dims are R's first and last */
-  kiln_tensor *y = input(KILN_F32, 3, S(3, 4, C), 42, false), *z = input(KILN_F32, 2, S(3, C), 43, false);
+  kiln_tensor *y = input(KILN_F32, 3, S(3, 4, C), 42, false),
+              *z = input(KILN_F32, 2, S(3, C), 43, false);
   put(o, kiln_sub(kiln_sum(y, 1, AX(1), false), z));
 }
 
@@ -339,8 +385,9 @@ static void p_random_reduce(outs *o, uint64_t seed) {
   const int *ax = axes == 0 ? AX(1) : axes == 1 ? AX(0) : NULL;
   int nax = axes == 2 ? 0 : 1;
   bool keep = rnd() % 2;
-  kiln_tensor *r = pick == 0 ? kiln_sum(v, nax, ax, keep) : pick == 1 ? kiln_max(v, nax, ax, keep)
-                                                                     : kiln_min(v, nax, ax, keep);
+  kiln_tensor *r = pick == 0   ? kiln_sum(v, nax, ax, keep)
+                   : pick == 1 ? kiln_max(v, nax, ax, keep)
+                               : kiln_min(v, nax, ax, keep);
   put(o, kiln_mul_scalar(r, 0.5));
 }
 
@@ -361,9 +408,11 @@ static void p_layer_norm(outs *o, int64_t R, int64_t C) {
    input read once per row, a broadcast row; three passes.  Short rows get
    NaN and infinities in some of them (long ones would all be NaN) */
 static void p_rows_mixed(outs *o, int64_t R, int64_t C) {
-  kiln_tensor *xt = kiln_transpose(input(KILN_F32, 2, S(C, R), 44, C < 50), 0, 1); /* [R, C], strided */
+  kiln_tensor *xt =
+      kiln_transpose(input(KILN_F32, 2, S(C, R), 44, C < 50), 0, 1); /* [R, C], strided */
   kiln_eval(1, &xt); /* a strided leaf of the next trace (a view node would end the row kernel) */
-  kiln_tensor *col = input(KILN_F32, 2, S(R, 1), 45, false), *row = input(KILN_F32, 2, S(1, C), 46, false);
+  kiln_tensor *col = input(KILN_F32, 2, S(R, 1), 45, false),
+              *row = input(KILN_F32, 2, S(1, C), 46, false);
   kiln_tensor *h = kiln_add(kiln_mul(xt, row), col);
   kiln_tensor *m = kiln_max(h, 1, AX(1), true);
   kiln_tensor *d = kiln_sub(h, m);
@@ -410,7 +459,10 @@ static void r_gathers(outs *o, int v) { p_gathers(o, v ? 70 : 6, v ? 33 : 5); }
 static void r_moves(outs *o, int v) { p_moves(o, v ? 40 : 5, v ? 17 : 4); }
 static void r_math32(outs *o, int v) { p_math(o, KILN_F32, v ? 700 : 9); }
 static void r_math64(outs *o, int v) { p_math(o, KILN_F64, v ? 700 : 9); }
-static void r_small(outs *o, int v) { (void)v; p_small(o); }
+static void r_small(outs *o, int v) {
+  (void)v;
+  p_small(o);
+}
 static void r_rand32(outs *o, int v) { p_random(o, KILN_F32, (uint64_t)v); }
 static void r_rand64(outs *o, int v) { p_random(o, KILN_F64, (uint64_t)v + 1000); }
 static void r_squares(outs *o, int v) { p_sum_squares(o, v ? 37 : 8, v ? 300 : 16); }
@@ -427,17 +479,28 @@ static void r_rows_dtypes(outs *o, int v) { p_rows_dtypes(o, v ? 3 : 2, v ? 5 : 
 static void r_softmax(outs *o, int v) { p_softmax(o, v ? 21 : 4, v ? 5000 : 10); }
 
 static const program programs[] = {
-    {"bias_relu", r_bias, false, false},      {"f64_scalars", r_f64, false, false},
-    {"int32", r_i32, false, false},           {"int64", r_i64, false, false},
-    {"bools", r_bool, false, false},          {"views", r_views, false, false},
-    {"math_f32", r_math32, false, false},     {"math_f64", r_math64, false, false},
-    {"small", r_small, false, false},         {"sum_squares", r_squares, true, true},
-    {"columns", r_columns, true, false},      {"long", r_long, true, false},
-    {"extrema", r_extrema, true, false},      {"escape", r_escape, true, true},
-    {"layer_norm", r_layer_norm, true, true}, {"rows_mixed", r_rows_mixed, true, true},
-    {"rows_dtypes", r_rows_dtypes, true, true}, {"softmax", r_softmax, true, true},
-    {"offset", r_offset, false, false},       {"epilogue_inputs", r_epilogue_inputs, true, false},
-    {"gathers", r_gathers, true, false},     {"moves", r_moves, false, false},
+    {"bias_relu", r_bias, false, false},
+    {"f64_scalars", r_f64, false, false},
+    {"int32", r_i32, false, false},
+    {"int64", r_i64, false, false},
+    {"bools", r_bool, false, false},
+    {"views", r_views, false, false},
+    {"math_f32", r_math32, false, false},
+    {"math_f64", r_math64, false, false},
+    {"small", r_small, false, false},
+    {"sum_squares", r_squares, true, true},
+    {"columns", r_columns, true, false},
+    {"long", r_long, true, false},
+    {"extrema", r_extrema, true, false},
+    {"escape", r_escape, true, true},
+    {"layer_norm", r_layer_norm, true, true},
+    {"rows_mixed", r_rows_mixed, true, true},
+    {"rows_dtypes", r_rows_dtypes, true, true},
+    {"softmax", r_softmax, true, true},
+    {"offset", r_offset, false, false},
+    {"epilogue_inputs", r_epilogue_inputs, true, false},
+    {"gathers", r_gathers, true, false},
+    {"moves", r_moves, false, false},
 };
 #define NPROG (int)(sizeof programs / sizeof programs[0])
 #define NRANDOM 24 /* elementwise chains, and as many with a reduction after them */
@@ -561,7 +624,8 @@ static vm_tensor *host_alloc(kiln_dtype dt, int ndim, const int64_t *shape) {
   return vm_tensor_new(dt, ndim, shape);
 }
 
-static bool emu_launch_fused(const gpu_fused *k, const gpu_fargs *args, unsigned grid, unsigned block) {
+static bool emu_launch_fused(const gpu_fused *k, const gpu_fargs *args, unsigned grid,
+                             unsigned block) {
   /* the emulation runs every block in turn: a smaller grid (the kernel
      loops over the rest) keeps it quick */
   if (grid > 4) grid = 4;
@@ -578,13 +642,16 @@ static bool emu_launch_fused(const gpu_fused *k, const gpu_fargs *args, unsigned
       break;
     }
   for (int q = 0; q < k->nin; q++)
-    if (k->role[q] == GPU_IN_SCATTER_INDEX || k->role[q] == GPU_IN_PART || k->role[q] == GPU_IN_SCAN) {
+    if (k->role[q] == GPU_IN_SCATTER_INDEX || k->role[q] == GPU_IN_PART ||
+        k->role[q] == GPU_IN_SCAN) {
       move_launches++;
       break;
     }
   if (k->kind == GPU_FK_ELEMENTWISE && k->vec) {
-    if (args->extent[0]) vector_launches++;
-    else unaligned_launches++;
+    if (args->extent[0])
+      vector_launches++;
+    else
+      unaligned_launches++;
   }
   if (verbose) printf("launch %s (kind %d) over %lld\n", k->name, (int)k->kind, (long long)args->n);
   return true;
@@ -604,8 +671,8 @@ static bool host_check_indices(vm_tensor *idx, int64_t size, int axis, const cha
     if (v < 0 || v >= size) {
       const char *was = vm_thread()->api;
       vm_set_api(api);
-      vm_error(KILN_ERR_ARG, "index %lld is out of range for axis %d of size %lld", (long long)v, axis,
-               (long long)size);
+      vm_error(KILN_ERR_ARG, "index %lld is out of range for axis %d of size %lld", (long long)v,
+               axis, (long long)size);
       vm_set_api(was);
       return false;
     }
@@ -613,17 +680,20 @@ static bool host_check_indices(vm_tensor *idx, int64_t size, int axis, const cha
   return true;
 }
 
-static const gpu_fuse_target host_target = {KILN_CPU, host_alloc, emu_launch_fused, host_check_indices};
+static const gpu_fuse_target host_target = {KILN_CPU, host_alloc, emu_launch_fused,
+                                            host_check_indices};
 #endif
 
-static bool emu_group(const void *compiled, const tr_plan *plan, const tr_trace *t, int g, vm_tensor **vals,
-                      int *rc, int *resume, int *last_group) {
+static bool emu_group(const void *compiled, const tr_plan *plan, const tr_trace *t, int g,
+                      vm_tensor **vals, int *rc, int *resume, int *last_group) {
 #ifdef FUSED_GEN
-  (void)compiled, (void)plan, (void)t, (void)g, (void)vals, (void)rc, (void)resume, (void)last_group;
+  (void)compiled, (void)plan, (void)t, (void)g, (void)vals, (void)rc, (void)resume,
+      (void)last_group;
   return false;
 #else
   const fused_plan *f = compiled;
-  return emu_has_kernel(f, g) && gpu_fused_run(&f->k[g], &host_target, plan, t, vals, rc, resume, last_group);
+  return emu_has_kernel(f, g) &&
+         gpu_fused_run(&f->k[g], &host_target, plan, t, vals, rc, resume, last_group);
 #endif
 }
 
@@ -660,7 +730,9 @@ static void run_program(void (*run)(outs *, int), int variant, results *res) {
       if (rep == 2) {
         res->dt[i] = kiln_dtype_of(o.out[i]);
         res->n[i] = kiln_numel(o.out[i]);
-        size_t bytes = (size_t)res->n[i] * (res->dt[i] == KILN_BOOL ? 1 : res->dt[i] == KILN_F32 || res->dt[i] == KILN_I32 ? 4 : 8);
+        size_t bytes = (size_t)res->n[i] * (res->dt[i] == KILN_BOOL                            ? 1
+                                            : res->dt[i] == KILN_F32 || res->dt[i] == KILN_I32 ? 4
+                                                                                               : 8);
         res->data[i] = malloc(bytes ? bytes : 1);
         if (kiln_to_buffer(o.out[i], res->data[i], bytes) != KILN_OK)
           fprintf(stderr, "read failed: %s\n", kiln_last_error());
@@ -723,24 +795,28 @@ static bool same(kiln_dtype dt, const void *a, const void *b, int64_t i, bool ap
       if (!approx) return !memcmp(&x, &y, 8);
       return x == y || fabs(x - y) <= 1e-12 * fabs(y);
     }
-    case KILN_I32: return ((const int32_t *)a)[i] == ((const int32_t *)b)[i];
-    case KILN_I64: return ((const int64_t *)a)[i] == ((const int64_t *)b)[i];
-    default: return ((const uint8_t *)a)[i] == ((const uint8_t *)b)[i];
+    case KILN_I32:
+      return ((const int32_t *)a)[i] == ((const int32_t *)b)[i];
+    case KILN_I64:
+      return ((const int64_t *)a)[i] == ((const int64_t *)b)[i];
+    default:
+      return ((const uint8_t *)a)[i] == ((const uint8_t *)b)[i];
   }
 }
 
 static char first_names[256][40];
 static int nfirst_names;
 
-static void check_program(const char *name, void (*run)(outs *, int), int variant, bool same_kernels,
-                          bool reduces, bool rows) {
+static void check_program(const char *name, void (*run)(outs *, int), int variant,
+                          bool same_kernels, bool reduces, bool rows) {
   results ref = {.count = 0}, got = {.count = 0};
   fusing = false;
   tr_cache_reset();
   run_program(run, variant, &ref);
   fusing = true;
   tr_cache_reset();
-  long before = fused_launches, reduce_before = kind_launches[GPU_FK_REDUCE] + kind_launches[GPU_FK_ROWS],
+  long before = fused_launches,
+       reduce_before = kind_launches[GPU_FK_REDUCE] + kind_launches[GPU_FK_ROWS],
        rows_before = kind_launches[GPU_FK_ROWS];
   nrun_names = 0;
   run_program(run, variant, &got);
@@ -750,10 +826,11 @@ static void check_program(const char *name, void (*run)(outs *, int), int varian
   } else { /* other extents, the same kernels */
     for (int i = 0; i < nrun_names; i++) {
       bool known = false;
-      for (int j = 0; j < nfirst_names && !known; j++) known = !strcmp(run_names[i], first_names[j]);
+      for (int j = 0; j < nfirst_names && !known; j++)
+        known = !strcmp(run_names[i], first_names[j]);
       if (!known) {
-        printf("%s/%d: kernel %s is new: other extents must reuse the first variant's kernels\n", name,
-               variant, run_names[i]);
+        printf("%s/%d: kernel %s is new: other extents must reuse the first variant's kernels\n",
+               name, variant, run_names[i]);
         fails++;
         break;
       }
@@ -801,18 +878,24 @@ int main(void) {
   verbose = getenv("KILN_EMU_VERBOSE") != NULL;
   for (int p = 0; p < NPROG; p++)
     for (int v = 0; v < 2 && (!only || !strcmp(only, programs[p].name)); v++)
-      check_program(programs[p].name, programs[p].run, v, v == 1, programs[p].reduces, programs[p].rows);
+      check_program(programs[p].name, programs[p].run, v, v == 1, programs[p].reduces,
+                    programs[p].rows);
   for (int s = 0; s < NRANDOM; s++) {
-    check_program(s % 2 ? "random_f64" : "random_f32", s % 2 ? r_rand64 : r_rand32, s, false, false, false);
+    check_program(s % 2 ? "random_f64" : "random_f32", s % 2 ? r_rand64 : r_rand32, s, false, false,
+                  false);
     check_program("random_reduce", r_rand_reduce, s, false, true, false);
   }
-  printf("%ld fused launches (%ld elementwise, %ld reductions, %ld joins, %ld row kernels), %d distinct kernels\n",
-         fused_launches, kind_launches[GPU_FK_ELEMENTWISE], kind_launches[GPU_FK_REDUCE], kind_launches[GPU_FK_JOIN],
-         kind_launches[GPU_FK_ROWS], nall);
-  printf("%ld vector launches, %ld with an operand off its vector boundary; %ld reductions with their epilogue\n",
-         vector_launches, unaligned_launches, epilogue_launches);
-  printf("%ld kernels gathered in place, %ld moved data in place, after %ld index checks\n", gather_launches,
-         move_launches, index_checks);
+  printf(
+      "%ld fused launches (%ld elementwise, %ld reductions, %ld joins, %ld row kernels), %d "
+      "distinct kernels\n",
+      fused_launches, kind_launches[GPU_FK_ELEMENTWISE], kind_launches[GPU_FK_REDUCE],
+      kind_launches[GPU_FK_JOIN], kind_launches[GPU_FK_ROWS], nall);
+  printf(
+      "%ld vector launches, %ld with an operand off its vector boundary; %ld reductions with their "
+      "epilogue\n",
+      vector_launches, unaligned_launches, epilogue_launches);
+  printf("%ld kernels gathered in place, %ld moved data in place, after %ld index checks\n",
+         gather_launches, move_launches, index_checks);
   checks++;
   if (!only && (gather_launches == 0 || move_launches == 0 || index_checks == 0)) {
     printf("no kernel gathered or moved data in place, or its indices were not checked first\n");
@@ -824,7 +907,8 @@ int main(void) {
     fails++;
   }
   checks++;
-  if (!only && (vector_launches == 0 || unaligned_launches == 0)) { /* the aligned programs; p_offset */
+  if (!only &&
+      (vector_launches == 0 || unaligned_launches == 0)) { /* the aligned programs; p_offset */
     printf("the vector path and the scalar path of vector kernels must both have run\n");
     fails++;
   }

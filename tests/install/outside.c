@@ -44,11 +44,12 @@ int main(void) {
   snprintf(rm, sizeof rm, "rm -rf %s", dir);
   if (system(rm) != 0) return 1;
   if (processes < 1 || kernels < 1 || again != first) {
-    fprintf(stderr, "outside: the JIT did not compile in kiln-jitc (%g processes, %g kernels, %g vs %g)\n",
+    fprintf(stderr,
+            "outside: the JIT did not compile in kiln-jitc (%g processes, %g kernels, %g vs %g)\n",
             processes, kernels, again, first);
     return 1;
   }
-  printf("outside: kiln %s, sum(a @ a) = %g, %g kernels compiled in kiln-jitc\n", kiln_version(), total,
-         kernels);
+  printf("outside: kiln %s, sum(a @ a) = %g, %g kernels compiled in kiln-jitc\n", kiln_version(),
+         total, kernels);
   return 0;
 }

@@ -148,7 +148,8 @@ KILN_API kiln_tensor *kiln_slice(kiln_tensor *a, int axis, int64_t start, int64_
                                  int64_t step);
 KILN_API kiln_tensor *kiln_concat(int n, kiln_tensor *const *ts, int axis);
 KILN_API kiln_tensor *kiln_stack(int n, kiln_tensor *const *ts, int axis);
-KILN_API kiln_tensor *kiln_index_select(kiln_tensor *a, int axis, kiln_tensor *idx); /* idx i64 1-d */
+KILN_API kiln_tensor *kiln_index_select(kiln_tensor *a, int axis,
+                                        kiln_tensor *idx); /* idx i64 1-d */
 KILN_API kiln_tensor *kiln_gather(kiln_tensor *a, int axis, kiln_tensor *idx);
 /* out = a, with src[i...] added at out[..., idx[i...], ...] along axis (the adjoint of gather) */
 KILN_API kiln_tensor *kiln_scatter_add(kiln_tensor *a, int axis, kiln_tensor *idx,
@@ -161,14 +162,14 @@ KILN_API kiln_tensor *kiln_logsumexp(kiln_tensor *a, int axis, bool keepdim);
 KILN_API kiln_tensor *kiln_layer_norm(kiln_tensor *x, kiln_tensor *w, kiln_tensor *b, double eps);
 /* over the last axis; w and b may be NULL (no affine part) */
 KILN_API kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *target_i64); /* mean */
-KILN_API kiln_tensor *kiln_mse_loss(kiln_tensor *a, kiln_tensor *b);                   /* mean */
+KILN_API kiln_tensor *kiln_mse_loss(kiln_tensor *a, kiln_tensor *b);                    /* mean */
 
 /* more creation */
 KILN_API kiln_tensor *kiln_linspace(double start, double stop, int64_t n, kiln_dtype dt);
 KILN_API kiln_tensor *kiln_eye(int64_t n, kiln_dtype dt);
 KILN_API kiln_tensor *kiln_randint(int64_t low, int64_t high, kiln_dtype dt, int ndim,
                                    const int64_t *shape);
-KILN_API kiln_tensor *kiln_randperm(int64_t n); /* i64; a host shuffle on the Philox stream */
+KILN_API kiln_tensor *kiln_randperm(int64_t n);   /* i64; a host shuffle on the Philox stream */
 KILN_API kiln_tensor *kiln_clone(kiln_tensor *a); /* a materialized copy */
 
 /* more reductions and scans */
@@ -198,7 +199,8 @@ KILN_API kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *running_mean,
                                       bool training, double momentum, double eps);
 /* over axis 1; in training the running stats are updated in place (stores) */
 KILN_API kiln_tensor *kiln_dropout(kiln_tensor *x, double p, bool training);
-KILN_API kiln_tensor *kiln_embedding(kiln_tensor *weight, kiln_tensor *idx_i64); /* idx of any shape */
+KILN_API kiln_tensor *kiln_embedding(kiln_tensor *weight,
+                                     kiln_tensor *idx_i64); /* idx of any shape */
 KILN_API kiln_tensor *kiln_one_hot(kiln_tensor *idx_i64, int64_t num_classes, kiln_dtype dt);
 KILN_API kiln_tensor *kiln_nll_loss(kiln_tensor *log_probs, kiln_tensor *target_i64); /* mean */
 KILN_API kiln_tensor *kiln_bce_with_logits(kiln_tensor *logits, kiln_tensor *target); /* mean */
@@ -220,7 +222,8 @@ KILN_API int kiln_load(const char *path, int cap, char **names /* malloc'd, call
 /* in-place (functionalized: the handle now names the new value; other handles
    and views taken before keep the old value) */
 KILN_API int kiln_assign(kiln_tensor *dst, kiln_tensor *src); /* shapes must match */
-KILN_API int kiln_sub_scaled_(kiln_tensor *dst, kiln_tensor *src, double alpha); /* dst -= alpha*src */
+KILN_API int kiln_sub_scaled_(kiln_tensor *dst, kiln_tensor *src,
+                              double alpha); /* dst -= alpha*src */
 
 /* autodiff (reverse mode on the recorded graph; gradients are ordinary
    pending ops, so they are fused and cached like the forward pass) */
@@ -274,7 +277,7 @@ KILN_API int kiln_dist_init(void); /* joins the job started by mpirun; KILN_ERR_
 KILN_API int kiln_dist_rank(void); /* KILN_ERR_STATE (negative) before kiln_dist_init */
 KILN_API int kiln_dist_size(void);
 KILN_API kiln_tensor *kiln_all_reduce(kiln_tensor *t, kiln_reduce_op op); /* a recorded op */
-KILN_API int kiln_dist_average_grads(int n, kiln_tensor *const *params); /* after backward */
+KILN_API int kiln_dist_average_grads(int n, kiln_tensor *const *params);  /* after backward */
 KILN_API int kiln_dist_finalize(void);
 
 /* runtime */
@@ -292,8 +295,8 @@ KILN_API void kiln_jit_wait(void);
    for Ctrl-C (Ruby's unblocking function). */
 KILN_API void kiln_set_cancel_flag(volatile int *flag);
 typedef struct {
-  uint64_t ops_recorded, flushes, traces_seen, cache_hits, cache_misses, compiles,
-      compile_failures, disk_hits, eager_ops, kernels_launched;
+  uint64_t ops_recorded, flushes, traces_seen, cache_hits, cache_misses, compiles, compile_failures,
+      disk_hits, eager_ops, kernels_launched;
   double compile_ms, flush_ms;
 } kiln_stats;
 /* process-wide; ops_recorded counts another thread's ops from its next
@@ -336,9 +339,9 @@ KILN_API size_t kiln_pending_bytes(const kiln_tensor *t);
 KILN_API const char *kiln_version(void);
 
 /* machine: what this process runs with */
-KILN_API int kiln_num_threads(void);             /* kernel worker threads (KILN_THREADS) */
-KILN_API const char *kiln_blas_core(void);       /* OpenBLAS kernel in use, "" if none */
-KILN_API const char *kiln_cpu_isa(void);         /* "x86-64-v4", "x86-64-v3", ... */
+KILN_API int kiln_num_threads(void);       /* kernel worker threads (KILN_THREADS) */
+KILN_API const char *kiln_blas_core(void); /* OpenBLAS kernel in use, "" if none */
+KILN_API const char *kiln_cpu_isa(void);   /* "x86-64-v4", "x86-64-v3", ... */
 
 #ifdef __cplusplus
 }

@@ -41,9 +41,8 @@ static void check(VALUE v, int depth, layout *L) {
                "elements had numbers",
                depth);
     else
-      rb_raise(rb_eTypeError,
-               "Kiln.tensor: %" PRIsVALUE " (%s) is not a number or true/false", rb_inspect(v),
-               kind_name(v));
+      rb_raise(rb_eTypeError, "Kiln.tensor: %" PRIsVALUE " (%s) is not a number or true/false",
+               rb_inspect(v), kind_name(v));
     return;
   }
   if (!RB_TYPE_P(v, T_ARRAY))
@@ -105,11 +104,21 @@ static void fill(VALUE v, int depth, const layout *L, kiln_dtype dt, char *buf, 
   if (depth == L->ndim) {
     int64_t i = (*pos)++;
     switch (dt) {
-      case KILN_BOOL: ((uint8_t *)buf)[i] = v == Qtrue ? 1 : v == Qfalse ? 0 : to_double(v) != 0; break;
-      case KILN_I32: ((int32_t *)buf)[i] = (int32_t)to_int(v, dt); break;
-      case KILN_I64: ((int64_t *)buf)[i] = to_int(v, dt); break;
-      case KILN_F32: ((float *)buf)[i] = (float)to_double(v); break;
-      case KILN_F64: ((double *)buf)[i] = to_double(v); break;
+      case KILN_BOOL:
+        ((uint8_t *)buf)[i] = v == Qtrue ? 1 : v == Qfalse ? 0 : to_double(v) != 0;
+        break;
+      case KILN_I32:
+        ((int32_t *)buf)[i] = (int32_t)to_int(v, dt);
+        break;
+      case KILN_I64:
+        ((int64_t *)buf)[i] = to_int(v, dt);
+        break;
+      case KILN_F32:
+        ((float *)buf)[i] = (float)to_double(v);
+        break;
+      case KILN_F64:
+        ((double *)buf)[i] = to_double(v);
+        break;
     }
     return;
   }
@@ -155,11 +164,16 @@ VALUE rk_from_ruby(VALUE data, VALUE dtype) {
 
 static VALUE elem(const char *buf, kiln_dtype dt, int64_t i) {
   switch (dt) {
-    case KILN_BOOL: return ((const uint8_t *)buf)[i] ? Qtrue : Qfalse;
-    case KILN_I32: return INT2NUM(((const int32_t *)buf)[i]);
-    case KILN_I64: return LL2NUM(((const int64_t *)buf)[i]);
-    case KILN_F32: return DBL2NUM((double)((const float *)buf)[i]);
-    case KILN_F64: return DBL2NUM(((const double *)buf)[i]);
+    case KILN_BOOL:
+      return ((const uint8_t *)buf)[i] ? Qtrue : Qfalse;
+    case KILN_I32:
+      return INT2NUM(((const int32_t *)buf)[i]);
+    case KILN_I64:
+      return LL2NUM(((const int64_t *)buf)[i]);
+    case KILN_F32:
+      return DBL2NUM((double)((const float *)buf)[i]);
+    case KILN_F64:
+      return DBL2NUM(((const double *)buf)[i]);
   }
   return Qnil;
 }

@@ -16,14 +16,22 @@ VALUE rk_mKiln, rk_cTensor, rk_eError, rk_eShapeError, rk_eDTypeError;
 
 static VALUE status_sym(kiln_status st) {
   switch (st) {
-    case KILN_OK: return ID2SYM(rb_intern("ok"));
-    case KILN_ERR_ARG: return ID2SYM(rb_intern("arg"));
-    case KILN_ERR_SHAPE: return ID2SYM(rb_intern("shape"));
-    case KILN_ERR_DTYPE: return ID2SYM(rb_intern("dtype"));
-    case KILN_ERR_OOM: return ID2SYM(rb_intern("oom"));
-    case KILN_ERR_DEVICE: return ID2SYM(rb_intern("device"));
-    case KILN_ERR_STATE: return ID2SYM(rb_intern("state"));
-    case KILN_ERR_INTERNAL: return ID2SYM(rb_intern("internal"));
+    case KILN_OK:
+      return ID2SYM(rb_intern("ok"));
+    case KILN_ERR_ARG:
+      return ID2SYM(rb_intern("arg"));
+    case KILN_ERR_SHAPE:
+      return ID2SYM(rb_intern("shape"));
+    case KILN_ERR_DTYPE:
+      return ID2SYM(rb_intern("dtype"));
+    case KILN_ERR_OOM:
+      return ID2SYM(rb_intern("oom"));
+    case KILN_ERR_DEVICE:
+      return ID2SYM(rb_intern("device"));
+    case KILN_ERR_STATE:
+      return ID2SYM(rb_intern("state"));
+    case KILN_ERR_INTERNAL:
+      return ID2SYM(rb_intern("internal"));
   }
   return ID2SYM(rb_intern("unknown"));
 }
@@ -39,7 +47,7 @@ void rk_raise_kiln(const char *fallback_op) {
     snprintf(msg, sizeof msg, "%s", m);
   else
     snprintf(msg, sizeof msg, "%s failed (status %d, no message)", fallback_op, (int)st);
-  VALUE klass = st == KILN_ERR_SHAPE ? rk_eShapeError
+  VALUE klass = st == KILN_ERR_SHAPE   ? rk_eShapeError
                 : st == KILN_ERR_DTYPE ? rk_eDTypeError
                                        : rk_eError;
   VALUE exc = rb_exc_new_cstr(klass, msg);
@@ -69,11 +77,16 @@ int rk_check_status(int rc) {
 
 size_t rk_dtype_size(kiln_dtype dt) {
   switch (dt) {
-    case KILN_BOOL: return 1;
-    case KILN_I32: return 4;
-    case KILN_I64: return 8;
-    case KILN_F32: return 4;
-    case KILN_F64: return 8;
+    case KILN_BOOL:
+      return 1;
+    case KILN_I32:
+      return 4;
+    case KILN_I64:
+      return 8;
+    case KILN_F32:
+      return 4;
+    case KILN_F64:
+      return 8;
   }
   return 8;
 }
@@ -102,11 +115,8 @@ static size_t tensor_memsize(const void *p) {
 /* No VALUE is ever stored in an rk_tensor, so the type is write-barrier
    protected and needs no mark or compact function. */
 static const rb_data_type_t tensor_type = {
-    "Kiln::Tensor",
-    {NULL, tensor_free, tensor_memsize, NULL, {NULL}},
-    NULL,
-    NULL,
-    RUBY_TYPED_FREE_IMMEDIATELY | RUBY_TYPED_WB_PROTECTED,
+    "Kiln::Tensor", {NULL, tensor_free, tensor_memsize, NULL, {NULL}},     NULL,
+    NULL,           RUBY_TYPED_FREE_IMMEDIATELY | RUBY_TYPED_WB_PROTECTED,
 };
 
 VALUE rk_alloc(void) {
@@ -155,9 +165,9 @@ VALUE rk_finish(VALUE obj, kiln_tensor *t) {
    within about twice the live tensors' plus RK_GC_MIN_BYTES. */
 #define RK_GC_MIN_BYTES ((size_t)64 << 20)
 
-static size_t gc_held;  /* bytes the live handles count */
-static size_t gc_base;  /* gc_held after the last GC */
-static size_t gc_seen;  /* rb_gc_count() then */
+static size_t gc_held; /* bytes the live handles count */
+static size_t gc_base; /* gc_held after the last GC */
+static size_t gc_seen; /* rb_gc_count() then */
 
 static void gc_forget(size_t bytes) { gc_held = bytes < gc_held ? gc_held - bytes : 0; }
 
@@ -243,11 +253,16 @@ kiln_dtype rk_dtype(VALUE v) {
 
 VALUE rk_dtype_sym(kiln_dtype dt) {
   switch (dt) {
-    case KILN_BOOL: return ID2SYM(rb_intern("bool"));
-    case KILN_I32: return ID2SYM(rb_intern("int32"));
-    case KILN_I64: return ID2SYM(rb_intern("int64"));
-    case KILN_F32: return ID2SYM(rb_intern("float32"));
-    case KILN_F64: return ID2SYM(rb_intern("float64"));
+    case KILN_BOOL:
+      return ID2SYM(rb_intern("bool"));
+    case KILN_I32:
+      return ID2SYM(rb_intern("int32"));
+    case KILN_I64:
+      return ID2SYM(rb_intern("int64"));
+    case KILN_F32:
+      return ID2SYM(rb_intern("float32"));
+    case KILN_F64:
+      return ID2SYM(rb_intern("float64"));
   }
   return Qnil;
 }
@@ -275,7 +290,8 @@ double rk_num(VALUE v, const char *what) {
 int rk_shape(VALUE ary, int64_t *shape) {
   Check_Type(ary, T_ARRAY);
   long n = RARRAY_LEN(ary);
-  if (n > RK_MAX_ARGS) rk_raise(rk_eShapeError, "%ld dimensions (Kiln allows %d)", n, KILN_MAX_DIMS);
+  if (n > RK_MAX_ARGS)
+    rk_raise(rk_eShapeError, "%ld dimensions (Kiln allows %d)", n, KILN_MAX_DIMS);
   for (long i = 0; i < n; i++) shape[i] = rk_i64(RARRAY_AREF(ary, i), "a size");
   return (int)n;
 }
@@ -553,8 +569,7 @@ static VALUE m_grad_of(VALUE mod, VALUE outs, VALUE gouts, VALUE ins, VALUE crea
       rk_tensor *r = RTYPEDDATA_DATA(RARRAY_AREF(res, i));
       r->t = gr[i];
       gc_report(r);
-    }
-    else
+    } else
       rb_ary_store(res, i, Qnil);
   }
   ALLOCV_END(tmp);
@@ -591,8 +606,9 @@ static VALUE m_stats(VALUE mod) {
 #undef U64
 #undef DBL
   /* counters beyond kiln_stats, by name */
-  static const char *more[] = {"kernels_compiled", "kernel_cache_hits", "code_objects", "code_unloads",
-                               "plans_built", "blas_calls", "recomputed", "kernel_threads_max", "view_ops"};
+  static const char *more[] = {"kernels_compiled", "kernel_cache_hits",  "code_objects",
+                               "code_unloads",     "plans_built",        "blas_calls",
+                               "recomputed",       "kernel_threads_max", "view_ops"};
   for (size_t i = 0; i < sizeof more / sizeof *more; i++)
     rb_hash_aset(h, ID2SYM(rb_intern(more[i])), ULL2NUM((unsigned long long)kiln_stat(more[i])));
   return h;

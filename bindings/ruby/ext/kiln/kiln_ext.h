@@ -21,8 +21,8 @@
 extern VALUE rk_mKiln, rk_cTensor, rk_eError, rk_eShapeError, rk_eDTypeError;
 
 typedef struct {
-  kiln_tensor *t;   /* owned reference; NULL only while being constructed */
-  size_t gc_bytes;  /* bytes it counts for the GC pacer (the value's size) */
+  kiln_tensor *t;  /* owned reference; NULL only while being constructed */
+  size_t gc_bytes; /* bytes it counts for the GC pacer (the value's size) */
 } rk_tensor;
 
 /* --- kiln_ext.c: errors, the Tensor type, dtypes, argument helpers -------------- */
@@ -30,24 +30,24 @@ typedef struct {
 NORETURN(void rk_raise_kiln(const char *fallback_op));
 NORETURN(void rk_raise(VALUE klass, const char *fmt, ...));
 
-VALUE rk_alloc(void);                           /* a Tensor wrapper holding NULL */
-VALUE rk_finish(VALUE obj, kiln_tensor *t);     /* raises if t is NULL */
-kiln_tensor *rk_get(VALUE obj);                 /* TypeError unless a live Tensor */
+VALUE rk_alloc(void);                       /* a Tensor wrapper holding NULL */
+VALUE rk_finish(VALUE obj, kiln_tensor *t); /* raises if t is NULL */
+kiln_tensor *rk_get(VALUE obj);             /* TypeError unless a live Tensor */
 int rk_is_tensor(VALUE v);
-int rk_check_status(int rc);                    /* raises if rc < 0, returns rc */
+int rk_check_status(int rc); /* raises if rc < 0, returns rc */
 
-kiln_dtype rk_dtype(VALUE sym);                 /* :float32 ... -> kiln_dtype */
+kiln_dtype rk_dtype(VALUE sym); /* :float32 ... -> kiln_dtype */
 VALUE rk_dtype_sym(kiln_dtype dt);
 size_t rk_dtype_size(kiln_dtype dt);
 int rk_dtype_is_float(kiln_dtype dt);
 
-int rk_int(VALUE v, const char *what);          /* an Integer that fits an int */
+int rk_int(VALUE v, const char *what); /* an Integer that fits an int */
 int64_t rk_i64(VALUE v, const char *what);
-double rk_num(VALUE v, const char *what);       /* Integer or Float */
-#define RK_MAX_ARGS 64                          /* longest shape / axis list passed on */
-int rk_shape(VALUE ary, int64_t *shape);        /* Array of Integers -> ndim */
-int rk_axes(VALUE ary, int *axes);              /* Array of Integers -> count */
-int rk_axes_arg(VALUE axes, int *ax);           /* nil (all: 0), an Integer or an Array -> count */
+double rk_num(VALUE v, const char *what); /* Integer or Float */
+#define RK_MAX_ARGS 64                    /* longest shape / axis list passed on */
+int rk_shape(VALUE ary, int64_t *shape);  /* Array of Integers -> ndim */
+int rk_axes(VALUE ary, int *axes);        /* Array of Integers -> count */
+int rk_axes_arg(VALUE axes, int *ax);     /* nil (all: 0), an Integer or an Array -> count */
 
 /* a tensor made from a Ruby number, in the dtype a binary op with x uses */
 kiln_tensor *rk_scalar_for(VALUE num, kiln_tensor *x);
@@ -69,7 +69,8 @@ int rk_nogvl_backward(kiln_tensor *loss, kiln_tensor *grad);
 VALUE rk_unary(VALUE self, kiln_tensor *(*fn)(kiln_tensor *));
 VALUE rk_index_arg(VALUE v); /* an Array becomes an :int64 Tensor; anything else as it is */
 /* self.fn(target): an Array target is converted (as an index when index) */
-VALUE rk_with_target(VALUE self, VALUE target, bool index, kiln_tensor *(*fn)(kiln_tensor *, kiln_tensor *));
+VALUE rk_with_target(VALUE self, VALUE target, bool index,
+                     kiln_tensor *(*fn)(kiln_tensor *, kiln_tensor *));
 
 /* --- method tables ----------------------------------------------------------------- */
 void rk_init_convert(void);

@@ -3,9 +3,9 @@
  * and topk, var/std/cumsum, more constructors, and save/load in the
  * safetensors format.  Positional `_name` methods; lib/kiln/ adds the
  * keywords.  Same conventions as ops.c (kiln_ext.h). */
-#include "kiln_ext.h"
-
 #include <stdlib.h>
+
+#include "kiln_ext.h"
 
 static kiln_tensor *opt_tensor(VALUE v) { return NIL_P(v) ? NULL : rk_get(v); }
 
@@ -47,15 +47,21 @@ static VALUE pool(VALUE self, VALUE kernel, VALUE stride, VALUE padding, pool_fn
   kiln_tensor *x = rk_get(self);
   int k[2], s[2], p[2];
   pair(kernel, "kernel_size", k);
-  if (NIL_P(stride)) s[0] = k[0], s[1] = k[1];
-  else pair(stride, "stride", s);
+  if (NIL_P(stride))
+    s[0] = k[0], s[1] = k[1];
+  else
+    pair(stride, "stride", s);
   pair(padding, "padding", p);
   VALUE obj = rk_alloc();
   kiln_clear_error();
   return rk_finish(obj, fn(x, k, s, p));
 }
-static VALUE t_max_pool2d(VALUE self, VALUE k, VALUE s, VALUE p) { return pool(self, k, s, p, kiln_max_pool2d); }
-static VALUE t_avg_pool2d(VALUE self, VALUE k, VALUE s, VALUE p) { return pool(self, k, s, p, kiln_avg_pool2d); }
+static VALUE t_max_pool2d(VALUE self, VALUE k, VALUE s, VALUE p) {
+  return pool(self, k, s, p, kiln_max_pool2d);
+}
+static VALUE t_avg_pool2d(VALUE self, VALUE k, VALUE s, VALUE p) {
+  return pool(self, k, s, p, kiln_avg_pool2d);
+}
 
 /* x._batch_norm(running_mean, running_var, weight, bias, training, momentum, eps):
    any of the four may be nil; in training the running stats are updated in place */
@@ -101,7 +107,9 @@ static VALUE t_one_hot(VALUE self, VALUE classes, VALUE dtype) {
   return rk_finish(obj, kiln_one_hot(i, n, dt));
 }
 
-static VALUE t_nll_loss(VALUE self, VALUE target) { return rk_with_target(self, target, true, kiln_nll_loss); }
+static VALUE t_nll_loss(VALUE self, VALUE target) {
+  return rk_with_target(self, target, true, kiln_nll_loss);
+}
 static VALUE t_bce_with_logits(VALUE self, VALUE target) {
   return rk_with_target(self, target, false, kiln_bce_with_logits);
 }
@@ -148,8 +156,12 @@ static VALUE moment(VALUE self, VALUE axes, VALUE correction, VALUE keepdim, mom
   kiln_clear_error();
   return rk_finish(obj, fn(a, n, ax, c, RTEST(keepdim)));
 }
-static VALUE t_var(VALUE self, VALUE axes, VALUE c, VALUE k) { return moment(self, axes, c, k, kiln_var); }
-static VALUE t_std(VALUE self, VALUE axes, VALUE c, VALUE k) { return moment(self, axes, c, k, kiln_std); }
+static VALUE t_var(VALUE self, VALUE axes, VALUE c, VALUE k) {
+  return moment(self, axes, c, k, kiln_var);
+}
+static VALUE t_std(VALUE self, VALUE axes, VALUE c, VALUE k) {
+  return moment(self, axes, c, k, kiln_std);
+}
 
 static VALUE t_cumsum(VALUE self, VALUE axis) {
   kiln_tensor *a = rk_get(self);
@@ -205,7 +217,8 @@ static VALUE m_save(VALUE mod, VALUE path, VALUE names, VALUE tensors) {
   Check_Type(names, T_ARRAY);
   Check_Type(tensors, T_ARRAY);
   long n = RARRAY_LEN(names);
-  if (n != RARRAY_LEN(tensors)) rb_raise(rb_eArgError, "%ld names for %ld tensors", n, RARRAY_LEN(tensors));
+  if (n != RARRAY_LEN(tensors))
+    rb_raise(rb_eArgError, "%ld names for %ld tensors", n, RARRAY_LEN(tensors));
   if (n > 1 << 20) rb_raise(rb_eArgError, "too many tensors (%ld)", n);
   VALUE tmp1, tmp2;
   const char **cn = ALLOCV_N(const char *, tmp1, n ? n : 1);

@@ -49,7 +49,7 @@ static VALUE binary(VALUE self, VALUE other, binary_fn tt, scalar_fn ts) {
   return rk_finish(obj, r);
 }
 
-#define UNARY(name)                                                    \
+#define UNARY(name) \
   static VALUE t_##name(VALUE self) { return rk_unary(self, kiln_##name); }
 UNARY(neg)
 UNARY(abs)
@@ -72,11 +72,11 @@ UNARY(round)
 UNARY(sign)
 UNARY(logical_not)
 
-#define BINARY_S(name)                                                              \
-  static VALUE t_##name(VALUE self, VALUE o) {                                      \
-    return binary(self, o, kiln_##name, kiln_##name##_scalar);                      \
+#define BINARY_S(name)                                         \
+  static VALUE t_##name(VALUE self, VALUE o) {                 \
+    return binary(self, o, kiln_##name, kiln_##name##_scalar); \
   }
-#define BINARY(name)                                                                \
+#define BINARY(name) \
   static VALUE t_##name(VALUE self, VALUE o) { return binary(self, o, kiln_##name, NULL); }
 BINARY_S(add)
 BINARY_S(sub)
@@ -138,9 +138,9 @@ static VALUE reduce(VALUE self, VALUE axes, VALUE keepdim, reduce_fn fn) {
   return rk_finish(obj, fn(a, n, ax, RTEST(keepdim)));
 }
 
-#define REDUCE(name)                                                   \
-  static VALUE t_##name(VALUE self, VALUE axes, VALUE keepdim) {       \
-    return reduce(self, axes, keepdim, kiln_##name);                   \
+#define REDUCE(name)                                             \
+  static VALUE t_##name(VALUE self, VALUE axes, VALUE keepdim) { \
+    return reduce(self, axes, keepdim, kiln_##name);             \
   }
 REDUCE(sum)
 REDUCE(mean)
@@ -304,7 +304,8 @@ VALUE rk_index_arg(VALUE v) {
 
 VALUE rk_with_target(VALUE self, VALUE target, bool index, binary_fn fn) {
   kiln_tensor *x = rk_get(self);
-  if (RB_TYPE_P(target, T_ARRAY)) target = index ? rk_index_arg(target) : rk_from_ruby(target, Qnil);
+  if (RB_TYPE_P(target, T_ARRAY))
+    target = index ? rk_index_arg(target) : rk_from_ruby(target, Qnil);
   kiln_tensor *y = rk_get(target);
   VALUE obj = rk_alloc();
   kiln_clear_error();
@@ -316,7 +317,9 @@ VALUE rk_with_target(VALUE self, VALUE target, bool index, binary_fn fn) {
 static VALUE t_cross_entropy(VALUE self, VALUE target) {
   return rk_with_target(self, target, true, kiln_cross_entropy);
 }
-static VALUE t_mse_loss(VALUE self, VALUE other) { return rk_with_target(self, other, false, kiln_mse_loss); }
+static VALUE t_mse_loss(VALUE self, VALUE other) {
+  return rk_with_target(self, other, false, kiln_mse_loss);
+}
 
 void rk_init_ops(void) {
   VALUE c = rk_cTensor;

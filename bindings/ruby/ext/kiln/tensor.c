@@ -197,7 +197,8 @@ static VALUE m_from_binary(VALUE mod, VALUE str, VALUE dtype, VALUE shape) {
   kiln_dtype dt = rk_dtype(dtype);
   int64_t s[RK_MAX_ARGS];
   int nd = rk_shape(shape, s);
-  if (nd > KILN_MAX_DIMS) rk_raise(rk_eShapeError, "Kiln.from_binary: %d dimensions (Kiln allows %d)", nd, KILN_MAX_DIMS);
+  if (nd > KILN_MAX_DIMS)
+    rk_raise(rk_eShapeError, "Kiln.from_binary: %d dimensions (Kiln allows %d)", nd, KILN_MAX_DIMS);
   int64_t numel = 1;
   for (int i = 0; i < nd; i++) {
     if (s[i] < 0 || __builtin_mul_overflow(numel, s[i], &numel))
@@ -205,7 +206,8 @@ static VALUE m_from_binary(VALUE mod, VALUE str, VALUE dtype, VALUE shape) {
   }
   size_t want = (size_t)numel * rk_dtype_size(dt);
   if ((size_t)RSTRING_LEN(str) != want)
-    rb_raise(rb_eArgError, "Kiln.from_binary: %ld bytes given, shape %" PRIsVALUE " of %" PRIsVALUE " needs %zu",
+    rb_raise(rb_eArgError,
+             "Kiln.from_binary: %ld bytes given, shape %" PRIsVALUE " of %" PRIsVALUE " needs %zu",
              RSTRING_LEN(str), rb_inspect(shape), rb_inspect(dtype), want);
   VALUE obj = rk_alloc();
   kiln_clear_error();
