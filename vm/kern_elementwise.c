@@ -262,12 +262,19 @@ UNARY_ROW(cast_f64_i32, double, int32_t, TO_INT(int32_t, INT32_MIN, INT32_MAX))
 UNARY_ROW(cast_f32_i64, float, int64_t, TO_INT(int64_t, INT64_MIN, INT64_MAX))
 UNARY_ROW(cast_f64_i64, double, int64_t, TO_INT(int64_t, INT64_MIN, INT64_MAX))
 
-#define PLAIN_CASTS(X)                                                                           \
-  X(b8, bool, i32, int32_t)                                                                      \
-  X(b8, bool, i64, int64_t) X(b8, bool, f32, float) X(b8, bool, f64, double)                     \
-      X(i32, int32_t, i64, int64_t) X(i32, int32_t, f32, float) X(i32, int32_t, f64, double)     \
-          X(i64, int64_t, i32, int32_t) X(i64, int64_t, f32, float) X(i64, int64_t, f64, double) \
-              X(f32, float, f64, double) X(f64, double, f32, float)
+#define PLAIN_CASTS(X)          \
+  X(b8, bool, i32, int32_t)     \
+  X(b8, bool, i64, int64_t)     \
+  X(b8, bool, f32, float)       \
+  X(b8, bool, f64, double)      \
+  X(i32, int32_t, i64, int64_t) \
+  X(i32, int32_t, f32, float)   \
+  X(i32, int32_t, f64, double)  \
+  X(i64, int64_t, i32, int32_t) \
+  X(i64, int64_t, f32, float)   \
+  X(i64, int64_t, f64, double)  \
+  X(f32, float, f64, double)    \
+  X(f64, double, f32, float)
 #define TO_BOOL_CASTS(X) X(i32, int32_t) X(i64, int64_t) X(f32, float) X(f64, double)
 
 #define DEF_PLAIN(fs, FT, ts, TT) UNARY_ROW(cast_##fs##_##ts, FT, TT, x)

@@ -50,10 +50,16 @@
   }
 
 /* X(op, vmath function) */
-#define MATH_OPS(X)                                                                         \
-  X(exp, vm_expf)                                                                           \
-  X(log, vm_logf) X(tanh, vm_tanhf) X(sigmoid, vm_sigmoidf) X(sin, vm_sinf) X(cos, vm_cosf) \
-      X(erf, vm_erff) X(log1p, vm_log1pf) X(expm1, vm_expm1f)
+#define MATH_OPS(X)       \
+  X(exp, vm_expf)         \
+  X(log, vm_logf)         \
+  X(tanh, vm_tanhf)       \
+  X(sigmoid, vm_sigmoidf) \
+  X(sin, vm_sinf)         \
+  X(cos, vm_cosf)         \
+  X(erf, vm_erff)         \
+  X(log1p, vm_log1pf)     \
+  X(expm1, vm_expm1f)
 
 #define DEF_PLAIN(op, fn) MATH_UNARY_ROW(op##_plain_row, , fn##_plain)
 MATH_OPS(DEF_PLAIN)
