@@ -17,6 +17,7 @@
 #include "../vm/dist.h"
 #include "../vm/private_dir.h"
 #include "../vm/state.h"
+#include "loop.h"
 
 static const char *group_kind_name(tr_group_kind k) {
   static const char *names[] = {"elementwise", "reduce", "matmul", "data"};
@@ -237,6 +238,18 @@ int tr_log_level(void) {
   if (!s) return 0;
   if (!strcmp(s, "debug")) return 2;
   return !strcmp(s, "info") ? 1 : 0;
+}
+
+void tr_log_loop(const tr_loop *lp, tr_key key) {
+  if (!tr_log_level()) return;
+  fprintf(
+      stderr,
+      "kiln: loop in key %016llx: %d copies of a %d-node body from node %d (inputs: %d carried, "
+      "%d invariant, %d stepped, %d per step; outputs: %d last, %d stacked), body %016llx; not "
+      "rolled yet\n",
+      (unsigned long long)key.hi, lp->copies, lp->body, lp->start, lp->carried, lp->invariant,
+      lp->stepped, lp->per_step, lp->last_outputs, lp->stacked_outputs,
+      (unsigned long long)lp->body_hash);
 }
 
 void tr_log_flush(const tr_trace *t, tr_flush_reason why, tr_key key, const cache_sighting *seen,

@@ -27,6 +27,9 @@ int tr_log_level(void);
 bool tr_dump_path(int dir_fd, const char *name, char *out, size_t out_len);
 
 void tr_dump_plan(const tr_trace *t, const tr_plan *plan, tr_key key);
+/* KILN_LOG=info: the loop found in a new trace (trace/loop.h) */
+struct tr_loop;
+void tr_log_loop(const struct tr_loop *loop, tr_key key);
 void tr_log_flush(const tr_trace *t, tr_flush_reason why, tr_key key, const cache_sighting *seen,
                   bool planned, double ms, int rc);
 /* writes the plan's IR as text (also used by tests) */

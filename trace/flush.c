@@ -17,6 +17,7 @@
 #include "../vm/state.h"
 #include "dump.h"
 #include "key.h"
+#include "loop.h"
 #include "plan.h"
 #include "ptrmap.h"
 
@@ -433,12 +434,17 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   tr_plan *plan = NULL;
   cache_sighting seen = {0};
   tr_key key = {0, 0};
+  tr_loop loop = {0};
   if (!bytes.failed) {
     key = tr_key_hash(&bytes);
     cache_sight((uint64_t[]){key.lo, key.hi}, bytes.data, bytes.len, t->n, t->is_output, &seen);
     atomic_fetch_add_explicit(seen.new_key ? &st->cache_misses : &st->cache_hits, 1,
                               memory_order_relaxed);
     if (seen.new_key) atomic_fetch_add_explicit(&st->traces_seen, 1, memory_order_relaxed);
+    if (seen.new_key && tr_loop_find(t, &loop)) { /* found, not yet rolled (issue #39) */
+      atomic_fetch_add_explicit(&st->loops_found, 1, memory_order_relaxed);
+      tr_log_loop(&loop, key);
+    }
     plan = seen.plan;
     bool compiles = planning && be->jit_enabled && be->jit_enabled();
     tr_plan *priced = NULL; /* the plan the payoff rule made to price the key */
@@ -488,7 +494,20 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   for (int i = 0; vals && i < t->n; i++) vm_release(vals[i]);
   free(vals);
   remember(g, t, why, &bytes, &fam_bytes, &seen, plan, key, rc);
-  if (g->last) g->last->recomputed = recomputed;
+  if (g->last) {
+    tr_flush_info *info = g->last;
+    info->recomputed = recomputed;
+    info->loop_copies = loop.copies;
+    info->loop_body = loop.body;
+    info->loop_start = loop.start;
+    info->loop_carried = loop.carried;
+    info->loop_invariant = loop.invariant;
+    info->loop_stepped = loop.stepped;
+    info->loop_per_step = loop.per_step;
+    info->loop_last = loop.last_outputs;
+    info->loop_stacked = loop.stacked_outputs;
+    info->loop_hash = loop.body_hash;
+  }
   atomic_fetch_add_explicit(&st->recomputed, (uint_fast64_t)recomputed, memory_order_relaxed);
   if (plan) tr_plan_release(plan);
   atomic_fetch_add_explicit(&st->flushes, 1, memory_order_relaxed);

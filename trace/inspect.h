@@ -18,6 +18,11 @@ typedef struct tr_flush_info {
   int plan_nodes, plan_groups, plan_buffers;
   int simplified, cse, dce, folded;
   int status; /* KILN_OK or the error */
+  /* the loop found in it (trace/loop.h), when it was a new key: copies 0
+     when none */
+  int loop_copies, loop_body, loop_start;
+  int loop_carried, loop_invariant, loop_stepped, loop_per_step, loop_last, loop_stacked;
+  uint64_t loop_hash;
 } tr_flush_info;
 
 /* false if this thread never flushed */

@@ -324,7 +324,9 @@ KILN_API void kiln_reset_stats(void);
    "kernel_threads_max" (the most threads, user threads and workers together,
    seen running Kiln's kernels at once: at most kiln_num_threads()), or
    "view_ops" (views made: reshape, permute, expand, slice.  They move no
-   data, so eager_ops, the ops the interpreter computed, leaves them out);
+   data, so eager_ops, the ops the interpreter computed, leaves them out), or
+   "loops_found" (new traces in which a body recorded once per step of a
+   loop was found, KILN_LOG=info says where);
    NAN and an error for an unknown name.  New counters appear here without
    changing kiln_stats. */
 KILN_API double kiln_stat(const char *name);

@@ -1,0 +1,306 @@
+/* loop.c — loop detection (loop.h, DESIGN §12).  The trace is read in
+ * record order; each node gets a signature (its op, result and key
+ * attributes, a slice's position left out); the most frequent distance
+ * between equal signatures proposes a period, a run of positions that
+ * repeat at that distance proposes a region, and checking every copy's
+ * input edges against the copy before confirms it (or cuts it short). */
+#include "loop.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "graph.h"
+
+enum { CANDIDATES = 16 };
+
+/* --- signatures ------------------------------------------------------------- */
+
+typedef struct {
+  uint64_t w[64];
+  int n;
+} sig_buf;
+
+static void put(sig_buf *b, uint64_t v) {
+  if (b->n < 64) b->w[b->n++] = v;
+}
+
+static uint64_t bits_of(double d) {
+  uint64_t u;
+  memcpy(&u, &d, sizeof u);
+  return u;
+}
+
+/* what two nodes must share to be the same position of a body: fields one
+   by one (never a struct's padding); a slice's start and stop are what a
+   stepped input advances, so they are left out (its length is the shape) */
+static uint64_t node_sig(const tr_node *n) {
+  sig_buf b = {.n = 0};
+  const vm_attr *a = &n->attr;
+  put(&b, (uint64_t)n->op << 32 | (uint64_t)n->nin);
+  put(&b, (uint64_t)n->meta.dtype << 32 | (uint64_t)n->meta.ndim << 8 | n->meta.weak);
+  for (int d = 0; d < n->meta.ndim; d++) put(&b, (uint64_t)n->meta.shape[d]);
+  put(&b, (uint64_t)a->dtype << 40 | (uint64_t)a->ndim << 32 | a->axes_mask);
+  for (int d = 0; d < a->ndim && d < KILN_MAX_DIMS; d++) put(&b, (uint64_t)a->shape[d]);
+  for (int d = 0; d < n->meta.ndim; d++) put(&b, (uint64_t)a->perm[d]);
+  put(&b, (uint64_t)(uint32_t)a->axis << 32 | (uint64_t)a->keepdim << 16 | (uint64_t)a->weak << 8 |
+              (uint64_t)a->host << 4 | a->device);
+  if (n->op != VM_OP_slice) put(&b, (uint64_t)a->start), put(&b, (uint64_t)a->stop);
+  put(&b, (uint64_t)a->step);
+  put(&b, bits_of(a->scalar[0]));
+  put(&b, bits_of(a->scalar[1]));
+  put(&b, a->seed);
+  put(&b, a->counter);
+  return XXH3_64bits(b.w, (size_t)b.n * sizeof *b.w);
+}
+
+/* --- a small open-addressing map uint64 -> int ------------------------------- */
+
+typedef struct {
+  uint64_t *keys;
+  int *vals;
+  size_t mask;
+} imap;
+
+static bool imap_init(imap *m, int n) {
+  size_t cap = 16;
+  while (cap < (size_t)n * 2) cap <<= 1;
+  m->keys = calloc(cap, sizeof *m->keys);
+  m->vals = malloc(cap * sizeof *m->vals);
+  m->mask = cap - 1;
+  return m->keys && m->vals;
+}
+
+static void imap_free(imap *m) {
+  free(m->keys);
+  free(m->vals);
+}
+
+/* the slot of key (keys are stored + 1, so 0 marks an empty slot) */
+static size_t imap_slot(const imap *m, uint64_t key, bool *found) {
+  uint64_t k = key + 1 ? key + 1 : 1;
+  size_t i = (size_t)(k * 0x9E3779B97F4A7C15ull) & m->mask;
+  while (m->keys[i] && m->keys[i] != k) i = (i + 1) & m->mask;
+  *found = m->keys[i] == k;
+  m->keys[i] = k;
+  return i;
+}
+
+/* --- the search -------------------------------------------------------------- */
+
+typedef struct {
+  const tr_trace *t;
+  int n;
+  int *order;     /* record position -> trace index */
+  int *pos;       /* trace index -> record position */
+  uint64_t *sig;  /* per record position */
+  int64_t *delta; /* per body position: a slice's start step (scratch) */
+} search;
+
+static int by_seq(const void *a, const void *b, void *arg) {
+  const tr_trace *t = arg;
+  uint64_t x = t->nodes[*(const int *)a]->seq, y = t->nodes[*(const int *)b]->seq;
+  return x < y ? -1 : x > y;
+}
+
+/* input ref r of a trace node: a node of the trace, or a leaf */
+static const tr_node *input_node(const tr_trace *t, int r) {
+  return r >= 0 ? t->nodes[r] : t->leaves[-1 - r];
+}
+
+static bool same_meta(const tr_node *a, const tr_node *b) {
+  if (a->meta.dtype != b->meta.dtype || a->meta.ndim != b->meta.ndim) return false;
+  for (int d = 0; d < a->meta.ndim; d++)
+    if (a->meta.shape[d] != b->meta.shape[d]) return false;
+  return true;
+}
+
+/* the copy of region [s, s + k*d) record position p falls in: -1 before,
+   k after */
+static int copy_of(int p, int s, int d, int k) {
+  if (p < s) return -1;
+  int c = (p - s) / d;
+  return c < k ? c : k;
+}
+
+/* Checks copies 1..k-1 of region (s, d, k) against the copy before; returns
+   how many copies hold (>= 1), counting the body's input kinds in *lp from
+   copy 1. */
+static int confirm(search *sr, int s, int d, int k, tr_loop *lp) {
+  const tr_trace *t = sr->t;
+  memset(lp, 0, sizeof *lp);
+  uint64_t h = XXH3_64bits(&d, sizeof d);
+  for (int j = 1; j < k; j++) {
+    for (int q = 0; q < d; q++) {
+      int ia = sr->order[s + (j - 1) * d + q], ib = sr->order[s + j * d + q];
+      const tr_node *a = t->nodes[ia], *b = t->nodes[ib];
+      if (a->op == VM_OP_slice) { /* stepped: a constant advance */
+        int64_t step = b->attr.start - a->attr.start;
+        if (j == 1)
+          sr->delta[q] = step;
+        else if (step != sr->delta[q])
+          return j;
+        if (b->attr.stop - a->attr.stop != step) return j;
+        if (j == 1 && step) lp->stepped++;
+      }
+      for (int e = 0; e < b->nin; e++) {
+        int ra = t->refs[ia][e], rb = t->refs[ib][e], kind;
+        int pb = rb >= 0 ? sr->pos[rb] : -1, cb = rb >= 0 ? copy_of(pb, s, d, k) : -1;
+        int pa = ra >= 0 ? sr->pos[ra] : -1, ca = ra >= 0 ? copy_of(pa, s, d, k) : -1;
+        if (cb == -1) { /* from before the loop: the same in every copy (invariant), or a
+                           value of its own per copy (what a backward loop's forward saved) */
+          if (ca != -1) return j;
+          kind = ra == rb ? 1 : same_meta(input_node(t, ra), input_node(t, rb)) ? 3 : -1;
+          if (kind < 0) return j;
+        } else {
+          if (cb == j) { /* inside the copy: the same offset */
+            if (ra < 0 || pa != pb - d) return j;
+            kind = 0;
+          } else if (cb == j - 1) { /* carried from the copy before */
+            if (j >= 2 ? (ra < 0 || pa != pb - d) : (ra >= 0 && pa >= s)) return j;
+            kind = 2;
+          } else {
+            return j; /* an older copy: not a one-step recurrence */
+          }
+        }
+        if (j == 1) {
+          lp->invariant += kind == 1;
+          lp->carried += kind == 2;
+          lp->per_step += kind == 3;
+          uint64_t edge[3] = {
+              sr->sig[s + j * d + q], (uint64_t)kind,
+              kind == 0 || kind == 2 ? (uint64_t)(sr->pos[rb] - s) % (uint64_t)d : 0};
+          h = XXH3_64bits_withSeed(edge, sizeof edge, h);
+        }
+      }
+    }
+    if (j == 1) lp->body_hash = h;
+  }
+  return k;
+}
+
+/* which of the body's nodes are read after the loop (or are outputs) */
+static bool count_outputs(search *sr, tr_loop *lp) {
+  const tr_trace *t = sr->t;
+  int s = lp->start, d = lp->body, k = lp->copies, end = s + k * d;
+  bool *read = calloc((size_t)(k * d), sizeof *read);
+  if (!read) return false;
+  for (int p = s; p < end; p++) read[p - s] = t->is_output[sr->order[p]];
+  for (int p = end; p < sr->n; p++) {
+    int i = sr->order[p];
+    for (int e = 0; e < t->nodes[i]->nin; e++) {
+      int r = t->refs[i][e];
+      if (r >= 0 && sr->pos[r] >= s && sr->pos[r] < end) read[sr->pos[r] - s] = true;
+    }
+  }
+  for (int q = 0; q < d; q++) {
+    int copies_read = 0;
+    for (int c = 0; c < k; c++) copies_read += read[c * d + q];
+    if (copies_read > 1)
+      lp->stacked_outputs++;
+    else if (copies_read == 1 && read[(k - 1) * d + q])
+      lp->last_outputs++;
+  }
+  free(read);
+  return true;
+}
+
+/* Up to CANDIDATES periods, most likely first: distances from each node
+   back to the last RECENT nodes of its signature, counted.  A body's true
+   period is the distance back to the same node of the copy before, which
+   is among them for every signature the body holds at most RECENT times
+   (the nearest alone would miss it: a GRU's backward has a dozen reshapes
+   per step). */
+static int periods(search *sr, int *best) {
+  enum { RECENT = 4 };
+  imap slot = {0}, hist = {0};
+  int(*recent)[RECENT] = malloc((size_t)sr->n * sizeof *recent);
+  int found = 0, used = 0;
+  if (!recent || !imap_init(&slot, sr->n) || !imap_init(&hist, sr->n * RECENT)) goto out;
+  for (int p = 0; p < sr->n; p++) {
+    bool seen;
+    size_t i = imap_slot(&slot, sr->sig[p], &seen);
+    if (!seen) {
+      slot.vals[i] = used++;
+      for (int r = 0; r < RECENT; r++) recent[slot.vals[i]][r] = -1;
+    }
+    int *last = recent[slot.vals[i]];
+    for (int r = 0; r < RECENT && last[r] >= 0; r++) {
+      if (p - last[r] < 2) continue;
+      size_t h = imap_slot(&hist, (uint64_t)(p - last[r]), &seen);
+      hist.vals[h] = seen ? hist.vals[h] + 1 : 1;
+    }
+    memmove(last + 1, last, (RECENT - 1) * sizeof *last);
+    last[0] = p;
+  }
+  int count[CANDIDATES] = {0};
+  for (size_t i = 0; i <= hist.mask; i++) {
+    if (!hist.keys[i]) continue;
+    int d = (int)(hist.keys[i] - 1), c = hist.vals[i], r = found;
+    /* insertion into the top CANDIDATES: more often first, then shorter */
+    while (r > 0 && (c > count[r - 1] || (c == count[r - 1] && d < best[r - 1]))) r--;
+    if (r >= CANDIDATES) continue;
+    if (found < CANDIDATES) found++;
+    for (int m = found - 1; m > r; m--) {
+      best[m] = best[m - 1];
+      count[m] = count[m - 1];
+    }
+    best[r] = d;
+    count[r] = c;
+  }
+out:
+  free(recent);
+  imap_free(&slot);
+  imap_free(&hist);
+  return found;
+}
+
+/* the longest confirmed region with period d, or copies = 0 */
+static void best_region(search *sr, int d, tr_loop *best) {
+  for (int p = d; p < sr->n;) {
+    if (sr->sig[p] != sr->sig[p - d]) {
+      p++;
+      continue;
+    }
+    int a = p;
+    while (p < sr->n && sr->sig[p] == sr->sig[p - d]) p++;
+    int s = a - d, k = (p - s) / d;
+    if (k < 2 || k * d <= best->copies * best->body) continue;
+    tr_loop lp;
+    k = confirm(sr, s, d, k, &lp);
+    if (k >= 2 && k * d > best->copies * best->body) {
+      lp.start = s;
+      lp.body = d;
+      lp.copies = k;
+      *best = lp;
+    }
+  }
+}
+
+bool tr_loop_find(const tr_trace *t, tr_loop *out) {
+  memset(out, 0, sizeof *out);
+  if (t->n < 4) return false;
+  search sr = {.t = t, .n = t->n};
+  sr.order = malloc((size_t)t->n * sizeof *sr.order);
+  sr.pos = malloc((size_t)t->n * sizeof *sr.pos);
+  sr.sig = malloc((size_t)t->n * sizeof *sr.sig);
+  sr.delta = malloc((size_t)t->n * sizeof *sr.delta);
+  bool found = false;
+  if (sr.order && sr.pos && sr.sig && sr.delta) {
+    for (int i = 0; i < t->n; i++) sr.order[i] = i;
+    qsort_r(sr.order, (size_t)t->n, sizeof *sr.order, by_seq, (void *)t);
+    for (int p = 0; p < t->n; p++) {
+      sr.pos[sr.order[p]] = p;
+      sr.sig[p] = node_sig(t->nodes[sr.order[p]]);
+    }
+    int d[CANDIDATES], nd = periods(&sr, d);
+    for (int c = 0; c < nd; c++) best_region(&sr, d[c], out);
+    found = out->copies >= 2 && count_outputs(&sr, out);
+  }
+  free(sr.order);
+  free(sr.pos);
+  free(sr.sig);
+  free(sr.delta);
+  if (!found) memset(out, 0, sizeof *out);
+  return found;
+}
