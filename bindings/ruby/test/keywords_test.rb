@@ -47,6 +47,8 @@ class KeywordsTest < Minitest::Test
     [:reshape, [4, 2], { shape: [4, 2] }],
     [:permute, [1, 0], { dims: [1, 0] }],
     [:expand, [[2, 2, 4]], { size: [2, 2, 4] }],
+    [:repeat, [1, 2], { sizes: [1, 2] }],
+    [:norm, [1, 1, true], { p: 1, dim: 1, keepdim: true }],
     [:clamp, [1.5, 4.5], { min: 1.5, max: 4.5 }]
   ].freeze
 
@@ -93,6 +95,8 @@ class KeywordsTest < Minitest::Test
 
   def test_module_functions_and_nn_take_the_same_forms
     x = @x
+    assert_equal values(x.sum(1)), values(Kiln.sum(x, 1))
+    assert_equal values(x.sum(1)), values(Kiln.sum(x, dim: 1))
     assert_equal values(x.softmax(0)), values(Kiln.softmax(x, dim: 0))
     assert_equal values(x.softmax(0)), values(Kiln::NN::F.softmax(x, 0))
     assert_equal values(x.log_softmax(1)), values(Kiln::NN::F.log_softmax(x, dim: 1))
@@ -100,6 +104,7 @@ class KeywordsTest < Minitest::Test
     assert_equal values(x.softmax(0)), values(Kiln::NN::Softmax.new(dim: 0).call(x))
     assert_equal [8], Kiln::NN::Flatten.new(0).call(x).shape
     assert_equal [8], Kiln::NN::Flatten.new(start_dim: 0).call(x).shape
+    assert_equal values(x.flatten(0)), values(Kiln.flatten(x, start_dim: 0))
     w = Kiln.randn(3, 4)
     assert_equal values(Kiln::NN::F.linear(x, w)), values(Kiln::NN::F.linear(x, weight: w, bias: nil))
     y = Kiln::NN::F.dropout(x, 0.5, false)
@@ -125,6 +130,9 @@ class KeywordsTest < Minitest::Test
     assert_match(/sum.*dim given twice \(as dim: and as axis:\)/, e.message)
     e = assert_raises(TypeError) { @x.sum(1, keepdim: 1) }
     assert_match(/Kiln::Tensor#sum: keepdim must be true or false, not 1/, e.message)
+    e = assert_raises(TypeError) { Kiln.sum(@x, dim: "a") }
+    assert_match(/\AKiln\.sum: dim must be/, e.message)
+    assert_match(/Kiln\.sum\(input, dim/, e.message)
     e = assert_raises(TypeError) { Kiln.softmax(@x, dim: "a") }
     assert_match(/\AKiln\.softmax: dim must be/, e.message)
     assert_match(/Kiln\.softmax\(input, dim/, e.message)

@@ -34,6 +34,13 @@ module Kiln
     end
     signature "ones(int... size=None, *, dtype dtype=:float32, any layout=:strided, any device=None, bool requires_grad=False)"
 
+    # torch's empty: Kiln never hands out uninitialized memory, so its
+    # elements are zeros
+    def empty(size, dtype, layout, device, requires_grad)
+      made(_zeros(dtype, shape_of(size)), layout, device, requires_grad)
+    end
+    signature "empty(int... size=None, *, dtype dtype=:float32, any layout=:strided, any device=None, bool requires_grad=False)"
+
     # Kiln.full([2, 2], 7) — the dtype follows the value (Integer -> :int64,
     # Float -> :float32, true/false -> :bool) unless given
     def full(size, fill_value, dtype, layout, device, requires_grad)
@@ -50,6 +57,11 @@ module Kiln
       made(_ones(dtype || input.dtype, input.shape), layout, device || input.device, requires_grad)
     end
     signature "ones_like(Tensor input, *, dtype? dtype=None, any layout=:strided, any device=None, bool requires_grad=False)"
+
+    def empty_like(input, dtype, layout, device, requires_grad)
+      made(_zeros(dtype || input.dtype, input.shape), layout, device || input.device, requires_grad)
+    end
+    signature "empty_like(Tensor input, *, dtype? dtype=None, any layout=:strided, any device=None, bool requires_grad=False)"
 
     def full_like(input, fill_value, dtype, layout, device, requires_grad)
       made(_full(fill_value, dtype || input.dtype, input.shape), layout, device || input.device, requires_grad)
@@ -201,20 +213,23 @@ module Kiln
     end
     signature "stack(any tensors, int dim|axis=0)"
 
-    def matmul(a, b)
-      a.matmul(b)
-    end
+    # Kiln.masked_fill(x, mask, value), Kiln.flatten(x, 1), Kiln.sum(x, dim: 1),
+    # ...: torch-rb's Torch module functions, each the Tensor method of that
+    # name with the tensor first (keywords and errors as the method's, the
+    # errors naming Kiln.name)
+    Kiln::TENSOR_FUNCTIONS = %i[
+      add sub mul div pow matmul mm bmm dot maximum minimum remainder
+      eq ne lt le gt ge logical_and logical_or logical_not equal
+      neg abs exp log sqrt rsqrt sin cos tanh sigmoid relu gelu erf log1p expm1
+      floor ceil round sign clamp clip masked_fill
+      sum mean prod max min amax amin argmax argmin all any var std norm
+      softmax log_softmax logsumexp cumsum sort argsort topk
+      reshape flatten squeeze unsqueeze transpose permute t chunk split
+      index_select gather scatter_add repeat nonzero numel one_hot
+      detach clone
+    ].freeze
+    Kiln::TENSOR_FUNCTIONS.each { |name| tensor_function(name) }
 
-    def maximum(a, b)
-      a.maximum(b)
-    end
-
-    def minimum(a, b)
-      a.minimum(b)
-    end
-
-    tensor_function :softmax
-    tensor_function :log_softmax
     # mean cross-entropy of logits [N, C] against int64 class indices [N]
     # (An Array target is checked here, so a bad label names this call; a
     # Tensor target's labels are checked when the loss is evaluated, and the

@@ -437,6 +437,8 @@ module Kiln
 
           t = t._slice(axis, i, i + 1, 1)
           drop << axis
+        when true # the whole axis (torch-rb's x[true, 0])
+          next
         when Range
           t = t._slice(axis, *range_bounds(ix.begin, ix.end, ix.exclude_end?, 1, size), 1)
         when Enumerator::ArithmeticSequence
@@ -445,7 +447,7 @@ module Kiln
 
           t = t._slice(axis, *range_bounds(ix.begin, ix.end, ix.exclude_end?, step, size), step)
         else
-          raise TypeError, "Kiln::Tensor#[]: #{ix.class} is not an index (use Integers and Ranges)"
+          raise TypeError, "Kiln::Tensor#[]: #{ix.inspect} is not an index (use Integers, Ranges and true for a whole axis)"
         end
       end
       drop.reverse_each { |axis| t = t._squeeze(axis) }
@@ -500,6 +502,12 @@ module Kiln
     end
     signature "sub!(value other, *, float alpha=1)"
 
+    # mask (bool, broadcast to self's shape): value there, self elsewhere
+    def masked_fill!(mask, value)
+      assign!(masked_fill(mask, value))
+    end
+    signature "masked_fill!(Tensor mask, value value)"
+
     def mul!(other)
       assign!(same_dtype(self * other))
     end
@@ -534,6 +542,158 @@ module Kiln
     end
     signature "sub(value other, *, float alpha=1)"
 
+    # mask (a bool Tensor broadcastable to self): value there, self
+    # elsewhere; value a number or a 0-d Tensor, in self's dtype
+    def masked_fill(mask, value)
+      unless mask.dtype == :bool
+        raise Kiln::DTypeError, "Kiln::Tensor#masked_fill: mask must be a :bool tensor, not #{mask.dtype}"
+      end
+      if value.is_a?(Tensor) && value.ndim != 0
+        raise Kiln::ShapeError, "Kiln::Tensor#masked_fill: value must be a number or a 0-d tensor, not shape #{value.shape}"
+      end
+
+      Kiln.where(mask, same_dtype(value), self)
+    end
+    signature "masked_fill(Tensor mask, value value)"
+
+    # the vector p-norm over dim (all elements by default): p 2 / "fro"
+    # (the default), 1, any positive number, Float::INFINITY (largest
+    # magnitude), -Float::INFINITY (smallest) or 0 (the count of nonzeros)
+    def norm(p, dim, keepdim, dtype)
+      x = dtype ? _cast(dtype) : self
+      unless x.floating_point?
+        raise Kiln::DTypeError, "Kiln::Tensor#norm: a floating-point tensor is needed, not #{x.dtype} (give dtype: :float32)"
+      end
+
+      p = 2 if p.to_s == "fro"
+      unless p.is_a?(Numeric)
+        raise ArgumentError, "Kiln::Tensor#norm: p must be a number, \"fro\" or Float::INFINITY, not #{p.inspect}"
+      end
+
+      a = x.abs
+      if p == Float::INFINITY then a._max(dim, keepdim)
+      elsif p == -Float::INFINITY then a._min(dim, keepdim)
+      elsif p.zero? then a.ne(0)._cast(x.dtype)._sum(dim, keepdim)
+      elsif p == 1 then a._sum(dim, keepdim)
+      elsif p == 2 then (x * x)._sum(dim, keepdim).sqrt
+      else (a**p)._sum(dim, keepdim)**(1.0 / p)
+      end
+    end
+    signature "norm(any p=\"fro\", int... dim|axis=None, bool keepdim|keepdims=False, *, dtype? dtype=None)"
+
+    # torch's repeat: tiles self sizes[i] times along each axis (sizes may
+    # have more entries than self has axes: leading axes of 1 are added)
+    def repeat(sizes)
+      sizes = [sizes] if sizes.is_a?(Integer)
+      if sizes.size < ndim
+        raise ArgumentError, "Kiln::Tensor#repeat: #{sizes.size} sizes for a tensor of #{ndim} dimensions (give at least #{ndim})"
+      end
+      if sizes.any?(&:negative?)
+        raise ArgumentError, "Kiln::Tensor#repeat: sizes must not be negative, got #{sizes}"
+      end
+
+      s = [1] * (sizes.size - ndim) + shape
+      one = s.flat_map { |n| [1, n] }
+      tiled = sizes.zip(s).flatten
+      _reshape(one)._expand(tiled)._reshape(sizes.zip(s).map { |r, n| r * n })
+    end
+    signature "repeat(int... sizes)"
+
+    # the indices of the nonzero elements: an :int64 tensor [n, ndim] (row
+    # order), or with as_tuple: true one 1-d tensor per axis.  The count
+    # depends on the values, so they are read (evaluated) here, as torch does.
+    def nonzero(as_tuple)
+      bytes = ne(0)._cast(:bool).to_binary
+      flat = []
+      i = bytes.index("\x01".b)
+      while i
+        flat << i
+        i = bytes.index("\x01".b, i + 1)
+      end
+      dims = shape
+      coords = Array.new(dims.size) { [] }
+      flat.each do |f|
+        (dims.size - 1).downto(0) do |ax|
+          coords[ax] << f % dims[ax]
+          f /= dims[ax]
+        end
+      end
+      if as_tuple
+        return [Kiln.tensor(flat, dtype: :int64)] if dims.empty? && flat.size.positive?
+        return [Kiln.zeros(0, dtype: :int64)] if dims.empty?
+
+        return coords.map { |c| Kiln.tensor(c, dtype: :int64) }
+      end
+      return Kiln.zeros(flat.size, dims.size, dtype: :int64) if dims.empty? || flat.empty?
+
+      Kiln.tensor(coords.transpose, dtype: :int64)
+    end
+    signature "nonzero(*, bool as_tuple=False)"
+
+    # Kiln's tensors are values: every one is already contiguous
+    def contiguous
+      self
+    end
+
+    def contiguous?
+      true
+    end
+
+    # dense tensors only (torch's :strided)
+    def layout
+      :strided
+    end
+
+    # t.type(:float64) / t.type("float64"): the cast (torch-rb's type)
+    def type(dtype)
+      _cast(dtype)
+    end
+    signature "type(dtype dtype)"
+
+    # the value without autograd (torch's .data); in-place updates of it
+    # (sub!, add!, []=, copy!, ...) also update this tensor, as
+    # `p.data.sub!(p.grad.data * lr)` expects
+    def data
+      d = detach
+      d.instance_variable_set(:@data_of, self)
+      d
+    end
+
+    alias _sub_scaled! sub_scaled!
+    alias _assign! assign!
+
+    def sub_scaled!(src, alpha)
+      _sub_scaled!(src, alpha)
+      @data_of&._assign!(self)
+      self
+    end
+
+    def assign!(src)
+      _assign!(src)
+      @data_of&._assign!(self)
+      self
+    end
+
+    # nested Ruby Arrays (a 0-d tensor: its number), as torch-rb's tolist
+    def tolist
+      ndim.zero? ? item : to_a
+    end
+
+    # Marshal.dump(t) / Marshal.load: dtype, shape and the bytes (bit for
+    # bit); requires_grad is kept, the graph and gradient are not
+    def _dump(_level)
+      Marshal.dump(["kiln-tensor-1", dtype, shape, to_binary, requires_grad])
+    end
+
+    def self._load(str)
+      tag, dtype, shape, bytes, grad = Marshal.load(str)
+      raise ArgumentError, "Kiln::Tensor._load: not a dumped Kiln::Tensor (#{tag.inspect})" unless tag == "kiln-tensor-1"
+
+      t = Kiln._from_binary(bytes, dtype, shape)
+      t.requires_grad = true if grad
+      t
+    end
+
     # torch's remainder: x - floor(x / y) * y (the sign of y); integer tensors
     # stay integer (computed in float64, exact for |x| < 2**53)
     def %(other)
@@ -553,18 +713,21 @@ module Kiln
 
       matmul(other)
     end
+    signature "dot(Tensor tensor)"
 
     def mm(other)
       raise Kiln::ShapeError, "mm: 2-d tensors expected, got #{shape} and #{other.shape}" unless ndim == 2 && other.ndim == 2
 
       matmul(other)
     end
+    signature "mm(Tensor mat2)"
 
     def bmm(other)
       raise Kiln::ShapeError, "bmm: 3-d tensors expected, got #{shape} and #{other.shape}" unless ndim == 3 && other.ndim == 3
 
       matmul(other)
     end
+    signature "bmm(Tensor mat2)"
 
     # torch's chunk: n pieces of ceil(size / n) along dim (the last smaller; fewer
     # pieces when the size does not fill n)
