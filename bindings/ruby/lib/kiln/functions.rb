@@ -68,6 +68,16 @@ module Kiln
     end
     signature "full_like(Tensor input, scalar fill_value, *, dtype? dtype=None, any layout=:strided, any device=None, bool requires_grad=False)"
 
+    def rand_like(input, dtype, layout, device, requires_grad)
+      made(_rand(dtype || input.dtype, input.shape), layout, device || input.device, requires_grad)
+    end
+    signature "rand_like(Tensor input, *, dtype? dtype=None, any layout=:strided, any device=None, bool requires_grad=False)"
+
+    def randn_like(input, dtype, layout, device, requires_grad)
+      made(_randn(dtype || input.dtype, input.shape), layout, device || input.device, requires_grad)
+    end
+    signature "randn_like(Tensor input, *, dtype? dtype=None, any layout=:strided, any device=None, bool requires_grad=False)"
+
     # uniform on [0, 1)
     def rand(size, dtype, layout, device, requires_grad)
       made(_rand(dtype, shape_of(size)), layout, device, requires_grad)
@@ -122,6 +132,13 @@ module Kiln
       made(_linspace(start, stop, steps, dtype), layout, device, requires_grad)
     end
     signature "linspace(float start, float end|stop, int steps, *, dtype dtype=:float32, any layout=:strided, any device=None, bool requires_grad=False)"
+
+    # steps values from base**start to base**end, both included (geometric)
+    def logspace(start, stop, steps, base, dtype, layout, device, requires_grad)
+      exps = _linspace(start, stop, steps, :float64)
+      made((_full(base.to_f, :float64, [steps])**exps)._cast(dtype), layout, device, requires_grad)
+    end
+    signature "logspace(float start, float end|stop, int steps, float base=10.0, *, dtype dtype=:float32, any layout=:strided, any device=None, bool requires_grad=False)"
 
     # Kiln.randint(10, [2, 3]) or Kiln.randint(5, 10, [2, 3]): uniform on [low, high)
     def randint(low, high = nil, size = nil, dtype: :int64)

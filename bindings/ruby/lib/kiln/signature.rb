@@ -246,7 +246,9 @@ module Kiln
       end
 
       # Kiln.name(input, ...): the Tensor method of that name as a module
-      # function, parsed by the same signature (its errors name Kiln.name)
+      # function, parsed by the same signature (its errors name Kiln.name);
+      # out: a tensor of the result's shape, assigned the result (torch's
+      # out=) and returned
       def tensor_function(name, method = name)
         sig = ALL.find { |s| s.name == method.to_s && s.label.start_with?("Kiln::Tensor#") }
         label = "#{Signature.label_for(self, name)}"
@@ -255,12 +257,16 @@ module Kiln
           impl = Signature.impl_name(method)
           class_eval <<~RUBY, __FILE__, __LINE__ + 1
             def #{name}(input, *args, **kw)
+              return Kiln::Signature.out!(kw.delete(:out), #{name}(input, *args, **kw), #{label.inspect}) if kw.key?(:out)
+
               Kiln::Signature.input!(input, #{label.inspect}).__send__(:#{impl}, *Kiln::Signature::ALL[#{id}].bind(args, kw, #{label.inspect}))
             end
           RUBY
         else
           class_eval <<~RUBY, __FILE__, __LINE__ + 1
             def #{name}(input, *args, **kw, &block)
+              return Kiln::Signature.out!(kw.delete(:out), #{name}(input, *args, **kw), #{label.inspect}) if kw.key?(:out)
+
               Kiln::Signature.input!(input, #{label.inspect}).#{method}(*args, **kw, &block)
             end
           RUBY
@@ -281,6 +287,16 @@ module Kiln
         else
           "#{owner.name}##{name}"
         end
+      end
+
+      # torch's out=: the result assigned to out (same shape; out's dtype)
+      def out!(out, result, label)
+        raise TypeError, "#{label}: out must be a Kiln::Tensor, not #{out.inspect}" unless out.is_a?(Tensor)
+        unless result.is_a?(Tensor) && out.shape == result.shape
+          raise Kiln::ShapeError, "#{label}: out has shape #{out.shape}, the result #{result.is_a?(Tensor) ? result.shape : result.class}"
+        end
+
+        out.assign!(result.dtype == out.dtype ? result : result._cast(out.dtype))
       end
 
       # the first argument of a module function: a Tensor (an Array or a

@@ -102,6 +102,13 @@ module Kiln
       numel
     end
 
+    # the first axis' extent (torch-rb's length; a 0-d tensor has none)
+    def length
+      raise TypeError, "Kiln::Tensor#length: a 0-d tensor has no length" if ndim.zero?
+
+      shape[0]
+    end
+
     def each(&block)
       return enum_for(:each) { ndim.zero? ? 0 : shape[0] } unless block
       raise TypeError, "iteration over a 0-d tensor" if ndim.zero?
@@ -413,6 +420,18 @@ module Kiln
     # the transpose of a 2-d tensor (a 0-d or 1-d tensor is returned as is)
     def t
       ndim < 2 ? self : transpose(0, 1)
+    end
+
+    # this handle rebound to its transpose (torch-rb's x.t!)
+    def t!
+      raise FrozenError, "can't modify frozen #{self.class}: #{inspect}" if frozen?
+      return self if ndim < 2
+
+      r = transpose(0, 1)
+      s = shape
+      raise Kiln::ShapeError, "Kiln::Tensor#t!: a #{s} tensor's transpose has another shape: use t" unless s[0] == s[1]
+
+      assign!(r)
     end
 
     # x[i], x[i, j], x[1..], x[..-2], x[0...3, 1], x[(0..).step(2)]: Integers drop
