@@ -218,6 +218,38 @@ class EverydayTest < Minitest::Test
     assert_kiln_error(TypeError, /Kiln.mm: mat2 must be a Kiln::Tensor, not \[1\]/) { Kiln.mm(a, [1]) }
   end
 
+  def test_logspace_like_constructors_length_t_bang_and_out
+    assert_equal [1.0, 10.0, 100.0, 1000.0], Kiln.logspace(0, 3, 4, dtype: :float64).to_a
+    assert_equal [1.0, 2.0, 4.0, 8.0, 16.0], Kiln.logspace(0, 4, 5, base: 2).to_a
+    assert_equal :float32, Kiln.logspace(0, 1, 3).dtype
+    assert_in_delta 10**0.5, Kiln.logspace(0, 1, 3, dtype: :float64).to_a[1], 1e-12
+    r = Kiln.rand_like(Kiln.tensor([[1, 2], [3, 4]]), dtype: :float)
+    assert_equal [[2, 2], :float32], [r.shape, r.dtype]
+    assert(r.to_a.flatten.all? { |v| v >= 0 && v < 1 })
+    Kiln.manual_seed(3)
+    a = Kiln.randn_like(@x)
+    Kiln.manual_seed(3)
+    assert_equal Kiln.randn(2, 3).to_a, a.to_a
+    assert_equal 2, @x.length
+    assert_equal 0, Kiln.zeros(0, 3).length
+    assert_kiln_error(TypeError, /Kiln::Tensor#length: a 0-d tensor has no length/) { Kiln.tensor(1).length }
+    m = Kiln.tensor([[1, 2], [3, 4]])
+    view = m
+    m.t!
+    assert_tensor [[1, 3], [2, 4]], m
+    assert_same view, m
+    assert_kiln_error(Kiln::ShapeError, /Kiln::Tensor#t!: .* use t/) { Kiln.zeros(2, 3).t! }
+    out = Kiln.empty(2, 3)
+    r = Kiln.add(@x, 1, out: out)
+    assert_same out, r
+    assert_tensor [[2.0, -1.0, 1.0], [1.0, 6.0, -5.0]], out
+    out64 = Kiln.zeros(3, dtype: :float64)
+    Kiln.sum(@x, 0, out: out64)
+    assert_tensor [1.0, 3.0, -6.0], out64, dtype: :float64
+    assert_kiln_error(Kiln::ShapeError, /Kiln.mul: out has shape \[4\], the result \[2, 3\]/) { Kiln.mul(@x, 2, out: Kiln.zeros(4)) }
+    assert_kiln_error(TypeError, /Kiln.mul: out must be a Kiln::Tensor/) { Kiln.mul(@x, 2, out: [1]) }
+  end
+
   def test_indexing_with_true_for_a_whole_axis
     t = Kiln.tensor([[1, 2, 3], [4, 5, 6]])
     assert_tensor [1, 4], t[true, 0]

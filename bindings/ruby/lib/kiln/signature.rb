@@ -107,8 +107,9 @@ module Kiln
         i += 1
       end
       unless kw.empty?
+        # how each was given: true (positionally) or its keyword
         given = Array.new(n)
-        i.times { |x| given[x] = "positionally" }
+        i.times { |x| given[x] = true }
         kw.each do |key, v|
           idx = @index[key]
           if idx.nil?
@@ -116,11 +117,12 @@ module Kiln
                                  "#{@params.map { |p| "#{p.name}:" }.join(', ')})"
           end
           if given[idx]
+            first = given[idx] == true ? "positionally" : "as #{given[idx]}:"
             raise ArgumentError, "#{usage(label)}: #{@params[idx].name} given twice " \
-                                 "(#{given[idx]} and as #{key}:)"
+                                 "(#{first} and as #{key}:)"
           end
           out[idx] = v
-          given[idx] = "as #{key}:"
+          given[idx] = key
         end
       end
       idx = 0
