@@ -13,9 +13,9 @@ Gem::Specification.new do |spec|
     gem install kiln -- --with-kiln-dir=PREFIX).
   DESC
   spec.authors = ["The Kiln authors"]
-  # No license or homepage yet: the repository carries no LICENSE file and no
-  # public address.  Set spec.license / spec.homepage (and spec.metadata's
-  # source_code_uri) when the project chooses them.
+  # Apache-2.0 (LICENSE at the repository root).  No homepage or
+  # metadata["source_code_uri"] yet: set them when there is a public address.
+  spec.license = "Apache-2.0"
   spec.required_ruby_version = ">= 3.0"
 
   spec.files = Dir["lib/**/*.rb", "ext/kiln/*.{c,h,rb}", "test/**/*.rb", "README.md",

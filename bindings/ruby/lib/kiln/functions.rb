@@ -5,63 +5,107 @@
 # Kiln.blas_core, Kiln.cpu_isa and Kiln.library_version are C functions.
 module Kiln
   class << self
+    extend Signature::DSL
+
     # Kiln.tensor([[1, 2], [3, 4]]) — Integer -> :int64, Float -> :float32,
     # true/false -> :bool (mixed: the widest); a number gives a 0-d tensor.
     # Ragged arrays raise Kiln::ShapeError.
-    def tensor(data, dtype: nil, requires_grad: false)
+    def tensor(data, dtype: nil, layout: nil, device: nil, requires_grad: false)
       t = if data.is_a?(Tensor)
             d = data.detach
             dtype.nil? || Kiln.dtype(dtype) == d.dtype ? d : d._cast(dtype)
           else
             _tensor(data, dtype)
           end
-      t.requires_grad = true if requires_grad
-      t
+      made(t, layout, device, requires_grad)
     end
 
-    # Kiln.zeros(2, 3), Kiln.zeros([2, 3]), Kiln.zeros(dtype: :int64) (0-d)
-    def zeros(*shape, dtype: :float32, requires_grad: false)
-      with_grad(_zeros(dtype, shape_arg(shape)), requires_grad)
+    # Kiln.zeros(2, 3), Kiln.zeros([2, 3]), Kiln.zeros(dtype: :int64) (0-d).
+    # Every constructor takes torch-rb's options: dtype:, layout: (:strided),
+    # device: (:cpu / "cpu" / :cuda / "cuda:0" / Kiln.device(...)) and
+    # requires_grad:
+    def zeros(size, dtype, layout, device, requires_grad)
+      made(_zeros(dtype, shape_of(size)), layout, device, requires_grad)
     end
+    signature "zeros(int... size=None, *, dtype dtype=:float32, any layout=:strided, any device=None, bool requires_grad=False)"
 
-    def ones(*shape, dtype: :float32, requires_grad: false)
-      with_grad(_ones(dtype, shape_arg(shape)), requires_grad)
+    def ones(size, dtype, layout, device, requires_grad)
+      made(_ones(dtype, shape_of(size)), layout, device, requires_grad)
     end
+    signature "ones(int... size=None, *, dtype dtype=:float32, any layout=:strided, any device=None, bool requires_grad=False)"
+
+    # torch's empty: Kiln never hands out uninitialized memory, so its
+    # elements are zeros
+    def empty(size, dtype, layout, device, requires_grad)
+      made(_zeros(dtype, shape_of(size)), layout, device, requires_grad)
+    end
+    signature "empty(int... size=None, *, dtype dtype=:float32, any layout=:strided, any device=None, bool requires_grad=False)"
 
     # Kiln.full([2, 2], 7) — the dtype follows the value (Integer -> :int64,
     # Float -> :float32, true/false -> :bool) unless given
-    def full(shape, value, dtype: nil, requires_grad: false)
-      shape = [shape] if shape.is_a?(Integer)
-      with_grad(_full(value, dtype || dtype_of(value), shape), requires_grad)
+    def full(size, fill_value, dtype, layout, device, requires_grad)
+      made(_full(fill_value, dtype || dtype_of(fill_value), shape_of(size)), layout, device, requires_grad)
     end
+    signature "full(int[] size, scalar fill_value, *, dtype? dtype=None, any layout=:strided, any device=None, bool requires_grad=False)"
 
-    def zeros_like(other, dtype: nil, requires_grad: false)
-      zeros(other.shape, dtype: dtype || other.dtype, requires_grad: requires_grad)
+    def zeros_like(input, dtype, layout, device, requires_grad)
+      made(_zeros(dtype || input.dtype, input.shape), layout, device || input.device, requires_grad)
     end
+    signature "zeros_like(Tensor input, *, dtype? dtype=None, any layout=:strided, any device=None, bool requires_grad=False)"
 
-    def ones_like(other, dtype: nil, requires_grad: false)
-      ones(other.shape, dtype: dtype || other.dtype, requires_grad: requires_grad)
+    def ones_like(input, dtype, layout, device, requires_grad)
+      made(_ones(dtype || input.dtype, input.shape), layout, device || input.device, requires_grad)
     end
+    signature "ones_like(Tensor input, *, dtype? dtype=None, any layout=:strided, any device=None, bool requires_grad=False)"
 
-    def full_like(other, value, dtype: nil, requires_grad: false)
-      full(other.shape, value, dtype: dtype || other.dtype, requires_grad: requires_grad)
+    def empty_like(input, dtype, layout, device, requires_grad)
+      made(_zeros(dtype || input.dtype, input.shape), layout, device || input.device, requires_grad)
     end
+    signature "empty_like(Tensor input, *, dtype? dtype=None, any layout=:strided, any device=None, bool requires_grad=False)"
+
+    def full_like(input, fill_value, dtype, layout, device, requires_grad)
+      made(_full(fill_value, dtype || input.dtype, input.shape), layout, device || input.device, requires_grad)
+    end
+    signature "full_like(Tensor input, scalar fill_value, *, dtype? dtype=None, any layout=:strided, any device=None, bool requires_grad=False)"
+
+    def rand_like(input, dtype, layout, device, requires_grad)
+      made(_rand(dtype || input.dtype, input.shape), layout, device || input.device, requires_grad)
+    end
+    signature "rand_like(Tensor input, *, dtype? dtype=None, any layout=:strided, any device=None, bool requires_grad=False)"
+
+    def randn_like(input, dtype, layout, device, requires_grad)
+      made(_randn(dtype || input.dtype, input.shape), layout, device || input.device, requires_grad)
+    end
+    signature "randn_like(Tensor input, *, dtype? dtype=None, any layout=:strided, any device=None, bool requires_grad=False)"
 
     # uniform on [0, 1)
-    def rand(*shape, dtype: :float32, requires_grad: false)
-      with_grad(_rand(dtype, shape_arg(shape)), requires_grad)
+    def rand(size, dtype, layout, device, requires_grad)
+      made(_rand(dtype, shape_of(size)), layout, device, requires_grad)
     end
+    signature "rand(int... size=None, *, dtype dtype=:float32, any layout=:strided, any device=None, bool requires_grad=False)"
 
     # standard normal
-    def randn(*shape, dtype: :float32, requires_grad: false)
-      with_grad(_randn(dtype, shape_arg(shape)), requires_grad)
+    def randn(size, dtype, layout, device, requires_grad)
+      made(_randn(dtype, shape_of(size)), layout, device, requires_grad)
     end
+    signature "randn(int... size=None, *, dtype dtype=:float32, any layout=:strided, any device=None, bool requires_grad=False)"
 
     # arange(stop), arange(start, stop, step = 1); Integers give :int64, any Float :float32
-    def arange(start, stop = nil, step = 1, dtype: nil, requires_grad: false)
+    def arange(start, stop, step, dtype, layout, device, requires_grad)
       start, stop = 0, start if stop.nil?
       dtype ||= [start, stop, step].all?(Integer) ? :int64 : :float32
-      with_grad(_arange(start, stop, step, dtype), requires_grad)
+      made(_arange(start, stop, step, dtype), layout, device, requires_grad)
+    end
+    signature "arange(float start, float? end|stop=None, float step=1, *, dtype? dtype=None, any layout=:strided, any device=None, bool requires_grad=False)"
+
+    # the device Symbol (:cpu or :cuda) for a name: :cpu, "cpu", :cuda,
+    # "cuda", "cuda:0" (Kiln drives one GPU)
+    def device(name)
+      d = name.to_s
+      d = "cuda" if d == "cuda:0"
+      return d.to_sym if %w[cpu cuda].include?(d)
+
+      raise ArgumentError, "Kiln.device: unknown device #{name.inspect} (:cpu, :cuda or \"cuda:0\")"
     end
 
     # A tensor from raw native-endian (little-endian) bytes, as
@@ -78,14 +122,23 @@ module Kiln
     end
 
     # the n x n identity
-    def eye(n, dtype: :float32, requires_grad: false)
-      with_grad(_eye(n, dtype), requires_grad)
+    def eye(n, dtype, layout, device, requires_grad)
+      made(_eye(n, dtype), layout, device, requires_grad)
     end
+    signature "eye(int n, *, dtype dtype=:float32, any layout=:strided, any device=None, bool requires_grad=False)"
 
     # steps values from start to stop, both included
-    def linspace(start, stop, steps, dtype: :float32, requires_grad: false)
-      with_grad(_linspace(start, stop, steps, dtype), requires_grad)
+    def linspace(start, stop, steps, dtype, layout, device, requires_grad)
+      made(_linspace(start, stop, steps, dtype), layout, device, requires_grad)
     end
+    signature "linspace(float start, float end|stop, int steps, *, dtype dtype=:float32, any layout=:strided, any device=None, bool requires_grad=False)"
+
+    # steps values from base**start to base**end, both included (geometric)
+    def logspace(start, stop, steps, base, dtype, layout, device, requires_grad)
+      exps = _linspace(start, stop, steps, :float64)
+      made((_full(base.to_f, :float64, [steps])**exps)._cast(dtype), layout, device, requires_grad)
+    end
+    signature "logspace(float start, float end|stop, int steps, float base=10.0, *, dtype dtype=:float32, any layout=:strided, any device=None, bool requires_grad=False)"
 
     # Kiln.randint(10, [2, 3]) or Kiln.randint(5, 10, [2, 3]): uniform on [low, high)
     def randint(low, high = nil, size = nil, dtype: :int64)
@@ -165,35 +218,34 @@ module Kiln
     end
 
     # Kiln.cat(list, 0), Kiln.cat(list, dim: 0) or axis: (one of them)
-    def cat(tensors, pos = nil, dim: nil, axis: nil)
-      _concat(tensors.to_a, join_axis("cat", pos, dim, axis))
+    def cat(tensors, dim)
+      _concat(tensors.to_a, dim)
     end
+    signature "cat(any tensors, int dim|axis=0)"
     alias concat cat
     alias concatenate cat
 
-    def stack(tensors, pos = nil, dim: nil, axis: nil)
-      _stack(tensors.to_a, join_axis("stack", pos, dim, axis))
+    def stack(tensors, dim)
+      _stack(tensors.to_a, dim)
     end
+    signature "stack(any tensors, int dim|axis=0)"
 
-    def matmul(a, b)
-      a.matmul(b)
-    end
-
-    def maximum(a, b)
-      a.maximum(b)
-    end
-
-    def minimum(a, b)
-      a.minimum(b)
-    end
-
-    def softmax(x, dim: -1, axis: nil)
-      x.softmax(axis || dim)
-    end
-
-    def log_softmax(x, dim: -1, axis: nil)
-      x.log_softmax(axis || dim)
-    end
+    # Kiln.masked_fill(x, mask, value), Kiln.flatten(x, 1), Kiln.sum(x, dim: 1),
+    # ...: torch-rb's Torch module functions, each the Tensor method of that
+    # name with the tensor first (keywords and errors as the method's, the
+    # errors naming Kiln.name)
+    Kiln::TENSOR_FUNCTIONS = %i[
+      add sub mul div pow matmul mm bmm dot maximum minimum remainder
+      eq ne lt le gt ge logical_and logical_or logical_not equal
+      neg abs exp log sqrt rsqrt sin cos tanh sigmoid relu gelu erf log1p expm1
+      floor ceil round sign clamp clip masked_fill
+      sum mean prod max min amax amin argmax argmin all any var std norm
+      softmax log_softmax logsumexp cumsum sort argsort topk
+      reshape flatten squeeze unsqueeze transpose permute t chunk split
+      index_select gather scatter_add repeat nonzero numel one_hot
+      detach clone
+    ].freeze
+    Kiln::TENSOR_FUNCTIONS.each { |name| tensor_function(name) }
 
     # mean cross-entropy of logits [N, C] against int64 class indices [N]
     # (An Array target is checked here, so a bad label names this call; a
@@ -207,9 +259,7 @@ module Kiln
       input.mse_loss(target)
     end
 
-    def layer_norm(x, weight = nil, bias = nil, eps: 1e-5)
-      x.layer_norm(weight, bias, eps: eps)
-    end
+    tensor_function :layer_norm
 
     # Functional gradients (kiln_grad_of): d(sum of outputs . grad_outputs) /
     # d inputs, an Array with one Tensor per input (nil where Kiln gives none;
@@ -224,11 +274,15 @@ module Kiln
 
     private
 
-    def join_axis(name, pos, dim, axis)
-      given = [pos, dim, axis].compact
-      raise ArgumentError, "Kiln.#{name}: give the axis once (positionally, dim: or axis:)" if given.size > 1
+    # a constructor's result with torch-rb's options applied
+    def made(t, layout, device, requires_grad)
+      unless layout.nil? || layout.to_s == "strided"
+        raise ArgumentError, "Kiln: layout #{layout.inspect} is not supported (Kiln's tensors are dense: :strided)"
+      end
 
-      given.empty? ? 0 : given[0]
+      t = t._to_device(device(device)) unless device.nil? || device(device) == t.device
+      t.requires_grad = true if requires_grad
+      t
     end
 
     def with_grad(t, on)
@@ -236,8 +290,8 @@ module Kiln
       t
     end
 
-    def shape_arg(shape)
-      shape.size == 1 && shape[0].is_a?(Array) ? shape[0] : shape
+    def shape_of(size)
+      size.nil? ? [] : Array(size)
     end
 
     def dtype_of(value)

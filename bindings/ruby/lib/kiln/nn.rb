@@ -441,10 +441,13 @@ module Kiln
     end
 
     class Softmax < Module
-      def initialize(dim: -1)
+      extend Signature::DSL
+
+      def initialize(dim)
         super()
         @dim = dim
       end
+      signature "initialize(int dim|axis=-1)", label: "Kiln::NN::Softmax.new"
 
       def forward(x)
         x.softmax(@dim)
@@ -452,17 +455,26 @@ module Kiln
     end
 
     class LogSoftmax < Softmax
+      def initialize(dim)
+        super(dim)
+      end
+      signature "initialize(int dim|axis=-1)", label: "Kiln::NN::LogSoftmax.new"
+
       def forward(x)
         x.log_softmax(@dim)
       end
     end
 
     class Flatten < Module
-      def initialize(start_dim: 1, end_dim: -1)
+      extend Signature::DSL
+
+      def initialize(start_dim, end_dim)
         super()
         @start_dim = start_dim
         @end_dim = end_dim
       end
+
+      signature "initialize(int start_dim=1, int end_dim=-1)", label: "Kiln::NN::Flatten.new"
 
       def forward(x)
         x.flatten(@start_dim, @end_dim)
@@ -558,8 +570,8 @@ module Kiln
         x.relu
       end
 
-      def gelu(x, approximate: "none")
-        raise ArgumentError, "gelu: only approximate: \"none\"" unless approximate.to_s == "none"
+      def gelu(x, approximate)
+        raise ArgumentError, "Kiln::NN::Functional.gelu: only approximate: \"none\"" unless approximate.to_s == "none"
 
         x.gelu
       end
@@ -572,12 +584,12 @@ module Kiln
         x.tanh
       end
 
-      def softmax(x, dim: -1)
-        x.softmax(dim)
-      end
+      class << self
+        extend Signature::DSL
 
-      def log_softmax(x, dim: -1)
-        x.log_softmax(dim)
+        # F.softmax(x, 1), F.softmax(x, dim: 1), F.one_hot(t, 3), ...: the
+        # Tensor methods, parsed as they are (errors name F's function)
+        %i[softmax log_softmax one_hot].each { |name| tensor_function(name) }
       end
 
       def linear(x, weight, bias = nil)
@@ -585,67 +597,63 @@ module Kiln
         bias.nil? ? y : y + bias
       end
 
-      def cross_entropy(input, target, reduction: "mean")
+      def cross_entropy(input, target, reduction)
         mean_only!("cross_entropy", reduction)
         input.cross_entropy(target)
       end
 
-      def mse_loss(input, target, reduction: "mean")
+      def mse_loss(input, target, reduction)
         case reduction.to_s
         when "mean" then input.mse_loss(target)
         when "sum" then ((input - target)**2).sum
         when "none" then (input - target)**2
-        else raise ArgumentError, "mse_loss: reduction is mean, sum or none"
+        else raise ArgumentError, "Kiln::NN::Functional.mse_loss: reduction is mean, sum or none, not #{reduction.inspect}"
         end
       end
 
-      def conv2d(input, weight, bias = nil, stride: 1, padding: 0, dilation: 1, groups: 1)
+      def conv2d(input, weight, bias, stride, padding, dilation, groups)
         input._conv2d(weight, bias, pair(stride), pair(padding), pair(dilation), groups)
       end
 
-      def max_pool2d(input, kernel_size, stride: nil, padding: 0)
+      def max_pool2d(input, kernel_size, stride, padding)
         input._max_pool2d(pair(kernel_size), stride.nil? ? nil : pair(stride), pair(padding))
       end
 
-      def avg_pool2d(input, kernel_size, stride: nil, padding: 0)
+      def avg_pool2d(input, kernel_size, stride, padding)
         input._avg_pool2d(pair(kernel_size), stride.nil? ? nil : pair(stride), pair(padding))
       end
 
       # running_mean / running_var may be nil in training (batch statistics
       # only); given, they are updated in place when training
-      def batch_norm(input, running_mean, running_var, weight: nil, bias: nil, training: false,
-                     momentum: 0.1, eps: 1e-5)
-        input._batch_norm(running_mean, running_var, weight, bias, training ? true : false, momentum, eps)
+      def batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+        input._batch_norm(running_mean, running_var, weight, bias, training, momentum, eps)
       end
 
-      def dropout(input, p: 0.5, training: true)
-        raise ArgumentError, "dropout: p must be in [0, 1], got #{p}" unless p.is_a?(Numeric) && p >= 0 && p <= 1
+      def dropout(input, p, training)
+        raise ArgumentError, "Kiln::NN::Functional.dropout: p must be in [0, 1], got #{p}" unless p >= 0 && p <= 1
 
-        input._dropout(p, training ? true : false)
+        input._dropout(p, training)
       end
 
       def embedding(input, weight)
         weight._embedding(input)
       end
 
-      def one_hot(tensor, num_classes = -1)
-        tensor.one_hot(num_classes)
-      end
 
       # mean negative log-likelihood of log-probabilities [N, C] at int64 class indices [N]
-      def nll_loss(input, target, reduction: "mean")
+      def nll_loss(input, target, reduction)
         mean_only!("nll_loss", reduction)
         input.nll_loss(target)
       end
 
-      def binary_cross_entropy_with_logits(input, target, reduction: "mean")
+      def binary_cross_entropy_with_logits(input, target, reduction)
         mean_only!("binary_cross_entropy_with_logits", reduction)
         input.binary_cross_entropy_with_logits(target)
       end
 
       # the losses Kiln reduces by the mean only
       def mean_only!(name, reduction)
-        raise ArgumentError, "#{name}: only reduction: \"mean\"" unless reduction.to_s == "mean"
+        raise ArgumentError, "Kiln::NN::Functional.#{name}: only reduction: \"mean\", not #{reduction.inspect}" unless reduction.to_s == "mean"
       end
 
       # an Integer n as [n, n]; an Array of two as it is
@@ -657,13 +665,31 @@ module Kiln
       end
 
       # normalized_shape: the last axis' size (Kiln normalizes one trailing axis)
-      def layer_norm(x, normalized_shape, weight: nil, bias: nil, eps: 1e-5)
+      def layer_norm(x, normalized_shape, weight, bias, eps)
         shape = Array(normalized_shape)
         unless shape.size == 1 && shape[0] == x.shape[-1]
           raise Kiln::ShapeError, "layer_norm: normalized_shape #{normalized_shape.inspect} must be the last axis (#{x.shape[-1]})"
         end
 
         x.layer_norm(weight, bias, eps: eps)
+      end
+
+      # PyTorch's signatures: each argument positionally or by name
+      class << self
+        extend Signature::DSL
+
+        signature "gelu(Tensor input, *, any approximate=\"none\")"
+        signature "linear(Tensor input, Tensor weight, Tensor? bias=None)"
+        signature "cross_entropy(Tensor input, index target, *, any reduction=\"mean\")"
+        signature "mse_loss(Tensor input, Tensor target, *, any reduction=\"mean\")"
+        signature "nll_loss(Tensor input, index target, *, any reduction=\"mean\")"
+        signature "binary_cross_entropy_with_logits(Tensor input, Tensor target, *, any reduction=\"mean\")"
+        signature "conv2d(Tensor input, Tensor weight, Tensor? bias=None, int[] stride=1, int[] padding=0, int[] dilation=1, int groups=1)"
+        signature "max_pool2d(Tensor input, int[] kernel_size, int[]? stride=None, int[] padding=0)"
+        signature "avg_pool2d(Tensor input, int[] kernel_size, int[]? stride=None, int[] padding=0)"
+        signature "batch_norm(Tensor input, Tensor? running_mean, Tensor? running_var, Tensor? weight=None, Tensor? bias=None, bool training=False, float momentum=0.1, float eps=1e-5)"
+        signature "dropout(Tensor input, float p=0.5, bool training=True)"
+        signature "layer_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-5)"
       end
     end
     F = Functional

@@ -15,6 +15,8 @@ module Kiln
   # same shape and equal elements, after promotion); elementwise comparison
   # is eq / ne (and <, <=, >, >= which are elementwise, as in PyTorch).
   class Tensor
+    extend Signature::DSL
+
     DTYPES = %i[bool int32 int64 float32 float64].freeze
 
     alias _cross_entropy cross_entropy # the C method; cross_entropy below checks Array targets
@@ -88,6 +90,7 @@ module Kiln
 
       s[d]
     end
+    signature "size(int? dim=None)"
 
     # the number of dimensions (torch-rb's dim)
     def dim
@@ -97,6 +100,13 @@ module Kiln
 
     def nelement
       numel
+    end
+
+    # the first axis' extent (torch-rb's length; a 0-d tensor has none)
+    def length
+      raise TypeError, "Kiln::Tensor#length: a 0-d tensor has no length" if ndim.zero?
+
+      shape[0]
     end
 
     def each(&block)
@@ -200,77 +210,90 @@ module Kiln
 
     # --- elementwise with keywords ------------------------------------------------
 
-    def clamp(lo = nil, hi = nil, min: nil, max: nil)
-      lo = min if lo.nil?
-      hi = max if hi.nil?
-      raise ArgumentError, "clamp needs min, max or both" if lo.nil? && hi.nil?
+    def clamp(lo, hi)
+      raise ArgumentError, "Kiln::Tensor#clamp needs min, max or both" if lo.nil? && hi.nil?
 
       _clamp(lo.nil? ? -Float::INFINITY : lo, hi.nil? ? Float::INFINITY : hi)
     end
+    signature "clamp(float? min=None, float? max=None)"
     alias clip clamp
 
-    # torch's x.where(cond, other): cond ? self : other
-    def where(cond, other)
-      Kiln.where(cond, self, other)
+    # torch's x.where(condition, other): condition ? self : other
+    def where(condition, other)
+      Kiln.where(condition, self, other)
     end
+    signature "where(any condition, any other)"
 
     # --- reductions ----------------------------------------------------------------
 
     # sum(dim: nil | Integer | Array, keepdim: false) — also sum(1), sum(0, 1),
-    # axis:, keepdims:
-    def sum(*dims, dim: nil, axis: nil, keepdim: nil, keepdims: nil)
-      _sum(reduce_axes(dims, dim, axis), keep?(keepdim, keepdims))
+    # sum(1, true), axis:, keepdims:; dtype: casts first (as torch)
+    def sum(dim, keepdim, dtype)
+      (dtype ? _cast(dtype) : self)._sum(dim, keepdim)
     end
+    signature "sum(int... dim|axis=None, bool keepdim|keepdims=False, *, dtype? dtype=None)"
 
-    def mean(*dims, dim: nil, axis: nil, keepdim: nil, keepdims: nil)
-      _mean(reduce_axes(dims, dim, axis), keep?(keepdim, keepdims))
+    def mean(dim, keepdim, dtype)
+      (dtype ? _cast(dtype) : self)._mean(dim, keepdim)
     end
+    signature "mean(int... dim|axis=None, bool keepdim|keepdims=False, *, dtype? dtype=None)"
+
+    def prod(dim, keepdim, dtype)
+      (dtype ? _cast(dtype) : self)._prod(dim, keepdim)
+    end
+    signature "prod(int... dim|axis=None, bool keepdim|keepdims=False, *, dtype? dtype=None)"
 
     # torch-rb: max() is a 0-d tensor; max(1) / max(dim: 1) is [values, indices]
     # (indices int64, as argmax); max(other_tensor) is maximum.  A list of
     # axes (max(dim: [0, 1])) gives the values only (torch has no such form).
-    def max(*dims, dim: nil, axis: nil, keepdim: nil, keepdims: nil)
-      return maximum(dims[0]) if dims.size == 1 && dims[0].is_a?(Tensor)
+    def max(*args, **kw)
+      return maximum(args[0]) if kw.empty? && args.size == 1 && args[0].is_a?(Tensor)
 
-      extreme(:_max, :_argmax, reduce_axes(dims, dim, axis), keep?(keepdim, keepdims))
+      max_over(*args, **kw)
     end
 
-    def min(*dims, dim: nil, axis: nil, keepdim: nil, keepdims: nil)
-      return minimum(dims[0]) if dims.size == 1 && dims[0].is_a?(Tensor)
+    def min(*args, **kw)
+      return minimum(args[0]) if kw.empty? && args.size == 1 && args[0].is_a?(Tensor)
 
-      extreme(:_min, :_argmin, reduce_axes(dims, dim, axis), keep?(keepdim, keepdims))
+      min_over(*args, **kw)
     end
 
     # values only, over any axes (Kiln's amax / amin)
-    def amax(*dims, dim: nil, axis: nil, keepdim: nil, keepdims: nil)
-      _max(reduce_axes(dims, dim, axis), keep?(keepdim, keepdims))
+    def amax(dim, keepdim)
+      _max(dim, keepdim)
     end
+    signature "amax(int... dim|axis=None, bool keepdim|keepdims=False)"
 
-    def amin(*dims, dim: nil, axis: nil, keepdim: nil, keepdims: nil)
-      _min(reduce_axes(dims, dim, axis), keep?(keepdim, keepdims))
+    def amin(dim, keepdim)
+      _min(dim, keepdim)
     end
-
-    def prod(*dims, dim: nil, axis: nil, keepdim: nil, keepdims: nil)
-      _prod(reduce_axes(dims, dim, axis), keep?(keepdim, keepdims))
-    end
+    signature "amin(int... dim|axis=None, bool keepdim|keepdims=False)"
 
     # int64 indices of the largest value along dim (of the flattened tensor without dim)
-    def argmax(*dims, dim: nil, axis: nil, keepdim: nil, keepdims: nil)
-      arg_reduce(:_argmax, reduce_axes(dims, dim, axis), keep?(keepdim, keepdims))
+    def argmax(dim, keepdim)
+      arg_reduce(:_argmax, dim, keepdim)
     end
+    signature "argmax(int... dim|axis=None, bool keepdim|keepdims=False)"
 
-    def argmin(*dims, dim: nil, axis: nil, keepdim: nil, keepdims: nil)
-      arg_reduce(:_argmin, reduce_axes(dims, dim, axis), keep?(keepdim, keepdims))
+    def argmin(dim, keepdim)
+      arg_reduce(:_argmin, dim, keepdim)
     end
+    signature "argmin(int... dim|axis=None, bool keepdim|keepdims=False)"
 
-    # 0-d bool tensors: every / some element is nonzero
-    def all
-      numel.zero? ? Kiln.tensor(true) : _cast(:bool)._min(nil, false)
-    end
+    # bool tensors: every / some element is nonzero (0-d, or along dim)
+    def all(dim, keepdim)
+      return Kiln.tensor(true) if numel.zero? && dim.nil?
 
-    def any
-      numel.zero? ? Kiln.tensor(false) : _cast(:bool)._max(nil, false)
+      _cast(:bool)._min(dim, keepdim)
     end
+    signature "all(int? dim|axis=None, bool keepdim|keepdims=False)"
+
+    def any(dim, keepdim)
+      return Kiln.tensor(false) if numel.zero? && dim.nil?
+
+      _cast(:bool)._max(dim, keepdim)
+    end
+    signature "any(int? dim|axis=None, bool keepdim|keepdims=False)"
 
     def all?
       all.item
@@ -280,101 +303,135 @@ module Kiln
       any.item
     end
 
-    def softmax(pos = nil, dim: nil, axis: nil)
-      _softmax(one_axis(pos, dim, axis, -1))
+    def softmax(dim, dtype)
+      (dtype ? _cast(dtype) : self)._softmax(dim)
     end
+    signature "softmax(int dim|axis=-1, *, dtype? dtype=None)"
 
-    def log_softmax(pos = nil, dim: nil, axis: nil)
-      _log_softmax(one_axis(pos, dim, axis, -1))
+    def log_softmax(dim, dtype)
+      (dtype ? _cast(dtype) : self)._log_softmax(dim)
     end
+    signature "log_softmax(int dim|axis=-1, *, dtype? dtype=None)"
 
-    def logsumexp(pos = nil, dim: nil, axis: nil, keepdim: nil, keepdims: nil)
-      _logsumexp(one_axis(pos, dim, axis, -1), keep?(keepdim, keepdims))
+    def logsumexp(dim, keepdim)
+      _logsumexp(dim, keepdim)
     end
+    signature "logsumexp(int dim|axis=-1, bool keepdim|keepdims=False)"
 
-    # over the last axis; weight and bias are optional tensors of that size
     # [values, indices] along dim (stable; NaN sorts as the largest value)
-    def sort(pos = nil, dim: nil, axis: nil, descending: false)
-      _sort(one_axis(pos, dim, axis, -1), descending ? true : false)
+    def sort(dim, descending)
+      _sort(dim, descending)
     end
+    signature "sort(int dim|axis=-1, bool descending=False)"
 
-    def argsort(pos = nil, dim: nil, axis: nil, descending: false)
-      sort(pos, dim: dim, axis: axis, descending: descending)[1]
+    def argsort(dim, descending)
+      _sort(dim, descending)[1]
     end
+    signature "argsort(int dim|axis=-1, bool descending=False)"
 
     # [values, indices] of the k largest (largest: false: smallest) along dim, in order
-    def topk(k, pos = nil, dim: nil, axis: nil, largest: true, sorted: true)
-      raise ArgumentError, "topk: sorted: false is not supported (results are always sorted)" unless sorted
+    def topk(k, dim, largest, sorted)
+      raise ArgumentError, "Kiln::Tensor#topk: sorted: false is not supported (results are always sorted)" unless sorted
 
-      _topk(k, one_axis(pos, dim, axis, -1), largest ? true : false)
+      _topk(k, dim, largest)
     end
+    signature "topk(int k, int dim|axis=-1, bool largest=True, bool sorted=True)"
 
     # variance with Bessel's correction by default (correction: 1, or
     # unbiased: false for 0), as torch-rb
-    def var(*dims, dim: nil, axis: nil, keepdim: nil, keepdims: nil, unbiased: nil, correction: nil)
-      _var(reduce_axes(dims, dim, axis), moment_correction(unbiased, correction), keep?(keepdim, keepdims))
+    def var(dim, unbiased, keepdim, correction)
+      _var(dim, moment_correction("var", unbiased, correction), keepdim)
     end
+    signature "var(int... dim|axis=None, bool? unbiased=None, bool keepdim|keepdims=False, *, float? correction=None)"
 
-    def std(*dims, dim: nil, axis: nil, keepdim: nil, keepdims: nil, unbiased: nil, correction: nil)
-      _std(reduce_axes(dims, dim, axis), moment_correction(unbiased, correction), keep?(keepdim, keepdims))
+    def std(dim, unbiased, keepdim, correction)
+      _std(dim, moment_correction("std", unbiased, correction), keepdim)
     end
+    signature "std(int... dim|axis=None, bool? unbiased=None, bool keepdim|keepdims=False, *, float? correction=None)"
 
     # integers and bool sum into :int64
-    def cumsum(pos = nil, dim: nil, axis: nil)
-      d = one_axis(pos, dim, axis, nil)
-      raise ArgumentError, "cumsum: give the axis (positionally, dim: or axis:)" if d.nil?
-
-      _cumsum(d)
+    def cumsum(dim, dtype)
+      (dtype ? _cast(dtype) : self)._cumsum(dim)
     end
+    signature "cumsum(int dim|axis, *, dtype? dtype=None)"
 
     # class indices (:int64) -> one-hot rows; num_classes -1: the largest index + 1
-    def one_hot(num_classes = -1, dtype: :int64)
+    def one_hot(num_classes, dtype)
       num_classes = max.item.to_i + 1 if num_classes == -1
       _one_hot(num_classes, dtype)
     end
+    signature "one_hot(int num_classes=-1, *, dtype dtype=:int64)"
 
-    def layer_norm(weight = nil, bias = nil, eps: 1e-5)
+    # over the last axis; weight and bias are optional tensors of that size
+    def layer_norm(weight, bias, eps)
       _layer_norm(weight, bias, eps)
     end
+    signature "layer_norm(Tensor? weight=None, Tensor? bias=None, *, float eps=1e-5)"
 
     # --- shape ---------------------------------------------------------------------
 
     # reshape(2, 3), reshape([2, 3]); one -1 is inferred
-    def reshape(*shape)
-      _reshape(shape_arg(shape))
+    def reshape(shape)
+      _reshape(shape.is_a?(Integer) ? [shape] : shape)
     end
+    signature "reshape(int... shape)"
     alias view reshape
 
-    def expand(*shape)
-      _expand(shape_arg(shape))
+    def expand(size)
+      _expand(size.is_a?(Integer) ? [size] : size)
     end
+    signature "expand(int... size)"
 
-    def permute(*dims)
-      _permute(shape_arg(dims))
+    def permute(dims)
+      _permute(dims.is_a?(Integer) ? [dims] : dims)
     end
+    signature "permute(int... dims)"
 
     # squeeze(dim) removes that axis (which must have size 1); squeeze() removes
     # every axis of size 1
-    def squeeze(dim = nil)
+    def squeeze(dim)
       return _squeeze(dim) unless dim.nil?
 
       _reshape(shape.reject { |s| s == 1 })
     end
+    signature "squeeze(int? dim=None)"
 
-    def flatten(start_dim = 0, end_dim = -1)
+    def flatten(start_dim, end_dim)
       return _reshape([1]) if ndim.zero?
 
       s = shape
       a = start_dim.negative? ? start_dim + ndim : start_dim
       b = end_dim.negative? ? end_dim + ndim : end_dim
-      raise Kiln::ShapeError, "flatten: dims #{start_dim}..#{end_dim} out of range for #{ndim} dimensions" if a.negative? || b >= ndim || a > b
+      if a.negative? || b >= ndim || a > b
+        raise Kiln::ShapeError, "Kiln::Tensor#flatten: dims #{start_dim}..#{end_dim} out of range for #{ndim} dimensions"
+      end
 
       _reshape(s[0...a] + [s[a..b].reduce(1, :*)] + s[(b + 1)..])
     end
+    signature "flatten(int start_dim=0, int end_dim=-1)"
+
+    # the C methods that take an axis, with their keyword forms
+    signature "transpose(int dim0, int dim1)"
+    signature "unsqueeze(int dim)"
+    signature "index_select(int dim, index index)"
+    signature "gather(int dim, index index)"
+    signature "scatter_add(int dim, index index, Tensor src)"
 
     # the transpose of a 2-d tensor (a 0-d or 1-d tensor is returned as is)
     def t
       ndim < 2 ? self : transpose(0, 1)
+    end
+
+    # this handle rebound to its transpose (torch-rb's x.t!)
+    def t!
+      raise FrozenError, "can't modify frozen #{self.class}: #{inspect}" if frozen?
+      return self if ndim < 2
+
+      r = transpose(0, 1)
+      s = shape
+      raise Kiln::ShapeError, "Kiln::Tensor#t!: a #{s} tensor's transpose has another shape: use t" unless s[0] == s[1]
+
+      assign!(r)
     end
 
     # x[i], x[i, j], x[1..], x[..-2], x[0...3, 1], x[(0..).step(2)]: Integers drop
@@ -399,6 +456,8 @@ module Kiln
 
           t = t._slice(axis, i, i + 1, 1)
           drop << axis
+        when true # the whole axis (torch-rb's x[true, 0])
+          next
         when Range
           t = t._slice(axis, *range_bounds(ix.begin, ix.end, ix.exclude_end?, 1, size), 1)
         when Enumerator::ArithmeticSequence
@@ -407,7 +466,7 @@ module Kiln
 
           t = t._slice(axis, *range_bounds(ix.begin, ix.end, ix.exclude_end?, step, size), step)
         else
-          raise TypeError, "Kiln::Tensor#[]: #{ix.class} is not an index (use Integers and Ranges)"
+          raise TypeError, "Kiln::Tensor#[]: #{ix.inspect} is not an index (use Integers, Ranges and true for a whole axis)"
         end
       end
       drop.reverse_each { |axis| t = t._squeeze(axis) }
@@ -448,17 +507,25 @@ module Kiln
     # --- in place (this handle is rebound to the new value; see assign!) --------
 
     # self += other * alpha
-    def add!(other, alpha: 1)
+    def add!(other, alpha)
       if other.is_a?(Tensor) && other.shape == shape && other.dtype == dtype && floating_point?
         return sub_scaled!(other, -alpha)
       end
 
       assign!(same_dtype(alpha == 1 ? self + other : self + other * alpha))
     end
+    signature "add!(value other, *, float alpha=1)"
 
-    def sub!(other, alpha: 1)
+    def sub!(other, alpha)
       add!(other, alpha: -alpha)
     end
+    signature "sub!(value other, *, float alpha=1)"
+
+    # mask (bool, broadcast to self's shape): value there, self elsewhere
+    def masked_fill!(mask, value)
+      assign!(masked_fill(mask, value))
+    end
+    signature "masked_fill!(Tensor mask, value value)"
 
     def mul!(other)
       assign!(same_dtype(self * other))
@@ -483,6 +550,169 @@ module Kiln
 
     # --- arithmetic and linear algebra ----------------------------------------------
 
+    # self + other * alpha (torch's add with alpha:; + is the C method)
+    def add(other, alpha)
+      alpha == 1 ? self + other : self + other * alpha
+    end
+    signature "add(value other, *, float alpha=1)"
+
+    def sub(other, alpha)
+      alpha == 1 ? self - other : self - other * alpha
+    end
+    signature "sub(value other, *, float alpha=1)"
+
+    # mask (a bool Tensor broadcastable to self): value there, self
+    # elsewhere; value a number or a 0-d Tensor, in self's dtype
+    def masked_fill(mask, value)
+      unless mask.dtype == :bool
+        raise Kiln::DTypeError, "Kiln::Tensor#masked_fill: mask must be a :bool tensor, not #{mask.dtype}"
+      end
+      if value.is_a?(Tensor) && value.ndim != 0
+        raise Kiln::ShapeError, "Kiln::Tensor#masked_fill: value must be a number or a 0-d tensor, not shape #{value.shape}"
+      end
+
+      Kiln.where(mask, same_dtype(value), self)
+    end
+    signature "masked_fill(Tensor mask, value value)"
+
+    # the vector p-norm over dim (all elements by default): p 2 / "fro"
+    # (the default), 1, any positive number, Float::INFINITY (largest
+    # magnitude), -Float::INFINITY (smallest) or 0 (the count of nonzeros)
+    def norm(p, dim, keepdim, dtype)
+      x = dtype ? _cast(dtype) : self
+      unless x.floating_point?
+        raise Kiln::DTypeError, "Kiln::Tensor#norm: a floating-point tensor is needed, not #{x.dtype} (give dtype: :float32)"
+      end
+
+      p = 2 if p.to_s == "fro"
+      unless p.is_a?(Numeric)
+        raise ArgumentError, "Kiln::Tensor#norm: p must be a number, \"fro\" or Float::INFINITY, not #{p.inspect}"
+      end
+
+      a = x.abs
+      if p == Float::INFINITY then a._max(dim, keepdim)
+      elsif p == -Float::INFINITY then a._min(dim, keepdim)
+      elsif p.zero? then a.ne(0)._cast(x.dtype)._sum(dim, keepdim)
+      elsif p == 1 then a._sum(dim, keepdim)
+      elsif p == 2 then (x * x)._sum(dim, keepdim).sqrt
+      else (a**p)._sum(dim, keepdim)**(1.0 / p)
+      end
+    end
+    signature "norm(any p=\"fro\", int... dim|axis=None, bool keepdim|keepdims=False, *, dtype? dtype=None)"
+
+    # torch's repeat: tiles self sizes[i] times along each axis (sizes may
+    # have more entries than self has axes: leading axes of 1 are added)
+    def repeat(sizes)
+      sizes = [sizes] if sizes.is_a?(Integer)
+      if sizes.size < ndim
+        raise ArgumentError, "Kiln::Tensor#repeat: #{sizes.size} sizes for a tensor of #{ndim} dimensions (give at least #{ndim})"
+      end
+      if sizes.any?(&:negative?)
+        raise ArgumentError, "Kiln::Tensor#repeat: sizes must not be negative, got #{sizes}"
+      end
+
+      s = [1] * (sizes.size - ndim) + shape
+      one = s.flat_map { |n| [1, n] }
+      tiled = sizes.zip(s).flatten
+      _reshape(one)._expand(tiled)._reshape(sizes.zip(s).map { |r, n| r * n })
+    end
+    signature "repeat(int... sizes)"
+
+    # the indices of the nonzero elements: an :int64 tensor [n, ndim] (row
+    # order), or with as_tuple: true one 1-d tensor per axis.  The count
+    # depends on the values, so they are read (evaluated) here, as torch does.
+    def nonzero(as_tuple)
+      bytes = ne(0)._cast(:bool).to_binary
+      flat = []
+      i = bytes.index("\x01".b)
+      while i
+        flat << i
+        i = bytes.index("\x01".b, i + 1)
+      end
+      dims = shape
+      coords = Array.new(dims.size) { [] }
+      flat.each do |f|
+        (dims.size - 1).downto(0) do |ax|
+          coords[ax] << f % dims[ax]
+          f /= dims[ax]
+        end
+      end
+      if as_tuple
+        return [Kiln.tensor(flat, dtype: :int64)] if dims.empty? && flat.size.positive?
+        return [Kiln.zeros(0, dtype: :int64)] if dims.empty?
+
+        return coords.map { |c| Kiln.tensor(c, dtype: :int64) }
+      end
+      return Kiln.zeros(flat.size, dims.size, dtype: :int64) if dims.empty? || flat.empty?
+
+      Kiln.tensor(coords.transpose, dtype: :int64)
+    end
+    signature "nonzero(*, bool as_tuple=False)"
+
+    # Kiln's tensors are values: every one is already contiguous
+    def contiguous
+      self
+    end
+
+    def contiguous?
+      true
+    end
+
+    # dense tensors only (torch's :strided)
+    def layout
+      :strided
+    end
+
+    # t.type(:float64) / t.type("float64"): the cast (torch-rb's type)
+    def type(dtype)
+      _cast(dtype)
+    end
+    signature "type(dtype dtype)"
+
+    # the value without autograd (torch's .data); in-place updates of it
+    # (sub!, add!, []=, copy!, ...) also update this tensor, as
+    # `p.data.sub!(p.grad.data * lr)` expects
+    def data
+      d = detach
+      d.instance_variable_set(:@data_of, self)
+      d
+    end
+
+    alias _sub_scaled! sub_scaled!
+    alias _assign! assign!
+
+    def sub_scaled!(src, alpha)
+      _sub_scaled!(src, alpha)
+      @data_of&._assign!(self)
+      self
+    end
+
+    def assign!(src)
+      _assign!(src)
+      @data_of&._assign!(self)
+      self
+    end
+
+    # nested Ruby Arrays (a 0-d tensor: its number), as torch-rb's tolist
+    def tolist
+      ndim.zero? ? item : to_a
+    end
+
+    # Marshal.dump(t) / Marshal.load: dtype, shape and the bytes (bit for
+    # bit); requires_grad is kept, the graph and gradient are not
+    def _dump(_level)
+      Marshal.dump(["kiln-tensor-1", dtype, shape, to_binary, requires_grad])
+    end
+
+    def self._load(str)
+      tag, dtype, shape, bytes, grad = Marshal.load(str)
+      raise ArgumentError, "Kiln::Tensor._load: not a dumped Kiln::Tensor (#{tag.inspect})" unless tag == "kiln-tensor-1"
+
+      t = Kiln._from_binary(bytes, dtype, shape)
+      t.requires_grad = true if grad
+      t
+    end
+
     # torch's remainder: x - floor(x / y) * y (the sign of y); integer tensors
     # stay integer (computed in float64, exact for |x| < 2**53)
     def %(other)
@@ -502,41 +732,45 @@ module Kiln
 
       matmul(other)
     end
+    signature "dot(Tensor tensor)"
 
     def mm(other)
       raise Kiln::ShapeError, "mm: 2-d tensors expected, got #{shape} and #{other.shape}" unless ndim == 2 && other.ndim == 2
 
       matmul(other)
     end
+    signature "mm(Tensor mat2)"
 
     def bmm(other)
       raise Kiln::ShapeError, "bmm: 3-d tensors expected, got #{shape} and #{other.shape}" unless ndim == 3 && other.ndim == 3
 
       matmul(other)
     end
+    signature "bmm(Tensor mat2)"
 
     # torch's chunk: n pieces of ceil(size / n) along dim (the last smaller; fewer
     # pieces when the size does not fill n)
-    def chunk(chunks, dim = 0)
-      raise ArgumentError, "chunk: chunks must be a positive Integer" unless chunks.is_a?(Integer) && chunks.positive?
+    def chunk(chunks, dim)
+      raise ArgumentError, "Kiln::Tensor#chunk: chunks must be positive, not #{chunks}" unless chunks.positive?
 
       split((size(dim) + chunks - 1) / chunks, dim).then { |parts| parts.empty? ? [self] : parts }
     end
+    signature "chunk(int chunks, int dim=0)"
 
     # split(size, dim) pieces of that size (the last smaller); split([2, 3], dim)
     # pieces of those sizes (which must add up to the axis' size).  Views.
-    def split(split_size_or_sections, dim = 0)
+    def split(split_size_or_sections, dim)
       n = size(dim)
       d = dim.negative? ? dim + ndim : dim
       sizes = if split_size_or_sections.is_a?(Array)
                 unless split_size_or_sections.sum == n
-                  raise Kiln::ShapeError, "split: sections #{split_size_or_sections} do not add up to #{n}"
+                  raise Kiln::ShapeError, "Kiln::Tensor#split: sections #{split_size_or_sections} do not add up to #{n}"
                 end
 
                 split_size_or_sections
               else
                 step = split_size_or_sections
-                raise ArgumentError, "split: size must be a positive Integer" unless step.is_a?(Integer) && step.positive?
+                raise ArgumentError, "Kiln::Tensor#split: split_size must be positive, not #{step}" unless step.positive?
 
                 Array.new((n + step - 1) / step) { |i| [step, n - i * step].min }
               end
@@ -547,6 +781,7 @@ module Kiln
         part
       end
     end
+    signature "split(int[] split_size_or_sections|split_size, int dim=0)"
 
     # mean cross-entropy against class indices; an Array target is checked here
     # (a label out of range names Kiln.cross_entropy, not the kernel)
@@ -594,57 +829,35 @@ module Kiln
       reshape([flat.size] + rest).index_select(0, Kiln.tensor(idx, dtype: :int64))
     end
 
-    def moment_correction(unbiased, correction)
-      raise ArgumentError, "give unbiased: or correction:, not both" if !unbiased.nil? && !correction.nil?
+    def moment_correction(name, unbiased, correction)
+      raise ArgumentError, "Kiln::Tensor##{name}: give unbiased: or correction:, not both" if !unbiased.nil? && !correction.nil?
       return correction unless correction.nil?
 
       unbiased == false ? 0 : 1
     end
 
-    def keep?(keepdim, keepdims)
-      raise ArgumentError, "give keepdim: or keepdims:, not both" if !keepdim.nil? && !keepdims.nil?
+    def max_over(dim, keepdim)
+      return _max(dim, keepdim) if dim.nil? || dim.is_a?(Array)
 
-      (keepdim.nil? ? keepdims : keepdim) ? true : false
+      [_max(dim, keepdim), _argmax(dim, keepdim)]
     end
+    signature "max_over(int... dim|axis=None, bool keepdim|keepdims=False)", label: "Kiln::Tensor#max"
 
-    # nil (all axes), an Integer or an Array of Integers
-    def reduce_axes(positional, dim, axis)
-      pos = case positional.size
-            when 0 then nil
-            when 1 then positional[0]
-            else positional
-            end
-      given = [pos, dim, axis].compact
-      raise ArgumentError, "give the axes once (positionally, dim: or axis:)" if given.size > 1
+    def min_over(dim, keepdim)
+      return _min(dim, keepdim) if dim.nil? || dim.is_a?(Array)
 
-      given.first
+      [_min(dim, keepdim), _argmin(dim, keepdim)]
     end
-
-    def one_axis(pos, dim, axis, default)
-      given = [pos, dim, axis].compact
-      raise ArgumentError, "give the axis once (positionally, dim: or axis:)" if given.size > 1
-
-      given.empty? ? default : given.first
-    end
-
-    def extreme(value_op, index_op, axes, keepdim)
-      return send(value_op, axes, keepdim) if axes.nil? || axes.is_a?(Array)
-
-      [send(value_op, axes, keepdim), send(index_op, axes, keepdim)]
-    end
+    signature "min_over(int... dim|axis=None, bool keepdim|keepdims=False)", label: "Kiln::Tensor#min"
 
     def arg_reduce(op, dim, keepdim)
       if dim.nil? # over all elements, as PyTorch does
         r = (ndim.zero? ? _reshape([1]) : _reshape([-1])).send(op, 0, false)
         return keepdim ? r._reshape([1] * ndim) : r
       end
-      raise ArgumentError, "#{op.to_s.delete('_')} takes one axis" if dim.is_a?(Array) && dim.size != 1
+      raise ArgumentError, "Kiln::Tensor##{op.to_s.delete('_')} takes one axis, not #{dim}" if dim.is_a?(Array) && dim.size != 1
 
       send(op, dim.is_a?(Array) ? dim[0] : dim, keepdim)
-    end
-
-    def shape_arg(args)
-      args.size == 1 && args[0].is_a?(Array) ? args[0] : args
     end
 
     # [start, stop] for kiln_slice (which clamps like Python, reading a
