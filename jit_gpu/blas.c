@@ -5,7 +5,7 @@
  * row-major C = A B is column-major C^T = B^T A^T, so the operands swap
  * and a row-major matrix is passed as is (a transposed view as OP_T).
  * The batch dims are one strided batch where every operand's batch
- * strides allow it, else a loop over the outer dims. */
+ * strides allow it, else a loop over the outer dims (counted as one call). */
 #include "blas.h"
 
 #include <dlfcn.h>
@@ -216,7 +216,6 @@ static bool gemm(const gemm_call *g, int64_t M, const char *A, int64_t sa, const
              (long long)M, (long long)g->K, (long long)g->N, (long long)count);
     return false;
   }
-  atomic_fetch_add_explicit(&vm_process()->stats.blas_calls, 1, memory_order_relaxed);
   /* column-major C^T (N x M) = op(B)^T (N x K) * op(A)^T (K x M) */
   int opa = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   int n = (int)g->N, m = (int)M, k = (int)g->K, ldc = g->N > 1 ? (int)g->N : 1;
@@ -271,6 +270,9 @@ bool gpu_blas_matmul(vm_tensor *out, const vm_tensor *at, const vm_tensor *bt) {
   if (!vm_mat_blas_layout(&b, &g.tb, &g.ldb)) return bad_operand("b", bt);
   if (!(g.bt = blas_thread_get())) return false;
   char *c = vm_data(out);
+  /* one matmul, one BLAS call in the count (kiln.h), however many strided
+     batches its outer broadcast dims take below */
+  atomic_fetch_add_explicit(&vm_process()->stats.blas_calls, 1, memory_order_relaxed);
 
   /* every batch shares b and a's batches are evenly spaced rows: one gemm */
   if (vm_gemm_batch_is_rows(&geo) && M * nbatch <= INT_MAX) {

@@ -326,6 +326,36 @@ TEST(matmul_shapes_transposes_and_batches) {
   for (int k = 0; k < COUNT(all); k++) kiln_release(all[k]);
 }
 
+/* attention's batched products on the device: q k^T (k^T a view) and p v
+   over [batch, heads] are each one strided batched cuBLAS call, and a batch
+   broadcast both ways ([2,1] x [1,3]: a strided batch per outer index) is
+   still one matmul in kiln_stat("blas_calls") */
+TEST(batched_matmuls_are_one_blas_call_each) {
+  const int64_t sq[4] = {2, 3, 16, 8}, sp[4] = {2, 3, 16, 16}, sa[4] = {2, 1, 5, 8},
+                sb[4] = {1, 3, 8, 7};
+  kiln_tensor *q = random_cpu(KILN_F32, 4, sq, -1, 1), *k = random_cpu(KILN_F32, 4, sq, -1, 1),
+              *p = random_cpu(KILN_F32, 4, sp, 0, 1), *v = random_cpu(KILN_F32, 4, sq, -1, 1),
+              *a = random_cpu(KILN_F64, 4, sa, -1, 1), *b = random_cpu(KILN_F64, 4, sb, -1, 1);
+  kiln_tensor *qg = gpu(q), *kg = gpu(k), *pg = gpu(p), *vg = gpu(v), *ag = gpu(a), *bg = gpu(b);
+  kiln_tensor *kt = kiln_transpose(k, 2, 3), *ktg = kiln_transpose(kg, 2, 3);
+  kiln_tensor *lhs[3][2] = {{q, qg}, {p, pg}, {a, ag}}, *rhs[3][2] = {{kt, ktg}, {v, vg}, {b, bg}};
+  const char *what[3] = {"q k^T [2,3,16,8]x[2,3,8,16]", "p v [2,3,16,16]x[2,3,16,8]",
+                         "broadcast [2,1,5,8]x[1,3,8,7] f64"};
+  for (int i = 0; i < 3; i++) {
+    kiln_tensor *c = kiln_matmul(lhs[i][0], rhs[i][0]);
+    CHECK(kiln_eval(1, &c) == KILN_OK);
+    double b0 = kiln_stat("blas_calls");
+    kiln_tensor *g = kiln_matmul(lhs[i][1], rhs[i][1]);
+    CHECK(kiln_eval(1, &g) == KILN_OK);
+    double calls = kiln_stat("blas_calls") - b0;
+    if (calls != 1) KTEST_FAIL("%s on the device: %g BLAS calls, want 1", what[i], calls);
+    check_matmul(what[i], lhs[i][0], rhs[i][0], c, g);
+    kiln_release(c), kiln_release(g);
+  }
+  kiln_tensor *all[] = {q, k, p, v, a, b, qg, kg, pg, vg, ag, bg, kt, ktg};
+  for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
+}
+
 TEST(gathers_scatters_concat_and_sorts) {
   const int64_t s[2] = {17, 40}, si[1] = {23}, sg[2] = {17, 11};
   for (int d = 0; d < COUNT(NUMERIC); d++) {
@@ -813,6 +843,7 @@ int main(int argc, char **argv) {
   RUN(where_and_casts_between_every_dtype);
   RUN(reductions_over_every_axis_pattern);
   RUN(matmul_shapes_transposes_and_batches);
+  RUN(batched_matmuls_are_one_blas_call_each);
   RUN(gathers_scatters_concat_and_sorts);
   RUN(out_of_range_index_is_an_error);
   RUN(index_checks_never_wait_for_the_device);

@@ -732,6 +732,145 @@ TEST(matmul_result_feeds_elementwise_ops) {
    itself when it is unset) */
 static char user_coretype[64];
 
+/* ---- a batch is one batched call, each item with its own bits ----------- */
+
+/* item idx[0..nb) of t's leading dims (size-1 dims broadcast: index 0), as
+   a 2-d tensor; transposed: that matrix's transpose (a view, as kT is) */
+static kiln_tensor *item_of(kiln_tensor *t, int nb, const int64_t *idx, bool transposed) {
+  int nd = kiln_ndim(t);
+  const int64_t *sh = kiln_shape(t);
+  kiln_tensor *cur = kiln_retain(t);
+  for (int d = 0; d < nb; d++) {
+    int64_t i = sh[d] == 1 ? 0 : idx[d];
+    kiln_tensor *next = kiln_slice(cur, d, i, i + 1, 1);
+    kiln_release(cur);
+    cur = next;
+  }
+  kiln_tensor *m = kiln_reshape(cur, 2, (int64_t[]){sh[nd - 2], sh[nd - 1]});
+  kiln_release(cur);
+  if (!transposed) return m;
+  kiln_tensor *mt = kiln_transpose(m, 0, 1);
+  kiln_release(m);
+  return mt;
+}
+
+/* t's row-major bytes (caller frees) */
+static unsigned char *bytes_of(kiln_tensor *t, size_t *n) {
+  *n = (size_t)kiln_numel(t) * dtype_size(kiln_dtype_of(t));
+  unsigned char *buf = malloc(*n ? *n : 1);
+  if (kiln_to_buffer(t, buf, *n) != 0) KTEST_FAIL("kiln_to_buffer: %s", kiln_last_error());
+  return buf;
+}
+
+/* c (the batched product over nb batch dims of shape bshape) equals, bit
+   for bit, the products a_i b_i made one 2-d matmul at a time; a_t (b_t):
+   the operand was the transpose of abase's (bbase's) last two dims, a view,
+   and a_i (b_i) is made the same way */
+static void check_items(kiln_tensor *c, kiln_tensor *abase, bool a_t, kiln_tensor *bbase, bool b_t,
+                        int nb, const int64_t *bshape, const char *what) {
+  size_t cn, in;
+  unsigned char *cb = bytes_of(c, &cn);
+  int64_t items = 1, idx[4] = {0};
+  for (int d = 0; d < nb; d++) items *= bshape[d];
+  size_t at = 0;
+  for (int64_t i = 0; i < items; i++) {
+    for (int64_t r = i, d = nb - 1; d >= 0; d--) idx[d] = r % bshape[d], r /= bshape[d];
+    kiln_tensor *ai = item_of(abase, nb, idx, a_t), *bi = item_of(bbase, nb, idx, b_t);
+    kiln_tensor *ci = kiln_matmul(ai, bi);
+    unsigned char *ib = bytes_of(ci, &in);
+    if (at + in > cn || memcmp(cb + at, ib, in) != 0) {
+      KTEST_FAIL("%s: item %lld of the batched matmul differs from the same 2-d matmul", what,
+                 (long long)i);
+      i = items;
+    }
+    at += in;
+    free(ib);
+    kiln_release(ai), kiln_release(bi), kiln_release(ci);
+  }
+  CHECK(at == cn);
+  free(cb);
+}
+
+/* a matmul over batch dims is one batched call (kiln_stat "blas_calls"),
+   whose items run on the pool side by side (vm/kern_matmul.c), each item
+   tiled as the same product alone: so its bits are the 2-d matmul's.  The
+   attention shapes (q k^T, p v), a broadcast batch, items big enough to
+   run in several tiles, f32 and f64. */
+TEST(matmul_batched_is_one_blas_call_and_each_item_keeps_its_bits) {
+  static const struct {
+    int nd;
+    int64_t ash[4], bsh[4]; /* b: before the transpose when b_t */
+    bool b_t;
+    const char *what;
+  } cases[] = {
+      {4, {2, 3, 128, 32}, {2, 3, 128, 32}, true, "q k^T [2,3,128,32]x[2,3,32,128]"},
+      {4, {2, 3, 128, 128}, {2, 3, 128, 32}, false, "p v [2,3,128,128]x[2,3,128,32]"},
+      {4, {2, 1, 64, 32}, {1, 3, 32, 48}, false, "broadcast [2,1,64,32]x[1,3,32,48]"},
+      {3, {2, 256, 512}, {2, 512, 300}, false, "tiled items [2,256,512]x[2,512,300]"},
+  };
+  const kiln_dtype dts[2] = {KILN_F32, KILN_F64};
+  for (int t = 0; t < 2; t++)
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+      int nd = cases[k].nd, nb = nd - 2;
+      double *av, *bv;
+      kiln_tensor *a = make_gen(dts[t], nd, cases[k].ash, 21 + (int)k, &av);
+      kiln_tensor *bbase = make_gen(dts[t], nd, cases[k].bsh, 31 + (int)k, &bv);
+      kiln_tensor *b = cases[k].b_t ? kiln_transpose(bbase, nd - 2, nd - 1) : kiln_retain(bbase);
+      double c0 = kiln_stat("blas_calls");
+      kiln_tensor *c = kiln_matmul(a, b);
+      CHECK(kiln_eval(1, &c) == KILN_OK);
+      double calls = kiln_stat("blas_calls") - c0;
+      if (calls != 1)
+        KTEST_FAIL("%s %s: %g BLAS calls, want 1", cases[k].what, dtype_name(dts[t]), calls);
+      int64_t bshape[2];
+      for (int d = 0; d < nb; d++)
+        bshape[d] = cases[k].ash[d] > cases[k].bsh[d] ? cases[k].ash[d] : cases[k].bsh[d];
+      check_items(c, a, false, bbase, cases[k].b_t, nb, bshape, cases[k].what);
+      kiln_release(a), kiln_release(bbase), kiln_release(b), kiln_release(c);
+      free(av), free(bv);
+    }
+}
+
+/* the gradients of a batched matmul are batched matmuls too: q k^T's
+   backward makes two calls (dq = g k, dk^T = q^T g), each one call for the
+   whole batch, and each item's gradient has the bits of its 2-d product */
+TEST(matmul_batched_backward_is_one_blas_call_per_gradient) {
+  const int64_t sh[4] = {2, 3, 128, 32}, csh[4] = {2, 3, 128, 128};
+  const kiln_dtype dts[2] = {KILN_F32, KILN_F64};
+  for (int t = 0; t < 2; t++) {
+    double *qv, *kv, *wv;
+    kiln_tensor *q = make_gen(dts[t], 4, sh, 41, &qv), *k = make_gen(dts[t], 4, sh, 42, &kv);
+    kiln_tensor *w = make_gen(dts[t], 4, csh, 43, &wv);
+    CHECK(kiln_set_requires_grad(q, true) == KILN_OK);
+    CHECK(kiln_set_requires_grad(k, true) == KILN_OK);
+    kiln_tensor *kt = kiln_transpose(k, 2, 3), *c = kiln_matmul(q, kt), *cw = kiln_mul(c, w);
+    kiln_tensor *loss = kiln_sum(cw, 0, NULL, false);
+    double c0 = kiln_stat("blas_calls");
+    CHECK(kiln_eval(1, &loss) == KILN_OK);
+    CHECK_EQ_INT(kiln_stat("blas_calls") - c0, 1);
+    c0 = kiln_stat("blas_calls");
+    CHECK(kiln_backward(loss, NULL) == KILN_OK);
+    kiln_tensor *g[2] = {kiln_grad(q), kiln_grad(k)};
+    CHECK(g[0] && g[1]);
+    if (!g[0] || !g[1]) return;
+    CHECK(kiln_eval(2, g) == KILN_OK);
+    CHECK_EQ_INT(kiln_stat("blas_calls") - c0, 2);
+    /* the gradient of sum(c * w) by c is w: dq_i = w_i k_i, dk_i = (q_i^T w_i)^T */
+    const int64_t bshape[2] = {2, 3};
+    check_items(g[0], w, false, k, false, 2, bshape, "dq = g k");
+    kiln_tensor *qt = kiln_transpose(q, 2, 3), *dkt = kiln_matmul(qt, w);
+    kiln_tensor *dk = kiln_transpose(dkt, 2, 3);
+    size_t n1, n2;
+    unsigned char *b1 = bytes_of(g[1], &n1), *b2 = bytes_of(dk, &n2);
+    CHECK(n1 == n2 && memcmp(b1, b2, n1) == 0);
+    free(b1), free(b2);
+    check_items(dkt, q, true, w, false, 2, bshape, "dk^T: q^T g");
+    kiln_tensor *ts[] = {q, k, w, kt, c, cw, loss, g[0], g[1], qt, dkt, dk};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) kiln_release(ts[i]);
+    free(qv), free(kv), free(wv);
+  }
+}
+
 static bool equal_ignoring_case(const char *x, const char *y) {
   for (; *x && *y; x++, y++)
     if (tolower((unsigned char)*x) != tolower((unsigned char)*y)) return false;
@@ -788,6 +927,8 @@ int main(void) {
   RUN(matmul_512_f32_matches_naive_loop_on_samples);
   RUN(matmul_repeated_with_fresh_data_stays_correct);
   RUN(matmul_result_feeds_elementwise_ops);
+  RUN(matmul_batched_is_one_blas_call_and_each_item_keeps_its_bits);
+  RUN(matmul_batched_backward_is_one_blas_call_per_gradient);
   RUN(blas_core_is_reported);
   return ktest_done();
 }

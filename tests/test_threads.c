@@ -5,7 +5,10 @@
  * once, no more than KILN_THREADS threads run kernels (kiln_stat
  * "kernel_threads_max").  KILN_THREADS is read once per process, so the
  * test runs itself again under KILN_THREADS=1, 2 and 4 (DESIGN.md §9) and
- * checks that all three train to the same bits. */
+ * checks that all three train to the same bits, that a batched matmul's
+ * items have the bits of the same 2-d matmuls, and (a fourth child, with
+ * KILN_JIT=0) that the interpreter gives the gemms and an attention's
+ * forward and backward the same bits. */
 #include <pthread.h>
 #include <spawn.h>
 #include <stdint.h>
@@ -48,10 +51,11 @@ static double pipeline(int seed) {
 
 enum { BATCH = 256, D_IN = 128, HIDDEN = 256, CLASSES = 10, STEPS = 6 };
 
-enum { GEMMS = 6 };
+enum { GEMMS = 10, ATTN = 4 };
 
 typedef struct {
   uint64_t gemms[GEMMS]; /* gemm_battery's results, hashed */
+  uint64_t attn[ATTN];   /* attention_battery's */
   float w1[D_IN * HIDDEN], w2[HIDDEN * CLASSES];
   float loss;
 } trained;
@@ -79,17 +83,98 @@ static uint64_t hash_of(kiln_tensor *t) {
   return h;
 }
 
+/* ATTN_B x ATTN_H heads of ATTN_T x ATTN_D: attention's batched products */
+enum { ATTN_B = 2, ATTN_H = 3, ATTN_T = 128, ATTN_D = 32 };
+
+static kiln_tensor *heads(int64_t t, int64_t d, double phase, double amp) {
+  kiln_tensor *f = filled(ATTN_B * ATTN_H * t, d, phase, amp);
+  kiln_tensor *r = kiln_reshape(f, 4, (int64_t[]){ATTN_B, ATTN_H, t, d});
+  kiln_release(f);
+  return r;
+}
+
+/* head (b, h) of x [B, H, r, c] as a 2-d [r, c] (transposed: [c, r], a view) */
+static kiln_tensor *head_of(kiln_tensor *x, int64_t b, int64_t h, bool transposed) {
+  const int64_t *sh = kiln_shape(x);
+  kiln_tensor *s0 = kiln_slice(x, 0, b, b + 1, 1), *s1 = kiln_slice(s0, 1, h, h + 1, 1);
+  kiln_tensor *m = kiln_reshape(s1, 2, (int64_t[]){sh[2], sh[3]});
+  kiln_tensor *r = transposed ? kiln_transpose(m, 0, 1) : kiln_retain(m);
+  kiln_release(s0), kiln_release(s1), kiln_release(m);
+  return r;
+}
+
+/* out[0], out[2]: q k^T and p v of attention's shapes, each one batched
+   matmul (its items side by side on the pool); out[1], out[3]: the same
+   items one 2-d matmul at a time, stacked.  A batched matmul's item must
+   have the bits of the same product made alone, at every KILN_THREADS and
+   on every OpenBLAS core: the parent checks out[0] == out[1] and out[2] ==
+   out[3]. */
+static void batched_gemms(uint64_t *out) {
+  kiln_tensor *q = heads(ATTN_T, ATTN_D, 0.3, 1.0), *k = heads(ATTN_T, ATTN_D, 0.6, 1.0);
+  kiln_tensor *p = heads(ATTN_T, ATTN_T, 0.8, 0.2), *v = heads(ATTN_T, ATTN_D, 0.5, 1.0);
+  kiln_tensor *kt = kiln_transpose(k, 2, 3);
+  kiln_tensor *pair[2][2] = {{q, k}, {p, v}};
+  for (int w = 0; w < 2; w++) {
+    kiln_tensor *a = pair[w][0], *b = pair[w][1];
+    kiln_tensor *c = kiln_matmul(a, w == 0 ? kt : b), *c64 = kiln_cast(c, KILN_F64);
+    out[2 * w] = hash_of(c64);
+    kiln_tensor *items[ATTN_B * ATTN_H];
+    for (int i = 0; i < ATTN_B * ATTN_H; i++) {
+      kiln_tensor *ai = head_of(a, i / ATTN_H, i % ATTN_H, false),
+                  *bi = head_of(b, i / ATTN_H, i % ATTN_H, w == 0);
+      items[i] = kiln_matmul(ai, bi);
+      kiln_release(ai), kiln_release(bi);
+    }
+    kiln_tensor *st = kiln_stack(ATTN_B * ATTN_H, items, 0), *st64 = kiln_cast(st, KILN_F64);
+    out[2 * w + 1] = hash_of(st64);
+    for (int i = 0; i < ATTN_B * ATTN_H; i++) kiln_release(items[i]);
+    kiln_release(c), kiln_release(c64), kiln_release(st), kiln_release(st64);
+  }
+  kiln_release(q), kiln_release(k), kiln_release(p), kiln_release(v), kiln_release(kt);
+}
+
+/* softmax(q k^T / sqrt(d)) v and its gradients by q, k and v (of
+   sum(out * w)), hashed: batched matmuls forward and backward, between
+   row kernels the JIT compiles.  Run three times (the last, with the JIT
+   on, compiled); the parent checks the bits against KILN_JIT=0. */
+static void attention_battery(uint64_t *out) {
+  for (int rep = 0; rep < 3; rep++) {
+    if (rep == 2) kiln_jit_wait();
+    kiln_tensor *q = heads(ATTN_T, ATTN_D, 0.1, 0.5), *k = heads(ATTN_T, ATTN_D, 0.2, 0.5),
+                *v = heads(ATTN_T, ATTN_D, 0.7, 1.0), *w = heads(ATTN_T, ATTN_D, 0.9, 1.0);
+    kiln_tensor *in[3] = {q, k, v};
+    for (int i = 0; i < 3; i++) kiln_set_requires_grad(in[i], true);
+    kiln_tensor *kt = kiln_transpose(k, 2, 3), *s = kiln_matmul(q, kt);
+    kiln_tensor *sc = kiln_div_scalar(s, sqrt((double)ATTN_D)), *pr = kiln_softmax(sc, -1);
+    kiln_tensor *o = kiln_matmul(pr, v), *ow = kiln_mul(o, w), *loss = kiln_sum(ow, 0, NULL, false);
+    kiln_backward(loss, NULL);
+    kiln_tensor *res[ATTN] = {kiln_cast(o, KILN_F64), NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++) {
+      kiln_tensor *g = kiln_grad(in[i]);
+      res[i + 1] = kiln_cast(g, KILN_F64);
+      kiln_release(g);
+    }
+    for (int i = 0; i < ATTN; i++) {
+      if (rep == 2) out[i] = hash_of(res[i]);
+      kiln_release(res[i]);
+    }
+    kiln_tensor *ts[] = {q, k, v, w, kt, s, sc, pr, o, ow, loss};
+    for (size_t t = 0; t < sizeof ts / sizeof *ts; t++) kiln_release(ts[t]);
+  }
+}
+
 /* Gemms that run in several tiles (vm/kern_matmul.c): tall, wide,
-   transposed operands, a batch, a batch folded into one gemm, f64.  Each
+   transposed operands, a batch, a batch folded into one gemm, f64; then
+   batched_gemms' four.  Each
    element's arithmetic depends on the shape of the BLAS call it is in
    (OpenBLAS's edge and small-matrix kernels), so only tiles fixed by the
    shape give the same bits at every KILN_THREADS (issue 36). */
 static void gemm_battery(uint64_t *out) {
-  static const int64_t shapes[GEMMS][4] = {/* batch, M, K, N */
-                                           {0, 1024, 256, 300}, {0, 200, 512, 1100},
-                                           {0, 1000, 384, 520}, {4, 300, 128, 300},
-                                           {8, 128, 256, 300},  {0, 600, 256, 600}};
-  for (int i = 0; i < GEMMS; i++) {
+  static const int64_t shapes[6][4] = {/* batch, M, K, N */
+                                       {0, 1024, 256, 300}, {0, 200, 512, 1100},
+                                       {0, 1000, 384, 520}, {4, 300, 128, 300},
+                                       {8, 128, 256, 300},  {0, 600, 256, 600}};
+  for (int i = 0; i < 6; i++) {
     int64_t bt = shapes[i][0], m = shapes[i][1], k = shapes[i][2], n = shapes[i][3];
     kiln_tensor *a = filled(bt ? bt * m : m, k, 0.4 + i, 1.0), *b = filled(k, n, 0.9 + i, 1.0), *x,
                 *y;
@@ -119,6 +204,7 @@ static void gemm_battery(uint64_t *out) {
     kiln_tensor *ts[] = {a, b, x, y, c, c64};
     for (size_t t = 0; t < sizeof ts / sizeof *ts; t++) kiln_release(ts[t]);
   }
+  batched_gemms(out + 6);
 }
 
 static void train(trained *out) {
@@ -149,6 +235,7 @@ static void train(trained *out) {
   kiln_to_buffer(w1, out->w1, sizeof out->w1);
   kiln_to_buffer(w2, out->w2, sizeof out->w2);
   gemm_battery(out->gemms);
+  attention_battery(out->attn);
   kiln_release(x);
   kiln_release(w1);
   kiln_release(w2);
@@ -272,15 +359,41 @@ static int child(const char *result_path) {
   return ktest_done();
 }
 
-static void spawn_child(const char *self, int threads, const char *path, trained *out) {
+/* the batteries alone, for the KILN_JIT=0 child */
+static int battery_child(const char *result_path) {
+  static trained out;
+  gemm_battery(out.gemms);
+  attention_battery(out.attn);
+  CHECK_EQ_INT(kiln_last_status(), KILN_OK);
+  FILE *f = fopen(result_path, "wb");
+  if (!f || fwrite(&out, sizeof out, 1, f) != 1) KTEST_FAIL("cannot write %s", result_path);
+  if (f) fclose(f);
+  return ktest_done();
+}
+
+/* mode: "--child" (everything) or "--battery" (the batteries); jit_off:
+   the child runs with KILN_JIT=0 (set in its environment only: the
+   parent's own Kiln threads may be reading this one) */
+static void spawn_child(const char *self, int threads, const char *mode, bool jit_off,
+                        const char *path, trained *out) {
   char env_threads[32];
   snprintf(env_threads, sizeof env_threads, "%d", threads);
   setenv("KILN_THREADS", env_threads, 1); /* this parent never starts Kiln: no threads yet */
-  char *argv[] = {(char *)self, "--child", (char *)path, NULL};
+  char *argv[] = {(char *)self, (char *)mode, (char *)path, NULL};
+  size_t n = 0;
+  while (environ[n]) n++;
+  char **envp = malloc((n + 2) * sizeof *envp), jit0[] = "KILN_JIT=0";
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++)
+    if (!jit_off || strncmp(environ[i], "KILN_JIT=", 9)) envp[m++] = environ[i];
+  if (jit_off) envp[m++] = jit0;
+  envp[m] = NULL;
   pid_t pid;
   int status = -1;
-  if (posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ) != 0 ||
-      waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+  int spawned = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, envp);
+  free(envp);
+  if (spawned != 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+      WEXITSTATUS(status) != 0) {
     KTEST_FAIL("KILN_THREADS=%d: the child failed (status %d)", threads, status);
     return;
   }
@@ -302,9 +415,28 @@ TEST(kiln_threads_1_2_4_each_keep_the_budget_and_train_to_the_same_bits) {
   for (int i = 0; i < 3; i++) {
     printf("--- KILN_THREADS=%d\n", counts[i]);
     fflush(stdout);
-    spawn_child(self_path, counts[i], path, &models[i]);
+    spawn_child(self_path, counts[i], "--child", false, path, &models[i]);
   }
+  /* the interpreter alone (KILN_JIT=0) gives the batteries the same bits */
+  static trained interpreted;
+  printf("--- KILN_JIT=0 KILN_THREADS=2, the batteries\n");
+  fflush(stdout);
+  spawn_child(self_path, 2, "--battery", true, path, &interpreted);
   unlink(path);
+  for (int i = 0; i < 3; i++)
+    for (int g = 6; g < GEMMS; g += 2)
+      if (models[i].gemms[g] != models[i].gemms[g + 1])
+        KTEST_FAIL(
+            "KILN_THREADS=%d: batched gemm %d of gemm_battery differs from its items "
+            "made one at a time",
+            counts[i], g);
+  for (int a = 0; a < ATTN; a++) CHECK(models[0].attn[a] != 0); /* 0: not computed */
+  for (int g = 0; g < GEMMS; g++)
+    if (interpreted.gemms[g] != models[0].gemms[g])
+      KTEST_FAIL("KILN_JIT=0: gemm %d of gemm_battery differs from the JIT's", g);
+  for (int a = 0; a < ATTN; a++)
+    if (interpreted.attn[a] != models[0].attn[a])
+      KTEST_FAIL("KILN_JIT=0: result %d of attention_battery differs from the JIT's", a);
   for (int i = 1; i < 3; i++) {
     for (int g = 0; g < GEMMS; g++)
       if (models[i].gemms[g] != models[0].gemms[g])
@@ -374,6 +506,7 @@ TEST(backward_through_values_recorded_on_another_thread) {
 
 int main(int argc, char **argv) {
   if (argc == 3 && !strcmp(argv[1], "--child")) return child(argv[2]);
+  if (argc == 3 && !strcmp(argv[1], "--battery")) return battery_child(argv[2]);
   self_path = argv[0];
   RUN(backward_through_values_recorded_on_another_thread);
   RUN(kiln_threads_1_2_4_each_keep_the_budget_and_train_to_the_same_bits);

@@ -1,9 +1,10 @@
 /* kern_matmul.c — numpy matmul for the interpreter: batch broadcasting,
  * floats through OpenBLAS gemm (transposed views passed as transposes, not
- * copied; a batch over a shared right operand folded into one gemm), and
- * integers through a plain loop with wrapping arithmetic.  Gemms run in
- * tiles on the kernel pool, OpenBLAS itself single-threaded; the tiles
- * depend on the shape only, so results never depend on KILN_THREADS. */
+ * copied; a batch over a shared right operand folded into one gemm; any
+ * other batch one job of whole per-item gemms on the pool), and integers
+ * through a plain loop with wrapping arithmetic.  Gemms run in tiles on the
+ * kernel pool, OpenBLAS itself single-threaded; the tiles depend on the
+ * shape only, so results never depend on KILN_THREADS. */
 #include <limits.h>
 #include <string.h>
 
@@ -194,18 +195,17 @@ typedef struct {
   char *C;
 } gemm_job;
 
-/* C[r0:r1, c0:c1], the tile numbered `tile` (row-major over the tiling), as
-   one BLAS call: row i of op(A) starts at i*lda (at i when A is transposed),
-   column k of op(B) at k (at k*ldb when B is transposed) */
-static void gemm_tile(void *ctx, int64_t tile, int64_t b, int64_t e) {
-  (void)b, (void)e;
-  const gemm_job *j = ctx;
+/* C[r0:r1, c0:c1], the tile numbered `tile` (row-major over the tiling) of
+   C = op(A) op(B), as one BLAS call: row i of op(A) starts at i*lda (at i
+   when A is transposed), column k of op(B) at k (at k*ldb when B is
+   transposed) */
+static void gemm_tile_of(const gemm_job *j, int64_t tile, const char *A, const char *B, char *C) {
   int64_t tr = tile / j->tiles.cols, tc = tile % j->tiles.cols;
   int64_t r0 = tile_start(j->M, j->tiles.rows, tr), r1 = tile_start(j->M, j->tiles.rows, tr + 1);
   int64_t c0 = tile_start(j->N, j->tiles.cols, tc), c1 = tile_start(j->N, j->tiles.cols, tc + 1);
-  const char *A = j->A + (j->ta == VM_BLAS_NO_TRANS ? r0 * j->lda : r0) * j->es;
-  const char *B = j->B + (j->tb == VM_BLAS_NO_TRANS ? c0 : c0 * j->ldb) * j->es;
-  char *C = j->C + (r0 * j->ldc + c0) * j->es;
+  A += (j->ta == VM_BLAS_NO_TRANS ? r0 * j->lda : r0) * j->es;
+  B += (j->tb == VM_BLAS_NO_TRANS ? c0 : c0 * j->ldb) * j->es;
+  C += (r0 * j->ldc + c0) * j->es;
   int m = (int)(r1 - r0), n = (int)(c1 - c0), k = (int)j->K, lda = (int)j->lda, ldb = (int)j->ldb,
       ldc = (int)j->ldc;
   if (j->dt == KILN_F32)
@@ -216,8 +216,16 @@ static void gemm_tile(void *ctx, int64_t tile, int64_t b, int64_t e) {
                    (const double *)B, ldb, 0.0, (double *)C, ldc);
 }
 
-static bool float_gemm(kiln_dtype dt, const vm_mat *a, const vm_mat *b, char *c, int64_t M,
-                       int64_t N, int64_t K, const char *A, const char *B) {
+static void gemm_tile(void *ctx, int64_t tile, int64_t b, int64_t e) {
+  (void)b, (void)e;
+  const gemm_job *j = ctx;
+  gemm_tile_of(j, tile, j->A, j->B, j->C);
+}
+
+/* the BLAS geometry of C = a b, M x N x K, in *job (its A, B, C unset);
+   false + error when BLAS is missing or cannot take the operands */
+static bool gemm_job_of(gemm_job *job, kiln_dtype dt, const vm_mat *a, const vm_mat *b, int64_t M,
+                        int64_t N, int64_t K) {
   const vm_blas *blas = vm_blas_get();
   if (!blas->loaded) {
     vm_error(KILN_ERR_INTERNAL, "%s", blas->error);
@@ -234,20 +242,71 @@ static bool float_gemm(kiln_dtype dt, const vm_mat *a, const vm_mat *b, char *c,
              (long long)M, (long long)K, (long long)N);
     return false;
   }
+  *job = (gemm_job){blas, dt,   ta,  tb,  gemm_tiles(M, N, K), M,
+                    N,    K,    lda, ldb, N > 1 ? N : 1,       (int64_t)vm_dtype_size(dt),
+                    NULL, NULL, NULL};
+  return true;
+}
+
+static bool float_gemm(kiln_dtype dt, const vm_mat *a, const vm_mat *b, char *c, int64_t M,
+                       int64_t N, int64_t K, const char *A, const char *B) {
+  gemm_job job;
+  if (!gemm_job_of(&job, dt, a, b, M, N, K)) return false;
   atomic_fetch_add_explicit(&vm_process()->stats.blas_calls, 1, memory_order_relaxed);
-  gemm_job job = {blas, dt, ta,  tb,  gemm_tiles(M, N, K), M,
-                  N,    K,  lda, ldb, N > 1 ? N : 1,       (int64_t)vm_dtype_size(dt),
-                  A,    B,  c};
+  job.A = A, job.B = B, job.C = c;
   int64_t tiles = job.tiles.rows * job.tiles.cols;
   vm_parallel_chunks(tiles, tiles, gemm_tile, &job); /* one tile a chunk */
   return true;
 }
 
+/* A batch of products (q k^T over [batch, heads]) is one job on the pool,
+   not one gemm after another: its units are the tiles of every item, each
+   item tiled exactly as a single matmul of its shape (gemm_tiles), so an
+   item's bits are those of the same product made alone, at any thread
+   count.  Units are grouped into chunks of about BATCH_CHUNK_WORK
+   multiply-adds (a shape-only grouping; it moves no bits, only keeps tiny
+   batches from waking the pool).  OpenBLAS 0.3.21 (Debian 12) has no batch
+   API (cblas_?gemm_batch came in 0.3.27), so this loop is the batch and
+   each item packs its own operands; it is counted as one BLAS call.  A
+   batch over one shared right operand whose left items are evenly spaced
+   rows never comes here: it is one gemm of nbatch * M rows. */
+#define BATCH_CHUNK_WORK (1 << 18)
+
+typedef struct {
+  gemm_job g;          /* every item's geometry and tiling (A, B, C unset) */
+  int64_t tiles;       /* units per item: its tiles (1 for integers) */
+  const vm_batch *bat; /* the batch ... */
+  const vm_mat *a, *b; /* ... and the operands' strides over it */
+  char *C;             /* item i at i * M * N */
+} batch_job;
+
+static void batch_units(void *ctx, int64_t chunk, int64_t begin, int64_t end) {
+  (void)chunk;
+  const batch_job *j = ctx;
+  const gemm_job *g = &j->g;
+  for (int64_t u = begin; u < end; u++) {
+    int64_t i = u / j->tiles;
+    const char *A = j->a->base + batch_offset(j->bat, j->a->bstride, i) * g->es;
+    const char *B = j->b->base + batch_offset(j->bat, j->b->bstride, i) * g->es;
+    char *C = j->C + i * g->M * g->N * g->es;
+    switch (g->dt) {
+      case KILN_I32:
+        gemm_int32_t(j->a, j->b, (int32_t *)C, g->M, g->N, g->K, (const int32_t *)A,
+                     (const int32_t *)B);
+        break;
+      case KILN_I64:
+        gemm_int64_t(j->a, j->b, (int64_t *)C, g->M, g->N, g->K, (const int64_t *)A,
+                     (const int64_t *)B);
+        break;
+      default:
+        gemm_tile_of(g, u % j->tiles, A, B, C);
+    }
+  }
+}
+
 static bool matmul_batched(vm_tensor *out, const vm_tensor *at, const vm_tensor *bt) {
   vm_gemm_geom g;
   vm_gemm_geom_of(out, at, bt, &g);
-  const vm_batch bat = g.bat;
-  const vm_mat a = g.a, b = g.b;
   int64_t M = g.M, N = g.N, K = g.K, nbatch = g.nbatch;
   kiln_dtype dt = out->dtype;
   int64_t es = (int64_t)vm_dtype_size(dt);
@@ -257,26 +316,26 @@ static bool matmul_batched(vm_tensor *out, const vm_tensor *at, const vm_tensor 
     memset(c, 0, (size_t)(out->numel * es));
     return true;
   }
-  if (vm_gemm_batch_is_rows(&g) && vm_dtype_is_float(dt)) { /* one gemm */
-    vm_mat a2 = a;
+  bool fl = vm_dtype_is_float(dt);
+  if (fl && vm_gemm_batch_is_rows(&g)) { /* one gemm */
+    vm_mat a2 = g.a;
     a2.rows = M * nbatch;
-    return float_gemm(dt, &a2, &b, c, M * nbatch, N, K, a.base, b.base);
+    return float_gemm(dt, &a2, &g.b, c, M * nbatch, N, K, g.a.base, g.b.base);
   }
-  for (int64_t i = 0; i < nbatch; i++) {
-    const char *A = a.base + batch_offset(&bat, a.bstride, i) * es;
-    const char *B = b.base + batch_offset(&bat, b.bstride, i) * es;
-    char *C = c + i * M * N * es;
-    switch (dt) {
-      case KILN_I32:
-        gemm_int32_t(&a, &b, (int32_t *)C, M, N, K, (const int32_t *)A, (const int32_t *)B);
-        break;
-      case KILN_I64:
-        gemm_int64_t(&a, &b, (int64_t *)C, M, N, K, (const int64_t *)A, (const int64_t *)B);
-        break;
-      default:
-        if (!float_gemm(dt, &a, &b, C, M, N, K, A, B)) return false;
-    }
+  if (fl && nbatch == 1) return float_gemm(dt, &g.a, &g.b, c, M, N, K, g.a.base, g.b.base);
+  batch_job job = {.bat = &g.bat, .a = &g.a, .b = &g.b, .C = c, .tiles = 1};
+  if (fl) {
+    if (!gemm_job_of(&job.g, dt, &g.a, &g.b, M, N, K)) return false;
+    job.tiles = job.g.tiles.rows * job.g.tiles.cols;
+    atomic_fetch_add_explicit(&vm_process()->stats.blas_calls, 1, memory_order_relaxed);
+  } else {
+    job.g = (gemm_job){.dt = dt, .M = M, .N = N, .K = K, .es = es};
   }
+  int64_t units = nbatch * job.tiles;
+  double work = (double)M * (double)N * (double)K * (double)nbatch;
+  int64_t chunks =
+      work / BATCH_CHUNK_WORK < (double)units ? (int64_t)(work / BATCH_CHUNK_WORK) : units;
+  vm_parallel_chunks(units, chunks > 1 ? chunks : 1, batch_units, &job);
   return true;
 }
 
