@@ -5,9 +5,16 @@
 #   2. pkg-config kiln (an installed Kiln: `cmake --install build/release --prefix P`
 #      and PKG_CONFIG_PATH=P/lib/pkgconfig);
 #   3. the in-repo build: ../../build/release and ../../bindings/c/include,
-#      relative to the gem directory (bindings/ruby).
+#      relative to the gem directory (bindings/ruby);
+#   4. the sources the gem carries (vendor/kiln, packed by kiln.gemspec): built
+#      with CMake into vendor/prefix inside the installed gem, libkiln and its
+#      compiler helper kiln-jitc (found by libkiln at <libdir>/../libexec/kiln,
+#      under the trust rules of DESIGN §11).  So `gem install kiln` needs no
+#      Kiln installed first: only the build packages.
 # The library directory found is added as an rpath, so the extension loads
 # libkiln.so without LD_LIBRARY_PATH.
+require "etc"
+require "fileutils"
 require "mkmf"
 
 def kiln_abort(msg)
@@ -70,7 +77,32 @@ if source.nil?
   end
 end
 
-kiln_abort("cannot find Kiln (no --with-kiln-dir, no `pkg-config kiln`, not inside the repository)") if source.nil?
+# 4. the sources the gem carries
+vendor = File.join(gem_dir, "vendor", "kiln")
+if source.nil? && File.exist?(File.join(vendor, "CMakeLists.txt"))
+  packages = "Debian: apt-get install cmake build-essential pkg-config libgccjit-12-dev " \
+             "libopenblas-dev libxxhash-dev uthash-dev"
+  cmake = find_executable("cmake")
+  kiln_abort("building Kiln from the sources this gem carries needs CMake (#{packages})") unless cmake
+  build = File.join(gem_dir, "vendor", "build")
+  prefix = File.join(gem_dir, "vendor", "prefix")
+  jobs = ENV.fetch("KILN_JOBS") { Etc.nprocessors.to_s }
+  message "kiln: building Kiln from its sources into #{prefix} (#{jobs} jobs)\n"
+  built = system(cmake, "-S", vendor, "-B", build, "-DCMAKE_BUILD_TYPE=Release",
+                 "-DKILN_BUILD_TESTS=OFF", "-DKILN_BUILD_EXAMPLES=OFF", "-DKILN_BUILD_PERF=OFF",
+                 "-DCMAKE_INSTALL_PREFIX=#{prefix}", "-DCMAKE_INSTALL_LIBDIR=lib") &&
+          system(cmake, "--build", build, "-j", jobs) &&
+          system(cmake, "--install", build)
+  kiln_abort("building Kiln from the sources this gem carries failed: see CMake's messages above (#{packages})") unless built
+  FileUtils.rm_rf(build) # the objects: libkiln, kiln.h and kiln-jitc are in prefix
+  source = "the sources this gem carries (built into #{prefix})"
+  inc_dirs << File.join(prefix, "include")
+  lib_dirs << File.join(prefix, "lib")
+  $INCFLAGS << " -I#{File.join(prefix, 'include')}"
+  $LIBPATH |= [File.join(prefix, "lib")]
+end
+
+kiln_abort("cannot find Kiln (no --with-kiln-dir, no `pkg-config kiln`, not inside the repository, no sources in the gem)") if source.nil?
 message "kiln: using Kiln from #{source}\n"
 
 unless find_header("kiln.h", *inc_dirs)
