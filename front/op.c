@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "../trace/record.h"
-#include "../vm/backend.h"
 #include "../vm/state.h"
 
 /* *v, a weak scalar of dtype `from` (as its full node stores it), cast to

@@ -149,22 +149,22 @@ static void one_body(cell_kind kind, program p) {
     int T = lengths[i];
     tr_flush_info f = run(kind, T, p);
     CHECK(f.new_key);
-    if (!(f.loop_copies >= T - 1 && f.loop_copies <= T))
+    if (!(f.loop.copies >= T - 1 && f.loop.copies <= T))
       fprintf(stderr, "T %d: %d copies of %d nodes from %d, %d nodes in the trace\n", T,
-              f.loop_copies, f.loop_body, f.loop_start, f.nodes);
-    CHECK(f.loop_copies >= T - 1 && f.loop_copies <= T);
-    CHECK(f.loop_carried >= 1);
-    CHECK(f.loop_invariant >= 1);
-    CHECK(f.loop_stepped == 1);
-    CHECK(p.stacked ? f.loop_stacked >= 1 : f.loop_last >= 1);
+              f.loop.copies, f.loop.body, f.loop.start, f.nodes);
+    CHECK(f.loop.copies >= T - 1 && f.loop.copies <= T);
+    CHECK(f.loop.carried >= 1);
+    CHECK(f.loop.invariant >= 1);
+    CHECK(f.loop.stepped == 1);
+    CHECK(p.stacked ? f.loop.stacked_outputs >= 1 : f.loop.last_outputs >= 1);
     if (i == 0) {
       first = f;
       continue;
     }
-    CHECK(f.loop_body == first.loop_body);
-    CHECK(f.loop_hash == first.loop_hash);
-    CHECK(f.loop_carried == first.loop_carried);
-    CHECK(f.loop_invariant == first.loop_invariant);
+    CHECK(f.loop.body == first.loop.body);
+    CHECK(f.loop.body_hash == first.loop.body_hash);
+    CHECK(f.loop.carried == first.loop.carried);
+    CHECK(f.loop.invariant == first.loop.invariant);
   }
 }
 
@@ -190,7 +190,7 @@ TEST(steps_by_minus_one_and_by_two) {
 
 TEST(lstm_carries_two_states) {
   tr_flush_info f = run(LSTM, 13, plain); /* a new key: found on the first sighting */
-  CHECK(f.loop_carried >= 2);             /* h and c */
+  CHECK(f.loop.carried >= 2);             /* h and c */
 }
 
 /* a step that is not like the others ends the loop there: the copies
@@ -200,11 +200,11 @@ TEST(a_step_that_differs_is_not_rolled_with_the_others) {
   program odd = plain;
   odd.odd_step = 10; /* h * 0.5 once */
   tr_flush_info f = run(TANH_RNN, T, odd);
-  CHECK(f.loop_copies >= 2 && f.loop_copies <= 11);
+  CHECK(f.loop.copies >= 2 && f.loop.copies <= 11);
   program shorter = plain;
   shorter.short_step = 10; /* one step of another shape */
   f = run(GRU, T, shorter);
-  CHECK(f.loop_copies >= 2 && f.loop_copies <= 11);
+  CHECK(f.loop.copies >= 2 && f.loop.copies <= 11);
 }
 
 /* with a scalar that changes every step nothing repeats */
@@ -222,7 +222,7 @@ TEST(a_scalar_that_changes_every_step_is_no_loop) {
   double v = kiln_item(keep(&a, kiln_sum(h, 0, NULL, false)));
   CHECK(v == v);
   tr_flush_info f = last_flush();
-  CHECK(f.loop_copies == 0);
+  CHECK(f.loop.copies == 0);
   arena_free(&a);
 }
 
@@ -233,13 +233,13 @@ TEST(backward_of_a_loop_is_found_as_a_loop) {
   program p = plain;
   p.backward = true;
   tr_flush_info f = run(GRU, 6, p);
-  CHECK(f.loop_copies >= 4);
-  CHECK(f.loop_carried >= 1);
-  CHECK(f.loop_per_step >= 1);
+  CHECK(f.loop.copies >= 4);
+  CHECK(f.loop.carried >= 1);
+  CHECK(f.loop.per_step >= 1);
   tr_flush_info g = run(GRU, 11, p);
-  CHECK(g.loop_copies >= 9);
-  CHECK(f.loop_body == g.loop_body);
-  CHECK(f.loop_hash == g.loop_hash);
+  CHECK(g.loop.copies >= 9);
+  CHECK(f.loop.body == g.loop.body);
+  CHECK(f.loop.body_hash == g.loop.body_hash);
 }
 
 /* found once per new key, never on a hit (the program's setup flush may

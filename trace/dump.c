@@ -17,7 +17,6 @@
 #include "../vm/dist.h"
 #include "../vm/private_dir.h"
 #include "../vm/state.h"
-#include "loop.h"
 
 static const char *group_kind_name(tr_group_kind k) {
   static const char *names[] = {"elementwise", "reduce", "matmul", "data"};

@@ -7,6 +7,7 @@
 
 #include "../cache/trace_cache.h"
 #include "key.h"
+#include "loop.h"
 #include "plan.h"
 
 /* The KILN_DUMP directory, created 0700 and used only when private (a real
@@ -28,8 +29,7 @@ bool tr_dump_path(int dir_fd, const char *name, char *out, size_t out_len);
 
 void tr_dump_plan(const tr_trace *t, const tr_plan *plan, tr_key key);
 /* KILN_LOG=info: the loop found in a new trace (trace/loop.h) */
-struct tr_loop;
-void tr_log_loop(const struct tr_loop *loop, tr_key key);
+void tr_log_loop(const tr_loop *loop, tr_key key);
 void tr_log_flush(const tr_trace *t, tr_flush_reason why, tr_key key, const cache_sighting *seen,
                   bool planned, double ms, int rc);
 /* writes the plan's IR as text (also used by tests) */

@@ -497,16 +497,7 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   if (g->last) {
     tr_flush_info *info = g->last;
     info->recomputed = recomputed;
-    info->loop_copies = loop.copies;
-    info->loop_body = loop.body;
-    info->loop_start = loop.start;
-    info->loop_carried = loop.carried;
-    info->loop_invariant = loop.invariant;
-    info->loop_stepped = loop.stepped;
-    info->loop_per_step = loop.per_step;
-    info->loop_last = loop.last_outputs;
-    info->loop_stacked = loop.stacked_outputs;
-    info->loop_hash = loop.body_hash;
+    info->loop = loop;
   }
   atomic_fetch_add_explicit(&st->recomputed, (uint_fast64_t)recomputed, memory_order_relaxed);
   if (plan) tr_plan_release(plan);

@@ -6,6 +6,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "loop.h"
+
 typedef struct tr_flush_info {
   uint64_t key[2];    /* XXH3-128 of the canonical bytes (lo, hi) */
   uint64_t family[2]; /* the same with extents erased */
@@ -17,12 +19,8 @@ typedef struct tr_flush_info {
   uint64_t sightings;
   int plan_nodes, plan_groups, plan_buffers;
   int simplified, cse, dce, folded;
-  int status; /* KILN_OK or the error */
-  /* the loop found in it (trace/loop.h), when it was a new key: copies 0
-     when none */
-  int loop_copies, loop_body, loop_start;
-  int loop_carried, loop_invariant, loop_stepped, loop_per_step, loop_last, loop_stacked;
-  uint64_t loop_hash;
+  int status;   /* KILN_OK or the error */
+  tr_loop loop; /* the loop found in it when it was a new key (trace/loop.h); copies 0: none */
 } tr_flush_info;
 
 /* false if this thread never flushed */

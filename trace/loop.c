@@ -10,7 +10,9 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "flush.h"
 #include "graph.h"
+#include "ptrmap.h"
 
 enum { CANDIDATES = 16 };
 
@@ -54,37 +56,10 @@ static uint64_t node_sig(const tr_node *n) {
   return XXH3_64bits(b.w, (size_t)b.n * sizeof *b.w);
 }
 
-/* --- a small open-addressing map uint64 -> int ------------------------------- */
-
-typedef struct {
-  uint64_t *keys;
-  int *vals;
-  size_t mask;
-} imap;
-
-static bool imap_init(imap *m, int n) {
-  size_t cap = 16;
-  while (cap < (size_t)n * 2) cap <<= 1;
-  m->keys = calloc(cap, sizeof *m->keys);
-  m->vals = malloc(cap * sizeof *m->vals);
-  m->mask = cap - 1;
-  return m->keys && m->vals;
-}
-
-static void imap_free(imap *m) {
-  free(m->keys);
-  free(m->vals);
-}
-
-/* the slot of key (keys are stored + 1, so 0 marks an empty slot) */
-static size_t imap_slot(const imap *m, uint64_t key, bool *found) {
-  uint64_t k = key + 1 ? key + 1 : 1;
-  size_t i = (size_t)(k * 0x9E3779B97F4A7C15ull) & m->mask;
-  while (m->keys[i] && m->keys[i] != k) i = (i + 1) & m->mask;
-  *found = m->keys[i] == k;
-  m->keys[i] = k;
-  return i;
-}
+/* a 64-bit number as a tr_ptrmap key (the map's keys are pointers, NULL
+   empty): 0 is made 1.  Where pointers are narrower, numbers that then
+   meet only propose candidates; runs compare the full signatures. */
+static const void *as_key(uint64_t v) { return (const void *)(uintptr_t)(v ? v : 1); }
 
 /* --- the search -------------------------------------------------------------- */
 
@@ -109,10 +84,7 @@ static const tr_node *input_node(const tr_trace *t, int r) {
 }
 
 static bool same_meta(const tr_node *a, const tr_node *b) {
-  if (a->meta.dtype != b->meta.dtype || a->meta.ndim != b->meta.ndim) return false;
-  for (int d = 0; d < a->meta.ndim; d++)
-    if (a->meta.shape[d] != b->meta.shape[d]) return false;
-  return true;
+  return a->meta.dtype == b->meta.dtype && vm_meta_same_shape(&a->meta, &b->meta);
 }
 
 /* the copy of region [s, s + k*d) record position p falls in: -1 before,
@@ -213,30 +185,29 @@ static bool count_outputs(search *sr, tr_loop *lp) {
    per step). */
 static int periods(search *sr, int *best) {
   enum { RECENT = 4 };
-  imap slot = {0}, hist = {0};
+  tr_ptrmap slot = {0}, hist = {0};
   int(*recent)[RECENT] = malloc((size_t)sr->n * sizeof *recent);
   int found = 0, used = 0;
-  if (!recent || !imap_init(&slot, sr->n) || !imap_init(&hist, sr->n * RECENT)) goto out;
-  for (int p = 0; p < sr->n; p++) {
-    bool seen;
-    size_t i = imap_slot(&slot, sr->sig[p], &seen);
-    if (!seen) {
-      slot.vals[i] = used++;
-      for (int r = 0; r < RECENT; r++) recent[slot.vals[i]][r] = -1;
+  for (int p = 0; recent && p < sr->n; p++) {
+    int i = tr_ptrmap_get(&slot, as_key(sr->sig[p]));
+    if (i < 0) {
+      if (!tr_ptrmap_put(&slot, as_key(sr->sig[p]), i = used++)) goto out;
+      for (int r = 0; r < RECENT; r++) recent[i][r] = -1;
     }
-    int *last = recent[slot.vals[i]];
+    int *last = recent[i];
     for (int r = 0; r < RECENT && last[r] >= 0; r++) {
-      if (p - last[r] < 2) continue;
-      size_t h = imap_slot(&hist, (uint64_t)(p - last[r]), &seen);
-      hist.vals[h] = seen ? hist.vals[h] + 1 : 1;
+      int d = p - last[r];
+      if (d < 2) continue;
+      int c = tr_ptrmap_get(&hist, as_key((uint64_t)d));
+      if (!tr_ptrmap_put(&hist, as_key((uint64_t)d), c < 0 ? 1 : c + 1)) goto out;
     }
     memmove(last + 1, last, (RECENT - 1) * sizeof *last);
     last[0] = p;
   }
   int count[CANDIDATES] = {0};
-  for (size_t i = 0; i <= hist.mask; i++) {
+  for (int i = 0; recent && i < hist.slots; i++) {
     if (!hist.keys[i]) continue;
-    int d = (int)(hist.keys[i] - 1), c = hist.vals[i], r = found;
+    int d = (int)(uintptr_t)hist.keys[i], c = hist.vals[i], r = found;
     /* insertion into the top CANDIDATES: more often first, then shorter */
     while (r > 0 && (c > count[r - 1] || (c == count[r - 1] && d < best[r - 1]))) r--;
     if (r >= CANDIDATES) continue;
@@ -250,8 +221,8 @@ static int periods(search *sr, int *best) {
   }
 out:
   free(recent);
-  imap_free(&slot);
-  imap_free(&hist);
+  tr_ptrmap_free(&slot);
+  tr_ptrmap_free(&hist);
   return found;
 }
 

@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "flush.h"
+struct tr_trace;
 
 typedef struct tr_loop {
   int start;  /* the first copy's first node, in record order (0-based) */
@@ -30,6 +30,6 @@ typedef struct tr_loop {
 /* The longest loop in t (most nodes covered), or false when there is none
    (a body must have >= 2 nodes and repeat >= 2 times).  Linear in the
    trace, but for sorting it into record order. */
-bool tr_loop_find(const tr_trace *t, tr_loop *out);
+bool tr_loop_find(const struct tr_trace *t, tr_loop *out);
 
 #endif

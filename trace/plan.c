@@ -69,10 +69,6 @@ static int64_t numel_of(const vm_meta *m) {
   return c;
 }
 
-static bool same_shape(const vm_meta *a, const vm_meta *b) {
-  return a->ndim == b->ndim && !memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof(int64_t));
-}
-
 /* --- building --------------------------------------------------------------- */
 
 /* What the passes of tr_plan_build share.  Up to plan_renumber a node is
@@ -126,7 +122,7 @@ static int simplify(builder *b, int i, bool *rewired) {
   tr_pnode *p = &b->p[i];
   int x = p->nin > 0 ? p->in[0] : 0, y = p->nin > 1 ? p->in[1] : 0;
   const vm_meta *mx = p->nin > 0 ? ref_meta(b, x) : NULL;
-  bool keeps = mx && mx->dtype == p->meta.dtype && same_shape(mx, &p->meta);
+  bool keeps = mx && mx->dtype == p->meta.dtype && vm_meta_same_shape(mx, &p->meta);
   if (vm_op_table[p->op].kind == VM_KIND_VIEW && x >= 0 && b->p[x].op == VM_OP_full && !keeps) {
     /* a view of a fill is a fill of the view's shape, its value bound from
        the same flush node: kernels read fills as values (a view would make
@@ -189,7 +185,7 @@ static int simplify(builder *b, int i, bool *rewired) {
       if (keeps && full_class(b, y) == 2) return x;
       if (full_class(b, x) == 2) {
         const vm_meta *my = ref_meta(b, y);
-        if (my->dtype == p->meta.dtype && same_shape(my, &p->meta)) return y;
+        if (my->dtype == p->meta.dtype && vm_meta_same_shape(my, &p->meta)) return y;
       }
       break;
     case VM_OP_div: /* x / 1 */
@@ -211,7 +207,7 @@ static int simplify(builder *b, int i, bool *rewired) {
 /* attribute bytes two nodes must share to be the same computation */
 static bool same_node(const tr_pnode *a, const tr_pnode *b) {
   if (a->op != b->op || a->nin != b->nin || a->nin > 3) return false;
-  if (a->meta.dtype != b->meta.dtype || !same_shape(&a->meta, &b->meta)) return false;
+  if (a->meta.dtype != b->meta.dtype || !vm_meta_same_shape(&a->meta, &b->meta)) return false;
   for (int k = 0; k < a->nin; k++)
     if (a->in[k] != b->in[k]) return false;
   const vm_attr *x = &a->attr, *y = &b->attr;
@@ -538,7 +534,7 @@ static bool plan_partition(builder *b) {
       /* elementwise work joins a loop nest over its own shape, or a
          reduction's epilogue of the reduction's result shape */
       join = (cur->kind == TR_GROUP_ELEMENTWISE || cur->kind == TR_GROUP_REDUCE) &&
-             same_shape(&cur_shape, &p->meta);
+             vm_meta_same_shape(&cur_shape, &p->meta);
       /* an in-place op reads its source, index or parts from outside its
          kernel (indices are checked before the kernel runs): computed in
          this loop nest, they end it (views of outside values are read as
@@ -565,14 +561,14 @@ static bool plan_partition(builder *b) {
           int r = tr_pnode_input(p, k);
           if (r >= cur->first && r <= cur->last &&
               vm_op_table[plan->nodes[r].op].kind != VM_KIND_REDUCE &&
-              !same_shape(&plan->nodes[r].meta, &cur_shape))
+              !vm_meta_same_shape(&plan->nodes[r].meta, &cur_shape))
             join = false;
         }
     } else if (cur && kind == VM_KIND_REDUCE && cur->kind == TR_GROUP_ELEMENTWISE && !cur_flat) {
       /* producers fuse into the reduction's input loop (a concat,
          scatter_add or argmax among them ends the group before) */
       int r = p->in[0];
-      join = r >= cur->first && same_shape(&cur_shape, &plan->nodes[r].meta);
+      join = r >= cur->first && vm_meta_same_shape(&cur_shape, &plan->nodes[r].meta);
     }
     if (!join) cur_axis = -1, cur_flat = false;
     if (placed && needs_coord(p)) cur_axis = p->attr.axis;

@@ -5,6 +5,8 @@
 #ifndef VM_OPS_H
 #define VM_OPS_H
 
+#include <string.h>
+
 #include "tensor.h"
 
 typedef enum {
@@ -109,6 +111,11 @@ typedef struct vm_meta {
   int ndim;
   int64_t shape[KILN_MAX_DIMS];
 } vm_meta;
+
+/* a and b have the same shape (dtypes aside) */
+static inline bool vm_meta_same_shape(const vm_meta *a, const vm_meta *b) {
+  return a->ndim == b->ndim && !memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof(int64_t));
+}
 
 /* the public call an error while computing op names: the one that
    recorded it (attr->api), else "kiln_<op>" */
