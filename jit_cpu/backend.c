@@ -70,6 +70,7 @@ const vm_backend cpu_backend = {
     .name = "cpu",
     .info = cpu_info,
     .exec = vm_exec,
+    .total_memory = vm_memory_total,
 #if KILN_HAVE_CPU_JIT
     .jit_enabled = cpu_jit_enabled,
     .plan_cost_ms = cpu_plan_cost_ms,

@@ -63,7 +63,10 @@ static bool run_plan_named(gpu_op_plan *p, const char *api) {
 static bool run_generated(vm_opcode op, int n, vm_tensor **ins, vm_tensor *out,
                           const vm_attr *attr) {
   gpu_op_plan p = {0};
-  return gpu_op_plan_make(op, n, ins, out, attr, &p) && run_plan_named(&p, vm_op_api(op, attr));
+  double p0 = gpu_prof_now();
+  bool made = gpu_op_plan_make(op, n, ins, out, attr, &p);
+  gpu_prof_add(GPU_PROF_PLAN, p0);
+  return made && run_plan_named(&p, vm_op_api(op, attr));
 }
 
 static vm_tensor *gpu_exec(vm_opcode op, int n, vm_tensor *const *values, const vm_attr *attr,
@@ -78,8 +81,13 @@ static vm_tensor *gpu_exec(vm_opcode op, int n, vm_tensor *const *values, const 
     return NULL;
   }
   vm_tensor *out = NULL;
-  if (inputs_on_device(n, values, ins)) {
+  double p0 = gpu_prof_now(), p1 = p0;
+  bool there = inputs_on_device(n, values, ins);
+  gpu_prof_add(GPU_PROF_TO_DEVICE, p1);
+  if (there) {
+    p1 = gpu_prof_now();
     out = vm_tensor_new_on(KILN_CUDA, m->dtype, m->ndim, m->shape);
+    gpu_prof_add(GPU_PROF_ALLOC, p1);
     bool matmul = op == VM_OP_matmul && vm_dtype_is_float(m->compute);
     bool ok = out && (out->numel == 0 ||
                       (matmul ? run_matmul(out, ins) : run_generated(op, n, ins, out, attr)));
@@ -90,6 +98,7 @@ static vm_tensor *gpu_exec(vm_opcode op, int n, vm_tensor *const *values, const 
     for (int i = 0; i < n; i++) vm_release(ins[i]);
   }
   if (ins != few) free(ins);
+  gpu_prof_add(GPU_PROF_EXEC, p0);
   return out;
 }
 
@@ -291,8 +300,11 @@ static const gpu_fuse_target cuda_target = {KILN_CUDA, cuda_alloc, cuda_launch, 
 static bool gpu_group(const void *compiled, const tr_plan *plan, const tr_trace *t, int g,
                       vm_tensor **vals, int *rc, int *resume, int *last_group) {
   const gpu_compiled *c = compiled;
-  return gpu_has_kernel(c, g) &&
-         gpu_fused_run(&c->k[g], &cuda_target, plan, t, vals, rc, resume, last_group);
+  if (!gpu_has_kernel(c, g)) return false;
+  double p0 = gpu_prof_now();
+  bool ran = gpu_fused_run(&c->k[g], &cuda_target, plan, t, vals, rc, resume, last_group);
+  gpu_prof_add(GPU_PROF_FUSED, p0);
+  return ran;
 }
 
 const vm_backend gpu_backend = {
@@ -305,6 +317,7 @@ const vm_backend gpu_backend = {
     .to_host = gpu_copy_to_host,
     .from_host = gpu_copy_from_host,
     .copy = gpu_copy_on_device,
+    .total_memory = gpu_total_memory,
     .exec = gpu_exec,
     .jit_enabled = gpu_jit_enabled,
     .compile_cost_ms = gpu_compile_cost_ms,

@@ -287,6 +287,47 @@ const char *gpu_unavailable(void) {
 }
 
 int gpu_compute_capability(void) { return gpu_unavailable() ? 0 : rt.cc; }
+size_t gpu_total_memory(void) { return gpu_unavailable() ? 0 : rt.total_mem; }
+
+/* ---- KILN_GPU_PROFILE ---- */
+
+static _Atomic long long prof_ns[GPU_PROF_N], prof_calls[GPU_PROF_N];
+static int prof_state = -1; /* -1: not read yet */
+
+static void prof_print(void) {
+  static const char *names[GPU_PROF_N] = {
+      "op (interpreter)", "  inputs to device", "  output alloc", "  launch plan",
+      "  kernel lookup",  "  cuLaunchKernel",   "fused group run"};
+  fprintf(stderr, "kiln GPU host profile (KILN_GPU_PROFILE)\n  %-22s %10s %12s %10s\n", "phase",
+          "calls", "total ms", "us/call");
+  for (int s = 0; s < GPU_PROF_N; s++) {
+    long long n = atomic_load(&prof_calls[s]), ns = atomic_load(&prof_ns[s]);
+    if (n)
+      fprintf(stderr, "  %-22s %10lld %12.2f %10.2f\n", names[s], n, (double)ns / 1e6,
+              (double)ns / 1e3 / (double)n);
+  }
+}
+
+bool gpu_prof_on(void) {
+  if (prof_state < 0) {
+    prof_state = vm_env_long("KILN_GPU_PROFILE", 0) != 0;
+    if (prof_state) atexit(prof_print);
+  }
+  return prof_state;
+}
+
+double gpu_prof_now(void) {
+  if (!gpu_prof_on()) return 0;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void gpu_prof_add(gpu_prof_slot s, double t0) {
+  if (!t0) return;
+  atomic_fetch_add(&prof_ns[s], (long long)((gpu_prof_now() - t0) * 1e9));
+  atomic_fetch_add(&prof_calls[s], 1);
+}
 
 static void init_info(void) {
   if (rt.unavailable) {
@@ -907,7 +948,9 @@ bool gpu_kernel_launch(void *kernel, const char *name, void *args, unsigned grid
   if (!t) return false;
   void *params[] = {args};
   CUfunction fn = cache_kernel_fn(kernel);
+  double p0 = gpu_prof_now();
   CUresult rc = rt.cu.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, t->stream, params, NULL);
+  gpu_prof_add(GPU_PROF_LAUNCH, p0);
   if (rc != CUDA_SUCCESS) {
     char what[GPU_KERNEL_NAME + 96];
     snprintf(what, sizeof what, "cuLaunchKernel(%s, grid %u, block %u)", name, grid, block);
@@ -942,12 +985,16 @@ static bool launch_one(gpu_thread *t, const gpu_launch *l, char *scratch, size_t
   }
   /* held while it is launched: no other thread's release unloads it
      meanwhile (an unload waits for the device: module_unload) */
+  double p0 = gpu_prof_now();
   cache_kernel *kernel = kernel_get(&l->key);
+  gpu_prof_add(GPU_PROF_KERNEL, p0);
   if (!kernel) return false;
   void *params[] = {&args};
+  p0 = gpu_prof_now();
   CUresult rc =
       rt.cu.cuLaunchKernel(cache_kernel_fn(kernel), l->grid[0], l->grid[1], l->grid[2], l->block[0],
                            l->block[1], l->block[2], l->shared_bytes, t->stream, params, NULL);
+  gpu_prof_add(GPU_PROF_LAUNCH, p0);
   cache_kernel_release(kernel);
   if (rc != CUDA_SUCCESS) {
     char name[GPU_KERNEL_NAME], what[GPU_KERNEL_NAME + 160];

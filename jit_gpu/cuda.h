@@ -21,6 +21,25 @@ const char *gpu_unavailable(void);
    (or the reason it is unavailable) */
 const char *gpu_info(void);
 int gpu_compute_capability(void); /* 90 for sm_90; 0 when unavailable */
+size_t gpu_total_memory(void);
+
+/* KILN_GPU_PROFILE=1: the host's time in each phase of the GPU's op-by-op
+   and fused paths, counted per call and printed at exit (where the time
+   of a launch goes on a real device; issue 43 measured 42 us an op) */
+typedef enum {
+  GPU_PROF_EXEC,      /* gpu_exec: one op on the interpreter, whole */
+  GPU_PROF_TO_DEVICE, /* its host inputs (weak scalars) copied over */
+  GPU_PROF_ALLOC,     /* its output allocated */
+  GPU_PROF_PLAN,      /* its launches planned (opgen) */
+  GPU_PROF_KERNEL,    /* a launch's kernel looked up */
+  GPU_PROF_LAUNCH,    /* cuLaunchKernel itself */
+  GPU_PROF_FUSED,     /* a fused group run (gpu_fused_run), whole */
+  GPU_PROF_N
+} gpu_prof_slot;
+bool gpu_prof_on(void);
+double gpu_prof_now(void); /* seconds; 0 when profiling is off */
+void gpu_prof_add(gpu_prof_slot s,
+                  double t0); /* the device's memory in bytes; 0 when unavailable */
 
 /* device memory: NULL + error (KILN_ERR_OOM after the cache was freed and
    the allocation retried once) */

@@ -47,8 +47,12 @@ double gb_launches(gb_eval f, void *ctx);
    the work never stops the host (DESIGN §6) */
 double gb_waits(gb_eval f, void *ctx);
 
-/* the device's copy bandwidth in GB/s: the median time of kiln_clone(x),
-   counted as 2 x its bytes (read + write), timed as gb_time does */
+/* the device's copy bandwidth in GB/s (bytes read + written): the median
+   of o->reps timings of `inner` device-to-device copies of x's size, made
+   with the CUDA driver itself (cuMemcpyDtoDAsync between two buffers of its
+   own), so the limit is the device's and not Kiln's.  (kiln_clone is no
+   measure: values are immutable, so a clone of a leaf moves no bytes.)  On
+   the CPU (--smoke-on-cpu) the same timing of kiln_neg(x). */
 double gb_copy_gbs(kiln_tensor *x, const bench_opts *o, int inner);
 
 /* the fields of a memory-bound result: bytes that must move, elements,

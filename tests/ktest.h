@@ -1,7 +1,10 @@
 /* ktest.h — the tiny test harness every C test uses.
  * TEST(name) defines a test; RUN(name) runs it; CHECK* record failures with
  * file:line and keep going; ktest_done() prints "N passed, N failed" (the
- * line CI reads) and returns the process exit code. */
+ * line CI reads) and returns the process exit code.
+ *   KTEST_ONLY=a,b   runs only the tests named (the others are left out)
+ *   KTEST_TRACE=1    names each test on stderr as it starts (unbuffered:
+ *                    where a run hangs or dies, the last name says which) */
 #ifndef KTEST_H
 #define KTEST_H
 
@@ -17,18 +20,30 @@ static const char *ktest_current;
 
 #define TEST(name) static void name(void)
 
-#define RUN(name)                          \
-  do {                                     \
-    int before_ = ktest_failed_checks;     \
-    ktest_current = #name;                 \
-    kiln_clear_error();                    \
-    name();                                \
-    if (ktest_failed_checks == before_) {  \
-      ktest_passed++;                      \
-    } else {                               \
-      ktest_failed++;                      \
-      fprintf(stderr, "FAIL %s\n", #name); \
-    }                                      \
+/* whether KTEST_ONLY (a comma-separated list; unset: every test) names it */
+static inline int ktest_selected(const char *name) {
+  const char *only = getenv("KTEST_ONLY");
+  if (!only || !*only) return 1;
+  size_t n = strlen(name);
+  for (const char *p = only; (p = strstr(p, name)) != NULL; p += n)
+    if ((p == only || p[-1] == ',') && (p[n] == ',' || p[n] == '\0')) return 1;
+  return 0;
+}
+
+#define RUN(name)                                                                                \
+  do {                                                                                           \
+    if (!ktest_selected(#name)) break;                                                           \
+    if (getenv("KTEST_TRACE") && *getenv("KTEST_TRACE")) fprintf(stderr, "[ktest] %s\n", #name); \
+    int before_ = ktest_failed_checks;                                                           \
+    ktest_current = #name;                                                                       \
+    kiln_clear_error();                                                                          \
+    name();                                                                                      \
+    if (ktest_failed_checks == before_) {                                                        \
+      ktest_passed++;                                                                            \
+    } else {                                                                                     \
+      ktest_failed++;                                                                            \
+      fprintf(stderr, "FAIL %s\n", #name);                                                       \
+    }                                                                                            \
   } while (0)
 
 #define KTEST_FAIL(...)                                                \

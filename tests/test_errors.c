@@ -17,6 +17,7 @@
 #endif
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/sysinfo.h>
 
 #include "ktest.h"
 
@@ -523,6 +524,19 @@ static void check_oom(kiln_dtype dt, int64_t n) {
 TEST(allocation_too_large_is_oom) {
   check_oom(KILN_F32, (int64_t)1 << 50); /* 4 PiB */
   check_oom(KILN_F64, (int64_t)1 << 58); /* 2 EiB: fits in int64 bytes */
+  /* 4 TiB: more than this machine's RAM and swap (where the kernel would
+     overcommit it, reading it would page for minutes instead) */
+  struct sysinfo si;
+  if (sysinfo(&si) == 0 &&
+      (double)si.totalram * si.mem_unit + (double)si.totalswap * si.mem_unit < 0x1p42) {
+    check_oom(KILN_F32, (int64_t)1 << 40);
+    kiln_tensor *t = kiln_zeros(KILN_F32, 1, S((int64_t)1 << 40)), *e = t ? kiln_exp(t) : NULL;
+    CHECK(!e || kiln_eval(1, &e) != KILN_OK);
+    CHECK_STR_CONTAINS(kiln_last_error(), "RAM and swap");
+    kiln_clear_error();
+    kiln_release(e);
+    kiln_release(t);
+  }
   /* the runtime still works afterwards */
   kiln_tensor *ok = kiln_ones(KILN_F32, 1, S(4));
   CHECK_TENSOR(ok, 1, S(4), V(1, 1, 1, 1), 0);

@@ -50,7 +50,10 @@ static int64_t numel_of(int ndim, const int64_t *shape) {
 /* a tensor of dtype dt holding vals (row-major doubles, converted) */
 static kiln_tensor *make(kiln_dtype dt, int ndim, const int64_t *shape, const double *vals) {
   int64_t n = numel_of(ndim, shape);
-  void *buf = malloc((size_t)(n ? n : 1) * dtype_size(dt));
+  size_t bytes = (size_t)(n ? n : 1) * dtype_size(dt);
+  void *buf = malloc(bytes);
+  if (!buf) return NULL;
+  memset(buf, 0, bytes); /* n == 0: nothing below writes it */
   for (int64_t i = 0; i < n; i++) {
     switch (dt) {
       case KILN_BOOL:

@@ -48,12 +48,13 @@ struct tr_node {
 };
 
 struct tr_graph {
-  pthread_mutex_t lock;  /* recursive: releasing a node may release its inputs */
-  atomic_long refs;      /* the thread + its pending nodes */
-  tr_node head;          /* sentinel of the pending list, in record order */
-  int64_t pending;       /* nodes in the list */
-  int64_t pending_bytes; /* bytes their results would take */
-  tr_node **stores;      /* handles' nodes rebound by stores since the last flush */
+  pthread_mutex_t lock;            /* recursive: releasing a node may release its inputs */
+  atomic_long refs;                /* the thread + its pending nodes */
+  tr_node head;                    /* sentinel of the pending list, in record order */
+  int64_t pending;                 /* nodes in the list */
+  int64_t pending_bytes;           /* bytes their results would take */
+  int64_t pending_device_bytes[2]; /* the same per kiln_device (CPU, CUDA) */
+  tr_node **stores;                /* handles' nodes rebound by stores since the last flush */
   int nstores, cap_stores;
   int visit_epoch;
   uint64_t flush_epoch;       /* flushes committed: depths older than this are stale */

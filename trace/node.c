@@ -130,6 +130,7 @@ void tr_node_unlink(tr_node *n) {
   n->prev = n->next = NULL;
   g->pending--;
   g->pending_bytes -= node_bytes(n);
+  if (n->meta.device < 2) g->pending_device_bytes[n->meta.device] -= node_bytes(n);
   for (int i = 0; i < n->nin; i++)
     if (n->in[i]->state != TR_MATERIALIZED) n->in[i]->pending_uses--;
 }
@@ -175,6 +176,7 @@ void tr_graph_append(tr_graph *g, tr_node *n) {
   g->head.prev = n;
   g->pending++;
   g->pending_bytes += node_bytes(n);
+  if (n->meta.device < 2) g->pending_device_bytes[n->meta.device] += node_bytes(n);
   for (int i = 0; i < n->nin; i++)
     if (n->in[i]->state != TR_MATERIALIZED) n->in[i]->pending_uses++;
 }

@@ -4,9 +4,11 @@
 #include "record.h"
 
 #include <assert.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../vm/backend.h"
 #include "../vm/state.h"
 #include "flush.h"
 #include "graph.h"
@@ -15,7 +17,33 @@
    trace; chains past it are cut at deterministic points */
 #define TR_DEPTH_CAP 256
 #define TR_NODE_CAP 4096
-#define TR_PENDING_BYTES_CAP ((int64_t)1 << 30)
+/* a pending graph's results on one device (as if each were kept: the
+   bound of an op-by-op run) are flushed past an eighth of that device's
+   memory, 1 GiB at least.  A fixed 1 GiB cut a 512 MiB-per-value
+   elementwise chain on an H200 (141 GB) into four traces of four kernels
+   where one fused kernel was the whole job (issue 43, G1) */
+#define TR_PENDING_BYTES_MIN ((int64_t)1 << 30)
+static _Atomic int64_t pending_cap[2]; /* 0: not asked yet */
+
+/* asked only once a device holds that much pending (a device with values
+   pending is started already) */
+static int64_t device_pending_cap(int d) {
+  int64_t cap = atomic_load_explicit(&pending_cap[d], memory_order_relaxed);
+  if (cap) return cap;
+  const vm_backend *b = vm_backend_of((kiln_device)d);
+  size_t total = b && b->total_memory ? b->total_memory() : 0;
+  cap = (int64_t)(total / 8) > TR_PENDING_BYTES_MIN ? (int64_t)(total / 8) : TR_PENDING_BYTES_MIN;
+  atomic_store_explicit(&pending_cap[d], cap, memory_order_relaxed);
+  return cap;
+}
+
+static bool pending_over_cap(const tr_graph *g) {
+  for (int d = 0; d < 2; d++)
+    if (g->pending_device_bytes[d] >= TR_PENDING_BYTES_MIN &&
+        g->pending_device_bytes[d] >= device_pending_cap(d))
+      return true;
+  return false;
+}
 
 /* appends n to g's store queue (g locked); false when out of memory */
 static bool queue_locked(tr_graph *g, tr_node *n) {
@@ -287,7 +315,7 @@ vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *a
   }
   tr_graph_lock(g);
   if (g->pending >= TR_NODE_CAP) flush_all(g, TR_FLUSH_NODES);
-  if (g->pending_bytes >= TR_PENDING_BYTES_CAP) flush_all(g, TR_FLUSH_MEMORY);
+  if (pending_over_cap(g)) flush_all(g, TR_FLUSH_MEMORY);
   int depth = 0;
   for (int i = 0; i < n; i++) {
     int d = in[i]->node->graph == g ? current_depth(g, in[i]->node) : 0;

@@ -30,6 +30,9 @@ typedef struct vm_backend {
   bool (*to_host)(void *dst, const void *src, size_t nbytes);
   bool (*from_host)(void *dst, const void *src, size_t nbytes);
   bool (*copy)(void *dst, const void *src, size_t nbytes); /* within the device */
+  /* bytes the device holds (RAM and swap for the CPU); 0: unknown.  The
+     recorder bounds a pending graph's results on each device by it */
+  size_t (*total_memory)(void);
 
   /* the interpreter: op on values of this device, a new value (views share
      their input's storage) or NULL + error set */

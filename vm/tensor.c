@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -156,6 +157,21 @@ static size_t block_size(size_t nbytes) {
   return (nbytes + 0xFFFF) & ~(size_t)0xFFFF;
 }
 
+/* the machine's RAM plus swap in bytes (0: unknown, no limit) */
+static size_t memory_total;
+static pthread_once_t memory_total_once = PTHREAD_ONCE_INIT;
+static void memory_total_init(void) {
+  struct sysinfo si;
+  if (sysinfo(&si) == 0)
+    memory_total = (size_t)((unsigned long long)si.totalram * si.mem_unit +
+                            (unsigned long long)si.totalswap * si.mem_unit);
+}
+
+size_t vm_memory_total(void) {
+  pthread_once(&memory_total_once, memory_total_init);
+  return memory_total;
+}
+
 static void *block_alloc(size_t bytes) {
   if (bytes >= VM_CACHE_MIN_BYTES) {
     pthread_mutex_lock(&block_cache.lock);
@@ -237,6 +253,16 @@ static vm_storage *storage_new(size_t nbytes) {
     s->device = KILN_CPU;
     atomic_fetch_add_explicit(&live_bytes, storage_bytes(s), memory_order_relaxed);
     return s;
+  }
+  /* more than the machine's memory and swap together can never be held:
+     an error now, not minutes of paging where the kernel overcommits (a
+     lent GPU machine let 4 TiB of zeros be "allocated", then read them) */
+  pthread_once(&memory_total_once, memory_total_init);
+  if (memory_total && nbytes > memory_total) {
+    vm_error(KILN_ERR_OOM,
+             "out of memory allocating %zu bytes (more than this machine's %zu of RAM and swap)",
+             nbytes, memory_total);
+    return NULL;
   }
   vm_storage *s = malloc(sizeof *s);
   size_t bytes = block_size(nbytes);

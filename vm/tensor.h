@@ -111,5 +111,6 @@ bool vm_scan_strides(const vm_tensor *v, int axis, int nd, const int64_t *shape,
                      int64_t *gstride, int64_t *extent);
 
 size_t vm_memory_in_use(void); /* bytes held by live storages */
+size_t vm_memory_total(void);  /* the machine's RAM and swap (0: unknown) */
 
 #endif
