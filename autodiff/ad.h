@@ -26,6 +26,7 @@ bool ad_requires_grad(const vm_tensor *t);
 int ad_backward(vm_tensor *loss, vm_tensor *grad);
 vm_tensor *ad_grad(vm_tensor *leaf);
 int ad_zero_grad(vm_tensor *leaf);
+int ad_set_grad(vm_tensor *leaf, vm_tensor *g); /* kiln_set_grad */
 int ad_grad_of(int nout, vm_tensor *const *outs, vm_tensor *const *gouts, int nin,
                vm_tensor *const *ins, vm_tensor **grads, bool create_graph);
 vm_tensor *ad_detach(vm_tensor *t);

@@ -7,6 +7,7 @@
 
 #include "../front/composite.h"
 #include "../trace/tape.h"
+#include "../vm/backend.h"
 #include "../vm/state.h"
 #include "ad.h"
 
@@ -445,6 +446,42 @@ vm_tensor *ad_grad(vm_tensor *leaf) {
   }
   if (!leaf->slot || !leaf->slot->grad) return NULL; /* none yet: no error */
   return tr_handle_of_node(leaf->slot->grad->node);
+}
+
+/* leaf's gradient becomes g's values (a handle of the slot's own, as a
+   backward's first gradient is); NULL drops it.  What p.grad.mul!(c) in
+   the Ruby binding (gradient clipping) writes back through: kiln_grad
+   hands out values, so an in-place op on one changed nothing before. */
+int ad_set_grad(vm_tensor *leaf, vm_tensor *g) {
+  vm_clear_error();
+  if (!have(leaf, 0)) return KILN_ERR_ARG;
+  if (!g) return ad_zero_grad(leaf);
+  if (!leaf->slot) {
+    return vm_error(KILN_ERR_STATE,
+                    tr_node_requires_grad(leaf->node)
+                        ? "this tensor is not a leaf (it is computed from tensors that require "
+                          "grad), so it holds no gradient"
+                        : "this tensor does not require grad (kiln_set_requires_grad first)");
+  }
+  if (g->dtype != leaf->dtype)
+    return vm_error(KILN_ERR_DTYPE, "the gradient is %s, the tensor %s", vm_dtype_name(g->dtype),
+                    vm_dtype_name(leaf->dtype));
+  if (g->device != leaf->device)
+    return vm_error(KILN_ERR_DEVICE, "the gradient is on %s, the tensor on %s",
+                    vm_device_name(g->device), vm_device_name(leaf->device));
+  if (g->ndim != leaf->ndim || memcmp(g->shape, leaf->shape, (size_t)g->ndim * sizeof g->shape[0]))
+    return vm_error(KILN_ERR_SHAPE, "the gradient's shape differs from the tensor's");
+  vm_thread()->no_grad++;
+  vm_tensor *h = grad_for_slot(g);
+  vm_thread()->no_grad--;
+  if (!h) return vm_thread()->status ? vm_thread()->status : KILN_ERR_OOM;
+  if (leaf->slot->grad) {
+    tr_unqueue_store(leaf->slot->grad);
+    vm_release(leaf->slot->grad);
+  }
+  leaf->slot->grad = h;
+  tr_queue_store(h);
+  return KILN_OK;
 }
 
 int ad_zero_grad(vm_tensor *leaf) {

@@ -1929,6 +1929,37 @@ TEST(grad_scatter_add) {
   kiln_release(k.idx);
 }
 
+/* kiln_set_grad replaces a leaf's gradient (gradient clipping writes the
+   scaled gradient back with it): the next backward accumulates onto it,
+   the caller's tensor is never aliased, and a wrong dtype, shape, a
+   non-leaf or a tensor without grad is a clear error */
+TEST(set_grad_replaces_a_leafs_gradient) {
+  kiln_tensor *w = leaf(1, S(3), D(2.0, 3.0, 4.0)), *g = tf64(1, S(3), D(0.5, -1.0, 2.0));
+  CHECK_EQ_INT(kiln_backward(sq_loss(w), NULL), 0);
+  CHECK_GRAD(w, 3, D(4.0, 6.0, 8.0), 0);
+  CHECK_EQ_INT(kiln_set_grad(w, g), 0);
+  CHECK_GRAD(w, 3, D(0.5, -1.0, 2.0), 0);
+  CHECK_EQ_INT(kiln_backward(sq_loss(w), NULL), 0); /* accumulates onto it */
+  CHECK_GRAD(w, 3, D(4.5, 5.0, 10.0), 0);
+  CHECK_VALUES(g, 3, D(0.5, -1.0, 2.0), 0, 0); /* the caller's tensor as it was */
+  kiln_tensor *f32 = kiln_ones(KILN_F32, 1, S(3)), *two = tf64(1, S(2), D(1.0, 1.0));
+  CHECK_EQ_INT(kiln_set_grad(w, f32), KILN_ERR_DTYPE);
+  CHECK_STR_CONTAINS(kiln_last_error(), "float32");
+  CHECK_EQ_INT(kiln_set_grad(w, two), KILN_ERR_SHAPE);
+  kiln_tensor *y = kiln_mul_scalar(w, 2); /* not a leaf */
+  CHECK_EQ_INT(kiln_set_grad(y, g), KILN_ERR_STATE);
+  CHECK_STR_CONTAINS(kiln_last_error(), "not a leaf");
+  CHECK_EQ_INT(kiln_set_grad(g, g), KILN_ERR_STATE); /* requires no grad */
+  CHECK_STR_CONTAINS(kiln_last_error(), "does not require grad");
+  CHECK_GRAD(w, 3, D(4.5, 5.0, 10.0), 0); /* the errors changed nothing */
+  CHECK_EQ_INT(kiln_set_grad(w, NULL), 0);
+  kiln_tensor *none = kiln_grad(w);
+  CHECK(none == NULL);
+  kiln_clear_error();
+  kiln_release(y), kiln_release(two), kiln_release(f32), kiln_release(g), kiln_release(w);
+  pool_release_to(0);
+}
+
 /* a leaf that is itself the loss */
 TEST(backward_on_a_leaf) {
   kiln_tensor *x = leaf(0, NULL, D(3.0)), *y = leaf(1, S(1), D(-2.0));
@@ -2188,6 +2219,7 @@ int main(void) {
   RUN(grad_scatter_add);
   RUN(backward_on_a_leaf);
   RUN(a_leaf_gradient_never_aliases_the_callers_tensors);
+  RUN(set_grad_replaces_a_leafs_gradient);
   RUN(grad_of_more);
   RUN(backward_through_a_deep_graph);
   RUN(backward_misc);

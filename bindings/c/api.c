@@ -518,6 +518,10 @@ int kiln_zero_grad(kiln_tensor *leaf) {
   API(kiln_zero_grad);
   return ad_zero_grad(leaf);
 }
+int kiln_set_grad(kiln_tensor *leaf, kiln_tensor *grad) {
+  API(kiln_set_grad);
+  return ad_set_grad(leaf, grad);
+}
 int kiln_grad_of(int nout, kiln_tensor *const *outs, kiln_tensor *const *gouts, int nin,
                  kiln_tensor *const *ins, kiln_tensor **grads, bool create_graph) {
   API(kiln_grad_of);

@@ -232,6 +232,9 @@ KILN_API bool kiln_requires_grad(const kiln_tensor *t);
 KILN_API int kiln_backward(kiln_tensor *loss, kiln_tensor *grad /* NULL: ones, scalar loss */);
 KILN_API kiln_tensor *kiln_grad(kiln_tensor *leaf); /* new reference; NULL, no error, if none */
 KILN_API int kiln_zero_grad(kiln_tensor *leaf);
+/* grad's values become leaf's gradient (what the next optimizer step
+   reads); same dtype, device and shape; NULL drops it (kiln_zero_grad) */
+KILN_API int kiln_set_grad(kiln_tensor *leaf, kiln_tensor *grad);
 KILN_API int kiln_grad_of(int nout, kiln_tensor *const *outs, kiln_tensor *const *gouts, int nin,
                           kiln_tensor *const *ins, kiln_tensor **grads,
                           bool create_graph); /* functional; grads[i] new references */

@@ -123,6 +123,13 @@ static VALUE t_grad(VALUE self) {
   return rk_finish(obj, g);
 }
 
+static VALUE t_set_grad(VALUE self, VALUE grad) {
+  kiln_tensor *t = rk_get(self);
+  kiln_clear_error();
+  rk_check_status(kiln_set_grad(t, NIL_P(grad) ? NULL : rk_get(grad)));
+  return self;
+}
+
 static VALUE t_zero_grad(VALUE self) {
   kiln_tensor *t = rk_get(self);
   kiln_clear_error();
@@ -232,7 +239,8 @@ void rk_init_tensor(void) {
   rb_define_method(c, "requires_grad?", t_requires_grad, 0);
   rb_define_method(c, "_set_requires_grad", t_set_requires_grad, 1);
   rb_define_method(c, "_backward", t_backward, 1);
-  rb_define_method(c, "grad", t_grad, 0);
+  rb_define_method(c, "_grad", t_grad, 0);
+  rb_define_method(c, "_set_grad", t_set_grad, 1);
   rb_define_method(c, "zero_grad!", t_zero_grad, 0);
   rb_define_method(c, "detach", t_detach, 0);
   rb_define_method(c, "sub_scaled!", t_sub_scaled, 2);

@@ -146,6 +146,73 @@ module Kiln
       end
     end
 
+    # RMSprop, as torch.optim.RMSprop: a running mean of squared gradients
+    # (alpha) divides the step; centered subtracts the squared running mean
+    # of the gradients; momentum keeps a buffer of the scaled steps
+    class RMSprop < Optimizer
+      def initialize(params, lr: 1e-2, alpha: 0.99, eps: 1e-8, weight_decay: 0, momentum: 0, centered: false)
+        raise ArgumentError, "RMSprop: alpha must be in [0, 1), got #{alpha}" unless alpha >= 0 && alpha < 1
+        raise ArgumentError, "RMSprop: eps must be >= 0, got #{eps}" if eps.negative?
+
+        super(params, { lr: lr, alpha: alpha, eps: eps, weight_decay: weight_decay, momentum: momentum,
+                        centered: centered })
+      end
+
+      private
+
+      def update(p, g, group, state)
+        wd = group[:weight_decay]
+        g += p * wd unless wd.zero?
+        alpha = group[:alpha]
+        sq = state[:square_avg] || Kiln.zeros_like(p)
+        sq = sq * alpha + g * g * (1 - alpha)
+        state[:square_avg] = sq
+        if group[:centered]
+          ga = state[:grad_avg] || Kiln.zeros_like(p)
+          ga = ga * alpha + g * (1 - alpha)
+          state[:grad_avg] = ga
+          avg = (sq - ga * ga).sqrt + group[:eps]
+        else
+          avg = sq.sqrt + group[:eps]
+        end
+        step = g / avg
+        mu = group[:momentum]
+        unless mu.zero?
+          buf = state[:momentum_buffer] || Kiln.zeros_like(p)
+          step = buf * mu + step
+          state[:momentum_buffer] = step
+        end
+        p.sub_scaled!(step, group[:lr])
+      end
+    end
+
+    # Adagrad, as torch.optim.Adagrad: the sum of squared gradients divides
+    # the step; the learning rate decays as lr / (1 + (step - 1) * lr_decay)
+    class Adagrad < Optimizer
+      def initialize(params, lr: 1e-2, lr_decay: 0, weight_decay: 0, initial_accumulator_value: 0, eps: 1e-10)
+        raise ArgumentError, "Adagrad: lr_decay must be >= 0, got #{lr_decay}" if lr_decay.negative?
+        if initial_accumulator_value.negative?
+          raise ArgumentError, "Adagrad: initial_accumulator_value must be >= 0, got #{initial_accumulator_value}"
+        end
+
+        super(params, { lr: lr, lr_decay: lr_decay, weight_decay: weight_decay,
+                        initial_accumulator_value: initial_accumulator_value, eps: eps })
+      end
+
+      private
+
+      def update(p, g, group, state)
+        t = state[:step] = (state[:step] || 0) + 1
+        wd = group[:weight_decay]
+        g += p * wd unless wd.zero?
+        clr = group[:lr] / (1 + (t - 1) * group[:lr_decay])
+        sum = state[:sum] || Kiln.full_like(p, group[:initial_accumulator_value])
+        sum += g * g
+        state[:sum] = sum
+        p.sub_scaled!(g / (sum.sqrt + group[:eps]), clr)
+      end
+    end
+
     module LRScheduler
       # sets each param group's :lr from its initial lr and the epoch count;
       # step is called once per epoch (after optimizer.step)
@@ -184,6 +251,96 @@ module Kiln
 
         def lr_at(base, epoch)
           base * @gamma**(epoch / @step_size)
+        end
+      end
+
+      # Cuts each group's lr by factor when a metric (step(metric), once per
+      # epoch) stopped improving for more than patience epochs, as
+      # torch.optim.lr_scheduler.ReduceLROnPlateau: mode :min or :max,
+      # threshold relative (:rel) or absolute (:abs), cooldown epochs after
+      # a cut, min_lr a floor (one number, or one per group), changes
+      # smaller than eps skipped
+      class ReduceLROnPlateau
+        attr_reader :optimizer, :best, :num_bad_epochs, :last_epoch
+
+        def initialize(optimizer, mode: :min, factor: 0.1, patience: 10, threshold: 1e-4, threshold_mode: :rel,
+                       cooldown: 0, min_lr: 0, eps: 1e-8)
+          raise ArgumentError, "ReduceLROnPlateau: factor must be < 1.0, got #{factor}" if factor >= 1.0
+          unless %w[min max].include?(mode.to_s)
+            raise ArgumentError, "ReduceLROnPlateau: mode is :min or :max, not #{mode.inspect}"
+          end
+          unless %w[rel abs].include?(threshold_mode.to_s)
+            raise ArgumentError, "ReduceLROnPlateau: threshold_mode is :rel or :abs, not #{threshold_mode.inspect}"
+          end
+
+          @optimizer = optimizer
+          n = optimizer.param_groups.size
+          @min_lrs = min_lr.is_a?(Array) ? min_lr.dup : [min_lr] * n
+          if @min_lrs.size != n
+            raise ArgumentError, "ReduceLROnPlateau: #{@min_lrs.size} min_lr values for #{n} param groups"
+          end
+
+          @mode = mode.to_s
+          @factor = factor
+          @patience = patience
+          @threshold = threshold
+          @threshold_mode = threshold_mode.to_s
+          @cooldown = cooldown
+          @eps = eps
+          @best = @mode == "min" ? Float::INFINITY : -Float::INFINITY
+          @num_bad_epochs = 0
+          @cooldown_counter = 0
+          @last_epoch = 0
+        end
+
+        # metric: a number or a 0-d tensor (read: one wait)
+        def step(metric)
+          current = metric.is_a?(Tensor) ? metric.item : Float(metric)
+          @last_epoch += 1
+          if better?(current)
+            @best = current
+            @num_bad_epochs = 0
+          else
+            @num_bad_epochs += 1
+          end
+          if @cooldown_counter.positive?
+            @cooldown_counter -= 1
+            @num_bad_epochs = 0
+          end
+          if @num_bad_epochs > @patience
+            reduce_lr
+            @cooldown_counter = @cooldown
+            @num_bad_epochs = 0
+          end
+          nil
+        end
+
+        def get_last_lr
+          @optimizer.param_groups.map { |g| g[:lr] }
+        end
+        alias last_lr get_last_lr
+
+        def in_cooldown?
+          @cooldown_counter.positive?
+        end
+
+        private
+
+        def better?(a)
+          rel = @threshold_mode == "rel"
+          if @mode == "min"
+            rel ? a < @best * (1 - @threshold) : a < @best - @threshold
+          else
+            rel ? a > @best * (1 + @threshold) : a > @best + @threshold
+          end
+        end
+
+        def reduce_lr
+          @optimizer.param_groups.each_with_index do |g, i|
+            old = g[:lr]
+            new = [old * @factor, @min_lrs[i]].max
+            g[:lr] = new if old - new > @eps
+          end
         end
       end
 

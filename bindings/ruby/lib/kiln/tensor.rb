@@ -201,11 +201,19 @@ module Kiln
       _backward(grad)
     end
 
-    # `x.grad = nil` drops the gradient (the same as zero_grad!)
-    def grad=(value)
-      raise ArgumentError, "only nil can be assigned to grad (use zero_grad!)" unless value.nil?
+    # the gradient accumulated by backward (nil before any); in-place
+    # updates of it (mul!, clamp!, copy!, ...) also update the gradient the
+    # optimizer reads, as torch-rb's `p.grad.mul!(scale)` expects
+    def grad
+      g = _grad
+      g&.instance_variable_set(:@grad_of, self)
+      g
+    end
 
-      zero_grad!
+    # `x.grad = g` makes g's values the gradient (same dtype and shape);
+    # `x.grad = nil` drops it (the same as zero_grad!)
+    def grad=(value)
+      _set_grad(value.nil? || value.is_a?(Tensor) ? value : Kiln.tensor(value, dtype: dtype))
     end
 
     # --- elementwise with keywords ------------------------------------------------
@@ -684,12 +692,14 @@ module Kiln
     def sub_scaled!(src, alpha)
       _sub_scaled!(src, alpha)
       @data_of&._assign!(self)
+      @grad_of&._set_grad(self)
       self
     end
 
     def assign!(src)
       _assign!(src)
       @data_of&._assign!(self)
+      @grad_of&._set_grad(self)
       self
     end
 
