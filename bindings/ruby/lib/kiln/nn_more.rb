@@ -217,3 +217,185 @@ module Kiln
     end
   end
 end
+
+module Kiln
+  module NN
+    # The recurrent layers of torch.nn (RNN, GRU, LSTM), with torch's
+    # parameter names (weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0,
+    # ..._reverse), gate order (GRU r, z, n; LSTM i, f, g, o), init
+    # U(-1/sqrt(hidden), 1/sqrt(hidden)), shapes ([T, B, I], or [B, T, I]
+    # with batch_first:, or unbatched [T, I]) and results (output, h_n; for
+    # LSTM output, [h_n, c_n]).  Each layer and direction computes its input
+    # projection for every step at once (one GEMM over [T * B, I]) and then
+    # runs the recurrent part step by step, as the loop is written.
+    class RNNBase < Module
+      attr_reader :input_size, :hidden_size, :num_layers, :bidirectional, :batch_first
+
+      GATES = { rnn: 1, gru: 3, lstm: 4 }.freeze
+
+      def initialize(mode, input_size, hidden_size, num_layers: 1, nonlinearity: :tanh, bias: true,
+                     batch_first: false, dropout: 0.0, bidirectional: false)
+        super()
+        unless hidden_size.is_a?(Integer) && hidden_size.positive? && input_size.is_a?(Integer) && input_size.positive?
+          raise ArgumentError, "#{self.class}: input_size and hidden_size must be positive Integers"
+        end
+        raise ArgumentError, "#{self.class}: num_layers must be a positive Integer" unless num_layers.is_a?(Integer) && num_layers.positive?
+        raise ArgumentError, "#{self.class}: dropout must be in [0, 1], got #{dropout}" unless dropout >= 0 && dropout <= 1
+        unless %w[tanh relu].include?(nonlinearity.to_s)
+          raise ArgumentError, "#{self.class}: nonlinearity is :tanh or :relu, not #{nonlinearity.inspect}"
+        end
+
+        @mode = mode
+        @input_size = input_size
+        @hidden_size = hidden_size
+        @num_layers = num_layers
+        @nonlinearity = nonlinearity.to_s
+        @batch_first = batch_first
+        @dropout = dropout.to_f
+        @bidirectional = bidirectional
+        @bias = bias
+        dirs = bidirectional ? 2 : 1
+        rows = GATES.fetch(mode) * hidden_size
+        bound = 1.0 / Math.sqrt(hidden_size)
+        num_layers.times do |l|
+          dirs.times do |d|
+            sfx = suffix(l, d)
+            width = l.zero? ? input_size : hidden_size * dirs
+            instance_variable_set("@weight_ih#{sfx}", uniform_parameter([rows, width], bound))
+            instance_variable_set("@weight_hh#{sfx}", uniform_parameter([rows, hidden_size], bound))
+            next unless bias
+
+            instance_variable_set("@bias_ih#{sfx}", uniform_parameter([rows], bound))
+            instance_variable_set("@bias_hh#{sfx}", uniform_parameter([rows], bound))
+          end
+        end
+      end
+
+      def forward(input, hx = nil)
+        unbatched = input.ndim == 2
+        unless [2, 3].include?(input.ndim) && input.shape[-1] == @input_size
+          raise Kiln::ShapeError, "#{self.class}: input must be [T, B, #{@input_size}] (or [B, T, #{@input_size}] " \
+                                  "with batch_first:, or [T, #{@input_size}]), not #{input.shape.inspect}"
+        end
+
+        x = unbatched ? input.unsqueeze(1) : (@batch_first ? input.transpose(0, 1) : input)
+        dirs = @bidirectional ? 2 : 1
+        h0, c0 = initial_state(hx, x, dirs, unbatched)
+        hn = []
+        cn = []
+        layer_in = x
+        @num_layers.times do |l|
+          outs = Array.new(dirs) do |d|
+            idx = l * dirs + d
+            out, h, c = run_direction(layer_in, l, d, h0[idx], c0&.[](idx))
+            hn << h
+            cn << c
+            out
+          end
+          layer_in = dirs == 2 ? Kiln.cat(outs, 2) : outs[0]
+          layer_in = F.dropout(layer_in, p: @dropout, training: true) if @dropout.positive? && training? && l < @num_layers - 1
+        end
+        output = unbatched ? layer_in.squeeze(1) : (@batch_first ? layer_in.transpose(0, 1) : layer_in)
+        h_n = Kiln.stack(hn, 0)
+        h_n = h_n.squeeze(1) if unbatched
+        return [output, h_n] unless @mode == :lstm
+
+        c_n = Kiln.stack(cn, 0)
+        [output, [h_n, unbatched ? c_n.squeeze(1) : c_n]]
+      end
+
+      def extra_inspect
+        "#{@input_size}, #{@hidden_size}#{@num_layers == 1 ? '' : ", num_layers: #{@num_layers}"}" \
+          "#{@batch_first ? ', batch_first: true' : ''}#{@bidirectional ? ', bidirectional: true' : ''}"
+      end
+
+      private
+
+      def suffix(layer, dir)
+        "_l#{layer}#{dir == 1 ? '_reverse' : ''}"
+      end
+
+      # [h0 per layer and direction, c0 (LSTM) or nil]
+      def initial_state(hx, x, dirs, unbatched)
+        want = [@num_layers * dirs, x.shape[1], @hidden_size]
+        check = lambda do |t, what|
+          t = t.unsqueeze(1) if unbatched && t.ndim == 2
+          unless t.shape == want
+            raise Kiln::ShapeError, "#{self.class}: #{what} must be #{want.inspect}, not #{t.shape.inspect}"
+          end
+
+          t
+        end
+        if @mode == :lstm
+          h, c = hx.nil? ? [nil, nil] : hx
+          h = h.nil? ? Kiln.zeros(want, dtype: x.dtype) : check.(h, "h_0")
+          c = c.nil? ? Kiln.zeros(want, dtype: x.dtype) : check.(c, "c_0")
+          [Array.new(want[0]) { |i| h[i] }, Array.new(want[0]) { |i| c[i] }]
+        else
+          h = hx.nil? ? Kiln.zeros(want, dtype: x.dtype) : check.(hx, "h_0")
+          [Array.new(want[0]) { |i| h[i] }, nil]
+        end
+      end
+
+      # one layer, one direction over x [T, B, W]: [outputs [T, B, H], h, c]
+      def run_direction(x, layer, dir, h, c)
+        sfx = suffix(layer, dir)
+        w_ih = instance_variable_get("@weight_ih#{sfx}")
+        w_hh = instance_variable_get("@weight_hh#{sfx}")
+        b_ih = @bias ? instance_variable_get("@bias_ih#{sfx}") : nil
+        b_hh = @bias ? instance_variable_get("@bias_hh#{sfx}") : nil
+        steps = x.shape[0]
+        gx = F.linear(x, w_ih, b_ih) # every step's input projection at once
+        outs = Array.new(steps)
+        order = dir.zero? ? (0...steps).to_a : (steps - 1).downto(0).to_a
+        order.each do |t|
+          h, c = cell(gx[t], F.linear(h, w_hh, b_hh), h, c)
+          outs[t] = h
+        end
+        [Kiln.stack(outs, 0), h, c]
+      end
+
+      def cell(gx, gh, h, c)
+        case @mode
+        when :rnn
+          s = gx + gh
+          [@nonlinearity == "tanh" ? s.tanh : s.relu, nil]
+        when :gru
+          rx, zx, nx = gx.chunk(3, 1)
+          rh, zh, nh = gh.chunk(3, 1)
+          r = (rx + rh).sigmoid
+          z = (zx + zh).sigmoid
+          n = (nx + r * nh).tanh
+          [n + z * (h - n), nil] # (1 - z) * n + z * h
+        when :lstm
+          i, f, g, o = (gx + gh).chunk(4, 1)
+          c = f.sigmoid * c + i.sigmoid * g.tanh
+          [o.sigmoid * c.tanh, c]
+        end
+      end
+    end
+
+    class RNN < RNNBase
+      def initialize(input_size, hidden_size, **kw)
+        super(:rnn, input_size, hidden_size, **kw)
+      end
+    end
+
+    class GRU < RNNBase
+      def initialize(input_size, hidden_size, **kw)
+        raise ArgumentError, "Kiln::NN::GRU: no nonlinearity: (its gates are fixed)" if kw.key?(:nonlinearity)
+
+        super(:gru, input_size, hidden_size, **kw)
+      end
+    end
+
+    class LSTM < RNNBase
+      def initialize(input_size, hidden_size, **kw)
+        raise ArgumentError, "Kiln::NN::LSTM: no nonlinearity: (its gates are fixed)" if kw.key?(:nonlinearity)
+        raise ArgumentError, "Kiln::NN::LSTM: proj_size is not supported" if kw.key?(:proj_size)
+
+        super(:lstm, input_size, hidden_size, **kw)
+      end
+    end
+  end
+end
