@@ -399,3 +399,237 @@ module Kiln
     end
   end
 end
+
+module Kiln
+  module NN
+    module Functional
+      class << self
+        # softmax(q k^T * scale + mask) v over the last two axes, as
+        # torch.nn.functional.scaled_dot_product_attention: attn_mask a bool
+        # tensor (true: may attend) or a float one added to the scores;
+        # is_causal masks key positions after each query's; scale defaults
+        # to 1/sqrt(head size); dropout_p drops weights (training only)
+        def scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+          if attn_mask && is_causal
+            raise ArgumentError, "scaled_dot_product_attention: attn_mask and is_causal: true together (give one)"
+          end
+
+          s = scale.nil? ? 1.0 / Math.sqrt(query.shape[-1]) : scale.to_f
+          scores = query.matmul(key.transpose(-2, -1)) * s
+          if is_causal
+            l = query.shape[-2]
+            m = key.shape[-2]
+            scores = scores.masked_fill(Kiln.arange(m).unsqueeze(0).gt(Kiln.arange(l).unsqueeze(1)), -Float::INFINITY)
+          elsif attn_mask
+            scores = attn_mask.dtype == :bool ? scores.masked_fill(attn_mask.logical_not, -Float::INFINITY) : scores + attn_mask
+          end
+          weights = scores.softmax(-1)
+          weights = dropout(weights, dropout_p, true) if dropout_p.positive?
+          weights.matmul(value)
+        end
+
+        signature "scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None)"
+      end
+    end
+
+    # torch.nn.MultiheadAttention (embed_dim, num_heads; dropout:, bias:,
+    # batch_first:): in_proj_weight [3E, E] (xavier uniform), in_proj_bias
+    # (zeros), out_proj (a Linear, its bias zeros), so a state_dict has
+    # torch's names.  forward(query, key, value, key_padding_mask:,
+    # need_weights:, attn_mask:, average_attn_weights:, is_causal:) returns
+    # [output, weights or nil]; masks as torch's (bool: true is masked out;
+    # float: added).  kdim/vdim other than embed_dim, add_bias_kv and
+    # add_zero_attn are not supported (an error says so).
+    class MultiheadAttention < Module
+      attr_reader :embed_dim, :num_heads, :batch_first, :in_proj_weight, :in_proj_bias, :out_proj
+
+      def initialize(embed_dim, num_heads, dropout: 0.0, bias: true, add_bias_kv: false, add_zero_attn: false,
+                     kdim: nil, vdim: nil, batch_first: false)
+        super()
+        unless (embed_dim % num_heads).zero?
+          raise ArgumentError, "Kiln::NN::MultiheadAttention: embed_dim #{embed_dim} must divide by num_heads #{num_heads}"
+        end
+        if add_bias_kv || add_zero_attn || (kdim && kdim != embed_dim) || (vdim && vdim != embed_dim)
+          raise ArgumentError, "Kiln::NN::MultiheadAttention: kdim/vdim other than embed_dim, add_bias_kv and " \
+                               "add_zero_attn are not supported"
+        end
+
+        @embed_dim = embed_dim
+        @num_heads = num_heads
+        @dropout = dropout.to_f
+        @batch_first = batch_first
+        @in_proj_weight = Kiln.empty(3 * embed_dim, embed_dim)
+        Init.xavier_uniform!(@in_proj_weight)
+        @in_proj_weight.requires_grad = true
+        @in_proj_bias = bias ? constant_parameter([3 * embed_dim], 0.0) : nil
+        @out_proj = Linear.new(embed_dim, embed_dim, bias: bias)
+        Init.zeros!(@out_proj.bias) if bias
+      end
+
+      def forward(query, key, value, key_padding_mask: nil, need_weights: true, attn_mask: nil,
+                  average_attn_weights: true, is_causal: false)
+        unbatched = query.ndim == 2
+        q, k, v = [query, key, value].map do |t|
+          next t.unsqueeze(1) if unbatched
+
+          @batch_first ? t.transpose(0, 1) : t
+        end
+        l, n, e = q.shape
+        s = k.shape[0]
+        if e != @embed_dim || k.shape[1..] != [n, e] || v.shape != k.shape
+          raise Kiln::ShapeError, "Kiln::NN::MultiheadAttention: query #{query.shape.inspect}, key #{key.shape.inspect} " \
+                                  "and value #{value.shape.inspect} must share batch and embed_dim #{@embed_dim}"
+        end
+
+        w_q, w_k, w_v = @in_proj_weight.chunk(3, 0)
+        b_q, b_k, b_v = @in_proj_bias ? @in_proj_bias.chunk(3, 0) : [nil, nil, nil]
+        hd = e / @num_heads
+        heads = ->(t, len) { t.reshape(len, n * @num_heads, hd).transpose(0, 1) } # [N*H, len, hd]
+        qh = heads.(F.linear(q, w_q, b_q), l)
+        kh = heads.(F.linear(k, w_k, b_k), s)
+        vh = heads.(F.linear(v, w_v, b_v), s)
+        scores = qh.matmul(kh.transpose(1, 2)) * (1.0 / Math.sqrt(hd)) # [N*H, L, S]
+        mask = additive_mask(attn_mask, key_padding_mask, is_causal, l, s, n, unbatched, q.dtype)
+        scores = (scores.reshape(n, @num_heads, l, s) + mask).reshape(n * @num_heads, l, s) if mask
+        weights = scores.softmax(-1)
+        weights = F.dropout(weights, @dropout, true) if @dropout.positive? && training?
+        out = weights.matmul(vh).transpose(0, 1).reshape(l, n, e) # [L, N, E]
+        out = @out_proj.(out)
+        out = unbatched ? out.squeeze(1) : (@batch_first ? out.transpose(0, 1) : out)
+        return [out, nil] unless need_weights
+
+        w = weights.reshape(n, @num_heads, l, s)
+        w = w.mean(1) if average_attn_weights
+        w = w.squeeze(0) if unbatched
+        [out, w]
+      end
+
+      def extra_inspect
+        "embed_dim: #{@embed_dim}, num_heads: #{@num_heads}#{@batch_first ? ', batch_first: true' : ''}"
+      end
+
+      private
+
+      # one float mask [N, 1 or H, L, S] (or [L, S]) adding -inf where masked, or nil
+      def additive_mask(attn_mask, key_padding_mask, is_causal, l, s, n, unbatched, dtype)
+        parts = []
+        attn_mask = Kiln.arange(s).unsqueeze(0).gt(Kiln.arange(l).unsqueeze(1)) if is_causal && attn_mask.nil?
+        if attn_mask
+          m = to_additive(attn_mask, dtype)
+          m = m.reshape(n, @num_heads, l, s) if m.ndim == 3 # [N*H, L, S]
+          parts << m
+        end
+        if key_padding_mask
+          kp = unbatched ? key_padding_mask.unsqueeze(0) : key_padding_mask
+          unless kp.shape == [n, s]
+            raise Kiln::ShapeError, "Kiln::NN::MultiheadAttention: key_padding_mask must be #{[n, s].inspect}, not #{kp.shape.inspect}"
+          end
+
+          parts << to_additive(kp, dtype).reshape(n, 1, 1, s)
+        end
+        parts.reduce { |a, b| a + b }
+      end
+
+      # bool (true: masked out) -> 0 / -inf; float as it is
+      def to_additive(mask, dtype)
+        return mask._cast(dtype) unless mask.dtype == :bool
+
+        Kiln.zeros(mask.shape, dtype: dtype).masked_fill(mask, -Float::INFINITY)
+      end
+    end
+
+    # torch.nn.TransformerEncoderLayer (d_model, nhead; dim_feedforward:,
+    # dropout:, activation: :relu or :gelu, layer_norm_eps:, batch_first:,
+    # norm_first:, bias:): self-attention and a feed-forward block, each
+    # with a residual and a LayerNorm after it (before it with norm_first:)
+    class TransformerEncoderLayer < Module
+      attr_reader :self_attn, :linear1, :linear2, :norm1, :norm2
+
+      def initialize(d_model, nhead, dim_feedforward: 2048, dropout: 0.1, activation: :relu, layer_norm_eps: 1e-5,
+                     batch_first: false, norm_first: false, bias: true)
+        super()
+        unless %w[relu gelu].include?(activation.to_s)
+          raise ArgumentError, "Kiln::NN::TransformerEncoderLayer: activation is :relu or :gelu, not #{activation.inspect}"
+        end
+
+        @config = [d_model, nhead, { dim_feedforward: dim_feedforward, dropout: dropout, activation: activation,
+                                     layer_norm_eps: layer_norm_eps, batch_first: batch_first,
+                                     norm_first: norm_first, bias: bias }]
+        @self_attn = MultiheadAttention.new(d_model, nhead, dropout: dropout, bias: bias, batch_first: batch_first)
+        @linear1 = Linear.new(d_model, dim_feedforward, bias: bias)
+        @dropout = Dropout.new(p: dropout)
+        @linear2 = Linear.new(dim_feedforward, d_model, bias: bias)
+        @norm_first = norm_first
+        @norm1 = LayerNorm.new(d_model, eps: layer_norm_eps)
+        @norm2 = LayerNorm.new(d_model, eps: layer_norm_eps)
+        @dropout1 = Dropout.new(p: dropout)
+        @dropout2 = Dropout.new(p: dropout)
+        @activation = activation.to_s
+      end
+
+      # a new layer of the same configuration (TransformerEncoder's copies)
+      def fresh_copy
+        d_model, nhead, kw = @config
+        self.class.new(d_model, nhead, **kw)
+      end
+
+      def forward(src, src_mask: nil, src_key_padding_mask: nil, is_causal: false)
+        x = src
+        if @norm_first
+          x += self_attention(@norm1.(x), src_mask, src_key_padding_mask, is_causal)
+          x + feed_forward(@norm2.(x))
+        else
+          x = @norm1.(x + self_attention(x, src_mask, src_key_padding_mask, is_causal))
+          @norm2.(x + feed_forward(x))
+        end
+      end
+
+      private
+
+      def self_attention(x, mask, padding, is_causal)
+        out, = @self_attn.(x, x, x, attn_mask: mask, key_padding_mask: padding, need_weights: false,
+                                   is_causal: is_causal)
+        @dropout1.(out)
+      end
+
+      def feed_forward(x)
+        h = @linear1.(x)
+        h = @activation == "gelu" ? F.gelu(h) : h.relu
+        @dropout2.(@linear2.(@dropout.(h)))
+      end
+    end
+
+    # num_layers copies of encoder_layer (the same initial weights, as
+    # torch's deep copies), then norm (a module or nil)
+    class TransformerEncoder < Module
+      attr_reader :layers, :num_layers, :norm
+
+      def initialize(encoder_layer, num_layers, norm: nil)
+        super()
+        unless encoder_layer.is_a?(TransformerEncoderLayer)
+          raise TypeError, "Kiln::NN::TransformerEncoder: a TransformerEncoderLayer, not #{encoder_layer.class}"
+        end
+
+        state = encoder_layer.state_dict
+        @layers = ModuleList.new(Array.new(num_layers) { encoder_layer.fresh_copy.tap { |c| c.load_state_dict(state) } })
+        @num_layers = num_layers
+        @norm = norm
+      end
+
+      def forward(src, mask: nil, src_key_padding_mask: nil, is_causal: false)
+        x = src
+        @layers.each { |layer| x = layer.(x, src_mask: mask, src_key_padding_mask: src_key_padding_mask, is_causal: is_causal) }
+        @norm ? @norm.(x) : x
+      end
+    end
+
+    class Transformer
+      # the float mask [sz, sz] torch's Transformer generates: 0 on and
+      # below the diagonal, -inf above it
+      def self.generate_square_subsequent_mask(sz, dtype: :float32)
+        Kiln.zeros([sz, sz], dtype: dtype).masked_fill(Kiln.arange(sz).unsqueeze(0).gt(Kiln.arange(sz).unsqueeze(1)),
+                                                       -Float::INFINITY)
+      end
+    end
+  end
+end

@@ -1,0 +1,61 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require "json"
+
+# Kiln's RNN, GRU, LSTM, MultiheadAttention and TransformerEncoder given
+# PyTorch's own weights and inputs (fixtures/torch_nn.json, written by
+# PyTorch through fixtures/make_torch_nn.py) compute PyTorch's outputs: the
+# state_dict names, gate orders, masks and norms are torch's (issue 42).
+class TorchNNTest < Minitest::Test
+  include KilnAssertions
+
+  FIXTURE = JSON.parse(File.read(File.join(__dir__, "fixtures", "torch_nn.json")))
+  CASES = FIXTURE["cases"]
+
+  def t(v, dtype: :float32) = Kiln.tensor(v, dtype: dtype)
+
+  def load(mod, params)
+    mod.load_state_dict(params.transform_values { |v| t(v) })
+    mod
+  end
+
+  def test_recurrent_modules_compute_pytorchs_outputs
+    { "GRU" => Kiln::NN::GRU, "LSTM" => Kiln::NN::LSTM, "RNN" => Kiln::NN::RNN }.each do |name, cls|
+      c = CASES.fetch(name)
+      kw = c["kw"].transform_keys(&:to_sym)
+      m = load(cls.new(3, 4, num_layers: 2, bidirectional: true, batch_first: true, **kw), c["params"])
+      if name == "LSTM"
+        out, (h, cell) = m.(t(c["x"]), [t(c["h0"]), t(c["c0"])])
+        assert_tensor c["c_n"], cell, tol: 2e-6
+      else
+        out, h = m.(t(c["x"]), t(c["h0"]))
+      end
+      assert_tensor c["out"], out, tol: 2e-6
+      assert_tensor c["h_n"], h, tol: 2e-6
+    end
+  end
+
+  def test_multihead_attention_computes_pytorchs_outputs_and_weights
+    c = CASES.fetch("MultiheadAttention")
+    m = load(Kiln::NN::MultiheadAttention.new(8, 2), c["params"])
+    x = t(c["x"])
+    mask = Kiln::NN::Transformer.generate_square_subsequent_mask(5)
+    out, w = m.(x, x, x, key_padding_mask: t(c["key_padding_mask"], dtype: :bool), attn_mask: mask)
+    assert_tensor c["out"], out, tol: 2e-6
+    assert_tensor c["weights"], w, tol: 2e-6
+  end
+
+  def test_transformer_encoders_compute_pytorchs_outputs
+    %w[post_norm_relu pre_norm_gelu].each do |tag|
+      c = CASES.fetch("TransformerEncoder_#{tag}")
+      kw = c["kw"].transform_keys(&:to_sym)
+      kw[:activation] = kw[:activation].to_sym if kw[:activation]
+      layer = Kiln::NN::TransformerEncoderLayer.new(8, 2, dim_feedforward: 16, dropout: 0.0, **kw)
+      enc = load(Kiln::NN::TransformerEncoder.new(layer, 2), c["params"])
+      enc.eval
+      out = enc.(t(c["x"]), mask: Kiln::NN::Transformer.generate_square_subsequent_mask(5))
+      assert_tensor c["out"], out, tol: 5e-6
+    end
+  end
+end
