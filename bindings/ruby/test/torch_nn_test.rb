@@ -2,6 +2,7 @@
 
 require_relative "test_helper"
 require "json"
+require "tmpdir"
 
 # Kiln's RNN, GRU, LSTM, MultiheadAttention and TransformerEncoder given
 # PyTorch's own weights and inputs (fixtures/torch_nn.json, written by
@@ -58,4 +59,42 @@ class TorchNNTest < Minitest::Test
       assert_tensor c["out"], out, tol: 5e-6
     end
   end
+
+  # A checkpoint PyTorch saved (safetensors.torch.save_file of a state_dict,
+  # fixtures/make_torch_checkpoint.py) loads into the same model written
+  # with Kiln::NN, by name, strictly, and computes PyTorch's logits; saved
+  # back by Kiln, it holds the same names, shapes and values
+  class TinyLM < Kiln::NN::Module
+    def initialize
+      super()
+      @embedding = Kiln::NN::Embedding.new(10, 6)
+      @gru = Kiln::NN::GRU.new(6, 8, batch_first: true)
+      @encoder = Kiln::NN::TransformerEncoderLayer.new(8, 2, dim_feedforward: 12, dropout: 0.0, batch_first: true)
+      @head = Kiln::NN::Linear.new(8, 10)
+    end
+
+    def forward(tokens)
+      h, = @gru.(@embedding.(tokens))
+      @head.(@encoder.(h))
+    end
+  end
+
+  def test_a_pytorch_checkpoint_loads_into_the_same_kiln_model
+    dir = File.join(__dir__, "fixtures")
+    want = JSON.parse(File.read(File.join(dir, "tiny_lm.json")))
+    state = Kiln.load(File.join(dir, "tiny_lm.safetensors"))
+    model = TinyLM.new
+    assert_equal model.state_dict.keys.sort, state.keys.sort
+    model.load_state_dict(state) # strict: every name and shape
+    model.eval
+    logits = model.(Kiln.tensor(want["tokens"], dtype: :int64))
+    assert_tensor want["logits"], logits, tol: 5e-6
+    Dir.mktmpdir do |tmp|
+      path = File.join(tmp, "back.safetensors")
+      Kiln.save(model.state_dict, path)
+      again = Kiln.load(path)
+      state.each { |k, v| assert_tensor v.to_a, again.fetch(k), tol: 0 }
+    end
+  end
 end
+
