@@ -85,6 +85,7 @@ typedef struct {
   bool *live;    /* plan_dce: the outputs need the node */
   int *renumber; /* plan_order: a kept node's index in the plan */
   int m;         /* plan_order: the nodes kept */
+  bool moved;    /* plan_renumber: p[i].more now belongs to the plan (or is freed) */
 } builder;
 
 static const vm_meta *ref_meta(const builder *b, int ref) {
@@ -398,6 +399,7 @@ static bool plan_renumber(builder *b) {
     }
   }
   plan->n = m;
+  b->moved = true;
   plan->ncanon = n;
   return true;
 }
@@ -673,6 +675,9 @@ static bool builder_init(builder *b, const tr_trace *t, const vm_backend *be) {
 
 /* frees the scratch; returns the plan, or NULL + an OOM error if !ok */
 static tr_plan *builder_finish(builder *b, bool ok) {
+  /* a pass that failed before plan_renumber leaves the wide nodes' extra
+     inputs with the builder */
+  for (int i = 0; b->p && !b->moved && i < b->n; i++) free(b->p[i].more);
   free(b->p);
   free(b->alias);
   free(b->table);
