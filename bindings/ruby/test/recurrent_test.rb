@@ -166,4 +166,33 @@ class RecurrentTest < Minitest::Test
       end
     end
   end
+
+  # Marshal round trips a module (its parameters, still trainable, and its
+  # configuration): the copy computes the same outputs
+  def test_modules_survive_marshal
+    Kiln.manual_seed(12)
+    m = Kiln::NN::LSTM.new(3, 4, num_layers: 2, bidirectional: true)
+    copy = Marshal.load(Marshal.dump(m))
+    x = Kiln.randn(5, 2, 3)
+    out, (h, c) = m.(x)
+    out2, (h2, c2) = copy.(x)
+    assert_tensor out.to_a, out2, tol: 0
+    assert_tensor h.to_a, h2, tol: 0
+    assert_tensor c.to_a, c2, tol: 0
+    assert copy.parameters.all?(&:requires_grad)
+    # its own tensors: training the copy leaves the original as it was
+    before = m.state_dict.transform_values(&:to_a)
+    Kiln::Optim::SGD.new(copy.parameters, lr: 0.5).tap do |opt|
+      copy.(x)[0].sum.backward
+      opt.step
+    end
+    before.each { |k, v| assert_tensor v, m.state_dict.fetch(k), tol: 0 }
+    refute_equal before["weight_ih_l0"], copy.state_dict["weight_ih_l0"].to_a
+    enc = Kiln::NN::TransformerEncoder.new(Kiln::NN::TransformerEncoderLayer.new(8, 2, dim_feedforward: 16), 2)
+    enc.eval
+    enc2 = Marshal.load(Marshal.dump(enc))
+    y = Kiln.randn(4, 2, 8)
+    assert_tensor enc.(y).to_a, enc2.(y), tol: 0
+  end
 end
+
