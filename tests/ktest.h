@@ -9,6 +9,7 @@
 #define KTEST_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,92 @@
 
 static int ktest_failed_checks, ktest_passed, ktest_failed;
 static const char *ktest_current;
+
+/* --- dtypes and host values: what the op tests share ------------------------- */
+
+static inline const char *ktest_dtype_name(kiln_dtype dt) {
+  switch (dt) {
+    case KILN_BOOL:
+      return "bool";
+    case KILN_I32:
+      return "i32";
+    case KILN_I64:
+      return "i64";
+    case KILN_F32:
+      return "f32";
+    case KILN_F64:
+      return "f64";
+  }
+  return "?";
+}
+
+static inline size_t ktest_dtype_size(kiln_dtype dt) {
+  switch (dt) {
+    case KILN_BOOL:
+      return 1;
+    case KILN_I32:
+    case KILN_F32:
+      return 4;
+    default:
+      return 8;
+  }
+}
+
+/* the value v becomes when stored as dt (v in range for integers) */
+static inline double ktest_as_dtype(kiln_dtype dt, double v) {
+  switch (dt) {
+    case KILN_BOOL:
+      return v != 0; /* NaN is nonzero */
+    case KILN_I32:
+      return (double)(int32_t)v;
+    case KILN_I64:
+      return (double)(int64_t)v;
+    case KILN_F32:
+      return (double)(float)v;
+    case KILN_F64:
+      return v;
+  }
+  return v;
+}
+
+/* a new tensor of dtype dt and this shape holding v (row-major doubles,
+   each stored as dt stores it); NULL with kiln's error set */
+static inline kiln_tensor *ktest_from_doubles(kiln_dtype dt, int ndim, const int64_t *shape,
+                                              const double *v) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= shape[d];
+  size_t bytes = (size_t)(n > 0 ? n : 1) * ktest_dtype_size(dt);
+  unsigned char *buf = calloc(1, bytes);
+  if (!buf) return NULL;
+  for (int64_t i = 0; i < n; i++) {
+    switch (dt) {
+      case KILN_BOOL:
+        buf[i] = v[i] != 0;
+        break;
+      case KILN_I32: {
+        int32_t x = (int32_t)v[i];
+        memcpy(buf + 4 * i, &x, 4);
+        break;
+      }
+      case KILN_I64: {
+        int64_t x = (int64_t)v[i];
+        memcpy(buf + 8 * i, &x, 8);
+        break;
+      }
+      case KILN_F32: {
+        float x = (float)v[i];
+        memcpy(buf + 4 * i, &x, 4);
+        break;
+      }
+      case KILN_F64:
+        memcpy(buf + 8 * i, &v[i], 8);
+        break;
+    }
+  }
+  kiln_tensor *t = kiln_from_data(buf, dt, ndim, shape);
+  free(buf);
+  return t;
+}
 
 #define TEST(name) static void name(void)
 

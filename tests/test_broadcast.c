@@ -27,52 +27,7 @@
 
 static const kiln_dtype ALL_DTYPES[5] = {KILN_BOOL, KILN_I32, KILN_I64, KILN_F32, KILN_F64};
 
-static const char *dt_name(kiln_dtype dt) {
-  switch (dt) {
-    case KILN_BOOL:
-      return "bool";
-    case KILN_I32:
-      return "i32";
-    case KILN_I64:
-      return "i64";
-    case KILN_F32:
-      return "f32";
-    case KILN_F64:
-      return "f64";
-  }
-  return "?";
-}
-
-static size_t dt_size(kiln_dtype dt) {
-  switch (dt) {
-    case KILN_BOOL:
-      return 1;
-    case KILN_I32:
-    case KILN_F32:
-      return 4;
-    default:
-      return 8;
-  }
-}
-
 static bool is_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
-
-/* the value v becomes when stored as dt (v in range for integers) */
-static double quant(kiln_dtype dt, double v) {
-  switch (dt) {
-    case KILN_BOOL:
-      return v != 0;
-    case KILN_I32:
-      return (double)(int32_t)v;
-    case KILN_I64:
-      return (double)(int64_t)v;
-    case KILN_F32:
-      return (double)(float)v;
-    case KILN_F64:
-      return v;
-  }
-  return v;
-}
 
 /* every tensor a test creates as an input goes here; RUN_T releases them */
 static kiln_tensor *pool[4096];
@@ -111,28 +66,7 @@ static kiln_tensor *makev(kiln_dtype dt, int ndim, const int64_t *shape, int64_t
     KTEST_FAIL("test bug: %lld values for %lld elements", (long long)n, (long long)numel);
     return NULL;
   }
-  void *buf = malloc((size_t)(numel > 0 ? numel : 1) * dt_size(dt));
-  for (int64_t i = 0; i < numel; i++) {
-    switch (dt) {
-      case KILN_BOOL:
-        ((uint8_t *)buf)[i] = v[i] != 0;
-        break;
-      case KILN_I32:
-        ((int32_t *)buf)[i] = (int32_t)v[i];
-        break;
-      case KILN_I64:
-        ((int64_t *)buf)[i] = (int64_t)v[i];
-        break;
-      case KILN_F32:
-        ((float *)buf)[i] = (float)v[i];
-        break;
-      case KILN_F64:
-        ((double *)buf)[i] = v[i];
-        break;
-    }
-  }
-  kiln_tensor *t = own(kiln_from_data(buf, dt, ndim, shape));
-  free(buf);
+  kiln_tensor *t = own(ktest_from_doubles(dt, ndim, shape, v));
   return t;
 }
 
@@ -158,7 +92,7 @@ static kiln_tensor *scalar0(double v, kiln_dtype dt) { return own(kiln_scalar(v,
 /* a contiguous tensor with t's dtype, shape and values (through kiln_to_buffer) */
 static kiln_tensor *copy_of(kiln_tensor *t) {
   if (!t) return NULL;
-  size_t bytes = (size_t)kiln_numel(t) * dt_size(kiln_dtype_of(t));
+  size_t bytes = (size_t)kiln_numel(t) * ktest_dtype_size(kiln_dtype_of(t));
   void *buf = malloc(bytes ? bytes : 1);
   kiln_tensor *c = NULL;
   if (kiln_to_buffer(t, buf, bytes) < 0)
@@ -172,7 +106,7 @@ static kiln_tensor *copy_of(kiln_tensor *t) {
 static void print_context(int line, const char *what, kiln_tensor *r) {
   fprintf(stderr, "    at %s:%d: %s", __FILE__, line, what);
   if (r) {
-    fprintf(stderr, " -> %s [", dt_name(kiln_dtype_of(r)));
+    fprintf(stderr, " -> %s [", ktest_dtype_name(kiln_dtype_of(r)));
     for (int d = 0; d < kiln_ndim(r); d++)
       fprintf(stderr, "%s%lld", d ? "," : "", (long long)kiln_shape(r)[d]);
     fprintf(stderr, "]");
@@ -193,7 +127,8 @@ static void expect_impl(int line, const char *what, kiln_tensor *r, kiln_dtype d
     KTEST_FAIL("result is NULL: %s", kiln_last_error());
   } else {
     if (kiln_dtype_of(r) != dt)
-      KTEST_FAIL("dtype is %s, expected %s", dt_name(kiln_dtype_of(r)), dt_name(dt));
+      KTEST_FAIL("dtype is %s, expected %s", ktest_dtype_name(kiln_dtype_of(r)),
+                 ktest_dtype_name(dt));
     if (kiln_numel(r) != n)
       KTEST_FAIL("%lld elements, expected %lld", (long long)kiln_numel(r), (long long)n);
     double *e = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
@@ -223,8 +158,8 @@ static void expect_same_impl(int line, const char *what, kiln_tensor *r, kiln_te
   if (!r || !want) {
     KTEST_FAIL("result is NULL: %s", kiln_last_error());
   } else if (kiln_dtype_of(r) != kiln_dtype_of(want) || kiln_ndim(r) != kiln_ndim(want)) {
-    KTEST_FAIL("%s %d-d result, expected %s %d-d", dt_name(kiln_dtype_of(r)), kiln_ndim(r),
-               dt_name(kiln_dtype_of(want)), kiln_ndim(want));
+    KTEST_FAIL("%s %d-d result, expected %s %d-d", ktest_dtype_name(kiln_dtype_of(r)), kiln_ndim(r),
+               ktest_dtype_name(kiln_dtype_of(want)), kiln_ndim(want));
   } else {
     double *w = ktest_values(want);
     CHECK_TENSOR(r, kiln_ndim(want), kiln_shape(want), w, 0.0);
@@ -590,7 +525,7 @@ static double ref_binop(op_kind k, kiln_dtype rd, double x, double y) {
       r = (x != 0) || (y != 0);
       break;
   }
-  return quant(rd, r);
+  return ktest_as_dtype(rd, r);
 }
 
 /* every op in [first, last] over all 25 dtype pairs: dtype and values */
@@ -604,7 +539,8 @@ static void check_promotion(op_kind first, op_kind last) {
         kiln_tensor *a = makev(da, 1, S(4), 4, PA);
         kiln_tensor *b = makev(db, 1, S(4), 4, PB);
         char what[96];
-        snprintf(what, sizeof what, "%s(%s, %s)", op->name, dt_name(da), dt_name(db));
+        snprintf(what, sizeof what, "%s(%s, %s)", op->name, ktest_dtype_name(da),
+                 ktest_dtype_name(db));
         if (da == BOOL_ && db == BOOL_ && (op->kind == K_SUB || op->kind == K_POW)) {
           int before = ktest_failed_checks;
           CHECK_ERROR(op->fn(a, b), KILN_ERR_DTYPE, op->name);
@@ -615,7 +551,7 @@ static void check_promotion(op_kind first, op_kind last) {
         kiln_dtype cd = op->kind >= K_EQ ? ADD_TABLE[i][j] : rd; /* computed in */
         double e[4];
         for (int k = 0; k < 4; k++)
-          e[k] = ref_binop(op->kind, cd, quant(da, PA[k]), quant(db, PB[k]));
+          e[k] = ref_binop(op->kind, cd, ktest_as_dtype(da, PA[k]), ktest_as_dtype(db, PB[k]));
         if (op->kind >= K_EQ)
           for (int k = 0; k < 4; k++) e[k] = e[k] != 0;
         expect_impl(__LINE__, what, op->fn(a, b), rd, 1, S(4), 4, e,

@@ -28,51 +28,6 @@
 
 static const kiln_dtype FLOAT_DTYPES[2] = {KILN_F32, KILN_F64};
 
-static const char *dt_name(kiln_dtype dt) {
-  switch (dt) {
-    case KILN_BOOL:
-      return "bool";
-    case KILN_I32:
-      return "i32";
-    case KILN_I64:
-      return "i64";
-    case KILN_F32:
-      return "f32";
-    case KILN_F64:
-      return "f64";
-  }
-  return "?";
-}
-
-static size_t dt_size(kiln_dtype dt) {
-  switch (dt) {
-    case KILN_BOOL:
-      return 1;
-    case KILN_I32:
-    case KILN_F32:
-      return 4;
-    default:
-      return 8;
-  }
-}
-
-/* the value v becomes when stored as dt (v in range for integers) */
-static double quant(kiln_dtype dt, double v) {
-  switch (dt) {
-    case KILN_BOOL:
-      return v != 0;
-    case KILN_I32:
-      return (double)(int32_t)v;
-    case KILN_I64:
-      return (double)(int64_t)v;
-    case KILN_F32:
-      return (double)(float)v;
-    case KILN_F64:
-      return v;
-  }
-  return v;
-}
-
 /* the tolerance for a composite computed in dt */
 static double tol_of(kiln_dtype dt) { return dt == KILN_F32 ? 1e-5 : 1e-12; }
 
@@ -113,28 +68,7 @@ static kiln_tensor *makev(kiln_dtype dt, int ndim, const int64_t *shape, int64_t
     KTEST_FAIL("test bug: %lld values for %lld elements", (long long)n, (long long)numel);
     return NULL;
   }
-  void *buf = malloc((size_t)(numel > 0 ? numel : 1) * dt_size(dt));
-  for (int64_t i = 0; i < numel; i++) {
-    switch (dt) {
-      case KILN_BOOL:
-        ((uint8_t *)buf)[i] = v[i] != 0;
-        break;
-      case KILN_I32:
-        ((int32_t *)buf)[i] = (int32_t)v[i];
-        break;
-      case KILN_I64:
-        ((int64_t *)buf)[i] = (int64_t)v[i];
-        break;
-      case KILN_F32:
-        ((float *)buf)[i] = (float)v[i];
-        break;
-      case KILN_F64:
-        ((double *)buf)[i] = v[i];
-        break;
-    }
-  }
-  kiln_tensor *t = own(kiln_from_data(buf, dt, ndim, shape));
-  free(buf);
+  kiln_tensor *t = own(ktest_from_doubles(dt, ndim, shape, v));
   return t;
 }
 
@@ -148,7 +82,7 @@ static kiln_tensor *scalar0(double v, kiln_dtype dt) { return own(kiln_scalar(v,
 static void print_context(int line, const char *what, kiln_tensor *r) {
   fprintf(stderr, "    at %s:%d: %s", __FILE__, line, what);
   if (r) {
-    fprintf(stderr, " -> %s [", dt_name(kiln_dtype_of(r)));
+    fprintf(stderr, " -> %s [", ktest_dtype_name(kiln_dtype_of(r)));
     for (int d = 0; d < kiln_ndim(r); d++)
       fprintf(stderr, "%s%lld", d ? "," : "", (long long)kiln_shape(r)[d]);
     fprintf(stderr, "]");
@@ -170,7 +104,8 @@ static void expect_impl(int line, const char *what, kiln_tensor *r, kiln_dtype d
     KTEST_FAIL("result is NULL: %s", kiln_last_error());
   } else {
     if (kiln_dtype_of(r) != dt)
-      KTEST_FAIL("dtype is %s, expected %s", dt_name(kiln_dtype_of(r)), dt_name(dt));
+      KTEST_FAIL("dtype is %s, expected %s", ktest_dtype_name(kiln_dtype_of(r)),
+                 ktest_dtype_name(dt));
     double *e = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
     for (int64_t i = 0; i < n; i++) e[i] = dt == KILN_F32 ? (double)(float)expect[i] : expect[i];
     CHECK_TENSOR(r, ndim, shape, e, tol);
@@ -207,7 +142,7 @@ static double ref_lse(const double *x, int n, int stride) {
 
 /* x rounded to dt, so f32 references start from the stored inputs */
 static void quant_all(kiln_dtype dt, const double *x, int n, double *out) {
-  for (int i = 0; i < n; i++) out[i] = quant(dt, x[i]);
+  for (int i = 0; i < n; i++) out[i] = ktest_as_dtype(dt, x[i]);
 }
 
 typedef enum { R_SOFTMAX, R_LOG_SOFTMAX } ref_kind;
@@ -421,7 +356,7 @@ TEST(layer_norm_eps_is_added_to_variance_inside_sqrt) {
 
 TEST(layer_norm_3d_normalizes_last_axis_only) {
   double x[12], want[12];
-  for (int i = 0; i < 12; i++) x[i] = quant(F32, cos(i * 0.7) * 3 + i * 0.1);
+  for (int i = 0; i < 12; i++) x[i] = ktest_as_dtype(F32, cos(i * 0.7) * 3 + i * 0.1);
   double w[3] = {1.5, -1, 0.25}, b[3] = {0, 1, -1};
   ref_layer_norm(x, 4, 3, w, b, 1e-5, want);
   EXPECT_A(kiln_layer_norm(makev(F32, 3, S(2, 2, 3), 12, x), makev(F32, 1, S(3), 3, w),
@@ -594,8 +529,9 @@ TEST(mse_loss_is_mean_squared_difference_f32_f64) {
     EXPECT_0D(kiln_mse_loss(V(dt, 1, 2, 3, 4), V(dt, 1.5, 2, 1, 4.5)), dt, tol_of(dt), 1.125);
     EXPECT_0D(kiln_mse_loss(T(dt, S(2, 2), 0.1, -0.2, 0.3, 4), T(dt, S(2, 2), 0, 0, 0, 0)), dt,
               tol_of(dt),
-              (quant(dt, 0.1) * quant(dt, 0.1) + quant(dt, 0.2) * quant(dt, 0.2) +
-               quant(dt, 0.3) * quant(dt, 0.3) + 16) /
+              (ktest_as_dtype(dt, 0.1) * ktest_as_dtype(dt, 0.1) +
+               ktest_as_dtype(dt, 0.2) * ktest_as_dtype(dt, 0.2) +
+               ktest_as_dtype(dt, 0.3) * ktest_as_dtype(dt, 0.3) + 16) /
                   4);
   }
   EXPECT_0D(kiln_mse_loss(V(F64, 1, 1), V(F64, 1, 1)), F64, 0, 0);
@@ -626,7 +562,7 @@ TEST(gelu_matches_erf_form_f32_f64) {
   for (int k = 0; k < 2; k++) {
     kiln_dtype dt = FLOAT_DTYPES[k];
     double want[6];
-    for (int i = 0; i < 6; i++) want[i] = ref_gelu(quant(dt, xs[i]));
+    for (int i = 0; i < 6; i++) want[i] = ref_gelu(ktest_as_dtype(dt, xs[i]));
     EXPECT_A(kiln_gelu(makev(dt, 2, S(2, 3), 6, xs)), dt, S(2, 3), tol_of(dt), want);
   }
   EXPECT_V(kiln_gelu(V(F64, 1, -1, 0)), F64, 1e-14, 0.8413447460685429, -0.15865525393145707, 0);

@@ -31,51 +31,6 @@
 
 static const kiln_dtype ALL_DTYPES[5] = {KILN_BOOL, KILN_I32, KILN_I64, KILN_F32, KILN_F64};
 
-static const char *dt_name(kiln_dtype dt) {
-  switch (dt) {
-    case KILN_BOOL:
-      return "bool";
-    case KILN_I32:
-      return "i32";
-    case KILN_I64:
-      return "i64";
-    case KILN_F32:
-      return "f32";
-    case KILN_F64:
-      return "f64";
-  }
-  return "?";
-}
-
-static size_t dt_size(kiln_dtype dt) {
-  switch (dt) {
-    case KILN_BOOL:
-      return 1;
-    case KILN_I32:
-    case KILN_F32:
-      return 4;
-    default:
-      return 8;
-  }
-}
-
-/* the value v becomes when stored as dt (v in range for integers) */
-static double quant(kiln_dtype dt, double v) {
-  switch (dt) {
-    case KILN_BOOL:
-      return v != 0; /* NaN is nonzero */
-    case KILN_I32:
-      return (double)(int32_t)v;
-    case KILN_I64:
-      return (double)(int64_t)v;
-    case KILN_F32:
-      return (double)(float)v;
-    case KILN_F64:
-      return v;
-  }
-  return v;
-}
-
 /* every tensor a test creates as an input goes here; RUN_T releases them */
 static kiln_tensor *pool[4096];
 static int npool;
@@ -113,28 +68,7 @@ static kiln_tensor *makev(kiln_dtype dt, int ndim, const int64_t *shape, int64_t
     KTEST_FAIL("test bug: %lld values for %lld elements", (long long)n, (long long)numel);
     return NULL;
   }
-  void *buf = malloc((size_t)(numel > 0 ? numel : 1) * dt_size(dt));
-  for (int64_t i = 0; i < numel; i++) {
-    switch (dt) {
-      case KILN_BOOL:
-        ((uint8_t *)buf)[i] = v[i] != 0;
-        break;
-      case KILN_I32:
-        ((int32_t *)buf)[i] = (int32_t)v[i];
-        break;
-      case KILN_I64:
-        ((int64_t *)buf)[i] = (int64_t)v[i];
-        break;
-      case KILN_F32:
-        ((float *)buf)[i] = (float)v[i];
-        break;
-      case KILN_F64:
-        ((double *)buf)[i] = v[i];
-        break;
-    }
-  }
-  kiln_tensor *t = own(kiln_from_data(buf, dt, ndim, shape));
-  free(buf);
+  kiln_tensor *t = own(ktest_from_doubles(dt, ndim, shape, v));
   return t;
 }
 
@@ -154,7 +88,7 @@ static kiln_tensor *scalar0(double v, kiln_dtype dt) { return own(kiln_scalar(v,
 static void print_context(int line, const char *what, kiln_tensor *r) {
   fprintf(stderr, "    at %s:%d: %s", __FILE__, line, what);
   if (r) {
-    fprintf(stderr, " -> %s [", dt_name(kiln_dtype_of(r)));
+    fprintf(stderr, " -> %s [", ktest_dtype_name(kiln_dtype_of(r)));
     for (int d = 0; d < kiln_ndim(r); d++)
       fprintf(stderr, "%s%lld", d ? "," : "", (long long)kiln_shape(r)[d]);
     fprintf(stderr, "]");
@@ -175,7 +109,8 @@ static void expect_impl(int line, const char *what, kiln_tensor *r, kiln_dtype d
     KTEST_FAIL("result is NULL: %s", kiln_last_error());
   } else {
     if (kiln_dtype_of(r) != dt)
-      KTEST_FAIL("dtype is %s, expected %s", dt_name(kiln_dtype_of(r)), dt_name(dt));
+      KTEST_FAIL("dtype is %s, expected %s", ktest_dtype_name(kiln_dtype_of(r)),
+                 ktest_dtype_name(dt));
     double *e = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
     for (int64_t i = 0; i < n; i++) e[i] = dt == KILN_F32 ? (double)(float)expect[i] : expect[i];
     CHECK_TENSOR(r, ndim, shape, e, tol);
@@ -200,7 +135,7 @@ static void expect_i64_impl(int line, const char *what, kiln_tensor *r, int n,
     KTEST_FAIL("result is NULL: %s", kiln_last_error());
   } else if (kiln_dtype_of(r) != KILN_I64 || kiln_numel(r) != n) {
     KTEST_FAIL("expected %d i64 values, got %lld %s values", n, (long long)kiln_numel(r),
-               dt_name(kiln_dtype_of(r)));
+               ktest_dtype_name(kiln_dtype_of(r)));
   } else {
     int64_t *got = malloc(sizeof(int64_t) * (size_t)n);
     CHECK(kiln_to_buffer(r, got, sizeof(int64_t) * (size_t)n) >= 0);
@@ -246,8 +181,8 @@ static void expect_rel_impl(int line, const char *what, kiln_tensor *r, kiln_dty
   if (!r) {
     KTEST_FAIL("result is NULL: %s", kiln_last_error());
   } else if (kiln_dtype_of(r) != dt || kiln_numel(r) != n) {
-    KTEST_FAIL("expected %d %s values, got %lld %s", n, dt_name(dt), (long long)kiln_numel(r),
-               dt_name(kiln_dtype_of(r)));
+    KTEST_FAIL("expected %d %s values, got %lld %s", n, ktest_dtype_name(dt),
+               (long long)kiln_numel(r), ktest_dtype_name(kiln_dtype_of(r)));
   } else {
     double *v = ktest_values(r);
     for (int i = 0; i < n; i++)
@@ -268,7 +203,7 @@ static void check_unary(int line, const char *what, unary_op op, double (*ref)(d
   int64_t shape[1] = {n};
   kiln_tensor *a = makev(in, 1, shape, n, x);
   double *e = malloc(sizeof(double) * (size_t)n);
-  for (int i = 0; i < n; i++) e[i] = quant(out, ref(quant(in, x[i])));
+  for (int i = 0; i < n; i++) e[i] = ktest_as_dtype(out, ref(ktest_as_dtype(in, x[i])));
   expect_impl(line, what, op(a), out, 1, shape, n, e, tol);
   free(e);
 }
@@ -858,9 +793,10 @@ TEST(cast_every_dtype_pair_in_range) {
       kiln_dtype from = ALL_DTYPES[i], to = ALL_DTYPES[j];
       int64_t shape[1] = {6};
       double e[6];
-      for (int k = 0; k < 6; k++) e[k] = cast_ref(to, quant(from, x[k]));
+      for (int k = 0; k < 6; k++) e[k] = cast_ref(to, ktest_as_dtype(from, x[k]));
       char what[64];
-      snprintf(what, sizeof what, "kiln_cast %s -> %s", dt_name(from), dt_name(to));
+      snprintf(what, sizeof what, "kiln_cast %s -> %s", ktest_dtype_name(from),
+               ktest_dtype_name(to));
       expect_impl(__LINE__, what, kiln_cast(makev(from, 1, shape, 6, x), to), to, 1, shape, 6, e,
                   0);
     }

@@ -47,17 +47,6 @@ static bool coin(uint64_t *s, int pct) { return rn(s, 100) < pct; }
 
 static const char *const DT_NAME[] = {"bool", "i32", "i64", "f32", "f64"};
 
-static size_t dt_size(kiln_dtype dt) {
-  switch (dt) {
-    case KILN_BOOL:
-      return 1;
-    case KILN_I32:
-    case KILN_F32:
-      return 4;
-    default:
-      return 8;
-  }
-}
 static bool dt_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
 
 static int64_t shape_numel(int nd, const int64_t *s) {
@@ -304,7 +293,7 @@ static void state_free(state *st) {
 
 /* reads t (any layout) as row-major bytes; NULL + message on failure */
 static unsigned char *read_bytes(kiln_tensor *t, size_t *nbytes) {
-  size_t nb = (size_t)kiln_numel(t) * dt_size(kiln_dtype_of(t));
+  size_t nb = (size_t)kiln_numel(t) * ktest_dtype_size(kiln_dtype_of(t));
   unsigned char *buf = malloc(nb ? nb : 1);
   if (kiln_to_buffer(t, buf, nb) < 0) {
     free(buf);
@@ -1181,7 +1170,7 @@ static double load_elem(const unsigned char *p, kiln_dtype dt, size_t i) {
 /* first differing element (NaN == NaN), or -1 */
 static int64_t first_diff(const unsigned char *x, const unsigned char *y, kiln_dtype dt,
                           size_t nbytes) {
-  size_t es = dt_size(dt), n = nbytes / es;
+  size_t es = ktest_dtype_size(dt), n = nbytes / es;
   for (size_t i = 0; i < n; i++) {
     if (!memcmp(x + i * es, y + i * es, es)) continue;
     if (dt_float(dt) && isnan(load_elem(x, dt, i)) && isnan(load_elem(y, dt, i))) continue;

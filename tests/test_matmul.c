@@ -13,34 +13,6 @@
 
 /* ---- helpers ------------------------------------------------------------ */
 
-static const char *dtype_name(kiln_dtype dt) {
-  switch (dt) {
-    case KILN_BOOL:
-      return "bool";
-    case KILN_I32:
-      return "i32";
-    case KILN_I64:
-      return "i64";
-    case KILN_F32:
-      return "f32";
-    case KILN_F64:
-      return "f64";
-  }
-  return "?";
-}
-
-static size_t dtype_size(kiln_dtype dt) {
-  switch (dt) {
-    case KILN_BOOL:
-      return 1;
-    case KILN_I32:
-    case KILN_F32:
-      return 4;
-    default:
-      return 8;
-  }
-}
-
 static int64_t numel_of(int ndim, const int64_t *shape) {
   int64_t n = 1;
   for (int d = 0; d < ndim; d++) n *= shape[d];
@@ -49,33 +21,8 @@ static int64_t numel_of(int ndim, const int64_t *shape) {
 
 /* a tensor of dtype dt holding vals (row-major doubles, converted) */
 static kiln_tensor *make(kiln_dtype dt, int ndim, const int64_t *shape, const double *vals) {
-  int64_t n = numel_of(ndim, shape);
-  size_t bytes = (size_t)(n ? n : 1) * dtype_size(dt);
-  void *buf = malloc(bytes);
-  if (!buf) return NULL;
-  memset(buf, 0, bytes); /* n == 0: nothing below writes it */
-  for (int64_t i = 0; i < n; i++) {
-    switch (dt) {
-      case KILN_BOOL:
-        ((uint8_t *)buf)[i] = vals[i] != 0;
-        break;
-      case KILN_I32:
-        ((int32_t *)buf)[i] = (int32_t)vals[i];
-        break;
-      case KILN_I64:
-        ((int64_t *)buf)[i] = (int64_t)vals[i];
-        break;
-      case KILN_F32:
-        ((float *)buf)[i] = (float)vals[i];
-        break;
-      case KILN_F64:
-        ((double *)buf)[i] = vals[i];
-        break;
-    }
-  }
-  kiln_tensor *t = kiln_from_data(buf, dt, ndim, shape);
-  free(buf);
-  if (!t) KTEST_FAIL("kiln_from_data(%s) failed: %s", dtype_name(dt), kiln_last_error());
+  kiln_tensor *t = ktest_from_doubles(dt, ndim, shape, vals);
+  if (!t) KTEST_FAIL("kiln_from_data(%s) failed: %s", ktest_dtype_name(dt), kiln_last_error());
   return t;
 }
 
@@ -207,23 +154,23 @@ static void check_matmul(kiln_tensor *a, const double *av, kiln_tensor *b, const
   kiln_dtype want = da > db ? da : db; /* enum order is the promotion order */
   kiln_tensor *r = kiln_matmul(a, b);
   if (!r) {
-    KTEST_FAIL("kiln_matmul(%s, %s x %s) failed: %s", what, dtype_name(da), dtype_name(db),
-               kiln_last_error());
+    KTEST_FAIL("kiln_matmul(%s, %s x %s) failed: %s", what, ktest_dtype_name(da),
+               ktest_dtype_name(db), kiln_last_error());
   } else if (kiln_dtype_of(r) != want) {
-    KTEST_FAIL("kiln_matmul(%s): dtype %s, expected %s", what, dtype_name(kiln_dtype_of(r)),
-               dtype_name(want));
+    KTEST_FAIL("kiln_matmul(%s): dtype %s, expected %s", what, ktest_dtype_name(kiln_dtype_of(r)),
+               ktest_dtype_name(want));
   } else {
     bool ok = kiln_ndim(r) == ref.ndim;
     for (int d = 0; ok && d < ref.ndim; d++) ok = kiln_shape(r)[d] == ref.shape[d];
     if (!ok) {
-      KTEST_FAIL("kiln_matmul(%s, %s): wrong shape (ndim %d, expected %d)", what, dtype_name(want),
-                 kiln_ndim(r), ref.ndim);
+      KTEST_FAIL("kiln_matmul(%s, %s): wrong shape (ndim %d, expected %d)", what,
+                 ktest_dtype_name(want), kiln_ndim(r), ref.ndim);
     } else {
       double *got = ktest_values(r), tol = mm_tol(want, ref.K);
       for (int64_t i = 0; i < ref.n; i++)
         if (!(fabs(got[i] - ref.val[i]) <= tol * fmax(1.0, ref.mag[i]))) {
           KTEST_FAIL("kiln_matmul(%s, %s)[%lld] = %.17g, expected %.17g (K %lld)", what,
-                     dtype_name(want), (long long)i, got[i], ref.val[i], (long long)ref.K);
+                     ktest_dtype_name(want), (long long)i, got[i], ref.val[i], (long long)ref.K);
           break;
         }
       free(got);
@@ -484,7 +431,8 @@ TEST(matmul_mixed_dtypes_promote) {
   const int64_t ash[2] = {6, 9}, bsh[2] = {9, 4}, b3[3] = {2, 9, 4};
   for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++) {
     char what[48];
-    snprintf(what, sizeof what, "%s x %s", dtype_name(pairs[p][0]), dtype_name(pairs[p][1]));
+    snprintf(what, sizeof what, "%s x %s", ktest_dtype_name(pairs[p][0]),
+             ktest_dtype_name(pairs[p][1]));
     check_gen(pairs[p][0], 2, ash, pairs[p][1], 2, bsh, what);
     check_gen(pairs[p][0], 2, ash, pairs[p][1], 3, b3, what);
   }
@@ -759,7 +707,7 @@ static kiln_tensor *item_of(kiln_tensor *t, int nb, const int64_t *idx, bool tra
 
 /* t's row-major bytes (caller frees) */
 static unsigned char *bytes_of(kiln_tensor *t, size_t *n) {
-  *n = (size_t)kiln_numel(t) * dtype_size(kiln_dtype_of(t));
+  *n = (size_t)kiln_numel(t) * ktest_dtype_size(kiln_dtype_of(t));
   unsigned char *buf = malloc(*n ? *n : 1);
   if (kiln_to_buffer(t, buf, *n) != 0) KTEST_FAIL("kiln_to_buffer: %s", kiln_last_error());
   return buf;
@@ -824,7 +772,7 @@ TEST(matmul_batched_is_one_blas_call_and_each_item_keeps_its_bits) {
       CHECK(kiln_eval(1, &c) == KILN_OK);
       double calls = kiln_stat("blas_calls") - c0;
       if (calls != 1)
-        KTEST_FAIL("%s %s: %g BLAS calls, want 1", cases[k].what, dtype_name(dts[t]), calls);
+        KTEST_FAIL("%s %s: %g BLAS calls, want 1", cases[k].what, ktest_dtype_name(dts[t]), calls);
       int64_t bshape[2];
       for (int d = 0; d < nb; d++)
         bshape[d] = cases[k].ash[d] > cases[k].bsh[d] ? cases[k].ash[d] : cases[k].bsh[d];

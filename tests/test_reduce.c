@@ -17,35 +17,7 @@ static const char *const OP_NAME[OP_COUNT] = {"kiln_sum", "kiln_mean", "kiln_max
                                               "kiln_prod"};
 static const kiln_dtype ALL_DTYPES[5] = {KILN_BOOL, KILN_I32, KILN_I64, KILN_F32, KILN_F64};
 
-static const char *dtype_name(kiln_dtype dt) {
-  switch (dt) {
-    case KILN_BOOL:
-      return "bool";
-    case KILN_I32:
-      return "i32";
-    case KILN_I64:
-      return "i64";
-    case KILN_F32:
-      return "f32";
-    case KILN_F64:
-      return "f64";
-  }
-  return "?";
-}
-
 static bool is_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
-
-static size_t dtype_size(kiln_dtype dt) {
-  switch (dt) {
-    case KILN_BOOL:
-      return 1;
-    case KILN_I32:
-    case KILN_F32:
-      return 4;
-    default:
-      return 8;
-  }
-}
 
 static int64_t numel_of(int ndim, const int64_t *shape) {
   int64_t n = 1;
@@ -53,49 +25,10 @@ static int64_t numel_of(int ndim, const int64_t *shape) {
   return n;
 }
 
-/* the value `v` becomes when stored as dt */
-static double as_dtype(kiln_dtype dt, double v) {
-  switch (dt) {
-    case KILN_BOOL:
-      return v != 0;
-    case KILN_I32:
-      return (double)(int32_t)v;
-    case KILN_I64:
-      return (double)(int64_t)v;
-    case KILN_F32:
-      return (double)(float)v;
-    case KILN_F64:
-      return v;
-  }
-  return v;
-}
-
 /* a tensor of dtype dt holding vals (row-major doubles, converted) */
 static kiln_tensor *make(kiln_dtype dt, int ndim, const int64_t *shape, const double *vals) {
-  int64_t n = numel_of(ndim, shape);
-  void *buf = malloc((size_t)(n ? n : 1) * dtype_size(dt));
-  for (int64_t i = 0; i < n; i++) {
-    switch (dt) {
-      case KILN_BOOL:
-        ((uint8_t *)buf)[i] = vals[i] != 0;
-        break;
-      case KILN_I32:
-        ((int32_t *)buf)[i] = (int32_t)vals[i];
-        break;
-      case KILN_I64:
-        ((int64_t *)buf)[i] = (int64_t)vals[i];
-        break;
-      case KILN_F32:
-        ((float *)buf)[i] = (float)vals[i];
-        break;
-      case KILN_F64:
-        ((double *)buf)[i] = vals[i];
-        break;
-    }
-  }
-  kiln_tensor *t = kiln_from_data(buf, dt, ndim, shape);
-  free(buf);
-  if (!t) KTEST_FAIL("kiln_from_data(%s) failed: %s", dtype_name(dt), kiln_last_error());
+  kiln_tensor *t = ktest_from_doubles(dt, ndim, shape, vals);
+  if (!t) KTEST_FAIL("kiln_from_data(%s) failed: %s", ktest_dtype_name(dt), kiln_last_error());
   return t;
 }
 
@@ -113,7 +46,7 @@ static double gen(kiln_dtype dt, int64_t i) {
     default: {
       double f = fmod((double)i * 0.6180339887498949, 1.0);
       double s = ((i * 3) % 5 < 2) ? -1.0 : 1.0;
-      return as_dtype(dt, s * (0.75 + 0.5 * f));
+      return ktest_as_dtype(dt, s * (0.75 + 0.5 * f));
     }
   }
 }
@@ -293,7 +226,7 @@ static void check_reduce(red_op op, kiln_tensor *a, const double *av, unsigned m
   kiln_tensor *r = call_op(op, a, naxes, naxes ? axes : NULL, keep);
   if (!r) {
     KTEST_FAIL("%s(%s %s, axis mask %#x, keepdim %d, variant %d) failed: %s", OP_NAME[op], what,
-               dtype_name(in), mask, keep, variant, kiln_last_error());
+               ktest_dtype_name(in), mask, keep, variant, kiln_last_error());
     free(ref);
     return;
   }
@@ -309,18 +242,19 @@ static void check_reduce(red_op op, kiln_tensor *a, const double *av, unsigned m
   for (int d = 0; ok && d < endim; d++) ok = kiln_shape(r)[d] == eshape[d];
   if (kiln_dtype_of(r) != want_dt) {
     KTEST_FAIL("%s(%s %s, mask %#x, keepdim %d): dtype %s, expected %s", OP_NAME[op], what,
-               dtype_name(in), mask, keep, dtype_name(kiln_dtype_of(r)), dtype_name(want_dt));
+               ktest_dtype_name(in), mask, keep, ktest_dtype_name(kiln_dtype_of(r)),
+               ktest_dtype_name(want_dt));
   } else if (!ok) {
     KTEST_FAIL("%s(%s %s, mask %#x, keepdim %d, variant %d): wrong shape (ndim %d, expected %d)",
-               OP_NAME[op], what, dtype_name(in), mask, keep, variant, kiln_ndim(r), endim);
+               OP_NAME[op], what, ktest_dtype_name(in), mask, keep, variant, kiln_ndim(r), endim);
   } else {
     double *got = ktest_values(r);
     double tol = tol_for(want_dt);
     for (int64_t i = 0; i < nout; i++) {
       if (!close_enough(got[i], ref[i], tol)) {
         KTEST_FAIL("%s(%s %s, mask %#x, keepdim %d, variant %d)[%lld] = %.17g, expected %.17g",
-                   OP_NAME[op], what, dtype_name(in), mask, keep, variant, (long long)i, got[i],
-                   ref[i]);
+                   OP_NAME[op], what, ktest_dtype_name(in), mask, keep, variant, (long long)i,
+                   got[i], ref[i]);
         break;
       }
     }
@@ -787,11 +721,11 @@ static void check_arg(bool is_max, kiln_tensor *a, const double *av, int axis, b
   kiln_tensor *r = is_max ? kiln_argmax(a, axis, keep) : kiln_argmin(a, axis, keep);
   if (!r) {
     KTEST_FAIL("%s(%s %s, axis %d, keepdim %d) failed: %s", is_max ? "argmax" : "argmin", what,
-               dtype_name(kiln_dtype_of(a)), axis, keep, kiln_last_error());
+               ktest_dtype_name(kiln_dtype_of(a)), axis, keep, kiln_last_error());
   } else {
     if (kiln_dtype_of(r) != KILN_I64)
       KTEST_FAIL("%s(%s): dtype %s, expected i64", is_max ? "argmax" : "argmin", what,
-                 dtype_name(kiln_dtype_of(r)));
+                 ktest_dtype_name(kiln_dtype_of(r)));
     bool ok = kiln_ndim(r) == endim;
     for (int d = 0; ok && d < endim; d++) ok = kiln_shape(r)[d] == eshape[d];
     if (!ok) {
@@ -802,8 +736,8 @@ static void check_arg(bool is_max, kiln_tensor *a, const double *av, int axis, b
       for (int64_t i = 0; i < kiln_numel(r); i++)
         if (got[i] != ref[i]) {
           KTEST_FAIL("%s(%s %s, axis %d, keepdim %d)[%lld] = %g, expected %g",
-                     is_max ? "argmax" : "argmin", what, dtype_name(kiln_dtype_of(a)), axis, keep,
-                     (long long)i, got[i], ref[i]);
+                     is_max ? "argmax" : "argmin", what, ktest_dtype_name(kiln_dtype_of(a)), axis,
+                     keep, (long long)i, got[i], ref[i]);
           break;
         }
       free(got);
