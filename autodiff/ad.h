@@ -14,6 +14,11 @@ typedef struct ad_ctx {
   vm_tensor **x; /* input handles */
   vm_tensor *y;  /* output handle */
   vm_tensor *g;  /* gradient of y */
+  /* NULL, or a slot (NULL at first) where a rule keeps the one value the
+     gradients of all the node's inputs come from, for the calls for the
+     node's other inputs (attention's packed dq | dk | dv); the caller
+     releases it */
+  vm_tensor **memo;
 } ad_ctx;
 
 /* *out: the gradient (shape and dtype of input k), or NULL for none.

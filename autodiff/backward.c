@@ -188,7 +188,7 @@ static vm_tensor *zeros_along(const vm_tensor *x, int axis, int64_t len) {
 static bool piece_vjp(vm_tensor **slot, vm_tensor *x, const slice_piece *p) {
   vm_attr attr = {.axis = p->axis, .start = p->start, .step = p->step};
   attr.stop = p->start + p->step * piece_len(p);
-  ad_ctx c = {VM_OP_slice, &attr, &x, NULL, p->g};
+  ad_ctx c = {VM_OP_slice, &attr, &x, NULL, p->g, NULL};
   vm_tensor *gx = NULL;
   bool ok = ad_vjp(&c, 0, &gx) && gx && accumulate(slot, gx);
   vm_release(gx);
@@ -261,7 +261,8 @@ static bool step(tape *tp, int i) {
   if (!x) return false;
   for (int k = 0; k < nin; k++) x[k] = tr_handle_of_node(tr_node_input(n, k));
   vm_tensor *y = tr_handle_of_node(n);
-  ad_ctx c = {tr_node_op(n), tr_node_attr(n), x, y, tp->grads[i]};
+  vm_tensor *memo = NULL;
+  ad_ctx c = {tr_node_op(n), tr_node_attr(n), x, y, tp->grads[i], &memo};
   bool ok = y != NULL;
   for (int k = 0; ok && k < nin; k++) {
     if (!x[k] || !tr_node_requires_grad(tr_node_input(n, k))) continue;
@@ -277,6 +278,7 @@ static bool step(tape *tp, int i) {
   }
   for (int k = 0; k < nin; k++) vm_release(x[k]);
   vm_release(y);
+  vm_release(memo);
   if (x != xs) free(x);
   return ok;
 }

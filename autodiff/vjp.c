@@ -236,6 +236,37 @@ static vm_tensor *rule_conv(fe_scope *s, const ad_ctx *c, int k) {
   }
 }
 
+/* Attention: one attention_grad node gives the gradients of q, k and v
+   packed (dq | dk | dv); each input's is its slice, reshaped.  The node is
+   made for the first input asked for and kept in c->memo for the others.
+   The mask gets none: fe_attention composes attention where a float mask
+   takes a gradient. */
+static vm_tensor *rule_attention(fe_scope *s, const ad_ctx *c, int k) {
+  if (c->op == VM_OP_attention_grad) {
+    vm_error(KILN_ERR_ARG, "attention_grad has no gradient (attention has no second derivative)");
+    return NULL;
+  }
+  if (k > 2) return NULL;
+  vm_tensor *packed = c->memo ? *c->memo : NULL;
+  if (!packed) {
+    vm_tensor *in[6] = {c->x[0], c->x[1], c->x[2], c->y, c->g, NULL};
+    int n = 5;
+    if (c->attr->axis) in[n++] = c->x[3]; /* the mask */
+    vm_attr attr = *c->attr;
+    attr.api = NULL;
+    packed = fe_op(VM_OP_attention_grad, n, in, &attr);
+    if (!packed) return NULL;
+    if (c->memo)
+      *c->memo = packed;
+    else
+      keep(s, packed);
+  }
+  int64_t at = 0;
+  for (int i = 0; i < k; i++) at += c->x[i]->numel;
+  vm_tensor *part = keep(s, fe_slice(packed, 0, at, at + c->x[k]->numel, 1));
+  return part ? keep(s, fe_reshape(part, c->x[k]->ndim, c->x[k]->shape)) : NULL;
+}
+
 /* an index tensor for `axis` broadcast to shape (of g): positions idx_1d[j] */
 static vm_tensor *axis_index(fe_scope *s, vm_tensor *idx_1d, int axis, const vm_tensor *g) {
   int64_t shape[KILN_MAX_DIMS];
@@ -335,6 +366,8 @@ static vjp_rule rule_for(vm_opcode op) {
       return rule_collective;
     case VM_KIND_CONV:
       return rule_conv;
+    case VM_KIND_ATTENTION:
+      return rule_attention;
     case VM_KIND_LEAF:
     case VM_KIND_SORT:
       return NULL; /* indices: sort's values get gather's VJP */

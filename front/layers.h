@@ -24,6 +24,9 @@ vm_tensor *fe_pool2d(vm_tensor *x, bool max, const int kernel[2], const int stri
                      const int padding[2]);
 vm_tensor *fe_batch_norm(vm_tensor *x, vm_tensor *running_mean, vm_tensor *running_var,
                          vm_tensor *w, vm_tensor *b, bool training, double momentum, double eps);
+/* kiln_scaled_dot_product_attention (front/attention.c) */
+vm_tensor *fe_attention(vm_tensor *q, vm_tensor *k, vm_tensor *v, vm_tensor *mask, bool causal,
+                        double scale);
 vm_tensor *fe_dropout(vm_tensor *x, double p, bool training);
 vm_tensor *fe_embedding(vm_tensor *weight, vm_tensor *idx);
 vm_tensor *fe_one_hot(vm_tensor *idx, int64_t num_classes, kiln_dtype dt);

@@ -42,6 +42,8 @@ static kiln_dtype input_dtype(vm_opcode op, int i, const vm_tensor *t, const vm_
       return i == 1 ? KILN_I64 : m->compute;
     case VM_KIND_VIEW:
       return t->dtype;
+    case VM_KIND_ATTENTION: /* a bool mask stays bool */
+      return i == (op == VM_OP_attention ? 3 : 5) && t->dtype == KILN_BOOL ? KILN_BOOL : m->compute;
     default:
       return m->compute;
   }

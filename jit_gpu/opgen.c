@@ -626,6 +626,7 @@ bool gpu_op_plan_make(vm_opcode op, int n, vm_tensor *const *in, vm_tensor *out,
     case VM_KIND_VIEW:
     case VM_KIND_COLLECTIVE: /* geometry; the distributed engine (vm/dist.h) */
     case VM_KIND_CONV:
+    case VM_KIND_ATTENTION:
       break; /* the CPU's primitive (GPU convolutions are composed) */
   }
   if (!ok) {
@@ -711,6 +712,7 @@ static void add_family(key_list *L, vm_opcode op, kiln_dtype dt) {
     case VM_KIND_VIEW:
     case VM_KIND_COLLECTIVE:
     case VM_KIND_CONV:
+    case VM_KIND_ATTENTION:
       break;
   }
 }

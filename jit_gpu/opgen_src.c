@@ -261,6 +261,7 @@ bool gpu_op_key_supported(const gpu_op_key *k) {
     case VM_KIND_VIEW:
     case VM_KIND_COLLECTIVE:
     case VM_KIND_CONV:
+    case VM_KIND_ATTENTION:
       return false;
   }
   return false;
@@ -1081,6 +1082,7 @@ static void emit_kernel(sbuf *b, const gpu_op_key *k) {
     case VM_KIND_VIEW:
     case VM_KIND_COLLECTIVE:
     case VM_KIND_CONV:
+    case VM_KIND_ATTENTION:
       return;
   }
 }

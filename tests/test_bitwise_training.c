@@ -10,11 +10,13 @@
  * compiled code surely takes over mid-run even on a slow machine; before
  * it, compiles land whenever they finish.
  *
- * The model: 32 -> 64 (layer_norm, tanh) -> 48 (relu) -> 10, mean
- * cross-entropy, SGD, on deterministic synthetic data; its loss each step is
- * read back (a flush per step).  That exercises matmul, row kernels
- * (softmax, layer_norm and their gradients), column reductions (bias
- * gradients), f32 exp/log/tanh, and the autodiff graph.
+ * The model: 32 -> 64 (layer_norm, tanh, causal self-attention over
+ * sequences of 8 rows) -> 48 (relu) -> 10, mean cross-entropy, SGD, on
+ * deterministic synthetic data; its loss each step is read back (a flush
+ * per step).  That exercises matmul, row kernels (softmax, layer_norm and
+ * their gradients), column reductions (bias gradients), f32
+ * exp/log/tanh, the attention primitive and its gradient, and the
+ * autodiff graph.
  *
  * The parent makes no Kiln call: it re-executes itself (fork + execve) once
  * per configuration and compares the children's output. */
@@ -92,6 +94,9 @@ static int child(void) {
     PUSH(kiln_add(LAST, p[1]));
     PUSH(kiln_layer_norm(LAST, NULL, NULL, 1e-5));
     PUSH(kiln_tanh(LAST));
+    PUSH(kiln_reshape(LAST, 3, (int64_t[]){8, 8, H1})); /* 8 sequences of 8 */
+    PUSH(kiln_scaled_dot_product_attention(LAST, LAST, LAST, NULL, true, 0));
+    PUSH(kiln_reshape(LAST, 2, (int64_t[]){BATCH, H1}));
     PUSH(kiln_matmul(LAST, p[2]));
     PUSH(kiln_add(LAST, p[3]));
     PUSH(kiln_relu(LAST));

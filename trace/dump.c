@@ -66,6 +66,9 @@ static void put_attrs(FILE *f, const tr_pnode *p) {
       fprintf(f, " stride=%d,%d padding=%d,%d dilation=%d,%d groups=%d", a->perm[0], a->perm[1],
               a->perm[2], a->perm[3], a->perm[4], a->perm[5], a->axis);
       break;
+    case VM_KIND_ATTENTION:
+      fprintf(f, " scale=%.17g causal=%d", a->scalar[0], a->keepdim);
+      break;
     case VM_KIND_LEAF:
       if (p->op == VM_OP_full) fprintf(f, " value=$%d%s", p->src, a->weak ? " weak" : "");
       if (p->op == VM_OP_arange) fprintf(f, " start,step=$%d", p->src);

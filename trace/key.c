@@ -76,7 +76,8 @@ static void put_node(tr_bytes *b, const tr_trace *t, int i, bool with_shapes) {
   r.attr_weak = a->weak;
   r.host = a->host;
   r.device = n->meta.device;
-  if (n->op == VM_OP_full && !a->host) r.literal = a->scalar[0];
+  if ((n->op == VM_OP_full && !a->host) || vm_op_table[n->op].kind == VM_KIND_ATTENTION)
+    r.literal = a->scalar[0]; /* attention: its scale */
   for (int d = 0; d < KILN_MAX_DIMS; d++) r.perm[d] = (uint8_t)a->perm[d];
   r.axes_mask = a->axes_mask;
   r.axis = a->axis;

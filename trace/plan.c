@@ -586,7 +586,8 @@ static bool plan_partition(builder *b) {
       cur->first = cur->last = i;
       cur->kind = kind == VM_KIND_MATMUL ? TR_GROUP_MATMUL
                   : kind == VM_KIND_INDEX || kind == VM_KIND_CONCAT || kind == VM_KIND_SORT ||
-                          kind == VM_KIND_COLLECTIVE || kind == VM_KIND_CONV
+                          kind == VM_KIND_COLLECTIVE || kind == VM_KIND_CONV ||
+                          kind == VM_KIND_ATTENTION
                       ? TR_GROUP_DATA
                   : kind == VM_KIND_REDUCE ? TR_GROUP_REDUCE
                                            : TR_GROUP_ELEMENTWISE;

@@ -99,6 +99,8 @@ static bool run_kernel(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *ar
       return vm_k_argsort(out, args[0], attr->axis, attr->keepdim);
     case VM_KIND_CONV:
       return vm_k_conv(op, out, args, attr);
+    case VM_KIND_ATTENTION:
+      return vm_k_attention(op, out, n, args, attr);
     case VM_KIND_VIEW:
     case VM_KIND_COLLECTIVE:
       break; /* vm_exec runs them */

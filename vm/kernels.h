@@ -21,6 +21,9 @@ bool vm_k_concat(vm_tensor *out, int n, vm_tensor *const *in, int axis);
 bool vm_k_argsort(vm_tensor *out, const vm_tensor *a, int axis, bool descending);
 /* conv2d, conv2d_input, conv2d_weight (ops.def): out from args[0..1] */
 bool vm_k_conv(vm_opcode op, vm_tensor *out, vm_tensor *const *args, const vm_attr *attr);
+/* attention, attention_grad (ops.def): any strides in, out contiguous */
+bool vm_k_attention(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *args,
+                    const vm_attr *attr);
 
 /* A list of (size, stride) dims, size-1 dims dropped and a dim merged into
    the one before it where their strides allow: how a reduction sees its

@@ -473,6 +473,57 @@ static bool infer_conv(vm_opcode op, vm_tensor *const *in, const vm_attr *attr, 
   return true;
 }
 
+/* attention / attention_grad (vm/kern_attention.c): fe_attention checks
+   the user's arguments and expands the batch dims; here the operands are
+   checked to agree (float, CPU, one batch shape, the mask [..., Tq, Tk]) */
+static bool infer_attention(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr,
+                            vm_meta *m) {
+  bool grad = op == VM_OP_attention_grad;
+  int nfixed = grad ? 5 : 3;
+  const vm_tensor *q = in[0], *k = in[1], *v = in[2], *mask = n > nfixed ? in[nfixed] : NULL;
+  kiln_dtype p = vm_promote(vm_promote(q->dtype, k->dtype), v->dtype);
+  if (!vm_dtype_is_float(p)) {
+    vm_error(KILN_ERR_DTYPE, "attention operands must be float, not %s", vm_dtype_name(p));
+    return false;
+  }
+  for (int i = 0; i < n; i++)
+    if (in[i]->device != KILN_CPU) {
+      vm_error(KILN_ERR_DEVICE, "the attention primitive runs on the CPU");
+      return false;
+    }
+  int nd = q->ndim;
+  bool ok = n == nfixed + (attr->axis != 0) && nd >= 2 && k->ndim == nd && v->ndim == nd &&
+            !memcmp(q->shape, k->shape, (size_t)(nd - 2) * sizeof(int64_t)) &&
+            !memcmp(q->shape, v->shape, (size_t)(nd - 2) * sizeof(int64_t)) &&
+            q->shape[nd - 1] == k->shape[nd - 1] && k->shape[nd - 2] == v->shape[nd - 2];
+  int64_t oshape[KILN_MAX_DIMS];
+  if (ok) {
+    memcpy(oshape, q->shape, (size_t)nd * sizeof(int64_t));
+    oshape[nd - 1] = v->shape[nd - 1];
+  }
+  for (int i = 3; ok && grad && i < 5; i++) /* o and its gradient */
+    ok = in[i]->ndim == nd && !memcmp(in[i]->shape, oshape, (size_t)nd * sizeof(int64_t));
+  if (ok && mask) {
+    ok = mask->ndim == nd && (mask->dtype == KILN_BOOL || vm_dtype_is_float(mask->dtype)) &&
+         !memcmp(mask->shape, q->shape, (size_t)(nd - 1) * sizeof(int64_t)) &&
+         mask->shape[nd - 1] == k->shape[nd - 2];
+  }
+  if (!ok) {
+    vm_error(KILN_ERR_INTERNAL, "%s: operands do not fit the attention's geometry",
+             vm_op_table[op].name);
+    return false;
+  }
+  m->dtype = m->compute = p;
+  if (grad) {
+    m->ndim = 1;
+    m->shape[0] = q->numel + k->numel + v->numel;
+  } else {
+    m->ndim = nd;
+    memcpy(m->shape, oshape, (size_t)nd * sizeof(int64_t));
+  }
+  return true;
+}
+
 /* Every result's size fits (vm_shape_numel): a broadcast, matmul, concat
    or expand past 2^60 elements is a shape error naming the input shapes. */
 static bool check_result_size(int n, vm_tensor *const *in, const vm_meta *m) {
@@ -518,6 +569,8 @@ static bool infer_kind(vm_opcode op, int n, vm_tensor *const *in, const vm_attr 
       return infer_collective(op, n, in, attr, m);
     case VM_KIND_CONV:
       return infer_conv(op, in, attr, m);
+    case VM_KIND_ATTENTION:
+      return infer_attention(op, n, in, attr, m);
   }
   return false;
 }

@@ -28,7 +28,8 @@ typedef enum {
   VM_KIND_CONCAT,
   VM_KIND_SORT,
   VM_KIND_COLLECTIVE,
-  VM_KIND_CONV
+  VM_KIND_CONV,
+  VM_KIND_ATTENTION
 } vm_kind;
 
 typedef enum {

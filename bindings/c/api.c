@@ -445,6 +445,11 @@ kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *w, kiln_tensor *b, const i
   API(kiln_conv2d);
   return fe_conv2d(x, w, b, stride, padding, dilation, groups);
 }
+kiln_tensor *kiln_scaled_dot_product_attention(kiln_tensor *q, kiln_tensor *k, kiln_tensor *v,
+                                               kiln_tensor *mask, bool causal, double scale) {
+  API(kiln_scaled_dot_product_attention);
+  return fe_attention(q, k, v, mask, causal, scale);
+}
 kiln_tensor *kiln_max_pool2d(kiln_tensor *x, const int kernel[2], const int stride[2],
                              const int padding[2]) {
   API(kiln_max_pool2d);

@@ -190,6 +190,15 @@ KILN_API kiln_tensor *kiln_topk(kiln_tensor *a, int64_t k, int axis, bool larges
 KILN_API kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *w /* [Cout, Cin/groups, kh, kw] */,
                                   kiln_tensor *b /* NULL ok */, const int stride[2],
                                   const int padding[2], const int dilation[2], int groups);
+/* softmax(q kᵀ scale + mask) v as one fused op, differentiable in q, k, v
+   (and in a float mask).  q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv],
+   their leading dims broadcast; mask NULL, bool (true: attend) or float
+   (added to the scores), broadcastable to [..., Tq, Tk]; causal: query i
+   attends keys j <= i (it combines with a mask); scale <= 0 means
+   1/sqrt(d).  A query whose keys are all masked out gets 0. */
+KILN_API kiln_tensor *kiln_scaled_dot_product_attention(kiln_tensor *q, kiln_tensor *k,
+                                                        kiln_tensor *v, kiln_tensor *mask,
+                                                        bool causal, double scale);
 KILN_API kiln_tensor *kiln_max_pool2d(kiln_tensor *x, const int kernel[2], const int stride[2],
                                       const int padding[2]);
 KILN_API kiln_tensor *kiln_avg_pool2d(kiln_tensor *x, const int kernel[2], const int stride[2],

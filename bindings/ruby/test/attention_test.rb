@@ -47,6 +47,38 @@ class AttentionTest < Minitest::Test
     end
   end
 
+  # the fused op (no weights asked for) and the composite that returns the
+  # weights agree, values and gradients, with a key padding mask and causal
+  def test_fused_attention_matches_the_weights_path
+    Kiln.manual_seed(11)
+    m = Kiln::NN::MultiheadAttention.new(8, 2)
+    x = Kiln.randn(5, 3, 8, dtype: :float64)
+    m.load_state_dict(m.state_dict.transform_values { |t| t._cast(:float64) })
+    pad = Kiln.tensor([[false] * 5, [false, false, false, true, true], [false] * 4 + [true]], dtype: :bool)
+    grads = [true, false].map do |weights|
+      x.requires_grad = true
+      out, = m.(x, x, x, key_padding_mask: pad, need_weights: weights, is_causal: true)
+      loss = (out * out).sum
+      loss.backward
+      g = [out.to_a, x.grad.to_a, m.in_proj_weight.grad.to_a]
+      x.grad = nil
+      m.zero_grad
+      x = x.detach
+      g
+    end
+    grads[0].zip(grads[1]).each { |a, b| assert_tensor a, Kiln.tensor(b, dtype: :float64), tol: 1e-12 }
+  end
+
+  # a query whose every key is masked out gets 0 (PyTorch 2.5+), no NaN
+  def test_sdpa_fully_masked_query_is_zero
+    q = Kiln.ones(2, 3)
+    k = Kiln.ones(4, 3)
+    v = Kiln.arange(8).reshape(4, 2)._cast(:float32)
+    keep = Kiln.tensor([[true, true, false, false], [false] * 4], dtype: :bool)
+    out = Kiln::NN::F.scaled_dot_product_attention(q, k, v, attn_mask: keep)
+    assert_tensor [[1.0, 2.0], [0.0, 0.0]], out, tol: 1e-6
+  end
+
   def test_multihead_attention_forms_and_errors
     Kiln.manual_seed(8)
     m = Kiln::NN::MultiheadAttention.new(6, 3)

@@ -1,5 +1,5 @@
 /* layers.c — the ops real models need, for Kiln::NN and Kiln::NN::Functional:
- * convolution, pooling, batch norm, dropout, embeddings, more losses, sort
+ * convolution, attention, pooling, batch norm, dropout, embeddings, more losses, sort
  * and topk, var/std/cumsum, more constructors, and save/load in the
  * safetensors format.  Positional `_name` methods; lib/kiln/ adds the
  * keywords.  Same conventions as ops.c (kiln_ext.h). */
@@ -37,6 +37,20 @@ static VALUE t_conv2d(VALUE self, VALUE w, VALUE b, VALUE stride, VALUE padding,
   VALUE r = rk_finish(obj, kiln_conv2d(x, wt, bt, s, p, d, g));
   RB_GC_GUARD(w);
   RB_GC_GUARD(b);
+  return r;
+}
+
+/* query._sdpa(key, value, mask_or_nil, causal, scale): scale <= 0 is
+   1/sqrt(head size) */
+static VALUE t_sdpa(VALUE self, VALUE k, VALUE v, VALUE mask, VALUE causal, VALUE scale) {
+  kiln_tensor *qt = rk_get(self), *kt = rk_get(k), *vt = rk_get(v), *mt = opt_tensor(mask);
+  double sc = rk_num(scale, "scale");
+  VALUE obj = rk_alloc();
+  kiln_clear_error();
+  VALUE r = rk_finish(obj, kiln_scaled_dot_product_attention(qt, kt, vt, mt, RTEST(causal), sc));
+  RB_GC_GUARD(k);
+  RB_GC_GUARD(v);
+  RB_GC_GUARD(mask);
   return r;
 }
 
@@ -286,6 +300,7 @@ static VALUE m_load(VALUE mod, VALUE path) {
 void rk_init_layers(void) {
   VALUE c = rk_cTensor;
   rb_define_method(c, "_conv2d", t_conv2d, 6);
+  rb_define_method(c, "_sdpa", t_sdpa, 5);
   rb_define_method(c, "_max_pool2d", t_max_pool2d, 3);
   rb_define_method(c, "_avg_pool2d", t_avg_pool2d, 3);
   rb_define_method(c, "_batch_norm", t_batch_norm, -1);

@@ -408,13 +408,17 @@ module Kiln
         # torch.nn.functional.scaled_dot_product_attention: attn_mask a bool
         # tensor (true: may attend) or a float one added to the scores;
         # is_causal masks key positions after each query's; scale defaults
-        # to 1/sqrt(head size); dropout_p drops weights (training only)
+        # to 1/sqrt(head size); dropout_p drops weights (training only).  A
+        # query whose keys are all masked out gets 0 (PyTorch 2.5+), not NaN
         def scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
           if attn_mask && is_causal
             raise ArgumentError, "scaled_dot_product_attention: attn_mask and is_causal: true together (give one)"
           end
 
           s = scale.nil? ? 1.0 / Math.sqrt(query.shape[-1]) : scale.to_f
+          # one fused op (Kiln's attention primitive) unless weights are dropped
+          return query._sdpa(key, value, attn_mask, is_causal, s) if s.positive? && !dropout_p.positive?
+
           scores = query.matmul(key.transpose(-2, -1)) * s
           if is_causal
             l = query.shape[-2]
@@ -488,8 +492,15 @@ module Kiln
         qh = heads.(F.linear(q, w_q, b_q), l)
         kh = heads.(F.linear(k, w_k, b_k), s)
         vh = heads.(F.linear(v, w_v, b_v), s)
-        scores = qh.matmul(kh.transpose(1, 2)) * (1.0 / Math.sqrt(hd)) # [N*H, L, S]
         mask = additive_mask(attn_mask, key_padding_mask, is_causal, l, s, n, unbatched, q.dtype)
+        unless need_weights || (@dropout.positive? && training?) # the fused op
+          o = F.scaled_dot_product_attention(qh.reshape(n, @num_heads, l, hd), kh.reshape(n, @num_heads, s, hd),
+                                             vh.reshape(n, @num_heads, s, hd), attn_mask: mask)
+          out = @out_proj.(o.reshape(n * @num_heads, l, hd).transpose(0, 1).reshape(l, n, e))
+          return [unbatched ? out.squeeze(1) : (@batch_first ? out.transpose(0, 1) : out), nil]
+        end
+
+        scores = qh.matmul(kh.transpose(1, 2)) * (1.0 / Math.sqrt(hd)) # [N*H, L, S]
         scores = (scores.reshape(n, @num_heads, l, s) + mask).reshape(n * @num_heads, l, s) if mask
         weights = scores.softmax(-1)
         weights = F.dropout(weights, @dropout, true) if @dropout.positive? && training?

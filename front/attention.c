@@ -1,0 +1,154 @@
+/* attention.c — kiln_scaled_dot_product_attention (DESIGN §14): the user's
+ * arguments checked, the batch dims of q, k, v and the mask broadcast, and
+ * then one attention primitive (ops.def; vm/kern_attention.c) on the CPU.
+ * On other devices, and where a float mask itself takes a gradient (the
+ * primitive gives none to its mask), the same function is composed from
+ * matmul and softmax, with the primitive's semantics: a row whose keys are
+ * all masked out gives 0, not NaN. */
+#include <math.h>
+#include <string.h>
+
+#include "../trace/tape.h"
+#include "../vm/state.h"
+#include "composite.h"
+#include "layers.h"
+#include "scope.h"
+
+static const char *const role[3] = {"query", "key", "value"};
+
+/* t with its leading dims broadcast to batch[nb] (t itself when they are) */
+static vm_tensor *to_batch(fe_scope *s, vm_tensor *t, int nb, const int64_t *batch, int64_t r,
+                           int64_t c) {
+  int64_t shape[KILN_MAX_DIMS];
+  memcpy(shape, batch, (size_t)nb * sizeof *shape);
+  shape[nb] = r, shape[nb + 1] = c;
+  if (t->ndim == nb + 2 && !memcmp(t->shape, shape, (size_t)(nb + 2) * sizeof *shape)) return t;
+  return keep(s, fe_expand(t, nb + 2, shape));
+}
+
+static vm_tensor *scalar(fe_scope *s, double v) { return keep(s, fe_weak_scalar(v, false)); }
+
+static vm_tensor *where(fe_scope *s, vm_tensor *cond, vm_tensor *a, vm_tensor *b) {
+  vm_tensor *in[3] = {cond, a, b};
+  return cond && a && b ? keep(s, fe_op(VM_OP_where, 3, in, NULL)) : NULL;
+}
+
+/* softmax(q kᵀ scale + mask) v from ordinary ops */
+static vm_tensor *composed(fe_scope *s, vm_tensor *q, vm_tensor *k, vm_tensor *v, vm_tensor *mask,
+                           bool causal, double scale) {
+  int64_t tq = q->shape[q->ndim - 2], tk = k->shape[k->ndim - 2];
+  vm_tensor *kt = keep(s, fe_transpose(k, -1, -2));
+  vm_tensor *sc = keep(s, kt ? fe_binary(VM_OP_matmul, q, kt) : NULL);
+  sc = keep(s, sc ? fe_binary_scalar(VM_OP_mul, sc, scale, false) : NULL);
+  vm_tensor *ninf = scalar(s, -INFINITY);
+  if (causal) { /* key j > query i is masked out */
+    vm_tensor *i = keep(s, fe_arange_i64(0, 1, tq, (kiln_device)q->device));
+    vm_tensor *j = keep(s, fe_arange_i64(0, 1, tk, (kiln_device)q->device));
+    i = keep(s, i ? fe_reshape(i, 2, (int64_t[]){tq, 1}) : NULL);
+    vm_tensor *later = keep(s, i && j ? fe_binary(VM_OP_gt, j, i) : NULL);
+    sc = where(s, later, ninf, sc);
+  }
+  if (mask && mask->dtype == KILN_BOOL)
+    sc = where(s, mask, sc, ninf);
+  else if (mask)
+    sc = keep(s, sc ? fe_binary(VM_OP_add, sc, mask) : NULL);
+  /* rows with every key masked: softmax of zeros there (finite, so no NaN
+     reaches the gradient), then zeroed */
+  int last = -1;
+  vm_tensor *mx = keep(s, sc ? fe_reduce(VM_OP_max, sc, 1, &last, true) : NULL);
+  vm_tensor *dead = keep(s, mx ? fe_binary(VM_OP_eq, mx, ninf) : NULL);
+  sc = where(s, dead, scalar(s, 0), sc);
+  vm_tensor *p = keep(s, sc ? fe_softmax(sc, -1) : NULL);
+  p = where(s, dead, scalar(s, 0), p);
+  return keep(s, p ? fe_binary(VM_OP_matmul, p, v) : NULL);
+}
+
+vm_tensor *fe_attention(vm_tensor *q, vm_tensor *k, vm_tensor *v, vm_tensor *mask, bool causal,
+                        double scale) {
+  vm_tensor *qkv[3] = {q, k, v};
+  char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
+  for (int i = 0; i < 3; i++) {
+    if (!qkv[i]) {
+      vm_null_input(i);
+      return NULL;
+    }
+    if (qkv[i]->ndim < 2) {
+      vm_error(KILN_ERR_SHAPE, "%s must be [..., T, d] (2-d at least), got shape %s", role[i],
+               vm_shape_str(b1, qkv[i]->ndim, qkv[i]->shape));
+      return NULL;
+    }
+    if (!vm_dtype_is_float(qkv[i]->dtype)) {
+      vm_error(KILN_ERR_DTYPE, "%s must be a float tensor, not %s", role[i],
+               vm_dtype_name(qkv[i]->dtype));
+      return NULL;
+    }
+  }
+  int nq = q->ndim, nk = k->ndim, nv = v->ndim;
+  int64_t tq = q->shape[nq - 2], d = q->shape[nq - 1], tk = k->shape[nk - 2];
+  if (k->shape[nk - 1] != d) {
+    vm_error(KILN_ERR_SHAPE, "query %s and key %s differ in their last dim (the head size)",
+             vm_shape_str(b1, nq, q->shape), vm_shape_str(b2, nk, k->shape));
+    return NULL;
+  }
+  if (v->shape[nv - 2] != tk) {
+    vm_error(KILN_ERR_SHAPE, "key %s and value %s differ in length (dim -2)",
+             vm_shape_str(b1, nk, k->shape), vm_shape_str(b2, nv, v->shape));
+    return NULL;
+  }
+  if (!isfinite(scale)) {
+    vm_error(KILN_ERR_ARG, "scale %g must be finite (<= 0 means 1/sqrt(head size))", scale);
+    return NULL;
+  }
+  if (scale <= 0) scale = d > 0 ? 1 / sqrt((double)d) : 1;
+  /* the batch: q's, k's and v's leading dims (and the mask's) broadcast */
+  int nb = 0;
+  int64_t batch[KILN_MAX_DIMS], grown[KILN_MAX_DIMS];
+  for (int i = 0; i < 3; i++) {
+    if (!vm_broadcast_shapes(nb, batch, qkv[i]->ndim - 2, qkv[i]->shape, &nb, grown)) return NULL;
+    memcpy(batch, grown, (size_t)nb * sizeof *batch);
+  }
+  if (mask) {
+    if (mask->dtype != KILN_BOOL && !vm_dtype_is_float(mask->dtype)) {
+      vm_error(KILN_ERR_DTYPE,
+               "mask must be bool (true: attend) or float (added to the scores), not %s",
+               vm_dtype_name(mask->dtype));
+      return NULL;
+    }
+    int64_t scores[KILN_MAX_DIMS], full[KILN_MAX_DIMS];
+    int ns = nb + 2, nf;
+    memcpy(scores, batch, (size_t)nb * sizeof *batch);
+    scores[nb] = tq, scores[nb + 1] = tk;
+    if (ns > KILN_MAX_DIMS ||
+        !vm_broadcast_shapes(ns, scores, mask->ndim, mask->shape, &nf, full) ||
+        full[nf - 2] != tq || full[nf - 1] != tk) {
+      vm_clear_error();
+      vm_error(KILN_ERR_SHAPE, "mask %s does not broadcast to the scores' shape %s",
+               vm_shape_str(b1, mask->ndim, mask->shape), vm_shape_str(b2, ns, scores));
+      return NULL;
+    }
+    nb = nf - 2;
+    memcpy(batch, full, (size_t)nb * sizeof *batch);
+  }
+  if (nb + 2 > KILN_MAX_DIMS) {
+    vm_error(KILN_ERR_SHAPE, "attention over %d batch dims is more than %d dims", nb,
+             KILN_MAX_DIMS);
+    return NULL;
+  }
+  kiln_dtype dt = vm_promote(vm_promote(q->dtype, k->dtype), v->dtype);
+  bool cpu = q->device == KILN_CPU && k->device == KILN_CPU && v->device == KILN_CPU &&
+             (!mask || mask->device == KILN_CPU);
+  bool mask_grad =
+      mask && mask->dtype != KILN_BOOL && mask->node && tr_node_requires_grad(mask->node);
+  fe_scope s = {0};
+  vm_tensor *out;
+  if (cpu && (dt == KILN_F32 || dt == KILN_F64) && !mask_grad) {
+    vm_tensor *in[4] = {to_batch(&s, q, nb, batch, tq, d), to_batch(&s, k, nb, batch, tk, d),
+                        to_batch(&s, v, nb, batch, tk, v->shape[nv - 1]),
+                        mask ? to_batch(&s, mask, nb, batch, tq, tk) : NULL};
+    vm_attr attr = {.axis = mask != NULL, .keepdim = causal, .scalar = {scale}};
+    out = keep(&s, fe_op(VM_OP_attention, mask ? 4 : 3, in, &attr));
+  } else {
+    out = composed(&s, q, k, v, mask, causal, scale);
+  }
+  return finish(&s, out);
+}

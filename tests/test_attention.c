@@ -1,0 +1,542 @@
+/* test_attention.c — kiln_scaled_dot_product_attention (the attention
+ * primitive, vm/kern_attention.c): values against a reference written here
+ * in plain C (f64, 1e-12) over lengths that cross the kernel's query and
+ * key blocks (1..1000), head sizes 16..128, without and with a causal
+ * mask, a bool mask and an additive float mask, broadcast batch dims;
+ * gradients against the composite a user writes (matmul, softmax, matmul,
+ * differentiated by autodiff) in f64 and against finite differences;
+ * non-contiguous q, k, v (slices of one fused projection) giving the same
+ * bits as contiguous copies; rows with every key masked giving 0 and no
+ * NaN; the composite route (a float mask that takes a gradient); the work
+ * counted (gemms per block, no T x T buffer in memory);
+ * bad input as clear errors.  JIT on vs off: test_bitwise_training's model
+ * has an attention layer. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "ktest.h"
+
+#define F32 KILN_F32
+#define F64 KILN_F64
+
+static uint64_t g_seed = 0x5eedull;
+static double unif(void) { /* splitmix64 -> [0, 1) */
+  uint64_t z = (g_seed += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+}
+static double *rand_vals(int64_t n, double lo, double hi) {
+  double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+  for (int64_t i = 0; i < n; i++) v[i] = lo + (hi - lo) * unif();
+  return v;
+}
+
+/* one case: batch b x h heads; mask kind: 0 none, 1 bool [b,1,tq,tk]
+   (every 5th key of a row masked, some rows fully), 2 float [tq,tk],
+   3 bool key padding [b,1,1,tk] */
+typedef struct {
+  int64_t b, h, tq, tk, d, dv;
+  bool causal;
+  int mask;
+  double scale; /* <= 0: 1/sqrt(d) */
+} acase;
+
+static int64_t mask_dims(const acase *c, int64_t *shape) {
+  switch (c->mask) {
+    case 1:
+      shape[0] = c->b, shape[1] = 1, shape[2] = c->tq, shape[3] = c->tk;
+      return 4;
+    case 2:
+      shape[0] = c->tq, shape[1] = c->tk;
+      return 2;
+    case 3:
+      shape[0] = c->b, shape[1] = 1, shape[2] = 1, shape[3] = c->tk;
+      return 4;
+  }
+  return 0;
+}
+
+/* the mask value at (batch z, query i, key j): keep (bool) or the addend */
+static double mask_at(const acase *c, const double *mv, int64_t z, int64_t i, int64_t j) {
+  int64_t bz = z / c->h;
+  switch (c->mask) {
+    case 1:
+      return mv[(bz * c->tq + i) * c->tk + j];
+    case 2:
+      return mv[i * c->tk + j];
+    case 3:
+      return mv[bz * c->tk + j];
+  }
+  return 1;
+}
+
+static double *mask_values(const acase *c, int64_t *n) {
+  int64_t shape[4], nd = mask_dims(c, shape);
+  *n = 1;
+  for (int i = 0; i < nd; i++) *n *= shape[i];
+  double *mv = malloc((size_t)(*n ? *n : 1) * sizeof *mv);
+  for (int64_t e = 0; e < *n; e++) {
+    if (c->mask == 2) {
+      mv[e] = unif() < 0.1 ? -INFINITY : unif() * 2 - 1;
+    } else if (c->mask == 1) {
+      int64_t i = e / c->tk % c->tq, j = e % c->tk;
+      mv[e] = i % 7 == 3 ? 0 : (double)((i + 2 * j) % 5 != 0); /* row 3 (mod 7): none kept */
+    } else {
+      int64_t bz = e / c->tk, j = e % c->tk;
+      mv[e] = j < c->tk - bz; /* item bz: its last bz keys are padding */
+    }
+  }
+  return mv;
+}
+
+/* softmax(q kᵀ s + mask) v in plain C, f64; rows with no key give 0 */
+static double *reference(const acase *c, const double *q, const double *k, const double *v,
+                         const double *mv) {
+  int64_t z = c->b * c->h;
+  double s = c->scale > 0 ? c->scale : 1 / sqrt((double)c->d);
+  double *out = calloc((size_t)(z * c->tq * c->dv + 1), sizeof *out);
+  double *sc = malloc((size_t)(c->tk + 1) * sizeof *sc);
+  for (int64_t b = 0; b < z; b++)
+    for (int64_t i = 0; i < c->tq; i++) {
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < c->tk; j++) {
+        double acc = 0;
+        for (int64_t e = 0; e < c->d; e++)
+          acc += q[(b * c->tq + i) * c->d + e] * k[(b * c->tk + j) * c->d + e];
+        acc *= s;
+        if (c->mask == 2) acc += mask_at(c, mv, b, i, j);
+        if ((c->mask == 1 || c->mask == 3) && !mask_at(c, mv, b, i, j)) acc = -INFINITY;
+        if (c->causal && j > i) acc = -INFINITY;
+        sc[j] = acc;
+        mx = acc > mx ? acc : mx;
+      }
+      if (mx == -INFINITY) continue;
+      double sum = 0;
+      for (int64_t j = 0; j < c->tk; j++) sum += sc[j] = exp(sc[j] - mx);
+      for (int64_t j = 0; j < c->tk; j++)
+        for (int64_t e = 0; e < c->dv; e++)
+          out[(b * c->tq + i) * c->dv + e] += sc[j] / sum * v[(b * c->tk + j) * c->dv + e];
+    }
+  free(sc);
+  return out;
+}
+
+static kiln_tensor *mask_tensor(const acase *c, const double *mv, kiln_dtype dt) {
+  if (!c->mask) return NULL;
+  int64_t shape[4], nd = mask_dims(c, shape);
+  kiln_tensor *m64 = kiln_from_data(mv, F64, (int)nd, shape);
+  kiln_tensor *m = kiln_cast(m64, c->mask == 2 ? dt : KILN_BOOL);
+  kiln_release(m64);
+  return m;
+}
+
+static bool case_forward(const acase *c, kiln_dtype dt, double tol) {
+  int64_t z = c->b * c->h, nm;
+  double *q = rand_vals(z * c->tq * c->d, -1.5, 1.5), *k = rand_vals(z * c->tk * c->d, -1.5, 1.5);
+  double *v = rand_vals(z * c->tk * c->dv, -1, 1), *mv = mask_values(c, &nm);
+  double *want = reference(c, q, k, v, mv);
+  kiln_tensor *qt = ktest_from_doubles(dt, 4, (int64_t[]){c->b, c->h, c->tq, c->d}, q);
+  kiln_tensor *kt = ktest_from_doubles(dt, 4, (int64_t[]){c->b, c->h, c->tk, c->d}, k);
+  kiln_tensor *vt = ktest_from_doubles(dt, 4, (int64_t[]){c->b, c->h, c->tk, c->dv}, v);
+  kiln_tensor *mt = mask_tensor(c, mv, dt);
+  kiln_tensor *o = kiln_scaled_dot_product_attention(qt, kt, vt, mt, c->causal, c->scale);
+  bool ok = o != NULL;
+  if (!o) {
+    KTEST_FAIL("attention failed: %s", kiln_last_error());
+  } else {
+    CHECK(kiln_ndim(o) == 4 && kiln_shape(o)[2] == c->tq && kiln_shape(o)[3] == c->dv);
+    double *got = ktest_values(o);
+    int reports = 0;
+    for (int64_t e = 0; e < z * c->tq * c->dv; e++)
+      if (!(fabs(got[e] - want[e]) <= tol) && reports++ < 3) {
+        ok = false;
+        KTEST_FAIL(
+            "b%lld h%lld tq%lld tk%lld d%lld dv%lld causal %d mask %d: out[%lld] = %.17g, "
+            "reference %.17g",
+            (long long)c->b, (long long)c->h, (long long)c->tq, (long long)c->tk, (long long)c->d,
+            (long long)c->dv, c->causal, c->mask, (long long)e, got[e], want[e]);
+      }
+    free(got);
+  }
+  kiln_release(o);
+  kiln_release(qt), kiln_release(kt), kiln_release(vt), kiln_release(mt);
+  free(q), free(k), free(v), free(mv), free(want);
+  return ok;
+}
+
+TEST(forward_matches_reference_f64) {
+  /* lengths around the blocks (64 queries, 256 keys) and head sizes 16..128 */
+  static const acase cases[] = {
+      {1, 1, 1, 1, 16, 16, false, 0, 0},      {2, 3, 5, 7, 16, 8, false, 0, 0},
+      {1, 2, 64, 64, 32, 32, false, 0, 0},    {1, 2, 65, 257, 16, 24, false, 0, 0},
+      {2, 1, 130, 300, 64, 64, true, 0, 0},   {1, 1, 300, 130, 16, 16, true, 0, 0},
+      {2, 2, 70, 90, 32, 16, false, 1, 0},    {2, 2, 70, 513, 16, 16, false, 2, 0.3},
+      {3, 2, 33, 40, 128, 32, true, 3, 0},    {2, 1, 129, 129, 16, 16, true, 1, 0},
+      {1, 1, 1000, 1000, 16, 16, true, 0, 0}, {1, 1, 1000, 600, 32, 16, false, 2, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    if (!case_forward(&cases[i], F64, 1e-12)) break;
+}
+
+TEST(forward_f32_close_to_reference) {
+  static const acase cases[] = {{2, 3, 100, 300, 64, 64, true, 0, 0},
+                                {2, 2, 70, 90, 32, 16, false, 1, 0},
+                                {2, 2, 17, 513, 16, 16, false, 2, 0}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    if (!case_forward(&cases[i], F32, 2e-6)) break;
+}
+
+/* the composite a user writes, in kiln ops: softmax(q kᵀ s + mask) v */
+static kiln_tensor *composite(kiln_tensor *q, kiln_tensor *k, kiln_tensor *v, kiln_tensor *mask,
+                              bool causal, double s) {
+  kiln_tensor *kt = kiln_transpose(k, -1, -2), *sc0 = kiln_matmul(q, kt);
+  kiln_tensor *sc = kiln_mul_scalar(sc0, s);
+  kiln_release(kt), kiln_release(sc0);
+  kiln_tensor *ninf = kiln_scalar(-INFINITY, KILN_F64);
+  if (causal) {
+    int64_t tq = kiln_shape(q)[kiln_ndim(q) - 2], tk = kiln_shape(k)[kiln_ndim(k) - 2];
+    kiln_tensor *ai = kiln_arange(0, (double)tq, 1, KILN_I64),
+                *aj = kiln_arange(0, (double)tk, 1, KILN_I64);
+    kiln_tensor *ai2 = kiln_reshape(ai, 2, (int64_t[]){tq, 1}), *later = kiln_gt(aj, ai2);
+    kiln_tensor *w = kiln_where(later, ninf, sc);
+    kiln_release(ai), kiln_release(aj), kiln_release(ai2), kiln_release(later), kiln_release(sc);
+    sc = w;
+  }
+  if (mask && kiln_dtype_of(mask) == KILN_BOOL) {
+    kiln_tensor *w = kiln_where(mask, sc, ninf);
+    kiln_release(sc);
+    sc = w;
+  } else if (mask) {
+    kiln_tensor *w = kiln_add(sc, mask);
+    kiln_release(sc);
+    sc = w;
+  }
+  kiln_tensor *p = kiln_softmax(sc, -1), *o = kiln_matmul(p, v);
+  kiln_release(sc), kiln_release(p), kiln_release(ninf);
+  return o;
+}
+
+/* gradients of sum(out * w) for q, k, v by the op and by the composite */
+static void grads_of(bool op, const acase *c, const double *q, const double *k, const double *v,
+                     const double *mv, const double *w, double **gq, double **gk, double **gv,
+                     double **out) {
+  kiln_tensor *t[3] = {
+      kiln_from_data(q, F64, 4, (int64_t[]){c->b, c->h, c->tq, c->d}),
+      kiln_from_data(k, F64, 4, (int64_t[]){c->b, c->h, c->tk, c->d}),
+      kiln_from_data(v, F64, 4, (int64_t[]){c->b, c->h, c->tk, c->dv}),
+  };
+  for (int i = 0; i < 3; i++) kiln_set_requires_grad(t[i], true);
+  kiln_tensor *m = mask_tensor(c, mv, F64);
+  double s = c->scale > 0 ? c->scale : 1 / sqrt((double)c->d);
+  kiln_tensor *o = op ? kiln_scaled_dot_product_attention(t[0], t[1], t[2], m, c->causal, c->scale)
+                      : composite(t[0], t[1], t[2], m, c->causal, s);
+  kiln_tensor *wt = kiln_from_data(w, F64, 4, (int64_t[]){c->b, c->h, c->tq, c->dv});
+  kiln_tensor *prod = kiln_mul(o, wt), *loss = kiln_sum(prod, 0, NULL, false), *g[3] = {0};
+  if (kiln_grad_of(1, &loss, NULL, 3, t, g, false) != 0)
+    KTEST_FAIL("kiln_grad_of (%s): %s", op ? "op" : "composite", kiln_last_error());
+  *gq = g[0] ? ktest_values(g[0]) : NULL;
+  *gk = g[1] ? ktest_values(g[1]) : NULL;
+  *gv = g[2] ? ktest_values(g[2]) : NULL;
+  *out = o ? ktest_values(o) : NULL;
+  for (int i = 0; i < 3; i++) kiln_release(t[i]), kiln_release(g[i]);
+  kiln_release(m), kiln_release(o), kiln_release(wt), kiln_release(prod), kiln_release(loss);
+}
+
+static void compare(const char *what, const acase *c, const double *a, const double *b, int64_t n,
+                    double tol) {
+  if (!a || !b) {
+    KTEST_FAIL("%s: missing", what);
+    return;
+  }
+  int reports = 0;
+  for (int64_t e = 0; e < n; e++)
+    if (!(fabs(a[e] - b[e]) <= tol * fmax(1, fabs(b[e]))) && reports++ < 3)
+      KTEST_FAIL("tq%lld tk%lld d%lld causal %d mask %d: %s[%lld] = %.17g, composite %.17g",
+                 (long long)c->tq, (long long)c->tk, (long long)c->d, c->causal, c->mask, what,
+                 (long long)e, a[e], b[e]);
+}
+
+TEST(gradients_match_the_composite_f64) {
+  /* no fully masked row here: the composite gives NaN there (see
+     fully_masked_rows_give_zero) */
+  static const acase cases[] = {
+      {1, 2, 5, 7, 16, 8, false, 0, 0},      {2, 1, 70, 300, 16, 16, true, 0, 0},
+      {1, 2, 130, 90, 32, 16, false, 2, 0},  {3, 1, 40, 40, 16, 32, true, 3, 0.2},
+      {1, 1, 300, 600, 64, 16, false, 0, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    const acase *c = &cases[i];
+    int64_t z = c->b * c->h, nm;
+    double *q = rand_vals(z * c->tq * c->d, -1.5, 1.5), *k = rand_vals(z * c->tk * c->d, -1.5, 1.5);
+    double *v = rand_vals(z * c->tk * c->dv, -1, 1), *w = rand_vals(z * c->tq * c->dv, -1, 1);
+    double *mv = mask_values(c, &nm);
+    if (c->mask == 2) /* finite, so that no row is fully masked */
+      for (int64_t e = 0; e < nm; e++) mv[e] = isinf(mv[e]) ? -30 : mv[e];
+    double *g1[4], *g2[4];
+    grads_of(true, c, q, k, v, mv, w, &g1[0], &g1[1], &g1[2], &g1[3]);
+    grads_of(false, c, q, k, v, mv, w, &g2[0], &g2[1], &g2[2], &g2[3]);
+    compare("out", c, g1[3], g2[3], z * c->tq * c->dv, 1e-12);
+    compare("dq", c, g1[0], g2[0], z * c->tq * c->d, 1e-11);
+    compare("dk", c, g1[1], g2[1], z * c->tk * c->d, 1e-11);
+    compare("dv", c, g1[2], g2[2], z * c->tk * c->dv, 1e-11);
+    for (int j = 0; j < 4; j++) free(g1[j]), free(g2[j]);
+    free(q), free(k), free(v), free(w), free(mv);
+  }
+}
+
+/* d/dx of sum(attention(q, k, v) * w) by central differences, one input */
+TEST(gradients_match_finite_differences) {
+  acase c = {1, 2, 3, 4, 3, 2, true, 0, 0.7};
+  int64_t sizes[3] = {2 * 3 * 3, 2 * 4 * 3, 2 * 4 * 2};
+  const int64_t shapes[3][4] = {{1, 2, 3, 3}, {1, 2, 4, 3}, {1, 2, 4, 2}};
+  double *x[3];
+  for (int i = 0; i < 3; i++) x[i] = rand_vals(sizes[i], -1, 1);
+  double *w = rand_vals(2 * 3 * 2, -1, 1), *g[4];
+  grads_of(true, &c, x[0], x[1], x[2], NULL, w, &g[0], &g[1], &g[2], &g[3]);
+  for (int i = 0; i < 3; i++)
+    for (int64_t e = 0; e < sizes[i]; e++) {
+      double l[2], x0 = x[i][e];
+      for (int side = 0; side < 2; side++) {
+        x[i][e] = x0 + (side ? -1e-6 : 1e-6);
+        kiln_tensor *t[3], *wt = kiln_from_data(w, F64, 4, (int64_t[]){1, 2, 3, 2});
+        for (int j = 0; j < 3; j++) t[j] = kiln_from_data(x[j], F64, 4, shapes[j]);
+        kiln_tensor *o = kiln_scaled_dot_product_attention(t[0], t[1], t[2], NULL, true, 0.7);
+        kiln_tensor *p = kiln_mul(o, wt), *s = kiln_sum(p, 0, NULL, false);
+        l[side] = kiln_item(s);
+        for (int j = 0; j < 3; j++) kiln_release(t[j]);
+        kiln_release(wt), kiln_release(o), kiln_release(p), kiln_release(s);
+      }
+      x[i][e] = x0;
+      double fd = (l[0] - l[1]) / 2e-6;
+      if (g[i]) CHECK_CLOSE(g[i][e], fd, 1e-6);
+    }
+  for (int i = 0; i < 4; i++) free(g[i]);
+  for (int i = 0; i < 3; i++) free(x[i]);
+  free(w);
+}
+
+/* q, k, v as a transformer makes them: slices of one [B, T, 3*H*d]
+   projection, viewed as [B, H, T, d] (strides H*d apart in rows) */
+TEST(non_contiguous_inputs_give_the_same_bits) {
+  const int64_t B = 2, T = 77, H = 3, d = 16;
+  double *x = rand_vals(B * T * 3 * H * d, -1, 1);
+  kiln_tensor *qkv = ktest_from_doubles(F32, 3, (int64_t[]){B, T, 3 * H * d}, x);
+  kiln_tensor *v[3], *c[3];
+  for (int i = 0; i < 3; i++) {
+    kiln_tensor *s = kiln_slice(qkv, 2, i * H * d, (i + 1) * H * d, 1);
+    kiln_tensor *r = kiln_reshape(s, 4, (int64_t[]){B, T, H, d});
+    v[i] = kiln_permute(r, (int[]){0, 2, 1, 3});
+    c[i] = kiln_clone(v[i]);
+    kiln_release(s), kiln_release(r);
+  }
+  kiln_tensor *a = kiln_scaled_dot_product_attention(v[0], v[1], v[2], NULL, true, 0);
+  kiln_tensor *b = kiln_scaled_dot_product_attention(c[0], c[1], c[2], NULL, true, 0);
+  double *va = ktest_values(a), *vb = ktest_values(b);
+  CHECK(a && b && !memcmp(va, vb, (size_t)(B * H * T * d) * sizeof(double)));
+  free(va), free(vb);
+  kiln_release(a), kiln_release(b), kiln_release(qkv);
+  for (int i = 0; i < 3; i++) kiln_release(v[i]), kiln_release(c[i]);
+  free(x);
+}
+
+/* a query whose keys are all masked out attends to nothing: 0, and no NaN
+   in any gradient (PyTorch's SDPA since 2.5; the plain composite: NaN) */
+TEST(fully_masked_rows_give_zero) {
+  const int64_t T = 4, d = 2;
+  double q[] = {1, 0, 0, 1, 1, 1, -1, 0.5}, k[] = {0.3, 0.1, -0.2, 0.4, 1, 1, 0, 0};
+  double vv[] = {1, 2, 3, 4, 5, 6, 7, 8},
+         m[] = {1, 1, 0, 0, /* row 1: none */ 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 1};
+  for (int route = 0; route < 2; route++) { /* the primitive; the composite route */
+    kiln_tensor *qt = kiln_from_data(q, F64, 2, (int64_t[]){T, d}),
+                *kt = kiln_from_data(k, F64, 2, (int64_t[]){T, d}),
+                *vt = kiln_from_data(vv, F64, 2, (int64_t[]){T, d});
+    kiln_tensor *m64 = kiln_from_data(m, F64, 2, (int64_t[]){T, T}), *mask;
+    if (route == 0) {
+      mask = kiln_cast(m64, KILN_BOOL);
+    } else { /* 0 / -inf additive, taking a gradient: composed */
+      kiln_tensor *keep = kiln_cast(m64, KILN_BOOL), *zero = kiln_scalar(0, F64),
+                  *ninf = kiln_scalar(-INFINITY, F64);
+      mask = kiln_where(keep, zero, ninf);
+      kiln_tensor *leaf = kiln_detach(mask);
+      kiln_release(mask), kiln_release(keep), kiln_release(zero), kiln_release(ninf);
+      mask = leaf;
+      kiln_set_requires_grad(mask, true);
+    }
+    kiln_set_requires_grad(qt, true);
+    kiln_set_requires_grad(kt, true);
+    kiln_tensor *o = kiln_scaled_dot_product_attention(qt, kt, vt, mask, false, 0);
+    double *ov = ktest_values(o);
+    CHECK(ov[2] == 0 && ov[3] == 0);
+    CHECK(isfinite(ov[0]) && isfinite(ov[7]));
+    kiln_tensor *s = kiln_sum(o, 0, NULL, false), *in[2] = {qt, kt}, *g[2] = {0};
+    CHECK(kiln_grad_of(1, &s, NULL, 2, in, g, false) == 0);
+    for (int i = 0; i < 2; i++) {
+      double *gv = g[i] ? ktest_values(g[i]) : NULL;
+      for (int e = 0; gv && e < T * d; e++) CHECK(isfinite(gv[e]));
+      if (gv && i == 0) CHECK(gv[2] == 0 && gv[3] == 0); /* the dead query's */
+      free(gv);
+      kiln_release(g[i]);
+    }
+    free(ov);
+    kiln_release(s), kiln_release(o), kiln_release(qt), kiln_release(kt), kiln_release(vt);
+    kiln_release(m64), kiln_release(mask);
+  }
+}
+
+/* a float mask that takes a gradient goes the composite route: its
+   gradient equals the composite's, and q's equal the primitive's */
+TEST(float_mask_gradient_by_the_composite) {
+  acase c = {1, 2, 6, 5, 4, 3, false, 2, 0};
+  int64_t nm;
+  double *q = rand_vals(2 * 6 * 4, -1, 1), *k = rand_vals(2 * 5 * 4, -1, 1);
+  double *v = rand_vals(2 * 5 * 3, -1, 1), *mv = mask_values(&c, &nm);
+  for (int64_t e = 0; e < nm; e++) mv[e] = isinf(mv[e]) ? -3 : mv[e];
+  double *gm[2], *gq[2];
+  for (int route = 0; route < 2; route++) {
+    kiln_tensor *qt = kiln_from_data(q, F64, 4, (int64_t[]){1, 2, 6, 4}),
+                *kt = kiln_from_data(k, F64, 4, (int64_t[]){1, 2, 5, 4}),
+                *vt = kiln_from_data(v, F64, 4, (int64_t[]){1, 2, 5, 3}),
+                *mt = kiln_from_data(mv, F64, 2, (int64_t[]){6, 5});
+    kiln_set_requires_grad(qt, true);
+    kiln_set_requires_grad(mt, true);
+    kiln_tensor *o = route ? composite(qt, kt, vt, mt, false, 0.5)
+                           : kiln_scaled_dot_product_attention(qt, kt, vt, mt, false, 0);
+    kiln_tensor *sq = kiln_mul(o, o), *s = kiln_sum(sq, 0, NULL, false), *in[2] = {qt, mt},
+                *g[2] = {0};
+    CHECK(kiln_grad_of(1, &s, NULL, 2, in, g, false) == 0);
+    gq[route] = ktest_values(g[0]);
+    gm[route] = ktest_values(g[1]);
+    for (int i = 0; i < 2; i++) kiln_release(g[i]);
+    kiln_release(qt), kiln_release(kt), kiln_release(vt), kiln_release(mt), kiln_release(o);
+    kiln_release(sq), kiln_release(s);
+  }
+  for (int e = 0; e < 30; e++) CHECK_CLOSE(gm[0][e], gm[1][e], 1e-12);
+  for (int e = 0; e < 48; e++) CHECK_CLOSE(gq[0][e], gq[1][e], 1e-12);
+  for (int i = 0; i < 2; i++) free(gm[i]), free(gq[i]);
+  free(q), free(k), free(v), free(mv);
+}
+
+static double max_rss_mib(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_maxrss / 1024.0;
+}
+
+/* the scores are never a T x T buffer: forward + backward at T = 2048 (a
+   score matrix is 16 MiB in f32; the composite holds several) raise the
+   process's peak RSS by less than one, and the gemms are per block */
+TEST(no_score_matrix_in_memory) {
+  const int64_t T = 2048, d = 32;
+  kiln_manual_seed(3);
+  kiln_tensor *t[3];
+  for (int pass = 0; pass < 2; pass++) { /* pass 0 at T = 64: BLAS and the pool start */
+    int64_t n = pass ? T : 64;
+    for (int i = 0; i < 3; i++) {
+      t[i] = kiln_randn(F32, 3, (int64_t[]){1, n, d});
+      kiln_set_requires_grad(t[i], true);
+    }
+    double before = max_rss_mib();
+    kiln_reset_stats();
+    kiln_tensor *o = kiln_scaled_dot_product_attention(t[0], t[1], t[2], NULL, true, 0);
+    kiln_tensor *s = kiln_sum(o, 0, NULL, false);
+    CHECK(kiln_backward(s, NULL) == 0);
+    kiln_tensor *gq = kiln_grad(t[0]);
+    double *gv = ktest_values(gq);
+    CHECK(isfinite(gv[0]) && isfinite(gv[n * d - 1]));
+    free(gv);
+    if (pass) {
+      double grew = max_rss_mib() - before;
+      if (!(grew < 12)) KTEST_FAIL("peak RSS grew %.1f MiB at T = %lld", grew, (long long)T);
+      /* causal: 32 query blocks, 1..8 key blocks each (144 in all): two
+         gemms a block forward, five a block and one a first-pass block
+         backward, no more */
+      CHECK(kiln_stat("blas_calls") <= 144 * 8);
+    }
+    kiln_release(gq), kiln_release(s), kiln_release(o);
+    for (int i = 0; i < 3; i++) kiln_release(t[i]);
+  }
+}
+
+/* no queries, no keys (every row masked: 0), no head size (scores 0: the
+   mean of the values) */
+TEST(empty_dims) {
+  kiln_tensor *q = kiln_ones(F32, 3, (int64_t[]){2, 0, 4}),
+              *k = kiln_ones(F32, 3, (int64_t[]){2, 3, 4});
+  kiln_tensor *v = kiln_arange(0, 30, 1, F32), *v3 = kiln_reshape(v, 3, (int64_t[]){2, 3, 5});
+  kiln_tensor *o = kiln_scaled_dot_product_attention(q, k, v3, NULL, false, 0);
+  CHECK(o && kiln_numel(o) == 0 && kiln_shape(o)[2] == 5);
+  kiln_release(o), kiln_release(q);
+  q = kiln_ones(F32, 3, (int64_t[]){2, 3, 4});
+  kiln_tensor *k0 = kiln_ones(F32, 3, (int64_t[]){2, 0, 4}),
+              *v0 = kiln_ones(F32, 3, (int64_t[]){2, 0, 5});
+  kiln_set_requires_grad(q, true);
+  o = kiln_scaled_dot_product_attention(q, k0, v0, NULL, false, 0);
+  double *ov = o ? ktest_values(o) : NULL;
+  CHECK(ov && kiln_numel(o) == 30);
+  for (int e = 0; ov && e < 30; e++) CHECK(ov[e] == 0);
+  free(ov);
+  kiln_tensor *s = kiln_sum(o, 0, NULL, false), *g = NULL;
+  CHECK(kiln_grad_of(1, &s, NULL, 1, &q, &g, false) == 0);
+  double *gv = g ? ktest_values(g) : NULL;
+  for (int e = 0; gv && e < 24; e++) CHECK(gv[e] == 0);
+  free(gv);
+  kiln_release(g), kiln_release(s), kiln_release(o);
+  kiln_tensor *qd = kiln_ones(F32, 3, (int64_t[]){2, 1, 0}),
+              *kd = kiln_ones(F32, 3, (int64_t[]){2, 3, 0});
+  o = kiln_scaled_dot_product_attention(qd, kd, v3, NULL, false, 0);
+  CHECK_TENSOR(o, 3, ((int64_t[]){2, 1, 5}), ((double[]){5, 6, 7, 8, 9, 20, 21, 22, 23, 24}), 1e-6);
+  kiln_release(o), kiln_release(qd), kiln_release(kd), kiln_release(q), kiln_release(k);
+  kiln_release(k0), kiln_release(v0), kiln_release(v), kiln_release(v3);
+}
+
+TEST(bad_input_is_a_clear_error) {
+  kiln_tensor *q = kiln_zeros(F32, 3, (int64_t[]){2, 5, 8}),
+              *k = kiln_zeros(F32, 3, (int64_t[]){2, 6, 8});
+  kiln_tensor *v = kiln_zeros(F32, 3, (int64_t[]){2, 6, 4}),
+              *k7 = kiln_zeros(F32, 3, (int64_t[]){2, 6, 7});
+  kiln_tensor *v5 = kiln_zeros(F32, 3, (int64_t[]){2, 5, 4}),
+              *q1 = kiln_zeros(F32, 1, (int64_t[]){8});
+  kiln_tensor *qi = kiln_zeros(KILN_I64, 3, (int64_t[]){2, 5, 8});
+  kiln_tensor *mi = kiln_zeros(KILN_I64, 2, (int64_t[]){5, 6}),
+              *m45 = kiln_zeros(KILN_BOOL, 2, (int64_t[]){4, 6});
+  kiln_tensor *q3 = kiln_zeros(F32, 3, (int64_t[]){3, 5, 8});
+  const char *api = "kiln_scaled_dot_product_attention";
+  CHECK_ERROR(kiln_scaled_dot_product_attention(NULL, k, v, NULL, false, 0), KILN_ERR_ARG, api);
+  CHECK_ERROR(kiln_scaled_dot_product_attention(q, k7, v, NULL, false, 0), KILN_ERR_SHAPE,
+              "query [2,5,8] and key [2,6,7] differ in their last dim");
+  CHECK_ERROR(kiln_scaled_dot_product_attention(q, k, v5, NULL, false, 0), KILN_ERR_SHAPE,
+              "key [2,6,8] and value [2,5,4] differ in length");
+  CHECK_ERROR(kiln_scaled_dot_product_attention(q1, k, v, NULL, false, 0), KILN_ERR_SHAPE,
+              "query must be [..., T, d]");
+  CHECK_ERROR(kiln_scaled_dot_product_attention(qi, k, v, NULL, false, 0), KILN_ERR_DTYPE,
+              "query must be a float tensor, not int64");
+  CHECK_ERROR(kiln_scaled_dot_product_attention(q, k, v, mi, false, 0), KILN_ERR_DTYPE,
+              "mask must be bool (true: attend) or float");
+  CHECK_ERROR(kiln_scaled_dot_product_attention(q, k, v, m45, false, 0), KILN_ERR_SHAPE,
+              "mask [4,6] does not broadcast to the scores' shape [2,5,6]");
+  CHECK_ERROR(kiln_scaled_dot_product_attention(q3, k, v, NULL, false, 0), KILN_ERR_SHAPE,
+              "cannot broadcast");
+  CHECK_ERROR(kiln_scaled_dot_product_attention(q, k, v, NULL, false, NAN), KILN_ERR_ARG,
+              "scale nan must be finite");
+  kiln_release(q), kiln_release(k), kiln_release(v), kiln_release(k7), kiln_release(v5);
+  kiln_release(q1), kiln_release(qi), kiln_release(mi), kiln_release(m45), kiln_release(q3);
+}
+
+int main(void) {
+  RUN(no_score_matrix_in_memory); /* first: the peak RSS is the process's */
+  RUN(forward_matches_reference_f64);
+  RUN(forward_f32_close_to_reference);
+  RUN(gradients_match_the_composite_f64);
+  RUN(gradients_match_finite_differences);
+  RUN(non_contiguous_inputs_give_the_same_bits);
+  RUN(fully_masked_rows_give_zero);
+  RUN(float_mask_gradient_by_the_composite);
+  RUN(empty_dims);
+  RUN(bad_input_is_a_clear_error);
+  return ktest_done();
+}

@@ -1,0 +1,178 @@
+/* kern_attention.c — scaled dot-product attention for the interpreter (and
+ * so for compiled plans, which hand the op to it): attention and its
+ * gradient attention_grad (ops.def), float32 / float64, FlashAttention-2's
+ * algorithm on the CPU.
+ *
+ * Forward: a task is one batch item's block of ATT_BQ queries.  It walks
+ * the keys in blocks of ATT_BK: scores S = Q Kᵀ (a BLAS gemm on packed
+ * blocks), scaled and masked, then an online softmax — each row's running
+ * max m and sum l, its accumulator rescaled by exp(m_old - m_new) when the
+ * max grows — and acc += P V (a second gemm).  Only a BQ x BK block of
+ * scores ever exists, never the B x H x Tq x Tk matrix the composite
+ * writes, softmaxes and reads back.  Causal rows stop at their diagonal
+ * block.  A row with every key masked out gives 0 (PyTorch's SDPA since 2.5;
+ * the composite gives NaN), and its gradient is 0.
+ *
+ * Backward: a task is one batch item (its dK, dV accumulate over query
+ * blocks without other writers).  Per query block, a first pass over the
+ * keys recomputes each row's logsumexp; the second recomputes
+ * P = exp(S - lse) block by block and accumulates dV += Pᵀ dO,
+ * dS = P ∘ (dO Vᵀ - rowsum(dO ∘ O)) · scale, dQ += dS K, dK += dSᵀ Q.
+ * Saving the logsumexp instead would need a second output; recomputing it
+ * costs one more Q Kᵀ per block (a sixth of the backward's gemms).
+ *
+ * Determinism: blocks are fixed by Tq and Tk alone (never by the thread
+ * count), every sum runs in block order, BLAS is single-threaded inside a
+ * task: the same bits for any KILN_THREADS, and for the JIT on or off,
+ * which both run this kernel. */
+#include <limits.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas.h"
+#include "kernels.h"
+#include "pool.h"
+#include "state.h"
+
+enum { ATT_BQ = 128, ATT_BK = 512, ATT_LANES = 16 };
+
+/* the row loops as vector code on AVX2 machines too (their sums are
+   lane-order folds, the same on every thread; a machine runs one clone) */
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define ATT_CLONES __attribute__((target_clones("default", "arch=x86-64-v3")))
+#else
+#define ATT_CLONES
+#endif
+
+/* an operand's strides, in elements: over the batch dims, then rows, cols */
+typedef struct {
+  const char *base;
+  int64_t b[KILN_MAX_DIMS], r, c;
+} att_operand;
+
+typedef struct {
+  bool grad, causal, has_mask, mask_bool;
+  int nb; /* batch dims */
+  int64_t bshape[KILN_MAX_DIMS];
+  int64_t nbatch, tq, tk, d, dv, qblocks;
+  double scale;
+  kiln_dtype dt;
+  size_t es;
+  att_operand q, k, v, o, dout, mask;
+  char *out;
+  const vm_blas *blas;
+  vm_row_fn exp_row; /* f32: the interpreter's exp */
+  atomic_bool failed;
+  atomic_uint_fast64_t gemms;
+} att_job;
+
+static void operand_of(att_operand *o, const vm_tensor *t, int nb) {
+  o->base = vm_data(t);
+  for (int i = 0; i < nb; i++) o->b[i] = t->strides[i];
+  o->r = t->strides[nb];
+  o->c = t->strides[nb + 1];
+}
+
+/* the element offset of batch item bh (row-major over bshape) in o */
+static int64_t batch_offset(const att_job *j, const att_operand *o, int64_t bh) {
+  int64_t off = 0;
+  for (int i = j->nb - 1; i >= 0; i--) {
+    off += bh % j->bshape[i] * o->b[i];
+    bh /= j->bshape[i];
+  }
+  return off;
+}
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* the keys query block i0 (rows long) reads: [0, kend) */
+static int64_t keys_end(const att_job *j, int64_t i0, int64_t rows) {
+  return j->causal ? min64(j->tk, i0 + rows) : j->tk;
+}
+
+#define ATT_T float
+#define ATT_F32 1
+#define ATT_FN(name) name##_f32
+#define ATT_GEMM sgemm
+#include "kern_attention_impl.h"
+#undef ATT_T
+#undef ATT_F32
+#undef ATT_FN
+#undef ATT_GEMM
+
+#define ATT_T double
+#define ATT_F32 0
+#define ATT_FN(name) name##_f64
+#define ATT_GEMM dgemm
+#include "kern_attention_impl.h"
+#undef ATT_T
+#undef ATT_F32
+#undef ATT_FN
+#undef ATT_GEMM
+
+static void attention_range(void *p, int64_t begin, int64_t end) {
+  att_job *j = p;
+  bool ok = j->dt == KILN_F32
+                ? (j->grad ? backward_range_f32(j, begin, end) : forward_range_f32(j, begin, end))
+                : (j->grad ? backward_range_f64(j, begin, end) : forward_range_f64(j, begin, end));
+  if (!ok) atomic_store(&j->failed, true); /* read after the parallel call */
+}
+
+/* args: attention (q, k, v [, mask]), attention_grad (q, k, v, o, do [, mask]) */
+bool vm_k_attention(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *args,
+                    const vm_attr *attr) {
+  att_job j = {.grad = op == VM_OP_attention_grad, .causal = attr->keepdim};
+  int nfixed = j.grad ? 5 : 3;
+  const vm_tensor *q = args[0], *k = args[1], *v = args[2];
+  j.has_mask = n > nfixed;
+  j.nb = q->ndim - 2;
+  j.nbatch = 1;
+  for (int i = 0; i < j.nb; i++) j.nbatch *= j.bshape[i] = q->shape[i];
+  j.tq = q->shape[j.nb], j.tk = k->shape[j.nb], j.d = q->shape[j.nb + 1];
+  j.dv = v->shape[j.nb + 1];
+  j.qblocks = (j.tq + ATT_BQ - 1) / ATT_BQ;
+  j.scale = attr->scalar[0];
+  j.dt = out->dtype;
+  j.es = vm_dtype_size(j.dt);
+  j.out = vm_data(out);
+  j.blas = vm_blas_get();
+  if (j.dt == KILN_F32) j.exp_row = vm_math_row_f32(VM_OP_exp);
+  operand_of(&j.q, q, j.nb);
+  operand_of(&j.k, k, j.nb);
+  operand_of(&j.v, v, j.nb);
+  if (j.grad) {
+    operand_of(&j.o, args[3], j.nb);
+    operand_of(&j.dout, args[4], j.nb);
+  }
+  if (j.has_mask) {
+    operand_of(&j.mask, args[nfixed], j.nb);
+    j.mask_bool = args[nfixed]->dtype == KILN_BOOL;
+  }
+  atomic_init(&j.failed, false);
+  atomic_init(&j.gemms, 0);
+  if (!j.blas->loaded) {
+    vm_error(KILN_ERR_INTERNAL, "%s", j.blas->error);
+    return false;
+  }
+  if (j.tq > INT_MAX || j.tk > INT_MAX || j.d > INT_MAX || j.dv > INT_MAX) {
+    vm_error(KILN_ERR_SHAPE, "attention dimensions %lld x %lld x %lld exceed BLAS's int range",
+             (long long)j.tq, (long long)j.tk, (long long)(j.d > j.dv ? j.d : j.dv));
+    return false;
+  }
+  if (out->numel == 0) return true;
+  /* forward: a task per query block; backward: per batch item */
+  int64_t tasks = j.grad ? j.nbatch : j.nbatch * j.qblocks;
+  double work = (double)(j.grad ? j.tq : min64(j.tq, ATT_BQ)) * (double)j.tk *
+                (double)(j.d + j.dv) * (j.grad ? 3.0 : 1.0);
+  vm_parallel_for(tasks, work >= (1 << 17) ? 1 : (int64_t)((1 << 17) / (work + 1)) + 1,
+                  attention_range, &j);
+  atomic_fetch_add_explicit(&vm_process()->stats.blas_calls, atomic_load(&j.gemms),
+                            memory_order_relaxed);
+  if (atomic_load(&j.failed)) {
+    vm_error(KILN_ERR_OOM, "out of memory for an attention block's scratch");
+    return false;
+  }
+  return true;
+}

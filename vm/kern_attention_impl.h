@@ -1,0 +1,257 @@
+/* kern_attention_impl.h — the attention kernels of kern_attention.c for one
+ * element type, included once per type: ATT_T (float, double), ATT_F32 (1 for float), ATT_FN(name)
+ * (name_f32, name_f64) and ATT_GEMM (the vm_blas member).  Accumulators
+ * are ATT_T: f32 attention sums in f32, as the composite's matmul and
+ * softmax do. */
+
+/* C[m x n] (ldc) = op(A) @ op(B) + beta * C, row-major; k == 0 leaves
+   beta * C (BLAS wants ld >= 1, which an empty dim does not give) */
+static void ATT_FN(gemm)(att_job *j, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                         const ATT_T *a, int64_t lda, const ATT_T *b, int64_t ldb, ATT_T beta,
+                         ATT_T *c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    for (int64_t r = 0; r < m; r++)
+      for (int64_t q = 0; q < n; q++) c[r * ldc + q] = beta == 0 ? 0 : c[r * ldc + q] * beta;
+    return;
+  }
+  atomic_fetch_add_explicit(&j->gemms, 1, memory_order_relaxed);
+  j->blas->ATT_GEMM(VM_BLAS_ROW_MAJOR, ta ? VM_BLAS_TRANS : VM_BLAS_NO_TRANS,
+                    tb ? VM_BLAS_TRANS : VM_BLAS_NO_TRANS, (int)m, (int)n, (int)k, 1, a,
+                    (int)(lda > 1 ? lda : 1), b, (int)(ldb > 1 ? ldb : 1), beta, c,
+                    (int)(ldc > 1 ? ldc : 1));
+}
+
+/* dst[rows x cols] = operand o's rows [row0, row0 + rows) of batch item bh */
+static void ATT_FN(pack)(ATT_T *dst, const att_job *j, const att_operand *o, int64_t bh,
+                         int64_t row0, int64_t rows, int64_t cols) {
+  const ATT_T *src = (const ATT_T *)o->base + batch_offset(j, o, bh) + row0 * o->r;
+  for (int64_t r = 0; r < rows; r++, dst += cols, src += o->r)
+    if (o->c == 1)
+      memcpy(dst, src, (size_t)cols * sizeof(ATT_T));
+    else
+      for (int64_t c = 0; c < cols; c++) dst[c] = src[c * o->c];
+}
+
+/* rows [row0, row0 + rows) of operand o's batch item bh as a BLAS operand:
+   o itself where its rows are unit-stride (*ld its row stride), else
+   packed into buf (*ld = cols) */
+static const ATT_T *ATT_FN(rows_of)(ATT_T *buf, const att_job *j, const att_operand *o, int64_t bh,
+                                    int64_t row0, int64_t rows, int64_t cols, int64_t *ld) {
+  if (o->c == 1 && o->r >= cols && rows > 0) {
+    *ld = o->r;
+    return (const ATT_T *)o->base + batch_offset(j, o, bh) + row0 * o->r;
+  }
+  ATT_FN(pack)(buf, j, o, bh, row0, rows, cols);
+  *ld = cols;
+  return buf;
+}
+
+/* lane-order folds (16 lanes, then the lanes in order): vector code
+   without reassociating a sequential sum */
+static inline ATT_T ATT_FN(row_max)(const ATT_T *x, int64_t n) {
+  ATT_T m[ATT_LANES];
+  for (int l = 0; l < ATT_LANES; l++) m[l] = -(ATT_T)INFINITY;
+  int64_t i = 0;
+  for (; i + ATT_LANES <= n; i += ATT_LANES)
+    for (int l = 0; l < ATT_LANES; l++) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
+  for (; i < n; i++) m[0] = x[i] > m[0] ? x[i] : m[0];
+  ATT_T r = m[0];
+  for (int l = 1; l < ATT_LANES; l++) r = m[l] > r ? m[l] : r;
+  return r;
+}
+static inline ATT_T ATT_FN(row_sum)(const ATT_T *x, int64_t n) {
+  ATT_T a[ATT_LANES] = {0};
+  int64_t i = 0;
+  for (; i + ATT_LANES <= n; i += ATT_LANES)
+    for (int l = 0; l < ATT_LANES; l++) a[l] += x[i + l];
+  for (; i < n; i++) a[0] += x[i];
+  ATT_T r = a[0];
+  for (int l = 1; l < ATT_LANES; l++) r += a[l];
+  return r;
+}
+static inline ATT_T ATT_FN(row_dot)(const ATT_T *x, const ATT_T *y, int64_t n) {
+  ATT_T a[ATT_LANES] = {0};
+  int64_t i = 0;
+  for (; i + ATT_LANES <= n; i += ATT_LANES)
+    for (int l = 0; l < ATT_LANES; l++) a[l] += x[i + l] * y[i + l];
+  for (; i < n; i++) a[0] += x[i] * y[i];
+  ATT_T r = a[0];
+  for (int l = 1; l < ATT_LANES; l++) r += a[l];
+  return r;
+}
+
+/* S[rows x cols] (query rows from i0, keys from j0) scaled and masked in
+   place: masked-out scores are -inf; mx[r] = each row's max */
+static void ATT_FN(scores)(const att_job *j, ATT_T *S, int64_t rows, int64_t cols, int64_t bh,
+                           int64_t i0, int64_t j0, ATT_T *mx) {
+  const ATT_T scale = (ATT_T)j->scale, ninf = -(ATT_T)INFINITY;
+  const char *mbase = NULL;
+  if (j->has_mask)
+    mbase = j->mask.base + (batch_offset(j, &j->mask, bh) + i0 * j->mask.r + j0 * j->mask.c) *
+                               (int64_t)(j->mask_bool ? 1 : sizeof(ATT_T));
+  for (int64_t r = 0; r < rows; r++) {
+    ATT_T *s = S + r * cols;
+    for (int64_t c = 0; c < cols; c++) s[c] *= scale;
+    if (mbase && j->mask_bool) {
+      const uint8_t *mk = (const uint8_t *)mbase + r * j->mask.r;
+      for (int64_t c = 0; c < cols; c++) s[c] = mk[c * j->mask.c] ? s[c] : ninf;
+    } else if (mbase) {
+      const ATT_T *mk = (const ATT_T *)mbase + r * j->mask.r;
+      for (int64_t c = 0; c < cols; c++) s[c] += mk[c * j->mask.c];
+    }
+    if (j->causal) /* keys past the query's position */
+      for (int64_t c = i0 + r + 1 - j0 < 0 ? 0 : i0 + r + 1 - j0; c < cols; c++) s[c] = ninf;
+    mx[r] = ATT_FN(row_max)(s, cols);
+  }
+}
+
+/* S[r][c] -= shift[r]; P = exp(S); a score of -inf (masked) gives exactly 0 */
+static void ATT_FN(exp_block)(const att_job *j, ATT_T *P, ATT_T *S, int64_t rows, int64_t cols,
+                              const ATT_T *shift) {
+  for (int64_t r = 0; r < rows; r++) {
+    ATT_T *s = S + r * cols, sh = shift[r];
+    for (int64_t c = 0; c < cols; c++) s[c] -= sh;
+  }
+  int64_t n = rows * cols;
+#if ATT_F32
+  char *ptrs[2] = {(char *)P, (char *)S};
+  j->exp_row(NULL, ptrs, (const int64_t[]){1, 1}, n);
+#else
+  (void)j;
+  for (int64_t i = 0; i < n; i++) P[i] = exp(S[i]);
+#endif
+  for (int64_t i = 0; i < n; i++) P[i] = S[i] == -(ATT_T)INFINITY ? 0 : P[i];
+}
+
+/* the shift a row's scores are exponentiated against: its max, or 0 when
+   every score so far is masked (-inf - -inf would be NaN) */
+static ATT_T ATT_FN(shift_of)(ATT_T m) { return m == -(ATT_T)INFINITY ? 0 : m; }
+
+/* forward tasks [begin, end): task = batch item * qblocks + query block */
+ATT_CLONES static bool ATT_FN(forward_range)(att_job *j, int64_t begin, int64_t end) {
+  const int64_t BQ = min64(ATT_BQ, j->tq), BK = min64(ATT_BK, j->tk), d = j->d, dv = j->dv;
+  size_t n = (size_t)(BQ * d + 2 * BQ * BK + BQ * dv + 4 * BQ + j->tk * (d + dv));
+  ATT_T *Qb = malloc((n ? n : 1) * sizeof(ATT_T));
+  if (!Qb) return false;
+  ATT_T *S = Qb + BQ * d, *P = S + BQ * BK, *acc = P + BQ * BK, *m = acc + BQ * dv, *l = m + BQ;
+  ATT_T *mx = l + BQ, *alpha = mx + BQ, *Kb = alpha + BQ, *Vb = Kb + j->tk * d;
+  int64_t at = -1, ldq, ldk = d, ldv = dv; /* at: the batch item K and V are of */
+  const ATT_T *K = NULL, *V = NULL;
+  for (int64_t task = begin; task < end; task++) {
+    int64_t bh = task / j->qblocks, i0 = task % j->qblocks * BQ;
+    int64_t rows = min64(BQ, j->tq - i0), kend = keys_end(j, i0, rows);
+    if (at != bh) {
+      K = ATT_FN(rows_of)(Kb, j, &j->k, bh, 0, j->tk, d, &ldk);
+      V = ATT_FN(rows_of)(Vb, j, &j->v, bh, 0, j->tk, dv, &ldv);
+      at = bh;
+    }
+    const ATT_T *Q = ATT_FN(rows_of)(Qb, j, &j->q, bh, i0, rows, d, &ldq);
+    for (int64_t r = 0; r < rows; r++) m[r] = -(ATT_T)INFINITY, l[r] = 0;
+    memset(acc, 0, (size_t)(rows * dv) * sizeof(ATT_T));
+    for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+      int64_t cols = min64(BK, kend - j0);
+      ATT_FN(gemm)(j, false, true, rows, cols, d, Q, ldq, K + j0 * ldk, ldk, 0, S, cols);
+      ATT_FN(scores)(j, S, rows, cols, bh, i0, j0, mx);
+      for (int64_t r = 0; r < rows; r++) { /* the online softmax's new max */
+        ATT_T mnew = mx[r] > m[r] ? mx[r] : m[r];
+        alpha[r] = m[r] == -(ATT_T)INFINITY ? 0 : (ATT_T)exp(m[r] - mnew);
+        m[r] = mnew;
+        mx[r] = ATT_FN(shift_of)(mnew);
+      }
+      ATT_FN(exp_block)(j, P, S, rows, cols, mx);
+      for (int64_t r = 0; r < rows; r++) {
+        l[r] = l[r] * alpha[r] + ATT_FN(row_sum)(P + r * cols, cols);
+        if (j0 > 0 && alpha[r] != 1)
+          for (int64_t c = 0; c < dv; c++) acc[r * dv + c] *= alpha[r];
+      }
+      ATT_FN(gemm)(j, false, false, rows, dv, cols, P, cols, V + j0 * ldv, ldv, 1, acc, dv);
+    }
+    ATT_T *o = (ATT_T *)j->out + (bh * j->tq + i0) * dv;
+    for (int64_t r = 0; r < rows; r++) {
+      ATT_T inv = l[r] > 0 ? 1 / l[r] : 0; /* no key: 0 */
+      for (int64_t c = 0; c < dv; c++) o[r * dv + c] = acc[r * dv + c] * inv;
+    }
+  }
+  free(Qb);
+  return true;
+}
+
+/* backward tasks [begin, end): task = batch item; out = dq | dk | dv */
+ATT_CLONES static bool ATT_FN(backward_range)(att_job *j, int64_t begin, int64_t end) {
+  const int64_t BQ = min64(ATT_BQ, j->tq), BK = min64(ATT_BK, j->tk), d = j->d, dv = j->dv;
+  const int64_t tk = j->tk;
+  size_t n = (size_t)(BQ * d + 2 * BQ * dv + 3 * BQ * BK + 5 * BQ + tk * (d + dv));
+  ATT_T *Qb = malloc((n ? n : 1) * sizeof(ATT_T));
+  if (!Qb) return false;
+  ATT_T *dOb = Qb + BQ * d, *Ob = dOb + BQ * dv, *S = Ob + BQ * dv, *P = S + BQ * BK;
+  ATT_T *dP = P + BQ * BK, *m = dP + BQ * BK, *l = m + BQ, *mx = l + BQ, *lse = mx + BQ;
+  ATT_T *D = lse + BQ, *Kb = D + BQ, *Vb = Kb + tk * d;
+  const ATT_T scale = (ATT_T)j->scale;
+  int64_t qn = j->nbatch * j->tq * d, kn = j->nbatch * tk * d, ldq, ldk, ldv, lddo, ldo;
+  for (int64_t bh = begin; bh < end; bh++) {
+    ATT_T *dq = (ATT_T *)j->out + bh * j->tq * d, *dk = (ATT_T *)j->out + qn + bh * tk * d;
+    ATT_T *dvv = (ATT_T *)j->out + qn + kn + bh * tk * dv;
+    const ATT_T *K = ATT_FN(rows_of)(Kb, j, &j->k, bh, 0, tk, d, &ldk);
+    const ATT_T *V = ATT_FN(rows_of)(Vb, j, &j->v, bh, 0, tk, dv, &ldv);
+    memset(dq, 0, (size_t)(j->tq * d) * sizeof(ATT_T));
+    memset(dk, 0, (size_t)(tk * d) * sizeof(ATT_T));
+    memset(dvv, 0, (size_t)(tk * dv) * sizeof(ATT_T));
+    for (int64_t i0 = 0; i0 < j->tq; i0 += BQ) {
+      int64_t rows = min64(BQ, j->tq - i0), kend = keys_end(j, i0, rows);
+      bool one_block = kend <= BK; /* pass 1's probabilities serve pass 2 */
+      const ATT_T *Q = ATT_FN(rows_of)(Qb, j, &j->q, bh, i0, rows, d, &ldq);
+      const ATT_T *dO = ATT_FN(rows_of)(dOb, j, &j->dout, bh, i0, rows, dv, &lddo);
+      const ATT_T *O = ATT_FN(rows_of)(Ob, j, &j->o, bh, i0, rows, dv, &ldo);
+      for (int64_t r = 0; r < rows; r++) {
+        D[r] = ATT_FN(row_dot)(dO + r * lddo, O + r * ldo, dv);
+        m[r] = -(ATT_T)INFINITY, l[r] = 0;
+      }
+      /* pass 1: each row's logsumexp over its keys */
+      for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+        int64_t cols = min64(BK, kend - j0);
+        ATT_FN(gemm)(j, false, true, rows, cols, d, Q, ldq, K + j0 * ldk, ldk, 0, S, cols);
+        ATT_FN(scores)(j, S, rows, cols, bh, i0, j0, mx);
+        for (int64_t r = 0; r < rows; r++) {
+          ATT_T mnew = mx[r] > m[r] ? mx[r] : m[r];
+          l[r] *= m[r] == -(ATT_T)INFINITY ? 0 : (ATT_T)exp(m[r] - mnew);
+          m[r] = mnew;
+          mx[r] = ATT_FN(shift_of)(mnew);
+        }
+        ATT_FN(exp_block)(j, P, S, rows, cols, mx);
+        for (int64_t r = 0; r < rows; r++) l[r] += ATT_FN(row_sum)(P + r * cols, cols);
+      }
+      for (int64_t r = 0; r < rows; r++) /* -inf: every key masked */
+        lse[r] = l[r] > 0 ? ATT_FN(shift_of)(m[r]) + (ATT_T)log(l[r]) : -(ATT_T)INFINITY;
+      /* pass 2: P = exp(S - lse), block by block */
+      for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+        int64_t cols = min64(BK, kend - j0);
+        if (one_block) { /* P holds exp(S - m): divide by l */
+          for (int64_t r = 0; r < rows; r++) {
+            ATT_T inv = l[r] > 0 ? 1 / l[r] : 0;
+            for (int64_t c = 0; c < cols; c++) P[r * cols + c] *= inv;
+          }
+        } else {
+          ATT_FN(gemm)(j, false, true, rows, cols, d, Q, ldq, K + j0 * ldk, ldk, 0, S, cols);
+          ATT_FN(scores)(j, S, rows, cols, bh, i0, j0, mx);
+          for (int64_t r = 0; r < rows; r++) {
+            if (lse[r] == -(ATT_T)INFINITY) /* P = 0 */
+              for (int64_t c = 0; c < cols; c++) S[r * cols + c] = -(ATT_T)INFINITY;
+            mx[r] = ATT_FN(shift_of)(lse[r]);
+          }
+          ATT_FN(exp_block)(j, P, S, rows, cols, mx);
+        }
+        ATT_FN(gemm)(j, true, false, cols, dv, rows, P, cols, dO, lddo, 1, dvv + j0 * dv, dv);
+        ATT_FN(gemm)(j, false, true, rows, cols, dv, dO, lddo, V + j0 * ldv, ldv, 0, dP, cols);
+        for (int64_t r = 0; r < rows; r++) /* dS = P (dP - D) scale, into dP */
+          for (int64_t c = 0; c < cols; c++)
+            dP[r * cols + c] = P[r * cols + c] * (dP[r * cols + c] - D[r]) * scale;
+        ATT_FN(gemm)
+        (j, false, false, rows, d, cols, dP, cols, K + j0 * ldk, ldk, 1, dq + i0 * d, d);
+        ATT_FN(gemm)(j, true, false, cols, d, rows, dP, cols, Q, ldq, 1, dk + j0 * d, d);
+      }
+    }
+  }
+  free(Qb);
+  return true;
+}
