@@ -4,7 +4,10 @@
  * On other devices, and where a float mask itself takes a gradient (the
  * primitive gives none to its mask), the same function is composed from
  * matmul and softmax, with the primitive's semantics: a row whose keys are
- * all masked out gives 0, not NaN. */
+ * all masked out gives 0, not NaN.  fe_attention_of_matmul records the op
+ * for attention a user wrote the long way (trace/attention.h). */
+#include "../trace/attention.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -150,5 +153,25 @@ vm_tensor *fe_attention(vm_tensor *q, vm_tensor *k, vm_tensor *v, vm_tensor *mas
   } else {
     out = composed(&s, q, k, v, mask, causal, scale);
   }
+  return finish(&s, out);
+}
+
+/* matmul(p, v) where p is the softmax of attention written the long way
+   (trace/attention.h): the attention op instead, and the composite's
+   nodes retired.  NULL with no error where it is not (or the op cannot
+   take it): the caller records the matmul. */
+vm_tensor *fe_attention_of_matmul(vm_tensor *p, vm_tensor *v) {
+  tr_attention_match m;
+  if (!tr_attention_match_of(p, v, &m)) return NULL;
+  fe_scope s = {0};
+  vm_tensor *k = keep(&s, fe_transpose(m.kt, -1, -2)), *mask = m.mask;
+  if (mask && m.mask_out) mask = keep(&s, fe_unary(VM_OP_logical_not, mask));
+  vm_tensor *out =
+      k && (!m.mask || mask) ? keep(&s, fe_attention(m.q, k, v, mask, false, m.scale)) : NULL;
+  if (out)
+    tr_attention_retire(&m);
+  else
+    vm_clear_error();
+  tr_attention_match_free(&m);
   return finish(&s, out);
 }

@@ -27,6 +27,9 @@ vm_tensor *fe_batch_norm(vm_tensor *x, vm_tensor *running_mean, vm_tensor *runni
 /* kiln_scaled_dot_product_attention (front/attention.c) */
 vm_tensor *fe_attention(vm_tensor *q, vm_tensor *k, vm_tensor *v, vm_tensor *mask, bool causal,
                         double scale);
+/* fe_op's matmul(p, v): the attention op when p is attention's softmax
+   written the long way, else NULL (no error) */
+vm_tensor *fe_attention_of_matmul(vm_tensor *p, vm_tensor *v);
 vm_tensor *fe_dropout(vm_tensor *x, double p, bool training);
 vm_tensor *fe_embedding(vm_tensor *weight, vm_tensor *idx);
 vm_tensor *fe_one_hot(vm_tensor *idx, int64_t num_classes, kiln_dtype dt);

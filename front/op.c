@@ -8,6 +8,7 @@
 
 #include "../trace/record.h"
 #include "../vm/state.h"
+#include "layers.h"
 
 /* *v, a weak scalar of dtype `from` (as its full node stores it), cast to
    `to` as the cast op does: to a float, the value rounded once (the full
@@ -57,6 +58,10 @@ vm_tensor *fe_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr)
       vm_null_input(i);
       return NULL;
     }
+  if (op == VM_OP_matmul && n == 2) { /* attention written the long way */
+    vm_tensor *fused = fe_attention_of_matmul(in[0], in[1]);
+    if (fused) return fused;
+  }
   vm_meta m;
   if (!vm_infer(op, n, in, attr, &m)) return NULL;
   /* inputs of another dtype get explicit cast nodes: the recorded graph is

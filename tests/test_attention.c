@@ -191,9 +191,17 @@ TEST(forward_f32_close_to_reference) {
     if (!case_forward(&cases[i], F32, 2e-6)) break;
 }
 
-/* the composite a user writes, in kiln ops: softmax(q kᵀ s + mask) v */
+/* the composite a user writes, in kiln ops: softmax(q kᵀ s + mask) v;
+   kept a composite (never recorded as the attention op) by p * 1 between
+   the softmax and the product, a near-miss of trace/attention.h */
+static kiln_tensor *composite_as(bool plain, kiln_tensor *q, kiln_tensor *k, kiln_tensor *v,
+                                 kiln_tensor *mask, bool causal, double s);
 static kiln_tensor *composite(kiln_tensor *q, kiln_tensor *k, kiln_tensor *v, kiln_tensor *mask,
                               bool causal, double s) {
+  return composite_as(true, q, k, v, mask, causal, s);
+}
+static kiln_tensor *composite_as(bool plain, kiln_tensor *q, kiln_tensor *k, kiln_tensor *v,
+                                 kiln_tensor *mask, bool causal, double s) {
   kiln_tensor *kt = kiln_transpose(k, -1, -2), *sc0 = kiln_matmul(q, kt);
   kiln_tensor *sc = kiln_mul_scalar(sc0, s);
   kiln_release(kt), kiln_release(sc0);
@@ -216,7 +224,13 @@ static kiln_tensor *composite(kiln_tensor *q, kiln_tensor *k, kiln_tensor *v, ki
     kiln_release(sc);
     sc = w;
   }
-  kiln_tensor *p = kiln_softmax(sc, -1), *o = kiln_matmul(p, v);
+  kiln_tensor *p = kiln_softmax(sc, -1);
+  if (plain) {
+    kiln_tensor *p1 = kiln_mul_scalar(p, 1.0);
+    kiln_release(p);
+    p = p1;
+  }
+  kiln_tensor *o = kiln_matmul(p, v);
   kiln_release(sc), kiln_release(p), kiln_release(ninf);
   return o;
 }
@@ -429,12 +443,13 @@ static double max_rss_mib(void) {
 
 /* the scores are never a T x T buffer: forward + backward at T = 2048 (a
    score matrix is 16 MiB in f32; the composite holds several) raise the
-   process's peak RSS by less than one, and the gemms are per block */
+   process's peak RSS by less than one, and the gemms are per block; so
+   does the composite written the long way, recorded as the op */
 TEST(no_score_matrix_in_memory) {
   const int64_t T = 2048, d = 32;
   kiln_manual_seed(3);
   kiln_tensor *t[3];
-  for (int pass = 0; pass < 2; pass++) { /* pass 0 at T = 64: BLAS and the pool start */
+  for (int pass = 0; pass < 3; pass++) { /* pass 0 at T = 64: BLAS and the pool start */
     int64_t n = pass ? T : 64;
     for (int i = 0; i < 3; i++) {
       t[i] = kiln_randn(F32, 3, (int64_t[]){1, n, d});
@@ -442,7 +457,8 @@ TEST(no_score_matrix_in_memory) {
     }
     double before = max_rss_mib();
     kiln_reset_stats();
-    kiln_tensor *o = kiln_scaled_dot_product_attention(t[0], t[1], t[2], NULL, true, 0);
+    kiln_tensor *o = pass == 2 ? composite_as(false, t[0], t[1], t[2], NULL, false, 0.125)
+                               : kiln_scaled_dot_product_attention(t[0], t[1], t[2], NULL, true, 0);
     kiln_tensor *s = kiln_sum(o, 0, NULL, false);
     CHECK(kiln_backward(s, NULL) == 0);
     kiln_tensor *gq = kiln_grad(t[0]);
@@ -451,15 +467,194 @@ TEST(no_score_matrix_in_memory) {
     free(gv);
     if (pass) {
       double grew = max_rss_mib() - before;
-      if (!(grew < 12)) KTEST_FAIL("peak RSS grew %.1f MiB at T = %lld", grew, (long long)T);
+      if (!(grew < 12))
+        KTEST_FAIL("pass %d: peak RSS grew %.1f MiB at T = %lld", pass, grew, (long long)T);
+      if (pass == 2) CHECK_EQ_INT(kiln_stat("attention_rewrites"), 1);
       /* causal: 32 query blocks, 1..8 key blocks each (144 in all): two
          gemms a block forward, five a block and one a first-pass block
          backward, no more */
-      CHECK(kiln_stat("blas_calls") <= 144 * 8);
+      if (pass == 1) CHECK(kiln_stat("blas_calls") <= 144 * 8);
     }
     kiln_release(gq), kiln_release(s), kiln_release(o);
     for (int i = 0; i < 3; i++) kiln_release(t[i]);
   }
+}
+
+static double *values_and_release(kiln_tensor *t) {
+  double *v = t ? ktest_values(t) : NULL;
+  if (!t) KTEST_FAIL("NULL: %s", kiln_last_error());
+  kiln_release(t);
+  return v;
+}
+
+/* attention written the long way is recorded as the op (trace/attention.h):
+   each common form gives the op's own bits, counted once; reading the
+   weights afterwards still gives them */
+TEST(long_way_is_one_attention_op) {
+  acase c = {2, 2, 9, 11, 8, 4, false, 2, 0};
+  int64_t z = c.b * c.h, nm;
+  double *qv = rand_vals(z * c.tq * c.d, -1, 1), *kv = rand_vals(z * c.tk * c.d, -1, 1);
+  double *vv = rand_vals(z * c.tk * c.dv, -1, 1), *mv = mask_values(&c, &nm);
+  for (int64_t e = 0; e < nm; e++) mv[e] = isinf(mv[e]) ? -7 : mv[e];
+  kiln_tensor *q = kiln_from_data(qv, F64, 4, (int64_t[]){2, 2, 9, 8}),
+              *k = kiln_from_data(kv, F64, 4, (int64_t[]){2, 2, 11, 8}),
+              *v = kiln_from_data(vv, F64, 4, (int64_t[]){2, 2, 11, 4});
+  kiln_tensor *fm = kiln_from_data(mv, F64, 2, (int64_t[]){9, 11});
+  kiln_tensor *zero = kiln_scalar(0, F64), *bm = kiln_gt(fm, zero); /* keep where > 0 */
+  double s = 1 / sqrt(8.0);
+  int64_t n = z * c.tq * c.dv;
+  for (int form = 0; form < 6; form++) {
+    double before = kiln_stat("attention_rewrites");
+    kiln_tensor *got = NULL, *want = NULL;
+    switch (form) {
+      case 0: /* softmax(q kT * s) v */
+        got = composite_as(false, q, k, v, NULL, false, s);
+        want = kiln_scaled_dot_product_attention(q, k, v, NULL, false, 0);
+        break;
+      case 1: /* + a float mask */
+        got = composite_as(false, q, k, v, fm, false, s);
+        want = kiln_scaled_dot_product_attention(q, k, v, fm, false, 0);
+        break;
+      case 2: /* where(keep, scores, -inf) */
+        got = composite_as(false, q, k, v, bm, false, s);
+        want = kiln_scaled_dot_product_attention(q, k, v, bm, false, 0);
+        break;
+      case 3: { /* masked_fill(later, -inf): causal written out */
+        got = composite_as(false, q, k, v, NULL, true, s);
+        want = kiln_scaled_dot_product_attention(q, k, v, NULL, true, 0);
+        break;
+      }
+      case 4: { /* mask + scores / sqrt(d) */
+        kiln_tensor *kt = kiln_transpose(k, -1, -2), *sc = kiln_matmul(q, kt);
+        kiln_tensor *sd = kiln_div_scalar(sc, sqrt(8.0)), *x = kiln_add(fm, sd);
+        kiln_tensor *p = kiln_softmax(x, -1);
+        got = kiln_matmul(p, v);
+        want = kiln_scaled_dot_product_attention(q, k, v, fm, false, 0);
+        kiln_release(kt), kiln_release(sc), kiln_release(sd), kiln_release(x), kiln_release(p);
+        break;
+      }
+      case 5: { /* q scaled first: no scale after the product */
+        kiln_tensor *qs = kiln_mul_scalar(q, s), *kt = kiln_transpose(k, -1, -2);
+        kiln_tensor *sc = kiln_matmul(qs, kt), *p = kiln_softmax(sc, -1);
+        got = kiln_matmul(p, v);
+        want = kiln_scaled_dot_product_attention(qs, k, v, NULL, false, 1.0);
+        kiln_release(qs), kiln_release(kt), kiln_release(sc), kiln_release(p);
+        break;
+      }
+    }
+    CHECK_EQ_INT(kiln_stat("attention_rewrites") - before, 1);
+    double *gv = values_and_release(got), *wv = values_and_release(want);
+    double tol = form == 4 ? 1e-13 : 0; /* / sqrt(d) vs * (1 / sqrt(d)) */
+    for (int64_t e = 0; gv && wv && e < n; e++)
+      if (!(fabs(gv[e] - wv[e]) <= tol)) {
+        KTEST_FAIL("form %d: out[%lld] = %.17g, the op's %.17g", form, (long long)e, gv[e], wv[e]);
+        break;
+      }
+    free(gv), free(wv);
+  }
+  /* the weights, read after the rewrite: recomputed, the composite's bits */
+  kiln_tensor *kt = kiln_transpose(k, -1, -2), *sc = kiln_matmul(q, kt),
+              *x = kiln_mul_scalar(sc, s);
+  kiln_tensor *p = kiln_softmax(x, -1), *o = kiln_matmul(p, v);
+  kiln_tensor *p2 = kiln_softmax(x, -1), *p3 = kiln_mul_scalar(p2, 1.0);
+  double *pv = ktest_values(p), *p3v = ktest_values(p3);
+  CHECK(!memcmp(pv, p3v, (size_t)(z * 9 * 11) * sizeof(double)));
+  free(pv), free(p3v);
+  kiln_release(kt), kiln_release(sc), kiln_release(x), kiln_release(p), kiln_release(o);
+  kiln_release(p2), kiln_release(p3);
+  kiln_release(q), kiln_release(k), kiln_release(v), kiln_release(fm), kiln_release(zero);
+  kiln_release(bm);
+  free(qv), free(kv), free(vv), free(mv);
+}
+
+/* what is not attention's softmax, or not one the op takes, stays a
+   composite: counted zero times, computing what it says */
+TEST(near_misses_stay_composites) {
+  kiln_manual_seed(4);
+  kiln_tensor *q = kiln_randn(F64, 3, (int64_t[]){2, 5, 4}),
+              *k = kiln_randn(F64, 3, (int64_t[]){2, 6, 4});
+  kiln_tensor *v = kiln_randn(F64, 3, (int64_t[]){2, 6, 3}), *kt = kiln_transpose(k, -1, -2);
+  kiln_tensor *sc = kiln_matmul(q, kt), *fm = kiln_randn(F64, 2, (int64_t[]){5, 6});
+  kiln_tensor *zero = kiln_scalar(0, F64), *keep = kiln_gt(fm, zero),
+              *quarters = kiln_full(0.25, F64, 1, (int64_t[]){2});
+  kiln_tensor *half = kiln_sum(quarters, 0, NULL, false);
+  kiln_tensor *ninf = kiln_scalar(-INFINITY, F64), *fmg = kiln_detach(fm);
+  kiln_set_requires_grad(fmg, true);
+  double before = kiln_stat("attention_rewrites");
+  for (int form = 0; form < 5; form++) {
+    kiln_tensor *x = NULL, *p = NULL;
+    switch (form) {
+      case 0: /* softmax over the queries, not the keys */
+        x = kiln_retain(sc);
+        p = kiln_softmax(x, 1);
+        break;
+      case 1: { /* dropout-like: the weights times something between */
+        x = kiln_retain(sc);
+        kiln_tensor *p0 = kiln_softmax(x, -1);
+        p = kiln_mul(p0, keep);
+        kiln_release(p0);
+        break;
+      }
+      case 2: /* a float mask that takes a gradient */
+        x = kiln_add(sc, fmg);
+        p = kiln_softmax(x, -1);
+        break;
+      case 3: { /* two masks */
+        kiln_tensor *a = kiln_add(sc, fm);
+        x = kiln_where(keep, a, ninf);
+        kiln_release(a);
+        p = kiln_softmax(x, -1);
+        break;
+      }
+      case 4: /* a computed 0-d tensor, not a fill, as the scale */
+        x = kiln_mul(sc, half);
+        p = kiln_softmax(x, -1);
+        break;
+    }
+    kiln_tensor *o = kiln_matmul(p, v);
+    CHECK(o != NULL);
+    double *ov = values_and_release(o);
+    CHECK(ov && isfinite(ov[0]));
+    free(ov);
+    kiln_release(x), kiln_release(p);
+  }
+  CHECK_EQ_INT(kiln_stat("attention_rewrites") - before, 0);
+  kiln_release(q), kiln_release(k), kiln_release(v), kiln_release(kt), kiln_release(sc);
+  kiln_release(fm), kiln_release(zero), kiln_release(keep), kiln_release(half), kiln_release(ninf);
+  kiln_release(quarters);
+  kiln_release(fmg);
+}
+
+/* gradients through the rewritten composite are the op's, bit for bit */
+TEST(long_way_gradients_are_the_ops) {
+  acase c = {2, 3, 70, 300, 16, 8, false, 0, 0};
+  int64_t z = c.b * c.h;
+  double *q = rand_vals(z * c.tq * c.d, -1.5, 1.5), *k = rand_vals(z * c.tk * c.d, -1.5, 1.5);
+  double *v = rand_vals(z * c.tk * c.dv, -1, 1), *w = rand_vals(z * c.tq * c.dv, -1, 1);
+  double *g[2][4];
+  for (int route = 0; route < 2; route++) {
+    kiln_tensor *t[3] = {
+        kiln_from_data(q, F64, 4, (int64_t[]){c.b, c.h, c.tq, c.d}),
+        kiln_from_data(k, F64, 4, (int64_t[]){c.b, c.h, c.tk, c.d}),
+        kiln_from_data(v, F64, 4, (int64_t[]){c.b, c.h, c.tk, c.dv}),
+    };
+    for (int i = 0; i < 3; i++) kiln_set_requires_grad(t[i], true);
+    kiln_tensor *o = route ? composite_as(false, t[0], t[1], t[2], NULL, false, 0.25)
+                           : kiln_scaled_dot_product_attention(t[0], t[1], t[2], NULL, false, 0.25);
+    kiln_tensor *wt = kiln_from_data(w, F64, 4, (int64_t[]){c.b, c.h, c.tq, c.dv});
+    kiln_tensor *pr = kiln_mul(o, wt), *l = kiln_sum(pr, 0, NULL, false), *gr[3] = {0};
+    CHECK(kiln_grad_of(1, &l, NULL, 3, t, gr, false) == 0);
+    for (int i = 0; i < 3; i++) g[route][i] = values_and_release(gr[i]);
+    g[route][3] = values_and_release(o);
+    for (int i = 0; i < 3; i++) kiln_release(t[i]);
+    kiln_release(wt), kiln_release(pr), kiln_release(l);
+  }
+  int64_t sizes[4] = {z * c.tq * c.d, z * c.tk * c.d, z * c.tk * c.dv, z * c.tq * c.dv};
+  for (int i = 0; i < 4; i++) {
+    CHECK(g[0][i] && g[1][i] && !memcmp(g[0][i], g[1][i], (size_t)sizes[i] * sizeof(double)));
+    free(g[0][i]), free(g[1][i]);
+  }
+  free(q), free(k), free(v), free(w);
 }
 
 /* no queries, no keys (every row masked: 0), no head size (scores 0: the
@@ -536,6 +731,9 @@ int main(void) {
   RUN(non_contiguous_inputs_give_the_same_bits);
   RUN(fully_masked_rows_give_zero);
   RUN(float_mask_gradient_by_the_composite);
+  RUN(long_way_is_one_attention_op);
+  RUN(near_misses_stay_composites);
+  RUN(long_way_gradients_are_the_ops);
   RUN(empty_dims);
   RUN(bad_input_is_a_clear_error);
   return ktest_done();

@@ -1,0 +1,202 @@
+/* attention.c — attention written the long way, recognized as it is
+ * recorded (attention.h).  The pattern, read backwards from matmul(p, v):
+ *
+ *   p   = mul(e, div(1, sum(e, last axis, keepdim)))     kiln_softmax
+ *   e   = exp(sub(x, max(x, last axis, keepdim)))
+ *   x   = s | add(s, mask) | add(mask, s)                a float mask
+ *       | where(keep, s, -inf) | where(out, -inf, s)      a bool mask
+ *   s   = S | mul(S, c) | mul(c, S) | div(S, c)           c a 0-d fill > 0
+ *   S   = matmul(q, kt)
+ *
+ * every node of it pending, on the CPU, f32 or f64, x of S's last two
+ * dims and dtype, a float mask that takes no gradient.  Anything else (softmax over
+ * another axis, dropout between softmax and v, two masks, a scalar that is
+ * not a scalar) is left alone. */
+#include "attention.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../vm/state.h"
+#include "dump.h"
+#include "graph.h"
+#include "record.h"
+
+static bool pending(const tr_node *n) { return n->state == TR_PENDING; }
+
+static bool push(tr_attention_match *m, tr_node *n) {
+  if (m->nchain == TR_ATTENTION_CHAIN || !pending(n)) return false;
+  m->chain[m->nchain++] = n;
+  return true;
+}
+
+/* a 0-d fill (a literal, a value the host passed, kiln_scalar): its value */
+static bool scalar_of(const tr_node *n, double *v) {
+  if (n->op != VM_OP_full || n->meta.ndim != 0) return false;
+  *v = n->attr.scalar[0];
+  return true;
+}
+
+/* a fill of -inf, of any shape */
+static bool is_ninf(const tr_node *n) {
+  return n->op == VM_OP_full && n->attr.scalar[0] == -INFINITY;
+}
+
+/* a reduction of `of` over its last axis, keeping it */
+static bool last_axis(const tr_node *n, vm_opcode op, const tr_node *of) {
+  int nd = of->meta.ndim;
+  return n->op == op && n->nin == 1 && n->in[0] == of && nd >= 2 && n->attr.keepdim &&
+         n->attr.axes_mask == 1u << (nd - 1);
+}
+
+static bool float_on_cpu(const tr_node *n) {
+  return (n->meta.dtype == KILN_F32 || n->meta.dtype == KILN_F64) && n->meta.device == KILN_CPU;
+}
+
+/* s: S, S * c, c * S or S / c over S = matmul(q, kt); *S its node */
+static bool scaled_scores(tr_node *s, tr_attention_match *m, tr_node **S) {
+  double c;
+  int at = -1;
+  m->scale = 1;
+  if (s->op == VM_OP_mul && s->nin == 2 && scalar_of(s->in[1], &c))
+    at = 0;
+  else if (s->op == VM_OP_mul && s->nin == 2 && scalar_of(s->in[0], &c))
+    at = 1;
+  else if (s->op == VM_OP_div && s->nin == 2 && scalar_of(s->in[1], &c))
+    at = 0;
+  if (at >= 0) {
+    m->scale = s->op == VM_OP_mul ? c : 1 / c;
+    if (!push(m, s)) return false;
+    s = s->in[at];
+  }
+  if (s->op != VM_OP_matmul || s->nin != 2 || s->in[0]->meta.ndim < 2 || s->in[1]->meta.ndim < 2 ||
+      !float_on_cpu(s->in[0]) || !float_on_cpu(s->in[1]) || !push(m, s))
+    return false;
+  *S = s;
+  return isfinite(m->scale) && m->scale > 0;
+}
+
+static bool match_locked(tr_node *pn, const vm_tensor *v, tr_attention_match *m, tr_node **S,
+                         tr_node **maskn) {
+  /* p = mul(e, inv), inv = div(1, sum), sum = sum(e), e = exp(sub(x, max(x))) */
+  if (pn->op != VM_OP_mul || pn->nin != 2 || !float_on_cpu(pn) || pn->meta.ndim < 2) return false;
+  tr_node *e = pn->in[0], *inv = pn->in[1];
+  double one;
+  if (inv->op != VM_OP_div || inv->nin != 2 || !scalar_of(inv->in[0], &one) || one != 1)
+    return false;
+  tr_node *sum = inv->in[1];
+  if (!last_axis(sum, VM_OP_sum, e) || e->op != VM_OP_exp || e->nin != 1) return false;
+  tr_node *sh = e->in[0];
+  if (sh->op != VM_OP_sub || sh->nin != 2) return false;
+  tr_node *x = sh->in[0], *mx = sh->in[1];
+  if (!last_axis(mx, VM_OP_max, x) || x->meta.dtype != pn->meta.dtype) return false;
+  tr_node *const parts[] = {pn, inv, sum, e, sh, mx};
+  for (int i = 0; i < 6; i++)
+    if (!push(m, parts[i])) return false;
+  /* the mask, if any, then the scaled scores */
+  tr_node *s = x;
+  if (x->op == VM_OP_where && x->nin == 3 && x->in[0]->meta.dtype == KILN_BOOL &&
+      x->in[0]->meta.device == KILN_CPU && (is_ninf(x->in[1]) || is_ninf(x->in[2]))) {
+    m->mask_out = is_ninf(x->in[1]);
+    *maskn = x->in[0];
+    s = x->in[m->mask_out ? 2 : 1];
+    if (!push(m, x)) return false;
+  } else if (x->op == VM_OP_add && x->nin == 2) {
+    if (!push(m, x)) return false;
+    int before = m->nchain;
+    for (int k = 0; k < 2 && !*maskn; k++) {
+      m->nchain = before;
+      if (scaled_scores(x->in[k], m, S)) *maskn = x->in[1 - k];
+    }
+    tr_node *mk = *maskn;
+    if (!mk || !vm_dtype_is_float(mk->meta.dtype) || mk->requires_grad ||
+        mk->meta.device != KILN_CPU)
+      return false;
+    s = NULL;
+  }
+  if (s && !scaled_scores(s, m, S)) return false;
+  /* the softmax is over S's own last two dims, in S's dtype (a scale or a
+     fill of another dtype promotes); v is [..., Tk, dv] */
+  const tr_node *sc = *S;
+  int nx = x->meta.ndim, ns = sc->meta.ndim;
+  return nx >= 2 && sc->meta.dtype == x->meta.dtype &&
+         x->meta.shape[nx - 1] == sc->meta.shape[ns - 1] &&
+         x->meta.shape[nx - 2] == sc->meta.shape[ns - 2] && v->ndim >= 2 &&
+         v->shape[v->ndim - 2] == sc->meta.shape[ns - 1] && v->device == KILN_CPU &&
+         vm_dtype_is_float(v->dtype);
+}
+
+/* KILN_FUSE_ATTENTION=0: no rewrite (for comparisons), read once */
+static bool rewrites_on(void) {
+  static _Atomic int on = -1;
+  int v = atomic_load_explicit(&on, memory_order_relaxed);
+  if (v < 0) {
+    v = vm_env_long("KILN_FUSE_ATTENTION", 1) != 0;
+    atomic_store_explicit(&on, v, memory_order_relaxed);
+  }
+  return v;
+}
+
+bool tr_attention_match_of(vm_tensor *p, const vm_tensor *v, tr_attention_match *m) {
+  memset(m, 0, sizeof *m);
+  tr_node *pn = p->node;
+  /* cheap first: the op is fixed once recorded */
+  if (!pn || pn->op != VM_OP_mul || !v->node || !pn->graph || !rewrites_on()) return false;
+  tr_graph *g = tr_thread_graph();
+  if (!g || pn->graph != g) return false;
+  tr_graph_lock(g);
+  tr_node *S = NULL, *maskn = NULL;
+  bool ok = match_locked(pn, v, m, &S, &maskn);
+  if (ok) {
+    m->q = tr_handle_of_node(S->in[0]);
+    m->kt = tr_handle_of_node(S->in[1]);
+    m->mask = maskn ? tr_handle_of_node(maskn) : NULL;
+    ok = m->q && m->kt && (!maskn || m->mask);
+  }
+  if (ok)
+    for (int i = 0; i < m->nchain; i++) tr_node_retain(m->chain[i]);
+  else
+    m->nchain = 0;
+  tr_graph_unlock(g);
+  if (!ok) tr_attention_match_free(m);
+  return ok;
+}
+
+void tr_attention_retire(tr_attention_match *m) {
+  tr_graph *g = tr_thread_graph();
+  if (!g) return;
+  tr_graph_lock(g);
+  for (int i = 0; i < m->nchain; i++) {
+    tr_node *n = m->chain[i];
+    if (n->state != TR_PENDING || n->graph != g) continue;
+    tr_node_unlink(n);
+    n->state = TR_RECOMPUTABLE; /* computed if read: no flush origin */
+    n->origin[0] = n->origin[1] = 0;
+    n->origin_pos = 0;
+  }
+  tr_graph_unlock(g);
+  atomic_fetch_add_explicit(&vm_process()->stats.attention_rewrites, 1, memory_order_relaxed);
+  if (tr_log_level()) {
+    char bq[VM_SHAPE_BUF], bk[VM_SHAPE_BUF];
+    fprintf(stderr,
+            "kiln: softmax(q kT * %.6g%s) v recorded as one attention op: q %s, kT %s (%d nodes "
+            "of the composite left unevaluated)\n",
+            m->scale,
+            !m->mask                      ? ""
+            : m->mask->dtype != KILN_BOOL ? " + float mask"
+            : m->mask_out                 ? ", -inf where a bool mask is true"
+                                          : ", -inf where a bool mask is false",
+            vm_shape_str(bq, m->q->ndim, m->q->shape), vm_shape_str(bk, m->kt->ndim, m->kt->shape),
+            m->nchain);
+  }
+}
+
+void tr_attention_match_free(tr_attention_match *m) {
+  vm_release(m->q);
+  vm_release(m->kt);
+  vm_release(m->mask);
+  for (int i = 0; i < m->nchain; i++) tr_node_release(m->chain[i]);
+  memset(m, 0, sizeof *m);
+}
