@@ -24,7 +24,8 @@ import traceback
 REPS = {"W1": (9, 2), "W2": (15, 2), "W3": (15, 2), "W4": (15, 2), "W5": (7, 1),
         "W6": (15, 2), "W7": (9, 0),
         "W10": (3, 1),    # epochs (of sizes()["W10"][5] steps each), not steps
-        "W11": (11, 2), "W12": (30, 10), "W14": (5, 2), "W14:cnn": (200, 50)}
+        "W11": (11, 2), "W12": (30, 10), "W14": (5, 2), "W14:cnn": (200, 50),
+        "W18": (5, 1)}
 W5_OPS, W5_CHAINS = 100, 500
 ARGS = None
 np = None
@@ -529,12 +530,105 @@ def run_torch(workloads):
                 run_torch_w12(torch, F, has_compile, no_compile)
             elif w == "W14":
                 run_torch_w14(torch, F, has_compile, no_compile)
+            elif w == "W18":
+                run_torch_w18(torch, has_compile, no_compile)
             elif w == "W8":
                 na("W8:W1", cc, no_compile if not has_compile else "not measured yet")
                 na("W8:W7", cc, no_compile if not has_compile else "not measured yet")
         except Exception as e:
             na(w, c, "error: %s" % e)
             traceback.print_exc(file=sys.stderr)
+
+
+def run_torch_w18(torch, has_compile, no_compile):
+    """perf/w18_bert.c: transformers' BertModel (6 layers, 384 wide, 12 heads,
+    1536 intermediate, vocabulary 30522), batch 32 x 128 tokens padded from
+    lengths 64..128: W18:infer the forward under no_grad (mean(h*h) read),
+    W18:train a fine-tuning step (forward, loss mean(h*h) read, backward,
+    SGD).  The same weights, tokens and mask as Kiln's."""
+    rows = [(wl, n) for wl in ("W18:infer", "W18:train") for n in ("torch", "torch.compile")]
+    try:
+        import transformers
+    except Exception as e:
+        for wl, n in rows:
+            na(wl, n, "transformers not installed for %s (%s)" % (sys.executable, e.__class__.__name__))
+        return
+    smoke = ARGS.smoke
+    B, T = (2, 16) if smoke else (32, 128)
+    config = transformers.BertConfig(
+        vocab_size=30522, hidden_size=32 if smoke else 384, num_hidden_layers=2 if smoke else 6,
+        num_attention_heads=4 if smoke else 12, intermediate_size=64 if smoke else 1536,
+        max_position_embeddings=512, layer_norm_eps=1e-12, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0)
+    ids = np.zeros((B, T), dtype=np.int64)
+    mask = np.zeros((B, T), dtype=np.float32)
+    for b in range(B):
+        n = 8 + hash_u32(b) % 9 if smoke else 64 + hash_u32(b) % 65
+        for t in range(T):
+            ids[b, t] = hash_u32(b * T + t + 7777) % 30522
+        mask[b, :n] = 1
+    ids_t, mask_t = torch.from_numpy(ids), torch.from_numpy(mask)
+    reps, warm = reps_of("W18")
+    base = transformers.BertModel(config, add_pooling_layer=False).eval()
+    # perf/w18_bert.c's weights: tensor_hash in its order, seeds from 100
+    H, I, a = config.hidden_size, config.intermediate_size, 0.02 * math.sqrt(3.0)
+    order = [("embeddings.word_embeddings.weight", (30522, H), a, 0.0),
+             ("embeddings.position_embeddings.weight", (512, H), a, 0.0),
+             ("embeddings.token_type_embeddings.weight", (2, H), a, 0.0),
+             ("embeddings.LayerNorm.weight", (H,), 0.1, 1.0), ("embeddings.LayerNorm.bias", (H,), 0.1, 0.0)]
+    lin = ["attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+           "intermediate.dense", "output.dense"]
+    for layer in range(config.num_hidden_layers):
+        for j, name in enumerate(lin):
+            out, inp = (I if j == 4 else H), (I if j == 5 else H)
+            pre = "encoder.layer.%d." % layer
+            order += [(pre + name + ".weight", (out, inp), a, 0.0), (pre + name + ".bias", (out,), 0.01, 0.0)]
+            if j in (3, 5):
+                ln = pre + ("attention.output.LayerNorm" if j == 3 else "output.LayerNorm")
+                order += [(ln + ".weight", (H,), 0.1, 1.0), (ln + ".bias", (H,), 0.1, 0.0)]
+    state = {n: torch.from_numpy(tensor_hash(shape, 100 + i, amp, off)) for i, (n, shape, amp, off) in enumerate(order)}
+    base.load_state_dict(state, strict=True)
+
+    def run(name, model):
+        base.load_state_dict(state, strict=True)  # the same start for each contender
+        params = [p for p in model.parameters()]
+
+        def infer():
+            with torch.no_grad():
+                h = model(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
+                return (h * h).mean().item()
+
+        def train():
+            with torch.enable_grad():
+                h = model(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
+                loss = (h * h).mean()
+                value = loss.item()
+                loss.backward()
+            with torch.no_grad():
+                for p in params:
+                    p.sub_(p.grad, alpha=0.01)
+                    p.grad = None
+            return value
+        for wl, fn in (("W18:infer", infer), ("W18:train", train)):
+            first = fn()
+            med, mn, last = timed(fn, reps, warm)
+            result(wl, name, med, mn, reps, "first=%.9g" % first, batch=B, seq=T,
+                   hidden=config.hidden_size, layers=config.num_hidden_layers,
+                   heads=config.num_attention_heads, value_last="%.6g" % last,
+                   note="transformers %s BertModel (attn_implementation %s)"
+                   % (transformers.__version__, getattr(config, "_attn_implementation", "?")))
+
+    run("torch", base)
+    if not has_compile:
+        for wl in ("W18:infer", "W18:train"):
+            na(wl, "torch.compile", no_compile)
+        return
+    try:
+        run("torch.compile", torch.compile(base))
+    except Exception as e:
+        for wl in ("W18:infer", "W18:train"):
+            na(wl, "torch.compile", "torch.compile failed: %s" % first_line(e))
+        traceback.print_exc(file=sys.stderr)
 
 
 def run_torch_w14(torch, F, has_compile, no_compile):
@@ -943,7 +1037,7 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("workloads", nargs="*",
-                    default=["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W10", "W11", "W12", "W14"])
+                    default=["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W10", "W11", "W12", "W14", "W18"])
     ARGS = ap.parse_args()
     try:
         import numpy

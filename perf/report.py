@@ -16,7 +16,7 @@ import sys
 ORDER = ["kiln-eager", "kiln", "kiln-autodiff", "openblas", "numpy", "torch", "torch.optim", "torch.compile",
          "jax.jit"]
 WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8:W1", "W8:W7", "W8:warm", "W10", "W11", "W12", "W13",
-             "W13:exit", "W14", "W14:cnn"]
+             "W13:exit", "W14", "W14:cnn", "W18:infer", "W18:train"]
 TITLES = {
     "W1": "W1 tanh(x*y+0.5)*sigmoid(x)-y*y*0.25, 2^24",
     "W2": "W2 softmax rows, 4096x1024",
@@ -33,11 +33,13 @@ TITLES = {
     "W13:exit": "W13 exit: main's return to process end",
     "W14": "W14 conv2d 3x3 fwd+bwd (x, w, b), batch 32, 64->64 channels, 56x56",
     "W14:cnn": "W14 the digits CNN training step (conv-relu-pool x2, linear, Adam), batch 64",
+    "W18:infer": "W18 BERT encoder (6x384, 12 heads) inference, batch 32 x 128 tokens (padded)",
+    "W18:train": "W18 BERT encoder fine-tuning step (fwd, loss, bwd, SGD), batch 32 x 128",
 }
 # how a row's median is shown: unit, value from the median seconds, higher is better
 UNITS = {"W1": "ms", "W2": "ms", "W3": "ms", "W4": "ms", "W5": "us/op", "W6": "GFLOP/s",
          "W7": "steps/s", "W8": "ms", "W10": "steps/s", "W11": "ms", "W12": "ms", "W13": "s",
-         "W13:exit": "ms", "W14": "ms", "W14:cnn": "ms"}
+         "W13:exit": "ms", "W14": "ms", "W14:cnn": "ms", "W18": "ms"}
 # higher-is-better units: the value is 1 / time or work / time
 RATE_UNITS = ("GFLOP/s", "steps/s")
 # the fields of a row's line shown under the table (and in the CSV's details)
@@ -51,7 +53,7 @@ DETAILS = {
 MEMORY_BOUND = {"W1", "W2", "W3", "W4"}
 # agreement tolerance of the result summaries, relative (see agree())
 TOLERANCE = {"W1": 1e-4, "W2": 1e-4, "W3": 1e-4, "W4": 1e-4, "W5": 1e-5, "W6": 1e-4, "W7": 1e-3,
-             "W10": 1e-3, "W11": 1e-3, "W12": 1e-3, "W13": 0.02, "W14": 1e-3}
+             "W10": 1e-3, "W11": 1e-3, "W12": 1e-3, "W13": 0.02, "W14": 1e-3, "W18": 1e-3}
 
 
 def unit_of(w):

@@ -134,9 +134,11 @@ static void batched_gemms(uint64_t *out) {
 }
 
 /* softmax(q k^T / sqrt(d)) v and its gradients by q, k and v (of
-   sum(out * w)), hashed: batched matmuls forward and backward, between
-   row kernels the JIT compiles.  Run three times (the last, with the JIT
-   on, compiled); the parent checks the bits against KILN_JIT=0. */
+   sum(out * w)), hashed: written the long way, recorded as the attention
+   op (trace/attention.h; its kernel's blocks are fixed by the shape), with
+   row kernels the JIT compiles around it.  Run three times (the last, with
+   the JIT on, compiled); the parent checks the bits against KILN_JIT=0
+   and across KILN_THREADS. */
 static void attention_battery(uint64_t *out) {
   for (int rep = 0; rep < 3; rep++) {
     if (rep == 2) kiln_jit_wait();
