@@ -539,8 +539,8 @@ static void call_index(void) {
 }
 
 static void call_misc_op(void) {
-  int which = rn(7);
-  kiln_tensor *a = which < 4 ? arg_small() : arg();
+  int which = rn(8);
+  kiln_tensor *a = which < 4 || which == 7 ? arg_small() : arg();
   int nd = a ? kiln_ndim(a) : 1;
   switch (which) {
     case 0:
@@ -569,6 +569,17 @@ static void call_misc_op(void) {
       call_name = "kiln_clamp";
       take(kiln_clamp(a, gen_double(), gen_double()), false);
       return;
+    case 7: { /* q, k, v, mask of random shapes and dtypes: mostly errors */
+      call_name = "kiln_scaled_dot_product_attention";
+      kiln_tensor *k = coin(30) ? a : arg_small();
+      if (a && k && kiln_ndim(a) >= 2 && kiln_ndim(k) >= 2 && /* Tq x Tk scores: kept small */
+          kiln_shape(a)[nd - 2] * kiln_shape(k)[kiln_ndim(k) - 2] > (int64_t)1 << 20)
+        return;
+      take(kiln_scaled_dot_product_attention(a, k, arg_small(), coin(50) ? NULL : arg_small(),
+                                             coin(50), gen_double()),
+           false);
+      return;
+    }
     default:
       call_name = "kiln_cast";
       take(kiln_cast(a, gen_dtype()), false);
