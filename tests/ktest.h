@@ -105,6 +105,19 @@ static inline kiln_tensor *ktest_from_doubles(kiln_dtype dt, int ndim, const int
   return t;
 }
 
+/* splitmix64, the tests' deterministic generator: the next 64 bits of the
+   stream whose state is *s (advanced in place) */
+static inline uint64_t ktest_splitmix64(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+/* a uniform double in [0, 1) from its top 53 bits */
+static inline double ktest_unif01(uint64_t *s) {
+  return (double)(ktest_splitmix64(s) >> 11) * 0x1.0p-53;
+}
+
 #define TEST(name) static void name(void)
 
 /* whether KTEST_ONLY (a comma-separated list; unset: every test) names it */

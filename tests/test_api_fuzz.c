@@ -48,12 +48,7 @@ __attribute__((used, visibility("default"))) const char *__asan_default_options(
 /* --- generator ------------------------------------------------------------ */
 
 static uint64_t rng;
-static uint64_t next64(void) {
-  uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+static uint64_t next64(void) { return ktest_splitmix64(&rng); }
 static int rn(int n) { return n <= 1 ? 0 : (int)(next64() % (uint64_t)n); }
 static bool coin(int pct) { return rn(100) < pct; }
 

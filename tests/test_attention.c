@@ -24,12 +24,7 @@
 #define F64 KILN_F64
 
 static uint64_t g_seed = 0x5eedull;
-static double unif(void) { /* splitmix64 -> [0, 1) */
-  uint64_t z = (g_seed += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
-}
+static double unif(void) { return ktest_unif01(&g_seed); }
 static double *rand_vals(int64_t n, double lo, double hi) {
   double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
   for (int64_t i = 0; i < n; i++) v[i] = lo + (hi - lo) * unif();

@@ -43,13 +43,7 @@
 
 static uint64_t g_rng = 0x5EEDF00Dull;
 
-static uint64_t sm64(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-static double unif(uint64_t *s) { return (double)(sm64(s) >> 11) * 0x1.0p-53; }
+static double unif(uint64_t *s) { return ktest_unif01(s); }
 
 static int64_t numel_of(int nd, const int64_t *s) {
   int64_t n = 1;

@@ -28,12 +28,7 @@
 
 /* --- deterministic generator: splitmix64 ----------------------------------- */
 
-static uint64_t sm_next(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+static uint64_t sm_next(uint64_t *s) { return ktest_splitmix64(s); }
 static int rn(uint64_t *s, int n) { return n <= 1 ? 0 : (int)(sm_next(s) % (uint64_t)n); }
 static int rr(uint64_t *s, int lo, int hi) { return lo + rn(s, hi - lo + 1); } /* inclusive */
 static bool coin(uint64_t *s, int pct) { return rn(s, 100) < pct; }
