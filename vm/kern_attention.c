@@ -59,7 +59,6 @@ typedef struct {
   int64_t nbatch, tq, tk, d, dv, qblocks;
   double scale;
   kiln_dtype dt;
-  size_t es;
   att_operand q, k, v, o, dout, mask;
   char *out;
   const vm_blas *blas;
@@ -135,7 +134,6 @@ bool vm_k_attention(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *args,
   j.qblocks = (j.tq + ATT_BQ - 1) / ATT_BQ;
   j.scale = attr->scalar[0];
   j.dt = out->dtype;
-  j.es = vm_dtype_size(j.dt);
   j.out = vm_data(out);
   j.blas = vm_blas_get();
   if (j.dt == KILN_F32) j.exp_row = vm_math_row_f32(VM_OP_exp);

@@ -128,6 +128,26 @@ static void ATT_FN(exp_block)(const att_job *j, ATT_T *P, ATT_T *S, int64_t rows
    every score so far is masked (-inf - -inf would be NaN) */
 static ATT_T ATT_FN(shift_of)(ATT_T m) { return m == -(ATT_T)INFINITY ? 0 : m; }
 
+/* one key block [j0, j0 + cols) of a query block's online softmax, for
+   the forward and the backward's first pass alike: S = Q K_blkᵀ scaled and
+   masked, each row's max m and sum l brought up to date (alpha[r]: the
+   factor the earlier blocks' terms shrink by), P = exp(S - m) */
+static void ATT_FN(online_block)(att_job *j, const ATT_T *Q, int64_t ldq, const ATT_T *K,
+                                 int64_t ldk, int64_t rows, int64_t cols, int64_t bh, int64_t i0,
+                                 int64_t j0, ATT_T *S, ATT_T *P, ATT_T *m, ATT_T *l, ATT_T *mx,
+                                 ATT_T *alpha) {
+  ATT_FN(gemm)(j, false, true, rows, cols, j->d, Q, ldq, K + j0 * ldk, ldk, 0, S, cols);
+  ATT_FN(scores)(j, S, rows, cols, bh, i0, j0, mx);
+  for (int64_t r = 0; r < rows; r++) {
+    ATT_T mnew = mx[r] > m[r] ? mx[r] : m[r];
+    alpha[r] = m[r] == -(ATT_T)INFINITY ? 0 : (ATT_T)exp(m[r] - mnew);
+    m[r] = mnew;
+    mx[r] = ATT_FN(shift_of)(mnew);
+  }
+  ATT_FN(exp_block)(j, P, S, rows, cols, mx);
+  for (int64_t r = 0; r < rows; r++) l[r] = l[r] * alpha[r] + ATT_FN(row_sum)(P + r * cols, cols);
+}
+
 /* forward tasks [begin, end): task = batch item * qblocks + query block */
 ATT_CLONES static bool ATT_FN(forward_range)(att_job *j, int64_t begin, int64_t end) {
   const int64_t BQ = min64(ATT_BQ, j->tq), BK = min64(ATT_BK, j->tk), d = j->d, dv = j->dv;
@@ -151,20 +171,10 @@ ATT_CLONES static bool ATT_FN(forward_range)(att_job *j, int64_t begin, int64_t 
     memset(acc, 0, (size_t)(rows * dv) * sizeof(ATT_T));
     for (int64_t j0 = 0; j0 < kend; j0 += BK) {
       int64_t cols = min64(BK, kend - j0);
-      ATT_FN(gemm)(j, false, true, rows, cols, d, Q, ldq, K + j0 * ldk, ldk, 0, S, cols);
-      ATT_FN(scores)(j, S, rows, cols, bh, i0, j0, mx);
-      for (int64_t r = 0; r < rows; r++) { /* the online softmax's new max */
-        ATT_T mnew = mx[r] > m[r] ? mx[r] : m[r];
-        alpha[r] = m[r] == -(ATT_T)INFINITY ? 0 : (ATT_T)exp(m[r] - mnew);
-        m[r] = mnew;
-        mx[r] = ATT_FN(shift_of)(mnew);
-      }
-      ATT_FN(exp_block)(j, P, S, rows, cols, mx);
-      for (int64_t r = 0; r < rows; r++) {
-        l[r] = l[r] * alpha[r] + ATT_FN(row_sum)(P + r * cols, cols);
-        if (j0 > 0 && alpha[r] != 1)
+      ATT_FN(online_block)(j, Q, ldq, K, ldk, rows, cols, bh, i0, j0, S, P, m, l, mx, alpha);
+      for (int64_t r = 0; j0 > 0 && r < rows; r++) /* the earlier blocks' terms shrink */
+        if (alpha[r] != 1)
           for (int64_t c = 0; c < dv; c++) acc[r * dv + c] *= alpha[r];
-      }
       ATT_FN(gemm)(j, false, false, rows, dv, cols, P, cols, V + j0 * ldv, ldv, 1, acc, dv);
     }
     ATT_T *o = (ATT_T *)j->out + (bh * j->tq + i0) * dv;
@@ -181,12 +191,12 @@ ATT_CLONES static bool ATT_FN(forward_range)(att_job *j, int64_t begin, int64_t 
 ATT_CLONES static bool ATT_FN(backward_range)(att_job *j, int64_t begin, int64_t end) {
   const int64_t BQ = min64(ATT_BQ, j->tq), BK = min64(ATT_BK, j->tk), d = j->d, dv = j->dv;
   const int64_t tk = j->tk;
-  size_t n = (size_t)(BQ * d + 2 * BQ * dv + 3 * BQ * BK + 5 * BQ + tk * (d + dv));
+  size_t n = (size_t)(BQ * d + 2 * BQ * dv + 3 * BQ * BK + 6 * BQ + tk * (d + dv));
   ATT_T *Qb = malloc((n ? n : 1) * sizeof(ATT_T));
   if (!Qb) return false;
   ATT_T *dOb = Qb + BQ * d, *Ob = dOb + BQ * dv, *S = Ob + BQ * dv, *P = S + BQ * BK;
   ATT_T *dP = P + BQ * BK, *m = dP + BQ * BK, *l = m + BQ, *mx = l + BQ, *lse = mx + BQ;
-  ATT_T *D = lse + BQ, *Kb = D + BQ, *Vb = Kb + tk * d;
+  ATT_T *D = lse + BQ, *alpha = D + BQ, *Kb = alpha + BQ, *Vb = Kb + tk * d;
   const ATT_T scale = (ATT_T)j->scale;
   int64_t qn = j->nbatch * j->tq * d, kn = j->nbatch * tk * d, ldq, ldk, ldv, lddo, ldo;
   for (int64_t bh = begin; bh < end; bh++) {
@@ -210,16 +220,7 @@ ATT_CLONES static bool ATT_FN(backward_range)(att_job *j, int64_t begin, int64_t
       /* pass 1: each row's logsumexp over its keys */
       for (int64_t j0 = 0; j0 < kend; j0 += BK) {
         int64_t cols = min64(BK, kend - j0);
-        ATT_FN(gemm)(j, false, true, rows, cols, d, Q, ldq, K + j0 * ldk, ldk, 0, S, cols);
-        ATT_FN(scores)(j, S, rows, cols, bh, i0, j0, mx);
-        for (int64_t r = 0; r < rows; r++) {
-          ATT_T mnew = mx[r] > m[r] ? mx[r] : m[r];
-          l[r] *= m[r] == -(ATT_T)INFINITY ? 0 : (ATT_T)exp(m[r] - mnew);
-          m[r] = mnew;
-          mx[r] = ATT_FN(shift_of)(mnew);
-        }
-        ATT_FN(exp_block)(j, P, S, rows, cols, mx);
-        for (int64_t r = 0; r < rows; r++) l[r] += ATT_FN(row_sum)(P + r * cols, cols);
+        ATT_FN(online_block)(j, Q, ldq, K, ldk, rows, cols, bh, i0, j0, S, P, m, l, mx, alpha);
       }
       for (int64_t r = 0; r < rows; r++) /* -inf: every key masked */
         lse[r] = l[r] > 0 ? ATT_FN(shift_of)(m[r]) + (ATT_T)log(l[r]) : -(ATT_T)INFINITY;
@@ -234,11 +235,8 @@ ATT_CLONES static bool ATT_FN(backward_range)(att_job *j, int64_t begin, int64_t
         } else {
           ATT_FN(gemm)(j, false, true, rows, cols, d, Q, ldq, K + j0 * ldk, ldk, 0, S, cols);
           ATT_FN(scores)(j, S, rows, cols, bh, i0, j0, mx);
-          for (int64_t r = 0; r < rows; r++) {
-            if (lse[r] == -(ATT_T)INFINITY) /* P = 0 */
-              for (int64_t c = 0; c < cols; c++) S[r * cols + c] = -(ATT_T)INFINITY;
-            mx[r] = ATT_FN(shift_of)(lse[r]);
-          }
+          /* a row with lse -inf has every score -inf: P = 0 */
+          for (int64_t r = 0; r < rows; r++) mx[r] = ATT_FN(shift_of)(lse[r]);
           ATT_FN(exp_block)(j, P, S, rows, cols, mx);
         }
         ATT_FN(gemm)(j, true, false, cols, dv, rows, P, cols, dO, lddo, 1, dvv + j0 * dv, dv);
