@@ -38,33 +38,43 @@ class InterruptTest < Minitest::Test
     ENV["KILN_JIT"] = jit
   end
 
+  # The chain again in a process of its own with KILN_JIT=0, timed
+  # (whole), its reference value read and a second one recorded (total);
+  # body runs after that and prints what the test compares
+  CHILD_CHAIN = <<~RUBY
+    require "kiln"
+    def chain
+      Kiln.manual_seed(5)
+      x = Kiln.rand(800, 1000)
+      60.times { |i| x = (x * (1.0 + i * 1e-6)).tanh.sigmoid + 0.001 }
+      x.sum
+    end
+    t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    reference = chain.item
+    whole = Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0
+    total = chain
+  RUBY
+
+  def child_output(body)
+    lib = File.expand_path("../lib", __dir__)
+    out, err, status = Open3.capture3({ "KILN_JIT" => "0" }, RbConfig.ruby, "-I", lib, "-e", CHILD_CHAIN + body)
+    assert status.success?, "the child failed: #{err}"
+    out.strip
+  end
+
   # Ruby runs the unblocking function for signals it handles without
   # raising too: a child process that exits (SIGCHLD; kiln-jitc is one)
   # must not stop the evaluation with Kiln's "interrupted" error.  In a
   # process of its own: Ruby calls the function from its signal handler only
   # when one thread lives (minitest keeps worker threads).
   def test_a_child_exiting_does_not_interrupt_an_evaluation
-    script = <<~RUBY
-      require "kiln"
-      def chain
-        Kiln.manual_seed(5)
-        x = Kiln.rand(800, 1000)
-        60.times { |i| x = (x * (1.0 + i * 1e-6)).tanh.sigmoid + 0.001 }
-        x.sum
-      end
-      t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      reference = chain.item
-      whole = Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0
-      total = chain
+    out = child_output(<<~RUBY)
       pid = spawn("sleep", (whole / 4).to_s) # its SIGCHLD comes mid-evaluation
       value = total.item
       Process.wait(pid)
       puts value == reference ? "same" : "differs"
     RUBY
-    lib = File.expand_path("../lib", __dir__)
-    out, err, status = Open3.capture3({ "KILN_JIT" => "0" }, RbConfig.ruby, "-I", lib, "-e", script)
-    assert status.success?, "the evaluation failed: #{err}"
-    assert_equal "same", out.strip
+    assert_equal "same", out
   end
 
   # Ctrl-C (SIGINT) reaches an evaluation as Interrupt, and loses nothing.
@@ -73,19 +83,8 @@ class InterruptTest < Minitest::Test
   # run, SIGINT's handler Ruby's own (a suite started as a background job
   # inherits SIGINT ignored, and the signal did nothing).
   def test_sigint_interrupts_an_evaluation
-    script = <<~RUBY
-      require "kiln"
-      trap("INT", "DEFAULT") # Ruby's Interrupt, even where SIGINT came in ignored (a background job)
-      def chain
-        Kiln.manual_seed(5)
-        x = Kiln.rand(800, 1000)
-        60.times { |i| x = (x * (1.0 + i * 1e-6)).tanh.sigmoid + 0.001 }
-        x.sum
-      end
-      t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      reference = chain.item
-      whole = Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0
-      total = chain
+    out = child_output(<<~RUBY)
+      trap("INT", "DEFAULT") # Ruby's Interrupt, even where SIGINT came in ignored
       killer = Thread.new { sleep whole / 4; Process.kill("INT", Process.pid) }
       begin
         total.item
@@ -95,9 +94,6 @@ class InterruptTest < Minitest::Test
         puts total.item == reference ? "interrupted, same" : "interrupted, differs"
       end
     RUBY
-    lib = File.expand_path("../lib", __dir__)
-    out, err, status = Open3.capture3({ "KILN_JIT" => "0" }, RbConfig.ruby, "-I", lib, "-e", script)
-    assert status.success?, "the script failed: #{err}"
-    assert_equal "interrupted, same", out.strip
+    assert_equal "interrupted, same", out
   end
 end
