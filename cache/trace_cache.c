@@ -31,6 +31,8 @@ typedef struct entry {
   bool priced;     /* the payoff rule's price of its plan is known: */
   double price_ms; /* that price, */
   long price_gen;  /* at this kernel generation of its backend */
+  uint8_t aux[CACHE_AUX_MAX]; /* cache_attach */
+  size_t aux_len;
   struct entry *lru_prev, *lru_next;
   UT_hash_handle hh;
 } entry;
@@ -173,6 +175,20 @@ void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, int no
   out->priced = e->priced;
   out->price_ms = e->price_ms;
   out->price_gen = e->price_gen;
+  memcpy(out->aux, e->aux, e->aux_len);
+  out->aux_len = e->aux_len;
+  pthread_mutex_unlock(&cache.lock);
+}
+
+void cache_attach(const uint64_t key[2], const void *aux, size_t len) {
+  if (len > CACHE_AUX_MAX) return;
+  pthread_mutex_lock(&cache.lock);
+  entry *e = NULL;
+  HASH_FIND(hh, cache.table, key, sizeof e->key, e);
+  if (e) {
+    memcpy(e->aux, aux, len);
+    e->aux_len = len;
+  }
   pthread_mutex_unlock(&cache.lock);
 }
 

@@ -16,6 +16,8 @@ typedef struct cache_plan_ops {
 
 void cache_set_plan_ops(const cache_plan_ops *ops);
 
+enum { CACHE_AUX_MAX = 64 };
+
 typedef struct cache_sighting {
   void *plan;       /* retained plan, or NULL (run on the interpreter) */
   bool hot;         /* seen KILN_HOT times or more and not planned: the payoff
@@ -33,7 +35,15 @@ typedef struct cache_sighting {
   double price_ms;
   long price_gen;
   double saving_ms; /* what compiling would have saved so far (set by the payoff rule, for logs) */
+  /* what the trace layer attached to the key (cache_attach), copied out */
+  uint8_t aux[CACHE_AUX_MAX];
+  size_t aux_len; /* 0: nothing attached */
 } cache_sighting;
+
+/* Attaches up to CACHE_AUX_MAX bytes to key (a trace layer's fact about the
+   key's trace, e.g. where its loop is); every later sighting copies them
+   out.  Nothing happens if the key has no entry. */
+void cache_attach(const uint64_t key[2], const void *aux, size_t len);
 
 /* The payoff rule's price of key's plan (ms), valid while its backend's
    kernel generation is gen (vm_backend.kernel_generation). */

@@ -228,29 +228,35 @@ TEST(a_scalar_that_changes_every_step_is_no_loop) {
 
 /* the backward of a loop is a loop too (in reverse): every step but the
    first and last of backward (the loss's seed, the initial state) is one
-   body reading what its forward step saved */
+   body reading what its forward step saved, less one copy when the body's
+   canonical phase (trace/loop.c) cuts into the first */
 TEST(backward_of_a_loop_is_found_as_a_loop) {
   program p = plain;
   p.backward = true;
   tr_flush_info f = run(GRU, 6, p);
-  CHECK(f.loop.copies >= 4);
+  CHECK(f.loop.copies >= 3);
   CHECK(f.loop.carried >= 1);
   CHECK(f.loop.per_step >= 1);
   tr_flush_info g = run(GRU, 11, p);
-  CHECK(g.loop.copies >= 9);
+  CHECK(g.loop.copies >= 8);
   CHECK(f.loop.body == g.loop.body);
   CHECK(f.loop.body_hash == g.loop.body_hash);
 }
 
-/* found once per new key, never on a hit (the program's setup flush may
+/* found in new keys only, never on a hit (the program's setup flush may
    itself become a compiled plan on its second run, which gives the loop's
-   leaves another layout and so a second key: by the third run it hits) */
+   leaves another layout and so a second key: by the third run it hits).
+   The segments of a rolled loop are traces too, searched when new: a new
+   key may find more than one loop */
 TEST(found_once_per_key) {
   tr_flush_info f = {0};
   for (int r = 0; r < 3; r++) {
     double before = kiln_stat("loops_found");
     f = run(GRU, 9, plain);
-    CHECK(kiln_stat("loops_found") == before + (f.new_key ? 1 : 0));
+    if (f.new_key)
+      CHECK(kiln_stat("loops_found") >= before + 1);
+    else
+      CHECK(kiln_stat("loops_found") == before);
   }
   CHECK(!f.new_key);
 }

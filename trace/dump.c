@@ -242,37 +242,52 @@ int tr_log_level(void) {
   return !strcmp(s, "info") ? 1 : 0;
 }
 
-void tr_log_loop(const tr_loop *lp, tr_key key) {
+void tr_log_loop(const tr_loop *lp, tr_key key, bool rolled) {
   if (!tr_log_level()) return;
   fprintf(
       stderr,
       "kiln: loop in key %016llx: %d copies of a %d-node body from node %d (inputs: %d carried, "
-      "%d invariant, %d stepped, %d per step; outputs: %d last, %d stacked), body %016llx; not "
-      "rolled yet\n",
+      "%d invariant, %d stepped, %d per step; outputs: %d last, %d stacked), body %016llx; %s\n",
       (unsigned long long)key.hi, lp->copies, lp->body, lp->start, lp->carried, lp->invariant,
       lp->stepped, lp->per_step, lp->last_outputs, lp->stacked_outputs,
-      (unsigned long long)lp->body_hash);
+      (unsigned long long)lp->body_hash,
+      rolled           ? "run rolled"
+      : !lp->carried   ? "not rolled (it carries nothing)"
+      : !lp->barrier   ? "not rolled (elementwise: its copies fuse)"
+                       : "not rolled (KILN_ROLL_LOOPS=0 or not the CPU)");
 }
 
-void tr_log_flush(const tr_trace *t, tr_flush_reason why, tr_key key, const cache_sighting *seen,
-                  bool planned, double ms, int rc) {
-  int level = tr_log_level();
-  if (!level) return;
-  int outs = 0;
-  for (int i = 0; i < t->n; i++) outs += t->is_output[i];
+static void log_line(const char *what, int nodes, int outs, tr_key key, const cache_sighting *seen,
+                     bool planned, double ms, int rc) {
   char declined[160] = "";
   if (seen->declined) /* the payoff rule (trace/flush.c: pays) */
     snprintf(declined, sizeof declined,
              ", not compiled: does not pay yet (would have saved %.3g ms so far, costs %.3g ms; "
              "KILN_PAYOFF=0 compiles it)",
              seen->saving_ms, seen->price_ms);
-  fprintf(
-      stderr,
-      "kiln: flush (%s) %d nodes -> %d outputs, key %016llx: %s, seen %llu%s%s, %s, %.3f ms%s\n",
-      tr_flush_reason_name(why), t->n, outs, (unsigned long long)key.hi,
-      seen->new_key ? "miss" : "hit", (unsigned long long)seen->sightings,
-      seen->make_plan ? ", planned now" : "", seen->over_budget ? ", family over budget" : declined,
-      planned ? "plan" : "interpreter", ms, rc ? " FAILED" : "");
+  fprintf(stderr,
+          "kiln: %s %d nodes -> %d outputs, key %016llx: %s, seen %llu%s%s, %s, %.3f ms%s\n", what,
+          nodes, outs, (unsigned long long)key.hi, seen->new_key ? "miss" : "hit",
+          (unsigned long long)seen->sightings, seen->make_plan ? ", planned now" : "",
+          seen->over_budget ? ", family over budget" : declined, planned ? "plan" : "interpreter",
+          ms, rc ? " FAILED" : "");
+}
+
+void tr_log_steps(int steps, int nodes, int outputs, tr_key key, const cache_sighting *seen,
+                  bool planned, double ms) {
+  if (!tr_log_level()) return;
+  char what[48];
+  snprintf(what, sizeof what, "  %d loop step%s of", steps, steps == 1 ? "" : "s");
+  log_line(what, nodes, outputs, key, seen, planned, ms, KILN_OK);
+}
+
+void tr_log_flush(const tr_trace *t, const char *what, tr_key key, const cache_sighting *seen,
+                  bool planned, double ms, int rc) {
+  int level = tr_log_level();
+  if (!level) return;
+  int outs = 0;
+  for (int i = 0; i < t->n; i++) outs += t->is_output[i];
+  log_line(what, t->n, outs, key, seen, planned, ms, rc);
   if (level < 2) return;
   for (int i = 0; i < t->n; i++) {
     const tr_node *n = t->nodes[i];

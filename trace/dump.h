@@ -29,9 +29,13 @@ bool tr_dump_path(int dir_fd, const char *name, char *out, size_t out_len);
 
 void tr_dump_plan(const tr_trace *t, const tr_plan *plan, tr_key key);
 /* KILN_LOG=info: the loop found in a new trace (trace/loop.h) */
-void tr_log_loop(const tr_loop *loop, tr_key key);
-void tr_log_flush(const tr_trace *t, tr_flush_reason why, tr_key key, const cache_sighting *seen,
+void tr_log_loop(const tr_loop *loop, tr_key key, bool rolled);
+/* KILN_LOG=info: a flush's trace, or a segment of one (what names it) */
+void tr_log_flush(const tr_trace *t, const char *what, tr_key key, const cache_sighting *seen,
                   bool planned, double ms, int rc);
+/* KILN_LOG=info: the steps of a rolled loop that ran one key in a flush */
+void tr_log_steps(int steps, int nodes, int outputs, tr_key key, const cache_sighting *seen,
+                  bool planned, double ms);
 /* writes the plan's IR as text (also used by tests) */
 void tr_write_ir(FILE *f, const tr_trace *t, const tr_plan *plan, tr_key key);
 

@@ -273,7 +273,7 @@ static void drop_stores(tr_graph *g) {
 }
 
 /* keeps what this flush did for trace/inspect.h */
-static void remember(tr_graph *g, const tr_trace *t, tr_flush_reason why, const tr_bytes *bytes,
+static void remember(tr_graph *g, const tr_trace *t, tr_flush_reason why,
                      const tr_bytes *fam_bytes, const cache_sighting *seen, const tr_plan *plan,
                      tr_key key, int rc) {
   if (!g->last && !(g->last = calloc(1, sizeof *g->last))) return;
@@ -292,7 +292,6 @@ static void remember(tr_graph *g, const tr_trace *t, tr_flush_reason why, const 
   info->planned = plan != NULL;
   info->sightings = seen->sightings;
   info->status = rc;
-  (void)bytes;
   if (!plan) return;
   info->plan_nodes = plan->n;
   info->plan_groups = plan->ngroups;
@@ -398,6 +397,186 @@ static void trace_device(tr_trace *t) {
   }
 }
 
+/* One keyed run of a trace: its key and sighting, then (decide) the payoff
+   rule, admission, planning and compiling. */
+typedef struct keyed {
+  tr_bytes bytes, fam_bytes;
+  tr_key key;
+  cache_sighting seen;
+  tr_plan *plan; /* a reference, or NULL: the interpreter */
+} keyed;
+
+static void sight(tr_trace *t, keyed *k) {
+  vm_counters *st = &vm_process()->stats;
+  tr_key_bytes(t, true, &k->bytes);
+  if (k->bytes.failed) return;
+  k->key = tr_key_hash(&k->bytes);
+  cache_sight((uint64_t[]){k->key.lo, k->key.hi}, k->bytes.data, k->bytes.len, t->n, t->is_output,
+              &k->seen);
+  atomic_fetch_add_explicit(k->seen.new_key ? &st->cache_misses : &st->cache_hits, 1,
+                            memory_order_relaxed);
+  if (k->seen.new_key) atomic_fetch_add_explicit(&st->traces_seen, 1, memory_order_relaxed);
+  k->plan = k->seen.plan;
+}
+
+static void decide(tr_trace *t, const vm_backend *be, bool planning, keyed *k) {
+  if (k->bytes.failed) return;
+  vm_counters *st = &vm_process()->stats;
+  cache_sighting *seen = &k->seen;
+  bool compiles = planning && be->jit_enabled && be->jit_enabled();
+  tr_plan *priced = NULL; /* the plan the payoff rule made to price the key */
+  double p0 = vm_now_ms();
+  if (seen->hot && planning && compiles && !pays(be, t, &k->key, seen, &priced)) {
+    seen->declined = true;
+    atomic_fetch_add_explicit(&st->compiles_declined, 1, memory_order_relaxed);
+  } else if (seen->hot && planning) { /* the family's recompile budget decides */
+    tr_key_bytes(t, false, &k->fam_bytes);
+    tr_key fam = k->fam_bytes.failed ? (tr_key){0, 0} : tr_key_hash(&k->fam_bytes);
+    seen->make_plan = cache_admit((uint64_t[]){fam.lo, fam.hi});
+    seen->over_budget = !seen->make_plan;
+    if (seen->over_budget) cache_refuse((uint64_t[]){k->key.lo, k->key.hi});
+  }
+  if (seen->replan && planning) seen->make_plan = true;
+  if (priced && !seen->make_plan)
+    tr_plan_release(priced);
+  else if (priced)
+    k->plan = priced;
+  if (!priced) p0 = vm_now_ms();
+  if (seen->make_plan && (k->plan || (k->plan = tr_plan_build(t, be)))) {
+    if (compiles) be->compile(k->plan, t); /* here or in the background */
+    cache_publish((uint64_t[]){k->key.lo, k->key.hi}, k->bytes.data, k->bytes.len, seen->learned,
+                  k->plan);
+    atomic_fetch_add_explicit(&st->plans_built, 1, memory_order_relaxed);
+    vm_add_ms(&st->plan_us, vm_now_ms() - p0);
+    atomic_fetch_add_explicit(&st->plan_nodes, (uint_fast64_t)t->n, memory_order_relaxed);
+    tr_dump_plan(t, k->plan, k->key);
+  }
+}
+
+/* a run of ms of k's trace (on the interpreter, or compiled code) */
+static void note_run(const keyed *k, double ms) {
+  if (!k->bytes.failed && (!k->plan || atomic_load(&k->plan->jit)))
+    cache_note_run((uint64_t[]){k->key.lo, k->key.hi}, ms, k->plan != NULL);
+}
+
+static void keyed_free(keyed *k) {
+  if (k->plan) tr_plan_release(k->plan);
+  tr_bytes_free(&k->bytes);
+  tr_bytes_free(&k->fam_bytes);
+  memset(k, 0, sizeof *k);
+}
+
+/* --- a loop run rolled (trace/loop.h) --------------------------------------- */
+
+/* Each segment is keyed and planned like a flush's trace.  The steps of
+   the body share one key (their traces are the same but for the values
+   they read), keyed once while the next step's bytes are the same, sighted
+   once per flush and timed as one run: every trip count adds to one key's
+   economics. */
+typedef struct {
+  tr_segment_runner base;
+  const vm_backend *be;
+  bool planning;
+  keyed step;    /* the body's current key */
+  double step_ms; /* its steps' time in this flush */
+  int steps, step_nodes, step_outputs;
+  bool have_step;
+} rolled;
+
+static void step_done(rolled *r) {
+  if (r->have_step) {
+    note_run(&r->step, r->step_ms);
+    tr_log_steps(r->steps, r->step_nodes, r->step_outputs, r->step.key, &r->step.seen,
+                 r->step.plan != NULL, r->step_ms);
+  }
+  r->steps = 0;
+  keyed_free(&r->step);
+  r->step_ms = 0;
+  r->have_step = false;
+}
+
+static int run_keyed(tr_trace *t, keyed *k, const vm_backend *be, bool planning,
+                     vm_tensor **vals, int *failed, tr_loop *loop, bool *rolled);
+
+static int run_segment(tr_segment_runner *self, tr_trace *sub, int segment, vm_tensor **vals,
+                       int *failed) {
+  rolled *r = (rolled *)self;
+  double t0 = vm_now_ms();
+  if (segment != TR_SEGMENT_STEP) { /* like a flush's trace: it may hold a loop of its own */
+    keyed k = {0};
+    tr_loop loop;
+    bool inner = false;
+    sight(sub, &k);
+    int rc = run_keyed(sub, &k, r->be, r->planning, vals, failed, &loop, &inner);
+    double ms = vm_now_ms() - t0;
+    if (rc == KILN_OK && !inner) note_run(&k, ms);
+    tr_log_flush(sub,
+                 segment == TR_SEGMENT_BEFORE ? (inner ? "  before the loop, rolled:"
+                                                       : "  before the loop:")
+                                              : (inner ? "  after the loop, rolled:"
+                                                       : "  after the loop:"),
+                 k.key, &k.seen, k.plan != NULL, ms, rc);
+    keyed_free(&k);
+    return rc;
+  }
+  tr_bytes bytes;
+  tr_key_bytes(sub, true, &bytes);
+  bool same = r->have_step && !bytes.failed && !r->step.bytes.failed &&
+              bytes.len == r->step.bytes.len && !memcmp(bytes.data, r->step.bytes.data, bytes.len);
+  tr_bytes_free(&bytes);
+  if (!same) {
+    step_done(r);
+    sight(sub, &r->step);
+    decide(sub, r->be, r->planning, &r->step);
+    r->have_step = true;
+    r->step_nodes = sub->n;
+    r->step_outputs = 0;
+    for (int i = 0; i < sub->n; i++) r->step_outputs += sub->is_output[i];
+  }
+  r->steps++;
+  int rc = tr_run(r->step.plan, sub, vals, failed);
+  r->step_ms += vm_now_ms() - t0;
+  return rc;
+}
+
+static int run_rolled(tr_trace *t, const tr_loop *loop, const vm_backend *be, bool planning,
+                      vm_tensor **vals, int *failed) {
+  rolled r = {.base = {run_segment}, .be = be, .planning = planning};
+  int rc = tr_loop_run(t, loop, &r.base, vals, failed);
+  if (rc == KILN_OK)
+    step_done(&r);
+  else
+    keyed_free(&r.step);
+  atomic_fetch_add_explicit(&vm_process()->stats.loops_rolled, 1, memory_order_relaxed);
+  return rc;
+}
+
+/* loops are rolled unless KILN_ROLL_LOOPS=0 (for comparisons) */
+static bool rolling_enabled(void) { return vm_env_long("KILN_ROLL_LOOPS", 1) != 0; }
+
+/* Runs t, sighted in k: rolled if it holds a loop (found when its key is
+   new, remembered with the key; in both modes, on the CPU), else planned
+   or interpreted as its key decides.  The segments of a rolled loop come
+   back here, so each loop of a trace is rolled in turn (a forward loop
+   and the backward loop of the step before, in one flush). */
+static int run_keyed(tr_trace *t, keyed *k, const vm_backend *be, bool planning,
+                     vm_tensor **vals, int *failed, tr_loop *loop, bool *rolled) {
+  memset(loop, 0, sizeof *loop);
+  *rolled = false;
+  if (!k->bytes.failed && k->seen.new_key && tr_loop_find(t, loop)) {
+    atomic_fetch_add_explicit(&vm_process()->stats.loops_found, 1, memory_order_relaxed);
+    *rolled = tr_loop_rollable(loop) && !t->mixed && t->device == KILN_CPU && rolling_enabled();
+    tr_log_loop(loop, k->key, *rolled);
+    if (*rolled) cache_attach((uint64_t[]){k->key.lo, k->key.hi}, loop, sizeof *loop);
+  } else if (k->seen.aux_len == sizeof *loop) {
+    memcpy(loop, k->seen.aux, sizeof *loop);
+    *rolled = rolling_enabled();
+  }
+  if (*rolled) return run_rolled(t, loop, be, planning, vals, failed);
+  decide(t, be, planning, k);
+  return tr_run(k->plan, t, vals, failed);
+}
+
 int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, plan_ops_once);
@@ -429,82 +608,42 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
     const tr_node *n = t->nodes[c.recomputed[i]];
     cache_learn(n->origin, n->origin_pos - 1);
   }
-  tr_bytes bytes, fam_bytes = {0};
-  tr_key_bytes(t, true, &bytes);
-  tr_plan *plan = NULL;
-  cache_sighting seen = {0};
-  tr_key key = {0, 0};
+  keyed k = {0};
+  sight(t, &k);
   tr_loop loop = {0};
-  if (!bytes.failed) {
-    key = tr_key_hash(&bytes);
-    cache_sight((uint64_t[]){key.lo, key.hi}, bytes.data, bytes.len, t->n, t->is_output, &seen);
-    atomic_fetch_add_explicit(seen.new_key ? &st->cache_misses : &st->cache_hits, 1,
-                              memory_order_relaxed);
-    if (seen.new_key) atomic_fetch_add_explicit(&st->traces_seen, 1, memory_order_relaxed);
-    if (seen.new_key && tr_loop_find(t, &loop)) { /* found, not yet rolled (issue #39) */
-      atomic_fetch_add_explicit(&st->loops_found, 1, memory_order_relaxed);
-      tr_log_loop(&loop, key);
-    }
-    plan = seen.plan;
-    bool compiles = planning && be->jit_enabled && be->jit_enabled();
-    tr_plan *priced = NULL; /* the plan the payoff rule made to price the key */
-    double p0 = vm_now_ms();
-    if (seen.hot && planning && compiles && !pays(be, t, &key, &seen, &priced)) {
-      seen.declined = true;
-      atomic_fetch_add_explicit(&st->compiles_declined, 1, memory_order_relaxed);
-    } else if (seen.hot && planning) { /* the family's recompile budget decides */
-      tr_key_bytes(t, false, &fam_bytes);
-      tr_key fam = fam_bytes.failed ? (tr_key){0, 0} : tr_key_hash(&fam_bytes);
-      seen.make_plan = cache_admit((uint64_t[]){fam.lo, fam.hi});
-      seen.over_budget = !seen.make_plan;
-      if (seen.over_budget) cache_refuse((uint64_t[]){key.lo, key.hi});
-    }
-    if (seen.replan && planning) seen.make_plan = true;
-    if (priced && !seen.make_plan)
-      tr_plan_release(priced);
-    else if (priced)
-      plan = priced;
-    if (!priced) p0 = vm_now_ms();
-    if (seen.make_plan && (plan || (plan = tr_plan_build(t, be)))) {
-      if (compiles) be->compile(plan, t); /* here or in the background */
-      cache_publish((uint64_t[]){key.lo, key.hi}, bytes.data, bytes.len, seen.learned, plan);
-      atomic_fetch_add_explicit(&st->plans_built, 1, memory_order_relaxed);
-      vm_add_ms(&st->plan_us, vm_now_ms() - p0);
-      atomic_fetch_add_explicit(&st->plan_nodes, (uint_fast64_t)t->n, memory_order_relaxed);
-      tr_dump_plan(t, plan, key);
-    }
-  }
+  bool rolled = false;
   vm_tensor **vals = calloc((size_t)t->n, sizeof *vals);
   int failed = -1;
-  int rc = vals ? tr_run(plan, t, vals, &failed) : vm_error(KILN_ERR_OOM, "out of memory");
+  int rc = vals ? run_keyed(t, &k, be, planning, vals, &failed, &loop, &rolled)
+                : vm_error(KILN_ERR_OOM, "out of memory");
   double ms = vm_now_ms() - t0;
-  if (rc == KILN_OK && !bytes.failed && (!plan || atomic_load(&plan->jit)))
-    cache_note_run((uint64_t[]){key.lo, key.hi}, ms, plan != NULL);
-  tr_log_flush(t, why, key, &seen, plan != NULL, ms, rc); /* before commit drops inputs */
+  if (rc == KILN_OK && !rolled) note_run(&k, ms);
+  char what[48];
+  snprintf(what, sizeof what, "flush (%s)%s", tr_flush_reason_name(why), rolled ? " rolled" : "");
+  tr_log_flush(t, what, k.key, &k.seen, k.plan != NULL, ms, rc); /* before commit drops inputs */
   if (rc == KILN_OK) {
-    commit(g, t, vals, key, !bytes.failed);
+    commit(g, t, vals, k.key, !k.bytes.failed);
     g->flush_epoch++;
   } else if (failed >= 0) { /* it and what depends on it fail from now on */
     tr_node_fail(t->nodes[failed], rc, vm_thread()->message);
     for (int i = failed + 1; i < t->n; i++)
-      for (int k = 0; k < t->nodes[i]->nin; k++)
-        if (t->refs[i][k] >= 0 && t->nodes[t->refs[i][k]]->state == TR_FAILED)
+      for (int e = 0; e < t->nodes[i]->nin; e++)
+        if (t->refs[i][e] >= 0 && t->nodes[t->refs[i][e]]->state == TR_FAILED)
           tr_node_fail(t->nodes[i], rc, vm_thread()->message);
   }
   for (int i = 0; vals && i < t->n; i++) vm_release(vals[i]);
   free(vals);
-  remember(g, t, why, &bytes, &fam_bytes, &seen, plan, key, rc);
+  remember(g, t, why, &k.fam_bytes, &k.seen, k.plan, k.key, rc);
   if (g->last) {
     tr_flush_info *info = g->last;
     info->recomputed = recomputed;
     info->loop = loop;
+    info->rolled = rolled;
   }
   atomic_fetch_add_explicit(&st->recomputed, (uint_fast64_t)recomputed, memory_order_relaxed);
-  if (plan) tr_plan_release(plan);
   atomic_fetch_add_explicit(&st->flushes, 1, memory_order_relaxed);
   vm_add_ms(&st->flush_us, ms);
-  tr_bytes_free(&bytes);
-  tr_bytes_free(&fam_bytes);
+  keyed_free(&k);
   collector_free(&c);
   /* a flush stopped without a failed value (interrupted, out of memory)
      keeps its stores queued: the next flush materializes them */

@@ -20,7 +20,9 @@ typedef struct tr_flush_info {
   int plan_nodes, plan_groups, plan_buffers;
   int simplified, cse, dce, folded;
   int status;   /* KILN_OK or the error */
-  tr_loop loop; /* the loop found in it when it was a new key (trace/loop.h); copies 0: none */
+  tr_loop loop; /* its loop: found when it was a new key, remembered since (trace/loop.h);
+                   copies 0: none */
+  bool rolled;  /* the loop ran rolled */
 } tr_flush_info;
 
 /* false if this thread never flushed */

@@ -10,6 +10,8 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "../vm/backend.h"
+#include "../vm/state.h"
 #include "flush.h"
 #include "graph.h"
 #include "ptrmap.h"
@@ -248,6 +250,44 @@ static void best_region(search *sr, int d, tr_loop *best) {
   }
 }
 
+/* The body's phase: a region repeating with period d can start at any of
+   d positions, and which one the search sees first depends on what was
+   recorded before the loop (a forward loop alone, or after the backward
+   of the step before), so the same loop would be d different bodies.  The
+   canonical phase is the least rotation of the body's signatures; moving
+   there leaves the part before it to the segment before the loop and
+   costs one copy. */
+static int least_rotation(const search *sr, int s, int d) {
+  int best = 0;
+  for (int q = 1; q < d; q++) {
+    for (int j = 0; j < d; j++) {
+      uint64_t a = sr->sig[s + (q + j) % d], b = sr->sig[s + (best + j) % d];
+      if (a != b) {
+        if (a < b) best = q;
+        break;
+      }
+    }
+  }
+  return best;
+}
+
+static void canonical_phase(search *sr, tr_loop *lp) {
+  int phase = least_rotation(sr, lp->start, lp->body);
+  if (!phase) return;
+  int s = lp->start + phase, d = lp->body, end = lp->start + lp->copies * d, k = lp->copies - 1;
+  /* all copies still, when the run goes on past the region far enough */
+  bool longer = end + phase <= sr->n;
+  for (int p = end; longer && p < end + phase; p++) longer = sr->sig[p] == sr->sig[p - d];
+  if (longer) k++;
+  tr_loop moved;
+  k = confirm(sr, s, d, k, &moved);
+  if (k < 2) return;
+  moved.start = s;
+  moved.body = d;
+  moved.copies = k;
+  *lp = moved;
+}
+
 bool tr_loop_find(const tr_trace *t, tr_loop *out) {
   memset(out, 0, sizeof *out);
   if (t->n < 4) return false;
@@ -266,7 +306,13 @@ bool tr_loop_find(const tr_trace *t, tr_loop *out) {
     }
     int d[CANDIDATES], nd = periods(&sr, d);
     for (int c = 0; c < nd; c++) best_region(&sr, d[c], out);
+    if (out->copies >= 2) canonical_phase(&sr, out);
     found = out->copies >= 2 && count_outputs(&sr, out);
+    for (int q = 0; found && q < out->body; q++) {
+      vm_kind kind = vm_op_table[t->nodes[sr.order[out->start + q]]->op].kind;
+      out->barrier |= kind != VM_KIND_LEAF && kind != VM_KIND_UNARY && kind != VM_KIND_BINARY &&
+                      kind != VM_KIND_TERNARY && kind != VM_KIND_VIEW;
+    }
   }
   free(sr.order);
   free(sr.pos);
@@ -274,4 +320,257 @@ bool tr_loop_find(const tr_trace *t, tr_loop *out) {
   free(sr.delta);
   if (!found) memset(out, 0, sizeof *out);
   return found;
+}
+
+bool tr_loop_rollable(const tr_loop *lp) {
+  return lp->copies >= 2 && lp->carried > 0 && lp->barrier;
+}
+
+/* --- running a loop rolled --------------------------------------------------- */
+
+/* One flush's scratch for building segments: the trace's nodes by record
+   position, and a sub-trace's arrays (sized for the whole trace, reused). */
+typedef struct {
+  const tr_trace *t;
+  int s, d, k, end;   /* the region: record positions [s, end), k copies of d */
+  int *at, *pos;      /* record position <-> trace index */
+  bool *outside_read; /* read by a node of another segment or another copy */
+  bool *after_read;   /* read after the loop */
+  bool *body_out;     /* per body offset: an output of the step (any copy's) */
+  vm_tensor **vals;   /* the flush's values */
+  /* the segment being built */
+  tr_trace sub;
+  int *list;         /* its nodes (trace indices), in order */
+  int *edges;        /* storage of sub.refs */
+  vm_tensor **svals; /* its values */
+  tr_node *shells;   /* leaves standing for values computed by other segments */
+  int *local, *local_stamp, *leaf, *leaf_stamp, stamp;
+} roller;
+
+static int copy_at(const roller *R, int i) {
+  int p = R->pos[i];
+  return p < R->s ? -1 : p >= R->end ? R->k : (p - R->s) / R->d;
+}
+
+static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tensor **vals) {
+  memset(R, 0, sizeof *R);
+  int n = t->n, edges = 0;
+  for (int i = 0; i < n; i++) edges += t->nodes[i]->nin;
+  R->t = t;
+  R->vals = vals;
+  R->s = lp->start;
+  R->d = lp->body;
+  R->k = lp->copies;
+  R->end = lp->start + lp->body * lp->copies;
+  R->at = malloc((size_t)n * sizeof *R->at);
+  R->pos = malloc((size_t)n * sizeof *R->pos);
+  R->outside_read = calloc((size_t)n, sizeof *R->outside_read);
+  R->after_read = calloc((size_t)n, sizeof *R->after_read);
+  R->body_out = calloc((size_t)R->d, sizeof *R->body_out);
+  R->list = malloc((size_t)n * sizeof *R->list);
+  R->edges = malloc((size_t)(edges ? edges : 1) * sizeof *R->edges);
+  R->svals = calloc((size_t)n, sizeof *R->svals);
+  R->shells = calloc((size_t)(edges ? edges : 1), sizeof *R->shells);
+  R->local = malloc((size_t)n * sizeof *R->local);
+  R->local_stamp = calloc((size_t)n, sizeof *R->local_stamp);
+  R->leaf = malloc((size_t)(n + t->nleaves) * sizeof *R->leaf);
+  R->leaf_stamp = calloc((size_t)(n + t->nleaves), sizeof *R->leaf_stamp);
+  R->sub.nodes = malloc((size_t)n * sizeof *R->sub.nodes);
+  R->sub.refs = malloc((size_t)n * sizeof *R->sub.refs);
+  R->sub.leaves = malloc((size_t)(edges ? edges : 1) * sizeof *R->sub.leaves);
+  R->sub.is_output = malloc((size_t)n * sizeof *R->sub.is_output);
+  R->sub.device = t->device;
+  if (!R->at || !R->pos || !R->outside_read || !R->after_read || !R->body_out || !R->list ||
+      !R->edges || !R->svals || !R->shells || !R->local || !R->local_stamp || !R->leaf ||
+      !R->leaf_stamp || !R->sub.nodes || !R->sub.refs || !R->sub.leaves || !R->sub.is_output)
+    return false;
+  for (int i = 0; i < n; i++) R->at[i] = i;
+  qsort_r(R->at, (size_t)n, sizeof *R->at, by_seq, (void *)t);
+  for (int p = 0; p < n; p++) R->pos[R->at[p]] = p;
+  /* who reads what across segments and copies */
+  for (int i = 0; i < n; i++) {
+    int ci = copy_at(R, i);
+    for (int e = 0; e < t->nodes[i]->nin; e++) {
+      int r = t->refs[i][e];
+      if (r < 0) continue;
+      int cr = copy_at(R, r);
+      if (cr != ci) R->outside_read[r] = true;
+      if (ci == R->k && cr >= 0 && cr < R->k) R->after_read[r] = true;
+    }
+  }
+  for (int p = R->s; p < R->end; p++) {
+    int i = R->at[p];
+    if (t->is_output[i] || R->outside_read[i]) R->body_out[(p - R->s) % R->d] = true;
+  }
+  return true;
+}
+
+static void roller_free(roller *R) {
+  free(R->at);
+  free(R->pos);
+  free(R->outside_read);
+  free(R->after_read);
+  free(R->body_out);
+  free(R->list);
+  free(R->edges);
+  free(R->svals);
+  free(R->shells);
+  free(R->local);
+  free(R->local_stamp);
+  free(R->leaf);
+  free(R->leaf_stamp);
+  free(R->sub.nodes);
+  free(R->sub.refs);
+  free(R->sub.leaves);
+  free(R->sub.is_output);
+}
+
+/* Makes R->sub of the m trace nodes in R->list (an order inputs-first),
+   with outputs R->sub.is_output set by the caller afterwards.  An input
+   from outside the list is a leaf: the trace's own leaf, or a shell node
+   holding the value another segment computed (numbered by first use). */
+static int build_sub(roller *R, int m) {
+  const tr_trace *t = R->t;
+  tr_trace *sub = &R->sub;
+  int stamp = ++R->stamp, *next = R->edges, n = t->n;
+  sub->n = m;
+  sub->nleaves = 0;
+  for (int x = 0; x < m; x++) {
+    R->local[R->list[x]] = x;
+    R->local_stamp[R->list[x]] = stamp;
+  }
+  for (int x = 0; x < m; x++) {
+    int i = R->list[x];
+    const tr_node *node = t->nodes[i];
+    sub->nodes[x] = t->nodes[i];
+    sub->refs[x] = next;
+    next += node->nin;
+    for (int e = 0; e < node->nin; e++) {
+      int r = t->refs[i][e];
+      if (r >= 0 && R->local_stamp[r] == stamp) {
+        sub->refs[x][e] = R->local[r];
+        continue;
+      }
+      int slot = r >= 0 ? r : n + (-1 - r);
+      if (R->leaf_stamp[slot] != stamp) {
+        int j = sub->nleaves++;
+        R->leaf_stamp[slot] = stamp;
+        R->leaf[slot] = j;
+        if (r < 0) {
+          sub->leaves[j] = t->leaves[-1 - r];
+        } else {
+          if (!R->vals[r])
+            return vm_error(KILN_ERR_INTERNAL, "rolled loop: a value of another segment is missing");
+          tr_node *shell = &R->shells[j];
+          shell->meta = t->nodes[r]->meta;
+          shell->value = R->vals[r];
+          shell->state = TR_MATERIALIZED;
+          sub->leaves[j] = shell;
+        }
+      }
+      sub->refs[x][e] = -1 - R->leaf[slot];
+    }
+  }
+  return KILN_OK;
+}
+
+/* runs the segment in R->list (m nodes, outputs set); its outputs' values
+   move into the flush's */
+static int run_sub(roller *R, tr_segment_runner *run, int m, int segment, int *failed) {
+  int rc = build_sub(R, m);
+  if (rc != KILN_OK) return rc;
+  memset(R->svals, 0, (size_t)m * sizeof *R->svals);
+  int sub_failed = -1;
+  rc = run->run(run, &R->sub, segment, R->svals, &sub_failed);
+  if (sub_failed >= 0 && sub_failed < m) *failed = R->list[sub_failed];
+  for (int x = 0; x < m; x++) {
+    if (rc == KILN_OK && R->sub.is_output[x] && !R->vals[R->list[x]])
+      R->vals[R->list[x]] = R->svals[x];
+    else
+      vm_release(R->svals[x]);
+    R->svals[x] = NULL;
+  }
+  return rc;
+}
+
+/* a slice of a value from outside copy c: what a step advances (x[:, t]);
+   taken as a view before the step runs, so that the step's trace is the
+   same for every copy */
+static bool stepped(const roller *R, int i, int c) {
+  const tr_node *node = R->t->nodes[i];
+  if (node->op != VM_OP_slice) return false;
+  for (int e = 0; e < node->nin; e++) {
+    int r = R->t->refs[i][e];
+    if (r >= 0 && copy_at(R, r) == c) return false;
+  }
+  return true;
+}
+
+static int take_slice(roller *R, int i, int *failed) {
+  const tr_trace *t = R->t;
+  const tr_node *node = t->nodes[i];
+  vm_tensor *ins[3];
+  for (int e = 0; e < node->nin; e++) {
+    int r = t->refs[i][e];
+    ins[e] = r < 0 ? t->leaves[-1 - r]->value : R->vals[r];
+    if (!ins[e]) return vm_error(KILN_ERR_INTERNAL, "rolled loop: a sliced value is missing");
+  }
+  const vm_backend *be = vm_backend_of((kiln_device)node->meta.device);
+  R->vals[i] = be->exec(node->op, node->nin, ins, &node->attr, &node->meta);
+  if (R->vals[i]) return KILN_OK;
+  *failed = i;
+  return vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
+}
+
+/* values of copy c no later step or segment reads */
+static void drop_copy(roller *R, int c, bool stepped_only) {
+  for (int q = 0; q < R->d; q++) {
+    int i = R->at[R->s + c * R->d + q];
+    if (R->t->is_output[i] || R->after_read[i] || !R->vals[i]) continue;
+    if (stepped_only && !stepped(R, i, c)) continue;
+    vm_release(R->vals[i]);
+    R->vals[i] = NULL;
+  }
+}
+
+int tr_loop_run(const tr_trace *t, const tr_loop *lp, tr_segment_runner *run, vm_tensor **vals,
+                int *failed) {
+  roller R;
+  int rc = KILN_OK;
+  if (!roller_init(&R, t, lp, vals)) {
+    roller_free(&R);
+    return vm_error(KILN_ERR_OOM, "out of memory running a loop");
+  }
+  /* before the loop: nodes recorded before it, in the trace's order */
+  int m = 0;
+  for (int i = 0; i < t->n; i++)
+    if (R.pos[i] < R.s) {
+      R.sub.is_output[m] = t->is_output[i] || R.outside_read[i];
+      R.list[m++] = i;
+    }
+  if (m) rc = run_sub(&R, run, m, TR_SEGMENT_BEFORE, failed);
+  for (int c = 0; c < R.k && rc == KILN_OK; c++) {
+    m = 0;
+    for (int q = 0; q < R.d && rc == KILN_OK; q++) {
+      int i = R.at[R.s + c * R.d + q];
+      if (stepped(&R, i, c)) {
+        rc = take_slice(&R, i, failed);
+      } else {
+        R.sub.is_output[m] = R.body_out[q];
+        R.list[m++] = i;
+      }
+    }
+    if (rc == KILN_OK) rc = run_sub(&R, run, m, TR_SEGMENT_STEP, failed);
+    if (c > 0) drop_copy(&R, c - 1, false);
+    drop_copy(&R, c, true);
+  }
+  m = 0;
+  for (int i = 0; i < t->n; i++)
+    if (R.pos[i] >= R.end) {
+      R.sub.is_output[m] = t->is_output[i];
+      R.list[m++] = i;
+    }
+  if (m && rc == KILN_OK) rc = run_sub(&R, run, m, TR_SEGMENT_AFTER, failed);
+  roller_free(&R);
+  return rc;
 }

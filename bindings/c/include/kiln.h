@@ -338,7 +338,9 @@ KILN_API void kiln_reset_stats(void);
    "view_ops" (views made: reshape, permute, expand, slice.  They move no
    data, so eager_ops, the ops the interpreter computed, leaves them out), or
    "loops_found" (new traces in which a body recorded once per step of a
-   loop was found, KILN_LOG=info says where);
+   loop was found, KILN_LOG=info says where), or
+   "loops_rolled" (evaluations that ran such a loop rolled: the steps one
+   trace, keyed, planned and compiled once for every trip count);
    NAN and an error for an unknown name.  New counters appear here without
    changing kiln_stats. */
 KILN_API double kiln_stat(const char *name);
