@@ -28,9 +28,9 @@ typedef struct entry {
   bool refused;     /* its family was over budget when it was hot: never planned */
   double interp_ms; /* total time of its runs on the interpreter */
   uint64_t interp_runs;
-  bool priced;     /* the payoff rule's price of its plan is known: */
-  double price_ms; /* that price, */
-  long price_gen;  /* at this kernel generation of its backend */
+  bool priced;                /* the payoff rule's price of its plan is known: */
+  double price_ms;            /* that price, */
+  long price_gen;             /* at this kernel generation of its backend */
   uint8_t aux[CACHE_AUX_MAX]; /* cache_attach */
   size_t aux_len;
   struct entry *lru_prev, *lru_next;

@@ -1,10 +1,13 @@
-/* test_loops.c — loop detection (trace/loop.h, DESIGN §12): a recurrent
+/* test_loops.c — loops (trace/loop.h, DESIGN §12).  Detection: a recurrent
  * cell written per time step, as users write it, is found as one body
  * repeated once per step, with the same body (structure hash) whatever the
  * trip count; inputs are classified (carried state, invariant weights,
  * stepped slices of the sequence, by +1, -1 or 2); bodies that almost
- * repeat are not taken for loops.  Counts, never times.  Detection reports
- * only: rolling the copies into one loop node is the next step of #39. */
+ * repeat are not taken for loops.  Rolling: the loop runs as one step
+ * trace per copy, with one step key for every length, forward and
+ * backward; results equal the unrolled program's bit for bit
+ * (KILN_ROLL_LOOPS=0), with the JIT on and off, f32 and f64, for every
+ * kind of input, output and almost-repeat.  Counts, never times. */
 #include <stdint.h>
 
 #include "../trace/inspect.h"
@@ -261,6 +264,221 @@ TEST(found_once_per_key) {
   CHECK(!f.new_key);
 }
 
+/* --- rolled loops ------------------------------------------------------------ */
+
+typedef enum { X_SLICED, X_TOKENS, X_DECODED } input_kind;
+
+typedef struct {
+  cell_kind kind;
+  kiln_dtype dt;
+  int T;
+  int first, stride; /* X_SLICED: x_t = X[first + t * stride] */
+  input_kind input;  /* X_TOKENS: x_t = Emb[tok[t]]; X_DECODED: Emb[argmax(h_{t-1} Wo)] */
+  int odd_step;      /* >= 0: that step scales h by a scalar no other step has */
+  bool stacked;      /* the loss reads every state (else only the last) */
+  bool both_ways;    /* a second loop over the reversed sequence (bidirectional) */
+} train;
+
+typedef struct {
+  uint64_t bits;          /* of the loss and every gradient */
+  tr_flush_info fwd, bwd; /* the flushes of the loss and of the gradients */
+  double rolled;          /* loops_rolled during the step */
+} trained;
+
+static uint64_t fold_bits(uint64_t h, kiln_tensor *t) {
+  int64_t n = kiln_numel(t);
+  size_t bytes = (size_t)n * ktest_dtype_size(kiln_dtype_of(t));
+  uint8_t *buf = malloc(bytes ? bytes : 1);
+  CHECK(buf && kiln_to_buffer(t, buf, bytes) == KILN_OK);
+  for (size_t i = 0; buf && i < bytes; i++) h = (h ^ buf[i]) * 0x100000001b3ull;
+  free(buf);
+  return h;
+}
+
+static void set_env(const char *name, const char *value) {
+  if (value)
+    setenv(name, value, 1);
+  else
+    unsetenv(name);
+}
+
+/* one training step of tr as users write it: the cell called per step,
+   a loss over the states, kiln_backward into every weight */
+static trained train_step(train tr) {
+  arena a = {.n = 0};
+  trained out = {.bits = 0xcbf29ce484222325ull};
+  int gates = tr.kind == TANH_RNN ? 1 : tr.kind == GRU ? 3 : 4, V = 6;
+  kiln_manual_seed(11);
+  weights w;
+  for (int g = 0; g < gates; g++) {
+    w.wx[g] = keep(&a, kiln_randn(tr.dt, 2, (int64_t[]){I, H}));
+    w.wh[g] = keep(&a, kiln_randn(tr.dt, 2, (int64_t[]){H, H}));
+    w.b[g] = keep(&a, kiln_randn(tr.dt, 1, (int64_t[]){H}));
+  }
+  kiln_tensor *emb = keep(&a, kiln_randn(tr.dt, 2, (int64_t[]){V, I}));
+  kiln_tensor *wo = keep(&a, kiln_randn(tr.dt, 2, (int64_t[]){H, V}));
+  kiln_tensor *params[14] = {wo, emb};
+  int np = tr.input == X_SLICED ? 1 : 2; /* the embedding only when read */
+  for (int g = 0; g < gates; g++) {
+    params[np++] = w.wx[g];
+    params[np++] = w.wh[g];
+    params[np++] = w.b[g];
+  }
+  for (int q = 0; q < np; q++) CHECK(kiln_set_requires_grad(params[q], true) == KILN_OK);
+  int span = tr.first + (tr.T - 1) * (tr.stride > 0 ? tr.stride : 0) + 1;
+  kiln_tensor *X = keep(&a, kiln_randn(tr.dt, 3, (int64_t[]){span, B, I}));
+  kiln_tensor *tok = keep(&a, kiln_randint(0, V, KILN_I64, 2, (int64_t[]){tr.T, B}));
+  kiln_tensor *h0 = keep(&a, kiln_zeros(tr.dt, 2, (int64_t[]){B, H}));
+  CHECK(kiln_sync() == KILN_OK); /* the step's flushes start from values */
+  double rolled_before = kiln_stat("loops_rolled");
+  kiln_tensor *loss = NULL;
+  for (int way = 0; way < (tr.both_ways ? 2 : 1); way++) {
+    kiln_tensor *h = h0, *c = h0, *hs[512];
+    for (int t = 0; t < tr.T; t++) {
+      int at = way ? tr.T - 1 - t : t;
+      kiln_tensor *xt;
+      if (tr.input == X_SLICED) {
+        int64_t row = tr.first + (int64_t)at * tr.stride;
+        xt = keep(&a, kiln_slice(X, 0, row, row + 1, 1));
+        xt = keep(&a, kiln_reshape(xt, 2, (int64_t[]){B, I}));
+      } else {
+        kiln_tensor *ids;
+        if (tr.input == X_DECODED && t > 0) /* greedy: the token step t-1 scored best */
+          ids = keep(&a, kiln_argmax(keep(&a, kiln_matmul(h, wo)), 1, false));
+        else
+          ids = keep(&a,
+                     kiln_reshape(keep(&a, kiln_slice(tok, 0, at, at + 1, 1)), 1, (int64_t[]){B}));
+        xt = keep(&a, kiln_index_select(emb, 0, ids));
+      }
+      step(&a, tr.kind, &w, xt, &h, &c);
+      if (t == tr.odd_step) h = keep(&a, kiln_mul_scalar(h, 0.5));
+      hs[t] = h;
+    }
+    kiln_tensor *out = tr.stacked ? keep(&a, kiln_stack(tr.T, hs, 0)) : h;
+    kiln_tensor *logits = keep(&a, kiln_matmul(out, wo));
+    kiln_tensor *l = keep(&a, kiln_mean(keep(&a, kiln_mul(logits, logits)), 0, NULL, false));
+    loss = loss ? keep(&a, kiln_add(loss, l)) : l;
+  }
+  out.bits = fold_bits(out.bits, loss);
+  out.fwd = last_flush();
+  CHECK(kiln_backward(loss, NULL) == KILN_OK);
+  kiln_tensor *grads[14];
+  for (int q = 0; q < np; q++) grads[q] = keep(&a, kiln_grad(params[q]));
+  CHECK(kiln_eval(np, grads) == KILN_OK);
+  out.bwd = last_flush();
+  for (int q = 0; q < np; q++) out.bits = fold_bits(out.bits, grads[q]);
+  out.rolled = kiln_stat("loops_rolled") - rolled_before;
+  arena_free(&a);
+  return out;
+}
+
+/* tr rolled, with the JIT on (run twice: the second hot, compiled with
+   KILN_PAYOFF=0), equals tr unrolled and tr with the JIT off, bit for bit */
+static trained rolled_as_unrolled(train tr) {
+  const char *jit = getenv("KILN_JIT");
+  char *saved = jit ? strdup(jit) : NULL;
+  set_env("KILN_ROLL_LOOPS", "0");
+  uint64_t unrolled = train_step(tr).bits;
+  set_env("KILN_ROLL_LOOPS", NULL);
+  set_env("KILN_JIT", "0");
+  uint64_t interpreted = train_step(tr).bits;
+  set_env("KILN_JIT", saved);
+  free(saved);
+  train_step(tr);
+  trained rolled = train_step(tr);
+  if (rolled.bits != unrolled || interpreted != unrolled)
+    fprintf(stderr,
+            "kind %d dt %d T %d input %d: rolled %016llx, interpreted %016llx, unrolled %016llx\n",
+            tr.kind, tr.dt, tr.T, tr.input, (unsigned long long)rolled.bits,
+            (unsigned long long)interpreted, (unsigned long long)unrolled);
+  CHECK(rolled.bits == unrolled);
+  CHECK(interpreted == unrolled);
+  return rolled;
+}
+
+static const train gru7 = {
+    .kind = GRU, .dt = KILN_F32, .T = 7, .stride = 1, .odd_step = -1, .stacked = true};
+
+TEST(rolled_loops_equal_the_unrolled_program) {
+  const cell_kind kinds[] = {TANH_RNN, GRU, LSTM};
+  const kiln_dtype dts[] = {KILN_F32, KILN_F64};
+  const int lengths[] = {2, 5, 17};
+  for (int k = 0; k < 3; k++)
+    for (int d = 0; d < 2; d++)
+      for (int l = 0; l < 3; l++) {
+        train tr = gru7;
+        tr.kind = kinds[k];
+        tr.dt = dts[d];
+        tr.T = lengths[l];
+        trained r = rolled_as_unrolled(tr);
+        if (tr.T >= 5) { /* forward and backward both ran rolled */
+          CHECK(r.fwd.rolled && r.bwd.rolled);
+          CHECK(r.rolled >= 2);
+        }
+      }
+}
+
+TEST(every_input_and_output_kind_rolls_to_the_same_bits) {
+  train tr = gru7;
+  tr.stride = -1, tr.first = 6; /* x_t = X[6 - t] */
+  rolled_as_unrolled(tr);
+  tr.stride = 2, tr.first = 1;
+  rolled_as_unrolled(tr);
+  tr = gru7;
+  tr.input = X_TOKENS; /* Emb[tok[t]]: a gather of token t */
+  CHECK(rolled_as_unrolled(tr).fwd.rolled);
+  tr.stacked = false; /* only the last state read */
+  CHECK(rolled_as_unrolled(tr).fwd.rolled);
+  tr = gru7;
+  tr.odd_step = 3; /* one step differs: not a copy of the others */
+  rolled_as_unrolled(tr);
+  tr = gru7;
+  tr.kind = LSTM;
+  tr.T = 12;
+  tr.odd_step = 11; /* the last one */
+  rolled_as_unrolled(tr);
+}
+
+TEST(a_greedy_decoder_and_a_bidirectional_loop_roll_to_the_same_bits) {
+  train tr = gru7;
+  tr.input = X_DECODED; /* x_t depends on step t-1's argmax: a gather on the carried path */
+  tr.T = 9;
+  rolled_as_unrolled(tr);
+  tr = gru7;
+  tr.both_ways = true; /* two loops in one flush */
+  tr.T = 8;
+  trained r = rolled_as_unrolled(tr);
+  CHECK(r.rolled >= 3); /* both forward loops and at least one backward one */
+}
+
+/* every length runs one step key, forward and backward.  (Lengths whose
+   backward passes the depth cap, 17 steps here, are cut into flushes; the
+   pieces roll, but a piece may find another period: issue #39's next
+   step is a depth cap that leaves a loop whole.) */
+TEST(one_step_key_for_every_length) {
+  uint64_t fwd[2] = {0, 0}, bwd[2] = {0, 0};
+  int distinct_fwd = 0, distinct_bwd = 0;
+  for (int T = 5; T <= 16; T++) {
+    train tr = gru7;
+    tr.T = T;
+    trained r = train_step(tr);
+    CHECK(r.fwd.rolled && r.bwd.rolled);
+    if (getenv("TEST_LOOPS_VERBOSE"))
+      fprintf(stderr, "T %d: fwd %d %016llx (%s, %d x %d) bwd %d %016llx (%s, %d x %d)\n", T,
+              r.fwd.rolled, (unsigned long long)r.fwd.step_key[1], r.fwd.reason, r.fwd.loop.copies,
+              r.fwd.loop.body, r.bwd.rolled, (unsigned long long)r.bwd.step_key[1], r.bwd.reason,
+              r.bwd.loop.copies, r.bwd.loop.body);
+    if (r.fwd.step_key[0] != fwd[0] || r.fwd.step_key[1] != fwd[1]) distinct_fwd++;
+    if (r.bwd.step_key[0] != bwd[0] || r.bwd.step_key[1] != bwd[1]) distinct_bwd++;
+    memcpy(fwd, r.fwd.step_key, sizeof fwd);
+    memcpy(bwd, r.bwd.step_key, sizeof bwd);
+  }
+  if (distinct_fwd != 1 || distinct_bwd != 1)
+    fprintf(stderr, "step keys: %d forward, %d backward\n", distinct_fwd, distinct_bwd);
+  CHECK_EQ_INT(distinct_fwd, 1);
+  CHECK_EQ_INT(distinct_bwd, 1);
+}
+
 int main(void) {
   RUN(tanh_rnn_is_one_body_for_every_length);
   RUN(gru_is_one_body_for_every_length);
@@ -272,5 +490,9 @@ int main(void) {
   RUN(a_scalar_that_changes_every_step_is_no_loop);
   RUN(backward_of_a_loop_is_found_as_a_loop);
   RUN(found_once_per_key);
+  RUN(rolled_loops_equal_the_unrolled_program);
+  RUN(every_input_and_output_kind_rolls_to_the_same_bits);
+  RUN(a_greedy_decoder_and_a_bidirectional_loop_roll_to_the_same_bits);
+  RUN(one_step_key_for_every_length);
   return ktest_done();
 }

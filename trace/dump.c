@@ -251,10 +251,10 @@ void tr_log_loop(const tr_loop *lp, tr_key key, bool rolled) {
       (unsigned long long)key.hi, lp->copies, lp->body, lp->start, lp->carried, lp->invariant,
       lp->stepped, lp->per_step, lp->last_outputs, lp->stacked_outputs,
       (unsigned long long)lp->body_hash,
-      rolled           ? "run rolled"
-      : !lp->carried   ? "not rolled (it carries nothing)"
-      : !lp->barrier   ? "not rolled (elementwise: its copies fuse)"
-                       : "not rolled (KILN_ROLL_LOOPS=0 or not the CPU)");
+      rolled         ? "run rolled"
+      : !lp->carried ? "not rolled (it carries nothing)"
+      : !lp->barrier ? "not rolled (elementwise: its copies fuse)"
+                     : "not rolled (KILN_ROLL_LOOPS=0 or not the CPU)");
 }
 
 static void log_line(const char *what, int nodes, int outs, tr_key key, const cache_sighting *seen,

@@ -273,9 +273,8 @@ static void drop_stores(tr_graph *g) {
 }
 
 /* keeps what this flush did for trace/inspect.h */
-static void remember(tr_graph *g, const tr_trace *t, tr_flush_reason why,
-                     const tr_bytes *fam_bytes, const cache_sighting *seen, const tr_plan *plan,
-                     tr_key key, int rc) {
+static void remember(tr_graph *g, const tr_trace *t, tr_flush_reason why, const tr_bytes *fam_bytes,
+                     const cache_sighting *seen, const tr_plan *plan, tr_key key, int rc) {
   if (!g->last && !(g->last = calloc(1, sizeof *g->last))) return;
   tr_flush_info *info = g->last;
   memset(info, 0, sizeof *info);
@@ -477,10 +476,12 @@ typedef struct {
   tr_segment_runner base;
   const vm_backend *be;
   bool planning;
-  keyed step;    /* the body's current key */
+  keyed step;     /* the body's current key */
   double step_ms; /* its steps' time in this flush */
   int steps, step_nodes, step_outputs;
   bool have_step;
+  tr_key main_step; /* the key that ran the most steps */
+  int main_steps;
 } rolled;
 
 static void step_done(rolled *r) {
@@ -488,6 +489,10 @@ static void step_done(rolled *r) {
     note_run(&r->step, r->step_ms);
     tr_log_steps(r->steps, r->step_nodes, r->step_outputs, r->step.key, &r->step.seen,
                  r->step.plan != NULL, r->step_ms);
+    if (r->steps > r->main_steps) {
+      r->main_steps = r->steps;
+      r->main_step = r->step.key;
+    }
   }
   r->steps = 0;
   keyed_free(&r->step);
@@ -495,8 +500,8 @@ static void step_done(rolled *r) {
   r->have_step = false;
 }
 
-static int run_keyed(tr_trace *t, keyed *k, const vm_backend *be, bool planning,
-                     vm_tensor **vals, int *failed, tr_loop *loop, bool *rolled);
+static int run_keyed(tr_trace *t, keyed *k, const vm_backend *be, bool planning, vm_tensor **vals,
+                     int *failed, tr_loop *loop, bool *rolled, tr_key *step);
 
 static int run_segment(tr_segment_runner *self, tr_trace *sub, int segment, vm_tensor **vals,
                        int *failed) {
@@ -506,15 +511,15 @@ static int run_segment(tr_segment_runner *self, tr_trace *sub, int segment, vm_t
     keyed k = {0};
     tr_loop loop;
     bool inner = false;
+    tr_key step;
     sight(sub, &k);
-    int rc = run_keyed(sub, &k, r->be, r->planning, vals, failed, &loop, &inner);
+    int rc = run_keyed(sub, &k, r->be, r->planning, vals, failed, &loop, &inner, &step);
     double ms = vm_now_ms() - t0;
     if (rc == KILN_OK && !inner) note_run(&k, ms);
     tr_log_flush(sub,
-                 segment == TR_SEGMENT_BEFORE ? (inner ? "  before the loop, rolled:"
-                                                       : "  before the loop:")
-                                              : (inner ? "  after the loop, rolled:"
-                                                       : "  after the loop:"),
+                 segment == TR_SEGMENT_BEFORE
+                     ? (inner ? "  before the loop, rolled:" : "  before the loop:")
+                     : (inner ? "  after the loop, rolled:" : "  after the loop:"),
                  k.key, &k.seen, k.plan != NULL, ms, rc);
     keyed_free(&k);
     return rc;
@@ -540,13 +545,14 @@ static int run_segment(tr_segment_runner *self, tr_trace *sub, int segment, vm_t
 }
 
 static int run_rolled(tr_trace *t, const tr_loop *loop, const vm_backend *be, bool planning,
-                      vm_tensor **vals, int *failed) {
+                      vm_tensor **vals, int *failed, tr_key *step) {
   rolled r = {.base = {run_segment}, .be = be, .planning = planning};
   int rc = tr_loop_run(t, loop, &r.base, vals, failed);
   if (rc == KILN_OK)
     step_done(&r);
   else
     keyed_free(&r.step);
+  *step = r.main_step;
   atomic_fetch_add_explicit(&vm_process()->stats.loops_rolled, 1, memory_order_relaxed);
   return rc;
 }
@@ -559,20 +565,22 @@ static bool rolling_enabled(void) { return vm_env_long("KILN_ROLL_LOOPS", 1) != 
    or interpreted as its key decides.  The segments of a rolled loop come
    back here, so each loop of a trace is rolled in turn (a forward loop
    and the backward loop of the step before, in one flush). */
-static int run_keyed(tr_trace *t, keyed *k, const vm_backend *be, bool planning,
-                     vm_tensor **vals, int *failed, tr_loop *loop, bool *rolled) {
+static int run_keyed(tr_trace *t, keyed *k, const vm_backend *be, bool planning, vm_tensor **vals,
+                     int *failed, tr_loop *loop, bool *rolled, tr_key *step) {
   memset(loop, 0, sizeof *loop);
   *rolled = false;
+  *step = (tr_key){0, 0};
   if (!k->bytes.failed && k->seen.new_key && tr_loop_find(t, loop)) {
     atomic_fetch_add_explicit(&vm_process()->stats.loops_found, 1, memory_order_relaxed);
-    *rolled = tr_loop_rollable(loop) && !t->mixed && t->device == KILN_CPU && rolling_enabled();
+    bool rollable = tr_loop_rollable(loop) && !t->mixed && t->device == KILN_CPU;
+    if (rollable) cache_attach((uint64_t[]){k->key.lo, k->key.hi}, loop, sizeof *loop);
+    *rolled = rollable && rolling_enabled();
     tr_log_loop(loop, k->key, *rolled);
-    if (*rolled) cache_attach((uint64_t[]){k->key.lo, k->key.hi}, loop, sizeof *loop);
   } else if (k->seen.aux_len == sizeof *loop) {
     memcpy(loop, k->seen.aux, sizeof *loop);
     *rolled = rolling_enabled();
   }
-  if (*rolled) return run_rolled(t, loop, be, planning, vals, failed);
+  if (*rolled) return run_rolled(t, loop, be, planning, vals, failed, step);
   decide(t, be, planning, k);
   return tr_run(k->plan, t, vals, failed);
 }
@@ -612,9 +620,10 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   sight(t, &k);
   tr_loop loop = {0};
   bool rolled = false;
+  tr_key step = {0, 0};
   vm_tensor **vals = calloc((size_t)t->n, sizeof *vals);
   int failed = -1;
-  int rc = vals ? run_keyed(t, &k, be, planning, vals, &failed, &loop, &rolled)
+  int rc = vals ? run_keyed(t, &k, be, planning, vals, &failed, &loop, &rolled, &step)
                 : vm_error(KILN_ERR_OOM, "out of memory");
   double ms = vm_now_ms() - t0;
   if (rc == KILN_OK && !rolled) note_run(&k, ms);
@@ -639,6 +648,8 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
     info->recomputed = recomputed;
     info->loop = loop;
     info->rolled = rolled;
+    info->step_key[0] = step.lo;
+    info->step_key[1] = step.hi;
   }
   atomic_fetch_add_explicit(&st->recomputed, (uint_fast64_t)recomputed, memory_order_relaxed);
   atomic_fetch_add_explicit(&st->flushes, 1, memory_order_relaxed);

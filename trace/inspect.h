@@ -19,10 +19,11 @@ typedef struct tr_flush_info {
   uint64_t sightings;
   int plan_nodes, plan_groups, plan_buffers;
   int simplified, cse, dce, folded;
-  int status;   /* KILN_OK or the error */
-  tr_loop loop; /* its loop: found when it was a new key, remembered since (trace/loop.h);
-                   copies 0: none */
-  bool rolled;  /* the loop ran rolled */
+  int status;           /* KILN_OK or the error */
+  tr_loop loop;         /* its loop: found when it was a new key, remembered since (trace/loop.h);
+                           copies 0: none */
+  bool rolled;          /* the loop ran rolled: */
+  uint64_t step_key[2]; /* the key of its steps (the one that ran the most of them) */
 } tr_flush_info;
 
 /* false if this thread never flushed */

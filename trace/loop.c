@@ -335,9 +335,11 @@ typedef struct {
   int s, d, k, end;   /* the region: record positions [s, end), k copies of d */
   int *at, *pos;      /* record position <-> trace index */
   bool *outside_read; /* read by a node of another segment or another copy */
-  bool *after_read;   /* read after the loop */
-  bool *body_out;     /* per body offset: an output of the step (any copy's) */
-  vm_tensor **vals;   /* the flush's values */
+  /* the loop's values no later step reads, by the step after which they
+     go: drop[drop_at[c] .. drop_at[c + 1]) after step c */
+  int *drop, *drop_at;
+  bool *body_out;   /* per body offset: an output of the step (any copy's) */
+  vm_tensor **vals; /* the flush's values */
   /* the segment being built */
   tr_trace sub;
   int *list;         /* its nodes (trace indices), in order */
@@ -365,8 +367,9 @@ static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tens
   R->at = malloc((size_t)n * sizeof *R->at);
   R->pos = malloc((size_t)n * sizeof *R->pos);
   R->outside_read = calloc((size_t)n, sizeof *R->outside_read);
-  R->after_read = calloc((size_t)n, sizeof *R->after_read);
   R->body_out = calloc((size_t)R->d, sizeof *R->body_out);
+  R->drop = malloc((size_t)n * sizeof *R->drop);
+  R->drop_at = calloc((size_t)R->k + 2, sizeof *R->drop_at);
   R->list = malloc((size_t)n * sizeof *R->list);
   R->edges = malloc((size_t)(edges ? edges : 1) * sizeof *R->edges);
   R->svals = calloc((size_t)n, sizeof *R->svals);
@@ -380,9 +383,10 @@ static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tens
   R->sub.leaves = malloc((size_t)(edges ? edges : 1) * sizeof *R->sub.leaves);
   R->sub.is_output = malloc((size_t)n * sizeof *R->sub.is_output);
   R->sub.device = t->device;
-  if (!R->at || !R->pos || !R->outside_read || !R->after_read || !R->body_out || !R->list ||
-      !R->edges || !R->svals || !R->shells || !R->local || !R->local_stamp || !R->leaf ||
-      !R->leaf_stamp || !R->sub.nodes || !R->sub.refs || !R->sub.leaves || !R->sub.is_output)
+  if (!R->at || !R->pos || !R->outside_read || !R->body_out || !R->drop || !R->drop_at ||
+      !R->list || !R->edges || !R->svals || !R->shells || !R->local || !R->local_stamp ||
+      !R->leaf || !R->leaf_stamp || !R->sub.nodes || !R->sub.refs || !R->sub.leaves ||
+      !R->sub.is_output)
     return false;
   for (int i = 0; i < n; i++) R->at[i] = i;
   qsort_r(R->at, (size_t)n, sizeof *R->at, by_seq, (void *)t);
@@ -395,13 +399,39 @@ static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tens
       if (r < 0) continue;
       int cr = copy_at(R, r);
       if (cr != ci) R->outside_read[r] = true;
-      if (ci == R->k && cr >= 0 && cr < R->k) R->after_read[r] = true;
     }
   }
   for (int p = R->s; p < R->end; p++) {
     int i = R->at[p];
     if (t->is_output[i] || R->outside_read[i]) R->body_out[(p - R->s) % R->d] = true;
   }
+  /* a value of the loop goes after the last step that reads it (the copy
+     after its own, in the trace the loop was found in; any later one in
+     another trace of the key that recorded its nodes in another order:
+     segments by record position are right for any order, their keys
+     decide what they share), unless it is an output or read after the
+     loop */
+  int *last = R->local; /* scratch: the last copy reading each node */
+  for (int p = R->s; p < R->end; p++) last[R->at[p]] = copy_at(R, R->at[p]);
+  for (int i = 0; i < n; i++) {
+    int ci = copy_at(R, i);
+    for (int e = 0; e < t->nodes[i]->nin; e++) {
+      int r = t->refs[i][e], cr = r >= 0 ? copy_at(R, r) : -1;
+      if (cr >= 0 && cr < R->k && ci > last[r]) last[r] = ci;
+    }
+  }
+  for (int p = R->s; p < R->end; p++) {
+    int i = R->at[p];
+    if (last[i] < R->k && !t->is_output[i]) R->drop_at[last[i] + 1]++;
+  }
+  for (int c = 0; c <= R->k; c++) R->drop_at[c + 1] += R->drop_at[c];
+  int *fill = R->local_stamp; /* scratch: where each step's list is filled */
+  memcpy(fill, R->drop_at, (size_t)(R->k + 1) * sizeof *fill);
+  for (int p = R->s; p < R->end; p++) {
+    int i = R->at[p];
+    if (last[i] < R->k && !t->is_output[i]) R->drop[fill[last[i]]++] = i;
+  }
+  memset(R->local_stamp, 0, (size_t)n * sizeof *R->local_stamp);
   return true;
 }
 
@@ -409,8 +439,9 @@ static void roller_free(roller *R) {
   free(R->at);
   free(R->pos);
   free(R->outside_read);
-  free(R->after_read);
   free(R->body_out);
+  free(R->drop);
+  free(R->drop_at);
   free(R->list);
   free(R->edges);
   free(R->svals);
@@ -460,7 +491,8 @@ static int build_sub(roller *R, int m) {
           sub->leaves[j] = t->leaves[-1 - r];
         } else {
           if (!R->vals[r])
-            return vm_error(KILN_ERR_INTERNAL, "rolled loop: a value of another segment is missing");
+            return vm_error(KILN_ERR_INTERNAL,
+                            "rolled loop: a value of another segment is missing");
           tr_node *shell = &R->shells[j];
           shell->meta = t->nodes[r]->meta;
           shell->value = R->vals[r];
@@ -522,14 +554,11 @@ static int take_slice(roller *R, int i, int *failed) {
   return vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
 }
 
-/* values of copy c no later step or segment reads */
-static void drop_copy(roller *R, int c, bool stepped_only) {
-  for (int q = 0; q < R->d; q++) {
-    int i = R->at[R->s + c * R->d + q];
-    if (R->t->is_output[i] || R->after_read[i] || !R->vals[i]) continue;
-    if (stepped_only && !stepped(R, i, c)) continue;
-    vm_release(R->vals[i]);
-    R->vals[i] = NULL;
+/* the loop's values no step after c reads, nor anything after the loop */
+static void drop_after(roller *R, int c) {
+  for (int x = R->drop_at[c]; x < R->drop_at[c + 1]; x++) {
+    vm_release(R->vals[R->drop[x]]);
+    R->vals[R->drop[x]] = NULL;
   }
 }
 
@@ -561,8 +590,7 @@ int tr_loop_run(const tr_trace *t, const tr_loop *lp, tr_segment_runner *run, vm
       }
     }
     if (rc == KILN_OK) rc = run_sub(&R, run, m, TR_SEGMENT_STEP, failed);
-    if (c > 0) drop_copy(&R, c - 1, false);
-    drop_copy(&R, c, true);
+    drop_after(&R, c);
   }
   m = 0;
   for (int i = 0; i < t->n; i++)
