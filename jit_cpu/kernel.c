@@ -246,6 +246,15 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
     }
   }
   if (ks->nout == 0) return false;
+  /* a concat that computes nothing more is a copy: the interpreter's copies
+     move rows with memcpy, where a kernel picks a part per element (a GRU's
+     backward joining its three gate gradients spent as long in that kernel
+     as in every GEMM) */
+  bool copy_only = true;
+  for (int i = grp->first; i <= grp->last && copy_only; i++)
+    copy_only = !ks->compute[i - grp->first] || plan->nodes[i].op == VM_OP_concat ||
+                plan->nodes[i].op == VM_OP_full;
+  if (copy_only) return false;
   /* inner strides the kernel assumes: broadcast along the last dim -> 0,
      a fresh or contiguous value of the full row -> 1, anything else -> any */
   const vm_meta *gm = &plan->nodes[grp->last].meta;
