@@ -783,6 +783,7 @@ def run_torch_w10(torch, F, has_compile, no_compile):
                loss_last_epoch="%.4f" % last, note=note)
 
     run("torch", cell, head, "autograd, GRU cell per time step")
+    run_torch_w10_gru(torch, head)
     if not has_compile:
         na("W10", "torch.compile", no_compile)
         return
@@ -792,6 +793,72 @@ def run_torch_w10(torch, F, has_compile, no_compile):
     except Exception as e:
         na("W10", "torch.compile", "torch.compile failed: %s" % first_line(e))
         traceback.print_exc(file=sys.stderr)
+
+
+def run_torch_w10_gru(torch, head):
+    """W10 with torch.nn.GRU: the whole sequence in one call (ATen's GRU hoists
+    the input projection out of the loop: one GEMM over every step).  The same
+    model: nn.GRU's gates are r, z, n with n = tanh(W_in x + b_in + r * (W_hn h
+    + b_hn)) and h' = (1 - z) n + z h, so weight_ih = Wx^T, weight_hh = Wh^T,
+    bias_ih = bx, bias_hh = bh; SGD on those is the same update."""
+    V, E, H, B, span, epoch = sizes()["W10"]
+    reps, warm = (1, 1) if ARGS.smoke else REPS["W10"]
+    emb_np, wx, bx, wh, bh, wout_np, bout_np = [p.copy() for p in inputs("W10")]
+    gru = torch.nn.GRU(E, H)
+    with torch.no_grad():
+        gru.weight_ih_l0.copy_(torch.from_numpy(wx.T.copy()))
+        gru.weight_hh_l0.copy_(torch.from_numpy(wh.T.copy()))
+        gru.bias_ih_l0.copy_(torch.from_numpy(bx))
+        gru.bias_hh_l0.copy_(torch.from_numpy(bh))
+    emb_w, wout, bout = [torch.from_numpy(p).requires_grad_(True) for p in (emb_np, wout_np, bout_np)]
+    params = [emb_w, wout, bout] + list(gru.parameters())
+    state = {"step": 0}
+
+    def train_step():
+        step = state["step"]
+        state["step"] += 1
+        L = w10_len(step)
+        tok = torch.from_numpy(w10_tokens(step, L))
+        with torch.enable_grad():
+            inputs_, targets = tok[:L].reshape(-1), tok[1:].reshape(-1)
+            emb = emb_w.index_select(0, inputs_).reshape(L, B, E)
+            hs, _ = gru(emb, torch.zeros(1, B, H))
+            loss = head(hs.reshape(L * B, H), wout, bout, targets)
+            value = loss.item()
+            loss.backward()
+        with torch.no_grad():
+            for p in params:
+                p.sub_(p.grad, alpha=W10_LR)
+                p.grad = None
+        return value, L
+
+    losses, tokens = [], 0
+    t0 = time.perf_counter()
+    first = 0.0
+    for e in range(warm):
+        for _ in range(epoch):
+            v, L = train_step()
+            tokens += L
+            losses.append(v)
+            if e == 0:
+                first += v / epoch
+    cold = (time.perf_counter() - t0) / (warm * epoch)
+    times, last = [], 0.0
+    for _ in range(reps):
+        t1 = time.perf_counter()
+        s = 0.0
+        for _ in range(epoch):
+            v, L = train_step()
+            tokens += L
+            s += v
+        times.append((time.perf_counter() - t1) / epoch)
+        last = s / epoch
+    srt = sorted(times)
+    med = srt[len(srt) // 2] if len(srt) % 2 else 0.5 * (srt[len(srt) // 2 - 1] + srt[len(srt) // 2])
+    result("W10", "torch.nn.GRU", med, srt[0], reps, "loss1=%.9g,loss2=%.9g" % (losses[0], losses[1]),
+           steps=state["step"], tokens=tokens, batch=B, hidden=H, lengths="5..%d" % (4 + span),
+           cold_s_per_step="%.6g" % cold, loss_first_epoch="%.4f" % first,
+           loss_last_epoch="%.4f" % last, note="torch.nn.GRU over the whole sequence (one call)")
 
 
 def run_torch_w11(torch, F, has_compile, no_compile):

@@ -534,6 +534,9 @@ static int run_segment(tr_segment_runner *self, tr_trace *sub, int segment, vm_t
     sight(sub, &r->step);
     decide(sub, r->be, r->planning, &r->step);
     r->have_step = true;
+    if (r->step.seen.new_key && tr_log_level() >= 2) /* KILN_LOG=debug: a new step's nodes */
+      tr_log_flush(sub, "  a new loop step:", r->step.key, &r->step.seen, r->step.plan != NULL, 0,
+                   KILN_OK);
     r->step_nodes = sub->n;
     r->step_outputs = 0;
     for (int i = 0; i < sub->n; i++) r->step_outputs += sub->is_output[i];

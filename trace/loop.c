@@ -338,6 +338,15 @@ typedef struct {
   /* the loop's values no later step reads, by the step after which they
      go: drop[drop_at[c] .. drop_at[c + 1]) after step c */
   int *drop, *drop_at;
+  /* sums over the steps that leave the loop (sink_sums) */
+  struct sink {
+    int add;     /* body offsets of `acc + reshape*(term)`: the add, */
+    int term;    /* the term (a @ b, or a column sum), */
+    int view[2]; /* the reshapes between, from the term on (-1: none) */
+    int acc;     /* the add's input that carries the sum */
+  } * sinks;
+  int nsinks;
+  bool *sunk;       /* per body offset: computed after the loop */
   bool *body_out;   /* per body offset: an output of the step (any copy's) */
   vm_tensor **vals; /* the flush's values */
   /* the segment being built */
@@ -352,6 +361,182 @@ typedef struct {
 static int copy_at(const roller *R, int i) {
   int p = R->pos[i];
   return p < R->s ? -1 : p >= R->end ? R->k : (p - R->s) / R->d;
+}
+
+/* --- sums over the steps leave the loop ---
+
+   A backward loop accumulates each weight's gradient across its steps:
+   acc = acc + a_t @ b_t (h_{t-1}^T @ dgates_t), one small GEMM and one add
+   per step, carried; a bias's is acc + sum(dgates_t, rows).  When nothing
+   else reads the partial sums, the sum leaves the loop: the steps keep the
+   term's operands, and after the loop one GEMM over them all,
+   [a_0 .. a_{k-1}] @ [b_0; ..; b_{k-1}] (or one column sum over the rows
+   of every step), is added to the sum the loop started from (RETURNN's
+   optimization).  The GEMM adds the steps' products in its own order, in
+   both modes alike. */
+
+static int offset_in(const roller *R, int i) { return (R->pos[i] - R->s) % R->d; }
+
+/* the term a sum adds per step: a @ b of 2-d operands, or a sum over the
+   rows of a 2-d value */
+static bool is_term(const tr_trace *t, int i) {
+  const tr_node *n = t->nodes[i];
+  if (n->op == VM_OP_matmul && n->nin == 2)
+    return input_node(t, t->refs[i][0])->meta.ndim == 2 &&
+           input_node(t, t->refs[i][1])->meta.ndim == 2;
+  return n->op == VM_OP_sum && n->nin == 1 && n->attr.axes_mask == 1 &&
+         input_node(t, t->refs[i][0])->meta.ndim == 2;
+}
+
+static bool sink_at(roller *R, const int *readers, int q, struct sink *out) {
+  const tr_trace *t = R->t;
+  struct sink sk = {.add = q, .term = -1, .view = {-1, -1}, .acc = -1};
+  for (int c = 0; c < R->k; c++) {
+    int a = R->at[R->s + c * R->d + q];
+    const tr_node *na = t->nodes[a];
+    if (na->op != VM_OP_add || na->nin != 2) return false;
+    int carried = -1;
+    for (int e = 0; e < 2 && carried < 0; e++) {
+      int r = t->refs[a][e];
+      if (c == 0 ? r < 0 || R->pos[r] < R->s : r >= 0 && R->pos[r] == R->pos[a] - R->d) carried = e;
+    }
+    if (carried < 0 || (sk.acc >= 0 && carried != sk.acc)) return false;
+    sk.acc = carried;
+    if (!same_meta(na, input_node(t, t->refs[a][carried]))) return false;
+    /* the partial sums: only the next step reads them */
+    if (c < R->k - 1 && (readers[a] != 1 || t->is_output[a])) return false;
+    /* down the reshapes to the term, each read by the next only */
+    int m = t->refs[a][1 - carried], views[3], nv = 0;
+    while (m >= 0 && copy_at(R, m) == c && t->nodes[m]->op == VM_OP_reshape && nv < 3) {
+      if (readers[m] != 1 || t->is_output[m]) return false;
+      views[nv++] = m;
+      m = t->refs[m][0];
+    }
+    if (nv > 2 || m < 0 || copy_at(R, m) != c || !is_term(t, m) || readers[m] != 1 ||
+        t->is_output[m])
+      return false;
+    if (t->nodes[m]->meta.dtype != na->meta.dtype) return false;
+    int view[2] = {-1, -1};
+    for (int v = 0; v < nv; v++) view[v] = offset_in(R, views[nv - 1 - v]);
+    if (c == 0) {
+      sk.term = offset_in(R, m);
+      memcpy(sk.view, view, sizeof view);
+    } else if (offset_in(R, m) != sk.term || memcmp(view, sk.view, sizeof view)) {
+      return false;
+    }
+  }
+  *out = sk;
+  return true;
+}
+
+static void find_sinks(roller *R) {
+  const tr_trace *t = R->t;
+  int *readers = calloc((size_t)t->n, sizeof *readers);
+  if (!readers) return; /* nothing leaves the loop */
+  for (int i = 0; i < t->n; i++)
+    for (int e = 0; e < t->nodes[i]->nin; e++)
+      if (t->refs[i][e] >= 0) readers[t->refs[i][e]]++;
+  for (int q = 0; q < R->d; q++) {
+    struct sink sk;
+    if (R->sunk[q] || !sink_at(R, readers, q, &sk) || R->sunk[sk.term]) continue;
+    R->sinks[R->nsinks++] = sk;
+    R->sunk[sk.add] = R->sunk[sk.term] = true;
+    for (int v = 0; v < 2; v++)
+      if (sk.view[v] >= 0) R->sunk[sk.view[v]] = true;
+  }
+  free(readers);
+}
+
+static vm_tensor *exec_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr) {
+  vm_meta m;
+  if (!vm_infer(op, n, in, attr, &m)) return NULL;
+  return vm_backend_of((kiln_device)m.device)->exec(op, n, in, attr, &m);
+}
+
+static vm_tensor *value_of(const roller *R, int r) {
+  return r < 0 ? R->t->leaves[-1 - r]->value : R->vals[r];
+}
+
+/* a transposed view of a dense 2-d value (h_{t-1}^T in a weight's gradient) */
+static bool transposed(const vm_tensor *v) {
+  return v->ndim == 2 && v->strides[0] == 1 && v->strides[1] == v->shape[0];
+}
+
+static const vm_attr transpose = {.perm = {1, 0}};
+
+/* the k 2-d parts side by side, [a_0 .. a_k-1]; transposed parts (the
+   usual case) are joined as rows of their dense sources, one copy each,
+   and the result is their transpose (a view a GEMM reads as it is) */
+static vm_tensor *join_columns(vm_tensor **parts, int k) {
+  bool all = true;
+  for (int c = 0; c < k && all; c++) all = transposed(parts[c]);
+  if (!all) return exec_op(VM_OP_concat, k, parts, &(vm_attr){.axis = 1});
+  vm_tensor **rows = calloc(k > 0 ? (size_t)k : 1, sizeof *rows), *joined = NULL, *out = NULL;
+  bool ok = rows != NULL;
+  for (int c = 0; ok && c < k; c++)
+    ok = (rows[c] = exec_op(VM_OP_permute, 1, &parts[c], &transpose));
+  if (ok) joined = exec_op(VM_OP_concat, k, rows, &(vm_attr){.axis = 0});
+  if (joined) out = exec_op(VM_OP_permute, 1, &joined, &transpose);
+  for (int c = 0; rows && c < k; c++) vm_release(rows[c]);
+  free(rows);
+  vm_release(joined);
+  if (!rows) vm_error(KILN_ERR_OOM, "out of memory");
+  return out;
+}
+
+/* one sum after the loop: the term over every step's operands at once,
+   through the same reshapes, added to where the sum started */
+static vm_tensor *sink_sum(roller *R, const struct sink *sk, vm_tensor **parts) {
+  const tr_trace *t = R->t;
+  int k = R->k, nin = t->nodes[R->at[R->s + sk->term]]->nin;
+  for (int c = 0; c < k; c++) {
+    int term = R->at[R->s + c * R->d + sk->term];
+    for (int e = 0; e < nin; e++)
+      if (!(parts[e * k + c] = value_of(R, t->refs[term][e]))) return NULL;
+  }
+  const tr_node *term = t->nodes[R->at[R->s + sk->term]];
+  vm_tensor *a = NULL, *b = NULL, *v = NULL;
+  if (term->op == VM_OP_matmul) { /* [a_0 .. a_k-1] @ [b_0; ..; b_k-1] */
+    a = join_columns(parts, k);
+    b = a ? exec_op(VM_OP_concat, k, parts + k, &(vm_attr){.axis = 0}) : NULL;
+    v = b ? exec_op(VM_OP_matmul, 2, (vm_tensor *[]){a, b}, &term->attr) : NULL;
+  } else { /* the rows of every step, summed */
+    a = exec_op(VM_OP_concat, k, parts, &(vm_attr){.axis = 0});
+    v = a ? exec_op(VM_OP_sum, 1, &a, &term->attr) : NULL;
+  }
+  vm_release(a);
+  vm_release(b);
+  for (int i = 0; i < 2 && sk->view[i] >= 0 && v; i++) {
+    vm_tensor *w = exec_op(VM_OP_reshape, 1, &v, &t->nodes[R->at[R->s + sk->view[i]]]->attr);
+    vm_release(v);
+    v = w;
+  }
+  int first = R->at[R->s + sk->add];
+  vm_tensor *acc0 = value_of(R, t->refs[first][sk->acc]), *sum[2];
+  if (!v || !acc0) {
+    vm_release(v);
+    return NULL;
+  }
+  sum[sk->acc] = acc0;
+  sum[1 - sk->acc] = v;
+  vm_tensor *total = exec_op(VM_OP_add, 2, sum, &(vm_attr){0});
+  vm_release(v);
+  return total;
+}
+
+static int sink_sums(roller *R, int *failed) {
+  vm_tensor **parts = malloc((size_t)R->k * 2 * sizeof *parts);
+  if (!parts) return vm_error(KILN_ERR_OOM, "out of memory");
+  int rc = KILN_OK;
+  for (int x = 0; x < R->nsinks && rc == KILN_OK; x++) {
+    int last = R->at[R->s + (R->k - 1) * R->d + R->sinks[x].add];
+    if (!(R->vals[last] = sink_sum(R, &R->sinks[x], parts))) {
+      *failed = last;
+      rc = vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
+    }
+  }
+  free(parts);
+  return rc;
 }
 
 static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tensor **vals) {
@@ -370,6 +555,8 @@ static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tens
   R->body_out = calloc((size_t)R->d, sizeof *R->body_out);
   R->drop = malloc((size_t)n * sizeof *R->drop);
   R->drop_at = calloc((size_t)R->k + 2, sizeof *R->drop_at);
+  R->sinks = malloc((size_t)R->d * sizeof *R->sinks);
+  R->sunk = calloc((size_t)R->d, sizeof *R->sunk);
   R->list = malloc((size_t)n * sizeof *R->list);
   R->edges = malloc((size_t)(edges ? edges : 1) * sizeof *R->edges);
   R->svals = calloc((size_t)n, sizeof *R->svals);
@@ -405,6 +592,7 @@ static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tens
     int i = R->at[p];
     if (t->is_output[i] || R->outside_read[i]) R->body_out[(p - R->s) % R->d] = true;
   }
+  find_sinks(R);
   /* a value of the loop goes after the last step that reads it (the copy
      after its own, in the trace the loop was found in; any later one in
      another trace of the key that recorded its nodes in another order:
@@ -420,6 +608,17 @@ static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tens
       if (cr >= 0 && cr < R->k && ci > last[r]) last[r] = ci;
     }
   }
+  for (int x = 0; x < R->nsinks; x++) /* what the sums read is kept for after the loop */
+    for (int c = 0; c < R->k; c++) {
+      int term = R->at[R->s + c * R->d + R->sinks[x].term];
+      for (int e = 0; e < t->nodes[term]->nin; e++) {
+        int r = t->refs[term][e];
+        if (r >= 0 && copy_at(R, r) >= 0 && copy_at(R, r) < R->k) {
+          last[r] = R->k;
+          R->body_out[(R->pos[r] - R->s) % R->d] = true;
+        }
+      }
+    }
   for (int p = R->s; p < R->end; p++) {
     int i = R->at[p];
     if (last[i] < R->k && !t->is_output[i]) R->drop_at[last[i] + 1]++;
@@ -442,6 +641,8 @@ static void roller_free(roller *R) {
   free(R->body_out);
   free(R->drop);
   free(R->drop_at);
+  free(R->sinks);
+  free(R->sunk);
   free(R->list);
   free(R->edges);
   free(R->svals);
@@ -582,6 +783,7 @@ int tr_loop_run(const tr_trace *t, const tr_loop *lp, tr_segment_runner *run, vm
     m = 0;
     for (int q = 0; q < R.d && rc == KILN_OK; q++) {
       int i = R.at[R.s + c * R.d + q];
+      if (R.sunk[q]) continue;
       if (stepped(&R, i, c)) {
         rc = take_slice(&R, i, failed);
       } else {
@@ -591,6 +793,11 @@ int tr_loop_run(const tr_trace *t, const tr_loop *lp, tr_segment_runner *run, vm
     }
     if (rc == KILN_OK) rc = run_sub(&R, run, m, TR_SEGMENT_STEP, failed);
     drop_after(&R, c);
+  }
+  if (rc == KILN_OK && R.nsinks) {
+    rc = sink_sums(&R, failed);
+    atomic_fetch_add_explicit(&vm_process()->stats.loop_sums, (uint_fast64_t)R.nsinks,
+                              memory_order_relaxed);
   }
   m = 0;
   for (int i = 0; i < t->n; i++)
