@@ -80,6 +80,30 @@ static int by_seq(const void *a, const void *b, void *arg) {
   return x < y ? -1 : x > y;
 }
 
+/* order[p]: the trace index of the node recorded p-th.  Sequence numbers
+   of one flush's nodes are mostly a dense run: counted into place when
+   their span is small, sorted otherwise. */
+static void record_order(const tr_trace *t, int *order) {
+  int n = t->n;
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (int i = 0; i < n; i++) {
+    uint64_t q = t->nodes[i]->seq;
+    lo = q < lo ? q : lo;
+    hi = q > hi ? q : hi;
+  }
+  int *slot = n && hi - lo < 8 * (uint64_t)n ? malloc((size_t)(hi - lo + 1) * sizeof *slot) : NULL;
+  if (!slot) {
+    for (int i = 0; i < n; i++) order[i] = i;
+    qsort_r(order, (size_t)n, sizeof *order, by_seq, (void *)t);
+    return;
+  }
+  memset(slot, 0xff, (size_t)(hi - lo + 1) * sizeof *slot);
+  for (int i = 0; i < n; i++) slot[t->nodes[i]->seq - lo] = i;
+  for (uint64_t q = 0, p = 0; q <= hi - lo; q++)
+    if (slot[q] >= 0) order[p++] = slot[q];
+  free(slot);
+}
+
 /* input ref r of a trace node: a node of the trace, or a leaf */
 static const tr_node *input_node(const tr_trace *t, int r) {
   return r >= 0 ? t->nodes[r] : t->leaves[-1 - r];
@@ -298,8 +322,7 @@ bool tr_loop_find(const tr_trace *t, tr_loop *out) {
   sr.delta = malloc((size_t)t->n * sizeof *sr.delta);
   bool found = false;
   if (sr.order && sr.pos && sr.sig && sr.delta) {
-    for (int i = 0; i < t->n; i++) sr.order[i] = i;
-    qsort_r(sr.order, (size_t)t->n, sizeof *sr.order, by_seq, (void *)t);
+    record_order(t, sr.order);
     for (int p = 0; p < t->n; p++) {
       sr.pos[sr.order[p]] = p;
       sr.sig[p] = node_sig(t->nodes[sr.order[p]]);
@@ -346,9 +369,13 @@ typedef struct {
     int acc;     /* the add's input that carries the sum */
   } * sinks;
   int nsinks;
-  bool *sunk;       /* per body offset: computed after the loop */
-  bool *body_out;   /* per body offset: an output of the step (any copy's) */
-  vm_tensor **vals; /* the flush's values */
+  bool *sunk; /* per body offset: computed after the loop */
+  /* work that leaves the loop before it (hoist_before) */
+  bool *hoisted;       /* per body offset: computed for every step at once */
+  vm_tensor **batched; /* per body offset: that value, [k, ...] */
+  bool *needed;        /* per body offset: a step, a sum or a later segment reads it */
+  bool *body_out;      /* per body offset: an output of the step (any copy's) */
+  vm_tensor **vals;    /* the flush's values */
   /* the segment being built */
   tr_trace sub;
   int *list;         /* its nodes (trace indices), in order */
@@ -539,6 +566,188 @@ static int sink_sums(roller *R, int *failed) {
   return rc;
 }
 
+/* --- work leaves the loop before it ---
+
+   Body ops that read only the steps' slices of a sequence (x[t]) and
+   values the same in every step (weights) are computed for every step at
+   once before the loop, each with the steps as a new leading axis: the
+   input projection x_t @ W + b becomes one GEMM over [k, B, I] (RETURNN's
+   optimization; ATen's GRU does the same).  A step reads its slice of the
+   result.  What is hoisted: a slice of length 1 whose start advances by a
+   constant d >= 1; elementwise ops, reshapes, slices and a matmul by an
+   invariant 2-d matrix of hoisted values, every hoisted operand of the
+   op's own rank (so that invariant operands broadcast as they did). */
+
+/* input e of offset q, the same in every copy and from before the loop */
+static bool invariant_input(const roller *R, int q, int e) {
+  int r0 = R->t->refs[R->at[R->s + q]][e];
+  if (r0 >= 0 && R->pos[r0] >= R->s) return false;
+  for (int c = 1; c < R->k; c++)
+    if (R->t->refs[R->at[R->s + c * R->d + q]][e] != r0) return false;
+  return true;
+}
+
+/* input e of offset q, a hoisted node of the same copy (the same offset in
+   every copy); its offset, or -1 */
+static int hoisted_input(const roller *R, int q, int e) {
+  int off = -1;
+  for (int c = 0; c < R->k; c++) {
+    int r = R->t->refs[R->at[R->s + c * R->d + q]][e];
+    if (r < 0 || copy_at(R, r) != c) return -1;
+    int o = (R->pos[r] - R->s) % R->d;
+    if (!R->hoisted[o] || (off >= 0 && o != off)) return -1;
+    off = o;
+  }
+  return off;
+}
+
+/* offset q is x[t]: a slice of length 1 of one source, advancing by >= 1 */
+static bool stepped_slice(const roller *R, int q) {
+  const tr_node *n0 = R->t->nodes[R->at[R->s + q]];
+  if (n0->op != VM_OP_slice || n0->attr.step != 1 || n0->attr.stop - n0->attr.start != 1 ||
+      !invariant_input(R, q, 0))
+    return false;
+  int64_t delta = R->k > 1 ? R->t->nodes[R->at[R->s + R->d + q]]->attr.start - n0->attr.start : 1;
+  if (delta < 1) return false;
+  for (int c = 1; c < R->k; c++) {
+    const tr_node *n = R->t->nodes[R->at[R->s + c * R->d + q]];
+    if (n->attr.axis != n0->attr.axis || n->attr.start != n0->attr.start + c * delta ||
+        n->attr.stop != n->attr.start + 1 || n->attr.step != 1)
+      return false;
+  }
+  return true;
+}
+
+static bool hoistable(const roller *R, int q) {
+  const tr_trace *t = R->t;
+  const tr_node *n0 = t->nodes[R->at[R->s + q]];
+  if (R->sunk[q] || n0->meta.device != KILN_CPU) return false;
+  if (stepped_slice(R, q)) return true;
+  vm_kind kind = vm_op_table[n0->op].kind;
+  bool elementwise = kind == VM_KIND_UNARY || kind == VM_KIND_BINARY || kind == VM_KIND_TERNARY;
+  if (!elementwise && n0->op != VM_OP_reshape && n0->op != VM_OP_slice && n0->op != VM_OP_matmul)
+    return false;
+  if (vm_op_table[n0->op].flags & VM_F_EFFECT) return false;
+  int hoisted = 0;
+  for (int e = 0; e < n0->nin; e++) {
+    int h = hoisted_input(R, q, e);
+    if (h >= 0) {
+      if (t->nodes[R->at[R->s + h]]->meta.ndim != n0->meta.ndim) return false;
+      hoisted++;
+    } else if (!invariant_input(R, q, e) || (!elementwise && !(n0->op == VM_OP_matmul && e == 1))) {
+      return false;
+    }
+  }
+  if (n0->op == VM_OP_matmul &&
+      (hoisted_input(R, q, 0) < 0 || input_node(t, t->refs[R->at[R->s + q]][1])->meta.ndim != 2))
+    return false;
+  return hoisted > 0;
+}
+
+static void find_hoists(roller *R) {
+  const tr_trace *t = R->t;
+  int n = 0;
+  for (int q = 0; q < R->d; q++) n += R->hoisted[q] = hoistable(R, q);
+  if (!n) return;
+  /* what must exist per step: read by a step's node or a sum, or after */
+  for (int q = 0; q < R->d; q++) {
+    if (!R->hoisted[q]) continue;
+    for (int c = 0; c < R->k && !R->needed[q]; c++)
+      R->needed[q] =
+          t->is_output[R->at[R->s + c * R->d + q]] || R->outside_read[R->at[R->s + c * R->d + q]];
+  }
+  for (int q = 0; q < R->d; q++) {
+    if (R->hoisted[q]) continue; /* a step's node, or a sum's term, reading a hoisted one */
+    int i = R->at[R->s + q];
+    for (int e = 0; e < t->nodes[i]->nin; e++) {
+      int r = t->refs[i][e];
+      if (r >= 0 && copy_at(R, r) == 0 && R->hoisted[(R->pos[r] - R->s) % R->d])
+        R->needed[(R->pos[r] - R->s) % R->d] = true;
+    }
+  }
+}
+
+/* the hoisted values for every step, [k, ...]; false (and nothing hoisted)
+   when one cannot be made as planned */
+static bool hoist_before(roller *R) {
+  const tr_trace *t = R->t;
+  int k = R->k;
+  bool ok = true;
+  for (int q = 0; q < R->d && ok; q++) {
+    if (!R->hoisted[q]) continue;
+    int i0 = R->at[R->s + q];
+    const tr_node *n0 = t->nodes[i0];
+    vm_attr attr = n0->attr;
+    vm_tensor *v = NULL;
+    if (stepped_slice(R, q)) { /* the steps' slices along the axis, moved to the front */
+      int64_t delta = k > 1 ? t->nodes[R->at[R->s + R->d + q]]->attr.start - attr.start : 1;
+      int axis = attr.axis;
+      vm_tensor *src = value_of(R, t->refs[i0][0]);
+      attr.stop = attr.start + (k - 1) * delta + 1;
+      attr.step = delta;
+      vm_tensor *all = src ? exec_op(VM_OP_slice, 1, &src, &attr) : NULL, *front = NULL;
+      vm_attr perm = {0};
+      perm.perm[0] = axis;
+      for (int d = 0, j = 1; d < n0->meta.ndim; d++)
+        if (d != axis) perm.perm[j++] = d;
+      if (all) front = exec_op(VM_OP_permute, 1, &all, &perm);
+      vm_attr shape = {.ndim = n0->meta.ndim + 1};
+      shape.shape[0] = k;
+      memcpy(shape.shape + 1, n0->meta.shape, (size_t)n0->meta.ndim * sizeof(int64_t));
+      if (front) v = exec_op(VM_OP_reshape, 1, &front, &shape);
+      vm_release(all);
+      vm_release(front);
+    } else {
+      vm_tensor *ins[3];
+      for (int e = 0; e < n0->nin; e++) {
+        int h = hoisted_input(R, q, e);
+        ins[e] = h >= 0 ? R->batched[h] : value_of(R, t->refs[i0][e]);
+        ok = ok && ins[e];
+      }
+      if (n0->op == VM_OP_slice) attr.axis += 1;
+      if (n0->op == VM_OP_reshape) {
+        attr.ndim = n0->meta.ndim + 1;
+        attr.shape[0] = k;
+        memcpy(attr.shape + 1, n0->meta.shape, (size_t)n0->meta.ndim * sizeof(int64_t));
+      }
+      if (ok) v = exec_op(n0->op, n0->nin, ins, &attr);
+    }
+    /* [k, the step's shape], or nothing is hoisted */
+    ok = v && v->ndim == n0->meta.ndim + 1 && v->shape[0] == k &&
+         !memcmp(v->shape + 1, n0->meta.shape, (size_t)n0->meta.ndim * sizeof(int64_t)) &&
+         v->dtype == n0->meta.dtype;
+    R->batched[q] = v;
+  }
+  if (!ok) {
+    for (int q = 0; q < R->d; q++) {
+      vm_release(R->batched[q]);
+      R->batched[q] = NULL;
+      R->hoisted[q] = false;
+    }
+    vm_clear_error();
+  }
+  return ok;
+}
+
+static int hoists(const roller *R) {
+  int n = 0;
+  for (int q = 0; q < R->d; q++) n += R->hoisted[q];
+  return n;
+}
+
+/* step c's slice of a hoisted value */
+static vm_tensor *hoisted_step(roller *R, int q, int c) {
+  const tr_node *n = R->t->nodes[R->at[R->s + c * R->d + q]];
+  vm_tensor *one = exec_op(VM_OP_slice, 1, &R->batched[q],
+                           &(vm_attr){.axis = 0, .start = c, .stop = c + 1, .step = 1}),
+            *v = NULL;
+  vm_attr shape = {.ndim = n->meta.ndim};
+  memcpy(shape.shape, n->meta.shape, (size_t)n->meta.ndim * sizeof(int64_t));
+  if (one) v = exec_op(VM_OP_reshape, 1, &one, &shape);
+  vm_release(one);
+  return v;
+}
+
 static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tensor **vals) {
   memset(R, 0, sizeof *R);
   int n = t->n, edges = 0;
@@ -557,10 +766,13 @@ static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tens
   R->drop_at = calloc((size_t)R->k + 2, sizeof *R->drop_at);
   R->sinks = malloc((size_t)R->d * sizeof *R->sinks);
   R->sunk = calloc((size_t)R->d, sizeof *R->sunk);
+  R->hoisted = calloc((size_t)R->d, sizeof *R->hoisted);
+  R->batched = calloc((size_t)R->d, sizeof *R->batched);
+  R->needed = calloc((size_t)R->d, sizeof *R->needed);
   R->list = malloc((size_t)n * sizeof *R->list);
   R->edges = malloc((size_t)(edges ? edges : 1) * sizeof *R->edges);
   R->svals = calloc((size_t)n, sizeof *R->svals);
-  R->shells = calloc((size_t)(edges ? edges : 1), sizeof *R->shells);
+  R->shells = malloc((size_t)(edges ? edges : 1) * sizeof *R->shells); /* cleared as used */
   R->local = malloc((size_t)n * sizeof *R->local);
   R->local_stamp = calloc((size_t)n, sizeof *R->local_stamp);
   R->leaf = malloc((size_t)(n + t->nleaves) * sizeof *R->leaf);
@@ -575,8 +787,7 @@ static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tens
       !R->leaf || !R->leaf_stamp || !R->sub.nodes || !R->sub.refs || !R->sub.leaves ||
       !R->sub.is_output)
     return false;
-  for (int i = 0; i < n; i++) R->at[i] = i;
-  qsort_r(R->at, (size_t)n, sizeof *R->at, by_seq, (void *)t);
+  record_order(t, R->at);
   for (int p = 0; p < n; p++) R->pos[R->at[p]] = p;
   /* who reads what across segments and copies */
   for (int i = 0; i < n; i++) {
@@ -593,6 +804,7 @@ static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tens
     if (t->is_output[i] || R->outside_read[i]) R->body_out[(p - R->s) % R->d] = true;
   }
   find_sinks(R);
+  find_hoists(R);
   /* a value of the loop goes after the last step that reads it (the copy
      after its own, in the trace the loop was found in; any later one in
      another trace of the key that recorded its nodes in another order:
@@ -643,6 +855,10 @@ static void roller_free(roller *R) {
   free(R->drop_at);
   free(R->sinks);
   free(R->sunk);
+  for (int q = 0; R->batched && q < R->d; q++) vm_release(R->batched[q]);
+  free(R->hoisted);
+  free(R->batched);
+  free(R->needed);
   free(R->list);
   free(R->edges);
   free(R->svals);
@@ -695,6 +911,7 @@ static int build_sub(roller *R, int m) {
             return vm_error(KILN_ERR_INTERNAL,
                             "rolled loop: a value of another segment is missing");
           tr_node *shell = &R->shells[j];
+          memset(shell, 0, sizeof *shell);
           shell->meta = t->nodes[r]->meta;
           shell->value = R->vals[r];
           shell->state = TR_MATERIALIZED;
@@ -779,11 +996,21 @@ int tr_loop_run(const tr_trace *t, const tr_loop *lp, tr_segment_runner *run, vm
       R.list[m++] = i;
     }
   if (m) rc = run_sub(&R, run, m, TR_SEGMENT_BEFORE, failed);
+  if (rc == KILN_OK && hoists(&R) && hoist_before(&R))
+    atomic_fetch_add_explicit(&vm_process()->stats.loop_hoists, (uint_fast64_t)hoists(&R),
+                              memory_order_relaxed);
   for (int c = 0; c < R.k && rc == KILN_OK; c++) {
     m = 0;
     for (int q = 0; q < R.d && rc == KILN_OK; q++) {
       int i = R.at[R.s + c * R.d + q];
       if (R.sunk[q]) continue;
+      if (R.hoisted[q]) {
+        if (R.needed[q] && !(vals[i] = hoisted_step(&R, q, c))) {
+          *failed = i;
+          rc = vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
+        }
+        continue;
+      }
       if (stepped(&R, i, c)) {
         rc = take_slice(&R, i, failed);
       } else {
