@@ -390,6 +390,30 @@ static int copy_at(const roller *R, int i) {
   return p < R->s ? -1 : p >= R->end ? R->k : (p - R->s) / R->d;
 }
 
+/* the attributes of two nodes agree, field by field (what an op computes
+   with: a copy's host scalars and RNG counters too) */
+static bool same_attr(const vm_attr *a, const vm_attr *b) {
+  if (a->dtype != b->dtype || a->ndim != b->ndim || a->axis != b->axis ||
+      a->axes_mask != b->axes_mask || a->keepdim != b->keepdim || a->weak != b->weak ||
+      a->device != b->device || a->host != b->host || a->start != b->start || a->stop != b->stop ||
+      a->step != b->step || a->seed != b->seed || a->counter != b->counter ||
+      memcmp(a->scalar, b->scalar, sizeof a->scalar) || memcmp(a->perm, b->perm, sizeof a->perm))
+    return false;
+  for (int d = 0; d < a->ndim && d < KILN_MAX_DIMS; d++)
+    if (a->shape[d] != b->shape[d]) return false;
+  return true;
+}
+
+/* offset q's node has the same attributes in every copy */
+static bool same_in_every_copy(const roller *R, int q) {
+  const tr_node *n0 = R->t->nodes[R->at[R->s + q]];
+  for (int c = 1; c < R->k; c++) {
+    const tr_node *n = R->t->nodes[R->at[R->s + c * R->d + q]];
+    if (n->op != n0->op || !same_attr(&n->attr, &n0->attr)) return false;
+  }
+  return true;
+}
+
 /* --- sums over the steps leave the loop ---
 
    A backward loop accumulates each weight's gradient across its steps:
@@ -465,7 +489,11 @@ static void find_sinks(roller *R) {
       if (t->refs[i][e] >= 0) readers[t->refs[i][e]]++;
   for (int q = 0; q < R->d; q++) {
     struct sink sk;
-    if (R->sunk[q] || !sink_at(R, readers, q, &sk) || R->sunk[sk.term]) continue;
+    if (R->sunk[q] || !sink_at(R, readers, q, &sk) || R->sunk[sk.term] ||
+        !same_in_every_copy(R, sk.term) ||
+        (sk.view[0] >= 0 && !same_in_every_copy(R, sk.view[0])) ||
+        (sk.view[1] >= 0 && !same_in_every_copy(R, sk.view[1])))
+      continue;
     R->sinks[R->nsinks++] = sk;
     R->sunk[sk.add] = R->sunk[sk.term] = true;
     for (int v = 0; v < 2; v++)
@@ -623,6 +651,7 @@ static bool hoistable(const roller *R, int q) {
   const tr_node *n0 = t->nodes[R->at[R->s + q]];
   if (R->sunk[q] || n0->meta.device != KILN_CPU) return false;
   if (stepped_slice(R, q)) return true;
+  if (!same_in_every_copy(R, q)) return false;
   vm_kind kind = vm_op_table[n0->op].kind;
   bool elementwise = kind == VM_KIND_UNARY || kind == VM_KIND_BINARY || kind == VM_KIND_TERNARY;
   if (!elementwise && n0->op != VM_OP_reshape && n0->op != VM_OP_slice && n0->op != VM_OP_matmul)
