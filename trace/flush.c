@@ -636,6 +636,7 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   if (rc == KILN_OK) {
     commit(g, t, vals, k.key, !k.bytes.failed);
     g->flush_epoch++;
+    g->rolling |= rolled;
   } else if (failed >= 0) { /* it and what depends on it fail from now on */
     tr_node_fail(t->nodes[failed], rc, vm_thread()->message);
     for (int i = failed + 1; i < t->n; i++)

@@ -16,6 +16,12 @@
 /* deep enough that a backward pass (a transformer block's is ~130) is one
    trace; chains past it are cut at deterministic points */
 #define TR_DEPTH_CAP 256
+/* once a thread's flush has run a loop rolled (trace/loop.h), its graphs go
+   deeper: a recurrent loop of a few hundred steps and its backward stay
+   one trace (a GRU's backward is ~20 deep per step), whose steps run as
+   one step trace whatever the length.  A function of the program (of what
+   it recorded before); the node cap still holds. */
+#define TR_DEPTH_CAP_ROLLING 4096
 #define TR_NODE_CAP 4096
 /* a pending graph's results on one device (as if each were kept: the
    bound of an op-by-op run) are flushed past an eighth of that device's
@@ -321,7 +327,8 @@ vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *a
     int d = in[i]->node->graph == g ? current_depth(g, in[i]->node) : 0;
     if (d > depth) depth = d;
   }
-  if (depth + 1 > TR_DEPTH_CAP) { /* cut: the inputs become this trace's outputs */
+  if (depth + 1 > (g->rolling ? TR_DEPTH_CAP_ROLLING : TR_DEPTH_CAP)) { /* cut: the inputs
+                                                                           become outputs */
     tr_node *cut[8];
     int ncut = 0;
     for (int i = 0; i < n && ncut < 8; i++)
