@@ -483,6 +483,44 @@ TEST(a_greedy_decoder_and_a_bidirectional_loop_roll_to_the_same_bits) {
   CHECK(r.rolled >= 3); /* both forward loops and at least one backward one */
 }
 
+/* the input projection leaves the loop: a tanh RNN over T steps, without
+   gradients, makes 2T BLAS calls unrolled, and rolled one per step
+   (h_{t-1} @ W_h), one for every step's x_t @ W_x at once, and one more
+   where the body's canonical phase leaves part of a step outside the loop */
+TEST(the_input_projection_is_one_gemm) {
+  for (int roll = 0; roll <= 1; roll++) {
+    set_env("KILN_ROLL_LOOPS", roll ? NULL : "0");
+    for (int T = 6; T <= 24; T += 9) {
+      arena a = {.n = 0};
+      weights w;
+      weights_make(&w, &a, 1);
+      kiln_tensor *X = keep(&a, kiln_randn(KILN_F32, 3, (int64_t[]){T, B, I}));
+      kiln_tensor *h = keep(&a, kiln_zeros(KILN_F32, 2, (int64_t[]){B, H}));
+      CHECK(kiln_sync() == KILN_OK);
+      kiln_no_grad_push();
+      for (int t = 0; t < T; t++) {
+        kiln_tensor *xt = keep(&a, kiln_slice(X, 0, t, t + 1, 1));
+        xt = keep(&a, kiln_reshape(xt, 2, (int64_t[]){B, I}));
+        step(&a, TANH_RNN, &w, xt, &h, NULL);
+      }
+      kiln_tensor *loss = keep(&a, kiln_sum(h, 0, NULL, false));
+      double calls = kiln_stat("blas_calls"), hoists = kiln_stat("loop_hoists");
+      CHECK(isfinite(kiln_item(loss)));
+      calls = kiln_stat("blas_calls") - calls;
+      kiln_no_grad_pop();
+      if (roll) {
+        CHECK(last_flush().rolled);
+        CHECK(kiln_stat("loop_hoists") > hoists);
+        CHECK(calls >= T + 1 && calls <= T + 2);
+      } else {
+        CHECK_EQ_INT((long)calls, 2 * T);
+      }
+      arena_free(&a);
+    }
+  }
+  set_env("KILN_ROLL_LOOPS", NULL);
+}
+
 /* every length runs one step key, forward and backward: once a thread's
    flushes run loops rolled, its graphs are cut deeper (trace/record.c), so
    a loop of 60 steps and its backward stay whole */
@@ -528,6 +566,7 @@ int main(void) {
   RUN(rolled_loops_equal_the_unrolled_program);
   RUN(every_input_and_output_kind_rolls_to_the_same_bits);
   RUN(a_greedy_decoder_and_a_bidirectional_loop_roll_to_the_same_bits);
+  RUN(the_input_projection_is_one_gemm);
   RUN(one_step_key_for_every_length);
   return ktest_done();
 }

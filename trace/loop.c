@@ -660,8 +660,9 @@ static bool hoistable(const roller *R, int q) {
   int hoisted = 0;
   for (int e = 0; e < n0->nin; e++) {
     int h = hoisted_input(R, q, e);
-    if (h >= 0) {
-      if (t->nodes[R->at[R->s + h]]->meta.ndim != n0->meta.ndim) return false;
+    if (h >= 0) { /* of the op's rank, but for views of it */
+      if (t->nodes[R->at[R->s + h]]->meta.ndim != n0->meta.ndim && n0->op != VM_OP_reshape)
+        return false;
       hoisted++;
     } else if (!invariant_input(R, q, e) || (!elementwise && !(n0->op == VM_OP_matmul && e == 1))) {
       return false;
