@@ -686,12 +686,12 @@ static void find_hoists(roller *R) {
       R->needed[q] =
           t->is_output[R->at[R->s + c * R->d + q]] || R->outside_read[R->at[R->s + c * R->d + q]];
   }
-  for (int q = 0; q < R->d; q++) {
-    if (R->hoisted[q]) continue; /* a step's node, or a sum's term, reading a hoisted one */
-    int i = R->at[R->s + q];
+  for (int p = R->s; p < R->end; p++) { /* a step's node, or a sum's term, reading one */
+    int i = R->at[p];
+    if (R->hoisted[(p - R->s) % R->d]) continue;
     for (int e = 0; e < t->nodes[i]->nin; e++) {
       int r = t->refs[i][e];
-      if (r >= 0 && copy_at(R, r) == 0 && R->hoisted[(R->pos[r] - R->s) % R->d])
+      if (r >= 0 && copy_at(R, r) == copy_at(R, i) && R->hoisted[(R->pos[r] - R->s) % R->d])
         R->needed[(R->pos[r] - R->s) % R->d] = true;
     }
   }
@@ -813,9 +813,9 @@ static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tens
   R->sub.is_output = malloc((size_t)n * sizeof *R->sub.is_output);
   R->sub.device = t->device;
   if (!R->at || !R->pos || !R->outside_read || !R->body_out || !R->drop || !R->drop_at ||
-      !R->list || !R->edges || !R->svals || !R->shells || !R->local || !R->local_stamp ||
-      !R->leaf || !R->leaf_stamp || !R->sub.nodes || !R->sub.refs || !R->sub.leaves ||
-      !R->sub.is_output)
+      !R->sinks || !R->sunk || !R->hoisted || !R->batched || !R->needed || !R->list || !R->edges ||
+      !R->svals || !R->shells || !R->local || !R->local_stamp || !R->leaf || !R->leaf_stamp ||
+      !R->sub.nodes || !R->sub.refs || !R->sub.leaves || !R->sub.is_output)
     return false;
   record_order(t, R->at);
   for (int p = 0; p < n; p++) R->pos[R->at[p]] = p;
@@ -1048,7 +1048,7 @@ int tr_loop_run(const tr_trace *t, const tr_loop *lp, tr_segment_runner *run, vm
         R.list[m++] = i;
       }
     }
-    if (rc == KILN_OK) rc = run_sub(&R, run, m, TR_SEGMENT_STEP, failed);
+    if (rc == KILN_OK && m) rc = run_sub(&R, run, m, TR_SEGMENT_STEP, failed);
     drop_after(&R, c);
   }
   if (rc == KILN_OK && R.nsinks) {
