@@ -521,6 +521,40 @@ TEST(the_input_projection_is_one_gemm) {
   set_env("KILN_ROLL_LOOPS", NULL);
 }
 
+/* a token out of range in one step of a rolled loop: the read reports the
+   index error (no crash, nothing half-committed), and the same program
+   with good tokens runs rolled after it */
+TEST(a_bad_index_in_a_rolled_step_is_an_error) {
+  enum { T = 9, V = 6 };
+  for (int bad = 1; bad >= 0; bad--) {
+    arena a = {.n = 0};
+    weights w;
+    weights_make(&w, &a, 3);
+    kiln_tensor *emb = keep(&a, kiln_randn(KILN_F32, 2, (int64_t[]){V, I}));
+    int64_t ids[T * B];
+    for (int i = 0; i < T * B; i++) ids[i] = i % V;
+    if (bad) ids[4 * B + 2] = V + 3; /* step 4 */
+    kiln_tensor *tok = keep(&a, kiln_from_data(ids, KILN_I64, 2, (int64_t[]){T, B}));
+    kiln_tensor *h = keep(&a, kiln_zeros(KILN_F32, 2, (int64_t[]){B, H}));
+    CHECK(kiln_sync() == KILN_OK);
+    for (int t = 0; t < T; t++) {
+      kiln_tensor *it =
+          keep(&a, kiln_reshape(keep(&a, kiln_slice(tok, 0, t, t + 1, 1)), 1, (int64_t[]){B}));
+      step(&a, GRU, &w, keep(&a, kiln_index_select(emb, 0, it)), &h, NULL);
+    }
+    kiln_clear_error();
+    double v = kiln_item(keep(&a, kiln_sum(h, 0, NULL, false)));
+    if (bad) {
+      CHECK(isnan(v));
+      CHECK(strstr(kiln_last_error(), "index") != NULL);
+    } else {
+      CHECK(isfinite(v));
+      CHECK(last_flush().rolled);
+    }
+    arena_free(&a);
+  }
+}
+
 /* every length runs one step key, forward and backward: once a thread's
    flushes run loops rolled, its graphs are cut deeper (trace/record.c), so
    a loop of 60 steps and its backward stay whole */
@@ -567,6 +601,7 @@ int main(void) {
   RUN(every_input_and_output_kind_rolls_to_the_same_bits);
   RUN(a_greedy_decoder_and_a_bidirectional_loop_roll_to_the_same_bits);
   RUN(the_input_projection_is_one_gemm);
+  RUN(a_bad_index_in_a_rolled_step_is_an_error);
   RUN(one_step_key_for_every_length);
   return ktest_done();
 }
