@@ -235,6 +235,20 @@ void tr_dump_plan(const tr_trace *t, const tr_plan *plan, tr_key key) {
   pthread_mutex_unlock(&dump_lock);
 }
 
+void tr_dump_text(const char *name, const char *text) {
+  const char *dir = getenv("KILN_DUMP");
+  if (!dir || !*dir) return;
+  pthread_mutex_lock(&dump_lock);
+  int dfd = tr_dump_dir_open();
+  FILE *f = dfd >= 0 ? tr_dump_create(dfd, name) : NULL;
+  if (f) {
+    fputs(text, f);
+    fclose(f);
+  }
+  if (dfd >= 0) close(dfd);
+  pthread_mutex_unlock(&dump_lock);
+}
+
 int tr_log_level(void) {
   const char *s = getenv("KILN_LOG");
   if (!s) return 0;

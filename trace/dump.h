@@ -28,6 +28,8 @@ int tr_log_level(void);
 bool tr_dump_path(int dir_fd, const char *name, char *out, size_t out_len);
 
 void tr_dump_plan(const tr_trace *t, const tr_plan *plan, tr_key key);
+/* KILN_DUMP: a text file of that name in the dump directory */
+void tr_dump_text(const char *name, const char *text);
 /* KILN_LOG=info: the loop found in a new trace (trace/loop.h) */
 void tr_log_loop(const tr_loop *loop, tr_key key, bool rolled);
 /* KILN_LOG=info: a flush's trace, or a segment of one (what names it) */

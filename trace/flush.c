@@ -583,7 +583,12 @@ static int run_keyed(tr_trace *t, keyed *k, const vm_backend *be, bool planning,
     memcpy(loop, k->seen.aux, sizeof *loop);
     *rolled = rolling_enabled();
   }
-  if (*rolled) return run_rolled(t, loop, be, planning, vals, failed, step);
+  if (*rolled) {
+    int rc = run_rolled(t, loop, be, planning, vals, failed, step);
+    if (k->seen.new_key && rc == KILN_OK)
+      tr_loop_dump(t, loop, (uint64_t[]){k->key.lo, k->key.hi}, (uint64_t[]){step->lo, step->hi});
+    return rc;
+  }
   decide(t, be, planning, k);
   return tr_run(k->plan, t, vals, failed);
 }

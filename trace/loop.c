@@ -12,6 +12,7 @@
 
 #include "../vm/backend.h"
 #include "../vm/state.h"
+#include "dump.h"
 #include "flush.h"
 #include "graph.h"
 #include "ptrmap.h"
@@ -278,25 +279,61 @@ static void best_region(search *sr, int d, tr_loop *best) {
    d positions, and which one the search sees first depends on what was
    recorded before the loop (a forward loop alone, or after the backward
    of the step before), so the same loop would be d different bodies.  The
-   canonical phase is the least rotation of the body's signatures; moving
-   there leaves the part before it to the segment before the loop and
-   costs one copy. */
-static int least_rotation(const search *sr, int s, int d) {
-  int best = 0;
-  for (int q = 1; q < d; q++) {
-    for (int j = 0; j < d; j++) {
-      uint64_t a = sr->sig[s + (q + j) % d], b = sr->sig[s + (best + j) % d];
-      if (a != b) {
-        if (a < b) best = q;
-        break;
+   canonical phase cuts the fewest edges between copies (the step a user
+   wrote: x[t]'s slice and the projection it feeds fall in one copy, where
+   work can leave the loop), and of those, starts the least rotation of the
+   body's signatures.  Moving there leaves the part before it to the
+   segment before the loop and may cost one copy. */
+static int canonical_rotation(const search *sr, int s, int d, int k) {
+  const tr_trace *t = sr->t;
+  int *cuts = calloc((size_t)d + 1, sizeof *cuts), base = 0;
+  if (!cuts || k < 2) {
+    free(cuts);
+    return 0;
+  }
+  /* copy 1's edges from copy 1 (inside) or copy 0 (carried): with phase f,
+     an edge u -> v crosses a boundary unless both ends fall in one copy */
+  for (int q = 0; q < d; q++) {
+    int i = sr->order[s + d + q];
+    for (int e = 0; e < t->nodes[i]->nin; e++) {
+      int r = t->refs[i][e], p = r >= 0 ? sr->pos[r] : -1;
+      if (p < s || p >= s + 2 * d) continue;
+      int ou = (p - s) % d;
+      if (p >= s + d) { /* inside: crosses for f in [ou + 1, q] */
+        cuts[ou + 1]++;
+        cuts[q + 1]--;
+      } else { /* carried: stays inside only for f in [q + 1, ou] */
+        base++;
+        if (q < ou) {
+          cuts[q + 1]--;
+          cuts[ou + 1]++;
+        }
       }
     }
   }
-  return best;
+  int best = -1, fewest = 0;
+  for (int f = 0, run = base; f < d; f++) {
+    run += f ? cuts[f] : cuts[0];
+    bool better = best < 0 || run < fewest;
+    if (!better && run == fewest) /* a tie: the least rotation */
+      for (int j = 0; j < d; j++) {
+        uint64_t a = sr->sig[s + (f + j) % d], b = sr->sig[s + (best + j) % d];
+        if (a != b) {
+          better = a < b;
+          break;
+        }
+      }
+    if (better) {
+      best = f;
+      fewest = run;
+    }
+  }
+  free(cuts);
+  return best < 0 ? 0 : best;
 }
 
 static void canonical_phase(search *sr, tr_loop *lp) {
-  int phase = least_rotation(sr, lp->start, lp->body);
+  int phase = canonical_rotation(sr, lp->start, lp->body, lp->copies);
   if (!phase) return;
   int s = lp->start + phase, d = lp->body, end = lp->start + lp->copies * d, k = lp->copies - 1;
   /* all copies still, when the run goes on past the region far enough */
@@ -1065,4 +1102,39 @@ int tr_loop_run(const tr_trace *t, const tr_loop *lp, tr_segment_runner *run, vm
   if (m && rc == KILN_OK) rc = run_sub(&R, run, m, TR_SEGMENT_AFTER, failed);
   roller_free(&R);
   return rc;
+}
+
+void tr_loop_dump(const tr_trace *t, const tr_loop *lp, const uint64_t key[2],
+                  const uint64_t step_key[2]) {
+  const char *dir = getenv("KILN_DUMP");
+  if (!dir || !*dir) return;
+  roller R;
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = roller_init(&R, t, lp, NULL) ? open_memstream(&text, &len) : NULL;
+  if (f) {
+    fprintf(f,
+            "# loop in trace %016llx%016llx: %d copies of a %d-node body from record position %d\n"
+            "# inputs: %d carried, %d invariant, %d stepped, %d per step; outputs: %d last, "
+            "%d stacked\n# body %016llx; steps run as key %016llx%016llx\n",
+            (unsigned long long)key[1], (unsigned long long)key[0], lp->copies, lp->body, lp->start,
+            lp->carried, lp->invariant, lp->stepped, lp->per_step, lp->last_outputs,
+            lp->stacked_outputs, (unsigned long long)lp->body_hash, (unsigned long long)step_key[1],
+            (unsigned long long)step_key[0]);
+    for (int q = 0; q < R.d; q++) {
+      const tr_node *n = t->nodes[R.at[R.s + q]];
+      fprintf(f, "%3d %-12s %s\n", q, vm_op_table[n->op].name,
+              R.hoisted[q]                    ? "before the loop, for every step at once"
+              : R.sunk[q]                     ? "after the loop, summed over the steps"
+              : stepped(&R, R.at[R.s + q], 0) ? "per step, a view taken before it"
+                                              : "per step");
+    }
+    fclose(f);
+    char name[64];
+    snprintf(name, sizeof name, "loop-%016llx%016llx.txt", (unsigned long long)key[1],
+             (unsigned long long)key[0]);
+    tr_dump_text(name, text);
+  }
+  free(text);
+  roller_free(&R);
 }

@@ -63,4 +63,10 @@ typedef struct tr_segment_runner {
 int tr_loop_run(const struct tr_trace *t, const tr_loop *lp, tr_segment_runner *run,
                 struct kiln_tensor **vals, int *failed);
 
+/* KILN_DUMP: loop-<key>.txt describes how trace t's loop ran: its copies,
+   the body in record order with what ran for every step at once before
+   the loop (hoisted), after it (a sum) or per step, and the step key */
+void tr_loop_dump(const struct tr_trace *t, const tr_loop *lp, const uint64_t key[2],
+                  const uint64_t step_key[2]);
+
 #endif
