@@ -24,6 +24,7 @@ import traceback
 REPS = {"W1": (9, 2), "W2": (15, 2), "W3": (15, 2), "W4": (15, 2), "W5": (7, 1),
         "W6": (15, 2), "W7": (9, 0),
         "W10": (3, 1),    # epochs (of sizes()["W10"][5] steps each), not steps
+        "W16": (3, 1),    # epochs, as W10
         "W11": (11, 2), "W12": (30, 10), "W14": (5, 2), "W14:cnn": (200, 50),
         "W18": (5, 1)}
 W5_OPS, W5_CHAINS = 100, 500
@@ -96,6 +97,7 @@ def sizes():
         "W7": (16, 64, 32, 32, 10) if s else (512, 784, 1024, 1024, 10),
         # V, E, H, B, length span (5 .. 5+span-1), steps per epoch
         "W10": (16, 8, 16, 4, 8, 3) if s else (64, 32, 128, 32, 36, 15),
+        "W16": (16, 8, 16, 4, 8, 3) if s else (64, 32, 128, 32, 396, 8),
         "W11": (2, 8, 32, 4) if s else (8, 64, 128, 4),   # B, S, D, heads
         "W12": (16, 64, 32, 10) if s else (128, 784, 256, 10),  # batch, in, hidden, classes
         "W14": (2, 8, 12) if s else (32, 64, 56),  # batch, channels in = out, height = width
@@ -135,6 +137,12 @@ def inputs(w):
         return [tensor_hash((V, E), 21, 1.0), tensor_hash((E, 3 * H), 22, a), tensor_hash((3 * H,), 23, a),
                 tensor_hash((H, 3 * H), 24, a), tensor_hash((3 * H,), 25, a), tensor_hash((H, V), 26, a),
                 tensor_hash((V,), 27, 0.01)]
+    if w == "W16":  # perf/w10_gru_lm.c built as perf_w16_lstm_lm: the same order, 4 gates
+        V, E, H, B, span, epoch = z["W16"]
+        a = 1.0 / math.sqrt(H)
+        return [tensor_hash((V, E), 31, 1.0), tensor_hash((E, 4 * H), 32, a), tensor_hash((4 * H,), 33, a),
+                tensor_hash((H, 4 * H), 34, a), tensor_hash((4 * H,), 35, a), tensor_hash((H, V), 36, a),
+                tensor_hash((V,), 37, 0.01)]
     if w == "W11":  # perf/w11_transformer.c: x, then the 16 parameters in its order
         B, S, D, heads = z["W11"]
         F = 4 * D
@@ -163,15 +171,15 @@ def inputs(w):
     raise KeyError(w)
 
 
-def w10_len(step):
+def w10_len(step, w="W10"):
     """perf/w10_gru_lm.c seq_len"""
-    span = sizes()["W10"][4]
+    span = sizes()[w][4]
     return 5 + hash_u32(step + 0x5EED) % span
 
 
-def w10_tokens(step, L):
+def w10_tokens(step, L, w="W10"):
     """perf/w10_gru_lm.c make_tokens: [L+1, B] int64"""
-    V, _, _, B = sizes()["W10"][:4]
+    V, _, _, B = sizes()[w][:4]
     tok = np.empty((L + 1, B), np.int64)
     for b in range(B):
         x = hash_u32(step * 7919 + b) % V
@@ -524,6 +532,8 @@ def run_torch(workloads):
                 run_torch_w7(torch, F, has_compile, no_compile)
             elif w == "W10":
                 run_torch_w10(torch, F, has_compile, no_compile)
+            elif w == "W16":
+                run_torch_w16(torch, F)
             elif w == "W11":
                 run_torch_w11(torch, F, has_compile, no_compile)
             elif w == "W12":
@@ -795,43 +805,12 @@ def run_torch_w10(torch, F, has_compile, no_compile):
         traceback.print_exc(file=sys.stderr)
 
 
-def run_torch_w10_gru(torch, head):
-    """W10 with torch.nn.GRU: the whole sequence in one call (ATen's GRU hoists
-    the input projection out of the loop: one GEMM over every step).  The same
-    model: nn.GRU's gates are r, z, n with n = tanh(W_in x + b_in + r * (W_hn h
-    + b_hn)) and h' = (1 - z) n + z h, so weight_ih = Wx^T, weight_hh = Wh^T,
-    bias_ih = bx, bias_hh = bh; SGD on those is the same update."""
-    V, E, H, B, span, epoch = sizes()["W10"]
-    reps, warm = (1, 1) if ARGS.smoke else REPS["W10"]
-    emb_np, wx, bx, wh, bh, wout_np, bout_np = [p.copy() for p in inputs("W10")]
-    gru = torch.nn.GRU(E, H)
-    with torch.no_grad():
-        gru.weight_ih_l0.copy_(torch.from_numpy(wx.T.copy()))
-        gru.weight_hh_l0.copy_(torch.from_numpy(wh.T.copy()))
-        gru.bias_ih_l0.copy_(torch.from_numpy(bx))
-        gru.bias_hh_l0.copy_(torch.from_numpy(bh))
-    emb_w, wout, bout = [torch.from_numpy(p).requires_grad_(True) for p in (emb_np, wout_np, bout_np)]
-    params = [emb_w, wout, bout] + list(gru.parameters())
-    state = {"step": 0}
-
-    def train_step():
-        step = state["step"]
-        state["step"] += 1
-        L = w10_len(step)
-        tok = torch.from_numpy(w10_tokens(step, L))
-        with torch.enable_grad():
-            inputs_, targets = tok[:L].reshape(-1), tok[1:].reshape(-1)
-            emb = emb_w.index_select(0, inputs_).reshape(L, B, E)
-            hs, _ = gru(emb, torch.zeros(1, B, H))
-            loss = head(hs.reshape(L * B, H), wout, bout, targets)
-            value = loss.item()
-            loss.backward()
-        with torch.no_grad():
-            for p in params:
-                p.sub_(p.grad, alpha=W10_LR)
-                p.grad = None
-        return value, L
-
+def lm_timed(w, name, train_step, note):
+    """W10/W16's timing (perf/w10_gru_lm.c): epochs of steps with fresh lengths,
+    the first the warm-up; train_step() -> (loss, length); seconds per step,
+    median of the epochs"""
+    V, E, H, B, span, epoch = sizes()[w]
+    reps, warm = (1, 1) if ARGS.smoke else REPS[w]
     losses, tokens = [], 0
     t0 = time.perf_counter()
     first = 0.0
@@ -855,10 +834,102 @@ def run_torch_w10_gru(torch, head):
         last = s / epoch
     srt = sorted(times)
     med = srt[len(srt) // 2] if len(srt) % 2 else 0.5 * (srt[len(srt) // 2 - 1] + srt[len(srt) // 2])
-    result("W10", "torch.nn.GRU", med, srt[0], reps, "loss1=%.9g,loss2=%.9g" % (losses[0], losses[1]),
-           steps=state["step"], tokens=tokens, batch=B, hidden=H, lengths="5..%d" % (4 + span),
+    result(w, name, med, srt[0], reps, "loss1=%.9g,loss2=%.9g" % (losses[0], losses[1]),
+           steps=(warm + reps) * epoch, tokens=tokens, batch=B, hidden=H, lengths="5..%d" % (4 + span),
            cold_s_per_step="%.6g" % cold, loss_first_epoch="%.4f" % first,
-           loss_last_epoch="%.4f" % last, note="torch.nn.GRU over the whole sequence (one call)")
+           loss_last_epoch="%.4f" % last, note=note)
+
+
+def lm_module_run(torch, w, rnn, head, name, note):
+    """W10 (nn.GRU) or W16 (nn.LSTM) through PyTorch's module, the whole
+    sequence in one call (ATen's loop: the input projection is one GEMM over
+    every step).  The same model as the per-step cell: PyTorch's gates are
+    r, z, n (GRU; n = tanh(W_in x + b_in + r (W_hn h + b_hn)), h' = (1 - z) n
+    + z h) and i, f, g, o (LSTM), so weight_ih = Wx^T, weight_hh = Wh^T,
+    bias_ih = bx, bias_hh = bh; SGD on those is the same update."""
+    V, E, H, B, span, epoch = sizes()[w]
+    emb_np, wx, bx, wh, bh, wout_np, bout_np = [p.copy() for p in inputs(w)]
+    with torch.no_grad():
+        rnn.weight_ih_l0.copy_(torch.from_numpy(wx.T.copy()))
+        rnn.weight_hh_l0.copy_(torch.from_numpy(wh.T.copy()))
+        rnn.bias_ih_l0.copy_(torch.from_numpy(bx))
+        rnn.bias_hh_l0.copy_(torch.from_numpy(bh))
+    emb_w, wout, bout = [torch.from_numpy(p).requires_grad_(True) for p in (emb_np, wout_np, bout_np)]
+    params = [emb_w, wout, bout] + list(rnn.parameters())
+    state = {"step": 0}
+
+    def train_step():
+        step = state["step"]
+        state["step"] += 1
+        L = w10_len(step, w)
+        tok = torch.from_numpy(w10_tokens(step, L, w))
+        with torch.enable_grad():
+            inputs_, targets = tok[:L].reshape(-1), tok[1:].reshape(-1)
+            emb = emb_w.index_select(0, inputs_).reshape(L, B, E)
+            zero = torch.zeros(1, B, H)
+            hs, _ = rnn(emb, (zero, zero) if isinstance(rnn, torch.nn.LSTM) else zero)
+            loss = head(hs.reshape(L * B, H), wout, bout, targets)
+            value = loss.item()
+            loss.backward()
+        with torch.no_grad():
+            for p in params:
+                p.sub_(p.grad, alpha=W10_LR)
+                p.grad = None
+        return value, L
+
+    lm_timed(w, name, train_step, note)
+
+
+def run_torch_w10_gru(torch, head):
+    V, E, H, B, span, epoch = sizes()["W10"]
+    lm_module_run(torch, "W10", torch.nn.GRU(E, H), head, "torch.nn.GRU",
+                  "torch.nn.GRU over the whole sequence (one call)")
+
+
+def run_torch_w16(torch, F):
+    """perf_w16_lstm_lm (perf/w10_gru_lm.c with KILN_W16): the LSTM written per
+    time step, autograd, SGD; and torch.nn.LSTM over the whole sequence"""
+    V, E, H, B, span, epoch = sizes()["W16"]
+
+    def cell(xt, h, c, wx, bx, wh, bh):
+        g = xt @ wx + bx + (h @ wh + bh)
+        i, f = torch.sigmoid(g[:, :H]), torch.sigmoid(g[:, H:2 * H])
+        gg, o = torch.tanh(g[:, 2 * H:3 * H]), torch.sigmoid(g[:, 3 * H:])
+        c = f * c + i * gg
+        return o * torch.tanh(c), c
+
+    def head(hs_all, wout, bout, targets):
+        return F.cross_entropy(hs_all @ wout + bout, targets)
+
+    params = [torch.from_numpy(p.copy()).requires_grad_(True) for p in inputs("W16")]
+    emb_w, wx, bx, wh, bh, wout, bout = params
+    state = {"step": 0}
+
+    def train_step():
+        step = state["step"]
+        state["step"] += 1
+        L = w10_len(step, "W16")
+        tok = torch.from_numpy(w10_tokens(step, L, "W16"))
+        with torch.enable_grad():
+            inputs_, targets = tok[:L].reshape(-1), tok[1:].reshape(-1)
+            emb = emb_w.index_select(0, inputs_).reshape(L, B, E)
+            h = c = torch.zeros(B, H)
+            hs = []
+            for t in range(L):
+                h, c = cell(emb[t], h, c, wx, bx, wh, bh)
+                hs.append(h)
+            loss = head(torch.stack(hs).reshape(L * B, H), wout, bout, targets)
+            value = loss.item()
+            loss.backward()
+        with torch.no_grad():
+            for p in params:
+                p.sub_(p.grad, alpha=W10_LR)
+                p.grad = None
+        return value, L
+
+    lm_timed("W16", "torch", train_step, "autograd, LSTM cell per time step")
+    lm_module_run(torch, "W16", torch.nn.LSTM(E, H), head, "torch.nn.LSTM",
+                  "torch.nn.LSTM over the whole sequence (one call)")
 
 
 def run_torch_w11(torch, F, has_compile, no_compile):
@@ -1104,7 +1175,8 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("workloads", nargs="*",
-                    default=["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W10", "W11", "W12", "W14", "W18"])
+                    default=["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W10", "W11", "W12", "W14", "W16",
+                             "W18"])
     ARGS = ap.parse_args()
     try:
         import numpy
