@@ -1061,6 +1061,61 @@ def run_torch_w12(torch, F, has_compile, no_compile):
 
 # --- JAX -------------------------------------------------------------------------
 
+def run_jax_lm(jax, jnp, w):
+    """W10 (GRU) or W16 (LSTM) in JAX as a JAX user writes it: the cell under
+    jax.lax.scan over the time steps, jax.value_and_grad, SGD, the whole step
+    jitted.  Shapes are static, so each new length compiles a new executable
+    (its cost shows in cold_s_per_step and the timed epochs' first sightings)."""
+    V, E, H, B, span, epoch = sizes()[w]
+    lstm = w == "W16"
+
+    def loss_fn(params, tok):
+        emb_w, wx, bx, wh, bh, wout, bout = params
+        L = tok.shape[0] - 1
+        x = emb_w[tok[:-1]]  # [L, B, E]
+
+        def cell(carry, xt):
+            g = xt @ wx + bx
+            u = carry[0] @ wh + bh
+            if lstm:
+                h, c = carry
+                s = g + u
+                i, f = jax.nn.sigmoid(s[:, :H]), jax.nn.sigmoid(s[:, H:2 * H])
+                gg, o = jnp.tanh(s[:, 2 * H:3 * H]), jax.nn.sigmoid(s[:, 3 * H:])
+                c = f * c + i * gg
+                h = o * jnp.tanh(c)
+                return (h, c), h
+            h = carry[0]
+            r = jax.nn.sigmoid(g[:, :H] + u[:, :H])
+            z = jax.nn.sigmoid(g[:, H:2 * H] + u[:, H:2 * H])
+            n = jnp.tanh(g[:, 2 * H:] + r * u[:, 2 * H:])
+            h = n + z * (h - n)
+            return (h,), h
+
+        zero = jnp.zeros((B, H), jnp.float32)
+        _, hs = jax.lax.scan(cell, (zero, zero) if lstm else (zero,), x)
+        logits = hs.reshape(L * B, H) @ wout + bout
+        ls = jax.nn.log_softmax(logits, axis=1)
+        return -jnp.mean(jnp.take_along_axis(ls, tok[1:].reshape(-1, 1), axis=1))
+
+    @jax.jit
+    def step(params, tok):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tok)
+        return loss, [p - W10_LR * g for p, g in zip(params, grads)]
+
+    state = {"step": 0, "p": [jnp.asarray(p) for p in inputs(w)]}
+
+    def train_step():
+        k = state["step"]
+        state["step"] += 1
+        L = w10_len(k, w)
+        loss, state["p"] = step(state["p"], jnp.asarray(w10_tokens(k, L, w)))
+        return float(loss), L
+
+    lm_timed(w, "jax.jit", train_step, "jax.lax.scan over the steps, value_and_grad + SGD jitted "
+             "(one executable per length)")
+
+
 def run_jax(workloads):
     c = "jax.jit"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -1133,6 +1188,8 @@ def run_jax(workloads):
                        note="the whole 100-op chain is one jitted call")
             elif w == "W6":
                 run(w, jnp.matmul, inputs(w), summary, **extra_bytes(w))
+            elif w in ("W10", "W16"):
+                run_jax_lm(jax, jnp, w)
             elif w == "W7":
                 step, x_np, params_np, target_np = w7_parts()
                 jstep = jax.jit(step, donate_argnums=(0,))
