@@ -724,7 +724,6 @@ def run_torch_w10(torch, F, has_compile, no_compile):
     the length; compiling the whole unrolled model would recompile per length)
     and the output layer + loss over the stacked states compiled with dynamic=True."""
     V, E, H, B, span, epoch = sizes()["W10"]
-    reps, warm = (1, 1) if ARGS.smoke else REPS["W10"]
 
     def cell(xt, h, wx, bx, wh, bh):
         gx = xt @ wx + bx
@@ -758,39 +757,10 @@ def run_torch_w10(torch, F, has_compile, no_compile):
                 loss = head_fn(torch.stack(hs).reshape(L * B, H), wout, bout, targets)
                 value = loss.item()
                 loss.backward()
-            with torch.no_grad():
-                for p in params:
-                    p.sub_(p.grad, alpha=W10_LR)
-                    p.grad = None
+            lm_sgd(torch, params)
             return value, L
 
-        losses, tokens = [], 0
-        t0 = time.perf_counter()
-        first = 0.0
-        for e in range(warm):
-            for _ in range(epoch):
-                v, L = train_step()
-                tokens += L
-                losses.append(v)
-                if e == 0:
-                    first += v / epoch
-        cold = (time.perf_counter() - t0) / (warm * epoch)
-        times, last = [], 0.0
-        for _ in range(reps):
-            t1 = time.perf_counter()
-            s = 0.0
-            for _ in range(epoch):
-                v, L = train_step()
-                tokens += L
-                s += v
-            times.append((time.perf_counter() - t1) / epoch)
-            last = s / epoch
-        srt = sorted(times)
-        med = srt[len(srt) // 2] if len(srt) % 2 else 0.5 * (srt[len(srt) // 2 - 1] + srt[len(srt) // 2])
-        result("W10", name, med, srt[0], reps, "loss1=%.9g,loss2=%.9g" % (losses[0], losses[1]),
-               steps=state["step"], tokens=tokens, batch=B, hidden=H, lengths="5..%d" % (4 + span),
-               cold_s_per_step="%.6g" % cold, loss_first_epoch="%.4f" % first,
-               loss_last_epoch="%.4f" % last, note=note)
+        lm_timed("W10", name, train_step, note)
 
     run("torch", cell, head, "autograd, GRU cell per time step")
     run_torch_w10_gru(torch, head)
@@ -803,6 +773,14 @@ def run_torch_w10(torch, F, has_compile, no_compile):
     except Exception as e:
         na("W10", "torch.compile", "torch.compile failed: %s" % first_line(e))
         traceback.print_exc(file=sys.stderr)
+
+
+def lm_sgd(torch, params):
+    """W10/W16's SGD step, the gradients dropped after it"""
+    with torch.no_grad():
+        for p in params:
+            p.sub_(p.grad, alpha=W10_LR)
+            p.grad = None
 
 
 def lm_timed(w, name, train_step, note):
@@ -871,10 +849,7 @@ def lm_module_run(torch, w, rnn, head, name, note):
             loss = head(hs.reshape(L * B, H), wout, bout, targets)
             value = loss.item()
             loss.backward()
-        with torch.no_grad():
-            for p in params:
-                p.sub_(p.grad, alpha=W10_LR)
-                p.grad = None
+        lm_sgd(torch, params)
         return value, L
 
     lm_timed(w, name, train_step, note)
@@ -921,10 +896,7 @@ def run_torch_w16(torch, F):
             loss = head(torch.stack(hs).reshape(L * B, H), wout, bout, targets)
             value = loss.item()
             loss.backward()
-        with torch.no_grad():
-            for p in params:
-                p.sub_(p.grad, alpha=W10_LR)
-                p.grad = None
+        lm_sgd(torch, params)
         return value, L
 
     lm_timed("W16", "torch", train_step, "autograd, LSTM cell per time step")

@@ -1029,7 +1029,7 @@ static int take_slice(roller *R, int i, int *failed) {
   vm_tensor *ins[3];
   for (int e = 0; e < node->nin; e++) {
     int r = t->refs[i][e];
-    ins[e] = r < 0 ? t->leaves[-1 - r]->value : R->vals[r];
+    ins[e] = value_of(R, r);
     if (!ins[e]) return vm_error(KILN_ERR_INTERNAL, "rolled loop: a sliced value is missing");
   }
   const vm_backend *be = vm_backend_of((kiln_device)node->meta.device);

@@ -2,8 +2,6 @@
 
 require_relative "test_helper"
 require "timeout"
-require "open3"
-require "rbconfig"
 
 # Ctrl-C and Timeout reach a long evaluation: it stops at the next kernel
 # boundary (the unblocking function sets Kiln's cancel flag), Ruby raises
@@ -12,12 +10,18 @@ require "rbconfig"
 # every run of the chain takes the same time; 240 ops of 3 MB, under the
 # depth and memory caps, so nothing is evaluated before the read.
 class InterruptTest < Minitest::Test
-  def long_chain
-    Kiln.manual_seed(5)
-    x = Kiln.rand(800, 1000)
-    60.times { |i| x = (x * (1.0 + i * 1e-6)).tanh.sigmoid + 0.001 }
-    x.sum
-  end
+  include KilnChild
+
+  # the chain, defined here and in the child processes below alike
+  CHAIN = <<~RUBY
+    def chain
+      Kiln.manual_seed(5)
+      x = Kiln.rand(800, 1000)
+      60.times { |i| x = (x * (1.0 + i * 1e-6)).tanh.sigmoid + 0.001 }
+      x.sum
+    end
+  RUBY
+  class_eval(CHAIN)
 
   def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
@@ -25,10 +29,10 @@ class InterruptTest < Minitest::Test
     jit = ENV["KILN_JIT"]
     ENV["KILN_JIT"] = "0"
     t0 = now
-    reference = long_chain.item
+    reference = chain.item
     whole = now - t0
     skip "the evaluation took #{whole.round(3)} s: too short to interrupt" if whole < 0.06
-    total = long_chain
+    total = chain
     t0 = now
     assert_raises(Timeout::Error) { Timeout.timeout(0.02) { total.item } }
     elapsed = now - t0
@@ -41,26 +45,14 @@ class InterruptTest < Minitest::Test
   # The chain again in a process of its own with KILN_JIT=0, timed
   # (whole), its reference value read and a second one recorded (total);
   # body runs after that and prints what the test compares
-  CHILD_CHAIN = <<~RUBY
-    require "kiln"
-    def chain
-      Kiln.manual_seed(5)
-      x = Kiln.rand(800, 1000)
-      60.times { |i| x = (x * (1.0 + i * 1e-6)).tanh.sigmoid + 0.001 }
-      x.sum
-    end
+  CHILD_CHAIN = CHAIN + <<~RUBY
     t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
     reference = chain.item
     whole = Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0
     total = chain
   RUBY
 
-  def child_output(body)
-    lib = File.expand_path("../lib", __dir__)
-    out, err, status = Open3.capture3({ "KILN_JIT" => "0" }, RbConfig.ruby, "-I", lib, "-e", CHILD_CHAIN + body)
-    assert status.success?, "the child failed: #{err}"
-    out.strip
-  end
+  def child_output(body) = kiln_child(CHILD_CHAIN + body).strip
 
   # Ruby runs the unblocking function for signals it handles without
   # raising too: a child process that exits (SIGCHLD; kiln-jitc is one)

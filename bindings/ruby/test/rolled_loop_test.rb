@@ -1,7 +1,6 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
-require "open3"
 
 # A GRU written the way a Rubyist writes it — a cell called in an `each`
 # over the time steps, lengths changing every training step — runs rolled
@@ -56,13 +55,9 @@ class RolledLoopTest < Minitest::Test
           losses.map { |l| format("%.9e", l) }.join(",")].join(" ")
   RUBY
 
-  def run_loop(mode, env = {})
-    lib = File.expand_path("../lib", __dir__)
-    out, err, status = Open3.capture3({ "KILN_JIT" => "0" }.merge(env), RbConfig.ruby, "-I", lib,
-                                      "-rkiln", "-e", LOOP, mode)
-    assert status.success?, "child failed: #{err}"
-    out.split
-  end
+  include KilnChild
+
+  def run_loop(mode, env = {}) = kiln_child(LOOP, mode, env: env).split
 
   def test_a_ruby_each_loop_rolls_the_same_under_gc_stress
     calm = run_loop("calm")

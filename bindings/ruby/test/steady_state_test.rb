@@ -1,8 +1,6 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
-require "open3"
-require "rbconfig"
 
 # The execution model seen from Ruby (DESIGN §3): which values a flush keeps,
 # and so every trace key, is a function of the program, never of when Ruby's
@@ -45,13 +43,9 @@ class SteadyStateTest < Minitest::Test
           losses.map { |l| [l].pack("E").unpack1("H*") }.join(",")].join(" ")
   RUBY
 
-  def run_loop(mode)
-    lib = File.expand_path("../lib", __dir__)
-    out, err, status = Open3.capture3({ "KILN_JIT" => "0" }, RbConfig.ruby, "-I", lib, "-rkiln",
-                                      "-e", LOOP, mode)
-    assert status.success?, "child failed: #{err}"
-    out.split
-  end
+  include KilnChild
+
+  def run_loop(mode) = kiln_child(LOOP, mode).split
 
   def test_keys_do_not_depend_on_the_gc
     calm = run_loop("calm")

@@ -8,6 +8,21 @@ $LOAD_PATH.unshift File.expand_path("../lib", __dir__)
 ENV["KILN_PAYOFF"] ||= "0"
 require "kiln"
 require "minitest/autorun"
+require "open3"
+require "rbconfig"
+
+# Runs Ruby source in a process of its own with this checkout's gem loaded,
+# on the interpreter (KILN_JIT=0) unless env says otherwise; fails the test
+# if the child fails, else returns what it printed.
+module KilnChild
+  def kiln_child(source, *args, env: {})
+    lib = File.expand_path("../lib", __dir__)
+    out, err, status = Open3.capture3({ "KILN_JIT" => "0" }.merge(env), RbConfig.ruby, "-I", lib,
+                                      "-rkiln", "-e", source, *args)
+    assert status.success?, "the child failed: #{err}"
+    out
+  end
+end
 
 module KilnAssertions
   # compares a tensor's dtype, shape and values (floats within tol)
