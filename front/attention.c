@@ -144,6 +144,13 @@ vm_tensor *fe_attention(vm_tensor *q, vm_tensor *k, vm_tensor *v, vm_tensor *mas
       mask && mask->dtype != KILN_BOOL && mask->node && tr_node_requires_grad(mask->node);
   fe_scope s = {0};
   vm_tensor *out;
+  if (vm_dtype_is_half(dt)) { /* in f32, rounded once (DESIGN §13) */
+    vm_tensor *q32 = keep(&s, fe_cast(q, KILN_F32)), *k32 = keep(&s, fe_cast(k, KILN_F32));
+    vm_tensor *v32 = keep(&s, fe_cast(v, KILN_F32)), *m32 = mask;
+    if (mask && vm_dtype_is_half(mask->dtype)) m32 = keep(&s, fe_cast(mask, KILN_F32));
+    out = keep(&s, fe_attention(q32, k32, v32, m32, causal, scale));
+    return finish(&s, out ? keep(&s, fe_cast(out, dt)) : NULL);
+  }
   if (cpu && (dt == KILN_F32 || dt == KILN_F64) && !mask_grad) {
     vm_tensor *in[4] = {to_batch(&s, q, nb, batch, tq, d), to_batch(&s, k, nb, batch, tk, d),
                         to_batch(&s, v, nb, batch, tk, v->shape[nv - 1]),

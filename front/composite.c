@@ -24,9 +24,17 @@ static bool reject_bool_arg(const vm_tensor *a) {
   return true;
 }
 
-/* a, or a cast to f32 when it is not a float tensor */
+/* a, or a cast to f32 when it is not a float tensor or is a half: row
+   statistics and the math of composites run in f32 (DESIGN §13), and
+   rounded_as() rounds their result once to the half */
 static vm_tensor *as_float(fe_scope *s, vm_tensor *a) {
-  return vm_dtype_is_float(a->dtype) ? a : keep(s, fe_cast(a, KILN_F32));
+  return vm_dtype_is_float(a->dtype) && !vm_dtype_is_half(a->dtype) ? a
+                                                                    : keep(s, fe_cast(a, KILN_F32));
+}
+
+/* r in a's dtype when a is a half (computed in f32 by as_float), else r */
+static vm_tensor *rounded_as(fe_scope *s, vm_tensor *r, const vm_tensor *a) {
+  return r && vm_dtype_is_half(a->dtype) ? keep(s, fe_cast(r, a->dtype)) : r;
 }
 
 /* where(x <= 0, 0, x): NaN stays NaN, -0 becomes +0, and the gradient is
@@ -50,7 +58,7 @@ vm_tensor *fe_gelu(vm_tensor *a) { /* 0.5 x (1 + erf(x / sqrt 2)) */
   vm_tensor *h = keep(
       &s,
       fe_binary_scalar(VM_OP_mul, keep(&s, fe_binary_scalar(VM_OP_add, e, 1, false)), 0.5, false));
-  return finish(&s, keep(&s, fe_binary(VM_OP_mul, x, h)));
+  return finish(&s, rounded_as(&s, keep(&s, fe_binary(VM_OP_mul, x, h)), a));
 }
 
 vm_tensor *fe_clamp(vm_tensor *a, double lo, double hi) {
@@ -98,7 +106,8 @@ vm_tensor *fe_mean(vm_tensor *a, int naxes, const int *axes, bool keepdim) {
         count = INT64_MAX; /* unreachable: shapes are checked */
     }
   }
-  return finish(&s, keep(&s, fe_binary_scalar(VM_OP_div, sum, (double)count, false)));
+  return finish(
+      &s, rounded_as(&s, keep(&s, fe_binary_scalar(VM_OP_div, sum, (double)count, false)), a));
 }
 
 /* the max along axis, subtracted for stability: it cancels exactly, so it
@@ -126,19 +135,23 @@ vm_tensor *fe_log_softmax(vm_tensor *a, int axis) {
   if (null_arg(a)) return NULL;
   fe_scope s = {0};
   vm_tensor *x = as_float(&s, a);
-  if (x && a->numel == 0) return finish(&s, valid_axis(axis, a->ndim) ? empty_result(&s, x) : NULL);
+  if (x && a->numel == 0)
+    return finish(&s, valid_axis(axis, a->ndim) ? rounded_as(&s, empty_result(&s, x), a) : NULL);
   vm_tensor *m = keep(&s, stability_shift(x, axis));
   vm_tensor *shifted = keep(&s, fe_binary(VM_OP_sub, x, m));
   vm_tensor *sum =
       keep(&s, fe_reduce(VM_OP_sum, keep(&s, fe_unary(VM_OP_exp, shifted)), 1, &axis, true));
-  return finish(&s, keep(&s, fe_binary(VM_OP_sub, shifted, keep(&s, fe_unary(VM_OP_log, sum)))));
+  return finish(
+      &s, rounded_as(
+              &s, keep(&s, fe_binary(VM_OP_sub, shifted, keep(&s, fe_unary(VM_OP_log, sum)))), a));
 }
 
 vm_tensor *fe_softmax(vm_tensor *a, int axis) {
   if (null_arg(a)) return NULL;
   fe_scope s = {0};
   vm_tensor *x = as_float(&s, a);
-  if (x && a->numel == 0) return finish(&s, valid_axis(axis, a->ndim) ? empty_result(&s, x) : NULL);
+  if (x && a->numel == 0)
+    return finish(&s, valid_axis(axis, a->ndim) ? rounded_as(&s, empty_result(&s, x), a) : NULL);
   vm_tensor *m = keep(&s, stability_shift(x, axis));
   vm_tensor *e = keep(&s, fe_unary(VM_OP_exp, keep(&s, fe_binary(VM_OP_sub, x, m))));
   vm_tensor *sum = keep(&s, fe_reduce(VM_OP_sum, e, 1, &axis, true));
@@ -147,7 +160,7 @@ vm_tensor *fe_softmax(vm_tensor *a, int axis) {
      compiled softmax's time) */
   vm_tensor *one = keep(&s, fe_weak_scalar(1, false));
   vm_tensor *inv = keep(&s, one && sum ? fe_binary(VM_OP_div, one, sum) : NULL);
-  return finish(&s, keep(&s, fe_binary(VM_OP_mul, e, inv)));
+  return finish(&s, rounded_as(&s, keep(&s, fe_binary(VM_OP_mul, e, inv)), a));
 }
 
 vm_tensor *fe_logsumexp(vm_tensor *a, int axis, bool keepdim) {
@@ -167,8 +180,8 @@ vm_tensor *fe_logsumexp(vm_tensor *a, int axis, bool keepdim) {
       fe_binary(VM_OP_add,
                 keep(&s, fe_unary(VM_OP_log, keep(&s, fe_reduce(VM_OP_sum, e, 1, &axis, true)))),
                 msafe));
-  if (keepdim || !lse) return finish(&s, lse);
-  return finish(&s, keep(&s, fe_squeeze(lse, axis)));
+  if (!keepdim && lse) lse = keep(&s, fe_squeeze(lse, axis));
+  return finish(&s, rounded_as(&s, lse, a));
 }
 
 static bool check_affine(const vm_tensor *p, int64_t d, const char *what) {
@@ -202,7 +215,7 @@ vm_tensor *fe_layer_norm(vm_tensor *x, vm_tensor *w, vm_tensor *b, double eps) {
   vm_tensor *y = x->numel == 0 ? empty_result(&s, xf) : normalize_last(&s, xf, eps);
   if (w) y = keep(&s, fe_binary(VM_OP_mul, y, w));
   if (b) y = keep(&s, fe_binary(VM_OP_add, y, b));
-  return finish(&s, y);
+  return finish(&s, rounded_as(&s, y, x));
 }
 
 /* the class-index form: logits [N,C] (any dtype but bool), target [N] of
@@ -210,7 +223,7 @@ vm_tensor *fe_layer_norm(vm_tensor *x, vm_tensor *w, vm_tensor *b, double eps) {
    loss is evaluated, as an error of the loss naming the label */
 static bool check_class_target(const vm_tensor *logits, const vm_tensor *target) {
   char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
-  if (!vm_dtype_is_int(target->dtype)) {
+  if (!vm_dtype_is_index(target->dtype)) {
     vm_error(KILN_ERR_DTYPE,
              "target must be int64 or int32 class indices, not %s "
              "(the class-index form: logits [N,C], target [N])",

@@ -34,7 +34,7 @@ static bool require_float(const vm_tensor *a, const char *what) {
 }
 
 static bool require_index(const vm_tensor *a, const char *what) {
-  if (vm_dtype_is_int(a->dtype)) return true;
+  if (vm_dtype_is_index(a->dtype)) return true;
   vm_error(KILN_ERR_DTYPE, "%s must be int64 or int32, not %s", what, vm_dtype_name(a->dtype));
   return false;
 }

@@ -24,9 +24,12 @@ static bool weak_cast(kiln_dtype from, kiln_dtype to, double *v) {
     int64_t i64;
   } slot = {0};
   vm_store_f64(&slot, from, 0, *v);
-  int64_t x = from == KILN_BOOL ? slot.b : from == KILN_I32 ? slot.i32 : slot.i64;
+  int64_t x = from == KILN_BOOL || from == KILN_U8 ? slot.b
+              : from == KILN_I32                   ? slot.i32
+                                                   : slot.i64;
   /* exact in a double: x came from one (saturated), or is 32 bits */
   *v = to == KILN_BOOL  ? (double)(x != 0)
+       : to == KILN_U8  ? (double)(uint8_t)x
        : to == KILN_I32 ? (double)(int32_t)(uint32_t)x
                         : (double)x;
   return true;

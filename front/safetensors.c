@@ -37,18 +37,25 @@
 #define ST_MAX_HEADER (100u << 20) /* the reference implementation's limit */
 #define ST_MAX_DEPTH 64
 
+/* the format's dtypes Kiln reads: each into the Kiln dtype that holds
+   its values, stored as is (size 0) or, where Kiln has no such dtype,
+   widened from elements of `size` bytes (signed or not); the stored ones
+   are those written */
 static const struct {
   const char *name;
   kiln_dtype dtype;
-} st_dtypes[] = {{"F32", KILN_F32},
-                 {"F64", KILN_F64},
-                 {"I32", KILN_I32},
-                 {"I64", KILN_I64},
-                 {"BOOL", KILN_BOOL}};
+  int size;
+  bool is_signed;
+} st_dtypes[] = {{"F32", KILN_F32, 0, 0}, {"F64", KILN_F64, 0, 0},   {"I32", KILN_I32, 0, 0},
+                 {"I64", KILN_I64, 0, 0}, {"BOOL", KILN_BOOL, 0, 0}, {"BF16", KILN_BF16, 0, 0},
+                 {"F16", KILN_F16, 0, 0}, {"U8", KILN_U8, 0, 0},     {"I8", KILN_I32, 1, 1},
+                 {"I16", KILN_I32, 2, 1}, {"U16", KILN_I32, 2, 0},   {"U32", KILN_I64, 4, 0},
+                 {"U64", KILN_I64, 8, 0}};
+#define ST_NDTYPES (sizeof st_dtypes / sizeof *st_dtypes)
 
 static const char *st_dtype_name(kiln_dtype dt) {
-  for (size_t i = 0; i < sizeof st_dtypes / sizeof *st_dtypes; i++)
-    if (st_dtypes[i].dtype == dt) return st_dtypes[i].name;
+  for (size_t i = 0; i < ST_NDTYPES; i++)
+    if (st_dtypes[i].dtype == dt && !st_dtypes[i].size) return st_dtypes[i].name;
   return NULL;
 }
 
@@ -591,6 +598,8 @@ static bool j_parse(const char *s, size_t len, j_val *out, j_member_fn each, voi
 typedef struct {
   const char *name; /* borrowed from the header's names */
   kiln_dtype dtype;
+  int file_size; /* bytes of a stored element when widened into dtype; 0: dtype's own */
+  bool file_signed;
   int ndim;
   int64_t shape[KILN_MAX_DIMS];
   uint64_t begin, end;
@@ -621,14 +630,18 @@ static bool parse_entry(const char *name, const j_val *v, uint64_t data_size, st
   const j_val *dt = j_get(v, "dtype"), *sh = j_get(v, "shape"), *off = j_get(v, "data_offsets");
   if (!dt || !sh || !off) return bad_entry(name, "dtype, shape and data_offsets are required");
   if (dt->type != J_STR) return bad_entry(name, "dtype is not a string");
-  size_t k = 0, nd = sizeof st_dtypes / sizeof *st_dtypes;
-  while (k < nd && strcmp(dt->str, st_dtypes[k].name)) k++;
-  if (k == nd) {
-    vm_error(KILN_ERR_ARG, "tensor \"%s\": unsupported dtype \"%s\" (F32, F64, I32, I64, BOOL)",
+  size_t k = 0;
+  while (k < ST_NDTYPES && strcmp(dt->str, st_dtypes[k].name)) k++;
+  if (k == ST_NDTYPES) {
+    vm_error(KILN_ERR_ARG,
+             "tensor \"%s\": unsupported dtype \"%s\" (Kiln reads F64, F32, BF16, F16, I64, I32, "
+             "I16, I8, U64, U32, U16, U8, BOOL)",
              name, dt->str);
     return false;
   }
   e->dtype = st_dtypes[k].dtype;
+  e->file_size = st_dtypes[k].size;
+  e->file_signed = st_dtypes[k].is_signed;
   if (sh->type != J_ARR || sh->n > KILN_MAX_DIMS)
     return bad_entry(name, "shape is not an array of at most 8 sizes");
   e->ndim = sh->n;
@@ -643,8 +656,8 @@ static bool parse_entry(const char *name, const j_val *v, uint64_t data_size, st
     return bad_entry(name, "its shape is too large (its nonzero sizes multiply past 2^60)");
   uint64_t numel = (uint64_t)count;
   uint64_t bytes;
-  if (__builtin_mul_overflow(numel, (uint64_t)vm_dtype_size(e->dtype), &bytes) ||
-      numel > (uint64_t)INT64_MAX)
+  uint64_t esize = e->file_size ? (uint64_t)e->file_size : (uint64_t)vm_dtype_size(e->dtype);
+  if (__builtin_mul_overflow(numel, esize, &bytes) || numel > (uint64_t)INT64_MAX)
     return bad_entry(name, "its byte size overflows");
   if (off->type != J_ARR || off->n != 2 || off->items[0].type != J_NUM ||
       off->items[1].type != J_NUM || !off->items[0].uint_ok || !off->items[1].uint_ok)
@@ -795,15 +808,55 @@ static int read_header(FILE *f, const char *path, uint64_t *hlen_out, st_header 
   return check_tiling(h->e, h->n, h->data_size) ? KILN_OK : KILN_ERR_ARG;
 }
 
+/* the stored integers at raw (e->file_size bytes each, little-endian)
+   into t's i32/i64 elements; false for a U64 value past int64's range */
+static bool widen_ints(const st_entry *e, const unsigned char *raw, vm_tensor *t) {
+  for (int64_t i = 0; i < t->numel; i++) {
+    uint64_t u = 0;
+    memcpy(&u, raw + i * e->file_size, (size_t)e->file_size);
+    int64_t v = (int64_t)u;
+    if (e->file_signed) { /* sign-extend */
+      int shift = 64 - 8 * e->file_size;
+      v = (int64_t)(u << shift) >> shift;
+    } else if (u > (uint64_t)INT64_MAX) {
+      vm_error(KILN_ERR_DTYPE,
+               "tensor \"%s\": U64 value %llu (element %lld) does not fit int64, the widest "
+               "integer dtype Kiln has",
+               e->name, (unsigned long long)u, (long long)i);
+      return false;
+    }
+    if (t->dtype == KILN_I32)
+      ((int32_t *)vm_data(t))[i] = (int32_t)v;
+    else
+      ((int64_t *)vm_data(t))[i] = v;
+  }
+  return true;
+}
+
 static vm_tensor *read_tensor(FILE *f, const char *path, uint64_t data_start, const st_entry *e) {
   vm_tensor *t = vm_tensor_new(e->dtype, e->ndim, e->shape);
   if (!t) return NULL;
   size_t bytes = (size_t)(e->end - e->begin);
+  void *raw = e->file_size ? malloc(bytes ? bytes : 1) : vm_data(t);
+  if (!raw) {
+    vm_release(t);
+    vm_error(KILN_ERR_OOM, "out of memory reading tensor \"%s\"", e->name);
+    return NULL;
+  }
   if (bytes && (fseeko(f, (off_t)(data_start + e->begin), SEEK_SET) != 0 ||
-                fread(vm_data(t), 1, bytes, f) != bytes)) {
+                fread(raw, 1, bytes, f) != bytes)) {
     vm_error(KILN_ERR_ARG, "reading tensor \"%s\" from '%s' failed (truncated?)", e->name, path);
+    if (e->file_size) free(raw);
     vm_release(t);
     return NULL;
+  }
+  if (e->file_size) {
+    bool ok = widen_ints(e, raw, t);
+    free(raw);
+    if (!ok) {
+      vm_release(t);
+      return NULL;
+    }
   }
   if (e->dtype == KILN_BOOL) { /* bool bytes become 0/1 (DESIGN §11) */
     unsigned char *p = vm_data(t);

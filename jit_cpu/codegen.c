@@ -37,6 +37,8 @@ void cg_init_types(cg_ctx *c) {
   c->t_u64 = gcc_jit_context_get_type(x, GCC_JIT_TYPE_UINT64_T);
   c->t_f32 = gcc_jit_context_get_type(x, GCC_JIT_TYPE_FLOAT);
   c->t_f64 = gcc_jit_context_get_type(x, GCC_JIT_TYPE_DOUBLE);
+  c->t_u8 = gcc_jit_context_get_type(x, GCC_JIT_TYPE_UINT8_T);
+  c->t_u16 = gcc_jit_context_get_type(x, GCC_JIT_TYPE_UINT16_T);
   c->t_voidp = gcc_jit_context_get_type(x, GCC_JIT_TYPE_VOID_PTR);
   c->t_voidpp = gcc_jit_type_get_pointer(c->t_voidp);
   c->t_i64p = gcc_jit_type_get_pointer(gcc_jit_type_get_const(c->t_i64));
@@ -54,12 +56,21 @@ gcc_jit_type *cg_type(cg_ctx *c, kiln_dtype dt) {
       return c->t_f32;
     case KILN_F64:
       return c->t_f64;
+    case KILN_BF16:
+    case KILN_F16:
+      return c->t_f32;
+    case KILN_U8:
+      return c->t_u8;
   }
   return c->t_f32;
 }
 
+gcc_jit_type *cg_mem_type(cg_ctx *c, kiln_dtype dt) {
+  return vm_dtype_is_half(dt) ? c->t_u16 : cg_type(c, dt);
+}
+
 static gcc_jit_type *unsigned_of(cg_ctx *c, kiln_dtype dt) {
-  return dt == KILN_I32 ? c->t_u32 : c->t_u64;
+  return dt == KILN_U8 ? c->t_u8 : dt == KILN_I32 ? c->t_u32 : c->t_u64;
 }
 
 static gcc_jit_rvalue *num(cg_ctx *c, gcc_jit_type *t, double v) {
@@ -110,6 +121,154 @@ static gcc_jit_rvalue *builtin1(cg_ctx *c, const char *name, gcc_jit_rvalue *x) 
   return gcc_jit_context_new_call(c->ctx, NULL, f, 1, &x);
 }
 
+/* --- bf16 / f16 <-> f32: vm/half.h's steps on 32-bit integers ------------------------
+   Branches of half.h become bit selects (every value is computed, a mask
+   picks one), so the loops stay vectorizable; a shift whose value is not
+   picked still gets a count in [1, 31]. */
+
+static gcc_jit_rvalue *u32c(cg_ctx *c, uint32_t v) {
+  return gcc_jit_context_new_rvalue_from_long(c->ctx, c->t_u32, (long)v);
+}
+
+static gcc_jit_rvalue *u32op(cg_ctx *c, enum gcc_jit_binary_op op, gcc_jit_rvalue *a,
+                             gcc_jit_rvalue *b) {
+  return bin(c, op, c->t_u32, a, b);
+}
+
+/* a local holding v, so a value used several times is computed once */
+static gcc_jit_rvalue *u32var(cg_ctx *c, gcc_jit_rvalue *v, const char *name) {
+  gcc_jit_lvalue *l = local(c, c->t_u32, name);
+  assign(c, l, v);
+  return gcc_jit_lvalue_as_rvalue(l);
+}
+
+/* cond ? a : b on u32 values (bool cond), by masks */
+static gcc_jit_rvalue *u32pick(cg_ctx *c, gcc_jit_rvalue *cond, gcc_jit_rvalue *a,
+                               gcc_jit_rvalue *b) {
+  gcc_jit_rvalue *m = u32var(c,
+                             cast(c,
+                                  gcc_jit_context_new_unary_op(c->ctx, NULL, GCC_JIT_UNARY_OP_MINUS,
+                                                               c->t_int, cast(c, cond, c->t_int)),
+                                  c->t_u32),
+                             "hm");
+  gcc_jit_rvalue *nm =
+      gcc_jit_context_new_unary_op(c->ctx, NULL, GCC_JIT_UNARY_OP_BITWISE_NEGATE, c->t_u32, m);
+  return u32op(c, GCC_JIT_BINARY_OP_BITWISE_OR, u32op(c, GCC_JIT_BINARY_OP_BITWISE_AND, a, m),
+               u32op(c, GCC_JIT_BINARY_OP_BITWISE_AND, b, nm));
+}
+
+static gcc_jit_rvalue *as_u32(cg_ctx *c, gcc_jit_rvalue *b) {
+  return cast(c, cast(c, b, c->t_int), c->t_u32);
+}
+
+static gcc_jit_rvalue *f32_of_bits(cg_ctx *c, gcc_jit_rvalue *u) {
+  return gcc_jit_context_new_bitcast(c->ctx, NULL, u, c->t_f32);
+}
+
+static gcc_jit_rvalue *bits_of_f32(cg_ctx *c, gcc_jit_rvalue *x) {
+  return gcc_jit_context_new_bitcast(c->ctx, NULL, x, c->t_u32);
+}
+
+#define SHL(a, n) u32op(c, GCC_JIT_BINARY_OP_LSHIFT, a, n)
+#define SHR(a, n) u32op(c, GCC_JIT_BINARY_OP_RSHIFT, a, n)
+#define AND(a, b) u32op(c, GCC_JIT_BINARY_OP_BITWISE_AND, a, b)
+#define OR(a, b) u32op(c, GCC_JIT_BINARY_OP_BITWISE_OR, a, b)
+#define ADD(a, b) u32op(c, GCC_JIT_BINARY_OP_PLUS, a, b)
+#define SUB(a, b) u32op(c, GCC_JIT_BINARY_OP_MINUS, a, b)
+#define GT(a, b) cmp(c, GCC_JIT_COMPARISON_GT, a, b)
+#define GE(a, b) cmp(c, GCC_JIT_COMPARISON_GE, a, b)
+#define LT(a, b) cmp(c, GCC_JIT_COMPARISON_LT, a, b)
+#define EQ(a, b) cmp(c, GCC_JIT_COMPARISON_EQ, a, b)
+#define NE(a, b) cmp(c, GCC_JIT_COMPARISON_NE, a, b)
+
+static gcc_jit_rvalue *bf16_to_f32(cg_ctx *c, gcc_jit_rvalue *h) {
+  gcc_jit_rvalue *u = u32var(c, SHL(cast(c, h, c->t_u32), u32c(c, 16)), "bu");
+  gcc_jit_rvalue *nan = GT(AND(u, u32c(c, 0x7fffffffu)), u32c(c, 0x7f800000u));
+  return f32_of_bits(c, OR(u, SHL(as_u32(c, nan), u32c(c, 22))));
+}
+
+static gcc_jit_rvalue *f32_to_bf16(cg_ctx *c, gcc_jit_rvalue *x) {
+  gcc_jit_rvalue *u = u32var(c, bits_of_f32(c, x), "fu");
+  gcc_jit_rvalue *nan = GT(AND(u, u32c(c, 0x7fffffffu)), u32c(c, 0x7f800000u));
+  gcc_jit_rvalue *hi = SHR(u, u32c(c, 16));
+  gcc_jit_rvalue *rounded = SHR(ADD(ADD(u, u32c(c, 0x7fffu)), AND(hi, u32c(c, 1))), u32c(c, 16));
+  return cast(c, u32pick(c, nan, OR(hi, u32c(c, 0x40u)), rounded), c->t_u16);
+}
+
+static gcc_jit_rvalue *f16_to_f32(cg_ctx *c, gcc_jit_rvalue *h) {
+  gcc_jit_rvalue *w = u32var(c, cast(c, h, c->t_u32), "hw");
+  gcc_jit_rvalue *sign = u32var(c, SHL(AND(w, u32c(c, 0x8000u)), u32c(c, 16)), "hs");
+  gcc_jit_rvalue *e = u32var(c, AND(SHR(w, u32c(c, 10)), u32c(c, 0x1fu)), "he");
+  gcc_jit_rvalue *m = u32var(c, AND(w, u32c(c, 0x3ffu)), "hm");
+  gcc_jit_rvalue *normal =
+      OR(OR(sign, SHL(ADD(e, u32c(c, 112)), u32c(c, 23))), SHL(m, u32c(c, 13)));
+  gcc_jit_rvalue *special = OR(OR(OR(sign, u32c(c, 0x7f800000u)), SHL(m, u32c(c, 13))),
+                               SHL(as_u32(c, NE(m, u32c(c, 0))), u32c(c, 22)));
+  gcc_jit_rvalue *sub =
+      OR(sign, bits_of_f32(c, bin(c, GCC_JIT_BINARY_OP_MULT, c->t_f32, cast(c, m, c->t_f32),
+                                  num(c, c->t_f32, 5.9604644775390625e-8))));
+  gcc_jit_rvalue *r = u32pick(c, EQ(e, u32c(c, 0)), sub, normal);
+  return f32_of_bits(c, u32pick(c, EQ(e, u32c(c, 0x1f)), special, r));
+}
+
+static gcc_jit_rvalue *f32_to_f16(cg_ctx *c, gcc_jit_rvalue *x) {
+  gcc_jit_rvalue *u = u32var(c, bits_of_f32(c, x), "fu");
+  gcc_jit_rvalue *sign = u32var(c, AND(SHR(u, u32c(c, 16)), u32c(c, 0x8000u)), "fs");
+  gcc_jit_rvalue *a = u32var(c, AND(u, u32c(c, 0x7fffffffu)), "fa");
+  gcc_jit_rvalue *nanv = OR(OR(sign, u32c(c, 0x7e00u)), AND(SHR(a, u32c(c, 13)), u32c(c, 0x3ffu)));
+  gcc_jit_rvalue *infv = OR(sign, u32c(c, 0x7c00u));
+  gcc_jit_rvalue *normv = OR(sign, SHR(ADD(ADD(SUB(a, u32c(c, 0x38000000u)), u32c(c, 0xfffu)),
+                                           AND(SHR(a, u32c(c, 13)), u32c(c, 1))),
+                                       u32c(c, 13)));
+  /* a subnormal: e in [102, 112] picks it; e clamped to [102, 125] keeps
+     the shift in [1, 24] for the values not picked */
+  gcc_jit_rvalue *e = u32var(c, SHR(a, u32c(c, 23)), "fe");
+  gcc_jit_rvalue *ec = u32var(c, u32pick(c, LT(e, u32c(c, 102)), u32c(c, 102), e), "fc");
+  ec = u32var(c, u32pick(c, GT(ec, u32c(c, 125)), u32c(c, 125), ec), "fc");
+  gcc_jit_rvalue *shift = u32var(c, SUB(u32c(c, 126), ec), "fsh");
+  gcc_jit_rvalue *m = u32var(c, OR(AND(a, u32c(c, 0x7fffffu)), u32c(c, 0x800000u)), "fm");
+  gcc_jit_rvalue *q = u32var(c, SHR(m, shift), "fq");
+  gcc_jit_rvalue *rem = u32var(c, AND(m, SUB(SHL(u32c(c, 1), shift), u32c(c, 1))), "fr");
+  gcc_jit_rvalue *half = u32var(c, SHL(u32c(c, 1), SUB(shift, u32c(c, 1))), "fh");
+  gcc_jit_rvalue *up = OR(as_u32(c, GT(rem, half)), AND(as_u32(c, EQ(rem, half)), q));
+  gcc_jit_rvalue *subv = OR(sign, ADD(q, up));
+  gcc_jit_rvalue *r = u32pick(c, LT(e, u32c(c, 102)), sign, subv);
+  r = u32pick(c, GE(a, u32c(c, 0x38800000u)), normv, r);
+  r = u32pick(c, GE(a, u32c(c, 0x477ff000u)), infv, r);
+  r = u32pick(c, GT(a, u32c(c, 0x7f800000u)), nanv, r);
+  return cast(c, r, c->t_u16);
+}
+
+#undef SHL
+#undef SHR
+#undef AND
+#undef OR
+#undef ADD
+#undef SUB
+#undef GT
+#undef GE
+#undef LT
+#undef EQ
+#undef NE
+
+gcc_jit_rvalue *cg_load(cg_ctx *c, kiln_dtype dt, gcc_jit_rvalue *stored) {
+  if (dt == KILN_BF16) return bf16_to_f32(c, stored);
+  if (dt == KILN_F16) return f16_to_f32(c, stored);
+  return stored;
+}
+
+gcc_jit_rvalue *cg_store(cg_ctx *c, kiln_dtype dt, gcc_jit_rvalue *value) {
+  if (dt == KILN_BF16) return f32_to_bf16(c, value);
+  if (dt == KILN_F16) return f32_to_f16(c, value);
+  return value;
+}
+
+/* an f32 value rounded to dt's precision, as storing and loading it does */
+static gcc_jit_rvalue *round_to(cg_ctx *c, kiln_dtype dt, gcc_jit_rvalue *x) {
+  if (!x) return NULL;
+  return vm_dtype_is_half(dt) ? cg_load(c, dt, cg_store(c, dt, x)) : x;
+}
+
 /* --- elementwise expressions ------------------------------------------------------ */
 
 /* float -> integer as the interpreter does it: NaN -> 0, out of range
@@ -117,9 +276,9 @@ static gcc_jit_rvalue *builtin1(cg_ctx *c, const char *name, gcc_jit_rvalue *x) 
 static gcc_jit_rvalue *saturating_to_int(cg_ctx *c, gcc_jit_rvalue *x, kiln_dtype from,
                                          kiln_dtype to) {
   gcc_jit_type *ft = cg_type(c, from), *it = cg_type(c, to);
-  double lo = to == KILN_I32 ? -2147483648.0 : -9223372036854775808.0;
-  double hi = to == KILN_I32 ? 2147483647.0 : 9223372036854775807.0;
-  long max = to == KILN_I32 ? INT32_MAX : INT64_MAX;
+  double lo = to == KILN_U8 ? 0.0 : to == KILN_I32 ? -2147483648.0 : -9223372036854775808.0;
+  double hi = to == KILN_U8 ? 255.0 : to == KILN_I32 ? 2147483647.0 : 9223372036854775807.0;
+  long max = to == KILN_U8 ? UINT8_MAX : to == KILN_I32 ? INT32_MAX : INT64_MAX;
   gcc_jit_lvalue *v = local(c, ft, "satv"), *res = local(c, it, "satr");
   gcc_jit_lvalue *big = local(c, c->t_bool, "big");
   assign(c, v, x);
@@ -135,7 +294,13 @@ static gcc_jit_rvalue *saturating_to_int(cg_ctx *c, gcc_jit_rvalue *x, kiln_dtyp
 }
 
 static gcc_jit_rvalue *emit_cast(cg_ctx *c, gcc_jit_rvalue *x, kiln_dtype from, kiln_dtype to) {
-  if (from == to) return x;
+  if (from == to) return round_to(c, to, x); /* a copy: a NaN quieted, as the interpreter's */
+  /* a half's value is an f32 (cg_load); to a half: through f32, rounded */
+  if (vm_dtype_is_half(from)) from = KILN_F32;
+  if (vm_dtype_is_half(to)) {
+    gcc_jit_rvalue *f = from == KILN_F32 ? x : emit_cast(c, x, from, KILN_F32);
+    return round_to(c, to, f);
+  }
   if (to == KILN_BOOL)
     return cmp(c, GCC_JIT_COMPARISON_NE, x, gcc_jit_context_zero(c->ctx, cg_type(c, from)));
   if (from == KILN_BOOL)
@@ -314,14 +479,22 @@ static gcc_jit_rvalue *emit_binary(cg_ctx *c, vm_opcode op, kiln_dtype dt, gcc_j
 /* the value of plan node p given its inputs' values (NULL: not supported) */
 gcc_jit_rvalue *cg_node(cg_ctx *c, const tr_pnode *p, const kiln_dtype *in_dt,
                         gcc_jit_rvalue **in) {
+  /* an op on halves computes on their f32 values; a half result is rounded
+     (DESIGN §13): what the interpreter's half rows do */
+  kiln_dtype out = p->meta.dtype;
   switch (vm_op_table[p->op].kind) {
     case VM_KIND_UNARY:
-      if (p->op == VM_OP_cast) return emit_cast(c, in[0], in_dt[0], p->meta.dtype);
-      return emit_unary(c, p->op, in_dt[0], in[0]);
-    case VM_KIND_BINARY:
-      return emit_binary(c, p->op, in_dt[0], in[0], in[1]);
+      if (p->op == VM_OP_cast) return emit_cast(c, in[0], in_dt[0], out);
+      {
+        gcc_jit_rvalue *v = emit_unary(c, p->op, vm_dtype_compute(in_dt[0]), in[0]);
+        return v ? round_to(c, out, v) : NULL;
+      }
+    case VM_KIND_BINARY: {
+      gcc_jit_rvalue *v = emit_binary(c, p->op, vm_dtype_compute(in_dt[0]), in[0], in[1]);
+      return v ? round_to(c, out, v) : NULL;
+    }
     case VM_KIND_TERNARY:
-      return pick_value(c, p->meta.dtype, in[0], in[1], in[2]);
+      return round_to(c, out, pick_value(c, vm_dtype_compute(out), in[0], in[1], in[2]));
     default:
       return NULL;
   }

@@ -199,7 +199,7 @@ kernel_desc *kernel_desc_parse(const uint8_t *bytes, size_t len, size_t salt_len
   if (!d->leaves || !nodes) goto fail;
   for (int q = 0; q < ks->nin; q++) {
     int32_t in[3];
-    if (!get_i32(&r, in, 3) || !in_range(in[0], 0, KILN_F64) || !in_range(in[1], 0, 255) ||
+    if (!get_i32(&r, in, 3) || !in_range(in[0], 0, VM_NUM_DTYPES - 1) || !in_range(in[1], 0, 255) ||
         !in_range(in[2], KERNEL_IN_PLAIN, KERNEL_IN_ROLES - 1))
       goto fail;
     d->leaves[q].meta.dtype = (kiln_dtype)in[0];
@@ -218,7 +218,7 @@ kernel_desc *kernel_desc_parse(const uint8_t *bytes, size_t len, size_t salt_len
   for (int k = 0; k < n; k++) {
     int32_t node[9];
     if (!get_i32(&r, node, 9) || !in_range(node[3], 0, VM_OP_COUNT - 1) ||
-        !in_range(node[4], 0, KILN_F64) || !in_range(node[5], 0, 3) ||
+        !in_range(node[4], 0, VM_NUM_DTYPES - 1) || !in_range(node[5], 0, 3) ||
         !in_range(node[2], 0, KERNEL_MAX_STASH))
       goto fail;
     ks->compute[k] = node[0] != 0;

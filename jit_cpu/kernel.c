@@ -103,6 +103,18 @@ static uint8_t gather_class(const tr_plan *plan, const cpu_leaf *leaves, const v
   return d == axis ? 0 : d == gm->ndim - 1 && inner_unit(plan, leaves, r) ? 1 : 2;
 }
 
+/* whether node i, or one of its inputs, is a bf16/f16 value */
+static bool touches_half(const tr_plan *plan, const cpu_leaf *leaves, int i) {
+  const tr_pnode *p = &plan->nodes[i];
+  if (vm_dtype_is_half(p->meta.dtype)) return true;
+  for (int k = 0; k < p->nin; k++) {
+    int r = tr_pnode_input(p, k);
+    if (vm_dtype_is_half(r >= 0 ? plan->nodes[r].meta.dtype : leaves[-1 - r].meta.dtype))
+      return true;
+  }
+  return false;
+}
+
 /* the group's inputs, outputs and params; false if it has a node the code
    generator does not handle */
 static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const bool *escapes,
@@ -154,6 +166,12 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
           memcmp(p->meta.shape, rin->shape, (size_t)rin->ndim * sizeof(int64_t)))
         return false;
     }
+    /* halves: in elementwise kernels' plain nodes only, so far (their
+       reductions, row kernels and moves run on the interpreter, in f32) */
+    if (touches_half(plan, leaves, i) &&
+        (grp->kind != TR_GROUP_ELEMENTWISE || vm_op_gathers(p->op) || kernel_needs_coord(p->op) ||
+         vm_op_scans(p->op) || p->op == VM_OP_concat))
+      return false;
     kiln_dtype in_dt[3];
     /* a gather, scatter_add, concat or argmax reads what it moves from
        outside the kernel (the runner checks index values before the
@@ -313,7 +331,8 @@ typedef struct {
 static void emit_io(cg_ctx *c, gcc_jit_block *entry, gcc_jit_rvalue *bufs, const tr_plan *plan,
                     const cpu_leaf *leaves, const kernel_shape *ks, kernel_io *io) {
   for (int q = 0; q < ks->nout; q++) {
-    gcc_jit_type *pt = gcc_jit_type_get_pointer(cg_type(c, plan->nodes[ks->outs[q]].meta.dtype));
+    gcc_jit_type *pt =
+        gcc_jit_type_get_pointer(cg_mem_type(c, plan->nodes[ks->outs[q]].meta.dtype));
     io->out_ptr[q] = new_local(c, pt, "out", q);
     gcc_jit_block_add_assignment(
         entry, NULL, io->out_ptr[q],
@@ -325,7 +344,7 @@ static void emit_io(cg_ctx *c, gcc_jit_block *entry, gcc_jit_rvalue *bufs, const
     int ref = ks->ins[q];
     io->in_dt[q] = ref >= 0 ? plan->nodes[ref].meta.dtype : leaves[-1 - ref].meta.dtype;
     /* not const: loads must have the plain type (a const bool is no condition) */
-    gcc_jit_type *pt = gcc_jit_type_get_pointer(cg_type(c, io->in_dt[q]));
+    gcc_jit_type *pt = gcc_jit_type_get_pointer(cg_mem_type(c, io->in_dt[q]));
     io->in_ptr[q] = new_local(c, pt, "in", q);
     io->off[q] = new_local(c, c->t_i64, "off", q);
     io->step[q] = new_local(c, c->t_i64, "step", q);
@@ -352,10 +371,10 @@ static void emit_loads(cg_ctx *c, const kernel_shape *ks, const kernel_io *io, g
     if (kernel_role_positional(ks->in_role[q]))
       in_val[q] = ks->stride_class[q] == 0 ? rv(io->off[q]) : index;
     else
-      in_val[q] =
-          ks->stride_class[q] == 0
-              ? rv(io->hoist[q])
-              : rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->in_ptr[q]), index));
+      in_val[q] = ks->stride_class[q] == 0 ? rv(io->hoist[q])
+                                           : cg_load(c, io->in_dt[q],
+                                                     rv(gcc_jit_context_new_array_access(
+                                                         c->ctx, NULL, rv(io->in_ptr[q]), index)));
   }
 }
 
@@ -577,10 +596,12 @@ static bool emit_nodes(cg_ctx *c, const tr_plan *plan, const tr_group *grp, cons
       int slot = 0;
       while (ks->params[slot] != i) slot++;
       gcc_jit_type *pt =
-          gcc_jit_type_get_pointer(gcc_jit_type_get_const(cg_type(c, p->meta.dtype)));
+          gcc_jit_type_get_pointer(gcc_jit_type_get_const(cg_mem_type(c, p->meta.dtype)));
       long per = 8 / (long)vm_dtype_size(p->meta.dtype);
-      value = rv(gcc_jit_context_new_array_access(
-          c->ctx, NULL, gcc_jit_context_new_cast(c->ctx, NULL, params, pt), i64v(c, slot * per)));
+      value = cg_load(c, p->meta.dtype,
+                      rv(gcc_jit_context_new_array_access(
+                          c->ctx, NULL, gcc_jit_context_new_cast(c->ctx, NULL, params, pt),
+                          i64v(c, slot * per))));
     } else {
       value = cg_node(c, p, adt, args);
     }
@@ -699,10 +720,15 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
     gcc_jit_rvalue *at = add64(c, i64v(c, 1), mul64(c, rv(nd), i64v(c, q + 2)));
     gcc_jit_block_add_assignment(setup, NULL, io.step[q],
                                  meta_at(c, meta, add64(c, at, i64v(c, -1))));
-    if (ks->stride_class[q] == 0 && !kernel_role_positional(ks->in_role[q]))
-      gcc_jit_block_add_assignment(
-          setup, NULL, io.hoist[q],
-          rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
+    if (ks->stride_class[q] == 0 && !kernel_role_positional(ks->in_role[q])) {
+      gcc_jit_block *was = c->cur;
+      c->cur = setup; /* a half's widening adds its statements here */
+      gcc_jit_block_add_assignment(setup, NULL, io.hoist[q],
+                                   cg_load(c, io.in_dt[q],
+                                           rv(gcc_jit_context_new_array_access(
+                                               c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q])))));
+      c->cur = was;
+    }
   }
   gcc_jit_block_add_assignment(setup, NULL, j, rv(j0));
   gcc_jit_block_end_with_jump(setup, NULL, inner_cond);
@@ -719,10 +745,12 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
             emit_nodes(c, plan, grp, ks, &io, in_val, params, grp->last + 1, NULL, "v", node_val);
   if (ok) {
     gcc_jit_rvalue *at = add64(c, mul64(c, rv(row), rv(inner)), rv(j));
-    for (int q = 0; q < ks->nout; q++)
+    for (int q = 0; q < ks->nout; q++) {
+      int o = ks->outs[q];
       gcc_jit_block_add_assignment(
           c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[q]), at),
-          rv(node_val[ks->outs[q] - grp->first]));
+          cg_store(c, plan->nodes[o].meta.dtype, rv(node_val[o - grp->first])));
+    }
     gcc_jit_block_add_assignment_op(c->cur, NULL, j, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
     gcc_jit_block_end_with_jump(c->cur, NULL, inner_cond);
   }
@@ -1316,6 +1344,7 @@ static bool rows_take(void *ctx, const tr_row_node *n) {
       ks->ins[ks->nin++] = ref;
     }
   }
+  if (touches_half(plan, c->leaves, n->i)) return false; /* not in row kernels yet */
   if (!n->reduction) {
     if (!cg_supported(p, in_dt)) return false;
     ks->per_elem[n->i - c->first] = n->varies;

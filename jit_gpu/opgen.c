@@ -672,7 +672,8 @@ static void add_family(key_list *L, vm_opcode op, kiln_dtype dt) {
       break;
     case VM_KIND_UNARY:
       if (op == VM_OP_cast)
-        for (int to = 0; to < VM_NUM_DTYPES; to++) add_elementwise(L, op, (kiln_dtype)to, 1, &dt);
+        for (int to = 0; to < VM_NUM_GPU_DTYPES; to++)
+          add_elementwise(L, op, (kiln_dtype)to, 1, &dt);
       else
         add_elementwise(L, op, rule == VM_DT_LOGICAL ? KILN_BOOL : dt, 1, &dt);
       break;
@@ -720,7 +721,7 @@ static void add_family(key_list *L, vm_opcode op, kiln_dtype dt) {
 int gpu_op_keys(gpu_op_key *keys, int cap) {
   key_list L = {keys, keys ? cap : 0, 0};
   for (int op = 0; op < VM_OP_COUNT; op++)
-    for (int dt = 0; dt < VM_NUM_DTYPES; dt++) add_family(&L, (vm_opcode)op, (kiln_dtype)dt);
+    for (int dt = 0; dt < VM_NUM_GPU_DTYPES; dt++) add_family(&L, (vm_opcode)op, (kiln_dtype)dt);
   return L.count;
 }
 

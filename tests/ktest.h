@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../vm/half.h"
 #include "kiln.h"
 
 static int ktest_failed_checks, ktest_passed, ktest_failed;
@@ -33,6 +34,12 @@ static inline const char *ktest_dtype_name(kiln_dtype dt) {
       return "f32";
     case KILN_F64:
       return "f64";
+    case KILN_BF16:
+      return "bf16";
+    case KILN_F16:
+      return "f16";
+    case KILN_U8:
+      return "u8";
   }
   return "?";
 }
@@ -40,7 +47,11 @@ static inline const char *ktest_dtype_name(kiln_dtype dt) {
 static inline size_t ktest_dtype_size(kiln_dtype dt) {
   switch (dt) {
     case KILN_BOOL:
+    case KILN_U8:
       return 1;
+    case KILN_BF16:
+    case KILN_F16:
+      return 2;
     case KILN_I32:
     case KILN_F32:
       return 4;
@@ -62,6 +73,12 @@ static inline double ktest_as_dtype(kiln_dtype dt, double v) {
       return (double)(float)v;
     case KILN_F64:
       return v;
+    case KILN_BF16:
+      return vm_bf16_to_f32(vm_f32_to_bf16((float)v));
+    case KILN_F16:
+      return vm_f16_to_f32(vm_f32_to_f16((float)v));
+    case KILN_U8:
+      return (double)(uint8_t)(int64_t)v;
   }
   return v;
 }
@@ -97,6 +114,15 @@ static inline kiln_tensor *ktest_from_doubles(kiln_dtype dt, int ndim, const int
       }
       case KILN_F64:
         memcpy(buf + 8 * i, &v[i], 8);
+        break;
+      case KILN_BF16:
+      case KILN_F16: {
+        uint16_t x = dt == KILN_BF16 ? vm_f32_to_bf16((float)v[i]) : vm_f32_to_f16((float)v[i]);
+        memcpy(buf + 2 * i, &x, 2);
+        break;
+      }
+      case KILN_U8:
+        buf[i] = (uint8_t)(int64_t)v[i];
         break;
     }
   }
@@ -218,18 +244,7 @@ static inline int ktest_done(void) {
 /* reads a tensor as doubles (any dtype) into a malloc'd array */
 static inline double *ktest_values(kiln_tensor *t) {
   int64_t n = kiln_numel(t);
-  size_t esz = 8;
-  switch (kiln_dtype_of(t)) {
-    case KILN_BOOL:
-      esz = 1;
-      break;
-    case KILN_I32:
-    case KILN_F32:
-      esz = 4;
-      break;
-    default:
-      esz = 8;
-  }
+  size_t esz = ktest_dtype_size(kiln_dtype_of(t));
   void *raw = malloc((size_t)(n ? n : 1) * esz);
   double *out = malloc((size_t)(n ? n : 1) * sizeof(double));
   if (kiln_to_buffer(t, raw, (size_t)n * esz) < 0) {
@@ -252,6 +267,15 @@ static inline double *ktest_values(kiln_tensor *t) {
           break;
         case KILN_F64:
           out[i] = ((double *)raw)[i];
+          break;
+        case KILN_BF16:
+          out[i] = vm_bf16_to_f32(((uint16_t *)raw)[i]);
+          break;
+        case KILN_F16:
+          out[i] = vm_f16_to_f32(((uint16_t *)raw)[i]);
+          break;
+        case KILN_U8:
+          out[i] = ((uint8_t *)raw)[i];
           break;
       }
     }

@@ -89,8 +89,8 @@ static int gen_ndim(void) {
 }
 
 static kiln_dtype gen_dtype(void) {
-  static const int hostile[] = {-1, 5, 99, INT_MIN};
-  return (kiln_dtype)(coin(95) ? rn(5) : hostile[rn(COUNT(hostile))]);
+  static const int hostile[] = {-1, 8, 99, INT_MIN};
+  return (kiln_dtype)(coin(95) ? rn(8) : hostile[rn(COUNT(hostile))]);
 }
 
 static double gen_double(void) {
@@ -171,7 +171,7 @@ static void check_tensor(const kiln_tensor *t) {
   int nd = kiln_ndim(t);
   const int64_t *sh = kiln_shape(t);
   kiln_dtype dt = kiln_dtype_of(t);
-  if (nd < 0 || nd > KILN_MAX_DIMS || !sh || (int)dt < 0 || (int)dt > KILN_F64) {
+  if (nd < 0 || nd > KILN_MAX_DIMS || !sh || (int)dt < 0 || (int)dt > KILN_U8) {
     FUZZ_FAIL("bad header: ndim %d dtype %d", nd, (int)dt);
     return;
   }
@@ -389,7 +389,7 @@ static bool read_doubles(kiln_tensor *t, double *out) {
   static unsigned char raw[8 * BIG_NUMEL];
   int64_t n = kiln_numel(t);
   kiln_dtype dt = kiln_dtype_of(t);
-  size_t es = dt == KILN_BOOL ? 1 : dt == KILN_I32 || dt == KILN_F32 ? 4 : 8;
+  size_t es = ktest_dtype_size(dt);
   if (kiln_to_buffer(t, raw, (size_t)n * es) != 0) return false;
   for (int64_t i = 0; i < n; i++) {
     switch (dt) {
@@ -407,6 +407,15 @@ static bool read_doubles(kiln_tensor *t, double *out) {
         break;
       case KILN_F64:
         out[i] = ((double *)raw)[i];
+        break;
+      case KILN_BF16:
+        out[i] = vm_bf16_to_f32(((uint16_t *)raw)[i]);
+        break;
+      case KILN_F16:
+        out[i] = vm_f16_to_f32(((uint16_t *)raw)[i]);
+        break;
+      case KILN_U8:
+        out[i] = ((uint8_t *)raw)[i];
         break;
     }
   }
@@ -591,11 +600,7 @@ static void call_read(void) {
   switch (rn(4)) {
     case 0: {
       call_name = "kiln_to_buffer";
-      size_t need =
-          a ? (size_t)numel * (kiln_dtype_of(a) == KILN_BOOL                                  ? 1
-                               : kiln_dtype_of(a) == KILN_I32 || kiln_dtype_of(a) == KILN_F32 ? 4
-                                                                                              : 8)
-            : 0;
+      size_t need = a ? (size_t)numel * ktest_dtype_size(kiln_dtype_of(a)) : 0;
       size_t have = is_big || coin(30) ? (size_t)rn(17) : need;
       if (have > sizeof buf) have = sizeof buf;
       void *dst = coin(5) ? NULL : buf;

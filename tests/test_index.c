@@ -28,30 +28,7 @@
 
 /* a tensor of dtype dt holding the doubles vals (converted) */
 static kiln_tensor *make(kiln_dtype dt, int ndim, const int64_t *shape, const double *vals) {
-  int64_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= shape[i];
-  unsigned char *buf = calloc(1, (size_t)(n ? n : 1) * 8);
-  for (int64_t i = 0; i < n; i++) {
-    switch (dt) {
-      case KILN_BOOL:
-        buf[i] = vals[i] != 0;
-        break;
-      case KILN_I32:
-        ((int32_t *)buf)[i] = (int32_t)vals[i];
-        break;
-      case KILN_I64:
-        ((int64_t *)buf)[i] = (int64_t)vals[i];
-        break;
-      case KILN_F32:
-        ((float *)buf)[i] = (float)vals[i];
-        break;
-      case KILN_F64:
-        ((double *)buf)[i] = vals[i];
-        break;
-    }
-  }
-  kiln_tensor *t = kiln_from_data(buf, dt, ndim, shape);
-  free(buf);
+  kiln_tensor *t = ktest_from_doubles(dt, ndim, shape, vals);
   CHECK(t != NULL);
   return t;
 }

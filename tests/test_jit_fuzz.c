@@ -112,23 +112,37 @@ static bool coin(uint64_t *s, int pct) { return rn(s, 100) < pct; }
 
 /* --- dtypes and shapes ------------------------------------------------------- */
 
-static const char *const DT_NAME[] = {"bool", "i32", "i64", "f32", "f64"};
+#define NDT 8 /* the dtypes, in enum order */
+#define VM_GPU_DTYPES 5 /* bool .. f64 */
+static const char *const DT_NAME[NDT] = {"bool", "i32", "i64", "f32", "f64", "bf16", "f16", "u8"};
 
-static size_t dt_size(kiln_dtype dt) {
-  return dt == KILN_BOOL ? 1 : (dt == KILN_I32 || dt == KILN_F32) ? 4 : 8;
+/* the dtypes programs use: all of them, or in the GPU fuzz the GPU's
+   (bool .. f64: halves and u8 are CPU-only so far) */
+static int ndt = NDT;
+
+static size_t dt_size(kiln_dtype dt) { return ktest_dtype_size(dt); }
+static bool dt_half(kiln_dtype dt) { return dt == KILN_BF16 || dt == KILN_F16; }
+static bool dt_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64 || dt_half(dt); }
+/* PyTorch's order: bool < u8 < i32 < i64 < (bf16 | f16) < f32 < f64; bf16 with f16: f32 */
+static kiln_dtype promote(kiln_dtype a, kiln_dtype b) {
+  static const int rank[NDT] = {0, 2, 3, 5, 6, 4, 4, 1};
+  if (a == b) return a;
+  if (rank[a] == rank[b]) return KILN_F32;
+  return rank[a] > rank[b] ? a : b;
 }
-static bool dt_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
-static kiln_dtype promote(kiln_dtype a, kiln_dtype b) { return a > b ? a : b; }
 static double dt_tol(kiln_dtype dt) { return dt == KILN_F64 ? TOL_F64 : TOL_F32; }
 static double dt_u(kiln_dtype dt) { return dt == KILN_F64 ? 0x1p-53 : 0x1p-24; }
 /* an absolute difference below the normal range (denormal results) */
 static double dt_tiny(kiln_dtype dt) { return dt == KILN_F64 ? 4 * DBL_MIN : 4 * (double)FLT_MIN; }
 static double dt_imax(kiln_dtype dt) {
-  return dt == KILN_BOOL ? 1 : dt == KILN_I32 ? 2147483648.0 : 9.3e18;
+  return dt == KILN_BOOL ? 1 : dt == KILN_U8 ? 256 : dt == KILN_I32 ? 2147483648.0 : 9.3e18;
+}
+static double dt_fmax(kiln_dtype dt) {
+  return dt == KILN_F64 ? DBL_MAX : dt == KILN_F16 ? 65504.0 : FLT_MAX;
 }
 
 static int dt_parse(const char *s) {
-  for (int i = 0; i < 5; i++)
+  for (int i = 0; i < NDT; i++)
     if (!strcmp(s, DT_NAME[i])) return i;
   return -1;
 }
@@ -516,6 +530,8 @@ static double leaf_mag(kiln_dtype dt, int vk) {
       return vk == VK_SPECIAL ? 2147483648.0 : 5;
     case KILN_I64:
       return vk == VK_SPECIAL ? 9.3e18 : 5;
+    case KILN_U8:
+      return 255;
     default:
       return fm[vk];
   }
@@ -582,6 +598,16 @@ static kiln_tensor *make_leaf(kiln_dtype dt, int nd, const int64_t *shape, int v
         memcpy(buf + i * 8, &v, 8);
         break;
       }
+      case KILN_BF16:
+      case KILN_F16: {
+        float f = (float)leaf_float(&s, vk);
+        uint16_t v = dt == KILN_BF16 ? vm_f32_to_bf16(f) : vm_f32_to_f16(f);
+        memcpy(buf + i * 2, &v, 2);
+        break;
+      }
+      case KILN_U8:
+        buf[i] = (unsigned char)rr(&s, 0, 255);
+        break;
     }
   }
   kiln_tensor *t = kiln_from_data(buf, dt, nd, shape);
@@ -683,7 +709,7 @@ typedef struct {
 #define MAXCOV 96
 static struct {
   char name[48];
-  long n[5];
+  long n[NDT];
 } cov[MAXCOV];
 static int ncov;
 
@@ -796,9 +822,10 @@ static int pick_kind(uint64_t *g) {
 }
 
 static kiln_dtype rand_dtype(uint64_t *g) {
-  static const kiln_dtype w[] = {KILN_F32, KILN_F32, KILN_F32, KILN_F32, KILN_F64, KILN_F64,
-                                 KILN_I32, KILN_I32, KILN_I64, KILN_I64, KILN_BOOL};
-  return w[rn(g, (int)(sizeof w / sizeof w[0]))];
+  static const kiln_dtype w[] = {KILN_F32, KILN_F32, KILN_F32, KILN_F32,  KILN_F64,
+                                 KILN_F64, KILN_I32, KILN_I32, KILN_I64,  KILN_I64,
+                                 KILN_BOOL, KILN_BF16, KILN_F16, KILN_U8};
+  return w[rn(g, (int)(sizeof w / sizeof w[0]) - (NDT - ndt))];
 }
 
 static double rand_scalar(uint64_t *g) {
@@ -1113,9 +1140,9 @@ static bool gen_kind(prog *P, uint64_t *g, int kind, oprec *r) {
       TX(r, "clamp(t%d, %g, %g)", a, r->dv[0], r->dv[1]);
       break;
     case K_CAST:
-      r->dt = out = (kiln_dtype)rn(g, 5);
+      r->dt = out = (kiln_dtype)rn(g, ndt);
       /* mf bounds finite values: a cast saturates +-inf to the integer limits */
-      o = mk(dt_float(out)   ? fmin(x.mf, out == KILN_F32 ? FLT_MAX : DBL_MAX)
+      o = mk(dt_float(out)   ? fmin(x.mf, dt_fmax(out))
              : dt_float(adt) ? dt_imax(out)
                              : fmin(x.mf + 1, dt_imax(out)),
              0, 0);
@@ -2188,7 +2215,10 @@ static kiln_tensor *sweep_leaf(kiln_dtype dt, bool is_x, int vk, uint64_t seed) 
   if (dt == KILN_F64) return kiln_from_data(v, dt, nd, shape);
   float f[12];
   for (int i = 0; i < (is_x ? 12 : 6); i++) f[i] = (float)v[i];
-  return kiln_from_data(f, dt, nd, shape);
+  if (dt == KILN_F32) return kiln_from_data(f, dt, nd, shape);
+  kiln_tensor *w = kiln_from_data(f, KILN_F32, nd, shape), *h = kiln_cast(w, dt); /* halves */
+  kiln_release(w);
+  return h;
 }
 
 static void directed_sweep(FILE *out) {
@@ -2198,18 +2228,18 @@ static void directed_sweep(FILE *out) {
           "(1, NaN), (NaN, NaN), (-0, +0), (+0, -0), (inf, -inf), ...; integers in [-5, 5]); every "
           "unary, binary (x, y), *_scalar (x, 2.5 / pow 2), "
           "where(x > y, x, y), clamp(x, -1.5, 2.25), cast(x, each dtype); binary ops on "
-          "bool/f32, i32/f64, i64/f32, i32/i64, bool/i32 pairs\n");
+          "bool/f32, i32/f64, i64/f32, i32/i64, bool/i32, bf16/f16, bf16/f32, u8/f16 pairs\n");
   fflush(out); /* a crash below still names this test */
-  static const kiln_dtype mixed[][2] = {{KILN_BOOL, KILN_F32},
-                                        {KILN_I32, KILN_F64},
-                                        {KILN_I64, KILN_F32},
-                                        {KILN_I32, KILN_I64},
-                                        {KILN_BOOL, KILN_I32}};
+  static const kiln_dtype mixed[][2] = {{KILN_BOOL, KILN_F32}, {KILN_I32, KILN_F64},
+                                        {KILN_I64, KILN_F32},  {KILN_I32, KILN_I64},
+                                        {KILN_BOOL, KILN_I32}, {KILN_BF16, KILN_F16},
+                                        {KILN_BF16, KILN_F32}, {KILN_U8, KILN_F16}};
   sweep_set ss = {0};
   char label[48];
-  for (int d = 0; d < 5 + 5; d++) {
-    bool mix = d >= 5;
-    kiln_dtype dx = mix ? mixed[d - 5][0] : (kiln_dtype)d, dy = mix ? mixed[d - 5][1] : dx;
+  for (int d = 0; d < NDT + 8; d++) {
+    bool mix = d >= NDT;
+    kiln_dtype dx = mix ? mixed[d - NDT][0] : (kiln_dtype)d, dy = mix ? mixed[d - NDT][1] : dx;
+    if ((int)dx >= ndt || (int)dy >= ndt) continue; /* not in the GPU fuzz */
     int vkx = dt_float(dx) ? VK_NONFIN : VK_MOD, vky = dt_float(dy) ? VK_NONFIN : VK_MOD;
     kiln_tensor *x = sweep_leaf(dx, true, vkx, 101 + (uint64_t)d);
     kiln_tensor *y = sweep_leaf(dy, false, vky, 203 + (uint64_t)d);
@@ -2244,7 +2274,7 @@ static void directed_sweep(FILE *out) {
       sweep_add(&ss, kiln_where(c, x, y), "where", dx, nx);
       kiln_release(c);
       if (dx != KILN_BOOL) sweep_add(&ss, kiln_clamp(x, -1.5, 2.25), "clamp", dx, nx);
-      for (int to = 0; to < 5; to++) {
+      for (int to = 0; to < ndt; to++) {
         char name[16];
         snprintf(name, sizeof name, "cast->%s", DT_NAME[to]);
         sweep_add(&ss, kiln_cast(x, (kiln_dtype)to), name, dx, mk(0, 0, 0));
@@ -2534,7 +2564,7 @@ static void print_stats(FILE *out) {
       (unsigned long long)st.compile_failures, (unsigned long long)st.flushes,
       (unsigned long long)st.cache_hits, (unsigned long long)st.ops_recorded, st.compile_ms);
   for (int i = 0; i < ncov; i++)
-    for (int d = 0; d < 5; d++)
+    for (int d = 0; d < NDT; d++)
       if (cov[i].n[d]) fprintf(out, "C %s %s %ld\n", cov[i].name, DT_NAME[d], cov[i].n[d]);
 }
 
@@ -2549,6 +2579,7 @@ static int child_main(int argc, char **argv) {
   on_cuda = dev && !strcmp(dev, "cuda");
   /* the GPU fuzz's children, the CPU's among them, run the same tests */
   bool gpu_fuzz = fuzz_dev && !strcmp(fuzz_dev, "cuda");
+  if (gpu_fuzz) ndt = VM_GPU_DTYPES;
   if (on_cuda && !kiln_device_available(KILN_CUDA)) {
     fprintf(out, "X no CUDA device: %s\n", kiln_device_info(KILN_CUDA));
     fflush(out);
@@ -2640,9 +2671,9 @@ typedef struct {
   long programs, replays, directed, results, elements, approx_elements, mismatched_programs,
       reported;
   long cross_results, cross_elements, cross_skipped; /* GPU against CPU */
-  double max_dev[5], max_ratio[5];      /* of approximate floats: |a-b|/max(1,|b|), and / bound */
+  double max_dev[NDT], max_ratio[NDT];      /* of approximate floats: |a-b|/max(1,|b|), and / bound */
   unsigned long long compiles, kernels; /* kernels: interpreter ops the JIT runs did not need */
-  long cov[MAXCOV][5];
+  long cov[MAXCOV][NDT];
   char cov_name[MAXCOV][32];
   int ncov;
 } summary;
@@ -2663,6 +2694,12 @@ static double decode(uint64_t bits, int dt) {
       memcpy(&f, &u, 4);
       return f;
     }
+    case KILN_BF16:
+      return vm_bf16_to_f32((uint16_t)bits);
+    case KILN_F16:
+      return vm_f16_to_f32((uint16_t)bits);
+    case KILN_U8:
+      return (double)(uint8_t)bits;
     default: {
       double d;
       memcpy(&d, &bits, 8);
@@ -3159,15 +3196,15 @@ static void print_coverage(void) {
   for (int i = 0; i < N_SCALAR; i++) names[nn++] = SCALAR[i].name;
   names[nn++] = "where";
   names[nn++] = "clamp";
-  static char castn[5][16];
-  for (int d = 0; d < 5; d++) {
+  static char castn[NDT][16];
+  for (int d = 0; d < ndt; d++) {
     snprintf(castn[d], sizeof castn[d], "cast->%s", DT_NAME[d]);
     names[nn++] = castn[d];
   }
   for (int k = 0; k < nn; k++) {
     int i = 0;
     while (i < sum.ncov && strcmp(sum.cov_name[i], names[k])) i++;
-    for (int d = 0; d < 5; d++) {
+    for (int d = 0; d < ndt; d++) {
       bool no_bool = false;
       for (int x = 0; all_dtypes[x]; x++) no_bool |= !strcmp(names[k], all_dtypes[x]);
       if (d == KILN_BOOL && no_bool) continue;
@@ -3182,10 +3219,14 @@ static void print_coverage(void) {
   printf("coverage: %d of %d (elementwise op, input dtype) pairs ran%s%s\n", have, want,
          have < want ? "; not reached:" : "", missing);
   if (!getenv("KILN_FUZZ_STATS") || !*getenv("KILN_FUZZ_STATS")) return;
-  printf("  %-14s %8s %8s %8s %8s %8s\n", "op", "bool", "i32", "i64", "f32", "f64");
-  for (int i = 0; i < sum.ncov; i++)
-    printf("  %-14s %8ld %8ld %8ld %8ld %8ld\n", sum.cov_name[i], sum.cov[i][0], sum.cov[i][1],
-           sum.cov[i][2], sum.cov[i][3], sum.cov[i][4]);
+  printf("  %-14s", "op");
+  for (int d = 0; d < NDT; d++) printf(" %8s", DT_NAME[d]);
+  printf("\n");
+  for (int i = 0; i < sum.ncov; i++) {
+    printf("  %-14s", sum.cov_name[i]);
+    for (int d = 0; d < NDT; d++) printf(" %8ld", sum.cov[i][d]);
+    printf("\n");
+  }
 }
 
 TEST(jit_matches_interpreter) {
@@ -3294,6 +3335,7 @@ int main(int argc, char **argv) {
   self_exe[n] = 0;
   const char *dev = getenv("KILN_FUZZ_DEVICE");
   on_cuda = dev && !strcmp(dev, "cuda");
+  if (on_cuda) ndt = VM_GPU_DTYPES; /* the coverage the parent checks */
   const char *tmp = getenv("TMPDIR");
   snprintf(tmp_dir, sizeof tmp_dir, "%s/kiln-jit-fuzz-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   if (!mkdtemp(tmp_dir)) {

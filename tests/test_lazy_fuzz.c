@@ -113,6 +113,16 @@ static kiln_tensor *make_leaf(kiln_dtype dt, int nd, const int64_t *shape, uint6
         memcpy(buf + i * 8, &v, 8);
         break;
       }
+      case KILN_BF16:
+      case KILN_F16: {
+        float f = (float)float_value(&s);
+        uint16_t v = dt == KILN_BF16 ? vm_f32_to_bf16(f) : vm_f32_to_f16(f);
+        memcpy(buf + i * 2, &v, 2);
+        break;
+      }
+      case KILN_U8:
+        buf[i] = (unsigned char)(bound >= 0 ? iv : rr(&s, 0, 255));
+        break;
     }
   }
   kiln_tensor *t = kiln_from_data(buf, dt, nd, shape);

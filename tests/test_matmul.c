@@ -36,8 +36,12 @@ static double gen(kiln_dtype dt, int64_t i, int seed) {
     case KILN_I32:
     case KILN_I64:
       return (double)(h % 9 - 4);
+    case KILN_U8:
+      return (double)(h % 9);
     case KILN_F32:
-      return (double)(float)((double)h / 1000.0 - 1.0);
+    case KILN_BF16:
+    case KILN_F16:
+      return ktest_as_dtype(dt, (double)h / 1000.0 - 1.0);
     case KILN_F64:
       return (double)h / 1000.0 - 1.0;
   }

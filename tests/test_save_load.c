@@ -221,8 +221,8 @@ TEST(hostile_files_are_rejected) {
       4, "at most 8");
   BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", real, d, 4, "data_offsets");
   /* dtypes and keys */
-  BAD("{\"a\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]}}", real, d, 4,
-      "unsupported dtype \"F16\"");
+  BAD("{\"a\":{\"dtype\":\"F8_E5M2\",\"shape\":[4],\"data_offsets\":[0,4]}}", real, d, 4,
+      "unsupported dtype \"F8_E5M2\"");
   BAD("{\"a\":{\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]}}", real, d, 4,
       "unsupported dtype");
   BAD("{\"a\":{\"dtype\":7,\"shape\":[1],\"data_offsets\":[0,4]}}", real, d, 4,

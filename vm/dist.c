@@ -227,6 +227,11 @@ static mpi_handle mpi_type(const mpi_api *m, kiln_dtype dt) {
       return m->t_f32;
     case KILN_F64:
       return m->t_f64;
+    case KILN_U8:
+      return m->t_u8;
+    case KILN_BF16:
+    case KILN_F16:
+      break; /* refused by the op's inference (vm/ops.c) */
   }
   return NULL;
 }

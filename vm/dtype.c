@@ -5,7 +5,8 @@
 #include <math.h>
 
 const char *vm_dtype_name(int dt) {
-  static const char *names[] = {"bool", "int32", "int64", "float32", "float64"};
+  static const char *names[] = {"bool",    "int32",    "int64",   "float32",
+                                "float64", "bfloat16", "float16", "uint8"};
   return vm_dtype_valid(dt) ? names[dt] : "invalid";
 }
 
@@ -21,6 +22,12 @@ double vm_load_f64(const void *base, kiln_dtype dt, int64_t i) {
       return ((const float *)base)[i];
     case KILN_F64:
       return ((const double *)base)[i];
+    case KILN_BF16:
+      return vm_bf16_to_f32(((const uint16_t *)base)[i]);
+    case KILN_F16:
+      return vm_f16_to_f32(((const uint16_t *)base)[i]);
+    case KILN_U8:
+      return ((const uint8_t *)base)[i];
   }
   return NAN;
 }
@@ -50,6 +57,15 @@ void vm_store_f64(void *base, kiln_dtype dt, int64_t i, double v) {
       break;
     case KILN_F64:
       ((double *)base)[i] = v;
+      break;
+    case KILN_BF16:
+      ((uint16_t *)base)[i] = vm_f32_to_bf16((float)v);
+      break;
+    case KILN_F16:
+      ((uint16_t *)base)[i] = vm_f32_to_f16((float)v);
+      break;
+    case KILN_U8:
+      ((uint8_t *)base)[i] = (uint8_t)saturate_i64(v, 0, 255);
       break;
   }
 }

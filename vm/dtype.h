@@ -1,5 +1,6 @@
-/* dtype.h — facts about Kiln's five dtypes: sizes, names, categories,
- * promotion.  Owns nothing else; kernels get the C types from here. */
+/* dtype.h — facts about Kiln's dtypes: sizes, names, categories,
+ * promotion.  Owns nothing else; kernels get the C types from here, and
+ * the 16-bit float conversions from half.h. */
 #ifndef VM_DTYPE_H
 #define VM_DTYPE_H
 
@@ -7,34 +8,62 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "half.h"
 #include "kiln.h"
 
-#define VM_NUM_DTYPES 5
+#define VM_NUM_DTYPES 8
+/* the GPU's dtypes so far: bool .. f64, the first five (vm_device_holds) */
+#define VM_NUM_GPU_DTYPES 5
 
-/* X(dtype enum, C type, short name, is float) in promotion order */
-#define VM_DTYPES(X)             \
-  X(KILN_BOOL, bool, bool, 0)    \
-  X(KILN_I32, int32_t, int32, 0) \
-  X(KILN_I64, int64_t, int64, 0) \
-  X(KILN_F32, float, float32, 1) \
-  X(KILN_F64, double, float64, 1)
+/* X(dtype enum, storage C type, short name, is float), in enum order.
+   bf16 and f16 are stored as their bits (uint16_t) and computed in f32. */
+#define VM_DTYPES(X)                  \
+  X(KILN_BOOL, bool, bool, 0)         \
+  X(KILN_I32, int32_t, int32, 0)      \
+  X(KILN_I64, int64_t, int64, 0)      \
+  X(KILN_F32, float, float32, 1)      \
+  X(KILN_F64, double, float64, 1)     \
+  X(KILN_BF16, uint16_t, bfloat16, 1) \
+  X(KILN_F16, uint16_t, float16, 1)   \
+  X(KILN_U8, uint8_t, uint8, 0)
 
-static inline bool vm_dtype_valid(int dt) { return dt >= KILN_BOOL && dt <= KILN_F64; }
-static inline bool vm_dtype_is_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
-static inline bool vm_dtype_is_int(kiln_dtype dt) { return dt == KILN_I32 || dt == KILN_I64; }
+static inline bool vm_dtype_valid(int dt) { return dt >= KILN_BOOL && dt <= KILN_U8; }
+static inline bool vm_dtype_is_half(kiln_dtype dt) { return dt == KILN_BF16 || dt == KILN_F16; }
+static inline bool vm_dtype_is_float(kiln_dtype dt) {
+  return dt == KILN_F32 || dt == KILN_F64 || vm_dtype_is_half(dt);
+}
+static inline bool vm_dtype_is_int(kiln_dtype dt) {
+  return dt == KILN_I32 || dt == KILN_I64 || dt == KILN_U8;
+}
+/* the dtypes an index or a class label may have */
+static inline bool vm_dtype_is_index(kiln_dtype dt) { return dt == KILN_I32 || dt == KILN_I64; }
 
 static inline size_t vm_dtype_size(kiln_dtype dt) {
-  static const size_t sizes[] = {1, 4, 8, 4, 8};
+  static const size_t sizes[] = {1, 4, 8, 4, 8, 2, 2, 1};
   return sizes[dt];
+}
+
+/* the dtype a kernel computes a value of dtype dt in: f32 for the halves,
+   dt itself otherwise */
+static inline kiln_dtype vm_dtype_compute(kiln_dtype dt) {
+  return vm_dtype_is_half(dt) ? KILN_F32 : dt;
 }
 
 /* "float32" etc.; "invalid" for values outside the enum */
 const char *vm_dtype_name(int dt);
 
-/* the larger of two dtypes in bool < i32 < i64 < f32 < f64 */
-static inline kiln_dtype vm_promote(kiln_dtype a, kiln_dtype b) { return a > b ? a : b; }
+/* PyTorch's promotion: bool < u8 < i32 < i64 < (bf16 | f16) < f32 < f64,
+   and bf16 with f16 is f32 (neither holds the other) */
+static inline kiln_dtype vm_promote(kiln_dtype a, kiln_dtype b) {
+  static const int rank[] = {[KILN_BOOL] = 0, [KILN_U8] = 1,  [KILN_I32] = 2, [KILN_I64] = 3,
+                             [KILN_BF16] = 4, [KILN_F16] = 4, [KILN_F32] = 5, [KILN_F64] = 6};
+  if (a == b) return a;
+  if (rank[a] == rank[b]) return KILN_F32; /* bf16 with f16 */
+  return rank[a] > rank[b] ? a : b;
+}
 
-/* reads element i of a buffer of dtype dt as a double / writes one */
+/* reads element i of a buffer of dtype dt as a double / writes one (a
+   double to a half rounds through f32, as every cast to a half does) */
 double vm_load_f64(const void *base, kiln_dtype dt, int64_t i);
 void vm_store_f64(void *base, kiln_dtype dt, int64_t i, double v);
 

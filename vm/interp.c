@@ -4,6 +4,7 @@
  * kern_*.c kernel.  It never records: values in, a value out. */
 #include "interp.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
@@ -108,6 +109,48 @@ static bool run_kernel(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *ar
   return false;
 }
 
+/* An op over bf16/f16 values that is not elementwise (those convert row by
+   row, vm/kern_elementwise.c) runs in f32 (DESIGN §13): each half input is
+   widened into an f32 copy, the op runs on them, and a half result is
+   rounded once into out.  Reductions, GEMMs, convolutions and attention so
+   accumulate in f32; moving values (concat, gathers) keeps them exact. */
+static bool runs_widened(vm_opcode op, const vm_tensor *out, int n, vm_tensor *const *args) {
+  vm_kind kind = vm_op_table[op].kind;
+  if (kind == VM_KIND_UNARY || kind == VM_KIND_BINARY || kind == VM_KIND_TERNARY ||
+      kind == VM_KIND_CONCAT)
+    return false;
+  if (kind == VM_KIND_LEAF)
+    return vm_dtype_is_half(out->dtype) && op != VM_OP_full && op != VM_OP_arange;
+  if (vm_dtype_is_half(out->dtype)) return true;
+  for (int i = 0; i < n; i++)
+    if (vm_dtype_is_half(args[i]->dtype)) return true;
+  return false;
+}
+
+/* t itself, or its f32 copy (with copy: its values; else uninitialized) */
+static vm_tensor *widened(vm_tensor *t, bool copy) {
+  if (!vm_dtype_is_half(t->dtype)) return vm_retain(t);
+  vm_tensor *w = vm_tensor_new(KILN_F32, t->ndim, t->shape);
+  if (w && copy && w->numel) vm_k_cast(w, t);
+  return w;
+}
+
+static bool run_widened(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *args,
+                        const vm_attr *attr) {
+  vm_tensor **wide = calloc((size_t)n + 1, sizeof *wide);
+  if (!wide) {
+    vm_error(KILN_ERR_OOM, "out of memory");
+    return false;
+  }
+  bool ok = (wide[n] = widened(out, false)) != NULL;
+  for (int i = 0; i < n && ok; i++) ok = (wide[i] = widened(args[i], true)) != NULL;
+  if (ok) ok = run_kernel(op, wide[n], n, wide, attr);
+  if (ok && wide[n] != out) vm_k_cast(out, wide[n]);
+  for (int i = 0; i <= n; i++) vm_release(wide[i]);
+  free(wide);
+  return ok;
+}
+
 vm_tensor *vm_exec(vm_opcode op, int n, vm_tensor *const *values, const vm_attr *attr,
                    const vm_meta *m) {
   if (vm_op_table[op].kind == VM_KIND_VIEW) {
@@ -127,7 +170,8 @@ vm_tensor *vm_exec(vm_opcode op, int n, vm_tensor *const *values, const vm_attr 
   if (out->numel == 0) return out; /* nothing to compute */
   atomic_fetch_add_explicit(&vm_process()->stats.kernels_launched, 1, memory_order_relaxed);
   vm_set_api(vm_op_api(op, attr));
-  bool ok = run_kernel(op, out, n, values, attr);
+  bool ok = runs_widened(op, out, n, values) ? run_widened(op, out, n, values, attr)
+                                             : run_kernel(op, out, n, values, attr);
   vm_set_api(api);
   if (!ok) {
     vm_release(out);

@@ -117,6 +117,16 @@ static inline int64_t int_pow(int64_t base, int64_t e) {
   X(ceil, x)                           \
   X(round, x)
 
+/* uint8: never negative; neg wraps (as PyTorch's) */
+#define UINT_UNARY(X)      \
+  X(copy, x)               \
+  X(neg, (T)((U)0 - (U)x)) \
+  X(abs, x)                \
+  X(sign, (T)(x != 0))     \
+  X(floor, x)              \
+  X(ceil, x)               \
+  X(round, x)
+
 #define BOOL_UNARY(X) \
   X(copy, x)          \
   X(abs, x)           \
@@ -197,6 +207,16 @@ WHERE_ROW(where_i64, int64_t)
 #undef T
 #undef U
 #undef SFX
+#define T uint8_t
+#define U uint8_t
+#define SFX u8
+UINT_UNARY(DEF_UNARY)
+INT_BINARY(DEF_BINARY)
+COMPARE(DEF_COMPARE)
+WHERE_ROW(where_u8, uint8_t)
+#undef T
+#undef U
+#undef SFX
 #define T bool
 #define SFX b8
 BOOL_UNARY(DEF_UNARY)
@@ -230,17 +250,67 @@ static const vm_row_fn rows[VM_OP_COUNT][VM_NUM_DTYPES] = {
                 INT_UNARY(ENTRY) INT_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
 #undef DT
 #undef SFX
+#define DT KILN_U8
+#define SFX u8
+                    UINT_UNARY(ENTRY) INT_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
+#undef DT
+#undef SFX
 #define DT KILN_BOOL
 #define SFX b8
-                    BOOL_UNARY(ENTRY) BOOL_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
+                        BOOL_UNARY(ENTRY) BOOL_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
 #undef DT
 #undef SFX
 };
 
+/* A half op's row: its operands in chunks, the halves widened to f32 in
+   local buffers, the f32 row over them, a half result rounded back (DESIGN
+   §13).  So a half op computes exactly what its f32 op computes on the
+   widened values, rounded once: what compiled kernels compute. */
+typedef struct {
+  vm_row_fn row32;
+  int nops;
+  kiln_dtype dt[4]; /* each operand's dtype: a half, or passed through */
+} half_ctx;
+
+enum { HALF_CHUNK = 256 };
+
+static void half_row(void *ctx, char **p, const int64_t *s, int64_t n) {
+  const half_ctx *h = ctx;
+  float buf[4][HALF_CHUNK];
+  for (int64_t at = 0; at < n; at += HALF_CHUNK) {
+    int64_t m = n - at < HALF_CHUNK ? n - at : HALF_CHUNK;
+    char *q[4];
+    int64_t qs[4];
+    for (int k = 0; k < h->nops; k++) {
+      kiln_dtype dt = h->dt[k];
+      if (!vm_dtype_is_half(dt)) { /* bool: a condition or a comparison's result */
+        q[k] = p[k] + at * s[k] * (int64_t)vm_dtype_size(dt);
+        qs[k] = s[k];
+        continue;
+      }
+      q[k] = (char *)buf[k];
+      qs[k] = 1;
+      if (k == 0) continue;
+      const uint16_t *src = (const uint16_t *)p[k] + at * s[k];
+      if (dt == KILN_BF16)
+        for (int64_t i = 0; i < m; i++) buf[k][i] = vm_bf16_to_f32(src[i * s[k]]);
+      else
+        for (int64_t i = 0; i < m; i++) buf[k][i] = vm_f16_to_f32(src[i * s[k]]);
+    }
+    h->row32(NULL, q, qs, m);
+    if (!vm_dtype_is_half(h->dt[0])) continue;
+    uint16_t *dst = (uint16_t *)p[0] + at * s[0];
+    if (h->dt[0] == KILN_BF16)
+      for (int64_t i = 0; i < m; i++) dst[i * s[0]] = vm_f32_to_bf16(buf[0][i]);
+    else
+      for (int64_t i = 0; i < m; i++) dst[i * s[0]] = vm_f32_to_f16(buf[0][i]);
+  }
+}
+
 bool vm_k_elementwise(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *in) {
-  kiln_dtype dt = in[n == 3 ? 1 : 0]->dtype;
-  vm_row_fn row = rows[op][dt];
-  if (dt == KILN_F32 && vm_math_row_f32(op)) row = vm_math_row_f32(op); /* the kernels' math */
+  kiln_dtype dt = in[n == 3 ? 1 : 0]->dtype, cdt = vm_dtype_compute(dt);
+  vm_row_fn row = rows[op][cdt];
+  if (cdt == KILN_F32 && vm_math_row_f32(op)) row = vm_math_row_f32(op); /* the kernels' math */
   if (!row) {
     vm_error(KILN_ERR_INTERNAL, "no %s kernel for %s", vm_op_table[op].name, vm_dtype_name(dt));
     return false;
@@ -248,64 +318,118 @@ bool vm_k_elementwise(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *in)
   vm_tensor *ops[4] = {out, in[0], n > 1 ? in[1] : NULL, n > 2 ? in[2] : NULL};
   vm_iter it;
   vm_iter_init(&it, n + 1, ops);
-  vm_iter_run(&it, row, NULL);
+  if (cdt == dt) {
+    vm_iter_run(&it, row, NULL);
+    return true;
+  }
+  half_ctx h = {.row32 = row, .nops = n + 1};
+  for (int k = 0; k <= n; k++) h.dt[k] = ops[k]->dtype;
+  vm_iter_run(&it, half_row, &h);
   return true;
 }
 
-/* --- casts: every (from, to) pair; float -> int saturates, NaN -> 0 ------ */
+/* --- casts: every (from, to) pair ------------------------------------------
+   float -> int saturates, NaN -> 0; int -> int wraps (two's complement);
+   to a half rounds once from f32 (a double or an integer goes through f32,
+   as PyTorch's conversions do); from a half widens exactly first. */
 
 #define TO_INT(TO, MIN, MAX) \
   (x != x ? (TO)0 : x <= (MIN) ? (TO)(MIN) : x >= (MAX) ? (TO)(MAX) : (TO)x)
+
+static inline int32_t f32_to_i32(float x) { return TO_INT(int32_t, INT32_MIN, INT32_MAX); }
+static inline int64_t f32_to_i64(float x) { return TO_INT(int64_t, INT64_MIN, INT64_MAX); }
+static inline uint8_t f32_to_u8(float x) { return TO_INT(uint8_t, 0, 255); }
 
 UNARY_ROW(cast_f32_i32, float, int32_t, TO_INT(int32_t, INT32_MIN, INT32_MAX))
 UNARY_ROW(cast_f64_i32, double, int32_t, TO_INT(int32_t, INT32_MIN, INT32_MAX))
 UNARY_ROW(cast_f32_i64, float, int64_t, TO_INT(int64_t, INT64_MIN, INT64_MAX))
 UNARY_ROW(cast_f64_i64, double, int64_t, TO_INT(int64_t, INT64_MIN, INT64_MAX))
+UNARY_ROW(cast_f32_u8, float, uint8_t, TO_INT(uint8_t, 0, 255))
+UNARY_ROW(cast_f64_u8, double, uint8_t, TO_INT(uint8_t, 0, 255))
 
 #define PLAIN_CASTS(X)          \
   X(b8, bool, i32, int32_t)     \
   X(b8, bool, i64, int64_t)     \
   X(b8, bool, f32, float)       \
   X(b8, bool, f64, double)      \
+  X(b8, bool, u8, uint8_t)      \
   X(i32, int32_t, i64, int64_t) \
   X(i32, int32_t, f32, float)   \
   X(i32, int32_t, f64, double)  \
+  X(i32, int32_t, u8, uint8_t)  \
   X(i64, int64_t, i32, int32_t) \
   X(i64, int64_t, f32, float)   \
   X(i64, int64_t, f64, double)  \
+  X(i64, int64_t, u8, uint8_t)  \
+  X(u8, uint8_t, i32, int32_t)  \
+  X(u8, uint8_t, i64, int64_t)  \
+  X(u8, uint8_t, f32, float)    \
+  X(u8, uint8_t, f64, double)   \
   X(f32, float, f64, double)    \
   X(f64, double, f32, float)
-#define TO_BOOL_CASTS(X) X(i32, int32_t) X(i64, int64_t) X(f32, float) X(f64, double)
+#define TO_BOOL_CASTS(X) X(i32, int32_t) X(i64, int64_t) X(f32, float) X(f64, double) X(u8, uint8_t)
 
 #define DEF_PLAIN(fs, FT, ts, TT) UNARY_ROW(cast_##fs##_##ts, FT, TT, x)
 #define DEF_TO_BOOL(fs, FT) UNARY_ROW(cast_##fs##_b8, FT, bool, x != 0)
 PLAIN_CASTS(DEF_PLAIN)
 TO_BOOL_CASTS(DEF_TO_BOOL)
 
+/* halves: X(short name, widen, narrow) */
+#define HALVES(X) X(bf16, vm_bf16_to_f32, vm_f32_to_bf16) X(f16, vm_f16_to_f32, vm_f32_to_f16)
+#define DEF_HALF_CASTS(hs, WIDEN, NARROW)                             \
+  UNARY_ROW(cast_##hs##_f32, uint16_t, float, WIDEN(x))               \
+  UNARY_ROW(cast_##hs##_f64, uint16_t, double, WIDEN(x))              \
+  UNARY_ROW(cast_##hs##_i32, uint16_t, int32_t, f32_to_i32(WIDEN(x))) \
+  UNARY_ROW(cast_##hs##_i64, uint16_t, int64_t, f32_to_i64(WIDEN(x))) \
+  UNARY_ROW(cast_##hs##_u8, uint16_t, uint8_t, f32_to_u8(WIDEN(x)))   \
+  UNARY_ROW(cast_##hs##_b8, uint16_t, bool, WIDEN(x) != 0)            \
+  UNARY_ROW(cast_f32_##hs, float, uint16_t, NARROW(x))                \
+  UNARY_ROW(cast_f64_##hs, double, uint16_t, NARROW((float)x))        \
+  UNARY_ROW(cast_i32_##hs, int32_t, uint16_t, NARROW((float)x))       \
+  UNARY_ROW(cast_i64_##hs, int64_t, uint16_t, NARROW((float)x))       \
+  UNARY_ROW(cast_u8_##hs, uint8_t, uint16_t, NARROW((float)x))        \
+  UNARY_ROW(cast_b8_##hs, bool, uint16_t, NARROW((float)x))
+HALVES(DEF_HALF_CASTS)
+UNARY_ROW(cast_bf16_f16, uint16_t, uint16_t, vm_f32_to_f16(vm_bf16_to_f32(x)))
+UNARY_ROW(cast_f16_bf16, uint16_t, uint16_t, vm_f32_to_bf16(vm_f16_to_f32(x)))
+UNARY_ROW(copy_bf16, uint16_t, uint16_t, vm_f32_to_bf16(vm_bf16_to_f32(x)))
+UNARY_ROW(copy_f16, uint16_t, uint16_t, vm_f32_to_f16(vm_f16_to_f32(x)))
+
+#define CAST_ENTRY(fs, FT, ts, TT) [DT_##fs][DT_##ts] = cast_##fs##_##ts,
+#define TO_BOOL_ENTRY(fs, FT) [DT_##fs][KILN_BOOL] = cast_##fs##_b8,
+#define HALF_ENTRIES(hs, WIDEN, NARROW)                                         \
+  [DT_##hs][KILN_F32] = cast_##hs##_f32, [DT_##hs][KILN_F64] = cast_##hs##_f64, \
+  [DT_##hs][KILN_I32] = cast_##hs##_i32, [DT_##hs][KILN_I64] = cast_##hs##_i64, \
+  [DT_##hs][KILN_U8] = cast_##hs##_u8, [DT_##hs][KILN_BOOL] = cast_##hs##_b8,   \
+  [KILN_F32][DT_##hs] = cast_f32_##hs, [KILN_F64][DT_##hs] = cast_f64_##hs,     \
+  [KILN_I32][DT_##hs] = cast_i32_##hs, [KILN_I64][DT_##hs] = cast_i64_##hs,     \
+  [KILN_U8][DT_##hs] = cast_u8_##hs, [KILN_BOOL][DT_##hs] = cast_b8_##hs,
+#define DT_b8 KILN_BOOL
+#define DT_i32 KILN_I32
+#define DT_i64 KILN_I64
+#define DT_f32 KILN_F32
+#define DT_f64 KILN_F64
+#define DT_u8 KILN_U8
+#define DT_bf16 KILN_BF16
+#define DT_f16 KILN_F16
+
 static vm_row_fn cast_row(kiln_dtype from, kiln_dtype to) {
   static const vm_row_fn table[VM_NUM_DTYPES][VM_NUM_DTYPES] = {
-      [KILN_BOOL] = {[KILN_I32] = cast_b8_i32,
-                     [KILN_I64] = cast_b8_i64,
-                     [KILN_F32] = cast_b8_f32,
-                     [KILN_F64] = cast_b8_f64},
-      [KILN_I32] = {[KILN_BOOL] = cast_i32_b8,
-                    [KILN_I64] = cast_i32_i64,
-                    [KILN_F32] = cast_i32_f32,
-                    [KILN_F64] = cast_i32_f64},
-      [KILN_I64] = {[KILN_BOOL] = cast_i64_b8,
-                    [KILN_I32] = cast_i64_i32,
-                    [KILN_F32] = cast_i64_f32,
-                    [KILN_F64] = cast_i64_f64},
-      [KILN_F32] = {[KILN_BOOL] = cast_f32_b8,
-                    [KILN_I32] = cast_f32_i32,
-                    [KILN_I64] = cast_f32_i64,
-                    [KILN_F64] = cast_f32_f64},
-      [KILN_F64] = {[KILN_BOOL] = cast_f64_b8,
-                    [KILN_I32] = cast_f64_i32,
-                    [KILN_I64] = cast_f64_i64,
-                    [KILN_F32] = cast_f64_f32},
+      PLAIN_CASTS(CAST_ENTRY) TO_BOOL_CASTS(TO_BOOL_ENTRY)
+          HALVES(HALF_ENTRIES)[KILN_F32][KILN_I32] = cast_f32_i32,
+      [KILN_F64][KILN_I32] = cast_f64_i32,
+      [KILN_F32][KILN_I64] = cast_f32_i64,
+      [KILN_F64][KILN_I64] = cast_f64_i64,
+      [KILN_F32][KILN_U8] = cast_f32_u8,
+      [KILN_F64][KILN_U8] = cast_f64_u8,
+      [KILN_BF16][KILN_F16] = cast_bf16_f16,
+      [KILN_F16][KILN_BF16] = cast_f16_bf16,
   };
-  return from == to ? rows[VM_OP_copy][from] : table[from][to];
+  /* a half to itself goes through f32 too (a signaling NaN is quieted), as
+     compiled code's loads and stores do */
+  if (from == to)
+    return from == KILN_BF16 ? copy_bf16 : from == KILN_F16 ? copy_f16 : rows[VM_OP_copy][from];
+  return table[from][to];
 }
 
 bool vm_k_cast(vm_tensor *out, const vm_tensor *in) {
@@ -341,6 +465,9 @@ static void fill_full(void *p, int64_t begin, int64_t end) {
     FILL_CASE(KILN_I64, int64_t, *(int64_t *)one)
     FILL_CASE(KILN_F32, float, *(float *)one)
     FILL_CASE(KILN_F64, double, *(double *)one)
+    FILL_CASE(KILN_BF16, uint16_t, *(uint16_t *)one)
+    FILL_CASE(KILN_F16, uint16_t, *(uint16_t *)one)
+    FILL_CASE(KILN_U8, uint8_t, *(uint8_t *)one)
   }
 }
 

@@ -125,6 +125,12 @@ static void scatter_add(vm_tensor *out, const vm_tensor *idx, const vm_tensor *s
       case KILN_F64:
         ((double *)ob)[ooff] += ((const double *)sb)[soff];
         break;
+      case KILN_U8:
+        ((uint8_t *)ob)[ooff] = (uint8_t)(((uint8_t *)ob)[ooff] + ((const uint8_t *)sb)[soff]);
+        break;
+      case KILN_BF16:
+      case KILN_F16:
+        break; /* computed widened (vm/interp.c) */
     }
     for (int d = nd - 1; d >= 0 && ++pos[d] == idx->shape[d]; d--) pos[d] = 0;
   }

@@ -53,9 +53,11 @@ static int64_t dims_offset(const vm_dims *d, int64_t f) {
   X(max, i32, int32_t, KILN_I32, INT32_MIN, IMAX, 0) \
   X(max, i64, int64_t, KILN_I64, INT64_MIN, IMAX, 0) \
   X(max, b8, bool, KILN_BOOL, false, IMAX, 0)        \
+  X(max, u8, uint8_t, KILN_U8, 0, IMAX, 0)           \
   X(min, i32, int32_t, KILN_I32, INT32_MAX, IMIN, 0) \
   X(min, i64, int64_t, KILN_I64, INT64_MAX, IMIN, 0) \
-  X(min, b8, bool, KILN_BOOL, true, IMIN, 0)
+  X(min, b8, bool, KILN_BOOL, true, IMIN, 0)         \
+  X(min, u8, uint8_t, KILN_U8, UINT8_MAX, IMIN, 0)
 
 typedef struct reduce_job reduce_job;
 typedef struct {
@@ -131,6 +133,8 @@ NO_PAIRWISE(max, b8, bool)
 NO_PAIRWISE(min, i32, int32_t)
 NO_PAIRWISE(min, i64, int64_t)
 NO_PAIRWISE(min, b8, bool)
+NO_PAIRWISE(max, u8, uint8_t)
+NO_PAIRWISE(min, u8, uint8_t)
 
 REDUCERS(DEF_REDUCER)
 
@@ -576,6 +580,11 @@ static int64_t arg_scan(const char *xv, int64_t n, int64_t s, kiln_dtype dt, boo
       ARG_SCAN(float, 1)
     case KILN_F64:
       ARG_SCAN(double, 1)
+    case KILN_U8:
+      ARG_SCAN(uint8_t, 0)
+    case KILN_BF16:
+    case KILN_F16:
+      break; /* computed widened (vm/interp.c) */
   }
   return 0;
 }

@@ -84,8 +84,12 @@ static void sort_rows(void *p, int64_t begin, int64_t end) {
         sort_i64((const int64_t *)v, j->inner, j->n, idx, tmp, j->descending);
         break;
       case KILN_BOOL:
+      case KILN_U8:
         sort_u8((const unsigned char *)v, j->inner, j->n, idx, tmp, j->descending);
         break;
+      case KILN_BF16:
+      case KILN_F16:
+        break; /* computed widened (vm/interp.c) */
     }
     for (int64_t k = 0; k < j->n; k++) j->out[base + k * j->inner] = idx[k];
   }

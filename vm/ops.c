@@ -174,6 +174,10 @@ static bool infer_matmul(const vm_tensor *a, const vm_tensor *b, vm_meta *m) {
   }
   kiln_dtype p = vm_promote(a->dtype, b->dtype);
   if (reject_bool(VM_OP_matmul, p)) return false;
+  if (p == KILN_U8) {
+    vm_error(KILN_ERR_DTYPE, "uint8 operands are not supported by matmul; cast them first");
+    return false;
+  }
   int64_t k_a = a->shape[a->ndim - 1];
   int64_t k_b = b->ndim == 1 ? b->shape[0] : b->shape[b->ndim - 2];
   if (k_a != k_b) {
@@ -191,7 +195,7 @@ static bool infer_matmul(const vm_tensor *a, const vm_tensor *b, vm_meta *m) {
 }
 
 static bool check_index_dtype(const vm_tensor *idx) {
-  if (!vm_dtype_is_int(idx->dtype)) {
+  if (!vm_dtype_is_index(idx->dtype)) {
     vm_error(KILN_ERR_DTYPE, "indices must be int32 or int64, not %s", vm_dtype_name(idx->dtype));
     return false;
   }
@@ -406,6 +410,11 @@ static bool infer_collective(vm_opcode op, int n, vm_tensor *const *in, const vm
   if (attr->axis < 0 || attr->axis >= VM_REDUCE_COUNT) {
     vm_error(KILN_ERR_ARG, "op %d is not a kiln_reduce_op (KILN_REDUCE_SUM, _MEAN or _MAX)",
              attr->axis);
+    return false;
+  }
+  if (vm_dtype_is_half(dt)) { /* not yet: all-reduce them as f32 (#41) */
+    vm_error(KILN_ERR_DTYPE, "%s values cannot be all-reduced yet; cast them to float32 first",
+             vm_dtype_name(dt));
     return false;
   }
   if (attr->axis == VM_REDUCE_MEAN && !vm_dtype_is_float(dt)) {
@@ -623,6 +632,9 @@ bool vm_infer(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr, vm
   if (op == VM_OP_all_reduce_start) m->device = KILN_CPU;
   if (op == VM_OP_all_reduce_wait) m->device = attr->device;
   if (m->device != KILN_CPU && !vm_backend_usable((kiln_device)m->device)) return false;
+  if (m->device != KILN_CPU && !vm_device_holds(m->dtype)) return false;
+  for (int i = 0; i < n && m->device != KILN_CPU; i++)
+    if (!vm_device_holds(in[i]->dtype)) return false;
   return vm_op_table[op].kind == VM_KIND_LEAF || check_result_size(n, in, m);
 }
 

@@ -29,7 +29,7 @@ void vm_philox(const uint32_t key[2], const uint32_t ctr[4], uint32_t out[4]) {
 }
 
 uint64_t vm_rng_blocks(int64_t n, kiln_dtype dt) {
-  int per_block = dt == KILN_F32 ? 4 : 2;
+  int per_block = dt == KILN_F64 ? 2 : 4; /* f32 values (halves round them) or f64 */
   return (uint64_t)((n + per_block - 1) / per_block);
 }
 

@@ -51,6 +51,10 @@ static void fill(vm_tensor *t) { /* t contiguous fresh */
       case KILN_I64:
         ((int64_t *)vm_data(t))[i] = (int64_t)floor(v);
         break;
+      case KILN_BF16:
+      case KILN_F16:
+      case KILN_U8:
+        break; /* not on the GPU yet (vm_device_holds) */
       case KILN_F32:
       case KILN_F64: {
         if (special && rnd() % 23 == 0) {

@@ -24,7 +24,19 @@ extern "C" {
 
 typedef struct kiln_tensor kiln_tensor; /* opaque, reference counted */
 
-typedef enum { KILN_BOOL, KILN_I32, KILN_I64, KILN_F32, KILN_F64 } kiln_dtype;
+/* bf16 and f16 are storage dtypes: ops load them into f32, compute in f32
+   and round to nearest even on store (docs/SEMANTICS.md "Half precision").
+   u8 is an unsigned byte (images, raw bytes).  Values keep their numbers. */
+typedef enum {
+  KILN_BOOL,
+  KILN_I32,
+  KILN_I64,
+  KILN_F32,
+  KILN_F64,
+  KILN_BF16,
+  KILN_F16,
+  KILN_U8
+} kiln_dtype;
 typedef enum { KILN_CPU, KILN_CUDA } kiln_device;
 #define KILN_MAX_DIMS 8
 
@@ -94,7 +106,8 @@ KILN_API kiln_tensor *kiln_round(kiln_tensor *a); /* half to even */
 KILN_API kiln_tensor *kiln_sign(kiln_tensor *a);
 KILN_API kiln_tensor *kiln_logical_not(kiln_tensor *a);
 
-/* elementwise binary: numpy broadcasting; promotion bool < i32 < i64 < f32 < f64.
+/* elementwise binary: numpy broadcasting; promotion bool < u8 < i32 < i64 < (bf16 | f16)
+   < f32 < f64, and bf16 with f16 gives f32 (PyTorch's).
    div is true division (integers give float32). */
 KILN_API kiln_tensor *kiln_add(kiln_tensor *a, kiln_tensor *b);
 KILN_API kiln_tensor *kiln_sub(kiln_tensor *a, kiln_tensor *b);

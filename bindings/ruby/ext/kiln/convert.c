@@ -86,10 +86,15 @@ static int64_t to_int(VALUE v, kiln_dtype dt) {
     int64_t i = (int64_t)d; /* toward zero, like Kiln's cast */
     if (dt == KILN_I32 && (i < INT32_MIN || i > INT32_MAX))
       rb_raise(rb_eRangeError, "Kiln.tensor: %g does not fit in int32", d);
+    if (dt == KILN_U8 && (i < 0 || i > 255))
+      rb_raise(rb_eRangeError, "Kiln.tensor: %g does not fit in uint8", d);
     return i;
   }
   if (dt == KILN_I32) return NUM2INT(v); /* RangeError when out of range */
-  return (int64_t)NUM2LL(v);
+  int64_t i = (int64_t)NUM2LL(v);
+  if (dt == KILN_U8 && (i < 0 || i > 255))
+    rb_raise(rb_eRangeError, "Kiln.tensor: %lld does not fit in uint8", (long long)i);
+  return i;
 }
 
 static double to_double(VALUE v) {
@@ -119,6 +124,12 @@ static void fill(VALUE v, int depth, const layout *L, kiln_dtype dt, char *buf, 
       case KILN_F64:
         ((double *)buf)[i] = to_double(v);
         break;
+      case KILN_U8:
+        ((uint8_t *)buf)[i] = (uint8_t)to_int(v, dt);
+        break;
+      case KILN_BF16:
+      case KILN_F16:
+        break; /* filled as float32 and cast (rk_from_ruby) */
     }
     return;
   }
@@ -145,15 +156,22 @@ VALUE rk_from_ruby(VALUE data, VALUE dtype) {
     dt = KILN_F32; /* no elements: PyTorch's default dtype */
   int64_t numel = 1;
   for (int d = 0; d < L.ndim; d++) numel *= L.shape[d]; /* bounded by the leaves seen */
-  size_t bytes = (size_t)numel * rk_dtype_size(dt);
+  /* halves: the numbers as float32, rounded once by Kiln's cast */
+  kiln_dtype fill_dt = rk_dtype_is_half(dt) ? KILN_F32 : dt;
+  size_t bytes = (size_t)numel * rk_dtype_size(fill_dt);
 
   VALUE tmp;
   char *buf = ALLOCV(tmp, bytes ? bytes : 1);
   int64_t pos = 0;
-  fill(data, 0, &L, dt, buf, &pos);
+  fill(data, 0, &L, fill_dt, buf, &pos);
   VALUE obj = rk_alloc();
   kiln_clear_error();
-  kiln_tensor *t = kiln_from_data(buf, dt, L.ndim, L.shape);
+  kiln_tensor *t = kiln_from_data(buf, fill_dt, L.ndim, L.shape);
+  if (t && fill_dt != dt) {
+    kiln_tensor *c = kiln_cast(t, dt);
+    kiln_release(t);
+    t = c;
+  }
   ALLOCV_END(tmp);
   rk_finish(obj, t);
   RB_GC_GUARD(data);
@@ -174,6 +192,11 @@ static VALUE elem(const char *buf, kiln_dtype dt, int64_t i) {
       return DBL2NUM((double)((const float *)buf)[i]);
     case KILN_F64:
       return DBL2NUM(((const double *)buf)[i]);
+    case KILN_U8:
+      return INT2NUM(((const uint8_t *)buf)[i]);
+    case KILN_BF16:
+    case KILN_F16:
+      break; /* read as float32 (rk_to_a) */
   }
   return Qnil;
 }
@@ -194,10 +217,19 @@ VALUE rk_to_a(VALUE self) {
   int64_t shape[KILN_MAX_DIMS];
   memcpy(shape, kiln_shape(t), (size_t)ndim * sizeof *shape);
   kiln_dtype dt = kiln_dtype_of(t);
+  kiln_tensor *wide = NULL; /* a half's values as float32 (exact) */
+  if (rk_dtype_is_half(dt)) {
+    kiln_clear_error();
+    if (!(wide = kiln_cast(t, KILN_F32))) rk_raise_kiln("kiln_cast");
+    t = wide;
+    dt = KILN_F32;
+  }
   size_t bytes = (size_t)kiln_numel(t) * rk_dtype_size(dt);
   VALUE tmp;
   char *buf = ALLOCV(tmp, bytes ? bytes : 1);
-  if (rk_nogvl_to_buffer(t, buf, bytes) < 0) {
+  int rc = rk_nogvl_to_buffer(t, buf, bytes);
+  kiln_release(wide);
+  if (rc < 0) {
     ALLOCV_END(tmp);
     rk_raise_kiln("kiln_to_buffer");
   }

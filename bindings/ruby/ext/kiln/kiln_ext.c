@@ -87,11 +87,20 @@ size_t rk_dtype_size(kiln_dtype dt) {
       return 4;
     case KILN_F64:
       return 8;
+    case KILN_BF16:
+    case KILN_F16:
+      return 2;
+    case KILN_U8:
+      return 1;
   }
   return 8;
 }
 
-int rk_dtype_is_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
+int rk_dtype_is_float(kiln_dtype dt) {
+  return dt == KILN_F32 || dt == KILN_F64 || rk_dtype_is_half(dt);
+}
+
+int rk_dtype_is_half(kiln_dtype dt) { return dt == KILN_BF16 || dt == KILN_F16; }
 
 static void gc_forget(size_t bytes);
 
@@ -241,13 +250,16 @@ kiln_dtype rk_dtype(VALUE v) {
   static const struct {
     const char *name;
     kiln_dtype dt;
-  } names[] = {{"bool", KILN_BOOL},   {"int32", KILN_I32},   {"int64", KILN_I64},
-               {"float32", KILN_F32}, {"float64", KILN_F64}, {"int", KILN_I32},
-               {"long", KILN_I64},    {"float", KILN_F32},   {"double", KILN_F64}};
+  } names[] = {{"bool", KILN_BOOL},     {"int32", KILN_I32},   {"int64", KILN_I64},
+               {"float32", KILN_F32},   {"float64", KILN_F64}, {"bfloat16", KILN_BF16},
+               {"float16", KILN_F16},   {"uint8", KILN_U8},    {"int", KILN_I32},
+               {"long", KILN_I64},      {"float", KILN_F32},   {"double", KILN_F64},
+               {"half", KILN_F16},      {"byte", KILN_U8}};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     if (id == rb_intern(names[i].name)) return names[i].dt;
   rk_raise(rk_eDTypeError,
-           "unknown dtype %" PRIsVALUE " (use :bool, :int32, :int64, :float32 or :float64)",
+           "unknown dtype %" PRIsVALUE
+           " (use :bool, :uint8, :int32, :int64, :bfloat16, :float16, :float32 or :float64)",
            rb_inspect(v));
 }
 
@@ -263,6 +275,12 @@ VALUE rk_dtype_sym(kiln_dtype dt) {
       return ID2SYM(rb_intern("float32"));
     case KILN_F64:
       return ID2SYM(rb_intern("float64"));
+    case KILN_BF16:
+      return ID2SYM(rb_intern("bfloat16"));
+    case KILN_F16:
+      return ID2SYM(rb_intern("float16"));
+    case KILN_U8:
+      return ID2SYM(rb_intern("uint8"));
   }
   return Qnil;
 }

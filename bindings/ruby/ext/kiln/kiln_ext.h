@@ -40,6 +40,7 @@ kiln_dtype rk_dtype(VALUE sym); /* :float32 ... -> kiln_dtype */
 VALUE rk_dtype_sym(kiln_dtype dt);
 size_t rk_dtype_size(kiln_dtype dt);
 int rk_dtype_is_float(kiln_dtype dt);
+int rk_dtype_is_half(kiln_dtype dt); /* bf16, f16: converted through float32 here */
 
 int rk_int(VALUE v, const char *what); /* an Integer that fits an int */
 int64_t rk_i64(VALUE v, const char *what);

@@ -17,7 +17,8 @@ module Kiln
   class Tensor
     extend Signature::DSL
 
-    DTYPES = %i[bool int32 int64 float32 float64].freeze
+    DTYPES = %i[bool uint8 int32 int64 bfloat16 float16 float32 float64].freeze
+    FLOAT_DTYPES = %i[bfloat16 float16 float32 float64].freeze
 
     alias _cross_entropy cross_entropy # the C method; cross_entropy below checks Array targets
 
@@ -180,8 +181,20 @@ module Kiln
       _cast(:bool)
     end
 
+    def half
+      _cast(:float16)
+    end
+
+    def bfloat16
+      _cast(:bfloat16)
+    end
+
+    def byte
+      _cast(:uint8)
+    end
+
     def floating_point?
-      dtype == :float32 || dtype == :float64
+      FLOAT_DTYPES.include?(dtype)
     end
 
     # --- autodiff -----------------------------------------------------------------
