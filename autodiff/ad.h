@@ -35,6 +35,8 @@ int ad_set_grad(vm_tensor *leaf, vm_tensor *g); /* kiln_set_grad */
 int ad_grad_of(int nout, vm_tensor *const *outs, vm_tensor *const *gouts, int nin,
                vm_tensor *const *ins, vm_tensor **grads, bool create_graph);
 vm_tensor *ad_detach(vm_tensor *t);
+/* kiln_unscale_grads (scale.c) */
+int ad_unscale_grads(int n, vm_tensor *const *params, double inv_scale, bool *found_inf);
 /* kiln_dist_average_grads (dist.c) */
 int ad_average_grads(int n, vm_tensor *const *params);
 

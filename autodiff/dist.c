@@ -36,8 +36,14 @@ typedef struct {
   int first, count; /* order[first .. first+count) */
 } bucket;
 
+/* p's gradient (zeros if none) as it is all-reduced: a bf16/f16 gradient
+   in f32 (DESIGN §13: summed over the ranks in f32, rounded once after) */
 static vm_tensor *grad_or_zeros(vm_tensor *p) {
-  return p->slot->grad ? vm_retain(p->slot->grad) : fe_zeros_like(p);
+  vm_tensor *g = p->slot->grad ? vm_retain(p->slot->grad) : fe_zeros_like(p);
+  if (!g || !vm_dtype_is_half(g->dtype)) return g;
+  vm_tensor *w = fe_cast(g, KILN_F32);
+  vm_release(g);
+  return w;
 }
 
 static int check_params(int n, vm_tensor *const *params) {
@@ -76,8 +82,10 @@ static int make_buckets(int n, vm_tensor *const *params, int *order, bucket *b) 
     int i = n - 1 - j;
     order[j] = i;
     int64_t size = params[i]->numel * (int64_t)vm_dtype_size(params[i]->dtype);
-    bool fits =
-        nb > 0 && params[order[b[nb - 1].first]]->dtype == params[i]->dtype && bytes + size <= cap;
+    bool fits = nb > 0 &&
+                vm_dtype_compute(params[order[b[nb - 1].first]]->dtype) ==
+                    vm_dtype_compute(params[i]->dtype) &&
+                bytes + size <= cap;
     if (!fits) {
       b[nb++] = (bucket){j, 0};
       bytes = 0;
@@ -98,6 +106,11 @@ static bool store_bucket(vm_tensor *flat, const bucket *bk, const int *order,
     vm_tensor *piece = fe_slice(flat, 0, at, at + p->numel, 1);
     vm_tensor *shaped = piece ? fe_reshape(piece, p->ndim, p->shape) : NULL;
     vm_tensor *mean = shaped ? fe_binary_scalar(VM_OP_div, shaped, size, true) : NULL;
+    if (mean && mean->dtype != p->dtype) { /* a half's mean, rounded once */
+      vm_tensor *h = fe_cast(mean, p->dtype);
+      vm_release(mean);
+      mean = h;
+    }
     at += p->numel;
     if ((ok = mean != NULL)) {
       if (p->slot->grad) {

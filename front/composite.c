@@ -211,6 +211,10 @@ vm_tensor *fe_layer_norm(vm_tensor *x, vm_tensor *w, vm_tensor *b, double eps) {
   int64_t d = x->shape[x->ndim - 1];
   if (!check_affine(w, d, "weight") || !check_affine(b, d, "bias")) return NULL;
   fe_scope s = {0};
+  /* a half weight and bias in f32 before the rows' work: recorded first,
+     their casts do not split the rows' chain of elementwise ops in two */
+  if (w && vm_dtype_is_half(w->dtype)) w = keep(&s, fe_cast(w, KILN_F32));
+  if (b && vm_dtype_is_half(b->dtype)) b = keep(&s, fe_cast(b, KILN_F32));
   vm_tensor *xf = as_float(&s, x);
   vm_tensor *y = x->numel == 0 ? empty_result(&s, xf) : normalize_last(&s, xf, eps);
   if (w) y = keep(&s, fe_binary(VM_OP_mul, y, w));

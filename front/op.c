@@ -53,6 +53,73 @@ static kiln_dtype input_dtype(vm_opcode op, int i, const vm_tensor *t, const vm_
   }
 }
 
+/* An op that accumulates (a reduction, matmul, convolution, attention,
+   scatter_add, a sort's comparisons) over bf16/f16 is recorded in f32
+   between casts (DESIGN §13): its half inputs cast to f32, its half
+   result rounded back once.  No kernel of those kinds ever sees a half,
+   and the casts fuse into the kernels beside them. */
+static bool accumulates(vm_opcode op) {
+  switch (vm_op_table[op].kind) {
+    case VM_KIND_REDUCE:
+    case VM_KIND_MATMUL:
+    case VM_KIND_CONV:
+    case VM_KIND_ATTENTION:
+    case VM_KIND_SORT:
+      return true;
+    default:
+      return op == VM_OP_scatter_add;
+  }
+}
+
+static vm_tensor *in_f32(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr,
+                         kiln_dtype result) {
+  vm_tensor *few[8] = {0};
+  vm_tensor **wide = n <= 8 ? few : calloc((size_t)n, sizeof *wide);
+  if (!wide) {
+    vm_error(KILN_ERR_OOM, "out of memory");
+    return NULL;
+  }
+  bool ok = true;
+  for (int i = 0; i < n && ok; i++)
+    ok = (wide[i] = vm_dtype_is_half(in[i]->dtype) ? fe_cast(in[i], KILN_F32) : vm_retain(in[i])) !=
+         NULL;
+  vm_tensor *r = ok ? fe_op(op, n, wide, attr) : NULL;
+  for (int i = 0; i < n; i++) vm_release(wide[i]);
+  if (wide != few) free(wide);
+  if (!r || !vm_dtype_is_half(result)) return r;
+  vm_tensor *h = fe_cast(r, result);
+  vm_release(r);
+  return h;
+}
+
+/* Autocast (kiln_set_autocast, DESIGN §13): GEMMs, convolutions and
+   attention take their f32 operands in the thread's half dtype, as
+   PyTorch's autocast does; everything else runs in the dtypes it is
+   given (a half result meeting an f32 bias promotes back to f32).  The
+   casts are ops, so gradients come back to f32 parameters in f32. */
+static bool autocasts(vm_opcode op) {
+  vm_kind k = vm_op_table[op].kind;
+  return k == VM_KIND_MATMUL || k == VM_KIND_CONV || op == VM_OP_attention;
+}
+
+static vm_tensor *autocast_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr,
+                              kiln_dtype dt) {
+  vm_tensor *cast[6] = {0}, *args[6];
+  bool ok = true;
+  for (int i = 0; i < n && ok; i++) {
+    /* f32 operands only (an f64 program stays f64; a bool or additive mask stays) */
+    bool operand = in[i]->dtype == KILN_F32 && (op != VM_OP_attention || i < 3);
+    args[i] = operand ? (cast[i] = fe_cast(in[i], dt)) : in[i];
+    ok = args[i] != NULL;
+  }
+  int saved = vm_thread()->autocast;
+  vm_thread()->autocast = 0; /* the op itself, as cast */
+  vm_tensor *r = ok ? fe_op(op, n, args, attr) : NULL;
+  vm_thread()->autocast = saved;
+  for (int i = 0; i < n; i++) vm_release(cast[i]);
+  return r;
+}
+
 vm_tensor *fe_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr) {
   static const vm_attr no_attr;
   if (!attr) attr = &no_attr;
@@ -61,12 +128,19 @@ vm_tensor *fe_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr)
       vm_null_input(i);
       return NULL;
     }
+  int ac = vm_thread()->autocast;
+  if (ac && n <= 6 && autocasts(op)) {
+    bool any_f32 = false;
+    for (int i = 0; i < n; i++) any_f32 |= in[i]->dtype == KILN_F32;
+    if (any_f32) return autocast_op(op, n, in, attr, (kiln_dtype)ac);
+  }
   if (op == VM_OP_matmul && n == 2) { /* attention written the long way */
     vm_tensor *fused = fe_attention_of_matmul(in[0], in[1]);
     if (fused) return fused;
   }
   vm_meta m;
   if (!vm_infer(op, n, in, attr, &m)) return NULL;
+  if (vm_dtype_is_half(m.compute) && accumulates(op)) return in_f32(op, n, in, attr, m.dtype);
   /* inputs of another dtype get explicit cast nodes: the recorded graph is
      exactly what runs, for the interpreter and the code generators alike */
   vm_tensor *few[8] = {0};

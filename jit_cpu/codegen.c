@@ -182,9 +182,7 @@ static gcc_jit_rvalue *bits_of_f32(cg_ctx *c, gcc_jit_rvalue *x) {
 #define NE(a, b) cmp(c, GCC_JIT_COMPARISON_NE, a, b)
 
 static gcc_jit_rvalue *bf16_to_f32(cg_ctx *c, gcc_jit_rvalue *h) {
-  gcc_jit_rvalue *u = u32var(c, SHL(cast(c, h, c->t_u32), u32c(c, 16)), "bu");
-  gcc_jit_rvalue *nan = GT(AND(u, u32c(c, 0x7fffffffu)), u32c(c, 0x7f800000u));
-  return f32_of_bits(c, OR(u, SHL(as_u32(c, nan), u32c(c, 22))));
+  return f32_of_bits(c, SHL(cast(c, h, c->t_u32), u32c(c, 16)));
 }
 
 static gcc_jit_rvalue *f32_to_bf16(cg_ctx *c, gcc_jit_rvalue *x) {
@@ -257,8 +255,13 @@ gcc_jit_rvalue *cg_load(cg_ctx *c, kiln_dtype dt, gcc_jit_rvalue *stored) {
   return stored;
 }
 
+/* a value that is exactly a half's (every half node's value is: loads
+   widen, ops round): a bf16 is the f32's top half; an f16 goes through the
+   conversion (exact for such a value) */
 gcc_jit_rvalue *cg_store(cg_ctx *c, kiln_dtype dt, gcc_jit_rvalue *value) {
-  if (dt == KILN_BF16) return f32_to_bf16(c, value);
+  if (dt == KILN_BF16)
+    return cast(c, u32op(c, GCC_JIT_BINARY_OP_RSHIFT, bits_of_f32(c, value), u32c(c, 16)),
+                c->t_u16);
   if (dt == KILN_F16) return f32_to_f16(c, value);
   return value;
 }
@@ -266,7 +269,9 @@ gcc_jit_rvalue *cg_store(cg_ctx *c, kiln_dtype dt, gcc_jit_rvalue *value) {
 /* an f32 value rounded to dt's precision, as storing and loading it does */
 static gcc_jit_rvalue *round_to(cg_ctx *c, kiln_dtype dt, gcc_jit_rvalue *x) {
   if (!x) return NULL;
-  return vm_dtype_is_half(dt) ? cg_load(c, dt, cg_store(c, dt, x)) : x;
+  if (dt == KILN_BF16) return bf16_to_f32(c, f32_to_bf16(c, x));
+  if (dt == KILN_F16) return f16_to_f32(c, f32_to_f16(c, x));
+  return x;
 }
 
 /* --- elementwise expressions ------------------------------------------------------ */

@@ -166,10 +166,11 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
           memcmp(p->meta.shape, rin->shape, (size_t)rin->ndim * sizeof(int64_t)))
         return false;
     }
-    /* halves: in elementwise kernels' plain nodes only, so far (their
-       reductions, row kernels and moves run on the interpreter, in f32) */
+    /* halves: loaded, computed and stored by plain elementwise nodes (the
+       casts beside a reduction among them: front/op.c records reductions
+       of halves in f32); moves of halves run on the interpreter, so far */
     if (touches_half(plan, leaves, i) &&
-        (grp->kind != TR_GROUP_ELEMENTWISE || vm_op_gathers(p->op) || kernel_needs_coord(p->op) ||
+        (i == ks->reduce || vm_op_gathers(p->op) || kernel_needs_coord(p->op) ||
          vm_op_scans(p->op) || p->op == VM_OP_concat))
       return false;
     kiln_dtype in_dt[3];
@@ -357,6 +358,25 @@ static void emit_io(cg_ctx *c, gcc_jit_block *entry, gcc_jit_rvalue *bufs, const
             c->ctx, NULL,
             rv(gcc_jit_context_new_array_access(c->ctx, NULL, bufs, i64v(c, ks->nout + q))), pt));
   }
+}
+
+/* io->hoist[q] = input q's element at its offset, as a value (a half
+   widened), assigned in block b */
+static void hoist_input(cg_ctx *c, gcc_jit_block *b, const kernel_io *io, int q) {
+  gcc_jit_block *was = c->cur;
+  c->cur = b; /* a half's widening adds its statements here */
+  gcc_jit_rvalue *x =
+      rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->in_ptr[q]), rv(io->off[q])));
+  gcc_jit_block_add_assignment(b, NULL, io->hoist[q], cg_load(c, io->in_dt[q], x));
+  c->cur = was; /* cg_load adds statements, never blocks */
+}
+
+/* output q's element at `at` = value (node `node`'s, rounded if a half) */
+static void store_output(cg_ctx *c, const tr_plan *plan, const kernel_shape *ks,
+                         const kernel_io *io, int q, gcc_jit_rvalue *at, gcc_jit_rvalue *value) {
+  gcc_jit_rvalue *v = cg_store(c, plan->nodes[ks->outs[q]].meta.dtype, value);
+  gcc_jit_block_add_assignment(
+      c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->out_ptr[q]), at), v);
 }
 
 /* the inputs' values at inner index j (unit stride, hoisted, or strided);
@@ -720,15 +740,8 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
     gcc_jit_rvalue *at = add64(c, i64v(c, 1), mul64(c, rv(nd), i64v(c, q + 2)));
     gcc_jit_block_add_assignment(setup, NULL, io.step[q],
                                  meta_at(c, meta, add64(c, at, i64v(c, -1))));
-    if (ks->stride_class[q] == 0 && !kernel_role_positional(ks->in_role[q])) {
-      gcc_jit_block *was = c->cur;
-      c->cur = setup; /* a half's widening adds its statements here */
-      gcc_jit_block_add_assignment(setup, NULL, io.hoist[q],
-                                   cg_load(c, io.in_dt[q],
-                                           rv(gcc_jit_context_new_array_access(
-                                               c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q])))));
-      c->cur = was;
-    }
+    if (ks->stride_class[q] == 0 && !kernel_role_positional(ks->in_role[q]))
+      hoist_input(c, setup, &io, q);
   }
   gcc_jit_block_add_assignment(setup, NULL, j, rv(j0));
   gcc_jit_block_end_with_jump(setup, NULL, inner_cond);
@@ -745,12 +758,8 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
             emit_nodes(c, plan, grp, ks, &io, in_val, params, grp->last + 1, NULL, "v", node_val);
   if (ok) {
     gcc_jit_rvalue *at = add64(c, mul64(c, rv(row), rv(inner)), rv(j));
-    for (int q = 0; q < ks->nout; q++) {
-      int o = ks->outs[q];
-      gcc_jit_block_add_assignment(
-          c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[q]), at),
-          cg_store(c, plan->nodes[o].meta.dtype, rv(node_val[o - grp->first])));
-    }
+    for (int q = 0; q < ks->nout; q++)
+      store_output(c, plan, ks, &io, q, at, rv(node_val[ks->outs[q] - grp->first]));
     gcc_jit_block_add_assignment_op(c->cur, NULL, j, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
     gcc_jit_block_end_with_jump(c->cur, NULL, inner_cond);
   }
@@ -948,9 +957,7 @@ static gcc_jit_rvalue *emit_position(cg_ctx *c, position_ctx *pc, gcc_jit_rvalue
   gcc_jit_rvalue *at = add64(c, pc->row_at, r);
   for (int q = 0; pc->store && q < ks->nout; q++) /* producers read elsewhere */
     if (ks->outs[q] != pc->reduce)
-      gcc_jit_block_add_assignment(
-          c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(pc->io->out_ptr[q]), at),
-          rv(node_val[ks->outs[q] - grp->first]));
+      store_output(c, pc->plan, ks, pc->io, q, at, rv(node_val[ks->outs[q] - grp->first]));
   free(node_val);
   return acc_dt == red->meta.dtype
              ? value
@@ -1094,9 +1101,7 @@ bool kernel_emit_reduce(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *l
     gcc_jit_block_add_assignment(row, NULL, io.off[q],
                                  mul64(c, rv(o), meta_at(c, meta, i64v(c, 4 + 2 * q))));
     if (ks->stride_class[q] == 0 && !kernel_role_positional(ks->in_role[q]))
-      gcc_jit_block_add_assignment(
-          row, NULL, io.hoist[q],
-          rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
+      hoist_input(c, row, &io, q);
   }
   c->cur = row;
   position_ctx pc = {.plan = plan,
@@ -1241,9 +1246,7 @@ bool kernel_emit_reduce_cols(cg_ctx *c, const tr_plan *plan, int g, const cpu_le
               add64(c, mul64(c, rv(r), meta_at(c, meta, i64v(c, 5 + 3 * q))),
                     mul64(c, rv(b0), meta_at(c, meta, i64v(c, 6 + 3 * q))))));
     if (ks->stride_class[q] == 0 && !kernel_role_positional(ks->in_role[q]))
-      gcc_jit_block_add_assignment(
-          c->cur, NULL, io.hoist[q],
-          rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
+      hoist_input(c, c->cur, &io, q);
   }
   gcc_jit_block_add_assignment(
       c->cur, NULL, row_at,
@@ -1344,7 +1347,7 @@ static bool rows_take(void *ctx, const tr_row_node *n) {
       ks->ins[ks->nin++] = ref;
     }
   }
-  if (touches_half(plan, c->leaves, n->i)) return false; /* not in row kernels yet */
+  if (n->reduction && touches_half(plan, c->leaves, n->i)) return false; /* reduced in f32 */
   if (!n->reduction) {
     if (!cg_supported(p, in_dt)) return false;
     ks->per_elem[n->i - c->first] = n->varies;
@@ -1540,9 +1543,7 @@ bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *lea
     gcc_jit_block_add_assignment(row, NULL, io.off[q],
                                  mul64(c, rv(o), meta_at(c, meta, i64v(c, 2 + 2 * q))));
     if (ks->stride_class[q] == 0 && !kernel_role_positional(ks->in_role[q]))
-      gcc_jit_block_add_assignment(
-          row, NULL, io.hoist[q],
-          rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.in_ptr[q]), rv(io.off[q]))));
+      hoist_input(c, row, &io, q);
   }
   c->cur = row;
   gcc_jit_lvalue **node_val = calloc((size_t)n, sizeof *node_val),
@@ -1645,18 +1646,14 @@ bool kernel_emit_rows(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *lea
     gcc_jit_rvalue *at = add64(c, rv(row_at), rv(r));
     for (int q = 0; ok && q < ks->nout; q++)
       if (ks->per_elem[ks->outs[q] - span.first])
-        gcc_jit_block_add_assignment(
-            c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[q]), at),
-            rv(pass_val[ks->outs[q] - span.first]));
+        store_output(c, plan, ks, &io, q, at, rv(pass_val[ks->outs[q] - span.first]));
     free(pass_val);
     close_loop(c, &L);
   }
   /* row-level values read after the run */
   for (int q = 0; ok && q < ks->nout; q++)
     if (!ks->per_elem[ks->outs[q] - span.first])
-      gcc_jit_block_add_assignment(
-          c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[q]), rv(o)),
-          rv(node_val[ks->outs[q] - span.first]));
+      store_output(c, plan, ks, &io, q, rv(o), rv(node_val[ks->outs[q] - span.first]));
   if (ok) {
     gcc_jit_block_add_assignment_op(c->cur, NULL, o, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
     gcc_jit_block_end_with_jump(c->cur, NULL, rows);

@@ -10,13 +10,14 @@
 static void usage(const char *prog, int code) {
   fprintf(code ? stderr : stdout,
           "usage: %s [--smoke] [--reps N] [--warmup N] [--label NAME] [--openblas] [--autodiff]\n"
-          "          [--device cpu|cuda]\n"
+          "          [--bf16] [--device cpu|cuda]\n"
           "  --smoke      tiny sizes, 1 repetition (checks that it runs, measures nothing)\n"
           "  --reps N     timed runs; the median is reported\n"
           "  --warmup N   untimed runs first\n"
           "  --label NAME contender name (default: kiln-eager if KILN_JIT=0, else kiln)\n"
           "  --openblas   perf_w6 only: also time OpenBLAS cblas_sgemm called directly\n"
           "  --autodiff   perf_w7, perf_g7: gradients from kiln_backward (label kiln-autodiff)\n"
+          "  --bf16       perf_w2-w4, perf_w6: in bfloat16 (results named W2h-W4h, W6h)\n"
           "  --device D   perf_g* only: cuda (default) or cpu (the same code on the CPU)\n",
           prog);
   exit(code);
@@ -50,6 +51,7 @@ void bench_parse(int argc, char **argv, bench_opts *o, int default_reps, int def
   o->label = jit && strcmp(jit, "0") == 0 ? "kiln-eager" : "kiln";
   o->openblas = false;
   o->autodiff = false;
+  o->bf16 = false;
   o->device = KILN_CUDA;
   const char *label = NULL;
   int reps = -1, warmup = -1;
@@ -66,6 +68,8 @@ void bench_parse(int argc, char **argv, bench_opts *o, int default_reps, int def
       o->openblas = true;
     else if (!strcmp(argv[i], "--autodiff"))
       o->autodiff = true;
+    else if (!strcmp(argv[i], "--bf16"))
+      o->bf16 = true;
     else if (!strcmp(argv[i], "--device") && i + 1 < argc && !strcmp(argv[i + 1], "cpu"))
       o->device = KILN_CPU, i++;
     else if (!strcmp(argv[i], "--device") && i + 1 < argc && !strcmp(argv[i + 1], "cuda"))
@@ -234,7 +238,9 @@ void bench_summary_tensor(char *out, size_t cap, kiln_tensor *t) {
   bench_ok(t, "result");
   int64_t n = kiln_numel(t);
   float *buf = bench_alloc_f32(n);
-  bench_ok_status(kiln_to_buffer(t, buf, sizeof *buf * (size_t)n), "kiln_to_buffer");
+  kiln_tensor *f = bench_ok(kiln_cast(t, KILN_F32), "result as f32"); /* bf16 widens exactly */
+  bench_ok_status(kiln_to_buffer(f, buf, sizeof *buf * (size_t)n), "kiln_to_buffer");
+  kiln_release(f);
   bench_summary_f32(out, cap, buf, n);
   free(buf);
 }
@@ -249,6 +255,21 @@ void bench_result_with(const char *workload, const char *contender, const double
       isa && *isa ? isa : "unknown", blas && *blas ? blas : "none", extra && *extra ? "\t" : "",
       extra ? extra : "", check ? check : "");
   fflush(stdout);
+}
+
+kiln_tensor *bench_input(const float *buf, int ndim, const int64_t *shape, const bench_opts *o) {
+  kiln_tensor *t = bench_ok(kiln_from_data(buf, KILN_F32, ndim, shape), "input");
+  if (!o->bf16) return t;
+  kiln_tensor *h = bench_ok(kiln_cast(t, KILN_BF16), "bf16 input");
+  kiln_release(t);
+  bench_force(h);
+  return h;
+}
+
+const char *bench_name(const char *w, const bench_opts *o) {
+  static char name[16];
+  snprintf(name, sizeof name, "%s%s", w, o->bf16 ? "h" : "");
+  return name;
 }
 
 void bench_result(const char *workload, const char *contender, const double *times, int n,

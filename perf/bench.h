@@ -21,6 +21,7 @@ typedef struct {
   const char *label; /* contender name: "kiln-eager" when KILN_JIT=0, else "kiln" */
   bool openblas;     /* perf_w6: also time OpenBLAS sgemm called directly */
   bool autodiff;     /* perf_w7, perf_g7: gradients from kiln_backward, not written by hand */
+  bool bf16;         /* perf_w2-w4, perf_w6: the workload in bfloat16 (W2h-W4h, W6h) */
   /* perf_g*: where the tensors live, KILN_CUDA unless --device cpu (which runs the
      same code on the CPU: a check that it runs, not a GPU measurement) */
   kiln_device device;
@@ -103,6 +104,11 @@ void bench_summary_tensor(char *out, size_t cap, kiln_tensor *t);
 /* prints an @result line.  time_s: the median of times[] (seconds per unit of
    work: one evaluation, one op for W5, one step for W7); extra: further
    key=value fields separated by tabs (may be ""); check: the summary. */
+/* a tensor of the f32 values buf in the workload's dtype (--bf16: rounded
+   to bfloat16, materialized before any timing); dies on error */
+kiln_tensor *bench_input(const float *buf, int ndim, const int64_t *shape, const bench_opts *o);
+/* the workload's name: w, or w + "h" with --bf16 (W2 -> W2h) */
+const char *bench_name(const char *w, const bench_opts *o);
 void bench_result(const char *workload, const char *contender, const double *times, int n,
                   const char *extra, const char *check);
 /* the same with the machine fields given (for contenders that are not Kiln) */

@@ -27,6 +27,10 @@ REPS = {"W1": (9, 2), "W2": (15, 2), "W3": (15, 2), "W4": (15, 2), "W5": (7, 1),
         "W16": (3, 1),    # epochs, as W10
         "W11": (11, 2), "W12": (30, 10), "W14": (5, 2), "W14:cnn": (200, 50),
         "W18": (5, 1)}
+# W2h-W4h, W6h: W2-W4, W6 in bfloat16 (perf/w*.c --bf16), the same sizes and repetitions
+BF16_OF = {"W2h": "W2", "W3h": "W3", "W4h": "W4", "W6h": "W6"}
+for _h, _w in BF16_OF.items():
+    REPS[_h] = REPS[_w]
 W5_OPS, W5_CHAINS = 100, 500
 ARGS = None
 np = None
@@ -272,6 +276,11 @@ def w5_chains():
 
 
 def extra_bytes(w):
+    if w in BF16_OF:  # half the bytes of f32; the same flops
+        e = extra_bytes(BF16_OF[w])
+        if "bytes" in e:
+            e["bytes"] = "%.0f" % (float(e["bytes"]) / 2)
+        return e
     z = sizes()
     if w == "W1":
         return {"bytes": "%.0f" % (12.0 * z["W1"]), "elems": z["W1"]}
@@ -528,6 +537,15 @@ def run_torch(workloads):
             elif w == "W6":
                 a, b = map(t, inputs(w))
                 both(w, torch.mm, (a, b), lambda o: summary(o.numpy()), **extra_bytes(w))
+            elif w in BF16_OF:  # the f32 workload's inputs rounded to bf16; eager and compiled
+                base = BF16_OF[w]
+                args = tuple(t(a).to(torch.bfloat16) for a in inputs(base))
+                fn = {"W2": lambda x: torch.softmax(x, 1),
+                      "W3": lambda x, wt, b: F.layer_norm(x, (x.shape[1],), wt, b, 1e-5),
+                      "W4": lambda x: (x * x).sum().item(),
+                      "W6": torch.mm}[base]
+                check = (lambda o: "value=%.9g" % o) if base == "W4" else (lambda o: summary(o.float().numpy()))
+                both(w, fn, args, check, note="bfloat16", **extra_bytes(w))
             elif w == "W7":
                 run_torch_w7(torch, F, has_compile, no_compile)
             elif w == "W10":

@@ -16,7 +16,7 @@ import sys
 ORDER = ["kiln-eager", "kiln", "kiln-autodiff", "openblas", "numpy", "torch", "torch.nn.GRU", "torch.nn.LSTM",
          "torch.optim", "torch.compile", "jax.jit"]
 WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8:W1", "W8:W7", "W8:warm", "W10", "W11", "W12", "W13",
-             "W13:exit", "W14", "W14:cnn", "W16", "W18:infer", "W18:train"]
+             "W13:exit", "W14", "W14:cnn", "W16", "W18:infer", "W18:train", "W2h", "W3h", "W4h", "W6h"]
 TITLES = {
     "W1": "W1 tanh(x*y+0.5)*sigmoid(x)-y*y*0.25, 2^24",
     "W2": "W2 softmax rows, 4096x1024",
@@ -36,11 +36,16 @@ TITLES = {
     "W16": "W16 LSTM LM, autodiff + SGD, lengths 5..400, batch 32, hidden 128",
     "W18:infer": "W18 BERT encoder (6x384, 12 heads) inference, batch 32 x 128 tokens (padded)",
     "W18:train": "W18 BERT encoder fine-tuning step (fwd, loss, bwd, SGD), batch 32 x 128",
+    "W2h": "W2h softmax rows in bf16, 4096x1024",
+    "W3h": "W3h layer_norm rows in bf16, 4096x1024",
+    "W4h": "W4h sum(x*x) in bf16, 2^24",
+    "W6h": "W6h matmul 1024^3 in bf16 (f32 accumulation)",
 }
 # how a row's median is shown: unit, value from the median seconds, higher is better
 UNITS = {"W1": "ms", "W2": "ms", "W3": "ms", "W4": "ms", "W5": "us/op", "W6": "GFLOP/s",
          "W7": "steps/s", "W8": "ms", "W10": "steps/s", "W11": "ms", "W12": "ms", "W13": "s",
-         "W13:exit": "ms", "W14": "ms", "W14:cnn": "ms", "W16": "steps/s", "W18": "ms"}
+         "W13:exit": "ms", "W14": "ms", "W14:cnn": "ms", "W16": "steps/s", "W18": "ms",
+         "W2h": "ms", "W3h": "ms", "W4h": "ms", "W6h": "GFLOP/s"}
 # higher-is-better units: the value is 1 / time or work / time
 RATE_UNITS = ("GFLOP/s", "steps/s")
 # the fields of a row's line shown under the table (and in the CSV's details)
@@ -53,10 +58,11 @@ DETAILS = {
     "W12": ["traces_timed", "compiles_timed", "compile_ms", "kernels", "disk_hits", "loss_last"],
     "W13": ["train_s", "exit_ms", "compiles", "compile_ms"],
 }
-MEMORY_BOUND = {"W1", "W2", "W3", "W4"}
+MEMORY_BOUND = {"W1", "W2", "W3", "W4", "W2h", "W3h", "W4h"}
 # agreement tolerance of the result summaries, relative (see agree())
 TOLERANCE = {"W1": 1e-4, "W2": 1e-4, "W3": 1e-4, "W4": 1e-4, "W5": 1e-5, "W6": 1e-4, "W7": 1e-3,
-             "W10": 1e-3, "W16": 1e-3, "W11": 1e-3, "W12": 1e-3, "W13": 0.02, "W14": 1e-3, "W18": 1e-3}
+             "W10": 1e-3, "W16": 1e-3, "W11": 1e-3, "W12": 1e-3, "W13": 0.02, "W14": 1e-3, "W18": 1e-3,
+             "W2h": 1e-2, "W3h": 1e-2, "W4h": 1e-2, "W6h": 1e-2}
 
 
 def unit_of(w):

@@ -11,7 +11,7 @@ int main(int argc, char **argv) {
   int64_t shape[2] = {o.smoke ? 64 : 4096, o.smoke ? 128 : 1024}, n = shape[0] * shape[1];
   float *buf = bench_alloc_f32(n);
   bench_fill_sin(buf, n, 0.01, 0.0, 4.0);
-  kiln_tensor *x = bench_ok(kiln_from_data(buf, KILN_F32, 2, shape), "x");
+  kiln_tensor *x = bench_input(buf, 2, shape, &o);
   free(buf);
 
   double *times = calloc((size_t)o.reps, sizeof *times);
@@ -26,8 +26,9 @@ int main(int argc, char **argv) {
   }
   char check[512], extra[128];
   bench_summary_tensor(check, sizeof check, out);
-  snprintf(extra, sizeof extra, "bytes=%.0f\telems=%lld", 8.0 * (double)n, (long long)n);
-  bench_result("W2", o.label, times, o.reps, extra, check);
+  snprintf(extra, sizeof extra, "bytes=%.0f\telems=%lld", (o.bf16 ? 4.0 : 8.0) * (double)n,
+           (long long)n);
+  bench_result(bench_name("W2", &o), o.label, times, o.reps, extra, check);
   kiln_release(out);
   kiln_release(x);
   free(times);

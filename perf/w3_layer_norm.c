@@ -12,11 +12,11 @@ int main(int argc, char **argv) {
   int64_t shape[2] = {o.smoke ? 64 : 4096, o.smoke ? 128 : 1024}, n = shape[0] * shape[1];
   float *buf = bench_alloc_f32(n);
   bench_fill_sin(buf, n, 0.003, 0.2, 2.0);
-  kiln_tensor *x = bench_ok(kiln_from_data(buf, KILN_F32, 2, shape), "x");
+  kiln_tensor *x = bench_input(buf, 2, shape, &o);
   bench_fill_sin(buf, shape[1], 0.9, 0.0, 0.5);
-  kiln_tensor *w = bench_ok(kiln_from_data(buf, KILN_F32, 1, &shape[1]), "w");
+  kiln_tensor *w = bench_input(buf, 1, &shape[1], &o);
   bench_fill_sin(buf, shape[1], 0.45, 1.0, 0.1);
-  kiln_tensor *b = bench_ok(kiln_from_data(buf, KILN_F32, 1, &shape[1]), "b");
+  kiln_tensor *b = bench_input(buf, 1, &shape[1], &o);
   free(buf);
 
   double *times = calloc((size_t)o.reps, sizeof *times);
@@ -31,8 +31,9 @@ int main(int argc, char **argv) {
   }
   char check[512], extra[128];
   bench_summary_tensor(check, sizeof check, out);
-  snprintf(extra, sizeof extra, "bytes=%.0f\telems=%lld", 8.0 * (double)n, (long long)n);
-  bench_result("W3", o.label, times, o.reps, extra, check);
+  snprintf(extra, sizeof extra, "bytes=%.0f\telems=%lld", (o.bf16 ? 4.0 : 8.0) * (double)n,
+           (long long)n);
+  bench_result(bench_name("W3", &o), o.label, times, o.reps, extra, check);
   kiln_release(out);
   kiln_release(x);
   kiln_release(w);

@@ -12,7 +12,7 @@ int main(int argc, char **argv) {
   int64_t n = o.smoke ? 4096 : (int64_t)1 << 24;
   float *buf = bench_alloc_f32(n);
   bench_fill_sin(buf, n, 0.001, 0.0, 1.0);
-  kiln_tensor *x = bench_ok(kiln_from_data(buf, KILN_F32, 1, &n), "x");
+  kiln_tensor *x = bench_input(buf, 1, &n, &o);
   free(buf);
 
   double *times = calloc((size_t)o.reps, sizeof *times);
@@ -29,8 +29,9 @@ int main(int argc, char **argv) {
   }
   char check[128], extra[128];
   snprintf(check, sizeof check, "value=%.9g", value);
-  snprintf(extra, sizeof extra, "bytes=%.0f\telems=%lld", 4.0 * (double)n, (long long)n);
-  bench_result("W4", o.label, times, o.reps, extra, check);
+  snprintf(extra, sizeof extra, "bytes=%.0f\telems=%lld", (o.bf16 ? 2.0 : 4.0) * (double)n,
+           (long long)n);
+  bench_result(bench_name("W4", &o), o.label, times, o.reps, extra, check);
   kiln_release(x);
   free(times);
   return 0;

@@ -63,8 +63,7 @@ int main(int argc, char **argv) {
   float *a = bench_alloc_f32(n * n), *b = bench_alloc_f32(n * n);
   bench_fill_sin(a, n * n, 0.0013, 0.0, 1.0);
   bench_fill_sin(b, n * n, 0.0021, 0.7, 1.0);
-  kiln_tensor *ta = bench_ok(kiln_from_data(a, KILN_F32, 2, shape), "a");
-  kiln_tensor *tb = bench_ok(kiln_from_data(b, KILN_F32, 2, shape), "b");
+  kiln_tensor *ta = bench_input(a, 2, shape, &o), *tb = bench_input(b, 2, shape, &o);
 
   double *times = calloc((size_t)o.reps, sizeof *times);
   kiln_tensor *out = NULL;
@@ -79,7 +78,7 @@ int main(int argc, char **argv) {
   char check[512], extra[128];
   bench_summary_tensor(check, sizeof check, out);
   snprintf(extra, sizeof extra, "flops=%.0f", flops);
-  bench_result("W6", o.label, times, o.reps, extra, check);
+  bench_result(bench_name("W6", &o), o.label, times, o.reps, extra, check);
   kiln_release(out);
   kiln_release(ta);
   kiln_release(tb);

@@ -229,14 +229,17 @@ static double ramp(int64_t i, int r) { return (double)((i * 13 + r) % 17) * 0.12
 TEST(average_grads_in_buckets) {
   /* 2.2 MB of gradients: buckets of at most 1 MiB, one per dtype run */
   int64_t big[2] = {300, 300};
-  kiln_tensor *p[5] = {tensor_f64(2, big, ramp, 0), tensor_f64(2, big, ramp, 1),
+  kiln_tensor *p[6] = {tensor_f64(2, big, ramp, 0), tensor_f64(2, big, ramp, 1),
                        kiln_cast(tensor_f64(1, (int64_t[]){10}, ramp, 2), KILN_F32),
                        tensor_f64(2, big, ramp, 3),
-                       tensor_f64(1, (int64_t[]){4}, ramp, 4) /* gets no gradient this step */};
-  for (int i = 0; i < 5; i++) kiln_set_requires_grad(p[i], true);
+                       tensor_f64(1, (int64_t[]){4}, ramp, 4) /* gets no gradient this step */,
+                       /* a bf16 gradient: all-reduced in f32 with p2's, rounded once */
+                       kiln_cast(tensor_f64(1, (int64_t[]){6}, ramp, 5), KILN_BF16)};
+  for (int i = 0; i < 6; i++) kiln_set_requires_grad(p[i], true);
   /* loss = sum_i c_i * sum(p_i), c_i = (rank + 1) * (i + 1): grad p_i = c_i */
   kiln_tensor *loss = kiln_zeros(KILN_F64, 0, NULL);
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < 6; i++) {
+    if (i == 4) continue;
     kiln_tensor *s = kiln_mul_scalar(kiln_cast(kiln_sum(p[i], 0, NULL, false), KILN_F64),
                                      (rank_ + 1.0) * (i + 1));
     kiln_tensor *next = kiln_add(loss, s);
@@ -246,15 +249,15 @@ TEST(average_grads_in_buckets) {
   }
   CHECK(kiln_backward(loss, NULL) == KILN_OK);
   double before = kiln_stat("all_reduces");
-  CHECK(kiln_dist_average_grads(5, p) == KILN_OK);
+  CHECK(kiln_dist_average_grads(6, p) == KILN_OK);
   double mean_rank1 = (size_ + 1) / 2.0;
-  for (int i = 0; i < 5; i++) {
+  for (int i = 0; i < 6; i++) {
     kiln_tensor *g = kiln_grad(p[i]);
     CHECK(g != NULL);
     if (!g) continue;
     CHECK(kiln_dtype_of(g) == kiln_dtype_of(p[i]) && kiln_numel(g) == kiln_numel(p[i]));
     double *gv = ktest_values(g);
-    double want = i < 4 ? mean_rank1 * (i + 1) : 0;
+    double want = i == 4 ? 0 : mean_rank1 * (i + 1); /* 3.5 * 6 = 21 is a bf16 value too */
     for (int64_t k = 0; k < kiln_numel(g); k++)
       if (gv[k] != want) {
         KTEST_FAIL("grad of p[%d][%lld] = %g, expected %g", i, (long long)k, gv[k], want);
@@ -263,12 +266,13 @@ TEST(average_grads_in_buckets) {
     free(gv);
     kiln_release(g);
   }
-  /* p4 (4 f64) joins p3's bucket; p2 (f32) its own; p1; p0 */
-  CHECK_EQ_INT(kiln_stat("all_reduces") - before, 4);
+  /* p5 (bf16, reduced in f32) and p4 (4 f64) join no bucket of theirs: p5 its own,
+     as the first (the order is last to first); p4 p3's; p2 (f32) its own; p1; p0 */
+  CHECK_EQ_INT(kiln_stat("all_reduces") - before, 5);
   kiln_tensor *mixed[2] = {p[0], p[1]};
   CHECK_EQ_INT(kiln_dist_average_grads(2, (kiln_tensor *[]){mixed[0], NULL}), KILN_ERR_ARG);
   kiln_release(loss);
-  for (int i = 0; i < 5; i++) kiln_release(p[i]);
+  for (int i = 0; i < 6; i++) kiln_release(p[i]);
 }
 
 /* --- a training loop ----------------------------------------------------- */

@@ -98,8 +98,10 @@ TEST(every_pattern_widens_exactly_and_nans_stay_nans) {
     for (uint32_t h = 0; h < 65536; h++) {
       float got = from_half(f, (uint16_t)h);
       double want = ref_value(f, (uint16_t)h);
+      /* a bf16 widens to its bits << 16 (a NaN too); an f16 NaN is quieted */
       bool ok = isnan(want) ? isnan(got) && (signbit(got) != 0) == (h >> 15) &&
-                                  (fbits(got) & 0x00400000u) /* quiet */
+                                  (f->dt == KILN_BF16 ? fbits(got) == h << 16
+                                                      : (fbits(got) & 0x00400000u) != 0)
                             : (double)got == want && (signbit(got) != 0) == (h >> 15);
       /* and back: the same pattern (a NaN: quieted, its sign and payload top kept) */
       uint16_t back = to_half(f, got);
@@ -749,6 +751,94 @@ TEST(a_u64_past_int64_and_unknown_dtypes_are_clear_errors) {
   }
 }
 
+/* --- mixed precision ------------------------------------------------------------ */
+
+/* under autocast a matmul of f32 operands is the matmul of their bf16
+   roundings, its result bf16; the f32 parameters get f32 gradients; off,
+   everything is f32 again */
+TEST(autocast_runs_matmuls_in_the_half_dtype_with_f32_gradients) {
+  CHECK_EQ_INT(kiln_autocast_dtype(), KILN_F32);
+  CHECK_EQ_INT(kiln_set_autocast(KILN_I32), KILN_ERR_DTYPE);
+  CHECK_STR_CONTAINS(kiln_last_error(), "autocast is to bfloat16 or float16");
+  CHECK_EQ_INT(kiln_autocast_dtype(), KILN_F32);
+  kiln_tensor *a = half_values(KILN_F32, 48 * 32, -2, 2, false);
+  kiln_tensor *b = half_values(KILN_F32, 32 * 16, -2, 2, false);
+  kiln_tensor *a2 = kiln_reshape(a, 2, S(48, 32)), *b2 = kiln_reshape(b, 2, S(32, 16));
+  kiln_tensor *w = kiln_detach(b2);
+  CHECK(kiln_set_requires_grad(w, true) == KILN_OK);
+  CHECK(kiln_set_autocast(KILN_BF16) == KILN_OK);
+  CHECK_EQ_INT(kiln_autocast_dtype(), KILN_BF16);
+  kiln_tensor *y = kiln_matmul(a2, w);
+  CHECK(kiln_set_autocast(KILN_F32) == KILN_OK);
+  CHECK_EQ_INT(kiln_dtype_of(y), KILN_BF16);
+  kiln_tensor *ah = kiln_cast(a2, KILN_BF16), *bh = kiln_cast(b2, KILN_BF16);
+  kiln_tensor *want = kiln_matmul(ah, bh);
+  same_bits(y, want, "autocast matmul");
+  kiln_tensor *loss = kiln_sum(y, 0, NULL, false);
+  CHECK(kiln_backward(loss, NULL) == KILN_OK);
+  kiln_tensor *g = kiln_grad(w);
+  CHECK(g && kiln_dtype_of(g) == KILN_F32);
+  kiln_tensor *y32 = kiln_matmul(a2, w); /* off again: f32 */
+  CHECK_EQ_INT(kiln_dtype_of(y32), KILN_F32);
+  kiln_release(y32);
+  kiln_release(g);
+  kiln_release(loss);
+  kiln_release(want);
+  kiln_release(ah);
+  kiln_release(bh);
+  kiln_release(y);
+  kiln_release(w);
+  kiln_release(a2);
+  kiln_release(b2);
+  kiln_release(a);
+  kiln_release(b);
+}
+
+/* the loss scaler's step: gradients divided by the scale in place, and an
+   Inf or a NaN in any of them found */
+TEST(unscale_grads_divides_and_finds_overflow) {
+  const float xv[3] = {1, 2, 3};
+  kiln_tensor *p = kiln_from_data(xv, KILN_F32, 1, S(3)),
+              *q = kiln_from_data(xv, KILN_F32, 1, S(3));
+  kiln_tensor *none = kiln_from_data(xv, KILN_F32, 1, S(3));
+  CHECK(kiln_set_requires_grad(p, true) == KILN_OK);
+  CHECK(kiln_set_requires_grad(q, true) == KILN_OK);
+  CHECK(kiln_set_requires_grad(none, true) == KILN_OK); /* no gradient: skipped */
+  kiln_tensor *pq = kiln_mul(p, q), *scaled = kiln_mul_scalar(pq, 1024.0);
+  kiln_tensor *loss = kiln_sum(scaled, 0, NULL, false);
+  CHECK(kiln_backward(loss, NULL) == KILN_OK);
+  kiln_tensor *params[3] = {p, q, none};
+  bool found = true;
+  CHECK(kiln_unscale_grads(3, params, 1.0 / 1024, &found) == KILN_OK);
+  CHECK(!found);
+  kiln_tensor *g = kiln_grad(p);
+  double *gv = ktest_values(g);
+  for (int i = 0; i < 3; i++) CHECK(gv[i] == xv[i]); /* d(p*q)/dp = q, unscaled */
+  free(gv);
+  kiln_release(g);
+  /* an injected Inf: found, and the other values still unscaled */
+  const float bad[3] = {1, INFINITY, 3};
+  kiln_tensor *gb = kiln_from_data(bad, KILN_F32, 1, S(3));
+  CHECK(kiln_set_grad(q, gb) == KILN_OK);
+  CHECK(kiln_unscale_grads(3, params, 0.5, &found) == KILN_OK);
+  CHECK(found);
+  const float nan3[3] = {NAN, 0, 0};
+  kiln_tensor *gn = kiln_from_data(nan3, KILN_F32, 1, S(3));
+  CHECK(kiln_set_grad(q, gn) == KILN_OK);
+  CHECK(kiln_unscale_grads(2, params, 1.0, &found) == KILN_OK);
+  CHECK(found);
+  CHECK(kiln_unscale_grads(-1, params, 1.0, &found) == KILN_ERR_ARG);
+  CHECK(kiln_unscale_grads(1, params, INFINITY, &found) == KILN_ERR_ARG);
+  kiln_release(gn);
+  kiln_release(gb);
+  kiln_release(loss);
+  kiln_release(scaled);
+  kiln_release(pq);
+  kiln_release(p);
+  kiln_release(q);
+  kiln_release(none);
+}
+
 TEST(names_and_printing) {
   kiln_tensor *h = kiln_full(1.5, KILN_BF16, 1, S(2)), *f = kiln_full(-2.25, KILN_F16, 1, S(1));
   kiln_tensor *u = kiln_full(200, KILN_U8, 1, S(1));
@@ -784,6 +874,8 @@ int main(void) {
   RUN(promotion_follows_pytorch);
   RUN(u8_wraps_saturates_from_floats_and_sums_to_i64);
   RUN(gradients_come_in_the_parameters_dtype);
+  RUN(autocast_runs_matmuls_in_the_half_dtype_with_f32_gradients);
+  RUN(unscale_grads_divides_and_finds_overflow);
   RUN(a_pytorch_checkpoint_of_halves_and_bytes_loads_to_the_same_bits);
   RUN(a_u64_past_int64_and_unknown_dtypes_are_clear_errors);
   RUN(names_and_printing);

@@ -112,7 +112,7 @@ static bool coin(uint64_t *s, int pct) { return rn(s, 100) < pct; }
 
 /* --- dtypes and shapes ------------------------------------------------------- */
 
-#define NDT 8 /* the dtypes, in enum order */
+#define NDT 8           /* the dtypes, in enum order */
 #define VM_GPU_DTYPES 5 /* bool .. f64 */
 static const char *const DT_NAME[NDT] = {"bool", "i32", "i64", "f32", "f64", "bf16", "f16", "u8"};
 
@@ -822,8 +822,8 @@ static int pick_kind(uint64_t *g) {
 }
 
 static kiln_dtype rand_dtype(uint64_t *g) {
-  static const kiln_dtype w[] = {KILN_F32, KILN_F32, KILN_F32, KILN_F32,  KILN_F64,
-                                 KILN_F64, KILN_I32, KILN_I32, KILN_I64,  KILN_I64,
+  static const kiln_dtype w[] = {KILN_F32,  KILN_F32,  KILN_F32, KILN_F32, KILN_F64,
+                                 KILN_F64,  KILN_I32,  KILN_I32, KILN_I64, KILN_I64,
                                  KILN_BOOL, KILN_BF16, KILN_F16, KILN_U8};
   return w[rn(g, (int)(sizeof w / sizeof w[0]) - (NDT - ndt))];
 }
@@ -1800,9 +1800,14 @@ static const char *jit_name(void) { return on_cuda ? "GPU fused run" : "JIT"; }
 
 /* the counters; on the GPU, plans built stand for compiles (NVRTC compiles
    a plan's kernels, and kiln_stats.compiles counts the CPU's) */
+/* compiles: plans given kernels, compiled or all found in the kernel cache
+   (a sweep's kernels may all have been compiled by an earlier sweep) */
 static void snap(kiln_stats *s) {
   kiln_get_stats(s);
-  if (on_cuda) s->compiles = (uint64_t)kiln_stat("plans_built");
+  if (on_cuda)
+    s->compiles = (uint64_t)kiln_stat("plans_built");
+  else
+    s->compiles += (uint64_t)kiln_stat("kernel_cache_hits");
 }
 
 /* "E label need eager compiles": the interpreter ops (eager_ops) and the
@@ -2230,10 +2235,9 @@ static void directed_sweep(FILE *out) {
           "where(x > y, x, y), clamp(x, -1.5, 2.25), cast(x, each dtype); binary ops on "
           "bool/f32, i32/f64, i64/f32, i32/i64, bool/i32, bf16/f16, bf16/f32, u8/f16 pairs\n");
   fflush(out); /* a crash below still names this test */
-  static const kiln_dtype mixed[][2] = {{KILN_BOOL, KILN_F32}, {KILN_I32, KILN_F64},
-                                        {KILN_I64, KILN_F32},  {KILN_I32, KILN_I64},
-                                        {KILN_BOOL, KILN_I32}, {KILN_BF16, KILN_F16},
-                                        {KILN_BF16, KILN_F32}, {KILN_U8, KILN_F16}};
+  static const kiln_dtype mixed[][2] = {
+      {KILN_BOOL, KILN_F32}, {KILN_I32, KILN_F64},  {KILN_I64, KILN_F32},  {KILN_I32, KILN_I64},
+      {KILN_BOOL, KILN_I32}, {KILN_BF16, KILN_F16}, {KILN_BF16, KILN_F32}, {KILN_U8, KILN_F16}};
   sweep_set ss = {0};
   char label[48];
   for (int d = 0; d < NDT + 8; d++) {
@@ -2671,7 +2675,7 @@ typedef struct {
   long programs, replays, directed, results, elements, approx_elements, mismatched_programs,
       reported;
   long cross_results, cross_elements, cross_skipped; /* GPU against CPU */
-  double max_dev[NDT], max_ratio[NDT];      /* of approximate floats: |a-b|/max(1,|b|), and / bound */
+  double max_dev[NDT], max_ratio[NDT];  /* of approximate floats: |a-b|/max(1,|b|), and / bound */
   unsigned long long compiles, kernels; /* kernels: interpreter ops the JIT runs did not need */
   long cov[MAXCOV][NDT];
   char cov_name[MAXCOV][32];

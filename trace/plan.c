@@ -342,23 +342,58 @@ static bool plan_dce(builder *b) {
   return true;
 }
 
+static int64_t meta_numel(const vm_meta *m) {
+  int64_t c = 1;
+  for (int d = 0; d < m->ndim; d++) c *= m->shape[d];
+  return c;
+}
+
 /* plan_order: numbers the nodes kept (live, not rewritten away) in the
    plan's order: uniform values (fills, and elementwise work on fills only)
-   first, so they never split the loop nests of the nodes that read them,
-   then the rest in trace order (inputs stay first).  Counts the dead. */
+   and broadcast operands (elementwise work on leaves and such values only
+   that an elementwise op reads broadcast to a larger shape: a weight or a
+   bias cast to f32) first, so they never split the loop nests of the nodes
+   that read them, then the rest in trace order (inputs stay first).
+   Counts the dead. */
 static bool plan_order(builder *b) {
   int n = b->n;
-  bool *uniform = calloc((size_t)n, sizeof(bool));
-  if (!uniform) return false;
-  for (int i = 0; i < n; i++) {
+  bool *uniform = calloc((size_t)n, sizeof(bool)), *operand = calloc((size_t)n, sizeof(bool));
+  if (!uniform || !operand) {
+    free(uniform);
+    free(operand);
+    return false;
+  }
+  for (int i = 0; i < n; i++) { /* uniform: fills; operand: elementwise work on leaves, fills */
     const tr_pnode *p = &b->p[i];
-    bool u = p->op == VM_OP_full || (is_elementwise(p->op) && p->nin > 0);
-    for (int k = 0; u && p->op != VM_OP_full && k < p->nin; k++) {
+    bool u = p->op == VM_OP_full || (is_elementwise(p->op) && p->nin > 0), o = u;
+    for (int k = 0; p->op != VM_OP_full && k < p->nin; k++) {
       int r = tr_pnode_input(p, k);
-      u = r >= 0 && uniform[r];
+      u = u && r >= 0 && uniform[r];
+      o = o && (r < 0 || operand[r]);
     }
     uniform[i] = u;
+    operand[i] = o;
   }
+  /* an operand goes first if it, or work on it, is broadcast by an
+     elementwise op (marked from the last node back, so a chain goes whole) */
+  bool *first = calloc((size_t)n, sizeof(bool));
+  if (!first) {
+    free(uniform);
+    free(operand);
+    return false;
+  }
+  for (int j = n - 1; j >= 0; j--) {
+    const tr_pnode *p = &b->p[j];
+    for (int k = 0; k < p->nin; k++) {
+      int r = tr_pnode_input(p, k);
+      if (r < 0 || !operand[r]) continue;
+      bool broadcast = is_elementwise(p->op) && meta_numel(&b->p[r].meta) < meta_numel(&p->meta);
+      if (broadcast || (first[j] && operand[j])) first[r] = true;
+    }
+  }
+  for (int i = 0; i < n; i++) uniform[i] = uniform[i] || (operand[i] && first[i]);
+  free(operand);
+  free(first);
   b->m = 0;
   for (int pass = 0; pass < 2; pass++)
     for (int i = 0; i < n; i++) {

@@ -8,7 +8,9 @@
  * f32 -> half rounds to nearest, ties to even; values past the largest
  * finite half become Inf; f16 subnormals are exact; a NaN stays a NaN of
  * the same sign, quieted, keeping the payload's top bits.  half -> f32 is
- * exact (a NaN is quieted the same way). */
+ * exact: bf16 is the f32's top half (a shift, as PyTorch widens it: a
+ * signaling NaN stays signaling until an op quiets it), an f16 NaN is
+ * quieted (as F16C's vcvtph2ps does). */
 #ifndef VM_HALF_H
 #define VM_HALF_H
 
@@ -27,11 +29,7 @@ static inline float vm_f32_from_bits(uint32_t u) {
   return x;
 }
 
-static inline float vm_bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x00400000u; /* quiet a NaN */
-  return vm_f32_from_bits(u);
-}
+static inline float vm_bf16_to_f32(uint16_t h) { return vm_f32_from_bits((uint32_t)h << 16); }
 
 static inline uint16_t vm_f32_to_bf16(float x) {
   uint32_t u = vm_f32_bits(x);

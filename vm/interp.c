@@ -109,15 +109,16 @@ static bool run_kernel(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *ar
   return false;
 }
 
-/* An op over bf16/f16 values that is not elementwise (those convert row by
-   row, vm/kern_elementwise.c) runs in f32 (DESIGN §13): each half input is
-   widened into an f32 copy, the op runs on them, and a half result is
-   rounded once into out.  Reductions, GEMMs, convolutions and attention so
-   accumulate in f32; moving values (concat, gathers) keeps them exact. */
+/* rand/randn of a half draw f32 values and round them; any op that
+   accumulates, should one reach the interpreter over halves (front/op.c
+   records them in f32 between casts), runs the same way: its half inputs
+   widened into f32 copies, its half result rounded once into out (DESIGN
+   §13).  Elementwise ops convert row by row (vm/kern_elementwise.c);
+   moves (concat, gathers, index_select) move the 16-bit patterns. */
 static bool runs_widened(vm_opcode op, const vm_tensor *out, int n, vm_tensor *const *args) {
   vm_kind kind = vm_op_table[op].kind;
   if (kind == VM_KIND_UNARY || kind == VM_KIND_BINARY || kind == VM_KIND_TERNARY ||
-      kind == VM_KIND_CONCAT)
+      kind == VM_KIND_CONCAT || (kind == VM_KIND_INDEX && op != VM_OP_scatter_add))
     return false;
   if (kind == VM_KIND_LEAF)
     return vm_dtype_is_half(out->dtype) && op != VM_OP_full && op != VM_OP_arange;

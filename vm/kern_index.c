@@ -62,6 +62,9 @@ static void copy_elem(char *dst, const char *src, size_t es) {
     case 1:
       *dst = *src;
       break;
+    case 2:
+      memcpy(dst, src, 2);
+      break;
     case 4:
       memcpy(dst, src, 4);
       break;

@@ -27,6 +27,7 @@ typedef struct vm_thread_state {
   char message[VM_ERROR_LEN];        /* "" when status is KILN_OK */
   const char *api;                   /* public name of the op being called ("kiln_add") */
   int no_grad;                       /* depth of kiln_no_grad_push scopes */
+  int autocast;                      /* kiln_set_autocast: a half dtype, or 0 (off) */
   void *free_blocks[VM_BLOCK_KINDS]; /* singly linked through the first word */
   int free_count[VM_BLOCK_KINDS];
   bool cleanup_registered;

@@ -568,6 +568,23 @@ kiln_tensor *kiln_detach(kiln_tensor *t) {
   API(kiln_detach);
   return ad_detach(t);
 }
+int kiln_set_autocast(kiln_dtype dt) {
+  API(kiln_set_autocast);
+  vm_clear_error();
+  if (dt != KILN_F32 && !vm_dtype_is_half(dt))
+    return vm_error(KILN_ERR_DTYPE, "autocast is to bfloat16 or float16 (float32: off), not %s",
+                    vm_dtype_name((int)dt));
+  vm_thread()->autocast = dt == KILN_F32 ? 0 : (int)dt;
+  return KILN_OK;
+}
+kiln_dtype kiln_autocast_dtype(void) {
+  int ac = vm_thread()->autocast;
+  return ac ? (kiln_dtype)ac : KILN_F32;
+}
+int kiln_unscale_grads(int n, kiln_tensor *const *params, double inv_scale, bool *found_inf) {
+  API(kiln_unscale_grads);
+  return ad_unscale_grads(n, params, inv_scale, found_inf);
+}
 void kiln_no_grad_push(void) { vm_thread()->no_grad++; }
 void kiln_no_grad_pop(void) {
   if (vm_thread()->no_grad > 0) vm_thread()->no_grad--;

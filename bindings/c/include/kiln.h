@@ -264,6 +264,20 @@ KILN_API kiln_tensor *kiln_detach(kiln_tensor *t);
 KILN_API void kiln_no_grad_push(void); /* nestable */
 KILN_API void kiln_no_grad_pop(void);
 
+/* mixed precision (docs/SEMANTICS.md "Half precision").  Autocast, per
+   thread: KILN_BF16 or KILN_F16 makes matmuls, convolutions and attention
+   take their float32 operands in that dtype (f32 accumulation, the result
+   in the half dtype), as PyTorch's autocast does; KILN_F32 turns it off.
+   Parameters stay float32 and get float32 gradients. */
+KILN_API int kiln_set_autocast(kiln_dtype dt);
+KILN_API kiln_dtype kiln_autocast_dtype(void); /* KILN_F32 when off */
+/* A dynamic loss scaler's step (f16 training): every parameter's gradient
+   times inv_scale, in place, and *found_inf = whether any gradient holds
+   an Inf or a NaN (then the caller skips the step and lowers the scale).
+   Parameters without a gradient are skipped. */
+KILN_API int kiln_unscale_grads(int n, kiln_tensor *const *params, double inv_scale,
+                                bool *found_inf);
+
 /* devices: explicit transfers; an op over tensors on two devices is a
    KILN_ERR_DEVICE naming both.  kiln_device_available(KILN_CUDA) tells
    whether a CUDA driver and device are present; KILN_DEVICE=cuda makes new

@@ -250,11 +250,11 @@ kiln_dtype rk_dtype(VALUE v) {
   static const struct {
     const char *name;
     kiln_dtype dt;
-  } names[] = {{"bool", KILN_BOOL},     {"int32", KILN_I32},   {"int64", KILN_I64},
-               {"float32", KILN_F32},   {"float64", KILN_F64}, {"bfloat16", KILN_BF16},
-               {"float16", KILN_F16},   {"uint8", KILN_U8},    {"int", KILN_I32},
-               {"long", KILN_I64},      {"float", KILN_F32},   {"double", KILN_F64},
-               {"half", KILN_F16},      {"byte", KILN_U8}};
+  } names[] = {{"bool", KILN_BOOL},   {"int32", KILN_I32},   {"int64", KILN_I64},
+               {"float32", KILN_F32}, {"float64", KILN_F64}, {"bfloat16", KILN_BF16},
+               {"float16", KILN_F16}, {"uint8", KILN_U8},    {"int", KILN_I32},
+               {"long", KILN_I64},    {"float", KILN_F32},   {"double", KILN_F64},
+               {"half", KILN_F16},    {"byte", KILN_U8}};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     if (id == rb_intern(names[i].name)) return names[i].dt;
   rk_raise(rk_eDTypeError,
@@ -668,6 +668,35 @@ static VALUE m_no_grad_pop(VALUE mod) {
 
 static VALUE m_dtype(VALUE mod, VALUE name) { return rk_dtype_sym(rk_dtype(name)); }
 
+/* Kiln._set_autocast(:bfloat16 / :float16 / :float32 (off)); Kiln._autocast_dtype */
+static VALUE m_set_autocast(VALUE mod, VALUE dtype) {
+  (void)mod;
+  kiln_clear_error();
+  rk_check_status(kiln_set_autocast(rk_dtype(dtype)));
+  return Qnil;
+}
+static VALUE m_autocast_dtype(VALUE mod) {
+  (void)mod;
+  return rk_dtype_sym(kiln_autocast_dtype());
+}
+
+/* Kiln._unscale_grads(params, inv_scale) -> whether a gradient held an Inf or a NaN */
+static VALUE m_unscale_grads(VALUE mod, VALUE params, VALUE inv_scale) {
+  (void)mod;
+  Check_Type(params, T_ARRAY);
+  long n = RARRAY_LEN(params);
+  VALUE tmp;
+  kiln_tensor **ts = ALLOCV_N(kiln_tensor *, tmp, n ? n : 1);
+  for (long i = 0; i < n; i++) ts[i] = rk_get(RARRAY_AREF(params, i));
+  bool found = false;
+  kiln_clear_error();
+  int rc = kiln_unscale_grads((int)n, ts, rk_num(inv_scale, "inv_scale"), &found);
+  ALLOCV_END(tmp);
+  rk_check_status(rc);
+  RB_GC_GUARD(params);
+  return found ? Qtrue : Qfalse;
+}
+
 static VALUE m_memory_in_use(VALUE mod) { return SIZET2NUM(kiln_memory_in_use()); }
 
 static VALUE m_version(VALUE mod) { return rb_str_new_cstr(kiln_version()); }
@@ -688,6 +717,9 @@ void Init_kiln_ext(void) {
   rb_define_const(rk_mKiln, "MAX_DIMS", INT2NUM(KILN_MAX_DIMS));
 
   rb_define_singleton_method(rk_mKiln, "_tensor", m_tensor, 2);
+  rb_define_singleton_method(rk_mKiln, "_set_autocast", m_set_autocast, 1);
+  rb_define_singleton_method(rk_mKiln, "_autocast_dtype", m_autocast_dtype, 0);
+  rb_define_singleton_method(rk_mKiln, "_unscale_grads", m_unscale_grads, 2);
   rb_define_singleton_method(rk_mKiln, "_full", m_full, 3);
   rb_define_singleton_method(rk_mKiln, "_zeros", m_zeros, 2);
   rb_define_singleton_method(rk_mKiln, "_ones", m_ones, 2);

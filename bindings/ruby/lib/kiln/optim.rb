@@ -15,6 +15,8 @@ module Kiln
   # recompiles.
   module Optim
     class Optimizer
+      HALF_DTYPES = %i[bfloat16 float16].freeze
+
       attr_reader :param_groups, :state, :defaults
 
       # params: an Array of tensors, or of Hashes ({params: [...], lr: ...})
@@ -57,7 +59,16 @@ module Kiln
               g = p.grad
               next if g.nil?
 
-              update(p, g, group, @state[p] ||= {})
+              state = @state[p] ||= {}
+              if HALF_DTYPES.include?(p.dtype)
+                # a bf16/f16 parameter: updated in its float32 master copy
+                # (and the optimizer's state in float32), then rounded back
+                master = state[:master] ||= p.float
+                update(master, g.float, group, state)
+                p.copy!(master)
+              else
+                update(p, g, group, state)
+              end
             end
           end
         end
