@@ -62,13 +62,13 @@ static struct {
   char reason[384];
   void *lib;
   gpu_cublas_api api;
-  bool tf32; /* KILN_TF32=1 */
 } blas = {.once = PTHREAD_ONCE_INIT};
 
 typedef struct blas_thread {
   cublasHandle_t handle;
   void *workspace;
   size_t workspace_bytes;
+  bool tf32; /* the math mode set on handle */
 } blas_thread;
 
 static void blas_thread_exit(void *state);
@@ -96,7 +96,6 @@ static void blas_load(void) {
   memcpy(&blas.api.name, &fn, sizeof fn);
   GPU_CUBLAS_SYMBOLS(GPU_CUBLAS_RESOLVE)
 #undef GPU_CUBLAS_RESOLVE
-  blas.tf32 = vm_env_long("KILN_TF32", 0) == 1;
   gpu_set_blas_thread_exit(blas_thread_exit);
 }
 
@@ -152,8 +151,9 @@ static blas_thread *blas_thread_get(void) {
   ok = ok &&
        cublas_ok(blas.api.cublasSetWorkspace_v2(bt->handle, bt->workspace, bt->workspace_bytes),
                  "cublasSetWorkspace");
-  ok = ok && cublas_ok(blas.api.cublasSetMathMode(bt->handle, blas.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                                        : CUBLAS_DEFAULT_MATH),
+  bt->tf32 = atomic_load(&vm_process()->tf32);
+  ok = ok && cublas_ok(blas.api.cublasSetMathMode(
+                           bt->handle, bt->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
                        "cublasSetMathMode");
   if (!ok) {
     blas_thread_free(bt);
@@ -221,6 +221,14 @@ static bool gemm(const gemm_call *g, int64_t M, const char *A, int64_t sa, const
   int n = (int)g->N, m = (int)M, k = (int)g->K, ldc = g->N > 1 ? (int)g->N : 1;
   long long sc = (long long)(M * g->N);
   if (g->dt == KILN_F32) {
+    bool tf32 = atomic_load_explicit(&vm_process()->tf32, memory_order_relaxed);
+    if (tf32 != g->bt->tf32) { /* kiln_set_matmul_precision changed it */
+      if (!cublas_ok(blas.api.cublasSetMathMode(
+                         g->bt->handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+                     "cublasSetMathMode"))
+        return false;
+      g->bt->tf32 = tf32;
+    }
     const float one = 1.0f, zero = 0.0f;
     return cublas_ok(blas.api.cublasSgemmStridedBatched(
                          g->bt->handle, opb, opa, n, m, k, &one, (const float *)B, (int)g->ldb, sb,

@@ -839,6 +839,19 @@ TEST(unscale_grads_divides_and_finds_overflow) {
   kiln_release(none);
 }
 
+/* the switch exists on every machine (the CPU's GEMMs ignore it) */
+TEST(matmul_precision_is_highest_unless_asked) {
+  CHECK(!strcmp(kiln_matmul_precision(), "highest"));
+  CHECK_EQ_INT(kiln_set_matmul_precision("tf32"), KILN_OK);
+  CHECK(!strcmp(kiln_matmul_precision(), "tf32"));
+  CHECK_EQ_INT(kiln_set_matmul_precision("fast"), KILN_ERR_ARG);
+  CHECK_STR_CONTAINS(kiln_last_error(), "unknown matmul precision \"fast\"");
+  CHECK_EQ_INT(kiln_set_matmul_precision(NULL), KILN_ERR_ARG);
+  CHECK(!strcmp(kiln_matmul_precision(), "tf32")); /* an error changes nothing */
+  CHECK_EQ_INT(kiln_set_matmul_precision("highest"), KILN_OK);
+  CHECK(!strcmp(kiln_matmul_precision(), "highest"));
+}
+
 TEST(names_and_printing) {
   kiln_tensor *h = kiln_full(1.5, KILN_BF16, 1, S(2)), *f = kiln_full(-2.25, KILN_F16, 1, S(1));
   kiln_tensor *u = kiln_full(200, KILN_U8, 1, S(1));
@@ -878,6 +891,7 @@ int main(void) {
   RUN(unscale_grads_divides_and_finds_overflow);
   RUN(a_pytorch_checkpoint_of_halves_and_bytes_loads_to_the_same_bits);
   RUN(a_u64_past_int64_and_unknown_dtypes_are_clear_errors);
+  RUN(matmul_precision_is_highest_unless_asked);
   RUN(names_and_printing);
   return ktest_done();
 }

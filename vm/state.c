@@ -40,6 +40,7 @@ static void process_init(void) {
   process.rng_seed = 67280421310721ull; /* fixed default: reproducible runs */
   process.rng_counter = 0;
   atomic_flag_clear(&process.rng_lock);
+  atomic_init(&process.tf32, vm_env_long("KILN_TF32", 0) == 1);
 }
 
 vm_process_state *vm_process(void) {

@@ -59,6 +59,9 @@ typedef struct vm_process_state {
   /* RNG: Philox key and the next unused counter block */
   uint64_t rng_seed, rng_counter;
   atomic_flag rng_lock;
+  /* f32 matmuls on CUDA may use TF32 tensor cores (kiln_set_matmul_precision,
+     KILN_TF32=1); read by every GEMM */
+  atomic_bool tf32;
 } vm_process_state;
 
 vm_process_state *vm_process(void); /* initialized on first use, thread-safe */

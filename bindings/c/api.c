@@ -577,6 +577,20 @@ int kiln_set_autocast(kiln_dtype dt) {
   vm_thread()->autocast = dt == KILN_F32 ? 0 : (int)dt;
   return KILN_OK;
 }
+int kiln_set_matmul_precision(const char *mode) {
+  API(kiln_set_matmul_precision);
+  vm_clear_error();
+  if (!mode) return vm_error(KILN_ERR_ARG, "mode is NULL (\"highest\" or \"tf32\")");
+  bool tf32 = !strcmp(mode, "tf32") || !strcmp(mode, "high");
+  if (!tf32 && strcmp(mode, "highest"))
+    return vm_error(KILN_ERR_ARG, "unknown matmul precision \"%s\" (\"highest\" or \"tf32\")",
+                    mode);
+  atomic_store(&vm_process()->tf32, tf32);
+  return KILN_OK;
+}
+const char *kiln_matmul_precision(void) {
+  return atomic_load(&vm_process()->tf32) ? "tf32" : "highest";
+}
 kiln_dtype kiln_autocast_dtype(void) {
   int ac = vm_thread()->autocast;
   return ac ? (kiln_dtype)ac : KILN_F32;

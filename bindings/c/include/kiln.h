@@ -271,6 +271,12 @@ KILN_API void kiln_no_grad_pop(void);
    Parameters stay float32 and get float32 gradients. */
 KILN_API int kiln_set_autocast(kiln_dtype dt);
 KILN_API kiln_dtype kiln_autocast_dtype(void); /* KILN_F32 when off */
+/* float32 matmuls on CUDA: "highest" (the default: no TF32) or "tf32" (also
+   "high", PyTorch's name: TF32 tensor cores, a 10-bit significand in the
+   products); KILN_TF32=1 starts at "tf32".  Process-wide; the CPU's GEMMs
+   are always full f32.  kiln_matmul_precision() says which is set. */
+KILN_API int kiln_set_matmul_precision(const char *mode);
+KILN_API const char *kiln_matmul_precision(void);
 /* A dynamic loss scaler's step (f16 training): every parameter's gradient
    times inv_scale, in place, and *found_inf = whether any gradient holds
    an Inf or a NaN (then the caller skips the step and lowers the scale).

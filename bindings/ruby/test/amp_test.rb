@@ -26,6 +26,16 @@ class AmpTest < Minitest::Test
     assert_raises(Kiln::DTypeError) { Kiln::AMP.autocast(:int32) { nil } }
   end
 
+  def test_matmul_precision
+    assert_equal :highest, Kiln.matmul_precision
+    Kiln.matmul_precision = :tf32
+    assert_equal :tf32, Kiln.matmul_precision
+    assert_raises(Kiln::Error) { Kiln.matmul_precision = :fast }
+    assert_equal :tf32, Kiln.matmul_precision
+  ensure
+    Kiln.matmul_precision = :highest
+  end
+
   def test_grad_scaler_skips_a_step_with_an_inf_and_recovers
     w = Kiln.tensor([1.0, 2.0], requires_grad: true)
     opt = Kiln::Optim::SGD.new([w], lr: 0.5)

@@ -124,6 +124,8 @@ class TensorApiTest < Minitest::Test
     assert_equal (0...10_000).map(&:to_f).pack("e*"), (big * 1).to_binary
     assert_equal "", Kiln.zeros(0).to_binary
     assert_raises(ArgumentError) { Kiln.from_binary("abc", :float32, [1]) }
-    assert_raises(Kiln::DTypeError) { Kiln.from_binary("abcd", :half, [1]) }
+    assert_equal [1.5, -2.0], Kiln.from_binary([0x3fc0, 0xc000].pack("S<*"), :bfloat16, 2).to_a
+    assert_equal [0x3fc0, 0xc000].pack("S<*"), Kiln.tensor([1.5, -2.0], dtype: :bfloat16).to_binary
+    assert_raises(Kiln::DTypeError) { Kiln.from_binary("abcd", :complex64, [1]) }
   end
 end

@@ -13,7 +13,7 @@ require "tmpdir"
 class TorchRbProbeTest < Minitest::Test
   Torch = Kiln
 
-  FLOOR = 0.93 # measured 81 of 87 (93.1%); the rest: :uint8 :int8 :int16, Numo
+  FLOOR = 0.94 # measured 82 of 87 (94.3%); the rest: :int8 :int16, Numo
 
   def self.probes
     x = -> { Torch.tensor([10, 20, 30]) }

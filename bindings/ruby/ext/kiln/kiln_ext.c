@@ -680,6 +680,20 @@ static VALUE m_autocast_dtype(VALUE mod) {
   return rk_dtype_sym(kiln_autocast_dtype());
 }
 
+/* Kiln.matmul_precision = :tf32 / :highest (float32 matmuls on CUDA); Kiln.matmul_precision */
+static VALUE m_set_matmul_precision(VALUE mod, VALUE mode) {
+  (void)mod;
+  if (SYMBOL_P(mode)) mode = rb_sym2str(mode);
+  StringValue(mode);
+  kiln_clear_error();
+  rk_check_status(kiln_set_matmul_precision(StringValueCStr(mode)));
+  return mode;
+}
+static VALUE m_matmul_precision(VALUE mod) {
+  (void)mod;
+  return ID2SYM(rb_intern(kiln_matmul_precision()));
+}
+
 /* Kiln._unscale_grads(params, inv_scale) -> whether a gradient held an Inf or a NaN */
 static VALUE m_unscale_grads(VALUE mod, VALUE params, VALUE inv_scale) {
   (void)mod;
@@ -718,6 +732,8 @@ void Init_kiln_ext(void) {
 
   rb_define_singleton_method(rk_mKiln, "_tensor", m_tensor, 2);
   rb_define_singleton_method(rk_mKiln, "_set_autocast", m_set_autocast, 1);
+  rb_define_singleton_method(rk_mKiln, "matmul_precision=", m_set_matmul_precision, 1);
+  rb_define_singleton_method(rk_mKiln, "matmul_precision", m_matmul_precision, 0);
   rb_define_singleton_method(rk_mKiln, "_autocast_dtype", m_autocast_dtype, 0);
   rb_define_singleton_method(rk_mKiln, "_unscale_grads", m_unscale_grads, 2);
   rb_define_singleton_method(rk_mKiln, "_full", m_full, 3);
