@@ -197,7 +197,7 @@ def build(limit, raw):
             u = base(w)
             if u == "W5":
                 r["value"] = t * 1e6
-            elif u == "W6":
+            elif u in ("W6", "W6h"):
                 r["value"] = float(d["flops"]) / t / 1e9 if d.get("flops") else None
             elif u in ("W7", "W10", "W16"):
                 r["value"] = 1.0 / t

@@ -288,6 +288,7 @@ typedef struct {
   int nvalues;
   tr_flush_info fwd, bwd; /* the flushes of the loss and of the gradients */
   double rolled;          /* loops_rolled during the step */
+  double steps;           /* loop_steps: the steps those loops ran */
   double sums;            /* loop_sums during the step */
   double hoists;          /* loop_hoists during the step */
 } trained;
@@ -351,7 +352,7 @@ static const trained *train_step(train tr) {
   kiln_tensor *h0 = keep(&a, kiln_zeros(tr.dt, 2, (int64_t[]){B, H}));
   CHECK(kiln_sync() == KILN_OK); /* the step's flushes start from values */
   double rolled_before = kiln_stat("loops_rolled"), sums_before = kiln_stat("loop_sums"),
-         hoists_before = kiln_stat("loop_hoists");
+         hoists_before = kiln_stat("loop_hoists"), steps_before = kiln_stat("loop_steps");
   kiln_tensor *loss = NULL;
   for (int way = 0; way < (tr.both_ways ? 2 : 1); way++) {
     kiln_tensor *h = h0, *c = h0, *hs[512];
@@ -389,6 +390,7 @@ static const trained *train_step(train tr) {
   out.bwd = last_flush();
   for (int q = 0; q < np; q++) fold(&out, grads[q]);
   out.rolled = kiln_stat("loops_rolled") - rolled_before;
+  out.steps = kiln_stat("loop_steps") - steps_before;
   out.sums = kiln_stat("loop_sums") - sums_before;
   out.hoists = kiln_stat("loop_hoists") - hoists_before;
   arena_free(&a);
@@ -421,6 +423,10 @@ static trained rolled_as_unrolled(train tr) {
             (unsigned long long)interpreted.bits, diff);
   CHECK(rolled.bits == interpreted.bits);
   CHECK(diff <= tol);
+  /* a rolled forward loop runs its T steps (less at most the copy its
+     canonical phase cuts), each as the step trace */
+  if (rolled.rolled > 0) CHECK(rolled.steps >= tr.T - 1);
+  CHECK(unrolled.steps == 0);
   if (!rolled.sums && !rolled.hoists) /* nothing left the loop: the same program, the same bits */
     CHECK(rolled.bits == unrolled.bits);
   return rolled;

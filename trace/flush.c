@@ -482,6 +482,7 @@ typedef struct {
   bool have_step;
   tr_key main_step; /* the key that ran the most steps */
   int main_steps;
+  int64_t all_steps; /* every step run, whatever its key */
 } rolled;
 
 static void step_done(rolled *r) {
@@ -542,6 +543,7 @@ static int run_segment(tr_segment_runner *self, tr_trace *sub, int segment, vm_t
     for (int i = 0; i < sub->n; i++) r->step_outputs += sub->is_output[i];
   }
   r->steps++;
+  r->all_steps++;
   int rc = tr_run(r->step.plan, sub, vals, failed);
   r->step_ms += vm_now_ms() - t0;
   return rc;
@@ -557,6 +559,8 @@ static int run_rolled(tr_trace *t, const tr_loop *loop, const vm_backend *be, bo
     keyed_free(&r.step);
   *step = r.main_step;
   atomic_fetch_add_explicit(&vm_process()->stats.loops_rolled, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&vm_process()->stats.loop_steps, (uint64_t)r.all_steps,
+                            memory_order_relaxed);
   return rc;
 }
 

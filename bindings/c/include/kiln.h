@@ -373,7 +373,8 @@ KILN_API void kiln_reset_stats(void);
    "loops_found" (new traces in which a body recorded once per step of a
    loop was found, KILN_LOG=info says where), or
    "loops_rolled" (evaluations that ran such a loop rolled: the steps one
-   trace, keyed, planned and compiled once for every trip count);
+   trace, keyed, planned and compiled once for every trip count), or
+   "loop_steps" (the steps those evaluations ran);
    NAN and an error for an unknown name.  New counters appear here without
    changing kiln_stats. */
 KILN_API double kiln_stat(const char *name);

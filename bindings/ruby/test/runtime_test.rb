@@ -6,7 +6,7 @@ class RuntimeTest < Minitest::Test
   STAT_KEYS = %i[ops_recorded flushes traces_seen cache_hits cache_misses compiles compile_failures
                  disk_hits eager_ops kernels_launched compile_ms flush_ms kernels_compiled plans_built
                  blas_calls recomputed kernel_threads_max kernel_cache_hits code_objects code_unloads
-                 view_ops compiler_processes loops_found loops_rolled loop_sums].freeze
+                 view_ops compiler_processes loops_found loops_rolled loop_sums loop_steps].freeze
 
   def test_stats_has_every_field
     s = Kiln.stats

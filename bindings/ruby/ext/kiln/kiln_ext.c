@@ -628,7 +628,7 @@ static VALUE m_stats(VALUE mod) {
                                "code_unloads",       "plans_built",        "blas_calls",
                                "recomputed",         "kernel_threads_max", "view_ops",
                                "compiler_processes", "loops_found",        "loops_rolled",
-                               "loop_sums"};
+                               "loop_sums",          "loop_steps"};
   for (size_t i = 0; i < sizeof more / sizeof *more; i++)
     rb_hash_aset(h, ID2SYM(rb_intern(more[i])), ULL2NUM((unsigned long long)kiln_stat(more[i])));
   return h;
