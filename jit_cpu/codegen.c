@@ -185,14 +185,6 @@ static gcc_jit_rvalue *bf16_to_f32(cg_ctx *c, gcc_jit_rvalue *h) {
   return f32_of_bits(c, SHL(cast(c, h, c->t_u32), u32c(c, 16)));
 }
 
-static gcc_jit_rvalue *f32_to_bf16(cg_ctx *c, gcc_jit_rvalue *x) {
-  gcc_jit_rvalue *u = u32var(c, bits_of_f32(c, x), "fu");
-  gcc_jit_rvalue *nan = GT(AND(u, u32c(c, 0x7fffffffu)), u32c(c, 0x7f800000u));
-  gcc_jit_rvalue *hi = SHR(u, u32c(c, 16));
-  gcc_jit_rvalue *rounded = SHR(ADD(ADD(u, u32c(c, 0x7fffu)), AND(hi, u32c(c, 1))), u32c(c, 16));
-  return cast(c, u32pick(c, nan, OR(hi, u32c(c, 0x40u)), rounded), c->t_u16);
-}
-
 static gcc_jit_rvalue *f16_to_f32(cg_ctx *c, gcc_jit_rvalue *h) {
   gcc_jit_rvalue *w = u32var(c, cast(c, h, c->t_u32), "hw");
   gcc_jit_rvalue *sign = u32var(c, SHL(AND(w, u32c(c, 0x8000u)), u32c(c, 16)), "hs");
@@ -266,10 +258,27 @@ gcc_jit_rvalue *cg_store(cg_ctx *c, kiln_dtype dt, gcc_jit_rvalue *value) {
   return value;
 }
 
+/* x rounded to bf16 and widened back, in one: f32_to_bf16's steps with
+   the low half masked off instead of shifted out and back */
+static gcc_jit_rvalue *round_bf16(cg_ctx *c, gcc_jit_rvalue *x) {
+  gcc_jit_rvalue *u = u32var(c, bits_of_f32(c, x), "ru");
+  gcc_jit_rvalue *nan =
+      cmp(c, GCC_JIT_COMPARISON_GT,
+          u32op(c, GCC_JIT_BINARY_OP_BITWISE_AND, u, u32c(c, 0x7fffffffu)), u32c(c, 0x7f800000u));
+  gcc_jit_rvalue *lsb = u32op(c, GCC_JIT_BINARY_OP_BITWISE_AND,
+                              u32op(c, GCC_JIT_BINARY_OP_RSHIFT, u, u32c(c, 16)), u32c(c, 1));
+  gcc_jit_rvalue *near =
+      u32op(c, GCC_JIT_BINARY_OP_PLUS, u32op(c, GCC_JIT_BINARY_OP_PLUS, u, u32c(c, 0x7fffu)), lsb);
+  gcc_jit_rvalue *quiet = u32op(c, GCC_JIT_BINARY_OP_BITWISE_OR, u, u32c(c, 0x00400000u));
+  gcc_jit_rvalue *r =
+      u32op(c, GCC_JIT_BINARY_OP_BITWISE_AND, u32pick(c, nan, quiet, near), u32c(c, 0xffff0000u));
+  return f32_of_bits(c, r);
+}
+
 /* an f32 value rounded to dt's precision, as storing and loading it does */
 static gcc_jit_rvalue *round_to(cg_ctx *c, kiln_dtype dt, gcc_jit_rvalue *x) {
   if (!x) return NULL;
-  if (dt == KILN_BF16) return bf16_to_f32(c, f32_to_bf16(c, x));
+  if (dt == KILN_BF16) return round_bf16(c, x);
   if (dt == KILN_F16) return f16_to_f32(c, f32_to_f16(c, x));
   return x;
 }

@@ -201,13 +201,9 @@ typedef kiln_tensor *(*program_fn)(kiln_tensor *const *in);
    compiled runs compiled something */
 static void *jit_agrees(program_fn prog, kiln_tensor *const *in, size_t es, bool want_compile,
                         const char *what) {
-  const char *jit = getenv("KILN_JIT");
-  char *saved = jit ? strdup(jit) : NULL;
-  set_env("KILN_JIT", "0");
-  kiln_tensor *r0 = prog(in);
+  kiln_tensor *r0 = prog(in); /* the rest of the tests run with KILN_JIT=0 (main) */
   void *ref = raw(r0, es);
-  set_env("KILN_JIT", saved ? saved : "1");
-  free(saved);
+  set_env("KILN_JIT", "1");
   double before = compiled_count();
   void *got = NULL;
   for (int k = 0; k < 3; k++) {
@@ -216,6 +212,7 @@ static void *jit_agrees(program_fn prog, kiln_tensor *const *in, size_t es, bool
     got = raw(r, es);
     kiln_release(r);
   }
+  set_env("KILN_JIT", "0");
   if (want_compile && !(compiled_count() > before)) KTEST_FAIL("%s: nothing compiled", what);
   size_t bytes = (size_t)kiln_numel(r0) * es;
   if (memcmp(ref, got, bytes) != 0) {
@@ -839,6 +836,24 @@ TEST(unscale_grads_divides_and_finds_overflow) {
   kiln_release(none);
 }
 
+/* rand in a half stays in [0, 1): draws that would round up to 1.0 do not */
+TEST(rand_in_halves_stays_below_one) {
+  const kiln_dtype dts[2] = {KILN_BF16, KILN_F16};
+  for (int d = 0; d < 2; d++) {
+    kiln_tensor *r = kiln_rand(dts[d], 1, S(1 << 18));
+    double *v = ktest_values(r);
+    int bad = 0, top = 0;
+    for (int i = 0; i < 1 << 18; i++) {
+      bad += !(v[i] >= 0 && v[i] < 1);
+      top += v[i] > 0.99;
+    }
+    CHECK_EQ_INT(bad, 0);
+    CHECK(top > 0); /* the top of the range is drawn (and kept below 1) */
+    free(v);
+    kiln_release(r);
+  }
+}
+
 /* the switch exists on every machine (the CPU's GEMMs ignore it) */
 TEST(matmul_precision_is_highest_unless_asked) {
   CHECK(!strcmp(kiln_matmul_precision(), "highest"));
@@ -875,7 +890,9 @@ TEST(names_and_printing) {
 }
 
 int main(void) {
-  /* compile on the calling thread, on the first sighting */
+  /* the interpreter, but where jit_agrees compiles (on the calling thread,
+     at the first sighting): compiling every trace here took 45 s */
+  set_env("KILN_JIT", "0");
   set_env("KILN_ASYNC", "0");
   set_env("KILN_HOT", "1");
   RUN(every_pattern_widens_exactly_and_nans_stay_nans);
@@ -891,6 +908,7 @@ int main(void) {
   RUN(unscale_grads_divides_and_finds_overflow);
   RUN(a_pytorch_checkpoint_of_halves_and_bytes_loads_to_the_same_bits);
   RUN(a_u64_past_int64_and_unknown_dtypes_are_clear_errors);
+  RUN(rand_in_halves_stays_below_one);
   RUN(matmul_precision_is_highest_unless_asked);
   RUN(names_and_printing);
   return ktest_done();

@@ -147,6 +147,14 @@ static bool run_widened(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *a
   for (int i = 0; i < n && ok; i++) ok = (wide[i] = widened(args[i], true)) != NULL;
   if (ok) ok = run_kernel(op, wide[n], n, wide, attr);
   if (ok && wide[n] != out) vm_k_cast(out, wide[n]);
+  if (ok && op == VM_OP_rand && vm_dtype_is_half(out->dtype)) {
+    /* U[0, 1): a draw just below 1 rounds to 1.0 in a half; it becomes
+       the largest half below 1 (out is fresh and contiguous) */
+    uint16_t one = out->dtype == KILN_BF16 ? 0x3f80 : 0x3c00;
+    uint16_t *h = vm_data(out);
+    for (int64_t i = 0; i < out->numel; i++)
+      if (h[i] == one) h[i] = (uint16_t)(one - 1);
+  }
   for (int i = 0; i <= n; i++) vm_release(wide[i]);
   free(wide);
   return ok;
