@@ -3,7 +3,12 @@
  * (safetensors), loaded back and checked to predict exactly the same.
  * Run by scripts/demo beside mlp_digits.
  *
- *   cnn_digits [--save PATH] [DIGITS.csv.gz]
+ *   cnn_digits [--save PATH] [--autocast bf16|f16] [DIGITS.csv.gz]
+ *
+ * --autocast trains the model twice from the same start: in float32, then
+ * in mixed precision (kiln_set_autocast: convolutions and the linear layer
+ * in bf16/f16, f32 weights), and exits 1 unless the mixed-precision test
+ * accuracy is within 0.5 points of the float32 one (issue #41).
  *
  * Model: conv 1->16 3x3 pad 1, relu, max-pool 2 -> conv 16->32 3x3 pad 1,
  * relu, max-pool 2 -> linear 128->10; mean cross-entropy; Adam (lr 3e-3).
@@ -131,13 +136,68 @@ static bool save_and_reload(const cnn *net, const char *path, kiln_tensor *x) {
   return complete && same;
 }
 
+/* trains net on (xtr, ytr) for EPOCHS, printing each epoch, its batches
+   drawn from seed; its test accuracy */
+static double train(cnn *net, kiln_tensor *xtr, kiln_tensor *ytr, kiln_tensor *xte,
+                    kiln_tensor *yte, int64_t ntrain, int64_t *order, uint64_t seed) {
+  kiln_tensor *mom[NPARAM], *vel[NPARAM];
+  for (int i = 0; i < NPARAM; i++) {
+    mom[i] = CK(kiln_zeros(KILN_F32, kiln_ndim(net->p[i]), kiln_shape(net->p[i])));
+    vel[i] = CK(kiln_zeros(KILN_F32, kiln_ndim(net->p[i]), kiln_shape(net->p[i])));
+  }
+  double t_start = now_s(), acc = 0;
+  int step = 0;
+  rng_state = seed; /* the same batches in every run */
+  printf("epoch  train loss  test acc    time\n");
+  for (int epoch = 1; epoch <= EPOCHS; epoch++) {
+    double t0 = now_s(), loss_sum = 0;
+    for (int64_t i = 0; i < ntrain; i++) order[i] = i;
+    shuffle(order, ntrain);
+    for (int64_t start = 0; start < ntrain; start += BATCH) {
+      int64_t nb = ntrain - start < BATCH ? ntrain - start : BATCH;
+      scope s = {.n = 0};
+      kiln_tensor *idx = KEEP(&s, kiln_from_data(order + start, KILN_I64, 1, (int64_t[]){nb}));
+      kiln_tensor *xb = KEEP(&s, kiln_index_select(xtr, 0, idx));
+      kiln_tensor *yb = KEEP(&s, kiln_index_select(ytr, 0, idx));
+      kiln_tensor *loss = KEEP(&s, kiln_cross_entropy(cnn_forward(net, xb, &s), yb));
+      loss_sum += CKD(kiln_item(loss)) * (double)nb; /* read before backward, as users print it */
+      CKI(kiln_backward(loss, NULL));
+      step++;
+      kiln_no_grad_push();
+      for (int p = 0; p < NPARAM; p++) adam_step(net, mom, vel, p, step);
+      kiln_no_grad_pop();
+      scope_release(&s);
+    }
+    acc = accuracy(net, xte, yte);
+    printf("%5d  %10.4f  %7.2f%%  %5.0f ms\n", epoch, loss_sum / (double)ntrain, 100.0 * acc,
+           1e3 * (now_s() - t0));
+  }
+  printf("\ntrained in %.2f s: test accuracy %.2f%%\n", now_s() - t_start, 100.0 * acc);
+  for (int i = 0; i < NPARAM; i++) {
+    kiln_release(mom[i]);
+    kiln_release(vel[i]);
+  }
+  return acc;
+}
+
 int main(int argc, char **argv) {
   const char *path = KILN_DATA_DIR "/digits.csv.gz", *save = "cnn_digits.safetensors";
+  kiln_dtype autocast = KILN_F32;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--save") && i + 1 < argc)
+    if (!strcmp(argv[i], "--save") && i + 1 < argc) {
       save = argv[++i];
-    else
+    } else if (!strcmp(argv[i], "--autocast") && i + 1 < argc) {
+      i++;
+      autocast = !strcmp(argv[i], "bf16")  ? KILN_BF16
+                 : !strcmp(argv[i], "f16") ? KILN_F16
+                                           : KILN_I32;
+      if (autocast == KILN_I32) {
+        fprintf(stderr, "cnn_digits: --autocast takes bf16 or f16, not %s\n", argv[i]);
+        return 2;
+      }
+    } else {
       path = argv[i];
+    }
   }
   dataset d = load_digits(path);
   int64_t n = d.n, ntrain = n * 4 / 5, ntest = n - ntrain;
@@ -155,38 +215,18 @@ int main(int argc, char **argv) {
       (long long)ntrain, (long long)ntest, LR, BATCH);
 
   cnn net = cnn_init();
-  kiln_tensor *mom[NPARAM], *vel[NPARAM];
-  for (int i = 0; i < NPARAM; i++) {
-    mom[i] = CK(kiln_zeros(KILN_F32, kiln_ndim(net.p[i]), kiln_shape(net.p[i])));
-    vel[i] = CK(kiln_zeros(KILN_F32, kiln_ndim(net.p[i]), kiln_shape(net.p[i])));
+  uint64_t batches = rng_state; /* where the split left the generator */
+  double acc = train(&net, xtr, ytr, xte, yte, ntrain, order, batches), acc32 = acc;
+  if (autocast != KILN_F32) { /* again from the same start, in mixed precision */
+    for (int i = 0; i < NPARAM; i++) kiln_release(net.p[i]);
+    net = cnn_init();
+    printf("\nthe same in mixed precision (kiln_set_autocast %s):\n",
+           autocast == KILN_BF16 ? "bf16" : "f16");
+    CKI(kiln_set_autocast(autocast));
+    acc = train(&net, xtr, ytr, xte, yte, ntrain, order, batches);
+    CKI(kiln_set_autocast(KILN_F32));
+    printf("mixed precision %.2f%% against float32 %.2f%%\n", 100.0 * acc, 100.0 * acc32);
   }
-  double t_start = now_s(), acc = 0;
-  int step = 0;
-  printf("epoch  train loss  test acc    time\n");
-  for (int epoch = 1; epoch <= EPOCHS; epoch++) {
-    double t0 = now_s(), loss_sum = 0;
-    for (int64_t i = 0; i < ntrain; i++) order[i] = i;
-    shuffle(order, ntrain);
-    for (int64_t start = 0; start < ntrain; start += BATCH) {
-      int64_t nb = ntrain - start < BATCH ? ntrain - start : BATCH;
-      scope s = {.n = 0};
-      kiln_tensor *idx = KEEP(&s, kiln_from_data(order + start, KILN_I64, 1, (int64_t[]){nb}));
-      kiln_tensor *xb = KEEP(&s, kiln_index_select(xtr, 0, idx));
-      kiln_tensor *yb = KEEP(&s, kiln_index_select(ytr, 0, idx));
-      kiln_tensor *loss = KEEP(&s, kiln_cross_entropy(cnn_forward(&net, xb, &s), yb));
-      loss_sum += CKD(kiln_item(loss)) * (double)nb; /* read before backward, as users print it */
-      CKI(kiln_backward(loss, NULL));
-      step++;
-      kiln_no_grad_push();
-      for (int p = 0; p < NPARAM; p++) adam_step(&net, mom, vel, p, step);
-      kiln_no_grad_pop();
-      scope_release(&s);
-    }
-    acc = accuracy(&net, xte, yte);
-    printf("%5d  %10.4f  %7.2f%%  %5.0f ms\n", epoch, loss_sum / (double)ntrain, 100.0 * acc,
-           1e3 * (now_s() - t0));
-  }
-  printf("\ntrained in %.2f s: test accuracy %.2f%%\n", now_s() - t_start, 100.0 * acc);
   bool same = save_and_reload(&net, save, xte);
   printf("saved %s; loaded back, it predicts %s\n", save,
          same ? "the same classes" : "DIFFERENTLY");
@@ -197,11 +237,7 @@ int main(int argc, char **argv) {
       (unsigned long long)st.flushes, (unsigned long long)st.traces_seen,
       100.0 * (double)st.cache_hits / (double)(st.flushes ? st.flushes : 1),
       (unsigned long long)st.compiles, kiln_stat("kernels_compiled"));
-  for (int i = 0; i < NPARAM; i++) {
-    kiln_release(net.p[i]);
-    kiln_release(mom[i]);
-    kiln_release(vel[i]);
-  }
+  for (int i = 0; i < NPARAM; i++) kiln_release(net.p[i]);
   kiln_release(xtr);
   kiln_release(ytr);
   kiln_release(xte);
@@ -210,6 +246,12 @@ int main(int argc, char **argv) {
   free(order);
   free(d.x);
   free(d.y);
+  if (autocast != KILN_F32 && acc < acc32 - 0.005) {
+    fprintf(stderr,
+            "cnn_digits: FAIL: mixed precision %.2f%% is more than 0.5 points below %.2f%%\n",
+            100.0 * acc, 100.0 * acc32);
+    return 1;
+  }
   if (acc < MIN_ACCURACY) {
     fprintf(stderr, "cnn_digits: FAIL: test accuracy %.2f%% is below %.0f%%\n", 100.0 * acc,
             100.0 * MIN_ACCURACY);
