@@ -54,10 +54,11 @@ static kiln_dtype input_dtype(vm_opcode op, int i, const vm_tensor *t, const vm_
 }
 
 /* An op that accumulates (a reduction, matmul, convolution, attention,
-   scatter_add, a sort's comparisons) over bf16/f16 is recorded in f32
-   between casts (DESIGN §13): its half inputs cast to f32, its half
-   result rounded back once.  No kernel of those kinds ever sees a half,
-   and the casts fuse into the kernels beside them. */
+   scatter_add, a sort's comparisons, an all-reduce over the ranks) over
+   bf16/f16 is recorded in f32 between casts (DESIGN §13): its half inputs
+   cast to f32, its half result rounded back once.  No kernel of those
+   kinds ever sees a half, and the casts fuse into the kernels beside
+   them. */
 static bool accumulates(vm_opcode op) {
   switch (vm_op_table[op].kind) {
     case VM_KIND_REDUCE:
@@ -67,12 +68,12 @@ static bool accumulates(vm_opcode op) {
     case VM_KIND_SORT:
       return true;
     default:
-      return op == VM_OP_scatter_add;
+      return op == VM_OP_scatter_add || op == VM_OP_all_reduce;
   }
 }
 
-static vm_tensor *in_f32(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr,
-                         kiln_dtype result) {
+static vm_tensor *in_wider(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr,
+                           kiln_dtype from, kiln_dtype wide_dt, kiln_dtype result) {
   vm_tensor *few[8] = {0};
   vm_tensor **wide = n <= 8 ? few : calloc((size_t)n, sizeof *wide);
   if (!wide) {
@@ -81,12 +82,11 @@ static vm_tensor *in_f32(vm_opcode op, int n, vm_tensor *const *in, const vm_att
   }
   bool ok = true;
   for (int i = 0; i < n && ok; i++)
-    ok = (wide[i] = vm_dtype_is_half(in[i]->dtype) ? fe_cast(in[i], KILN_F32) : vm_retain(in[i])) !=
-         NULL;
+    ok = (wide[i] = in[i]->dtype == from ? fe_cast(in[i], wide_dt) : vm_retain(in[i])) != NULL;
   vm_tensor *r = ok ? fe_op(op, n, wide, attr) : NULL;
   for (int i = 0; i < n; i++) vm_release(wide[i]);
   if (wide != few) free(wide);
-  if (!r || !vm_dtype_is_half(result)) return r;
+  if (!r || result != from) return r;
   vm_tensor *h = fe_cast(r, result);
   vm_release(r);
   return h;
@@ -140,7 +140,12 @@ vm_tensor *fe_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr)
   }
   vm_meta m;
   if (!vm_infer(op, n, in, attr, &m)) return NULL;
-  if (vm_dtype_is_half(m.compute) && accumulates(op)) return in_f32(op, n, in, attr, m.dtype);
+  if (vm_dtype_is_half(m.compute) && accumulates(op))
+    return in_wider(op, n, in, attr, m.compute, KILN_F32, m.dtype);
+  /* u8 summed over the ranks as i32, wrapped back (MPI's own uint8 sum
+     saturates in Open MPI 4.1's AVX reductions) */
+  if (op == VM_OP_all_reduce && m.compute == KILN_U8)
+    return in_wider(op, n, in, attr, KILN_U8, KILN_I32, KILN_U8);
   /* inputs of another dtype get explicit cast nodes: the recorded graph is
      exactly what runs, for the interpreter and the code generators alike */
   vm_tensor *few[8] = {0};

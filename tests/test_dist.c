@@ -127,7 +127,47 @@ static void check_reduce(kiln_dtype dt, kiln_reduce_op op) {
   kiln_release(d);
 }
 
+/* bf16/f16 and u8: summed over the ranks in f32 (halves) or wrapping (u8:
+   sums past 255 at 4 ranks), the values exact in every dtype */
+static double narrow_value(kiln_dtype dt, int64_t i, int rank) {
+  return dt == KILN_U8 ? (double)((i * 9 + 60 * rank) % 256) : (double)(i % 7) - 3.0 + rank;
+}
+
+static void check_narrow(kiln_dtype dt, kiln_reduce_op op) {
+  int64_t n = 29;
+  double v[29];
+  for (int64_t i = 0; i < n; i++) v[i] = narrow_value(dt, i, rank_);
+  kiln_tensor *d = kiln_from_data(v, KILN_F64, 1, &n), *t = kiln_cast(d, dt);
+  kiln_tensor *r = kiln_all_reduce(t, op);
+  CHECK(r && kiln_dtype_of(r) == dt);
+  double *got = r ? ktest_values(r) : NULL;
+  for (int64_t i = 0; got && i < n; i++) {
+    double want = op == KILN_REDUCE_MAX ? -1e300 : 0;
+    for (int q = 0; q < size_; q++) {
+      double x = narrow_value(dt, i, q);
+      want = op == KILN_REDUCE_MAX ? fmax(want, x) : want + x;
+    }
+    if (dt == KILN_U8 && op == KILN_REDUCE_SUM) want = (double)((int64_t)want % 256);
+    if (op == KILN_REDUCE_MEAN) want /= size_;
+    if (got[i] != want) {
+      KTEST_FAIL("dtype %d op %d [%lld]: %g, expected %g", (int)dt, (int)op, (long long)i, got[i],
+                 want);
+      break;
+    }
+  }
+  free(got);
+  kiln_release(r);
+  kiln_release(t);
+  kiln_release(d);
+}
+
 TEST(every_dtype_and_op) {
+  const kiln_dtype narrow[] = {KILN_BF16, KILN_F16, KILN_U8};
+  for (size_t i = 0; i < sizeof narrow / sizeof *narrow; i++) {
+    check_narrow(narrow[i], KILN_REDUCE_SUM);
+    check_narrow(narrow[i], KILN_REDUCE_MAX);
+    if (narrow[i] != KILN_U8) check_narrow(narrow[i], KILN_REDUCE_MEAN);
+  }
   kiln_dtype dts[] = {KILN_BOOL, KILN_I32, KILN_I64, KILN_F32, KILN_F64};
   for (size_t i = 0; i < sizeof dts / sizeof *dts; i++) {
     check_reduce(dts[i], KILN_REDUCE_SUM);

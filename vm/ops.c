@@ -412,8 +412,8 @@ static bool infer_collective(vm_opcode op, int n, vm_tensor *const *in, const vm
              attr->axis);
     return false;
   }
-  if (vm_dtype_is_half(dt)) { /* not yet: all-reduce them as f32 (#41) */
-    vm_error(KILN_ERR_DTYPE, "%s values cannot be all-reduced yet; cast them to float32 first",
+  if (vm_dtype_is_half(dt) && op != VM_OP_all_reduce) { /* buckets are packed in f32 */
+    vm_error(KILN_ERR_DTYPE, "a gradient bucket of %s values: all-reduce them as float32",
              vm_dtype_name(dt));
     return false;
   }
