@@ -371,7 +371,7 @@ static void hoist_input(cg_ctx *c, gcc_jit_block *b, const kernel_io *io, int q)
   c->cur = was; /* cg_load adds statements, never blocks */
 }
 
-/* output q's element at `at` = value (node `node`'s, rounded if a half) */
+/* output q's element at `at` = value (its node's value; a half's narrowed: cg_store) */
 static void store_output(cg_ctx *c, const tr_plan *plan, const kernel_shape *ks,
                          const kernel_io *io, int q, gcc_jit_rvalue *at, gcc_jit_rvalue *value) {
   gcc_jit_rvalue *v = cg_store(c, plan->nodes[ks->outs[q]].meta.dtype, value);
