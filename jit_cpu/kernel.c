@@ -166,12 +166,14 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
           memcmp(p->meta.shape, rin->shape, (size_t)rin->ndim * sizeof(int64_t)))
         return false;
     }
-    /* halves: loaded, computed and stored by plain elementwise nodes (the
-       casts beside a reduction among them: front/op.c records reductions
-       of halves in f32); moves of halves run on the interpreter, so far */
+    /* halves: loaded, computed and stored by elementwise nodes (the casts
+       beside a reduction among them: front/op.c records reductions of
+       halves in f32), concat and bf16 gathers.  An f16 gather stays on the
+       interpreter, which moves the bits: widening an f16 quiets a
+       signaling NaN, where a bf16 widens and stores by shifts, exactly */
     if (touches_half(plan, leaves, i) &&
-        (i == ks->reduce || vm_op_gathers(p->op) || kernel_needs_coord(p->op) ||
-         vm_op_scans(p->op) || p->op == VM_OP_concat))
+        (i == ks->reduce || vm_op_scans(p->op) || p->op == VM_OP_scatter_add ||
+         (vm_op_gathers(p->op) && p->meta.dtype != KILN_BF16)))
       return false;
     kiln_dtype in_dt[3];
     /* a gather, scatter_add, concat or argmax reads what it moves from
@@ -403,7 +405,8 @@ static gcc_jit_rvalue *emit_gather(cg_ctx *c, const kernel_io *io, int q, gcc_ji
                                    gcc_jit_rvalue *idx) {
   gcc_jit_rvalue *at = add64(
       c, pos, mul64(c, gcc_jit_context_new_cast(c->ctx, NULL, idx, c->t_i64), rv(io->gstride[q])));
-  return rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->in_ptr[q]), at));
+  return cg_load(c, io->in_dt[q],
+                 rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->in_ptr[q]), at)));
 }
 
 /* meta[at]: each moving input's stride along its axis (the runner puts
@@ -554,7 +557,8 @@ static gcc_jit_rvalue *emit_concat(cg_ctx *c, const kernel_io *io, kiln_dtype dt
                 gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_GT, rv(cc), last),
                 last, rv(cc)));
     gcc_jit_lvalue *v = new_local(c, cg_type(c, dt), "part", 3 * i + j);
-    gcc_jit_block_add_assignment(c->cur, NULL, v, load_at(c, io, q, pos[j], rv(cc)));
+    gcc_jit_block_add_assignment(c->cur, NULL, v,
+                                 cg_load(c, io->in_dt[q], load_at(c, io, q, pos[j], rv(cc))));
     vals[j] = rv(v);
     from = ends[j] = add64(c, from, rv(io->gext[q]));
   }

@@ -460,6 +460,18 @@ static kiln_tensor *mixed_prog(kiln_tensor *const *in) {
   return done(kiln_cast(H(kiln_sub(H(kiln_cast(b, KILN_F16)), in[1])), KILN_F32));
 }
 
+/* moves: an embedding lookup (a gather of bf16 rows) and a concat of
+   halves, with math on them: compiled as the interpreter moves and rounds */
+static kiln_tensor *moves_prog(kiln_tensor *const *in) {
+  kiln_tensor *rows = H(kiln_index_select(in[0], 0, in[1])); /* [37, 16] bf16 */
+  kiln_tensor *g = H(kiln_gather(in[0], 1, in[2]));          /* [64, 3] bf16 */
+  kiln_tensor *parts[2] = {H(kiln_mul_scalar(rows, 1.5)), H(kiln_tanh(rows))};
+  kiln_tensor *cat = H(kiln_concat(2, parts, 1)); /* [37, 32] */
+  kiln_tensor *s = H(kiln_add_scalar(H(kiln_slice(cat, 1, 0, 3, 1)), 1.0));
+  kiln_tensor *gs = H(kiln_slice(g, 0, 0, 37, 1));
+  return done(kiln_mul(s, gs));
+}
+
 TEST(fused_half_kernels_equal_the_interpreter_bit_for_bit) {
   const kiln_dtype dts[2] = {KILN_BF16, KILN_F16};
   for (int d = 0; d < 2; d++) {
@@ -474,6 +486,17 @@ TEST(fused_half_kernels_equal_the_interpreter_bit_for_bit) {
   free(jit_agrees(mixed_prog, in, 4, true, "bf16 with f16"));
   kiln_release(in[0]);
   kiln_release(in[1]);
+  for (int d = 0; d < 2; d++) {
+    kiln_tensor *flat = half_values(dts[d], 64 * 16, -4, 4, true);
+    int64_t iv[37], gv[64 * 3];
+    for (int i = 0; i < 37; i++) iv[i] = (i * 17) % 64;
+    for (int i = 0; i < 64 * 3; i++) gv[i] = (i * 7) % 16;
+    kiln_tensor *mv[3] = {kiln_reshape(flat, 2, S(64, 16)), kiln_from_data(iv, KILN_I64, 1, S(37)),
+                          kiln_from_data(gv, KILN_I64, 2, S(64, 3))};
+    free(jit_agrees(moves_prog, mv, 2, true, dts[d] == KILN_BF16 ? "bf16 moves" : "f16 moves"));
+    for (int i = 0; i < 3; i++) kiln_release(mv[i]);
+    kiln_release(flat);
+  }
 }
 
 /* --- promotion, u8 -------------------------------------------------------------- */
