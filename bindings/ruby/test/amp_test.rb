@@ -79,6 +79,27 @@ class AmpTest < Minitest::Test
     assert_equal Kiln.tensor([0.99]).bfloat16.to_a, w.to_a # the master rounded, not 1.0
   end
 
+  def test_a_module_cast_to_bf16_trains_with_f32_master_weights
+    Kiln.manual_seed(3)
+    model = Kiln::NN::Sequential.new(Kiln::NN::Linear.new(4, 8), Kiln::NN::ReLU.new, Kiln::NN::Linear.new(8, 2))
+    w32 = model.parameters.map { |p| p.detach.to_a }
+    assert_same model, model.bfloat16
+    model.parameters.each do |p|
+      assert_equal :bfloat16, p.dtype
+      assert p.requires_grad
+    end
+    assert_equal w32.map { |a| Kiln.tensor(a).bfloat16.to_a }, model.parameters.map(&:to_a)
+    opt = Kiln::Optim::SGD.new(model.parameters, lr: 0.1)
+    x = Kiln.randn(5, 4).bfloat16
+    loss = model.(x).float.pow(2).mean
+    loss.backward
+    model.parameters.each { |p| assert_equal :bfloat16, p.grad.dtype }
+    opt.step
+    opt.state.each_value { |st| assert_equal :float32, st[:master].dtype }
+    assert_equal :float32, model.float.parameters.first.dtype
+    assert_equal({ "0.weight" => :float32 }, model.state_dict.slice("0.weight").transform_values(&:dtype))
+  end
+
   HIDDEN = 64
   BATCH = 32
   EPOCHS = 25

@@ -128,6 +128,62 @@ module Kiln
         training?
       end
 
+      # model.to(:bfloat16), model.to(:cuda), model.to("cuda", :float64), and
+      # half / bfloat16 / float / double / cuda / cpu, as torch-rb's: every
+      # floating-point parameter and buffer of every submodule becomes a new
+      # tensor of that dtype (integer buffers keep theirs) on that device;
+      # parameters stay trainable leaves.  Build optimizers afterwards (they
+      # hold the tensors they were given).  Returns self.
+      def to(*args, device: nil, dtype: nil)
+        args.each do |a|
+          if Tensor::DEVICES.include?(a.to_s.to_sym) then device = a
+          else dtype = a
+          end
+        end
+        dtype = Kiln.dtype(dtype) if dtype
+        modules.each do |m|
+          m.instance_variables.each do |iv|
+            v = m.instance_variable_get(iv)
+            next unless v.is_a?(Tensor)
+
+            nv = device && v.device != device.to_s.to_sym ? v.to(device: device) : v
+            nv = nv.to(dtype: dtype) if dtype && v.floating_point? && nv.dtype != dtype
+            next if nv.equal?(v)
+
+            if v.requires_grad
+              nv = nv.detach
+              nv.requires_grad = true
+            end
+            m.instance_variable_set(iv, nv)
+          end
+        end
+        self
+      end
+
+      def half
+        to(dtype: :float16)
+      end
+
+      def bfloat16
+        to(dtype: :bfloat16)
+      end
+
+      def float
+        to(dtype: :float32)
+      end
+
+      def double
+        to(dtype: :float64)
+      end
+
+      def cuda
+        to(device: :cuda)
+      end
+
+      def cpu
+        to(device: :cpu)
+      end
+
       # drops every parameter's gradient (torch's set_to_none)
       def zero_grad
         parameters.each(&:zero_grad!)
