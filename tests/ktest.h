@@ -241,6 +241,29 @@ static inline int ktest_done(void) {
   return ktest_failed ? 1 : 0;
 }
 
+/* element i of a buffer of dtype dt (as kiln_to_buffer writes it) as a double */
+static inline double ktest_elem(kiln_dtype dt, const void *raw, int64_t i) {
+  switch (dt) {
+    case KILN_BOOL:
+      return ((const unsigned char *)raw)[i];
+    case KILN_I32:
+      return ((const int32_t *)raw)[i];
+    case KILN_I64:
+      return (double)((const int64_t *)raw)[i];
+    case KILN_F32:
+      return ((const float *)raw)[i];
+    case KILN_F64:
+      return ((const double *)raw)[i];
+    case KILN_BF16:
+      return vm_bf16_to_f32(((const uint16_t *)raw)[i]);
+    case KILN_F16:
+      return vm_f16_to_f32(((const uint16_t *)raw)[i]);
+    case KILN_U8:
+      return ((const uint8_t *)raw)[i];
+  }
+  return 0;
+}
+
 /* reads a tensor as doubles (any dtype) into a malloc'd array */
 static inline double *ktest_values(kiln_tensor *t) {
   int64_t n = kiln_numel(t);
@@ -251,37 +274,43 @@ static inline double *ktest_values(kiln_tensor *t) {
     KTEST_FAIL("kiln_to_buffer failed: %s", kiln_last_error());
     memset(out, 0, (size_t)(n ? n : 1) * sizeof(double));
   } else {
-    for (int64_t i = 0; i < n; i++) {
-      switch (kiln_dtype_of(t)) {
-        case KILN_BOOL:
-          out[i] = ((unsigned char *)raw)[i];
-          break;
-        case KILN_I32:
-          out[i] = ((int32_t *)raw)[i];
-          break;
-        case KILN_I64:
-          out[i] = (double)((int64_t *)raw)[i];
-          break;
-        case KILN_F32:
-          out[i] = ((float *)raw)[i];
-          break;
-        case KILN_F64:
-          out[i] = ((double *)raw)[i];
-          break;
-        case KILN_BF16:
-          out[i] = vm_bf16_to_f32(((uint16_t *)raw)[i]);
-          break;
-        case KILN_F16:
-          out[i] = vm_f16_to_f32(((uint16_t *)raw)[i]);
-          break;
-        case KILN_U8:
-          out[i] = ((uint8_t *)raw)[i];
-          break;
-      }
-    }
+    for (int64_t i = 0; i < n; i++) out[i] = ktest_elem(kiln_dtype_of(t), raw, i);
   }
   free(raw);
   return out;
+}
+
+/* the tensors of a safetensors file (kiln_load), by name */
+typedef struct {
+  int n;
+  char **names;
+  kiln_tensor **ts;
+} ktest_file;
+
+static inline bool ktest_file_load(ktest_file *f, const char *path) {
+  memset(f, 0, sizeof *f);
+  int n = kiln_load(path, 0, NULL, NULL);
+  if (n <= 0) {
+    KTEST_FAIL("cannot read %s: %s", path, kiln_last_error());
+    return false;
+  }
+  f->names = calloc((size_t)n, sizeof *f->names);
+  f->ts = calloc((size_t)n, sizeof *f->ts);
+  f->n = kiln_load(path, n, f->names, f->ts);
+  return f->n == n;
+}
+
+static inline kiln_tensor *ktest_file_get(const ktest_file *f, const char *name) {
+  for (int i = 0; i < f->n; i++)
+    if (!strcmp(f->names[i], name)) return f->ts[i];
+  KTEST_FAIL("no tensor %s in the file", name);
+  return NULL;
+}
+
+static inline void ktest_file_free(ktest_file *f) {
+  for (int i = 0; i < f->n; i++) free(f->names[i]), kiln_release(f->ts[i]);
+  free(f->names);
+  free(f->ts);
 }
 
 /* checks t's shape and all values against `expect` (n values) within tol */

@@ -391,34 +391,7 @@ static bool read_doubles(kiln_tensor *t, double *out) {
   kiln_dtype dt = kiln_dtype_of(t);
   size_t es = ktest_dtype_size(dt);
   if (kiln_to_buffer(t, raw, (size_t)n * es) != 0) return false;
-  for (int64_t i = 0; i < n; i++) {
-    switch (dt) {
-      case KILN_BOOL:
-        out[i] = raw[i];
-        break;
-      case KILN_I32:
-        out[i] = ((int32_t *)raw)[i];
-        break;
-      case KILN_I64:
-        out[i] = (double)((int64_t *)raw)[i];
-        break;
-      case KILN_F32:
-        out[i] = ((float *)raw)[i];
-        break;
-      case KILN_F64:
-        out[i] = ((double *)raw)[i];
-        break;
-      case KILN_BF16:
-        out[i] = vm_bf16_to_f32(((uint16_t *)raw)[i]);
-        break;
-      case KILN_F16:
-        out[i] = vm_f16_to_f32(((uint16_t *)raw)[i]);
-        break;
-      case KILN_U8:
-        out[i] = ((uint8_t *)raw)[i];
-        break;
-    }
-  }
+  for (int64_t i = 0; i < n; i++) out[i] = ktest_elem(dt, raw, i);
   return true;
 }
 

@@ -21,38 +21,11 @@
 static const bert_config tiny = {
     .layers = 2, .hidden = 32, .heads = 4, .intermediate = 64, .eps = 1e-12};
 
-typedef struct {
-  int n;
-  char **names;
-  kiln_tensor **ts;
-} tensor_file;
-
-static bool file_load(tensor_file *f, const char *name) {
+/* a fixture of tests/fixtures (ktest_file) */
+static bool file_load(ktest_file *f, const char *name) {
   char path[512];
   snprintf(path, sizeof path, "%s/%s", KILN_FIXTURES, name);
-  memset(f, 0, sizeof *f);
-  int n = kiln_load(path, 0, NULL, NULL);
-  if (n <= 0) {
-    KTEST_FAIL("cannot read %s: %s", path, kiln_last_error());
-    return false;
-  }
-  f->names = calloc((size_t)n, sizeof *f->names);
-  f->ts = calloc((size_t)n, sizeof *f->ts);
-  f->n = kiln_load(path, n, f->names, f->ts);
-  return f->n == n;
-}
-
-static kiln_tensor *file_get(const tensor_file *f, const char *name) {
-  for (int i = 0; i < f->n; i++)
-    if (!strcmp(f->names[i], name)) return f->ts[i];
-  KTEST_FAIL("no tensor %s in the fixture", name);
-  return NULL;
-}
-
-static void file_free(tensor_file *f) {
-  for (int i = 0; i < f->n; i++) free(f->names[i]), kiln_release(f->ts[i]);
-  free(f->names);
-  free(f->ts);
+  return ktest_file_load(f, path);
 }
 
 /* max |a - b| / max(1, |b|) over all elements */
@@ -75,7 +48,7 @@ TEST(matches_transformers) {
     KTEST_FAIL("cannot load %s: %s", path, kiln_last_error());
     return;
   }
-  tensor_file ex;
+  ktest_file ex;
   if (!file_load(&ex, "bert_tiny_expect.safetensors")) {
     bert_free(&m);
     return;
@@ -92,23 +65,25 @@ TEST(matches_transformers) {
     CHECK(params[i] && kiln_set_requires_grad(params[i], true) == KILN_OK);
   }
   double before = kiln_stat("attention_rewrites");
-  kiln_tensor *out = bert_forward(&m, file_get(&ex, "input_ids"), file_get(&ex, "attention_mask"));
+  kiln_tensor *out =
+      bert_forward(&m, ktest_file_get(&ex, "input_ids"), ktest_file_get(&ex, "attention_mask"));
   CHECK(out != NULL);
   CHECK_EQ_INT(kiln_stat("attention_rewrites") - before, tiny.layers);
-  double err = max_rel_err(out, file_get(&ex, "last_hidden_state"));
+  double err = max_rel_err(out, ktest_file_get(&ex, "last_hidden_state"));
   if (!(err <= 2e-5)) KTEST_FAIL("last_hidden_state: max error %.3g against transformers", err);
-  kiln_tensor *prod = kiln_mul(out, file_get(&ex, "w")), *loss = kiln_sum(prod, 0, NULL, false);
+  kiln_tensor *prod = kiln_mul(out, ktest_file_get(&ex, "w")),
+              *loss = kiln_sum(prod, 0, NULL, false);
   kiln_tensor *g[NG] = {0};
   CHECK(kiln_grad_of(1, &loss, NULL, NG, params, g, false) == KILN_OK);
   for (int i = 0; i < NG; i++) {
     char name[128];
     snprintf(name, sizeof name, "grad.%s", grads[i]);
-    double e = max_rel_err(g[i], file_get(&ex, name));
+    double e = max_rel_err(g[i], ktest_file_get(&ex, name));
     if (!(e <= 1e-4)) KTEST_FAIL("%s: max error %.3g against transformers", name, e);
     kiln_release(g[i]);
   }
   kiln_release(prod), kiln_release(loss), kiln_release(out);
-  file_free(&ex);
+  ktest_file_free(&ex);
   bert_free(&m);
 }
 

@@ -48,18 +48,6 @@ static double ref_value(const fmt *f, uint16_t h) {
   return sign * ldexp((double)((1 << f->mbits) + m), e - bias - f->mbits);
 }
 
-static uint32_t fbits(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  return u;
-}
-
-static float ffrom(uint32_t u) {
-  float x;
-  memcpy(&x, &u, 4);
-  return x;
-}
-
 /* the finite non-negative values of a format, ascending: patterns 0 ..
    the largest finite (the order of non-negative patterns is the order of
    their values) */
@@ -100,8 +88,8 @@ TEST(every_pattern_widens_exactly_and_nans_stay_nans) {
       double want = ref_value(f, (uint16_t)h);
       /* a bf16 widens to its bits << 16 (a NaN too); an f16 NaN is quieted */
       bool ok = isnan(want) ? isnan(got) && (signbit(got) != 0) == (h >> 15) &&
-                                  (f->dt == KILN_BF16 ? fbits(got) == h << 16
-                                                      : (fbits(got) & 0x00400000u) != 0)
+                                  (f->dt == KILN_BF16 ? vm_f32_bits(got) == h << 16
+                                                      : (vm_f32_bits(got) & 0x00400000u) != 0)
                             : (double)got == want && (signbit(got) != 0) == (h >> 15);
       /* and back: the same pattern (a NaN: quieted, its sign and payload top kept) */
       uint16_t back = to_half(f, got);
@@ -149,7 +137,7 @@ TEST(f32_rounds_to_nearest_even_overflows_to_inf_and_keeps_subnormals) {
       }
     }
     for (int r = 0; r < 1 << 20; r++) { /* any f32, NaNs aside */
-      float x = ffrom(rnd32());
+      float x = vm_f32_from_bits(rnd32());
       if (isnan(x)) continue;
       uint16_t got = to_half(f, x), want = ref_round(f, x);
       if (got != want && bad++ < 5)
@@ -244,7 +232,7 @@ TEST(kernels_convert_every_pattern_as_half_h_does) {
     float *w = jit_agrees(widen_prog, &t, 4, true, "widen");
     int bad = 0;
     for (uint32_t h = 0; h < 65536; h++)
-      if (fbits(w[h]) != fbits(from_half(f, (uint16_t)h)) && bad++ < 5)
+      if (vm_f32_bits(w[h]) != vm_f32_bits(from_half(f, (uint16_t)h)) && bad++ < 5)
         KTEST_FAIL("%s 0x%04x widened to %a", ktest_dtype_name(f->dt), h, (double)w[h]);
     free(w);
     kiln_release(t);
@@ -257,7 +245,7 @@ TEST(kernels_convert_every_pattern_as_half_h_does) {
       x[3 * h + 1] = isfinite(v) && isfinite(u) ? (float)(((double)v + u) / 2) : v;
       x[3 * h + 2] = nextafterf(x[3 * h + 1], INFINITY);
     }
-    for (int r = 65536 * 3; r < N; r++) x[r] = ffrom(rnd32());
+    for (int r = 65536 * 3; r < N; r++) x[r] = vm_f32_from_bits(rnd32());
     t = kiln_from_data(x, KILN_F32, 1, S(N));
     uint16_t *n =
         jit_agrees(f->dt == KILN_BF16 ? narrow_bf16_prog : narrow_f16_prog, &t, 2, true, "narrow");
@@ -647,38 +635,6 @@ TEST(gradients_come_in_the_parameters_dtype) {
 
 /* --- safetensors --------------------------------------------------------------- */
 
-typedef struct {
-  int n;
-  char **names;
-  kiln_tensor **ts;
-} tensor_file;
-
-static bool file_load(tensor_file *f, const char *path) {
-  memset(f, 0, sizeof *f);
-  int n = kiln_load(path, 0, NULL, NULL);
-  if (n <= 0) {
-    KTEST_FAIL("cannot read %s: %s", path, kiln_last_error());
-    return false;
-  }
-  f->names = calloc((size_t)n, sizeof *f->names);
-  f->ts = calloc((size_t)n, sizeof *f->ts);
-  f->n = kiln_load(path, n, f->names, f->ts);
-  return f->n == n;
-}
-
-static kiln_tensor *file_get(const tensor_file *f, const char *name) {
-  for (int i = 0; i < f->n; i++)
-    if (!strcmp(f->names[i], name)) return f->ts[i];
-  KTEST_FAIL("no tensor %s in the file", name);
-  return NULL;
-}
-
-static void file_free(tensor_file *f) {
-  for (int i = 0; i < f->n; i++) free(f->names[i]), kiln_release(f->ts[i]);
-  free(f->names);
-  free(f->ts);
-}
-
 /* a and b hold the same bytes (and dtype and count) */
 static bool same_bits(kiln_tensor *a, kiln_tensor *b, const char *what) {
   if (!a || !b) return false;
@@ -702,30 +658,30 @@ static bool same_bits(kiln_tensor *a, kiln_tensor *b, const char *what) {
    narrow integers widen exactly; and all of it saves and loads back the
    same */
 TEST(a_pytorch_checkpoint_of_halves_and_bytes_loads_to_the_same_bits) {
-  tensor_file f;
-  if (!file_load(&f, KILN_FIXTURES "/half_torch.safetensors")) return;
+  ktest_file f;
+  if (!ktest_file_load(&f, KILN_FIXTURES "/half_torch.safetensors")) return;
   const char *pairs[][3] = {{"bf16", "bf16_f32", "f32"}, {"f16", "f16_f32", "f32"},
                             {"i8", "i8_i64", "i64"},     {"i16", "i16_i64", "i64"},
                             {"u16", "u16_i64", "i64"},   {"u32", "u32_i64", "i64"}};
   for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++) {
-    kiln_tensor *a = file_get(&f, pairs[k][0]), *want = file_get(&f, pairs[k][1]);
+    kiln_tensor *a = ktest_file_get(&f, pairs[k][0]), *want = ktest_file_get(&f, pairs[k][1]);
     if (!a || !want) continue;
     kiln_tensor *c = kiln_cast(a, kiln_dtype_of(want));
     same_bits(c, want, pairs[k][0]);
     kiln_release(c);
   }
-  CHECK_EQ_INT(kiln_dtype_of(file_get(&f, "bf16")), KILN_BF16);
-  CHECK_EQ_INT(kiln_dtype_of(file_get(&f, "f16")), KILN_F16);
-  CHECK_EQ_INT(kiln_dtype_of(file_get(&f, "u8")), KILN_U8);
-  CHECK_EQ_INT(kiln_dtype_of(file_get(&f, "i8")), KILN_I32);
-  CHECK_EQ_INT(kiln_dtype_of(file_get(&f, "u32")), KILN_I64);
-  kiln_tensor *src = file_get(&f, "src");
+  CHECK_EQ_INT(kiln_dtype_of(ktest_file_get(&f, "bf16")), KILN_BF16);
+  CHECK_EQ_INT(kiln_dtype_of(ktest_file_get(&f, "f16")), KILN_F16);
+  CHECK_EQ_INT(kiln_dtype_of(ktest_file_get(&f, "u8")), KILN_U8);
+  CHECK_EQ_INT(kiln_dtype_of(ktest_file_get(&f, "i8")), KILN_I32);
+  CHECK_EQ_INT(kiln_dtype_of(ktest_file_get(&f, "u32")), KILN_I64);
+  kiln_tensor *src = ktest_file_get(&f, "src");
   kiln_tensor *b = kiln_cast(src, KILN_BF16), *h = kiln_cast(src, KILN_F16);
-  same_bits(b, file_get(&f, "src_bf16"), "f32 -> bf16 as PyTorch rounds");
-  same_bits(h, file_get(&f, "src_f16"), "f32 -> f16 as PyTorch rounds");
+  same_bits(b, ktest_file_get(&f, "src_bf16"), "f32 -> bf16 as PyTorch rounds");
+  same_bits(h, ktest_file_get(&f, "src_f16"), "f32 -> f16 as PyTorch rounds");
   kiln_release(b);
   kiln_release(h);
-  uint8_t *u = raw(file_get(&f, "u8"), 1);
+  uint8_t *u = raw(ktest_file_get(&f, "u8"), 1);
   for (int i = 0; i < 256; i++) CHECK_EQ_INT(u[i], i);
   free(u);
   /* written back (bf16, f16, u8 as themselves) and read again: the same */
@@ -734,14 +690,14 @@ TEST(a_pytorch_checkpoint_of_halves_and_bytes_loads_to_the_same_bits) {
   CHECK(fd >= 0);
   close(fd);
   CHECK(kiln_save(path, f.n, (const char *const *)f.names, f.ts) == KILN_OK);
-  tensor_file g;
-  if (file_load(&g, path)) {
+  ktest_file g;
+  if (ktest_file_load(&g, path)) {
     CHECK_EQ_INT(g.n, f.n);
-    for (int i = 0; i < g.n; i++) same_bits(file_get(&f, g.names[i]), g.ts[i], g.names[i]);
-    file_free(&g);
+    for (int i = 0; i < g.n; i++) same_bits(ktest_file_get(&f, g.names[i]), g.ts[i], g.names[i]);
+    ktest_file_free(&g);
   }
   unlink(path);
-  file_free(&f);
+  ktest_file_free(&f);
 }
 
 TEST(a_u64_past_int64_and_unknown_dtypes_are_clear_errors) {
