@@ -12,6 +12,7 @@
  *  - promotion as PyTorch's, u8 arithmetic (wraps), casts (saturate from
  *    floats), gradients in the parameter's dtype. */
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -770,6 +771,40 @@ TEST(autocast_runs_matmuls_in_the_half_dtype_with_f32_gradients) {
   kiln_release(b);
 }
 
+/* autocast is per thread: a thread that turned it on gets bf16 matmuls, a
+   thread beside it that did not gets f32, whatever order they run in */
+typedef struct {
+  kiln_dtype autocast, got[20];
+} autocast_job;
+
+static void *autocast_thread(void *p) {
+  autocast_job *j = p;
+  kiln_set_autocast(j->autocast);
+  kiln_tensor *a = kiln_ones(KILN_F32, 2, S(8, 8));
+  for (int i = 0; i < 20; i++) {
+    kiln_tensor *y = kiln_matmul(a, a);
+    j->got[i] = y ? kiln_dtype_of(y) : KILN_BOOL;
+    kiln_release(y);
+  }
+  kiln_release(a);
+  kiln_set_autocast(KILN_F32);
+  return NULL;
+}
+
+TEST(autocast_is_per_thread) {
+  autocast_job on = {.autocast = KILN_BF16}, off = {.autocast = KILN_F32};
+  pthread_t t1, t2;
+  CHECK(pthread_create(&t1, NULL, autocast_thread, &on) == 0);
+  CHECK(pthread_create(&t2, NULL, autocast_thread, &off) == 0);
+  pthread_join(t1, NULL);
+  pthread_join(t2, NULL);
+  for (int i = 0; i < 20; i++) {
+    CHECK_EQ_INT(on.got[i], KILN_BF16);
+    CHECK_EQ_INT(off.got[i], KILN_F32);
+  }
+  CHECK_EQ_INT(kiln_autocast_dtype(), KILN_F32); /* this thread's never changed */
+}
+
 /* the loss scaler's step: gradients divided by the scale in place, and an
    Inf or a NaN in any of them found */
 TEST(unscale_grads_divides_and_finds_overflow) {
@@ -884,6 +919,7 @@ int main(void) {
   RUN(u8_wraps_saturates_from_floats_and_sums_to_i64);
   RUN(gradients_come_in_the_parameters_dtype);
   RUN(autocast_runs_matmuls_in_the_half_dtype_with_f32_gradients);
+  RUN(autocast_is_per_thread);
   RUN(unscale_grads_divides_and_finds_overflow);
   RUN(a_pytorch_checkpoint_of_halves_and_bytes_loads_to_the_same_bits);
   RUN(a_u64_past_int64_and_unknown_dtypes_are_clear_errors);
