@@ -3242,6 +3242,12 @@ TEST(jit_matches_interpreter) {
     nprog = 1;
     directed = false;
   }
+  /* KILN_CPU_ISA caps the level the JIT compiles for (the ctest runs at
+     x86-64-v3 and -v2): the cap must hold, never the CPU's own level */
+  const char *cap = getenv("KILN_CPU_ISA");
+  printf("jit_fuzz: compiling for %s%s%s\n", kiln_cpu_isa(), cap ? ", KILN_CPU_ISA=" : "",
+         cap ? cap : "");
+  if (cap) CHECK(strcmp(kiln_cpu_isa(), cap) <= 0); /* "x86-64" < "x86-64-v2" < ... */
   long nproc = sysconf(_SC_NPROCESSORS_ONLN);
   /* one more child than CPUs: a compile waits on the assembler and linker */
   int parallel = (int)env_long("KILN_FUZZ_JOBS", nproc < 1 ? 2 : nproc > 7 ? 8 : nproc + 1);
