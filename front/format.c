@@ -33,9 +33,8 @@ static int format_elem(const printer *p, int64_t i, char *buf, size_t n) {
       return snprintf(buf, n, "%s", ((const bool *)d)[i] ? "True" : "False");
     case MODE_INT:
       return snprintf(buf, n, "%lld",
-                      p->t->dtype == KILN_I32  ? (long long)((const int32_t *)d)[i]
-                      : p->t->dtype == KILN_U8 ? (long long)((const uint8_t *)d)[i]
-                                               : (long long)((const int64_t *)d)[i]);
+                      p->t->dtype == KILN_I64 ? (long long)((const int64_t *)d)[i]
+                                              : (long long)vm_load_f64(d, p->t->dtype, i));
     default:
       break;
   }

@@ -20,16 +20,23 @@ static bool weak_cast(kiln_dtype from, kiln_dtype to, double *v) {
   if (vm_dtype_is_float(from)) return false;
   union {
     uint8_t b;
+    int8_t i8;
+    int16_t i16;
     int32_t i32;
     int64_t i64;
   } slot = {0};
   vm_store_f64(&slot, from, 0, *v);
   int64_t x = from == KILN_BOOL || from == KILN_U8 ? slot.b
+              : from == KILN_I8                    ? slot.i8
+              : from == KILN_I16                   ? slot.i16
               : from == KILN_I32                   ? slot.i32
                                                    : slot.i64;
-  /* exact in a double: x came from one (saturated), or is 32 bits */
+  /* exact in a double: x came from one (saturated), or is 32 bits; the
+     narrower integers wrap (two's complement) */
   *v = to == KILN_BOOL  ? (double)(x != 0)
        : to == KILN_U8  ? (double)(uint8_t)x
+       : to == KILN_I8  ? (double)(int8_t)(uint8_t)x
+       : to == KILN_I16 ? (double)(int16_t)(uint16_t)x
        : to == KILN_I32 ? (double)(int32_t)(uint32_t)x
                         : (double)x;
   return true;
@@ -82,7 +89,11 @@ static vm_tensor *in_wider(vm_opcode op, int n, vm_tensor *const *in, const vm_a
   }
   bool ok = true;
   for (int i = 0; i < n && ok; i++)
-    ok = (wide[i] = in[i]->dtype == from ? fe_cast(in[i], wide_dt) : vm_retain(in[i])) != NULL;
+    /* narrow integers all widen: u8 with i8 computes in i16, itself narrow */
+    ok = (wide[i] = in[i]->dtype == from ||
+                            (vm_dtype_is_narrow_int(from) && vm_dtype_is_narrow_int(in[i]->dtype))
+                        ? fe_cast(in[i], wide_dt)
+                        : vm_retain(in[i])) != NULL;
   vm_tensor *r = ok ? fe_op(op, n, wide, attr) : NULL;
   for (int i = 0; i < n; i++) vm_release(wide[i]);
   if (wide != few) free(wide);
@@ -142,10 +153,14 @@ vm_tensor *fe_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr)
   if (!vm_infer(op, n, in, attr, &m)) return NULL;
   if (vm_dtype_is_half(m.compute) && accumulates(op))
     return in_wider(op, n, in, attr, m.compute, KILN_F32, m.dtype);
-  /* u8 summed over the ranks as i32, wrapped back (MPI's own uint8 sum
-     saturates in Open MPI 4.1's AVX reductions) */
-  if (op == VM_OP_all_reduce && m.compute == KILN_U8)
-    return in_wider(op, n, in, attr, KILN_U8, KILN_I32, KILN_U8);
+  /* u8, i8, i16 summed over the ranks as i32, wrapped back (MPI's own
+     uint8 sum saturates in Open MPI 4.1's AVX reductions) */
+  if (op == VM_OP_all_reduce && vm_dtype_is_narrow_int(m.compute))
+    return in_wider(op, n, in, attr, m.compute, KILN_I32, m.compute);
+  /* a matmul of u8, i8, i16 in i64, wrapped back: the same bits as
+     products and sums wrapping in the narrow type (PyTorch's) */
+  if (op == VM_OP_matmul && vm_dtype_is_narrow_int(m.compute))
+    return in_wider(op, n, in, attr, m.compute, KILN_I64, m.compute);
   /* inputs of another dtype get explicit cast nodes: the recorded graph is
      exactly what runs, for the interpreter and the code generators alike */
   vm_tensor *few[8] = {0};

@@ -48,8 +48,8 @@ static const struct {
   bool is_signed;
 } st_dtypes[] = {{"F32", KILN_F32, 0, 0}, {"F64", KILN_F64, 0, 0},   {"I32", KILN_I32, 0, 0},
                  {"I64", KILN_I64, 0, 0}, {"BOOL", KILN_BOOL, 0, 0}, {"BF16", KILN_BF16, 0, 0},
-                 {"F16", KILN_F16, 0, 0}, {"U8", KILN_U8, 0, 0},     {"I8", KILN_I32, 1, 1},
-                 {"I16", KILN_I32, 2, 1}, {"U16", KILN_I32, 2, 0},   {"U32", KILN_I64, 4, 0},
+                 {"F16", KILN_F16, 0, 0}, {"U8", KILN_U8, 0, 0},     {"I8", KILN_I8, 0, 0},
+                 {"I16", KILN_I16, 0, 0}, {"U16", KILN_I32, 2, 0},   {"U32", KILN_I64, 4, 0},
                  {"U64", KILN_I64, 8, 0}};
 #define ST_NDTYPES (sizeof st_dtypes / sizeof *st_dtypes)
 

@@ -39,6 +39,8 @@ void cg_init_types(cg_ctx *c) {
   c->t_f64 = gcc_jit_context_get_type(x, GCC_JIT_TYPE_DOUBLE);
   c->t_u8 = gcc_jit_context_get_type(x, GCC_JIT_TYPE_UINT8_T);
   c->t_u16 = gcc_jit_context_get_type(x, GCC_JIT_TYPE_UINT16_T);
+  c->t_i8 = gcc_jit_context_get_type(x, GCC_JIT_TYPE_INT8_T);
+  c->t_i16 = gcc_jit_context_get_type(x, GCC_JIT_TYPE_INT16_T);
   c->t_voidp = gcc_jit_context_get_type(x, GCC_JIT_TYPE_VOID_PTR);
   c->t_voidpp = gcc_jit_type_get_pointer(c->t_voidp);
   c->t_i64p = gcc_jit_type_get_pointer(gcc_jit_type_get_const(c->t_i64));
@@ -61,8 +63,31 @@ gcc_jit_type *cg_type(cg_ctx *c, kiln_dtype dt) {
       return c->t_f32;
     case KILN_U8:
       return c->t_u8;
+    case KILN_I8:
+      return c->t_i8;
+    case KILN_I16:
+      return c->t_i16;
   }
   return c->t_f32;
+}
+
+void cg_int_range(kiln_dtype dt, long *min, long *max) {
+  switch (dt) {
+    case KILN_U8:
+      *min = 0, *max = UINT8_MAX;
+      break;
+    case KILN_I8:
+      *min = INT8_MIN, *max = INT8_MAX;
+      break;
+    case KILN_I16:
+      *min = INT16_MIN, *max = INT16_MAX;
+      break;
+    case KILN_I32:
+      *min = INT32_MIN, *max = INT32_MAX;
+      break;
+    default:
+      *min = INT64_MIN, *max = INT64_MAX;
+  }
 }
 
 gcc_jit_type *cg_mem_type(cg_ctx *c, kiln_dtype dt) {
@@ -70,7 +95,16 @@ gcc_jit_type *cg_mem_type(cg_ctx *c, kiln_dtype dt) {
 }
 
 static gcc_jit_type *unsigned_of(cg_ctx *c, kiln_dtype dt) {
-  return dt == KILN_U8 ? c->t_u8 : dt == KILN_I32 ? c->t_u32 : c->t_u64;
+  switch (vm_dtype_size(dt)) {
+    case 1:
+      return c->t_u8;
+    case 2:
+      return c->t_u16;
+    case 4:
+      return c->t_u32;
+    default:
+      return c->t_u64;
+  }
 }
 
 static gcc_jit_rvalue *num(cg_ctx *c, gcc_jit_type *t, double v) {
@@ -290,9 +324,9 @@ static gcc_jit_rvalue *round_to(cg_ctx *c, kiln_dtype dt, gcc_jit_rvalue *x) {
 static gcc_jit_rvalue *saturating_to_int(cg_ctx *c, gcc_jit_rvalue *x, kiln_dtype from,
                                          kiln_dtype to) {
   gcc_jit_type *ft = cg_type(c, from), *it = cg_type(c, to);
-  double lo = to == KILN_U8 ? 0.0 : to == KILN_I32 ? -2147483648.0 : -9223372036854775808.0;
-  double hi = to == KILN_U8 ? 255.0 : to == KILN_I32 ? 2147483647.0 : 9223372036854775807.0;
-  long max = to == KILN_U8 ? UINT8_MAX : to == KILN_I32 ? INT32_MAX : INT64_MAX;
+  long min, max;
+  cg_int_range(to, &min, &max);
+  double lo = (double)min, hi = (double)max; /* 2^63 - 1 rounds up to 2^63: >= saturates */
   gcc_jit_lvalue *v = local(c, ft, "satv"), *res = local(c, it, "satr");
   gcc_jit_lvalue *big = local(c, c->t_bool, "big");
   assign(c, v, x);

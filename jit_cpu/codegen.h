@@ -30,7 +30,7 @@ typedef struct cg_ctx {
   gcc_jit_block *cur;   /* where statements go */
   int nlocals, nblocks;
   gcc_jit_type *t_void, *t_bool, *t_int, *t_i32, *t_i64, *t_u32, *t_u64, *t_f32, *t_f64;
-  gcc_jit_type *t_u8, *t_u16;
+  gcc_jit_type *t_u8, *t_u16, *t_i8, *t_i16;
   gcc_jit_type *t_voidp, *t_voidpp, *t_i64p;
   struct cpu_math *math; /* vectorizable approximations, when available */
   gcc_jit_function *libm[CG_FN_COUNT][2];
@@ -40,6 +40,8 @@ void cg_init_types(cg_ctx *c);
 /* the type a value of dtype dt is computed in (f32 for bf16/f16) */
 gcc_jit_type *cg_type(cg_ctx *c, kiln_dtype dt);
 /* the type dt is stored as (uint16_t bits for bf16/f16) */
+/* the range of integer dtype dt (i64's for bool and the floats) */
+void cg_int_range(kiln_dtype dt, long *min, long *max);
 gcc_jit_type *cg_mem_type(cg_ctx *c, kiln_dtype dt);
 /* a stored element of dtype dt as the value kernels compute with (a half
    widened to f32: vm/half.h's steps), and back (rounded to nearest even) */

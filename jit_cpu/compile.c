@@ -1181,6 +1181,22 @@ static bool split_strides(const cpu_kernel *k, const tr_plan *plan, const tr_tra
   return true;
 }
 
+/* the bits of an integer accumulator as dt's value (two's complement) */
+static int64_t wrap_int(kiln_dtype dt, uint64_t v) {
+  switch (dt) {
+    case KILN_U8:
+      return (uint8_t)v;
+    case KILN_I8:
+      return (int8_t)(uint8_t)v;
+    case KILN_I16:
+      return (int16_t)(uint16_t)v;
+    case KILN_I32:
+      return (int32_t)(uint32_t)v;
+    default:
+      return (int64_t)v;
+  }
+}
+
 /* folds integer chunk partials part[o * nchunks + ch] of each row o into
    out[o] (wrapping; float partials fold in vm_fold_partials) */
 static void fold_int_partials(vm_opcode op, kiln_dtype dt, const void *part, int64_t nchunks,
@@ -1189,8 +1205,9 @@ static void fold_int_partials(vm_opcode op, kiln_dtype dt, const void *part, int
     uint64_t iacc = op == VM_OP_prod ? 1 : 0;
     for (int64_t ch = 0; ch < nchunks; ch++) {
       int64_t at = o * nchunks + ch;
-      int64_t x = dt == KILN_I32 ? ((const int32_t *)part)[at] : ((const int64_t *)part)[at];
-      int64_t a = dt == KILN_I32 ? (int32_t)iacc : (int64_t)iacc;
+      int64_t x = (int64_t)vm_load_f64(part, dt, at); /* exact: i64 sums and prods aside */
+      if (dt == KILN_I64) x = ((const int64_t *)part)[at];
+      int64_t a = (int64_t)wrap_int(dt, iacc);
       if (ch == 0 && (op == VM_OP_max || op == VM_OP_min))
         iacc = (uint64_t)x;
       else if (op == VM_OP_sum)
@@ -1200,10 +1217,10 @@ static void fold_int_partials(vm_opcode op, kiln_dtype dt, const void *part, int
       else if (op == VM_OP_max ? x > a : x < a)
         iacc = (uint64_t)x;
     }
-    if (dt == KILN_I32)
-      ((int32_t *)out)[o] = (int32_t)(uint32_t)iacc;
-    else
+    if (dt == KILN_I64)
       ((int64_t *)out)[o] = (int64_t)iacc;
+    else
+      vm_store_f64(out, dt, o, (double)wrap_int(dt, iacc));
   }
 }
 

@@ -857,8 +857,9 @@ static gcc_jit_rvalue *identity(cg_ctx *c, vm_opcode op, kiln_dtype dt) {
     bool mx = op == VM_OP_max;
     if (vm_dtype_is_float(dt))
       return gcc_jit_context_new_rvalue_from_double(c->ctx, t, mx ? -INFINITY : INFINITY);
-    long lim = dt == KILN_I32 ? (mx ? INT32_MIN : INT32_MAX) : (mx ? INT64_MIN : INT64_MAX);
-    return gcc_jit_context_new_rvalue_from_long(c->ctx, t, lim);
+    long min, max;
+    cg_int_range(dt, &min, &max);
+    return gcc_jit_context_new_rvalue_from_long(c->ctx, t, mx ? min : max);
   }
   if (vm_dtype_is_float(dt)) return gcc_jit_context_new_rvalue_from_double(c->ctx, t, v);
   return gcc_jit_context_new_rvalue_from_long(c->ctx, t, (long)v);

@@ -40,6 +40,10 @@ static inline const char *ktest_dtype_name(kiln_dtype dt) {
       return "f16";
     case KILN_U8:
       return "u8";
+    case KILN_I8:
+      return "i8";
+    case KILN_I16:
+      return "i16";
   }
   return "?";
 }
@@ -48,9 +52,11 @@ static inline size_t ktest_dtype_size(kiln_dtype dt) {
   switch (dt) {
     case KILN_BOOL:
     case KILN_U8:
+    case KILN_I8:
       return 1;
     case KILN_BF16:
     case KILN_F16:
+    case KILN_I16:
       return 2;
     case KILN_I32:
     case KILN_F32:
@@ -79,6 +85,10 @@ static inline double ktest_as_dtype(kiln_dtype dt, double v) {
       return vm_f16_to_f32(vm_f32_to_f16((float)v));
     case KILN_U8:
       return (double)(uint8_t)(int64_t)v;
+    case KILN_I8:
+      return (double)(int8_t)(int64_t)v;
+    case KILN_I16:
+      return (double)(int16_t)(int64_t)v;
   }
   return v;
 }
@@ -124,6 +134,14 @@ static inline kiln_tensor *ktest_from_doubles(kiln_dtype dt, int ndim, const int
       case KILN_U8:
         buf[i] = (uint8_t)(int64_t)v[i];
         break;
+      case KILN_I8:
+        buf[i] = (uint8_t)(int8_t)(int64_t)v[i];
+        break;
+      case KILN_I16: {
+        int16_t x = (int16_t)(int64_t)v[i];
+        memcpy(buf + 2 * i, &x, 2);
+        break;
+      }
     }
   }
   kiln_tensor *t = kiln_from_data(buf, dt, ndim, shape);
@@ -260,6 +278,10 @@ static inline double ktest_elem(kiln_dtype dt, const void *raw, int64_t i) {
       return vm_f16_to_f32(((const uint16_t *)raw)[i]);
     case KILN_U8:
       return ((const uint8_t *)raw)[i];
+    case KILN_I8:
+      return ((const int8_t *)raw)[i];
+    case KILN_I16:
+      return ((const int16_t *)raw)[i];
   }
   return 0;
 }

@@ -89,8 +89,8 @@ static int gen_ndim(void) {
 }
 
 static kiln_dtype gen_dtype(void) {
-  static const int hostile[] = {-1, 8, 99, INT_MIN};
-  return (kiln_dtype)(coin(95) ? rn(8) : hostile[rn(COUNT(hostile))]);
+  static const int hostile[] = {-1, KILN_I16 + 1, 99, INT_MIN};
+  return (kiln_dtype)(coin(95) ? rn(KILN_I16 + 1) : hostile[rn(COUNT(hostile))]);
 }
 
 static double gen_double(void) {
@@ -171,7 +171,7 @@ static void check_tensor(const kiln_tensor *t) {
   int nd = kiln_ndim(t);
   const int64_t *sh = kiln_shape(t);
   kiln_dtype dt = kiln_dtype_of(t);
-  if (nd < 0 || nd > KILN_MAX_DIMS || !sh || (int)dt < 0 || (int)dt > KILN_U8) {
+  if (nd < 0 || nd > KILN_MAX_DIMS || !sh || (int)dt < 0 || (int)dt > KILN_I16) {
     FUZZ_FAIL("bad header: ndim %d dtype %d", nd, (int)dt);
     return;
   }

@@ -183,6 +183,23 @@ static void *raw(kiln_tensor *t, size_t es) {
   return buf;
 }
 
+static bool same_bits(kiln_tensor *a, kiln_tensor *b, const char *what) {
+  if (!a || !b) return false;
+  if (kiln_dtype_of(a) != kiln_dtype_of(b) || kiln_numel(a) != kiln_numel(b)) {
+    KTEST_FAIL("%s: %s[%lld] against %s[%lld]", what, ktest_dtype_name(kiln_dtype_of(a)),
+               (long long)kiln_numel(a), ktest_dtype_name(kiln_dtype_of(b)),
+               (long long)kiln_numel(b));
+    return false;
+  }
+  size_t es = ktest_dtype_size(kiln_dtype_of(a));
+  void *x = raw(a, es), *y = raw(b, es);
+  bool same = memcmp(x, y, (size_t)kiln_numel(a) * es) == 0;
+  if (!same) KTEST_FAIL("%s: the bytes differ", what);
+  free(x);
+  free(y);
+  return same;
+}
+
 typedef kiln_tensor *(*program_fn)(kiln_tensor *const *in);
 
 /* prog's result bytes with the JIT off, and compiled (its third run, with
@@ -500,6 +517,11 @@ TEST(promotion_follows_pytorch) {
       {KILN_U8, KILN_BOOL, KILN_U8},   {KILN_U8, KILN_I32, KILN_I32},
       {KILN_U8, KILN_I64, KILN_I64},   {KILN_U8, KILN_BF16, KILN_BF16},
       {KILN_U8, KILN_F32, KILN_F32},   {KILN_BF16, KILN_BF16, KILN_BF16},
+      {KILN_U8, KILN_I8, KILN_I16},    {KILN_I8, KILN_I16, KILN_I16},
+      {KILN_I8, KILN_BOOL, KILN_I8},   {KILN_U8, KILN_I16, KILN_I16},
+      {KILN_I16, KILN_I32, KILN_I32},  {KILN_I8, KILN_I64, KILN_I64},
+      {KILN_I8, KILN_F16, KILN_F16},   {KILN_I16, KILN_BF16, KILN_BF16},
+      {KILN_I16, KILN_F64, KILN_F64},
   };
   for (size_t k = 0; k < sizeof rules / sizeof rules[0]; k++) {
     kiln_tensor *a = kiln_ones(rules[k].a, 1, S(2)), *b = kiln_ones(rules[k].b, 1, S(2));
@@ -568,10 +590,16 @@ TEST(u8_wraps_saturates_from_floats_and_sums_to_i64) {
   CHECK_EQ_INT(got[1], 0);
   CHECK_EQ_INT(got[2], 44);
   free(got);
-  /* uint8 is no index and no matmul operand */
+  /* uint8 is no index; its matmul wraps as its products and sums do */
   CHECK_ERROR(kiln_index_select(a, 0, a), KILN_ERR_DTYPE, "int32 or int64");
   kiln_tensor *a2 = kiln_reshape(a, 2, S(2, 3)), *b2 = kiln_reshape(b, 2, S(3, 2));
-  CHECK_ERROR(kiln_matmul(a2, b2), KILN_ERR_DTYPE, "uint8");
+  kiln_tensor *ab8 = kiln_matmul(a2, b2), *a64 = kiln_cast(a2, KILN_I64),
+              *b64 = kiln_cast(b2, KILN_I64), *ab64 = kiln_matmul(a64, b64),
+              *wrapped = kiln_cast(ab64, KILN_U8);
+  CHECK_EQ_INT(kiln_dtype_of(ab8), KILN_U8);
+  same_bits(ab8, wrapped, "u8 matmul");
+  kiln_release(ab8), kiln_release(a64), kiln_release(b64), kiln_release(ab64),
+      kiln_release(wrapped);
   kiln_release(a2);
   kiln_release(b2);
   kiln_release(sum);
@@ -586,6 +614,104 @@ TEST(u8_wraps_saturates_from_floats_and_sums_to_i64) {
 }
 
 /* --- autodiff ------------------------------------------------------------------- */
+
+/* int8 and int16 as PyTorch's: arithmetic wraps, floats saturate into
+   them, sums are i64, and matmul wraps; sort, max and argmax order the
+   negatives right */
+TEST(int8_and_int16_wrap_saturate_and_sum_to_i64) {
+  const int8_t av[4] = {127, -128, -3, 100};
+  const int16_t bv[4] = {32767, -32768, 300, -7};
+  kiln_tensor *a = kiln_from_data(av, KILN_I8, 1, S(4)), *b = kiln_from_data(bv, KILN_I16, 1, S(4));
+  kiln_tensor *one8 = kiln_ones(KILN_I8, 1, S(4)), *one16 = kiln_ones(KILN_I16, 1, S(4));
+  kiln_tensor *a1 = kiln_add(a, one8), *na = kiln_neg(a), *aa = kiln_abs(a), *aa2 = kiln_mul(a, a);
+  kiln_tensor *b1 = kiln_add(b, one16), *bb = kiln_mul(b, b), *ab = kiln_add(a, b);
+  static const struct {
+    int slot;
+    int64_t want[4];
+  } cases8[] = {{0, {-128, -127, -2, 101}}, /* 127 + 1 wraps */
+                {1, {-127, -128, 3, -100}}, /* -(-128) is -128 */
+                {2, {127, -128, 3, 100}},
+                {3, {1, 0, 9, 16}}}; /* 127^2 = 16129 = 63*256 + 1; 100^2 = 10000 -> 16 */
+  kiln_tensor *t8[] = {a1, na, aa, aa2};
+  for (int k = 0; k < 4; k++) {
+    CHECK_EQ_INT(kiln_dtype_of(t8[cases8[k].slot]), KILN_I8);
+    int8_t *g = raw(t8[cases8[k].slot], 1);
+    for (int i = 0; i < 4; i++) CHECK_EQ_INT(g[i], cases8[k].want[i]);
+    free(g);
+  }
+  int16_t *g16 = raw(b1, 2);
+  CHECK_EQ_INT(g16[0], -32768);
+  CHECK_EQ_INT(g16[2], 301);
+  free(g16);
+  g16 = raw(bb, 2); /* 300^2 = 90000 = 65536 + 24464; 32767^2 wraps to 1 */
+  CHECK_EQ_INT(g16[0], 1);
+  CHECK_EQ_INT(g16[1], 0);
+  CHECK_EQ_INT(g16[2], 24464);
+  CHECK_EQ_INT(g16[3], 49);
+  free(g16);
+  CHECK_EQ_INT(kiln_dtype_of(ab), KILN_I16);
+  g16 = raw(ab, 2); /* i8 widens exactly, then i16 wraps */
+  CHECK_EQ_INT(g16[0], -32768 + 126);
+  CHECK_EQ_INT(g16[1], 32767 - 127);
+  CHECK_EQ_INT(g16[2], 297);
+  CHECK_EQ_INT(g16[3], 93);
+  free(g16);
+  /* float -> int8 / int16 saturates, NaN -> 0; int -> int8 wraps */
+  const float fv[5] = {200.5f, -1e9f, NAN, -3.9f, 40000.0f};
+  kiln_tensor *f = kiln_from_data(fv, KILN_F32, 1, S(5));
+  kiln_tensor *f8 = kiln_cast(f, KILN_I8), *f16 = kiln_cast(f, KILN_I16);
+  const int64_t w8[5] = {127, -128, 0, -3, 127}, w16[5] = {200, -32768, 0, -3, 32767};
+  int8_t *h8 = raw(f8, 1);
+  int16_t *h16 = raw(f16, 2);
+  for (int i = 0; i < 5; i++) {
+    CHECK_EQ_INT(h8[i], w8[i]);
+    CHECK_EQ_INT(h16[i], w16[i]);
+  }
+  free(h8);
+  free(h16);
+  const int32_t iv[3] = {200, -129, 70000};
+  kiln_tensor *i32 = kiln_from_data(iv, KILN_I32, 1, S(3)), *i8 = kiln_cast(i32, KILN_I8),
+              *i16 = kiln_cast(i32, KILN_I16);
+  h8 = raw(i8, 1);
+  h16 = raw(i16, 2);
+  CHECK_EQ_INT(h8[0], -56);
+  CHECK_EQ_INT(h8[1], 127);
+  CHECK_EQ_INT(h8[2], 112);
+  CHECK_EQ_INT(h16[2], 4464);
+  free(h8);
+  free(h16);
+  /* reductions: sum in i64, max/min/argmax/sort over negatives */
+  kiln_tensor *s = kiln_sum(a, 0, NULL, false), *mx = kiln_max(a, 0, NULL, false),
+              *mn = kiln_min(b, 0, NULL, false), *am = kiln_argmin(a, 0, false);
+  CHECK_EQ_INT(kiln_dtype_of(s), KILN_I64);
+  CHECK(kiln_item(s) == 96);
+  CHECK_EQ_INT(kiln_dtype_of(mx), KILN_I8);
+  CHECK(kiln_item(mx) == 127);
+  CHECK(kiln_item(mn) == -32768);
+  CHECK(kiln_item(am) == 1);
+  kiln_tensor *order = NULL, *sorted = kiln_sort(b, 0, false, &order);
+  int64_t *o = raw(order, 8);
+  int16_t *sv = raw(sorted, 2);
+  const int64_t wo[4] = {1, 3, 2, 0};
+  for (int i = 0; i < 4; i++) CHECK_EQ_INT(o[i], wo[i]);
+  CHECK_EQ_INT(sv[0], -32768);
+  CHECK_EQ_INT(sv[3], 32767);
+  free(o);
+  free(sv);
+  /* matmul wraps: [[100, 100]] @ [[2], [1]] = 300 -> 44 */
+  const int8_t mv[2] = {100, 100}, nv[2] = {2, 1};
+  kiln_tensor *m = kiln_from_data(mv, KILN_I8, 2, S(1, 2)),
+              *n = kiln_from_data(nv, KILN_I8, 2, S(2, 1));
+  kiln_tensor *mn8 = kiln_matmul(m, n);
+  CHECK_EQ_INT(kiln_dtype_of(mn8), KILN_I8);
+  CHECK(kiln_item(mn8) == 44);
+  /* where keeps int8 */
+  kiln_tensor *gt = kiln_gt(a, one8), *w = kiln_where(gt, a, one8);
+  CHECK_EQ_INT(kiln_dtype_of(w), KILN_I8);
+  kiln_tensor *all[] = {a,   b,  one8, one16, a1, na, aa, aa2,   b1,     bb, ab, f,   f8, f16,
+                        i32, i8, i16,  s,     mx, mn, am, order, sorted, m,  n,  mn8, gt, w};
+  for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) kiln_release(all[k]);
+}
 
 TEST(gradients_come_in_the_parameters_dtype) {
   const kiln_dtype dts[2] = {KILN_BF16, KILN_F16};
@@ -637,22 +763,6 @@ TEST(gradients_come_in_the_parameters_dtype) {
 /* --- safetensors --------------------------------------------------------------- */
 
 /* a and b hold the same bytes (and dtype and count) */
-static bool same_bits(kiln_tensor *a, kiln_tensor *b, const char *what) {
-  if (!a || !b) return false;
-  if (kiln_dtype_of(a) != kiln_dtype_of(b) || kiln_numel(a) != kiln_numel(b)) {
-    KTEST_FAIL("%s: %s[%lld] against %s[%lld]", what, ktest_dtype_name(kiln_dtype_of(a)),
-               (long long)kiln_numel(a), ktest_dtype_name(kiln_dtype_of(b)),
-               (long long)kiln_numel(b));
-    return false;
-  }
-  size_t es = ktest_dtype_size(kiln_dtype_of(a));
-  void *x = raw(a, es), *y = raw(b, es);
-  bool same = memcmp(x, y, (size_t)kiln_numel(a) * es) == 0;
-  if (!same) KTEST_FAIL("%s: the bytes differ", what);
-  free(x);
-  free(y);
-  return same;
-}
 
 /* the fixture PyTorch wrote (tests/fixtures/make_half.py): its halves widen
    to PyTorch's f32 values, f32 rounds to PyTorch's halves bit for bit, the
@@ -674,7 +784,8 @@ TEST(a_pytorch_checkpoint_of_halves_and_bytes_loads_to_the_same_bits) {
   CHECK_EQ_INT(kiln_dtype_of(ktest_file_get(&f, "bf16")), KILN_BF16);
   CHECK_EQ_INT(kiln_dtype_of(ktest_file_get(&f, "f16")), KILN_F16);
   CHECK_EQ_INT(kiln_dtype_of(ktest_file_get(&f, "u8")), KILN_U8);
-  CHECK_EQ_INT(kiln_dtype_of(ktest_file_get(&f, "i8")), KILN_I32);
+  CHECK_EQ_INT(kiln_dtype_of(ktest_file_get(&f, "i8")), KILN_I8);
+  CHECK_EQ_INT(kiln_dtype_of(ktest_file_get(&f, "i16")), KILN_I16);
   CHECK_EQ_INT(kiln_dtype_of(ktest_file_get(&f, "u32")), KILN_I64);
   kiln_tensor *src = ktest_file_get(&f, "src");
   kiln_tensor *b = kiln_cast(src, KILN_BF16), *h = kiln_cast(src, KILN_F16);
@@ -883,14 +994,21 @@ TEST(matmul_precision_is_highest_unless_asked) {
 
 TEST(names_and_printing) {
   kiln_tensor *h = kiln_full(1.5, KILN_BF16, 1, S(2)), *f = kiln_full(-2.25, KILN_F16, 1, S(1));
-  kiln_tensor *u = kiln_full(200, KILN_U8, 1, S(1));
+  kiln_tensor *u = kiln_full(200, KILN_U8, 1, S(1)), *i8 = kiln_full(-100, KILN_I8, 1, S(1)),
+              *i16 = kiln_full(-30000, KILN_I16, 1, S(1));
   char *buf = NULL;
   size_t len = 0;
   FILE *m = open_memstream(&buf, &len);
   CHECK(kiln_print(h, m) == 0);
   CHECK(kiln_print(f, m) == 0);
   CHECK(kiln_print(u, m) == 0);
+  CHECK(kiln_print(i8, m) == 0);
+  CHECK(kiln_print(i16, m) == 0);
   fclose(m);
+  CHECK_STR_CONTAINS(buf, "-100");
+  CHECK_STR_CONTAINS(buf, "int8");
+  CHECK_STR_CONTAINS(buf, "-30000");
+  CHECK_STR_CONTAINS(buf, "int16");
   CHECK_STR_CONTAINS(buf, "1.5");
   CHECK_STR_CONTAINS(buf, "bfloat16");
   CHECK_STR_CONTAINS(buf, "-2.25");
@@ -901,6 +1019,8 @@ TEST(names_and_printing) {
   kiln_release(h);
   kiln_release(f);
   kiln_release(u);
+  kiln_release(i8);
+  kiln_release(i16);
 }
 
 int main(void) {
@@ -917,6 +1037,7 @@ int main(void) {
   RUN(fused_half_kernels_equal_the_interpreter_bit_for_bit);
   RUN(promotion_follows_pytorch);
   RUN(u8_wraps_saturates_from_floats_and_sums_to_i64);
+  RUN(int8_and_int16_wrap_saturate_and_sum_to_i64);
   RUN(gradients_come_in_the_parameters_dtype);
   RUN(autocast_runs_matmuls_in_the_half_dtype_with_f32_gradients);
   RUN(autocast_is_per_thread);

@@ -112,9 +112,10 @@ static bool coin(uint64_t *s, int pct) { return rn(s, 100) < pct; }
 
 /* --- dtypes and shapes ------------------------------------------------------- */
 
-#define NDT 8           /* the dtypes, in enum order */
+#define NDT 10          /* the dtypes, in enum order */
 #define VM_GPU_DTYPES 5 /* bool .. f64 */
-static const char *const DT_NAME[NDT] = {"bool", "i32", "i64", "f32", "f64", "bf16", "f16", "u8"};
+static const char *const DT_NAME[NDT] = {"bool", "i32", "i64", "f32", "f64",
+                                         "bf16", "f16", "u8",  "i8",  "i16"};
 
 /* the dtypes programs use: all of them, or in the GPU fuzz the GPU's
    (bool .. f64: halves and u8 are CPU-only so far) */
@@ -123,11 +124,12 @@ static int ndt = NDT;
 static size_t dt_size(kiln_dtype dt) { return ktest_dtype_size(dt); }
 static bool dt_half(kiln_dtype dt) { return dt == KILN_BF16 || dt == KILN_F16; }
 static bool dt_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64 || dt_half(dt); }
-/* PyTorch's order: bool < u8 < i32 < i64 < (bf16 | f16) < f32 < f64; bf16 with f16: f32 */
+/* PyTorch's order: bool < (u8 | i8) < i16 < i32 < i64 < (bf16 | f16) < f32 < f64;
+   bf16 with f16: f32, u8 with i8: i16 */
 static kiln_dtype promote(kiln_dtype a, kiln_dtype b) {
-  static const int rank[NDT] = {0, 2, 3, 5, 6, 4, 4, 1};
+  static const int rank[NDT] = {0, 3, 4, 6, 7, 5, 5, 1, 1, 2};
   if (a == b) return a;
-  if (rank[a] == rank[b]) return KILN_F32;
+  if (rank[a] == rank[b]) return dt_half(a) ? KILN_F32 : KILN_I16;
   return rank[a] > rank[b] ? a : b;
 }
 static double dt_tol(kiln_dtype dt) { return dt == KILN_F64 ? TOL_F64 : TOL_F32; }
@@ -135,7 +137,12 @@ static double dt_u(kiln_dtype dt) { return dt == KILN_F64 ? 0x1p-53 : 0x1p-24; }
 /* an absolute difference below the normal range (denormal results) */
 static double dt_tiny(kiln_dtype dt) { return dt == KILN_F64 ? 4 * DBL_MIN : 4 * (double)FLT_MIN; }
 static double dt_imax(kiln_dtype dt) {
-  return dt == KILN_BOOL ? 1 : dt == KILN_U8 ? 256 : dt == KILN_I32 ? 2147483648.0 : 9.3e18;
+  return dt == KILN_BOOL  ? 1
+         : dt == KILN_U8  ? 256
+         : dt == KILN_I8  ? 128
+         : dt == KILN_I16 ? 32768
+         : dt == KILN_I32 ? 2147483648.0
+                          : 9.3e18;
 }
 static double dt_fmax(kiln_dtype dt) {
   return dt == KILN_F64 ? DBL_MAX : dt == KILN_F16 ? 65504.0 : FLT_MAX;
@@ -532,6 +539,10 @@ static double leaf_mag(kiln_dtype dt, int vk) {
       return vk == VK_SPECIAL ? 9.3e18 : 5;
     case KILN_U8:
       return 255;
+    case KILN_I8:
+      return 128;
+    case KILN_I16:
+      return vk == VK_SPECIAL ? 32768 : 5;
     default:
       return fm[vk];
   }
@@ -608,6 +619,15 @@ static kiln_tensor *make_leaf(kiln_dtype dt, int nd, const int64_t *shape, int v
       case KILN_U8:
         buf[i] = (unsigned char)rr(&s, 0, 255);
         break;
+      case KILN_I8:
+        buf[i] = (unsigned char)(int8_t)rr(&s, -128, 127);
+        break;
+      case KILN_I16: { /* small values, or the whole range (wraps) */
+        int16_t v = (int16_t)(vk == VK_SPECIAL && coin(&s, 30) ? rr(&s, INT16_MIN, INT16_MAX)
+                                                               : leaf_int(&s, dt, vk) % 6);
+        memcpy(buf + i * 2, &v, 2);
+        break;
+      }
     }
   }
   kiln_tensor *t = kiln_from_data(buf, dt, nd, shape);
@@ -822,9 +842,9 @@ static int pick_kind(uint64_t *g) {
 }
 
 static kiln_dtype rand_dtype(uint64_t *g) {
-  static const kiln_dtype w[] = {KILN_F32,  KILN_F32,  KILN_F32, KILN_F32, KILN_F64,
-                                 KILN_F64,  KILN_I32,  KILN_I32, KILN_I64, KILN_I64,
-                                 KILN_BOOL, KILN_BF16, KILN_F16, KILN_U8};
+  static const kiln_dtype w[] = {KILN_F32, KILN_F32, KILN_F32, KILN_F32, KILN_F64,  KILN_F64,
+                                 KILN_I32, KILN_I32, KILN_I64, KILN_I64, KILN_BOOL, KILN_BF16,
+                                 KILN_F16, KILN_U8,  KILN_I8,  KILN_I16};
   return w[rn(g, (int)(sizeof w / sizeof w[0]) - (NDT - ndt))];
 }
 
@@ -2233,14 +2253,17 @@ static void directed_sweep(FILE *out) {
           "(1, NaN), (NaN, NaN), (-0, +0), (+0, -0), (inf, -inf), ...; integers in [-5, 5]); every "
           "unary, binary (x, y), *_scalar (x, 2.5 / pow 2), "
           "where(x > y, x, y), clamp(x, -1.5, 2.25), cast(x, each dtype); binary ops on "
-          "bool/f32, i32/f64, i64/f32, i32/i64, bool/i32, bf16/f16, bf16/f32, u8/f16 pairs\n");
+          "bool/f32, i32/f64, i64/f32, i32/i64, bool/i32, bf16/f16, bf16/f32, u8/f16, u8/i8, "
+          "i8/i16 pairs\n");
   fflush(out); /* a crash below still names this test */
   static const kiln_dtype mixed[][2] = {
       {KILN_BOOL, KILN_F32}, {KILN_I32, KILN_F64},  {KILN_I64, KILN_F32},  {KILN_I32, KILN_I64},
-      {KILN_BOOL, KILN_I32}, {KILN_BF16, KILN_F16}, {KILN_BF16, KILN_F32}, {KILN_U8, KILN_F16}};
+      {KILN_BOOL, KILN_I32}, {KILN_BF16, KILN_F16}, {KILN_BF16, KILN_F32}, {KILN_U8, KILN_F16},
+      {KILN_U8, KILN_I8},    {KILN_I8, KILN_I16}};
   sweep_set ss = {0};
   char label[48];
-  for (int d = 0; d < NDT + 8; d++) {
+  int nmixed = (int)(sizeof mixed / sizeof mixed[0]);
+  for (int d = 0; d < NDT + nmixed; d++) {
     bool mix = d >= NDT;
     kiln_dtype dx = mix ? mixed[d - NDT][0] : (kiln_dtype)d, dy = mix ? mixed[d - NDT][1] : dx;
     if ((int)dx >= ndt || (int)dy >= ndt) continue; /* not in the GPU fuzz */
@@ -2704,6 +2727,10 @@ static double decode(uint64_t bits, int dt) {
       return vm_f16_to_f32((uint16_t)bits);
     case KILN_U8:
       return (double)(uint8_t)bits;
+    case KILN_I8:
+      return (double)(int8_t)(uint8_t)bits;
+    case KILN_I16:
+      return (double)(int16_t)(uint16_t)bits;
     default: {
       double d;
       memcpy(&d, &bits, 8);

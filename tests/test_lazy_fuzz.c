@@ -123,6 +123,14 @@ static kiln_tensor *make_leaf(kiln_dtype dt, int nd, const int64_t *shape, uint6
       case KILN_U8:
         buf[i] = (unsigned char)(bound >= 0 ? iv : rr(&s, 0, 255));
         break;
+      case KILN_I8:
+        buf[i] = (unsigned char)(int8_t)(bound >= 0 ? iv : rr(&s, -128, 127));
+        break;
+      case KILN_I16: {
+        int16_t v = big ? (coin(&s, 50) ? INT16_MAX : INT16_MIN) : (int16_t)iv;
+        memcpy(buf + i * 2, &v, 2);
+        break;
+      }
     }
   }
   kiln_tensor *t = kiln_from_data(buf, dt, nd, shape);
@@ -529,8 +537,9 @@ static int free_slot(state *st, uint64_t *g) {
 }
 
 static kiln_dtype rand_dtype(uint64_t *g) {
-  static const kiln_dtype w[] = {KILN_F32, KILN_F32, KILN_F32, KILN_F32,  KILN_F64, KILN_F64,
-                                 KILN_I32, KILN_I64, KILN_I64, KILN_BOOL, KILN_BOOL};
+  static const kiln_dtype w[] = {KILN_F32,  KILN_F32, KILN_F32, KILN_F32, KILN_F64,
+                                 KILN_F64,  KILN_I32, KILN_I64, KILN_I64, KILN_BOOL,
+                                 KILN_BOOL, KILN_I8,  KILN_I16};
   return w[rn(g, (int)(sizeof w / sizeof w[0]))];
 }
 

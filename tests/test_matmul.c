@@ -35,6 +35,8 @@ static double gen(kiln_dtype dt, int64_t i, int seed) {
       return h & 1;
     case KILN_I32:
     case KILN_I64:
+    case KILN_I8:
+    case KILN_I16:
       return (double)(h % 9 - 4);
     case KILN_U8:
       return (double)(h % 9);

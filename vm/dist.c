@@ -231,7 +231,9 @@ static mpi_handle mpi_type(const mpi_api *m, kiln_dtype dt) {
       return m->t_u8;
     case KILN_BF16:
     case KILN_F16:
-      break; /* refused by the op's inference (vm/ops.c) */
+    case KILN_I8:
+    case KILN_I16:
+      break; /* summed in a wider dtype (front/op.c) */
   }
   return NULL;
 }

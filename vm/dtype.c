@@ -3,10 +3,12 @@
 #include "dtype.h"
 
 #include <math.h>
+#include <stdint.h>
 
 const char *vm_dtype_name(int dt) {
-  static const char *names[] = {"bool",    "int32",    "int64",   "float32",
-                                "float64", "bfloat16", "float16", "uint8"};
+#define NAME(dt, ctype, name, fl) #name,
+  static const char *names[] = {VM_DTYPES(NAME)};
+#undef NAME
   return vm_dtype_valid(dt) ? names[dt] : "invalid";
 }
 
@@ -28,6 +30,10 @@ double vm_load_f64(const void *base, kiln_dtype dt, int64_t i) {
       return vm_f16_to_f32(((const uint16_t *)base)[i]);
     case KILN_U8:
       return ((const uint8_t *)base)[i];
+    case KILN_I8:
+      return ((const int8_t *)base)[i];
+    case KILN_I16:
+      return ((const int16_t *)base)[i];
   }
   return NAN;
 }
@@ -66,6 +72,12 @@ void vm_store_f64(void *base, kiln_dtype dt, int64_t i, double v) {
       break;
     case KILN_U8:
       ((uint8_t *)base)[i] = (uint8_t)saturate_i64(v, 0, 255);
+      break;
+    case KILN_I8:
+      ((int8_t *)base)[i] = (int8_t)saturate_i64(v, INT8_MIN, INT8_MAX);
+      break;
+    case KILN_I16:
+      ((int16_t *)base)[i] = (int16_t)saturate_i64(v, INT16_MIN, INT16_MAX);
       break;
   }
 }

@@ -11,7 +11,7 @@
 #include "half.h"
 #include "kiln.h"
 
-#define VM_NUM_DTYPES 8
+#define VM_NUM_DTYPES 10
 /* the GPU's dtypes so far: bool .. f64, the first five (vm_device_holds) */
 #define VM_NUM_GPU_DTYPES 5
 
@@ -25,21 +25,27 @@
   X(KILN_F64, double, float64, 1)     \
   X(KILN_BF16, uint16_t, bfloat16, 1) \
   X(KILN_F16, uint16_t, float16, 1)   \
-  X(KILN_U8, uint8_t, uint8, 0)
+  X(KILN_U8, uint8_t, uint8, 0)       \
+  X(KILN_I8, int8_t, int8, 0)         \
+  X(KILN_I16, int16_t, int16, 0)
 
-static inline bool vm_dtype_valid(int dt) { return dt >= KILN_BOOL && dt <= KILN_U8; }
+static inline bool vm_dtype_valid(int dt) { return dt >= KILN_BOOL && dt <= KILN_I16; }
 static inline bool vm_dtype_is_half(kiln_dtype dt) { return dt == KILN_BF16 || dt == KILN_F16; }
 static inline bool vm_dtype_is_float(kiln_dtype dt) {
   return dt == KILN_F32 || dt == KILN_F64 || vm_dtype_is_half(dt);
 }
 static inline bool vm_dtype_is_int(kiln_dtype dt) {
-  return dt == KILN_I32 || dt == KILN_I64 || dt == KILN_U8;
+  return dt == KILN_I32 || dt == KILN_I64 || dt == KILN_U8 || dt == KILN_I8 || dt == KILN_I16;
+}
+/* the integers narrower than 32 bits (u8, i8, i16) */
+static inline bool vm_dtype_is_narrow_int(kiln_dtype dt) {
+  return dt == KILN_U8 || dt == KILN_I8 || dt == KILN_I16;
 }
 /* the dtypes an index or a class label may have */
 static inline bool vm_dtype_is_index(kiln_dtype dt) { return dt == KILN_I32 || dt == KILN_I64; }
 
 static inline size_t vm_dtype_size(kiln_dtype dt) {
-  static const size_t sizes[] = {1, 4, 8, 4, 8, 2, 2, 1};
+  static const size_t sizes[] = {1, 4, 8, 4, 8, 2, 2, 1, 1, 2};
   return sizes[dt];
 }
 
@@ -52,13 +58,15 @@ static inline kiln_dtype vm_dtype_compute(kiln_dtype dt) {
 /* "float32" etc.; "invalid" for values outside the enum */
 const char *vm_dtype_name(int dt);
 
-/* PyTorch's promotion: bool < u8 < i32 < i64 < (bf16 | f16) < f32 < f64,
-   and bf16 with f16 is f32 (neither holds the other) */
+/* PyTorch's promotion: bool < (u8 | i8) < i16 < i32 < i64 < (bf16 | f16)
+   < f32 < f64; u8 with i8 is i16, bf16 with f16 is f32 (neither of the
+   pair holds the other) */
 static inline kiln_dtype vm_promote(kiln_dtype a, kiln_dtype b) {
-  static const int rank[] = {[KILN_BOOL] = 0, [KILN_U8] = 1,  [KILN_I32] = 2, [KILN_I64] = 3,
-                             [KILN_BF16] = 4, [KILN_F16] = 4, [KILN_F32] = 5, [KILN_F64] = 6};
+  static const int rank[] = {
+      [KILN_BOOL] = 0, [KILN_U8] = 1,   [KILN_I8] = 1,  [KILN_I16] = 2, [KILN_I32] = 3,
+      [KILN_I64] = 4,  [KILN_BF16] = 5, [KILN_F16] = 5, [KILN_F32] = 6, [KILN_F64] = 7};
   if (a == b) return a;
-  if (rank[a] == rank[b]) return KILN_F32; /* bf16 with f16 */
+  if (rank[a] == rank[b]) return vm_dtype_is_half(a) ? KILN_F32 : KILN_I16;
   return rank[a] > rank[b] ? a : b;
 }
 

@@ -117,7 +117,8 @@ static inline int64_t int_pow(int64_t base, int64_t e) {
   X(ceil, x)                           \
   X(round, x)
 
-/* uint8: never negative; neg wraps (as PyTorch's) */
+/* uint8: never negative; neg wraps (as PyTorch's).  Every integer
+   dtype's arithmetic wraps: it runs in the unsigned type U of its width */
 #define UINT_UNARY(X)      \
   X(copy, x)               \
   X(neg, (T)((U)0 - (U)x)) \
@@ -217,6 +218,26 @@ WHERE_ROW(where_u8, uint8_t)
 #undef T
 #undef U
 #undef SFX
+#define T int8_t
+#define U uint8_t
+#define SFX i8
+INT_UNARY(DEF_UNARY)
+INT_BINARY(DEF_BINARY)
+COMPARE(DEF_COMPARE)
+WHERE_ROW(where_i8, int8_t)
+#undef T
+#undef U
+#undef SFX
+#define T int16_t
+#define U uint16_t
+#define SFX i16
+INT_UNARY(DEF_UNARY)
+INT_BINARY(DEF_BINARY)
+COMPARE(DEF_COMPARE)
+WHERE_ROW(where_i16, int16_t)
+#undef T
+#undef U
+#undef SFX
 #define T bool
 #define SFX b8
 BOOL_UNARY(DEF_UNARY)
@@ -255,9 +276,19 @@ static const vm_row_fn rows[VM_OP_COUNT][VM_NUM_DTYPES] = {
                     UINT_UNARY(ENTRY) INT_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
 #undef DT
 #undef SFX
+#define DT KILN_I8
+#define SFX i8
+                        INT_UNARY(ENTRY) INT_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
+#undef DT
+#undef SFX
+#define DT KILN_I16
+#define SFX i16
+                            INT_UNARY(ENTRY) INT_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
+#undef DT
+#undef SFX
 #define DT KILN_BOOL
 #define SFX b8
-                        BOOL_UNARY(ENTRY) BOOL_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
+                                BOOL_UNARY(ENTRY) BOOL_BINARY(ENTRY) COMPARE(ENTRY) ENTRY(where, _)
 #undef DT
 #undef SFX
 };
@@ -352,92 +383,110 @@ bool vm_k_elementwise(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *in)
 #define TO_INT(TO, MIN, MAX) \
   (x != x ? (TO)0 : x <= (MIN) ? (TO)(MIN) : x >= (MAX) ? (TO)(MAX) : (TO)x)
 
-static inline int32_t f32_to_i32(float x) { return TO_INT(int32_t, INT32_MIN, INT32_MAX); }
-static inline int64_t f32_to_i64(float x) { return TO_INT(int64_t, INT64_MIN, INT64_MAX); }
-static inline uint8_t f32_to_u8(float x) { return TO_INT(uint8_t, 0, 255); }
+/* X(short name, C type, min, max): the integer dtypes */
+#define INTS(X)                         \
+  X(i32, int32_t, INT32_MIN, INT32_MAX) \
+  X(i64, int64_t, INT64_MIN, INT64_MAX) \
+  X(u8, uint8_t, 0, UINT8_MAX)          \
+  X(i8, int8_t, INT8_MIN, INT8_MAX)     \
+  X(i16, int16_t, INT16_MIN, INT16_MAX)
+/* X(short name, C type): bool and the integers, and each of them as a
+   target (a second list: a macro cannot expand inside itself) */
+#define INTLIKE(X) \
+  X(b8, bool) X(i32, int32_t) X(i64, int64_t) X(u8, uint8_t) X(i8, int8_t) X(i16, int16_t)
+#define INTLIKE_TO(X, fs, FT)                                             \
+  X(fs, FT, b8, bool, x != 0)                                             \
+  X(fs, FT, i32, int32_t, (int32_t)x) X(fs, FT, i64, int64_t, (int64_t)x) \
+      X(fs, FT, u8, uint8_t, (uint8_t)x) X(fs, FT, i8, int8_t, (int8_t)x) \
+          X(fs, FT, i16, int16_t, (int16_t)x)
+/* X(short name, C type, its value as a float of type W, W): the floats
+   (a half widens exactly to f32 first) */
+#define FLOATS(X)                             \
+  X(f32, float, x, float)                     \
+  X(f64, double, x, double)                   \
+  X(bf16, uint16_t, vm_bf16_to_f32(x), float) \
+  X(f16, uint16_t, vm_f16_to_f32(x), float)
+#define FLOAT_TO_INTS(X, fs, FT, WIDEN, W)                                                     \
+  X(fs, FT, i32, int32_t, to_int_##fs##_i32(x))                                                \
+  X(fs, FT, i64, int64_t, to_int_##fs##_i64(x)) X(fs, FT, u8, uint8_t, to_int_##fs##_u8(x))    \
+      X(fs, FT, i8, int8_t, to_int_##fs##_i8(x)) X(fs, FT, i16, int16_t, to_int_##fs##_i16(x)) \
+          X(fs, FT, b8, bool, (WIDEN) != 0)
 
-UNARY_ROW(cast_f32_i32, float, int32_t, TO_INT(int32_t, INT32_MIN, INT32_MAX))
-UNARY_ROW(cast_f64_i32, double, int32_t, TO_INT(int32_t, INT32_MIN, INT32_MAX))
-UNARY_ROW(cast_f32_i64, float, int64_t, TO_INT(int64_t, INT64_MIN, INT64_MAX))
-UNARY_ROW(cast_f64_i64, double, int64_t, TO_INT(int64_t, INT64_MIN, INT64_MAX))
-UNARY_ROW(cast_f32_u8, float, uint8_t, TO_INT(uint8_t, 0, 255))
-UNARY_ROW(cast_f64_u8, double, uint8_t, TO_INT(uint8_t, 0, 255))
+#define DEF_CAST(fs, FT, ts, TT, EXPR) UNARY_ROW(cast_##fs##_##ts, FT, TT, EXPR)
 
-#define PLAIN_CASTS(X)          \
-  X(b8, bool, i32, int32_t)     \
-  X(b8, bool, i64, int64_t)     \
-  X(b8, bool, f32, float)       \
-  X(b8, bool, f64, double)      \
-  X(b8, bool, u8, uint8_t)      \
-  X(i32, int32_t, i64, int64_t) \
-  X(i32, int32_t, f32, float)   \
-  X(i32, int32_t, f64, double)  \
-  X(i32, int32_t, u8, uint8_t)  \
-  X(i64, int64_t, i32, int32_t) \
-  X(i64, int64_t, f32, float)   \
-  X(i64, int64_t, f64, double)  \
-  X(i64, int64_t, u8, uint8_t)  \
-  X(u8, uint8_t, i32, int32_t)  \
-  X(u8, uint8_t, i64, int64_t)  \
-  X(u8, uint8_t, f32, float)    \
-  X(u8, uint8_t, f64, double)   \
-  X(f32, float, f64, double)    \
-  X(f64, double, f32, float)
-#define TO_BOOL_CASTS(X) X(i32, int32_t) X(i64, int64_t) X(f32, float) X(f64, double) X(u8, uint8_t)
+/* int-like -> int-like: wraps (two's complement), != 0 to bool */
+#define DEF_FROM_INTLIKE(fs, FT) INTLIKE_TO(DEF_CAST, fs, FT)
+INTLIKE(DEF_FROM_INTLIKE)
 
-#define DEF_PLAIN(fs, FT, ts, TT) UNARY_ROW(cast_##fs##_##ts, FT, TT, x)
-#define DEF_TO_BOOL(fs, FT) UNARY_ROW(cast_##fs##_b8, FT, bool, x != 0)
-PLAIN_CASTS(DEF_PLAIN)
-TO_BOOL_CASTS(DEF_TO_BOOL)
+/* float -> integer: saturates, NaN -> 0 (a helper per pair) */
+#define DEF_TO_INT_HELPER(ts, TT, MIN, MAX)                                   \
+  static inline TT to_int_f32_##ts(float x) { return TO_INT(TT, MIN, MAX); }  \
+  static inline TT to_int_f64_##ts(double x) { return TO_INT(TT, MIN, MAX); } \
+  static inline TT to_int_bf16_##ts(uint16_t h) {                             \
+    float x = vm_bf16_to_f32(h);                                              \
+    return TO_INT(TT, MIN, MAX);                                              \
+  }                                                                           \
+  static inline TT to_int_f16_##ts(uint16_t h) {                              \
+    float x = vm_f16_to_f32(h);                                               \
+    return TO_INT(TT, MIN, MAX);                                              \
+  }
+INTS(DEF_TO_INT_HELPER)
+#define DEF_FROM_FLOAT(fs, FT, WIDEN, W) FLOAT_TO_INTS(DEF_CAST, fs, FT, WIDEN, W)
+FLOATS(DEF_FROM_FLOAT)
 
-/* halves: X(short name, widen, narrow) */
-#define HALVES(X) X(bf16, vm_bf16_to_f32, vm_f32_to_bf16) X(f16, vm_f16_to_f32, vm_f32_to_f16)
-#define DEF_HALF_CASTS(hs, WIDEN, NARROW)                             \
-  UNARY_ROW(cast_##hs##_f32, uint16_t, float, WIDEN(x))               \
-  UNARY_ROW(cast_##hs##_f64, uint16_t, double, WIDEN(x))              \
-  UNARY_ROW(cast_##hs##_i32, uint16_t, int32_t, f32_to_i32(WIDEN(x))) \
-  UNARY_ROW(cast_##hs##_i64, uint16_t, int64_t, f32_to_i64(WIDEN(x))) \
-  UNARY_ROW(cast_##hs##_u8, uint16_t, uint8_t, f32_to_u8(WIDEN(x)))   \
-  UNARY_ROW(cast_##hs##_b8, uint16_t, bool, WIDEN(x) != 0)            \
-  UNARY_ROW(cast_f32_##hs, float, uint16_t, NARROW(x))                \
-  UNARY_ROW(cast_f64_##hs, double, uint16_t, NARROW((float)x))        \
-  UNARY_ROW(cast_i32_##hs, int32_t, uint16_t, NARROW((float)x))       \
-  UNARY_ROW(cast_i64_##hs, int64_t, uint16_t, NARROW((float)x))       \
-  UNARY_ROW(cast_u8_##hs, uint8_t, uint16_t, NARROW((float)x))        \
-  UNARY_ROW(cast_b8_##hs, bool, uint16_t, NARROW((float)x))
-HALVES(DEF_HALF_CASTS)
+/* int-like -> float: to a half through f32 (as PyTorch's), rounded once */
+#define DEF_INT_TO_FLOATS(fs, FT)                                     \
+  UNARY_ROW(cast_##fs##_f32, FT, float, (float)x)                     \
+  UNARY_ROW(cast_##fs##_f64, FT, double, (double)x)                   \
+  UNARY_ROW(cast_##fs##_bf16, FT, uint16_t, vm_f32_to_bf16((float)x)) \
+  UNARY_ROW(cast_##fs##_f16, FT, uint16_t, vm_f32_to_f16((float)x))
+INTLIKE(DEF_INT_TO_FLOATS)
+
+/* float -> float: a half widens exactly; to a half from f64 through f32 */
+UNARY_ROW(cast_f32_f64, float, double, x)
+UNARY_ROW(cast_f64_f32, double, float, x)
+UNARY_ROW(cast_bf16_f32, uint16_t, float, vm_bf16_to_f32(x))
+UNARY_ROW(cast_bf16_f64, uint16_t, double, vm_bf16_to_f32(x))
+UNARY_ROW(cast_f16_f32, uint16_t, float, vm_f16_to_f32(x))
+UNARY_ROW(cast_f16_f64, uint16_t, double, vm_f16_to_f32(x))
+UNARY_ROW(cast_f32_bf16, float, uint16_t, vm_f32_to_bf16(x))
+UNARY_ROW(cast_f64_bf16, double, uint16_t, vm_f32_to_bf16((float)x))
+UNARY_ROW(cast_f32_f16, float, uint16_t, vm_f32_to_f16(x))
+UNARY_ROW(cast_f64_f16, double, uint16_t, vm_f32_to_f16((float)x))
 UNARY_ROW(cast_bf16_f16, uint16_t, uint16_t, vm_f32_to_f16(vm_bf16_to_f32(x)))
 UNARY_ROW(cast_f16_bf16, uint16_t, uint16_t, vm_f32_to_bf16(vm_f16_to_f32(x)))
 UNARY_ROW(copy_bf16, uint16_t, uint16_t, vm_f32_to_bf16(vm_bf16_to_f32(x)))
 UNARY_ROW(copy_f16, uint16_t, uint16_t, vm_f32_to_f16(vm_f16_to_f32(x)))
 
-#define CAST_ENTRY(fs, FT, ts, TT) [DT_##fs][DT_##ts] = cast_##fs##_##ts,
-#define TO_BOOL_ENTRY(fs, FT) [DT_##fs][KILN_BOOL] = cast_##fs##_b8,
-#define HALF_ENTRIES(hs, WIDEN, NARROW)                                         \
-  [DT_##hs][KILN_F32] = cast_##hs##_f32, [DT_##hs][KILN_F64] = cast_##hs##_f64, \
-  [DT_##hs][KILN_I32] = cast_##hs##_i32, [DT_##hs][KILN_I64] = cast_##hs##_i64, \
-  [DT_##hs][KILN_U8] = cast_##hs##_u8, [DT_##hs][KILN_BOOL] = cast_##hs##_b8,   \
-  [KILN_F32][DT_##hs] = cast_f32_##hs, [KILN_F64][DT_##hs] = cast_f64_##hs,     \
-  [KILN_I32][DT_##hs] = cast_i32_##hs, [KILN_I64][DT_##hs] = cast_i64_##hs,     \
-  [KILN_U8][DT_##hs] = cast_u8_##hs, [KILN_BOOL][DT_##hs] = cast_b8_##hs,
 #define DT_b8 KILN_BOOL
 #define DT_i32 KILN_I32
 #define DT_i64 KILN_I64
 #define DT_f32 KILN_F32
 #define DT_f64 KILN_F64
 #define DT_u8 KILN_U8
+#define DT_i8 KILN_I8
+#define DT_i16 KILN_I16
 #define DT_bf16 KILN_BF16
 #define DT_f16 KILN_F16
+#define CAST_ENTRY(fs, FT, ts, TT, EXPR) [DT_##fs][DT_##ts] = cast_##fs##_##ts,
+#define INTLIKE_ENTRIES(fs, FT)                                                 \
+  INTLIKE_TO(CAST_ENTRY, fs, FT)                                                \
+  [DT_##fs][KILN_F32] = cast_##fs##_f32, [DT_##fs][KILN_F64] = cast_##fs##_f64, \
+  [DT_##fs][KILN_BF16] = cast_##fs##_bf16, [DT_##fs][KILN_F16] = cast_##fs##_f16,
+#define FLOAT_ENTRIES(fs, FT, WIDEN, W) FLOAT_TO_INTS(CAST_ENTRY, fs, FT, WIDEN, W)
 
 static vm_row_fn cast_row(kiln_dtype from, kiln_dtype to) {
   static const vm_row_fn table[VM_NUM_DTYPES][VM_NUM_DTYPES] = {
-      PLAIN_CASTS(CAST_ENTRY) TO_BOOL_CASTS(TO_BOOL_ENTRY)
-          HALVES(HALF_ENTRIES)[KILN_F32][KILN_I32] = cast_f32_i32,
-      [KILN_F64][KILN_I32] = cast_f64_i32,
-      [KILN_F32][KILN_I64] = cast_f32_i64,
-      [KILN_F64][KILN_I64] = cast_f64_i64,
-      [KILN_F32][KILN_U8] = cast_f32_u8,
-      [KILN_F64][KILN_U8] = cast_f64_u8,
+      INTLIKE(INTLIKE_ENTRIES) FLOATS(FLOAT_ENTRIES)[KILN_F32][KILN_F64] = cast_f32_f64,
+      [KILN_F64][KILN_F32] = cast_f64_f32,
+      [KILN_BF16][KILN_F32] = cast_bf16_f32,
+      [KILN_BF16][KILN_F64] = cast_bf16_f64,
+      [KILN_F16][KILN_F32] = cast_f16_f32,
+      [KILN_F16][KILN_F64] = cast_f16_f64,
+      [KILN_F32][KILN_BF16] = cast_f32_bf16,
+      [KILN_F64][KILN_BF16] = cast_f64_bf16,
+      [KILN_F32][KILN_F16] = cast_f32_f16,
+      [KILN_F64][KILN_F16] = cast_f64_f16,
       [KILN_BF16][KILN_F16] = cast_bf16_f16,
       [KILN_F16][KILN_BF16] = cast_f16_bf16,
   };
@@ -484,6 +533,8 @@ static void fill_full(void *p, int64_t begin, int64_t end) {
     FILL_CASE(KILN_BF16, uint16_t, *(uint16_t *)one)
     FILL_CASE(KILN_F16, uint16_t, *(uint16_t *)one)
     FILL_CASE(KILN_U8, uint8_t, *(uint8_t *)one)
+    FILL_CASE(KILN_I8, int8_t, *(int8_t *)one)
+    FILL_CASE(KILN_I16, int16_t, *(int16_t *)one)
   }
 }
 

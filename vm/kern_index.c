@@ -131,6 +131,14 @@ static void scatter_add(vm_tensor *out, const vm_tensor *idx, const vm_tensor *s
       case KILN_U8:
         ((uint8_t *)ob)[ooff] = (uint8_t)(((uint8_t *)ob)[ooff] + ((const uint8_t *)sb)[soff]);
         break;
+      case KILN_I8: /* wrapping, as the other integers */
+        ((int8_t *)ob)[ooff] =
+            (int8_t)(uint8_t)((uint8_t)((int8_t *)ob)[ooff] + (uint8_t)((const int8_t *)sb)[soff]);
+        break;
+      case KILN_I16:
+        ((int16_t *)ob)[ooff] = (int16_t)(uint16_t)((uint16_t)((int16_t *)ob)[ooff] +
+                                                    (uint16_t)((const int16_t *)sb)[soff]);
+        break;
       case KILN_BF16:
       case KILN_F16:
         break; /* computed widened (vm/interp.c) */

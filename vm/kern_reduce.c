@@ -54,10 +54,14 @@ static int64_t dims_offset(const vm_dims *d, int64_t f) {
   X(max, i64, int64_t, KILN_I64, INT64_MIN, IMAX, 0) \
   X(max, b8, bool, KILN_BOOL, false, IMAX, 0)        \
   X(max, u8, uint8_t, KILN_U8, 0, IMAX, 0)           \
+  X(max, i8, int8_t, KILN_I8, INT8_MIN, IMAX, 0)     \
+  X(max, i16, int16_t, KILN_I16, INT16_MIN, IMAX, 0) \
   X(min, i32, int32_t, KILN_I32, INT32_MAX, IMIN, 0) \
   X(min, i64, int64_t, KILN_I64, INT64_MAX, IMIN, 0) \
   X(min, b8, bool, KILN_BOOL, true, IMIN, 0)         \
-  X(min, u8, uint8_t, KILN_U8, UINT8_MAX, IMIN, 0)
+  X(min, u8, uint8_t, KILN_U8, UINT8_MAX, IMIN, 0)   \
+  X(min, i8, int8_t, KILN_I8, INT8_MAX, IMIN, 0)     \
+  X(min, i16, int16_t, KILN_I16, INT16_MAX, IMIN, 0)
 
 typedef struct reduce_job reduce_job;
 typedef struct {
@@ -135,6 +139,10 @@ NO_PAIRWISE(min, i64, int64_t)
 NO_PAIRWISE(min, b8, bool)
 NO_PAIRWISE(max, u8, uint8_t)
 NO_PAIRWISE(min, u8, uint8_t)
+NO_PAIRWISE(max, i8, int8_t)
+NO_PAIRWISE(min, i8, int8_t)
+NO_PAIRWISE(max, i16, int16_t)
+NO_PAIRWISE(min, i16, int16_t)
 
 REDUCERS(DEF_REDUCER)
 
@@ -582,6 +590,10 @@ static int64_t arg_scan(const char *xv, int64_t n, int64_t s, kiln_dtype dt, boo
       ARG_SCAN(double, 1)
     case KILN_U8:
       ARG_SCAN(uint8_t, 0)
+    case KILN_I8:
+      ARG_SCAN(int8_t, 0)
+    case KILN_I16:
+      ARG_SCAN(int16_t, 0)
     case KILN_BF16:
     case KILN_F16:
       break; /* computed widened (vm/interp.c) */

@@ -56,6 +56,8 @@ DEFINE_SORT(sort_f64, double, FLOAT_BEFORE)
 DEFINE_SORT(sort_i32, int32_t, PLAIN_BEFORE)
 DEFINE_SORT(sort_i64, int64_t, PLAIN_BEFORE)
 DEFINE_SORT(sort_u8, unsigned char, PLAIN_BEFORE)
+DEFINE_SORT(sort_i8, int8_t, PLAIN_BEFORE)
+DEFINE_SORT(sort_i16, int16_t, PLAIN_BEFORE)
 
 static void sort_rows(void *p, int64_t begin, int64_t end) {
   sort_job *j = p;
@@ -86,6 +88,12 @@ static void sort_rows(void *p, int64_t begin, int64_t end) {
       case KILN_BOOL:
       case KILN_U8:
         sort_u8((const unsigned char *)v, j->inner, j->n, idx, tmp, j->descending);
+        break;
+      case KILN_I8:
+        sort_i8((const int8_t *)v, j->inner, j->n, idx, tmp, j->descending);
+        break;
+      case KILN_I16:
+        sort_i16((const int16_t *)v, j->inner, j->n, idx, tmp, j->descending);
         break;
       case KILN_BF16:
       case KILN_F16:

@@ -174,10 +174,6 @@ static bool infer_matmul(const vm_tensor *a, const vm_tensor *b, vm_meta *m) {
   }
   kiln_dtype p = vm_promote(a->dtype, b->dtype);
   if (reject_bool(VM_OP_matmul, p)) return false;
-  if (p == KILN_U8) {
-    vm_error(KILN_ERR_DTYPE, "uint8 operands are not supported by matmul; cast them first");
-    return false;
-  }
   int64_t k_a = a->shape[a->ndim - 1];
   int64_t k_b = b->ndim == 1 ? b->shape[0] : b->shape[b->ndim - 2];
   if (k_a != k_b) {
@@ -414,6 +410,11 @@ static bool infer_collective(vm_opcode op, int n, vm_tensor *const *in, const vm
   }
   if (vm_dtype_is_half(dt) && op != VM_OP_all_reduce) { /* buckets are packed in f32 */
     vm_error(KILN_ERR_DTYPE, "a gradient bucket of %s values: all-reduce them as float32",
+             vm_dtype_name(dt));
+    return false;
+  }
+  if ((dt == KILN_I8 || dt == KILN_I16) && op != VM_OP_all_reduce) { /* no MPI type: via i32 */
+    vm_error(KILN_ERR_DTYPE, "a bucket of %s values: all-reduce them one by one, or as int32",
              vm_dtype_name(dt));
     return false;
   }

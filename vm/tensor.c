@@ -328,7 +328,7 @@ static vm_storage *device_storage_new(const vm_backend *b, size_t nbytes) {
 }
 
 bool vm_device_holds(kiln_dtype dt) {
-  if (!vm_dtype_is_half(dt) && dt != KILN_U8) return true;
+  if (!vm_dtype_is_half(dt) && !vm_dtype_is_narrow_int(dt)) return true;
   vm_error(KILN_ERR_DTYPE, "%s tensors are not supported on cuda yet (only on the cpu)",
            vm_dtype_name(dt));
   return false;

@@ -54,6 +54,8 @@ static void fill(vm_tensor *t) { /* t contiguous fresh */
       case KILN_BF16:
       case KILN_F16:
       case KILN_U8:
+      case KILN_I8:
+      case KILN_I16:
         break; /* not on the GPU yet (vm_device_holds) */
       case KILN_F32:
       case KILN_F64: {

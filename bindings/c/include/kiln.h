@@ -26,7 +26,8 @@ typedef struct kiln_tensor kiln_tensor; /* opaque, reference counted */
 
 /* bf16 and f16 are storage dtypes: ops load them into f32, compute in f32
    and round to nearest even on store (docs/SEMANTICS.md "Half precision").
-   u8 is an unsigned byte (images, raw bytes).  Values keep their numbers. */
+   u8 is an unsigned byte (images, raw bytes); i8 and i16 are signed
+   integers of 8 and 16 bits.  Values keep their numbers. */
 typedef enum {
   KILN_BOOL,
   KILN_I32,
@@ -35,7 +36,9 @@ typedef enum {
   KILN_F64,
   KILN_BF16,
   KILN_F16,
-  KILN_U8
+  KILN_U8,
+  KILN_I8,
+  KILN_I16
 } kiln_dtype;
 typedef enum { KILN_CPU, KILN_CUDA } kiln_device;
 #define KILN_MAX_DIMS 8

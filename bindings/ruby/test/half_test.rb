@@ -35,6 +35,29 @@ class HalfTest < Minitest::Test
     assert_equal [0, 255, 7], Kiln.tensor([-3.5, 1e9, 7.9]).to(:uint8).to_a # floats saturate
   end
 
+  def test_int8_and_int16_as_torch_rb_names_them
+    c = Kiln.tensor([127, -128, -3], dtype: :int8)
+    assert_equal :int8, c.dtype
+    assert_equal [-128, -127, -2], (c + Kiln.ones(3, dtype: :int8)).to_a # wraps
+    assert_equal [-127, -128, 3], (-c).to_a
+    assert_equal :int64, c.sum.dtype
+    assert_equal(-4, c.sum.item)
+    assert_equal :int16, Kiln.tensor([1], dtype: :short).dtype
+    assert_equal :int8, Kiln.tensor([1], dtype: :char).dtype
+    assert_equal :int8, Kiln.zeros(2).char.dtype
+    assert_equal :int16, Kiln.zeros(2).short.dtype
+    s = Kiln.tensor([32767, -32768], dtype: :int16)
+    assert_equal [-32768, 32767], (s + Kiln.tensor([1, -1], dtype: :int16)).to_a
+    assert_equal :int16, (c + Kiln.ones(3, dtype: :uint8)).dtype # neither holds the other
+    assert_equal :int32, (s + Kiln.ones(2, dtype: :int32)).dtype
+    assert_equal [127, -128, 0], Kiln.tensor([1e9, -1e9, Float::NAN]).to(:int8).to_a # saturates
+    assert_raises(RangeError) { Kiln.tensor([128], dtype: :int8) }
+    assert_raises(RangeError) { Kiln.tensor([-32769], dtype: :int16) }
+    assert_equal [[44]], Kiln.tensor([[100, 100]], dtype: :int8).matmul(Kiln.tensor([[2], [1]], dtype: :int8)).to_a
+    assert_match(/dtype=int8/, c.inspect)
+    refute c.floating_point?
+  end
+
   def test_promotion_as_pytorch
     b = Kiln.ones(2, dtype: :bfloat16)
     f = Kiln.ones(2, dtype: :float16)
@@ -75,7 +98,9 @@ class HalfTest < Minitest::Test
       path = File.join(dir, "half.safetensors")
       t = { "b" => Kiln.tensor([1.5, -2.25], dtype: :bfloat16),
             "h" => Kiln.tensor([0.1, 65504], dtype: :float16),
-            "u" => Kiln.tensor([0, 255], dtype: :uint8) }
+            "u" => Kiln.tensor([0, 255], dtype: :uint8),
+            "c" => Kiln.tensor([-128, 127], dtype: :int8),
+            "s" => Kiln.tensor([-32768, 32767], dtype: :int16) }
       Kiln.save(t, path)
       back = Kiln.load(path)
       t.each do |name, v|

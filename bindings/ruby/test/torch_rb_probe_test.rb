@@ -13,7 +13,7 @@ require "tmpdir"
 class TorchRbProbeTest < Minitest::Test
   Torch = Kiln
 
-  FLOOR = 0.94 # measured 82 of 87 (94.3%); the rest: :int8 :int16, Numo
+  FLOOR = 0.96 # measured 84 of 87 (96.6%); the rest: Numo (not installable here)
 
   def self.probes
     x = -> { Torch.tensor([10, 20, 30]) }

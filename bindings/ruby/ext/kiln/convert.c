@@ -75,25 +75,46 @@ static void measure(VALUE data, layout *L) {
   check(data, 0, L);
 }
 
+static const char *int_name(kiln_dtype dt) {
+  return dt == KILN_U8    ? "uint8"
+         : dt == KILN_I8  ? "int8"
+         : dt == KILN_I16 ? "int16"
+         : dt == KILN_I32 ? "int32"
+                          : "int64";
+}
+
+/* whether i is a value of integer dtype dt */
+static bool fits(kiln_dtype dt, int64_t i) {
+  switch (dt) {
+    case KILN_U8:
+      return i >= 0 && i <= UINT8_MAX;
+    case KILN_I8:
+      return i >= INT8_MIN && i <= INT8_MAX;
+    case KILN_I16:
+      return i >= INT16_MIN && i <= INT16_MAX;
+    case KILN_I32:
+      return i >= INT32_MIN && i <= INT32_MAX;
+    default:
+      return true;
+  }
+}
+
 static int64_t to_int(VALUE v, kiln_dtype dt) {
   if (v == Qtrue) return 1;
   if (v == Qfalse) return 0;
   if (RB_FLOAT_TYPE_P(v)) {
     double d = RFLOAT_VALUE(v);
     if (!(d > -9223372036854775808.0 && d < 9223372036854775808.0))
-      rb_raise(rb_eRangeError, "Kiln.tensor: %g does not fit in %s", d,
-               dt == KILN_I32 ? "int32" : "int64");
+      rb_raise(rb_eRangeError, "Kiln.tensor: %g does not fit in %s", d, int_name(dt));
     int64_t i = (int64_t)d; /* toward zero, like Kiln's cast */
-    if (dt == KILN_I32 && (i < INT32_MIN || i > INT32_MAX))
-      rb_raise(rb_eRangeError, "Kiln.tensor: %g does not fit in int32", d);
-    if (dt == KILN_U8 && (i < 0 || i > 255))
-      rb_raise(rb_eRangeError, "Kiln.tensor: %g does not fit in uint8", d);
+    if (!fits(dt, i))
+      rb_raise(rb_eRangeError, "Kiln.tensor: %g does not fit in %s", d, int_name(dt));
     return i;
   }
   if (dt == KILN_I32) return NUM2INT(v); /* RangeError when out of range */
   int64_t i = (int64_t)NUM2LL(v);
-  if (dt == KILN_U8 && (i < 0 || i > 255))
-    rb_raise(rb_eRangeError, "Kiln.tensor: %lld does not fit in uint8", (long long)i);
+  if (!fits(dt, i))
+    rb_raise(rb_eRangeError, "Kiln.tensor: %lld does not fit in %s", (long long)i, int_name(dt));
   return i;
 }
 
@@ -126,6 +147,12 @@ static void fill(VALUE v, int depth, const layout *L, kiln_dtype dt, char *buf, 
         break;
       case KILN_U8:
         ((uint8_t *)buf)[i] = (uint8_t)to_int(v, dt);
+        break;
+      case KILN_I8:
+        ((int8_t *)buf)[i] = (int8_t)to_int(v, dt);
+        break;
+      case KILN_I16:
+        ((int16_t *)buf)[i] = (int16_t)to_int(v, dt);
         break;
       case KILN_BF16:
       case KILN_F16:
@@ -194,6 +221,10 @@ static VALUE elem(const char *buf, kiln_dtype dt, int64_t i) {
       return DBL2NUM(((const double *)buf)[i]);
     case KILN_U8:
       return INT2NUM(((const uint8_t *)buf)[i]);
+    case KILN_I8:
+      return INT2NUM(((const int8_t *)buf)[i]);
+    case KILN_I16:
+      return INT2NUM(((const int16_t *)buf)[i]);
     case KILN_BF16:
     case KILN_F16:
       break; /* read as float32 (rk_to_a) */

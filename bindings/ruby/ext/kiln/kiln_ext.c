@@ -89,8 +89,10 @@ size_t rk_dtype_size(kiln_dtype dt) {
       return 8;
     case KILN_BF16:
     case KILN_F16:
+    case KILN_I16:
       return 2;
     case KILN_U8:
+    case KILN_I8:
       return 1;
   }
   return 8;
@@ -254,12 +256,14 @@ kiln_dtype rk_dtype(VALUE v) {
                {"float32", KILN_F32}, {"float64", KILN_F64}, {"bfloat16", KILN_BF16},
                {"float16", KILN_F16}, {"uint8", KILN_U8},    {"int", KILN_I32},
                {"long", KILN_I64},    {"float", KILN_F32},   {"double", KILN_F64},
-               {"half", KILN_F16},    {"byte", KILN_U8}};
+               {"half", KILN_F16},    {"byte", KILN_U8},     {"int8", KILN_I8},
+               {"char", KILN_I8},     {"int16", KILN_I16},   {"short", KILN_I16}};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     if (id == rb_intern(names[i].name)) return names[i].dt;
   rk_raise(rk_eDTypeError,
            "unknown dtype %" PRIsVALUE
-           " (use :bool, :uint8, :int32, :int64, :bfloat16, :float16, :float32 or :float64)",
+           " (use :bool, :uint8, :int8, :int16, :int32, :int64, :bfloat16, :float16, :float32 or "
+           ":float64)",
            rb_inspect(v));
 }
 
@@ -281,6 +285,10 @@ VALUE rk_dtype_sym(kiln_dtype dt) {
       return ID2SYM(rb_intern("float16"));
     case KILN_U8:
       return ID2SYM(rb_intern("uint8"));
+    case KILN_I8:
+      return ID2SYM(rb_intern("int8"));
+    case KILN_I16:
+      return ID2SYM(rb_intern("int16"));
   }
   return Qnil;
 }

@@ -17,7 +17,7 @@ module Kiln
   class Tensor
     extend Signature::DSL
 
-    DTYPES = %i[bool uint8 int32 int64 bfloat16 float16 float32 float64].freeze
+    DTYPES = %i[bool uint8 int8 int16 int32 int64 bfloat16 float16 float32 float64].freeze
     FLOAT_DTYPES = %i[bfloat16 float16 float32 float64].freeze
 
     alias _cross_entropy cross_entropy # the C method; cross_entropy below checks Array targets
@@ -191,6 +191,14 @@ module Kiln
 
     def byte
       _cast(:uint8)
+    end
+
+    def char
+      _cast(:int8)
+    end
+
+    def short
+      _cast(:int16)
     end
 
     def floating_point?
