@@ -394,11 +394,12 @@ bool vm_k_elementwise(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *in)
    target (a second list: a macro cannot expand inside itself) */
 #define INTLIKE(X) \
   X(b8, bool) X(i32, int32_t) X(i64, int64_t) X(u8, uint8_t) X(i8, int8_t) X(i16, int16_t)
-#define INTLIKE_TO(X, fs, FT)                                            \
-  X(fs, FT, b8, bool, x != 0)                                            \
-  X(fs, FT, i32, int32_t, (int32_t)x)                                    \
-  X(fs, FT, i64, int64_t, (int64_t)x) X(fs, FT, u8, uint8_t, (uint8_t)x) \
-      X(fs, FT, i8, int8_t, (int8_t)x) X(fs, FT, i16, int16_t, (int16_t)x)
+#define INTLIKE_TO(X, fs, FT)         \
+  X(fs, FT, b8, bool, x != 0)         \
+  X(fs, FT, i32, int32_t, (int32_t)x) \
+  X(fs, FT, i64, int64_t, (int64_t)x) \
+  X(fs, FT, u8, uint8_t, (uint8_t)x)  \
+  X(fs, FT, i8, int8_t, (int8_t)x) X(fs, FT, i16, int16_t, (int16_t)x)
 /* X(short name, C type, its value as a float of type W, W): the floats
    (a half widens exactly to f32 first) */
 #define FLOATS(X)                             \
@@ -406,11 +407,12 @@ bool vm_k_elementwise(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *in)
   X(f64, double, x, double)                   \
   X(bf16, uint16_t, vm_bf16_to_f32(x), float) \
   X(f16, uint16_t, vm_f16_to_f32(x), float)
-#define FLOAT_TO_INTS(X, fs, FT, WIDEN, W)                                               \
-  X(fs, FT, i32, int32_t, to_int_##fs##_i32(x))                                          \
-  X(fs, FT, i64, int64_t, to_int_##fs##_i64(x))                                          \
-  X(fs, FT, u8, uint8_t, to_int_##fs##_u8(x)) X(fs, FT, i8, int8_t, to_int_##fs##_i8(x)) \
-      X(fs, FT, i16, int16_t, to_int_##fs##_i16(x)) X(fs, FT, b8, bool, (WIDEN) != 0)
+#define FLOAT_TO_INTS(X, fs, FT, WIDEN, W)      \
+  X(fs, FT, i32, int32_t, to_int_##fs##_i32(x)) \
+  X(fs, FT, i64, int64_t, to_int_##fs##_i64(x)) \
+  X(fs, FT, u8, uint8_t, to_int_##fs##_u8(x))   \
+  X(fs, FT, i8, int8_t, to_int_##fs##_i8(x))    \
+  X(fs, FT, i16, int16_t, to_int_##fs##_i16(x)) X(fs, FT, b8, bool, (WIDEN) != 0)
 
 #define DEF_CAST(fs, FT, ts, TT, EXPR) UNARY_ROW(cast_##fs##_##ts, FT, TT, EXPR)
 
