@@ -109,7 +109,8 @@ class EverydayTest < Minitest::Test
     assert_equal :int64, @x.type("int64").dtype
     assert_tensor [[1, -2, 0], [0, 5, -6]], @x.type(:long)
     assert_tensor [[1, 0, 0], [0, 5, 0]], @x.type(:uint8), dtype: :uint8 # floats saturate into [0, 255]
-    assert_kiln_error(Kiln::DTypeError, /unknown dtype :int8/) { @x.type(:int8) }
+    assert_tensor [[1, -2, 0], [0, 5, -6]], @x.type(:int8), dtype: :int8
+    assert_kiln_error(Kiln::DTypeError, /unknown dtype :complex64/) { @x.type(:complex64) }
     assert_equal [[1.0, -2.0, 0.0], [0.0, 5.0, -6.0]], @x.tolist
     assert_equal 3, Kiln.tensor(3).tolist
     assert_equal [true, false], Kiln.tensor([true, false]).tolist
