@@ -40,7 +40,8 @@ static bool coin(uint64_t *s, int pct) { return rn(s, 100) < pct; }
 #define CAP_NUMEL 512 /* no generated tensor gets larger */
 #define MAXND 6       /* no generated tensor gets more dimensions */
 
-static const char *const DT_NAME[] = {"bool", "i32", "i64", "f32", "f64"};
+static const char *const DT_NAME[] = {"bool", "i32", "i64", "f32", "f64",
+                                      "bf16", "f16", "u8",  "i8",  "i16"};
 
 static bool dt_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
 
