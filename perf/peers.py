@@ -25,6 +25,7 @@ REPS = {"W1": (9, 2), "W2": (15, 2), "W3": (15, 2), "W4": (15, 2), "W5": (7, 1),
         "W6": (15, 2), "W7": (9, 0),
         "W10": (3, 1),    # epochs (of sizes()["W10"][5] steps each), not steps
         "W16": (3, 1),    # epochs, as W10
+        "W17": (3, 1),    # epochs of 60 steps (perf/w17_char_rnn.rb)
         "W11": (11, 2), "W12": (30, 10), "W14": (5, 2), "W14:cnn": (200, 50),
         "W18": (5, 1)}
 # W2h-W4h, W6h: W2-W4, W6 in bfloat16 (perf/w*.c --bf16), the same sizes and repetitions
@@ -552,6 +553,8 @@ def run_torch(workloads):
                 run_torch_w10(torch, F, has_compile, no_compile)
             elif w == "W16":
                 run_torch_w16(torch, F)
+            elif w == "W17":
+                run_torch_w17(torch, F)
             elif w == "W11":
                 run_torch_w11(torch, F, has_compile, no_compile)
             elif w == "W12":
@@ -877,6 +880,63 @@ def run_torch_w10_gru(torch, head):
     V, E, H, B, span, epoch = sizes()["W10"]
     lm_module_run(torch, "W10", torch.nn.GRU(E, H), head, "torch.nn.GRU",
                   "torch.nn.GRU over the whole sequence (one call)")
+
+
+def run_torch_w17(torch, F):
+    """perf/w17_char_rnn.rb's model from Python: Embedding(V, 64), torch.nn.GRU(64,
+    128, batch_first), Linear(128, V) over data/a_scandal_in_bohemia.txt's
+    characters, Adam (lr 3e-3), clip_grad_norm_ 1.0, the loss read every step;
+    epochs of 60 steps of batch 16, lengths 32..64, on the same windows
+    (hash_u32); seconds per epoch, median of epochs after a warm-up one"""
+    s = ARGS.smoke
+    steps, batch, hidden, embed, lo, hi = (2, 2, 16, 8, 4, 6) if s else (60, 16, 128, 64, 32, 64)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "data", "a_scandal_in_bohemia.txt"), encoding="utf-8") as f:
+        text = f.read()
+    vocab = sorted(set(text))
+    index = {c: i for i, c in enumerate(vocab)}
+    data = [index[c] for c in text]
+    V = len(vocab)
+    torch.manual_seed(1)
+    emb, gru, head = torch.nn.Embedding(V, embed), torch.nn.GRU(embed, hidden, batch_first=True), \
+        torch.nn.Linear(hidden, V)
+    params = list(emb.parameters()) + list(gru.parameters()) + list(head.parameters())
+    opt = torch.optim.Adam(params, lr=3e-3)
+    state = {"step": 0, "first": None}
+
+    def train_step():
+        step = state["step"]
+        state["step"] += 1
+        L = lo + hash_u32(2 * step + 1) % (hi - lo + 1)
+        starts = [hash_u32(1000003 * step + b + 7) % (len(data) - L - 1) for b in range(batch)]
+        x = torch.tensor([data[t:t + L] for t in starts], dtype=torch.int64)
+        y = torch.tensor([data[t + 1:t + 1 + L] for t in starts], dtype=torch.int64)
+        with torch.enable_grad():
+            out, _ = gru(emb(x))
+            loss = F.cross_entropy(head(out).reshape(batch * L, V), y.reshape(batch * L))
+            opt.zero_grad()
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        value = loss.item()
+        if state["first"] is None:
+            state["first"] = value
+        return value
+
+    def epoch():
+        return sum(train_step() for _ in range(steps)) / steps
+
+    reps, warm = reps_of("W17")
+    t0 = time.perf_counter()
+    epoch()  # the first warm-up epoch, timed as cold_s
+    cold = time.perf_counter() - t0
+    med, mn, last = timed(epoch, reps, max(warm - 1, 0))
+    # no check: its weights start from PyTorch's own init, so its losses are not Kiln's
+    result("W17", "torch", med, mn, reps, "", steps=steps, batch=batch, hidden=hidden,
+           lengths="%d..%d" % (lo, hi), cold_s="%.4g" % cold, loss_first="%.6f" % state["first"],
+           loss_last_epoch="%.4f" % last,
+           note="torch.nn.GRU eager, the same model and windows from Python")
+    na("W17", "torch.compile", "not measured: W17's target is PyTorch eager (BENCHMARKS.md)")
 
 
 def run_torch_w16(torch, F):

@@ -16,7 +16,7 @@ import sys
 ORDER = ["kiln-eager", "kiln", "kiln-autodiff", "openblas", "numpy", "torch", "torch.nn.GRU", "torch.nn.LSTM",
          "torch.optim", "torch.compile", "jax.jit"]
 WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8:W1", "W8:W7", "W8:warm", "W10", "W11", "W12", "W13",
-             "W13:exit", "W14", "W14:cnn", "W16", "W18:infer", "W18:train", "W2h", "W3h", "W4h", "W6h"]
+             "W13:exit", "W14", "W14:cnn", "W16", "W17", "W18:infer", "W18:train", "W2h", "W3h", "W4h", "W6h"]
 TITLES = {
     "W1": "W1 tanh(x*y+0.5)*sigmoid(x)-y*y*0.25, 2^24",
     "W2": "W2 softmax rows, 4096x1024",
@@ -34,6 +34,7 @@ TITLES = {
     "W14": "W14 conv2d 3x3 fwd+bwd (x, w, b), batch 32, 64->64 channels, 56x56",
     "W14:cnn": "W14 the digits CNN training step (conv-relu-pool x2, linear, Adam), batch 64",
     "W16": "W16 LSTM LM, autodiff + SGD, lengths 5..400, batch 32, hidden 128",
+    "W17": "W17 char GRU LM from Ruby (Embedding, GRU 128, Linear; Adam), one epoch: 60 steps, batch 16, lengths 32..64",
     "W18:infer": "W18 BERT encoder (6x384, 12 heads) inference, batch 32 x 128 tokens (padded)",
     "W18:train": "W18 BERT encoder fine-tuning step (fwd, loss, bwd, SGD), batch 32 x 128",
     "W2h": "W2h softmax rows in bf16, 4096x1024",
@@ -44,7 +45,7 @@ TITLES = {
 # how a row's median is shown: unit, value from the median seconds, higher is better
 UNITS = {"W1": "ms", "W2": "ms", "W3": "ms", "W4": "ms", "W5": "us/op", "W6": "GFLOP/s",
          "W7": "steps/s", "W8": "ms", "W10": "steps/s", "W11": "ms", "W12": "ms", "W13": "s",
-         "W13:exit": "ms", "W14": "ms", "W14:cnn": "ms", "W16": "steps/s", "W18": "ms",
+         "W13:exit": "ms", "W14": "ms", "W14:cnn": "ms", "W16": "steps/s", "W17": "s", "W18": "ms",
          "W2h": "ms", "W3h": "ms", "W4h": "ms", "W6h": "GFLOP/s"}
 # higher-is-better units: the value is 1 / time or work / time
 RATE_UNITS = ("GFLOP/s", "steps/s")
@@ -54,6 +55,7 @@ DETAILS = {
             "loss_first_epoch", "loss_last_epoch", "steps"],
     "W16": ["compile_ms", "kernels", "plans", "traces_seen", "traces_timed", "cold_s_per_step",
             "loss_first_epoch", "loss_last_epoch", "steps"],
+    "W17": ["cold_s", "kernels", "traces_seen", "loops_rolled", "loss_first", "loss_last_epoch"],
     "W11": ["blas_per_iter", "blas_fwd", "compile_ms", "kernels", "disk_hits", "traces_seen"],
     "W12": ["traces_timed", "compiles_timed", "compile_ms", "kernels", "disk_hits", "loss_last"],
     "W13": ["train_s", "exit_ms", "compiles", "compile_ms"],
@@ -201,7 +203,7 @@ def build(limit, raw):
                 r["value"] = float(d["flops"]) / t / 1e9 if d.get("flops") else None
             elif u in ("W7", "W10", "W16"):
                 r["value"] = 1.0 / t
-            elif w == "W13":
+            elif w in ("W13", "W17"):
                 r["value"] = t
             else:
                 r["value"] = t * 1e3
@@ -269,7 +271,7 @@ def print_table(table, limit, header):
         for w, c, a in mism:
             print("  %-6s %-14s %s" % (w, c, a))
     if details:
-        print("\ndetails (W10-W16):")
+        print("\ndetails (W10-W17):")
         for w, c, dt in details:
             print("  %-8s %-14s %s" % (w, c, dt.replace(";", "  ")))
     if notes:
@@ -325,7 +327,7 @@ def plot(table, limit, path, header):
         print("chart: matplotlib is not available (%s); no PNG written" % e.__class__.__name__)
         return False
     panels = [w for w in ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W10", "W11", "W12", "W13", "W13:exit", "W14",
-                        "W14:cnn", "W16"]
+                        "W14:cnn", "W16", "W17"]
               if any(panel_of(r["workload"]) == w for r in table)]
     if not panels:
         return False
