@@ -27,4 +27,22 @@ class ExamplesTest < Minitest::Test
     assert_equal 61, sample.chomp.size, "the seed character and 60 sampled ones"
     assert_match(/^\d+ characters, \d+ distinct/, out)
   end
+
+  # W17's benchmark (perf/w17_char_rnn.rb) at smoke size: one @result line
+  # scripts/bench can read, the same losses with the JIT on and off
+  def test_w17_benchmark_reports_a_result
+    rows = [{}, { "KILN_JIT" => "0" }].map do |env|
+      out, err, status = Open3.capture3(env, RbConfig.ruby, "-I#{LIB}", File.join(ROOT, "perf", "w17_char_rnn.rb"),
+                                        "--smoke")
+      assert status.success?, "w17_char_rnn.rb failed (#{status}):\n#{err}\n#{out}"
+      line = out.lines.grep(/^@result\t/).first
+      refute_nil line, out
+      line.chomp.split("\t").drop(1).to_h { |kv| kv.split("=", 2) }
+    end
+    assert_equal %w[W17 W17], rows.map { |r| r["workload"] }
+    assert_equal %w[kiln kiln-eager], rows.map { |r| r["contender"] }
+    rows.each { |r| assert_operator Float(r["time_s"]), :>, 0 }
+    assert_equal rows[0]["check"], rows[1]["check"] # loss1, bit for bit
+    assert_operator Integer(rows[0]["loops_rolled"]), :>, 0 # the GRU's per-step cell rolls
+  end
 end
