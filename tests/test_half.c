@@ -615,6 +615,59 @@ TEST(u8_wraps_saturates_from_floats_and_sums_to_i64) {
 
 /* --- autodiff ------------------------------------------------------------------- */
 
+/* a bf16 matmul (vm/gemm_bf16.c on CPUs with AVX512-BF16, else f32 sgemm
+   between casts) at shapes off the kernel's 8 x 32 blocks, with transposed
+   and batched operands: each element within the bound of an f32 sum of k
+   products plus one rounding to bf16, and an element's bits the same
+   whatever block of C it was computed in (rows of A alone give the rows of
+   the whole product) */
+TEST(bf16_matmul_is_within_the_dot_product_bound_at_any_shape) {
+  static const int64_t shapes[][3] = {{1, 1, 1},     {13, 19, 37}, {8, 32, 32},
+                                      {65, 130, 70}, {3, 1, 5},    {200, 301, 130}};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+    int64_t m = shapes[s][0], k = shapes[s][1], n = shapes[s][2];
+    for (int variant = 0; variant < 3; variant++) { /* plain, A and B transposed, batched */
+      kiln_tensor *fa = half_values(KILN_BF16, 2 * m * k, -2, 2, false),
+                  *fb = half_values(KILN_BF16, 2 * k * n, -2, 2, false);
+      kiln_tensor *a, *b;
+      if (variant == 1) { /* views: A = (k x m)^T, B = (n x k)^T */
+        kiln_tensor *ka = kiln_slice(fa, 0, 0, m * k, 1), *kb = kiln_slice(fb, 0, 0, k * n, 1);
+        kiln_tensor *ra = kiln_reshape(ka, 2, S(k, m)), *rb = kiln_reshape(kb, 2, S(n, k));
+        a = kiln_transpose(ra, 0, 1), b = kiln_transpose(rb, 0, 1);
+        kiln_release(ka), kiln_release(kb), kiln_release(ra), kiln_release(rb);
+      } else if (variant == 2) {
+        a = kiln_reshape(fa, 3, S(2, m, k)), b = kiln_reshape(fb, 3, S(2, k, n));
+      } else {
+        kiln_tensor *ka = kiln_slice(fa, 0, 0, m * k, 1), *kb = kiln_slice(fb, 0, 0, k * n, 1);
+        a = kiln_reshape(ka, 2, S(m, k)), b = kiln_reshape(kb, 2, S(k, n));
+        kiln_release(ka), kiln_release(kb);
+      }
+      kiln_tensor *r = kiln_matmul(a, b);
+      kiln_tensor *a64 = kiln_cast(a, KILN_F64), *b64 = kiln_cast(b, KILN_F64);
+      kiln_tensor *aa = kiln_abs(a64), *ab = kiln_abs(b64);
+      kiln_tensor *r64 = kiln_matmul(a64, b64), *s64 = kiln_matmul(aa, ab);
+      CHECK_EQ_INT(kiln_dtype_of(r), KILN_BF16);
+      double *got = ktest_values(r), *want = ktest_values(r64), *mag = ktest_values(s64);
+      int bad = 0;
+      for (int64_t i = 0; i < kiln_numel(r); i++) {
+        double bound = 0x1p-8 * fabs(want[i]) + 1.01 * (double)(k + 1) * 0x1p-24 * mag[i];
+        if (!(fabs(got[i] - want[i]) <= bound) && bad++ < 3)
+          KTEST_FAIL("%lldx%lldx%lld variant %d at %lld: %.9g, f64 %.9g (bound %.3g)", (long long)m,
+                     (long long)k, (long long)n, variant, (long long)i, got[i], want[i], bound);
+      }
+      if (variant == 0 && m > 1) { /* rows 1.. of A alone: the same bits as in the whole */
+        kiln_tensor *tail = kiln_slice(a, 0, 1, m, 1), *rt = kiln_matmul(tail, b);
+        kiln_tensor *whole = kiln_slice(r, 0, 1, m, 1), *wc = kiln_clone(whole);
+        same_bits(rt, wc, "rows of A alone");
+        kiln_release(tail), kiln_release(rt), kiln_release(whole), kiln_release(wc);
+      }
+      free(got), free(want), free(mag);
+      kiln_tensor *all[] = {fa, fb, a, b, r, a64, b64, aa, ab, r64, s64};
+      for (size_t q = 0; q < sizeof all / sizeof all[0]; q++) kiln_release(all[q]);
+    }
+  }
+}
+
 /* int8 and int16 as PyTorch's: arithmetic wraps, floats saturate into
    them, sums are i64, and matmul wraps; sort, max and argmax order the
    negatives right */
@@ -1037,6 +1090,7 @@ int main(void) {
   RUN(fused_half_kernels_equal_the_interpreter_bit_for_bit);
   RUN(promotion_follows_pytorch);
   RUN(u8_wraps_saturates_from_floats_and_sums_to_i64);
+  RUN(bf16_matmul_is_within_the_dot_product_bound_at_any_shape);
   RUN(int8_and_int16_wrap_saturate_and_sum_to_i64);
   RUN(gradients_come_in_the_parameters_dtype);
   RUN(autocast_runs_matmuls_in_the_half_dtype_with_f32_gradients);

@@ -9,6 +9,7 @@
 
 #include "backend.h"
 #include "dist.h"
+#include "gemm_bf16.h"
 #include "kernels.h"
 #include "state.h"
 
@@ -122,6 +123,8 @@ static bool runs_widened(vm_opcode op, const vm_tensor *out, int n, vm_tensor *c
     return false;
   if (kind == VM_KIND_LEAF)
     return vm_dtype_is_half(out->dtype) && op != VM_OP_full && op != VM_OP_arange;
+  /* bf16 GEMMs run as themselves where the CPU has AVX512-BF16 */
+  if (op == VM_OP_matmul && out->dtype == KILN_BF16 && vm_gemm_bf16_available()) return false;
   if (vm_dtype_is_half(out->dtype)) return true;
   for (int i = 0; i < n; i++)
     if (vm_dtype_is_half(args[i]->dtype)) return true;

@@ -6,10 +6,12 @@
  * kernel pool, OpenBLAS itself single-threaded; the tiles depend on the
  * shape only, so results never depend on KILN_THREADS. */
 #include <limits.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "blas.h"
 #include "gemm.h"
+#include "gemm_bf16.h"
 #include "kernels.h"
 #include "pool.h"
 #include "state.h"
@@ -193,6 +195,7 @@ typedef struct {
   int64_t M, N, K, lda, ldb, ldc, es;
   const char *A, *B;
   char *C;
+  atomic_bool *failed; /* set by a tile that could not run (a bf16 tile's packing) */
 } gemm_job;
 
 /* C[r0:r1, c0:c1], the tile numbered `tile` (row-major over the tiling) of
@@ -208,7 +211,11 @@ static void gemm_tile_of(const gemm_job *j, int64_t tile, const char *A, const c
   C += (r0 * j->ldc + c0) * j->es;
   int m = (int)(r1 - r0), n = (int)(c1 - c0), k = (int)j->K, lda = (int)j->lda, ldb = (int)j->ldb,
       ldc = (int)j->ldc;
-  if (j->dt == KILN_F32)
+  if (j->dt == KILN_BF16) { /* vm_gemm_bf16_available(): front/op.c records it only then */
+    if (!vm_gemm_bf16(j->ta != VM_BLAS_NO_TRANS, j->tb != VM_BLAS_NO_TRANS, m, n, k,
+                      (const uint16_t *)A, lda, (const uint16_t *)B, ldb, (uint16_t *)C, ldc))
+      atomic_store(j->failed, true);
+  } else if (j->dt == KILN_F32)
     j->blas->sgemm(VM_BLAS_ROW_MAJOR, j->ta, j->tb, m, n, k, 1.0f, (const float *)A, lda,
                    (const float *)B, ldb, 0.0f, (float *)C, ldc);
   else
@@ -242,9 +249,9 @@ static bool gemm_job_of(gemm_job *job, kiln_dtype dt, const vm_mat *a, const vm_
              (long long)M, (long long)K, (long long)N);
     return false;
   }
-  *job = (gemm_job){blas, dt,   ta,  tb,  gemm_tiles(M, N, K), M,
-                    N,    K,    lda, ldb, N > 1 ? N : 1,       (int64_t)vm_dtype_size(dt),
-                    NULL, NULL, NULL};
+  *job = (gemm_job){blas, dt,   ta,   tb,  gemm_tiles(M, N, K), M,
+                    N,    K,    lda,  ldb, N > 1 ? N : 1,       (int64_t)vm_dtype_size(dt),
+                    NULL, NULL, NULL, NULL};
   return true;
 }
 
@@ -253,10 +260,13 @@ static bool float_gemm(kiln_dtype dt, const vm_mat *a, const vm_mat *b, char *c,
   gemm_job job;
   if (!gemm_job_of(&job, dt, a, b, M, N, K)) return false;
   atomic_fetch_add_explicit(&vm_process()->stats.blas_calls, 1, memory_order_relaxed);
-  job.A = A, job.B = B, job.C = c;
+  atomic_bool failed = false;
+  job.A = A, job.B = B, job.C = c, job.failed = &failed;
   int64_t tiles = job.tiles.rows * job.tiles.cols;
   vm_parallel_chunks(tiles, tiles, gemm_tile, &job); /* one tile a chunk */
-  return true;
+  if (!atomic_load(&failed)) return true;
+  vm_error(KILN_ERR_OOM, "out of memory packing a matmul's operands");
+  return false;
 }
 
 /* A batch of products (q k^T over [batch, heads]) is one job on the pool,
@@ -335,8 +345,12 @@ static bool matmul_batched(vm_tensor *out, const vm_tensor *at, const vm_tensor 
   double work = (double)M * (double)N * (double)K * (double)nbatch;
   int64_t chunks =
       work / BATCH_CHUNK_WORK < (double)units ? (int64_t)(work / BATCH_CHUNK_WORK) : units;
+  atomic_bool failed = false;
+  job.g.failed = &failed;
   vm_parallel_chunks(units, chunks > 1 ? chunks : 1, batch_units, &job);
-  return true;
+  if (!atomic_load(&failed)) return true;
+  vm_error(KILN_ERR_OOM, "out of memory packing a matmul's operands");
+  return false;
 }
 
 /* an operand BLAS cannot read as it is becomes contiguous first */

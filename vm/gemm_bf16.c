@@ -1,0 +1,149 @@
+/* gemm_bf16.c — a bf16 GEMM on CPUs with AVX512-BF16 (vdpbf16ps: two bf16
+ * products added into each f32 lane per instruction, twice the
+ * multiply-adds of an f32 FMA).  OpenBLAS 0.3.21 has no sbgemm, and
+ * widening both operands to f32 for sgemm ran W6h at 0.9x of f32's
+ * GFLOP/s; PyTorch's oneDNN runs bf16 GEMMs on these instructions.
+ *
+ * C (m x n, bf16, row-major, ldc) = op(A) op(B), A m x k and B k x n after
+ * op (a transpose when ta / tb), row-major with lda / ldb.  Each element of
+ * C is one f32 sum over k in pairs (k, k+1), in order, rounded once to
+ * bf16 by vm/half.h's rounding: its bits depend on k and the values alone,
+ * never on m, n, the tile it is computed in or the thread, so the kernel
+ * pool's tiles (vm/kern_matmul.c) give the same bits at any thread count.
+ * The instruction flushes subnormal inputs and products to zero (Intel SDM
+ * VDPBF16PS: DAZ and FTZ, round to nearest even), as oneDNN's bf16 GEMMs do.
+ *
+ * Blocking: the operands are packed once per call into pairs (32-bit
+ * words, a zero pair padding an odd k): op(B) in panels of NR = 32 columns
+ * [k/2][32], op(A) in panels of MR = 8 rows [k/2][8].  The micro-kernel
+ * keeps an 8 x 32 block of C in 16 zmm accumulators for the whole k. */
+#include "gemm_bf16.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "half.h"
+#include "state.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define BF16_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#endif
+
+enum { MR = 8, NR = 32 };
+
+bool vm_gemm_bf16_available(void) {
+#if defined(__x86_64__)
+  static int avail = -1;
+  if (avail < 0) {
+    __builtin_cpu_init();
+    /* KILN_CPU_ISA below v4 turns it off with the rest of AVX-512 */
+    avail = __builtin_cpu_supports("avx512bf16") && !strcmp(vm_cpu_isa(), "x86-64-v4") &&
+            vm_env_long("KILN_BF16_GEMM", 1) != 0;
+  }
+  return avail;
+#else
+  return false;
+#endif
+}
+
+#if defined(__x86_64__)
+
+static inline uint16_t at_a(const uint16_t *A, int64_t lda, bool ta, int64_t i, int64_t p) {
+  return ta ? A[p * lda + i] : A[i * lda + p];
+}
+static inline uint16_t at_b(const uint16_t *B, int64_t ldb, bool tb, int64_t p, int64_t j) {
+  return tb ? B[j * ldb + p] : B[p * ldb + j];
+}
+
+/* op(A)'s rows i0.. i0+MR as [pairs][MR] words (rows past m and the k
+   past the last are zeros) */
+static void pack_a(uint32_t *dst, const uint16_t *A, int64_t lda, bool ta, int64_t m, int64_t k,
+                   int64_t i0) {
+  int64_t pairs = (k + 1) / 2;
+  for (int64_t r = 0; r < MR; r++) {
+    int64_t i = i0 + r;
+    for (int64_t q = 0; q < pairs; q++) {
+      uint32_t lo = i < m ? at_a(A, lda, ta, i, 2 * q) : 0;
+      uint32_t hi = i < m && 2 * q + 1 < k ? at_a(A, lda, ta, i, 2 * q + 1) : 0;
+      dst[q * MR + r] = lo | hi << 16;
+    }
+  }
+}
+
+/* op(B)'s columns j0.. j0+NR as [pairs][NR] words */
+static void pack_b(uint32_t *dst, const uint16_t *B, int64_t ldb, bool tb, int64_t n, int64_t k,
+                   int64_t j0) {
+  int64_t pairs = (k + 1) / 2;
+  for (int64_t q = 0; q < pairs; q++)
+    for (int64_t c = 0; c < NR; c++) {
+      int64_t j = j0 + c;
+      uint32_t lo = j < n ? at_b(B, ldb, tb, 2 * q, j) : 0;
+      uint32_t hi = j < n && 2 * q + 1 < k ? at_b(B, ldb, tb, 2 * q + 1, j) : 0;
+      dst[q * NR + c] = lo | hi << 16;
+    }
+}
+
+/* the MR x NR block of C at (i0, j0): its sums in out[MR][NR] */
+BF16_ATTR static void micro(const uint32_t *ap, const uint32_t *bp, int64_t pairs,
+                            float out[MR][NR]) {
+  __m512 c[MR][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; r++) c[r][0] = c[r][1] = _mm512_setzero_ps();
+  for (int64_t q = 0; q < pairs; q++) {
+    __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + q * NR);
+    __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + q * NR + 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++) {
+      __m512bh a = (__m512bh)_mm512_set1_epi32((int)ap[q * MR + r]);
+      c[r][0] = _mm512_dpbf16_ps(c[r][0], a, b0);
+      c[r][1] = _mm512_dpbf16_ps(c[r][1], a, b1);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; r++) {
+    _mm512_storeu_ps(out[r], c[r][0]);
+    _mm512_storeu_ps(out[r] + 16, c[r][1]);
+  }
+}
+
+bool vm_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t lda,
+                  const uint16_t *B, int64_t ldb, uint16_t *C, int64_t ldc) {
+  int64_t pairs = (k + 1) / 2, panels = (m + MR - 1) / MR;
+  uint32_t *ap = malloc((size_t)(panels * pairs * MR + 1) * sizeof *ap);
+  uint32_t *bp = malloc((size_t)(pairs * NR + 1) * sizeof *bp);
+  if (!ap || !bp) { /* the caller reports it (this may be a pool thread) */
+    free(ap);
+    free(bp);
+    return false;
+  }
+  for (int64_t p = 0; p < panels; p++) pack_a(ap + p * pairs * MR, A, lda, ta, m, k, p * MR);
+  float out[MR][NR];
+  for (int64_t j0 = 0; j0 < n; j0 += NR) {
+    pack_b(bp, B, ldb, tb, n, k, j0);
+    int64_t cols = n - j0 < NR ? n - j0 : NR;
+    for (int64_t p = 0; p < panels; p++) {
+      micro(ap + p * pairs * MR, bp, pairs, out);
+      int64_t rows = m - p * MR < MR ? m - p * MR : MR;
+      for (int64_t r = 0; r < rows; r++) {
+        uint16_t *crow = C + (p * MR + r) * ldc + j0;
+        for (int64_t c = 0; c < cols; c++) crow[c] = vm_f32_to_bf16(out[r][c]);
+      }
+    }
+  }
+  free(ap);
+  free(bp);
+  return true;
+}
+
+#else
+
+bool vm_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t lda,
+                  const uint16_t *B, int64_t ldb, uint16_t *C, int64_t ldc) {
+  (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)A, (void)lda, (void)B, (void)ldb, (void)C,
+      (void)ldc;
+  return false; /* never called: vm_gemm_bf16_available() is false */
+}
+
+#endif
