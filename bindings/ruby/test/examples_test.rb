@@ -28,6 +28,21 @@ class ExamplesTest < Minitest::Test
     assert_match(/^\d+ characters, \d+ distinct/, out)
   end
 
+  # the checkpoint transformers wrote for the tests: loaded strictly under
+  # transformers' names, its output equal to transformers' within 1e-4,
+  # then fine-tuned until the head has learned the task
+  def test_finetune_matches_transformers_and_learns
+    out = run_example("finetune.rb", "--fixture")
+    diff = out[/last_hidden_state within ([\d.e+-]+) of transformers'/, 1]
+    refute_nil diff, out
+    assert_operator Float(diff), :<=, 1e-4, out
+    m = out.match(/held-out accuracy: ([\d.]+)% before fine-tuning, ([\d.]+)% after/)
+    refute_nil m, out
+    before, after = m.captures.map(&:to_f)
+    assert_operator after, :>=, 90.0, out
+    assert_operator after, :>, before + 20, out
+  end
+
   # W17's benchmark (perf/w17_char_rnn.rb) at smoke size: one @result line
   # scripts/bench can read, the same losses with the JIT on and off
   def test_w17_benchmark_reports_a_result
