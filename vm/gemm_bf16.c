@@ -31,7 +31,7 @@
 #define BF16_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #endif
 
-enum { MR = 8, NR = 32 };
+enum { MR = 12, NR = 32 };
 
 bool vm_gemm_bf16_available(void) {
 #if defined(__x86_64__)
@@ -63,8 +63,10 @@ static void pack_a(uint32_t *dst, const uint16_t *A, int64_t lda, bool ta, int64
                    int64_t i0) {
   int64_t pairs = (k + 1) / 2;
   for (int64_t r = 0; r < MR; r++) {
-    int64_t i = i0 + r;
-    for (int64_t q = 0; q < pairs; q++) {
+    int64_t i = i0 + r, q = 0;
+    if (!ta && i < m) /* a row's pairs are adjacent: 32-bit words as they lie */
+      for (; q < k / 2; q++) memcpy(&dst[q * MR + r], A + i * lda + 2 * q, 4);
+    for (; q < pairs; q++) {
       uint32_t lo = i < m ? at_a(A, lda, ta, i, 2 * q) : 0;
       uint32_t hi = i < m && 2 * q + 1 < k ? at_a(A, lda, ta, i, 2 * q + 1) : 0;
       dst[q * MR + r] = lo | hi << 16;
@@ -75,8 +77,13 @@ static void pack_a(uint32_t *dst, const uint16_t *A, int64_t lda, bool ta, int64
 /* op(B)'s columns j0.. j0+NR as [pairs][NR] words */
 static void pack_b(uint32_t *dst, const uint16_t *B, int64_t ldb, bool tb, int64_t n, int64_t k,
                    int64_t j0) {
-  int64_t pairs = (k + 1) / 2;
-  for (int64_t q = 0; q < pairs; q++)
+  int64_t pairs = (k + 1) / 2, q = 0;
+  if (!tb && j0 + NR <= n) /* two rows of 32 columns, interleaved (GCC vectorizes it) */
+    for (; q < k / 2; q++) {
+      const uint16_t *lo = B + 2 * q * ldb + j0, *hi = lo + ldb;
+      for (int c = 0; c < NR; c++) dst[q * NR + c] = (uint32_t)lo[c] | (uint32_t)hi[c] << 16;
+    }
+  for (; q < pairs; q++)
     for (int64_t c = 0; c < NR; c++) {
       int64_t j = j0 + c;
       uint32_t lo = j < n ? at_b(B, ldb, tb, 2 * q, j) : 0;
@@ -89,19 +96,19 @@ static void pack_b(uint32_t *dst, const uint16_t *B, int64_t ldb, bool tb, int64
 BF16_ATTR static void micro(const uint32_t *ap, const uint32_t *bp, int64_t pairs,
                             float out[MR][NR]) {
   __m512 c[MR][2];
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int r = 0; r < MR; r++) c[r][0] = c[r][1] = _mm512_setzero_ps();
   for (int64_t q = 0; q < pairs; q++) {
     __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + q * NR);
     __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + q * NR + 16);
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int r = 0; r < MR; r++) {
       __m512bh a = (__m512bh)_mm512_set1_epi32((int)ap[q * MR + r]);
       c[r][0] = _mm512_dpbf16_ps(c[r][0], a, b0);
       c[r][1] = _mm512_dpbf16_ps(c[r][1], a, b1);
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int r = 0; r < MR; r++) {
     _mm512_storeu_ps(out[r], c[r][0]);
     _mm512_storeu_ps(out[r] + 16, c[r][1]);
