@@ -4,6 +4,10 @@
 # Kiln.manual_seed, Kiln.stats, Kiln.reset_stats, Kiln.sync, Kiln.jit_wait, Kiln.num_threads,
 # Kiln.blas_core, Kiln.cpu_isa and Kiln.library_version are C functions.
 module Kiln
+  # Numo::NArray's classes by the Kiln dtype each holds as it is
+  NUMO_CLASSES = { float64: "DFloat", float32: "SFloat", int64: "Int64", int32: "Int32", int16: "Int16",
+                   int8: "Int8", uint8: "UInt8" }.freeze
+
   class << self
     extend Signature::DSL
 
@@ -114,6 +118,37 @@ module Kiln
     def from_binary(str, dtype, shape)
       shape = [shape] if shape.is_a?(Integer)
       _from_binary(str, dtype, shape.to_a)
+    end
+
+    # torch-rb's Torch.from_numo: a tensor with a Numo::NArray's values, shape
+    # and dtype (DFloat float64, SFloat float32, Int8..Int64, UInt8; Bit is
+    # bool; UInt16/UInt32 widen to int32/int64, UInt64 to int64 when its values
+    # fit).  The values are copied (Numo keeps its own memory: to_binary, then
+    # one copy in).
+    def from_numo(array)
+      unless defined?(::Numo::NArray) && array.is_a?(::Numo::NArray)
+        raise TypeError, "Kiln.from_numo: expected a Numo::NArray, got #{array.class}"
+      end
+
+      name = array.class.name.split("::").last
+      case name
+      when "Bit" then return from_numo(::Numo::UInt8.cast(array)).bool
+      when "UInt16" then array = ::Numo::Int32.cast(array)
+      when "UInt32" then array = ::Numo::Int64.cast(array)
+      when "UInt64"
+        if array.size.positive? && array.max > (2**63) - 1
+          raise RangeError, "Kiln.from_numo: #{array.max} (Numo::UInt64) does not fit in int64"
+        end
+
+        array = ::Numo::Int64.cast(array)
+      end
+      dtype = NUMO_CLASSES.key(array.class.name.split("::").last)
+      unless dtype
+        raise Kiln::DTypeError, "Kiln.from_numo: #{array.class} has no Kiln dtype " \
+                                "(DFloat, SFloat, Int8..Int64, UInt8..UInt64 and Bit do)"
+      end
+
+      from_binary(array.to_binary, dtype, array.shape)
     end
 
     # the dtype Symbol for a name (:float32, "float32", :float, :double, :long, ...)

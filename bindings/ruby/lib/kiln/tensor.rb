@@ -724,6 +724,19 @@ module Kiln
       self
     end
 
+    # torch-rb's Tensor#numo: a Numo::NArray with this tensor's values (copied),
+    # of the class holding its dtype (Kiln::NUMO_CLASSES; bool gives Numo::Bit,
+    # bfloat16/float16 give Numo::SFloat, Numo having no 16-bit floats)
+    def numo
+      unless defined?(::Numo::NArray)
+        raise Kiln::Error, "Tensor#numo needs numo-narray: gem install numo-narray, then require \"numo/narray\""
+      end
+      return _cast(:uint8).numo.ne(0) if dtype == :bool
+
+      t = %i[bfloat16 float16].include?(dtype) ? _cast(:float32) : self
+      ::Numo.const_get(Kiln::NUMO_CLASSES.fetch(t.dtype)).from_binary(t.to_binary, shape)
+    end
+
     # nested Ruby Arrays (a 0-d tensor: its number), as torch-rb's tolist
     def tolist
       ndim.zero? ? item : to_a
