@@ -4,7 +4,7 @@ require_relative "test_helper"
 require "json"
 require "tmpdir"
 
-# Kiln's RNN, GRU, LSTM, MultiheadAttention and TransformerEncoder given
+# Kiln's RNN, GRU, LSTM, MultiheadAttention, TransformerEncoder and -Decoder given
 # PyTorch's own weights and inputs (fixtures/torch_nn.json, written by
 # PyTorch through fixtures/make_torch_nn.py) compute PyTorch's outputs: the
 # state_dict names, gate orders, masks and norms are torch's (issue 42).
@@ -58,6 +58,22 @@ class TorchNNTest < Minitest::Test
       out = enc.(t(c["x"]), mask: Kiln::NN::Transformer.generate_square_subsequent_mask(5))
       assert_tensor c["out"], out, tol: 5e-6
     end
+  end
+
+  def test_transformer_decoder_computes_pytorchs_output
+    %w[post_norm_relu pre_norm_gelu].each do |tag|
+      c = CASES.fetch("TransformerDecoder_#{tag}")
+      kw = c["kw"].transform_keys(&:to_sym)
+      kw[:activation] = kw[:activation].to_sym if kw[:activation]
+      layer = Kiln::NN::TransformerDecoderLayer.new(8, 2, dim_feedforward: 16, dropout: 0.0, **kw)
+      dec = load(Kiln::NN::TransformerDecoder.new(layer, 2), c["params"])
+      dec.eval
+      out = dec.(t(c["tgt"]), t(c["memory"]), tgt_mask: Kiln::NN::Transformer.generate_square_subsequent_mask(5),
+                 memory_key_padding_mask: t(c["memory_key_padding_mask"], dtype: :bool))
+      assert_tensor c["out"], out, tol: 5e-6
+    end
+    assert_raises(TypeError) { Kiln::NN::TransformerDecoder.new(Kiln::NN::Linear.new(2, 2), 2) }
+    assert_raises(ArgumentError) { Kiln::NN::TransformerDecoderLayer.new(8, 2, activation: :tanh) }
   end
 
   # A checkpoint PyTorch saved (safetensors.torch.save_file of a state_dict,

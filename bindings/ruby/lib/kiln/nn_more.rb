@@ -549,87 +549,171 @@ module Kiln
       end
     end
 
-    # torch.nn.TransformerEncoderLayer (d_model, nhead; dim_feedforward:,
-    # dropout:, activation: :relu or :gelu, layer_norm_eps:, batch_first:,
-    # norm_first:, bias:): self-attention and a feed-forward block, each
-    # with a residual and a LayerNorm after it (before it with norm_first:)
-    class TransformerEncoderLayer < Module
-      attr_reader :self_attn, :linear1, :linear2, :norm1, :norm2
-
-      def initialize(d_model, nhead, dim_feedforward: 2048, dropout: 0.1, activation: :relu, layer_norm_eps: 1e-5,
-                     batch_first: false, norm_first: false, bias: true)
-        super()
-        unless %w[relu gelu].include?(activation.to_s)
-          raise ArgumentError, "Kiln::NN::TransformerEncoderLayer: activation is :relu or :gelu, not #{activation.inspect}"
-        end
-
-        @config = [d_model, nhead, { dim_feedforward: dim_feedforward, dropout: dropout, activation: activation,
-                                     layer_norm_eps: layer_norm_eps, batch_first: batch_first,
-                                     norm_first: norm_first, bias: bias }]
-        @self_attn = MultiheadAttention.new(d_model, nhead, dropout: dropout, bias: bias, batch_first: batch_first)
-        @linear1 = Linear.new(d_model, dim_feedforward, bias: bias)
-        @dropout = Dropout.new(p: dropout)
-        @linear2 = Linear.new(dim_feedforward, d_model, bias: bias)
-        @norm_first = norm_first
-        @norm1 = LayerNorm.new(d_model, eps: layer_norm_eps)
-        @norm2 = LayerNorm.new(d_model, eps: layer_norm_eps)
-        @dropout1 = Dropout.new(p: dropout)
-        @dropout2 = Dropout.new(p: dropout)
-        @activation = activation.to_s
-      end
-
-      # a new layer of the same configuration (TransformerEncoder's copies)
+    # What torch's encoder and decoder layers share: their options, the
+    # feed-forward block linear2(dropout(activation(linear1(x)))), and fresh
+    # copies for the stacks (TransformerEncoder / TransformerDecoder)
+    module TransformerLayerParts
+      # a new layer of the same configuration
       def fresh_copy
         d_model, nhead, kw = @config
         self.class.new(d_model, nhead, **kw)
       end
 
-      def forward(src, src_mask: nil, src_key_padding_mask: nil, is_causal: false)
-        x = src
-        if @norm_first
-          x += self_attention(@norm1.(x), src_mask, src_key_padding_mask, is_causal)
-          x + feed_forward(@norm2.(x))
-        else
-          x = @norm1.(x + self_attention(x, src_mask, src_key_padding_mask, is_causal))
-          @norm2.(x + feed_forward(x))
-        end
-      end
-
       private
 
-      def self_attention(x, mask, padding, is_causal)
-        out, = @self_attn.(x, x, x, attn_mask: mask, key_padding_mask: padding, need_weights: false,
-                                   is_causal: is_causal)
-        @dropout1.(out)
+      def init_parts(d_model, nhead, norms, dim_feedforward:, dropout:, activation:, layer_norm_eps:, batch_first:,
+                     norm_first:, bias:)
+        unless %w[relu gelu].include?(activation.to_s)
+          raise ArgumentError, "Kiln::NN::#{self.class.name.split('::').last}: activation is :relu or :gelu, " \
+                               "not #{activation.inspect}"
+        end
+
+        @config = [d_model, nhead, { dim_feedforward: dim_feedforward, dropout: dropout, activation: activation,
+                                     layer_norm_eps: layer_norm_eps, batch_first: batch_first,
+                                     norm_first: norm_first, bias: bias }]
+        @linear1 = Linear.new(d_model, dim_feedforward, bias: bias)
+        @dropout = Dropout.new(p: dropout)
+        @linear2 = Linear.new(dim_feedforward, d_model, bias: bias)
+        @norm_first = norm_first
+        (1..norms).each do |i|
+          instance_variable_set("@norm#{i}", LayerNorm.new(d_model, eps: layer_norm_eps))
+          instance_variable_set("@dropout#{i}", Dropout.new(p: dropout))
+        end
+        @activation = activation.to_s
       end
 
-      def feed_forward(x)
+      def attention(mha, x, mem, mask, padding, is_causal, drop)
+        out, = mha.(x, mem, mem, attn_mask: mask, key_padding_mask: padding, need_weights: false, is_causal: is_causal)
+        drop.(out)
+      end
+
+      def feed_forward(x, drop)
         h = @linear1.(x)
         h = @activation == "gelu" ? F.gelu(h) : h.relu
-        @dropout2.(@linear2.(@dropout.(h)))
+        drop.(@linear2.(@dropout.(h)))
       end
     end
 
-    # num_layers copies of encoder_layer (the same initial weights, as
-    # torch's deep copies), then norm (a module or nil)
-    class TransformerEncoder < Module
+    # torch.nn.TransformerEncoderLayer (d_model, nhead; dim_feedforward:,
+    # dropout:, activation: :relu or :gelu, layer_norm_eps:, batch_first:,
+    # norm_first:, bias:): self-attention and a feed-forward block, each
+    # with a residual and a LayerNorm after it (before it with norm_first:)
+    class TransformerEncoderLayer < Module
+      include TransformerLayerParts
+      attr_reader :self_attn, :linear1, :linear2, :norm1, :norm2
+
+      def initialize(d_model, nhead, dim_feedforward: 2048, dropout: 0.1, activation: :relu, layer_norm_eps: 1e-5,
+                     batch_first: false, norm_first: false, bias: true)
+        super()
+        @self_attn = MultiheadAttention.new(d_model, nhead, dropout: dropout, bias: bias, batch_first: batch_first)
+        init_parts(d_model, nhead, 2, dim_feedforward: dim_feedforward, dropout: dropout, activation: activation,
+                                      layer_norm_eps: layer_norm_eps, batch_first: batch_first,
+                                      norm_first: norm_first, bias: bias)
+      end
+
+      def forward(src, src_mask: nil, src_key_padding_mask: nil, is_causal: false)
+        sa = ->(y) { attention(@self_attn, y, y, src_mask, src_key_padding_mask, is_causal, @dropout1) }
+        x = src
+        if @norm_first
+          x += sa.(@norm1.(x))
+          x + feed_forward(@norm2.(x), @dropout2)
+        else
+          x = @norm1.(x + sa.(x))
+          @norm2.(x + feed_forward(x, @dropout2))
+        end
+      end
+    end
+
+    # torch.nn.TransformerDecoderLayer (the encoder layer's options):
+    # self-attention over tgt, attention from tgt to memory
+    # (multihead_attn), and the feed-forward block, each with a residual
+    # and a LayerNorm (norm1..norm3) after it, or before it with norm_first:
+    class TransformerDecoderLayer < Module
+      include TransformerLayerParts
+      attr_reader :self_attn, :multihead_attn, :linear1, :linear2, :norm1, :norm2, :norm3
+
+      def initialize(d_model, nhead, dim_feedforward: 2048, dropout: 0.1, activation: :relu, layer_norm_eps: 1e-5,
+                     batch_first: false, norm_first: false, bias: true)
+        super()
+        @self_attn = MultiheadAttention.new(d_model, nhead, dropout: dropout, bias: bias, batch_first: batch_first)
+        @multihead_attn = MultiheadAttention.new(d_model, nhead, dropout: dropout, bias: bias, batch_first: batch_first)
+        init_parts(d_model, nhead, 3, dim_feedforward: dim_feedforward, dropout: dropout, activation: activation,
+                                      layer_norm_eps: layer_norm_eps, batch_first: batch_first,
+                                      norm_first: norm_first, bias: bias)
+      end
+
+      def forward(tgt, memory, tgt_mask: nil, memory_mask: nil, tgt_key_padding_mask: nil,
+                  memory_key_padding_mask: nil, tgt_is_causal: false, memory_is_causal: false)
+        sa = ->(y) { attention(@self_attn, y, y, tgt_mask, tgt_key_padding_mask, tgt_is_causal, @dropout1) }
+        ca = lambda do |y|
+          attention(@multihead_attn, y, memory, memory_mask, memory_key_padding_mask, memory_is_causal, @dropout2)
+        end
+        x = tgt
+        if @norm_first
+          x += sa.(@norm1.(x))
+          x += ca.(@norm2.(x))
+          x + feed_forward(@norm3.(x), @dropout3)
+        else
+          x = @norm1.(x + sa.(x))
+          x = @norm2.(x + ca.(x))
+          @norm3.(x + feed_forward(x, @dropout3))
+        end
+      end
+    end
+
+    # num_layers copies of a layer (the same initial weights, as torch's
+    # deep copies), then norm (a module or nil): what TransformerEncoder and
+    # TransformerDecoder share
+    module TransformerStack
       attr_reader :layers, :num_layers, :norm
+
+      private
+
+      def init_stack(layer, num_layers, norm, layer_class)
+        unless layer.is_a?(layer_class)
+          raise TypeError, "Kiln::NN::#{self.class.name.split('::').last}: a #{layer_class.name.split('::').last}, " \
+                           "not #{layer.class}"
+        end
+
+        state = layer.state_dict
+        @layers = ModuleList.new(Array.new(num_layers) { layer.fresh_copy.tap { |c| c.load_state_dict(state) } })
+        @num_layers = num_layers
+        @norm = norm
+      end
+    end
+
+    class TransformerEncoder < Module
+      include TransformerStack
 
       def initialize(encoder_layer, num_layers, norm: nil)
         super()
-        unless encoder_layer.is_a?(TransformerEncoderLayer)
-          raise TypeError, "Kiln::NN::TransformerEncoder: a TransformerEncoderLayer, not #{encoder_layer.class}"
-        end
-
-        state = encoder_layer.state_dict
-        @layers = ModuleList.new(Array.new(num_layers) { encoder_layer.fresh_copy.tap { |c| c.load_state_dict(state) } })
-        @num_layers = num_layers
-        @norm = norm
+        init_stack(encoder_layer, num_layers, norm, TransformerEncoderLayer)
       end
 
       def forward(src, mask: nil, src_key_padding_mask: nil, is_causal: false)
         x = src
         @layers.each { |layer| x = layer.(x, src_mask: mask, src_key_padding_mask: src_key_padding_mask, is_causal: is_causal) }
+        @norm ? @norm.(x) : x
+      end
+    end
+
+    class TransformerDecoder < Module
+      include TransformerStack
+
+      def initialize(decoder_layer, num_layers, norm: nil)
+        super()
+        init_stack(decoder_layer, num_layers, norm, TransformerDecoderLayer)
+      end
+
+      def forward(tgt, memory, tgt_mask: nil, memory_mask: nil, tgt_key_padding_mask: nil,
+                  memory_key_padding_mask: nil, tgt_is_causal: false, memory_is_causal: false)
+        x = tgt
+        @layers.each do |layer|
+          x = layer.(x, memory, tgt_mask: tgt_mask, memory_mask: memory_mask,
+                                tgt_key_padding_mask: tgt_key_padding_mask,
+                                memory_key_padding_mask: memory_key_padding_mask, tgt_is_causal: tgt_is_causal,
+                                memory_is_causal: memory_is_causal)
+        end
         @norm ? @norm.(x) : x
       end
     end
