@@ -1398,7 +1398,15 @@ static bool run_elementwise(const cpu_kernel *k, const tr_plan *plan, const tr_t
                           rc); /* every output spans the space */
   if (got <= 0) return got < 0;
   run_job job = {.fn = k->fn, .bufs = bufs, .meta = meta, .params = params};
-  launch(&job, total, RUN_GRAIN, k, outs, vals, rc);
+  /* an argmax scans, a scatter_add sums, `extent` elements per output: the
+     grain counts them (16384 argmax outputs over windows of 4 made one
+     chunk, so one thread) */
+  int64_t per = 1;
+  for (int q = 0; k->gather && q < nin; q++)
+    if ((k->gather[q].role == KERNEL_IN_SCAN || k->gather[q].role == KERNEL_IN_SCATTER_INDEX) &&
+        extents[q] > per)
+      per = extents[q];
+  launch(&job, total, RUN_GRAIN / per + 1, k, outs, vals, rc);
   return true;
 }
 

@@ -12,6 +12,9 @@
    host scalars has a constants group writing one 0-d buffer per scalar and
    a kernel reading them all (W5: 100); at 32 such plans ran interpreted */
 #define KERNEL_MAX_IO 256
+/* a scatter_add compiles in place while its index spans at most this many
+   elements along the axis (each output element sums over all of them) */
+#define KERNEL_SCATTER_MAX 16
 #define KERNEL_MAX_NODES 4096
 #define KERNEL_BOUND_OUT (-2)
 

@@ -428,8 +428,8 @@ typedef struct {
   const char *name;
   kiln_tensor *(*build)(void);
   const float *reference; /* values computed here, or NULL */
-  int copies; /* concats that compute nothing else: the interpreter copies them by rows (jit_cpu
-                 compiles no kernel for them), so they run there */
+  int copies; /* groups that only move or scan (a concat, an argmax alone): jit_cpu compiles no
+                 kernel for them (the interpreter's own kernels are faster), so they run there */
 } program;
 
 static const program programs[] = {
@@ -449,7 +449,7 @@ static const program programs[] = {
     {"concat_fills_axis0", concat_fills_axis0, NULL, 0},
     {"cross_entropy_grad", cross_entropy_grad, NULL, 0},
     {"gate_slices_grad", gate_slices_grad, NULL, 1},
-    {"arg_extremes", arg_extremes, NULL, 0},
+    {"arg_extremes", arg_extremes, NULL, 1}, /* the argmax over axis 0 is a group of its own */
     {"accuracy", accuracy, NULL, 0},
 #define R(k) \
   { "random_move_" #k, random_move, NULL, 0 }
