@@ -51,7 +51,7 @@ static double pipeline(int seed) {
 
 enum { BATCH = 256, D_IN = 128, HIDDEN = 256, CLASSES = 10, STEPS = 6 };
 
-enum { GEMMS = 10, ATTN = 4 };
+enum { GEMMS = 12, BATCHED_END = 10, ATTN = 4 };
 
 typedef struct {
   uint64_t gemms[GEMMS]; /* gemm_battery's results, hashed */
@@ -167,7 +167,7 @@ static void attention_battery(uint64_t *out) {
 
 /* Gemms that run in several tiles (vm/kern_matmul.c): tall, wide,
    transposed operands, a batch, a batch folded into one gemm, f64; then
-   batched_gemms' four.  Each
+   batched_gemms' four; then two in bf16.  Each
    element's arithmetic depends on the shape of the BLAS call it is in
    (OpenBLAS's edge and small-matrix kernels), so only tiles fixed by the
    shape give the same bits at every KILN_THREADS (issue 36). */
@@ -207,6 +207,21 @@ static void gemm_battery(uint64_t *out) {
     for (size_t t = 0; t < sizeof ts / sizeof *ts; t++) kiln_release(ts[t]);
   }
   batched_gemms(out + 6);
+  /* bf16 (vm/gemm_bf16.c where the CPU has AVX512-BF16, else sgemm
+     between casts): a transposed left operand over several tiles, and a
+     batch */
+  kiln_tensor *at = filled(384, 1000, 1.7, 1.0), *b = filled(384, 520, 2.3, 1.0);
+  kiln_tensor *a = kiln_transpose(at, 0, 1), *ah = kiln_cast(a, KILN_BF16),
+              *bh = kiln_cast(b, KILN_BF16), *c = kiln_matmul(ah, bh),
+              *c64 = kiln_cast(c, KILN_F64);
+  out[10] = hash_of(c64);
+  kiln_tensor *ab = filled(4 * 300, 128, 2.9, 1.0),
+              *a3 = kiln_reshape(ab, 3, (int64_t[]){4, 300, 128}), *a3h = kiln_cast(a3, KILN_BF16),
+              *bb = filled(128, 300, 3.1, 1.0), *bbh = kiln_cast(bb, KILN_BF16),
+              *c3 = kiln_matmul(a3h, bbh), *c364 = kiln_cast(c3, KILN_F64);
+  out[11] = hash_of(c364);
+  kiln_tensor *ts[] = {at, b, a, ah, bh, c, c64, ab, a3, a3h, bb, bbh, c3, c364};
+  for (size_t t = 0; t < sizeof ts / sizeof *ts; t++) kiln_release(ts[t]);
 }
 
 static void train(trained *out) {
@@ -426,7 +441,7 @@ TEST(kiln_threads_1_2_4_each_keep_the_budget_and_train_to_the_same_bits) {
   spawn_child(self_path, 2, "--battery", true, path, &interpreted);
   unlink(path);
   for (int i = 0; i < 3; i++)
-    for (int g = 6; g < GEMMS; g += 2)
+    for (int g = 6; g < BATCHED_END; g += 2)
       if (models[i].gemms[g] != models[i].gemms[g + 1])
         KTEST_FAIL(
             "KILN_THREADS=%d: batched gemm %d of gemm_battery differs from its items "
