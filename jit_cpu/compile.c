@@ -1201,13 +1201,13 @@ static int64_t wrap_int(kiln_dtype dt, uint64_t v) {
    out[o] (wrapping; float partials fold in vm_fold_partials) */
 static void fold_int_partials(vm_opcode op, kiln_dtype dt, const void *part, int64_t nchunks,
                               int64_t rows, void *out) {
+  size_t es = vm_dtype_size(dt);
   for (int64_t o = 0; o < rows; o++) {
     uint64_t iacc = op == VM_OP_prod ? 1 : 0;
     for (int64_t ch = 0; ch < nchunks; ch++) {
-      int64_t at = o * nchunks + ch;
-      int64_t x = (int64_t)vm_load_f64(part, dt, at); /* exact: i64 sums and prods aside */
-      if (dt == KILN_I64) x = ((const int64_t *)part)[at];
-      int64_t a = (int64_t)wrap_int(dt, iacc);
+      uint64_t bits = 0; /* the element's bytes, little-endian, as its dtype's value */
+      memcpy(&bits, (const char *)part + (size_t)(o * nchunks + ch) * es, es);
+      int64_t x = wrap_int(dt, bits), a = wrap_int(dt, iacc);
       if (ch == 0 && (op == VM_OP_max || op == VM_OP_min))
         iacc = (uint64_t)x;
       else if (op == VM_OP_sum)
@@ -1217,10 +1217,7 @@ static void fold_int_partials(vm_opcode op, kiln_dtype dt, const void *part, int
       else if (op == VM_OP_max ? x > a : x < a)
         iacc = (uint64_t)x;
     }
-    if (dt == KILN_I64)
-      ((int64_t *)out)[o] = (int64_t)iacc;
-    else
-      vm_store_f64(out, dt, o, (double)wrap_int(dt, iacc));
+    memcpy((char *)out + (size_t)o * es, &iacc, es); /* the low bytes: wrapped to dt */
   }
 }
 

@@ -681,15 +681,13 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
                  *flat = new_local(c, c->t_i64, "flat", 0), *row = new_local(c, c->t_i64, "row", 0),
                  *j0 = new_local(c, c->t_i64, "j0", 0), *j1 = new_local(c, c->t_i64, "j1", 0),
                  *d = new_local(c, c->t_i64, "d", 0), *r = new_local(c, c->t_i64, "r", 0),
-                 *idx = new_local(c, c->t_i64, "idx", 0), *j = new_local(c, c->t_i64, "j", 0),
-                 *first = new_local(c, c->t_bool, "first", 0);
+                 *idx = new_local(c, c->t_i64, "idx", 0), *j = new_local(c, c->t_i64, "j", 0);
   /* the row's multi-index over the outer dims (the odometer of `carry`) */
   gcc_jit_lvalue *pos =
       new_local(c, gcc_jit_context_new_array_type(c->ctx, NULL, c->t_i64, KILN_MAX_DIMS), "pos", 0);
   kernel_io io;
   /* entry: typed pointers, nd, inner */
   c->cur = entry;
-  gcc_jit_block_add_assignment(entry, NULL, first, gcc_jit_context_one(c->ctx, c->t_bool));
   gcc_jit_block_add_assignment(entry, NULL, nd, meta_at(c, meta, i64v(c, 0)));
   gcc_jit_block_add_assignment(entry, NULL, inner, meta_at(c, meta, rv(nd)));
   emit_io(c, entry, bufs, plan, leaves, ks, &io);
@@ -739,11 +737,15 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
         after, NULL, d,
         gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(nd),
                                       i64v(c, 2)));
-    gcc_jit_block_end_with_conditional(after, NULL, rv(first), full, carry);
+    /* the call's first row is the one at begin */
+    gcc_jit_block_end_with_conditional(
+        after, NULL,
+        gcc_jit_context_new_comparison(c->ctx, NULL, GCC_JIT_COMPARISON_EQ, rv(flat),
+                                       gcc_jit_param_as_rvalue(prm[3])),
+        full, carry);
     for (int q = 0; q < ks->nin; q++)
       gcc_jit_block_add_assignment(full, NULL, io.off[q], i64v(c, 0));
     gcc_jit_block_add_assignment(full, NULL, r, rv(row));
-    gcc_jit_block_add_assignment(full, NULL, first, gcc_jit_context_zero(c->ctx, c->t_bool));
     gcc_jit_block_end_with_jump(full, NULL, dims);
     /* carry: pos[d] += 1 (its strides added); past its extent it wraps to
        0 (its span taken off) and the next dim up steps.  The rows a call

@@ -47,14 +47,19 @@ class TorchNNTest < Minitest::Test
     assert_tensor c["weights"], w, tol: 2e-6
   end
 
+  # a 2-layer stack (d_model 8, 2 heads, feed-forward 16) of the case's
+  # options, holding PyTorch's weights, in eval mode
+  def torch_stack(layer_class, stack_class, c)
+    kw = c["kw"].transform_keys(&:to_sym)
+    kw[:activation] = kw[:activation].to_sym if kw[:activation]
+    layer = layer_class.new(8, 2, dim_feedforward: 16, dropout: 0.0, **kw)
+    load(stack_class.new(layer, 2), c["params"]).tap(&:eval)
+  end
+
   def test_transformer_encoders_compute_pytorchs_outputs
     %w[post_norm_relu pre_norm_gelu].each do |tag|
       c = CASES.fetch("TransformerEncoder_#{tag}")
-      kw = c["kw"].transform_keys(&:to_sym)
-      kw[:activation] = kw[:activation].to_sym if kw[:activation]
-      layer = Kiln::NN::TransformerEncoderLayer.new(8, 2, dim_feedforward: 16, dropout: 0.0, **kw)
-      enc = load(Kiln::NN::TransformerEncoder.new(layer, 2), c["params"])
-      enc.eval
+      enc = torch_stack(Kiln::NN::TransformerEncoderLayer, Kiln::NN::TransformerEncoder, c)
       out = enc.(t(c["x"]), mask: Kiln::NN::Transformer.generate_square_subsequent_mask(5))
       assert_tensor c["out"], out, tol: 5e-6
     end
@@ -63,11 +68,7 @@ class TorchNNTest < Minitest::Test
   def test_transformer_decoder_computes_pytorchs_output
     %w[post_norm_relu pre_norm_gelu].each do |tag|
       c = CASES.fetch("TransformerDecoder_#{tag}")
-      kw = c["kw"].transform_keys(&:to_sym)
-      kw[:activation] = kw[:activation].to_sym if kw[:activation]
-      layer = Kiln::NN::TransformerDecoderLayer.new(8, 2, dim_feedforward: 16, dropout: 0.0, **kw)
-      dec = load(Kiln::NN::TransformerDecoder.new(layer, 2), c["params"])
-      dec.eval
+      dec = torch_stack(Kiln::NN::TransformerDecoderLayer, Kiln::NN::TransformerDecoder, c)
       out = dec.(t(c["tgt"]), t(c["memory"]), tgt_mask: Kiln::NN::Transformer.generate_square_subsequent_mask(5),
                  memory_key_padding_mask: t(c["memory_key_padding_mask"], dtype: :bool))
       assert_tensor c["out"], out, tol: 5e-6
