@@ -663,6 +663,79 @@ TEST(concat_of_noncontiguous_views) {
   kiln_release(m);
 }
 
+/* contiguous parts are copied as memcpy pieces spread over the pool: a
+   loop's k stacked steps, and rows long enough to take several chunks;
+   every element checked, in the dtypes of every width, against the
+   element's own formula and against the same concat with one part a
+   transposed view (the general path) */
+static double piece_value(int64_t part, int64_t r, int64_t c) {
+  return (double)((part * 131 + r * 17 + c) % 251);
+}
+
+TEST(concat_of_many_parts_and_long_rows_moves_every_element) {
+  enum { K = 300, R = 7, C = 33 };
+  const kiln_dtype dts[] = {KILN_F32, KILN_I8, KILN_BF16, KILN_F64, KILN_BOOL};
+  for (size_t d = 0; d < sizeof dts / sizeof *dts; d++) {
+    kiln_dtype dt = dts[d];
+    kiln_tensor *parts[K];
+    double *v = malloc(sizeof *v * R * C);
+    for (int p = 0; p < K; p++) {
+      for (int i = 0; i < R * C; i++)
+        v[i] = ktest_as_dtype(dt, piece_value(p, i / C, i % C) - (dt == KILN_I8 ? 125 : 0));
+      parts[p] = make(dt, 3, S(1, R, C), v);
+    }
+    kiln_tensor *all = kiln_concat(K, parts, 0);
+    double *got = all ? ktest_values(all) : NULL;
+    CHECK(all && kiln_ndim(all) == 3 && kiln_shape(all)[0] == K);
+    int bad = 0;
+    for (int64_t f = 0; got && f < (int64_t)K * R * C; f++) {
+      int64_t p = f / (R * C), i = f % (R * C);
+      double want = ktest_as_dtype(dt, piece_value(p, i / C, i % C) - (dt == KILN_I8 ? 125 : 0));
+      bad += got[f] != want;
+    }
+    if (bad) KTEST_FAIL("%s: %d of %d elements moved wrong", ktest_dtype_name(dt), bad, K * R * C);
+    free(got);
+    kiln_release(all);
+    for (int p = 0; p < K; p++) kiln_release(parts[p]);
+    free(v);
+  }
+  /* the last axis, rows of 17 + 1 + 40 from parts of 3 200 rows */
+  const int64_t w[3] = {17, 1, 40}, rows = 3200;
+  kiln_tensor *cols[3], *viewed[3];
+  for (int p = 0; p < 3; p++) {
+    double *v = malloc(sizeof *v * (size_t)(rows * w[p]));
+    for (int64_t i = 0; i < rows * w[p]; i++) v[i] = piece_value(p, i / w[p], i % w[p]);
+    cols[p] = make(KILN_F32, 2, S(rows, w[p]), v);
+    free(v);
+    viewed[p] = cols[p];
+  }
+  /* part 2 again as a transposed view (not contiguous) of its columns */
+  double *tv = malloc(sizeof *tv * (size_t)(rows * w[2]));
+  for (int64_t i = 0; i < rows * w[2]; i++) tv[i] = piece_value(2, i % rows, i / rows);
+  kiln_tensor *tc = make(KILN_F32, 2, S(w[2], rows), tv);
+  free(tv);
+  viewed[2] = kiln_transpose(tc, 0, 1);
+  kiln_tensor *fast = kiln_concat(3, cols, 1), *slow = kiln_concat(3, viewed, 1);
+  double *a = fast ? ktest_values(fast) : NULL, *b = slow ? ktest_values(slow) : NULL;
+  CHECK(a && b);
+  int bad = 0;
+  for (int64_t r = 0; a && b && r < rows; r++)
+    for (int64_t c = 0, at = 0; c < 58; c++) {
+      int p = c < 17 ? 0 : c < 18 ? 1 : 2;
+      at = c - (p == 0 ? 0 : p == 1 ? 17 : 18);
+      double want = piece_value(p, r, at);
+      bad += a[r * 58 + c] != want || b[r * 58 + c] != want;
+    }
+  CHECK_EQ_INT(bad, 0);
+  free(a);
+  free(b);
+  kiln_release(fast);
+  kiln_release(slow);
+  kiln_release(viewed[2]);
+  kiln_release(tc);
+  for (int p = 0; p < 3; p++) kiln_release(cols[p]);
+}
+
 TEST(stack_2d_along_each_axis) {
   kiln_tensor *a = iota(KILN_F32, 2, S(2, 3));
   kiln_tensor *b = make(KILN_F32, 2, S(2, 3), V(10, 11, 12, 13, 14, 15));
@@ -863,6 +936,7 @@ int main(void) {
   RUN(concat_different_sizes_along_axis);
   RUN(concat_3d_along_each_axis);
   RUN(concat_of_noncontiguous_views);
+  RUN(concat_of_many_parts_and_long_rows_moves_every_element);
   RUN(stack_2d_along_each_axis);
   RUN(stack_1d_and_0d);
   RUN(assign_rebinds_handle_earlier_views_and_results_keep_old_value);
