@@ -245,16 +245,45 @@ void bench_summary_tensor(char *out, size_t cap, kiln_tensor *t) {
   free(buf);
 }
 
+/* The process's peak resident set (Linux VmHWM) in MiB, -1 where unknown;
+   bench_peak_reset starts a new peak at the present resident set.  Each
+   @result line reports the peak since the row before it (or since the
+   process started), so the memory column is the peak of that row's runs
+   with what the process still holds from earlier rows (the model, say)
+   counted, the same way for every contender (perf/peers.py reads the same
+   counters). */
+double bench_peak_mib(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  double kb = -1;
+  while (fgets(line, sizeof line, f))
+    if (!strncmp(line, "VmHWM:", 6)) kb = atof(line + 6);
+  fclose(f);
+  return kb < 0 ? -1 : kb / 1024.0;
+}
+
+void bench_peak_reset(void) {
+  FILE *f = fopen("/proc/self/clear_refs", "w");
+  if (!f) return;
+  fputs("5", f);
+  fclose(f);
+}
+
 void bench_result_with(const char *workload, const char *contender, const double *times, int n,
                        const char *extra, const char *check, int threads, const char *isa,
                        const char *blas) {
+  char peak[48] = "";
+  double mib = bench_peak_mib();
+  if (mib >= 0) snprintf(peak, sizeof peak, "\tpeak_mib=%.1f", mib);
   printf(
       "@result\tworkload=%s\tcontender=%s\ttime_s=%.9g\tmin_s=%.9g\treps=%d\tthreads=%d\t"
-      "isa=%s\tblas=%s%s%s\tcheck=%s\n",
+      "isa=%s\tblas=%s%s%s%s\tcheck=%s\n",
       workload, contender, bench_median(times, n), bench_min(times, n), n, threads,
-      isa && *isa ? isa : "unknown", blas && *blas ? blas : "none", extra && *extra ? "\t" : "",
-      extra ? extra : "", check ? check : "");
+      isa && *isa ? isa : "unknown", blas && *blas ? blas : "none", peak,
+      extra && *extra ? "\t" : "", extra ? extra : "", check ? check : "");
   fflush(stdout);
+  bench_peak_reset();
 }
 
 kiln_tensor *bench_input(const float *buf, int ndim, const int64_t *shape, const bench_opts *o) {

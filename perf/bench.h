@@ -116,5 +116,10 @@ void bench_result_with(const char *workload, const char *contender, const double
                        const char *extra, const char *check, int threads, const char *isa,
                        const char *blas);
 void bench_na(const char *workload, const char *contender, const char *note);
+/* the process's peak resident set in MiB since the last reset (-1:
+   unknown), and the reset; every @result line reports it as peak_mib and
+   then resets it */
+double bench_peak_mib(void);
+void bench_peak_reset(void);
 
 #endif

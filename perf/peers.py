@@ -261,11 +261,36 @@ def timed(fn, reps, warmup, per=1.0):
     return m, s[0], out
 
 
+def peak_mib():
+    """the process's peak resident set (Linux VmHWM) in MiB, None where unknown"""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return float(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
+
+
+def peak_reset():
+    """a new peak from the present resident set (perf/bench.c's bench_peak_reset)"""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 def result(workload, contender, med, mn, reps, check, **extra):
     f = {"time_s": "%.9g" % med, "min_s": "%.9g" % mn, "reps": reps}
+    peak = peak_mib()
+    if peak is not None:  # the peak since the row before (perf/bench.c: bench_result_with)
+        f["peak_mib"] = "%.1f" % peak
     f.update(extra)
     f["check"] = check
     emit("result", workload, contender, f)
+    peak_reset()
 
 
 def reps_of(w):

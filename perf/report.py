@@ -191,6 +191,7 @@ def build(limit, raw):
              "reps": d.get("reps", ""), "check": d.get("check", ""), "time_s": None,
              "value": None, "unit": unit_of(w), "limit_s": None, "of_limit": None,
              "kiln_speedup": None, "bytes": d.get("bytes", ""), "flops": d.get("flops", ""),
+             "peak_mib": d.get("peak_mib", ""),
              "details": ";".join("%s=%s" % (k, d[k]) for k in DETAILS.get(base(w), []) if k in d)}
         if d["kind"] == "result":
             r["status"] = "ok"
@@ -239,8 +240,11 @@ def print_table(table, limit, header):
               % (limit.get("best_gbs"), limit.get("median_gbs"), limit.get("threads"), limit.get("array_mib")))
     print("of limit = (bytes that must move / triad bandwidth) / time: 1.00 is at the limit (W1-W4 only)")
     print("vs kiln  = this contender's time / kiln's time: above 1, Kiln is faster; below 1, slower")
+    print("peak MiB = the process's peak resident set over the row's runs (Linux VmHWM, reset after each row:")
+    print("           what the process still holds from its earlier rows counts; W18:train's holds the model)")
     print()
-    cols = ["workload", "contender", "median", "of limit", "vs kiln", "check", "threads", "isa", "blas"]
+    cols = ["workload", "contender", "median", "of limit", "vs kiln", "peak MiB", "check", "threads", "isa",
+            "blas"]
     lines = []
     for r in table:
         status = r["status"]
@@ -252,7 +256,7 @@ def print_table(table, limit, header):
         lines.append([r["workload"], r["contender"], "n/a" if status == "na" else median_text(r),
                       fnum(r["of_limit"], 3) if r["of_limit"] is not None else ("" if status == "na" else "-"),
                       fnum(r["kiln_speedup"], 3) if r["kiln_speedup"] is not None else "",
-                      chk, str(r["threads"]), r["isa"], r["blas"]])
+                      "%.0f" % float(r["peak_mib"]) if r.get("peak_mib") else "", chk, str(r["threads"]), r["isa"], r["blas"]])
     width = [max(len(c), *(len(l[i]) for l in lines)) if lines else len(c) for i, c in enumerate(cols)]
     fmt = "  ".join("%%-%ds" % wd for wd in width)
     print(fmt % tuple(cols))
@@ -295,7 +299,7 @@ def write_csv(table, limit, path, run):
     from the file's earlier runs, which their run column names)"""
     fields = ["workload", "contender", "status", "median", "unit", "time_s", "reps", "limit_s",
               "of_limit", "kiln_speedup", "threads", "isa", "blas", "triad_gbs", "bytes", "flops",
-              "agreement", "check", "details", "note", "run"]
+              "peak_mib", "agreement", "check", "details", "note", "run"]
     kept = earlier_rows(path, fields, {base(r["workload"]) for r in table})
     with open(path, "w", newline="", encoding="utf-8") as f:
         wr = csv.writer(f)
@@ -309,7 +313,7 @@ def write_csv(table, limit, path, run):
                          "%.4f" % r["of_limit"] if r["of_limit"] is not None else "",
                          "%.4f" % r["kiln_speedup"] if r["kiln_speedup"] is not None else "",
                          r["threads"], r["isa"], r["blas"], limit.get("best_gbs", "") if limit else "",
-                         r["bytes"], r["flops"], r.get("agree", ""), r["check"], r.get("details", ""),
+                         r["bytes"], r["flops"], r.get("peak_mib", ""), r.get("agree", ""), r["check"], r.get("details", ""),
                          r["note"], run])
 
 
