@@ -144,12 +144,21 @@ INT_GEMM(int64_t, uint64_t)
    up to GEMM_TILES_FEW tiles; past that, only while the sides stay
    GEMM_TILE_SIDE_MANY, up to GEMM_TILES_MAX.  Counts are powers of two, so
    1, 2, 4, 8 or 16 threads share them evenly; edges fall on whole
-   GEMM_UNITs. */
+   GEMM_UNITs.
+
+   The first split, from one tile to two, asks less (GEMM_TILE_SIDE_TWO,
+   GEMM_TILE_WORK_TWO): a recurrent step's gemms ([32,128]x[128,384] and
+   [32,384]x[384,128], a GRU's) ran on one thread, and two tiles took them
+   from 38-48 to 18-24 µs on two threads (AMD EPYC Zen 4).  Only the first:
+   four narrow tiles of a [128,960]^T x [960,384] repacked its transposed
+   operand four times and ran 1.37x slower than two (490 -> 675 µs). */
 #define GEMM_UNIT 64
 #define GEMM_TILE_SIDE 128       /* rows (columns) a tile keeps at least */
 #define GEMM_TILE_WORK (1 << 22) /* multiply-adds a tile keeps at least */
-#define GEMM_TILES_FEW 4         /* tiles of at least GEMM_TILE_SIDE */
-#define GEMM_TILE_SIDE_MANY 512  /* past GEMM_TILES_FEW, sides of at least this */
+#define GEMM_TILE_SIDE_TWO 64    /* the same for the split into two tiles */
+#define GEMM_TILE_WORK_TWO (1 << 19)
+#define GEMM_TILES_FEW 4        /* tiles of at least GEMM_TILE_SIDE */
+#define GEMM_TILE_SIDE_MANY 512 /* past GEMM_TILES_FEW, sides of at least this */
 #define GEMM_TILES_MAX 16
 
 typedef struct {
@@ -179,9 +188,13 @@ static gemm_tiling gemm_tiles(int64_t M, int64_t N, int64_t K) {
     bool split_rows = M / t.rows >= N / t.cols;
     gemm_tiling next = {t.rows * (split_rows ? 2 : 1), t.cols * (split_rows ? 1 : 2)};
     int64_t side = split_rows ? narrowest_tile(M, next.rows) : narrowest_tile(N, next.cols);
-    int64_t min_side = t.rows * t.cols >= GEMM_TILES_FEW ? GEMM_TILE_SIDE_MANY : GEMM_TILE_SIDE;
+    int64_t tiles = t.rows * t.cols;
+    int64_t min_side = tiles >= GEMM_TILES_FEW ? GEMM_TILE_SIDE_MANY
+                       : tiles == 1            ? GEMM_TILE_SIDE_TWO
+                                               : GEMM_TILE_SIDE;
+    double min_work = tiles == 1 ? GEMM_TILE_WORK_TWO : GEMM_TILE_WORK;
     double work = (double)M * (double)N * (double)K / (double)(next.rows * next.cols);
-    if (side < min_side || work < GEMM_TILE_WORK) break;
+    if (side < min_side || work < min_work) break;
     t = next;
   }
   return t;
