@@ -12,6 +12,11 @@
 /* entries kept (KILN_TRACE_CACHE_MAX); an evicted entry releases its plan,
    and with it the plan's references to compiled kernels */
 #define CACHE_MAX_ENTRIES 4096
+/* and the bytes they hold, key bytes above all (KILN_TRACE_CACHE_MB): a
+   GRU trained over lengths 5..40 makes a new key of ~60 KB most steps (a
+   flush holds two steps' loops, so the keys are pairs of lengths), and
+   4096 of them held ~250 MB; W10's resident set grew by 0.17 MB a step */
+#define CACHE_MAX_MB 64
 #define CACHE_MAX_RELEARN 3 /* plans per key: the first, and two relearned */
 
 typedef struct entry {
@@ -51,6 +56,7 @@ static struct {
   int count;
   cache_plan_ops ops;
   int hot, budget, max_entries;
+  size_t bytes, max_bytes;       /* held by the entries (entry_bytes), and the cap */
   double compiled_ms, interp_ms; /* cache_compiled_ratio: decayed sums over compiled runs */
   bool ready;
 } cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -64,6 +70,8 @@ static void init_locked(void) {
   cache.budget = budget < 0 ? 0 : (int)budget;
   long max = vm_env_long("KILN_TRACE_CACHE_MAX", CACHE_MAX_ENTRIES);
   cache.max_entries = max < 1 ? 1 : max > (1L << 24) ? 1 << 24 : (int)max;
+  long mb = vm_env_long("KILN_TRACE_CACHE_MB", CACHE_MAX_MB);
+  cache.max_bytes = (size_t)(mb < 1 ? 1 : mb > (1L << 30) ? 1L << 30 : mb) << 20;
   cache.ready = true;
 }
 
@@ -101,11 +109,37 @@ static void lru_push_front(entry *e) {
   cache.lru.lru_next = e;
 }
 
+/* the gauges kiln_stat reads */
+static void publish_locked(void) {
+  vm_counters *st = &vm_process()->stats;
+  atomic_store_explicit(&st->trace_cache_entries, (uint_fast64_t)cache.count,
+                        memory_order_relaxed);
+  atomic_store_explicit(&st->trace_cache_bytes, (uint_fast64_t)cache.bytes, memory_order_relaxed);
+}
+
+/* what an entry holds: itself, its key bytes, its learned outputs */
+static size_t entry_bytes(const entry *e) {
+  return sizeof *e + e->len + (e->keep ? (size_t)e->nodes : 0);
+}
+
 static void entry_free(entry *e) {
   if (e->plan && cache.ops.release) cache.ops.release(e->plan);
   free(e->keep);
   free(e->bytes);
   free(e);
+}
+
+/* drops least recently sighted entries while over either cap; the most
+   recent one always stays */
+static void evict_locked(void) {
+  while (cache.count > 1 && (cache.count > cache.max_entries || cache.bytes > cache.max_bytes)) {
+    entry *old = cache.lru.lru_prev;
+    lru_unlink(old);
+    HASH_DELETE(hh, cache.table, old);
+    cache.count--;
+    cache.bytes -= entry_bytes(old);
+    entry_free(old);
+  }
 }
 
 /* the entry with these bytes; hash collisions chain through the bytes */
@@ -147,14 +181,10 @@ void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, int no
     HASH_ADD(hh, cache.table, key, sizeof e->key, e);
     lru_push_front(e);
     cache.count++;
+    cache.bytes += entry_bytes(e);
     out->new_key = true;
-    while (cache.count > cache.max_entries) {
-      entry *old = cache.lru.lru_prev;
-      lru_unlink(old);
-      HASH_DELETE(hh, cache.table, old);
-      cache.count--;
-      entry_free(old);
-    }
+    evict_locked();
+    publish_locked();
   } else {
     lru_unlink(e);
     lru_push_front(e);
@@ -247,10 +277,15 @@ void cache_learn(const uint64_t key[2], int index) {
   HASH_FIND(hh, cache.table, key, sizeof e->key, e);
   /* a key planned CACHE_MAX_RELEARN times keeps the outputs it has: its
      plan (and compiled code) stays; learning is only ever a hint */
-  if (e && index >= 0 && index < e->nodes && e->plans < CACHE_MAX_RELEARN &&
-      (e->keep || (e->keep = calloc((size_t)e->nodes, 1))) && !e->keep[index]) {
-    e->keep[index] = 1;
-    e->learned++;
+  if (e && index >= 0 && index < e->nodes && e->plans < CACHE_MAX_RELEARN) {
+    if (!e->keep && (e->keep = calloc((size_t)e->nodes, 1))) {
+      cache.bytes += (size_t)e->nodes;
+      publish_locked();
+    }
+    if (e->keep && !e->keep[index]) {
+      e->keep[index] = 1;
+      e->learned++;
+    }
   }
   pthread_mutex_unlock(&cache.lock);
 }
@@ -301,6 +336,8 @@ void cache_clear(void) {
   }
   cache.lru.lru_next = cache.lru.lru_prev = &cache.lru;
   cache.count = 0;
+  cache.bytes = 0;
+  publish_locked();
   cache.compiled_ms = cache.interp_ms = 0;
   pthread_mutex_unlock(&cache.lock);
 }

@@ -1334,6 +1334,78 @@ TEST(passes_in_child_process) {
   CHECK(passed + failed >= 11); /* every pass test ran */
 }
 
+/* --- the trace cache's byte cap (KILN_TRACE_CACHE_MB) ---------------------------------------- */
+
+enum { CAP_PROGRAMS = 120, CAP_CHAIN = 150 };
+
+/* child: CAP_PROGRAMS programs of distinct shapes (each a new key), each a
+   chain of CAP_CHAIN adds read back; prints the cache's most bytes and
+   entries seen after any program, its bytes and entries at the end, and
+   whether every program's result was right */
+static int cache_bytes_main(void) {
+  double most_bytes = 0, most_entries = 0;
+  int wrong = 0;
+  for (int p = 0; p < CAP_PROGRAMS; p++) {
+    int64_t n = p + 1;
+    kiln_tensor *x = kiln_full(0.5, KILN_F64, 1, &n), *y = kiln_retain(x);
+    for (int i = 0; i < CAP_CHAIN; i++) {
+      kiln_tensor *z = kiln_add_scalar(y, 1.0);
+      kiln_release(y);
+      y = z;
+    }
+    kiln_tensor *s = kiln_sum(y, 0, NULL, false);
+    wrong += kiln_item(s) != (double)n * (0.5 + CAP_CHAIN);
+    kiln_release(s);
+    kiln_release(y);
+    kiln_release(x);
+    double b = kiln_stat("trace_cache_bytes"), e = kiln_stat("trace_cache_entries");
+    most_bytes = b > most_bytes ? b : most_bytes;
+    most_entries = e > most_entries ? e : most_entries;
+  }
+  printf("%.0f %.0f %.0f %.0f %d\n", most_bytes, most_entries, kiln_stat("trace_cache_bytes"),
+         kiln_stat("trace_cache_entries"), wrong);
+  return 0;
+}
+
+static bool cache_bytes_child(const char *env, double *most_bytes, double *most_entries,
+                              double *bytes, double *entries, int *wrong) {
+  char self[4096];
+  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) return false;
+  self[len] = 0;
+  char cmd[4400], line[256] = "";
+  snprintf(cmd, sizeof cmd, "env -u KILN_DUMP %s '%s' cachebytes", env, self);
+  FILE *p = popen(cmd, "r");
+  if (!p) return false;
+  if (!fgets(line, sizeof line, p)) line[0] = 0;
+  int status = pclose(p);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+         sscanf(line, "%lf %lf %lf %lf %d", most_bytes, most_entries, bytes, entries, wrong) == 5;
+}
+
+/* A program over ever new shapes (a recurrent model over new pairs of
+   lengths) makes a new key at every step; the cache holds their key bytes
+   up to KILN_TRACE_CACHE_MB, least recently sighted out first, and gives
+   the same results either way. */
+TEST(trace_cache_holds_at_most_its_bytes) {
+  double mb, me, b, e;
+  int wrong = -1;
+  CHECK(cache_bytes_child("KILN_TRACE_CACHE_MB=1", &mb, &me, &b, &e, &wrong));
+  CHECK_EQ_INT(wrong, 0);
+  if (mb > 1 << 20) KTEST_FAIL("the cache held %.0f bytes under a 1 MiB cap", mb);
+  CHECK(e >= 1 && e < CAP_PROGRAMS);
+  double all_b, all_e, end_b, end_e;
+  wrong = -1;
+  CHECK(cache_bytes_child("", &all_b, &all_e, &end_b, &end_e, &wrong));
+  CHECK_EQ_INT(wrong, 0);
+  /* the default cap (64 MiB) keeps every key, and they are more than 1 MiB:
+     the cap above is what bounded them */
+  CHECK(end_e >= CAP_PROGRAMS);
+  if (end_b <= 1 << 20) KTEST_FAIL("%.0f bytes of keys: too few to test the cap", end_b);
+  printf("  %d keys: %.0f bytes; under a 1 MiB cap %.0f bytes in %.0f keys\n", CAP_PROGRAMS,
+         end_b, b, e);
+}
+
 /* --- main ------------------------------------------------------------------------------------ */
 
 int main(int argc, char **argv) {
@@ -1344,6 +1416,7 @@ int main(int argc, char **argv) {
     printf("%s\n", hex);
     return ktest_failed_checks ? 1 : 0;
   }
+  if (argc > 1 && !strcmp(argv[1], "cachebytes")) return cache_bytes_main();
   if (argc > 1 && !strcmp(argv[1], "passes")) {
     setenv("KILN_HOT", "1", 1);
     setenv("KILN_INSPECT_IR", "1", 1);
@@ -1374,6 +1447,7 @@ int main(int argc, char **argv) {
   RUN(plan_matches_interpreter_bitwise);
   RUN(recompile_budget_per_family);
   RUN(stats_count_flushes_and_cache_use);
+  RUN(trace_cache_holds_at_most_its_bytes);
   RUN(dump_writes_ir_dot_and_manifest);
   remove_dump_dir();
   unsetenv("KILN_DUMP");

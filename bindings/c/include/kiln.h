@@ -377,7 +377,10 @@ KILN_API void kiln_reset_stats(void);
    loop was found, KILN_LOG=info says where), or
    "loops_rolled" (evaluations that ran such a loop rolled: the steps one
    trace, keyed, planned and compiled once for every trip count), or
-   "loop_steps" (the steps those evaluations ran);
+   "loop_steps" (the steps those evaluations ran), or
+   "trace_cache_entries" and "trace_cache_bytes" (the keys the trace cache
+   holds now and their bytes, at most KILN_TRACE_CACHE_MAX keys and
+   KILN_TRACE_CACHE_MB MiB);
    NAN and an error for an unknown name.  New counters appear here without
    changing kiln_stats. */
 KILN_API double kiln_stat(const char *name);
