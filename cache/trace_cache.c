@@ -112,8 +112,7 @@ static void lru_push_front(entry *e) {
 /* the gauges kiln_stat reads */
 static void publish_locked(void) {
   vm_counters *st = &vm_process()->stats;
-  atomic_store_explicit(&st->trace_cache_entries, (uint_fast64_t)cache.count,
-                        memory_order_relaxed);
+  atomic_store_explicit(&st->trace_cache_entries, (uint_fast64_t)cache.count, memory_order_relaxed);
   atomic_store_explicit(&st->trace_cache_bytes, (uint_fast64_t)cache.bytes, memory_order_relaxed);
 }
 

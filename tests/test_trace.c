@@ -1402,8 +1402,8 @@ TEST(trace_cache_holds_at_most_its_bytes) {
      the cap above is what bounded them */
   CHECK(end_e >= CAP_PROGRAMS);
   if (end_b <= 1 << 20) KTEST_FAIL("%.0f bytes of keys: too few to test the cap", end_b);
-  printf("  %d keys: %.0f bytes; under a 1 MiB cap %.0f bytes in %.0f keys\n", CAP_PROGRAMS,
-         end_b, b, e);
+  printf("  %d keys: %.0f bytes; under a 1 MiB cap %.0f bytes in %.0f keys\n", CAP_PROGRAMS, end_b,
+         b, e);
 }
 
 /* --- main ------------------------------------------------------------------------------------ */
