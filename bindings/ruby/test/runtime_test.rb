@@ -6,12 +6,21 @@ class RuntimeTest < Minitest::Test
   STAT_KEYS = %i[ops_recorded flushes traces_seen cache_hits cache_misses compiles compile_failures
                  disk_hits eager_ops kernels_launched compile_ms flush_ms kernels_compiled plans_built
                  blas_calls recomputed kernel_threads_max kernel_cache_hits code_objects code_unloads
-                 view_ops compiler_processes loops_found loops_rolled loop_sums loop_steps].freeze
+                 view_ops compiler_processes loops_found loops_rolled loop_sums loop_steps
+                 trace_cache_entries trace_cache_bytes].freeze
 
   def test_stats_has_every_field
     s = Kiln.stats
     assert_equal STAT_KEYS.sort, s.keys.sort
     STAT_KEYS.each { |k| assert_kind_of(k.to_s.end_with?("_ms") ? Float : Integer, s[k], k.to_s) }
+  end
+
+  def test_trace_cache_gauges_count_what_it_holds
+    (Kiln.ones(3) * 2 + 1).to_a # at least one key seen
+    s = Kiln.stats
+    assert_operator s[:trace_cache_entries], :>=, 1
+    assert_operator s[:trace_cache_bytes], :>, s[:trace_cache_entries] # each entry holds its key bytes
+    assert_operator s[:trace_cache_bytes], :<=, 64 << 20 # KILN_TRACE_CACHE_MB's default
   end
 
   def test_lazy_ops_and_sync
