@@ -576,9 +576,67 @@ static vm_tensor *join_columns(vm_tensor **parts, int k) {
   return out;
 }
 
+/* The joins of one loop's sums: a GRU's gate gradients dg_t are joined
+   for their weight's GEMM ([h_0 .. h_k-1] @ [dg_0; ..; dg_k-1]) and again
+   for their bias's column sum, the same k parts in the same order: the
+   second join is the first's tensor (it was a third of W10's join copies). */
+typedef struct {
+  int n, cap;
+  vm_tensor ***parts; /* each join's k parts, as joined */
+  vm_tensor **joined;
+} joins;
+
+static void joins_free(joins *J) {
+  for (int i = 0; i < J->n; i++) {
+    free(J->parts[i]);
+    vm_release(J->joined[i]);
+  }
+  free(J->parts);
+  free(J->joined);
+}
+
+/* the same elements in the same layout (a reshape of a part is another
+   tensor over the same data) */
+static bool same_view(const vm_tensor *a, const vm_tensor *b) {
+  if (a == b) return true;
+  if (a->dtype != b->dtype || a->ndim != b->ndim || vm_data(a) != vm_data(b)) return false;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d] || a->strides[d] != b->strides[d]) return false;
+  return true;
+}
+
+static bool same_parts(vm_tensor *const *a, vm_tensor *const *b, int k) {
+  for (int c = 0; c < k; c++)
+    if (!same_view(a[c], b[c])) return false;
+  return true;
+}
+
+/* the k parts one after another along axis 0 (a new reference) */
+static vm_tensor *join_rows(joins *J, vm_tensor **parts, int k) {
+  for (int i = 0; i < J->n; i++)
+    if (same_parts(J->parts[i], parts, k)) return vm_retain(J->joined[i]);
+  vm_tensor *joined = exec_op(VM_OP_concat, k, parts, &(vm_attr){.axis = 0});
+  if (!joined) return NULL;
+  if (J->n == J->cap) { /* remembering is an optimization: on failure, don't */
+    int cap = J->cap ? 2 * J->cap : 4;
+    vm_tensor ***p = realloc(J->parts, (size_t)cap * sizeof *p);
+    if (p) J->parts = p;
+    vm_tensor **j = p ? realloc(J->joined, (size_t)cap * sizeof *j) : NULL;
+    if (j) J->joined = j;
+    if (!p || !j) return joined;
+    J->cap = cap;
+  }
+  vm_tensor **copy = malloc((size_t)k * sizeof *copy);
+  if (!copy) return joined;
+  memcpy(copy, parts, (size_t)k * sizeof *copy);
+  J->parts[J->n] = copy;
+  J->joined[J->n++] = vm_retain(joined);
+  return joined;
+}
+
 /* one sum after the loop: the term over every step's operands at once,
    through the same reshapes, added to where the sum started */
-static vm_tensor *sink_sum(roller *R, const struct sink *sk, vm_tensor **parts) {
+static vm_tensor *sink_sum(roller *R, const struct sink *sk, vm_tensor **parts, joins *J) {
   const tr_trace *t = R->t;
   int k = R->k, nin = t->nodes[R->at[R->s + sk->term]]->nin;
   for (int c = 0; c < k; c++) {
@@ -590,10 +648,10 @@ static vm_tensor *sink_sum(roller *R, const struct sink *sk, vm_tensor **parts) 
   vm_tensor *a = NULL, *b = NULL, *v = NULL;
   if (term->op == VM_OP_matmul) { /* [a_0 .. a_k-1] @ [b_0; ..; b_k-1] */
     a = join_columns(parts, k);
-    b = a ? exec_op(VM_OP_concat, k, parts + k, &(vm_attr){.axis = 0}) : NULL;
+    b = a ? join_rows(J, parts + k, k) : NULL;
     v = b ? exec_op(VM_OP_matmul, 2, (vm_tensor *[]){a, b}, &term->attr) : NULL;
   } else { /* the rows of every step, summed */
-    a = exec_op(VM_OP_concat, k, parts, &(vm_attr){.axis = 0});
+    a = join_rows(J, parts, k);
     v = a ? exec_op(VM_OP_sum, 1, &a, &term->attr) : NULL;
   }
   vm_release(a);
@@ -620,13 +678,15 @@ static int sink_sums(roller *R, int *failed) {
   vm_tensor **parts = malloc((size_t)R->k * 2 * sizeof *parts);
   if (!parts) return vm_error(KILN_ERR_OOM, "out of memory");
   int rc = KILN_OK;
+  joins J = {0};
   for (int x = 0; x < R->nsinks && rc == KILN_OK; x++) {
     int last = R->at[R->s + (R->k - 1) * R->d + R->sinks[x].add];
-    if (!(R->vals[last] = sink_sum(R, &R->sinks[x], parts))) {
+    if (!(R->vals[last] = sink_sum(R, &R->sinks[x], parts, &J))) {
       *failed = last;
       rc = vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
     }
   }
+  joins_free(&J);
   free(parts);
   return rc;
 }
