@@ -188,6 +188,47 @@ TEST(key_same_across_processes) {
   if (strcmp(mine, theirs)) KTEST_FAIL("key here %s, in a fresh process %s", mine, theirs);
 }
 
+/* nl leaves summed: separate [1, 8] tensors, but for leaves 1 and nl - 1,
+   rows 0 and 1 of one materialized [2, 8] tensor (shared) or of two */
+static tr_flush_info leaves_program(int nl, bool shared) {
+  float v[16];
+  fill_pattern(v, 16, 0.5f, 0.25f);
+  kiln_tensor *base[2] = {f32_tensor(v, 2, (int64_t[]){2, 8}), NULL};
+  base[1] = shared ? kiln_retain(base[0]) : f32_tensor(v, 2, (int64_t[]){2, 8});
+  kiln_tensor *row[2] = {kiln_slice(base[0], 0, 0, 1, 1), kiln_slice(base[1], 0, 1, 2, 1)};
+  CHECK(kiln_sync() == KILN_OK); /* the rows are materialized views now */
+  kiln_tensor *total = NULL;
+  for (int i = 0; i < nl; i++) {
+    kiln_tensor *leaf = i == 1        ? kiln_retain(row[0])
+                        : i == nl - 1 ? kiln_retain(row[1])
+                                      : f32_tensor(v, 2, (int64_t[]){1, 8});
+    kiln_tensor *next = total ? kiln_add(total, leaf) : kiln_retain(leaf);
+    kiln_release(total);
+    kiln_release(leaf);
+    total = next;
+  }
+  float got[8];
+  read_f32(total, got, 8);
+  CHECK_CLOSE(got[0], (nl - 2) * v[0] + v[0] + v[8], 1e-4);
+  tr_flush_info info = last_flush();
+  kiln_release(total);
+  for (int i = 0; i < 2; i++) kiln_release(row[i]), kiln_release(base[i]);
+  return info;
+}
+
+/* two leaves over one storage key differently from two storages (a plan
+   may write one in place), with few leaves and with many (looked up) */
+TEST(key_sees_leaves_that_share_storage) {
+  const int counts[2] = {4, 40};
+  for (int c = 0; c < 2; c++) {
+    tr_flush_info a = leaves_program(counts[c], true), b = leaves_program(counts[c], true),
+                  sep = leaves_program(counts[c], false);
+    if (!same_key(&a, &b)) KTEST_FAIL("%d leaves: the same program keyed twice", counts[c]);
+    if (same_key(&a, &sep))
+      KTEST_FAIL("%d leaves: shared and separate storages have one key", counts[c]);
+  }
+}
+
 TEST(key_changes_with_structure_not_scalars) {
   tr_flush_info info[V_COUNT];
   for (int v = 0; v < V_COUNT; v++) info[v] = key_program(v);
@@ -1437,6 +1478,7 @@ int main(int argc, char **argv) {
   RUN(key_same_program_same_key);
   RUN(key_same_across_processes);
   RUN(key_changes_with_structure_not_scalars);
+  RUN(key_sees_leaves_that_share_storage);
   RUN(key_ignores_host_scalar_values);
   RUN(training_loop_keys_are_bounded);
   RUN(depth_cap_cuts_a_repeating_pattern);
