@@ -10,6 +10,7 @@
  *                       tests need the default of 2: cold first sighting,
  *                       planned second sighting) */
 #include <dirent.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1375,6 +1376,45 @@ TEST(passes_in_child_process) {
   CHECK(passed + failed >= 11); /* every pass test ran */
 }
 
+/* --- a deep graph on a small stack ---------------------------------------------------------- */
+
+enum { DEEP_CHAIN = 200000 };
+
+/* a leaf that requires grad, multiplied DEEP_CHAIN times: autodiff keeps
+   every node's inputs, so the chain stays one linked graph, and dropping
+   its end frees all of it at once.  Freeing recursed once per node (a
+   million-op chain crashed the main thread's 8 MiB stack; a Ruby thread's
+   is smaller); now it walks a worklist */
+static void *deep_chain(void *arg) {
+  double *sum = arg;
+  kiln_tensor *x = kiln_full(1.0, KILN_F64, 1, (int64_t[]){4});
+  kiln_set_requires_grad(x, true);
+  kiln_tensor *y = kiln_retain(x);
+  for (int i = 0; i < DEEP_CHAIN; i++) {
+    kiln_tensor *z = kiln_mul_scalar(y, 1.0000001);
+    kiln_release(y);
+    y = z;
+  }
+  kiln_tensor *s = kiln_sum(y, 0, NULL, false);
+  *sum = kiln_item(s);
+  kiln_release(s);
+  kiln_release(y); /* the whole chain goes here */
+  kiln_release(x);
+  return NULL;
+}
+
+TEST(a_deep_autodiff_graph_is_freed_on_a_small_stack) {
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, (size_t)512 << 10);
+  pthread_t th;
+  double sum = 0;
+  CHECK(pthread_create(&th, &attr, deep_chain, &sum) == 0);
+  pthread_join(th, NULL);
+  pthread_attr_destroy(&attr);
+  CHECK_CLOSE(sum, 4.0 * pow(1.0000001, DEEP_CHAIN), 1e-9);
+}
+
 /* --- the trace cache's byte cap (KILN_TRACE_CACHE_MB) ---------------------------------------- */
 
 enum { CAP_PROGRAMS = 120, CAP_CHAIN = 150 };
@@ -1490,6 +1530,7 @@ int main(int argc, char **argv) {
   RUN(recompile_budget_per_family);
   RUN(stats_count_flushes_and_cache_use);
   RUN(trace_cache_holds_at_most_its_bytes);
+  RUN(a_deep_autodiff_graph_is_freed_on_a_small_stack);
   RUN(dump_writes_ir_dot_and_manifest);
   remove_dump_dir();
   unsetenv("KILN_DUMP");

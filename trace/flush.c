@@ -41,7 +41,14 @@ typedef struct {
   int *recomputed; /* nodes an earlier flush left recomputable (trace indices) */
   int nrecomputed, cap_recomputed;
   bool oom;
+  struct visit_frame *stack; /* visit's */
+  int cap_stack;
 } collector;
+
+typedef struct visit_frame {
+  tr_node *node;
+  int next; /* its next input to visit */
+} visit_frame;
 
 static bool grow(void **p, int *cap, int need, size_t size) {
   if (need <= *cap) return true;
@@ -71,23 +78,50 @@ static int leaf_index(collector *c, tr_node *leaf) {
    the program alone */
 /* false when n cannot be evaluated: it (or an input) failed before; it is
    then marked FAILED itself and left out */
-static bool visit(collector *c, tr_node *n) {
-  if (n->state == TR_FAILED) return false;
-  if (c->oom || n->state == TR_MATERIALIZED || n->visit == c->epoch) return true;
-  n->visit = c->epoch;
-  for (int k = 0; k < n->nin; k++)
-    if (!visit(c, n->in[k])) {
-      tr_node_fail(n, n->in[k]->fail_status, n->in[k]->fail_msg);
-      return false;
-    }
-  if (c->oom) return true;
-  if (!grow((void **)&c->t.nodes, &c->cap_nodes, c->t.n + 1, sizeof(tr_node *))) {
+static bool visit(collector *c, tr_node *root) {
+  if (root->state == TR_FAILED) return false;
+  if (c->oom || root->state == TR_MATERIALIZED || root->visit == c->epoch) return true;
+  root->visit = c->epoch;
+  /* an explicit stack: a rolled loop's graph is thousands of nodes deep */
+  if (!grow((void **)&c->stack, &c->cap_stack, 1, sizeof *c->stack)) {
     c->oom = true;
     return true;
   }
-  n->index = c->t.n;
-  c->t.nodes[c->t.n++] = tr_node_retain(n);
-  return true;
+  int sp = 0;
+  c->stack[sp++] = (visit_frame){root, 0};
+  tr_node *failed = NULL; /* an input of the top node that failed */
+  while (sp > 0) {
+    visit_frame *f = &c->stack[sp - 1];
+    tr_node *n = f->node;
+    if (failed) { /* it and what depends on it fail, the rest of its inputs unvisited */
+      tr_node_fail(n, failed->fail_status, failed->fail_msg);
+      failed = n;
+      sp--;
+      continue;
+    }
+    if (f->next < n->nin) {
+      tr_node *x = n->in[f->next++];
+      if (x->state == TR_FAILED) {
+        failed = x;
+      } else if (!c->oom && x->state != TR_MATERIALIZED && x->visit != c->epoch) {
+        x->visit = c->epoch;
+        if (grow((void **)&c->stack, &c->cap_stack, sp + 1, sizeof *c->stack))
+          c->stack[sp++] = (visit_frame){x, 0};
+        else
+          c->oom = true;
+      }
+      continue;
+    }
+    sp--; /* every input is in: n follows them */
+    if (c->oom) continue;
+    if (!grow((void **)&c->t.nodes, &c->cap_nodes, c->t.n + 1, sizeof(tr_node *))) {
+      c->oom = true;
+      continue;
+    }
+    n->index = c->t.n;
+    c->t.nodes[c->t.n++] = tr_node_retain(n);
+  }
+  return failed == NULL;
 }
 
 static bool in_trace(const tr_node *n) {
@@ -235,6 +269,7 @@ static void collector_free(collector *c) {
   tr_ptrmap_free(&c->leaf_map);
   free(c->edges);
   free(c->recomputed);
+  free(c->stack);
 }
 
 /* --- committing ------------------------------------------------------------ */

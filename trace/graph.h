@@ -59,6 +59,8 @@ struct tr_graph {
   int visit_epoch;
   uint64_t flush_epoch; /* flushes committed: depths older than this are stale */
   bool rolling; /* a flush of it ran a loop rolled: from then on deeper graphs are cut later */
+  struct tr_node **walk; /* the depth walk's stack (trace/record.c), under the lock */
+  int walk_cap;
   struct tr_flush_info *last; /* what the last flush did (trace/inspect.h) */
   char *last_ir;              /* its plan's IR, when inspection asked for it */
 };

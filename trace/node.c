@@ -17,6 +17,7 @@ static void graph_release(tr_graph *g) {
   if (g && atomic_fetch_sub_explicit(&g->refs, 1, memory_order_acq_rel) == 1) {
     pthread_mutex_destroy(&g->lock);
     free(g->stores);
+    free(g->walk);
     free(g->last);
     free(g->last_ir);
     free(g);
@@ -150,8 +151,10 @@ tr_graph *tr_graph_retain(tr_graph *g) {
 
 void tr_graph_release(tr_graph *g) { graph_release(g); }
 
-void tr_node_release(tr_node *n) {
-  if (!n || atomic_fetch_sub_explicit(&n->refs, 1, memory_order_acq_rel) != 1) return;
+/* frees n, whose last reference is gone; its inputs whose last reference
+   that was go onto *dead (to be freed in turn), or, where *dead cannot
+   grow, are released here */
+static void node_free(tr_node *n, tr_node ***dead, int *ndead, int *cap) {
   tr_graph *g = n->graph;
   if (g) { /* leave the pending list, and give back the owner reference */
     tr_graph_lock(g);
@@ -159,12 +162,38 @@ void tr_node_release(tr_node *n) {
     tr_graph_unlock(g);
     graph_release(g);
   }
-  for (int i = 0; i < n->nin; i++) tr_node_release(n->in[i]);
+  for (int i = 0; i < n->nin; i++) {
+    tr_node *x = n->in[i];
+    if (atomic_fetch_sub_explicit(&x->refs, 1, memory_order_acq_rel) != 1) continue;
+    if (*ndead == *cap) {
+      int c = *cap ? 2 * *cap : 64;
+      tr_node **grown = realloc(*dead, (size_t)c * sizeof *grown);
+      if (!grown) { /* out of memory: this one recursively */
+        node_free(x, dead, ndead, cap);
+        continue;
+      }
+      *dead = grown;
+      *cap = c;
+    }
+    (*dead)[(*ndead)++] = x;
+  }
   if (n->in != n->in_small) free(n->in);
   vm_release(n->value);
   free(n->fail_msg);
   tr_slot_release(n->slot);
   vm_block_free(VM_BLOCK_NODE, n);
+}
+
+/* A chain of nodes whose last references go together (a long recurrent
+   graph dropped at once) is freed from a worklist, not by recursion: it
+   can be far deeper than a thread's stack. */
+void tr_node_release(tr_node *n) {
+  if (!n || atomic_fetch_sub_explicit(&n->refs, 1, memory_order_acq_rel) != 1) return;
+  tr_node **dead = NULL;
+  int ndead = 0, cap = 0;
+  node_free(n, &dead, &ndead, &cap);
+  while (ndead > 0) node_free(dead[--ndead], &dead, &ndead, &cap);
+  free(dead);
 }
 
 void tr_graph_append(tr_graph *g, tr_node *n) {

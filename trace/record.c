@@ -145,18 +145,51 @@ vm_tensor *tr_value(vm_tensor *t) {
 
 /* The length of the longest chain of unmaterialized nodes ending at n.
    Flushes materialize nodes after their consumers were recorded, so a
-   stored depth is recomputed once per flush epoch (memoized). */
+   stored depth is recomputed once per flush epoch (memoized), walking an
+   explicit stack (g->walk): a rolled loop's graph is thousands deep. */
+static bool depth_known(const tr_graph *g, const tr_node *n) {
+  return n->state == TR_MATERIALIZED || n->state == TR_FAILED ||
+         n->depth_epoch == g->flush_epoch + 1;
+}
+
+static int depth_of(const tr_node *n) {
+  return n->state == TR_MATERIALIZED || n->state == TR_FAILED ? 0 : n->depth;
+}
+
 static int current_depth(tr_graph *g, tr_node *n) {
-  if (n->state == TR_MATERIALIZED || n->state == TR_FAILED) return 0;
-  if (n->depth_epoch == g->flush_epoch + 1) return n->depth;
-  int d = 0;
-  for (int k = 0; k < n->nin; k++) {
-    int dk = current_depth(g, n->in[k]);
-    if (dk > d) d = dk;
+  if (depth_known(g, n)) return depth_of(n);
+  int sp = 0;
+  for (tr_node *x = n;;) {
+    if (sp == g->walk_cap) {
+      int cap = g->walk_cap ? 2 * g->walk_cap : 256;
+      tr_node **grown = realloc(g->walk, (size_t)cap * sizeof *grown);
+      if (!grown) return TR_DEPTH_CAP_ROLLING + 1; /* out of memory: cut here */
+      g->walk = grown;
+      g->walk_cap = cap;
+    }
+    g->walk[sp++] = x;
+    /* the top's first input not known yet, else the top is known now */
+    while (sp > 0) {
+      tr_node *top = g->walk[sp - 1], *next = NULL;
+      int d = 0;
+      for (int k = 0; k < top->nin && !next; k++) {
+        if (depth_known(g, top->in[k])) {
+          int dk = depth_of(top->in[k]);
+          d = dk > d ? dk : d;
+        } else {
+          next = top->in[k];
+        }
+      }
+      if (next) {
+        x = next;
+        break;
+      }
+      top->depth = d + 1;
+      top->depth_epoch = g->flush_epoch + 1;
+      sp--;
+    }
+    if (sp == 0) return n->depth;
   }
-  n->depth = d + 1;
-  n->depth_epoch = g->flush_epoch + 1;
-  return n->depth;
 }
 
 /* everything pending that nothing pending reads (and, through them, all the
