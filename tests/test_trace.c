@@ -168,12 +168,19 @@ TEST(key_same_program_same_key) {
   CHECK(!strcmp(a.reason, "read"));
 }
 
+/* this test binary's path (for children running it), false if unknown */
+static bool self_path(char *self, size_t cap) {
+  ssize_t len = readlink("/proc/self/exe", self, cap - 1);
+  if (len <= 0) return false;
+  self[len] = 0;
+  return true;
+}
+
 TEST(key_same_across_processes) {
   char self[4096];
-  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-  CHECK(len > 0);
-  if (len <= 0) return;
-  self[len] = 0;
+  bool found = self_path(self, sizeof self);
+  CHECK(found);
+  if (!found) return;
   char cmd[4200];
   snprintf(cmd, sizeof cmd, "'%s' key", self);
   tr_flush_info here = key_program(V_BASE);
@@ -1355,10 +1362,9 @@ static int passes_main(void) {
 /* runs "passes" in a child (KILN_HOT is read once per process) */
 TEST(passes_in_child_process) {
   char self[4096];
-  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-  CHECK(len > 0);
-  if (len <= 0) return;
-  self[len] = 0;
+  bool found = self_path(self, sizeof self);
+  CHECK(found);
+  if (!found) return;
   char cmd[4300];
   snprintf(cmd, sizeof cmd, "KILN_HOT=1 KILN_PAYOFF=0 KILN_INSPECT_IR=1 '%s' passes", self);
   FILE *p = popen(cmd, "r");
@@ -1451,9 +1457,7 @@ static int cache_bytes_main(void) {
 static bool cache_bytes_child(const char *env, double *most_bytes, double *most_entries,
                               double *bytes, double *entries, int *wrong) {
   char self[4096];
-  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (len <= 0) return false;
-  self[len] = 0;
+  if (!self_path(self, sizeof self)) return false;
   char cmd[4400], line[256] = "";
   snprintf(cmd, sizeof cmd, "env -u KILN_DUMP %s '%s' cachebytes", env, self);
   FILE *p = popen(cmd, "r");

@@ -579,18 +579,27 @@ static vm_tensor *join_columns(vm_tensor **parts, int k) {
 /* The joins of one loop's sums: a GRU's gate gradients dg_t are joined
    for their weight's GEMM ([h_0 .. h_k-1] @ [dg_0; ..; dg_k-1]) and again
    for their bias's column sum, the same k parts in the same order: the
-   second join is the first's tensor (it was a third of W10's join copies). */
+   second join is the first's tensor (it was a third of W10's join copies).
+   Each sum joins rows once, so a loop has at most nsinks of them. */
 typedef struct {
-  int n, cap;
-  vm_tensor ***parts; /* each join's k parts, as joined */
-  vm_tensor **joined;
+  int n, most, k;
+  vm_tensor **parts;  /* join i's k parts, as joined: parts[i * k ..] */
+  vm_tensor **joined; /* NULL: nothing is remembered (out of memory) */
 } joins;
 
-static void joins_free(joins *J) {
-  for (int i = 0; i < J->n; i++) {
-    free(J->parts[i]);
-    vm_release(J->joined[i]);
+static joins joins_new(int most, int k) {
+  joins J = {0, most, k, malloc((size_t)most * (size_t)k * sizeof *J.parts),
+             malloc((size_t)most * sizeof *J.joined)};
+  if (!J.parts || !J.joined) { /* remembering is an optimization */
+    free(J.parts);
+    free(J.joined);
+    J.parts = J.joined = NULL;
   }
+  return J;
+}
+
+static void joins_free(joins *J) {
+  for (int i = 0; i < J->n; i++) vm_release(J->joined[i]);
   free(J->parts);
   free(J->joined);
 }
@@ -612,25 +621,15 @@ static bool same_parts(vm_tensor *const *a, vm_tensor *const *b, int k) {
 }
 
 /* the k parts one after another along axis 0 (a new reference) */
-static vm_tensor *join_rows(joins *J, vm_tensor **parts, int k) {
+static vm_tensor *join_rows(joins *J, vm_tensor **parts) {
+  int k = J->k;
   for (int i = 0; i < J->n; i++)
-    if (same_parts(J->parts[i], parts, k)) return vm_retain(J->joined[i]);
+    if (same_parts(J->parts + (size_t)i * k, parts, k)) return vm_retain(J->joined[i]);
   vm_tensor *joined = exec_op(VM_OP_concat, k, parts, &(vm_attr){.axis = 0});
-  if (!joined) return NULL;
-  if (J->n == J->cap) { /* remembering is an optimization: on failure, don't */
-    int cap = J->cap ? 2 * J->cap : 4;
-    vm_tensor ***p = realloc(J->parts, (size_t)cap * sizeof *p);
-    if (p) J->parts = p;
-    vm_tensor **j = p ? realloc(J->joined, (size_t)cap * sizeof *j) : NULL;
-    if (j) J->joined = j;
-    if (!p || !j) return joined;
-    J->cap = cap;
+  if (joined && J->joined && J->n < J->most) {
+    memcpy(J->parts + (size_t)J->n * k, parts, (size_t)k * sizeof *parts);
+    J->joined[J->n++] = vm_retain(joined);
   }
-  vm_tensor **copy = malloc((size_t)k * sizeof *copy);
-  if (!copy) return joined;
-  memcpy(copy, parts, (size_t)k * sizeof *copy);
-  J->parts[J->n] = copy;
-  J->joined[J->n++] = vm_retain(joined);
   return joined;
 }
 
@@ -648,10 +647,10 @@ static vm_tensor *sink_sum(roller *R, const struct sink *sk, vm_tensor **parts, 
   vm_tensor *a = NULL, *b = NULL, *v = NULL;
   if (term->op == VM_OP_matmul) { /* [a_0 .. a_k-1] @ [b_0; ..; b_k-1] */
     a = join_columns(parts, k);
-    b = a ? join_rows(J, parts + k, k) : NULL;
+    b = a ? join_rows(J, parts + k) : NULL;
     v = b ? exec_op(VM_OP_matmul, 2, (vm_tensor *[]){a, b}, &term->attr) : NULL;
   } else { /* the rows of every step, summed */
-    a = join_rows(J, parts, k);
+    a = join_rows(J, parts);
     v = a ? exec_op(VM_OP_sum, 1, &a, &term->attr) : NULL;
   }
   vm_release(a);
@@ -678,7 +677,7 @@ static int sink_sums(roller *R, int *failed) {
   vm_tensor **parts = malloc((size_t)R->k * 2 * sizeof *parts);
   if (!parts) return vm_error(KILN_ERR_OOM, "out of memory");
   int rc = KILN_OK;
-  joins J = {0};
+  joins J = joins_new(R->nsinks, R->k);
   for (int x = 0; x < R->nsinks && rc == KILN_OK; x++) {
     int last = R->at[R->s + (R->k - 1) * R->d + R->sinks[x].add];
     if (!(R->vals[last] = sink_sum(R, &R->sinks[x], parts, &J))) {
