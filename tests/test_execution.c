@@ -3,10 +3,14 @@
  * value the program holds is computed at most twice, backward never
  * recomputes its forward (counted in BLAS calls and in trace nodes),
  * kiln_eval keeps what it computes, derivatives at kinks follow PyTorch,
- * and every NULL of the autodiff API carries a message.  Counts, never
+ * every NULL of the autodiff API carries a message, and a step's freed
+ * buffers serve the next step without a page fault.  Counts, never
  * times. */
 #include <stdint.h>
+#include <sys/resource.h>
 #include <sys/sysinfo.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "../trace/inspect.h"
 #include "ktest.h"
@@ -603,7 +607,81 @@ TEST(autodiff_nulls_carry_a_message) {
   kiln_release(x);
 }
 
-int main(void) {
+
+/* --- freed buffers serve the next step (KILN_BUFFER_CACHE_MB) --------------------------------- */
+
+enum { BUF_STEPS = 5, BUF_TENSORS = 3 };
+#define BUF_ELEMS ((int64_t)10 << 20) /* 40 MiB of f32: past glibc's largest mmap threshold */
+
+/* child: BUF_STEPS steps, each computing BUF_TENSORS fresh 40 MiB results,
+   reading one element of each, then dropping them all (a training step's
+   activations); prints the page faults of the steps after the first two
+   (interpreted, then planned: their buffers differ) per page they wrote,
+   and how many values were wrong */
+static int buffers_main(void) {
+  int wrong = 0;
+  long faults = 0;
+  for (int step = 0; step < BUF_STEPS; step++) {
+    struct rusage r0, r1;
+    getrusage(RUSAGE_SELF, &r0);
+    kiln_tensor *t[BUF_TENSORS];
+    int64_t n = BUF_ELEMS;
+    for (int i = 0; i < BUF_TENSORS; i++) {
+      kiln_tensor *x = kiln_arange(0, (double)n, 1, KILN_F32);
+      t[i] = kiln_add_scalar(x, step * 10 + i);
+      kiln_release(x);
+    }
+    CHECK_EQ_INT(kiln_eval(BUF_TENSORS, t), 0);
+    for (int i = 0; i < BUF_TENSORS; i++) {
+      int64_t at = (int64_t)i * 1000003 % n;
+      kiln_tensor *e = kiln_slice(t[i], 0, at, at + 1, 1);
+      wrong += kiln_item(e) != (double)(float)(at + step * 10 + i);
+      kiln_release(e);
+    }
+    for (int i = 0; i < BUF_TENSORS; i++) kiln_release(t[i]);
+    getrusage(RUSAGE_SELF, &r1);
+    if (step >= 2) faults += r1.ru_minflt - r0.ru_minflt;
+  }
+  double pages = (double)(BUF_STEPS - 2) * BUF_TENSORS * BUF_ELEMS * 4 / sysconf(_SC_PAGESIZE);
+  printf("%.4f %d\n", (double)faults / pages, wrong);
+  return 0;
+}
+
+static bool buffers_child(const char *env, double *faults_per_page, int *wrong) {
+  char self[4096];
+  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) return false;
+  self[len] = 0;
+  char cmd[4400], line[256] = "";
+  snprintf(cmd, sizeof cmd, "env -u KILN_DUMP %s '%s' buffers", env, self);
+  FILE *p = popen(cmd, "r");
+  if (!p) return false;
+  if (!fgets(line, sizeof line, p)) line[0] = 0;
+  int status = pclose(p);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+         sscanf(line, "%lf %d", faults_per_page, wrong) == 2;
+}
+
+/* A step's freed buffers are kept for the next step, which finds them
+   again instead of faulting fresh pages in, up to KILN_BUFFER_CACHE_MB;
+   past it they go back to the system.  The same values either way. */
+TEST(freed_buffers_serve_the_next_step_within_the_cache) {
+  double fits = -1, over = -1;
+  int wrong = -1;
+  CHECK(buffers_child("KILN_BUFFER_CACHE_MB=256", &fits, &wrong)); /* 240 MiB a step */
+  CHECK_EQ_INT(wrong, 0);
+  wrong = -1;
+  CHECK(buffers_child("KILN_BUFFER_CACHE_MB=64", &over, &wrong));
+  CHECK_EQ_INT(wrong, 0);
+  printf("  page faults per page written after two steps: %.4f in a 256 MiB cache, %.4f in "
+         "64 MiB\n",
+         fits, over);
+  if (fits > 0.05) KTEST_FAIL("%.3f faults per page with every buffer cached", fits);
+  if (over < 0.5) KTEST_FAIL("%.3f faults per page past the cache: it held more than its MiB", over);
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "buffers")) return buffers_main();
   RUN(rebound_state_settles_into_one_trace);
   RUN(adam_written_naturally_settles);
   RUN(held_value_computed_at_most_twice);
@@ -615,5 +693,6 @@ int main(void) {
   RUN(deep_backward_cut_by_the_cap_recomputes_little);
   RUN(derivatives_at_kinks_follow_pytorch);
   RUN(autodiff_nulls_carry_a_message);
+  RUN(freed_buffers_serve_the_next_step_within_the_cache);
   return ktest_done();
 }
