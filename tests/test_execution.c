@@ -607,7 +607,6 @@ TEST(autodiff_nulls_carry_a_message) {
   kiln_release(x);
 }
 
-
 /* --- freed buffers serve the next step (KILN_BUFFER_CACHE_MB) --------------------------------- */
 
 enum { BUF_STEPS = 5, BUF_TENSORS = 3 };
@@ -673,11 +672,13 @@ TEST(freed_buffers_serve_the_next_step_within_the_cache) {
   wrong = -1;
   CHECK(buffers_child("KILN_BUFFER_CACHE_MB=64", &over, &wrong));
   CHECK_EQ_INT(wrong, 0);
-  printf("  page faults per page written after two steps: %.4f in a 256 MiB cache, %.4f in "
-         "64 MiB\n",
-         fits, over);
+  printf(
+      "  page faults per page written after two steps: %.4f in a 256 MiB cache, %.4f in "
+      "64 MiB\n",
+      fits, over);
   if (fits > 0.05) KTEST_FAIL("%.3f faults per page with every buffer cached", fits);
-  if (over < 0.5) KTEST_FAIL("%.3f faults per page past the cache: it held more than its MiB", over);
+  if (over < 0.5)
+    KTEST_FAIL("%.3f faults per page past the cache: it held more than its MiB", over);
 }
 
 int main(int argc, char **argv) {

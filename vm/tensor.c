@@ -144,8 +144,7 @@ static pthread_once_t cache_bytes_once = PTHREAD_ONCE_INIT;
 static void cache_bytes_init(void) {
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   long mb = VM_CACHE_MAX_MB;
-  if (pages > 0 && page > 0 && pages / 8 / (1048576 / page) < mb)
-    mb = pages / 8 / (1048576 / page);
+  if (pages > 0 && page > 0 && pages / 8 / (1048576 / page) < mb) mb = pages / 8 / (1048576 / page);
   mb = vm_env_long("KILN_BUFFER_CACHE_MB", mb);
   cache_bytes = mb > 0 ? (size_t)mb << 20 : 0;
 }
