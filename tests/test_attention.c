@@ -8,8 +8,9 @@
  * non-contiguous q, k, v (slices of one fused projection) giving the same
  * bits as contiguous copies; rows with every key masked giving 0 and no
  * NaN; the composite route (a float mask that takes a gradient); the work
- * counted (gemms per block, no T x T buffer in memory);
- * bad input as clear errors.  JIT on vs off: test_bitwise_training's model
+ * counted (gemms per block, no T x T buffer in memory); the backward
+ * spread over blocks for few batch items giving the same bits as by items
+ * (KILN_THREADS 1 and 4); bad input as clear errors.  JIT on vs off: test_bitwise_training's model
  * has an attention layer. */
 #include <math.h>
 #include <stdint.h>
@@ -17,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "ktest.h"
 
@@ -717,7 +720,106 @@ TEST(bad_input_is_a_clear_error) {
   kiln_release(q1), kiln_release(qi), kiln_release(mi), kiln_release(m45), kiln_release(q3);
 }
 
-int main(void) {
+/* --- the backward over blocks: the same bits as by batch items ---------------------------------
+ */
+
+/* cases with few batch items, where the backward on more threads than
+   items runs in three phases over query and key blocks */
+static const acase spread_cases[] = {
+    {1, 1, 300, 700, 32, 16, false, 0, 0}, /* 3 query blocks, 2 key blocks */
+    {1, 2, 200, 200, 16, 16, true, 1, 0},  /* causal, a bool mask, rows with no key */
+    {1, 1, 130, 1030, 24, 8, false, 2, 0}, /* a float mask with -inf, 3 key blocks */
+    {2, 1, 257, 129, 8, 40, true, 3, 0.3}, /* key padding, one key block */
+};
+
+/* FNV-1a over bytes */
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
+  return h;
+}
+
+/* child: the gradients of every spread case in f32 and f64, hashed by
+   their bits; prints the hash and the BLAS calls the backwards made */
+static int spread_main(void) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  double calls = 0;
+  for (size_t i = 0; i < sizeof spread_cases / sizeof *spread_cases; i++)
+    for (int f = 0; f < 2; f++) {
+      const acase *c = &spread_cases[i];
+      kiln_dtype dt = f ? F64 : F32;
+      g_seed = 0x5eedull + i;
+      int64_t z = c->b * c->h, nm;
+      double *x[4] = {rand_vals(z * c->tq * c->d, -1.5, 1.5),
+                      rand_vals(z * c->tk * c->d, -1.5, 1.5), rand_vals(z * c->tk * c->dv, -1, 1),
+                      rand_vals(z * c->tq * c->dv, -1, 1)};
+      double *mv = mask_values(c, &nm);
+      const int64_t shapes[4][4] = {{c->b, c->h, c->tq, c->d},
+                                    {c->b, c->h, c->tk, c->d},
+                                    {c->b, c->h, c->tk, c->dv},
+                                    {c->b, c->h, c->tq, c->dv}};
+      kiln_tensor *t[4], *g[3] = {0};
+      for (int e = 0; e < 4; e++) t[e] = ktest_from_doubles(dt, 4, shapes[e], x[e]);
+      for (int e = 0; e < 3; e++) kiln_set_requires_grad(t[e], true);
+      kiln_tensor *m = mask_tensor(c, mv, dt);
+      kiln_tensor *o = kiln_scaled_dot_product_attention(t[0], t[1], t[2], m, c->causal, c->scale);
+      kiln_tensor *prod = kiln_mul(o, t[3]), *loss = kiln_sum(prod, 0, NULL, false);
+      kiln_item(loss);
+      double before = kiln_stat("blas_calls");
+      if (kiln_grad_of(1, &loss, NULL, 3, t, g, false) != 0) return 1;
+      CHECK(kiln_eval(3, g) == 0);
+      calls += kiln_stat("blas_calls") - before;
+      for (int e = 0; e < 3; e++) {
+        size_t bytes = (size_t)kiln_numel(g[e]) * (f ? 8 : 4);
+        void *bits = malloc(bytes ? bytes : 1);
+        if (!bits || kiln_to_buffer(g[e], bits, bytes) != 0) return 1;
+        h = fnv(h, bits, bytes);
+        free(bits);
+      }
+      for (int e = 0; e < 4; e++) kiln_release(t[e]), free(x[e]);
+      for (int e = 0; e < 3; e++) kiln_release(g[e]);
+      kiln_release(m), kiln_release(o), kiln_release(prod), kiln_release(loss);
+      free(mv);
+    }
+  printf("%016llx %.0f\n", (unsigned long long)h, calls);
+  return 0;
+}
+
+static bool spread_child(int threads, uint64_t *hash, double *calls) {
+  char self[4096];
+  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) return false;
+  self[len] = 0;
+  char cmd[4400], line[128] = "";
+  snprintf(cmd, sizeof cmd, "env KILN_THREADS=%d '%s' spread", threads, self);
+  FILE *p = popen(cmd, "r");
+  if (!p) return false;
+  if (!fgets(line, sizeof line, p)) line[0] = 0;
+  int status = pclose(p);
+  unsigned long long h;
+  bool ok =
+      WIFEXITED(status) && WEXITSTATUS(status) == 0 && sscanf(line, "%llx %lf", &h, calls) == 2;
+  *hash = h;
+  return ok;
+}
+
+/* On one thread the backward runs by batch items; on four, these cases'
+   one or two items would leave threads idle, so it runs over blocks
+   (more gemms: each block's scores three times).  The gradients are the
+   same bits either way, in f32 and f64. */
+TEST(backward_over_blocks_gives_the_same_bits) {
+  uint64_t h1 = 0, h4 = 1;
+  double c1 = 0, c4 = 0;
+  CHECK(spread_child(1, &h1, &c1));
+  CHECK(spread_child(4, &h4, &c4));
+  if (h1 != h4)
+    KTEST_FAIL("gradient bits by items %016llx, over blocks %016llx", (unsigned long long)h1,
+               (unsigned long long)h4);
+  if (!(c4 > c1)) KTEST_FAIL("%.0f gemms on 4 threads, %.0f on 1: the blocks did not run", c4, c1);
+  printf("  gradients: %.0f gemms by items, %.0f over blocks, the same bits\n", c1, c4);
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "spread")) return spread_main();
   RUN(no_score_matrix_in_memory); /* first: the peak RSS is the process's */
   RUN(forward_matches_reference_f64);
   RUN(forward_f32_close_to_reference);
@@ -731,5 +833,6 @@ int main(void) {
   RUN(long_way_gradients_are_the_ops);
   RUN(empty_dims);
   RUN(bad_input_is_a_clear_error);
+  RUN(backward_over_blocks_gives_the_same_bits);
   return ktest_done();
 }

@@ -19,7 +19,13 @@
  * P = exp(S - lse) block by block and accumulates dV += Pᵀ dO,
  * dS = P ∘ (dO Vᵀ - rowsum(dO ∘ O)) · scale, dQ += dS K, dK += dSᵀ Q.
  * Saving the logsumexp instead would need a second output; recomputing it
- * costs one more Q Kᵀ per block (a sixth of the backward's gemms).
+ * costs one more Q Kᵀ per block (a sixth of the backward's gemms).  With
+ * fewer batch items than threads (one long sequence, a few heads), the
+ * backward runs in three phases instead (three_phase): the first pass per
+ * query block, then dK, dV per key block and dQ per query block, each
+ * recomputing its probabilities — a third more gemms, spread over every
+ * thread, and the same bits: each sum in the same order, each block
+ * computed by the same calls.
  *
  * Determinism: blocks are fixed by Tq and Tk alone (never by the thread
  * count), every sum runs in block order, BLAS is single-threaded inside a
@@ -56,11 +62,12 @@ typedef struct {
   bool grad, causal, has_mask, mask_bool;
   int nb; /* batch dims */
   int64_t bshape[KILN_MAX_DIMS];
-  int64_t nbatch, tq, tk, d, dv, qblocks;
+  int64_t nbatch, tq, tk, d, dv, qblocks, kblocks;
   double scale;
   kiln_dtype dt;
   att_operand q, k, v, o, dout, mask;
   char *out;
+  void *stats; /* the three-phase backward's m, l, D per query row */
   const vm_blas *blas;
   vm_row_fn exp_row; /* f32: the interpreter's exp */
   atomic_bool failed;
@@ -119,6 +126,32 @@ static void attention_range(void *p, int64_t begin, int64_t end) {
   if (!ok) atomic_store(&j->failed, true); /* read after the parallel call */
 }
 
+/* the three-phase backward's tasks, one a chunk, taken by whichever
+   thread is free (a key block's task does a query block's work many times) */
+static void stats_task(void *p, int64_t chunk, int64_t begin, int64_t end) {
+  att_job *j = p;
+  (void)chunk;
+  if (!(j->dt == KILN_F32 ? stats_range_f32(j, begin, end) : stats_range_f64(j, begin, end)))
+    atomic_store(&j->failed, true);
+}
+
+static void grads_task(void *p, int64_t chunk, int64_t begin, int64_t end) {
+  att_job *j = p;
+  (void)chunk;
+  if (!(j->dt == KILN_F32 ? grads_range_f32(j, begin, end) : grads_range_f64(j, begin, end)))
+    atomic_store(&j->failed, true);
+}
+
+/* the backward in three phases: when batch items alone leave threads idle
+   (it computes the scores three times, not twice, so it must gain more
+   than a third of the time: fewer items than threads, or one or two more)
+   and there are blocks to spread.  Either way the same bits. */
+static bool three_phase(const att_job *j) {
+  int threads = vm_pool_threads();
+  double rounds = (double)((j->nbatch + threads - 1) / threads);
+  return threads > 1 && j->qblocks * j->kblocks >= 2 && (double)j->nbatch * 1.5 / threads < rounds;
+}
+
 /* args: attention (q, k, v [, mask]), attention_grad (q, k, v, o, do [, mask]) */
 bool vm_k_attention(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *args,
                     const vm_attr *attr) {
@@ -132,6 +165,7 @@ bool vm_k_attention(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *args,
   j.tq = q->shape[j.nb], j.tk = k->shape[j.nb], j.d = q->shape[j.nb + 1];
   j.dv = v->shape[j.nb + 1];
   j.qblocks = (j.tq + ATT_BQ - 1) / ATT_BQ;
+  j.kblocks = (j.tk + ATT_BK - 1) / ATT_BK;
   j.scale = attr->scalar[0];
   j.dt = out->dtype;
   j.out = vm_data(out);
@@ -160,12 +194,25 @@ bool vm_k_attention(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *args,
     return false;
   }
   if (out->numel == 0) return true;
-  /* forward: a task per query block; backward: per batch item */
-  int64_t tasks = j.grad ? j.nbatch : j.nbatch * j.qblocks;
-  double work = (double)(j.grad ? j.tq : min64(j.tq, ATT_BQ)) * (double)j.tk *
-                (double)(j.d + j.dv) * (j.grad ? 3.0 : 1.0);
-  vm_parallel_for(tasks, work >= (1 << 17) ? 1 : (int64_t)((1 << 17) / (work + 1)) + 1,
-                  attention_range, &j);
+  if (j.grad && three_phase(&j)) {
+    size_t row_bytes = 3 * (j.dt == KILN_F32 ? sizeof(float) : sizeof(double));
+    j.stats = malloc((size_t)(j.nbatch * j.tq) * row_bytes);
+    if (!j.stats) {
+      vm_error(KILN_ERR_OOM, "out of memory for attention's row statistics");
+      return false;
+    }
+    int64_t stats = j.nbatch * j.qblocks, grads = j.nbatch * (j.kblocks + j.qblocks);
+    vm_parallel_chunks(stats, stats, stats_task, &j);
+    if (!atomic_load(&j.failed)) vm_parallel_chunks(grads, grads, grads_task, &j);
+    free(j.stats);
+  } else {
+    /* forward: a task per query block; backward: per batch item */
+    int64_t tasks = j.grad ? j.nbatch : j.nbatch * j.qblocks;
+    double work = (double)(j.grad ? j.tq : min64(j.tq, ATT_BQ)) * (double)j.tk *
+                  (double)(j.d + j.dv) * (j.grad ? 3.0 : 1.0);
+    vm_parallel_for(tasks, work >= (1 << 17) ? 1 : (int64_t)((1 << 17) / (work + 1)) + 1,
+                    attention_range, &j);
+  }
   atomic_fetch_add_explicit(&vm_process()->stats.blas_calls, atomic_load(&j.gemms),
                             memory_order_relaxed);
   if (atomic_load(&j.failed)) {

@@ -187,7 +187,59 @@ ATT_CLONES static bool ATT_FN(forward_range)(att_job *j, int64_t begin, int64_t 
   return true;
 }
 
-/* backward tasks [begin, end): task = batch item; out = dq | dk | dv */
+/* P's rows divided by their sums l (a row with no key: 0) */
+static void ATT_FN(scale_rows)(ATT_T *P, int64_t rows, int64_t cols, const ATT_T *l) {
+  for (int64_t r = 0; r < rows; r++) {
+    ATT_T inv = l[r] > 0 ? 1 / l[r] : 0;
+    for (int64_t c = 0; c < cols; c++) P[r * cols + c] *= inv;
+  }
+}
+
+/* The backward's pass 1 over query block (i0, rows): each row's running
+   max m and sum l over its keys [0, kend) (online_block; where the keys
+   are one block, P is left holding exp(S - m)), and D = rowsum(dO ∘ O). */
+static void ATT_FN(row_stats)(att_job *j, const ATT_T *Q, int64_t ldq, const ATT_T *K, int64_t ldk,
+                              const ATT_T *dO, int64_t lddo, const ATT_T *O, int64_t ldo,
+                              int64_t rows, int64_t kend, int64_t bh, int64_t i0, ATT_T *S,
+                              ATT_T *P, ATT_T *m, ATT_T *l, ATT_T *D, ATT_T *mx, ATT_T *alpha) {
+  const int64_t BK = min64(ATT_BK, j->tk);
+  for (int64_t r = 0; r < rows; r++) {
+    D[r] = ATT_FN(row_dot)(dO + r * lddo, O + r * ldo, j->dv);
+    m[r] = -(ATT_T)INFINITY, l[r] = 0;
+  }
+  for (int64_t j0 = 0; j0 < kend; j0 += BK)
+    ATT_FN(online_block)
+    (j, Q, ldq, K, ldk, rows, min64(BK, kend - j0), bh, i0, j0, S, P, m, l, mx, alpha);
+}
+
+/* pass 2's probabilities of query block (i0, rows) x key block (j0, cols)
+   from pass 1's m and l: exp(S - lse), or, where the query block's keys
+   are one block, exp(S - m) / l (what pass 1 left in P, recomputed) */
+static void ATT_FN(probs)(att_job *j, const ATT_T *Q, int64_t ldq, const ATT_T *K, int64_t ldk,
+                          int64_t rows, int64_t cols, int64_t bh, int64_t i0, int64_t j0,
+                          bool one_block, const ATT_T *m, const ATT_T *l, ATT_T *S, ATT_T *P,
+                          ATT_T *shift) {
+  ATT_FN(gemm)(j, false, true, rows, cols, j->d, Q, ldq, K + j0 * ldk, ldk, 0, S, cols);
+  ATT_FN(scores)(j, S, rows, cols, bh, i0, j0, shift);
+  for (int64_t r = 0; r < rows; r++) /* a row with lse -inf has every score -inf: P = 0 */
+    shift[r] = one_block  ? ATT_FN(shift_of)(m[r])
+               : l[r] > 0 ? ATT_FN(shift_of)(m[r]) + (ATT_T)log(l[r])
+                          : 0;
+  ATT_FN(exp_block)(j, P, S, rows, cols, shift);
+  if (one_block) ATT_FN(scale_rows)(P, rows, cols, l);
+}
+
+/* dS = P ∘ (dP - D) · scale, into dP */
+static void ATT_FN(dscores)(const att_job *j, const ATT_T *P, ATT_T *dP, int64_t rows, int64_t cols,
+                            const ATT_T *D) {
+  const ATT_T scale = (ATT_T)j->scale;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++)
+      dP[r * cols + c] = P[r * cols + c] * (dP[r * cols + c] - D[r]) * scale;
+}
+
+/* The backward by batch item (a task is one item: its dK, dV accumulate
+   over its query blocks without other writers); out = dq | dk | dv */
 ATT_CLONES static bool ATT_FN(backward_range)(att_job *j, int64_t begin, int64_t end) {
   const int64_t BQ = min64(ATT_BQ, j->tq), BK = min64(ATT_BK, j->tk), d = j->d, dv = j->dv;
   const int64_t tk = j->tk;
@@ -195,9 +247,8 @@ ATT_CLONES static bool ATT_FN(backward_range)(att_job *j, int64_t begin, int64_t
   ATT_T *Qb = malloc((n ? n : 1) * sizeof(ATT_T));
   if (!Qb) return false;
   ATT_T *dOb = Qb + BQ * d, *Ob = dOb + BQ * dv, *S = Ob + BQ * dv, *P = S + BQ * BK;
-  ATT_T *dP = P + BQ * BK, *m = dP + BQ * BK, *l = m + BQ, *mx = l + BQ, *lse = mx + BQ;
-  ATT_T *D = lse + BQ, *alpha = D + BQ, *Kb = alpha + BQ, *Vb = Kb + tk * d;
-  const ATT_T scale = (ATT_T)j->scale;
+  ATT_T *dP = P + BQ * BK, *m = dP + BQ * BK, *l = m + BQ, *mx = l + BQ, *shift = mx + BQ;
+  ATT_T *D = shift + BQ, *alpha = D + BQ, *Kb = alpha + BQ, *Vb = Kb + tk * d;
   int64_t qn = j->nbatch * j->tq * d, kn = j->nbatch * tk * d, ldq, ldk, ldv, lddo, ldo;
   for (int64_t bh = begin; bh < end; bh++) {
     ATT_T *dq = (ATT_T *)j->out + bh * j->tq * d, *dk = (ATT_T *)j->out + qn + bh * tk * d;
@@ -213,40 +264,117 @@ ATT_CLONES static bool ATT_FN(backward_range)(att_job *j, int64_t begin, int64_t
       const ATT_T *Q = ATT_FN(rows_of)(Qb, j, &j->q, bh, i0, rows, d, &ldq);
       const ATT_T *dO = ATT_FN(rows_of)(dOb, j, &j->dout, bh, i0, rows, dv, &lddo);
       const ATT_T *O = ATT_FN(rows_of)(Ob, j, &j->o, bh, i0, rows, dv, &ldo);
-      for (int64_t r = 0; r < rows; r++) {
-        D[r] = ATT_FN(row_dot)(dO + r * lddo, O + r * ldo, dv);
-        m[r] = -(ATT_T)INFINITY, l[r] = 0;
-      }
-      /* pass 1: each row's logsumexp over its keys */
+      ATT_FN(row_stats)
+      (j, Q, ldq, K, ldk, dO, lddo, O, ldo, rows, kend, bh, i0, S, P, m, l, D, mx, alpha);
       for (int64_t j0 = 0; j0 < kend; j0 += BK) {
         int64_t cols = min64(BK, kend - j0);
-        ATT_FN(online_block)(j, Q, ldq, K, ldk, rows, cols, bh, i0, j0, S, P, m, l, mx, alpha);
-      }
-      for (int64_t r = 0; r < rows; r++) /* -inf: every key masked */
-        lse[r] = l[r] > 0 ? ATT_FN(shift_of)(m[r]) + (ATT_T)log(l[r]) : -(ATT_T)INFINITY;
-      /* pass 2: P = exp(S - lse), block by block */
-      for (int64_t j0 = 0; j0 < kend; j0 += BK) {
-        int64_t cols = min64(BK, kend - j0);
-        if (one_block) { /* P holds exp(S - m): divide by l */
-          for (int64_t r = 0; r < rows; r++) {
-            ATT_T inv = l[r] > 0 ? 1 / l[r] : 0;
-            for (int64_t c = 0; c < cols; c++) P[r * cols + c] *= inv;
-          }
-        } else {
-          ATT_FN(gemm)(j, false, true, rows, cols, d, Q, ldq, K + j0 * ldk, ldk, 0, S, cols);
-          ATT_FN(scores)(j, S, rows, cols, bh, i0, j0, mx);
-          /* a row with lse -inf has every score -inf: P = 0 */
-          for (int64_t r = 0; r < rows; r++) mx[r] = ATT_FN(shift_of)(lse[r]);
-          ATT_FN(exp_block)(j, P, S, rows, cols, mx);
-        }
+        if (one_block) /* P holds exp(S - m): divide by l */
+          ATT_FN(scale_rows)(P, rows, cols, l);
+        else
+          ATT_FN(probs)(j, Q, ldq, K, ldk, rows, cols, bh, i0, j0, false, m, l, S, P, shift);
         ATT_FN(gemm)(j, true, false, cols, dv, rows, P, cols, dO, lddo, 1, dvv + j0 * dv, dv);
         ATT_FN(gemm)(j, false, true, rows, cols, dv, dO, lddo, V + j0 * ldv, ldv, 0, dP, cols);
-        for (int64_t r = 0; r < rows; r++) /* dS = P (dP - D) scale, into dP */
-          for (int64_t c = 0; c < cols; c++)
-            dP[r * cols + c] = P[r * cols + c] * (dP[r * cols + c] - D[r]) * scale;
+        ATT_FN(dscores)(j, P, dP, rows, cols, D);
         ATT_FN(gemm)
         (j, false, false, rows, d, cols, dP, cols, K + j0 * ldk, ldk, 1, dq + i0 * d, d);
         ATT_FN(gemm)(j, true, false, cols, d, rows, dP, cols, Q, ldq, 1, dk + j0 * d, d);
+      }
+    }
+  }
+  free(Qb);
+  return true;
+}
+
+/* The backward in three phases, for few batch items on many threads: the
+   same arithmetic as backward_range, in the same order for every sum, so
+   the same bits, with the work spread over query and key blocks.  Phase 1
+   (a task per query block): pass 1's m, l and D, kept in j->stats.  Then
+   a task per key block accumulates its dK, dV over the query blocks in
+   order, and a task per query block its dQ over the key blocks in order;
+   each recomputes the probabilities it needs (a query block's scores are
+   computed three times, not twice). */
+ATT_CLONES static bool ATT_FN(stats_range)(att_job *j, int64_t begin, int64_t end) {
+  const int64_t BQ = min64(ATT_BQ, j->tq), BK = min64(ATT_BK, j->tk), d = j->d, dv = j->dv;
+  const int64_t tk = j->tk;
+  size_t n = (size_t)(BQ * d + 2 * BQ * dv + 2 * BQ * BK + 2 * BQ + tk * d);
+  ATT_T *Qb = malloc((n ? n : 1) * sizeof(ATT_T));
+  if (!Qb) return false;
+  ATT_T *dOb = Qb + BQ * d, *Ob = dOb + BQ * dv, *S = Ob + BQ * dv, *P = S + BQ * BK;
+  ATT_T *mx = P + BQ * BK, *alpha = mx + BQ, *Kb = alpha + BQ;
+  int64_t at = -1, ldq, ldk = d, lddo, ldo;
+  const ATT_T *K = NULL;
+  for (int64_t task = begin; task < end; task++) {
+    int64_t bh = task / j->qblocks, i0 = task % j->qblocks * BQ;
+    int64_t rows = min64(BQ, j->tq - i0), kend = keys_end(j, i0, rows);
+    if (at != bh) K = ATT_FN(rows_of)(Kb, j, &j->k, bh, 0, tk, d, &ldk), at = bh;
+    const ATT_T *Q = ATT_FN(rows_of)(Qb, j, &j->q, bh, i0, rows, d, &ldq);
+    const ATT_T *dO = ATT_FN(rows_of)(dOb, j, &j->dout, bh, i0, rows, dv, &lddo);
+    const ATT_T *O = ATT_FN(rows_of)(Ob, j, &j->o, bh, i0, rows, dv, &ldo);
+    ATT_T *st = (ATT_T *)j->stats + 3 * (bh * j->tq + i0);
+    ATT_FN(row_stats)
+    (j, Q, ldq, K, ldk, dO, lddo, O, ldo, rows, kend, bh, i0, S, P, st, st + rows, st + 2 * rows,
+     mx, alpha);
+  }
+  free(Qb);
+  return true;
+}
+
+/* phase 2: tasks [0, nbatch * kblocks) are (item, key block): dK, dV;
+   then (item, query block): dQ */
+ATT_CLONES static bool ATT_FN(grads_range)(att_job *j, int64_t begin, int64_t end) {
+  const int64_t BQ = min64(ATT_BQ, j->tq), BK = min64(ATT_BK, j->tk), d = j->d, dv = j->dv;
+  const int64_t tk = j->tk, kv_tasks = j->nbatch * j->kblocks;
+  size_t n = (size_t)(BQ * d + BQ * dv + 3 * BQ * BK + BQ + tk * (d + dv));
+  ATT_T *Qb = malloc((n ? n : 1) * sizeof(ATT_T));
+  if (!Qb) return false;
+  ATT_T *dOb = Qb + BQ * d, *S = dOb + BQ * dv, *P = S + BQ * BK, *dP = P + BQ * BK;
+  ATT_T *shift = dP + BQ * BK, *Kb = shift + BQ, *Vb = Kb + tk * d;
+  int64_t qn = j->nbatch * j->tq * d, kn = j->nbatch * tk * d, ldq, ldk = d, ldv = dv, lddo;
+  int64_t at = -1;
+  const ATT_T *K = NULL, *V = NULL;
+  for (int64_t task = begin; task < end; task++) {
+    bool kv = task < kv_tasks;
+    int64_t bh = kv ? task / j->kblocks : (task - kv_tasks) / j->qblocks;
+    if (at != bh) {
+      K = ATT_FN(rows_of)(Kb, j, &j->k, bh, 0, tk, d, &ldk);
+      V = ATT_FN(rows_of)(Vb, j, &j->v, bh, 0, tk, dv, &ldv);
+      at = bh;
+    }
+    if (kv) { /* key block j0: dK, dV over the query blocks, in order */
+      int64_t j0 = task % j->kblocks * BK;
+      ATT_T *dk = (ATT_T *)j->out + qn + (bh * tk + j0) * d;
+      ATT_T *dvv = (ATT_T *)j->out + qn + kn + (bh * tk + j0) * dv;
+      memset(dk, 0, (size_t)(min64(BK, tk - j0) * d) * sizeof(ATT_T));
+      memset(dvv, 0, (size_t)(min64(BK, tk - j0) * dv) * sizeof(ATT_T));
+      for (int64_t i0 = 0; i0 < j->tq; i0 += BQ) {
+        int64_t rows = min64(BQ, j->tq - i0), kend = keys_end(j, i0, rows);
+        if (j0 >= kend) continue;
+        int64_t cols = min64(BK, kend - j0);
+        const ATT_T *st = (const ATT_T *)j->stats + 3 * (bh * j->tq + i0);
+        const ATT_T *Q = ATT_FN(rows_of)(Qb, j, &j->q, bh, i0, rows, d, &ldq);
+        const ATT_T *dO = ATT_FN(rows_of)(dOb, j, &j->dout, bh, i0, rows, dv, &lddo);
+        ATT_FN(probs)
+        (j, Q, ldq, K, ldk, rows, cols, bh, i0, j0, kend <= BK, st, st + rows, S, P, shift);
+        ATT_FN(gemm)(j, true, false, cols, dv, rows, P, cols, dO, lddo, 1, dvv, dv);
+        ATT_FN(gemm)(j, false, true, rows, cols, dv, dO, lddo, V + j0 * ldv, ldv, 0, dP, cols);
+        ATT_FN(dscores)(j, P, dP, rows, cols, st + 2 * rows);
+        ATT_FN(gemm)(j, true, false, cols, d, rows, dP, cols, Q, ldq, 1, dk, d);
+      }
+    } else { /* query block i0: dQ over the key blocks, in order */
+      int64_t i0 = (task - kv_tasks) % j->qblocks * BQ;
+      int64_t rows = min64(BQ, j->tq - i0), kend = keys_end(j, i0, rows);
+      ATT_T *dq = (ATT_T *)j->out + (bh * j->tq + i0) * d;
+      const ATT_T *st = (const ATT_T *)j->stats + 3 * (bh * j->tq + i0);
+      const ATT_T *Q = ATT_FN(rows_of)(Qb, j, &j->q, bh, i0, rows, d, &ldq);
+      const ATT_T *dO = ATT_FN(rows_of)(dOb, j, &j->dout, bh, i0, rows, dv, &lddo);
+      memset(dq, 0, (size_t)(rows * d) * sizeof(ATT_T));
+      for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+        int64_t cols = min64(BK, kend - j0);
+        ATT_FN(probs)
+        (j, Q, ldq, K, ldk, rows, cols, bh, i0, j0, kend <= BK, st, st + rows, S, P, shift);
+        ATT_FN(gemm)(j, false, true, rows, cols, dv, dO, lddo, V + j0 * ldv, ldv, 0, dP, cols);
+        ATT_FN(dscores)(j, P, dP, rows, cols, st + 2 * rows);
+        ATT_FN(gemm)(j, false, false, rows, d, cols, dP, cols, K + j0 * ldk, ldk, 1, dq, d);
       }
     }
   }
