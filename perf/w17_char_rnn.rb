@@ -110,9 +110,16 @@ end
 sorted = times.sort
 median = sorted.size.odd? ? sorted[sorted.size / 2] : (sorted[sorted.size / 2 - 1] + sorted[sorted.size / 2]) / 2.0
 stats = Kiln.stats
+# the process's peak resident set (Linux VmHWM), as perf/bench.c reports it
+peak = begin
+  kb = File.foreach("/proc/self/status").find { |l| l.start_with?("VmHWM:") }&.split&.fetch(1)
+  kb ? format("peak_mib=%.1f\t", kb.to_f / 1024) : ""
+rescue SystemCallError
+  ""
+end
 puts format("@result\tworkload=W17\tcontender=%s\ttime_s=%.9g\tmin_s=%.9g\treps=%d\tthreads=%d\tisa=%s\t" \
-            "blas=%s\tsteps=%d\tbatch=%d\thidden=%d\tlengths=%d..%d\tcold_s=%.4g\tloss_last_epoch=%.4f\t" \
+            "blas=%s\t%ssteps=%d\tbatch=%d\thidden=%d\tlengths=%d..%d\tcold_s=%.4g\tloss_last_epoch=%.4f\t" \
             "kernels=%d\ttraces_seen=%d\tloops_rolled=%d\tcheck=loss1=%.6f",
             LABEL, median, sorted.first, REPS, Kiln.num_threads, Kiln.cpu_isa,
-            Kiln.blas_core.empty? ? "none" : Kiln.blas_core, STEPS, BATCH, HIDDEN, MIN_LEN, MAX_LEN,
+            Kiln.blas_core.empty? ? "none" : Kiln.blas_core, peak, STEPS, BATCH, HIDDEN, MIN_LEN, MAX_LEN,
             cold_s, last_loss, stats[:kernels_compiled], stats[:traces_seen], stats[:loops_rolled], first_loss)

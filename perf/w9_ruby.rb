@@ -40,10 +40,20 @@ def median(a)
   s.size.odd? ? s[s.size / 2] : (s[s.size / 2 - 1] + s[s.size / 2]) / 2.0
 end
 
+# "peak_mib=...\t": the process's peak resident set (Linux VmHWM) since the
+# row before, as perf/bench.c reports it ("" where unknown); starts a new peak
+def peak_field
+  kb = File.foreach("/proc/self/status").find { |l| l.start_with?("VmHWM:") }&.split&.fetch(1)
+  File.write("/proc/self/clear_refs", "5")
+  kb ? format("peak_mib=%.1f\t", kb.to_f / 1024) : ""
+rescue SystemCallError
+  kb ? format("peak_mib=%.1f\t", kb.to_f / 1024) : ""
+end
+
 def result_line(workload, times, extra)
   format("@result\tworkload=%s\tcontender=kiln-ruby\ttime_s=%.9g\tmin_s=%.9g\treps=%d\tthreads=%d\t" \
-         "isa=%s\tblas=%s\t%s", workload, median(times), times.min, times.size, Kiln.num_threads,
-         Kiln.cpu_isa, Kiln.blas_core.empty? ? "none" : Kiln.blas_core, extra)
+         "isa=%s\tblas=%s\t%s%s", workload, median(times), times.min, times.size, Kiln.num_threads,
+         Kiln.cpu_isa, Kiln.blas_core.empty? ? "none" : Kiln.blas_core, peak_field, extra)
 end
 
 # runs a C benchmark program: [median time_s, min_s], nil when it is absent

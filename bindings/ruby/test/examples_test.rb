@@ -57,6 +57,8 @@ class ExamplesTest < Minitest::Test
     assert_equal %w[W17 W17], rows.map { |r| r["workload"] }
     assert_equal %w[kiln kiln-eager], rows.map { |r| r["contender"] }
     rows.each { |r| assert_operator Float(r["time_s"]), :>, 0 }
+    # the memory column, as the C rows report it (Linux)
+    rows.each { |r| assert_operator Float(r["peak_mib"]), :>, 1 } if File.readable?("/proc/self/status")
     assert_equal rows[0]["check"], rows[1]["check"] # loss1, bit for bit
     assert_operator Integer(rows[0]["loops_rolled"]), :>, 0 # the GRU's per-step cell rolls
   end
