@@ -17,7 +17,7 @@ static void usage(const char *prog, int code) {
           "  --label NAME contender name (default: kiln-eager if KILN_JIT=0, else kiln)\n"
           "  --openblas   perf_w6 only: also time OpenBLAS cblas_sgemm called directly\n"
           "  --autodiff   perf_w7, perf_g7: gradients from kiln_backward (label kiln-autodiff)\n"
-          "  --bf16       perf_w2-w4, perf_w6: in bfloat16 (results named W2h-W4h, W6h)\n"
+          "  --bf16       perf_w2-w4, perf_w6: in bfloat16; perf_w7: bf16 autocast (W*h)\n"
           "  --device D   perf_g* only: cuda (default) or cpu (the same code on the CPU)\n",
           prog);
   exit(code);

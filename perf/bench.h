@@ -21,7 +21,7 @@ typedef struct {
   const char *label; /* contender name: "kiln-eager" when KILN_JIT=0, else "kiln" */
   bool openblas;     /* perf_w6: also time OpenBLAS sgemm called directly */
   bool autodiff;     /* perf_w7, perf_g7: gradients from kiln_backward, not written by hand */
-  bool bf16;         /* perf_w2-w4, perf_w6: the workload in bfloat16 (W2h-W4h, W6h) */
+  bool bf16;         /* perf_w2-w4, w6: in bfloat16; w7: bf16 autocast (W2h-W4h, W6h, W7h) */
   /* perf_g*: where the tensors live, KILN_CUDA unless --device cpu (which runs the
      same code on the CPU: a check that it runs, not a GPU measurement) */
   kiln_device device;

@@ -32,6 +32,7 @@ REPS = {"W1": (9, 2), "W2": (15, 2), "W3": (15, 2), "W4": (15, 2), "W5": (7, 1),
 BF16_OF = {"W2h": "W2", "W3h": "W3", "W4h": "W4", "W6h": "W6"}
 for _h, _w in BF16_OF.items():
     REPS[_h] = REPS[_w]
+REPS["W7h"] = REPS["W7"]  # W7 in bf16 mixed precision (perf/w7_mlp_train.c --bf16)
 W5_OPS, W5_CHAINS = 100, 500
 ARGS = None
 np = None
@@ -574,6 +575,8 @@ def run_torch(workloads):
                 both(w, fn, args, check, note="bfloat16", **extra_bytes(w))
             elif w == "W7":
                 run_torch_w7(torch, F, has_compile, no_compile)
+            elif w == "W7h":
+                run_torch_w7(torch, F, has_compile, no_compile, bf16=True)
             elif w == "W10":
                 run_torch_w10(torch, F, has_compile, no_compile)
             elif w == "W16":
@@ -733,14 +736,19 @@ def run_torch_w14_cnn(torch, F):
     run_adam_steps(torch, "W14:cnn", loss_of, params_np, (3e-3, 0.9, 0.999, 1e-8), 64)
 
 
-def run_torch_w7(torch, F, has_compile, no_compile):
+def run_torch_w7(torch, F, has_compile, no_compile, bf16=False):
+    """W7, or with bf16 W7h: the same step under torch.autocast("cpu",
+    torch.bfloat16) (matmuls in bf16, f32 parameters and gradients)"""
+    import contextlib
+    w = "W7h" if bf16 else "W7"
     x_np, params_np, target_np = inputs("W7")
     x, target = torch.from_numpy(x_np), torch.from_numpy(target_np)
     params = [torch.from_numpy(p.copy()).requires_grad_(True) for p in params_np]
 
     def step():
         with torch.enable_grad():
-            loss = torch_w7_loss(torch, F, x, target, *params)
+            with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+                loss = torch_w7_loss(torch, F, x, target, *params)
             loss.backward()
         with torch.no_grad():
             for p in params:
@@ -753,10 +761,11 @@ def run_torch_w7(torch, F, has_compile, no_compile):
         return loss, [p.detach().numpy().copy() for p in params]
 
     check = w7_check(once, [p.detach().numpy() for p in params])
-    reps, warm = reps_of("W7")
+    reps, warm = reps_of(w)
     med, mn, _ = timed(step, reps, warm)
-    result("W7", "torch", med, mn, reps, check, batch=x_np.shape[0], note="autograd")
-    na("W7", "torch.compile", no_compile if not has_compile else "not measured yet")
+    result(w, "torch", med, mn, reps, check, batch=x_np.shape[0],
+           note="autograd under torch.autocast(cpu, bfloat16)" if bf16 else "autograd")
+    na(w, "torch.compile", no_compile if not has_compile else "not measured yet")
 
 
 def first_line(e):

@@ -4,7 +4,12 @@
  * (workloads.c; written when Kiln had no autodiff); with --autodiff the
  * gradients come from kiln_backward instead (row kiln-autodiff).  The first two steps are the
  * warm-up and give the check: the loss of steps 1 and 2 and, per layer, the squared size of step
- * 1's update, sum((W_after - W_before)^2).  Inputs: bench_fill_hash (workloads.c). */
+ * 1's update, sum((W_after - W_before)^2).  Inputs: bench_fill_hash (workloads.c).
+ * --bf16 (W7h): the same step in bf16 mixed precision, PyTorch's CPU recipe:
+ * under kiln_set_autocast(KILN_BF16) the GEMMs take bf16 operands and give
+ * bf16 results (f32 accumulation), the f32 biases bring each layer back to
+ * f32, the parameters and their gradients stay f32; gradients from
+ * kiln_backward. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -17,7 +22,8 @@ int main(int argc, char **argv) {
   wl_mlp m;
   wl_mlp_init(&m, o.smoke);
   kiln_tensor *(*step)(wl_mlp *) = wl_mlp_step;
-  if (o.autodiff) {
+  if (o.bf16) bench_ok_status(kiln_set_autocast(KILN_BF16), "kiln_set_autocast");
+  if (o.autodiff || o.bf16) {
     wl_mlp_track(&m);
     step = wl_mlp_step_autodiff;
   }
@@ -36,9 +42,10 @@ int main(int argc, char **argv) {
     kiln_release(loss);
   }
   snprintf(extra, sizeof extra, "batch=%lld\tnote=%s", (long long)m.batch,
-           o.autodiff ? "gradients from kiln_backward (Kiln's autodiff)"
-                      : "backward pass hand-written from Kiln ops");
-  bench_result("W7", o.label, times, o.reps, extra, check);
+           o.bf16       ? "bf16 autocast: GEMMs in bf16, f32 parameters, kiln_backward"
+           : o.autodiff ? "gradients from kiln_backward (Kiln's autodiff)"
+                        : "backward pass hand-written from Kiln ops");
+  bench_result(bench_name("W7", &o), o.label, times, o.reps, extra, check);
   wl_mlp_free(&m);
   free(times);
   return 0;
