@@ -61,9 +61,15 @@ static inline uint16_t at_b(const uint16_t *B, int64_t ldb, bool tb, int64_t p, 
    past the last are zeros) */
 static void pack_a(uint32_t *dst, const uint16_t *A, int64_t lda, bool ta, int64_t m, int64_t k,
                    int64_t i0) {
-  int64_t pairs = (k + 1) / 2;
+  int64_t pairs = (k + 1) / 2, q0 = 0;
+  if (ta && i0 + MR <= m) { /* op(A)'s rows are A's columns: two rows of A interleaved */
+    for (; q0 < k / 2; q0++) {
+      const uint16_t *lo = A + 2 * q0 * lda + i0, *hi = lo + lda;
+      for (int r = 0; r < MR; r++) dst[q0 * MR + r] = (uint32_t)lo[r] | (uint32_t)hi[r] << 16;
+    }
+  }
   for (int64_t r = 0; r < MR; r++) {
-    int64_t i = i0 + r, q = 0;
+    int64_t i = i0 + r, q = q0;
     if (!ta && i < m) /* a row's pairs are adjacent: 32-bit words as they lie */
       for (; q < k / 2; q++) memcpy(&dst[q * MR + r], A + i * lda + 2 * q, 4);
     for (; q < pairs; q++) {
@@ -78,11 +84,18 @@ static void pack_a(uint32_t *dst, const uint16_t *A, int64_t lda, bool ta, int64
 static void pack_b(uint32_t *dst, const uint16_t *B, int64_t ldb, bool tb, int64_t n, int64_t k,
                    int64_t j0) {
   int64_t pairs = (k + 1) / 2, q = 0;
-  if (!tb && j0 + NR <= n) /* two rows of 32 columns, interleaved (GCC vectorizes it) */
+  if (!tb && j0 + NR <= n) { /* two rows of 32 columns, interleaved (GCC vectorizes it) */
     for (; q < k / 2; q++) {
       const uint16_t *lo = B + 2 * q * ldb + j0, *hi = lo + ldb;
       for (int c = 0; c < NR; c++) dst[q * NR + c] = (uint32_t)lo[c] | (uint32_t)hi[c] << 16;
     }
+  } else if (tb && j0 + NR <= n) { /* op(B)'s columns are B's rows: their pairs are words */
+    for (int c = 0; c < NR; c++) {
+      const uint16_t *row = B + (j0 + c) * ldb;
+      for (int64_t w = 0; w < k / 2; w++) memcpy(&dst[w * NR + c], row + 2 * w, 4);
+    }
+    q = k / 2;
+  }
   for (; q < pairs; q++)
     for (int64_t c = 0; c < NR; c++) {
       int64_t j = j0 + c;
@@ -92,9 +105,24 @@ static void pack_b(uint32_t *dst, const uint16_t *B, int64_t ldb, bool tb, int64
     }
 }
 
-/* the MR x NR block of C at (i0, j0): its sums in out[MR][NR] */
-BF16_ATTR static void micro(const uint32_t *ap, const uint32_t *bp, int64_t pairs,
-                            float out[MR][NR]) {
+/* 16 sums rounded to bf16 as vm_f32_to_bf16 does (nearest even; a NaN
+   quieted, its sign and top payload kept), the first `cols` stored */
+BF16_ATTR static inline void store_bf16(uint16_t *dst, __m512 sums, int cols) {
+  const __m512i u = _mm512_castps_si512(sums);
+  __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                          _mm512_set1_epi32(0x7f800000));
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  __m256i h = _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+  _mm256_mask_storeu_epi16(dst, (__mmask16)(cols >= 16 ? 0xffff : (1u << cols) - 1), h);
+}
+
+/* the MR x NR block of C at C (rows x cols of it, ldc): the sums over k,
+   rounded to bf16 once */
+BF16_ATTR static void micro(const uint32_t *ap, const uint32_t *bp, int64_t pairs, uint16_t *C,
+                            int64_t ldc, int64_t rows, int64_t cols) {
   __m512 c[MR][2];
 #pragma GCC unroll 12
   for (int r = 0; r < MR; r++) c[r][0] = c[r][1] = _mm512_setzero_ps();
@@ -110,8 +138,9 @@ BF16_ATTR static void micro(const uint32_t *ap, const uint32_t *bp, int64_t pair
   }
 #pragma GCC unroll 12
   for (int r = 0; r < MR; r++) {
-    _mm512_storeu_ps(out[r], c[r][0]);
-    _mm512_storeu_ps(out[r] + 16, c[r][1]);
+    if (r >= rows) break;
+    store_bf16(C + r * ldc, c[r][0], (int)cols);
+    if (cols > 16) store_bf16(C + r * ldc + 16, c[r][1], (int)cols - 16);
   }
 }
 
@@ -126,17 +155,12 @@ bool vm_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint1
     return false;
   }
   for (int64_t p = 0; p < panels; p++) pack_a(ap + p * pairs * MR, A, lda, ta, m, k, p * MR);
-  float out[MR][NR];
   for (int64_t j0 = 0; j0 < n; j0 += NR) {
     pack_b(bp, B, ldb, tb, n, k, j0);
     int64_t cols = n - j0 < NR ? n - j0 : NR;
     for (int64_t p = 0; p < panels; p++) {
-      micro(ap + p * pairs * MR, bp, pairs, out);
       int64_t rows = m - p * MR < MR ? m - p * MR : MR;
-      for (int64_t r = 0; r < rows; r++) {
-        uint16_t *crow = C + (p * MR + r) * ldc + j0;
-        for (int64_t c = 0; c < cols; c++) crow[c] = vm_f32_to_bf16(out[r][c]);
-      }
+      micro(ap + p * pairs * MR, bp, pairs, C + p * MR * ldc + j0, ldc, rows, cols);
     }
   }
   free(ap);
