@@ -668,6 +668,51 @@ TEST(bf16_matmul_is_within_the_dot_product_bound_at_any_shape) {
   }
 }
 
+/* a bf16 matmul rounds each f32 sum once to nearest even, in every lane and
+   at a row's ragged end: ties go to the even neighbour, past them up;
+   Inf and NaN come through, an f32 overflow is Inf */
+TEST(bf16_matmul_rounds_ties_to_even_and_keeps_inf_and_nan) {
+  enum { M = 3, N = 19 };
+  /* column j's (b0, b1) against each row's (2^r, 2^r), and what 2^r (b0 + b1) rounds to over 2^r */
+  static const double cols[][3] = {
+      {1, 0x1p-8, 1},                     /* a tie: to the even 1 */
+      {1 + 0x1p-7, 0x1p-8, 1 + 0x1p-6},   /* a tie: to the even 1 + 2^-6 */
+      {1, 0x3p-9, 1 + 0x1p-7},            /* past the tie: up */
+      {-1, -0x1p-8, -1},                  /* a negative tie */
+      {INFINITY, 0, INFINITY},            /* Inf */
+      {-INFINITY, 1, -INFINITY},          /* -Inf */
+      {NAN, 1, NAN},                      /* NaN */
+      {INFINITY, -INFINITY, NAN},         /* Inf - Inf */
+      {0x1.fep127, 0x1.fep127, INFINITY}, /* past f32's largest: Inf (row 0) */
+      {1 + 0x1p-6, 0x1p-8, 1 + 0x1p-6},   /* below the tie: down */
+  };
+  const int nc = (int)(sizeof cols / sizeof cols[0]);
+  double a[M * 2], b[2 * N];
+  for (int r = 0; r < M; r++) a[2 * r] = a[2 * r + 1] = ldexp(1, r);
+  for (int j = 0; j < N; j++) { /* the cases at columns j and j + 10, the rest 1 */
+    int c = j % 10;
+    b[j] = c < nc ? cols[c][0] : 1;
+    b[N + j] = c < nc ? cols[c][1] : 0;
+  }
+  kiln_tensor *a64 = kiln_from_data(a, KILN_F64, 2, S(M, 2)),
+              *b64 = kiln_from_data(b, KILN_F64, 2, S(2, N));
+  kiln_tensor *ah = kiln_cast(a64, KILN_BF16), *bh = kiln_cast(b64, KILN_BF16);
+  kiln_tensor *r = kiln_matmul(ah, bh);
+  double *got = ktest_values(r);
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) {
+      int c = j % 10;
+      double want = c < nc ? cols[c][2] : 1;
+      if (c == 8 && i > 0) continue; /* only row 0 is set up for the overflow */
+      want = isnan(want) || isinf(want) ? want : ldexp(want, i);
+      double g = got[i * N + j];
+      bool ok = isnan(want) ? isnan(g) : g == want;
+      if (!ok) KTEST_FAIL("row %d column %d: %.9g, want %.9g", i, j, g, want);
+    }
+  free(got);
+  kiln_release(a64), kiln_release(b64), kiln_release(ah), kiln_release(bh), kiln_release(r);
+}
+
 /* int8 and int16 as PyTorch's: arithmetic wraps, floats saturate into
    them, sums are i64, and matmul wraps; sort, max and argmax order the
    negatives right */
@@ -1091,6 +1136,7 @@ int main(void) {
   RUN(promotion_follows_pytorch);
   RUN(u8_wraps_saturates_from_floats_and_sums_to_i64);
   RUN(bf16_matmul_is_within_the_dot_product_bound_at_any_shape);
+  RUN(bf16_matmul_rounds_ties_to_even_and_keeps_inf_and_nan);
   RUN(int8_and_int16_wrap_saturate_and_sum_to_i64);
   RUN(gradients_come_in_the_parameters_dtype);
   RUN(autocast_runs_matmuls_in_the_half_dtype_with_f32_gradients);
