@@ -168,12 +168,14 @@ static bool plan_span(const tr_plan *plan, int g, const tr_group *grp, const boo
     }
     /* halves: loaded, computed and stored by elementwise nodes (the casts
        beside a reduction among them: front/op.c records reductions of
-       halves in f32), concat and bf16 gathers.  An f16 gather stays on the
-       interpreter, which moves the bits: widening an f16 quiets a
-       signaling NaN, where a bf16 widens and stores by shifts, exactly */
+       halves in f32), concat and gathers.  A bf16 widens and stores by
+       shifts, exactly; widening an f16 quiets a signaling NaN, so an f16
+       gather's output stores the bits it loaded (kernel_emit: elementwise
+       groups only), as the interpreter moves them */
     if (touches_half(plan, leaves, i) &&
         (i == ks->reduce || vm_op_scans(p->op) || p->op == VM_OP_scatter_add ||
-         (vm_op_gathers(p->op) && p->meta.dtype != KILN_BF16)))
+         (vm_op_gathers(p->op) && p->meta.dtype != KILN_BF16 &&
+          (p->meta.dtype != KILN_F16 || grp->kind != TR_GROUP_ELEMENTWISE))))
       return false;
     kiln_dtype in_dt[3];
     /* a gather, scatter_add, concat or argmax reads what it moves from
@@ -344,11 +346,16 @@ typedef struct {
   gcc_jit_lvalue *gstride[KERNEL_MAX_IO]; /* kernel_role_moves: the axis' stride */
   gcc_jit_lvalue *gext[KERNEL_MAX_IO];    /* kernel_role_extent: the extent along the axis */
   kiln_dtype in_dt[KERNEL_MAX_IO];
+  /* kernel_emit only, per group node: an f16 gather's element as it lies
+     (uint16_t bits), which its output stores unchanged, as the
+     interpreter's gather moves it (widening quiets a signaling NaN) */
+  gcc_jit_lvalue **raw;
 } kernel_io;
 
 /* in `entry`: out_ptr[q] = bufs[q], in_ptr[q] = bufs[nout + q], typed */
 static void emit_io(cg_ctx *c, gcc_jit_block *entry, gcc_jit_rvalue *bufs, const tr_plan *plan,
                     const cpu_leaf *leaves, const kernel_shape *ks, kernel_io *io) {
+  io->raw = NULL;
   for (int q = 0; q < ks->nout; q++) {
     gcc_jit_type *pt =
         gcc_jit_type_get_pointer(cg_mem_type(c, plan->nodes[ks->outs[q]].meta.dtype));
@@ -416,13 +423,13 @@ static void emit_loads(cg_ctx *c, const kernel_shape *ks, const kernel_io *io, g
   }
 }
 
-/* a gather / index_select of source input q at index value idx */
+/* a gather / index_select of source input q at index value idx: the
+   element as stored */
 static gcc_jit_rvalue *emit_gather(cg_ctx *c, const kernel_io *io, int q, gcc_jit_rvalue *pos,
                                    gcc_jit_rvalue *idx) {
   gcc_jit_rvalue *at = add64(
       c, pos, mul64(c, gcc_jit_context_new_cast(c->ctx, NULL, idx, c->t_i64), rv(io->gstride[q])));
-  return cg_load(c, io->in_dt[q],
-                 rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->in_ptr[q]), at)));
+  return rv(gcc_jit_context_new_array_access(c->ctx, NULL, rv(io->in_ptr[q]), at));
 }
 
 /* meta[at]: each moving input's stride along its axis (the runner puts
@@ -618,7 +625,14 @@ static bool emit_nodes(cg_ctx *c, const tr_plan *plan, const tr_group *grp, cons
     int qc = kernel_coord_input(ks);
     if (vm_op_gathers(p->op)) {
       if (qs[0] < 0 || ks->in_role[qs[0]] != KERNEL_IN_SOURCE || !io->gstride[qs[0]]) return false;
-      value = emit_gather(c, io, qs[0], args[0], args[1]);
+      gcc_jit_rvalue *stored = emit_gather(c, io, qs[0], args[0], args[1]);
+      if (io->in_dt[qs[0]] == KILN_F16) { /* kept as it lies for a store (kernel_emit) */
+        if (!io->raw) return false;
+        io->raw[i - grp->first] = new_local(c, c->t_u16, "raw", i);
+        gcc_jit_block_add_assignment(c->cur, NULL, io->raw[i - grp->first], stored);
+        stored = rv(io->raw[i - grp->first]);
+      }
+      value = cg_load(c, io->in_dt[qs[0]], stored);
     } else if (kernel_needs_coord(p->op) && qc < 0) {
       return false;
     } else if (p->op == VM_OP_scatter_add) {
@@ -819,17 +833,27 @@ bool kernel_emit(cg_ctx *c, const tr_plan *plan, int g, const cpu_leaf *leaves,
   c->cur = inner_body;
   gcc_jit_rvalue *in_val[KERNEL_MAX_IO];
   emit_loads(c, ks, &io, rv(j), in_val);
-  gcc_jit_lvalue **node_val = calloc((size_t)(grp->last - grp->first + 1), sizeof *node_val);
-  bool ok = node_val &&
+  size_t nnodes = (size_t)(grp->last - grp->first + 1);
+  gcc_jit_lvalue **node_val = calloc(nnodes, sizeof *node_val);
+  io.raw = calloc(nnodes, sizeof *io.raw);
+  bool ok = node_val && io.raw &&
             emit_nodes(c, plan, grp, ks, &io, in_val, params, grp->last + 1, NULL, "v", node_val);
   if (ok) {
     gcc_jit_rvalue *at = add64(c, mul64(c, rv(row), rv(inner)), rv(j));
-    for (int q = 0; q < ks->nout; q++)
-      store_output(c, plan, ks, &io, q, at, rv(node_val[ks->outs[q] - grp->first]));
+    for (int q = 0; q < ks->nout; q++) {
+      gcc_jit_lvalue *raw = io.raw[ks->outs[q] - grp->first];
+      if (raw) /* an f16 gather's output: the bits it moved */
+        gcc_jit_block_add_assignment(
+            c->cur, NULL, gcc_jit_context_new_array_access(c->ctx, NULL, rv(io.out_ptr[q]), at),
+            rv(raw));
+      else
+        store_output(c, plan, ks, &io, q, at, rv(node_val[ks->outs[q] - grp->first]));
+    }
     gcc_jit_block_add_assignment_op(c->cur, NULL, j, GCC_JIT_BINARY_OP_PLUS, i64v(c, 1));
     gcc_jit_block_end_with_jump(c->cur, NULL, inner_cond);
   }
   free(node_val);
+  free(io.raw);
   gcc_jit_block_add_assignment_op(
       row_next, NULL, flat, GCC_JIT_BINARY_OP_PLUS,
       gcc_jit_context_new_binary_op(c->ctx, NULL, GCC_JIT_BINARY_OP_MINUS, c->t_i64, rv(j1),
