@@ -33,6 +33,7 @@
  * which both run this kernel. */
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +43,7 @@
 #include "pool.h"
 #include "state.h"
 
-enum { ATT_BQ = 128, ATT_BK = 512, ATT_LANES = 16 };
+enum { ATT_BQ = 128, ATT_BK = 512, ATT_LANES = 16, ATT_SPARES = 64 };
 
 /* the row loops as vector code on AVX2 machines too (their sums are
    lane-order folds, the same on every thread; a machine runs one clone) */
@@ -72,7 +73,40 @@ typedef struct {
   vm_row_fn exp_row; /* f32: the interpreter's exp */
   atomic_bool failed;
   atomic_uint_fast64_t gemms;
+  /* the three-phase backward's scratch, handed from task to task (a task
+     is a chunk: one malloc each would hold a block's scratch per task
+     where freed memory is not reused at once, as under AddressSanitizer) */
+  pthread_mutex_t lock;
+  int nspare;
+  void *spare[ATT_SPARES];
+  size_t spare_bytes[ATT_SPARES];
 } att_job;
+
+/* scratch of at least `bytes` for one task (NULL: out of memory) */
+static void *scratch_get(att_job *j, size_t bytes) {
+  pthread_mutex_lock(&j->lock);
+  void *p = NULL;
+  if (j->nspare > 0) {
+    j->nspare--;
+    if (j->spare_bytes[j->nspare] >= bytes)
+      p = j->spare[j->nspare];
+    else
+      free(j->spare[j->nspare]);
+  }
+  pthread_mutex_unlock(&j->lock);
+  return p ? p : malloc(bytes);
+}
+
+static void scratch_put(att_job *j, void *p, size_t bytes) {
+  pthread_mutex_lock(&j->lock);
+  if (j->nspare < ATT_SPARES) {
+    j->spare[j->nspare] = p;
+    j->spare_bytes[j->nspare++] = bytes;
+    p = NULL;
+  }
+  pthread_mutex_unlock(&j->lock);
+  free(p);
+}
 
 static void operand_of(att_operand *o, const vm_tensor *t, int nb) {
   o->base = vm_data(t);
@@ -202,8 +236,11 @@ bool vm_k_attention(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *args,
       return false;
     }
     int64_t stats = j.nbatch * j.qblocks, grads = j.nbatch * (j.kblocks + j.qblocks);
+    pthread_mutex_init(&j.lock, NULL);
     vm_parallel_chunks(stats, stats, stats_task, &j);
     if (!atomic_load(&j.failed)) vm_parallel_chunks(grads, grads, grads_task, &j);
+    for (int i = 0; i < j.nspare; i++) free(j.spare[i]);
+    pthread_mutex_destroy(&j.lock);
     free(j.stats);
   } else {
     /* forward: a task per query block; backward: per batch item */

@@ -207,9 +207,8 @@ static void ATT_FN(row_stats)(att_job *j, const ATT_T *Q, int64_t ldq, const ATT
     D[r] = ATT_FN(row_dot)(dO + r * lddo, O + r * ldo, j->dv);
     m[r] = -(ATT_T)INFINITY, l[r] = 0;
   }
-  for (int64_t j0 = 0; j0 < kend; j0 += BK)
-    ATT_FN(online_block)
-    (j, Q, ldq, K, ldk, rows, min64(BK, kend - j0), bh, i0, j0, S, P, m, l, mx, alpha);
+  for (int64_t j0 = 0; j0 < kend; j0 += BK) ATT_FN(online_block)
+  (j, Q, ldq, K, ldk, rows, min64(BK, kend - j0), bh, i0, j0, S, P, m, l, mx, alpha);
 }
 
 /* pass 2's probabilities of query block (i0, rows) x key block (j0, cols)
@@ -297,7 +296,7 @@ ATT_CLONES static bool ATT_FN(stats_range)(att_job *j, int64_t begin, int64_t en
   const int64_t BQ = min64(ATT_BQ, j->tq), BK = min64(ATT_BK, j->tk), d = j->d, dv = j->dv;
   const int64_t tk = j->tk;
   size_t n = (size_t)(BQ * d + 2 * BQ * dv + 2 * BQ * BK + 2 * BQ + tk * d);
-  ATT_T *Qb = malloc((n ? n : 1) * sizeof(ATT_T));
+  ATT_T *Qb = scratch_get(j, (n ? n : 1) * sizeof(ATT_T));
   if (!Qb) return false;
   ATT_T *dOb = Qb + BQ * d, *Ob = dOb + BQ * dv, *S = Ob + BQ * dv, *P = S + BQ * BK;
   ATT_T *mx = P + BQ * BK, *alpha = mx + BQ, *Kb = alpha + BQ;
@@ -315,7 +314,7 @@ ATT_CLONES static bool ATT_FN(stats_range)(att_job *j, int64_t begin, int64_t en
     (j, Q, ldq, K, ldk, dO, lddo, O, ldo, rows, kend, bh, i0, S, P, st, st + rows, st + 2 * rows,
      mx, alpha);
   }
-  free(Qb);
+  scratch_put(j, Qb, (n ? n : 1) * sizeof(ATT_T));
   return true;
 }
 
@@ -325,7 +324,7 @@ ATT_CLONES static bool ATT_FN(grads_range)(att_job *j, int64_t begin, int64_t en
   const int64_t BQ = min64(ATT_BQ, j->tq), BK = min64(ATT_BK, j->tk), d = j->d, dv = j->dv;
   const int64_t tk = j->tk, kv_tasks = j->nbatch * j->kblocks;
   size_t n = (size_t)(BQ * d + BQ * dv + 3 * BQ * BK + BQ + tk * (d + dv));
-  ATT_T *Qb = malloc((n ? n : 1) * sizeof(ATT_T));
+  ATT_T *Qb = scratch_get(j, (n ? n : 1) * sizeof(ATT_T));
   if (!Qb) return false;
   ATT_T *dOb = Qb + BQ * d, *S = dOb + BQ * dv, *P = S + BQ * BK, *dP = P + BQ * BK;
   ATT_T *shift = dP + BQ * BK, *Kb = shift + BQ, *Vb = Kb + tk * d;
@@ -378,6 +377,6 @@ ATT_CLONES static bool ATT_FN(grads_range)(att_job *j, int64_t begin, int64_t en
       }
     }
   }
-  free(Qb);
+  scratch_put(j, Qb, (n ? n : 1) * sizeof(ATT_T));
   return true;
 }
