@@ -128,8 +128,9 @@ static vm_tensor *header_new(kiln_dtype dt, int ndim, const int64_t *shape, int6
    add over 64 MiB 30% slower than the memory bandwidth allows.  A request
    takes the smallest cached block that fits and is at most 25% larger.
    The cache holds KILN_BUFFER_CACHE_MB, by default an eighth of the
-   machine's memory and at most 4 GiB, oldest out first: a training step
-   frees what it allocated, and the next step should find it all again.
+   machine's memory and at most 4 GiB, and never more than the most the
+   storages have held at once, oldest out first: a training step frees
+   what it allocated, and the next step should find it all again.
    A conv2d step (W14) re-touches ~230 MiB of im2col buffers (with a
    256 MiB cache a fifth of its time went to page faults); a BERT
    fine-tuning step (W18, batch 32 x 128) frees some 1.4 GB, and a 1 GiB
@@ -211,9 +212,23 @@ static void *block_alloc(size_t bytes) {
   return had && posix_memalign(&p, 64, bytes) == 0 ? p : NULL;
 }
 
+/* the most bytes storages have held at once (live_peak_note): the cache
+   never holds more, since a step like the last finds all it needs in that
+   much, and more would only be blocks of sizes no longer asked for (a
+   model over ever new shapes) */
+static atomic_size_t live_peak;
+
+static void live_peak_note(size_t live) {
+  size_t peak = atomic_load_explicit(&live_peak, memory_order_relaxed);
+  while (live > peak && !atomic_compare_exchange_weak_explicit(
+                            &live_peak, &peak, live, memory_order_relaxed, memory_order_relaxed)) {
+  }
+}
+
 static void block_free(void *p, size_t bytes) {
   pthread_once(&cache_bytes_once, cache_bytes_init);
-  const size_t limit = cache_bytes;
+  size_t peak = atomic_load_explicit(&live_peak, memory_order_relaxed);
+  const size_t limit = cache_bytes < peak ? cache_bytes : peak;
   if (bytes >= VM_CACHE_MIN_BYTES && bytes <= limit) {
     pthread_mutex_lock(&block_cache.lock);
     while (block_cache.n > 0 &&
@@ -296,7 +311,8 @@ static vm_storage *storage_new(size_t nbytes) {
   s->nbytes = bytes;
   s->inline_data = false;
   s->device = KILN_CPU;
-  atomic_fetch_add_explicit(&live_bytes, storage_bytes(s), memory_order_relaxed);
+  size_t b = storage_bytes(s);
+  live_peak_note(atomic_fetch_add_explicit(&live_bytes, b, memory_order_relaxed) + b);
   return s;
 }
 
