@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "../vm/half.h"
 #include "kiln.h"
@@ -245,6 +247,23 @@ static inline int ktest_selected(const char *name) {
 /* whether this build has the CPU JIT (KILN_CPU_JIT=OFF builds run every
    CPU trace on the interpreter: checks of compiled kernels do not apply) */
 static inline bool ktest_cpu_jit(void) { return !strstr(kiln_device_info(KILN_CPU), "no JIT"); }
+
+/* Runs this test binary again as a child (KILN_DUMP unset): `env` (VAR=value
+   ..., or "") before it, `args` after it.  The child's first line of output
+   goes into line[cap] ("" if none); true when it exited with status 0. */
+static inline bool ktest_run_self(const char *env, const char *args, char *line, size_t cap) {
+  char self[4096], cmd[4600];
+  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  line[0] = 0;
+  if (len <= 0) return false;
+  self[len] = 0;
+  snprintf(cmd, sizeof cmd, "env -u KILN_DUMP %s '%s' %s", env, self, args);
+  FILE *p = popen(cmd, "r");
+  if (!p) return false;
+  if (!fgets(line, (int)cap, p)) line[0] = 0;
+  int status = pclose(p);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
 
 static inline int ktest_done(void) {
   /* tests/each_blas_core.sh: the run must have used the OpenBLAS kernels it

@@ -18,8 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "ktest.h"
 
@@ -785,19 +783,11 @@ static int spread_main(void) {
 }
 
 static bool spread_child(int threads, uint64_t *hash, double *calls) {
-  char self[4096];
-  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (len <= 0) return false;
-  self[len] = 0;
-  char cmd[4400], line[128] = "";
-  snprintf(cmd, sizeof cmd, "env KILN_THREADS=%d '%s' spread", threads, self);
-  FILE *p = popen(cmd, "r");
-  if (!p) return false;
-  if (!fgets(line, sizeof line, p)) line[0] = 0;
-  int status = pclose(p);
-  unsigned long long h;
+  char env[32], line[128];
+  snprintf(env, sizeof env, "KILN_THREADS=%d", threads);
+  unsigned long long h = 0;
   bool ok =
-      WIFEXITED(status) && WEXITSTATUS(status) == 0 && sscanf(line, "%llx %lf", &h, calls) == 2;
+      ktest_run_self(env, "spread", line, sizeof line) && sscanf(line, "%llx %lf", &h, calls) == 2;
   *hash = h;
   return ok;
 }

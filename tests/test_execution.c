@@ -9,8 +9,6 @@
 #include <stdint.h>
 #include <sys/resource.h>
 #include <sys/sysinfo.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "../trace/inspect.h"
 #include "ktest.h"
@@ -647,17 +645,8 @@ static int buffers_main(void) {
 }
 
 static bool buffers_child(const char *env, double *faults_per_page, int *wrong) {
-  char self[4096];
-  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (len <= 0) return false;
-  self[len] = 0;
-  char cmd[4400], line[256] = "";
-  snprintf(cmd, sizeof cmd, "env -u KILN_DUMP %s '%s' buffers", env, self);
-  FILE *p = popen(cmd, "r");
-  if (!p) return false;
-  if (!fgets(line, sizeof line, p)) line[0] = 0;
-  int status = pclose(p);
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+  char line[256];
+  return ktest_run_self(env, "buffers", line, sizeof line) &&
          sscanf(line, "%lf %d", faults_per_page, wrong) == 2;
 }
 

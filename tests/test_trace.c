@@ -177,21 +177,10 @@ static bool self_path(char *self, size_t cap) {
 }
 
 TEST(key_same_across_processes) {
-  char self[4096];
-  bool found = self_path(self, sizeof self);
-  CHECK(found);
-  if (!found) return;
-  char cmd[4200];
-  snprintf(cmd, sizeof cmd, "'%s' key", self);
   tr_flush_info here = key_program(V_BASE);
-  char mine[33], theirs[64] = "";
+  char mine[33], theirs[64];
   key_hex(&here, mine);
-  FILE *p = popen(cmd, "r");
-  CHECK(p != NULL);
-  if (!p) return;
-  if (!fgets(theirs, sizeof theirs, p)) theirs[0] = 0;
-  int status = pclose(p);
-  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK(ktest_run_self("", "key", theirs, sizeof theirs));
   theirs[strcspn(theirs, "\n")] = 0;
   if (strcmp(mine, theirs)) KTEST_FAIL("key here %s, in a fresh process %s", mine, theirs);
 }
@@ -1456,15 +1445,8 @@ static int cache_bytes_main(void) {
 
 static bool cache_bytes_child(const char *env, double *most_bytes, double *most_entries,
                               double *bytes, double *entries, int *wrong) {
-  char self[4096];
-  if (!self_path(self, sizeof self)) return false;
-  char cmd[4400], line[256] = "";
-  snprintf(cmd, sizeof cmd, "env -u KILN_DUMP %s '%s' cachebytes", env, self);
-  FILE *p = popen(cmd, "r");
-  if (!p) return false;
-  if (!fgets(line, sizeof line, p)) line[0] = 0;
-  int status = pclose(p);
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+  char line[256];
+  return ktest_run_self(env, "cachebytes", line, sizeof line) &&
          sscanf(line, "%lf %lf %lf %lf %d", most_bytes, most_entries, bytes, entries, wrong) == 5;
 }
 
