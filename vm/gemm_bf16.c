@@ -23,7 +23,6 @@
 #include <string.h>
 
 #include "cpu.h"
-#include "half.h"
 #include "state.h"
 
 #if defined(__x86_64__)
