@@ -98,7 +98,25 @@ def parse(path):
             elif kind in ("@result", "@na", "@fail"):
                 d["kind"] = kind[1:]
                 rows.append(d)
-    return limit, rows
+    return limit, best_of_runs(rows)
+
+
+def best_of_runs(rows):
+    """A peer run more than once (PyTorch under each OpenMP wait policy) keeps
+    its fastest result per (workload, contender); a result beats an n/a or a
+    failure of the same row in another run.  Kiln's rows are run once."""
+    kept, order = {}, []
+    for d in rows:
+        k = (d.get("workload"), d.get("contender"))
+        if k not in kept:
+            kept[k] = d
+            order.append(k)
+            continue
+        old = kept[k]
+        if d["kind"] == "result" and (old["kind"] != "result" or
+                                      float(d["time_s"]) < float(old["time_s"])):
+            kept[k] = d
+    return [kept[k] for k in order]
 
 
 def parse_check(s):
@@ -193,7 +211,8 @@ def build(limit, raw):
              "value": None, "unit": unit_of(w), "limit_s": None, "of_limit": None,
              "kiln_speedup": None, "bytes": d.get("bytes", ""), "flops": d.get("flops", ""),
              "peak_mib": d.get("peak_mib", ""),
-             "details": ";".join("%s=%s" % (k, d[k]) for k in DETAILS.get(base(w), []) if k in d)}
+             "details": ";".join("%s=%s" % (k, d[k]) for k in DETAILS.get(base(w), []) + ["omp_wait"]
+                                 if k in d)}
         if d["kind"] == "result":
             r["status"] = "ok"
             t = float(d["time_s"])
