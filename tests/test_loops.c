@@ -278,6 +278,7 @@ typedef struct {
   int odd_step;      /* >= 0: that step scales h by a scalar no other step has */
   bool stacked;      /* the loss reads every state (else only the last) */
   bool both_ways;    /* a second loop over the reversed sequence (bidirectional) */
+  bool grad_x;       /* X_SLICED: X's gradient too (dx_t = dg_t @ W_x^T each step) */
 } train;
 
 enum { MAX_VALUES = 8192 };
@@ -291,6 +292,8 @@ typedef struct {
   double steps;           /* loop_steps: the steps those loops ran */
   double sums;            /* loop_sums during the step */
   double hoists;          /* loop_hoists during the step */
+  double maps;            /* loop_maps during the step */
+  double blas_bwd;        /* BLAS calls of the backward and the gradients' flush */
 } trained;
 
 static void fold(trained *out, kiln_tensor *t) {
@@ -338,7 +341,7 @@ static const trained *train_step(train tr) {
   }
   kiln_tensor *emb = keep(&a, kiln_randn(tr.dt, 2, (int64_t[]){V, I}));
   kiln_tensor *wo = keep(&a, kiln_randn(tr.dt, 2, (int64_t[]){H, V}));
-  kiln_tensor *params[14] = {wo, emb};
+  kiln_tensor *params[15] = {wo, emb};
   int np = tr.input == X_SLICED ? 1 : 2; /* the embedding only when read */
   for (int g = 0; g < gates; g++) {
     params[np++] = w.wx[g];
@@ -348,11 +351,16 @@ static const trained *train_step(train tr) {
   for (int q = 0; q < np; q++) CHECK(kiln_set_requires_grad(params[q], true) == KILN_OK);
   int span = tr.first + (tr.T - 1) * (tr.stride > 0 ? tr.stride : 0) + 1;
   kiln_tensor *X = keep(&a, kiln_randn(tr.dt, 3, (int64_t[]){span, B, I}));
+  if (tr.grad_x) {
+    CHECK(kiln_set_requires_grad(X, true) == KILN_OK);
+    params[np++] = X;
+  }
   kiln_tensor *tok = keep(&a, kiln_randint(0, V, KILN_I64, 2, (int64_t[]){tr.T, B}));
   kiln_tensor *h0 = keep(&a, kiln_zeros(tr.dt, 2, (int64_t[]){B, H}));
   CHECK(kiln_sync() == KILN_OK); /* the step's flushes start from values */
   double rolled_before = kiln_stat("loops_rolled"), sums_before = kiln_stat("loop_sums"),
-         hoists_before = kiln_stat("loop_hoists"), steps_before = kiln_stat("loop_steps");
+         hoists_before = kiln_stat("loop_hoists"), steps_before = kiln_stat("loop_steps"),
+         maps_before = kiln_stat("loop_maps");
   kiln_tensor *loss = NULL;
   for (int way = 0; way < (tr.both_ways ? 2 : 1); way++) {
     kiln_tensor *h = h0, *c = h0, *hs[512];
@@ -383,16 +391,19 @@ static const trained *train_step(train tr) {
   }
   fold(&out, loss);
   out.fwd = last_flush();
+  double blas = kiln_stat("blas_calls");
   CHECK(kiln_backward(loss, NULL) == KILN_OK);
-  kiln_tensor *grads[14];
+  kiln_tensor *grads[15];
   for (int q = 0; q < np; q++) grads[q] = keep(&a, kiln_grad(params[q]));
   CHECK(kiln_eval(np, grads) == KILN_OK);
+  out.blas_bwd = kiln_stat("blas_calls") - blas;
   out.bwd = last_flush();
   for (int q = 0; q < np; q++) fold(&out, grads[q]);
   out.rolled = kiln_stat("loops_rolled") - rolled_before;
   out.steps = kiln_stat("loop_steps") - steps_before;
   out.sums = kiln_stat("loop_sums") - sums_before;
   out.hoists = kiln_stat("loop_hoists") - hoists_before;
+  out.maps = kiln_stat("loop_maps") - maps_before;
   arena_free(&a);
   return &out;
 }
@@ -427,7 +438,7 @@ static trained rolled_as_unrolled(train tr) {
      canonical phase cuts), each as the step trace */
   if (rolled.rolled > 0) CHECK(rolled.steps >= tr.T - 1);
   CHECK(unrolled.steps == 0);
-  if (!rolled.sums && !rolled.hoists) /* nothing left the loop: the same program, the same bits */
+  if (!rolled.sums && !rolled.hoists && !rolled.maps) /* nothing left: the same program and bits */
     CHECK(rolled.bits == unrolled.bits);
   return rolled;
 }
@@ -527,6 +538,43 @@ TEST(the_input_projection_is_one_gemm) {
   set_env("KILN_ROLL_LOOPS", NULL);
 }
 
+/* the input gradient leaves the backward loop: with X's gradient asked
+   for, each backward step of a tanh RNN computes dx_t = dg_t @ W_x^T,
+   which only the concat after the loop reads; rolled, it is one GEMM over
+   every step's dg_t after the loop.  So the backward flush makes about T
+   BLAS calls (dh_{t-1} = dg_t @ W_h^T per step, plus the GEMMs after the
+   loop), not 2T; results as the unrolled program's (f64 to 1e-12), the
+   same bits with the JIT on and off.  LSTM and GRU cells (whose dx_t
+   adds the gates' products in the step) still roll to the same results. */
+TEST(the_input_gradient_is_one_gemm_after_the_loop) {
+  const kiln_dtype dts[] = {KILN_F32, KILN_F64};
+  for (int d = 0; d < 2; d++)
+    for (int T = 6; T <= 30; T += 12) {
+      train tr = gru7;
+      tr.kind = TANH_RNN;
+      tr.dt = dts[d];
+      tr.T = T;
+      tr.grad_x = true;
+      set_env("KILN_ROLL_LOOPS", "0");
+      double unrolled_calls = train_step(tr)->blas_bwd;
+      set_env("KILN_ROLL_LOOPS", NULL);
+      trained r = rolled_as_unrolled(tr);
+      if (getenv("TEST_LOOPS_VERBOSE"))
+        fprintf(stderr, "T %d: %g BLAS calls unrolled, %g rolled, %g maps\n", T, unrolled_calls,
+                r.blas_bwd, r.maps);
+      CHECK(r.bwd.rolled);
+      CHECK(r.maps >= 1);
+      CHECK(unrolled_calls >= 4 * T);
+      CHECK(r.blas_bwd <= T + 12); /* 2T + 10 with dx_t in the loop */
+    }
+  train tr = gru7;
+  tr.grad_x = true;
+  for (int k = GRU; k <= LSTM; k++) {
+    tr.kind = (cell_kind)k;
+    rolled_as_unrolled(tr);
+  }
+}
+
 /* a token out of range in one step of a rolled loop: the read reports the
    index error (no crash, nothing half-committed), and the same program
    with good tokens runs rolled after it */
@@ -607,6 +655,7 @@ int main(void) {
   RUN(every_input_and_output_kind_rolls_to_the_same_bits);
   RUN(a_greedy_decoder_and_a_bidirectional_loop_roll_to_the_same_bits);
   RUN(the_input_projection_is_one_gemm);
+  RUN(the_input_gradient_is_one_gemm_after_the_loop);
   RUN(a_bad_index_in_a_rolled_step_is_an_error);
   RUN(one_step_key_for_every_length);
   return ktest_done();

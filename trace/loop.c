@@ -406,7 +406,14 @@ typedef struct {
     int acc;     /* the add's input that carries the sum */
   } * sinks;
   int nsinks;
-  bool *sunk; /* per body offset: computed after the loop */
+  /* per-step products that leave the loop after it (find_maps) */
+  struct map {
+    int mm;      /* body offset of the product a_t @ W, */
+    int view[2]; /* the reshapes after it, read after the loop only (-1: none) */
+  } * maps;
+  int nmaps;
+  bool *sunk;   /* per body offset: computed after the loop */
+  bool *mapped; /* per body offset: of those, a map's (each step's value kept) */
   /* work that leaves the loop before it (hoist_before) */
   bool *hoisted;       /* per body offset: computed for every step at once */
   vm_tensor **batched; /* per body offset: that value, [k, ...] */
@@ -673,23 +680,6 @@ static vm_tensor *sink_sum(roller *R, const struct sink *sk, vm_tensor **parts, 
   return total;
 }
 
-static int sink_sums(roller *R, int *failed) {
-  vm_tensor **parts = malloc((size_t)R->k * 2 * sizeof *parts);
-  if (!parts) return vm_error(KILN_ERR_OOM, "out of memory");
-  int rc = KILN_OK;
-  joins J = joins_new(R->nsinks, R->k);
-  for (int x = 0; x < R->nsinks && rc == KILN_OK; x++) {
-    int last = R->at[R->s + (R->k - 1) * R->d + R->sinks[x].add];
-    if (!(R->vals[last] = sink_sum(R, &R->sinks[x], parts, &J))) {
-      *failed = last;
-      rc = vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
-    }
-  }
-  joins_free(&J);
-  free(parts);
-  return rc;
-}
-
 /* --- work leaves the loop before it ---
 
    Body ops that read only the steps' slices of a sequence (x[t]) and
@@ -874,6 +864,173 @@ static vm_tensor *hoisted_step(roller *R, int q, int c) {
   return v;
 }
 
+/* --- per-step products leave the loop after it ---
+
+   A backward loop computes each step's input gradient dx_t = dg_t @ W_x^T
+   (a GEMM per step) that nothing in the loop reads: only the nodes after
+   it do (the concat that joins the slices' gradients).  Such a product,
+   with the reshapes after it, leaves the loop: the steps keep a_t, and
+   after the loop one GEMM [a_0; ..; a_{k-1}] @ W gives every step's rows
+   at once, each step's value a view of its rows.  W must be the same in
+   every step: invariant, or a view (a transpose) of an invariant value
+   taken in the step.  The GEMM's rows are the steps' products, computed
+   in one call, in both modes alike. */
+
+/* a value of the same copy c as node i (offset o), computed in the step: *o */
+static bool same_copy(const roller *R, int r, int c, int *o) {
+  if (r < 0 || copy_at(R, r) != c) return false;
+  *o = offset_in(R, r);
+  return true;
+}
+
+/* input 1 of offset q: the same in every copy (invariant, or a view taken
+   in each step of one invariant value) */
+static bool same_rhs(const roller *R, int q) {
+  if (invariant_input(R, q, 1)) return true;
+  int o = -1;
+  for (int c = 0; c < R->k; c++) {
+    int oc;
+    if (!same_copy(R, R->t->refs[R->at[R->s + c * R->d + q]][1], c, &oc) || (c && oc != o))
+      return false;
+    o = oc;
+  }
+  const tr_node *v = R->t->nodes[R->at[R->s + o]];
+  return !R->sunk[o] && v->nin == 1 && (v->op == VM_OP_permute || v->op == VM_OP_reshape) &&
+         same_in_every_copy(R, o) && invariant_input(R, o, 0);
+}
+
+static bool map_at(const roller *R, const int *inner, const int *inner_reader, const int *readers,
+                   int q, struct map *out) {
+  const tr_trace *t = R->t;
+  struct map mp = {.mm = q, .view = {-1, -1}};
+  for (int c = 0; c < R->k; c++) {
+    int i = R->at[R->s + c * R->d + q];
+    const tr_node *n = t->nodes[i];
+    if (n->op != VM_OP_matmul || n->nin != 2 || n->meta.device != KILN_CPU ||
+        !vm_dtype_is_float(n->meta.dtype))
+      return false;
+    for (int e = 0; e < 2; e++) {
+      const tr_node *x = input_node(t, t->refs[i][e]);
+      if (x->meta.ndim != 2 || x->meta.dtype != n->meta.dtype) return false;
+    }
+    /* a_t: a value of this step (not one computed after the loop), or of
+       before the loop */
+    int r0 = t->refs[i][0], o0;
+    if (r0 >= 0 && copy_at(R, r0) >= 0 && (!same_copy(R, r0, c, &o0) || R->sunk[o0])) return false;
+    /* down the reshapes to what is read after the loop only */
+    int m = i, view[2] = {-1, -1}, nv = 0;
+    while (inner[m] == 1 && readers[m] == 1 && !t->is_output[m] && nv < 2) {
+      int r = inner_reader[m];
+      if (copy_at(R, r) != c || t->nodes[r]->op != VM_OP_reshape) return false;
+      view[nv++] = offset_in(R, r);
+      m = r;
+    }
+    if (inner[m] != 0) return false;
+    if (c == 0)
+      memcpy(mp.view, view, sizeof view);
+    else if (memcmp(view, mp.view, sizeof view))
+      return false;
+  }
+  if (!same_in_every_copy(R, q) || !same_rhs(R, q)) return false;
+  for (int v = 0; v < 2; v++)
+    if (mp.view[v] >= 0 && (R->sunk[mp.view[v]] || !same_in_every_copy(R, mp.view[v])))
+      return false;
+  *out = mp;
+  return true;
+}
+
+static void find_maps(roller *R) {
+  const tr_trace *t = R->t;
+  int n = t->n;
+  /* per node: its readers, those in the loop, and one of those */
+  int *readers = calloc((size_t)n, sizeof *readers), *inner = calloc((size_t)n, sizeof *inner),
+      *inner_reader = malloc((size_t)n * sizeof *inner_reader);
+  if (!readers || !inner || !inner_reader) goto done; /* nothing leaves the loop */
+  for (int i = 0; i < n; i++)
+    for (int e = 0; e < t->nodes[i]->nin; e++) {
+      int r = t->refs[i][e];
+      if (r < 0) continue;
+      readers[r]++;
+      if (copy_at(R, i) < R->k) {
+        inner[r]++;
+        inner_reader[r] = i;
+      }
+    }
+  for (int q = 0; q < R->d; q++) {
+    struct map mp;
+    if (R->sunk[q] || t->nodes[R->at[R->s + q]]->op != VM_OP_matmul ||
+        !map_at(R, inner, inner_reader, readers, q, &mp))
+      continue;
+    R->maps[R->nmaps++] = mp;
+    R->sunk[q] = R->mapped[q] = true;
+    for (int v = 0; v < 2; v++)
+      if (mp.view[v] >= 0) R->sunk[mp.view[v]] = R->mapped[mp.view[v]] = true;
+  }
+done:
+  free(readers);
+  free(inner);
+  free(inner_reader);
+}
+
+/* one map after the loop: every step's a_t joined as rows, one GEMM, each
+   step's value the view of its rows (through the same reshapes) */
+static int run_map(roller *R, const struct map *mp, vm_tensor **parts, joins *J, int *failed) {
+  const tr_trace *t = R->t;
+  int k = R->k, first = R->at[R->s + mp->mm];
+  const tr_node *n0 = t->nodes[first];
+  for (int c = 0; c < k; c++)
+    if (!(parts[c] = value_of(R, t->refs[R->at[R->s + c * R->d + mp->mm]][0]))) {
+      *failed = first;
+      return vm_error(KILN_ERR_INTERNAL, "rolled loop: a step's operand is missing");
+    }
+  vm_tensor *w = value_of(R, t->refs[first][1]);
+  vm_tensor *a = w ? join_rows(J, parts) : NULL;
+  vm_tensor *all = a ? exec_op(VM_OP_matmul, 2, (vm_tensor *[]){a, w}, &n0->attr) : NULL;
+  vm_release(a);
+  int64_t rows = n0->meta.shape[0];
+  for (int c = 0; c < k && all; c++) {
+    int i = R->at[R->s + c * R->d + mp->mm];
+    vm_tensor *v =
+        exec_op(VM_OP_slice, 1, &all,
+                &(vm_attr){.axis = 0, .start = c * rows, .stop = (c + 1) * rows, .step = 1});
+    R->vals[i] = v;
+    for (int x = 0; x < 2 && mp->view[x] >= 0 && v; x++) {
+      i = R->at[R->s + c * R->d + mp->view[x]];
+      R->vals[i] = v = exec_op(VM_OP_reshape, 1, &v, &t->nodes[i]->attr);
+    }
+    if (!v) {
+      first = i;
+      break;
+    }
+  }
+  bool ok = all != NULL && R->vals[R->at[R->s + (k - 1) * R->d + mp->mm]];
+  vm_release(all);
+  if (ok) return KILN_OK;
+  *failed = first;
+  return vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
+}
+
+/* what leaves the loop after it: its sums, then its maps (which often
+   join the same rows as a sum: dg_t for dW_x and again for dx_t) */
+static int after_the_loop(roller *R, int *failed) {
+  vm_tensor **parts = malloc((size_t)R->k * 2 * sizeof *parts);
+  if (!parts) return vm_error(KILN_ERR_OOM, "out of memory");
+  int rc = KILN_OK;
+  joins J = joins_new(R->nsinks + R->nmaps, R->k);
+  for (int x = 0; x < R->nsinks && rc == KILN_OK; x++) {
+    int last = R->at[R->s + (R->k - 1) * R->d + R->sinks[x].add];
+    if (!(R->vals[last] = sink_sum(R, &R->sinks[x], parts, &J))) {
+      *failed = last;
+      rc = vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
+    }
+  }
+  for (int x = 0; x < R->nmaps && rc == KILN_OK; x++)
+    rc = run_map(R, &R->maps[x], parts, &J, failed);
+  joins_free(&J);
+  free(parts);
+  return rc;
+}
+
 static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tensor **vals) {
   memset(R, 0, sizeof *R);
   int n = t->n, edges = 0;
@@ -892,6 +1049,8 @@ static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tens
   R->drop_at = calloc((size_t)R->k + 2, sizeof *R->drop_at);
   R->sinks = malloc((size_t)R->d * sizeof *R->sinks);
   R->sunk = calloc((size_t)R->d, sizeof *R->sunk);
+  R->maps = malloc((size_t)R->d * sizeof *R->maps);
+  R->mapped = calloc((size_t)R->d, sizeof *R->mapped);
   R->hoisted = calloc((size_t)R->d, sizeof *R->hoisted);
   R->batched = calloc((size_t)R->d, sizeof *R->batched);
   R->needed = calloc((size_t)R->d, sizeof *R->needed);
@@ -909,9 +1068,10 @@ static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tens
   R->sub.is_output = malloc((size_t)n * sizeof *R->sub.is_output);
   R->sub.device = t->device;
   if (!R->at || !R->pos || !R->outside_read || !R->body_out || !R->drop || !R->drop_at ||
-      !R->sinks || !R->sunk || !R->hoisted || !R->batched || !R->needed || !R->list || !R->edges ||
-      !R->svals || !R->shells || !R->local || !R->local_stamp || !R->leaf || !R->leaf_stamp ||
-      !R->sub.nodes || !R->sub.refs || !R->sub.leaves || !R->sub.is_output)
+      !R->sinks || !R->sunk || !R->maps || !R->mapped || !R->hoisted || !R->batched || !R->needed ||
+      !R->list || !R->edges || !R->svals || !R->shells || !R->local || !R->local_stamp ||
+      !R->leaf || !R->leaf_stamp || !R->sub.nodes || !R->sub.refs || !R->sub.leaves ||
+      !R->sub.is_output)
     return false;
   record_order(t, R->at);
   for (int p = 0; p < n; p++) R->pos[R->at[p]] = p;
@@ -930,6 +1090,7 @@ static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tens
     if (t->is_output[i] || R->outside_read[i]) R->body_out[(p - R->s) % R->d] = true;
   }
   find_sinks(R);
+  find_maps(R);
   find_hoists(R);
   /* a value of the loop goes after the last step that reads it (the copy
      after its own, in the trace the loop was found in; any later one in
@@ -946,9 +1107,10 @@ static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tens
       if (cr >= 0 && cr < R->k && ci > last[r]) last[r] = ci;
     }
   }
-  for (int x = 0; x < R->nsinks; x++) /* what the sums read is kept for after the loop */
+  for (int x = 0; x < R->nsinks + R->nmaps; x++) /* what sums and maps read is kept for after */
     for (int c = 0; c < R->k; c++) {
-      int term = R->at[R->s + c * R->d + R->sinks[x].term];
+      int term =
+          R->at[R->s + c * R->d + (x < R->nsinks ? R->sinks[x].term : R->maps[x - R->nsinks].mm)];
       for (int e = 0; e < t->nodes[term]->nin; e++) {
         int r = t->refs[term][e];
         if (r >= 0 && copy_at(R, r) >= 0 && copy_at(R, r) < R->k) {
@@ -981,6 +1143,8 @@ static void roller_free(roller *R) {
   free(R->drop_at);
   free(R->sinks);
   free(R->sunk);
+  free(R->maps);
+  free(R->mapped);
   for (int q = 0; R->batched && q < R->d; q++) vm_release(R->batched[q]);
   free(R->hoisted);
   free(R->batched);
@@ -1147,9 +1311,11 @@ int tr_loop_run(const tr_trace *t, const tr_loop *lp, tr_segment_runner *run, vm
     if (rc == KILN_OK && m) rc = run_sub(&R, run, m, TR_SEGMENT_STEP, failed);
     drop_after(&R, c);
   }
-  if (rc == KILN_OK && R.nsinks) {
-    rc = sink_sums(&R, failed);
+  if (rc == KILN_OK && (R.nsinks || R.nmaps)) {
+    rc = after_the_loop(&R, failed);
     atomic_fetch_add_explicit(&vm_process()->stats.loop_sums, (uint_fast64_t)R.nsinks,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&vm_process()->stats.loop_maps, (uint_fast64_t)R.nmaps,
                               memory_order_relaxed);
   }
   m = 0;
@@ -1184,6 +1350,7 @@ void tr_loop_dump(const tr_trace *t, const tr_loop *lp, const uint64_t key[2],
       const tr_node *n = t->nodes[R.at[R.s + q]];
       fprintf(f, "%3d %-12s %s\n", q, vm_op_table[n->op].name,
               R.hoisted[q]                    ? "before the loop, for every step at once"
+              : R.mapped[q]                   ? "after the loop, for every step at once"
               : R.sunk[q]                     ? "after the loop, summed over the steps"
               : stepped(&R, R.at[R.s + q], 0) ? "per step, a view taken before it"
                                               : "per step");
