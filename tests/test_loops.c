@@ -43,10 +43,12 @@ static void arena_free(arena *a) {
 
 typedef struct {
   kiln_tensor *wx[4], *wh[4], *b[4]; /* one per gate */
+  bool linear;                       /* stored as torch.nn.Linear's [out, in], applied as x @ W^T */
 } weights;
 
 static void weights_make(weights *w, arena *a, int gates) {
   kiln_manual_seed(7);
+  w->linear = false;
   for (int g = 0; g < gates; g++) {
     w->wx[g] = keep(a, kiln_randn(KILN_F32, 2, (int64_t[]){I, H}));
     w->wh[g] = keep(a, kiln_randn(KILN_F32, 2, (int64_t[]){H, H}));
@@ -54,10 +56,15 @@ static void weights_make(weights *w, arena *a, int gates) {
   }
 }
 
+/* x @ w, or x @ w^T for a weight stored as Linear's */
+static kiln_tensor *apply(arena *a, const weights *w, kiln_tensor *x, kiln_tensor *m) {
+  return keep(a, kiln_matmul(x, w->linear ? keep(a, kiln_transpose(m, 0, 1)) : m));
+}
+
 /* x_t @ wx + h @ wh + b for gate g */
 static kiln_tensor *gate(arena *a, const weights *w, int g, kiln_tensor *x, kiln_tensor *h) {
-  kiln_tensor *xw = keep(a, kiln_matmul(x, w->wx[g]));
-  kiln_tensor *hw = keep(a, kiln_matmul(h, w->wh[g]));
+  kiln_tensor *xw = apply(a, w, x, w->wx[g]);
+  kiln_tensor *hw = apply(a, w, h, w->wh[g]);
   return keep(a, kiln_add(keep(a, kiln_add(xw, hw)), w->b[g]));
 }
 
@@ -279,6 +286,7 @@ typedef struct {
   bool stacked;      /* the loss reads every state (else only the last) */
   bool both_ways;    /* a second loop over the reversed sequence (bidirectional) */
   bool grad_x;       /* X_SLICED: X's gradient too (dx_t = dg_t @ W_x^T each step) */
+  bool linear;       /* weights as torch.nn.Linear's [out, in], applied as x @ W^T */
 } train;
 
 enum { MAX_VALUES = 8192 };
@@ -333,9 +341,9 @@ static const trained *train_step(train tr) {
   out.bits = 0xcbf29ce484222325ull;
   int gates = tr.kind == TANH_RNN ? 1 : tr.kind == GRU ? 3 : 4, V = 6;
   kiln_manual_seed(11);
-  weights w;
+  weights w = {.linear = tr.linear};
   for (int g = 0; g < gates; g++) {
-    w.wx[g] = keep(&a, kiln_randn(tr.dt, 2, (int64_t[]){I, H}));
+    w.wx[g] = keep(&a, kiln_randn(tr.dt, 2, tr.linear ? (int64_t[]){H, I} : (int64_t[]){I, H}));
     w.wh[g] = keep(&a, kiln_randn(tr.dt, 2, (int64_t[]){H, H}));
     w.b[g] = keep(&a, kiln_randn(tr.dt, 1, (int64_t[]){H}));
   }
@@ -575,6 +583,26 @@ TEST(the_input_gradient_is_one_gemm_after_the_loop) {
   }
 }
 
+/* weights stored as torch.nn.Linear's and applied as x @ W^T (the gem's
+   RNN modules): each step's weight gradient is (x^T dg)^T, a transpose of
+   the term, and the sums still leave the backward loop, as one GEMM each */
+TEST(linear_layout_weights_sum_after_the_loop) {
+  const cell_kind kinds[] = {TANH_RNN, GRU, LSTM};
+  for (int k = 0; k < 3; k++)
+    for (int d = 0; d < 2; d++) {
+      train tr = gru7;
+      tr.kind = kinds[k];
+      tr.dt = d ? KILN_F64 : KILN_F32;
+      tr.T = 12;
+      tr.linear = true;
+      tr.grad_x = true;
+      trained r = rolled_as_unrolled(tr);
+      int gates = tr.kind == TANH_RNN ? 1 : tr.kind == GRU ? 3 : 4;
+      CHECK(r.bwd.rolled);
+      CHECK(r.sums >= 2 * gates); /* W_h and W_x of every gate (and the biases) */
+    }
+}
+
 /* a token out of range in one step of a rolled loop: the read reports the
    index error (no crash, nothing half-committed), and the same program
    with good tokens runs rolled after it */
@@ -656,6 +684,7 @@ int main(void) {
   RUN(a_greedy_decoder_and_a_bidirectional_loop_roll_to_the_same_bits);
   RUN(the_input_projection_is_one_gemm);
   RUN(the_input_gradient_is_one_gemm_after_the_loop);
+  RUN(linear_layout_weights_sum_after_the_loop);
   RUN(a_bad_index_in_a_rolled_step_is_an_error);
   RUN(one_step_key_for_every_length);
   return ktest_done();

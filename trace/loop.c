@@ -462,7 +462,8 @@ static bool same_in_every_copy(const roller *R, int q) {
 
    A backward loop accumulates each weight's gradient across its steps:
    acc = acc + a_t @ b_t (h_{t-1}^T @ dgates_t), one small GEMM and one add
-   per step, carried; a bias's is acc + sum(dgates_t, rows).  When nothing
+   per step, carried (through a reshape or a transpose: x @ W^T's weight
+   gets (x^T dg)^T); a bias's is acc + sum(dgates_t, rows).  When nothing
    else reads the partial sums, the sum leaves the loop: the steps keep the
    term's operands, and after the loop one GEMM over them all,
    [a_0 .. a_{k-1}] @ [b_0; ..; b_{k-1}] (or one column sum over the rows
@@ -481,6 +482,12 @@ static bool is_term(const tr_trace *t, int i) {
            input_node(t, t->refs[i][1])->meta.ndim == 2;
   return n->op == VM_OP_sum && n->nin == 1 && n->attr.axes_mask == 1 &&
          input_node(t, t->refs[i][0])->meta.ndim == 2;
+}
+
+/* a view the sums and maps take through: a reshape, or a permute (the
+   gradient of x @ W^T's weight is (x^T dg)^T, a transpose of the term) */
+static bool is_view(const tr_node *n) {
+  return n->nin == 1 && (n->op == VM_OP_reshape || n->op == VM_OP_permute);
 }
 
 static bool sink_at(roller *R, const int *readers, int q, struct sink *out) {
@@ -502,7 +509,7 @@ static bool sink_at(roller *R, const int *readers, int q, struct sink *out) {
     if (c < R->k - 1 && (readers[a] != 1 || t->is_output[a])) return false;
     /* down the reshapes to the term, each read by the next only */
     int m = t->refs[a][1 - carried], views[3], nv = 0;
-    while (m >= 0 && copy_at(R, m) == c && t->nodes[m]->op == VM_OP_reshape && nv < 3) {
+    while (m >= 0 && copy_at(R, m) == c && is_view(t->nodes[m]) && nv < 3) {
       if (readers[m] != 1 || t->is_output[m]) return false;
       views[nv++] = m;
       m = t->refs[m][0];
@@ -663,7 +670,8 @@ static vm_tensor *sink_sum(roller *R, const struct sink *sk, vm_tensor **parts, 
   vm_release(a);
   vm_release(b);
   for (int i = 0; i < 2 && sk->view[i] >= 0 && v; i++) {
-    vm_tensor *w = exec_op(VM_OP_reshape, 1, &v, &t->nodes[R->at[R->s + sk->view[i]]]->attr);
+    const tr_node *view = t->nodes[R->at[R->s + sk->view[i]]];
+    vm_tensor *w = exec_op(view->op, 1, &v, &view->attr);
     vm_release(v);
     v = w;
   }
@@ -921,7 +929,7 @@ static bool map_at(const roller *R, const int *inner, const int *inner_reader, c
     int m = i, view[2] = {-1, -1}, nv = 0;
     while (inner[m] == 1 && readers[m] == 1 && !t->is_output[m] && nv < 2) {
       int r = inner_reader[m];
-      if (copy_at(R, r) != c || t->nodes[r]->op != VM_OP_reshape) return false;
+      if (copy_at(R, r) != c || !is_view(t->nodes[r])) return false;
       view[nv++] = offset_in(R, r);
       m = r;
     }
@@ -996,7 +1004,7 @@ static int run_map(roller *R, const struct map *mp, vm_tensor **parts, joins *J,
     R->vals[i] = v;
     for (int x = 0; x < 2 && mp->view[x] >= 0 && v; x++) {
       i = R->at[R->s + c * R->d + mp->view[x]];
-      R->vals[i] = v = exec_op(VM_OP_reshape, 1, &v, &t->nodes[i]->attr);
+      R->vals[i] = v = exec_op(t->nodes[i]->op, 1, &v, &t->nodes[i]->attr);
     }
     if (!v) {
       first = i;
