@@ -608,13 +608,16 @@ static bool has_suffix(const char *s, const char *suffix) {
 /* Deletes leftover temp files and, when `keep` is given, least recently
    used kernel files (.so, .idx, .blob; any format version; never `keep`) until the total
    size is at most max. */
-static void evict(int dir_fd, const char *dir, const char *keep, uint64_t max) {
+/* Lists the directory: removes stale temp files and, past max bytes,
+   the least recently used entries (but `keep`); returns the bytes of
+   entries left (UINT64_MAX when it cannot list) */
+static uint64_t evict(int dir_fd, const char *dir, const char *keep, uint64_t max) {
   int dfd = dup(dir_fd);
   DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
   if (!d) {
     if (dfd >= 0) close(dfd);
     disk_log("cannot list %s: %s", dir, strerror(errno));
-    return;
+    return UINT64_MAX;
   }
   disk_file *files = NULL;
   size_t n = 0, cap = 0;
@@ -660,6 +663,52 @@ static void evict(int dir_fd, const char *dir, const char *keep, uint64_t max) {
   for (size_t i = 0; i < n; i++) free(files[i].name);
   free(files);
   closedir(d);
+  return total;
+}
+
+/* A store lists the directory only when its size may have passed the
+   bound: listing stats every entry, and a cache of 14,000 files made each
+   store pay ~10 ms for it, more as the cache grew.  So the process keeps
+   what its last listing found plus what it stored since (an upper bound
+   but for other processes' stores), and lists again when that passes the
+   bound, when the directory is another, or after a minute (other writers;
+   their stale temp files). */
+static struct {
+  pthread_mutex_t lock;
+  bool known;
+  dev_t dev;
+  ino_t ino;
+  uint64_t bytes;
+  time_t listed;
+} usage = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+enum { DISK_RELIST_S = 60 };
+
+static atomic_uint_fast64_t listings;
+
+uint64_t cache_disk_listings(void) { return atomic_load_explicit(&listings, memory_order_relaxed); }
+
+static void evict_if_full(int dir_fd, const char *dir, const char *keep, uint64_t stored) {
+  struct stat st;
+  if (fstat(dir_fd, &st) != 0) return;
+  uint64_t max = cache_disk_max_bytes();
+  time_t now = time(NULL);
+  pthread_mutex_lock(&usage.lock);
+  bool same = usage.known && usage.dev == st.st_dev && usage.ino == st.st_ino &&
+              now - usage.listed < DISK_RELIST_S && now >= usage.listed;
+  bool list = !same || usage.bytes + stored > max;
+  if (!list) usage.bytes += stored;
+  pthread_mutex_unlock(&usage.lock);
+  if (!list) return;
+  atomic_fetch_add_explicit(&listings, 1, memory_order_relaxed);
+  uint64_t left = evict(dir_fd, dir, keep, max);
+  pthread_mutex_lock(&usage.lock);
+  usage.known = left != UINT64_MAX;
+  usage.dev = st.st_dev;
+  usage.ino = st.st_ino;
+  usage.bytes = left;
+  usage.listed = now;
+  pthread_mutex_unlock(&usage.lock);
 }
 
 /* at start-up (the first time a process opens a cache directory): the
@@ -668,7 +717,7 @@ static atomic_flag disk_reclaimed = ATOMIC_FLAG_INIT;
 
 static void reclaim_once(int dir_fd) {
   if (!atomic_flag_test_and_set(&disk_reclaimed))
-    evict(dir_fd, "the cache directory", NULL, UINT64_MAX);
+    (void)evict(dir_fd, "the cache directory", NULL, UINT64_MAX);
 }
 
 /* ---- store ---- */
@@ -727,7 +776,7 @@ static bool store_from(const disk_dir *d, const uint64_t h[2], int in, const cha
              err ? strerror(err) : "", err ? ")" : "");
     return false;
   }
-  evict(d->fd, d->path, name, cache_disk_max_bytes());
+  evict_if_full(d->fd, d->path, name, len + CACHE_DISK_TRAILER_SIZE);
   return true;
 }
 

@@ -129,4 +129,9 @@ void cache_disk_path(const uint64_t h[2], char *out, size_t out_len);
    values <= 0 mean the default) */
 uint64_t cache_disk_max_bytes(void);
 
+/* how many times a store listed the directory to bound it (tests): only
+   when what this process knows of its size may have passed the bound, the
+   directory changed, or a minute passed */
+uint64_t cache_disk_listings(void);
+
 #endif

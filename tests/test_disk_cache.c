@@ -424,6 +424,34 @@ TEST(test_lru_bound) {
   unsetenv("KILN_CACHE_MAX_MB");
 }
 
+/* a store lists the directory (a stat per entry) only when the size this
+   process knows of may have passed the bound: stores far below it do not,
+   and the bound still holds for each store past it */
+TEST(test_stores_list_only_near_the_bound) {
+  fresh_cache();
+  off_t f = so_size + CACHE_DISK_TRAILER_SIZE;
+  char bound[32];
+  snprintf(bound, sizeof bound, "%lld", (long long)(4 * f + f / 2)); /* room for 4 */
+  setenv("KILN_CACHE_MAX_BYTES", bound, 1);
+  uint64_t h[8][2];
+  for (int i = 0; i < 8; i++) {
+    h[i][0] = hash_n(100 + i);
+    h[i][1] = ~hash_n(100 + i);
+  }
+  uint64_t before = cache_disk_listings();
+  for (int i = 0; i < 4; i++) CHECK(cache_disk_store(h[i], so_path));
+  CHECK_EQ_INT(cache_disk_listings() - before, 1); /* the first store: a new directory */
+  CHECK_EQ_INT(count_prefix(cache_dir, "kernel-v"), 4);
+  CHECK(cache_disk_store(h[4], so_path)); /* past the bound: lists, evicts one */
+  CHECK_EQ_INT(cache_disk_listings() - before, 2);
+  CHECK_EQ_INT(count_prefix(cache_dir, "kernel-v"), 4);
+  for (int i = 5; i < 8; i++) CHECK(cache_disk_store(h[i], so_path)); /* each lists */
+  CHECK_EQ_INT(cache_disk_listings() - before, 5);
+  CHECK_EQ_INT(count_prefix(cache_dir, "kernel-v"), 4);
+  CHECK_EQ_INT(load_answer(h[7]), 42);
+  unsetenv("KILN_CACHE_MAX_BYTES");
+}
+
 TEST(test_unusable_directory) {
   fresh_cache();
   char file[PATH_MAX + 16], under[PATH_MAX + 32];
@@ -545,6 +573,7 @@ int main(int argc, char **argv) {
   RUN(test_concurrent_stores);
   RUN(test_disabled);
   RUN(test_lru_bound);
+  RUN(test_stores_list_only_near_the_bound);
   RUN(test_unusable_directory);
   RUN(test_directory_defaults);
   RUN(test_scratch_writes_cannot_be_redirected);
