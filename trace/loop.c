@@ -409,7 +409,7 @@ typedef struct {
   /* per-step products that leave the loop after it (find_maps) */
   struct map {
     int mm;      /* body offset of the product a_t @ W, */
-    int view[2]; /* the reshapes after it, read after the loop only (-1: none) */
+    int view[2]; /* the views after it, read after the loop only (-1: none) */
   } * maps;
   int nmaps;
   bool *sunk;   /* per body offset: computed after the loop */
@@ -877,7 +877,7 @@ static vm_tensor *hoisted_step(roller *R, int q, int c) {
    A backward loop computes each step's input gradient dx_t = dg_t @ W_x^T
    (a GEMM per step) that nothing in the loop reads: only the nodes after
    it do (the concat that joins the slices' gradients).  Such a product,
-   with the reshapes after it, leaves the loop: the steps keep a_t, and
+   with the views after it, leaves the loop: the steps keep a_t, and
    after the loop one GEMM [a_0; ..; a_{k-1}] @ W gives every step's rows
    at once, each step's value a view of its rows.  W must be the same in
    every step: invariant, or a view (a transpose) of an invariant value
@@ -925,7 +925,7 @@ static bool map_at(const roller *R, const int *inner, const int *inner_reader, c
        before the loop */
     int r0 = t->refs[i][0], o0;
     if (r0 >= 0 && copy_at(R, r0) >= 0 && (!same_copy(R, r0, c, &o0) || R->sunk[o0])) return false;
-    /* down the reshapes to what is read after the loop only */
+    /* down the views to what is read after the loop only */
     int m = i, view[2] = {-1, -1}, nv = 0;
     while (inner[m] == 1 && readers[m] == 1 && !t->is_output[m] && nv < 2) {
       int r = inner_reader[m];
@@ -981,7 +981,7 @@ done:
 }
 
 /* one map after the loop: every step's a_t joined as rows, one GEMM, each
-   step's value the view of its rows (through the same reshapes) */
+   step's value the view of its rows (through the same views) */
 static int run_map(roller *R, const struct map *mp, vm_tensor **parts, joins *J, int *failed) {
   const tr_trace *t = R->t;
   int k = R->k, first = R->at[R->s + mp->mm];
