@@ -531,13 +531,7 @@ static bool sink_at(roller *R, const int *readers, int q, struct sink *out) {
   return true;
 }
 
-static void find_sinks(roller *R) {
-  const tr_trace *t = R->t;
-  int *readers = calloc((size_t)t->n, sizeof *readers);
-  if (!readers) return; /* nothing leaves the loop */
-  for (int i = 0; i < t->n; i++)
-    for (int e = 0; e < t->nodes[i]->nin; e++)
-      if (t->refs[i][e] >= 0) readers[t->refs[i][e]]++;
+static void find_sinks(roller *R, const int *readers) {
   for (int q = 0; q < R->d; q++) {
     struct sink sk;
     if (R->sunk[q] || !sink_at(R, readers, q, &sk) || R->sunk[sk.term] ||
@@ -550,7 +544,6 @@ static void find_sinks(roller *R) {
     for (int v = 0; v < 2; v++)
       if (sk.view[v] >= 0) R->sunk[sk.view[v]] = true;
   }
-  free(readers);
 }
 
 static vm_tensor *exec_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr) {
@@ -903,8 +896,7 @@ static bool same_rhs(const roller *R, int q) {
     o = oc;
   }
   const tr_node *v = R->t->nodes[R->at[R->s + o]];
-  return !R->sunk[o] && v->nin == 1 && (v->op == VM_OP_permute || v->op == VM_OP_reshape) &&
-         same_in_every_copy(R, o) && invariant_input(R, o, 0);
+  return !R->sunk[o] && is_view(v) && same_in_every_copy(R, o) && invariant_input(R, o, 0);
 }
 
 static bool map_at(const roller *R, const int *inner, const int *inner_reader, const int *readers,
@@ -947,23 +939,8 @@ static bool map_at(const roller *R, const int *inner, const int *inner_reader, c
   return true;
 }
 
-static void find_maps(roller *R) {
+static void find_maps(roller *R, const int *readers, const int *inner, const int *inner_reader) {
   const tr_trace *t = R->t;
-  int n = t->n;
-  /* per node: its readers, those in the loop, and one of those */
-  int *readers = calloc((size_t)n, sizeof *readers), *inner = calloc((size_t)n, sizeof *inner),
-      *inner_reader = malloc((size_t)n * sizeof *inner_reader);
-  if (!readers || !inner || !inner_reader) goto done; /* nothing leaves the loop */
-  for (int i = 0; i < n; i++)
-    for (int e = 0; e < t->nodes[i]->nin; e++) {
-      int r = t->refs[i][e];
-      if (r < 0) continue;
-      readers[r]++;
-      if (copy_at(R, i) < R->k) {
-        inner[r]++;
-        inner_reader[r] = i;
-      }
-    }
   for (int q = 0; q < R->d; q++) {
     struct map mp;
     if (R->sunk[q] || t->nodes[R->at[R->s + q]]->op != VM_OP_matmul ||
@@ -974,7 +951,30 @@ static void find_maps(roller *R) {
     for (int v = 0; v < 2; v++)
       if (mp.view[v] >= 0) R->sunk[mp.view[v]] = R->mapped[mp.view[v]] = true;
   }
-done:
+}
+
+/* what leaves the loop after it (its sums, then its maps), found from one
+   count of each node's readers: all of them, those in the loop, and one
+   of those */
+static void find_after(roller *R) {
+  const tr_trace *t = R->t;
+  int n = t->n;
+  int *readers = calloc((size_t)n, sizeof *readers), *inner = calloc((size_t)n, sizeof *inner),
+      *inner_reader = malloc((size_t)n * sizeof *inner_reader);
+  if (readers && inner && inner_reader) { /* else nothing leaves the loop */
+    for (int i = 0; i < n; i++)
+      for (int e = 0; e < t->nodes[i]->nin; e++) {
+        int r = t->refs[i][e];
+        if (r < 0) continue;
+        readers[r]++;
+        if (copy_at(R, i) < R->k) {
+          inner[r]++;
+          inner_reader[r] = i;
+        }
+      }
+    find_sinks(R, readers);
+    find_maps(R, readers, inner, inner_reader);
+  }
   free(readers);
   free(inner);
   free(inner_reader);
@@ -1097,8 +1097,7 @@ static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tens
     int i = R->at[p];
     if (t->is_output[i] || R->outside_read[i]) R->body_out[(p - R->s) % R->d] = true;
   }
-  find_sinks(R);
-  find_maps(R);
+  find_after(R);
   find_hoists(R);
   /* a value of the loop goes after the last step that reads it (the copy
      after its own, in the trace the loop was found in; any later one in
