@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <ucontext.h>
-#include <vector>
 #define __global__
 #define __device__
 #define __forceinline__ inline

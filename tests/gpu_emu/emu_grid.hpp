@@ -75,7 +75,14 @@ static int emu_run_grid(const char *name, emu_body body, const void *args, unsig
   }
   emu_cur_body = body;
   emu_cur_args = args;
-  std::vector<emu_thread> th(block);
+  // no std::vector: a kernel's object then needs nothing of libstdc++, and
+  // the emulated NVRTC links it without (cuda_emu.cpp: the link was half
+  // of each compile)
+  emu_thread *th = (emu_thread *)calloc(block, sizeof *th);
+  if (!th) {
+    fprintf(stderr, "emu %s: out of memory for %u threads\n", name, block);
+    return 0;
+  }
   for (unsigned i = 0; i < block; i++) th[i].stack = stacks[i];
   gridDim = {grid, 1, 1};
   blockDim = {block, 1, 1};
@@ -88,13 +95,13 @@ static int emu_run_grid(const char *name, emu_body body, const void *args, unsig
       emu_start(th[i]);
     }
     for (;;) {
-      for (auto &t : th)
-        if (t.state == RUN) {
-          emu_cur = &t;
-          emu_resume(t);
+      for (unsigned i = 0; i < block; i++)
+        if (th[i].state == RUN) {
+          emu_cur = &th[i];
+          emu_resume(th[i]);
         }
       bool all_done = true, released = false;
-      for (auto &t : th) all_done = all_done && t.state == DONE;
+      for (unsigned i = 0; i < block; i++) all_done = all_done && th[i].state == DONE;
       if (all_done) break;
       for (unsigned w = 0; ok && w < block / 32; w++) {
         bool at = false, all = true, anydone = false;
@@ -117,13 +124,13 @@ static int emu_run_grid(const char *name, emu_body body, const void *args, unsig
       if (!ok) break;
       if (!released) {
         bool all = true, any = false;
-        for (auto &t : th) {
-          if (t.state == AT_BLOCK) any = true;
-          else if (t.state != DONE) all = false;
+        for (unsigned i = 0; i < block; i++) {
+          if (th[i].state == AT_BLOCK) any = true;
+          else if (th[i].state != DONE) all = false;
         }
         if (any && all) {
-          for (auto &t : th)
-            if (t.state == AT_BLOCK) t.state = RUN;
+          for (unsigned i = 0; i < block; i++)
+            if (th[i].state == AT_BLOCK) th[i].state = RUN;
           released = true;
         }
       }
@@ -134,5 +141,6 @@ static int emu_run_grid(const char *name, emu_body body, const void *args, unsig
       }
     }
   }
+  free(th);
   return ok;
 }
