@@ -639,8 +639,14 @@ static bool same_kernel(const kernel_desc *a, const kernel_desc *b) {
    x kernels fitted (least squares, older compiles weighing less) to this
    process's compiles, so both the fixed price of a compile (spawning the
    compiler, `as`, `ld`, loading) and the price of each kernel are known.
-   Two made-up compiles (1 kernel: 40 ms, 8 kernels: 200 ms) seed it and
-   are outweighed within a few real ones. */
+   Two made-up compiles seed it and are outweighed within a few real ones:
+   1 kernel 120 ms, 8 kernels 800 ms, near the lower end of what the
+   machines we run on take (one kernel of W7 compiled alone: 70-600 ms,
+   median 135; W7's 10 in one batch: 0.9 s on a Zen 4, 1.5-2.1 s on a Zen
+   3, 2 cores).  The old seed (40 ms, 200 ms) priced a compile 4-8x too
+   low, so a short run compiled what could not pay before the run ended:
+   W10 compiled 4 kernels (0.8-1.1 s, beside its own two threads) and ran
+   6-14% behind KILN_JIT=0 on the Zen 3. */
 static pthread_mutex_t cost_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
   bool seeded;
@@ -658,8 +664,8 @@ static void cost_add_locked(double n, double ms, double decay) {
 static void cost_seed_locked(void) {
   if (cost.seeded) return;
   cost.seeded = true;
-  cost_add_locked(1, 40, 1);
-  cost_add_locked(8, 200, 1);
+  cost_add_locked(1, 120, 1);
+  cost_add_locked(8, 800, 1);
 }
 
 static void note_compile_cost(double ms, int kernels) {
