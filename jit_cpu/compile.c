@@ -11,6 +11,7 @@
 #include <elf.h>
 #include <fcntl.h>
 #include <link.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -637,7 +638,8 @@ static bool same_kernel(const kernel_desc *a, const kernel_desc *b) {
 
 /* What compiling kernels costs, measured: a line ms = floor + per_kernel
    x kernels fitted (least squares, older compiles weighing less) to this
-   process's compiles, so both the fixed price of a compile (spawning the
+   machine's compiles (this process's, and earlier ones' kept in the disk
+   cache, below), so both the fixed price of a compile (spawning the
    compiler, `as`, `ld`, loading) and the price of each kernel are known.
    Two made-up compiles seed it and are outweighed within a few real ones:
    1 kernel 120 ms, 8 kernels 800 ms, near the lower end of what the
@@ -661,9 +663,52 @@ static void cost_add_locked(double n, double ms, double decay) {
   cost.t1 = decay * cost.t1 + n * ms;
 }
 
+/* The fit outlives the process: it is kept in the disk cache (an index
+   record under a key of the compiler, Kiln's version and the target), so
+   a process whose cache has seen compiles prices its first one at what
+   this machine measured, not at the seed. */
+typedef struct {
+  char magic[8];
+  double s0, s1, s2, t0, t1;
+} cost_record;
+#define COST_MAGIC "KILNCC01"
+
+static bool cost_key(uint64_t out[2]) {
+  uint8_t buf[160];
+  size_t n = key_salt(buf, sizeof buf - 16);
+  memcpy(buf + n, "compile-price", 13);
+  XXH128_hash_t h = XXH3_128bits(buf, n + 13);
+  out[0] = h.low64;
+  out[1] = h.high64;
+  return cache_disk_enabled() && cache_disk_dir();
+}
+
+/* a record a process of this kind could have written: weights decayed
+   by 0.8 per compile (their sum stays under 5) of compiles of 1..2^16
+   kernels taking 0..10 minutes each, and a least-squares system that is
+   one (Cauchy-Schwarz) */
+static bool cost_record_sane(const cost_record *r) {
+  double v[5] = {r->s0, r->s1, r->s2, r->t0, r->t1};
+  for (int i = 0; i < 5; i++)
+    if (!isfinite(v[i]) || v[i] < 0) return false;
+  return !memcmp(r->magic, COST_MAGIC, 8) && r->s0 > 0.1 && r->s0 <= 8 && r->s1 <= r->s0 * 65536 &&
+         r->t0 <= r->s0 * 6e5 && r->s0 * r->s2 >= r->s1 * r->s1 * (1 - 1e-9);
+}
+
 static void cost_seed_locked(void) {
   if (cost.seeded) return;
   cost.seeded = true;
+  uint64_t key[2];
+  cost_record r;
+  if (cost_key(key) && cache_disk_index_get(key, &r, sizeof r) == sizeof r &&
+      cost_record_sane(&r)) {
+    cost.s0 = r.s0;
+    cost.s1 = r.s1;
+    cost.s2 = r.s2;
+    cost.t0 = r.t0;
+    cost.t1 = r.t1;
+    return;
+  }
   cost_add_locked(1, 120, 1);
   cost_add_locked(8, 800, 1);
 }
@@ -673,10 +718,16 @@ static void note_compile_cost(double ms, int kernels) {
   pthread_mutex_lock(&cost_lock);
   cost_seed_locked();
   cost_add_locked(kernels, ms, 0.8);
+  cost_record r = {.s0 = cost.s0, .s1 = cost.s1, .s2 = cost.s2, .t0 = cost.t0, .t1 = cost.t1};
   pthread_mutex_unlock(&cost_lock);
+  memcpy(r.magic, COST_MAGIC, 8);
+  uint64_t key[2];
+  if (cost_key(key) && cache_disk_writable()) cache_disk_index_put(key, &r, sizeof r);
 }
 
 /* the fitted price of compiling this many kernels together */
+static double kernels_cost_ms(int kernels);
+double cpu_kernels_price_ms(int kernels) { return kernels_cost_ms(kernels); }
 static double kernels_cost_ms(int kernels) {
   pthread_mutex_lock(&cost_lock);
   cost_seed_locked();

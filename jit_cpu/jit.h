@@ -67,8 +67,12 @@ void cpu_compile_async(tr_plan *plan, const tr_trace *t);
 /* the payoff rule's price of plan (vm_backend.plan_cost_ms): its kernels
    found in memory (then the plan is ready: plan->jit set, price 0), on
    disk (a load each), or missing (compiled together at the price measured
-   on this process's compiles, per kernel) */
+   on this machine's compiles, per kernel) */
 double cpu_plan_cost_ms(tr_plan *plan, const tr_trace *t);
+/* what compiling this many missing kernels together is priced at now: a
+   line fitted to this process's compiles, and to earlier processes' kept
+   in the disk cache, or the seed before any (tests/test_payoff.c) */
+double cpu_kernels_price_ms(int kernels);
 /* blocks until the background compiler's queue is empty and it is idle */
 void cpu_compile_wait(void);
 /* the leaf descriptions of trace t (malloc'd, nleaves entries) */

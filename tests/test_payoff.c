@@ -139,9 +139,65 @@ TEST(a_trace_of_known_kernels_is_planned_when_hot) {
   kiln_release(c);
 }
 
-int main(void) {
+/* internal (jit_cpu/jit.h): what compiling this many kernels is priced at */
+double cpu_kernels_price_ms(int kernels);
+
+/* the child of the test below: the price of one kernel before anything
+   compiled, a compile, the price after, and kernels compiled */
+static int price_child(void) {
+  double before = cpu_kernels_price_ms(1);
+  setenv("KILN_PAYOFF", "0", 1);
+  setenv("KILN_HOT", "2", 1);
+  kiln_tensor *x = input((int64_t)1 << 12);
+  heavy_run(x);
+  heavy_run(x);
+  kiln_jit_wait();
+  printf("%.17g %.17g %.0f\n", before, cpu_kernels_price_ms(1), stat("kernels_compiled"));
+  kiln_release(x);
+  return 0;
+}
+
+static bool price_run(const char *env, double *before, double *after, double *compiled) {
+  char line[256];
+  return ktest_run_self(env, "price", line, sizeof line) &&
+         sscanf(line, "%lf %lf %lf", before, after, compiled) == 3;
+}
+
+/* The payoff rule prices a compile at what this machine measured: a
+   process whose disk cache has seen compiles starts from their fit, not
+   from the seed (1 kernel: 120 ms), which only a process without one
+   uses. */
+TEST(the_price_of_a_compile_is_learned_across_processes) {
+  if (!ktest_cpu_jit()) return;
+  char dir[] = "/tmp/kiln-price-XXXXXX", env[256], cmd[300];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(env, sizeof env, "KILN_CACHE_DIR=%s", dir);
+  double b1, a1, c1, b2, a2, c2, b3, a3, c3;
+  CHECK(price_run(env, &b1, &a1, &c1));
+  CHECK(fabs(b1 - 120) < 1e-6); /* an empty cache: the seed */
+  CHECK(c1 >= 1);
+  CHECK(a1 != b1); /* its compile moved the fit */
+  CHECK(price_run(env, &b2, &a2, &c2));
+  CHECK(b2 == a1);     /* the next process starts where that one ended */
+  CHECK_EQ_INT(c2, 0); /* its kernels came from the disk cache */
+  CHECK(price_run("KILN_CACHE=0", &b3, &a3, &c3));
+  CHECK(fabs(b3 - 120) < 1e-6); /* no disk cache: nothing to learn from */
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "price")) return price_child();
+  /* a disk cache of this run's own: the tests below price compiles, and
+     a shared cache would hold the price other tests' compiles measured */
+  char dir[] = "/tmp/kiln-payoff-XXXXXX", cmd[64];
+  if (!mkdtemp(dir)) return 1;
+  setenv("KILN_CACHE_DIR", dir, 1);
   RUN(a_trace_that_pays_compiles_when_hot);
   RUN(a_trace_that_cannot_pay_is_never_compiled);
   RUN(a_trace_of_known_kernels_is_planned_when_hot);
+  RUN(the_price_of_a_compile_is_learned_across_processes);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) return 1;
   return ktest_done();
 }
