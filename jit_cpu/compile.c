@@ -675,7 +675,8 @@ typedef struct {
 
 static bool cost_key(uint64_t out[2]) {
   uint8_t buf[160];
-  size_t n = key_salt(buf, sizeof buf - 16);
+  size_t n = key_salt(buf, sizeof buf - 13);
+  if (n > sizeof buf - 13) n = sizeof buf - 13; /* a salt snprintf cut short */
   memcpy(buf + n, "compile-price", 13);
   XXH128_hash_t h = XXH3_128bits(buf, n + 13);
   out[0] = h.low64;
