@@ -727,8 +727,6 @@ static void note_compile_cost(double ms, int kernels) {
 }
 
 /* the fitted price of compiling this many kernels together */
-static double kernels_cost_ms(int kernels);
-double cpu_kernels_price_ms(int kernels) { return kernels_cost_ms(kernels); }
 static double kernels_cost_ms(int kernels) {
   pthread_mutex_lock(&cost_lock);
   cost_seed_locked();
@@ -740,6 +738,8 @@ static double kernels_cost_ms(int kernels) {
   pthread_mutex_unlock(&cost_lock);
   return floor + per * kernels;
 }
+
+double cpu_kernels_price_ms(int kernels) { return kernels_cost_ms(kernels); }
 
 /* set on the compiler thread when it was started for the compiler process
    (jitc.h): no in-process compile may run there */
