@@ -532,10 +532,12 @@ EXPORT int nvrtcCompileProgram(emu_program *prog, int, const char *const *) {
   if (wrote) {
     std::string inc = std::string("-I") + KILN_EMU_INCLUDE, pinc = "-I" + pch_at;
     // -nostdlib: no C++ runtime, no start files; libgcc for what code
-    // generation may call (128-bit division)
-    const char *rest[] = {"-shared", "-nostdlib", pch_at.empty() ? inc.c_str() : pinc.c_str(),
-                          inc.c_str(), cpp.c_str(), "-o", so.c_str(), "-lgcc", nullptr};
-    status = run_cxx(rest, err);
+    // generation may call (128-bit division).  The precompiled header's
+    // directory, when there is one, is searched first.
+    std::vector<const char *> rest{"-shared", "-nostdlib"};
+    if (!pch_at.empty()) rest.push_back(pinc.c_str());
+    rest.insert(rest.end(), {inc.c_str(), cpp.c_str(), "-o", so.c_str(), "-lgcc", nullptr});
+    status = run_cxx(rest.data(), err);
   }
   std::string object;
   bool ok = wrote && WIFEXITED(status) && WEXITSTATUS(status) == 0 && slurp(so, object);
