@@ -38,20 +38,35 @@ typedef struct entry {
   long price_gen;             /* at this kernel generation of its backend */
   uint8_t aux[CACHE_AUX_MAX]; /* cache_attach */
   size_t aux_len;
+  uint64_t fam[2]; /* its family, once cache_sight_family named it */
+  bool has_fam;
+  double work; /* the size of its trace (cache_sight_family) */
   struct entry *lru_prev, *lru_next;
   UT_hash_handle hh;
 } entry;
 
 typedef struct family {
   uint64_t key[2];
-  int planned;
+  int planned;          /* plans that compiled kernels (the recompile budget) */
+  uint64_t sightings;   /* of its keys while unplanned */
+  double interp_ms;     /* their runs on the interpreter: total time, */
+  uint64_t interp_runs; /* and how many, */
+  double interp_work;   /* and their work (cache_sight_family) */
+  bool priced;          /* the last price of one of its keys' plans: */
+  double price_ms;      /* its kernels cost the same at any shape, */
+  long price_gen;       /* until the backend gains kernels */
   UT_hash_handle hh;
 } family;
+
+/* families kept (oldest dropped first): a family's record is a few words,
+   but a program whose structure keeps changing would add one per flush */
+#define CACHE_MAX_FAMILIES 65536
 
 static struct {
   pthread_mutex_t lock;
   entry *table;
-  family *families;
+  family *families; /* in the order they were added (uthash keeps it) */
+  int nfamilies;
   entry lru; /* sentinel: lru.lru_next is the most recent */
   int count;
   cache_plan_ops ops;
@@ -114,6 +129,7 @@ static void publish_locked(void) {
   vm_counters *st = &vm_process()->stats;
   atomic_store_explicit(&st->trace_cache_entries, (uint_fast64_t)cache.count, memory_order_relaxed);
   atomic_store_explicit(&st->trace_cache_bytes, (uint_fast64_t)cache.bytes, memory_order_relaxed);
+  atomic_store_explicit(&st->trace_families, (uint_fast64_t)cache.nfamilies, memory_order_relaxed);
 }
 
 /* what an entry holds: itself, its key bytes, its learned outputs */
@@ -230,6 +246,13 @@ void cache_note_price(const uint64_t key[2], double ms, long gen) {
     e->price_ms = ms;
     e->price_gen = gen;
   }
+  family *f = NULL;
+  if (e && e->has_fam) HASH_FIND(hh, cache.families, e->fam, sizeof f->key, f);
+  if (f) {
+    f->priced = true;
+    f->price_ms = ms;
+    f->price_gen = gen;
+  }
   pthread_mutex_unlock(&cache.lock);
 }
 
@@ -241,17 +264,59 @@ void cache_refuse(const uint64_t key[2]) {
   pthread_mutex_unlock(&cache.lock);
 }
 
-bool cache_admit(const uint64_t fam[2]) {
-  pthread_mutex_lock(&cache.lock);
-  init_locked();
+/* the family record of fam, added if new (NULL: out of memory) */
+static family *family_locked(const uint64_t fam[2]) {
   family *f = NULL;
   HASH_FIND(hh, cache.families, fam, sizeof f->key, f);
-  if (!f && (f = calloc(1, sizeof *f))) {
-    memcpy(f->key, fam, sizeof f->key);
-    HASH_ADD(hh, cache.families, key, sizeof f->key, f);
+  if (f || !(f = calloc(1, sizeof *f))) return f;
+  memcpy(f->key, fam, sizeof f->key);
+  HASH_ADD(hh, cache.families, key, sizeof f->key, f);
+  if (++cache.nfamilies > CACHE_MAX_FAMILIES) { /* drop the oldest */
+    family *old = cache.families;
+    HASH_DELETE(hh, cache.families, old);
+    free(old);
+    cache.nfamilies--;
   }
-  bool ok = !f || f->planned < cache.budget;
-  if (ok && f) f->planned++;
+  publish_locked();
+  return f;
+}
+
+void cache_sight_family(const uint64_t key[2], const uint64_t fam[2], double work,
+                        cache_sighting *io) {
+  pthread_mutex_lock(&cache.lock);
+  init_locked();
+  entry *e = NULL;
+  HASH_FIND(hh, cache.table, key, sizeof e->key, e);
+  family *f = family_locked(fam);
+  if (f) {
+    if (e) {
+      memcpy(e->fam, fam, sizeof e->fam);
+      e->has_fam = true;
+      e->work = work;
+    }
+    f->sightings++;
+    io->family = true;
+    io->family_sightings = f->sightings;
+    io->family_interp_total = f->interp_ms;
+    io->family_interp_ms = f->interp_work > 0 ? f->interp_ms / f->interp_work * work
+                           : f->interp_runs   ? f->interp_ms / (double)f->interp_runs
+                                              : 0;
+    if (!io->priced && f->priced) { /* a new shape: priced as its family was */
+      io->priced = true;
+      io->price_ms = f->price_ms;
+      io->price_gen = f->price_gen;
+    }
+    if (e && !e->plan && !e->refused && f->sightings >= (uint64_t)cache.hot) io->hot = true;
+  }
+  pthread_mutex_unlock(&cache.lock);
+}
+
+bool cache_admit(const uint64_t fam[2], bool compiles) {
+  pthread_mutex_lock(&cache.lock);
+  init_locked();
+  family *f = family_locked(fam);
+  bool ok = !f || !compiles || f->planned < cache.budget;
+  if (ok && f && compiles) f->planned++;
   pthread_mutex_unlock(&cache.lock);
   return ok;
 }
@@ -296,6 +361,13 @@ void cache_note_run(const uint64_t key[2], double ms, bool compiled) {
   if (e && !compiled) {
     e->interp_ms += ms;
     e->interp_runs++;
+    family *f = NULL;
+    if (e->has_fam) HASH_FIND(hh, cache.families, e->fam, sizeof f->key, f);
+    if (f) {
+      f->interp_ms += ms;
+      f->interp_runs++;
+      f->interp_work += e->work;
+    }
   } else if (e && e->interp_runs && e->interp_ms > 0) {
     /* time-weighted: a long trace's runs say more than a 20 us one's noise */
     double interp = e->interp_ms / (double)e->interp_runs;
@@ -311,6 +383,13 @@ double cache_compiled_ratio(void) {
   double r = (cache.compiled_ms + 5) / (cache.interp_ms + 10);
   pthread_mutex_unlock(&cache.lock);
   return r;
+}
+
+int cache_families(void) {
+  pthread_mutex_lock(&cache.lock);
+  int n = cache.nfamilies;
+  pthread_mutex_unlock(&cache.lock);
+  return n;
 }
 
 int cache_entries(void) {
@@ -333,6 +412,7 @@ void cache_clear(void) {
     HASH_DELETE(hh, cache.families, f);
     free(f);
   }
+  cache.nfamilies = 0;
   cache.lru.lru_next = cache.lru.lru_prev = &cache.lru;
   cache.count = 0;
   cache.bytes = 0;

@@ -35,6 +35,13 @@ typedef struct cache_sighting {
   double price_ms;
   long price_gen;
   double saving_ms; /* what compiling would have saved so far (set by the payoff rule, for logs) */
+  /* its family (the same trace with every extent erased: every sequence
+     length of a loop's segment), after cache_sight_family: the family's
+     sightings while unplanned, and its interpreter runs' time */
+  bool family;
+  uint64_t family_sightings;
+  double family_interp_ms;    /* this key's run at the family's time per work (0: none yet) */
+  double family_interp_total; /* all of its runs */
   /* what the trace layer attached to the key (cache_attach), copied out */
   uint8_t aux[CACHE_AUX_MAX];
   size_t aux_len; /* 0: nothing attached */
@@ -57,9 +64,22 @@ void cache_sight(const uint64_t key[2], const uint8_t *bytes, size_t len, int no
    of that key keep it (DESIGN §3: a plan learns).  Bounded per key: past
    CACHE_MAX_RELEARN plans for one key it stops learning. */
 void cache_learn(const uint64_t key[2], int index);
+/* Counts a sighting of key (just sighted by cache_sight into *io, with no
+   plan) as one of its family fam, and fills io's family fields.  The
+   family's runs on the interpreter add up across its keys (cache_note_run),
+   (work: the size of key's trace, its nodes' elements, which scales the
+   family's time per unit of work to this key's in io->family_interp_ms),
+   so the payoff rule can price kernels, which every shape of a family
+   shares, against what the whole family spends; a key of a family
+   sighted KILN_HOT times is hot at its first sighting; and a key not
+   priced yet takes its family's last price (cache_note_price). */
+void cache_sight_family(const uint64_t key[2], const uint64_t fam[2], double work,
+                        cache_sighting *io);
 /* A hot trace of key family fam may be planned while the family is within
-   its recompile budget; counts it if so. */
-bool cache_admit(const uint64_t fam[2]);
+   its recompile budget; counts it if so.  A plan that compiles nothing
+   (compiles false: every kernel is ready) is always admitted, uncounted:
+   the budget bounds compiling, not planning. */
+bool cache_admit(const uint64_t fam[2], bool compiles);
 /* key was refused admission: it is never hot again */
 void cache_refuse(const uint64_t key[2]);
 /* Publishes the plan of a key, built with the outputs it had learned
@@ -77,7 +97,8 @@ void cache_note_run(const uint64_t key[2], double ms, bool compiled);
 double cache_compiled_ratio(void);
 
 int cache_entries(void);
-void cache_clear(void); /* drops every entry (tests) */
+int cache_families(void); /* families sighted and kept (cache_sight_family) */
+void cache_clear(void);   /* drops every entry (tests) */
 
 /* settings */
 int cache_hot_threshold(void); /* KILN_HOT, default 2 */

@@ -90,9 +90,11 @@ TEST(unused_cuda_modules_are_unloaded_and_reloaded) {
       if (v != first[which]) KTEST_FAIL("%s: %a, its first run gave %a", what, v, first[which]);
       CHECK_CLOSE(v, cpu[which], 1e-5);
       /* op by op: a launch per op; compiled: its fused kernels (their
-         modules loaded again on the last pass) */
-      if (rep == 0) CHECK(launched >= 9);
-      if (rep == 2) CHECK(launched >= 1 && launched <= 2);
+         modules loaded again on the last pass, where its key, evicted
+         long ago, is planned at its first sighting: its family is hot) */
+      bool again = k == PROGRAMS;
+      if (rep == 0 && !again) CHECK(launched >= 9);
+      if (rep == 2 || again) CHECK(launched >= 1 && launched <= 2);
       long cached = cache_code_count(KILN_CUDA), live = live_modules();
       most_cached = cached > most_cached ? cached : most_cached;
       most_live = live > most_live ? live : most_live;

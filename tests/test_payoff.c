@@ -29,10 +29,13 @@ static double heavy_run(kiln_tensor *x) {
   return v;
 }
 
+/* made on the interpreter (its traces count toward no test's plans) */
 static kiln_tensor *input(int64_t n) {
+  setenv("KILN_JIT", "0", 1);
   kiln_tensor *r = kiln_arange(0, (double)n, 1, KILN_F32), *x = kiln_mul_scalar(r, 1.0 / (double)n);
   kiln_release(r);
   kiln_sync(); /* a leaf of the traces below */
+  unsetenv("KILN_JIT");
   return x;
 }
 
@@ -47,10 +50,13 @@ TEST(a_trace_that_cannot_pay_is_never_compiled) {
   CHECK_EQ_INT(stat("plans_built"), 0);
   CHECK_EQ_INT(stat("kernels_compiled"), 0);
   CHECK(stat("compiles_declined") >= 20);
-  /* the same program with the rule off compiles it at its second sighting */
+  /* the same program with the rule off compiles it at once (its family is
+     hot), to the interpreter's bits */
   setenv("KILN_PAYOFF", "0", 1);
   kiln_tensor *y = input(17); /* another shape: a new key */
+  setenv("KILN_JIT", "0", 1);
   double f2 = tiny_run(y);
+  unsetenv("KILN_JIT");
   tiny_run(y);
   CHECK_EQ_INT(stat("plans_built"), 1);
   kiln_jit_wait();
@@ -66,10 +72,12 @@ TEST(a_trace_that_pays_compiles_when_hot) {
   kiln_tensor *x = input((int64_t)1 << 22);
   double first = heavy_run(x);
   /* its interpreter time pays for its few nodes within a few sightings
-     (compiling them costs about as much as one or two runs) */
-  for (int i = 0; i < 7 && stat("plans_built") == 0; i++) heavy_run(x);
+     (compiling them costs three or four runs; the fifth to seventh
+     sighting on the 2-core Zen 3: at 0.5 of a run saved, 120 ms of price
+     against 35-40 ms runs) */
+  for (int i = 0; i < 12 && stat("plans_built") == 0; i++) heavy_run(x);
   CHECK_EQ_INT(stat("plans_built"), 1);
-  CHECK(stat("compiles_declined") <= 5);
+  CHECK(stat("compiles_declined") <= 10);
   kiln_jit_wait();
   CHECK(stat("kernels_compiled") + stat("disk_hits") >= 1); /* compiled, or compiled before */
   double eager = stat("eager_ops");
@@ -106,16 +114,17 @@ TEST(a_trace_of_known_kernels_is_planned_when_hot) {
   setenv("KILN_HOT", "2", 1);
   setenv("KILN_PAYOFF", "0", 1);
   kiln_tensor *a = input((int64_t)1 << 18);
-  double va;
-  CHECK_EQ_INT(planned_after(heavy_run, a, &va), 2);
+  double va; /* its family ran in a_trace_that_pays_compiles_when_hot: hot at once */
+  CHECK_EQ_INT(planned_after(heavy_run, a, &va), 1);
   kiln_jit_wait();
   CHECK(stat("kernels_compiled") + stat("disk_hits") >= 1);
   setenv("KILN_PAYOFF", "1", 1);
-  /* in memory: the same kernels at another shape */
+  /* in memory: the same kernels at another shape, of a family seen
+     twice already (hot): planned at its first sighting */
   kiln_reset_stats();
   kiln_tensor *b = input(((int64_t)1 << 18) - 1000);
   double vb;
-  CHECK_EQ_INT(planned_after(heavy_run, b, &vb), 2);
+  CHECK_EQ_INT(planned_after(heavy_run, b, &vb), 1);
   CHECK_EQ_INT(stat("compiles_declined"), 0);
   CHECK_EQ_INT(stat("kernels_compiled"), 0);
   double eager = stat("eager_ops");
@@ -137,6 +146,52 @@ TEST(a_trace_of_known_kernels_is_planned_when_hot) {
   kiln_release(a);
   kiln_release(b);
   kiln_release(c);
+}
+
+/* other transcendentals than heavy_run's (kernels no test compiled) over
+   the first n elements of big */
+static double family_run(kiln_tensor *big, int64_t n) {
+  kiln_tensor *x = kiln_slice(big, 0, 0, n, 1), *a = kiln_sigmoid(x), *b = kiln_cos(a),
+              *c = kiln_log1p(b), *d = kiln_mul(c, x), *s = kiln_sum(d, 0, NULL, false);
+  double v = kiln_item(s);
+  kiln_tensor *all[] = {x, a, b, c, d, s};
+  for (int i = 0; i < 6; i++) kiln_release(all[i]);
+  return v;
+}
+
+/* A loop's segments come at every sequence length, each length seen a few
+   times: no key is hot long enough to pay for a compile on its own.  Its
+   kernels take no extents, so the family (the trace with its extents
+   erased) pays for them: here a trace at a new shape every run, never one
+   key twice, compiles once the family's interpreter time covers the
+   price, and a shape after that is planned at its first sighting and runs
+   the family's kernels at once, to the interpreter's bits. */
+TEST(a_family_of_shapes_pays_for_its_kernels_together) {
+  if (!ktest_cpu_jit()) return;
+  setenv("KILN_PAYOFF", "1", 1);
+  setenv("KILN_HOT", "2", 1);
+  const int64_t n0 = (int64_t)1 << 20;
+  kiln_tensor *big = input(n0);
+  kiln_reset_stats();
+  int shapes = 0;
+  while (shapes < 200 && stat("plans_built") == 0) family_run(big, n0 - 16 * shapes++);
+  CHECK_EQ_INT(stat("plans_built"), 1);
+  CHECK(shapes >= 3); /* hot at its second sighting, and it had to pay first */
+  CHECK(stat("compiles_declined") >= 1);
+  CHECK(stat("trace_families") >= 1);
+  kiln_jit_wait();
+  CHECK(stat("kernels_compiled") + stat("disk_hits") >= 1);
+  int64_t n = n0 - 16 * 1000; /* a shape none of those had */
+  kiln_reset_stats();
+  double got = family_run(big, n);
+  CHECK_EQ_INT(stat("plans_built"), 1);
+  CHECK_EQ_INT(stat("kernels_compiled"), 0);
+  CHECK_EQ_INT(stat("compiles_declined"), 0);
+  CHECK_EQ_INT(stat("eager_ops"), 0); /* its first run is compiled code */
+  setenv("KILN_JIT", "0", 1);
+  CHECK(family_run(big, n) == got); /* the interpreter's bits */
+  unsetenv("KILN_JIT");
+  kiln_release(big);
 }
 
 /* internal (jit_cpu/jit.h): what compiling this many kernels is priced at */
@@ -196,6 +251,7 @@ int main(int argc, char **argv) {
   RUN(a_trace_that_pays_compiles_when_hot);
   RUN(a_trace_that_cannot_pay_is_never_compiled);
   RUN(a_trace_of_known_kernels_is_planned_when_hot);
+  RUN(a_family_of_shapes_pays_for_its_kernels_together);
   RUN(the_price_of_a_compile_is_learned_across_processes);
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd) != 0) return 1;

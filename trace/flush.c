@@ -326,7 +326,11 @@ static void remember(tr_graph *g, const tr_trace *t, tr_flush_reason why, const 
   info->planned = plan != NULL;
   info->sightings = seen->sightings;
   info->status = rc;
-  if (!plan) return;
+  if (!plan) { /* tr_last_plan_ir: this flush's, none */
+    free(g->last_ir);
+    g->last_ir = NULL;
+    return;
+  }
   info->plan_nodes = plan->n;
   info->plan_groups = plan->ngroups;
   info->plan_buffers = plan->nbuffers;
@@ -377,36 +381,55 @@ static double planning_ms(int nodes) {
 
 /* The payoff rule (DESIGN §4): a hot key is planned and compiled once
    what compiling saves is expected to exceed what it costs.  Saving per
-   run: the key's measured interpreter time times what compiled code saves
-   of it (measured over this process's compiled runs); runs still to come:
-   as many as so far (a key seen n times is expected to run n more times).
-   Cost: planning it, and making its kernels ready: those compiled before
-   (by any trace, in this process or an earlier one) cost a lookup or a
-   load, only the missing ones a compile (priced per kernel by the
-   backend, vm_backend.plan_cost_ms).  To price it the key is planned once
-   its saving covers planning; the price holds until the backend has new
-   kernels.  A key that does not pay yet is asked again at its next
+   run: the key's measured interpreter time (before its first run, the
+   mean run of its family: the same trace at other shapes) times what
+   compiled code saves of it (measured over this process's compiled runs);
+   runs still to come: as many as so far (a key seen n times is expected to
+   run n more times).  Cost: planning it, and making its kernels ready:
+   those compiled before (by any trace, in this process or an earlier one)
+   cost a lookup or a load, only the missing ones a compile (priced per
+   kernel by the backend, vm_backend.plan_cost_ms).  Planning serves this
+   key alone, so the key's own saving pays for it; kernels take no extents
+   and serve every shape of the family, so what the whole family has run
+   on the interpreter pays for them (a loop's segments at every sequence
+   length, each length seen a few times).  To price it the key is planned
+   once its saving covers planning; the price holds until the backend has
+   new kernels.  A key that does not pay yet is asked again at its next
    sightings, as its runs add up; KILN_HOT stays the floor, and
    KILN_PAYOFF=0 compiles every hot key.  *built: the plan made to price
-   it, when it pays (the caller publishes it). */
+   it, when it pays (the caller publishes it; priced at 0, every kernel
+   ready, the recompile budget does not count it). */
 static bool pays(const vm_backend *be, const tr_trace *t, const tr_key *key, cache_sighting *seen,
                  tr_plan **built) {
-  if (!vm_env_long("KILN_PAYOFF", 1)) return true;
-  double saving = seen->interp_ms * (1 - cache_compiled_ratio()) * (double)seen->sightings;
-  seen->saving_ms = saving;
+  long gen = be->kernel_generation ? be->kernel_generation() : 0;
+  if (!vm_env_long("KILN_PAYOFF", 1)) { /* priced all the same: is every kernel ready? */
+    if (be->plan_cost_ms && (*built = tr_plan_build(t, be))) {
+      seen->price_ms = be->plan_cost_ms(*built, t);
+      seen->priced = true;
+      seen->price_gen = gen;
+    }
+    return true;
+  }
+  double kept = 1 - cache_compiled_ratio();
+  double per_run = seen->interp_ms > 0 ? seen->interp_ms : seen->family_interp_ms;
+  double saving = per_run * kept * (double)seen->sightings;
+  double shared = (seen->family_interp_total + per_run) * kept;
+  if (shared < saving) shared = saving;
+  seen->saving_ms = shared;
   if (!be->plan_cost_ms) return saving >= (seen->price_ms = be->compile_cost_ms(t->n));
   double plan_ms = planning_ms(t->n);
   if (saving < plan_ms) {
     seen->price_ms = plan_ms; /* at least */
     return false;
   }
-  long gen = be->kernel_generation ? be->kernel_generation() : 0;
-  if (seen->priced && seen->price_gen == gen) return saving >= plan_ms + seen->price_ms;
+  if (seen->priced && seen->price_gen == gen) return shared >= plan_ms + seen->price_ms;
   tr_plan *plan = tr_plan_build(t, be);
   if (!plan) return false;
   double price = seen->price_ms = be->plan_cost_ms(plan, t);
+  seen->priced = true;
+  seen->price_gen = gen;
   cache_note_price((uint64_t[]){key->lo, key->hi}, price, gen);
-  if (saving >= price) { /* planning is paid for already */
+  if (shared >= price) { /* planning is paid for already */
     *built = plan;
     return true;
   }
@@ -435,7 +458,7 @@ static void trace_device(tr_trace *t) {
    rule, admission, planning and compiling. */
 typedef struct keyed {
   tr_bytes bytes, fam_bytes;
-  tr_key key;
+  tr_key key, fam; /* fam: once fam_bytes are made */
   cache_sighting seen;
   tr_plan *plan; /* a reference, or NULL: the interpreter */
 } keyed;
@@ -453,20 +476,44 @@ static void sight(tr_trace *t, keyed *k) {
   k->plan = k->seen.plan;
 }
 
+/* k's family key (its bytes with every extent erased), made once */
+static bool family_of(tr_trace *t, keyed *k) {
+  if (!k->fam_bytes.data && !k->fam_bytes.failed) {
+    tr_key_bytes(t, false, &k->fam_bytes);
+    if (!k->fam_bytes.failed) k->fam = tr_key_hash(&k->fam_bytes);
+  }
+  return !k->fam_bytes.failed;
+}
+
 static void decide(tr_trace *t, const vm_backend *be, bool planning, keyed *k) {
   if (k->bytes.failed) return;
   vm_counters *st = &vm_process()->stats;
   cache_sighting *seen = &k->seen;
   bool compiles = planning && be->jit_enabled && be->jit_enabled();
+  /* a key without a plan is a sighting of its family too (its payoff) */
+  if (compiles && !k->plan && !seen->replan && family_of(t, k)) {
+    double work = 0; /* its size: elements its nodes make */
+    for (int i = 0; i < t->n; i++) {
+      const vm_meta *m = &t->nodes[i]->meta;
+      double e = 1;
+      for (int d = 0; d < m->ndim; d++) e *= (double)m->shape[d];
+      work += e;
+    }
+    cache_sight_family((uint64_t[]){k->key.lo, k->key.hi}, (uint64_t[]){k->fam.lo, k->fam.hi}, work,
+                       seen);
+  }
   tr_plan *priced = NULL; /* the plan the payoff rule made to price the key */
   double p0 = vm_now_ms();
   if (seen->hot && planning && compiles && !pays(be, t, &k->key, seen, &priced)) {
     seen->declined = true;
     atomic_fetch_add_explicit(&st->compiles_declined, 1, memory_order_relaxed);
   } else if (seen->hot && planning) { /* the family's recompile budget decides */
-    tr_key_bytes(t, false, &k->fam_bytes);
-    tr_key fam = k->fam_bytes.failed ? (tr_key){0, 0} : tr_key_hash(&k->fam_bytes);
-    seen->make_plan = cache_admit((uint64_t[]){fam.lo, fam.hi});
+    /* priced at nothing (every kernel ready) at this kernel generation,
+       by itself or by its family: it compiles nothing */
+    long gen = be->kernel_generation ? be->kernel_generation() : 0;
+    bool ready = seen->priced && seen->price_ms == 0 && seen->price_gen == gen;
+    tr_key fam = family_of(t, k) ? k->fam : (tr_key){0, 0};
+    seen->make_plan = cache_admit((uint64_t[]){fam.lo, fam.hi}, !ready);
     seen->over_budget = !seen->make_plan;
     if (seen->over_budget) cache_refuse((uint64_t[]){k->key.lo, k->key.hi});
   }
