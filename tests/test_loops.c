@@ -668,6 +668,41 @@ TEST(one_step_key_for_every_length) {
   CHECK_EQ_INT(distinct_bwd, 1);
 }
 
+/* A new sequence length costs planning, never a compile: the kernels of
+   a loop's segments take no extents, so a length not seen before finds
+   the ones the lengths before it compiled; and its segments whose
+   structure is the same at every length (the forward's input projection
+   and embedding, the loss) are planned at their first sighting: their
+   family is hot (trace_cache.h). */
+TEST(a_new_length_is_planned_at_once_and_compiles_nothing) {
+  if (!ktest_cpu_jit()) return;
+  const char *payoff = getenv("KILN_PAYOFF");
+  char *was = payoff ? strdup(payoff) : NULL;
+  set_env("KILN_PAYOFF", "0"); /* every hot key planned */
+  for (int T = 5; T <= 12; T++) {
+    train tr = gru7;
+    tr.T = T;
+    train_step(tr);
+    train_step(tr);
+  }
+  kiln_jit_wait();
+  for (int T = 13; T <= 18; T++) {
+    double kernels = kiln_stat("kernels_compiled") + kiln_stat("disk_hits"),
+           plans = kiln_stat("plans_built");
+    train tr = gru7;
+    tr.T = T;
+    const trained *r = train_step(tr); /* its first sighting */
+    CHECK(r->fwd.rolled && r->bwd.rolled);
+    kiln_jit_wait();
+    double new_kernels = kiln_stat("kernels_compiled") + kiln_stat("disk_hits") - kernels;
+    if (new_kernels != 0 || kiln_stat("plans_built") == plans)
+      KTEST_FAIL("length %d, first sighting: %.0f plans, %.0f kernels compiled or loaded", T,
+                 kiln_stat("plans_built") - plans, new_kernels);
+  }
+  set_env("KILN_PAYOFF", was);
+  free(was);
+}
+
 int main(void) {
   RUN(tanh_rnn_is_one_body_for_every_length);
   RUN(gru_is_one_body_for_every_length);
@@ -687,5 +722,6 @@ int main(void) {
   RUN(linear_layout_weights_sum_after_the_loop);
   RUN(a_bad_index_in_a_rolled_step_is_an_error);
   RUN(one_step_key_for_every_length);
+  RUN(a_new_length_is_planned_at_once_and_compiles_nothing);
   return ktest_done();
 }
