@@ -106,8 +106,12 @@ vm_tensor *fe_mean(vm_tensor *a, int naxes, const int *axes, bool keepdim) {
         count = INT64_MAX; /* unreachable: shapes are checked */
     }
   }
+  /* the count is a host scalar, a parameter of the key and of compiled
+     code (DESIGN §4): it follows the shape, which a key's family erases,
+     so a loss's mean over T*B rows is one family, and one set of kernels,
+     for every sequence length T */
   return finish(
-      &s, rounded_as(&s, keep(&s, fe_binary_scalar(VM_OP_div, sum, (double)count, false)), a));
+      &s, rounded_as(&s, keep(&s, fe_binary_host_scalar(VM_OP_div, sum, (double)count, false)), a));
 }
 
 /* the max along axis, subtracted for stability: it cancels exactly, so it

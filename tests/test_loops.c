@@ -686,7 +686,7 @@ TEST(a_new_length_is_planned_at_once_and_compiles_nothing) {
     train_step(tr);
   }
   kiln_jit_wait();
-  for (int T = 13; T <= 18; T++) {
+  for (int T = 21; T <= 26; T++) { /* lengths no test before ran */
     double kernels = kiln_stat("kernels_compiled") + kiln_stat("disk_hits"),
            plans = kiln_stat("plans_built");
     train tr = gru7;
@@ -701,6 +701,35 @@ TEST(a_new_length_is_planned_at_once_and_compiles_nothing) {
   }
   set_env("KILN_PAYOFF", was);
   free(was);
+}
+
+/* internal (trace/flush.h): drop every key, plan and family */
+void tr_cache_reset(void);
+
+/* The segments around a loop are the same trace at every length: the
+   states stacked after it are joined before the segment runs
+   (loop_joins), the slices of their gradient that one backward step reads
+   wait for that step: lengths 11..16 sight no family (trace with its
+   extents erased) that lengths 5..10 did not.  (Families are sighted by
+   the JIT's payoff rule.) */
+TEST(the_segments_around_a_loop_are_one_family_for_every_length) {
+  if (!ktest_cpu_jit()) return;
+  tr_cache_reset();
+  double joins = kiln_stat("loop_joins"), families[2] = {0, 0};
+  for (int T = 5; T <= 16; T++) {
+    train tr = gru7;
+    tr.T = T;
+    const trained *r = train_step(tr);
+    CHECK(r->fwd.rolled && r->bwd.rolled);
+    if (T == 10) families[0] = kiln_stat("trace_families");
+  }
+  families[1] = kiln_stat("trace_families");
+  if (getenv("TEST_LOOPS_VERBOSE"))
+    fprintf(stderr, "families %.0f after lengths 5..10, %.0f after 11..16; joins %.0f\n",
+            families[0], families[1], kiln_stat("loop_joins") - joins);
+  CHECK(families[0] >= 4); /* before, after and a step, forward and backward */
+  CHECK(families[1] == families[0]);
+  CHECK(kiln_stat("loop_joins") - joins >= 12); /* the stack, at every length */
 }
 
 int main(void) {
@@ -723,5 +752,6 @@ int main(void) {
   RUN(a_bad_index_in_a_rolled_step_is_an_error);
   RUN(one_step_key_for_every_length);
   RUN(a_new_length_is_planned_at_once_and_compiles_nothing);
+  RUN(the_segments_around_a_loop_are_one_family_for_every_length);
   return ktest_done();
 }

@@ -6,6 +6,7 @@
  * input edges against the copy before confirms it (or cuts it short). */
 #include "loop.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -427,7 +428,19 @@ typedef struct {
   vm_tensor **svals; /* its values */
   tr_node *shells;   /* leaves standing for values computed by other segments */
   int *local, *local_stamp, *leaf, *leaf_stamp, stamp;
+  /* the steps' values joined before a segment (join_steps): per list
+     position, the concat rewritten over joined runs (NULL: the trace's
+     node) and its refs (JOINED(j): joined value j) */
+  bool *in_seg;
+  tr_node **over, *over_node;
+  int **over_refs, *over_edges;
+  vm_tensor **joined;
+  int njoined;
 } roller;
+
+/* a ref to joined value j in a segment's rewritten concat */
+#define JOINED(j) (INT_MIN + (j))
+#define IS_JOINED(r) ((r) < INT_MIN / 2)
 
 static int copy_at(const roller *R, int i) {
   int p = R->pos[i];
@@ -1068,13 +1081,22 @@ static bool roller_init(roller *R, const tr_trace *t, const tr_loop *lp, vm_tens
   R->shells = malloc((size_t)(edges ? edges : 1) * sizeof *R->shells); /* cleared as used */
   R->local = malloc((size_t)n * sizeof *R->local);
   R->local_stamp = calloc((size_t)n, sizeof *R->local_stamp);
-  R->leaf = malloc((size_t)(n + t->nleaves) * sizeof *R->leaf);
-  R->leaf_stamp = calloc((size_t)(n + t->nleaves), sizeof *R->leaf_stamp);
+  /* slots: trace nodes, the trace's leaves, joined values (join_steps) */
+  R->leaf = malloc((size_t)(n + t->nleaves + edges + 1) * sizeof *R->leaf);
+  R->leaf_stamp = calloc((size_t)(n + t->nleaves + edges + 1), sizeof *R->leaf_stamp);
   R->sub.nodes = malloc((size_t)n * sizeof *R->sub.nodes);
   R->sub.refs = malloc((size_t)n * sizeof *R->sub.refs);
   R->sub.leaves = malloc((size_t)(edges ? edges : 1) * sizeof *R->sub.leaves);
   R->sub.is_output = malloc((size_t)n * sizeof *R->sub.is_output);
   R->sub.device = t->device;
+  R->in_seg = calloc((size_t)n, sizeof *R->in_seg);
+  R->over = calloc((size_t)n, sizeof *R->over);
+  R->over_node = malloc((size_t)n * sizeof *R->over_node);
+  R->over_refs = calloc((size_t)n, sizeof *R->over_refs);
+  R->over_edges = malloc((size_t)(edges ? edges : 1) * sizeof *R->over_edges);
+  R->joined = calloc((size_t)(edges ? edges : 1), sizeof *R->joined);
+  if (!R->in_seg || !R->over || !R->over_node || !R->over_refs || !R->over_edges || !R->joined)
+    return false;
   if (!R->at || !R->pos || !R->outside_read || !R->body_out || !R->drop || !R->drop_at ||
       !R->sinks || !R->sunk || !R->maps || !R->mapped || !R->hoisted || !R->batched || !R->needed ||
       !R->list || !R->edges || !R->svals || !R->shells || !R->local || !R->local_stamp ||
@@ -1168,6 +1190,13 @@ static void roller_free(roller *R) {
   free(R->sub.refs);
   free(R->sub.leaves);
   free(R->sub.is_output);
+  for (int j = 0; R->joined && j < R->njoined; j++) vm_release(R->joined[j]);
+  free(R->in_seg);
+  free(R->over);
+  free(R->over_node);
+  free(R->over_refs);
+  free(R->over_edges);
+  free(R->joined);
 }
 
 /* Makes R->sub of the m trace nodes in R->list (an order inputs-first),
@@ -1186,22 +1215,35 @@ static int build_sub(roller *R, int m) {
   }
   for (int x = 0; x < m; x++) {
     int i = R->list[x];
-    const tr_node *node = t->nodes[i];
-    sub->nodes[x] = t->nodes[i];
+    tr_node *node = R->over[x] ? R->over[x] : t->nodes[i];
+    const int *refs = R->over[x] ? R->over_refs[x] : t->refs[i];
+    sub->nodes[x] = node;
     sub->refs[x] = next;
     next += node->nin;
     for (int e = 0; e < node->nin; e++) {
-      int r = t->refs[i][e];
+      int r = refs[e];
       if (r >= 0 && R->local_stamp[r] == stamp) {
         sub->refs[x][e] = R->local[r];
         continue;
       }
-      int slot = r >= 0 ? r : n + (-1 - r);
+      int slot = IS_JOINED(r) ? n + t->nleaves + (r - INT_MIN) : r >= 0 ? r : n + (-1 - r);
       if (R->leaf_stamp[slot] != stamp) {
         int j = sub->nleaves++;
         R->leaf_stamp[slot] = stamp;
         R->leaf[slot] = j;
-        if (r < 0) {
+        if (IS_JOINED(r)) {
+          vm_tensor *v = R->joined[r - INT_MIN];
+          tr_node *shell = &R->shells[j];
+          memset(shell, 0, sizeof *shell);
+          shell->meta = (vm_meta){.dtype = v->dtype,
+                                  .compute = v->dtype,
+                                  .device = (uint8_t)v->storage->device,
+                                  .ndim = v->ndim};
+          memcpy(shell->meta.shape, v->shape, (size_t)v->ndim * sizeof *v->shape);
+          shell->value = v;
+          shell->state = TR_MATERIALIZED;
+          sub->leaves[j] = shell;
+        } else if (r < 0) {
           sub->leaves[j] = t->leaves[-1 - r];
         } else {
           if (!R->vals[r])
@@ -1221,14 +1263,143 @@ static int build_sub(roller *R, int m) {
   return KILN_OK;
 }
 
+/* --- the steps' values joined before a segment ---
+   The nodes around a loop may read a value of every step at once: the
+   stack of the states after it (kiln_stack: a reshape of each step's h,
+   then a concat), or in backward the gradient of every step's slice x[t]
+   (a concat of each step's dx, the first step's computed in the segment
+   itself).  Such a concat has as many inputs as the loop has copies, and
+   the segment a key (and a family) for every trip count.  Before a
+   segment runs, each run of two or more inputs of a concat of three or
+   more that other segments computed (directly, or through a reshape of
+   their own) is joined into one value, which the segment reads as one
+   leaf: its trace is the same at every length, and a concat of a concat
+   copies the same bytes.  A concat whose inputs all come from outside is
+   made here whole.  Both modes run it. */
+
+/* the value of ref r made outside the segment, or NULL */
+static vm_tensor *outside_value(const roller *R, int r) {
+  if (r < 0) return R->t->leaves[-1 - r]->value;
+  return R->in_seg[r] ? NULL : R->vals[r];
+}
+
+/* runs node i of the trace here, on its inputs' values (all made) */
+static int run_here(roller *R, int i, int *failed) {
+  const tr_node *node = R->t->nodes[i];
+  vm_tensor *few[3], **ins = node->nin <= 3 ? few : malloc((size_t)node->nin * sizeof *ins);
+  if (!ins) return vm_error(KILN_ERR_OOM, "out of memory running a loop");
+  for (int e = 0; e < node->nin; e++) ins[e] = outside_value(R, R->t->refs[i][e]);
+  const vm_backend *be = vm_backend_of((kiln_device)node->meta.device);
+  R->vals[i] = be->exec(node->op, node->nin, ins, &node->attr, &node->meta);
+  if (ins != few) free(ins);
+  if (R->vals[i]) return KILN_OK;
+  *failed = i;
+  return vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
+}
+
+/* a reshape in the segment of a value made outside it */
+static bool outside_view(const roller *R, int r) {
+  if (r < 0 || !R->in_seg[r]) return false;
+  const tr_node *v = R->t->nodes[r];
+  return v->op == VM_OP_reshape && v->nin == 1 && outside_value(R, R->t->refs[r][0]);
+}
+
+static int join_steps(roller *R, int *m_io, int *failed) {
+  const tr_trace *t = R->t;
+  int m = *m_io, rc = KILN_OK, *edges = R->over_edges;
+  for (int x = 0; x < m; x++) R->in_seg[R->list[x]] = true;
+  for (int x = 0; x < m && rc == KILN_OK; x++) {
+    int i = R->list[x];
+    const tr_node *node = t->nodes[i];
+    if (node->op != VM_OP_concat || node->nin < 3) continue;
+    int outside = 0;
+    for (int e = 0; e < node->nin; e++) {
+      int r = t->refs[i][e];
+      outside += outside_value(R, r) != NULL || outside_view(R, r);
+    }
+    if (outside < 2) continue;
+    for (int e = 0; e < node->nin && rc == KILN_OK; e++) { /* the views first, here */
+      int r = t->refs[i][e];
+      if (outside_view(R, r) && (rc = run_here(R, r, failed)) == KILN_OK) R->in_seg[r] = false;
+    }
+    if (rc != KILN_OK) break;
+    if (outside == node->nin) { /* all of it */
+      if ((rc = run_here(R, i, failed)) == KILN_OK) R->in_seg[i] = false;
+      atomic_fetch_add_explicit(&vm_process()->stats.loop_joins, 1, memory_order_relaxed);
+      continue;
+    }
+    /* runs of two or more outside inputs, each one joined value */
+    int nin = 0, *refs = edges;
+    for (int e = 0; e < node->nin && rc == KILN_OK;) {
+      int run = 0;
+      while (e + run < node->nin && outside_value(R, t->refs[i][e + run])) run++;
+      if (run < 2) {
+        refs[nin++] = t->refs[i][e++];
+        continue;
+      }
+      vm_tensor **ins = malloc((size_t)run * sizeof *ins);
+      if (!ins) {
+        rc = vm_error(KILN_ERR_OOM, "out of memory running a loop");
+        break;
+      }
+      for (int q = 0; q < run; q++) ins[q] = outside_value(R, t->refs[i][e + q]);
+      vm_tensor *v = exec_op(VM_OP_concat, run, ins, &node->attr);
+      free(ins);
+      if (!v) {
+        *failed = i;
+        rc = vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
+        break;
+      }
+      R->joined[R->njoined] = v;
+      refs[nin++] = JOINED(R->njoined++);
+      e += run;
+    }
+    if (rc != KILN_OK) break;
+    if (nin == node->nin) continue;               /* no run of two */
+    memcpy(&R->over_node[x], node, sizeof *node); /* the concat over the joined runs */
+    R->over_node[x].nin = nin;
+    R->over[x] = &R->over_node[x];
+    R->over_refs[x] = refs;
+    edges += nin;
+    atomic_fetch_add_explicit(&vm_process()->stats.loop_joins, 1, memory_order_relaxed);
+  }
+  /* the nodes made here leave the segment */
+  int kept = 0;
+  for (int x = 0; x < m; x++) {
+    int i = R->list[x];
+    if (!R->in_seg[i]) {
+      R->over[x] = NULL;
+      continue;
+    }
+    if (kept != x) {
+      R->list[kept] = i;
+      R->sub.is_output[kept] = R->sub.is_output[x];
+      R->over[kept] = NULL;
+      if (R->over[x]) {
+        memcpy(&R->over_node[kept], &R->over_node[x], sizeof R->over_node[x]);
+        R->over[kept] = &R->over_node[kept];
+        R->over_refs[kept] = R->over_refs[x];
+      }
+      R->over[x] = NULL;
+    }
+    kept++;
+  }
+  for (int x = 0; x < m; x++) R->in_seg[R->list[x]] = false;
+  *m_io = kept;
+  return rc;
+}
+
 /* runs the segment in R->list (m nodes, outputs set); its outputs' values
    move into the flush's */
 static int run_sub(roller *R, tr_segment_runner *run, int m, int segment, int *failed) {
-  int rc = build_sub(R, m);
-  if (rc != KILN_OK) return rc;
-  memset(R->svals, 0, (size_t)m * sizeof *R->svals);
+  int rc = segment == TR_SEGMENT_STEP ? KILN_OK : join_steps(R, &m, failed);
+  if (rc == KILN_OK) rc = build_sub(R, m);
+  for (int x = 0; x < m; x++) R->over[x] = NULL;
   int sub_failed = -1;
-  rc = run->run(run, &R->sub, segment, R->svals, &sub_failed);
+  memset(R->svals, 0, (size_t)m * sizeof *R->svals);
+  if (rc == KILN_OK && m > 0) rc = run->run(run, &R->sub, segment, R->svals, &sub_failed);
+  for (int j = 0; j < R->njoined; j++) vm_release(R->joined[j]);
+  R->njoined = 0;
   if (sub_failed >= 0 && sub_failed < m) *failed = R->list[sub_failed];
   for (int x = 0; x < m; x++) {
     if (rc == KILN_OK && R->sub.is_output[x] && !R->vals[R->list[x]])
@@ -1277,6 +1448,46 @@ static void drop_after(roller *R, int c) {
   }
 }
 
+/* --- views one step reads wait for it ---
+   A backward loop reads a value of its own per step, made before the loop
+   from one value of all of them: the gradient of kiln_stack, a slice of
+   it per step (then a reshape).  Left in the segment before the loop,
+   those views make it a key for every trip count.  A view (a slice,
+   reshape or permute) recorded before the loop that only the steps of one
+   copy read (directly, or through views that wait too) is made after
+   that segment, here, as the steps' slices of x are: it moves no data. */
+static bool waiting_view(const tr_node *n) {
+  return n->nin == 1 && (n->op == VM_OP_slice || n->op == VM_OP_reshape || n->op == VM_OP_permute);
+}
+
+/* marks wait[i] for each such view; false on OOM */
+static bool find_waiting(roller *R, bool *wait) {
+  const tr_trace *t = R->t;
+  int n = t->n;
+  int *copy =
+      malloc((size_t)n * sizeof *copy); /* the one copy reading i: -1 none yet, -2 several */
+  if (!copy) return false;
+  for (int i = 0; i < n; i++) copy[i] = -1;
+  /* readers come after what they read: from the last node back, each
+     node's own copy (or its waiting copy) is known before its inputs' */
+  for (int i = n - 1; i >= 0; i--) {
+    int ci = copy_at(R, i);
+    if (ci < 0) { /* before the loop */
+      wait[i] = copy[i] >= 0 && waiting_view(t->nodes[i]) && !t->is_output[i];
+      ci = wait[i] ? copy[i] : -2;
+    } else if (ci >= R->k) {
+      ci = -2; /* after the loop */
+    }
+    for (int e = 0; e < t->nodes[i]->nin; e++) {
+      int r = t->refs[i][e];
+      if (r < 0) continue;
+      copy[r] = copy[r] == -1 ? ci : copy[r] == ci ? ci : -2;
+    }
+  }
+  free(copy);
+  return true;
+}
+
 int tr_loop_run(const tr_trace *t, const tr_loop *lp, tr_segment_runner *run, vm_tensor **vals,
                 int *failed) {
   roller R;
@@ -1285,14 +1496,29 @@ int tr_loop_run(const tr_trace *t, const tr_loop *lp, tr_segment_runner *run, vm
     roller_free(&R);
     return vm_error(KILN_ERR_OOM, "out of memory running a loop");
   }
-  /* before the loop: nodes recorded before it, in the trace's order */
+  /* before the loop: nodes recorded before it, in the trace's order, but
+     the views one step reads, made after it (what they read is kept) */
+  bool *wait = calloc((size_t)(t->n ? t->n : 1), sizeof *wait);
+  if (!wait || !find_waiting(&R, wait)) {
+    free(wait);
+    roller_free(&R);
+    return vm_error(KILN_ERR_OOM, "out of memory running a loop");
+  }
+  bool *keep = R.in_seg; /* scratch: read by a waiting view */
+  for (int i = 0; i < t->n; i++)
+    for (int e = 0; wait[i] && e < t->nodes[i]->nin; e++)
+      if (t->refs[i][e] >= 0) keep[t->refs[i][e]] = true;
   int m = 0;
   for (int i = 0; i < t->n; i++)
-    if (R.pos[i] < R.s) {
-      R.sub.is_output[m] = t->is_output[i] || R.outside_read[i];
+    if (R.pos[i] < R.s && !wait[i]) {
+      R.sub.is_output[m] = t->is_output[i] || R.outside_read[i] || keep[i];
       R.list[m++] = i;
     }
+  for (int i = 0; i < t->n; i++) keep[i] = false;
   if (m) rc = run_sub(&R, run, m, TR_SEGMENT_BEFORE, failed);
+  for (int i = 0; i < t->n && rc == KILN_OK; i++)
+    if (wait[i]) rc = run_here(&R, i, failed);
+  free(wait);
   if (rc == KILN_OK && hoists(&R) && hoist_before(&R))
     atomic_fetch_add_explicit(&vm_process()->stats.loop_hoists, (uint_fast64_t)hoists(&R),
                               memory_order_relaxed);
