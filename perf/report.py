@@ -52,9 +52,9 @@ UNITS = {"W1": "ms", "W2": "ms", "W3": "ms", "W4": "ms", "W5": "us/op", "W6": "G
 RATE_UNITS = ("GFLOP/s", "steps/s")
 # the fields of a row's line shown under the table (and in the CSV's details)
 DETAILS = {
-    "W10": ["compile_ms", "kernels", "plans", "disk_hits", "traces_seen", "traces_timed", "cold_s_per_step",
-            "loss_first_epoch", "loss_last_epoch", "steps"],
-    "W16": ["compile_ms", "kernels", "plans", "traces_seen", "traces_timed", "cold_s_per_step",
+    "W10": ["compile_ms", "kernels", "plans", "disk_hits", "traces_seen", "traces_timed", "families",
+            "cold_s_per_step", "loss_first_epoch", "loss_last_epoch", "steps"],
+    "W16": ["compile_ms", "kernels", "plans", "traces_seen", "traces_timed", "families", "cold_s_per_step",
             "loss_first_epoch", "loss_last_epoch", "steps"],
     "W17": ["cold_s", "kernels", "traces_seen", "loops_rolled", "loss_first", "loss_last_epoch"],
     "W11": ["blas_per_iter", "blas_fwd", "compile_ms", "kernels", "disk_hits", "traces_seen"],

@@ -238,11 +238,13 @@ int main(int argc, char **argv) {
   snprintf(extra, sizeof extra,
            "steps=%d\ttokens=%ld\tbatch=%lld\thidden=%lld\tlengths=%d..%d\tcold_s_per_step=%.6g\t"
            "compile_ms=%.1f\tkernels=%.0f\tplans=%.0f\tdisk_hits=%.0f\ttraces_seen=%.0f\t"
-           "traces_timed=%.0f\tloss_first_epoch=%.4f\tloss_last_epoch=%.4f\tcache=%s",
+           "traces_timed=%.0f\tfamilies=%.0f\tloss_first_epoch=%.4f\tloss_last_epoch=%.4f\t"
+           "cache=%s",
            step, tokens, (long long)m.B, (long long)m.H, m.min_len, m.min_len + m.len_span - 1,
            cold, kiln_stat("compile_ms"), kiln_stat("kernels_compiled"), kiln_stat("compiles"),
-           kiln_stat("disk_hits"), kiln_stat("traces_seen"), traces_timed, loss_first_epoch,
-           loss_last_epoch, own_cache ? "cold" : "as-set");
+           kiln_stat("disk_hits"), kiln_stat("traces_seen"), traces_timed,
+           kiln_stat("trace_families"), loss_first_epoch, loss_last_epoch,
+           own_cache ? "cold" : "as-set");
   bench_result(WORKLOAD, o.label, times, o.reps, extra, check);
   for (int i = 0; i < NPARAM; i++) kiln_release(m.p[i]);
   free(times);
