@@ -505,7 +505,11 @@ TEST(a_save_killed_at_any_moment_leaves_the_old_or_the_new_checkpoint) {
       KTEST_FAIL("cannot start the saver");
       break;
     }
-    struct timespec wait = {0, (long)(20 + rand() % 60) * 1000000}; /* 20-80 ms into its life */
+    /* 20-80 ms into its life; while no save has finished yet (a slow
+       start: ASan on a busy 2-core machine finished 2 of 50), later */
+    long span = new_seen ? 60 : 60 + 20L * r;
+    if (span > 900) span = 900; /* under a second: tv_nsec */
+    struct timespec wait = {0, (20 + rand() % span) * 1000000L};
     nanosleep(&wait, NULL);
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
