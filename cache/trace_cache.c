@@ -385,13 +385,6 @@ double cache_compiled_ratio(void) {
   return r;
 }
 
-int cache_families(void) {
-  pthread_mutex_lock(&cache.lock);
-  int n = cache.nfamilies;
-  pthread_mutex_unlock(&cache.lock);
-  return n;
-}
-
 int cache_entries(void) {
   pthread_mutex_lock(&cache.lock);
   int n = cache.count;

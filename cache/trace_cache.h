@@ -97,8 +97,7 @@ void cache_note_run(const uint64_t key[2], double ms, bool compiled);
 double cache_compiled_ratio(void);
 
 int cache_entries(void);
-int cache_families(void); /* families sighted and kept (cache_sight_family) */
-void cache_clear(void);   /* drops every entry (tests) */
+void cache_clear(void); /* drops every entry (tests) */
 
 /* settings */
 int cache_hot_threshold(void); /* KILN_HOT, default 2 */

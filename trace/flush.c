@@ -494,10 +494,8 @@ static void decide(tr_trace *t, const vm_backend *be, bool planning, keyed *k) {
   if (compiles && !k->plan && !seen->replan && family_of(t, k)) {
     double work = 0; /* its size: elements its nodes make */
     for (int i = 0; i < t->n; i++) {
-      const vm_meta *m = &t->nodes[i]->meta;
-      double e = 1;
-      for (int d = 0; d < m->ndim; d++) e *= (double)m->shape[d];
-      work += e;
+      int64_t e;
+      if (vm_shape_numel(t->nodes[i]->meta.ndim, t->nodes[i]->meta.shape, &e)) work += (double)e;
     }
     cache_sight_family((uint64_t[]){k->key.lo, k->key.hi}, (uint64_t[]){k->fam.lo, k->fam.hi}, work,
                        seen);

@@ -1279,16 +1279,21 @@ static int build_sub(roller *R, int m) {
 
 /* the value of ref r made outside the segment, or NULL */
 static vm_tensor *outside_value(const roller *R, int r) {
-  if (r < 0) return R->t->leaves[-1 - r]->value;
-  return R->in_seg[r] ? NULL : R->vals[r];
+  return r >= 0 && R->in_seg[r] ? NULL : value_of(R, r);
 }
 
-/* runs node i of the trace here, on its inputs' values (all made) */
+/* runs node i of the trace here, on its inputs' values made outside the
+   segment being built (a step's slice x[t], a join, a waiting view) */
 static int run_here(roller *R, int i, int *failed) {
   const tr_node *node = R->t->nodes[i];
   vm_tensor *few[3], **ins = node->nin <= 3 ? few : malloc((size_t)node->nin * sizeof *ins);
   if (!ins) return vm_error(KILN_ERR_OOM, "out of memory running a loop");
-  for (int e = 0; e < node->nin; e++) ins[e] = outside_value(R, R->t->refs[i][e]);
+  for (int e = 0; e < node->nin; e++)
+    if (!(ins[e] = outside_value(R, R->t->refs[i][e]))) {
+      if (ins != few) free(ins);
+      return vm_error(KILN_ERR_INTERNAL,
+                      "rolled loop: a value made outside the segment is missing");
+    }
   const vm_backend *be = vm_backend_of((kiln_device)node->meta.device);
   R->vals[i] = be->exec(node->op, node->nin, ins, &node->attr, &node->meta);
   if (ins != few) free(ins);
@@ -1424,22 +1429,6 @@ static bool stepped(const roller *R, int i, int c) {
   return true;
 }
 
-static int take_slice(roller *R, int i, int *failed) {
-  const tr_trace *t = R->t;
-  const tr_node *node = t->nodes[i];
-  vm_tensor *ins[3];
-  for (int e = 0; e < node->nin; e++) {
-    int r = t->refs[i][e];
-    ins[e] = value_of(R, r);
-    if (!ins[e]) return vm_error(KILN_ERR_INTERNAL, "rolled loop: a sliced value is missing");
-  }
-  const vm_backend *be = vm_backend_of((kiln_device)node->meta.device);
-  R->vals[i] = be->exec(node->op, node->nin, ins, &node->attr, &node->meta);
-  if (R->vals[i]) return KILN_OK;
-  *failed = i;
-  return vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL;
-}
-
 /* the loop's values no step after c reads, nor anything after the loop */
 static void drop_after(roller *R, int c) {
   for (int x = R->drop_at[c]; x < R->drop_at[c + 1]; x++) {
@@ -1535,7 +1524,7 @@ int tr_loop_run(const tr_trace *t, const tr_loop *lp, tr_segment_runner *run, vm
         continue;
       }
       if (stepped(&R, i, c)) {
-        rc = take_slice(&R, i, failed);
+        rc = run_here(&R, i, failed);
       } else {
         R.sub.is_output[m] = R.body_out[q];
         R.list[m++] = i;
