@@ -174,7 +174,7 @@ vm_tensor *fe_attention_of_matmul(vm_tensor *p, vm_tensor *v) {
   vm_tensor *k = keep(&s, fe_transpose(m.kt, -1, -2)), *mask = m.mask;
   if (mask && m.mask_out) mask = keep(&s, fe_unary(VM_OP_logical_not, mask));
   vm_tensor *out =
-      k && (!m.mask || mask) ? keep(&s, fe_attention(m.q, k, v, mask, false, m.scale)) : NULL;
+      k && (!m.mask || mask) ? keep(&s, fe_attention(m.q, k, v, mask, m.causal, m.scale)) : NULL;
   if (out)
     tr_attention_retire(&m);
   else

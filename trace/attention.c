@@ -5,6 +5,7 @@
  *   e   = exp(sub(x, max(x, last axis, keepdim)))
  *   x   = s | add(s, mask) | add(mask, s)                a float mask
  *       | where(keep, s, -inf) | where(out, -inf, s)      a bool mask
+ *         (causal when the mask is key j > query i written with aranges)
  *   s   = S | mul(S, c) | mul(c, S) | div(S, c)           c a 0-d fill > 0
  *   S   = matmul(q, kt)
  *
@@ -53,6 +54,40 @@ static bool last_axis(const tr_node *n, vm_opcode op, const tr_node *of) {
 
 static bool float_on_cpu(const tr_node *n) {
   return (n->meta.dtype == KILN_F32 || n->meta.dtype == KILN_F64) && n->meta.device == KILN_CPU;
+}
+
+/* arange(0, count) (start 0, step 1) whose values are exact, as
+   [count] (row, over keys) or reshaped [count, 1] (column, over queries) */
+static bool index_of(const tr_node *n, int64_t count, bool column) {
+  if (column) {
+    if (n->op != VM_OP_reshape || n->nin != 1 || !n->in[0] || n->meta.ndim != 2 ||
+        n->meta.shape[0] != count || n->meta.shape[1] != 1)
+      return false;
+    n = n->in[0];
+  }
+  kiln_dtype dt = n->meta.dtype;
+  return n->op == VM_OP_arange && n->attr.scalar[0] == 0 && n->attr.scalar[1] == 1 &&
+         n->meta.ndim == 1 && n->meta.shape[0] == count &&
+         (dt == KILN_I32 || dt == KILN_I64 || dt == KILN_F64 ||
+          (dt == KILN_F32 && count <= 1 << 24));
+}
+
+/* a bool mask that is the causal one for tq queries and tk keys: masking
+   out (out) key j > query i, written gt(j, i) or lt(i, j); keeping
+   (!out) j <= i, written ge(i, j) or le(j, i); i = arange(tq) as a column,
+   j = arange(tk).  Its values are those of the op's causal flag, so the op
+   skips the key blocks it masks, and its bits are the causal op's. */
+static bool causal_mask(const tr_node *n, bool out, int64_t tq, int64_t tk) {
+  if (n->nin != 2 || !n->in[0] || !n->in[1]) return false;
+  const tr_node *a = n->in[0], *b = n->in[1];
+  vm_opcode op = n->op;
+  if (op == VM_OP_lt || op == VM_OP_le) { /* lt(a, b) is gt(b, a) */
+    const tr_node *t = a;
+    a = b, b = t;
+    op = op == VM_OP_lt ? VM_OP_gt : VM_OP_ge;
+  }
+  if (out) return op == VM_OP_gt && index_of(a, tk, false) && index_of(b, tq, true);
+  return op == VM_OP_ge && index_of(a, tq, true) && index_of(b, tk, false);
 }
 
 /* s: S, S * c, c * S or S / c over S = matmul(q, kt); *S its node */
@@ -121,6 +156,11 @@ static bool match_locked(tr_node *pn, const vm_tensor *v, tr_attention_match *m,
      fill of another dtype promotes); v is [..., Tk, dv] */
   const tr_node *sc = *S;
   int nx = x->meta.ndim, ns = sc->meta.ndim;
+  if (*maskn && (*maskn)->meta.dtype == KILN_BOOL && ns >= 2 &&
+      causal_mask(*maskn, m->mask_out, sc->meta.shape[ns - 2], sc->meta.shape[ns - 1])) {
+    m->causal = true;
+    *maskn = NULL;
+  }
   return nx >= 2 && sc->meta.dtype == x->meta.dtype &&
          x->meta.shape[nx - 1] == sc->meta.shape[ns - 1] &&
          x->meta.shape[nx - 2] == sc->meta.shape[ns - 2] && v->ndim >= 2 &&
@@ -184,7 +224,8 @@ void tr_attention_retire(tr_attention_match *m) {
             "kiln: softmax(q kT * %.6g%s) v recorded as one attention op: q %s, kT %s (%d nodes "
             "of the composite left unevaluated)\n",
             m->scale,
-            !m->mask                      ? ""
+            m->causal                     ? ", causal"
+            : !m->mask                    ? ""
             : m->mask->dtype != KILN_BOOL ? " + float mask"
             : m->mask_out                 ? ", -inf where a bool mask is true"
                                           : ", -inf where a bool mask is false",

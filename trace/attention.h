@@ -1,7 +1,8 @@
 /* attention.h — attention written the long way, recognized as it is
  * recorded (DESIGN §14): when matmul(p, v) is recorded and p is
  * kiln_softmax over the last axis of q kᵀ (times or divided by a scalar,
- * plus a float mask or filled with -inf where a bool mask says), front/
+ * plus a float mask or filled with -inf where a bool mask says; a bool
+ * mask comparing arange(Tk) with arange(Tq) as j > i is the causal flag), front/
  * records the attention primitive instead (fe_attention) and retires the
  * composite's nodes: they leave the pending graph as recomputable values,
  * so no flush computes them unless someone reads them, and no backward
@@ -19,6 +20,7 @@ typedef struct tr_attention_match {
   vm_tensor *q, *kt; /* new handles: q [..., Tq, d], kᵀ [..., d, Tk] */
   vm_tensor *mask;   /* new handle or NULL: bool or float */
   bool mask_out;     /* a bool mask that is true where scores are masked out */
+  bool causal;       /* the bool mask was the causal one (mask is NULL) */
   double scale;
   int nchain;
   struct tr_node *chain[TR_ATTENTION_CHAIN]; /* the composite's nodes (references) */
