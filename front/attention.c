@@ -9,8 +9,10 @@
 #include "../trace/attention.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
+#include "../trace/dump.h"
 #include "../trace/tape.h"
 #include "../vm/state.h"
 #include "composite.h"
@@ -131,6 +133,13 @@ vm_tensor *fe_attention(vm_tensor *q, vm_tensor *k, vm_tensor *v, vm_tensor *mas
     }
     nb = nf - 2;
     memcpy(batch, full, (size_t)nb * sizeof *batch);
+    if (tr_attention_mask_is_causal(mask, tq, tk)) { /* the same values, blocks skipped */
+      mask = NULL;
+      causal = true;
+      if (tr_log_level())
+        fprintf(stderr, "kiln: attention's bool mask [%lld, %lld] is the causal one: causal op\n",
+                (long long)tq, (long long)tk);
+    }
   }
   if (nb + 2 > KILN_MAX_DIMS) {
     vm_error(KILN_ERR_SHAPE, "attention over %d batch dims is more than %d dims", nb,

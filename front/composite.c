@@ -351,6 +351,56 @@ vm_tensor *fe_unsqueeze(vm_tensor *a, int axis) {
   return fe_reshape(a, n, shape);
 }
 
+/* triu (upper) or tril of the last two dims: element (i, j) is kept where
+   j - i >= k (triu) or j - i <= k (tril), else 0.  The kept set is a
+   comparison of two aranges, j against i + k (trace/attention.c reads a
+   causal mask written this way as the op's causal flag). */
+vm_tensor *fe_triangle(vm_tensor *a, int64_t k, bool upper) {
+  if (null_arg(a)) return NULL;
+  if (a->ndim < 2) {
+    vm_error(KILN_ERR_SHAPE, "a tensor of at least 2 dimensions expected, got %d", a->ndim);
+    return NULL;
+  }
+  int64_t rows = a->shape[a->ndim - 2], cols = a->shape[a->ndim - 1];
+  /* past the matrix every k keeps all or nothing: i + k stays in range */
+  if (k > cols) k = cols;
+  if (k < -rows) k = -rows;
+  fe_scope s = {0};
+  kiln_device d = (kiln_device)a->device;
+  vm_tensor *j = keep(&s, fe_arange_i64(0, 1, cols, d));
+  vm_tensor *i = keep(&s, fe_arange_i64(k, 1, rows, d));
+  i = keep(&s, i ? fe_reshape(i, 2, (int64_t[]){rows, 1}) : NULL);
+  vm_tensor *kept = keep(&s, i && j ? fe_binary(upper ? VM_OP_ge : VM_OP_le, j, i) : NULL);
+  vm_attr za = {.dtype = a->dtype, .device = a->device}; /* a 0-d 0 of a's dtype (bool too) */
+  vm_tensor *zero = keep(&s, fe_op(VM_OP_full, 0, NULL, &za));
+  vm_tensor *in[3] = {kept, a, zero};
+  return finish(&s, keep(&s, kept && zero ? fe_op(VM_OP_where, 3, in, NULL) : NULL));
+}
+
+/* x != x; |x| == inf; |x| < inf (NaN is neither) — false, false, true on
+   integers and bool */
+vm_tensor *fe_isnan(vm_tensor *a) {
+  if (null_arg(a)) return NULL;
+  return fe_binary(VM_OP_ne, a, a);
+}
+
+static vm_tensor *abs_against_inf(vm_tensor *a, vm_opcode op) {
+  if (null_arg(a)) return NULL;
+  if (!vm_dtype_is_float(a->dtype)) { /* no integer is infinite: all true, or none */
+    vm_tensor *all = fe_binary(VM_OP_eq, a, a);
+    if (!all || op != VM_OP_eq) return all;
+    vm_tensor *none = fe_unary(VM_OP_logical_not, all);
+    vm_release(all);
+    return none;
+  }
+  fe_scope s = {0};
+  vm_tensor *m = keep(&s, fe_unary(VM_OP_abs, a));
+  return finish(&s, keep(&s, m ? fe_binary_scalar(op, m, INFINITY, false) : NULL));
+}
+
+vm_tensor *fe_isinf(vm_tensor *a) { return abs_against_inf(a, VM_OP_eq); }
+vm_tensor *fe_isfinite(vm_tensor *a) { return abs_against_inf(a, VM_OP_lt); }
+
 /* Python's slice.indices: clamps bounds into the axis */
 vm_tensor *fe_zeros_like(const vm_tensor *x) {
   vm_attr attr = {.dtype = x->dtype, .ndim = x->ndim, .device = x->device};

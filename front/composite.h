@@ -15,6 +15,10 @@ vm_tensor *fe_logsumexp(vm_tensor *a, int axis, bool keepdim);
 vm_tensor *fe_layer_norm(vm_tensor *x, vm_tensor *w, vm_tensor *b, double eps);
 vm_tensor *fe_cross_entropy(vm_tensor *logits, vm_tensor *target);
 vm_tensor *fe_mse_loss(vm_tensor *a, vm_tensor *b);
+vm_tensor *fe_triangle(vm_tensor *a, int64_t k, bool upper); /* triu, tril */
+vm_tensor *fe_isnan(vm_tensor *a);
+vm_tensor *fe_isinf(vm_tensor *a);
+vm_tensor *fe_isfinite(vm_tensor *a);
 
 vm_tensor *fe_arange_i64(int64_t start, int64_t step, int64_t count, kiln_device d);
 vm_tensor *fe_permute(vm_tensor *a, const int *perm);

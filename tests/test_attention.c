@@ -826,6 +826,77 @@ TEST(backward_over_blocks_gives_the_same_bits) {
   printf("  gradients: %.0f gemms by items, %.0f over blocks, the same bits\n", c1, c4);
 }
 
+/* out (read here) with the BLAS calls that computing it made */
+static double *values_counting_blas(kiln_tensor *out, double *blas) {
+  double before = kiln_stat("blas_calls");
+  double *v = values_and_release(out);
+  *blas = kiln_stat("blas_calls") - before;
+  return v;
+}
+
+/* A causal mask built as users build it is the causal op: tril(ones) (or
+   not triu(ones, 1)) given as the op's bool mask, pending or already
+   computed, and triu(ones, 1).bool() in masked_fill written the long way,
+   give the causal op's bits with its gemms (T = 600: 6 of the 10 blocks of
+   128 queries x 512 keys); tril(ones, 1) is not causal (all 10 blocks) */
+TEST(causal_masks_built_with_triu_and_tril_are_the_causal_op) {
+  const int64_t T = 600, d = 16;
+  double *qv = rand_vals(T * d, -1, 1), *kv = rand_vals(T * d, -1, 1),
+         *vv = rand_vals(T * d, -1, 1);
+  kiln_tensor *q = kiln_from_data(qv, F64, 4, (int64_t[]){1, 1, T, d}),
+              *k = kiln_from_data(kv, F64, 4, (int64_t[]){1, 1, T, d}),
+              *v = kiln_from_data(vv, F64, 4, (int64_t[]){1, 1, T, d});
+  double causal_blas, blas;
+  double *want =
+      values_counting_blas(kiln_scaled_dot_product_attention(q, k, v, NULL, true, 0), &causal_blas);
+  CHECK_EQ_INT(causal_blas, 2 * 6);
+  kiln_tensor *ones = kiln_ones(KILN_BOOL, 2, (int64_t[]){T, T});
+  for (int form = 0; form < 5; form++) {
+    kiln_tensor *mask = NULL, *got = NULL;
+    if (form == 0 || form == 1) { /* tril(ones): pending, then computed */
+      mask = kiln_tril(ones, 0);
+      if (form == 1) CHECK(kiln_eval(1, &mask) == KILN_OK);
+    } else if (form == 2) { /* not triu(ones, 1) */
+      kiln_tensor *up = kiln_triu(ones, 1);
+      mask = kiln_logical_not(up);
+      kiln_release(up);
+    } else if (form == 3) { /* near-miss: tril(ones, 1) lets each query see one key more */
+      mask = kiln_tril(ones, 1);
+    } else { /* long way: masked_fill(scores, triu(ones_f64, 1).bool(), -inf) */
+      kiln_tensor *of = kiln_ones(F64, 2, (int64_t[]){T, T}), *up = kiln_triu(of, 1);
+      kiln_tensor *later = kiln_cast(up, KILN_BOOL), *ninf = kiln_scalar(-INFINITY, F64);
+      kiln_tensor *kt = kiln_transpose(k, -1, -2), *sc = kiln_matmul(q, kt);
+      kiln_tensor *x = kiln_mul_scalar(sc, 0.25), *w = kiln_where(later, ninf, x);
+      kiln_tensor *p = kiln_softmax(w, -1);
+      double rewrites = kiln_stat("attention_rewrites");
+      got = kiln_matmul(p, v);
+      CHECK_EQ_INT(kiln_stat("attention_rewrites") - rewrites, 1);
+      kiln_release(of), kiln_release(up), kiln_release(later), kiln_release(ninf);
+      kiln_release(kt), kiln_release(sc), kiln_release(x), kiln_release(w), kiln_release(p);
+    }
+    if (!got) got = kiln_scaled_dot_product_attention(q, k, v, mask, false, 0);
+    double *gv = values_counting_blas(got, &blas);
+    if (form == 3) {
+      CHECK_EQ_INT(blas, 2 * 10);
+      /* query 0 sees keys 0 and 1: not the causal op's values */
+      CHECK(gv && want && gv[0] != want[0]);
+    } else {
+      if (blas != causal_blas)
+        KTEST_FAIL("form %d: %.0f gemms, the causal op %.0f", form, blas, causal_blas);
+      for (int64_t e = 0; gv && want && e < T * d; e++)
+        if (gv[e] != want[e]) {
+          KTEST_FAIL("form %d: out[%lld] = %.17g, the causal op's %.17g", form, (long long)e, gv[e],
+                     want[e]);
+          break;
+        }
+    }
+    free(gv);
+    kiln_release(mask);
+  }
+  free(want), free(qv), free(kv), free(vv);
+  kiln_release(ones), kiln_release(q), kiln_release(k), kiln_release(v);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "spread")) return spread_main();
   RUN(no_score_matrix_in_memory); /* first: the peak RSS is the process's */
@@ -840,6 +911,7 @@ int main(int argc, char **argv) {
   RUN(near_misses_stay_composites);
   RUN(long_way_gradients_are_the_ops);
   RUN(empty_dims);
+  RUN(causal_masks_built_with_triu_and_tril_are_the_causal_op);
   RUN(bad_input_is_a_clear_error);
   RUN(backward_over_blocks_gives_the_same_bits);
   return ktest_done();

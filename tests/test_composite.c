@@ -608,7 +608,59 @@ TEST(stack_mismatched_shapes_is_shape_error) {
   CHECK_ERROR(kiln_stack(2, ms, 0), KILN_ERR_SHAPE, "kiln_stack");
 }
 
+/* torch.triu / torch.tril: j - i >= k kept (triu), j - i <= k (tril),
+   the rest 0, over the last two dims of any dtype; every k, also past the
+   matrix; the gradient flows where kept; a 1-d tensor is a shape error */
+TEST(triu_and_tril_keep_the_triangles) {
+  kiln_tensor *a = T(F64, S(3, 4), 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);
+  EXPECT(kiln_triu(a, 0), F64, S(3, 4), 0, 1, 2, 3, 4, 0, 6, 7, 8, 0, 0, 11, 12);
+  EXPECT(kiln_triu(a, 1), F64, S(3, 4), 0, 0, 2, 3, 4, 0, 0, 7, 8, 0, 0, 0, 12);
+  EXPECT(kiln_triu(a, -1), F64, S(3, 4), 0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 10, 11, 12);
+  EXPECT(kiln_tril(a, 0), F64, S(3, 4), 0, 1, 0, 0, 0, 5, 6, 0, 0, 9, 10, 11, 0);
+  EXPECT(kiln_tril(a, 2), F64, S(3, 4), 0, 1, 2, 3, 0, 5, 6, 7, 8, 9, 10, 11, 12);
+  EXPECT(kiln_tril(a, -2), F64, S(3, 4), 0, 0, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0);
+  EXPECT(kiln_triu(a, 4), F64, S(3, 4), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  EXPECT(kiln_triu(a, INT64_MAX), F64, S(3, 4), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  EXPECT(kiln_triu(a, INT64_MIN), F64, S(3, 4), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);
+  EXPECT(kiln_tril(a, INT64_MIN), F64, S(3, 4), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  /* leading dims: each matrix alike; integers and bool keep their dtype */
+  kiln_tensor *b = T(I32, S(2, 2, 2), 1, 2, 3, 4, 5, 6, 7, 8);
+  EXPECT(kiln_tril(b, 0), I32, S(2, 2, 2), 0, 1, 0, 3, 4, 5, 0, 7, 8);
+  kiln_tensor *ones = own(kiln_ones(BOOL_, 2, S(3, 3)));
+  EXPECT(kiln_triu(ones, 1), BOOL_, S(3, 3), 0, 0, 1, 1, 0, 0, 1, 0, 0, 0);
+  /* the gradient of sum(triu(x) * w) is w where kept */
+  kiln_tensor *x = own(kiln_randn(F64, 2, S(2, 3)));
+  CHECK(kiln_set_requires_grad(x, true) == KILN_OK);
+  kiln_tensor *w = T(F64, S(2, 3), 1, 2, 3, 4, 5, 6);
+  kiln_tensor *u = own(kiln_triu(x, 0)), *p = own(kiln_mul(u, w));
+  kiln_tensor *l = own(kiln_sum(p, 0, NULL, false));
+  CHECK(kiln_backward(l, NULL) == KILN_OK);
+  EXPECT(kiln_grad(x), F64, S(2, 3), 0, 1, 2, 3, 0, 5, 6);
+  kiln_clear_error();
+  CHECK(kiln_triu(own(kiln_ones(F32, 1, S(3))), 0) == NULL);
+  CHECK_EQ_INT(kiln_last_status(), KILN_ERR_SHAPE);
+  CHECK_STR_CONTAINS(kiln_last_error(), "kiln_triu");
+  kiln_clear_error();
+}
+
+/* isnan, isinf, isfinite on every special value; integers are finite */
+TEST(isnan_isinf_isfinite) {
+  for (int k = 0; k < 3; k++) {
+    kiln_dtype dt = k == 0 ? F32 : k == 1 ? F64 : KILN_BF16;
+    kiln_tensor *a = V(dt, 1, -0.0, NAN, INFINITY, -INFINITY, 1e30);
+    EXPECT(kiln_isnan(a), BOOL_, S(6), 0, 0, 0, 1, 0, 0, 0);
+    EXPECT(kiln_isinf(a), BOOL_, S(6), 0, 0, 0, 0, 1, 1, 0);
+    EXPECT(kiln_isfinite(a), BOOL_, S(6), 0, 1, 1, 0, 0, 0, 1); /* 1e30: finite in each */
+  }
+  kiln_tensor *i = V(I64, INT64_MIN, 0, 5);
+  EXPECT(kiln_isnan(i), BOOL_, S(3), 0, 0, 0, 0);
+  EXPECT(kiln_isinf(i), BOOL_, S(3), 0, 0, 0, 0);
+  EXPECT(kiln_isfinite(i), BOOL_, S(3), 0, 1, 1, 1);
+}
+
 int main(void) {
+  RUN_T(triu_and_tril_keep_the_triangles);
+  RUN_T(isnan_isinf_isfinite);
   RUN_T(softmax_last_axis_matches_reference_f32_f64);
   RUN_T(softmax_literal_values_large_inputs_and_neg_inf);
   RUN_T(softmax_axis0_and_transposed_input);

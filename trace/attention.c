@@ -56,9 +56,10 @@ static bool float_on_cpu(const tr_node *n) {
   return (n->meta.dtype == KILN_F32 || n->meta.dtype == KILN_F64) && n->meta.device == KILN_CPU;
 }
 
-/* arange(0, count) (start 0, step 1) whose values are exact, as
-   [count] (row, over keys) or reshaped [count, 1] (column, over queries) */
-static bool index_of(const tr_node *n, int64_t count, bool column) {
+/* arange(start, start + count) (step 1, exact values) as [count] (a row,
+   over keys) or reshaped [count, 1] (a column, over queries); *start its
+   first value */
+static bool index_of(const tr_node *n, int64_t count, bool column, int64_t *start) {
   if (column) {
     if (n->op != VM_OP_reshape || n->nin != 1 || !n->in[0] || n->meta.ndim != 2 ||
         n->meta.shape[0] != count || n->meta.shape[1] != 1)
@@ -66,28 +67,94 @@ static bool index_of(const tr_node *n, int64_t count, bool column) {
     n = n->in[0];
   }
   kiln_dtype dt = n->meta.dtype;
-  return n->op == VM_OP_arange && n->attr.scalar[0] == 0 && n->attr.scalar[1] == 1 &&
-         n->meta.ndim == 1 && n->meta.shape[0] == count &&
-         (dt == KILN_I32 || dt == KILN_I64 || dt == KILN_F64 ||
-          (dt == KILN_F32 && count <= 1 << 24));
+  double a = n->attr.scalar[0];
+  if (n->op != VM_OP_arange || n->attr.scalar[1] != 1 || n->meta.ndim != 1 ||
+      n->meta.shape[0] != count || a != floor(a) || fabs(a) + (double)count > 0x1p52)
+    return false;
+  *start = (int64_t)a;
+  return dt == KILN_I32 || dt == KILN_I64 || dt == KILN_F64 ||
+         (dt == KILN_F32 && fabs(a) + (double)count <= 0x1p24);
+}
+
+/* a bool mask of a comparison of two fills' values: where(c, x, y) with x
+   and y fills (of any shape) that are nonzero and zero, or such a value
+   cast to bool (triu(ones(T, T), 1) and its .bool()), is c */
+static const tr_node *peel_fills(const tr_node *n) {
+  for (int depth = 0; depth < 2 && n; depth++) {
+    if (n->op == VM_OP_cast && n->nin == 1 && n->meta.dtype == KILN_BOOL && n->in[0]) n = n->in[0];
+    if (n->op == VM_OP_where && n->nin == 3 && n->in[0] && n->in[1] && n->in[2] &&
+        n->in[1]->op == VM_OP_full && n->in[2]->op == VM_OP_full && n->in[1]->attr.scalar[0] != 0 &&
+        n->in[2]->attr.scalar[0] == 0 && !isnan(n->in[1]->attr.scalar[0]))
+      n = n->in[0];
+    else
+      break;
+  }
+  return n;
 }
 
 /* a bool mask that is the causal one for tq queries and tk keys: masking
-   out (out) key j > query i, written gt(j, i) or lt(i, j); keeping
-   (!out) j <= i, written ge(i, j) or le(j, i); i = arange(tq) as a column,
-   j = arange(tk).  Its values are those of the op's causal flag, so the op
-   skips the key blocks it masks, and its bits are the causal op's. */
+   out (out) the keys j > query i, or keeping (!out) j <= i, written as a
+   comparison of j = arange(a, a + tk) with i = arange(b, b + tq) as a
+   column, either way round: gt(j, i), ge(j, i + 1) (triu(ones, 1)), lt(i,
+   j)... to mask out; le(j, i) (tril(ones)), lt(j, i + 1), ge(i, j)... to
+   keep.  Its values are those of the op's causal flag, so the op skips
+   the key blocks it masks, and its bits are the causal op's. */
 static bool causal_mask(const tr_node *n, bool out, int64_t tq, int64_t tk) {
-  if (n->nin != 2 || !n->in[0] || !n->in[1]) return false;
-  const tr_node *a = n->in[0], *b = n->in[1];
-  vm_opcode op = n->op;
-  if (op == VM_OP_lt || op == VM_OP_le) { /* lt(a, b) is gt(b, a) */
-    const tr_node *t = a;
-    a = b, b = t;
-    op = op == VM_OP_lt ? VM_OP_gt : VM_OP_ge;
+  n = peel_fills(n);
+  if (n && n->op == VM_OP_logical_not && n->nin == 1 && n->in[0]) { /* not keep is out */
+    n = peel_fills(n->in[0]);
+    out = !out;
   }
-  if (out) return op == VM_OP_gt && index_of(a, tk, false) && index_of(b, tq, true);
-  return op == VM_OP_ge && index_of(a, tq, true) && index_of(b, tk, false);
+  if (!n || n->nin != 2 || !n->in[0] || !n->in[1] || n->meta.dtype != KILN_BOOL) return false;
+  const tr_node *x = n->in[0], *y = n->in[1];
+  vm_opcode op = n->op;
+  int64_t a, b;
+  if (!index_of(x, tk, false, &a) || !index_of(y, tq, true, &b)) { /* i op j: flip it */
+    const tr_node *t = x;
+    x = y, y = t;
+    op = op == VM_OP_lt   ? VM_OP_gt
+         : op == VM_OP_le ? VM_OP_ge
+         : op == VM_OP_gt ? VM_OP_lt
+         : op == VM_OP_ge ? VM_OP_le
+                          : op;
+    if (!index_of(x, tk, false, &a) || !index_of(y, tq, true, &b)) return false;
+  }
+  /* j + a op i + b, so j - i op c */
+  int64_t c = b - a;
+  if (out) return (op == VM_OP_gt && c == 0) || (op == VM_OP_ge && c == 1);
+  return (op == VM_OP_le && c == 0) || (op == VM_OP_lt && c == 1);
+}
+
+/* a computed bool mask whose values are the causal one of tq queries and
+   tk keys (out: true where j > i; else true where j <= i), leading dims of
+   1: read on the host (a mask made once and reused every step is computed
+   by then) */
+static bool causal_values(const vm_tensor *v, bool out, int64_t tq, int64_t tk) {
+  if (!v || v->device != KILN_CPU || v->dtype != KILN_BOOL || v->ndim < 2 ||
+      v->shape[v->ndim - 2] != tq || v->shape[v->ndim - 1] != tk)
+    return false;
+  for (int d = 0; d < v->ndim - 2; d++)
+    if (v->shape[d] != 1) return false;
+  const uint8_t *p = vm_data(v);
+  int64_t si = v->strides[v->ndim - 2], sj = v->strides[v->ndim - 1];
+  for (int64_t i = 0; i < tq; i++)
+    for (int64_t j = 0; j < tk; j++)
+      if ((p[i * si + j * sj] != 0) != (out ? j > i : j <= i)) return false;
+  return true;
+}
+
+bool tr_attention_mask_is_causal(const vm_tensor *mask, int64_t tq, int64_t tk) {
+  tr_node *n = mask && mask->dtype == KILN_BOOL ? mask->node : NULL;
+  if (!n) return false;
+  tr_graph *g = tr_thread_graph(), *mine = g && n->graph == g ? g : NULL;
+  if (mine) tr_graph_lock(mine); /* another thread may flush our graph */
+  bool yes = false;
+  if (n->state == TR_MATERIALIZED) /* a value never changes once made */
+    yes = causal_values(n->value, false, tq, tk);
+  else if (mine && n->state == TR_PENDING)
+    yes = causal_mask(n, false, tq, tk);
+  if (mine) tr_graph_unlock(mine);
+  return yes;
 }
 
 /* s: S, S * c, c * S or S / c over S = matmul(q, kt); *S its node */
@@ -156,8 +223,11 @@ static bool match_locked(tr_node *pn, const vm_tensor *v, tr_attention_match *m,
      fill of another dtype promotes); v is [..., Tk, dv] */
   const tr_node *sc = *S;
   int nx = x->meta.ndim, ns = sc->meta.ndim;
-  if (*maskn && (*maskn)->meta.dtype == KILN_BOOL && ns >= 2 &&
-      causal_mask(*maskn, m->mask_out, sc->meta.shape[ns - 2], sc->meta.shape[ns - 1])) {
+  const tr_node *mk = *maskn;
+  int64_t tq = ns >= 2 ? sc->meta.shape[ns - 2] : 0, tk = ns >= 2 ? sc->meta.shape[ns - 1] : 0;
+  if (mk && mk->meta.dtype == KILN_BOOL && ns >= 2 &&
+      (mk->state == TR_MATERIALIZED ? causal_values(mk->value, m->mask_out, tq, tk)
+                                    : causal_mask(mk, m->mask_out, tq, tk))) {
     m->causal = true;
     *maskn = NULL;
   }

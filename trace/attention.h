@@ -34,5 +34,11 @@ bool tr_attention_match_of(vm_tensor *p, const vm_tensor *v, tr_attention_match 
    (the fused op replaced their consumer); counts and logs the rewrite */
 void tr_attention_retire(tr_attention_match *m);
 void tr_attention_match_free(tr_attention_match *m);
+/* whether a bool mask (true: attend) given to the attention op is the
+   causal one for tq queries and tk keys, recorded as a comparison of
+   aranges (triu, tril, j <= i; see attention.c) or, once computed, by its
+   values; the op then takes the causal flag instead, skipping the blocks
+   it masks */
+bool tr_attention_mask_is_causal(const vm_tensor *mask, int64_t tq, int64_t tk);
 
 #endif

@@ -392,6 +392,31 @@ kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *target) {
   API(kiln_cross_entropy);
   return fe_cross_entropy(logits, target);
 }
+kiln_tensor *kiln_triu(kiln_tensor *a, int64_t diagonal) {
+  API(kiln_triu);
+  return fe_triangle(a, diagonal, true);
+}
+
+kiln_tensor *kiln_tril(kiln_tensor *a, int64_t diagonal) {
+  API(kiln_tril);
+  return fe_triangle(a, diagonal, false);
+}
+
+kiln_tensor *kiln_isnan(kiln_tensor *a) {
+  API(kiln_isnan);
+  return fe_isnan(a);
+}
+
+kiln_tensor *kiln_isinf(kiln_tensor *a) {
+  API(kiln_isinf);
+  return fe_isinf(a);
+}
+
+kiln_tensor *kiln_isfinite(kiln_tensor *a) {
+  API(kiln_isfinite);
+  return fe_isfinite(a);
+}
+
 kiln_tensor *kiln_mse_loss(kiln_tensor *a, kiln_tensor *b) {
   API(kiln_mse_loss);
   return fe_mse_loss(a, b);

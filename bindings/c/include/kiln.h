@@ -180,6 +180,17 @@ KILN_API kiln_tensor *kiln_layer_norm(kiln_tensor *x, kiln_tensor *w, kiln_tenso
 KILN_API kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *target_i64); /* mean */
 KILN_API kiln_tensor *kiln_mse_loss(kiln_tensor *a, kiln_tensor *b);                    /* mean */
 
+/* the upper (triu: j - i >= diagonal) or lower (tril: j - i <= diagonal)
+   triangle of the last two dims, the rest 0; torch.triu / torch.tril.
+   triu(ones, 1) as a bool mask is the causal one (attention written the
+   long way with it runs as the causal op) */
+KILN_API kiln_tensor *kiln_triu(kiln_tensor *a, int64_t diagonal);
+KILN_API kiln_tensor *kiln_tril(kiln_tensor *a, int64_t diagonal);
+/* bool tensors: NaN; +-Inf; neither (integers: false, false, true) */
+KILN_API kiln_tensor *kiln_isnan(kiln_tensor *a);
+KILN_API kiln_tensor *kiln_isinf(kiln_tensor *a);
+KILN_API kiln_tensor *kiln_isfinite(kiln_tensor *a);
+
 /* more creation */
 KILN_API kiln_tensor *kiln_linspace(double start, double stop, int64_t n, kiln_dtype dt);
 KILN_API kiln_tensor *kiln_eye(int64_t n, kiln_dtype dt);

@@ -187,6 +187,19 @@ static VALUE t_cumsum(VALUE self, VALUE axis) {
 
 static VALUE t_clone(VALUE self) { return rk_unary(self, kiln_clone); }
 
+static VALUE triangle(VALUE self, VALUE diagonal, kiln_tensor *(*fn)(kiln_tensor *, int64_t)) {
+  kiln_tensor *a = rk_get(self);
+  int64_t k = rk_i64(diagonal, "diagonal");
+  VALUE obj = rk_alloc();
+  kiln_clear_error();
+  return rk_finish(obj, fn(a, k));
+}
+static VALUE t_triu(VALUE self, VALUE diagonal) { return triangle(self, diagonal, kiln_triu); }
+static VALUE t_tril(VALUE self, VALUE diagonal) { return triangle(self, diagonal, kiln_tril); }
+static VALUE t_isnan(VALUE self) { return rk_unary(self, kiln_isnan); }
+static VALUE t_isinf(VALUE self) { return rk_unary(self, kiln_isinf); }
+static VALUE t_isfinite(VALUE self) { return rk_unary(self, kiln_isfinite); }
+
 /* --- constructors ------------------------------------------------------------------ */
 
 static VALUE m_eye(VALUE mod, VALUE n, VALUE dtype) {
@@ -315,6 +328,11 @@ void rk_init_layers(void) {
   rb_define_method(c, "_std", t_std, 3);
   rb_define_method(c, "_cumsum", t_cumsum, 1);
   rb_define_method(c, "clone", t_clone, 0);
+  rb_define_method(c, "_triu", t_triu, 1);
+  rb_define_method(c, "_tril", t_tril, 1);
+  rb_define_method(c, "isnan", t_isnan, 0);
+  rb_define_method(c, "isinf", t_isinf, 0);
+  rb_define_method(c, "isfinite", t_isfinite, 0);
   rb_define_singleton_method(rk_mKiln, "_eye", m_eye, 2);
   rb_define_singleton_method(rk_mKiln, "_linspace", m_linspace, 4);
   rb_define_singleton_method(rk_mKiln, "_randint", m_randint, 4);

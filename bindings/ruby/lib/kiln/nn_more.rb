@@ -492,14 +492,24 @@ module Kiln
         qh = heads.(F.linear(q, w_q, b_q), l)
         kh = heads.(F.linear(k, w_k, b_k), s)
         vh = heads.(F.linear(v, w_v, b_v), s)
-        mask = additive_mask(attn_mask, key_padding_mask, is_causal, l, s, n, unbatched, q.dtype)
         unless need_weights || (@dropout.positive? && training?) # the fused op
+          # causal, or one bool [L, S] mask, as the op's own (the causal
+          # one, however it was built, runs as causal: its masked blocks
+          # skipped); else one additive mask
+          plain = key_padding_mask.nil? && (attn_mask.nil? || (attn_mask.dtype == :bool && attn_mask.ndim == 2))
+          causal = plain && is_causal && attn_mask.nil?
+          mask = if plain
+                   attn_mask&.logical_not
+                 else
+                   additive_mask(attn_mask, key_padding_mask, is_causal, l, s, n, unbatched, q.dtype)
+                 end
           o = F.scaled_dot_product_attention(qh.reshape(n, @num_heads, l, hd), kh.reshape(n, @num_heads, s, hd),
-                                             vh.reshape(n, @num_heads, s, hd), attn_mask: mask)
+                                             vh.reshape(n, @num_heads, s, hd), attn_mask: mask, is_causal: causal)
           out = @out_proj.(o.reshape(n * @num_heads, l, hd).transpose(0, 1).reshape(l, n, e))
           return [unbatched ? out.squeeze(1) : (@batch_first ? out.transpose(0, 1) : out), nil]
         end
 
+        mask = additive_mask(attn_mask, key_padding_mask, is_causal, l, s, n, unbatched, q.dtype)
         scores = qh.matmul(kh.transpose(1, 2)) * (1.0 / Math.sqrt(hd)) # [N*H, L, S]
         scores = (scores.reshape(n, @num_heads, l, s) + mask).reshape(n * @num_heads, l, s) if mask
         weights = scores.softmax(-1)
