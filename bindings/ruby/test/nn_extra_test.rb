@@ -87,3 +87,34 @@ class NNExtraTest < Minitest::Test
     assert_raises(TypeError) { d[:c] = 1 }
   end
 end
+
+# Embedding's padding_idx and from_pretrained; the schedulers beyond StepLR
+class NNExtraEmbeddingAndSchedulersTest < Minitest::Test
+  def test_embedding_padding_idx_gets_no_gradient
+    e = Kiln::NN::Embedding.new(5, 3, padding_idx: 0)
+    assert_tensor [0.0, 0.0, 0.0], e.weight[0]
+    e.(Kiln.tensor([[0, 2, 0], [1, 0, 4]])).sum.backward
+    assert_tensor [[0.0] * 3, [1.0] * 3, [1.0] * 3, [0.0] * 3, [1.0] * 3], e.weight.grad
+    assert_equal 4, Kiln::NN::Embedding.new(5, 3, padding_idx: -1).padding_idx
+    assert_raises(ArgumentError) { Kiln::NN::Embedding.new(5, 3, padding_idx: 5) }
+    f = Kiln::NN::Embedding.from_pretrained(Kiln.arange(6, dtype: :float32).reshape(3, 2))
+    assert_tensor [[4.0, 5.0], [2.0, 3.0]], f.(Kiln.tensor([2, 1]))
+    refute f.weight.requires_grad
+    assert Kiln::NN::Embedding.from_pretrained(Kiln.ones(2, 2), freeze: false).weight.requires_grad
+  end
+
+  def lrs(scheduler_class, *args, steps: 6, **kw)
+    opt = Kiln::Optim::SGD.new([Kiln.zeros(1, requires_grad: true)], lr: 1.0)
+    s = scheduler_class.new(opt, *args, **kw)
+    Array.new(steps) { opt.param_groups[0][:lr].tap { s.step } }
+  end
+
+  def test_schedulers
+    s = Kiln::Optim::LRScheduler
+    assert_equal [1.0, 1.0, 0.5, 0.5, 0.25, 0.25], lrs(s::MultiStepLR, milestones: [4, 2], gamma: 0.5)
+    assert_equal [1.0, 0.5, 0.25], lrs(s::ExponentialLR, gamma: 0.5, steps: 3)
+    assert_equal [0.5, 0.625, 0.75, 0.875, 1.0, 1.0], lrs(s::LinearLR, start_factor: 0.5, total_iters: 4)
+    got = lrs(s::LambdaLR, ->(e) { 0.9**e }, steps: 4)
+    [1.0, 0.9, 0.81, 0.729].zip(got).each { |w, g| assert_in_delta w, g, 1e-12 }
+  end
+end

@@ -438,25 +438,54 @@ module Kiln
     # a lookup table: rows of weight [num_embeddings, embedding_dim] for
     # int64 indices of any shape; weight N(0, 1) as torch-rb
     class Embedding < Module
-      attr_reader :weight
+      attr_reader :weight, :padding_idx
 
-      def initialize(num_embeddings, embedding_dim, padding_idx: nil)
+      # padding_idx: that row starts at zeros and gets no gradient (its
+      # positions in the output are constant), as torch's
+      def initialize(num_embeddings, embedding_dim, padding_idx: nil, _weight: nil)
         super()
-        raise ArgumentError, "Kiln::NN::Embedding: padding_idx is not supported" unless padding_idx.nil?
-
         @num_embeddings = num_embeddings
         @embedding_dim = embedding_dim
-        @weight = Kiln.randn(num_embeddings, embedding_dim).detach
+        @padding_idx = check_padding_idx(padding_idx)
+        @weight = _weight || begin
+          w = Kiln.randn(num_embeddings, embedding_dim)
+          w[@padding_idx] = 0 if @padding_idx
+          w.detach
+        end
         Kiln.sync
         @weight.requires_grad = true
       end
 
+      # an Embedding holding embeddings [num, dim] (not trained when freeze)
+      def self.from_pretrained(embeddings, freeze: true, padding_idx: nil)
+        raise Kiln::ShapeError, "Kiln::NN::Embedding.from_pretrained: a 2-d tensor expected, got #{embeddings.shape.inspect}" unless embeddings.ndim == 2
+
+        e = new(*embeddings.shape, padding_idx: padding_idx, _weight: embeddings.detach.clone)
+        e.weight.requires_grad = !freeze
+        e
+      end
+
       def forward(input)
-        F.embedding(input, @weight)
+        out = F.embedding(input, @weight)
+        return out unless @padding_idx && @weight.requires_grad
+
+        # the padding positions' values without a path back to the weight
+        Kiln.where(input.ne(@padding_idx).unsqueeze(-1), out, out.detach)
       end
 
       def extra_inspect
-        "#{@num_embeddings}, #{@embedding_dim}"
+        "#{@num_embeddings}, #{@embedding_dim}#{@padding_idx ? ", padding_idx: #{@padding_idx}" : ''}"
+      end
+
+      private
+
+      def check_padding_idx(idx)
+        return nil if idx.nil?
+
+        idx += @num_embeddings if idx.negative?
+        raise ArgumentError, "Kiln::NN::Embedding: padding_idx #{idx} is out of range for #{@num_embeddings} embeddings" unless idx.between?(0, @num_embeddings - 1)
+
+        idx
       end
     end
 

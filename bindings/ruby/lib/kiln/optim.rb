@@ -357,6 +357,74 @@ module Kiln
 
       # lr = eta_min + (initial - eta_min) * (1 + cos(pi * epoch / t_max)) / 2
       # (torch's closed form)
+      # lr = initial * gamma ** epoch
+      class ExponentialLR < LRScheduler
+        def initialize(optimizer, gamma:, last_epoch: -1)
+          @gamma = gamma
+          super(optimizer, last_epoch: last_epoch)
+        end
+
+        private
+
+        def lr_at(base, epoch)
+          base * @gamma**epoch
+        end
+      end
+
+      # lr = initial * gamma ** (the milestones passed)
+      class MultiStepLR < LRScheduler
+        def initialize(optimizer, milestones:, gamma: 0.1, last_epoch: -1)
+          @milestones = milestones.sort
+          @gamma = gamma
+          super(optimizer, last_epoch: last_epoch)
+        end
+
+        private
+
+        def lr_at(base, epoch)
+          base * @gamma**@milestones.count { |m| m <= epoch }
+        end
+      end
+
+      # lr = initial * lr_lambda.(epoch) (one lambda, or one per group)
+      class LambdaLR < LRScheduler
+        def initialize(optimizer, lr_lambda, last_epoch: -1)
+          groups = optimizer.param_groups.size
+          @lambdas = lr_lambda.is_a?(Array) ? lr_lambda : [lr_lambda] * groups
+          raise ArgumentError, "LambdaLR: #{@lambdas.size} lambdas for #{groups} param groups" unless @lambdas.size == groups
+
+          super(optimizer, last_epoch: last_epoch)
+        end
+
+        def step
+          @last_epoch += 1
+          @optimizer.param_groups.each_with_index do |g, i|
+            g[:lr] = g[:initial_lr] * @lambdas[i].call(@last_epoch)
+          end
+          nil
+        end
+      end
+
+      # lr = initial * a factor going linearly from start_factor to
+      # end_factor over total_iters epochs, then staying there
+      class LinearLR < LRScheduler
+        def initialize(optimizer, start_factor: 1.0 / 3, end_factor: 1.0, total_iters: 5, last_epoch: -1)
+          raise ArgumentError, "LinearLR: start_factor must be in (0, 1], got #{start_factor}" unless start_factor.positive? && start_factor <= 1
+
+          @start = start_factor
+          @end = end_factor
+          @total = total_iters
+          super(optimizer, last_epoch: last_epoch)
+        end
+
+        private
+
+        def lr_at(base, epoch)
+          t = [epoch, @total].min
+          base * (@start + (@end - @start) * t / @total.to_f)
+        end
+      end
+
       class CosineAnnealingLR < LRScheduler
         def initialize(optimizer, t_max, eta_min: 0.0, last_epoch: -1)
           @t_max = t_max
