@@ -147,7 +147,8 @@ bool tr_attention_mask_is_causal(const vm_tensor *mask, int64_t tq, int64_t tk) 
   tr_node *n = mask && mask->dtype == KILN_BOOL ? mask->node : NULL;
   if (!n) return false;
   tr_graph *g = tr_thread_graph(), *mine = g && n->graph == g ? g : NULL;
-  if (mine) tr_graph_lock(mine); /* another thread may flush our graph */
+  if (!mine && n->graph) return false; /* another thread's: it may be materializing */
+  if (mine) tr_graph_lock(mine);       /* another thread may flush our graph */
   bool yes = false;
   if (n->state == TR_MATERIALIZED) /* a value never changes once made */
     yes = causal_values(n->value, false, tq, tk);
