@@ -117,4 +117,37 @@ class TensorMoreTest < Minitest::Test
     var, = Kiln.var_mean(a, 1)
     assert_tensor [5.0 / 3] * 3, var, tol: 1e-12
   end
+
+  def test_einsum
+    x = Kiln.arange(6, dtype: :float64).reshape(2, 3)
+    y = Kiln.arange(12, dtype: :float64).reshape(3, 4)
+    assert_tensor x.matmul(y).to_a, Kiln.einsum("ij,jk->ik", x, y), tol: 0
+    assert_tensor [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]], Kiln.einsum("ij->ji", x)
+    assert_in_delta 15.0, Kiln.einsum("ij->", x).item
+    assert_tensor [3.0, 5.0, 7.0], Kiln.einsum("ij->j", x)
+    assert_in_delta 11.0, Kiln.einsum("i,i->", Kiln.tensor([1.0, 2.0]), Kiln.tensor([3.0, 4.0])).item
+    assert_tensor [[3.0, 4.0, 5.0], [6.0, 8.0, 10.0]], Kiln.einsum("i,j", Kiln.tensor([1.0, 2.0]), Kiln.tensor([3.0, 4.0, 5.0]))
+    z = Kiln.randn(4, 2, dtype: :float64)
+    assert_tensor x.matmul(y).matmul(z).to_a, Kiln.einsum("ij,jk,kl->il", [x, y, z]), tol: 1e-12
+    assert_tensor [[8.0] * 5] * 3, Kiln.einsum("ijk,ikl->jl", Kiln.ones(2, 3, 4), Kiln.ones(2, 4, 5))
+    assert_raises(ArgumentError) { Kiln.einsum("ii->i", Kiln.ones(2, 2)) }
+    assert_raises(ArgumentError) { Kiln.einsum("...ij->ij", Kiln.ones(2, 2)) }
+    assert_raises(Kiln::ShapeError) { Kiln.einsum("ij,jk", Kiln.ones(2, 3), Kiln.ones(4, 2)) }
+    w = Kiln.randn(3, 4, requires_grad: true)
+    Kiln.einsum("ij,jk->ik", w, Kiln.ones(4, 2)).sum.backward
+    assert_tensor [[2.0] * 4] * 3, w.grad
+  end
+
+  # attention written with einsum is recorded as the attention op
+  def test_einsum_attention_is_the_attention_op
+    q = Kiln.randn(2, 3, 5, 4)
+    k = Kiln.randn(2, 3, 6, 4)
+    v = Kiln.randn(2, 3, 6, 4)
+    before = Kiln.stats[:attention_rewrites]
+    p = (Kiln.einsum("bhqd,bhkd->bhqk", q, k) * 0.5).softmax(-1)
+    o = Kiln.einsum("bhqk,bhkd->bhqd", p, v)
+    assert_equal 1, Kiln.stats[:attention_rewrites] - before
+    want = Kiln::NN::Functional.scaled_dot_product_attention(q, k, v, scale: 0.5)
+    assert_tensor want.to_a, o, tol: 1e-6
+  end
 end

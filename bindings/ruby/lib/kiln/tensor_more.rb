@@ -336,3 +336,89 @@ module Kiln
     end
   end
 end
+
+module Kiln
+  class << self
+    # torch.einsum for one or more operands written with letters (no
+    # ellipsis, no letter twice in one operand): letters of one operand
+    # absent from the output and from the others are summed first; each
+    # pair is one batched matmul (batch letters, the left's, the right's
+    # and the contracted ones), with no permute or reshape where the
+    # layout already is the matmul's, so attention written with einsum is
+    # still recognized as the attention op
+    def einsum(equation, *operands)
+      operands = operands.first if operands.size == 1 && operands.first.is_a?(Array)
+      lhs, out = equation.delete(" ").split("->", -1)
+      ins = lhs.split(",", -1)
+      raise ArgumentError, "Kiln.einsum: #{ins.size} operand subscripts for #{operands.size} operands" unless ins.size == operands.size
+      if equation.include?(".")
+        raise ArgumentError, "Kiln.einsum: an ellipsis (...) is not supported; name the dims with letters"
+      end
+
+      ins.each_with_index do |s, i|
+        unless s.match?(/\A[a-zA-Z]*\z/) && s.size == operands[i].ndim && s.chars.uniq.size == s.size
+          raise ArgumentError, "Kiln.einsum: subscripts #{s.inspect} do not fit operand #{i} of shape #{operands[i].shape.inspect} (one letter per dim, none twice)"
+        end
+      end
+      out ||= ins.join.chars.tally.select { |_, n| n == 1 }.keys.sort.join
+      sizes = {}
+      ins.zip(operands).each do |s, t|
+        s.chars.zip(t.shape).each do |c, n|
+          raise Kiln::ShapeError, "Kiln.einsum: #{c} is #{sizes[c]} in one operand and #{n} in another" if sizes[c] && sizes[c] != n
+
+          sizes[c] = n
+        end
+      end
+      raise ArgumentError, "Kiln.einsum: output letter not in the inputs in #{equation.inspect}" unless (out.chars - sizes.keys).empty?
+
+      terms = ins.zip(operands)
+      s, t = terms.shift
+      s, t = einsum_sum_own(s, t, out, terms.map(&:first))
+      until terms.empty?
+        s2, t2 = terms.shift
+        s2, t2 = einsum_sum_own(s2, t2, out, [s] + terms.map(&:first))
+        keep = (out.chars + terms.flat_map { |x| x.first.chars }).uniq
+        s, t = einsum_pair(s, t, s2, t2, keep, sizes)
+      end
+      s, t = einsum_sum_own(s, t, out, [])
+      einsum_permute(s, t, out).last
+    end
+
+    private
+
+    # t with the letters of s that neither out nor the others have summed away
+    def einsum_sum_own(s, t, out, others)
+      gone = s.chars.each_index.reject { |i| out.include?(s[i]) || others.any? { |o| o.include?(s[i]) } }
+      return [s, t] if gone.empty?
+
+      [s.chars.reject.with_index { |_, i| gone.include?(i) }.join, t.sum(gone)]
+    end
+
+    def einsum_permute(s, t, to)
+      return [s, t] if s == to
+
+      [to, t.permute(to.chars.map { |c| s.index(c) })]
+    end
+
+    # a (letters sa) times b (sb), contracting the letters they share that
+    # keep does not hold: batch = shared and kept, left = a's own, right = b's own
+    def einsum_pair(sa, a, sb, b, keep, sizes)
+      shared = sa.chars & sb.chars
+      batch = shared.select { |c| keep.include?(c) }
+      contract = shared - batch
+      left = sa.chars - shared
+      right = sb.chars - shared
+      _, a = einsum_permute(sa, a, (batch + left + contract).join)
+      _, b = einsum_permute(sb, b, (batch + contract + right).join)
+      bs = batch.map { |c| sizes[c] }
+      ln = left.map { |c| sizes[c] }.reduce(1, :*)
+      cn = contract.map { |c| sizes[c] }.reduce(1, :*)
+      rn = right.map { |c| sizes[c] }.reduce(1, :*)
+      a = a.reshape(bs + [ln, cn]) unless left.size == 1 && contract.size == 1
+      b = b.reshape(bs + [cn, rn]) unless right.size == 1 && contract.size == 1
+      r = a.matmul(b)
+      r = r.reshape(bs + (left + right).map { |c| sizes[c] }) unless left.size == 1 && right.size == 1
+      [(batch + left + right).join, r]
+    end
+  end
+end
