@@ -150,4 +150,24 @@ class TensorMoreTest < Minitest::Test
     want = Kiln::NN::Functional.scaled_dot_product_attention(q, k, v, scale: 0.5)
     assert_tensor want.to_a, o, tol: 1e-6
   end
+
+  def test_selection_scans_and_grids
+    t = Kiln.arange(6, dtype: :float64).reshape(2, 3)
+    assert_tensor [0.0, 2.0, 3.0, 5.0], t.masked_select(Kiln.tensor([true, false, true]))
+    assert_tensor [[1, 1], [1, 2]], Kiln.argwhere(t > 3), dtype: :int64
+    assert_tensor [1.0, -2.0, -0.0, -0.0], Kiln.tensor([1.0, -2.0, 0.0, 3.0]).cumprod(0)
+    assert_tensor [[0.0, 0.0, 0.0], [3.0, 12.0, 60.0]], t.cumprod(1)
+    g = Kiln.tensor([2.0, 3.0, 4.0], requires_grad: true)
+    g.cumprod(0).sum.backward # d/dg of g0 + g0 g1 + g0 g1 g2
+    assert_tensor [1 + 3 + 12, 2 + 8, 6].map(&:to_f), g.grad
+    assert_tensor [[-1.0, 1.0, -1.0], [-1.0, 4.0, -1.0]], t.index_fill(1, Kiln.tensor([0, 2]), -1)
+    assert_tensor [[0.0, 1.0, 2.0], [9.0, 9.0, 9.0]], t.index_fill(0, 1, 9)
+    assert_equal [2, 3], Kiln.broadcast_shapes([2, 1], [3])
+    assert_raises(Kiln::ShapeError) { Kiln.broadcast_shapes([2], [3]) }
+    gx, gy = Kiln.meshgrid(Kiln.tensor([1, 2]), Kiln.tensor([3, 4, 5]))
+    assert_equal [[[1, 1, 1], [2, 2, 2]], [[3, 4, 5], [3, 4, 5]]], [gx.to_a, gy.to_a]
+    gx, gy = Kiln.meshgrid([Kiln.tensor([1, 2]), Kiln.tensor([3, 4, 5])], indexing: "xy")
+    assert_equal [[[1, 2], [1, 2], [1, 2]], [[3, 3], [4, 4], [5, 5]]], [gx.to_a, gy.to_a]
+    assert_tensor [[5.0], [Math.sqrt(13)]], Kiln.cdist(Kiln.tensor([[0.0, 0.0], [1.0, 1.0]]), Kiln.tensor([[3.0, 4.0]]))
+  end
 end

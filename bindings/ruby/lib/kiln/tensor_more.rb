@@ -304,6 +304,41 @@ module Kiln
       (beta == 1 ? self : self * beta) + (alpha == 1 ? prod : prod * alpha)
     end
 
+    # the elements where mask (broadcast to self) is true, as a 1-d tensor
+    def masked_select(mask)
+      shape_ = Kiln.broadcast_shapes(shape, mask.shape)
+      expand(shape_)[mask.expand(shape_)]
+    end
+
+    # the indices of the nonzero elements, [n, ndim] (torch.argwhere)
+    def argwhere
+      nonzero
+    end
+
+    # the products of the elements so far along dim (torch.cumprod): a
+    # running product, one multiply a step, exact as torch's for zeros and
+    # negatives
+    def cumprod(dim)
+      d = dim.negative? ? dim + ndim : dim
+      n = size(d)
+      return clone if n <= 1
+
+      acc = narrow(d, 0, 1)
+      parts = [acc]
+      (1...n).each { |i| parts << (acc = acc * narrow(d, i, 1)) }
+      Kiln.cat(parts, d)
+    end
+
+    # value written at index along dim (a new tensor, torch's index_fill)
+    def index_fill(dim, index, value)
+      d = dim.negative? ? dim + ndim : dim
+      index = Kiln.tensor(Array(index), dtype: :int64) unless index.is_a?(Tensor)
+      hit = Kiln.zeros(size(d), dtype: :bool)
+      hit = hit.scatter_add(0, index, Kiln.ones(index.numel, dtype: :bool)) if index.numel.positive?
+      hit = hit.reshape([1] * d + [size(d)] + [1] * (ndim - d - 1))
+      Kiln.where(hit, value, self)
+    end
+
     def std_mean(*args, **kw)
       [std(*args, **kw), mean(*args.first(1), **kw.slice(:keepdim, :keepdims, :dim, :axis))]
     end
@@ -316,6 +351,37 @@ module Kiln
   class << self
     extend Signature::DSL
 
+    # the shape shapes broadcast to (torch.broadcast_shapes)
+    def broadcast_shapes(*shapes)
+      n = shapes.map(&:size).max || 0
+      Array.new(n) do |i|
+        dims = shapes.map { |s| i < n - s.size ? 1 : s[i - (n - s.size)] }.uniq - [1]
+        raise Kiln::ShapeError, "Kiln.broadcast_shapes: #{shapes.map(&:inspect).join(', ')} do not broadcast" if dims.size > 1
+
+        dims.first || 1
+      end
+    end
+
+    # coordinate grids of 1-d tensors: indexing "ij" (matrix, the default)
+    # or "xy" (Cartesian: the first two swapped)
+    def meshgrid(*tensors, indexing: "ij")
+      tensors = tensors.first if tensors.size == 1 && tensors.first.is_a?(Array)
+      raise ArgumentError, "Kiln.meshgrid: indexing is \"ij\" or \"xy\", not #{indexing.inspect}" unless %w[ij xy].include?(indexing.to_s)
+
+      ts = tensors.dup
+      ts[0], ts[1] = ts[1], ts[0] if indexing.to_s == "xy" && ts.size > 1
+      shape = ts.map(&:numel)
+      grids = ts.each_with_index.map do |t, i|
+        t.reshape(Array.new(ts.size) { |j| j == i ? t.numel : 1 }).expand(shape)
+      end
+      indexing.to_s == "xy" && ts.size > 1 ? [grids[1], grids[0], *grids[2..]] : grids
+    end
+
+    # pairwise p-norm distances between the rows of x1 [..., P, M] and x2 [..., R, M]
+    def cdist(x1, x2, p: 2.0)
+      (x1.unsqueeze(-2) - x2.unsqueeze(-3)).norm(p, dim: -1)
+    end
+
     # torch's promote_types for two dtype names
     def promote_types(a, b)
       (Kiln.zeros(1, dtype: a) + Kiln.zeros(1, dtype: b)).dtype
@@ -326,6 +392,7 @@ module Kiln
       floor_divide fmod clamp_min clamp_max lerp addcmul addcdiv logical_xor isclose allclose
       nan_to_num flip fliplr flipud roll narrow unbind movedim moveaxis swapaxes swapdims
       broadcast_to tile diag diagonal outer ger mv addmm baddbmm std_mean var_mean
+      masked_select argwhere cumprod index_fill
     ].freeze
     Kiln::MORE_TENSOR_FUNCTIONS.each do |name|
       if Signature::ALL.any? { |s| s.name == name.to_s && s.label.start_with?("Kiln::Tensor#") }
