@@ -392,6 +392,7 @@ kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *target) {
   API(kiln_cross_entropy);
   return fe_cross_entropy(logits, target);
 }
+
 kiln_tensor *kiln_triu(kiln_tensor *a, int64_t diagonal) {
   API(kiln_triu);
   return fe_triangle(a, diagonal, true);
