@@ -118,3 +118,30 @@ class NNExtraEmbeddingAndSchedulersTest < Minitest::Test
     [1.0, 0.9, 0.81, 0.729].zip(got).each { |w, g| assert_in_delta w, g, 1e-12 }
   end
 end
+
+# MultiheadAttention hands is_causal and a single bool mask to the fused op
+# (the causal one as its causal flag): the same outputs as the additive
+# float mask torch's docs describe
+class MultiheadAttentionMasksTest < Minitest::Test
+  def test_causal_and_bool_masks_match_the_additive_mask
+    Kiln.manual_seed(4)
+    mha = Kiln::NN::MultiheadAttention.new(16, 4, batch_first: true)
+    x = Kiln.randn(2, 7, 16)
+    later = Kiln.ones(7, 7, dtype: :bool).triu(1)
+    additive = Kiln.zeros(7, 7).masked_fill(later, -Float::INFINITY)
+    want, = mha.(x, x, x, attn_mask: additive, need_weights: false)
+    [{ attn_mask: later }, { is_causal: true }].each do |kw|
+      got, = mha.(x, x, x, need_weights: false, **kw)
+      assert_tensor want.to_a, got, tol: 1e-5
+    end
+    # a mask that is not causal, and one with a key padding mask (the additive path)
+    odd = Kiln.tensor(Array.new(7) { |i| Array.new(7) { |j| (i + j).odd? && j != i } })
+    want, = mha.(x, x, x, attn_mask: Kiln.zeros(7, 7).masked_fill(odd, -Float::INFINITY), need_weights: false)
+    got, = mha.(x, x, x, attn_mask: odd, need_weights: false)
+    assert_tensor want.to_a, got, tol: 1e-5
+    pad = Kiln.tensor([[false] * 6 + [true], [false] * 7])
+    got, = mha.(x, x, x, attn_mask: later, key_padding_mask: pad, need_weights: false)
+    weights_path, = mha.(x, x, x, attn_mask: later, key_padding_mask: pad, need_weights: true)
+    assert_tensor weights_path.to_a, got, tol: 1e-5
+  end
+end
