@@ -7,7 +7,8 @@ class RuntimeTest < Minitest::Test
                  disk_hits eager_ops kernels_launched compile_ms flush_ms kernels_compiled plans_built
                  blas_calls recomputed kernel_threads_max kernel_cache_hits code_objects code_unloads
                  view_ops compiler_processes loops_found loops_rolled loop_sums loop_steps
-                 trace_cache_entries trace_cache_bytes loop_hoists loop_maps].freeze
+                 trace_cache_entries trace_cache_bytes loop_hoists loop_maps loop_joins trace_families
+                 attention_rewrites].freeze
 
   def test_stats_has_every_field
     s = Kiln.stats
