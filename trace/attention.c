@@ -143,17 +143,21 @@ static bool causal_values(const vm_tensor *v, bool out, int64_t tq, int64_t tk) 
   return true;
 }
 
+/* a bool mask node that is the causal one: by its values once computed,
+   else by its structure (the caller holds the lock of the graph it is
+   pending in) */
+static bool causal_node(const tr_node *n, bool out, int64_t tq, int64_t tk) {
+  if (n->state == TR_MATERIALIZED) return causal_values(n->value, out, tq, tk);
+  return n->state == TR_PENDING && causal_mask(n, out, tq, tk);
+}
+
 bool tr_attention_mask_is_causal(const vm_tensor *mask, int64_t tq, int64_t tk) {
   tr_node *n = mask && mask->dtype == KILN_BOOL ? mask->node : NULL;
   if (!n) return false;
   tr_graph *g = tr_thread_graph(), *mine = g && n->graph == g ? g : NULL;
-  if (!mine && n->graph) return false; /* another thread's: it may be materializing */
-  if (mine) tr_graph_lock(mine);       /* another thread may flush our graph */
-  bool yes = false;
-  if (n->state == TR_MATERIALIZED) /* a value never changes once made */
-    yes = causal_values(n->value, false, tq, tk);
-  else if (mine && n->state == TR_PENDING)
-    yes = causal_mask(n, false, tq, tk);
+  if (!mine && n->graph) return false;      /* another thread's: it may be materializing */
+  if (mine) tr_graph_lock(mine);            /* another thread may flush our graph */
+  bool yes = causal_node(n, false, tq, tk); /* no graph: a leaf, computed */
   if (mine) tr_graph_unlock(mine);
   return yes;
 }
@@ -226,9 +230,7 @@ static bool match_locked(tr_node *pn, const vm_tensor *v, tr_attention_match *m,
   int nx = x->meta.ndim, ns = sc->meta.ndim;
   const tr_node *mk = *maskn;
   int64_t tq = ns >= 2 ? sc->meta.shape[ns - 2] : 0, tk = ns >= 2 ? sc->meta.shape[ns - 1] : 0;
-  if (mk && mk->meta.dtype == KILN_BOOL && ns >= 2 &&
-      (mk->state == TR_MATERIALIZED ? causal_values(mk->value, m->mask_out, tq, tk)
-                                    : causal_mask(mk, m->mask_out, tq, tk))) {
+  if (mk && mk->meta.dtype == KILN_BOOL && ns >= 2 && causal_node(mk, m->mask_out, tq, tk)) {
     m->causal = true;
     *maskn = NULL;
   }

@@ -30,6 +30,10 @@ class NNExtraTest < Minitest::Test
     assert_tensor F.leaky_relu(x, 0.2).to_a, Kiln::NN::LeakyReLU.new(0.2).(x)
     assert_tensor F.elu(x, 2.0).to_a, Kiln::NN::ELU.new(alpha: 2.0).(x)
     assert_tensor F.silu(x).to_a, Kiln::NN::SiLU.new.(x)
+    assert_tensor F.hardtanh(x, -0.5, 2.0).to_a, Kiln::NN::Hardtanh.new(-0.5, max_val: 2.0).(x)
+    assert_tensor F.celu(x, 2.0).to_a, Kiln::NN::CELU.new(2.0).(x)
+    assert_raises(ArgumentError) { Kiln::NN::LeakyReLU.new(negtive_slope: 0.2) } # a typo is an error
+    assert_raises(ArgumentError) { Kiln::NN::ELU.new(1.0, 2.0) }
     w = Kiln.tensor([0.3, -1.2], dtype: :float64, requires_grad: true)
     F.silu(w).sum.backward
     assert_tensor w.to_a.map { |v| sig(v) * (1 + v * (1 - sig(v))) }, w.grad, tol: 1e-12

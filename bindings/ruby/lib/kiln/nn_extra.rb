@@ -229,32 +229,37 @@ module Kiln
       Hardswish: :hardswish, LogSigmoid: :logsigmoid, Softsign: :softsign
     }.each { |name, fn| const_set(name, Class.new(FunctionModule) { const_set(:FUNCTION, fn) }) }
 
-    class LeakyReLU < FunctionModule
+    # a FunctionModule whose options may also be given by name (torch's
+    # LeakyReLU(0.2) or LeakyReLU(negative_slope: 0.2)); an unknown name
+    # is an error
+    class NamedOptionsModule < FunctionModule
+      def initialize(*args, **kw)
+        names = self.class::OPTIONS.keys
+        unknown = kw.keys - names
+        raise ArgumentError, "#{self.class.name}: unknown keyword #{unknown.first} (options: #{names.join(', ')})" unless unknown.empty?
+        raise ArgumentError, "#{self.class.name}: #{args.size} options given, at most #{names.size}" if args.size > names.size
+
+        super(*self.class::OPTIONS.each_with_index.map { |(name, default), i| kw.fetch(name, args.fetch(i, default)) })
+      end
+    end
+
+    class LeakyReLU < NamedOptionsModule
       FUNCTION = :leaky_relu
-      def initialize(negative_slope = 0.01, **kw)
-        super(kw.fetch(:negative_slope, negative_slope))
-      end
+      OPTIONS = { negative_slope: 0.01 }.freeze
     end
 
-    class ELU < FunctionModule
+    class ELU < NamedOptionsModule
       FUNCTION = :elu
-      def initialize(alpha = 1.0, **kw)
-        super(kw.fetch(:alpha, alpha))
-      end
+      OPTIONS = { alpha: 1.0 }.freeze
     end
 
-    class CELU < FunctionModule
+    class CELU < ELU
       FUNCTION = :celu
-      def initialize(alpha = 1.0, **kw)
-        super(kw.fetch(:alpha, alpha))
-      end
     end
 
-    class Hardtanh < FunctionModule
+    class Hardtanh < NamedOptionsModule
       FUNCTION = :hardtanh
-      def initialize(min_val = -1.0, max_val = 1.0, **kw)
-        super(kw.fetch(:min_val, min_val), kw.fetch(:max_val, max_val))
-      end
+      OPTIONS = { min_val: -1.0, max_val: 1.0 }.freeze
     end
 
     class Softplus < Module
