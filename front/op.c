@@ -153,9 +153,11 @@ vm_tensor *fe_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr)
   vm_meta m;
   if (!vm_infer(op, n, in, attr, &m)) return NULL;
   /* a bf16 matmul on a CPU with AVX512-BF16 runs as itself, its sums in
-     f32 (vm/gemm_bf16.c); every other accumulation over halves in f32 */
-  bool native = op == VM_OP_matmul && m.compute == KILN_BF16 && m.device == KILN_CPU &&
-                vm_gemm_bf16_available();
+     f32 (vm/gemm_bf16.c), as does a bf16 or f16 matmul on CUDA (cuBLAS's
+     GemmEx, jit_gpu/blas.c); every other accumulation over halves in f32 */
+  bool native = op == VM_OP_matmul &&
+                ((m.compute == KILN_BF16 && m.device == KILN_CPU && vm_gemm_bf16_available()) ||
+                 (vm_dtype_is_half(m.compute) && m.device == KILN_CUDA));
   if (vm_dtype_is_half(m.compute) && accumulates(op) && !native)
     return in_wider(op, n, in, attr, m.compute, KILN_F32, m.dtype);
   /* u8, i8, i16 summed over the ranks as i32, wrapped back (MPI's own

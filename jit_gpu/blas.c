@@ -28,6 +28,11 @@ typedef int cublasStatus_t;
 #define CUBLAS_OP_T 1
 #define CUBLAS_DEFAULT_MATH 0
 #define CUBLAS_TF32_TENSOR_OP_MATH 3
+/* library_types.h cudaDataType, cublasComputeType_t, cublasGemmAlgo_t */
+#define CUDA_R_16F 2
+#define CUDA_R_16BF 14
+#define CUBLAS_COMPUTE_32F 68
+#define CUBLAS_GEMM_DEFAULT (-1)
 
 #define GPU_CUBLAS_SYMBOLS(X)                                                                      \
   X(cublasCreate_v2, cublasStatus_t, (cublasHandle_t * handle))                                    \
@@ -43,7 +48,12 @@ typedef int cublasStatus_t;
   X(cublasDgemmStridedBatched, cublasStatus_t,                                                     \
     (cublasHandle_t handle, int transa, int transb, int m, int n, int k, const double *alpha,      \
      const double *A, int lda, long long stride_a, const double *B, int ldb, long long stride_b,   \
-     const double *beta, double *C, int ldc, long long stride_c, int batch))
+     const double *beta, double *C, int ldc, long long stride_c, int batch))                        \
+  X(cublasGemmStridedBatchedEx, cublasStatus_t,                                                    \
+    (cublasHandle_t handle, int transa, int transb, int m, int n, int k, const void *alpha,        \
+     const void *A, int a_type, int lda, long long stride_a, const void *B, int b_type, int ldb,   \
+     long long stride_b, const void *beta, void *C, int c_type, int ldc, long long stride_c,       \
+     int batch, int compute_type, int algo))
 
 #define GPU_CUBLAS_FIELD(name, ret, params) ret(*name) params;
 typedef struct {
@@ -235,6 +245,17 @@ static bool gemm(const gemm_call *g, int64_t M, const char *A, int64_t sa, const
                          (const float *)A, (int)g->lda, sa, &zero, (float *)C, ldc, sc, (int)count),
                      "cublasSgemmStridedBatched");
   }
+  if (g->dt == KILN_BF16 || g->dt == KILN_F16) {
+    /* 16-bit operands and result, f32 sums (tensor cores), the result
+       rounded once: what the CPU computes in f32 between casts */
+    const float one = 1.0f, zero = 0.0f;
+    int t = g->dt == KILN_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    return cublas_ok(blas.api.cublasGemmStridedBatchedEx(
+                         g->bt->handle, opb, opa, n, m, k, &one, B, t, (int)g->ldb, sb, A, t,
+                         (int)g->lda, sa, &zero, C, t, ldc, sc, (int)count, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT),
+                     "cublasGemmStridedBatchedEx");
+  }
   const double one = 1.0, zero = 0.0;
   return cublas_ok(blas.api.cublasDgemmStridedBatched(
                        g->bt->handle, opb, opa, n, m, k, &one, (const double *)B, (int)g->ldb, sb,
@@ -255,9 +276,9 @@ static bool bad_operand(const char *which, const vm_tensor *t) {
 
 bool gpu_blas_matmul(vm_tensor *out, const vm_tensor *at, const vm_tensor *bt) {
   kiln_dtype dt = out->dtype;
-  if ((dt != KILN_F32 && dt != KILN_F64) || at->dtype != dt || bt->dtype != dt) {
+  if (!vm_dtype_is_float(dt) || at->dtype != dt || bt->dtype != dt) {
     vm_error(KILN_ERR_INTERNAL,
-             "gpu_blas_matmul: cuBLAS multiplies f32 or f64 operands of the output's dtype");
+             "gpu_blas_matmul: cuBLAS multiplies float operands of the output's dtype");
     return false;
   }
   if (at->ndim < 1 || bt->ndim < 1 || !vm_is_contiguous(out)) {

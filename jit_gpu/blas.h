@@ -1,6 +1,7 @@
 /* blas.h — matmul on the GPU through cuBLAS (libcublas.so.13, loaded at
  * run time; DESIGN §6): numpy matmul semantics as the CPU's
- * vm/kern_matmul.c (1-d operands, broadcast batch dims), f32 and f64.  A
+ * vm/kern_matmul.c (1-d operands, broadcast batch dims), f32 and f64, and
+ * bf16 and f16 (cublasGemmStridedBatchedEx: f32 sums, rounded once).  A
  * cuBLAS handle per thread bound to that thread's stream (jit_gpu/cuda.h)
  * with its own workspace; transposed operands are passed as flags.  TF32
  * only with KILN_TF32=1. */
@@ -23,7 +24,7 @@ const char *gpu_blas_unavailable(void);
 bool gpu_blas_operand_ok(const vm_tensor *t, bool left);
 
 /* out = a @ b on the calling thread's stream.  a, b and out are device
-   values of one float dtype (f32 or f64); out is contiguous with the
+   values of one float dtype (f32, f64, bf16, f16); out is contiguous with the
    matmul's shape (as the CPU interpreter gets it); a and b pass
    gpu_blas_operand_ok.  False + error otherwise: KILN_ERR_INTERNAL for a
    caller's mistake (dtype, layout), KILN_ERR_SHAPE when a dimension

@@ -516,7 +516,18 @@ static void param_expr(gpu_src *b, kiln_dtype dt, int s) {
     case KILN_I64:
       gpu_src_printf(b, "(i64)a.param[%d]", s);
       break;
-    default:
+    case KILN_BF16:
+    case KILN_F16: /* the half's bits */
+      gpu_src_printf(b, "k_%s_bits((u16)(a.param[%d] & 0xffff))", dt == KILN_BF16 ? "bf16" : "f16",
+                     s);
+      break;
+    case KILN_I16:
+      gpu_src_printf(b, "(i16)(u16)(a.param[%d] & 0xffff)", s);
+      break;
+    case KILN_I8:
+      gpu_src_printf(b, "(i8)(u8)(a.param[%d] & 0xff)", s);
+      break;
+    default: /* bool, u8 */
       gpu_src_printf(b, "(u8)(a.param[%d] & 0xff)", s);
       break;
   }

@@ -55,7 +55,8 @@
 #define MAX_GRID 8192  /* grid-stride loops cover the rest */
 #define COL_SPLIT 4096 /* fewer column outputs than this go two-pass */
 
-static const char *const dsfx[VM_NUM_DTYPES] = {"b8", "i32", "i64", "f32", "f64"};
+static const char *const dsfx[VM_NUM_DTYPES] = {"b8",   "i32", "i64", "f32", "f64",
+                                                "bf16", "f16", "u8",  "i8",  "i16"};
 
 /* --- names ------------------------------------------------------------------------- */
 
@@ -672,8 +673,7 @@ static void add_family(key_list *L, vm_opcode op, kiln_dtype dt) {
       break;
     case VM_KIND_UNARY:
       if (op == VM_OP_cast)
-        for (int to = 0; to < VM_NUM_GPU_DTYPES; to++)
-          add_elementwise(L, op, (kiln_dtype)to, 1, &dt);
+        for (int to = 0; to < VM_NUM_DTYPES; to++) add_elementwise(L, op, (kiln_dtype)to, 1, &dt);
       else
         add_elementwise(L, op, rule == VM_DT_LOGICAL ? KILN_BOOL : dt, 1, &dt);
       break;
@@ -721,7 +721,7 @@ static void add_family(key_list *L, vm_opcode op, kiln_dtype dt) {
 int gpu_op_keys(gpu_op_key *keys, int cap) {
   key_list L = {keys, keys ? cap : 0, 0};
   for (int op = 0; op < VM_OP_COUNT; op++)
-    for (int dt = 0; dt < VM_NUM_GPU_DTYPES; dt++) add_family(&L, (vm_opcode)op, (kiln_dtype)dt);
+    for (int dt = 0; dt < VM_NUM_DTYPES; dt++) add_family(&L, (vm_opcode)op, (kiln_dtype)dt);
   return L.count;
 }
 

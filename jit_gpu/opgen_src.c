@@ -90,11 +90,23 @@ static void sb_subst(sbuf *b, const char *tmpl, const char *const *vars) {
 
 /* --- dtypes -------------------------------------------------------------------- */
 
-static const char *const ctype[VM_NUM_DTYPES] = {"u8", "i32", "i64", "float", "double"};
-static const char *const utype[VM_NUM_DTYPES] = {"u8", "u32", "u64", "float", "double"};
-static const char *const dsfx[VM_NUM_DTYPES] = {"b8", "i32", "i64", "f32", "f64"};
+/* ctype: how a value of the dtype is stored (and held in a fused kernel's
+   registers): the halves are kbf16 / kf16 (the prelude), 16 bits that
+   convert to float and back by vm/half.h's rules.  comp: the type ops
+   compute it in (float for the halves: a half op is its f32 op on the
+   widened values, rounded once on store, as the CPU's).  utype: the
+   unsigned type integer arithmetic wraps in (u32 for the narrow integers,
+   whose operands C++ promotes: a u16 product could overflow int). */
+static const char *const ctype[VM_NUM_DTYPES] = {"u8",    "i32",  "i64", "float", "double",
+                                                 "kbf16", "kf16", "u8",  "i8",    "i16"};
+static const char *const comp[VM_NUM_DTYPES] = {"u8",    "i32",   "i64", "float", "double",
+                                                "float", "float", "u8",  "i8",    "i16"};
+static const char *const utype[VM_NUM_DTYPES] = {"u8",    "u32",   "u64", "float", "double",
+                                                 "float", "float", "u32", "u32",   "u32"};
+static const char *const dsfx[VM_NUM_DTYPES] = {"b8",   "i32", "i64", "f32", "f64",
+                                                "bf16", "f16", "u8",  "i8",  "i16"};
 /* the suffix of a C math function for the dtype: expf / exp */
-static const char *fsfx(kiln_dtype dt) { return dt == KILN_F32 ? "f" : ""; }
+static const char *fsfx(kiln_dtype dt) { return dt == KILN_F64 ? "" : "f"; }
 
 typedef enum { CLS_FLOAT, CLS_INT, CLS_BOOL } dclass;
 static dclass class_of(kiln_dtype dt) {
@@ -162,10 +174,16 @@ static const char *elementwise_expr(vm_opcode op, kiln_dtype dt) {
 /* cast: float -> int saturates and NaN -> 0; anything -> bool is != 0
    (vm/kern_elementwise.c TO_INT and TO_BOOL) */
 static void cast_expr(sbuf *b, kiln_dtype from, kiln_dtype to) {
-  static const char *const lo[VM_NUM_DTYPES] = {
-      [KILN_I32] = "(-2147483647 - 1)", [KILN_I64] = "(-9223372036854775807LL - 1)"};
-  static const char *const hi[VM_NUM_DTYPES] = {
-      [KILN_I32] = "2147483647", [KILN_I64] = "9223372036854775807LL"};
+  static const char *const lo[VM_NUM_DTYPES] = {[KILN_I32] = "(-2147483647 - 1)",
+                                                [KILN_I64] = "(-9223372036854775807LL - 1)",
+                                                [KILN_U8] = "0",
+                                                [KILN_I8] = "(-128)",
+                                                [KILN_I16] = "(-32768)"};
+  static const char *const hi[VM_NUM_DTYPES] = {[KILN_I32] = "2147483647",
+                                                [KILN_I64] = "9223372036854775807LL",
+                                                [KILN_U8] = "255",
+                                                [KILN_I8] = "127",
+                                                [KILN_I16] = "32767"};
   if (to == KILN_BOOL)
     gpu_src_printf(b, "(TO)(x != 0)");
   else if (vm_dtype_is_float(from) && vm_dtype_is_int(to))
@@ -178,12 +196,23 @@ static void cast_expr(sbuf *b, kiln_dtype from, kiln_dtype to) {
 /* --- reductions: accumulator type, identity, combine ---------------------------- */
 
 static const char *reduce_init(vm_opcode op, kiln_dtype a) {
-  static const char *const max_init[VM_NUM_DTYPES] = {
-      "(u8)0", "(-2147483647 - 1)", "(-9223372036854775807LL - 1)", "-__int_as_float(0x7f800000)",
-      "-__longlong_as_double(0x7ff0000000000000LL)"};
-  static const char *const min_init[VM_NUM_DTYPES] = {
-      "(u8)1", "2147483647", "9223372036854775807LL", "__int_as_float(0x7f800000)",
-      "__longlong_as_double(0x7ff0000000000000LL)"};
+  /* the halves never fold here: front/op.c records their reductions in f32 */
+  static const char *const max_init[VM_NUM_DTYPES] = {"(u8)0",
+                                                      "(-2147483647 - 1)",
+                                                      "(-9223372036854775807LL - 1)",
+                                                      "-__int_as_float(0x7f800000)",
+                                                      "-__longlong_as_double(0x7ff0000000000000LL)",
+                                                      [KILN_U8] = "(u8)0",
+                                                      [KILN_I8] = "(i8)(-128)",
+                                                      [KILN_I16] = "(i16)(-32768)"};
+  static const char *const min_init[VM_NUM_DTYPES] = {"(u8)1",
+                                                      "2147483647",
+                                                      "9223372036854775807LL",
+                                                      "__int_as_float(0x7f800000)",
+                                                      "__longlong_as_double(0x7ff0000000000000LL)",
+                                                      [KILN_U8] = "(u8)255",
+                                                      [KILN_I8] = "(i8)127",
+                                                      [KILN_I16] = "(i16)32767"};
   switch (op) {
     case VM_OP_sum:
       return "0";
@@ -243,21 +272,25 @@ bool gpu_op_key_supported(const gpu_op_key *k) {
     }
     case VM_KIND_TERNARY:
       return k->nin == 3 && !k->variant && in0 == KILN_BOOL && in1 == in2 && out == in1;
-    case VM_KIND_REDUCE:
-      if (k->nin != 1) return false;
+    case VM_KIND_REDUCE: /* over halves: front/op.c records them in f32 */
+      if (k->nin != 1 || vm_dtype_is_half(in0)) return false;
       if (op == VM_OP_argmax || op == VM_OP_argmin) return out == KILN_I64 && k->variant == 0;
       return out == in0 && reduce_dtype_ok(op, in0) && k->variant <= GPU_RED_COL_JOIN;
     case VM_KIND_MATMUL:
-      return k->nin == 2 && !k->variant && vm_dtype_is_int(out) && in0 == out && in1 == out;
+      /* floats go to cuBLAS; front/op.c widens the narrow integers to i64 */
+      return k->nin == 2 && !k->variant && (out == KILN_I32 || out == KILN_I64) && in0 == out &&
+             in1 == out;
     case VM_KIND_INDEX:
       if (k->variant == GPU_IDX_CHECK)
         return op == VM_OP_index_select && k->nin == 1 && in0 == KILN_I64 && out == KILN_I64;
       if (k->variant != GPU_IDX_DATA || in0 != out || in1 != KILN_I64) return false;
-      return op == VM_OP_scatter_add ? k->nin == 3 && in2 == out : k->nin == 2;
+      /* a half's scatter_add accumulates: front/op.c records it in f32 */
+      return op == VM_OP_scatter_add ? k->nin == 3 && in2 == out && !vm_dtype_is_half(out)
+                                     : k->nin == 2;
     case VM_KIND_CONCAT:
       return k->nin == 1 && !k->variant && in0 == out;
     case VM_KIND_SORT:
-      return k->nin == 1 && !k->variant && out == KILN_I64;
+      return k->nin == 1 && !k->variant && out == KILN_I64 && !vm_dtype_is_half(in0);
     case VM_KIND_VIEW:
     case VM_KIND_COLLECTIVE:
     case VM_KIND_CONV:
@@ -270,6 +303,54 @@ bool gpu_op_key_supported(const gpu_op_key *k) {
 /* --- the prelude: types, gpu_args with its layout asserts, helpers ---------------- */
 
 static const char prelude_helpers[] =
+    "/* vm/half.h's conversions, step for step (tests/gpu_emu checks every\n"
+    "   16-bit pattern against it): f32 -> half rounds to nearest even, past\n"
+    "   the largest finite half is Inf, a NaN is quieted keeping its top bits */\n"
+    "__device__ __forceinline__ float k_bf16_to_f32(u16 h) { return __uint_as_float((u32)h << 16); "
+    "}\n"
+    "__device__ __forceinline__ u16 k_f32_to_bf16(float x) {\n"
+    "  const u32 u = __float_as_uint(x);\n"
+    "  if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x0040u);\n"
+    "  return (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n"
+    "}\n"
+    "__device__ __forceinline__ float k_f16_to_f32(u16 h) {\n"
+    "  const u32 sign = (u32)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;\n"
+    "  if (e == 0x1f) return __uint_as_float(sign | 0x7f800000u | (m << 13) | (m ? 0x00400000u : "
+    "0u));\n"
+    "  if (e == 0) return __uint_as_float(sign | __float_as_uint((float)m * "
+    "5.9604644775390625e-8f));\n"
+    "  return __uint_as_float(sign | ((e + 112) << 23) | (m << 13));\n"
+    "}\n"
+    "__device__ __forceinline__ u16 k_f32_to_f16(float x) {\n"
+    "  const u32 u = __float_as_uint(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;\n"
+    "  if (a > 0x7f800000u) return (u16)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));\n"
+    "  if (a >= 0x477ff000u) return (u16)(sign | 0x7c00u);\n"
+    "  if (a >= 0x38800000u)\n"
+    "    return (u16)(sign | ((a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13));\n"
+    "  const u32 e = a >> 23;\n"
+    "  if (e < 102) return (u16)sign;\n"
+    "  const u32 m = (a & 0x7fffffu) | 0x800000u, shift = 126 - e;\n"
+    "  const u32 rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);\n"
+    "  u32 q = m >> shift;\n"
+    "  q += (rem > half) | ((rem == half) & q);\n"
+    "  return (u16)(sign | q);\n"
+    "}\n"
+    "/* a stored half: its bits; it reads as the float it holds, and a float\n"
+    "   (or anything that converts to one) stored into it is rounded */\n"
+    "#define K_HALF(H)                                                                         \\\n"
+    "  struct k##H {                                                                           \\\n"
+    "    u16 bits;                                                                             \\\n"
+    "    k##H() = default;                                                                     \\\n"
+    "    __device__ __forceinline__ k##H(float x) : bits(k_f32_to_##H(x)) {}                   \\\n"
+    "    __device__ __forceinline__ operator float() const { return k_##H##_to_f32(bits); }    \\\n"
+    "  };                                                                                      \\\n"
+    "  __device__ __forceinline__ k##H k_##H##_bits(u16 b) {                                   \\\n"
+    "    k##H h;                                                                               \\\n"
+    "    h.bits = b;                                                                           \\\n"
+    "    return h;                                                                             \\\n"
+    "  }\n"
+    "K_HALF(bf16)\n"
+    "K_HALF(f16)\n"
     "/* a reduction pass's plain store of result v of item i (src.h gpu_src_reduce) */\n"
     "#define k_store_out(i, v) (out[i] = (v))\n"
     "__device__ __forceinline__ float k_fmax(float x, float y) {\n"
@@ -311,6 +392,15 @@ static const char prelude_helpers[] =
     "}\n"
     "__device__ __forceinline__ float k_from_f64_f32(double v) { return (float)v; }\n"
     "__device__ __forceinline__ double k_from_f64_f64(double v) { return v; }\n"
+    "__device__ __forceinline__ kbf16 k_from_f64_bf16(double v) { return kbf16((float)v); }\n"
+    "__device__ __forceinline__ kf16 k_from_f64_f16(double v) { return kf16((float)v); }\n"
+    "__device__ __forceinline__ u8 k_from_f64_u8(double v) { return (u8)k_saturate(v, 0.0, 255.0); "
+    "}\n"
+    "__device__ __forceinline__ i8 k_from_f64_i8(double v) { return (i8)k_saturate(v, -128.0, "
+    "127.0); }\n"
+    "__device__ __forceinline__ i16 k_from_f64_i16(double v) {\n"
+    "  return (i16)k_saturate(v, -32768.0, 32767.0);\n"
+    "}\n"
     "/* reduction steps (vm/kern_reduce.c): integers wrap */\n"
     "__device__ __forceinline__ double k_sum(double a, double v) { return a + v; }\n"
     "__device__ __forceinline__ i64 k_sum(i64 a, i64 v) { return (i64)((u64)a + (u64)v); }\n"
@@ -326,6 +416,8 @@ static const char prelude_helpers[] =
     "K_INT_MAXMIN(u8)\n"
     "K_INT_MAXMIN(i32)\n"
     "K_INT_MAXMIN(i64)\n"
+    "K_INT_MAXMIN(i8)\n"
+    "K_INT_MAXMIN(i16)\n"
     "__device__ __forceinline__ double k_shfl_down(double v, int w) { return "
     "__shfl_down_sync(0xffffffffu, v, w); }\n"
     "__device__ __forceinline__ float k_shfl_down(float v, int w) { return "
@@ -338,6 +430,12 @@ static const char prelude_helpers[] =
     "__shfl_down_sync(0xffffffffu, v, w); }\n"
     "__device__ __forceinline__ u8 k_shfl_down(u8 v, int w) {\n"
     "  return (u8)__shfl_down_sync(0xffffffffu, (int)v, w);\n"
+    "}\n"
+    "__device__ __forceinline__ i8 k_shfl_down(i8 v, int w) {\n"
+    "  return (i8)__shfl_down_sync(0xffffffffu, (int)v, w);\n"
+    "}\n"
+    "__device__ __forceinline__ i16 k_shfl_down(i16 v, int w) {\n"
+    "  return (i16)__shfl_down_sync(0xffffffffu, (int)v, w);\n"
     "}\n"
     "/* argmax/argmin (vm/kern_reduce.c arg_scan): the first NaN, else the\n"
     "   first extremum; i < 0 is no candidate.  Associative, so any tree. */\n"
@@ -423,7 +521,10 @@ static void emit_prelude(sbuf *b) {
                  "typedef unsigned int u32;\n"
                  "typedef long long i64;\n"
                  "typedef unsigned long long u64;\n"
-                 "typedef unsigned char u8; /* bool: 0 or 1 */\n"
+                 "typedef unsigned char u8; /* bool: 0 or 1; uint8 */\n"
+                 "typedef signed char i8;\n"
+                 "typedef short i16;\n"
+                 "typedef unsigned short u16;\n"
                  "#define K_MAX_DIMS %d\n"
                  "struct gpu_args {\n"
                  "  void *ptr[%d];\n"
@@ -501,8 +602,10 @@ static void emit_elementwise(sbuf *b, const gpu_op_key *k, const char *name) {
   kiln_dtype out = (kiln_dtype)k->out_dtype;
   kiln_dtype t = (kiln_dtype)k->in_dtype[k->nin == 3 ? 1 : 0]; /* the compute type */
   kernel_open(b, name);
-  gpu_src_printf(b, "  typedef %s T;\n  typedef %s U;\n  typedef %s TO;\n", ctype[t], utype[t],
-                 ctype[out]);
+  /* concat moves a half's bits (as the CPU's); every other op computes
+     in comp[t] and stores through TO (a half rounds there) */
+  gpu_src_printf(b, "  typedef %s T;\n  typedef %s U;\n  typedef %s TO;\n",
+                 op == VM_OP_concat ? ctype[t] : comp[t], utype[t], ctype[out]);
   gpu_src_printf(b, "  TO *out = (TO *)a.ptr[0];\n");
   for (int i = 0; i < k->nin; i++)
     gpu_src_printf(b, "  const %s *in%d = (const %s *)a.ptr[%d];\n", ctype[k->in_dtype[i]], i,
@@ -582,6 +685,19 @@ static void emit_leaf(sbuf *b, const gpu_op_key *k, const char *name) {
                    "    double u1 = 1.0 - k_unit53(r[0], r[1]), u2 = k_unit53(r[2], r[3]);\n"
                    "    double rad = sqrt(-2.0 * log(u1));\n"
                    "    double v[2] = {rad * cos(two_pi * u2), rad * sin(two_pi * u2)};\n");
+  if (vm_dtype_is_half(dt) && !normal) {
+    /* a half rounds its f32 draws; U[0, 1) keeps a draw that rounds to 1
+       below it, as the largest half under 1 (vm/interp.c run_widened) */
+    unsigned one = dt == KILN_BF16 ? 0x3f80 : 0x3c00;
+    gpu_src_printf(b,
+                   "    for (int q = 0; q < 4 && i * 4 + q < count; q++) {\n"
+                   "      TO h = v[q];\n"
+                   "      if (h.bits == 0x%xu) h.bits = 0x%xu;\n"
+                   "      out[i * 4 + q] = h;\n"
+                   "    }\n  }\n}\n",
+                   one, one - 1);
+    return;
+  }
   gpu_src_printf(
       b, "    for (int q = 0; q < %d && i * %d + q < count; q++) out[i * %d + q] = v[q];\n  }\n}\n",
       f64 ? 2 : 4, f64 ? 2 : 4, f64 ? 2 : 4);
@@ -1166,8 +1282,7 @@ bool gpu_src_node_supported(vm_opcode op, kiln_dtype out, int nin, const kiln_dt
 void gpu_src_node(gpu_src *b, vm_opcode op, kiln_dtype out, int nin, const kiln_dtype *in,
                   const char *const *args, const char *dst) {
   kiln_dtype t = in[nin == 3 ? 1 : 0]; /* the compute type, as emit_elementwise */
-  gpu_src_printf(b, "{ typedef %s T; typedef %s U; typedef %s TO; ", ctype[t], utype[t],
-                 ctype[out]);
+  gpu_src_printf(b, "{ typedef %s T; typedef %s U; typedef %s TO; ", comp[t], utype[t], ctype[out]);
   if (nin == 3)
     gpu_src_printf(b, "const u8 c = %s; const T x = %s, y = %s; ", args[0], args[1], args[2]);
   else if (nin == 2)

@@ -5,7 +5,9 @@
  * kiln-autodiff): gradients from kiln_backward, like PyTorch's autograd and
  * jax.grad.  Steps 1 and 2 give W7's check; then steps are timed launched
  * back to back (each forced with kiln_sync), one wait (the loss read) after
- * the last (gpu_bench.h): ms per step. */
+ * the last (gpu_bench.h): ms per step.  --bf16 (G7h): W7h's recipe on the
+ * GPU, under kiln_set_autocast(KILN_BF16) (GEMMs in bf16 through cuBLAS's
+ * GemmEx, f32 parameters), gradients from kiln_backward. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -18,7 +20,12 @@ static kiln_tensor *step_autodiff(void *m) { return wl_mlp_step_autodiff(m); }
 int main(int argc, char **argv) {
   bench_opts o;
   bench_parse(argc, argv, &o, 10, 4);
-  if (!gb_device_ready(&o, "G7")) return 0;
+  const char *name = bench_name("G7", &o);
+  if (!gb_device_ready(&o, name)) return 0;
+  if (o.bf16) {
+    bench_ok_status(kiln_set_autocast(KILN_BF16), "kiln_set_autocast");
+    o.autodiff = true;
+  }
   int inner = o.smoke ? 2 : 20; /* steps per repetition */
   wl_mlp m;
   wl_mlp_init(&m, o.smoke);
@@ -38,9 +45,10 @@ int main(int argc, char **argv) {
            "batch=%lld\tsteps=%d\tlaunches_per_step=%.0f\twaits_per_step=%.0f\tgemm_per_step=%."
            "1f\tnote=%s",
            (long long)m.batch, inner, launches, waits, blas,
-           o.autodiff ? "gradients from kiln_backward (Kiln's autodiff)"
-                      : "backward pass hand-written from Kiln ops");
-  gb_result("G7", &o, times, o.reps, extra, check);
+           o.bf16       ? "bf16 autocast: GEMMs in bf16, f32 parameters, kiln_backward"
+           : o.autodiff ? "gradients from kiln_backward (Kiln's autodiff)"
+                        : "backward pass hand-written from Kiln ops");
+  gb_result(name, &o, times, o.reps, extra, check);
   wl_mlp_free(&m);
   free(times);
   return 0;

@@ -18,10 +18,43 @@
 #define TRANSCENDENTAL_RTOL_F32 4e-6
 #define TRANSCENDENTAL_RTOL_F64 1e-13
 
-static const kiln_dtype ALL[] = {KILN_BOOL, KILN_I32, KILN_I64, KILN_F32, KILN_F64};
-static const kiln_dtype NUMERIC[] = {KILN_I32, KILN_I64, KILN_F32, KILN_F64};
-static const kiln_dtype FLOATS[] = {KILN_F32, KILN_F64};
+static const kiln_dtype ALL[] = {KILN_BOOL, KILN_I32, KILN_I64, KILN_F32, KILN_F64,
+                                 KILN_BF16, KILN_F16, KILN_U8,  KILN_I8,  KILN_I16};
+static const kiln_dtype NUMERIC[] = {KILN_I32, KILN_I64, KILN_F32, KILN_F64, KILN_BF16,
+                                     KILN_F16, KILN_U8,  KILN_I8,  KILN_I16};
+static const kiln_dtype FLOATS[] = {KILN_F32, KILN_F64, KILN_BF16, KILN_F16};
 #define COUNT(a) (int)(sizeof a / sizeof *a)
+
+/* Under KILN_GPU_TEST_SAMPLE=1 (the emulated device, where each kernel
+   is compiled by the host's C++ compiler) the dtypes after the first five
+   (bf16, f16, u8, i8, i16) run with every fifth op of a loop, a different
+   fifth for each dtype, so each op meets one of them and each of them
+   several ops; tests/gpu_emu/emulated_ops.c runs every op x dtype kernel.
+   On a GPU every pair runs. */
+static bool sampled(int op, kiln_dtype dt) {
+  static int sample = -1;
+  if (sample < 0) sample = getenv("KILN_GPU_TEST_SAMPLE") && atoi(getenv("KILN_GPU_TEST_SAMPLE"));
+  return !sample || dt <= KILN_F64 || (op + (int)dt) % 5 == 0;
+}
+
+static bool is_float(kiln_dtype dt) {
+  return dt == KILN_F32 || dt == KILN_F64 || dt == KILN_BF16 || dt == KILN_F16;
+}
+/* a transcendental's tolerance: CUDA's math and Kiln's each within a few
+   ulps; a half rounds its f32 value, so the two may land one half ulp
+   apart (relative: 2^-7 for bf16's 8-bit significand, 2^-10 for f16's) */
+static double transcendental_rtol(kiln_dtype dt) {
+  switch (dt) {
+    case KILN_F32:
+      return TRANSCENDENTAL_RTOL_F32;
+    case KILN_F64:
+      return TRANSCENDENTAL_RTOL_F64;
+    case KILN_BF16:
+      return 0x1p-7;
+    default:
+      return 0x1p-10;
+  }
+}
 
 static uint64_t rng_state = 88172645463325252ull;
 static double uniform(void) {
@@ -102,12 +135,16 @@ static kiln_tensor *gpu(kiln_tensor *t) { return kiln_to_device(t, KILN_CUDA); }
 static void check_matmul(const char *what, kiln_tensor *a, kiln_tensor *b, kiln_tensor *cpu,
                          kiln_tensor *gpu) {
   kiln_dtype dt = kiln_dtype_of(a);
-  if (dt != KILN_F32 && dt != KILN_F64) return check_same(what, cpu, gpu, 0);
+  if (!is_float(dt)) return check_same(what, cpu, gpu, 0);
   kiln_tensor *fa = kiln_abs(a), *fb = kiln_abs(b), *bound = kiln_matmul(fa, fb);
   int64_t nc, ng, nb;
   double *c = read_f64(cpu, &nc), *g = read_f64(gpu, &ng), *m = read_f64(bound, &nb);
   int64_t k = kiln_shape(a)[kiln_ndim(a) - 1];
-  double eps = dt == KILN_F32 ? 0x1p-24 : 0x1p-53;
+  /* a half's product is rounded once more, from f32 */
+  double eps = dt == KILN_F32    ? 0x1p-24
+               : dt == KILN_F64  ? 0x1p-53
+               : dt == KILN_BF16 ? 0x1p-8 + 0x1p-24
+                                 : 0x1p-11 + 0x1p-24;
   if (nc != ng || nc != nb || nc < 0)
     KTEST_FAIL("%s: %lld vs %lld elements (%s)", what, (long long)nc, (long long)ng,
                kiln_last_error());
@@ -172,12 +209,11 @@ TEST(every_unary_op_and_dtype) {
   for (int k = 0; k < COUNT(ops); k++)
     for (int d = 0; d < COUNT(ALL); d++) {
       kiln_dtype dt = ALL[d];
+      if (!sampled(k, dt)) continue;
       if (dt == KILN_BOOL && strcmp(ops[k].name, "logical_not") && strcmp(ops[k].name, "abs"))
         continue;
-      if (ops[k].floats_only && dt != KILN_F32 && dt != KILN_F64) continue;
-      double rtol = ops[k].exact     ? 0
-                    : dt == KILN_F32 ? TRANSCENDENTAL_RTOL_F32
-                                     : TRANSCENDENTAL_RTOL_F64;
+      if (ops[k].floats_only && !is_float(dt)) continue;
+      double rtol = ops[k].exact ? 0 : transcendental_rtol(dt);
       unary_case(ops[k].name, ops[k].f, dt, ops[k].lo, ops[k].hi, rtol);
     }
 }
@@ -210,6 +246,7 @@ TEST(every_binary_op_and_dtype_with_broadcasts) {
   for (int k = 0; k < COUNT(ops); k++)
     for (int d = 0; d < COUNT(ALL); d++) {
       kiln_dtype dt = ALL[d];
+      if (!sampled(k, dt)) continue;
       if (dt == KILN_BOOL && ops[k].no_bool) continue;
       char what[96];
       snprintf(what, sizeof what, "%s(%d)", ops[k].name, (int)dt);
@@ -217,9 +254,7 @@ TEST(every_binary_op_and_dtype_with_broadcasts) {
                   *b = random_cpu(dt, 3, sb, ops[k].lo, ops[k].hi);
       kiln_tensor *ag = gpu(a), *bg = gpu(b);
       kiln_tensor *c = ops[k].f(a, b), *g = ag && bg ? ops[k].f(ag, bg) : NULL;
-      double rtol = ops[k].exact     ? 0
-                    : dt == KILN_F32 ? TRANSCENDENTAL_RTOL_F32
-                                     : TRANSCENDENTAL_RTOL_F64;
+      double rtol = ops[k].exact ? 0 : transcendental_rtol(dt);
       check_same(what, c, g, rtol);
       kiln_tensor *all[] = {a, b, ag, bg, c, g};
       for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
@@ -235,6 +270,7 @@ TEST(where_and_casts_between_every_dtype) {
     kiln_tensor *w = kiln_where(cond, a, b), *wg = kiln_where(cg, ag, bg);
     check_same("where", w, wg, 0);
     for (int e = 0; e < COUNT(ALL); e++) {
+      if (!sampled(d, ALL[e]) && !sampled(e, ALL[d])) continue;
       char what[64];
       snprintf(what, sizeof what, "cast %d -> %d", (int)ALL[d], (int)ALL[e]);
       kiln_tensor *x = kiln_cast(a, ALL[e]), *xg = kiln_cast(ag, ALL[e]);
@@ -261,6 +297,7 @@ TEST(reductions_over_every_axis_pattern) {
     kiln_tensor *x = random_cpu(dt, 3, s, 0.5, 1.5), *xg = gpu(x);
     for (int k = 0; k < COUNT(ops); k++)
       for (int mask = 1; mask < 8; mask++) {
+        if (!sampled(k + mask, dt)) continue;
         int axes[3], n = 0;
         for (int a = 0; a < 3; a++)
           if (mask >> a & 1) axes[n++] = a;
@@ -288,7 +325,8 @@ TEST(reductions_over_every_axis_pattern) {
     for (int d = 0; d < COUNT(FLOATS); d++) {
       kiln_tensor *x = random_cpu(FLOATS[d], 1, &sizes[i], -1, 1), *xg = gpu(x);
       kiln_tensor *c = kiln_sum(x, 0, NULL, false), *g = kiln_sum(xg, 0, NULL, false);
-      check_same("long sum", c, g, FLOATS[d] == KILN_F32 ? 1e-4 : 1e-11);
+      check_same("long sum", c, g,
+                 FLOATS[d] == KILN_F64 ? 1e-11 : fmax(1e-4, transcendental_rtol(FLOATS[d])));
       kiln_release(c), kiln_release(g);
       c = kiln_max(x, 0, NULL, false), g = kiln_max(xg, 0, NULL, false);
       check_same("long max", c, g, 0);
@@ -301,6 +339,7 @@ TEST(matmul_shapes_transposes_and_batches) {
   for (int d = 0; d < COUNT(NUMERIC); d++)
     for (int i = 0; i < COUNT(dims); i++) {
       kiln_dtype dt = NUMERIC[d];
+      if (!sampled(i, dt)) continue;
       const int64_t sa[2] = {dims[i][0], dims[i][1]}, sb[2] = {dims[i][1], dims[i][2]},
                     sbt[2] = {dims[i][2], dims[i][1]};
       kiln_tensor *a = random_cpu(dt, 2, sa, -3, 3), *b = random_cpu(dt, 2, sb, -3, 3),
@@ -373,6 +412,7 @@ TEST(gathers_scatters_concat_and_sorts) {
     check_same("scatter_add (deterministic, no atomics)", sc, sgp,
                dt == KILN_F32   ? 1e-6
                : dt == KILN_F64 ? 1e-14
+               : is_float(dt)   ? transcendental_rtol(dt)
                                 : 0);
     kiln_tensor *parts[3] = {x, src, x}, *partsg[3] = {xg, srcg, xg};
     kiln_tensor *cc = kiln_concat(3, parts, 1), *cg = kiln_concat(3, partsg, 1);
@@ -767,6 +807,83 @@ TEST(softmax_is_fused) {
   kiln_release(in[0]);
 }
 
+/* bf16 and f16 through the fused path: each half node computed in f32
+   and rounded (a host scalar a half parameter), casts among the floats,
+   a reduction in f32 between casts; the CPU's bits before and after the
+   kernels are built.  in: x (bf16), b (bf16 row), g (f32) */
+static void half_chain(kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *x = in[0], *b = in[1], *g = in[2];
+  kiln_tensor *h = kiln_add(kiln_mul_scalar(x, 1.5), b);
+  out[0] = kiln_relu(h);
+  out[1] = kiln_cast(kiln_mul(h, kiln_cast(g, KILN_BF16)), KILN_F32);
+  out[2] = kiln_sub(kiln_cast(h, KILN_F16), kiln_mul_scalar(kiln_cast(x, KILN_F16), 0.3));
+  out[3] = kiln_sum(kiln_mul(h, h), 1, (const int[]){1}, true);
+}
+
+TEST(half_precision_is_fused_and_trains_on_the_device) {
+  int64_t s[2] = {300, 257}, r[2] = {1, 257};
+  kiln_tensor *in[] = {random_cpu(KILN_BF16, 2, s, -2, 2), random_cpu(KILN_BF16, 2, r, -1, 1),
+                       random_cpu(KILN_F32, 2, s, -1, 1)};
+  double built = kiln_stat("kernels_compiled") + kiln_stat("gpu_disk_loads");
+  fused_reps("half chain", half_chain, COUNT(in), in, 4, 0);
+  CHECK(kiln_stat("kernels_compiled") + kiln_stat("gpu_disk_loads") > built);
+  for (int i = 0; i < COUNT(in); i++) kiln_release(in[i]);
+  /* a half matmul is one cuBLAS GemmEx on the 16-bit values (f32 sums),
+     no casts around it; within the dot-product bound of the CPU's */
+  for (int h = 0; h < 2; h++) {
+    kiln_dtype dt = h ? KILN_F16 : KILN_BF16;
+    kiln_tensor *a = random_cpu(dt, 3, (int64_t[]){3, 40, 70}, -2, 2),
+                *b = random_cpu(dt, 2, (int64_t[]){70, 33}, -2, 2);
+    kiln_tensor *ag = gpu(a), *bg = gpu(b);
+    CHECK(kiln_eval(1, &ag) == KILN_OK && kiln_eval(1, &bg) == KILN_OK);
+    double calls = kiln_stat("blas_calls"), launched = kiln_stat("kernels_launched");
+    kiln_tensor *c = kiln_matmul(a, b), *g = kiln_matmul(ag, bg);
+    CHECK(kiln_eval(1, &g) == KILN_OK);
+    CHECK_CLOSE(kiln_stat("blas_calls") - calls, 1, 0);
+    CHECK_CLOSE(kiln_stat("kernels_launched") - launched, 0, 0); /* no cast kernels */
+    check_matmul(h ? "f16 matmul" : "bf16 matmul", a, b, c, g);
+    kiln_tensor *all[] = {a, b, ag, bg, c, g};
+    for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
+  }
+  /* the MLP of the test above under bf16 autocast (matmuls in bf16, f32
+     weights): the GPU follows the CPU's losses (cuBLAS and OpenBLAS sum
+     in other orders, each rounded to bf16) and learns */
+  const int64_t sx[2] = {64, 20}, s1[2] = {20, 32}, s2[2] = {32, 5}, sl[1] = {64};
+  kiln_tensor *x = random_cpu(KILN_F32, 2, sx, -1, 1),
+              *labels = random_cpu(KILN_I64, 1, sl, 0, 4.99);
+  kiln_tensor *w[2][2] = {
+      {random_cpu(KILN_F32, 2, s1, -0.3, 0.3), random_cpu(KILN_F32, 2, s2, -0.3, 0.3)}};
+  w[1][0] = gpu(w[0][0]);
+  w[1][1] = gpu(w[0][1]);
+  kiln_tensor *xs[2] = {x, gpu(x)}, *ls[2] = {labels, gpu(labels)};
+  double losses[2][20];
+  kiln_set_autocast(KILN_BF16);
+  for (int dev = 0; dev < 2; dev++) {
+    kiln_set_requires_grad(w[dev][0], true);
+    kiln_set_requires_grad(w[dev][1], true);
+    for (int step = 0; step < 20; step++) {
+      kiln_tensor *l = mlp_loss(xs[dev], w[dev][0], w[dev][1], ls[dev]);
+      losses[dev][step] = kiln_item(l);
+      kiln_backward(l, NULL);
+      for (int k = 0; k < 2; k++) {
+        kiln_tensor *gr = kiln_grad(w[dev][k]);
+        if (kiln_dtype_of(gr) != KILN_F32) KTEST_FAIL("a bf16-autocast gradient is not f32");
+        kiln_sub_scaled_(w[dev][k], gr, 0.5);
+        kiln_release(gr);
+        kiln_zero_grad(w[dev][k]);
+      }
+      kiln_release(l);
+    }
+  }
+  kiln_set_autocast(KILN_F32);
+  for (int step = 0; step < 20; step++) CHECK_CLOSE(losses[1][step], losses[0][step], 3e-2);
+  CHECK(losses[1][19] < 0.8 * losses[1][0]);
+  for (int dev = 0; dev < 2; dev++) {
+    kiln_release(w[dev][0]), kiln_release(w[dev][1]);
+    kiln_release(xs[dev]), kiln_release(ls[dev]);
+  }
+}
+
 TEST(overhead_per_op) {
   const int64_t s[1] = {256};
   kiln_tensor *x = gpu(kiln_ones(KILN_F32, 1, s));
@@ -814,7 +931,18 @@ static int child_rng(void) {
     bad += gu[i] != ((float *)vm_data(ru))[i]; /* uniforms: bit for bit */
     bad += fabs(gn[i] - ((double *)vm_data(rn))[i]) > 1e-12 * fmax(1, fabs(gn[i]));
   }
-  return bad ? 3 : 0;
+  if (bad) return 3;
+  /* a half's draws are the f32 stream rounded, a 1.0 kept below 1 */
+  kiln_manual_seed(78);
+  kiln_tensor *h = kiln_rand(KILN_BF16, 1, (int64_t[]){1001});
+  vm_tensor *rh = vm_tensor_new(KILN_F32, 1, (int64_t[]){1001});
+  vm_rng_fill(rh, false, 78, 0);
+  double *gh = read_f64(h, &k);
+  for (int i = 0; i < 1001 && k == 1001; i++) {
+    uint16_t b = vm_f32_to_bf16(((float *)vm_data(rh))[i]);
+    bad += gh[i] != vm_bf16_to_f32(b == 0x3f80 ? 0x3f7f : b);
+  }
+  return bad || k != 1001 ? 4 : 0;
 }
 
 TEST(rand_on_the_gpu_matches_the_cpu_stream) {
@@ -863,6 +991,7 @@ int main(int argc, char **argv) {
   RUN(integer_relu_and_clamp_are_fused);
   RUN(a_wide_group_is_a_chain_of_kernels);
   RUN(softmax_is_fused);
+  RUN(half_precision_is_fused_and_trains_on_the_device);
   RUN(overhead_per_op);
   RUN(rand_on_the_gpu_matches_the_cpu_stream);
   return ktest_done();

@@ -12,8 +12,6 @@
 #include "kiln.h"
 
 #define VM_NUM_DTYPES 10
-/* the GPU's dtypes so far: bool .. f64, the first five (vm_device_holds) */
-#define VM_NUM_GPU_DTYPES 5
 
 /* X(dtype enum, storage C type, short name, is float), in enum order.
    bf16 and f16 are stored as their bits (uint16_t) and computed in f32. */

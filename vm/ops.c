@@ -633,9 +633,6 @@ bool vm_infer(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr, vm
   if (op == VM_OP_all_reduce_start) m->device = KILN_CPU;
   if (op == VM_OP_all_reduce_wait) m->device = attr->device;
   if (m->device != KILN_CPU && !vm_backend_usable((kiln_device)m->device)) return false;
-  if (m->device != KILN_CPU && !vm_device_holds(m->dtype)) return false;
-  for (int i = 0; i < n && m->device != KILN_CPU; i++)
-    if (!vm_device_holds(in[i]->dtype)) return false;
   return vm_op_table[op].kind == VM_KIND_LEAF || check_result_size(n, in, m);
 }
 

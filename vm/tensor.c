@@ -362,16 +362,8 @@ static vm_storage *device_storage_new(const vm_backend *b, size_t nbytes) {
   return s;
 }
 
-bool vm_device_holds(kiln_dtype dt) {
-  if (!vm_dtype_is_half(dt) && !vm_dtype_is_narrow_int(dt)) return true;
-  vm_error(KILN_ERR_DTYPE, "%s tensors are not supported on cuda yet (only on the cpu)",
-           vm_dtype_name(dt));
-  return false;
-}
-
 vm_tensor *vm_tensor_new_on(kiln_device d, kiln_dtype dt, int ndim, const int64_t *shape) {
   if (d == KILN_CPU) return vm_tensor_new(dt, ndim, shape);
-  if (!vm_device_holds(dt)) return NULL;
   const vm_backend *b = vm_backend_usable(d);
   int64_t numel;
   if (!b || !vm_check_shape(ndim, shape, &numel)) return NULL;

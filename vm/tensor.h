@@ -58,9 +58,6 @@ bool vm_check_shape(int ndim, const int64_t *shape, int64_t *numel_out);
 vm_tensor *vm_tensor_new(kiln_dtype dt, int ndim, const int64_t *shape);
 /* the same on device d (through its backend's allocator: NULL + error
    when the device is unavailable or out of memory) */
-/* whether a device other than the CPU can hold dtype dt (bf16, f16, u8:
-   not yet, #41); false with KILN_ERR_DTYPE set */
-bool vm_device_holds(kiln_dtype dt);
 vm_tensor *vm_tensor_new_on(kiln_device d, kiln_dtype dt, int ndim, const int64_t *shape);
 /* A host copy of value v's elements (v itself, retained, when it is on the
    CPU already), with v's geometry; NULL + error on failure.  What every

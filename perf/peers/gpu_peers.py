@@ -2,7 +2,7 @@
 """perf/peers/gpu_peers.py -- the peers of Kiln's GPU benchmarks (perf/g*.c),
 run by `scripts/bench --device cuda`.
 
-    gpu_peers.py --workload G1..G7 --contender torch|torch.compile|jax [--smoke]
+    gpu_peers.py --workload G1..G7|G6h|G7h --contender torch|torch.compile|jax [--smoke]
 
 Runs one workload for one peer on the GPU, on the inputs of perf/g*.c (the
 formulas of perf/bench.c, through perf/peers.py), with the same repetition
@@ -13,6 +13,12 @@ CUDA events (torch) or on the host clock ending in block_until_ready (JAX),
 as the Kiln programs time theirs (perf/gpu_bench.h); the median is printed.
 G5, a replay of a 100-op chain whose 16 values are read back each time, is
 timed on the host clock: a read back to the host is part of it.
+
+G6h and G7h are G6 and G7 in bf16, as perf/g6_matmul.c and g7_mlp_train.c
+run them with --bf16: G6h multiplies the f32 inputs rounded to bf16 (torch:
+bf16 tensors; JAX: bf16 arrays), G7h runs G7's step under
+torch.autocast("cuda", torch.bfloat16) (f32 parameters; JAX has no
+autocast: its row is n/a).
 
 TF32 is off everywhere (Kiln's default): torch's matmul and cuDNN flags,
 JAX's jax_default_matmul_precision='highest'.  torch.compile runs in its
@@ -29,10 +35,10 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKLOADS = ["G1", "G2", "G3", "G4", "G5", "G6", "G7"]
+WORKLOADS = ["G1", "G2", "G3", "G4", "G5", "G6", "G7", "G6h", "G7h"]
 # (timed repetitions, warm-up evaluations, evaluations per repetition): perf/g*.c's
 PLAN = {"G1": (20, 4, 10), "G2": (20, 4, 20), "G3": (20, 4, 20), "G4": (20, 4, 20),
-        "G5": (9, 20, 200), "G6": (10, 2, 1), "G7": (10, 4, 20)}
+        "G5": (9, 20, 200), "G6": (10, 2, 1), "G7": (10, 4, 20), "G6h": (10, 2, 1), "G7h": (10, 4, 20)}
 G5_OPS, G5_ELEMS = 100, 16
 ARGS = None
 P = None  # perf/peers.py: the input formulas, the summary, the line format
@@ -58,7 +64,7 @@ def na(note):
 def plan():
     reps, warm, inner = PLAN[ARGS.workload]
     if ARGS.smoke:
-        return 1, 1, 1 if ARGS.workload == "G6" else 2
+        return 1, 1, 1 if ARGS.workload in ("G6", "G6h") else 2
     return reps, warm, inner
 
 
@@ -66,7 +72,7 @@ def size():
     s = ARGS.smoke
     return {"G1": 4096 if s else 1 << 27, "G2": (64, 128) if s else (16384, 4096),
             "G3": (64, 128) if s else (16384, 4096), "G4": 4096 if s else 1 << 27,
-            "G6": 256 if s else 8192}.get(ARGS.workload)
+            "G6": 256 if s else 8192, "G6h": 256 if s else 8192}.get(ARGS.workload)
 
 
 def inputs():
@@ -83,9 +89,9 @@ def inputs():
         return (P.fill_sin(z, 0.001, 0.0, 1.0),)
     if w == "G5":
         return ((np.arange(G5_ELEMS, dtype=np.float64) * 0.1).astype(np.float32),)
-    if w == "G6":
+    if w in ("G6", "G6h"):
         return (P.fill_sin(z * z, 0.0013, 0.0, 1.0).reshape(z, z), P.fill_sin(z * z, 0.0021, 0.7, 1.0).reshape(z, z))
-    if w == "G7":
+    if w in ("G7", "G7h"):
         return P.inputs("W7")
     raise KeyError(w)
 
@@ -195,8 +201,10 @@ def run_torch(compiled):
 
     w = ARGS.workload
     reps, warm, inner = plan()
-    on = [torch.from_numpy(a).to(dev) for a in inputs()] if w != "G7" else None
-    torch.set_grad_enabled(w == "G7")
+    on = [torch.from_numpy(a).to(dev) for a in inputs()] if w not in ("G7", "G7h") else None
+    if w == "G6h":
+        on = [a.to(torch.bfloat16) for a in on]
+    torch.set_grad_enabled(w in ("G7", "G7h"))
     if w in BYTES_PER_ELEM:
         # the copy bandwidth through torch, for the record (the table's limit is Kiln's, same run)
         copy_times, _ = timed(lambda: on[0].clone(), reps, warm, inner)
@@ -218,19 +226,21 @@ def run_torch(compiled):
         result(times, P.summary(out.numpy()), ops=G5_OPS, replays=inner,
                us_per_replay="%.2f" % (1e6 * statistics.median(times)),
                note="host clock: each replay reads its 16 values back")
-    elif w == "G6":
+    elif w in ("G6", "G6h"):
         f = opt(torch.matmul)
         times, out = timed(lambda: f(*on), reps, warm, inner)
         flops = 2.0 * size() ** 3
-        result(times, P.summary(out.cpu().numpy()), flops="%.0f" % flops,
-               tflops="%.1f" % (flops / statistics.median(times) / 1e12), tf32="off")
-    elif w == "G7":
-        run_torch_g7(torch, F, dev, opt, timed, result, reps, warm, inner, compiled)
+        result(times, P.summary(out.float().cpu().numpy()), flops="%.0f" % flops,
+               tflops="%.1f" % (flops / statistics.median(times) / 1e12), tf32="off" if w == "G6" else "n/a (bf16)")
+    elif w in ("G7", "G7h"):
+        run_torch_g7(torch, F, dev, opt, timed, result, reps, warm, inner, compiled, bf16=w == "G7h")
     sync()
 
 
-def run_torch_g7(torch, F, dev, opt, timed, result, reps, warm, inner, compiled):
-    """W7's step: autograd through the (compiled) forward + loss, SGD as one foreach update"""
+def run_torch_g7(torch, F, dev, opt, timed, result, reps, warm, inner, compiled, bf16=False):
+    """W7's step: autograd through the (compiled) forward + loss, SGD as one foreach update;
+    bf16 (G7h): the forward under torch.autocast("cuda", torch.bfloat16)"""
+    import contextlib
     x_np, params_np, target_np = inputs()
     x, target = torch.from_numpy(x_np).to(dev), torch.from_numpy(target_np).to(dev)
     params = [torch.from_numpy(p.copy()).to(dev).requires_grad_(True) for p in params_np]
@@ -240,7 +250,8 @@ def run_torch_g7(torch, F, dev, opt, timed, result, reps, warm, inner, compiled)
     floss = opt(loss_fn)
 
     def step():
-        loss = floss(x, target, *params)
+        with torch.autocast(dev.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+            loss = floss(x, target, *params)
         grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
             torch._foreach_add_(params, grads, alpha=-P.W7_LR)
@@ -253,7 +264,8 @@ def run_torch_g7(torch, F, dev, opt, timed, result, reps, warm, inner, compiled)
     check = P.w7_check(once, [p.detach().cpu().numpy().copy() for p in params])
     times, _ = timed(step, reps, warm, inner)
     result(times, check, batch=x_np.shape[0], steps=inner,
-           note="autograd%s, SGD by torch._foreach_add_" % (" through the compiled forward" if compiled else ""))
+           note="autograd%s%s, SGD by torch._foreach_add_" % (" through the compiled forward" if compiled else "",
+                                                                " under torch.autocast(bfloat16)" if bf16 else ""))
 
 
 # --- JAX ---------------------------------------------------------------------------
@@ -304,17 +316,22 @@ def run_jax():
 
     w = ARGS.workload
     reps, warm, inner = plan()
-    if w in BYTES_PER_ELEM or w == "G6":
+    if w == "G7h":
+        return na("n/a: JAX has no autocast (a bf16 recipe would be another program)")
+    if w in BYTES_PER_ELEM or w in ("G6", "G6h"):
         fns = {"G1": lambda x, y: jnp.tanh(x * y + 0.5) * jax.nn.sigmoid(x) - y * y * 0.25,
                "G2": lambda x: jax.nn.softmax(x, axis=1), "G3": w3, "G4": lambda x: jnp.sum(x * x),
-               "G6": lambda a, b: jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)}
+               "G6": lambda a, b: jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST),
+               "G6h": lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(jnp.bfloat16)}
         f = jax.jit(fns[w])
         on = [jnp.asarray(a) for a in inputs()]
+        if w == "G6h":
+            on = [a.astype(jnp.bfloat16) for a in on]
         times, out = timed(lambda: f(*on), reps, warm, inner)
-        if w == "G6":
+        if w in ("G6", "G6h"):
             flops = 2.0 * size() ** 3
-            result(times, P.summary(np.asarray(out)), flops="%.0f" % flops,
-                   tflops="%.1f" % (flops / statistics.median(times) / 1e12), tf32="off")
+            result(times, P.summary(np.asarray(out.astype(jnp.float32))), flops="%.0f" % flops,
+                   tflops="%.1f" % (flops / statistics.median(times) / 1e12), tf32="off" if w == "G6" else "n/a (bf16)")
         else:
             check = "value=%.9g" % float(out) if w == "G4" else P.summary(np.asarray(out))
             result(times, check, **bandwidth_fields(statistics.median(times)))

@@ -55,6 +55,7 @@ static inline unsigned atomicAdd(unsigned *p, unsigned v) { auto o = *p; *p += v
 static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v) { auto o = *p; *p += v; return o; }
 static inline unsigned __float_as_uint(float x) { unsigned u; memcpy(&u, &x, 4); return u; }
 static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }
+static inline float __uint_as_float(unsigned x) { float f; memcpy(&f, &x, 4); return f; }
 static inline long long __double_as_longlong(double x) { long long u; memcpy(&u, &x, 8); return u; }
 static inline double __longlong_as_double(long long x) { double f; memcpy(&f, &x, 8); return f; }
 static inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }

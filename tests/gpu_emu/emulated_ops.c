@@ -51,12 +51,23 @@ static void fill(vm_tensor *t) { /* t contiguous fresh */
       case KILN_I64:
         ((int64_t *)vm_data(t))[i] = (int64_t)floor(v);
         break;
-      case KILN_BF16:
-      case KILN_F16:
       case KILN_U8:
       case KILN_I8:
-      case KILN_I16:
-        break; /* not on the GPU yet (vm_device_holds) */
+      case KILN_I16: /* every bit pattern (wrapping), or a small value */
+        if (rnd() % 2)
+          vm_store_f64(vm_data(t), t->dtype, i, floor(v));
+        else if (t->dtype == KILN_I16)
+          ((uint16_t *)vm_data(t))[i] = (uint16_t)rnd();
+        else
+          ((uint8_t *)vm_data(t))[i] = (uint8_t)rnd();
+        break;
+      case KILN_BF16:
+      case KILN_F16:
+        if (special && !no_huge && rnd() % 31 == 0) { /* any pattern: subnormals, signaling NaNs */
+          ((uint16_t *)vm_data(t))[i] = (uint16_t)rnd();
+          break;
+        }
+        __attribute__((fallthrough)); /* a float value, rounded */
       case KILN_F32:
       case KILN_F64: {
         if (special && rnd() % 23 == 0) {
@@ -65,10 +76,7 @@ static void fill(vm_tensor *t) { /* t contiguous fresh */
           if (no_huge && fabs(v) > 1e6 && !isinf(v)) v = copysign(1e6, v);
         } else if (rnd() % 5 == 0)
           v = floor(v) + (rnd() % 2) * 0.5; /* ties, halves */
-        if (t->dtype == KILN_F32)
-          ((float *)vm_data(t))[i] = (float)v;
-        else
-          ((double *)vm_data(t))[i] = v;
+        vm_store_f64(vm_data(t), t->dtype, i, v);
       }
     }
   }
@@ -106,6 +114,14 @@ static vm_tensor *make(kiln_dtype dt, int nd, const int64_t *shape, int layout) 
   vm_tensor *v = vm_tensor_view(b, nd, shape, st, 1);
   vm_release(b);
   return v;
+}
+
+static int strict; /* NaNs must match bit for bit too */
+
+/* distance in representable values between two halves' bit patterns */
+static int ulps_half(uint16_t a, uint16_t b) {
+  int x = a & 0x8000 ? -(a & 0x7fff) : a, y = b & 0x8000 ? -(b & 0x7fff) : b;
+  return x > y ? x - y : y - x;
 }
 
 static int ulps_f32(float a, float b) {
@@ -195,9 +211,16 @@ static void run(const char *what, vm_opcode op, int n, vm_tensor *const *in, con
     for (int64_t i = 0; i < out->numel && bad < 3; i++) {
       const char *g = (const char *)vm_data(out) + i * es, *c = (const char *)vm_data(ref) + i * es;
       if (!memcmp(g, c, es)) continue;
-      if (m.dtype == KILN_F32 || m.dtype == KILN_F64) {
+      if (!strict && (m.dtype == KILN_F32 || m.dtype == KILN_F64)) {
         double x = vm_load_f64(vm_data(out), m.dtype, i), y = vm_load_f64(vm_data(ref), m.dtype, i);
         if (isnan(x) && isnan(y)) continue;
+      }
+      if (tol && vm_dtype_is_half(m.dtype)) { /* CUDA's f32 math, rounded: one half ulp */
+        uint16_t a, b;
+        memcpy(&a, g, 2);
+        memcpy(&b, c, 2);
+        double x = vm_load_f64(g, m.dtype, 0), y = vm_load_f64(c, m.dtype, 0);
+        if ((isnan(x) && isnan(y)) || ulps_half(a, b) <= 1) continue;
       }
       if (tol && m.dtype == KILN_F32) {
         float a, b;
@@ -224,7 +247,7 @@ static void run(const char *what, vm_opcode op, int n, vm_tensor *const *in, con
 }
 
 static const char *dn(kiln_dtype d) {
-  static const char *n[] = {"b8", "i32", "i64", "f32", "f64"};
+  static const char *n[] = {"b8", "i32", "i64", "f32", "f64", "bf16", "f16", "u8", "i8", "i16"};
   return n[d];
 }
 static bool transcendental(vm_opcode op) {
@@ -250,7 +273,7 @@ static void elementwise(void) {
   for (int op = 0; op < VM_OP_COUNT; op++) {
     vm_kind kind = vm_op_table[op].kind;
     if (kind != VM_KIND_UNARY && kind != VM_KIND_BINARY && kind != VM_KIND_TERNARY) continue;
-    for (int dt = 0; dt < 5; dt++) {
+    for (int dt = 0; dt < VM_NUM_DTYPES; dt++) {
       for (int lay = 0; lay < 4; lay++) {
         vm_tensor *in[3] = {0};
         int n = kind == VM_KIND_UNARY ? 1 : kind == VM_KIND_BINARY ? 2 : 3;
@@ -262,7 +285,7 @@ static void elementwise(void) {
         if (r == VM_DT_COMPARE || r == VM_DT_LOGICAL) probe.out_dtype = KILN_BOOL;
         if (!gpu_op_key_supported(&probe)) continue;
         const int64_t *sh = S(7, 45);
-        no_huge = dt == KILN_F32 && (op == VM_OP_sin || op == VM_OP_cos);
+        no_huge = (dt == KILN_F32 || vm_dtype_is_half(dt)) && (op == VM_OP_sin || op == VM_OP_cos);
         for (int i = 0; i < n; i++) {
           kiln_dtype d = (kind == VM_KIND_TERNARY && i == 0) ? KILN_BOOL : dt;
           if (lay == 3 && i == 1)
@@ -272,7 +295,7 @@ static void elementwise(void) {
           else
             in[i] = make(d, 2, sh, lay == 3 ? 0 : lay);
         }
-        if (op == VM_OP_pow && dt != KILN_F32 && dt != KILN_F64) {
+        if (op == VM_OP_pow && !vm_dtype_is_float(dt)) {
           lo_v = -3;
           hi_v = 9;
         }
@@ -286,8 +309,8 @@ static void elementwise(void) {
     }
   }
   /* casts, with huge values */
-  for (int from = 0; from < 5; from++)
-    for (int to = 0; to < 5; to++)
+  for (int from = 0; from < VM_NUM_DTYPES; from++)
+    for (int to = 0; to < VM_NUM_DTYPES; to++)
       for (int lay = 0; lay < 3; lay++) {
         lo_v = -5e9;
         hi_v = 5e9;
@@ -316,9 +339,10 @@ static void reductions(void) {
   };
   for (int c = 0; c < (int)(sizeof cases / sizeof cases[0]); c++)
     for (int op = VM_OP_sum; op <= VM_OP_argmin; op++)
-      for (int dt = 0; dt < 5; dt++)
+      for (int dt = 0; dt < VM_NUM_DTYPES; dt++)
         for (int lay = 0; lay < 3; lay++) {
           bool arg = op == VM_OP_argmax || op == VM_OP_argmin;
+          if (vm_dtype_is_half(dt)) continue; /* front/op.c folds halves in f32 */
           if (arg && __builtin_popcount(cases[c].mask) != 1) continue;
           if ((op == VM_OP_sum || op == VM_OP_prod) && dt != KILN_I64 && dt != KILN_F32 &&
               dt != KILN_F64)
@@ -357,7 +381,7 @@ static vm_tensor *index_tensor(int nd, const int64_t *shape, int64_t size, int b
 
 static void indexing(void) {
   char what[256];
-  for (int dt = 0; dt < 5; dt++)
+  for (int dt = 0; dt < VM_NUM_DTYPES; dt++)
     for (int bad = -1; bad <= 1; bad++)
       for (int lay = 0; lay < 3; lay++) {
         vm_tensor *a = make(dt, 3, S(4, 6, 5), lay);
@@ -373,6 +397,10 @@ static void indexing(void) {
           idx = index_tensor(3, gs, a->shape[axis], bad);
           snprintf(what, sizeof what, "gather %s axis %d bad %d layout %d", dn(dt), axis, bad, lay);
           run(what, VM_OP_gather, 2, (vm_tensor *[]){a, idx}, &at, 0);
+          if (vm_dtype_is_half(dt)) { /* a half's scatter_add runs in f32 (front/op.c) */
+            vm_release(idx);
+            continue;
+          }
           vm_tensor *src = make(dt, 3, gs, lay);
           snprintf(what, sizeof what, "scatter_add %s axis %d bad %d layout %d", dn(dt), axis, bad,
                    lay);
@@ -466,7 +494,7 @@ static void sealed_record(void) {
 static void others(void) {
   char what[256];
   /* concat */
-  for (int dt = 0; dt < 5; dt++)
+  for (int dt = 0; dt < VM_NUM_DTYPES; dt++)
     for (int axis = 0; axis < 2; axis++) {
       int64_t s1[2] = {3, 4}, s2[2] = {3, 4}, s3[2] = {3, 4};
       s1[axis] = 2;
@@ -489,9 +517,9 @@ static void others(void) {
   } sc[] = {
       {2, {5, 37}, 1}, {2, {300, 3}, 0}, {3, {2, 1500, 2}, 1}, {1, {1}, 0}, {3, {3, 4, 70}, 2}};
   for (int c = 0; c < 5; c++)
-    for (int dt = 0; dt < 5; dt++)
+    for (int dt = 0; dt < VM_NUM_DTYPES; dt++)
       for (int desc = 0; desc < 2; desc++)
-        for (int lay = 0; lay < 3; lay++) {
+        for (int lay = 0; lay < 3 && !vm_dtype_is_half(dt); lay++) {
           lo_v = -3;
           hi_v = 3;
           vm_tensor *a = make(dt, sc[c].nd, sc[c].shape, lay);
@@ -527,7 +555,7 @@ static void others(void) {
   /* leaves */
   double vals[] = {2.5,  -0.0,         NAN,           1e19,     -1e19, 3e9,
                    -3e9, 2147483647.5, -2147483648.7, INFINITY, 0.5,   -7.25};
-  for (int dt = 0; dt < 5; dt++)
+  for (int dt = 0; dt < VM_NUM_DTYPES; dt++)
     for (int v = 0; v < 12; v++) {
       vm_attr at = {.dtype = dt, .ndim = 1, .shape = {37}, .scalar = {vals[v], vals[(v + 5) % 12]}};
       snprintf(what, sizeof what, "full %s %g", dn(dt), vals[v]);
@@ -536,7 +564,7 @@ static void others(void) {
       snprintf(what, sizeof what, "arange %s %g", dn(dt), vals[v]);
       run(what, VM_OP_arange, 0, NULL, &at, 0);
     }
-  for (int dt = 3; dt < 5; dt++)
+  for (int dt = KILN_F32; dt <= KILN_F16; dt++)
     for (int normal = 0; normal < 2; normal++)
       for (int len = 1; len < 2000; len = len * 3 + 1) {
         vm_attr at = {.dtype = dt,
@@ -547,6 +575,45 @@ static void others(void) {
         snprintf(what, sizeof what, "%s %s %d", normal ? "randn" : "rand", dn(dt), len);
         run(what, normal ? VM_OP_randn : VM_OP_rand, 0, NULL, &at, normal ? 4 : 0);
       }
+}
+
+/* The GPU's conversions are vm/half.h's, bit for bit, NaN payloads
+   included: every 16-bit pattern of both halves widened (to f32, to f64)
+   and copied (a copy quiets a signaling NaN, as the CPU's), and f32
+   patterns at every exponent and high significand with the low bits at
+   and around each half's rounding ties, plus random doubles, narrowed */
+static void half_conversions(void) {
+  strict = 1;
+  static const uint32_t lows[] = {0, 0x0fff, 0x1000, 0x1001, 0x7fff, 0x8000, 0x8001, 0xffff, 1};
+  enum { NLOW = sizeof lows / sizeof lows[0] + 1 };
+  vm_tensor *f = vm_tensor_new(KILN_F32, 1, S(65536 * NLOW));
+  uint32_t *fb = vm_data(f);
+  for (int64_t i = 0; i < 65536; i++)
+    for (int j = 0; j < NLOW; j++)
+      fb[i * NLOW + j] = (uint32_t)i << 16 | (j < NLOW - 1 ? lows[j] : (uint32_t)rnd() & 0xffff);
+  vm_tensor *d = vm_tensor_new(KILN_F64, 1, S(20000));
+  for (int64_t i = 0; i < 20000; i++) {
+    uint64_t u = rnd();
+    if (i % 2) u = (u & 0x800fffffffffffffull) | (uint64_t)(0x3e0 + rnd() % 0x40) << 52;
+    memcpy((double *)vm_data(d) + i, &u, 8);
+  }
+  char what[128];
+  for (int h = KILN_BF16; h <= KILN_F16; h++) {
+    vm_tensor *all = vm_tensor_new(h, 1, S(65536));
+    for (int i = 0; i < 65536; i++) ((uint16_t *)vm_data(all))[i] = (uint16_t)i;
+    for (int to = KILN_F32; to <= KILN_F16; to++) {
+      snprintf(what, sizeof what, "every %s pattern to %s", dn(h), dn(to));
+      run(what, VM_OP_cast, 1, &all, &(vm_attr){.dtype = to}, 0);
+    }
+    snprintf(what, sizeof what, "f32 patterns to %s", dn(h));
+    run(what, VM_OP_cast, 1, &f, &(vm_attr){.dtype = h}, 0);
+    snprintf(what, sizeof what, "f64 values to %s", dn(h));
+    run(what, VM_OP_cast, 1, &d, &(vm_attr){.dtype = h}, 0);
+    vm_release(all);
+  }
+  vm_release(f);
+  vm_release(d);
+  strict = 0;
 }
 
 static void big(void) {
@@ -577,6 +644,7 @@ int main(int argc, char **argv) {
   if (!*only || strstr(only, "i")) indexing();
   if (!*only || strstr(only, "i")) sealed_record();
   if (!*only || strstr(only, "o")) others();
+  if (!*only || strstr(only, "h")) half_conversions();
   if (strstr(only, "b")) big();
   printf("%d checks, %d failed\n", checks, fails);
   return fails != 0;

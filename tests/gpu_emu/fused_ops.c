@@ -28,10 +28,11 @@
 #include "kiln.h"
 #include "trace/inspect.h"
 #include "vm/backend.h"
+#include "vm/dtype.h"
 #include "vm/state.h"
 
 #define S(...) ((const int64_t[]){__VA_ARGS__})
-#define MAX_OUT 6
+#define MAX_OUT 8
 
 /* --- inputs -------------------------------------------------------------------------- */
 
@@ -73,6 +74,20 @@ static kiln_tensor *input(kiln_dtype dt, int nd, const int64_t *shape, uint64_t 
       case KILN_I64:
         ((int64_t *)buf)[i] = (int64_t)(rnd() % 2001) - 1000 + (rnd() % 7 == 0 ? INT64_MAX - 3 : 0);
         break;
+      case KILN_BF16:
+      case KILN_F16: /* a value rounded, or (specials) any pattern: subnormals, signaling NaNs */
+        if (special && rnd() % 13 == 0)
+          ((uint16_t *)buf)[i] = (uint16_t)rnd();
+        else
+          vm_store_f64(buf, dt, i, v[i]);
+        break;
+      case KILN_I16:
+        ((uint16_t *)buf)[i] = (uint16_t)rnd(); /* every pattern: arithmetic wraps */
+        break;
+      case KILN_U8:
+      case KILN_I8:
+        ((uint8_t *)buf)[i] = (uint8_t)rnd();
+        break;
       default:
         ((uint8_t *)buf)[i] = rnd() & 1;
         break;
@@ -92,7 +107,13 @@ typedef struct {
   bool transcendental; /* compared within ulps */
 } outs;
 
-static void put(outs *o, kiln_tensor *t) { o->out[o->n++] = t; }
+static void put(outs *o, kiln_tensor *t) {
+  if (o->n == MAX_OUT) {
+    fprintf(stderr, "a program puts more than MAX_OUT outputs\n");
+    abort();
+  }
+  o->out[o->n++] = t;
+}
 
 /* broadcasts (a row and a column bias), arithmetic, comparisons, where */
 static void p_bias_relu(outs *o, int64_t R, int64_t C) {
@@ -238,6 +259,47 @@ static void p_random(outs *o, kiln_dtype dt, uint64_t seed) {
   if (np > 4) put(o, pool[np - 2]);
 }
 
+static kiln_tensor *indices(int nd, const int64_t *shape, int64_t size, uint64_t seed);
+#define AX(...) ((const int[]){__VA_ARGS__})
+
+/* bf16 / f16: each op computed in f32 and rounded (a fused kernel rounds
+   every half node it holds), host scalars and fills as half parameters,
+   casts to and from the other floats and integers, a reduction and
+   layer_norm (front/op.c: in f32 between casts), a concat and a gather
+   moving a half's bits */
+static void p_halves(outs *o, kiln_dtype dt, int64_t R, int64_t C) {
+  kiln_tensor *x = input(dt, 2, S(R, C), 70, true), *w = input(dt, 2, S(1, C), 71, true);
+  kiln_tensor *b = input(dt, 2, S(R, 1), 72, false);
+  kiln_tensor *h = kiln_add(kiln_mul(x, w), b);
+  kiln_tensor *zero = kiln_full(0, dt, 0, NULL);
+  put(o, kiln_where(kiln_le(h, zero), zero, h));
+  put(o, kiln_mul_scalar(kiln_sub(h, x), 0.1)); /* 0.1 is no half: rounded as the scalar */
+  put(o, kiln_cast(kiln_div(h, kiln_add_scalar(kiln_abs(w), 1.0)), KILN_F64));
+  kiln_tensor *f = input(KILN_F32, 2, S(R, C), 73, true);
+  put(o, kiln_cast(kiln_add(kiln_cast(f, dt), kiln_cast(x, dt == KILN_BF16 ? KILN_F16 : KILN_BF16)),
+                   KILN_I16));
+  put(o, kiln_sum(kiln_mul(h, h), 1, AX(1), true));
+  kiln_tensor *parts[3] = {x, kiln_zeros(dt, 2, S(R, 2)), kiln_neg(h)};
+  kiln_tensor *cat = kiln_concat(3, parts, 1);
+  put(o, kiln_add(kiln_gather(cat, 1, indices(2, S(R, 3), C + 2, 74)),
+                  kiln_layer_norm(kiln_slice(h, 1, 0, 3, 1), NULL, NULL, 1e-3)));
+}
+
+/* u8, i8, i16: wrapping arithmetic over every bit pattern, casts that
+   saturate from halves, a max and a sum (in i64, front/op.c) */
+static void p_narrow(outs *o, kiln_dtype dt, int64_t R, int64_t C) {
+  kiln_tensor *a = input(dt, 2, S(R, C), 80, false), *b = input(dt, 2, S(1, C), 81, false);
+  kiln_tensor *f = input(KILN_BF16, 2, S(R, C), 82, true);
+  kiln_tensor *s = kiln_add(kiln_mul(a, b), a);
+  put(o, s);
+  put(o, kiln_sub(kiln_neg(s), b));
+  put(o, kiln_where(kiln_ge(a, b), kiln_abs(a), kiln_sign(b)));
+  put(o, kiln_add(kiln_cast(kiln_mul_scalar(f, 50.0), dt), a));
+  put(o, kiln_cast(s, KILN_F16));
+  put(o, kiln_max(kiln_sub(s, b), 1, AX(1), false));
+  put(o, kiln_sum(a, 1, AX(0), false));
+}
+
 /* i64 indices in [0, size), of the given shape */
 static kiln_tensor *indices(int nd, const int64_t *shape, int64_t size, uint64_t seed) {
   int64_t n = 1;
@@ -293,8 +355,6 @@ static void p_moves(outs *o, int64_t R, int64_t C) {
 }
 
 /* --- reductions: producers fused into the fold, epilogues after it -------------------- */
-
-#define AX(...) ((const int[]){__VA_ARGS__})
 
 /* trailing reductions (the lane order): everything, rows with an epilogue */
 static void p_sum_squares(outs *o, int64_t R, int64_t C) {
@@ -477,6 +537,11 @@ static void r_layer_norm(outs *o, int v) { p_layer_norm(o, v ? 5 : 33, v ? 9000 
 static void r_rows_mixed(outs *o, int v) { p_rows_mixed(o, v ? 13 : 6, v ? 300 : 7); }
 static void r_rows_dtypes(outs *o, int v) { p_rows_dtypes(o, v ? 3 : 2, v ? 5 : 3, v ? 70 : 4); }
 static void r_softmax(outs *o, int v) { p_softmax(o, v ? 21 : 4, v ? 5000 : 10); }
+static void r_bf16(outs *o, int v) { p_halves(o, KILN_BF16, v ? 21 : 4, v ? 300 : 9); }
+static void r_f16(outs *o, int v) { p_halves(o, KILN_F16, v ? 21 : 4, v ? 300 : 9); }
+static void r_u8(outs *o, int v) { p_narrow(o, KILN_U8, v ? 9 : 4, v ? 40 : 5); }
+static void r_i8(outs *o, int v) { p_narrow(o, KILN_I8, v ? 9 : 4, v ? 40 : 5); }
+static void r_i16(outs *o, int v) { p_narrow(o, KILN_I16, v ? 9 : 4, v ? 40 : 5); }
 
 static const program programs[] = {
     {"bias_relu", r_bias, false, false},
@@ -501,6 +566,11 @@ static const program programs[] = {
     {"epilogue_inputs", r_epilogue_inputs, true, false},
     {"gathers", r_gathers, true, false},
     {"moves", r_moves, false, false},
+    {"bf16", r_bf16, true, false},
+    {"f16", r_f16, true, false},
+    {"uint8", r_u8, true, false},
+    {"int8", r_i8, true, false},
+    {"int16", r_i16, true, false},
 };
 #define NPROG (int)(sizeof programs / sizeof programs[0])
 #define NRANDOM 24 /* elementwise chains, and as many with a reduction after them */
@@ -730,9 +800,7 @@ static void run_program(void (*run)(outs *, int), int variant, results *res) {
       if (rep == 2) {
         res->dt[i] = kiln_dtype_of(o.out[i]);
         res->n[i] = kiln_numel(o.out[i]);
-        size_t bytes = (size_t)res->n[i] * (res->dt[i] == KILN_BOOL                            ? 1
-                                            : res->dt[i] == KILN_F32 || res->dt[i] == KILN_I32 ? 4
-                                                                                               : 8);
+        size_t bytes = (size_t)res->n[i] * vm_dtype_size(res->dt[i]);
         res->data[i] = malloc(bytes ? bytes : 1);
         if (kiln_to_buffer(o.out[i], res->data[i], bytes) != KILN_OK)
           fprintf(stderr, "read failed: %s\n", kiln_last_error());
@@ -799,6 +867,16 @@ static bool same(kiln_dtype dt, const void *a, const void *b, int64_t i, bool ap
       return ((const int32_t *)a)[i] == ((const int32_t *)b)[i];
     case KILN_I64:
       return ((const int64_t *)a)[i] == ((const int64_t *)b)[i];
+    case KILN_BF16:
+    case KILN_F16: { /* approx: CUDA's f32 math, rounded: one half ulp */
+      uint16_t x = ((const uint16_t *)a)[i], y = ((const uint16_t *)b)[i];
+      float fx = vm_load_f64(a, dt, i), fy = vm_load_f64(b, dt, i);
+      if (isnan(fx) || isnan(fy)) return isnan(fx) && isnan(fy);
+      int sx = x & 0x8000 ? -(x & 0x7fff) : x, sy = y & 0x8000 ? -(y & 0x7fff) : y;
+      return x == y || (approx && abs(sx - sy) <= 1);
+    }
+    case KILN_I16:
+      return ((const int16_t *)a)[i] == ((const int16_t *)b)[i];
     default:
       return ((const uint8_t *)a)[i] == ((const uint8_t *)b)[i];
   }
