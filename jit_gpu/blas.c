@@ -48,7 +48,7 @@ typedef int cublasStatus_t;
   X(cublasDgemmStridedBatched, cublasStatus_t,                                                     \
     (cublasHandle_t handle, int transa, int transb, int m, int n, int k, const double *alpha,      \
      const double *A, int lda, long long stride_a, const double *B, int ldb, long long stride_b,   \
-     const double *beta, double *C, int ldc, long long stride_c, int batch))                        \
+     const double *beta, double *C, int ldc, long long stride_c, int batch))                       \
   X(cublasGemmStridedBatchedEx, cublasStatus_t,                                                    \
     (cublasHandle_t handle, int transa, int transb, int m, int n, int k, const void *alpha,        \
      const void *A, int a_type, int lda, long long stride_a, const void *B, int b_type, int ldb,   \
@@ -250,10 +250,10 @@ static bool gemm(const gemm_call *g, int64_t M, const char *A, int64_t sa, const
        rounded once: what the CPU computes in f32 between casts */
     const float one = 1.0f, zero = 0.0f;
     int t = g->dt == KILN_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-    return cublas_ok(blas.api.cublasGemmStridedBatchedEx(
-                         g->bt->handle, opb, opa, n, m, k, &one, B, t, (int)g->ldb, sb, A, t,
-                         (int)g->lda, sa, &zero, C, t, ldc, sc, (int)count, CUBLAS_COMPUTE_32F,
-                         CUBLAS_GEMM_DEFAULT),
+    return cublas_ok(blas.api.cublasGemmStridedBatchedEx(g->bt->handle, opb, opa, n, m, k, &one, B,
+                                                         t, (int)g->ldb, sb, A, t, (int)g->lda, sa,
+                                                         &zero, C, t, ldc, sc, (int)count,
+                                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                      "cublasGemmStridedBatchedEx");
   }
   const double one = 1.0, zero = 0.0;

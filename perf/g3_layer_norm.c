@@ -20,17 +20,18 @@ static kiln_tensor *g3_eval(void *p) {
 int main(int argc, char **argv) {
   bench_opts o;
   bench_parse(argc, argv, &o, 20, 4);
-  if (!gb_device_ready(&o, "G3")) return 0;
+  const char *name = bench_name("G3", &o); /* --bf16: G3h, in bf16 (4 bytes an element) */
+  if (!gb_device_ready(&o, name)) return 0;
   int64_t shape[2] = {o.smoke ? 64 : 16384, o.smoke ? 128 : 4096}, n = shape[0] * shape[1];
   int inner = o.smoke ? 2 : 20; /* ~0.2 ms an evaluation on an H100 */
   float *buf = bench_alloc_f32(n);
   g3_in in;
   bench_fill_sin(buf, n, 0.003, 0.2, 2.0);
-  in.x = gb_on_device(&o, kiln_from_data(buf, KILN_F32, 2, shape), "x");
+  in.x = gb_on_device(&o, bench_input(buf, 2, shape, &o), "x");
   bench_fill_sin(buf, shape[1], 0.9, 0.0, 0.5);
-  in.w = gb_on_device(&o, kiln_from_data(buf, KILN_F32, 1, &shape[1]), "w");
+  in.w = gb_on_device(&o, bench_input(buf, 1, &shape[1], &o), "w");
   bench_fill_sin(buf, shape[1], 0.45, 1.0, 0.1);
-  in.b = gb_on_device(&o, kiln_from_data(buf, KILN_F32, 1, &shape[1]), "b");
+  in.b = gb_on_device(&o, bench_input(buf, 1, &shape[1], &o), "b");
   free(buf);
 
   double *times = calloc((size_t)o.reps, sizeof *times);
@@ -39,10 +40,10 @@ int main(int argc, char **argv) {
   double med = gb_time(g3_eval, &in, &o, inner, times, &out);
   double launches = gb_launches(g3_eval, &in);
   char bw[256], extra[512], check[512];
-  gb_bandwidth_fields(bw, sizeof bw, 8.0 * (double)n, n, med, copy_gbs);
+  gb_bandwidth_fields(bw, sizeof bw, (o.bf16 ? 4.0 : 8.0) * (double)n, n, med, copy_gbs);
   snprintf(extra, sizeof extra, "%s\tlaunches_per_eval=%.0f", bw, launches);
   bench_summary_tensor(check, sizeof check, out);
-  gb_result("G3", &o, times, o.reps, extra, check);
+  gb_result(name, &o, times, o.reps, extra, check);
   kiln_release(out);
   kiln_release(in.x);
   kiln_release(in.w);

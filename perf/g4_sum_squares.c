@@ -17,12 +17,13 @@ static kiln_tensor *g4_eval(void *x) {
 int main(int argc, char **argv) {
   bench_opts o;
   bench_parse(argc, argv, &o, 20, 4);
-  if (!gb_device_ready(&o, "G4")) return 0;
+  const char *name = bench_name("G4", &o); /* --bf16: G4h, in bf16 (2 bytes an element) */
+  if (!gb_device_ready(&o, name)) return 0;
   int64_t n = o.smoke ? 4096 : (int64_t)1 << 27;
   int inner = o.smoke ? 2 : 20; /* ~0.2 ms an evaluation on an H100 */
   float *buf = bench_alloc_f32(n);
   bench_fill_sin(buf, n, 0.001, 0.0, 1.0);
-  kiln_tensor *x = gb_on_device(&o, kiln_from_data(buf, KILN_F32, 1, &n), "x");
+  kiln_tensor *x = gb_on_device(&o, bench_input(buf, 1, &n, &o), "x");
   free(buf);
 
   double *times = calloc((size_t)o.reps, sizeof *times);
@@ -31,10 +32,10 @@ int main(int argc, char **argv) {
   double med = gb_time(g4_eval, x, &o, inner, times, &out);
   double launches = gb_launches(g4_eval, x);
   char bw[256], extra[512], check[128];
-  gb_bandwidth_fields(bw, sizeof bw, 4.0 * (double)n, n, med, copy_gbs);
+  gb_bandwidth_fields(bw, sizeof bw, (o.bf16 ? 2.0 : 4.0) * (double)n, n, med, copy_gbs);
   snprintf(extra, sizeof extra, "%s\tlaunches_per_eval=%.0f", bw, launches);
   snprintf(check, sizeof check, "value=%.9g", kiln_item(out));
-  gb_result("G4", &o, times, o.reps, extra, check);
+  gb_result(name, &o, times, o.reps, extra, check);
   kiln_release(out);
   kiln_release(x);
   free(times);

@@ -40,7 +40,7 @@ int main(int argc, char **argv) {
   double med = gb_time(g6_eval, &in, &o, 1, times, &out);
   char extra[160], check[512];
   snprintf(extra, sizeof extra, "flops=%.0f\ttflops=%.1f\ttf32=%s", flops, flops / med / 1e12,
-           o.bf16                                                ? "n/a (bf16)"
+           o.bf16                                                 ? "n/a (bf16)"
            : getenv("KILN_TF32") && getenv("KILN_TF32")[0] == '1' ? "on"
                                                                   : "off");
   bench_summary_tensor(check, sizeof check, out);

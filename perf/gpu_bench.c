@@ -168,7 +168,10 @@ static double cu_copy_gbs(size_t bytes, const bench_opts *o, int inner) {
 }
 
 double gb_copy_gbs(kiln_tensor *x, const bench_opts *o, int inner) {
-  double bytes = (double)kiln_numel(x) * (kiln_dtype_of(x) == KILN_F64 ? 8.0 : 4.0);
+  kiln_dtype dt = kiln_dtype_of(x);
+  double bytes = (double)kiln_numel(x) * (dt == KILN_F64                      ? 8.0
+                                          : dt == KILN_BF16 || dt == KILN_F16 ? 2.0
+                                                                              : 4.0);
   if (o->device == KILN_CUDA) return cu_copy_gbs((size_t)bytes, o, inner);
   double *times = calloc((size_t)o->reps, sizeof *times);
   if (!times) abort();

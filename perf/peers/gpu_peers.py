@@ -2,7 +2,7 @@
 """perf/peers/gpu_peers.py -- the peers of Kiln's GPU benchmarks (perf/g*.c),
 run by `scripts/bench --device cuda`.
 
-    gpu_peers.py --workload G1..G7|G6h|G7h --contender torch|torch.compile|jax [--smoke]
+    gpu_peers.py --workload G1..G7|G1h..G4h|G6h|G7h --contender torch|torch.compile|jax [--smoke]
 
 Runs one workload for one peer on the GPU, on the inputs of perf/g*.c (the
 formulas of perf/bench.c, through perf/peers.py), with the same repetition
@@ -14,9 +14,9 @@ as the Kiln programs time theirs (perf/gpu_bench.h); the median is printed.
 G5, a replay of a 100-op chain whose 16 values are read back each time, is
 timed on the host clock: a read back to the host is part of it.
 
-G6h and G7h are G6 and G7 in bf16, as perf/g6_matmul.c and g7_mlp_train.c
-run them with --bf16: G6h multiplies the f32 inputs rounded to bf16 (torch:
-bf16 tensors; JAX: bf16 arrays), G7h runs G7's step under
+G1h-G4h, G6h and G7h are those workloads in bf16, as perf/g*.c run them
+with --bf16: G1h-G4h and G6h take the f32 inputs rounded to bf16 (torch:
+bf16 tensors; JAX: bf16 arrays) and move half the bytes, G7h runs G7's step under
 torch.autocast("cuda", torch.bfloat16) (f32 parameters; JAX has no
 autocast: its row is n/a).
 
@@ -35,10 +35,10 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKLOADS = ["G1", "G2", "G3", "G4", "G5", "G6", "G7", "G6h", "G7h"]
+WORKLOADS = ["G1", "G2", "G3", "G4", "G5", "G6", "G7", "G1h", "G2h", "G3h", "G4h", "G6h", "G7h"]
 # (timed repetitions, warm-up evaluations, evaluations per repetition): perf/g*.c's
 PLAN = {"G1": (20, 4, 10), "G2": (20, 4, 20), "G3": (20, 4, 20), "G4": (20, 4, 20),
-        "G5": (9, 20, 200), "G6": (10, 2, 1), "G7": (10, 4, 20), "G6h": (10, 2, 1), "G7h": (10, 4, 20)}
+        "G5": (9, 20, 200), "G6": (10, 2, 1), "G7": (10, 4, 20)}
 G5_OPS, G5_ELEMS = 100, 16
 ARGS = None
 P = None  # perf/peers.py: the input formulas, the summary, the line format
@@ -61,10 +61,20 @@ def na(note):
                                                        str(note).replace("\t", " ").replace("\n", " ")), flush=True)
 
 
+def base():
+    """the f32 workload a bf16 one (G*h) is the same math as"""
+    w = ARGS.workload
+    return w[:-1] if w.endswith("h") else w
+
+
+def half():
+    return ARGS.workload.endswith("h")
+
+
 def plan():
-    reps, warm, inner = PLAN[ARGS.workload]
+    reps, warm, inner = PLAN[base()]
     if ARGS.smoke:
-        return 1, 1, 1 if ARGS.workload in ("G6", "G6h") else 2
+        return 1, 1, 1 if base() == "G6" else 2
     return reps, warm, inner
 
 
@@ -72,12 +82,12 @@ def size():
     s = ARGS.smoke
     return {"G1": 4096 if s else 1 << 27, "G2": (64, 128) if s else (16384, 4096),
             "G3": (64, 128) if s else (16384, 4096), "G4": 4096 if s else 1 << 27,
-            "G6": 256 if s else 8192, "G6h": 256 if s else 8192}.get(ARGS.workload)
+            "G6": 256 if s else 8192}.get(base())
 
 
 def inputs():
     """the host arrays of perf/g*.c"""
-    w, z = ARGS.workload, size()
+    w, z = base(), size()
     if w == "G1":  # workloads.h W1_*
         return P.fill_sin(z, 0.001, 0.0, 1.0), P.fill_sin(z, 0.0007, 0.5, 1.5)
     if w == "G2":
@@ -89,9 +99,9 @@ def inputs():
         return (P.fill_sin(z, 0.001, 0.0, 1.0),)
     if w == "G5":
         return ((np.arange(G5_ELEMS, dtype=np.float64) * 0.1).astype(np.float32),)
-    if w in ("G6", "G6h"):
+    if w == "G6":
         return (P.fill_sin(z * z, 0.0013, 0.0, 1.0).reshape(z, z), P.fill_sin(z * z, 0.0021, 0.7, 1.0).reshape(z, z))
-    if w in ("G7", "G7h"):
+    if w == "G7":
         return P.inputs("W7")
     raise KeyError(w)
 
@@ -107,7 +117,7 @@ def elems():
 
 def bandwidth_fields(med, copy_gbs=None):
     n = elems()
-    b = BYTES_PER_ELEM[ARGS.workload] * n
+    b = BYTES_PER_ELEM[base()] * n / (2 if half() else 1)
     f = {"bytes": "%.0f" % b, "elems": n, "gbs": "%.1f" % (b / med / 1e9)}
     if copy_gbs:
         f.update(copy_gbs="%.1f" % copy_gbs, of_copy="%.3f" % (b / med / 1e9 / copy_gbs))
@@ -199,16 +209,16 @@ def run_torch(compiled):
         med, mn = median_min(times)
         P.result(ARGS.workload, contender, med, mn, len(times), check, device=name, **extra)
 
-    w = ARGS.workload
+    w = base()
     reps, warm, inner = plan()
-    on = [torch.from_numpy(a).to(dev) for a in inputs()] if w not in ("G7", "G7h") else None
-    if w == "G6h":
+    on = [torch.from_numpy(a).to(dev) for a in inputs()] if w != "G7" else None
+    if half() and on is not None:
         on = [a.to(torch.bfloat16) for a in on]
-    torch.set_grad_enabled(w in ("G7", "G7h"))
+    torch.set_grad_enabled(w == "G7")
     if w in BYTES_PER_ELEM:
         # the copy bandwidth through torch, for the record (the table's limit is Kiln's, same run)
         copy_times, _ = timed(lambda: on[0].clone(), reps, warm, inner)
-        copy_gbs = 8.0 * on[0].numel() / statistics.median(copy_times) / 1e9
+        copy_gbs = 2.0 * on[0].element_size() * on[0].numel() / statistics.median(copy_times) / 1e9
         fns = {"G1": lambda x, y: torch.tanh(x * y + 0.5) * torch.sigmoid(x) - y * y * 0.25,
                "G2": lambda x: torch.softmax(x, 1),
                "G3": lambda x, wt, b: F.layer_norm(x, (x.shape[1],), wt, b, 1e-5),
@@ -216,7 +226,7 @@ def run_torch(compiled):
                "G4": (lambda x: (x * x).sum()) if compiled else (lambda x: torch.dot(x, x))}
         f = opt(fns[w])
         times, out = timed(lambda: f(*on), reps, warm, inner)
-        check = "value=%.9g" % out.item() if w == "G4" else P.summary(out.cpu().numpy())
+        check = "value=%.9g" % out.item() if w == "G4" else P.summary(out.float().cpu().numpy())
         result(times, check, note="torch.dot(x, x)" if w == "G4" and not compiled else None,
                **bandwidth_fields(statistics.median(times), copy_gbs))
     elif w == "G5":
@@ -226,14 +236,14 @@ def run_torch(compiled):
         result(times, P.summary(out.numpy()), ops=G5_OPS, replays=inner,
                us_per_replay="%.2f" % (1e6 * statistics.median(times)),
                note="host clock: each replay reads its 16 values back")
-    elif w in ("G6", "G6h"):
+    elif w == "G6":
         f = opt(torch.matmul)
         times, out = timed(lambda: f(*on), reps, warm, inner)
         flops = 2.0 * size() ** 3
         result(times, P.summary(out.float().cpu().numpy()), flops="%.0f" % flops,
-               tflops="%.1f" % (flops / statistics.median(times) / 1e12), tf32="off" if w == "G6" else "n/a (bf16)")
-    elif w in ("G7", "G7h"):
-        run_torch_g7(torch, F, dev, opt, timed, result, reps, warm, inner, compiled, bf16=w == "G7h")
+               tflops="%.1f" % (flops / statistics.median(times) / 1e12), tf32="n/a (bf16)" if half() else "off")
+    elif w == "G7":
+        run_torch_g7(torch, F, dev, opt, timed, result, reps, warm, inner, compiled, bf16=half())
     sync()
 
 
@@ -314,26 +324,28 @@ def run_jax():
         var = jnp.mean(xc * xc, axis=1, keepdims=True)
         return xc * jax.lax.rsqrt(var + 1e-5) * wt + b
 
-    w = ARGS.workload
+    w = base()
     reps, warm, inner = plan()
-    if w == "G7h":
+    if ARGS.workload == "G7h":
         return na("n/a: JAX has no autocast (a bf16 recipe would be another program)")
-    if w in BYTES_PER_ELEM or w in ("G6", "G6h"):
+    if w in BYTES_PER_ELEM or w == "G6":
         fns = {"G1": lambda x, y: jnp.tanh(x * y + 0.5) * jax.nn.sigmoid(x) - y * y * 0.25,
                "G2": lambda x: jax.nn.softmax(x, axis=1), "G3": w3, "G4": lambda x: jnp.sum(x * x),
-               "G6": lambda a, b: jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST),
-               "G6h": lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(jnp.bfloat16)}
+               "G6": lambda a, b: jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)}
+        if half() and w == "G6":  # bf16 operands and result, f32 sums
+            fns["G6"] = lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
         f = jax.jit(fns[w])
         on = [jnp.asarray(a) for a in inputs()]
-        if w == "G6h":
+        if half():
             on = [a.astype(jnp.bfloat16) for a in on]
         times, out = timed(lambda: f(*on), reps, warm, inner)
-        if w in ("G6", "G6h"):
+        if w == "G6":
             flops = 2.0 * size() ** 3
             result(times, P.summary(np.asarray(out.astype(jnp.float32))), flops="%.0f" % flops,
-                   tflops="%.1f" % (flops / statistics.median(times) / 1e12), tf32="off" if w == "G6" else "n/a (bf16)")
+                   tflops="%.1f" % (flops / statistics.median(times) / 1e12), tf32="n/a (bf16)" if half() else "off")
         else:
-            check = "value=%.9g" % float(out) if w == "G4" else P.summary(np.asarray(out))
+            check = ("value=%.9g" % float(out) if w == "G4"
+                     else P.summary(np.asarray(out.astype(jnp.float32))))
             result(times, check, **bandwidth_fields(statistics.median(times)))
     elif w == "G5":
         f = jax.jit(chain)
