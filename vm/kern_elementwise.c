@@ -208,8 +208,10 @@ WHERE_ROW(where_i64, int64_t)
 #undef T
 #undef U
 #undef SFX
+/* the narrow integers wrap through unsigned int: C promotes a uint16_t
+   operand to int, where 65535 * 65535 would overflow */
 #define T uint8_t
-#define U uint8_t
+#define U unsigned
 #define SFX u8
 UINT_UNARY(DEF_UNARY)
 INT_BINARY(DEF_BINARY)
@@ -219,7 +221,7 @@ WHERE_ROW(where_u8, uint8_t)
 #undef U
 #undef SFX
 #define T int8_t
-#define U uint8_t
+#define U unsigned
 #define SFX i8
 INT_UNARY(DEF_UNARY)
 INT_BINARY(DEF_BINARY)
@@ -229,7 +231,7 @@ WHERE_ROW(where_i8, int8_t)
 #undef U
 #undef SFX
 #define T int16_t
-#define U uint16_t
+#define U unsigned
 #define SFX i16
 INT_UNARY(DEF_UNARY)
 INT_BINARY(DEF_BINARY)
