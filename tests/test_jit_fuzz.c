@@ -112,14 +112,9 @@ static bool coin(uint64_t *s, int pct) { return rn(s, 100) < pct; }
 
 /* --- dtypes and shapes ------------------------------------------------------- */
 
-#define NDT 10          /* the dtypes, in enum order */
-#define VM_GPU_DTYPES 5 /* bool .. f64 */
+#define NDT 10 /* the dtypes, in enum order */
 static const char *const DT_NAME[NDT] = {"bool", "i32", "i64", "f32", "f64",
                                          "bf16", "f16", "u8",  "i8",  "i16"};
-
-/* the dtypes programs use: all of them, or in the GPU fuzz the GPU's
-   (bool .. f64: halves and u8 are CPU-only so far) */
-static int ndt = NDT;
 
 static size_t dt_size(kiln_dtype dt) { return ktest_dtype_size(dt); }
 static bool dt_half(kiln_dtype dt) { return dt == KILN_BF16 || dt == KILN_F16; }
@@ -845,7 +840,7 @@ static kiln_dtype rand_dtype(uint64_t *g) {
   static const kiln_dtype w[] = {KILN_F32, KILN_F32, KILN_F32, KILN_F32, KILN_F64,  KILN_F64,
                                  KILN_I32, KILN_I32, KILN_I64, KILN_I64, KILN_BOOL, KILN_BF16,
                                  KILN_F16, KILN_U8,  KILN_I8,  KILN_I16};
-  return w[rn(g, (int)(sizeof w / sizeof w[0]) - (NDT - ndt))];
+  return w[rn(g, (int)(sizeof w / sizeof w[0]))];
 }
 
 static double rand_scalar(uint64_t *g) {
@@ -1160,7 +1155,7 @@ static bool gen_kind(prog *P, uint64_t *g, int kind, oprec *r) {
       TX(r, "clamp(t%d, %g, %g)", a, r->dv[0], r->dv[1]);
       break;
     case K_CAST:
-      r->dt = out = (kiln_dtype)rn(g, ndt);
+      r->dt = out = (kiln_dtype)rn(g, NDT);
       /* mf bounds finite values: a cast saturates +-inf to the integer limits */
       o = mk(dt_float(out)   ? fmin(x.mf, dt_fmax(out))
              : dt_float(adt) ? dt_imax(out)
@@ -2266,7 +2261,6 @@ static void directed_sweep(FILE *out) {
   for (int d = 0; d < NDT + nmixed; d++) {
     bool mix = d >= NDT;
     kiln_dtype dx = mix ? mixed[d - NDT][0] : (kiln_dtype)d, dy = mix ? mixed[d - NDT][1] : dx;
-    if ((int)dx >= ndt || (int)dy >= ndt) continue; /* not in the GPU fuzz */
     int vkx = dt_float(dx) ? VK_NONFIN : VK_MOD, vky = dt_float(dy) ? VK_NONFIN : VK_MOD;
     kiln_tensor *x = sweep_leaf(dx, true, vkx, 101 + (uint64_t)d);
     kiln_tensor *y = sweep_leaf(dy, false, vky, 203 + (uint64_t)d);
@@ -2301,7 +2295,7 @@ static void directed_sweep(FILE *out) {
       sweep_add(&ss, kiln_where(c, x, y), "where", dx, nx);
       kiln_release(c);
       if (dx != KILN_BOOL) sweep_add(&ss, kiln_clamp(x, -1.5, 2.25), "clamp", dx, nx);
-      for (int to = 0; to < ndt; to++) {
+      for (int to = 0; to < NDT; to++) {
         char name[16];
         snprintf(name, sizeof name, "cast->%s", DT_NAME[to]);
         sweep_add(&ss, kiln_cast(x, (kiln_dtype)to), name, dx, mk(0, 0, 0));
@@ -2606,7 +2600,6 @@ static int child_main(int argc, char **argv) {
   on_cuda = dev && !strcmp(dev, "cuda");
   /* the GPU fuzz's children, the CPU's among them, run the same tests */
   bool gpu_fuzz = fuzz_dev && !strcmp(fuzz_dev, "cuda");
-  if (gpu_fuzz) ndt = VM_GPU_DTYPES;
   if (on_cuda && !kiln_device_available(KILN_CUDA)) {
     fprintf(out, "X no CUDA device: %s\n", kiln_device_info(KILN_CUDA));
     fflush(out);
@@ -3228,14 +3221,14 @@ static void print_coverage(void) {
   names[nn++] = "where";
   names[nn++] = "clamp";
   static char castn[NDT][16];
-  for (int d = 0; d < ndt; d++) {
+  for (int d = 0; d < NDT; d++) {
     snprintf(castn[d], sizeof castn[d], "cast->%s", DT_NAME[d]);
     names[nn++] = castn[d];
   }
   for (int k = 0; k < nn; k++) {
     int i = 0;
     while (i < sum.ncov && strcmp(sum.cov_name[i], names[k])) i++;
-    for (int d = 0; d < ndt; d++) {
+    for (int d = 0; d < NDT; d++) {
       bool no_bool = false;
       for (int x = 0; all_dtypes[x]; x++) no_bool |= !strcmp(names[k], all_dtypes[x]);
       if (d == KILN_BOOL && no_bool) continue;
@@ -3372,7 +3365,6 @@ int main(int argc, char **argv) {
   self_exe[n] = 0;
   const char *dev = getenv("KILN_FUZZ_DEVICE");
   on_cuda = dev && !strcmp(dev, "cuda");
-  if (on_cuda) ndt = VM_GPU_DTYPES; /* the coverage the parent checks */
   const char *tmp = getenv("TMPDIR");
   snprintf(tmp_dir, sizeof tmp_dir, "%s/kiln-jit-fuzz-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   if (!mkdtemp(tmp_dir)) {
