@@ -9,6 +9,7 @@
 
 #include "../front/composite.h"
 #include "../front/scope.h"
+#include "../trace/record.h"
 #include "../vm/dist.h"
 #include "../vm/state.h"
 #include "ad.h"
@@ -16,6 +17,18 @@
 #define U(op, a) keep(s, fe_unary(VM_OP_##op, (a)))
 #define B(op, a, b) keep(s, fe_binary(VM_OP_##op, (a), (b)))
 #define BS(op, a, v) keep(s, fe_binary_scalar(VM_OP_##op, (a), (v), false))
+
+/* b - 1, for pow's gradient.  When b is a host number (x ** 2's
+   exponent: a weak scalar) so is b - 1, made in b's dtype: it goes to any
+   device and never widens x (sub of two weak scalars would be an ordinary
+   0-d f64 value on the host, which a CUDA x cannot read and which turns an
+   f32 gradient into f64 work) */
+static vm_tensor *minus_one(fe_scope *s, vm_tensor *b) {
+  double v;
+  bool host;
+  if (tr_weak_scalar(b, &v, &host)) return keep(s, fe_weak_scalar_of(v - 1, b->dtype, host));
+  return BS(sub, b, 1.0);
+}
 
 /* g summed over the dims it was broadcast along, in x's shape */
 vm_tensor *ad_sum_to(vm_tensor *g, const vm_tensor *x) {
@@ -104,7 +117,7 @@ static vm_tensor *rule_binary(fe_scope *s, const ad_ctx *c, int k) {
     case VM_OP_div:
       return k == 0 ? B(div, g, b) : U(neg, B(div, B(mul, g, y), b));
     case VM_OP_pow:
-      if (k == 0) return B(mul, g, B(mul, b, B(pow, a, BS(sub, b, 1.0))));
+      if (k == 0) return B(mul, g, B(mul, b, B(pow, a, minus_one(s, b))));
       return B(mul, g, B(mul, y, U(log, a)));
     case VM_OP_maximum:
       return B(mul, g, choice_mask(s, VM_OP_gt, k == 0 ? a : b, k == 0 ? b : a, g->dtype));

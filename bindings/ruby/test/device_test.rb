@@ -43,8 +43,53 @@ class DeviceTest < Minitest::Test
     assert_equal :cuda, g.device
     y = ((g * 2).relu + 1).sum(1)
     assert_equal :cuda, y.device
-    assert_tensor [3.0, 16.0], y.cpu
+    assert_tensor [4.0, 17.0], y.cpu # [[2, 0], [7, 8]] + 1, summed
     e = assert_raises(Kiln::Error) { g + x }
     assert_equal :device, e.status
+  end
+
+  # bf16, f16 and the small integers on the device (issue 41): each op
+  # rounds as the CPU's does, a half matmul is one GemmEx, and a model
+  # trained under bf16 autocast keeps f32 weights and gradients
+  def test_halves_and_bytes_on_cuda
+    skip "no CUDA device here" unless Kiln::CUDA.available?
+    x = Kiln.tensor([[1.0, -2.5, 0.1], [3.0, 0.3, -7.75]])
+    %i[bfloat16 float16].each do |dt|
+      h = x.to(:cuda, dt)
+      assert_equal [:cuda, dt], [h.device, h.dtype]
+      y = ((h * 3.1) + 1).relu
+      assert_equal :cuda, y.device
+      assert_equal (((x.to(dt) * 3.1) + 1).relu).to_a, y.cpu.to_a, "#{dt}: the CPU's bits"
+      m = h.matmul(h.t)
+      assert_equal dt, m.dtype
+      want = x.matmul(x.t).to_a.flatten
+      m.cpu.to_a.flatten.zip(want).each { |g, w| assert_in_delta w, g, 0.02 * [w.abs, 1].max }
+    end
+    u = Kiln.tensor([250, 7], dtype: :uint8).cuda
+    assert_equal [244, 14], (u + u).cpu.to_a # wraps
+    assert_equal [-12, 14], (u.to(dtype: :int8) * 2).cpu.to_a # 250 is -6 as int8
+    # the same model and steps on each device: the GPU follows the CPU's
+    # losses (GEMMs in bf16 on both, summed in other orders) and learns
+    Kiln.manual_seed(5)
+    init = Kiln::NN::Linear.new(3, 2)
+    losses = %i[cpu cuda].map do |dev|
+      model = Kiln::NN::Linear.new(3, 2)
+      model.weight.assign!(init.weight.detach)
+      model.bias.assign!(init.bias.detach)
+      model = model.to(dev)
+      xd, target = x.to(dev), Kiln.tensor([[0.5, -1.0], [1.0, 2.0]]).to(dev)
+      5.times.map do
+        loss = Kiln::AMP.autocast(:bfloat16) { ((model.(xd) - target)**2).mean }
+        loss.backward
+        assert_equal [dev, :float32], [model.weight.grad.device, model.weight.grad.dtype]
+        model.parameters.each do |p|
+          p.sub_scaled!(p.grad, 0.01)
+          p.grad = nil
+        end
+        loss.item
+      end
+    end
+    losses[1].zip(losses[0]).each { |g, c| assert_in_delta c, g, 0.02 * c }
+    assert_operator losses[1].last, :<, losses[1].first
   end
 end

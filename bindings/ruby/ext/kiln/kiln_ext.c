@@ -359,7 +359,15 @@ kiln_tensor *rk_scalar_for(VALUE num, kiln_tensor *x) {
              rb_obj_class(num));
   }
   kiln_clear_error();
-  return kiln_scalar(v, dt);
+  kiln_tensor *s = kiln_scalar(v, dt);
+  /* on x's device: a CPU tensor and a CUDA tensor never mix in one op
+     (DESIGN §6), so `cuda_int_tensor * 2` needs its 2 on the GPU */
+  if (s && kiln_device_of(x) != KILN_CPU) {
+    kiln_tensor *d = kiln_to_device(s, kiln_device_of(x));
+    kiln_release(s);
+    s = d;
+  }
+  return s;
 }
 
 /* --- calls that may evaluate: run without the GVL -------------------------------- */
