@@ -37,9 +37,6 @@ static bool sampled(int op, kiln_dtype dt) {
   return !sample || dt <= KILN_F64 || (op + (int)dt) % 5 == 0;
 }
 
-static bool is_float(kiln_dtype dt) {
-  return dt == KILN_F32 || dt == KILN_F64 || dt == KILN_BF16 || dt == KILN_F16;
-}
 /* a transcendental's tolerance: CUDA's math and Kiln's each within a few
    ulps; a half rounds its f32 value, so the two may land one half ulp
    apart (relative: 2^-7 for bf16's 8-bit significand, 2^-10 for f16's) */
@@ -135,7 +132,7 @@ static kiln_tensor *gpu(kiln_tensor *t) { return kiln_to_device(t, KILN_CUDA); }
 static void check_matmul(const char *what, kiln_tensor *a, kiln_tensor *b, kiln_tensor *cpu,
                          kiln_tensor *gpu) {
   kiln_dtype dt = kiln_dtype_of(a);
-  if (!is_float(dt)) return check_same(what, cpu, gpu, 0);
+  if (!vm_dtype_is_float(dt)) return check_same(what, cpu, gpu, 0);
   kiln_tensor *fa = kiln_abs(a), *fb = kiln_abs(b), *bound = kiln_matmul(fa, fb);
   int64_t nc, ng, nb;
   double *c = read_f64(cpu, &nc), *g = read_f64(gpu, &ng), *m = read_f64(bound, &nb);
@@ -212,7 +209,7 @@ TEST(every_unary_op_and_dtype) {
       if (!sampled(k, dt)) continue;
       if (dt == KILN_BOOL && strcmp(ops[k].name, "logical_not") && strcmp(ops[k].name, "abs"))
         continue;
-      if (ops[k].floats_only && !is_float(dt)) continue;
+      if (ops[k].floats_only && !vm_dtype_is_float(dt)) continue;
       double rtol = ops[k].exact ? 0 : transcendental_rtol(dt);
       unary_case(ops[k].name, ops[k].f, dt, ops[k].lo, ops[k].hi, rtol);
     }
@@ -410,10 +407,10 @@ TEST(gathers_scatters_concat_and_sorts) {
     kiln_tensor *src = random_cpu(dt, 2, sg, -9, 9), *srcg = gpu(src);
     kiln_tensor *sc = kiln_scatter_add(x, 1, gi, src), *sgp = kiln_scatter_add(xg, 1, gig, srcg);
     check_same("scatter_add (deterministic, no atomics)", sc, sgp,
-               dt == KILN_F32   ? 1e-6
-               : dt == KILN_F64 ? 1e-14
-               : is_float(dt)   ? transcendental_rtol(dt)
-                                : 0);
+               dt == KILN_F32          ? 1e-6
+               : dt == KILN_F64        ? 1e-14
+               : vm_dtype_is_float(dt) ? transcendental_rtol(dt)
+                                       : 0);
     kiln_tensor *parts[3] = {x, src, x}, *partsg[3] = {xg, srcg, xg};
     kiln_tensor *cc = kiln_concat(3, parts, 1), *cg = kiln_concat(3, partsg, 1);
     check_same("concat", cc, cg, 0);
@@ -535,7 +532,12 @@ static kiln_tensor *mlp_loss(kiln_tensor *x, kiln_tensor *w1, kiln_tensor *w2,
   return l;
 }
 
-TEST(gradients_and_a_training_run_match_the_cpu) {
+/* mlp_loss trained `steps` SGD steps (lr 0.5) from one start on the CPU
+   and on the GPU (under the thread's autocast, if any): every gradient is
+   f32, the parameters' dtype; step 0's first-layer gradients agree within
+   grad_tol of the largest, every loss within loss_tol; the GPU's loss
+   falls by a fifth */
+static void mlp_on_both_devices(int steps, double grad_tol, double loss_tol) {
   const int64_t sx[2] = {64, 20}, s1[2] = {20, 32}, s2[2] = {32, 5}, sl[1] = {64};
   kiln_tensor *x = random_cpu(KILN_F32, 2, sx, -1, 1),
               *labels = random_cpu(KILN_I64, 1, sl, 0, 4.99);
@@ -549,18 +551,19 @@ TEST(gradients_and_a_training_run_match_the_cpu) {
   for (int dev = 0; dev < 2; dev++) {
     kiln_set_requires_grad(w[dev][0], true);
     kiln_set_requires_grad(w[dev][1], true);
-    for (int step = 0; step < 30; step++) {
+    for (int step = 0; step < steps; step++) {
       kiln_tensor *l = mlp_loss(xs[dev], w[dev][0], w[dev][1], ls[dev]);
       losses[dev][step] = kiln_item(l);
       kiln_backward(l, NULL);
       if (step == 0 && dev == 0) first_grad = kiln_grad(w[0][0]);
       if (step == 0 && dev == 1) {
         kiln_tensor *gg = kiln_grad(w[1][0]);
-        check_near("first-layer gradient", first_grad, gg, 1e-4);
+        check_near("first-layer gradient", first_grad, gg, grad_tol);
         kiln_release(gg);
       }
       for (int k = 0; k < 2; k++) {
         kiln_tensor *g = kiln_grad(w[dev][k]);
+        if (kiln_dtype_of(g) != KILN_F32) KTEST_FAIL("a gradient of f32 weights is not f32");
         kiln_sub_scaled_(w[dev][k], g, 0.5);
         kiln_release(g);
         kiln_zero_grad(w[dev][k]);
@@ -569,13 +572,15 @@ TEST(gradients_and_a_training_run_match_the_cpu) {
     }
   }
   kiln_release(first_grad);
-  for (int step = 0; step < 30; step++) CHECK_CLOSE(losses[1][step], losses[0][step], 1e-4);
-  CHECK(losses[1][29] < 0.8 * losses[1][0]);
+  for (int step = 0; step < steps; step++) CHECK_CLOSE(losses[1][step], losses[0][step], loss_tol);
+  CHECK(losses[1][steps - 1] < 0.8 * losses[1][0]);
   for (int dev = 0; dev < 2; dev++) {
     kiln_release(w[dev][0]), kiln_release(w[dev][1]);
     kiln_release(xs[dev]), kiln_release(ls[dev]);
   }
 }
+
+TEST(gradients_and_a_training_run_match_the_cpu) { mlp_on_both_devices(30, 1e-4, 1e-4); }
 
 TEST(bad_input_is_a_clear_error) {
   const int64_t s[1] = {3};
@@ -846,42 +851,11 @@ TEST(half_precision_is_fused_and_trains_on_the_device) {
     for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
   }
   /* the MLP of the test above under bf16 autocast (matmuls in bf16, f32
-     weights): the GPU follows the CPU's losses (cuBLAS and OpenBLAS sum
-     in other orders, each rounded to bf16) and learns */
-  const int64_t sx[2] = {64, 20}, s1[2] = {20, 32}, s2[2] = {32, 5}, sl[1] = {64};
-  kiln_tensor *x = random_cpu(KILN_F32, 2, sx, -1, 1),
-              *labels = random_cpu(KILN_I64, 1, sl, 0, 4.99);
-  kiln_tensor *w[2][2] = {
-      {random_cpu(KILN_F32, 2, s1, -0.3, 0.3), random_cpu(KILN_F32, 2, s2, -0.3, 0.3)}};
-  w[1][0] = gpu(w[0][0]);
-  w[1][1] = gpu(w[0][1]);
-  kiln_tensor *xs[2] = {x, gpu(x)}, *ls[2] = {labels, gpu(labels)};
-  double losses[2][20];
+     weights): the GPU follows the CPU's gradients and losses (cuBLAS and
+     OpenBLAS sum in other orders, each rounded to bf16) and learns */
   kiln_set_autocast(KILN_BF16);
-  for (int dev = 0; dev < 2; dev++) {
-    kiln_set_requires_grad(w[dev][0], true);
-    kiln_set_requires_grad(w[dev][1], true);
-    for (int step = 0; step < 20; step++) {
-      kiln_tensor *l = mlp_loss(xs[dev], w[dev][0], w[dev][1], ls[dev]);
-      losses[dev][step] = kiln_item(l);
-      kiln_backward(l, NULL);
-      for (int k = 0; k < 2; k++) {
-        kiln_tensor *gr = kiln_grad(w[dev][k]);
-        if (kiln_dtype_of(gr) != KILN_F32) KTEST_FAIL("a bf16-autocast gradient is not f32");
-        kiln_sub_scaled_(w[dev][k], gr, 0.5);
-        kiln_release(gr);
-        kiln_zero_grad(w[dev][k]);
-      }
-      kiln_release(l);
-    }
-  }
+  mlp_on_both_devices(20, 3e-2, 3e-2);
   kiln_set_autocast(KILN_F32);
-  for (int step = 0; step < 20; step++) CHECK_CLOSE(losses[1][step], losses[0][step], 3e-2);
-  CHECK(losses[1][19] < 0.8 * losses[1][0]);
-  for (int dev = 0; dev < 2; dev++) {
-    kiln_release(w[dev][0]), kiln_release(w[dev][1]);
-    kiln_release(xs[dev]), kiln_release(ls[dev]);
-  }
 }
 
 TEST(overhead_per_op) {

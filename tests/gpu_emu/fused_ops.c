@@ -140,17 +140,19 @@ static void p_f64_scalars(outs *o, int64_t n) {
   put(o, kiln_floor(kiln_add_scalar(kiln_abs(y), 0.5)));
 }
 
-/* integers wrap; comparisons give bools; casts saturate */
-static void p_ints(outs *o, kiln_dtype dt, int64_t R, int64_t C) {
+/* integers wrap (u8, i8, i16 over every bit pattern); comparisons give
+   bools; casts from the float dtype fdt saturate (values to +-200: past
+   the narrow integers' ranges); a cast to the float dtype to */
+static void p_ints(outs *o, kiln_dtype dt, kiln_dtype fdt, kiln_dtype to, int64_t R, int64_t C) {
   kiln_tensor *a = input(dt, 2, S(R, C), 7, false), *b = input(dt, 2, S(1, C), 8, false);
-  kiln_tensor *f = input(KILN_F32, 2, S(R, C), 9, true);
+  kiln_tensor *f = input(fdt, 2, S(R, C), 9, true);
   kiln_tensor *s = kiln_add(kiln_mul(a, b), a);
   put(o, s);
   put(o, kiln_sub(kiln_neg(s), b));
   put(o, kiln_lt(s, b));
   put(o, kiln_where(kiln_ge(a, b), kiln_abs(a), kiln_sign(b)));
-  put(o, kiln_add(kiln_cast(f, dt), a));
-  put(o, kiln_cast(kiln_add(s, b), KILN_F64));
+  put(o, kiln_add(kiln_cast(kiln_mul_scalar(f, 50.0), dt), a));
+  put(o, kiln_cast(kiln_add(s, b), to));
 }
 
 static void p_bools(outs *o, int64_t n) {
@@ -285,19 +287,12 @@ static void p_halves(outs *o, kiln_dtype dt, int64_t R, int64_t C) {
                   kiln_layer_norm(kiln_slice(h, 1, 0, 3, 1), NULL, NULL, 1e-3)));
 }
 
-/* u8, i8, i16: wrapping arithmetic over every bit pattern, casts that
-   saturate from halves, a max and a sum (in i64, front/op.c) */
+/* u8, i8, i16: p_ints with casts from and to halves, then a max and a
+   sum (in i64, front/op.c) */
 static void p_narrow(outs *o, kiln_dtype dt, int64_t R, int64_t C) {
-  kiln_tensor *a = input(dt, 2, S(R, C), 80, false), *b = input(dt, 2, S(1, C), 81, false);
-  kiln_tensor *f = input(KILN_BF16, 2, S(R, C), 82, true);
-  kiln_tensor *s = kiln_add(kiln_mul(a, b), a);
-  put(o, s);
-  put(o, kiln_sub(kiln_neg(s), b));
-  put(o, kiln_where(kiln_ge(a, b), kiln_abs(a), kiln_sign(b)));
-  put(o, kiln_add(kiln_cast(kiln_mul_scalar(f, 50.0), dt), a));
-  put(o, kiln_cast(s, KILN_F16));
-  put(o, kiln_max(kiln_sub(s, b), 1, AX(1), false));
-  put(o, kiln_sum(a, 1, AX(0), false));
+  p_ints(o, dt, KILN_BF16, KILN_F16, R, C);
+  put(o, kiln_max(kiln_sub(o->out[0], o->out[1]), 1, AX(1), false));
+  put(o, kiln_sum(o->out[0], 1, AX(0), false));
 }
 
 /* i64 indices in [0, size), of the given shape */
@@ -510,8 +505,12 @@ typedef struct {
 
 static void r_bias(outs *o, int v) { p_bias_relu(o, v ? 33 : 8, v ? 70 : 16); }
 static void r_f64(outs *o, int v) { p_f64_scalars(o, v ? 1000 : 37); }
-static void r_i32(outs *o, int v) { p_ints(o, KILN_I32, v ? 9 : 4, v ? 40 : 5); }
-static void r_i64(outs *o, int v) { p_ints(o, KILN_I64, v ? 9 : 4, v ? 40 : 5); }
+static void r_i32(outs *o, int v) {
+  p_ints(o, KILN_I32, KILN_F32, KILN_F64, v ? 9 : 4, v ? 40 : 5);
+}
+static void r_i64(outs *o, int v) {
+  p_ints(o, KILN_I64, KILN_F32, KILN_F64, v ? 9 : 4, v ? 40 : 5);
+}
 static void r_bool(outs *o, int v) { p_bools(o, v ? 600 : 9); }
 static void r_views(outs *o, int v) { p_views(o, v ? 17 : 3, v ? 9 : 4); }
 static void r_offset(outs *o, int v) { p_offset(o, v ? 1001 : 13); }
