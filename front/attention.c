@@ -1,7 +1,8 @@
 /* attention.c — kiln_scaled_dot_product_attention (DESIGN §14): the user's
  * arguments checked, the batch dims of q, k, v and the mask broadcast, and
- * then one attention primitive (ops.def; vm/kern_attention.c) on the CPU.
- * On other devices, and where a float mask itself takes a gradient (the
+ * then one attention primitive (ops.def; vm/kern_attention.c on the CPU,
+ * jit_gpu/opgen_src.c's kernels on CUDA for heads up to 128).  Past the
+ * device's head sizes, and where a float mask itself takes a gradient (the
  * primitive gives none to its mask), the same function is composed from
  * matmul and softmax, with the primitive's semantics: a row whose keys are
  * all masked out gives 0, not NaN.  fe_attention_of_matmul records the op
@@ -14,6 +15,7 @@
 
 #include "../trace/dump.h"
 #include "../trace/tape.h"
+#include "../vm/backend.h"
 #include "../vm/state.h"
 #include "composite.h"
 #include "layers.h"
@@ -147,8 +149,12 @@ vm_tensor *fe_attention(vm_tensor *q, vm_tensor *k, vm_tensor *v, vm_tensor *mas
     return NULL;
   }
   kiln_dtype dt = vm_promote(vm_promote(q->dtype, k->dtype), v->dtype);
-  bool cpu = q->device == KILN_CPU && k->device == KILN_CPU && v->device == KILN_CPU &&
-             (!mask || mask->device == KILN_CPU);
+  /* the primitive where the device's interpreter has one for these heads
+     (vm_backend: any on the CPU, up to 128 on CUDA), else the composite */
+  kiln_device dev = (kiln_device)q->device;
+  const vm_backend *be = vm_backend_of(dev);
+  bool native = be && k->device == dev && v->device == dev && (!mask || mask->device == dev) &&
+                d <= be->attention_max_head && v->shape[nv - 1] <= be->attention_max_head;
   bool mask_grad =
       mask && mask->dtype != KILN_BOOL && mask->node && tr_node_requires_grad(mask->node);
   fe_scope s = {0};
@@ -160,7 +166,7 @@ vm_tensor *fe_attention(vm_tensor *q, vm_tensor *k, vm_tensor *v, vm_tensor *mas
     out = keep(&s, fe_attention(q32, k32, v32, m32, causal, scale));
     return finish(&s, out ? keep(&s, fe_cast(out, dt)) : NULL);
   }
-  if (cpu && (dt == KILN_F32 || dt == KILN_F64) && !mask_grad) {
+  if (native && (dt == KILN_F32 || dt == KILN_F64) && !mask_grad) {
     vm_tensor *in[4] = {to_batch(&s, q, nb, batch, tq, d), to_batch(&s, k, nb, batch, tk, d),
                         to_batch(&s, v, nb, batch, tk, v->shape[nv - 1]),
                         mask ? to_batch(&s, mask, nb, batch, tq, tk) : NULL};

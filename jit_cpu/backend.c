@@ -4,6 +4,7 @@
  * CPU storage is vm/tensor.c's own. */
 #include "../vm/backend.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -71,6 +72,7 @@ const vm_backend cpu_backend = {
     .info = cpu_info,
     .exec = vm_exec,
     .total_memory = vm_memory_total,
+    .attention_max_head = INT64_MAX, /* vm/kern_attention.c: any */
 #if KILN_HAVE_CPU_JIT
     .jit_enabled = cpu_jit_enabled,
     .plan_cost_ms = cpu_plan_cost_ms,

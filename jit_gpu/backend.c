@@ -319,6 +319,7 @@ const vm_backend gpu_backend = {
     .copy = gpu_copy_on_device,
     .total_memory = gpu_total_memory,
     .exec = gpu_exec,
+    .attention_max_head = GPU_ATT_MAX_HEAD, /* opgen.c plan_attention */
     .jit_enabled = gpu_jit_enabled,
     .compile_cost_ms = gpu_compile_cost_ms,
     .compile = gpu_compile,

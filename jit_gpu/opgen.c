@@ -38,7 +38,15 @@
  *     stride[0] (the output is contiguous).
  *   argsort: rows over dims [0, axis), the sorted dim is axis (the last);
  *     stride[0] the output's, stride[1] the input's; n rows; flag =
- *     descending. */
+ *     descending.
+ *   attention, attention_grad: operands in fixed slots, 1 q, 2 k, 3 v,
+ *     4 o, 5 dO, 6 the mask, 7 the backward's scratch (logsumexp and
+ *     rowsum(dO ∘ O) per query row); batch dims [0, ndim) with each
+ *     operand's strides in stride[k], its row and column strides at
+ *     stride[k][6..7]; extent = {Tq, Tk, d, dv}; n = batch items;
+ *     scalar[0] the scale; flag bit 0 causal.  A launch's block is
+ *     GPU_ATT_ROWS_PER_BLOCK threads, a thread per query row (per key row
+ *     for DKDV), the grid every batch item's blocks of rows. */
 #include "opgen.h"
 
 #include <stdio.h>
@@ -72,6 +80,14 @@ static const char *variant_name(const gpu_op_key *k) {
 void gpu_op_key_name(const gpu_op_key *k, char *buf, size_t cap) {
   if (k->op >= VM_OP_COUNT || !vm_dtype_valid(k->out_dtype)) {
     snprintf(buf, cap, "k_invalid_%u", (unsigned)k->op);
+    return;
+  }
+  if (vm_op_table[k->op].kind == VM_KIND_ATTENTION) { /* k_attention_fwd_d64_bool_f32 */
+    static const char *const pass[] = {"fwd", "rows", "dq", "dkdv"};
+    static const char *const mask[] = {"nomask", "bool", "float", "bad"};
+    snprintf(buf, cap, "k_attention_%s_d%d_%s_%s", pass[k->variant % GPU_ATT_WIDE],
+             k->variant & GPU_ATT_WIDE ? GPU_ATT_MAX_HEAD : GPU_ATT_MAX_HEAD / 2,
+             mask[(k->variant / GPU_ATT_MASK) & 3], dsfx[k->out_dtype]);
     return;
   }
   size_t used = (size_t)snprintf(buf, cap, "k_%s%s", vm_op_table[k->op].name, variant_name(k));
@@ -577,6 +593,81 @@ static bool plan_sort(const vm_tensor *in, vm_tensor *out, const vm_attr *attr, 
   return true;
 }
 
+/* attention (one launch) or attention_grad (three): see the family's
+   gpu_args above and opgen_src.c's kernels */
+static bool plan_attention(vm_opcode op, int n, vm_tensor *const *in, vm_tensor *out,
+                           const vm_attr *attr, gpu_op_plan *p) {
+  bool grad = op == VM_OP_attention_grad;
+  int nfixed = grad ? 5 : 3, nb = in[0]->ndim - 2;
+  const vm_tensor *q = in[0], *k = in[1], *v = in[2], *mask = n > nfixed ? in[nfixed] : NULL;
+  int64_t tq = q->shape[nb], tk = k->shape[nb], d = q->shape[nb + 1], dv = v->shape[nb + 1];
+  kiln_dtype t = out->dtype;
+  if (d > GPU_ATT_MAX_HEAD || dv > GPU_ATT_MAX_HEAD) {
+    vm_error(KILN_ERR_SHAPE, "attention on cuda takes head sizes up to %d, not %lld and %lld",
+             GPU_ATT_MAX_HEAD, (long long)d, (long long)dv);
+    return false;
+  }
+  geom g = {.ndim = nb};
+  memcpy(g.shape, q->shape, (size_t)nb * sizeof(int64_t));
+  const vm_tensor *slot[7] = {NULL, q, k, v, grad ? in[3] : NULL, grad ? in[4] : NULL, mask};
+  for (int s = 1; s < 7; s++)
+    if (slot[s]) memcpy(g.stride[s], slot[s]->strides, (size_t)nb * sizeof(int64_t));
+  coalesce(&g, -1, NULL);
+  int64_t nbatch = 1;
+  for (int i = 0; i < nb; i++) nbatch *= q->shape[i];
+  int kind = !mask                      ? GPU_ATT_NO_MASK
+             : mask->dtype == KILN_BOOL ? GPU_ATT_BOOL_MASK
+                                        : GPU_ATT_FLOAT_MASK;
+  if (kind == GPU_ATT_FLOAT_MASK && mask->dtype != t) {
+    vm_error(KILN_ERR_INTERNAL, "attention's float mask is %s, its operands %s",
+             vm_dtype_name(mask->dtype), vm_dtype_name(t));
+    return false;
+  }
+  int shape_bits = (d > GPU_ATT_MAX_HEAD / 2 || dv > GPU_ATT_MAX_HEAD / 2 ? GPU_ATT_WIDE : 0) +
+                   kind * GPU_ATT_MASK;
+  kiln_dtype dts[3] = {t, t, t};
+  static const int fwd[] = {GPU_ATT_FWD}, bwd[] = {GPU_ATT_ROWS, GPU_ATT_DQ, GPU_ATT_DKDV};
+  const int *passes = grad ? bwd : fwd;
+  for (int i = 0; i < (grad ? 3 : 1); i++) {
+    int64_t rows = passes[i] == GPU_ATT_DKDV ? tk : tq;
+    int64_t blocks = nbatch * ((rows + GPU_ATT_ROWS_PER_BLOCK - 1) / GPU_ATT_ROWS_PER_BLOCK);
+    if (blocks == 0) continue; /* no rows: nothing to write (dq or dk, dv empty) */
+    if (blocks > INT32_MAX) {
+      vm_error(KILN_ERR_SHAPE,
+               "attention over %lld batch items of %lld rows is too large for one launch",
+               (long long)nbatch, (long long)rows);
+      return false;
+    }
+    gpu_op_key key = make_key(op, passes[i] + shape_bits, t, 3, dts, 1);
+    gpu_launch *l = plan_add(p, &key);
+    if (!l) return false;
+    gpu_args *a = &l->args;
+    set_geom(a, &g);
+    a->ptr[0] = vm_data(out);
+    for (int s = 1; s < 7; s++) {
+      if (!slot[s]) continue;
+      a->ptr[s] = vm_data((vm_tensor *)slot[s]);
+      a->stride[s][6] = slot[s]->strides[nb];
+      a->stride[s][7] = slot[s]->strides[nb + 1];
+    }
+    if (grad) {
+      a->ptr[7] = scratch_at(0);
+      l->scratch_mask = 1u << 7;
+    }
+    a->extent[0] = tq, a->extent[1] = tk, a->extent[2] = d, a->extent[3] = dv;
+    a->n = nbatch;
+    a->scalar[0] = attr->scalar[0];
+    a->flag = attr->keepdim ? 1 : 0;
+    l->grid[0] = (uint32_t)blocks;
+    l->block[0] = GPU_ATT_ROWS_PER_BLOCK;
+  }
+  if (grad) { /* never 0 bytes: the scratch operand must point into it */
+    size_t stats = (size_t)(nbatch * tq * 2) * vm_dtype_size(t);
+    p->scratch_bytes = stats ? stats : vm_dtype_size(t);
+  }
+  return true;
+}
+
 bool gpu_op_plan_make(vm_opcode op, int n, vm_tensor *const *in, vm_tensor *out,
                       const vm_attr *attr, gpu_op_plan *p) {
   static const vm_attr no_attr;
@@ -624,10 +715,12 @@ bool gpu_op_plan_make(vm_opcode op, int n, vm_tensor *const *in, vm_tensor *out,
     case VM_KIND_SORT:
       ok = n == 1 && plan_sort(in[0], out, attr, p);
       break;
+    case VM_KIND_ATTENTION:
+      ok = n >= (op == VM_OP_attention_grad ? 5 : 3) && plan_attention(op, n, in, out, attr, p);
+      break;
     case VM_KIND_VIEW:
     case VM_KIND_COLLECTIVE: /* geometry; the distributed engine (vm/dist.h) */
     case VM_KIND_CONV:
-    case VM_KIND_ATTENTION:
       break; /* the CPU's primitive (GPU convolutions are composed) */
   }
   if (!ok) {
@@ -710,10 +803,16 @@ static void add_family(key_list *L, vm_opcode op, kiln_dtype dt) {
     case VM_KIND_SORT:
       add_elementwise(L, op, KILN_I64, 1, &dt);
       break;
+    case VM_KIND_ATTENTION: /* every pass, head bucket and mask kind, over f32 and f64 */
+      if (dt != KILN_F32 && dt != KILN_F64) break;
+      for (int pass = 0; pass < GPU_ATT_WIDE; pass++)
+        for (int bits = 0; bits < 3 * GPU_ATT_MASK; bits += GPU_ATT_WIDE)
+          if ((pass == GPU_ATT_FWD) == (op == VM_OP_attention))
+            add_key(L, make_key(op, pass + bits, dt, 3, same, 1));
+      break;
     case VM_KIND_VIEW:
     case VM_KIND_COLLECTIVE:
     case VM_KIND_CONV:
-    case VM_KIND_ATTENTION:
       break;
   }
 }

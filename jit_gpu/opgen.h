@@ -12,7 +12,7 @@
 
 #include "../vm/ops.h"
 
-#define GPU_MAX_OPERANDS 4
+#define GPU_MAX_OPERANDS 8 /* attention_grad: out, q, k, v, o, do, mask, scratch */
 
 /* The by-value argument of every generated kernel.  Its CUDA twin is
    emitted into every source with static_asserts on its size and field
@@ -96,6 +96,24 @@ enum {
   GPU_IDX_DATA = 0,
   GPU_IDX_CHECK /* every index against the axis length (op: index_select) */
 };
+
+/* Attention (opgen.c documents its gpu_args): variant = pass +
+   GPU_ATT_WIDE (head sizes 65..GPU_ATT_MAX_HEAD; else up to 64) + the
+   mask's kind times GPU_ATT_MASK.  attention is one FWD launch;
+   attention_grad is ROWS (each query row's logsumexp and rowsum(dO ∘ O)
+   into scratch), then DQ (a thread per query row) and DKDV (a thread per
+   key row): no atomics, so the same bits on every run. */
+enum {
+  GPU_ATT_FWD = 0,
+  GPU_ATT_ROWS,
+  GPU_ATT_DQ,
+  GPU_ATT_DKDV,
+  GPU_ATT_WIDE = 4,
+  GPU_ATT_MASK = 8
+};
+enum { GPU_ATT_NO_MASK = 0, GPU_ATT_BOOL_MASK, GPU_ATT_FLOAT_MASK };
+#define GPU_ATT_MAX_HEAD 128 /* larger heads: fe_attention composes (vm_backend) */
+#define GPU_ATT_ROWS_PER_BLOCK 64
 
 /* How a reduction of nout outputs of count positions each is folded, in
    vm/fold.h's order: the first pass (variant, items n, extents and grid as

@@ -291,10 +291,15 @@ bool gpu_op_key_supported(const gpu_op_key *k) {
       return k->nin == 1 && !k->variant && in0 == out;
     case VM_KIND_SORT:
       return k->nin == 1 && !k->variant && out == KILN_I64 && !vm_dtype_is_half(in0);
+    case VM_KIND_ATTENTION: { /* f32 and f64 (fe_attention: halves in f32) */
+      int pass = k->variant % GPU_ATT_WIDE;
+      return k->nin == 3 && (out == KILN_F32 || out == KILN_F64) && in0 == out && in1 == out &&
+             in2 == out && k->variant < 3 * GPU_ATT_MASK &&
+             (pass == GPU_ATT_FWD) == (op == VM_OP_attention);
+    }
     case VM_KIND_VIEW:
     case VM_KIND_COLLECTIVE:
     case VM_KIND_CONV:
-    case VM_KIND_ATTENTION:
       return false;
   }
   return false;
@@ -1153,6 +1158,286 @@ static void emit_index(sbuf *b, const gpu_op_key *k, const char *name) {
   sb_subst(b, scatter_kernel, vars);
 }
 
+/* Attention (vm/kern_attention.c's semantics; opgen.c: the gpu_args).  A
+   thread per query row (per key row for DKDV) holds its row and its
+   accumulators in registers ($DM of them: head sizes up to 64 or up to
+   GPU_ATT_MAX_HEAD, zero-padded); the block's threads stage tiles of $BK
+   key (or query) rows in shared memory, which every thread then reads
+   at the same address (a broadcast).  Scores are (q . k) * scale, then
+   masked (bool false or causal: -inf; a float mask added); a score of
+   -inf gives probability 0 exactly, and a row with no key left gives 0.
+   FWD: an online softmax over the keys (running max m and sum l, the
+   accumulator rescaled when m grows); only the tile ever exists, never
+   the Tq x Tk scores.  The backward recomputes the probabilities from
+   each row's logsumexp: ROWS writes (lse, D = rowsum(dO ∘ O)) per query
+   row into scratch; DQ sums dS K per query row and DKDV sums Pᵀ dO and
+   dSᵀ Q per key row, dS = P ∘ (dO Vᵀ - D).  Each sum runs in key (query)
+   order in one thread: the same bits on every run. */
+static const char att_head[] =
+    "  typedef $T T;\n"
+    "  enum { DM = $DM, BK = $BK, BR = $BR };\n"
+    "  const i64 tq = a.extent[0], tk = a.extent[1], d = a.extent[2], dv = a.extent[3];\n"
+    "  const T scale = (T)a.scalar[0], ninf = $NINF;\n"
+    "  const bool causal = a.flag & 1;\n"
+    "  const i64 rows = $BYKEY ? tk : tq, nblk = (rows + BR - 1) / BR;\n"
+    "  const i64 bt = blockIdx.x / nblk, r0 = (i64)(blockIdx.x % nblk) * BR;\n"
+    "  const i64 row = r0 + threadIdx.x;\n"
+    "  const bool live = row < rows;\n"
+    "  const T *Q = (const T *)a.ptr[1] + k_offset(a, 1, bt, 0, a.ndim);\n"
+    "  const T *Kx = (const T *)a.ptr[2] + k_offset(a, 2, bt, 0, a.ndim);\n"
+    "  const T *V = (const T *)a.ptr[3] + k_offset(a, 3, bt, 0, a.ndim);\n"
+    "  const i64 qr = a.stride[1][6], qc = a.stride[1][7], kr = a.stride[2][6], kc = "
+    "a.stride[2][7];\n"
+    "  const i64 vr = a.stride[3][6], vc = a.stride[3][7];\n"
+    "$MASKDECL";
+
+/* the key tile [j0, j0 + nk) into ks (and vs), zero-padded to DM */
+static const char att_load_keys[] =
+    "    __syncthreads();\n"
+    "    for (int e = threadIdx.x; e < BK * DM; e += BR) {\n"
+    "      const int r = e / DM, c = e % DM;\n"
+    "      ks[e] = r < nk && c < d ? Kx[(j0 + r) * kr + c * kc] : (T)0;\n"
+    "      $LOADV\n"
+    "    }\n"
+    "    __syncthreads();\n";
+
+/* s: query i's score for key j, masked */
+static const char att_score[] =
+    "      T s = 0;\n"
+    "#pragma unroll\n"
+    "      for (int c = 0; c < DM; c++) s += $QE * $KE;\n"
+    "      s *= scale;\n"
+    "$MASK"
+    "      if (causal && j > i) s = ninf;\n";
+
+static const char att_query_row[] =
+    "  const i64 i = row;\n"
+    "  T q[DM];\n"
+    "#pragma unroll\n"
+    "  for (int c = 0; c < DM; c++) q[c] = live && c < d ? Q[i * qr + c * qc] : (T)0;\n"
+    "  /* causal: the block's keys end at its last query */\n"
+    "  const i64 jend = causal && r0 + BR < tk ? r0 + BR : tk;\n";
+
+static const char att_fwd[] =
+    "  __shared__ T ks[BK * DM], vs[BK * DM];\n"
+    "$QUERY"
+    "  T acc[DM];\n"
+    "#pragma unroll\n"
+    "  for (int c = 0; c < DM; c++) acc[c] = 0;\n"
+    "  T m = ninf, l = 0;\n"
+    "  for (i64 j0 = 0; j0 < jend; j0 += BK) {\n"
+    "    const int nk = jend - j0 < BK ? (int)(jend - j0) : BK;\n"
+    "$LOAD"
+    "    for (int r = 0; live && r < nk; r++) {\n"
+    "      const i64 j = j0 + r;\n"
+    "$SCORE"
+    "      if (s == ninf) continue;\n"
+    "      if (s > m) {\n"
+    "        const T alpha = m == ninf ? (T)0 : $EXP(m - s);\n"
+    "        l *= alpha;\n"
+    "#pragma unroll\n"
+    "        for (int c = 0; c < DM; c++) acc[c] *= alpha;\n"
+    "        m = s;\n"
+    "      }\n"
+    "      const T p = $EXP(s - m);\n"
+    "      l += p;\n"
+    "#pragma unroll\n"
+    "      for (int c = 0; c < DM; c++) acc[c] += p * vs[r * DM + c];\n"
+    "    }\n"
+    "  }\n"
+    "  if (!live) return;\n"
+    "  T *o = (T *)a.ptr[0] + (bt * tq + i) * dv;\n"
+    "  const T inv = l > 0 ? (T)1 / l : (T)0; /* no key: 0 */\n"
+    "#pragma unroll\n"
+    "  for (int c = 0; c < DM; c++)\n"
+    "    if (c < dv) o[c] = acc[c] * inv;\n"
+    "}\n";
+
+static const char att_rows[] =
+    "  __shared__ T ks[BK * DM];\n"
+    "$QUERY"
+    "  T m = ninf, l = 0;\n"
+    "  for (i64 j0 = 0; j0 < jend; j0 += BK) {\n"
+    "    const int nk = jend - j0 < BK ? (int)(jend - j0) : BK;\n"
+    "$LOAD"
+    "    for (int r = 0; live && r < nk; r++) {\n"
+    "      const i64 j = j0 + r;\n"
+    "$SCORE"
+    "      if (s == ninf) continue;\n"
+    "      if (s > m) {\n"
+    "        l *= m == ninf ? (T)0 : $EXP(m - s);\n"
+    "        m = s;\n"
+    "      }\n"
+    "      l += $EXP(s - m);\n"
+    "    }\n"
+    "  }\n"
+    "  if (!live) return;\n"
+    "  const T *O = (const T *)a.ptr[4] + k_offset(a, 4, bt, 0, a.ndim) + i * a.stride[4][6];\n"
+    "  const T *G = (const T *)a.ptr[5] + k_offset(a, 5, bt, 0, a.ndim) + i * a.stride[5][6];\n"
+    "  T D = 0;\n"
+    "  for (i64 c = 0; c < dv; c++) D += G[c * a.stride[5][7]] * O[c * a.stride[4][7]];\n"
+    "  T *st = (T *)a.ptr[7] + (bt * tq + i) * 2;\n"
+    "  st[0] = l > 0 ? m + $LOG(l) : ninf;\n"
+    "  st[1] = D;\n"
+    "}\n";
+
+static const char att_dq[] =
+    "  __shared__ T ks[BK * DM], vs[BK * DM];\n"
+    "$QUERY"
+    "  const T *G = (const T *)a.ptr[5] + k_offset(a, 5, bt, 0, a.ndim);\n"
+    "  T g[DM], dq[DM];\n"
+    "#pragma unroll\n"
+    "  for (int c = 0; c < DM; c++) {\n"
+    "    g[c] = live && c < dv ? G[i * a.stride[5][6] + c * a.stride[5][7]] : (T)0;\n"
+    "    dq[c] = 0;\n"
+    "  }\n"
+    "  const T *st = (const T *)a.ptr[7] + (bt * tq + (live ? i : 0)) * 2;\n"
+    "  const T L = live ? st[0] : ninf, D = live ? st[1] : (T)0;\n"
+    "  for (i64 j0 = 0; j0 < jend; j0 += BK) {\n"
+    "    const int nk = jend - j0 < BK ? (int)(jend - j0) : BK;\n"
+    "$LOAD"
+    "    for (int r = 0; live && L != ninf && r < nk; r++) {\n"
+    "      const i64 j = j0 + r;\n"
+    "$SCORE"
+    "      if (s == ninf) continue;\n"
+    "      const T p = $EXP(s - L);\n"
+    "      T dp = 0;\n"
+    "#pragma unroll\n"
+    "      for (int c = 0; c < DM; c++) dp += g[c] * vs[r * DM + c];\n"
+    "      const T ds = p * (dp - D);\n"
+    "#pragma unroll\n"
+    "      for (int c = 0; c < DM; c++) dq[c] += ds * ks[r * DM + c];\n"
+    "    }\n"
+    "  }\n"
+    "  if (!live) return;\n"
+    "  T *out = (T *)a.ptr[0] + (bt * tq + i) * d;\n"
+    "#pragma unroll\n"
+    "  for (int c = 0; c < DM; c++)\n"
+    "    if (c < d) out[c] = dq[c] * scale;\n"
+    "}\n";
+
+static const char att_dkdv[] =
+    "  __shared__ T qs[BK * DM], gs[BK * DM], Ls[BK], Ds[BK];\n"
+    "  const i64 j = row;\n"
+    "  const T *G = (const T *)a.ptr[5] + k_offset(a, 5, bt, 0, a.ndim);\n"
+    "  const i64 gr = a.stride[5][6], gc = a.stride[5][7];\n"
+    "  const T *st = (const T *)a.ptr[7] + bt * tq * 2;\n"
+    "  T kv[DM], vv[DM], dk[DM], dw[DM];\n"
+    "#pragma unroll\n"
+    "  for (int c = 0; c < DM; c++) {\n"
+    "    kv[c] = live && c < d ? Kx[j * kr + c * kc] : (T)0;\n"
+    "    vv[c] = live && c < dv ? V[j * vr + c * vc] : (T)0;\n"
+    "    dk[c] = dw[c] = 0;\n"
+    "  }\n"
+    "  /* causal: queries before the block's first key see none of its keys */\n"
+    "  const i64 istart = causal ? (r0 < tq ? r0 : tq) : 0;\n"
+    "  for (i64 i0 = istart; i0 < tq; i0 += BK) {\n"
+    "    const int nq = tq - i0 < BK ? (int)(tq - i0) : BK;\n"
+    "    __syncthreads();\n"
+    "    for (int e = threadIdx.x; e < BK * DM; e += BR) {\n"
+    "      const int r = e / DM, c = e % DM;\n"
+    "      qs[e] = r < nq && c < d ? Q[(i0 + r) * qr + c * qc] : (T)0;\n"
+    "      gs[e] = r < nq && c < dv ? G[(i0 + r) * gr + c * gc] : (T)0;\n"
+    "    }\n"
+    "    for (int r = threadIdx.x; r < BK; r += BR) {\n"
+    "      Ls[r] = r < nq ? st[(i0 + r) * 2] : ninf;\n"
+    "      Ds[r] = r < nq ? st[(i0 + r) * 2 + 1] : (T)0;\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "    for (int r = 0; live && r < nq; r++) {\n"
+    "      const i64 i = i0 + r;\n"
+    "      const T L = Ls[r];\n"
+    "      if (L == ninf) continue;\n"
+    "$SCORE"
+    "      if (s == ninf) continue;\n"
+    "      const T p = $EXP(s - L);\n"
+    "      T dp = 0;\n"
+    "#pragma unroll\n"
+    "      for (int c = 0; c < DM; c++) {\n"
+    "        dw[c] += p * gs[r * DM + c];\n"
+    "        dp += gs[r * DM + c] * vv[c];\n"
+    "      }\n"
+    "      const T ds = p * (dp - Ds[r]);\n"
+    "#pragma unroll\n"
+    "      for (int c = 0; c < DM; c++) dk[c] += ds * qs[r * DM + c];\n"
+    "    }\n"
+    "  }\n"
+    "  if (!live) return;\n"
+    "  const i64 nbatch = a.n;\n"
+    "  T *dko = (T *)a.ptr[0] + nbatch * tq * d + (bt * tk + j) * d;\n"
+    "  T *dvo = (T *)a.ptr[0] + nbatch * (tq + tk) * d + (bt * tk + j) * dv;\n"
+    "#pragma unroll\n"
+    "  for (int c = 0; c < DM; c++) {\n"
+    "    if (c < d) dko[c] = dk[c] * scale;\n"
+    "    if (c < dv) dvo[c] = dw[c];\n"
+    "  }\n"
+    "}\n";
+
+static void emit_attention(sbuf *b, const gpu_op_key *k, const char *name) {
+  kiln_dtype t = (kiln_dtype)k->out_dtype;
+  int pass = k->variant % GPU_ATT_WIDE, mask = k->variant / GPU_ATT_MASK;
+  bool f32 = t == KILN_F32, by_key = pass == GPU_ATT_DKDV;
+  char dm[8], bk[8], br[8];
+  snprintf(dm, sizeof dm, "%d",
+           k->variant & GPU_ATT_WIDE ? GPU_ATT_MAX_HEAD : GPU_ATT_MAX_HEAD / 2);
+  snprintf(bk, sizeof bk, "%d", f32 ? 32 : 16); /* two tiles: 32 KB of shared memory at most */
+  snprintf(br, sizeof br, "%d", GPU_ATT_ROWS_PER_BLOCK);
+  const char *at = "i * a.stride[6][6] + j * a.stride[6][7]";
+  char mask_decl[160], mask_use[160];
+  mask_decl[0] = mask_use[0] = 0;
+  if (mask != GPU_ATT_NO_MASK) {
+    snprintf(mask_decl, sizeof mask_decl,
+             "  const %s *Mk = (const %s *)a.ptr[6] + k_offset(a, 6, bt, 0, a.ndim);\n",
+             mask == GPU_ATT_BOOL_MASK ? "u8" : "T", mask == GPU_ATT_BOOL_MASK ? "u8" : "T");
+    snprintf(mask_use, sizeof mask_use,
+             mask == GPU_ATT_BOOL_MASK ? "      if (!Mk[%s]) s = ninf;\n" : "      s += Mk[%s];\n",
+             at);
+  }
+  const char *body = pass == GPU_ATT_FWD    ? att_fwd
+                     : pass == GPU_ATT_ROWS ? att_rows
+                     : pass == GPU_ATT_DQ   ? att_dq
+                                            : att_dkdv;
+  const char *vars[] = {
+      "T",
+      ctype[t],
+      "DM",
+      dm,
+      "BK",
+      bk,
+      "BR",
+      br,
+      "NINF",
+      f32 ? "-__int_as_float(0x7f800000)" : "-__longlong_as_double(0x7ff0000000000000ll)",
+      "BYKEY",
+      by_key ? "true" : "false",
+      "MASKDECL",
+      mask_decl,
+      "MASK",
+      mask_use,
+      "EXP",
+      f32 ? "expf" : "exp",
+      "LOG",
+      f32 ? "logf" : "log",
+      "QUERY",
+      att_query_row,
+      "LOAD",
+      att_load_keys,
+      "LOADV",
+      pass == GPU_ATT_ROWS ? ""
+                           : "vs[e] = r < nk && c < dv ? V[(j0 + r) * vr + c * vc] "
+                             ": (T)0;",
+      "SCORE",
+      att_score,
+      "QE",
+      by_key ? "qs[r * DM + c]" : "q[c]",
+      "KE",
+      by_key ? "kv[c]" : "ks[r * DM + c]",
+      NULL};
+  kernel_open(b, name);
+  sb_subst(b, att_head, vars);
+  sb_subst(b, body, vars);
+}
+
 static void emit_kernel(sbuf *b, const gpu_op_key *k) {
   char name[96];
   gpu_op_key_name(k, name, sizeof name);
@@ -1195,10 +1480,12 @@ static void emit_kernel(sbuf *b, const gpu_op_key *k) {
       sb_subst(b, sort_kernel, vars);
       return;
     }
+    case VM_KIND_ATTENTION:
+      emit_attention(b, k, name);
+      return;
     case VM_KIND_VIEW:
     case VM_KIND_COLLECTIVE:
     case VM_KIND_CONV:
-    case VM_KIND_ATTENTION:
       return;
   }
 }

@@ -90,7 +90,7 @@ static double *read_f64(kiln_tensor *t, int64_t *n) {
    floor is cpu's largest magnitude: for results of long sums (gradients),
    where an element near zero is the difference of large terms */
 static void same_within(const char *what, kiln_tensor *cpu, kiln_tensor *gpu, double rtol,
-                        bool scaled) {
+                        bool scaled, double floor_at_least) {
   if (!cpu || !gpu) {
     KTEST_FAIL("%s: cpu %p gpu %p (%s)", what, (void *)cpu, (void *)gpu, kiln_last_error());
     kiln_clear_error();
@@ -99,7 +99,7 @@ static void same_within(const char *what, kiln_tensor *cpu, kiln_tensor *gpu, do
   if (kiln_device_of(gpu) != KILN_CUDA) KTEST_FAIL("%s: the result is not on the GPU", what);
   if (kiln_dtype_of(cpu) != kiln_dtype_of(gpu)) KTEST_FAIL("%s: dtypes differ", what);
   int64_t nc, ng;
-  double *a = read_f64(cpu, &nc), *b = read_f64(gpu, &ng), floor = 1e-30;
+  double *a = read_f64(cpu, &nc), *b = read_f64(gpu, &ng), floor = fmax(1e-30, floor_at_least);
   if (nc != ng || nc < 0)
     KTEST_FAIL("%s: %lld vs %lld elements (%s)", what, (long long)nc, (long long)ng,
                kiln_last_error());
@@ -117,10 +117,10 @@ static void same_within(const char *what, kiln_tensor *cpu, kiln_tensor *gpu, do
 }
 
 static void check_same(const char *what, kiln_tensor *cpu, kiln_tensor *gpu, double rtol) {
-  same_within(what, cpu, gpu, rtol, false);
+  same_within(what, cpu, gpu, rtol, false, 0);
 }
 static void check_near(const char *what, kiln_tensor *cpu, kiln_tensor *gpu, double rtol) {
-  same_within(what, cpu, gpu, rtol, true);
+  same_within(what, cpu, gpu, rtol, true, 0);
 }
 
 static kiln_tensor *gpu(kiln_tensor *t) { return kiln_to_device(t, KILN_CUDA); }
@@ -389,6 +389,180 @@ TEST(batched_matmuls_are_one_blas_call_each) {
     kiln_release(c), kiln_release(g);
   }
   kiln_tensor *all[] = {q, k, p, v, a, b, qg, kg, pg, vg, ag, bg, kt, ktg};
+  for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
+}
+
+/* kiln_scaled_dot_product_attention on CUDA is the attention primitive
+   (jit_gpu/opgen_src.c's kernels: no BLAS call, no Tq x Tk scores), with
+   the CPU primitive's values and gradients: f64 to 1e-12 and f32 to 2e-5
+   of the largest element (the sums run in other orders), over both head
+   buckets, Tq != Tk, causal, a bool mask broadcast over heads with a row
+   masked out entirely, a float padding mask with -inf, q/k/v strided
+   slices of one projection, and T = 1.  A case whose heads exceed 128
+   runs composed (BLAS calls) with the same values. */
+typedef struct {
+  int64_t b, h, tq, tk, d, dv;
+  int mask; /* 0 none, 1 bool [b, 1, tq, tk], 2 float [b, 1, 1, tk] */
+  bool causal, strided;
+  kiln_dtype dt;
+} att_case;
+
+static void attention_inputs(const att_case *c, kiln_tensor **leaves, int *nleaves,
+                             kiln_tensor **qkv, bool on_gpu, kiln_tensor *const *cpu_leaves) {
+  int64_t shp[3][4] = {
+      {c->b, c->h, c->tq, c->d}, {c->b, c->h, c->tk, c->d}, {c->b, c->h, c->tk, c->dv}};
+  if (c->strided) { /* [b, t, 3, h, d]: q, k, v are slices of one projection */
+    int64_t ps[5] = {c->b, c->tq, 3, c->h, c->d}, rs[4] = {c->b, c->tq, c->h, c->d};
+    leaves[0] = on_gpu ? gpu(cpu_leaves[0]) : random_cpu(c->dt, 5, ps, -1, 1);
+    *nleaves = 1;
+    kiln_set_requires_grad(leaves[0], true);
+    const int perm[4] = {0, 2, 1, 3};
+    for (int i = 0; i < 3; i++) {
+      kiln_tensor *sl = kiln_slice(leaves[0], 2, i, i + 1, 1), *r = kiln_reshape(sl, 4, rs);
+      qkv[i] = kiln_permute(r, perm);
+      kiln_release(sl), kiln_release(r);
+    }
+    return;
+  }
+  for (int i = 0; i < 3; i++) {
+    leaves[i] = on_gpu ? gpu(cpu_leaves[i]) : random_cpu(c->dt, 4, shp[i], -1.5, 1.5);
+    kiln_set_requires_grad(leaves[i], true);
+    qkv[i] = kiln_retain(leaves[i]);
+  }
+  *nleaves = 3;
+}
+
+static kiln_tensor *attention_mask(const att_case *c) {
+  if (c->mask == 1) { /* random, and query 0 of item 0 attends to nothing */
+    int64_t ms[4] = {c->b, 1, c->tq, c->tk};
+    int64_t n = c->b * c->tq * c->tk;
+    uint8_t *bits = malloc((size_t)n);
+    for (int64_t i = 0; i < n; i++) bits[i] = i >= c->tk && uniform() > 0.3;
+    kiln_tensor *mask = kiln_from_data(bits, KILN_BOOL, 4, ms);
+    free(bits);
+    return mask;
+  }
+  if (c->mask == 2) { /* padding: item 0's last 3 keys -inf, small biases elsewhere */
+    int64_t ms[4] = {c->b, 1, 1, c->tk}, n = c->b * c->tk;
+    double *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++)
+      v[i] = i < c->tk && i >= c->tk - 3 ? -INFINITY : uniform() - 0.5;
+    kiln_tensor *f = kiln_from_data(v, KILN_F64, 4, ms), *mask = kiln_cast(f, c->dt);
+    free(v);
+    kiln_release(f);
+    return mask;
+  }
+  return NULL;
+}
+
+/* out and the gradients of sum(out * w) for c on the CPU (cpu_leaves
+   NULL: made here) or on the GPU (copies of cpu_leaves); returns out,
+   grads[] the leaves' gradients */
+static kiln_tensor *attention_run(const att_case *c, bool on_gpu, kiln_tensor **cpu_leaves,
+                                  kiln_tensor *w, kiln_tensor *mask, kiln_tensor **grads,
+                                  int *nleaves) {
+  kiln_tensor *leaves[3], *qkv[3];
+  attention_inputs(c, leaves, nleaves, qkv, on_gpu, cpu_leaves);
+  kiln_tensor *m = mask && on_gpu ? gpu(mask) : mask ? kiln_retain(mask) : NULL;
+  kiln_tensor *wd = on_gpu ? gpu(w) : kiln_retain(w);
+  kiln_tensor *out = kiln_scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], m, c->causal, 0);
+  CHECK(out != NULL);
+  CHECK_EQ_INT(kiln_grad_of(1, &out, &wd, *nleaves, leaves, grads, false), KILN_OK);
+  for (int i = 0; i < *nleaves; i++) {
+    if (!on_gpu) cpu_leaves[i] = kiln_retain(leaves[i]);
+    kiln_release(leaves[i]);
+  }
+  for (int i = 0; i < 3; i++) kiln_release(qkv[i]);
+  kiln_release(m), kiln_release(wd);
+  return out;
+}
+
+static void attention_on_both_devices(const att_case *c, const char *what) {
+  int64_t os[4] = {c->b, c->h, c->tq, c->dv};
+  kiln_tensor *w = random_cpu(c->dt, 4, os, -1, 1), *mask = attention_mask(c);
+  kiln_tensor *leaves[3] = {0}, *gc[3] = {0}, *gg[3] = {0}, *again[3] = {0};
+  int nl = 0;
+  kiln_tensor *oc = attention_run(c, false, leaves, w, mask, gc, &nl);
+  CHECK(kiln_eval(1, &oc) == KILN_OK);
+  CHECK(kiln_eval(nl, gc) == KILN_OK);
+  double b0 = kiln_stat("blas_calls");
+  kiln_tensor *og = attention_run(c, true, leaves, w, mask, gg, &nl);
+  CHECK(kiln_eval(1, &og) == KILN_OK);
+  CHECK(kiln_eval(nl, gg) == KILN_OK);
+  double calls = kiln_stat("blas_calls") - b0;
+  bool native = c->d <= 128 && c->dv <= 128;
+  if (native ? calls != 0 : calls == 0)
+    KTEST_FAIL("%s: %g BLAS calls on the device (want %s)", what, calls,
+               native ? "none: the primitive" : "some: composed");
+  double rtol = c->dt == KILN_F64 ? 1e-12 : 2e-5;
+  char name[160];
+  snprintf(name, sizeof name, "%s: out", what);
+  check_near(name, oc, og, rtol);
+  for (int i = 0; i < nl; i++) { /* relative to the terms' size (about 1): a gradient
+                                     may be a cancellation, exactly 0 (T = 1: dq, dk) */
+    snprintf(name, sizeof name, "%s: gradient %d", what, i);
+    same_within(name, gc[i], gg[i], rtol, true, 1.0);
+  }
+  /* a second run on the device: the same bits (no atomics, fixed order) */
+  kiln_tensor *og2 = attention_run(c, true, leaves, w, mask, again, &nl);
+  snprintf(name, sizeof name, "%s: out, run 2", what);
+  check_same(name, og, og2, 0);
+  for (int i = 0; i < nl; i++) {
+    snprintf(name, sizeof name, "%s: gradient %d, run 2", what, i);
+    check_same(name, gg[i], again[i], 0);
+  }
+  kiln_release(w), kiln_release(mask), kiln_release(oc), kiln_release(og), kiln_release(og2);
+  for (int i = 0; i < nl; i++) {
+    kiln_release(leaves[i]), kiln_release(gc[i]), kiln_release(gg[i]), kiln_release(again[i]);
+  }
+}
+
+TEST(attention_is_one_primitive_on_the_device) {
+  const att_case cases[] = {
+      {2, 3, 37, 37, 16, 16, 0, false, false, KILN_F64},
+      {2, 2, 70, 45, 24, 40, 0, true, false, KILN_F64},
+      {1, 2, 65, 66, 100, 72, 1, false, false, KILN_F32},
+      {2, 2, 33, 50, 8, 8, 2, false, false, KILN_F64},
+      {2, 2, 40, 40, 16, 16, 1, true, true, KILN_F32},
+      {2, 1, 1, 1, 5, 3, 0, false, false, KILN_F32},
+      {1, 2, 20, 24, 130, 16, 2, false, false, KILN_F64},
+  };
+  const char *names[] = {"f64, one block",
+                         "f64 causal, Tq 70 > Tk 45",
+                         "f32 d 100, bool mask",
+                         "f64 float padding mask",
+                         "f32 causal + bool mask, strided slices",
+                         "f32 T 1",
+                         "f64 d 130: composed"};
+  for (int i = 0; i < COUNT(cases); i++) attention_on_both_devices(&cases[i], names[i]);
+}
+
+/* attention written the long way on the device (matmul, scale, an
+   additive mask with -inf above the diagonal, softmax, matmul) is
+   recorded as the primitive (trace/attention.c): one rewrite, no BLAS
+   call, the op's bits with that mask */
+TEST(attention_written_the_long_way_on_the_device) {
+  int64_t s[4] = {2, 2, 48, 32}, sq[2] = {48, 48};
+  kiln_tensor *q = random_cpu(KILN_F32, 4, s, -1, 1), *k = random_cpu(KILN_F32, 4, s, -1, 1),
+              *v = random_cpu(KILN_F32, 4, s, -1, 1);
+  float *mv = malloc(48 * 48 * sizeof *mv);
+  for (int i = 0; i < 48; i++)
+    for (int j = 0; j < 48; j++) mv[i * 48 + j] = j > i ? -INFINITY : (float)(0.01 * (i - j));
+  kiln_tensor *mask = kiln_from_data(mv, KILN_F32, 2, sq);
+  free(mv);
+  kiln_tensor *qg = gpu(q), *kg = gpu(k), *vg = gpu(v), *maskg = gpu(mask);
+  double r0 = kiln_stat("attention_rewrites"), b0 = kiln_stat("blas_calls");
+  kiln_tensor *kt = kiln_transpose(kg, 2, 3), *sc = kiln_matmul(qg, kt);
+  kiln_tensor *scaled = kiln_mul_scalar(sc, 1 / sqrt(32.0)), *x = kiln_add(scaled, maskg);
+  kiln_tensor *p = kiln_softmax(x, -1), *out = kiln_matmul(p, vg);
+  CHECK(kiln_eval(1, &out) == KILN_OK);
+  CHECK_EQ_INT(kiln_stat("attention_rewrites") - r0, 1);
+  CHECK_EQ_INT(kiln_stat("blas_calls") - b0, 0);
+  kiln_tensor *op = kiln_scaled_dot_product_attention(qg, kg, vg, maskg, false, 0);
+  check_same("the long way against the op", op, out, 0);
+  kiln_tensor *cpu_op = kiln_scaled_dot_product_attention(q, k, v, mask, false, 0);
+  check_near("the device's op against the CPU's", cpu_op, op, 2e-5);
+  kiln_tensor *all[] = {q, k, v, mask, qg, kg, vg, maskg, kt, sc, scaled, x, p, out, op, cpu_op};
   for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
 }
 
@@ -951,6 +1125,8 @@ int main(int argc, char **argv) {
   RUN(reductions_over_every_axis_pattern);
   RUN(matmul_shapes_transposes_and_batches);
   RUN(batched_matmuls_are_one_blas_call_each);
+  RUN(attention_is_one_primitive_on_the_device);
+  RUN(attention_written_the_long_way_on_the_device);
   RUN(gathers_scatters_concat_and_sorts);
   RUN(out_of_range_index_is_an_error);
   RUN(index_checks_never_wait_for_the_device);

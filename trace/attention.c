@@ -9,7 +9,8 @@
  *   s   = S | mul(S, c) | mul(c, S) | div(S, c)           c a 0-d fill > 0
  *   S   = matmul(q, kt)
  *
- * every node of it pending, on the CPU, f32 or f64, x of S's last two
+ * every node of it pending, on one device that has the primitive (the CPU,
+ * CUDA), f32 or f64, x of S's last two
  * dims and dtype, a float mask that takes no gradient.  Anything else (softmax over
  * another axis, dropout between softmax and v, two masks, a scalar that is
  * not a scalar) is left alone. */
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../vm/backend.h"
 #include "../vm/state.h"
 #include "dump.h"
 #include "graph.h"
@@ -52,8 +54,12 @@ static bool last_axis(const tr_node *n, vm_opcode op, const tr_node *of) {
          n->attr.axes_mask == 1u << (nd - 1);
 }
 
-static bool float_on_cpu(const tr_node *n) {
-  return (n->meta.dtype == KILN_F32 || n->meta.dtype == KILN_F64) && n->meta.device == KILN_CPU;
+/* f32 or f64 on dev, a device whose interpreter has the attention
+   primitive (the CPU; CUDA) */
+static bool float_on(const tr_node *n, int dev) {
+  const vm_backend *b = vm_backend_of((kiln_device)dev);
+  return (n->meta.dtype == KILN_F32 || n->meta.dtype == KILN_F64) && n->meta.device == dev && b &&
+         b->attention_max_head > 0;
 }
 
 /* arange(start, start + count) (step 1, exact values) as [count] (a row,
@@ -163,7 +169,7 @@ bool tr_attention_mask_is_causal(const vm_tensor *mask, int64_t tq, int64_t tk) 
 }
 
 /* s: S, S * c, c * S or S / c over S = matmul(q, kt); *S its node */
-static bool scaled_scores(tr_node *s, tr_attention_match *m, tr_node **S) {
+static bool scaled_scores(tr_node *s, int dev, tr_attention_match *m, tr_node **S) {
   double c;
   int at = -1;
   m->scale = 1;
@@ -179,7 +185,7 @@ static bool scaled_scores(tr_node *s, tr_attention_match *m, tr_node **S) {
     s = s->in[at];
   }
   if (s->op != VM_OP_matmul || s->nin != 2 || s->in[0]->meta.ndim < 2 || s->in[1]->meta.ndim < 2 ||
-      !float_on_cpu(s->in[0]) || !float_on_cpu(s->in[1]) || !push(m, s))
+      !float_on(s->in[0], dev) || !float_on(s->in[1], dev) || !push(m, s))
     return false;
   *S = s;
   return isfinite(m->scale) && m->scale > 0;
@@ -188,7 +194,8 @@ static bool scaled_scores(tr_node *s, tr_attention_match *m, tr_node **S) {
 static bool match_locked(tr_node *pn, const vm_tensor *v, tr_attention_match *m, tr_node **S,
                          tr_node **maskn) {
   /* p = mul(e, inv), inv = div(1, sum), sum = sum(e), e = exp(sub(x, max(x))) */
-  if (pn->op != VM_OP_mul || pn->nin != 2 || !float_on_cpu(pn) || pn->meta.ndim < 2) return false;
+  int dev = pn->meta.device; /* every part of it on one device */
+  if (pn->op != VM_OP_mul || pn->nin != 2 || !float_on(pn, dev) || pn->meta.ndim < 2) return false;
   tr_node *e = pn->in[0], *inv = pn->in[1];
   double one;
   if (inv->op != VM_OP_div || inv->nin != 2 || !scalar_of(inv->in[0], &one) || one != 1)
@@ -205,7 +212,7 @@ static bool match_locked(tr_node *pn, const vm_tensor *v, tr_attention_match *m,
   /* the mask, if any, then the scaled scores */
   tr_node *s = x;
   if (x->op == VM_OP_where && x->nin == 3 && x->in[0]->meta.dtype == KILN_BOOL &&
-      x->in[0]->meta.device == KILN_CPU && (is_ninf(x->in[1]) || is_ninf(x->in[2]))) {
+      x->in[0]->meta.device == dev && (is_ninf(x->in[1]) || is_ninf(x->in[2]))) {
     m->mask_out = is_ninf(x->in[1]);
     *maskn = x->in[0];
     s = x->in[m->mask_out ? 2 : 1];
@@ -215,15 +222,14 @@ static bool match_locked(tr_node *pn, const vm_tensor *v, tr_attention_match *m,
     int before = m->nchain;
     for (int k = 0; k < 2 && !*maskn; k++) {
       m->nchain = before;
-      if (scaled_scores(x->in[k], m, S)) *maskn = x->in[1 - k];
+      if (scaled_scores(x->in[k], dev, m, S)) *maskn = x->in[1 - k];
     }
     tr_node *mk = *maskn;
-    if (!mk || !vm_dtype_is_float(mk->meta.dtype) || mk->requires_grad ||
-        mk->meta.device != KILN_CPU)
+    if (!mk || !vm_dtype_is_float(mk->meta.dtype) || mk->requires_grad || mk->meta.device != dev)
       return false;
     s = NULL;
   }
-  if (s && !scaled_scores(s, m, S)) return false;
+  if (s && !scaled_scores(s, dev, m, S)) return false;
   /* the softmax is over S's own last two dims, in S's dtype (a scale or a
      fill of another dtype promotes); v is [..., Tk, dv] */
   const tr_node *sc = *S;
@@ -237,7 +243,7 @@ static bool match_locked(tr_node *pn, const vm_tensor *v, tr_attention_match *m,
   return nx >= 2 && sc->meta.dtype == x->meta.dtype &&
          x->meta.shape[nx - 1] == sc->meta.shape[ns - 1] &&
          x->meta.shape[nx - 2] == sc->meta.shape[ns - 2] && v->ndim >= 2 &&
-         v->shape[v->ndim - 2] == sc->meta.shape[ns - 1] && v->device == KILN_CPU &&
+         v->shape[v->ndim - 2] == sc->meta.shape[ns - 1] && v->device == dev &&
          vm_dtype_is_float(v->dtype);
 }
 

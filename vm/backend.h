@@ -39,6 +39,11 @@ typedef struct vm_backend {
   vm_tensor *(*exec)(vm_opcode op, int n, vm_tensor *const *values, const vm_attr *attr,
                      const vm_meta *m);
 
+  /* the largest head size (q's and v's last dims) its interpreter's
+     attention primitive takes (ops.def); 0: none, fe_attention composes
+     attention from matmul and softmax on this device */
+  int64_t attention_max_head;
+
   /* the compiled path; all NULL for a backend without one */
   bool (*jit_enabled)(void);
   double (*compile_cost_ms)(int nodes); /* the payoff rule's price of a plan, before planning it */

@@ -485,7 +485,8 @@ static bool infer_conv(vm_opcode op, vm_tensor *const *in, const vm_attr *attr, 
 
 /* attention / attention_grad (vm/kern_attention.c): fe_attention checks
    the user's arguments and expands the batch dims; here the operands are
-   checked to agree (float, CPU, one batch shape, the mask [..., Tq, Tk]) */
+   checked to agree (float, one batch shape, the mask [..., Tq, Tk], head
+   sizes the device's primitive takes) */
 static bool infer_attention(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr,
                             vm_meta *m) {
   bool grad = op == VM_OP_attention_grad;
@@ -496,12 +497,16 @@ static bool infer_attention(vm_opcode op, int n, vm_tensor *const *in, const vm_
     vm_error(KILN_ERR_DTYPE, "attention operands must be float, not %s", vm_dtype_name(p));
     return false;
   }
-  for (int i = 0; i < n; i++)
-    if (in[i]->device != KILN_CPU) {
-      vm_error(KILN_ERR_DEVICE, "the attention primitive runs on the CPU");
-      return false;
-    }
   int nd = q->ndim;
+  /* vm_infer_device has put every operand on one device; its backend
+     takes heads up to its attention_max_head (else fe_attention composes) */
+  const vm_backend *b = vm_backend_of((kiln_device)q->device);
+  int64_t most = b ? b->attention_max_head : 0;
+  if (nd >= 2 && (q->shape[nd - 1] > most || v->shape[nd - 1] > most)) {
+    vm_error(KILN_ERR_DEVICE, "the attention primitive on %s takes head sizes up to %lld",
+             vm_device_name((kiln_device)q->device), (long long)most);
+    return false;
+  }
   bool ok = n == nfixed + (attr->axis != 0) && nd >= 2 && k->ndim == nd && v->ndim == nd &&
             !memcmp(q->shape, k->shape, (size_t)(nd - 2) * sizeof(int64_t)) &&
             !memcmp(q->shape, v->shape, (size_t)(nd - 2) * sizeof(int64_t)) &&
