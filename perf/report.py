@@ -65,7 +65,10 @@ MEMORY_BOUND = {"W1", "W2", "W3", "W4", "W2h", "W3h", "W4h"}
 # agreement tolerance of the result summaries, relative (see agree())
 TOLERANCE = {"W1": 1e-4, "W2": 1e-4, "W3": 1e-4, "W4": 1e-4, "W5": 1e-5, "W6": 1e-4, "W7": 1e-3,
              "W10": 1e-3, "W16": 1e-3, "W11": 1e-3, "W12": 1e-3, "W13": 0.02, "W14": 1e-3, "W18": 1e-3,
-             "W1h": 1e-2, "W2h": 1e-2, "W3h": 1e-2, "W4h": 1e-2, "W6h": 1e-2, "W7h": 1e-2}
+             "W1h": 1e-2, "W2h": 1e-2, "W3h": 1e-2, "W4h": 1e-2, "W6h": 1e-2, "W7h": 1e-2,
+             # GPU attention's dq (perf/report_gpu.py): sums of T terms; in bf16, Kiln computes in
+             # f32 and rounds once while a peer may keep bf16 intermediates (torch's math path)
+             "G9": 1e-3, "G9h": 5e-2}
 
 
 def unit_of(w):

@@ -25,7 +25,7 @@ import report  # noqa: E402  (perf/report.py: parse, agree, fnum)
 ORDER = ["kiln", "kiln-autodiff", "torch", "torch.compile", "jax.jit"]
 PEERS = ["torch", "torch.compile", "jax.jit"]
 WORKLOADS = ["G1", "G1h", "G2", "G2h", "G3", "G3h", "G4", "G4h", "G5", "G6", "G6h", "G7", "G7h", "G8", "G8:W1",
-             "G8:W7", "G8:warm"]
+             "G8:W7", "G8:warm", "G9:1024", "G9:4096", "G9h:1024", "G9h:4096"]
 TITLES = {
     "G1": "G1 tanh(x*y+0.5)*sigmoid(x)-y*y*0.25, 2^27 f32",
     "G2": "G2 softmax rows, 16384x4096",
@@ -41,6 +41,8 @@ TITLES = {
     "G7": "G7 MLP training step 784-1024-1024-10, batch 512",
     "G7h": "G7h G7's step under bf16 autocast (f32 parameters)",
     "G8": "G8 NVRTC compile, cold cache: ms per kernel",
+    "G9": "G9 attention fwd+bwd, head size 64, 16384 tokens (TFLOP/s by FlashAttention's count)",
+    "G9h": "G9h G9 in bf16",
 }
 # the CPU workload of the same math: its agreement tolerance (report.TOLERANCE)
 SAME_AS = {"G1": "W1", "G2": "W2", "G3": "W3", "G4": "W4", "G5": "W5", "G6": "W6", "G7": "W7", "G1h": "W1h",
@@ -67,6 +69,11 @@ TARGETS = {
     "G6h": {"of_limit": None, "peers": {"torch": 0.9}, "text": ">= 0.9x torch.matmul in bf16"},
     "G7h": {"of_limit": None, "peers": {}, "over": ("G7", 1.3), "text": ">= 1.3x Kiln's f32 G7"},
     "G8": {"text": "<= 60 ms per kernel; a warm start compiles 0 kernels"},
+    # BENCHMARKS.md: >= 0.7x PyTorch's SDPA (its flash kernel: bf16, G9h); f32 against its memory-efficient one
+    "G9:1024": {"of_limit": None, "peers": {"torch": 0.7}, "text": ">= 0.7x torch SDPA (memory-efficient, f32)"},
+    "G9:4096": {"of_limit": None, "peers": {"torch": 0.7}, "text": ">= 0.7x torch SDPA (memory-efficient, f32)"},
+    "G9h:1024": {"of_limit": None, "peers": {"torch": 0.7}, "text": ">= 0.7x torch SDPA (flash, bf16)"},
+    "G9h:4096": {"of_limit": None, "peers": {"torch": 0.7}, "text": ">= 0.7x torch SDPA (flash, bf16)"},
 }
 
 
@@ -85,7 +92,7 @@ def value_of(w, d, t):
     """the median shown, in the workload's unit"""
     if w == "G5":
         return t * 1e6, "us/replay"
-    if w in ("G6", "G6h"):
+    if w in ("G6", "G6h") or base(w) in ("G9", "G9h"):
         f = num(d, "flops")
         return (f / t / 1e12 if f else None), "TFLOP/s"
     if w == "G8:warm":
@@ -190,8 +197,9 @@ def verdict(fails, missing):
 def summaries(table):
     """per workload: (kiln text, best peer text, target text, verdict)"""
     out = []
-    for w in ["G1", "G1h", "G2", "G2h", "G3", "G3h", "G4", "G4h", "G5", "G6", "G6h", "G7", "G7h", "G8"]:
-        rows = [r for r in table if base(r["workload"]) == w]
+    for w in ["G1", "G1h", "G2", "G2h", "G3", "G3h", "G4", "G4h", "G5", "G6", "G6h", "G7", "G7h", "G8", "G9:1024",
+              "G9:4096", "G9h:1024", "G9h:4096"]:
+        rows = [r for r in table if (r["workload"] if w.startswith("G9") else base(r["workload"])) == w]
         if not rows:
             continue
         tgt = TARGETS[w]

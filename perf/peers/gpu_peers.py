@@ -2,7 +2,7 @@
 """perf/peers/gpu_peers.py -- the peers of Kiln's GPU benchmarks (perf/g*.c),
 run by `scripts/bench --device cuda`.
 
-    gpu_peers.py --workload G1..G7|G1h..G4h|G6h|G7h --contender torch|torch.compile|jax [--smoke]
+    gpu_peers.py --workload G1..G7|G9|G1h..G4h|G6h|G7h|G9h --contender torch|torch.compile|jax [--smoke]
 
 Runs one workload for one peer on the GPU, on the inputs of perf/g*.c (the
 formulas of perf/bench.c, through perf/peers.py), with the same repetition
@@ -13,6 +13,12 @@ CUDA events (torch) or on the host clock ending in block_until_ready (JAX),
 as the Kiln programs time theirs (perf/gpu_bench.h); the median is printed.
 G5, a replay of a 100-op chain whose 16 values are read back each time, is
 timed on the host clock: a read back to the host is part of it.
+
+G9 (rows G9:1024 and G9:4096) is attention forward + backward through
+torch's F.scaled_dot_product_attention and autograd: its memory-efficient
+kernel in f32, its flash kernel in bf16 (G9h), each forced with
+sdpa_kernel so a fallback to the math path cannot pass for it.
+torch.compile and JAX have no row (SDPA is already one fused kernel).
 
 G1h-G4h, G6h and G7h are those workloads in bf16, as perf/g*.c run them
 with --bf16: G1h-G4h and G6h take the f32 inputs rounded to bf16 (torch:
@@ -35,10 +41,11 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKLOADS = ["G1", "G2", "G3", "G4", "G5", "G6", "G7", "G1h", "G2h", "G3h", "G4h", "G6h", "G7h"]
+WORKLOADS = ["G1", "G2", "G3", "G4", "G5", "G6", "G7", "G9", "G1h", "G2h", "G3h", "G4h", "G6h", "G7h",
+             "G9h"]
 # (timed repetitions, warm-up evaluations, evaluations per repetition): perf/g*.c's
 PLAN = {"G1": (20, 4, 10), "G2": (20, 4, 20), "G3": (20, 4, 20), "G4": (20, 4, 20),
-        "G5": (9, 20, 200), "G6": (10, 2, 1), "G7": (10, 4, 20)}
+        "G5": (9, 20, 200), "G6": (10, 2, 1), "G7": (10, 4, 20), "G9": (10, 2, 1)}
 G5_OPS, G5_ELEMS = 100, 16
 ARGS = None
 P = None  # perf/peers.py: the input formulas, the summary, the line format
@@ -74,7 +81,7 @@ def half():
 def plan():
     reps, warm, inner = PLAN[base()]
     if ARGS.smoke:
-        return 1, 1, 1 if base() == "G6" else 2
+        return 1, 1, 1 if base() in ("G6", "G9") else 2
     return reps, warm, inner
 
 
@@ -211,6 +218,8 @@ def run_torch(compiled):
 
     w = base()
     reps, warm, inner = plan()
+    if w == "G9":
+        return run_torch_g9(torch, F, dev, timed, name, reps, warm, compiled)
     on = [torch.from_numpy(a).to(dev) for a in inputs()] if w != "G7" else None
     if half() and on is not None:
         on = [a.to(torch.bfloat16) for a in on]
@@ -247,6 +256,55 @@ def run_torch(compiled):
     sync()
 
 
+def g9_shapes():
+    """perf/g9_attention.c's (row, batch, heads, T, head size): 16384 tokens at each T"""
+    if ARGS.smoke:
+        return [("%s:%d" % (ARGS.workload, t), 1, 2, 128, 64) for t in (1024, 4096)]
+    return [("%s:%d" % (ARGS.workload, t), 16384 // t, 16, t, 64) for t in (1024, 4096)]
+
+
+def run_torch_g9(torch, F, dev, timed, name, reps, warm, compiled):
+    """attention forward + backward: dq, dk, dv of sum(out * g) through autograd"""
+    import contextlib
+    if compiled:
+        for row, *_ in g9_shapes():
+            print("@na\tworkload=%s\tcontender=torch.compile\tnote=not measured: SDPA is already one fused "
+                  "kernel" % row, flush=True)
+        return
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except Exception:
+        SDPBackend = sdpa_kernel = None
+    cuda = ARGS.device == "cuda"
+    for row, b, h, t, d in g9_shapes():
+        n = b * h * t * d
+        arrays = [P.fill_sin(n, 0.0013 * (i + 1), 0.3 * i, 1.0).reshape(b, h, t, d) for i in range(4)]
+        q, k, v, g = [torch.from_numpy(a).to(dev) for a in arrays]
+        if half():
+            q, k, v, g = [a.to(torch.bfloat16) for a in (q, k, v, g)]
+        for a in (q, k, v):
+            a.requires_grad_(True)
+        kernel, ctx = "math (cpu)", contextlib.nullcontext()
+        if cuda:
+            if sdpa_kernel is None:
+                print("@na\tworkload=%s\tcontender=torch\tnote=skipped: torch %s has no "
+                      "torch.nn.attention.sdpa_kernel (2.3+)" % (row, torch.__version__), flush=True)
+                continue
+            kernel = "flash" if half() else "memory-efficient"
+            ctx = sdpa_kernel(SDPBackend.FLASH_ATTENTION if half() else SDPBackend.EFFICIENT_ATTENTION)
+
+        def step():
+            out = F.scaled_dot_product_attention(q, k, v)
+            return torch.autograd.grad(out, (q, k, v), g)[0]
+        with ctx:
+            times, dq = timed(step, reps, warm, 1)
+        med, mn = median_min(times)
+        flops = 3.5 * 4.0 * b * h * t * t * d
+        P.result(row, "torch", med, mn, len(times), P.summary(dq.float().detach().cpu().numpy()), device=name,
+                 flops="%.0f" % flops, tflops="%.2f" % (flops / med / 1e12), batch=b, heads=h, T=t, d=d,
+                 note="F.scaled_dot_product_attention (%s kernel) + autograd" % kernel)
+
+
 def run_torch_g7(torch, F, dev, opt, timed, result, reps, warm, inner, compiled, bf16=False):
     """W7's step: autograd through the (compiled) forward + loss, SGD as one foreach update;
     bf16 (G7h): the forward under torch.autocast("cuda", torch.bfloat16)"""
@@ -281,6 +339,11 @@ def run_torch_g7(torch, F, dev, opt, timed, result, reps, warm, inner, compiled,
 # --- JAX ---------------------------------------------------------------------------
 
 def run_jax():
+    if base() == "G9":  # two rows, neither measured
+        for row, *_ in g9_shapes():
+            print("@na\tworkload=%s\tcontender=jax.jit\tnote=not measured yet (G9's peer is torch's SDPA)" % row,
+                  flush=True)
+        return
     if ARGS.device == "cpu":
         os.environ["JAX_PLATFORMS"] = "cpu"
     try:
