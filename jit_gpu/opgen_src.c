@@ -1219,7 +1219,8 @@ static const char att_query_row[] =
     "  const i64 jend = causal && r0 + BR < tk ? r0 + BR : tk;\n";
 
 static const char att_fwd[] =
-    "  __shared__ T ks[BK * DM], vs[BK * DM];\n"
+    "  __shared__ __attribute__((aligned(16))) T ks[BK * DM]; /* LDS.128 where it can */\n"
+    "  __shared__ __attribute__((aligned(16))) T vs[BK * DM];\n"
     "$QUERY"
     "  T acc[DM];\n"
     "#pragma unroll\n"
@@ -1254,7 +1255,7 @@ static const char att_fwd[] =
     "}\n";
 
 static const char att_rows[] =
-    "  __shared__ T ks[BK * DM];\n"
+    "  __shared__ __attribute__((aligned(16))) T ks[BK * DM];\n"
     "$QUERY"
     "  T m = ninf, l = 0;\n"
     "  for (i64 j0 = 0; j0 < jend; j0 += BK) {\n"
@@ -1282,7 +1283,8 @@ static const char att_rows[] =
     "}\n";
 
 static const char att_dq[] =
-    "  __shared__ T ks[BK * DM], vs[BK * DM];\n"
+    "  __shared__ __attribute__((aligned(16))) T ks[BK * DM]; /* LDS.128 where it can */\n"
+    "  __shared__ __attribute__((aligned(16))) T vs[BK * DM];\n"
     "$QUERY"
     "  const T *G = (const T *)a.ptr[5] + k_offset(a, 5, bt, 0, a.ndim);\n"
     "  T g[DM], dq[DM];\n"
@@ -1317,7 +1319,9 @@ static const char att_dq[] =
     "}\n";
 
 static const char att_dkdv[] =
-    "  __shared__ T qs[BK * DM], gs[BK * DM], Ls[BK], Ds[BK];\n"
+    "  __shared__ __attribute__((aligned(16))) T qs[BK * DM];\n"
+    "  __shared__ __attribute__((aligned(16))) T gs[BK * DM];\n"
+    "  __shared__ T Ls[BK], Ds[BK];\n"
     "  const i64 j = row;\n"
     "  const T *G = (const T *)a.ptr[5] + k_offset(a, 5, bt, 0, a.ndim);\n"
     "  const i64 gr = a.stride[5][6], gc = a.stride[5][7];\n"

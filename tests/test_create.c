@@ -233,6 +233,28 @@ TEST(zeros_and_full_zero_d_and_empty) {
   kiln_release(e);
 }
 
+/* kiln_full_on: on the device asked for, whatever the default; a device
+   that is not there (CUDA on this machine, unless emulated) is
+   KILN_ERR_DEVICE, an invalid one KILN_ERR_ARG */
+TEST(full_on_a_device) {
+  CHECK_MADE(kiln_full_on(2.5, KILN_F32, 1, S(2), KILN_CPU), KILN_F32, 1, S(2), V(2.5, 2.5), 0);
+  kiln_tensor *t = kiln_full_on(-INFINITY, KILN_F64, 0, NULL, KILN_CPU);
+  CHECK(t && kiln_device_of(t) == KILN_CPU);
+  kiln_release(t);
+  CHECK(kiln_full_on(1, KILN_F32, 1, S(2), (kiln_device)7) == NULL);
+  CHECK_EQ_INT(kiln_last_status(), KILN_ERR_ARG);
+  kiln_clear_error();
+  t = kiln_full_on(1, KILN_F32, 1, S(2), KILN_CUDA);
+  if (kiln_device_available(KILN_CUDA)) {
+    CHECK(t && kiln_device_of(t) == KILN_CUDA);
+  } else {
+    CHECK(t == NULL);
+    CHECK_EQ_INT(kiln_last_status(), KILN_ERR_DEVICE);
+  }
+  kiln_release(t);
+  kiln_clear_error();
+}
+
 /* ------------------------------------------------------------------ arange */
 
 TEST(arange_integer_steps) {
@@ -615,6 +637,7 @@ int main(void) {
   RUN(zeros_ones_full_every_dtype);
   RUN(full_converts_the_value_to_the_dtype);
   RUN(zeros_and_full_zero_d_and_empty);
+  RUN(full_on_a_device);
   RUN(arange_integer_steps);
   RUN(arange_negative_step);
   RUN(arange_non_integer_step);

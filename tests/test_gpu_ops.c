@@ -540,7 +540,8 @@ TEST(attention_is_one_primitive_on_the_device) {
 /* attention written the long way on the device (matmul, scale, an
    additive mask with -inf above the diagonal, softmax, matmul) is
    recorded as the primitive (trace/attention.c): one rewrite, no BLAS
-   call, the op's bits with that mask */
+   call, the op's bits with that mask; with a triu mask and a -inf fill
+   (kiln_full_on) it is the causal op */
 TEST(attention_written_the_long_way_on_the_device) {
   int64_t s[4] = {2, 2, 48, 32}, sq[2] = {48, 48};
   kiln_tensor *q = random_cpu(KILN_F32, 4, s, -1, 1), *k = random_cpu(KILN_F32, 4, s, -1, 1),
@@ -562,7 +563,20 @@ TEST(attention_written_the_long_way_on_the_device) {
   check_same("the long way against the op", op, out, 0);
   kiln_tensor *cpu_op = kiln_scaled_dot_product_attention(q, k, v, mask, false, 0);
   check_near("the device's op against the CPU's", cpu_op, op, 2e-5);
-  kiln_tensor *all[] = {q, k, v, mask, qg, kg, vg, maskg, kt, sc, scaled, x, p, out, op, cpu_op};
+  /* a causal mask written with triu and a -inf fill on the device: the
+     causal op, with its bits (the scores anew: only pending work is
+     rewritten) */
+  kiln_tensor *ones = kiln_full_on(1, KILN_BOOL, 2, sq, KILN_CUDA);
+  kiln_tensor *ninf = kiln_full_on(-INFINITY, KILN_F32, 0, NULL, KILN_CUDA);
+  kiln_tensor *sc2 = kiln_matmul(qg, kt), *scaled2 = kiln_mul_scalar(sc2, 1 / sqrt(32.0));
+  kiln_tensor *later = kiln_triu(ones, 1), *xc = kiln_where(later, ninf, scaled2);
+  kiln_tensor *pc = kiln_softmax(xc, -1), *outc = kiln_matmul(pc, vg);
+  CHECK(kiln_eval(1, &outc) == KILN_OK);
+  CHECK_EQ_INT(kiln_stat("attention_rewrites") - r0, 2);
+  kiln_tensor *causal = kiln_scaled_dot_product_attention(qg, kg, vg, NULL, true, 0);
+  check_same("the long way with triu against the causal op", causal, outc, 0);
+  kiln_tensor *all[] = {q, k,   v,  mask, qg,   kg,    vg, maskg, kt,   sc,     scaled, x,
+                        p, out, op, ones, ninf, later, xc, pc,    outc, causal, cpu_op};
   for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);
 }
 

@@ -106,6 +106,17 @@ kiln_tensor *kiln_full(double v, kiln_dtype dt, int ndim, const int64_t *shape) 
   API(kiln_full);
   return full(v, true, dt, ndim, shape);
 }
+kiln_tensor *kiln_full_on(double v, kiln_dtype dt, int ndim, const int64_t *shape, kiln_device d) {
+  API(kiln_full_on);
+  if (!vm_backend_of(d)) {
+    vm_error(KILN_ERR_ARG, "invalid device %d", (int)d);
+    return NULL;
+  }
+  vm_attr attr = {.dtype = dt, .ndim = ndim, .host = true, .scalar = {v}, .device = (uint8_t)d};
+  if (!vm_check_dims_arg(ndim, shape)) return NULL;
+  if (ndim) memcpy(attr.shape, shape, (size_t)ndim * sizeof *shape);
+  return fe_op(VM_OP_full, 0, NULL, &attr);
+}
 
 kiln_tensor *kiln_arange(double start, double stop, double step, kiln_dtype dt) {
   API(kiln_arange);

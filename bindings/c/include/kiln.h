@@ -70,6 +70,10 @@ KILN_API kiln_tensor *kiln_scalar(double v, kiln_dtype dt); /* 0-d */
 KILN_API kiln_tensor *kiln_zeros(kiln_dtype dt, int ndim, const int64_t *shape);
 KILN_API kiln_tensor *kiln_ones(kiln_dtype dt, int ndim, const int64_t *shape);
 KILN_API kiln_tensor *kiln_full(double v, kiln_dtype dt, int ndim, const int64_t *shape);
+/* kiln_full on device d (not the default device): recorded there, so a
+   fill next to CUDA tensors fuses into their kernels with no copy */
+KILN_API kiln_tensor *kiln_full_on(double v, kiln_dtype dt, int ndim, const int64_t *shape,
+                                   kiln_device d);
 KILN_API kiln_tensor *kiln_arange(double start, double stop, double step, kiln_dtype dt);
 KILN_API void kiln_manual_seed(uint64_t seed);
 KILN_API kiln_tensor *kiln_rand(kiln_dtype dt, int ndim, const int64_t *shape);  /* U[0,1) */

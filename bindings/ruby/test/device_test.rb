@@ -92,4 +92,31 @@ class DeviceTest < Minitest::Test
     losses[1].zip(losses[0]).each { |g, c| assert_in_delta c, g, 0.02 * c }
     assert_operator losses[1].last, :<, losses[1].first
   end
+
+  # attention on the device is the attention primitive (issue 40): the
+  # CPU's values and gradients; written the long way (a triu mask through
+  # masked_fill, softmax) it is recorded as the causal op, with its bits
+  def test_attention_on_cuda
+    skip "no CUDA device here" unless Kiln::CUDA.available?
+    f = Kiln::NN::Functional
+    Kiln.manual_seed(3)
+    qkv = Array.new(3) { Kiln.randn(2, 3, 20, 16) }
+    w = Kiln.randn(2, 3, 20, 16)
+    outs = %i[cpu cuda].map do |dev|
+      q, k, v = qkv.map { |t| t.to(dev).requires_grad! }
+      o = f.scaled_dot_product_attention(q, k, v, is_causal: true)
+      assert_equal dev, o.device
+      (o * w.to(dev)).sum.backward
+      [o, q.grad, k.grad, v.grad].map { |t| t.cpu.to_a.flatten }
+    end
+    outs[0].zip(outs[1]).each do |c, g|
+      g.zip(c).each { |gv, cv| assert_in_delta cv, gv, 2e-5 * [cv.abs, 1].max }
+    end
+    q, k, v = qkv.map(&:cuda)
+    before = Kiln.stats[:attention_rewrites]
+    mask = Kiln.ones(20, 20, dtype: :bool).cuda.triu(1)
+    long = q.matmul(k.transpose(-2, -1)).*(0.25).masked_fill(mask, -Float::INFINITY).softmax(-1).matmul(v)
+    assert_equal 1, Kiln.stats[:attention_rewrites] - before
+    assert_equal f.scaled_dot_product_attention(q, k, v, is_causal: true).cpu.to_a, long.cpu.to_a
+  end
 end

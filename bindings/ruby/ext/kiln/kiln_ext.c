@@ -359,15 +359,10 @@ kiln_tensor *rk_scalar_for(VALUE num, kiln_tensor *x) {
              rb_obj_class(num));
   }
   kiln_clear_error();
-  kiln_tensor *s = kiln_scalar(v, dt);
   /* on x's device: a CPU tensor and a CUDA tensor never mix in one op
-     (DESIGN §6), so `cuda_int_tensor * 2` needs its 2 on the GPU */
-  if (s && kiln_device_of(x) != KILN_CPU) {
-    kiln_tensor *d = kiln_to_device(s, kiln_device_of(x));
-    kiln_release(s);
-    s = d;
-  }
-  return s;
+     (DESIGN §6), so `cuda_int_tensor * 2` needs its 2 on the GPU, where
+     it is a fill the op's kernel takes as a parameter (no copy) */
+  return kiln_full_on(v, dt, 0, NULL, kiln_device_of(x));
 }
 
 /* --- calls that may evaluate: run without the GVL -------------------------------- */

@@ -600,7 +600,10 @@ module Kiln
         raise Kiln::ShapeError, "Kiln::Tensor#masked_fill: value must be a number or a 0-d tensor, not shape #{value.shape}"
       end
 
-      Kiln.where(mask, same_dtype(value), self)
+      # a number is a fill on self's device, in self's dtype (so a -inf
+      # fill of attention scores is recognized as attention's mask)
+      fill = value.is_a?(Tensor) ? value : _scalar_like(value)
+      Kiln.where(mask, same_dtype(fill), self)
     end
     signature "masked_fill(Tensor mask, value value)"
 
