@@ -575,6 +575,15 @@ TEST(attention_written_the_long_way_on_the_device) {
   CHECK_EQ_INT(kiln_stat("attention_rewrites") - r0, 2);
   kiln_tensor *causal = kiln_scaled_dot_product_attention(qg, kg, vg, NULL, true, 0);
   check_same("the long way with triu against the causal op", causal, outc, 0);
+  /* heads past the device's 128: left as written (the op would compose) */
+  int64_t sw[4] = {1, 1, 8, 130};
+  kiln_tensor *qw = random_cpu(KILN_F32, 4, sw, -1, 1), *qwg = gpu(qw);
+  kiln_tensor *ktw = kiln_transpose(qwg, 2, 3), *sw2 = kiln_matmul(qwg, ktw);
+  kiln_tensor *pw = kiln_softmax(sw2, -1), *ow = kiln_matmul(pw, qwg);
+  CHECK(kiln_eval(1, &ow) == KILN_OK);
+  CHECK_EQ_INT(kiln_stat("attention_rewrites") - r0, 2);
+  kiln_tensor *wide[] = {qw, qwg, ktw, sw2, pw, ow};
+  for (int i = 0; i < COUNT(wide); i++) kiln_release(wide[i]);
   kiln_tensor *all[] = {q, k,   v,  mask, qg,   kg,    vg, maskg, kt,   sc,     scaled, x,
                         p, out, op, ones, ninf, later, xc, pc,    outc, causal, cpu_op};
   for (int i = 0; i < COUNT(all); i++) kiln_release(all[i]);

@@ -240,11 +240,16 @@ static bool match_locked(tr_node *pn, const vm_tensor *v, tr_attention_match *m,
     m->causal = true;
     *maskn = NULL;
   }
+  /* heads the device's primitive takes (else the op would be composed
+     again: nothing gained) */
+  const tr_node *qn = sc->in[0];
+  int64_t most = vm_backend_of((kiln_device)dev)->attention_max_head;
   return nx >= 2 && sc->meta.dtype == x->meta.dtype &&
          x->meta.shape[nx - 1] == sc->meta.shape[ns - 1] &&
          x->meta.shape[nx - 2] == sc->meta.shape[ns - 2] && v->ndim >= 2 &&
          v->shape[v->ndim - 2] == sc->meta.shape[ns - 1] && v->device == dev &&
-         vm_dtype_is_float(v->dtype);
+         vm_dtype_is_float(v->dtype) && qn->meta.shape[qn->meta.ndim - 1] <= most &&
+         v->shape[v->ndim - 1] <= most;
 }
 
 /* KILN_FUSE_ATTENTION=0: no rewrite (for comparisons), read once */
