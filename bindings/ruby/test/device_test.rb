@@ -93,6 +93,54 @@ class DeviceTest < Minitest::Test
     assert_operator losses[1].last, :<, losses[1].first
   end
 
+  # the calls users make every day give the CPU's values on the device:
+  # numbers next to a CUDA tensor become fills there (never a CPU tensor
+  # in a CUDA op), modules and optimizers move with .cuda
+  def test_everyday_calls_on_cuda
+    skip "no CUDA device here" unless Kiln::CUDA.available?
+    f = Kiln::NN::Functional
+    calls = {
+      "fill!" => ->(x, _d) { y = x.clone; y.fill!(3); y },
+      "clamp" => ->(x, _d) { x.clamp(-1, 1) + x.clamp_min(0) },
+      "where" => ->(x, _d) { Kiln.where(x > 0, x, 0.0) },
+      "pow and reflected ops" => ->(x, _d) { (x**2) + (2**x) + (1 - x) + (1.0 / x) },
+      "masked_fill!" => ->(x, _d) { y = x.clone; y.masked_fill!(x > 0, -1.5); y },
+      "copy! broadcast" => ->(x, d) { y = x.clone; y.copy!(Kiln.tensor([1.0, 2.0, 3.0]).to(d)); y },
+      "lerp addcmul" => ->(x, _d) { x.lerp(x * 2, 0.5).addcmul(x, x, value: 0.5) },
+      "rows" => ->(x, _d) { x.softmax(-1) + x.log_softmax(-1) + x.cumsum(1) + x.triu(0) },
+      "reductions" => ->(x, _d) { Kiln.stack([x.mean, x.std, x.norm, x.max]) },
+      "like" => ->(x, _d) { Kiln.full_like(x, 2.0) + Kiln.ones_like(x) + x.new_full([3], 3.0) },
+      "activations" => ->(x, _d) { f.relu(x) + f.gelu(x) + f.normalize(x) },
+      "losses" => ->(x, d) { f.mse_loss(x, x * 0.5) + f.cross_entropy(x, Kiln.tensor([0, 2]).to(d)) },
+      "pad" => ->(x, _d) { f.pad(x, [1, 1]) },
+      "modules" => lambda do |x, d|
+        Kiln.manual_seed(7)
+        h = Kiln::NN::LayerNorm.new(2).to(d).(Kiln::NN::Linear.new(3, 2).to(d).(x))
+        m = Kiln::NN::MultiheadAttention.new(2, 1).to(d)
+        m.(h.unsqueeze(0), h.unsqueeze(0), h.unsqueeze(0))[0]
+      end,
+      "adam step" => lambda do |x, d|
+        Kiln.manual_seed(8)
+        l = Kiln::NN::Linear.new(3, 1).to(d)
+        opt = Kiln::Optim::Adam.new(l.parameters, lr: 0.1)
+        2.times do
+          opt.zero_grad
+          l.(x).sum.backward
+          Kiln::NN::Utils.clip_grad_norm!(l.parameters, 0.5)
+          opt.step
+        end
+        l.weight
+      end
+    }
+    x = Kiln.tensor([[1.0, -2.5, 0.1], [3.0, 0.3, -7.75]])
+    calls.each do |name, fn|
+      want = [fn.(x, :cpu).to_a].flatten
+      got = fn.(x.cuda, :cuda)
+      assert_equal :cuda, got.device, name
+      [got.cpu.to_a].flatten.zip(want).each { |g, w| assert_in_delta w, g, 1e-5 * [w.abs, 1].max, name }
+    end
+  end
+
   # attention on the device is the attention primitive (issue 40): the
   # CPU's values and gradients; written the long way (a triu mask through
   # masked_fill, softmax) it is recorded as the causal op, with its bits

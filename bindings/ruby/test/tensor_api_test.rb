@@ -68,6 +68,10 @@ class TensorApiTest < Minitest::Test
     w.fill!(3)
     w.copy!(Kiln.tensor([4, 5]))
     assert_tensor [4.0, 5.0], w, dtype: :float32
+    w.copy!(Kiln.tensor(7.0)) # broadcast, as torch's copy_
+    assert_tensor [7.0, 7.0], w, dtype: :float32
+    assert_raises(Kiln::ShapeError) { w.copy!(Kiln.tensor([1.0, 2.0, 3.0])) }
+    w.copy!(Kiln.tensor([4, 5]))
     assert_same same, w
     i = Kiln.tensor([1, 2])
     i.mul!(3)

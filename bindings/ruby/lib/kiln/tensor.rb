@@ -572,9 +572,11 @@ module Kiln
       assign!(Kiln.full(shape, value, dtype: dtype))
     end
 
-    # p.copy!(src): the values of src (cast to self's dtype, broadcast to its shape)
+    # p.copy!(src): the values of src (cast to self's dtype, broadcast to its
+    # shape, as torch's copy_; a ShapeError where it does not broadcast)
     def copy!(src)
-      assign!(same_dtype(src))
+      v = same_dtype(src)
+      assign!(v.shape == shape ? v : v.expand(shape))
     end
 
     # --- arithmetic and linear algebra ----------------------------------------------
