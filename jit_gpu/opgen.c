@@ -44,7 +44,8 @@
  *     rowsum(dO ∘ O) per query row); batch dims [0, ndim) with each
  *     operand's strides in stride[k], its row and column strides at
  *     stride[k][6..7]; extent = {Tq, Tk, d, dv}; n = batch items;
- *     scalar[0] the scale; flag bit 0 causal.  A launch's block is
+ *     scalar[0] the scale; flag bit 0 causal, bits 1-2 the mask's kind
+ *     (opgen.h GPU_ATT_*_MASK).  A launch's block is
  *     GPU_ATT_ROWS_PER_BLOCK threads, a thread per query row (per key row
  *     for DKDV), the grid every batch item's blocks of rows. */
 #include "opgen.h"
@@ -82,12 +83,11 @@ void gpu_op_key_name(const gpu_op_key *k, char *buf, size_t cap) {
     snprintf(buf, cap, "k_invalid_%u", (unsigned)k->op);
     return;
   }
-  if (vm_op_table[k->op].kind == VM_KIND_ATTENTION) { /* k_attention_fwd_d64_bool_f32 */
+  if (vm_op_table[k->op].kind == VM_KIND_ATTENTION) { /* k_attention_fwd_d64_f32 */
     static const char *const pass[] = {"fwd", "rows", "dq", "dkdv"};
-    static const char *const mask[] = {"nomask", "bool", "float", "bad"};
-    snprintf(buf, cap, "k_attention_%s_d%d_%s_%s", pass[k->variant % GPU_ATT_WIDE],
+    snprintf(buf, cap, "k_attention_%s_d%d%s_%s", pass[k->variant % GPU_ATT_WIDE],
              k->variant & GPU_ATT_WIDE ? GPU_ATT_MAX_HEAD : GPU_ATT_MAX_HEAD / 2,
-             mask[(k->variant / GPU_ATT_MASK) & 3], dsfx[k->out_dtype]);
+             k->variant >= 2 * GPU_ATT_WIDE ? "_bad" : "", dsfx[k->out_dtype]);
     return;
   }
   size_t used = (size_t)snprintf(buf, cap, "k_%s%s", vm_op_table[k->op].name, variant_name(k));
@@ -623,8 +623,7 @@ static bool plan_attention(vm_opcode op, int n, vm_tensor *const *in, vm_tensor 
              vm_dtype_name(mask->dtype), vm_dtype_name(t));
     return false;
   }
-  int shape_bits = (d > GPU_ATT_MAX_HEAD / 2 || dv > GPU_ATT_MAX_HEAD / 2 ? GPU_ATT_WIDE : 0) +
-                   kind * GPU_ATT_MASK;
+  int wide = d > GPU_ATT_MAX_HEAD / 2 || dv > GPU_ATT_MAX_HEAD / 2 ? GPU_ATT_WIDE : 0;
   kiln_dtype dts[3] = {t, t, t};
   static const int fwd[] = {GPU_ATT_FWD}, bwd[] = {GPU_ATT_ROWS, GPU_ATT_DQ, GPU_ATT_DKDV};
   const int *passes = grad ? bwd : fwd;
@@ -638,7 +637,7 @@ static bool plan_attention(vm_opcode op, int n, vm_tensor *const *in, vm_tensor 
                (long long)nbatch, (long long)rows);
       return false;
     }
-    gpu_op_key key = make_key(op, passes[i] + shape_bits, t, 3, dts, 1);
+    gpu_op_key key = make_key(op, passes[i] + wide, t, 3, dts, 1);
     gpu_launch *l = plan_add(p, &key);
     if (!l) return false;
     gpu_args *a = &l->args;
@@ -657,7 +656,7 @@ static bool plan_attention(vm_opcode op, int n, vm_tensor *const *in, vm_tensor 
     a->extent[0] = tq, a->extent[1] = tk, a->extent[2] = d, a->extent[3] = dv;
     a->n = nbatch;
     a->scalar[0] = attr->scalar[0];
-    a->flag = attr->keepdim ? 1 : 0;
+    a->flag = (attr->keepdim ? 1 : 0) | kind << 1;
     l->grid[0] = (uint32_t)blocks;
     l->block[0] = GPU_ATT_ROWS_PER_BLOCK;
   }
@@ -803,12 +802,12 @@ static void add_family(key_list *L, vm_opcode op, kiln_dtype dt) {
     case VM_KIND_SORT:
       add_elementwise(L, op, KILN_I64, 1, &dt);
       break;
-    case VM_KIND_ATTENTION: /* every pass, head bucket and mask kind, over f32 and f64 */
+    case VM_KIND_ATTENTION: /* every pass and head bucket, over f32 and f64 */
       if (dt != KILN_F32 && dt != KILN_F64) break;
       for (int pass = 0; pass < GPU_ATT_WIDE; pass++)
-        for (int bits = 0; bits < 3 * GPU_ATT_MASK; bits += GPU_ATT_WIDE)
+        for (int wide = 0; wide <= GPU_ATT_WIDE; wide += GPU_ATT_WIDE)
           if ((pass == GPU_ATT_FWD) == (op == VM_OP_attention))
-            add_key(L, make_key(op, pass + bits, dt, 3, same, 1));
+            add_key(L, make_key(op, pass + wide, dt, 3, same, 1));
       break;
     case VM_KIND_VIEW:
     case VM_KIND_COLLECTIVE:

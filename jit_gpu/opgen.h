@@ -98,19 +98,14 @@ enum {
 };
 
 /* Attention (opgen.c documents its gpu_args): variant = pass +
-   GPU_ATT_WIDE (head sizes 65..GPU_ATT_MAX_HEAD; else up to 64) + the
-   mask's kind times GPU_ATT_MASK.  attention is one FWD launch;
-   attention_grad is ROWS (each query row's logsumexp and rowsum(dO ∘ O)
-   into scratch), then DQ (a thread per query row) and DKDV (a thread per
-   key row): no atomics, so the same bits on every run. */
-enum {
-  GPU_ATT_FWD = 0,
-  GPU_ATT_ROWS,
-  GPU_ATT_DQ,
-  GPU_ATT_DKDV,
-  GPU_ATT_WIDE = 4,
-  GPU_ATT_MASK = 8
-};
+   GPU_ATT_WIDE (head sizes 65..GPU_ATT_MAX_HEAD; else up to 64); the
+   mask's kind is a launch argument (a uniform branch: a third of the
+   kernels NVRTC builds).  attention is one FWD launch; attention_grad is
+   ROWS (each query row's logsumexp and rowsum(dO ∘ O) into scratch), then
+   DQ (a thread per query row) and DKDV (a thread per key row): no
+   atomics, so the same bits on every run. */
+enum { GPU_ATT_FWD = 0, GPU_ATT_ROWS, GPU_ATT_DQ, GPU_ATT_DKDV, GPU_ATT_WIDE = 4 };
+/* gpu_args.flag of an attention launch: bit 0 causal, bits 1-2 the mask */
 enum { GPU_ATT_NO_MASK = 0, GPU_ATT_BOOL_MASK, GPU_ATT_FLOAT_MASK };
 #define GPU_ATT_MAX_HEAD 128 /* larger heads: fe_attention composes (vm_backend) */
 #define GPU_ATT_ROWS_PER_BLOCK 64

@@ -294,7 +294,7 @@ bool gpu_op_key_supported(const gpu_op_key *k) {
     case VM_KIND_ATTENTION: { /* f32 and f64 (fe_attention: halves in f32) */
       int pass = k->variant % GPU_ATT_WIDE;
       return k->nin == 3 && (out == KILN_F32 || out == KILN_F64) && in0 == out && in1 == out &&
-             in2 == out && k->variant < 3 * GPU_ATT_MASK &&
+             in2 == out && k->variant < 2 * GPU_ATT_WIDE &&
              (pass == GPU_ATT_FWD) == (op == VM_OP_attention);
     }
     case VM_KIND_VIEW:
@@ -1191,6 +1191,17 @@ static const char att_head[] =
     "  const i64 vr = a.stride[3][6], vc = a.stride[3][7];\n"
     "$MASKDECL";
 
+/* the mask (a.flag bits 1-2: none, bool, or a float added), read where
+   query i meets key j: a uniform branch */
+static const char att_mask_decl[] =
+    "  const int mkind = a.flag >> 1;\n"
+    "  const i64 mo = k_offset(a, 6, bt, 0, a.ndim), mr = a.stride[6][6], mc = a.stride[6][7];\n"
+    "  const u8 *Mb = (const u8 *)a.ptr[6] + (mkind == 1 ? mo : 0);\n"
+    "  const T *Mf = (const T *)a.ptr[6] + (mkind == 2 ? mo : 0);\n";
+static const char att_mask_use[] =
+    "      if (mkind == 1 && !Mb[i * mr + j * mc]) s = ninf;\n"
+    "      if (mkind == 2) s += Mf[i * mr + j * mc];\n";
+
 /* the key tile [j0, j0 + nk) into ks (and vs), zero-padded to DM */
 static const char att_load_keys[] =
     "    __syncthreads();\n"
@@ -1379,24 +1390,13 @@ static const char att_dkdv[] =
 
 static void emit_attention(sbuf *b, const gpu_op_key *k, const char *name) {
   kiln_dtype t = (kiln_dtype)k->out_dtype;
-  int pass = k->variant % GPU_ATT_WIDE, mask = k->variant / GPU_ATT_MASK;
+  int pass = k->variant % GPU_ATT_WIDE;
   bool f32 = t == KILN_F32, by_key = pass == GPU_ATT_DKDV;
   char dm[8], bk[8], br[8];
   snprintf(dm, sizeof dm, "%d",
            k->variant & GPU_ATT_WIDE ? GPU_ATT_MAX_HEAD : GPU_ATT_MAX_HEAD / 2);
   snprintf(bk, sizeof bk, "%d", f32 ? 32 : 16); /* two tiles: 32 KB of shared memory at most */
   snprintf(br, sizeof br, "%d", GPU_ATT_ROWS_PER_BLOCK);
-  const char *at = "i * a.stride[6][6] + j * a.stride[6][7]";
-  char mask_decl[160], mask_use[160];
-  mask_decl[0] = mask_use[0] = 0;
-  if (mask != GPU_ATT_NO_MASK) {
-    snprintf(mask_decl, sizeof mask_decl,
-             "  const %s *Mk = (const %s *)a.ptr[6] + k_offset(a, 6, bt, 0, a.ndim);\n",
-             mask == GPU_ATT_BOOL_MASK ? "u8" : "T", mask == GPU_ATT_BOOL_MASK ? "u8" : "T");
-    snprintf(mask_use, sizeof mask_use,
-             mask == GPU_ATT_BOOL_MASK ? "      if (!Mk[%s]) s = ninf;\n" : "      s += Mk[%s];\n",
-             at);
-  }
   const char *body = pass == GPU_ATT_FWD    ? att_fwd
                      : pass == GPU_ATT_ROWS ? att_rows
                      : pass == GPU_ATT_DQ   ? att_dq
@@ -1415,9 +1415,9 @@ static void emit_attention(sbuf *b, const gpu_op_key *k, const char *name) {
       "BYKEY",
       by_key ? "true" : "false",
       "MASKDECL",
-      mask_decl,
+      att_mask_decl,
       "MASK",
-      mask_use,
+      att_mask_use,
       "EXP",
       f32 ? "expf" : "exp",
       "LOG",

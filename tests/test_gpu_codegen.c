@@ -56,7 +56,7 @@ TEST(key_list_is_complete_and_bounded) {
   /* every primitive but views, the input leaf, collectives (the
      distributed engine runs them, through the host) and the CPU's
      convolution primitives (fe_conv2d composes GPU ones) have keys;
-     attention's are 2 dtypes x 2 head sizes x 3 mask kinds per pass */
+     attention's are 2 dtypes x 2 head sizes per pass */
   for (int op = 0; op < VM_OP_COUNT; op++) {
     int have = 0;
     for (int i = 0; i < n; i++) have += all_keys[i].op == op;
@@ -65,7 +65,7 @@ TEST(key_list_is_complete_and_bounded) {
                 vm_op_table[op].kind == VM_KIND_CONV || op == VM_OP_input;
     if (none ? have != 0 : have == 0) KTEST_FAIL("op %s has %d keys", vm_op_table[op].name, have);
     if (vm_op_table[op].kind == VM_KIND_ATTENTION)
-      CHECK_EQ_INT(have, op == VM_OP_attention ? 12 : 36); /* FWD; ROWS, DQ, DKDV */
+      CHECK_EQ_INT(have, op == VM_OP_attention ? 4 : 12); /* FWD; ROWS, DQ, DKDV */
   }
   for (int i = 0; i < n; i++) CHECK(gpu_op_key_supported(&all_keys[i]));
   printf("test_gpu_codegen: %d kernel keys\n", n);
