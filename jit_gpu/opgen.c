@@ -46,8 +46,9 @@
  *     stride[k][6..7]; extent = {Tq, Tk, d, dv}; n = batch items;
  *     scalar[0] the scale; flag bit 0 causal, bits 1-2 the mask's kind
  *     (opgen.h GPU_ATT_*_MASK).  A launch's block is
- *     GPU_ATT_ROWS_PER_BLOCK threads, a thread per query row (per key row
- *     for DKDV), the grid every batch item's blocks of rows. */
+ *     GPU_ATT_ROWS_PER_BLOCK rows (query rows; key rows for DKDV) of a
+ *     group of (head bucket / 32) threads each, the grid every batch
+ *     item's blocks of rows. */
 #include "opgen.h"
 
 #include <stdio.h>
@@ -658,7 +659,7 @@ static bool plan_attention(vm_opcode op, int n, vm_tensor *const *in, vm_tensor 
     a->scalar[0] = attr->scalar[0];
     a->flag = (attr->keepdim ? 1 : 0) | kind << 1;
     l->grid[0] = (uint32_t)blocks;
-    l->block[0] = GPU_ATT_ROWS_PER_BLOCK;
+    l->block[0] = GPU_ATT_ROWS_PER_BLOCK * (wide ? GPU_ATT_MAX_HEAD : GPU_ATT_MAX_HEAD / 2) / 32;
   }
   if (grad) { /* never 0 bytes: the scratch operand must point into it */
     size_t stats = (size_t)(nbatch * tq * 2) * vm_dtype_size(t);

@@ -423,6 +423,10 @@ static const char prelude_helpers[] =
     "K_INT_MAXMIN(i64)\n"
     "K_INT_MAXMIN(i8)\n"
     "K_INT_MAXMIN(i16)\n"
+    "__device__ __forceinline__ double k_shfl_xor(double v, int w) { return "
+    "__shfl_xor_sync(0xffffffffu, v, w); }\n"
+    "__device__ __forceinline__ float k_shfl_xor(float v, int w) { return "
+    "__shfl_xor_sync(0xffffffffu, v, w); }\n"
     "__device__ __forceinline__ double k_shfl_down(double v, int w) { return "
     "__shfl_down_sync(0xffffffffu, v, w); }\n"
     "__device__ __forceinline__ float k_shfl_down(float v, int w) { return "
@@ -1159,29 +1163,36 @@ static void emit_index(sbuf *b, const gpu_op_key *k, const char *name) {
 }
 
 /* Attention (vm/kern_attention.c's semantics; opgen.c: the gpu_args).  A
-   thread per query row (per key row for DKDV) holds its row and its
-   accumulators in registers ($DM of them: head sizes up to 64 or up to
-   GPU_ATT_MAX_HEAD, zero-padded); the block's threads stage tiles of $BK
-   key (or query) rows in shared memory, which every thread then reads
-   at the same address (a broadcast).  Scores are (q . k) * scale, then
-   masked (bool false or causal: -inf; a float mask added); a score of
-   -inf gives probability 0 exactly, and a row with no key left gives 0.
+   row (a query's; a key's for DKDV) belongs to a group of G = $DM / 32
+   adjacent threads of one warp; each holds 32 of the row's columns
+   (columns part, part + G, ...: the group's threads read neighbouring
+   words of a shared tile, no bank conflict) and its accumulators over
+   them in registers ($DM = 64 or GPU_ATT_MAX_HEAD, zero-padded).  A dot
+   product is each thread's partial sum, then a butterfly of xor shuffles,
+   which leaves every thread of the group the same bits.  The block's
+   threads stage tiles of $BK key (or query) rows in shared memory, which
+   every group then reads at the same addresses (broadcasts).  Scores are
+   (q . k) * scale, then masked (bool false or causal: -inf; a float mask
+   added); a score of -inf gives probability 0 exactly, and a row with no
+   key left gives 0.  Every thread of a warp runs every loop trip (the
+   shuffles need all 32), a row past the end with zeros.
    FWD: an online softmax over the keys (running max m and sum l, the
    accumulator rescaled when m grows); only the tile ever exists, never
    the Tq x Tk scores.  The backward recomputes the probabilities from
    each row's logsumexp: ROWS writes (lse, D = rowsum(dO ∘ O)) per query
    row into scratch; DQ sums dS K per query row and DKDV sums Pᵀ dO and
    dSᵀ Q per key row, dS = P ∘ (dO Vᵀ - D).  Each sum runs in key (query)
-   order in one thread: the same bits on every run. */
+   order: the same bits on every run. */
 static const char att_head[] =
     "  typedef $T T;\n"
-    "  enum { DM = $DM, BK = $BK, BR = $BR };\n"
+    "  enum { DM = $DM, BK = $BK, BR = $BR, G = DM / 32, DG = 32 };\n"
     "  const i64 tq = a.extent[0], tk = a.extent[1], d = a.extent[2], dv = a.extent[3];\n"
     "  const T scale = (T)a.scalar[0], ninf = $NINF;\n"
     "  const bool causal = a.flag & 1;\n"
     "  const i64 rows = $BYKEY ? tk : tq, nblk = (rows + BR - 1) / BR;\n"
     "  const i64 bt = blockIdx.x / nblk, r0 = (i64)(blockIdx.x % nblk) * BR;\n"
-    "  const i64 row = r0 + threadIdx.x;\n"
+    "  const int part = (int)(threadIdx.x % G);\n"
+    "  const i64 row = r0 + threadIdx.x / G;\n"
     "  const bool live = row < rows;\n"
     "  const T *Q = (const T *)a.ptr[1] + k_offset(a, 1, bt, 0, a.ndim);\n"
     "  const T *Kx = (const T *)a.ptr[2] + k_offset(a, 2, bt, 0, a.ndim);\n"
@@ -1189,6 +1200,12 @@ static const char att_head[] =
     "  const i64 qr = a.stride[1][6], qc = a.stride[1][7], kr = a.stride[2][6], kc = "
     "a.stride[2][7];\n"
     "  const i64 vr = a.stride[3][6], vc = a.stride[3][7];\n"
+    "  /* the group's sum of x (every thread of it: the same bits) */\n"
+    "  auto gsum = [](T x) -> T {\n"
+    "#pragma unroll\n"
+    "    for (int w = 1; w < G; w <<= 1) x += k_shfl_xor(x, w);\n"
+    "    return x;\n"
+    "  };\n"
     "$MASKDECL";
 
 /* the mask (a.flag bits 1-2: none, bool, or a float added), read where
@@ -1199,48 +1216,51 @@ static const char att_mask_decl[] =
     "  const u8 *Mb = (const u8 *)a.ptr[6] + (mkind == 1 ? mo : 0);\n"
     "  const T *Mf = (const T *)a.ptr[6] + (mkind == 2 ? mo : 0);\n";
 static const char att_mask_use[] =
-    "      if (mkind == 1 && !Mb[i * mr + j * mc]) s = ninf;\n"
-    "      if (mkind == 2) s += Mf[i * mr + j * mc];\n";
+    "      if (mkind == 1 && (!live || !Mb[i * mr + j * mc])) s = ninf;\n"
+    "      if (mkind == 2 && live) s += Mf[i * mr + j * mc];\n";
 
 /* the key tile [j0, j0 + nk) into ks (and vs), zero-padded to DM */
 static const char att_load_keys[] =
     "    __syncthreads();\n"
-    "    for (int e = threadIdx.x; e < BK * DM; e += BR) {\n"
+    "    for (int e = threadIdx.x; e < BK * DM; e += BR * G) {\n"
     "      const int r = e / DM, c = e % DM;\n"
     "      ks[e] = r < nk && c < d ? Kx[(j0 + r) * kr + c * kc] : (T)0;\n"
     "      $LOADV\n"
     "    }\n"
     "    __syncthreads();\n";
 
-/* s: query i's score for key j, masked */
+/* s: query i's score for key j (the group's dot product), masked */
 static const char att_score[] =
     "      T s = 0;\n"
     "#pragma unroll\n"
-    "      for (int c = 0; c < DM; c++) s += $QE * $KE;\n"
-    "      s *= scale;\n"
+    "      for (int c = 0; c < DG; c++) s += $QE * $KE;\n"
+    "      s = gsum(s) * scale;\n"
     "$MASK"
     "      if (causal && j > i) s = ninf;\n";
 
 static const char att_query_row[] =
     "  const i64 i = row;\n"
-    "  T q[DM];\n"
+    "  T q[DG];\n"
     "#pragma unroll\n"
-    "  for (int c = 0; c < DM; c++) q[c] = live && c < d ? Q[i * qr + c * qc] : (T)0;\n"
+    "  for (int c = 0; c < DG; c++) {\n"
+    "    const int col = c * G + part;\n"
+    "    q[c] = live && col < d ? Q[i * qr + col * qc] : (T)0;\n"
+    "  }\n"
     "  /* causal: the block's keys end at its last query */\n"
     "  const i64 jend = causal && r0 + BR < tk ? r0 + BR : tk;\n";
 
 static const char att_fwd[] =
-    "  __shared__ __attribute__((aligned(16))) T ks[BK * DM]; /* LDS.128 where it can */\n"
+    "  __shared__ __attribute__((aligned(16))) T ks[BK * DM];\n"
     "  __shared__ __attribute__((aligned(16))) T vs[BK * DM];\n"
     "$QUERY"
-    "  T acc[DM];\n"
+    "  T acc[DG];\n"
     "#pragma unroll\n"
-    "  for (int c = 0; c < DM; c++) acc[c] = 0;\n"
+    "  for (int c = 0; c < DG; c++) acc[c] = 0;\n"
     "  T m = ninf, l = 0;\n"
     "  for (i64 j0 = 0; j0 < jend; j0 += BK) {\n"
     "    const int nk = jend - j0 < BK ? (int)(jend - j0) : BK;\n"
     "$LOAD"
-    "    for (int r = 0; live && r < nk; r++) {\n"
+    "    for (int r = 0; r < nk; r++) {\n"
     "      const i64 j = j0 + r;\n"
     "$SCORE"
     "      if (s == ninf) continue;\n"
@@ -1248,21 +1268,21 @@ static const char att_fwd[] =
     "        const T alpha = m == ninf ? (T)0 : $EXP(m - s);\n"
     "        l *= alpha;\n"
     "#pragma unroll\n"
-    "        for (int c = 0; c < DM; c++) acc[c] *= alpha;\n"
+    "        for (int c = 0; c < DG; c++) acc[c] *= alpha;\n"
     "        m = s;\n"
     "      }\n"
     "      const T p = $EXP(s - m);\n"
     "      l += p;\n"
     "#pragma unroll\n"
-    "      for (int c = 0; c < DM; c++) acc[c] += p * vs[r * DM + c];\n"
+    "      for (int c = 0; c < DG; c++) acc[c] += p * vs[r * DM + c * G + part];\n"
     "    }\n"
     "  }\n"
     "  if (!live) return;\n"
     "  T *o = (T *)a.ptr[0] + (bt * tq + i) * dv;\n"
     "  const T inv = l > 0 ? (T)1 / l : (T)0; /* no key: 0 */\n"
     "#pragma unroll\n"
-    "  for (int c = 0; c < DM; c++)\n"
-    "    if (c < dv) o[c] = acc[c] * inv;\n"
+    "  for (int c = 0; c < DG; c++)\n"
+    "    if (c * G + part < dv) o[c * G + part] = acc[c] * inv;\n"
     "}\n";
 
 static const char att_rows[] =
@@ -1272,7 +1292,7 @@ static const char att_rows[] =
     "  for (i64 j0 = 0; j0 < jend; j0 += BK) {\n"
     "    const int nk = jend - j0 < BK ? (int)(jend - j0) : BK;\n"
     "$LOAD"
-    "    for (int r = 0; live && r < nk; r++) {\n"
+    "    for (int r = 0; r < nk; r++) {\n"
     "      const i64 j = j0 + r;\n"
     "$SCORE"
     "      if (s == ninf) continue;\n"
@@ -1283,25 +1303,28 @@ static const char att_rows[] =
     "      l += $EXP(s - m);\n"
     "    }\n"
     "  }\n"
-    "  if (!live) return;\n"
     "  const T *O = (const T *)a.ptr[4] + k_offset(a, 4, bt, 0, a.ndim) + i * a.stride[4][6];\n"
-    "  const T *G = (const T *)a.ptr[5] + k_offset(a, 5, bt, 0, a.ndim) + i * a.stride[5][6];\n"
+    "  const T *G_ = (const T *)a.ptr[5] + k_offset(a, 5, bt, 0, a.ndim) + i * a.stride[5][6];\n"
     "  T D = 0;\n"
-    "  for (i64 c = 0; c < dv; c++) D += G[c * a.stride[5][7]] * O[c * a.stride[4][7]];\n"
+    "  for (i64 c = part; live && c < dv; c += G) D += G_[c * a.stride[5][7]] * O[c * "
+    "a.stride[4][7]];\n"
+    "  D = gsum(D);\n"
+    "  if (!live || part) return;\n"
     "  T *st = (T *)a.ptr[7] + (bt * tq + i) * 2;\n"
     "  st[0] = l > 0 ? m + $LOG(l) : ninf;\n"
     "  st[1] = D;\n"
     "}\n";
 
 static const char att_dq[] =
-    "  __shared__ __attribute__((aligned(16))) T ks[BK * DM]; /* LDS.128 where it can */\n"
+    "  __shared__ __attribute__((aligned(16))) T ks[BK * DM];\n"
     "  __shared__ __attribute__((aligned(16))) T vs[BK * DM];\n"
     "$QUERY"
-    "  const T *G = (const T *)a.ptr[5] + k_offset(a, 5, bt, 0, a.ndim);\n"
-    "  T g[DM], dq[DM];\n"
+    "  const T *G_ = (const T *)a.ptr[5] + k_offset(a, 5, bt, 0, a.ndim);\n"
+    "  T g[DG], dq[DG];\n"
     "#pragma unroll\n"
-    "  for (int c = 0; c < DM; c++) {\n"
-    "    g[c] = live && c < dv ? G[i * a.stride[5][6] + c * a.stride[5][7]] : (T)0;\n"
+    "  for (int c = 0; c < DG; c++) {\n"
+    "    const int col = c * G + part;\n"
+    "    g[c] = live && col < dv ? G_[i * a.stride[5][6] + col * a.stride[5][7]] : (T)0;\n"
     "    dq[c] = 0;\n"
     "  }\n"
     "  const T *st = (const T *)a.ptr[7] + (bt * tq + (live ? i : 0)) * 2;\n"
@@ -1309,24 +1332,24 @@ static const char att_dq[] =
     "  for (i64 j0 = 0; j0 < jend; j0 += BK) {\n"
     "    const int nk = jend - j0 < BK ? (int)(jend - j0) : BK;\n"
     "$LOAD"
-    "    for (int r = 0; live && L != ninf && r < nk; r++) {\n"
+    "    for (int r = 0; r < nk; r++) {\n"
     "      const i64 j = j0 + r;\n"
     "$SCORE"
-    "      if (s == ninf) continue;\n"
-    "      const T p = $EXP(s - L);\n"
     "      T dp = 0;\n"
     "#pragma unroll\n"
-    "      for (int c = 0; c < DM; c++) dp += g[c] * vs[r * DM + c];\n"
-    "      const T ds = p * (dp - D);\n"
+    "      for (int c = 0; c < DG; c++) dp += g[c] * vs[r * DM + c * G + part];\n"
+    "      dp = gsum(dp);\n"
+    "      if (s == ninf || L == ninf) continue;\n"
+    "      const T ds = $EXP(s - L) * (dp - D);\n"
     "#pragma unroll\n"
-    "      for (int c = 0; c < DM; c++) dq[c] += ds * ks[r * DM + c];\n"
+    "      for (int c = 0; c < DG; c++) dq[c] += ds * ks[r * DM + c * G + part];\n"
     "    }\n"
     "  }\n"
     "  if (!live) return;\n"
     "  T *out = (T *)a.ptr[0] + (bt * tq + i) * d;\n"
     "#pragma unroll\n"
-    "  for (int c = 0; c < DM; c++)\n"
-    "    if (c < d) out[c] = dq[c] * scale;\n"
+    "  for (int c = 0; c < DG; c++)\n"
+    "    if (c * G + part < d) out[c * G + part] = dq[c] * scale;\n"
     "}\n";
 
 static const char att_dkdv[] =
@@ -1334,14 +1357,15 @@ static const char att_dkdv[] =
     "  __shared__ __attribute__((aligned(16))) T gs[BK * DM];\n"
     "  __shared__ T Ls[BK], Ds[BK];\n"
     "  const i64 j = row;\n"
-    "  const T *G = (const T *)a.ptr[5] + k_offset(a, 5, bt, 0, a.ndim);\n"
+    "  const T *G_ = (const T *)a.ptr[5] + k_offset(a, 5, bt, 0, a.ndim);\n"
     "  const i64 gr = a.stride[5][6], gc = a.stride[5][7];\n"
     "  const T *st = (const T *)a.ptr[7] + bt * tq * 2;\n"
-    "  T kv[DM], vv[DM], dk[DM], dw[DM];\n"
+    "  T kv[DG], vv[DG], dk[DG], dw[DG];\n"
     "#pragma unroll\n"
-    "  for (int c = 0; c < DM; c++) {\n"
-    "    kv[c] = live && c < d ? Kx[j * kr + c * kc] : (T)0;\n"
-    "    vv[c] = live && c < dv ? V[j * vr + c * vc] : (T)0;\n"
+    "  for (int c = 0; c < DG; c++) {\n"
+    "    const int col = c * G + part;\n"
+    "    kv[c] = live && col < d ? Kx[j * kr + col * kc] : (T)0;\n"
+    "    vv[c] = live && col < dv ? V[j * vr + col * vc] : (T)0;\n"
     "    dk[c] = dw[c] = 0;\n"
     "  }\n"
     "  /* causal: queries before the block's first key see none of its keys */\n"
@@ -1349,32 +1373,31 @@ static const char att_dkdv[] =
     "  for (i64 i0 = istart; i0 < tq; i0 += BK) {\n"
     "    const int nq = tq - i0 < BK ? (int)(tq - i0) : BK;\n"
     "    __syncthreads();\n"
-    "    for (int e = threadIdx.x; e < BK * DM; e += BR) {\n"
+    "    for (int e = threadIdx.x; e < BK * DM; e += BR * G) {\n"
     "      const int r = e / DM, c = e % DM;\n"
     "      qs[e] = r < nq && c < d ? Q[(i0 + r) * qr + c * qc] : (T)0;\n"
-    "      gs[e] = r < nq && c < dv ? G[(i0 + r) * gr + c * gc] : (T)0;\n"
+    "      gs[e] = r < nq && c < dv ? G_[(i0 + r) * gr + c * gc] : (T)0;\n"
     "    }\n"
-    "    for (int r = threadIdx.x; r < BK; r += BR) {\n"
+    "    for (int r = threadIdx.x; r < BK; r += BR * G) {\n"
     "      Ls[r] = r < nq ? st[(i0 + r) * 2] : ninf;\n"
     "      Ds[r] = r < nq ? st[(i0 + r) * 2 + 1] : (T)0;\n"
     "    }\n"
     "    __syncthreads();\n"
-    "    for (int r = 0; live && r < nq; r++) {\n"
+    "    for (int r = 0; r < nq; r++) {\n"
     "      const i64 i = i0 + r;\n"
-    "      const T L = Ls[r];\n"
-    "      if (L == ninf) continue;\n"
     "$SCORE"
-    "      if (s == ninf) continue;\n"
-    "      const T p = $EXP(s - L);\n"
     "      T dp = 0;\n"
     "#pragma unroll\n"
-    "      for (int c = 0; c < DM; c++) {\n"
-    "        dw[c] += p * gs[r * DM + c];\n"
-    "        dp += gs[r * DM + c] * vv[c];\n"
-    "      }\n"
-    "      const T ds = p * (dp - Ds[r]);\n"
+    "      for (int c = 0; c < DG; c++) dp += gs[r * DM + c * G + part] * vv[c];\n"
+    "      dp = gsum(dp);\n"
+    "      const T L = Ls[r];\n"
+    "      if (s == ninf || L == ninf) continue;\n"
+    "      const T p = $EXP(s - L), ds = p * (dp - Ds[r]);\n"
     "#pragma unroll\n"
-    "      for (int c = 0; c < DM; c++) dk[c] += ds * qs[r * DM + c];\n"
+    "      for (int c = 0; c < DG; c++) {\n"
+    "        dw[c] += p * gs[r * DM + c * G + part];\n"
+    "        dk[c] += ds * qs[r * DM + c * G + part];\n"
+    "      }\n"
     "    }\n"
     "  }\n"
     "  if (!live) return;\n"
@@ -1382,9 +1405,10 @@ static const char att_dkdv[] =
     "  T *dko = (T *)a.ptr[0] + nbatch * tq * d + (bt * tk + j) * d;\n"
     "  T *dvo = (T *)a.ptr[0] + nbatch * (tq + tk) * d + (bt * tk + j) * dv;\n"
     "#pragma unroll\n"
-    "  for (int c = 0; c < DM; c++) {\n"
-    "    if (c < d) dko[c] = dk[c] * scale;\n"
-    "    if (c < dv) dvo[c] = dw[c];\n"
+    "  for (int c = 0; c < DG; c++) {\n"
+    "    const int col = c * G + part;\n"
+    "    if (col < d) dko[col] = dk[c] * scale;\n"
+    "    if (col < dv) dvo[col] = dw[c];\n"
     "  }\n"
     "}\n";
 
@@ -1433,9 +1457,9 @@ static void emit_attention(sbuf *b, const gpu_op_key *k, const char *name) {
       "SCORE",
       att_score,
       "QE",
-      by_key ? "qs[r * DM + c]" : "q[c]",
+      by_key ? "qs[r * DM + c * G + part]" : "q[c]",
       "KE",
-      by_key ? "kv[c]" : "ks[r * DM + c]",
+      by_key ? "kv[c]" : "ks[r * DM + c * G + part]",
       NULL};
   kernel_open(b, name);
   sb_subst(b, att_head, vars);

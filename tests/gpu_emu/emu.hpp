@@ -50,6 +50,15 @@ template <class T> T __shfl_down_sync(unsigned, T v, int w) {
   emu_wait(AT_WARP);
   return r;
 }
+template <class T> T __shfl_xor_sync(unsigned, T v, int w) {
+  unsigned lane = emu_cur->tid & 31, warp = emu_cur->tid >> 5;
+  memcpy(emu_slot[warp][lane], &v, sizeof v);
+  emu_wait(AT_WARP);
+  T r;
+  memcpy(&r, emu_slot[warp][lane ^ (unsigned)w], sizeof r);
+  emu_wait(AT_WARP);
+  return r;
+}
 static inline unsigned long long atomicMax(unsigned long long *p, unsigned long long v) { auto o = *p; if (v > o) *p = v; return o; }
 static inline unsigned atomicAdd(unsigned *p, unsigned v) { auto o = *p; *p += v; return o; }
 static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v) { auto o = *p; *p += v; return o; }
