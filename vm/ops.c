@@ -502,7 +502,7 @@ static bool infer_attention(vm_opcode op, int n, vm_tensor *const *in, const vm_
      takes heads up to its attention_max_head (else fe_attention composes) */
   const vm_backend *b = vm_backend_of((kiln_device)q->device);
   int64_t most = b ? b->attention_max_head : 0;
-  if (nd >= 2 && (q->shape[nd - 1] > most || v->shape[nd - 1] > most)) {
+  if (nd >= 2 && v->ndim == nd && (q->shape[nd - 1] > most || v->shape[nd - 1] > most)) {
     vm_error(KILN_ERR_DEVICE, "the attention primitive on %s takes head sizes up to %lld",
              vm_device_name((kiln_device)q->device), (long long)most);
     return false;

@@ -68,6 +68,9 @@ class TensorApiTest < Minitest::Test
     w.fill!(3)
     w.copy!(Kiln.tensor([4, 5]))
     assert_tensor [4.0, 5.0], w, dtype: :float32
+    big = Kiln.tensor([1, 2, 3], dtype: :int64).masked_fill(Kiln.tensor([true, false, true]), 2**60 + 1)
+    assert_equal [2**60 + 1, 2, 2**60 + 1], big.to_a # exact past 2**53
+    assert_raises(RangeError) { Kiln.tensor([1, 2]).masked_fill(Kiln.tensor([true, false]), 2**70) }
     w.copy!(Kiln.tensor(7.0)) # broadcast, as torch's copy_
     assert_tensor [7.0, 7.0], w, dtype: :float32
     assert_raises(Kiln::ShapeError) { w.copy!(Kiln.tensor([1.0, 2.0, 3.0])) }

@@ -603,8 +603,13 @@ module Kiln
       end
 
       # a number is a fill on self's device, in self's dtype (so a -inf
-      # fill of attention scores is recognized as attention's mask)
-      fill = value.is_a?(Tensor) ? value : _scalar_like(value)
+      # fill of attention scores is recognized as attention's mask); an
+      # integer past 2**53 goes through Kiln.tensor, which keeps it exact
+      # (and raises RangeError past int64)
+      fill = if value.is_a?(Tensor) then value
+             elsif value.is_a?(Integer) && value.abs > 2**53 then Kiln.tensor(value).to(device)
+             else _scalar_like(value)
+             end
       Kiln.where(mask, same_dtype(fill), self)
     end
     signature "masked_fill(Tensor mask, value value)"
