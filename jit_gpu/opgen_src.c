@@ -1249,6 +1249,16 @@ static const char att_query_row[] =
     "  /* causal: the block's keys end at its last query */\n"
     "  const i64 jend = causal && r0 + BR < tk ? r0 + BR : tk;\n";
 
+/* the walk over the keys a query row sees, tile by tile: each key j's
+   score s (the body follows, then two closing braces) */
+static const char att_keys[] =
+    "  for (i64 j0 = 0; j0 < jend; j0 += BK) {\n"
+    "    const int nk = jend - j0 < BK ? (int)(jend - j0) : BK;\n"
+    "$LOAD"
+    "    for (int r = 0; r < nk; r++) {\n"
+    "      const i64 j = j0 + r;\n"
+    "$SCORE";
+
 static const char att_fwd[] =
     "  __shared__ __attribute__((aligned(16))) T ks[BK * DM];\n"
     "  __shared__ __attribute__((aligned(16))) T vs[BK * DM];\n"
@@ -1257,12 +1267,7 @@ static const char att_fwd[] =
     "#pragma unroll\n"
     "  for (int c = 0; c < DG; c++) acc[c] = 0;\n"
     "  T m = ninf, l = 0;\n"
-    "  for (i64 j0 = 0; j0 < jend; j0 += BK) {\n"
-    "    const int nk = jend - j0 < BK ? (int)(jend - j0) : BK;\n"
-    "$LOAD"
-    "    for (int r = 0; r < nk; r++) {\n"
-    "      const i64 j = j0 + r;\n"
-    "$SCORE"
+    "$KEYS"
     "      if (s == ninf) continue;\n"
     "      if (s > m) {\n"
     "        const T alpha = m == ninf ? (T)0 : $EXP(m - s);\n"
@@ -1289,12 +1294,7 @@ static const char att_rows[] =
     "  __shared__ __attribute__((aligned(16))) T ks[BK * DM];\n"
     "$QUERY"
     "  T m = ninf, l = 0;\n"
-    "  for (i64 j0 = 0; j0 < jend; j0 += BK) {\n"
-    "    const int nk = jend - j0 < BK ? (int)(jend - j0) : BK;\n"
-    "$LOAD"
-    "    for (int r = 0; r < nk; r++) {\n"
-    "      const i64 j = j0 + r;\n"
-    "$SCORE"
+    "$KEYS"
     "      if (s == ninf) continue;\n"
     "      if (s > m) {\n"
     "        l *= m == ninf ? (T)0 : $EXP(m - s);\n"
@@ -1329,12 +1329,7 @@ static const char att_dq[] =
     "  }\n"
     "  const T *st = (const T *)a.ptr[7] + (bt * tq + (live ? i : 0)) * 2;\n"
     "  const T L = live ? st[0] : ninf, D = live ? st[1] : (T)0;\n"
-    "  for (i64 j0 = 0; j0 < jend; j0 += BK) {\n"
-    "    const int nk = jend - j0 < BK ? (int)(jend - j0) : BK;\n"
-    "$LOAD"
-    "    for (int r = 0; r < nk; r++) {\n"
-    "      const i64 j = j0 + r;\n"
-    "$SCORE"
+    "$KEYS"
     "      T dp = 0;\n"
     "#pragma unroll\n"
     "      for (int c = 0; c < DG; c++) dp += g[c] * vs[r * DM + c * G + part];\n"
@@ -1446,6 +1441,8 @@ static void emit_attention(sbuf *b, const gpu_op_key *k, const char *name) {
       f32 ? "expf" : "exp",
       "LOG",
       f32 ? "logf" : "log",
+      "KEYS",
+      att_keys,
       "QUERY",
       att_query_row,
       "LOAD",
