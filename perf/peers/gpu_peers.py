@@ -263,14 +263,17 @@ def g9_shapes():
     return [("%s:%d" % (ARGS.workload, t), 16384 // t, 16, t, 64) for t in (1024, 4096)]
 
 
+def g9_na(contender, note):
+    """an @na line for each G9 row (the @na of na(), per row)"""
+    for row, *_ in g9_shapes():
+        print("@na\tworkload=%s\tcontender=%s\tnote=%s" % (row, contender, note), flush=True)
+
+
 def run_torch_g9(torch, F, dev, timed, name, reps, warm, compiled):
     """attention forward + backward: dq, dk, dv of sum(out * g) through autograd"""
     import contextlib
     if compiled:
-        for row, *_ in g9_shapes():
-            print("@na\tworkload=%s\tcontender=torch.compile\tnote=not measured: SDPA is already one fused "
-                  "kernel" % row, flush=True)
-        return
+        return g9_na("torch.compile", "not measured: SDPA is already one fused kernel")
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except Exception:
@@ -340,10 +343,7 @@ def run_torch_g7(torch, F, dev, opt, timed, result, reps, warm, inner, compiled,
 
 def run_jax():
     if base() == "G9":  # two rows, neither measured
-        for row, *_ in g9_shapes():
-            print("@na\tworkload=%s\tcontender=jax.jit\tnote=not measured yet (G9's peer is torch's SDPA)" % row,
-                  flush=True)
-        return
+        return g9_na("jax.jit", "not measured yet (G9's peer is torch's SDPA)")
     if ARGS.device == "cpu":
         os.environ["JAX_PLATFORMS"] = "cpu"
     try:
