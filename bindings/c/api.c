@@ -81,13 +81,19 @@ static bool new_tensor_device(vm_attr *attr) {
   return true;
 }
 
-/* host: v is the user's value (a runtime parameter); zeros and ones are
-   literals of the function called */
+/* a fill on attr->device; host: v is the user's value (a runtime
+   parameter); zeros and ones are literals of the function called */
+static kiln_tensor *full_in(vm_attr *attr, double v, bool host, kiln_dtype dt, int ndim,
+                            const int64_t *shape) {
+  attr->dtype = dt, attr->ndim = ndim, attr->host = host, attr->scalar[0] = v;
+  if (ndim) memcpy(attr->shape, shape, (size_t)ndim * sizeof *shape);
+  return fe_op(VM_OP_full, 0, NULL, attr);
+}
+
 static kiln_tensor *full(double v, bool host, kiln_dtype dt, int ndim, const int64_t *shape) {
-  vm_attr attr = {.dtype = dt, .ndim = ndim, .host = host, .scalar = {v}};
+  vm_attr attr = {0};
   if (!vm_check_dims_arg(ndim, shape) || !new_tensor_device(&attr)) return NULL;
-  if (ndim) memcpy(attr.shape, shape, (size_t)ndim * sizeof *shape);
-  return fe_op(VM_OP_full, 0, NULL, &attr);
+  return full_in(&attr, v, host, dt, ndim, shape);
 }
 
 kiln_tensor *kiln_scalar(double v, kiln_dtype dt) {
@@ -112,10 +118,8 @@ kiln_tensor *kiln_full_on(double v, kiln_dtype dt, int ndim, const int64_t *shap
     vm_error(KILN_ERR_ARG, "invalid device %d", (int)d);
     return NULL;
   }
-  vm_attr attr = {.dtype = dt, .ndim = ndim, .host = true, .scalar = {v}, .device = (uint8_t)d};
-  if (!vm_check_dims_arg(ndim, shape)) return NULL;
-  if (ndim) memcpy(attr.shape, shape, (size_t)ndim * sizeof *shape);
-  return fe_op(VM_OP_full, 0, NULL, &attr);
+  vm_attr attr = {.device = (uint8_t)d};
+  return vm_check_dims_arg(ndim, shape) ? full_in(&attr, v, true, dt, ndim, shape) : NULL;
 }
 
 kiln_tensor *kiln_arange(double start, double stop, double step, kiln_dtype dt) {
