@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../cache/kernel_cache.h"
 #include "../trace/compile_queue.h"
 #include "../vm/interp.h"
 #include "../vm/state.h"
@@ -246,21 +247,72 @@ static const tr_compile_ops compiler_ops = {compiler_run, compiler_drop, NULL, f
    crash, so the compile in flight finishes (one kernel batch) */
 static void compiler_stop(void) { tr_compile_stop(KILN_CUDA); }
 
-/* plans the kernels here (the trace is the flush's), compiles them on the
-   compiler thread (KILN_ASYNC=0: here) */
-static void gpu_compile(tr_plan *plan, const tr_trace *t) {
+/* plan's fused kernels, their sources made (the trace is the flush's);
+ *planned: the groups fused.  NULL when out of memory: it runs op by op */
+static gpu_compiled *fused_kernels(const tr_plan *plan, const tr_trace *t, int *planned) {
   gpu_compiled *c = calloc(1, sizeof *c);
   if (!c || !(c->k = calloc((size_t)(plan->ngroups ? plan->ngroups : 1), sizeof *c->k))) {
     free(c);
-    return; /* runs op by op */
+    return NULL;
   }
   c->ngroups = plan->ngroups;
-  int planned = 0;
+  *planned = 0;
   for (int g = 0; g < plan->ngroups; g++) {
     if (!gpu_fuse_group(plan, g, t, &c->k[g])) continue;
-    planned++;
+    ++*planned;
     if (c->k[g].k[0].kind == GPU_FK_ROWS) g = c->k[g].k[0].through; /* a row kernel covers them */
   }
+  return c;
+}
+
+/* what the payoff rule prices a kernel at (estimates until measured on a
+   GPU): NVRTC at G8's budget, a load from the disk cache */
+#define GPU_NVRTC_MS 60.0
+#define GPU_DISK_LOAD_MS 1.0
+
+/* The payoff rule's price of plan (vm_backend.plan_cost_ms): its fused
+   kernels that are not loaded yet, each NVRTC's or a disk load's.  Fused
+   kernels take no extents, so a trace at a new shape whose kernels
+   another shape loaded (a loop's segments at a new sequence length) costs
+   0 and its plan is ready now (the kernels referenced here), not after
+   the compiler thread's queue. */
+static double gpu_plan_cost_ms(tr_plan *plan, const tr_trace *t) {
+  if (atomic_load(&plan->jit)) return 0;
+  int planned = 0;
+  gpu_compiled *c = fused_kernels(plan, t, &planned);
+  if (!c) return GPU_NVRTC_MS * (double)(plan->ngroups ? plan->ngroups : 1);
+  double price = 0;
+  for (int g = 0; g < c->ngroups; g++)
+    for (int i = 0; i < c->k[g].nk; i++) {
+      const gpu_fused *k = &c->k[g].k[i];
+      if (!k->src) continue;
+      gpu_kernel_source from = gpu_kernel_where(k->name, k->src);
+      price += from == GPU_KERNEL_TO_COMPILE ? GPU_NVRTC_MS
+               : from == GPU_KERNEL_ON_DISK  ? GPU_DISK_LOAD_MS
+                                             : 0;
+    }
+  if (price > 0) {
+    compiled_free(c);
+    return price;
+  }
+  for (int g = 0; g < c->ngroups; g++) /* each from memory: a lookup, no thread */
+    for (int i = 0; i < c->k[g].nk; i++) {
+      gpu_fused *k = &c->k[g].k[i];
+      if (k->src && !(k->fn = gpu_kernel_load(k->name, k->src))) said_not_built(k);
+      free(k->src);
+      k->src = NULL;
+    }
+  publish(plan, c);
+  return 0;
+}
+
+/* plans the kernels here (the trace is the flush's), compiles them on the
+   compiler thread (KILN_ASYNC=0: here) */
+static void gpu_compile(tr_plan *plan, const tr_trace *t) {
+  if (atomic_load(&plan->jit)) return; /* ready already (gpu_plan_cost_ms found every kernel) */
+  int planned = 0;
+  gpu_compiled *c = fused_kernels(plan, t, &planned);
+  if (!c) return; /* runs op by op */
   compile_job *job = planned && vm_env_long("KILN_ASYNC", 1) ? malloc(sizeof *job) : NULL;
   if (job) {
     if (tr_compile_start(KILN_CUDA, &compiler_ops, NULL)) atexit(compiler_stop);
@@ -271,6 +323,9 @@ static void gpu_compile(tr_plan *plan, const tr_trace *t) {
   load_kernels(c);
   publish(plan, c);
 }
+
+/* kernels ever loaded into the kernel cache: prices hold for one generation */
+static long gpu_kernel_generation(void) { return cache_kernel_generation(KILN_CUDA); }
 
 static void gpu_compile_wait(void) { tr_compile_wait(KILN_CUDA); }
 
@@ -322,6 +377,8 @@ const vm_backend gpu_backend = {
     .attention_max_head = GPU_ATT_MAX_HEAD, /* opgen.c plan_attention */
     .jit_enabled = gpu_jit_enabled,
     .compile_cost_ms = gpu_compile_cost_ms,
+    .plan_cost_ms = gpu_plan_cost_ms,
+    .kernel_generation = gpu_kernel_generation,
     .compile = gpu_compile,
     .compile_wait = gpu_compile_wait,
     .plan_free = compiled_free,

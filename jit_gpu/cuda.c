@@ -848,6 +848,23 @@ struct gpu_kernel_build {
   char why[512];
 };
 
+gpu_kernel_source gpu_kernel_where(const char *name, const char *src) {
+  if (gpu_unavailable()) return GPU_KERNEL_TO_COMPILE;
+  char id[GPU_KERNEL_ID];
+  snprintf(id, sizeof id, "%s@%d", name, rt.cc);
+  cache_kernel *k = kernel_cached(id);
+  if (k) {
+    cache_kernel_release(k);
+    return GPU_KERNEL_IN_MEMORY;
+  }
+  uint64_t h[2];
+  kernel_disk_hash(src, h);
+  size_t len = 0;
+  void *blob = (h[0] || h[1]) ? cache_disk_blob_get(h, &len) : NULL;
+  free(blob);
+  return blob ? GPU_KERNEL_ON_DISK : GPU_KERNEL_TO_COMPILE;
+}
+
 gpu_kernel_build *gpu_kernel_prepare(const char *name, const char *src) {
   gpu_kernel_build *b = calloc(1, sizeof *b);
   if (!b) return NULL;

@@ -64,6 +64,11 @@ void *gpu_kernel_load(const char *name, const char *src);
    KILN_KERNEL_CACHE_MAX of them, its module unloaded once it is dropped */
 void gpu_kernel_retain(void *kernel);
 void gpu_kernel_release(void *kernel);
+/* Where kernel `name` of source src would come from if loaded now: the
+   kernel cache (a lookup), the disk cache (its image stored), or NVRTC.
+   The payoff rule prices a plan by it (jit_gpu/backend.c). */
+typedef enum { GPU_KERNEL_IN_MEMORY, GPU_KERNEL_ON_DISK, GPU_KERNEL_TO_COMPILE } gpu_kernel_source;
+gpu_kernel_source gpu_kernel_where(const char *name, const char *src);
 /* The same in two steps, so that several kernels compile at once:
    prepare finds the kernel in memory or makes its image (the disk cache,
    else NVRTC) on any thread, with no CUDA context (NULL only when out of

@@ -7,7 +7,8 @@
  * trace per copy, with one step key for every length, forward and
  * backward; results equal the unrolled program's bit for bit
  * (KILN_ROLL_LOOPS=0), with the JIT on and off, f32 and f64, for every
- * kind of input, output and almost-repeat.  Counts, never times. */
+ * kind of input, output and almost-repeat.  Counts, never times.  With
+ * KILN_DEVICE=cuda (test_loops_cuda_emulated) all of it on the device. */
 #include <math.h>
 #include <stdint.h>
 
@@ -733,6 +734,18 @@ TEST(the_segments_around_a_loop_are_one_family_for_every_length) {
 }
 
 int main(void) {
+  /* KILN_DEVICE=cuda (ctest's test_loops_cuda_emulated): every test on
+     the device, or none passes */
+  const char *device = getenv("KILN_DEVICE");
+  if (device && !strcmp(device, "cuda")) {
+    kiln_tensor *x = kiln_zeros(KILN_F32, 1, (int64_t[]){1});
+    if (!x || kiln_device_of(x) != KILN_CUDA) {
+      fprintf(stderr, "KILN_DEVICE=cuda, but tensors are not made there: %s\n",
+              kiln_device_info(KILN_CUDA));
+      return 1;
+    }
+    kiln_release(x);
+  }
   RUN(tanh_rnn_is_one_body_for_every_length);
   RUN(gru_is_one_body_for_every_length);
   RUN(lstm_is_one_body_for_every_length);

@@ -268,7 +268,7 @@ void tr_log_loop(const tr_loop *lp, tr_key key, bool rolled) {
       rolled         ? "run rolled"
       : !lp->carried ? "not rolled (it carries nothing)"
       : !lp->barrier ? "not rolled (elementwise: its copies fuse)"
-                     : "not rolled (KILN_ROLL_LOOPS=0 or not the CPU)");
+                     : "not rolled (KILN_ROLL_LOOPS=0, or its nodes on two devices)");
 }
 
 static void log_line(const char *what, int nodes, int outs, tr_key key, const cache_sighting *seen,

@@ -659,7 +659,7 @@ static int run_keyed(tr_trace *t, keyed *k, const vm_backend *be, bool planning,
   *step = (tr_key){0, 0};
   if (!k->bytes.failed && k->seen.new_key && tr_loop_find(t, loop)) {
     atomic_fetch_add_explicit(&vm_process()->stats.loops_found, 1, memory_order_relaxed);
-    bool rollable = tr_loop_rollable(loop) && !t->mixed && t->device == KILN_CPU;
+    bool rollable = tr_loop_rollable(loop) && !t->mixed;
     if (rollable) cache_attach((uint64_t[]){k->key.lo, k->key.hi}, loop, sizeof *loop);
     *rolled = rollable && rolling_enabled();
     tr_log_loop(loop, k->key, *rolled);

@@ -749,7 +749,7 @@ static bool stepped_slice(const roller *R, int q) {
 static bool hoistable(const roller *R, int q) {
   const tr_trace *t = R->t;
   const tr_node *n0 = t->nodes[R->at[R->s + q]];
-  if (R->sunk[q] || n0->meta.device != KILN_CPU) return false;
+  if (R->sunk[q]) return false;
   if (stepped_slice(R, q)) return true;
   if (!same_in_every_copy(R, q)) return false;
   vm_kind kind = vm_op_table[n0->op].kind;
@@ -919,9 +919,7 @@ static bool map_at(const roller *R, const int *inner, const int *inner_reader, c
   for (int c = 0; c < R->k; c++) {
     int i = R->at[R->s + c * R->d + q];
     const tr_node *n = t->nodes[i];
-    if (n->op != VM_OP_matmul || n->nin != 2 || n->meta.device != KILN_CPU ||
-        !vm_dtype_is_float(n->meta.dtype))
-      return false;
+    if (n->op != VM_OP_matmul || n->nin != 2 || !vm_dtype_is_float(n->meta.dtype)) return false;
     for (int e = 0; e < 2; e++) {
       const tr_node *x = input_node(t, t->refs[i][e]);
       if (x->meta.ndim != 2 || x->meta.dtype != n->meta.dtype) return false;
