@@ -6,6 +6,7 @@
  * work runs in child processes of this binary ("work" mode),
  * each with its own environment. */
 #include <dirent.h>
+#include <signal.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -336,6 +337,49 @@ TEST(compiles_run_in_the_compiler_process) {
   CHECK(eager.ok && eager.kernels == 0);
   CHECK(outside.total == inside.total && outside.total == eager.total);
   char cmd[512];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
+/* child: counts the SIGCHLDs this process gets while its kernels compile
+   in the compiler process; prints them, compiler processes, kernels */
+static volatile sig_atomic_t sigchlds;
+static void on_sigchld(int sig) {
+  (void)sig;
+  sigchlds++;
+}
+static int sigchld_work(void) {
+  struct sigaction sa = {.sa_handler = on_sigchld};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGCHLD, &sa, NULL);
+  kiln_tensor *x = kiln_arange(0, 1 << 12, 1, KILN_F32);
+  kiln_sync();
+  tanh_program(x);
+  kiln_jit_wait();
+  kiln_release(x);
+  printf("%d %.0f %.0f\n", (int)sigchlds, kiln_stat("compiler_processes"),
+         kiln_stat("kernels_compiled"));
+  return 0;
+}
+
+/* A compile in the compiler process sends this process no SIGCHLD
+   (kiln-jitc is the child of a watcher that ends with no signal).  A
+   runtime that catches SIGCHLD (Ruby 3.1) stops the evaluation in flight
+   on each one, and it started over: Ruby ran a long flush twice per
+   compile batch. */
+TEST(a_compile_sends_no_sigchld) {
+  char dir[] = "/tmp/kiln-cache-test-XXXXXX", cmd[5000], line[256] = "";
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(cmd, sizeof cmd, "env KILN_CACHE_DIR=%s KILN_HOT=2 '%s' sigchld", dir, self);
+  FILE *f = popen(cmd, "r");
+  CHECK(f != NULL);
+  if (f && !fgets(line, sizeof line, f)) line[0] = 0;
+  if (f) CHECK(pclose(f) == 0);
+  int signals = -1;
+  double processes = 0, kernels = 0;
+  CHECK(sscanf(line, "%d %lf %lf", &signals, &processes, &kernels) == 3);
+  CHECK(processes >= 1 && kernels >= 1);
+  CHECK_EQ_INT(signals, 0);
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   CHECK(system(cmd) == 0);
 }
@@ -924,6 +968,7 @@ TEST(fills_are_values_not_buffers) {
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "work")) return work();
   if (argc > 1 && !strcmp(argv[1], "fills")) return fills_work();
+  if (argc > 1 && !strcmp(argv[1], "sigchld")) return sigchld_work();
   if (argc > 2 && !strcmp(argv[1], "move-cache")) return move_cache_work(argv[2]);
   if (argc > 1 && !strcmp(argv[1], "euid-work")) { /* the setuid test's child */
     kiln_tensor *x = kiln_arange(0, 1 << 12, 1, KILN_F32);
@@ -951,6 +996,7 @@ int main(int argc, char **argv) {
   RUN(sliced_operands_are_read_at_unit_stride);
   RUN(fills_are_values_not_buffers);
   RUN(compiles_run_in_the_compiler_process);
+  RUN(a_compile_sends_no_sigchld);
   RUN(compiler_crash_costs_a_compile);
   RUN(stale_compiler_process_is_refused);
   RUN(a_compiler_dying_mid_store_leaves_no_orphan_object);

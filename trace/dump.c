@@ -280,11 +280,11 @@ static void log_line(const char *what, int nodes, int outs, tr_key key, const ca
              "KILN_PAYOFF=0 compiles it)",
              seen->saving_ms, seen->price_ms);
   fprintf(stderr,
-          "kiln: %s %d nodes -> %d outputs, key %016llx: %s, seen %llu%s%s, %s, %.3f ms%s\n", what,
-          nodes, outs, (unsigned long long)key.hi, seen->new_key ? "miss" : "hit",
+          "kiln: %s %d nodes -> %d outputs, key %016llx: %s, seen %llu%s%s, %s, %.3f ms%s%s\n",
+          what, nodes, outs, (unsigned long long)key.hi, seen->new_key ? "miss" : "hit",
           (unsigned long long)seen->sightings, seen->make_plan ? ", planned now" : "",
           seen->over_budget ? ", family over budget" : declined, planned ? "plan" : "interpreter",
-          ms, rc ? " FAILED" : "");
+          ms, rc ? " FAILED: " : "", rc ? vm_thread()->message : "");
 }
 
 void tr_log_steps(int steps, int nodes, int outputs, tr_key key, const cache_sighting *seen,

@@ -459,8 +459,9 @@ static void run_cancelable(void *(*fn)(void *), nogvl_args *a) {
     if (!a->cancel) return;
     /* raises Interrupt, Timeout::Error...; but Ruby also runs the
        unblocking function for signals it handles without raising (SIGCHLD
-       of any child process, kiln-jitc's included): then the evaluation,
-       which lost nothing, goes on */
+       of a child process the program started; kiln-jitc sends none,
+       jit_cpu/jitc.c): then the evaluation, which lost nothing, starts
+       again */
     rb_thread_check_ints();
   }
 }
