@@ -288,6 +288,8 @@ typedef struct {
   bool both_ways;    /* a second loop over the reversed sequence (bidirectional) */
   bool grad_x;       /* X_SLICED: X's gradient too (dx_t = dg_t @ W_x^T each step) */
   bool linear;       /* weights as torch.nn.Linear's [out, in], applied as x @ W^T */
+  int outer;         /* > 1: a loop around it, over that many sequences (X_SLICED) */
+  double stop_above; /* > 0: a step reads sum(h*h) and the loop stops once it is above */
 } train;
 
 enum { MAX_VALUES = 8192 };
@@ -303,6 +305,7 @@ typedef struct {
   double hoists;          /* loop_hoists during the step */
   double maps;            /* loop_maps during the step */
   double blas_bwd;        /* BLAS calls of the backward and the gradients' flush */
+  int trips;              /* the steps the cell ran, every loop together */
 } trained;
 
 static void fold(trained *out, kiln_tensor *t) {
@@ -358,8 +361,9 @@ static const trained *train_step(train tr) {
     params[np++] = w.b[g];
   }
   for (int q = 0; q < np; q++) CHECK(kiln_set_requires_grad(params[q], true) == KILN_OK);
-  int span = tr.first + (tr.T - 1) * (tr.stride > 0 ? tr.stride : 0) + 1;
-  kiln_tensor *X = keep(&a, kiln_randn(tr.dt, 3, (int64_t[]){span, B, I}));
+  int span = tr.first + (tr.T - 1) * (tr.stride > 0 ? tr.stride : 0) + 1,
+      outer = tr.outer > 1 ? tr.outer : 1;
+  kiln_tensor *X = keep(&a, kiln_randn(tr.dt, 3, (int64_t[]){(int64_t)span * outer, B, I}));
   if (tr.grad_x) {
     CHECK(kiln_set_requires_grad(X, true) == KILN_OK);
     params[np++] = X;
@@ -371,13 +375,15 @@ static const trained *train_step(train tr) {
          hoists_before = kiln_stat("loop_hoists"), steps_before = kiln_stat("loop_steps"),
          maps_before = kiln_stat("loop_maps");
   kiln_tensor *loss = NULL;
-  for (int way = 0; way < (tr.both_ways ? 2 : 1); way++) {
+  for (int o = 0; o < outer * (tr.both_ways ? 2 : 1); o++) {
+    int way = tr.both_ways ? o % 2 : 0, nt = 0;
     kiln_tensor *h = h0, *c = h0, *hs[512];
     for (int t = 0; t < tr.T; t++) {
       int at = way ? tr.T - 1 - t : t;
       kiln_tensor *xt;
       if (tr.input == X_SLICED) {
-        int64_t row = tr.first + (int64_t)at * tr.stride;
+        int64_t row =
+            (int64_t)span * (tr.both_ways ? o / 2 : o) + tr.first + (int64_t)at * tr.stride;
         xt = keep(&a, kiln_slice(X, 0, row, row + 1, 1));
         xt = keep(&a, kiln_reshape(xt, 2, (int64_t[]){B, I}));
       } else {
@@ -391,10 +397,16 @@ static const trained *train_step(train tr) {
       }
       step(&a, tr.kind, &w, xt, &h, &c);
       if (t == tr.odd_step) h = keep(&a, kiln_mul_scalar(h, 0.5));
-      hs[t] = h;
+      hs[nt++] = h;
+      if (tr.stop_above > 0) { /* a host read: this step's flush ends here */
+        double e = kiln_item(keep(&a, kiln_sum(keep(&a, kiln_mul(h, h)), 0, NULL, false)));
+        if (getenv("TEST_LOOPS_VERBOSE")) fprintf(stderr, "step %d: sum(h*h) %g\n", t, e);
+        if (e > tr.stop_above) break;
+      }
     }
-    kiln_tensor *out = tr.stacked ? keep(&a, kiln_stack(tr.T, hs, 0)) : h;
-    kiln_tensor *logits = keep(&a, kiln_matmul(out, wo));
+    out.trips += nt;
+    kiln_tensor *out_h = tr.stacked ? keep(&a, kiln_stack(nt, hs, 0)) : h;
+    kiln_tensor *logits = keep(&a, kiln_matmul(out_h, wo));
     kiln_tensor *l = keep(&a, kiln_mean(keep(&a, kiln_mul(logits, logits)), 0, NULL, false));
     loss = loss ? keep(&a, kiln_add(loss, l)) : l;
   }
@@ -443,9 +455,13 @@ static trained rolled_as_unrolled(train tr) {
             (unsigned long long)interpreted.bits, diff);
   CHECK(rolled.bits == interpreted.bits);
   CHECK(diff <= tol);
+  /* the same trips whatever ran them (a loop that stops early decides on
+     the host, from values) */
+  CHECK_EQ_INT(rolled.trips, unrolled.trips);
+  CHECK_EQ_INT(rolled.trips, interpreted.trips);
   /* a rolled forward loop runs its T steps (less at most the copy its
      canonical phase cuts), each as the step trace */
-  if (rolled.rolled > 0) CHECK(rolled.steps >= tr.T - 1);
+  if (rolled.rolled > 0 && !(tr.stop_above > 0)) CHECK(rolled.steps >= tr.T - 1);
   CHECK(unrolled.steps == 0);
   if (!rolled.sums && !rolled.hoists && !rolled.maps) /* nothing left: the same program and bits */
     CHECK(rolled.bits == unrolled.bits);
@@ -507,6 +523,36 @@ TEST(a_greedy_decoder_and_a_bidirectional_loop_roll_to_the_same_bits) {
   tr.T = 8;
   trained r = rolled_as_unrolled(tr);
   CHECK(r.rolled >= 3); /* both forward loops and at least one backward one */
+}
+
+/* Trip counts the data decides: a loop that stops once sum(h*h), read on
+   the host each step, passes a bound (each forward step its own flush; the
+   backward, one flush of every step, rolls); a loop around the loop, over
+   three sequences in one flush (the outer body holds the inner loop) —
+   rolled however they are found, the unrolled program's results, and the
+   same bits with the JIT on and off */
+TEST(a_loop_that_stops_early_and_nested_loops_roll_to_the_same_bits) {
+  const kiln_dtype dts[] = {KILN_F32, KILN_F64};
+  for (int d = 0; d < 2; d++) {
+    train tr = gru7;
+    tr.dt = dts[d];
+    tr.T = 14;
+    tr.stop_above = 8.6; /* passed at step 7 (8.81; the others below 8.53) */
+    trained r = rolled_as_unrolled(tr);
+    if (getenv("TEST_LOOPS_VERBOSE"))
+      fprintf(stderr, "stops after %d of %d steps; rolled %.0f\n", r.trips, tr.T, r.rolled);
+    CHECK(r.trips > 2 && r.trips < tr.T); /* it stopped, and not at once */
+    CHECK(r.bwd.rolled);                  /* the backward of every step: one loop */
+    tr = gru7;
+    tr.dt = dts[d];
+    tr.outer = 3;
+    r = rolled_as_unrolled(tr);
+    CHECK_EQ_INT(r.trips, 3 * tr.T);
+    CHECK(r.fwd.rolled && r.bwd.rolled);
+    tr.kind = LSTM;
+    tr.stacked = false;
+    rolled_as_unrolled(tr);
+  }
 }
 
 /* the input projection leaves the loop: a tanh RNN over T steps, without
@@ -759,6 +805,7 @@ int main(void) {
   RUN(rolled_loops_equal_the_unrolled_program);
   RUN(every_input_and_output_kind_rolls_to_the_same_bits);
   RUN(a_greedy_decoder_and_a_bidirectional_loop_roll_to_the_same_bits);
+  RUN(a_loop_that_stops_early_and_nested_loops_roll_to_the_same_bits);
   RUN(the_input_projection_is_one_gemm);
   RUN(the_input_gradient_is_one_gemm_after_the_loop);
   RUN(linear_layout_weights_sum_after_the_loop);
