@@ -577,6 +577,8 @@ def run_torch(workloads):
                 run_torch_w7(torch, F, has_compile, no_compile)
             elif w == "W7h":
                 run_torch_w7(torch, F, has_compile, no_compile, bf16=True)
+            elif w == "W10" and ARGS.device != "cpu":  # nn.GRU on the GPU alone (scripts/gpu-check)
+                run_torch_w10_gru(torch, lambda hs, wout, bout, y: F.cross_entropy(hs @ wout + bout, y))
             elif w == "W10":
                 run_torch_w10(torch, F, has_compile, no_compile)
             elif w == "W16":
@@ -881,13 +883,15 @@ def lm_module_run(torch, w, rnn, head, name, note):
     + z h) and i, f, g, o (LSTM), so weight_ih = Wx^T, weight_hh = Wh^T,
     bias_ih = bx, bias_hh = bh; SGD on those is the same update."""
     V, E, H, B, span, epoch = sizes()[w]
+    dev = torch.device(ARGS.device)  # --device cuda: W10 on the GPU (scripts/gpu-check)
     emb_np, wx, bx, wh, bh, wout_np, bout_np = [p.copy() for p in inputs(w)]
+    rnn = rnn.to(dev)
     with torch.no_grad():
         rnn.weight_ih_l0.copy_(torch.from_numpy(wx.T.copy()))
         rnn.weight_hh_l0.copy_(torch.from_numpy(wh.T.copy()))
         rnn.bias_ih_l0.copy_(torch.from_numpy(bx))
         rnn.bias_hh_l0.copy_(torch.from_numpy(bh))
-    emb_w, wout, bout = [torch.from_numpy(p).requires_grad_(True) for p in (emb_np, wout_np, bout_np)]
+    emb_w, wout, bout = [torch.from_numpy(p).to(dev).requires_grad_(True) for p in (emb_np, wout_np, bout_np)]
     params = [emb_w, wout, bout] + list(rnn.parameters())
     state = {"step": 0}
 
@@ -895,11 +899,11 @@ def lm_module_run(torch, w, rnn, head, name, note):
         step = state["step"]
         state["step"] += 1
         L = w10_len(step, w)
-        tok = torch.from_numpy(w10_tokens(step, L, w))
+        tok = torch.from_numpy(w10_tokens(step, L, w)).to(dev)
         with torch.enable_grad():
             inputs_, targets = tok[:L].reshape(-1), tok[1:].reshape(-1)
             emb = emb_w.index_select(0, inputs_).reshape(L, B, E)
-            zero = torch.zeros(1, B, H)
+            zero = torch.zeros(1, B, H, device=dev)
             hs, _ = rnn(emb, (zero, zero) if isinstance(rnn, torch.nn.LSTM) else zero)
             loss = head(hs.reshape(L * B, H), wout, bout, targets)
             value = loss.item()
@@ -1315,6 +1319,7 @@ def main():
     ap.add_argument("--contender", required=True, choices=["numpy", "torch", "jax"])
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--device", default="cpu", help="torch W10 only: cuda runs torch.nn.GRU there alone")
     ap.add_argument("workloads", nargs="*",
                     default=["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W10", "W11", "W12", "W14", "W16",
                              "W18"])
