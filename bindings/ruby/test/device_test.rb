@@ -167,4 +167,42 @@ class DeviceTest < Minitest::Test
     assert_equal 1, Kiln.stats[:attention_rewrites] - before
     assert_equal f.scaled_dot_product_attention(q, k, v, is_causal: true).cpu.to_a, long.cpu.to_a
   end
+
+  # a GRU cell called in an `each` over the time steps, on CUDA: rolled
+  # there as on the CPU (issue #39), forward and backward, the weights'
+  # sums over the steps one GEMM after the loop; the CPU's losses and
+  # gradients
+  def test_a_ruby_loop_rolls_on_cuda
+    skip "no CUDA device here" unless Kiln::CUDA.available?
+    Kiln.manual_seed(5)
+    b, i, h = 4, 6, 8
+    init = [Kiln.randn(i, 3 * h) * 0.3, Kiln.randn(h, 3 * h) * 0.3, Kiln.zeros(3 * h)]
+    xs = Kiln.randn(7, b, i)
+    runs = %i[cpu cuda].map do |dev|
+      wx, wh, bias = init.map { |t| t.to(dev).detach.requires_grad! }
+      x = xs.to(dev)
+      before = Kiln.stats
+      state = Kiln.zeros(b, h).to(dev)
+      outs = (0...7).map do |t|
+        g = x[t].matmul(wx) + bias
+        u = state.matmul(wh)
+        r = (g[0.., 0...h] + u[0.., 0...h]).sigmoid
+        z = (g[0.., h...2 * h] + u[0.., h...2 * h]).sigmoid
+        n = (g[0.., 2 * h..] + r * u[0.., 2 * h..]).tanh
+        state = n + z * (state - n)
+      end
+      loss = (Kiln.stack(outs, 0) ** 2).mean
+      assert_equal dev, loss.device
+      value = loss.item
+      loss.backward
+      grads = [wx, wh, bias].map { |p| p.grad.cpu.to_a.flatten }
+      after = Kiln.stats
+      [value, grads, after[:loops_rolled] - before[:loops_rolled], after[:loop_sums] - before[:loop_sums]]
+    end
+    cpu, cuda = runs
+    assert_operator cuda[2], :>=, 2, "forward and backward rolled on the device"
+    assert_operator cuda[3], :>=, 2, "the weights' sums left the loop"
+    assert_in_delta cpu[0], cuda[0], 1e-5 * [cpu[0].abs, 1].max
+    cpu[1].flatten.zip(cuda[1].flatten).each { |c, g| assert_in_delta c, g, 1e-5 * [c.abs, 1].max }
+  end
 end
