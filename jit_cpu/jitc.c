@@ -259,7 +259,8 @@ static bool send_all(int fd, const void *p, size_t n) {
    that shares this process's memory (CLONE_VM, no copy), exits with no
    signal (exit signal 0; reaped with __WALL) and never executes anything:
    it starts kiln-jitc (clone + execve, the watcher waiting as vfork does),
-   waits for it, keeps its status, and ends.  Both run with every signal
+   closes every descriptor it holds, waits for kiln-jitc, keeps its
+   status, and ends.  Both run with every signal
    blocked (no handler of this process's can run in them) and make raw
    system calls only (glibc's clone wrapper aside); kiln-jitc unblocks
    signals and sets its own dispositions (jitc_main). */
@@ -304,6 +305,12 @@ __attribute__((no_sanitize("address", "undefined"))) static int jitc_watcher(voi
     syscall(SYS_wait4, pid, NULL, 0, NULL);
     pid = -1;
   }
+  /* the watcher's descriptors are a copy of the process's table (its
+     sockets, pipes, files): none is kept open past this, or kiln-jitc would
+     never see its request end when the process exits first, and a pipe
+     the process closed would stay open */
+  if (syscall(SYS_close_range, 0u, ~0u, 0u) < 0)
+    for (long fd = 0; fd <= q->max_fd; fd++) syscall(SYS_close, fd);
   q->jitc_pid = pid > 0 ? pid : -1;
   atomic_store(&q->started, 1);
   int ws = -1;
