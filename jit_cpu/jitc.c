@@ -257,16 +257,18 @@ static bool send_all(int fd, const void *p, size_t n) {
    200 ms flush run twice per compile batch).  An execve resets a child's
    exit signal to SIGCHLD, so kiln-jitc is the child of a watcher: a task
    that shares this process's memory (CLONE_VM, no copy), exits with no
-   signal (exit signal 0; reaped with __WALL) and never executes anything:
-   it starts kiln-jitc (clone + execve, the watcher waiting as vfork does),
-   closes every descriptor it holds, waits for kiln-jitc, keeps its
-   status, and ends.  Both run with every signal
-   blocked (no handler of this process's can run in them) and make raw
-   system calls only (glibc's clone wrapper aside); kiln-jitc unblocks
-   signals and sets its own dispositions (jitc_main). */
+   signal (exit signal 0; reaped with __WALL) and never executes anything.
+   It starts kiln-jitc (clone + execve, the watcher waiting as vfork does),
+   closes every descriptor it holds, waits for kiln-jitc, keeps its status
+   and ends.  Both run with every signal blocked (no handler of this
+   process's can run in them) and make raw system calls only (glibc's
+   clone wrapper aside); kiln-jitc unblocks signals and sets its own
+   dispositions (jitc_main).  The watcher shows in `ps` under the
+   program's name while a compile runs; a process that exits meanwhile
+   keeps its memory until the compile in flight has ended. */
 typedef struct jitc_watch {
   int sock, helper, nstd;
-  long max_fd; /* close_range's fallback: close every fd in 4..max_fd */
+  long max_fd; /* close_range's fallback: close each fd up to max_fd */
   char **argv, **env;
   _Atomic int started; /* 1: jitc_pid is kiln-jitc's (or -1: not started) */
   volatile int failed; /* a step before execve failed, or execve returned */
@@ -321,7 +323,7 @@ __attribute__((no_sanitize("address", "undefined"))) static int jitc_watcher(voi
 }
 
 /* the watcher's pid (kiln-jitc's in q->jitc_pid), its stdio on sock; -1
-   if it could not be started (q then freed) */
+   if it could not be started (nothing of q's is left to free but q) */
 static pid_t spawn_watched(jitc_watch *q, int sock, bool pass_stderr, char **argv, char **env) {
   struct rlimit rl;
   long max_fd = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
@@ -635,7 +637,7 @@ int jitc_main(int argc, char **argv) {
   (void)argc;
   (void)argv;
   in_helper = true;
-  /* spawned with every signal blocked (spawn_quiet); GCC's driver children
+  /* started with every signal blocked (spawn_watched); GCC's driver children
      are waited for (SIGCHLD at its default, never inherited as ignored) */
   signal(SIGCHLD, SIG_DFL);
   signal(SIGPIPE,
