@@ -278,7 +278,16 @@ typedef struct jitc_watch {
   char *stacks; /* the watcher's and kiln-jitc's before execve, stack_size each */
 } jitc_watch;
 
-static void watch_set_fd(jitc_watch *q, int from, int to) {
+/* closes every descriptor from `first` on (close_range; before Linux 5.9,
+   one by one up to max_fd) */
+__attribute__((no_sanitize("address", "undefined"))) static void close_from(unsigned first,
+                                                                            long max_fd) {
+  if (syscall(SYS_close_range, first, ~0u, 0u) < 0)
+    for (long fd = first; fd <= max_fd; fd++) syscall(SYS_close, fd);
+}
+
+__attribute__((no_sanitize("address", "undefined"))) static void watch_set_fd(jitc_watch *q,
+                                                                              int from, int to) {
   if (from == to) { /* dup2 to itself keeps close-on-exec: clear it */
     if (syscall(SYS_fcntl, to, F_SETFD, 0) < 0) q->failed = 1;
   } else if (syscall(SYS_dup2, from, to) < 0) {
@@ -291,8 +300,7 @@ __attribute__((no_sanitize("address", "undefined"))) static int jitc_exec(void *
   for (int fd = 0; fd < q->nstd; fd++) watch_set_fd(q, q->sock, fd);
   watch_set_fd(q, q->helper, 3);
   if (q->failed) syscall(SYS_exit, 127);
-  if (syscall(SYS_close_range, 4u, ~0u, 0u) < 0) /* before Linux 5.9 */
-    for (long fd = 4; fd <= q->max_fd; fd++) syscall(SYS_close, fd);
+  close_from(4, q->max_fd);
   syscall(SYS_execve, "/proc/self/fd/3", q->argv, q->env);
   q->failed = 1;
   syscall(SYS_exit, 127);
@@ -311,8 +319,7 @@ __attribute__((no_sanitize("address", "undefined"))) static int jitc_watcher(voi
      sockets, pipes, files): none is kept open past this, or kiln-jitc would
      never see its request end when the process exits first, and a pipe
      the process closed would stay open */
-  if (syscall(SYS_close_range, 0u, ~0u, 0u) < 0)
-    for (long fd = 0; fd <= q->max_fd; fd++) syscall(SYS_close, fd);
+  close_from(0, q->max_fd);
   q->jitc_pid = pid > 0 ? pid : -1;
   atomic_store(&q->started, 1);
   int ws = -1;

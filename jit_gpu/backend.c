@@ -162,6 +162,17 @@ static void said_not_built(const gpu_fused *k) {
   vm_clear_error();
 }
 
+/* every kernel of c with a source, one at a time on this thread */
+static void load_here(gpu_compiled *c) {
+  for (int g = 0; g < c->ngroups; g++)
+    for (int i = 0; i < c->k[g].nk; i++) {
+      gpu_fused *k = &c->k[g].k[i];
+      if (k->src && !(k->fn = gpu_kernel_load(k->name, k->src))) said_not_built(k);
+      free(k->src);
+      k->src = NULL;
+    }
+}
+
 /* every kernel of c with a source: the images of the distinct ones made
    on up to nvrtc_jobs() threads (this one among them), then loaded here;
    equal kernels of two groups share the first's */
@@ -173,14 +184,8 @@ static void load_kernels(gpu_compiled *c) {
             **firsts = calloc((size_t)(n ? n : 1), sizeof *firsts);
   gpu_kernel_build **b = calloc((size_t)(n ? n : 1), sizeof *b);
   int *first_of = calloc((size_t)(n ? n : 1), sizeof *first_of), nfirst = 0;
-  if (!ks || !firsts || !b || !first_of) { /* one at a time, here */
-    for (int g = 0; g < c->ngroups; g++)
-      for (int i = 0; i < c->k[g].nk; i++) {
-        gpu_fused *k = &c->k[g].k[i];
-        if (k->src && !(k->fn = gpu_kernel_load(k->name, k->src))) said_not_built(k);
-        free(k->src);
-        k->src = NULL;
-      }
+  if (!ks || !firsts || !b || !first_of) {
+    load_here(c);
     goto done;
   }
   n = 0;
@@ -295,13 +300,7 @@ static double gpu_plan_cost_ms(tr_plan *plan, const tr_trace *t) {
     compiled_free(c);
     return price;
   }
-  for (int g = 0; g < c->ngroups; g++) /* each from memory: a lookup, no thread */
-    for (int i = 0; i < c->k[g].nk; i++) {
-      gpu_fused *k = &c->k[g].k[i];
-      if (k->src && !(k->fn = gpu_kernel_load(k->name, k->src))) said_not_built(k);
-      free(k->src);
-      k->src = NULL;
-    }
+  load_here(c); /* each from memory: a lookup, no thread */
   publish(plan, c);
   return 0;
 }

@@ -815,6 +815,12 @@ static void kernel_id_key(const char *id, uint64_t key[2]) {
   key[1] = h.low64;
 }
 
+/* a kernel's id in the kernel cache: its name and the device's compute
+   capability (name@cc) */
+static void kernel_id(const char *name, char *id, size_t cap) {
+  snprintf(id, cap, "%s@%d", name, rt.cc);
+}
+
 /* the kernel cached under id, retained; NULL if none */
 static cache_kernel *kernel_cached(const char *id) {
   uint64_t key[2];
@@ -851,7 +857,7 @@ struct gpu_kernel_build {
 gpu_kernel_source gpu_kernel_where(const char *name, const char *src) {
   if (gpu_unavailable()) return GPU_KERNEL_TO_COMPILE;
   char id[GPU_KERNEL_ID];
-  snprintf(id, sizeof id, "%s@%d", name, rt.cc);
+  kernel_id(name, id, sizeof id);
   cache_kernel *k = kernel_cached(id);
   if (k) {
     cache_kernel_release(k);
@@ -871,7 +877,7 @@ gpu_kernel_build *gpu_kernel_prepare(const char *name, const char *src) {
   snprintf(b->name, sizeof b->name, "%s", name);
   b->src = src;
   if (unavailable_error()) goto failed;
-  snprintf(b->id, sizeof b->id, "%s@%d", name, rt.cc);
+  kernel_id(name, b->id, sizeof b->id);
   if ((b->cached = kernel_cached(b->id))) return b;
   uint64_t h[2];
   kernel_disk_hash(src, h);
@@ -941,7 +947,7 @@ static cache_kernel *kernel_build(const char *name, const char *src) {
 static cache_kernel *kernel_get(const gpu_op_key *key) {
   char name[GPU_KERNEL_NAME], id[GPU_KERNEL_ID];
   gpu_op_key_name(key, name, sizeof name);
-  snprintf(id, sizeof id, "%s@%d", name, rt.cc);
+  kernel_id(name, id, sizeof id);
   cache_kernel *fn = kernel_cached(id);
   if (fn) return fn;
   char *src = gpu_op_source(key);
