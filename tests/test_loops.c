@@ -10,6 +10,7 @@
  * kind of input, output and almost-repeat.  Counts, never times.  With
  * KILN_DEVICE=cuda (test_loops_cuda_emulated) all of it on the device. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "../trace/inspect.h"
@@ -779,6 +780,51 @@ TEST(the_segments_around_a_loop_are_one_family_for_every_length) {
   CHECK(kiln_stat("loop_joins") - joins >= 12); /* the stack, at every length */
 }
 
+/* Where a graph is cut depends on the recorded program alone: the same
+   training step, deeper than 256 before its loss is read, run first on a
+   fresh thread and then again on it, flushes the same way and gives the
+   same bits.  (The depth cap was raised once a thread had rolled a loop,
+   so the first run was cut at depth 256 and the second not: other loops,
+   other sums, other bits.) */
+static void *train_twice(void *arg) {
+  trained *runs = arg;
+  train tr = gru7;
+  tr.T = 60; /* ~5 deep per step forward, ~20 backward */
+  for (int r = 0; r < 2; r++) {
+    double flushes = kiln_stat("flushes");
+    runs[r] = *train_step(tr);
+    runs[r].steps = kiln_stat("flushes") - flushes; /* reused: the flushes */
+  }
+  return NULL;
+}
+
+TEST(the_first_run_on_a_thread_is_cut_as_the_next) {
+  static trained runs[2];
+  pthread_t th;
+  CHECK(pthread_create(&th, NULL, train_twice, runs) == 0);
+  CHECK(pthread_join(th, NULL) == 0);
+  if (runs[0].steps != runs[1].steps || runs[0].bits != runs[1].bits)
+    fprintf(stderr, "first run: %.0f flushes, %.0f rolled; second: %.0f, %.0f\n", runs[0].steps,
+            runs[0].rolled, runs[1].steps, runs[1].rolled);
+  CHECK(runs[0].steps == runs[1].steps);
+  CHECK(runs[0].bits == runs[1].bits);
+}
+
+/* KILN_LOOPS=0 (API.md) runs loops unrolled, as KILN_ROLL_LOOPS=0 does */
+TEST(kiln_loops_0_turns_rolling_off) {
+  train tr = gru7;
+  tr.T = 9;
+  set_env("KILN_LOOPS", "0");
+  const trained *off = train_step(tr);
+  CHECK(off->rolled == 0);
+  uint64_t bits = off->bits;
+  set_env("KILN_ROLL_LOOPS", "0");
+  CHECK(train_step(tr)->bits == bits);
+  set_env("KILN_ROLL_LOOPS", NULL);
+  set_env("KILN_LOOPS", NULL);
+  CHECK(train_step(tr)->rolled > 0);
+}
+
 int main(void) {
   /* KILN_DEVICE=cuda (ctest's test_loops_cuda_emulated): every test on
      the device, or none passes */
@@ -813,5 +859,7 @@ int main(void) {
   RUN(one_step_key_for_every_length);
   RUN(a_new_length_is_planned_at_once_and_compiles_nothing);
   RUN(the_segments_around_a_loop_are_one_family_for_every_length);
+  RUN(the_first_run_on_a_thread_is_cut_as_the_next);
+  RUN(kiln_loops_0_turns_rolling_off);
   return ktest_done();
 }

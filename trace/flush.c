@@ -644,8 +644,9 @@ static int run_rolled(tr_trace *t, const tr_loop *loop, const vm_backend *be, bo
   return rc;
 }
 
-/* loops are rolled unless KILN_ROLL_LOOPS=0 (for comparisons) */
-static bool rolling_enabled(void) { return vm_env_long("KILN_ROLL_LOOPS", 1) != 0; }
+bool tr_rolling_enabled(void) {
+  return vm_env_long("KILN_LOOPS", 1) != 0 && vm_env_long("KILN_ROLL_LOOPS", 1) != 0;
+}
 
 /* Runs t, sighted in k: rolled if it holds a loop (found when its key is
    new, remembered with the key; in both modes, on the CPU), else planned
@@ -661,11 +662,11 @@ static int run_keyed(tr_trace *t, keyed *k, const vm_backend *be, bool planning,
     atomic_fetch_add_explicit(&vm_process()->stats.loops_found, 1, memory_order_relaxed);
     bool rollable = tr_loop_rollable(loop) && !t->mixed;
     if (rollable) cache_attach((uint64_t[]){k->key.lo, k->key.hi}, loop, sizeof *loop);
-    *rolled = rollable && rolling_enabled();
+    *rolled = rollable && tr_rolling_enabled();
     tr_log_loop(loop, k->key, *rolled);
   } else if (k->seen.aux_len == sizeof *loop) {
     memcpy(loop, k->seen.aux, sizeof *loop);
-    *rolled = rolling_enabled();
+    *rolled = tr_rolling_enabled();
   }
   if (*rolled) {
     int rc = run_rolled(t, loop, be, planning, vals, failed, step);
@@ -725,7 +726,6 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   if (rc == KILN_OK) {
     commit(g, t, vals, k.key, !k.bytes.failed);
     g->flush_epoch++;
-    g->rolling |= rolled;
   } else if (failed >= 0) { /* it and what depends on it fail from now on */
     tr_node_fail(t->nodes[failed], rc, vm_thread()->message);
     for (int i = failed + 1; i < t->n; i++)

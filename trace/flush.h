@@ -35,4 +35,8 @@ typedef struct tr_trace {
    locked.  Returns KILN_OK, or an error status with the message set. */
 int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why);
 
+/* loops are rolled (trace/loop.h) unless KILN_LOOPS=0 (API.md; for
+   comparisons) or its older name KILN_ROLL_LOOPS=0 */
+bool tr_rolling_enabled(void);
+
 #endif

@@ -54,11 +54,15 @@ struct tr_graph {
   int64_t pending;                 /* nodes in the list */
   int64_t pending_bytes;           /* bytes their results would take */
   int64_t pending_device_bytes[2]; /* the same per kiln_device (CPU, CUDA) */
-  tr_node **stores;                /* handles' nodes rebound by stores since the last flush */
+  /* pending nodes freed unevaluated since the last flush of everything:
+     the node and memory caps count them as if pending, so where a graph is
+     cut depends on what was recorded, never on when handles were let go
+     (Ruby's GC frees them when it runs) */
+  int64_t dropped, dropped_device_bytes[2];
+  tr_node **stores; /* handles' nodes rebound by stores since the last flush */
   int nstores, cap_stores;
   int visit_epoch;
-  uint64_t flush_epoch; /* flushes committed: depths older than this are stale */
-  bool rolling; /* a flush of it ran a loop rolled: from then on deeper graphs are cut later */
+  uint64_t flush_epoch;  /* flushes committed: depths older than this are stale */
   struct tr_node **walk; /* the depth walk's stack (trace/record.c), under the lock */
   int walk_cap;
   struct tr_flush_info *last; /* what the last flush did (trace/inspect.h) */

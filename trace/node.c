@@ -158,6 +158,10 @@ static void node_free(tr_node *n, tr_node ***dead, int *ndead, int *cap) {
   tr_graph *g = n->graph;
   if (g) { /* leave the pending list, and give back the owner reference */
     tr_graph_lock(g);
+    if (n->state == TR_PENDING && n->prev) { /* still counted (graph.h) */
+      g->dropped++;
+      if (n->meta.device < 2) g->dropped_device_bytes[n->meta.device] += node_bytes(n);
+    }
     if (n->state == TR_PENDING) tr_node_unlink(n);
     tr_graph_unlock(g);
     graph_release(g);

@@ -13,14 +13,16 @@
 #include "flush.h"
 #include "graph.h"
 
-/* deep enough that a backward pass (a transformer block's is ~130) is one
-   trace; chains past it are cut at deterministic points */
+/* Chains deeper than this are cut, at points that depend on the recorded
+   program alone.  With loops rolled (trace/loop.h), a recurrent loop of a
+   few hundred steps and its backward stay one trace (a GRU's backward is
+   ~20 deep per step), whose steps run as one step trace whatever the
+   length; the node cap still holds.  With KILN_LOOPS=0, deep enough that
+   a backward pass (a transformer block's is ~130) is one trace.  The cap
+   is never a function of what ran before: it was raised once a thread had
+   rolled a loop, so the same training run gave other bits the first time
+   in a process than the second (its flushes were cut elsewhere). */
 #define TR_DEPTH_CAP 256
-/* once a thread's flush has run a loop rolled (trace/loop.h), its graphs go
-   deeper: a recurrent loop of a few hundred steps and its backward stay
-   one trace (a GRU's backward is ~20 deep per step), whose steps run as
-   one step trace whatever the length.  A function of the program (of what
-   it recorded before); the node cap still holds. */
 #define TR_DEPTH_CAP_ROLLING 4096
 #define TR_NODE_CAP 4096
 /* a pending graph's results on one device (as if each were kept: the
@@ -45,8 +47,8 @@ static int64_t device_pending_cap(int d) {
 
 static bool pending_over_cap(const tr_graph *g) {
   for (int d = 0; d < 2; d++)
-    if (g->pending_device_bytes[d] >= TR_PENDING_BYTES_MIN &&
-        g->pending_device_bytes[d] >= device_pending_cap(d))
+    if (g->pending_device_bytes[d] + g->dropped_device_bytes[d] >= TR_PENDING_BYTES_MIN &&
+        g->pending_device_bytes[d] + g->dropped_device_bytes[d] >= device_pending_cap(d))
       return true;
   return false;
 }
@@ -212,6 +214,8 @@ static void flush_all(tr_graph *g, tr_flush_reason why) {
   tr_flush(g, targets, (int)n, why);
   for (int64_t i = 0; i < n; i++) tr_node_release(targets[i]);
   free(targets);
+  g->dropped = 0; /* nothing recorded before is counted from here on */
+  memset(g->dropped_device_bytes, 0, sizeof g->dropped_device_bytes);
 }
 
 int tr_sync(void) {
@@ -353,15 +357,16 @@ vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *a
       return NULL;
   }
   tr_graph_lock(g);
-  if (g->pending >= TR_NODE_CAP) flush_all(g, TR_FLUSH_NODES);
+  if (g->pending + g->dropped >= TR_NODE_CAP) flush_all(g, TR_FLUSH_NODES);
   if (pending_over_cap(g)) flush_all(g, TR_FLUSH_MEMORY);
   int depth = 0;
   for (int i = 0; i < n; i++) {
     int d = in[i]->node->graph == g ? current_depth(g, in[i]->node) : 0;
     if (d > depth) depth = d;
   }
-  if (depth + 1 > (g->rolling ? TR_DEPTH_CAP_ROLLING : TR_DEPTH_CAP)) { /* cut: the inputs
-                                                                           become outputs */
+  if (depth + 1 > TR_DEPTH_CAP &&
+      (depth + 1 > TR_DEPTH_CAP_ROLLING || !tr_rolling_enabled())) { /* cut: the inputs
+                                                                         become outputs */
     tr_node *cut[8];
     int ncut = 0;
     for (int i = 0; i < n && ncut < 8; i++)
