@@ -185,8 +185,8 @@ module Kiln
       end
 
       # drops every parameter's gradient (torch's set_to_none)
-      def zero_grad
-        parameters.each(&:zero_grad!)
+      def zero_grad(set_to_none: true)
+        parameters.each { |p| Kiln::Optim::Optimizer.zero_grad_of(p, set_to_none) }
         self
       end
 
@@ -539,9 +539,15 @@ module Kiln
       end
     end
 
-    class LogSoftmax < Softmax
+    # not a Softmax subclass: each class's signature wraps its own
+    # initialize, and super(dim) into Softmax's wrapper dispatched back to
+    # this one's (SystemStackError)
+    class LogSoftmax < Module
+      extend Signature::DSL
+
       def initialize(dim)
-        super(dim)
+        super()
+        @dim = dim
       end
       signature "initialize(int dim|axis=-1)", label: "Kiln::NN::LogSoftmax.new"
 
@@ -609,26 +615,34 @@ module Kiln
       end
     end
 
-    # a loss Kiln reduces by the mean only: forward is F.<function>
+    # a loss whose forward is F.<function>(input, target, reduction:)
     class MeanLoss < Module
+      REDUCTIONS = %w[mean].freeze
+
       def initialize(reduction: "mean")
         super()
-        F.mean_only!(self.class.name, reduction)
+        unless self.class::REDUCTIONS.include?(reduction.to_s)
+          raise ArgumentError, "#{self.class.name}.new: reduction must be #{self.class::REDUCTIONS.map(&:inspect).join(", ")}, not #{reduction.inspect}"
+        end
+
+        @reduction = reduction.to_s
       end
 
       def forward(input, target)
-        F.send(self.class::FUNCTION, input, target)
+        F.send(self.class::FUNCTION, input, target, reduction: @reduction)
       end
     end
 
-    # mean cross-entropy of logits [N, C] against int64 class indices [N]
+    # cross-entropy of logits [N, C] against int64 class indices [N]
     class CrossEntropyLoss < MeanLoss
       FUNCTION = :cross_entropy
+      REDUCTIONS = %w[mean sum none].freeze
     end
 
-    # mean negative log-likelihood of log-probabilities [N, C] at class indices [N]
+    # negative log-likelihood of log-probabilities [N, C] at class indices [N]
     class NLLLoss < MeanLoss
       FUNCTION = :nll_loss
+      REDUCTIONS = %w[mean sum none].freeze
     end
 
     class BCEWithLogitsLoss < MeanLoss
@@ -683,8 +697,20 @@ module Kiln
       end
 
       def cross_entropy(input, target, reduction)
-        mean_only!("cross_entropy", reduction)
-        input.cross_entropy(target)
+        return input.cross_entropy(target) if reduction.to_s == "mean"
+
+        reduce_per_sample(input.log_softmax(1), target, reduction, "Kiln::NN::Functional.cross_entropy")
+      end
+
+      # the "sum" and "none" reductions of the negative log-likelihood of
+      # log-probabilities [N, C] at class indices [N] ("mean" is one op)
+      def reduce_per_sample(logp, target, reduction, label)
+        unless %w[sum none].include?(reduction.to_s)
+          raise ArgumentError, "#{label}: reduction must be \"mean\", \"sum\" or \"none\", not #{reduction.inspect}"
+        end
+
+        losses = -logp.gather(1, target.unsqueeze(1)).squeeze(1)
+        reduction.to_s == "sum" ? losses.sum : losses
       end
 
       def mse_loss(input, target, reduction)
@@ -716,6 +742,9 @@ module Kiln
 
       def dropout(input, p, training)
         raise ArgumentError, "Kiln::NN::Functional.dropout: p must be in [0, 1], got #{p}" unless p >= 0 && p <= 1
+        # every element dropped: zeros (torch's input * 0; kiln_dropout's
+        # scale 1 / (1 - p) has no value at p = 1)
+        return training ? input * 0.0 : input if p == 1
 
         input._dropout(p, training)
       end
@@ -727,18 +756,19 @@ module Kiln
 
       # mean negative log-likelihood of log-probabilities [N, C] at int64 class indices [N]
       def nll_loss(input, target, reduction)
-        mean_only!("nll_loss", reduction)
-        input.nll_loss(target)
+        return input.nll_loss(target) if reduction.to_s == "mean"
+
+        reduce_per_sample(input, target, reduction, "Kiln::NN::Functional.nll_loss")
       end
 
       def binary_cross_entropy_with_logits(input, target, reduction)
-        mean_only!("binary_cross_entropy_with_logits", reduction)
+        mean_only!(reduction, "Kiln::NN::Functional.binary_cross_entropy_with_logits")
         input.binary_cross_entropy_with_logits(target)
       end
 
       # the losses Kiln reduces by the mean only
-      def mean_only!(name, reduction)
-        raise ArgumentError, "Kiln::NN::Functional.#{name}: only reduction: \"mean\", not #{reduction.inspect}" unless reduction.to_s == "mean"
+      def mean_only!(reduction, label)
+        raise ArgumentError, "#{label}: only reduction: \"mean\", not #{reduction.inspect}" unless reduction.to_s == "mean"
       end
 
       # an Integer n as [n, n]; an Array of two as it is

@@ -39,9 +39,19 @@ module Kiln
       end
 
       # drops every parameter's gradient (torch's set_to_none: true)
+      # set_to_none: false zeroes the gradients there are (torch's; a
+      # parameter without one keeps none)
       def zero_grad(set_to_none: true)
-        @param_groups.each { |g| g[:params].each(&:zero_grad!) }
+        @param_groups.each { |g| g[:params].each { |p| Optimizer.zero_grad_of(p, set_to_none) } }
         nil
+      end
+
+      def self.zero_grad_of(param, set_to_none)
+        if set_to_none || param.grad.nil?
+          param.zero_grad!
+        else
+          param.grad = Kiln.zeros_like(param.grad)
+        end
       end
 
       def add_param_group(group)

@@ -418,10 +418,14 @@ module Kiln
 
     # squeeze(dim) removes that axis (which must have size 1); squeeze() removes
     # every axis of size 1
+    # squeeze(dim) of an axis whose size is not 1 is the tensor as it is
+    # (torch's); an axis out of range is still an error
     def squeeze(dim)
-      return _squeeze(dim) unless dim.nil?
+      return _reshape(shape.reject { |s| s == 1 }) if dim.nil?
+      return _squeeze(dim) unless dim.is_a?(Integer) && dim.between?(-[ndim, 1].max, [ndim, 1].max - 1)
 
-      _reshape(shape.reject { |s| s == 1 })
+      axis = dim.negative? ? dim + [ndim, 1].max : dim
+      ndim.zero? || shape[axis] == 1 ? _squeeze(dim) : self
     end
     signature "squeeze(int? dim=None)"
 
@@ -633,11 +637,22 @@ module Kiln
       elsif p == -Float::INFINITY then a._min(dim, keepdim)
       elsif p.zero? then a.ne(0)._cast(x.dtype)._sum(dim, keepdim)
       elsif p == 1 then a._sum(dim, keepdim)
-      elsif p == 2 then (x * x)._sum(dim, keepdim).sqrt
+      elsif p == 2 then Tensor.root_of_squares((x * x)._sum(dim, keepdim))
       else (a**p)._sum(dim, keepdim)**(1.0 / p)
       end
     end
     signature "norm(any p=\"fro\", int... dim|axis=None, bool keepdim|keepdims=False, *, dtype? dtype=None)"
+
+    # sqrt(s) of a sum of squares s, whose gradient at s = 0 is 0 (torch's
+    # norm), not 0 * inf = NaN: one zero row (padding) poisoned a whole
+    # step through norm, F.normalize and F.cosine_similarity.  The same
+    # values: sqrt(0) is 0.
+    def self.root_of_squares(s)
+      return s.sqrt unless s.requires_grad
+
+      zero = s.eq(0)
+      Kiln.where(zero, 0.0, Kiln.where(zero, 1.0, s).sqrt)
+    end
 
     # torch's repeat: tiles self sizes[i] times along each axis (sizes may
     # have more entries than self has axes: leading axes of 1 are added)

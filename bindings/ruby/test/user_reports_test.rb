@@ -1,0 +1,77 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+
+# What a user trying torch-rb programs on Kiln ran into (expected values
+# from PyTorch 1.13 on the same inputs).
+class UserReportsTest < Minitest::Test
+  NN = Kiln::NN
+  F = Kiln::NN::F
+
+  def assert_close(expected, actual, tol = 1e-6)
+    assert_equal expected.flatten.size, actual.flatten.size
+    expected.flatten.zip(actual.flatten).each { |e, a| assert_in_delta e, a, tol * [1, e.abs].max }
+  end
+
+  # LogSoftmax.new recursed until SystemStackError, whatever its arguments
+  def test_log_softmax_module_builds_and_runs
+    out = NN::LogSoftmax.new(dim: 1).call(Kiln.tensor([[1.0, 2.0]]))
+    assert_close [[-1.3132616, -0.3132617]], out.to_a
+    assert_close [[-1.3132616, -0.3132617]], NN::LogSoftmax.new(1).call(Kiln.tensor([[1.0, 2.0]])).to_a
+    net = NN::Sequential.new(NN::Linear.new(2, 3), NN::LogSoftmax.new(dim: 1))
+    assert_close [1.0, 1.0], net.call(Kiln.ones(2, 2)).exp.sum(1).to_a
+  end
+
+  # the gradient of a norm at a zero vector is 0, as torch's, not NaN
+  def test_norm_gradient_at_zero_is_zero
+    x = Kiln.tensor([0.0, 0.0], requires_grad: true)
+    x.norm.backward
+    assert_equal [0.0, 0.0], x.grad.to_a
+    x = Kiln.tensor([[0.0, 0.0], [3.0, 4.0]], requires_grad: true)
+    x.norm(dim: 1).sum.backward
+    assert_close [[0.0, 0.0], [0.6, 0.8]], x.grad.to_a
+    x = Kiln.tensor([[0.0, 0.0], [3.0, 4.0]], requires_grad: true)
+    F.normalize(x, dim: 1).sum.backward # torch: [[1e12, 1e12], [0.032, -0.024]]
+    assert_close [[1e12, 1e12], [0.032, -0.024]], x.grad.to_a, 1e-5
+    assert_equal [5.0], Kiln.tensor([[3.0, 4.0]]).norm(dim: 1).to_a
+  end
+
+  def test_dropout_of_one_is_zeros
+    assert_equal [0.0, 0.0, 0.0], NN::Dropout.new(p: 1.0).call(Kiln.ones(3)).to_a
+    assert_equal [1.0, 1.0], NN::Dropout.new(p: 1.0).tap(&:eval).call(Kiln.ones(2)).to_a
+  end
+
+  # squeeze(dim) of an axis whose size is not 1 leaves the tensor as it is
+  def test_squeeze_of_an_axis_not_of_size_one_is_the_tensor
+    assert_equal [1, 2], Kiln.tensor([[1.0, 2.0]]).squeeze(1).shape
+    assert_equal [2], Kiln.tensor([[1.0, 2.0]]).squeeze(0).shape
+    assert_equal [2], Kiln.tensor([[1.0], [2.0]]).squeeze(-1).shape
+    assert_raises(Kiln::Error) { Kiln.tensor([[1.0, 2.0]]).squeeze(2) }
+  end
+
+  def test_cross_entropy_and_nll_sum_and_none
+    l = Kiln.tensor([[1.0, 2.0, 0.5], [0.1, 0.2, 3.0]])
+    y = Kiln.tensor([1, 2])
+    assert_close [0.46436879, 0.10960147], F.cross_entropy(l, y, reduction: "none").to_a
+    assert_in_delta 0.57397026, F.cross_entropy(l, y, reduction: "sum").item, 1e-6
+    assert_in_delta 0.57397026, NN::CrossEntropyLoss.new(reduction: "sum").call(l, y).item, 1e-6
+    assert_close [0.46436879, 0.10960147], NN::NLLLoss.new(reduction: "none").call(l.log_softmax(1), y).to_a
+    e = assert_raises(ArgumentError) { NN::BCEWithLogitsLoss.new(reduction: "sum") }
+    assert_equal 'Kiln::NN::BCEWithLogitsLoss.new: reduction must be "mean", not "sum"', e.message
+    e = assert_raises(ArgumentError) { F.cross_entropy(l, y, reduction: "avg") }
+    assert_match(/\AKiln::NN::Functional.cross_entropy: reduction must be/, e.message)
+  end
+
+  # zero_grad(set_to_none: false) zeroes the gradients there are
+  def test_zero_grad_set_to_none_false_zeroes
+    m = NN::Linear.new(2, 2)
+    opt = Kiln::Optim::SGD.new(m.parameters, lr: 0.1)
+    m.call(Kiln.ones(1, 2)).sum.backward
+    opt.zero_grad(set_to_none: false)
+    assert_equal [[0.0, 0.0], [0.0, 0.0]], m.weight.grad.to_a
+    opt.zero_grad
+    assert_nil m.weight.grad
+    m.zero_grad(set_to_none: false)
+    assert_nil m.weight.grad # none before: none after (torch's)
+  end
+end
