@@ -71,9 +71,11 @@ vm_tensor *fe_clamp(vm_tensor *a, double lo, double hi) {
   if (is_int) { /* the integers within [lo, hi], as the dtype holds them */
     lo = ceil(lo);
     hi = floor(hi);
-    if (a->dtype == KILN_I32) { /* an int32 bound past the range saturates, never wraps */
-      lo = fmin(fmax(lo, INT32_MIN), INT32_MAX);
-      hi = fmin(fmax(hi, INT32_MIN), INT32_MAX);
+    double min, max; /* a bound past a narrow dtype's range saturates, never wraps
+                        (u8's clamp(-1, 255) made every element 255) */
+    if (a->dtype != KILN_I64 && vm_dtype_int_range(a->dtype, &min, &max)) {
+      lo = fmin(fmax(lo, min), max);
+      hi = fmin(fmax(hi, min), max);
     }
   }
   /* y = where(x < lo, lo, x), then where(y > hi, hi, y): NaN passes

@@ -156,6 +156,12 @@ vm_tensor *fe_randint(int64_t low, int64_t high, kiln_dtype dt, int ndim, const 
              (long long)low, (long long)high);
     return NULL;
   }
+  double min, max; /* a draw the dtype cannot hold would saturate (u8 [0, 300) put 15% on 255) */
+  if (vm_dtype_int_range(dt, &min, &max) && ((double)low < min || (double)(high - 1) > max)) {
+    vm_error(KILN_ERR_ARG, "range [%lld, %lld) does not fit %s ([%.0f, %.0f])", (long long)low,
+             (long long)high, vm_dtype_name(dt), min, max);
+    return NULL;
+  }
   fe_scope s = {0};
   vm_tensor *u = keep(&s, uniform_f64(ndim, shape));
   double span = (double)high - (double)low;

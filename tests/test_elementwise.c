@@ -764,6 +764,21 @@ TEST(clamp_int32_bounds_past_the_range_saturate) {
            -2147483648.0);
 }
 
+/* the same for u8, i8 and i16: u8's clamp(-1, 255) once made every
+   element 255 (the bound -1 wrapped), clamp(-3.5, 300) every one 44 */
+TEST(clamp_narrow_int_bounds_past_the_range_saturate) {
+  EXPECT_V(kiln_clamp(V(KILN_U8, 0, 10, 200, 255), -1, 255), KILN_U8, 0, 0, 10, 200, 255);
+  EXPECT_V(kiln_clamp(V(KILN_U8, 0, 10, 200, 255), -3.5, 300), KILN_U8, 0, 0, 10, 200, 255);
+  EXPECT_V(kiln_clamp(V(KILN_U8, 0, 10, 200, 255), 5, 256), KILN_U8, 0, 5, 10, 200, 255);
+  EXPECT_V(kiln_clamp(V(KILN_U8, 0, 10, 200, 255), -200, 1000), KILN_U8, 0, 0, 10, 200, 255);
+  EXPECT_V(kiln_clamp(V(KILN_I8, -128, -5, 5, 127), -1000, 1000), KILN_I8, 0, -128, -5, 5, 127);
+  EXPECT_V(kiln_clamp(V(KILN_I8, -128, -5, 5, 127), -6, 200), KILN_I8, 0, -6, -5, 5, 127);
+  EXPECT_V(kiln_clamp(V(KILN_I16, -32768, -7, 7, 32767), -1e5, 1e5), KILN_I16, 0, -32768, -7, 7,
+           32767);
+  EXPECT_V(kiln_clamp(V(KILN_I16, -32768, -7, 7, 32767), 1e5, 2e5), KILN_I16, 0, 32767, 32767,
+           32767, 32767);
+}
+
 TEST(clamp_bool_is_dtype_error) {
   kiln_tensor *b = V(BOOL_, 1, 0);
   CHECK_ERROR(kiln_clamp(b, 0, 1), KILN_ERR_DTYPE, "kiln_clamp");
@@ -917,6 +932,7 @@ int main(void) {
   RUN_T(clamp_floats_propagates_nan);
   RUN_T(clamp_integers_uses_ceil_lo_floor_hi_and_keeps_dtype);
   RUN_T(clamp_int32_bounds_past_the_range_saturate);
+  RUN_T(clamp_narrow_int_bounds_past_the_range_saturate);
   RUN_T(clamp_bool_is_dtype_error);
 
   RUN_T(cast_every_dtype_pair_in_range);

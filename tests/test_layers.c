@@ -202,6 +202,19 @@ TEST(randint_range_and_reproducible) {
   kiln_release(a);
   CHECK_ERROR(kiln_randint(5, 5, I64, 1, S(3)), KILN_ERR_ARG, "kiln_randint: bad range [5, 5)");
   CHECK_ERROR(kiln_randint(0, 2, KILN_BOOL, 1, S(3)), KILN_ERR_DTYPE, "kiln_randint");
+  /* draws the dtype cannot hold are refused (they saturated: [0, 300) in u8
+     put 15% of them on 255, [-200, -100) in i8 was all -128) */
+  CHECK_ERROR(kiln_randint(0, 300, KILN_U8, 1, S(5)), KILN_ERR_ARG,
+              "kiln_randint: range [0, 300) does not fit uint8 ([0, 255])");
+  CHECK_ERROR(kiln_randint(-200, -100, KILN_I8, 1, S(5)), KILN_ERR_ARG, "does not fit int8");
+  CHECK_ERROR(kiln_randint(-1, 5, KILN_U8, 1, S(5)), KILN_ERR_ARG, "does not fit uint8");
+  a = kiln_randint(0, 256, KILN_U8, 1, S(1000));
+  double *v = ktest_values(a);
+  bool top = false;
+  for (int i = 0; v && i < 1000; i++) top |= v[i] == 255;
+  CHECK(a && v && top); /* the whole range is drawn */
+  free(v);
+  kiln_release(a);
 }
 
 TEST(randperm_is_a_reproducible_permutation) {

@@ -39,6 +39,30 @@ static inline bool vm_dtype_is_int(kiln_dtype dt) {
 static inline bool vm_dtype_is_narrow_int(kiln_dtype dt) {
   return dt == KILN_U8 || dt == KILN_I8 || dt == KILN_I16;
 }
+/* the values integer dtype dt holds, [*lo, *hi] (int64's rounded to
+   doubles); false for the others */
+static inline bool vm_dtype_int_range(kiln_dtype dt, double *lo, double *hi) {
+  switch (dt) {
+    case KILN_U8:
+      *lo = 0, *hi = UINT8_MAX;
+      return true;
+    case KILN_I8:
+      *lo = INT8_MIN, *hi = INT8_MAX;
+      return true;
+    case KILN_I16:
+      *lo = INT16_MIN, *hi = INT16_MAX;
+      return true;
+    case KILN_I32:
+      *lo = INT32_MIN, *hi = INT32_MAX;
+      return true;
+    case KILN_I64:
+      *lo = (double)INT64_MIN, *hi = (double)INT64_MAX;
+      return true;
+    default:
+      return false;
+  }
+}
+
 /* the dtypes an index or a class label may have */
 static inline bool vm_dtype_is_index(kiln_dtype dt) { return dt == KILN_I32 || dt == KILN_I64; }
 
