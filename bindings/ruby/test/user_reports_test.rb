@@ -74,4 +74,41 @@ class UserReportsTest < Minitest::Test
     m.zero_grad(set_to_none: false)
     assert_nil m.weight.grad # none before: none after (torch's)
   end
+
+  # t[idx] = v with a repeated index: the last write lands (torch's CPU
+  # t[idx] = v), not the sum of all of them
+  def test_index_assignment_with_repeats_keeps_the_last_write
+    t = Kiln.zeros(5)
+    t[Kiln.tensor([0, 0])] = Kiln.tensor([1.0, 2.0])
+    assert_equal [2.0, 0.0, 0.0, 0.0, 0.0], t.to_a
+    t = Kiln.zeros(5)
+    t[Kiln.tensor([3, 0, 3, 1, 3])] = Kiln.tensor([1.0, 2.0, 5.0, 7.0, 9.0])
+    assert_equal [2.0, 7.0, 0.0, 9.0, 0.0], t.to_a
+    t = Kiln.zeros(3, 2)
+    t[Kiln.tensor([2, 0, 2])] = Kiln.tensor([[1.0, 1.5], [2.0, 2.5], [3.0, 3.5]])
+    assert_equal [[2.0, 2.5], [0.0, 0.0], [3.0, 3.5]], t.to_a
+    t = Kiln.zeros(3)
+    t[Kiln.tensor([1, 1])] = Kiln.tensor([Float::NAN, 2.0]) # an overwritten NaN leaves no trace
+    assert_equal [0.0, 2.0, 0.0], t.to_a
+    t = Kiln.zeros(4, dtype: :int64)
+    t[Kiln.tensor([1, 1])] = 7
+    assert_equal [0, 7, 0, 0], t.to_a
+  end
+
+  # integer results that have no value are errors, as in torch
+  def test_integer_ops_without_a_value_raise
+    assert_raises(ArgumentError) { Kiln.tensor([2]) ** -1 }
+    assert_raises(ZeroDivisionError) { Kiln.tensor([5]).floor_divide(0) }
+    assert_raises(ZeroDivisionError) { Kiln.tensor([5]) % 0 }
+    assert_raises(ZeroDivisionError) { Kiln.tensor([5]).fmod(0) }
+    e = assert_raises(Kiln::DTypeError) { Kiln.tensor([5]).add!(1.5) }
+    assert_match(/add!: its result is float32/, e.message)
+    assert_raises(Kiln::DTypeError) { Kiln.tensor([5]).div!(2) }
+    assert_equal [4], (Kiln.tensor([2]) ** 2).to_a
+    assert_equal [0.5], (Kiln.tensor([2]) ** -1.0).to_a
+    assert_equal [2], Kiln.tensor([5]).floor_divide(2).to_a
+    assert_equal [2], (Kiln.tensor([5]) % 3).to_a
+    assert_equal [7], Kiln.tensor([5]).add!(2).to_a
+    assert Kiln.tensor([5.0]).fmod(0).to_a[0].nan?
+  end
 end

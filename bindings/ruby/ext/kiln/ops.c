@@ -82,7 +82,18 @@ BINARY_S(add)
 BINARY_S(sub)
 BINARY_S(mul)
 BINARY_S(div)
-BINARY_S(pow)
+
+/* an integer tensor to a negative integer power has no integer value
+   (torch refuses it too; 2 ** -1 was 0) */
+static VALUE t_pow(VALUE self, VALUE o) {
+  kiln_tensor *a = rk_get(self);
+  if (RB_INTEGER_TYPE_P(o) && !rk_dtype_is_float(kiln_dtype_of(a)) && NUM2DBL(o) < 0)
+    rb_raise(rb_eArgError,
+             "Kiln::Tensor#**: integers to negative integer powers are not allowed (%" PRIsVALUE
+             "); cast to a float dtype first",
+             o);
+  return binary(self, o, kiln_pow, kiln_pow_scalar);
+}
 BINARY(maximum)
 BINARY(minimum)
 BINARY(eq)

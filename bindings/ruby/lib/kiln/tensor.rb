@@ -520,6 +520,7 @@ module Kiln
         mask = mask.reshape(mask.shape + [1] * (ndim - mask.ndim)) if mask.ndim < ndim
         return assign!(Kiln.where(mask, same_dtype(value), self))
       end
+      repeats = index.size == 1 && index[0].is_a?(Tensor) && index[0].numel > 1
       if index.size == 1 && index[0].is_a?(Tensor)
         pos = index[0] # rows, as index_select(0, pos)
         rows = Kiln.arange(numel).reshape(shape)
@@ -532,9 +533,20 @@ module Kiln
       v = v.expand(pos.shape) unless v.shape == pos.shape
       work = dtype == :bool ? :int32 : dtype
       hit = Kiln.zeros(numel, dtype: :int32).scatter_add(0, flat_pos, Kiln.ones(flat_pos.numel, dtype: :int32)) > 0
-      vals = Kiln.zeros(numel, dtype: work).scatter_add(0, flat_pos, v.reshape(-1)._cast(work))
+      writes = v.reshape(-1)._cast(work)
+      writes = Kiln.where(Tensor.last_writes(flat_pos), writes, 0) if repeats
+      vals = Kiln.zeros(numel, dtype: work).scatter_add(0, flat_pos, writes)
       vals = vals._cast(dtype) if work != dtype
       assign!(Kiln.where(hit, vals, reshape(-1)).reshape(shape))
+    end
+
+    # which of the writes to positions pos (an index tensor may repeat one)
+    # land: the last to each position, as torch's t[idx] = v on the CPU
+    # (summing them all gave t[[0, 0]] = [1, 2] a 3)
+    def self.last_writes(pos)
+      sorted, order = pos.sort(0) # stable: a position's writes in order
+      last = Kiln.cat([sorted[0...-1].ne(sorted[1..]), Kiln.tensor([true])], 0)
+      Kiln.zeros(pos.numel, dtype: :int32).scatter_add(0, order, last._cast(:int32)) > 0
     end
 
     # --- in place (this handle is rebound to the new value; see assign!) --------
@@ -545,7 +557,7 @@ module Kiln
         return sub_scaled!(other, -alpha)
       end
 
-      assign!(same_dtype(alpha == 1 ? self + other : self + other * alpha))
+      assign!(stored_in_place("add!", alpha == 1 ? self + other : self + other * alpha))
     end
     signature "add!(value other, *, float alpha=1)"
 
@@ -561,11 +573,11 @@ module Kiln
     signature "masked_fill!(Tensor mask, value value)"
 
     def mul!(other)
-      assign!(same_dtype(self * other))
+      assign!(stored_in_place("mul!", self * other))
     end
 
     def div!(other)
-      assign!(same_dtype(self / other))
+      assign!(stored_in_place("div!", self / other))
     end
 
     def zero!
@@ -785,6 +797,7 @@ module Kiln
     # torch's remainder: x - floor(x / y) * y (the sign of y); integer tensors
     # stay integer (computed in float64, exact for |x| < 2**53)
     def %(other)
+      integer_divisor_not_zero!("%", other)
       other_float = other.is_a?(Float) || (other.is_a?(Tensor) && other.floating_point?)
       return _cast(other.is_a?(Tensor) ? other.dtype : :float32) % other if !floating_point? && other_float
       return self - (self / other).floor * other if floating_point?
@@ -878,6 +891,16 @@ module Kiln
     private
 
     # value as a tensor of self's dtype (numbers become a 0-d tensor)
+    # an in-place op's result in self's dtype: a float result does not go
+    # into an integer or bool tensor (torch's rule; add!(1.5) truncated)
+    def stored_in_place(name, result)
+      if result.floating_point? && !floating_point?
+        raise Kiln::DTypeError, "Kiln::Tensor##{name}: its result is #{result.dtype}, which cannot be stored in place in this #{dtype} tensor (cast it first)"
+      end
+
+      same_dtype(result)
+    end
+
     def same_dtype(value)
       v = value.is_a?(Tensor) ? value : Kiln.tensor(value)
       v.dtype == dtype ? v : v._cast(dtype)

@@ -58,6 +58,16 @@ module Kiln
     end
     alias fix trunc
 
+    # an integer tensor divided by the integer 0 has no value: torch's
+    # ZeroDivisionError (it gave 2**63 - 1, and % gave 0).  A divisor tensor
+    # holding a zero is not read here (that would evaluate it).
+    def integer_divisor_not_zero!(name, other)
+      return if floating_point? || !other.is_a?(Integer) || !other.zero?
+
+      raise ZeroDivisionError, "Kiln::Tensor##{name}: integer division by zero"
+    end
+    private :integer_divisor_not_zero!
+
     # x - trunc(x), with x's sign
     def frac
       self - trunc
@@ -66,6 +76,7 @@ module Kiln
     # torch's floor_divide (//): floor(x / y); integers stay integer
     # (computed in float64, exact for |x| < 2**53)
     def floor_divide(other)
+      integer_divisor_not_zero!("floor_divide", other)
       other_float = other.is_a?(Float) || (other.is_a?(Tensor) && other.floating_point?)
       return (self / other).floor if floating_point? || other_float
 
@@ -75,6 +86,7 @@ module Kiln
 
     # C's fmod: x - trunc(x / y) * y, the sign of x (remainder has y's)
     def fmod(other)
+      integer_divisor_not_zero!("fmod", other)
       return self - (self / other).trunc * other if floating_point?
 
       x = _cast(:float64)
