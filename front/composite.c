@@ -173,6 +173,14 @@ vm_tensor *fe_logsumexp(vm_tensor *a, int axis, bool keepdim) {
   if (null_arg(a)) return NULL;
   fe_scope s = {0};
   vm_tensor *x = as_float(&s, a);
+  int ax = axis;
+  if (x && a->ndim > 0 && vm_norm_axis(&ax, a->ndim) && a->shape[ax] == 0) {
+    /* over nothing: log(0) = -inf, as PyTorch (there is no max to shift by) */
+    vm_tensor *e = keep(&s, fe_unary(VM_OP_exp, x));
+    vm_tensor *lse =
+        keep(&s, fe_unary(VM_OP_log, keep(&s, fe_reduce(VM_OP_sum, e, 1, &axis, keepdim))));
+    return finish(&s, rounded_as(&s, lse, a));
+  }
   vm_tensor *m = keep(&s, stability_shift(x, axis));
   /* an infinite max (all -inf, or +inf) is not subtracted: exp(-inf - -inf) is NaN */
   vm_tensor *inf =

@@ -741,10 +741,37 @@ TEST(stat_by_name) {
   CHECK(isnan(kiln_stat("no_such_counter")));
   CHECK_EQ_INT(kiln_last_status(), KILN_ERR_ARG);
   CHECK_STR_CONTAINS(kiln_last_error(), "no counter named 'no_such_counter'");
+  CHECK(strstr(kiln_last_error(), "kiln_stat: kiln_stat") == NULL); /* named once */
   kiln_clear_error();
   CHECK(isnan(kiln_stat(NULL)));
   kiln_release(x);
   kiln_release(y);
+}
+
+/* an axis of a 0-d tensor is named as such (it said "naxes 1 is invalid",
+   a parameter argmax does not have); logsumexp over an empty axis is -inf,
+   as PyTorch's (it was an error: no max to shift by) */
+TEST(scalar_axes_and_empty_logsumexp) {
+  kiln_tensor *s = kiln_scalar(2.5, KILN_F32);
+  kiln_clear_error();
+  CHECK(kiln_argmax(s, 0, false) == NULL);
+  CHECK_STR_CONTAINS(kiln_last_error(), "kiln_argmax: a 0-d tensor has no axis 0");
+  kiln_clear_error();
+  CHECK(kiln_softmax(s, 0) == NULL);
+  CHECK_STR_CONTAINS(kiln_last_error(), "a 0-d tensor has no axis 0");
+  kiln_clear_error();
+  kiln_tensor *e = kiln_zeros(KILN_F32, 2, (int64_t[]){3, 0});
+  kiln_tensor *l = kiln_logsumexp(e, 1, false);
+  float got[3] = {0, 0, 0};
+  CHECK(l && kiln_to_buffer(l, got, sizeof got) == KILN_OK);
+  for (int i = 0; i < 3; i++) CHECK(isinf(got[i]) && got[i] < 0);
+  kiln_tensor *k = kiln_logsumexp(e, -1, true);
+  CHECK(k && kiln_ndim(k) == 2 && kiln_shape(k)[0] == 3 && kiln_shape(k)[1] == 1);
+  kiln_release(k);
+  kiln_release(l);
+  kiln_release(e);
+  kiln_release(s);
+  kiln_clear_error();
 }
 
 int main(void) {
@@ -782,5 +809,6 @@ int main(void) {
   RUN(error_message_names_the_values);
   RUN(errors_are_thread_local);
   RUN(stat_by_name);
+  RUN(scalar_axes_and_empty_logsumexp);
   return ktest_done();
 }

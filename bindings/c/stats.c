@@ -66,7 +66,7 @@ double kiln_stat(const char *name) {
   vm_post_ops();
   for (int i = 0; name && i < NCOUNTERS; i++)
     if (!strcmp(name, counters[i].name)) return value_of(c, &counters[i]);
-  vm_error(KILN_ERR_ARG, "kiln_stat: no counter named '%s'", name ? name : "(null)");
+  vm_error(KILN_ERR_ARG, "no counter named '%s'", name ? name : "(null)");
   return NAN;
 }
 
