@@ -111,4 +111,40 @@ class UserReportsTest < Minitest::Test
     assert_equal [7], Kiln.tensor([5]).add!(2).to_a
     assert Kiln.tensor([5.0]).fmod(0).to_a[0].nan?
   end
+
+  # The same training run, three times in one process, and on two threads
+  # at once: the same bits every time.  The first run once trained to other
+  # bits than the ones after it: Adam's moments were rebound as plain Ruby
+  # values, so each step recomputed the last one's; the cache learned to
+  # keep them after the first run, whose flushes (and, with the GRU's loop
+  # rolled, sums) were cut otherwise.  Also the depth cap rose once a
+  # thread had rolled a loop.
+  def train_gru_mlp(seed, optimizer)
+    Kiln.manual_seed(seed)
+    m = NN::Sequential.new(NN::Linear.new(32, 64), NN::Tanh.new, NN::Linear.new(64, 4))
+    gru = NN::GRU.new(4, 8)
+    ps = m.parameters + gru.parameters
+    opt = optimizer == :adam ? Kiln::Optim::Adam.new(ps, lr: 1e-2) : Kiln::Optim::SGD.new(ps, lr: 1e-2, momentum: 0.9)
+    x = Kiln.randn(128, 32)
+    y = Kiln.randint(0, 4, [128])
+    12.times do
+      opt.zero_grad
+      o = m.call(x)
+      s, = gru.call(o.reshape(8, 16, 4))
+      (F.cross_entropy(o, y) + s.pow(2).mean).backward
+      opt.step
+    end
+    ps.map(&:to_binary)
+  end
+
+  def test_a_training_run_gives_the_same_bits_every_time
+    %i[adam sgd].each do |optimizer|
+      runs = Array.new(3) { train_gru_mlp(1, optimizer) }
+      assert_equal runs[0], runs[1], "#{optimizer}: the first run differs from the second"
+      assert_equal runs[1], runs[2], optimizer.to_s
+    end
+    alone = [train_gru_mlp(1, :adam), train_gru_mlp(2, :adam)]
+    together = [Thread.new { train_gru_mlp(1, :adam) }, Thread.new { train_gru_mlp(2, :adam) }].map(&:value)
+    assert_equal alone, together, "two threads train as one after the other"
+  end
 end

@@ -54,6 +54,22 @@ module Kiln
         end
       end
 
+      # state[key] = value, as a store: the state's handle is rebound to the
+      # new value (assign!), so the flush that computes it keeps it.  A
+      # plain Ruby rebinding left the value recomputable: the next step
+      # recomputed the last one's update until the key learned to keep it,
+      # so a first training run in a process flushed (and, with loops
+      # rolled, rounded) otherwise than the ones after it.
+      def keep_state(state, key, value)
+        if (held = state[key])
+          held.assign!(value)
+        else
+          held = state[key] = Kiln.zeros_like(value)
+          held.assign!(value)
+        end
+        held
+      end
+
       def add_param_group(group)
         g = group.transform_keys(&:to_sym)
         @param_groups << @defaults.merge(g).merge(params: Array(g[:params]))
@@ -107,7 +123,7 @@ module Kiln
         unless mu.zero?
           buf = state[:momentum_buffer]
           buf = buf.nil? ? g : buf * mu + g * (1 - group[:dampening])
-          state[:momentum_buffer] = buf # rebound each step
+          buf = keep_state(state, :momentum_buffer, buf)
           g = group[:nesterov] ? g + buf * mu : buf
         end
         p.sub_scaled!(g, group[:lr])
@@ -140,12 +156,12 @@ module Kiln
         v = state[:exp_avg_sq] || Kiln.zeros_like(p)
         m = m * b1 + g * (1 - b1)
         v = v * b2 + g * g * (1 - b2)
-        state[:exp_avg] = m
-        state[:exp_avg_sq] = v
+        m = keep_state(state, :exp_avg, m)
+        v = keep_state(state, :exp_avg_sq, v)
         if group[:amsgrad]
           vmax = state[:max_exp_avg_sq]
           v = vmax.nil? ? v : vmax.maximum(v)
-          state[:max_exp_avg_sq] = v
+          v = keep_state(state, :max_exp_avg_sq, v)
         end
         bc1 = 1 - b1**t
         bc2 = 1 - b2**t
@@ -187,11 +203,11 @@ module Kiln
         alpha = group[:alpha]
         sq = state[:square_avg] || Kiln.zeros_like(p)
         sq = sq * alpha + g * g * (1 - alpha)
-        state[:square_avg] = sq
+        sq = keep_state(state, :square_avg, sq)
         if group[:centered]
           ga = state[:grad_avg] || Kiln.zeros_like(p)
           ga = ga * alpha + g * (1 - alpha)
-          state[:grad_avg] = ga
+          ga = keep_state(state, :grad_avg, ga)
           avg = (sq - ga * ga).sqrt + group[:eps]
         else
           avg = sq.sqrt + group[:eps]
@@ -201,7 +217,7 @@ module Kiln
         unless mu.zero?
           buf = state[:momentum_buffer] || Kiln.zeros_like(p)
           step = buf * mu + step
-          state[:momentum_buffer] = step
+          step = keep_state(state, :momentum_buffer, step)
         end
         p.sub_scaled!(step, group[:lr])
       end
@@ -229,7 +245,7 @@ module Kiln
         clr = group[:lr] / (1 + (t - 1) * group[:lr_decay])
         sum = state[:sum] || Kiln.full_like(p, group[:initial_accumulator_value])
         sum += g * g
-        state[:sum] = sum
+        sum = keep_state(state, :sum, sum)
         p.sub_scaled!(g / (sum.sqrt + group[:eps]), clr)
       end
     end
