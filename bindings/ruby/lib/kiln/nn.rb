@@ -15,12 +15,25 @@ module Kiln
   #     end
   #   end
   #
-  # Parameters are float tensors with requires_grad (Kiln has no separate
-  # Parameter class); a module finds its parameters and children in its
+  # Parameters are float tensors with requires_grad (Kiln::NN::Parameter.new
+  # makes one); a module finds its parameters and children in its
   # instance variables (Tensors that require grad, Modules, Arrays of
   # Modules), in definition order, as torch-rb does.  Buffers (tensors saved
   # in state_dict that are not trained) are declared with register_buffer.
   module NN
+    # torch-rb's Parameter.new(data, requires_grad: true): data (a Tensor, or
+    # anything Kiln.tensor takes) as a leaf tensor that requires grad, which
+    # a Module finds among its instance variables.  A Kiln::Tensor (Kiln has
+    # no Parameter class of its own), detached from data's graph.
+    module Parameter
+      def self.new(data = nil, requires_grad: true)
+        t = data.nil? ? Kiln.empty(0) : (data.is_a?(Tensor) ? data : Kiln.tensor(data))
+        t = t.detach
+        t.requires_grad = requires_grad
+        t
+      end
+    end
+
     class Module
       def initialize
         @training = true
@@ -35,8 +48,13 @@ module Kiln
         raise NotImplementedError, "#{self.class} must define forward"
       end
 
-      # [[name, module]] of the direct children, in definition order
+      # {name => module} of the direct children, in definition order (a
+      # Hash, as torch-rb's; each pair also as |name, m| in each/map)
       def named_children
+        children_pairs.to_h
+      end
+
+      def children_pairs
         out = []
         instance_variables.each do |iv|
           v = instance_variable_get(iv)
@@ -51,31 +69,39 @@ module Kiln
       end
 
       def children
-        named_children.map(&:last)
+        children_pairs.map(&:last)
       end
 
-      # [[qualified name, module]] for self ("") and every descendant
-      def named_modules(prefix = "", seen = {}.compare_by_identity)
+      # {qualified name => module} for self ("") and every descendant
+      def named_modules(prefix = "")
+        module_pairs(prefix).to_h
+      end
+
+      def module_pairs(prefix = "", seen = {}.compare_by_identity)
         return [] if seen[self]
 
         seen[self] = true
         out = [[prefix, self]]
-        named_children.each do |name, m|
-          out.concat(m.named_modules(prefix.empty? ? name : "#{prefix}.#{name}", seen))
+        children_pairs.each do |name, m|
+          out.concat(m.module_pairs(prefix.empty? ? name : "#{prefix}.#{name}", seen))
         end
         out
       end
 
       def modules
-        named_modules.map(&:last)
+        module_pairs.map(&:last)
       end
 
-      # [[name, tensor]] of every parameter, recursively, each once (a
+      # {name => tensor} of every parameter, recursively, each once (a
       # parameter shared by two modules is listed under its first name)
       def named_parameters(prefix: "", recurse: true)
+        parameter_pairs(prefix: prefix, recurse: recurse).to_h
+      end
+
+      def parameter_pairs(prefix: "", recurse: true)
         seen = {}.compare_by_identity
         out = []
-        mods = recurse ? named_modules(prefix) : [[prefix, self]]
+        mods = recurse ? module_pairs(prefix) : [[prefix, self]]
         mods.each do |mprefix, m|
           m.send(:own_parameters).each do |name, t|
             next if seen[t]
@@ -88,8 +114,25 @@ module Kiln
       end
 
       def parameters(recurse: true)
-        named_parameters(recurse: recurse).map(&:last)
+        parameter_pairs(recurse: recurse).map(&:last)
       end
+
+      # torch-rb's register_parameter: param (a tensor, made a trainable
+      # leaf if it is not one, or nil) becomes the parameter `name`
+      def register_parameter(name, param)
+        param = Parameter.new(param) if param && !param.requires_grad
+        instance_variable_set("@#{name}", param)
+        param
+      end
+
+      # torch-rb's add_module: mod (a Module, or nil) becomes the child `name`
+      def add_module(name, mod)
+        raise TypeError, "#{self.class.name}#add_module: #{mod.class} is not a Kiln::NN::Module" unless mod.nil? || mod.is_a?(Module)
+
+        instance_variable_set("@#{name}", mod)
+        mod
+      end
+      alias register_module add_module
 
       # declares a tensor saved in state_dict but not trained (BatchNorm's
       # running statistics)
@@ -100,7 +143,11 @@ module Kiln
       end
 
       def named_buffers
-        named_modules.flat_map do |mprefix, m|
+        buffer_pairs.to_h
+      end
+
+      def buffer_pairs
+        module_pairs.flat_map do |mprefix, m|
           (m.instance_variable_get(:@_buffers) || []).map do |name|
             [mprefix.empty? ? name : "#{mprefix}.#{name}", m.instance_variable_get("@#{name}")]
           end
@@ -108,7 +155,7 @@ module Kiln
       end
 
       def buffers
-        named_buffers.map(&:last)
+        buffer_pairs.map(&:last)
       end
 
       def train(mode = true)
@@ -207,7 +254,7 @@ module Kiln
       # Kiln::ShapeError.
       def load_state_dict(state_dict, strict: true)
         given = state_dict.to_h.transform_keys(&:to_s)
-        targets = named_parameters + named_buffers
+        targets = parameter_pairs + buffer_pairs
         names = targets.map(&:first)
         if strict
           missing = names - given.keys
@@ -233,7 +280,7 @@ module Kiln
       end
 
       def inspect
-        kids = named_children
+        kids = children_pairs
         return "#{self.class.name}(#{extra_inspect})" if kids.empty?
 
         lines = kids.map { |name, m| "  (#{name}): #{m.inspect.gsub("\n", "\n  ")}" }
@@ -581,7 +628,7 @@ module Kiln
         @modules = mods.flatten
       end
 
-      def named_children
+      def children_pairs
         @modules.each_with_index.map { |m, i| [i.to_s, m] }
       end
 

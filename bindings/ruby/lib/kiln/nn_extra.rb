@@ -380,7 +380,7 @@ module Kiln
         modules.each { |k, v| self[k] = v }
       end
 
-      def named_children
+      def children_pairs
         @dict.map { |k, v| [k, v] }
       end
 

@@ -54,6 +54,18 @@ module Kiln
         end
       end
 
+      # a saved state tensor as this optimizer's own (a copy; the master
+      # copy of a half parameter stays float32, moments follow the parameter)
+      def loaded_state_tensor(v, param, key)
+        unless key.to_sym == :master || v.shape == param.shape
+          raise Kiln::ShapeError, "#{self.class}#load_state_dict: #{key} has shape #{v.shape}, its parameter #{param.shape}"
+        end
+
+        held = Kiln.zeros_like(v)
+        held.assign!(v.detach)
+        held
+      end
+
       # state[key] = value, as a store: the state's handle is rebound to the
       # new value (assign!), so the flush that computes it keeps it.  A
       # plain Ruby rebinding left the value recomputable: the next step
@@ -68,6 +80,51 @@ module Kiln
           held.assign!(value)
         end
         held
+      end
+
+      # torch-rb's {state: {index => {step: n, exp_avg: tensor, ...}},
+      # param_groups: [{lr: ..., params: [index, ...]}, ...]}: parameters
+      # by their position across the groups; tensors are detached
+      # snapshots (Kiln's updates rebind handles, so they keep the values
+      # they had).  Marshal.dump writes it; load_state_dict reads it back.
+      def state_dict
+        index = {}.compare_by_identity
+        groups = @param_groups.map do |g|
+          g.merge(params: g[:params].map { |p| index[p] ||= index.size })
+        end
+        packed = {}
+        @state.each do |p, st|
+          next unless index.key?(p)
+
+          packed[index[p]] = st.transform_values { |v| v.is_a?(Tensor) ? v.detach : v }
+        end
+        { state: packed, param_groups: groups }
+      end
+
+      # the hyperparameters and state of state_dict (an optimizer's over
+      # parameters of the same shapes, in the same order and groups)
+      def load_state_dict(state_dict)
+        sd = state_dict.transform_keys(&:to_sym)
+        groups = Array(sd[:param_groups]).map { |g| g.transform_keys(&:to_sym) }
+        unless groups.size == @param_groups.size &&
+               groups.zip(@param_groups).all? { |a, b| Array(a[:params]).size == b[:params].size }
+          raise ArgumentError, "#{self.class}#load_state_dict: its parameter groups (#{groups.map { |g| Array(g[:params]).size }}) " \
+                               "do not match this optimizer's (#{@param_groups.map { |g| g[:params].size }})"
+        end
+        by_index = {}
+        groups.zip(@param_groups).each do |saved, mine|
+          Array(saved[:params]).zip(mine[:params]).each { |i, p| by_index[i] = p }
+        end
+        state = {}.compare_by_identity
+        (sd[:state] || {}).each do |i, st|
+          p = by_index[i.is_a?(String) ? Integer(i) : i]
+          raise ArgumentError, "#{self.class}#load_state_dict: state for parameter #{i.inspect}, which no group has" unless p
+
+          state[p] = st.to_h { |k, v| [k.to_sym, v.is_a?(Tensor) ? loaded_state_tensor(v, p, k) : v] }
+        end
+        @param_groups = groups.zip(@param_groups).map { |saved, mine| mine.merge(saved.except(:params)) }
+        @state = state
+        self
       end
 
       def add_param_group(group)
