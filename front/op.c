@@ -245,7 +245,7 @@ vm_tensor *fe_reduce(vm_opcode op, vm_tensor *a, int naxes, const int *axes, boo
   }
   vm_attr attr = {.keepdim = keepdim};
   if (a->ndim == 0 && naxes > 0 && axes) { /* argmax(x, 0) of a scalar: it has no axis */
-    vm_error(KILN_ERR_SHAPE, "a 0-d tensor has no axis %d", axes[0]);
+    vm_error(KILN_ERR_ARG, "a 0-d tensor has no axis %d", axes[0]);
     return NULL;
   }
   if (naxes < 0 || naxes > a->ndim || (naxes > 0 && !axes)) {

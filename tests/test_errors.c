@@ -774,6 +774,60 @@ TEST(scalar_axes_and_empty_logsumexp) {
   kiln_clear_error();
 }
 
+/* A training step whose loss fails (a label out of range, known only at
+   the flush) reports it at the read, and takes back the optimizer's
+   stores: the weights keep their values from before the step and the next
+   step trains (they failed for good, and every later step named the old
+   error).  Two steps before the read: both taken back. */
+static void sgd_step(kiln_tensor *w, kiln_tensor *x, kiln_tensor *labels) {
+  kiln_tensor *logits = kiln_matmul(x, w);
+  kiln_tensor *loss = kiln_cross_entropy(logits, labels);
+  CHECK(kiln_backward(loss, NULL) == KILN_OK);
+  kiln_tensor *g = kiln_grad(w);
+  CHECK(kiln_sub_scaled_(w, g, 0.1) == KILN_OK);
+  CHECK(kiln_zero_grad(w) == KILN_OK);
+  kiln_release(g);
+  kiln_release(logits);
+  kiln_release(loss);
+}
+
+TEST(a_failed_step_leaves_the_weights_as_they_were) {
+  float xv[6] = {1, 2, 3, -1, 0.5f, 2}, wv[6] = {0.1f, -0.2f, 0.3f, 0.4f, -0.5f, 0.6f}, before[6],
+        after[6];
+  kiln_tensor *x = kiln_from_data(xv, KILN_F32, 2, (int64_t[]){2, 3});
+  kiln_tensor *w = kiln_from_data(wv, KILN_F32, 2, (int64_t[]){3, 2});
+  CHECK(kiln_set_requires_grad(w, true) == KILN_OK);
+  int64_t lv[2] = {0, 1};
+  kiln_tensor *good = kiln_from_data(lv, KILN_I64, 1, (int64_t[]){2});
+  int64_t fours[2] = {4, 4};
+  kiln_tensor *four = kiln_from_data(fours, KILN_I64, 1, (int64_t[]){2});
+  kiln_tensor *bad = kiln_add(good, four); /* pending: checked at the flush */
+  sgd_step(w, x, good);
+  CHECK(kiln_to_buffer(w, before, sizeof before) == KILN_OK);
+  double undone = kiln_stat("stores_undone");
+  sgd_step(w, x, bad);
+  sgd_step(w, x, good); /* recorded after the bad one, before any read */
+  kiln_tensor *probe = kiln_sum(w, 0, NULL, false);
+  kiln_clear_error();
+  double v = kiln_item(probe);
+  CHECK(isnan(v));
+  CHECK_STR_CONTAINS(kiln_last_error(), "out of range");
+  CHECK(kiln_stat("stores_undone") - undone >= 2);
+  kiln_clear_error();
+  CHECK(kiln_to_buffer(w, after, sizeof after) == KILN_OK);
+  CHECK(!memcmp(before, after, sizeof before));
+  sgd_step(w, x, good); /* and it trains on */
+  CHECK(kiln_to_buffer(w, after, sizeof after) == KILN_OK);
+  CHECK(memcmp(before, after, sizeof before) != 0);
+  kiln_release(probe);
+  kiln_release(bad);
+  kiln_release(four);
+  kiln_release(good);
+  kiln_release(w);
+  kiln_release(x);
+  kiln_clear_error();
+}
+
 int main(void) {
   RUN(null_input_to_every_unary_op_is_an_arg_error_naming_the_op);
   RUN(null_input_to_every_binary_op_in_either_position);
@@ -810,5 +864,6 @@ int main(void) {
   RUN(errors_are_thread_local);
   RUN(stat_by_name);
   RUN(scalar_axes_and_empty_logsumexp);
+  RUN(a_failed_step_leaves_the_weights_as_they_were);
   return ktest_done();
 }

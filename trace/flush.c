@@ -751,6 +751,13 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   collector_free(&c);
   /* a flush stopped without a failed value (interrupted, out of memory)
      keeps its stores queued: the next flush materializes them */
-  if (rc == KILN_OK || failed >= 0) drop_stores(g);
+  /* its caller reports a failure: what it stored from a failed value is
+     taken back (graph.h) */
+  if (failed >= 0 && why != TR_FLUSH_NODES && why != TR_FLUSH_MEMORY && !g->retrying)
+    tr_undo_failed_stores(g);
+  if (rc == KILN_OK || failed >= 0) {
+    drop_stores(g);
+    if (!g->retrying) tr_undo_forget(g);
+  }
   return rc != KILN_OK ? rc : earlier;
 }

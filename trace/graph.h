@@ -61,6 +61,15 @@ struct tr_graph {
   int64_t dropped, dropped_device_bytes[2];
   tr_node **stores; /* handles' nodes rebound by stores since the last flush */
   int nstores, cap_stores;
+  /* each store since the last flush: the handle, the node it stored and
+     the one it named before, so that a store whose value failed can be
+     taken back (tr_undo_failed_stores) */
+  struct tr_undo {
+    struct kiln_tensor *handle; /* a vm_tensor */
+    struct tr_node *stored, *before;
+  } * undo;
+  int nundo, cap_undo;
+  bool retrying; /* tr_undo_failed_stores is flushing the stores again */
   int visit_epoch;
   uint64_t flush_epoch;  /* flushes committed: depths older than this are stale */
   struct tr_node **walk; /* the depth walk's stack (trace/record.c), under the lock */
@@ -76,6 +85,15 @@ void tr_graph_release(tr_graph *g);
 void tr_graph_append(tr_graph *g, tr_node *n);
 void tr_graph_lock(tr_graph *g);
 void tr_graph_unlock(tr_graph *g);
+
+/* A flush that failed and tells its caller so (a read, a sync, an eval)
+   takes back its stores whose value failed: each handle names again the
+   value it had before (a parameter an optimizer step updated from a loss
+   that failed keeps its last good value, as if the step had raised
+   before it ran, as PyTorch's does).  Owner graph locked. */
+void tr_undo_failed_stores(tr_graph *g);
+/* forgets the stores' undo records (the flush committed them) */
+void tr_undo_forget(tr_graph *g);
 
 /* leaves the pending list (PENDING -> another state); owner graph locked */
 void tr_node_unlink(tr_node *n);

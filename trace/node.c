@@ -38,6 +38,7 @@ static void graph_thread_exit(void *p) {
   int n = g->nstores;
   g->stores = NULL;
   g->nstores = g->cap_stores = 0;
+  tr_undo_forget(g);
   tr_graph_unlock(g);
   for (int i = 0; i < n; i++) tr_node_release(stores[i]);
   free(stores);

@@ -417,6 +417,27 @@ vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *a
   return handle_make(node, true);
 }
 
+/* remembers that handle t was rebound from `before` to its pending node
+   (graph.h: tr_undo_failed_stores); nothing is remembered out of memory */
+static void remember_store(vm_tensor *t, tr_node *before) {
+  tr_node *n = t->node;
+  if (n->state != TR_PENDING || !n->graph) return;
+  tr_graph *g = n->graph;
+  tr_graph_lock(g);
+  if (g->nundo == g->cap_undo) {
+    int cap = g->cap_undo ? 2 * g->cap_undo : 16;
+    struct tr_undo *grown = realloc(g->undo, (size_t)cap * sizeof *grown);
+    if (!grown) {
+      tr_graph_unlock(g);
+      return;
+    }
+    g->undo = grown;
+    g->cap_undo = cap;
+  }
+  g->undo[g->nundo++] = (struct tr_undo){vm_retain(t), tr_node_retain(n), tr_node_retain(before)};
+  tr_graph_unlock(g);
+}
+
 void tr_store(vm_tensor *dst, vm_tensor *src) {
   tr_node *n = tr_node_retain(src->node), *old = dst->node;
   if (dst->slot) { /* a leaf variable stays one: its new value is a fresh leaf */
@@ -425,9 +446,62 @@ void tr_store(vm_tensor *dst, vm_tensor *src) {
   }
   atomic_fetch_add_explicit(&n->handles, 1, memory_order_relaxed);
   dst->node = n;
+  remember_store(dst, old);
   atomic_fetch_sub_explicit(&old->handles, 1, memory_order_relaxed);
   tr_node_release(old);
   tr_queue_store(dst);
+}
+
+void tr_undo_failed_stores(tr_graph *g) {
+  /* A flush stops at its first failed value: a store that a later one
+     would have failed (a gradient's own index op, after the loss's) is
+     still pending.  The stores are flushed again, alone, until each has
+     a value or has failed: one that does not need the failure is kept. */
+  vm_thread_state *ts = vm_thread(); /* the error reported is the first flush's */
+  kiln_status status = ts->status;
+  char message[sizeof ts->message];
+  memcpy(message, ts->message, sizeof message);
+  g->retrying = true;
+  for (int progress = 1; progress;) {
+    int n = 0;
+    tr_node **pending = malloc((size_t)(g->nundo ? g->nundo : 1) * sizeof *pending);
+    if (!pending) break;
+    for (int i = 0; i < g->nundo; i++)
+      if (g->undo[i].handle->node == g->undo[i].stored && g->undo[i].stored->state == TR_PENDING)
+        pending[n++] = tr_node_retain(g->undo[i].stored);
+    int rc = n ? tr_flush(g, pending, n, TR_FLUSH_SYNC) : KILN_OK;
+    progress = 0;
+    for (int i = 0; i < n; i++) {
+      progress |= pending[i]->state != TR_PENDING;
+      tr_node_release(pending[i]);
+    }
+    free(pending);
+    if (rc == KILN_OK) break;
+  }
+  g->retrying = false;
+  ts->status = status;
+  memcpy(ts->message, message, sizeof message);
+  /* last first: two steps' stores to one handle, both failed, go back
+     through the first's value to the one before it */
+  for (int i = g->nundo - 1; i >= 0; i--) {
+    struct tr_undo *u = &g->undo[i];
+    if (u->handle->node != u->stored || u->stored->state == TR_MATERIALIZED) continue;
+    tr_handle_set_node(u->handle, tr_node_retain(u->before));
+    atomic_fetch_add_explicit(&vm_process()->stats.stores_undone, 1, memory_order_relaxed);
+  }
+}
+
+void tr_undo_forget(tr_graph *g) {
+  int n = g->nundo;
+  struct tr_undo *undo = g->undo;
+  g->undo = NULL;
+  g->nundo = g->cap_undo = 0;
+  for (int i = 0; i < n; i++) {
+    tr_node_release(undo[i].stored);
+    tr_node_release(undo[i].before);
+    vm_release(undo[i].handle);
+  }
+  free(undo);
 }
 
 void tr_handle_set_node(vm_tensor *t, tr_node *n) {

@@ -147,4 +147,102 @@ class UserReportsTest < Minitest::Test
     together = [Thread.new { train_gru_mlp(1, :adam) }, Thread.new { train_gru_mlp(2, :adam) }].map(&:value)
     assert_equal alone, together, "two threads train as one after the other"
   end
+
+  class Custom < NN::Module
+    def initialize
+      super()
+      @scale = NN::Parameter.new(Kiln.ones(3))
+      register_parameter("shift", Kiln.zeros(3))
+      add_module("inner", NN::Linear.new(3, 2))
+    end
+
+    def forward(x)
+      @inner.call(x * @scale + @shift)
+    end
+  end
+
+  # torch-rb's Parameter, register_parameter, add_module; named_* are Hashes
+  def test_custom_module_parameters_as_torch_rb_writes_them
+    m = Custom.new
+    names = m.named_parameters
+    assert_kind_of Hash, names
+    assert_equal %w[scale shift inner.weight inner.bias], names.keys
+    assert names["shift"].requires_grad
+    assert_equal %w[inner], m.named_children.keys
+    assert_equal ["", "inner"], m.named_modules.keys
+    m.call(Kiln.ones(1, 3)).sum.backward
+    assert_equal [3], names["scale"].grad.shape
+    p = NN::Parameter.new(Kiln.ones(2), requires_grad: false)
+    refute p.requires_grad
+    assert_equal [1.0, 2.0], NN::Parameter.new([1.0, 2.0]).to_a
+    assert_raises(TypeError) { m.add_module("x", 3) }
+  end
+
+  def adam_model
+    Kiln.manual_seed(3)
+    m = NN::Sequential.new(NN::Linear.new(4, 8), NN::Tanh.new, NN::Linear.new(8, 2))
+    [m, Kiln::Optim::Adam.new(m.parameters, lr: 1e-2, amsgrad: true)]
+  end
+
+  def adam_steps(m, opt, n)
+    x = Kiln.tensor([[0.5, -1.0, 2.0, 0.25], [1.0, 0.0, -0.5, 3.0]])
+    n.times do
+      opt.zero_grad
+      m.call(x).pow(2).sum.backward
+      opt.step
+    end
+  end
+
+  # an optimizer's state_dict through Marshal resumes training to the bits
+  # of a run that never stopped
+  def test_optimizer_state_dict_resumes_training_exactly
+    m, opt = adam_model
+    adam_steps(m, opt, 3)
+    saved_model = Marshal.dump(m.state_dict)
+    saved_opt = Marshal.dump(opt.state_dict)
+    adam_steps(m, opt, 2)
+
+    m2, opt2 = adam_model
+    m2.load_state_dict(Marshal.load(saved_model))
+    opt2.load_state_dict(Marshal.load(saved_opt))
+    assert_equal 3, opt2.state[m2.parameters.first][:step]
+    adam_steps(m2, opt2, 2)
+    assert_equal m.parameters.map(&:to_binary), m2.parameters.map(&:to_binary)
+
+    sd = opt.state_dict
+    assert_equal [[0, 1, 2, 3]], sd[:param_groups].map { |g| g[:params] }
+    assert_equal 1e-2, sd[:param_groups][0][:lr]
+    small, small_opt = adam_model
+    small_opt2 = Kiln::Optim::Adam.new(small.parameters.first(2))
+    e = assert_raises(ArgumentError) { small_opt2.load_state_dict(sd) }
+    assert_match(/parameter groups/, e.message)
+    refute_nil small_opt
+  end
+
+  # A step whose labels are out of range raises at the read, names the op
+  # that failed, and leaves the model and the optimizer as they were: the
+  # next step trains (the parameters failed for good, and every later step
+  # raised "kiln_backward: index 4 is out of range")
+  def test_a_bad_batch_does_not_poison_the_model
+    [Kiln::Optim::SGD, Kiln::Optim::Adam].each do |optimizer|
+      Kiln.manual_seed(5)
+      m = NN::Linear.new(2, 2)
+      opt = optimizer.new(m.parameters, lr: 0.1)
+      x = Kiln.ones(3, 2)
+      step = lambda do |labels|
+        opt.zero_grad
+        l = F.cross_entropy(m.call(x), labels)
+        l.backward
+        opt.step
+        l.item
+      end
+      step.call(Kiln.tensor([0, 1, 0]))
+      before = m.weight.to_a
+      e = assert_raises(Kiln::Error) { step.call(Kiln.tensor([0, 1, 0]) + 4) }
+      assert_match(/kiln_cross_entropy: index 4 is out of range/, e.message)
+      assert_equal before, m.weight.to_a, optimizer.name
+      assert step.call(Kiln.tensor([0, 1, 0])).finite?
+      refute_equal before, m.weight.to_a
+    end
+  end
 end
