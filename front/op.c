@@ -139,6 +139,9 @@ vm_tensor *fe_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr)
     if (!in[i]) {
       vm_null_input(i);
       return NULL;
+    } else if (vm_released(in[i])) {
+      vm_error(KILN_ERR_STATE, "argument %d was released (kiln_release) before this use", i + 1);
+      return NULL;
     }
   int ac = vm_thread()->autocast;
   if (ac && n <= 6 && autocasts(op)) {

@@ -828,6 +828,39 @@ TEST(a_failed_step_leaves_the_weights_as_they_were) {
   kiln_clear_error();
 }
 
+/* A handle used after kiln_release is an error while its memory is still
+   the thread's (a use right after the release): it read freed memory (an
+   add made a tensor, kiln_to_buffer crashed, a second release corrupted
+   the block cache).  Under AddressSanitizer the block is freed at once and
+   ASan reports the use instead: not run there. */
+TEST(use_after_release_is_an_error) {
+#if defined(__SANITIZE_ADDRESS__)
+  return;
+#else
+  kiln_tensor *a = kiln_ones(KILN_F32, 1, (int64_t[]){4});
+  kiln_tensor *b = kiln_add(a, a);
+  float buf[4];
+  CHECK(b && kiln_to_buffer(b, buf, sizeof buf) == KILN_OK);
+  kiln_release(a);
+  kiln_clear_error();
+  CHECK(kiln_add(a, a) == NULL);
+  CHECK_EQ_INT(kiln_last_status(), KILN_ERR_STATE);
+  CHECK_STR_CONTAINS(kiln_last_error(), "kiln_add: argument 1 was released");
+  kiln_release(b);
+  kiln_clear_error();
+  CHECK(kiln_to_buffer(b, buf, sizeof buf) == KILN_ERR_STATE);
+  CHECK_STR_CONTAINS(kiln_last_error(), "kiln_to_buffer: the tensor was released");
+  kiln_clear_error();
+  kiln_release(b); /* a second release */
+  CHECK_EQ_INT(kiln_last_status(), KILN_ERR_STATE);
+  CHECK_STR_CONTAINS(kiln_last_error(), "kiln_release: the tensor was already released");
+  kiln_clear_error();
+  kiln_tensor *c = kiln_zeros(KILN_F32, 1, (int64_t[]){2}); /* the cache still works */
+  CHECK(c && kiln_ndim(c) == 1);
+  kiln_release(c);
+#endif
+}
+
 int main(void) {
   RUN(null_input_to_every_unary_op_is_an_arg_error_naming_the_op);
   RUN(null_input_to_every_binary_op_in_either_position);
@@ -865,5 +898,6 @@ int main(void) {
   RUN(stat_by_name);
   RUN(scalar_axes_and_empty_logsumexp);
   RUN(a_failed_step_leaves_the_weights_as_they_were);
+  RUN(use_after_release_is_an_error);
   return ktest_done();
 }

@@ -461,6 +461,7 @@ void vm_release(vm_tensor *t) {
   if (t && atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) == 1) {
     if (t->node) handle_free(t); /* also drops t->slot */
     storage_release(t->storage);
+    t->ndim = VM_RELEASED; /* until the block is used again: vm_released */
     vm_block_free(VM_BLOCK_TENSOR, t);
   }
 }

@@ -41,6 +41,14 @@ struct kiln_tensor {
 };
 typedef struct kiln_tensor vm_tensor;
 
+/* A released tensor's ndim, until its memory is used again (the thread's
+   block cache keeps it): a handle used after kiln_release is an error
+   where that is still detectable, never a read of freed memory taken for
+   a value (builds with AddressSanitizer free the block at once, and it
+   reports the use instead). */
+#define VM_RELEASED (-1)
+static inline bool vm_released(const vm_tensor *t) { return t->ndim == VM_RELEASED; }
+
 /* The most elements a tensor may have: its bytes, in any dtype, fit in
    int64.  The product of a shape's *nonzero* extents is bounded too, so
    the strides of an empty tensor ([0, 2^40, 2^40]) cannot overflow. */

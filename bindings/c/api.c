@@ -36,8 +36,25 @@ const char *kiln_last_error(void) { return vm_thread()->message; }
 kiln_status kiln_last_status(void) { return vm_thread()->status; }
 void kiln_clear_error(void) { vm_clear_error(); }
 
-kiln_tensor *kiln_retain(kiln_tensor *t) { return vm_retain(t); }
-void kiln_release(kiln_tensor *t) { vm_release(t); }
+kiln_tensor *kiln_retain(kiln_tensor *t) {
+  if (t && vm_released(t)) {
+    vm_set_api("kiln_retain");
+    vm_error(KILN_ERR_STATE, "the tensor was released before this use");
+    return NULL;
+  }
+  return vm_retain(t);
+}
+
+/* a second release of a handle is refused (it would free what the block
+   cache has lent to another tensor) */
+void kiln_release(kiln_tensor *t) {
+  if (t && vm_released(t)) {
+    vm_set_api("kiln_release");
+    vm_error(KILN_ERR_STATE, "the tensor was already released");
+    return;
+  }
+  vm_release(t);
+}
 
 /* --- creation ------------------------------------------------------------------ */
 
@@ -169,14 +186,21 @@ kiln_tensor *kiln_randn(kiln_dtype dt, int ndim, const int64_t *shape) {
 
 static bool have(const kiln_tensor *t, const char *api) {
   vm_set_api(api);
+  if (t && vm_released(t)) {
+    vm_error(KILN_ERR_STATE, "the tensor was released before this use");
+    return false;
+  }
   if (t) return true;
   vm_null_input(0);
   return false;
 }
 
-int kiln_ndim(const kiln_tensor *t) { return have(t, "kiln_ndim") ? t->ndim : KILN_ERR_ARG; }
+/* the status when have(t) failed: a released tensor, or NULL */
+static int have_not(const kiln_tensor *t) { return t ? KILN_ERR_STATE : KILN_ERR_ARG; }
+
+int kiln_ndim(const kiln_tensor *t) { return have(t, "kiln_ndim") ? t->ndim : have_not(t); }
 const int64_t *kiln_shape(const kiln_tensor *t) { return have(t, "kiln_shape") ? t->shape : NULL; }
-int64_t kiln_numel(const kiln_tensor *t) { return have(t, "kiln_numel") ? t->numel : KILN_ERR_ARG; }
+int64_t kiln_numel(const kiln_tensor *t) { return have(t, "kiln_numel") ? t->numel : have_not(t); }
 kiln_dtype kiln_dtype_of(const kiln_tensor *t) {
   return have(t, "kiln_dtype_of") ? t->dtype : (kiln_dtype)KILN_ERR_ARG;
 }
@@ -185,7 +209,7 @@ kiln_device kiln_device_of(const kiln_tensor *t) {
 }
 
 int kiln_to_buffer(kiln_tensor *t, void *dst, size_t dst_bytes) {
-  if (!have(t, "kiln_to_buffer")) return KILN_ERR_ARG;
+  if (!have(t, "kiln_to_buffer")) return have_not(t);
   size_t need = (size_t)t->numel * vm_dtype_size(t->dtype);
   if (need > 0 && !dst) return vm_error(KILN_ERR_ARG, "destination is NULL");
   if (dst_bytes < need)
@@ -216,7 +240,7 @@ double kiln_item(kiln_tensor *t) {
 }
 
 int kiln_print(kiln_tensor *t, FILE *f) {
-  if (!have(t, "kiln_print")) return KILN_ERR_ARG;
+  if (!have(t, "kiln_print")) return have_not(t);
   return fe_format(t, f) ? KILN_OK : vm_thread()->status;
 }
 
