@@ -245,4 +245,29 @@ class UserReportsTest < Minitest::Test
       refute_equal before, m.weight.to_a
     end
   end
+
+  # torch-rb's in-place unary forms and eye(n, m)
+  def test_in_place_forms_and_eye_n_m
+    t = Kiln.tensor([-1.0, 2.0, -3.0])
+    view = t[0..]
+    assert_same t, t.relu!
+    assert_equal [0.0, 2.0, 0.0], t.to_a
+    assert_equal [-1.0, 2.0, -3.0], view.to_a # taken before: the old value
+    t = Kiln.tensor([-1.0, 2.0, 9.0])
+    t.clamp!(-0.5, 3.0)
+    assert_equal [-0.5, 2.0, 3.0], t.to_a
+    t.clamp!(min: 2.5)
+    assert_equal [2.5, 2.5, 3.0], t.to_a
+    t = Kiln.tensor([1.0, 2.0])
+    t.pow!(2)
+    t.sqrt!
+    t.neg!
+    assert_equal [-1.0, -2.0], t.to_a
+    t = Kiln.tensor([1, -2])
+    assert_equal [1, 2], t.abs!.to_a
+    assert_raises(Kiln::DTypeError) { Kiln.tensor([1, 4]).sqrt! }
+    assert_equal [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], Kiln.eye(2, 3).to_a
+    assert_equal [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]], Kiln.eye(3, 2).to_a
+    assert_equal [[1.0, 0.0], [0.0, 1.0]], Kiln.eye(2).to_a
+  end
 end

@@ -156,11 +156,13 @@ module Kiln
       _dtype(name)
     end
 
-    # the n x n identity
-    def eye(n, dtype, layout, device, requires_grad)
-      made(_eye(n, dtype), layout, device, requires_grad)
+    # the n x n identity, or n x m (ones on the main diagonal)
+    def eye(n, m, dtype, layout, device, requires_grad)
+      t = _eye(m.nil? ? n : [n, m].max, dtype)
+      t = t[0...n, 0...m].contiguous if m && m != n
+      made(t, layout, device, requires_grad)
     end
-    signature "eye(int n, *, dtype dtype=:float32, any layout=:strided, any device=None, bool requires_grad=False)"
+    signature "eye(int n, int? m=None, *, dtype dtype=:float32, any layout=:strided, any device=None, bool requires_grad=False)"
 
     # steps values from start to stop, both included
     def linspace(start, stop, steps, dtype, layout, device, requires_grad)

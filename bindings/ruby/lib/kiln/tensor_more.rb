@@ -358,6 +358,20 @@ module Kiln
     def var_mean(*args, **kw)
       [var(*args, **kw), mean(*args.first(1), **kw.slice(:keepdim, :keepdims, :dim, :axis))]
     end
+
+    # torch-rb's in-place forms (relu!, clamp!(min, max), pow!(2), ...): the
+    # op's value rebound to this handle, as add! does (views taken before
+    # keep the old value); a float result does not go into an integer tensor
+    IN_PLACE = %i[relu sigmoid tanh exp expm1 log log1p log2 log10 sqrt rsqrt neg abs floor ceil round
+                  trunc frac sign sin cos tan asin acos atan sinh cosh asinh acosh atanh erf reciprocal
+                  square clamp clip pow fmod remainder lerp hardtanh].freeze
+    IN_PLACE.each do |name|
+      next if method_defined?(:"#{name}!") || !method_defined?(name)
+
+      define_method(:"#{name}!") do |*args, **kw|
+        assign!(stored_in_place("#{name}!", public_send(name, *args, **kw)))
+      end
+    end
   end
 
   class << self
