@@ -73,7 +73,7 @@ vm_tensor *fe_clamp(vm_tensor *a, double lo, double hi) {
     hi = floor(hi);
     double min, max; /* a bound past a narrow dtype's range saturates, never wraps
                         (u8's clamp(-1, 255) made every element 255) */
-    if (a->dtype != KILN_I64 && vm_dtype_int_range(a->dtype, &min, &max)) {
+    if (vm_dtype_int_range(a->dtype, &min, &max)) {
       lo = fmin(fmax(lo, min), max);
       hi = fmin(fmax(hi, min), max);
     }

@@ -39,8 +39,8 @@ static inline bool vm_dtype_is_int(kiln_dtype dt) {
 static inline bool vm_dtype_is_narrow_int(kiln_dtype dt) {
   return dt == KILN_U8 || dt == KILN_I8 || dt == KILN_I16;
 }
-/* the values integer dtype dt holds, [*lo, *hi] (int64's rounded to
-   doubles); false for the others */
+/* the values integer dtype dt holds, [*lo, *hi]; false for int64 (whose
+   range doubles cannot bound exactly) and the rest */
 static inline bool vm_dtype_int_range(kiln_dtype dt, double *lo, double *hi) {
   switch (dt) {
     case KILN_U8:
@@ -54,9 +54,6 @@ static inline bool vm_dtype_int_range(kiln_dtype dt, double *lo, double *hi) {
       return true;
     case KILN_I32:
       *lo = INT32_MIN, *hi = INT32_MAX;
-      return true;
-    case KILN_I64:
-      *lo = (double)INT64_MIN, *hi = (double)INT64_MAX;
       return true;
     default:
       return false;

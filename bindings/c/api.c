@@ -36,24 +36,23 @@ const char *kiln_last_error(void) { return vm_thread()->message; }
 kiln_status kiln_last_status(void) { return vm_thread()->status; }
 void kiln_clear_error(void) { vm_clear_error(); }
 
+/* true, with KILN_ERR_STATE set under api's name, when t was released
+   (vm_released: while its block is not lent again) */
+static bool released(const kiln_tensor *t, const char *api, const char *what) {
+  if (!t || !vm_released(t)) return false;
+  vm_set_api(api);
+  vm_error(KILN_ERR_STATE, "the tensor was %s", what);
+  return true;
+}
+
 kiln_tensor *kiln_retain(kiln_tensor *t) {
-  if (t && vm_released(t)) {
-    vm_set_api("kiln_retain");
-    vm_error(KILN_ERR_STATE, "the tensor was released before this use");
-    return NULL;
-  }
-  return vm_retain(t);
+  return released(t, "kiln_retain", "released before this use") ? NULL : vm_retain(t);
 }
 
 /* a second release of a handle is refused (it would free what the block
    cache has lent to another tensor) */
 void kiln_release(kiln_tensor *t) {
-  if (t && vm_released(t)) {
-    vm_set_api("kiln_release");
-    vm_error(KILN_ERR_STATE, "the tensor was already released");
-    return;
-  }
-  vm_release(t);
+  if (!released(t, "kiln_release", "already released")) vm_release(t);
 }
 
 /* --- creation ------------------------------------------------------------------ */
@@ -186,10 +185,7 @@ kiln_tensor *kiln_randn(kiln_dtype dt, int ndim, const int64_t *shape) {
 
 static bool have(const kiln_tensor *t, const char *api) {
   vm_set_api(api);
-  if (t && vm_released(t)) {
-    vm_error(KILN_ERR_STATE, "the tensor was released before this use");
-    return false;
-  }
+  if (released(t, api, "released before this use")) return false;
   if (t) return true;
   vm_null_input(0);
   return false;

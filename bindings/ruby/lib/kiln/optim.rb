@@ -61,9 +61,7 @@ module Kiln
           raise Kiln::ShapeError, "#{self.class}#load_state_dict: #{key} has shape #{v.shape}, its parameter #{param.shape}"
         end
 
-        held = Kiln.zeros_like(v)
-        held.assign!(v.detach)
-        held
+        Kiln.zeros_like(v).assign!(v.detach)
       end
 
       # state[key] = value, as a store: the state's handle is rebound to the
@@ -73,13 +71,7 @@ module Kiln
       # so a first training run in a process flushed (and, with loops
       # rolled, rounded) otherwise than the ones after it.
       def keep_state(state, key, value)
-        if (held = state[key])
-          held.assign!(value)
-        else
-          held = state[key] = Kiln.zeros_like(value)
-          held.assign!(value)
-        end
-        held
+        (state[key] ||= Kiln.zeros_like(value)).assign!(value)
       end
 
       # torch-rb's {state: {index => {step: n, exp_avg: tensor, ...}},
