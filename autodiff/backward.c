@@ -83,8 +83,20 @@ typedef struct {
   vm_tensor **grads;
   slice_piece **pieces; /* per node: gradients of its slices, joined when its turn comes */
   int n, cap;
+  int done;        /* nodes whose gradients have gone to their inputs */
   tr_ptrmap index; /* node -> position in nodes (after sorting) */
+  tr_tape_reads reads;
 } tape;
+
+/* the gradients the pass will still read (tape.h): those of nodes not yet
+   stepped, every leaf's (accumulated at the end), every slice piece */
+static void tape_each_read(void *ctx, void (*keep)(void *acc, vm_tensor *g), void *acc) {
+  const tape *tp = ctx;
+  for (int i = 0; i < tp->n; i++) {
+    if (tp->grads[i] && (i >= tp->done || tr_node_slot(tp->nodes[i]))) keep(acc, tp->grads[i]);
+    for (const slice_piece *p = tp->pieces[i]; p; p = p->next) keep(acc, p->g);
+  }
+}
 
 static int tape_find(const tape *tp, const tr_node *x) { return tr_ptrmap_get(&tp->index, x); }
 
@@ -323,6 +335,8 @@ static int run(tape *tp, int nout, vm_tensor *const *outs, vm_tensor *const *gou
                       k);
     if (!tape_collect(tp, outs[k]->node)) return vm_error(KILN_ERR_OOM, "out of memory");
   }
+  tp->reads = (tr_tape_reads){tape_each_read, tp, NULL};
+  tr_tape_reads_push(&tp->reads); /* popped by tape_free */
   qsort(tp->nodes, (size_t)tp->n, sizeof *tp->nodes, by_seq_desc);
   for (int i = 0; i < tp->n; i++) /* positions after sorting */
     if (!tr_ptrmap_put(&tp->index, tp->nodes[i], i)) return vm_error(KILN_ERR_OOM, "out of memory");
@@ -336,12 +350,14 @@ static int run(tape *tp, int nout, vm_tensor *const *outs, vm_tensor *const *gou
   for (int i = 0; ok && i < tp->n; i++) {
     ok = join_slices(tp, i); /* every reader of node i has run */
     if (ok && tp->grads[i] && !tr_node_slot(tp->nodes[i])) ok = step(tp, i);
+    tp->done = i + 1;
   }
   if (!create_graph) vm_thread()->no_grad--;
   return ok ? KILN_OK : (vm_thread()->status ? vm_thread()->status : KILN_ERR_INTERNAL);
 }
 
 static void tape_free(tape *tp) {
+  tr_tape_reads_pop(&tp->reads);
   for (int i = 0; i < tp->n; i++) {
     vm_release(tp->grads[i]);
     for (slice_piece *p = tp->pieces[i], *next; p; p = next) {
@@ -408,9 +424,14 @@ int ad_backward(vm_tensor *loss, vm_tensor *grad) {
 int ad_grad_of(int nout, vm_tensor *const *outs, vm_tensor *const *gouts, int nin,
                vm_tensor *const *ins, vm_tensor **grads, bool create_graph) {
   vm_clear_error();
-  if (nout < 1 || nin < 1 || !outs || !ins || !grads)
+  if (nout < 1 || nin < 1)
     return vm_error(KILN_ERR_ARG, "needs at least one output and one input (nout %d, nin %d)", nout,
                     nin);
+  if (!outs || !ins || !grads)
+    return vm_error(KILN_ERR_ARG, "the %s array is NULL",
+                    !outs  ? "outputs"
+                    : !ins ? "inputs"
+                           : "gradients (results)");
   for (int i = 0; i < nin; i++) {
     grads[i] = NULL;
     if (!have(ins[i], i)) return KILN_ERR_ARG;

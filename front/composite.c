@@ -346,8 +346,19 @@ vm_tensor *fe_squeeze(vm_tensor *a, int axis) {
   return fe_reshape(a, n, shape);
 }
 
+/* the axis of a new dimension (unsqueeze, stack): one of the result's
+   ndim + 1 axes, named in those terms */
+static bool new_axis(int *axis, int ndim) {
+  if (*axis < -(ndim + 1) || *axis > ndim) {
+    vm_error(KILN_ERR_ARG, "axis %d is out of range [%d, %d]: the new dimension is one of %d",
+             *axis, -(ndim + 1), ndim, ndim + 1);
+    return false;
+  }
+  return vm_norm_axis(axis, ndim + 1);
+}
+
 vm_tensor *fe_unsqueeze(vm_tensor *a, int axis) {
-  if (null_arg(a) || !vm_norm_axis(&axis, a->ndim + 1)) return NULL;
+  if (null_arg(a) || !new_axis(&axis, a->ndim)) return NULL;
   if (a->ndim == KILN_MAX_DIMS) {
     vm_error(KILN_ERR_SHAPE, "a tensor already has the maximum of %d dimensions", KILN_MAX_DIMS);
     return NULL;
@@ -469,7 +480,7 @@ vm_tensor *fe_stack(int n, vm_tensor *const *ts, int axis) {
     vm_null_input(0);
     return NULL;
   }
-  if (!vm_norm_axis(&axis, ts[0]->ndim + 1)) return NULL;
+  if (!new_axis(&axis, ts[0]->ndim)) return NULL;
   vm_tensor **parts = calloc((size_t)n, sizeof *parts);
   if (!parts) {
     vm_error(KILN_ERR_OOM, "out of memory");
@@ -477,11 +488,12 @@ vm_tensor *fe_stack(int n, vm_tensor *const *ts, int axis) {
   }
   bool ok = true;
   for (int i = 0; i < n && ok; i++) {
-    if (ts[i] && ts[i]->ndim != ts[0]->ndim) {
+    if (ts[i] && (ts[i]->ndim != ts[0]->ndim ||
+                  memcmp(ts[i]->shape, ts[0]->shape, (size_t)ts[0]->ndim * sizeof(int64_t)))) {
       char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
-      vm_error(KILN_ERR_SHAPE, "tensor %d has shape %s, expected %s", i,
-               vm_shape_str(b1, ts[i]->ndim, ts[i]->shape),
-               vm_shape_str(b2, ts[0]->ndim, ts[0]->shape));
+      vm_error(
+          KILN_ERR_SHAPE, "tensor %d has shape %s, tensor 0 %s: stacked tensors have one shape", i,
+          vm_shape_str(b1, ts[i]->ndim, ts[i]->shape), vm_shape_str(b2, ts[0]->ndim, ts[0]->shape));
       ok = false;
     } else {
       ok = (parts[i] = fe_unsqueeze(ts[i], axis)) != NULL;

@@ -399,7 +399,8 @@ static bool window_args(window_geom *g, const char *kind) {
       g->dw > (1 << 20)) {
     vm_error(KILN_ERR_ARG,
              "bad %s arguments: kernel [%lld,%lld], stride [%lld,%lld], padding "
-             "[%lld,%lld], dilation [%lld,%lld] (kernel, stride, dilation >= 1, padding >= 0)",
+             "[%lld,%lld], dilation [%lld,%lld] (kernel, stride, dilation in [1, 2^20], "
+             "padding in [0, 2^20])",
              kind, (long long)g->kh, (long long)g->kw, (long long)g->sh, (long long)g->sw,
              (long long)g->ph, (long long)g->pw, (long long)g->dh, (long long)g->dw);
     return false;

@@ -1695,6 +1695,14 @@ TEST(autodiff_errors) {
   CHECK(gn == NULL);
   kiln_release(gn);
   kiln_clear_error();
+  kiln_tensor *gx = NULL; /* NULL arrays are named as such, not as counts */
+  CHECK_EQ_INT(kiln_grad_of(1, NULL, NULL, 1, &x, &gx, false), KILN_ERR_ARG);
+  CHECK_STR_CONTAINS(kiln_last_error(), "the outputs array is NULL");
+  CHECK_EQ_INT(kiln_grad_of(1, &l1, NULL, 1, &x, NULL, false), KILN_ERR_ARG);
+  CHECK_STR_CONTAINS(kiln_last_error(), "gradients (results) array is NULL");
+  CHECK_EQ_INT(kiln_grad_of(0, &l1, NULL, 1, &x, &gx, false), KILN_ERR_ARG);
+  CHECK_STR_CONTAINS(kiln_last_error(), "needs at least one output");
+  kiln_clear_error();
   pool_release_to(0);
   kiln_release(x), kiln_release(c), kiln_release(ti), kiln_release(tb), kiln_release(t32);
 }

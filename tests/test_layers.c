@@ -865,6 +865,8 @@ TEST(conv2d_errors) {
               "kiln_conv2d: input must be 4-d [N,C,H,W], got shape [4,5,5]");
   CHECK_ERROR(kiln_conv2d(x, w, NULL, one, neg, one, 2), KILN_ERR_ARG, "padding [-1,0]");
   CHECK_ERROR(kiln_conv2d(x, w, NULL, zero, zero, one, 2), KILN_ERR_ARG, "stride [0,0]");
+  int vast[2] = {1 << 30, 1 << 30}; /* the message names the limit it broke */
+  CHECK_ERROR(kiln_conv2d(x, w, NULL, one, vast, one, 2), KILN_ERR_ARG, "padding in [0, 2^20]");
   CHECK_ERROR(kiln_conv2d(x, w, NULL, one, zero, one, 3), KILN_ERR_ARG,
               "kiln_conv2d: groups 3 must be >= 1 and divide the input channels 4");
   CHECK_ERROR(kiln_conv2d(x, w, NULL, one, zero, one, 1), KILN_ERR_SHAPE,

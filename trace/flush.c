@@ -128,12 +128,6 @@ static bool in_trace(const tr_node *n) {
   return n->state == TR_PENDING || n->state == TR_RECOMPUTABLE;
 }
 
-/* a fill, or a fill cast: cheaper to recompute than to keep */
-static bool is_fill(const tr_node *n) {
-  if (n->op == VM_OP_cast && n->nin == 1) n = n->in[0];
-  return n->op == VM_OP_full;
-}
-
 /* A value an earlier flush computed without keeping is needed again: keep
    it this time (it is computed at most twice), and tell that flush's key,
    so its next runs keep it at once.  Only the frontier: recomputed values
@@ -153,7 +147,7 @@ static void keep_computed_before(collector *c, tr_node **targets, int ntargets) 
     if (in_trace(targets[i])) wanted[targets[i]->index] = true;
   for (int i = 0; i < t->n; i++) {
     const tr_node *n = t->nodes[i];
-    if (n->state != TR_RECOMPUTABLE || !wanted[i] || is_fill(n)) continue;
+    if (n->state != TR_RECOMPUTABLE || !wanted[i] || tr_node_is_fill(n)) continue;
     t->is_output[i] = true;
     if (!n->origin_pos) continue;
     if (!grow((void **)&c->recomputed, &c->cap_recomputed, c->nrecomputed + 1, sizeof(int))) {
@@ -187,7 +181,7 @@ static void keep_saved_for_backward(tr_trace *t) {
     if (vm_op_table[n->op].flags & VM_F_SAVE_OUT) t->is_output[i] = true;
     for (int k = 0; k < n->nin; k++) {
       int r = t->refs[i][k];
-      if (r >= 0 && !is_fill(t->nodes[r]) && vjp_reads_input(n, k)) t->is_output[r] = true;
+      if (r >= 0 && !tr_node_is_fill(t->nodes[r]) && vjp_reads_input(n, k)) t->is_output[r] = true;
     }
   }
 }
@@ -205,7 +199,7 @@ static void keep_read_across_cut(tr_trace *t) {
     for (int k = 0; t->nodes[i]->state == TR_PENDING && k < t->nodes[i]->nin; k++)
       if (t->refs[i][k] >= 0) t->nodes[t->refs[i][k]]->inside_uses++;
   for (int i = 0; i < t->n; i++)
-    if (t->nodes[i]->pending_uses > t->nodes[i]->inside_uses && !is_fill(t->nodes[i]))
+    if (t->nodes[i]->pending_uses > t->nodes[i]->inside_uses && !tr_node_is_fill(t->nodes[i]))
       t->is_output[i] = true;
 }
 
@@ -704,7 +698,7 @@ int tr_flush(tr_graph *g, tr_node **targets, int ntargets, tr_flush_reason why) 
   vm_counters *st = &vm_process()->stats;
   int recomputed = 0;
   for (int i = 0; i < t->n; i++)
-    recomputed += t->nodes[i]->state == TR_RECOMPUTABLE && !is_fill(t->nodes[i]);
+    recomputed += t->nodes[i]->state == TR_RECOMPUTABLE && !tr_node_is_fill(t->nodes[i]);
   for (int i = 0; i < c.nrecomputed; i++) { /* their flushes learn to keep them */
     const tr_node *n = t->nodes[c.recomputed[i]];
     cache_learn(n->origin, n->origin_pos - 1);

@@ -69,7 +69,8 @@ struct tr_graph {
     struct tr_node *stored, *before;
   } * undo;
   int nundo, cap_undo;
-  bool retrying; /* tr_undo_failed_stores is flushing the stores again */
+  bool retrying;             /* tr_undo_failed_stores is flushing the stores again */
+  tr_tape_reads *tape_reads; /* the backward passes in progress (tape.h) */
   int visit_epoch;
   uint64_t flush_epoch;  /* flushes committed: depths older than this are stale */
   struct tr_node **walk; /* the depth walk's stack (trace/record.c), under the lock */
@@ -94,6 +95,12 @@ void tr_graph_unlock(tr_graph *g);
 void tr_undo_failed_stores(tr_graph *g);
 /* forgets the stores' undo records (the flush committed them) */
 void tr_undo_forget(tr_graph *g);
+
+/* a fill, or a cast of one: cheaper to compute again than to keep */
+static inline bool tr_node_is_fill(const tr_node *n) {
+  if (n->op == VM_OP_cast && n->nin == 1) n = n->in[0];
+  return n->op == VM_OP_full;
+}
 
 /* leaves the pending list (PENDING -> another state); owner graph locked */
 void tr_node_unlink(tr_node *n);

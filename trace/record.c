@@ -194,12 +194,49 @@ static int current_depth(tr_graph *g, tr_node *n) {
   }
 }
 
+typedef struct {
+  tr_graph *g;
+  tr_node **targets;
+  int64_t n, cap;
+} cut_targets;
+
+/* appends x to c's targets (retained); out of memory, the cut keeps less */
+static void keep_next(cut_targets *c, tr_node *x) {
+  if (c->n == c->cap) {
+    int64_t cap = 2 * c->cap + 16;
+    tr_node **more = realloc(c->targets, (size_t)cap * sizeof *more);
+    if (!more) return;
+    c->targets = more;
+    c->cap = cap;
+  }
+  c->targets[c->n++] = tr_node_retain(x);
+}
+
+/* a pending value read next is kept by the cut (those nothing pending reads
+   yet are sinks, a flush of everything's targets already; fills are
+   cheaper to compute again) */
+static void keep_across_cut(void *acc, vm_tensor *t) {
+  cut_targets *c = acc;
+  tr_node *x = t ? t->node : NULL;
+  if (x && x->graph == c->g && x->state == TR_PENDING && x->pending_uses > 0 && !tr_node_is_fill(x))
+    keep_next(c, x);
+}
+
+/* the gradients the backward passes in progress will still read */
+static void keep_tape_reads(cut_targets *c) {
+  for (tr_tape_reads *r = c->g->tape_reads; r; r = r->outer) r->each(r->ctx, keep_across_cut, c);
+}
+
 /* everything pending that nothing pending reads (and, through them, all the
-   rest): which intermediates users still hold does not matter */
-static void flush_all(tr_graph *g, tr_flush_reason why) {
-  int64_t cap = g->pending, n = 0;
-  tr_node **targets = malloc((size_t)(cap ? cap : 1) * sizeof *targets);
-  if (!targets) return;
+   rest): which intermediates users still hold does not matter.  A cap flush
+   inside an op (why NODES or MEMORY) also keeps what is read next: that
+   op's inputs (in, nin) and the gradients a backward pass in progress will
+   still read (tape.h).  Left recomputable, each would be recomputed with
+   the whole chain behind it by the next flush. */
+static void flush_all(tr_graph *g, tr_flush_reason why, vm_tensor *const *in, int nin) {
+  cut_targets c = {g, NULL, 0, g->pending + nin};
+  c.targets = malloc((size_t)(c.cap ? c.cap : 1) * sizeof *c.targets);
+  if (!c.targets) return;
   for (tr_node *p = g->head.next; p != &g->head; p = p->next) {
     long r = atomic_load(&p->refs);
     /* a node whose last reference is going away right now is not a target */
@@ -207,15 +244,53 @@ static void flush_all(tr_graph *g, tr_flush_reason why) {
     }
     if (r == 0) continue;
     if (p->pending_uses == 0)
-      targets[n++] = p;
+      c.targets[c.n++] = p;
     else
       tr_node_release(p);
   }
-  tr_flush(g, targets, (int)n, why);
-  for (int64_t i = 0; i < n; i++) tr_node_release(targets[i]);
-  free(targets);
+  if (why == TR_FLUSH_NODES || why == TR_FLUSH_MEMORY) {
+    for (int i = 0; i < nin; i++) keep_across_cut(&c, in[i]);
+    keep_tape_reads(&c);
+  }
+  tr_flush(g, c.targets, (int)c.n, why);
+  for (int64_t i = 0; i < c.n; i++) tr_node_release(c.targets[i]);
+  free(c.targets);
   g->dropped = 0; /* nothing recorded before is counted from here on */
   memset(g->dropped_device_bytes, 0, sizeof g->dropped_device_bytes);
+}
+
+/* A flush forced by a cap inside an op.  Where it failed, the failure stays
+   with the values that failed, and reading one of them reports it; the op
+   fails now only if it reads one (returns false, that error set).
+   Otherwise the op goes on with the thread's error as it was: an op that
+   returns a tensor never leaves an error set (a 4 TB fill that could not
+   be allocated made kiln_add_scalar return a tensor with an OOM error). */
+static bool cap_flush(tr_graph *g, tr_flush_reason why, int n, vm_tensor *const *in) {
+  vm_thread_state *ts = vm_thread();
+  kiln_status status = ts->status;
+  char message[sizeof ts->message];
+  memcpy(message, ts->message, sizeof message);
+  flush_all(g, why, in, n);
+  for (int i = 0; i < n; i++)
+    if (in[i]->node->state == TR_FAILED) {
+      vm_error_again(in[i]->node->fail_status, in[i]->node->fail_msg);
+      return false;
+    }
+  ts->status = status;
+  memcpy(ts->message, message, sizeof message);
+  return true;
+}
+
+void tr_tape_reads_push(tr_tape_reads *r) {
+  tr_graph *g = tr_thread_graph();
+  if (!g) return; /* out of memory: the cuts keep less, nothing else changes */
+  r->outer = g->tape_reads;
+  g->tape_reads = r;
+}
+
+void tr_tape_reads_pop(tr_tape_reads *r) {
+  tr_graph *g = tr_thread_graph();
+  if (g && g->tape_reads == r) g->tape_reads = r->outer;
 }
 
 int tr_sync(void) {
@@ -223,7 +298,7 @@ int tr_sync(void) {
   if (!g) return vm_error(KILN_ERR_OOM, "out of memory");
   vm_clear_error();
   tr_graph_lock(g);
-  flush_all(g, TR_FLUSH_SYNC);
+  flush_all(g, TR_FLUSH_SYNC, NULL, 0);
   tr_graph_unlock(g);
   return vm_thread()->status;
 }
@@ -357,8 +432,11 @@ vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *a
       return NULL;
   }
   tr_graph_lock(g);
-  if (g->pending + g->dropped >= TR_NODE_CAP) flush_all(g, TR_FLUSH_NODES);
-  if (pending_over_cap(g)) flush_all(g, TR_FLUSH_MEMORY);
+  if ((g->pending + g->dropped >= TR_NODE_CAP && !cap_flush(g, TR_FLUSH_NODES, n, in)) ||
+      (pending_over_cap(g) && !cap_flush(g, TR_FLUSH_MEMORY, n, in))) {
+    tr_graph_unlock(g);
+    return NULL;
+  }
   int depth = 0;
   for (int i = 0; i < n; i++) {
     int d = in[i]->node->graph == g ? current_depth(g, in[i]->node) : 0;
@@ -367,11 +445,14 @@ vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *a
   if (depth + 1 > TR_DEPTH_CAP &&
       (depth + 1 > TR_DEPTH_CAP_ROLLING || !tr_rolling_enabled())) { /* cut: the inputs
                                                                          become outputs */
-    tr_node *cut[8];
-    int ncut = 0;
-    for (int i = 0; i < n && ncut < 8; i++)
-      if (in[i]->node->state != TR_MATERIALIZED) cut[ncut++] = in[i]->node;
-    if (tr_flush(g, cut, ncut, TR_FLUSH_DEPTH) != KILN_OK) {
+    cut_targets c = {g, NULL, 0, 0};
+    for (int i = 0; i < n; i++)
+      if (in[i]->node->state != TR_MATERIALIZED) keep_next(&c, in[i]->node);
+    keep_tape_reads(&c);
+    int rc = tr_flush(g, c.targets, (int)c.n, TR_FLUSH_DEPTH);
+    for (int64_t i = 0; i < c.n; i++) tr_node_release(c.targets[i]);
+    free(c.targets);
+    if (rc != KILN_OK) {
       tr_graph_unlock(g);
       return NULL;
     }

@@ -34,6 +34,23 @@ tr_node *tr_leaf_node(vm_tensor *value, bool track);
 /* gives node n (a leaf variable's own) a reference to slot */
 void tr_node_set_slot(tr_node *n, tr_grad_slot *slot);
 
+/* A backward pass in progress on this thread names the gradients it will
+   still read (each(ctx, keep, acc) calls keep(acc, g) for each).  A flush
+   forced by a cap (depth, nodes, memory) in the middle of the pass keeps those
+   values: a gradient that one VJP read before the cut and another reads
+   after it is not recomputed, with the whole chain behind it (an LSTM's
+   gate gradients, read by the bias sum before a cut and by dx and dh after
+   it, recomputed ~2,750 nodes per cut).  What the tape holds is the
+   program's, so the cut stays a function of the program.  Passes nest
+   (create_graph): push saves the one before, pop restores it. */
+typedef struct tr_tape_reads {
+  void (*each)(void *ctx, void (*keep)(void *acc, vm_tensor *g), void *acc);
+  void *ctx;
+  struct tr_tape_reads *outer;
+} tr_tape_reads;
+void tr_tape_reads_push(tr_tape_reads *r);
+void tr_tape_reads_pop(tr_tape_reads *r);
+
 vm_opcode tr_node_op(const tr_node *n);
 const vm_attr *tr_node_attr(const tr_node *n);
 int tr_node_nin(const tr_node *n);

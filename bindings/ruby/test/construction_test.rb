@@ -42,8 +42,13 @@ class ConstructionTest < Minitest::Test
   def test_int64_range
     big = 2**62 + 1
     assert_equal [big, -big], Kiln.tensor([big, -big]).to_a
-    assert_raises(RangeError) { Kiln.tensor([2**70]) }
-    assert_raises(RangeError) { Kiln.tensor([2**40], dtype: :int32) }
+    assert_equal [2**63 - 1, -2**63], Kiln.tensor([2**63 - 1, -2**63]).to_a
+    e = assert_raises(RangeError) { Kiln.tensor([2**70]) }
+    assert_equal "Kiln.tensor: #{2**70} does not fit in int64", e.message
+    e = assert_raises(RangeError) { Kiln.tensor([2**63]) }
+    assert_includes e.message, "#{2**63} does not fit in int64"
+    e = assert_raises(RangeError) { Kiln.tensor([2**40], dtype: :int32) }
+    assert_includes e.message, "#{2**40} does not fit in int32"
     assert_raises(RangeError) { Kiln.tensor([Float::NAN], dtype: :int64) }
   end
 

@@ -111,7 +111,12 @@ static int64_t to_int(VALUE v, kiln_dtype dt) {
       rb_raise(rb_eRangeError, "Kiln.tensor: %g does not fit in %s", d, int_name(dt));
     return i;
   }
-  if (dt == KILN_I32) return NUM2INT(v); /* RangeError when out of range */
+  if (RB_TYPE_P(v, T_BIGNUM) &&
+      !RTEST(rb_funcall(v, rb_intern("between?"), 2, LL2NUM(INT64_MIN), LL2NUM(INT64_MAX)))) {
+    VALUE digits = rb_big2str(v, 10);
+    rb_raise(rb_eRangeError, "Kiln.tensor: %s does not fit in %s", StringValueCStr(digits),
+             int_name(dt));
+  }
   int64_t i = (int64_t)NUM2LL(v);
   if (!fits(dt, i))
     rb_raise(rb_eRangeError, "Kiln.tensor: %lld does not fit in %s", (long long)i, int_name(dt));
