@@ -28,19 +28,27 @@ static tr_flush_info last_flush(void) {
 
 /* temporaries of one program, released together */
 typedef struct {
-  kiln_tensor *t[4096];
-  int n;
+  kiln_tensor **t;
+  int n, cap;
 } arena;
 
 static kiln_tensor *keep(arena *a, kiln_tensor *t) {
   CHECK(t != NULL);
-  if (a->n < 4096) a->t[a->n++] = t;
+  if (a->n == a->cap) {
+    int cap = a->cap ? 2 * a->cap : 4096;
+    kiln_tensor **more = realloc(a->t, (size_t)cap * sizeof *more);
+    if (!more) abort();
+    a->t = more;
+    a->cap = cap;
+  }
+  a->t[a->n++] = t;
   return t;
 }
 
 static void arena_free(arena *a) {
   for (int i = 0; i < a->n; i++) kiln_release(a->t[i]);
-  a->n = 0;
+  free(a->t);
+  *a = (arena){0};
 }
 
 typedef struct {
