@@ -233,10 +233,10 @@ static void keep_tape_reads(cut_targets *c) {
    op's inputs (in, nin) and the gradients a backward pass in progress will
    still read (tape.h).  Left recomputable, each would be recomputed with
    the whole chain behind it by the next flush. */
-static void flush_all(tr_graph *g, tr_flush_reason why, vm_tensor *const *in, int nin) {
+static int flush_all(tr_graph *g, tr_flush_reason why, vm_tensor *const *in, int nin) {
   cut_targets c = {g, NULL, 0, g->pending + nin};
   c.targets = malloc((size_t)(c.cap ? c.cap : 1) * sizeof *c.targets);
-  if (!c.targets) return;
+  if (!c.targets) return KILN_OK; /* nothing flushed: the cap is met again at the next op */
   for (tr_node *p = g->head.next; p != &g->head; p = p->next) {
     long r = atomic_load(&p->refs);
     /* a node whose last reference is going away right now is not a target */
@@ -252,11 +252,12 @@ static void flush_all(tr_graph *g, tr_flush_reason why, vm_tensor *const *in, in
     for (int i = 0; i < nin; i++) keep_across_cut(&c, in[i]);
     keep_tape_reads(&c);
   }
-  tr_flush(g, c.targets, (int)c.n, why);
+  int rc = tr_flush(g, c.targets, (int)c.n, why);
   for (int64_t i = 0; i < c.n; i++) tr_node_release(c.targets[i]);
   free(c.targets);
   g->dropped = 0; /* nothing recorded before is counted from here on */
   memset(g->dropped_device_bytes, 0, sizeof g->dropped_device_bytes);
+  return rc;
 }
 
 /* A flush forced by a cap inside an op.  Where it failed, the failure stays
@@ -270,8 +271,8 @@ static bool cap_flush(tr_graph *g, tr_flush_reason why, int n, vm_tensor *const 
   kiln_status status = ts->status;
   char message[sizeof ts->message];
   memcpy(message, ts->message, sizeof message);
-  flush_all(g, why, in, n);
-  for (int i = 0; i < n; i++)
+  int rc = flush_all(g, why, in, n);
+  for (int i = 0; rc != KILN_OK && i < n; i++)
     if (in[i]->node->state == TR_FAILED) {
       vm_error_again(in[i]->node->fail_status, in[i]->node->fail_msg);
       return false;
