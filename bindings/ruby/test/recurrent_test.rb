@@ -95,6 +95,66 @@ class RecurrentTest < Minitest::Test
     check(:lstm, Kiln::NN::LSTM, layers: 2, dirs: 2)
   end
 
+  # RNNCell, GRUCell, LSTMCell: torch's step equations (the reference
+  # cell above, row by row), names, shapes and forms; a loop a user writes
+  # with one rolls, and gives the GRU module's results on the same weights
+  def test_cells_follow_torchs_equations
+    [[:rnn, Kiln::NN::RNNCell, {}], [:rnn, Kiln::NN::RNNCell, { nonlinearity: :relu }],
+     [:gru, Kiln::NN::GRUCell, {}], [:lstm, Kiln::NN::LSTMCell, {}]].each do |mode, cls, kw|
+      Kiln.manual_seed(31)
+      m = cls.new(4, 3, **kw)
+      sd = m.state_dict.transform_values(&:to_a)
+      p = { w_ih: sd["weight_ih"], w_hh: sd["weight_hh"], b_ih: sd["bias_ih"], b_hh: sd["bias_hh"] }
+      x = Kiln.randn(2, 4)
+      h = Kiln.randn(2, 3)
+      c = Kiln.randn(2, 3)
+      got = mode == :lstm ? m.(x, [h, c]) : m.(x, h)
+      want = (0...2).map { |b| cell(mode, x.to_a[b], h.to_a[b], c.to_a[b], p, kw[:nonlinearity] || :tanh) }
+      if mode == :lstm
+        assert_tensor want.map(&:first), got[0], tol: 1e-5
+        assert_tensor want.map(&:last), got[1], tol: 1e-5
+        h1, c1 = m.(x[0], [h[0], c[0]]) # unbatched
+        assert_tensor want[0][0], h1, tol: 1e-5
+        assert_tensor want[0][1], c1, tol: 1e-5
+      else
+        assert_tensor want.map(&:first), got, tol: 1e-5
+        assert_tensor want[0][0], m.(x[0], h[0]), tol: 1e-5
+        zero = (0...2).map { |b| cell(mode, x.to_a[b], [0.0] * 3, [0.0] * 3, p, kw[:nonlinearity] || :tanh)[0] }
+        assert_tensor zero, m.(x), tol: 1e-5 # hx nil: zeros
+      end
+    end
+    g = Kiln::NN::GRUCell.new(4, 3)
+    assert_equal [["weight_ih", [9, 4]], ["weight_hh", [9, 3]], ["bias_ih", [9]], ["bias_hh", [9]]],
+                 g.named_parameters.to_a.map { |n, t| [n, t.shape] }
+    assert_equal [%w[weight_ih weight_hh], [[20, 2], [20, 5]]],
+                 Kiln::NN::LSTMCell.new(2, 5, bias: false).named_parameters.to_a.transpose.then { |n, t| [n, t.map(&:shape)] }
+    err = assert_raises(Kiln::ShapeError) { g.(Kiln.randn(2, 4), Kiln.zeros(3, 3)) }
+    assert_match(/hx must be \[2, 3\]/, err.message)
+    assert_raises(Kiln::ShapeError) { g.(Kiln.randn(2, 5)) }
+    assert_raises(ArgumentError) { Kiln::NN::LSTMCell.new(4, 3, nonlinearity: :relu) }
+  end
+
+  def test_a_loop_over_a_cell_rolls_and_equals_the_module
+    Kiln.manual_seed(8)
+    gru = Kiln::NN::GRU.new(4, 6)
+    cellm = Kiln::NN::GRUCell.new(4, 6)
+    cellm.load_state_dict(gru.state_dict.transform_keys { |k| k.sub("_l0", "") })
+    x = Kiln.randn(20, 3, 4)
+    out, = gru.(x)
+    loss_m = (out ** 2).mean
+    loss_m.backward
+    names = %w[weight_ih weight_hh bias_ih bias_hh]
+    want = [loss_m.item, names.map { |n| gru.named_parameters["#{n}_l0"].grad.to_a }]
+    before = Kiln.stats
+    h = nil
+    outs = (0...20).map { |t| h = cellm.(x[t], h) }
+    loss_c = (Kiln.stack(outs, 0) ** 2).mean
+    loss_c.backward
+    assert_in_delta want[0], loss_c.item, 1e-6
+    names.each_with_index { |n, i| assert_tensor want[1][i], cellm.send(n).grad, tol: 1e-5 }
+    assert_operator Kiln.stats[:loops_rolled] - before[:loops_rolled], :>=, 2, "forward and backward rolled"
+  end
+
   def test_parameters_have_torchs_names_shapes_and_init
     g = Kiln::NN::GRU.new(4, 3, num_layers: 2, bidirectional: true)
     shapes = g.named_parameters.to_a.to_h { |n, t| [n, t.shape] }

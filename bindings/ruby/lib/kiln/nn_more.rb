@@ -355,11 +355,15 @@ module Kiln
         [Kiln.stack(outs, 0), h, c]
       end
 
-      def cell(gx, gh, h, c)
-        case @mode
+      def cell(gx, gh, h, c) = RNNBase.step(@mode, @nonlinearity, gx, gh, h, c)
+
+      # one step of mode from the input and hidden projections gx, gh
+      # [B, gates * H]: [h', c'] (c' nil but for LSTM)
+      def self.step(mode, nonlinearity, gx, gh, h, c)
+        case mode
         when :rnn
           s = gx + gh
-          [@nonlinearity == "tanh" ? s.tanh : s.relu, nil]
+          [nonlinearity == "tanh" ? s.tanh : s.relu, nil]
         when :gru
           rx, zx, nx = gx.chunk(3, 1)
           rh, zh, nh = gh.chunk(3, 1)
@@ -372,6 +376,96 @@ module Kiln
           c = f.sigmoid * c + i.sigmoid * g.tanh
           [o.sigmoid * c.tanh, c]
         end
+      end
+    end
+
+    # torch.nn.RNNCell, GRUCell and LSTMCell: one step of the recurrences
+    # above (torch's parameter names weight_ih, weight_hh, bias_ih, bias_hh,
+    # gate order and init), for the loops users write themselves.  Kiln
+    # records such a loop as written and rolls it (one body for every
+    # length, the input projections and weight gradients out of the loop).
+    # input [B, I] or unbatched [I]; hx [B, H] (LSTM: [h, c]), zeros when
+    # nil; returns h' (LSTM: [h', c']).
+    class RNNCellBase < Module
+      attr_reader :input_size, :hidden_size, :weight_ih, :weight_hh, :bias_ih, :bias_hh
+
+      def initialize(mode, input_size, hidden_size, bias: true, nonlinearity: :tanh)
+        super()
+        unless hidden_size.is_a?(Integer) && hidden_size.positive? && input_size.is_a?(Integer) && input_size.positive?
+          raise ArgumentError, "#{self.class}: input_size and hidden_size must be positive Integers"
+        end
+        unless %w[tanh relu].include?(nonlinearity.to_s)
+          raise ArgumentError, "#{self.class}: nonlinearity is :tanh or :relu, not #{nonlinearity.inspect}"
+        end
+
+        @mode = mode
+        @input_size = input_size
+        @hidden_size = hidden_size
+        @nonlinearity = nonlinearity.to_s
+        rows = RNNBase::GATES.fetch(mode) * hidden_size
+        bound = 1.0 / Math.sqrt(hidden_size)
+        @weight_ih = uniform_parameter([rows, input_size], bound)
+        @weight_hh = uniform_parameter([rows, hidden_size], bound)
+        return unless bias
+
+        @bias_ih = uniform_parameter([rows], bound)
+        @bias_hh = uniform_parameter([rows], bound)
+      end
+
+      def forward(input, hx = nil)
+        unless [1, 2].include?(input.ndim) && input.shape[-1] == @input_size
+          raise Kiln::ShapeError, "#{self.class}: input must be [B, #{@input_size}] or [#{@input_size}], " \
+                                  "not #{input.shape.inspect}"
+        end
+
+        unbatched = input.ndim == 1
+        x = unbatched ? input.unsqueeze(0) : input
+        want = [x.shape[0], @hidden_size]
+        state = lambda do |t, what|
+          return Kiln.zeros(want, dtype: x.dtype) if t.nil?
+
+          t = t.unsqueeze(0) if unbatched && t.ndim == 1
+          raise Kiln::ShapeError, "#{self.class}: #{what} must be #{want.inspect}, not #{t.shape.inspect}" unless t.shape == want
+
+          t
+        end
+        if @mode == :lstm
+          h, c = hx.nil? ? [nil, nil] : hx
+          h = state.(h, "h")
+          c = state.(c, "c")
+        else
+          h = state.(hx, "hx")
+        end
+        h2, c2 = RNNBase.step(@mode, @nonlinearity, F.linear(x, @weight_ih, @bias_ih), F.linear(h, @weight_hh, @bias_hh),
+                              h, c)
+        h2, c2 = [h2, c2].map { |t| t&.squeeze(0) } if unbatched
+        @mode == :lstm ? [h2, c2] : h2
+      end
+
+      def extra_inspect
+        "#{@input_size}, #{@hidden_size}#{@bias_ih ? '' : ', bias: false'}"
+      end
+    end
+
+    class RNNCell < RNNCellBase
+      def initialize(input_size, hidden_size, **kw)
+        super(:rnn, input_size, hidden_size, **kw)
+      end
+    end
+
+    class GRUCell < RNNCellBase
+      def initialize(input_size, hidden_size, **kw)
+        raise ArgumentError, "Kiln::NN::GRUCell: no nonlinearity: (its gates are fixed)" if kw.key?(:nonlinearity)
+
+        super(:gru, input_size, hidden_size, **kw)
+      end
+    end
+
+    class LSTMCell < RNNCellBase
+      def initialize(input_size, hidden_size, **kw)
+        raise ArgumentError, "Kiln::NN::LSTMCell: no nonlinearity: (its gates are fixed)" if kw.key?(:nonlinearity)
+
+        super(:lstm, input_size, hidden_size, **kw)
       end
     end
 
