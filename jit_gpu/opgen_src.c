@@ -656,6 +656,18 @@ static void emit_leaf(sbuf *b, const gpu_op_key *k, const char *name) {
                    dsfx[dt]);
     return;
   }
+  if (op == VM_OP_arange && dt == KILN_I64) { /* vm_arange_integral (vm/dtype.h) */
+    gpu_src_printf(
+        b,
+        "  const double s0 = a.scalar[0], s1 = a.scalar[1], lim = 9223372036854775808.0;\n"
+        "  const bool exact = s0 > -lim && s0 < lim && s0 == (double)(i64)s0 && s1 > -lim "
+        "&& s1 < lim && s1 == (double)(i64)s1;\n"
+        "  " GRID_STRIDE
+        " out[i] = exact ? (TO)((u64)(i64)s0 + (u64)i * (u64)(i64)s1)\n"
+        "                      : k_from_f64_%s(s0 + (double)i * s1);\n}\n",
+        dsfx[dt]);
+    return;
+  }
   if (op == VM_OP_arange) {
     gpu_src_printf(
         b, "  " GRID_STRIDE " out[i] = k_from_f64_%s(a.scalar[0] + (double)i * a.scalar[1]);\n}\n",

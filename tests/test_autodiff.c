@@ -1599,6 +1599,36 @@ TEST(no_grad_scope) {
   kiln_release(x);
 }
 
+/* kiln_enable_grad_push inside no_grad scopes records for autodiff again;
+   a no_grad inside it nests; the pop gives back the depth it took */
+TEST(enable_grad_inside_no_grad) {
+  kiln_tensor *x = leaf(1, S(6), XV6);
+  CHECK(kiln_is_grad_enabled());
+  kiln_no_grad_push();
+  kiln_no_grad_push();
+  CHECK(!kiln_is_grad_enabled());
+  int saved = kiln_enable_grad_push();
+  CHECK(kiln_is_grad_enabled());
+  kiln_tensor *y = T(kiln_mul(x, x));
+  CHECK(kiln_requires_grad(y));
+  kiln_no_grad_push();
+  CHECK(!kiln_requires_grad(T(kiln_exp(x))));
+  kiln_no_grad_pop();
+  CHECK(kiln_is_grad_enabled());
+  kiln_enable_grad_pop(saved);
+  CHECK(!kiln_requires_grad(T(kiln_exp(x))));
+  kiln_no_grad_pop();
+  CHECK(!kiln_is_grad_enabled()); /* the outer scope still */
+  kiln_no_grad_pop();
+  CHECK(kiln_is_grad_enabled());
+  CHECK_EQ_INT(kiln_backward(T(sum_all(y)), NULL), 0);
+  double e[6];
+  for (int i = 0; i < 6; i++) e[i] = 2 * XV6[i];
+  CHECK_GRAD(x, 6, e, 1e-15);
+  pool_release_to(0);
+  kiln_release(x);
+}
+
 TEST(detach_stops_gradient) {
   kiln_tensor *x = leaf(1, S(6), XV6);
   kiln_tensor *d = T(kiln_detach(x));
@@ -2212,6 +2242,7 @@ int main(void) {
   RUN(backward_same_loss_twice);
   RUN(zero_grad_clears);
   RUN(no_grad_scope);
+  RUN(enable_grad_inside_no_grad);
   RUN(detach_stops_gradient);
   RUN(backward_with_explicit_grad);
   RUN(autodiff_errors);

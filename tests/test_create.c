@@ -290,6 +290,25 @@ TEST(arange_i64_dtype) {
              V(4000000000.0, 4000000001.0, 4000000002.0), 0);
 }
 
+/* past 2^53 an int64 arange of whole numbers is exact, as PyTorch's: the
+   values were start + i * step in doubles, so 2^53 + 1 came out 2^53 (on
+   the device too, KILN_DEVICE=cuda) */
+TEST(arange_i64_is_exact_past_2_pow_53) {
+  const int64_t base = (int64_t)1 << 53;
+  kiln_tensor *up = kiln_arange(0x1p53, 0x1p53 + 8, 1, KILN_I64);
+  kiln_tensor *down = kiln_arange(0x1p62, 0x1p62 - 3 * 1024, -3, KILN_I64);
+  int64_t got[8], got_down[1024];
+  CHECK(up && kiln_to_buffer(up, got, sizeof got) == KILN_OK);
+  for (int i = 0; up && i < 8; i++) CHECK_EQ_INT(got[i], base + i);
+  CHECK(down && kiln_numel(down) == 1024 &&
+        kiln_to_buffer(down, got_down, sizeof got_down) == KILN_OK);
+  for (int i = 0; down && i < 1024; i++) CHECK_EQ_INT(got_down[i], ((int64_t)1 << 62) - 3 * i);
+  kiln_release(up);
+  kiln_release(down);
+  /* a fractional start still counts in doubles, truncated as before */
+  CHECK_MADE(kiln_arange(0.5, 3, 1, KILN_I64), KILN_I64, 1, S(3), V(0, 1, 2), 0);
+}
+
 /* -------------------------------------------------------------- inspection */
 
 TEST(inspection_reports_shape_ndim_numel_dtype_device) {
@@ -643,6 +662,7 @@ int main(void) {
   RUN(arange_non_integer_step);
   RUN(arange_empty_range);
   RUN(arange_i64_dtype);
+  RUN(arange_i64_is_exact_past_2_pow_53);
   RUN(inspection_reports_shape_ndim_numel_dtype_device);
   RUN(inspection_of_pending_result_does_not_flush);
   RUN(item_reads_one_element_tensors);

@@ -93,5 +93,13 @@ static inline kiln_dtype vm_promote(kiln_dtype a, kiln_dtype b) {
    double to a half rounds through f32, as every cast to a half does) */
 double vm_load_f64(const void *base, kiln_dtype dt, int64_t i);
 void vm_store_f64(void *base, kiln_dtype dt, int64_t i, double v);
+/* An int64 arange whose start and step are whole numbers is computed in
+   int64 (start + i * step), exact past 2^53 where the double value is not
+   (PyTorch's too); any other arange is vm_store_f64(start + i * step).
+   The GPU's kernel (jit_gpu/opgen_src.c) makes the same choice. */
+static inline bool vm_arange_integral(double start, double step) {
+  return start > -0x1p63 && start < 0x1p63 && start == (double)(int64_t)start && step > -0x1p63 &&
+         step < 0x1p63 && step == (double)(int64_t)step;
+}
 
 #endif

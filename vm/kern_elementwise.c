@@ -544,6 +544,12 @@ static void fill_full(void *p, int64_t begin, int64_t end) {
 
 static void fill_arange(void *p, int64_t begin, int64_t end) {
   fill_job *j = p;
+  if (j->dt == KILN_I64 && vm_arange_integral(j->a, j->b)) { /* exact past 2^53 */
+    int64_t *o = j->data;
+    uint64_t start = (uint64_t)(int64_t)j->a, step = (uint64_t)(int64_t)j->b;
+    for (int64_t i = begin; i < end; i++) o[i] = (int64_t)(start + (uint64_t)i * step);
+    return;
+  }
   for (int64_t i = begin; i < end; i++) vm_store_f64(j->data, j->dt, i, j->a + (double)i * j->b);
 }
 

@@ -664,6 +664,15 @@ void kiln_no_grad_push(void) { vm_thread()->no_grad++; }
 void kiln_no_grad_pop(void) {
   if (vm_thread()->no_grad > 0) vm_thread()->no_grad--;
 }
+/* the no_grad depth is the grad mode: the push hands it to its caller and
+   clears it, the pop puts it back */
+int kiln_enable_grad_push(void) {
+  int saved = vm_thread()->no_grad;
+  vm_thread()->no_grad = 0;
+  return saved;
+}
+void kiln_enable_grad_pop(int saved) { vm_thread()->no_grad = saved > 0 ? saved : 0; }
+bool kiln_is_grad_enabled(void) { return vm_thread()->no_grad == 0; }
 
 /* --- devices ------------------------------------------------------------------ */
 

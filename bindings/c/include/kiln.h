@@ -281,6 +281,13 @@ KILN_API int kiln_grad_of(int nout, kiln_tensor *const *outs, kiln_tensor *const
 KILN_API kiln_tensor *kiln_detach(kiln_tensor *t);
 KILN_API void kiln_no_grad_push(void); /* nestable */
 KILN_API void kiln_no_grad_pop(void);
+/* torch.enable_grad: ops record for autodiff again inside no_grad scopes,
+   until kiln_enable_grad_pop(what the push returned); nests with
+   kiln_no_grad_push.  kiln_is_grad_enabled: whether ops on this thread
+   record for autodiff now (torch.is_grad_enabled). */
+KILN_API int kiln_enable_grad_push(void);
+KILN_API void kiln_enable_grad_pop(int saved);
+KILN_API bool kiln_is_grad_enabled(void);
 
 /* mixed precision (docs/SEMANTICS.md "Half precision").  Autocast, per
    thread: KILN_BF16 or KILN_F16 makes matmuls, convolutions and attention

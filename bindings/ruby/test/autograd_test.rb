@@ -73,6 +73,32 @@ class AutogradTest < Minitest::Test
     assert_equal 42, Kiln.no_grad { 42 }
   end
 
+  # torch.enable_grad inside no_grad, nested both ways, restored on raise
+  def test_enable_grad_inside_no_grad
+    x = Kiln.tensor([1.0, 2.0], requires_grad: true)
+    assert Kiln.grad_enabled?
+    y = nil
+    Kiln.no_grad do
+      Kiln.no_grad do
+        refute Kiln.grad_enabled?
+        y = Kiln.enable_grad do
+          assert Kiln.grad_enabled?
+          refute Kiln.no_grad { x * 3 }.requires_grad
+          assert Kiln.grad_enabled?
+          (x * x).sum
+        end
+        assert y.requires_grad
+        refute Kiln.grad_enabled?
+        assert_raises(RuntimeError) { Kiln.enable_grad { raise "boom" } }
+        refute((x * 2).requires_grad) # both no_grad levels back
+      end
+      refute Kiln.grad_enabled?
+    end
+    assert Kiln.grad_enabled?
+    y.backward
+    assert_tensor [2.0, 4.0], x.grad
+  end
+
   def test_functional_grad
     a = Kiln.tensor([1.0, 2.0], requires_grad: true)
     b = Kiln.tensor([3.0, 4.0], requires_grad: true)

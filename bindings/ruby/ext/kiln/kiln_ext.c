@@ -679,6 +679,12 @@ static VALUE m_no_grad_pop(VALUE mod) {
   kiln_no_grad_pop();
   return Qnil;
 }
+static VALUE m_enable_grad_push(VALUE mod) { return INT2NUM(kiln_enable_grad_push()); }
+static VALUE m_enable_grad_pop(VALUE mod, VALUE saved) {
+  kiln_enable_grad_pop(NUM2INT(saved));
+  return Qnil;
+}
+static VALUE m_grad_enabled(VALUE mod) { return kiln_is_grad_enabled() ? Qtrue : Qfalse; }
 
 static VALUE m_dtype(VALUE mod, VALUE name) { return rk_dtype_sym(rk_dtype(name)); }
 
@@ -761,6 +767,9 @@ void Init_kiln_ext(void) {
   rb_define_singleton_method(rk_mKiln, "_grad_of", m_grad_of, 4);
   rb_define_singleton_method(rk_mKiln, "_no_grad_push", m_no_grad_push, 0);
   rb_define_singleton_method(rk_mKiln, "_no_grad_pop", m_no_grad_pop, 0);
+  rb_define_singleton_method(rk_mKiln, "_enable_grad_push", m_enable_grad_push, 0);
+  rb_define_singleton_method(rk_mKiln, "_enable_grad_pop", m_enable_grad_pop, 1);
+  rb_define_singleton_method(rk_mKiln, "grad_enabled?", m_grad_enabled, 0);
   rb_define_singleton_method(rk_mKiln, "_dtype", m_dtype, 1);
   rb_define_singleton_method(rk_mKiln, "manual_seed", m_manual_seed, 1);
   rb_define_singleton_method(rk_mKiln, "stats", m_stats, 0);

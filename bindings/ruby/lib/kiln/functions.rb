@@ -232,6 +232,17 @@ module Kiln
       end
     end
 
+    # Records gradients again inside the block, within no_grad
+    # (torch.enable_grad); Kiln.grad_enabled? says which mode is on.
+    def enable_grad
+      saved = _enable_grad_push
+      begin
+        yield
+      ensure
+        _enable_grad_pop(saved)
+      end
+    end
+
     # cond ? a : b elementwise; a and b may be Ruby numbers, cond a bool
     # Tensor or a nested Array of true/false
     def where(cond, a, b)
