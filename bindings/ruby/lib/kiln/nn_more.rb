@@ -233,17 +233,12 @@ module Kiln
 
       GATES = { rnn: 1, gru: 3, lstm: 4 }.freeze
 
-      def initialize(mode, input_size, hidden_size, num_layers: 1, nonlinearity: :tanh, bias: true,
+      def initialize(mode, input_size, hidden_size, num_layers: 1, nonlinearity: nil, bias: true,
                      batch_first: false, dropout: 0.0, bidirectional: false)
         super()
-        unless hidden_size.is_a?(Integer) && hidden_size.positive? && input_size.is_a?(Integer) && input_size.positive?
-          raise ArgumentError, "#{self.class}: input_size and hidden_size must be positive Integers"
-        end
+        nonlinearity = RNNBase.check_sizes(self, mode, input_size, hidden_size, nonlinearity)
         raise ArgumentError, "#{self.class}: num_layers must be a positive Integer" unless num_layers.is_a?(Integer) && num_layers.positive?
         raise ArgumentError, "#{self.class}: dropout must be in [0, 1], got #{dropout}" unless dropout >= 0 && dropout <= 1
-        unless %w[tanh relu].include?(nonlinearity.to_s)
-          raise ArgumentError, "#{self.class}: nonlinearity is :tanh or :relu, not #{nonlinearity.inspect}"
-        end
 
         @mode = mode
         @input_size = input_size
@@ -357,6 +352,22 @@ module Kiln
 
       def cell(gx, gh, h, c) = RNNBase.step(@mode, @nonlinearity, gx, gh, h, c)
 
+      # the checks the modules and the cells share; returns the nonlinearity
+      # (:tanh unless given; the gated modes take none)
+      def self.check_sizes(m, mode, input_size, hidden_size, nonlinearity)
+        unless hidden_size.is_a?(Integer) && hidden_size.positive? && input_size.is_a?(Integer) && input_size.positive?
+          raise ArgumentError, "#{m.class}: input_size and hidden_size must be positive Integers"
+        end
+        raise ArgumentError, "#{m.class}: no nonlinearity: (its gates are fixed)" if mode != :rnn && !nonlinearity.nil?
+
+        nonlinearity ||= :tanh
+        unless %w[tanh relu].include?(nonlinearity.to_s)
+          raise ArgumentError, "#{m.class}: nonlinearity is :tanh or :relu, not #{nonlinearity.inspect}"
+        end
+
+        nonlinearity
+      end
+
       # one step of mode from the input and hidden projections gx, gh
       # [B, gates * H]: [h', c'] (c' nil but for LSTM)
       def self.step(mode, nonlinearity, gx, gh, h, c)
@@ -389,15 +400,9 @@ module Kiln
     class RNNCellBase < Module
       attr_reader :input_size, :hidden_size, :weight_ih, :weight_hh, :bias_ih, :bias_hh
 
-      def initialize(mode, input_size, hidden_size, bias: true, nonlinearity: :tanh)
+      def initialize(mode, input_size, hidden_size, bias: true, nonlinearity: nil)
         super()
-        unless hidden_size.is_a?(Integer) && hidden_size.positive? && input_size.is_a?(Integer) && input_size.positive?
-          raise ArgumentError, "#{self.class}: input_size and hidden_size must be positive Integers"
-        end
-        unless %w[tanh relu].include?(nonlinearity.to_s)
-          raise ArgumentError, "#{self.class}: nonlinearity is :tanh or :relu, not #{nonlinearity.inspect}"
-        end
-
+        nonlinearity = RNNBase.check_sizes(self, mode, input_size, hidden_size, nonlinearity)
         @mode = mode
         @input_size = input_size
         @hidden_size = hidden_size
@@ -448,44 +453,27 @@ module Kiln
     end
 
     class RNNCell < RNNCellBase
-      def initialize(input_size, hidden_size, **kw)
-        super(:rnn, input_size, hidden_size, **kw)
-      end
+      def initialize(input_size, hidden_size, **kw) = super(:rnn, input_size, hidden_size, **kw)
     end
 
     class GRUCell < RNNCellBase
-      def initialize(input_size, hidden_size, **kw)
-        raise ArgumentError, "Kiln::NN::GRUCell: no nonlinearity: (its gates are fixed)" if kw.key?(:nonlinearity)
-
-        super(:gru, input_size, hidden_size, **kw)
-      end
+      def initialize(input_size, hidden_size, **kw) = super(:gru, input_size, hidden_size, **kw)
     end
 
     class LSTMCell < RNNCellBase
-      def initialize(input_size, hidden_size, **kw)
-        raise ArgumentError, "Kiln::NN::LSTMCell: no nonlinearity: (its gates are fixed)" if kw.key?(:nonlinearity)
-
-        super(:lstm, input_size, hidden_size, **kw)
-      end
+      def initialize(input_size, hidden_size, **kw) = super(:lstm, input_size, hidden_size, **kw)
     end
 
     class RNN < RNNBase
-      def initialize(input_size, hidden_size, **kw)
-        super(:rnn, input_size, hidden_size, **kw)
-      end
+      def initialize(input_size, hidden_size, **kw) = super(:rnn, input_size, hidden_size, **kw)
     end
 
     class GRU < RNNBase
-      def initialize(input_size, hidden_size, **kw)
-        raise ArgumentError, "Kiln::NN::GRU: no nonlinearity: (its gates are fixed)" if kw.key?(:nonlinearity)
-
-        super(:gru, input_size, hidden_size, **kw)
-      end
+      def initialize(input_size, hidden_size, **kw) = super(:gru, input_size, hidden_size, **kw)
     end
 
     class LSTM < RNNBase
       def initialize(input_size, hidden_size, **kw)
-        raise ArgumentError, "Kiln::NN::LSTM: no nonlinearity: (its gates are fixed)" if kw.key?(:nonlinearity)
         raise ArgumentError, "Kiln::NN::LSTM: proj_size is not supported" if kw.key?(:proj_size)
 
         super(:lstm, input_size, hidden_size, **kw)
