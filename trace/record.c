@@ -222,6 +222,14 @@ static void keep_across_cut(void *acc, vm_tensor *t) {
     keep_next(c, x);
 }
 
+/* flushes c's targets and lets them go */
+static int flush_cut(cut_targets *c, tr_flush_reason why) {
+  int rc = tr_flush(c->g, c->targets, (int)c->n, why);
+  for (int64_t i = 0; i < c->n; i++) tr_node_release(c->targets[i]);
+  free(c->targets);
+  return rc;
+}
+
 /* the gradients the backward passes in progress will still read */
 static void keep_tape_reads(cut_targets *c) {
   for (tr_tape_reads *r = c->g->tape_reads; r; r = r->outer) r->each(r->ctx, keep_across_cut, c);
@@ -252,9 +260,7 @@ static int flush_all(tr_graph *g, tr_flush_reason why, vm_tensor *const *in, int
     for (int i = 0; i < nin; i++) keep_across_cut(&c, in[i]);
     keep_tape_reads(&c);
   }
-  int rc = tr_flush(g, c.targets, (int)c.n, why);
-  for (int64_t i = 0; i < c.n; i++) tr_node_release(c.targets[i]);
-  free(c.targets);
+  int rc = flush_cut(&c, why);
   g->dropped = 0; /* nothing recorded before is counted from here on */
   memset(g->dropped_device_bytes, 0, sizeof g->dropped_device_bytes);
   return rc;
@@ -450,10 +456,7 @@ vm_tensor *tr_record(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *a
     for (int i = 0; i < n; i++)
       if (in[i]->node->state != TR_MATERIALIZED) keep_next(&c, in[i]->node);
     keep_tape_reads(&c);
-    int rc = tr_flush(g, c.targets, (int)c.n, TR_FLUSH_DEPTH);
-    for (int64_t i = 0; i < c.n; i++) tr_node_release(c.targets[i]);
-    free(c.targets);
-    if (rc != KILN_OK) {
+    if (flush_cut(&c, TR_FLUSH_DEPTH) != KILN_OK) {
       tr_graph_unlock(g);
       return NULL;
     }
