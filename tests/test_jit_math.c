@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "../jit_cpu/math.h"
+#include "../vm/cpu.h"
 #include "../vm/kernels.h"
 #include "ktest.h"
 
@@ -750,6 +751,43 @@ TEST(interpreter_bitwise_equal) {
   if (K[V_BASE].res) check_interpreter_equal(&K[V_BASE], false, "x86-64");
 }
 
+/* the interpreter's rows (vm_math_row_f32: vectorized loops over vm/vmath.h)
+   give the bits of its scalar math on every sample, contiguous and strided */
+TEST(interpreter_rows_are_its_scalar_math) {
+  bool fma = vm_cpu_fma();
+  for (int f = 0; f < CPU_FN_COUNT; f++) {
+    if (f == CPU_SQRT || f == CPU_RSQRT) continue;
+    vm_opcode op = op_of((cpu_fn)f);
+    vec a = samples_for((cpu_fn)f);
+    long n = a.n, bad = 0;
+    float *y = malloc((size_t)n * 2 * sizeof(float)), *x2 = malloc((size_t)n * sizeof(float));
+    float *spread = malloc((size_t)n * 2 * sizeof(float));
+    CHECK(y && x2 && spread);
+    if (!y || !x2 || !spread) return;
+    for (long i = 0; i < n; i++) {
+      x2[i] = (float)(int)(i % 9 - 4) * (i % 5 ? 0.5f : 1.0f);
+      spread[2 * i] = a.v[i];
+      spread[2 * i + 1] = 0;
+    }
+    for (int strided = 0; strided < 2; strided++) {
+      char *p[3] = {(char *)y, strided ? (char *)spread : (char *)a.v, (char *)x2};
+      const int64_t st[3] = {strided ? 2 : 1, strided ? 2 : 1, 1};
+      vm_math_row_f32(op)(NULL, p, st, n);
+      for (long i = 0; i < n; i++) {
+        float got = y[i * st[0]], want = vm_math_f32(op, fma, a.v[i], x2[i]);
+        if (to_bits(want) == to_bits(got) || (isnan(want) && isnan(got))) continue;
+        if (bad++ < 5)
+          KTEST_FAIL("%s f32 row (%s): %a, scalar %a at x=%a y=%a", cpu_math_name((cpu_fn)f),
+                     strided ? "strided" : "contiguous", got, want, a.v[i], x2[i]);
+      }
+    }
+    free(y);
+    free(x2);
+    free(spread);
+    free(a.v);
+  }
+}
+
 TEST(f64_is_libm) {
   if (!K[V_NOCONTRACT].res) return;
   for (int f = 0; f < CPU_FN_COUNT; f++)
@@ -797,6 +835,7 @@ int main(void) {
   RUN(compiles);
   RUN(accuracy_f32);
   RUN(interpreter_bitwise_equal);
+  RUN(interpreter_rows_are_its_scalar_math);
   RUN(f64_is_libm);
   RUN(api_casts_and_caches);
   RUN(throughput_printed);
