@@ -46,7 +46,10 @@ cpu_leaf *cpu_leaves_of(const tr_trace *t) {
   cpu_leaf *l = malloc((size_t)(t->nleaves > 0 ? t->nleaves : 1) * sizeof *l);
   for (int j = 0; l && j < t->nleaves; j++) {
     l[j].meta = t->leaves[j]->meta;
-    l[j].contiguous = vm_is_contiguous(t->leaves[j]->value);
+    const vm_tensor *v = t->leaves[j]->value;
+    l[j].contiguous = vm_is_contiguous(v);
+    l[j].inner_unit = l[j].contiguous || (v->ndim > 0 && v->shape[v->ndim - 1] > 1 &&
+                                          v->strides[v->ndim - 1] == 1);
   }
   return l;
 }

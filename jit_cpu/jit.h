@@ -50,6 +50,7 @@ typedef struct cpu_plan {
 typedef struct cpu_leaf {
   vm_meta meta;
   bool contiguous;
+  bool inner_unit; /* its elements along its last dim (longer than 1) are adjacent */
 } cpu_leaf;
 
 /* the CPU's backend table (jit_cpu/backend.c), registered by the binding */

@@ -54,12 +54,15 @@ static gcc_jit_block *new_block(cg_ctx *c, const char *name) {
    stepped by 1 (a GRU's gate slices of [B, 3H], a bias row).  Such an
    operand is read at off + j, which vectorizes; the generic class reads at
    off + j*step, which does not, and made a GRU cell's fused kernel slower
-   than the interpreter's vectorized loops.  The runner checks the real
-   strides every run (inner_fits), so a wrong guess costs the kernel, never
-   a wrong answer. */
+   than the interpreter's vectorized loops.  A leaf need only be so along
+   its last dim: a rolled loop's step reads its hoisted gate slices as
+   leaves, [B, H] views of [T, B, 3H] (rows 3H apart), and read them
+   strided, one element at a time (the fused GRU cell 19% of a compiled
+   step).  The runner checks the real strides every run (inner_fits), so a
+   wrong guess costs the kernel, never a wrong answer. */
 static bool inner_unit(const tr_plan *plan, const cpu_leaf *leaves, int r) {
   for (int hops = 0; hops < 64; hops++) {
-    if (r < 0) return leaves[-1 - r].contiguous;
+    if (r < 0) return leaves[-1 - r].inner_unit;
     const tr_pnode *p = &plan->nodes[r];
     if (vm_op_table[p->op].kind != VM_KIND_VIEW) return true;
     int last = p->meta.ndim - 1;

@@ -9,6 +9,7 @@
  * (KILN_ROLL_LOOPS=0), with the JIT on and off, f32 and f64, for every
  * kind of input, output and almost-repeat.  Counts, never times.  With
  * KILN_DEVICE=cuda (test_loops_cuda_emulated) all of it on the device. */
+#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -861,6 +862,99 @@ TEST(kiln_loops_0_turns_rolling_off) {
   CHECK(train_step(tr)->rolled > 0);
 }
 
+/* The gates of a GRU written the fused way (one [B, 3H] product per
+   input, sliced per gate, as W10) are hoisted out of the loop as slices
+   of [T, B, 3H]; a step reads each as a [B, H] leaf whose rows are 3H
+   apart.  The step's compiled kernel reads those rows as rows (at off + j,
+   which vectorizes), not element by element at off + j * step: no kernel
+   KILN_DUMP writes has a strided read.  In a process of its own, with a
+   fresh disk cache, so that its kernels compile (and are dumped there). */
+static int strided_kernels(const char *dir, int *kernels) {
+  DIR *d = opendir(dir);
+  int strided = 0;
+  *kernels = 0;
+  for (struct dirent *e; d && (e = readdir(d));) {
+    size_t n = strlen(e->d_name);
+    if (strncmp(e->d_name, "kernel-", 7) || n < 2 || strcmp(e->d_name + n - 2, ".c") ||
+        strstr(e->d_name, "reproducer"))
+      continue;
+    char path[512], line[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    FILE *f = fopen(path, "r");
+    bool seen = false;
+    while (f && fgets(line, sizeof line, f))
+      if (strstr(line, "* step_")) seen = true;
+    if (f) fclose(f);
+    (*kernels)++;
+    strided += seen;
+    if (seen) fprintf(stderr, "  %s reads an input element by element\n", path);
+  }
+  if (d) closedir(d);
+  return strided;
+}
+
+static void fused_gru_runs(void) {
+  arena a = {.n = 0};
+  kiln_manual_seed(11);
+  const int64_t G = 3 * H, T = 9;
+  kiln_tensor *wx = keep(&a, kiln_randn(KILN_F32, 2, (int64_t[]){I, G}));
+  kiln_tensor *wh = keep(&a, kiln_randn(KILN_F32, 2, (int64_t[]){H, G}));
+  kiln_tensor *bx = keep(&a, kiln_randn(KILN_F32, 1, (int64_t[]){G}));
+  kiln_tensor *bh = keep(&a, kiln_randn(KILN_F32, 1, (int64_t[]){G}));
+  kiln_tensor *X = keep(&a, kiln_randn(KILN_F32, 3, (int64_t[]){T, B, I}));
+  double first = 0;
+  for (int run = 0; run < 4; run++) {
+    if (run == 3) kiln_jit_wait(); /* the last run on the compiled step */
+    kiln_tensor *h = keep(&a, kiln_zeros(KILN_F32, 2, (int64_t[]){B, H}));
+    for (int t = 0; t < T; t++) {
+      kiln_tensor *x = keep(&a, kiln_squeeze(keep(&a, kiln_slice(X, 0, t, t + 1, 1)), 0));
+      kiln_tensor *gx = keep(&a, kiln_add(keep(&a, kiln_matmul(x, wx)), bx));
+      kiln_tensor *gh = keep(&a, kiln_add(keep(&a, kiln_matmul(h, wh)), bh));
+      kiln_tensor *sx[3], *sh[3];
+      for (int g = 0; g < 3; g++) {
+        sx[g] = keep(&a, kiln_slice(gx, 1, g * H, (g + 1) * H, 1));
+        sh[g] = keep(&a, kiln_slice(gh, 1, g * H, (g + 1) * H, 1));
+      }
+      kiln_tensor *r = keep(&a, kiln_sigmoid(keep(&a, kiln_add(sx[0], sh[0]))));
+      kiln_tensor *z = keep(&a, kiln_sigmoid(keep(&a, kiln_add(sx[1], sh[1]))));
+      kiln_tensor *n = keep(&a, kiln_tanh(keep(&a, kiln_add(sx[2], keep(&a, kiln_mul(r, sh[2]))))));
+      h = keep(&a, kiln_add(n, keep(&a, kiln_mul(z, keep(&a, kiln_sub(h, n))))));
+    }
+    double v = kiln_item(keep(&a, kiln_sum(h, 0, NULL, false)));
+    CHECK(isfinite(v));
+    if (run == 0) first = v;
+    CHECK(v == first); /* the compiled step gives the interpreter's bits */
+  }
+  CHECK(last_flush().rolled);
+  CHECK(kiln_stat("kernels_compiled") > 0);
+  arena_free(&a);
+}
+
+TEST(hoisted_gate_slices_are_read_as_rows) {
+  if (getenv("TEST_LOOPS_CHILD")) { /* the child: run it */
+    fused_gru_runs();
+    return;
+  }
+  const char *device = getenv("KILN_DEVICE");
+  if (!ktest_cpu_jit() || (device && !strcmp(device, "cuda"))) return;
+  char dir[] = "/tmp/kiln-test-loops-XXXXXX", cmd[512];
+  if (!mkdtemp(dir)) {
+    KTEST_FAIL("mkdtemp failed");
+    return;
+  }
+  snprintf(cmd, sizeof cmd,
+           "TEST_LOOPS_CHILD=1 KTEST_ONLY=hoisted_gate_slices_are_read_as_rows KILN_PAYOFF=0 "
+           "KILN_DUMP='%s' KILN_CACHE_DIR='%s/cache' /proc/%d/exe",
+           dir, dir, (int)getpid());
+  int status = system(cmd);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  int kernels = 0, strided = strided_kernels(dir, &kernels);
+  CHECK(kernels > 0);
+  CHECK_EQ_INT(strided, 0);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
 int main(void) {
   /* KILN_DEVICE=cuda (ctest's test_loops_cuda_emulated): every test on
      the device, or none passes */
@@ -898,5 +992,6 @@ int main(void) {
   RUN(the_first_run_on_a_thread_is_cut_as_the_next);
   RUN(a_cut_in_a_backward_pass_recomputes_nothing);
   RUN(kiln_loops_0_turns_rolling_off);
+  RUN(hoisted_gate_slices_are_read_as_rows);
   return ktest_done();
 }
