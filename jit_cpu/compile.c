@@ -48,8 +48,8 @@ cpu_leaf *cpu_leaves_of(const tr_trace *t) {
     l[j].meta = t->leaves[j]->meta;
     const vm_tensor *v = t->leaves[j]->value;
     l[j].contiguous = vm_is_contiguous(v);
-    l[j].inner_unit = l[j].contiguous || (v->ndim > 0 && v->shape[v->ndim - 1] > 1 &&
-                                          v->strides[v->ndim - 1] == 1);
+    l[j].inner_unit = l[j].contiguous ||
+                      (v->ndim > 0 && v->shape[v->ndim - 1] > 1 && v->strides[v->ndim - 1] == 1);
   }
   return l;
 }
