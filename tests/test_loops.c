@@ -706,7 +706,9 @@ TEST(one_step_key_for_every_length) {
     train tr = gru7;
     tr.T = T;
     const trained r = *train_step(tr);
-    CHECK(r.fwd.rolled && r.bwd.rolled);
+    /* past the node cap the backward's last flush may hold only its tail
+       (fewer than two copies, after a flush that rolled the rest) */
+    CHECK(r.fwd.rolled && (r.bwd.rolled || (T > 48 && r.rolled >= 2)));
     if (getenv("TEST_LOOPS_VERBOSE"))
       fprintf(stderr, "T %d: fwd %d %016llx (%s, %d x %d) bwd %d %016llx (%s, %d x %d)\n", T,
               r.fwd.rolled, (unsigned long long)r.fwd.step_key[1], r.fwd.reason, r.fwd.loop.copies,
@@ -715,9 +717,10 @@ TEST(one_step_key_for_every_length) {
     if (T <= 48) /* whole: neither cut by the depth cap */
       CHECK(r.fwd.loop.copies >= T - 1 && r.bwd.loop.copies >= T - 4);
     if (r.fwd.step_key[0] != fwd[0] || r.fwd.step_key[1] != fwd[1]) distinct_fwd++;
-    if (r.bwd.step_key[0] != bwd[0] || r.bwd.step_key[1] != bwd[1]) distinct_bwd++;
+    if (r.bwd.rolled && (r.bwd.step_key[0] != bwd[0] || r.bwd.step_key[1] != bwd[1]))
+      distinct_bwd++;
     memcpy(fwd, r.fwd.step_key, sizeof fwd);
-    memcpy(bwd, r.bwd.step_key, sizeof bwd);
+    if (r.bwd.rolled) memcpy(bwd, r.bwd.step_key, sizeof bwd);
   }
   if (distinct_fwd != 1 || distinct_bwd != 1)
     fprintf(stderr, "step keys: %d forward, %d backward\n", distinct_fwd, distinct_bwd);
