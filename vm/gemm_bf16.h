@@ -1,7 +1,8 @@
 /* gemm_bf16.h — a bf16 x bf16 -> bf16 GEMM with f32 sums, for CPUs with
- * AVX512-BF16, on AMX tiles where the CPU has them (vm/gemm_bf16.c).  vm/kern_matmul.c runs a bf16
- * matmul's tiles through it where vm_gemm_bf16_available(); elsewhere front/ records a bf16 matmul
- * in f32 between casts (sgemm). */
+ * AVX512-BF16, on AMX tiles where the CPU has them (vm/gemm_bf16.c).
+ * vm/kern_matmul.c runs a bf16 matmul's tiles through it where
+ * vm_gemm_bf16_available(); elsewhere front/ records a bf16 matmul in f32
+ * between casts (sgemm). */
 #ifndef VM_GEMM_BF16_H
 #define VM_GEMM_BF16_H
 
