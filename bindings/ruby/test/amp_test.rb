@@ -104,9 +104,9 @@ class AmpTest < Minitest::Test
   BATCH = 32
   EPOCHS = 25
 
-  def train_digits(autocast, dtype: :bfloat16, scaler: nil)
+  def train_digits(autocast, dtype: :bfloat16, scaler: nil, seed: 0)
     xtr, ytr, xte, yte = Digits.split
-    Kiln.manual_seed(0)
+    Kiln.manual_seed(seed)
     params = [(Kiln.randn(64, HIDDEN) * Math.sqrt(2.0 / 64)).detach, Kiln.zeros(HIDDEN),
               (Kiln.randn(HIDDEN, 10) * Math.sqrt(2.0 / HIDDEN)).detach, Kiln.zeros(10)]
     params.each { |p| p.requires_grad = true }
@@ -115,7 +115,7 @@ class AmpTest < Minitest::Test
       w1, b1, w2, b2 = params
       (x.matmul(w1) + b1).relu.matmul(w2) + b2
     end
-    rng = Digits::Rng.new(7)
+    rng = Digits::Rng.new(7 + seed)
     order = (0...xtr.shape[0]).to_a
     EPOCHS.times do
       rng.shuffle!(order)
@@ -139,11 +139,17 @@ class AmpTest < Minitest::Test
     Kiln.no_grad { forward.(xte).argmax(dim: 1).eq(yte).float.mean.item }
   end
 
+  # Over four seeds (initial weights and batch order): half a point of the
+  # 360 test digits is 1.8 of them, finer than one run resolves.  Seed 0
+  # alone ends 2 digits below f32 with bf16 matmuls on AMX tiles (1 with
+  # vdpbf16ps); over 8 seeds the two differ by 0.07 points
   def test_digits_mlp_in_bf16_mixed_precision_reaches_the_float32_accuracy
     skip "#{Digits::PATH} not found" unless Digits.available?
-    f32 = train_digits(false)
-    bf16 = train_digits(true)
-    puts format("\ndigits MLP: f32 %.2f%%, bf16 autocast %.2f%%", 100 * f32, 100 * bf16) if ENV["KILN_TEST_VERBOSE"]
+    seeds = 0...4
+    f32 = seeds.sum { |s| train_digits(false, seed: s) } / seeds.size
+    bf16 = seeds.sum { |s| train_digits(true, seed: s) } / seeds.size
+    puts format("\ndigits MLP: f32 %.2f%%, bf16 autocast %.2f%% (mean of %d seeds)", 100 * f32, 100 * bf16,
+                seeds.size) if ENV["KILN_TEST_VERBOSE"]
     assert_operator f32, :>=, 0.95
     assert_operator bf16, :>=, f32 - 0.005, "bf16 #{bf16} against f32 #{f32}"
   end
