@@ -63,7 +63,7 @@ static void set_options(gcc_jit_context *ctx) {
   /* -O2 with -O3's vectorizer cost model: the loops vectorize as at -O3
      (GCC 12's -O2 model, "very cheap", versions no loop for aliasing and
      leaves a fused kernel scalar), in some 30% less compile time (W8:W7
-     90 -> 60 ms per kernel; W10's kernels 1.95 -> 1.43 s) and the same
+     77 -> 55 ms per kernel; W10's 18 kernels 1.74 -> 1.2 s) and the same
      speed.  At -O2 the inliner's limits apply to the always_inline math
      helpers too: raised so that a kernel of several transcendentals still
      inlines each (GCC fails the compile otherwise) */

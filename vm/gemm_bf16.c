@@ -153,8 +153,8 @@ BF16_ATTR static void micro(const uint32_t *ap, const uint32_t *bp, int64_t pair
    TDPBF16PS multiplies a 16 x 32 bf16 tile of A by a 32 x 16 tile of B
    (stored as 16 rows of 16 pairs: the pack_b layout) into a 16 x 16 tile
    of f32 sums: 16 times the multiply-adds of vdpbf16ps per instruction
-   (W6h, 1024^3 on two threads: 23.5 ms with vdpbf16ps, 0.7x f32 sgemm's
-   speed; 3.0 ms on AMX).  op(A) is packed to rows of k padded to
+   (W6h, 1024^3 on two threads: 10 ms with vdpbf16ps, 0.7x f32 sgemm's
+   speed; 1.5 ms on AMX).  op(A) is packed to rows of k padded to
    whole tiles (zeros), op(B) to 32-column panels of whole tiles of pairs;
    each 32 x 32 block of C is four tiles summed over k in tiles of 32, in
    order, stored once, rounded to bf16 by store_bf16.  An element's sum
