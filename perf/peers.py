@@ -27,7 +27,7 @@ REPS = {"W1": (9, 2), "W2": (15, 2), "W3": (15, 2), "W4": (15, 2), "W5": (7, 1),
         "W16": (3, 1),    # epochs, as W10
         "W17": (3, 1),    # epochs of 60 steps (perf/w17_char_rnn.rb)
         "W11": (11, 2), "W12": (30, 10), "W14": (5, 2), "W14:cnn": (200, 50),
-        "W18": (5, 1)}
+        "W18": (5, 1), "W18h": (5, 1)}
 # W2h-W4h, W6h: W2-W4, W6 in bfloat16 (perf/w*.c --bf16), the same sizes and repetitions
 BF16_OF = {"W2h": "W2", "W3h": "W3", "W4h": "W4", "W6h": "W6"}
 for _h, _w in BF16_OF.items():
@@ -593,6 +593,8 @@ def run_torch(workloads):
                 run_torch_w14(torch, F, has_compile, no_compile)
             elif w == "W18":
                 run_torch_w18(torch, has_compile, no_compile)
+            elif w == "W18h":
+                run_torch_w18(torch, has_compile, no_compile, bf16=True)
             elif w == "W8":
                 na("W8:W1", cc, no_compile if not has_compile else "not measured yet")
                 na("W8:W7", cc, no_compile if not has_compile else "not measured yet")
@@ -601,13 +603,16 @@ def run_torch(workloads):
             traceback.print_exc(file=sys.stderr)
 
 
-def run_torch_w18(torch, has_compile, no_compile):
+def run_torch_w18(torch, has_compile, no_compile, bf16=False):
     """perf/w18_bert.c: transformers' BertModel (6 layers, 384 wide, 12 heads,
     1536 intermediate, vocabulary 30522), batch 32 x 128 tokens padded from
     lengths 64..128: W18:infer the forward under no_grad (mean(h*h) read),
     W18:train a fine-tuning step (forward, loss mean(h*h) read, backward,
-    SGD).  The same weights, tokens and mask as Kiln's."""
-    rows = [(wl, n) for wl in ("W18:infer", "W18:train") for n in ("torch", "torch.compile")]
+    SGD).  The same weights, tokens and mask as Kiln's.  bf16 (W18h): both
+    under torch.autocast("cpu", torch.bfloat16), f32 parameters."""
+    w = "W18h" if bf16 else "W18"
+    names = (w + ":infer", w + ":train")
+    rows = [(wl, n) for wl in names for n in ("torch", "torch.compile")]
     try:
         import transformers
     except Exception as e:
@@ -650,19 +655,23 @@ def run_torch_w18(torch, has_compile, no_compile):
     state = {n: torch.from_numpy(tensor_hash(shape, 100 + i, amp, off)) for i, (n, shape, amp, off) in enumerate(order)}
     base.load_state_dict(state, strict=True)
 
+    def autocast():
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+
     def run(name, model):
         base.load_state_dict(state, strict=True)  # the same start for each contender
         params = [p for p in model.parameters()]
 
         def infer():
-            with torch.no_grad():
+            with torch.no_grad(), autocast():
                 h = model(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
-                return (h * h).mean().item()
+                return (h.float() * h.float()).mean().item()
 
         def train():
             with torch.enable_grad():
-                h = model(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
-                loss = (h * h).mean()
+                with autocast():
+                    h = model(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
+                loss = (h.float() * h.float()).mean()
                 value = loss.item()
                 loss.backward()
             with torch.no_grad():
@@ -670,24 +679,25 @@ def run_torch_w18(torch, has_compile, no_compile):
                     p.sub_(p.grad, alpha=0.01)
                     p.grad = None
             return value
-        for wl, fn in (("W18:infer", infer), ("W18:train", train)):
+        for wl, fn in ((names[0], infer), (names[1], train)):
             first = fn()
             med, mn, last = timed(fn, reps, warm)
             result(wl, name, med, mn, reps, "first=%.9g" % first, batch=B, seq=T,
                    hidden=config.hidden_size, layers=config.num_hidden_layers,
                    heads=config.num_attention_heads, value_last="%.6g" % last,
-                   note="transformers %s BertModel (attn_implementation %s)"
-                   % (transformers.__version__, getattr(config, "_attn_implementation", "?")))
+                   note="transformers %s BertModel (attn_implementation %s)%s"
+                   % (transformers.__version__, getattr(config, "_attn_implementation", "?"),
+                      ", autocast bfloat16" if bf16 else ""))
 
     run("torch", base)
     if not has_compile:
-        for wl in ("W18:infer", "W18:train"):
+        for wl in names:
             na(wl, "torch.compile", no_compile)
         return
     try:
         run("torch.compile", torch.compile(base))
     except Exception as e:
-        for wl in ("W18:infer", "W18:train"):
+        for wl in names:
             na(wl, "torch.compile", "torch.compile failed: %s" % first_line(e))
         traceback.print_exc(file=sys.stderr)
 

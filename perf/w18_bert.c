@@ -160,8 +160,12 @@ int main(int argc, char **argv) {
   bench_parse(argc, argv, &o, 5, 1);
   w18 w;
   model_init(&w, o.smoke);
-  timed(&w, &o, false, "W18:infer");
-  timed(&w, &o, true, "W18:train");
+  /* --bf16 (W18h): PyTorch's CPU recipe, the f32 checkpoint under
+     autocast to bf16 (kiln_set_autocast): the GEMMs in bf16 (AMX tiles
+     where the CPU has them), the rest in f32 */
+  if (o.bf16) bench_ok_status(kiln_set_autocast(KILN_BF16), "kiln_set_autocast");
+  timed(&w, &o, false, o.bf16 ? "W18h:infer" : "W18:infer");
+  timed(&w, &o, true, o.bf16 ? "W18h:train" : "W18:train");
   kiln_release(w.ids);
   kiln_release(w.mask);
   bert_free(&w.m);

@@ -154,8 +154,9 @@ BF16_ATTR static void micro(const uint32_t *ap, const uint32_t *bp, int64_t pair
    (stored as 16 rows of 16 pairs: the pack_b layout) into a 16 x 16 tile
    of f32 sums: 16 times the multiply-adds of vdpbf16ps per instruction
    (W6h, 1024^3 on two threads: 10 ms with vdpbf16ps, 0.7x f32 sgemm's
-   speed; 1.5 ms on AMX).  op(A) is packed to rows of k padded to
-   whole tiles (zeros), op(B) to 32-column panels of whole tiles of pairs;
+   speed; 1.5 ms on AMX).  op(A)'s rows are read in place where they hold
+   whole tiles, else packed to rows of k padded to whole tiles (zeros);
+   op(B) is packed to 32-column panels of whole tiles of pairs;
    each 32 x 32 block of C is four tiles summed over k in tiles of 32, in
    order, stored once, rounded to bf16 by store_bf16.  An element's sum
    is the same whatever block, tile or thread computes it; its bits are
@@ -186,21 +187,27 @@ static bool amx_available(void) {
   return amx_ok;
 }
 
-/* op(A) as mp x kp bf16 rows (zeros past m and k) */
+/* op(A)'s rows i0 .. i0 + rows as rows of kp bf16 (zeros past m and k) */
 static void amx_pack_a(uint16_t *dst, const uint16_t *A, int64_t lda, bool ta, int64_t m, int64_t k,
-                       int64_t mp, int64_t kp) {
-  memset(dst, 0, (size_t)(mp * kp) * sizeof *dst);
-  for (int64_t i = 0; i < m; i++) {
-    uint16_t *row = dst + i * kp;
-    if (!ta)
+                       int64_t i0, int64_t rows, int64_t kp) {
+  for (int64_t r = 0; r < rows; r++) {
+    uint16_t *row = dst + r * kp;
+    int64_t i = i0 + r, have = i < m ? k : 0;
+    if (i < m && !ta)
       memcpy(row, A + i * lda, (size_t)k * sizeof *row);
-    else
+    else if (i < m)
       for (int64_t p = 0; p < k; p++) row[p] = A[p * lda + i];
+    memset(row + have, 0, (size_t)(kp - have) * sizeof *row);
   }
 }
 
-AMX_ATTR static void amx_gemm(const uint16_t *ap, const uint32_t *bp, int64_t m, int64_t n,
-                              int64_t mp, int64_t np, int64_t kp, uint16_t *C, int64_t ldc) {
+/* C = op(A) op(B) over the packed panels of op(B): op(A)'s 32-row blocks
+   read from A itself where its rows hold whole tiles (A not transposed, k
+   a multiple of 32: a linear layer's input, attention's q and p), else
+   from ap (every block packed, or only the last when it has fewer rows) */
+AMX_ATTR static void amx_gemm(const uint16_t *A, int64_t lda, bool direct, const uint16_t *ap,
+                              const uint32_t *bp, int64_t m, int64_t n, int64_t mp, int64_t np,
+                              int64_t kp, uint16_t *C, int64_t ldc) {
   amx_config cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.palette = 1;
@@ -211,14 +218,17 @@ AMX_ATTR static void amx_gemm(const uint16_t *ap, const uint32_t *bp, int64_t m,
   for (int64_t j0 = 0; j0 < np; j0 += AMX_BLOCK) {
     const uint32_t *panel = bp + (j0 / NR) * pairs * NR;
     for (int64_t i0 = 0; i0 < mp; i0 += AMX_BLOCK) {
-      const uint16_t *a0 = ap + i0 * kp, *a1 = a0 + 16 * kp;
+      bool whole = direct && i0 + AMX_BLOCK <= m;
+      const uint16_t *a0 = whole ? A + i0 * lda : ap + (direct ? 0 : i0 * kp);
+      int64_t stride = whole ? lda * 2 : kp * 2;
+      const uint16_t *a1 = a0 + 16 * (stride / 2);
       _tile_zero(0);
       _tile_zero(1);
       _tile_zero(2);
       _tile_zero(3);
       for (int64_t k0 = 0; k0 < kp; k0 += AMX_K) {
-        _tile_loadd(4, a0 + k0, kp * 2);
-        _tile_loadd(5, a1 + k0, kp * 2);
+        _tile_loadd(4, a0 + k0, stride);
+        _tile_loadd(5, a1 + k0, stride);
         _tile_loadd(6, panel + (k0 / 2) * NR, NR * 4);
         _tile_loadd(7, panel + (k0 / 2) * NR + 16, NR * 4);
         _tile_dpbf16ps(0, 4, 6);
@@ -246,21 +256,24 @@ static bool gemm_amx(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const ui
                      int64_t lda, const uint16_t *B, int64_t ldb, uint16_t *C, int64_t ldc) {
   int64_t kp = (k + AMX_K - 1) / AMX_K * AMX_K, mp = (m + AMX_BLOCK - 1) / AMX_BLOCK * AMX_BLOCK,
           np = (n + NR - 1) / NR * NR, pairs = kp / 2;
-  uint16_t *ap = aligned_alloc(64, (size_t)(mp * kp) * sizeof *ap);
+  bool direct = !ta && k == kp;
+  int64_t packed_rows = direct ? (m % AMX_BLOCK ? AMX_BLOCK : 0) : mp;
+  uint16_t *ap = packed_rows ? aligned_alloc(64, (size_t)(packed_rows * kp) * sizeof *ap) : NULL;
   uint32_t *bp = aligned_alloc(64, (size_t)(np * pairs) * sizeof *bp);
-  if (!ap || !bp) {
+  if ((packed_rows && !ap) || !bp) {
     free(ap);
     free(bp);
     return false;
   }
-  amx_pack_a(ap, A, lda, ta, m, k, mp, kp);
+  if (packed_rows)
+    amx_pack_a(ap, A, lda, ta, m, k, direct ? m / AMX_BLOCK * AMX_BLOCK : 0, packed_rows, kp);
   for (int64_t j0 = 0; j0 < np; j0 += NR) { /* pack_b's panels, padded to whole tiles of pairs */
     uint32_t *panel = bp + (j0 / NR) * pairs * NR;
     int64_t packed = (k + 1) / 2;
     pack_b(panel, B, ldb, tb, n, k, j0);
     memset(panel + packed * NR, 0, (size_t)((pairs - packed) * NR) * sizeof *panel);
   }
-  amx_gemm(ap, bp, m, n, mp, np, kp, C, ldc);
+  amx_gemm(A, lda, direct, ap, bp, m, n, mp, np, kp, C, ldc);
   free(ap);
   free(bp);
   return true;
