@@ -186,10 +186,21 @@ vm_tensor *fe_attention_of_matmul(vm_tensor *p, vm_tensor *v) {
   tr_attention_match m;
   if (!tr_attention_match_of(p, v, &m)) return NULL;
   fe_scope s = {0};
-  vm_tensor *k = keep(&s, fe_transpose(m.kt, -1, -2)), *mask = m.mask;
+  /* the dtype the matmul gives: a half (p and v halves: the op rounds its
+     f32 result once), else f32 or f64, which half q, k, v are cast to
+     first (f32 probabilities of half scores times a half v) */
+  kiln_dtype dt = vm_promote(p->dtype, v->dtype);
+  vm_tensor *q = m.q, *kt = m.kt;
+  if (!vm_dtype_is_half(dt)) {
+    if (q->dtype != dt) q = keep(&s, fe_cast(q, dt));
+    if (kt && kt->dtype != dt) kt = keep(&s, fe_cast(kt, dt));
+    if (v->dtype != dt) v = keep(&s, fe_cast(v, dt));
+  }
+  vm_tensor *k = q && kt && v ? keep(&s, fe_transpose(kt, -1, -2)) : NULL, *mask = m.mask;
   if (mask && m.mask_out) mask = keep(&s, fe_unary(VM_OP_logical_not, mask));
   vm_tensor *out =
-      k && (!m.mask || mask) ? keep(&s, fe_attention(m.q, k, v, mask, m.causal, m.scale)) : NULL;
+      k && (!m.mask || mask) ? keep(&s, fe_attention(q, k, v, mask, m.causal, m.scale)) : NULL;
+  if (out && out->dtype != dt) out = keep(&s, fe_cast(out, dt)); /* q, kᵀ f32 of halves */
   if (out)
     tr_attention_retire(&m);
   else

@@ -581,6 +581,98 @@ TEST(long_way_is_one_attention_op) {
   free(qv), free(kv), free(vv), free(mv);
 }
 
+/* in bf16 and f16 the long way has casts between its parts (autocast's
+   operands of each matmul; a half softmax taken in f32; half scores
+   meeting an f32 mask; on CPUs without AVX512-BF16, and always for f16, a
+   half matmul is an f32 matmul cast back): recorded as the op all the
+   same, counted once, in the composite's dtype, with the bits of the
+   attention op called the same way, and its gradients */
+TEST(half_long_way_is_one_attention_op) {
+  acase c = {2, 2, 9, 11, 8, 4, false, 2, 0.25}, cn = {2, 2, 9, 11, 8, 4, false, 0, 0.25};
+  int64_t z = c.b * c.h, nm, n = z * c.tq * c.dv;
+  double *qv = rand_vals(z * c.tq * c.d, -1, 1), *kv = rand_vals(z * c.tk * c.d, -1, 1);
+  double *vv = rand_vals(z * c.tk * c.dv, -1, 1), *mv = mask_values(&c, &nm);
+  double *wv = rand_vals(n, -1, 1);
+  for (int64_t e = 0; e < nm; e++) mv[e] = isinf(mv[e]) ? -7 : mv[e];
+  kiln_tensor *q = kiln_from_data(qv, F64, 4, (int64_t[]){2, 2, 9, 8}),
+              *k = kiln_from_data(kv, F64, 4, (int64_t[]){2, 2, 11, 8}),
+              *v = kiln_from_data(vv, F64, 4, (int64_t[]){2, 2, 11, 4});
+  kiln_tensor *fm64 = kiln_from_data(mv, F64, 2, (int64_t[]){9, 11});
+  kiln_tensor *w64 = kiln_from_data(wv, F64, 4, (int64_t[]){2, 2, 9, 4});
+  kiln_tensor *fm = kiln_cast(fm64, KILN_F32), *w = kiln_cast(w64, KILN_F32);
+  kiln_tensor *zero = kiln_scalar(0, KILN_F32), *bm = kiln_gt(fm, zero); /* keep where > 0 */
+  double *ref[2] = {reference(&c, qv, kv, vv, mv), reference(&cn, qv, kv, vv, mv)};
+  /* form: 0 autocast + f32 mask, 1 autocast without a mask, 2 bf16
+     tensors + f32 mask (an f32 result), 3 f16 tensors + a bool mask */
+  for (int form = 0; form < 4; form++) {
+    kiln_dtype half = form == 3 ? KILN_F16 : KILN_BF16, in_dt = form < 2 ? KILN_F32 : half;
+    kiln_tensor *mask = form == 0 || form == 2 ? fm : form == 3 ? bm : NULL;
+    double *g[2][3] = {{0}}, *o[2] = {0};
+    kiln_dtype got_dt[2] = {0};
+    double rewrites[2];
+    for (int route = 0; route < 2; route++) { /* 0: the op, 1: the long way */
+      kiln_tensor *t[3] = {kiln_cast(q, in_dt), kiln_cast(k, in_dt), kiln_cast(v, in_dt)};
+      for (int i = 0; i < 3; i++) kiln_set_requires_grad(t[i], true);
+      if (form < 2) CHECK_EQ_INT(kiln_set_autocast(half), 0);
+      double before = kiln_stat("attention_rewrites");
+      /* f32 probabilities times a bf16 v are an f32 product: the op on
+         the halves cast to f32 */
+      kiln_tensor *a[3] = {0};
+      for (int i = 0; i < 3; i++) a[i] = form == 2 ? kiln_cast(t[i], KILN_F32) : kiln_retain(t[i]);
+      kiln_tensor *out = route ? composite_as(false, t[0], t[1], t[2], mask, false, 0.25)
+                               : kiln_scaled_dot_product_attention(a[0], a[1], a[2], mask, false,
+                                                                   0.25);
+      for (int i = 0; i < 3; i++) kiln_release(a[i]);
+      rewrites[route] = kiln_stat("attention_rewrites") - before;
+      CHECK_EQ_INT(kiln_set_autocast(KILN_F32), 0);
+      if (!out) {
+        KTEST_FAIL("form %d route %d: %s", form, route, kiln_last_error());
+        break;
+      }
+      got_dt[route] = kiln_dtype_of(out);
+      kiln_tensor *wc = kiln_cast(w, got_dt[route]), *pr = kiln_mul(out, wc);
+      kiln_tensor *l = kiln_sum(pr, 0, NULL, false), *gr[3] = {0};
+      CHECK(kiln_grad_of(1, &l, NULL, 3, t, gr, false) == 0);
+      for (int i = 0; i < 3; i++) {
+        CHECK_EQ_INT(kiln_dtype_of(gr[i]), in_dt); /* gradients in the inputs' dtype */
+        g[route][i] = values_and_release(gr[i]);
+        kiln_release(t[i]);
+      }
+      o[route] = values_and_release(out);
+      kiln_release(wc), kiln_release(pr), kiln_release(l);
+    }
+    CHECK_EQ_INT(rewrites[1], 1); /* the long way: one attention op */
+    CHECK_EQ_INT(rewrites[0], 0);
+    CHECK_EQ_INT(got_dt[0], form == 2 ? KILN_F32 : half);
+    CHECK_EQ_INT(got_dt[1], got_dt[0]);
+    for (int64_t e = 0; o[0] && o[1] && e < n; e++) {
+      if (o[0][e] != o[1][e]) {
+        KTEST_FAIL("form %d: out[%lld] = %.9g, the op's %.9g", form, (long long)e, o[1][e],
+                   o[0][e]);
+        break;
+      }
+      /* and attention itself: half inputs, f32 inside, one rounding */
+      double want = ref[form == 1][e];
+      if (form != 3 && !(fabs(o[0][e] - want) <= 0.03 + 0.02 * fabs(want))) {
+        KTEST_FAIL("form %d: out[%lld] = %.9g, attention's %.9g", form, (long long)e, o[0][e],
+                   want);
+        break;
+      }
+    }
+    int64_t sizes[3] = {z * c.tq * c.d, z * c.tk * c.d, z * c.tk * c.dv};
+    for (int i = 0; i < 3; i++) {
+      if (g[0][i] && g[1][i] && memcmp(g[0][i], g[1][i], (size_t)sizes[i] * sizeof(double)))
+        KTEST_FAIL("form %d: gradient %d differs from the op's", form, i);
+      free(g[0][i]), free(g[1][i]);
+    }
+    free(o[0]), free(o[1]);
+  }
+  free(ref[0]), free(ref[1]);
+  kiln_release(q), kiln_release(k), kiln_release(v), kiln_release(fm64), kiln_release(w64);
+  kiln_release(fm), kiln_release(w), kiln_release(zero), kiln_release(bm);
+  free(qv), free(kv), free(vv), free(mv), free(wv);
+}
+
 /* what is not attention's softmax, or not one the op takes, stays a
    composite: counted zero times, computing what it says */
 TEST(near_misses_stay_composites) {
@@ -908,6 +1000,7 @@ int main(int argc, char **argv) {
   RUN(fully_masked_rows_give_zero);
   RUN(float_mask_gradient_by_the_composite);
   RUN(long_way_is_one_attention_op);
+  RUN(half_long_way_is_one_attention_op);
   RUN(near_misses_stay_composites);
   RUN(long_way_gradients_are_the_ops);
   RUN(empty_dims);

@@ -54,12 +54,27 @@ static bool last_axis(const tr_node *n, vm_opcode op, const tr_node *of) {
          n->attr.axes_mask == 1u << (nd - 1);
 }
 
-/* f32 or f64 on dev, a device whose interpreter has the attention
-   primitive (the CPU; CUDA) */
-static bool float_on(const tr_node *n, int dev) {
+/* f32 or f64 (or a half: bf16, f16) on dev, a device whose interpreter
+   has the attention primitive (the CPU; CUDA) */
+static bool float_on(const tr_node *n, int dev, bool half) {
   const vm_backend *b = vm_backend_of((kiln_device)dev);
-  return (n->meta.dtype == KILN_F32 || n->meta.dtype == KILN_F64) && n->meta.device == dev && b &&
-         b->attention_max_head > 0;
+  kiln_dtype dt = n->meta.dtype;
+  return (dt == KILN_F32 || dt == KILN_F64 || (half && vm_dtype_is_half(dt))) &&
+         n->meta.device == dev && b && b->attention_max_head > 0;
+}
+
+/* a cast of an f32 value to a half (autocast's operand of a matmul, a
+   half softmax's rounded result) */
+static bool half_of_f32(const tr_node *n) {
+  return n->op == VM_OP_cast && n->nin == 1 && n->in[0] && vm_dtype_is_half(n->meta.dtype) &&
+         n->in[0]->meta.dtype == KILN_F32 && n->in[0]->meta.device == n->meta.device;
+}
+
+/* a cast of a half value to f32 (a half score meeting an f32 mask, a
+   half softmax's input) */
+static bool f32_of_half(const tr_node *n) {
+  return n->op == VM_OP_cast && n->nin == 1 && n->in[0] && n->meta.dtype == KILN_F32 &&
+         vm_dtype_is_half(n->in[0]->meta.dtype) && n->in[0]->meta.device == n->meta.device;
 }
 
 /* arange(start, start + count) (step 1, exact values) as [count] (a row,
@@ -168,11 +183,17 @@ bool tr_attention_mask_is_causal(const vm_tensor *mask, int64_t tq, int64_t tk) 
   return yes;
 }
 
-/* s: S, S * c, c * S or S / c over S = matmul(q, kt); *S its node */
+/* s: S, S * c, c * S or S / c over S = matmul(q, kt); *S its node.  In
+   a half dtype: s cast to f32 (to meet an f32 mask), and S a half matmul
+   or (where halves are multiplied in f32) an f32 matmul cast to the half */
 static bool scaled_scores(tr_node *s, int dev, tr_attention_match *m, tr_node **S) {
   double c;
   int at = -1;
   m->scale = 1;
+  if (f32_of_half(s)) {
+    if (!push(m, s)) return false;
+    s = s->in[0];
+  }
   if (s->op == VM_OP_mul && s->nin == 2 && scalar_of(s->in[1], &c))
     at = 0;
   else if (s->op == VM_OP_mul && s->nin == 2 && scalar_of(s->in[0], &c))
@@ -184,8 +205,12 @@ static bool scaled_scores(tr_node *s, int dev, tr_attention_match *m, tr_node **
     if (!push(m, s)) return false;
     s = s->in[at];
   }
+  if (half_of_f32(s) && s->in[0]->op == VM_OP_matmul) {
+    if (!push(m, s)) return false;
+    s = s->in[0];
+  }
   if (s->op != VM_OP_matmul || s->nin != 2 || s->in[0]->meta.ndim < 2 || s->in[1]->meta.ndim < 2 ||
-      !float_on(s->in[0], dev) || !float_on(s->in[1], dev) || !push(m, s))
+      !float_on(s->in[0], dev, true) || !float_on(s->in[1], dev, true) || !push(m, s))
     return false;
   *S = s;
   return isfinite(m->scale) && m->scale > 0;
@@ -195,7 +220,12 @@ static bool match_locked(tr_node *pn, const vm_tensor *v, tr_attention_match *m,
                          tr_node **maskn) {
   /* p = mul(e, inv), inv = div(1, sum), sum = sum(e), e = exp(sub(x, max(x))) */
   int dev = pn->meta.device; /* every part of it on one device */
-  if (pn->op != VM_OP_mul || pn->nin != 2 || !float_on(pn, dev) || pn->meta.ndim < 2) return false;
+  if (half_of_f32(pn) && pn->in[0]->op == VM_OP_mul) { /* rounded to a half for the product */
+    if (!push(m, pn)) return false;
+    pn = pn->in[0];
+  }
+  if (pn->op != VM_OP_mul || pn->nin != 2 || !float_on(pn, dev, false) || pn->meta.ndim < 2)
+    return false;
   tr_node *e = pn->in[0], *inv = pn->in[1];
   double one;
   if (inv->op != VM_OP_div || inv->nin != 2 || !scalar_of(inv->in[0], &one) || one != 1)
@@ -209,6 +239,10 @@ static bool match_locked(tr_node *pn, const vm_tensor *v, tr_attention_match *m,
   tr_node *const parts[] = {pn, inv, sum, e, sh, mx};
   for (int i = 0; i < 6; i++)
     if (!push(m, parts[i])) return false;
+  if (f32_of_half(x)) { /* the softmax of a half, taken in f32 */
+    if (!push(m, x)) return false;
+    x = x->in[0];
+  }
   /* the mask, if any, then the scaled scores */
   tr_node *s = x;
   if (x->op == VM_OP_where && x->nin == 3 && x->in[0]->meta.dtype == KILN_BOOL &&
@@ -244,7 +278,10 @@ static bool match_locked(tr_node *pn, const vm_tensor *v, tr_attention_match *m,
      again: nothing gained) */
   const tr_node *qn = sc->in[0];
   int64_t most = vm_backend_of((kiln_device)dev)->attention_max_head;
-  return nx >= 2 && sc->meta.dtype == x->meta.dtype &&
+  kiln_dtype sdt = sc->meta.dtype, xdt = x->meta.dtype; /* a half and f32: casts between */
+  bool same = sdt == xdt || (vm_dtype_is_half(sdt) && xdt == KILN_F32) ||
+              (sdt == KILN_F32 && vm_dtype_is_half(xdt));
+  return nx >= 2 && same &&
          x->meta.shape[nx - 1] == sc->meta.shape[ns - 1] &&
          x->meta.shape[nx - 2] == sc->meta.shape[ns - 2] && v->ndim >= 2 &&
          v->shape[v->ndim - 2] == sc->meta.shape[ns - 1] && v->device == dev &&
@@ -267,7 +304,9 @@ bool tr_attention_match_of(vm_tensor *p, const vm_tensor *v, tr_attention_match 
   memset(m, 0, sizeof *m);
   tr_node *pn = p->node;
   /* cheap first: the op is fixed once recorded */
-  if (!pn || pn->op != VM_OP_mul || !v->node || !pn->graph || !rewrites_on()) return false;
+  if (!pn || (pn->op != VM_OP_mul && pn->op != VM_OP_cast) || !v->node || !pn->graph ||
+      !rewrites_on())
+    return false;
   tr_graph *g = tr_thread_graph();
   if (!g || pn->graph != g) return false;
   tr_graph_lock(g);

@@ -6,7 +6,12 @@
  * records the attention primitive instead (fe_attention) and retires the
  * composite's nodes: they leave the pending graph as recomputable values,
  * so no flush computes them unless someone reads them, and no backward
- * keeps what their VJPs would have read.  The match is a function of the
+ * keeps what their VJPs would have read.  In bf16 or f16 (written with
+ * half tensors, or f32 under autocast) the casts the recording put
+ * between the parts are part of the pattern: the op takes the half q, k
+ * and v, computes in f32 and rounds its result once (fe_attention), where
+ * the composite rounded the scores, the scaled scores and the
+ * probabilities to the half dtype on the way.  The match is a function of the
  * recorded program alone (never of timing or of which handles are alive),
  * made whatever KILN_JIT says, so both modes run the same graph. */
 #ifndef TR_ATTENTION_H
@@ -14,7 +19,7 @@
 
 #include "../vm/tensor.h"
 
-enum { TR_ATTENTION_CHAIN = 12 };
+enum { TR_ATTENTION_CHAIN = 16 };
 
 typedef struct tr_attention_match {
   vm_tensor *q, *kt; /* new handles: q [..., Tq, d], kᵀ [..., d, Tk] */

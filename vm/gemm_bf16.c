@@ -187,17 +187,31 @@ static bool amx_available(void) {
   return amx_ok;
 }
 
-/* op(A)'s rows i0 .. i0 + rows as rows of kp bf16 (zeros past m and k) */
+/* op(A)'s rows i0 .. i0 + rows as rows of kp bf16 (zeros past m and k).
+   A transposed (a weight gradient's Xᵀ dY) is read in blocks of
+   AMX_PACK_K of its rows: each block's lines stay cached while every
+   packed row takes its AMX_PACK_K values from them (one value per line,
+   row by row, re-read each line from memory for every packed row: W18h's
+   training step spent an eighth of its time here). */
+enum { AMX_PACK_K = 32 };
+
 static void amx_pack_a(uint16_t *dst, const uint16_t *A, int64_t lda, bool ta, int64_t m, int64_t k,
                        int64_t i0, int64_t rows, int64_t kp) {
+  int64_t live = m - i0 < rows ? (m - i0 > 0 ? m - i0 : 0) : rows; /* rows of op(A) here */
   for (int64_t r = 0; r < rows; r++) {
     uint16_t *row = dst + r * kp;
-    int64_t i = i0 + r, have = i < m ? k : 0;
-    if (i < m && !ta)
-      memcpy(row, A + i * lda, (size_t)k * sizeof *row);
-    else if (i < m)
-      for (int64_t p = 0; p < k; p++) row[p] = A[p * lda + i];
+    int64_t have = r < live ? k : 0;
+    if (r < live && !ta) memcpy(row, A + (i0 + r) * lda, (size_t)k * sizeof *row);
     memset(row + have, 0, (size_t)(kp - have) * sizeof *row);
+  }
+  if (!ta) return;
+  for (int64_t p0 = 0; p0 < k; p0 += AMX_PACK_K) {
+    int64_t p1 = p0 + AMX_PACK_K < k ? p0 + AMX_PACK_K : k;
+    for (int64_t r = 0; r < live; r++) {
+      uint16_t *row = dst + r * kp;
+      const uint16_t *col = A + i0 + r;
+      for (int64_t p = p0; p < p1; p++) row[p] = col[p * lda];
+    }
   }
 }
 
