@@ -619,9 +619,9 @@ TEST(half_long_way_is_one_attention_op) {
          the halves cast to f32 */
       kiln_tensor *a[3] = {0};
       for (int i = 0; i < 3; i++) a[i] = form == 2 ? kiln_cast(t[i], KILN_F32) : kiln_retain(t[i]);
-      kiln_tensor *out = route ? composite_as(false, t[0], t[1], t[2], mask, false, 0.25)
-                               : kiln_scaled_dot_product_attention(a[0], a[1], a[2], mask, false,
-                                                                   0.25);
+      kiln_tensor *out =
+          route ? composite_as(false, t[0], t[1], t[2], mask, false, 0.25)
+                : kiln_scaled_dot_product_attention(a[0], a[1], a[2], mask, false, 0.25);
       for (int i = 0; i < 3; i++) kiln_release(a[i]);
       rewrites[route] = kiln_stat("attention_rewrites") - before;
       CHECK_EQ_INT(kiln_set_autocast(KILN_F32), 0);
