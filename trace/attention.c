@@ -219,7 +219,7 @@ static bool scaled_scores(tr_node *s, int dev, tr_attention_match *m, tr_node **
 static bool match_locked(tr_node *pn, const vm_tensor *v, tr_attention_match *m, tr_node **S,
                          tr_node **maskn) {
   /* p = mul(e, inv), inv = div(1, sum), sum = sum(e), e = exp(sub(x, max(x))) */
-  int dev = pn->meta.device; /* every part of it on one device */
+  int dev = pn->meta.device;                           /* every part of it on one device */
   if (half_of_f32(pn) && pn->in[0]->op == VM_OP_mul) { /* rounded to a half for the product */
     if (!push(m, pn)) return false;
     pn = pn->in[0];
@@ -281,8 +281,7 @@ static bool match_locked(tr_node *pn, const vm_tensor *v, tr_attention_match *m,
   kiln_dtype sdt = sc->meta.dtype, xdt = x->meta.dtype; /* a half and f32: casts between */
   bool same = sdt == xdt || (vm_dtype_is_half(sdt) && xdt == KILN_F32) ||
               (sdt == KILN_F32 && vm_dtype_is_half(xdt));
-  return nx >= 2 && same &&
-         x->meta.shape[nx - 1] == sc->meta.shape[ns - 1] &&
+  return nx >= 2 && same && x->meta.shape[nx - 1] == sc->meta.shape[ns - 1] &&
          x->meta.shape[nx - 2] == sc->meta.shape[ns - 2] && v->ndim >= 2 &&
          v->shape[v->ndim - 2] == sc->meta.shape[ns - 1] && v->device == dev &&
          vm_dtype_is_float(v->dtype) && qn->meta.shape[qn->meta.ndim - 1] <= most &&
