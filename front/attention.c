@@ -70,8 +70,19 @@ static vm_tensor *composed(fe_scope *s, vm_tensor *q, vm_tensor *k, vm_tensor *v
   return keep(s, p ? fe_binary(VM_OP_matmul, p, v) : NULL);
 }
 
+/* products: KILN_BF16 where q, k and v hold bf16 values (cast to f32
+   from bf16): the op's attr.dtype, which lets the CPU kernel run its
+   products on AMX tiles (vm/kern_attention.c); else KILN_BOOL (none) */
+static vm_tensor *attention_of(vm_tensor *q, vm_tensor *k, vm_tensor *v, vm_tensor *mask,
+                               bool causal, double scale, kiln_dtype products);
+
 vm_tensor *fe_attention(vm_tensor *q, vm_tensor *k, vm_tensor *v, vm_tensor *mask, bool causal,
                         double scale) {
+  return attention_of(q, k, v, mask, causal, scale, KILN_BOOL);
+}
+
+static vm_tensor *attention_of(vm_tensor *q, vm_tensor *k, vm_tensor *v, vm_tensor *mask,
+                               bool causal, double scale, kiln_dtype products) {
   vm_tensor *qkv[3] = {q, k, v};
   char b1[VM_SHAPE_BUF], b2[VM_SHAPE_BUF];
   for (int i = 0; i < 3; i++) {
@@ -163,14 +174,15 @@ vm_tensor *fe_attention(vm_tensor *q, vm_tensor *k, vm_tensor *v, vm_tensor *mas
     vm_tensor *q32 = keep(&s, fe_cast(q, KILN_F32)), *k32 = keep(&s, fe_cast(k, KILN_F32));
     vm_tensor *v32 = keep(&s, fe_cast(v, KILN_F32)), *m32 = mask;
     if (mask && vm_dtype_is_half(mask->dtype)) m32 = keep(&s, fe_cast(mask, KILN_F32));
-    out = keep(&s, fe_attention(q32, k32, v32, m32, causal, scale));
+    out = keep(&s, attention_of(q32, k32, v32, m32, causal, scale,
+                                dt == KILN_BF16 ? KILN_BF16 : KILN_BOOL));
     return finish(&s, out ? keep(&s, fe_cast(out, dt)) : NULL);
   }
   if (native && (dt == KILN_F32 || dt == KILN_F64) && !mask_grad) {
     vm_tensor *in[4] = {to_batch(&s, q, nb, batch, tq, d), to_batch(&s, k, nb, batch, tk, d),
                         to_batch(&s, v, nb, batch, tk, v->shape[nv - 1]),
                         mask ? to_batch(&s, mask, nb, batch, tq, tk) : NULL};
-    vm_attr attr = {.axis = mask != NULL, .keepdim = causal, .scalar = {scale}};
+    vm_attr attr = {.dtype = products, .axis = mask != NULL, .keepdim = causal, .scalar = {scale}};
     out = keep(&s, fe_op(VM_OP_attention, mask ? 4 : 3, in, &attr));
   } else {
     out = composed(&s, q, k, v, mask, causal, scale);

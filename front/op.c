@@ -161,8 +161,13 @@ vm_tensor *fe_op(vm_opcode op, int n, vm_tensor *const *in, const vm_attr *attr)
   bool native = op == VM_OP_matmul &&
                 ((m.compute == KILN_BF16 && m.device == KILN_CPU && vm_gemm_bf16_available()) ||
                  (vm_dtype_is_half(m.compute) && m.device == KILN_CUDA));
-  if (vm_dtype_is_half(m.compute) && accumulates(op) && !native)
+  if (vm_dtype_is_half(m.compute) && accumulates(op) && !native) {
+    /* attention of bf16 values: the CPU kernel may run its products in
+       bf16 (attr.dtype, vm/kern_attention.c), as fe_attention records it */
+    vm_attr bf16 = *attr;
+    if (op == VM_OP_attention && m.compute == KILN_BF16) bf16.dtype = KILN_BF16, attr = &bf16;
     return in_wider(op, n, in, attr, m.compute, KILN_F32, m.dtype);
+  }
   /* u8, i8, i16 summed over the ranks as i32, wrapped back (MPI's own
      uint8 sum saturates in Open MPI 4.1's AVX reductions) */
   if (op == VM_OP_all_reduce && vm_dtype_is_narrow_int(m.compute))

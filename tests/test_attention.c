@@ -187,6 +187,63 @@ TEST(forward_f32_close_to_reference) {
     if (!case_forward(&cases[i], F32, 2e-6)) break;
 }
 
+/* bf16 q, k, v (an f32 float mask): within bf16's rounding of the
+   attention of the values they hold (the reference in f64 on the bf16
+   values): the probabilities rounded to bf16 for P V where the CPU has AMX
+   (vm/kern_attention.c), the output rounded once: |err| <= 2^-8 |out| +
+   2^-8 max |v| */
+static bool case_forward_bf16(const acase *c) {
+  int64_t z = c->b * c->h, nm;
+  double *x[3] = {rand_vals(z * c->tq * c->d, -1.5, 1.5), rand_vals(z * c->tk * c->d, -1.5, 1.5),
+                  rand_vals(z * c->tk * c->dv, -1, 1)};
+  double *mv = mask_values(c, &nm);
+  const int64_t shapes[3][4] = {
+      {c->b, c->h, c->tq, c->d}, {c->b, c->h, c->tk, c->d}, {c->b, c->h, c->tk, c->dv}};
+  kiln_tensor *t[3];
+  for (int e = 0; e < 3; e++) { /* the values bf16 holds, for the reference */
+    t[e] = ktest_from_doubles(KILN_BF16, 4, shapes[e], x[e]);
+    free(x[e]);
+    x[e] = ktest_values(t[e]);
+  }
+  double *want = reference(c, x[0], x[1], x[2], mv);
+  kiln_tensor *mt = mask_tensor(c, mv, F32);
+  kiln_tensor *o = kiln_scaled_dot_product_attention(t[0], t[1], t[2], mt, c->causal, c->scale);
+  bool ok = o != NULL;
+  if (!o) {
+    KTEST_FAIL("attention failed: %s", kiln_last_error());
+  } else {
+    CHECK_EQ_INT(kiln_dtype_of(o), KILN_BF16);
+    double *got = ktest_values(o);
+    int reports = 0;
+    for (int64_t e = 0; e < z * c->tq * c->dv; e++)
+      if (!(fabs(got[e] - want[e]) <= 0x1p-8 * fabs(want[e]) + 0x1p-8 + 1e-6) && reports++ < 3) {
+        ok = false;
+        KTEST_FAIL(
+            "bf16 b%lld h%lld tq%lld tk%lld d%lld dv%lld causal %d mask %d: out[%lld] = "
+            "%.9g, reference %.9g",
+            (long long)c->b, (long long)c->h, (long long)c->tq, (long long)c->tk, (long long)c->d,
+            (long long)c->dv, c->causal, c->mask, (long long)e, got[e], want[e]);
+      }
+    free(got);
+  }
+  kiln_release(o), kiln_release(mt);
+  for (int e = 0; e < 3; e++) kiln_release(t[e]), free(x[e]);
+  free(mv), free(want);
+  return ok;
+}
+
+/* blocks of 128 queries and 512 keys, lengths and head sizes off AMX's
+   32, every kind of mask; test_attention_no_amx runs it in f32 products */
+TEST(forward_bf16_close_to_reference) {
+  static const acase cases[] = {
+      {2, 3, 100, 300, 64, 64, true, 0, 0},   {2, 2, 70, 90, 32, 16, false, 1, 0},
+      {2, 2, 17, 513, 16, 16, false, 2, 0},   {1, 2, 300, 130, 8, 4, true, 3, 0.3},
+      {1, 1, 200, 1100, 40, 72, false, 2, 0}, {1, 1, 1, 1, 16, 16, false, 0, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    if (!case_forward_bf16(&cases[i])) break;
+}
+
 /* the composite a user writes, in kiln ops: softmax(q kᵀ s + mask) v;
    kept a composite (never recorded as the attention op) by p * 1 between
    the softmax and the product, a near-miss of trace/attention.h */
@@ -852,9 +909,10 @@ static int spread_main(void) {
   uint64_t h = 0xcbf29ce484222325ull;
   double calls = 0;
   for (size_t i = 0; i < sizeof spread_cases / sizeof *spread_cases; i++)
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < 3; f++) { /* f32, f64, bf16 (its forward's bits too) */
       const acase *c = &spread_cases[i];
-      kiln_dtype dt = f ? F64 : F32;
+      kiln_dtype dt = f == 2 ? KILN_BF16 : f ? F64 : F32;
+      size_t es = f == 2 ? 2 : f ? 8 : 4;
       g_seed = 0x5eedull + i;
       int64_t z = c->b * c->h, nm;
       double *x[4] = {rand_vals(z * c->tq * c->d, -1.5, 1.5),
@@ -868,16 +926,23 @@ static int spread_main(void) {
       kiln_tensor *t[4], *g[3] = {0};
       for (int e = 0; e < 4; e++) t[e] = ktest_from_doubles(dt, 4, shapes[e], x[e]);
       for (int e = 0; e < 3; e++) kiln_set_requires_grad(t[e], true);
-      kiln_tensor *m = mask_tensor(c, mv, dt);
+      kiln_tensor *m = mask_tensor(c, mv, f == 2 ? F32 : dt);
       kiln_tensor *o = kiln_scaled_dot_product_attention(t[0], t[1], t[2], m, c->causal, c->scale);
       kiln_tensor *prod = kiln_mul(o, t[3]), *loss = kiln_sum(prod, 0, NULL, false);
       kiln_item(loss);
+      if (f == 2) {
+        size_t bytes = (size_t)kiln_numel(o) * es;
+        void *bits = malloc(bytes ? bytes : 1);
+        if (!bits || kiln_to_buffer(o, bits, bytes) != 0) return 1;
+        h = fnv(h, bits, bytes);
+        free(bits);
+      }
       double before = kiln_stat("blas_calls");
       if (kiln_grad_of(1, &loss, NULL, 3, t, g, false) != 0) return 1;
       CHECK(kiln_eval(3, g) == 0);
       calls += kiln_stat("blas_calls") - before;
       for (int e = 0; e < 3; e++) {
-        size_t bytes = (size_t)kiln_numel(g[e]) * (f ? 8 : 4);
+        size_t bytes = (size_t)kiln_numel(g[e]) * es;
         void *bits = malloc(bytes ? bytes : 1);
         if (!bits || kiln_to_buffer(g[e], bits, bytes) != 0) return 1;
         h = fnv(h, bits, bytes);
@@ -994,6 +1059,7 @@ int main(int argc, char **argv) {
   RUN(no_score_matrix_in_memory); /* first: the peak RSS is the process's */
   RUN(forward_matches_reference_f64);
   RUN(forward_f32_close_to_reference);
+  RUN(forward_bf16_close_to_reference);
   RUN(gradients_match_the_composite_f64);
   RUN(gradients_match_finite_differences);
   RUN(non_contiguous_inputs_give_the_same_bits);

@@ -71,13 +71,14 @@ TEST(a_trace_that_pays_compiles_when_hot) {
   kiln_reset_stats();
   kiln_tensor *x = input((int64_t)1 << 22);
   double first = heavy_run(x);
-  /* its interpreter time pays for its few nodes within a few sightings
-     (compiling them costs three or four runs; the fifth to seventh
-     sighting on the 2-core Zen 3: at 0.5 of a run saved, 120 ms of price
-     against 35-40 ms runs) */
-  for (int i = 0; i < 12 && stat("plans_built") == 0; i++) heavy_run(x);
+  /* its interpreter time pays for its few nodes within some sightings
+     (the fifth to seventh on the 2-core Zen 3: at 0.5 of a run saved, 120
+     ms of price against 35-40 ms runs; the thirtieth or so on an AVX-512
+     Xeon, whose interpreter runs these functions as 512-bit vector code:
+     6 ms runs, 3.5 of them saved) */
+  for (int i = 0; i < 60 && stat("plans_built") == 0; i++) heavy_run(x);
   CHECK_EQ_INT(stat("plans_built"), 1);
-  CHECK(stat("compiles_declined") <= 10);
+  CHECK(stat("compiles_declined") <= 60);
   kiln_jit_wait();
   CHECK(stat("kernels_compiled") + stat("disk_hits") >= 1); /* compiled, or compiled before */
   double eager = stat("eager_ops");
@@ -171,11 +172,11 @@ TEST(a_family_of_shapes_pays_for_its_kernels_together) {
   if (!ktest_cpu_jit()) return;
   setenv("KILN_PAYOFF", "1", 1);
   setenv("KILN_HOT", "2", 1);
-  const int64_t n0 = (int64_t)1 << 20;
+  const int64_t n0 = (int64_t)1 << 21;
   kiln_tensor *big = input(n0);
   kiln_reset_stats();
   int shapes = 0;
-  while (shapes < 200 && stat("plans_built") == 0) family_run(big, n0 - 16 * shapes++);
+  while (shapes < 400 && stat("plans_built") == 0) family_run(big, n0 - 16 * shapes++);
   CHECK_EQ_INT(stat("plans_built"), 1);
   CHECK(shapes >= 3); /* hot at its second sighting, and it had to pay first */
   CHECK(stat("compiles_declined") >= 1);

@@ -345,6 +345,65 @@ static bool gemm_amx(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const ui
   return true;
 }
 
+bool vm_gemm_bf16_amx(void) { return vm_gemm_bf16_available() && amx_available(); }
+
+BF16_ATTR void vm_bf16_row(uint16_t *dst, const float *src, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    int left = n - i < 16 ? (int)(n - i) : 16;
+    __m512 x = _mm512_maskz_loadu_ps((__mmask16)(left == 16 ? 0xffff : (1u << left) - 1), src + i);
+    store_bf16(dst + i, x, left);
+  }
+}
+
+void vm_bf16_panels(uint32_t *dst, const uint16_t *B, int64_t ldb, bool tb, int64_t n, int64_t k) {
+  int64_t pairs = (k + 1) / 2;
+  for (int64_t j0 = 0; j0 < n; j0 += NR) pack_b(dst + (j0 / NR) * pairs * NR, B, ldb, tb, n, k, j0);
+}
+
+AMX_ATTR void vm_bf16_amx_f32(const uint16_t *A, int64_t lda, int64_t mp, int64_t kp,
+                              const uint32_t *bp, int64_t panel, int64_t np, float *C, int64_t ldc,
+                              bool accumulate) {
+  amx_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+  int64_t stride = lda * 2, cstride = ldc * 4;
+  for (int64_t j0 = 0; j0 < np; j0 += AMX_BLOCK) {
+    const uint32_t *pn = bp + (j0 / NR) * panel;
+    for (int64_t i0 = 0; i0 < mp; i0 += AMX_BLOCK) {
+      const uint16_t *a0 = A + i0 * lda, *a1 = a0 + 16 * lda;
+      float *c0 = C + i0 * ldc + j0, *c1 = c0 + 16 * ldc;
+      if (accumulate) {
+        _tile_loadd(0, c0, cstride);
+        _tile_loadd(1, c0 + 16, cstride);
+        _tile_loadd(2, c1, cstride);
+        _tile_loadd(3, c1 + 16, cstride);
+      } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+      }
+      for (int64_t k0 = 0; k0 < kp; k0 += AMX_K) {
+        _tile_loadd(4, a0 + k0, stride);
+        _tile_loadd(5, a1 + k0, stride);
+        _tile_loadd(6, pn + (k0 / 2) * NR, NR * 4);
+        _tile_loadd(7, pn + (k0 / 2) * NR + 16, NR * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, c0, cstride);
+      _tile_stored(1, c0 + 16, cstride);
+      _tile_stored(2, c1, cstride);
+      _tile_stored(3, c1 + 16, cstride);
+    }
+  }
+  _tile_release();
+}
+
 bool vm_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t lda,
                   const uint16_t *B, int64_t ldb, uint16_t *C, int64_t ldc) {
   if (amx_available()) return gemm_amx(ta, tb, m, n, k, A, lda, B, ldb, C, ldc);
@@ -377,6 +436,22 @@ bool vm_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint1
   (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)A, (void)lda, (void)B, (void)ldb, (void)C,
       (void)ldc;
   return false; /* never called: vm_gemm_bf16_available() is false */
+}
+
+bool vm_gemm_bf16_amx(void) { return false; }
+
+void vm_bf16_row(uint16_t *dst, const float *src, int64_t n) {
+  (void)dst, (void)src, (void)n; /* never called: vm_gemm_bf16_available() is false */
+}
+
+void vm_bf16_panels(uint32_t *dst, const uint16_t *B, int64_t ldb, bool tb, int64_t n, int64_t k) {
+  (void)dst, (void)B, (void)ldb, (void)tb, (void)n, (void)k; /* never called */
+}
+
+void vm_bf16_amx_f32(const uint16_t *A, int64_t lda, int64_t mp, int64_t kp, const uint32_t *bp,
+                     int64_t panel, int64_t np, float *C, int64_t ldc, bool accumulate) {
+  (void)A, (void)lda, (void)mp, (void)kp, (void)bp, (void)panel, (void)np, (void)C, (void)ldc,
+      (void)accumulate; /* never called: vm_gemm_bf16_amx() is false */
 }
 
 #endif

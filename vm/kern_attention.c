@@ -39,6 +39,8 @@
 #include <string.h>
 
 #include "blas.h"
+#include "gemm_bf16.h"
+#include "half.h"
 #include "kernels.h"
 #include "pool.h"
 #include "state.h"
@@ -61,7 +63,8 @@ typedef struct {
 
 typedef struct {
   bool grad, causal, has_mask, mask_bool;
-  int nb; /* batch dims */
+  bool bf16; /* the forward of bf16 values on AMX tiles (forward_range_bf16) */
+  int nb;    /* batch dims */
   int64_t bshape[KILN_MAX_DIMS];
   int64_t nbatch, tq, tk, d, dv, qblocks, kblocks;
   double scale;
@@ -152,9 +155,104 @@ static int64_t keys_end(const att_job *j, int64_t i0, int64_t rows) {
 #undef ATT_FN
 #undef ATT_GEMM
 
+/* --- bf16 products on AMX ---
+   Attention of q, k, v holding bf16 values (attr.dtype KILN_BF16: the op
+   of half operands, fe_attention) runs its two products on AMX tiles
+   where vm_gemm_bf16_amx(): S = Q Kᵀ with f32 sums (TDPBF16PS: k in
+   tiles of 32, in order), the online softmax in f32 as forward_range_f32
+   runs it, then P rounded to bf16 for acc += P V (f32 sums), as PyTorch's
+   CPU flash attention does in bf16.  Operands are padded with zeros to
+   multiples of 32 (rows, head sizes, keys); no padded key is read as a
+   score.  Blocks are forward_range_f32's, so the bits depend on Tq and Tk
+   alone, at any thread count and with the JIT on or off.  The backward
+   (attention_grad) runs in f32: the gradient of attention of the bf16
+   values, its probabilities not rounded. */
+static int64_t up32(int64_t x) { return (x + 31) / 32 * 32; }
+
+/* rows [row0, row0 + rows) of o's batch item bh, cols wide, as bf16 rows
+   ld apart, prow of them (zeros past rows, and past cols) */
+static void to_bf16(uint16_t *dst, int64_t ld, const att_job *j, const att_operand *o, int64_t bh,
+                    int64_t row0, int64_t rows, int64_t prow, int64_t cols) {
+  const float *src = (const float *)o->base + batch_offset(j, o, bh) + row0 * o->r;
+  for (int64_t r = 0; r < prow; r++, dst += ld) {
+    int64_t c = r < rows ? cols : 0;
+    if (c && o->c == 1)
+      vm_bf16_row(dst, src + r * o->r, cols);
+    else
+      for (int64_t e = 0; e < c; e++) dst[e] = vm_f32_to_bf16(src[r * o->r + e * o->c]);
+    memset(dst + c, 0, (size_t)(ld - c) * sizeof *dst);
+  }
+}
+
+static void *buffer(size_t elems, size_t size) {
+  size_t bytes = (elems * size + 63) / 64 * 64;
+  return aligned_alloc(64, bytes ? bytes : 64);
+}
+
+static bool forward_range_bf16(att_job *j, int64_t begin, int64_t end) {
+  const int64_t BQ = min64(ATT_BQ, j->tq), BK = min64(ATT_BK, j->tk), d = j->d, dv = j->dv;
+  const int64_t bqp = up32(BQ), bkp = up32(BK), dp = up32(d), dvp = up32(dv), tkp = up32(j->tk);
+  uint16_t *Q16 = buffer((size_t)(bqp * dp), 2), *K16 = buffer((size_t)(tkp * dp), 2);
+  uint16_t *V16 = buffer((size_t)(tkp * dvp), 2), *P16 = buffer((size_t)(bqp * bkp), 2);
+  uint32_t *Kp = buffer((size_t)(tkp * dp / 2), 4), *Vp = buffer((size_t)(dvp * tkp / 2), 4);
+  float *S = buffer((size_t)(bqp * bkp), 4), *acc = buffer((size_t)(bqp * dvp), 4);
+  float *Pf = buffer((size_t)bkp, 4), *st = buffer((size_t)(4 * BQ), 4);
+  bool ok = Q16 && K16 && V16 && P16 && Kp && Vp && S && acc && Pf && st;
+  float *m = st, *l = m + BQ, *mx = l + BQ, *alpha = mx + BQ;
+  const int64_t kpanel = dp / 2 * 32, vpanel = tkp / 2 * 32; /* words per panel */
+  for (int64_t task = begin, at = -1; ok && task < end; task++) {
+    int64_t bh = task / j->qblocks, i0 = task % j->qblocks * BQ;
+    int64_t rows = min64(BQ, j->tq - i0), rp = up32(rows), kend = keys_end(j, i0, rows);
+    if (at != bh) {
+      to_bf16(K16, dp, j, &j->k, bh, 0, j->tk, tkp, d);
+      to_bf16(V16, dvp, j, &j->v, bh, 0, j->tk, tkp, dv);
+      vm_bf16_panels(Kp, K16, dp, true, tkp, dp);    /* op(B) = Kᵀ: d x keys */
+      vm_bf16_panels(Vp, V16, dvp, false, dvp, tkp); /* op(B) = V: keys x dv */
+      at = bh;
+    }
+    to_bf16(Q16, dp, j, &j->q, bh, i0, rows, rp, d);
+    for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0;
+    memset(acc, 0, (size_t)(rp * dvp) * sizeof *acc);
+    for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+      int64_t cols = min64(BK, kend - j0), cp = up32(cols);
+      vm_bf16_amx_f32(Q16, dp, rp, dp, Kp + j0 / 32 * kpanel, kpanel, cp, S, cp, false);
+      scores_f32(j, S, cp, rows, cols, bh, i0, j0, mx);
+      for (int64_t r = 0; r < rows; r++) { /* as online_block_f32 */
+        float mnew = mx[r] > m[r] ? mx[r] : m[r];
+        alpha[r] = m[r] == -INFINITY ? 0 : (float)exp(m[r] - mnew);
+        m[r] = mnew;
+        mx[r] = shift_of_f32(mnew);
+      }
+      memset(P16, 0, (size_t)(rp * cp) * sizeof *P16);
+      for (int64_t r = 0; r < rows; r++) { /* P = exp(S - shift), -inf gives 0; rounded */
+        float *s = S + r * cp;
+        for (int64_t c = 0; c < cols; c++) s[c] -= mx[r];
+        j->exp_row(NULL, (char *[]){(char *)Pf, (char *)s}, (const int64_t[]){1, 1}, cols);
+        for (int64_t c = 0; c < cols; c++) Pf[c] = s[c] == -INFINITY ? 0 : Pf[c];
+        l[r] = l[r] * alpha[r] + row_sum_f32(Pf, cols);
+        vm_bf16_row(P16 + r * cp, Pf, cols);
+      }
+      for (int64_t r = 0; j0 > 0 && r < rows; r++) /* the earlier blocks' terms shrink */
+        if (alpha[r] != 1)
+          for (int64_t c = 0; c < dv; c++) acc[r * dvp + c] *= alpha[r];
+      vm_bf16_amx_f32(P16, cp, rp, cp, Vp + j0 / 2 * 32, vpanel, dvp, acc, dvp, true);
+      atomic_fetch_add_explicit(&j->gemms, 2, memory_order_relaxed);
+    }
+    float *o = (float *)j->out + (bh * j->tq + i0) * dv;
+    for (int64_t r = 0; r < rows; r++) {
+      float inv = l[r] > 0 ? 1 / l[r] : 0; /* no key: 0 */
+      for (int64_t c = 0; c < dv; c++) o[r * dv + c] = acc[r * dvp + c] * inv;
+    }
+  }
+  free(Q16), free(K16), free(V16), free(P16), free(Kp), free(Vp);
+  free(S), free(acc), free(Pf), free(st);
+  return ok;
+}
+
 static void attention_range(void *p, int64_t begin, int64_t end) {
   att_job *j = p;
-  bool ok = j->dt == KILN_F32
+  bool ok = j->bf16 ? forward_range_bf16(j, begin, end)
+            : j->dt == KILN_F32
                 ? (j->grad ? backward_range_f32(j, begin, end) : forward_range_f32(j, begin, end))
                 : (j->grad ? backward_range_f64(j, begin, end) : forward_range_f64(j, begin, end));
   if (!ok) atomic_store(&j->failed, true); /* read after the parallel call */
@@ -205,6 +303,8 @@ bool vm_k_attention(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *args,
   j.out = vm_data(out);
   j.blas = vm_blas_get();
   if (j.dt == KILN_F32) j.exp_row = vm_math_row_f32(VM_OP_exp);
+  /* q, k, v of bf16 values: the forward's products on AMX tiles */
+  j.bf16 = !j.grad && attr->dtype == KILN_BF16 && j.dt == KILN_F32 && vm_gemm_bf16_amx();
   operand_of(&j.q, q, j.nb);
   operand_of(&j.k, k, j.nb);
   operand_of(&j.v, v, j.nb);

@@ -81,17 +81,17 @@ static inline ATT_T ATT_FN(row_dot)(const ATT_T *x, const ATT_T *y, int64_t n) {
   return r;
 }
 
-/* S[rows x cols] (query rows from i0, keys from j0) scaled and masked in
-   place: masked-out scores are -inf; mx[r] = each row's max */
-static void ATT_FN(scores)(const att_job *j, ATT_T *S, int64_t rows, int64_t cols, int64_t bh,
-                           int64_t i0, int64_t j0, ATT_T *mx) {
+/* S[rows x cols] (rows ld apart; query rows from i0, keys from j0) scaled
+   and masked in place: masked-out scores are -inf; mx[r] = each row's max */
+static void ATT_FN(scores)(const att_job *j, ATT_T *S, int64_t ld, int64_t rows, int64_t cols,
+                           int64_t bh, int64_t i0, int64_t j0, ATT_T *mx) {
   const ATT_T scale = (ATT_T)j->scale, ninf = -(ATT_T)INFINITY;
   const char *mbase = NULL;
   if (j->has_mask)
     mbase = j->mask.base + (batch_offset(j, &j->mask, bh) + i0 * j->mask.r + j0 * j->mask.c) *
                                (int64_t)(j->mask_bool ? 1 : sizeof(ATT_T));
   for (int64_t r = 0; r < rows; r++) {
-    ATT_T *s = S + r * cols;
+    ATT_T *s = S + r * ld;
     for (int64_t c = 0; c < cols; c++) s[c] *= scale;
     if (mbase && j->mask_bool) {
       const uint8_t *mk = (const uint8_t *)mbase + r * j->mask.r;
@@ -137,7 +137,7 @@ static void ATT_FN(online_block)(att_job *j, const ATT_T *Q, int64_t ldq, const 
                                  int64_t j0, ATT_T *S, ATT_T *P, ATT_T *m, ATT_T *l, ATT_T *mx,
                                  ATT_T *alpha) {
   ATT_FN(gemm)(j, false, true, rows, cols, j->d, Q, ldq, K + j0 * ldk, ldk, 0, S, cols);
-  ATT_FN(scores)(j, S, rows, cols, bh, i0, j0, mx);
+  ATT_FN(scores)(j, S, cols, rows, cols, bh, i0, j0, mx);
   for (int64_t r = 0; r < rows; r++) {
     ATT_T mnew = mx[r] > m[r] ? mx[r] : m[r];
     alpha[r] = m[r] == -(ATT_T)INFINITY ? 0 : (ATT_T)exp(m[r] - mnew);
@@ -219,7 +219,7 @@ static void ATT_FN(probs)(att_job *j, const ATT_T *Q, int64_t ldq, const ATT_T *
                           bool one_block, const ATT_T *m, const ATT_T *l, ATT_T *S, ATT_T *P,
                           ATT_T *shift) {
   ATT_FN(gemm)(j, false, true, rows, cols, j->d, Q, ldq, K + j0 * ldk, ldk, 0, S, cols);
-  ATT_FN(scores)(j, S, rows, cols, bh, i0, j0, shift);
+  ATT_FN(scores)(j, S, cols, rows, cols, bh, i0, j0, shift);
   for (int64_t r = 0; r < rows; r++) /* a row with lse -inf has every score -inf: P = 0 */
     shift[r] = one_block  ? ATT_FN(shift_of)(m[r])
                : l[r] > 0 ? ATT_FN(shift_of)(m[r]) + (ATT_T)log(l[r])
