@@ -1015,6 +1015,70 @@ TEST(autocast_runs_matmuls_in_the_half_dtype_with_f32_gradients) {
   kiln_release(b);
 }
 
+/* Layers of an MLP block under autocast, as a user writes them (an
+   affine norm, a linear layer: the weight's transpose, then the matmul,
+   which casts the activation and the weight to bf16; GELU; a linear
+   layer; the residual): rolled into one loop, whose step trace is in
+   record order, each weight's transpose recorded between the activation's
+   work and its cast.  The weights' casts are planned first (trace/plan.c
+   plan_order), so each activation's cast joins the loop nest that
+   computes it: 29 kernels a run (the first layer's norm before the loop,
+   then 7 a layer, for 3 steps and the layer after them: the two weights'
+   casts, the fills, the norm with its cast, bias with GELU and its cast,
+   bias with the residual and the next norm's scale), nothing but the
+   matmuls on the interpreter, where the casts planned in record order
+   made 35 kernels.  The bits are the interpreter's. */
+static void mlp_layers(kiln_tensor *x, kiln_tensor *const *p, float *out, int64_t n) {
+  kiln_tensor *h = kiln_retain(x);
+  CHECK(kiln_set_autocast(KILN_BF16) == KILN_OK);
+  for (int l = 0; l < 4; l++) {
+    kiln_tensor *hg = kiln_mul(h, p[0]), *x1 = kiln_add(hg, p[1]);
+    kiln_tensor *t1 = kiln_transpose(p[2], 0, 1), *a = kiln_matmul(x1, t1), *ab = kiln_add(a, p[3]);
+    kiln_tensor *g = kiln_gelu(ab), *t2 = kiln_transpose(p[4], 0, 1), *y = kiln_matmul(g, t2);
+    kiln_tensor *yb = kiln_add(y, p[5]), *next = kiln_add(yb, x1);
+    kiln_tensor *all[] = {hg, x1, t1, a, ab, g, t2, y, yb, h};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) kiln_release(all[i]);
+    h = next;
+  }
+  CHECK(kiln_set_autocast(KILN_F32) == KILN_OK);
+  CHECK(kiln_to_buffer(h, out, (size_t)n * sizeof *out) == KILN_OK);
+  kiln_release(h);
+}
+
+TEST(autocast_layers_cast_in_their_nests) {
+  if (!ktest_cpu_jit()) return;
+  static const int64_t shapes[6][2] = {{1, 32}, {1, 32}, {48, 32}, {1, 48}, {32, 48}, {1, 32}};
+  kiln_tensor *xf = half_values(KILN_F32, 64 * 32, -2, 2, false),
+              *x = kiln_reshape(xf, 2, S(64, 32));
+  kiln_tensor *flat[6], *p[6];
+  for (int i = 0; i < 6; i++) {
+    int64_t rows = shapes[i][0], cols = shapes[i][1];
+    flat[i] = half_values(KILN_F32, rows * cols, -1, 1, false);
+    p[i] = rows == 1 ? kiln_retain(flat[i]) : kiln_reshape(flat[i], 2, S(rows, cols));
+  }
+  CHECK(kiln_eval(1, &x) == KILN_OK);
+  CHECK(kiln_eval(6, p) == KILN_OK); /* leaves of the runs */
+  float want[64 * 32], got[64 * 32];
+  setenv("KILN_JIT", "0", 1);
+  mlp_layers(x, p, want, 64 * 32);
+  unsetenv("KILN_JIT");
+  double rolled = kiln_stat("loops_rolled");
+  for (int rep = 0; rep < 3; rep++) {
+    kiln_stats before, after;
+    kiln_get_stats(&before);
+    mlp_layers(x, p, got, 64 * 32);
+    kiln_get_stats(&after);
+    CHECK(!memcmp(got, want, sizeof got));
+    if (rep == 0) kiln_jit_wait();
+    if (rep < 2) continue;
+    CHECK_EQ_INT(after.eager_ops - before.eager_ops, 8); /* the matmuls, two a layer */
+    CHECK_EQ_INT(after.kernels_launched - before.kernels_launched, 29);
+  }
+  CHECK(kiln_stat("loops_rolled") > rolled);
+  for (int i = 0; i < 6; i++) kiln_release(flat[i]), kiln_release(p[i]);
+  kiln_release(xf), kiln_release(x);
+}
+
 /* autocast is per thread: a thread that turned it on gets bf16 matmuls, a
    thread beside it that did not gets f32, whatever order they run in */
 typedef struct {
@@ -1175,6 +1239,7 @@ int main(void) {
   RUN(int8_and_int16_wrap_saturate_and_sum_to_i64);
   RUN(gradients_come_in_the_parameters_dtype);
   RUN(autocast_runs_matmuls_in_the_half_dtype_with_f32_gradients);
+  RUN(autocast_layers_cast_in_their_nests);
   RUN(autocast_is_per_thread);
   RUN(unscale_grads_divides_and_finds_overflow);
   RUN(a_pytorch_checkpoint_of_halves_and_bytes_loads_to_the_same_bits);

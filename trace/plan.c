@@ -349,61 +349,76 @@ static int64_t meta_numel(const vm_meta *m) {
 }
 
 /* plan_order: numbers the nodes kept (live, not rewritten away) in the
-   plan's order: uniform values (fills, and elementwise work on fills only)
-   and broadcast operands (elementwise work on leaves and such values only
-   that an elementwise op reads broadcast to a larger shape: a weight or a
-   bias cast to f32) first, so they never split the loop nests of the nodes
-   that read them, then the rest in trace order (inputs stay first).
-   Counts the dead. */
+   plan's order: first a matmul's operands made of views of leaves and
+   work on them (a weight transposed, and cast to bf16 under autocast:
+   recorded between a layer's elementwise work, they split its loop nests:
+   W18h's cast of the GELU's output for the next matmul ran as a nest of
+   its own), then uniform values (fills, and elementwise work on fills
+   only) and the other operands made of leaves that go first (elementwise
+   work on leaves and such values only that an elementwise op reads
+   broadcast to a larger shape, a weight or a bias cast to f32, or a
+   matmul reads), so they never split the loop nests of the nodes that
+   read them, then the rest in trace order (inputs stay first).  Counts
+   the dead. */
 static bool plan_order(builder *b) {
   int n = b->n;
   bool *uniform = calloc((size_t)n, sizeof(bool)), *operand = calloc((size_t)n, sizeof(bool));
-  if (!uniform || !operand) {
-    free(uniform);
-    free(operand);
+  bool *viewed = calloc((size_t)n, sizeof(bool)), *first = calloc((size_t)n, sizeof(bool));
+  if (!uniform || !operand || !viewed || !first) {
+    free(uniform), free(operand), free(viewed), free(first);
     return false;
   }
-  for (int i = 0; i < n; i++) { /* uniform: fills; operand: elementwise work on leaves, fills */
+  for (int i = 0; i < n; i++) { /* uniform: fills; operand: elementwise work and views on
+                                   leaves, fills; viewed: an operand with a view in it */
     const tr_pnode *p = &b->p[i];
-    bool u = p->op == VM_OP_full || (is_elementwise(p->op) && p->nin > 0), o = u;
+    bool view = vm_op_table[p->op].kind == VM_KIND_VIEW && p->nin > 0;
+    bool u = p->op == VM_OP_full || (is_elementwise(p->op) && p->nin > 0), o = u || view, v = view;
     for (int k = 0; p->op != VM_OP_full && k < p->nin; k++) {
       int r = tr_pnode_input(p, k);
       u = u && r >= 0 && uniform[r];
       o = o && (r < 0 || operand[r]);
+      v = v || (r >= 0 && viewed[r]);
     }
     uniform[i] = u;
     operand[i] = o;
+    viewed[i] = o && v;
   }
   /* an operand goes first if it, or work on it, is broadcast by an
-     elementwise op (marked from the last node back, so a chain goes whole) */
-  bool *first = calloc((size_t)n, sizeof(bool));
-  if (!first) {
-    free(uniform);
-    free(operand);
-    return false;
-  }
+     elementwise op or read by a matmul (marked from the last node back,
+     so a chain goes whole) */
   for (int j = n - 1; j >= 0; j--) {
     const tr_pnode *p = &b->p[j];
     for (int k = 0; k < p->nin; k++) {
       int r = tr_pnode_input(p, k);
       if (r < 0 || !operand[r]) continue;
       bool broadcast = is_elementwise(p->op) && meta_numel(&b->p[r].meta) < meta_numel(&p->meta);
-      if (broadcast || (first[j] && operand[j])) first[r] = true;
+      bool gemm = vm_op_table[p->op].kind == VM_KIND_MATMUL;
+      if (broadcast || gemm || (first[j] && operand[j])) first[r] = true;
     }
   }
-  for (int i = 0; i < n; i++) uniform[i] = uniform[i] || (operand[i] && first[i]);
-  free(operand);
-  free(first);
+  /* the pass a node is numbered in: never before its inputs' (a view's
+     work that reads a fill waits for the fills) */
+  uint8_t *at = (uint8_t *)viewed; /* reused: viewed[i] is read before at[i] is set */
+  for (int i = 0; i < n; i++) {
+    const tr_pnode *p = &b->p[i];
+    bool early = operand[i] && first[i];
+    uint8_t a = early && viewed[i] ? 0 : uniform[i] || early ? 1 : 2;
+    for (int k = 0; k < p->nin; k++) {
+      int r = tr_pnode_input(p, k);
+      if (r >= 0 && at[r] > a) a = at[r];
+    }
+    at[i] = a;
+  }
   b->m = 0;
-  for (int pass = 0; pass < 2; pass++)
+  for (int pass = 0; pass < 3; pass++)
     for (int i = 0; i < n; i++) {
-      if (uniform[i] != (pass == 0)) continue;
+      if (at[i] != pass) continue;
       if (b->live[i] && b->alias[i] == i)
         b->renumber[i] = b->m++;
       else if (b->alias[i] == i)
         b->plan->passes.dce++;
     }
-  free(uniform);
+  free(uniform), free(operand), free(viewed), free(first);
   return true;
 }
 
@@ -418,6 +433,11 @@ static bool plan_renumber(builder *b) {
   plan->outputs = malloc((size_t)n * sizeof(int));
   plan->groups = calloc((size_t)(m ? m : 1), sizeof(tr_group));
   if (!plan->nodes || !plan->outputs || !plan->groups || !plan->escapes) return false;
+  for (int i = 0; i < n; i++) /* plan_order numbers every input first (never false) */
+    for (int k = 0; b->live[i] && b->alias[i] == i && k < b->p[i].nin; k++) {
+      int r = tr_pnode_input(&b->p[i], k);
+      if (r >= 0 && b->renumber[r] >= b->renumber[i]) return false;
+    }
   for (int i = 0; i < n; i++) {
     if (!b->live[i] || b->alias[i] != i) {
       free(b->p[i].more);
