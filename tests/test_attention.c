@@ -131,6 +131,21 @@ static kiln_tensor *mask_tensor(const acase *c, const double *mv, kiln_dtype dt)
   return m;
 }
 
+/* every output within tol + rel |reference| of the reference (the first
+   three that are not reported) */
+static bool outputs_close(const acase *c, const char *what, const double *got, const double *want,
+                          double tol, double rel) {
+  int reports = 0;
+  for (int64_t e = 0; e < c->b * c->h * c->tq * c->dv; e++)
+    if (!(fabs(got[e] - want[e]) <= tol + rel * fabs(want[e])) && reports++ < 3)
+      KTEST_FAIL(
+          "%sb%lld h%lld tq%lld tk%lld d%lld dv%lld causal %d mask %d: out[%lld] = %.17g, "
+          "reference %.17g",
+          what, (long long)c->b, (long long)c->h, (long long)c->tq, (long long)c->tk,
+          (long long)c->d, (long long)c->dv, c->causal, c->mask, (long long)e, got[e], want[e]);
+  return reports == 0;
+}
+
 static bool case_forward(const acase *c, kiln_dtype dt, double tol) {
   int64_t z = c->b * c->h, nm;
   double *q = rand_vals(z * c->tq * c->d, -1.5, 1.5), *k = rand_vals(z * c->tk * c->d, -1.5, 1.5);
@@ -147,16 +162,7 @@ static bool case_forward(const acase *c, kiln_dtype dt, double tol) {
   } else {
     CHECK(kiln_ndim(o) == 4 && kiln_shape(o)[2] == c->tq && kiln_shape(o)[3] == c->dv);
     double *got = ktest_values(o);
-    int reports = 0;
-    for (int64_t e = 0; e < z * c->tq * c->dv; e++)
-      if (!(fabs(got[e] - want[e]) <= tol) && reports++ < 3) {
-        ok = false;
-        KTEST_FAIL(
-            "b%lld h%lld tq%lld tk%lld d%lld dv%lld causal %d mask %d: out[%lld] = %.17g, "
-            "reference %.17g",
-            (long long)c->b, (long long)c->h, (long long)c->tq, (long long)c->tk, (long long)c->d,
-            (long long)c->dv, c->causal, c->mask, (long long)e, got[e], want[e]);
-      }
+    ok = outputs_close(c, "", got, want, tol, 0);
     free(got);
   }
   kiln_release(o);
@@ -214,16 +220,7 @@ static bool case_forward_bf16(const acase *c) {
   } else {
     CHECK_EQ_INT(kiln_dtype_of(o), KILN_BF16);
     double *got = ktest_values(o);
-    int reports = 0;
-    for (int64_t e = 0; e < z * c->tq * c->dv; e++)
-      if (!(fabs(got[e] - want[e]) <= 0x1p-8 * fabs(want[e]) + 0x1p-8 + 1e-6) && reports++ < 3) {
-        ok = false;
-        KTEST_FAIL(
-            "bf16 b%lld h%lld tq%lld tk%lld d%lld dv%lld causal %d mask %d: out[%lld] = "
-            "%.9g, reference %.9g",
-            (long long)c->b, (long long)c->h, (long long)c->tq, (long long)c->tk, (long long)c->d,
-            (long long)c->dv, c->causal, c->mask, (long long)e, got[e], want[e]);
-      }
+    ok = outputs_close(c, "bf16 ", got, want, 0x1p-8 + 1e-6, 0x1p-8);
     free(got);
   }
   kiln_release(o), kiln_release(mt);

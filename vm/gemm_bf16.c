@@ -224,6 +224,32 @@ static bool amx_available(void) {
   return amx_ok;
 }
 
+/* every tile 16 rows of 64 bytes: 0-3 a 32 x 32 block of sums, 4-5 A's
+   two 16-row halves, 6-7 the panel's two 16-column halves */
+AMX_ATTR static void amx_configure(void) {
+  amx_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+}
+
+/* tiles 0-3 += A's rows (a0: the first 16, a1: the next 16, stride bytes
+   apart) times the panel's 32 columns, over k in tiles of 32, in order */
+AMX_ATTR static inline void amx_block(const uint16_t *a0, const uint16_t *a1, int64_t stride,
+                                      const uint32_t *panel, int64_t kp) {
+  for (int64_t k0 = 0; k0 < kp; k0 += AMX_K) {
+    _tile_loadd(4, a0 + k0, stride);
+    _tile_loadd(5, a1 + k0, stride);
+    _tile_loadd(6, panel + (k0 / 2) * NR, NR * 4);
+    _tile_loadd(7, panel + (k0 / 2) * NR + 16, NR * 4);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+}
+
 /* op(A)'s rows i0 .. i0 + rows as rows of kp bf16 (zeros past m and k).
    A transposed (a weight gradient's Xᵀ dY) is read in blocks of
    AMX_PACK_K of its rows: each block's lines stay cached while every
@@ -274,11 +300,7 @@ BF16_ATTR static void amx_pack_a(uint16_t *dst, const uint16_t *A, int64_t lda, 
 AMX_ATTR static void amx_gemm(const uint16_t *A, int64_t lda, bool direct, const uint16_t *ap,
                               const uint32_t *bp, int64_t m, int64_t n, int64_t mp, int64_t np,
                               int64_t kp, uint16_t *C, int64_t ldc) {
-  amx_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-  _tile_loadconfig(&cfg);
+  amx_configure();
   float out[AMX_BLOCK * AMX_BLOCK] __attribute__((aligned(64)));
   int64_t pairs = kp / 2;
   for (int64_t j0 = 0; j0 < np; j0 += AMX_BLOCK) {
@@ -292,16 +314,7 @@ AMX_ATTR static void amx_gemm(const uint16_t *A, int64_t lda, bool direct, const
       _tile_zero(1);
       _tile_zero(2);
       _tile_zero(3);
-      for (int64_t k0 = 0; k0 < kp; k0 += AMX_K) {
-        _tile_loadd(4, a0 + k0, stride);
-        _tile_loadd(5, a1 + k0, stride);
-        _tile_loadd(6, panel + (k0 / 2) * NR, NR * 4);
-        _tile_loadd(7, panel + (k0 / 2) * NR + 16, NR * 4);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
+      amx_block(a0, a1, stride, panel, kp);
       _tile_stored(0, out, AMX_BLOCK * 4);
       _tile_stored(1, out + 16, AMX_BLOCK * 4);
       _tile_stored(2, out + 16 * AMX_BLOCK, AMX_BLOCK * 4);
@@ -363,11 +376,7 @@ void vm_bf16_panels(uint32_t *dst, const uint16_t *B, int64_t ldb, bool tb, int6
 AMX_ATTR void vm_bf16_amx_f32(const uint16_t *A, int64_t lda, int64_t mp, int64_t kp,
                               const uint32_t *bp, int64_t panel, int64_t np, float *C, int64_t ldc,
                               bool accumulate) {
-  amx_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-  _tile_loadconfig(&cfg);
+  amx_configure();
   int64_t stride = lda * 2, cstride = ldc * 4;
   for (int64_t j0 = 0; j0 < np; j0 += AMX_BLOCK) {
     const uint32_t *pn = bp + (j0 / NR) * panel;
@@ -385,16 +394,7 @@ AMX_ATTR void vm_bf16_amx_f32(const uint16_t *A, int64_t lda, int64_t mp, int64_
         _tile_zero(2);
         _tile_zero(3);
       }
-      for (int64_t k0 = 0; k0 < kp; k0 += AMX_K) {
-        _tile_loadd(4, a0 + k0, stride);
-        _tile_loadd(5, a1 + k0, stride);
-        _tile_loadd(6, pn + (k0 / 2) * NR, NR * 4);
-        _tile_loadd(7, pn + (k0 / 2) * NR + 16, NR * 4);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
+      amx_block(a0, a1, stride, pn, kp);
       _tile_stored(0, c0, cstride);
       _tile_stored(1, c0 + 16, cstride);
       _tile_stored(2, c1, cstride);
