@@ -70,9 +70,10 @@ static vm_tensor *composed(fe_scope *s, vm_tensor *q, vm_tensor *k, vm_tensor *v
   return keep(s, p ? fe_binary(VM_OP_matmul, p, v) : NULL);
 }
 
-/* products: KILN_BF16 where q, k and v hold bf16 values (cast to f32
-   from bf16): the op's attr.dtype, which lets the CPU kernel run its
-   products on AMX tiles (vm/kern_attention.c); else KILN_BOOL (none) */
+/* products: KILN_BF16 where q, k and v are to be read rounded to bf16
+   (bf16 values cast to f32, or autocast's f32 operands): the op's
+   attr.dtype (ops.def), which also lets the CPU kernel run its products on
+   AMX tiles (vm/kern_attention.c); else KILN_BOOL (none) */
 static vm_tensor *attention_of(vm_tensor *q, vm_tensor *k, vm_tensor *v, vm_tensor *mask,
                                bool causal, double scale, kiln_dtype products);
 
@@ -203,15 +204,20 @@ vm_tensor *fe_attention_of_matmul(vm_tensor *p, vm_tensor *v) {
      first (f32 probabilities of half scores times a half v) */
   kiln_dtype dt = vm_promote(p->dtype, v->dtype);
   vm_tensor *q = m.q, *kt = m.kt;
-  if (!vm_dtype_is_half(dt)) {
+  kiln_dtype products = KILN_BOOL;
+  if (dt == KILN_BF16 && m.q_f32) { /* autocast's: the op rounds the f32 values itself */
+    q = m.q_f32, kt = m.kt_f32, v = m.v_f32;
+    products = KILN_BF16;
+  } else if (!vm_dtype_is_half(dt)) {
     if (q->dtype != dt) q = keep(&s, fe_cast(q, dt));
     if (kt && kt->dtype != dt) kt = keep(&s, fe_cast(kt, dt));
     if (v->dtype != dt) v = keep(&s, fe_cast(v, dt));
   }
   vm_tensor *k = q && kt && v ? keep(&s, fe_transpose(kt, -1, -2)) : NULL, *mask = m.mask;
   if (mask && m.mask_out) mask = keep(&s, fe_unary(VM_OP_logical_not, mask));
-  vm_tensor *out =
-      k && (!m.mask || mask) ? keep(&s, fe_attention(q, k, v, mask, m.causal, m.scale)) : NULL;
+  vm_tensor *out = k && (!m.mask || mask)
+                       ? keep(&s, attention_of(q, k, v, mask, m.causal, m.scale, products))
+                       : NULL;
   if (out && out->dtype != dt) out = keep(&s, fe_cast(out, dt)); /* q, kᵀ f32 of halves */
   if (out)
     tr_attention_retire(&m);

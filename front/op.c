@@ -118,6 +118,21 @@ static vm_tensor *autocast_op(vm_opcode op, int n, vm_tensor *const *in, const v
                               kiln_dtype dt) {
   vm_tensor *cast[6] = {0}, *args[6];
   bool ok = true;
+  /* attention of f32 q, k, v in bf16: the op reads them rounded itself
+     (attr.dtype, ops.def), the same values without three casts made and
+     read back; its result rounded once */
+  if (op == VM_OP_attention && dt == KILN_BF16 && n >= 3 && in[0]->dtype == KILN_F32 &&
+      in[1]->dtype == KILN_F32 && in[2]->dtype == KILN_F32) {
+    vm_attr rounded = *attr;
+    rounded.dtype = KILN_BF16;
+    int saved = vm_thread()->autocast;
+    vm_thread()->autocast = 0;
+    vm_tensor *r = fe_op(op, n, in, &rounded);
+    vm_thread()->autocast = saved;
+    vm_tensor *h = r ? fe_cast(r, dt) : NULL;
+    vm_release(r);
+    return h;
+  }
   for (int i = 0; i < n && ok; i++) {
     /* f32 operands only (an f64 program stays f64; a bool or additive mask stays) */
     bool operand = in[i]->dtype == KILN_F32 && (op != VM_OP_attention || i < 3);

@@ -727,6 +727,68 @@ TEST(half_long_way_is_one_attention_op) {
   free(qv), free(kv), free(vv), free(mv), free(wv);
 }
 
+/* under bf16 autocast, attention of f32 q, k, v reads them rounded to
+   bf16 itself (no casts made: ops.def attr.dtype): its output and its
+   gradients have the bits of attention of the rounded values given as
+   f32 tensors, in the forward (AMX tiles, or f32 products with
+   KILN_AMX=0: test_attention_no_amx) and in the backward, by items or
+   over blocks */
+static void grads_under_autocast(const acase *c, kiln_tensor *const *in, kiln_tensor *mask,
+                                 kiln_tensor *w, double **vals) {
+  CHECK(kiln_set_autocast(KILN_BF16) == KILN_OK);
+  kiln_tensor *o =
+      kiln_scaled_dot_product_attention(in[0], in[1], in[2], mask, c->causal, c->scale);
+  CHECK(kiln_set_autocast(KILN_F32) == KILN_OK);
+  CHECK(o && kiln_dtype_of(o) == KILN_BF16);
+  kiln_tensor *of = kiln_cast(o, KILN_F32), *pr = kiln_mul(of, w);
+  kiln_tensor *l = kiln_sum(pr, 0, NULL, false), *g[3] = {0};
+  CHECK(kiln_grad_of(1, &l, NULL, 3, (kiln_tensor **)in, g, false) == KILN_OK);
+  vals[0] = values_and_release(o);
+  for (int i = 0; i < 3; i++) vals[1 + i] = values_and_release(g[i]);
+  kiln_release(of), kiln_release(pr), kiln_release(l);
+}
+
+TEST(autocast_attention_rounds_its_operands) {
+  static const acase cases[] = {{2, 2, 70, 90, 40, 24, false, 2, 0},
+                                {1, 1, 300, 700, 32, 16, true, 0, 0}};
+  for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+    const acase *c = &cases[ci];
+    int64_t z = c->b * c->h, nm;
+    const int64_t shapes[4][4] = {{c->b, c->h, c->tq, c->d},
+                                  {c->b, c->h, c->tk, c->d},
+                                  {c->b, c->h, c->tk, c->dv},
+                                  {c->b, c->h, c->tq, c->dv}};
+    const int64_t n[4] = {z * c->tq * c->d, z * c->tk * c->d, z * c->tk * c->dv, z * c->tq * c->dv};
+    double *x[4], *mv = mask_values(c, &nm);
+    for (int e = 0; e < 4; e++) x[e] = rand_vals(n[e], -1.5, 1.5);
+    kiln_tensor *raw[3], *rounded[3], *w = ktest_from_doubles(F32, 4, shapes[3], x[3]);
+    for (int e = 0; e < 3; e++) {
+      raw[e] = ktest_from_doubles(F32, 4, shapes[e], x[e]);
+      kiln_tensor *h = kiln_cast(raw[e], KILN_BF16), *f = kiln_cast(h, KILN_F32);
+      double *hv = ktest_values(f); /* the rounded values, as a tensor of their own */
+      rounded[e] = ktest_from_doubles(F32, 4, shapes[e], hv);
+      free(hv), kiln_release(h), kiln_release(f);
+      CHECK(kiln_set_requires_grad(raw[e], true) == KILN_OK);
+      CHECK(kiln_set_requires_grad(rounded[e], true) == KILN_OK);
+    }
+    kiln_tensor *m = mask_tensor(c, mv, F32);
+    double *a[4] = {0}, *b[4] = {0};
+    grads_under_autocast(c, raw, m, w, a);
+    grads_under_autocast(c, rounded, m, w, b);
+    const int64_t count[4] = {n[3], n[0], n[1], n[2]};
+    for (int e = 0; e < 4; e++) {
+      if (a[e] && b[e] && memcmp(a[e], b[e], (size_t)count[e] * sizeof(double)))
+        KTEST_FAIL("case %zu: %s differs from attention of the rounded values", ci,
+                   e ? "a gradient" : "the output");
+      free(a[e]), free(b[e]);
+    }
+    for (int e = 0; e < 3; e++) kiln_release(raw[e]), kiln_release(rounded[e]);
+    kiln_release(w), kiln_release(m);
+    for (int e = 0; e < 4; e++) free(x[e]);
+    free(mv);
+  }
+}
+
 /* what is not attention's softmax, or not one the op takes, stays a
    composite: counted zero times, computing what it says */
 TEST(near_misses_stay_composites) {
@@ -1057,6 +1119,7 @@ int main(int argc, char **argv) {
   RUN(forward_matches_reference_f64);
   RUN(forward_f32_close_to_reference);
   RUN(forward_bf16_close_to_reference);
+  RUN(autocast_attention_rounds_its_operands);
   RUN(gradients_match_the_composite_f64);
   RUN(gradients_match_finite_differences);
   RUN(non_contiguous_inputs_give_the_same_bits);

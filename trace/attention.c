@@ -317,6 +317,14 @@ bool tr_attention_match_of(vm_tensor *p, const vm_tensor *v, tr_attention_match 
     m->mask = maskn ? tr_handle_of_node(maskn) : NULL;
     ok = m->q && m->kt && (!maskn || m->mask);
   }
+  tr_node *qn = S ? S->in[0] : NULL, *kn = S ? S->in[1] : NULL, *vn = v->node;
+  if (ok && half_of_f32(qn) && half_of_f32(kn) && half_of_f32(vn) && qn->meta.dtype == KILN_BF16 &&
+      kn->meta.dtype == KILN_BF16 && vn->meta.dtype == KILN_BF16) {
+    m->q_f32 = tr_handle_of_node(qn->in[0]);
+    m->kt_f32 = tr_handle_of_node(kn->in[0]);
+    m->v_f32 = tr_handle_of_node(vn->in[0]);
+    ok = m->q_f32 && m->kt_f32 && m->v_f32;
+  }
   if (ok)
     for (int i = 0; i < m->nchain; i++) tr_node_retain(m->chain[i]);
   else
@@ -357,6 +365,9 @@ void tr_attention_retire(tr_attention_match *m) {
 }
 
 void tr_attention_match_free(tr_attention_match *m) {
+  vm_release(m->q_f32);
+  vm_release(m->kt_f32);
+  vm_release(m->v_f32);
   vm_release(m->q);
   vm_release(m->kt);
   vm_release(m->mask);

@@ -24,8 +24,11 @@ enum { TR_ATTENTION_CHAIN = 16 };
 typedef struct tr_attention_match {
   vm_tensor *q, *kt; /* new handles: q [..., Tq, d], kᵀ [..., d, Tk] */
   vm_tensor *mask;   /* new handle or NULL: bool or float */
-  bool mask_out;     /* a bool mask that is true where scores are masked out */
-  bool causal;       /* the bool mask was the causal one (mask is NULL) */
+  /* new handles or NULL: the f32 values q, kᵀ and v were cast to bf16
+     from (autocast's operands), when all three were */
+  vm_tensor *q_f32, *kt_f32, *v_f32;
+  bool mask_out; /* a bool mask that is true where scores are masked out */
+  bool causal;   /* the bool mask was the causal one (mask is NULL) */
   double scale;
   int nchain;
   struct tr_node *chain[TR_ATTENTION_CHAIN]; /* the composite's nodes (references) */

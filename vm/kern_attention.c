@@ -59,6 +59,7 @@ enum { ATT_BQ = 128, ATT_BK = 512, ATT_LANES = 16, ATT_SPARES = 64 };
 typedef struct {
   const char *base;
   int64_t b[KILN_MAX_DIMS], r, c;
+  bool round; /* read rounded to bf16 (attr.dtype KILN_BF16: q, k, v) */
 } att_operand;
 
 typedef struct {
@@ -156,8 +157,9 @@ static int64_t keys_end(const att_job *j, int64_t i0, int64_t rows) {
 #undef ATT_GEMM
 
 /* --- bf16 products on AMX ---
-   Attention of q, k, v holding bf16 values (attr.dtype KILN_BF16: the op
-   of half operands, fe_attention) runs its two products on AMX tiles
+   Attention of q, k, v rounded to bf16 (attr.dtype KILN_BF16: the op of
+   bf16 operands or of f32 ones under bf16 autocast; every kernel here
+   reads them rounded) runs its two products on AMX tiles
    where vm_gemm_bf16_amx(): S = Q Kᵀ with f32 sums (TDPBF16PS: k in
    tiles of 32, in order), the online softmax in f32 as forward_range_f32
    runs it, then P rounded to bf16 for acc += P V (f32 sums), as PyTorch's
@@ -303,11 +305,13 @@ bool vm_k_attention(vm_opcode op, vm_tensor *out, int n, vm_tensor *const *args,
   j.out = vm_data(out);
   j.blas = vm_blas_get();
   if (j.dt == KILN_F32) j.exp_row = vm_math_row_f32(VM_OP_exp);
-  /* q, k, v of bf16 values: the forward's products on AMX tiles */
-  j.bf16 = !j.grad && attr->dtype == KILN_BF16 && j.dt == KILN_F32 && vm_gemm_bf16_amx();
   operand_of(&j.q, q, j.nb);
   operand_of(&j.k, k, j.nb);
   operand_of(&j.v, v, j.nb);
+  /* q, k, v rounded to bf16 first (attr.dtype KILN_BF16, ops.def): the
+     forward's products on AMX tiles, where the CPU has them */
+  j.q.round = j.k.round = j.v.round = attr->dtype == KILN_BF16 && j.dt == KILN_F32;
+  j.bf16 = !j.grad && j.q.round && vm_gemm_bf16_amx();
   if (j.grad) {
     operand_of(&j.o, args[3], j.nb);
     operand_of(&j.dout, args[4], j.nb);

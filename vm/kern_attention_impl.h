@@ -22,12 +22,15 @@ static void ATT_FN(gemm)(att_job *j, bool ta, bool tb, int64_t m, int64_t n, int
                     (int)(ldc > 1 ? ldc : 1));
 }
 
-/* dst[rows x cols] = operand o's rows [row0, row0 + rows) of batch item bh */
+/* dst[rows x cols] = operand o's rows [row0, row0 + rows) of batch item bh
+   (rounded to bf16 when o says so) */
 static void ATT_FN(pack)(ATT_T *dst, const att_job *j, const att_operand *o, int64_t bh,
                          int64_t row0, int64_t rows, int64_t cols) {
   const ATT_T *src = (const ATT_T *)o->base + batch_offset(j, o, bh) + row0 * o->r;
   for (int64_t r = 0; r < rows; r++, dst += cols, src += o->r)
-    if (o->c == 1)
+    if (o->round)
+      for (int64_t c = 0; c < cols; c++) dst[c] = (ATT_T)vm_round_bf16((float)src[c * o->c]);
+    else if (o->c == 1)
       memcpy(dst, src, (size_t)cols * sizeof(ATT_T));
     else
       for (int64_t c = 0; c < cols; c++) dst[c] = src[c * o->c];
@@ -38,7 +41,7 @@ static void ATT_FN(pack)(ATT_T *dst, const att_job *j, const att_operand *o, int
    packed into buf (*ld = cols) */
 static const ATT_T *ATT_FN(rows_of)(ATT_T *buf, const att_job *j, const att_operand *o, int64_t bh,
                                     int64_t row0, int64_t rows, int64_t cols, int64_t *ld) {
-  if (o->c == 1 && o->r >= cols && rows > 0) {
+  if (!o->round && o->c == 1 && o->r >= cols && rows > 0) {
     *ld = o->r;
     return (const ATT_T *)o->base + batch_offset(j, o, bh) + row0 * o->r;
   }
