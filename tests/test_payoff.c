@@ -19,13 +19,18 @@ static double tiny_run(kiln_tensor *x) {
   return v;
 }
 
-/* transcendental functions over 2^22 elements: tens of milliseconds a run */
+/* a chain of cheap elementwise ops and a sum over x: on the interpreter
+   every op writes and reads back an array of x's size, compiled one
+   kernel reads x once, so compiling saves most of a run on any machine
+   (transcendental functions saved little once the interpreter ran them
+   as 512-bit vector code: a test under CI's load saw the compiled runs
+   no faster and the rule rightly declined) */
 static double heavy_run(kiln_tensor *x) {
-  kiln_tensor *a = kiln_tanh(x), *b = kiln_exp(a), *c = kiln_sin(b), *d = kiln_mul(c, a),
-              *s = kiln_sum(d, 0, NULL, false);
+  kiln_tensor *a = kiln_mul(x, x), *b = kiln_add(a, x), *c = kiln_mul_scalar(b, 0.5),
+              *d = kiln_mul(c, a), *e = kiln_sub(d, x), *s = kiln_sum(e, 0, NULL, false);
   double v = kiln_item(s);
-  kiln_tensor *all[] = {a, b, c, d, s};
-  for (int i = 0; i < 5; i++) kiln_release(all[i]);
+  kiln_tensor *all[] = {a, b, c, d, e, s};
+  for (int i = 0; i < 6; i++) kiln_release(all[i]);
   return v;
 }
 
@@ -72,13 +77,12 @@ TEST(a_trace_that_pays_compiles_when_hot) {
   kiln_tensor *x = input((int64_t)1 << 22);
   double first = heavy_run(x);
   /* its interpreter time pays for its few nodes within some sightings
-     (the fifth to seventh on the 2-core Zen 3: at 0.5 of a run saved, 120
-     ms of price against 35-40 ms runs; the thirtieth or so on an AVX-512
-     Xeon, whose interpreter runs these functions as 512-bit vector code:
-     6 ms runs, 3.5 of them saved) */
-  for (int i = 0; i < 60 && stat("plans_built") == 0; i++) heavy_run(x);
+     (the 52nd on a 2-core AVX-512 Xeon: 4.3 ms runs, half of each
+     expected saved before any compiled run is measured, against 120 ms
+     of price; sooner where the interpreter is slower) */
+  for (int i = 0; i < 200 && stat("plans_built") == 0; i++) heavy_run(x);
   CHECK_EQ_INT(stat("plans_built"), 1);
-  CHECK(stat("compiles_declined") <= 60);
+  CHECK(stat("compiles_declined") <= 200);
   kiln_jit_wait();
   CHECK(stat("kernels_compiled") + stat("disk_hits") >= 1); /* compiled, or compiled before */
   double eager = stat("eager_ops");
