@@ -77,6 +77,14 @@ static bool f32_of_half(const tr_node *n) {
          vm_dtype_is_half(n->in[0]->meta.dtype) && n->in[0]->meta.device == n->meta.device;
 }
 
+/* the f32 value n is a bf16 rounding of: n = cast(f32 -> bf16) (autocast's
+   operand), or that cast taken back to f32 (a bf16 product run in f32
+   where the CPU has no AVX512-BF16); else NULL */
+static tr_node *bf16_source(tr_node *n) {
+  if (n && f32_of_half(n)) n = n->in[0];
+  return n && half_of_f32(n) && n->meta.dtype == KILN_BF16 ? n->in[0] : NULL;
+}
+
 /* arange(start, start + count) (step 1, exact values) as [count] (a row,
    over keys) or reshaped [count, 1] (a column, over queries); *start its
    first value */
@@ -317,12 +325,12 @@ bool tr_attention_match_of(vm_tensor *p, const vm_tensor *v, tr_attention_match 
     m->mask = maskn ? tr_handle_of_node(maskn) : NULL;
     ok = m->q && m->kt && (!maskn || m->mask);
   }
-  tr_node *qn = S ? S->in[0] : NULL, *kn = S ? S->in[1] : NULL, *vn = v->node;
-  if (ok && half_of_f32(qn) && half_of_f32(kn) && half_of_f32(vn) && qn->meta.dtype == KILN_BF16 &&
-      kn->meta.dtype == KILN_BF16 && vn->meta.dtype == KILN_BF16) {
-    m->q_f32 = tr_handle_of_node(qn->in[0]);
-    m->kt_f32 = tr_handle_of_node(kn->in[0]);
-    m->v_f32 = tr_handle_of_node(vn->in[0]);
+  tr_node *qs = S ? bf16_source(S->in[0]) : NULL, *ks = S ? bf16_source(S->in[1]) : NULL,
+          *vs = bf16_source(v->node);
+  if (ok && qs && ks && vs) {
+    m->q_f32 = tr_handle_of_node(qs);
+    m->kt_f32 = tr_handle_of_node(ks);
+    m->v_f32 = tr_handle_of_node(vs);
     ok = m->q_f32 && m->kt_f32 && m->v_f32;
   }
   if (ok)
