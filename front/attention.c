@@ -205,7 +205,7 @@ vm_tensor *fe_attention_of_matmul(vm_tensor *p, vm_tensor *v) {
   kiln_dtype dt = vm_promote(p->dtype, v->dtype);
   vm_tensor *q = m.q, *kt = m.kt;
   kiln_dtype products = KILN_BOOL;
-  if (dt == KILN_BF16 && m.q_f32) { /* autocast's: the op rounds the f32 values itself */
+  if (dt == KILN_BF16 && m.q_f32 && m.q_f32->device == KILN_CPU) { /* the op rounds them itself */
     q = m.q_f32, kt = m.kt_f32, v = m.v_f32;
     products = KILN_BF16;
   } else if (!vm_dtype_is_half(dt)) {

@@ -118,11 +118,12 @@ static vm_tensor *autocast_op(vm_opcode op, int n, vm_tensor *const *in, const v
                               kiln_dtype dt) {
   vm_tensor *cast[6] = {0}, *args[6];
   bool ok = true;
-  /* attention of f32 q, k, v in bf16: the op reads them rounded itself
-     (attr.dtype, ops.def), the same values without three casts made and
-     read back; its result rounded once */
-  if (op == VM_OP_attention && dt == KILN_BF16 && n >= 3 && in[0]->dtype == KILN_F32 &&
-      in[1]->dtype == KILN_F32 && in[2]->dtype == KILN_F32) {
+  /* attention of f32 q, k, v in bf16 on the CPU: the op reads them
+     rounded itself (attr.dtype, ops.def), the same values without three
+     casts made and read back; its result rounded once (CUDA's kernels
+     read their operands as they are: there, the casts) */
+  if (op == VM_OP_attention && dt == KILN_BF16 && n >= 3 && in[0]->device == KILN_CPU &&
+      in[0]->dtype == KILN_F32 && in[1]->dtype == KILN_F32 && in[2]->dtype == KILN_F32) {
     vm_attr rounded = *attr;
     rounded.dtype = KILN_BF16;
     int saved = vm_thread()->autocast;
