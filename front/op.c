@@ -122,21 +122,18 @@ static vm_tensor *autocast_op(vm_opcode op, int n, vm_tensor *const *in, const v
      rounded itself (attr.dtype, ops.def), the same values without three
      casts made and read back; its result rounded once (CUDA's kernels
      read their operands as they are: there, the casts) */
-  if (op == VM_OP_attention && dt == KILN_BF16 && n >= 3 && in[0]->device == KILN_CPU &&
-      in[0]->dtype == KILN_F32 && in[1]->dtype == KILN_F32 && in[2]->dtype == KILN_F32) {
-    vm_attr rounded = *attr;
+  bool self_rounds = op == VM_OP_attention && dt == KILN_BF16 && n >= 3 &&
+                     in[0]->device == KILN_CPU && in[0]->dtype == KILN_F32 &&
+                     in[1]->dtype == KILN_F32 && in[2]->dtype == KILN_F32;
+  vm_attr rounded;
+  if (self_rounds) {
+    rounded = *attr;
     rounded.dtype = KILN_BF16;
-    int saved = vm_thread()->autocast;
-    vm_thread()->autocast = 0;
-    vm_tensor *r = fe_op(op, n, in, &rounded);
-    vm_thread()->autocast = saved;
-    vm_tensor *h = r ? fe_cast(r, dt) : NULL;
-    vm_release(r);
-    return h;
+    attr = &rounded;
   }
   for (int i = 0; i < n && ok; i++) {
     /* f32 operands only (an f64 program stays f64; a bool or additive mask stays) */
-    bool operand = in[i]->dtype == KILN_F32 && (op != VM_OP_attention || i < 3);
+    bool operand = !self_rounds && in[i]->dtype == KILN_F32 && (op != VM_OP_attention || i < 3);
     args[i] = operand ? (cast[i] = fe_cast(in[i], dt)) : in[i];
     ok = args[i] != NULL;
   }
@@ -145,6 +142,11 @@ static vm_tensor *autocast_op(vm_opcode op, int n, vm_tensor *const *in, const v
   vm_tensor *r = ok ? fe_op(op, n, args, attr) : NULL;
   vm_thread()->autocast = saved;
   for (int i = 0; i < n; i++) vm_release(cast[i]);
+  if (self_rounds && r) { /* its f32 result, rounded */
+    vm_tensor *h = fe_cast(r, dt);
+    vm_release(r);
+    r = h;
+  }
   return r;
 }
 

@@ -331,6 +331,18 @@ AMX_ATTR static void amx_gemm(const uint16_t *A, int64_t lda, bool direct, const
   _tile_release();
 }
 
+/* op(B)'s panels of NR columns (n padded to NR with zero columns), each
+   `pairs` words long (zero pairs past k) */
+static void panels(uint32_t *dst, const uint16_t *B, int64_t ldb, bool tb, int64_t n, int64_t k,
+                   int64_t pairs) {
+  int64_t packed = (k + 1) / 2;
+  for (int64_t j0 = 0; j0 < n; j0 += NR) {
+    uint32_t *panel = dst + (j0 / NR) * pairs * NR;
+    pack_b(panel, B, ldb, tb, n, k, j0);
+    memset(panel + packed * NR, 0, (size_t)((pairs - packed) * NR) * sizeof *panel);
+  }
+}
+
 static bool gemm_amx(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t *A,
                      int64_t lda, const uint16_t *B, int64_t ldb, uint16_t *C, int64_t ldc) {
   int64_t kp = (k + AMX_K - 1) / AMX_K * AMX_K, mp = (m + AMX_BLOCK - 1) / AMX_BLOCK * AMX_BLOCK,
@@ -346,12 +358,7 @@ static bool gemm_amx(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const ui
   }
   if (packed_rows)
     amx_pack_a(ap, A, lda, ta, m, k, direct ? m / AMX_BLOCK * AMX_BLOCK : 0, packed_rows, kp);
-  for (int64_t j0 = 0; j0 < np; j0 += NR) { /* pack_b's panels, padded to whole tiles of pairs */
-    uint32_t *panel = bp + (j0 / NR) * pairs * NR;
-    int64_t packed = (k + 1) / 2;
-    pack_b(panel, B, ldb, tb, n, k, j0);
-    memset(panel + packed * NR, 0, (size_t)((pairs - packed) * NR) * sizeof *panel);
-  }
+  panels(bp, B, ldb, tb, n, k, pairs); /* padded to whole tiles of pairs */
   amx_gemm(A, lda, direct, ap, bp, m, n, mp, np, kp, C, ldc);
   free(ap);
   free(bp);
@@ -369,8 +376,7 @@ BF16_ATTR void vm_bf16_row(uint16_t *dst, const float *src, int64_t n) {
 }
 
 void vm_bf16_panels(uint32_t *dst, const uint16_t *B, int64_t ldb, bool tb, int64_t n, int64_t k) {
-  int64_t pairs = (k + 1) / 2;
-  for (int64_t j0 = 0; j0 < n; j0 += NR) pack_b(dst + (j0 / NR) * pairs * NR, B, ldb, tb, n, k, j0);
+  panels(dst, B, ldb, tb, n, k, (k + 1) / 2);
 }
 
 AMX_ATTR void vm_bf16_amx_f32(const uint16_t *A, int64_t lda, int64_t mp, int64_t kp,

@@ -198,7 +198,7 @@ static bool forward_range_bf16(att_job *j, int64_t begin, int64_t end) {
   uint16_t *V16 = buffer((size_t)(tkp * dvp), 2), *P16 = buffer((size_t)(bqp * bkp), 2);
   uint32_t *Kp = buffer((size_t)(tkp * dp / 2), 4), *Vp = buffer((size_t)(dvp * tkp / 2), 4);
   float *S = buffer((size_t)(bqp * bkp), 4), *acc = buffer((size_t)(bqp * dvp), 4);
-  float *Pf = buffer((size_t)bkp, 4), *st = buffer((size_t)(4 * BQ), 4);
+  float *Pf = buffer((size_t)(bqp * bkp), 4), *st = buffer((size_t)(4 * BQ), 4);
   bool ok = Q16 && K16 && V16 && P16 && Kp && Vp && S && acc && Pf && st;
   float *m = st, *l = m + BQ, *mx = l + BQ, *alpha = mx + BQ;
   const int64_t kpanel = dp / 2 * 32, vpanel = tkp / 2 * 32; /* words per panel */
@@ -225,14 +225,11 @@ static bool forward_range_bf16(att_job *j, int64_t begin, int64_t end) {
         m[r] = mnew;
         mx[r] = shift_of_f32(mnew);
       }
+      exp_block_f32(j, Pf, S, cp, rows, cols, mx);
       memset(P16, 0, (size_t)(rp * cp) * sizeof *P16);
-      for (int64_t r = 0; r < rows; r++) { /* P = exp(S - shift), -inf gives 0; rounded */
-        float *s = S + r * cp;
-        for (int64_t c = 0; c < cols; c++) s[c] -= mx[r];
-        j->exp_row(NULL, (char *[]){(char *)Pf, (char *)s}, (const int64_t[]){1, 1}, cols);
-        for (int64_t c = 0; c < cols; c++) Pf[c] = s[c] == -INFINITY ? 0 : Pf[c];
-        l[r] = l[r] * alpha[r] + row_sum_f32(Pf, cols);
-        vm_bf16_row(P16 + r * cp, Pf, cols);
+      for (int64_t r = 0; r < rows; r++) { /* the sums in f32; P rounded for P V */
+        l[r] = l[r] * alpha[r] + row_sum_f32(Pf + r * cp, cols);
+        vm_bf16_row(P16 + r * cp, Pf + r * cp, cols);
       }
       for (int64_t r = 0; j0 > 0 && r < rows; r++) /* the earlier blocks' terms shrink */
         if (alpha[r] != 1)

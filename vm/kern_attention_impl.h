@@ -109,22 +109,27 @@ static void ATT_FN(scores)(const att_job *j, ATT_T *S, int64_t ld, int64_t rows,
   }
 }
 
-/* S[r][c] -= shift[r]; P = exp(S); a score of -inf (masked) gives exactly 0 */
-static void ATT_FN(exp_block)(const att_job *j, ATT_T *P, ATT_T *S, int64_t rows, int64_t cols,
-                              const ATT_T *shift) {
+/* S[r][c] -= shift[r]; P = exp(S); a score of -inf (masked) gives exactly
+   0.  Rows of S and P are ld apart: one run of rows * cols where ld is
+   cols, else row by row */
+static void ATT_FN(exp_block)(const att_job *j, ATT_T *P, ATT_T *S, int64_t ld, int64_t rows,
+                              int64_t cols, const ATT_T *shift) {
   for (int64_t r = 0; r < rows; r++) {
-    ATT_T *s = S + r * cols, sh = shift[r];
+    ATT_T *s = S + r * ld, sh = shift[r];
     for (int64_t c = 0; c < cols; c++) s[c] -= sh;
   }
-  int64_t n = rows * cols;
+  int64_t runs = ld == cols ? 1 : rows, n = ld == cols ? rows * cols : cols;
+  for (int64_t q = 0; q < runs; q++) {
+    ATT_T *p = P + q * ld, *s = S + q * ld;
 #if ATT_F32
-  char *ptrs[2] = {(char *)P, (char *)S};
-  j->exp_row(NULL, ptrs, (const int64_t[]){1, 1}, n);
+    char *ptrs[2] = {(char *)p, (char *)s};
+    j->exp_row(NULL, ptrs, (const int64_t[]){1, 1}, n);
 #else
-  (void)j;
-  for (int64_t i = 0; i < n; i++) P[i] = exp(S[i]);
+    (void)j;
+    for (int64_t i = 0; i < n; i++) p[i] = exp(s[i]);
 #endif
-  for (int64_t i = 0; i < n; i++) P[i] = S[i] == -(ATT_T)INFINITY ? 0 : P[i];
+    for (int64_t i = 0; i < n; i++) p[i] = s[i] == -(ATT_T)INFINITY ? 0 : p[i];
+  }
 }
 
 /* the shift a row's scores are exponentiated against: its max, or 0 when
@@ -147,7 +152,7 @@ static void ATT_FN(online_block)(att_job *j, const ATT_T *Q, int64_t ldq, const 
     m[r] = mnew;
     mx[r] = ATT_FN(shift_of)(mnew);
   }
-  ATT_FN(exp_block)(j, P, S, rows, cols, mx);
+  ATT_FN(exp_block)(j, P, S, cols, rows, cols, mx);
   for (int64_t r = 0; r < rows; r++) l[r] = l[r] * alpha[r] + ATT_FN(row_sum)(P + r * cols, cols);
 }
 
@@ -227,7 +232,7 @@ static void ATT_FN(probs)(att_job *j, const ATT_T *Q, int64_t ldq, const ATT_T *
     shift[r] = one_block  ? ATT_FN(shift_of)(m[r])
                : l[r] > 0 ? ATT_FN(shift_of)(m[r]) + (ATT_T)log(l[r])
                           : 0;
-  ATT_FN(exp_block)(j, P, S, rows, cols, shift);
+  ATT_FN(exp_block)(j, P, S, cols, rows, cols, shift);
   if (one_block) ATT_FN(scale_rows)(P, rows, cols, l);
 }
 
