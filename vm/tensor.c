@@ -178,7 +178,10 @@ size_t vm_memory_total(void) {
   return memory_total;
 }
 
-static void *block_alloc(size_t bytes) {
+/* a block of at least bytes; *have: its size (a cached block may be up to
+   a quarter larger, and is cached again at its own size when freed) */
+static void *block_alloc(size_t bytes, size_t *have_out) {
+  *have_out = bytes;
   if (bytes >= VM_CACHE_MIN_BYTES) {
     pthread_mutex_lock(&block_cache.lock);
     int best = -1; /* the smallest block that fits, at most 25% larger */
@@ -190,6 +193,7 @@ static void *block_alloc(size_t bytes) {
     }
     if (best >= 0) {
       void *p = block_cache.data[best];
+      *have_out = block_cache.bytes[best];
       block_cache.total -= block_cache.bytes[best];
       block_cache.n--;
       memmove(block_cache.data + best, block_cache.data + best + 1,
@@ -299,8 +303,8 @@ static vm_storage *storage_new(size_t nbytes) {
     return NULL;
   }
   vm_storage *s = malloc(sizeof *s);
-  size_t bytes = block_size(nbytes);
-  void *data = s ? block_alloc(bytes) : NULL;
+  size_t bytes;
+  void *data = s ? block_alloc(block_size(nbytes), &bytes) : NULL;
   if (!data) {
     free(s);
     vm_error(KILN_ERR_OOM, "out of memory allocating %zu bytes", nbytes);
