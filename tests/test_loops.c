@@ -603,6 +603,71 @@ TEST(the_input_projection_is_one_gemm) {
   set_env("KILN_ROLL_LOOPS", NULL);
 }
 
+/* A rolled loop's steps read its weight packed once.  h_t = tanh(P_t +
+   h_{t-1} @ W) at a batch of 32 and width 128 is a short product, run on
+   AVX-512 CPUs by Kiln's own f32 GEMM (vm/gemm_f32.h), and the loop packs
+   W for its first step only (kiln_stat "loop_packs": once per loop; every
+   later step's product reads the panels, "loop_pack_reads"); backward,
+   dh = dg @ Wᵀ packs Wᵀ once the same way.  Packed once or at every call
+   (unrolled: KILN_ROLL_LOOPS=0), the forward has the same bits, and so
+   has the gradient with the JIT on and off; unrolled, the gradient agrees
+   to rounding (its sum over the steps leaves the loop). */
+TEST(a_loops_weight_is_packed_once_for_its_steps) {
+  enum { BB = 32, HH = 128 };
+  const char *jit = getenv("KILN_JIT"), *own_env = getenv("KILN_F32_GEMM");
+  char *saved = jit ? strdup(jit) : NULL;
+  bool own = !strcmp(kiln_cpu_isa(), "x86-64-v4") && !(own_env && !strcmp(own_env, "0"));
+  double *wv = malloc(HH * HH * sizeof *wv);
+  for (int i = 0; i < HH * HH; i++) wv[i] = (double)((i * 37) % 101 - 50) * 1e-3;
+  for (int T = 6; T <= 40; T += 34) {
+    static trained got[3]; /* unrolled, rolled with the JIT off, rolled: W's gradient */
+    uint64_t fwd[3];       /* and h's bits */
+    for (int mode = 0; mode < 3; mode++) {
+      set_env("KILN_ROLL_LOOPS", mode == 0 ? "0" : NULL);
+      set_env("KILN_JIT", mode == 1 ? "0" : saved);
+      arena a = {.n = 0};
+      kiln_manual_seed(5);
+      kiln_tensor *W = keep(&a, ktest_from_doubles(KILN_F32, 2, (int64_t[]){HH, HH}, wv));
+      CHECK(kiln_set_requires_grad(W, true) == KILN_OK);
+      kiln_tensor *P = keep(&a, kiln_randn(KILN_F32, 3, (int64_t[]){T, BB, HH}));
+      kiln_tensor *h = keep(&a, kiln_zeros(KILN_F32, 2, (int64_t[]){BB, HH}));
+      CHECK(kiln_sync() == KILN_OK);
+      double packs = kiln_stat("loop_packs"), reads = kiln_stat("loop_pack_reads");
+      for (int t = 0; t < T; t++) {
+        kiln_tensor *pt = keep(&a, kiln_slice(P, 0, t, t + 1, 1));
+        pt = keep(&a, kiln_reshape(pt, 2, (int64_t[]){BB, HH}));
+        h = keep(&a, kiln_tanh(keep(&a, kiln_add(pt, keep(&a, kiln_matmul(h, W))))));
+      }
+      kiln_tensor *loss = keep(&a, kiln_sum(keep(&a, kiln_mul(h, h)), 0, NULL, false));
+      memset(&got[mode], 0, sizeof got[mode]);
+      got[mode].bits = 0xcbf29ce484222325ull;
+      fold(&got[mode], h);
+      fwd[mode] = got[mode].bits;
+      got[mode].bits = 0xcbf29ce484222325ull, got[mode].nvalues = 0; /* the gradient's */
+      CHECK(kiln_backward(loss, NULL) == KILN_OK);
+      fold(&got[mode], keep(&a, kiln_grad(W)));
+      packs = kiln_stat("loop_packs") - packs;
+      reads = kiln_stat("loop_pack_reads") - reads;
+      if (mode > 0 && own && kiln_device_of(W) == KILN_CPU) { /* (KILN_DEVICE=cuda: cuBLAS) */
+        if (packs != 2 || reads < 2 * (T - 3))
+          fprintf(stderr, "T %d mode %d: %g packs, %g reads\n", T, mode, packs, reads);
+        CHECK(packs == 2); /* W forward, Wᵀ backward */
+        CHECK(reads >= 2 * (T - 3));
+      } else {
+        CHECK(packs == 0);
+      }
+      arena_free(&a);
+    }
+    CHECK(fwd[0] == fwd[1] && fwd[1] == fwd[2]);
+    CHECK(got[1].bits == got[2].bits);
+    CHECK(max_rel_diff(&got[0], &got[2]) <= 1e-5);
+  }
+  set_env("KILN_ROLL_LOOPS", NULL);
+  set_env("KILN_JIT", saved);
+  free(saved);
+  free(wv);
+}
+
 /* the input gradient leaves the backward loop: with X's gradient asked
    for, each backward step of a tanh RNN computes dx_t = dg_t @ W_x^T,
    which only the concat after the loop reads; rolled, it is one GEMM over
@@ -986,6 +1051,7 @@ int main(void) {
   RUN(a_greedy_decoder_and_a_bidirectional_loop_roll_to_the_same_bits);
   RUN(a_loop_that_stops_early_and_nested_loops_roll_to_the_same_bits);
   RUN(the_input_projection_is_one_gemm);
+  RUN(a_loops_weight_is_packed_once_for_its_steps);
   RUN(the_input_gradient_is_one_gemm_after_the_loop);
   RUN(linear_layout_weights_sum_after_the_loop);
   RUN(a_bad_index_in_a_rolled_step_is_an_error);

@@ -648,6 +648,67 @@ TEST(matmul_512_f32_matches_naive_loop_on_samples) {
   kiln_release(a), kiln_release(b), kiln_release(c);
 }
 
+/* Short products (C's rows 16-128, a batch of states times a weight) run
+   through Kiln's own f32 GEMM on AVX-512 CPUs (vm/gemm_f32.h): every
+   element is one chain of FMAs over k in order from +0, fmaf by fmaf,
+   whatever the tile, row block or panel it lands in.  Shapes with tails of
+   rows (not a multiple of 8) and columns (not of 32), depths not of 16,
+   B as itself, as a transposed view (a weight's Wᵀ) and as a column slice,
+   A as a row slice of a wider matrix.  Elsewhere (another CPU,
+   KILN_F32_GEMM=0) OpenBLAS runs them: then within the f32 bound. */
+TEST(matmul_short_products_are_fma_chains_over_k) {
+  static const struct {
+    int64_t m, n, k;
+  } shapes[] = {{16, 64, 256}, {17, 65, 240},  {23, 100, 128}, {32, 512, 128}, {32, 128, 511},
+                {64, 96, 64},  {100, 130, 33}, {128, 64, 64},  {31, 257, 97}};
+  bool own = !strcmp(kiln_cpu_isa(), "x86-64-v4") &&
+             !(getenv("KILN_F32_GEMM") && !strcmp(getenv("KILN_F32_GEMM"), "0"));
+  for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+    for (int form = 0; form < 3; form++) { /* B plain, B = Wᵀ (a view), B a column slice */
+      int64_t m = shapes[s].m, n = shapes[s].n, k = shapes[s].k, wa = k + 3, wb = n + 5;
+      kiln_manual_seed(100 + (uint64_t)s * 3 + (uint64_t)form);
+      kiln_tensor *abig = kiln_randn(KILN_F32, 2, (int64_t[]){m, wa});
+      kiln_tensor *a = kiln_slice(abig, 1, 2, 2 + k, 1); /* rows of a wider matrix */
+      kiln_tensor *bsrc = form == 1   ? kiln_randn(KILN_F32, 2, (int64_t[]){n, k})
+                          : form == 2 ? kiln_randn(KILN_F32, 2, (int64_t[]){k, wb})
+                                      : kiln_randn(KILN_F32, 2, (int64_t[]){k, n});
+      kiln_tensor *b = form == 1   ? kiln_transpose(bsrc, 0, 1)
+                       : form == 2 ? kiln_slice(bsrc, 1, 1, 1 + n, 1)
+                                   : kiln_retain(bsrc);
+      kiln_tensor *c = kiln_matmul(a, b), *ac = kiln_retain(a),
+                  *bc = kiln_retain(b); /* read back row-major */
+      float *av = malloc((size_t)(m * k) * sizeof *av), *bv = malloc((size_t)(k * n) * sizeof *bv),
+            *cv = malloc((size_t)(m * n) * sizeof *cv);
+      bool ok = c && av && bv && cv &&
+                kiln_to_buffer(ac, av, (size_t)(m * k) * sizeof *av) == KILN_OK &&
+                kiln_to_buffer(bc, bv, (size_t)(k * n) * sizeof *bv) == KILN_OK &&
+                kiln_to_buffer(c, cv, (size_t)(m * n) * sizeof *cv) == KILN_OK;
+      CHECK(ok);
+      int bad = 0;
+      for (int64_t i = 0; ok && i < m && bad < 3; i++)
+        for (int64_t j = 0; j < n && bad < 3; j++) {
+          float chain = 0.0f;
+          double ref = 0, mag = 0;
+          for (int64_t p = 0; p < k; p++) {
+            chain = fmaf(av[i * k + p], bv[p * n + j], chain);
+            ref += (double)av[i * k + p] * bv[p * n + j];
+            mag += fabs((double)av[i * k + p] * bv[p * n + j]);
+          }
+          bool fine = own ? !memcmp(&chain, &cv[i * n + j], sizeof chain)
+                          : fabs(cv[i * n + j] - ref) <= mm_tol(KILN_F32, k) * fmax(1.0, mag);
+          if (!fine) {
+            KTEST_FAIL("[%lld,%lld]x[%lld,%lld] form %d: c[%lld,%lld] = %a, the fma chain %a",
+                       (long long)m, (long long)k, (long long)k, (long long)n, form, (long long)i,
+                       (long long)j, (double)cv[i * n + j], (double)chain);
+            bad++;
+          }
+        }
+      free(av), free(bv), free(cv);
+      kiln_release(abig), kiln_release(a), kiln_release(bsrc), kiln_release(b);
+      kiln_release(c), kiln_release(ac), kiln_release(bc);
+    }
+}
+
 TEST(matmul_repeated_with_fresh_data_stays_correct) {
   /* the same trace many times (the JIT may compile it meanwhile) */
   const int64_t ash[2] = {9, 13}, bsh[2] = {13, 11};
@@ -882,6 +943,7 @@ int main(void) {
   RUN(matmul_error_0d_operand_rejected);
   RUN(matmul_of_null_returns_null_and_keeps_first_error);
   RUN(matmul_512_f32_matches_naive_loop_on_samples);
+  RUN(matmul_short_products_are_fma_chains_over_k);
   RUN(matmul_repeated_with_fresh_data_stays_correct);
   RUN(matmul_result_feeds_elementwise_ops);
   RUN(matmul_batched_is_one_blas_call_and_each_item_keeps_its_bits);

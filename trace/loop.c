@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include "../vm/backend.h"
+#include "../vm/gemm_f32.h"
 #include "../vm/state.h"
 #include "dump.h"
 #include "flush.h"
@@ -1475,6 +1476,23 @@ static bool find_waiting(roller *R, bool *wait) {
   return true;
 }
 
+/* --- the steps' fixed operands ---
+   The values every step reads alike (the weights, made before the loop)
+   cannot change while the steps run: their storages are named fixed
+   (vm/gemm_f32.h), so a step's product by one (h @ W_hh, or dg @ W_hhᵀ
+   through the step's own transpose) packs it for the first step only. */
+static void fix_invariants(const roller *R) {
+  vm_gemm_fixed_begin();
+  for (int q = 0; q < R->d; q++) {
+    const tr_node *n0 = R->t->nodes[R->at[R->s + q]];
+    for (int e = 0; e < n0->nin; e++) {
+      if (!invariant_input(R, q, e)) continue;
+      const vm_tensor *v = value_of(R, R->t->refs[R->at[R->s + q]][e]);
+      if (v && v->storage && v->storage->device == KILN_CPU) vm_gemm_fixed_add(v->storage);
+    }
+  }
+}
+
 int tr_loop_run(const tr_trace *t, const tr_loop *lp, tr_segment_runner *run, vm_tensor **vals,
                 int *failed) {
   roller R;
@@ -1509,6 +1527,7 @@ int tr_loop_run(const tr_trace *t, const tr_loop *lp, tr_segment_runner *run, vm
   if (rc == KILN_OK && hoists(&R) && hoist_before(&R))
     atomic_fetch_add_explicit(&vm_process()->stats.loop_hoists, (uint_fast64_t)hoists(&R),
                               memory_order_relaxed);
+  fix_invariants(&R);
   for (int c = 0; c < R.k && rc == KILN_OK; c++) {
     m = 0;
     for (int q = 0; q < R.d && rc == KILN_OK; q++) {
@@ -1531,6 +1550,7 @@ int tr_loop_run(const tr_trace *t, const tr_loop *lp, tr_segment_runner *run, vm
     if (rc == KILN_OK && m) rc = run_sub(&R, run, m, TR_SEGMENT_STEP, failed);
     drop_after(&R, c);
   }
+  vm_gemm_fixed_end();
   if (rc == KILN_OK && (R.nsinks || R.nmaps)) {
     rc = after_the_loop(&R, failed);
     atomic_fetch_add_explicit(&vm_process()->stats.loop_sums, (uint_fast64_t)R.nsinks,

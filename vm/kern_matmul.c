@@ -12,6 +12,7 @@
 #include "blas.h"
 #include "gemm.h"
 #include "gemm_bf16.h"
+#include "gemm_f32.h"
 #include "kernels.h"
 #include "pool.h"
 #include "state.h"
@@ -209,6 +210,8 @@ typedef struct {
   const char *A, *B;
   char *C;
   atomic_bool *failed; /* set by a tile that could not run (a bf16 tile's packing) */
+  bool own;            /* f32 through Kiln's GEMM (vm/gemm_f32.h), not OpenBLAS */
+  const float *panels; /* its op(B) packed for the whole call (a loop's fixed weight), or NULL */
 } gemm_job;
 
 /* C[r0:r1, c0:c1], the tile numbered `tile` (row-major over the tiling) of
@@ -227,6 +230,11 @@ static void gemm_tile_of(const gemm_job *j, int64_t tile, const char *A, const c
   if (j->dt == KILN_BF16) { /* vm_gemm_bf16_available(): front/op.c records it only then */
     if (!vm_gemm_bf16(j->ta != VM_BLAS_NO_TRANS, j->tb != VM_BLAS_NO_TRANS, m, n, k,
                       (const uint16_t *)A, lda, (const uint16_t *)B, ldb, (uint16_t *)C, ldc))
+      atomic_store(j->failed, true);
+  } else if (j->own) {
+    const float *panels = j->panels ? j->panels + c0 / 32 * j->K * 32 : NULL; /* c0: whole units */
+    if (!vm_gemm_f32(j->tb != VM_BLAS_NO_TRANS, m, n, k, (const float *)A, lda, (const float *)B,
+                     ldb, (float *)C, ldc, panels))
       atomic_store(j->failed, true);
   } else if (j->dt == KILN_F32)
     j->blas->sgemm(VM_BLAS_ROW_MAJOR, j->ta, j->tb, m, n, k, 1.0f, (const float *)A, lda,
@@ -262,16 +270,30 @@ static bool gemm_job_of(gemm_job *job, kiln_dtype dt, const vm_mat *a, const vm_
              (long long)M, (long long)K, (long long)N);
     return false;
   }
-  *job = (gemm_job){blas, dt,   ta,   tb,  gemm_tiles(M, N, K), M,
-                    N,    K,    lda,  ldb, N > 1 ? N : 1,       (int64_t)vm_dtype_size(dt),
-                    NULL, NULL, NULL, NULL};
+  *job = (gemm_job){.blas = blas,
+                    .dt = dt,
+                    .ta = ta,
+                    .tb = tb,
+                    .tiles = gemm_tiles(M, N, K),
+                    .M = M,
+                    .N = N,
+                    .K = K,
+                    .lda = lda,
+                    .ldb = ldb,
+                    .ldc = N > 1 ? N : 1,
+                    .es = (int64_t)vm_dtype_size(dt),
+                    .own = dt == KILN_F32 && vm_gemm_f32_takes(M, N, K, ta != VM_BLAS_NO_TRANS)};
   return true;
 }
 
+/* bs: B's storage (a loop's fixed weight is packed once, vm/gemm_f32.h) */
 static bool float_gemm(kiln_dtype dt, const vm_mat *a, const vm_mat *b, char *c, int64_t M,
-                       int64_t N, int64_t K, const char *A, const char *B) {
+                       int64_t N, int64_t K, const char *A, const char *B, const vm_storage *bs) {
   gemm_job job;
   if (!gemm_job_of(&job, dt, a, b, M, N, K)) return false;
+  if (job.own)
+    job.panels =
+        vm_gemm_fixed_panels(bs, (const float *)B, job.ldb, job.tb != VM_BLAS_NO_TRANS, N, K);
   atomic_fetch_add_explicit(&vm_process()->stats.blas_calls, 1, memory_order_relaxed);
   atomic_bool failed = false;
   job.A = A, job.B = B, job.C = c, job.failed = &failed;
@@ -343,9 +365,10 @@ static bool matmul_batched(vm_tensor *out, const vm_tensor *at, const vm_tensor 
   if (fl && vm_gemm_batch_is_rows(&g)) { /* one gemm */
     vm_mat a2 = g.a;
     a2.rows = M * nbatch;
-    return float_gemm(dt, &a2, &g.b, c, M * nbatch, N, K, g.a.base, g.b.base);
+    return float_gemm(dt, &a2, &g.b, c, M * nbatch, N, K, g.a.base, g.b.base, bt->storage);
   }
-  if (fl && nbatch == 1) return float_gemm(dt, &g.a, &g.b, c, M, N, K, g.a.base, g.b.base);
+  if (fl && nbatch == 1)
+    return float_gemm(dt, &g.a, &g.b, c, M, N, K, g.a.base, g.b.base, bt->storage);
   batch_job job = {.bat = &g.bat, .a = &g.a, .b = &g.b, .C = c, .tiles = 1};
   if (fl) {
     if (!gemm_job_of(&job.g, dt, &g.a, &g.b, M, N, K)) return false;

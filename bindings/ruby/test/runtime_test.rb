@@ -8,7 +8,7 @@ class RuntimeTest < Minitest::Test
                  blas_calls recomputed kernel_threads_max kernel_cache_hits code_objects code_unloads
                  view_ops compiler_processes loops_found loops_rolled loop_sums loop_steps
                  trace_cache_entries trace_cache_bytes loop_hoists loop_maps loop_joins trace_families
-                 attention_rewrites].freeze
+                 attention_rewrites loop_packs loop_pack_reads].freeze
 
   def test_stats_has_every_field
     s = Kiln.stats

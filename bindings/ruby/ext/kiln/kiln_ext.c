@@ -636,13 +636,13 @@ static VALUE m_stats(VALUE mod) {
 #undef U64
 #undef DBL
   /* counters beyond kiln_stats, by name */
-  static const char *more[] = {"kernels_compiled",   "kernel_cache_hits",  "code_objects",
-                               "code_unloads",       "plans_built",        "blas_calls",
-                               "recomputed",         "kernel_threads_max", "view_ops",
-                               "compiler_processes", "loops_found",        "loops_rolled",
-                               "loop_sums",          "loop_steps",         "trace_cache_entries",
-                               "trace_cache_bytes",  "loop_hoists",        "loop_maps",
-                               "loop_joins",         "trace_families",     "attention_rewrites"};
+  static const char *more[] = {
+      "kernels_compiled",   "kernel_cache_hits",  "code_objects",        "code_unloads",
+      "plans_built",        "blas_calls",         "recomputed",          "kernel_threads_max",
+      "view_ops",           "compiler_processes", "loops_found",         "loops_rolled",
+      "loop_sums",          "loop_steps",         "trace_cache_entries", "trace_cache_bytes",
+      "loop_hoists",        "loop_maps",          "loop_joins",          "trace_families",
+      "attention_rewrites", "loop_packs",         "loop_pack_reads"};
   for (size_t i = 0; i < sizeof more / sizeof *more; i++)
     rb_hash_aset(h, ID2SYM(rb_intern(more[i])), ULL2NUM((unsigned long long)kiln_stat(more[i])));
   return h;
