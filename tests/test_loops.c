@@ -616,7 +616,8 @@ TEST(a_loops_weight_is_packed_once_for_its_steps) {
   enum { BB = 32, HH = 128 };
   const char *jit = getenv("KILN_JIT"), *own_env = getenv("KILN_F32_GEMM");
   char *saved = jit ? strdup(jit) : NULL;
-  bool own = !strcmp(kiln_cpu_isa(), "x86-64-v4") && !(own_env && !strcmp(own_env, "0"));
+  bool own = (!strcmp(kiln_cpu_isa(), "x86-64-v4") || !strcmp(kiln_cpu_isa(), "x86-64-v3")) &&
+             !(own_env && !strcmp(own_env, "0"));
   double *wv = malloc(HH * HH * sizeof *wv);
   for (int i = 0; i < HH * HH; i++) wv[i] = (double)((i * 37) % 101 - 50) * 1e-3;
   for (int T = 6; T <= 40; T += 34) {

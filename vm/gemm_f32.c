@@ -1,19 +1,21 @@
-/* gemm_f32.c — Kiln's own f32 GEMM for short products, on AVX-512 CPUs.
+/* gemm_f32.c — Kiln's own f32 GEMM for short products, on AVX2 and
+ * AVX-512 CPUs.
  *
  * A recurrent step multiplies a batch of states by the same weight in
  * every step: [32,128] x [128,512] forward and [32,512] x [512,128]
- * backward in an LSTM of hidden 128.  OpenBLAS (0.3.21, SkylakeX) packs
- * both operands at every call, and at these shapes its packing is a
- * third of its time: the forward product took 34 µs on one thread of
- * this Xeon, the backward one 48 µs.  Here the right operand is packed
- * into panels of 32 columns, and a rolled loop packs its fixed weights
- * once for all its steps (vm_gemm_fixed_*): 22 µs each, 190 GFLOP/s.
+ * backward in an LSTM of hidden 128.  OpenBLAS (0.3.21) packs both
+ * operands at every call, and at these shapes its packing is a third of
+ * its time: on one thread of this Xeon its SkylakeX kernels took 34 and
+ * 48 µs, its Haswell ones 48 and 53.  Here the right operand is packed
+ * into panels (32 columns with AVX-512, 16 with AVX2), and a rolled loop
+ * packs its fixed weights once for all its steps (vm_gemm_fixed_*): 21-22
+ * µs each with AVX-512 (190 GFLOP/s), 35 with AVX2.
  *
- * The micro-kernel keeps an MR x 32 block of C in 2 MR zmm accumulators
- * for the whole k, each element one chain of FMAs over k in order from
- * +0; A is read in place (a broadcast per row and k).  So an element's
- * bits depend on k and the values alone, never on m, n, the tile or the
- * thread, and packed-once and packed-per-call products agree bit for bit.
+ * The micro-kernel keeps an MR x panel block of C in registers for the
+ * whole k, each element one chain of FMAs over k in order from +0; A is
+ * read in place (a broadcast per row and k).  So an element's bits depend
+ * on k and the values alone, never on m, n, the tile, the thread or the
+ * ISA, and packed-once and packed-per-call products agree bit for bit.
  * Which products run here is a function of the shape alone
  * (vm_gemm_f32_takes), so a product takes the same path in every step,
  * mode and thread count; on other CPUs OpenBLAS runs them all. */
@@ -27,10 +29,14 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-#define F32_ATTR __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma")))
+#define V4_ATTR __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma")))
+#define V3_ATTR __attribute__((target("avx2,fma")))
 #endif
 
-enum { MR = 8, NR = 32 };
+/* x86-64-v4: MR4 x 32 blocks in 16 zmm; x86-64-v3 (AVX2): MR3 x 16 in 12
+   ymm.  Both compute every element as the same chain, so the two give the
+   same bits. */
+enum { MR4 = 8, NR4 = 32, MR3 = 6, NR3 = 16 };
 
 /* the shapes it runs: short products (C's rows 16-128: a batch of states,
    a few tokens) of some width and depth, where it ran 1.1-1.4x OpenBLAS's
@@ -43,29 +49,41 @@ enum { MR = 8, NR = 32 };
 #define TAKES_MAX_K 8192
 #define TAKES_MIN_WORK (1 << 18)
 
-static bool available(void) {
+/* 4 (AVX-512), 3 (AVX2 + FMA), or 0: OpenBLAS runs every product */
+static int level(void) {
 #if defined(__x86_64__)
-  static int avail = -1;
-  if (avail < 0) avail = !strcmp(vm_cpu_isa(), "x86-64-v4") && vm_env_long("KILN_F32_GEMM", 1) != 0;
-  return avail;
+  static int lv = -1;
+  if (lv < 0) {
+    const char *isa = vm_cpu_isa();
+    lv = vm_env_long("KILN_F32_GEMM", 1) == 0 ? 0
+         : !strcmp(isa, "x86-64-v4")          ? 4
+         : !strcmp(isa, "x86-64-v3")          ? 3
+                                              : 0;
+  }
+  return lv;
 #else
-  return false;
+  return 0;
 #endif
 }
 
 bool vm_gemm_f32_takes(int64_t M, int64_t N, int64_t K, bool ta) {
   return !ta && M >= TAKES_MIN_M && M <= TAKES_MAX_M && N >= TAKES_MIN_N && K >= TAKES_MIN_K &&
-         K <= TAKES_MAX_K && (double)M * (double)N * (double)K >= TAKES_MIN_WORK && available();
+         K <= TAKES_MAX_K && (double)M * (double)N * (double)K >= TAKES_MIN_WORK && level() > 0;
 }
 
+static int64_t panel_width(void) { return level() == 4 ? NR4 : NR3; }
+
 size_t vm_f32_panels_size(int64_t n, int64_t k) {
-  return (size_t)((n + NR - 1) / NR) * NR * (size_t)k;
+  int64_t nr = panel_width();
+  return (size_t)((n + nr - 1) / nr * nr) * (size_t)k;
 }
 
 #if defined(__x86_64__)
 
+/* --- x86-64-v4 --- */
+
 /* rows r[0..15] (16 floats each) transposed: out[c] = column c */
-F32_ATTR static inline void tr16x16(__m512 r[16]) {
+V4_ATTR static inline void tr16x16(__m512 r[16]) {
   __m512 t[16], u[16];
   for (int i = 0; i < 8; i++) {
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
@@ -92,22 +110,18 @@ F32_ATTR static inline void tr16x16(__m512 r[16]) {
   }
 }
 
+static inline __mmask16 mask16(int64_t w) {
+  return w >= 16 ? 0xFFFF : w <= 0 ? 0 : (__mmask16)((1u << w) - 1);
+}
+
 /* one panel: op(B)'s columns [j0, j0 + w), w <= 32, as [k][32] */
-F32_ATTR static void panel(float *dst, const float *B, int64_t ldb, bool tb, int64_t j0, int64_t w,
+V4_ATTR static void panel4(float *dst, const float *B, int64_t ldb, bool tb, int64_t j0, int64_t w,
                            int64_t k) {
   if (!tb) { /* op(B)[p][j] = B[p * ldb + j]: rows of B, copied */
     for (int64_t p = 0; p < k; p++) {
-      float *d = dst + p * NR;
       const float *s = B + p * ldb + j0;
-      if (w == NR) {
-        _mm512_store_ps(d, _mm512_loadu_ps(s));
-        _mm512_store_ps(d + 16, _mm512_loadu_ps(s + 16));
-      } else {
-        __mmask16 m0 = w >= 16 ? 0xFFFF : (__mmask16)((1u << w) - 1),
-                  m1 = w <= 16 ? 0 : (__mmask16)((1u << (w - 16)) - 1);
-        _mm512_store_ps(d, _mm512_maskz_loadu_ps(m0, s));
-        _mm512_store_ps(d + 16, _mm512_maskz_loadu_ps(m1, s + 16));
-      }
+      _mm512_store_ps(dst + p * NR4, _mm512_maskz_loadu_ps(mask16(w), s));
+      _mm512_store_ps(dst + p * NR4 + 16, _mm512_maskz_loadu_ps(mask16(w - 16), s + 16));
     }
     return;
   }
@@ -121,27 +135,22 @@ F32_ATTR static void panel(float *dst, const float *B, int64_t ldb, bool tb, int
         r[i] = j < w ? _mm512_loadu_ps(B + (j0 + j) * ldb + p) : _mm512_setzero_ps();
       }
       tr16x16(r);
-      for (int i = 0; i < 16; i++) _mm512_store_ps(dst + (p + i) * NR + h * 16, r[i]);
+      for (int i = 0; i < 16; i++) _mm512_store_ps(dst + (p + i) * NR4 + h * 16, r[i]);
     }
   for (; p < k; p++)
-    for (int64_t j = 0; j < NR; j++) dst[p * NR + j] = j < w ? B[(j0 + j) * ldb + p] : 0.0f;
-}
-
-void vm_f32_panels(float *dst, const float *B, int64_t ldb, bool tb, int64_t n, int64_t k) {
-  for (int64_t j0 = 0, p = 0; j0 < n; j0 += NR, p++)
-    panel(dst + p * k * NR, B, ldb, tb, j0, n - j0 < NR ? n - j0 : NR, k);
+    for (int64_t j = 0; j < NR4; j++) dst[p * NR4 + j] = j < w ? B[(j0 + j) * ldb + p] : 0.0f;
 }
 
 /* C's rows [0, mr) x one panel's w columns; mr a constant where inlined */
-F32_ATTR static inline __attribute__((always_inline)) void block(int mr, const float *A,
-                                                                 int64_t lda, const float *P,
-                                                                 int64_t k, float *C, int64_t ldc,
-                                                                 int64_t w) {
-  __m512 c0[MR], c1[MR]; /* registers: the loops over r unroll (mr is a constant) */
+V4_ATTR static inline __attribute__((always_inline)) void blockV4(int mr, const float *A,
+                                                                  int64_t lda, const float *P,
+                                                                  int64_t k, float *C, int64_t ldc,
+                                                                  int64_t w) {
+  __m512 c0[MR4], c1[MR4]; /* registers: the loops over r unroll (mr is a constant) */
 #pragma GCC unroll 8
   for (int r = 0; r < mr; r++) c0[r] = c1[r] = _mm512_setzero_ps();
   for (int64_t p = 0; p < k; p++) {
-    __m512 b0 = _mm512_load_ps(P + p * NR), b1 = _mm512_load_ps(P + p * NR + 16);
+    __m512 b0 = _mm512_load_ps(P + p * NR4), b1 = _mm512_load_ps(P + p * NR4 + 16);
 #pragma GCC unroll 8
     for (int r = 0; r < mr; r++) {
       __m512 a = _mm512_set1_ps(A[r * lda + p]);
@@ -149,16 +158,7 @@ F32_ATTR static inline __attribute__((always_inline)) void block(int mr, const f
       c1[r] = _mm512_fmadd_ps(a, b1, c1[r]);
     }
   }
-  if (w == NR) {
-#pragma GCC unroll 8
-    for (int r = 0; r < mr; r++) {
-      _mm512_storeu_ps(C + r * ldc, c0[r]);
-      _mm512_storeu_ps(C + r * ldc + 16, c1[r]);
-    }
-    return;
-  }
-  __mmask16 m0 = w >= 16 ? 0xFFFF : (__mmask16)((1u << w) - 1),
-            m1 = w <= 16 ? 0 : (__mmask16)((1u << (w - 16)) - 1);
+  __mmask16 m0 = mask16(w), m1 = mask16(w - 16);
 #pragma GCC unroll 8
   for (int r = 0; r < mr; r++) {
     _mm512_mask_storeu_ps(C + r * ldc, m0, c0[r]);
@@ -166,36 +166,143 @@ F32_ATTR static inline __attribute__((always_inline)) void block(int mr, const f
   }
 }
 
-#define BLOCK(R)                                                                                  \
-  F32_ATTR static void block##R(const float *A, int64_t lda, const float *P, int64_t k, float *C, \
-                                int64_t ldc, int64_t w) {                                         \
-    block(R, A, lda, P, k, C, ldc, w);                                                            \
+/* --- x86-64-v3 (AVX2) --- */
+
+/* rows r[0..7] (8 floats each) transposed */
+V3_ATTR static inline void tr8x8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; i++) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
   }
-BLOCK(1)
-BLOCK(2)
-BLOCK(3)
-BLOCK(4)
-BLOCK(5)
-BLOCK(6)
-BLOCK(7)
-BLOCK(8)
+  for (int g = 0; g < 2; g++) {
+    u[4 * g] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int x = 0; x < 4; x++) {
+    r[x] = _mm256_permute2f128_ps(u[x], u[4 + x], 0x20);
+    r[4 + x] = _mm256_permute2f128_ps(u[x], u[4 + x], 0x31);
+  }
+}
+
+/* lanes [0, w) of 8 */
+V3_ATTR static inline __m256i mask8(int64_t w) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(w < 0 ? 0 : w > 8 ? 8 : w)), lane);
+}
+
+V3_ATTR static void panel3(float *dst, const float *B, int64_t ldb, bool tb, int64_t j0, int64_t w,
+                           int64_t k) {
+  if (!tb) {
+    __m256i m0 = mask8(w), m1 = mask8(w - 8);
+    for (int64_t p = 0; p < k; p++) {
+      const float *s = B + p * ldb + j0;
+      _mm256_store_ps(dst + p * NR3, w >= 8 ? _mm256_loadu_ps(s) : _mm256_maskload_ps(s, m0));
+      _mm256_store_ps(dst + p * NR3 + 8,
+                      w >= 16 ? _mm256_loadu_ps(s + 8) : _mm256_maskload_ps(s + 8, m1));
+    }
+    return;
+  }
+  int64_t p = 0;
+  for (; p + 8 <= k; p += 8)
+    for (int h = 0; h < 2; h++) {
+      __m256 r[8];
+      for (int i = 0; i < 8; i++) {
+        int64_t j = h * 8 + i;
+        r[i] = j < w ? _mm256_loadu_ps(B + (j0 + j) * ldb + p) : _mm256_setzero_ps();
+      }
+      tr8x8(r);
+      for (int i = 0; i < 8; i++) _mm256_store_ps(dst + (p + i) * NR3 + h * 8, r[i]);
+    }
+  for (; p < k; p++)
+    for (int64_t j = 0; j < NR3; j++) dst[p * NR3 + j] = j < w ? B[(j0 + j) * ldb + p] : 0.0f;
+}
+
+V3_ATTR static inline __attribute__((always_inline)) void blockV3(int mr, const float *A,
+                                                                  int64_t lda, const float *P,
+                                                                  int64_t k, float *C, int64_t ldc,
+                                                                  int64_t w) {
+  __m256 c0[MR3], c1[MR3];
+#pragma GCC unroll 8
+  for (int r = 0; r < mr; r++) c0[r] = c1[r] = _mm256_setzero_ps();
+  for (int64_t p = 0; p < k; p++) {
+    __m256 b0 = _mm256_load_ps(P + p * NR3), b1 = _mm256_load_ps(P + p * NR3 + 8);
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++) {
+      __m256 a = _mm256_broadcast_ss(A + r * lda + p);
+      c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
+      c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
+    }
+  }
+  if (w == NR3) {
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++) {
+      _mm256_storeu_ps(C + r * ldc, c0[r]);
+      _mm256_storeu_ps(C + r * ldc + 8, c1[r]);
+    }
+    return;
+  }
+  __m256i m0 = mask8(w), m1 = mask8(w - 8);
+#pragma GCC unroll 8
+  for (int r = 0; r < mr; r++) {
+    _mm256_maskstore_ps(C + r * ldc, m0, c0[r]);
+    _mm256_maskstore_ps(C + r * ldc + 8, m1, c1[r]);
+  }
+}
+
+#define BLOCKS(V, R)                                                                          \
+  V##_ATTR static void block##V##_##R(const float *A, int64_t lda, const float *P, int64_t k, \
+                                      float *C, int64_t ldc, int64_t w) {                     \
+    block##V(R, A, lda, P, k, C, ldc, w);                                                     \
+  }
+BLOCKS(V4, 1)
+BLOCKS(V4, 2)
+BLOCKS(V4, 3)
+BLOCKS(V4, 4)
+BLOCKS(V4, 5)
+BLOCKS(V4, 6)
+BLOCKS(V4, 7)
+BLOCKS(V4, 8)
+BLOCKS(V3, 1)
+BLOCKS(V3, 2)
+BLOCKS(V3, 3)
+BLOCKS(V3, 4)
+BLOCKS(V3, 5)
+BLOCKS(V3, 6)
 typedef void (*block_fn)(const float *, int64_t, const float *, int64_t, float *, int64_t, int64_t);
-static const block_fn blocks[MR + 1] = {NULL,   block1, block2, block3, block4,
-                                        block5, block6, block7, block8};
+static const block_fn blocks4[MR4 + 1] = {NULL,      blockV4_1, blockV4_2, blockV4_3, blockV4_4,
+                                          blockV4_5, blockV4_6, blockV4_7, blockV4_8};
+static const block_fn blocks3[MR3 + 1] = {NULL,      blockV3_1, blockV3_2, blockV3_3,
+                                          blockV3_4, blockV3_5, blockV3_6};
+
+typedef void (*panel_fn)(float *, const float *, int64_t, bool, int64_t, int64_t, int64_t);
+
+void vm_f32_panels(float *dst, const float *B, int64_t ldb, bool tb, int64_t n, int64_t k) {
+  int64_t nr = panel_width();
+  panel_fn pack = level() == 4 ? panel4 : panel3;
+  for (int64_t j0 = 0; j0 < n; j0 += nr)
+    pack(dst + j0 * k, B, ldb, tb, j0, n - j0 < nr ? n - j0 : nr, k);
+}
 
 bool vm_gemm_f32(bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
                  const float *B, int64_t ldb, float *C, int64_t ldc, const float *panels) {
+  bool v4 = level() == 4;
+  int64_t nr = v4 ? NR4 : NR3, mrmax = v4 ? MR4 : MR3;
+  const block_fn *blocks = v4 ? blocks4 : blocks3;
+  panel_fn pack = v4 ? panel4 : panel3;
   float *mine = NULL;
   if (!panels) { /* one panel at a time, reused for every row block */
-    mine = aligned_alloc(64, (size_t)k * NR * sizeof *mine);
+    mine = aligned_alloc(64, (size_t)k * (size_t)nr * sizeof *mine);
     if (!mine) return false;
   }
-  for (int64_t j0 = 0, p = 0; j0 < n; j0 += NR, p++) {
-    int64_t w = n - j0 < NR ? n - j0 : NR;
-    const float *P = panels ? panels + p * k * NR : mine;
-    if (!panels) panel(mine, B, ldb, tb, j0, w, k);
-    for (int64_t i = 0; i < m; i += MR) {
-      int64_t mr = m - i < MR ? m - i : MR;
+  for (int64_t j0 = 0; j0 < n; j0 += nr) { /* panel j0 / nr starts at j0 * k */
+    int64_t w = n - j0 < nr ? n - j0 : nr;
+    const float *P = panels ? panels + j0 * k : mine;
+    if (!panels) pack(mine, B, ldb, tb, j0, w, k);
+    for (int64_t i = 0; i < m; i += mrmax) {
+      int64_t mr = m - i < mrmax ? m - i : mrmax;
       blocks[mr](A + i * lda, lda, P, k, C + i * ldc + j0, ldc, w);
     }
   }
@@ -213,7 +320,7 @@ bool vm_gemm_f32(bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64
                  const float *B, int64_t ldb, float *C, int64_t ldc, const float *panels) {
   (void)tb, (void)m, (void)n, (void)k, (void)A, (void)lda, (void)B, (void)ldb, (void)C, (void)ldc,
       (void)panels;
-  return false; /* never taken: available() is false */
+  return false; /* never taken: level() is 0 */
 }
 
 #endif

@@ -1,4 +1,4 @@
-/* gemm_f32.h — Kiln's own f32 GEMM for short products on AVX-512 CPUs
+/* gemm_f32.h — Kiln's own f32 GEMM for short products on AVX2 and AVX-512 CPUs
  * (vm/gemm_f32.c), and the operands a rolled loop holds fixed, packed once
  * for every step.  vm/kern_matmul.c runs an f32 matmul's tiles through it
  * where vm_gemm_f32_takes(); OpenBLAS elsewhere. */
@@ -12,7 +12,7 @@
 struct vm_storage;
 
 /* whether C (M x N) = op(A) op(B) over K runs here: this CPU runs
-   x86-64-v4 (KILN_CPU_ISA may lower it), KILN_F32_GEMM is not 0, A is not
+   x86-64-v3 or v4 (KILN_CPU_ISA may lower it), KILN_F32_GEMM is not 0, A is not
    transposed, and the shape is one of the short products it is made for
    (a function of M, N and K alone, so every tile, thread count and mode
    of a product takes the same path) */

@@ -232,7 +232,8 @@ static void gemm_tile_of(const gemm_job *j, int64_t tile, const char *A, const c
                       (const uint16_t *)A, lda, (const uint16_t *)B, ldb, (uint16_t *)C, ldc))
       atomic_store(j->failed, true);
   } else if (j->own) {
-    const float *panels = j->panels ? j->panels + c0 / 32 * j->K * 32 : NULL; /* c0: whole units */
+    /* a tile starts at a whole unit, a whole panel: panel c0 / width at c0 * K */
+    const float *panels = j->panels ? j->panels + c0 * j->K : NULL;
     if (!vm_gemm_f32(j->tb != VM_BLAS_NO_TRANS, m, n, k, (const float *)A, lda, (const float *)B,
                      ldb, (float *)C, ldc, panels))
       atomic_store(j->failed, true);
