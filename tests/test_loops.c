@@ -604,7 +604,7 @@ TEST(the_input_projection_is_one_gemm) {
 }
 
 /* A rolled loop's steps read its weight packed once.  h_t = tanh(P_t +
-   h_{t-1} @ W) at a batch of 32 and width 128 is a short product, run on
+   h_{t-1} @ W) at a batch of 32 and width 256 is a short product, run on
    AVX-512 CPUs by Kiln's own f32 GEMM (vm/gemm_f32.h), and the loop packs
    W for its first step only (kiln_stat "loop_packs": once per loop; every
    later step's product reads the panels, "loop_pack_reads"); backward,
@@ -613,7 +613,7 @@ TEST(the_input_projection_is_one_gemm) {
    has the gradient with the JIT on and off; unrolled, the gradient agrees
    to rounding (its sum over the steps leaves the loop). */
 TEST(a_loops_weight_is_packed_once_for_its_steps) {
-  enum { BB = 32, HH = 128 };
+  enum { BB = 32, HH = 256 };
   const char *jit = getenv("KILN_JIT"), *own_env = getenv("KILN_F32_GEMM");
   char *saved = jit ? strdup(jit) : NULL;
   bool own = (!strcmp(kiln_cpu_isa(), "x86-64-v4") || !strcmp(kiln_cpu_isa(), "x86-64-v3")) &&

@@ -659,8 +659,9 @@ TEST(matmul_512_f32_matches_naive_loop_on_samples) {
 TEST(matmul_short_products_are_fma_chains_over_k) {
   static const struct {
     int64_t m, n, k;
-  } shapes[] = {{16, 64, 256}, {17, 65, 240},  {23, 100, 128}, {32, 512, 128}, {32, 128, 511},
-                {64, 96, 64},  {100, 130, 33}, {128, 64, 64},  {31, 257, 97}};
+  } shapes[] = {/* each of at least 2^20 multiply-adds */
+                {16, 256, 256}, {17, 65, 1024}, {23, 100, 512}, {32, 512, 128}, {32, 128, 511},
+                {64, 96, 200},  {100, 130, 81}, {128, 64, 128}, {31, 257, 132}};
   bool own = (!strcmp(kiln_cpu_isa(), "x86-64-v4") || !strcmp(kiln_cpu_isa(), "x86-64-v3")) &&
              !(getenv("KILN_F32_GEMM") && !strcmp(getenv("KILN_F32_GEMM"), "0"));
   for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)

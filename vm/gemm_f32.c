@@ -39,15 +39,16 @@
 enum { MR4 = 8, NR4 = 32, MR3 = 6, NR3 = 16 };
 
 /* the shapes it runs: short products (C's rows 16-128: a batch of states,
-   a few tokens) of some width and depth, where it ran 1.1-1.4x OpenBLAS's
-   speed packing per call on this Xeon (more with the panels a loop keeps);
-   below 16 rows OpenBLAS's small-matrix kernels win */
+   a few tokens) of at least 2^20 multiply-adds, where it ran 1.06-1.6x
+   OpenBLAS's speed packing per call on this Xeon (more with the panels a
+   loop keeps); below 16 rows, or 2^20 multiply-adds, OpenBLAS's
+   small-matrix kernels ran products of B as it is 1.1-1.3x faster */
 #define TAKES_MIN_M 16
 #define TAKES_MAX_M 128
 #define TAKES_MIN_N 64
 #define TAKES_MIN_K 32
 #define TAKES_MAX_K 8192
-#define TAKES_MIN_WORK (1 << 18)
+#define TAKES_MIN_WORK (1 << 20)
 
 /* 4 (AVX-512), 3 (AVX2 + FMA), or 0: OpenBLAS runs every product */
 static int level(void) {
