@@ -81,6 +81,14 @@ size_t vm_f32_panels_size(int64_t n, int64_t k) {
 
 #if defined(__x86_64__)
 
+/* rows [p, k) of a panel of op(B) = Bᵀ (nr columns, the first w of
+   them B's rows j0..), past the transposed blocks: one by one */
+static void tail_rows(float *dst, int64_t nr, const float *B, int64_t ldb, int64_t j0, int64_t w,
+                      int64_t p, int64_t k) {
+  for (; p < k; p++)
+    for (int64_t j = 0; j < nr; j++) dst[p * nr + j] = j < w ? B[(j0 + j) * ldb + p] : 0.0f;
+}
+
 /* --- x86-64-v4 --- */
 
 /* rows r[0..15] (16 floats each) transposed: out[c] = column c */
@@ -138,8 +146,7 @@ V4_ATTR static void panel4(float *dst, const float *B, int64_t ldb, bool tb, int
       tr16x16(r);
       for (int i = 0; i < 16; i++) _mm512_store_ps(dst + (p + i) * NR4 + h * 16, r[i]);
     }
-  for (; p < k; p++)
-    for (int64_t j = 0; j < NR4; j++) dst[p * NR4 + j] = j < w ? B[(j0 + j) * ldb + p] : 0.0f;
+  tail_rows(dst, NR4, B, ldb, j0, w, p, k);
 }
 
 /* C's rows [0, mr) x one panel's w columns; mr a constant where inlined */
@@ -217,8 +224,7 @@ V3_ATTR static void panel3(float *dst, const float *B, int64_t ldb, bool tb, int
       tr8x8(r);
       for (int i = 0; i < 8; i++) _mm256_store_ps(dst + (p + i) * NR3 + h * 8, r[i]);
     }
-  for (; p < k; p++)
-    for (int64_t j = 0; j < NR3; j++) dst[p * NR3 + j] = j < w ? B[(j0 + j) * ldb + p] : 0.0f;
+  tail_rows(dst, NR3, B, ldb, j0, w, p, k);
 }
 
 V3_ATTR static inline __attribute__((always_inline)) void blockV3(int mr, const float *A,
@@ -280,9 +286,12 @@ static const block_fn blocks3[MR3 + 1] = {NULL,      blockV3_1, blockV3_2, block
 
 typedef void (*panel_fn)(float *, const float *, int64_t, bool, int64_t, int64_t, int64_t);
 
+/* this CPU's panel packer (panel_width() columns) */
+static panel_fn packer(void) { return level() == 4 ? panel4 : panel3; }
+
 void vm_f32_panels(float *dst, const float *B, int64_t ldb, bool tb, int64_t n, int64_t k) {
   int64_t nr = panel_width();
-  panel_fn pack = level() == 4 ? panel4 : panel3;
+  panel_fn pack = packer();
   for (int64_t j0 = 0; j0 < n; j0 += nr)
     pack(dst + j0 * k, B, ldb, tb, j0, n - j0 < nr ? n - j0 : nr, k);
 }
@@ -290,9 +299,9 @@ void vm_f32_panels(float *dst, const float *B, int64_t ldb, bool tb, int64_t n, 
 bool vm_gemm_f32(bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
                  const float *B, int64_t ldb, float *C, int64_t ldc, const float *panels) {
   bool v4 = level() == 4;
-  int64_t nr = v4 ? NR4 : NR3, mrmax = v4 ? MR4 : MR3;
+  int64_t nr = panel_width(), mrmax = v4 ? MR4 : MR3;
   const block_fn *blocks = v4 ? blocks4 : blocks3;
-  panel_fn pack = v4 ? panel4 : panel3;
+  panel_fn pack = packer();
   float *mine = NULL;
   if (!panels) { /* one panel at a time, reused for every row block */
     mine = aligned_alloc(64, (size_t)k * (size_t)nr * sizeof *mine);
