@@ -11,7 +11,18 @@
 #include <sys/sysinfo.h>
 
 #include "../trace/inspect.h"
+#include "../vm/state.h"
+#include "../vm/tensor.h"
 #include "ktest.h"
+
+const void *fe_storage_id(const kiln_tensor *t); /* front/op.h: its storage */
+
+#if !defined(__SANITIZE_ADDRESS__)
+static const void *data_of(kiln_tensor *t) {
+  const vm_storage *s = fe_storage_id(t);
+  return s ? s->data : NULL;
+}
+#endif
 
 static tr_flush_info last_flush(void) {
   tr_flush_info info;
@@ -673,6 +684,58 @@ TEST(freed_buffers_serve_the_next_step_within_the_cache) {
     KTEST_FAIL("%.3f faults per page past the cache: it held more than its MiB", over);
 }
 
+/* Mid-size buffers (1 KiB to VM_MID_MAX: a small model's activations) come
+   from a per-thread cache by size class: every size gets a block at least
+   as large, at most an eighth larger, aligned to 64; a freed block is the
+   next one its class hands out (last freed, first taken: still in the
+   cache).  AddressSanitizer builds cache nothing and see exact sizes. */
+TEST(mid_size_buffers_come_back_while_hot) {
+  size_t sizes = 0;
+  for (size_t bytes = VM_MID_MIN + 1; bytes <= VM_MID_MAX;
+       bytes += bytes < 4 * VM_MID_MIN ? 1 : 97 + bytes / 64, sizes++) {
+    size_t have = 0;
+    unsigned char *p = vm_mid_alloc(bytes, &have);
+    CHECK(p != NULL);
+    if (have < bytes || have - bytes > bytes / 8 || (uintptr_t)p % 64)
+      KTEST_FAIL("%zu bytes: a block of %zu at %p", bytes, have, (void *)p);
+    memset(p, 0xA5, have); /* the whole block is the caller's */
+    vm_mid_free(p, have);
+  }
+  size_t have = 0;
+  void *top = vm_mid_alloc(VM_MID_MAX, &have);
+  CHECK(top != NULL && have == VM_MID_MAX);
+  vm_mid_free(top, have);
+  printf("  %zu sizes from %zu to %zu bytes\n", sizes, (size_t)VM_MID_MIN + 1, (size_t)VM_MID_MAX);
+#if !defined(__SANITIZE_ADDRESS__)
+  size_t have2 = 0;
+  void *a = vm_mid_alloc(16384, &have), *b = vm_mid_alloc(16384, &have2);
+  CHECK(a && b && a != b && have == 16384 && have2 == 16384);
+  vm_mid_free(a, have);
+  vm_mid_free(b, have2);
+  void *c = vm_mid_alloc(16000, &have); /* the same class */
+  void *d = vm_mid_alloc(16384, &have2);
+  CHECK(c == b && d == a && have == 16384);
+  vm_mid_free(c, have);
+  vm_mid_free(d, have2);
+  /* a [32,128] f32 result freed is where the next one goes */
+  static float ones[32 * 128];
+  for (int i = 0; i < 32 * 128; i++) ones[i] = 1;
+  kiln_tensor *x = f32(ones, 2, (int64_t[]){32, 128});
+  kiln_tensor *y = kiln_add_scalar(x, 1.0);
+  CHECK(kiln_eval(1, &y) == KILN_OK);
+  const void *first = data_of(y);
+  kiln_release(y);
+  kiln_tensor *z = kiln_add_scalar(x, 2.0);
+  CHECK(kiln_eval(1, &z) == KILN_OK);
+  CHECK(first != NULL && data_of(z) == first);
+  kiln_tensor *total = kiln_sum(z, 0, NULL, false);
+  CHECK_CLOSE(kiln_item(total), 3.0 * 32 * 128, 0);
+  kiln_release(total);
+  kiln_release(z);
+  kiln_release(x);
+#endif
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "buffers")) return buffers_main();
   RUN(rebound_state_settles_into_one_trace);
@@ -687,5 +750,6 @@ int main(int argc, char **argv) {
   RUN(derivatives_at_kinks_follow_pytorch);
   RUN(autodiff_nulls_carry_a_message);
   RUN(freed_buffers_serve_the_next_step_within_the_cache);
+  RUN(mid_size_buffers_come_back_while_hot);
   return ktest_done();
 }

@@ -13,23 +13,32 @@
 
 /* --- row templates ------------------------------------------------------ */
 
-#define UNARY_ROW(fname, TI, TO, EXPR)                                  \
-  static void fname(void *ctx, char **p, const int64_t *s, int64_t n) { \
-    (void)ctx;                                                          \
-    TO *restrict o = (TO *)p[0];                                        \
-    const TI *restrict a = (const TI *)p[1];                            \
-    int64_t so = s[0], sa = s[1];                                       \
-    if (so == 1 && sa == 1) {                                           \
-      for (int64_t i = 0; i < n; i++) {                                 \
-        TI x = a[i];                                                    \
-        o[i] = (TO)(EXPR);                                              \
-      }                                                                 \
-    } else {                                                            \
-      for (int64_t i = 0; i < n; i++) {                                 \
-        TI x = a[i * sa];                                               \
-        o[i * so] = (TO)(EXPR);                                         \
-      }                                                                 \
-    }                                                                   \
+/* AVX2 code for AVX2 and AVX-512 machines alike: an elementwise row computes
+   each element alone, so its bits do not depend on the vector width (the
+   libm calls stay scalar calls in every clone) */
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define ROW_CLONES __attribute__((target_clones("default", "arch=x86-64-v3")))
+#else
+#define ROW_CLONES
+#endif
+
+#define UNARY_ROW(fname, TI, TO, EXPR)                                             \
+  ROW_CLONES static void fname(void *ctx, char **p, const int64_t *s, int64_t n) { \
+    (void)ctx;                                                                     \
+    TO *restrict o = (TO *)p[0];                                                   \
+    const TI *restrict a = (const TI *)p[1];                                       \
+    int64_t so = s[0], sa = s[1];                                                  \
+    if (so == 1 && sa == 1) {                                                      \
+      for (int64_t i = 0; i < n; i++) {                                            \
+        TI x = a[i];                                                               \
+        o[i] = (TO)(EXPR);                                                         \
+      }                                                                            \
+    } else {                                                                       \
+      for (int64_t i = 0; i < n; i++) {                                            \
+        TI x = a[i * sa];                                                          \
+        o[i * so] = (TO)(EXPR);                                                    \
+      }                                                                            \
+    }                                                                              \
   }
 
 #define BINARY_LOOP(T, TO, XV, YV, EXPR) \
@@ -38,30 +47,30 @@
     o[i * so] = (TO)(EXPR);              \
   }
 
-#define BINARY_ROW(fname, T, TO, EXPR)                                    \
-  static void fname(void *ctx, char **p, const int64_t *s, int64_t n) {   \
-    (void)ctx;                                                            \
-    TO *restrict o = (TO *)p[0];                                          \
-    const T *restrict a = (const T *)p[1], *restrict b = (const T *)p[2]; \
-    int64_t sa = s[1], sb = s[2], so = 1;                                 \
-    if (s[0] != 1) {                                                      \
-      so = s[0];                                                          \
-      BINARY_LOOP(T, TO, a[i * sa], b[i * sb], EXPR)                      \
-    } else if (sa == 1 && sb == 1) {                                      \
-      BINARY_LOOP(T, TO, a[i], b[i], EXPR)                                \
-    } else if (sa == 1 && sb == 0) {                                      \
-      const T y0 = *b;                                                    \
-      BINARY_LOOP(T, TO, a[i], y0, EXPR)                                  \
-    } else if (sa == 0 && sb == 1) {                                      \
-      const T x0 = *a;                                                    \
-      BINARY_LOOP(T, TO, x0, b[i], EXPR)                                  \
-    } else {                                                              \
-      BINARY_LOOP(T, TO, a[i * sa], b[i * sb], EXPR)                      \
-    }                                                                     \
+#define BINARY_ROW(fname, T, TO, EXPR)                                             \
+  ROW_CLONES static void fname(void *ctx, char **p, const int64_t *s, int64_t n) { \
+    (void)ctx;                                                                     \
+    TO *restrict o = (TO *)p[0];                                                   \
+    const T *restrict a = (const T *)p[1], *restrict b = (const T *)p[2];          \
+    int64_t sa = s[1], sb = s[2], so = 1;                                          \
+    if (s[0] != 1) {                                                               \
+      so = s[0];                                                                   \
+      BINARY_LOOP(T, TO, a[i * sa], b[i * sb], EXPR)                               \
+    } else if (sa == 1 && sb == 1) {                                               \
+      BINARY_LOOP(T, TO, a[i], b[i], EXPR)                                         \
+    } else if (sa == 1 && sb == 0) {                                               \
+      const T y0 = *b;                                                             \
+      BINARY_LOOP(T, TO, a[i], y0, EXPR)                                           \
+    } else if (sa == 0 && sb == 1) {                                               \
+      const T x0 = *a;                                                             \
+      BINARY_LOOP(T, TO, x0, b[i], EXPR)                                           \
+    } else {                                                                       \
+      BINARY_LOOP(T, TO, a[i * sa], b[i * sb], EXPR)                               \
+    }                                                                              \
   }
 
 #define WHERE_ROW(fname, T)                                                          \
-  static void fname(void *ctx, char **p, const int64_t *s, int64_t n) {              \
+  ROW_CLONES static void fname(void *ctx, char **p, const int64_t *s, int64_t n) {   \
     (void)ctx;                                                                       \
     T *restrict o = (T *)p[0];                                                       \
     const bool *restrict c = (const bool *)p[1];                                     \

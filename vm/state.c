@@ -99,6 +99,15 @@ static pthread_once_t blocks_once = PTHREAD_ONCE_INIT;
 
 static void blocks_thread_exit(void *p) {
   vm_thread_state *ts = p;
+  for (int c = 0; c < VM_MID_CLASSES; c++) {
+    while (ts->free_mid[c]) {
+      void *b = ts->free_mid[c];
+      ts->free_mid[c] = *(void **)b;
+      free(b);
+    }
+    ts->mid_count[c] = 0;
+  }
+  ts->mid_bytes = 0;
   for (int k = 0; k < VM_BLOCK_KINDS; k++) {
     while (ts->free_blocks[k]) {
       void *b = ts->free_blocks[k];
@@ -134,6 +143,15 @@ void *vm_block_alloc_aligned(int kind, size_t size) {
   return b ? b : aligned_alloc(64, (size + 63) & ~(size_t)63);
 }
 
+/* frees the thread's caches when it exits */
+static void register_cleanup(vm_thread_state *ts) {
+  if (!ts->cleanup_registered) {
+    pthread_once(&blocks_once, blocks_key_init);
+    pthread_setspecific(blocks_key, ts);
+    ts->cleanup_registered = true;
+  }
+}
+
 void vm_block_free(int kind, void *p) {
   vm_thread_state *ts = &thread_state;
   if (!p) return;
@@ -141,14 +159,61 @@ void vm_block_free(int kind, void *p) {
     free(p);
     return;
   }
-  if (!ts->cleanup_registered) { /* free the cache when the thread exits */
-    pthread_once(&blocks_once, blocks_key_init);
-    pthread_setspecific(blocks_key, ts);
-    ts->cleanup_registered = true;
-  }
+  register_cleanup(ts);
   *(void **)p = ts->free_blocks[kind];
   ts->free_blocks[kind] = p;
   ts->free_count[kind]++;
+}
+
+/* Mid-size buffers: the outputs of an eager op or a loop step on small
+   activations ([32,128] f32 is 16 KiB).  Taken from glibc's malloc, each
+   was a bin search and often a block last touched long ago; here a freed
+   block is taken again first by the next request of its class on the
+   thread that freed it, while it is still in that core's cache (W16 8%,
+   W10 3-8% faster; an eager chain of adds over 4096 floats 0.70 -> 0.62 us
+   an op).  A class holds at most VM_MID_PER_CLASS blocks and a thread
+   VM_MID_BYTES in all (W10's peak RSS +4 MiB); past that a block goes back
+   to malloc. */
+#define VM_MID_PER_CLASS 64
+#define VM_MID_BYTES ((size_t)8 << 20)
+
+/* the class of a request of bytes (1 KiB < bytes <= VM_MID_MAX): 8 per
+   power of two, each 1/8 of it apart; *size: the class's block size */
+static int mid_class(size_t bytes, size_t *size) {
+  int e = 63 - __builtin_clzll((unsigned long long)(bytes - 1)); /* 2^e <= bytes-1 < 2^(e+1) */
+  size_t g = (size_t)1 << (e - 3), m = (bytes + g - 1) / g;      /* 9..16 eighths of 2^e */
+  *size = m * g;
+  return (e - 10) * 8 + (int)(m - 9);
+}
+
+void *vm_mid_alloc(size_t bytes, size_t *have) {
+  vm_thread_state *ts = &thread_state;
+  int c = mid_class(bytes, have);
+  void *b = ts->free_mid[c];
+  if (b) {
+    ts->free_mid[c] = *(void **)b;
+    ts->mid_count[c]--;
+    ts->mid_bytes -= *have;
+    return b;
+  }
+  if (!VM_CACHE_BLOCKS) *have = bytes; /* AddressSanitizer sees the exact size */
+  return posix_memalign(&b, 64, *have) == 0 ? b : NULL;
+}
+
+void vm_mid_free(void *p, size_t have) {
+  vm_thread_state *ts = &thread_state;
+  size_t size;
+  int c = mid_class(have, &size);
+  if (!VM_CACHE_BLOCKS || size != have || ts->mid_count[c] >= VM_MID_PER_CLASS ||
+      ts->mid_bytes + have > VM_MID_BYTES) {
+    free(p);
+    return;
+  }
+  register_cleanup(ts);
+  *(void **)p = ts->free_mid[c];
+  ts->free_mid[c] = p;
+  ts->mid_count[c]++;
+  ts->mid_bytes += have;
 }
 
 const char *vm_shape_str(char *buf, int ndim, const int64_t *shape) {

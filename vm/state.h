@@ -21,6 +21,11 @@
    output */
 enum { VM_BLOCK_TENSOR, VM_BLOCK_NODE, VM_BLOCK_STORAGE_S, VM_BLOCK_STORAGE_L, VM_BLOCK_KINDS };
 #define VM_BLOCK_CACHE 256
+/* mid-size buffers (vm_mid_alloc): 8 size classes per power of two from
+   1 KiB to VM_MID_MAX */
+#define VM_MID_MIN ((size_t)1 << 10) /* exclusive */
+#define VM_MID_MAX ((size_t)512 << 10)
+#define VM_MID_CLASSES 72
 
 typedef struct vm_thread_state {
   kiln_status status;                /* of the first error since the last clear */
@@ -30,6 +35,9 @@ typedef struct vm_thread_state {
   int autocast;                      /* kiln_set_autocast: a half dtype, or 0 (off) */
   void *free_blocks[VM_BLOCK_KINDS]; /* singly linked through the first word */
   int free_count[VM_BLOCK_KINDS];
+  void *free_mid[VM_MID_CLASSES]; /* vm_mid_alloc's blocks, by size class */
+  uint8_t mid_count[VM_MID_CLASSES];
+  size_t mid_bytes; /* held in free_mid */
   bool cleanup_registered;
   int pool_depth;       /* nested vm_pool_enter calls: >0 holds a kernel token */
   bool pool_in_chunk;   /* running a chunk of a parallel job (vm/pool.c) */
@@ -105,6 +113,12 @@ void *vm_block_alloc(int kind, size_t size);
    all come from here); NULL when out of memory */
 void *vm_block_alloc_aligned(int kind, size_t size);
 void vm_block_free(int kind, void *p);
+/* a buffer of more than 1 KiB and at most VM_MID_MAX bytes, aligned to 64,
+   from this thread's cache of freed ones of its size class (the last freed
+   first: still in this core's cache); *have: its size, the class's, which
+   vm_mid_free takes back.  NULL when out of memory. */
+void *vm_mid_alloc(size_t bytes, size_t *have);
+void vm_mid_free(void *p, size_t have);
 
 /* integer environment variable, or dflt when unset or malformed */
 long vm_env_long(const char *name, long dflt);

@@ -181,6 +181,10 @@ size_t vm_memory_total(void) {
 /* a block of at least bytes; *have: its size (a cached block may be up to
    a quarter larger, and is cached again at its own size when freed) */
 static void *block_alloc(size_t bytes, size_t *have_out) {
+  if (bytes > VM_MID_MIN && bytes <= VM_MID_MAX) {
+    void *p = vm_mid_alloc(bytes, have_out);
+    if (p) return p;
+  }
   *have_out = bytes;
   if (bytes >= VM_CACHE_MIN_BYTES) {
     pthread_mutex_lock(&block_cache.lock);
@@ -230,6 +234,10 @@ static void live_peak_note(size_t live) {
 }
 
 static void block_free(void *p, size_t bytes) {
+  if (bytes > VM_MID_MIN && bytes <= VM_MID_MAX) {
+    vm_mid_free(p, bytes);
+    return;
+  }
   pthread_once(&cache_bytes_once, cache_bytes_init);
   size_t peak = atomic_load_explicit(&live_peak, memory_order_relaxed);
   const size_t limit = cache_bytes < peak ? cache_bytes : peak;
