@@ -648,8 +648,9 @@ TEST(matmul_512_f32_matches_naive_loop_on_samples) {
   kiln_release(a), kiln_release(b), kiln_release(c);
 }
 
-/* Short products (C's rows 16-128, a batch of states times a weight) run
-   through Kiln's own f32 GEMM on AVX-512 CPUs (vm/gemm_f32.h): every
+/* Short products (C's rows 16-128, a batch of states times a weight), and
+   taller ones while K is short (to 2048 with AVX-512, 512 with AVX2), run
+   through Kiln's own f32 GEMM on AVX2 and AVX-512 CPUs (vm/gemm_f32.h): every
    element is one chain of FMAs over k in order from +0, fmaf by fmaf,
    whatever the tile, row block or panel it lands in.  Shapes with tails of
    rows (not a multiple of 8) and columns (not of 32), depths not of 16,
@@ -660,16 +661,38 @@ TEST(matmul_short_products_are_fma_chains_over_k) {
   static const struct {
     int64_t m, n, k;
   } shapes[] = {/* each of at least 2^20 multiply-adds */
-                {16, 256, 256}, {17, 65, 1024}, {23, 100, 512}, {32, 512, 128}, {32, 128, 511},
-                {64, 96, 200},  {100, 130, 81}, {128, 64, 128}, {31, 257, 132}};
-  bool own = (!strcmp(kiln_cpu_isa(), "x86-64-v4") || !strcmp(kiln_cpu_isa(), "x86-64-v3")) &&
-             !(getenv("KILN_F32_GEMM") && !strcmp(getenv("KILN_F32_GEMM"), "0"));
+                {16, 256, 256},
+                {17, 65, 1024},
+                {23, 100, 512},
+                {32, 512, 128},
+                {32, 128, 511},
+                {64, 96, 200},
+                {100, 130, 81},
+                {128, 64, 128},
+                {31, 257, 132},
+                /* taller */
+                {512, 128, 128},
+                {129, 70, 512},
+                {300, 96, 700},
+                {200, 160, 2048}};
+  bool v4 = !strcmp(kiln_cpu_isa(), "x86-64-v4");
+  bool own_cpu = (v4 || !strcmp(kiln_cpu_isa(), "x86-64-v3")) &&
+                 !(getenv("KILN_F32_GEMM") && !strcmp(getenv("KILN_F32_GEMM"), "0"));
   for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
-    for (int form = 0; form < 3; form++) { /* B plain, B = Wᵀ (a view), B a column slice */
+    for (int form = 0; form < 4; form++) { /* B plain, B = Wᵀ (a view), B a column slice,
+                                                A = Xᵀ (a view of a column slice) */
       int64_t m = shapes[s].m, n = shapes[s].n, k = shapes[s].k, wa = k + 3, wb = n + 5;
+      /* vm/gemm_f32.c's rule */
+      int64_t max_k = m <= 128 ? 8192 : v4 ? 2048 : 512;
+      bool short_side = m <= 512 || n <= 512 || k <= 512;
+      bool own =
+          own_cpu && k <= max_k && short_side && (form != 3 || (v4 && m <= 128 && k <= 2048));
       kiln_manual_seed(100 + (uint64_t)s * 3 + (uint64_t)form);
-      kiln_tensor *abig = kiln_randn(KILN_F32, 2, (int64_t[]){m, wa});
-      kiln_tensor *a = kiln_slice(abig, 1, 2, 2 + k, 1); /* rows of a wider matrix */
+      kiln_tensor *abig = form == 3 ? kiln_randn(KILN_F32, 2, (int64_t[]){k, m + 3})
+                                    : kiln_randn(KILN_F32, 2, (int64_t[]){m, wa});
+      kiln_tensor *acols = form == 3 ? kiln_slice(abig, 1, 1, 1 + m, 1) : NULL;
+      kiln_tensor *a = form == 3 ? kiln_transpose(acols, 0, 1)
+                                 : kiln_slice(abig, 1, 2, 2 + k, 1); /* rows of a wider matrix */
       kiln_tensor *bsrc = form == 1   ? kiln_randn(KILN_F32, 2, (int64_t[]){n, k})
                           : form == 2 ? kiln_randn(KILN_F32, 2, (int64_t[]){k, wb})
                                       : kiln_randn(KILN_F32, 2, (int64_t[]){k, n});
@@ -705,7 +728,7 @@ TEST(matmul_short_products_are_fma_chains_over_k) {
           }
         }
       free(av), free(bv), free(cv);
-      kiln_release(abig), kiln_release(a), kiln_release(bsrc), kiln_release(b);
+      kiln_release(abig), kiln_release(acols), kiln_release(a), kiln_release(bsrc), kiln_release(b);
       kiln_release(c), kiln_release(ac), kiln_release(bc);
     }
 }

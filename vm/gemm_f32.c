@@ -1,5 +1,5 @@
-/* gemm_f32.c — Kiln's own f32 GEMM for short products, on AVX2 and
- * AVX-512 CPUs.
+/* gemm_f32.c — Kiln's own f32 GEMM for short products and for taller
+ * ones of short K, on AVX2 and AVX-512 CPUs.
  *
  * A recurrent step multiplies a batch of states by the same weight in
  * every step: [32,128] x [128,512] forward and [32,512] x [512,128]
@@ -16,9 +16,9 @@
  * read in place (a broadcast per row and k).  So an element's bits depend
  * on k and the values alone, never on m, n, the tile, the thread or the
  * ISA, and packed-once and packed-per-call products agree bit for bit.
- * Which products run here is a function of the shape alone
- * (vm_gemm_f32_takes), so a product takes the same path in every step,
- * mode and thread count; on other CPUs OpenBLAS runs them all. */
+ * Which products run here is a function of the shape and the CPU's ISA
+ * alone (vm_gemm_f32_takes), so a product takes the same path in every
+ * step, mode and thread count; on other CPUs OpenBLAS runs them all. */
 #include "gemm_f32.h"
 
 #include <stdlib.h>
@@ -38,16 +38,37 @@
    same bits. */
 enum { MR4 = 8, NR4 = 32, MR3 = 6, NR3 = 16 };
 
-/* the shapes it runs: short products (C's rows 16-128: a batch of states,
-   a few tokens) of at least 2^20 multiply-adds, where it ran 1.06-1.6x
-   OpenBLAS's speed packing per call on this Xeon (more with the panels a
-   loop keeps); below 16 rows, or 2^20 multiply-adds, OpenBLAS's
-   small-matrix kernels ran products of B as it is 1.1-1.3x faster */
+/* the shapes it runs: products of at least 16 rows and 2^20 multiply-adds
+   (two threads on this Xeon, best of 100-300, OpenBLAS SkylakeX -> Kiln):
+ - short ones (C's rows 16-128: a batch of states, a few tokens), K to
+   8192: 1.06-1.6x OpenBLAS's speed packing per call (more with the panels
+   a loop keeps); below 16 rows or 2^20 multiply-adds OpenBLAS's
+   small-matrix kernels ran products of B as it is 1.1-1.3x faster;
+ - taller ones, K to 2048 (512 with AVX2) and one side at most 512: the
+   kernel holds a block of C in registers for the whole of K and streams
+   A's rows once per panel of B.  [512,128]x[128,128] 57 -> 44 us,
+   [512,128]x[128,512] 252 -> 168, [512,512]x[512,128]ᵀ 246 -> 188,
+   [4096,384]x[384,384] 3.45 -> 3.04 ms, [4096,384]x[384,1536] 14.9 -> 12.7,
+   [4096,1536]x[1536,384] 14.6 -> 13.6-14.5, [512,1024]x[1024,1024] 3.4 ->
+   3.1; equal at K = 4096-8192, and where no side is short (1024^3 5.9-6.1
+   -> 5.9-6.2 ms, [2048,768]x[768,768]).  AVX2 (OpenBLAS Haswell): faster to
+   K = 512 ([512,128]x[128,128] 155 -> 71 us, [4096,512]x[512,512] 9.5 ->
+   9.1 ms), 8-10% slower from K = 768;
+ - A transposed (Xᵀ Y: a loop's weight gradient over its steps' rows) is
+   read 8 floats a k, a row of X apart: short products on AVX-512 to K =
+   2048 only ([128,704]ᵀ x [704,384] 267-517 -> 235-245 us, [32,704]ᵀ 81 ->
+   65, [64,2048]ᵀ 321 -> 302); taller, longer or on AVX2 it ran equal to 3x
+   slower ([128,6400]ᵀ x [6400,512] 3.6 -> 10.1 ms, [1024,512]ᵀ x
+   [512,1024] 3.8 -> 7.6). */
 #define TAKES_MIN_M 16
-#define TAKES_MAX_M 128
+#define TAKES_SHORT_M 128 /* the short products: K to TAKES_MAX_K */
 #define TAKES_MIN_N 64
 #define TAKES_MIN_K 32
 #define TAKES_MAX_K 8192
+#define TAKES_TALL_K4 2048  /* taller ones: K to this on AVX-512 */
+#define TAKES_TALL_K3 512   /* and to this on AVX2 */
+#define TAKES_TALL_SIDE 512 /* with one side (M, N or K) at most this */
+#define TAKES_TA_K 2048     /* op(A) = Xᵀ: short products to this K, AVX-512 only */
 #define TAKES_MIN_WORK (1 << 20)
 
 /* 4 (AVX-512), 3 (AVX2 + FMA), or 0: OpenBLAS runs every product */
@@ -68,8 +89,13 @@ static int level(void) {
 }
 
 bool vm_gemm_f32_takes(int64_t M, int64_t N, int64_t K, bool ta) {
-  return !ta && M >= TAKES_MIN_M && M <= TAKES_MAX_M && N >= TAKES_MIN_N && K >= TAKES_MIN_K &&
-         K <= TAKES_MAX_K && (double)M * (double)N * (double)K >= TAKES_MIN_WORK && level() > 0;
+  int lv = level();
+  bool tall = M > TAKES_SHORT_M;
+  int64_t max_k = !tall ? TAKES_MAX_K : lv == 4 ? TAKES_TALL_K4 : TAKES_TALL_K3;
+  if (tall && M > TAKES_TALL_SIDE && N > TAKES_TALL_SIDE && K > TAKES_TALL_SIDE) return false;
+  if (ta && (tall || lv != 4 || K > TAKES_TA_K)) return false;
+  return lv > 0 && M >= TAKES_MIN_M && N >= TAKES_MIN_N && K >= TAKES_MIN_K && K <= max_k &&
+         (double)M * (double)N * (double)K >= TAKES_MIN_WORK;
 }
 
 static int64_t panel_width(void) { return level() == 4 ? NR4 : NR3; }
@@ -151,8 +177,9 @@ V4_ATTR static void panel4(float *dst, const float *B, int64_t ldb, bool tb, int
 
 /* C's rows [0, mr) x one panel's w columns; mr a constant where inlined */
 V4_ATTR static inline __attribute__((always_inline)) void blockV4(int mr, const float *A,
-                                                                  int64_t lda, const float *P,
-                                                                  int64_t k, float *C, int64_t ldc,
+                                                                  int64_t rsa, int64_t csa,
+                                                                  const float *P, int64_t k,
+                                                                  float *C, int64_t ldc,
                                                                   int64_t w) {
   __m512 c0[MR4], c1[MR4]; /* registers: the loops over r unroll (mr is a constant) */
 #pragma GCC unroll 8
@@ -161,7 +188,7 @@ V4_ATTR static inline __attribute__((always_inline)) void blockV4(int mr, const 
     __m512 b0 = _mm512_load_ps(P + p * NR4), b1 = _mm512_load_ps(P + p * NR4 + 16);
 #pragma GCC unroll 8
     for (int r = 0; r < mr; r++) {
-      __m512 a = _mm512_set1_ps(A[r * lda + p]);
+      __m512 a = _mm512_set1_ps(A[r * rsa + p * csa]);
       c0[r] = _mm512_fmadd_ps(a, b0, c0[r]);
       c1[r] = _mm512_fmadd_ps(a, b1, c1[r]);
     }
@@ -228,8 +255,9 @@ V3_ATTR static void panel3(float *dst, const float *B, int64_t ldb, bool tb, int
 }
 
 V3_ATTR static inline __attribute__((always_inline)) void blockV3(int mr, const float *A,
-                                                                  int64_t lda, const float *P,
-                                                                  int64_t k, float *C, int64_t ldc,
+                                                                  int64_t rsa, int64_t csa,
+                                                                  const float *P, int64_t k,
+                                                                  float *C, int64_t ldc,
                                                                   int64_t w) {
   __m256 c0[MR3], c1[MR3];
 #pragma GCC unroll 8
@@ -238,7 +266,7 @@ V3_ATTR static inline __attribute__((always_inline)) void blockV3(int mr, const 
     __m256 b0 = _mm256_load_ps(P + p * NR3), b1 = _mm256_load_ps(P + p * NR3 + 8);
 #pragma GCC unroll 8
     for (int r = 0; r < mr; r++) {
-      __m256 a = _mm256_broadcast_ss(A + r * lda + p);
+      __m256 a = _mm256_broadcast_ss(A + r * rsa + p * csa);
       c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
       c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
     }
@@ -259,10 +287,17 @@ V3_ATTR static inline __attribute__((always_inline)) void blockV3(int mr, const 
   }
 }
 
-#define BLOCKS(V, R)                                                                          \
-  V##_ATTR static void block##V##_##R(const float *A, int64_t lda, const float *P, int64_t k, \
-                                      float *C, int64_t ldc, int64_t w) {                     \
-    block##V(R, A, lda, P, k, C, ldc, w);                                                     \
+/* A row-major (row r of the block at A + r * lda, its k-th at + k), or
+   transposed (an operand Xᵀ: row r at A + r, its k-th at + k * lda); each
+   a function with the block's rows a constant */
+#define BLOCKS(V, R)                                                                             \
+  V##_ATTR static void block##V##_##R(const float *A, int64_t lda, const float *P, int64_t k,    \
+                                      float *C, int64_t ldc, int64_t w) {                        \
+    block##V(R, A, lda, 1, P, k, C, ldc, w);                                                     \
+  }                                                                                              \
+  V##_ATTR static void block##V##_##R##t(const float *A, int64_t lda, const float *P, int64_t k, \
+                                         float *C, int64_t ldc, int64_t w) {                     \
+    block##V(R, A, 1, lda, P, k, C, ldc, w);                                                     \
   }
 BLOCKS(V4, 1)
 BLOCKS(V4, 2)
@@ -279,10 +314,13 @@ BLOCKS(V3, 4)
 BLOCKS(V3, 5)
 BLOCKS(V3, 6)
 typedef void (*block_fn)(const float *, int64_t, const float *, int64_t, float *, int64_t, int64_t);
-static const block_fn blocks4[MR4 + 1] = {NULL,      blockV4_1, blockV4_2, blockV4_3, blockV4_4,
-                                          blockV4_5, blockV4_6, blockV4_7, blockV4_8};
-static const block_fn blocks3[MR3 + 1] = {NULL,      blockV3_1, blockV3_2, blockV3_3,
-                                          blockV3_4, blockV3_5, blockV3_6};
+static const block_fn blocks4[2][MR4 + 1] = {
+    {NULL, blockV4_1, blockV4_2, blockV4_3, blockV4_4, blockV4_5, blockV4_6, blockV4_7, blockV4_8},
+    {NULL, blockV4_1t, blockV4_2t, blockV4_3t, blockV4_4t, blockV4_5t, blockV4_6t, blockV4_7t,
+     blockV4_8t}};
+static const block_fn blocks3[2][MR3 + 1] = {
+    {NULL, blockV3_1, blockV3_2, blockV3_3, blockV3_4, blockV3_5, blockV3_6},
+    {NULL, blockV3_1t, blockV3_2t, blockV3_3t, blockV3_4t, blockV3_5t, blockV3_6t}};
 
 typedef void (*panel_fn)(float *, const float *, int64_t, bool, int64_t, int64_t, int64_t);
 
@@ -296,11 +334,11 @@ void vm_f32_panels(float *dst, const float *B, int64_t ldb, bool tb, int64_t n, 
     pack(dst + j0 * k, B, ldb, tb, j0, n - j0 < nr ? n - j0 : nr, k);
 }
 
-bool vm_gemm_f32(bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
+bool vm_gemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
                  const float *B, int64_t ldb, float *C, int64_t ldc, const float *panels) {
   bool v4 = level() == 4;
-  int64_t nr = panel_width(), mrmax = v4 ? MR4 : MR3;
-  const block_fn *blocks = v4 ? blocks4 : blocks3;
+  int64_t nr = panel_width(), mrmax = v4 ? MR4 : MR3, rsa = ta ? 1 : lda;
+  const block_fn *blocks = v4 ? blocks4[ta] : blocks3[ta];
   panel_fn pack = packer();
   float *mine = NULL;
   if (!panels) { /* one panel at a time, reused for every row block */
@@ -313,7 +351,7 @@ bool vm_gemm_f32(bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64
     if (!panels) pack(mine, B, ldb, tb, j0, w, k);
     for (int64_t i = 0; i < m; i += mrmax) {
       int64_t mr = m - i < mrmax ? m - i : mrmax;
-      blocks[mr](A + i * lda, lda, P, k, C + i * ldc + j0, ldc, w);
+      blocks[mr](A + i * rsa, lda, P, k, C + i * ldc + j0, ldc, w);
     }
   }
   free(mine);
@@ -326,10 +364,10 @@ void vm_f32_panels(float *dst, const float *B, int64_t ldb, bool tb, int64_t n, 
   (void)dst, (void)B, (void)ldb, (void)tb, (void)n, (void)k;
 }
 
-bool vm_gemm_f32(bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
+bool vm_gemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
                  const float *B, int64_t ldb, float *C, int64_t ldc, const float *panels) {
-  (void)tb, (void)m, (void)n, (void)k, (void)A, (void)lda, (void)B, (void)ldb, (void)C, (void)ldc,
-      (void)panels;
+  (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)A, (void)lda, (void)B, (void)ldb, (void)C,
+      (void)ldc, (void)panels;
   return false; /* never taken: level() is 0 */
 }
 

@@ -1,4 +1,5 @@
-/* gemm_f32.h — Kiln's own f32 GEMM for short products on AVX2 and AVX-512 CPUs
+/* gemm_f32.h — Kiln's own f32 GEMM for short products (and taller ones of
+ * short K) on AVX2 and AVX-512 CPUs
  * (vm/gemm_f32.c), and the operands a rolled loop holds fixed, packed once
  * for every step.  vm/kern_matmul.c runs an f32 matmul's tiles through it
  * where vm_gemm_f32_takes(); OpenBLAS elsewhere. */
@@ -12,10 +13,10 @@
 struct vm_storage;
 
 /* whether C (M x N) = op(A) op(B) over K runs here: this CPU runs
-   x86-64-v3 or v4 (KILN_CPU_ISA may lower it), KILN_F32_GEMM is not 0, A is not
-   transposed, and the shape is one of the short products it is made for
-   (a function of M, N and K alone, so every tile, thread count and mode
-   of a product takes the same path) */
+   x86-64-v3 or v4 (KILN_CPU_ISA may lower it), KILN_F32_GEMM is not 0,
+   and the shape is one it runs faster than OpenBLAS (a function of M, N,
+   K and the ISA level alone, so every tile, thread count and mode of a
+   product takes the same path) */
 bool vm_gemm_f32_takes(int64_t M, int64_t N, int64_t K, bool ta);
 
 /* floats op(B) (k x n) takes as panels of 32 columns: n rounded up to 32,
@@ -27,13 +28,14 @@ size_t vm_f32_panels_size(int64_t n, int64_t k);
    dst + p * k * 32 */
 void vm_f32_panels(float *dst, const float *B, int64_t ldb, bool tb, int64_t n, int64_t k);
 
-/* C (m x n, row-major, ldc) = A op(B), A m x k row-major (lda).  Every
+/* C (m x n, row-major, ldc) = op(A) op(B), op(A) m x k: A row-major
+   (lda), or its transpose when ta (A then k x m, row-major).  Every
    element is one chain of fused multiply-adds over k in order, from +0
    (c = fma(a[i][k], b[k][j], c)): its bits depend on k and the values
    alone.  panels: op(B)'s columns [0, n) packed (vm_f32_panels), or NULL
    to pack them here; false when packing memory cannot be had (no error
    set: it may run on a pool thread) */
-bool vm_gemm_f32(bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
+bool vm_gemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
                  const float *B, int64_t ldb, float *C, int64_t ldc, const float *panels);
 
 /* --- operands fixed while a loop runs ---

@@ -234,8 +234,8 @@ static void gemm_tile_of(const gemm_job *j, int64_t tile, const char *A, const c
   } else if (j->own) {
     /* a tile starts at a whole unit, a whole panel: panel c0 / width at c0 * K */
     const float *panels = j->panels ? j->panels + c0 * j->K : NULL;
-    if (!vm_gemm_f32(j->tb != VM_BLAS_NO_TRANS, m, n, k, (const float *)A, lda, (const float *)B,
-                     ldb, (float *)C, ldc, panels))
+    if (!vm_gemm_f32(j->ta != VM_BLAS_NO_TRANS, j->tb != VM_BLAS_NO_TRANS, m, n, k,
+                     (const float *)A, lda, (const float *)B, ldb, (float *)C, ldc, panels))
       atomic_store(j->failed, true);
   } else if (j->dt == KILN_F32)
     j->blas->sgemm(VM_BLAS_ROW_MAJOR, j->ta, j->tb, m, n, k, 1.0f, (const float *)A, lda,
