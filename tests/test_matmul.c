@@ -660,21 +660,10 @@ TEST(matmul_512_f32_matches_naive_loop_on_samples) {
 TEST(matmul_short_products_are_fma_chains_over_k) {
   static const struct {
     int64_t m, n, k;
-  } shapes[] = {/* each of at least 2^20 multiply-adds */
-                {16, 256, 256},
-                {17, 65, 1024},
-                {23, 100, 512},
-                {32, 512, 128},
-                {32, 128, 511},
-                {64, 96, 200},
-                {100, 130, 81},
-                {128, 64, 128},
-                {31, 257, 132},
-                /* taller */
-                {512, 128, 128},
-                {129, 70, 512},
-                {300, 96, 700},
-                {200, 160, 2048}};
+  } shapes[] = {/* each of at least 2^20 multiply-adds; the last four taller */
+                {16, 256, 256}, {17, 65, 1024}, {23, 100, 512},  {32, 512, 128}, {32, 128, 511},
+                {64, 96, 200},  {100, 130, 81}, {128, 64, 128},  {31, 257, 132}, {512, 128, 128},
+                {129, 70, 512}, {300, 96, 700}, {200, 160, 2048}};
   bool v4 = !strcmp(kiln_cpu_isa(), "x86-64-v4");
   bool own_cpu = (v4 || !strcmp(kiln_cpu_isa(), "x86-64-v3")) &&
                  !(getenv("KILN_F32_GEMM") && !strcmp(getenv("KILN_F32_GEMM"), "0"));

@@ -97,23 +97,24 @@ void vm_clear_error(void) {
 static pthread_key_t blocks_key;
 static pthread_once_t blocks_once = PTHREAD_ONCE_INIT;
 
+/* frees a list of cached blocks (linked through their first word) */
+static void free_list(void **head) {
+  while (*head) {
+    void *b = *head;
+    *head = *(void **)b;
+    free(b);
+  }
+}
+
 static void blocks_thread_exit(void *p) {
   vm_thread_state *ts = p;
   for (int c = 0; c < VM_MID_CLASSES; c++) {
-    while (ts->free_mid[c]) {
-      void *b = ts->free_mid[c];
-      ts->free_mid[c] = *(void **)b;
-      free(b);
-    }
+    free_list(&ts->free_mid[c]);
     ts->mid_count[c] = 0;
   }
   ts->mid_bytes = 0;
   for (int k = 0; k < VM_BLOCK_KINDS; k++) {
-    while (ts->free_blocks[k]) {
-      void *b = ts->free_blocks[k];
-      ts->free_blocks[k] = *(void **)b;
-      free(b);
-    }
+    free_list(&ts->free_blocks[k]);
     ts->free_count[k] = 0;
   }
 }
