@@ -660,10 +660,11 @@ TEST(matmul_512_f32_matches_naive_loop_on_samples) {
 TEST(matmul_short_products_are_fma_chains_over_k) {
   static const struct {
     int64_t m, n, k;
-  } shapes[] = {/* each of at least 2^20 multiply-adds; the last four taller */
-                {16, 256, 256}, {17, 65, 1024}, {23, 100, 512},  {32, 512, 128}, {32, 128, 511},
-                {64, 96, 200},  {100, 130, 81}, {128, 64, 128},  {31, 257, 132}, {512, 128, 128},
-                {129, 70, 512}, {300, 96, 700}, {200, 160, 2048}};
+  } shapes[] = {/* each of at least 2^20 multiply-adds (k in chunks of 512 from 513 on); the
+                   last four taller */
+                {16, 256, 256},  {17, 65, 1024}, {23, 100, 512}, {32, 512, 128},  {32, 128, 511},
+                {64, 96, 200},   {100, 130, 81}, {128, 64, 128}, {31, 257, 132},  {40, 96, 3000},
+                {512, 128, 128}, {129, 70, 512}, {300, 96, 700}, {200, 160, 2048}};
   bool v4 = !strcmp(kiln_cpu_isa(), "x86-64-v4");
   bool own_cpu = (v4 || !strcmp(kiln_cpu_isa(), "x86-64-v3")) &&
                  !(getenv("KILN_F32_GEMM") && !strcmp(getenv("KILN_F32_GEMM"), "0"));
@@ -674,8 +675,7 @@ TEST(matmul_short_products_are_fma_chains_over_k) {
       /* vm/gemm_f32.c's rule */
       int64_t max_k = m <= 128 ? 8192 : v4 ? 2048 : 512;
       bool short_side = m <= 512 || n <= 512 || k <= 512;
-      bool own =
-          own_cpu && k <= max_k && short_side && (form != 3 || (v4 && m <= 128 && k <= 2048));
+      bool own = own_cpu && k <= max_k && short_side && (form != 3 || (v4 && m <= 128));
       kiln_manual_seed(100 + (uint64_t)s * 3 + (uint64_t)form);
       kiln_tensor *abig = form == 3 ? kiln_randn(KILN_F32, 2, (int64_t[]){k, m + 3})
                                     : kiln_randn(KILN_F32, 2, (int64_t[]){m, wa});

@@ -11,9 +11,10 @@
  * packs its fixed weights once for all its steps (vm_gemm_fixed_*): 21-22
  * µs each with AVX-512 (190 GFLOP/s), 35 with AVX2.
  *
- * The micro-kernel keeps an MR x panel block of C in registers for the
- * whole k, each element one chain of FMAs over k in order from +0; A is
- * read in place (a broadcast per row and k).  So an element's bits depend
+ * The micro-kernel keeps an MR x panel block of C in registers for a
+ * chunk of k (the next chunk's chains go on from the values it stored),
+ * each element one chain of FMAs over k in order from +0; A is read in
+ * place (a broadcast per row and k).  So an element's bits depend
  * on k and the values alone, never on m, n, the tile, the thread or the
  * ISA, and packed-once and packed-per-call products agree bit for bit.
  * Which products run here is a function of the shape and the CPU's ISA
@@ -37,6 +38,10 @@
    ymm.  Both compute every element as the same chain, so the two give the
    same bits. */
 enum { MR4 = 8, NR4 = 32, MR3 = 6, NR3 = 16 };
+/* k runs in chunks of KC: every panel and row block of one chunk, then the
+   next, whose chains start from C where the last stopped (the same fmas in
+   the same order); a chunk of A stays in cache for all the panels */
+enum { KC = 512 };
 
 /* the shapes it runs: products of at least 16 rows and 2^20 multiply-adds
    (two threads on this Xeon, best of 100-300, OpenBLAS SkylakeX -> Kiln):
@@ -45,7 +50,7 @@ enum { MR4 = 8, NR4 = 32, MR3 = 6, NR3 = 16 };
    a loop keeps); below 16 rows or 2^20 multiply-adds OpenBLAS's
    small-matrix kernels ran products of B as it is 1.1-1.3x faster;
  - taller ones, K to 2048 (512 with AVX2) and one side at most 512: the
-   kernel holds a block of C in registers for the whole of K and streams
+   kernel holds a block of C in registers for a chunk of K and streams
    A's rows once per panel of B.  [512,128]x[128,128] 57 -> 44 us,
    [512,128]x[128,512] 252 -> 168, [512,512]x[512,128]ᵀ 246 -> 188,
    [4096,384]x[384,384] 3.45 -> 3.04 ms, [4096,384]x[384,1536] 14.9 -> 12.7,
@@ -55,11 +60,13 @@ enum { MR4 = 8, NR4 = 32, MR3 = 6, NR3 = 16 };
    K = 512 ([512,128]x[128,128] 155 -> 71 us, [4096,512]x[512,512] 9.5 ->
    9.1 ms), 8-10% slower from K = 768;
  - A transposed (Xᵀ Y: a loop's weight gradient over its steps' rows) is
-   read 8 floats a k, a row of X apart: short products on AVX-512 to K =
-   2048 only ([128,704]ᵀ x [704,384] 267-517 -> 235-245 us, [32,704]ᵀ 81 ->
-   65, [64,2048]ᵀ 321 -> 302); taller, longer or on AVX2 it ran equal to 3x
-   slower ([128,6400]ᵀ x [6400,512] 3.6 -> 10.1 ms, [1024,512]ᵀ x
-   [512,1024] 3.8 -> 7.6). */
+   read 8 floats a k, a row of X apart: short products on AVX-512 only
+   ([128,704]ᵀ x [704,384] 253 -> 223 us, [32,704]ᵀ 81 -> 65, [128,6400]ᵀ x
+   [6400,512] 3.9 -> 3.6 ms, [128,8192]ᵀ x [8192,128] 1.22 -> 1.18); taller
+   or on AVX2 it ran equal to 2x slower ([1024,512]ᵀ x [512,1024] 4.0 ->
+   7.1 ms, [384,4096]ᵀ x [4096,1536] 18.4 -> 21.5).
+   K runs in chunks of KC (above), so A's chunk stays in cache for every
+   panel: without them [128,6400]ᵀ took 10.1 ms. */
 #define TAKES_MIN_M 16
 #define TAKES_SHORT_M 128 /* the short products: K to TAKES_MAX_K */
 #define TAKES_MIN_N 64
@@ -68,7 +75,6 @@ enum { MR4 = 8, NR4 = 32, MR3 = 6, NR3 = 16 };
 #define TAKES_TALL_K4 2048  /* taller ones: K to this on AVX-512 */
 #define TAKES_TALL_K3 512   /* and to this on AVX2 */
 #define TAKES_TALL_SIDE 512 /* with one side (M, N or K) at most this */
-#define TAKES_TA_K 2048     /* op(A) = Xᵀ: short products to this K, AVX-512 only */
 #define TAKES_MIN_WORK (1 << 20)
 
 /* 4 (AVX-512), 3 (AVX2 + FMA), or 0: OpenBLAS runs every product */
@@ -93,7 +99,7 @@ bool vm_gemm_f32_takes(int64_t M, int64_t N, int64_t K, bool ta) {
   bool tall = M > TAKES_SHORT_M;
   int64_t max_k = !tall ? TAKES_MAX_K : lv == 4 ? TAKES_TALL_K4 : TAKES_TALL_K3;
   if (tall && M > TAKES_TALL_SIDE && N > TAKES_TALL_SIDE && K > TAKES_TALL_SIDE) return false;
-  if (ta && (tall || lv != 4 || K > TAKES_TA_K)) return false;
+  if (ta && (tall || lv != 4)) return false;
   return lv > 0 && M >= TAKES_MIN_M && N >= TAKES_MIN_N && K >= TAKES_MIN_K && K <= max_k &&
          (double)M * (double)N * (double)K >= TAKES_MIN_WORK;
 }
@@ -179,11 +185,20 @@ V4_ATTR static void panel4(float *dst, const float *B, int64_t ldb, bool tb, int
 V4_ATTR static inline __attribute__((always_inline)) void blockV4(int mr, const float *A,
                                                                   int64_t rsa, int64_t csa,
                                                                   const float *P, int64_t k,
-                                                                  float *C, int64_t ldc,
-                                                                  int64_t w) {
+                                                                  float *C, int64_t ldc, int64_t w,
+                                                                  bool acc) {
   __m512 c0[MR4], c1[MR4]; /* registers: the loops over r unroll (mr is a constant) */
+  __mmask16 m0 = mask16(w), m1 = mask16(w - 16);
+  if (acc) { /* the chains continue from C (a chunk of k before this one) */
 #pragma GCC unroll 8
-  for (int r = 0; r < mr; r++) c0[r] = c1[r] = _mm512_setzero_ps();
+    for (int r = 0; r < mr; r++) {
+      c0[r] = _mm512_maskz_loadu_ps(m0, C + r * ldc);
+      c1[r] = _mm512_maskz_loadu_ps(m1, C + r * ldc + 16);
+    }
+  } else {
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++) c0[r] = c1[r] = _mm512_setzero_ps();
+  }
   for (int64_t p = 0; p < k; p++) {
     __m512 b0 = _mm512_load_ps(P + p * NR4), b1 = _mm512_load_ps(P + p * NR4 + 16);
 #pragma GCC unroll 8
@@ -193,7 +208,6 @@ V4_ATTR static inline __attribute__((always_inline)) void blockV4(int mr, const 
       c1[r] = _mm512_fmadd_ps(a, b1, c1[r]);
     }
   }
-  __mmask16 m0 = mask16(w), m1 = mask16(w - 16);
 #pragma GCC unroll 8
   for (int r = 0; r < mr; r++) {
     _mm512_mask_storeu_ps(C + r * ldc, m0, c0[r]);
@@ -257,11 +271,20 @@ V3_ATTR static void panel3(float *dst, const float *B, int64_t ldb, bool tb, int
 V3_ATTR static inline __attribute__((always_inline)) void blockV3(int mr, const float *A,
                                                                   int64_t rsa, int64_t csa,
                                                                   const float *P, int64_t k,
-                                                                  float *C, int64_t ldc,
-                                                                  int64_t w) {
+                                                                  float *C, int64_t ldc, int64_t w,
+                                                                  bool acc) {
   __m256 c0[MR3], c1[MR3];
+  if (acc) { /* the chains continue from C */
+    __m256i m0 = mask8(w), m1 = mask8(w - 8);
 #pragma GCC unroll 8
-  for (int r = 0; r < mr; r++) c0[r] = c1[r] = _mm256_setzero_ps();
+    for (int r = 0; r < mr; r++) {
+      c0[r] = _mm256_maskload_ps(C + r * ldc, m0);
+      c1[r] = _mm256_maskload_ps(C + r * ldc + 8, m1);
+    }
+  } else {
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++) c0[r] = c1[r] = _mm256_setzero_ps();
+  }
   for (int64_t p = 0; p < k; p++) {
     __m256 b0 = _mm256_load_ps(P + p * NR3), b1 = _mm256_load_ps(P + p * NR3 + 8);
 #pragma GCC unroll 8
@@ -292,12 +315,12 @@ V3_ATTR static inline __attribute__((always_inline)) void blockV3(int mr, const 
    a function with the block's rows a constant */
 #define BLOCKS(V, R)                                                                             \
   V##_ATTR static void block##V##_##R(const float *A, int64_t lda, const float *P, int64_t k,    \
-                                      float *C, int64_t ldc, int64_t w) {                        \
-    block##V(R, A, lda, 1, P, k, C, ldc, w);                                                     \
+                                      float *C, int64_t ldc, int64_t w, bool acc) {              \
+    block##V(R, A, lda, 1, P, k, C, ldc, w, acc);                                                \
   }                                                                                              \
   V##_ATTR static void block##V##_##R##t(const float *A, int64_t lda, const float *P, int64_t k, \
-                                         float *C, int64_t ldc, int64_t w) {                     \
-    block##V(R, A, 1, lda, P, k, C, ldc, w);                                                     \
+                                         float *C, int64_t ldc, int64_t w, bool acc) {           \
+    block##V(R, A, 1, lda, P, k, C, ldc, w, acc);                                                \
   }
 BLOCKS(V4, 1)
 BLOCKS(V4, 2)
@@ -313,7 +336,8 @@ BLOCKS(V3, 3)
 BLOCKS(V3, 4)
 BLOCKS(V3, 5)
 BLOCKS(V3, 6)
-typedef void (*block_fn)(const float *, int64_t, const float *, int64_t, float *, int64_t, int64_t);
+typedef void (*block_fn)(const float *, int64_t, const float *, int64_t, float *, int64_t, int64_t,
+                         bool);
 static const block_fn blocks4[2][MR4 + 1] = {
     {NULL, blockV4_1, blockV4_2, blockV4_3, blockV4_4, blockV4_5, blockV4_6, blockV4_7, blockV4_8},
     {NULL, blockV4_1t, blockV4_2t, blockV4_3t, blockV4_4t, blockV4_5t, blockV4_6t, blockV4_7t,
@@ -337,21 +361,26 @@ void vm_f32_panels(float *dst, const float *B, int64_t ldb, bool tb, int64_t n, 
 bool vm_gemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
                  const float *B, int64_t ldb, float *C, int64_t ldc, const float *panels) {
   bool v4 = level() == 4;
-  int64_t nr = panel_width(), mrmax = v4 ? MR4 : MR3, rsa = ta ? 1 : lda;
+  int64_t nr = panel_width(), mrmax = v4 ? MR4 : MR3, kc = k < KC ? k : KC;
+  int64_t rsa = ta ? 1 : lda, csa = ta ? lda : 1; /* element (i, p) of op(A) */
   const block_fn *blocks = v4 ? blocks4[ta] : blocks3[ta];
   panel_fn pack = packer();
   float *mine = NULL;
-  if (!panels) { /* one panel at a time, reused for every row block */
-    mine = aligned_alloc(64, (size_t)k * (size_t)nr * sizeof *mine);
+  if (!panels) { /* one panel's chunk at a time, reused for every row block */
+    mine = aligned_alloc(64, (size_t)kc * (size_t)nr * sizeof *mine);
     if (!mine) return false;
   }
-  for (int64_t j0 = 0; j0 < n; j0 += nr) { /* panel j0 / nr starts at j0 * k */
-    int64_t w = n - j0 < nr ? n - j0 : nr;
-    const float *P = panels ? panels + j0 * k : mine;
-    if (!panels) pack(mine, B, ldb, tb, j0, w, k);
-    for (int64_t i = 0; i < m; i += mrmax) {
-      int64_t mr = m - i < mrmax ? m - i : mrmax;
-      blocks[mr](A + i * rsa, lda, P, k, C + i * ldc + j0, ldc, w);
+  for (int64_t p0 = 0; p0 < k; p0 += KC) { /* the chains of C go on from chunk to chunk */
+    int64_t kp = k - p0 < KC ? k - p0 : KC;
+    const float *Bp = B + (tb ? p0 : p0 * ldb); /* op(B)'s rows from p0 */
+    for (int64_t j0 = 0; j0 < n; j0 += nr) {    /* panel j0 / nr starts at j0 * k */
+      int64_t w = n - j0 < nr ? n - j0 : nr;
+      const float *P = panels ? panels + j0 * k + p0 * nr : mine;
+      if (!panels) pack(mine, Bp, ldb, tb, j0, w, kp);
+      for (int64_t i = 0; i < m; i += mrmax) {
+        int64_t mr = m - i < mrmax ? m - i : mrmax;
+        blocks[mr](A + i * rsa + p0 * csa, lda, P, kp, C + i * ldc + j0, ldc, w, p0 > 0);
+      }
     }
   }
   free(mine);
