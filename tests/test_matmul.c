@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../vm/gemm_f32.h"
 #include "ktest.h"
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -722,6 +723,50 @@ TEST(matmul_short_products_are_fma_chains_over_k) {
     }
 }
 
+/* vm/gemm_f32.h directly, past the rule: B packed once for a whole product
+   (a rolled loop's fixed weight) and packed at every call give the same
+   bits, the fma chains over k, across k's chunks of 512, for A as rows or
+   as Xᵀ and B as rows or as Wᵀ */
+TEST(gemm_f32_packed_once_equals_packed_per_call_across_k_chunks) {
+  if (strcmp(kiln_cpu_isa(), "x86-64-v4") && strcmp(kiln_cpu_isa(), "x86-64-v3")) {
+    printf("  skipped: %s runs no Kiln f32 GEMM\n", kiln_cpu_isa());
+    return;
+  }
+  if (getenv("KILN_F32_GEMM") && !strcmp(getenv("KILN_F32_GEMM"), "0")) return;
+  const int64_t m = 37, n = 70, k = 1300, ld = 1310; /* 3 chunks, tails of rows and columns */
+  float *A = malloc(sizeof *A * (size_t)(ld * ld)), *B = malloc(sizeof *B * (size_t)(ld * ld));
+  float *c1 = malloc(sizeof *c1 * (size_t)(m * n)), *c2 = malloc(sizeof *c2 * (size_t)(m * n));
+  float *panels = aligned_alloc(64, (vm_f32_panels_size(n, k) * sizeof *panels + 63) / 64 * 64);
+  CHECK(A && B && c1 && c2 && panels);
+  uint64_t seed = 7;
+  for (int64_t i = 0; i < ld * ld; i++) {
+    A[i] = (float)(2 * ktest_unif01(&seed) - 1);
+    B[i] = (float)(2 * ktest_unif01(&seed) - 1);
+  }
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      vm_f32_panels(panels, B, ld, tb, n, k);
+      CHECK(vm_gemm_f32(ta, tb, m, n, k, A, ld, B, ld, c1, n, NULL));
+      CHECK(vm_gemm_f32(ta, tb, m, n, k, A, ld, B, ld, c2, n, panels));
+      int bad = 0;
+      for (int64_t i = 0; i < m && bad < 3; i++)
+        for (int64_t j = 0; j < n && bad < 3; j++) {
+          float chain = 0.0f;
+          for (int64_t p = 0; p < k; p++)
+            chain =
+                fmaf(ta ? A[p * ld + i] : A[i * ld + p], tb ? B[j * ld + p] : B[p * ld + j], chain);
+          if (memcmp(&chain, &c1[i * n + j], sizeof chain) ||
+              memcmp(&chain, &c2[i * n + j], sizeof chain)) {
+            KTEST_FAIL("ta %d tb %d: c[%lld,%lld] = %a per call, %a packed once; the chain %a", ta,
+                       tb, (long long)i, (long long)j, (double)c1[i * n + j], (double)c2[i * n + j],
+                       (double)chain);
+            bad++;
+          }
+        }
+    }
+  free(A), free(B), free(c1), free(c2), free(panels);
+}
+
 TEST(matmul_repeated_with_fresh_data_stays_correct) {
   /* the same trace many times (the JIT may compile it meanwhile) */
   const int64_t ash[2] = {9, 13}, bsh[2] = {13, 11};
@@ -957,6 +1002,7 @@ int main(void) {
   RUN(matmul_of_null_returns_null_and_keeps_first_error);
   RUN(matmul_512_f32_matches_naive_loop_on_samples);
   RUN(matmul_short_products_are_fma_chains_over_k);
+  RUN(gemm_f32_packed_once_equals_packed_per_call_across_k_chunks);
   RUN(matmul_repeated_with_fresh_data_stays_correct);
   RUN(matmul_result_feeds_elementwise_ops);
   RUN(matmul_batched_is_one_blas_call_and_each_item_keeps_its_bits);

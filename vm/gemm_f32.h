@@ -19,13 +19,13 @@ struct vm_storage;
    product takes the same path) */
 bool vm_gemm_f32_takes(int64_t M, int64_t N, int64_t K, bool ta);
 
-/* floats op(B) (k x n) takes as panels of 32 columns: n rounded up to 32,
-   times k */
+/* floats op(B) (k x n) takes as panels of 32 columns (AVX-512; 16 with
+   AVX2): n rounded up to the panel width, times k */
 size_t vm_f32_panels_size(int64_t n, int64_t k);
 
-/* op(B) (k x n; B row-major with ldb, transposed when tb) as panels of 32
-   columns (the last padded with zero columns), each [k][32]: panel p at
-   dst + p * k * 32 */
+/* op(B) (k x n; B row-major with ldb, transposed when tb) as panels of w
+   = 32 columns (16 with AVX2; the last padded with zero columns), each
+   [k][w]: panel p at dst + p * k * w */
 void vm_f32_panels(float *dst, const float *B, int64_t ldb, bool tb, int64_t n, int64_t k);
 
 /* C (m x n, row-major, ldc) = op(A) op(B), op(A) m x k: A row-major
